@@ -1,0 +1,1 @@
+"""pallasgen: JAX Pallas kernels generated from short spec files."""

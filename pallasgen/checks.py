@@ -1,0 +1,502 @@
+"""Every user error in a spec is found here, with its position.
+
+Each check is a small function from a kernel (and what earlier checks derived) to a
+list of diagnostics; `check_spec` runs them in order and types every expression.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import ir
+from .dtypes import BOOL, DTYPES, F32, FLOAT_MAX, I32, DType
+from .errors import Diagnostic, Position, did_you_mean
+from .names import MODULE_NAMES, WRAPPER_NAMES, block_keyword, is_python_keyword
+from .tiling import tiling_problem, vmem_problem
+from .valuetypes import ValueType, combine, merge_dims
+
+FLOAT_FUNCTIONS = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu", "sin", "cos"})
+SAME_TYPE_FUNCTIONS = frozenset({"abs", "relu", "floor", "ceil"})
+FUNCTION_ARITY = {
+    **{name: 1 for name in FLOAT_FUNCTIONS | SAME_TYPE_FUNCTIONS},
+    "maximum": 2,
+    "minimum": 2,
+    "clip": 3,
+    "where": 3,
+    **{name: 1 for name in DTYPES},
+}
+ARITHMETIC_OPS = frozenset({"+", "-", "*", "/", "//", "%", "**"})
+COMPARISON_OPS = frozenset({"==", "!=", "<", "<=", ">", ">="})
+LOGIC_OPS = frozenset({"&", "|"})
+MAX_BLOCK = 1 << 24
+
+
+class Diagnostics(Exception):
+    """Raised with every diagnostic of a spec that has errors."""
+
+    def __init__(self, diagnostics: list[Diagnostic]):
+        super().__init__(f"{len(diagnostics)} errors")
+        self.diagnostics = diagnostics
+
+
+@dataclass(frozen=True)
+class CheckedKernel:
+    """A kernel that passed every check, with what the checks derived."""
+
+    kernel: ir.Kernel
+    dims: tuple[str, ...]  # the iteration space: the outputs' dimensions, in order
+    size_sources: dict[str, tuple[str, int]]  # dim -> (input name, axis) giving its size
+    types: dict[ir.Expr, ValueType] = field(hash=False)
+    blocks: dict[str, int]  # blocked dims -> default block size
+
+    def dtype_of(self, array_name: str) -> DType:
+        for decl in self.kernel.inputs + self.kernel.outputs:
+            if decl.name == array_name:
+                return DTYPES[decl.dtype]
+        raise KeyError(array_name)
+
+
+def check_spec(spec: ir.Spec) -> tuple[CheckedKernel, ...]:
+    """Runs every check over every kernel; raises `Diagnostics` if any fails."""
+    found = check_kernel_names(spec)
+    checked = []
+    for kernel in spec.kernels:
+        result, problems = check_kernel(kernel)
+        found.extend(problems)
+        checked.append(result)
+    if found:
+        raise Diagnostics(found)
+    return tuple(checked)
+
+
+def check_kernel_names(spec: ir.Spec) -> list[Diagnostic]:
+    found = []
+    seen: set[str] = set()
+    for kernel in spec.kernels:
+        if kernel.name in seen:
+            found.append(Diagnostic(kernel.position, f"kernel '{kernel.name}' is defined twice"))
+        elif is_python_keyword(kernel.name) or kernel.name in MODULE_NAMES or kernel.name.startswith("_"):
+            found.append(
+                Diagnostic(kernel.position, f"'{kernel.name}' cannot name a kernel: the generated module needs that name")
+            )
+        seen.add(kernel.name)
+    for kernel in spec.kernels:
+        if kernel.name.endswith("_reference") and kernel.name[: -len("_reference")] in seen:
+            found.append(Diagnostic(kernel.position, f"'{kernel.name}' is the name of another kernel's reference"))
+    if not spec.kernels:
+        found.append(Diagnostic(Position.point(1, 1), "no kernel in this spec"))
+    return found
+
+
+def check_kernel(kernel: ir.Kernel) -> tuple[CheckedKernel, list[Diagnostic]]:
+    found: list[Diagnostic] = []
+    for check in (check_declarations, check_dtypes, check_params, check_accumulate):
+        found.extend(check(kernel))
+    dims, sizes, problems = derive_dims(kernel)
+    found.extend(problems)
+    blocks, problems = check_blocks(kernel, dims)
+    found.extend(problems)
+    types, problems = infer_body(kernel, dims)
+    found.extend(problems)
+    return CheckedKernel(kernel, dims, sizes, types, blocks), found
+
+
+def check_declarations(kernel: ir.Kernel) -> list[Diagnostic]:
+    """Names are unique; params do not take the generated keywords."""
+    found = []
+    seen: dict[str, str] = {}
+    named = [(d, "input") for d in kernel.inputs] + [(d, "output") for d in kernel.outputs]
+    named += [(p, "param") for p in kernel.params] + [(s, "let") for s in kernel.body if isinstance(s, ir.Let)]
+    for item, what in named:
+        if item.name in seen:
+            found.append(Diagnostic(item.position, f"'{item.name}' is already declared as a {seen[item.name]}"))
+        else:
+            seen[item.name] = what
+    block_keywords = {block_keyword(d) for decl in kernel.inputs + kernel.outputs for d in decl.dims}
+    for param in kernel.params:
+        if is_python_keyword(param.name) or param.name in MODULE_NAMES | WRAPPER_NAMES | block_keywords:
+            found.append(
+                Diagnostic(
+                    param.position,
+                    f"'{param.name}' cannot name a param: the generated function needs that keyword; rename it",
+                )
+            )
+    if not kernel.outputs:
+        found.append(Diagnostic(kernel.position, f"kernel '{kernel.name}' has no output"))
+    return found
+
+
+def check_dtypes(kernel: ir.Kernel) -> list[Diagnostic]:
+    found = []
+    for decl in kernel.inputs + kernel.outputs:
+        if decl.dtype not in DTYPES:
+            found.append(_unknown_dtype(decl.dtype, decl.dtype_position))
+    return found
+
+
+def check_params(kernel: ir.Kernel) -> list[Diagnostic]:
+    found = []
+    for param in kernel.params:
+        dtype = DTYPES.get(param.dtype)
+        if dtype is None:
+            found.append(_unknown_dtype(param.dtype, param.dtype_position))
+        elif dtype == BOOL:
+            found.append(Diagnostic(param.dtype_position, "params are numbers; bool params are not supported"))
+        elif dtype.is_integer and isinstance(param.value, float):
+            found.append(
+                Diagnostic(param.value_position, f"param '{param.name}' is {dtype.name} but {param.text} is not an integer")
+            )
+        else:
+            problem = literal_problem(param.value, param.text, dtype)
+            if problem:
+                found.append(Diagnostic(param.value_position, problem))
+    return found
+
+
+def check_accumulate(kernel: ir.Kernel) -> list[Diagnostic]:
+    found = []
+    for extra in kernel.accumulates[1:]:
+        found.append(Diagnostic(extra.position, "accumulate is given twice"))
+    for acc in kernel.accumulates[:1]:
+        if acc.dtype not in DTYPES:
+            found.append(_unknown_dtype(acc.dtype, acc.position))
+        else:
+            found.append(Diagnostic(acc.position, "accumulate applies only to a kernel with a matrix product (@)"))
+    return found
+
+
+def derive_dims(kernel: ir.Kernel) -> tuple[tuple[str, ...], dict[str, tuple[str, int]], list[Diagnostic]]:
+    """The iteration space, where each size comes from, and the dimension rules."""
+    found = []
+    for decl in kernel.inputs + kernel.outputs:
+        seen = set()
+        for dim, position in zip(decl.dims, decl.dim_positions):
+            if dim in seen:
+                found.append(Diagnostic(position, f"dimension {dim} appears twice in '{decl.name}'"))
+            seen.add(dim)
+    if not kernel.outputs:
+        return (), {}, found
+    first = kernel.outputs[0]
+    dims = first.dims
+    if not dims:
+        found.append(Diagnostic(first.position, f"output '{first.name}' is a scalar; outputs need at least one dimension"))
+    for out in kernel.outputs[1:]:
+        if out.dims != dims:
+            found.append(
+                Diagnostic(
+                    out.position,
+                    f"all outputs of a kernel have the same dimensions: '{out.name}' is {_dims(out.dims)}"
+                    f" but '{first.name}' is {_dims(dims)}",
+                )
+            )
+    for decl in kernel.inputs:
+        found.extend(_subsequence_problems(decl, dims))
+    sizes: dict[str, tuple[str, int]] = {}
+    for decl in kernel.inputs:
+        for axis, dim in enumerate(decl.dims):
+            sizes.setdefault(dim, (decl.name, axis))
+    for out in kernel.outputs:
+        for dim, position in zip(out.dims, out.dim_positions):
+            if dim not in sizes:
+                found.append(
+                    Diagnostic(position, f"no input has dimension {dim}, so its size is unknown when the kernel is called")
+                )
+    keywords: dict[str, str] = {}
+    for dim in dims:
+        other = keywords.setdefault(block_keyword(dim), dim)
+        if other != dim:
+            found.append(
+                Diagnostic(first.position, f"dimensions {other} and {dim} would share the keyword {block_keyword(dim)}")
+            )
+    return dims, sizes, found
+
+
+def _subsequence_problems(decl: ir.ArrayDecl, dims: tuple[str, ...]) -> list[Diagnostic]:
+    last = -1
+    for dim, position in zip(decl.dims, decl.dim_positions):
+        if dim not in dims:
+            return [
+                Diagnostic(
+                    position,
+                    f"dimension {dim} of '{decl.name}' is not a dimension of the outputs {_dims(dims)}"
+                    f"{did_you_mean(dim, dims)}; only a matrix product contracts a dimension",
+                )
+            ]
+        if dims.index(dim) < last:
+            return [
+                Diagnostic(
+                    position,
+                    f"'{decl.name}' lists its dimensions {_dims(decl.dims)} in another order than the outputs"
+                    f" {_dims(dims)}; broadcasting keeps the order",
+                )
+            ]
+        last = dims.index(dim)
+    return []
+
+
+def check_blocks(kernel: ir.Kernel, dims: tuple[str, ...]) -> tuple[dict[str, int], list[Diagnostic]]:
+    """Block sizes name dimensions of the kernel, are positive, and tile on TPU."""
+    found = []
+    blocks: dict[str, int] = {}
+    for item in kernel.blocks:
+        if item.dim in blocks:
+            found.append(Diagnostic(item.position, f"block size of {item.dim} is given twice"))
+        elif item.dim not in dims:
+            found.append(
+                Diagnostic(item.position, f"{item.dim} is not a dimension of this kernel{did_you_mean(item.dim, dims)}")
+            )
+        elif isinstance(item.size, float):
+            found.append(Diagnostic(item.size_position, "a block size is a whole number"))
+        elif not 1 <= item.size <= MAX_BLOCK:
+            found.append(Diagnostic(item.size_position, f"a block size is between 1 and {MAX_BLOCK}"))
+        else:
+            blocks[item.dim] = item.size
+    if found:
+        return blocks, found
+    dtypes = [DTYPES[d.dtype] for d in kernel.inputs + kernel.outputs if d.dtype in DTYPES]
+    for item in kernel.blocks:
+        problem = tiling_problem(item.dim, item.size, dims, dtypes)
+        if problem:
+            found.append(Diagnostic(item.position, problem))
+    if kernel.blocks and not found:
+        problem = vmem_problem(kernel, blocks)
+        if problem:
+            found.append(Diagnostic(kernel.blocks[0].position, problem))
+    return blocks, found
+
+
+def infer_body(kernel: ir.Kernel, dims: tuple[str, ...]) -> tuple[dict[ir.Expr, ValueType], list[Diagnostic]]:
+    """Types every expression in order of the statements; outputs are assigned once."""
+    inference = _Inference(kernel, dims)
+    for statement in kernel.body:
+        inference.statement(statement)
+    assigned = {s.target for s in kernel.body if isinstance(s, ir.Assign)}
+    for out in kernel.outputs:
+        if out.name not in assigned:
+            inference.found.append(Diagnostic(out.position, f"output '{out.name}' is never assigned"))
+    return inference.types, inference.found
+
+
+class _Inference:
+    def __init__(self, kernel: ir.Kernel, dims: tuple[str, ...]):
+        self.kernel = kernel
+        self.dims = dims
+        self.types: dict[ir.Expr, ValueType] = {}
+        self.found: list[Diagnostic] = []
+        self.outputs = {o.name: o for o in kernel.outputs}
+        self.scope: dict[str, ValueType | None] = {}
+        for decl in kernel.inputs:
+            self.scope[decl.name] = _declared(decl)
+        for param in kernel.params:
+            dtype = DTYPES.get(param.dtype)
+            weak = F32 if dtype is None or dtype.is_float else I32
+            self.scope[param.name] = ValueType(weak, (), weak=True)
+
+    def statement(self, statement: ir.Statement) -> None:
+        value = self.expr(statement.value)
+        if isinstance(statement, ir.Let):
+            self.scope.setdefault(statement.name, value)
+            return
+        out = self.outputs.get(statement.target)
+        if out is None:
+            known = list(self.outputs)
+            self.found.append(
+                Diagnostic(
+                    statement.position,
+                    f"'{statement.target}' is not an output{did_you_mean(statement.target, known)};"
+                    " declare it with out, or use let for an intermediate value",
+                )
+            )
+            return
+        if statement.target in self.scope:
+            self.found.append(Diagnostic(statement.position, f"output '{statement.target}' is assigned twice"))
+            return
+        self.scope[statement.target] = _declared(out)
+        if value is None or out.dtype not in DTYPES:
+            return
+        extra = [d for d in value.dims if d not in out.dims]
+        if extra:
+            self.found.append(
+                Diagnostic(
+                    statement.value.position,
+                    f"the value has dimensions {_dims(value.dims)} but output '{out.name}' is {_dims(out.dims)}",
+                )
+            )
+        if value.dtype == BOOL and DTYPES[out.dtype] != BOOL:
+            self.found.append(
+                Diagnostic(
+                    statement.value.position,
+                    f"a bool value cannot be stored in {out.dtype} output '{out.name}' implicitly;"
+                    f" write {out.dtype}(...)",
+                )
+            )
+
+    def expr(self, node: ir.Expr) -> ValueType | None:
+        """The node's type, or None after reporting why it has none."""
+        result = getattr(self, "_" + type(node).__name__.lower())(node)
+        if result is not None:
+            self.types[node] = result
+        return result
+
+    def _name(self, node: ir.Name) -> ValueType | None:
+        if node.id in self.scope:
+            return self.scope[node.id]
+        later = [s for s in self.kernel.body if getattr(s, "name", getattr(s, "target", None)) == node.id]
+        if later:
+            self.found.append(Diagnostic(node.position, f"'{node.id}' is used before it is assigned"))
+        elif node.id in DTYPES or node.id in FUNCTION_ARITY:
+            self.found.append(Diagnostic(node.position, f"'{node.id}' is a function; call it: {node.id}(...)"))
+        else:
+            known = [*self.scope, *(o for o in self.outputs)]
+            self.found.append(Diagnostic(node.position, f"unknown name '{node.id}'{did_you_mean(node.id, known)}"))
+        return None
+
+    def _number(self, node: ir.Number) -> ValueType | None:
+        if isinstance(node.value, float):
+            if node.value == float("inf"):
+                self.found.append(Diagnostic(node.position, f"{node.text} is too large for any float dtype"))
+                return None
+            return ValueType(F32, (), weak=True)
+        return ValueType(I32, (), weak=True)
+
+    def _boolean(self, node: ir.Boolean) -> ValueType:
+        return ValueType(BOOL, ())
+
+    def _unary(self, node: ir.Unary) -> ValueType | None:
+        operand = self.expr(node.operand)
+        if operand is None:
+            return None
+        if node.op == "-" and operand.dtype == BOOL:
+            self.found.append(Diagnostic(node.position, "cannot negate a bool value; use ~ for logical not"))
+            return None
+        if node.op == "~" and operand.dtype.is_float:
+            self.found.append(Diagnostic(node.position, f"~ needs a bool or integer operand, not {operand.dtype.name}"))
+            return None
+        if node.op == "-" and isinstance(node.operand, ir.Number):
+            self._literal_fits(node, -node.operand.value, "-" + node.operand.text, operand)
+        return operand
+
+    def _binary(self, node: ir.Binary) -> ValueType | None:
+        if node.op == "@":
+            self.found.append(Diagnostic(node.op_position, "matrix products (@) are not supported yet"))
+            return None
+        left, right = self.expr(node.left), self.expr(node.right)
+        if left is None or right is None:
+            return None
+        dims = merge_dims(self.dims, left, right)
+        for literal, other in ((node.left, right), (node.right, left)):
+            self._check_literal_against(literal, other)
+        if node.op in COMPARISON_OPS:
+            return ValueType(BOOL, dims)
+        if node.op in LOGIC_OPS:
+            for side, t in ((node.left, left), (node.right, right)):
+                if t.dtype.is_float:
+                    self.found.append(
+                        Diagnostic(side.position, f"{node.op} needs bool or integer operands, not {t.dtype.name}")
+                    )
+                    return None
+            return combine(left, right, dims)
+        if left.dtype == BOOL and right.dtype == BOOL:
+            self.found.append(
+                Diagnostic(node.op_position, f"arithmetic on bool values; cast them first, e.g. i32(...) {node.op} ...")
+            )
+            return None
+        if node.op in ("/", "//", "%") and _is_zero(node.right):
+            self.found.append(Diagnostic(node.right.position, "division by zero"))
+            return None
+        result = combine(left, right, dims)
+        if node.op == "/" and result.dtype.is_integer:
+            return ValueType(F32, dims, weak=result.weak)
+        return result
+
+    def _call(self, node: ir.Call) -> ValueType | None:
+        arity = FUNCTION_ARITY.get(node.func)
+        if arity is None:
+            self.found.append(
+                Diagnostic(node.func_position, f"unknown function '{node.func}'{did_you_mean(node.func, FUNCTION_ARITY)}")
+            )
+            return None
+        if len(node.args) != arity:
+            self.found.append(
+                Diagnostic(node.position, f"{node.func}() takes {arity} argument{'s' * (arity > 1)}, got {len(node.args)}")
+            )
+            return None
+        args = [self.expr(arg) for arg in node.args]
+        if any(arg is None for arg in args):
+            return None
+        dims = merge_dims(self.dims, *args)
+        if node.func in DTYPES:
+            return ValueType(DTYPES[node.func], dims)
+        if node.func == "where":
+            condition, a, b = args
+            if condition.dtype != BOOL:
+                self.found.append(
+                    Diagnostic(node.args[0].position, f"where() needs a bool condition, not {condition.dtype.name}")
+                )
+                return None
+            self._check_literal_against(node.args[1], b)
+            self._check_literal_against(node.args[2], a)
+            return combine(a, b, dims)
+        if any(arg.dtype == BOOL for arg in args):
+            self.found.append(Diagnostic(node.position, f"{node.func}() needs numbers, not bool values"))
+            return None
+        result = args[0]
+        for arg in args[1:]:
+            result = combine(result, arg, dims)
+        for arg_node in node.args:
+            self._check_literal_against(arg_node, result)
+        if node.func in FLOAT_FUNCTIONS and not result.dtype.is_float:
+            return ValueType(F32, dims, weak=result.weak)
+        return ValueType(result.dtype, dims, result.weak)
+
+    def _attribute(self, node: ir.Attribute) -> ValueType | None:
+        if node.attr == "T":
+            self.found.append(Diagnostic(node.attr_position, ".T transposes a matrix product operand only"))
+        else:
+            self.found.append(Diagnostic(node.attr_position, f"unknown attribute '.{node.attr}'; only .T exists"))
+        return None
+
+    def _check_literal_against(self, node: ir.Expr, other: ValueType) -> None:
+        if other.weak:
+            return
+        if isinstance(node, ir.Number):
+            self._literal_fits(node, node.value, node.text, other)
+        elif isinstance(node, ir.Unary) and node.op == "-" and isinstance(node.operand, ir.Number):
+            self._literal_fits(node, -node.operand.value, "-" + node.operand.text, other)
+
+    def _literal_fits(self, node: ir.Expr, value, text: str, context: ValueType) -> None:
+        if context.weak:
+            context = ValueType(I32 if isinstance(value, int) else F32, ())
+        if context.dtype == BOOL or (isinstance(value, float) and not context.dtype.is_float):
+            return
+        problem = literal_problem(value, text, context.dtype)
+        if problem:
+            self.found.append(Diagnostic(node.position, problem))
+
+
+def literal_problem(value: int | float, text: str, dtype: DType) -> str | None:
+    """Why a literal cannot be a value of `dtype`, or None when it can."""
+    if dtype.is_integer or dtype == BOOL:
+        low, high = (0, 1) if dtype == BOOL else dtype.int_range()
+        if isinstance(value, int) and not low <= value <= high:
+            return f"{text} does not fit in {dtype.name} ({low} to {high})"
+    elif abs(value) > FLOAT_MAX[dtype.name]:
+        return f"{text} is too large for {dtype.name} (largest {FLOAT_MAX[dtype.name]:g})"
+    return None
+
+
+def _declared(decl: ir.ArrayDecl) -> ValueType | None:
+    dtype = DTYPES.get(decl.dtype)
+    return None if dtype is None else ValueType(dtype, decl.dims)
+
+
+def _is_zero(node: ir.Expr) -> bool:
+    return isinstance(node, ir.Number) and node.value == 0
+
+
+def _unknown_dtype(name: str, position: Position) -> Diagnostic:
+    return Diagnostic(position, f"unknown dtype '{name}'{did_you_mean(name, DTYPES)}; dtypes are {', '.join(DTYPES)}")
+
+
+def _dims(dims: tuple[str, ...]) -> str:
+    return "[" + ", ".join(dims) + "]"

@@ -1,0 +1,90 @@
+"""The `pallasgen` command: wires the stages together, prints, and sets the exit code.
+
+Exit codes: 0 success, 1 `check` found drift, 2 a spec or usage error.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from .config import ConfigError, load_config
+from .sync import SpecErrors, UsageError, apply, collect_targets, generate_targets, plan_changes, unified_diff
+
+SPEC_OR_USAGE_ERROR = 2
+DRIFT = 1
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Generate JAX Pallas kernels from spec files."""
+
+
+_paths = click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+_out = click.option("--out", type=click.Path(path_type=Path, file_okay=False), help="Output folder.")
+
+
+@main.command()
+@_paths
+@_out
+def build(paths: tuple[Path, ...], out: Path | None) -> None:
+    """Write generated modules for PATHS (spec files or folders; default from pyproject.toml)."""
+    targets, modules, changes = _prepare(paths, out)
+    apply(changes)
+    for change in changes:
+        verb = {"create": "wrote", "update": "updated", "remove": "removed stale"}[change.kind]
+        click.echo(f"{verb} {_display(change.path)}")
+    click.echo(f"pallasgen: {len(targets)} specs, {len(changes)} files changed")
+
+
+@main.command()
+@_paths
+@_out
+@click.option("--quiet", "-q", is_flag=True, help="Print only the summary.")
+def check(paths: tuple[Path, ...], out: Path | None, quiet: bool) -> None:
+    """Exit 1 if generated modules differ from what PATHS would generate."""
+    targets, modules, changes = _prepare(paths, out)
+    for change in changes if not quiet else ():
+        if change.kind == "create":
+            click.echo(f"{_display(change.path)}: missing; {change.spec_label} generates it")
+        elif change.kind == "remove":
+            click.echo(f"{_display(change.path)}: stale; its spec {change.spec_label} no longer exists")
+        else:
+            click.echo(f"{_display(change.path)}: differs from what {change.spec_label} generates")
+            click.echo(unified_diff(change, _display), nl=False)
+    if changes:
+        counts = {kind: sum(c.kind == kind for c in changes) for kind in ("update", "create", "remove")}
+        click.echo(
+            f"pallasgen check: {len(changes)} files out of date ({counts['update']} changed,"
+            f" {counts['create']} missing, {counts['remove']} stale); run `pallasgen build`"
+        )
+        sys.exit(DRIFT)
+    click.echo(f"pallasgen check: {len(targets)} generated files match their specs")
+
+
+def _prepare(paths: tuple[Path, ...], out: Path | None):
+    try:
+        config = load_config(Path.cwd())
+        out_dir = out if out is not None else config.out
+        targets, owned = collect_targets(list(paths) or [config.specs], out_dir)
+        if not targets:
+            raise UsageError(f"no spec files in {', '.join(map(str, paths or [config.specs]))}")
+        modules = generate_targets(targets, _display)
+    except SpecErrors as errors:
+        click.echo(str(errors), err=True)
+        sys.exit(SPEC_OR_USAGE_ERROR)
+    except (UsageError, ConfigError) as error:
+        click.echo(f"pallasgen: error: {error}", err=True)
+        sys.exit(SPEC_OR_USAGE_ERROR)
+    return targets, modules, plan_changes(targets, modules, owned, out_dir)
+
+
+def _display(path: Path) -> str:
+    """A path as the user would type it: relative to the working directory when inside it."""
+    try:
+        return os.path.relpath(path, Path.cwd()) if path.is_absolute() else str(path)
+    except ValueError:
+        return str(path)

@@ -1,0 +1,70 @@
+"""Spec diagnostics: a position in a spec file, a message, and how they print."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Iterable
+
+MAX_REPORTED = 20
+
+
+@dataclass(frozen=True)
+class Position:
+    """A span of spec text: 1-based line and column of its first and last character."""
+
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+
+    @classmethod
+    def point(cls, line: int, column: int) -> Position:
+        return cls(line, column, line, column)
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One user error in a spec, at a position."""
+
+    position: Position
+    message: str
+
+
+class SpecError(Exception):
+    """A spec that cannot be built; carries every diagnostic found, in source order."""
+
+    def __init__(self, path: str, source: str, diagnostics: Iterable[Diagnostic]):
+        self.path = path
+        self.source = source
+        self.diagnostics = sorted(
+            diagnostics, key=lambda d: (d.position.line, d.position.column)
+        )
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        """All diagnostics as `path:line:col: error: ...`, each with its line and caret."""
+        lines = self.source.splitlines()
+        shown = self.diagnostics[:MAX_REPORTED]
+        blocks = [_render_one(self.path, lines, d) for d in shown]
+        hidden = len(self.diagnostics) - len(shown)
+        if hidden:
+            blocks.append(f"{self.path}: {hidden} more errors not shown")
+        return "\n".join(blocks)
+
+
+def _render_one(path: str, lines: list[str], diagnostic: Diagnostic) -> str:
+    pos = diagnostic.position
+    head = f"{path}:{pos.line}:{pos.column}: error: {diagnostic.message}"
+    if not 1 <= pos.line <= len(lines):
+        return head
+    text = lines[pos.line - 1].replace("\t", " ")
+    last = pos.end_column if pos.end_line == pos.line else len(text)
+    width = max(1, min(last, len(text)) - pos.column + 1)
+    return f"{head}\n    {text}\n    {' ' * (pos.column - 1)}{'^' * width}"
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """A ` (did you mean 'x'?)` suffix naming the closest candidate, or ''."""
+    close = difflib.get_close_matches(name, sorted(set(candidates)), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""

@@ -1,0 +1,36 @@
+"""Python names for what a spec names: user names never collide with generated ones."""
+
+from __future__ import annotations
+
+import keyword
+
+# Names the generated module itself defines or imports at module level.
+MODULE_NAMES = frozenset({"functools", "jax", "jnp", "np", "pl", "pltpu", "math"})
+# Names the generated wrapper functions use for their own keywords and locals.
+WRAPPER_NAMES = frozenset({"interpret", "grid", "sizes", "kernel"})
+# Builtins the generated code calls.
+BUILTINS_USED = frozenset({"min", "ValueError", "TypeError", "len", "tuple", "zip", "dict"})
+RESERVED = MODULE_NAMES | WRAPPER_NAMES | BUILTINS_USED | frozenset(keyword.kwlist)
+
+
+def block_keyword(dim: str) -> str:
+    """The keyword argument that sets a dimension's block size: `M` -> `block_m`."""
+    return f"block_{dim.lower()}"
+
+
+def is_python_keyword(name: str) -> bool:
+    return keyword.iskeyword(name)
+
+
+class Namer:
+    """Hands out Python identifiers, unique within one scope, avoiding `taken`."""
+
+    def __init__(self, taken=()):
+        self._taken = set(RESERVED) | set(taken)
+
+    def claim(self, wanted: str) -> str:
+        name = wanted
+        while name in self._taken:
+            name += "_"
+        self._taken.add(name)
+        return name

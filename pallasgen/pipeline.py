@@ -1,0 +1,37 @@
+"""One spec through every stage: text, tree, IR, checks, plan, source."""
+
+from __future__ import annotations
+
+from . import parser, transform
+from .checks import Diagnostics, check_spec
+from .errors import Diagnostic, Position, SpecError
+from .plan import plan_module
+from .render import render_module
+
+
+def generate(source: str, path: str, spec_path: str) -> str:
+    """The generated module for a spec's text; raises `SpecError` naming `path`."""
+    try:
+        tree = parser.parse(source)
+        spec = transform.to_ir(tree, source)
+        kernels = check_spec(spec)
+    except (parser.SyntaxDiagnostic, transform.DepthDiagnostic) as error:
+        raise SpecError(path, source, [error.diagnostic]) from None
+    except Diagnostics as error:
+        raise SpecError(path, source, error.diagnostics) from None
+    return render_module(plan_module(spec_path, kernels))
+
+
+def decode(data: bytes, path: str) -> str:
+    """Spec bytes as text: UTF-8, an optional byte-order mark dropped."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        before = data[: error.start]
+        line = before.count(b"\n") + 1
+        column = len(before) - (before.rfind(b"\n") + 1) + 1
+        shown = data.decode("utf-8", errors="replace")
+        raise SpecError(
+            path, shown, [Diagnostic(Position.point(line, column), f"not UTF-8: byte 0x{data[error.start]:02x}")]
+        ) from None
+    return text.removeprefix("\ufeff")

@@ -1,0 +1,108 @@
+"""Spec expressions as Python source, with the fewest parentheses Python needs."""
+
+from __future__ import annotations
+
+from . import ir
+from .dtypes import BOOL, DTYPES
+from .valuetypes import ValueType
+
+# Python binding strength, loosest first.
+_COMPARE, _OR, _AND, _SUM, _PRODUCT, _UNARY, _POWER, _ATOM = range(8)
+_BINARY_PRECEDENCE = {
+    **dict.fromkeys(("==", "!=", "<", "<=", ">", ">="), _COMPARE),
+    "|": _OR,
+    "&": _AND,
+    "+": _SUM,
+    "-": _SUM,
+    **dict.fromkeys(("*", "/", "//", "%", "@"), _PRODUCT),
+    "**": _POWER,
+}
+FUNCTIONS = {
+    "exp": "jnp.exp",
+    "log": "jnp.log",
+    "sqrt": "jnp.sqrt",
+    "rsqrt": "jax.lax.rsqrt",
+    "abs": "jnp.abs",
+    "tanh": "jnp.tanh",
+    "sigmoid": "jax.nn.sigmoid",
+    "relu": "jax.nn.relu",
+    "silu": "jax.nn.silu",
+    "sin": "jnp.sin",
+    "cos": "jnp.cos",
+    "floor": "jnp.floor",
+    "ceil": "jnp.ceil",
+    "maximum": "jnp.maximum",
+    "minimum": "jnp.minimum",
+    "clip": "jnp.clip",
+    "where": "jnp.where",
+}
+FLOAT_FUNCTIONS = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu", "sin", "cos"})
+
+
+def jnp_dtype(name: str) -> str:
+    """`f32` -> `jnp.float32`."""
+    return f"jnp.{DTYPES[name].jnp}" if name != "bool" else "jnp.bool_"
+
+
+class Emitter:
+    """Writes typed expressions as Python, naming values through `names`."""
+
+    def __init__(self, names: dict[str, str], types: dict[ir.Expr, ValueType]):
+        self.names = names
+        self.types = types
+
+    def emit(self, node: ir.Expr) -> str:
+        return self._emit(node)[0]
+
+    def cast(self, node: ir.Expr, dtype: str) -> str:
+        """The node's value as `dtype` (a spec dtype name), converting only if needed."""
+        value_type = self.types[node]
+        if value_type.dtype.name == dtype and not value_type.weak:
+            return self.emit(node)
+        return self._cast_code(node, dtype)[0]
+
+    def _emit(self, node: ir.Expr) -> tuple[str, int]:
+        if isinstance(node, ir.Name):
+            return self.names[node.id], _ATOM
+        if isinstance(node, ir.Number):
+            text = repr(node.value)
+            return text, _ATOM
+        if isinstance(node, ir.Boolean):
+            return repr(node.value), _ATOM
+        if isinstance(node, ir.Unary):
+            if node.op == "~" and self.types[node].dtype == BOOL:
+                return f"jnp.logical_not({self.emit(node.operand)})", _ATOM
+            return f"{node.op}{self._wrap(node.operand, _UNARY)}", _UNARY
+        if isinstance(node, ir.Binary):
+            level = _BINARY_PRECEDENCE[node.op]
+            if node.op == "**":  # right-associative; binds tighter than a unary minus on its left
+                left, right = self._wrap(node.left, _POWER + 1), self._wrap(node.right, _UNARY)
+            else:
+                left, right = self._wrap(node.left, level), self._wrap(node.right, level + 1)
+            if level == _COMPARE:
+                left, right = self._wrap(node.left, _OR), self._wrap(node.right, _OR)
+            return f"{left} {node.op} {right}", level
+        if isinstance(node, ir.Call):
+            return self._call(node), _ATOM
+        raise TypeError(f"no Python form for {type(node).__name__}")
+
+    def _call(self, node: ir.Call) -> str:
+        if node.func in DTYPES:
+            return self._cast_code(node.args[0], node.func)[0]
+        if node.func in FLOAT_FUNCTIONS:
+            arg = self.types[node.args[0]]
+            (operand,) = [self.emit(a) if arg.dtype.is_float else self._cast_code(a, "f32")[0] for a in node.args]
+            if node.func == "gelu":
+                return f"jax.nn.gelu({operand}, approximate=True)"
+            return f"{FUNCTIONS[node.func]}({operand})"
+        args = ", ".join(self.emit(arg) for arg in node.args)
+        return f"{FUNCTIONS[node.func]}({args})"
+
+    def _cast_code(self, node: ir.Expr, dtype: str) -> tuple[str, int]:
+        if self.types[node].dims:
+            return f"{self._wrap(node, _ATOM)}.astype({jnp_dtype(dtype)})", _ATOM
+        return f"{jnp_dtype(dtype)}({self.emit(node)})", _ATOM
+
+    def _wrap(self, node: ir.Expr, minimum: int) -> str:
+        code, level = self._emit(node)
+        return code if level >= minimum else f"({code})"
