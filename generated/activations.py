@@ -39,13 +39,16 @@ def _sizes(kernel, operands):
     return sizes
 
 
+def _nbytes(*arrays):
+    """Bytes of the given arrays, for the kernel's cost estimate."""
+    return sum(array.size * array.dtype.itemsize for array in arrays)
+
+
 def _leaky_kernel(x_ref, y_ref, mask_ref, *, slope):
     x = x_ref[...]
     pos = x > 0
-    y = jnp.where(pos, x, x * slope)
-    y_ref[...] = y
-    mask = pos.astype(jnp.int32)
-    mask_ref[...] = mask
+    y_ref[...] = jnp.where(pos, x, x * slope)
+    mask_ref[...] = pos.astype(jnp.int32)
 
 
 @functools.partial(jax.jit, static_argnames=("block_m", "block_n", "slope", "interpret"))
@@ -59,21 +62,30 @@ def leaky(x, *, block_m=256, block_n=512, slope=0.01, interpret=None):
     n = sizes["N"]
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    # VMEM at the default blocks: 3.0 MiB (inputs and outputs, double-buffered).
+    # VMEM at the default blocks: 3.0 MiB (inputs and outputs double-buffered).
     return pl.pallas_call(
         functools.partial(_leaky_kernel, slope=slope),
-        # One step per block of M, N; steps are independent, so every axis is parallel.
+        # One step per block of M, block of N; steps are independent, so every axis is
+        # parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))],  # x: M by 256, N by 512
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))
+        ],
         out_specs=(
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: M by 256, N by 512
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # mask: M by 256, N by 512
+            # y: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # mask: i32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
             jax.ShapeDtypeStruct((m, n), jnp.int32),  # mask
         ),
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        cost_estimate=pl.CostEstimate(
+            flops=4 * m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 4 + m * n * 4
+        ),
         interpret=_interpret_mode(interpret),
         name="leaky",
     )(x)
@@ -91,8 +103,9 @@ def _bias_gelu_kernel(x_ref, bias_ref, scale_ref, y_ref):
     x = x_ref[...]
     bias = bias_ref[...]
     scale = scale_ref[...]
-    y = jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16)
-    y_ref[...] = y
+    y_ref[...] = jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(
+        jnp.bfloat16
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("block_m", "block_n", "interpret"))
@@ -110,21 +123,31 @@ def bias_gelu(x, bias, scale, *, block_m=256, block_n=512, interpret=None):
     n = sizes["N"]
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    bias = bias.reshape(1, n)  # bias: N by 512, broadcast over M
-    scale = scale.reshape(m, 1)  # scale: M by 256, broadcast over N
-    # VMEM at the default blocks: 1.0 MiB (inputs and outputs, double-buffered).
+    bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
+    scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
+    # VMEM at the default blocks: 1.0 MiB (inputs and outputs double-buffered).
     return pl.pallas_call(
         _bias_gelu_kernel,
-        # One step per block of M, N; steps are independent, so every axis is parallel.
+        # One step per block of M, block of N; steps are independent, so every axis is
+        # parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # x: M by 256, N by 512
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),  # bias: N by 512, broadcast over M
-            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),  # scale: M by 256, broadcast over N
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # bias: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
+            # scale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
         ],
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: M by 256, N by 512
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
+        # y: bf16[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        cost_estimate=pl.CostEstimate(
+            flops=3 * m * n,
+            transcendentals=m * n,
+            bytes_accessed=_nbytes(x, bias, scale) + m * n * 2,
+        ),
         interpret=_interpret_mode(interpret),
         name="bias_gelu",
     )(x, bias, scale)

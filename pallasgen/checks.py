@@ -12,7 +12,8 @@ from . import ir
 from .dtypes import BOOL, DTYPES, F32, FLOAT_MAX, I32, DType
 from .errors import Diagnostic, Position, did_you_mean
 from .names import MODULE_NAMES, WRAPPER_NAMES, block_keyword, is_python_keyword
-from .tiling import tiling_problem, vmem_problem
+from .product import Product, analyze_product, find_products, product_dims
+from .tiling import array_layouts, tiling_problem, vmem_problem
 from .valuetypes import ValueType, combine, merge_dims
 
 FLOAT_FUNCTIONS = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu", "sin", "cos"})
@@ -44,10 +45,11 @@ class CheckedKernel:
     """A kernel that passed every check, with what the checks derived."""
 
     kernel: ir.Kernel
-    dims: tuple[str, ...]  # the iteration space: the outputs' dimensions, in order
+    dims: tuple[str, ...]  # the iteration space: the outputs' dimensions, then a contracted one
     size_sources: dict[str, tuple[str, int]]  # dim -> (input name, axis) giving its size
     types: dict[ir.Expr, ValueType] = field(hash=False)
     blocks: dict[str, int]  # blocked dims -> default block size
+    product: Product | None
 
     def dtype_of(self, array_name: str) -> DType:
         for decl in self.kernel.inputs + self.kernel.outputs:
@@ -90,15 +92,18 @@ def check_kernel_names(spec: ir.Spec) -> list[Diagnostic]:
 
 def check_kernel(kernel: ir.Kernel) -> tuple[CheckedKernel, list[Diagnostic]]:
     found: list[Diagnostic] = []
-    for check in (check_declarations, check_dtypes, check_params, check_accumulate):
+    for check in (check_declarations, check_dtypes, check_params):
         found.extend(check(kernel))
-    dims, sizes, problems = derive_dims(kernel)
+    product, problems = analyze_product(kernel)
     found.extend(problems)
-    blocks, problems = check_blocks(kernel, dims)
+    found.extend(check_accumulate(kernel, product))
+    dims, sizes, problems = derive_dims(kernel, product)
     found.extend(problems)
-    types, problems = infer_body(kernel, dims)
+    blocks, problems = check_blocks(kernel, dims, product)
     found.extend(problems)
-    return CheckedKernel(kernel, dims, sizes, types, blocks), found
+    types, problems = infer_body(kernel, dims, product)
+    found.extend(problems)
+    return CheckedKernel(kernel, dims, sizes, types, blocks, product), found
 
 
 def check_declarations(kernel: ir.Kernel) -> list[Diagnostic]:
@@ -153,19 +158,21 @@ def check_params(kernel: ir.Kernel) -> list[Diagnostic]:
     return found
 
 
-def check_accumulate(kernel: ir.Kernel) -> list[Diagnostic]:
+def check_accumulate(kernel: ir.Kernel, product: Product | None) -> list[Diagnostic]:
     found = []
     for extra in kernel.accumulates[1:]:
         found.append(Diagnostic(extra.position, "accumulate is given twice"))
     for acc in kernel.accumulates[:1]:
         if acc.dtype not in DTYPES:
             found.append(_unknown_dtype(acc.dtype, acc.position))
-        else:
+        elif not find_products(kernel):
             found.append(Diagnostic(acc.position, "accumulate applies only to a kernel with a matrix product (@)"))
     return found
 
 
-def derive_dims(kernel: ir.Kernel) -> tuple[tuple[str, ...], dict[str, tuple[str, int]], list[Diagnostic]]:
+def derive_dims(
+    kernel: ir.Kernel, product: Product | None
+) -> tuple[tuple[str, ...], dict[str, tuple[str, int]], list[Diagnostic]]:
     """The iteration space, where each size comes from, and the dimension rules."""
     found = []
     for decl in kernel.inputs + kernel.outputs:
@@ -189,8 +196,23 @@ def derive_dims(kernel: ir.Kernel) -> tuple[tuple[str, ...], dict[str, tuple[str
                     f" but '{first.name}' is {_dims(dims)}",
                 )
             )
+    operands = {o.name for o in product.operands} if product else set()
     for decl in kernel.inputs:
-        found.extend(_subsequence_problems(decl, dims))
+        if decl.name not in operands:
+            found.extend(_subsequence_problems(decl, dims))
+    if product is not None:
+        value_dims = product_dims(product)
+        if sorted(value_dims) != sorted(dims) or dims[-2:] != value_dims[-2:]:
+            found.append(
+                Diagnostic(
+                    product.node.position,
+                    f"the product is {_dims(value_dims)} but the outputs are {_dims(dims)}; they have the"
+                    f" same dimensions, ending in {product.m}, {product.n}",
+                )
+            )
+        elif product.k in dims:
+            found.append(Diagnostic(product.node.position, f"the contracted dimension {product.k} cannot be an output dimension"))
+        dims = (*dims, product.k)
     sizes: dict[str, tuple[str, int]] = {}
     for decl in kernel.inputs:
         for axis, dim in enumerate(decl.dims):
@@ -234,7 +256,9 @@ def _subsequence_problems(decl: ir.ArrayDecl, dims: tuple[str, ...]) -> list[Dia
     return []
 
 
-def check_blocks(kernel: ir.Kernel, dims: tuple[str, ...]) -> tuple[dict[str, int], list[Diagnostic]]:
+def check_blocks(
+    kernel: ir.Kernel, dims: tuple[str, ...], product: Product | None
+) -> tuple[dict[str, int], list[Diagnostic]]:
     """Block sizes name dimensions of the kernel, are positive, and tile on TPU."""
     found = []
     blocks: dict[str, int] = {}
@@ -251,23 +275,43 @@ def check_blocks(kernel: ir.Kernel, dims: tuple[str, ...]) -> tuple[dict[str, in
             found.append(Diagnostic(item.size_position, f"a block size is between 1 and {MAX_BLOCK}"))
         else:
             blocks[item.dim] = item.size
-    if found:
+    if found or not kernel.outputs:
         return blocks, found
-    dtypes = [DTYPES[d.dtype] for d in kernel.inputs + kernel.outputs if d.dtype in DTYPES]
+    if product is not None:
+        found.extend(_batch_block_problems(kernel, product, blocks))
+    layouts = array_layouts(kernel, dims, product)
     for item in kernel.blocks:
-        problem = tiling_problem(item.dim, item.size, dims, dtypes)
+        problem = tiling_problem(item.dim, item.size, layouts)
         if problem:
             found.append(Diagnostic(item.position, problem))
     if kernel.blocks and not found:
-        problem = vmem_problem(kernel, blocks)
+        problem = vmem_problem(kernel, blocks, product)
         if problem:
             found.append(Diagnostic(kernel.blocks[0].position, problem))
     return blocks, found
 
 
-def infer_body(kernel: ir.Kernel, dims: tuple[str, ...]) -> tuple[dict[ir.Expr, ValueType], list[Diagnostic]]:
+def _batch_block_problems(kernel: ir.Kernel, product: Product, blocks: dict[str, int]) -> list[Diagnostic]:
+    """A matmul kernel takes one batch element per step, so its tiles are matrices."""
+    found = []
+    out = kernel.outputs[0]
+    for dim, position in list(zip(out.dims, out.dim_positions))[:-2]:
+        if blocks.get(dim) != 1:
+            item = next((b for b in kernel.blocks if b.dim == dim), None)
+            found.append(
+                Diagnostic(
+                    item.position if item else position,
+                    f"batch dimension {dim} of a matrix product is blocked by 1: write block {dim} = 1",
+                )
+            )
+    return found
+
+
+def infer_body(
+    kernel: ir.Kernel, dims: tuple[str, ...], product: Product | None
+) -> tuple[dict[ir.Expr, ValueType], list[Diagnostic]]:
     """Types every expression in order of the statements; outputs are assigned once."""
-    inference = _Inference(kernel, dims)
+    inference = _Inference(kernel, dims, product)
     for statement in kernel.body:
         inference.statement(statement)
     assigned = {s.target for s in kernel.body if isinstance(s, ir.Assign)}
@@ -278,9 +322,11 @@ def infer_body(kernel: ir.Kernel, dims: tuple[str, ...]) -> tuple[dict[ir.Expr, 
 
 
 class _Inference:
-    def __init__(self, kernel: ir.Kernel, dims: tuple[str, ...]):
+    def __init__(self, kernel: ir.Kernel, dims: tuple[str, ...], product: Product | None):
         self.kernel = kernel
         self.dims = dims
+        self.product = product
+        self.output_dims = kernel.outputs[0].dims if kernel.outputs else ()
         self.types: dict[ir.Expr, ValueType] = {}
         self.found: list[Diagnostic] = []
         self.outputs = {o.name: o for o in kernel.outputs}
@@ -340,7 +386,16 @@ class _Inference:
 
     def _name(self, node: ir.Name) -> ValueType | None:
         if node.id in self.scope:
-            return self.scope[node.id]
+            value = self.scope[node.id]
+            if self.product is not None and value is not None and not set(value.dims) <= set(self.output_dims):
+                self.found.append(
+                    Diagnostic(
+                        node.position,
+                        f"'{node.id}' has the contracted dimension {self.product.k}; use it only as an operand of @",
+                    )
+                )
+                return None
+            return value
         later = [s for s in self.kernel.body if getattr(s, "name", getattr(s, "target", None)) == node.id]
         if later:
             self.found.append(Diagnostic(node.position, f"'{node.id}' is used before it is assigned"))
@@ -378,8 +433,10 @@ class _Inference:
 
     def _binary(self, node: ir.Binary) -> ValueType | None:
         if node.op == "@":
-            self.found.append(Diagnostic(node.op_position, "matrix products (@) are not supported yet"))
-            return None
+            if self.product is None or node != self.product.node:
+                return None
+            value_dims = set(product_dims(self.product))
+            return ValueType(self.product.accumulator, tuple(d for d in self.dims if d in value_dims))
         left, right = self.expr(node.left), self.expr(node.right)
         if left is None or right is None:
             return None
@@ -451,7 +508,7 @@ class _Inference:
 
     def _attribute(self, node: ir.Attribute) -> ValueType | None:
         if node.attr == "T":
-            self.found.append(Diagnostic(node.attr_position, ".T transposes a matrix product operand only"))
+            self.found.append(Diagnostic(node.attr_position, ".T transposes an operand of @ only"))
         else:
             self.found.append(Diagnostic(node.attr_position, f"unknown attribute '.{node.attr}'; only .T exists"))
         return None

@@ -5,20 +5,23 @@ Templates only loop and branch over these plans; every decision is made here.
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 
 from . import ir
 from .checks import CheckedKernel
 from .dtypes import DTYPES
 from .names import Namer, block_keyword
-from .pyexpr import Emitter, jnp_dtype
-from .tiling import format_bytes, pipeline_vmem_bytes
+from .product import Product
+from .pyexpr import FLOAT_FUNCTIONS, Emitter, jnp_dtype
+from .tiling import format_bytes, vmem_bytes
 
-GRID_INDEX_NAMES = "ijklpqrstuvw"
+ELEMENTWISE_GRID_NAMES = "ijklmnpqrs"
+MODULE_HELPERS = frozenset({"_interpret_mode", "_sizes", "_nbytes"})
 
 
 @dataclass(frozen=True)
-class InputPlan:
+class ArrayPlan:
     name: str  # Python name in the generated code
     spec_name: str
     dtype: str  # jnp.float32
@@ -26,20 +29,9 @@ class InputPlan:
     ref: str
     block_spec: str
     comment: str
-    expand: str | None  # wrapper statement that lays the array out over the kernel's dims
+    expand: str | None  # wrapper statement that lays an input out over the output dims
     reference_expand: str | None
-    loaded: bool  # read inside the kernel body
-
-
-@dataclass(frozen=True)
-class OutputPlan:
-    name: str
-    spec_name: str
-    dtype: str
-    ref: str
-    block_spec: str
-    comment: str
-    shape: str  # (m, n)
+    shape: str  # (m, n), for outputs
 
 
 @dataclass(frozen=True)
@@ -56,25 +48,43 @@ class BlockPlan:
     dim: str
 
 
+COMMENT_WIDTH = 84
+
+
+@dataclass(frozen=True)
+class AccumulatorPlan:
+    """A product summed over steps of its blocked contracted dimension."""
+
+    ref: str
+    scratch: str  # pltpu.VMEM(...)
+    scratch_comment: str
+    step: str  # the variable holding the contracted dimension's grid index
+    axis: int
+    body: tuple[str, ...]  # each step: load, mask a ragged edge, accumulate
+
+
 @dataclass(frozen=True)
 class KernelPlan:
     name: str
     kernel_function: str
     reference_function: str
     doc: tuple[str, ...]
-    inputs: tuple[InputPlan, ...]
-    outputs: tuple[OutputPlan, ...]
+    inputs: tuple[ArrayPlan, ...]
+    outputs: tuple[ArrayPlan, ...]
     params: tuple[ParamPlan, ...]
     blocks: tuple[BlockPlan, ...]
     static_argnames: tuple[str, ...]
-    size_names: tuple[tuple[str, str], ...]  # (python variable, spec dim) for each dim
+    sizes: tuple[tuple[str, str], ...]  # (Python variable, spec dim)
+    kernel_keywords: tuple[str, ...]  # static values bound with functools.partial
     grid: str
-    grid_comment: str
+    grid_comment: tuple[str, ...]  # comment lines
     dimension_semantics: tuple[str, ...]
-    vmem_comment: str
-    body: tuple[str, ...]  # kernel body statements
+    vmem_comment: tuple[str, ...]
+    cost_estimate: str
+    accumulator: AccumulatorPlan | None
+    body: tuple[str, ...]  # the kernel body, or its last step when it accumulates
+    reference_sizes: tuple[str, ...]
     reference_body: tuple[str, ...]
-    reference_sizes: tuple[str, ...]  # statements binding sizes the reference needs
 
 
 @dataclass(frozen=True)
@@ -84,84 +94,175 @@ class ModulePlan:
 
 
 def plan_module(spec_path: str, kernels: tuple[CheckedKernel, ...]) -> ModulePlan:
-    return ModulePlan(spec_path, tuple(plan_kernel(k) for k in kernels))
+    module_names = MODULE_HELPERS | {f"_{k.kernel.name}_kernel" for k in kernels}
+    return ModulePlan(spec_path, tuple(plan_kernel(k, module_names) for k in kernels))
 
 
-def plan_kernel(checked: CheckedKernel) -> KernelPlan:
-    kernel, dims = checked.kernel, checked.dims
+def plan_kernel(checked: CheckedKernel, module_names: frozenset[str] = MODULE_HELPERS) -> KernelPlan:
+    """The plan of one kernel; `module_names` are module-level names its code must not shadow."""
+    kernel, dims, product = checked.kernel, checked.dims, checked.product
+    out_dims = kernel.outputs[0].dims
     blocked = [d for d in dims if d in checked.blocks]
-    namer = Namer({p.name for p in kernel.params} | {block_keyword(d) for d in dims})
-    sizes = {dim: namer.claim(dim.lower()) for dim in dims}
+    # A product's batch dimensions take one element per step and vanish from the kernel's tiles.
+    squeezed = {d for d in out_dims[:-2] if checked.blocks.get(d) == 1} if product else set()
+    tunable = [d for d in blocked if d not in squeezed]
+
+    namer = Namer(module_names | {p.name for p in kernel.params} | {block_keyword(d) for d in dims})
     values = {name: namer.claim(name) for name in _value_names(kernel)}
-    refs = {decl.name: namer.claim(values[decl.name] + "_ref") for decl in kernel.inputs + kernel.outputs}
-    grid_index = dict(zip(blocked, GRID_INDEX_NAMES))
-    block_of = {d: (block_keyword(d) if d in checked.blocks else sizes[d]) for d in dims}
+    sizes = {dim: namer.claim(dim.lower()) for dim in dims}
+    refs = {d.name: namer.claim(values[d.name] + "_ref") for d in kernel.inputs + kernel.outputs}
+    grid_names = _grid_names(blocked, product)
+    block_of = {d: block_keyword(d) if d in checked.blocks else sizes[d] for d in dims}
+    operands = {o.name: o for o in product.operands} if product else {}
 
-    def block_spec(decl_dims: tuple[str, ...]) -> str:
-        shape = [block_of[d] if d in decl_dims else "1" for d in dims]
-        index = [grid_index.get(d, "0") if d in decl_dims else "0" for d in dims]
-        lanes = ", ".join(grid_index[d] for d in blocked)
-        return f"pl.BlockSpec({_tuple(shape)}, lambda {lanes}: {_tuple(index)})"
+    def block_spec(layout: tuple[str | None, ...]) -> str:
+        shape = ["None" if d in squeezed else block_of[d] if d else "1" for d in layout]
+        index = [grid_names.get(d, "0") if d else "0" for d in layout]
+        return f"pl.BlockSpec({_tuple(shape)}, lambda {', '.join(grid_names.values())}: {_tuple(index)})"
 
-    used = _used_names(kernel)
-    inputs = tuple(
-        InputPlan(
-            name=values[d.name],
-            spec_name=d.name,
-            dtype=jnp_dtype(d.dtype),
-            dims=d.dims,
-            ref=refs[d.name],
-            block_spec=block_spec(d.dims),
-            comment=_block_comment(d, dims, checked.blocks),
-            expand=_expand(values[d.name], d.dims, dims, sizes),
-            reference_expand=_reference_expand(values[d.name], d.dims, dims),
-            loaded=d.name in used,
+    def layout(decl: ir.ArrayDecl) -> tuple[str | None, ...]:
+        if decl.name in operands:
+            return decl.dims
+        return tuple(d if d in decl.dims else None for d in out_dims)
+
+    def array_plan(decl: ir.ArrayDecl) -> ArrayPlan:
+        name = values[decl.name]
+        broadcast = decl.name not in operands and decl.dims != out_dims
+        return ArrayPlan(
+            name=name,
+            spec_name=decl.name,
+            dtype=jnp_dtype(decl.dtype),
+            dims=decl.dims,
+            ref=refs[decl.name],
+            block_spec=block_spec(layout(decl)),
+            comment=_array_comment(decl, out_dims, operands),
+            expand=f"{name} = {name}.reshape({', '.join(sizes[d] if d else '1' for d in layout(decl))})"
+            if broadcast
+            else None,
+            reference_expand=f"{name} = {name}[{', '.join(':' if d else 'None' for d in layout(decl))}]"
+            if broadcast
+            else None,
+            shape=_tuple([sizes[d] for d in decl.dims]),
         )
-        for d in kernel.inputs
-    )
-    outputs = tuple(
-        OutputPlan(
-            name=values[d.name],
-            spec_name=d.name,
-            dtype=jnp_dtype(d.dtype),
-            ref=refs[d.name],
-            block_spec=block_spec(d.dims),
-            comment=_block_comment(d, dims, checked.blocks),
-            shape=_tuple([sizes[x] for x in d.dims]),
-        )
-        for d in kernel.outputs
-    )
-    emitter = Emitter({**values, **{p.name: p.name for p in kernel.params}}, checked.types)
+
+    accumulator_name = namer.claim("acc") if product else ""
+    overrides = {product.node: accumulator_name} if product else {}
+    emitter = Emitter({**values, **{p.name: p.name for p in kernel.params}}, checked.types, overrides)
     body, reference_body, needs_sizes = _statements(kernel, emitter, refs, values, sizes, checked)
-    grid = _tuple([f"pl.cdiv({sizes[d]}, {block_keyword(d)})" for d in blocked])
+    kernel_keywords = [p.name for p in kernel.params]
+    accumulator = None
+    if product is not None:
+        k_blocked = product.k in checked.blocks
+        step = namer.claim("step") if k_blocked else ""
+        product_lines = _product_lines(product, values, refs, sizes, block_keyword(product.k), step, k_blocked)
+        if k_blocked:
+            acc_ref = namer.claim("acc_ref")
+            accumulator = AccumulatorPlan(
+                ref=acc_ref,
+                scratch=f"pltpu.VMEM(({block_of[product.m]}, {block_of[product.n]}), {jnp_dtype(product.accumulator.name)})",
+                scratch_comment=f"{acc_ref}: the {product.accumulator.name} sum over {product.k} of one output tile",
+                step=step,
+                axis=len(blocked) - 1,
+                body=tuple(product_lines[:-1] + [f"{acc_ref}[...] += {product_lines[-1]}"]),
+            )
+            body = [f"{accumulator_name} = {acc_ref}[...]", *body]
+            kernel_keywords = [sizes[product.k], block_keyword(product.k), *kernel_keywords]
+        else:
+            body = [*product_lines[:-1], f"{accumulator_name} = {product_lines[-1]}", *body]
+        reference_body = [f"{accumulator_name} = {_einsum(product, values)}", *reference_body]
+
     return KernelPlan(
         name=kernel.name,
         kernel_function=f"_{kernel.name}_kernel",
         reference_function=f"{kernel.name}_reference",
         doc=kernel.doc,
-        inputs=inputs,
-        outputs=outputs,
+        inputs=tuple(array_plan(d) for d in kernel.inputs),
+        outputs=tuple(array_plan(d) for d in kernel.outputs),
         params=tuple(ParamPlan(p.name, repr(p.value)) for p in kernel.params),
-        blocks=tuple(BlockPlan(block_keyword(d), checked.blocks[d], sizes[d], d) for d in blocked),
-        static_argnames=tuple(block_keyword(d) for d in blocked) + tuple(p.name for p in kernel.params) + ("interpret",),
-        size_names=tuple((sizes[d], d) for d in dims),
-        grid=grid,
-        grid_comment=_grid_comment(blocked, dims),
-        dimension_semantics=("parallel",) * len(blocked),
-        vmem_comment=_vmem_comment(kernel, checked.blocks, dims),
+        blocks=tuple(BlockPlan(block_keyword(d), checked.blocks[d], sizes[d], d) for d in tunable),
+        static_argnames=(*(block_keyword(d) for d in tunable), *(p.name for p in kernel.params), "interpret"),
+        sizes=tuple((sizes[d], d) for d in dims),
+        kernel_keywords=tuple(kernel_keywords),
+        grid=_tuple([sizes[d] if d in squeezed else f"pl.cdiv({sizes[d]}, {block_keyword(d)})" for d in blocked]),
+        grid_comment=_wrap(_grid_comment(blocked, dims, product, squeezed)),
+        dimension_semantics=tuple("arbitrary" if product and d == product.k else "parallel" for d in blocked),
+        vmem_comment=_wrap(_vmem_comment(kernel, checked.blocks, dims, product)),
+        cost_estimate=_cost_estimate(checked, values, sizes),
+        accumulator=accumulator,
         body=tuple(body),
-        reference_body=tuple(reference_body),
         reference_sizes=tuple(
             f"{sizes[d]} = {values[checked.size_sources[d][0]]}.shape[{checked.size_sources[d][1]}]"
-            for d in dims
+            for d in out_dims
             if needs_sizes
         ),
+        reference_body=tuple(reference_body),
     )
+
+
+def _grid_names(blocked: list[str], product: Product | None) -> dict[str, str]:
+    """Names of the grid indices in index maps: i, j, k for a product's M, N, K."""
+    if product is None:
+        return dict(zip(blocked, ELEMENTWISE_GRID_NAMES))
+    roles = {product.m: "i", product.n: "j", product.k: "k"}
+    batch = [d for d in blocked if d not in roles]
+    batch_names = ["b"] if len(batch) == 1 else [f"b{n}" for n in range(len(batch))]
+    return {d: roles.get(d) or batch_names[batch.index(d)] for d in blocked}
+
+
+def _product_lines(product: Product, values, refs, sizes, block_k: str, step: str, k_blocked: bool) -> list[str]:
+    """Load both operands, mask a ragged contracted edge, and the product expression (last)."""
+    lhs, rhs = (values[o.name] for o in product.operands)
+    lines = [f"{lhs}, {rhs} = {refs[product.lhs.name]}[...], {refs[product.rhs.name]}[...]"]
+    if k_blocked:
+        k = sizes[product.k]
+        lhs_axis = 0 if product.lhs.transposed else 1
+        rhs_axis = 1 if product.rhs.transposed else 0
+        lines += [
+            f"if {k} % {block_k}:  # a ragged {product.k}: zero both operands past its end, so padding never reaches the sum",
+            f"    {lhs} = jnp.where({step} * {block_k} + jax.lax.broadcasted_iota(jnp.int32, {lhs}.shape, {lhs_axis}) < {k}, {lhs}, 0)",
+            f"    {rhs} = jnp.where({step} * {block_k} + jax.lax.broadcasted_iota(jnp.int32, {rhs}.shape, {rhs_axis}) < {k}, {rhs}, 0)",
+        ]
+    accumulate = jnp_dtype(product.accumulator.name)
+    if not product.lhs.transposed and not product.rhs.transposed:
+        lines.append(f"jnp.dot({lhs}, {rhs}, preferred_element_type={accumulate})")
+    else:
+        contract = (0 if product.lhs.transposed else 1, 1 if product.rhs.transposed else 0)
+        lines.append(
+            f"jax.lax.dot_general({lhs}, {rhs}, ((({contract[0]},), ({contract[1]},)), ((), ())),"
+            f" preferred_element_type={accumulate})"
+        )
+    return lines
+
+
+def _einsum(product: Product, values) -> str:
+    letters = _einsum_letters([*product.lhs.dims, *product.rhs.dims])
+    lhs = "".join(letters[d] for d in product.lhs.dims)
+    rhs = "".join(letters[d] for d in product.rhs.dims)
+    batch = [d for d in product.lhs.dims[:-2]] + [d for d in product.rhs.dims[:-2] if d not in product.lhs.dims]
+    out = "".join(letters[d] for d in (*batch, product.m, product.n))
+    accumulate = jnp_dtype(product.accumulator.name)
+    a, b = (values[o.name] for o in product.operands)
+    return f'jnp.einsum("{lhs},{rhs}->{out}", {a}, {b}, preferred_element_type={accumulate})'
+
+
+def _einsum_letters(dims: list[str]) -> dict[str, str]:
+    letters: dict[str, str] = {}
+    for dim in dims:
+        wanted = dim[0].lower()
+        if dim not in letters and wanted.isascii() and wanted.isalpha() and wanted not in letters.values():
+            letters[dim] = wanted
+    free = (c for c in "abcdefghijklmnopqrstuvwxyz" if c not in letters.values())
+    for dim in dims:
+        if dim not in letters:
+            letters[dim] = next(free)
+    return letters
 
 
 def _statements(kernel, emitter, refs, values, sizes, checked):
     """Kernel body and reference body: loads, lets, and each output's store."""
-    body = [f"{values[d.name]} = {refs[d.name]}[...]" for d in kernel.inputs if d.name in _used_names(kernel)]
+    used = _used_names(kernel)
+    operands = {o.name for o in checked.product.operands} if checked.product else set()
+    body = [f"{values[d.name]} = {refs[d.name]}[...]" for d in kernel.inputs if d.name in used - operands]
     reference = []
     needs_sizes = False
     outputs = {o.name: o for o in kernel.outputs}
@@ -172,19 +273,28 @@ def _statements(kernel, emitter, refs, values, sizes, checked):
             reference.append(line)
             continue
         out = outputs[statement.target]
-        name = values[out.name]
+        name, ref = values[out.name], refs[out.name]
         value_type = checked.types[statement.value]
-        value = emitter.cast(statement.value, out.dtype)
-        if not value_type.dims:
-            value = f"jnp.full({{shape}}, {emitter.emit(statement.value)}, {jnp_dtype(out.dtype)})"
-        elif value_type.dims != out.dims:
-            value = f"jnp.broadcast_to({value}, {{shape}})"
-        if "{shape}" in value:
+        if value_type.dims == out.dims:
+            kernel_value = reference_value = emitter.cast(statement.value, out.dtype)
+        else:
             needs_sizes = True
-        body.append(f"{name} = {value.format(shape=refs[out.name] + '.shape')}")
-        body.append(f"{refs[out.name]}[...] = {name}")
-        reference.append(f"{name} = {value.format(shape=_tuple([sizes[d] for d in out.dims]))}")
+            full_shape = _tuple([sizes[d] for d in out.dims])
+            kernel_value = _broadcast(emitter, statement.value, value_type, out.dtype, f"{ref}.shape")
+            reference_value = _broadcast(emitter, statement.value, value_type, out.dtype, full_shape)
+        if out.name in used:
+            body += [f"{name} = {kernel_value}", f"{ref}[...] = {name}"]
+        else:
+            body.append(f"{ref}[...] = {kernel_value}")
+        reference.append(f"{name} = {reference_value}")
     return body, reference, needs_sizes
+
+
+def _broadcast(emitter: Emitter, node: ir.Expr, value_type, dtype: str, shape: str) -> str:
+    """A value with fewer dimensions than its output, filled out to `shape`."""
+    if not value_type.dims:
+        return f"jnp.full({shape}, {emitter.emit(node)}, {jnp_dtype(dtype)})"
+    return f"jnp.broadcast_to({emitter.cast(node, dtype)}, {shape})"
 
 
 def _value_names(kernel: ir.Kernel) -> list[str]:
@@ -192,58 +302,75 @@ def _value_names(kernel: ir.Kernel) -> list[str]:
     return names + [s.name for s in kernel.body if isinstance(s, ir.Let)]
 
 
-def _used_names(kernel: ir.Kernel) -> set[str]:
-    used: set[str] = set()
+def _walk(kernel: ir.Kernel):
     stack: list[ir.Expr] = [s.value for s in kernel.body]
     while stack:
         node = stack.pop()
-        if isinstance(node, ir.Name):
-            used.add(node.id)
-        for attr in ("operand", "left", "right", "value"):
-            if hasattr(node, attr):
-                stack.append(getattr(node, attr))
+        yield node
+        stack.extend(getattr(node, a) for a in ("operand", "left", "right", "value") if hasattr(node, a))
         stack.extend(getattr(node, "args", ()))
-    return used
 
 
-def _expand(name: str, array_dims, dims, sizes) -> str | None:
-    if array_dims == dims:
-        return None
-    shape = [sizes[d] if d in array_dims else "1" for d in dims]
-    return f"{name} = {name}.reshape({', '.join(shape)})"
+def _used_names(kernel: ir.Kernel) -> set[str]:
+    return {node.id for node in _walk(kernel) if isinstance(node, ir.Name)}
 
 
-def _reference_expand(name: str, array_dims, dims) -> str | None:
-    if array_dims == dims:
-        return None
-    index = [":" if d in array_dims else "None" for d in dims]
-    return f"{name} = {name}[{', '.join(index)}]"
+def _cost_estimate(checked: CheckedKernel, values, sizes) -> str:
+    """Flops, transcendentals and bytes, so that XLA schedules around the kernel sensibly."""
+    kernel, product = checked.kernel, checked.product
+    elements = " * ".join(sizes[d] for d in kernel.outputs[0].dims)
+    nodes = list(_walk(kernel))
+    transcendental = sum(isinstance(n, ir.Call) and n.func in FLOAT_FUNCTIONS for n in nodes)
+    elementwise = sum(isinstance(n, (ir.Binary, ir.Unary, ir.Call)) for n in nodes) - transcendental
+    if product is not None:
+        flops = " + ".join([f"2 * {elements} * {sizes[product.k]}", *_times(elementwise - 1, elements)])
+    else:
+        flops = " + ".join(_times(elementwise, elements)) or "0"
+    inputs = ", ".join(values[d.name] for d in kernel.inputs)
+    outputs = " + ".join(f"{elements} * {DTYPES[d.dtype].bytes}" for d in kernel.outputs)
+    return (
+        f"pl.CostEstimate(flops={flops}, transcendentals={''.join(_times(transcendental, elements)) or '0'},"
+        f" bytes_accessed=_nbytes({inputs}) + {outputs})"
+    )
 
 
-def _block_comment(decl: ir.ArrayDecl, dims, blocks) -> str:
-    shown = [f"{d} by {blocks[d]}" if d in blocks else f"{d} whole" for d in decl.dims]
-    broadcast = [d for d in dims if d not in decl.dims]
-    text = f"{decl.name}: {', '.join(shown) or 'a scalar'}"
-    if broadcast:
-        text += f", broadcast over {', '.join(broadcast)}"
-    return text
+def _times(count: int, elements: str) -> list[str]:
+    """`count * elements` as code, or nothing when count is 0."""
+    return [] if count <= 0 else [elements] if count == 1 else [f"{count} * {elements}"]
 
 
-def _grid_comment(blocked, dims) -> str:
+def _array_comment(decl: ir.ArrayDecl, out_dims, operands) -> str:
+    text = f"{decl.name}: {decl.dtype}[{', '.join(decl.dims)}]"
+    if decl.name in operands:
+        return text + (", read transposed" if operands[decl.name].transposed else "")
+    broadcast = [d for d in out_dims if d not in decl.dims]
+    return text + (f", broadcast over {', '.join(broadcast)}" if broadcast else "")
+
+
+def _grid_comment(blocked, dims, product: Product | None, squeezed: set[str]) -> str:
     if not blocked:
         return "A single step: every dimension is taken whole."
+    steps = ", ".join(f"element of {d}" if d in squeezed else f"block of {d}" for d in blocked)
     whole = [d for d in dims if d not in blocked]
-    text = f"One step per block of {', '.join(blocked)}"
-    if whole:
-        text += f" ({', '.join(whole)} taken whole)"
-    return text + "; steps are independent, so every axis is parallel."
+    taken = f" ({', '.join(whole)} taken whole)" if whole else ""
+    if product is not None and product.k in blocked:
+        return (
+            f"One step per {steps}{taken}. Output tiles are independent (parallel);"
+            f" the steps along {product.k} accumulate in order (arbitrary)."
+        )
+    return f"One step per {steps}{taken}; steps are independent, so every axis is parallel."
 
 
-def _vmem_comment(kernel: ir.Kernel, blocks: dict[str, int], dims) -> str:
-    needed = format_bytes(pipeline_vmem_bytes(kernel, blocks))
+def _vmem_comment(kernel: ir.Kernel, blocks: dict[str, int], dims, product) -> str:
+    needed = format_bytes(vmem_bytes(kernel, blocks, product))
     whole = [d for d in dims if d not in blocks]
     per = f" per unit of {' x '.join(whole)}" if whole else ""
-    return f"VMEM at the default blocks: {needed}{per} (inputs and outputs, double-buffered)."
+    scratch = ", plus the accumulator" if product and product.k in blocks else ""
+    return f"VMEM at the default blocks: {needed}{per} (inputs and outputs double-buffered{scratch})."
+
+
+def _wrap(text: str) -> tuple[str, ...]:
+    return tuple(textwrap.wrap(text, COMMENT_WIDTH))
 
 
 def _tuple(items: list[str]) -> str:

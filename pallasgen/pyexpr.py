@@ -47,9 +47,10 @@ def jnp_dtype(name: str) -> str:
 class Emitter:
     """Writes typed expressions as Python, naming values through `names`."""
 
-    def __init__(self, names: dict[str, str], types: dict[ir.Expr, ValueType]):
+    def __init__(self, names: dict[str, str], types: dict[ir.Expr, ValueType], overrides: dict[ir.Expr, str]):
         self.names = names
         self.types = types
+        self.overrides = overrides  # nodes computed elsewhere, such as the product, by variable
 
     def emit(self, node: ir.Expr) -> str:
         return self._emit(node)[0]
@@ -62,6 +63,8 @@ class Emitter:
         return self._cast_code(node, dtype)[0]
 
     def _emit(self, node: ir.Expr) -> tuple[str, int]:
+        if node in self.overrides:
+            return self.overrides[node], _ATOM
         if isinstance(node, ir.Name):
             return self.names[node.id], _ATOM
         if isinstance(node, ir.Number):
