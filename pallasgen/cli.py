@@ -12,7 +12,17 @@ from pathlib import Path
 import click
 
 from .config import ConfigError, load_config
-from .sync import SpecErrors, UsageError, apply, collect_targets, generate_targets, plan_changes, unified_diff
+from .errors import SpecError
+from .pipeline import check_source, decode
+from .sync import (
+    SpecErrors,
+    UsageError,
+    apply,
+    collect_targets,
+    generate_targets,
+    plan_changes,
+    unified_diff,
+)
 
 SPEC_OR_USAGE_ERROR = 2
 DRIFT = 1
@@ -63,6 +73,83 @@ def check(paths: tuple[Path, ...], out: Path | None, quiet: bool) -> None:
         )
         sys.exit(DRIFT)
     click.echo(f"pallasgen check: {len(targets)} generated files match their specs")
+
+
+@main.command()
+@click.argument("targets", nargs=-1, required=True, metavar="SPEC[:KERNEL]...")
+@click.option("--size", "sizes", multiple=True, metavar="DIM=N", help="A dimension's size (repeatable).")
+@click.option("--seed", default=0, show_default=True, help="Seed of the random inputs.")
+@_out
+def run(targets: tuple[str, ...], sizes: tuple[str, ...], seed: int, out: Path | None) -> None:
+    """Run generated kernels on random inputs and compare them with their references.
+
+    Exits 1 if any output differs from the reference by more than its dtype allows.
+    """
+    from . import runner
+
+    given = _parse_sizes(sizes)
+    config = load_config(Path.cwd())
+    out_dir = out if out is not None else config.out
+    failed = False
+    for target in targets:
+        spec_path, _, wanted = target.partition(":")
+        spec = Path(spec_path)
+        try:
+            kernels = check_source(decode(spec.read_bytes(), spec_path), spec_path)
+        except OSError as error:
+            _usage_error(f"{spec_path}: {error.strerror}")
+        except SpecError as error:
+            click.echo(error.render(), err=True)
+            sys.exit(SPEC_OR_USAGE_ERROR)
+        chosen = [k for k in kernels if not wanted or k.kernel.name == wanted]
+        if not chosen:
+            _usage_error(f"{spec_path} has no kernel named {wanted!r}")
+        module_path = _up_to_date_module(spec, out_dir)
+        module = runner.load_module(module_path)
+        for checked in chosen:
+            dims = runner.sizes_for(checked, given)
+            for result in runner.run_kernel(module, checked, dims, seed):
+                failed |= not result.ok
+                shape = ", ".join(f"{d}={dims[d]}" for d in checked.dims)
+                verdict = "OK" if result.ok else "MISMATCH"
+                click.echo(
+                    f"{result.kernel}.{result.output} [{shape}]: max |kernel - reference| ="
+                    f" {result.max_error:.3g} (allowed {result.tolerance:.3g}) {verdict},"
+                    f" {result.seconds * 1e3:.1f} ms for the first call, compilation included"
+                )
+    import jax
+
+    backend = jax.default_backend()
+    if backend == "cpu":
+        click.echo("Ran in Pallas interpret mode on CPU: the times say nothing about TPU or GPU speed.")
+    sys.exit(DRIFT if failed else 0)
+
+
+def _parse_sizes(sizes: tuple[str, ...]) -> dict[str, int]:
+    parsed = {}
+    for item in sizes:
+        dim, _, value = item.partition("=")
+        if not dim or not value.isdigit() or int(value) < 1:
+            _usage_error(f"--size {item}: expected DIM=N with N a positive integer")
+        parsed[dim] = int(value)
+    return parsed
+
+
+def _up_to_date_module(spec: Path, out_dir: Path) -> Path:
+    try:
+        targets, _ = collect_targets([spec], out_dir)
+        (module_text,) = generate_targets(targets, _display).values()
+    except (UsageError, SpecErrors) as error:
+        _usage_error(str(error))
+    path = targets[0].output
+    if not path.exists() or path.read_text(encoding="utf-8") != module_text:
+        _usage_error(f"{_display(path)} is missing or out of date; run `pallasgen build` first")
+    return path
+
+
+def _usage_error(message: str):
+    click.echo(f"pallasgen: error: {message}", err=True)
+    sys.exit(SPEC_OR_USAGE_ERROR)
 
 
 def _prepare(paths: tuple[Path, ...], out: Path | None):

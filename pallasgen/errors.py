@@ -42,6 +42,9 @@ class SpecError(Exception):
         )
         super().__init__(self.render())
 
+    def __reduce__(self):
+        return SpecError, (self.path, self.source, self.diagnostics)
+
     def render(self) -> str:
         """All diagnostics as `path:line:col: error: ...`, each with its line and caret."""
         lines = self.source.splitlines()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from . import parser, transform
-from .checks import Diagnostics, check_spec
+from .checks import CheckedKernel, Diagnostics, check_spec
 from .errors import Diagnostic, Position, SpecError
 from .plan import plan_module
 from .render import render_module
@@ -11,15 +11,19 @@ from .render import render_module
 
 def generate(source: str, path: str, spec_path: str) -> str:
     """The generated module for a spec's text; raises `SpecError` naming `path`."""
+    return render_module(plan_module(spec_path, check_source(source, path)))
+
+
+def check_source(source: str, path: str) -> tuple[CheckedKernel, ...]:
+    """Parses and checks a spec; raises `SpecError` with every problem found."""
     try:
         tree = parser.parse(source)
         spec = transform.to_ir(tree, source)
-        kernels = check_spec(spec)
+        return check_spec(spec)
     except (parser.SyntaxDiagnostic, transform.DepthDiagnostic) as error:
         raise SpecError(path, source, [error.diagnostic]) from None
     except Diagnostics as error:
         raise SpecError(path, source, error.diagnostics) from None
-    return render_module(plan_module(spec_path, kernels))
 
 
 def decode(data: bytes, path: str) -> str:

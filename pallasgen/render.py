@@ -34,9 +34,34 @@ def _environment() -> jinja2.Environment:
 
 
 def render_module(plan: ModulePlan) -> str:
-    """The generated module's source, black-formatted."""
-    source = _environment().get_template("module.py.j2").render(module=plan)
+    """The generated module's source, black-formatted.
+
+    Black formats each top-level piece on its own, and the shared helpers once per
+    process: the result is the text black gives the whole module, in a fraction of
+    the time (tests check the equality).
+    """
+    header, helpers, *kernels = render_pieces(plan)
+    pieces = [format_code(header), _format_once(helpers), *map(format_code, kernels)]
+    # Black leaves one blank line after the module docstring and two between definitions.
+    return pieces[0] + "\n" + "\n\n".join(pieces[1:])
+
+
+def render_pieces(plan: ModulePlan) -> list[str]:
+    """The unformatted module: its header, the helpers, and one piece per kernel."""
+    environment = _environment()
+    header = environment.get_template("header.py.j2").render(module=plan)
+    helpers = environment.get_template("helpers.py.j2").render()
+    kernels = [environment.get_template("kernel.py.j2").render(k=kernel) for kernel in plan.kernels]
+    return [header, helpers, *kernels]
+
+
+def format_code(source: str) -> str:
     return black.format_str(source, mode=BLACK_MODE)
+
+
+@cache
+def _format_once(source: str) -> str:
+    return format_code(source)
 
 
 def docstring(lines: tuple[str, ...]) -> str:

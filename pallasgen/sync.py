@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import difflib
 import os
-import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from multiprocessing import get_context
 from pathlib import Path, PurePosixPath
 
+from . import cache
+from .atomic import write_atomically
 from .config import spec_label
 from .errors import SpecError
 from .pipeline import decode, generate
@@ -70,19 +73,55 @@ def collect_targets(paths: list[Path], out_dir: Path) -> tuple[list[Target], set
     return list(targets.values()), owned
 
 
-def generate_targets(targets: list[Target], display) -> dict[Path, str]:
-    """Every target's module text; raises `SpecErrors` with every failing spec's errors."""
+# Fewer uncached specs than this are generated in-process: a worker pool costs more.
+PARALLEL_THRESHOLD = 8
+
+
+def generate_targets(targets: list[Target], display, use_cache: bool = True) -> dict[Path, str]:
+    """Every target's module text; raises `SpecErrors` with every failing spec's errors.
+
+    Unchanged specs come from the cache; the others are generated on every core.
+    """
     modules: dict[Path, str] = {}
     errors: list[SpecError] = []
+    pending: list[tuple[Target, str, str]] = []
     for target in targets:
         try:
             source = decode(target.spec.read_bytes(), display(target.spec))
-            modules[target.output] = generate(source, display(target.spec), target.label)
         except SpecError as error:
             errors.append(error)
+            continue
+        cached = cache.load(cache.key(source, target.label)) if use_cache else None
+        if cached is not None:
+            modules[target.output] = cached
+        else:
+            pending.append((target, source, display(target.spec)))
+    for (target, source, _), result in zip(pending, _generate_all([job[1:] + (job[0].label,) for job in pending])):
+        if isinstance(result, SpecError):
+            errors.append(result)
+            continue
+        modules[target.output] = result
+        if use_cache:
+            cache.store(cache.key(source, target.label), result)
     if errors:
         raise SpecErrors(errors)
     return modules
+
+
+def _generate_all(jobs: list[tuple[str, str, str]]) -> list[str | SpecError]:
+    workers = min(len(jobs), os.cpu_count() or 1)
+    if len(jobs) < PARALLEL_THRESHOLD or workers < 2:
+        return [_generate_one(job) for job in jobs]
+    with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
+        return list(pool.map(_generate_one, jobs, chunksize=max(1, len(jobs) // (4 * workers))))
+
+
+def _generate_one(job: tuple[str, str, str]) -> str | SpecError:
+    source, path, label = job
+    try:
+        return generate(source, path, label)
+    except SpecError as error:
+        return error
 
 
 class SpecErrors(Exception):
@@ -127,20 +166,6 @@ def apply(changes: list[Change]) -> None:
             change.path.unlink()
         else:
             write_atomically(change.path, change.new)
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Writes through a temporary file in the same folder and a rename: never half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as file:
-            file.write(text)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
 
 
 def unified_diff(change: Change, display) -> str:
