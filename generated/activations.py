@@ -56,6 +56,15 @@ def leaky(x, *, block_m=256, block_n=512, slope=0.01, interpret=None):
     """Leaky ReLU with its positive mask.
 
     `y` is `x` where `x > 0` and `x * slope` elsewhere; `mask` marks where `x > 0`.
+
+    Args:
+      x: f32[M, N].
+      block_m, block_n: block sizes (default 256, 512); a block never exceeds its dimension.
+      slope: a static f32 (default 0.01).
+      interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
+
+    Returns:
+      y: f32[M, N]; mask: i32[M, N].
     """
     sizes = _sizes("leaky", {"x": (x, jnp.float32, ("M", "N"))})
     m = sizes["M"]
@@ -110,7 +119,18 @@ def _bias_gelu_kernel(x_ref, bias_ref, scale_ref, y_ref):
 
 @functools.partial(jax.jit, static_argnames=("block_m", "block_n", "interpret"))
 def bias_gelu(x, bias, scale, *, block_m=256, block_n=512, interpret=None):
-    """GELU (tanh approximation) of `x * scale + bias`, in bf16 with f32 math."""
+    """GELU (tanh approximation) of `x * scale + bias`, in bf16 with f32 math.
+
+    Args:
+      x: bf16[M, N].
+      bias: f32[N].
+      scale: f32[M].
+      block_m, block_n: block sizes (default 256, 512); a block never exceeds its dimension.
+      interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
+
+    Returns:
+      y: bf16[M, N].
+    """
     sizes = _sizes(
         "bias_gelu",
         {

@@ -52,7 +52,17 @@ def _add_vectors_kernel(x_ref, y_ref, z_ref):
 
 @functools.partial(jax.jit, static_argnames=("block_n", "interpret"))
 def add_vectors(x, y, *, block_n=1024, interpret=None):
-    """Adds two vectors: the Pallas quickstart's first kernel."""
+    """Adds two vectors: the Pallas quickstart's first kernel.
+
+    Args:
+      x: f32[N].
+      y: f32[N].
+      block_n: block sizes (default 1024); a block never exceeds its dimension.
+      interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
+
+    Returns:
+      z: f32[N].
+    """
     sizes = _sizes("add_vectors", {"x": (x, jnp.float32, ("N",)), "y": (y, jnp.float32, ("N",))})
     n = sizes["N"]
     block_n = min(block_n, n)  # a small N is one whole block

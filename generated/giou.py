@@ -75,6 +75,22 @@ def giou(
 
     Box a is (ax1, ay1)-(ax2, ay2) and box b is (bx1, by1)-(bx2, by2), one pair per
     element. `eps` keeps empty boxes from dividing by zero.
+
+    Args:
+      ax1: f32[B, N].
+      ay1: f32[B, N].
+      ax2: f32[B, N].
+      ay2: f32[B, N].
+      bx1: f32[B, N].
+      by1: f32[B, N].
+      bx2: f32[B, N].
+      by2: f32[B, N].
+      block_b, block_n: block sizes (default 128, 128); a block never exceeds its dimension.
+      eps: a static f32 (default 1e-07).
+      interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
+
+    Returns:
+      giou: f32[B, N].
     """
     sizes = _sizes(
         "giou",

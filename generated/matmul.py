@@ -65,7 +65,17 @@ def _matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
 
 @functools.partial(jax.jit, static_argnames=("block_m", "block_n", "block_k", "interpret"))
 def matmul(x, y, *, block_m=256, block_n=512, block_k=512, interpret=None):
-    """The Pallas TPU quickstart's matmul: f32 blocks, K accumulated in VMEM."""
+    """The Pallas TPU quickstart's matmul: f32 blocks, K accumulated in VMEM.
+
+    Args:
+      x: f32[M, K].
+      y: f32[K, N].
+      block_m, block_n, block_k: block sizes (default 256, 512, 512); a block never exceeds its dimension.
+      interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
+
+    Returns:
+      z: f32[M, N].
+    """
     sizes = _sizes("matmul", {"x": (x, jnp.float32, ("M", "K")), "y": (y, jnp.float32, ("K", "N"))})
     m = sizes["M"]
     n = sizes["N"]
@@ -130,7 +140,17 @@ def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
 
 @functools.partial(jax.jit, static_argnames=("block_m", "block_n", "block_k", "interpret"))
 def matmul_relu(x, y, *, block_m=256, block_n=512, block_k=512, interpret=None):
-    """The quickstart's matmul with a fused activation."""
+    """The quickstart's matmul with a fused activation.
+
+    Args:
+      x: f32[M, K].
+      y: f32[K, N].
+      block_m, block_n, block_k: block sizes (default 256, 512, 512); a block never exceeds its dimension.
+      interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
+
+    Returns:
+      z: f32[M, N].
+    """
     sizes = _sizes(
         "matmul_relu", {"x": (x, jnp.float32, ("M", "K")), "y": (y, jnp.float32, ("K", "N"))}
     )
@@ -198,7 +218,18 @@ def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, *, k, block
 
 @functools.partial(jax.jit, static_argnames=("block_m", "block_n", "block_k", "interpret"))
 def matmul_bias_gelu(x, y, bias, *, block_m=512, block_n=1024, block_k=1024, interpret=None):
-    """bf16 matmul with f32 accumulation, bias and GELU fused into the epilogue."""
+    """bf16 matmul with f32 accumulation, bias and GELU fused into the epilogue.
+
+    Args:
+      x: bf16[M, K].
+      y: bf16[K, N].
+      bias: f32[N].
+      block_m, block_n, block_k: block sizes (default 512, 1024, 1024); a block never exceeds its dimension.
+      interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
+
+    Returns:
+      z: bf16[M, N].
+    """
     sizes = _sizes(
         "matmul_bias_gelu",
         {
@@ -276,7 +307,17 @@ def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
 
 @functools.partial(jax.jit, static_argnames=("block_m", "block_n", "block_k", "interpret"))
 def matmul_int8(x, y, *, block_m=512, block_n=1024, block_k=1024, interpret=None):
-    """int8 x int8 -> int32, as in \"The Rise of Pallas\"."""
+    """int8 x int8 -> int32, as in \"The Rise of Pallas\".
+
+    Args:
+      x: i8[M, K].
+      y: i8[K, N].
+      block_m, block_n, block_k: block sizes (default 512, 1024, 1024); a block never exceeds its dimension.
+      interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
+
+    Returns:
+      z: i32[M, N].
+    """
     sizes = _sizes("matmul_int8", {"x": (x, jnp.int8, ("M", "K")), "y": (y, jnp.int8, ("K", "N"))})
     m = sizes["M"]
     n = sizes["N"]
@@ -341,7 +382,17 @@ def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
 
 @functools.partial(jax.jit, static_argnames=("block_m", "block_n", "block_k", "interpret"))
 def batched_matmul(x, y, *, block_m=256, block_n=256, block_k=512, interpret=None):
-    """A batch of matmuls: one (M, N) tile of one batch element per step."""
+    """A batch of matmuls: one (M, N) tile of one batch element per step.
+
+    Args:
+      x: bf16[B, M, K].
+      y: bf16[B, K, N].
+      block_m, block_n, block_k: block sizes (default 256, 256, 512); a block never exceeds its dimension.
+      interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
+
+    Returns:
+      z: f32[B, M, N].
+    """
     sizes = _sizes(
         "batched_matmul",
         {"x": (x, jnp.bfloat16, ("B", "M", "K")), "y": (y, jnp.bfloat16, ("B", "K", "N"))},
@@ -397,7 +448,18 @@ def _scores_kernel(q_ref, k_ref, s_ref, *, scale):
 
 @functools.partial(jax.jit, static_argnames=("block_s", "block_t", "scale", "interpret"))
 def scores(q, k, *, block_s=128, block_t=128, scale=0.125, interpret=None):
-    """Attention scores: q against every key, scaled; D is taken whole."""
+    """Attention scores: q against every key, scaled; D is taken whole.
+
+    Args:
+      q: bf16[B, S, D].
+      k: bf16[B, T, D].
+      block_s, block_t: block sizes (default 128, 128); a block never exceeds its dimension.
+      scale: a static f32 (default 0.125).
+      interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
+
+    Returns:
+      s: f32[B, S, T].
+    """
     sizes = _sizes(
         "scores", {"q": (q, jnp.bfloat16, ("B", "S", "D")), "k": (k, jnp.bfloat16, ("B", "T", "D"))}
     )
@@ -467,7 +529,18 @@ def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_ref, *, k, block_k):
 
 @functools.partial(jax.jit, static_argnames=("block_m", "block_n", "block_k", "interpret"))
 def linear(x, w, bias, *, block_m=256, block_n=256, block_k=512, interpret=None):
-    """A linear layer whose weight is stored transposed, [N, K], as PyTorch keeps it."""
+    """A linear layer whose weight is stored transposed, [N, K], as PyTorch keeps it.
+
+    Args:
+      x: bf16[M, K].
+      w: bf16[N, K].
+      bias: f32[N].
+      block_m, block_n, block_k: block sizes (default 256, 256, 512); a block never exceeds its dimension.
+      interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
+
+    Returns:
+      y: bf16[M, N].
+    """
     sizes = _sizes(
         "linear",
         {

@@ -175,7 +175,7 @@ def plan_kernel(checked: CheckedKernel, module_names: frozenset[str] = MODULE_HE
         name=kernel.name,
         kernel_function=f"_{kernel.name}_kernel",
         reference_function=f"{kernel.name}_reference",
-        doc=kernel.doc,
+        doc=_docstring(kernel, tunable, checked.blocks, values),
         inputs=tuple(array_plan(d) for d in kernel.inputs),
         outputs=tuple(array_plan(d) for d in kernel.outputs),
         params=tuple(ParamPlan(p.name, repr(p.value)) for p in kernel.params),
@@ -197,6 +197,20 @@ def plan_kernel(checked: CheckedKernel, module_names: frozenset[str] = MODULE_HE
         ),
         reference_body=tuple(reference_body),
     )
+
+
+def _docstring(kernel: ir.Kernel, tunable: list[str], blocks: dict[str, int], values) -> tuple[str, ...]:
+    """The spec's comment lines, then the arguments and results."""
+    summary = list(kernel.doc) or [f"The `{kernel.name}` Pallas kernel."]
+    args = [f"  {values[d.name]}: {d.dtype}[{', '.join(d.dims)}]." for d in kernel.inputs]
+    if tunable:
+        keywords = ", ".join(block_keyword(d) for d in tunable)
+        defaults = ", ".join(str(blocks[d]) for d in tunable)
+        args.append(f"  {keywords}: block sizes (default {defaults}); a block never exceeds its dimension.")
+    args += [f"  {p.name}: a static {p.dtype} (default {p.value!r})." for p in kernel.params]
+    args.append("  interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.")
+    results = "; ".join(f"{d.name}: {d.dtype}[{', '.join(d.dims)}]" for d in kernel.outputs)
+    return (*summary, "", "Args:", *args, "", "Returns:", f"  {results}.")
 
 
 def _grid_names(blocked: list[str], product: Product | None) -> dict[str, str]:
