@@ -75,10 +75,15 @@ def check(paths: tuple[Path, ...], out: Path | None, quiet: bool) -> None:
     click.echo(f"pallasgen check: {len(targets)} generated files match their specs")
 
 
+_targets = click.argument("targets", nargs=-1, metavar="SPEC[:KERNEL]...")
+_sizes = click.option("--size", "sizes", multiple=True, metavar="DIM=N", help="A dimension's size (repeatable).")
+_seed = click.option("--seed", default=0, show_default=True, help="Seed of the random inputs.")
+
+
 @main.command()
-@click.argument("targets", nargs=-1, required=True, metavar="SPEC[:KERNEL]...")
-@click.option("--size", "sizes", multiple=True, metavar="DIM=N", help="A dimension's size (repeatable).")
-@click.option("--seed", default=0, show_default=True, help="Seed of the random inputs.")
+@_targets
+@_sizes
+@_seed
 @_out
 def run(targets: tuple[str, ...], sizes: tuple[str, ...], seed: int, out: Path | None) -> None:
     """Run generated kernels on random inputs and compare them with their references.
@@ -87,10 +92,77 @@ def run(targets: tuple[str, ...], sizes: tuple[str, ...], seed: int, out: Path |
     """
     from . import runner
 
-    given = _parse_sizes(sizes)
+    failed = False
+    for module, checked in _kernels(targets, out):
+        dims = runner.sizes_for(checked, _parse_sizes(sizes))
+        for result in runner.run_kernel(module, checked, dims, seed):
+            failed |= not result.ok
+            shape = ", ".join(f"{d}={dims[d]}" for d in checked.dims)
+            verdict = "OK" if result.ok else "MISMATCH"
+            click.echo(
+                f"{result.kernel}.{result.output} [{shape}]: max |kernel - reference| ="
+                f" {result.max_error:.3g} (allowed {result.tolerance:.3g}) {verdict},"
+                f" {result.seconds * 1e3:.1f} ms for the first call, compilation included"
+            )
+    _say_if_interpreted()
+    sys.exit(DRIFT if failed else 0)
+
+
+@main.command()
+@_targets
+@_sizes
+@_seed
+@_out
+@click.option("--repeats", default=20, show_default=True, help="Timed calls of each function.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False), help="Also write results here.")
+def bench(
+    targets: tuple[str, ...], sizes: tuple[str, ...], seed: int, out: Path | None, repeats: int, json_path: Path | None
+) -> None:
+    """Time generated kernels against XLA (their jitted reference) on this machine's device."""
+    import json
+
+    import jax
+
+    from . import bench as benchmark
+    from . import runner
+
+    device = jax.devices()[0].device_kind
+    kernels = _kernels(targets, out)
+    timings = []
+    with click.progressbar(kernels, label=f"Timing on {device}", file=sys.stderr) as progress:
+        for module, checked in progress:
+            dims = runner.sizes_for(checked, _parse_sizes(sizes))
+            inputs = runner.random_inputs(checked, dims, seed)
+            timings.append(benchmark.time_kernel(module, checked, dims, inputs, repeats, {}))
+    for timing in timings:
+        click.echo(benchmark.describe(timing, device))
+    _say_if_interpreted()
+    if json_path is not None:
+        records = [
+            {
+                "kernel": t.kernel,
+                "sizes": t.sizes,
+                "kernel_seconds": t.kernel_seconds,
+                "xla_seconds": t.xla_seconds,
+                "ratio_to_xla": t.ratio,
+                "flops": t.flops,
+                "bytes": t.bytes_moved,
+            }
+            for t in timings
+        ]
+        payload = {"device": device, "jax": jax.__version__, "backend": jax.default_backend(), "results": records}
+        json_path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+
+
+def _kernels(targets: tuple[str, ...], out: Path | None) -> list:
+    """(module, checked kernel) for each SPEC[:KERNEL]; every kernel of the default specs if none."""
+    from . import runner
+
     config = load_config(Path.cwd())
     out_dir = out if out is not None else config.out
-    failed = False
+    if not targets:
+        targets = tuple(str(p) for p in sorted(config.specs.glob("*.pallas")))
+    chosen = []
     for target in targets:
         spec_path, _, wanted = target.partition(":")
         spec = Path(spec_path)
@@ -101,28 +173,19 @@ def run(targets: tuple[str, ...], sizes: tuple[str, ...], seed: int, out: Path |
         except SpecError as error:
             click.echo(error.render(), err=True)
             sys.exit(SPEC_OR_USAGE_ERROR)
-        chosen = [k for k in kernels if not wanted or k.kernel.name == wanted]
-        if not chosen:
+        matching = [k for k in kernels if not wanted or k.kernel.name == wanted]
+        if not matching:
             _usage_error(f"{spec_path} has no kernel named {wanted!r}")
-        module_path = _up_to_date_module(spec, out_dir)
-        module = runner.load_module(module_path)
-        for checked in chosen:
-            dims = runner.sizes_for(checked, given)
-            for result in runner.run_kernel(module, checked, dims, seed):
-                failed |= not result.ok
-                shape = ", ".join(f"{d}={dims[d]}" for d in checked.dims)
-                verdict = "OK" if result.ok else "MISMATCH"
-                click.echo(
-                    f"{result.kernel}.{result.output} [{shape}]: max |kernel - reference| ="
-                    f" {result.max_error:.3g} (allowed {result.tolerance:.3g}) {verdict},"
-                    f" {result.seconds * 1e3:.1f} ms for the first call, compilation included"
-                )
+        module = runner.load_module(_up_to_date_module(spec, out_dir))
+        chosen.extend((module, checked) for checked in matching)
+    return chosen
+
+
+def _say_if_interpreted() -> None:
     import jax
 
-    backend = jax.default_backend()
-    if backend == "cpu":
-        click.echo("Ran in Pallas interpret mode on CPU: the times say nothing about TPU or GPU speed.")
-    sys.exit(DRIFT if failed else 0)
+    if jax.default_backend() == "cpu":
+        click.echo("Ran in Pallas interpret mode on CPU: these times say nothing about TPU or GPU speed.")
 
 
 def _parse_sizes(sizes: tuple[str, ...]) -> dict[str, int]:
