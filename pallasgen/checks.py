@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from . import ir
 from .dtypes import BOOL, DTYPES, F32, FLOAT_MAX, I32, DType
 from .errors import Diagnostic, Position, did_you_mean
-from .names import MODULE_NAMES, WRAPPER_NAMES, block_keyword, is_python_keyword
+from .names import RESERVED, block_keyword
 from .product import Product, analyze_product, find_products, product_dims
 from .tiling import array_layouts, tiling_problem, vmem_problem
 from .valuetypes import ValueType, combine, merge_dims
@@ -77,9 +77,9 @@ def check_kernel_names(spec: ir.Spec) -> list[Diagnostic]:
     for kernel in spec.kernels:
         if kernel.name in seen:
             found.append(Diagnostic(kernel.position, f"kernel '{kernel.name}' is defined twice"))
-        elif is_python_keyword(kernel.name) or kernel.name in MODULE_NAMES or kernel.name.startswith("_"):
+        elif kernel.name in RESERVED or kernel.name.startswith("_"):
             found.append(
-                Diagnostic(kernel.position, f"'{kernel.name}' cannot name a kernel: the generated module needs that name")
+                Diagnostic(kernel.position, f"'{kernel.name}' cannot name a kernel: the generated module uses that name")
             )
         seen.add(kernel.name)
     for kernel in spec.kernels:
@@ -119,11 +119,11 @@ def check_declarations(kernel: ir.Kernel) -> list[Diagnostic]:
             seen[item.name] = what
     block_keywords = {block_keyword(d) for decl in kernel.inputs + kernel.outputs for d in decl.dims}
     for param in kernel.params:
-        if is_python_keyword(param.name) or param.name in MODULE_NAMES | WRAPPER_NAMES | block_keywords:
+        if param.name in RESERVED | block_keywords:
             found.append(
                 Diagnostic(
                     param.position,
-                    f"'{param.name}' cannot name a param: the generated function needs that keyword; rename it",
+                    f"'{param.name}' cannot name a param: the generated code uses that name; rename it",
                 )
             )
     if not kernel.outputs:
@@ -412,6 +412,11 @@ class _Inference:
                 self.found.append(Diagnostic(node.position, f"{node.text} is too large for any float dtype"))
                 return None
             return ValueType(F32, (), weak=True)
+        if node.value > I32.int_range()[1] + 1:  # one more, for the literal in -2147483648
+            self.found.append(
+                Diagnostic(node.position, f"{node.text} is too large for an integer literal; write it as a float")
+            )
+            return None
         return ValueType(I32, (), weak=True)
 
     def _boolean(self, node: ir.Boolean) -> ValueType:
@@ -460,6 +465,13 @@ class _Inference:
             return None
         if node.op in ("/", "//", "%") and _is_zero(node.right):
             self.found.append(Diagnostic(node.right.position, "division by zero"))
+            return None
+        if node.op == "**" and not left.dtype.is_float and _is_negative(node.right):
+            self.found.append(Diagnostic(node.right.position, "an integer cannot be raised to a negative power"))
+            return None
+        problem = constant_problem(node)
+        if problem:
+            self.found.append(Diagnostic(node.position, problem))
             return None
         result = combine(left, right, dims)
         if node.op == "/" and result.dtype.is_integer:
@@ -549,6 +561,71 @@ def _declared(decl: ir.ArrayDecl) -> ValueType | None:
 
 def _is_zero(node: ir.Expr) -> bool:
     return isinstance(node, ir.Number) and node.value == 0
+
+
+def _is_negative(node: ir.Expr) -> bool:
+    value = constant_value(node)
+    return isinstance(value, (int, float)) and value < 0
+
+
+_PYTHON_OPS = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "/": lambda a, b: a / b,
+    "//": lambda a, b: a // b,
+    "%": lambda a, b: a % b,
+    "**": lambda a, b: _power(a, b),
+}
+
+
+def _power(base, exponent):
+    """Python's `**`, refusing integer powers too large to compute quickly."""
+    if isinstance(base, int) and isinstance(exponent, int) and abs(base) > 1 and exponent > 64:
+        raise OverflowError
+    return base**exponent
+
+
+def constant_value(node: ir.Expr) -> int | float | None:
+    """The value of an arithmetic expression of literals, as Python computes it; else None.
+
+    Generated code leaves such expressions to Python, so they must not raise there.
+    """
+    if isinstance(node, ir.Number):
+        return node.value
+    if isinstance(node, ir.Unary) and node.op == "-":
+        value = constant_value(node.operand)
+        return None if value is None else -value
+    if isinstance(node, ir.Binary) and node.op in _PYTHON_OPS:
+        left, right = constant_value(node.left), constant_value(node.right)
+        if left is None or right is None:
+            return None
+        try:
+            result = _PYTHON_OPS[node.op](left, right)
+        except (ZeroDivisionError, OverflowError):
+            return None
+        return result if isinstance(result, (int, float)) else None
+    return None
+
+
+def constant_problem(node: ir.Binary) -> str | None:
+    """Why Python cannot compute a binary operation on literals, or None."""
+    left, right = constant_value(node.left), constant_value(node.right)
+    if left is None or right is None or node.op not in _PYTHON_OPS:
+        return None
+    try:
+        result = _PYTHON_OPS[node.op](left, right)
+    except ZeroDivisionError:
+        return "division by zero"
+    except OverflowError:
+        return "this constant overflows"
+    if isinstance(result, complex):
+        return "this constant is a complex number"
+    if isinstance(result, float) and result != result or abs(result) == float("inf"):
+        return "this constant is not a finite number"
+    if isinstance(result, int) and abs(result) > 2**31:
+        return "this constant does not fit in i32"
+    return None
 
 
 def _unknown_dtype(name: str, position: Position) -> Diagnostic:

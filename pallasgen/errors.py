@@ -47,7 +47,7 @@ class SpecError(Exception):
 
     def render(self) -> str:
         """All diagnostics as `path:line:col: error: ...`, each with its line and caret."""
-        lines = self.source.splitlines()
+        lines = self.source.split("\n")
         shown = self.diagnostics[:MAX_REPORTED]
         blocks = [_render_one(self.path, lines, d) for d in shown]
         hidden = len(self.diagnostics) - len(shown)

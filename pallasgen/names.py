@@ -18,10 +18,6 @@ def block_keyword(dim: str) -> str:
     return f"block_{dim.lower()}"
 
 
-def is_python_keyword(name: str) -> bool:
-    return keyword.iskeyword(name)
-
-
 class Namer:
     """Hands out Python identifiers, unique within one scope, avoiding `taken`."""
 

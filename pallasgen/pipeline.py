@@ -38,4 +38,5 @@ def decode(data: bytes, path: str) -> str:
         raise SpecError(
             path, shown, [Diagnostic(Position.point(line, column), f"not UTF-8: byte 0x{data[error.start]:02x}")]
         ) from None
-    return text.removeprefix("\ufeff")
+    # One line ending, so that Lark's line numbers and the lines errors show agree.
+    return text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")

@@ -20,7 +20,7 @@ def to_ir(tree: Tree, source: str) -> ir.Spec:
     """Builds the IR; comment lines right above a kernel become its docstring."""
     _check_depth(tree)
     kernels = _ToIR().transform(tree).children
-    lines = source.splitlines()
+    lines = source.split("\n")
     return ir.Spec(tuple(_with_doc(kernel, lines) for kernel in kernels))
 
 
@@ -31,7 +31,7 @@ def _check_depth(tree: Tree) -> None:
         node, depth = stack.pop()
         if depth > MAX_EXPRESSION_DEPTH:
             raise DepthDiagnostic(
-                Diagnostic(_span(node), f"expression nested more than {MAX_EXPRESSION_DEPTH} levels deep; split it with let")
+                Diagnostic(_span(node), f"expression nested more than {MAX_EXPRESSION_DEPTH} levels deep (or too long); split it with let")
             )
         stack.extend((child, depth + 1) for child in node.children if isinstance(child, Tree))
 
