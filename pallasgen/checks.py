@@ -284,7 +284,8 @@ def check_blocks(
         problem = tiling_problem(item.dim, item.size, layouts)
         if problem:
             found.append(Diagnostic(item.position, problem))
-    if kernel.blocks and not found:
+    known_dtypes = all(d.dtype in DTYPES for d in kernel.inputs + kernel.outputs)
+    if kernel.blocks and known_dtypes and not found:
         problem = vmem_problem(kernel, blocks, product)
         if problem:
             found.append(Diagnostic(kernel.blocks[0].position, problem))

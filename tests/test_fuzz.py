@@ -1,0 +1,150 @@
+"""Fuzzing: no spec text makes pallasgen fail with anything but a spec error, and
+every spec that builds gives a module whose kernels match their references.
+
+CI runs a small budget. A long run is a documented command:
+
+    PALLASGEN_FUZZ_EXAMPLES=20000 python -m pytest tests/test_fuzz.py -p no:cacheprovider -q
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kernel_cases import load_module
+from pallasgen.errors import SpecError
+from pallasgen.pipeline import decode, generate
+
+EXAMPLES = int(os.environ.get("PALLASGEN_FUZZ_EXAMPLES", "150"))
+RUN_EXAMPLES = max(10, EXAMPLES // 10)
+SPECS = sorted((Path(__file__).resolve().parents[1] / "specs").glob("*.pallas"))
+FUZZ = settings(
+    max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
+
+TOKENS = [
+    "kernel", "in", "out", "let", "param", "block", "accumulate", "true", "false",
+    "x", "y", "z", "M", "N", "K", "f32", "bf16", "i8", "i32", "bool", "exp", "where", "gelu", "pl", "lambda",
+    "0", "1", "2.5", "1e-5", "300", "1e999", "99999999999",
+    "+", "-", "*", "/", "//", "%", "**", "@", ".T", ".", "==", "<", ">=", "&", "|", "~",
+    "(", ")", "[", "]", "{", "}", ",", ":", "=", "\n", " ", "\t", "#", "# c\n", "\r\n", "$", "\ufeff", "\x00",
+]
+
+
+def build(source: str) -> str | None:
+    """The generated module, None for a spec error; anything else propagates and fails."""
+    try:
+        return generate(decode(source.encode("utf-8", "surrogatepass"), "fuzz.pallas"), "fuzz.pallas", "fuzz.pallas")
+    except SpecError as error:
+        assert error.diagnostics, "a spec error names at least one problem"
+        assert "Traceback" not in error.render()
+        return None
+
+
+def assert_compiles(module_text: str | None) -> None:
+    if module_text is not None:
+        compile(module_text, "generated.py", "exec")
+
+
+@FUZZ
+@given(st.lists(st.sampled_from(TOKENS), max_size=60))
+def test_token_soup_gives_a_module_or_a_spec_error(tokens):
+    assert_compiles(build(" ".join(tokens)))
+
+
+@FUZZ
+@given(st.sampled_from(SPECS), st.randoms(use_true_random=False), st.integers(1, 4))
+def test_mutated_bundled_specs_give_a_module_or_a_spec_error(spec, rng, mutations):
+    text = spec.read_text()
+    for _ in range(mutations):
+        text = mutate(text, rng)
+    assert_compiles(build(text))
+
+
+def mutate(text: str, rng: random.Random) -> str:
+    """Deletes, duplicates or replaces a span, or drops in a token."""
+    if not text:
+        return rng.choice(TOKENS)
+    start = rng.randrange(len(text))
+    end = min(len(text), start + rng.randint(1, 12))
+    choice = rng.randrange(4)
+    if choice == 0:
+        return text[:start] + text[end:]
+    if choice == 1:
+        return text[:end] + text[start:end] + text[end:]
+    if choice == 2:
+        return text[:start] + rng.choice(TOKENS) + text[end:]
+    return text[:start] + chr(rng.randrange(32, 127)) + text[start + 1 :]
+
+
+def test_bytes_that_are_not_utf8_are_a_spec_error():
+    with pytest.raises(SpecError, match="not UTF-8"):
+        decode(b"kernel k {\n  in x: f32[N]\xff\n}", "bad.pallas")
+
+
+# ---------------------------------------------------------------- specs that build must run
+
+DTYPES = ["f32", "bf16", "i32", "i8"]
+UNARY = ["exp", "tanh", "relu", "abs", "sigmoid", "f32", "i32", "-", "~"]
+BINARY = ["+", "-", "*", "/", "maximum", "minimum", ">", "=="]
+
+
+@st.composite
+def expressions(draw, names, depth=3):
+    if depth == 0 or draw(st.integers(0, 3)) == 0:
+        return draw(st.sampled_from([*names, "2", "0.5", "slope"]))
+    if draw(st.booleans()):
+        op = draw(st.sampled_from(UNARY))
+        inner = draw(expressions(names, depth - 1))
+        return f"{op}({inner})" if op not in "-~" else f"{op}({inner})"
+    op = draw(st.sampled_from(BINARY))
+    left, right = draw(expressions(names, depth - 1)), draw(expressions(names, depth - 1))
+    return f"{op}({left}, {right})" if op.isalpha() else f"({left} {op} {right})"
+
+
+@st.composite
+def elementwise_specs(draw):
+    dims = draw(st.sampled_from([["M", "N"], ["N"]]))
+    inputs = []
+    for index in range(draw(st.integers(1, 3))):
+        own = dims if draw(st.booleans()) or len(dims) == 1 else [draw(st.sampled_from(dims))]
+        inputs.append((f"a{index}", draw(st.sampled_from(DTYPES)), own))
+    inputs[0] = (inputs[0][0], inputs[0][1], dims)
+    value = draw(expressions([name for name, _, _ in inputs]))
+    out_dtype = draw(st.sampled_from(DTYPES))
+    lines = [f"    in {name}: {dtype}[{', '.join(own)}]" for name, dtype, own in inputs]
+    lines += [f"    out r: {out_dtype}[{', '.join(dims)}]", "    param slope: f32 = 0.25", f"    r = {out_dtype}({value})"]
+    blocks = "block M = 8, N = 128" if len(dims) == 2 else "block N = 1024"
+    return "kernel fuzzed {\n" + "\n".join(lines) + f"\n    {blocks}\n}}\n", inputs, dims
+
+
+@settings(max_examples=RUN_EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(elementwise_specs())
+def test_generated_elementwise_specs_run_and_match_their_reference(tmp_path_factory, case):
+    spec, inputs, dims = case
+    module_text = build(spec)
+    if module_text is None:  # e.g. ~ on a float: a spec error is a fine answer
+        return
+    path = tmp_path_factory.mktemp("fuzz") / "fuzzed.py"
+    path.write_text(module_text)
+    module = load_module(path, f"_fuzzed_{abs(hash(spec))}")
+    sizes = {"M": 11, "N": 130}
+    rng = np.random.default_rng(0)
+    arrays = []
+    for _, dtype, own in inputs:
+        shape = tuple(sizes[d] for d in own)
+        values = rng.integers(-5, 6, shape) if dtype.startswith("i") else rng.standard_normal(shape)
+        arrays.append(np.asarray(values).astype({"f32": np.float32, "bf16": "bfloat16", "i32": np.int32, "i8": np.int8}[dtype]))
+    import jax.numpy as jnp
+
+    arrays = [jnp.asarray(a) for a in arrays]
+    got = np.asarray(module.fuzzed(*arrays), np.float64)
+    want = np.asarray(module.fuzzed_reference(*arrays), np.float64)
+    assert got.shape == want.shape == tuple(sizes[d] for d in dims)
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=1e-3, equal_nan=True)
