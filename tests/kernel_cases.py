@@ -1,0 +1,488 @@
+"""Test support for generated kernels: loading modules, discovery, inputs and references.
+
+The independent references here are written in NumPy and computed in float64 from
+the inputs exactly as the kernel sees them (bf16 inputs already rounded), so they
+share no code with pallasgen or with the generated `NAME_reference` functions.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import re
+import sys
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+GENERATED = ROOT / "generated"
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+NUMPY_DTYPES = {
+    "f32": np.dtype(np.float32),
+    "bf16": BF16,
+    "f16": np.dtype(np.float16),
+    "i32": np.dtype(np.int32),
+    "i16": np.dtype(np.int16),
+    "i8": np.dtype(np.int8),
+    "u8": np.dtype(np.uint8),
+    "bool": np.dtype(np.bool_),
+}
+
+
+# --------------------------------------------------------------------------- modules
+
+
+def load_module(path: Path, name: str) -> ModuleType:
+    """Imports the Python file at `path` as a fresh module called `name`."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@cache
+def generated_module(stem: str) -> ModuleType:
+    """The bundled module `generated/STEM.py`, imported by file path (once per session)."""
+    return load_module(GENERATED / f"{stem}.py", f"_pallasgen_generated_{stem}")
+
+
+def kernels_in(module: ModuleType) -> list[str]:
+    """Names of the kernels in a generated module: each `NAME` with a `NAME_reference`."""
+    return sorted(
+        name[: -len("_reference")]
+        for name in vars(module)
+        if name.endswith("_reference") and callable(getattr(module, name[: -len("_reference")], None))
+    )
+
+
+def bundled_kernels() -> list[tuple[str, str | None]]:
+    """(module stem, kernel name) for every kernel in generated/*.py.
+
+    A module that fails to import yields (stem, None), so that the tests using it
+    fail with the import error instead of the whole collection breaking.
+    """
+    found: list[tuple[str, str | None]] = []
+    for path in sorted(GENERATED.glob("*.py")):
+        if path.name.startswith("_"):
+            continue
+        try:
+            module = generated_module(path.stem)
+        except Exception:  # reported by the tests that use it
+            found.append((path.stem, None))
+            continue
+        found += [(path.stem, kernel) for kernel in kernels_in(module)]
+    return found
+
+
+def block_defaults(kernel_fn) -> dict[str, int]:
+    """The kernel's `block_<dim>` keywords and their defaults, from its signature."""
+    return {name: p.default for name, p in inspect.signature(kernel_fn).parameters.items() if name.startswith("block_")}
+
+
+# --------------------------------------------------------------------------- operands
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One input or output array of a kernel: its name, spec dtype and named dimensions."""
+
+    name: str
+    dtype: str
+    dims: tuple[str, ...]
+
+    def shape(self, sizes: dict[str, int]) -> tuple[int, ...]:
+        return tuple(sizes[d] for d in self.dims)
+
+
+def random_array(rng: np.random.Generator, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Seeded values of a spec dtype: normal floats, small integers, random bools."""
+    np_dtype = NUMPY_DTYPES[dtype]
+    if dtype == "bool":
+        return rng.random(shape) < 0.5
+    if np_dtype.kind in "iu":
+        info = np.iinfo(np_dtype)
+        low, high = max(info.min, -100), min(info.max, 100)
+        return rng.integers(low, high, size=shape, endpoint=True).astype(np_dtype)
+    return (rng.standard_normal(shape) * 2.0).astype(np_dtype)
+
+
+# --------------------------------------------------------------------------- references
+
+
+def f64(a) -> np.ndarray:
+    """An input as float64, exactly as stored (bf16 values are already rounded)."""
+    return np.asarray(a).astype(np.float64)
+
+
+def leaky_numpy(x, *, slope=0.01):
+    """Leaky ReLU and its positive mask: y = x if x > 0 else slope * x."""
+    x = f64(x)
+    positive = x > 0
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = np.where(positive, x, slope * x)
+    return y, positive.astype(np.int32)
+
+
+def gelu_tanh_numpy(z):
+    """GELU, tanh approximation: 0.5 z (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3)))."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return 0.5 * z * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (z + 0.044715 * z**3)))
+
+
+def bias_gelu_numpy(x, bias, scale):
+    """gelu(x * scale[m] + bias[n]) for x of shape (M, N)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        z = f64(x) * f64(scale)[:, None] + f64(bias)[None, :]
+    return (gelu_tanh_numpy(z),)
+
+
+def add_vectors_numpy(x, y):
+    """Elementwise x + y."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return (f64(x) + f64(y),)
+
+
+def giou_numpy(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, eps=1e-7):
+    """Generalized IoU (Rezatofighi et al. 2019): IoU - |C minus (A u B)| / |C|.
+
+    C is the smallest axis-aligned box enclosing A and B; `eps` is added to both
+    denominators.
+    """
+    ax1, ay1, ax2, ay2, bx1, by1, bx2, by2 = map(f64, (ax1, ay1, ax2, ay2, bx1, by1, bx2, by2))
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        overlap_w = np.clip(np.minimum(ax2, bx2) - np.maximum(ax1, bx1), 0.0, None)
+        overlap_h = np.clip(np.minimum(ay2, by2) - np.maximum(ay1, by1), 0.0, None)
+        intersection = overlap_w * overlap_h
+        union = (ax2 - ax1) * (ay2 - ay1) + (bx2 - bx1) * (by2 - by1) - intersection
+        enclosing = (np.maximum(ax2, bx2) - np.minimum(ax1, bx1)) * (np.maximum(ay2, by2) - np.minimum(ay1, by1))
+        return (intersection / (union + eps) - (enclosing - union) / (enclosing + eps),)
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def leaky_inputs(rng, sizes):
+    """Normal values with some exact zeros (+0.0 and -0.0), where `x > 0` is False."""
+    x = (rng.standard_normal((sizes["M"], sizes["N"])) * 3.0).astype(np.float32)
+    x.flat[::7] = 0.0
+    x.flat[3::11] = -0.0
+    return [x]
+
+
+def bias_gelu_inputs(rng, sizes):
+    """bf16 activations, f32 bias per column and f32 scale per row."""
+    m, n = sizes["M"], sizes["N"]
+    x = (rng.standard_normal((m, n)) * 2.0).astype(BF16)
+    bias = rng.standard_normal(n).astype(np.float32)
+    scale = rng.uniform(-2.0, 2.0, m).astype(np.float32)
+    return [x, bias, scale]
+
+
+def add_vectors_inputs(rng, sizes):
+    n = sizes["N"]
+    return [rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)]
+
+
+def giou_inputs(rng, sizes):
+    """Pairs of valid boxes (x1 < x2, y1 < y2): overlapping, nested and disjoint."""
+    shape = (sizes["B"], sizes["N"])
+
+    def boxes():
+        x1, y1 = rng.uniform(0.0, 100.0, shape), rng.uniform(0.0, 100.0, shape)
+        w, h = rng.uniform(0.5, 50.0, shape), rng.uniform(0.5, 50.0, shape)
+        return [x1, y1, x1 + w, y1 + h]
+
+    a, b = boxes(), boxes()
+    # Every fifth pair is two identical boxes (GIoU 1); every seventh b lies inside a.
+    same = np.zeros(shape, bool)
+    same.flat[::5] = True
+    inside = np.zeros(shape, bool)
+    inside.flat[1::7] = True
+    ax1, ay1, ax2, ay2 = a
+    nested = [ax1 + 0.25 * (ax2 - ax1), ay1 + 0.25 * (ay2 - ay1), ax2 - 0.25 * (ax2 - ax1), ay2 - 0.25 * (ay2 - ay1)]
+    b = [np.where(same, ai, np.where(inside, ni, bi)) for ai, ni, bi in zip(a, nested, b)]
+    return [c.astype(np.float32) for c in (*a, *b)]
+
+
+# --------------------------------------------------------------------------- cases
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    rtol: float
+    atol: float
+
+
+EXACT = Tolerance(0.0, 0.0)
+F32_TOL = Tolerance(1e-5, 1e-6)
+BF16_TOL = Tolerance(2.0**-7, 1e-5)  # one bf16 ulp of the result
+
+
+@dataclass(frozen=True)
+class KernelCase:
+    """What a bundled kernel must compute, stated independently of pallasgen."""
+
+    module: str
+    kernel: str
+    inputs: tuple[Operand, ...]
+    outputs: tuple[Operand, ...]
+    make_inputs: Callable[[np.random.Generator, dict[str, int]], list[np.ndarray]]
+    expected: Callable[..., tuple[np.ndarray, ...]]
+    tolerances: tuple[Tolerance, ...]  # one per output
+    params: dict = field(default_factory=dict)  # non-default param values worth checking
+
+    @property
+    def id(self) -> str:
+        return f"{self.module}.{self.kernel}"
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        seen: list[str] = []
+        for operand in self.inputs:
+            seen += [d for d in operand.dims if d not in seen]
+        return tuple(seen)
+
+
+CASES = {
+    case.id: case
+    for case in (
+        KernelCase(
+            "activations",
+            "leaky",
+            (Operand("x", "f32", ("M", "N")),),
+            (Operand("y", "f32", ("M", "N")), Operand("mask", "i32", ("M", "N"))),
+            leaky_inputs,
+            leaky_numpy,
+            (F32_TOL, EXACT),
+            params={"slope": 0.2},
+        ),
+        KernelCase(
+            "activations",
+            "bias_gelu",
+            (Operand("x", "bf16", ("M", "N")), Operand("bias", "f32", ("N",)), Operand("scale", "f32", ("M",))),
+            (Operand("y", "bf16", ("M", "N")),),
+            bias_gelu_inputs,
+            bias_gelu_numpy,
+            (BF16_TOL,),
+        ),
+        KernelCase(
+            "add_vectors",
+            "add_vectors",
+            (Operand("x", "f32", ("N",)), Operand("y", "f32", ("N",))),
+            (Operand("z", "f32", ("N",)),),
+            add_vectors_inputs,
+            add_vectors_numpy,
+            (F32_TOL,),
+        ),
+        KernelCase(
+            "giou",
+            "giou",
+            tuple(Operand(name, "f32", ("B", "N")) for name in "ax1 ay1 ax2 ay2 bx1 by1 bx2 by2".split()),
+            (Operand("giou", "f32", ("B", "N")),),
+            giou_inputs,
+            giou_numpy,
+            (Tolerance(1e-5, 1e-5),),
+            params={"eps": 1e-3},
+        ),
+    )
+}
+
+
+# --------------------------------------------------------------------------- any kernel
+
+
+@cache
+def spec_kernel(module_stem: str, kernel: str):
+    """A generated kernel's declaration (pallasgen IR), from the spec its header names."""
+    from pallasgen import parser, transform
+
+    header = (GENERATED / f"{module_stem}.py").read_text(encoding="utf-8").splitlines()[0]
+    match = re.match(r"# Generated by pallasgen from (.+?\.pallas)", header)
+    assert match, f"generated/{module_stem}.py has no pallasgen header: {header!r}"
+    source = (ROOT / match.group(1)).read_text(encoding="utf-8")
+    spec = transform.to_ir(parser.parse(source), source)
+    (decl,) = [k for k in spec.kernels if k.name == kernel]
+    return decl
+
+
+def spec_inputs(module_stem: str, kernel: str) -> tuple[Operand, ...]:
+    """A generated kernel's inputs as its spec declares them."""
+    return tuple(Operand(a.name, a.dtype, tuple(a.dims)) for a in spec_kernel(module_stem, kernel).inputs)
+
+
+def spec_outputs(module_stem: str, kernel: str) -> tuple[Operand, ...]:
+    """A generated kernel's outputs as its spec declares them."""
+    return tuple(Operand(a.name, a.dtype, tuple(a.dims)) for a in spec_kernel(module_stem, kernel).outputs)
+
+
+def has_matmul(module_stem: str, kernel: str) -> bool:
+    """Whether the kernel's spec uses `@` anywhere: otherwise it is elementwise."""
+    from pallasgen import ir
+
+    def walk(node) -> bool:
+        if isinstance(node, ir.Binary):
+            return node.op == "@" or walk(node.left) or walk(node.right)
+        if isinstance(node, ir.Unary):
+            return walk(node.operand)
+        if isinstance(node, ir.Call):
+            return any(walk(arg) for arg in node.args)
+        if isinstance(node, ir.Attribute):
+            return walk(node.value)
+        return False
+
+    return any(walk(statement.value) for statement in spec_kernel(module_stem, kernel).body)
+
+
+def signature_of(module_stem: str, kernel: str) -> tuple[tuple[Operand, ...], tuple[Operand, ...]]:
+    """(inputs, outputs) of any bundled kernel: from its case, or else from its spec."""
+    case = CASES.get(f"{module_stem}.{kernel}")
+    if case is not None:
+        return case.inputs, case.outputs
+    return spec_inputs(module_stem, kernel), spec_outputs(module_stem, kernel)
+
+
+def make_inputs(module_stem: str, kernel: str, rng, sizes) -> list[np.ndarray]:
+    """Inputs for any bundled kernel: the case's own distribution, or generic random values."""
+    case = CASES.get(f"{module_stem}.{kernel}")
+    if case is not None:
+        return case.make_inputs(rng, sizes)
+    return [random_array(rng, op.dtype, op.shape(sizes)) for op in spec_inputs(module_stem, kernel)]
+
+
+def lane_dims(arrays) -> set[str]:
+    """Dimensions that TPU lays out along lanes: the last of a matrix, or of a vector
+    whose dimension is never the leading one of a matrix (vectors broadcast into a
+    matrix are reshaped to match it)."""
+    lanes = {a.dims[-1] for a in arrays if len(a.dims) >= 2}
+    leading = {d for a in arrays if len(a.dims) >= 2 for d in a.dims[:-1]}
+    return lanes | {a.dims[0] for a in arrays if len(a.dims) == 1 and a.dims[0] not in leading}
+
+
+SHAPE_CLASSES = (
+    "one-default-block",  # each blocked dimension exactly its default block
+    "aligned-small-blocks",  # three whole small blocks per blocked dimension
+    "ragged-default-blocks",  # default block + 37: a second, partial block
+    "ragged-small-blocks",  # two small blocks and a partial third
+    "smaller-than-one-block",  # about a quarter of the default block: one whole-array block
+    "single-element",  # every dimension 1
+)
+
+
+def sizes_for(inputs, outputs, defaults: dict[str, int], shape_class: str) -> tuple[dict[str, int], dict[str, int]]:
+    """(sizes per dimension, block keywords to pass) for a shape class.
+
+    Besides SHAPE_CLASSES there is "two-ragged-small-blocks" (one small block and a
+    partial second), the cheapest ragged grid. Small blocks are 8 on sublane
+    dimensions and 128 on lane dimensions, the least TPU allows, so multi-block and
+    ragged grids stay cheap. A dimension whose default block is under 8 (a batch
+    taken one at a time) gets size 2 in the multi-block classes; an unblocked
+    dimension is 24 (1 in "single-element").
+    """
+    lanes = lane_dims((*inputs, *outputs))
+    dims = []
+    for op in inputs:
+        dims += [d for d in op.dims if d not in dims]
+    sizes: dict[str, int] = {}
+    blocks: dict[str, int] = {}
+    for dim in dims:
+        keyword = f"block_{dim.lower()}"
+        default = defaults.get(keyword)
+        if default is None:
+            sizes[dim] = 1 if shape_class == "single-element" else 24
+            continue
+        small = min(128 if dim in lanes else 8, default)
+        tiny = default < 8
+        if shape_class == "one-default-block":
+            sizes[dim] = default
+        elif shape_class == "aligned-small-blocks":
+            sizes[dim], blocks[keyword] = 3 * small, small
+        elif shape_class == "ragged-default-blocks":
+            sizes[dim] = 2 if tiny else default + 37
+        elif shape_class == "ragged-small-blocks":
+            sizes[dim], blocks[keyword] = (2 if tiny else 2 * small + 5), small
+        elif shape_class == "two-ragged-small-blocks":
+            sizes[dim], blocks[keyword] = (2 if tiny else small + 5), small
+        elif shape_class == "smaller-than-one-block":
+            sizes[dim] = 1 if tiny else default // 4 + 3
+        elif shape_class == "single-element":
+            sizes[dim] = 1
+        else:
+            raise ValueError(shape_class)
+    return sizes, blocks
+
+
+# --------------------------------------------------------------------------- running
+
+
+@cache
+def jitted_reference(module_stem: str, kernel: str):
+    """`NAME_reference`, jitted with its params static (one compile instead of one per op)."""
+    reference = getattr(generated_module(module_stem), kernel + "_reference")
+    params = [
+        name for name, p in inspect.signature(reference).parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    return jax.jit(reference, static_argnames=params)
+
+
+def run_kernel(module_stem: str, kernel: str, arrays, **keywords) -> tuple[np.ndarray, ...]:
+    """A generated kernel's outputs as NumPy arrays."""
+    fn = getattr(generated_module(module_stem), kernel)
+    return tuple(np.asarray(out) for out in as_tuple(fn(*map(jnp.asarray, arrays), **keywords)))
+
+
+def run_reference(module_stem: str, kernel: str, arrays, **params) -> tuple[np.ndarray, ...]:
+    """The generated `NAME_reference`'s outputs as NumPy arrays."""
+    outs = jitted_reference(module_stem, kernel)(*map(jnp.asarray, arrays), **params)
+    return tuple(np.asarray(out) for out in as_tuple(outs))
+
+
+def generic_tolerances(outputs: tuple[Operand, ...], expected) -> tuple[Tolerance, ...]:
+    """Tolerances against the generated reference for a kernel with no case of its own:
+    exact for integers; for floats a few units in the last place of the output dtype,
+    scaled by the largest expected magnitude (block-wise sums round differently)."""
+    tolerances = []
+    for operand, values in zip(outputs, expected):
+        if operand.dtype not in ("f32", "bf16", "f16"):
+            tolerances.append(EXACT)
+            continue
+        finite = f64(values)[np.isfinite(f64(values))]
+        scale = max(1.0, float(np.abs(finite).max(initial=0.0)))
+        ulp = {"f32": 2.0**-23, "bf16": 2.0**-7, "f16": 2.0**-10}[operand.dtype]
+        tolerances.append(Tolerance(2 * ulp, 64 * 2.0**-23 * scale))
+    return tuple(tolerances)
+
+
+# --------------------------------------------------------------------------- comparing
+
+
+def as_tuple(result) -> tuple:
+    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+
+
+def assert_outputs_close(actual, expected, tolerances, what: str) -> None:
+    """Each output matches: same shape, NaN and +-inf at the same places, finite values close."""
+    actual, expected = as_tuple(actual), as_tuple(expected)
+    assert len(actual) == len(expected), f"{what}: {len(actual)} outputs, expected {len(expected)}"
+    for index, (a, e, tol) in enumerate(zip(actual, expected, tolerances)):
+        a, e = np.asarray(a), np.asarray(e)
+        label = f"{what}, output {index}"
+        assert a.shape == e.shape, f"{label}: shape {a.shape}, expected {e.shape}"
+        if a.dtype.kind in "iub" or e.dtype.kind in "iub":
+            np.testing.assert_array_equal(a, e, err_msg=label)
+            continue
+        a64, e64 = f64(a), f64(e)
+        np.testing.assert_array_equal(np.isnan(a64), np.isnan(e64), err_msg=f"{label}: NaN positions differ")
+        np.testing.assert_array_equal(np.isposinf(a64), np.isposinf(e64), err_msg=f"{label}: +inf positions differ")
+        np.testing.assert_array_equal(np.isneginf(a64), np.isneginf(e64), err_msg=f"{label}: -inf positions differ")
+        finite = np.isfinite(e64)
+        np.testing.assert_allclose(a64[finite], e64[finite], rtol=tol.rtol, atol=tol.atol, err_msg=label)

@@ -1,0 +1,113 @@
+"""The examples of LANGUAGE.md (the contract) build with the CLI and compute correctly.
+
+tests/language_examples/ holds the examples without a matrix product, copied
+verbatim from LANGUAGE.md, annotations included. Each is built with
+`pallasgen build FILE --out TMP`, imported from TMP and run in interpret mode
+against a float64 NumPy reference.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from kernel_cases import F32_TOL, EXACT, add_vectors_numpy, assert_outputs_close, leaky_numpy, load_module
+from pallasgen.cli import main
+
+EXAMPLES = Path(__file__).resolve().parent / "language_examples"
+LANGUAGE_MD = Path(__file__).resolve().parents[2] / "shared" / "LANGUAGE.md"
+NAMES = ["add_vectors", "leaky"]
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory):
+    """Builds one example with the CLI (once per module); returns (CLI result, out dir)."""
+    built = {}
+
+    def build_example(name):
+        if name not in built:
+            out = tmp_path_factory.mktemp(f"example_{name}")
+            result = CliRunner().invoke(main, ["build", str(EXAMPLES / f"{name}.pallas"), "--out", str(out)])
+            built[name] = (result, out)
+        return built[name]
+
+    return build_example
+
+
+@pytest.fixture(scope="module")
+def example(build):
+    """The module built from an example, imported from its output folder."""
+    modules = {}
+
+    def load(name):
+        if name not in modules:
+            result, out = build(name)
+            assert result.exit_code == 0, result.output
+            modules[name] = load_module(out / f"{name}.py", f"_language_example_{name}")
+        return modules[name]
+
+    return load
+
+
+def test_examples_are_the_non_matmul_examples_of_the_contract():
+    """The copied examples are exactly the ones bundled here, each a `.pallas` file."""
+    assert sorted(p.stem for p in EXAMPLES.glob("*.pallas")) == sorted(NAMES)
+
+
+@pytest.mark.skipif(not LANGUAGE_MD.exists(), reason=f"{LANGUAGE_MD} is not present")
+@pytest.mark.parametrize("name", NAMES)
+def test_example_is_verbatim_in_language_md(name):
+    """Each copied example is one whole code block of LANGUAGE.md, byte for byte."""
+    example_text = (EXAMPLES / f"{name}.pallas").read_text(encoding="utf-8")
+    assert f"```\n{example_text}```" in LANGUAGE_MD.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_example_builds_with_the_cli(name, build):
+    """`pallasgen build FILE --out DIR` exits 0, reports the file and writes only NAME.py."""
+    result, out = build(name)
+    assert result.exit_code == 0, result.output
+    assert f"{name}.py" in result.output
+    assert sorted(p.name for p in out.iterdir()) == [f"{name}.py"]
+
+
+def test_comment_above_a_kernel_becomes_its_docstring(example):
+    """The comment line right above `kernel add_vectors` is the function's docstring."""
+    assert "Adds two vectors." in example("add_vectors").add_vectors.__doc__
+
+
+@pytest.mark.parametrize(
+    ("n", "blocks"), [(1061, {}), (300, {"block_n": 128}), (5, {})], ids=["ragged", "small-blocks", "tiny"]
+)
+def test_add_vectors_example_adds(example, n, blocks):
+    """add_vectors(x, y) is x + y for ragged, multi-block and tiny sizes."""
+    module = example("add_vectors")
+    rng = np.random.default_rng(10)
+    x, y = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    got = np.asarray(module.add_vectors(jnp.asarray(x), jnp.asarray(y), **blocks))
+    assert got.dtype == np.float32
+    assert_outputs_close((got,), add_vectors_numpy(x, y), (F32_TOL,), "add_vectors example")
+    assert_outputs_close((got,), (np.asarray(module.add_vectors_reference(x, y)),), (F32_TOL,), "vs _reference")
+
+
+@pytest.mark.parametrize(
+    ("shape", "keywords"),
+    [((300, 700), {}), ((37, 300), {"block_m": 8, "block_n": 128, "slope": 0.3})],
+    ids=["ragged-default-blocks", "small-blocks-and-slope"],
+)
+def test_leaky_example_is_leaky_relu_with_mask(example, shape, keywords):
+    """leaky(x) gives (x if x > 0 else slope * x, 1 where x > 0 else 0)."""
+    module = example("leaky")
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    x.flat[::13] = 0.0
+    x.flat[1] = np.nan
+    x.flat[2] = -np.inf
+    y, mask = (np.asarray(out) for out in module.leaky(jnp.asarray(x), **keywords))
+    assert (y.dtype, mask.dtype) == (np.float32, np.int32)
+    slope = {"slope": keywords["slope"]} if "slope" in keywords else {}
+    assert_outputs_close((y, mask), leaky_numpy(x, **slope), (F32_TOL, EXACT), "leaky example")
