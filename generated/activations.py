@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import triton as pltriton
 
 
 def _interpret_mode(interpret):
@@ -51,8 +52,31 @@ def _leaky_kernel(x_ref, y_ref, mask_ref, *, slope):
     mask_ref[...] = pos.astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("block_m", "block_n", "slope", "interpret"))
-def leaky(x, *, block_m=256, block_n=512, slope=0.01, interpret=None):
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_n",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "slope",
+        "interpret",
+    ),
+)
+def leaky(
+    x,
+    *,
+    block_m=256,
+    block_n=512,
+    gpu_block_m=8,
+    gpu_block_n=128,
+    gpu_warps=4,
+    gpu_stages=1,
+    slope=0.01,
+    interpret=None,
+):
     """Leaky ReLU with its positive mask.
 
     `y` is `x` where `x > 0` and `x * slope` elsewhere; `mask` marks where `x > 0`.
@@ -61,6 +85,7 @@ def leaky(x, *, block_m=256, block_n=512, slope=0.01, interpret=None):
       x: f32[M, N].
       block_m, block_n: block sizes (default 256, 512); a block never exceeds its dimension.
       slope: a static f32 (default 0.01).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
 
     Returns:
@@ -69,6 +94,18 @@ def leaky(x, *, block_m=256, block_n=512, slope=0.01, interpret=None):
     sizes = _sizes("leaky", {"x": (x, jnp.float32, ("M", "N"))})
     m = sizes["M"]
     n = sizes["N"]
+    if jax.default_backend() == "gpu":
+        return _leaky_gpu(
+            x,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            slope=slope,
+            interpret=interpret,
+        )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     # VMEM at the default blocks: 3.0 MiB (inputs and outputs double-buffered).
@@ -108,6 +145,41 @@ def leaky_reference(x, *, slope=0.01):
     return y, mask
 
 
+def _leaky_gpu_kernel(x_ref, y_ref, mask_ref, *, slope):
+    x = x_ref[...]
+    pos = x > 0
+    y_ref[...] = jnp.where(pos, x, x * slope)
+    mask_ref[...] = pos.astype(jnp.int32)
+
+
+def _leaky_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, slope, interpret):
+    """`leaky` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
+    return pl.pallas_call(
+        functools.partial(_leaky_gpu_kernel, slope=slope),
+        # One program per block of M, block of N; programs run concurrently.
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))
+        ],
+        out_specs=(
+            # y: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # mask: i32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
+            jax.ShapeDtypeStruct((m, n), jnp.int32),  # mask
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=_interpret_mode(interpret),
+        name="leaky",
+    )(x)
+
+
 def _bias_gelu_kernel(x_ref, bias_ref, scale_ref, y_ref):
     x = x_ref[...]
     bias = bias_ref[...]
@@ -117,8 +189,31 @@ def _bias_gelu_kernel(x_ref, bias_ref, scale_ref, y_ref):
     )
 
 
-@functools.partial(jax.jit, static_argnames=("block_m", "block_n", "interpret"))
-def bias_gelu(x, bias, scale, *, block_m=256, block_n=512, interpret=None):
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_n",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "interpret",
+    ),
+)
+def bias_gelu(
+    x,
+    bias,
+    scale,
+    *,
+    block_m=256,
+    block_n=512,
+    gpu_block_m=8,
+    gpu_block_n=128,
+    gpu_warps=4,
+    gpu_stages=1,
+    interpret=None,
+):
     """GELU (tanh approximation) of `x * scale + bias`, in bf16 with f32 math.
 
     Args:
@@ -126,6 +221,7 @@ def bias_gelu(x, bias, scale, *, block_m=256, block_n=512, interpret=None):
       bias: f32[N].
       scale: f32[M].
       block_m, block_n: block sizes (default 256, 512); a block never exceeds its dimension.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
 
     Returns:
@@ -141,10 +237,23 @@ def bias_gelu(x, bias, scale, *, block_m=256, block_n=512, interpret=None):
     )
     m = sizes["M"]
     n = sizes["N"]
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
     scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
+    if jax.default_backend() == "gpu":
+        return _bias_gelu_gpu(
+            x,
+            bias,
+            scale,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            interpret=interpret,
+        )
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
     # VMEM at the default blocks: 1.0 MiB (inputs and outputs double-buffered).
     return pl.pallas_call(
         _bias_gelu_kernel,
@@ -179,3 +288,37 @@ def bias_gelu_reference(x, bias, scale):
     scale = scale[:, None]
     y = jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16)
     return y
+
+
+def _bias_gelu_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref):
+    x = x_ref[...]
+    bias = bias_ref[...]
+    scale = scale_ref[...]
+    y_ref[...] = jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(
+        jnp.bfloat16
+    )
+
+
+def _bias_gelu_gpu(x, bias, scale, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
+    """`bias_gelu` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
+    return pl.pallas_call(
+        _bias_gelu_gpu_kernel,
+        # One program per block of M, block of N; programs run concurrently.
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # bias: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
+            # scale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+        ],
+        # y: bf16[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=_interpret_mode(interpret),
+        name="bias_gelu",
+    )(x, bias, scale)

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import triton as pltriton
 
 
 def _interpret_mode(interpret):
@@ -50,14 +51,17 @@ def _add_vectors_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = x + y
 
 
-@functools.partial(jax.jit, static_argnames=("block_n", "interpret"))
-def add_vectors(x, y, *, block_n=1024, interpret=None):
+@functools.partial(
+    jax.jit, static_argnames=("block_n", "gpu_block_n", "gpu_warps", "gpu_stages", "interpret")
+)
+def add_vectors(x, y, *, block_n=1024, gpu_block_n=1024, gpu_warps=4, gpu_stages=1, interpret=None):
     """Adds two vectors: the Pallas quickstart's first kernel.
 
     Args:
       x: f32[N].
       y: f32[N].
       block_n: block sizes (default 1024); a block never exceeds its dimension.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
 
     Returns:
@@ -65,6 +69,16 @@ def add_vectors(x, y, *, block_n=1024, interpret=None):
     """
     sizes = _sizes("add_vectors", {"x": (x, jnp.float32, ("N",)), "y": (y, jnp.float32, ("N",))})
     n = sizes["N"]
+    if jax.default_backend() == "gpu":
+        return _add_vectors_gpu(
+            x,
+            y,
+            n=n,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            interpret=interpret,
+        )
     block_n = min(block_n, n)  # a small N is one whole block
     # VMEM at the default blocks: 24.0 KiB (inputs and outputs double-buffered).
     return pl.pallas_call(
@@ -93,3 +107,31 @@ def add_vectors_reference(x, y):
     """`add_vectors` in plain jax.numpy, to test the kernel against."""
     z = x + y
     return z
+
+
+def _add_vectors_gpu_kernel(x_ref, y_ref, z_ref):
+    x = x_ref[...]
+    y = y_ref[...]
+    z_ref[...] = x + y
+
+
+def _add_vectors_gpu(x, y, *, n, block_n, num_warps, num_stages, interpret):
+    """`add_vectors` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
+    return pl.pallas_call(
+        _add_vectors_gpu_kernel,
+        # One program per block of N; programs run concurrently.
+        grid=(pl.cdiv(n, block_n),),
+        in_specs=[
+            # x: f32[N]
+            pl.BlockSpec((block_n,), lambda i: (i,)),
+            # y: f32[N]
+            pl.BlockSpec((block_n,), lambda i: (i,)),
+        ],
+        # z: f32[N]
+        out_specs=pl.BlockSpec((block_n,), lambda i: (i,)),
+        out_shape=jax.ShapeDtypeStruct((n,), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=_interpret_mode(interpret),
+        name="add_vectors",
+    )(x, y)

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import triton as pltriton
 
 
 def _interpret_mode(interpret):
@@ -63,14 +64,41 @@ def _matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
         z_ref[...] = acc
 
 
-@functools.partial(jax.jit, static_argnames=("block_m", "block_n", "block_k", "interpret"))
-def matmul(x, y, *, block_m=256, block_n=512, block_k=512, interpret=None):
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_n",
+        "block_k",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_block_k",
+        "gpu_warps",
+        "gpu_stages",
+        "interpret",
+    ),
+)
+def matmul(
+    x,
+    y,
+    *,
+    block_m=256,
+    block_n=512,
+    block_k=512,
+    gpu_block_m=64,
+    gpu_block_n=64,
+    gpu_block_k=32,
+    gpu_warps=4,
+    gpu_stages=3,
+    interpret=None,
+):
     """The Pallas TPU quickstart's matmul: f32 blocks, K accumulated in VMEM.
 
     Args:
       x: f32[M, K].
       y: f32[K, N].
       block_m, block_n, block_k: block sizes (default 256, 512, 512); a block never exceeds its dimension.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
 
     Returns:
@@ -80,6 +108,20 @@ def matmul(x, y, *, block_m=256, block_n=512, block_k=512, interpret=None):
     m = sizes["M"]
     n = sizes["N"]
     k = sizes["K"]
+    if jax.default_backend() == "gpu":
+        return _matmul_gpu(
+            x,
+            y,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            interpret=interpret,
+        )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
@@ -119,6 +161,46 @@ def matmul_reference(x, y):
     return z
 
 
+def _matmul_gpu_kernel(x_ref, y_ref, z_ref, *, k, block_k):
+    def accumulate(step, acc):
+        start = step * block_k
+        if k % block_k:  # a ragged K: load zeros past its end
+            inside = start + jnp.arange(block_k) < k
+            x = pltriton.load(x_ref.at[:, pl.ds(start, block_k)], mask=inside[None, :], other=0)
+            y = pltriton.load(y_ref.at[pl.ds(start, block_k), :], mask=inside[:, None], other=0)
+        else:
+            x, y = x_ref[:, pl.ds(start, block_k)], y_ref[pl.ds(start, block_k), :]
+        return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
+
+    acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
+    z_ref[...] = acc
+
+
+def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
+    """`matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, max(16, pl.next_power_of_2(m)))  # a small M is one block
+    block_n = min(block_n, max(16, pl.next_power_of_2(n)))  # a small N is one block
+    block_k = min(block_k, max(16, pl.next_power_of_2(k)))  # a small K is one block
+    return pl.pallas_call(
+        functools.partial(_matmul_gpu_kernel, k=k, block_k=block_k),
+        # One program per block of M, block of N; each loops over K itself (Triton has no
+        # scratch memory).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: f32[M, K]
+            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
+            # y: f32[K, N]
+            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
+        ],
+        # z: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=_interpret_mode(interpret),
+        name="matmul",
+    )(x, y)
+
+
 def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
     step = pl.program_id(2)
 
@@ -138,14 +220,41 @@ def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
         z_ref[...] = jax.nn.relu(acc)
 
 
-@functools.partial(jax.jit, static_argnames=("block_m", "block_n", "block_k", "interpret"))
-def matmul_relu(x, y, *, block_m=256, block_n=512, block_k=512, interpret=None):
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_n",
+        "block_k",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_block_k",
+        "gpu_warps",
+        "gpu_stages",
+        "interpret",
+    ),
+)
+def matmul_relu(
+    x,
+    y,
+    *,
+    block_m=256,
+    block_n=512,
+    block_k=512,
+    gpu_block_m=64,
+    gpu_block_n=64,
+    gpu_block_k=32,
+    gpu_warps=4,
+    gpu_stages=3,
+    interpret=None,
+):
     """The quickstart's matmul with a fused activation.
 
     Args:
       x: f32[M, K].
       y: f32[K, N].
       block_m, block_n, block_k: block sizes (default 256, 512, 512); a block never exceeds its dimension.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
 
     Returns:
@@ -157,6 +266,20 @@ def matmul_relu(x, y, *, block_m=256, block_n=512, block_k=512, interpret=None):
     m = sizes["M"]
     n = sizes["N"]
     k = sizes["K"]
+    if jax.default_backend() == "gpu":
+        return _matmul_relu_gpu(
+            x,
+            y,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            interpret=interpret,
+        )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
@@ -196,6 +319,46 @@ def matmul_relu_reference(x, y):
     return z
 
 
+def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, *, k, block_k):
+    def accumulate(step, acc):
+        start = step * block_k
+        if k % block_k:  # a ragged K: load zeros past its end
+            inside = start + jnp.arange(block_k) < k
+            x = pltriton.load(x_ref.at[:, pl.ds(start, block_k)], mask=inside[None, :], other=0)
+            y = pltriton.load(y_ref.at[pl.ds(start, block_k), :], mask=inside[:, None], other=0)
+        else:
+            x, y = x_ref[:, pl.ds(start, block_k)], y_ref[pl.ds(start, block_k), :]
+        return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
+
+    acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
+    z_ref[...] = jax.nn.relu(acc)
+
+
+def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
+    """`matmul_relu` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, max(16, pl.next_power_of_2(m)))  # a small M is one block
+    block_n = min(block_n, max(16, pl.next_power_of_2(n)))  # a small N is one block
+    block_k = min(block_k, max(16, pl.next_power_of_2(k)))  # a small K is one block
+    return pl.pallas_call(
+        functools.partial(_matmul_relu_gpu_kernel, k=k, block_k=block_k),
+        # One program per block of M, block of N; each loops over K itself (Triton has no
+        # scratch memory).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: f32[M, K]
+            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
+            # y: f32[K, N]
+            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
+        ],
+        # z: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=_interpret_mode(interpret),
+        name="matmul_relu",
+    )(x, y)
+
+
 def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, *, k, block_k):
     step = pl.program_id(2)
 
@@ -216,8 +379,35 @@ def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, *, k, block
         z_ref[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
 
-@functools.partial(jax.jit, static_argnames=("block_m", "block_n", "block_k", "interpret"))
-def matmul_bias_gelu(x, y, bias, *, block_m=512, block_n=1024, block_k=1024, interpret=None):
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_n",
+        "block_k",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_block_k",
+        "gpu_warps",
+        "gpu_stages",
+        "interpret",
+    ),
+)
+def matmul_bias_gelu(
+    x,
+    y,
+    bias,
+    *,
+    block_m=512,
+    block_n=1024,
+    block_k=1024,
+    gpu_block_m=128,
+    gpu_block_n=128,
+    gpu_block_k=64,
+    gpu_warps=8,
+    gpu_stages=3,
+    interpret=None,
+):
     """bf16 matmul with f32 accumulation, bias and GELU fused into the epilogue.
 
     Args:
@@ -225,6 +415,7 @@ def matmul_bias_gelu(x, y, bias, *, block_m=512, block_n=1024, block_k=1024, int
       y: bf16[K, N].
       bias: f32[N].
       block_m, block_n, block_k: block sizes (default 512, 1024, 1024); a block never exceeds its dimension.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
 
     Returns:
@@ -241,10 +432,25 @@ def matmul_bias_gelu(x, y, bias, *, block_m=512, block_n=1024, block_k=1024, int
     m = sizes["M"]
     n = sizes["N"]
     k = sizes["K"]
+    bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
+    if jax.default_backend() == "gpu":
+        return _matmul_bias_gelu_gpu(
+            x,
+            y,
+            bias,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            interpret=interpret,
+        )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
-    bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
     # VMEM at the default blocks: 10.0 MiB (inputs and outputs double-buffered, plus the
     # accumulator).
     return pl.pallas_call(
@@ -286,6 +492,51 @@ def matmul_bias_gelu_reference(x, y, bias):
     return z
 
 
+def _matmul_bias_gelu_gpu_kernel(x_ref, y_ref, bias_ref, z_ref, *, k, block_k):
+    def accumulate(step, acc):
+        start = step * block_k
+        if k % block_k:  # a ragged K: load zeros past its end
+            inside = start + jnp.arange(block_k) < k
+            x = pltriton.load(x_ref.at[:, pl.ds(start, block_k)], mask=inside[None, :], other=0)
+            y = pltriton.load(y_ref.at[pl.ds(start, block_k), :], mask=inside[:, None], other=0)
+        else:
+            x, y = x_ref[:, pl.ds(start, block_k)], y_ref[pl.ds(start, block_k), :]
+        return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
+
+    acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
+    bias = bias_ref[...]
+    z_ref[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
+
+
+def _matmul_bias_gelu_gpu(
+    x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
+):
+    """`matmul_bias_gelu` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, max(16, pl.next_power_of_2(m)))  # a small M is one block
+    block_n = min(block_n, max(16, pl.next_power_of_2(n)))  # a small N is one block
+    block_k = min(block_k, max(16, pl.next_power_of_2(k)))  # a small K is one block
+    return pl.pallas_call(
+        functools.partial(_matmul_bias_gelu_gpu_kernel, k=k, block_k=block_k),
+        # One program per block of M, block of N; each loops over K itself (Triton has no
+        # scratch memory).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: bf16[M, K]
+            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
+            # y: bf16[K, N]
+            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
+            # bias: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
+        ],
+        # z: bf16[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=_interpret_mode(interpret),
+        name="matmul_bias_gelu",
+    )(x, y, bias)
+
+
 def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
     step = pl.program_id(2)
 
@@ -305,14 +556,41 @@ def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
         z_ref[...] = acc
 
 
-@functools.partial(jax.jit, static_argnames=("block_m", "block_n", "block_k", "interpret"))
-def matmul_int8(x, y, *, block_m=512, block_n=1024, block_k=1024, interpret=None):
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_n",
+        "block_k",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_block_k",
+        "gpu_warps",
+        "gpu_stages",
+        "interpret",
+    ),
+)
+def matmul_int8(
+    x,
+    y,
+    *,
+    block_m=512,
+    block_n=1024,
+    block_k=1024,
+    gpu_block_m=128,
+    gpu_block_n=128,
+    gpu_block_k=64,
+    gpu_warps=8,
+    gpu_stages=3,
+    interpret=None,
+):
     """int8 x int8 -> int32, as in \"The Rise of Pallas\".
 
     Args:
       x: i8[M, K].
       y: i8[K, N].
       block_m, block_n, block_k: block sizes (default 512, 1024, 1024); a block never exceeds its dimension.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
 
     Returns:
@@ -322,6 +600,20 @@ def matmul_int8(x, y, *, block_m=512, block_n=1024, block_k=1024, interpret=None
     m = sizes["M"]
     n = sizes["N"]
     k = sizes["K"]
+    if jax.default_backend() == "gpu":
+        return _matmul_int8_gpu(
+            x,
+            y,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            interpret=interpret,
+        )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
@@ -361,6 +653,46 @@ def matmul_int8_reference(x, y):
     return z
 
 
+def _matmul_int8_gpu_kernel(x_ref, y_ref, z_ref, *, k, block_k):
+    def accumulate(step, acc):
+        start = step * block_k
+        if k % block_k:  # a ragged K: load zeros past its end
+            inside = start + jnp.arange(block_k) < k
+            x = pltriton.load(x_ref.at[:, pl.ds(start, block_k)], mask=inside[None, :], other=0)
+            y = pltriton.load(y_ref.at[pl.ds(start, block_k), :], mask=inside[:, None], other=0)
+        else:
+            x, y = x_ref[:, pl.ds(start, block_k)], y_ref[pl.ds(start, block_k), :]
+        return acc + jnp.dot(x, y, preferred_element_type=jnp.int32)
+
+    acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.int32))
+    z_ref[...] = acc
+
+
+def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
+    """`matmul_int8` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, max(16, pl.next_power_of_2(m)))  # a small M is one block
+    block_n = min(block_n, max(16, pl.next_power_of_2(n)))  # a small N is one block
+    block_k = min(block_k, max(16, pl.next_power_of_2(k)))  # a small K is one block
+    return pl.pallas_call(
+        functools.partial(_matmul_int8_gpu_kernel, k=k, block_k=block_k),
+        # One program per block of M, block of N; each loops over K itself (Triton has no
+        # scratch memory).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: i8[M, K]
+            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
+            # y: i8[K, N]
+            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
+        ],
+        # z: i32[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=_interpret_mode(interpret),
+        name="matmul_int8",
+    )(x, y)
+
+
 def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
     step = pl.program_id(3)
 
@@ -380,14 +712,41 @@ def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
         z_ref[...] = acc
 
 
-@functools.partial(jax.jit, static_argnames=("block_m", "block_n", "block_k", "interpret"))
-def batched_matmul(x, y, *, block_m=256, block_n=256, block_k=512, interpret=None):
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_n",
+        "block_k",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_block_k",
+        "gpu_warps",
+        "gpu_stages",
+        "interpret",
+    ),
+)
+def batched_matmul(
+    x,
+    y,
+    *,
+    block_m=256,
+    block_n=256,
+    block_k=512,
+    gpu_block_m=128,
+    gpu_block_n=128,
+    gpu_block_k=64,
+    gpu_warps=8,
+    gpu_stages=3,
+    interpret=None,
+):
     """A batch of matmuls: one (M, N) tile of one batch element per step.
 
     Args:
       x: bf16[B, M, K].
       y: bf16[B, K, N].
       block_m, block_n, block_k: block sizes (default 256, 256, 512); a block never exceeds its dimension.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
 
     Returns:
@@ -401,6 +760,21 @@ def batched_matmul(x, y, *, block_m=256, block_n=256, block_k=512, interpret=Non
     m = sizes["M"]
     n = sizes["N"]
     k = sizes["K"]
+    if jax.default_backend() == "gpu":
+        return _batched_matmul_gpu(
+            x,
+            y,
+            b=b,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            interpret=interpret,
+        )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
@@ -440,14 +814,82 @@ def batched_matmul_reference(x, y):
     return z
 
 
+def _batched_matmul_gpu_kernel(x_ref, y_ref, z_ref, *, k, block_k):
+    def accumulate(step, acc):
+        start = step * block_k
+        if k % block_k:  # a ragged K: load zeros past its end
+            inside = start + jnp.arange(block_k) < k
+            x = pltriton.load(x_ref.at[:, pl.ds(start, block_k)], mask=inside[None, :], other=0)
+            y = pltriton.load(y_ref.at[pl.ds(start, block_k), :], mask=inside[:, None], other=0)
+        else:
+            x, y = x_ref[:, pl.ds(start, block_k)], y_ref[pl.ds(start, block_k), :]
+        return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
+
+    acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
+    z_ref[...] = acc
+
+
+def _batched_matmul_gpu(
+    x, y, *, b, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
+):
+    """`batched_matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, max(16, pl.next_power_of_2(m)))  # a small M is one block
+    block_n = min(block_n, max(16, pl.next_power_of_2(n)))  # a small N is one block
+    block_k = min(block_k, max(16, pl.next_power_of_2(k)))  # a small K is one block
+    return pl.pallas_call(
+        functools.partial(_batched_matmul_gpu_kernel, k=k, block_k=block_k),
+        # One program per element of B, block of M, block of N; each loops over K itself
+        # (Triton has no scratch memory).
+        grid=(b, pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: bf16[B, M, K]
+            pl.BlockSpec((None, block_m, k), lambda b, i, j: (b, i, 0)),
+            # y: bf16[B, K, N]
+            pl.BlockSpec((None, k, block_n), lambda b, i, j: (b, 0, j)),
+        ],
+        # z: f32[B, M, N]
+        out_specs=pl.BlockSpec((None, block_m, block_n), lambda b, i, j: (b, i, j)),
+        out_shape=jax.ShapeDtypeStruct((b, m, n), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=_interpret_mode(interpret),
+        name="batched_matmul",
+    )(x, y)
+
+
 def _scores_kernel(q_ref, k_ref, s_ref, *, scale):
     q, k = q_ref[...], k_ref[...]
     acc = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     s_ref[...] = acc * scale
 
 
-@functools.partial(jax.jit, static_argnames=("block_s", "block_t", "scale", "interpret"))
-def scores(q, k, *, block_s=128, block_t=128, scale=0.125, interpret=None):
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_s",
+        "block_t",
+        "gpu_block_s",
+        "gpu_block_t",
+        "gpu_block_d",
+        "gpu_warps",
+        "gpu_stages",
+        "scale",
+        "interpret",
+    ),
+)
+def scores(
+    q,
+    k,
+    *,
+    block_s=128,
+    block_t=128,
+    gpu_block_s=128,
+    gpu_block_t=128,
+    gpu_block_d=64,
+    gpu_warps=8,
+    gpu_stages=3,
+    scale=0.125,
+    interpret=None,
+):
     """Attention scores: q against every key, scaled; D is taken whole.
 
     Args:
@@ -455,6 +897,7 @@ def scores(q, k, *, block_s=128, block_t=128, scale=0.125, interpret=None):
       k: bf16[B, T, D].
       block_s, block_t: block sizes (default 128, 128); a block never exceeds its dimension.
       scale: a static f32 (default 0.125).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
 
     Returns:
@@ -467,6 +910,22 @@ def scores(q, k, *, block_s=128, block_t=128, scale=0.125, interpret=None):
     s_ = sizes["S"]
     t = sizes["T"]
     d = sizes["D"]
+    if jax.default_backend() == "gpu":
+        return _scores_gpu(
+            q,
+            k,
+            b=b,
+            s_=s_,
+            t=t,
+            d=d,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            block_d=gpu_block_d,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
+            interpret=interpret,
+        )
     block_s = min(block_s, s_)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
     # VMEM at the default blocks: 129.0 KiB per unit of D (inputs and outputs double-
@@ -505,6 +964,50 @@ def scores_reference(q, k, *, scale=0.125):
     return s
 
 
+def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, d, block_d, scale):
+    def accumulate(step, acc):
+        start = step * block_d
+        if d % block_d:  # a ragged D: load zeros past its end
+            inside = start + jnp.arange(block_d) < d
+            q = pltriton.load(q_ref.at[:, pl.ds(start, block_d)], mask=inside[None, :], other=0)
+            k = pltriton.load(k_ref.at[:, pl.ds(start, block_d)], mask=inside[None, :], other=0)
+        else:
+            q, k = q_ref[:, pl.ds(start, block_d)], k_ref[:, pl.ds(start, block_d)]
+        return acc + jax.lax.dot_general(
+            q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+
+    acc = jax.lax.fori_loop(0, pl.cdiv(d, block_d), accumulate, jnp.zeros(s_ref.shape, jnp.float32))
+    s_ref[...] = acc * scale
+
+
+def _scores_gpu(
+    q, k, *, b, s_, t, d, block_s, block_t, block_d, num_warps, num_stages, scale, interpret
+):
+    """`scores` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_s = min(block_s, max(16, pl.next_power_of_2(s_)))  # a small S is one block
+    block_t = min(block_t, max(16, pl.next_power_of_2(t)))  # a small T is one block
+    block_d = min(block_d, max(16, pl.next_power_of_2(d)))  # a small D is one block
+    return pl.pallas_call(
+        functools.partial(_scores_gpu_kernel, d=d, block_d=block_d, scale=scale),
+        # One program per element of B, block of S, block of T; each loops over D itself
+        # (Triton has no scratch memory).
+        grid=(b, pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        in_specs=[
+            # q: bf16[B, S, D]
+            pl.BlockSpec((None, block_s, d), lambda b, i, j: (b, i, 0)),
+            # k: bf16[B, T, D], read transposed
+            pl.BlockSpec((None, block_t, d), lambda b, i, j: (b, j, 0)),
+        ],
+        # s: f32[B, S, T]
+        out_specs=pl.BlockSpec((None, block_s, block_t), lambda b, i, j: (b, i, j)),
+        out_shape=jax.ShapeDtypeStruct((b, s_, t), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=_interpret_mode(interpret),
+        name="scores",
+    )(q, k)
+
+
 def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_ref, *, k, block_k):
     step = pl.program_id(2)
 
@@ -527,8 +1030,35 @@ def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_ref, *, k, block_k):
         y_ref[...] = (acc + bias).astype(jnp.bfloat16)
 
 
-@functools.partial(jax.jit, static_argnames=("block_m", "block_n", "block_k", "interpret"))
-def linear(x, w, bias, *, block_m=256, block_n=256, block_k=512, interpret=None):
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_n",
+        "block_k",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_block_k",
+        "gpu_warps",
+        "gpu_stages",
+        "interpret",
+    ),
+)
+def linear(
+    x,
+    w,
+    bias,
+    *,
+    block_m=256,
+    block_n=256,
+    block_k=512,
+    gpu_block_m=128,
+    gpu_block_n=128,
+    gpu_block_k=64,
+    gpu_warps=8,
+    gpu_stages=3,
+    interpret=None,
+):
     """A linear layer whose weight is stored transposed, [N, K], as PyTorch keeps it.
 
     Args:
@@ -536,6 +1066,7 @@ def linear(x, w, bias, *, block_m=256, block_n=256, block_k=512, interpret=None)
       w: bf16[N, K].
       bias: f32[N].
       block_m, block_n, block_k: block sizes (default 256, 256, 512); a block never exceeds its dimension.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
 
     Returns:
@@ -552,10 +1083,25 @@ def linear(x, w, bias, *, block_m=256, block_n=256, block_k=512, interpret=None)
     m = sizes["M"]
     n = sizes["N"]
     k = sizes["K"]
+    bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
+    if jax.default_backend() == "gpu":
+        return _linear_gpu(
+            x,
+            w,
+            bias,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            interpret=interpret,
+        )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
-    bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
     # VMEM at the default blocks: 1.5 MiB (inputs and outputs double-buffered, plus the
     # accumulator).
     return pl.pallas_call(
@@ -595,3 +1141,50 @@ def linear_reference(x, w, bias):
     acc = jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.float32)
     y = (acc + bias).astype(jnp.bfloat16)
     return y
+
+
+def _linear_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *, k, block_k):
+    def accumulate(step, acc):
+        start = step * block_k
+        if k % block_k:  # a ragged K: load zeros past its end
+            inside = start + jnp.arange(block_k) < k
+            x = pltriton.load(x_ref.at[:, pl.ds(start, block_k)], mask=inside[None, :], other=0)
+            w = pltriton.load(w_ref.at[:, pl.ds(start, block_k)], mask=inside[None, :], other=0)
+        else:
+            x, w = x_ref[:, pl.ds(start, block_k)], w_ref[:, pl.ds(start, block_k)]
+        return acc + jax.lax.dot_general(
+            x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+
+    acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(y_ref.shape, jnp.float32))
+    bias = bias_ref[...]
+    y_ref[...] = (acc + bias).astype(jnp.bfloat16)
+
+
+def _linear_gpu(
+    x, w, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
+):
+    """`linear` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, max(16, pl.next_power_of_2(m)))  # a small M is one block
+    block_n = min(block_n, max(16, pl.next_power_of_2(n)))  # a small N is one block
+    block_k = min(block_k, max(16, pl.next_power_of_2(k)))  # a small K is one block
+    return pl.pallas_call(
+        functools.partial(_linear_gpu_kernel, k=k, block_k=block_k),
+        # One program per block of M, block of N; each loops over K itself (Triton has no
+        # scratch memory).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: bf16[M, K]
+            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
+            # w: bf16[N, K], read transposed
+            pl.BlockSpec((block_n, k), lambda i, j: (j, 0)),
+            # bias: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
+        ],
+        # y: bf16[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=_interpret_mode(interpret),
+        name="linear",
+    )(x, w, bias)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from . import ir
 from .dtypes import BOOL, DTYPES, F32, FLOAT_MAX, I32, DType
 from .errors import Diagnostic, Position, did_you_mean
+from .gpu import GPU_FUNCTION_LOCALS, OPTIONS, default_blocks, default_options, gpu_keywords, is_power_of_two
 from .names import RESERVED, block_keyword
 from .product import Product, analyze_product, find_products, product_dims
 from .tiling import array_layouts, tiling_problem, vmem_problem
@@ -50,6 +51,8 @@ class CheckedKernel:
     types: dict[ir.Expr, ValueType] = field(hash=False)
     blocks: dict[str, int]  # blocked dims -> default block size
     product: Product | None
+    gpu_blocks: dict[str, int]  # every dim the GPU path blocks -> default block size
+    gpu_options: dict[str, int]  # warps, stages
 
     def dtype_of(self, array_name: str) -> DType:
         for decl in self.kernel.inputs + self.kernel.outputs:
@@ -101,9 +104,11 @@ def check_kernel(kernel: ir.Kernel) -> tuple[CheckedKernel, list[Diagnostic]]:
     found.extend(problems)
     blocks, problems = check_blocks(kernel, dims, product)
     found.extend(problems)
+    (gpu_blocks, gpu_options), problems = check_gpu(kernel, dims, product, found)
+    found.extend(problems)
     types, problems = infer_body(kernel, dims, product)
     found.extend(problems)
-    return CheckedKernel(kernel, dims, sizes, types, blocks, product), found
+    return CheckedKernel(kernel, dims, sizes, types, blocks, product, gpu_blocks, gpu_options), found
 
 
 def check_declarations(kernel: ir.Kernel) -> list[Diagnostic]:
@@ -117,7 +122,8 @@ def check_declarations(kernel: ir.Kernel) -> list[Diagnostic]:
             found.append(Diagnostic(item.position, f"'{item.name}' is already declared as a {seen[item.name]}"))
         else:
             seen[item.name] = what
-    block_keywords = {block_keyword(d) for decl in kernel.inputs + kernel.outputs for d in decl.dims}
+    dims = {d for decl in kernel.inputs + kernel.outputs for d in decl.dims}
+    block_keywords = {block_keyword(d) for d in dims} | gpu_keywords(dims) | set(GPU_FUNCTION_LOCALS)
     for param in kernel.params:
         if param.name in RESERVED | block_keywords:
             found.append(
@@ -306,6 +312,48 @@ def _batch_block_problems(kernel: ir.Kernel, product: Product, blocks: dict[str,
                 )
             )
     return found
+
+
+def check_gpu(
+    kernel: ir.Kernel, dims: tuple[str, ...], product: Product | None, earlier: list[Diagnostic]
+) -> tuple[tuple[dict[str, int], dict[str, int]], list[Diagnostic]]:
+    """`gpu block` sizes are powers of two (Triton's rule) and `gpu` options are known."""
+    found = []
+    blocks: dict[str, int] = {}
+    for item in kernel.gpu_blocks:
+        if item.dim in blocks:
+            found.append(Diagnostic(item.position, f"GPU block size of {item.dim} is given twice"))
+        elif item.dim not in dims:
+            found.append(
+                Diagnostic(item.position, f"{item.dim} is not a dimension of this kernel{did_you_mean(item.dim, dims)}")
+            )
+        elif isinstance(item.size, float) or not is_power_of_two(item.size) or item.size > MAX_BLOCK:
+            found.append(
+                Diagnostic(item.size_position, f"a GPU block size is a power of two (Triton's rule), not {item.size}")
+            )
+        elif product is not None and item.dim in kernel.outputs[0].dims[:-2] and item.size != 1:
+            found.append(Diagnostic(item.size_position, f"batch dimension {item.dim} of a matrix product is blocked by 1"))
+        else:
+            blocks[item.dim] = item.size
+    options: dict[str, int] = {}
+    for option in kernel.gpu_options:
+        if option.name not in OPTIONS:
+            found.append(
+                Diagnostic(
+                    option.position, f"unknown GPU option '{option.name}'{did_you_mean(option.name, OPTIONS)};"
+                    f" options are {', '.join(OPTIONS)}"
+                )
+            )
+        elif option.name in options:
+            found.append(Diagnostic(option.position, f"GPU option {option.name} is given twice"))
+        elif option.value not in OPTIONS[option.name][1] or isinstance(option.value, float):
+            allowed = ", ".join(map(str, OPTIONS[option.name][1]))
+            found.append(Diagnostic(option.value_position, f"gpu {option.name} is one of {allowed}"))
+        else:
+            options[option.name] = option.value
+    if earlier or found or not kernel.outputs or not all(d.dtype in DTYPES for d in kernel.inputs + kernel.outputs):
+        return (blocks, options), found
+    return ({**default_blocks(kernel, product), **blocks}, {**default_options(product), **options}), found
 
 
 def infer_body(

@@ -115,6 +115,16 @@ class BlockSize:
 
 
 @dataclass(frozen=True)
+class GpuOption:
+    """One `NAME = VALUE` item of a `gpu` statement: `gpu warps = 8, stages = 3`."""
+
+    name: str
+    value: int | float
+    position: Position
+    value_position: Position
+
+
+@dataclass(frozen=True)
 class Accumulate:
     dtype: str
     position: Position
@@ -131,6 +141,8 @@ class Kernel:
     body: tuple[Statement, ...]
     blocks: tuple[BlockSize, ...]
     accumulates: tuple[Accumulate, ...]
+    gpu_blocks: tuple[BlockSize, ...]
+    gpu_options: tuple[GpuOption, ...]
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import keyword
 
 # Names the generated module itself defines or imports at module level.
-MODULE_NAMES = frozenset({"functools", "jax", "jnp", "np", "pl", "pltpu", "math"})
+MODULE_NAMES = frozenset({"functools", "jax", "jnp", "np", "pl", "pltpu", "pltriton", "math"})
 # Names the generated wrapper functions use for their own keywords and locals.
 WRAPPER_NAMES = frozenset({"interpret", "grid", "sizes", "kernel"})
 # Builtins the generated code calls.
@@ -30,3 +30,7 @@ class Namer:
             name += "_"
         self._taken.add(name)
         return name
+
+    def fork(self) -> Namer:
+        """A namer for another function: it avoids every name taken so far, independently."""
+        return Namer(self._taken)

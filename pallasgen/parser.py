@@ -10,7 +10,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from .errors import Diagnostic, Position
 
-KEYWORDS = ("kernel", "in", "out", "let", "param", "block", "accumulate", "true", "false")
+KEYWORDS = ("kernel", "in", "out", "let", "param", "block", "accumulate", "gpu", "true", "false")
 
 _WORDS = {
     "NAME": "a name",

@@ -12,6 +12,8 @@ from . import ir
 from .checks import CheckedKernel
 from .dtypes import DTYPES
 from .names import Namer, block_keyword
+from .gpu import GPU_FUNCTION_LOCALS, gpu_keywords
+from .plan_gpu import GpuPlan, plan_gpu
 from .product import Product
 from .pyexpr import FLOAT_FUNCTIONS, Emitter, jnp_dtype
 from .tiling import format_bytes, vmem_bytes
@@ -85,6 +87,7 @@ class KernelPlan:
     body: tuple[str, ...]  # the kernel body, or its last step when it accumulates
     reference_sizes: tuple[str, ...]
     reference_body: tuple[str, ...]
+    gpu: GpuPlan
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,8 @@ def plan_kernel(checked: CheckedKernel, module_names: frozenset[str] = MODULE_HE
     squeezed = {d for d in out_dims[:-2] if checked.blocks.get(d) == 1} if product else set()
     tunable = [d for d in blocked if d not in squeezed]
 
-    namer = Namer(module_names | {p.name for p in kernel.params} | {block_keyword(d) for d in dims})
+    public_keywords = {block_keyword(d) for d in dims} | gpu_keywords(dims)
+    namer = Namer(module_names | {p.name for p in kernel.params} | public_keywords | set(GPU_FUNCTION_LOCALS))
     values = {name: namer.claim(name) for name in _value_names(kernel)}
     sizes = {dim: namer.claim(dim.lower()) for dim in dims}
     refs = {d.name: namer.claim(values[d.name] + "_ref") for d in kernel.inputs + kernel.outputs}
@@ -135,7 +139,7 @@ def plan_kernel(checked: CheckedKernel, module_names: frozenset[str] = MODULE_HE
             dims=decl.dims,
             ref=refs[decl.name],
             block_spec=block_spec(layout(decl)),
-            comment=_array_comment(decl, out_dims, operands),
+            comment=comments[decl.name],
             expand=f"{name} = {name}.reshape({', '.join(sizes[d] if d else '1' for d in layout(decl))})"
             if broadcast
             else None,
@@ -149,6 +153,8 @@ def plan_kernel(checked: CheckedKernel, module_names: frozenset[str] = MODULE_HE
     overrides = {product.node: accumulator_name} if product else {}
     emitter = Emitter({**values, **{p.name: p.name for p in kernel.params}}, checked.types, overrides)
     body, reference_body, needs_sizes = _statements(kernel, emitter, refs, values, sizes, checked)
+    comments = {d.name: _array_comment(d, out_dims, operands) for d in kernel.inputs + kernel.outputs}
+    gpu = plan_gpu(checked, namer.fork(), values, refs, sizes, comments, body, accumulator_name)
     kernel_keywords = [p.name for p in kernel.params]
     accumulator = None
     if product is not None:
@@ -180,7 +186,13 @@ def plan_kernel(checked: CheckedKernel, module_names: frozenset[str] = MODULE_HE
         outputs=tuple(array_plan(d) for d in kernel.outputs),
         params=tuple(ParamPlan(p.name, repr(p.value)) for p in kernel.params),
         blocks=tuple(BlockPlan(block_keyword(d), checked.blocks[d], sizes[d], d) for d in tunable),
-        static_argnames=(*(block_keyword(d) for d in tunable), *(p.name for p in kernel.params), "interpret"),
+        static_argnames=(
+            *(block_keyword(d) for d in tunable),
+            *(b.keyword for b in gpu.blocks),
+            *(keyword for keyword, _, _ in gpu.options),
+            *(p.name for p in kernel.params),
+            "interpret",
+        ),
         sizes=tuple((sizes[d], d) for d in dims),
         kernel_keywords=tuple(kernel_keywords),
         grid=_tuple([sizes[d] if d in squeezed else f"pl.cdiv({sizes[d]}, {block_keyword(d)})" for d in blocked]),
@@ -196,6 +208,7 @@ def plan_kernel(checked: CheckedKernel, module_names: frozenset[str] = MODULE_HE
             if needs_sizes
         ),
         reference_body=tuple(reference_body),
+        gpu=gpu,
     )
 
 
@@ -208,6 +221,7 @@ def _docstring(kernel: ir.Kernel, tunable: list[str], blocks: dict[str, int], va
         defaults = ", ".join(str(blocks[d]) for d in tunable)
         args.append(f"  {keywords}: block sizes (default {defaults}); a block never exceeds its dimension.")
     args += [f"  {p.name}: a static {p.dtype} (default {p.value!r})." for p in kernel.params]
+    args.append("  gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).")
     args.append("  interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.")
     results = "; ".join(f"{d.name}: {d.dtype}[{', '.join(d.dims)}]" for d in kernel.outputs)
     return (*summary, "", "Args:", *args, "", "Returns:", f"  {results}.")

@@ -51,7 +51,10 @@ def render_pieces(plan: ModulePlan) -> list[str]:
     environment = _environment()
     header = environment.get_template("header.py.j2").render(module=plan)
     helpers = environment.get_template("helpers.py.j2").render()
-    kernels = [environment.get_template("kernel.py.j2").render(k=kernel) for kernel in plan.kernels]
+    kernels = []
+    for kernel in plan.kernels:
+        kernels.append(environment.get_template("kernel.py.j2").render(k=kernel))
+        kernels.append(environment.get_template("kernel_gpu.py.j2").render(k=kernel, g=kernel.gpu))
     return [header, helpers, *kernels]
 
 

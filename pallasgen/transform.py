@@ -133,13 +133,22 @@ class _ToIR(Transformer):
 
     def block_item(self, tree):
         dim, minus, size = tree.children
-        value = _number(size)
-        start = minus if minus is not None else size
-        size_position = Position(start.line, start.column, size.end_line, size.end_column - 1)
-        return ir.BlockSize(str(dim), -value if minus else value, _token_position(dim), size_position)
+        value, position = _signed(minus, size)
+        return ir.BlockSize(str(dim), value, _token_position(dim), position)
 
     def block_decl(self, tree):
         return ("block", list(tree.children))
+
+    def gpu_block_decl(self, tree):
+        return ("gpu_block", list(tree.children))
+
+    def option_item(self, tree):
+        name, minus, number = tree.children
+        value, position = _signed(minus, number)
+        return ir.GpuOption(str(name), value, _token_position(name), position)
+
+    def gpu_option_decl(self, tree):
+        return ("gpu_option", list(tree.children))
 
     def accumulate_decl(self, tree):
         (dtype,) = tree.children
@@ -147,7 +156,9 @@ class _ToIR(Transformer):
 
     def kernel(self, tree):
         name, *statements = tree.children
-        parts: dict[str, list] = {"in": [], "out": [], "param": [], "body": [], "block": [], "accumulate": []}
+        parts: dict[str, list] = {
+            kind: [] for kind in ("in", "out", "param", "body", "block", "accumulate", "gpu_block", "gpu_option")
+        }
         for kind, items in statements:
             parts[kind].extend(items if isinstance(items, list) else [items])
         return ir.Kernel(
@@ -160,6 +171,8 @@ class _ToIR(Transformer):
             body=tuple(parts["body"]),
             blocks=tuple(parts["block"]),
             accumulates=tuple(parts["accumulate"]),
+            gpu_blocks=tuple(parts["gpu_block"]),
+            gpu_options=tuple(parts["gpu_option"]),
         )
 
 
@@ -176,6 +189,13 @@ def _arrays(names: list[Token], array_type) -> list[ir.ArrayDecl]:
         )
         for name in names
     ]
+
+
+def _signed(minus: Token | None, number: Token) -> tuple[int | float, Position]:
+    """A number with an optional minus sign, and the span of both."""
+    value = _number(number)
+    start = minus if minus is not None else number
+    return (-value if minus else value), Position(start.line, start.column, number.end_line, number.end_column - 1)
 
 
 def _number(token: Token) -> int | float:
