@@ -5,12 +5,21 @@ Only this module and `runner` import jax, and only when a command needs them.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from dataclasses import dataclass
 
 from .checks import CheckedKernel
 from .dtypes import DTYPES
+from .names import block_keyword
+from .tiling import SCOPED_VMEM_BYTES, array_layouts, tiling_problem, vmem_bytes
+
+# Block sizes and launch options a sweep tries, per backend.
+TPU_CANDIDATES = (128, 256, 512, 1024)
+GPU_PRODUCT_TILES, GPU_PRODUCT_DEPTHS = (64, 128), (32, 64)
+GPU_ELEMENTWISE_LAST, GPU_ELEMENTWISE_ROWS = (128, 256, 512), (4, 8, 16)
+GPU_WARPS, GPU_STAGES = (4, 8), (2, 3, 4)
 
 # Peak dense bf16 TFLOP/s and HBM GB/s by device kind (vendor figures).
 PEAKS = {
@@ -104,3 +113,56 @@ def describe(timing: Timing, device_kind: str) -> str:
         parts.append(f"{gbps:.1f} GB/s" + (f" ({100 * gbps / peak[1]:.0f}% of peak)" if peak else ""))
     parts.append(f"{timing.ratio:.2f}x XLA")
     return ", ".join(parts)
+
+
+def sweep_candidates(checked: CheckedKernel, backend: str) -> list[dict[str, int]]:
+    """Keyword sets to try: TPU blocks that tile and fit VMEM, or GPU blocks and options."""
+    if backend == "gpu":
+        return _gpu_candidates(checked)
+    squeezed = set(checked.kernel.outputs[0].dims[:-2]) if checked.product else set()
+    tunable = [d for d in checked.blocks if d not in squeezed]
+    layouts = array_layouts(checked.kernel, checked.dims, checked.product)
+    candidates = []
+    for sizes in itertools.product(TPU_CANDIDATES, repeat=len(tunable)):
+        blocks = {**checked.blocks, **dict(zip(tunable, sizes))}
+        if any(tiling_problem(d, blocks[d], layouts) for d in tunable):
+            continue
+        if vmem_bytes(checked.kernel, blocks, checked.product) > SCOPED_VMEM_BYTES:
+            continue
+        candidates.append({block_keyword(d): blocks[d] for d in tunable})
+    return candidates
+
+
+def _gpu_candidates(checked: CheckedKernel) -> list[dict[str, int]]:
+    product, out_dims = checked.product, checked.kernel.outputs[0].dims
+    if product is not None:
+        axes = {product.m: GPU_PRODUCT_TILES, product.n: GPU_PRODUCT_TILES, product.k: GPU_PRODUCT_DEPTHS}
+    elif len(out_dims) == 1:
+        axes = {out_dims[0]: (512, 1024, 2048)}
+    else:
+        axes = {out_dims[-2]: GPU_ELEMENTWISE_ROWS, out_dims[-1]: GPU_ELEMENTWISE_LAST}
+    stages = GPU_STAGES if product is not None else (1,)
+    candidates = []
+    for sizes in itertools.product(*axes.values(), GPU_WARPS, stages):
+        *blocks, warps, stage_count = sizes
+        keywords = {f"gpu_{block_keyword(d)}": b for d, b in zip(axes, blocks)}
+        candidates.append({**keywords, "gpu_warps": warps, "gpu_stages": stage_count})
+    return candidates
+
+
+def sweep(module, checked: CheckedKernel, inputs, candidates: list[dict[str, int]], repeats: int, progress=None):
+    """(seconds, keywords) of the fastest candidate, and XLA's seconds, measured in one run."""
+    import jax
+
+    kernel = getattr(module, checked.kernel.name)
+    reference = jax.jit(getattr(module, f"{checked.kernel.name}_reference"))
+    best: tuple[float, dict[str, int]] | None = None
+    xla_times = []
+    for options in candidates:
+        seconds, xla_seconds = time_pair(lambda: kernel(*inputs, **options), lambda: reference(*inputs), repeats)
+        xla_times.append(xla_seconds)
+        if best is None or seconds < best[0]:
+            best = (seconds, options)
+        if progress is not None:
+            progress.update(1)
+    return best, statistics.median(xla_times)

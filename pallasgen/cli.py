@@ -115,8 +115,15 @@ def run(targets: tuple[str, ...], sizes: tuple[str, ...], seed: int, out: Path |
 @_out
 @click.option("--repeats", default=20, show_default=True, help="Timed calls of each function.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False), help="Also write results here.")
+@click.option("--sweep", is_flag=True, help="Try candidate block sizes (and GPU options); print the best.")
 def bench(
-    targets: tuple[str, ...], sizes: tuple[str, ...], seed: int, out: Path | None, repeats: int, json_path: Path | None
+    targets: tuple[str, ...],
+    sizes: tuple[str, ...],
+    seed: int,
+    out: Path | None,
+    repeats: int,
+    json_path: Path | None,
+    sweep: bool,
 ) -> None:
     """Time generated kernels against XLA (their jitted reference) on this machine's device."""
     import json
@@ -128,6 +135,9 @@ def bench(
 
     device = jax.devices()[0].device_kind
     kernels = _kernels(targets, out)
+    if sweep:
+        _sweep(kernels, _parse_sizes(sizes), seed, repeats, device)
+        return
     timings = []
     with click.progressbar(kernels, label=f"Timing on {device}", file=sys.stderr) as progress:
         for module, checked in progress:
@@ -152,6 +162,28 @@ def bench(
         ]
         payload = {"device": device, "jax": jax.__version__, "backend": jax.default_backend(), "results": records}
         json_path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+
+
+def _sweep(kernels, given: dict[str, int], seed: int, repeats: int, device: str) -> None:
+    import jax
+
+    from . import bench as benchmark
+    from . import runner
+
+    backend = "gpu" if jax.default_backend() == "gpu" else "tpu"
+    for module, checked in kernels:
+        dims = runner.sizes_for(checked, given)
+        inputs = runner.random_inputs(checked, dims, seed)
+        candidates = benchmark.sweep_candidates(checked, backend)
+        with click.progressbar(length=len(candidates), label=f"Sweeping {checked.kernel.name}", file=sys.stderr) as bar:
+            (seconds, options), xla_seconds = benchmark.sweep(module, checked, inputs, candidates, repeats, bar)
+        shape = ", ".join(f"{d}={n}" for d, n in dims.items())
+        chosen = ", ".join(f"{k}={v}" for k, v in options.items())
+        click.echo(
+            f"{checked.kernel.name} [{shape}] on {device}: best of {len(candidates)} is {chosen}:"
+            f" {seconds * 1e3:.3f} ms, {xla_seconds / seconds:.2f}x XLA"
+        )
+    _say_if_interpreted()
 
 
 def _kernels(targets: tuple[str, ...], out: Path | None) -> list:
