@@ -13,7 +13,7 @@ from .dtypes import BOOL, DTYPES, F32, FLOAT_MAX, I32, DType
 from .errors import Diagnostic, Position, did_you_mean
 from .gpu import GPU_FUNCTION_LOCALS, OPTIONS, default_blocks, default_options, gpu_keywords, is_power_of_two
 from .names import RESERVED, block_keyword
-from .product import Product, analyze_product, find_products, product_dims
+from .product import Product, analyze_product, find_products, operand_names, product_dims
 from .tiling import array_layouts, tiling_problem, vmem_problem
 from .valuetypes import ValueType, combine, merge_dims
 
@@ -115,11 +115,11 @@ def check_declarations(kernel: ir.Kernel) -> list[Diagnostic]:
     """Names are unique; params do not take the generated keywords."""
     found = []
     seen: dict[str, str] = {}
-    named = [(d, "input") for d in kernel.inputs] + [(d, "output") for d in kernel.outputs]
-    named += [(p, "param") for p in kernel.params] + [(s, "let") for s in kernel.body if isinstance(s, ir.Let)]
+    named = [(d, "an input") for d in kernel.inputs] + [(d, "an output") for d in kernel.outputs]
+    named += [(p, "a param") for p in kernel.params] + [(s, "a let") for s in kernel.body if isinstance(s, ir.Let)]
     for item, what in named:
         if item.name in seen:
-            found.append(Diagnostic(item.position, f"'{item.name}' is already declared as a {seen[item.name]}"))
+            found.append(Diagnostic(item.position, f"'{item.name}' is already declared as {seen[item.name]}"))
         else:
             seen[item.name] = what
     dims = {d for decl in kernel.inputs + kernel.outputs for d in decl.dims}
@@ -202,7 +202,7 @@ def derive_dims(
                     f" but '{first.name}' is {_dims(dims)}",
                 )
             )
-    operands = {o.name for o in product.operands} if product else set()
+    operands = operand_names(kernel)
     for decl in kernel.inputs:
         if decl.name not in operands:
             found.extend(_subsequence_problems(decl, dims))
@@ -266,21 +266,7 @@ def check_blocks(
     kernel: ir.Kernel, dims: tuple[str, ...], product: Product | None
 ) -> tuple[dict[str, int], list[Diagnostic]]:
     """Block sizes name dimensions of the kernel, are positive, and tile on TPU."""
-    found = []
-    blocks: dict[str, int] = {}
-    for item in kernel.blocks:
-        if item.dim in blocks:
-            found.append(Diagnostic(item.position, f"block size of {item.dim} is given twice"))
-        elif item.dim not in dims:
-            found.append(
-                Diagnostic(item.position, f"{item.dim} is not a dimension of this kernel{did_you_mean(item.dim, dims)}")
-            )
-        elif isinstance(item.size, float):
-            found.append(Diagnostic(item.size_position, "a block size is a whole number"))
-        elif not 1 <= item.size <= MAX_BLOCK:
-            found.append(Diagnostic(item.size_position, f"a block size is between 1 and {MAX_BLOCK}"))
-        else:
-            blocks[item.dim] = item.size
+    blocks, found = _block_items(kernel.blocks, dims, "block", _block_size_problem)
     if found or not kernel.outputs:
         return blocks, found
     if product is not None:
@@ -296,6 +282,32 @@ def check_blocks(
         if problem:
             found.append(Diagnostic(kernel.blocks[0].position, problem))
     return blocks, found
+
+
+def _block_items(items, dims, what: str, size_problem) -> tuple[dict[str, int], list[Diagnostic]]:
+    """Sizes of `block` or `gpu block` items that name a dimension once with a valid size."""
+    found = []
+    blocks: dict[str, int] = {}
+    for item in items:
+        if item.dim in blocks:
+            found.append(Diagnostic(item.position, f"{what} size of {item.dim} is given twice"))
+        elif item.dim not in dims:
+            found.append(
+                Diagnostic(item.position, f"{item.dim} is not a dimension of this kernel{did_you_mean(item.dim, dims)}")
+            )
+        elif problem := size_problem(item):
+            found.append(Diagnostic(item.size_position, problem))
+        else:
+            blocks[item.dim] = item.size
+    return blocks, found
+
+
+def _block_size_problem(item: ir.BlockSize) -> str | None:
+    if isinstance(item.size, float):
+        return "a block size is a whole number"
+    if not 1 <= item.size <= MAX_BLOCK:
+        return f"a block size is between 1 and {MAX_BLOCK}"
+    return None
 
 
 def _batch_block_problems(kernel: ir.Kernel, product: Product, blocks: dict[str, int]) -> list[Diagnostic]:
@@ -318,23 +330,16 @@ def check_gpu(
     kernel: ir.Kernel, dims: tuple[str, ...], product: Product | None, earlier: list[Diagnostic]
 ) -> tuple[tuple[dict[str, int], dict[str, int]], list[Diagnostic]]:
     """`gpu block` sizes are powers of two (Triton's rule) and `gpu` options are known."""
-    found = []
-    blocks: dict[str, int] = {}
-    for item in kernel.gpu_blocks:
-        if item.dim in blocks:
-            found.append(Diagnostic(item.position, f"GPU block size of {item.dim} is given twice"))
-        elif item.dim not in dims:
-            found.append(
-                Diagnostic(item.position, f"{item.dim} is not a dimension of this kernel{did_you_mean(item.dim, dims)}")
-            )
-        elif isinstance(item.size, float) or not is_power_of_two(item.size) or item.size > MAX_BLOCK:
-            found.append(
-                Diagnostic(item.size_position, f"a GPU block size is a power of two (Triton's rule), not {item.size}")
-            )
-        elif product is not None and item.dim in kernel.outputs[0].dims[:-2] and item.size != 1:
-            found.append(Diagnostic(item.size_position, f"batch dimension {item.dim} of a matrix product is blocked by 1"))
-        else:
-            blocks[item.dim] = item.size
+    batch = set(kernel.outputs[0].dims[:-2]) if product is not None and kernel.outputs else set()
+
+    def gpu_size_problem(item: ir.BlockSize) -> str | None:
+        if isinstance(item.size, float) or not is_power_of_two(item.size) or item.size > MAX_BLOCK:
+            return f"a GPU block size is a power of two (Triton's rule), not {item.size}"
+        if item.dim in batch and item.size != 1:
+            return f"batch dimension {item.dim} of a matrix product is blocked by 1"
+        return None
+
+    blocks, found = _block_items(kernel.gpu_blocks, dims, "GPU block", gpu_size_problem)
     options: dict[str, int] = {}
     for option in kernel.gpu_options:
         if option.name not in OPTIONS:

@@ -33,7 +33,7 @@ def decode(data: bytes, path: str) -> str:
     except UnicodeDecodeError as error:
         before = data[: error.start]
         line = before.count(b"\n") + 1
-        column = len(before) - (before.rfind(b"\n") + 1) + 1
+        column = len(before[before.rfind(b"\n") + 1 :].decode("utf-8")) + 1
         shown = data.decode("utf-8", errors="replace")
         raise SpecError(
             path, shown, [Diagnostic(Position.point(line, column), f"not UTF-8: byte 0x{data[error.start]:02x}")]

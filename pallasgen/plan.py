@@ -14,11 +14,11 @@ from .dtypes import DTYPES
 from .names import Namer, block_keyword
 from .gpu import GPU_FUNCTION_LOCALS, gpu_keywords
 from .plan_gpu import GpuPlan, plan_gpu
+from .planparts import dot_code, grid_names, layout_of, tuple_code
 from .product import Product
 from .pyexpr import FLOAT_FUNCTIONS, Emitter, jnp_dtype
 from .tiling import format_bytes, vmem_bytes
 
-ELEMENTWISE_GRID_NAMES = "ijklmnpqrs"
 MODULE_HELPERS = frozenset({"_interpret_mode", "_sizes", "_nbytes"})
 
 
@@ -115,19 +115,17 @@ def plan_kernel(checked: CheckedKernel, module_names: frozenset[str] = MODULE_HE
     values = {name: namer.claim(name) for name in _value_names(kernel)}
     sizes = {dim: namer.claim(dim.lower()) for dim in dims}
     refs = {d.name: namer.claim(values[d.name] + "_ref") for d in kernel.inputs + kernel.outputs}
-    grid_names = _grid_names(blocked, product)
+    index_names = grid_names(blocked, product)
     block_of = {d: block_keyword(d) if d in checked.blocks else sizes[d] for d in dims}
     operands = {o.name: o for o in product.operands} if product else {}
 
     def block_spec(layout: tuple[str | None, ...]) -> str:
         shape = ["None" if d in squeezed else block_of[d] if d else "1" for d in layout]
-        index = [grid_names.get(d, "0") if d else "0" for d in layout]
-        return f"pl.BlockSpec({_tuple(shape)}, lambda {', '.join(grid_names.values())}: {_tuple(index)})"
+        index = [index_names.get(d, "0") if d else "0" for d in layout]
+        return f"pl.BlockSpec({tuple_code(shape)}, lambda {', '.join(index_names.values())}: {tuple_code(index)})"
 
     def layout(decl: ir.ArrayDecl) -> tuple[str | None, ...]:
-        if decl.name in operands:
-            return decl.dims
-        return tuple(d if d in decl.dims else None for d in out_dims)
+        return layout_of(decl, out_dims, product)
 
     def array_plan(decl: ir.ArrayDecl) -> ArrayPlan:
         name = values[decl.name]
@@ -146,7 +144,7 @@ def plan_kernel(checked: CheckedKernel, module_names: frozenset[str] = MODULE_HE
             reference_expand=f"{name} = {name}[{', '.join(':' if d else 'None' for d in layout(decl))}]"
             if broadcast
             else None,
-            shape=_tuple([sizes[d] for d in decl.dims]),
+            shape=tuple_code([sizes[d] for d in decl.dims]),
         )
 
     accumulator_name = namer.claim("acc") if product else ""
@@ -195,7 +193,7 @@ def plan_kernel(checked: CheckedKernel, module_names: frozenset[str] = MODULE_HE
         ),
         sizes=tuple((sizes[d], d) for d in dims),
         kernel_keywords=tuple(kernel_keywords),
-        grid=_tuple([sizes[d] if d in squeezed else f"pl.cdiv({sizes[d]}, {block_keyword(d)})" for d in blocked]),
+        grid=tuple_code([sizes[d] if d in squeezed else f"pl.cdiv({sizes[d]}, {block_keyword(d)})" for d in blocked]),
         grid_comment=_wrap(_grid_comment(blocked, dims, product, squeezed)),
         dimension_semantics=tuple("arbitrary" if product and d == product.k else "parallel" for d in blocked),
         vmem_comment=_wrap(_vmem_comment(kernel, checked.blocks, dims, product)),
@@ -227,16 +225,6 @@ def _docstring(kernel: ir.Kernel, tunable: list[str], blocks: dict[str, int], va
     return (*summary, "", "Args:", *args, "", "Returns:", f"  {results}.")
 
 
-def _grid_names(blocked: list[str], product: Product | None) -> dict[str, str]:
-    """Names of the grid indices in index maps: i, j, k for a product's M, N, K."""
-    if product is None:
-        return dict(zip(blocked, ELEMENTWISE_GRID_NAMES))
-    roles = {product.m: "i", product.n: "j", product.k: "k"}
-    batch = [d for d in blocked if d not in roles]
-    batch_names = ["b"] if len(batch) == 1 else [f"b{n}" for n in range(len(batch))]
-    return {d: roles.get(d) or batch_names[batch.index(d)] for d in blocked}
-
-
 def _product_lines(product: Product, values, refs, sizes, block_k: str, step: str, k_blocked: bool) -> list[str]:
     """Load both operands, mask a ragged contracted edge, and the product expression (last)."""
     lhs, rhs = (values[o.name] for o in product.operands)
@@ -250,16 +238,7 @@ def _product_lines(product: Product, values, refs, sizes, block_k: str, step: st
             f"    {lhs} = jnp.where({step} * {block_k} + jax.lax.broadcasted_iota(jnp.int32, {lhs}.shape, {lhs_axis}) < {k}, {lhs}, 0)",
             f"    {rhs} = jnp.where({step} * {block_k} + jax.lax.broadcasted_iota(jnp.int32, {rhs}.shape, {rhs_axis}) < {k}, {rhs}, 0)",
         ]
-    accumulate = jnp_dtype(product.accumulator.name)
-    if not product.lhs.transposed and not product.rhs.transposed:
-        lines.append(f"jnp.dot({lhs}, {rhs}, preferred_element_type={accumulate})")
-    else:
-        contract = (0 if product.lhs.transposed else 1, 1 if product.rhs.transposed else 0)
-        lines.append(
-            f"jax.lax.dot_general({lhs}, {rhs}, ((({contract[0]},), ({contract[1]},)), ((), ())),"
-            f" preferred_element_type={accumulate})"
-        )
-    return lines
+    return [*lines, dot_code(product, lhs, rhs)]
 
 
 def _einsum(product: Product, values) -> str:
@@ -307,7 +286,7 @@ def _statements(kernel, emitter, refs, values, sizes, checked):
             kernel_value = reference_value = emitter.cast(statement.value, out.dtype)
         else:
             needs_sizes = True
-            full_shape = _tuple([sizes[d] for d in out.dims])
+            full_shape = tuple_code([sizes[d] for d in out.dims])
             kernel_value = _broadcast(emitter, statement.value, value_type, out.dtype, f"{ref}.shape")
             reference_value = _broadcast(emitter, statement.value, value_type, out.dtype, full_shape)
         if out.name in used:
@@ -401,5 +380,3 @@ def _wrap(text: str) -> tuple[str, ...]:
     return tuple(textwrap.wrap(text, COMMENT_WIDTH))
 
 
-def _tuple(items: list[str]) -> str:
-    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"

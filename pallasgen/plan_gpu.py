@@ -15,6 +15,7 @@ from .checks import CheckedKernel
 from .gpu import OPTIONS
 from .names import Namer, block_keyword
 from .product import Product
+from .planparts import dot_code, grid_names, layout_of, tuple_code
 from .pyexpr import jnp_dtype
 
 @dataclass(frozen=True)
@@ -51,9 +52,8 @@ def plan_gpu(checked: CheckedKernel, namer: Namer, values, refs, sizes, comments
     kernel, product = checked.kernel, checked.product
     out_dims = kernel.outputs[0].dims
     squeezed = {d for d in out_dims[:-2] if checked.gpu_blocks.get(d) == 1} if product else set()
-    operands = {o.name: o for o in product.operands} if product else {}
     grid_dims = list(out_dims)
-    grid_names = _grid_names(grid_dims, product)
+    index_names = grid_names(grid_dims, product)
 
     def block_spec(layout: tuple[str | None, ...]) -> str:
         shape, index = [], []
@@ -63,21 +63,17 @@ def plan_gpu(checked: CheckedKernel, namer: Namer, values, refs, sizes, comments
                 index.append("0")
             elif dim in squeezed:
                 shape.append("None")
-                index.append(grid_names[dim])
+                index.append(index_names[dim])
             elif product is not None and dim == product.k:  # the program loops over it
                 shape.append(sizes[dim])
                 index.append("0")
             else:
                 shape.append(block_keyword(dim))
-                index.append(grid_names[dim])
-        shape_code = f"({shape[0]},)" if len(shape) == 1 else f"({', '.join(shape)})"
-        index_code = f"({index[0]},)" if len(index) == 1 else f"({', '.join(index)})"
-        return f"pl.BlockSpec({shape_code}, lambda {', '.join(grid_names.values())}: {index_code})"
+                index.append(index_names[dim])
+        return f"pl.BlockSpec({tuple_code(shape)}, lambda {', '.join(index_names.values())}: {tuple_code(index)})"
 
     def layout(decl: ir.ArrayDecl) -> tuple[str | None, ...]:
-        if decl.name in operands:
-            return decl.dims
-        return tuple(d if d in decl.dims else None for d in out_dims)
+        return layout_of(decl, out_dims, product)
 
     tunable = [d for d in checked.dims if d not in squeezed]
     loop: list[str] = []
@@ -105,7 +101,7 @@ def plan_gpu(checked: CheckedKernel, namer: Namer, values, refs, sizes, comments
             (keyword, f"num_{name}", checked.gpu_options[name]) for name, (keyword, _) in OPTIONS.items()
         ),
         sizes=tuple(sizes[d] for d in checked.dims),
-        grid=f"({grid[0]},)" if len(grid) == 1 else f"({', '.join(grid)})",
+        grid=tuple_code(grid),
         grid_comment=tuple(textwrap.wrap(_grid_comment(grid_dims, product, squeezed), 84)),
         in_specs=tuple((comments[d.name], block_spec(layout(d))) for d in kernel.inputs),
         out_specs=tuple((comments[d.name], block_spec(layout(d))) for d in kernel.outputs),
@@ -113,14 +109,6 @@ def plan_gpu(checked: CheckedKernel, namer: Namer, values, refs, sizes, comments
         loop=tuple(loop),
         body=tuple(epilogue),
     )
-
-
-def _grid_names(grid_dims: list[str], product: Product | None) -> dict[str, str]:
-    if product is None:
-        return dict(zip(grid_dims, "ijklmnpqrs"))
-    batch = grid_dims[:-2]
-    names = ["b"] if len(batch) == 1 else [f"b{n}" for n in range(len(batch))]
-    return {**dict(zip(batch, names)), product.m: "i", product.n: "j"}
 
 
 def _grid_comment(grid_dims: list[str], product: Product | None, squeezed: set[str]) -> str:
@@ -142,14 +130,7 @@ def _product_loop(product: Product, namer: Namer, values, refs, sizes, accumulat
     lhs_mask = f"{inside}[:, None]" if product.lhs.transposed else f"{inside}[None, :]"
     rhs_mask = f"{inside}[None, :]" if product.rhs.transposed else f"{inside}[:, None]"
     accumulate = jnp_dtype(product.accumulator.name)
-    if not product.lhs.transposed and not product.rhs.transposed:
-        dot = f"jnp.dot({lhs}, {rhs}, preferred_element_type={accumulate})"
-    else:
-        contract = (0 if product.lhs.transposed else 1, 1 if product.rhs.transposed else 0)
-        dot = (
-            f"jax.lax.dot_general({lhs}, {rhs}, ((({contract[0]},), ({contract[1]},)), ((), ())),"
-            f" preferred_element_type={accumulate})"
-        )
+    dot = dot_code(product, lhs, rhs)
     out_shape = f"{out_ref}.shape"
     return [
         f"def {function}({step}, {accumulator}):",

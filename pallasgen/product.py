@@ -55,7 +55,8 @@ def find_products(kernel: ir.Kernel) -> list[ir.Binary]:
 
 
 def analyze_product(kernel: ir.Kernel) -> tuple[Product | None, list[Diagnostic]]:
-    """The kernel's one product, or None; diagnostics for anything it cannot compute."""
+    """The kernel's one product (None if it has none, or its operands are not matrices
+    of inputs), and diagnostics for anything it cannot compute."""
     products = find_products(kernel)
     if not products:
         return None, []
@@ -82,13 +83,14 @@ def analyze_product(kernel: ir.Kernel) -> tuple[Product | None, list[Diagnostic]
     *_, m, k = lhs.matrix_dims
     *_, k_right, n = rhs.matrix_dims
     if k != k_right:
-        found.append(
+        return None, [
+            *found,
             Diagnostic(
                 node.op_position,
                 f"the contracted dimensions differ: '{lhs.name}' ends in {k} but '{rhs.name}' has {k_right}"
                 f" second to last{'; transpose one with .T' if k in rhs.dims else ''}",
             )
-        )
+        ]
     if lhs.dtype != rhs.dtype:
         found.append(
             Diagnostic(node.op_position, f"'{lhs.name}' is {lhs.dtype.name} but '{rhs.name}' is {rhs.dtype.name}; the operands of @ share a dtype")
@@ -97,9 +99,22 @@ def analyze_product(kernel: ir.Kernel) -> tuple[Product | None, list[Diagnostic]
         found.append(Diagnostic(node.op_position, f"matrix products take {', '.join(OPERAND_DTYPES)} operands, not {lhs.dtype.name}"))
     accumulator, problems = _accumulator(kernel, lhs.dtype)
     found.extend(problems)
-    if found:
-        return None, found
-    return Product(node, lhs, rhs, m, n, k, accumulator), []
+    # The product is known even when its dtypes are wrong, so later checks do not
+    # mistake its operands for elementwise inputs.
+    return Product(node, lhs, rhs, m, n, k, accumulator), found
+
+
+def operand_names(kernel: ir.Kernel) -> set[str]:
+    """Names used inside the operands of any `@`, whether or not the product is valid."""
+    names = set()
+    stack: list[ir.Expr] = [side for node in find_products(kernel) for side in (node.left, node.right)]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ir.Name):
+            names.add(node.id)
+        stack.extend(getattr(node, a) for a in ("operand", "left", "right", "value") if hasattr(node, a))
+        stack.extend(getattr(node, "args", ()))
+    return names
 
 
 def product_dims(product: Product) -> tuple[str, ...]:

@@ -6,6 +6,7 @@ from math import prod
 
 from . import ir
 from .dtypes import DTYPES, DType
+from .planparts import layout_of
 from .product import Product
 
 # Scoped VMEM that Mosaic grants a kernel by default on the smallest current TPU (v5e).
@@ -21,17 +22,12 @@ def array_layouts(kernel: ir.Kernel, dims: tuple[str, ...], product: Product | N
     Product operands keep their own dimensions; every other array is laid out over
     the output dimensions, with None where it broadcasts (size 1, which is whole).
     """
-    operands = {o.name: o for o in product.operands} if product else {}
     output_dims = kernel.outputs[0].dims
-    layouts = []
-    for decl in kernel.inputs + kernel.outputs:
-        if decl.dtype not in DTYPES:
-            continue
-        if decl.name in operands:
-            layouts.append((decl.dims, DTYPES[decl.dtype]))
-        else:
-            layouts.append((tuple(d if d in decl.dims else None for d in output_dims), DTYPES[decl.dtype]))
-    return layouts
+    return [
+        (layout_of(decl, output_dims, product), DTYPES[decl.dtype])
+        for decl in kernel.inputs + kernel.outputs
+        if decl.dtype in DTYPES
+    ]
 
 
 def tiling_problem(dim: str, size: int, layouts: list[Layout]) -> str | None:

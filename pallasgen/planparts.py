@@ -1,0 +1,44 @@
+"""Pieces that the TPU and GPU halves of a kernel's plan share."""
+
+from __future__ import annotations
+
+from . import ir
+from .product import Product
+from .pyexpr import jnp_dtype
+
+ELEMENTWISE_GRID_NAMES = "ijklmnpqrs"
+
+
+def layout_of(decl: ir.ArrayDecl, out_dims: tuple[str, ...], product: Product | None) -> tuple[str | None, ...]:
+    """The dimensions an array is blocked over: a product operand keeps its own; any
+    other array is laid out over the output dimensions, None where it broadcasts."""
+    if product is not None and decl.name in {o.name for o in product.operands}:
+        return decl.dims
+    return tuple(d if d in decl.dims else None for d in out_dims)
+
+
+def grid_names(grid_dims, product: Product | None) -> dict[str, str]:
+    """Names of the grid indices in index maps: i, j, k for a product's M, N, K, b for batch."""
+    if product is None:
+        return dict(zip(grid_dims, ELEMENTWISE_GRID_NAMES))
+    roles = {product.m: "i", product.n: "j", product.k: "k"}
+    batch = [d for d in grid_dims if d not in roles]
+    batch_names = ["b"] if len(batch) == 1 else [f"b{n}" for n in range(len(batch))]
+    return {d: roles.get(d) or batch_names[batch.index(d)] for d in grid_dims}
+
+
+def dot_code(product: Product, lhs: str, rhs: str) -> str:
+    """The product of two loaded tiles, in the accumulator's dtype."""
+    accumulate = jnp_dtype(product.accumulator.name)
+    if not product.lhs.transposed and not product.rhs.transposed:
+        return f"jnp.dot({lhs}, {rhs}, preferred_element_type={accumulate})"
+    contract = (0 if product.lhs.transposed else 1, 1 if product.rhs.transposed else 0)
+    return (
+        f"jax.lax.dot_general({lhs}, {rhs}, ((({contract[0]},), ({contract[1]},)), ((), ())),"
+        f" preferred_element_type={accumulate})"
+    )
+
+
+def tuple_code(items) -> str:
+    items = list(items)
+    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
