@@ -43,7 +43,10 @@ _out = click.option("--out", type=click.Path(path_type=Path, file_okay=False), h
 def build(paths: tuple[Path, ...], out: Path | None) -> None:
     """Write generated modules for PATHS (spec files or folders; default from pyproject.toml)."""
     targets, modules, changes = _prepare(paths, out)
-    apply(changes)
+    try:
+        apply(changes)
+    except OSError as error:
+        _usage_error(f"cannot write {_display(Path(error.filename or ''))}: {error.strerror}")
     for change in changes:
         verb = {"create": "wrote", "update": "updated", "remove": "removed stale"}[change.kind]
         click.echo(f"{verb} {_display(change.path)}")
@@ -232,7 +235,7 @@ def _parse_sizes(sizes: tuple[str, ...]) -> dict[str, int]:
 
 def _up_to_date_module(spec: Path, out_dir: Path) -> Path:
     try:
-        targets, _ = collect_targets([spec], out_dir)
+        targets, _ = collect_targets([spec], out_dir, _display)
         (module_text,) = generate_targets(targets, _display).values()
     except (UsageError, SpecErrors) as error:
         _usage_error(str(error))
@@ -251,7 +254,9 @@ def _prepare(paths: tuple[Path, ...], out: Path | None):
     try:
         config = load_config(Path.cwd())
         out_dir = out if out is not None else config.out
-        targets, owned = collect_targets(list(paths) or [config.specs], out_dir)
+        if out_dir.exists() and not out_dir.is_dir():
+            raise UsageError(f"--out {_display(out_dir)}: not a folder")
+        targets, owned = collect_targets(list(paths) or [config.specs], out_dir, _display)
         if not targets:
             raise UsageError(f"no spec files in {', '.join(map(str, paths or [config.specs]))}")
         modules = generate_targets(targets, _display)

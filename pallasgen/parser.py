@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from functools import cache
 from importlib.resources import files
 
@@ -24,7 +25,19 @@ _OPERATORS = {"COMPARE_OP", "PIPE", "AMPERSAND", "PLUS", "MINUS", "MUL_OP", "POW
 @cache
 def _lark() -> Lark:
     grammar = files("pallasgen").joinpath("grammar.lark").read_text(encoding="utf-8")
-    return Lark(grammar, parser="lalr", lexer="basic", propagate_positions=True, maybe_placeholders=True)
+    return Lark(
+        grammar,
+        parser="lalr",
+        lexer="basic",
+        propagate_positions=True,
+        maybe_placeholders=True,
+        lexer_callbacks={"NAME": _normalize_name},
+    )
+
+
+def _normalize_name(token: Token) -> Token:
+    """Names as Python reads them (NFKC), so two spellings of one name are one name."""
+    return Token.new_borrow_pos(token.type, unicodedata.normalize("NFKC", token), token)
 
 
 def parse(text: str) -> Tree:

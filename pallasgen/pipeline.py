@@ -20,7 +20,7 @@ def check_source(source: str, path: str) -> tuple[CheckedKernel, ...]:
         tree = parser.parse(source)
         spec = transform.to_ir(tree, source)
         return check_spec(spec)
-    except (parser.SyntaxDiagnostic, transform.DepthDiagnostic) as error:
+    except (parser.SyntaxDiagnostic, transform.TransformDiagnostic) as error:
         raise SpecError(path, source, [error.diagnostic]) from None
     except Diagnostics as error:
         raise SpecError(path, source, error.diagnostics) from None

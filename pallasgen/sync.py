@@ -7,6 +7,7 @@ it never writes outside that folder and never touches any other file.
 from __future__ import annotations
 
 import difflib
+import keyword
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ class Change:
     spec_label: str
 
 
-def collect_targets(paths: list[Path], out_dir: Path) -> tuple[list[Target], set[str]]:
+def collect_targets(paths: list[Path], out_dir: Path, display=str) -> tuple[list[Target], set[str]]:
     """The specs named by `paths` (files or folders of `*.pallas`) and their outputs.
 
     Also returns the spec folders (as headers name them) whose generated files this
@@ -64,11 +65,13 @@ def collect_targets(paths: list[Path], out_dir: Path) -> tuple[list[Target], set
             raise UsageError(f"{path}: no such file or folder")
     targets: dict[Path, Target] = {}
     for spec in sorted(set(s.resolve() for s in specs)):
-        if not spec.stem.isidentifier():
-            raise UsageError(f"{spec}: the file name must be a Python module name, e.g. {_identifier(spec.stem)}.pallas")
+        if not spec.stem.isidentifier() or keyword.iskeyword(spec.stem):
+            raise UsageError(
+                f"{display(spec)}: the file name must be a Python module name, e.g. {_identifier(spec.stem)}.pallas"
+            )
         output = out_dir.resolve() / f"{spec.stem}.py"
         if output in targets:
-            raise UsageError(f"{spec} and {targets[output].spec} would both generate {output}")
+            raise UsageError(f"{display(spec)} and {display(targets[output].spec)} would both generate {display(output)}")
         targets[output] = Target(spec, spec_label(spec), output)
     return list(targets.values()), owned
 
@@ -187,4 +190,6 @@ def _read_text(path: Path) -> str | None:
 
 def _identifier(stem: str) -> str:
     cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in stem)
+    if keyword.iskeyword(cleaned):
+        return f"{cleaned}_"
     return cleaned if cleaned.isidentifier() else f"_{cleaned}"

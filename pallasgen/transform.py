@@ -10,7 +10,9 @@ from .errors import Diagnostic, Position
 MAX_EXPRESSION_DEPTH = 200
 
 
-class DepthDiagnostic(Exception):
+class TransformDiagnostic(Exception):
+    """A tree that parsed but cannot become IR: too deep, or a name Python cannot use."""
+
     def __init__(self, diagnostic: Diagnostic):
         super().__init__(diagnostic.message)
         self.diagnostic = diagnostic
@@ -19,6 +21,7 @@ class DepthDiagnostic(Exception):
 def to_ir(tree: Tree, source: str) -> ir.Spec:
     """Builds the IR; comment lines right above a kernel become its docstring."""
     _check_depth(tree)
+    _check_names(tree)
     kernels = _ToIR().transform(tree).children
     lines = source.split("\n")
     return ir.Spec(tuple(_with_doc(kernel, lines) for kernel in kernels))
@@ -30,10 +33,17 @@ def _check_depth(tree: Tree) -> None:
     while stack:
         node, depth = stack.pop()
         if depth > MAX_EXPRESSION_DEPTH:
-            raise DepthDiagnostic(
+            raise TransformDiagnostic(
                 Diagnostic(_span(node), f"expression nested more than {MAX_EXPRESSION_DEPTH} levels deep (or too long); split it with let")
             )
         stack.extend((child, depth + 1) for child in node.children if isinstance(child, Tree))
+
+
+def _check_names(tree: Tree) -> None:
+    """Refuses a name that is no Python identifier once normalized (such as one starting with ²)."""
+    for token in tree.scan_values(lambda v: isinstance(v, Token) and v.type == "NAME"):
+        if not token.isidentifier():
+            raise TransformDiagnostic(Diagnostic(_token_position(token), f"'{token}' is not a valid name"))
 
 
 def _with_doc(kernel: ir.Kernel, lines: list[str]) -> ir.Kernel:
