@@ -9,7 +9,7 @@ from importlib.resources import files
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
-from .errors import Diagnostic, Position
+from .errors import MAX_REPORTED, Diagnostic, Position
 
 KEYWORDS = ("kernel", "in", "out", "let", "param", "block", "accumulate", "gpu", "true", "false")
 
@@ -41,17 +41,48 @@ def _normalize_name(token: Token) -> Token:
 
 
 def parse(text: str) -> Tree:
-    """Parses spec text; raises `SyntaxDiagnostic` on the first syntax error."""
+    """Parses spec text; raises `SyntaxDiagnostics` with every syntax error it can find."""
     try:
         return _lark().parse(text)
     except UnexpectedInput as error:
-        raise SyntaxDiagnostic(_diagnose(error, text)) from None
+        first = _diagnose(error, text)
+    raise SyntaxDiagnostics([first, *_later_errors(text, first)])
 
 
-class SyntaxDiagnostic(Exception):
-    def __init__(self, diagnostic: Diagnostic):
-        super().__init__(diagnostic.message)
-        self.diagnostic = diagnostic
+class SyntaxDiagnostics(Exception):
+    def __init__(self, diagnostics: list[Diagnostic]):
+        super().__init__(diagnostics[0].message)
+        self.diagnostics = diagnostics
+
+
+def _later_errors(text: str, first: Diagnostic) -> list[Diagnostic]:
+    """Errors after the first, found by blanking each bad statement line and parsing again.
+
+    Statements end at line ends, so a bad line rarely hides the next one; recovery
+    stops at a line that opens or closes a kernel, where guessing would mislead.
+    """
+    lines = text.split("\n")
+    found: list[Diagnostic] = []
+    error = first
+    while len(found) < MAX_REPORTED and _is_statement_line(lines, error.position.line):
+        lines[error.position.line - 1] = ""
+        try:
+            _lark().parse("\n".join(lines))
+            return found
+        except UnexpectedInput as next_error:
+            error = _diagnose(next_error, "\n".join(lines))
+        if error.position.line <= len(lines) and _is_statement_line(lines, error.position.line):
+            found.append(error)
+        else:
+            break
+    return found
+
+
+def _is_statement_line(lines: list[str], number: int) -> bool:
+    if not 1 <= number <= len(lines):
+        return False
+    line = lines[number - 1]
+    return bool(line.strip()) and not any(mark in line for mark in ("{", "}", "kernel"))
 
 
 def _diagnose(error: UnexpectedInput, text: str) -> Diagnostic:

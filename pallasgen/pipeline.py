@@ -20,7 +20,9 @@ def check_source(source: str, path: str) -> tuple[CheckedKernel, ...]:
         tree = parser.parse(source)
         spec = transform.to_ir(tree, source)
         return check_spec(spec)
-    except (parser.SyntaxDiagnostic, transform.TransformDiagnostic) as error:
+    except parser.SyntaxDiagnostics as error:
+        raise SpecError(path, source, error.diagnostics) from None
+    except transform.TransformDiagnostic as error:
         raise SpecError(path, source, [error.diagnostic]) from None
     except Diagnostics as error:
         raise SpecError(path, source, error.diagnostics) from None

@@ -164,9 +164,15 @@ def test_missing_operator_suggests_an_operator_in_words():
     assert "an operator" in diagnostic.message
 
 
-def test_only_the_first_syntax_error_is_reported():
+def test_syntax_errors_on_several_statement_lines_are_all_reported():
     error = spec_error(ADD_VECTORS.replace("x + y", "x $ y").replace("1024", "1024 $"))
-    assert [(d.position.line, d.position.column) for d in error.diagnostics] == [(5, 11)]
+    assert [(d.position.line, d.position.column) for d in error.diagnostics] == [(5, 11), (6, 20)]
+
+
+def test_syntax_recovery_stops_at_a_broken_kernel_header():
+    """Past a bad `kernel` line every statement would look wrong: only the first error shows."""
+    error = spec_error(ADD_VECTORS.replace("kernel add_vectors {", "kernel add vectors {").replace("x + y", "x $ y"))
+    assert [(d.position.line, d.position.column) for d in error.diagnostics] == [(1, 12)]
 
 
 # --------------------------------------------------------------------------- expression depth
