@@ -147,4 +147,7 @@ def test_generated_elementwise_specs_run_and_match_their_reference(tmp_path_fact
     got = np.asarray(module.fuzzed(*arrays), np.float64)
     want = np.asarray(module.fuzzed_reference(*arrays), np.float64)
     assert got.shape == want.shape == tuple(sizes[d] for d in dims)
-    np.testing.assert_allclose(got, want, rtol=2e-2, atol=1e-3, equal_nan=True)
+    # XLA may skip the rounding of bf16 intermediates that interpret mode keeps, so bf16
+    # specs allow a few bf16 steps of the intermediate values; translation bugs are far larger.
+    uses_bf16 = "bf16" in spec
+    np.testing.assert_allclose(got, want, rtol=5e-2 if uses_bf16 else 1e-5, atol=0.1 if uses_bf16 else 1e-5, equal_nan=True)
