@@ -86,7 +86,7 @@ def leaky(
       block_m, block_n: block sizes (default 256, 512); a block never exceeds its dimension.
       slope: a static f32 (default 0.01).
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
+      interpret: None compiles on TPU and GPU, interprets on CPU; others go to pl.pallas_call.
 
     Returns:
       y: f32[M, N]; mask: i32[M, N].
@@ -222,7 +222,7 @@ def bias_gelu(
       scale: f32[M].
       block_m, block_n: block sizes (default 256, 512); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
+      interpret: None compiles on TPU and GPU, interprets on CPU; others go to pl.pallas_call.
 
     Returns:
       y: bf16[M, N].

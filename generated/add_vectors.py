@@ -62,7 +62,7 @@ def add_vectors(x, y, *, block_n=1024, gpu_block_n=1024, gpu_warps=4, gpu_stages
       y: f32[N].
       block_n: block sizes (default 1024); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
+      interpret: None compiles on TPU and GPU, interprets on CPU; others go to pl.pallas_call.
 
     Returns:
       z: f32[N].

@@ -117,7 +117,7 @@ def giou(
       block_b, block_n: block sizes (default 128, 128); a block never exceeds its dimension.
       eps: a static f32 (default 1e-07).
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
+      interpret: None compiles on TPU and GPU, interprets on CPU; others go to pl.pallas_call.
 
     Returns:
       giou: f32[B, N].

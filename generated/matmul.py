@@ -99,7 +99,7 @@ def matmul(
       y: f32[K, N].
       block_m, block_n, block_k: block sizes (default 256, 512, 512); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
+      interpret: None compiles on TPU and GPU, interprets on CPU; others go to pl.pallas_call.
 
     Returns:
       z: f32[M, N].
@@ -255,7 +255,7 @@ def matmul_relu(
       y: f32[K, N].
       block_m, block_n, block_k: block sizes (default 256, 512, 512); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
+      interpret: None compiles on TPU and GPU, interprets on CPU; others go to pl.pallas_call.
 
     Returns:
       z: f32[M, N].
@@ -416,7 +416,7 @@ def matmul_bias_gelu(
       bias: f32[N].
       block_m, block_n, block_k: block sizes (default 512, 1024, 1024); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
+      interpret: None compiles on TPU and GPU, interprets on CPU; others go to pl.pallas_call.
 
     Returns:
       z: bf16[M, N].
@@ -591,7 +591,7 @@ def matmul_int8(
       y: i8[K, N].
       block_m, block_n, block_k: block sizes (default 512, 1024, 1024); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
+      interpret: None compiles on TPU and GPU, interprets on CPU; others go to pl.pallas_call.
 
     Returns:
       z: i32[M, N].
@@ -747,7 +747,7 @@ def batched_matmul(
       y: bf16[B, K, N].
       block_m, block_n, block_k: block sizes (default 256, 256, 512); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
+      interpret: None compiles on TPU and GPU, interprets on CPU; others go to pl.pallas_call.
 
     Returns:
       z: f32[B, M, N].
@@ -898,7 +898,7 @@ def scores(
       block_s, block_t: block sizes (default 128, 128); a block never exceeds its dimension.
       scale: a static f32 (default 0.125).
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
+      interpret: None compiles on TPU and GPU, interprets on CPU; others go to pl.pallas_call.
 
     Returns:
       s: f32[B, S, T].
@@ -1067,7 +1067,7 @@ def linear(
       bias: f32[N].
       block_m, block_n, block_k: block sizes (default 256, 256, 512); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.
+      interpret: None compiles on TPU and GPU, interprets on CPU; others go to pl.pallas_call.
 
     Returns:
       y: bf16[M, N].

@@ -97,7 +97,9 @@ class ModulePlan:
 
 
 def plan_module(spec_path: str, kernels: tuple[CheckedKernel, ...]) -> ModulePlan:
-    module_names = MODULE_HELPERS | {f"_{k.kernel.name}_kernel" for k in kernels}
+    module_names = MODULE_HELPERS | {
+        f"_{k.kernel.name}{suffix}" for k in kernels for suffix in ("_kernel", "_gpu_kernel", "_gpu")
+    }
     return ModulePlan(spec_path, tuple(plan_kernel(k, module_names) for k in kernels))
 
 
@@ -220,7 +222,7 @@ def _docstring(kernel: ir.Kernel, tunable: list[str], blocks: dict[str, int], va
         args.append(f"  {keywords}: block sizes (default {defaults}); a block never exceeds its dimension.")
     args += [f"  {p.name}: a static {p.dtype} (default {p.value!r})." for p in kernel.params]
     args.append("  gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).")
-    args.append("  interpret: None compiles on TPU and interprets on CPU; other values go to pl.pallas_call.")
+    args.append("  interpret: None compiles on TPU and GPU, interprets on CPU; others go to pl.pallas_call.")
     results = "; ".join(f"{d.name}: {d.dtype}[{', '.join(d.dims)}]" for d in kernel.outputs)
     return (*summary, "", "Args:", *args, "", "Returns:", f"  {results}.")
 
