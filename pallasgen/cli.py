@@ -101,10 +101,10 @@ def run(targets: tuple[str, ...], sizes: tuple[str, ...], seed: int, out: Path |
         for result in runner.run_kernel(module, checked, dims, seed):
             failed |= not result.ok
             shape = ", ".join(f"{d}={dims[d]}" for d in checked.dims)
-            verdict = "OK" if result.ok else "MISMATCH"
+            verdict = "OK" if result.ok else f"MISMATCH in {result.mismatches} elements"
             click.echo(
                 f"{result.kernel}.{result.output} [{shape}]: max |kernel - reference| ="
-                f" {result.max_error:.3g} (allowed {result.tolerance:.3g}) {verdict},"
+                f" {result.max_error:.3g} (allowed {result.tolerance:.0e} x (1 + |reference|)) {verdict},"
                 f" {result.seconds * 1e3:.1f} ms for the first call, compilation included"
             )
     _say_if_interpreted()
