@@ -35,14 +35,18 @@ def main() -> None:
 
 _paths = click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 _out = click.option("--out", type=click.Path(path_type=Path, file_okay=False), help="Output folder.")
+_no_cache = click.option(
+    "--no-cache", is_flag=True, help="Generate every module afresh; neither read nor write the cache."
+)
 
 
 @main.command()
 @_paths
 @_out
-def build(paths: tuple[Path, ...], out: Path | None) -> None:
+@_no_cache
+def build(paths: tuple[Path, ...], out: Path | None, no_cache: bool) -> None:
     """Write generated modules for PATHS (spec files or folders; default from pyproject.toml)."""
-    targets, modules, changes = _prepare(paths, out)
+    targets, modules, changes = _prepare(paths, out, no_cache)
     try:
         apply(changes)
     except OSError as error:
@@ -57,9 +61,10 @@ def build(paths: tuple[Path, ...], out: Path | None) -> None:
 @_paths
 @_out
 @click.option("--quiet", "-q", is_flag=True, help="Print only the summary.")
-def check(paths: tuple[Path, ...], out: Path | None, quiet: bool) -> None:
+@_no_cache
+def check(paths: tuple[Path, ...], out: Path | None, quiet: bool, no_cache: bool) -> None:
     """Exit 1 if generated modules differ from what PATHS would generate."""
-    targets, modules, changes = _prepare(paths, out)
+    targets, modules, changes = _prepare(paths, out, no_cache)
     for change in changes if not quiet else ():
         if change.kind == "create":
             click.echo(f"{_display(change.path)}: missing; {change.spec_label} generates it")
@@ -250,7 +255,7 @@ def _usage_error(message: str):
     sys.exit(SPEC_OR_USAGE_ERROR)
 
 
-def _prepare(paths: tuple[Path, ...], out: Path | None):
+def _prepare(paths: tuple[Path, ...], out: Path | None, no_cache: bool):
     try:
         config = load_config(Path.cwd())
         out_dir = out if out is not None else config.out
@@ -259,7 +264,7 @@ def _prepare(paths: tuple[Path, ...], out: Path | None):
         targets, owned = collect_targets(list(paths) or [config.specs], out_dir, _display)
         if not targets:
             raise UsageError(f"no spec files in {', '.join(map(str, paths or [config.specs]))}")
-        modules = generate_targets(targets, _display)
+        modules = generate_targets(targets, _display, use_cache=not no_cache)
     except SpecErrors as errors:
         click.echo(str(errors), err=True)
         sys.exit(SPEC_OR_USAGE_ERROR)

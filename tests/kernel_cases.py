@@ -146,6 +146,15 @@ def bias_gelu_numpy(x, bias, scale):
     return (gelu_tanh_numpy(z),)
 
 
+def quantize_rows_numpy(x, scale):
+    """round-half-up(x / scale[m]) clipped to [-128, 127]; NaN gives 0. In float32, as the
+    kernel divides, so that values on a rounding boundary round the same way."""
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        scaled = np.asarray(x, np.float32) / np.asarray(scale, np.float32)[:, None]
+        rounded = np.clip(np.floor(scaled + np.float32(0.5)), -128, 127)
+        return (np.where(np.isnan(scaled), 0, rounded).astype(np.int8),)
+
+
 def add_vectors_numpy(x, y):
     """Elementwise x + y."""
     with np.errstate(invalid="ignore", over="ignore"):
@@ -169,6 +178,13 @@ def giou_numpy(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, eps=1e-7):
 
 
 # --------------------------------------------------------------------------- inputs
+
+
+def quantize_rows_inputs(rng, sizes):
+    """Values spread over the int8 range and past it, with positive per-row scales."""
+    x = (rng.standard_normal((sizes["M"], sizes["N"])) * 100.0).astype(np.float32)
+    scale = rng.uniform(0.5, 2.0, sizes["M"]).astype(np.float32)
+    return [x, scale]
 
 
 def leaky_inputs(rng, sizes):
@@ -274,6 +290,15 @@ CASES = {
             bias_gelu_inputs,
             bias_gelu_numpy,
             (BF16_TOL,),
+        ),
+        KernelCase(
+            "activations",
+            "quantize_rows",
+            (Operand("x", "f32", ("M", "N")), Operand("scale", "f32", ("M",))),
+            (Operand("q", "i8", ("M", "N")),),
+            quantize_rows_inputs,
+            quantize_rows_numpy,
+            (EXACT,),
         ),
         KernelCase(
             "add_vectors",

@@ -119,7 +119,8 @@ def test_nan_and_inf_inputs_propagate_like_the_references(case):
     arrays = plant_specials(arrays, np.random.default_rng(3))
     got = run_kernel(case.module, case.kernel, arrays, **blocks)
     floats = [out.astype(np.float64) for out in got if out.dtype.kind == "f" or out.dtype == BF16]
-    assert any(np.isnan(out).any() for out in floats), "the planted values reach the output"
+    if floats:  # integer outputs (a quantizer) define what NaN and inf become instead
+        assert any(np.isnan(out).any() for out in floats), "the planted values reach the output"
     check_against_references(case, arrays, got)
 
 

@@ -1,9 +1,8 @@
 """The examples of LANGUAGE.md (the contract) build with the CLI and compute correctly.
 
-tests/language_examples/ holds the examples without a matrix product, copied
-verbatim from LANGUAGE.md, annotations included. Each is built with
-`pallasgen build FILE --out TMP`, imported from TMP and run in interpret mode
-against a float64 NumPy reference.
+tests/language_examples/ holds every example of LANGUAGE.md, copied verbatim,
+annotations included. Each is built with `pallasgen build FILE --out TMP`, imported
+from TMP and run in interpret mode against a float64 (int64 for int8) NumPy reference.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from pallasgen.cli import main
 
 EXAMPLES = Path(__file__).resolve().parent / "language_examples"
 LANGUAGE_MD = Path(__file__).resolve().parents[2] / "shared" / "LANGUAGE.md"
-NAMES = ["add_vectors", "leaky"]
+NAMES = ["add_vectors", "leaky", "matmul_int8", "matmul_relu", "scores"]
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +52,7 @@ def example(build):
     return load
 
 
-def test_examples_are_the_non_matmul_examples_of_the_contract():
+def test_examples_are_the_examples_of_the_contract():
     """The copied examples are exactly the ones bundled here, each a `.pallas` file."""
     assert sorted(p.stem for p in EXAMPLES.glob("*.pallas")) == sorted(NAMES)
 
@@ -111,3 +110,35 @@ def test_leaky_example_is_leaky_relu_with_mask(example, shape, keywords):
     assert (y.dtype, mask.dtype) == (np.float32, np.int32)
     slope = {"slope": keywords["slope"]} if "slope" in keywords else {}
     assert_outputs_close((y, mask), leaky_numpy(x, **slope), (F32_TOL, EXACT), "leaky example")
+
+
+def test_matmul_relu_example_fuses_bias_and_relu_on_the_f32_accumulator(example):
+    module = example("matmul_relu")
+    rng = np.random.default_rng(12)
+    x = jnp.asarray(rng.standard_normal((40, 300)), jnp.bfloat16)
+    y = jnp.asarray(rng.standard_normal((300, 200)), jnp.bfloat16)
+    bias = rng.standard_normal(200).astype(np.float32)
+    got = module.matmul_relu(x, y, bias, block_m=16, block_n=128, block_k=128)
+    assert got.dtype == jnp.bfloat16
+    want = np.maximum(np.asarray(x, np.float64) @ np.asarray(y, np.float64) + bias, 0.0)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-2, atol=1e-2)
+
+
+def test_matmul_int8_example_is_exact(example):
+    module = example("matmul_int8")
+    rng = np.random.default_rng(13)
+    x = rng.integers(-128, 128, (40, 300), dtype=np.int8)
+    y = rng.integers(-128, 128, (300, 200), dtype=np.int8)
+    got = np.asarray(module.matmul_int8(x, y, block_m=16, block_n=128, block_k=128))
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, x.astype(np.int64) @ y.astype(np.int64))
+
+
+def test_scores_example_scales_q_against_transposed_k(example):
+    module = example("scores")
+    rng = np.random.default_rng(14)
+    q = jnp.asarray(rng.standard_normal((2, 40, 64)), jnp.bfloat16)
+    k = jnp.asarray(rng.standard_normal((2, 200, 64)), jnp.bfloat16)
+    got = module.scores(q, k, block_s=16, block_t=128)
+    want = 0.125 * np.einsum("bsd,btd->bst", np.asarray(q, np.float64), np.asarray(k, np.float64))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-3)

@@ -1,0 +1,85 @@
+"""Names and comments that collide with generated code still give correct kernels.
+
+Spec names may be `pl`, `jnp`, `jax`, Python keywords, builtins the wrappers call,
+or the names of generated refs, helpers and keywords: the generated code renames
+its own uses consistently, and comment text cannot escape the docstring.
+"""
+
+from __future__ import annotations
+
+import ast
+
+import numpy as np
+import pytest
+
+from kernel_cases import load_module
+from pallasgen.errors import SpecError
+from pallasgen.pipeline import generate
+
+DOC = 'Quotes " and """ and \\ backslashes \\""" and a tab\there.'
+SPEC = f"""# {DOC}
+kernel collide {{
+    in pl, jnp, lambda, x_ref, acc, _sizes, functools, np: f32[M, N]
+    in min, step, interpret_, block_m_, _collide_gpu, True: f32[M, N]
+    out interpret: f32[M, N]
+    out sizes: f32[M, N]
+    param acc_ref: f32 = 1.5
+    let jax = pl + jnp + lambda + x_ref + acc + _sizes + functools + np
+    interpret = jax + min + step + interpret_ + block_m_ + _collide_gpu + True + acc_ref
+    sizes = interpret * 2
+    block M = 8, N = 128
+}}
+
+kernel matmul_collide {{
+    in pl: f32[M, K]
+    in jnp: f32[K, N]
+    in acc: f32[N]
+    out step: f32[M, N]
+    param k: f32 = 2.0
+    step = (pl @ jnp + acc) * k
+    block M = 8, N = 128, K = 128
+}}
+"""
+
+
+@pytest.fixture(scope="module")
+def module(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hostile") / "hostile.py"
+    path.write_text(generate(SPEC, "hostile.pallas", "hostile.pallas"))
+    return load_module(path, "_hostile_names")
+
+
+def test_colliding_names_compute_the_right_values(module):
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal((20, 200)).astype(np.float32) for _ in range(14)]
+    interpret, sizes = module.collide(*arrays)
+    want = sum(a.astype(np.float64) for a in arrays) + 1.5
+    np.testing.assert_allclose(np.asarray(interpret), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(sizes), 2 * want, rtol=1e-5, atol=1e-5)
+
+
+def test_colliding_names_in_a_matmul(module):
+    rng = np.random.default_rng(4)
+    x, y = rng.standard_normal((20, 300)).astype(np.float32), rng.standard_normal((300, 200)).astype(np.float32)
+    bias = rng.standard_normal(200).astype(np.float32)
+    got = module.matmul_collide(x, y, bias, k=3.0)
+    np.testing.assert_allclose(np.asarray(got), (x.astype(np.float64) @ y + bias) * 3.0, rtol=1e-5, atol=1e-4)
+
+
+def test_a_param_keeps_its_name_as_a_keyword(module):
+    assert module.collide.__wrapped__.__kwdefaults__["acc_ref"] == 1.5
+
+
+def test_comment_text_is_the_docstring_and_nothing_else(module):
+    assert module.collide.__doc__.splitlines()[0] == DOC
+    tree = ast.parse(generate(SPEC, "hostile.pallas", "hostile.pallas"))
+    strings = [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str) and DOC in n.value]
+    assert len(strings) == 1
+
+
+@pytest.mark.parametrize("name", ["interpret", "block_m", "gpu_block_n", "gpu_warps", "num_warps", "min", "pl", "class"])
+def test_a_param_that_would_shadow_a_generated_keyword_or_name_is_an_error(name):
+    spec = SPEC.split("\n\n")[1].replace("param k: f32", f"param {name}: f32").replace("* k", f"* {name}")
+    with pytest.raises(SpecError) as error:
+        generate(spec, "p.pallas", "p.pallas")
+    assert any(f"'{name}' cannot name a param" in d.message or "reserved" in d.message for d in error.value.diagnostics)
