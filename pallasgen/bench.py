@@ -78,9 +78,7 @@ def time_kernel(module, checked: CheckedKernel, sizes: dict[str, int], inputs, r
 
     kernel = getattr(module, checked.kernel.name)
     reference = jax.jit(getattr(module, f"{checked.kernel.name}_reference"))
-    kernel_seconds, xla_seconds = time_pair(
-        lambda: kernel(*inputs, **options), lambda: reference(*inputs), repeats
-    )
+    kernel_seconds, xla_seconds = time_pair(lambda: kernel(*inputs, **options), lambda: reference(*inputs), repeats)
     flops, moved = work(checked, sizes)
     return Timing(checked.kernel.name, sizes, kernel_seconds, xla_seconds, flops, moved)
 

@@ -54,12 +54,6 @@ class CheckedKernel:
     gpu_blocks: dict[str, int]  # every dim the GPU path blocks -> default block size
     gpu_options: dict[str, int]  # warps, stages
 
-    def dtype_of(self, array_name: str) -> DType:
-        for decl in self.kernel.inputs + self.kernel.outputs:
-            if decl.name == array_name:
-                return DTYPES[decl.dtype]
-        raise KeyError(array_name)
-
 
 def check_spec(spec: ir.Spec) -> tuple[CheckedKernel, ...]:
     """Runs every check over every kernel; raises `Diagnostics` if any fails."""
@@ -82,7 +76,9 @@ def check_kernel_names(spec: ir.Spec) -> list[Diagnostic]:
             found.append(Diagnostic(kernel.position, f"kernel '{kernel.name}' is defined twice"))
         elif kernel.name in RESERVED or kernel.name.startswith("_"):
             found.append(
-                Diagnostic(kernel.position, f"'{kernel.name}' cannot name a kernel: the generated module uses that name")
+                Diagnostic(
+                    kernel.position, f"'{kernel.name}' cannot name a kernel: the generated module uses that name"
+                )
             )
         seen.add(kernel.name)
     for kernel in spec.kernels:
@@ -155,7 +151,9 @@ def check_params(kernel: ir.Kernel) -> list[Diagnostic]:
             found.append(Diagnostic(param.dtype_position, "params are numbers; bool params are not supported"))
         elif dtype.is_integer and isinstance(param.value, float):
             found.append(
-                Diagnostic(param.value_position, f"param '{param.name}' is {dtype.name} but {param.text} is not an integer")
+                Diagnostic(
+                    param.value_position, f"param '{param.name}' is {dtype.name} but {param.text} is not an integer"
+                )
             )
         else:
             problem = literal_problem(param.value, param.text, dtype)
@@ -192,7 +190,9 @@ def derive_dims(
     first = kernel.outputs[0]
     dims = first.dims
     if not dims:
-        found.append(Diagnostic(first.position, f"output '{first.name}' is a scalar; outputs need at least one dimension"))
+        found.append(
+            Diagnostic(first.position, f"output '{first.name}' is a scalar; outputs need at least one dimension")
+        )
     for out in kernel.outputs[1:]:
         if out.dims != dims:
             found.append(
@@ -217,7 +217,9 @@ def derive_dims(
                 )
             )
         elif product.k in dims:
-            found.append(Diagnostic(product.node.position, f"the contracted dimension {product.k} cannot be an output dimension"))
+            found.append(
+                Diagnostic(product.node.position, f"the contracted dimension {product.k} cannot be an output dimension")
+            )
         dims = (*dims, product.k)
     sizes: dict[str, tuple[str, int]] = {}
     for decl in kernel.inputs:
@@ -227,7 +229,9 @@ def derive_dims(
         for dim, position in zip(out.dims, out.dim_positions):
             if dim not in sizes:
                 found.append(
-                    Diagnostic(position, f"no input has dimension {dim}, so its size is unknown when the kernel is called")
+                    Diagnostic(
+                        position, f"no input has dimension {dim}, so its size is unknown when the kernel is called"
+                    )
                 )
     keywords: dict[str, str] = {}
     for dim in dims:
@@ -345,8 +349,9 @@ def check_gpu(
         if option.name not in OPTIONS:
             found.append(
                 Diagnostic(
-                    option.position, f"unknown GPU option '{option.name}'{did_you_mean(option.name, OPTIONS)};"
-                    f" options are {', '.join(OPTIONS)}"
+                    option.position,
+                    f"unknown GPU option '{option.name}'{did_you_mean(option.name, OPTIONS)};"
+                    f" options are {', '.join(OPTIONS)}",
                 )
             )
         elif option.name in options:
@@ -536,12 +541,16 @@ class _Inference:
         arity = FUNCTION_ARITY.get(node.func)
         if arity is None:
             self.found.append(
-                Diagnostic(node.func_position, f"unknown function '{node.func}'{did_you_mean(node.func, FUNCTION_ARITY)}")
+                Diagnostic(
+                    node.func_position, f"unknown function '{node.func}'{did_you_mean(node.func, FUNCTION_ARITY)}"
+                )
             )
             return None
         if len(node.args) != arity:
             self.found.append(
-                Diagnostic(node.position, f"{node.func}() takes {arity} argument{'s' * (arity > 1)}, got {len(node.args)}")
+                Diagnostic(
+                    node.position, f"{node.func}() takes {arity} argument{'s' * (arity > 1)}, got {len(node.args)}"
+                )
             )
             return None
         args = [self.expr(arg) for arg in node.args]

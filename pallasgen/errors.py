@@ -37,9 +37,7 @@ class SpecError(Exception):
     def __init__(self, path: str, source: str, diagnostics: Iterable[Diagnostic]):
         self.path = path
         self.source = source
-        self.diagnostics = sorted(
-            diagnostics, key=lambda d: (d.position.line, d.position.column)
-        )
+        self.diagnostics = sorted(diagnostics, key=lambda d: (d.position.line, d.position.column))
         super().__init__(self.render())
 
     def __reduce__(self):

@@ -140,12 +140,14 @@ def plan_kernel(checked: CheckedKernel, module_names: frozenset[str] = MODULE_HE
             ref=refs[decl.name],
             block_spec=block_spec(layout(decl)),
             comment=comments[decl.name],
-            expand=f"{name} = {name}.reshape({', '.join(sizes[d] if d else '1' for d in layout(decl))})"
-            if broadcast
-            else None,
-            reference_expand=f"{name} = {name}[{', '.join(':' if d else 'None' for d in layout(decl))}]"
-            if broadcast
-            else None,
+            expand=(
+                f"{name} = {name}.reshape({', '.join(sizes[d] if d else '1' for d in layout(decl))})"
+                if broadcast
+                else None
+            ),
+            reference_expand=(
+                f"{name} = {name}[{', '.join(':' if d else 'None' for d in layout(decl))}]" if broadcast else None
+            ),
             shape=tuple_code([sizes[d] for d in decl.dims]),
         )
 
@@ -380,5 +382,3 @@ def _vmem_comment(kernel: ir.Kernel, blocks: dict[str, int], dims, product) -> s
 
 def _wrap(text: str) -> tuple[str, ...]:
     return tuple(textwrap.wrap(text, COMMENT_WIDTH))
-
-

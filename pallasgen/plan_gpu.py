@@ -18,6 +18,7 @@ from .product import Product
 from .planparts import dot_code, grid_names, layout_of, tuple_code
 from .pyexpr import jnp_dtype
 
+
 @dataclass(frozen=True)
 class GpuBlockPlan:
     keyword: str  # gpu_block_m, a keyword of the public function
@@ -97,9 +98,7 @@ def plan_gpu(checked: CheckedKernel, namer: Namer, values, refs, sizes, comments
             )
             for d in tunable
         ),
-        options=tuple(
-            (keyword, f"num_{name}", checked.gpu_options[name]) for name, (keyword, _) in OPTIONS.items()
-        ),
+        options=tuple((keyword, f"num_{name}", checked.gpu_options[name]) for name, (keyword, _) in OPTIONS.items()),
         sizes=tuple(sizes[d] for d in checked.dims),
         grid=tuple_code(grid),
         grid_comment=tuple(textwrap.wrap(_grid_comment(grid_dims, product, squeezed), 84)),
@@ -125,8 +124,16 @@ def _product_loop(product: Product, namer: Namer, values, refs, sizes, accumulat
     lhs, rhs = (values[o.name] for o in product.operands)
     lhs_ref, rhs_ref = (refs[o.name] for o in product.operands)
     # The contracted axis of each operand as stored: x[:, K] unless read transposed.
-    lhs_slice = f"{lhs_ref}.at[pl.ds({start}, {block_k}), :]" if product.lhs.transposed else f"{lhs_ref}.at[:, pl.ds({start}, {block_k})]"
-    rhs_slice = f"{rhs_ref}.at[:, pl.ds({start}, {block_k})]" if product.rhs.transposed else f"{rhs_ref}.at[pl.ds({start}, {block_k}), :]"
+    lhs_slice = (
+        f"{lhs_ref}.at[pl.ds({start}, {block_k}), :]"
+        if product.lhs.transposed
+        else f"{lhs_ref}.at[:, pl.ds({start}, {block_k})]"
+    )
+    rhs_slice = (
+        f"{rhs_ref}.at[:, pl.ds({start}, {block_k})]"
+        if product.rhs.transposed
+        else f"{rhs_ref}.at[pl.ds({start}, {block_k}), :]"
+    )
     lhs_mask = f"{inside}[:, None]" if product.lhs.transposed else f"{inside}[None, :]"
     rhs_mask = f"{inside}[None, :]" if product.rhs.transposed else f"{inside}[:, None]"
     accumulate = jnp_dtype(product.accumulator.name)
@@ -145,4 +152,3 @@ def _product_loop(product: Product, namer: Namer, values, refs, sizes, accumulat
         "",
         f"{accumulator} = jax.lax.fori_loop(0, pl.cdiv({k}, {block_k}), {function}, jnp.zeros({out_shape}, {accumulate}))",
     ]
-

@@ -77,7 +77,11 @@ def analyze_product(kernel: ir.Kernel) -> tuple[Product | None, list[Diagnostic]
     lhs, rhs = operands
     for operand, side in zip(operands, (node.left, node.right)):
         if len(operand.dims) < 2:
-            found.append(Diagnostic(side.position, f"'{operand.name}' is not a matrix: a product operand has two or more dimensions"))
+            found.append(
+                Diagnostic(
+                    side.position, f"'{operand.name}' is not a matrix: a product operand has two or more dimensions"
+                )
+            )
     if found:
         return None, found
     *_, m, k = lhs.matrix_dims
@@ -89,14 +93,21 @@ def analyze_product(kernel: ir.Kernel) -> tuple[Product | None, list[Diagnostic]
                 node.op_position,
                 f"the contracted dimensions differ: '{lhs.name}' ends in {k} but '{rhs.name}' has {k_right}"
                 f" second to last{'; transpose one with .T' if k in rhs.dims else ''}",
-            )
+            ),
         ]
     if lhs.dtype != rhs.dtype:
         found.append(
-            Diagnostic(node.op_position, f"'{lhs.name}' is {lhs.dtype.name} but '{rhs.name}' is {rhs.dtype.name}; the operands of @ share a dtype")
+            Diagnostic(
+                node.op_position,
+                f"'{lhs.name}' is {lhs.dtype.name} but '{rhs.name}' is {rhs.dtype.name}; the operands of @ share a dtype",
+            )
         )
     elif lhs.dtype.name not in OPERAND_DTYPES:
-        found.append(Diagnostic(node.op_position, f"matrix products take {', '.join(OPERAND_DTYPES)} operands, not {lhs.dtype.name}"))
+        found.append(
+            Diagnostic(
+                node.op_position, f"matrix products take {', '.join(OPERAND_DTYPES)} operands, not {lhs.dtype.name}"
+            )
+        )
     accumulator, problems = _accumulator(kernel, lhs.dtype)
     found.extend(problems)
     # The product is known even when its dtypes are wrong, so later checks do not

@@ -71,7 +71,9 @@ def collect_targets(paths: list[Path], out_dir: Path, display=str) -> tuple[list
             )
         output = out_dir.resolve() / f"{spec.stem}.py"
         if output in targets:
-            raise UsageError(f"{display(spec)} and {display(targets[output].spec)} would both generate {display(output)}")
+            raise UsageError(
+                f"{display(spec)} and {display(targets[output].spec)} would both generate {display(output)}"
+            )
         targets[output] = Target(spec, spec_label(spec), output)
     return list(targets.values()), owned
 

@@ -34,7 +34,10 @@ def _check_depth(tree: Tree) -> None:
         node, depth = stack.pop()
         if depth > MAX_EXPRESSION_DEPTH:
             raise TransformDiagnostic(
-                Diagnostic(_span(node), f"expression nested more than {MAX_EXPRESSION_DEPTH} levels deep (or too long); split it with let")
+                Diagnostic(
+                    _span(node),
+                    f"expression nested more than {MAX_EXPRESSION_DEPTH} levels deep (or too long); split it with let",
+                )
             )
         stack.extend((child, depth + 1) for child in node.children if isinstance(child, Tree))
 
@@ -187,7 +190,7 @@ class _ToIR(Transformer):
 
 
 def _arrays(names: list[Token], array_type) -> list[ir.ArrayDecl]:
-    (dtype, dims) = array_type
+    dtype, dims = array_type
     return [
         ir.ArrayDecl(
             str(name),

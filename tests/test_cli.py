@@ -358,9 +358,7 @@ def test_builds_with_different_hash_seeds_and_working_directories_are_byte_ident
     assert specs
     for spec in specs:
         (project / "specs" / spec.name).write_bytes(spec.read_bytes())
-    first = pallasgen_process(
-        "build", cwd=project, PYTHONHASHSEED="1", PALLASGEN_CACHE_DIR=str(tmp_path / "cache1")
-    )
+    first = pallasgen_process("build", cwd=project, PYTHONHASHSEED="1", PALLASGEN_CACHE_DIR=str(tmp_path / "cache1"))
     assert first.returncode == 0, first.stderr
     second = pallasgen_process(
         "build",
@@ -386,7 +384,9 @@ def test_builds_with_different_hash_seeds_and_working_directories_are_byte_ident
     ("setup", "args", "message"),
     [
         pytest.param(None, ["specs/nope.pallas"], "specs/nope.pallas: no such file or folder", id="missing-path"),
-        pytest.param("specs/notes.txt", ["specs/notes.txt"], "not a spec file (expected a .pallas file)", id="not-pallas"),
+        pytest.param(
+            "specs/notes.txt", ["specs/notes.txt"], "not a spec file (expected a .pallas file)", id="not-pallas"
+        ),
         pytest.param("specs/my-kernel.pallas", [], "must be a Python module name, e.g. my_kernel.pallas", id="dash"),
         pytest.param("specs/2d.pallas", [], "must be a Python module name", id="leading-digit"),
         pytest.param("specs/class.pallas", [], "must be a Python module name", id="python-keyword"),

@@ -24,16 +24,75 @@ from pallasgen.pipeline import decode, generate
 EXAMPLES = int(os.environ.get("PALLASGEN_FUZZ_EXAMPLES", "150"))
 RUN_EXAMPLES = max(10, EXAMPLES // 10)
 SPECS = sorted((Path(__file__).resolve().parents[1] / "specs").glob("*.pallas"))
-FUZZ = settings(
-    max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
-)
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 
 TOKENS = [
-    "kernel", "in", "out", "let", "param", "block", "accumulate", "true", "false",
-    "x", "y", "z", "M", "N", "K", "f32", "bf16", "i8", "i32", "bool", "exp", "where", "gelu", "pl", "lambda",
-    "0", "1", "2.5", "1e-5", "300", "1e999", "99999999999",
-    "+", "-", "*", "/", "//", "%", "**", "@", ".T", ".", "==", "<", ">=", "&", "|", "~",
-    "(", ")", "[", "]", "{", "}", ",", ":", "=", "\n", " ", "\t", "#", "# c\n", "\r\n", "$", "\ufeff", "\x00",
+    "kernel",
+    "in",
+    "out",
+    "let",
+    "param",
+    "block",
+    "accumulate",
+    "true",
+    "false",
+    "x",
+    "y",
+    "z",
+    "M",
+    "N",
+    "K",
+    "f32",
+    "bf16",
+    "i8",
+    "i32",
+    "bool",
+    "exp",
+    "where",
+    "gelu",
+    "pl",
+    "lambda",
+    "0",
+    "1",
+    "2.5",
+    "1e-5",
+    "300",
+    "1e999",
+    "99999999999",
+    "+",
+    "-",
+    "*",
+    "/",
+    "//",
+    "%",
+    "**",
+    "@",
+    ".T",
+    ".",
+    "==",
+    "<",
+    ">=",
+    "&",
+    "|",
+    "~",
+    "(",
+    ")",
+    "[",
+    "]",
+    "{",
+    "}",
+    ",",
+    ":",
+    "=",
+    "\n",
+    " ",
+    "\t",
+    "#",
+    "# c\n",
+    "\r\n",
+    "$",
+    "\ufeff",
+    "\x00",
 ]
 
 
@@ -119,7 +178,11 @@ def elementwise_specs(draw):
     value = draw(expressions([name for name, _, _ in inputs]))
     out_dtype = draw(st.sampled_from(DTYPES))
     lines = [f"    in {name}: {dtype}[{', '.join(own)}]" for name, dtype, own in inputs]
-    lines += [f"    out r: {out_dtype}[{', '.join(dims)}]", "    param slope: f32 = 0.25", f"    r = {out_dtype}({value})"]
+    lines += [
+        f"    out r: {out_dtype}[{', '.join(dims)}]",
+        "    param slope: f32 = 0.25",
+        f"    r = {out_dtype}({value})",
+    ]
     blocks = "block M = 8, N = 128" if len(dims) == 2 else "block N = 1024"
     return "kernel fuzzed {\n" + "\n".join(lines) + f"\n    {blocks}\n}}\n", inputs, dims
 
@@ -140,7 +203,9 @@ def test_generated_elementwise_specs_run_and_match_their_reference(tmp_path_fact
     for _, dtype, own in inputs:
         shape = tuple(sizes[d] for d in own)
         values = rng.integers(-5, 6, shape) if dtype.startswith("i") else rng.standard_normal(shape)
-        arrays.append(np.asarray(values).astype({"f32": np.float32, "bf16": "bfloat16", "i32": np.int32, "i8": np.int8}[dtype]))
+        arrays.append(
+            np.asarray(values).astype({"f32": np.float32, "bf16": "bfloat16", "i32": np.int32, "i8": np.int8}[dtype])
+        )
     import jax.numpy as jnp
 
     arrays = [jnp.asarray(a) for a in arrays]
@@ -150,4 +215,6 @@ def test_generated_elementwise_specs_run_and_match_their_reference(tmp_path_fact
     # XLA may skip the rounding of bf16 intermediates that interpret mode keeps, so bf16
     # specs allow a few bf16 steps of the intermediate values; translation bugs are far larger.
     uses_bf16 = "bf16" in spec
-    np.testing.assert_allclose(got, want, rtol=5e-2 if uses_bf16 else 1e-5, atol=0.1 if uses_bf16 else 1e-5, equal_nan=True)
+    np.testing.assert_allclose(
+        got, want, rtol=5e-2 if uses_bf16 else 1e-5, atol=0.1 if uses_bf16 else 1e-5, equal_nan=True
+    )

@@ -44,9 +44,9 @@ def test_committed_module_equals_what_its_spec_generates(spec):
     expected = generate(decode(spec.read_bytes(), label), label, label)
     committed = GENERATED / f"{spec.stem}.py"
     assert committed.is_file(), f"{committed.relative_to(ROOT)} is missing; run `pallasgen build`"
-    assert committed.read_text(encoding="utf-8") == expected, (
-        f"{committed.relative_to(ROOT)} differs from what {label} generates; run `pallasgen build`"
-    )
+    assert (
+        committed.read_text(encoding="utf-8") == expected
+    ), f"{committed.relative_to(ROOT)} differs from what {label} generates; run `pallasgen build`"
 
 
 def test_every_generated_module_has_its_spec():

@@ -95,7 +95,9 @@ kernel tuned {
 
 def test_gpu_statements_set_the_gpu_defaults_of_the_generated_function():
     source = generate(SPEC % "gpu block M = 64, N = 32, K = 16\n    gpu warps = 2, stages = 4", "t.pallas", "t.pallas")
-    assert "gpu_block_m=64, gpu_block_n=32, gpu_block_k=16, gpu_warps=2, gpu_stages=4" in source.replace("\n", " ").replace("  ", "")
+    assert "gpu_block_m=64, gpu_block_n=32, gpu_block_k=16, gpu_warps=2, gpu_stages=4" in source.replace(
+        "\n", " "
+    ).replace("  ", "")
 
 
 @pytest.mark.parametrize(

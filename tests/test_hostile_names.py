@@ -77,7 +77,9 @@ def test_comment_text_is_the_docstring_and_nothing_else(module):
     assert len(strings) == 1
 
 
-@pytest.mark.parametrize("name", ["interpret", "block_m", "gpu_block_n", "gpu_warps", "num_warps", "min", "pl", "class"])
+@pytest.mark.parametrize(
+    "name", ["interpret", "block_m", "gpu_block_n", "gpu_warps", "num_warps", "min", "pl", "class"]
+)
 def test_a_param_that_would_shadow_a_generated_keyword_or_name_is_an_error(name):
     spec = SPEC.split("\n\n")[1].replace("param k: f32", f"param {name}: f32").replace("* k", f"* {name}")
     with pytest.raises(SpecError) as error:

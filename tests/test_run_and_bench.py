@@ -52,7 +52,7 @@ def test_run_refuses_a_generated_module_that_differs_from_its_spec(project):
 
 
 def test_a_kernel_that_disagrees_with_its_reference_is_a_mismatch():
-    (checked, *_) = check_source((ROOT / "specs" / "activations.pallas").read_text(), "activations.pallas")
+    checked, *_ = check_source((ROOT / "specs" / "activations.pallas").read_text(), "activations.pallas")
     reference = runner.load_module(ROOT / "generated" / "activations.py").leaky_reference
     wrong = SimpleNamespace(leaky=lambda x: tuple(o + 1 for o in reference(x)), leaky_reference=reference)
     results = runner.run_kernel(wrong, checked, {"M": 8, "N": 128}, seed=0)
@@ -67,8 +67,18 @@ def test_run_names_a_missing_kernel(project):
 
 def test_bench_times_kernel_and_xla_and_writes_json(project):
     result = invoke(
-        "bench", "specs/matmul.pallas:matmul", "--size", "M=64", "--size", "N=128", "--size", "K=128",
-        "--repeats", "2", "--json", "out.json",
+        "bench",
+        "specs/matmul.pallas:matmul",
+        "--size",
+        "M=64",
+        "--size",
+        "N=128",
+        "--size",
+        "K=128",
+        "--repeats",
+        "2",
+        "--json",
+        "out.json",
     )
     assert result.exit_code == 0, result.output
     assert "matmul [M=64, N=128, K=128]:" in result.output and "x XLA" in result.output
@@ -92,7 +102,10 @@ def test_sweep_candidates_obey_the_tiling_rules(spec):
         assert tpu, checked.kernel.name
         layouts = array_layouts(checked.kernel, checked.dims, checked.product)
         for candidate in tpu:
-            blocks = {**checked.blocks, **{d: candidate[f"block_{d.lower()}"] for d in checked.blocks if f"block_{d.lower()}" in candidate}}
+            blocks = {
+                **checked.blocks,
+                **{d: candidate[f"block_{d.lower()}"] for d in checked.blocks if f"block_{d.lower()}" in candidate},
+            }
             assert not any(tiling_problem(d, size, layouts) for d, size in blocks.items())
             assert vmem_bytes(checked.kernel, blocks, checked.product) <= SCOPED_VMEM_BYTES
         for candidate in sweep_candidates(checked, "gpu"):
