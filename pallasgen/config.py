@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from .text import escape_text
+
 DEFAULT_SPECS = "specs"
 DEFAULT_OUT = "generated"
 
@@ -51,12 +53,12 @@ def find_pyproject(folder: Path) -> Path | None:
 
 
 def spec_label(spec: Path) -> str:
-    """How generated headers name a spec: relative to its project's root, in POSIX form.
+    """How generated headers name a spec: relative to its project's root, in POSIX form,
+    with quotes, backslashes and unprintable characters escaped.
 
     It does not depend on the working directory or where the project is checked out.
     """
     spec = spec.resolve()
     pyproject = find_pyproject(spec.parent)
-    if pyproject is None:
-        return spec.name
-    return spec.relative_to(pyproject.parent).as_posix()
+    label = spec.name if pyproject is None else spec.relative_to(pyproject.parent).as_posix()
+    return escape_text(label)

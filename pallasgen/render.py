@@ -9,6 +9,7 @@ import black
 import jinja2
 
 from .plan import ModulePlan
+from .text import escape_text
 
 BLACK_MODE = black.Mode(
     line_length=100,
@@ -69,18 +70,6 @@ def _format_once(source: str) -> str:
 
 def docstring(lines: tuple[str, ...]) -> str:
     """A triple-quoted docstring whose text cannot end the string or escape from it."""
-    escaped = [_escape(line) for line in lines]
+    escaped = [escape_text(line) for line in lines]
     body = "\n    ".join(escaped).rstrip()
     return f'"""{body}\n    """' if len(escaped) > 1 else f'"""{body}"""'
-
-
-def _escape(line: str) -> str:
-    out = []
-    for char in line:
-        if char in '\\"':
-            out.append("\\" + char)
-        elif char.isprintable() or char == " ":
-            out.append(char)
-        else:
-            out.append(repr(char)[1:-1])
-    return "".join(out)
