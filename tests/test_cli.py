@@ -432,3 +432,22 @@ def test_output_folder_that_cannot_be_a_folder_is_a_usage_error(project, configu
     assert result.stderr.startswith("pallasgen: error: ")
     assert "README.md" in result.stderr
     assert snapshot(project) == before
+
+
+def test_build_and_check_never_import_jax(tmp_path):
+    """The build path runs where jax (and numpy) cannot even be imported."""
+    code = (
+        "import sys\n"
+        "sys.modules['jax'] = None\n"
+        "sys.modules['numpy'] = None\n"
+        "from pallasgen.cli import main\n"
+        "main(['build', '--no-cache', '--out', sys.argv[1]])\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "out")], cwd=root, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
+        f"{p.stem}.py" for p in (root / "specs").glob("*.pallas")
+    )
