@@ -16,7 +16,8 @@ from .gpu import GPU_FUNCTION_LOCALS, gpu_keywords
 from .plan_gpu import GpuPlan, plan_gpu
 from .planparts import dot_code, grid_names, layout_of, tuple_code
 from .product import Product
-from .pyexpr import FLOAT_FUNCTIONS, Emitter, jnp_dtype
+from .functions import FLOAT_FUNCTIONS
+from .pyexpr import Emitter, jnp_dtype
 from .tiling import format_bytes, vmem_bytes
 
 MODULE_HELPERS = frozenset({"_interpret_mode", "_sizes", "_nbytes"})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from . import ir
 from .dtypes import BOOL, DTYPES
+from .functions import FLOAT_FUNCTIONS
 from .valuetypes import ValueType
 
 # Python binding strength, loosest first.
@@ -36,7 +37,6 @@ FUNCTIONS = {
     "clip": "jnp.clip",
     "where": "jnp.where",
 }
-FLOAT_FUNCTIONS = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "gelu", "silu", "sin", "cos"})
 
 
 def jnp_dtype(name: str) -> str:
