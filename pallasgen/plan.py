@@ -14,7 +14,7 @@ from .dtypes import DTYPES
 from .names import Namer, block_keyword
 from .gpu import GPU_FUNCTION_LOCALS, gpu_keywords
 from .plan_gpu import GpuPlan, plan_gpu
-from .planparts import dot_code, grid_names, layout_of, tuple_code
+from .planparts import dot_code, grid_names, layout_of, parameter_list, partial_call, tuple_code
 from .product import Product
 from .functions import FLOAT_FUNCTIONS
 from .pyexpr import Emitter, jnp_dtype
@@ -35,12 +35,6 @@ class ArrayPlan:
     expand: str | None  # wrapper statement that lays an input out over the output dims
     reference_expand: str | None
     shape: str  # (m, n), for outputs
-
-
-@dataclass(frozen=True)
-class ParamPlan:
-    name: str
-    default: str  # repr of the default value
 
 
 @dataclass(frozen=True)
@@ -74,11 +68,14 @@ class KernelPlan:
     doc: tuple[str, ...]
     inputs: tuple[ArrayPlan, ...]
     outputs: tuple[ArrayPlan, ...]
-    params: tuple[ParamPlan, ...]
     blocks: tuple[BlockPlan, ...]
     static_argnames: tuple[str, ...]
     sizes: tuple[tuple[str, str], ...]  # (Python variable, spec dim)
-    kernel_keywords: tuple[str, ...]  # static values bound with functools.partial
+    kernel_parameters: str  # of the kernel function: refs, then static keywords
+    kernel_callable: str  # the kernel, with its static keywords bound by functools.partial
+    parameters: str  # of the public function
+    reference_parameters: str
+    arguments: str  # the input arrays, in order
     grid: str
     grid_comment: tuple[str, ...]  # comment lines
     dimension_semantics: tuple[str, ...]
@@ -160,6 +157,7 @@ def plan_kernel(checked: CheckedKernel, module_names: frozenset[str] = MODULE_HE
     gpu = plan_gpu(checked, namer.fork(), values, refs, sizes, comments, body, accumulator_name)
     kernel_keywords = [p.name for p in kernel.params]
     accumulator = None
+    scratch_refs = []
     if product is not None:
         k_blocked = product.k in checked.blocks
         step = namer.claim("step") if k_blocked else ""
@@ -175,6 +173,7 @@ def plan_kernel(checked: CheckedKernel, module_names: frozenset[str] = MODULE_HE
                 body=tuple(product_lines[:-1] + [f"{acc_ref}[...] += {product_lines[-1]}"]),
             )
             body = [f"{accumulator_name} = {acc_ref}[...]", *body]
+            scratch_refs = [acc_ref]
             kernel_keywords = [sizes[product.k], block_keyword(product.k), *kernel_keywords]
         else:
             body = [*product_lines[:-1], f"{accumulator_name} = {product_lines[-1]}", *body]
@@ -187,7 +186,6 @@ def plan_kernel(checked: CheckedKernel, module_names: frozenset[str] = MODULE_HE
         doc=_docstring(kernel, tunable, checked.blocks, values),
         inputs=tuple(array_plan(d) for d in kernel.inputs),
         outputs=tuple(array_plan(d) for d in kernel.outputs),
-        params=tuple(ParamPlan(p.name, repr(p.value)) for p in kernel.params),
         blocks=tuple(BlockPlan(block_keyword(d), checked.blocks[d], sizes[d], d) for d in tunable),
         static_argnames=(
             *(block_keyword(d) for d in tunable),
@@ -197,7 +195,22 @@ def plan_kernel(checked: CheckedKernel, module_names: frozenset[str] = MODULE_HE
             "interpret",
         ),
         sizes=tuple((sizes[d], d) for d in dims),
-        kernel_keywords=tuple(kernel_keywords),
+        kernel_parameters=parameter_list(
+            [refs[d.name] for d in kernel.inputs + kernel.outputs] + scratch_refs, kernel_keywords
+        ),
+        kernel_callable=partial_call(f"_{kernel.name}_kernel", kernel_keywords),
+        parameters=parameter_list(
+            [values[d.name] for d in kernel.inputs],
+            [f"{block_keyword(d)}={checked.blocks[d]}" for d in tunable]
+            + [f"{b.keyword}={b.default}" for b in gpu.blocks]
+            + [f"{keyword}={default}" for keyword, _, default in gpu.options]
+            + [f"{p.name}={p.value!r}" for p in kernel.params]
+            + ["interpret=None"],
+        ),
+        reference_parameters=parameter_list(
+            [values[d.name] for d in kernel.inputs], [f"{p.name}={p.value!r}" for p in kernel.params]
+        ),
+        arguments=", ".join(values[d.name] for d in kernel.inputs),
         grid=tuple_code([sizes[d] if d in squeezed else f"pl.cdiv({sizes[d]}, {block_keyword(d)})" for d in blocked]),
         grid_comment=_wrap(_grid_comment(blocked, dims, product, squeezed)),
         dimension_semantics=tuple("arbitrary" if product and d == product.k else "parallel" for d in blocked),

@@ -15,7 +15,7 @@ from .checks import CheckedKernel
 from .gpu import OPTIONS
 from .names import Namer, block_keyword
 from .product import Product
-from .planparts import dot_code, grid_names, layout_of, tuple_code
+from .planparts import dot_code, grid_names, layout_of, parameter_list, partial_call, tuple_code
 from .pyexpr import jnp_dtype
 
 
@@ -39,12 +39,14 @@ class GpuPlan:
     kernel_function: str
     blocks: tuple[GpuBlockPlan, ...]  # the tunable ones (squeezed batch dims are not)
     options: tuple[tuple[str, str, int], ...]  # (public keyword, GPU function keyword, default)
-    sizes: tuple[str, ...]  # size variables passed in
     grid: str
     grid_comment: tuple[str, ...]
     in_specs: tuple[tuple[str, str], ...]  # (comment, BlockSpec)
     out_specs: tuple[tuple[str, str], ...]
-    kernel_keywords: tuple[str, ...]
+    kernel_parameters: str
+    kernel_callable: str
+    parameters: str  # of the GPU launcher
+    dispatch_arguments: str  # how the public function calls the launcher
     loop: tuple[str, ...]  # the K loop of a product, ending with the accumulator's assignment
     body: tuple[str, ...]
 
@@ -99,12 +101,28 @@ def plan_gpu(checked: CheckedKernel, namer: Namer, values, refs, sizes, comments
             for d in tunable
         ),
         options=tuple((keyword, f"num_{name}", checked.gpu_options[name]) for name, (keyword, _) in OPTIONS.items()),
-        sizes=tuple(sizes[d] for d in checked.dims),
         grid=tuple_code(grid),
         grid_comment=tuple(textwrap.wrap(_grid_comment(grid_dims, product, squeezed), 84)),
         in_specs=tuple((comments[d.name], block_spec(layout(d))) for d in kernel.inputs),
         out_specs=tuple((comments[d.name], block_spec(layout(d))) for d in kernel.outputs),
-        kernel_keywords=tuple(kernel_keywords),
+        kernel_parameters=parameter_list([refs[d.name] for d in kernel.inputs + kernel.outputs], kernel_keywords),
+        kernel_callable=partial_call(f"_{kernel.name}_gpu_kernel", kernel_keywords),
+        parameters=parameter_list(
+            [values[d.name] for d in kernel.inputs],
+            [sizes[d] for d in checked.dims]
+            + [block_keyword(d) for d in tunable]
+            + [f"num_{name}" for name in OPTIONS]
+            + [p.name for p in kernel.params]
+            + ["interpret"],
+        ),
+        dispatch_arguments=", ".join(
+            [values[d.name] for d in kernel.inputs]
+            + [f"{sizes[d]}={sizes[d]}" for d in checked.dims]
+            + [f"{block_keyword(d)}=gpu_{block_keyword(d)}" for d in tunable]
+            + [f"num_{name}={keyword}" for name, (keyword, _) in OPTIONS.items()]
+            + [f"{p.name}={p.name}" for p in kernel.params]
+            + ["interpret=interpret"]
+        ),
         loop=tuple(loop),
         body=tuple(epilogue),
     )

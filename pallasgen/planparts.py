@@ -42,3 +42,15 @@ def dot_code(product: Product, lhs: str, rhs: str) -> str:
 def tuple_code(items) -> str:
     items = list(items)
     return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+
+
+def parameter_list(positional: list[str], keyword_only: list[str]) -> str:
+    """`a, b, *, c, d`: a function's parameters, keyword-only ones after `*`."""
+    return ", ".join([*positional, *(["*", *keyword_only] if keyword_only else [])])
+
+
+def partial_call(function: str, keywords: list[str]) -> str:
+    """`function`, or `functools.partial(function, k=k, ...)` binding the given names."""
+    if not keywords:
+        return function
+    return f"functools.partial({function}, {', '.join(f'{name}={name}' for name in keywords)})"

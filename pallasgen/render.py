@@ -29,7 +29,7 @@ def _environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    environment.filters["pyrepr"] = repr
+    environment.filters["pyrepr"] = python_literal
     environment.filters["docstring"] = docstring
     return environment
 
@@ -66,6 +66,16 @@ def format_code(source: str) -> str:
 @cache
 def _format_once(source: str) -> str:
     return format_code(source)
+
+
+def python_literal(value) -> str:
+    """`repr`, with strings in double quotes as black writes them (so black has less to do)."""
+    if isinstance(value, tuple):
+        items = [python_literal(item) for item in value]
+        return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+    if isinstance(value, str) and value.isprintable() and not any(c in value for c in '"\\'):
+        return f'"{value}"'
+    return repr(value)
 
 
 def docstring(lines: tuple[str, ...]) -> str:
