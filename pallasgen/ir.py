@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
+from typing import Iterator, Union
 
 from .errors import Position
 
@@ -60,6 +60,16 @@ class Attribute:
 
 
 Expr = Union[Name, Number, Boolean, Unary, Binary, Call, Attribute]
+
+
+def walk(*roots: Expr) -> Iterator[Expr]:
+    """Every node under the roots, each before its children, left to right (no recursion)."""
+    stack = list(reversed(roots))
+    while stack:
+        node = stack.pop()
+        yield node
+        children = [getattr(node, a) for a in ("operand", "left", "right", "value") if hasattr(node, a)]
+        stack.extend(reversed([*children, *getattr(node, "args", ())]))
 
 
 @dataclass(frozen=True)

@@ -327,24 +327,15 @@ def _value_names(kernel: ir.Kernel) -> list[str]:
     return names + [s.name for s in kernel.body if isinstance(s, ir.Let)]
 
 
-def _walk(kernel: ir.Kernel):
-    stack: list[ir.Expr] = [s.value for s in kernel.body]
-    while stack:
-        node = stack.pop()
-        yield node
-        stack.extend(getattr(node, a) for a in ("operand", "left", "right", "value") if hasattr(node, a))
-        stack.extend(getattr(node, "args", ()))
-
-
 def _used_names(kernel: ir.Kernel) -> set[str]:
-    return {node.id for node in _walk(kernel) if isinstance(node, ir.Name)}
+    return {node.id for node in ir.walk(*(s.value for s in kernel.body)) if isinstance(node, ir.Name)}
 
 
 def _cost_estimate(checked: CheckedKernel, values, sizes) -> str:
     """Flops, transcendentals and bytes, so that XLA schedules around the kernel sensibly."""
     kernel, product = checked.kernel, checked.product
     elements = " * ".join(sizes[d] for d in kernel.outputs[0].dims)
-    nodes = list(_walk(kernel))
+    nodes = list(ir.walk(*(s.value for s in kernel.body)))
     transcendental = sum(isinstance(n, ir.Call) and n.func in FLOAT_FUNCTIONS for n in nodes)
     elementwise = sum(isinstance(n, (ir.Binary, ir.Unary, ir.Call)) for n in nodes) - transcendental
     if product is not None:

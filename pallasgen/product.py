@@ -43,14 +43,7 @@ class Product:
 
 def find_products(kernel: ir.Kernel) -> list[ir.Binary]:
     """Every `@` in the kernel body, in source order."""
-    found = []
-    stack: list[ir.Expr] = [s.value for s in reversed(kernel.body)]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ir.Binary) and node.op == "@":
-            found.append(node)
-        children = [getattr(node, a) for a in ("operand", "left", "right", "value") if hasattr(node, a)]
-        stack.extend(reversed(children + list(getattr(node, "args", ()))))
+    found = [n for n in ir.walk(*(s.value for s in kernel.body)) if isinstance(n, ir.Binary) and n.op == "@"]
     return sorted(found, key=lambda n: (n.position.line, n.position.column))
 
 
@@ -117,15 +110,8 @@ def analyze_product(kernel: ir.Kernel) -> tuple[Product | None, list[Diagnostic]
 
 def operand_names(kernel: ir.Kernel) -> set[str]:
     """Names used inside the operands of any `@`, whether or not the product is valid."""
-    names = set()
-    stack: list[ir.Expr] = [side for node in find_products(kernel) for side in (node.left, node.right)]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ir.Name):
-            names.add(node.id)
-        stack.extend(getattr(node, a) for a in ("operand", "left", "right", "value") if hasattr(node, a))
-        stack.extend(getattr(node, "args", ()))
-    return names
+    sides = [side for node in find_products(kernel) for side in (node.left, node.right)]
+    return {node.id for node in ir.walk(*sides) if isinstance(node, ir.Name)}
 
 
 def product_dims(product: Product) -> tuple[str, ...]:

@@ -352,20 +352,9 @@ def spec_outputs(module_stem: str, kernel: str) -> tuple[Operand, ...]:
 
 def has_matmul(module_stem: str, kernel: str) -> bool:
     """Whether the kernel's spec uses `@` anywhere: otherwise it is elementwise."""
-    from pallasgen import ir
+    from pallasgen.product import find_products
 
-    def walk(node) -> bool:
-        if isinstance(node, ir.Binary):
-            return node.op == "@" or walk(node.left) or walk(node.right)
-        if isinstance(node, ir.Unary):
-            return walk(node.operand)
-        if isinstance(node, ir.Call):
-            return any(walk(arg) for arg in node.args)
-        if isinstance(node, ir.Attribute):
-            return walk(node.value)
-        return False
-
-    return any(walk(statement.value) for statement in spec_kernel(module_stem, kernel).body)
+    return bool(find_products(spec_kernel(module_stem, kernel)))
 
 
 def signature_of(module_stem: str, kernel: str) -> tuple[tuple[Operand, ...], tuple[Operand, ...]]:

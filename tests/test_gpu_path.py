@@ -17,7 +17,15 @@ import numpy as np
 import pytest
 from jax._src.mesh import AbstractDevice
 
-from kernel_cases import NUMPY_DTYPES, bundled_kernels, generated_module, random_array, spec_inputs, spec_kernel
+from kernel_cases import (
+    NUMPY_DTYPES,
+    bundled_kernels,
+    has_matmul,
+    generated_module,
+    random_array,
+    spec_inputs,
+    spec_kernel,
+)
 from pallasgen.errors import SpecError
 from pallasgen.pipeline import generate
 
@@ -39,7 +47,7 @@ def ragged_sizes(module: str, kernel: str) -> dict[str, int]:
     decl = spec_kernel(module, kernel)
     dims = {d for a in decl.inputs for d in a.dims}
     out_dims = decl.outputs[0].dims
-    batch = set(out_dims[:-2]) if any("@" in repr(s.value) for s in decl.body) else set()
+    batch = set(out_dims[:-2]) if has_matmul(module, kernel) else set()
     return {d: 2 if d in batch else 37 for d in dims}
 
 
