@@ -8,9 +8,11 @@ import keyword
 MODULE_NAMES = frozenset({"functools", "jax", "jnp", "np", "pl", "pltpu", "pltriton", "math"})
 # Names the generated wrapper functions use for their own keywords and locals.
 WRAPPER_NAMES = frozenset({"interpret", "grid", "sizes", "kernel"})
-# Builtins the generated code calls.
-BUILTINS_USED = frozenset({"min", "ValueError", "TypeError", "len", "tuple", "zip", "dict"})
-RESERVED = MODULE_NAMES | WRAPPER_NAMES | BUILTINS_USED | frozenset(keyword.kwlist)
+# Builtins the generated code calls (templates/*.j2); a spec name must never shadow one.
+BUILTINS_USED = frozenset({"min", "max", "sum", "len", "zip", "ValueError", "TypeError"})
+# Functions the TPU kernel template defines inside a kernel.
+KERNEL_NAMES = frozenset({"_zero", "_epilogue"})
+RESERVED = MODULE_NAMES | WRAPPER_NAMES | KERNEL_NAMES | BUILTINS_USED | frozenset(keyword.kwlist)
 
 
 def block_keyword(dim: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 
+import jax
 import numpy as np
 import pytest
 
@@ -33,10 +34,10 @@ kernel collide {{
 kernel matmul_collide {{
     in pl: f32[M, K]
     in jnp: f32[K, N]
-    in acc: f32[N]
+    in acc, max: f32[N]
     out step: f32[M, N]
     param k: f32 = 2.0
-    step = (pl @ jnp + acc) * k
+    step = (pl @ jnp + acc + max) * k
     block M = 8, N = 128, K = 128
 }}
 """
@@ -58,12 +59,17 @@ def test_colliding_names_compute_the_right_values(module):
     np.testing.assert_allclose(np.asarray(sizes), 2 * want, rtol=1e-5, atol=1e-5)
 
 
-def test_colliding_names_in_a_matmul(module):
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_colliding_names_in_a_matmul(module, monkeypatch, backend):
+    """Both paths: the Triton launcher calls the builtin `max`, which a tensor may name."""
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    module.matmul_collide.clear_cache()
     rng = np.random.default_rng(4)
     x, y = rng.standard_normal((20, 300)).astype(np.float32), rng.standard_normal((300, 200)).astype(np.float32)
-    bias = rng.standard_normal(200).astype(np.float32)
-    got = module.matmul_collide(x, y, bias, k=3.0)
-    np.testing.assert_allclose(np.asarray(got), (x.astype(np.float64) @ y + bias) * 3.0, rtol=1e-5, atol=1e-4)
+    bias, top = (rng.standard_normal(200).astype(np.float32) for _ in range(2))
+    got = module.matmul_collide(x, y, bias, top, k=3.0, interpret=True)
+    want = (x.astype(np.float64) @ y + bias + top) * 3.0
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-4)
 
 
 def test_a_param_keeps_its_name_as_a_keyword(module):
@@ -89,7 +95,7 @@ def test_a_param_that_would_shadow_a_generated_keyword_or_name_is_an_error(name)
 
 def test_a_spec_path_cannot_inject_code_through_the_header(tmp_path):
     """Folder names reach the header comment and the module docstring, escaped."""
-    folder = tmp_path / 'specs' / 'a"""b\nimport os #'
+    folder = tmp_path / "specs" / 'a"""b\nimport os #'
     folder.mkdir(parents=True)
     (tmp_path / "pyproject.toml").write_text("[tool.pallasgen]\n")
     (folder / "add.pallas").write_text(SPEC.split("\n\n")[1])
