@@ -15,11 +15,23 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
 
-def _interpret_mode(interpret):
-    """`interpret=None` compiles the kernel on accelerators and interprets it on CPU."""
-    if interpret is None:
-        return jax.default_backend() == "cpu"
-    return interpret
+def _on_platform(tpu, gpu, interpret, *arrays):
+    """Runs the kernel built for the platform being compiled for.
+
+    The choice follows the lowering platform, not the host, so ahead-of-time compiles
+    and exports get the right kernel: Mosaic on TPU, Triton on NVIDIA GPUs, and
+    elsewhere (CPU) the TPU kernel in interpret mode, or compiled if `interpret` is
+    False. A true `interpret` (or `pltpu.InterpretParams`) interprets the TPU kernel
+    on every platform.
+    """
+    if interpret:
+        return tpu(*arrays, interpret=interpret)
+    return jax.lax.platform_dependent(
+        *arrays,
+        tpu=functools.partial(tpu, interpret=False),
+        cuda=functools.partial(gpu, interpret=False),
+        default=functools.partial(tpu, interpret=interpret is None),
+    )
 
 
 def _sizes(kernel, operands):
@@ -38,6 +50,46 @@ def _sizes(kernel, operands):
                     f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
                 )
     return sizes
+
+
+def _check_tiling(kernel, **blocks):
+    """Refuses TPU blocks that Mosaic cannot tile, before anything compiles.
+
+    Each keyword maps to (block, size, multiple, why[, smallest power of two]): a block
+    is legal when it covers its whole dimension, is a multiple of `multiple`, or (for
+    one-dimensional arrays) a power of two of at least the smallest one given.
+    """
+    for keyword, (block, size, multiple, why, *smallest) in blocks.items():
+        if block == size or block % multiple == 0:
+            continue
+        if smallest and block >= smallest[0] and block & (block - 1) == 0:
+            continue
+        rule = f"{why}, so it is a multiple of {multiple}"
+        rule += f" or a power of two of at least {smallest[0]}" if smallest else ""
+        raise ValueError(
+            f"{kernel}: {keyword}={block} breaks the TPU tiling rule: {rule}; use"
+            f" {-(-block // multiple) * multiple} or a block of the whole dimension ({size})"
+        )
+
+
+def _inside(start, block, size):
+    """Which of `block` positions from `start` lie inside a dimension of `size`.
+
+    None when blocks tile the dimension exactly: aligned sizes load and store unmasked.
+    """
+    if size % block == 0:
+        return None
+    return start + jnp.arange(block) < size
+
+
+def _mask(shape, *inside):
+    """A block's mask from one `_inside` per axis (None: that axis never overhangs)."""
+    mask = None
+    for axis, along in enumerate(inside):
+        if along is not None:
+            along = jax.lax.broadcast_in_dim(along, shape, (axis,))
+            mask = along if mask is None else mask & along
+    return mask
 
 
 def _nbytes(*arrays):
@@ -86,7 +138,8 @@ def leaky(
       block_m, block_n: block sizes (default 256, 512); a block never exceeds its dimension.
       slope: a static f32 (default 0.01).
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      interpret: None compiles on TPU and GPU, interprets on CPU; others go to pl.pallas_call.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
     Returns:
       y: f32[M, N]; mask: i32[M, N].
@@ -94,9 +147,10 @@ def leaky(
     sizes = _sizes("leaky", {"x": (x, jnp.float32, ("M", "N"))})
     m = sizes["M"]
     n = sizes["N"]
-    if jax.default_backend() == "gpu":
-        return _leaky_gpu(
-            x,
+    return _on_platform(
+        functools.partial(_leaky_tpu, m=m, n=n, block_m=block_m, block_n=block_n, slope=slope),
+        functools.partial(
+            _leaky_gpu,
             m=m,
             n=n,
             block_m=gpu_block_m,
@@ -104,10 +158,21 @@ def leaky(
             num_warps=gpu_warps,
             num_stages=gpu_stages,
             slope=slope,
-            interpret=interpret,
-        )
+        ),
+        interpret,
+        x,
+    )
+
+
+def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
+    """`leaky` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "leaky",
+        block_m=(block_m, m, 8, "M is the second-to-last dimension of a block of f32 values"),
+        block_n=(block_n, n, 128, "N is the last dimension of a block"),
+    )
     # VMEM at the default blocks: 3.0 MiB (inputs and outputs double-buffered).
     return pl.pallas_call(
         functools.partial(_leaky_kernel, slope=slope),
@@ -132,7 +197,7 @@ def leaky(
         cost_estimate=pl.CostEstimate(
             flops=4 * m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 4 + m * n * 4
         ),
-        interpret=_interpret_mode(interpret),
+        interpret=interpret,
         name="leaky",
     )(x)
 
@@ -145,11 +210,15 @@ def leaky_reference(x, *, slope=0.01):
     return y, mask
 
 
-def _leaky_gpu_kernel(x_ref, y_ref, mask_ref, *, slope):
-    x = x_ref[...]
+def _leaky_gpu_kernel(x_ref, y_ref, mask_ref, *, m, n, block_m, block_n, slope):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    x = pltriton.load(x_ref, mask=inside)
     pos = x > 0
-    y_ref[...] = jnp.where(pos, x, x * slope)
-    mask_ref[...] = pos.astype(jnp.int32)
+    pltriton.store(y_ref, jnp.where(pos, x, x * slope), mask=inside)
+    pltriton.store(mask_ref, pos.astype(jnp.int32), mask=inside)
 
 
 def _leaky_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, slope, interpret):
@@ -157,7 +226,9 @@ def _leaky_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, slope, inter
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_leaky_gpu_kernel, slope=slope),
+        functools.partial(
+            _leaky_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n, slope=slope
+        ),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
@@ -175,7 +246,7 @@ def _leaky_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, slope, inter
             jax.ShapeDtypeStruct((m, n), jnp.int32),  # mask
         ),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=_interpret_mode(interpret),
+        interpret=interpret,
         name="leaky",
     )(x)
 
@@ -222,7 +293,8 @@ def bias_gelu(
       scale: f32[M].
       block_m, block_n: block sizes (default 256, 512); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      interpret: None compiles on TPU and GPU, interprets on CPU; others go to pl.pallas_call.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
     Returns:
       y: bf16[M, N].
@@ -239,21 +311,33 @@ def bias_gelu(
     n = sizes["N"]
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
     scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
-    if jax.default_backend() == "gpu":
-        return _bias_gelu_gpu(
-            x,
-            bias,
-            scale,
+    return _on_platform(
+        functools.partial(_bias_gelu_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(
+            _bias_gelu_gpu,
             m=m,
             n=n,
             block_m=gpu_block_m,
             block_n=gpu_block_n,
             num_warps=gpu_warps,
             num_stages=gpu_stages,
-            interpret=interpret,
-        )
+        ),
+        interpret,
+        x,
+        bias,
+        scale,
+    )
+
+
+def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
+    """`bias_gelu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "bias_gelu",
+        block_m=(block_m, m, 16, "M is the second-to-last dimension of a block of bf16 values"),
+        block_n=(block_n, n, 128, "N is the last dimension of a block"),
+    )
     # VMEM at the default blocks: 1.0 MiB (inputs and outputs double-buffered).
     return pl.pallas_call(
         _bias_gelu_kernel,
@@ -277,7 +361,7 @@ def bias_gelu(
             transcendentals=m * n,
             bytes_accessed=_nbytes(x, bias, scale) + m * n * 2,
         ),
-        interpret=_interpret_mode(interpret),
+        interpret=interpret,
         name="bias_gelu",
     )(x, bias, scale)
 
@@ -290,12 +374,18 @@ def bias_gelu_reference(x, bias, scale):
     return y
 
 
-def _bias_gelu_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref):
-    x = x_ref[...]
-    bias = bias_ref[...]
-    scale = scale_ref[...]
-    y_ref[...] = jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(
-        jnp.bfloat16
+def _bias_gelu_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, m, n, block_m, block_n):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    x = pltriton.load(x_ref, mask=inside)
+    bias = pltriton.load(bias_ref, mask=_mask((1, block_n), None, in_n))
+    scale = pltriton.load(scale_ref, mask=_mask((block_m, 1), in_m, None))
+    pltriton.store(
+        y_ref,
+        jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16),
+        mask=inside,
     )
 
 
@@ -304,7 +394,7 @@ def _bias_gelu_gpu(x, bias, scale, *, m, n, block_m, block_n, num_warps, num_sta
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        _bias_gelu_gpu_kernel,
+        functools.partial(_bias_gelu_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
@@ -319,7 +409,7 @@ def _bias_gelu_gpu(x, bias, scale, *, m, n, block_m, block_n, num_warps, num_sta
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=_interpret_mode(interpret),
+        interpret=interpret,
         name="bias_gelu",
     )(x, bias, scale)
 
@@ -364,7 +454,8 @@ def quantize_rows(
       scale: f32[M].
       block_m, block_n: block sizes (default 256, 512); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      interpret: None compiles on TPU and GPU, interprets on CPU; others go to pl.pallas_call.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
     Returns:
       q: i8[M, N].
@@ -375,20 +466,32 @@ def quantize_rows(
     m = sizes["M"]
     n = sizes["N"]
     scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
-    if jax.default_backend() == "gpu":
-        return _quantize_rows_gpu(
-            x,
-            scale,
+    return _on_platform(
+        functools.partial(_quantize_rows_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(
+            _quantize_rows_gpu,
             m=m,
             n=n,
             block_m=gpu_block_m,
             block_n=gpu_block_n,
             num_warps=gpu_warps,
             num_stages=gpu_stages,
-            interpret=interpret,
-        )
+        ),
+        interpret,
+        x,
+        scale,
+    )
+
+
+def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
+    """`quantize_rows` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "quantize_rows",
+        block_m=(block_m, m, 32, "M is the second-to-last dimension of a block of i8 values"),
+        block_n=(block_n, n, 128, "N is the last dimension of a block"),
+    )
     # VMEM at the default blocks: 1.3 MiB (inputs and outputs double-buffered).
     return pl.pallas_call(
         _quantize_rows_kernel,
@@ -408,7 +511,7 @@ def quantize_rows(
         cost_estimate=pl.CostEstimate(
             flops=8 * m * n, transcendentals=0, bytes_accessed=_nbytes(x, scale) + m * n * 1
         ),
-        interpret=_interpret_mode(interpret),
+        interpret=interpret,
         name="quantize_rows",
     )(x, scale)
 
@@ -422,12 +525,16 @@ def quantize_rows_reference(x, scale):
     return q
 
 
-def _quantize_rows_gpu_kernel(x_ref, scale_ref, q_ref):
-    x = x_ref[...]
-    scale = scale_ref[...]
+def _quantize_rows_gpu_kernel(x_ref, scale_ref, q_ref, *, m, n, block_m, block_n):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    x = pltriton.load(x_ref, mask=inside)
+    scale = pltriton.load(scale_ref, mask=_mask((block_m, 1), in_m, None))
     scaled = x / scale
     rounded = jnp.clip(jnp.floor(scaled + 0.5), -128.0, 127.0)
-    q_ref[...] = jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8)
+    pltriton.store(q_ref, jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8), mask=inside)
 
 
 def _quantize_rows_gpu(x, scale, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
@@ -435,7 +542,7 @@ def _quantize_rows_gpu(x, scale, *, m, n, block_m, block_n, num_warps, num_stage
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        _quantize_rows_gpu_kernel,
+        functools.partial(_quantize_rows_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
@@ -448,6 +555,6 @@ def _quantize_rows_gpu(x, scale, *, m, n, block_m, block_n, num_warps, num_stage
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=_interpret_mode(interpret),
+        interpret=interpret,
         name="quantize_rows",
     )(x, scale)

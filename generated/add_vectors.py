@@ -15,11 +15,23 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
 
-def _interpret_mode(interpret):
-    """`interpret=None` compiles the kernel on accelerators and interprets it on CPU."""
-    if interpret is None:
-        return jax.default_backend() == "cpu"
-    return interpret
+def _on_platform(tpu, gpu, interpret, *arrays):
+    """Runs the kernel built for the platform being compiled for.
+
+    The choice follows the lowering platform, not the host, so ahead-of-time compiles
+    and exports get the right kernel: Mosaic on TPU, Triton on NVIDIA GPUs, and
+    elsewhere (CPU) the TPU kernel in interpret mode, or compiled if `interpret` is
+    False. A true `interpret` (or `pltpu.InterpretParams`) interprets the TPU kernel
+    on every platform.
+    """
+    if interpret:
+        return tpu(*arrays, interpret=interpret)
+    return jax.lax.platform_dependent(
+        *arrays,
+        tpu=functools.partial(tpu, interpret=False),
+        cuda=functools.partial(gpu, interpret=False),
+        default=functools.partial(tpu, interpret=interpret is None),
+    )
 
 
 def _sizes(kernel, operands):
@@ -38,6 +50,46 @@ def _sizes(kernel, operands):
                     f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
                 )
     return sizes
+
+
+def _check_tiling(kernel, **blocks):
+    """Refuses TPU blocks that Mosaic cannot tile, before anything compiles.
+
+    Each keyword maps to (block, size, multiple, why[, smallest power of two]): a block
+    is legal when it covers its whole dimension, is a multiple of `multiple`, or (for
+    one-dimensional arrays) a power of two of at least the smallest one given.
+    """
+    for keyword, (block, size, multiple, why, *smallest) in blocks.items():
+        if block == size or block % multiple == 0:
+            continue
+        if smallest and block >= smallest[0] and block & (block - 1) == 0:
+            continue
+        rule = f"{why}, so it is a multiple of {multiple}"
+        rule += f" or a power of two of at least {smallest[0]}" if smallest else ""
+        raise ValueError(
+            f"{kernel}: {keyword}={block} breaks the TPU tiling rule: {rule}; use"
+            f" {-(-block // multiple) * multiple} or a block of the whole dimension ({size})"
+        )
+
+
+def _inside(start, block, size):
+    """Which of `block` positions from `start` lie inside a dimension of `size`.
+
+    None when blocks tile the dimension exactly: aligned sizes load and store unmasked.
+    """
+    if size % block == 0:
+        return None
+    return start + jnp.arange(block) < size
+
+
+def _mask(shape, *inside):
+    """A block's mask from one `_inside` per axis (None: that axis never overhangs)."""
+    mask = None
+    for axis, along in enumerate(inside):
+        if along is not None:
+            along = jax.lax.broadcast_in_dim(along, shape, (axis,))
+            mask = along if mask is None else mask & along
+    return mask
 
 
 def _nbytes(*arrays):
@@ -62,24 +114,32 @@ def add_vectors(x, y, *, block_n=1024, gpu_block_n=1024, gpu_warps=4, gpu_stages
       y: f32[N].
       block_n: block sizes (default 1024); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      interpret: None compiles on TPU and GPU, interprets on CPU; others go to pl.pallas_call.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
     Returns:
       z: f32[N].
     """
     sizes = _sizes("add_vectors", {"x": (x, jnp.float32, ("N",)), "y": (y, jnp.float32, ("N",))})
     n = sizes["N"]
-    if jax.default_backend() == "gpu":
-        return _add_vectors_gpu(
-            x,
-            y,
-            n=n,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            interpret=interpret,
-        )
+    return _on_platform(
+        functools.partial(_add_vectors_tpu, n=n, block_n=block_n),
+        functools.partial(
+            _add_vectors_gpu, n=n, block_n=gpu_block_n, num_warps=gpu_warps, num_stages=gpu_stages
+        ),
+        interpret,
+        x,
+        y,
+    )
+
+
+def _add_vectors_tpu(x, y, *, n, block_n, interpret):
+    """`add_vectors` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "add_vectors",
+        block_n=(block_n, n, 1024, "N is the dimension of a one-dimensional f32 array", 128),
+    )
     # VMEM at the default blocks: 24.0 KiB (inputs and outputs double-buffered).
     return pl.pallas_call(
         _add_vectors_kernel,
@@ -98,7 +158,7 @@ def add_vectors(x, y, *, block_n=1024, gpu_block_n=1024, gpu_warps=4, gpu_stages
         cost_estimate=pl.CostEstimate(
             flops=n, transcendentals=0, bytes_accessed=_nbytes(x, y) + n * 4
         ),
-        interpret=_interpret_mode(interpret),
+        interpret=interpret,
         name="add_vectors",
     )(x, y)
 
@@ -109,17 +169,20 @@ def add_vectors_reference(x, y):
     return z
 
 
-def _add_vectors_gpu_kernel(x_ref, y_ref, z_ref):
-    x = x_ref[...]
-    y = y_ref[...]
-    z_ref[...] = x + y
+def _add_vectors_gpu_kernel(x_ref, y_ref, z_ref, *, n, block_n):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_n = _inside(pl.program_id(0) * block_n, block_n, n)
+    inside = _mask((block_n,), in_n)
+    x = pltriton.load(x_ref, mask=inside)
+    y = pltriton.load(y_ref, mask=inside)
+    pltriton.store(z_ref, x + y, mask=inside)
 
 
 def _add_vectors_gpu(x, y, *, n, block_n, num_warps, num_stages, interpret):
     """`add_vectors` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        _add_vectors_gpu_kernel,
+        functools.partial(_add_vectors_gpu_kernel, n=n, block_n=block_n),
         # One program per block of N; programs run concurrently.
         grid=(pl.cdiv(n, block_n),),
         in_specs=[
@@ -132,6 +195,6 @@ def _add_vectors_gpu(x, y, *, n, block_n, num_warps, num_stages, interpret):
         out_specs=pl.BlockSpec((block_n,), lambda i: (i,)),
         out_shape=jax.ShapeDtypeStruct((n,), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=_interpret_mode(interpret),
+        interpret=interpret,
         name="add_vectors",
     )(x, y)

@@ -15,11 +15,23 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
 
-def _interpret_mode(interpret):
-    """`interpret=None` compiles the kernel on accelerators and interprets it on CPU."""
-    if interpret is None:
-        return jax.default_backend() == "cpu"
-    return interpret
+def _on_platform(tpu, gpu, interpret, *arrays):
+    """Runs the kernel built for the platform being compiled for.
+
+    The choice follows the lowering platform, not the host, so ahead-of-time compiles
+    and exports get the right kernel: Mosaic on TPU, Triton on NVIDIA GPUs, and
+    elsewhere (CPU) the TPU kernel in interpret mode, or compiled if `interpret` is
+    False. A true `interpret` (or `pltpu.InterpretParams`) interprets the TPU kernel
+    on every platform.
+    """
+    if interpret:
+        return tpu(*arrays, interpret=interpret)
+    return jax.lax.platform_dependent(
+        *arrays,
+        tpu=functools.partial(tpu, interpret=False),
+        cuda=functools.partial(gpu, interpret=False),
+        default=functools.partial(tpu, interpret=interpret is None),
+    )
 
 
 def _sizes(kernel, operands):
@@ -38,6 +50,46 @@ def _sizes(kernel, operands):
                     f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
                 )
     return sizes
+
+
+def _check_tiling(kernel, **blocks):
+    """Refuses TPU blocks that Mosaic cannot tile, before anything compiles.
+
+    Each keyword maps to (block, size, multiple, why[, smallest power of two]): a block
+    is legal when it covers its whole dimension, is a multiple of `multiple`, or (for
+    one-dimensional arrays) a power of two of at least the smallest one given.
+    """
+    for keyword, (block, size, multiple, why, *smallest) in blocks.items():
+        if block == size or block % multiple == 0:
+            continue
+        if smallest and block >= smallest[0] and block & (block - 1) == 0:
+            continue
+        rule = f"{why}, so it is a multiple of {multiple}"
+        rule += f" or a power of two of at least {smallest[0]}" if smallest else ""
+        raise ValueError(
+            f"{kernel}: {keyword}={block} breaks the TPU tiling rule: {rule}; use"
+            f" {-(-block // multiple) * multiple} or a block of the whole dimension ({size})"
+        )
+
+
+def _inside(start, block, size):
+    """Which of `block` positions from `start` lie inside a dimension of `size`.
+
+    None when blocks tile the dimension exactly: aligned sizes load and store unmasked.
+    """
+    if size % block == 0:
+        return None
+    return start + jnp.arange(block) < size
+
+
+def _mask(shape, *inside):
+    """A block's mask from one `_inside` per axis (None: that axis never overhangs)."""
+    mask = None
+    for axis, along in enumerate(inside):
+        if along is not None:
+            along = jax.lax.broadcast_in_dim(along, shape, (axis,))
+            mask = along if mask is None else mask & along
+    return mask
 
 
 def _nbytes(*arrays):
@@ -117,7 +169,8 @@ def giou(
       block_b, block_n: block sizes (default 128, 128); a block never exceeds its dimension.
       eps: a static f32 (default 1e-07).
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      interpret: None compiles on TPU and GPU, interprets on CPU; others go to pl.pallas_call.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
     Returns:
       giou: f32[B, N].
@@ -137,16 +190,10 @@ def giou(
     )
     b = sizes["B"]
     n = sizes["N"]
-    if jax.default_backend() == "gpu":
-        return _giou_gpu(
-            ax1,
-            ay1,
-            ax2,
-            ay2,
-            bx1,
-            by1,
-            bx2,
-            by2,
+    return _on_platform(
+        functools.partial(_giou_tpu, b=b, n=n, block_b=block_b, block_n=block_n, eps=eps),
+        functools.partial(
+            _giou_gpu,
             b=b,
             n=n,
             block_b=gpu_block_b,
@@ -154,10 +201,28 @@ def giou(
             num_warps=gpu_warps,
             num_stages=gpu_stages,
             eps=eps,
-            interpret=interpret,
-        )
+        ),
+        interpret,
+        ax1,
+        ay1,
+        ax2,
+        ay2,
+        bx1,
+        by1,
+        bx2,
+        by2,
+    )
+
+
+def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n, eps, interpret):
+    """`giou` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_b = min(block_b, b)  # a small B is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "giou",
+        block_b=(block_b, b, 8, "B is the second-to-last dimension of a block of f32 values"),
+        block_n=(block_n, n, 128, "N is the last dimension of a block"),
+    )
     # VMEM at the default blocks: 1.1 MiB (inputs and outputs double-buffered).
     return pl.pallas_call(
         functools.partial(_giou_kernel, eps=eps),
@@ -191,7 +256,7 @@ def giou(
             transcendentals=0,
             bytes_accessed=_nbytes(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2) + b * n * 4,
         ),
-        interpret=_interpret_mode(interpret),
+        interpret=interpret,
         name="giou",
     )(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2)
 
@@ -212,16 +277,34 @@ def giou_reference(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, eps=1e-07):
 
 
 def _giou_gpu_kernel(
-    ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_ref, by2_ref, giou_ref, *, eps
+    ax1_ref,
+    ay1_ref,
+    ax2_ref,
+    ay2_ref,
+    bx1_ref,
+    by1_ref,
+    bx2_ref,
+    by2_ref,
+    giou_ref,
+    *,
+    b,
+    n,
+    block_b,
+    block_n,
+    eps,
 ):
-    ax1 = ax1_ref[...]
-    ay1 = ay1_ref[...]
-    ax2 = ax2_ref[...]
-    ay2 = ay2_ref[...]
-    bx1 = bx1_ref[...]
-    by1 = by1_ref[...]
-    bx2 = bx2_ref[...]
-    by2 = by2_ref[...]
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_b = _inside(pl.program_id(0) * block_b, block_b, b)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    inside = _mask((block_b, block_n), in_b, in_n)
+    ax1 = pltriton.load(ax1_ref, mask=inside)
+    ay1 = pltriton.load(ay1_ref, mask=inside)
+    ax2 = pltriton.load(ax2_ref, mask=inside)
+    ay2 = pltriton.load(ay2_ref, mask=inside)
+    bx1 = pltriton.load(bx1_ref, mask=inside)
+    by1 = pltriton.load(by1_ref, mask=inside)
+    bx2 = pltriton.load(bx2_ref, mask=inside)
+    by2 = pltriton.load(by2_ref, mask=inside)
     area_a = (ax2 - ax1) * (ay2 - ay1)
     area_b = (bx2 - bx1) * (by2 - by1)
     inter_w = jnp.maximum(jnp.minimum(ax2, bx2) - jnp.maximum(ax1, bx1), 0.0)
@@ -231,7 +314,7 @@ def _giou_gpu_kernel(
     hull = (jnp.maximum(ax2, bx2) - jnp.minimum(ax1, bx1)) * (
         jnp.maximum(ay2, by2) - jnp.minimum(ay1, by1)
     )
-    giou_ref[...] = inter / (union + eps) - (hull - union) / (hull + eps)
+    pltriton.store(giou_ref, inter / (union + eps) - (hull - union) / (hull + eps), mask=inside)
 
 
 def _giou_gpu(
@@ -257,7 +340,7 @@ def _giou_gpu(
     block_b = min(block_b, pl.next_power_of_2(b))  # a small B is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_giou_gpu_kernel, eps=eps),
+        functools.partial(_giou_gpu_kernel, b=b, n=n, block_b=block_b, block_n=block_n, eps=eps),
         # One program per block of B, block of N; programs run concurrently.
         grid=(pl.cdiv(b, block_b), pl.cdiv(n, block_n)),
         in_specs=[
@@ -282,6 +365,6 @@ def _giou_gpu(
         out_specs=pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((b, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=_interpret_mode(interpret),
+        interpret=interpret,
         name="giou",
     )(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2)

@@ -15,11 +15,23 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
 
-def _interpret_mode(interpret):
-    """`interpret=None` compiles the kernel on accelerators and interprets it on CPU."""
-    if interpret is None:
-        return jax.default_backend() == "cpu"
-    return interpret
+def _on_platform(tpu, gpu, interpret, *arrays):
+    """Runs the kernel built for the platform being compiled for.
+
+    The choice follows the lowering platform, not the host, so ahead-of-time compiles
+    and exports get the right kernel: Mosaic on TPU, Triton on NVIDIA GPUs, and
+    elsewhere (CPU) the TPU kernel in interpret mode, or compiled if `interpret` is
+    False. A true `interpret` (or `pltpu.InterpretParams`) interprets the TPU kernel
+    on every platform.
+    """
+    if interpret:
+        return tpu(*arrays, interpret=interpret)
+    return jax.lax.platform_dependent(
+        *arrays,
+        tpu=functools.partial(tpu, interpret=False),
+        cuda=functools.partial(gpu, interpret=False),
+        default=functools.partial(tpu, interpret=interpret is None),
+    )
 
 
 def _sizes(kernel, operands):
@@ -38,6 +50,46 @@ def _sizes(kernel, operands):
                     f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
                 )
     return sizes
+
+
+def _check_tiling(kernel, **blocks):
+    """Refuses TPU blocks that Mosaic cannot tile, before anything compiles.
+
+    Each keyword maps to (block, size, multiple, why[, smallest power of two]): a block
+    is legal when it covers its whole dimension, is a multiple of `multiple`, or (for
+    one-dimensional arrays) a power of two of at least the smallest one given.
+    """
+    for keyword, (block, size, multiple, why, *smallest) in blocks.items():
+        if block == size or block % multiple == 0:
+            continue
+        if smallest and block >= smallest[0] and block & (block - 1) == 0:
+            continue
+        rule = f"{why}, so it is a multiple of {multiple}"
+        rule += f" or a power of two of at least {smallest[0]}" if smallest else ""
+        raise ValueError(
+            f"{kernel}: {keyword}={block} breaks the TPU tiling rule: {rule}; use"
+            f" {-(-block // multiple) * multiple} or a block of the whole dimension ({size})"
+        )
+
+
+def _inside(start, block, size):
+    """Which of `block` positions from `start` lie inside a dimension of `size`.
+
+    None when blocks tile the dimension exactly: aligned sizes load and store unmasked.
+    """
+    if size % block == 0:
+        return None
+    return start + jnp.arange(block) < size
+
+
+def _mask(shape, *inside):
+    """A block's mask from one `_inside` per axis (None: that axis never overhangs)."""
+    mask = None
+    for axis, along in enumerate(inside):
+        if along is not None:
+            along = jax.lax.broadcast_in_dim(along, shape, (axis,))
+            mask = along if mask is None else mask & along
+    return mask
 
 
 def _nbytes(*arrays):
@@ -99,7 +151,8 @@ def matmul(
       y: f32[K, N].
       block_m, block_n, block_k: block sizes (default 256, 512, 512); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      interpret: None compiles on TPU and GPU, interprets on CPU; others go to pl.pallas_call.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
     Returns:
       z: f32[M, N].
@@ -108,10 +161,12 @@ def matmul(
     m = sizes["M"]
     n = sizes["N"]
     k = sizes["K"]
-    if jax.default_backend() == "gpu":
-        return _matmul_gpu(
-            x,
-            y,
+    return _on_platform(
+        functools.partial(
+            _matmul_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
+        ),
+        functools.partial(
+            _matmul_gpu,
             m=m,
             n=n,
             k=k,
@@ -120,11 +175,24 @@ def matmul(
             block_k=gpu_block_k,
             num_warps=gpu_warps,
             num_stages=gpu_stages,
-            interpret=interpret,
-        )
+        ),
+        interpret,
+        x,
+        y,
+    )
+
+
+def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
+    """`matmul` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
+    _check_tiling(
+        "matmul",
+        block_m=(block_m, m, 8, "M is the second-to-last dimension of a block of f32 values"),
+        block_n=(block_n, n, 128, "N is the last dimension of a block"),
+        block_k=(block_k, k, 128, "K is the last dimension of a block"),
+    )
     # VMEM at the default blocks: 4.5 MiB (inputs and outputs double-buffered, plus the
     # accumulator).
     return pl.pallas_call(
@@ -149,7 +217,7 @@ def matmul(
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 4
         ),
-        interpret=_interpret_mode(interpret),
+        interpret=interpret,
         name="matmul",
     )(x, y)
 
@@ -161,19 +229,25 @@ def matmul_reference(x, y):
     return z
 
 
-def _matmul_gpu_kernel(x_ref, y_ref, z_ref, *, k, block_k):
+def _matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_k):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+
     def accumulate(step, acc):
         start = step * block_k
-        if k % block_k:  # a ragged K: load zeros past its end
-            inside = start + jnp.arange(block_k) < k
-            x = pltriton.load(x_ref.at[:, pl.ds(start, block_k)], mask=inside[None, :], other=0)
-            y = pltriton.load(y_ref.at[pl.ds(start, block_k), :], mask=inside[:, None], other=0)
-        else:
-            x, y = x_ref[:, pl.ds(start, block_k)], y_ref[pl.ds(start, block_k), :]
+        in_k = _inside(start, block_k, k)  # zeros past a ragged K
+        x = pltriton.load(
+            x_ref.at[:, pl.ds(start, block_k)], mask=_mask((block_m, block_k), in_m, in_k), other=0
+        )
+        y = pltriton.load(
+            y_ref.at[pl.ds(start, block_k), :], mask=_mask((block_k, block_n), in_k, in_n), other=0
+        )
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
-    z_ref[...] = acc
+    pltriton.store(z_ref, acc, mask=inside)
 
 
 def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
@@ -182,7 +256,9 @@ def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stag
     block_n = min(block_n, max(16, pl.next_power_of_2(n)))  # a small N is one block
     block_k = min(block_k, max(16, pl.next_power_of_2(k)))  # a small K is one block
     return pl.pallas_call(
-        functools.partial(_matmul_gpu_kernel, k=k, block_k=block_k),
+        functools.partial(
+            _matmul_gpu_kernel, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
+        ),
         # One program per block of M, block of N; each loops over K itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
@@ -196,7 +272,7 @@ def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stag
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=_interpret_mode(interpret),
+        interpret=interpret,
         name="matmul",
     )(x, y)
 
@@ -255,7 +331,8 @@ def matmul_relu(
       y: f32[K, N].
       block_m, block_n, block_k: block sizes (default 256, 512, 512); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      interpret: None compiles on TPU and GPU, interprets on CPU; others go to pl.pallas_call.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
     Returns:
       z: f32[M, N].
@@ -266,10 +343,12 @@ def matmul_relu(
     m = sizes["M"]
     n = sizes["N"]
     k = sizes["K"]
-    if jax.default_backend() == "gpu":
-        return _matmul_relu_gpu(
-            x,
-            y,
+    return _on_platform(
+        functools.partial(
+            _matmul_relu_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
+        ),
+        functools.partial(
+            _matmul_relu_gpu,
             m=m,
             n=n,
             k=k,
@@ -278,11 +357,24 @@ def matmul_relu(
             block_k=gpu_block_k,
             num_warps=gpu_warps,
             num_stages=gpu_stages,
-            interpret=interpret,
-        )
+        ),
+        interpret,
+        x,
+        y,
+    )
+
+
+def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
+    """`matmul_relu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
+    _check_tiling(
+        "matmul_relu",
+        block_m=(block_m, m, 8, "M is the second-to-last dimension of a block of f32 values"),
+        block_n=(block_n, n, 128, "N is the last dimension of a block"),
+        block_k=(block_k, k, 128, "K is the last dimension of a block"),
+    )
     # VMEM at the default blocks: 4.5 MiB (inputs and outputs double-buffered, plus the
     # accumulator).
     return pl.pallas_call(
@@ -307,7 +399,7 @@ def matmul_relu(
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k + m * n, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 4
         ),
-        interpret=_interpret_mode(interpret),
+        interpret=interpret,
         name="matmul_relu",
     )(x, y)
 
@@ -319,19 +411,25 @@ def matmul_relu_reference(x, y):
     return z
 
 
-def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, *, k, block_k):
+def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_k):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+
     def accumulate(step, acc):
         start = step * block_k
-        if k % block_k:  # a ragged K: load zeros past its end
-            inside = start + jnp.arange(block_k) < k
-            x = pltriton.load(x_ref.at[:, pl.ds(start, block_k)], mask=inside[None, :], other=0)
-            y = pltriton.load(y_ref.at[pl.ds(start, block_k), :], mask=inside[:, None], other=0)
-        else:
-            x, y = x_ref[:, pl.ds(start, block_k)], y_ref[pl.ds(start, block_k), :]
+        in_k = _inside(start, block_k, k)  # zeros past a ragged K
+        x = pltriton.load(
+            x_ref.at[:, pl.ds(start, block_k)], mask=_mask((block_m, block_k), in_m, in_k), other=0
+        )
+        y = pltriton.load(
+            y_ref.at[pl.ds(start, block_k), :], mask=_mask((block_k, block_n), in_k, in_n), other=0
+        )
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
-    z_ref[...] = jax.nn.relu(acc)
+    pltriton.store(z_ref, jax.nn.relu(acc), mask=inside)
 
 
 def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
@@ -340,7 +438,15 @@ def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
     block_n = min(block_n, max(16, pl.next_power_of_2(n)))  # a small N is one block
     block_k = min(block_k, max(16, pl.next_power_of_2(k)))  # a small K is one block
     return pl.pallas_call(
-        functools.partial(_matmul_relu_gpu_kernel, k=k, block_k=block_k),
+        functools.partial(
+            _matmul_relu_gpu_kernel,
+            m=m,
+            n=n,
+            k=k,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+        ),
         # One program per block of M, block of N; each loops over K itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
@@ -354,7 +460,7 @@ def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=_interpret_mode(interpret),
+        interpret=interpret,
         name="matmul_relu",
     )(x, y)
 
@@ -416,7 +522,8 @@ def matmul_bias_gelu(
       bias: f32[N].
       block_m, block_n, block_k: block sizes (default 512, 1024, 1024); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      interpret: None compiles on TPU and GPU, interprets on CPU; others go to pl.pallas_call.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
     Returns:
       z: bf16[M, N].
@@ -433,11 +540,12 @@ def matmul_bias_gelu(
     n = sizes["N"]
     k = sizes["K"]
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
-    if jax.default_backend() == "gpu":
-        return _matmul_bias_gelu_gpu(
-            x,
-            y,
-            bias,
+    return _on_platform(
+        functools.partial(
+            _matmul_bias_gelu_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
+        ),
+        functools.partial(
+            _matmul_bias_gelu_gpu,
             m=m,
             n=n,
             k=k,
@@ -446,11 +554,25 @@ def matmul_bias_gelu(
             block_k=gpu_block_k,
             num_warps=gpu_warps,
             num_stages=gpu_stages,
-            interpret=interpret,
-        )
+        ),
+        interpret,
+        x,
+        y,
+        bias,
+    )
+
+
+def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, interpret):
+    """`matmul_bias_gelu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
+    _check_tiling(
+        "matmul_bias_gelu",
+        block_m=(block_m, m, 16, "M is the second-to-last dimension of a block of bf16 values"),
+        block_n=(block_n, n, 128, "N is the last dimension of a block"),
+        block_k=(block_k, k, 128, "K is the last dimension of a block"),
+    )
     # VMEM at the default blocks: 10.0 MiB (inputs and outputs double-buffered, plus the
     # accumulator).
     return pl.pallas_call(
@@ -479,7 +601,7 @@ def matmul_bias_gelu(
             transcendentals=m * n,
             bytes_accessed=_nbytes(x, y, bias) + m * n * 2,
         ),
-        interpret=_interpret_mode(interpret),
+        interpret=interpret,
         name="matmul_bias_gelu",
     )(x, y, bias)
 
@@ -492,20 +614,30 @@ def matmul_bias_gelu_reference(x, y, bias):
     return z
 
 
-def _matmul_bias_gelu_gpu_kernel(x_ref, y_ref, bias_ref, z_ref, *, k, block_k):
+def _matmul_bias_gelu_gpu_kernel(
+    x_ref, y_ref, bias_ref, z_ref, *, m, n, k, block_m, block_n, block_k
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+
     def accumulate(step, acc):
         start = step * block_k
-        if k % block_k:  # a ragged K: load zeros past its end
-            inside = start + jnp.arange(block_k) < k
-            x = pltriton.load(x_ref.at[:, pl.ds(start, block_k)], mask=inside[None, :], other=0)
-            y = pltriton.load(y_ref.at[pl.ds(start, block_k), :], mask=inside[:, None], other=0)
-        else:
-            x, y = x_ref[:, pl.ds(start, block_k)], y_ref[pl.ds(start, block_k), :]
+        in_k = _inside(start, block_k, k)  # zeros past a ragged K
+        x = pltriton.load(
+            x_ref.at[:, pl.ds(start, block_k)], mask=_mask((block_m, block_k), in_m, in_k), other=0
+        )
+        y = pltriton.load(
+            y_ref.at[pl.ds(start, block_k), :], mask=_mask((block_k, block_n), in_k, in_n), other=0
+        )
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
-    bias = bias_ref[...]
-    z_ref[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
+    bias = pltriton.load(bias_ref, mask=_mask((1, block_n), None, in_n))
+    pltriton.store(
+        z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), mask=inside
+    )
 
 
 def _matmul_bias_gelu_gpu(
@@ -516,7 +648,15 @@ def _matmul_bias_gelu_gpu(
     block_n = min(block_n, max(16, pl.next_power_of_2(n)))  # a small N is one block
     block_k = min(block_k, max(16, pl.next_power_of_2(k)))  # a small K is one block
     return pl.pallas_call(
-        functools.partial(_matmul_bias_gelu_gpu_kernel, k=k, block_k=block_k),
+        functools.partial(
+            _matmul_bias_gelu_gpu_kernel,
+            m=m,
+            n=n,
+            k=k,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+        ),
         # One program per block of M, block of N; each loops over K itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
@@ -532,7 +672,7 @@ def _matmul_bias_gelu_gpu(
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=_interpret_mode(interpret),
+        interpret=interpret,
         name="matmul_bias_gelu",
     )(x, y, bias)
 
@@ -591,7 +731,8 @@ def matmul_int8(
       y: i8[K, N].
       block_m, block_n, block_k: block sizes (default 512, 1024, 1024); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      interpret: None compiles on TPU and GPU, interprets on CPU; others go to pl.pallas_call.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
     Returns:
       z: i32[M, N].
@@ -600,10 +741,12 @@ def matmul_int8(
     m = sizes["M"]
     n = sizes["N"]
     k = sizes["K"]
-    if jax.default_backend() == "gpu":
-        return _matmul_int8_gpu(
-            x,
-            y,
+    return _on_platform(
+        functools.partial(
+            _matmul_int8_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
+        ),
+        functools.partial(
+            _matmul_int8_gpu,
             m=m,
             n=n,
             k=k,
@@ -612,11 +755,24 @@ def matmul_int8(
             block_k=gpu_block_k,
             num_warps=gpu_warps,
             num_stages=gpu_stages,
-            interpret=interpret,
-        )
+        ),
+        interpret,
+        x,
+        y,
+    )
+
+
+def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
+    """`matmul_int8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
+    _check_tiling(
+        "matmul_int8",
+        block_m=(block_m, m, 32, "M is the second-to-last dimension of a block of i8 values"),
+        block_n=(block_n, n, 128, "N is the last dimension of a block"),
+        block_k=(block_k, k, 128, "K is the last dimension of a block"),
+    )
     # VMEM at the default blocks: 9.0 MiB (inputs and outputs double-buffered, plus the
     # accumulator).
     return pl.pallas_call(
@@ -641,7 +797,7 @@ def matmul_int8(
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 4
         ),
-        interpret=_interpret_mode(interpret),
+        interpret=interpret,
         name="matmul_int8",
     )(x, y)
 
@@ -653,19 +809,25 @@ def matmul_int8_reference(x, y):
     return z
 
 
-def _matmul_int8_gpu_kernel(x_ref, y_ref, z_ref, *, k, block_k):
+def _matmul_int8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_k):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+
     def accumulate(step, acc):
         start = step * block_k
-        if k % block_k:  # a ragged K: load zeros past its end
-            inside = start + jnp.arange(block_k) < k
-            x = pltriton.load(x_ref.at[:, pl.ds(start, block_k)], mask=inside[None, :], other=0)
-            y = pltriton.load(y_ref.at[pl.ds(start, block_k), :], mask=inside[:, None], other=0)
-        else:
-            x, y = x_ref[:, pl.ds(start, block_k)], y_ref[pl.ds(start, block_k), :]
+        in_k = _inside(start, block_k, k)  # zeros past a ragged K
+        x = pltriton.load(
+            x_ref.at[:, pl.ds(start, block_k)], mask=_mask((block_m, block_k), in_m, in_k), other=0
+        )
+        y = pltriton.load(
+            y_ref.at[pl.ds(start, block_k), :], mask=_mask((block_k, block_n), in_k, in_n), other=0
+        )
         return acc + jnp.dot(x, y, preferred_element_type=jnp.int32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.int32))
-    z_ref[...] = acc
+    pltriton.store(z_ref, acc, mask=inside)
 
 
 def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
@@ -674,7 +836,15 @@ def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
     block_n = min(block_n, max(16, pl.next_power_of_2(n)))  # a small N is one block
     block_k = min(block_k, max(16, pl.next_power_of_2(k)))  # a small K is one block
     return pl.pallas_call(
-        functools.partial(_matmul_int8_gpu_kernel, k=k, block_k=block_k),
+        functools.partial(
+            _matmul_int8_gpu_kernel,
+            m=m,
+            n=n,
+            k=k,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+        ),
         # One program per block of M, block of N; each loops over K itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
@@ -688,7 +858,7 @@ def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=_interpret_mode(interpret),
+        interpret=interpret,
         name="matmul_int8",
     )(x, y)
 
@@ -747,7 +917,8 @@ def batched_matmul(
       y: bf16[B, K, N].
       block_m, block_n, block_k: block sizes (default 256, 256, 512); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      interpret: None compiles on TPU and GPU, interprets on CPU; others go to pl.pallas_call.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
     Returns:
       z: f32[B, M, N].
@@ -760,10 +931,19 @@ def batched_matmul(
     m = sizes["M"]
     n = sizes["N"]
     k = sizes["K"]
-    if jax.default_backend() == "gpu":
-        return _batched_matmul_gpu(
-            x,
-            y,
+    return _on_platform(
+        functools.partial(
+            _batched_matmul_tpu,
+            b=b,
+            m=m,
+            n=n,
+            k=k,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+        ),
+        functools.partial(
+            _batched_matmul_gpu,
             b=b,
             m=m,
             n=n,
@@ -773,11 +953,24 @@ def batched_matmul(
             block_k=gpu_block_k,
             num_warps=gpu_warps,
             num_stages=gpu_stages,
-            interpret=interpret,
-        )
+        ),
+        interpret,
+        x,
+        y,
+    )
+
+
+def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpret):
+    """`batched_matmul` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
+    _check_tiling(
+        "batched_matmul",
+        block_m=(block_m, m, 16, "M is the second-to-last dimension of a block of bf16 values"),
+        block_n=(block_n, n, 128, "N is the last dimension of a block"),
+        block_k=(block_k, k, 128, "K is the last dimension of a block"),
+    )
     # VMEM at the default blocks: 1.8 MiB (inputs and outputs double-buffered, plus the
     # accumulator).
     return pl.pallas_call(
@@ -802,7 +995,7 @@ def batched_matmul(
         cost_estimate=pl.CostEstimate(
             flops=2 * b * m * n * k, transcendentals=0, bytes_accessed=_nbytes(x, y) + b * m * n * 4
         ),
-        interpret=_interpret_mode(interpret),
+        interpret=interpret,
         name="batched_matmul",
     )(x, y)
 
@@ -814,19 +1007,25 @@ def batched_matmul_reference(x, y):
     return z
 
 
-def _batched_matmul_gpu_kernel(x_ref, y_ref, z_ref, *, k, block_k):
+def _batched_matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_k):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(1) * block_m, block_m, m)
+    in_n = _inside(pl.program_id(2) * block_n, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+
     def accumulate(step, acc):
         start = step * block_k
-        if k % block_k:  # a ragged K: load zeros past its end
-            inside = start + jnp.arange(block_k) < k
-            x = pltriton.load(x_ref.at[:, pl.ds(start, block_k)], mask=inside[None, :], other=0)
-            y = pltriton.load(y_ref.at[pl.ds(start, block_k), :], mask=inside[:, None], other=0)
-        else:
-            x, y = x_ref[:, pl.ds(start, block_k)], y_ref[pl.ds(start, block_k), :]
+        in_k = _inside(start, block_k, k)  # zeros past a ragged K
+        x = pltriton.load(
+            x_ref.at[:, pl.ds(start, block_k)], mask=_mask((block_m, block_k), in_m, in_k), other=0
+        )
+        y = pltriton.load(
+            y_ref.at[pl.ds(start, block_k), :], mask=_mask((block_k, block_n), in_k, in_n), other=0
+        )
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
-    z_ref[...] = acc
+    pltriton.store(z_ref, acc, mask=inside)
 
 
 def _batched_matmul_gpu(
@@ -837,7 +1036,15 @@ def _batched_matmul_gpu(
     block_n = min(block_n, max(16, pl.next_power_of_2(n)))  # a small N is one block
     block_k = min(block_k, max(16, pl.next_power_of_2(k)))  # a small K is one block
     return pl.pallas_call(
-        functools.partial(_batched_matmul_gpu_kernel, k=k, block_k=block_k),
+        functools.partial(
+            _batched_matmul_gpu_kernel,
+            m=m,
+            n=n,
+            k=k,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+        ),
         # One program per element of B, block of M, block of N; each loops over K itself
         # (Triton has no scratch memory).
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
@@ -851,7 +1058,7 @@ def _batched_matmul_gpu(
         out_specs=pl.BlockSpec((None, block_m, block_n), lambda b, i, j: (b, i, j)),
         out_shape=jax.ShapeDtypeStruct((b, m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=_interpret_mode(interpret),
+        interpret=interpret,
         name="batched_matmul",
     )(x, y)
 
@@ -898,7 +1105,8 @@ def scores(
       block_s, block_t: block sizes (default 128, 128); a block never exceeds its dimension.
       scale: a static f32 (default 0.125).
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      interpret: None compiles on TPU and GPU, interprets on CPU; others go to pl.pallas_call.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
     Returns:
       s: f32[B, S, T].
@@ -910,10 +1118,12 @@ def scores(
     s_ = sizes["S"]
     t = sizes["T"]
     d = sizes["D"]
-    if jax.default_backend() == "gpu":
-        return _scores_gpu(
-            q,
-            k,
+    return _on_platform(
+        functools.partial(
+            _scores_tpu, b=b, s_=s_, t=t, d=d, block_s=block_s, block_t=block_t, scale=scale
+        ),
+        functools.partial(
+            _scores_gpu,
             b=b,
             s_=s_,
             t=t,
@@ -924,10 +1134,22 @@ def scores(
             num_warps=gpu_warps,
             num_stages=gpu_stages,
             scale=scale,
-            interpret=interpret,
-        )
+        ),
+        interpret,
+        q,
+        k,
+    )
+
+
+def _scores_tpu(q, k, *, b, s_, t, d, block_s, block_t, scale, interpret):
+    """`scores` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s = min(block_s, s_)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
+    _check_tiling(
+        "scores",
+        block_s=(block_s, s_, 16, "S is the second-to-last dimension of a block of bf16 values"),
+        block_t=(block_t, t, 128, "T is the last dimension of a block"),
+    )
     # VMEM at the default blocks: 129.0 KiB per unit of D (inputs and outputs double-
     # buffered).
     return pl.pallas_call(
@@ -952,7 +1174,7 @@ def scores(
             transcendentals=0,
             bytes_accessed=_nbytes(q, k) + b * s_ * t * 4,
         ),
-        interpret=_interpret_mode(interpret),
+        interpret=interpret,
         name="scores",
     )(q, k)
 
@@ -964,21 +1186,27 @@ def scores_reference(q, k, *, scale=0.125):
     return s
 
 
-def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, d, block_d, scale):
+def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, s_, t, d, block_s, block_t, block_d, scale):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_s = _inside(pl.program_id(1) * block_s, block_s, s_)
+    in_t = _inside(pl.program_id(2) * block_t, block_t, t)
+    inside = _mask((block_s, block_t), in_s, in_t)
+
     def accumulate(step, acc):
         start = step * block_d
-        if d % block_d:  # a ragged D: load zeros past its end
-            inside = start + jnp.arange(block_d) < d
-            q = pltriton.load(q_ref.at[:, pl.ds(start, block_d)], mask=inside[None, :], other=0)
-            k = pltriton.load(k_ref.at[:, pl.ds(start, block_d)], mask=inside[None, :], other=0)
-        else:
-            q, k = q_ref[:, pl.ds(start, block_d)], k_ref[:, pl.ds(start, block_d)]
+        in_d = _inside(start, block_d, d)  # zeros past a ragged D
+        q = pltriton.load(
+            q_ref.at[:, pl.ds(start, block_d)], mask=_mask((block_s, block_d), in_s, in_d), other=0
+        )
+        k = pltriton.load(
+            k_ref.at[:, pl.ds(start, block_d)], mask=_mask((block_t, block_d), in_t, in_d), other=0
+        )
         return acc + jax.lax.dot_general(
             q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
 
     acc = jax.lax.fori_loop(0, pl.cdiv(d, block_d), accumulate, jnp.zeros(s_ref.shape, jnp.float32))
-    s_ref[...] = acc * scale
+    pltriton.store(s_ref, acc * scale, mask=inside)
 
 
 def _scores_gpu(
@@ -989,7 +1217,16 @@ def _scores_gpu(
     block_t = min(block_t, max(16, pl.next_power_of_2(t)))  # a small T is one block
     block_d = min(block_d, max(16, pl.next_power_of_2(d)))  # a small D is one block
     return pl.pallas_call(
-        functools.partial(_scores_gpu_kernel, d=d, block_d=block_d, scale=scale),
+        functools.partial(
+            _scores_gpu_kernel,
+            s_=s_,
+            t=t,
+            d=d,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+            scale=scale,
+        ),
         # One program per element of B, block of S, block of T; each loops over D itself
         # (Triton has no scratch memory).
         grid=(b, pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
@@ -1003,7 +1240,7 @@ def _scores_gpu(
         out_specs=pl.BlockSpec((None, block_s, block_t), lambda b, i, j: (b, i, j)),
         out_shape=jax.ShapeDtypeStruct((b, s_, t), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=_interpret_mode(interpret),
+        interpret=interpret,
         name="scores",
     )(q, k)
 
@@ -1067,7 +1304,8 @@ def linear(
       bias: f32[N].
       block_m, block_n, block_k: block sizes (default 256, 256, 512); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
-      interpret: None compiles on TPU and GPU, interprets on CPU; others go to pl.pallas_call.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
     Returns:
       y: bf16[M, N].
@@ -1084,11 +1322,12 @@ def linear(
     n = sizes["N"]
     k = sizes["K"]
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
-    if jax.default_backend() == "gpu":
-        return _linear_gpu(
-            x,
-            w,
-            bias,
+    return _on_platform(
+        functools.partial(
+            _linear_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
+        ),
+        functools.partial(
+            _linear_gpu,
             m=m,
             n=n,
             k=k,
@@ -1097,11 +1336,25 @@ def linear(
             block_k=gpu_block_k,
             num_warps=gpu_warps,
             num_stages=gpu_stages,
-            interpret=interpret,
-        )
+        ),
+        interpret,
+        x,
+        w,
+        bias,
+    )
+
+
+def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
+    """`linear` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
+    _check_tiling(
+        "linear",
+        block_m=(block_m, m, 16, "M is the second-to-last dimension of a block of bf16 values"),
+        block_n=(block_n, n, 128, "N is the last dimension of a block"),
+        block_k=(block_k, k, 128, "K is the last dimension of a block"),
+    )
     # VMEM at the default blocks: 1.5 MiB (inputs and outputs double-buffered, plus the
     # accumulator).
     return pl.pallas_call(
@@ -1130,7 +1383,7 @@ def linear(
             transcendentals=0,
             bytes_accessed=_nbytes(x, w, bias) + m * n * 2,
         ),
-        interpret=_interpret_mode(interpret),
+        interpret=interpret,
         name="linear",
     )(x, w, bias)
 
@@ -1143,22 +1396,28 @@ def linear_reference(x, w, bias):
     return y
 
 
-def _linear_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *, k, block_k):
+def _linear_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *, m, n, k, block_m, block_n, block_k):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+
     def accumulate(step, acc):
         start = step * block_k
-        if k % block_k:  # a ragged K: load zeros past its end
-            inside = start + jnp.arange(block_k) < k
-            x = pltriton.load(x_ref.at[:, pl.ds(start, block_k)], mask=inside[None, :], other=0)
-            w = pltriton.load(w_ref.at[:, pl.ds(start, block_k)], mask=inside[None, :], other=0)
-        else:
-            x, w = x_ref[:, pl.ds(start, block_k)], w_ref[:, pl.ds(start, block_k)]
+        in_k = _inside(start, block_k, k)  # zeros past a ragged K
+        x = pltriton.load(
+            x_ref.at[:, pl.ds(start, block_k)], mask=_mask((block_m, block_k), in_m, in_k), other=0
+        )
+        w = pltriton.load(
+            w_ref.at[:, pl.ds(start, block_k)], mask=_mask((block_n, block_k), in_n, in_k), other=0
+        )
         return acc + jax.lax.dot_general(
             x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(y_ref.shape, jnp.float32))
-    bias = bias_ref[...]
-    y_ref[...] = (acc + bias).astype(jnp.bfloat16)
+    bias = pltriton.load(bias_ref, mask=_mask((1, block_n), None, in_n))
+    pltriton.store(y_ref, (acc + bias).astype(jnp.bfloat16), mask=inside)
 
 
 def _linear_gpu(
@@ -1169,7 +1428,9 @@ def _linear_gpu(
     block_n = min(block_n, max(16, pl.next_power_of_2(n)))  # a small N is one block
     block_k = min(block_k, max(16, pl.next_power_of_2(k)))  # a small K is one block
     return pl.pallas_call(
-        functools.partial(_linear_gpu_kernel, k=k, block_k=block_k),
+        functools.partial(
+            _linear_gpu_kernel, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
+        ),
         # One program per block of M, block of N; each loops over K itself (Triton has no
         # scratch memory).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
@@ -1185,6 +1446,6 @@ def _linear_gpu(
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=_interpret_mode(interpret),
+        interpret=interpret,
         name="linear",
     )(x, w, bias)

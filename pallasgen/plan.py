@@ -14,13 +14,26 @@ from .dtypes import DTYPES
 from .names import Namer, block_keyword
 from .gpu import GPU_FUNCTION_LOCALS, gpu_keywords
 from .plan_gpu import GpuPlan, plan_gpu
-from .planparts import dot_code, grid_names, layout_of, parameter_list, partial_call, tuple_code
+from .planparts import (
+    array_positions,
+    broadcast,
+    dot_code,
+    grid_names,
+    kernel_statements,
+    layout_of,
+    parameter_list,
+    partial_call,
+    ref_load,
+    ref_store,
+    tuple_code,
+    used_names,
+)
 from .product import Product
 from .functions import FLOAT_FUNCTIONS
-from .pyexpr import Emitter, jnp_dtype
-from .tiling import format_bytes, vmem_bytes
+from .pyexpr import Emitter, jnp_dtype, tpu_dtype
+from .tiling import TilingRule, array_layouts, format_bytes, tiling_rule, vmem_bytes
 
-MODULE_HELPERS = frozenset({"_interpret_mode", "_sizes", "_nbytes"})
+MODULE_HELPERS = frozenset({"_on_platform", "_sizes", "_check_tiling", "_inside", "_mask", "_nbytes"})
 
 
 @dataclass(frozen=True)
@@ -28,6 +41,7 @@ class ArrayPlan:
     name: str  # Python name in the generated code
     spec_name: str
     dtype: str  # jnp.float32
+    tpu_dtype: str  # as the TPU kernel holds it: f16 as jnp.float32
     dims: tuple[str, ...]
     ref: str
     block_spec: str
@@ -74,6 +88,12 @@ class KernelPlan:
     kernel_parameters: str  # of the kernel function: refs, then static keywords
     kernel_callable: str  # the kernel, with its static keywords bound by functools.partial
     parameters: str  # of the public function
+    tpu_function: str
+    tpu_parameters: str
+    tpu_binding: str  # the keywords the public function binds for the TPU launcher
+    tiling_checks: tuple[str, ...]  # call-time blocks checked against Mosaic's tiling rule
+    tpu_conversions: tuple[str, ...]  # f16 inputs converted to f32 for the TPU kernel
+    tpu_return: str  # f16 outputs converted back from f32; empty when there are none
     reference_parameters: str
     arguments: str  # the input arrays, in order
     grid: str
@@ -96,7 +116,7 @@ class ModulePlan:
 
 def plan_module(spec_path: str, kernels: tuple[CheckedKernel, ...]) -> ModulePlan:
     module_names = MODULE_HELPERS | {
-        f"_{k.kernel.name}{suffix}" for k in kernels for suffix in ("_kernel", "_gpu_kernel", "_gpu")
+        f"_{k.kernel.name}{suffix}" for k in kernels for suffix in ("_kernel", "_tpu", "_gpu_kernel", "_gpu")
     }
     return ModulePlan(spec_path, tuple(plan_kernel(k, module_names) for k in kernels))
 
@@ -119,42 +139,48 @@ def plan_kernel(checked: CheckedKernel, module_names: frozenset[str] = MODULE_HE
     block_of = {d: block_keyword(d) if d in checked.blocks else sizes[d] for d in dims}
     operands = {o.name: o for o in product.operands} if product else {}
 
-    def block_spec(layout: tuple[str | None, ...]) -> str:
-        shape = ["None" if d in squeezed else block_of[d] if d else "1" for d in layout]
-        index = [index_names.get(d, "0") if d else "0" for d in layout]
+    def block_spec(decl: ir.ArrayDecl) -> str:
+        shape, index = [], []
+        for dim, out_dim in array_positions(decl, out_dims, product):
+            if out_dim in squeezed:  # one batch element per step; an array without it has size 1 there
+                shape.append("None")
+                index.append(index_names[out_dim] if dim else "0")
+            else:
+                shape.append(block_of[dim] if dim else "1")
+                index.append(index_names.get(dim, "0") if dim else "0")
         return f"pl.BlockSpec({tuple_code(shape)}, lambda {', '.join(index_names.values())}: {tuple_code(index)})"
-
-    def layout(decl: ir.ArrayDecl) -> tuple[str | None, ...]:
-        return layout_of(decl, out_dims, product)
 
     def array_plan(decl: ir.ArrayDecl) -> ArrayPlan:
         name = values[decl.name]
+        layout = layout_of(decl, out_dims, product)
         broadcast = decl.name not in operands and decl.dims != out_dims
         return ArrayPlan(
             name=name,
             spec_name=decl.name,
             dtype=jnp_dtype(decl.dtype),
+            tpu_dtype=jnp_dtype(tpu_dtype(decl.dtype)),
             dims=decl.dims,
             ref=refs[decl.name],
-            block_spec=block_spec(layout(decl)),
+            block_spec=block_spec(decl),
             comment=comments[decl.name],
             expand=(
-                f"{name} = {name}.reshape({', '.join(sizes[d] if d else '1' for d in layout(decl))})"
-                if broadcast
-                else None
+                f"{name} = {name}.reshape({', '.join(sizes[d] if d else '1' for d in layout)})" if broadcast else None
             ),
             reference_expand=(
-                f"{name} = {name}[{', '.join(':' if d else 'None' for d in layout(decl))}]" if broadcast else None
+                f"{name} = {name}[{', '.join(':' if d else 'None' for d in layout)}]" if broadcast else None
             ),
             shape=tuple_code([sizes[d] for d in decl.dims]),
         )
 
     accumulator_name = namer.claim("acc") if product else ""
     overrides = {product.node: accumulator_name} if product else {}
-    emitter = Emitter({**values, **{p.name: p.name for p in kernel.params}}, checked.types, overrides)
-    body, reference_body, needs_sizes = _statements(kernel, emitter, refs, values, sizes, checked)
+    names = {**values, **{p.name: p.name for p in kernel.params}}
+    emitter = Emitter(names, checked.types, overrides)
+    tpu_emitter = Emitter(names, checked.types, overrides, tpu=True)
+    body = kernel_statements(kernel, tpu_emitter, values, refs, checked, ref_load(refs), ref_store(refs))
+    reference_body, needs_sizes = _reference_statements(kernel, emitter, values, sizes, checked)
     comments = {d.name: _array_comment(d, out_dims, operands) for d in kernel.inputs + kernel.outputs}
-    gpu = plan_gpu(checked, namer.fork(), values, refs, sizes, comments, body, accumulator_name)
+    gpu = plan_gpu(checked, namer.fork(), values, refs, sizes, comments, emitter, accumulator_name)
     kernel_keywords = [p.name for p in kernel.params]
     accumulator = None
     scratch_refs = []
@@ -179,13 +205,16 @@ def plan_kernel(checked: CheckedKernel, module_names: frozenset[str] = MODULE_HE
             body = [*product_lines[:-1], f"{accumulator_name} = {product_lines[-1]}", *body]
         reference_body = [f"{accumulator_name} = {_einsum(product, values)}", *reference_body]
 
+    inputs = tuple(array_plan(d) for d in kernel.inputs)
+    outputs = tuple(array_plan(d) for d in kernel.outputs)
+    layouts = array_layouts(kernel, dims, product)
     return KernelPlan(
         name=kernel.name,
         kernel_function=f"_{kernel.name}_kernel",
         reference_function=f"{kernel.name}_reference",
         doc=_docstring(kernel, tunable, checked.blocks, values),
-        inputs=tuple(array_plan(d) for d in kernel.inputs),
-        outputs=tuple(array_plan(d) for d in kernel.outputs),
+        inputs=inputs,
+        outputs=outputs,
         blocks=tuple(BlockPlan(block_keyword(d), checked.blocks[d], sizes[d], d) for d in tunable),
         static_argnames=(
             *(block_keyword(d) for d in tunable),
@@ -207,6 +236,28 @@ def plan_kernel(checked: CheckedKernel, module_names: frozenset[str] = MODULE_HE
             + [f"{p.name}={p.value!r}" for p in kernel.params]
             + ["interpret=None"],
         ),
+        tpu_function=f"_{kernel.name}_tpu",
+        tpu_parameters=parameter_list(
+            [values[d.name] for d in kernel.inputs],
+            [sizes[d] for d in dims]
+            + [block_keyword(d) for d in tunable]
+            + [p.name for p in kernel.params]
+            + ["interpret"],
+        ),
+        tpu_binding=", ".join(
+            [f"{sizes[d]}={sizes[d]}" for d in dims]
+            + [f"{block_keyword(d)}={block_keyword(d)}" for d in tunable]
+            + [f"{p.name}={p.name}" for p in kernel.params]
+        ),
+        tiling_checks=_tiling_check(
+            kernel.name, [rule for d in tunable if (rule := tiling_rule(d, layouts))], sizes
+        ),
+        tpu_conversions=tuple(
+            f"{a.name} = {a.name}.astype(jnp.float32)  # f16 has no TPU vectors: computed as f32 (one more pass over {a.name})"
+            for a in inputs
+            if a.dtype != a.tpu_dtype
+        ),
+        tpu_return=_tpu_return(outputs),
         reference_parameters=parameter_list(
             [values[d.name] for d in kernel.inputs], [f"{p.name}={p.value!r}" for p in kernel.params]
         ),
@@ -228,6 +279,25 @@ def plan_kernel(checked: CheckedKernel, module_names: frozenset[str] = MODULE_HE
     )
 
 
+def _tiling_check(kernel: str, rules: list[TilingRule], sizes) -> tuple[str, ...]:
+    """The generated call-time check of the blocks against their tiling rules."""
+    if not rules:
+        return ()
+    items = []
+    for rule in rules:
+        fields = [block_keyword(rule.dim), sizes[rule.dim], str(rule.multiple), repr(rule.why)]
+        fields += [str(rule.smallest_power_of_two)] if rule.smallest_power_of_two else []
+        items.append(f"{block_keyword(rule.dim)}=({', '.join(fields)})")
+    return (f"_check_tiling({repr(kernel)}, {', '.join(items)})",)
+
+
+def _tpu_return(outputs: tuple[ArrayPlan, ...]) -> str:
+    """What the TPU launcher returns when f16 outputs come back as f32; empty if none do."""
+    if all(o.dtype == o.tpu_dtype for o in outputs):
+        return ""
+    return ", ".join(o.name if o.dtype == o.tpu_dtype else f"{o.name}.astype({o.dtype})" for o in outputs)
+
+
 def _docstring(kernel: ir.Kernel, tunable: list[str], blocks: dict[str, int], values) -> tuple[str, ...]:
     """The spec's comment lines, then the arguments and results."""
     summary = list(kernel.doc) or [f"The `{kernel.name}` Pallas kernel."]
@@ -238,7 +308,8 @@ def _docstring(kernel: ir.Kernel, tunable: list[str], blocks: dict[str, int], va
         args.append(f"  {keywords}: block sizes (default {defaults}); a block never exceeds its dimension.")
     args += [f"  {p.name}: a static {p.dtype} (default {p.value!r})." for p in kernel.params]
     args.append("  gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).")
-    args.append("  interpret: None compiles on TPU and GPU, interprets on CPU; others go to pl.pallas_call.")
+    args.append("  interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;")
+    args.append("    True or a pltpu.InterpretParams interprets the TPU kernel on any platform.")
     results = "; ".join(f"{d.name}: {d.dtype}[{', '.join(d.dims)}]" for d in kernel.outputs)
     return (*summary, "", "Args:", *args, "", "Returns:", f"  {results}.")
 
@@ -283,52 +354,29 @@ def _einsum_letters(dims: list[str]) -> dict[str, str]:
     return letters
 
 
-def _statements(kernel, emitter, refs, values, sizes, checked):
-    """Kernel body and reference body: loads, lets, and each output's store."""
-    used = _used_names(kernel)
-    operands = {o.name for o in checked.product.operands} if checked.product else set()
-    body = [f"{values[d.name]} = {refs[d.name]}[...]" for d in kernel.inputs if d.name in used - operands]
+def _reference_statements(kernel, emitter: Emitter, values, sizes, checked) -> tuple[list[str], bool]:
+    """The reference body in plain jax.numpy, and whether it needs the dimension sizes."""
     reference = []
     needs_sizes = False
     outputs = {o.name: o for o in kernel.outputs}
     for statement in kernel.body:
         if isinstance(statement, ir.Let):
-            line = f"{values[statement.name]} = {emitter.emit(statement.value)}"
-            body.append(line)
-            reference.append(line)
+            reference.append(f"{values[statement.name]} = {emitter.emit(statement.value)}")
             continue
         out = outputs[statement.target]
-        name, ref = values[out.name], refs[out.name]
         value_type = checked.types[statement.value]
         if value_type.dims == out.dims:
-            kernel_value = reference_value = emitter.cast(statement.value, out.dtype)
+            value = emitter.cast(statement.value, out.dtype)
         else:
             needs_sizes = True
-            full_shape = tuple_code([sizes[d] for d in out.dims])
-            kernel_value = _broadcast(emitter, statement.value, value_type, out.dtype, f"{ref}.shape")
-            reference_value = _broadcast(emitter, statement.value, value_type, out.dtype, full_shape)
-        if out.name in used:
-            body += [f"{name} = {kernel_value}", f"{ref}[...] = {name}"]
-        else:
-            body.append(f"{ref}[...] = {kernel_value}")
-        reference.append(f"{name} = {reference_value}")
-    return body, reference, needs_sizes
-
-
-def _broadcast(emitter: Emitter, node: ir.Expr, value_type, dtype: str, shape: str) -> str:
-    """A value with fewer dimensions than its output, filled out to `shape`."""
-    if not value_type.dims:
-        return f"jnp.full({shape}, {emitter.emit(node)}, {jnp_dtype(dtype)})"
-    return f"jnp.broadcast_to({emitter.cast(node, dtype)}, {shape})"
+            value = broadcast(emitter, statement.value, value_type, out.dtype, tuple_code([sizes[d] for d in out.dims]))
+        reference.append(f"{values[out.name]} = {value}")
+    return reference, needs_sizes
 
 
 def _value_names(kernel: ir.Kernel) -> list[str]:
     names = [d.name for d in kernel.inputs + kernel.outputs]
     return names + [s.name for s in kernel.body if isinstance(s, ir.Let)]
-
-
-def _used_names(kernel: ir.Kernel) -> set[str]:
-    return {node.id for node in ir.walk(*(s.value for s in kernel.body)) if isinstance(node, ir.Name)}
 
 
 def _cost_estimate(checked: CheckedKernel, values, sizes) -> str:

@@ -1,8 +1,10 @@
 """The GPU (Triton) half of a kernel's plan.
 
 Triton has no scratch memory and runs grid programs concurrently, so a product
-loops over its contracted dimension inside one program, loading zeros past a
-ragged end; every block is a power of two.
+loops over its contracted dimension inside one program; every block is a power of
+two. Pallas's Triton backend does not mask a block that overhangs its array (a
+BlockSpec is pointer arithmetic), so every load and store that can overhang is
+masked here: `_inside` per dimension, None where the blocks tile it exactly.
 """
 
 from __future__ import annotations
@@ -14,9 +16,17 @@ from . import ir
 from .checks import CheckedKernel
 from .gpu import OPTIONS
 from .names import Namer, block_keyword
+from .planparts import (
+    array_positions,
+    dot_code,
+    grid_names,
+    kernel_statements,
+    parameter_list,
+    partial_call,
+    tuple_code,
+)
 from .product import Product
-from .planparts import dot_code, grid_names, layout_of, parameter_list, partial_call, tuple_code
-from .pyexpr import jnp_dtype
+from .pyexpr import Emitter, jnp_dtype
 
 
 @dataclass(frozen=True)
@@ -46,27 +56,33 @@ class GpuPlan:
     kernel_parameters: str
     kernel_callable: str
     parameters: str  # of the GPU launcher
-    dispatch_arguments: str  # how the public function calls the launcher
+    dispatch_arguments: str  # the keywords the public function binds for the launcher
+    masks: tuple[str, ...]  # which rows, columns... of this program's blocks lie inside the arrays
     loop: tuple[str, ...]  # the K loop of a product, ending with the accumulator's assignment
     body: tuple[str, ...]
 
 
-def plan_gpu(checked: CheckedKernel, namer: Namer, values, refs, sizes, comments, epilogue, accumulator) -> GpuPlan:
+def plan_gpu(
+    checked: CheckedKernel, namer: Namer, values, refs, sizes, comments, emitter: Emitter, accumulator: str
+) -> GpuPlan:
     kernel, product = checked.kernel, checked.product
     out_dims = kernel.outputs[0].dims
     squeezed = {d for d in out_dims[:-2] if checked.gpu_blocks.get(d) == 1} if product else set()
     grid_dims = list(out_dims)
     index_names = grid_names(grid_dims, product)
+    tunable = [d for d in checked.dims if d not in squeezed]
+    inside = {d: namer.claim(f"in_{d.lower()}") for d in tunable}
+    whole_mask = namer.claim("inside")
 
-    def block_spec(layout: tuple[str | None, ...]) -> str:
+    def block_spec(decl: ir.ArrayDecl) -> str:
         shape, index = [], []
-        for dim in layout:
-            if dim is None:
+        for dim, out_dim in array_positions(decl, out_dims, product):
+            if out_dim in squeezed:  # one batch element per program; an array without it has size 1 there
+                shape.append("None")
+                index.append(index_names[out_dim] if dim else "0")
+            elif dim is None:
                 shape.append("1")
                 index.append("0")
-            elif dim in squeezed:
-                shape.append("None")
-                index.append(index_names[dim])
             elif product is not None and dim == product.k:  # the program loops over it
                 shape.append(sizes[dim])
                 index.append("0")
@@ -75,16 +91,39 @@ def plan_gpu(checked: CheckedKernel, namer: Namer, values, refs, sizes, comments
                 index.append(index_names[dim])
         return f"pl.BlockSpec({tuple_code(shape)}, lambda {', '.join(index_names.values())}: {tuple_code(index)})"
 
-    def layout(decl: ir.ArrayDecl) -> tuple[str | None, ...]:
-        return layout_of(decl, out_dims, product)
+    def visible(decl: ir.ArrayDecl) -> list[str | None]:
+        """The axes of an array's block as the kernel sees it: a dimension, or None (size 1)."""
+        return [dim for dim, out_dim in array_positions(decl, out_dims, product) if out_dim not in squeezed]
 
-    tunable = [d for d in checked.dims if d not in squeezed]
+    def mask(axes: list[str | None], whole: bool = True) -> str | None:
+        """The mask of a block with these axes, or None if no axis can overhang."""
+        if not any(axes):
+            return None
+        if whole and axes == visible(kernel.outputs[0]):
+            return whole_mask
+        shape = tuple_code([block_keyword(d) if d else "1" for d in axes])
+        return f"_mask({shape}, {', '.join(inside[d] if d else 'None' for d in axes)})"
+
+    def load(decl: ir.ArrayDecl) -> str:
+        axes_mask = mask(visible(decl))
+        return f"pltriton.load({refs[decl.name]}, mask={axes_mask})" if axes_mask else f"{refs[decl.name]}[...]"
+
+    def store(decl: ir.ArrayDecl, value: str) -> str:
+        return f"pltriton.store({refs[decl.name]}, {value}, mask={mask(visible(decl))})"
+
+    out_axes = visible(kernel.outputs[0])
+    masks = [
+        f"{inside[d]} = _inside(pl.program_id({grid_dims.index(d)}) * {block_keyword(d)}, {block_keyword(d)}, {sizes[d]})"
+        for d in grid_dims
+        if d not in squeezed
+    ]
+    masks.append(f"{whole_mask} = {mask(out_axes, whole=False)}")
+    body = kernel_statements(kernel, emitter, values, refs, checked, load, store)
     loop: list[str] = []
-    kernel_keywords = [p.name for p in kernel.params]
+    kernel_keywords = [*(sizes[d] for d in tunable), *(block_keyword(d) for d in tunable)]
+    kernel_keywords += [p.name for p in kernel.params]
     if product is not None:
-        out_ref = refs[kernel.outputs[0].name]
-        loop = _product_loop(product, namer, values, refs, sizes, accumulator, out_ref)
-        kernel_keywords = [sizes[product.k], block_keyword(product.k), *kernel_keywords]
+        loop = _product_loop(product, namer, values, refs, sizes, accumulator, refs[kernel.outputs[0].name], inside)
     grid = [sizes[d] if d in squeezed else f"pl.cdiv({sizes[d]}, {block_keyword(d)})" for d in grid_dims]
     return GpuPlan(
         function=f"_{kernel.name}_gpu",
@@ -103,8 +142,8 @@ def plan_gpu(checked: CheckedKernel, namer: Namer, values, refs, sizes, comments
         options=tuple((keyword, f"num_{name}", checked.gpu_options[name]) for name, (keyword, _) in OPTIONS.items()),
         grid=tuple_code(grid),
         grid_comment=tuple(textwrap.wrap(_grid_comment(grid_dims, product, squeezed), 84)),
-        in_specs=tuple((comments[d.name], block_spec(layout(d))) for d in kernel.inputs),
-        out_specs=tuple((comments[d.name], block_spec(layout(d))) for d in kernel.outputs),
+        in_specs=tuple((comments[d.name], block_spec(d)) for d in kernel.inputs),
+        out_specs=tuple((comments[d.name], block_spec(d)) for d in kernel.outputs),
         kernel_parameters=parameter_list([refs[d.name] for d in kernel.inputs + kernel.outputs], kernel_keywords),
         kernel_callable=partial_call(f"_{kernel.name}_gpu_kernel", kernel_keywords),
         parameters=parameter_list(
@@ -116,15 +155,14 @@ def plan_gpu(checked: CheckedKernel, namer: Namer, values, refs, sizes, comments
             + ["interpret"],
         ),
         dispatch_arguments=", ".join(
-            [values[d.name] for d in kernel.inputs]
-            + [f"{sizes[d]}={sizes[d]}" for d in checked.dims]
+            [f"{sizes[d]}={sizes[d]}" for d in checked.dims]
             + [f"{block_keyword(d)}=gpu_{block_keyword(d)}" for d in tunable]
             + [f"num_{name}={keyword}" for name, (keyword, _) in OPTIONS.items()]
             + [f"{p.name}={p.name}" for p in kernel.params]
-            + ["interpret=interpret"]
         ),
+        masks=tuple(masks),
         loop=tuple(loop),
-        body=tuple(epilogue),
+        body=tuple(body),
     )
 
 
@@ -135,38 +173,29 @@ def _grid_comment(grid_dims: list[str], product: Product | None, squeezed: set[s
     return f"One program per {steps}; each loops over {product.k} itself (Triton has no scratch memory)."
 
 
-def _product_loop(product: Product, namer: Namer, values, refs, sizes, accumulator: str, out_ref: str) -> list[str]:
-    """`def accumulate(step, acc)`, summing one slice of the contracted dimension, and its loop."""
+def _product_loop(product: Product, namer: Namer, values, refs, sizes, accumulator: str, out_ref: str, inside) -> list[str]:
+    """`def accumulate(step, acc)`, summing one masked slice of the contracted dimension, and its loop."""
     k, block_k = sizes[product.k], block_keyword(product.k)
-    step, start, inside, function = (namer.claim(n) for n in ("step", "start", "inside", "accumulate"))
-    lhs, rhs = (values[o.name] for o in product.operands)
-    lhs_ref, rhs_ref = (refs[o.name] for o in product.operands)
-    # The contracted axis of each operand as stored: x[:, K] unless read transposed.
-    lhs_slice = (
-        f"{lhs_ref}.at[pl.ds({start}, {block_k}), :]"
-        if product.lhs.transposed
-        else f"{lhs_ref}.at[:, pl.ds({start}, {block_k})]"
-    )
-    rhs_slice = (
-        f"{rhs_ref}.at[:, pl.ds({start}, {block_k})]"
-        if product.rhs.transposed
-        else f"{rhs_ref}.at[pl.ds({start}, {block_k}), :]"
-    )
-    lhs_mask = f"{inside}[:, None]" if product.lhs.transposed else f"{inside}[None, :]"
-    rhs_mask = f"{inside}[None, :]" if product.rhs.transposed else f"{inside}[:, None]"
+    step, start, function = (namer.claim(n) for n in ("step", "start", "accumulate"))
+    in_k = inside[product.k]
+    loads = []
+    for operand in product.operands:
+        # The contracted axis of each operand as stored: x[:, K] unless read transposed.
+        other = product.m if operand is product.lhs else product.n
+        k_first = operand.transposed if operand is product.lhs else not operand.transposed
+        axes = (product.k, other) if k_first else (other, product.k)
+        view = f"{refs[operand.name]}.at[pl.ds({start}, {block_k}), :]" if k_first else f"{refs[operand.name]}.at[:, pl.ds({start}, {block_k})]"
+        shape = tuple_code([block_keyword(d) for d in axes])
+        mask = f"_mask({shape}, {', '.join(inside[d] for d in axes)})"
+        loads.append(f"{values[operand.name]} = pltriton.load({view}, mask={mask}, other=0)")
     accumulate = jnp_dtype(product.accumulator.name)
-    dot = dot_code(product, lhs, rhs)
-    out_shape = f"{out_ref}.shape"
+    lhs, rhs = (values[o.name] for o in product.operands)
     return [
         f"def {function}({step}, {accumulator}):",
         f"    {start} = {step} * {block_k}",
-        f"    if {k} % {block_k}:  # a ragged {product.k}: load zeros past its end",
-        f"        {inside} = {start} + jnp.arange({block_k}) < {k}",
-        f"        {lhs} = pltriton.load({lhs_slice}, mask={lhs_mask}, other=0)",
-        f"        {rhs} = pltriton.load({rhs_slice}, mask={rhs_mask}, other=0)",
-        "    else:",
-        f"        {lhs}, {rhs} = {lhs_slice.replace('.at[', '[')}, {rhs_slice.replace('.at[', '[')}",
-        f"    return {accumulator} + {dot}",
+        f"    {in_k} = _inside({start}, {block_k}, {k})  # zeros past a ragged {product.k}",
+        *(f"    {line}" for line in loads),
+        f"    return {accumulator} + {dot_code(product, lhs, rhs)}",
         "",
-        f"{accumulator} = jax.lax.fori_loop(0, pl.cdiv({k}, {block_k}), {function}, jnp.zeros({out_shape}, {accumulate}))",
+        f"{accumulator} = jax.lax.fori_loop(0, pl.cdiv({k}, {block_k}), {function}, jnp.zeros({out_ref}.shape, {accumulate}))",
     ]

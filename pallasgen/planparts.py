@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from . import ir
 from .product import Product
-from .pyexpr import jnp_dtype
+from .pyexpr import Emitter, jnp_dtype
 
 ELEMENTWISE_GRID_NAMES = "ijklmnpqrs"
 
@@ -15,6 +15,15 @@ def layout_of(decl: ir.ArrayDecl, out_dims: tuple[str, ...], product: Product | 
     if product is not None and decl.name in {o.name for o in product.operands}:
         return decl.dims
     return tuple(d if d in decl.dims else None for d in out_dims)
+
+
+def array_positions(decl: ir.ArrayDecl, out_dims, product: Product | None) -> list[tuple[str | None, str | None]]:
+    """Each blocked axis of an array: (its dimension or None where it broadcasts, the output
+    dimension at that axis, or None for a product operand's own axes)."""
+    layout = layout_of(decl, out_dims, product)
+    if product is not None and decl.name in {o.name for o in product.operands}:
+        return [(d, d if d in out_dims[:-2] else None) for d in layout]
+    return list(zip(layout, out_dims))
 
 
 def grid_names(grid_dims, product: Product | None) -> dict[str, str]:
@@ -54,3 +63,47 @@ def partial_call(function: str, keywords: list[str]) -> str:
     if not keywords:
         return function
     return f"functools.partial({function}, {', '.join(f'{name}={name}' for name in keywords)})"
+
+
+def ref_load(refs):
+    return lambda decl: f"{refs[decl.name]}[...]"
+
+
+def ref_store(refs):
+    return lambda decl, value: f"{refs[decl.name]}[...] = {value}"
+
+
+def kernel_statements(kernel, emitter: Emitter, values, refs, checked, load, store) -> list[str]:
+    """A kernel body: loads of the inputs it uses, lets, and each output's store.
+
+    `load(decl)` and `store(decl, value)` spell a backend's memory accesses."""
+    used = used_names(kernel)
+    operands = {o.name for o in checked.product.operands} if checked.product else set()
+    body = [f"{values[d.name]} = {load(d)}" for d in kernel.inputs if d.name in used - operands]
+    outputs = {o.name: o for o in kernel.outputs}
+    for statement in kernel.body:
+        if isinstance(statement, ir.Let):
+            body.append(f"{values[statement.name]} = {emitter.emit(statement.value)}")
+            continue
+        out = outputs[statement.target]
+        value_type = checked.types[statement.value]
+        if value_type.dims == out.dims:
+            value = emitter.cast(statement.value, out.dtype)
+        else:
+            value = broadcast(emitter, statement.value, value_type, out.dtype, f"{refs[out.name]}.shape")
+        if out.name in used:
+            body += [f"{values[out.name]} = {value}", store(out, values[out.name])]
+        else:
+            body.append(store(out, value))
+    return body
+
+
+def broadcast(emitter: Emitter, node: ir.Expr, value_type, dtype: str, shape: str) -> str:
+    """A value with fewer dimensions than its output, filled out to `shape`."""
+    if not value_type.dims:
+        return f"jnp.full({shape}, {emitter.emit(node)}, {emitter.dtype(dtype)})"
+    return f"jnp.broadcast_to({emitter.cast(node, dtype)}, {shape})"
+
+
+def used_names(kernel: ir.Kernel) -> set[str]:
+    return {node.id for node in ir.walk(*(s.value for s in kernel.body)) if isinstance(node, ir.Name)}

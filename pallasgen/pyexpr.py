@@ -39,18 +39,40 @@ FUNCTIONS = {
 }
 
 
+# Functions whose TPU lowering has no narrow-integer form: computed in i32, cast back.
+NARROW_INT_FUNCTIONS = frozenset({"maximum", "minimum", "clip"})
+
+
 def jnp_dtype(name: str) -> str:
     """`f32` -> `jnp.float32`."""
     return f"jnp.{DTYPES[name].jnp}" if name != "bool" else "jnp.bool_"
 
 
+def tpu_dtype(name: str) -> str:
+    """The dtype a TPU kernel holds a spec dtype in: f16 as f32 (TPUs have no f16 vectors)."""
+    return "f32" if name == "f16" else name
+
+
 class Emitter:
     """Writes typed expressions as Python, naming values through `names`."""
 
-    def __init__(self, names: dict[str, str], types: dict[ir.Expr, ValueType], overrides: dict[ir.Expr, str]):
+    def __init__(
+        self,
+        names: dict[str, str],
+        types: dict[ir.Expr, ValueType],
+        overrides: dict[ir.Expr, str],
+        tpu: bool = False,
+    ):
         self.names = names
         self.types = types
         self.overrides = overrides  # nodes computed elsewhere, such as the product, by variable
+        # For a TPU kernel: f16 computed as f32, and i8/u8/i16 compares, maximum, minimum and
+        # clip widened to i32, which Mosaic lowers (it has no narrow-integer compare).
+        self.tpu = tpu
+
+    def dtype(self, name: str) -> str:
+        """A spec dtype as this kernel's code spells it."""
+        return jnp_dtype(tpu_dtype(name) if self.tpu else name)
 
     def emit(self, node: ir.Expr) -> str:
         return self._emit(node)[0]
@@ -84,6 +106,8 @@ class Emitter:
                 left, right = self._wrap(node.left, level), self._wrap(node.right, level + 1)
             if level == _COMPARE:
                 left, right = self._wrap(node.left, _OR), self._wrap(node.right, _OR)
+                if self._narrow_int(node.left) or self._narrow_int(node.right):
+                    left, right = self._widened(node.left), self._widened(node.right)
             return f"{left} {node.op} {right}", level
         if isinstance(node, ir.Call):
             return self._call(node), _ATOM
@@ -98,13 +122,27 @@ class Emitter:
             if node.func == "gelu":
                 return f"jax.nn.gelu({operand}, approximate=True)"
             return f"{FUNCTIONS[node.func]}({operand})"
+        if node.func in NARROW_INT_FUNCTIONS and self._narrow_int(node):
+            args = ", ".join(self._widened(arg) for arg in node.args)
+            return f"{FUNCTIONS[node.func]}({args}).astype({self.dtype(self.types[node].dtype.name)})"
         args = ", ".join(self.emit(arg) for arg in node.args)
         return f"{FUNCTIONS[node.func]}({args})"
 
+    def _narrow_int(self, node: ir.Expr) -> bool:
+        """Whether the TPU kernel must widen this value: an array of i8, u8 or i16."""
+        value_type = self.types[node]
+        return self.tpu and value_type.dtype.is_integer and value_type.dtype.bits < 32 and not value_type.weak
+
+    def _widened(self, node: ir.Expr) -> str:
+        """The value as i32 if it is a narrow integer array, else as it is."""
+        if not self._narrow_int(node):
+            return self._wrap(node, _OR)
+        return f"{self._wrap(node, _ATOM)}.astype(jnp.int32)"
+
     def _cast_code(self, node: ir.Expr, dtype: str) -> tuple[str, int]:
         if self.types[node].dims:
-            return f"{self._wrap(node, _ATOM)}.astype({jnp_dtype(dtype)})", _ATOM
-        return f"{jnp_dtype(dtype)}({self.emit(node)})", _ATOM
+            return f"{self._wrap(node, _ATOM)}.astype({self.dtype(dtype)})", _ATOM
+        return f"{self.dtype(dtype)}({self.emit(node)})", _ATOM
 
     def _wrap(self, node: ir.Expr, minimum: int) -> str:
         code, level = self._emit(node)

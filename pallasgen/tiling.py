@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from math import prod
 
 from . import ir
@@ -30,30 +31,63 @@ def array_layouts(kernel: ir.Kernel, dims: tuple[str, ...], product: Product | N
     ]
 
 
-def tiling_problem(dim: str, size: int, layouts: list[Layout]) -> str | None:
-    """Why blocking `dim` by `size` breaks the TPU tiling rule for some array, or None."""
+@dataclass(frozen=True)
+class TilingRule:
+    """What Mosaic needs of a block of `dim` for one array: a multiple of `multiple`, or
+    (a one-dimensional array) a power of two of at least `smallest_power_of_two`; the
+    whole dimension is always legal. `why` is the rule in words, shared by the spec-time
+    error and the generated call-time check."""
+
+    dim: str
+    multiple: int
+    why: str
+    smallest_power_of_two: int | None = None
+
+    def describe(self) -> str:
+        """The rule in words, as the generated call-time check also words it."""
+        if self.smallest_power_of_two:
+            return f"{self.why}, so it is a multiple of {self.multiple} or a power of two of at least {self.smallest_power_of_two}"
+        return f"{self.why}, so it is a multiple of {self.multiple}"
+
+    def allows(self, size: int) -> bool:
+        if size % self.multiple == 0:
+            return True
+        return bool(self.smallest_power_of_two) and size >= self.smallest_power_of_two and size & (size - 1) == 0
+
+
+def tiling_bits(dtype: DType) -> int:
+    """Bits of one element as a TPU kernel holds it: bool is 32-bit in VMEM, and f16 is
+    computed as f32 (TPUs have no f16 vectors)."""
+    return 32 if dtype.name in ("bool", "f16") else dtype.bits
+
+
+def tiling_rule(dim: str, layouts: list[Layout]) -> TilingRule | None:
+    """The TPU tiling rule that blocking `dim` must meet: the strictest that any array
+    holding it sets (their multiples are powers of two, so the largest covers the rest)."""
+    rules = []
     for dims, dtype in layouts:
         if dim not in dims:
             continue
+        bits = tiling_bits(dtype)
         position = len(dims) - dims.index(dim)
         if len(dims) == 1:
-            smallest = LANES * (32 // dtype.bits)
-            if size % 1024 and not (size & (size - 1) == 0 and size >= smallest):
-                return (
-                    f"block {dim} = {size} cannot tile a one-dimensional {dtype.name} array on TPU: use a multiple"
-                    f" of 1024 or a power of two of at least {smallest}, or leave {dim} unblocked to take it whole"
-                )
-        elif position == 1 and size % LANES:
-            return (
-                f"block {dim} = {size} breaks the TPU tiling rule: {dim} is the last dimension of a block, so"
-                f" it is a multiple of {LANES}; use {_round_up(size, LANES)} or leave {dim} unblocked"
-            )
-        elif position == 2 and size % SUBLANES:
-            return (
-                f"block {dim} = {size} breaks the TPU tiling rule: {dim} is the second-to-last dimension of a"
-                f" block, so it is a multiple of {SUBLANES}; use {_round_up(size, SUBLANES)} or leave {dim} unblocked"
-            )
-    return None
+            smallest = LANES * (32 // bits)
+            why = f"{dim} is the dimension of a one-dimensional {dtype.name} array"
+            rules.append(TilingRule(dim, 1024, why, smallest))
+        elif position == 1:
+            rules.append(TilingRule(dim, LANES, f"{dim} is the last dimension of a block"))
+        elif position == 2:
+            why = f"{dim} is the second-to-last dimension of a block of {dtype.name} values"
+            rules.append(TilingRule(dim, SUBLANES * (32 // bits), why))
+    return max(rules, key=lambda rule: (rule.multiple, rule.smallest_power_of_two or 0), default=None)
+
+
+def tiling_problem(dim: str, size: int, layouts: list[Layout]) -> str | None:
+    """Why blocking `dim` by `size` breaks the TPU tiling rule, or None."""
+    rule = tiling_rule(dim, layouts)
+    if rule is None or rule.allows(size):
+        return None
+    return f"block {dim} = {size} breaks the TPU tiling rule: {rule.describe()}; use {_round_up(size, rule.multiple)} or leave {dim} unblocked"
 
 
 def block_bytes(decl: ir.ArrayDecl, blocks: dict[str, int]) -> int:

@@ -56,6 +56,13 @@ def generated_module(stem: str) -> ModuleType:
     return load_module(GENERATED / f"{stem}.py", f"_pallasgen_generated_{stem}")
 
 
+def take_gpu_branch(monkeypatch, module: ModuleType) -> None:
+    """Make a generated module's dispatch run the Triton kernel, passing `interpret` on,
+    so that the GPU path runs in interpret mode on CPU. (The real dispatch follows the
+    lowering platform: see test_dispatch.py.)"""
+    monkeypatch.setattr(module, "_on_platform", lambda tpu, gpu, interpret, *arrays: gpu(*arrays, interpret=interpret))
+
+
 def kernels_in(module: ModuleType) -> list[str]:
     """Names of the kernels in a generated module: each `NAME` with a `NAME_reference`."""
     return sorted(
@@ -184,6 +191,12 @@ def quantize_rows_inputs(rng, sizes):
     """Values spread over the int8 range and past it, with positive per-row scales."""
     x = (rng.standard_normal((sizes["M"], sizes["N"])) * 100.0).astype(np.float32)
     scale = rng.uniform(0.5, 2.0, sizes["M"]).astype(np.float32)
+    # XLA may divide by a broadcast scale as a multiply by its reciprocal, one ulp off
+    # the true quotient: a quotient exactly on a rounding tie (k + 0.5) could then round
+    # either way, so such values are moved off the tie.
+    quotient = x / scale[:, None]
+    tie = quotient - np.floor(quotient) == 0.5
+    x[tie] = np.nextafter(x[tie], np.float32(np.inf))
     return [x, scale]
 
 
@@ -382,6 +395,16 @@ def lane_dims(arrays) -> set[str]:
     return lanes | {a.dims[0] for a in arrays if len(a.dims) == 1 and a.dims[0] not in leading}
 
 
+# Rows of the smallest TPU block of an array of each dtype (Mosaic tiles 8-bit arrays
+# (32, 128) and 16-bit ones (16, 128)); others take 8.
+SUBLANE_ROWS = {"i8": 32, "u8": 32, "bf16": 16, "i16": 16}
+
+
+def sublane_rows(arrays, dim: str) -> int:
+    """The smallest legal block of a dimension that is second-to-last in some array."""
+    return max([8] + [SUBLANE_ROWS.get(a.dtype, 8) for a in arrays if len(a.dims) >= 2 and dim in a.dims[:-1]])
+
+
 SHAPE_CLASSES = (
     "one-default-block",  # each blocked dimension exactly its default block
     "aligned-small-blocks",  # three whole small blocks per blocked dimension
@@ -396,8 +419,8 @@ def sizes_for(inputs, outputs, defaults: dict[str, int], shape_class: str) -> tu
     """(sizes per dimension, block keywords to pass) for a shape class.
 
     Besides SHAPE_CLASSES there is "two-ragged-small-blocks" (one small block and a
-    partial second), the cheapest ragged grid. Small blocks are 8 on sublane
-    dimensions and 128 on lane dimensions, the least TPU allows, so multi-block and
+    partial second), the cheapest ragged grid. Small blocks are the least TPU allows:
+    8, 16 or 32 rows on sublane dimensions by dtype and 128 on lane dimensions, so multi-block and
     ragged grids stay cheap. A dimension whose default block is under 8 (a batch
     taken one at a time) gets size 2 in the multi-block classes; an unblocked
     dimension is 24 (1 in "single-element").
@@ -414,7 +437,7 @@ def sizes_for(inputs, outputs, defaults: dict[str, int], shape_class: str) -> tu
         if default is None:
             sizes[dim] = 1 if shape_class == "single-element" else 24
             continue
-        small = min(128 if dim in lanes else 8, default)
+        small = min(128 if dim in lanes else sublane_rows((*inputs, *outputs), dim), default)
         tiny = default < 8
         if shape_class == "one-default-block":
             sizes[dim] = default

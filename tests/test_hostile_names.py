@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from kernel_cases import load_module
+from kernel_cases import load_module, take_gpu_branch
 from pallasgen.errors import SpecError
 from pallasgen.pipeline import generate
 
@@ -62,7 +62,8 @@ def test_colliding_names_compute_the_right_values(module):
 @pytest.mark.parametrize("backend", ["cpu", "gpu"])
 def test_colliding_names_in_a_matmul(module, monkeypatch, backend):
     """Both paths: the Triton launcher calls the builtin `max`, which a tensor may name."""
-    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    if backend == "gpu":
+        take_gpu_branch(monkeypatch, module)
     module.matmul_collide.clear_cache()
     rng = np.random.default_rng(4)
     x, y = rng.standard_normal((20, 300)).astype(np.float32), rng.standard_normal((300, 200)).astype(np.float32)

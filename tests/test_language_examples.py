@@ -129,7 +129,7 @@ def test_matmul_int8_example_is_exact(example):
     rng = np.random.default_rng(13)
     x = rng.integers(-128, 128, (40, 300), dtype=np.int8)
     y = rng.integers(-128, 128, (300, 200), dtype=np.int8)
-    got = np.asarray(module.matmul_int8(x, y, block_m=16, block_n=128, block_k=128))
+    got = np.asarray(module.matmul_int8(x, y, block_m=32, block_n=128, block_k=128))
     assert got.dtype == np.int32
     np.testing.assert_array_equal(got, x.astype(np.int64) @ y.astype(np.int64))
 

@@ -21,6 +21,8 @@ from jax.experimental.pallas import tpu as pltpu
 from kernel_cases import BF16, generated_module, load_module
 
 SMALL_BLOCKS = dict(block_m=16, block_n=128, block_k=128)
+# int8 arrays take blocks of 32 rows: Mosaic tiles them (32, 128).
+INT8_BLOCKS = dict(SMALL_BLOCKS, block_m=32)
 # (M, N, K) per shape class, read against SMALL_BLOCKS.
 SHAPES = {
     "aligned": (32, 256, 384),
@@ -70,7 +72,7 @@ def test_int8_matmul_is_exact_in_int32(mm, rng, shape_class):
     m, n, k = SHAPES[shape_class]
     x = rng.integers(-128, 128, (m, k), dtype=np.int8)
     y = rng.integers(-128, 128, (k, n), dtype=np.int8)
-    got = mm.matmul_int8(x, y, **SMALL_BLOCKS)
+    got = mm.matmul_int8(x, y, **INT8_BLOCKS)
     assert got.dtype == jnp.int32
     np.testing.assert_array_equal(np.asarray(got), x.astype(np.int64) @ y.astype(np.int64))
 
