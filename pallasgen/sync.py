@@ -89,7 +89,8 @@ PARALLEL_THRESHOLD = 8
 
 
 def generate_targets(targets: list[Target], display, use_cache: bool = True) -> dict[Path, str]:
-    """Every target's module text; raises `SpecErrors` with every failing spec's errors.
+    """Every target's module text; raises `SpecErrors` with every failing spec's errors,
+    `UsageError` for a spec that cannot be read.
 
     Unchanged specs come from the cache; the others are generated on every core.
     """
@@ -99,6 +100,8 @@ def generate_targets(targets: list[Target], display, use_cache: bool = True) -> 
     for target in targets:
         try:
             source = decode(target.spec.read_bytes(), display(target.spec))
+        except OSError as error:
+            raise UsageError(f"{display(target.spec)}: {error.strerror}") from None
         except SpecError as error:
             errors.append(error)
             continue
