@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from . import runner
 from .config import ConfigError, load_config
 from .errors import SpecError
 from .pipeline import check_source, decode
@@ -85,7 +86,11 @@ def check(paths: tuple[Path, ...], out: Path | None, quiet: bool, no_cache: bool
 
 _targets = click.argument("targets", nargs=-1, metavar="SPEC[:KERNEL]...")
 _sizes = click.option(
-    "--size", "sizes", multiple=True, metavar="DIM=N", help="A dimension's size (repeatable); see above for the rest."
+    "--size",
+    "sizes",
+    multiple=True,
+    metavar="DIM=N",
+    help="A dimension's size (repeatable); the others as described above.",
 )
 _seed = click.option(
     "--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Seed of the random inputs."
@@ -98,28 +103,28 @@ _modules = click.option(
 )
 
 
-@main.command()
-@_targets
-@_sizes
-@_seed
-@_modules
-def run(targets: tuple[str, ...], sizes: tuple[str, ...], seed: int, out: Path | None) -> None:
-    """Run generated kernels on random inputs and compare them with their references.
+_tolerances = ", ".join(f"{dtype} {tolerance:.0e}" for dtype, tolerance in runner.TOLERANCE.items())
+
+
+@main.command(help=f"""Run generated kernels on random inputs and compare them with their references.
 
     SPEC[:KERNEL] names a spec file and optionally one of its kernels; without any,
     every kernel of the project's specs runs.
 
     Sizes not given with --size: a blocked dimension is one and a half blocks (so its
-    last block is a ragged edge), an unblocked one 384, a matmul's batch dimension 4;
-    then, while an array holds more than 2**20 elements, its largest such dimension
-    is halved. Every kernel so runs in seconds in interpret mode on CPU.
+    last block is a ragged edge), an unblocked one {runner.UNBLOCKED_SIZE}, a matmul's batch dimension
+    {runner.PRODUCT_BATCH_SIZE}; then, while an array holds more than {runner.ELEMENTS_PER_ARRAY} elements, its largest
+    such dimension is halved. Every kernel so runs in seconds in interpret mode on CPU.
 
     Each output's line shows its worst element against the error allowed there:
-    f32 1e-4, f16 1e-2, bf16 2e-2 times (1 + |reference|); integers and bools must be
-    exact. Exits 1 if any element is beyond its allowance.
-    """
-    from . import runner
-
+    {_tolerances} times (1 + |reference|); other dtypes must be exact.
+    Exits 1 if any element is beyond its allowance.
+    """)
+@_targets
+@_sizes
+@_seed
+@_modules
+def run(targets: tuple[str, ...], sizes: tuple[str, ...], seed: int, out: Path | None) -> None:
     given = _parse_sizes(sizes)
     kernels = _kernels(targets, out, given)
     failed = False
@@ -160,7 +165,6 @@ def bench(
     import jax
 
     from . import bench as benchmark
-    from . import runner
 
     device = jax.devices()[0].device_kind
     given = _parse_sizes(sizes)
@@ -203,7 +207,6 @@ def _sweep(kernels, given: dict[str, int], seed: int, repeats: int, device: str)
     import jax
 
     from . import bench as benchmark
-    from . import runner
 
     backend = "gpu" if jax.default_backend() == "gpu" else "tpu"
     for module, checked in kernels:
@@ -231,8 +234,6 @@ def _kernels(targets: tuple[str, ...], out: Path | None, given: dict[str, int]) 
 
     A generated module that is missing or differs from its spec is generated in memory.
     """
-    from . import runner
-
     try:
         config = load_config(Path.cwd())
     except ConfigError as error:
