@@ -5,12 +5,12 @@ Exit codes: 0 success, 1 `check` found drift, 2 a spec or usage error.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import click
 
+from . import runner
 from .config import ConfigError, load_config
 from .errors import SpecError
 from .pipeline import check_source, decode
@@ -29,6 +29,7 @@ DRIFT = 1
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="pallasgen", prog_name="pallasgen", message="%(prog)s %(version)s")
 def main() -> None:
     """Generate JAX Pallas kernels from spec files."""
 
@@ -84,34 +85,54 @@ def check(paths: tuple[Path, ...], out: Path | None, quiet: bool, no_cache: bool
 
 
 _targets = click.argument("targets", nargs=-1, metavar="SPEC[:KERNEL]...")
-_sizes = click.option("--size", "sizes", multiple=True, metavar="DIM=N", help="A dimension's size (repeatable).")
-_seed = click.option("--seed", default=0, show_default=True, help="Seed of the random inputs.")
+_sizes = click.option(
+    "--size",
+    "sizes",
+    multiple=True,
+    metavar="DIM=N",
+    help="A dimension's size (repeatable); the others as described above.",
+)
+_seed = click.option(
+    "--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Seed of the random inputs."
+)
+_modules = click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Folder the generated modules are read from (default from pyproject.toml);"
+    " a missing or stale module is generated in memory instead.",
+)
 
 
-@main.command()
+_tolerances = ", ".join(f"{dtype} {tolerance:.0e}" for dtype, tolerance in runner.TOLERANCE.items())
+
+
+@main.command(help=f"""Run generated kernels on random inputs and compare them with their references.
+
+    SPEC[:KERNEL] names a spec file and optionally one of its kernels; without any,
+    every kernel of the project's specs runs.
+
+    Sizes not given with --size: a blocked dimension is one and a half blocks (so its
+    last block is a ragged edge), an unblocked one {runner.UNBLOCKED_SIZE}, a matmul's batch dimension
+    {runner.PRODUCT_BATCH_SIZE}; then, while an array holds more than {runner.ELEMENTS_PER_ARRAY} elements, its largest
+    such dimension is halved. Every kernel so runs in seconds in interpret mode on CPU.
+
+    Each output's line shows its worst element against the error allowed there:
+    {_tolerances} times (1 + |reference|); other dtypes must be exact.
+    Exits 1 if any element is beyond its allowance.
+    """)
 @_targets
 @_sizes
 @_seed
-@_out
+@_modules
 def run(targets: tuple[str, ...], sizes: tuple[str, ...], seed: int, out: Path | None) -> None:
-    """Run generated kernels on random inputs and compare them with their references.
-
-    Exits 1 if any output differs from the reference by more than its dtype allows.
-    """
-    from . import runner
-
+    given = _parse_sizes(sizes)
+    kernels = _kernels(targets, out, given)
     failed = False
-    for module, checked in _kernels(targets, out):
-        dims = runner.sizes_for(checked, _parse_sizes(sizes))
-        for result in runner.run_kernel(module, checked, dims, seed):
+    for module, checked in kernels:
+        dims = runner.sizes_for(checked, given)
+        for result in _within_memory(checked, dims, lambda: runner.run_kernel(module, checked, dims, seed)):
             failed |= not result.ok
-            shape = ", ".join(f"{d}={dims[d]}" for d in checked.dims)
-            verdict = "OK" if result.ok else f"MISMATCH in {result.mismatches} elements"
-            click.echo(
-                f"{result.kernel}.{result.output} [{shape}]: max |kernel - reference| ="
-                f" {result.max_error:.3g} (allowed {result.tolerance:.0e} x (1 + |reference|)) {verdict},"
-                f" {result.seconds * 1e3:.1f} ms for the first call, compilation included"
-            )
+            click.echo(result.describe(dims))
     _say_if_interpreted()
     sys.exit(DRIFT if failed else 0)
 
@@ -120,8 +141,10 @@ def run(targets: tuple[str, ...], sizes: tuple[str, ...], seed: int, out: Path |
 @_targets
 @_sizes
 @_seed
-@_out
-@click.option("--repeats", default=20, show_default=True, help="Timed calls of each function.")
+@_modules
+@click.option(
+    "--repeats", default=20, show_default=True, type=click.IntRange(min=1), help="Timed calls of each function."
+)
 @click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False), help="Also write results here.")
 @click.option("--sweep", is_flag=True, help="Try candidate block sizes (and GPU options); print the best.")
 def bench(
@@ -133,25 +156,30 @@ def bench(
     json_path: Path | None,
     sweep: bool,
 ) -> None:
-    """Time generated kernels against XLA (their jitted reference) on this machine's device."""
+    """Time generated kernels against XLA (their jitted reference) on this machine's device.
+
+    SPEC[:KERNEL] and the default sizes are as for `pallasgen run`.
+    """
     import json
 
     import jax
 
     from . import bench as benchmark
-    from . import runner
 
     device = jax.devices()[0].device_kind
-    kernels = _kernels(targets, out)
+    given = _parse_sizes(sizes)
+    kernels = _kernels(targets, out, given)
     if sweep:
-        _sweep(kernels, _parse_sizes(sizes), seed, repeats, device)
+        _sweep(kernels, given, seed, repeats, device)
         return
     timings = []
     with click.progressbar(kernels, label=f"Timing on {device}", file=sys.stderr) as progress:
         for module, checked in progress:
-            dims = runner.sizes_for(checked, _parse_sizes(sizes))
-            inputs = runner.random_inputs(checked, dims, seed)
-            timings.append(benchmark.time_kernel(module, checked, dims, inputs, repeats, {}))
+            dims = runner.sizes_for(checked, given)
+            inputs = _within_memory(checked, dims, lambda: runner.random_inputs(checked, dims, seed))
+            timings.append(
+                _within_memory(checked, dims, lambda: benchmark.time_kernel(module, checked, dims, inputs, repeats, {}))
+            )
     for timing in timings:
         click.echo(benchmark.describe(timing, device))
     _say_if_interpreted()
@@ -169,22 +197,29 @@ def bench(
             for t in timings
         ]
         payload = {"device": device, "jax": jax.__version__, "backend": jax.default_backend(), "results": records}
-        json_path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+        try:
+            json_path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+        except OSError as error:
+            _usage_error(f"cannot write {_display(json_path)}: {error.strerror}")
 
 
 def _sweep(kernels, given: dict[str, int], seed: int, repeats: int, device: str) -> None:
     import jax
 
     from . import bench as benchmark
-    from . import runner
 
     backend = "gpu" if jax.default_backend() == "gpu" else "tpu"
     for module, checked in kernels:
         dims = runner.sizes_for(checked, given)
-        inputs = runner.random_inputs(checked, dims, seed)
+        inputs = _within_memory(checked, dims, lambda: runner.random_inputs(checked, dims, seed))
         candidates = benchmark.sweep_candidates(checked, backend)
+        if not candidates:
+            click.echo(f"{checked.kernel.name}: no candidate block sizes tile and fit VMEM; nothing to sweep")
+            continue
         with click.progressbar(length=len(candidates), label=f"Sweeping {checked.kernel.name}", file=sys.stderr) as bar:
-            (seconds, options), xla_seconds = benchmark.sweep(module, checked, inputs, candidates, repeats, bar)
+            (seconds, options), xla_seconds = _within_memory(
+                checked, dims, lambda: benchmark.sweep(module, checked, inputs, candidates, repeats, bar)
+            )
         shape = ", ".join(f"{d}={n}" for d, n in dims.items())
         chosen = ", ".join(f"{k}={v}" for k, v in options.items())
         click.echo(
@@ -194,31 +229,67 @@ def _sweep(kernels, given: dict[str, int], seed: int, repeats: int, device: str)
     _say_if_interpreted()
 
 
-def _kernels(targets: tuple[str, ...], out: Path | None) -> list:
-    """(module, checked kernel) for each SPEC[:KERNEL]; every kernel of the default specs if none."""
-    from . import runner
+def _kernels(targets: tuple[str, ...], out: Path | None, given: dict[str, int]) -> list:
+    """(module, checked kernel) for each SPEC[:KERNEL]; every kernel of the default specs if none.
 
-    config = load_config(Path.cwd())
+    A generated module that is missing or differs from its spec is generated in memory.
+    """
+    try:
+        config = load_config(Path.cwd())
+    except ConfigError as error:
+        _usage_error(str(error))
     out_dir = out if out is not None else config.out
     if not targets:
         targets = tuple(str(p) for p in sorted(config.specs.glob("*.pallas")))
+        if not targets:
+            _usage_error(f"no spec files in {_display(config.specs)}; name one as SPEC[:KERNEL]")
     chosen = []
     for target in targets:
         spec_path, _, wanted = target.partition(":")
-        spec = Path(spec_path)
+        if Path(spec_path).is_dir():
+            _usage_error(f"{spec_path}: a folder; name a spec file in it, as SPEC[:KERNEL]")
         try:
-            kernels = check_source(decode(spec.read_bytes(), spec_path), spec_path)
+            (spec,), _ = collect_targets([Path(spec_path)], out_dir, _display)
+            kernels = check_source(decode(spec.spec.read_bytes(), spec_path), spec_path)
+            modules = generate_targets([spec], _display)
         except OSError as error:
             _usage_error(f"{spec_path}: {error.strerror}")
+        except UsageError as error:
+            _usage_error(str(error))
         except SpecError as error:
             click.echo(error.render(), err=True)
             sys.exit(SPEC_OR_USAGE_ERROR)
         matching = [k for k in kernels if not wanted or k.kernel.name == wanted]
         if not matching:
-            _usage_error(f"{spec_path} has no kernel named {wanted!r}")
-        module = runner.load_module(_up_to_date_module(spec, out_dir))
+            names = ", ".join(k.kernel.name for k in kernels)
+            _usage_error(f"{spec_path} has no kernel named {wanted!r}; its kernels: {names}")
+        for change in plan_changes([spec], modules, set(), out_dir):
+            state = "missing" if change.kind == "create" else "stale"
+            click.echo(
+                f"generated in memory: {_display(spec.output)} is {state}; run `pallasgen build` to write it",
+                err=True,
+            )
+        module = runner.load_module(modules[spec.output], spec.output)
         chosen.extend((module, checked) for checked in matching)
+    _check_sized_dimensions(given, [checked for _, checked in chosen])
     return chosen
+
+
+def _check_sized_dimensions(given: dict[str, int], kernels: list) -> None:
+    """Every --size names a dimension of some kernel being run."""
+    for dim, size in given.items():
+        if not any(dim in checked.dims for checked in kernels):
+            described = " or ".join(f"{c.kernel.name} [{', '.join(c.dims)}]" for c in kernels)
+            _usage_error(f"--size {dim}={size}: no dimension {dim} in {described}")
+
+
+def _within_memory(checked, dims: dict[str, int], compute):
+    """What `compute` returns; a usage error if the arrays of these sizes do not fit in memory."""
+    try:
+        return compute()
+    except MemoryError:
+        shape = ", ".join(f"{d}={n}" for d, n in dims.items())
+        _usage_error(f"{checked.kernel.name} [{shape}]: the arrays do not fit in memory; give smaller --size values")
 
 
 def _say_if_interpreted() -> None:
@@ -232,22 +303,12 @@ def _parse_sizes(sizes: tuple[str, ...]) -> dict[str, int]:
     parsed = {}
     for item in sizes:
         dim, _, value = item.partition("=")
-        if not dim or not value.isdigit() or int(value) < 1:
-            _usage_error(f"--size {item}: expected DIM=N with N a positive integer")
+        if not dim.isidentifier() or not (value.isascii() and value.isdigit()) or int(value) < 1:
+            _usage_error(f"--size {item}: expected DIM=N, a dimension name and a positive integer")
+        if dim in parsed:
+            _usage_error(f"--size {dim} is given twice")
         parsed[dim] = int(value)
     return parsed
-
-
-def _up_to_date_module(spec: Path, out_dir: Path) -> Path:
-    try:
-        targets, _ = collect_targets([spec], out_dir, _display)
-        (module_text,) = generate_targets(targets, _display).values()
-    except (UsageError, SpecErrors) as error:
-        _usage_error(str(error))
-    path = targets[0].output
-    if not path.exists() or path.read_text(encoding="utf-8") != module_text:
-        _usage_error(f"{_display(path)} is missing or out of date; run `pallasgen build` first")
-    return path
 
 
 def _usage_error(message: str):
@@ -275,8 +336,7 @@ def _prepare(paths: tuple[Path, ...], out: Path | None, no_cache: bool):
 
 
 def _display(path: Path) -> str:
-    """A path as the user would type it: relative to the working directory when inside it."""
-    try:
-        return os.path.relpath(path, Path.cwd()) if path.is_absolute() else str(path)
-    except ValueError:
-        return str(path)
+    """A path as the user would type it: relative to the working directory when inside it,
+    else as given or absolute."""
+    cwd = Path.cwd()
+    return str(path.relative_to(cwd)) if path.is_absolute() and path.is_relative_to(cwd) else str(path)

@@ -1,12 +1,14 @@
-"""The examples of LANGUAGE.md (the contract) build with the CLI and compute correctly.
+"""Every example of docs/language.md, the language reference, builds and computes correctly.
 
-tests/language_examples/ holds every example of LANGUAGE.md, copied verbatim,
-annotations included. Each is built with `pallasgen build FILE --out TMP`, imported
-from TMP and run in interpret mode against a float64 (int64 for int8) NumPy reference.
+The reference holds the examples of the language contract verbatim. Each spec in a
+plain fenced block is built with the CLI and run against its reference; the
+contract's examples are also checked against float64 (int64 for int8) NumPy
+references. Each `bad` block is a spec whose errors the `text` block after it shows.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -17,9 +19,22 @@ from click.testing import CliRunner
 from kernel_cases import F32_TOL, EXACT, add_vectors_numpy, assert_outputs_close, leaky_numpy, load_module
 from pallasgen.cli import main
 
-EXAMPLES = Path(__file__).resolve().parent / "language_examples"
-LANGUAGE_MD = Path(__file__).resolve().parents[2] / "shared" / "LANGUAGE.md"
+LANGUAGE_MD = Path(__file__).resolve().parents[1] / "docs" / "language.md"
+FENCED = re.compile(r"^```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+BLOCKS = FENCED.findall(LANGUAGE_MD.read_text(encoding="utf-8"))
+# Spec examples by the name of their first kernel.
+EXAMPLES = {re.search(r"^kernel (\w+)", text, re.MULTILINE).group(1): text for info, text in BLOCKS if not info}
+ERROR_EXAMPLES = [(text, BLOCKS[i + 1][1]) for i, (info, text) in enumerate(BLOCKS) if info == "bad"]
+# The examples of the language contract (LANGUAGE.md).
 NAMES = ["add_vectors", "leaky", "matmul_int8", "matmul_relu", "scores"]
+
+
+def project(folder: Path, name: str, text: str) -> Path:
+    """A project in `folder` whose specs/NAME.pallas is `text`."""
+    (folder / "specs").mkdir(parents=True)
+    (folder / "pyproject.toml").write_text("[tool.pallasgen]\n", encoding="utf-8")
+    (folder / "specs" / f"{name}.pallas").write_text(text, encoding="utf-8")
+    return folder
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +44,10 @@ def build(tmp_path_factory):
 
     def build_example(name):
         if name not in built:
+            spec = tmp_path_factory.mktemp(f"spec_{name}") / f"{name}.pallas"
+            spec.write_text(EXAMPLES[name], encoding="utf-8")
             out = tmp_path_factory.mktemp(f"example_{name}")
-            result = CliRunner().invoke(main, ["build", str(EXAMPLES / f"{name}.pallas"), "--out", str(out)])
+            result = CliRunner().invoke(main, ["build", str(spec), "--out", str(out)])
             built[name] = (result, out)
         return built[name]
 
@@ -52,17 +69,29 @@ def example(build):
     return load
 
 
-def test_examples_are_the_examples_of_the_contract():
-    """The copied examples are exactly the ones bundled here, each a `.pallas` file."""
-    assert sorted(p.stem for p in EXAMPLES.glob("*.pallas")) == sorted(NAMES)
+def test_the_reference_holds_every_example_of_the_contract():
+    assert set(NAMES) <= set(EXAMPLES)
 
 
-@pytest.mark.skipif(not LANGUAGE_MD.exists(), reason=f"{LANGUAGE_MD} is not present")
-@pytest.mark.parametrize("name", NAMES)
-def test_example_is_verbatim_in_language_md(name):
-    """Each copied example is one whole code block of LANGUAGE.md, byte for byte."""
-    example_text = (EXAMPLES / f"{name}.pallas").read_text(encoding="utf-8")
-    assert f"```\n{example_text}```" in LANGUAGE_MD.read_text(encoding="utf-8")
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_every_example_builds_and_agrees_with_its_reference(name, tmp_path, monkeypatch):
+    """`pallasgen build` then `pallasgen run` in a project holding just the example."""
+    monkeypatch.chdir(project(tmp_path, name, EXAMPLES[name]))
+    monkeypatch.setenv("PALLASGEN_CACHE_DIR", str(tmp_path / "cache"))
+    built = CliRunner().invoke(main, ["build"])
+    assert built.exit_code == 0, built.output
+    ran = CliRunner().invoke(main, ["run"])
+    assert ran.exit_code == 0, ran.output
+    assert ": OK" in ran.stdout and "generated in memory" not in ran.stderr
+
+
+@pytest.mark.parametrize("spec, shown", ERROR_EXAMPLES, ids=[f"error-{i}" for i in range(len(ERROR_EXAMPLES))])
+def test_error_example_prints_what_the_reference_shows(spec, shown, tmp_path, monkeypatch):
+    monkeypatch.chdir(project(tmp_path, "example", spec))
+    result = CliRunner().invoke(main, ["build", "specs/example.pallas"])
+    assert result.exit_code == 2
+    assert result.stderr == shown
+    assert not (tmp_path / "generated").exists()
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -35,34 +36,180 @@ def invoke(*args):
     return CliRunner().invoke(main, list(args))
 
 
+FOUR_D = """\
+kernel four_d {
+    in  x: f32[B, H, S, D]
+    in  y: f32[B, H, S, D]
+    out z: f32[B, H, S, D]
+    z = x * y + 1
+}
+"""
+
+
+def checked_kernel(source: str, name: str):
+    (checked,) = [k for k in check_source(source, "spec.pallas") if k.kernel.name == name]
+    return checked
+
+
 def test_run_compares_each_output_with_the_reference(project):
     result = invoke("run", "specs/activations.pallas:leaky", "--size", "M=20", "--size", "N=300")
     assert result.exit_code == 0, result.output
-    assert "leaky.y [M=20, N=300]: max |kernel - reference| = 0" in result.output
-    assert "leaky.mask [M=20, N=300]" in result.output
+    assert "leaky.y [M=20, N=300]: OK, worst element " in result.output
+    assert "leaky.mask [M=20, N=300]: OK, compared exactly;" in result.output
     assert "say nothing about TPU or GPU speed" in result.output
 
 
-def test_run_refuses_a_generated_module_that_differs_from_its_spec(project):
+def test_run_generates_a_stale_module_in_memory_and_leaves_the_file_alone(project):
     module = project / "generated" / "activations.py"
-    module.write_text(module.read_text().replace("x * slope", "x * slope * 2", 1))
+    edited = module.read_text().replace("x * slope", "x * slope * 2", 1)
+    module.write_text(edited)
     result = invoke("run", "specs/activations.pallas:leaky", "--size", "M=20", "--size", "N=300")
-    assert result.exit_code == 2
-    assert "out of date; run `pallasgen build` first" in result.output
+    assert result.exit_code == 0, result.output
+    assert "generated in memory: generated/activations.py is stale; run `pallasgen build` to write it" in result.stderr
+    assert "leaky.y [M=20, N=300]: OK" in result.stdout
+    assert module.read_text() == edited
+
+
+@pytest.mark.parametrize("command", ["run", "bench"])
+def test_run_and_bench_generate_a_missing_module_in_memory(project, command):
+    (project / "generated" / "add_vectors.py").unlink()
+    result = invoke(
+        command, "specs/add_vectors.pallas", "--size", "N=300", *(["--repeats", "1"] * (command == "bench"))
+    )
+    assert result.exit_code == 0, result.output
+    assert "generated in memory: generated/add_vectors.py is missing" in result.stderr
+    assert "add_vectors" in result.stdout
+    assert not (project / "generated" / "add_vectors.py").exists()
 
 
 def test_a_kernel_that_disagrees_with_its_reference_is_a_mismatch():
     checked, *_ = check_source((ROOT / "specs" / "activations.pallas").read_text(), "activations.pallas")
-    reference = runner.load_module(ROOT / "generated" / "activations.py").leaky_reference
+    path = ROOT / "generated" / "activations.py"
+    reference = runner.load_module(path.read_text(), path).leaky_reference
     wrong = SimpleNamespace(leaky=lambda x: tuple(o + 1 for o in reference(x)), leaky_reference=reference)
     results = runner.run_kernel(wrong, checked, {"M": 8, "N": 128}, seed=0)
     assert [(r.output, r.ok, r.mismatches) for r in results] == [("y", False, 8 * 128), ("mask", False, 8 * 128)]
+    y, mask = (r.describe({"M": 8, "N": 128}) for r in results)
+    assert y.startswith("leaky.y [M=8, N=128]: MISMATCH in 1024 of 1024 elements, worst element ")
+    assert " beyond the " in y
+    assert mask.startswith("leaky.mask [M=8, N=128]: MISMATCH in 1024 of 1024 elements, compared exactly; worst")
 
 
-def test_run_names_a_missing_kernel(project):
+def test_the_worst_float_element_is_shown_against_its_own_allowance():
+    """The element nearest its allowance, 1e-4 x (1 + |reference|) for f32, with that allowance."""
+    got = [1.0, 100.005, 3.0]
+    want = [1.0, 100.0, 3.00005]
+    result = runner._compare("k", "y", got, want, runner.TOLERANCE["f32"], 0.0)
+    assert result.ok
+    assert result.worst[1:] == pytest.approx((100.0, 0.005, 0.0101))
+    assert "worst element 100.005, reference 100: |diff| 0.005 within the 0.0101 allowed there" in result.describe({})
+
+
+def test_integer_outputs_are_compared_exactly_and_say_so():
+    result = runner._compare("k", "mask", [0, 1, 1], [0, 1, 1], runner.TOLERANCE.get("i32", 0.0), 0.0)
+    assert result.ok and ", compared exactly;" in result.describe({})
+    assert "allowed" not in result.describe({})
+    assert runner._compare("k", "mask", [0, 1, 2], [0, 1, 1], 0.0, 0.0).mismatches == 1
+
+
+def test_a_nan_on_one_side_only_is_a_mismatch_and_the_worst_element():
+    result = runner._compare("k", "y", [float("nan"), 1.0], [1.0, 1.0], runner.TOLERANCE["f32"], 0.0)
+    assert result.mismatches == 1
+    assert "worst element nan, reference 1: |diff| inf beyond" in result.describe({})
+
+
+def test_default_sizes_make_each_blocked_dimension_one_and_a_half_blocks():
+    """Two blocks, the second a ragged edge, while the arrays stay within the budget."""
+    checked, *_ = check_source((ROOT / "specs" / "activations.pallas").read_text(), "activations.pallas")
+    assert checked.blocks == {"M": 256, "N": 512}
+    assert runner.sizes_for(checked, {}) == {"M": 384, "N": 768}
+
+
+def test_default_sizes_keep_every_array_of_any_rank_within_the_budget():
+    checked = checked_kernel(FOUR_D, "four_d")
+    sizes = runner.sizes_for(checked, {})
+    assert 0 < math.prod(sizes.values()) <= runner.ELEMENTS_PER_ARRAY
+    assert min(sizes.values()) >= 16
+
+
+def test_given_sizes_are_kept_and_only_the_others_shrink():
+    checked = checked_kernel(FOUR_D, "four_d")
+    sizes = runner.sizes_for(checked, {"D": 4096})
+    assert sizes["D"] == 4096
+    assert math.prod(sizes.values()) <= runner.ELEMENTS_PER_ARRAY
+
+
+def test_run_of_a_4d_spec_finishes_with_default_sizes(project):
+    (project / "specs" / "four_d.pallas").write_text(FOUR_D)
+    result = invoke("run", "specs/four_d.pallas")
+    assert result.exit_code == 0, result.output
+    assert "four_d.z [B=" in result.stdout and ": OK" in result.stdout
+
+
+def test_run_names_a_missing_kernel_and_lists_the_kernels(project):
     result = invoke("run", "specs/activations.pallas:nope")
     assert result.exit_code == 2
-    assert "has no kernel named 'nope'" in result.output
+    assert "has no kernel named 'nope'; its kernels: leaky, bias_gelu, quantize_rows" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(
+            ["specs/matmul.pallas:matmul", "--size", "Q=3"],
+            "--size Q=3: no dimension Q in matmul [M, N, K]",
+            id="unknown-dimension",
+        ),
+        pytest.param(["specs/add_vectors.pallas", "--size", "N"], "--size N: expected DIM=N", id="no-value"),
+        pytest.param(["specs/add_vectors.pallas", "--size", "N=0"], "--size N=0: expected DIM=N", id="zero"),
+        pytest.param(["specs/add_vectors.pallas", "--size", "N=-4"], "--size N=-4: expected DIM=N", id="negative"),
+        pytest.param(["specs/add_vectors.pallas", "--size", "N=\u00b2"], "expected DIM=N", id="unicode-digit"),
+        pytest.param(["specs/add_vectors.pallas", "--size", "=4"], "--size =4: expected DIM=N", id="no-name"),
+        pytest.param(
+            ["specs/add_vectors.pallas", "--size", "N=4", "--size", "N=5"], "--size N is given twice", id="twice"
+        ),
+        pytest.param(
+            ["specs/add_vectors.pallas", "--size", "N=99999999999999999999999"],
+            "add_vectors [N=99999999999999999999999]: the arrays do not fit in memory",
+            id="too-large",
+        ),
+        pytest.param(["specs"], "specs: a folder; name a spec file in it", id="folder"),
+        pytest.param(["specs/nope.pallas"], "specs/nope.pallas: no such file or folder", id="missing-spec"),
+        pytest.param(["pyproject.toml"], "not a spec file (expected a .pallas file)", id="not-a-spec"),
+        pytest.param(["specs/add_vectors.pallas", "--seed", "-1"], "-1 is not in the range x>=0", id="seed"),
+    ],
+)
+def test_run_usage_errors_exit_2_in_plain_words(project, args, message):
+    result = invoke("run", *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert isinstance(result.exception, SystemExit)  # not an uncaught exception
+
+
+def test_run_without_specs_in_the_project_is_a_usage_error(project):
+    shutil.rmtree(project / "specs")
+    result = invoke("run")
+    assert result.exit_code == 2
+    assert "pallasgen: error: no spec files in specs" in result.stderr
+
+
+def test_run_with_an_unreadable_pyproject_is_a_usage_error(project):
+    (project / "pyproject.toml").write_text("[tool.pallasgen\n")
+    result = invoke("run", "specs/add_vectors.pallas")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("pallasgen: error: ") and "pyproject.toml" in result.stderr
+
+
+def test_bench_refuses_zero_repeats(project):
+    result = invoke("bench", "specs/add_vectors.pallas", "--repeats", "0")
+    assert result.exit_code == 2
+    assert "0 is not in the range x>=1" in result.output
+
+
+def test_bench_json_into_a_missing_folder_is_a_usage_error(project):
+    result = invoke("bench", "specs/add_vectors.pallas", "--size", "N=8", "--repeats", "1", "--json", "no/such.json")
+    assert result.exit_code == 2
+    assert "pallasgen: error: cannot write no/such.json: No such file or directory" in result.stderr
 
 
 def test_bench_times_kernel_and_xla_and_writes_json(project):
