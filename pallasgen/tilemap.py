@@ -78,6 +78,7 @@ class KernelTiles:
     grid: tuple[GridAxis, ...]
     arrays: tuple[ArrayTiles, ...]
     contracted: str | None
+    operands: tuple[str, ...]  # a product's left and right operands
     looped: str | None  # GPU: the contracted dimension each program loops over
     vmem_bytes: int  # TPU: double-buffered blocks plus the accumulator
     accumulator_bytes: int
@@ -156,6 +157,7 @@ def kernel_tiles(checked: CheckedKernel, sizes: dict[str, int], gpu: bool) -> Ke
         grid=grid,
         arrays=arrays,
         contracted=contracted,
+        operands=tuple(o.name for o in product.operands) if product else (),
         looped=looped,
         vmem_bytes=0 if gpu else vmem_bytes(kernel, exact, accumulating),
         accumulator_bytes=accumulator_bytes(accumulating, exact),

@@ -8,6 +8,7 @@ along a contracted dimension.
 
 from __future__ import annotations
 
+from math import inf, prod
 from xml.sax.saxutils import escape, quoteattr
 
 from .tiling import SCOPED_VMEM_BYTES, format_bytes
@@ -62,26 +63,23 @@ def render_svg(tiles: KernelTiles) -> str:
     legend_top = MARGIN + TEXT_LINE * len(header) + 8
     legend = _legend(tiles, MARGIN, legend_top)
     y = legend_top + legend.height + 22
+    panels = {array.name: _panel(tiles, array, scale) for array in tiles.arrays}
     body: list[str] = []
-    x, row_height, width = MARGIN, 0.0, 0.0
-    first_output = next(a for a in tiles.arrays if a.is_output)
-    for array in tiles.arrays:
-        panel = _panel(tiles, array, scale)
-        if x > MARGIN and (x + panel.width > ROW_WIDTH or array is first_output):
-            x, y, row_height = MARGIN, y + row_height + PANEL_GAP, 0.0
-        body.append(f'<g class="array" data-name={quoteattr(array.name)} transform="translate({_n(x)},{_n(y)})">')
-        body += panel.elements
-        body.append("</g>")
-        width = max(width, x + panel.width)
-        x += panel.width + PANEL_GAP
-        row_height = max(row_height, panel.height)
+    width = 0.0
+    for row in _rows(tiles, panels):
+        for x, array in row:
+            body.append(f'<g class="array" data-name={quoteattr(array.name)} transform="translate({_n(x)},{_n(y)})">')
+            body += panels[array.name].elements
+            body.append("</g>")
+            width = max(width, x + panels[array.name].width)
+        y += max(panels[array.name].height for _, array in row) + PANEL_GAP
     texts = [
         _text(_indent(line), MARGIN + 14 + TEXT_LINE * n, line.strip(), cls, attrs)
         for n, (line, cls, attrs) in enumerate(header)
     ]
     width = max([width, legend.width + MARGIN] + [_indent(line) + _width(line, cls) for line, cls, _ in header])
     width += MARGIN
-    height = y + row_height + MARGIN
+    height = y - PANEL_GAP + MARGIN
     return "\n".join(
         [
             f'<svg xmlns="http://www.w3.org/2000/svg" width="{_n(width)}" height="{_n(height)}"'
@@ -97,6 +95,38 @@ def render_svg(tiles: KernelTiles) -> str:
             "",
         ]
     )
+
+
+def _rows(tiles: KernelTiles, panels: dict[str, _Drawing]) -> list[list[tuple[float, ArrayTiles]]]:
+    """Where each array goes: (x, array) in rows. A product is laid out as on paper, its
+    right operand above the output and its left operand beside it, so that their blocks
+    line up along M and N; otherwise inputs fill rows and outputs start a row of their own."""
+    by_name = {array.name: array for array in tiles.arrays}
+    if tiles.operands:
+        lhs, rhs = (by_name[name] for name in tiles.operands)
+        others = [a for a in tiles.arrays if not a.is_output and a.name not in tiles.operands]
+        outputs = [a for a in tiles.arrays if a.is_output]
+        beside = MARGIN + panels[lhs.name].width + PANEL_GAP
+        return [_row(beside, [rhs, *others], panels), [(MARGIN, lhs), *_row(beside, outputs, panels)]]
+    rows: list[list[tuple[float, ArrayTiles]]] = []
+    for group in ([a for a in tiles.arrays if not a.is_output], [a for a in tiles.arrays if a.is_output]):
+        x = inf  # each group starts a row
+        for array in group:
+            if x + panels[array.name].width > ROW_WIDTH:
+                x = MARGIN
+                rows.append([])
+            rows[-1].append((x, array))
+            x += panels[array.name].width + PANEL_GAP
+    return rows
+
+
+def _row(x: float, arrays: list[ArrayTiles], panels: dict[str, _Drawing]) -> list[tuple[float, ArrayTiles]]:
+    """Arrays side by side from x."""
+    placed = []
+    for array in arrays:
+        placed.append((x, array))
+        x += panels[array.name].width + PANEL_GAP
+    return placed
 
 
 def _indent(line: str) -> float:
@@ -124,7 +154,8 @@ def _header_lines(tiles: KernelTiles) -> list[tuple[str, str, str]]:
         options = ", ".join(f"num_{name} = {value}" for name, value in tiles.gpu_options.items())
         lines.append((f"Triton options: {options}", "line", ""))
     else:
-        lines.append((_vmem_line(tiles), "line vmem", f' data-bytes="{tiles.vmem_bytes}"'))
+        total, parts = _vmem_lines(tiles)
+        lines += [(total, "line vmem", f' data-bytes="{tiles.vmem_bytes}"'), (parts, "line", "")]
     return lines
 
 
@@ -133,15 +164,13 @@ def _whole(dims: list[str]) -> str:
 
 
 def _grid_lines(tiles: KernelTiles) -> list[str]:
-    if not tiles.grid:
-        return ["grid (): a single step"]
-    indices = ", ".join(g.index for g in tiles.grid)
-    steps = ", ".join(str(g.steps) for g in tiles.grid)
-    total = 1
-    for g in tiles.grid:
-        total *= g.steps
-    order = "programs, run concurrently" if tiles.gpu else "steps, run in order, the last index fastest"
-    lines = [f"grid ({indices}) = ({steps}): {total} {order}"]
+    lines = ["grid (): a single step"]
+    if tiles.grid:
+        indices = ", ".join(g.index for g in tiles.grid)
+        steps = ", ".join(str(g.steps) for g in tiles.grid)
+        total = prod(g.steps for g in tiles.grid)
+        order = "programs, run concurrently" if tiles.gpu else "steps, run in order, the last index fastest"
+        lines = [f"grid ({indices}) = ({steps}): {total} {order}"]
     for g in tiles.grid:
         role = "arbitrary: each output tile accumulates over it in order" if g.arbitrary else "parallel"
         lines.append(f"  {g.index}: {g.steps} blocks of {g.dim} = {tiles.sizes[g.dim]}, {role}")
@@ -154,28 +183,35 @@ def _grid_lines(tiles: KernelTiles) -> list[str]:
     return lines
 
 
-def _vmem_line(tiles: KernelTiles) -> str:
-    parts = " + ".join(f"{a.name} {format_bytes(a.block_bytes)}" for a in tiles.arrays)
+def _vmem_lines(tiles: KernelTiles) -> tuple[str, str]:
+    """The VMEM the blocks need, then what it is made of."""
+    parts = " + ".join(f"{a.name} {_bytes(a.block_bytes)}" for a in tiles.arrays)
     accumulator = (
-        f" + {tiles.accumulator_dtype} accumulator {format_bytes(tiles.accumulator_bytes)}"
-        if tiles.accumulator_bytes
-        else ""
+        f" + {tiles.accumulator_dtype} accumulator {_bytes(tiles.accumulator_bytes)}" if tiles.accumulator_bytes else ""
     )
     return (
-        f"VMEM {format_bytes(tiles.vmem_bytes)} of the {format_bytes(SCOPED_VMEM_BYTES)} a TPU v5e grants:"
-        f" 2 buffers x ({parts}){accumulator}"
+        f"VMEM {_bytes(tiles.vmem_bytes)} of the {_bytes(SCOPED_VMEM_BYTES)} a TPU v5e grants:",
+        f"  2 buffers x ({parts}){accumulator}",
     )
 
 
 def _step_text(tiles: KernelTiles) -> str:
+    """The highlighted step: `step (i, j) = (1, 0)`, or a program on the GPU."""
+    step = "program" if tiles.gpu else "step"
+    if not tiles.grid:
+        return f"the single {step}"
     indices = ", ".join(g.index for g in tiles.grid)
     chosen = ", ".join(str(g.chosen) for g in tiles.grid)
-    return f"({indices}) = ({chosen})"
+    return f"{step} ({indices}) = ({chosen})"
+
+
+def _bytes(count: int) -> str:
+    """`tiling.format_bytes`, except that less than a KiB shows in bytes."""
+    return f"{count} B" if count < 1024 else format_bytes(count)
 
 
 def _legend(tiles: KernelTiles, x: float, y: float) -> _Drawing:
-    step = "program" if tiles.gpu else "step"
-    entries = [("highlight", f"the blocks that {step} {_step_text(tiles)} reads and writes")]
+    entries = [("highlight", f"the blocks that {_step_text(tiles)} reads and writes")]
     if any(a.ragged for array in tiles.arrays for a in array.axes):
         k_ragged = any(a.ragged and a.dim == array.contracted for array in tiles.arrays for a in array.axes)
         along = f" (zeros along {tiles.contracted})" if k_ragged and tiles.contracted in tiles.blocks else ""
@@ -263,7 +299,9 @@ def _panel(tiles: KernelTiles, array: ArrayTiles, scale: dict[str, float]) -> _D
     if array.contracted in tiles.blocks:
         elements += _contracted_path(array, rows, cols, scale, left, top)
     notes = _notes(tiles, array)
-    y = top + height + 20
+    # A column of few blocks is shorter than its rotated label.
+    label = _width(_axis_title(rows), "tick") if rows is not None and rows.dim is not None else 0
+    y = top + max(height, label) + 20
     for n, (note, attrs) in enumerate(notes):
         elements.append(_text(0, y + n * NOTE_LINE, note, "note", attrs))
     panel_width = max([left + width + stack_room, _width(name, "name")] + [_width(note, "note") for note, _ in notes])
@@ -355,22 +393,21 @@ def _notes(tiles: KernelTiles, array: ArrayTiles) -> list[tuple[str, str]]:
     index = ", ".join(a.index or "0" for a in array.axes)
     chosen = ", ".join(str(a.chosen) for a in array.axes)
     verb = "writes" if array.is_output else "reads"
-    step = "program" if tiles.gpu else "step"
     notes = [(f"block ({shape}), index map ({grid_indices}) -> ({index})", "")]
-    notes.append((f"{step} {_step_text(tiles)} {verb} block ({chosen})", ""))
-    size = format_bytes(array.block_bytes)
+    notes.append((f"{_step_text(tiles)} {verb} block ({chosen})", ""))
+    size = _bytes(array.block_bytes)
     bytes_attrs = f' data-bytes="{array.block_bytes}"'
     if tiles.gpu:
         notes.append((f"{size} a load", bytes_attrs))
     else:
-        notes.append((f"{size} a block, {format_bytes(2 * array.block_bytes)} double-buffered", bytes_attrs))
+        notes.append((f"{size} a block, {_bytes(2 * array.block_bytes)} double-buffered", bytes_attrs))
     if array.broadcast_over:
         indices = [g.index for g in tiles.grid if g.dim in array.broadcast_over]
         every = f": the same block for every {', '.join(indices)}" if indices else ""
         notes.append((f"broadcast over {', '.join(array.broadcast_over)}{every}", ""))
     if array.transposed:
         notes.append(("read transposed (.T) by the product", ""))
-    notes += [(_stack_note(axis), "") for axis in array.axes[:-2] if axis.dim is not None]
+    notes += [(_stack_note(axis, tiles.gpu), "") for axis in array.axes[:-2] if axis.dim is not None]
     if array.contracted and tiles.gpu:
         notes.append((f"each program loops over {array.contracted} in slices of {tiles.blocks[array.contracted]}", ""))
     elif array.contracted and array.contracted in tiles.blocks:
@@ -381,12 +418,14 @@ def _notes(tiles: KernelTiles, array: ArrayTiles) -> list[tuple[str, str]]:
     return notes
 
 
-def _stack_note(axis: Axis) -> str:
+def _stack_note(axis: Axis, gpu: bool) -> str:
     """What the slices drawn behind an array stand for."""
     if axis.index is None:
         return f"per {axis.dim}: all {axis.size} taken whole in each block"
     blocks = f"{axis.size} slices" if axis.block == 1 else f"{axis.blocks} blocks of {axis.block}"
-    return f"per {axis.dim}: one of {blocks} drawn; this step takes {axis.index} = {axis.chosen}"
+    return (
+        f"per {axis.dim}: one of {blocks} drawn; this {'program' if gpu else 'step'} takes {axis.index} = {axis.chosen}"
+    )
 
 
 def _block_text(axis: Axis) -> str:
