@@ -229,6 +229,53 @@ def _sweep(kernels, given: dict[str, int], seed: int, repeats: int, device: str)
     _say_if_interpreted()
 
 
+@main.command()
+@click.argument("target", metavar="SPEC[:KERNEL]")
+@_sizes
+@click.option(
+    "--out",
+    "out_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="The SVG file to write (default: KERNEL.svg here).",
+)
+@click.option("--gpu", is_flag=True, help="Draw the GPU (Triton) tiling instead of the TPU one.")
+def show(target: str, sizes: tuple[str, ...], out_file: Path | None, gpu: bool) -> None:
+    """Draw a kernel's arrays cut into blocks, its grid and its edge blocks as an SVG picture."""
+    from .tilemap import ShowError, kernel_tiles, sizes_for
+    from .tilesvg import render_svg
+
+    checked = _one_kernel(target)
+    try:
+        picture = render_svg(kernel_tiles(checked, sizes_for(checked, _parse_sizes(sizes), gpu), gpu))
+    except ShowError as error:
+        _usage_error(str(error))
+    path = out_file if out_file is not None else Path(f"{checked.kernel.name}.svg")
+    try:
+        path.write_text(picture, encoding="utf-8")
+    except OSError as error:
+        _usage_error(f"cannot write {_display(path)}: {error.strerror}")
+    click.echo(_display(path))
+
+
+def _one_kernel(target: str):
+    """The checked kernel SPEC:KERNEL names; SPEC alone if it holds one kernel."""
+    spec_path, _, wanted = target.partition(":")
+    try:
+        kernels = check_source(decode(Path(spec_path).read_bytes(), spec_path), spec_path)
+    except OSError as error:
+        _usage_error(f"{spec_path}: {error.strerror}")
+    except SpecError as error:
+        click.echo(error.render(), err=True)
+        sys.exit(SPEC_OR_USAGE_ERROR)
+    names = [k.kernel.name for k in kernels]
+    if not wanted and len(kernels) > 1:
+        _usage_error(f"{spec_path} has {len(kernels)} kernels; name one as {spec_path}:KERNEL: {', '.join(names)}")
+    matching = [k for k in kernels if not wanted or k.kernel.name == wanted]
+    if not matching:
+        _usage_error(f"{spec_path} has no kernel named {wanted!r}; its kernels are {', '.join(names)}")
+    return matching[0]
+
+
 def _kernels(targets: tuple[str, ...], out: Path | None, given: dict[str, int]) -> list:
     """(module, checked kernel) for each SPEC[:KERNEL]; every kernel of the default specs if none.
 

@@ -1,0 +1,318 @@
+"""`pallasgen show`: an SVG picture of a kernel's blocks, grid and edge blocks.
+
+A picture draws each array as `<g class="array" data-name=NAME>`: one `rect.block`
+per block it is read or written in (`ragged` on edge blocks, which also get a hatched
+`rect.overhang` past the array's end), one `rect.highlight` on the block the chosen
+grid step takes, and texts whose `data-bytes` give the VMEM figures they print.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from math import prod
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pallasgen.cli import main
+from pallasgen.pipeline import check_source
+from pallasgen.planparts import layout_of
+from pallasgen.tilemap import ShowError, kernel_tiles, sizes_for
+from pallasgen.tiling import block_bytes, format_bytes, vmem_bytes
+from pallasgen.tilesvg import render_svg
+
+ROOT = Path(__file__).resolve().parents[1]
+SVG = "{http://www.w3.org/2000/svg}"
+EXAMPLE = ROOT / "docs" / "show_matmul_bias_gelu.svg"
+# The README's command for the committed example, without its --out.
+EXAMPLE_COMMAND = ["show", "specs/matmul.pallas:matmul_bias_gelu"]
+
+KERNELS = {
+    checked.kernel.name: checked
+    for spec in sorted((ROOT / "specs").glob("*.pallas"))
+    for checked in check_source(spec.read_text(encoding="utf-8"), str(spec))
+}
+PRODUCTS = [name for name, checked in KERNELS.items() if checked.product is not None]
+
+
+def kernel(name: str):
+    return KERNELS[name]
+
+
+def picture(checked, sizes: dict[str, int] | None = None, gpu: bool = False) -> ET.Element:
+    tiles = kernel_tiles(checked, sizes_for(checked, sizes or {}, gpu), gpu)
+    return ET.fromstring(render_svg(tiles))
+
+
+def arrays(root: ET.Element) -> dict[str, ET.Element]:
+    return {g.get("data-name"): g for g in root.iter(f"{SVG}g") if g.get("class") == "array"}
+
+
+def rects(group: ET.Element, kind: str) -> list[ET.Element]:
+    return [r for r in group.iter(f"{SVG}rect") if kind in r.get("class", "").split()]
+
+
+def texts(root: ET.Element) -> list[str]:
+    return ["".join(t.itertext()) for t in root.iter(f"{SVG}text")]
+
+
+def blocks_of(checked, gpu: bool) -> dict[str, int]:
+    return checked.gpu_blocks if gpu else checked.blocks
+
+
+def drawn_axes(checked, decl, sizes, gpu) -> list[tuple[int, int]]:
+    """(size, block) of the rows and columns an array is drawn in: the last two
+    dimensions of its layout, a broadcast one as (1, 1)."""
+    layout = layout_of(decl, checked.kernel.outputs[0].dims, checked.product)
+    blocks = blocks_of(checked, gpu)
+    return [(1, 1) if d is None else (sizes[d], min(blocks.get(d, sizes[d]), sizes[d])) for d in layout[-2:]]
+
+
+def expected_blocks(checked, decl, sizes, gpu=False) -> int:
+    return prod(-(-size // block) for size, block in drawn_axes(checked, decl, sizes, gpu))
+
+
+def expected_ragged(checked, decl, sizes, gpu=False) -> int:
+    """Edge blocks: all blocks but those that end inside the array in every direction."""
+    whole = prod(size // block for size, block in drawn_axes(checked, decl, sizes, gpu))
+    return expected_blocks(checked, decl, sizes, gpu) - whole
+
+
+def multiple_sizes(checked, gpu=False) -> dict[str, int]:
+    """Two blocks of every blocked dimension: no edge block anywhere."""
+    return {d: 2 * b for d, b in blocks_of(checked, gpu).items()}
+
+
+def decls(checked):
+    return checked.kernel.inputs + checked.kernel.outputs
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["tpu", "gpu"])
+@pytest.mark.parametrize("name", KERNELS)
+def test_every_bundled_kernel_draws_each_array_in_its_blocks(name, gpu):
+    checked = kernel(name)
+    sizes = sizes_for(checked, {}, gpu)
+    root = picture(checked, gpu=gpu)
+    assert root.tag == f"{SVG}svg"
+    groups = arrays(root)
+    assert sorted(groups) == sorted(d.name for d in decls(checked))
+    for decl in decls(checked):
+        group = groups[decl.name]
+        assert len(rects(group, "block")) == expected_blocks(checked, decl, sizes, gpu), decl.name
+        assert len(rects(group, "highlight")) == 1, decl.name
+        assert len(rects(group, "ragged")) == expected_ragged(checked, decl, sizes, gpu), decl.name
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["tpu", "gpu"])
+@pytest.mark.parametrize("name", KERNELS)
+def test_no_edge_block_is_marked_when_every_size_is_a_multiple_of_its_block(name, gpu):
+    root = picture(kernel(name), multiple_sizes(kernel(name), gpu), gpu)
+    for group in arrays(root).values():
+        assert rects(group, "block")
+        assert not rects(group, "ragged") and not rects(group, "overhang")
+    assert not any("past the array's end" in t for t in texts(root))
+
+
+def test_default_sizes_are_two_and_a_half_blocks_so_that_edges_are_ragged():
+    assert sizes_for(kernel("matmul_bias_gelu"), {}, gpu=False) == {"M": 1280, "N": 2560, "K": 2560}
+    assert sizes_for(kernel("matmul_bias_gelu"), {}, gpu=True) == {"M": 320, "N": 320, "K": 160}
+    # A batch blocked by 1 shows three slices; D, taken whole, a small size.
+    assert sizes_for(kernel("scores"), {"S": 100}, gpu=False) == {"B": 3, "S": 100, "T": 320, "D": 64}
+
+
+def test_matmul_bias_gelu_blocks_at_known_sizes():
+    root = picture(kernel("matmul_bias_gelu"), {"M": 1280, "N": 2560, "K": 2560})
+    groups = arrays(root)
+    counts = {name: len(rects(g, "block")) for name, g in groups.items()}
+    assert counts == {"x": 9, "y": 9, "bias": 3, "z": 9}
+    # Blocks 512 x 1024 over 1280 x 2560: the last row and column are edge blocks.
+    assert {name: len(rects(g, "ragged")) for name, g in groups.items()} == {"x": 5, "y": 5, "bias": 1, "z": 5}
+
+
+def test_a_block_larger_than_its_dimension_is_clamped_to_one_block_as_the_generated_code_does():
+    root = picture(kernel("matmul"), {"M": 100, "N": 512, "K": 512})
+    x = arrays(root)["x"]
+    assert len(rects(x, "block")) == 1 and not rects(x, "ragged")
+    assert "blocks M = 100, N = 512, K = 512" in texts(root)
+
+
+def test_gpu_blocks_are_clamped_to_a_power_of_two_no_smaller_than_a_dot_tile():
+    root = picture(kernel("matmul_bias_gelu"), {"M": 20, "N": 128, "K": 64}, gpu=True)
+    assert "blocks M = 32, N = 128, K = 64" in texts(root)
+    x = arrays(root)["x"]
+    assert len(rects(x, "block")) == 1 and len(rects(x, "ragged")) == 1
+
+
+def test_the_highlight_sits_on_the_block_the_index_map_gives_for_the_chosen_step():
+    root = picture(kernel("matmul_bias_gelu"), {"M": 1280, "N": 2560, "K": 2560})
+    lines = texts(root)
+    assert "the blocks that step (i, j, k) = (1, 0, 1) reads and writes" in lines
+    # Blocks are drawn row by row: block (r, c) of a 3-column array is the (3r + c)th.
+    for name, (row, column), index_map in [
+        ("x", (1, 1), "(i, k)"),
+        ("y", (1, 0), "(k, j)"),
+        ("bias", (0, 0), "(0, j)"),
+        ("z", (1, 0), "(i, j)"),
+    ]:
+        group = arrays(root)[name]
+        block = rects(group, "block")[3 * row + column] if name != "bias" else rects(group, "block")[column]
+        (highlight,) = rects(group, "highlight")
+        assert (highlight.get("x"), highlight.get("y")) == (block.get("x"), block.get("y")), name
+        group_lines = texts(group)
+        assert any(f"index map (i, j, k) -> {index_map}" in line for line in group_lines), name
+        verb = "writes" if name == "z" else "reads"
+        assert f"step (i, j, k) = (1, 0, 1) {verb} block ({row}, {column})" in group_lines, name
+
+
+def test_a_broadcast_array_is_drawn_in_its_own_shape_with_a_note():
+    root = picture(kernel("bias_gelu"), {"M": 640, "N": 1280})
+    bias, scale = arrays(root)["bias"], arrays(root)["scale"]
+    assert len(rects(bias, "block")) == 3 and len({r.get("y") for r in rects(bias, "block")}) == 1
+    assert len(rects(scale, "block")) == 3 and len({r.get("x") for r in rects(scale, "block")}) == 1
+    assert "broadcast over M: the same block for every i" in texts(bias)
+    assert "broadcast over N: the same block for every j" in texts(scale)
+
+
+def test_a_batched_array_draws_its_last_two_dimensions_per_batch_element():
+    root = picture(kernel("batched_matmul"), {"B": 4, "M": 512, "N": 512, "K": 1024})
+    x = arrays(root)["x"]
+    assert len(rects(x, "block")) == 2 * 2
+    assert len(rects(x, "slice")) == 2
+    assert "per B: one of 4 slices drawn; this step takes b = 0" in texts(x)
+
+
+@pytest.mark.parametrize("name", PRODUCTS)
+def test_a_product_names_its_contracted_dimension_and_numbers_its_blocks_in_order(name):
+    checked = kernel(name)
+    k = checked.product.k
+    lines = texts(picture(checked))
+    if k in checked.blocks:
+        assert f"k: 3 blocks of {k} = {sizes_for(checked, {}, False)[k]}, arbitrary" in " ".join(lines)
+        root = picture(checked)
+        for operand in checked.product.operands:
+            group = arrays(root)[operand.name]
+            assert f"accumulates over {k} (arbitrary axis)" in texts(group)
+            numbers = [t for t in group.iter(f"{SVG}text") if t.get("class") == "badge-number"]
+            assert [t.text for t in numbers] == ["0", "1", "2"]
+    else:
+        assert f"{k} is contracted whole inside each step: no grid axis, no accumulator" in lines
+    gpu_lines = texts(picture(checked, gpu=True))
+    assert f"{k} is no grid axis: each program loops over it in slices of {checked.gpu_blocks[k]}" in gpu_lines
+
+
+@pytest.mark.parametrize("name", [n for n in KERNELS if n not in PRODUCTS])
+def test_an_elementwise_kernel_has_only_parallel_axes(name):
+    lines = texts(picture(kernel(name)))
+    assert not any("arbitrary" in line or "contracted" in line for line in lines)
+    assert any(line.endswith("parallel") for line in lines)
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_vmem_figures_are_those_of_pallasgen_tiling(name):
+    checked = kernel(name)
+    sizes = sizes_for(checked, {}, False)
+    exact = {d: min(checked.blocks.get(d, sizes[d]), sizes[d]) for d in checked.dims}
+    root = picture(checked)
+    for decl in decls(checked):
+        (shown,) = [t for t in arrays(root)[decl.name].iter(f"{SVG}text") if t.get("data-bytes")]
+        expected = block_bytes(decl, exact)
+        assert int(shown.get("data-bytes")) == expected
+        assert shown.text == f"{format_bytes(expected)} a block, {format_bytes(2 * expected)} double-buffered"
+    accumulating = checked.product if checked.product and checked.product.k in checked.blocks else None
+    total = vmem_bytes(checked.kernel, exact, accumulating)
+    (line,) = [t for t in root.iter(f"{SVG}text") if "vmem" in t.get("class", "").split()]
+    assert int(line.get("data-bytes")) == total
+    assert line.text.startswith(f"VMEM {format_bytes(total)} of the 16.0 MiB a TPU v5e grants")
+
+
+def test_matmul_bias_gelu_vmem_line_lists_each_block_and_the_accumulator():
+    lines = texts(picture(kernel("matmul_bias_gelu"), {"M": 1280, "N": 2560, "K": 2560}))
+    assert "VMEM 10.0 MiB of the 16.0 MiB a TPU v5e grants:" in lines
+    assert "2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0 KiB + z 1.0 MiB) + f32 accumulator 2.0 MiB" in lines
+
+
+@settings(max_examples=30, deadline=None)
+@given(m=st.integers(1, 5000), n=st.integers(1, 9000), k=st.integers(1, 9000))
+def test_any_size_draws_its_blocks_and_edges(m, n, k):
+    checked = kernel("matmul_bias_gelu")
+    sizes = {"M": m, "N": n, "K": k}
+    groups = arrays(picture(checked, sizes))
+    for decl in decls(checked):
+        assert len(rects(groups[decl.name], "block")) == expected_blocks(checked, decl, sizes)
+        assert len(rects(groups[decl.name], "ragged")) == expected_ragged(checked, decl, sizes)
+
+
+def test_too_many_blocks_to_draw_is_refused_in_plain_words():
+    with pytest.raises(ShowError, match="makes 40 blocks of 512; show draws at most 24"):
+        sizes = sizes_for(kernel("matmul_bias_gelu"), {"M": 512 * 40}, False)
+        kernel_tiles(kernel("matmul_bias_gelu"), sizes, False)
+
+
+# The command line.
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_show_writes_kernel_svg_in_the_working_directory_and_prints_its_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("show", str(ROOT / "specs" / "add_vectors.pallas"), "--size", "N=3000")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "add_vectors.svg\n"
+    root = ET.parse(tmp_path / "add_vectors.svg").getroot()
+    assert [len(rects(g, "block")) for g in arrays(root).values()] == [3, 3, 3]
+
+
+def test_show_gpu_writes_to_out(tmp_path):
+    out = tmp_path / "pictures" / "mm.svg"
+    out.parent.mkdir()
+    result = invoke("show", str(ROOT / "specs" / "matmul.pallas") + ":matmul", "--gpu", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert "matmul: GPU (Triton) tiling at M = 160, N = 160, K = 80" in texts(ET.parse(out).getroot())
+
+
+def test_the_committed_example_is_what_show_draws_now(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "example.svg"
+    result = invoke(*EXAMPLE_COMMAND, "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes() == EXAMPLE.read_bytes(), "run the README's `pallasgen show` command to update it"
+    assert f"pallasgen {' '.join(EXAMPLE_COMMAND)} --out docs/{EXAMPLE.name}" in (ROOT / "README.md").read_text()
+
+
+SPEC = str(ROOT / "specs" / "matmul.pallas")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([SPEC + ":nope"], "has no kernel named 'nope'; its kernels are matmul, matmul_relu,"),
+        ([SPEC], "has 7 kernels; name one as"),
+        ([SPEC + ":matmul", "--size", "M=x"], "--size M=x: expected DIM=N, a dimension name and a positive integer"),
+        ([SPEC + ":matmul", "--size", "M=0"], "--size M=0: expected DIM=N, a dimension name and a positive integer"),
+        ([SPEC + ":matmul", "--size", "Q=8"], "--size Q: matmul has no dimension Q; its dimensions are M, N, K"),
+        ([SPEC + ":matmul", "--size", "KK=8"], "no dimension KK (did you mean 'K'?)"),
+        ([SPEC + ":matmul", "--size", "K=100000"], "--size K=100000 makes 196 blocks of 512"),
+        (["missing.pallas"], "missing.pallas: No such file or directory"),
+        ([SPEC + ":matmul", "--out", "no/such/folder/x.svg"], "cannot write no/such/folder/x.svg"),
+    ],
+)
+def test_usage_errors_exit_2_in_plain_words(args, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("show", *args)
+    assert result.exit_code == 2
+    assert result.stderr.startswith("pallasgen: error: ") and message in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_a_spec_error_exits_2_with_its_position(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("broken.pallas").write_text("kernel broken {\n    in  x: f32[N]\n    out z: f32[N]\n    z = x + yy\n}\n")
+    result = invoke("show", "broken.pallas")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("broken.pallas:4:13: error: unknown name 'yy'")
+    assert not Path("broken.svg").exists()
