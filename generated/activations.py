@@ -93,6 +93,21 @@ def _mask(shape, *inside):
     return mask
 
 
+def _load(ref, mask, other=None):
+    """A GPU block, masked where `mask` says (None: the block fits, so a plain load)."""
+    if mask is None:
+        return ref[...]
+    return pltriton.load(ref, mask=mask, other=other)
+
+
+def _store(ref, value, mask):
+    """Stores a GPU block, masked where `mask` says (None: the block fits)."""
+    if mask is None:
+        ref[...] = value
+    else:
+        pltriton.store(ref, value, mask=mask)
+
+
 def _nbytes(*arrays):
     """Bytes of the given arrays, for the kernel's cost estimate."""
     return sum(array.size * array.dtype.itemsize for array in arrays)
@@ -216,10 +231,10 @@ def _leaky_gpu_kernel(x_ref, y_ref, mask_ref, *, m, n, block_m, block_n, slope):
     in_m = _inside(pl.program_id(0) * block_m, block_m, m)
     in_n = _inside(pl.program_id(1) * block_n, block_n, n)
     inside = _mask((block_m, block_n), in_m, in_n)
-    x = pltriton.load(x_ref, mask=inside)
+    x = _load(x_ref, inside)
     pos = x > 0
-    pltriton.store(y_ref, jnp.where(pos, x, x * slope), mask=inside)
-    pltriton.store(mask_ref, pos.astype(jnp.int32), mask=inside)
+    _store(y_ref, jnp.where(pos, x, x * slope), inside)
+    _store(mask_ref, pos.astype(jnp.int32), inside)
 
 
 def _leaky_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, slope, interpret):
@@ -380,13 +395,13 @@ def _bias_gelu_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, m, n, block_m, b
     in_m = _inside(pl.program_id(0) * block_m, block_m, m)
     in_n = _inside(pl.program_id(1) * block_n, block_n, n)
     inside = _mask((block_m, block_n), in_m, in_n)
-    x = pltriton.load(x_ref, mask=inside)
-    bias = pltriton.load(bias_ref, mask=_mask((1, block_n), None, in_n))
-    scale = pltriton.load(scale_ref, mask=_mask((block_m, 1), in_m, None))
-    pltriton.store(
+    x = _load(x_ref, inside)
+    bias = _load(bias_ref, _mask((1, block_n), None, in_n))
+    scale = _load(scale_ref, _mask((block_m, 1), in_m, None))
+    _store(
         y_ref,
         jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16),
-        mask=inside,
+        inside,
     )
 
 
@@ -531,11 +546,11 @@ def _quantize_rows_gpu_kernel(x_ref, scale_ref, q_ref, *, m, n, block_m, block_n
     in_m = _inside(pl.program_id(0) * block_m, block_m, m)
     in_n = _inside(pl.program_id(1) * block_n, block_n, n)
     inside = _mask((block_m, block_n), in_m, in_n)
-    x = pltriton.load(x_ref, mask=inside)
-    scale = pltriton.load(scale_ref, mask=_mask((block_m, 1), in_m, None))
+    x = _load(x_ref, inside)
+    scale = _load(scale_ref, _mask((block_m, 1), in_m, None))
     scaled = x / scale
     rounded = jnp.clip(jnp.floor(scaled + 0.5), -128.0, 127.0)
-    pltriton.store(q_ref, jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8), mask=inside)
+    _store(q_ref, jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8), inside)
 
 
 def _quantize_rows_gpu(x, scale, *, m, n, block_m, block_n, num_warps, num_stages, interpret):

@@ -93,6 +93,21 @@ def _mask(shape, *inside):
     return mask
 
 
+def _load(ref, mask, other=None):
+    """A GPU block, masked where `mask` says (None: the block fits, so a plain load)."""
+    if mask is None:
+        return ref[...]
+    return pltriton.load(ref, mask=mask, other=other)
+
+
+def _store(ref, value, mask):
+    """Stores a GPU block, masked where `mask` says (None: the block fits)."""
+    if mask is None:
+        ref[...] = value
+    else:
+        pltriton.store(ref, value, mask=mask)
+
+
 def _nbytes(*arrays):
     """Bytes of the given arrays, for the kernel's cost estimate."""
     return sum(array.size * array.dtype.itemsize for array in arrays)
@@ -174,9 +189,9 @@ def _add_vectors_gpu_kernel(x_ref, y_ref, z_ref, *, n, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_n = _inside(pl.program_id(0) * block_n, block_n, n)
     inside = _mask((block_n,), in_n)
-    x = pltriton.load(x_ref, mask=inside)
-    y = pltriton.load(y_ref, mask=inside)
-    pltriton.store(z_ref, x + y, mask=inside)
+    x = _load(x_ref, inside)
+    y = _load(y_ref, inside)
+    _store(z_ref, x + y, inside)
 
 
 def _add_vectors_gpu(x, y, *, n, block_n, num_warps, num_stages, interpret):

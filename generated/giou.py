@@ -93,6 +93,21 @@ def _mask(shape, *inside):
     return mask
 
 
+def _load(ref, mask, other=None):
+    """A GPU block, masked where `mask` says (None: the block fits, so a plain load)."""
+    if mask is None:
+        return ref[...]
+    return pltriton.load(ref, mask=mask, other=other)
+
+
+def _store(ref, value, mask):
+    """Stores a GPU block, masked where `mask` says (None: the block fits)."""
+    if mask is None:
+        ref[...] = value
+    else:
+        pltriton.store(ref, value, mask=mask)
+
+
 def _nbytes(*arrays):
     """Bytes of the given arrays, for the kernel's cost estimate."""
     return sum(array.size * array.dtype.itemsize for array in arrays)
@@ -298,14 +313,14 @@ def _giou_gpu_kernel(
     in_b = _inside(pl.program_id(0) * block_b, block_b, b)
     in_n = _inside(pl.program_id(1) * block_n, block_n, n)
     inside = _mask((block_b, block_n), in_b, in_n)
-    ax1 = pltriton.load(ax1_ref, mask=inside)
-    ay1 = pltriton.load(ay1_ref, mask=inside)
-    ax2 = pltriton.load(ax2_ref, mask=inside)
-    ay2 = pltriton.load(ay2_ref, mask=inside)
-    bx1 = pltriton.load(bx1_ref, mask=inside)
-    by1 = pltriton.load(by1_ref, mask=inside)
-    bx2 = pltriton.load(bx2_ref, mask=inside)
-    by2 = pltriton.load(by2_ref, mask=inside)
+    ax1 = _load(ax1_ref, inside)
+    ay1 = _load(ay1_ref, inside)
+    ax2 = _load(ax2_ref, inside)
+    ay2 = _load(ay2_ref, inside)
+    bx1 = _load(bx1_ref, inside)
+    by1 = _load(by1_ref, inside)
+    bx2 = _load(bx2_ref, inside)
+    by2 = _load(by2_ref, inside)
     area_a = (ax2 - ax1) * (ay2 - ay1)
     area_b = (bx2 - bx1) * (by2 - by1)
     inter_w = jnp.maximum(jnp.minimum(ax2, bx2) - jnp.maximum(ax1, bx1), 0.0)
@@ -315,7 +330,7 @@ def _giou_gpu_kernel(
     hull = (jnp.maximum(ax2, bx2) - jnp.minimum(ax1, bx1)) * (
         jnp.maximum(ay2, by2) - jnp.minimum(ay1, by1)
     )
-    pltriton.store(giou_ref, inter / (union + eps) - (hull - union) / (hull + eps), mask=inside)
+    _store(giou_ref, inter / (union + eps) - (hull - union) / (hull + eps), inside)
 
 
 def _giou_gpu(

@@ -93,6 +93,21 @@ def _mask(shape, *inside):
     return mask
 
 
+def _load(ref, mask, other=None):
+    """A GPU block, masked where `mask` says (None: the block fits, so a plain load)."""
+    if mask is None:
+        return ref[...]
+    return pltriton.load(ref, mask=mask, other=other)
+
+
+def _store(ref, value, mask):
+    """Stores a GPU block, masked where `mask` says (None: the block fits)."""
+    if mask is None:
+        ref[...] = value
+    else:
+        pltriton.store(ref, value, mask=mask)
+
+
 def _nbytes(*arrays):
     """Bytes of the given arrays, for the kernel's cost estimate."""
     return sum(array.size * array.dtype.itemsize for array in arrays)
@@ -239,23 +254,23 @@ def _matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_
     def accumulate(step, acc):
         start = step * block_k
         in_k = _inside(start, block_k, k)  # zeros past a ragged K
-        x = pltriton.load(
-            x_ref.at[:, pl.ds(start, block_k)], mask=_mask((block_m, block_k), in_m, in_k), other=0
+        x = _load(
+            x_ref.at[:, pl.ds(start, block_k)], _mask((block_m, block_k), in_m, in_k), other=0
         )
-        y = pltriton.load(
-            y_ref.at[pl.ds(start, block_k), :], mask=_mask((block_k, block_n), in_k, in_n), other=0
+        y = _load(
+            y_ref.at[pl.ds(start, block_k), :], _mask((block_k, block_n), in_k, in_n), other=0
         )
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
-    pltriton.store(z_ref, acc, mask=inside)
+    _store(z_ref, acc, inside)
 
 
 def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     """`matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m = min(block_m, max(16, pl.next_power_of_2(m)))  # a small M is one block
-    block_n = min(block_n, max(16, pl.next_power_of_2(n)))  # a small N is one block
-    block_k = min(block_k, max(16, pl.next_power_of_2(k)))  # a small K is one block
+    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
+    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
+    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     return pl.pallas_call(
         functools.partial(
             _matmul_gpu_kernel, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
@@ -421,23 +436,23 @@ def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, b
     def accumulate(step, acc):
         start = step * block_k
         in_k = _inside(start, block_k, k)  # zeros past a ragged K
-        x = pltriton.load(
-            x_ref.at[:, pl.ds(start, block_k)], mask=_mask((block_m, block_k), in_m, in_k), other=0
+        x = _load(
+            x_ref.at[:, pl.ds(start, block_k)], _mask((block_m, block_k), in_m, in_k), other=0
         )
-        y = pltriton.load(
-            y_ref.at[pl.ds(start, block_k), :], mask=_mask((block_k, block_n), in_k, in_n), other=0
+        y = _load(
+            y_ref.at[pl.ds(start, block_k), :], _mask((block_k, block_n), in_k, in_n), other=0
         )
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
-    pltriton.store(z_ref, jax.nn.relu(acc), mask=inside)
+    _store(z_ref, jax.nn.relu(acc), inside)
 
 
 def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     """`matmul_relu` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m = min(block_m, max(16, pl.next_power_of_2(m)))  # a small M is one block
-    block_n = min(block_n, max(16, pl.next_power_of_2(n)))  # a small N is one block
-    block_k = min(block_k, max(16, pl.next_power_of_2(k)))  # a small K is one block
+    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
+    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
+    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     return pl.pallas_call(
         functools.partial(
             _matmul_relu_gpu_kernel,
@@ -626,28 +641,26 @@ def _matmul_bias_gelu_gpu_kernel(
     def accumulate(step, acc):
         start = step * block_k
         in_k = _inside(start, block_k, k)  # zeros past a ragged K
-        x = pltriton.load(
-            x_ref.at[:, pl.ds(start, block_k)], mask=_mask((block_m, block_k), in_m, in_k), other=0
+        x = _load(
+            x_ref.at[:, pl.ds(start, block_k)], _mask((block_m, block_k), in_m, in_k), other=0
         )
-        y = pltriton.load(
-            y_ref.at[pl.ds(start, block_k), :], mask=_mask((block_k, block_n), in_k, in_n), other=0
+        y = _load(
+            y_ref.at[pl.ds(start, block_k), :], _mask((block_k, block_n), in_k, in_n), other=0
         )
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
-    bias = pltriton.load(bias_ref, mask=_mask((1, block_n), None, in_n))
-    pltriton.store(
-        z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), mask=inside
-    )
+    bias = _load(bias_ref, _mask((1, block_n), None, in_n))
+    _store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
 
 
 def _matmul_bias_gelu_gpu(
     x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`matmul_bias_gelu` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m = min(block_m, max(16, pl.next_power_of_2(m)))  # a small M is one block
-    block_n = min(block_n, max(16, pl.next_power_of_2(n)))  # a small N is one block
-    block_k = min(block_k, max(16, pl.next_power_of_2(k)))  # a small K is one block
+    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
+    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
+    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     return pl.pallas_call(
         functools.partial(
             _matmul_bias_gelu_gpu_kernel,
@@ -819,23 +832,23 @@ def _matmul_int8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, b
     def accumulate(step, acc):
         start = step * block_k
         in_k = _inside(start, block_k, k)  # zeros past a ragged K
-        x = pltriton.load(
-            x_ref.at[:, pl.ds(start, block_k)], mask=_mask((block_m, block_k), in_m, in_k), other=0
+        x = _load(
+            x_ref.at[:, pl.ds(start, block_k)], _mask((block_m, block_k), in_m, in_k), other=0
         )
-        y = pltriton.load(
-            y_ref.at[pl.ds(start, block_k), :], mask=_mask((block_k, block_n), in_k, in_n), other=0
+        y = _load(
+            y_ref.at[pl.ds(start, block_k), :], _mask((block_k, block_n), in_k, in_n), other=0
         )
         return acc + jnp.dot(x, y, preferred_element_type=jnp.int32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.int32))
-    pltriton.store(z_ref, acc, mask=inside)
+    _store(z_ref, acc, inside)
 
 
 def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     """`matmul_int8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m = min(block_m, max(16, pl.next_power_of_2(m)))  # a small M is one block
-    block_n = min(block_n, max(16, pl.next_power_of_2(n)))  # a small N is one block
-    block_k = min(block_k, max(16, pl.next_power_of_2(k)))  # a small K is one block
+    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
+    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
+    block_k = max(32, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     return pl.pallas_call(
         functools.partial(
             _matmul_int8_gpu_kernel,
@@ -1017,25 +1030,25 @@ def _batched_matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n
     def accumulate(step, acc):
         start = step * block_k
         in_k = _inside(start, block_k, k)  # zeros past a ragged K
-        x = pltriton.load(
-            x_ref.at[:, pl.ds(start, block_k)], mask=_mask((block_m, block_k), in_m, in_k), other=0
+        x = _load(
+            x_ref.at[:, pl.ds(start, block_k)], _mask((block_m, block_k), in_m, in_k), other=0
         )
-        y = pltriton.load(
-            y_ref.at[pl.ds(start, block_k), :], mask=_mask((block_k, block_n), in_k, in_n), other=0
+        y = _load(
+            y_ref.at[pl.ds(start, block_k), :], _mask((block_k, block_n), in_k, in_n), other=0
         )
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
-    pltriton.store(z_ref, acc, mask=inside)
+    _store(z_ref, acc, inside)
 
 
 def _batched_matmul_gpu(
     x, y, *, b, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`batched_matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m = min(block_m, max(16, pl.next_power_of_2(m)))  # a small M is one block
-    block_n = min(block_n, max(16, pl.next_power_of_2(n)))  # a small N is one block
-    block_k = min(block_k, max(16, pl.next_power_of_2(k)))  # a small K is one block
+    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
+    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
+    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     return pl.pallas_call(
         functools.partial(
             _batched_matmul_gpu_kernel,
@@ -1196,27 +1209,27 @@ def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, s_, t, d, block_s, block_t, block
     def accumulate(step, acc):
         start = step * block_d
         in_d = _inside(start, block_d, d)  # zeros past a ragged D
-        q = pltriton.load(
-            q_ref.at[:, pl.ds(start, block_d)], mask=_mask((block_s, block_d), in_s, in_d), other=0
+        q = _load(
+            q_ref.at[:, pl.ds(start, block_d)], _mask((block_s, block_d), in_s, in_d), other=0
         )
-        k = pltriton.load(
-            k_ref.at[:, pl.ds(start, block_d)], mask=_mask((block_t, block_d), in_t, in_d), other=0
+        k = _load(
+            k_ref.at[:, pl.ds(start, block_d)], _mask((block_t, block_d), in_t, in_d), other=0
         )
         return acc + jax.lax.dot_general(
             q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
 
     acc = jax.lax.fori_loop(0, pl.cdiv(d, block_d), accumulate, jnp.zeros(s_ref.shape, jnp.float32))
-    pltriton.store(s_ref, acc * scale, mask=inside)
+    _store(s_ref, acc * scale, inside)
 
 
 def _scores_gpu(
     q, k, *, b, s_, t, d, block_s, block_t, block_d, num_warps, num_stages, scale, interpret
 ):
     """`scores` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s = min(block_s, max(16, pl.next_power_of_2(s_)))  # a small S is one block
-    block_t = min(block_t, max(16, pl.next_power_of_2(t)))  # a small T is one block
-    block_d = min(block_d, max(16, pl.next_power_of_2(d)))  # a small D is one block
+    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
+    block_d = max(16, min(block_d, pl.next_power_of_2(d)))  # a small D is one masked block
     return pl.pallas_call(
         functools.partial(
             _scores_gpu_kernel,
@@ -1406,28 +1419,28 @@ def _linear_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *, m, n, k, block_m, block
     def accumulate(step, acc):
         start = step * block_k
         in_k = _inside(start, block_k, k)  # zeros past a ragged K
-        x = pltriton.load(
-            x_ref.at[:, pl.ds(start, block_k)], mask=_mask((block_m, block_k), in_m, in_k), other=0
+        x = _load(
+            x_ref.at[:, pl.ds(start, block_k)], _mask((block_m, block_k), in_m, in_k), other=0
         )
-        w = pltriton.load(
-            w_ref.at[:, pl.ds(start, block_k)], mask=_mask((block_n, block_k), in_n, in_k), other=0
+        w = _load(
+            w_ref.at[:, pl.ds(start, block_k)], _mask((block_n, block_k), in_n, in_k), other=0
         )
         return acc + jax.lax.dot_general(
             x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(y_ref.shape, jnp.float32))
-    bias = pltriton.load(bias_ref, mask=_mask((1, block_n), None, in_n))
-    pltriton.store(y_ref, (acc + bias).astype(jnp.bfloat16), mask=inside)
+    bias = _load(bias_ref, _mask((1, block_n), None, in_n))
+    _store(y_ref, (acc + bias).astype(jnp.bfloat16), inside)
 
 
 def _linear_gpu(
     x, w, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`linear` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m = min(block_m, max(16, pl.next_power_of_2(m)))  # a small M is one block
-    block_n = min(block_n, max(16, pl.next_power_of_2(n)))  # a small N is one block
-    block_k = min(block_k, max(16, pl.next_power_of_2(k)))  # a small K is one block
+    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
+    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
+    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     return pl.pallas_call(
         functools.partial(
             _linear_gpu_kernel, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k

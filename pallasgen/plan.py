@@ -33,7 +33,9 @@ from .functions import FLOAT_FUNCTIONS
 from .pyexpr import Emitter, jnp_dtype, tpu_dtype
 from .tiling import TilingRule, array_layouts, format_bytes, tiling_rule, vmem_bytes
 
-MODULE_HELPERS = frozenset({"_on_platform", "_sizes", "_check_tiling", "_inside", "_mask", "_nbytes"})
+MODULE_HELPERS = frozenset(
+    {"_on_platform", "_sizes", "_check_tiling", "_inside", "_mask", "_load", "_store", "_nbytes"}
+)
 
 
 @dataclass(frozen=True)

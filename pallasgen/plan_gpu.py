@@ -36,11 +36,13 @@ class GpuBlockPlan:
     default: int
     size: str
     dim: str
-    smallest: int  # Triton's dot needs tiles of at least 16 in each dimension
+    smallest: int  # the least tile Triton's dot takes along this dimension
 
 
-# Triton's tl.dot takes tiles of at least 16 rows, columns and depth.
+# Triton's tl.dot takes tiles of at least 16 rows and columns, and a depth of at least
+# 16, or 32 for 8-bit operands (the int8 tensor-core instruction's depth).
 SMALLEST_DOT_TILE = 16
+SMALLEST_INT8_DOT_DEPTH = 32
 
 
 @dataclass(frozen=True)
@@ -106,10 +108,11 @@ def plan_gpu(
 
     def load(decl: ir.ArrayDecl) -> str:
         axes_mask = mask(visible(decl))
-        return f"pltriton.load({refs[decl.name]}, mask={axes_mask})" if axes_mask else f"{refs[decl.name]}[...]"
+        return f"_load({refs[decl.name]}, {axes_mask})" if axes_mask else f"{refs[decl.name]}[...]"
 
     def store(decl: ir.ArrayDecl, value: str) -> str:
-        return f"pltriton.store({refs[decl.name]}, {value}, mask={mask(visible(decl))})"
+        axes_mask = mask(visible(decl))
+        return f"_store({refs[decl.name]}, {value}, {axes_mask})" if axes_mask else f"{refs[decl.name]}[...] = {value}"
 
     out_axes = visible(kernel.outputs[0])
     masks = [
@@ -135,7 +138,7 @@ def plan_gpu(
                 checked.gpu_blocks[d],
                 sizes[d],
                 d,
-                SMALLEST_DOT_TILE if product and d in (product.m, product.n, product.k) else 1,
+                _smallest_tile(product, d),
             )
             for d in tunable
         ),
@@ -166,6 +169,15 @@ def plan_gpu(
     )
 
 
+def _smallest_tile(product: Product | None, dim: str) -> int:
+    """The least block Triton's dot takes along `dim` (1: no dot along it)."""
+    if product is None or dim not in (product.m, product.n, product.k):
+        return 1
+    if dim == product.k and product.lhs.dtype.bits == 8:
+        return SMALLEST_INT8_DOT_DEPTH
+    return SMALLEST_DOT_TILE
+
+
 def _grid_comment(grid_dims: list[str], product: Product | None, squeezed: set[str]) -> str:
     steps = ", ".join(f"element of {d}" if d in squeezed else f"block of {d}" for d in grid_dims)
     if product is None:
@@ -187,7 +199,7 @@ def _product_loop(product: Product, namer: Namer, values, refs, sizes, accumulat
         view = f"{refs[operand.name]}.at[pl.ds({start}, {block_k}), :]" if k_first else f"{refs[operand.name]}.at[:, pl.ds({start}, {block_k})]"
         shape = tuple_code([block_keyword(d) for d in axes])
         mask = f"_mask({shape}, {', '.join(inside[d] for d in axes)})"
-        loads.append(f"{values[operand.name]} = pltriton.load({view}, mask={mask}, other=0)")
+        loads.append(f"{values[operand.name]} = _load({view}, {mask}, other=0)")
     accumulate = jnp_dtype(product.accumulator.name)
     lhs, rhs = (values[o.name] for o in product.operands)
     return [

@@ -191,12 +191,12 @@ def quantize_rows_inputs(rng, sizes):
     """Values spread over the int8 range and past it, with positive per-row scales."""
     x = (rng.standard_normal((sizes["M"], sizes["N"])) * 100.0).astype(np.float32)
     scale = rng.uniform(0.5, 2.0, sizes["M"]).astype(np.float32)
-    # XLA may divide by a broadcast scale as a multiply by its reciprocal, one ulp off
-    # the true quotient: a quotient exactly on a rounding tie (k + 0.5) could then round
-    # either way, so such values are moved off the tie.
-    quotient = x / scale[:, None]
-    tie = quotient - np.floor(quotient) == 0.5
-    x[tie] = np.nextafter(x[tie], np.float32(np.inf))
+    # XLA may divide by a broadcast scale as a multiply by its reciprocal, and a GPU's
+    # division may be an ulp or two off: a quotient within a few ulps of a rounding tie
+    # (k + 0.5) could then round either way, so such values are moved off the tie.
+    quotient = (x / scale[:, None]).astype(np.float64)
+    near_tie = np.abs(quotient - np.floor(quotient) - 0.5) <= 8 * np.abs(quotient) * 2.0**-23
+    x[near_tie] *= np.float32(1 + 2.0**-16)
     return [x, scale]
 
 

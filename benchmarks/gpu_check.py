@@ -1,0 +1,117 @@
+"""Every bundled kernel on a real NVIDIA GPU, at ragged, small, single-element and
+aligned sizes, against references computed on the CPU.
+
+Interpret mode pads edge blocks, so only a GPU shows what an unmasked edge does.
+Run by hand on a GPU host (results go to benchmarks/RESULTS.md):
+
+    python benchmarks/gpu_check.py [SIZE_CLASS ...]   # exit 1 if any kernel disagrees
+
+Each kernel runs through its public function (the platform picks the Triton
+kernel) with default GPU blocks, and with 16-wide blocks so that small sizes span
+several programs. It is compared with its independent NumPy float64 reference
+where tests/kernel_cases.py has one, and with `NAME_reference` run by XLA on the
+CPU otherwise (products: float64 einsum of the operands for plain products).
+Under `compute-sanitizer --tool memcheck` this also proves no access leaves its
+array.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from kernel_cases import (  # noqa: E402
+    CASES,
+    as_tuple,
+    assert_outputs_close,
+    bundled_kernels,
+    generated_module,
+    generic_tolerances,
+    has_matmul,
+    make_inputs,
+    spec_inputs,
+    spec_outputs,
+)
+
+SIZE_CLASSES = {
+    # every dimension ragged against every block (and K against the K loop)
+    "ragged": dict(M=1000, N=3000, K=1000, B=3, S=200, T=300, D=72),
+    "small": dict(M=8, N=5, K=3, B=2, S=8, T=5, D=3),
+    "single": dict(M=1, N=1, K=1, B=1, S=1, T=1, D=1),
+    "aligned": dict(M=2048, N=2048, K=1024, B=2, S=256, T=256, D=128),
+}
+
+
+def sizes_for(module: str, kernel: str, size_class: str) -> dict[str, int]:
+    dims = {d for op in spec_inputs(module, kernel) for d in op.dims}
+    table = SIZE_CLASSES[size_class]
+    sizes = {d: table.get(d, table["N"]) for d in dims}
+    if module == "add_vectors" and size_class == "ragged":
+        sizes["N"] = 3_000_001
+    return sizes
+
+
+def small_gpu_blocks(function) -> dict[str, int]:
+    import inspect
+
+    return {
+        name: min(16, param.default)
+        for name, param in inspect.signature(function).parameters.items()
+        if name.startswith("gpu_block_")
+    }
+
+
+def cpu_reference(module: str, kernel: str, arrays):
+    reference = getattr(generated_module(module), f"{kernel}_reference")
+    cpu = jax.devices("cpu")[0]
+    return tuple(np.asarray(o) for o in as_tuple(jax.jit(reference)(*(jax.device_put(a, cpu) for a in arrays))))
+
+
+def check(module: str, kernel: str, size_class: str, blocks: dict[str, int]) -> str:
+    function = getattr(generated_module(module), kernel)
+    sizes = sizes_for(module, kernel, size_class)
+    arrays = make_inputs(module, kernel, np.random.default_rng(0), sizes)
+    got = tuple(np.asarray(o) for o in as_tuple(function(*arrays, **blocks)))
+    case = CASES.get(f"{module}.{kernel}")
+    if case is not None:
+        assert_outputs_close(got, case.expected(*arrays), case.tolerances, "vs NumPy float64")
+        return "NumPy float64"
+    want = cpu_reference(module, kernel, arrays)
+    tolerances = generic_tolerances(spec_outputs(module, kernel), want)
+    if has_matmul(module, kernel):
+        # f32 products run on TF32 tensor cores (10-bit mantissa), as XLA's default
+        # precision does on NVIDIA GPUs; sums of K products round block-wise.
+        k = sizes.get("K", sizes.get("D", 1))
+        scale = max(1.0, max(float(np.abs(w.astype(np.float64)).max(initial=0)) for w in want))
+        tolerances = tuple(
+            t if t.rtol == 0 else type(t)(2.0**-9, 2.0**-9 * max(1, k) ** 0.5 * scale) for t in tolerances
+        )
+    assert_outputs_close(got, want, tolerances, "vs XLA on CPU")
+    return "XLA CPU reference"
+
+
+def main(size_classes: list[str]) -> int:
+    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}")
+    failures = 0
+    for module, kernel in bundled_kernels():
+        function = getattr(generated_module(module), kernel)
+        for size_class in size_classes:
+            for label, blocks in (("default blocks", {}), ("16-wide blocks", small_gpu_blocks(function))):
+                try:
+                    against = check(module, kernel, size_class, blocks)
+                    print(f"OK    {module}.{kernel:18} {size_class:8} {label:15} vs {against}")
+                except Exception as error:  # report every failure, then exit 1
+                    failures += 1
+                    first = str(error).strip().splitlines()
+                    print(f"FAIL  {module}.{kernel:18} {size_class:8} {label:15} {first[:3]}")
+    print(f"{failures} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:] or list(SIZE_CLASSES)))
