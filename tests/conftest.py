@@ -1,7 +1,13 @@
-"""Makes the shared test helpers (kernel_cases.py) importable in any pytest import mode."""
+"""Makes the shared test helpers (kernel_cases.py) importable in any pytest import mode,
+and gives libtpu the environment it needs to start without a TPU (test_compiled.py)
+before anything imports jax."""
 
 import sys
 from pathlib import Path
+
+from pallasgen.compile_only import set_libtpu_environment
+
+set_libtpu_environment()
 
 TESTS = str(Path(__file__).resolve().parent)
 if TESTS not in sys.path:

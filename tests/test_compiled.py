@@ -1,0 +1,295 @@
+"""The compiled tier: every bundled kernel through the real compilers, on CPU.
+
+- Mosaic + XLA:TPU (libtpu, from `jax[tpu]`) for compile-only v5e and v6e chips.
+- Triton (the `triton` package) for sm_90: Pallas's tt IR -> PTX -> cubin (ptxas).
+- The out-of-bounds check: at sizes where blocks overhang their arrays, no tt.load or
+  tt.store in the Triton IR may go without a mask.
+
+Which compiles run (each 0.1 to 1.5 s; the tier takes about 40 s on 2 cores, 1.5
+minutes on a busy machine; the README says so, keep it in step):
+
+| class   | sizes                                                     | v5e | v6e | Triton | masks |
+|---------|-----------------------------------------------------------|-----|-----|--------|-------|
+| aligned | 4096 (bf16 products 8192), vectors 4096*4096, batch 2     |  x  |  x  |   x    |       |
+| ragged  | rows 1000, columns 3000, K 1000, vectors 3000000, batch 2 |  x  |  x  |   x    |   x   |
+| small   | rows 8, columns 128, K 128, vectors 1000, batch 2         |  x  |     |   x    |   x   |
+| one     | every dimension 1                                         |  x  |     |   x    |   x   |
+| int8    | every dimension 4096; default blocks, then block_m=32     |  x  |     |        |       |
+
+The int8 class covers the kernels with i8/u8 arrays. v6e repeats v5e's Mosaic for the classes where blocks are large enough for the chips
+to differ; Triton compiles each kernel once per size class, and the mask check reads
+the same IR. Nothing here runs a kernel: numerics on hardware are not checked.
+
+The generated functions are called with `interpret=False` and lowered for one
+platform ("tpu" on a compile-only TPU device, "cuda" on an abstract H100), so each
+takes its own compiled path, whether it dispatches by platform or by backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+from kernel_cases import (
+    NUMPY_DTYPES,
+    block_defaults,
+    bundled_kernels,
+    generated_module,
+    has_matmul,
+    spec_inputs,
+    spec_kernel,
+)
+from pallasgen import compile_only
+
+MISSING = compile_only.missing_compilers()
+pytestmark = pytest.mark.skipif(
+    bool(MISSING),
+    reason="the compiled tier needs libtpu (jax[tpu]) and triton, as `pip install -e '.[dev]'` installs them: "
+    + "; ".join(MISSING),
+)
+
+KERNELS = [(module, kernel) for module, kernel in bundled_kernels() if kernel is not None]
+IDS = [f"{module}.{kernel}" for module, kernel in KERNELS]
+
+SIZES = {
+    "aligned": {"batch": 2, "rows": 4096, "columns": 4096, "contracted": 4096, "vector": 4096 * 4096},
+    "ragged": {"batch": 2, "rows": 1000, "columns": 3000, "contracted": 1000, "vector": 3_000_000},
+    "small": {"batch": 2, "rows": 8, "columns": 128, "contracted": 128, "vector": 1000},
+    "one": {"batch": 1, "rows": 1, "columns": 1, "contracted": 1, "vector": 1},
+}
+BF16_MATMUL_ALIGNED = 8192  # rows, columns and contracted size of bf16 products in "aligned"
+INT8_ROWS = 4096  # int8 arrays' rows: a multiple of 32, so Mosaic tiles them (32, 128) in HBM
+
+TPU_CASES = [("v5e", size) for size in SIZES] + [("v6e", "aligned"), ("v6e", "ragged")]
+MASKED_SIZES = ["ragged", "small", "one"]  # where some block overhangs its array
+
+
+# --------------------------------------------------------------------------- shapes
+
+
+def roles(module: str, kernel: str) -> dict[str, str]:
+    """Each dimension's role: batch, rows, columns, contracted, or vector (a rank-1 kernel)."""
+    decl = spec_kernel(module, kernel)
+    out_dims = tuple(decl.outputs[0].dims)
+    if len(out_dims) == 1 and not has_matmul(module, kernel):
+        role = {out_dims[0]: "vector"}
+    else:
+        role = {d: "batch" for d in out_dims[:-2]}
+        role |= {out_dims[-2]: "rows", out_dims[-1]: "columns"} if len(out_dims) >= 2 else {out_dims[-1]: "columns"}
+    for operand in decl.inputs:
+        for dim in operand.dims:
+            role.setdefault(dim, "contracted")
+    return role
+
+
+def is_bf16_product(module: str, kernel: str) -> bool:
+    return has_matmul(module, kernel) and any(op.dtype == "bf16" for op in spec_inputs(module, kernel))
+
+
+def has_int8(module: str, kernel: str) -> bool:
+    decl = spec_kernel(module, kernel)
+    return any(a.dtype in ("i8", "u8") for a in (*decl.inputs, *decl.outputs))
+
+
+def sizes_of(module: str, kernel: str, size: str) -> dict[str, int]:
+    table = dict(SIZES[size])
+    if size == "aligned" and is_bf16_product(module, kernel):
+        table |= {"rows": BF16_MATMUL_ALIGNED, "columns": BF16_MATMUL_ALIGNED, "contracted": BF16_MATMUL_ALIGNED}
+    return {dim: table[role] for dim, role in roles(module, kernel).items()}
+
+
+def arguments(module: str, kernel: str, sizes: dict[str, int]) -> list[jax.ShapeDtypeStruct]:
+    return [
+        jax.ShapeDtypeStruct(tuple(sizes[d] for d in op.dims), NUMPY_DTYPES[op.dtype])
+        for op in spec_inputs(module, kernel)
+    ]
+
+
+def compiled_path(module: str, kernel: str, **keywords):
+    """The generated function with `interpret=False`: its TPU or GPU path, as lowered."""
+    return functools.partial(getattr(generated_module(module), kernel), interpret=False, **keywords)
+
+
+def describe(module: str, kernel: str, sizes: dict[str, int], **blocks) -> str:
+    shapes = ", ".join(f"{op.name}{list(op.shape(sizes))}" for op in spec_inputs(module, kernel))
+    extra = "".join(f", {name}={value}" for name, value in blocks.items())
+    return f"{module}.{kernel}({shapes}{extra})"
+
+
+# --------------------------------------------------------------------------- TPU
+
+
+def compile_tpu(module: str, kernel: str, sizes: dict[str, int], chip: str, **blocks):
+    args = arguments(module, kernel, sizes)
+    try:
+        compiled = compile_only.compile_for_tpu(compiled_path(module, kernel, **blocks), args, chip=chip)
+    except compile_only.CompileError as error:
+        pytest.fail(f"Mosaic ({chip}) rejects {describe(module, kernel, sizes, **blocks)}:\n{error.message}")
+    hlo = compiled.as_text()
+    assert "tpu_custom_call" in hlo, f"{describe(module, kernel, sizes, **blocks)} compiled with no Mosaic kernel"
+
+
+@pytest.mark.parametrize(("chip", "size"), TPU_CASES, ids=[f"{chip}-{size}" for chip, size in TPU_CASES])
+@pytest.mark.parametrize(("module", "kernel"), KERNELS, ids=IDS)
+def test_mosaic_compiles(module, kernel, chip, size):
+    compile_tpu(module, kernel, sizes_of(module, kernel, size), chip)
+
+
+INT8_KERNELS = [(module, kernel) for module, kernel in KERNELS if has_int8(module, kernel)]
+
+
+@pytest.mark.parametrize("block_m", [None, 32], ids=["default-blocks", "block_m-32"])
+@pytest.mark.parametrize(("module", "kernel"), INT8_KERNELS, ids=[f"{m}.{k}" for m, k in INT8_KERNELS])
+def test_mosaic_compiles_int8_with_32_row_blocks(module, kernel, block_m):
+    """int8 arrays whose rows are a multiple of 32 are tiled (32, 128) in HBM: every
+    block of rows must be a multiple of 32, the defaults and a call-time block_m=32."""
+    assert "block_m" in block_defaults(getattr(generated_module(module), kernel))
+    sizes = {dim: INT8_ROWS for dim in sizes_of(module, kernel, "aligned")}
+    blocks = {} if block_m is None else {"block_m": block_m}
+    compile_tpu(module, kernel, sizes, "v5e", **blocks)
+
+
+def test_mosaic_rejection_is_a_compile_error_with_its_message():
+    """A block of 8 int8 rows over a (32, 128)-tiled array: Mosaic's E2002, as CompileError."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def copy(x):
+        return pl.pallas_call(
+            lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...].astype(o_ref.dtype)),
+            grid=(x.shape[0] // 8,),
+            in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+            out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+            out_shape=jax.ShapeDtypeStruct(x.shape, np.int32),
+            compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        )(x)
+
+    with pytest.raises(compile_only.CompileError) as error:
+        compile_only.compile_for_tpu(copy, [jax.ShapeDtypeStruct((64, 128), np.int8)])
+    assert error.value.compiler == "mosaic"
+    assert "E2002" in error.value.message and "(32, 128)" in error.value.message
+
+
+# --------------------------------------------------------------------------- Triton
+
+
+@contextlib.contextmanager
+def gpu_dispatch(function):
+    """Until the generated code picks its path per platform while lowering, it picks
+    Triton only where `jax.default_backend()` is "gpu": say so meanwhile, on fresh
+    jit caches. Once it dispatches per platform this changes nothing."""
+    function.clear_cache()
+    original = jax.default_backend
+    jax.default_backend = lambda: "gpu"
+    try:
+        yield
+    finally:
+        jax.default_backend = original
+        function.clear_cache()
+
+
+@functools.cache
+def triton_kernels(module: str, kernel: str, size: str) -> tuple[compile_only.TritonKernel, ...]:
+    sizes = sizes_of(module, kernel, size)
+    with gpu_dispatch(getattr(generated_module(module), kernel)):
+        kernels = compile_only.triton_ir(compiled_path(module, kernel), arguments(module, kernel, sizes))
+    assert kernels, f"{describe(module, kernel, sizes)} lowered for CUDA with no Triton kernel"
+    return tuple(kernels)
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+@pytest.mark.parametrize(("module", "kernel"), KERNELS, ids=IDS)
+def test_triton_compiles_for_sm90(module, kernel, size):
+    for ttir in triton_kernels(module, kernel, size):
+        try:
+            binary = compile_only.compile_triton(ttir, capability=90)
+        except compile_only.CompileError as error:
+            sizes = sizes_of(module, kernel, size)
+            pytest.fail(f"{error.compiler} rejects {ttir.name} of {describe(module, kernel, sizes)}:\n{error.message}")
+        assert ".target sm_90" in binary.ptx and binary.cubin
+        assert binary.spill_stores == binary.spill_loads == 0, f"{ttir.name} spills registers:\n{binary.ptxas_log}"
+
+
+@pytest.mark.parametrize("size", MASKED_SIZES)
+@pytest.mark.parametrize(("module", "kernel"), KERNELS, ids=IDS)
+def test_triton_accesses_are_masked_where_blocks_overhang(module, kernel, size):
+    """Every block here overhangs its array somewhere (a ragged size, or an array
+    smaller than a GPU block); an unmasked load or store there touches memory outside
+    the array, which Triton does not check."""
+    sizes = sizes_of(module, kernel, size)
+    findings = [
+        f"{ttir.name}: {access}"
+        for ttir in triton_kernels(module, kernel, size)
+        for access in compile_only.unmasked_accesses(ttir)
+    ]
+    assert not findings, f"unmasked accesses in {describe(module, kernel, sizes)}:\n" + "\n".join(findings)
+
+
+# --------------------------------------------------------------------------- the checker itself
+
+
+def _hand_written_copy(masked: bool):
+    """A Pallas Triton copy in 16x16 blocks of a (20, 20) array: overhangs in both dims."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as pltriton
+
+    def kernel(x_ref, o_ref):
+        rows = pl.program_id(0) * 16 + jax.numpy.arange(16)
+        cols = pl.program_id(1) * 16 + jax.numpy.arange(16)
+        if masked:
+            inside = (rows[:, None] < 20) & (cols[None, :] < 20)
+            pltriton.store(o_ref, pltriton.load(x_ref, mask=inside, other=0.0) * 2, mask=inside)
+        else:
+            o_ref[...] = x_ref[...] * 2
+
+    def copy(x):
+        return pl.pallas_call(
+            kernel,
+            grid=(2, 2),
+            in_specs=[pl.BlockSpec((16, 16), lambda i, j: (i, j))],
+            out_specs=pl.BlockSpec((16, 16), lambda i, j: (i, j)),
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=1),
+        )(x)
+
+    (ttir,) = compile_only.triton_ir(copy, [jax.ShapeDtypeStruct((20, 20), np.float32)])
+    return ttir
+
+
+def test_the_mask_check_passes_a_kernel_that_masks_every_access():
+    ttir = _hand_written_copy(masked=True)
+    assert "tt.load" in ttir.ttir and "tt.store" in ttir.ttir
+    assert compile_only.unmasked_accesses(ttir) == []
+    compile_only.compile_triton(ttir)
+
+
+def test_the_mask_check_finds_the_unmasked_load_and_store():
+    findings = compile_only.unmasked_accesses(_hand_written_copy(masked=False))
+    assert any("tt.load" in f for f in findings) and any("tt.store" in f for f in findings), findings
+    assert all(f.startswith("line ") for f in findings)
+
+
+def test_the_mask_check_reads_pretty_and_generic_forms():
+    ir = "\n".join(
+        [
+            "%3 = tt.load %1 : tensor<16x!tt.ptr<f32>>",
+            "%4 = tt.load %1, %2 : tensor<16x!tt.ptr<f32>>",
+            "%5 = tt.load %1, %2, %0 cacheModifier = ca : tensor<16x!tt.ptr<f32>>",
+            "tt.store %1, %3 : tensor<16x!tt.ptr<f32>>",
+            "tt.store %1, %3, %2 : tensor<16x!tt.ptr<f32>>",
+            '"tt.store"(%1, %3) : (tensor<16x!tt.ptr<f32>>, tensor<16xf32>) -> ()',
+            '%6 = "tt.load"(%1, %2) <{operandSegmentSizes = array<i32: 1, 1, 0>}> : (tensor<16x!tt.ptr<f32>>) -> tensor<16xf32>',
+        ]
+    )
+    assert [f.split(":")[0] for f in compile_only.unmasked_accesses(ir)] == ["line 1", "line 4", "line 6"]
+
+
+def test_a_triton_failure_is_a_compile_error_with_its_message():
+    ttir = _hand_written_copy(masked=True).ttir.replace("tt.load", "tt.lode", 1)
+    with pytest.raises(compile_only.CompileError) as error:
+        compile_only.compile_triton(ttir)
+    assert error.value.compiler == "triton" and "tt.lode" in error.value.message
