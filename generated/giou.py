@@ -8,12 +8,19 @@ Pallas interpret mode unless `interpret` says otherwise.
 """
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
+
+# jax 0.11+ warns at every Triton lowering that Pallas's Triton backend is deprecated. The
+# GPU kernels here use it knowingly until they move to Mosaic GPU: silence that one warning.
+warnings.filterwarnings(
+    "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
+)
 
 
 def _on_platform(tpu, gpu, interpret, *arrays):

@@ -79,7 +79,10 @@ def python_literal(value) -> str:
 
 
 def docstring(lines: tuple[str, ...]) -> str:
-    """A triple-quoted docstring whose text cannot end the string or escape from it."""
-    escaped = [escape_text(line) for line in lines]
-    body = "\n    ".join(escaped).rstrip()
-    return f'"""{body}\n    """' if len(escaped) > 1 else f'"""{body}"""'
+    """A triple-quoted docstring whose text cannot end the string or escape from it.
+
+    Tabs are expanded where Python 3.13 expands them on compiling (the indentation
+    counts), so the docstring reads the same on every Python.
+    """
+    body = "\n".join(escape_text(line) for line in "\n    ".join(lines).expandtabs().split("\n")).rstrip()
+    return f'"""{body}\n    """' if len(lines) > 1 else f'"""{body}"""'

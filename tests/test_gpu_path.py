@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 
 import jax
 import numpy as np
@@ -18,10 +19,12 @@ import pytest
 from jax._src.mesh import AbstractDevice
 
 from kernel_cases import (
+    GENERATED,
     NUMPY_DTYPES,
     bundled_kernels,
     has_matmul,
     generated_module,
+    load_module,
     random_array,
     spec_inputs,
     spec_kernel,
@@ -84,11 +87,27 @@ def test_lowers_for_an_nvidia_gpu_through_triton(module, kernel):
         jax.ShapeDtypeStruct(tuple(sizes[d] for d in op.dims), NUMPY_DTYPES[op.dtype])
         for op in spec_inputs(module, kernel)
     ]
-    function = functools.partial(getattr(generated_module(module), kernel), interpret=False)
+    lowered = lower_for_an_nvidia_gpu(getattr(generated_module(module), kernel), *args)
+    assert "triton" in lowered.as_text().lower()
+
+
+def lower_for_an_nvidia_gpu(function, *args):
     device = AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=132, platform="gpu")
     with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
-        lowered = jax.jit(function).trace(*args).lower(lowering_platforms=("cuda",))
-    assert "triton" in lowered.as_text().lower()
+        return jax.jit(functools.partial(function, interpret=False)).trace(*args).lower(lowering_platforms=("cuda",))
+
+
+def test_lowering_for_a_gpu_raises_no_deprecation_warning_where_those_are_errors(on_gpu):
+    """jax 0.11+ warns at each Triton lowering that the backend is deprecated; importing a
+    generated module silences that one message (and no other), even under `-W error`.
+    pytest resets warning filters for each test, so the module is imported here."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        module = load_module(GENERATED / "activations.py", "_activations_under_w_error")
+        lowered = lower_for_an_nvidia_gpu(module.leaky, jax.ShapeDtypeStruct((300, 300), np.float32))
+        assert "triton" in lowered.as_text().lower()
+        with pytest.raises(DeprecationWarning, match="Pallas Triton"):
+            warnings.warn("Pallas Triton: any other deprecation is still an error", DeprecationWarning)
 
 
 SPEC = """

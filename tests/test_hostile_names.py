@@ -8,6 +8,7 @@ its own uses consistently, and comment text cannot escape the docstring.
 from __future__ import annotations
 
 import ast
+import inspect
 
 import jax
 import numpy as np
@@ -78,10 +79,23 @@ def test_a_param_keeps_its_name_as_a_keyword(module):
 
 
 def test_comment_text_is_the_docstring_and_nothing_else(module):
-    assert module.collide.__doc__.splitlines()[0] == DOC
+    doc = DOC.expandtabs()  # tabs become spaces: see the next test
+    assert module.collide.__doc__.splitlines()[0] == doc
     tree = ast.parse(generate(SPEC, "hostile.pallas", "hostile.pallas"))
-    strings = [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str) and DOC in n.value]
+    strings = [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str) and doc in n.value]
     assert len(strings) == 1
+
+
+def test_tabs_in_comments_are_expanded_as_python_expands_docstrings(tmp_path):
+    """Python 3.13 expands tabs in docstrings when it compiles them (3.11 and 3.12 keep
+    them, and `help()` expands them), so the generator writes no tabs, at the same tab
+    stops: the docstring reads the same on every Python."""
+    spec = "# a\tb\n# cc\tdd\nkernel tabs {\n in x: f32[N]\n out z: f32[N]\n z = x\n}\n"
+    path = tmp_path / "tabs.py"
+    path.write_text(generate(spec, "tabs.pallas", "tabs.pallas"))
+    module = load_module(path, "_tabs_in_comments")
+    assert "\t" not in module.tabs.__doc__
+    assert inspect.getdoc(module.tabs).splitlines()[:2] == ["a       b", "cc  dd"]
 
 
 @pytest.mark.parametrize(

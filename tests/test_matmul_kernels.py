@@ -8,6 +8,7 @@ and the runs cheap in interpret mode.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -151,8 +152,17 @@ def races_found() -> bool:
     return bool(interpret_pallas_call.races.races_found)
 
 
+def race_detection(cores: int):
+    """Interpret params that record races and let the kernel finish: jax 0.12 raises at
+    the first race unless `on_race="warn"`, a field that jax 0.10.2 does not have."""
+    params = dict(detect_races=True, num_cores_or_threads=cores)
+    if "on_race" in {f.name for f in dataclasses.fields(pltpu.InterpretParams)}:
+        params["on_race"] = "warn"
+    return pltpu.InterpretParams(**params)
+
+
 def run_with_race_detection(function, x, y, cores):
-    params = pltpu.InterpretParams(detect_races=True, num_cores_or_threads=cores)
+    params = race_detection(cores)
     try:
         return np.asarray(function(x, y, **RACE_BLOCKS, interpret=params)), races_found()
     finally:
