@@ -147,6 +147,13 @@ def run(targets: tuple[str, ...], sizes: tuple[str, ...], seed: int, out: Path |
 )
 @click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False), help="Also write results here.")
 @click.option("--sweep", is_flag=True, help="Try candidate block sizes (and GPU options); print the best.")
+@click.option("--block", "blocks", multiple=True, metavar="DIM=N", help="A TPU block size (repeatable).")
+@click.option(
+    "--chip",
+    type=click.Choice(["v5e", "v6e"]),
+    help="Instead of timing, compile for this TPU (no TPU needed) and print the compiler's cycle estimates.",
+)
+@click.option("--vmem-limit", type=click.IntRange(min=1), metavar="MIB", help="With --chip: the kernel's scoped VMEM limit.")
 def bench(
     targets: tuple[str, ...],
     sizes: tuple[str, ...],
@@ -155,11 +162,24 @@ def bench(
     repeats: int,
     json_path: Path | None,
     sweep: bool,
+    blocks: tuple[str, ...],
+    chip: str | None,
+    vmem_limit: int | None,
 ) -> None:
     """Time generated kernels against XLA (their jitted reference) on this machine's device.
 
-    SPEC[:KERNEL] and the default sizes are as for `pallasgen run`.
+    SPEC[:KERNEL] and the default sizes are as for `pallasgen run`. With --chip, compile
+    them and their references for that TPU instead and compare the compiler's estimated
+    cycles.
     """
+    given = _parse_sizes(sizes)
+    if chip is not None:
+        if sweep:
+            _usage_error("--sweep times kernels; it cannot be combined with --chip")
+        _estimate(_kernels(targets, out, given), given, _parse_blocks(blocks), chip, vmem_limit, json_path)
+        return
+    if vmem_limit is not None:
+        _usage_error("--vmem-limit needs --chip")
     import json
 
     import jax
@@ -167,8 +187,8 @@ def bench(
     from . import bench as benchmark
 
     device = jax.devices()[0].device_kind
-    given = _parse_sizes(sizes)
     kernels = _kernels(targets, out, given)
+    options = _parse_blocks(blocks)
     if sweep:
         _sweep(kernels, given, seed, repeats, device)
         return
@@ -177,8 +197,11 @@ def bench(
         for module, checked in progress:
             dims = runner.sizes_for(checked, given)
             inputs = _within_memory(checked, dims, lambda: runner.random_inputs(checked, dims, seed))
+            keywords = _block_options(checked, options)
             timings.append(
-                _within_memory(checked, dims, lambda: benchmark.time_kernel(module, checked, dims, inputs, repeats, {}))
+                _within_memory(
+                    checked, dims, lambda: benchmark.time_kernel(module, checked, dims, inputs, repeats, keywords)
+                )
             )
     for timing in timings:
         click.echo(benchmark.describe(timing, device))
@@ -227,6 +250,48 @@ def _sweep(kernels, given: dict[str, int], seed: int, repeats: int, device: str)
             f" {seconds * 1e3:.3f} ms, {xla_seconds / seconds:.2f}x XLA"
         )
     _say_if_interpreted()
+
+
+def _estimate(kernels, given: dict[str, int], blocks: dict[str, int], chip: str, vmem_mib, json_path) -> None:
+    import json
+    import tempfile
+
+    from . import estimate
+    from . import runner
+
+    records = []
+    with tempfile.TemporaryDirectory(prefix="pallasgen-llo-") as profile_dir:
+        estimator = estimate.Estimator(chip, Path(profile_dir))
+        click.echo(f"TPU {chip}, {estimate.LABEL}")
+        for module, checked in kernels:
+            dims = runner.sizes_for(checked, given)
+            limit = vmem_mib * 1024 * 1024 if vmem_mib else None
+            result = estimator.estimate(module, checked, dims, _block_options(checked, blocks), limit)
+            click.echo(estimate.describe(result))
+            percent, peak = estimate.percent_of_peak(result)
+            records.append(
+                {
+                    "kernel": result.kernel,
+                    "sizes": result.sizes,
+                    "blocks": _block_options(checked, blocks),
+                    "kernel_cycles": result.kernel_cycles,
+                    "mosaic_cycles": result.mosaic_cycles,
+                    "xla_cycles": result.xla_cycles,
+                    "ratio_kernel_to_xla": result.ratio,
+                    "percent_of_peak": percent,
+                    "peak": peak,
+                }
+            )
+    if json_path is not None:
+        payload = {"chip": chip, "what": estimate.LABEL, "vmem_limit_mib": vmem_mib, "results": records}
+        json_path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+
+
+def _block_options(checked, blocks: dict[str, int]) -> dict[str, int]:
+    """The `block_*` keywords among --block that this kernel has (a kernel without a dim ignores it)."""
+    from .names import block_keyword
+
+    return {block_keyword(d): n for d, n in blocks.items() if d in checked.blocks}
 
 
 @main.command()
@@ -354,6 +419,16 @@ def _parse_sizes(sizes: tuple[str, ...]) -> dict[str, int]:
             _usage_error(f"--size {item}: expected DIM=N, a dimension name and a positive integer")
         if dim in parsed:
             _usage_error(f"--size {dim} is given twice")
+        parsed[dim] = int(value)
+    return parsed
+
+
+def _parse_blocks(blocks: tuple[str, ...]) -> dict[str, int]:
+    parsed = {}
+    for item in blocks:
+        dim, _, value = item.partition("=")
+        if not dim or not value.isdigit() or int(value) < 1:
+            _usage_error(f"--block {item}: expected DIM=N with N a positive integer")
         parsed[dim] = int(value)
     return parsed
 

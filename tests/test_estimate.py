@@ -1,0 +1,71 @@
+"""`pallasgen bench --chip`: cycle estimates read from libtpu's profile, and their arithmetic."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from test_run_and_bench import invoke, project  # noqa: F401  (a fixture)
+
+from pallasgen.estimate import CHIPS, LABEL, Estimate, parse_profile, percent_of_peak
+
+PROFILE = """hlo_op_estimate {
+  hlo_op_name: "bias_gelu.1"
+  estimated_cycles: 570014
+  num_equivalent_hlos: 1
+  dma_instruction_type: DMA_INSTRUCTION_TYPE_LOCAL
+  scalar_inputs: 0
+}
+"""
+
+
+def estimate(**fields) -> Estimate:
+    defaults = dict(kernel="k", sizes={}, chip="v5e", kernel_cycles=1000, mosaic_cycles=1000, xla_cycles=800)
+    return Estimate(**{**defaults, "flops": 0, "bytes_moved": 0, "int8": False, **fields})
+
+
+def test_a_profile_file_gives_each_op_and_its_cycles():
+    assert parse_profile(PROFILE + PROFILE.replace("bias_gelu.1", "copy")) == [("bias_gelu.1", 570014), ("copy", 570014)]
+
+
+def test_the_ratio_is_kernel_over_xla_and_the_percent_is_of_the_matching_peak():
+    v5e, v6e = CHIPS["v5e"], CHIPS["v6e"]
+    assert estimate().ratio == 1.25
+    half_of_bf16 = 0.5 * 1000 * v5e.bf16_flops / v5e.clock_hz
+    assert percent_of_peak(estimate(flops=half_of_bf16)) == (pytest.approx(50), "bf16 peak")
+    assert percent_of_peak(estimate(flops=half_of_bf16, int8=True)) == (pytest.approx(25), "int8 peak")
+    all_of_hbm = 1000 * v6e.hbm_bytes / v6e.clock_hz
+    assert percent_of_peak(estimate(chip="v6e", bytes_moved=all_of_hbm)) == (pytest.approx(100), "HBM peak")
+
+
+def test_bench_chip_compiles_the_kernel_and_xla_and_reads_their_cycles(project, tmp_path):  # noqa: F811
+    # A fresh process: libtpu reads the profile flag once, when it loads.
+    command = "from pallasgen.cli import main; main()"
+    args = ["bench", "--chip", "v5e", "specs/add_vectors.pallas", "--size", "N=65536", "--block", "N=8192"]
+    result = subprocess.run([sys.executable, "-c", command, *args, "--json", "out.json"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"TPU v5e, {LABEL}" in result.stdout
+    assert "add_vectors [N=65536]: kernel " in result.stdout
+    (record,) = json.loads((project / "out.json").read_text())["results"]
+    assert record["blocks"] == {"block_n": 8192}
+    assert record["kernel_cycles"] == record["mosaic_cycles"] > 0  # nothing but the Mosaic call
+    assert record["xla_cycles"] > 0
+    assert record["ratio_kernel_to_xla"] == record["kernel_cycles"] / record["xla_cycles"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--chip", "v9z"], "Invalid value for '--chip'"),
+        (["--chip", "v5e", "--sweep"], "cannot be combined with --chip"),
+        (["--vmem-limit", "64"], "--vmem-limit needs --chip"),
+        (["--chip", "v5e", "--block", "N=big"], "expected DIM=N"),
+    ],
+)
+def test_bench_chip_usage_errors_exit_2_without_a_traceback(project, args, message):  # noqa: F811
+    result = invoke("bench", "specs/add_vectors.pallas", *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert isinstance(result.exception, SystemExit)
