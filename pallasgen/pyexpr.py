@@ -123,8 +123,7 @@ class Emitter:
                 return f"jax.nn.gelu({operand}, approximate=True)"
             return f"{FUNCTIONS[node.func]}({operand})"
         if node.func in NARROW_INT_FUNCTIONS and self._narrow_int(node):
-            args = ", ".join(self._widened(arg) for arg in node.args)
-            return f"{FUNCTIONS[node.func]}({args}).astype({self.dtype(self.types[node].dtype.name)})"
+            return f"{self._widened_call(node)}.astype({self.dtype(self.types[node].dtype.name)})"
         args = ", ".join(self.emit(arg) for arg in node.args)
         return f"{FUNCTIONS[node.func]}({args})"
 
@@ -134,10 +133,18 @@ class Emitter:
         return self.tpu and value_type.dtype.is_integer and value_type.dtype.bits < 32 and not value_type.weak
 
     def _widened(self, node: ir.Expr) -> str:
-        """The value as i32 if it is a narrow integer array, else as it is."""
+        """The value as i32 if it is a narrow integer array, else as it is. A nested
+        maximum, minimum or clip stays in i32 (never narrowed and widened again, which
+        compilers may fold back into a narrow operation)."""
         if not self._narrow_int(node):
             return self._wrap(node, _OR)
+        if isinstance(node, ir.Call) and node.func in NARROW_INT_FUNCTIONS and node not in self.overrides:
+            return self._widened_call(node)
         return f"{self._wrap(node, _ATOM)}.astype(jnp.int32)"
+
+    def _widened_call(self, node: ir.Call) -> str:
+        """maximum, minimum or clip of narrow integers, computed in i32."""
+        return f"{FUNCTIONS[node.func]}({', '.join(self._widened(arg) for arg in node.args)})"
 
     def _cast_code(self, node: ir.Expr, dtype: str) -> tuple[str, int]:
         if self.types[node].dims:

@@ -1,0 +1,200 @@
+"""Specs the checker accepts that Mosaic or Triton once rejected, or that were wrong,
+built and compiled for real (see test_compiled.py for the compilers), and run in
+interpret mode against NumPy.
+
+- narrow integers: compares, maximum, minimum, clip and where on i8/u8/i16 (Mosaic has
+  no narrow-integer compare; the TPU kernel widens them to i32);
+- f16 (no f16 vectors on v5e/v6e; the TPU kernel computes in f32);
+- bool vectors in blocks of 128 (held as 32-bit in VMEM);
+- a batched product whose epilogue reads an array without the batch dimension;
+- blocks passed at call time, checked against the same tiling rule as the spec.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+from kernel_cases import load_module
+from pallasgen import compile_only
+from pallasgen.pipeline import generate
+
+pytestmark = pytest.mark.skipif(
+    bool(compile_only.missing_compilers()), reason="needs libtpu (jax[tpu]) and triton: pip install -e '.[dev]'"
+)
+
+SPECS = {
+    "narrow_ints": """
+kernel narrow_ints {
+    in  x: i8[M, N]
+    in  y: u8[M, N]
+    in  z: i16[M, N]
+    out a: i8[M, N]
+    out b: u8[M, N]
+    out c: i16[M, N]
+    out pos: bool[M, N]
+    a = where(x > 0, maximum(x, -3), clip(x, -100, 100))
+    b = minimum(y, 200)
+    c = maximum(z, minimum(z, 7))
+    pos = (x >= 1) & (y != 0) & (z < 9)
+    block M = 32, N = 256
+}
+""",
+    "half": """
+kernel half {
+    in  x: f16[M, N]
+    in  s: f32[N]
+    out y: f16[M, N]
+    out t: f32[M, N]
+    y = f16(exp(x) * s)
+    t = f32(x) + 1
+    block M = 16, N = 256
+}
+""",
+    "flags": """
+kernel flags {
+    in  x: f32[N]
+    out on: bool[N]
+    on = x > 0.5
+    block N = 128
+}
+""",
+    "bmm_bias": """
+kernel bmm_bias {
+    in  x: f32[B, M, K]
+    in  y: f32[B, K, N]
+    in  bias: f32[N]
+    in  scale: f32[M]
+    out z: f32[B, M, N]
+    z = (x @ y + bias) * scale
+    block B = 1, M = 128, N = 128, K = 128
+}
+""",
+}
+
+
+@functools.cache
+def module(name: str, tmp_root: str):
+    path = f"{tmp_root}/{name}.py"
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(generate(SPECS[name], f"{name}.pallas", f"specs/{name}.pallas"))
+    return load_module(__import__("pathlib").Path(path), f"_compiled_spec_{name}")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("compiled_specs"))
+    return lambda name: module(name, root)
+
+
+def numpy_inputs(name: str, rng, m=70, n=300, b=2, k=200):
+    if name == "narrow_ints":
+        return [
+            rng.integers(-128, 128, (m, n)).astype(np.int8),
+            rng.integers(0, 256, (m, n)).astype(np.uint8),
+            rng.integers(-300, 300, (m, n)).astype(np.int16),
+        ]
+    if name == "half":
+        return [rng.standard_normal((m, n)).astype(np.float16), rng.standard_normal(n).astype(np.float32)]
+    if name == "flags":
+        return [rng.random(n * 5 + 3).astype(np.float32)]
+    return [
+        rng.standard_normal((b, m, k)).astype(np.float32),
+        rng.standard_normal((b, k, n)).astype(np.float32),
+        rng.standard_normal(n).astype(np.float32),
+        rng.standard_normal(m).astype(np.float32),
+    ]
+
+
+def expected(name: str, *arrays):
+    """Independent NumPy (int64 / float64) results."""
+    if name == "narrow_ints":
+        x, y, z = (a.astype(np.int64) for a in arrays)
+        a = np.where(x > 0, np.maximum(x, -3), np.clip(x, -100, 100)).astype(np.int8)
+        return a, np.minimum(y, 200).astype(np.uint8), np.maximum(z, np.minimum(z, 7)).astype(np.int16), (
+            (x >= 1) & (y != 0) & (z < 9)
+        )
+    if name == "half":
+        x, s = (a.astype(np.float64) for a in arrays)
+        return (np.exp(x) * s).astype(np.float16), x + 1
+    if name == "flags":
+        return (arrays[0] > 0.5,)
+    x, y, bias, scale = (a.astype(np.float64) for a in arrays)
+    return ((x @ y + bias) * scale[:, None],)
+
+
+def compare(name, got, want):
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want):
+        g = np.asarray(g)
+        if g.dtype.kind in "iub":
+            np.testing.assert_array_equal(g, w)
+        else:
+            tolerance = 2e-3 if g.dtype == np.float16 else 1e-4
+            np.testing.assert_allclose(g.astype(np.float64), w, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+@pytest.mark.parametrize("chip", ["v5e", "v6e"])
+def test_mosaic_compiles_the_spec(built, name, chip):
+    function = getattr(built(name), name)
+    args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in numpy_inputs(name, np.random.default_rng(0), m=256)]
+    compiled = compile_only.compile_for_tpu(functools.partial(function, interpret=False), args, chip=chip)
+    assert "tpu_custom_call" in compiled.as_text()
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_triton_compiles_the_spec_with_every_access_masked(built, name):
+    function = getattr(built(name), name)
+    args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in numpy_inputs(name, np.random.default_rng(0), 5, 101, 2, 37)]
+    for ttir in compile_only.triton_ir(functools.partial(function, interpret=False), args):
+        assert not compile_only.unmasked_accesses(ttir)
+        compile_only.compile_triton(ttir, capability=90)
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_interpreted_kernel_matches_numpy(built, name):
+    rng = np.random.default_rng(1)
+    arrays = numpy_inputs(name, rng)
+    compare(name, getattr(built(name), name)(*arrays), expected(name, *arrays))
+
+
+def test_a_call_time_block_that_breaks_the_tiling_rule_is_refused_before_compiling(built):
+    x = jax.ShapeDtypeStruct((4096, 512), np.int8)
+    y, z = jax.ShapeDtypeStruct((4096, 512), np.uint8), jax.ShapeDtypeStruct((4096, 512), np.int16)
+    function = functools.partial(built("narrow_ints").narrow_ints, block_m=16, interpret=False)
+    with pytest.raises(ValueError, match=r"narrow_ints: block_m=16 breaks the TPU tiling rule: M is the second-to-last"
+                       r" dimension of a block of i8 values, so it is a multiple of 32; use 32"):
+        jax.jit(function).trace(x, y, z)
+
+
+def test_a_call_time_block_of_the_whole_dimension_is_always_legal(built):
+    rng = np.random.default_rng(2)
+    arrays = numpy_inputs("narrow_ints", rng, m=20)
+    got = built("narrow_ints").narrow_ints(*arrays, block_m=20)
+    compare("narrow_ints", got, expected("narrow_ints", *arrays))
+
+
+def test_the_default_call_compiles_mosaic_when_compiling_for_a_tpu_from_a_cpu_host(built):
+    """Dispatch follows the platform being compiled for, not the host's backend: a
+    deviceless ahead-of-time compile for a TPU gets the Mosaic kernel, not the interpreter."""
+    args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in numpy_inputs("bmm_bias", np.random.default_rng(0), m=256)]
+    compiled = compile_only.compile_for_tpu(built("bmm_bias").bmm_bias, args)
+    assert "tpu_custom_call" in compiled.as_text()
+
+
+def test_the_default_call_exports_the_triton_kernel_for_cuda(built):
+    from jax._src.mesh import AbstractDevice
+
+    args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in numpy_inputs("bmm_bias", np.random.default_rng(0))]
+    h100 = AbstractDevice(device_kind=compile_only.GPU_DEVICE_KIND, num_cores=compile_only.GPU_CORES, platform="gpu")
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=h100)):
+        exported = jax.export.export(
+            jax.jit(built("bmm_bias").bmm_bias),
+            platforms=("cuda",),
+            disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
+        )(*args)
+    text = exported.mlir_module()
+    assert "__gpu$xla.gpu.triton" in text and "tpu_custom_call" not in text
