@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .bench import work
+from . import compile_only
 from .checks import CheckedKernel
 from .dtypes import DTYPES
 
@@ -29,7 +30,6 @@ _MOSAIC_CALL = re.compile(r'%([\w.\-]+) = [^\n]*custom_call_target="tpu_custom_c
 class Chip:
     """A compile-only chip and the vendor peaks that percentages are taken against."""
 
-    topology: str
     clock_hz: float  # TensorCore clock: cycles per second
     bf16_flops: float  # peak dense bf16 FLOP/s (f32 products are counted against it)
     int8_ops: float  # peak int8 OP/s
@@ -38,8 +38,8 @@ class Chip:
 
 # Google Cloud TPU docs (v5e, v6e pages); clocks = peak bf16 / MXU FLOPs per cycle.
 CHIPS = {
-    "v5e": Chip("v5e:1x1", 1.5e9, 197e12, 394e12, 819e9),
-    "v6e": Chip("v6e:1x1", 1.75e9, 918e12, 1836e12, 1640e9),
+    "v5e": Chip(1.5e9, 197e12, 394e12, 819e9),
+    "v6e": Chip(1.75e9, 918e12, 1836e12, 1640e9),
 }
 
 
@@ -84,22 +84,12 @@ class Estimator:
     """
 
     def __init__(self, chip: str, profile_dir: Path):
-        os.environ.update(
-            TPU_SKIP_MDS_QUERY="1",
-            TPU_ACCELERATOR_TYPE="v5litepod-1",
-            TPU_WORKER_HOSTNAMES="localhost",
-            TPU_WORKER_ID="0",
-            ALLOW_MULTIPLE_LIBTPU_LOAD="1",
-            LIBTPU_INIT_ARGS=f"{os.environ.get('LIBTPU_INIT_ARGS', '')} {PROFILE_FLAG}={profile_dir}".strip(),
-        )
+        compile_only.set_libtpu_environment()
+        os.environ["LIBTPU_INIT_ARGS"] = f"{os.environ.get('LIBTPU_INIT_ARGS', '')} {PROFILE_FLAG}={profile_dir}".strip()
         import jax
-        from jax.experimental import topologies
 
         self.chip, self.profile_dir = chip, profile_dir
-        topology = topologies.get_topology_desc(
-            platform="tpu", topology_name=CHIPS[chip].topology, chips_per_host_bounds=[1, 1, 1]
-        )
-        self.device = topology.devices[0]
+        self.device = compile_only.tpu_device(chip)
         self.sharding = jax.sharding.NamedSharding(jax.sharding.Mesh([self.device], ("x",)), jax.sharding.PartitionSpec())
         self._xla_cycles: dict[tuple, int] = {}  # XLA's compile of a reference, per kernel and sizes
 
