@@ -17,6 +17,7 @@ array.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
 
@@ -57,8 +58,6 @@ def sizes_for(module: str, kernel: str, size_class: str) -> dict[str, int]:
 
 
 def small_gpu_blocks(function) -> dict[str, int]:
-    import inspect
-
     return {
         name: min(16, param.default)
         for name, param in inspect.signature(function).parameters.items()

@@ -63,17 +63,15 @@ def _sizes(kernel, operands):
 def _check_tiling(kernel, **blocks):
     """Refuses TPU blocks that Mosaic cannot tile, before anything compiles.
 
-    Each keyword maps to (block, size, multiple, why[, smallest power of two]): a block
+    Each keyword maps to (block, size, multiple, rule[, smallest power of two]): a block
     is legal when it covers its whole dimension, is a multiple of `multiple`, or (for
     one-dimensional arrays) a power of two of at least the smallest one given.
     """
-    for keyword, (block, size, multiple, why, *smallest) in blocks.items():
+    for keyword, (block, size, multiple, rule, *smallest) in blocks.items():
         if block == size or block % multiple == 0:
             continue
         if smallest and block >= smallest[0] and block & (block - 1) == 0:
             continue
-        rule = f"{why}, so it is a multiple of {multiple}"
-        rule += f" or a power of two of at least {smallest[0]}" if smallest else ""
         raise ValueError(
             f"{kernel}: {keyword}={block} breaks the TPU tiling rule: {rule}; use"
             f" {-(-block // multiple) * multiple} or a block of the whole dimension ({size})"
@@ -193,8 +191,13 @@ def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(
         "leaky",
-        block_m=(block_m, m, 8, "M is the second-to-last dimension of a block of f32 values"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block"),
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
     # VMEM at the default blocks: 3.0 MiB (inputs and outputs double-buffered).
     return pl.pallas_call(
@@ -358,8 +361,13 @@ def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(
         "bias_gelu",
-        block_m=(block_m, m, 16, "M is the second-to-last dimension of a block of bf16 values"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block"),
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
     # VMEM at the default blocks: 1.0 MiB (inputs and outputs double-buffered).
     return pl.pallas_call(
@@ -512,8 +520,13 @@ def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(
         "quantize_rows",
-        block_m=(block_m, m, 32, "M is the second-to-last dimension of a block of i8 values"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block"),
+        block_m=(
+            block_m,
+            m,
+            32,
+            "M is the second-to-last dimension of a block of i8 values, so it is a multiple of 32",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
     # VMEM at the default blocks: 1.3 MiB (inputs and outputs double-buffered).
     return pl.pallas_call(

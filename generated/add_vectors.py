@@ -63,17 +63,15 @@ def _sizes(kernel, operands):
 def _check_tiling(kernel, **blocks):
     """Refuses TPU blocks that Mosaic cannot tile, before anything compiles.
 
-    Each keyword maps to (block, size, multiple, why[, smallest power of two]): a block
+    Each keyword maps to (block, size, multiple, rule[, smallest power of two]): a block
     is legal when it covers its whole dimension, is a multiple of `multiple`, or (for
     one-dimensional arrays) a power of two of at least the smallest one given.
     """
-    for keyword, (block, size, multiple, why, *smallest) in blocks.items():
+    for keyword, (block, size, multiple, rule, *smallest) in blocks.items():
         if block == size or block % multiple == 0:
             continue
         if smallest and block >= smallest[0] and block & (block - 1) == 0:
             continue
-        rule = f"{why}, so it is a multiple of {multiple}"
-        rule += f" or a power of two of at least {smallest[0]}" if smallest else ""
         raise ValueError(
             f"{kernel}: {keyword}={block} breaks the TPU tiling rule: {rule}; use"
             f" {-(-block // multiple) * multiple} or a block of the whole dimension ({size})"
@@ -161,7 +159,13 @@ def _add_vectors_tpu(x, y, *, n, block_n, interpret):
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(
         "add_vectors",
-        block_n=(block_n, n, 1024, "N is the dimension of a one-dimensional f32 array", 128),
+        block_n=(
+            block_n,
+            n,
+            1024,
+            "N is the dimension of a one-dimensional f32 array, so it is a multiple of 1024 or a power of two of at least 128",
+            128,
+        ),
     )
     # VMEM at the default blocks: 24.0 KiB (inputs and outputs double-buffered).
     return pl.pallas_call(

@@ -63,17 +63,15 @@ def _sizes(kernel, operands):
 def _check_tiling(kernel, **blocks):
     """Refuses TPU blocks that Mosaic cannot tile, before anything compiles.
 
-    Each keyword maps to (block, size, multiple, why[, smallest power of two]): a block
+    Each keyword maps to (block, size, multiple, rule[, smallest power of two]): a block
     is legal when it covers its whole dimension, is a multiple of `multiple`, or (for
     one-dimensional arrays) a power of two of at least the smallest one given.
     """
-    for keyword, (block, size, multiple, why, *smallest) in blocks.items():
+    for keyword, (block, size, multiple, rule, *smallest) in blocks.items():
         if block == size or block % multiple == 0:
             continue
         if smallest and block >= smallest[0] and block & (block - 1) == 0:
             continue
-        rule = f"{why}, so it is a multiple of {multiple}"
-        rule += f" or a power of two of at least {smallest[0]}" if smallest else ""
         raise ValueError(
             f"{kernel}: {keyword}={block} breaks the TPU tiling rule: {rule}; use"
             f" {-(-block // multiple) * multiple} or a block of the whole dimension ({size})"
@@ -243,8 +241,13 @@ def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n,
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(
         "giou",
-        block_b=(block_b, b, 8, "B is the second-to-last dimension of a block of f32 values"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block"),
+        block_b=(
+            block_b,
+            b,
+            8,
+            "B is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
     # VMEM at the default blocks: 1.1 MiB (inputs and outputs double-buffered).
     return pl.pallas_call(

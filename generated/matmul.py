@@ -63,17 +63,15 @@ def _sizes(kernel, operands):
 def _check_tiling(kernel, **blocks):
     """Refuses TPU blocks that Mosaic cannot tile, before anything compiles.
 
-    Each keyword maps to (block, size, multiple, why[, smallest power of two]): a block
+    Each keyword maps to (block, size, multiple, rule[, smallest power of two]): a block
     is legal when it covers its whole dimension, is a multiple of `multiple`, or (for
     one-dimensional arrays) a power of two of at least the smallest one given.
     """
-    for keyword, (block, size, multiple, why, *smallest) in blocks.items():
+    for keyword, (block, size, multiple, rule, *smallest) in blocks.items():
         if block == size or block % multiple == 0:
             continue
         if smallest and block >= smallest[0] and block & (block - 1) == 0:
             continue
-        rule = f"{why}, so it is a multiple of {multiple}"
-        rule += f" or a power of two of at least {smallest[0]}" if smallest else ""
         raise ValueError(
             f"{kernel}: {keyword}={block} breaks the TPU tiling rule: {rule}; use"
             f" {-(-block // multiple) * multiple} or a block of the whole dimension ({size})"
@@ -212,9 +210,14 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     block_k = min(block_k, k)  # a small K is one whole block
     _check_tiling(
         "matmul",
-        block_m=(block_m, m, 8, "M is the second-to-last dimension of a block of f32 values"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block"),
-        block_k=(block_k, k, 128, "K is the last dimension of a block"),
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
     # VMEM at the default blocks: 4.5 MiB (inputs and outputs double-buffered, plus the
     # accumulator).
@@ -394,9 +397,14 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     block_k = min(block_k, k)  # a small K is one whole block
     _check_tiling(
         "matmul_relu",
-        block_m=(block_m, m, 8, "M is the second-to-last dimension of a block of f32 values"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block"),
-        block_k=(block_k, k, 128, "K is the last dimension of a block"),
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
     # VMEM at the default blocks: 4.5 MiB (inputs and outputs double-buffered, plus the
     # accumulator).
@@ -592,9 +600,14 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, int
     block_k = min(block_k, k)  # a small K is one whole block
     _check_tiling(
         "matmul_bias_gelu",
-        block_m=(block_m, m, 16, "M is the second-to-last dimension of a block of bf16 values"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block"),
-        block_k=(block_k, k, 128, "K is the last dimension of a block"),
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
     # VMEM at the default blocks: 10.0 MiB (inputs and outputs double-buffered, plus the
     # accumulator).
@@ -790,9 +803,14 @@ def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     block_k = min(block_k, k)  # a small K is one whole block
     _check_tiling(
         "matmul_int8",
-        block_m=(block_m, m, 32, "M is the second-to-last dimension of a block of i8 values"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block"),
-        block_k=(block_k, k, 128, "K is the last dimension of a block"),
+        block_m=(
+            block_m,
+            m,
+            32,
+            "M is the second-to-last dimension of a block of i8 values, so it is a multiple of 32",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
     # VMEM at the default blocks: 9.0 MiB (inputs and outputs double-buffered, plus the
     # accumulator).
@@ -988,9 +1006,14 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
     block_k = min(block_k, k)  # a small K is one whole block
     _check_tiling(
         "batched_matmul",
-        block_m=(block_m, m, 16, "M is the second-to-last dimension of a block of bf16 values"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block"),
-        block_k=(block_k, k, 128, "K is the last dimension of a block"),
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
     # VMEM at the default blocks: 1.8 MiB (inputs and outputs double-buffered, plus the
     # accumulator).
@@ -1168,8 +1191,13 @@ def _scores_tpu(q, k, *, b, s_, t, d, block_s, block_t, scale, interpret):
     block_t = min(block_t, t)  # a small T is one whole block
     _check_tiling(
         "scores",
-        block_s=(block_s, s_, 16, "S is the second-to-last dimension of a block of bf16 values"),
-        block_t=(block_t, t, 128, "T is the last dimension of a block"),
+        block_s=(
+            block_s,
+            s_,
+            16,
+            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_t=(block_t, t, 128, "T is the last dimension of a block, so it is a multiple of 128"),
     )
     # VMEM at the default blocks: 129.0 KiB per unit of D (inputs and outputs double-
     # buffered).
@@ -1372,9 +1400,14 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
     block_k = min(block_k, k)  # a small K is one whole block
     _check_tiling(
         "linear",
-        block_m=(block_m, m, 16, "M is the second-to-last dimension of a block of bf16 values"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block"),
-        block_k=(block_k, k, 128, "K is the last dimension of a block"),
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
     # VMEM at the default blocks: 1.5 MiB (inputs and outputs double-buffered, plus the
     # accumulator).

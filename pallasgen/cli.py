@@ -153,7 +153,9 @@ def run(targets: tuple[str, ...], sizes: tuple[str, ...], seed: int, out: Path |
     type=click.Choice(["v5e", "v6e"]),
     help="Instead of timing, compile for this TPU (no TPU needed) and print the compiler's cycle estimates.",
 )
-@click.option("--vmem-limit", type=click.IntRange(min=1), metavar="MIB", help="With --chip: the kernel's scoped VMEM limit.")
+@click.option(
+    "--vmem-limit", type=click.IntRange(min=1), metavar="MIB", help="With --chip: the kernel's scoped VMEM limit."
+)
 def bench(
     targets: tuple[str, ...],
     sizes: tuple[str, ...],
@@ -325,20 +327,35 @@ def show(target: str, sizes: tuple[str, ...], out_file: Path | None, gpu: bool) 
 def _one_kernel(target: str):
     """The checked kernel SPEC:KERNEL names; SPEC alone if it holds one kernel."""
     spec_path, _, wanted = target.partition(":")
+    kernels = _checked_kernels(
+        spec_path, lambda: check_source(decode(Path(spec_path).read_bytes(), spec_path), spec_path)
+    )
+    if not wanted and len(kernels) > 1:
+        names = ", ".join(k.kernel.name for k in kernels)
+        _usage_error(f"{spec_path} has {len(kernels)} kernels; name one as {spec_path}:KERNEL: {names}")
+    return _named(kernels, spec_path, wanted)[0]
+
+
+def _checked_kernels(spec_path: str, check):
+    """`check()`'s result; an unreadable spec, a usage or a spec error exits 2 with its message."""
     try:
-        kernels = check_source(decode(Path(spec_path).read_bytes(), spec_path), spec_path)
+        return check()
     except OSError as error:
         _usage_error(f"{spec_path}: {error.strerror}")
+    except UsageError as error:
+        _usage_error(str(error))
     except SpecError as error:
         click.echo(error.render(), err=True)
         sys.exit(SPEC_OR_USAGE_ERROR)
-    names = [k.kernel.name for k in kernels]
-    if not wanted and len(kernels) > 1:
-        _usage_error(f"{spec_path} has {len(kernels)} kernels; name one as {spec_path}:KERNEL: {', '.join(names)}")
+
+
+def _named(kernels, spec_path: str, wanted: str) -> list:
+    """The kernels named `wanted` (all of them if it is empty); none is a usage error."""
     matching = [k for k in kernels if not wanted or k.kernel.name == wanted]
     if not matching:
-        _usage_error(f"{spec_path} has no kernel named {wanted!r}; its kernels are {', '.join(names)}")
-    return matching[0]
+        names = ", ".join(k.kernel.name for k in kernels)
+        _usage_error(f"{spec_path} has no kernel named {wanted!r}; its kernels: {names}")
+    return matching
 
 
 def _kernels(targets: tuple[str, ...], out: Path | None, given: dict[str, int]) -> list:
@@ -360,21 +377,17 @@ def _kernels(targets: tuple[str, ...], out: Path | None, given: dict[str, int]) 
         spec_path, _, wanted = target.partition(":")
         if Path(spec_path).is_dir():
             _usage_error(f"{spec_path}: a folder; name a spec file in it, as SPEC[:KERNEL]")
-        try:
+
+        def check():
             (spec,), _ = collect_targets([Path(spec_path)], out_dir, _display)
-            kernels = check_source(decode(spec.spec.read_bytes(), spec_path), spec_path)
-            modules = generate_targets([spec], _display)
-        except OSError as error:
-            _usage_error(f"{spec_path}: {error.strerror}")
-        except UsageError as error:
-            _usage_error(str(error))
-        except SpecError as error:
-            click.echo(error.render(), err=True)
-            sys.exit(SPEC_OR_USAGE_ERROR)
-        matching = [k for k in kernels if not wanted or k.kernel.name == wanted]
-        if not matching:
-            names = ", ".join(k.kernel.name for k in kernels)
-            _usage_error(f"{spec_path} has no kernel named {wanted!r}; its kernels: {names}")
+            return (
+                spec,
+                check_source(decode(spec.spec.read_bytes(), spec_path), spec_path),
+                generate_targets([spec], _display),
+            )
+
+        spec, kernels, modules = _checked_kernels(spec_path, check)
+        matching = _named(kernels, spec_path, wanted)
         for change in plan_changes([spec], modules, set(), out_dir):
             state = "missing" if change.kind == "create" else "stale"
             click.echo(
@@ -412,23 +425,22 @@ def _say_if_interpreted() -> None:
 
 
 def _parse_sizes(sizes: tuple[str, ...]) -> dict[str, int]:
-    parsed = {}
-    for item in sizes:
-        dim, _, value = item.partition("=")
-        if not dim.isidentifier() or not (value.isascii() and value.isdigit()) or int(value) < 1:
-            _usage_error(f"--size {item}: expected DIM=N, a dimension name and a positive integer")
-        if dim in parsed:
-            _usage_error(f"--size {dim} is given twice")
-        parsed[dim] = int(value)
-    return parsed
+    return _parse_dim_values("--size", sizes)
 
 
 def _parse_blocks(blocks: tuple[str, ...]) -> dict[str, int]:
+    return _parse_dim_values("--block", blocks)
+
+
+def _parse_dim_values(option: str, items: tuple[str, ...]) -> dict[str, int]:
+    """`DIM=N` items of a repeatable option, each dimension once, N a positive integer."""
     parsed = {}
-    for item in blocks:
+    for item in items:
         dim, _, value = item.partition("=")
-        if not dim or not value.isdigit() or int(value) < 1:
-            _usage_error(f"--block {item}: expected DIM=N with N a positive integer")
+        if not dim.isidentifier() or not (value.isascii() and value.isdigit()) or int(value) < 1:
+            _usage_error(f"{option} {item}: expected DIM=N, a dimension name and a positive integer")
+        if dim in parsed:
+            _usage_error(f"{option} {dim} is given twice")
         parsed[dim] = int(value)
     return parsed
 

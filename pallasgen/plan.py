@@ -26,11 +26,11 @@ from .planparts import (
     ref_load,
     ref_store,
     tuple_code,
-    used_names,
 )
 from .product import Product
 from .functions import FLOAT_FUNCTIONS
-from .pyexpr import Emitter, jnp_dtype, tpu_dtype
+from .dtypes import tpu_dtype
+from .pyexpr import Emitter, jnp_dtype
 from .tiling import TilingRule, array_layouts, format_bytes, tiling_rule, vmem_bytes
 
 MODULE_HELPERS = frozenset(
@@ -287,7 +287,7 @@ def _tiling_check(kernel: str, rules: list[TilingRule], sizes) -> tuple[str, ...
         return ()
     items = []
     for rule in rules:
-        fields = [block_keyword(rule.dim), sizes[rule.dim], str(rule.multiple), repr(rule.why)]
+        fields = [block_keyword(rule.dim), sizes[rule.dim], str(rule.multiple), repr(rule.describe())]
         fields += [str(rule.smallest_power_of_two)] if rule.smallest_power_of_two else []
         items.append(f"{block_keyword(rule.dim)}=({', '.join(fields)})")
     return (f"_check_tiling({repr(kernel)}, {', '.join(items)})",)

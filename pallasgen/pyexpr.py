@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from . import ir
-from .dtypes import BOOL, DTYPES
+from .dtypes import BOOL, DTYPES, tpu_dtype
 from .functions import FLOAT_FUNCTIONS
 from .valuetypes import ValueType
 
@@ -46,11 +46,6 @@ NARROW_INT_FUNCTIONS = frozenset({"maximum", "minimum", "clip"})
 def jnp_dtype(name: str) -> str:
     """`f32` -> `jnp.float32`."""
     return f"jnp.{DTYPES[name].jnp}" if name != "bool" else "jnp.bool_"
-
-
-def tpu_dtype(name: str) -> str:
-    """The dtype a TPU kernel holds a spec dtype in: f16 as f32 (TPUs have no f16 vectors)."""
-    return "f32" if name == "f16" else name
 
 
 class Emitter:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from math import prod
 
 from . import ir
-from .dtypes import DTYPES, DType
+from .dtypes import DTYPES, DType, tpu_dtype
 from .planparts import layout_of
 from .product import Product
 
@@ -35,8 +35,8 @@ def array_layouts(kernel: ir.Kernel, dims: tuple[str, ...], product: Product | N
 class TilingRule:
     """What Mosaic needs of a block of `dim` for one array: a multiple of `multiple`, or
     (a one-dimensional array) a power of two of at least `smallest_power_of_two`; the
-    whole dimension is always legal. `why` is the rule in words, shared by the spec-time
-    error and the generated call-time check."""
+    whole dimension is always legal. `describe()` words it for both the spec-time error
+    and the generated call-time check."""
 
     dim: str
     multiple: int
@@ -44,7 +44,7 @@ class TilingRule:
     smallest_power_of_two: int | None = None
 
     def describe(self) -> str:
-        """The rule in words, as the generated call-time check also words it."""
+        """The rule in words: `why` it applies, and what it asks."""
         if self.smallest_power_of_two:
             return f"{self.why}, so it is a multiple of {self.multiple} or a power of two of at least {self.smallest_power_of_two}"
         return f"{self.why}, so it is a multiple of {self.multiple}"
@@ -57,8 +57,8 @@ class TilingRule:
 
 def tiling_bits(dtype: DType) -> int:
     """Bits of one element as a TPU kernel holds it: bool is 32-bit in VMEM, and f16 is
-    computed as f32 (TPUs have no f16 vectors)."""
-    return 32 if dtype.name in ("bool", "f16") else dtype.bits
+    computed as f32 (dtypes.tpu_dtype)."""
+    return 32 if dtype.name == "bool" else DTYPES[tpu_dtype(dtype.name)].bits
 
 
 def tiling_rule(dim: str, layouts: list[Layout]) -> TilingRule | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import ast
 import inspect
 
-import jax
 import numpy as np
 import pytest
 

@@ -290,7 +290,7 @@ SPEC = str(ROOT / "specs" / "matmul.pallas")
 @pytest.mark.parametrize(
     "args, message",
     [
-        ([SPEC + ":nope"], "has no kernel named 'nope'; its kernels are matmul, matmul_relu,"),
+        ([SPEC + ":nope"], "has no kernel named 'nope'; its kernels: matmul, matmul_relu,"),
         ([SPEC], "has 7 kernels; name one as"),
         ([SPEC + ":matmul", "--size", "M=x"], "--size M=x: expected DIM=N, a dimension name and a positive integer"),
         ([SPEC + ":matmul", "--size", "M=0"], "--size M=0: expected DIM=N, a dimension name and a positive integer"),
