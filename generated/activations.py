@@ -118,13 +118,6 @@ def _nbytes(*arrays):
     return sum(array.size * array.dtype.itemsize for array in arrays)
 
 
-def _leaky_kernel(x_ref, y_ref, mask_ref, *, slope):
-    x = x_ref[...]
-    pos = x > 0
-    y_ref[...] = jnp.where(pos, x, x * slope)
-    mask_ref[...] = pos.astype(jnp.int32)
-
-
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -185,6 +178,21 @@ def leaky(
     )
 
 
+def leaky_reference(x, *, slope=0.01):
+    """`leaky` in plain jax.numpy, to test the kernel against."""
+    pos = x > 0
+    y = jnp.where(pos, x, x * slope)
+    mask = pos.astype(jnp.int32)
+    return y, mask
+
+
+def _leaky_kernel(x_ref, y_ref, mask_ref, *, slope):
+    x = x_ref[...]
+    pos = x > 0
+    y_ref[...] = jnp.where(pos, x, x * slope)
+    mask_ref[...] = pos.astype(jnp.int32)
+
+
 def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
     """`leaky` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m = min(block_m, m)  # a small M is one whole block
@@ -228,14 +236,6 @@ def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
     )(x)
 
 
-def leaky_reference(x, *, slope=0.01):
-    """`leaky` in plain jax.numpy, to test the kernel against."""
-    pos = x > 0
-    y = jnp.where(pos, x, x * slope)
-    mask = pos.astype(jnp.int32)
-    return y, mask
-
-
 def _leaky_gpu_kernel(x_ref, y_ref, mask_ref, *, m, n, block_m, block_n, slope):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = _inside(pl.program_id(0) * block_m, block_m, m)
@@ -275,15 +275,6 @@ def _leaky_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, slope, inter
         interpret=interpret,
         name="leaky",
     )(x)
-
-
-def _bias_gelu_kernel(x_ref, bias_ref, scale_ref, y_ref):
-    x = x_ref[...]
-    bias = bias_ref[...]
-    scale = scale_ref[...]
-    y_ref[...] = jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(
-        jnp.bfloat16
-    )
 
 
 @functools.partial(
@@ -355,6 +346,23 @@ def bias_gelu(
     )
 
 
+def bias_gelu_reference(x, bias, scale):
+    """`bias_gelu` in plain jax.numpy, to test the kernel against."""
+    bias = bias[None, :]
+    scale = scale[:, None]
+    y = jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16)
+    return y
+
+
+def _bias_gelu_kernel(x_ref, bias_ref, scale_ref, y_ref):
+    x = x_ref[...]
+    bias = bias_ref[...]
+    scale = scale_ref[...]
+    y_ref[...] = jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(
+        jnp.bfloat16
+    )
+
+
 def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
     """`bias_gelu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m = min(block_m, m)  # a small M is one whole block
@@ -397,14 +405,6 @@ def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
     )(x, bias, scale)
 
 
-def bias_gelu_reference(x, bias, scale):
-    """`bias_gelu` in plain jax.numpy, to test the kernel against."""
-    bias = bias[None, :]
-    scale = scale[:, None]
-    y = jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16)
-    return y
-
-
 def _bias_gelu_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, m, n, block_m, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = _inside(pl.program_id(0) * block_m, block_m, m)
@@ -443,14 +443,6 @@ def _bias_gelu_gpu(x, bias, scale, *, m, n, block_m, block_n, num_warps, num_sta
         interpret=interpret,
         name="bias_gelu",
     )(x, bias, scale)
-
-
-def _quantize_rows_kernel(x_ref, scale_ref, q_ref):
-    x = x_ref[...]
-    scale = scale_ref[...]
-    scaled = x / scale
-    rounded = jnp.clip(jnp.floor(scaled + 0.5), -128.0, 127.0)
-    q_ref[...] = jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8)
 
 
 @functools.partial(
@@ -514,6 +506,23 @@ def quantize_rows(
     )
 
 
+def quantize_rows_reference(x, scale):
+    """`quantize_rows` in plain jax.numpy, to test the kernel against."""
+    scale = scale[:, None]
+    scaled = x / scale
+    rounded = jnp.clip(jnp.floor(scaled + 0.5), -128.0, 127.0)
+    q = jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8)
+    return q
+
+
+def _quantize_rows_kernel(x_ref, scale_ref, q_ref):
+    x = x_ref[...]
+    scale = scale_ref[...]
+    scaled = x / scale
+    rounded = jnp.clip(jnp.floor(scaled + 0.5), -128.0, 127.0)
+    q_ref[...] = jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8)
+
+
 def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
     """`quantize_rows` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m = min(block_m, m)  # a small M is one whole block
@@ -550,15 +559,6 @@ def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
         interpret=interpret,
         name="quantize_rows",
     )(x, scale)
-
-
-def quantize_rows_reference(x, scale):
-    """`quantize_rows` in plain jax.numpy, to test the kernel against."""
-    scale = scale[:, None]
-    scaled = x / scale
-    rounded = jnp.clip(jnp.floor(scaled + 0.5), -128.0, 127.0)
-    q = jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8)
-    return q
 
 
 def _quantize_rows_gpu_kernel(x_ref, scale_ref, q_ref, *, m, n, block_m, block_n):

@@ -118,12 +118,6 @@ def _nbytes(*arrays):
     return sum(array.size * array.dtype.itemsize for array in arrays)
 
 
-def _add_vectors_kernel(x_ref, y_ref, z_ref):
-    x = x_ref[...]
-    y = y_ref[...]
-    z_ref[...] = x + y
-
-
 @functools.partial(
     jax.jit, static_argnames=("block_n", "gpu_block_n", "gpu_warps", "gpu_stages", "interpret")
 )
@@ -152,6 +146,18 @@ def add_vectors(x, y, *, block_n=1024, gpu_block_n=1024, gpu_warps=4, gpu_stages
         x,
         y,
     )
+
+
+def add_vectors_reference(x, y):
+    """`add_vectors` in plain jax.numpy, to test the kernel against."""
+    z = x + y
+    return z
+
+
+def _add_vectors_kernel(x_ref, y_ref, z_ref):
+    x = x_ref[...]
+    y = y_ref[...]
+    z_ref[...] = x + y
 
 
 def _add_vectors_tpu(x, y, *, n, block_n, interpret):
@@ -188,12 +194,6 @@ def _add_vectors_tpu(x, y, *, n, block_n, interpret):
         interpret=interpret,
         name="add_vectors",
     )(x, y)
-
-
-def add_vectors_reference(x, y):
-    """`add_vectors` in plain jax.numpy, to test the kernel against."""
-    z = x + y
-    return z
 
 
 def _add_vectors_gpu_kernel(x_ref, y_ref, z_ref, *, n, block_n):

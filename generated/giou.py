@@ -118,29 +118,6 @@ def _nbytes(*arrays):
     return sum(array.size * array.dtype.itemsize for array in arrays)
 
 
-def _giou_kernel(
-    ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_ref, by2_ref, giou_ref, *, eps
-):
-    ax1 = ax1_ref[...]
-    ay1 = ay1_ref[...]
-    ax2 = ax2_ref[...]
-    ay2 = ay2_ref[...]
-    bx1 = bx1_ref[...]
-    by1 = by1_ref[...]
-    bx2 = bx2_ref[...]
-    by2 = by2_ref[...]
-    area_a = (ax2 - ax1) * (ay2 - ay1)
-    area_b = (bx2 - bx1) * (by2 - by1)
-    inter_w = jnp.maximum(jnp.minimum(ax2, bx2) - jnp.maximum(ax1, bx1), 0.0)
-    inter_h = jnp.maximum(jnp.minimum(ay2, by2) - jnp.maximum(ay1, by1), 0.0)
-    inter = inter_w * inter_h
-    union = area_a + area_b - inter
-    hull = (jnp.maximum(ax2, bx2) - jnp.minimum(ax1, bx1)) * (
-        jnp.maximum(ay2, by2) - jnp.minimum(ay1, by1)
-    )
-    giou_ref[...] = inter / (union + eps) - (hull - union) / (hull + eps)
-
-
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -235,6 +212,44 @@ def giou(
     )
 
 
+def giou_reference(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, eps=1e-07):
+    """`giou` in plain jax.numpy, to test the kernel against."""
+    area_a = (ax2 - ax1) * (ay2 - ay1)
+    area_b = (bx2 - bx1) * (by2 - by1)
+    inter_w = jnp.maximum(jnp.minimum(ax2, bx2) - jnp.maximum(ax1, bx1), 0.0)
+    inter_h = jnp.maximum(jnp.minimum(ay2, by2) - jnp.maximum(ay1, by1), 0.0)
+    inter = inter_w * inter_h
+    union = area_a + area_b - inter
+    hull = (jnp.maximum(ax2, bx2) - jnp.minimum(ax1, bx1)) * (
+        jnp.maximum(ay2, by2) - jnp.minimum(ay1, by1)
+    )
+    giou = inter / (union + eps) - (hull - union) / (hull + eps)
+    return giou
+
+
+def _giou_kernel(
+    ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_ref, by2_ref, giou_ref, *, eps
+):
+    ax1 = ax1_ref[...]
+    ay1 = ay1_ref[...]
+    ax2 = ax2_ref[...]
+    ay2 = ay2_ref[...]
+    bx1 = bx1_ref[...]
+    by1 = by1_ref[...]
+    bx2 = bx2_ref[...]
+    by2 = by2_ref[...]
+    area_a = (ax2 - ax1) * (ay2 - ay1)
+    area_b = (bx2 - bx1) * (by2 - by1)
+    inter_w = jnp.maximum(jnp.minimum(ax2, bx2) - jnp.maximum(ax1, bx1), 0.0)
+    inter_h = jnp.maximum(jnp.minimum(ay2, by2) - jnp.maximum(ay1, by1), 0.0)
+    inter = inter_w * inter_h
+    union = area_a + area_b - inter
+    hull = (jnp.maximum(ax2, bx2) - jnp.minimum(ax1, bx1)) * (
+        jnp.maximum(ay2, by2) - jnp.minimum(ay1, by1)
+    )
+    giou_ref[...] = inter / (union + eps) - (hull - union) / (hull + eps)
+
+
 def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n, eps, interpret):
     """`giou` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_b = min(block_b, b)  # a small B is one whole block
@@ -285,21 +300,6 @@ def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n,
         interpret=interpret,
         name="giou",
     )(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2)
-
-
-def giou_reference(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, eps=1e-07):
-    """`giou` in plain jax.numpy, to test the kernel against."""
-    area_a = (ax2 - ax1) * (ay2 - ay1)
-    area_b = (bx2 - bx1) * (by2 - by1)
-    inter_w = jnp.maximum(jnp.minimum(ax2, bx2) - jnp.maximum(ax1, bx1), 0.0)
-    inter_h = jnp.maximum(jnp.minimum(ay2, by2) - jnp.maximum(ay1, by1), 0.0)
-    inter = inter_w * inter_h
-    union = area_a + area_b - inter
-    hull = (jnp.maximum(ax2, bx2) - jnp.minimum(ax1, bx1)) * (
-        jnp.maximum(ay2, by2) - jnp.minimum(ay1, by1)
-    )
-    giou = inter / (union + eps) - (hull - union) / (hull + eps)
-    return giou
 
 
 def _giou_gpu_kernel(

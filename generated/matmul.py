@@ -118,25 +118,6 @@ def _nbytes(*arrays):
     return sum(array.size * array.dtype.itemsize for array in arrays)
 
 
-def _matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
-    step = pl.program_id(2)
-
-    @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-
-    x, y = x_ref[...], y_ref[...]
-    if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
-        x = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x, 0)
-        y = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k, y, 0)
-    acc_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
-
-    @pl.when(step == pl.num_programs(2) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        z_ref[...] = acc
-
-
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -203,6 +184,32 @@ def matmul(
     )
 
 
+def matmul_reference(x, y):
+    """`matmul` in plain jax.numpy, to test the kernel against."""
+    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
+    z = acc
+    return z
+
+
+def _matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
+    step = pl.program_id(2)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    x, y = x_ref[...], y_ref[...]
+    if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
+        x = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x, 0)
+        y = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k, y, 0)
+    acc_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
+
+    @pl.when(step == pl.num_programs(2) - 1)
+    def _epilogue():
+        acc = acc_ref[...]
+        z_ref[...] = acc
+
+
 def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     """`matmul` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m = min(block_m, m)  # a small M is one whole block
@@ -246,13 +253,6 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         interpret=interpret,
         name="matmul",
     )(x, y)
-
-
-def matmul_reference(x, y):
-    """`matmul` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
-    z = acc
-    return z
 
 
 def _matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_k):
@@ -301,25 +301,6 @@ def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stag
         interpret=interpret,
         name="matmul",
     )(x, y)
-
-
-def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
-    step = pl.program_id(2)
-
-    @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-
-    x, y = x_ref[...], y_ref[...]
-    if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
-        x = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x, 0)
-        y = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k, y, 0)
-    acc_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
-
-    @pl.when(step == pl.num_programs(2) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        z_ref[...] = jax.nn.relu(acc)
 
 
 @functools.partial(
@@ -390,6 +371,32 @@ def matmul_relu(
     )
 
 
+def matmul_relu_reference(x, y):
+    """`matmul_relu` in plain jax.numpy, to test the kernel against."""
+    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
+    z = jax.nn.relu(acc)
+    return z
+
+
+def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
+    step = pl.program_id(2)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    x, y = x_ref[...], y_ref[...]
+    if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
+        x = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x, 0)
+        y = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k, y, 0)
+    acc_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
+
+    @pl.when(step == pl.num_programs(2) - 1)
+    def _epilogue():
+        acc = acc_ref[...]
+        z_ref[...] = jax.nn.relu(acc)
+
+
 def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     """`matmul_relu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m = min(block_m, m)  # a small M is one whole block
@@ -433,13 +440,6 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         interpret=interpret,
         name="matmul_relu",
     )(x, y)
-
-
-def matmul_relu_reference(x, y):
-    """`matmul_relu` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
-    z = jax.nn.relu(acc)
-    return z
 
 
 def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_k):
@@ -494,26 +494,6 @@ def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
         interpret=interpret,
         name="matmul_relu",
     )(x, y)
-
-
-def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, *, k, block_k):
-    step = pl.program_id(2)
-
-    @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-
-    x, y = x_ref[...], y_ref[...]
-    if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
-        x = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x, 0)
-        y = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k, y, 0)
-    acc_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
-
-    @pl.when(step == pl.num_programs(2) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        bias = bias_ref[...]
-        z_ref[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
 
 @functools.partial(
@@ -593,6 +573,34 @@ def matmul_bias_gelu(
     )
 
 
+def matmul_bias_gelu_reference(x, y, bias):
+    """`matmul_bias_gelu` in plain jax.numpy, to test the kernel against."""
+    bias = bias[None, :]
+    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
+    z = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
+    return z
+
+
+def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, *, k, block_k):
+    step = pl.program_id(2)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    x, y = x_ref[...], y_ref[...]
+    if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
+        x = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x, 0)
+        y = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k, y, 0)
+    acc_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
+
+    @pl.when(step == pl.num_programs(2) - 1)
+    def _epilogue():
+        acc = acc_ref[...]
+        bias = bias_ref[...]
+        z_ref[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
+
+
 def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, interpret):
     """`matmul_bias_gelu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m = min(block_m, m)  # a small M is one whole block
@@ -640,14 +648,6 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, int
         interpret=interpret,
         name="matmul_bias_gelu",
     )(x, y, bias)
-
-
-def matmul_bias_gelu_reference(x, y, bias):
-    """`matmul_bias_gelu` in plain jax.numpy, to test the kernel against."""
-    bias = bias[None, :]
-    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
-    z = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
-    return z
 
 
 def _matmul_bias_gelu_gpu_kernel(
@@ -709,25 +709,6 @@ def _matmul_bias_gelu_gpu(
         interpret=interpret,
         name="matmul_bias_gelu",
     )(x, y, bias)
-
-
-def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
-    step = pl.program_id(2)
-
-    @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-
-    x, y = x_ref[...], y_ref[...]
-    if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
-        x = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x, 0)
-        y = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k, y, 0)
-    acc_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.int32)
-
-    @pl.when(step == pl.num_programs(2) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        z_ref[...] = acc
 
 
 @functools.partial(
@@ -796,6 +777,32 @@ def matmul_int8(
     )
 
 
+def matmul_int8_reference(x, y):
+    """`matmul_int8` in plain jax.numpy, to test the kernel against."""
+    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.int32)
+    z = acc
+    return z
+
+
+def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
+    step = pl.program_id(2)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    x, y = x_ref[...], y_ref[...]
+    if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
+        x = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x, 0)
+        y = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k, y, 0)
+    acc_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.int32)
+
+    @pl.when(step == pl.num_programs(2) - 1)
+    def _epilogue():
+        acc = acc_ref[...]
+        z_ref[...] = acc
+
+
 def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     """`matmul_int8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m = min(block_m, m)  # a small M is one whole block
@@ -839,13 +846,6 @@ def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         interpret=interpret,
         name="matmul_int8",
     )(x, y)
-
-
-def matmul_int8_reference(x, y):
-    """`matmul_int8` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.int32)
-    z = acc
-    return z
 
 
 def _matmul_int8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_k):
@@ -900,25 +900,6 @@ def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
         interpret=interpret,
         name="matmul_int8",
     )(x, y)
-
-
-def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
-    step = pl.program_id(3)
-
-    @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-
-    x, y = x_ref[...], y_ref[...]
-    if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
-        x = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x, 0)
-        y = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k, y, 0)
-    acc_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
-
-    @pl.when(step == pl.num_programs(3) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        z_ref[...] = acc
 
 
 @functools.partial(
@@ -999,6 +980,32 @@ def batched_matmul(
     )
 
 
+def batched_matmul_reference(x, y):
+    """`batched_matmul` in plain jax.numpy, to test the kernel against."""
+    acc = jnp.einsum("bmk,bkn->bmn", x, y, preferred_element_type=jnp.float32)
+    z = acc
+    return z
+
+
+def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
+    step = pl.program_id(3)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    x, y = x_ref[...], y_ref[...]
+    if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
+        x = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x, 0)
+        y = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k, y, 0)
+    acc_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
+
+    @pl.when(step == pl.num_programs(3) - 1)
+    def _epilogue():
+        acc = acc_ref[...]
+        z_ref[...] = acc
+
+
 def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpret):
     """`batched_matmul` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m = min(block_m, m)  # a small M is one whole block
@@ -1042,13 +1049,6 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
         interpret=interpret,
         name="batched_matmul",
     )(x, y)
-
-
-def batched_matmul_reference(x, y):
-    """`batched_matmul` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("bmk,bkn->bmn", x, y, preferred_element_type=jnp.float32)
-    z = acc
-    return z
 
 
 def _batched_matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_k):
@@ -1105,12 +1105,6 @@ def _batched_matmul_gpu(
         interpret=interpret,
         name="batched_matmul",
     )(x, y)
-
-
-def _scores_kernel(q_ref, k_ref, s_ref, *, scale):
-    q, k = q_ref[...], k_ref[...]
-    acc = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    s_ref[...] = acc * scale
 
 
 @functools.partial(
@@ -1185,6 +1179,19 @@ def scores(
     )
 
 
+def scores_reference(q, k, *, scale=0.125):
+    """`scores` in plain jax.numpy, to test the kernel against."""
+    acc = jnp.einsum("bsd,btd->bst", q, k, preferred_element_type=jnp.float32)
+    s = acc * scale
+    return s
+
+
+def _scores_kernel(q_ref, k_ref, s_ref, *, scale):
+    q, k = q_ref[...], k_ref[...]
+    acc = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    s_ref[...] = acc * scale
+
+
 def _scores_tpu(q, k, *, b, s_, t, d, block_s, block_t, scale, interpret):
     """`scores` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s = min(block_s, s_)  # a small S is one whole block
@@ -1226,13 +1233,6 @@ def _scores_tpu(q, k, *, b, s_, t, d, block_s, block_t, scale, interpret):
         interpret=interpret,
         name="scores",
     )(q, k)
-
-
-def scores_reference(q, k, *, scale=0.125):
-    """`scores` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("bsd,btd->bst", q, k, preferred_element_type=jnp.float32)
-    s = acc * scale
-    return s
 
 
 def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, s_, t, d, block_s, block_t, block_d, scale):
@@ -1292,28 +1292,6 @@ def _scores_gpu(
         interpret=interpret,
         name="scores",
     )(q, k)
-
-
-def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_ref, *, k, block_k):
-    step = pl.program_id(2)
-
-    @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-
-    x, w = x_ref[...], w_ref[...]
-    if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
-        x = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x, 0)
-        w = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, w.shape, 1) < k, w, 0)
-    acc_ref[...] += jax.lax.dot_general(
-        x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-    )
-
-    @pl.when(step == pl.num_programs(2) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        bias = bias_ref[...]
-        y_ref[...] = (acc + bias).astype(jnp.bfloat16)
 
 
 @functools.partial(
@@ -1393,6 +1371,36 @@ def linear(
     )
 
 
+def linear_reference(x, w, bias):
+    """`linear` in plain jax.numpy, to test the kernel against."""
+    bias = bias[None, :]
+    acc = jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.float32)
+    y = (acc + bias).astype(jnp.bfloat16)
+    return y
+
+
+def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_ref, *, k, block_k):
+    step = pl.program_id(2)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    x, w = x_ref[...], w_ref[...]
+    if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
+        x = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x, 0)
+        w = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, w.shape, 1) < k, w, 0)
+    acc_ref[...] += jax.lax.dot_general(
+        x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+    )
+
+    @pl.when(step == pl.num_programs(2) - 1)
+    def _epilogue():
+        acc = acc_ref[...]
+        bias = bias_ref[...]
+        y_ref[...] = (acc + bias).astype(jnp.bfloat16)
+
+
 def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
     """`linear` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m = min(block_m, m)  # a small M is one whole block
@@ -1440,14 +1448,6 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
         interpret=interpret,
         name="linear",
     )(x, w, bias)
-
-
-def linear_reference(x, w, bias):
-    """`linear` in plain jax.numpy, to test the kernel against."""
-    bias = bias[None, :]
-    acc = jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.float32)
-    y = (acc + bias).astype(jnp.bfloat16)
-    return y
 
 
 def _linear_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *, m, n, k, block_m, block_n, block_k):
