@@ -25,8 +25,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pallasgen.bench import peak_for, time_pair  # noqa: E402
-from pallasgen.runner import load_module  # noqa: E402
+from pallasgen.devices.bench import peak_for, time_pair  # noqa: E402
+from pallasgen.devices.runner import load_module  # noqa: E402
 
 
 def main() -> None:

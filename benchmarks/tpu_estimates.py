@@ -6,7 +6,7 @@ Run by hand on any machine (no TPU needed); prints one JSON object per compile:
     python benchmarks/tpu_estimates.py --chip v6e try matmul_bias_gelu M=4096,N=4096,K=4096 \
         block_m=1024,block_n=1024,block_k=1024 --vmem-mib 64
 
-Cycles come from libtpu's static cost model: estimates, not times (see pallasgen/estimate.py).
+Cycles come from libtpu's static cost model: estimates, not times (see pallasgen/devices/estimate.py).
 With the profile flag a compile of a 4096^3 matmul takes about a minute on a 2-core VM.
 """
 
@@ -17,10 +17,10 @@ import json
 import tempfile
 from pathlib import Path
 
-from pallasgen.estimate import CHIPS, Estimator, percent_of_peak
-from pallasgen.pipeline import check_source
-from pallasgen.runner import load_module
-from pallasgen.tiling import vmem_bytes
+from pallasgen.devices.estimate import CHIPS, Estimator, percent_of_peak
+from pallasgen.workspace.pipeline import check_source
+from pallasgen.devices.runner import load_module
+from pallasgen.backends.tpu.tiling import vmem_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_OF = {

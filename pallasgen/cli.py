@@ -10,11 +10,11 @@ from pathlib import Path
 
 import click
 
-from . import runner
-from .config import ConfigError, load_config
-from .errors import SpecError
-from .pipeline import check_source, decode
-from .sync import (
+from pallasgen.devices import runner
+from pallasgen.workspace.config import ConfigError, load_config
+from pallasgen.frontend.errors import SpecError
+from pallasgen.workspace.pipeline import check_source, decode
+from pallasgen.workspace.sync import (
     SpecErrors,
     UsageError,
     apply,
@@ -186,7 +186,7 @@ def bench(
 
     import jax
 
-    from . import bench as benchmark
+    from pallasgen.devices import bench as benchmark
 
     device = jax.devices()[0].device_kind
     kernels = _kernels(targets, out, given)
@@ -231,7 +231,7 @@ def bench(
 def _sweep(kernels, given: dict[str, int], seed: int, repeats: int, device: str) -> None:
     import jax
 
-    from . import bench as benchmark
+    from pallasgen.devices import bench as benchmark
 
     backend = "gpu" if jax.default_backend() == "gpu" else "tpu"
     for module, checked in kernels:
@@ -258,8 +258,8 @@ def _estimate(kernels, given: dict[str, int], blocks: dict[str, int], chip: str,
     import json
     import tempfile
 
-    from . import estimate
-    from . import runner
+    from pallasgen.devices import estimate
+    from pallasgen.devices import runner
 
     records = []
     with tempfile.TemporaryDirectory(prefix="pallasgen-llo-") as profile_dir:
@@ -291,7 +291,7 @@ def _estimate(kernels, given: dict[str, int], blocks: dict[str, int], chip: str,
 
 def _block_options(checked, blocks: dict[str, int]) -> dict[str, int]:
     """The `block_*` keywords among --block that this kernel has (a kernel without a dim ignores it)."""
-    from .names import block_keyword
+    from pallasgen.analysis.names import block_keyword
 
     return {block_keyword(d): n for d, n in blocks.items() if d in checked.blocks}
 
@@ -308,8 +308,8 @@ def _block_options(checked, blocks: dict[str, int]) -> dict[str, int]:
 @click.option("--gpu", is_flag=True, help="Draw the GPU (Triton) tiling instead of the TPU one.")
 def show(target: str, sizes: tuple[str, ...], out_file: Path | None, gpu: bool) -> None:
     """Draw a kernel's arrays cut into blocks, its grid and its edge blocks as an SVG picture."""
-    from .tilemap import ShowError, kernel_tiles, sizes_for
-    from .tilesvg import render_svg
+    from pallasgen.show.tilemap import ShowError, kernel_tiles, sizes_for
+    from pallasgen.show.tilesvg import render_svg
 
     checked = _one_kernel(target)
     try:

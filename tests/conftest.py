@@ -5,7 +5,7 @@ before anything imports jax."""
 import sys
 from pathlib import Path
 
-from pallasgen.compile_only import set_libtpu_environment
+from pallasgen.devices.compile_only import set_libtpu_environment
 
 set_libtpu_environment()
 

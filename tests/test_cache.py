@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
-from pallasgen import cache, render
+from pallasgen.workspace import cache
+
+from pallasgen.rendering import render
 from pallasgen.cli import main
 
 SPEC = """kernel add_vectors {

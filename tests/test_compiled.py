@@ -46,7 +46,7 @@ from kernel_cases import (
     spec_inputs,
     spec_kernel,
 )
-from pallasgen import compile_only
+from pallasgen.devices import compile_only
 
 MISSING = compile_only.missing_compilers()
 pytestmark = pytest.mark.skipif(

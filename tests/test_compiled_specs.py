@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from kernel_cases import load_module
-from pallasgen import compile_only
-from pallasgen.pipeline import generate
+from pallasgen.devices import compile_only
+from pallasgen.workspace.pipeline import generate
 
 pytestmark = pytest.mark.skipif(
     bool(compile_only.missing_compilers()), reason="needs libtpu (jax[tpu]) and triton: pip install -e '.[dev]'"

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from pallasgen.errors import SpecError
-from pallasgen.pipeline import decode, generate
-from pallasgen.transform import MAX_EXPRESSION_DEPTH
+from pallasgen.frontend.errors import SpecError
+from pallasgen.workspace.pipeline import decode, generate
+from pallasgen.frontend.transform import MAX_EXPRESSION_DEPTH
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallasgen.dtypes import DTYPES, F32, I32, promote
-from pallasgen.valuetypes import ValueType, combine
+from pallasgen.analysis.dtypes import DTYPES, F32, I32, promote
+from pallasgen.analysis.valuetypes import ValueType, combine
 
 NAMES = list(DTYPES)
 PAIRS = list(itertools.product(NAMES, repeat=2))

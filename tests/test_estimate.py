@@ -9,7 +9,7 @@ import sys
 import pytest
 from test_run_and_bench import invoke, project  # noqa: F401  (a fixture)
 
-from pallasgen.estimate import CHIPS, LABEL, Estimate, parse_profile, percent_of_peak
+from pallasgen.devices.estimate import CHIPS, LABEL, Estimate, parse_profile, percent_of_peak
 
 PROFILE = """hlo_op_estimate {
   hlo_op_name: "bias_gelu.1"

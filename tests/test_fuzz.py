@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kernel_cases import load_module
-from pallasgen.errors import SpecError
-from pallasgen.pipeline import decode, generate
+from pallasgen.frontend.errors import SpecError
+from pallasgen.workspace.pipeline import decode, generate
 
 EXAMPLES = int(os.environ.get("PALLASGEN_FUZZ_EXAMPLES", "150"))
 RUN_EXAMPLES = max(10, EXAMPLES // 10)

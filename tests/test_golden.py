@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pallasgen.pipeline import decode, generate
-from pallasgen.sync import generated_from
+from pallasgen.workspace.pipeline import decode, generate
+from pallasgen.workspace.sync import generated_from
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = sorted((ROOT / "specs").glob("*.pallas"))

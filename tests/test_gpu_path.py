@@ -30,8 +30,8 @@ from kernel_cases import (
     spec_kernel,
     take_gpu_branch,
 )
-from pallasgen.errors import SpecError
-from pallasgen.pipeline import generate
+from pallasgen.frontend.errors import SpecError
+from pallasgen.workspace.pipeline import generate
 
 KERNELS = [(module, kernel) for module, kernel in bundled_kernels() if kernel is not None]
 IDS = [f"{module}.{kernel}" for module, kernel in KERNELS]

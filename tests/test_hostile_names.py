@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from kernel_cases import load_module, take_gpu_branch
-from pallasgen.errors import SpecError
-from pallasgen.pipeline import generate
+from pallasgen.frontend.errors import SpecError
+from pallasgen.workspace.pipeline import generate
 
 DOC = 'Quotes " and """ and \\ backslashes \\""" and a tab\there.'
 SPEC = f"""# {DOC}

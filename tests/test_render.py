@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pallasgen.pipeline import check_source
-from pallasgen.plan import plan_module
-from pallasgen.render import format_code, render_module, render_pieces
+from pallasgen.workspace.pipeline import check_source
+from pallasgen.lowering.plan import plan_module
+from pallasgen.rendering.render import format_code, render_module, render_pieces
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,12 +11,12 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from pallasgen import runner
-from pallasgen.bench import sweep_candidates
+from pallasgen.devices import runner
+from pallasgen.devices.bench import sweep_candidates
 from pallasgen.cli import main
-from pallasgen.gpu import is_power_of_two
-from pallasgen.pipeline import check_source
-from pallasgen.tiling import SCOPED_VMEM_BYTES, array_layouts, tiling_problem, vmem_bytes
+from pallasgen.backends.gpu.options import is_power_of_two
+from pallasgen.workspace.pipeline import check_source
+from pallasgen.backends.tpu.tiling import SCOPED_VMEM_BYTES, array_layouts, tiling_problem, vmem_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,11 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pallasgen.cli import main
-from pallasgen.pipeline import check_source
-from pallasgen.planparts import layout_of
-from pallasgen.tilemap import ShowError, kernel_tiles, sizes_for
-from pallasgen.tiling import block_bytes, format_bytes, vmem_bytes
-from pallasgen.tilesvg import render_svg
+from pallasgen.workspace.pipeline import check_source
+from pallasgen.lowering.parts import layout_of
+from pallasgen.show.tilemap import ShowError, kernel_tiles, sizes_for
+from pallasgen.backends.tpu.tiling import block_bytes, format_bytes, vmem_bytes
+from pallasgen.show.tilesvg import render_svg
 
 ROOT = Path(__file__).resolve().parents[1]
 SVG = "{http://www.w3.org/2000/svg}"

@@ -1,0 +1,359 @@
+"""Every user error in a spec is found here, with its position.
+
+Each check is a small function from a kernel (and what earlier checks derived) to a
+list of diagnostics; `check_kernel` runs them in order, then types every expression
+(`infer`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pallasgen.frontend import ir
+from pallasgen.analysis.dtypes import BOOL, DTYPES
+from pallasgen.frontend.errors import Diagnostic, Position, did_you_mean
+from pallasgen.backends.gpu.options import GPU_FUNCTION_LOCALS, OPTIONS, default_blocks, default_options, gpu_keywords, is_power_of_two
+from pallasgen.analysis.infer import dims_text, infer_body, literal_problem
+from pallasgen.analysis.names import RESERVED, block_keyword
+from pallasgen.analysis.product import Product, analyze_product, find_products, operand_names, product_dims
+from pallasgen.backends.tpu.tiling import array_layouts, tiling_problem, vmem_problem
+from pallasgen.analysis.valuetypes import ValueType
+
+MAX_BLOCK = 1 << 24
+
+
+class Diagnostics(Exception):
+    """Raised with every diagnostic of a spec that has errors."""
+
+    def __init__(self, diagnostics: list[Diagnostic]):
+        super().__init__(f"{len(diagnostics)} errors")
+        self.diagnostics = diagnostics
+
+
+@dataclass(frozen=True)
+class CheckedKernel:
+    """A kernel that passed every check, with what the checks derived."""
+
+    kernel: ir.Kernel
+    dims: tuple[str, ...]  # the iteration space: the outputs' dimensions, then a contracted one
+    size_sources: dict[str, tuple[str, int]]  # dim -> (input name, axis) giving its size
+    types: dict[ir.Expr, ValueType] = field(hash=False)
+    blocks: dict[str, int]  # blocked dims -> default block size
+    product: Product | None
+    gpu_blocks: dict[str, int]  # every dim the GPU path blocks -> default block size
+    gpu_options: dict[str, int]  # warps, stages
+
+
+def check_spec(spec: ir.Spec) -> tuple[CheckedKernel, ...]:
+    """Runs every check over every kernel; raises `Diagnostics` if any fails."""
+    found = check_kernel_names(spec)
+    checked = []
+    for kernel in spec.kernels:
+        result, problems = check_kernel(kernel)
+        found.extend(problems)
+        checked.append(result)
+    if found:
+        raise Diagnostics(found)
+    return tuple(checked)
+
+
+def check_kernel_names(spec: ir.Spec) -> list[Diagnostic]:
+    found = []
+    seen: set[str] = set()
+    for kernel in spec.kernels:
+        if kernel.name in seen:
+            found.append(Diagnostic(kernel.position, f"kernel '{kernel.name}' is defined twice"))
+        elif kernel.name in RESERVED or kernel.name.startswith("_"):
+            found.append(
+                Diagnostic(
+                    kernel.position, f"'{kernel.name}' cannot name a kernel: the generated module uses that name"
+                )
+            )
+        seen.add(kernel.name)
+    for kernel in spec.kernels:
+        if kernel.name.endswith("_reference") and kernel.name[: -len("_reference")] in seen:
+            found.append(Diagnostic(kernel.position, f"'{kernel.name}' is the name of another kernel's reference"))
+    if not spec.kernels:
+        found.append(Diagnostic(Position.point(1, 1), "no kernel in this spec"))
+    return found
+
+
+def check_kernel(kernel: ir.Kernel) -> tuple[CheckedKernel, list[Diagnostic]]:
+    found: list[Diagnostic] = []
+    for check in (check_declarations, check_dtypes, check_params):
+        found.extend(check(kernel))
+    product, problems = analyze_product(kernel)
+    found.extend(problems)
+    found.extend(check_accumulate(kernel, product))
+    dims, sizes, problems = derive_dims(kernel, product)
+    found.extend(problems)
+    blocks, problems = check_blocks(kernel, dims, product)
+    found.extend(problems)
+    (gpu_blocks, gpu_options), problems = check_gpu(kernel, dims, product, found)
+    found.extend(problems)
+    types, problems = infer_body(kernel, dims, product)
+    found.extend(problems)
+    return CheckedKernel(kernel, dims, sizes, types, blocks, product, gpu_blocks, gpu_options), found
+
+
+def check_declarations(kernel: ir.Kernel) -> list[Diagnostic]:
+    """Names are unique; params do not take the generated keywords."""
+    found = []
+    seen: dict[str, str] = {}
+    named = [(d, "an input") for d in kernel.inputs] + [(d, "an output") for d in kernel.outputs]
+    named += [(p, "a param") for p in kernel.params] + [(s, "a let") for s in kernel.body if isinstance(s, ir.Let)]
+    for item, what in named:
+        if item.name in seen:
+            found.append(Diagnostic(item.position, f"'{item.name}' is already declared as {seen[item.name]}"))
+        else:
+            seen[item.name] = what
+    dims = {d for decl in kernel.inputs + kernel.outputs for d in decl.dims}
+    block_keywords = {block_keyword(d) for d in dims} | gpu_keywords(dims) | set(GPU_FUNCTION_LOCALS)
+    for param in kernel.params:
+        if param.name in RESERVED | block_keywords:
+            found.append(
+                Diagnostic(
+                    param.position,
+                    f"'{param.name}' cannot name a param: the generated code uses that name; rename it",
+                )
+            )
+    if not kernel.outputs:
+        found.append(Diagnostic(kernel.position, f"kernel '{kernel.name}' has no output"))
+    return found
+
+
+def check_dtypes(kernel: ir.Kernel) -> list[Diagnostic]:
+    found = []
+    for decl in kernel.inputs + kernel.outputs:
+        if decl.dtype not in DTYPES:
+            found.append(_unknown_dtype(decl.dtype, decl.dtype_position))
+    return found
+
+
+def check_params(kernel: ir.Kernel) -> list[Diagnostic]:
+    found = []
+    for param in kernel.params:
+        dtype = DTYPES.get(param.dtype)
+        if dtype is None:
+            found.append(_unknown_dtype(param.dtype, param.dtype_position))
+        elif dtype == BOOL:
+            found.append(Diagnostic(param.dtype_position, "params are numbers; bool params are not supported"))
+        elif dtype.is_integer and isinstance(param.value, float):
+            found.append(
+                Diagnostic(
+                    param.value_position, f"param '{param.name}' is {dtype.name} but {param.text} is not an integer"
+                )
+            )
+        else:
+            problem = literal_problem(param.value, param.text, dtype)
+            if problem:
+                found.append(Diagnostic(param.value_position, problem))
+    return found
+
+
+def check_accumulate(kernel: ir.Kernel, product: Product | None) -> list[Diagnostic]:
+    found = []
+    for extra in kernel.accumulates[1:]:
+        found.append(Diagnostic(extra.position, "accumulate is given twice"))
+    for acc in kernel.accumulates[:1]:
+        if acc.dtype not in DTYPES:
+            found.append(_unknown_dtype(acc.dtype, acc.position))
+        elif not find_products(kernel):
+            found.append(Diagnostic(acc.position, "accumulate applies only to a kernel with a matrix product (@)"))
+    return found
+
+
+def derive_dims(
+    kernel: ir.Kernel, product: Product | None
+) -> tuple[tuple[str, ...], dict[str, tuple[str, int]], list[Diagnostic]]:
+    """The iteration space, where each size comes from, and the dimension rules."""
+    found = []
+    for decl in kernel.inputs + kernel.outputs:
+        seen = set()
+        for dim, position in zip(decl.dims, decl.dim_positions):
+            if dim in seen:
+                found.append(Diagnostic(position, f"dimension {dim} appears twice in '{decl.name}'"))
+            seen.add(dim)
+    if not kernel.outputs:
+        return (), {}, found
+    first = kernel.outputs[0]
+    dims = first.dims
+    if not dims:
+        found.append(
+            Diagnostic(first.position, f"output '{first.name}' is a scalar; outputs need at least one dimension")
+        )
+    for out in kernel.outputs[1:]:
+        if out.dims != dims:
+            found.append(
+                Diagnostic(
+                    out.position,
+                    f"all outputs of a kernel have the same dimensions: '{out.name}' is {dims_text(out.dims)}"
+                    f" but '{first.name}' is {dims_text(dims)}",
+                )
+            )
+    operands = operand_names(kernel)
+    for decl in kernel.inputs:
+        if decl.name not in operands:
+            found.extend(_subsequence_problems(decl, dims))
+    if product is not None:
+        value_dims = product_dims(product)
+        if sorted(value_dims) != sorted(dims) or dims[-2:] != value_dims[-2:]:
+            found.append(
+                Diagnostic(
+                    product.node.position,
+                    f"the product is {dims_text(value_dims)} but the outputs are {dims_text(dims)}; they have the"
+                    f" same dimensions, ending in {product.m}, {product.n}",
+                )
+            )
+        elif product.k in dims:
+            found.append(
+                Diagnostic(product.node.position, f"the contracted dimension {product.k} cannot be an output dimension")
+            )
+        dims = (*dims, product.k)
+    sizes: dict[str, tuple[str, int]] = {}
+    for decl in kernel.inputs:
+        for axis, dim in enumerate(decl.dims):
+            sizes.setdefault(dim, (decl.name, axis))
+    for out in kernel.outputs:
+        for dim, position in zip(out.dims, out.dim_positions):
+            if dim not in sizes:
+                found.append(
+                    Diagnostic(
+                        position, f"no input has dimension {dim}, so its size is unknown when the kernel is called"
+                    )
+                )
+    keywords: dict[str, str] = {}
+    for dim in dims:
+        other = keywords.setdefault(block_keyword(dim), dim)
+        if other != dim:
+            found.append(
+                Diagnostic(first.position, f"dimensions {other} and {dim} would share the keyword {block_keyword(dim)}")
+            )
+    return dims, sizes, found
+
+
+def _subsequence_problems(decl: ir.ArrayDecl, dims: tuple[str, ...]) -> list[Diagnostic]:
+    last = -1
+    for dim, position in zip(decl.dims, decl.dim_positions):
+        if dim not in dims:
+            return [
+                Diagnostic(
+                    position,
+                    f"dimension {dim} of '{decl.name}' is not a dimension of the outputs {dims_text(dims)}"
+                    f"{did_you_mean(dim, dims)}; only a matrix product contracts a dimension",
+                )
+            ]
+        if dims.index(dim) < last:
+            return [
+                Diagnostic(
+                    position,
+                    f"'{decl.name}' lists its dimensions {dims_text(decl.dims)} in another order than the outputs"
+                    f" {dims_text(dims)}; broadcasting keeps the order",
+                )
+            ]
+        last = dims.index(dim)
+    return []
+
+
+def check_blocks(
+    kernel: ir.Kernel, dims: tuple[str, ...], product: Product | None
+) -> tuple[dict[str, int], list[Diagnostic]]:
+    """Block sizes name dimensions of the kernel, are positive, and tile on TPU."""
+    blocks, found = _block_items(kernel.blocks, dims, "block", _block_size_problem)
+    if found or not kernel.outputs:
+        return blocks, found
+    if product is not None:
+        found.extend(_batch_block_problems(kernel, product, blocks))
+    layouts = array_layouts(kernel, dims, product)
+    for item in kernel.blocks:
+        problem = tiling_problem(item.dim, item.size, layouts)
+        if problem:
+            found.append(Diagnostic(item.position, problem))
+    known_dtypes = all(d.dtype in DTYPES for d in kernel.inputs + kernel.outputs)
+    if kernel.blocks and known_dtypes and not found:
+        problem = vmem_problem(kernel, blocks, product)
+        if problem:
+            found.append(Diagnostic(kernel.blocks[0].position, problem))
+    return blocks, found
+
+
+def _block_items(items, dims, what: str, size_problem) -> tuple[dict[str, int], list[Diagnostic]]:
+    """Sizes of `block` or `gpu block` items that name a dimension once with a valid size."""
+    found = []
+    blocks: dict[str, int] = {}
+    for item in items:
+        if item.dim in blocks:
+            found.append(Diagnostic(item.position, f"{what} size of {item.dim} is given twice"))
+        elif item.dim not in dims:
+            found.append(
+                Diagnostic(item.position, f"{item.dim} is not a dimension of this kernel{did_you_mean(item.dim, dims)}")
+            )
+        elif problem := size_problem(item):
+            found.append(Diagnostic(item.size_position, problem))
+        else:
+            blocks[item.dim] = item.size
+    return blocks, found
+
+
+def _block_size_problem(item: ir.BlockSize) -> str | None:
+    if isinstance(item.size, float):
+        return "a block size is a whole number"
+    if not 1 <= item.size <= MAX_BLOCK:
+        return f"a block size is between 1 and {MAX_BLOCK}"
+    return None
+
+
+def _batch_block_problems(kernel: ir.Kernel, product: Product, blocks: dict[str, int]) -> list[Diagnostic]:
+    """A matmul kernel takes one batch element per step, so its tiles are matrices."""
+    found = []
+    out = kernel.outputs[0]
+    for dim, position in list(zip(out.dims, out.dim_positions))[:-2]:
+        if blocks.get(dim) != 1:
+            item = next((b for b in kernel.blocks if b.dim == dim), None)
+            found.append(
+                Diagnostic(
+                    item.position if item else position,
+                    f"batch dimension {dim} of a matrix product is blocked by 1: write block {dim} = 1",
+                )
+            )
+    return found
+
+
+def check_gpu(
+    kernel: ir.Kernel, dims: tuple[str, ...], product: Product | None, earlier: list[Diagnostic]
+) -> tuple[tuple[dict[str, int], dict[str, int]], list[Diagnostic]]:
+    """`gpu block` sizes are powers of two (Triton's rule) and `gpu` options are known."""
+    batch = set(kernel.outputs[0].dims[:-2]) if product is not None and kernel.outputs else set()
+
+    def gpu_size_problem(item: ir.BlockSize) -> str | None:
+        if isinstance(item.size, float) or not is_power_of_two(item.size) or item.size > MAX_BLOCK:
+            return f"a GPU block size is a power of two (Triton's rule), not {item.size}"
+        if item.dim in batch and item.size != 1:
+            return f"batch dimension {item.dim} of a matrix product is blocked by 1"
+        return None
+
+    blocks, found = _block_items(kernel.gpu_blocks, dims, "GPU block", gpu_size_problem)
+    options: dict[str, int] = {}
+    for option in kernel.gpu_options:
+        if option.name not in OPTIONS:
+            found.append(
+                Diagnostic(
+                    option.position,
+                    f"unknown GPU option '{option.name}'{did_you_mean(option.name, OPTIONS)};"
+                    f" options are {', '.join(OPTIONS)}",
+                )
+            )
+        elif option.name in options:
+            found.append(Diagnostic(option.position, f"GPU option {option.name} is given twice"))
+        elif option.value not in OPTIONS[option.name][1] or isinstance(option.value, float):
+            allowed = ", ".join(map(str, OPTIONS[option.name][1]))
+            found.append(Diagnostic(option.value_position, f"gpu {option.name} is one of {allowed}"))
+        else:
+            options[option.name] = option.value
+    if earlier or found or not kernel.outputs or not all(d.dtype in DTYPES for d in kernel.inputs + kernel.outputs):
+        return (blocks, options), found
+    return ({**default_blocks(kernel, product), **blocks}, {**default_options(product), **options}), found
+
+
+def _unknown_dtype(name: str, position: Position) -> Diagnostic:
+    return Diagnostic(position, f"unknown dtype '{name}'{did_you_mean(name, DTYPES)}; dtypes are {', '.join(DTYPES)}")

@@ -1,0 +1,347 @@
+"""Types of every expression in a kernel body, and the errors found on the way.
+
+Literals and params are weak, like Python scalars in JAX; arrays promote as
+`jnp.promote_types` does. Arithmetic on literals alone is computed as Python would,
+since generated code leaves it to Python, so it must not raise there.
+"""
+
+from __future__ import annotations
+
+from pallasgen.frontend import ir
+from pallasgen.analysis.dtypes import BOOL, DTYPES, F32, FLOAT_MAX, I32, DType
+from pallasgen.frontend.errors import Diagnostic, did_you_mean
+from pallasgen.analysis.functions import FLOAT_FUNCTIONS, FUNCTION_ARITY
+from pallasgen.analysis.product import Product, product_dims
+from pallasgen.analysis.valuetypes import ValueType, combine, merge_dims
+
+COMPARISON_OPS = frozenset({"==", "!=", "<", "<=", ">", ">="})
+LOGIC_OPS = frozenset({"&", "|"})
+
+
+def infer_body(
+    kernel: ir.Kernel, dims: tuple[str, ...], product: Product | None
+) -> tuple[dict[ir.Expr, ValueType], list[Diagnostic]]:
+    """Types every expression in order of the statements; outputs are assigned once."""
+    inference = _Inference(kernel, dims, product)
+    for statement in kernel.body:
+        inference.statement(statement)
+    assigned = {s.target for s in kernel.body if isinstance(s, ir.Assign)}
+    for out in kernel.outputs:
+        if out.name not in assigned:
+            inference.found.append(Diagnostic(out.position, f"output '{out.name}' is never assigned"))
+    return inference.types, inference.found
+
+
+class _Inference:
+    def __init__(self, kernel: ir.Kernel, dims: tuple[str, ...], product: Product | None):
+        self.kernel = kernel
+        self.dims = dims
+        self.product = product
+        self.output_dims = kernel.outputs[0].dims if kernel.outputs else ()
+        self.types: dict[ir.Expr, ValueType] = {}
+        self.found: list[Diagnostic] = []
+        self.outputs = {o.name: o for o in kernel.outputs}
+        self.scope: dict[str, ValueType | None] = {}
+        for decl in kernel.inputs:
+            self.scope[decl.name] = _declared(decl)
+        for param in kernel.params:
+            dtype = DTYPES.get(param.dtype)
+            weak = F32 if dtype is None or dtype.is_float else I32
+            self.scope[param.name] = ValueType(weak, (), weak=True)
+
+    def statement(self, statement: ir.Statement) -> None:
+        value = self.expr(statement.value)
+        if isinstance(statement, ir.Let):
+            self.scope.setdefault(statement.name, value)
+            return
+        out = self.outputs.get(statement.target)
+        if out is None:
+            known = list(self.outputs)
+            self.found.append(
+                Diagnostic(
+                    statement.position,
+                    f"'{statement.target}' is not an output{did_you_mean(statement.target, known)};"
+                    " declare it with out, or use let for an intermediate value",
+                )
+            )
+            return
+        if statement.target in self.scope:
+            self.found.append(Diagnostic(statement.position, f"output '{statement.target}' is assigned twice"))
+            return
+        self.scope[statement.target] = _declared(out)
+        if value is None or out.dtype not in DTYPES:
+            return
+        extra = [d for d in value.dims if d not in out.dims]
+        if extra:
+            self.found.append(
+                Diagnostic(
+                    statement.value.position,
+                    f"the value has dimensions {dims_text(value.dims)} but output '{out.name}' is {dims_text(out.dims)}",
+                )
+            )
+        if value.dtype == BOOL and DTYPES[out.dtype] != BOOL:
+            self.found.append(
+                Diagnostic(
+                    statement.value.position,
+                    f"a bool value cannot be stored in {out.dtype} output '{out.name}' implicitly;"
+                    f" write {out.dtype}(...)",
+                )
+            )
+
+    def expr(self, node: ir.Expr) -> ValueType | None:
+        """The node's type, or None after reporting why it has none."""
+        result = getattr(self, "_" + type(node).__name__.lower())(node)
+        if result is not None:
+            self.types[node] = result
+        return result
+
+    def _name(self, node: ir.Name) -> ValueType | None:
+        if node.id in self.scope:
+            value = self.scope[node.id]
+            if self.product is not None and value is not None and not set(value.dims) <= set(self.output_dims):
+                self.found.append(
+                    Diagnostic(
+                        node.position,
+                        f"'{node.id}' has the contracted dimension {self.product.k}; use it only as an operand of @",
+                    )
+                )
+                return None
+            return value
+        later = [s for s in self.kernel.body if getattr(s, "name", getattr(s, "target", None)) == node.id]
+        if later:
+            self.found.append(Diagnostic(node.position, f"'{node.id}' is used before it is assigned"))
+        elif node.id in DTYPES or node.id in FUNCTION_ARITY:
+            self.found.append(Diagnostic(node.position, f"'{node.id}' is a function; call it: {node.id}(...)"))
+        else:
+            known = [*self.scope, *(o for o in self.outputs)]
+            self.found.append(Diagnostic(node.position, f"unknown name '{node.id}'{did_you_mean(node.id, known)}"))
+        return None
+
+    def _number(self, node: ir.Number) -> ValueType | None:
+        if isinstance(node.value, float):
+            if node.value == float("inf"):
+                self.found.append(Diagnostic(node.position, f"{node.text} is too large for any float dtype"))
+                return None
+            return ValueType(F32, (), weak=True)
+        if node.value > I32.int_range()[1] + 1:  # one more, for the literal in -2147483648
+            self.found.append(
+                Diagnostic(node.position, f"{node.text} is too large for an integer literal; write it as a float")
+            )
+            return None
+        return ValueType(I32, (), weak=True)
+
+    def _boolean(self, node: ir.Boolean) -> ValueType:
+        return ValueType(BOOL, ())
+
+    def _unary(self, node: ir.Unary) -> ValueType | None:
+        operand = self.expr(node.operand)
+        if operand is None:
+            return None
+        if node.op == "-" and operand.dtype == BOOL:
+            self.found.append(Diagnostic(node.position, "cannot negate a bool value; use ~ for logical not"))
+            return None
+        if node.op == "~" and operand.dtype.is_float:
+            self.found.append(Diagnostic(node.position, f"~ needs a bool or integer operand, not {operand.dtype.name}"))
+            return None
+        if node.op == "-" and isinstance(node.operand, ir.Number):
+            self._literal_fits(node, -node.operand.value, "-" + node.operand.text, operand)
+        return operand
+
+    def _binary(self, node: ir.Binary) -> ValueType | None:
+        if node.op == "@":
+            if self.product is None or node != self.product.node:
+                return None
+            value_dims = set(product_dims(self.product))
+            return ValueType(self.product.accumulator, tuple(d for d in self.dims if d in value_dims))
+        left, right = self.expr(node.left), self.expr(node.right)
+        if left is None or right is None:
+            return None
+        dims = merge_dims(self.dims, left, right)
+        for literal, other in ((node.left, right), (node.right, left)):
+            self._check_literal_against(literal, other)
+        if node.op in COMPARISON_OPS:
+            return ValueType(BOOL, dims)
+        if node.op in LOGIC_OPS:
+            for side, t in ((node.left, left), (node.right, right)):
+                if t.dtype.is_float:
+                    self.found.append(
+                        Diagnostic(side.position, f"{node.op} needs bool or integer operands, not {t.dtype.name}")
+                    )
+                    return None
+            return combine(left, right, dims)
+        if left.dtype == BOOL and right.dtype == BOOL:
+            self.found.append(
+                Diagnostic(node.op_position, f"arithmetic on bool values; cast them first, e.g. i32(...) {node.op} ...")
+            )
+            return None
+        if node.op in ("/", "//", "%") and _is_zero(node.right):
+            self.found.append(Diagnostic(node.right.position, "division by zero"))
+            return None
+        if node.op == "**" and not left.dtype.is_float and _is_negative(node.right):
+            self.found.append(Diagnostic(node.right.position, "an integer cannot be raised to a negative power"))
+            return None
+        problem = constant_problem(node)
+        if problem:
+            self.found.append(Diagnostic(node.position, problem))
+            return None
+        result = combine(left, right, dims)
+        if node.op == "/" and result.dtype.is_integer:
+            return ValueType(F32, dims, weak=result.weak)
+        return result
+
+    def _call(self, node: ir.Call) -> ValueType | None:
+        arity = FUNCTION_ARITY.get(node.func)
+        if arity is None:
+            self.found.append(
+                Diagnostic(
+                    node.func_position, f"unknown function '{node.func}'{did_you_mean(node.func, FUNCTION_ARITY)}"
+                )
+            )
+            return None
+        if len(node.args) != arity:
+            self.found.append(
+                Diagnostic(
+                    node.position, f"{node.func}() takes {arity} argument{'s' * (arity > 1)}, got {len(node.args)}"
+                )
+            )
+            return None
+        args = [self.expr(arg) for arg in node.args]
+        if any(arg is None for arg in args):
+            return None
+        dims = merge_dims(self.dims, *args)
+        if node.func in DTYPES:
+            return ValueType(DTYPES[node.func], dims)
+        if node.func == "where":
+            condition, a, b = args
+            if condition.dtype != BOOL:
+                self.found.append(
+                    Diagnostic(node.args[0].position, f"where() needs a bool condition, not {condition.dtype.name}")
+                )
+                return None
+            self._check_literal_against(node.args[1], b)
+            self._check_literal_against(node.args[2], a)
+            return combine(a, b, dims)
+        if any(arg.dtype == BOOL for arg in args):
+            self.found.append(Diagnostic(node.position, f"{node.func}() needs numbers, not bool values"))
+            return None
+        result = args[0]
+        for arg in args[1:]:
+            result = combine(result, arg, dims)
+        for arg_node in node.args:
+            self._check_literal_against(arg_node, result)
+        if node.func in FLOAT_FUNCTIONS and not result.dtype.is_float:
+            return ValueType(F32, dims, weak=result.weak)
+        return ValueType(result.dtype, dims, result.weak)
+
+    def _attribute(self, node: ir.Attribute) -> ValueType | None:
+        if node.attr == "T":
+            self.found.append(Diagnostic(node.attr_position, ".T transposes an operand of @ only"))
+        else:
+            self.found.append(Diagnostic(node.attr_position, f"unknown attribute '.{node.attr}'; only .T exists"))
+        return None
+
+    def _check_literal_against(self, node: ir.Expr, other: ValueType) -> None:
+        if other.weak:
+            return
+        if isinstance(node, ir.Number):
+            self._literal_fits(node, node.value, node.text, other)
+        elif isinstance(node, ir.Unary) and node.op == "-" and isinstance(node.operand, ir.Number):
+            self._literal_fits(node, -node.operand.value, "-" + node.operand.text, other)
+
+    def _literal_fits(self, node: ir.Expr, value, text: str, context: ValueType) -> None:
+        if context.weak:
+            context = ValueType(I32 if isinstance(value, int) else F32, ())
+        if context.dtype == BOOL or (isinstance(value, float) and not context.dtype.is_float):
+            return
+        problem = literal_problem(value, text, context.dtype)
+        if problem:
+            self.found.append(Diagnostic(node.position, problem))
+
+
+def literal_problem(value: int | float, text: str, dtype: DType) -> str | None:
+    """Why a literal cannot be a value of `dtype`, or None when it can."""
+    if dtype.is_integer or dtype == BOOL:
+        low, high = (0, 1) if dtype == BOOL else dtype.int_range()
+        if isinstance(value, int) and not low <= value <= high:
+            return f"{text} does not fit in {dtype.name} ({low} to {high})"
+    elif abs(value) > FLOAT_MAX[dtype.name]:
+        return f"{text} is too large for {dtype.name} (largest {FLOAT_MAX[dtype.name]:g})"
+    return None
+
+
+def _declared(decl: ir.ArrayDecl) -> ValueType | None:
+    dtype = DTYPES.get(decl.dtype)
+    return None if dtype is None else ValueType(dtype, decl.dims)
+
+
+def _is_zero(node: ir.Expr) -> bool:
+    return isinstance(node, ir.Number) and node.value == 0
+
+
+def _is_negative(node: ir.Expr) -> bool:
+    value = constant_value(node)
+    return isinstance(value, (int, float)) and value < 0
+
+
+_PYTHON_OPS = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "/": lambda a, b: a / b,
+    "//": lambda a, b: a // b,
+    "%": lambda a, b: a % b,
+    "**": lambda a, b: _power(a, b),
+}
+
+
+def _power(base, exponent):
+    """Python's `**`, refusing integer powers too large to compute quickly."""
+    if isinstance(base, int) and isinstance(exponent, int) and abs(base) > 1 and exponent > 64:
+        raise OverflowError
+    return base**exponent
+
+
+def constant_value(node: ir.Expr) -> int | float | None:
+    """The value of an arithmetic expression of literals, as Python computes it; else None.
+
+    Generated code leaves such expressions to Python, so they must not raise there.
+    """
+    if isinstance(node, ir.Number):
+        return node.value
+    if isinstance(node, ir.Unary) and node.op == "-":
+        value = constant_value(node.operand)
+        return None if value is None else -value
+    if isinstance(node, ir.Binary) and node.op in _PYTHON_OPS:
+        left, right = constant_value(node.left), constant_value(node.right)
+        if left is None or right is None:
+            return None
+        try:
+            result = _PYTHON_OPS[node.op](left, right)
+        except (ZeroDivisionError, OverflowError):
+            return None
+        return result if isinstance(result, (int, float)) else None
+    return None
+
+
+def constant_problem(node: ir.Binary) -> str | None:
+    """Why Python cannot compute a binary operation on literals, or None."""
+    left, right = constant_value(node.left), constant_value(node.right)
+    if left is None or right is None or node.op not in _PYTHON_OPS:
+        return None
+    try:
+        result = _PYTHON_OPS[node.op](left, right)
+    except ZeroDivisionError:
+        return "division by zero"
+    except OverflowError:
+        return "this constant overflows"
+    if isinstance(result, complex):
+        return "this constant is a complex number"
+    if isinstance(result, float) and result != result or abs(result) == float("inf"):
+        return "this constant is not a finite number"
+    if isinstance(result, int) and abs(result) > 2**31:
+        return "this constant does not fit in i32"
+    return None
+
+
+def dims_text(dims: tuple[str, ...]) -> str:
+    return "[" + ", ".join(dims) + "]"

@@ -1,0 +1,45 @@
+"""What the GPU (Triton) path needs: power-of-two blocks and launch options, with defaults."""
+
+from __future__ import annotations
+
+from pallasgen.frontend import ir
+from pallasgen.analysis.names import block_keyword
+from pallasgen.analysis.product import Product
+
+# `gpu NAME = VALUE` options: (keyword of the generated function, allowed values, default).
+OPTIONS = {
+    "warps": ("gpu_warps", (1, 2, 4, 8, 16, 32)),
+    "stages": ("gpu_stages", (1, 2, 3, 4, 5, 6, 7, 8)),
+}
+
+# Keywords of the generated GPU function that spec names must not take.
+GPU_FUNCTION_LOCALS = ("num_warps", "num_stages")
+
+
+def gpu_keywords(dims) -> set[str]:
+    """The public keywords the GPU path adds: gpu_block_<dim>, gpu_warps, gpu_stages."""
+    return {f"gpu_{block_keyword(d)}" for d in dims} | {keyword for keyword, _ in OPTIONS.values()}
+
+
+def default_blocks(kernel: ir.Kernel, product: Product | None) -> dict[str, int]:
+    """Blocks that suit Triton: 128x128x64 tiles for 16- and 8-bit products, 64x64x32 for
+    f32; about a thousand elements per program for elementwise kernels."""
+    out_dims = kernel.outputs[0].dims
+    if product is not None:
+        narrow = product.lhs.dtype.bits <= 16
+        tile, depth = (128, 64) if narrow else (64, 32)
+        blocks = {d: 1 for d in out_dims[:-2]}
+        return {**blocks, product.m: tile, product.n: tile, product.k: depth}
+    if len(out_dims) == 1:
+        return {out_dims[0]: 1024}
+    return {**{d: 1 for d in out_dims[:-2]}, out_dims[-2]: 8, out_dims[-1]: 128}
+
+
+def default_options(product: Product | None) -> dict[str, int]:
+    if product is None:
+        return {"warps": 4, "stages": 1}
+    return {"warps": 8 if product.lhs.dtype.bits <= 16 else 4, "stages": 3}
+
+
+def is_power_of_two(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0

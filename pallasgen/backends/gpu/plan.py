@@ -1,0 +1,213 @@
+"""The GPU (Triton) half of a kernel's plan.
+
+Triton has no scratch memory and runs grid programs concurrently, so a product
+loops over its contracted dimension inside one program; every block is a power of
+two. Pallas's Triton backend does not mask a block that overhangs its array (a
+BlockSpec is pointer arithmetic), so every load and store that can overhang is
+masked here: `_inside` per dimension, None where the blocks tile it exactly.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+
+from pallasgen.frontend import ir
+from pallasgen.analysis.checks import CheckedKernel
+from pallasgen.backends.gpu.options import OPTIONS
+from pallasgen.analysis.names import Namer, block_keyword
+from pallasgen.lowering.parts import (
+    array_positions,
+    dot_code,
+    grid_names,
+    kernel_statements,
+    parameter_list,
+    partial_call,
+    tuple_code,
+)
+from pallasgen.analysis.product import Product
+from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
+
+
+@dataclass(frozen=True)
+class GpuBlockPlan:
+    keyword: str  # gpu_block_m, a keyword of the public function
+    local: str  # block_m, inside the GPU function
+    default: int
+    size: str
+    dim: str
+    smallest: int  # the least tile Triton's dot takes along this dimension
+
+
+# Triton's tl.dot takes tiles of at least 16 rows and columns, and a depth of at least
+# 16, or 32 for 8-bit operands (the int8 tensor-core instruction's depth).
+SMALLEST_DOT_TILE = 16
+SMALLEST_INT8_DOT_DEPTH = 32
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    function: str
+    kernel_function: str
+    blocks: tuple[GpuBlockPlan, ...]  # the tunable ones (squeezed batch dims are not)
+    options: tuple[tuple[str, str, int], ...]  # (public keyword, GPU function keyword, default)
+    grid: str
+    grid_comment: tuple[str, ...]
+    in_specs: tuple[tuple[str, str], ...]  # (comment, BlockSpec)
+    out_specs: tuple[tuple[str, str], ...]
+    kernel_parameters: str
+    kernel_callable: str
+    parameters: str  # of the GPU launcher
+    dispatch_arguments: str  # the keywords the public function binds for the launcher
+    masks: tuple[str, ...]  # which rows, columns... of this program's blocks lie inside the arrays
+    loop: tuple[str, ...]  # the K loop of a product, ending with the accumulator's assignment
+    body: tuple[str, ...]
+
+
+def plan_gpu(
+    checked: CheckedKernel, namer: Namer, values, refs, sizes, comments, emitter: Emitter, accumulator: str
+) -> GpuPlan:
+    kernel, product = checked.kernel, checked.product
+    out_dims = kernel.outputs[0].dims
+    squeezed = {d for d in out_dims[:-2] if checked.gpu_blocks.get(d) == 1} if product else set()
+    grid_dims = list(out_dims)
+    index_names = grid_names(grid_dims, product)
+    tunable = [d for d in checked.dims if d not in squeezed]
+    inside = {d: namer.claim(f"in_{d.lower()}") for d in tunable}
+    whole_mask = namer.claim("inside")
+
+    def block_spec(decl: ir.ArrayDecl) -> str:
+        shape, index = [], []
+        for dim, out_dim in array_positions(decl, out_dims, product):
+            if out_dim in squeezed:  # one batch element per program; an array without it has size 1 there
+                shape.append("None")
+                index.append(index_names[out_dim] if dim else "0")
+            elif dim is None:
+                shape.append("1")
+                index.append("0")
+            elif product is not None and dim == product.k:  # the program loops over it
+                shape.append(sizes[dim])
+                index.append("0")
+            else:
+                shape.append(block_keyword(dim))
+                index.append(index_names[dim])
+        return f"pl.BlockSpec({tuple_code(shape)}, lambda {', '.join(index_names.values())}: {tuple_code(index)})"
+
+    def visible(decl: ir.ArrayDecl) -> list[str | None]:
+        """The axes of an array's block as the kernel sees it: a dimension, or None (size 1)."""
+        return [dim for dim, out_dim in array_positions(decl, out_dims, product) if out_dim not in squeezed]
+
+    def mask(axes: list[str | None], whole: bool = True) -> str | None:
+        """The mask of a block with these axes, or None if no axis can overhang."""
+        if not any(axes):
+            return None
+        if whole and axes == visible(kernel.outputs[0]):
+            return whole_mask
+        shape = tuple_code([block_keyword(d) if d else "1" for d in axes])
+        return f"_mask({shape}, {', '.join(inside[d] if d else 'None' for d in axes)})"
+
+    def load(decl: ir.ArrayDecl) -> str:
+        axes_mask = mask(visible(decl))
+        return f"_load({refs[decl.name]}, {axes_mask})" if axes_mask else f"{refs[decl.name]}[...]"
+
+    def store(decl: ir.ArrayDecl, value: str) -> str:
+        axes_mask = mask(visible(decl))
+        return f"_store({refs[decl.name]}, {value}, {axes_mask})" if axes_mask else f"{refs[decl.name]}[...] = {value}"
+
+    out_axes = visible(kernel.outputs[0])
+    masks = [
+        f"{inside[d]} = _inside(pl.program_id({grid_dims.index(d)}) * {block_keyword(d)}, {block_keyword(d)}, {sizes[d]})"
+        for d in grid_dims
+        if d not in squeezed
+    ]
+    masks.append(f"{whole_mask} = {mask(out_axes, whole=False)}")
+    body = kernel_statements(kernel, emitter, values, refs, checked, load, store)
+    loop: list[str] = []
+    kernel_keywords = [*(sizes[d] for d in tunable), *(block_keyword(d) for d in tunable)]
+    kernel_keywords += [p.name for p in kernel.params]
+    if product is not None:
+        loop = _product_loop(product, namer, values, refs, sizes, accumulator, refs[kernel.outputs[0].name], inside)
+    grid = [sizes[d] if d in squeezed else f"pl.cdiv({sizes[d]}, {block_keyword(d)})" for d in grid_dims]
+    return GpuPlan(
+        function=f"_{kernel.name}_gpu",
+        kernel_function=f"_{kernel.name}_gpu_kernel",
+        blocks=tuple(
+            GpuBlockPlan(
+                f"gpu_{block_keyword(d)}",
+                block_keyword(d),
+                checked.gpu_blocks[d],
+                sizes[d],
+                d,
+                _smallest_tile(product, d),
+            )
+            for d in tunable
+        ),
+        options=tuple((keyword, f"num_{name}", checked.gpu_options[name]) for name, (keyword, _) in OPTIONS.items()),
+        grid=tuple_code(grid),
+        grid_comment=tuple(textwrap.wrap(_grid_comment(grid_dims, product, squeezed), 84)),
+        in_specs=tuple((comments[d.name], block_spec(d)) for d in kernel.inputs),
+        out_specs=tuple((comments[d.name], block_spec(d)) for d in kernel.outputs),
+        kernel_parameters=parameter_list([refs[d.name] for d in kernel.inputs + kernel.outputs], kernel_keywords),
+        kernel_callable=partial_call(f"_{kernel.name}_gpu_kernel", kernel_keywords),
+        parameters=parameter_list(
+            [values[d.name] for d in kernel.inputs],
+            [sizes[d] for d in checked.dims]
+            + [block_keyword(d) for d in tunable]
+            + [f"num_{name}" for name in OPTIONS]
+            + [p.name for p in kernel.params]
+            + ["interpret"],
+        ),
+        dispatch_arguments=", ".join(
+            [f"{sizes[d]}={sizes[d]}" for d in checked.dims]
+            + [f"{block_keyword(d)}=gpu_{block_keyword(d)}" for d in tunable]
+            + [f"num_{name}={keyword}" for name, (keyword, _) in OPTIONS.items()]
+            + [f"{p.name}={p.name}" for p in kernel.params]
+        ),
+        masks=tuple(masks),
+        loop=tuple(loop),
+        body=tuple(body),
+    )
+
+
+def _smallest_tile(product: Product | None, dim: str) -> int:
+    """The least block Triton's dot takes along `dim` (1: no dot along it)."""
+    if product is None or dim not in (product.m, product.n, product.k):
+        return 1
+    if dim == product.k and product.lhs.dtype.bits == 8:
+        return SMALLEST_INT8_DOT_DEPTH
+    return SMALLEST_DOT_TILE
+
+
+def _grid_comment(grid_dims: list[str], product: Product | None, squeezed: set[str]) -> str:
+    steps = ", ".join(f"element of {d}" if d in squeezed else f"block of {d}" for d in grid_dims)
+    if product is None:
+        return f"One program per {steps}; programs run concurrently."
+    return f"One program per {steps}; each loops over {product.k} itself (Triton has no scratch memory)."
+
+
+def _product_loop(product: Product, namer: Namer, values, refs, sizes, accumulator: str, out_ref: str, inside) -> list[str]:
+    """`def accumulate(step, acc)`, summing one masked slice of the contracted dimension, and its loop."""
+    k, block_k = sizes[product.k], block_keyword(product.k)
+    step, start, function = (namer.claim(n) for n in ("step", "start", "accumulate"))
+    in_k = inside[product.k]
+    loads = []
+    for operand in product.operands:
+        # The contracted axis of each operand as stored: x[:, K] unless read transposed.
+        other = product.m if operand is product.lhs else product.n
+        k_first = operand.transposed if operand is product.lhs else not operand.transposed
+        axes = (product.k, other) if k_first else (other, product.k)
+        view = f"{refs[operand.name]}.at[pl.ds({start}, {block_k}), :]" if k_first else f"{refs[operand.name]}.at[:, pl.ds({start}, {block_k})]"
+        shape = tuple_code([block_keyword(d) for d in axes])
+        mask = f"_mask({shape}, {', '.join(inside[d] for d in axes)})"
+        loads.append(f"{values[operand.name]} = _load({view}, {mask}, other=0)")
+    accumulate = jnp_dtype(product.accumulator.name)
+    lhs, rhs = (values[o.name] for o in product.operands)
+    return [
+        f"def {function}({step}, {accumulator}):",
+        f"    {start} = {step} * {block_k}",
+        f"    {in_k} = _inside({start}, {block_k}, {k})  # zeros past a ragged {product.k}",
+        *(f"    {line}" for line in loads),
+        f"    return {accumulator} + {dot_code(product, lhs, rhs)}",
+        "",
+        f"{accumulator} = jax.lax.fori_loop(0, pl.cdiv({k}, {block_k}), {function}, jnp.zeros({out_ref}.shape, {accumulate}))",
+    ]

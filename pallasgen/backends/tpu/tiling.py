@@ -1,0 +1,129 @@
+"""TPU block-shape rules and the VMEM a block configuration needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+from pallasgen.frontend import ir
+from pallasgen.analysis.dtypes import DTYPES, DType, tpu_dtype
+from pallasgen.lowering.parts import layout_of
+from pallasgen.analysis.product import Product
+
+# Scoped VMEM that Mosaic grants a kernel by default on the smallest current TPU (v5e).
+SCOPED_VMEM_BYTES = 16 * 1024 * 1024
+SUBLANES, LANES = 8, 128
+
+Layout = tuple[tuple[str | None, ...], DType]
+
+
+def array_layouts(kernel: ir.Kernel, dims: tuple[str, ...], product: Product | None) -> list[Layout]:
+    """The dimensions each array is blocked over, and its dtype.
+
+    Product operands keep their own dimensions; every other array is laid out over
+    the output dimensions, with None where it broadcasts (size 1, which is whole).
+    """
+    output_dims = kernel.outputs[0].dims
+    return [
+        (layout_of(decl, output_dims, product), DTYPES[decl.dtype])
+        for decl in kernel.inputs + kernel.outputs
+        if decl.dtype in DTYPES
+    ]
+
+
+@dataclass(frozen=True)
+class TilingRule:
+    """What Mosaic needs of a block of `dim` for one array: a multiple of `multiple`, or
+    (a one-dimensional array) a power of two of at least `smallest_power_of_two`; the
+    whole dimension is always legal. `describe()` words it for both the spec-time error
+    and the generated call-time check."""
+
+    dim: str
+    multiple: int
+    why: str
+    smallest_power_of_two: int | None = None
+
+    def describe(self) -> str:
+        """The rule in words: `why` it applies, and what it asks."""
+        if self.smallest_power_of_two:
+            return f"{self.why}, so it is a multiple of {self.multiple} or a power of two of at least {self.smallest_power_of_two}"
+        return f"{self.why}, so it is a multiple of {self.multiple}"
+
+    def allows(self, size: int) -> bool:
+        if size % self.multiple == 0:
+            return True
+        return bool(self.smallest_power_of_two) and size >= self.smallest_power_of_two and size & (size - 1) == 0
+
+
+def tiling_bits(dtype: DType) -> int:
+    """Bits of one element as a TPU kernel holds it: bool is 32-bit in VMEM, and f16 is
+    computed as f32 (dtypes.tpu_dtype)."""
+    return 32 if dtype.name == "bool" else DTYPES[tpu_dtype(dtype.name)].bits
+
+
+def tiling_rule(dim: str, layouts: list[Layout]) -> TilingRule | None:
+    """The TPU tiling rule that blocking `dim` must meet: the strictest that any array
+    holding it sets (their multiples are powers of two, so the largest covers the rest)."""
+    rules = []
+    for dims, dtype in layouts:
+        if dim not in dims:
+            continue
+        bits = tiling_bits(dtype)
+        position = len(dims) - dims.index(dim)
+        if len(dims) == 1:
+            smallest = LANES * (32 // bits)
+            why = f"{dim} is the dimension of a one-dimensional {dtype.name} array"
+            rules.append(TilingRule(dim, 1024, why, smallest))
+        elif position == 1:
+            rules.append(TilingRule(dim, LANES, f"{dim} is the last dimension of a block"))
+        elif position == 2:
+            why = f"{dim} is the second-to-last dimension of a block of {dtype.name} values"
+            rules.append(TilingRule(dim, SUBLANES * (32 // bits), why))
+    return max(rules, key=lambda rule: (rule.multiple, rule.smallest_power_of_two or 0), default=None)
+
+
+def tiling_problem(dim: str, size: int, layouts: list[Layout]) -> str | None:
+    """Why blocking `dim` by `size` breaks the TPU tiling rule, or None."""
+    rule = tiling_rule(dim, layouts)
+    if rule is None or rule.allows(size):
+        return None
+    return f"block {dim} = {size} breaks the TPU tiling rule: {rule.describe()}; use {_round_up(size, rule.multiple)} or leave {dim} unblocked"
+
+
+def block_bytes(decl: ir.ArrayDecl, blocks: dict[str, int]) -> int:
+    """Bytes of one block of an array; dimensions taken whole count as 1 (unknown)."""
+    return prod(blocks.get(d, 1) for d in decl.dims) * DTYPES[decl.dtype].bytes
+
+
+def accumulator_bytes(product: Product | None, blocks: dict[str, int]) -> int:
+    """The VMEM scratch of a product whose contracted dimension is blocked."""
+    if product is None or product.k not in blocks:
+        return 0
+    return blocks.get(product.m, 1) * blocks.get(product.n, 1) * product.accumulator.bytes
+
+
+def vmem_bytes(kernel: ir.Kernel, blocks: dict[str, int], product: Product | None) -> int:
+    """VMEM for double-buffered input and output blocks, plus the accumulator."""
+    pipelined = 2 * sum(block_bytes(d, blocks) for d in kernel.inputs + kernel.outputs)
+    return pipelined + accumulator_bytes(product, blocks)
+
+
+def vmem_problem(kernel: ir.Kernel, blocks: dict[str, int], product: Product | None) -> str | None:
+    needed = vmem_bytes(kernel, blocks, product)
+    if needed <= SCOPED_VMEM_BYTES:
+        return None
+    return (
+        f"these blocks need {format_bytes(needed)} of VMEM (inputs and outputs double-buffered"
+        f"{', plus the accumulator' if accumulator_bytes(product, blocks) else ''}), more than the"
+        f" {format_bytes(SCOPED_VMEM_BYTES)} a TPU v5e grants a kernel; use smaller blocks"
+    )
+
+
+def format_bytes(count: int) -> str:
+    if count >= 1024 * 1024:
+        return f"{count / (1024 * 1024):.1f} MiB"
+    return f"{count / 1024:.1f} KiB"
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple

@@ -1,0 +1,166 @@
+"""`pallasgen bench`: generated kernels timed against XLA (their jitted reference).
+
+Only this module and `runner` import jax, and only when a command needs them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+from dataclasses import dataclass
+
+from pallasgen.analysis.checks import CheckedKernel
+from pallasgen.analysis.dtypes import DTYPES
+from pallasgen.analysis.names import block_keyword
+from pallasgen.backends.tpu.tiling import SCOPED_VMEM_BYTES, array_layouts, tiling_problem, vmem_bytes
+
+# Block sizes and launch options a sweep tries, per backend.
+TPU_CANDIDATES = (128, 256, 512, 1024)
+GPU_PRODUCT_TILES, GPU_PRODUCT_DEPTHS = (64, 128), (32, 64)
+GPU_ELEMENTWISE_LAST, GPU_ELEMENTWISE_ROWS = (128, 256, 512), (4, 8, 16)
+GPU_WARPS, GPU_STAGES = (4, 8), (2, 3, 4)
+
+# Peak dense bf16 TFLOP/s and HBM GB/s by device kind (vendor figures).
+PEAKS = {
+    "TPU v4": (275.0, 1228.0),
+    "TPU v5 lite": (197.0, 819.0),
+    "TPU v5e": (197.0, 819.0),
+    "TPU v5p": (459.0, 2765.0),
+    "TPU v6 lite": (918.0, 1640.0),
+    "TPU v6e": (918.0, 1640.0),
+    "NVIDIA H100": (989.0, 3350.0),
+    "NVIDIA H200": (989.0, 4800.0),
+}
+
+
+@dataclass(frozen=True)
+class Timing:
+    kernel: str
+    sizes: dict[str, int]
+    kernel_seconds: float  # median
+    xla_seconds: float  # median of the jitted reference
+    flops: int
+    bytes_moved: int
+
+    @property
+    def ratio(self) -> float:
+        """Kernel throughput over XLA's: above 1 the kernel is faster."""
+        return self.xla_seconds / self.kernel_seconds
+
+
+def peak_for(device_kind: str) -> tuple[float, float] | None:
+    for name, peak in PEAKS.items():
+        if device_kind.startswith(name):
+            return peak
+    return None
+
+
+def work(checked: CheckedKernel, sizes: dict[str, int]) -> tuple[int, int]:
+    """Flops of the product (0 without one) and bytes read and written at least once."""
+    kernel, product = checked.kernel, checked.product
+    elements = 1
+    for dim in kernel.outputs[0].dims:
+        elements *= sizes[dim]
+    flops = 2 * elements * sizes[product.k] if product else 0
+    moved = 0
+    for decl in kernel.inputs + kernel.outputs:
+        count = 1
+        for dim in decl.dims:
+            count *= sizes[dim]
+        moved += count * DTYPES[decl.dtype].bytes
+    return flops, moved
+
+
+def time_kernel(module, checked: CheckedKernel, sizes: dict[str, int], inputs, repeats: int, options: dict) -> Timing:
+    """Median times of the kernel and of its jitted reference (XLA), measured in one run."""
+    import jax
+
+    kernel = getattr(module, checked.kernel.name)
+    reference = jax.jit(getattr(module, f"{checked.kernel.name}_reference"))
+    kernel_seconds, xla_seconds = time_pair(lambda: kernel(*inputs, **options), lambda: reference(*inputs), repeats)
+    flops, moved = work(checked, sizes)
+    return Timing(checked.kernel.name, sizes, kernel_seconds, xla_seconds, flops, moved)
+
+
+def time_pair(first, second, repeats: int) -> tuple[float, float]:
+    """Median seconds of two functions, alternating calls after a warm-up of each."""
+    import jax
+
+    for function in (first, second):
+        jax.block_until_ready(function())
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeats):
+        for function, record in zip((first, second), times):
+            start = time.perf_counter()
+            jax.block_until_ready(function())
+            record.append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def describe(timing: Timing, device_kind: str) -> str:
+    """One line: time, throughput, ratio to XLA and percent of peak where known."""
+    peak = peak_for(device_kind)
+    shape = ", ".join(f"{d}={n}" for d, n in timing.sizes.items())
+    parts = [f"{timing.kernel} [{shape}]: {timing.kernel_seconds * 1e3:.3f} ms (XLA {timing.xla_seconds * 1e3:.3f} ms)"]
+    if timing.flops:
+        tflops = timing.flops / timing.kernel_seconds / 1e12
+        parts.append(f"{tflops:.2f} TFLOP/s" + (f" ({100 * tflops / peak[0]:.0f}% of peak)" if peak else ""))
+    else:
+        gbps = timing.bytes_moved / timing.kernel_seconds / 1e9
+        parts.append(f"{gbps:.1f} GB/s" + (f" ({100 * gbps / peak[1]:.0f}% of peak)" if peak else ""))
+    parts.append(f"{timing.ratio:.2f}x XLA")
+    return ", ".join(parts)
+
+
+def sweep_candidates(checked: CheckedKernel, backend: str) -> list[dict[str, int]]:
+    """Keyword sets to try: TPU blocks that tile and fit VMEM, or GPU blocks and options."""
+    if backend == "gpu":
+        return _gpu_candidates(checked)
+    squeezed = set(checked.kernel.outputs[0].dims[:-2]) if checked.product else set()
+    tunable = [d for d in checked.blocks if d not in squeezed]
+    layouts = array_layouts(checked.kernel, checked.dims, checked.product)
+    candidates = []
+    for sizes in itertools.product(TPU_CANDIDATES, repeat=len(tunable)):
+        blocks = {**checked.blocks, **dict(zip(tunable, sizes))}
+        if any(tiling_problem(d, blocks[d], layouts) for d in tunable):
+            continue
+        if vmem_bytes(checked.kernel, blocks, checked.product) > SCOPED_VMEM_BYTES:
+            continue
+        candidates.append({block_keyword(d): blocks[d] for d in tunable})
+    return candidates
+
+
+def _gpu_candidates(checked: CheckedKernel) -> list[dict[str, int]]:
+    product, out_dims = checked.product, checked.kernel.outputs[0].dims
+    if product is not None:
+        axes = {product.m: GPU_PRODUCT_TILES, product.n: GPU_PRODUCT_TILES, product.k: GPU_PRODUCT_DEPTHS}
+    elif len(out_dims) == 1:
+        axes = {out_dims[0]: (512, 1024, 2048)}
+    else:
+        axes = {out_dims[-2]: GPU_ELEMENTWISE_ROWS, out_dims[-1]: GPU_ELEMENTWISE_LAST}
+    stages = GPU_STAGES if product is not None else (1,)
+    candidates = []
+    for sizes in itertools.product(*axes.values(), GPU_WARPS, stages):
+        *blocks, warps, stage_count = sizes
+        keywords = {f"gpu_{block_keyword(d)}": b for d, b in zip(axes, blocks)}
+        candidates.append({**keywords, "gpu_warps": warps, "gpu_stages": stage_count})
+    return candidates
+
+
+def sweep(module, checked: CheckedKernel, inputs, candidates: list[dict[str, int]], repeats: int, progress=None):
+    """(seconds, keywords) of the fastest candidate, and XLA's seconds, measured in one run."""
+    import jax
+
+    kernel = getattr(module, checked.kernel.name)
+    reference = jax.jit(getattr(module, f"{checked.kernel.name}_reference"))
+    best: tuple[float, dict[str, int]] | None = None
+    xla_times = []
+    for options in candidates:
+        seconds, xla_seconds = time_pair(lambda: kernel(*inputs, **options), lambda: reference(*inputs), repeats)
+        xla_times.append(xla_seconds)
+        if best is None or seconds < best[0]:
+            best = (seconds, options)
+        if progress is not None:
+            progress.update(1)
+    return best, statistics.median(xla_times)

@@ -1,0 +1,181 @@
+"""`pallasgen bench --chip`: the TPU compiler's cycle estimates, on a machine without a TPU.
+
+libtpu compiles for a compile-only chip (a topology description, no hardware) and, with
+`--xla_jf_dump_static_llo_profile_to=DIR`, writes one `hlo_op_estimate` per compiled op:
+its static cost model for the whole op (every grid step of a Pallas kernel). These are
+estimates in cycles, never times: compare a kernel with XLA on the same chip model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from pallasgen.devices.bench import work
+from pallasgen.devices import compile_only
+from pallasgen.analysis.checks import CheckedKernel
+from pallasgen.analysis.dtypes import DTYPES
+
+LABEL = "compiler estimate (no TPU): cycles, not time"
+PROFILE_FLAG = "--xla_jf_dump_static_llo_profile_to"
+_OP = re.compile(r'hlo_op_name:\s*"([^"]*)"\s*estimated_cycles:\s*(\d+)')
+_MOSAIC_CALL = re.compile(r'%([\w.\-]+) = [^\n]*custom_call_target="tpu_custom_call"')
+
+
+@dataclass(frozen=True)
+class Chip:
+    """A compile-only chip and the vendor peaks that percentages are taken against."""
+
+    clock_hz: float  # TensorCore clock: cycles per second
+    bf16_flops: float  # peak dense bf16 FLOP/s (f32 products are counted against it)
+    int8_ops: float  # peak int8 OP/s
+    hbm_bytes: float  # peak HBM bytes/s
+
+
+# Google Cloud TPU docs (v5e, v6e pages); clocks = peak bf16 / MXU FLOPs per cycle.
+CHIPS = {
+    "v5e": Chip(1.5e9, 197e12, 394e12, 819e9),
+    "v6e": Chip(1.75e9, 918e12, 1836e12, 1640e9),
+}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    kernel: str
+    sizes: dict[str, int]
+    chip: str
+    kernel_cycles: int  # every op of the compiled kernel call: the Mosaic call and XLA ops around it
+    mosaic_cycles: int  # the Mosaic custom call alone
+    xla_cycles: int  # every op (fusions, copies) of XLA's compile of the reference
+    flops: int
+    bytes_moved: int
+    int8: bool  # the product's operands are int8, so its peak is the int8 one
+
+    @property
+    def ratio(self) -> float:
+        """Kernel cycles over XLA's: below 1 the kernel is estimated faster."""
+        return self.kernel_cycles / self.xla_cycles
+
+
+def percent_of_peak(estimate: Estimate) -> tuple[float, str]:
+    """The kernel's work per estimated cycle as a percentage of the chip's peak, and which peak."""
+    chip = CHIPS[estimate.chip]
+    seconds = estimate.kernel_cycles / chip.clock_hz
+    if estimate.flops:
+        peak, name = (chip.int8_ops, "int8") if estimate.int8 else (chip.bf16_flops, "bf16")
+        return 100 * estimate.flops / seconds / peak, f"{name} peak"
+    return 100 * estimate.bytes_moved / seconds / chip.hbm_bytes, "HBM peak"
+
+
+def parse_profile(text: str) -> list[tuple[str, int]]:
+    """(op name, estimated cycles) of each `hlo_op_estimate` in one profile file."""
+    return [(name, int(cycles)) for name, cycles in _OP.findall(text)]
+
+
+class Estimator:
+    """Compiles for one compile-only chip and reads the cost model's cycles per op.
+
+    libtpu reads its flags once, when it loads: construct this before anything else in
+    the process touches a TPU topology.
+    """
+
+    def __init__(self, chip: str, profile_dir: Path):
+        compile_only.set_libtpu_environment()
+        os.environ["LIBTPU_INIT_ARGS"] = f"{os.environ.get('LIBTPU_INIT_ARGS', '')} {PROFILE_FLAG}={profile_dir}".strip()
+        import jax
+
+        self.chip, self.profile_dir = chip, profile_dir
+        self.device = compile_only.tpu_device(chip)
+        self.sharding = jax.sharding.NamedSharding(jax.sharding.Mesh([self.device], ("x",)), jax.sharding.PartitionSpec())
+        self._xla_cycles: dict[tuple, int] = {}  # XLA's compile of a reference, per kernel and sizes
+
+    def op_cycles(self, function, args) -> tuple[dict[str, int], set[str]]:
+        """Cycles of each op of `function` compiled for the chip, and the Mosaic calls' names."""
+        import jax
+
+        for stale in self.profile_dir.iterdir():
+            stale.unlink()
+        with jax.default_device(self.device):
+            compiled = jax.jit(function).lower(*args).compile()
+        cycles = {}
+        for path in self.profile_dir.iterdir():
+            cycles.update(parse_profile(path.read_text(encoding="utf-8")))
+        if not cycles:
+            raise RuntimeError(f"libtpu wrote no {PROFILE_FLAG} profile: was a TPU backend started before?")
+        return cycles, set(_MOSAIC_CALL.findall(compiled.as_text()))
+
+    def estimate(self, module, checked: CheckedKernel, sizes: dict[str, int], options: dict, vmem_limit=None) -> Estimate:
+        """The kernel (compiled by Mosaic, with `options` as keywords) against its reference."""
+        import jax
+
+        name = checked.kernel.name
+        args = [
+            jax.ShapeDtypeStruct(tuple(sizes[d] for d in decl.dims), DTYPES[decl.dtype].jnp, sharding=self.sharding)
+            for decl in checked.kernel.inputs
+        ]
+        kernel = functools.partial(getattr(module, name), interpret=False, **options)
+        with _scoped_vmem_limit(module, vmem_limit):
+            kernel_ops, mosaic_calls = self.op_cycles(kernel, args)
+        key = (module.__name__, name, tuple(sizes.items()))
+        if key not in self._xla_cycles:
+            self._xla_cycles[key] = sum(self.op_cycles(getattr(module, f"{name}_reference"), args)[0].values())
+        if not mosaic_calls & kernel_ops.keys():
+            raise RuntimeError(f"{name}: no Mosaic call among the compiled ops {sorted(kernel_ops)}")
+        flops, moved = work(checked, sizes)
+        int8 = checked.product is not None and DTYPES[checked.kernel.inputs[0].dtype].bytes == 1
+        return Estimate(
+            name,
+            sizes,
+            self.chip,
+            kernel_cycles=sum(kernel_ops.values()),
+            mosaic_cycles=sum(kernel_ops[op] for op in mosaic_calls & kernel_ops.keys()),
+            xla_cycles=self._xla_cycles[key],
+            flops=flops,
+            bytes_moved=moved,
+            int8=int8,
+        )
+
+
+@contextlib.contextmanager
+def _scoped_vmem_limit(module, limit_bytes):
+    """Compiles `module`'s kernels with `vmem_limit_bytes`, which generated code does not set yet."""
+    if limit_bytes is None:
+        yield
+        return
+    import jax
+
+    original = module.pltpu
+    module.pltpu = _WithVmemLimit(original, limit_bytes)
+    jax.clear_caches()  # generated functions are jitted: retrace them with the limit
+    try:
+        yield
+    finally:
+        module.pltpu = original
+        jax.clear_caches()
+
+
+class _WithVmemLimit:
+    """`pltpu`, except that `CompilerParams` sets `vmem_limit_bytes`."""
+
+    def __init__(self, pltpu, limit_bytes):
+        self._pltpu = pltpu
+        self.CompilerParams = functools.partial(pltpu.CompilerParams, vmem_limit_bytes=limit_bytes)
+
+    def __getattr__(self, name):
+        return getattr(self._pltpu, name)
+
+
+def describe(estimate: Estimate) -> str:
+    """One line: cycles of the kernel and of XLA, their ratio and the percent of peak."""
+    percent, peak = percent_of_peak(estimate)
+    shape = ", ".join(f"{d}={n}" for d, n in estimate.sizes.items())
+    return (
+        f"{estimate.kernel} [{shape}]: kernel {estimate.kernel_cycles:,} cycles"
+        f" (Mosaic call {estimate.mosaic_cycles:,}), XLA {estimate.xla_cycles:,} cycles,"
+        f" kernel/XLA {estimate.ratio:.2f}x, {percent:.0f}% of {peak}"
+        f" at {CHIPS[estimate.chip].clock_hz / 1e9:g} GHz"
+    )

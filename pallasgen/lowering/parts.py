@@ -1,0 +1,109 @@
+"""Pieces that the TPU and GPU halves of a kernel's plan share."""
+
+from __future__ import annotations
+
+from pallasgen.frontend import ir
+from pallasgen.analysis.product import Product
+from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
+
+ELEMENTWISE_GRID_NAMES = "ijklmnpqrs"
+
+
+def layout_of(decl: ir.ArrayDecl, out_dims: tuple[str, ...], product: Product | None) -> tuple[str | None, ...]:
+    """The dimensions an array is blocked over: a product operand keeps its own; any
+    other array is laid out over the output dimensions, None where it broadcasts."""
+    if product is not None and decl.name in {o.name for o in product.operands}:
+        return decl.dims
+    return tuple(d if d in decl.dims else None for d in out_dims)
+
+
+def array_positions(decl: ir.ArrayDecl, out_dims, product: Product | None) -> list[tuple[str | None, str | None]]:
+    """Each blocked axis of an array: (its dimension or None where it broadcasts, the output
+    dimension at that axis, or None for a product operand's own axes)."""
+    layout = layout_of(decl, out_dims, product)
+    if product is not None and decl.name in {o.name for o in product.operands}:
+        return [(d, d if d in out_dims[:-2] else None) for d in layout]
+    return list(zip(layout, out_dims))
+
+
+def grid_names(grid_dims, product: Product | None) -> dict[str, str]:
+    """Names of the grid indices in index maps: i, j, k for a product's M, N, K, b for batch."""
+    if product is None:
+        return dict(zip(grid_dims, ELEMENTWISE_GRID_NAMES))
+    roles = {product.m: "i", product.n: "j", product.k: "k"}
+    batch = [d for d in grid_dims if d not in roles]
+    batch_names = ["b"] if len(batch) == 1 else [f"b{n}" for n in range(len(batch))]
+    return {d: roles.get(d) or batch_names[batch.index(d)] for d in grid_dims}
+
+
+def dot_code(product: Product, lhs: str, rhs: str) -> str:
+    """The product of two loaded tiles, in the accumulator's dtype."""
+    accumulate = jnp_dtype(product.accumulator.name)
+    if not product.lhs.transposed and not product.rhs.transposed:
+        return f"jnp.dot({lhs}, {rhs}, preferred_element_type={accumulate})"
+    contract = (0 if product.lhs.transposed else 1, 1 if product.rhs.transposed else 0)
+    return (
+        f"jax.lax.dot_general({lhs}, {rhs}, ((({contract[0]},), ({contract[1]},)), ((), ())),"
+        f" preferred_element_type={accumulate})"
+    )
+
+
+def tuple_code(items) -> str:
+    items = list(items)
+    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+
+
+def parameter_list(positional: list[str], keyword_only: list[str]) -> str:
+    """`a, b, *, c, d`: a function's parameters, keyword-only ones after `*`."""
+    return ", ".join([*positional, *(["*", *keyword_only] if keyword_only else [])])
+
+
+def partial_call(function: str, keywords: list[str]) -> str:
+    """`function`, or `functools.partial(function, k=k, ...)` binding the given names."""
+    if not keywords:
+        return function
+    return f"functools.partial({function}, {', '.join(f'{name}={name}' for name in keywords)})"
+
+
+def ref_load(refs):
+    return lambda decl: f"{refs[decl.name]}[...]"
+
+
+def ref_store(refs):
+    return lambda decl, value: f"{refs[decl.name]}[...] = {value}"
+
+
+def kernel_statements(kernel, emitter: Emitter, values, refs, checked, load, store) -> list[str]:
+    """A kernel body: loads of the inputs it uses, lets, and each output's store.
+
+    `load(decl)` and `store(decl, value)` spell a backend's memory accesses."""
+    used = used_names(kernel)
+    operands = {o.name for o in checked.product.operands} if checked.product else set()
+    body = [f"{values[d.name]} = {load(d)}" for d in kernel.inputs if d.name in used - operands]
+    outputs = {o.name: o for o in kernel.outputs}
+    for statement in kernel.body:
+        if isinstance(statement, ir.Let):
+            body.append(f"{values[statement.name]} = {emitter.emit(statement.value)}")
+            continue
+        out = outputs[statement.target]
+        value_type = checked.types[statement.value]
+        if value_type.dims == out.dims:
+            value = emitter.cast(statement.value, out.dtype)
+        else:
+            value = broadcast(emitter, statement.value, value_type, out.dtype, f"{refs[out.name]}.shape")
+        if out.name in used:
+            body += [f"{values[out.name]} = {value}", store(out, values[out.name])]
+        else:
+            body.append(store(out, value))
+    return body
+
+
+def broadcast(emitter: Emitter, node: ir.Expr, value_type, dtype: str, shape: str) -> str:
+    """A value with fewer dimensions than its output, filled out to `shape`."""
+    if not value_type.dims:
+        return f"jnp.full({shape}, {emitter.emit(node)}, {emitter.dtype(dtype)})"
+    return f"jnp.broadcast_to({emitter.cast(node, dtype)}, {shape})"
+
+
+def used_names(kernel: ir.Kernel) -> set[str]:
+    return {node.id for node in ir.walk(*(s.value for s in kernel.body)) if isinstance(node, ir.Name)}

@@ -1,0 +1,151 @@
+"""Spec expressions as Python source, with the fewest parentheses Python needs."""
+
+from __future__ import annotations
+
+from pallasgen.frontend import ir
+from pallasgen.analysis.dtypes import BOOL, DTYPES, tpu_dtype
+from pallasgen.analysis.functions import FLOAT_FUNCTIONS
+from pallasgen.analysis.valuetypes import ValueType
+
+# Python binding strength, loosest first.
+_COMPARE, _OR, _AND, _SUM, _PRODUCT, _UNARY, _POWER, _ATOM = range(8)
+_BINARY_PRECEDENCE = {
+    **dict.fromkeys(("==", "!=", "<", "<=", ">", ">="), _COMPARE),
+    "|": _OR,
+    "&": _AND,
+    "+": _SUM,
+    "-": _SUM,
+    **dict.fromkeys(("*", "/", "//", "%", "@"), _PRODUCT),
+    "**": _POWER,
+}
+FUNCTIONS = {
+    "exp": "jnp.exp",
+    "log": "jnp.log",
+    "sqrt": "jnp.sqrt",
+    "rsqrt": "jax.lax.rsqrt",
+    "abs": "jnp.abs",
+    "tanh": "jnp.tanh",
+    "sigmoid": "jax.nn.sigmoid",
+    "relu": "jax.nn.relu",
+    "silu": "jax.nn.silu",
+    "sin": "jnp.sin",
+    "cos": "jnp.cos",
+    "floor": "jnp.floor",
+    "ceil": "jnp.ceil",
+    "maximum": "jnp.maximum",
+    "minimum": "jnp.minimum",
+    "clip": "jnp.clip",
+    "where": "jnp.where",
+}
+
+
+# Functions whose TPU lowering has no narrow-integer form: computed in i32, cast back.
+NARROW_INT_FUNCTIONS = frozenset({"maximum", "minimum", "clip"})
+
+
+def jnp_dtype(name: str) -> str:
+    """`f32` -> `jnp.float32`."""
+    return f"jnp.{DTYPES[name].jnp}" if name != "bool" else "jnp.bool_"
+
+
+class Emitter:
+    """Writes typed expressions as Python, naming values through `names`."""
+
+    def __init__(
+        self,
+        names: dict[str, str],
+        types: dict[ir.Expr, ValueType],
+        overrides: dict[ir.Expr, str],
+        tpu: bool = False,
+    ):
+        self.names = names
+        self.types = types
+        self.overrides = overrides  # nodes computed elsewhere, such as the product, by variable
+        # For a TPU kernel: f16 computed as f32, and i8/u8/i16 compares, maximum, minimum and
+        # clip widened to i32, which Mosaic lowers (it has no narrow-integer compare).
+        self.tpu = tpu
+
+    def dtype(self, name: str) -> str:
+        """A spec dtype as this kernel's code spells it."""
+        return jnp_dtype(tpu_dtype(name) if self.tpu else name)
+
+    def emit(self, node: ir.Expr) -> str:
+        return self._emit(node)[0]
+
+    def cast(self, node: ir.Expr, dtype: str) -> str:
+        """The node's value as `dtype` (a spec dtype name), converting only if needed."""
+        value_type = self.types[node]
+        if value_type.dtype.name == dtype and not value_type.weak:
+            return self.emit(node)
+        return self._cast_code(node, dtype)[0]
+
+    def _emit(self, node: ir.Expr) -> tuple[str, int]:
+        if node in self.overrides:
+            return self.overrides[node], _ATOM
+        if isinstance(node, ir.Name):
+            return self.names[node.id], _ATOM
+        if isinstance(node, ir.Number):
+            text = repr(node.value)
+            return text, _ATOM
+        if isinstance(node, ir.Boolean):
+            return repr(node.value), _ATOM
+        if isinstance(node, ir.Unary):
+            if node.op == "~" and self.types[node].dtype == BOOL:
+                return f"jnp.logical_not({self.emit(node.operand)})", _ATOM
+            return f"{node.op}{self._wrap(node.operand, _UNARY)}", _UNARY
+        if isinstance(node, ir.Binary):
+            level = _BINARY_PRECEDENCE[node.op]
+            if node.op == "**":  # right-associative; binds tighter than a unary minus on its left
+                left, right = self._wrap(node.left, _POWER + 1), self._wrap(node.right, _UNARY)
+            else:
+                left, right = self._wrap(node.left, level), self._wrap(node.right, level + 1)
+            if level == _COMPARE:
+                left, right = self._wrap(node.left, _OR), self._wrap(node.right, _OR)
+                if self._narrow_int(node.left) or self._narrow_int(node.right):
+                    left, right = self._widened(node.left), self._widened(node.right)
+            return f"{left} {node.op} {right}", level
+        if isinstance(node, ir.Call):
+            return self._call(node), _ATOM
+        raise TypeError(f"no Python form for {type(node).__name__}")
+
+    def _call(self, node: ir.Call) -> str:
+        if node.func in DTYPES:
+            return self._cast_code(node.args[0], node.func)[0]
+        if node.func in FLOAT_FUNCTIONS:
+            arg = self.types[node.args[0]]
+            (operand,) = [self.emit(a) if arg.dtype.is_float else self._cast_code(a, "f32")[0] for a in node.args]
+            if node.func == "gelu":
+                return f"jax.nn.gelu({operand}, approximate=True)"
+            return f"{FUNCTIONS[node.func]}({operand})"
+        if node.func in NARROW_INT_FUNCTIONS and self._narrow_int(node):
+            return f"{self._widened_call(node)}.astype({self.dtype(self.types[node].dtype.name)})"
+        args = ", ".join(self.emit(arg) for arg in node.args)
+        return f"{FUNCTIONS[node.func]}({args})"
+
+    def _narrow_int(self, node: ir.Expr) -> bool:
+        """Whether the TPU kernel must widen this value: an array of i8, u8 or i16."""
+        value_type = self.types[node]
+        return self.tpu and value_type.dtype.is_integer and value_type.dtype.bits < 32 and not value_type.weak
+
+    def _widened(self, node: ir.Expr) -> str:
+        """The value as i32 if it is a narrow integer array, else as it is. A nested
+        maximum, minimum or clip stays in i32 (never narrowed and widened again, which
+        compilers may fold back into a narrow operation)."""
+        if not self._narrow_int(node):
+            return self._wrap(node, _OR)
+        if isinstance(node, ir.Call) and node.func in NARROW_INT_FUNCTIONS and node not in self.overrides:
+            return self._widened_call(node)
+        return f"{self._wrap(node, _ATOM)}.astype(jnp.int32)"
+
+    def _widened_call(self, node: ir.Call) -> str:
+        """maximum, minimum or clip of narrow integers, computed in i32."""
+        return f"{FUNCTIONS[node.func]}({', '.join(self._widened(arg) for arg in node.args)})"
+
+    def _cast_code(self, node: ir.Expr, dtype: str) -> tuple[str, int]:
+        if self.types[node].dims:
+            return f"{self._wrap(node, _ATOM)}.astype({self.dtype(dtype)})", _ATOM
+        return f"{self.dtype(dtype)}({self.emit(node)})", _ATOM
+
+    def _wrap(self, node: ir.Expr, minimum: int) -> str:
+        code, level = self._emit(node)
+        return code if level >= minimum else f"({code})"

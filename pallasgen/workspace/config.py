@@ -1,0 +1,64 @@
+"""Where specs and generated modules live: `[tool.pallasgen]` in the nearest pyproject.toml."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from pallasgen.frontend.text import escape_text
+
+DEFAULT_SPECS = "specs"
+DEFAULT_OUT = "generated"
+
+
+class ConfigError(Exception):
+    """A pyproject.toml that cannot be read or has a bad `[tool.pallasgen]` table."""
+
+
+@dataclass(frozen=True)
+class Config:
+    root: Path  # the folder of the pyproject.toml, or the working directory
+    specs: Path
+    out: Path
+
+
+def load_config(start: Path) -> Config:
+    """The settings that apply in `start`: its nearest pyproject.toml's, or the defaults."""
+    pyproject = find_pyproject(start.resolve())
+    if pyproject is None:
+        return Config(start, start / DEFAULT_SPECS, start / DEFAULT_OUT)
+    try:
+        table = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("tool", {}).get("pallasgen", {})
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise ConfigError(f"{pyproject}: {error}") from None
+    root = pyproject.parent
+    values = {}
+    for key, default in (("specs", DEFAULT_SPECS), ("out", DEFAULT_OUT)):
+        value = table.get(key, default)
+        if not isinstance(value, str):
+            raise ConfigError(f"{pyproject}: [tool.pallasgen] {key} must be a string")
+        values[key] = root / value
+    return Config(root, values["specs"], values["out"])
+
+
+@cache
+def find_pyproject(folder: Path) -> Path | None:
+    """The nearest pyproject.toml in `folder` or above it."""
+    for candidate in (folder, *folder.parents):
+        if (candidate / "pyproject.toml").is_file():
+            return candidate / "pyproject.toml"
+    return None
+
+
+def spec_label(spec: Path) -> str:
+    """How generated headers name a spec: relative to its project's root, in POSIX form,
+    with quotes, backslashes and unprintable characters escaped.
+
+    It does not depend on the working directory or where the project is checked out.
+    """
+    spec = spec.resolve()
+    pyproject = find_pyproject(spec.parent)
+    label = spec.name if pyproject is None else spec.relative_to(pyproject.parent).as_posix()
+    return escape_text(label)

@@ -1,0 +1,46 @@
+"""One spec through every stage: text, tree, IR, checks, plan, source."""
+
+from __future__ import annotations
+
+from pallasgen.frontend import parser
+
+from pallasgen.frontend import transform
+from pallasgen.analysis.checks import CheckedKernel, Diagnostics, check_spec
+from pallasgen.frontend.errors import Diagnostic, Position, SpecError
+from pallasgen.lowering.plan import plan_module
+from pallasgen.rendering.render import render_module
+
+
+def generate(source: str, path: str, spec_path: str) -> str:
+    """The generated module for a spec's text; raises `SpecError` naming `path`."""
+    return render_module(plan_module(spec_path, check_source(source, path)))
+
+
+def check_source(source: str, path: str) -> tuple[CheckedKernel, ...]:
+    """Parses and checks a spec; raises `SpecError` with every problem found."""
+    try:
+        tree = parser.parse(source)
+        spec = transform.to_ir(tree, source)
+        return check_spec(spec)
+    except parser.SyntaxDiagnostics as error:
+        raise SpecError(path, source, error.diagnostics) from None
+    except transform.TransformDiagnostic as error:
+        raise SpecError(path, source, [error.diagnostic]) from None
+    except Diagnostics as error:
+        raise SpecError(path, source, error.diagnostics) from None
+
+
+def decode(data: bytes, path: str) -> str:
+    """Spec bytes as text: UTF-8, an optional byte-order mark dropped."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        before = data[: error.start]
+        line = before.count(b"\n") + 1
+        column = len(before[before.rfind(b"\n") + 1 :].decode("utf-8")) + 1
+        shown = data.decode("utf-8", errors="replace")
+        raise SpecError(
+            path, shown, [Diagnostic(Position.point(line, column), f"not UTF-8: byte 0x{data[error.start]:02x}")]
+        ) from None
+    # One line ending, so that Lark's line numbers and the lines errors show agree.
+    return text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
