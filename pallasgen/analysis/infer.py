@@ -10,7 +10,7 @@ from __future__ import annotations
 from pallasgen.frontend import ir
 from pallasgen.analysis.dtypes import BOOL, DTYPES, F32, FLOAT_MAX, I32, DType
 from pallasgen.frontend.errors import Diagnostic, did_you_mean
-from pallasgen.analysis.functions import FLOAT_FUNCTIONS, FUNCTION_ARITY
+from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.product import Product, product_dims
 from pallasgen.analysis.valuetypes import ValueType, combine, merge_dims
 
@@ -110,7 +110,7 @@ class _Inference:
         later = [s for s in self.kernel.body if getattr(s, "name", getattr(s, "target", None)) == node.id]
         if later:
             self.found.append(Diagnostic(node.position, f"'{node.id}' is used before it is assigned"))
-        elif node.id in DTYPES or node.id in FUNCTION_ARITY:
+        elif node.id in FUNCTIONS:
             self.found.append(Diagnostic(node.position, f"'{node.id}' is a function; call it: {node.id}(...)"))
         else:
             known = [*self.scope, *(o for o in self.outputs)]
@@ -190,14 +190,13 @@ class _Inference:
         return result
 
     def _call(self, node: ir.Call) -> ValueType | None:
-        arity = FUNCTION_ARITY.get(node.func)
-        if arity is None:
+        function = FUNCTIONS.get(node.func)
+        if function is None:
             self.found.append(
-                Diagnostic(
-                    node.func_position, f"unknown function '{node.func}'{did_you_mean(node.func, FUNCTION_ARITY)}"
-                )
+                Diagnostic(node.func_position, f"unknown function '{node.func}'{did_you_mean(node.func, FUNCTIONS)}")
             )
             return None
+        arity = function.arity
         if len(node.args) != arity:
             self.found.append(
                 Diagnostic(
@@ -209,9 +208,9 @@ class _Inference:
         if any(arg is None for arg in args):
             return None
         dims = merge_dims(self.dims, *args)
-        if node.func in DTYPES:
+        if function.typing == "cast":
             return ValueType(DTYPES[node.func], dims)
-        if node.func == "where":
+        if function.typing == "where":
             condition, a, b = args
             if condition.dtype != BOOL:
                 self.found.append(
@@ -229,7 +228,7 @@ class _Inference:
             result = combine(result, arg, dims)
         for arg_node in node.args:
             self._check_literal_against(arg_node, result)
-        if node.func in FLOAT_FUNCTIONS and not result.dtype.is_float:
+        if function.typing == "float" and not result.dtype.is_float:
             return ValueType(F32, dims, weak=result.weak)
         return ValueType(result.dtype, dims, result.weak)
 

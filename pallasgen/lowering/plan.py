@@ -28,7 +28,7 @@ from pallasgen.lowering.parts import (
     tuple_code,
 )
 from pallasgen.analysis.product import Product
-from pallasgen.analysis.functions import FLOAT_FUNCTIONS
+from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.dtypes import tpu_dtype
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
 from pallasgen.backends.tpu.tiling import TilingRule, array_layouts, format_bytes, tiling_rule, vmem_bytes
@@ -386,7 +386,7 @@ def _cost_estimate(checked: CheckedKernel, values, sizes) -> str:
     kernel, product = checked.kernel, checked.product
     elements = " * ".join(sizes[d] for d in kernel.outputs[0].dims)
     nodes = list(ir.walk(*(s.value for s in kernel.body)))
-    transcendental = sum(isinstance(n, ir.Call) and n.func in FLOAT_FUNCTIONS for n in nodes)
+    transcendental = sum(isinstance(n, ir.Call) and FUNCTIONS[n.func].transcendental for n in nodes)
     elementwise = sum(isinstance(n, (ir.Binary, ir.Unary, ir.Call)) for n in nodes) - transcendental
     if product is not None:
         flops = " + ".join([f"2 * {elements} * {sizes[product.k]}", *_times(elementwise - 1, elements)])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pallasgen.frontend import ir
 from pallasgen.analysis.dtypes import BOOL, DTYPES, tpu_dtype
-from pallasgen.analysis.functions import FLOAT_FUNCTIONS
+from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.valuetypes import ValueType
 
 # Python binding strength, loosest first.
@@ -18,31 +18,6 @@ _BINARY_PRECEDENCE = {
     **dict.fromkeys(("*", "/", "//", "%", "@"), _PRODUCT),
     "**": _POWER,
 }
-FUNCTIONS = {
-    "exp": "jnp.exp",
-    "log": "jnp.log",
-    "sqrt": "jnp.sqrt",
-    "rsqrt": "jax.lax.rsqrt",
-    "abs": "jnp.abs",
-    "tanh": "jnp.tanh",
-    "sigmoid": "jax.nn.sigmoid",
-    "relu": "jax.nn.relu",
-    "silu": "jax.nn.silu",
-    "sin": "jnp.sin",
-    "cos": "jnp.cos",
-    "floor": "jnp.floor",
-    "ceil": "jnp.ceil",
-    "maximum": "jnp.maximum",
-    "minimum": "jnp.minimum",
-    "clip": "jnp.clip",
-    "where": "jnp.where",
-}
-
-
-# Functions whose TPU lowering has no narrow-integer form: computed in i32, cast back.
-NARROW_INT_FUNCTIONS = frozenset({"maximum", "minimum", "clip"})
-
-
 def jnp_dtype(name: str) -> str:
     """`f32` -> `jnp.float32`."""
     return f"jnp.{DTYPES[name].jnp}" if name != "bool" else "jnp.bool_"
@@ -109,18 +84,16 @@ class Emitter:
         raise TypeError(f"no Python form for {type(node).__name__}")
 
     def _call(self, node: ir.Call) -> str:
-        if node.func in DTYPES:
+        function = FUNCTIONS[node.func]
+        if function.typing == "cast":
             return self._cast_code(node.args[0], node.func)[0]
-        if node.func in FLOAT_FUNCTIONS:
+        if function.typing == "float":
             arg = self.types[node.args[0]]
             (operand,) = [self.emit(a) if arg.dtype.is_float else self._cast_code(a, "f32")[0] for a in node.args]
-            if node.func == "gelu":
-                return f"jax.nn.gelu({operand}, approximate=True)"
-            return f"{FUNCTIONS[node.func]}({operand})"
-        if node.func in NARROW_INT_FUNCTIONS and self._narrow_int(node):
+            return function.code.format(operand)
+        if function.narrow_ints_in_i32 and self._narrow_int(node):
             return f"{self._widened_call(node)}.astype({self.dtype(self.types[node].dtype.name)})"
-        args = ", ".join(self.emit(arg) for arg in node.args)
-        return f"{FUNCTIONS[node.func]}({args})"
+        return function.code.format(", ".join(self.emit(arg) for arg in node.args))
 
     def _narrow_int(self, node: ir.Expr) -> bool:
         """Whether the TPU kernel must widen this value: an array of i8, u8 or i16."""
@@ -133,13 +106,13 @@ class Emitter:
         compilers may fold back into a narrow operation)."""
         if not self._narrow_int(node):
             return self._wrap(node, _OR)
-        if isinstance(node, ir.Call) and node.func in NARROW_INT_FUNCTIONS and node not in self.overrides:
+        if isinstance(node, ir.Call) and _narrows_in_i32(node) and node not in self.overrides:
             return self._widened_call(node)
         return f"{self._wrap(node, _ATOM)}.astype(jnp.int32)"
 
     def _widened_call(self, node: ir.Call) -> str:
         """maximum, minimum or clip of narrow integers, computed in i32."""
-        return f"{FUNCTIONS[node.func]}({', '.join(self._widened(arg) for arg in node.args)})"
+        return FUNCTIONS[node.func].code.format(", ".join(self._widened(arg) for arg in node.args))
 
     def _cast_code(self, node: ir.Expr, dtype: str) -> tuple[str, int]:
         if self.types[node].dims:
@@ -149,3 +122,8 @@ class Emitter:
     def _wrap(self, node: ir.Expr, minimum: int) -> str:
         code, level = self._emit(node)
         return code if level >= minimum else f"({code})"
+
+
+def _narrows_in_i32(node: ir.Call) -> bool:
+    function = FUNCTIONS.get(node.func)
+    return function is not None and function.narrow_ints_in_i32
