@@ -150,8 +150,8 @@ def leaky(
     Args:
       x: f32[M, N].
       block_m, block_n: block sizes (default 256, 512); a block never exceeds its dimension.
-      slope: a static f32 (default 0.01).
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      slope: a static f32 (default 0.01).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 

@@ -165,8 +165,8 @@ def giou(
       bx2: f32[B, N].
       by2: f32[B, N].
       block_b, block_n: block sizes (default 128, 128); a block never exceeds its dimension.
-      eps: a static f32 (default 1e-07).
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      eps: a static f32 (default 1e-07).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 

@@ -1141,8 +1141,8 @@ def scores(
       q: bf16[B, S, D].
       k: bf16[B, T, D].
       block_s, block_t: block sizes (default 128, 128); a block never exceeds its dimension.
-      scale: a static f32 (default 0.125).
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 

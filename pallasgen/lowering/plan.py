@@ -308,8 +308,8 @@ def _docstring(kernel: ir.Kernel, tunable: list[str], blocks: dict[str, int], va
         keywords = ", ".join(block_keyword(d) for d in tunable)
         defaults = ", ".join(str(blocks[d]) for d in tunable)
         args.append(f"  {keywords}: block sizes (default {defaults}); a block never exceeds its dimension.")
-    args += [f"  {p.name}: a static {p.dtype} (default {p.value!r})." for p in kernel.params]
     args.append("  gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).")
+    args += [f"  {p.name}: a static {p.dtype} (default {p.value!r})." for p in kernel.params]
     args.append("  interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;")
     args.append("    True or a pltpu.InterpretParams interprets the TPU kernel on any platform.")
     results = "; ".join(f"{d.name}: {d.dtype}[{', '.join(d.dims)}]" for d in kernel.outputs)
