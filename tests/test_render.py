@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pallasgen.workspace.pipeline import check_source
-from pallasgen.lowering.plan import plan_module
+from pallasgen.backends import plan_module
 from pallasgen.rendering.render import format_code, render_module, render_pieces
 
 ROOT = Path(__file__).resolve().parents[1]

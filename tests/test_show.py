@@ -60,7 +60,7 @@ def texts(root: ET.Element) -> list[str]:
 
 
 def blocks_of(checked, gpu: bool) -> dict[str, int]:
-    return checked.gpu_blocks if gpu else checked.blocks
+    return checked.settings["gpu"].blocks if gpu else checked.blocks
 
 
 def drawn_axes(checked, decl, sizes, gpu) -> list[tuple[int, int]]:
@@ -200,7 +200,7 @@ def test_a_product_names_its_contracted_dimension_and_numbers_its_blocks_in_orde
     else:
         assert f"{k} is contracted whole inside each step: no grid axis, no accumulator" in lines
     gpu_lines = texts(picture(checked, gpu=True))
-    assert f"{k} is no grid axis: each program loops over it in slices of {checked.gpu_blocks[k]}" in gpu_lines
+    assert f"{k} is no grid axis: each program loops over it in slices of {checked.settings['gpu'].blocks[k]}" in gpu_lines
 
 
 @pytest.mark.parametrize("name", [n for n in KERNELS if n not in PRODUCTS])

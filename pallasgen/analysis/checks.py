@@ -12,11 +12,10 @@ from dataclasses import dataclass, field
 from pallasgen.frontend import ir
 from pallasgen.analysis.dtypes import BOOL, DTYPES
 from pallasgen.frontend.errors import Diagnostic, Position, did_you_mean
-from pallasgen.backends.gpu.options import GPU_FUNCTION_LOCALS, OPTIONS, default_blocks, default_options, gpu_keywords, is_power_of_two
 from pallasgen.analysis.infer import dims_text, infer_body, literal_problem
 from pallasgen.analysis.names import RESERVED, block_keyword
 from pallasgen.analysis.product import Product, analyze_product, find_products, operand_names, product_dims
-from pallasgen.backends.tpu.tiling import array_layouts, tiling_problem, vmem_problem
+from pallasgen.analysis.space import Dimension, IterationSpace, Reduction
 from pallasgen.analysis.valuetypes import ValueType
 
 MAX_BLOCK = 1 << 24
@@ -35,21 +34,25 @@ class CheckedKernel:
     """A kernel that passed every check, with what the checks derived."""
 
     kernel: ir.Kernel
-    dims: tuple[str, ...]  # the iteration space: the outputs' dimensions, then a contracted one
+    space: IterationSpace
     size_sources: dict[str, tuple[str, int]]  # dim -> (input name, axis) giving its size
     types: dict[ir.Expr, ValueType] = field(hash=False)
-    blocks: dict[str, int]  # blocked dims -> default block size
+    blocks: dict[str, int]  # blocked dims -> default block size (the `block` statement)
     product: Product | None
-    gpu_blocks: dict[str, int]  # every dim the GPU path blocks -> default block size
-    gpu_options: dict[str, int]  # warps, stages
+    settings: dict[str, object] = field(hash=False)  # each backend's own, by backend name
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        return self.space.names
 
 
-def check_spec(spec: ir.Spec) -> tuple[CheckedKernel, ...]:
-    """Runs every check over every kernel; raises `Diagnostics` if any fails."""
+def check_spec(spec: ir.Spec, backends=()) -> tuple[CheckedKernel, ...]:
+    """Runs every check over every kernel, the language's and then each backend's
+    (`backend.check`); raises `Diagnostics` if any fails."""
     found = check_kernel_names(spec)
     checked = []
     for kernel in spec.kernels:
-        result, problems = check_kernel(kernel)
+        result, problems = check_kernel(kernel, backends)
         found.extend(problems)
         checked.append(result)
     if found:
@@ -78,22 +81,24 @@ def check_kernel_names(spec: ir.Spec) -> list[Diagnostic]:
     return found
 
 
-def check_kernel(kernel: ir.Kernel) -> tuple[CheckedKernel, list[Diagnostic]]:
+def check_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, list[Diagnostic]]:
     found: list[Diagnostic] = []
     for check in (check_declarations, check_dtypes, check_params):
         found.extend(check(kernel))
     product, problems = analyze_product(kernel)
     found.extend(problems)
     found.extend(check_accumulate(kernel, product))
-    dims, sizes, problems = derive_dims(kernel, product)
+    space, sizes, problems = derive_space(kernel, product)
     found.extend(problems)
-    blocks, problems = check_blocks(kernel, dims, product)
+    blocks, problems = block_items(kernel.blocks, space.names, "block", block_size_problem)
     found.extend(problems)
-    (gpu_blocks, gpu_options), problems = check_gpu(kernel, dims, product, found)
+    settings = {}
+    for backend in backends:
+        settings[backend.name], problems = backend.check(kernel, space, product, blocks, found)
+        found.extend(problems)
+    types, problems = infer_body(kernel, space.names, product)
     found.extend(problems)
-    types, problems = infer_body(kernel, dims, product)
-    found.extend(problems)
-    return CheckedKernel(kernel, dims, sizes, types, blocks, product, gpu_blocks, gpu_options), found
+    return CheckedKernel(kernel, space, sizes, types, blocks, product, settings), found
 
 
 def check_declarations(kernel: ir.Kernel) -> list[Diagnostic]:
@@ -108,18 +113,19 @@ def check_declarations(kernel: ir.Kernel) -> list[Diagnostic]:
         else:
             seen[item.name] = what
     dims = {d for decl in kernel.inputs + kernel.outputs for d in decl.dims}
-    block_keywords = {block_keyword(d) for d in dims} | gpu_keywords(dims) | set(GPU_FUNCTION_LOCALS)
-    for param in kernel.params:
-        if param.name in RESERVED | block_keywords:
-            found.append(
-                Diagnostic(
-                    param.position,
-                    f"'{param.name}' cannot name a param: the generated code uses that name; rename it",
-                )
-            )
+    found.extend(reserved_param_problems(kernel, RESERVED | {block_keyword(d) for d in dims}))
     if not kernel.outputs:
         found.append(Diagnostic(kernel.position, f"kernel '{kernel.name}' has no output"))
     return found
+
+
+def reserved_param_problems(kernel: ir.Kernel, reserved) -> list[Diagnostic]:
+    """Params that would take a name the generated code uses (`reserved`)."""
+    return [
+        Diagnostic(param.position, f"'{param.name}' cannot name a param: the generated code uses that name; rename it")
+        for param in kernel.params
+        if param.name in reserved
+    ]
 
 
 def check_dtypes(kernel: ir.Kernel) -> list[Diagnostic]:
@@ -163,9 +169,9 @@ def check_accumulate(kernel: ir.Kernel, product: Product | None) -> list[Diagnos
     return found
 
 
-def derive_dims(
+def derive_space(
     kernel: ir.Kernel, product: Product | None
-) -> tuple[tuple[str, ...], dict[str, tuple[str, int]], list[Diagnostic]]:
+) -> tuple[IterationSpace, dict[str, tuple[str, int]], list[Diagnostic]]:
     """The iteration space, where each size comes from, and the dimension rules."""
     found = []
     for decl in kernel.inputs + kernel.outputs:
@@ -175,7 +181,7 @@ def derive_dims(
                 found.append(Diagnostic(position, f"dimension {dim} appears twice in '{decl.name}'"))
             seen.add(dim)
     if not kernel.outputs:
-        return (), {}, found
+        return IterationSpace(()), {}, found
     first = kernel.outputs[0]
     dims = first.dims
     if not dims:
@@ -229,7 +235,16 @@ def derive_dims(
             found.append(
                 Diagnostic(first.position, f"dimensions {other} and {dim} would share the keyword {block_keyword(dim)}")
             )
-    return dims, sizes, found
+    return _space(dims, product), sizes, found
+
+
+def _space(dims: tuple[str, ...], product: Product | None) -> IterationSpace:
+    """The outputs' dimensions, kept; then a product's contracted one, reduced by `dot`."""
+    kept = tuple(Dimension(d, kept=True) for d in dims if product is None or d != product.k)
+    if product is None:
+        return IterationSpace(kept)
+    contracted = Dimension(product.k, kept=False, reductions=(Reduction("dot", product.node),))
+    return IterationSpace((*kept, contracted), contracted=product.k)
 
 
 def _subsequence_problems(decl: ir.ArrayDecl, dims: tuple[str, ...]) -> list[Diagnostic]:
@@ -255,29 +270,7 @@ def _subsequence_problems(decl: ir.ArrayDecl, dims: tuple[str, ...]) -> list[Dia
     return []
 
 
-def check_blocks(
-    kernel: ir.Kernel, dims: tuple[str, ...], product: Product | None
-) -> tuple[dict[str, int], list[Diagnostic]]:
-    """Block sizes name dimensions of the kernel, are positive, and tile on TPU."""
-    blocks, found = _block_items(kernel.blocks, dims, "block", _block_size_problem)
-    if found or not kernel.outputs:
-        return blocks, found
-    if product is not None:
-        found.extend(_batch_block_problems(kernel, product, blocks))
-    layouts = array_layouts(kernel, dims, product)
-    for item in kernel.blocks:
-        problem = tiling_problem(item.dim, item.size, layouts)
-        if problem:
-            found.append(Diagnostic(item.position, problem))
-    known_dtypes = all(d.dtype in DTYPES for d in kernel.inputs + kernel.outputs)
-    if kernel.blocks and known_dtypes and not found:
-        problem = vmem_problem(kernel, blocks, product)
-        if problem:
-            found.append(Diagnostic(kernel.blocks[0].position, problem))
-    return blocks, found
-
-
-def _block_items(items, dims, what: str, size_problem) -> tuple[dict[str, int], list[Diagnostic]]:
+def block_items(items, dims, what: str, size_problem) -> tuple[dict[str, int], list[Diagnostic]]:
     """Sizes of `block` or `gpu block` items that name a dimension once with a valid size."""
     found = []
     blocks: dict[str, int] = {}
@@ -295,64 +288,12 @@ def _block_items(items, dims, what: str, size_problem) -> tuple[dict[str, int], 
     return blocks, found
 
 
-def _block_size_problem(item: ir.BlockSize) -> str | None:
+def block_size_problem(item: ir.BlockSize) -> str | None:
     if isinstance(item.size, float):
         return "a block size is a whole number"
     if not 1 <= item.size <= MAX_BLOCK:
         return f"a block size is between 1 and {MAX_BLOCK}"
     return None
-
-
-def _batch_block_problems(kernel: ir.Kernel, product: Product, blocks: dict[str, int]) -> list[Diagnostic]:
-    """A matmul kernel takes one batch element per step, so its tiles are matrices."""
-    found = []
-    out = kernel.outputs[0]
-    for dim, position in list(zip(out.dims, out.dim_positions))[:-2]:
-        if blocks.get(dim) != 1:
-            item = next((b for b in kernel.blocks if b.dim == dim), None)
-            found.append(
-                Diagnostic(
-                    item.position if item else position,
-                    f"batch dimension {dim} of a matrix product is blocked by 1: write block {dim} = 1",
-                )
-            )
-    return found
-
-
-def check_gpu(
-    kernel: ir.Kernel, dims: tuple[str, ...], product: Product | None, earlier: list[Diagnostic]
-) -> tuple[tuple[dict[str, int], dict[str, int]], list[Diagnostic]]:
-    """`gpu block` sizes are powers of two (Triton's rule) and `gpu` options are known."""
-    batch = set(kernel.outputs[0].dims[:-2]) if product is not None and kernel.outputs else set()
-
-    def gpu_size_problem(item: ir.BlockSize) -> str | None:
-        if isinstance(item.size, float) or not is_power_of_two(item.size) or item.size > MAX_BLOCK:
-            return f"a GPU block size is a power of two (Triton's rule), not {item.size}"
-        if item.dim in batch and item.size != 1:
-            return f"batch dimension {item.dim} of a matrix product is blocked by 1"
-        return None
-
-    blocks, found = _block_items(kernel.gpu_blocks, dims, "GPU block", gpu_size_problem)
-    options: dict[str, int] = {}
-    for option in kernel.gpu_options:
-        if option.name not in OPTIONS:
-            found.append(
-                Diagnostic(
-                    option.position,
-                    f"unknown GPU option '{option.name}'{did_you_mean(option.name, OPTIONS)};"
-                    f" options are {', '.join(OPTIONS)}",
-                )
-            )
-        elif option.name in options:
-            found.append(Diagnostic(option.position, f"GPU option {option.name} is given twice"))
-        elif option.value not in OPTIONS[option.name][1] or isinstance(option.value, float):
-            allowed = ", ".join(map(str, OPTIONS[option.name][1]))
-            found.append(Diagnostic(option.value_position, f"gpu {option.name} is one of {allowed}"))
-        else:
-            options[option.name] = option.value
-    if earlier or found or not kernel.outputs or not all(d.dtype in DTYPES for d in kernel.inputs + kernel.outputs):
-        return (blocks, options), found
-    return ({**default_blocks(kernel, product), **blocks}, {**default_options(product), **options}), found
 
 
 def _unknown_dtype(name: str, position: Position) -> Diagnostic:

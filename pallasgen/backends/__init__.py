@@ -1,1 +1,45 @@
+"""The backends, one folder each behind one interface (`base.Backend`), and the one
+dispatch over them: every kernel is checked, planned and rendered for each."""
 
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pallasgen.analysis.checks import CheckedKernel
+from pallasgen.backends.base import Backend
+from pallasgen.backends.gpu import GpuBackend
+from pallasgen.backends.tpu import TpuBackend
+from pallasgen.lowering.kernel import KernelPlan, lower_kernel, plan_kernel
+
+BACKENDS: tuple[Backend, ...] = (TpuBackend(), GpuBackend())
+
+# Names the generated module defines for its helpers (templates/helpers.py.j2).
+MODULE_HELPERS = frozenset(
+    {"_on_platform", "_sizes", "_check_tiling", "_inside", "_mask", "_load", "_store", "_nbytes"}
+)
+
+
+@dataclass(frozen=True)
+class ModulePlan:
+    spec_path: str
+    kernels: tuple[KernelPlan, ...]
+    templates: tuple[str, ...]  # each backend's, rendered per kernel after the public function
+
+
+def plan_module(spec_path: str, kernels: tuple[CheckedKernel, ...]) -> ModulePlan:
+    module_names = MODULE_HELPERS | {
+        f"_{k.kernel.name}{suffix}" for k in kernels for suffix in ("_kernel", "_tpu", "_gpu_kernel", "_gpu")
+    }
+    return ModulePlan(spec_path, tuple(_plan_kernel(k, module_names) for k in kernels), _templates())
+
+
+def _plan_kernel(checked: CheckedKernel, module_names: frozenset[str]) -> KernelPlan:
+    groups = [backend.keywords(checked) for backend in BACKENDS]
+    public_keywords = {k.name for group in groups for k in group.keywords}
+    reserved = {name for backend in BACKENDS for name in backend.reserved_names(checked)}
+    lowered = lower_kernel(checked, frozenset(module_names | public_keywords | reserved))
+    return plan_kernel(lowered, groups, {backend.name: backend.plan(lowered) for backend in BACKENDS})
+
+
+def _templates() -> tuple[str, ...]:
+    return tuple(backend.template for backend in BACKENDS)

@@ -107,3 +107,12 @@ def broadcast(emitter: Emitter, node: ir.Expr, value_type, dtype: str, shape: st
 
 def used_names(kernel: ir.Kernel) -> set[str]:
     return {node.id for node in ir.walk(*(s.value for s in kernel.body)) if isinstance(node, ir.Name)}
+
+
+def array_comment(decl: ir.ArrayDecl, out_dims, operands) -> str:
+    """`x: f32[M, N]`, and how the kernel reads it: transposed, or broadcast."""
+    text = f"{decl.name}: {decl.dtype}[{', '.join(decl.dims)}]"
+    if decl.name in operands:
+        return text + (", read transposed" if operands[decl.name].transposed else "")
+    broadcast_over = [d for d in out_dims if d not in decl.dims]
+    return text + (f", broadcast over {', '.join(broadcast_over)}" if broadcast_over else "")

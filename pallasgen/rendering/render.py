@@ -8,7 +8,7 @@ from importlib.resources import files
 import black
 import jinja2
 
-from pallasgen.lowering.plan import ModulePlan
+from pallasgen.backends import ModulePlan
 from pallasgen.frontend.text import escape_text
 
 BLACK_MODE = black.Mode(
@@ -54,8 +54,9 @@ def render_pieces(plan: ModulePlan) -> list[str]:
     helpers = environment.get_template("helpers.py.j2").render()
     kernels = []
     for kernel in plan.kernels:
-        kernels.append(environment.get_template("kernel.py.j2").render(k=kernel))
-        kernels.append(environment.get_template("kernel_gpu.py.j2").render(k=kernel, g=kernel.gpu))
+        kernels.append(environment.get_template("public.py.j2").render(k=kernel))
+        for name, template in zip(kernel.backends, plan.templates):
+            kernels.append(environment.get_template(template).render(k=kernel, p=kernel.backends[name]))
     return [header, helpers, *kernels]
 
 

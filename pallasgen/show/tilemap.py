@@ -89,7 +89,7 @@ class KernelTiles:
 def default_sizes(checked: CheckedKernel, gpu: bool) -> dict[str, int]:
     """Sizes that show a ragged edge: two and a half blocks of each blocked dimension,
     three of a dimension blocked by one, and a small size for one taken whole."""
-    blocks = checked.gpu_blocks if gpu else checked.blocks
+    blocks = checked.settings["gpu"].blocks if gpu else checked.blocks
     return {d: (3 if blocks[d] == 1 else blocks[d] * 5 // 2) if d in blocks else WHOLE_SIZE for d in checked.dims}
 
 
@@ -162,7 +162,7 @@ def kernel_tiles(checked: CheckedKernel, sizes: dict[str, int], gpu: bool) -> Ke
         vmem_bytes=0 if gpu else vmem_bytes(kernel, exact, accumulating),
         accumulator_bytes=accumulator_bytes(accumulating, exact),
         accumulator_dtype=accumulating.accumulator.name if accumulating else None,
-        gpu_options=dict(checked.gpu_options) if gpu else {},
+        gpu_options=dict(checked.settings["gpu"].options) if gpu else {},
     )
 
 
@@ -173,7 +173,7 @@ def _gpu_blocks(checked: CheckedKernel, sizes: dict[str, int]) -> dict[str, int]
     dot_dims = (product.m, product.n, product.k) if product else ()
     return {
         d: min(b, max(SMALLEST_DOT_TILE if d in dot_dims else 1, 1 << (sizes[d] - 1).bit_length()))
-        for d, b in checked.gpu_blocks.items()
+        for d, b in checked.settings["gpu"].blocks.items()
     }
 
 

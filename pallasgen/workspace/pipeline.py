@@ -7,7 +7,7 @@ from pallasgen.frontend import parser
 from pallasgen.frontend import transform
 from pallasgen.analysis.checks import CheckedKernel, Diagnostics, check_spec
 from pallasgen.frontend.errors import Diagnostic, Position, SpecError
-from pallasgen.lowering.plan import plan_module
+from pallasgen.backends import BACKENDS, plan_module
 from pallasgen.rendering.render import render_module
 
 
@@ -21,7 +21,7 @@ def check_source(source: str, path: str) -> tuple[CheckedKernel, ...]:
     try:
         tree = parser.parse(source)
         spec = transform.to_ir(tree, source)
-        return check_spec(spec)
+        return check_spec(spec, BACKENDS)
     except parser.SyntaxDiagnostics as error:
         raise SpecError(path, source, error.diagnostics) from None
     except transform.TransformDiagnostic as error:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass
 
-from pallasgen.frontend import ir
 from pallasgen.analysis.checks import CheckedKernel
+from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.gpu.options import OPTIONS
-from pallasgen.analysis.names import Namer, block_keyword
+from pallasgen.frontend import ir
+from pallasgen.lowering.kernel import LoweredKernel
 from pallasgen.lowering.parts import (
     array_positions,
     dot_code,
@@ -25,8 +26,12 @@ from pallasgen.lowering.parts import (
     partial_call,
     tuple_code,
 )
+from pallasgen.analysis.names import Namer
 from pallasgen.analysis.product import Product
-from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
+from pallasgen.lowering.pyexpr import jnp_dtype
+from pallasgen.lowering.signature import Keyword, KeywordGroup
+
+GPU_DOC = "  gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two)."
 
 
 @dataclass(frozen=True)
@@ -64,15 +69,37 @@ class GpuPlan:
     body: tuple[str, ...]
 
 
-def plan_gpu(
-    checked: CheckedKernel, namer: Namer, values, refs, sizes, comments, emitter: Emitter, accumulator: str
-) -> GpuPlan:
+def keyword_group(checked: CheckedKernel) -> KeywordGroup:
+    """The public `gpu_block_*`, `gpu_warps` and `gpu_stages` keywords."""
+    settings = checked.settings["gpu"]
+    blocks = tuple(Keyword(f"gpu_{block_keyword(d)}", str(settings.blocks[d])) for d in _tunable(checked))
+    options = tuple(Keyword(keyword, str(settings.options[name])) for name, (keyword, _) in OPTIONS.items())
+    return KeywordGroup((*blocks, *options), (GPU_DOC,))
+
+
+def _squeezed(checked: CheckedKernel) -> set[str]:
+    out_dims = checked.kernel.outputs[0].dims
+    gpu_blocks = checked.settings["gpu"].blocks
+    return {d for d in out_dims[:-2] if gpu_blocks.get(d) == 1} if checked.product else set()
+
+
+def _tunable(checked: CheckedKernel) -> list[str]:
+    squeezed = _squeezed(checked)
+    return [d for d in checked.dims if d not in squeezed]
+
+
+def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
+    checked = lowered.checked
+    namer, values, refs, sizes = lowered.namer.fork(), lowered.values, lowered.refs, lowered.sizes
+    emitter, accumulator = lowered.emitter(), lowered.accumulator
+    comments = {a.spec_name: a.comment for a in (*lowered.inputs, *lowered.outputs)}
+    settings = checked.settings["gpu"]
     kernel, product = checked.kernel, checked.product
     out_dims = kernel.outputs[0].dims
-    squeezed = {d for d in out_dims[:-2] if checked.gpu_blocks.get(d) == 1} if product else set()
+    squeezed = _squeezed(checked)
     grid_dims = list(out_dims)
     index_names = grid_names(grid_dims, product)
-    tunable = [d for d in checked.dims if d not in squeezed]
+    tunable = _tunable(checked)
     inside = {d: namer.claim(f"in_{d.lower()}") for d in tunable}
     whole_mask = namer.claim("inside")
 
@@ -135,14 +162,14 @@ def plan_gpu(
             GpuBlockPlan(
                 f"gpu_{block_keyword(d)}",
                 block_keyword(d),
-                checked.gpu_blocks[d],
+                settings.blocks[d],
                 sizes[d],
                 d,
                 _smallest_tile(product, d),
             )
             for d in tunable
         ),
-        options=tuple((keyword, f"num_{name}", checked.gpu_options[name]) for name, (keyword, _) in OPTIONS.items()),
+        options=tuple((keyword, f"num_{name}", settings.options[name]) for name, (keyword, _) in OPTIONS.items()),
         grid=tuple_code(grid),
         grid_comment=tuple(textwrap.wrap(_grid_comment(grid_dims, product, squeezed), 84)),
         in_specs=tuple((comments[d.name], block_spec(d)) for d in kernel.inputs),

@@ -1,1 +1,25 @@
+"""TPU: Pallas's Mosaic backend."""
 
+from __future__ import annotations
+
+from pallasgen.analysis.names import block_keyword
+from pallasgen.backends.base import Backend
+from pallasgen.backends.tpu.checks import check_tpu
+from pallasgen.backends.tpu.plan import keyword_group, plan_tpu
+
+
+class TpuBackend(Backend):
+    name = "tpu"
+    template = "tpu.py.j2"
+
+    def check(self, kernel, space, product, blocks, earlier):
+        return None, check_tpu(kernel, space, product, blocks)
+
+    def keywords(self, checked):
+        return keyword_group(checked)
+
+    def reserved_names(self, checked):
+        return {block_keyword(d) for d in checked.dims}
+
+    def plan(self, lowered):
+        return plan_tpu(lowered)

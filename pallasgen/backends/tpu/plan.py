@@ -1,0 +1,276 @@
+"""The TPU (Mosaic) plan of a kernel, as plain data: grid, BlockSpecs, dimension
+semantics, the accumulator in scratch memory, and the kernel body.
+
+Templates only loop and branch over these plans; every decision is made here.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+
+from pallasgen.analysis.checks import CheckedKernel
+from pallasgen.analysis.dtypes import DTYPES, tpu_dtype
+from pallasgen.analysis.functions import FUNCTIONS
+from pallasgen.analysis.names import block_keyword
+from pallasgen.analysis.product import Product
+from pallasgen.backends.tpu.tiling import TilingRule, array_layouts, format_bytes, tiling_rule, vmem_bytes
+from pallasgen.frontend import ir
+from pallasgen.lowering.kernel import LoweredKernel
+from pallasgen.lowering.parts import (
+    array_positions,
+    dot_code,
+    grid_names,
+    kernel_statements,
+    parameter_list,
+    partial_call,
+    ref_load,
+    ref_store,
+    tuple_code,
+)
+from pallasgen.lowering.pyexpr import jnp_dtype
+from pallasgen.lowering.signature import Keyword, KeywordGroup
+
+COMMENT_WIDTH = 84
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    keyword: str  # block_m
+    default: int
+    size: str  # the size variable it is clamped to: m
+    dim: str
+
+
+@dataclass(frozen=True)
+class AccumulatorPlan:
+    """A product summed over steps of its blocked contracted dimension."""
+
+    ref: str
+    scratch: str  # pltpu.VMEM(...)
+    scratch_comment: str
+    step: str  # the variable holding the contracted dimension's grid index
+    axis: int
+    body: tuple[str, ...]  # each step: load, mask a ragged edge, accumulate
+
+
+@dataclass(frozen=True)
+class TpuPlan:
+    function: str  # the launcher
+    kernel_function: str
+    blocks: tuple[BlockPlan, ...]
+    kernel_parameters: str  # of the kernel function: refs, then static keywords
+    kernel_callable: str  # the kernel, with its static keywords bound by functools.partial
+    parameters: str  # of the launcher
+    binding: str  # the keywords the public function binds for the launcher
+    tiling_checks: tuple[str, ...]  # call-time blocks checked against Mosaic's tiling rule
+    conversions: tuple[str, ...]  # f16 inputs converted to f32 for the TPU kernel
+    returns: str  # f16 outputs converted back from f32; empty when there are none
+    grid: str
+    grid_comment: tuple[str, ...]  # comment lines
+    in_specs: tuple[tuple[str, str], ...]  # (comment, BlockSpec)
+    out_specs: tuple[tuple[str, str], ...]
+    out_shapes: tuple[tuple[str, str], ...]  # (jax.ShapeDtypeStruct, output name)
+    dimension_semantics: tuple[str, ...]
+    vmem_comment: tuple[str, ...]
+    cost_estimate: str
+    accumulator: AccumulatorPlan | None
+    body: tuple[str, ...]  # the kernel body, or its last step when it accumulates
+
+
+def tunable_dims(checked: CheckedKernel) -> list[str]:
+    """The blocked dimensions whose blocks are keywords: all but a product's batch
+    dimensions, which take one element per step and vanish from the kernel's tiles."""
+    return [d for d in checked.dims if d in checked.blocks and d not in _squeezed(checked)]
+
+
+def keyword_group(checked: CheckedKernel) -> KeywordGroup:
+    """The public `block_*` keywords, and their line of the docstring."""
+    tunable = tunable_dims(checked)
+    keywords = tuple(Keyword(block_keyword(d), str(checked.blocks[d])) for d in tunable)
+    if not tunable:
+        return KeywordGroup(keywords, ())
+    names = ", ".join(block_keyword(d) for d in tunable)
+    defaults = ", ".join(str(checked.blocks[d]) for d in tunable)
+    return KeywordGroup(keywords, (f"  {names}: block sizes (default {defaults}); a block never exceeds its dimension.",))
+
+
+def _squeezed(checked: CheckedKernel) -> set[str]:
+    out_dims = checked.kernel.outputs[0].dims
+    return {d for d in out_dims[:-2] if checked.blocks.get(d) == 1} if checked.product else set()
+
+
+def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
+    checked = lowered.checked
+    kernel, dims, product = checked.kernel, checked.dims, checked.product
+    values, sizes, refs = lowered.values, lowered.sizes, lowered.refs
+    namer = lowered.namer.fork()
+    out_dims = kernel.outputs[0].dims
+    blocked = [d for d in dims if d in checked.blocks]
+    squeezed = _squeezed(checked)
+    tunable = tunable_dims(checked)
+    index_names = grid_names(blocked, product)
+    block_of = {d: block_keyword(d) if d in checked.blocks else sizes[d] for d in dims}
+
+    def block_spec(decl: ir.ArrayDecl) -> str:
+        shape, index = [], []
+        for dim, out_dim in array_positions(decl, out_dims, product):
+            if out_dim in squeezed:  # one batch element per step; an array without it has size 1 there
+                shape.append("None")
+                index.append(index_names[out_dim] if dim else "0")
+            else:
+                shape.append(block_of[dim] if dim else "1")
+                index.append(index_names.get(dim, "0") if dim else "0")
+        return f"pl.BlockSpec({tuple_code(shape)}, lambda {', '.join(index_names.values())}: {tuple_code(index)})"
+
+    accumulator_name = lowered.accumulator
+    body = kernel_statements(kernel, lowered.emitter(tpu=True), values, refs, checked, ref_load(refs), ref_store(refs))
+    kernel_keywords = [p.name for p in kernel.params]
+    accumulator = None
+    scratch_refs = []
+    if product is not None:
+        k_blocked = product.k in checked.blocks
+        step = namer.claim("step") if k_blocked else ""
+        product_lines = _product_lines(product, values, refs, sizes, block_keyword(product.k), step, k_blocked)
+        if k_blocked:
+            acc_ref = namer.claim("acc_ref")
+            accumulator = AccumulatorPlan(
+                ref=acc_ref,
+                scratch=f"pltpu.VMEM(({block_of[product.m]}, {block_of[product.n]}), {jnp_dtype(product.accumulator.name)})",
+                scratch_comment=f"{acc_ref}: the {product.accumulator.name} sum over {product.k} of one output tile",
+                step=step,
+                axis=len(blocked) - 1,
+                body=tuple(product_lines[:-1] + [f"{acc_ref}[...] += {product_lines[-1]}"]),
+            )
+            body = [f"{accumulator_name} = {acc_ref}[...]", *body]
+            scratch_refs = [acc_ref]
+            kernel_keywords = [sizes[product.k], block_keyword(product.k), *kernel_keywords]
+        else:
+            body = [*product_lines[:-1], f"{accumulator_name} = {product_lines[-1]}", *body]
+
+    layouts = array_layouts(kernel, dims, product)
+    inputs = [values[d.name] for d in kernel.inputs]
+    return TpuPlan(
+        function=f"_{kernel.name}_tpu",
+        kernel_function=f"_{kernel.name}_kernel",
+        blocks=tuple(BlockPlan(block_keyword(d), checked.blocks[d], sizes[d], d) for d in tunable),
+        kernel_parameters=parameter_list(
+            [refs[d.name] for d in kernel.inputs + kernel.outputs] + scratch_refs, kernel_keywords
+        ),
+        kernel_callable=partial_call(f"_{kernel.name}_kernel", kernel_keywords),
+        parameters=parameter_list(
+            inputs,
+            [sizes[d] for d in dims] + [block_keyword(d) for d in tunable] + [p.name for p in kernel.params] + ["interpret"],
+        ),
+        binding=", ".join(
+            [f"{sizes[d]}={sizes[d]}" for d in dims]
+            + [f"{block_keyword(d)}={block_keyword(d)}" for d in tunable]
+            + [f"{p.name}={p.name}" for p in kernel.params]
+        ),
+        tiling_checks=_tiling_check(kernel.name, [rule for d in tunable if (rule := tiling_rule(d, layouts))], sizes),
+        conversions=tuple(
+            f"{a.name} = {a.name}.astype(jnp.float32)  # f16 has no TPU vectors: computed as f32 (one more pass over {a.name})"
+            for a in lowered.inputs
+            if a.spec_dtype != tpu_dtype(a.spec_dtype)
+        ),
+        returns=_tpu_return(lowered),
+        grid=tuple_code([sizes[d] if d in squeezed else f"pl.cdiv({sizes[d]}, {block_keyword(d)})" for d in blocked]),
+        grid_comment=_wrap(_grid_comment(blocked, dims, product, squeezed)),
+        in_specs=tuple((a.comment, block_spec(d)) for a, d in zip(lowered.inputs, kernel.inputs)),
+        out_specs=tuple((a.comment, block_spec(d)) for a, d in zip(lowered.outputs, kernel.outputs)),
+        out_shapes=tuple(
+            (f"jax.ShapeDtypeStruct({o.shape}, {jnp_dtype(tpu_dtype(o.spec_dtype))})", o.spec_name)
+            for o in lowered.outputs
+        ),
+        dimension_semantics=tuple("arbitrary" if product and d == product.k else "parallel" for d in blocked),
+        vmem_comment=_wrap(_vmem_comment(kernel, checked.blocks, dims, product)),
+        cost_estimate=_cost_estimate(checked, values, sizes),
+        accumulator=accumulator,
+        body=tuple(body),
+    )
+
+
+def _tiling_check(kernel: str, rules: list[TilingRule], sizes) -> tuple[str, ...]:
+    """The generated call-time check of the blocks against their tiling rules."""
+    if not rules:
+        return ()
+    items = []
+    for rule in rules:
+        fields = [block_keyword(rule.dim), sizes[rule.dim], str(rule.multiple), repr(rule.describe())]
+        fields += [str(rule.smallest_power_of_two)] if rule.smallest_power_of_two else []
+        items.append(f"{block_keyword(rule.dim)}=({', '.join(fields)})")
+    return (f"_check_tiling({repr(kernel)}, {', '.join(items)})",)
+
+
+def _tpu_return(lowered: LoweredKernel) -> str:
+    """What the TPU launcher returns when f16 outputs come back as f32; empty if none do."""
+    outputs = lowered.outputs
+    if all(o.spec_dtype == tpu_dtype(o.spec_dtype) for o in outputs):
+        return ""
+    return ", ".join(o.name if o.spec_dtype == tpu_dtype(o.spec_dtype) else f"{o.name}.astype({o.dtype})" for o in outputs)
+
+
+def _product_lines(product: Product, values, refs, sizes, block_k: str, step: str, k_blocked: bool) -> list[str]:
+    """Load both operands, mask a ragged contracted edge, and the product expression (last)."""
+    lhs, rhs = (values[o.name] for o in product.operands)
+    lines = [f"{lhs}, {rhs} = {refs[product.lhs.name]}[...], {refs[product.rhs.name]}[...]"]
+    if k_blocked:
+        k = sizes[product.k]
+        lhs_axis = 0 if product.lhs.transposed else 1
+        rhs_axis = 1 if product.rhs.transposed else 0
+        lines += [
+            f"if {k} % {block_k}:  # a ragged {product.k}: zero both operands past its end, so padding never reaches the sum",
+            f"    {lhs} = jnp.where({step} * {block_k} + jax.lax.broadcasted_iota(jnp.int32, {lhs}.shape, {lhs_axis}) < {k}, {lhs}, 0)",
+            f"    {rhs} = jnp.where({step} * {block_k} + jax.lax.broadcasted_iota(jnp.int32, {rhs}.shape, {rhs_axis}) < {k}, {rhs}, 0)",
+        ]
+    return [*lines, dot_code(product, lhs, rhs)]
+
+
+def _cost_estimate(checked: CheckedKernel, values, sizes) -> str:
+    """Flops, transcendentals and bytes, so that XLA schedules around the kernel sensibly."""
+    kernel, product = checked.kernel, checked.product
+    elements = " * ".join(sizes[d] for d in kernel.outputs[0].dims)
+    nodes = list(ir.walk(*(s.value for s in kernel.body)))
+    transcendental = sum(isinstance(n, ir.Call) and FUNCTIONS[n.func].transcendental for n in nodes)
+    elementwise = sum(isinstance(n, (ir.Binary, ir.Unary, ir.Call)) for n in nodes) - transcendental
+    if product is not None:
+        flops = " + ".join([f"2 * {elements} * {sizes[product.k]}", *_times(elementwise - 1, elements)])
+    else:
+        flops = " + ".join(_times(elementwise, elements)) or "0"
+    inputs = ", ".join(values[d.name] for d in kernel.inputs)
+    outputs = " + ".join(f"{elements} * {DTYPES[d.dtype].bytes}" for d in kernel.outputs)
+    return (
+        f"pl.CostEstimate(flops={flops}, transcendentals={''.join(_times(transcendental, elements)) or '0'},"
+        f" bytes_accessed=_nbytes({inputs}) + {outputs})"
+    )
+
+
+def _times(count: int, elements: str) -> list[str]:
+    """`count * elements` as code, or nothing when count is 0."""
+    return [] if count <= 0 else [elements] if count == 1 else [f"{count} * {elements}"]
+
+
+def _grid_comment(blocked, dims, product: Product | None, squeezed: set[str]) -> str:
+    if not blocked:
+        return "A single step: every dimension is taken whole."
+    steps = ", ".join(f"element of {d}" if d in squeezed else f"block of {d}" for d in blocked)
+    whole = [d for d in dims if d not in blocked]
+    taken = f" ({', '.join(whole)} taken whole)" if whole else ""
+    if product is not None and product.k in blocked:
+        return (
+            f"One step per {steps}{taken}. Output tiles are independent (parallel);"
+            f" the steps along {product.k} accumulate in order (arbitrary)."
+        )
+    return f"One step per {steps}{taken}; steps are independent, so every axis is parallel."
+
+
+def _vmem_comment(kernel: ir.Kernel, blocks: dict[str, int], dims, product) -> str:
+    needed = format_bytes(vmem_bytes(kernel, blocks, product))
+    whole = [d for d in dims if d not in blocks]
+    per = f" per unit of {' x '.join(whole)}" if whole else ""
+    scratch = ", plus the accumulator" if product and product.k in blocks else ""
+    return f"VMEM at the default blocks: {needed}{per} (inputs and outputs double-buffered{scratch})."
+
+
+def _wrap(text: str) -> tuple[str, ...]:
+    return tuple(textwrap.wrap(text, COMMENT_WIDTH))

@@ -1,0 +1,203 @@
+"""What every backend's plan of a kernel shares: Python names for what the spec names,
+the arrays, the public signature, and the reference in plain jax.numpy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pallasgen.analysis.checks import CheckedKernel
+from pallasgen.analysis.names import Namer
+from pallasgen.frontend import ir
+from pallasgen.lowering.parts import array_comment, broadcast, layout_of, parameter_list, tuple_code
+from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
+from pallasgen.lowering.signature import KeywordGroup, Signature, signature
+
+
+@dataclass(frozen=True)
+class ArrayPlan:
+    name: str  # Python name in the generated code
+    spec_name: str
+    spec_dtype: str  # f32
+    dtype: str  # jnp.float32
+    dims: tuple[str, ...]
+    ref: str
+    comment: str
+    expand: str | None  # wrapper statement that lays an input out over the output dims
+    reference_expand: str | None
+    shape: str  # (m, n), for outputs
+
+
+@dataclass(frozen=True)
+class LoweredKernel:
+    """A checked kernel with its names chosen: the input of every backend's planner."""
+
+    checked: CheckedKernel
+    namer: Namer  # backends fork it for names of their own
+    values: dict[str, str]  # spec name -> Python name, for arrays and lets
+    sizes: dict[str, str]  # dimension -> the Python variable holding its size
+    refs: dict[str, str]  # array -> its Ref's name in kernels
+    names: dict[str, str]  # values and params, as expressions name them
+    accumulator: str  # the product's value in kernels ("" without a product)
+    inputs: tuple[ArrayPlan, ...]
+    outputs: tuple[ArrayPlan, ...]
+
+    @property
+    def kernel(self) -> ir.Kernel:
+        return self.checked.kernel
+
+    def emitter(self, tpu: bool = False) -> Emitter:
+        overrides = {self.checked.product.node: self.accumulator} if self.checked.product else {}
+        return Emitter(self.names, self.checked.types, overrides, tpu=tpu)
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    name: str
+    reference_function: str
+    doc: tuple[str, ...]
+    inputs: tuple[ArrayPlan, ...]
+    outputs: tuple[ArrayPlan, ...]
+    signature: Signature
+    sizes: tuple[tuple[str, str], ...]  # (Python variable, spec dim)
+    reference_parameters: str
+    arguments: str  # the input arrays, in order
+    reference_sizes: tuple[str, ...]
+    reference_body: tuple[str, ...]
+    backends: dict[str, object]  # each backend's plan, by backend name
+
+
+def lower_kernel(checked: CheckedKernel, taken: frozenset[str]) -> LoweredKernel:
+    """Names for a kernel's values, sizes and refs, avoiding `taken` (module-level names,
+    the public keywords and the backends' own)."""
+    kernel, dims, product = checked.kernel, checked.dims, checked.product
+    out_dims = kernel.outputs[0].dims
+    namer = Namer(taken | {p.name for p in kernel.params})
+    values = {name: namer.claim(name) for name in _value_names(kernel)}
+    sizes = {dim: namer.claim(dim.lower()) for dim in dims}
+    refs = {d.name: namer.claim(values[d.name] + "_ref") for d in kernel.inputs + kernel.outputs}
+    accumulator = namer.claim("acc") if product else ""
+    operands = {o.name: o for o in product.operands} if product else {}
+
+    def array_plan(decl: ir.ArrayDecl) -> ArrayPlan:
+        name = values[decl.name]
+        layout = layout_of(decl, out_dims, product)
+        broadcast_here = decl.name not in operands and decl.dims != out_dims
+        return ArrayPlan(
+            name=name,
+            spec_name=decl.name,
+            spec_dtype=decl.dtype,
+            dtype=jnp_dtype(decl.dtype),
+            dims=decl.dims,
+            ref=refs[decl.name],
+            comment=array_comment(decl, out_dims, operands),
+            expand=(
+                f"{name} = {name}.reshape({', '.join(sizes[d] if d else '1' for d in layout)})"
+                if broadcast_here
+                else None
+            ),
+            reference_expand=(
+                f"{name} = {name}[{', '.join(':' if d else 'None' for d in layout)}]" if broadcast_here else None
+            ),
+            shape=tuple_code([sizes[d] for d in decl.dims]),
+        )
+
+    return LoweredKernel(
+        checked=checked,
+        namer=namer,
+        values=values,
+        sizes=sizes,
+        refs=refs,
+        names={**values, **{p.name: p.name for p in kernel.params}},
+        accumulator=accumulator,
+        inputs=tuple(array_plan(d) for d in kernel.inputs),
+        outputs=tuple(array_plan(d) for d in kernel.outputs),
+    )
+
+
+def plan_kernel(lowered: LoweredKernel, groups: list[KeywordGroup], backends: dict[str, object]) -> KernelPlan:
+    """The kernel's shared plan, with `groups` of keywords and `backends`' plans."""
+    kernel, checked = lowered.kernel, lowered.checked
+    values, sizes = lowered.values, lowered.sizes
+    reference_body, needs_sizes = _reference_statements(lowered)
+    public = signature([values[d.name] for d in kernel.inputs], groups, kernel.params)
+    return KernelPlan(
+        name=kernel.name,
+        reference_function=f"{kernel.name}_reference",
+        doc=_docstring(kernel, public, values),
+        inputs=lowered.inputs,
+        outputs=lowered.outputs,
+        signature=public,
+        sizes=tuple((sizes[d], d) for d in checked.dims),
+        reference_parameters=parameter_list(
+            [values[d.name] for d in kernel.inputs], [f"{p.name}={p.value!r}" for p in kernel.params]
+        ),
+        arguments=", ".join(values[d.name] for d in kernel.inputs),
+        reference_sizes=tuple(
+            f"{sizes[d]} = {values[checked.size_sources[d][0]]}.shape[{checked.size_sources[d][1]}]"
+            for d in kernel.outputs[0].dims
+            if needs_sizes
+        ),
+        reference_body=tuple(reference_body),
+        backends=backends,
+    )
+
+
+def _docstring(kernel: ir.Kernel, public: Signature, values) -> tuple[str, ...]:
+    """The spec's comment lines, then the arguments and results."""
+    summary = list(kernel.doc) or [f"The `{kernel.name}` Pallas kernel."]
+    args = public.args_doc([f"  {values[d.name]}: {d.dtype}[{', '.join(d.dims)}]." for d in kernel.inputs])
+    results = "; ".join(f"{d.name}: {d.dtype}[{', '.join(d.dims)}]" for d in kernel.outputs)
+    return (*summary, "", "Args:", *args, "", "Returns:", f"  {results}.")
+
+
+def _reference_statements(lowered: LoweredKernel) -> tuple[list[str], bool]:
+    """The reference body in plain jax.numpy, and whether it needs the dimension sizes."""
+    kernel, checked, values, sizes = lowered.kernel, lowered.checked, lowered.values, lowered.sizes
+    emitter = lowered.emitter()
+    reference = []
+    needs_sizes = False
+    outputs = {o.name: o for o in kernel.outputs}
+    for statement in kernel.body:
+        if isinstance(statement, ir.Let):
+            reference.append(f"{values[statement.name]} = {emitter.emit(statement.value)}")
+            continue
+        out = outputs[statement.target]
+        value_type = checked.types[statement.value]
+        if value_type.dims == out.dims:
+            value = emitter.cast(statement.value, out.dtype)
+        else:
+            needs_sizes = True
+            value = broadcast(emitter, statement.value, value_type, out.dtype, tuple_code([sizes[d] for d in out.dims]))
+        reference.append(f"{values[out.name]} = {value}")
+    if checked.product:
+        reference.insert(0, f"{lowered.accumulator} = {_einsum(checked.product, values)}")
+    return reference, needs_sizes
+
+
+def _einsum(product, values) -> str:
+    letters = _einsum_letters([*product.lhs.dims, *product.rhs.dims])
+    lhs = "".join(letters[d] for d in product.lhs.dims)
+    rhs = "".join(letters[d] for d in product.rhs.dims)
+    batch = [d for d in product.lhs.dims[:-2]] + [d for d in product.rhs.dims[:-2] if d not in product.lhs.dims]
+    out = "".join(letters[d] for d in (*batch, product.m, product.n))
+    accumulate = jnp_dtype(product.accumulator.name)
+    a, b = (values[o.name] for o in product.operands)
+    return f'jnp.einsum("{lhs},{rhs}->{out}", {a}, {b}, preferred_element_type={accumulate})'
+
+
+def _einsum_letters(dims: list[str]) -> dict[str, str]:
+    letters: dict[str, str] = {}
+    for dim in dims:
+        wanted = dim[0].lower()
+        if dim not in letters and wanted.isascii() and wanted.isalpha() and wanted not in letters.values():
+            letters[dim] = wanted
+    free = (c for c in "abcdefghijklmnopqrstuvwxyz" if c not in letters.values())
+    for dim in dims:
+        if dim not in letters:
+            letters[dim] = next(free)
+    return letters
+
+
+def _value_names(kernel: ir.Kernel) -> list[str]:
+    names = [d.name for d in kernel.inputs + kernel.outputs]
+    return names + [s.name for s in kernel.body if isinstance(s, ir.Let)]

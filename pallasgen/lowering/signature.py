@@ -1,0 +1,66 @@
+"""A generated kernel's public signature, said once: its parameters, `static_argnames`,
+the Args of its docstring and the names the generated code must not reuse all come
+from here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pallasgen.frontend import ir
+from pallasgen.lowering.parts import parameter_list
+
+INTERPRET_DOC = (
+    "  interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;",
+    "    True or a pltpu.InterpretParams interprets the TPU kernel on any platform.",
+)
+
+
+@dataclass(frozen=True)
+class Keyword:
+    """A keyword-only parameter of the public function: static under `jax.jit`."""
+
+    name: str
+    default: str  # Python source
+
+
+@dataclass(frozen=True)
+class KeywordGroup:
+    """Keywords documented together by one line of Args (a backend's blocks, say)."""
+
+    keywords: tuple[Keyword, ...]
+    doc: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Signature:
+    arrays: tuple[str, ...]  # the input arrays' Python names, positional
+    groups: tuple[KeywordGroup, ...]  # the backends' keywords, then the params, then interpret
+
+    @property
+    def keywords(self) -> tuple[Keyword, ...]:
+        return tuple(k for group in self.groups for k in group.keywords)
+
+    @property
+    def parameters(self) -> str:
+        return parameter_list(list(self.arrays), [f"{k.name}={k.default}" for k in self.keywords])
+
+    @property
+    def static_argnames(self) -> tuple[str, ...]:
+        return tuple(k.name for k in self.keywords)
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(self.static_argnames)
+
+    def args_doc(self, input_lines: list[str]) -> list[str]:
+        return [*input_lines, *(line for group in self.groups for line in group.doc)]
+
+
+def signature(arrays: list[str], backend_groups: list[KeywordGroup], params: tuple[ir.Param, ...]) -> Signature:
+    """The public signature: arrays, each backend's keyword groups, params, `interpret`."""
+    param_group = KeywordGroup(
+        tuple(Keyword(p.name, repr(p.value)) for p in params),
+        tuple(f"  {p.name}: a static {p.dtype} (default {p.value!r})." for p in params),
+    )
+    interpret = KeywordGroup((Keyword("interpret", "None"),), INTERPRET_DOC)
+    return Signature(tuple(arrays), (*backend_groups, param_group, interpret))

@@ -1,0 +1,74 @@
+"""The package's folders are its stages, in the order data flows through them: a
+module imports only from its own stage or lower ones, and the build path (every
+stage up to the workspace) never imports jax."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "pallasgen"
+
+# Lowest first: spec text -> IR -> checks and the iteration space -> shared lowering ->
+# each backend's plan -> rendering -> the workspace (build, check) -> what runs kernels.
+STAGES = ("frontend", "analysis", "lowering", "backends", "rendering", "workspace", "show", "devices", "cli")
+BUILD_STAGES = STAGES[: STAGES.index("workspace") + 1]
+
+
+def stage_of(module: str) -> str:
+    """`pallasgen.analysis.checks` -> analysis; `pallasgen.cli` -> cli."""
+    return module.split(".")[1]
+
+
+def modules() -> list[tuple[str, Path]]:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        found.append((".".join(parts[:-1] if parts[-1] == "__init__" else parts), path))
+    return [(name, path) for name, path in found if name != "pallasgen"]
+
+
+def imports(path: Path) -> list[str]:
+    """Every module a file imports, at any depth (imports inside functions count)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import; write pallasgen.<stage>..."
+            names.append(node.module)
+    return names
+
+
+def test_every_module_lives_in_a_stage():
+    assert {stage_of(name) for name, _ in modules()} <= set(STAGES)
+
+
+@pytest.mark.parametrize("module, path", modules(), ids=[name for name, _ in modules()])
+def test_a_module_imports_only_its_own_or_lower_stages(module, path):
+    own = STAGES.index(stage_of(module))
+    higher = [
+        name
+        for name in imports(path)
+        if name.startswith("pallasgen.") and STAGES.index(stage_of(name)) > own
+    ]
+    assert not higher, f"{module} ({stage_of(module)}) imports from a later stage: {higher}"
+
+
+@pytest.mark.parametrize(
+    "module, path",
+    [(name, path) for name, path in modules() if stage_of(name) in BUILD_STAGES],
+    ids=[name for name, _ in modules() if stage_of(name) in BUILD_STAGES],
+)
+def test_the_build_path_never_imports_jax(module, path):
+    assert not [name for name in imports(path) if name.split(".")[0] in ("jax", "jaxlib")]
+
+
+def test_the_checker_flags_an_upward_import(tmp_path):
+    """The rule catches what it is meant to: analysis importing a backend."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from pallasgen.backends.tpu.tiling import tiling_rule\n")
+    (name,) = imports(bad)
+    assert STAGES.index(stage_of(name)) > STAGES.index("analysis")
