@@ -401,6 +401,13 @@ def lane_dims(arrays) -> set[str]:
 SUBLANE_ROWS = {"i8": 32, "u8": 32, "bf16": 16, "i16": 16}
 
 
+def lane_block(arrays, dim: str) -> int:
+    """The smallest legal block of a last dimension: 128, or for a one-dimensional array
+    of narrow values the smallest power of two its packing allows (512 for i8)."""
+    narrow = [32 // (8 * NUMPY_DTYPES[a.dtype].itemsize) for a in arrays if a.dims == (dim,) and a.dtype != "bool"]
+    return 128 * max([1, *narrow])
+
+
 def sublane_rows(arrays, dim: str) -> int:
     """The smallest legal block of a dimension that is second-to-last in some array."""
     return max([8] + [SUBLANE_ROWS.get(a.dtype, 8) for a in arrays if len(a.dims) >= 2 and dim in a.dims[:-1]])
@@ -438,7 +445,7 @@ def sizes_for(inputs, outputs, defaults: dict[str, int], shape_class: str) -> tu
         if default is None:
             sizes[dim] = 1 if shape_class == "single-element" else 24
             continue
-        small = min(128 if dim in lanes else sublane_rows((*inputs, *outputs), dim), default)
+        small = min(lane_block((*inputs, *outputs), dim) if dim in lanes else sublane_rows((*inputs, *outputs), dim), default)
         tiny = default < 8
         if shape_class == "one-default-block":
             sizes[dim] = default

@@ -247,7 +247,7 @@ def test_sweep_candidates_obey_the_tiling_rules(spec):
     for checked in check_source((ROOT / "specs" / spec).read_text(), spec):
         tpu = sweep_candidates(checked, "tpu")
         assert tpu, checked.kernel.name
-        layouts = array_layouts(checked.kernel, checked.dims, checked.product)
+        layouts = array_layouts(checked.kernel, checked.space.layout, checked.product)
         for candidate in tpu:
             blocks = {
                 **checked.blocks,

@@ -66,7 +66,7 @@ def blocks_of(checked, gpu: bool) -> dict[str, int]:
 def drawn_axes(checked, decl, sizes, gpu) -> list[tuple[int, int]]:
     """(size, block) of the rows and columns an array is drawn in: the last two
     dimensions of its layout, a broadcast one as (1, 1)."""
-    layout = layout_of(decl, checked.kernel.outputs[0].dims, checked.product)
+    layout = layout_of(decl, checked.space.layout, checked.product)
     blocks = blocks_of(checked, gpu)
     return [(1, 1) if d is None else (sizes[d], min(blocks.get(d, sizes[d]), sizes[d])) for d in layout[-2:]]
 

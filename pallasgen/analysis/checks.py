@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from pallasgen.frontend import ir
 from pallasgen.analysis.dtypes import BOOL, DTYPES
+from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.frontend.errors import Diagnostic, Position, did_you_mean
 from pallasgen.analysis.infer import dims_text, infer_body, literal_problem
 from pallasgen.analysis.names import RESERVED, block_keyword
@@ -92,6 +93,7 @@ def check_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, list[Di
     found.extend(problems)
     blocks, problems = block_items(kernel.blocks, space.names, "block", block_size_problem)
     found.extend(problems)
+    found.extend(reduction_block_problems(kernel, space, blocks))
     settings = {}
     for backend in backends:
         settings[backend.name], problems = backend.check(kernel, space, product, blocks, found)
@@ -183,39 +185,11 @@ def derive_space(
     if not kernel.outputs:
         return IterationSpace(()), {}, found
     first = kernel.outputs[0]
-    dims = first.dims
-    if not dims:
-        found.append(
-            Diagnostic(first.position, f"output '{first.name}' is a scalar; outputs need at least one dimension")
-        )
-    for out in kernel.outputs[1:]:
-        if out.dims != dims:
-            found.append(
-                Diagnostic(
-                    out.position,
-                    f"all outputs of a kernel have the same dimensions: '{out.name}' is {dims_text(out.dims)}"
-                    f" but '{first.name}' is {dims_text(dims)}",
-                )
-            )
-    operands = operand_names(kernel)
-    for decl in kernel.inputs:
-        if decl.name not in operands:
-            found.extend(_subsequence_problems(decl, dims))
     if product is not None:
-        value_dims = product_dims(product)
-        if sorted(value_dims) != sorted(dims) or dims[-2:] != value_dims[-2:]:
-            found.append(
-                Diagnostic(
-                    product.node.position,
-                    f"the product is {dims_text(value_dims)} but the outputs are {dims_text(dims)}; they have the"
-                    f" same dimensions, ending in {product.m}, {product.n}",
-                )
-            )
-        elif product.k in dims:
-            found.append(
-                Diagnostic(product.node.position, f"the contracted dimension {product.k} cannot be an output dimension")
-            )
-        dims = (*dims, product.k)
+        dims, problems = _product_dims(kernel, product)
+    else:
+        dims, problems = _layout(kernel)
+    found.extend(problems)
     sizes: dict[str, tuple[str, int]] = {}
     for decl in kernel.inputs:
         for axis, dim in enumerate(decl.dims):
@@ -235,16 +209,146 @@ def derive_space(
             found.append(
                 Diagnostic(first.position, f"dimensions {other} and {dim} would share the keyword {block_keyword(dim)}")
             )
-    return _space(dims, product), sizes, found
+    return _space(kernel, dims, product), sizes, found
 
 
-def _space(dims: tuple[str, ...], product: Product | None) -> IterationSpace:
-    """The outputs' dimensions, kept; then a product's contracted one, reduced by `dot`."""
-    kept = tuple(Dimension(d, kept=True) for d in dims if product is None or d != product.k)
-    if product is None:
-        return IterationSpace(kept)
-    contracted = Dimension(product.k, kept=False, reductions=(Reduction("dot", product.node),))
-    return IterationSpace((*kept, contracted), contracted=product.k)
+def _product_dims(kernel: ir.Kernel, product: Product) -> tuple[tuple[str, ...], list[Diagnostic]]:
+    """A product kernel's dimensions: its outputs', all the same, then the contracted one."""
+    found = []
+    first = kernel.outputs[0]
+    dims = first.dims
+    if not dims:
+        found.append(
+            Diagnostic(first.position, f"output '{first.name}' is a scalar; a product's outputs are matrices")
+        )
+    for out in kernel.outputs[1:]:
+        if out.dims != dims:
+            found.append(
+                Diagnostic(
+                    out.position,
+                    f"all outputs of a product kernel have the same dimensions: '{out.name}' is {dims_text(out.dims)}"
+                    f" but '{first.name}' is {dims_text(dims)}",
+                )
+            )
+    operands = operand_names(kernel)
+    for decl in kernel.inputs:
+        if decl.name not in operands:
+            found.extend(_subsequence_problems(decl, dims))
+    value_dims = product_dims(product)
+    if sorted(value_dims) != sorted(dims) or dims[-2:] != value_dims[-2:]:
+        found.append(
+            Diagnostic(
+                product.node.position,
+                f"the product is {dims_text(value_dims)} but the outputs are {dims_text(dims)}; they have the"
+                f" same dimensions, ending in {product.m}, {product.n}",
+            )
+        )
+    elif product.k in dims:
+        found.append(
+            Diagnostic(product.node.position, f"the contracted dimension {product.k} cannot be an output dimension")
+        )
+    for call in _reductions(kernel):
+        found.append(
+            Diagnostic(call.func_position, f"a kernel with a matrix product cannot also reduce with {call.func}()")
+        )
+    return (*dims, product.k), found
+
+
+def reduction_block_problems(kernel: ir.Kernel, space: IterationSpace, blocks: dict[str, int]) -> list[Diagnostic]:
+    """A reduced dimension is blocked only where no output keeps it, one such dimension
+    per kernel, and no reduction over it needs another reduction over it first."""
+    found = []
+    items = {item.dim: item for item in kernel.blocks}
+    stepped = []
+    for dim in space.dims:
+        if dim.name not in blocks or not dim.reductions or dim.reductions[0].kind == "dot":
+            continue
+        call = dim.reductions[0].node
+        where = f"{call.func}(..., {dim.name}) at line {call.position.line}"
+        if dim.kept:
+            keeper = next(out.name for out in kernel.outputs if dim.name in out.dims)
+            found.append(
+                Diagnostic(
+                    items[dim.name].position,
+                    f"{dim.name} is reduced ({where}) and output '{keeper}' keeps it, so a block holds all of"
+                    f" {dim.name}: leave {dim.name} unblocked",
+                )
+            )
+        elif stepped:
+            found.append(
+                Diagnostic(
+                    items[dim.name].position,
+                    f"one reduced dimension of a kernel can be blocked, and {stepped[0]} is: leave {dim.name}"
+                    " unblocked",
+                )
+            )
+        else:
+            stepped.append(dim.name)
+            found.extend(_nested_problems(dim))
+    return found
+
+
+def _nested_problems(dim: Dimension) -> list[Diagnostic]:
+    """Reductions over a blocked dimension inside another over it (two passes over it)."""
+    found = []
+    for reduction in dim.reductions:
+        for inner in list(ir.walk(reduction.node.args[0]))[1:]:
+            if isinstance(inner, ir.Call) and inner in {r.node for r in dim.reductions}:
+                found.append(
+                    Diagnostic(
+                        inner.position,
+                        f"{reduction.node.func}() over {dim.name} needs this {inner.func}() over {dim.name} first,"
+                        f" a second pass over a blocked {dim.name}: leave {dim.name} unblocked"
+                        + (" (or use logsumexp)" if inner.func == "max" else ""),
+                    )
+                )
+    return found
+
+
+def _layout(kernel: ir.Kernel) -> tuple[tuple[str, ...], list[Diagnostic]]:
+    """The dimension order every array is laid out over: that of the first array, inputs
+    then outputs, that has every dimension of the kernel. The others follow its order."""
+    operands = operand_names(kernel)  # of a product too wrong to analyze: reported already
+    arrays = [decl for decl in kernel.inputs + kernel.outputs if decl.name not in operands]
+    every = {d for decl in arrays for d in decl.dims}
+    if not every:
+        return (), [Diagnostic(kernel.position, f"every array of kernel '{kernel.name}' is a scalar; a kernel has a dimension")]
+    parent = next((decl for decl in [*kernel.outputs, *arrays] if set(decl.dims) == every), None)
+    if parent is None:  # an array has a dimension the outputs lack, and no reduction explains it
+        widest = max(kernel.outputs, key=lambda out: len(out.dims))
+        return widest.dims, [problem for decl in arrays for problem in _subsequence_problems(decl, widest.dims)]
+    found = []
+    for decl in arrays:
+        found.extend(_subsequence_problems(decl, parent.dims))
+    return parent.dims, found
+
+
+def _reductions(kernel: ir.Kernel) -> list[ir.Call]:
+    """Every reduction call in the kernel body, in source order."""
+    calls = [
+        node
+        for node in ir.walk(*(s.value for s in kernel.body))
+        if isinstance(node, ir.Call) and node.func in FUNCTIONS and FUNCTIONS[node.func].reducer
+    ]
+    return sorted(calls, key=lambda n: (n.position.line, n.position.column))
+
+
+def _space(kernel: ir.Kernel, dims: tuple[str, ...], product: Product | None) -> IterationSpace:
+    """Each dimension kept (an output has it) or reduced, with the reductions over it; a
+    product's contracted one is reduced by `dot`."""
+    if product is not None:
+        kept = tuple(Dimension(d, kept=True) for d in dims if d != product.k)
+        contracted = Dimension(product.k, kept=False, reductions=(Reduction("dot", product.node),))
+        return IterationSpace((*kept, contracted), contracted=product.k)
+    output_dims = {d for out in kernel.outputs for d in out.dims}
+    calls = _reductions(kernel)
+    over = {d: tuple(Reduction(c.func, c) for c in calls if _reduced_dim(c) == d) for d in dims}
+    return IterationSpace(tuple(Dimension(d, kept=d in output_dims, reductions=over[d]) for d in dims))
+
+
+def _reduced_dim(call: ir.Call) -> str | None:
+    dim = call.args[1] if len(call.args) == 2 else None
+    return dim.id if isinstance(dim, ir.Name) else None
 
 
 def _subsequence_problems(decl: ir.ArrayDecl, dims: tuple[str, ...]) -> list[Diagnostic]:

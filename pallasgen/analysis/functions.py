@@ -9,6 +9,21 @@ from pallasgen.analysis.dtypes import DTYPES
 
 
 @dataclass(frozen=True)
+class Reducer:
+    """How a reduction types its result and what its masked positions hold.
+
+    `result`: "sum" (f32 for floats, i32 for ints and bools), "f32", "same", "i32" or
+    "bool". `identity`: the value that leaves the result unchanged, "zero", "lowest"
+    or "highest" of the dtype it reduces in, "false" or "true". `takes`: the argument
+    dtypes it accepts, "numbers", "bools", or "any".
+    """
+
+    result: str
+    identity: str
+    takes: str = "numbers"
+
+
+@dataclass(frozen=True)
 class Function:
     """A spec function.
 
@@ -17,7 +32,9 @@ class Function:
     - "same": the argument's dtype;
     - "promote": the arguments' promoted dtype;
     - "where": a bool condition, then the promoted dtype of the two values;
-    - "cast": the dtype the function is named after.
+    - "cast": the dtype the function is named after;
+    - "reduce": `reducer` says; the second argument names the dimension removed;
+    - "index": i32 positions along the dimension named by the argument.
     `code` spells it in jax, `{}` standing for the arguments. `transcendental` counts
     it as such in the cost estimate; `narrow_ints_in_i32` computes i8/u8/i16 arguments
     in i32 on TPU, which has no narrow-integer form of it.
@@ -29,10 +46,15 @@ class Function:
     code: str
     transcendental: bool = False
     narrow_ints_in_i32: bool = False
+    reducer: Reducer | None = None  # a reduction over a named dimension: f(x, DIM)
 
 
 def _float(name: str, code: str) -> Function:
     return Function(name, 1, "float", code, transcendental=True)
+
+
+def _reduction(name: str, reducer: Reducer, transcendental: bool = False) -> Function:
+    return Function(name, 2, "reduce", "", transcendental=transcendental, reducer=reducer)
 
 
 FUNCTIONS: dict[str, Function] = {
@@ -55,7 +77,18 @@ FUNCTIONS: dict[str, Function] = {
         Function("maximum", 2, "promote", "jnp.maximum({})", narrow_ints_in_i32=True),
         Function("minimum", 2, "promote", "jnp.minimum({})", narrow_ints_in_i32=True),
         Function("clip", 3, "promote", "jnp.clip({})", narrow_ints_in_i32=True),
+        Function("round", 1, "same", "jnp.round({})"),
         Function("where", 3, "where", "jnp.where({})"),
+        Function("index", 1, "index", ""),
+        _reduction("sum", Reducer("sum", "zero", takes="any")),
+        _reduction("mean", Reducer("f32", "zero")),
+        _reduction("max", Reducer("same", "lowest")),
+        _reduction("min", Reducer("same", "highest")),
+        _reduction("argmax", Reducer("i32", "lowest")),
+        _reduction("argmin", Reducer("i32", "highest")),
+        _reduction("logsumexp", Reducer("f32", "lowest"), transcendental=True),
+        _reduction("any", Reducer("bool", "false", takes="bools")),
+        _reduction("all", Reducer("bool", "true", takes="bools")),
         *(Function(name, 1, "cast", "") for name in DTYPES),
     )
 }

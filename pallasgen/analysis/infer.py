@@ -76,7 +76,8 @@ class _Inference:
             self.found.append(
                 Diagnostic(
                     statement.value.position,
-                    f"the value has dimensions {dims_text(value.dims)} but output '{out.name}' is {dims_text(out.dims)}",
+                    f"the value has dimensions {dims_text(value.dims)} but output '{out.name}' is {dims_text(out.dims)}"
+                    + ("" if self.product else f"; reduce {extra[0]} away, e.g. sum(..., {extra[0]})"),
                 )
             )
         if value.dtype == BOOL and DTYPES[out.dtype] != BOOL:
@@ -204,6 +205,10 @@ class _Inference:
                 )
             )
             return None
+        if function.typing == "index":
+            return self._index(node)
+        if function.typing == "reduce":
+            return self._reduction(node, function.reducer)
         args = [self.expr(arg) for arg in node.args]
         if any(arg is None for arg in args):
             return None
@@ -231,6 +236,65 @@ class _Inference:
         if function.typing == "float" and not result.dtype.is_float:
             return ValueType(F32, dims, weak=result.weak)
         return ValueType(result.dtype, dims, result.weak)
+
+    def _dimension(self, node: ir.Call, arg: ir.Expr) -> str | None:
+        """The dimension an argument names, or None after saying why it names none."""
+        if isinstance(arg, ir.Name) and arg.id in self.dims:
+            return arg.id
+        named_value = isinstance(arg, ir.Name) and arg.id in self.scope
+        if node.func in ("max", "min") and (named_value or not isinstance(arg, ir.Name)):
+            self.found.append(
+                Diagnostic(
+                    arg.position,
+                    f"{node.func}(a, DIM) reduces a over a dimension; for the elementwise {node.func}imum of two"
+                    f" values write {node.func}imum(a, b)",
+                )
+            )
+        else:
+            text = arg.id if isinstance(arg, ir.Name) else "this"
+            self.found.append(
+                Diagnostic(
+                    arg.position,
+                    f"{text} is not a dimension of this kernel{did_you_mean(text, self.dims)};"
+                    f" {node.func}() takes a dimension name here, one of {', '.join(self.dims)}",
+                )
+            )
+        return None
+
+    def _index(self, node: ir.Call) -> ValueType | None:
+        dim = self._dimension(node, node.args[0])
+        return None if dim is None else ValueType(I32, (dim,))
+
+    def _reduction(self, node: ir.Call, reducer) -> ValueType | None:
+        value = self.expr(node.args[0])
+        dim = self._dimension(node, node.args[1])
+        if value is None or dim is None:
+            return None
+        if dim not in value.dims:
+            self.found.append(
+                Diagnostic(
+                    node.args[1].position,
+                    f"the value reduced has dimensions {dims_text(value.dims)}, without {dim}; {node.func}() removes"
+                    " a dimension the value has",
+                )
+            )
+            return None
+        if reducer.takes == "bools" and value.dtype != BOOL:
+            self.found.append(
+                Diagnostic(node.args[0].position, f"{node.func}() needs a bool value, not {value.dtype.name}")
+            )
+            return None
+        if reducer.takes == "numbers" and value.dtype == BOOL:
+            self.found.append(
+                Diagnostic(node.args[0].position, f"{node.func}() needs numbers, not bool values; cast them: i32(...)")
+            )
+            return None
+        dims = tuple(d for d in value.dims if d != dim)
+        if reducer.result == "sum":
+            return ValueType(F32 if value.dtype.is_float else I32, dims)
+        if reducer.result == "same":
+            return ValueType(value.dtype, dims, value.weak)
+        return ValueType({"f32": F32, "i32": I32, "bool": BOOL}[reducer.result], dims)
 
     def _attribute(self, node: ir.Attribute) -> ValueType | None:
         if node.attr == "T":

@@ -29,6 +29,11 @@ class Dimension:
     reductions: tuple[Reduction, ...] = ()
 
     @property
+    def layout(self) -> tuple[str, ...]:
+        """The dimensions arrays other than a product's operands are laid out over."""
+        return tuple(d.name for d in self.dims if d.name != self.contracted)
+
+    @property
     def reduced(self) -> bool:
         """No output has it: the kernel reduces it away."""
         return not self.kept
@@ -42,6 +47,11 @@ class IterationSpace:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(d.name for d in self.dims)
+
+    @property
+    def layout(self) -> tuple[str, ...]:
+        """The dimensions arrays other than a product's operands are laid out over."""
+        return tuple(d.name for d in self.dims if d.name != self.contracted)
 
     @property
     def reduced(self) -> tuple[str, ...]:

@@ -10,12 +10,14 @@ from pallasgen.backends.base import Backend
 from pallasgen.backends.gpu import GpuBackend
 from pallasgen.backends.tpu import TpuBackend
 from pallasgen.lowering.kernel import KernelPlan, lower_kernel, plan_kernel
+from pallasgen.lowering.phases import reduces
 
 BACKENDS: tuple[Backend, ...] = (TpuBackend(), GpuBackend())
 
 # Names the generated module defines for its helpers (templates/helpers.py.j2).
 MODULE_HELPERS = frozenset(
     {"_on_platform", "_sizes", "_check_tiling", "_inside", "_mask", "_load", "_store", "_nbytes"}
+    | {"_fill_past", "_round_half_even", "_argbest", "_argbest_step", "_logsumexp", "_logsumexp_step", "_logsumexp_finish"}
 )
 
 
@@ -24,13 +26,15 @@ class ModulePlan:
     spec_path: str
     kernels: tuple[KernelPlan, ...]
     templates: tuple[str, ...]  # each backend's, rendered per kernel after the public function
+    reductions: bool  # a kernel reduces or reads positions: the module has the helpers for it
 
 
 def plan_module(spec_path: str, kernels: tuple[CheckedKernel, ...]) -> ModulePlan:
     module_names = MODULE_HELPERS | {
         f"_{k.kernel.name}{suffix}" for k in kernels for suffix in ("_kernel", "_tpu", "_gpu_kernel", "_gpu")
     }
-    return ModulePlan(spec_path, tuple(_plan_kernel(k, module_names) for k in kernels), _templates())
+    plans = tuple(_plan_kernel(k, module_names) for k in kernels)
+    return ModulePlan(spec_path, plans, _templates(), any(reduces(k) for k in kernels))
 
 
 def _plan_kernel(checked: CheckedKernel, module_names: frozenset[str]) -> KernelPlan:

@@ -119,7 +119,7 @@ def sweep_candidates(checked: CheckedKernel, backend: str) -> list[dict[str, int
         return _gpu_candidates(checked)
     squeezed = set(checked.kernel.outputs[0].dims[:-2]) if checked.product else set()
     tunable = [d for d in checked.blocks if d not in squeezed]
-    layouts = array_layouts(checked.kernel, checked.dims, checked.product)
+    layouts = array_layouts(checked.kernel, checked.space.layout, checked.product)
     candidates = []
     for sizes in itertools.product(TPU_CANDIDATES, repeat=len(tunable)):
         blocks = {**checked.blocks, **dict(zip(tunable, sizes))}
@@ -132,13 +132,15 @@ def sweep_candidates(checked: CheckedKernel, backend: str) -> list[dict[str, int
 
 
 def _gpu_candidates(checked: CheckedKernel) -> list[dict[str, int]]:
-    product, out_dims = checked.product, checked.kernel.outputs[0].dims
+    product, layout = checked.product, checked.space.layout
+    tunable = checked.settings["gpu"].blocks  # reduced dimensions held whole have no GPU block
     if product is not None:
         axes = {product.m: GPU_PRODUCT_TILES, product.n: GPU_PRODUCT_TILES, product.k: GPU_PRODUCT_DEPTHS}
-    elif len(out_dims) == 1:
-        axes = {out_dims[0]: (512, 1024, 2048)}
+    elif len(layout) == 1:
+        axes = {layout[0]: (512, 1024, 2048)}
     else:
-        axes = {out_dims[-2]: GPU_ELEMENTWISE_ROWS, out_dims[-1]: GPU_ELEMENTWISE_LAST}
+        axes = {layout[-2]: GPU_ELEMENTWISE_ROWS, layout[-1]: GPU_ELEMENTWISE_LAST}
+    axes = {d: choices for d, choices in axes.items() if d in tunable}
     stages = GPU_STAGES if product is not None else (1,)
     candidates = []
     for sizes in itertools.product(*axes.values(), GPU_WARPS, stages):

@@ -10,6 +10,7 @@ from pallasgen.analysis.names import Namer
 from pallasgen.frontend import ir
 from pallasgen.lowering.parts import array_comment, broadcast, layout_of, parameter_list, tuple_code
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
+from pallasgen.lowering.reductions import ReferenceSpelling
 from pallasgen.lowering.signature import KeywordGroup, Signature, signature
 
 
@@ -25,6 +26,8 @@ class ArrayPlan:
     expand: str | None  # wrapper statement that lays an input out over the output dims
     reference_expand: str | None
     shape: str  # (m, n), for outputs
+    layout_shape: str  # its shape laid out over the kernel's layout: (m, 1) for an [M] of [M, N]
+    restore: str | None  # reshapes an output of lower rank than the layout to its own shape
 
 
 @dataclass(frozen=True)
@@ -45,9 +48,11 @@ class LoweredKernel:
     def kernel(self) -> ir.Kernel:
         return self.checked.kernel
 
-    def emitter(self, tpu: bool = False) -> Emitter:
-        overrides = {self.checked.product.node: self.accumulator} if self.checked.product else {}
-        return Emitter(self.names, self.checked.types, overrides, tpu=tpu)
+    def emitter(self, tpu: bool = False, spelling=None, overrides=None) -> Emitter:
+        """An emitter of this kernel's expressions: the product is its accumulator, and
+        `overrides` name other nodes computed elsewhere."""
+        fixed = {self.checked.product.node: self.accumulator} if self.checked.product else {}
+        return Emitter(self.names, self.checked.types, {**fixed, **(overrides or {})}, tpu=tpu, spelling=spelling)
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,7 @@ class KernelPlan:
     sizes: tuple[tuple[str, str], ...]  # (Python variable, spec dim)
     reference_parameters: str
     arguments: str  # the input arrays, in order
+    restores: tuple[str, ...]  # outputs of lower rank than the layout, reshaped to their own
     reference_sizes: tuple[str, ...]
     reference_body: tuple[str, ...]
     backends: dict[str, object]  # each backend's plan, by backend name
@@ -70,7 +76,7 @@ def lower_kernel(checked: CheckedKernel, taken: frozenset[str]) -> LoweredKernel
     """Names for a kernel's values, sizes and refs, avoiding `taken` (module-level names,
     the public keywords and the backends' own)."""
     kernel, dims, product = checked.kernel, checked.dims, checked.product
-    out_dims = kernel.outputs[0].dims
+    out_dims = checked.space.layout
     namer = Namer(taken | {p.name for p in kernel.params})
     values = {name: namer.claim(name) for name in _value_names(kernel)}
     sizes = {dim: namer.claim(dim.lower()) for dim in dims}
@@ -99,6 +105,12 @@ def lower_kernel(checked: CheckedKernel, taken: frozenset[str]) -> LoweredKernel
                 f"{name} = {name}[{', '.join(':' if d else 'None' for d in layout)}]" if broadcast_here else None
             ),
             shape=tuple_code([sizes[d] for d in decl.dims]),
+            layout_shape=tuple_code([sizes[d] if d else "1" for d in layout]),
+            restore=(
+                f"{name} = {name}.reshape({tuple_code([sizes[d] for d in decl.dims]) if decl.dims else '()'})"
+                if len(decl.dims) < len(layout) and decl.name not in operands
+                else None
+            ),
         )
 
     return LoweredKernel(
@@ -132,9 +144,10 @@ def plan_kernel(lowered: LoweredKernel, groups: list[KeywordGroup], backends: di
             [values[d.name] for d in kernel.inputs], [f"{p.name}={p.value!r}" for p in kernel.params]
         ),
         arguments=", ".join(values[d.name] for d in kernel.inputs),
+        restores=tuple(o.restore for o in lowered.outputs if o.restore),
         reference_sizes=tuple(
             f"{sizes[d]} = {values[checked.size_sources[d][0]]}.shape[{checked.size_sources[d][1]}]"
-            for d in kernel.outputs[0].dims
+            for d in checked.space.layout
             if needs_sizes
         ),
         reference_body=tuple(reference_body),
@@ -153,9 +166,10 @@ def _docstring(kernel: ir.Kernel, public: Signature, values) -> tuple[str, ...]:
 def _reference_statements(lowered: LoweredKernel) -> tuple[list[str], bool]:
     """The reference body in plain jax.numpy, and whether it needs the dimension sizes."""
     kernel, checked, values, sizes = lowered.kernel, lowered.checked, lowered.values, lowered.sizes
-    emitter = lowered.emitter()
+    layout = checked.space.layout
+    emitter = lowered.emitter(spelling=ReferenceSpelling(layout, sizes))
+    needs_sizes = any(isinstance(n, ir.Call) and n.func == "index" for n in ir.walk(*(s.value for s in kernel.body)))
     reference = []
-    needs_sizes = False
     outputs = {o.name: o for o in kernel.outputs}
     for statement in kernel.body:
         if isinstance(statement, ir.Let):
@@ -167,8 +181,12 @@ def _reference_statements(lowered: LoweredKernel) -> tuple[list[str], bool]:
             value = emitter.cast(statement.value, out.dtype)
         else:
             needs_sizes = True
-            value = broadcast(emitter, statement.value, value_type, out.dtype, tuple_code([sizes[d] for d in out.dims]))
+            shape = tuple_code([sizes[d] if d in out.dims else "1" for d in layout])
+            value = broadcast(emitter, statement.value, value_type, out.dtype, shape)
         reference.append(f"{values[out.name]} = {value}")
+    restores = [o.restore for o in lowered.outputs if o.restore]
+    needs_sizes = needs_sizes or bool(restores)
+    reference += restores  # outputs are used in the layout's rank until here
     if checked.product:
         reference.insert(0, f"{lowered.accumulator} = {_einsum(checked.product, values)}")
     return reference, needs_sizes

@@ -11,7 +11,8 @@ ELEMENTWISE_GRID_NAMES = "ijklmnpqrs"
 
 def layout_of(decl: ir.ArrayDecl, out_dims: tuple[str, ...], product: Product | None) -> tuple[str | None, ...]:
     """The dimensions an array is blocked over: a product operand keeps its own; any
-    other array is laid out over the output dimensions, None where it broadcasts."""
+    other array is laid out over the kernel's layout `out_dims` (IterationSpace.layout),
+    None where it lacks a dimension (it broadcasts there, or a reduction removed it)."""
     if product is not None and decl.name in {o.name for o in product.operands}:
         return decl.dims
     return tuple(d if d in decl.dims else None for d in out_dims)
@@ -77,11 +78,27 @@ def kernel_statements(kernel, emitter: Emitter, values, refs, checked, load, sto
     """A kernel body: loads of the inputs it uses, lets, and each output's store.
 
     `load(decl)` and `store(decl, value)` spell a backend's memory accesses."""
+    return [
+        *load_statements(kernel, values, checked, load),
+        *body_statements(kernel, kernel.body, emitter, values, refs, checked, store),
+    ]
+
+
+def load_statements(kernel, values, checked, load, only=None) -> list[str]:
+    """Loads of the inputs the body uses (of those in `only`, if given), operands aside."""
     used = used_names(kernel)
     operands = {o.name for o in checked.product.operands} if checked.product else set()
-    body = [f"{values[d.name]} = {load(d)}" for d in kernel.inputs if d.name in used - operands]
+    wanted = [d for d in kernel.inputs if d.name in used - operands and (only is None or d.name in only)]
+    return [f"{values[d.name]} = {load(d)}" for d in wanted]
+
+
+def body_statements(kernel, statements, emitter: Emitter, values, refs, checked, store) -> list[str]:
+    """`statements` of the body in order: lets, and each output's value, converted or
+    broadcast to its block, and stored."""
+    used = used_names(kernel)
     outputs = {o.name: o for o in kernel.outputs}
-    for statement in kernel.body:
+    body = []
+    for statement in statements:
         if isinstance(statement, ir.Let):
             body.append(f"{values[statement.name]} = {emitter.emit(statement.value)}")
             continue

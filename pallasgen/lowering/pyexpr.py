@@ -18,6 +18,10 @@ _BINARY_PRECEDENCE = {
     **dict.fromkeys(("*", "/", "//", "%", "@"), _PRODUCT),
     "**": _POWER,
 }
+# Operators on narrow integers that the TPU kernel computes in i32.
+NARROW_ARITHMETIC = frozenset({"+", "-", "*", "//", "%", "**", "&", "|"})
+
+
 def jnp_dtype(name: str) -> str:
     """`f32` -> `jnp.float32`."""
     return f"jnp.{DTYPES[name].jnp}" if name != "bool" else "jnp.bool_"
@@ -32,10 +36,13 @@ class Emitter:
         types: dict[ir.Expr, ValueType],
         overrides: dict[ir.Expr, str],
         tpu: bool = False,
+        spelling=None,
     ):
         self.names = names
         self.types = types
         self.overrides = overrides  # nodes computed elsewhere, such as the product, by variable
+        # How reductions and index() are written here (lowering.reductions); None: no reductions.
+        self.spelling = spelling
         # For a TPU kernel: f16 computed as f32, and i8/u8/i16 compares, maximum, minimum and
         # clip widened to i32, which Mosaic lowers (it has no narrow-integer compare).
         self.tpu = tpu
@@ -64,6 +71,8 @@ class Emitter:
             return text, _ATOM
         if isinstance(node, ir.Boolean):
             return repr(node.value), _ATOM
+        if isinstance(node, (ir.Unary, ir.Binary)) and self._in_i32(node):
+            return f"{self._widened_operation(node)}.astype({self.dtype(self.types[node].dtype.name)})", _ATOM
         if isinstance(node, ir.Unary):
             if node.op == "~" and self.types[node].dtype == BOOL:
                 return f"jnp.logical_not({self.emit(node.operand)})", _ATOM
@@ -85,6 +94,15 @@ class Emitter:
 
     def _call(self, node: ir.Call) -> str:
         function = FUNCTIONS[node.func]
+        if function.typing == "reduce":
+            value = node.args[0]
+            return self.spelling.reduction(node, self._wrap(value, _ATOM), self.types[value].dtype)
+        if function.typing == "index":
+            return self.spelling.positions(node.args[0].id)
+        if node.func == "round" and self.spelling is not None:
+            if not self.types[node.args[0]].dtype.is_float:
+                return self.emit(node.args[0])  # integers are already whole
+            return self.spelling.rounded(self.emit(node.args[0]))
         if function.typing == "cast":
             return self._cast_code(node.args[0], node.func)[0]
         if function.typing == "float":
@@ -100,15 +118,40 @@ class Emitter:
         value_type = self.types[node]
         return self.tpu and value_type.dtype.is_integer and value_type.dtype.bits < 32 and not value_type.weak
 
+    def _in_i32(self, node: ir.Expr) -> bool:
+        """Whether the TPU kernel computes this operation on narrow integers in i32:
+        Mosaic has no i8 arithmetic and no narrow-integer compare, division or
+        maximum, so arithmetic, maximum, minimum and clip are computed wide."""
+        if not self._narrow_int(node) or node in self.overrides:
+            return False
+        if isinstance(node, ir.Call):
+            return _narrows_in_i32(node)
+        if isinstance(node, ir.Binary):
+            return node.op in NARROW_ARITHMETIC
+        return isinstance(node, ir.Unary)
+
     def _widened(self, node: ir.Expr) -> str:
-        """The value as i32 if it is a narrow integer array, else as it is. A nested
-        maximum, minimum or clip stays in i32 (never narrowed and widened again, which
-        compilers may fold back into a narrow operation)."""
+        """The value as i32 if it is a narrow integer array, else as it is. Nested
+        operations stay in i32 (never narrowed and widened again, which compilers may
+        fold back into a narrow operation)."""
         if not self._narrow_int(node):
             return self._wrap(node, _OR)
-        if isinstance(node, ir.Call) and _narrows_in_i32(node) and node not in self.overrides:
+        return self._widened_atom(node)
+
+    def _widened_atom(self, node: ir.Expr) -> str:
+        if self._in_i32(node):
+            return self._widened_operation(node)
+        if self._narrow_int(node):
+            return f"{self._wrap(node, _ATOM)}.astype(jnp.int32)"
+        return self._wrap(node, _ATOM)
+
+    def _widened_operation(self, node: ir.Expr) -> str:
+        """A narrow-integer operation computed in i32, as an atom."""
+        if isinstance(node, ir.Call):
             return self._widened_call(node)
-        return f"{self._wrap(node, _ATOM)}.astype(jnp.int32)"
+        if isinstance(node, ir.Unary):
+            return f"({node.op}{self._widened_atom(node.operand)})"
+        return f"({self._widened_atom(node.left)} {node.op} {self._widened_atom(node.right)})"
 
     def _widened_call(self, node: ir.Call) -> str:
         """maximum, minimum or clip of narrow integers, computed in i32."""

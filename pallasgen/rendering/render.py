@@ -51,7 +51,7 @@ def render_pieces(plan: ModulePlan) -> list[str]:
     """The unformatted module: its header, the helpers, and one piece per kernel."""
     environment = _environment()
     header = environment.get_template("header.py.j2").render(module=plan)
-    helpers = environment.get_template("helpers.py.j2").render()
+    helpers = environment.get_template("helpers.py.j2").render(reductions=plan.reductions)
     kernels = []
     for kernel in plan.kernels:
         kernels.append(environment.get_template("public.py.j2").render(k=kernel))

@@ -2,7 +2,7 @@
 blocks at given sizes, the grid that walks those blocks, and one highlighted step.
 
 The layout of each array over the grid comes from the plan's own rules
-(`planparts.layout_of`, `planparts.grid_names`); block sizes are clamped as the
+(`lowering.parts.layout_of`, `lowering.parts.grid_names`); block sizes are clamped as the
 generated code clamps them, and VMEM figures come from `tiling`.
 """
 
@@ -109,7 +109,7 @@ def sizes_for(checked: CheckedKernel, given: dict[str, int], gpu: bool) -> dict[
 def kernel_tiles(checked: CheckedKernel, sizes: dict[str, int], gpu: bool) -> KernelTiles:
     """Every array's blocks at `sizes`, on the TPU path or the GPU (Triton) path."""
     kernel, product = checked.kernel, checked.product
-    out_dims = kernel.outputs[0].dims
+    out_dims = checked.space.layout
     blocks = _gpu_blocks(checked, sizes) if gpu else {d: min(b, sizes[d]) for d, b in checked.blocks.items()}
     for dim, block in blocks.items():
         if -(-sizes[dim] // block) > MAX_BLOCKS and _drawn(dim, checked):
@@ -187,6 +187,6 @@ def _highlighted_step(grid_dims, steps, out_dims, contracted) -> dict[str, int]:
 
 def _drawn(dim: str, checked: CheckedKernel) -> bool:
     """Whether some array draws `dim` as rows or columns of blocks (not as a stack)."""
-    out_dims = checked.kernel.outputs[0].dims
+    out_dims = checked.space.layout
     decls = checked.kernel.inputs + checked.kernel.outputs
     return any(dim in layout_of(decl, out_dims, checked.product)[-2:] for decl in decls)

@@ -13,7 +13,7 @@ class GpuBackend(Backend):
     template = "gpu.py.j2"
 
     def check(self, kernel, space, product, blocks, earlier):
-        return check_gpu(kernel, space, product, earlier)
+        return check_gpu(kernel, space, product, blocks, earlier)
 
     def keywords(self, checked):
         return keyword_group(checked)

@@ -28,7 +28,11 @@ class GpuSettings:
 
 
 def check_gpu(
-    kernel: ir.Kernel, space: IterationSpace, product: Product | None, earlier: list[Diagnostic]
+    kernel: ir.Kernel,
+    space: IterationSpace,
+    product: Product | None,
+    tpu_blocks: dict[str, int],
+    earlier: list[Diagnostic],
 ) -> tuple[GpuSettings, list[Diagnostic]]:
     """`gpu block` sizes are powers of two (Triton's rule) and `gpu` options are known;
     defaults complete them once the kernel has no `earlier` errors."""
@@ -64,4 +68,4 @@ def check_gpu(
             options[option.name] = option.value
     if earlier or found or not kernel.outputs or not all(d.dtype in DTYPES for d in kernel.inputs + kernel.outputs):
         return GpuSettings(blocks, options), found
-    return GpuSettings({**default_blocks(kernel, product), **blocks}, {**default_options(product), **options}), found
+    return GpuSettings({**default_blocks(kernel, space, product, tpu_blocks), **blocks}, {**default_options(product), **options}), found

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pallasgen.frontend import ir
 from pallasgen.analysis.names import block_keyword
 from pallasgen.analysis.product import Product
+from pallasgen.analysis.space import IterationSpace
 
 # `gpu NAME = VALUE` options: (keyword of the generated function, allowed values, default).
 OPTIONS = {
@@ -21,18 +22,33 @@ def gpu_keywords(dims) -> set[str]:
     return {f"gpu_{block_keyword(d)}" for d in dims} | {keyword for keyword, _ in OPTIONS.values()}
 
 
-def default_blocks(kernel: ir.Kernel, product: Product | None) -> dict[str, int]:
+def default_blocks(
+    kernel: ir.Kernel, space: IterationSpace, product: Product | None, blocks: dict[str, int]
+) -> dict[str, int]:
     """Blocks that suit Triton: 128x128x64 tiles for 16- and 8-bit products, 64x64x32 for
-    f32; about a thousand elements per program for elementwise kernels."""
-    out_dims = kernel.outputs[0].dims
+    f32; about a thousand elements per program for elementwise kernels. A kernel that
+    reduces takes one row per program over whole rows, and loops over a blocked reduced
+    dimension 1024 (last) or 64 positions at a time; reduced dimensions held whole
+    have no block of their own."""
     if product is not None:
+        out_dims = kernel.outputs[0].dims
         narrow = product.lhs.dtype.bits <= 16
         tile, depth = (128, 64) if narrow else (64, 32)
-        blocks = {d: 1 for d in out_dims[:-2]}
-        return {**blocks, product.m: tile, product.n: tile, product.k: depth}
-    if len(out_dims) == 1:
-        return {out_dims[0]: 1024}
-    return {**{d: 1 for d in out_dims[:-2]}, out_dims[-2]: 8, out_dims[-1]: 128}
+        batch = {d: 1 for d in out_dims[:-2]}
+        return {**batch, product.m: tile, product.n: tile, product.k: depth}
+    layout = space.layout
+    if not any(d.reductions for d in space.dims):
+        if len(layout) == 1:
+            return {layout[0]: 1024}
+        return {**{d: 1 for d in layout[:-2]}, layout[-2]: 8, layout[-1]: 128}
+    chosen = {}
+    for dim in space.dims:
+        last = dim.name == layout[-1]
+        if dim.reduced and dim.name in blocks:
+            chosen[dim.name] = 1024 if last else 64
+        elif not dim.reductions:
+            chosen[dim.name] = (1024 if len(layout) == 1 else 128) if last else 1
+    return chosen
 
 
 def default_options(product: Product | None) -> dict[str, int]:

@@ -21,14 +21,19 @@ from pallasgen.lowering.parts import (
     array_positions,
     dot_code,
     grid_names,
+    body_statements,
     kernel_statements,
+    load_statements,
     parameter_list,
+    used_names,
     partial_call,
     tuple_code,
 )
 from pallasgen.analysis.names import Namer
 from pallasgen.analysis.product import Product
+from pallasgen.lowering.phases import compute_dtype, split_phases, stepped_dim
 from pallasgen.lowering.pyexpr import jnp_dtype
+from pallasgen.lowering.reductions import KernelSpelling, accumulators, combine_code, finish_code, identity
 from pallasgen.lowering.signature import Keyword, KeywordGroup
 
 GPU_DOC = "  gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two)."
@@ -55,6 +60,7 @@ class GpuPlan:
     function: str
     kernel_function: str
     blocks: tuple[GpuBlockPlan, ...]  # the tunable ones (squeezed batch dims are not)
+    whole_blocks: tuple[tuple[str, str, str], ...]  # (local, size, dim) of dimensions held whole
     options: tuple[tuple[str, str, int], ...]  # (public keyword, GPU function keyword, default)
     grid: str
     grid_comment: tuple[str, ...]
@@ -84,8 +90,20 @@ def _squeezed(checked: CheckedKernel) -> set[str]:
 
 
 def _tunable(checked: CheckedKernel) -> list[str]:
-    squeezed = _squeezed(checked)
-    return [d for d in checked.dims if d not in squeezed]
+    """Dimensions whose GPU blocks are keywords: all but squeezed batch dimensions and
+    those held whole (reduced, unless blocked)."""
+    squeezed, whole = _squeezed(checked), whole_dims(checked)
+    return [d for d in checked.dims if d not in squeezed and d not in whole]
+
+
+def whole_dims(checked: CheckedKernel) -> list[str]:
+    """Reduced dimensions a program holds whole, in one block of the next power of two."""
+    space = checked.space
+    return [
+        d.name
+        for d in space.dims
+        if d.reductions and d.name != space.contracted and not (d.reduced and d.name in checked.blocks)
+    ]
 
 
 def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
@@ -95,12 +113,14 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
     comments = {a.spec_name: a.comment for a in (*lowered.inputs, *lowered.outputs)}
     settings = checked.settings["gpu"]
     kernel, product = checked.kernel, checked.product
-    out_dims = kernel.outputs[0].dims
+    out_dims = checked.space.layout
     squeezed = _squeezed(checked)
-    grid_dims = list(out_dims)
+    whole = whole_dims(checked)
+    looped = stepped_dim(checked)
+    grid_dims = [d for d in out_dims if d not in whole and d != looped]
     index_names = grid_names(grid_dims, product)
     tunable = _tunable(checked)
-    inside = {d: namer.claim(f"in_{d.lower()}") for d in tunable}
+    inside = {d: namer.claim(f"in_{d.lower()}") for d in [*tunable, *whole]}
     whole_mask = namer.claim("inside")
 
     def block_spec(decl: ir.ArrayDecl) -> str:
@@ -112,8 +132,11 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
             elif dim is None:
                 shape.append("1")
                 index.append("0")
-            elif product is not None and dim == product.k:  # the program loops over it
+            elif (product is not None and dim == product.k) or dim == looped:  # the program loops over it
                 shape.append(sizes[dim])
+                index.append("0")
+            elif dim in whole:
+                shape.append(block_keyword(dim))
                 index.append("0")
             else:
                 shape.append(block_keyword(dim))
@@ -147,10 +170,24 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         for d in grid_dims
         if d not in squeezed
     ]
+    masks += [f"{inside[d]} = _inside(0, {block_keyword(d)}, {sizes[d]})" for d in whole]
     masks.append(f"{whole_mask} = {mask(out_axes, whole=False)}")
-    body = kernel_statements(kernel, emitter, values, refs, checked, load, store)
+    spelling = KernelSpelling(
+        out_dims,
+        sizes,
+        extents={d: block_keyword(d) for d in out_dims},
+        starts={d: f"pl.program_id({grid_dims.index(d)}) * {block_keyword(d)}" for d in grid_dims},
+        padded=frozenset(whole),
+        round_helper=True,
+    )
+    emitter = lowered.emitter(spelling=spelling)
     loop: list[str] = []
+    if looped:
+        loop, body = _reduction_loop(lowered, namer, looped, spelling, load, store, mask, visible, inside)
+    else:
+        body = kernel_statements(kernel, emitter, values, refs, checked, load, store)
     kernel_keywords = [*(sizes[d] for d in tunable), *(block_keyword(d) for d in tunable)]
+    kernel_keywords += [*(sizes[d] for d in whole), *(block_keyword(d) for d in whole)]
     kernel_keywords += [p.name for p in kernel.params]
     if product is not None:
         loop = _product_loop(product, namer, values, refs, sizes, accumulator, refs[kernel.outputs[0].name], inside)
@@ -169,9 +206,10 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
             )
             for d in tunable
         ),
+        whole_blocks=tuple((block_keyword(d), sizes[d], d) for d in whole),
         options=tuple((keyword, f"num_{name}", settings.options[name]) for name, (keyword, _) in OPTIONS.items()),
         grid=tuple_code(grid),
-        grid_comment=tuple(textwrap.wrap(_grid_comment(grid_dims, product, squeezed), 84)),
+        grid_comment=tuple(textwrap.wrap(_grid_comment(grid_dims, product, squeezed, whole, looped), 84)),
         in_specs=tuple((comments[d.name], block_spec(d)) for d in kernel.inputs),
         out_specs=tuple((comments[d.name], block_spec(d)) for d in kernel.outputs),
         kernel_parameters=parameter_list([refs[d.name] for d in kernel.inputs + kernel.outputs], kernel_keywords),
@@ -196,6 +234,72 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
     )
 
 
+def _reduction_loop(lowered: LoweredKernel, namer, dim: str, spelling, load, store, mask, visible, inside):
+    """Reductions over a blocked `dim`: the program loops over its blocks, carrying the
+    running values. Returns the loop's lines and the body after it."""
+    checked = lowered.checked
+    kernel, values, refs, sizes = checked.kernel, lowered.values, lowered.refs, lowered.sizes
+    layout = checked.space.layout
+    axis, block = layout.index(dim), block_keyword(dim)
+    phases = split_phases(checked, dim)
+    index, start, function = (namer.claim(n) for n in ("index", "start", "accumulate"))
+    spelling.starts[dim] = start
+    emitter = lowered.emitter(spelling=spelling)
+    with_dim = {d.name for d in kernel.inputs if dim in d.dims}
+    before = [d.name for d in kernel.inputs if d.name not in with_dim]
+    outside = [s for s in phases.each_step if dim not in checked.types[s.value].dims]
+    inside_loop = [s for s in phases.each_step if dim in checked.types[s.value].dims]
+
+    def sliced_load(decl: ir.ArrayDecl) -> str:
+        axes = visible(decl)
+        indexer = ", ".join(f"pl.ds({start}, {block})" if d == dim else ":" for d in axes)
+        shape = tuple_code([block_keyword(d) if d else "1" for d in axes])
+        masked = f"_mask({shape}, {', '.join(inside[d] if d else 'None' for d in axes)})"
+        return f"_load({refs[decl.name]}.at[{indexer}], {masked})"
+
+    shape = tuple_code(["1" if d == dim else block_keyword(d) for d in layout])
+    running, init, step_lines, finished = [], [], [], {}
+    for node in phases.reductions:
+        kind, dtype = node.func, checked.types[node.args[0]].dtype
+        base = namer.claim(f"{kind}_{dim.lower()}")
+        names = [namer.claim(f"{base}_{part}") for part in _PARTS.get(kind, ())] or [base]
+        accs = accumulators(kind, dtype, names)
+        running += [a.name for a in accs]
+        init += [f"jnp.full({shape}, {a.initial}, {a.dtype})" for a in accs]
+        wide = compute_dtype(kind, dtype)
+        value = namer.claim(f"{base}_block")
+        step_lines += [
+            f"{value} = {emitter.cast(node.args[0], wide.name)}",
+            f"if {sizes[dim]} % {block}:  # a ragged {dim}: its identity past the end, never padding",
+            f"    {value} = _fill_past({value}, {start}, {sizes[dim]}, {axis}, {identity(kind, dtype)})",
+            f"{', '.join(a.name for a in accs)} = {combine_code(kind, [a.name for a in accs], value, axis, wide, start)}",
+        ]
+        finished[node] = (namer.claim(f"{kind}_of_{dim.lower()}"), finish_code(kind, [a.name for a in accs], dtype, sizes[dim]))
+    carried = ", ".join(running) + ("," if len(running) == 1 else "")
+    loop = [
+        *load_statements(kernel, values, checked, load, only=before),
+        *body_statements(kernel, outside, emitter, values, refs, checked, store),
+        f"def {function}({index}, running):",
+        f"    {carried} = running",
+        f"    {start} = {index} * {block}",
+        f"    {inside[dim]} = _inside({start}, {block}, {sizes[dim]})",
+        *(f"    {values[d.name]} = {sliced_load(d)}" for d in kernel.inputs if d.name in with_dim and d.name in used_names(kernel)),
+        *(f"    {line}" for line in body_statements(kernel, inside_loop, emitter, values, refs, checked, store)),
+        *(f"    {line}" for line in step_lines),
+        f"    return {carried}",
+        "",
+        f"{carried} = jax.lax.fori_loop(0, pl.cdiv({sizes[dim]}, {block}), {function}, ({', '.join(init)}{',' if len(init) == 1 else ''}))",
+    ]
+    last = lowered.emitter(spelling=spelling, overrides={n: name for n, (name, _) in finished.items()})
+    body = [f"{name} = {code}" for name, code in finished.values()]
+    body += body_statements(kernel, phases.last_step, last, values, refs, checked, store)
+    return loop, body
+
+
+# The two running values of a reduction that keeps a pair.
+_PARTS = {"logsumexp": ("max", "sum"), "argmax": ("max", "index"), "argmin": ("min", "index")}
+
+
 def _smallest_tile(product: Product | None, dim: str) -> int:
     """The least block Triton's dot takes along `dim` (1: no dot along it)."""
     if product is None or dim not in (product.m, product.n, product.k):
@@ -205,10 +309,12 @@ def _smallest_tile(product: Product | None, dim: str) -> int:
     return SMALLEST_DOT_TILE
 
 
-def _grid_comment(grid_dims: list[str], product: Product | None, squeezed: set[str]) -> str:
-    steps = ", ".join(f"element of {d}" if d in squeezed else f"block of {d}" for d in grid_dims)
+def _grid_comment(grid_dims: list[str], product: Product | None, squeezed: set[str], whole=(), looped=None) -> str:
+    steps = ", ".join(f"element of {d}" if d in squeezed else f"block of {d}" for d in grid_dims) or "call"
+    held = f" Each holds all of {', '.join(whole)} (one block of the next power of two)." if whole else ""
+    loops = f" Each loops over {looped} itself, accumulating in order." if looped else ""
     if product is None:
-        return f"One program per {steps}; programs run concurrently."
+        return f"One program per {steps}; programs run concurrently.{held}{loops}"
     return f"One program per {steps}; each loops over {product.k} itself (Triton has no scratch memory)."
 
 

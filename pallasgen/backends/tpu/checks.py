@@ -19,7 +19,7 @@ def check_tpu(
     if len(blocks) != len(kernel.blocks) or not kernel.outputs:
         return []
     found = _batch_block_problems(kernel, blocks) if product is not None else []
-    layouts = array_layouts(kernel, space.names, product)
+    layouts = array_layouts(kernel, space.layout, product)
     for item in kernel.blocks:
         problem = tiling_problem(item.dim, item.size, layouts)
         if problem:

@@ -21,14 +21,24 @@ from pallasgen.lowering.parts import (
     array_positions,
     dot_code,
     grid_names,
+    body_statements,
     kernel_statements,
+    load_statements,
     parameter_list,
     partial_call,
     ref_load,
     ref_store,
     tuple_code,
 )
+from pallasgen.lowering.phases import compute_dtype, reduces, split_phases, stepped_dim
 from pallasgen.lowering.pyexpr import jnp_dtype
+from pallasgen.lowering.reductions import (
+    KernelSpelling,
+    accumulators,
+    combine_code,
+    finish_code,
+    identity,
+)
 from pallasgen.lowering.signature import Keyword, KeywordGroup
 
 COMMENT_WIDTH = 84
@@ -44,14 +54,16 @@ class BlockPlan:
 
 @dataclass(frozen=True)
 class AccumulatorPlan:
-    """A product summed over steps of its blocked contracted dimension."""
+    """Scratch accumulators over the steps of a blocked reduced dimension: a product's
+    contracted one, or one that reductions remove."""
 
-    ref: str
-    scratch: str  # pltpu.VMEM(...)
-    scratch_comment: str
-    step: str  # the variable holding the contracted dimension's grid index
+    scratch: tuple[tuple[str, str], ...]  # (comment, pltpu.VMEM(...))
+    step: str  # the variable holding the reduced dimension's grid index
     axis: int
+    init_function: str
+    init: tuple[str, ...]  # at the first step: the accumulators set to their identities
     body: tuple[str, ...]  # each step: load, mask a ragged edge, accumulate
+    finish_function: str  # at the last step: the kernel body, on the accumulated values
 
 
 @dataclass(frozen=True)
@@ -105,8 +117,10 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
     kernel, dims, product = checked.kernel, checked.dims, checked.product
     values, sizes, refs = lowered.values, lowered.sizes, lowered.refs
     namer = lowered.namer.fork()
-    out_dims = kernel.outputs[0].dims
-    blocked = [d for d in dims if d in checked.blocks]
+    out_dims = checked.space.layout
+    stepped = stepped_dim(checked)
+    # Parallel axes first; a blocked reduced dimension is the last, its steps in order.
+    blocked = [d for d in dims if d in checked.blocks and d != stepped] + ([stepped] if stepped else [])
     squeezed = _squeezed(checked)
     tunable = tunable_dims(checked)
     index_names = grid_names(blocked, product)
@@ -124,23 +138,37 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
         return f"pl.BlockSpec({tuple_code(shape)}, lambda {', '.join(index_names.values())}: {tuple_code(index)})"
 
     accumulator_name = lowered.accumulator
-    body = kernel_statements(kernel, lowered.emitter(tpu=True), values, refs, checked, ref_load(refs), ref_store(refs))
+    spelling = KernelSpelling(
+        out_dims,
+        sizes,
+        extents=block_of,
+        starts={d: f"pl.program_id({blocked.index(d)}) * {block_keyword(d)}" for d in blocked if d not in squeezed},
+    )
+    body = kernel_statements(
+        kernel, lowered.emitter(tpu=True, spelling=spelling), values, refs, checked, ref_load(refs), ref_store(refs)
+    )
     kernel_keywords = [p.name for p in kernel.params]
     accumulator = None
     scratch_refs = []
+    if reduces(checked):  # reductions and index() read the sizes and blocks
+        kernel_keywords = [*(sizes[d] for d in dims), *(block_keyword(d) for d in tunable), *kernel_keywords]
+    if stepped:
+        accumulator, scratch_refs, body = _stepped(lowered, namer, stepped, blocked, block_of, spelling)
     if product is not None:
         k_blocked = product.k in checked.blocks
         step = namer.claim("step") if k_blocked else ""
         product_lines = _product_lines(product, values, refs, sizes, block_keyword(product.k), step, k_blocked)
         if k_blocked:
             acc_ref = namer.claim("acc_ref")
+            scratch = f"pltpu.VMEM(({block_of[product.m]}, {block_of[product.n]}), {jnp_dtype(product.accumulator.name)})"
             accumulator = AccumulatorPlan(
-                ref=acc_ref,
-                scratch=f"pltpu.VMEM(({block_of[product.m]}, {block_of[product.n]}), {jnp_dtype(product.accumulator.name)})",
-                scratch_comment=f"{acc_ref}: the {product.accumulator.name} sum over {product.k} of one output tile",
+                scratch=((f"{acc_ref}: the {product.accumulator.name} sum over {product.k} of one output tile", scratch),),
                 step=step,
                 axis=len(blocked) - 1,
+                init_function="_zero",
+                init=(f"{acc_ref}[...] = jnp.zeros_like({acc_ref})",),
                 body=tuple(product_lines[:-1] + [f"{acc_ref}[...] += {product_lines[-1]}"]),
+                finish_function="_epilogue",
             )
             body = [f"{accumulator_name} = {acc_ref}[...]", *body]
             scratch_refs = [acc_ref]
@@ -148,7 +176,7 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
         else:
             body = [*product_lines[:-1], f"{accumulator_name} = {product_lines[-1]}", *body]
 
-    layouts = array_layouts(kernel, dims, product)
+    layouts = array_layouts(kernel, checked.space.layout, product)
     inputs = [values[d.name] for d in kernel.inputs]
     return TpuPlan(
         function=f"_{kernel.name}_tpu",
@@ -179,15 +207,76 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
         in_specs=tuple((a.comment, block_spec(d)) for a, d in zip(lowered.inputs, kernel.inputs)),
         out_specs=tuple((a.comment, block_spec(d)) for a, d in zip(lowered.outputs, kernel.outputs)),
         out_shapes=tuple(
-            (f"jax.ShapeDtypeStruct({o.shape}, {jnp_dtype(tpu_dtype(o.spec_dtype))})", o.spec_name)
+            (f"jax.ShapeDtypeStruct({o.layout_shape}, {jnp_dtype(tpu_dtype(o.spec_dtype))})", o.spec_name)
             for o in lowered.outputs
         ),
-        dimension_semantics=tuple("arbitrary" if product and d == product.k else "parallel" for d in blocked),
+        dimension_semantics=tuple(
+            "arbitrary" if (product and d == product.k) or d == stepped else "parallel" for d in blocked
+        ),
         vmem_comment=_wrap(_vmem_comment(kernel, checked.blocks, dims, product)),
         cost_estimate=_cost_estimate(checked, values, sizes),
         accumulator=accumulator,
         body=tuple(body),
     )
+
+
+def _stepped(lowered: LoweredKernel, namer, dim: str, blocked, block_of, spelling):
+    """Reductions over a blocked `dim`, one block per step into scratch accumulators:
+    the accumulator plan, its scratch refs, and the body of the last step."""
+    checked = lowered.checked
+    kernel, values, refs, sizes = checked.kernel, lowered.values, lowered.refs, lowered.sizes
+    phases = split_phases(checked, dim)
+    layout = checked.space.layout
+    axis = layout.index(dim)
+    step = namer.claim("step")
+    start = f"{step} * {block_keyword(dim)}"
+    each_step_emitter = lowered.emitter(tpu=True, spelling=spelling)
+    lines = load_statements(kernel, values, checked, ref_load(refs))
+    lines += body_statements(kernel, phases.each_step, each_step_emitter, values, refs, checked, ref_store(refs))
+    scratch, scratch_refs, init, finished = [], [], [], {}
+    shape = tuple_code(["1" if d == dim else block_of[d] for d in layout])
+    for node in phases.reductions:
+        kind, dtype = node.func, checked.types[node.args[0]].dtype
+        base = namer.claim(f"{kind}_{dim.lower()}")
+        parts = _PARTS.get(kind, ())
+        names = [namer.claim(f"{base}_{part}_ref") for part in parts] or [namer.claim(f"{base}_ref")]
+        accs = accumulators(kind, dtype, names)
+        scratch_refs += names
+        for acc in accs:
+            scratch.append((f"{acc.name}: the running {kind} over {dim} of one block", f"pltpu.VMEM({shape}, {acc.dtype})"))
+            init.append(f"{acc.name}[...] = jnp.full({acc.name}.shape, {acc.initial}, {acc.dtype})")
+        wide = compute_dtype(kind, dtype)
+        value = namer.claim(f"{base}_block")
+        lines.append(f"{value} = {_widened(each_step_emitter, node.args[0], wide)}")
+        lines += [
+            f"if {sizes[dim]} % {block_keyword(dim)}:  # a ragged {dim}: its identity past the end, never padding",
+            f"    {value} = _fill_past({value}, {start}, {sizes[dim]}, {axis}, {identity(kind, dtype)})",
+        ]
+        running = [f"{acc.name}[...]" for acc in accs]
+        lines.append(f"{', '.join(running)} = {combine_code(kind, running, value, axis, wide, start)}")
+        finished[node] = (base, finish_code(kind, running, dtype, sizes[dim]))
+    last_emitter = lowered.emitter(tpu=True, spelling=spelling, overrides={n: b for n, (b, _) in finished.items()})
+    body = [f"{base} = {code}" for base, code in finished.values()]
+    body += body_statements(kernel, phases.last_step, last_emitter, values, refs, checked, ref_store(refs))
+    plan = AccumulatorPlan(
+        scratch=tuple(scratch),
+        step=step,
+        axis=blocked.index(dim),
+        init_function="_init",
+        init=tuple(init),
+        body=tuple(lines),
+        finish_function="_finish",
+    )
+    return plan, scratch_refs, body
+
+
+# The two running values of a reduction that keeps a pair.
+_PARTS = {"logsumexp": ("max", "sum"), "argmax": ("max", "index"), "argmin": ("min", "index")}
+
+
+def _widened(emitter, node: ir.Expr, wide) -> str:
+    """A reduction's argument, converted to the dtype it is reduced in."""
+    return emitter.cast(node, wide.name)
 
 
 def _tiling_check(kernel: str, rules: list[TilingRule], sizes) -> tuple[str, ...]:
@@ -229,7 +318,7 @@ def _product_lines(product: Product, values, refs, sizes, block_k: str, step: st
 def _cost_estimate(checked: CheckedKernel, values, sizes) -> str:
     """Flops, transcendentals and bytes, so that XLA schedules around the kernel sensibly."""
     kernel, product = checked.kernel, checked.product
-    elements = " * ".join(sizes[d] for d in kernel.outputs[0].dims)
+    elements = " * ".join(sizes[d] for d in checked.space.layout)
     nodes = list(ir.walk(*(s.value for s in kernel.body)))
     transcendental = sum(isinstance(n, ir.Call) and FUNCTIONS[n.func].transcendental for n in nodes)
     elementwise = sum(isinstance(n, (ir.Binary, ir.Unary, ir.Call)) for n in nodes) - transcendental

@@ -17,15 +17,15 @@ SUBLANES, LANES = 8, 128
 Layout = tuple[tuple[str | None, ...], DType]
 
 
-def array_layouts(kernel: ir.Kernel, dims: tuple[str, ...], product: Product | None) -> list[Layout]:
+def array_layouts(kernel: ir.Kernel, layout: tuple[str, ...], product: Product | None) -> list[Layout]:
     """The dimensions each array is blocked over, and its dtype.
 
     Product operands keep their own dimensions; every other array is laid out over
-    the output dimensions, with None where it broadcasts (size 1, which is whole).
+    the kernel's `layout` (IterationSpace.layout), with None where it lacks one (size
+    1, which is whole).
     """
-    output_dims = kernel.outputs[0].dims
     return [
-        (layout_of(decl, output_dims, product), DTYPES[decl.dtype])
+        (layout_of(decl, layout, product), DTYPES[decl.dtype])
         for decl in kernel.inputs + kernel.outputs
         if decl.dtype in DTYPES
     ]
@@ -122,7 +122,9 @@ def vmem_problem(kernel: ir.Kernel, blocks: dict[str, int], product: Product | N
 def format_bytes(count: int) -> str:
     if count >= 1024 * 1024:
         return f"{count / (1024 * 1024):.1f} MiB"
-    return f"{count / 1024:.1f} KiB"
+    if count >= 1024:
+        return f"{count / 1024:.1f} KiB"
+    return f"{count} B"
 
 
 def _round_up(value: int, multiple: int) -> int:

@@ -1,0 +1,202 @@
+"""Reductions and positions as code, in the reference and in kernels.
+
+Every value has the rank of the kernel's layout (IterationSpace.layout), so a
+reduction keeps the axis it removes (size 1) and its result broadcasts by position.
+
+In the reference they are plain jax.numpy. In kernels they compute in f32 (floats)
+or i32 (integers and bools), which Mosaic and Triton both reduce, and use the
+module's helpers for argmax/argmin (first index on ties) and logsumexp. A reduced
+dimension that is blocked is reduced step by step into accumulators: `Accumulator`s,
+combined by `combine_lines` and read back by `finish_code`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pallasgen.analysis.dtypes import DType
+from pallasgen.analysis.functions import FUNCTIONS
+from pallasgen.frontend import ir
+from pallasgen.lowering.parts import tuple_code
+
+F32, I32 = "jnp.float32", "jnp.int32"
+# Identities as code, by the dtype a kernel reduces in.
+IDENTITY = {
+    ("zero", F32): "0.0",
+    ("zero", I32): "0",
+    ("lowest", F32): "-jnp.inf",
+    ("lowest", I32): "-2147483648",
+    ("highest", F32): "jnp.inf",
+    ("highest", I32): "2147483647",
+    ("false", I32): "0",
+    ("true", I32): "1",
+}
+
+
+def wide(dtype: DType) -> str:
+    """The dtype a kernel reduces values of `dtype` in: f32 for floats, else i32."""
+    return F32 if dtype.is_float else I32
+
+
+def identity(kind: str, dtype: DType) -> str:
+    """The value masked positions hold for this reduction, as code."""
+    compute = F32 if kind in ("mean", "logsumexp") else wide(dtype)
+    if kind == "sum" and not dtype.is_float:
+        compute = I32
+    return IDENTITY[(FUNCTIONS[kind].reducer.identity, compute)]
+
+
+def reference_reduction(kind: str, value: str, axis: int, dtype: DType) -> str:
+    """`kind` of `value` (code, of `dtype`) over `axis`, kept, in plain jax.numpy."""
+    where = f"axis={axis}, keepdims=True"
+    if kind == "sum":
+        return f"jnp.sum({value}, {where}, dtype={F32 if dtype.is_float else I32})"
+    if kind == "mean":
+        return f"jnp.mean({value}, {where}, dtype={F32})"
+    if kind in ("max", "min", "any", "all"):
+        return f"jnp.{kind}({value}, {where})"
+    if kind in ("argmax", "argmin"):
+        return f"jnp.{kind}({value}, {where}).astype({I32})"
+    return f"jax.nn.logsumexp({_as(value, dtype, F32)}, {where})"
+
+
+def kernel_reduction(kind: str, value: str, axis: int, dtype: DType, size: str, padded: bool = False) -> str:
+    """`kind` over a whole `axis` inside a kernel; `size` is the dimension's true size,
+    and a `padded` block holds more positions than that (filled with the identity)."""
+    computed = _as(value, dtype, F32 if kind in ("mean", "logsumexp") else wide(dtype))
+    if padded:
+        computed = f"_fill_past({computed}, 0, {size}, {axis}, {identity(kind, dtype)})"
+    where = f"axis={axis}, keepdims=True"
+    if kind == "sum":
+        return f"jnp.sum({computed}, {where})"
+    if kind == "mean":
+        return f"jnp.sum({computed}, {where}) / {size}"
+    if kind in ("max", "min"):
+        return _narrowed(f"jnp.{kind}({computed}, {where})", dtype)
+    if kind in ("any", "all"):
+        return f"jnp.{'max' if kind == 'any' else 'min'}({computed}, {where}) > 0"
+    if kind in ("argmax", "argmin"):
+        return f"_argbest({computed}, {axis}, largest={kind == 'argmax'})"
+    return f"_logsumexp({computed}, {axis})"
+
+
+def reference_positions(axis: int, rank: int, size: str) -> str:
+    """`index(DIM)` in the reference: 0 to size-1 along `axis`, size 1 elsewhere."""
+    shape = tuple_code([size if a == axis else "1" for a in range(rank)])
+    return f"jax.lax.broadcasted_iota({I32}, {shape}, {axis})"
+
+
+def kernel_positions(axis: int, rank: int, extent: str, start: str | None) -> str:
+    """`index(DIM)` in a kernel: the block's `extent` positions from `start` (None: 0)."""
+    iota = reference_positions(axis, rank, extent)
+    return f"{start} + {iota}" if start else iota
+
+
+@dataclass(frozen=True)
+class Accumulator:
+    name: str  # a scratch Ref (TPU) or a loop-carried value (GPU)
+    dtype: str  # jnp.float32
+    initial: str  # the reduction's identity, as code
+
+
+def accumulators(kind: str, dtype: DType, names: list[str]) -> list[Accumulator]:
+    """The running values of a reduction over steps; `names` gives one or two names."""
+    if kind == "logsumexp":
+        return [Accumulator(names[0], F32, "-jnp.inf"), Accumulator(names[1], F32, "0.0")]
+    if kind in ("argmax", "argmin"):
+        return [Accumulator(names[0], wide(dtype), identity(kind, dtype)), Accumulator(names[1], I32, "0")]
+    compute = F32 if kind == "mean" or (kind == "sum" and dtype.is_float) else wide(dtype)
+    return [Accumulator(names[0], compute, identity(kind, dtype))]
+
+
+def accumulator_count(kind: str) -> int:
+    return 2 if kind in ("logsumexp", "argmax", "argmin") else 1
+
+
+def combine_code(kind: str, running: list[str], value: str, axis: int, dtype: DType, start: str) -> str:
+    """The running values after one more block `value` (`start`: its first position)."""
+    computed = _as(value, dtype, F32 if kind in ("mean", "logsumexp") else wide(dtype))
+    where = f"axis={axis}, keepdims=True"
+    if kind in ("sum", "mean"):
+        return f"{running[0]} + jnp.sum({computed}, {where})"
+    if kind in ("max", "any"):
+        return f"jnp.maximum({running[0]}, jnp.max({computed}, {where}))"
+    if kind in ("min", "all"):
+        return f"jnp.minimum({running[0]}, jnp.min({computed}, {where}))"
+    if kind in ("argmax", "argmin"):
+        return f"_argbest_step({running[0]}, {running[1]}, {computed}, {start}, {axis}, largest={kind == 'argmax'})"
+    return f"_logsumexp_step({running[0]}, {running[1]}, {computed}, {axis})"
+
+
+def finish_code(kind: str, running: list[str], dtype: DType, size: str) -> str:
+    """The reduction's value from its running values after the last step."""
+    if kind == "mean":
+        return f"{running[0]} / {size}"
+    if kind in ("max", "min"):
+        return _narrowed(running[0], dtype)
+    if kind in ("any", "all"):
+        return f"{running[0]} > 0"
+    if kind in ("argmax", "argmin"):
+        return running[1]
+    if kind == "logsumexp":
+        return f"_logsumexp_finish({running[0]}, {running[1]})"
+    return running[0]
+
+
+def reduced_dim(node: ir.Call) -> str:
+    return node.args[1].id
+
+
+def _as(value: str, dtype: DType, target: str) -> str:
+    """`value` converted to `target` (jnp.float32 or jnp.int32) unless already of it."""
+    if (target == F32 and dtype.name == "f32") or (target == I32 and dtype.name == "i32"):
+        return value
+    return f"{value}.astype({target})"
+
+
+def _narrowed(code: str, dtype: DType) -> str:
+    """A max or min computed wide, back in the reduced values' dtype."""
+    if wide(dtype) == (F32 if dtype.name == "f32" else I32 if dtype.name == "i32" else None):
+        return code
+    return f"{code}.astype(jnp.{dtype.jnp if dtype.name != 'bool' else 'bool_'})"
+
+
+class ReferenceSpelling:
+    """Reductions and positions in the plain jax.numpy reference."""
+
+    def __init__(self, layout: tuple[str, ...], sizes: dict[str, str]):
+        self.layout, self.sizes = layout, sizes
+
+    def reduction(self, node: ir.Call, value: str, dtype: DType) -> str:
+        return reference_reduction(node.func, value, self.layout.index(reduced_dim(node)), dtype)
+
+    def positions(self, dim: str) -> str:
+        return reference_positions(self.layout.index(dim), len(self.layout), self.sizes[dim])
+
+    def rounded(self, value: str) -> str:
+        return f"jnp.round({value})"
+
+
+class KernelSpelling:
+    """Reductions over whole dimensions, and positions, inside a kernel.
+
+    `extents[dim]` is a block's extent along `dim` as code and `starts[dim]` its first
+    position (None: 0). A dimension in `padded` is held whole in a block larger than it
+    (Triton's power of two): its positions past the size are filled with each
+    reduction's identity first.
+    """
+
+    def __init__(self, layout, sizes, extents, starts, padded=frozenset(), round_helper=False):
+        self.layout, self.sizes, self.extents, self.starts, self.padded = layout, sizes, extents, starts, padded
+        self.round_helper = round_helper  # Triton has no round: the module's _round_half_even
+
+    def rounded(self, value: str) -> str:
+        return f"_round_half_even({value})" if self.round_helper else f"jnp.round({value})"
+
+    def reduction(self, node: ir.Call, value: str, dtype: DType) -> str:
+        dim = reduced_dim(node)
+        axis = self.layout.index(dim)
+        return kernel_reduction(node.func, value, axis, dtype, self.sizes[dim], padded=dim in self.padded)
+
+    def positions(self, dim: str) -> str:
+        return kernel_positions(self.layout.index(dim), len(self.layout), self.extents[dim], self.starts.get(dim))
