@@ -309,7 +309,8 @@ def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, interpret):
         ),
         block_v=(block_v, v, 128, "V is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 128.2 KiB (inputs and outputs double-buffered).
+    # VMEM at the default blocks: 384.2 KiB (inputs and outputs double-buffered, plus the
+    # reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_cross_entropy_kernel, m=m, v=v, block_m=block_m, block_v=block_v),
         # One step per block of M, block of V; steps are independent, so every axis is

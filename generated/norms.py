@@ -266,8 +266,8 @@ def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
             "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
-    # VMEM at the default blocks: 400 B per unit of N (inputs and outputs double-
-    # buffered).
+    # VMEM at the default blocks: 528 B per unit of N (inputs and outputs double-buffered,
+    # plus the reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_layer_norm_kernel, m=m, n=n, block_m=block_m, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -437,8 +437,8 @@ def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
             "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
-    # VMEM at the default blocks: 136 B per unit of N (inputs and outputs double-
-    # buffered).
+    # VMEM at the default blocks: 200 B per unit of N (inputs and outputs double-buffered,
+    # plus the reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_rms_norm_kernel, m=m, n=n, block_m=block_m, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is

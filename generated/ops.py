@@ -515,8 +515,8 @@ def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
             "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
         ),
     )
-    # VMEM at the default blocks: 128 B per unit of N (inputs and outputs double-
-    # buffered).
+    # VMEM at the default blocks: 160 B per unit of N (inputs and outputs double-buffered,
+    # plus the reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_argmax_f32_kernel, m=m, n=n, block_m=block_m),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -650,7 +650,8 @@ def _equal_count_f32_tpu(x, y, *, n_, block_n, interpret):
             128,
         ),
     )
-    # VMEM at the default blocks: 64.0 KiB (inputs and outputs double-buffered).
+    # VMEM at the default blocks: 80.0 KiB (inputs and outputs double-buffered, plus the
+    # reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_equal_count_f32_kernel, n_=n_, block_n=block_n),
         # One step per block of N; steps are independent, so every axis is parallel.
@@ -1063,8 +1064,8 @@ def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
             "M is the second-to-last dimension of a block of i32 values, so it is a multiple of 8",
         ),
     )
-    # VMEM at the default blocks: 128 B per unit of N (inputs and outputs double-
-    # buffered).
+    # VMEM at the default blocks: 160 B per unit of N (inputs and outputs double-buffered,
+    # plus the reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_argmax_i32_kernel, m=m, n=n, block_m=block_m),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -1196,7 +1197,8 @@ def _equal_count_i32_tpu(x, y, *, n_, block_n, interpret):
             128,
         ),
     )
-    # VMEM at the default blocks: 64.0 KiB (inputs and outputs double-buffered).
+    # VMEM at the default blocks: 80.0 KiB (inputs and outputs double-buffered, plus the
+    # reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_equal_count_i32_kernel, n_=n_, block_n=block_n),
         # One step per block of N; steps are independent, so every axis is parallel.
@@ -1609,8 +1611,8 @@ def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
             "M is the second-to-last dimension of a block of i8 values, so it is a multiple of 32",
         ),
     )
-    # VMEM at the default blocks: 320 B per unit of N (inputs and outputs double-
-    # buffered).
+    # VMEM at the default blocks: 448 B per unit of N (inputs and outputs double-buffered,
+    # plus the reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_argmax_i8_kernel, m=m, n=n, block_m=block_m),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -1746,7 +1748,8 @@ def _equal_count_i8_tpu(x, y, *, n_, block_n, interpret):
             512,
         ),
     )
-    # VMEM at the default blocks: 16.0 KiB (inputs and outputs double-buffered).
+    # VMEM at the default blocks: 32.0 KiB (inputs and outputs double-buffered, plus the
+    # reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_equal_count_i8_kernel, n_=n_, block_n=block_n),
         # One step per block of N; steps are independent, so every axis is parallel.

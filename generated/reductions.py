@@ -231,8 +231,8 @@ def _argmax_rows_tpu(x, *, m, n, block_m, interpret):
             "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
         ),
     )
-    # VMEM at the default blocks: 128 B per unit of N (inputs and outputs double-
-    # buffered).
+    # VMEM at the default blocks: 160 B per unit of N (inputs and outputs double-buffered,
+    # plus the reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_argmax_rows_kernel, m=m, n=n, block_m=block_m),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -347,8 +347,8 @@ def _argmin_rows_tpu(x, *, m, n, block_m, interpret):
             "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
         ),
     )
-    # VMEM at the default blocks: 128 B per unit of N (inputs and outputs double-
-    # buffered).
+    # VMEM at the default blocks: 160 B per unit of N (inputs and outputs double-buffered,
+    # plus the reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_argmin_rows_kernel, m=m, n=n, block_m=block_m),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -499,7 +499,8 @@ def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 2.0 MiB (inputs and outputs double-buffered).
+    # VMEM at the default blocks: 3.0 MiB (inputs and outputs double-buffered, plus the
+    # reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_column_sums_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
         # One step per block of N, block of M; steps are independent, so every axis is
@@ -635,8 +636,8 @@ def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
             "M is the second-to-last dimension of a block of i8 values, so it is a multiple of 32",
         ),
     )
-    # VMEM at the default blocks: 576 B per unit of N (inputs and outputs double-
-    # buffered).
+    # VMEM at the default blocks: 704 B per unit of N (inputs and outputs double-buffered,
+    # plus the reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_quantize_rows_int8_kernel, m=m, n=n, block_m=block_m),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -785,7 +786,8 @@ def _equal_count_tpu(x, y, *, n_, block_n, interpret):
             128,
         ),
     )
-    # VMEM at the default blocks: 16.0 KiB (inputs and outputs double-buffered).
+    # VMEM at the default blocks: 20.0 KiB (inputs and outputs double-buffered, plus the
+    # reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_equal_count_kernel, n_=n_, block_n=block_n),
         # One step per block of N; steps are independent, so every axis is parallel.

@@ -14,7 +14,14 @@ from pallasgen.analysis.dtypes import DTYPES, tpu_dtype
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
 from pallasgen.analysis.product import Product
-from pallasgen.backends.tpu.tiling import TilingRule, array_layouts, format_bytes, tiling_rule, vmem_bytes
+from pallasgen.backends.tpu.tiling import (
+    TilingRule,
+    array_layouts,
+    format_bytes,
+    reduction_bytes,
+    tiling_rule,
+    vmem_bytes,
+)
 from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel
 from pallasgen.lowering.parts import (
@@ -358,6 +365,7 @@ def _vmem_comment(kernel: ir.Kernel, blocks: dict[str, int], dims, product) -> s
     whole = [d for d in dims if d not in blocks]
     per = f" per unit of {' x '.join(whole)}" if whole else ""
     scratch = ", plus the accumulator" if product and product.k in blocks else ""
+    scratch += ", plus the reductions' f32 working copies" if reduction_bytes(kernel, blocks) else ""
     return f"VMEM at the default blocks: {needed}{per} (inputs and outputs double-buffered{scratch})."
 
 

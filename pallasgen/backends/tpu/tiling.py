@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from math import prod
 
 from pallasgen.frontend import ir
+from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.dtypes import DTYPES, DType, tpu_dtype
 from pallasgen.lowering.parts import layout_of
 from pallasgen.analysis.product import Product
@@ -102,10 +103,19 @@ def accumulator_bytes(product: Product | None, blocks: dict[str, int]) -> int:
     return blocks.get(product.m, 1) * blocks.get(product.n, 1) * product.accumulator.bytes
 
 
+def reduction_bytes(kernel: ir.Kernel, blocks: dict[str, int]) -> int:
+    """The f32 (or i32) working copy of a block that each reduction reduces."""
+    dims = {d for decl in kernel.inputs + kernel.outputs for d in decl.dims}
+    calls = [n for n in ir.walk(*(s.value for s in kernel.body)) if isinstance(n, ir.Call)]
+    count = sum(1 for n in calls if n.func in FUNCTIONS and FUNCTIONS[n.func].reducer)
+    return count * 4 * prod(blocks.get(d, 1) for d in dims)
+
+
 def vmem_bytes(kernel: ir.Kernel, blocks: dict[str, int], product: Product | None) -> int:
-    """VMEM for double-buffered input and output blocks, plus the accumulator."""
+    """VMEM for double-buffered input and output blocks, plus the accumulator and the
+    reductions' working copies."""
     pipelined = 2 * sum(block_bytes(d, blocks) for d in kernel.inputs + kernel.outputs)
-    return pipelined + accumulator_bytes(product, blocks)
+    return pipelined + accumulator_bytes(product, blocks) + reduction_bytes(kernel, blocks)
 
 
 def vmem_problem(kernel: ir.Kernel, blocks: dict[str, int], product: Product | None) -> str | None:
