@@ -184,6 +184,126 @@ def giou_numpy(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, eps=1e-7):
         return (intersection / (union + eps) - (enclosing - union) / (enclosing + eps),)
 
 
+# --------------------------------------------------------------------------- reductions
+#
+# Reductions remove a named dimension: here always an axis of a NumPy array (the last,
+# N or V, or the first for column sums). Floats are computed in float64 from the inputs
+# as stored; integer results in int64, exact.
+
+
+def exact(a) -> np.ndarray:
+    """An input widened without rounding: float64 for floats (bf16 included), int64 for
+    integers and bools."""
+    a = np.asarray(a)
+    return a.astype(np.int64) if a.dtype.kind in "iub" else a.astype(np.float64)
+
+
+def wrap(values, like) -> np.ndarray:
+    """Integer results wrapped to the inputs' width, as fixed-width integers wrap in jax
+    (i8: 100 + 100 == -56); floats unchanged."""
+    like = np.asarray(like)
+    return values.astype(like.dtype).astype(np.int64) if like.dtype.kind in "iu" else values
+
+
+def first_index(hits) -> np.ndarray:
+    """The first position along the last axis where `hits` holds, per row (0 for a row
+    with none)."""
+    hits = np.asarray(hits, bool)
+    size = hits.shape[-1]
+    first = np.where(hits, np.arange(size), size).min(axis=-1, initial=size)
+    return np.where(first == size, 0, first)
+
+
+def logsumexp_numpy(z):
+    """log(sum(exp(z))) along the last axis, with the row's maximum taken out first so
+    that no term overflows."""
+    top = z.max(axis=-1)
+    return top + np.log(np.exp(z - top[..., None]).sum(axis=-1))
+
+
+def softmax_numpy(x):
+    """exp(x - max) / sum(exp(x - max)) along N."""
+    x = f64(x)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True),)
+
+
+def log_softmax_numpy(x):
+    """x - logsumexp(x) along N."""
+    x = f64(x)
+    return (x - logsumexp_numpy(x)[:, None],)
+
+
+def layer_norm_numpy(x, w, b, *, eps=1e-5):
+    """(y, mu, rstd): each row's mean mu and 1 / sqrt(variance + eps) (the biased variance,
+    dividing by N), and y = (x - mu) * rstd * w + b."""
+    h = f64(x)
+    mu = h.mean(axis=-1)
+    d = h - mu[:, None]
+    rstd = 1.0 / np.sqrt((d * d).mean(axis=-1) + eps)
+    return d * rstd[:, None] * f64(w) + f64(b), mu, rstd
+
+
+def rms_norm_numpy(x, w, *, eps=1e-6):
+    """x / sqrt(mean(x^2) + eps) * w along N."""
+    h = f64(x)
+    return (h / np.sqrt((h * h).mean(axis=-1, keepdims=True) + eps) * f64(w),)
+
+
+def cross_entropy_numpy(logits, label):
+    """logsumexp of each row's logits minus the logit at the row's label. A label
+    outside [0, V) matches no position, so nothing is subtracted (the spec's
+    `sum(where(index(V) == label, z, 0), V)` is then 0)."""
+    z = f64(logits)
+    label = exact(label)
+    vocabulary = z.shape[1]
+    inside = (label >= 0) & (label < vocabulary)
+    picked = np.where(inside, z[np.arange(z.shape[0]), np.clip(label, 0, max(vocabulary - 1, 0))], 0.0)
+    return (logsumexp_numpy(z) - picked,)
+
+
+def argmax_numpy(x):
+    """The first position of each row's maximum (as jnp.argmax, NaN aside)."""
+    x = exact(x)
+    return (first_index(x == x.max(axis=-1, keepdims=True)),)
+
+
+def argmin_numpy(x):
+    """The first position of each row's minimum (as jnp.argmin, NaN aside)."""
+    x = exact(x)
+    return (first_index(x == x.min(axis=-1, keepdims=True)),)
+
+
+def column_sums_numpy(x):
+    """The sum of each column: x summed over M."""
+    return (f64(x).sum(axis=0),)
+
+
+def quantize_rows_int8_numpy(x):
+    """(q, scale): scale = max(max |x| of the row, 1e-30) / 127, q = x / scale rounded
+    half to even (np.rint), so the row's largest magnitude maps to +-127."""
+    x = f64(x)
+    scale = np.maximum(np.abs(x).max(axis=-1), 1e-30) / 127.0
+    return np.rint(x / scale[:, None]).astype(np.int64), scale
+
+
+def equal_count_numpy(x, y):
+    """How many positions hold equal values (IEEE equality: -0.0 == 0.0), as a 0-d int."""
+    return (np.asarray(np.count_nonzero(exact(x) == exact(y)), np.int64),)
+
+
+def add_numpy(x, y):
+    """x + y, wrapping in the inputs' integer width."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return (wrap(exact(x) + exact(y), x),)
+
+
+def mul_numpy(x, y):
+    """x * y, wrapping in the inputs' integer width."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return (wrap(exact(x) * exact(y), x),)
+
+
 # --------------------------------------------------------------------------- inputs
 
 
@@ -243,18 +363,182 @@ def giou_inputs(rng, sizes):
     return [c.astype(np.float32) for c in (*a, *b)]
 
 
+def row_offsets(m: int) -> np.ndarray:
+    """Per-row shifts 0, +100, -100, 0, ...: exp(100) overflows f32 and exp(-100) underflows,
+    so a log-sum-exp that does not take the row's maximum out first goes to inf or -inf."""
+    return np.array([0.0, 100.0, -100.0])[np.arange(m) % 3]
+
+
+def shifted_rows_inputs(rng, sizes):
+    """f32 rows of normal values, each row shifted (row_offsets)."""
+    m, n = sizes["M"], sizes["N"]
+    return [(rng.standard_normal((m, n)) * 2.0 + row_offsets(m)[:, None]).astype(np.float32)]
+
+
+def cross_entropy_inputs(rng, sizes):
+    """bf16 logits in shifted rows, each row's maximum placed 2 above the rest at the last
+    position (row 0, 3, ...: in the ragged last block), the first (rows 1, 4, ...) or the
+    middle one, so that a running maximum must be rescaled when a later block raises it;
+    labels in [0, V), row 0's the last position and row 1's the first."""
+    m, v = sizes["M"], sizes["V"]
+    z = rng.standard_normal((m, v)) * 2.0
+    top = z.max(axis=1) + 2.0
+    z[np.arange(m), np.array([v - 1, 0, v // 2])[np.arange(m) % 3]] = top
+    logits = (z + row_offsets(m)[:, None]).astype(BF16)
+    label = rng.integers(0, v, m).astype(np.int32)
+    label[: min(m, 2)] = [v - 1, 0][: min(m, 2)]
+    return [logits, label]
+
+
+def argmax_inputs(dtype: str):
+    """Rows drawn from 7 values (-3..3, halved for floats), so most rows hold their maximum
+    and minimum at several positions (ties: the first wins). Every fifth row from the
+    second holds a unique extreme at its last position; the third and fourth of each five
+    are constant at the dtype's lowest and highest value (-inf and inf for floats), where
+    the masking identity of argmax or argmin ties with every element."""
+
+    def make(rng, sizes):
+        m, n = sizes["M"], sizes["N"]
+        values = rng.integers(-3, 4, (m, n)).astype(np.float64)
+        np_dtype = NUMPY_DTYPES[dtype]
+        if np_dtype.kind == "f" or np_dtype == BF16:
+            values, lowest, highest = values * 0.5, -np.inf, np.inf
+        else:
+            lowest, highest = np.iinfo(np_dtype).min, np.iinfo(np_dtype).max
+        rows = np.arange(m) % 5
+        values[rows == 1, -1] = 4.0
+        values[rows == 2] = lowest
+        values[rows == 3] = highest
+        return [values.astype(np_dtype)]
+
+    return make
+
+
+def layer_norm_inputs(rng, sizes):
+    """bf16 rows of normal values with means about 0, 3 and -3; the third row all zeros, so
+    its variance is 0, rstd is 1 / sqrt(eps) and y is b. f32 weight and bias per column.
+    (A constant row of another value would have its f32 mean an ulp off, and rstd
+    multiplies that ulp by 316.)"""
+    m, n = sizes["M"], sizes["N"]
+    x = rng.standard_normal((m, n)) * 2.0 + np.array([0.0, 3.0, -3.0])[np.arange(m) % 3][:, None]
+    if m > 2:
+        x[2] = 0.0
+    w = rng.standard_normal(n).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    return [x.astype(BF16), w, b]
+
+
+def rms_norm_inputs(rng, sizes):
+    """bf16 rows of normal values, the third row all zeros (y is 0); f32 weight per column."""
+    m, n = sizes["M"], sizes["N"]
+    x = rng.standard_normal((m, n)) * 2.0
+    if m > 2:
+        x[2] = 0.0
+    return [x.astype(BF16), rng.standard_normal(n).astype(np.float32)]
+
+
+def column_sums_inputs(rng, sizes):
+    """f32 normal values; the last row (in the ragged last block of M) 50 higher, so a sum
+    that drops it misses by 50."""
+    x = rng.standard_normal((sizes["M"], sizes["N"])) * 2.0
+    x[-1] += 50.0
+    return [x.astype(np.float32)]
+
+
+# Quotients within this many f32 ulps of a rounding tie (k + 0.5) are moved off it: a
+# kernel may divide by the scale as a multiply by its reciprocal, an ulp or two off.
+TIE_ULPS = 16
+
+
+def quantize_rows_int8_inputs(rng, sizes):
+    """f32 rows of normal values moved off rounding ties (TIE_ULPS), except row 1: there
+    the largest magnitude is 127, so the scale is exactly 1 and the quotients are exact,
+    and it holds exact ties 0.5, 1.5, 2.5, ... that must round half to even. Row 2 is all
+    zeros: the scale is 1e-30 / 127 and q is 0."""
+    m, n = sizes["M"], sizes["N"]
+    x = (rng.standard_normal((m, n)) * 3.0).astype(np.float32)
+    if m > 2:
+        x[2] = 0.0
+    for _ in range(4):
+        scale = np.maximum(np.abs(x).max(axis=1), np.float32(1e-30)) / np.float32(127)
+        quotient = x.astype(np.float64) / scale.astype(np.float64)[:, None]
+        near_tie = np.abs(quotient - np.floor(quotient) - 0.5) <= TIE_ULPS * np.abs(quotient) * 2.0**-23
+        if not near_tie.any():
+            break
+        x[near_tie] *= np.float32(1 + 2.0**-12)
+    else:
+        raise AssertionError("quantize_rows_int8_inputs: values stay near rounding ties")
+    if m > 1:
+        ties = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -125.5, 3.0, -7.25])
+        x[1] = ties[np.arange(n) % len(ties)]
+        x[1, -1] = 127.0
+    return [x]
+
+
+def equal_count_inputs(dtype: str):
+    """x random and y a copy of it with about 30% of positions changed (by +1, so they
+    differ); the last position (in the ragged last block) is always equal. In floats,
+    every fifth equal pair is 0.0 against -0.0, which compare equal."""
+
+    def make(rng, sizes):
+        n = sizes["N"]
+        x = random_array(rng, dtype, (n,))
+        differ = rng.random(n) < 0.3
+        differ[-1] = False
+        y = x.copy()
+        y[differ] = x[differ] + 1
+        if x.dtype.kind == "f":
+            signed_zeros = (np.arange(n) % 5 == 0) & ~differ
+            x[signed_zeros], y[signed_zeros] = 0.0, -0.0
+        return [x, y]
+
+    return make
+
+
+def pair_inputs(dtype: str):
+    """Two random arrays of the dtype (small integers for ints: sums and products of i8
+    wrap around)."""
+
+    def make(rng, sizes):
+        shape = (sizes["M"], sizes["N"])
+        return [random_array(rng, dtype, shape), random_array(rng, dtype, shape)]
+
+    return make
+
+
 # --------------------------------------------------------------------------- cases
 
 
 @dataclass(frozen=True)
 class Tolerance:
+    """rtol and atol for one output. With `sqrt_of`, they are those of a reduction over up
+    to 64 elements of that dimension and grow with the square root of its size beyond
+    (the rounding error of an f32 sum of n terms grows about as sqrt(n) in whatever order
+    the kernel adds them: blocks of a row, running accumulators across steps)."""
+
     rtol: float
     atol: float
+    sqrt_of: str | None = None
+
+    def at(self, sizes: dict[str, int]) -> Tolerance:
+        """This tolerance for arrays of the given sizes."""
+        if self.sqrt_of is None:
+            return self
+        factor = (max(sizes[self.sqrt_of], 64) / 64) ** 0.5  # as given up to 64 terms; x8 at 4096
+        return Tolerance(self.rtol * factor, self.atol * factor)
 
 
 EXACT = Tolerance(0.0, 0.0)
 F32_TOL = Tolerance(1e-5, 1e-6)
 BF16_TOL = Tolerance(2.0**-7, 1e-5)  # one bf16 ulp of the result
+# Softmax: exp's few ulps and the row sum's rounding, relative to each output.
+SOFTMAX_TOL = Tolerance(4e-6, 1e-9, sqrt_of="N")
+
+
+def logsumexp_tolerance(dim: str) -> Tolerance:
+    """x - logsumexp(x) and cross-entropy: an absolute error of a few ulps of the logits
+    (which reach 100 in shifted rows) plus the sum's rounding over `dim`."""
+    return Tolerance(1e-5, 2e-5, sqrt_of=dim)
 
 
 @dataclass(frozen=True)
@@ -267,8 +551,10 @@ class KernelCase:
     outputs: tuple[Operand, ...]
     make_inputs: Callable[[np.random.Generator, dict[str, int]], list[np.ndarray]]
     expected: Callable[..., tuple[np.ndarray, ...]]
-    tolerances: tuple[Tolerance, ...]  # one per output
+    tolerances: tuple[Tolerance, ...]  # one per output; read them through tolerances_for
     params: dict = field(default_factory=dict)  # non-default param values worth checking
+    reduced: tuple[str, ...] = ()  # the dimensions its reductions remove
+    specials: bool = True  # whether NaN and inf inputs have specified results (not for reductions)
 
     @property
     def id(self) -> str:
@@ -280,6 +566,15 @@ class KernelCase:
         for operand in self.inputs:
             seen += [d for d in operand.dims if d not in seen]
         return tuple(seen)
+
+    def sizes_of(self, arrays) -> dict[str, int]:
+        """The size of each named dimension, read from input arrays."""
+        return {d: n for operand, array in zip(self.inputs, arrays) for d, n in zip(operand.dims, np.shape(array))}
+
+    def tolerances_for(self, arrays) -> tuple[Tolerance, ...]:
+        """Each output's tolerance at the sizes of these inputs."""
+        sizes = self.sizes_of(arrays)
+        return tuple(tolerance.at(sizes) for tolerance in self.tolerances)
 
 
 CASES = {
@@ -331,6 +626,166 @@ CASES = {
             giou_numpy,
             (Tolerance(1e-5, 1e-5),),
             params={"eps": 1e-3},
+        ),
+        # ------------------------------------------------------------------ reductions
+        KernelCase(
+            "softmax",
+            "softmax",
+            (Operand("x", "f32", ("M", "N")),),
+            (Operand("y", "f32", ("M", "N")),),
+            shifted_rows_inputs,
+            softmax_numpy,
+            (SOFTMAX_TOL,),
+            reduced=("N",),
+            specials=False,
+        ),
+        KernelCase(
+            "softmax",
+            "log_softmax",
+            (Operand("x", "f32", ("M", "N")),),
+            (Operand("y", "f32", ("M", "N")),),
+            shifted_rows_inputs,
+            log_softmax_numpy,
+            (logsumexp_tolerance("N"),),
+            reduced=("N",),
+            specials=False,
+        ),
+        KernelCase(
+            "norms",
+            "layer_norm",
+            (Operand("x", "bf16", ("M", "N")), Operand("w", "f32", ("N",)), Operand("b", "f32", ("N",))),
+            (Operand("y", "bf16", ("M", "N")), Operand("mu", "f32", ("M",)), Operand("rstd", "f32", ("M",))),
+            layer_norm_inputs,
+            layer_norm_numpy,
+            (BF16_TOL, Tolerance(2e-6, 1e-6, sqrt_of="N"), Tolerance(2e-6, 0.0, sqrt_of="N")),
+            params={"eps": 0.5},
+            reduced=("N",),
+            specials=False,
+        ),
+        KernelCase(
+            "norms",
+            "rms_norm",
+            (Operand("x", "bf16", ("M", "N")), Operand("w", "f32", ("N",))),
+            (Operand("y", "bf16", ("M", "N")),),
+            rms_norm_inputs,
+            rms_norm_numpy,
+            (BF16_TOL,),
+            params={"eps": 0.5},
+            reduced=("N",),
+            specials=False,
+        ),
+        KernelCase(
+            "losses",
+            "cross_entropy",
+            (Operand("logits", "bf16", ("M", "V")), Operand("label", "i32", ("M",))),
+            (Operand("loss", "f32", ("M",)),),
+            cross_entropy_inputs,
+            cross_entropy_numpy,
+            (logsumexp_tolerance("V"),),
+            reduced=("V",),
+            specials=False,
+        ),
+        KernelCase(
+            "reductions",
+            "argmax_rows",
+            (Operand("x", "f32", ("M", "N")),),
+            (Operand("i", "i32", ("M",)),),
+            argmax_inputs("f32"),
+            argmax_numpy,
+            (EXACT,),
+            reduced=("N",),
+            specials=False,
+        ),
+        KernelCase(
+            "reductions",
+            "argmin_rows",
+            (Operand("x", "f32", ("M", "N")),),
+            (Operand("i", "i32", ("M",)),),
+            argmax_inputs("f32"),
+            argmin_numpy,
+            (EXACT,),
+            reduced=("N",),
+            specials=False,
+        ),
+        KernelCase(
+            "reductions",
+            "column_sums",
+            (Operand("x", "f32", ("M", "N")),),
+            (Operand("s", "f32", ("N",)),),
+            column_sums_inputs,
+            column_sums_numpy,
+            (Tolerance(1e-5, 1e-4, sqrt_of="M"),),
+            reduced=("M",),
+            specials=False,
+        ),
+        KernelCase(
+            "reductions",
+            "quantize_rows_int8",
+            (Operand("x", "f32", ("M", "N")),),
+            (Operand("q", "i8", ("M", "N")), Operand("scale", "f32", ("M",))),
+            quantize_rows_int8_inputs,
+            quantize_rows_int8_numpy,
+            (EXACT, Tolerance(2.0**-22, 0.0)),
+            reduced=("N",),
+            specials=False,
+        ),
+        KernelCase(
+            "reductions",
+            "equal_count",
+            (Operand("x", "i32", ("N",)), Operand("y", "i32", ("N",))),
+            (Operand("n", "i32", ()),),
+            equal_count_inputs("i32"),
+            equal_count_numpy,
+            (EXACT,),
+            reduced=("N",),
+            specials=False,
+        ),
+        # ------------------------------------------------------------------ the op matrix
+        *(
+            case
+            for dtype in ("f32", "i32", "i8")
+            for case in (
+                KernelCase(
+                    "ops",
+                    f"add_{dtype}",
+                    (Operand("x", dtype, ("M", "N")), Operand("y", dtype, ("M", "N"))),
+                    (Operand("z", dtype, ("M", "N")),),
+                    pair_inputs(dtype),
+                    add_numpy,
+                    (F32_TOL if dtype == "f32" else EXACT,),
+                ),
+                KernelCase(
+                    "ops",
+                    f"mul_{dtype}",
+                    (Operand("x", dtype, ("M", "N")), Operand("y", dtype, ("M", "N"))),
+                    (Operand("z", dtype, ("M", "N")),),
+                    pair_inputs(dtype),
+                    mul_numpy,
+                    (F32_TOL if dtype == "f32" else EXACT,),
+                ),
+                KernelCase(
+                    "ops",
+                    f"argmax_{dtype}",
+                    (Operand("x", dtype, ("M", "N")),),
+                    (Operand("i", "i32", ("M",)),),
+                    argmax_inputs(dtype),
+                    argmax_numpy,
+                    (EXACT,),
+                    reduced=("N",),
+                    specials=False,
+                ),
+                KernelCase(
+                    "ops",
+                    f"equal_count_{dtype}",
+                    (Operand("x", dtype, ("N",)), Operand("y", dtype, ("N",))),
+                    (Operand("n", "i32", ()),),
+                    equal_count_inputs(dtype),
+                    equal_count_numpy,
+                    (EXACT,),
+                    reduced=("N",),
+                    specials=False,
+                ),
+            )
         ),
     )
 }
@@ -401,16 +856,23 @@ def lane_dims(arrays) -> set[str]:
 SUBLANE_ROWS = {"i8": 32, "u8": 32, "bf16": 16, "i16": 16}
 
 
-def lane_block(arrays, dim: str) -> int:
-    """The smallest legal block of a last dimension: 128, or for a one-dimensional array
-    of narrow values the smallest power of two its packing allows (512 for i8)."""
-    narrow = [32 // (8 * NUMPY_DTYPES[a.dtype].itemsize) for a in arrays if a.dims == (dim,) and a.dtype != "bool"]
-    return 128 * max([1, *narrow])
-
-
 def sublane_rows(arrays, dim: str) -> int:
     """The smallest legal block of a dimension that is second-to-last in some array."""
     return max([8] + [SUBLANE_ROWS.get(a.dtype, 8) for a in arrays if len(a.dims) >= 2 and dim in a.dims[:-1]])
+
+
+def lane_block(arrays, dim: str) -> int:
+    """The smallest legal block of a lane dimension: 128; but a dimension that only
+    one-dimensional arrays hold is blocked as a vector, whose smallest block is 128 per
+    32 bits of its narrowest dtype (512 for i8, 256 for bf16)."""
+    if any(len(a.dims) >= 2 and dim in a.dims for a in arrays):
+        return 128
+    return 128 * max((VECTOR_PACKING.get(a.dtype, 1) for a in arrays if a.dims == (dim,)), default=1)
+
+
+# Elements packed per 32 bits by TPU vectors (others, f16 computed as f32 and bool held
+# as 32 bits included, take one).
+VECTOR_PACKING = {"i8": 4, "u8": 4, "bf16": 2, "i16": 2}
 
 
 SHAPE_CLASSES = (
@@ -445,7 +907,9 @@ def sizes_for(inputs, outputs, defaults: dict[str, int], shape_class: str) -> tu
         if default is None:
             sizes[dim] = 1 if shape_class == "single-element" else 24
             continue
-        small = min(lane_block((*inputs, *outputs), dim) if dim in lanes else sublane_rows((*inputs, *outputs), dim), default)
+        small = min(
+            lane_block((*inputs, *outputs), dim) if dim in lanes else sublane_rows((*inputs, *outputs), dim), default
+        )
         tiny = default < 8
         if shape_class == "one-default-block":
             sizes[dim] = default

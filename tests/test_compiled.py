@@ -8,19 +8,23 @@
 Which compiles run (each 0.1 to 1.5 s; the tier takes about 40 s on 2 cores, 1.5
 minutes on a busy machine; the README says so, keep it in step):
 
-| class   | sizes                                                     | v5e | v6e | Triton | masks |
-|---------|-----------------------------------------------------------|-----|-----|--------|-------|
-| aligned | 4096 (bf16 products 8192), vectors 4096*4096, batch 2     |  x  |  x  |   x    |       |
-| ragged  | rows 1000, columns 3000, K 1000, vectors 3000000, batch 2 |  x  |  x  |   x    |       |
-| small   | rows 8, columns 128, K 128, vectors 1000, batch 2         |  x  |     |   x    |       |
-| one     | every dimension 1                                         |  x  |     |   x    |       |
-| odd     | rows 1001, columns 3001, K 1001, vectors 3000001, batch 2 |     |     |        |   x   |
-| odd-small | rows 5, columns 100, K 100, vectors 1000, batch 2       |     |     |        |   x   |
-| int8    | every dimension 4096; default blocks, then block_m=32     |  x  |     |        |       |
+| class     | sizes                                                                    | v5e | v6e | Triton | masks |
+|-----------|--------------------------------------------------------------------------|-----|-----|--------|-------|
+| aligned   | 4096 (bf16 products 8192), vectors 4096*4096, batch 2, reduced 4096      |  x  |  x  |   x    |       |
+| ragged    | rows 1000, columns 3000, K 1000, vectors 3000000, batch 2, reduced 3000  |  x  |  x  |   x    |       |
+| small     | rows 8, columns 128, K 128, vectors 1000, batch 2, reduced 128           |  x  |     |   x    |       |
+| one       | every dimension 1                                                        |  x  |     |   x    |       |
+| odd       | rows 1001, columns 3001, K 1001, vectors 3000001, batch 2, reduced 3001  |     |     |        |   x   |
+| odd-small | rows 5, columns 100, K 100, vectors 1000, batch 2, reduced 100           |     |     |        |   x   |
+| int8      | every dimension 4096; default blocks, then block_m=32                    |  x  |     |        |       |
 
-The int8 class covers the kernels with i8/u8 arrays. v6e repeats v5e's Mosaic for the classes where blocks are large enough for the chips
-to differ; Triton compiles each kernel once per size class, and the mask check reads
-the same IR. Nothing here runs a kernel: numerics on hardware are not checked.
+A reduced dimension is one of the inputs that no output has, outside a matrix product
+(cross_entropy's V, column_sums's M, equal_count's N): it has sizes of its own, and
+cross_entropy's V those of vocabularies, 128 * 1024 aligned and 50257 (GPT-2's) ragged,
+64 and 25 steps of its default block of 2048. The int8 class covers the kernels with
+i8/u8 arrays of two dimensions or more. v6e repeats v5e's Mosaic for the classes where
+blocks are large enough for the chips to differ; Triton compiles each kernel once per
+size class, and the mask check reads the same IR. Nothing here runs a kernel: numerics on hardware are not checked.
 
 The generated functions are called with `interpret=False` and lowered for one
 platform ("tpu" on a compile-only TPU device, "cuda" on an abstract H100); they pick
@@ -59,18 +63,20 @@ KERNELS = [(module, kernel) for module, kernel in bundled_kernels() if kernel is
 IDS = [f"{module}.{kernel}" for module, kernel in KERNELS]
 
 SIZES = {
-    "aligned": {"batch": 2, "rows": 4096, "columns": 4096, "contracted": 4096, "vector": 4096 * 4096},
-    "ragged": {"batch": 2, "rows": 1000, "columns": 3000, "contracted": 1000, "vector": 3_000_000},
-    "small": {"batch": 2, "rows": 8, "columns": 128, "contracted": 128, "vector": 1000},
-    "one": {"batch": 1, "rows": 1, "columns": 1, "contracted": 1, "vector": 1},
+    "aligned": {"batch": 2, "rows": 4096, "columns": 4096, "contracted": 4096, "vector": 4096 * 4096, "reduced": 4096},
+    "ragged": {"batch": 2, "rows": 1000, "columns": 3000, "contracted": 1000, "vector": 3_000_000, "reduced": 3000},
+    "small": {"batch": 2, "rows": 8, "columns": 128, "contracted": 128, "vector": 1000, "reduced": 128},
+    "one": {"batch": 1, "rows": 1, "columns": 1, "contracted": 1, "vector": 1, "reduced": 1},
 }
 # Sizes at which every GPU block overhangs its array in every dimension (GPU blocks are
 # powers of two, and a small dimension is one block of the next power of two), so that
 # every load and store must be masked: odd sizes, large and smaller than one block.
 OVERHANGING_SIZES = {
-    "odd": {"batch": 2, "rows": 1001, "columns": 3001, "contracted": 1001, "vector": 3_000_001},
-    "odd-small": {"batch": 2, "rows": 5, "columns": 100, "contracted": 100, "vector": 1000},
+    "odd": {"batch": 2, "rows": 1001, "columns": 3001, "contracted": 1001, "vector": 3_000_001, "reduced": 3001},
+    "odd-small": {"batch": 2, "rows": 5, "columns": 100, "contracted": 100, "vector": 1000, "reduced": 100},
 }
+# Reduced dimensions as long as real ones, by (module, kernel, dimension): a vocabulary.
+LONG_REDUCTIONS = {("losses", "cross_entropy", "V"): {"aligned": 128 * 1024, "ragged": 50257}}
 BF16_MATMUL_ALIGNED = 8192  # rows, columns and contracted size of bf16 products in "aligned"
 INT8_ROWS = 4096  # int8 arrays' rows: a multiple of 32, so Mosaic tiles them (32, 128) in HBM
 
@@ -82,17 +88,33 @@ MASKED_SIZES = list(OVERHANGING_SIZES)
 
 
 def roles(module: str, kernel: str) -> dict[str, str]:
-    """Each dimension's role: batch, rows, columns, contracted, or vector (a rank-1 kernel)."""
-    decl = spec_kernel(module, kernel)
-    out_dims = tuple(decl.outputs[0].dims)
-    if len(out_dims) == 1 and not has_matmul(module, kernel):
-        role = {out_dims[0]: "vector"}
+    """Each dimension's role: batch, rows, columns, contracted (a matrix product's K),
+    vector (the one dimension of a rank-1 kernel), or reduced (outside a matrix product,
+    a dimension of the inputs that no output has: a reduction removes it).
+
+    The kernel's tile is laid out over its first output's dimensions for a matrix
+    product, and otherwise over its widest array's: a reduction's input, wider than its
+    outputs (cross_entropy's logits[M, V] for loss[M]; equal_count's x[N] for n[])."""
+    return roles_of(spec_kernel(module, kernel), has_matmul(module, kernel))
+
+
+def roles_of(decl, matmul: bool) -> dict[str, str]:
+    """`roles` of a kernel declaration (anything with inputs and outputs that have dims)."""
+    if matmul:
+        layout, removed = tuple(decl.outputs[0].dims), "contracted"
     else:
-        role = {d: "batch" for d in out_dims[:-2]}
-        role |= {out_dims[-2]: "rows", out_dims[-1]: "columns"} if len(out_dims) >= 2 else {out_dims[-1]: "columns"}
+        layout, removed = max((tuple(a.dims) for a in (*decl.outputs, *decl.inputs)), key=len), "reduced"
+    if len(layout) == 1 and not matmul:
+        role = {layout[0]: "vector"}
+    else:
+        role = {d: "batch" for d in layout[:-2]}
+        role |= {layout[-2]: "rows", layout[-1]: "columns"} if len(layout) >= 2 else {d: "columns" for d in layout}
+    kept = {d for output in decl.outputs for d in output.dims}
     for operand in decl.inputs:
         for dim in operand.dims:
-            role.setdefault(dim, "contracted")
+            if dim not in kept:
+                role[dim] = removed
+            role.setdefault(dim, "vector" if len(layout) == 1 else "columns")
     return role
 
 
@@ -101,15 +123,20 @@ def is_bf16_product(module: str, kernel: str) -> bool:
 
 
 def has_int8(module: str, kernel: str) -> bool:
+    """Whether an i8/u8 array of two dimensions or more (rows that Mosaic tiles by 32) is
+    in the kernel."""
     decl = spec_kernel(module, kernel)
-    return any(a.dtype in ("i8", "u8") for a in (*decl.inputs, *decl.outputs))
+    return any(a.dtype in ("i8", "u8") and len(a.dims) >= 2 for a in (*decl.inputs, *decl.outputs))
 
 
 def sizes_of(module: str, kernel: str, size: str) -> dict[str, int]:
     table = dict({**SIZES, **OVERHANGING_SIZES}[size])
     if size == "aligned" and is_bf16_product(module, kernel):
         table |= {"rows": BF16_MATMUL_ALIGNED, "columns": BF16_MATMUL_ALIGNED, "contracted": BF16_MATMUL_ALIGNED}
-    return {dim: table[role] for dim, role in roles(module, kernel).items()}
+    sizes = {dim: table[role] for dim, role in roles(module, kernel).items()}
+    for dim in sizes:
+        sizes[dim] = LONG_REDUCTIONS.get((module, kernel, dim), {}).get(size, sizes[dim])
+    return sizes
 
 
 def arguments(module: str, kernel: str, sizes: dict[str, int]) -> list[jax.ShapeDtypeStruct]:

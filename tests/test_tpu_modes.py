@@ -71,7 +71,7 @@ def test_kernel_matches_reference_in_tpu_interpret_mode(module, kernel, tpu_inte
     assert [out.dtype for out in got] == [NUMPY_DTYPES[out.dtype] for out in outputs]
     expected = run_reference(module, kernel, arrays)
     case = CASES.get(f"{module}.{kernel}")
-    tolerances = case.tolerances if case else generic_tolerances(outputs, expected)
+    tolerances = case.tolerances_for(arrays) if case else generic_tolerances(outputs, expected)
     assert_outputs_close(got, expected, tolerances, f"{module}.{kernel} vs _reference")
     if case:
         assert_outputs_close(got, case.expected(*arrays), tolerances, f"{module}.{kernel} vs NumPy float64")
