@@ -5,7 +5,7 @@
 - The out-of-bounds check: at sizes where blocks overhang their arrays, no tt.load or
   tt.store in the Triton IR may go without a mask.
 
-Which compiles run (each 0.1 to 1.5 s; the tier takes about 40 s on 2 cores, 1.5
+Which compiles run (each 0.1 to 1.5 s; the tier takes about 75 s on 2 cores, 2.5
 minutes on a busy machine; the README says so, keep it in step):
 
 | class     | sizes                                                                    | v5e | v6e | Triton | masks |
