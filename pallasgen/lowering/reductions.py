@@ -92,6 +92,10 @@ def kernel_positions(axis: int, rank: int, extent: str, start: str | None) -> st
     return f"{start} + {iota}" if start else iota
 
 
+# The names of the two running values of a reduction that keeps a pair.
+RUNNING_PAIRS = {"logsumexp": ("max", "sum"), "argmax": ("max", "index"), "argmin": ("min", "index")}
+
+
 @dataclass(frozen=True)
 class Accumulator:
     name: str  # a scratch Ref (TPU) or a loop-carried value (GPU)
@@ -107,10 +111,6 @@ def accumulators(kind: str, dtype: DType, names: list[str]) -> list[Accumulator]
         return [Accumulator(names[0], wide(dtype), identity(kind, dtype)), Accumulator(names[1], I32, "0")]
     compute = F32 if kind == "mean" or (kind == "sum" and dtype.is_float) else wide(dtype)
     return [Accumulator(names[0], compute, identity(kind, dtype))]
-
-
-def accumulator_count(kind: str) -> int:
-    return 2 if kind in ("logsumexp", "argmax", "argmin") else 1
 
 
 def combine_code(kind: str, running: list[str], value: str, axis: int, dtype: DType, start: str) -> str:

@@ -33,7 +33,7 @@ from pallasgen.analysis.names import Namer
 from pallasgen.analysis.product import Product
 from pallasgen.lowering.phases import compute_dtype, split_phases, stepped_dim
 from pallasgen.lowering.pyexpr import jnp_dtype
-from pallasgen.lowering.reductions import KernelSpelling, accumulators, combine_code, finish_code, identity
+from pallasgen.lowering.reductions import RUNNING_PAIRS, KernelSpelling, accumulators, combine_code, finish_code, identity
 from pallasgen.lowering.signature import Keyword, KeywordGroup
 
 GPU_DOC = "  gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two)."
@@ -262,7 +262,7 @@ def _reduction_loop(lowered: LoweredKernel, namer, dim: str, spelling, load, sto
     for node in phases.reductions:
         kind, dtype = node.func, checked.types[node.args[0]].dtype
         base = namer.claim(f"{kind}_{dim.lower()}")
-        names = [namer.claim(f"{base}_{part}") for part in _PARTS.get(kind, ())] or [base]
+        names = [namer.claim(f"{base}_{part}") for part in RUNNING_PAIRS.get(kind, ())] or [base]
         accs = accumulators(kind, dtype, names)
         running += [a.name for a in accs]
         init += [f"jnp.full({shape}, {a.initial}, {a.dtype})" for a in accs]
@@ -294,10 +294,6 @@ def _reduction_loop(lowered: LoweredKernel, namer, dim: str, spelling, load, sto
     body = [f"{name} = {code}" for name, code in finished.values()]
     body += body_statements(kernel, phases.last_step, last, values, refs, checked, store)
     return loop, body
-
-
-# The two running values of a reduction that keeps a pair.
-_PARTS = {"logsumexp": ("max", "sum"), "argmax": ("max", "index"), "argmin": ("min", "index")}
 
 
 def _smallest_tile(product: Product | None, dim: str) -> int:

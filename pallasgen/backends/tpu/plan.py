@@ -40,6 +40,7 @@ from pallasgen.lowering.parts import (
 from pallasgen.lowering.phases import compute_dtype, reduces, split_phases, stepped_dim
 from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.reductions import (
+    RUNNING_PAIRS,
     KernelSpelling,
     accumulators,
     combine_code,
@@ -245,7 +246,7 @@ def _stepped(lowered: LoweredKernel, namer, dim: str, blocked, block_of, spellin
     for node in phases.reductions:
         kind, dtype = node.func, checked.types[node.args[0]].dtype
         base = namer.claim(f"{kind}_{dim.lower()}")
-        parts = _PARTS.get(kind, ())
+        parts = RUNNING_PAIRS.get(kind, ())
         names = [namer.claim(f"{base}_{part}_ref") for part in parts] or [namer.claim(f"{base}_ref")]
         accs = accumulators(kind, dtype, names)
         scratch_refs += names
@@ -275,10 +276,6 @@ def _stepped(lowered: LoweredKernel, namer, dim: str, blocked, block_of, spellin
         finish_function="_finish",
     )
     return plan, scratch_refs, body
-
-
-# The two running values of a reduction that keeps a pair.
-_PARTS = {"logsumexp": ("max", "sum"), "argmax": ("max", "index"), "argmin": ("min", "index")}
 
 
 def _widened(emitter, node: ir.Expr, wide) -> str:
