@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.names import Namer
 from pallasgen.frontend import ir
-from pallasgen.lowering.parts import array_comment, broadcast, layout_of, parameter_list, tuple_code
+from pallasgen.lowering.parts import array_comment, body_statements, layout_of, parameter_list, tuple_code
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
 from pallasgen.lowering.reductions import ReferenceSpelling
 from pallasgen.lowering.signature import KeywordGroup, Signature, signature
@@ -168,22 +168,16 @@ def _reference_statements(lowered: LoweredKernel) -> tuple[list[str], bool]:
     kernel, checked, values, sizes = lowered.kernel, lowered.checked, lowered.values, lowered.sizes
     layout = checked.space.layout
     emitter = lowered.emitter(spelling=ReferenceSpelling(layout, sizes))
-    needs_sizes = any(isinstance(n, ir.Call) and n.func == "index" for n in ir.walk(*(s.value for s in kernel.body)))
-    reference = []
+    body = kernel.body
     outputs = {o.name: o for o in kernel.outputs}
-    for statement in kernel.body:
-        if isinstance(statement, ir.Let):
-            reference.append(f"{values[statement.name]} = {emitter.emit(statement.value)}")
-            continue
-        out = outputs[statement.target]
-        value_type = checked.types[statement.value]
-        if value_type.dims == out.dims:
-            value = emitter.cast(statement.value, out.dtype)
-        else:
-            needs_sizes = True
-            shape = tuple_code([sizes[d] if d in out.dims else "1" for d in layout])
-            value = broadcast(emitter, statement.value, value_type, out.dtype, shape)
-        reference.append(f"{values[out.name]} = {value}")
+    broadcasts = [s for s in body if isinstance(s, ir.Assign) and checked.types[s.value].dims != outputs[s.target].dims]
+    indexes = any(isinstance(n, ir.Call) and n.func == "index" for n in ir.walk(*(s.value for s in body)))
+    needs_sizes = indexes or bool(broadcasts)
+
+    def shape_of(out: ir.ArrayDecl) -> str:
+        return tuple_code([sizes[d] if d in out.dims else "1" for d in layout])
+
+    reference = body_statements(kernel, body, emitter, values, lowered.refs, checked, None, shape_of)
     restores = [o.restore for o in lowered.outputs if o.restore]
     needs_sizes = needs_sizes or bool(restores)
     reference += restores  # outputs are used in the layout's rank until here

@@ -92,9 +92,10 @@ def load_statements(kernel, values, checked, load, only=None) -> list[str]:
     return [f"{values[d.name]} = {load(d)}" for d in wanted]
 
 
-def body_statements(kernel, statements, emitter: Emitter, values, refs, checked, store) -> list[str]:
+def body_statements(kernel, statements, emitter: Emitter, values, refs, checked, store, shape_of=None) -> list[str]:
     """`statements` of the body in order: lets, and each output's value, converted or
-    broadcast to its block, and stored."""
+    broadcast to its block, and stored by `store(decl, value)`; with no `store` (the
+    reference), each output is a value broadcast to `shape_of(decl)`."""
     used = used_names(kernel)
     outputs = {o.name: o for o in kernel.outputs}
     body = []
@@ -107,8 +108,11 @@ def body_statements(kernel, statements, emitter: Emitter, values, refs, checked,
         if value_type.dims == out.dims:
             value = emitter.cast(statement.value, out.dtype)
         else:
-            value = broadcast(emitter, statement.value, value_type, out.dtype, f"{refs[out.name]}.shape")
-        if out.name in used:
+            shape = shape_of(out) if shape_of else f"{refs[out.name]}.shape"
+            value = broadcast(emitter, statement.value, value_type, out.dtype, shape)
+        if store is None:
+            body.append(f"{values[out.name]} = {value}")
+        elif out.name in used:
             body += [f"{values[out.name]} = {value}", store(out, values[out.name])]
         else:
             body.append(store(out, value))
