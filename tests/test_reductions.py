@@ -620,3 +620,45 @@ def test_gpu_masks_the_padded_lanes_that_interpret_padding_cannot_show(case_id, 
     assert tail_would_change_the_answer(case, arrays, padding)
     got = run(case, "gpu", arrays, **shape.keywords)
     assert_outputs_close(got, case.expected(*arrays), case.tolerances_for(arrays), f"{case_id} padded with {padding}")
+
+
+# --------------------------------------------------------------------------- reductions inside expressions
+
+INSIDE_EXPRESSIONS = """
+kernel flags {
+    in  c: bool[M, N]
+    in  x: i8[M, N]
+    out seen: f32[M]
+    out last: i32[M]
+    out spread: i8[M]
+    seen = f32(any(c, N)) + f32(all(c, N))
+    last = i32(argmax(x, N)) * 2 + 1
+    spread = max(x, N) - min(x, N)
+    block M = 32
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def inside_expressions(tmp_path_factory):
+    from pallasgen.devices.runner import load_module
+    from pallasgen.workspace.pipeline import generate
+
+    path = tmp_path_factory.mktemp("inside") / "flags.py"
+    return load_module(generate(INSIDE_EXPRESSIONS, "flags.pallas", "flags.pallas"), path)
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["tpu", "gpu"])
+def test_a_reduction_is_an_operand_like_any_value(inside_expressions, gpu, monkeypatch):
+    """Reductions written as comparisons (any, all) or narrowed back (max of i8) take
+    their place in larger expressions: casts, arithmetic, wrapping i8 subtraction."""
+    if gpu:
+        take_gpu_branch(monkeypatch, inside_expressions)
+    rng = np.random.default_rng(7)
+    c = rng.random((37, 5)) < 0.5
+    c[0], c[1] = True, False
+    x = rng.integers(-128, 128, (37, 5)).astype(np.int8)
+    seen, last, spread = inside_expressions.flags(c, x, interpret=True if gpu else None)
+    np.testing.assert_array_equal(seen, c.any(1).astype(np.float32) + c.all(1).astype(np.float32))
+    np.testing.assert_array_equal(last, np.argmax(x, 1) * 2 + 1)
+    np.testing.assert_array_equal(spread, (x.max(1).astype(np.int64) - x.min(1)).astype(np.int8))

@@ -89,7 +89,8 @@ class Emitter:
                     left, right = self._widened(node.left), self._widened(node.right)
             return f"{left} {node.op} {right}", level
         if isinstance(node, ir.Call):
-            return self._call(node), _ATOM
+            code = self._call(node)
+            return code, _binding(code)
         raise TypeError(f"no Python form for {type(node).__name__}")
 
     def _call(self, node: ir.Call) -> str:
@@ -170,3 +171,18 @@ class Emitter:
 def _narrows_in_i32(node: ir.Call) -> bool:
     function = FUNCTIONS.get(node.func)
     return function is not None and function.narrow_ints_in_i32
+
+
+def _binding(code: str) -> int:
+    """How tightly generated `code` binds: the loosest operator outside its brackets
+    (generated code writes binary operators between spaces), or an atom if none."""
+    depth, words, word = 0, [], ""
+    for char in code:
+        depth += {"(": 1, "[": 1, ")": -1, "]": -1}.get(char, 0)
+        if depth == 0 and char == " ":
+            words.append(word)
+            word = ""
+        else:
+            word += char
+    operators = [_BINARY_PRECEDENCE[w] for w in words[1:] if w in _BINARY_PRECEDENCE]
+    return min(operators, default=_ATOM)
