@@ -78,6 +78,16 @@ def _check_tiling(kernel, **blocks):
         )
 
 
+def _vmem_limit(needed):
+    """The scoped VMEM limit for TPU blocks that need `needed` bytes.
+
+    None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
+    blocks would fail to compile, so they ask for 100 MiB of the 128 MiB a v5e or v6e
+    core has: the rest is headroom for Mosaic's own scratch and the intermediates.
+    """
+    return None if needed <= 16 * 2**20 else 100 * 2**20
+
+
 def _inside(start, block, size):
     """Which of `block` positions from `start` lie inside a dimension of `size`.
 
@@ -227,7 +237,11 @@ def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
             jax.ShapeDtypeStruct((m, n), jnp.int32),  # mask
         ),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(24 * block_m * block_n),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=4 * m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 4 + m * n * 4
         ),
@@ -394,7 +408,11 @@ def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
         # y: bf16[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(8 * block_m * block_n + 8 * block_n + 8 * block_m),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=3 * m * n,
             transcendentals=m * n,
@@ -552,7 +570,11 @@ def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
         # q: i8[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(10 * block_m * block_n + 8 * block_m),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=8 * m * n, transcendentals=0, bytes_accessed=_nbytes(x, scale) + m * n * 1
         ),

@@ -78,6 +78,16 @@ def _check_tiling(kernel, **blocks):
         )
 
 
+def _vmem_limit(needed):
+    """The scoped VMEM limit for TPU blocks that need `needed` bytes.
+
+    None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
+    blocks would fail to compile, so they ask for 100 MiB of the 128 MiB a v5e or v6e
+    core has: the rest is headroom for Mosaic's own scratch and the intermediates.
+    """
+    return None if needed <= 16 * 2**20 else 100 * 2**20
+
+
 def _inside(start, block, size):
     """Which of `block` positions from `start` lie inside a dimension of `size`.
 
@@ -291,7 +301,11 @@ def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n,
         # giou: f32[B, N]
         out_specs=pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((b, n), jnp.float32),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(72 * block_b * block_n),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=30 * b * n,
             transcendentals=0,

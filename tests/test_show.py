@@ -225,12 +225,12 @@ def test_vmem_figures_are_those_of_pallasgen_tiling(name):
     total = vmem_bytes(checked.kernel, exact, accumulating)
     (line,) = [t for t in root.iter(f"{SVG}text") if "vmem" in t.get("class", "").split()]
     assert int(line.get("data-bytes")) == total
-    assert line.text.startswith(f"VMEM {format_bytes(total)} of the 16.0 MiB a TPU v5e grants")
+    assert line.text.startswith(f"VMEM {format_bytes(total)} of the 100.0 MiB a launcher may ask of a TPU v5e or v6e")
 
 
 def test_matmul_bias_gelu_vmem_line_lists_each_block_and_the_accumulator():
     lines = texts(picture(kernel("matmul_bias_gelu"), {"M": 1280, "N": 2560, "K": 2560}))
-    assert "VMEM 10.0 MiB of the 16.0 MiB a TPU v5e grants:" in lines
+    assert "VMEM 10.0 MiB of the 100.0 MiB a launcher may ask of a TPU v5e or v6e:" in lines
     assert "2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0 KiB + z 1.0 MiB) + f32 accumulator 2.0 MiB" in lines
 
 
