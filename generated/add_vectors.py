@@ -131,13 +131,15 @@ def _nbytes(*arrays):
 @functools.partial(
     jax.jit, static_argnames=("block_n", "gpu_block_n", "gpu_warps", "gpu_stages", "interpret")
 )
-def add_vectors(x, y, *, block_n=1024, gpu_block_n=1024, gpu_warps=4, gpu_stages=1, interpret=None):
+def add_vectors(
+    x, y, *, block_n=1048576, gpu_block_n=1024, gpu_warps=4, gpu_stages=1, interpret=None
+):
     """Adds two vectors: the Pallas quickstart's first kernel.
 
     Args:
       x: f32[N].
       y: f32[N].
-      block_n: block sizes (default 1024); a block never exceeds its dimension.
+      block_n: block sizes (default 1048576); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -183,7 +185,7 @@ def _add_vectors_tpu(x, y, *, n, block_n, interpret):
             128,
         ),
     )
-    # VMEM at the default blocks: 24.0 KiB (inputs and outputs double-buffered).
+    # VMEM at the default blocks: 24.0 MiB (inputs and outputs double-buffered).
     return pl.pallas_call(
         _add_vectors_kernel,
         # One step per block of N; steps are independent, so every axis is parallel.

@@ -151,8 +151,8 @@ def giou(
     bx2,
     by2,
     *,
-    block_b=128,
-    block_n=128,
+    block_b=256,
+    block_n=1024,
     gpu_block_b=8,
     gpu_block_n=128,
     gpu_warps=4,
@@ -174,7 +174,7 @@ def giou(
       by1: f32[B, N].
       bx2: f32[B, N].
       by2: f32[B, N].
-      block_b, block_n: block sizes (default 128, 128); a block never exceeds its dimension.
+      block_b, block_n: block sizes (default 256, 1024); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       eps: a static f32 (default 1e-07).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -274,7 +274,7 @@ def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n,
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 1.1 MiB (inputs and outputs double-buffered).
+    # VMEM at the default blocks: 18.0 MiB (inputs and outputs double-buffered).
     return pl.pallas_call(
         functools.partial(_giou_kernel, eps=eps),
         # One step per block of B, block of N; steps are independent, so every axis is

@@ -146,9 +146,9 @@ def matmul(
     x,
     y,
     *,
-    block_m=256,
-    block_n=512,
-    block_k=512,
+    block_m=512,
+    block_n=1024,
+    block_k=1024,
     gpu_block_m=64,
     gpu_block_n=64,
     gpu_block_k=32,
@@ -161,7 +161,7 @@ def matmul(
     Args:
       x: f32[M, K].
       y: f32[K, N].
-      block_m, block_n, block_k: block sizes (default 256, 512, 512); a block never exceeds its dimension.
+      block_m, block_n, block_k: block sizes (default 512, 1024, 1024); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -236,7 +236,7 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 4.5 MiB (inputs and outputs double-buffered, plus the
+    # VMEM at the default blocks: 18.0 MiB (inputs and outputs double-buffered, plus the
     # accumulator).
     return pl.pallas_call(
         functools.partial(_matmul_kernel, k=k, block_k=block_k),
@@ -946,9 +946,9 @@ def batched_matmul(
     x,
     y,
     *,
-    block_m=256,
-    block_n=256,
-    block_k=512,
+    block_m=512,
+    block_n=1024,
+    block_k=1024,
     gpu_block_m=128,
     gpu_block_n=128,
     gpu_block_k=64,
@@ -961,7 +961,7 @@ def batched_matmul(
     Args:
       x: bf16[B, M, K].
       y: bf16[B, K, N].
-      block_m, block_n, block_k: block sizes (default 256, 256, 512); a block never exceeds its dimension.
+      block_m, block_n, block_k: block sizes (default 512, 1024, 1024); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1048,7 +1048,7 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 1.8 MiB (inputs and outputs double-buffered, plus the
+    # VMEM at the default blocks: 12.0 MiB (inputs and outputs double-buffered, plus the
     # accumulator).
     return pl.pallas_call(
         functools.partial(_batched_matmul_kernel, k=k, block_k=block_k),
@@ -1348,9 +1348,9 @@ def linear(
     w,
     bias,
     *,
-    block_m=256,
-    block_n=256,
-    block_k=512,
+    block_m=1024,
+    block_n=1024,
+    block_k=1024,
     gpu_block_m=128,
     gpu_block_n=128,
     gpu_block_k=64,
@@ -1364,7 +1364,7 @@ def linear(
       x: bf16[M, K].
       w: bf16[N, K].
       bias: f32[N].
-      block_m, block_n, block_k: block sizes (default 256, 256, 512); a block never exceeds its dimension.
+      block_m, block_n, block_k: block sizes (default 1024, 1024, 1024); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1452,7 +1452,7 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 1.5 MiB (inputs and outputs double-buffered, plus the
+    # VMEM at the default blocks: 16.0 MiB (inputs and outputs double-buffered, plus the
     # accumulator).
     return pl.pallas_call(
         functools.partial(_linear_kernel, k=k, block_k=block_k),
