@@ -53,7 +53,8 @@ def pairs(text: str) -> dict[str, int]:
 def measure(estimator: Estimator, name: str, sizes: dict[str, int], options: dict, vmem_mib: int | None) -> dict:
     spec = SPEC_OF[name]
     checked = next(c for c in check_source((ROOT / "specs" / f"{spec}.pallas").read_text(), spec) if c.kernel.name == name)
-    module = load_module(ROOT / "generated" / f"{spec}.py")
+    path = ROOT / "generated" / f"{spec}.py"
+    module = load_module(path.read_text(encoding="utf-8"), path)
     blocks = {**checked.blocks, **{k.removeprefix("block_").upper(): v for k, v in options.items()}}
     blocks = {d: min(b, sizes[d]) for d, b in blocks.items()}
     limit = vmem_mib * 2**20 if vmem_mib else None

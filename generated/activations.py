@@ -78,6 +78,16 @@ def _check_tiling(kernel, **blocks):
         )
 
 
+def _vmem_limit(needed):
+    """The scoped VMEM limit for TPU blocks that need `needed` bytes.
+
+    None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
+    blocks would fail to compile, so they ask for 100 MiB of the 128 MiB a v5e or v6e
+    core has: the rest is headroom for Mosaic's own scratch and the intermediates.
+    """
+    return None if needed <= 16 * 2**20 else 100 * 2**20
+
+
 def _inside(start, block, size):
     """Which of `block` positions from `start` lie inside a dimension of `size`.
 
@@ -134,8 +144,8 @@ def _nbytes(*arrays):
 def leaky(
     x,
     *,
-    block_m=256,
-    block_n=512,
+    block_m=1024,
+    block_n=1024,
     gpu_block_m=8,
     gpu_block_n=128,
     gpu_warps=4,
@@ -149,7 +159,7 @@ def leaky(
 
     Args:
       x: f32[M, N].
-      block_m, block_n: block sizes (default 256, 512); a block never exceeds its dimension.
+      block_m, block_n: block sizes (default 1024, 1024); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       slope: a static f32 (default 0.01).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -207,7 +217,7 @@ def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 3.0 MiB (inputs and outputs double-buffered).
+    # VMEM at the default blocks: 24.0 MiB (inputs and outputs double-buffered).
     return pl.pallas_call(
         functools.partial(_leaky_kernel, slope=slope),
         # One step per block of M, block of N; steps are independent, so every axis is
@@ -227,7 +237,11 @@ def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
             jax.ShapeDtypeStruct((m, n), jnp.int32),  # mask
         ),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(24 * block_m * block_n),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=4 * m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 4 + m * n * 4
         ),
@@ -294,8 +308,8 @@ def bias_gelu(
     bias,
     scale,
     *,
-    block_m=256,
-    block_n=512,
+    block_m=1024,
+    block_n=1024,
     gpu_block_m=8,
     gpu_block_n=128,
     gpu_warps=4,
@@ -308,7 +322,7 @@ def bias_gelu(
       x: bf16[M, N].
       bias: f32[N].
       scale: f32[M].
-      block_m, block_n: block sizes (default 256, 512); a block never exceeds its dimension.
+      block_m, block_n: block sizes (default 1024, 1024); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -377,7 +391,7 @@ def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 1.0 MiB (inputs and outputs double-buffered).
+    # VMEM at the default blocks: 8.0 MiB (inputs and outputs double-buffered).
     return pl.pallas_call(
         _bias_gelu_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is
@@ -394,7 +408,11 @@ def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
         # y: bf16[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(8 * block_m * block_n + 8 * block_n + 8 * block_m),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=3 * m * n,
             transcendentals=m * n,
@@ -461,8 +479,8 @@ def quantize_rows(
     x,
     scale,
     *,
-    block_m=256,
-    block_n=512,
+    block_m=1024,
+    block_n=1024,
     gpu_block_m=8,
     gpu_block_n=128,
     gpu_warps=4,
@@ -475,7 +493,7 @@ def quantize_rows(
     Args:
       x: f32[M, N].
       scale: f32[M].
-      block_m, block_n: block sizes (default 256, 512); a block never exceeds its dimension.
+      block_m, block_n: block sizes (default 1024, 1024); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -537,7 +555,7 @@ def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 1.3 MiB (inputs and outputs double-buffered).
+    # VMEM at the default blocks: 10.0 MiB (inputs and outputs double-buffered).
     return pl.pallas_call(
         _quantize_rows_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is
@@ -552,7 +570,11 @@ def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
         # q: i8[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(10 * block_m * block_n + 8 * block_m),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=8 * m * n, transcendentals=0, bytes_accessed=_nbytes(x, scale) + m * n * 1
         ),

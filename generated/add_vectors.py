@@ -78,6 +78,16 @@ def _check_tiling(kernel, **blocks):
         )
 
 
+def _vmem_limit(needed):
+    """The scoped VMEM limit for TPU blocks that need `needed` bytes.
+
+    None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
+    blocks would fail to compile, so they ask for 100 MiB of the 128 MiB a v5e or v6e
+    core has: the rest is headroom for Mosaic's own scratch and the intermediates.
+    """
+    return None if needed <= 16 * 2**20 else 100 * 2**20
+
+
 def _inside(start, block, size):
     """Which of `block` positions from `start` lie inside a dimension of `size`.
 
@@ -121,13 +131,15 @@ def _nbytes(*arrays):
 @functools.partial(
     jax.jit, static_argnames=("block_n", "gpu_block_n", "gpu_warps", "gpu_stages", "interpret")
 )
-def add_vectors(x, y, *, block_n=1024, gpu_block_n=1024, gpu_warps=4, gpu_stages=1, interpret=None):
+def add_vectors(
+    x, y, *, block_n=1048576, gpu_block_n=1024, gpu_warps=4, gpu_stages=1, interpret=None
+):
     """Adds two vectors: the Pallas quickstart's first kernel.
 
     Args:
       x: f32[N].
       y: f32[N].
-      block_n: block sizes (default 1024); a block never exceeds its dimension.
+      block_n: block sizes (default 1048576); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -173,7 +185,7 @@ def _add_vectors_tpu(x, y, *, n, block_n, interpret):
             128,
         ),
     )
-    # VMEM at the default blocks: 24.0 KiB (inputs and outputs double-buffered).
+    # VMEM at the default blocks: 24.0 MiB (inputs and outputs double-buffered).
     return pl.pallas_call(
         _add_vectors_kernel,
         # One step per block of N; steps are independent, so every axis is parallel.
@@ -187,7 +199,11 @@ def _add_vectors_tpu(x, y, *, n, block_n, interpret):
         # z: f32[N]
         out_specs=pl.BlockSpec((block_n,), lambda i: (i,)),
         out_shape=jax.ShapeDtypeStruct((n,), jnp.float32),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(24 * block_n),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=n, transcendentals=0, bytes_accessed=_nbytes(x, y) + n * 4
         ),

@@ -78,6 +78,16 @@ def _check_tiling(kernel, **blocks):
         )
 
 
+def _vmem_limit(needed):
+    """The scoped VMEM limit for TPU blocks that need `needed` bytes.
+
+    None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
+    blocks would fail to compile, so they ask for 100 MiB of the 128 MiB a v5e or v6e
+    core has: the rest is headroom for Mosaic's own scratch and the intermediates.
+    """
+    return None if needed <= 16 * 2**20 else 100 * 2**20
+
+
 def _inside(start, block, size):
     """Which of `block` positions from `start` lie inside a dimension of `size`.
 
@@ -136,9 +146,9 @@ def matmul(
     x,
     y,
     *,
-    block_m=256,
-    block_n=512,
-    block_k=512,
+    block_m=512,
+    block_n=1024,
+    block_k=1024,
     gpu_block_m=64,
     gpu_block_n=64,
     gpu_block_k=32,
@@ -151,7 +161,7 @@ def matmul(
     Args:
       x: f32[M, K].
       y: f32[K, N].
-      block_m, block_n, block_k: block sizes (default 256, 512, 512); a block never exceeds its dimension.
+      block_m, block_n, block_k: block sizes (default 512, 1024, 1024); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -226,7 +236,7 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 4.5 MiB (inputs and outputs double-buffered, plus the
+    # VMEM at the default blocks: 18.0 MiB (inputs and outputs double-buffered, plus the
     # accumulator).
     return pl.pallas_call(
         functools.partial(_matmul_kernel, k=k, block_k=block_k),
@@ -245,7 +255,11 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         # acc_ref: the f32 sum over K of one output tile
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                8 * block_m * block_k + 8 * block_k * block_n + 12 * block_m * block_n
+            ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 4
@@ -432,7 +446,11 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         # acc_ref: the f32 sum over K of one output tile
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                8 * block_m * block_k + 8 * block_k * block_n + 12 * block_m * block_n
+            ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k + m * n, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 4
@@ -638,7 +656,11 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, int
         # acc_ref: the f32 sum over K of one output tile
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                4 * block_m * block_k + 4 * block_k * block_n + 8 * block_n + 8 * block_m * block_n
+            ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k + m * n,
@@ -838,7 +860,11 @@ def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         # acc_ref: the i32 sum over K of one output tile
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.int32)],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                2 * block_m * block_k + 2 * block_k * block_n + 12 * block_m * block_n
+            ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 4
@@ -920,9 +946,9 @@ def batched_matmul(
     x,
     y,
     *,
-    block_m=256,
-    block_n=256,
-    block_k=512,
+    block_m=512,
+    block_n=1024,
+    block_k=1024,
     gpu_block_m=128,
     gpu_block_n=128,
     gpu_block_k=64,
@@ -935,7 +961,7 @@ def batched_matmul(
     Args:
       x: bf16[B, M, K].
       y: bf16[B, K, N].
-      block_m, block_n, block_k: block sizes (default 256, 256, 512); a block never exceeds its dimension.
+      block_m, block_n, block_k: block sizes (default 512, 1024, 1024); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1022,7 +1048,7 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 1.8 MiB (inputs and outputs double-buffered, plus the
+    # VMEM at the default blocks: 12.0 MiB (inputs and outputs double-buffered, plus the
     # accumulator).
     return pl.pallas_call(
         functools.partial(_batched_matmul_kernel, k=k, block_k=block_k),
@@ -1041,7 +1067,14 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
         # acc_ref: the f32 sum over K of one output tile
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                4 * block_m * block_k
+                + 4 * block_k * block_n
+                + 8 * block_m * block_n
+                + 4 * block_m * block_n
+            ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * m * n * k, transcendentals=0, bytes_accessed=_nbytes(x, y) + b * m * n * 4
@@ -1223,7 +1256,9 @@ def _scores_tpu(q, k, *, b, s_, t, d, block_s, block_t, scale, interpret):
         out_specs=pl.BlockSpec((None, block_s, block_t), lambda b, i, j: (b, i, j)),
         out_shape=jax.ShapeDtypeStruct((b, s_, t), jnp.float32),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel")
+            dimension_semantics=("parallel", "parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(4 * block_s * d + 4 * block_t * d + 8 * block_s * block_t),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * s_ * t * d + b * s_ * t,
@@ -1313,9 +1348,9 @@ def linear(
     w,
     bias,
     *,
-    block_m=256,
-    block_n=256,
-    block_k=512,
+    block_m=1024,
+    block_n=1024,
+    block_k=1024,
     gpu_block_m=128,
     gpu_block_n=128,
     gpu_block_k=64,
@@ -1329,7 +1364,7 @@ def linear(
       x: bf16[M, K].
       w: bf16[N, K].
       bias: f32[N].
-      block_m, block_n, block_k: block sizes (default 256, 256, 512); a block never exceeds its dimension.
+      block_m, block_n, block_k: block sizes (default 1024, 1024, 1024); a block never exceeds its dimension.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1417,7 +1452,7 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 1.5 MiB (inputs and outputs double-buffered, plus the
+    # VMEM at the default blocks: 16.0 MiB (inputs and outputs double-buffered, plus the
     # accumulator).
     return pl.pallas_call(
         functools.partial(_linear_kernel, k=k, block_k=block_k),
@@ -1438,7 +1473,11 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
         # acc_ref: the f32 sum over K of one output tile
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                4 * block_m * block_k + 4 * block_n * block_k + 8 * block_n + 8 * block_m * block_n
+            ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k + m * n,

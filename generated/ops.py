@@ -78,6 +78,16 @@ def _check_tiling(kernel, **blocks):
         )
 
 
+def _vmem_limit(needed):
+    """The scoped VMEM limit for TPU blocks that need `needed` bytes.
+
+    None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
+    blocks would fail to compile, so they ask for 100 MiB of the 128 MiB a v5e or v6e
+    core has: the rest is headroom for Mosaic's own scratch and the intermediates.
+    """
+    return None if needed <= 16 * 2**20 else 100 * 2**20
+
+
 def _inside(start, block, size):
     """Which of `block` positions from `start` lie inside a dimension of `size`.
 
@@ -269,7 +279,11 @@ def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         # z: f32[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(24 * block_m * block_n),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 4
         ),
@@ -411,7 +425,11 @@ def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         # z: f32[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(24 * block_m * block_n),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 4
         ),
@@ -529,7 +547,11 @@ def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
         # i: i32[M], broadcast over N
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(12 * block_m * n + 8 * block_m),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 4
         ),
@@ -667,7 +689,11 @@ def _equal_count_f32_tpu(x, y, *, n_, block_n, interpret):
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_ref: the running sum over N of one block
         scratch_shapes=[pltpu.VMEM((1,), jnp.int32)],
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",)),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("arbitrary",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(20 * block_n + 8),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=3 * n_, transcendentals=0, bytes_accessed=_nbytes(x, y) + n_ * 4
         ),
@@ -820,7 +846,11 @@ def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         # z: i32[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(24 * block_m * block_n),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 4
         ),
@@ -960,7 +990,11 @@ def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         # z: i32[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int32),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(24 * block_m * block_n),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 4
         ),
@@ -1078,7 +1112,11 @@ def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
         # i: i32[M], broadcast over N
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(12 * block_m * n + 8 * block_m),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 4
         ),
@@ -1214,7 +1252,11 @@ def _equal_count_i32_tpu(x, y, *, n_, block_n, interpret):
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_ref: the running sum over N of one block
         scratch_shapes=[pltpu.VMEM((1,), jnp.int32)],
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",)),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("arbitrary",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(20 * block_n + 8),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=3 * n_, transcendentals=0, bytes_accessed=_nbytes(x, y) + n_ * 4
         ),
@@ -1367,7 +1409,11 @@ def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
         # z: i8[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(6 * block_m * block_n),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 1
         ),
@@ -1507,7 +1553,11 @@ def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
         # z: i8[M, N]
         out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.int8),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(6 * block_m * block_n),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 1
         ),
@@ -1625,7 +1675,11 @@ def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
         # i: i32[M], broadcast over N
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(6 * block_m * n + 8 * block_m),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 4
         ),
@@ -1765,7 +1819,11 @@ def _equal_count_i8_tpu(x, y, *, n_, block_n, interpret):
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_ref: the running sum over N of one block
         scratch_shapes=[pltpu.VMEM((1,), jnp.int32)],
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",)),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("arbitrary",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(8 * block_n + 8),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=3 * n_, transcendentals=0, bytes_accessed=_nbytes(x, y) + n_ * 4
         ),

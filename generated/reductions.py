@@ -78,6 +78,16 @@ def _check_tiling(kernel, **blocks):
         )
 
 
+def _vmem_limit(needed):
+    """The scoped VMEM limit for TPU blocks that need `needed` bytes.
+
+    None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
+    blocks would fail to compile, so they ask for 100 MiB of the 128 MiB a v5e or v6e
+    core has: the rest is headroom for Mosaic's own scratch and the intermediates.
+    """
+    return None if needed <= 16 * 2**20 else 100 * 2**20
+
+
 def _inside(start, block, size):
     """Which of `block` positions from `start` lie inside a dimension of `size`.
 
@@ -245,7 +255,11 @@ def _argmax_rows_tpu(x, *, m, n, block_m, interpret):
         # i: i32[M], broadcast over N
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(12 * block_m * n + 8 * block_m),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 4
         ),
@@ -361,7 +375,11 @@ def _argmin_rows_tpu(x, *, m, n, block_m, interpret):
         # i: i32[M], broadcast over N
         out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
         out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(12 * block_m * n + 8 * block_m),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 4
         ),
@@ -515,7 +533,11 @@ def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         # sum_m_ref: the running sum over M of one block
         scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)],
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(12 * block_m * block_n + 8 * block_n),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 4
         ),
@@ -657,7 +679,11 @@ def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
             jax.ShapeDtypeStruct((m, n), jnp.int8),  # q
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # scale
         ),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(14 * block_m * n + 8 * block_m),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=7 * m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 1 + m * n * 4
         ),
@@ -803,7 +829,11 @@ def _equal_count_tpu(x, y, *, n_, block_n, interpret):
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_ref: the running sum over N of one block
         scratch_shapes=[pltpu.VMEM((1,), jnp.int32)],
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",)),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("arbitrary",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(20 * block_n + 8),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=3 * n_, transcendentals=0, bytes_accessed=_nbytes(x, y) + n_ * 4
         ),

@@ -78,6 +78,16 @@ def _check_tiling(kernel, **blocks):
         )
 
 
+def _vmem_limit(needed):
+    """The scoped VMEM limit for TPU blocks that need `needed` bytes.
+
+    None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
+    blocks would fail to compile, so they ask for 100 MiB of the 128 MiB a v5e or v6e
+    core has: the rest is headroom for Mosaic's own scratch and the intermediates.
+    """
+    return None if needed <= 16 * 2**20 else 100 * 2**20
+
+
 def _inside(start, block, size):
     """Which of `block` positions from `start` lie inside a dimension of `size`.
 
@@ -237,7 +247,11 @@ def _softmax_tpu(x, *, m, n, block_m, interpret):
         # y: f32[M, N]
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(24 * block_m * n),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=4 * m * n, transcendentals=m * n, bytes_accessed=_nbytes(x) + m * n * 4
         ),
@@ -349,7 +363,11 @@ def _log_softmax_tpu(x, *, m, n, block_m, interpret):
         # y: f32[M, N]
         out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(20 * block_m * n),
+        ),
         cost_estimate=pl.CostEstimate(
             flops=m * n, transcendentals=m * n, bytes_accessed=_nbytes(x) + m * n * 4
         ),

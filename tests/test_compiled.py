@@ -194,6 +194,16 @@ def test_mosaic_compiles_int8_with_32_row_blocks(module, kernel, block_m):
     compile_tpu(module, kernel, sizes, "v5e", **blocks)
 
 
+@pytest.mark.parametrize("chip", ["v5e", "v6e"])
+def test_blocks_beyond_the_scoped_default_compile_with_a_raised_limit(chip):
+    """bias_gelu blocks of 1024x2048 need 16.1 MiB, more than Mosaic's 16 MiB default
+    (E1001 CompileTimeScopedVmemOom without a limit): the launcher raises the limit."""
+    launcher = generated_module("activations")._vmem_limit
+    assert launcher(8 * 1024 * 2048 + 8 * 2048 + 8 * 1024) == 100 * 2**20
+    assert launcher(16 * 2**20) is None
+    compile_tpu("activations", "bias_gelu", {"M": 2048, "N": 4096}, chip, block_m=1024, block_n=2048)
+
+
 def test_mosaic_rejection_is_a_compile_error_with_its_message():
     """f16 vectors, which v5e does not have, as a CompileError carrying Mosaic's words."""
     from jax.experimental import pallas as pl

@@ -23,3 +23,19 @@ def plans():
 def test_piecewise_formatting_equals_formatting_the_whole_module(name, plan):
     whole = "\n".join(render_pieces(plan))
     assert render_module(plan) == format_code(whole)
+
+
+def test_the_launchers_vmem_at_the_default_blocks_is_the_spec_checks_count():
+    """`vmem_limit_bytes=_vmem_limit(...)` reads the call-time blocks; at the defaults (with
+    dimensions taken whole counted as 1, as `vmem_bytes` does) it is the same count."""
+    from pallasgen.backends.tpu.tiling import vmem_bytes
+
+    for spec in sorted((ROOT / "specs").glob("*.pallas")):
+        checked_kernels = check_source(spec.read_text(), spec.name)
+        plan = plan_module(f"specs/{spec.name}", checked_kernels)
+        for checked, kernel_plan in zip(checked_kernels, plan.kernels):
+            tpu = kernel_plan.backends["tpu"]
+            names = {b.keyword: b.default for b in tpu.blocks}
+            whole = {name: 1 for name in compile(tpu.vmem_needed, "<vmem>", "eval").co_names if name not in names}
+            expected = vmem_bytes(checked.kernel, checked.blocks, checked.product)
+            assert eval(tpu.vmem_needed, {}, {**names, **whole}) == expected, (spec.name, checked.kernel.name)

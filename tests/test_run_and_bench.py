@@ -120,9 +120,9 @@ def test_a_nan_on_one_side_only_is_a_mismatch_and_the_worst_element():
 
 def test_default_sizes_make_each_blocked_dimension_one_and_a_half_blocks():
     """Two blocks, the second a ragged edge, while the arrays stay within the budget."""
-    checked, *_ = check_source((ROOT / "specs" / "activations.pallas").read_text(), "activations.pallas")
-    assert checked.blocks == {"M": 256, "N": 512}
-    assert runner.sizes_for(checked, {}) == {"M": 384, "N": 768}
+    checked, *_ = check_source((ROOT / "specs" / "giou.pallas").read_text(), "giou.pallas")
+    assert checked.blocks == {"B": 256, "N": 1024}
+    assert runner.sizes_for(checked, {}) == {"B": 384, "N": 1536}
 
 
 def test_default_sizes_keep_every_array_of_any_rank_within_the_budget():

@@ -168,7 +168,7 @@ def test_the_highlight_sits_on_the_block_the_index_map_gives_for_the_chosen_step
 
 
 def test_a_broadcast_array_is_drawn_in_its_own_shape_with_a_note():
-    root = picture(kernel("bias_gelu"), {"M": 640, "N": 1280})
+    root = picture(kernel("bias_gelu"), {"M": 2560, "N": 2560})
     bias, scale = arrays(root)["bias"], arrays(root)["scale"]
     assert len(rects(bias, "block")) == 3 and len({r.get("y") for r in rects(bias, "block")}) == 1
     assert len(rects(scale, "block")) == 3 and len({r.get("x") for r in rects(scale, "block")}) == 1
@@ -177,7 +177,7 @@ def test_a_broadcast_array_is_drawn_in_its_own_shape_with_a_note():
 
 
 def test_a_batched_array_draws_its_last_two_dimensions_per_batch_element():
-    root = picture(kernel("batched_matmul"), {"B": 4, "M": 512, "N": 512, "K": 1024})
+    root = picture(kernel("batched_matmul"), {"B": 4, "M": 1024, "N": 1024, "K": 2048})
     x = arrays(root)["x"]
     assert len(rects(x, "block")) == 2 * 2
     assert len(rects(x, "slice")) == 2
@@ -225,12 +225,12 @@ def test_vmem_figures_are_those_of_pallasgen_tiling(name):
     total = vmem_bytes(checked.kernel, exact, accumulating)
     (line,) = [t for t in root.iter(f"{SVG}text") if "vmem" in t.get("class", "").split()]
     assert int(line.get("data-bytes")) == total
-    assert line.text.startswith(f"VMEM {format_bytes(total)} of the 16.0 MiB a TPU v5e grants")
+    assert line.text.startswith(f"VMEM {format_bytes(total)} of the 100.0 MiB a launcher may ask of a TPU v5e or v6e")
 
 
 def test_matmul_bias_gelu_vmem_line_lists_each_block_and_the_accumulator():
     lines = texts(picture(kernel("matmul_bias_gelu"), {"M": 1280, "N": 2560, "K": 2560}))
-    assert "VMEM 10.0 MiB of the 16.0 MiB a TPU v5e grants:" in lines
+    assert "VMEM 10.0 MiB of the 100.0 MiB a launcher may ask of a TPU v5e or v6e:" in lines
     assert "2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0 KiB + z 1.0 MiB) + f32 accumulator 2.0 MiB" in lines
 
 
@@ -260,7 +260,7 @@ def invoke(*args: str):
 
 def test_show_writes_kernel_svg_in_the_working_directory_and_prints_its_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    result = invoke("show", str(ROOT / "specs" / "add_vectors.pallas"), "--size", "N=3000")
+    result = invoke("show", str(ROOT / "specs" / "add_vectors.pallas"), "--size", "N=3000000")
     assert result.exit_code == 0, result.output
     assert result.stdout == "add_vectors.svg\n"
     root = ET.parse(tmp_path / "add_vectors.svg").getroot()
@@ -296,7 +296,7 @@ SPEC = str(ROOT / "specs" / "matmul.pallas")
         ([SPEC + ":matmul", "--size", "M=0"], "--size M=0: expected DIM=N, a dimension name and a positive integer"),
         ([SPEC + ":matmul", "--size", "Q=8"], "--size Q: matmul has no dimension Q; its dimensions are M, N, K"),
         ([SPEC + ":matmul", "--size", "KK=8"], "no dimension KK (did you mean 'K'?)"),
-        ([SPEC + ":matmul", "--size", "K=100000"], "--size K=100000 makes 196 blocks of 512"),
+        ([SPEC + ":matmul", "--size", "K=100000"], "--size K=100000 makes 98 blocks of 1024"),
         (["missing.pallas"], "missing.pallas: No such file or directory"),
         ([SPEC + ":matmul", "--out", "no/such/folder/x.svg"], "cannot write no/such/folder/x.svg"),
     ],

@@ -142,7 +142,8 @@ class Estimator:
 
 @contextlib.contextmanager
 def _scoped_vmem_limit(module, limit_bytes):
-    """Compiles `module`'s kernels with `vmem_limit_bytes`, which generated code does not set yet."""
+    """Compiles `module`'s kernels with `vmem_limit_bytes`, in place of the limit the
+    generated launcher chooses (`_vmem_limit`)."""
     if limit_bytes is None:
         yield
         return
@@ -159,11 +160,14 @@ def _scoped_vmem_limit(module, limit_bytes):
 
 
 class _WithVmemLimit:
-    """`pltpu`, except that `CompilerParams` sets `vmem_limit_bytes`."""
+    """`pltpu`, except that `CompilerParams` sets `vmem_limit_bytes`, whatever it is given."""
 
     def __init__(self, pltpu, limit_bytes):
         self._pltpu = pltpu
-        self.CompilerParams = functools.partial(pltpu.CompilerParams, vmem_limit_bytes=limit_bytes)
+        self._limit_bytes = limit_bytes
+
+    def CompilerParams(self, **params):
+        return self._pltpu.CompilerParams(**{**params, "vmem_limit_bytes": self._limit_bytes})
 
     def __getattr__(self, name):
         return getattr(self._pltpu, name)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from math import inf, prod
 from xml.sax.saxutils import escape, quoteattr
 
-from pallasgen.backends.tpu.tiling import SCOPED_VMEM_BYTES, format_bytes
+from pallasgen.backends.tpu.tiling import VMEM_LIMIT_BYTES, format_bytes
 from pallasgen.show.tilemap import ArrayTiles, Axis, KernelTiles
 
 MARGIN = 24
@@ -190,7 +190,7 @@ def _vmem_lines(tiles: KernelTiles) -> tuple[str, str]:
         f" + {tiles.accumulator_dtype} accumulator {_bytes(tiles.accumulator_bytes)}" if tiles.accumulator_bytes else ""
     )
     return (
-        f"VMEM {_bytes(tiles.vmem_bytes)} of the {_bytes(SCOPED_VMEM_BYTES)} a TPU v5e grants:",
+        f"VMEM {_bytes(tiles.vmem_bytes)} of the {_bytes(VMEM_LIMIT_BYTES)} a launcher may ask of a TPU v5e or v6e:",
         f"  2 buffers x ({parts}){accumulator}",
     )
 

@@ -21,6 +21,7 @@ from pallasgen.backends.tpu.tiling import (
     reduction_bytes,
     tiling_rule,
     vmem_bytes,
+    vmem_terms,
 )
 from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel
@@ -93,6 +94,7 @@ class TpuPlan:
     out_shapes: tuple[tuple[str, str], ...]  # (jax.ShapeDtypeStruct, output name)
     dimension_semantics: tuple[str, ...]
     vmem_comment: tuple[str, ...]
+    vmem_needed: str  # the blocks' VMEM in bytes, as code over the call-time blocks and sizes
     cost_estimate: str
     accumulator: AccumulatorPlan | None
     body: tuple[str, ...]  # the kernel body, or its last step when it accumulates
@@ -222,6 +224,7 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
             "arbitrary" if (product and d == product.k) or d == stepped else "parallel" for d in blocked
         ),
         vmem_comment=_wrap(_vmem_comment(kernel, checked.blocks, dims, product)),
+        vmem_needed=_vmem_needed(kernel, checked.blocks, product, block_of, squeezed),
         cost_estimate=_cost_estimate(checked, values, sizes),
         accumulator=accumulator,
         body=tuple(body),
@@ -364,6 +367,16 @@ def _vmem_comment(kernel: ir.Kernel, blocks: dict[str, int], dims, product) -> s
     scratch = ", plus the accumulator" if product and product.k in blocks else ""
     scratch += ", plus the reductions' f32 working copies" if reduction_bytes(kernel, blocks) else ""
     return f"VMEM at the default blocks: {needed}{per} (inputs and outputs double-buffered{scratch})."
+
+
+def _vmem_needed(kernel: ir.Kernel, blocks: dict[str, int], product, block_of, squeezed) -> str:
+    """`vmem_bytes` as code: the call-time blocks (or sizes, for dimensions taken whole)
+    in place of the defaults; a squeezed batch dimension is one element."""
+    terms = []
+    for count, term_dims in vmem_terms(kernel, blocks, product):
+        factors = [block_of[d] for d in term_dims if d not in squeezed]
+        terms.append(" * ".join([str(count), *factors]))
+    return " + ".join(terms)
 
 
 def _wrap(text: str) -> tuple[str, ...]:
