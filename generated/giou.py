@@ -11,6 +11,9 @@ import functools
 import warnings
 
 import jax
+import jax.extend.core
+import jax.interpreters.batching
+import jax.interpreters.mlir
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
@@ -27,19 +30,75 @@ def _on_platform(tpu, gpu, interpret, *arrays):
     """Runs the kernel built for the platform being compiled for.
 
     The choice follows the lowering platform, not the host, so ahead-of-time compiles
-    and exports get the right kernel: Mosaic on TPU, Triton on NVIDIA GPUs, and
+    and exports (for one platform, or for several at once) get the right kernel: Mosaic
+    on TPU, Triton on NVIDIA GPUs, and
     elsewhere (CPU) the TPU kernel in interpret mode, or compiled if `interpret` is
     False. A true `interpret` (or `pltpu.InterpretParams`) interprets the TPU kernel
     on every platform.
     """
     if interpret:
         return tpu(*arrays, interpret=interpret)
-    return jax.lax.platform_dependent(
-        *arrays,
+    return _platform_dependent(
+        arrays,
         tpu=functools.partial(tpu, interpret=False),
         cuda=functools.partial(gpu, interpret=False),
         default=functools.partial(tpu, interpret=interpret is None),
     )
+
+
+def _platform_dependent(arrays, **kernels):
+    """`jax.lax.platform_dependent(*arrays, tpu=..., cuda=..., default=...)`, except that
+    each platform lowers only its own kernel.
+
+    `jax.lax.platform_dependent` lowers every branch for every platform that a module is
+    lowered for, and a Mosaic kernel does not lower for CUDA, nor a Triton kernel for
+    TPU: `jax.export.export(NAME, platforms=("tpu", "cuda"))` would fail. Here each
+    platform has its own lowering rule (see `_platform_dependent_primitive`), so the
+    exported module holds the Mosaic kernel for TPU and the Triton kernel for CUDA.
+    Tracing the default kernel gives the outputs' shapes and runs its call-time checks.
+    """
+    outputs, tree = jax.tree.flatten(jax.eval_shape(kernels["default"], *arrays))
+    results = _platform_dependent_p.bind(*arrays, outputs=tuple(outputs), **kernels)
+    return jax.tree.unflatten(tree, results)
+
+
+def _platform_dependent_primitive():
+    """The primitive behind `_platform_dependent`, with one lowering rule per platform.
+
+    Its parameters: `tpu`, `cuda` and `default`, the kernel for each platform (a
+    function of the arrays that returns a pytree of arrays), and `outputs`, the
+    jax.ShapeDtypeStruct of each leaf of that pytree.
+    """
+    primitive = jax.extend.core.Primitive("platform_dependent_kernel")
+    primitive.multiple_results = True
+
+    def abstract_eval(*arrays, outputs, **kernels):
+        return [jax.core.ShapedArray(output.shape, output.dtype) for output in outputs]
+
+    def lowering(platform):
+        def kernel_leaves(*arrays, outputs, **kernels):
+            return jax.tree.leaves(kernels[platform](*arrays))
+
+        return jax.interpreters.mlir.lower_fun(kernel_leaves, multiple_results=True)
+
+    def run_outside_jit(*arrays, outputs, **kernels):  # as under `jax.disable_jit()`
+        return jax.tree.leaves(jax.lax.platform_dependent(*arrays, **kernels))
+
+    def vmapped(arrays, axes, *, outputs, **kernels):
+        kernels = {name: jax.vmap(kernel, in_axes=axes) for name, kernel in kernels.items()}
+        results = jax.tree.leaves(_platform_dependent(arrays, **kernels))
+        return results, [0] * len(results)
+
+    primitive.def_abstract_eval(abstract_eval)
+    primitive.def_impl(run_outside_jit)
+    jax.interpreters.mlir.register_lowering(primitive, lowering("tpu"), platform="tpu")
+    jax.interpreters.mlir.register_lowering(primitive, lowering("cuda"), platform="cuda")
+    jax.interpreters.mlir.register_lowering(primitive, lowering("default"))  # any other platform
+    jax.interpreters.batching.primitive_batchers[primitive] = vmapped
+    return primitive
+
+
+_platform_dependent_p = _platform_dependent_primitive()
 
 
 def _sizes(kernel, operands):

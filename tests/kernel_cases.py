@@ -930,6 +930,21 @@ def sizes_for(inputs, outputs, defaults: dict[str, int], shape_class: str) -> tu
     return sizes, blocks
 
 
+# --------------------------------------------------------------------------- compiled
+
+
+def unmasked_block_accesses(ttir) -> list[str]:
+    """compile_only.unmasked_accesses, less one-element accesses (a tensor of 1 x ... x 1
+    pointers: a scalar input read whole, a row of one, a scalar output), which cannot
+    overhang."""
+    from pallasgen.devices import compile_only
+
+    return [access for access in compile_only.unmasked_accesses(ttir) if not ONE_ELEMENT.search(access)]
+
+
+ONE_ELEMENT = re.compile(r"tensor<(?:1x)+!tt\.ptr<")
+
+
 # --------------------------------------------------------------------------- running
 
 

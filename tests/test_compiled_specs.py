@@ -3,7 +3,8 @@ built and compiled for real (see test_compiled.py for the compilers), and run in
 interpret mode against NumPy.
 
 - narrow integers: compares, maximum, minimum, clip and where on i8/u8/i16 (Mosaic has
-  no narrow-integer compare; the TPU kernel widens them to i32);
+  no narrow-integer compare; the TPU kernel widens them to i32), and arithmetic, relu
+  and abs (no i8/u8 add, multiply or negation, no narrow division or maximum);
 - f16 (no f16 vectors on v5e/v6e; the TPU kernel computes in f32);
 - bool vectors in blocks of 128 (held as 32-bit in VMEM);
 - a batched product whose epilogue reads an array without the batch dimension;
@@ -40,6 +41,20 @@ kernel narrow_ints {
     b = minimum(y, 200)
     c = maximum(z, minimum(z, 7))
     pos = (x >= 1) & (y != 0) & (z < 9)
+    block M = 32, N = 256
+}
+""",
+    "narrow_arithmetic": """
+kernel narrow_arithmetic {
+    in  x: i8[M, N]
+    in  y: u8[M, N]
+    in  z: i16[M, N]
+    out a: i8[M, N]
+    out b: u8[M, N]
+    out c: i16[M, N]
+    a = x * x + x // 3 - x % 5 + abs(x) - (-x) ** 2
+    b = y * 3 - y // 7 + y % 11 + relu(y)
+    c = z * z - z // (z % 7 + 8) + relu(-z)
     block M = 32, N = 256
 }
 """,
@@ -91,7 +106,7 @@ def built(tmp_path_factory):
 
 
 def numpy_inputs(name: str, rng, m=70, n=300, b=2, k=200):
-    if name == "narrow_ints":
+    if name in ("narrow_ints", "narrow_arithmetic"):
         return [
             rng.integers(-128, 128, (m, n)).astype(np.int8),
             rng.integers(0, 256, (m, n)).astype(np.uint8),
@@ -117,6 +132,12 @@ def expected(name: str, *arrays):
         return a, np.minimum(y, 200).astype(np.uint8), np.maximum(z, np.minimum(z, 7)).astype(np.int16), (
             (x >= 1) & (y != 0) & (z < 9)
         )
+    if name == "narrow_arithmetic":  # wrapping arithmetic: computed in int64, cast back
+        x, y, z = (a.astype(np.int64) for a in arrays)
+        a = x * x + x // 3 - x % 5 + np.abs(x) - (-x) ** 2
+        b = y * 3 - y // 7 + y % 11 + np.maximum(y, 0)
+        c = z * z - z // (z % 7 + 8) + np.maximum(-z, 0)
+        return a.astype(np.int8), b.astype(np.uint8), c.astype(np.int16)
     if name == "half":
         x, s = (a.astype(np.float64) for a in arrays)
         return (np.exp(x) * s).astype(np.float16), x + 1

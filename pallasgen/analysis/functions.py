@@ -37,7 +37,8 @@ class Function:
     - "index": i32 positions along the dimension named by the argument.
     `code` spells it in jax, `{}` standing for the arguments. `transcendental` counts
     it as such in the cost estimate; `narrow_ints_in_i32` computes i8/u8/i16 arguments
-    in i32 on TPU, which has no narrow-integer form of it.
+    in i32 on TPU, which has no narrow-integer form of it, and `in_range` says its
+    result always fits its arguments' dtype (nested in another such call it stays i32).
     """
 
     name: str
@@ -46,6 +47,7 @@ class Function:
     code: str
     transcendental: bool = False
     narrow_ints_in_i32: bool = False
+    in_range: bool = False
     reducer: Reducer | None = None  # a reduction over a named dimension: f(x, DIM)
 
 
@@ -70,13 +72,13 @@ FUNCTIONS: dict[str, Function] = {
         _float("silu", "jax.nn.silu({})"),
         _float("sin", "jnp.sin({})"),
         _float("cos", "jnp.cos({})"),
-        Function("abs", 1, "same", "jnp.abs({})"),
-        Function("relu", 1, "same", "jax.nn.relu({})"),
+        Function("abs", 1, "same", "jnp.abs({})", narrow_ints_in_i32=True),
+        Function("relu", 1, "same", "jax.nn.relu({})", narrow_ints_in_i32=True, in_range=True),
         Function("floor", 1, "same", "jnp.floor({})"),
         Function("ceil", 1, "same", "jnp.ceil({})"),
-        Function("maximum", 2, "promote", "jnp.maximum({})", narrow_ints_in_i32=True),
-        Function("minimum", 2, "promote", "jnp.minimum({})", narrow_ints_in_i32=True),
-        Function("clip", 3, "promote", "jnp.clip({})", narrow_ints_in_i32=True),
+        Function("maximum", 2, "promote", "jnp.maximum({})", narrow_ints_in_i32=True, in_range=True),
+        Function("minimum", 2, "promote", "jnp.minimum({})", narrow_ints_in_i32=True, in_range=True),
+        Function("clip", 3, "promote", "jnp.clip({})", narrow_ints_in_i32=True, in_range=True),
         Function("round", 1, "same", "jnp.round({})"),
         Function("where", 3, "where", "jnp.where({})"),
         Function("index", 1, "index", ""),

@@ -132,15 +132,16 @@ class Emitter:
         return isinstance(node, ir.Unary)
 
     def _widened(self, node: ir.Expr) -> str:
-        """The value as i32 if it is a narrow integer array, else as it is. Nested
-        operations stay in i32 (never narrowed and widened again, which compilers may
-        fold back into a narrow operation)."""
+        """The value as i32 if it is a narrow integer array, else as it is."""
         if not self._narrow_int(node):
             return self._wrap(node, _OR)
         return self._widened_atom(node)
 
     def _widened_atom(self, node: ir.Expr) -> str:
-        if self._in_i32(node):
+        """A narrow value as i32. maximum, minimum, clip and relu nested in one another stay
+        in i32 (their results fit the narrow dtype); arithmetic is narrowed first, so that
+        it wraps as the narrow dtype does before the next operation sees it."""
+        if self._in_i32(node) and isinstance(node, ir.Call) and FUNCTIONS[node.func].in_range:
             return self._widened_operation(node)
         if self._narrow_int(node):
             return f"{self._wrap(node, _ATOM)}.astype(jnp.int32)"
