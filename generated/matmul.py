@@ -667,8 +667,17 @@ def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, *, k, block
 
     x, y = x_ref[...], y_ref[...]
     if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
-        x = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x, 0)
-        y = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k, y, 0)
+        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
+        x = jnp.where(
+            step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k,
+            x.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+        y = jnp.where(
+            step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k,
+            y.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
     acc_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(2) - 1)
@@ -874,8 +883,17 @@ def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
 
     x, y = x_ref[...], y_ref[...]
     if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
-        x = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x, 0)
-        y = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k, y, 0)
+        # Selected in 32 bits: Mosaic cannot select i8 blocks of fewer than 5 rows.
+        x = jnp.where(
+            step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k,
+            x.astype(jnp.int32),
+            0,
+        ).astype(jnp.int8)
+        y = jnp.where(
+            step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k,
+            y.astype(jnp.int32),
+            0,
+        ).astype(jnp.int8)
     acc_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.int32)
 
     @pl.when(step == pl.num_programs(2) - 1)
@@ -1081,8 +1099,17 @@ def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
 
     x, y = x_ref[...], y_ref[...]
     if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
-        x = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x, 0)
-        y = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k, y, 0)
+        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
+        x = jnp.where(
+            step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k,
+            x.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+        y = jnp.where(
+            step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k,
+            y.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
     acc_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(3) - 1)
@@ -1280,7 +1307,12 @@ def scores_reference(q, k, *, scale=0.125):
 
 def _scores_kernel(q_ref, k_ref, s_ref, *, scale):
     q, k = q_ref[...], k_ref[...]
-    acc = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    # Where T is 1, Mosaic cannot lower this product (or its epilogue): multiply and sum.
+    acc = (
+        jnp.sum(q.astype(jnp.float32) * k.astype(jnp.float32), axis=1, keepdims=True)
+        if k.shape[0] == 1
+        else jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    )
     s_ref[...] = acc * scale
 
 
@@ -1482,10 +1514,22 @@ def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_ref, *, k, block_k):
 
     x, w = x_ref[...], w_ref[...]
     if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
-        x = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x, 0)
-        w = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, w.shape, 1) < k, w, 0)
-    acc_ref[...] += jax.lax.dot_general(
-        x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
+        x = jnp.where(
+            step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k,
+            x.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+        w = jnp.where(
+            step * block_k + jax.lax.broadcasted_iota(jnp.int32, w.shape, 1) < k,
+            w.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+    # Where N is 1, Mosaic cannot lower this product (or its epilogue): multiply and sum.
+    acc_ref[...] += (
+        jnp.sum(x.astype(jnp.float32) * w.astype(jnp.float32), axis=1, keepdims=True)
+        if w.shape[0] == 1
+        else jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     )
 
     @pl.when(step == pl.num_programs(2) - 1)

@@ -8,6 +8,15 @@ interpret mode against NumPy.
 - f16 (no f16 vectors on v5e/v6e; the TPU kernel computes in f32);
 - bool vectors in blocks of 128 (held as 32-bit in VMEM);
 - a batched product whose epilogue reads an array without the batch dimension;
+- bf16 and i8 products `x @ y.T` at sizes where a block has fewer than 5 rows (Mosaic
+  cannot select such blocks to mask a ragged K) or y has one row (Pallas lowers that as a
+  vector product, which fails for all but f32; an f32 one fails to broadcast a bias);
+- `where` between literals or params by a condition known at trace time (Pallas's
+  Triton lowering gives such constants the condition's dtype); the kernel uses a
+  Python conditional;
+- `where` by an array condition between two scalars of i8 or bf16 (Mosaic cannot
+  relayout the condition for them); the TPU kernel chooses 16- and 8-bit values in 32
+  bits;
 - blocks passed at call time, checked against the same tiling rule as the spec.
 """
 
@@ -19,7 +28,7 @@ import jax
 import numpy as np
 import pytest
 
-from kernel_cases import load_module
+from kernel_cases import BF16, load_module, unmasked_block_accesses
 from pallasgen.devices import compile_only
 from pallasgen.workspace.pipeline import generate
 
@@ -41,20 +50,6 @@ kernel narrow_ints {
     b = minimum(y, 200)
     c = maximum(z, minimum(z, 7))
     pos = (x >= 1) & (y != 0) & (z < 9)
-    block M = 32, N = 256
-}
-""",
-    "narrow_arithmetic": """
-kernel narrow_arithmetic {
-    in  x: i8[M, N]
-    in  y: u8[M, N]
-    in  z: i16[M, N]
-    out a: i8[M, N]
-    out b: u8[M, N]
-    out c: i16[M, N]
-    a = x * x + x // 3 - x % 5 + abs(x) - (-x) ** 2
-    b = y * 3 - y // 7 + y % 11 + relu(y)
-    c = z * z - z // (z % 7 + 8) + relu(-z)
     block M = 32, N = 256
 }
 """,
@@ -88,6 +83,64 @@ kernel bmm_bias {
     block B = 1, M = 128, N = 128, K = 128
 }
 """,
+    "narrow_arithmetic": """
+kernel narrow_arithmetic {
+    in  x: i8[M, N]
+    in  y: u8[M, N]
+    in  z: i16[M, N]
+    out a: i8[M, N]
+    out b: u8[M, N]
+    out c: i16[M, N]
+    a = x * x + x // 3 - x % 5 + abs(x) - (-x) ** 2
+    b = y * 3 - y // 7 + y % 11 + relu(y)
+    c = z * z - z // (z % 7 + 8) + relu(-z)
+    block M = 32, N = 256
+}
+""",
+    "static_where": """
+kernel static_where {
+    in  x: f32[M, N]
+    out y: f32[M, N]
+    param s: f32 = 1.0
+    let flag = s > 0
+    y = x * where(s > 0, 1.0, -1.0) + where(flag, 2, 0.5) + where(~flag, 1, 2) + where(true, 0, 9)
+    block M = 8, N = 128
+}
+""",
+    "scalar_choice": """
+kernel scalar_choice {
+    in  c: bool[M, N]
+    in  s: i8[]
+    in  t: bf16[]
+    out a: i8[M, N]
+    out b: bf16[M, N]
+    a = where(c, 4, s)
+    b = where(c, t, 0.5)
+    block M = 32, N = 256
+}
+""",
+    **{
+        f"nt_{dtype}": f"""
+kernel nt_{dtype} {{
+    in  x: {dtype}[M, K]
+    in  y: {dtype}[N, K]
+    out z: {"i32" if dtype == "i8" else "f32"}[M, N]
+    z = x @ y.T
+    block M = 32, N = 128, K = 256
+}}
+"""
+        for dtype in ("bf16", "i8")
+    },
+    "nt_f32_bias": """
+kernel nt_f32_bias {
+    in  x: f32[M, K]
+    in  y: f32[N, K]
+    in  bias: f32[N]
+    out z: f32[M, N]
+    z = x @ y.T + bias
+    block M = 16, N = 128
+}
+""",
 }
 
 
@@ -116,6 +169,16 @@ def numpy_inputs(name: str, rng, m=70, n=300, b=2, k=200):
         return [rng.standard_normal((m, n)).astype(np.float16), rng.standard_normal(n).astype(np.float32)]
     if name == "flags":
         return [rng.random(n * 5 + 3).astype(np.float32)]
+    if name == "static_where":
+        return [rng.standard_normal((m, n)).astype(np.float32)]
+    if name == "scalar_choice":
+        return [rng.random((m, n)) < 0.5, np.array(-7, np.int8), np.array(1.5, BF16)]
+    if name == "nt_i8":
+        return [rng.integers(-128, 128, shape).astype(np.int8) for shape in ((m, k), (n, k))]
+    if name == "nt_bf16":
+        return [rng.standard_normal(shape).astype(BF16) for shape in ((m, k), (n, k))]
+    if name == "nt_f32_bias":
+        return [rng.standard_normal(shape).astype(np.float32) for shape in ((m, k), (n, k), (n,))]
     return [
         rng.standard_normal((b, m, k)).astype(np.float32),
         rng.standard_normal((b, k, n)).astype(np.float32),
@@ -132,17 +195,25 @@ def expected(name: str, *arrays):
         return a, np.minimum(y, 200).astype(np.uint8), np.maximum(z, np.minimum(z, 7)).astype(np.int16), (
             (x >= 1) & (y != 0) & (z < 9)
         )
+    if name == "half":
+        x, s = (a.astype(np.float64) for a in arrays)
+        return (np.exp(x) * s).astype(np.float16), x + 1
     if name == "narrow_arithmetic":  # wrapping arithmetic: computed in int64, cast back
         x, y, z = (a.astype(np.int64) for a in arrays)
         a = x * x + x // 3 - x % 5 + np.abs(x) - (-x) ** 2
         b = y * 3 - y // 7 + y % 11 + np.maximum(y, 0)
         c = z * z - z // (z % 7 + 8) + np.maximum(-z, 0)
         return a.astype(np.int8), b.astype(np.uint8), c.astype(np.int16)
-    if name == "half":
-        x, s = (a.astype(np.float64) for a in arrays)
-        return (np.exp(x) * s).astype(np.float16), x + 1
     if name == "flags":
         return (arrays[0] > 0.5,)
+    if name == "static_where":
+        return (arrays[0].astype(np.float64) + 4,)
+    if name == "scalar_choice":
+        c, s, t = arrays
+        return np.where(c, 4, s).astype(np.int8), np.where(c, t.astype(np.float64), 0.5)
+    if name.startswith("nt_"):
+        x, y, *bias = (a.astype(np.float64) for a in arrays)
+        return (x @ y.T + sum(bias),)
     x, y, bias, scale = (a.astype(np.float64) for a in arrays)
     return ((x @ y + bias) * scale[:, None],)
 
@@ -171,7 +242,7 @@ def test_triton_compiles_the_spec_with_every_access_masked(built, name):
     function = getattr(built(name), name)
     args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in numpy_inputs(name, np.random.default_rng(0), 5, 101, 2, 37)]
     for ttir in compile_only.triton_ir(functools.partial(function, interpret=False), args):
-        assert not compile_only.unmasked_accesses(ttir)
+        assert not unmasked_block_accesses(ttir)
         compile_only.compile_triton(ttir, capability=90)
 
 
@@ -219,3 +290,16 @@ def test_the_default_call_exports_the_triton_kernel_for_cuda(built):
         )(*args)
     text = exported.mlir_module()
     assert "__gpu$xla.gpu.triton" in text and "tpu_custom_call" not in text
+
+
+@pytest.mark.parametrize("name", ["nt_bf16", "nt_i8", "nt_f32_bias"])
+@pytest.mark.parametrize(("m", "n", "k"), [(3, 1, 300), (2, 3, 257), (17, 1, 2), (4, 200, 300)])
+def test_products_with_tiny_blocks_compile_for_tpu_and_match_numpy(built, name, m, n, k):
+    """Blocks of 1 to 4 rows of 16- and 8-bit values, masked for a ragged K, and a
+    one-row y: the TPU kernel selects in 32 bits and multiplies and sums instead."""
+    arrays = numpy_inputs(name, np.random.default_rng(3), m=m, n=n, k=k)
+    function = getattr(built(name), name)
+    args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
+    compiled = compile_only.compile_for_tpu(functools.partial(function, interpret=False), args)
+    assert "tpu_custom_call" in compiled.as_text()
+    compare(name, function(*arrays), expected(name, *arrays))

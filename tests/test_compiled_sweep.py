@@ -38,7 +38,7 @@ pytestmark = pytest.mark.skipif(
     bool(compile_only.missing_compilers()), reason="needs libtpu (jax[tpu]) and triton: pip install -e '.[dev]'"
 )
 
-EXAMPLES = int(os.environ.get("PALLASGEN_SWEEP_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("PALLASGEN_SWEEP_EXAMPLES", "20"))
 SWEEP = settings(
     max_examples=EXAMPLES,
     deadline=None,

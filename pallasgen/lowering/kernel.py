@@ -52,7 +52,9 @@ class LoweredKernel:
         """An emitter of this kernel's expressions: the product is its accumulator, and
         `overrides` name other nodes computed elsewhere."""
         fixed = {self.checked.product.node: self.accumulator} if self.checked.product else {}
-        return Emitter(self.names, self.checked.types, {**fixed, **(overrides or {})}, tpu=tpu, spelling=spelling)
+        lets = {s.name: s.value for s in self.kernel.body if isinstance(s, ir.Let)}
+        overrides = {**fixed, **(overrides or {})}
+        return Emitter(self.names, self.checked.types, overrides, tpu=tpu, spelling=spelling, lets=lets)
 
 
 @dataclass(frozen=True)

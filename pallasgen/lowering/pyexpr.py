@@ -37,12 +37,14 @@ class Emitter:
         overrides: dict[ir.Expr, str],
         tpu: bool = False,
         spelling=None,
+        lets: dict[str, ir.Expr] | None = None,
     ):
         self.names = names
         self.types = types
         self.overrides = overrides  # nodes computed elsewhere, such as the product, by variable
         # How reductions and index() are written here (lowering.reductions); None: no reductions.
         self.spelling = spelling
+        self.lets = lets or {}  # each let's value, by spec name
         # For a TPU kernel: f16 computed as f32, and i8/u8/i16 compares, maximum, minimum and
         # clip widened to i32, which Mosaic lowers (it has no narrow-integer compare).
         self.tpu = tpu
@@ -75,6 +77,8 @@ class Emitter:
             return f"{self._widened_operation(node)}.astype({self.dtype(self.types[node].dtype.name)})", _ATOM
         if isinstance(node, ir.Unary):
             if node.op == "~" and self.types[node].dtype == BOOL:
+                if self._static(node.operand):  # a Python bool (a traced not of one fails on Triton)
+                    return f"(not {self._wrap(node.operand, _OR)})", _ATOM
                 return f"jnp.logical_not({self.emit(node.operand)})", _ATOM
             return f"{node.op}{self._wrap(node.operand, _UNARY)}", _UNARY
         if isinstance(node, ir.Binary):
@@ -110,9 +114,47 @@ class Emitter:
             arg = self.types[node.args[0]]
             (operand,) = [self.emit(a) if arg.dtype.is_float else self._cast_code(a, "f32")[0] for a in node.args]
             return function.code.format(operand)
+        if node.func == "where" and self.types[node].weak and self._static(node.args[0]):
+            # A choice between literals or params by a condition known at trace time: a
+            # Python conditional. (Pallas's Triton lowering gives the weak constants of
+            # such a select the condition's dtype, bool, and fails.)
+            condition, *branches = node.args
+            a, b = (self._weak_branch(branch, self.types[node]) for branch in branches)
+            return f"({a} if {self.emit(condition)} else {b})"
+        if node.func == "where" and self._packed_choice(node):
+            # Mosaic cannot always select 16- or 8-bit values by a condition laid out for
+            # 32 bits (between two scalars, say): the choice is made in 32 bits, cast back.
+            wide = "f32" if self.types[node].dtype.is_float else "i32"
+            condition, *branches = node.args
+            a, b = (self.emit(x) if self.types[x].weak else self._cast_code(x, wide)[0] for x in branches)
+            return f"jnp.where({self.emit(condition)}, {a}, {b}).astype({self.dtype(self.types[node].dtype.name)})"
         if function.narrow_ints_in_i32 and self._narrow_int(node):
             return f"{self._widened_call(node)}.astype({self.dtype(self.types[node].dtype.name)})"
         return function.code.format(", ".join(self.emit(arg) for arg in node.args))
+
+    def _packed_choice(self, node: ir.Call) -> bool:
+        """A TPU kernel's `where` of 16- or 8-bit values into an array."""
+        result = self.types[node]
+        bits = DTYPES[tpu_dtype(result.dtype.name)].bits if result.dtype != BOOL else 32
+        return self.tpu and bits < 32 and bool(result.dims)
+
+    def _static(self, node: ir.Expr) -> bool:
+        """Whether Python computes the value as the kernel is traced: literals, params, and
+        operators on them (directly or through lets); jnp functions would trace it."""
+        if isinstance(node, (ir.Number, ir.Boolean)):
+            return True
+        if isinstance(node, ir.Name):
+            return self._static(self.lets[node.id]) if node.id in self.lets else self.types[node].weak
+        if isinstance(node, ir.Unary):
+            return self._static(node.operand)
+        if isinstance(node, ir.Binary):
+            return node.op != "@" and self._static(node.left) and self._static(node.right)
+        return False
+
+    def _weak_branch(self, node: ir.Expr, result: ValueType) -> str:
+        """A weak branch of a `where`, as a Python float where the other branch makes the result one."""
+        code = self.emit(node)
+        return f"float({code})" if result.dtype.is_float and not self.types[node].dtype.is_float else code
 
     def _narrow_int(self, node: ir.Expr) -> bool:
         """Whether the TPU kernel must widen this value: an array of i8, u8 or i16."""

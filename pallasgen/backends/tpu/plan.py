@@ -309,17 +309,34 @@ def _tpu_return(lowered: LoweredKernel) -> str:
 def _product_lines(product: Product, values, refs, sizes, block_k: str, step: str, k_blocked: bool) -> list[str]:
     """Load both operands, mask a ragged contracted edge, and the product expression (last)."""
     lhs, rhs = (values[o.name] for o in product.operands)
+    dtype = tpu_dtype(product.lhs.dtype.name)  # both operands have it
+    packed = DTYPES[dtype].bits < 32
     lines = [f"{lhs}, {rhs} = {refs[product.lhs.name]}[...], {refs[product.rhs.name]}[...]"]
     if k_blocked:
         k = sizes[product.k]
+        lines.append(
+            f"if {k} % {block_k}:  # a ragged {product.k}: zero both operands past its end, so padding never reaches the sum"
+        )
+        if packed:
+            lines.append(f"    # Selected in 32 bits: Mosaic cannot select {dtype} blocks of fewer than 5 rows.")
         lhs_axis = 0 if product.lhs.transposed else 1
         rhs_axis = 1 if product.rhs.transposed else 0
-        lines += [
-            f"if {k} % {block_k}:  # a ragged {product.k}: zero both operands past its end, so padding never reaches the sum",
-            f"    {lhs} = jnp.where({step} * {block_k} + jax.lax.broadcasted_iota(jnp.int32, {lhs}.shape, {lhs_axis}) < {k}, {lhs}, 0)",
-            f"    {rhs} = jnp.where({step} * {block_k} + jax.lax.broadcasted_iota(jnp.int32, {rhs}.shape, {rhs_axis}) < {k}, {rhs}, 0)",
-        ]
-    return [*lines, dot_code(product, lhs, rhs)]
+        for value, axis in ((lhs, lhs_axis), (rhs, rhs_axis)):
+            inside = f"{step} * {block_k} + jax.lax.broadcasted_iota(jnp.int32, {value}.shape, {axis}) < {k}"
+            if packed:
+                wide = "jnp.float32" if DTYPES[dtype].is_float else "jnp.int32"
+                lines.append(f"    {value} = jnp.where({inside}, {value}.astype({wide}), 0).astype({jnp_dtype(dtype)})")
+            else:
+                lines.append(f"    {value} = jnp.where({inside}, {value}, 0)")
+    dot = dot_code(product, lhs, rhs)
+    if product.rhs.transposed and not product.lhs.transposed:
+        # x @ y.T with a one-row y: Pallas lowers it as a vector product, which fails for all
+        # but f32, and an f32 result of one column fails to broadcast over its epilogue.
+        accumulate = jnp_dtype(product.accumulator.name)
+        lines.append(f"# Where {product.n} is 1, Mosaic cannot lower this product (or its epilogue): multiply and sum.")
+        vector = f"jnp.sum({lhs}.astype({accumulate}) * {rhs}.astype({accumulate}), axis=1, keepdims=True)"
+        dot = f"({vector} if {rhs}.shape[0] == 1 else {dot})"
+    return [*lines, dot]
 
 
 def _cost_estimate(checked: CheckedKernel, values, sizes) -> str:
