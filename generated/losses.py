@@ -324,7 +324,7 @@ def _cross_entropy_kernel(
     loss_ref,
     logsumexp_v_max_ref,
     logsumexp_v_sum_ref,
-    sum_v_ref,
+    sum_v_running_ref,
     *,
     m,
     v,
@@ -337,7 +337,7 @@ def _cross_entropy_kernel(
     def _init():
         logsumexp_v_max_ref[...] = jnp.full(logsumexp_v_max_ref.shape, -jnp.inf, jnp.float32)
         logsumexp_v_sum_ref[...] = jnp.full(logsumexp_v_sum_ref.shape, 0.0, jnp.float32)
-        sum_v_ref[...] = jnp.full(sum_v_ref.shape, 0.0, jnp.float32)
+        sum_v_running_ref[...] = jnp.full(sum_v_running_ref.shape, 0.0, jnp.float32)
 
     logits = logits_ref[...]
     label = label_ref[...]
@@ -355,12 +355,12 @@ def _cross_entropy_kernel(
     )
     if v % block_v:  # a ragged V: its identity past the end, never padding
         sum_v_block = _fill_past(sum_v_block, step * block_v, v, 1, 0.0)
-    sum_v_ref[...] = sum_v_ref[...] + jnp.sum(sum_v_block, axis=1, keepdims=True)
+    sum_v_running_ref[...] = sum_v_running_ref[...] + jnp.sum(sum_v_block, axis=1, keepdims=True)
 
     @pl.when(step == pl.num_programs(1) - 1)
     def _finish():
         logsumexp_v = _logsumexp_finish(logsumexp_v_max_ref[...], logsumexp_v_sum_ref[...])
-        sum_v = sum_v_ref[...]
+        sum_v = sum_v_running_ref[...]
         loss_ref[...] = logsumexp_v - sum_v
 
 
@@ -399,7 +399,7 @@ def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, interpret):
             pltpu.VMEM((block_m, 1), jnp.float32),
             # logsumexp_v_sum_ref: the running logsumexp over V of one block
             pltpu.VMEM((block_m, 1), jnp.float32),
-            # sum_v_ref: the running sum over V of one block
+            # sum_v_running_ref: the running sum over V of one block
             pltpu.VMEM((block_m, 1), jnp.float32),
         ],
         compiler_params=pltpu.CompilerParams(
@@ -424,7 +424,7 @@ def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, *, m, v, block_m,
     label = _load(label_ref, inside)
 
     def accumulate(index, running):
-        logsumexp_v_max, logsumexp_v_sum, sum_v = running
+        logsumexp_v_max, logsumexp_v_sum, sum_v_running = running
         start = index * block_v
         in_v = _inside(start, block_v, v)
         logits = _load(
@@ -442,10 +442,10 @@ def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, *, m, v, block_m,
         )
         if v % block_v:  # a ragged V: its identity past the end, never padding
             sum_v_block = _fill_past(sum_v_block, start, v, 1, 0.0)
-        sum_v = sum_v + jnp.sum(sum_v_block, axis=1, keepdims=True)
-        return logsumexp_v_max, logsumexp_v_sum, sum_v
+        sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1, keepdims=True)
+        return logsumexp_v_max, logsumexp_v_sum, sum_v_running
 
-    logsumexp_v_max, logsumexp_v_sum, sum_v = jax.lax.fori_loop(
+    logsumexp_v_max, logsumexp_v_sum, sum_v_running = jax.lax.fori_loop(
         0,
         pl.cdiv(v, block_v),
         accumulate,
@@ -455,9 +455,9 @@ def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, *, m, v, block_m,
             jnp.full((block_m, 1), 0.0, jnp.float32),
         ),
     )
-    logsumexp_of_v = _logsumexp_finish(logsumexp_v_max, logsumexp_v_sum)
-    sum_of_v = sum_v
-    _store(loss_ref, logsumexp_of_v - sum_of_v, inside)
+    logsumexp_v = _logsumexp_finish(logsumexp_v_max, logsumexp_v_sum)
+    sum_v = sum_v_running
+    _store(loss_ref, logsumexp_v - sum_v, inside)
 
 
 def _cross_entropy_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_stages, interpret):

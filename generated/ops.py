@@ -698,23 +698,23 @@ def equal_count_f32_reference(x, y):
     return n
 
 
-def _equal_count_f32_kernel(x_ref, y_ref, n_ref, sum_n_ref, *, n_, block_n):
+def _equal_count_f32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block_n):
     step = pl.program_id(0)
 
     @pl.when(step == 0)
     def _init():
-        sum_n_ref[...] = jnp.full(sum_n_ref.shape, 0, jnp.int32)
+        sum_n_running_ref[...] = jnp.full(sum_n_running_ref.shape, 0, jnp.int32)
 
     x = x_ref[...]
     y = y_ref[...]
     sum_n_block = (x == y).astype(jnp.int32)
     if n_ % block_n:  # a ragged N: its identity past the end, never padding
         sum_n_block = _fill_past(sum_n_block, step * block_n, n_, 0, 0)
-    sum_n_ref[...] = sum_n_ref[...] + jnp.sum(sum_n_block, axis=0, keepdims=True)
+    sum_n_running_ref[...] = sum_n_running_ref[...] + jnp.sum(sum_n_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(0) - 1)
     def _finish():
-        sum_n = sum_n_ref[...]
+        sum_n = sum_n_running_ref[...]
         n_ref[...] = sum_n
 
 
@@ -746,7 +746,7 @@ def _equal_count_f32_tpu(x, y, *, n_, block_n, interpret):
         # n: i32[], broadcast over N
         out_specs=pl.BlockSpec((1,), lambda i: (0,)),
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
-        # sum_n_ref: the running sum over N of one block
+        # sum_n_running_ref: the running sum over N of one block
         scratch_shapes=[pltpu.VMEM((1,), jnp.int32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
@@ -766,7 +766,7 @@ def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
     inside = None
 
     def accumulate(index, running):
-        (sum_n,) = running
+        (sum_n_running,) = running
         start = index * block_n
         in_n = _inside(start, block_n, n_)
         x = _load(x_ref.at[pl.ds(start, block_n)], _mask((block_n,), in_n))
@@ -774,14 +774,14 @@ def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
         sum_n_block = (x == y).astype(jnp.int32)
         if n_ % block_n:  # a ragged N: its identity past the end, never padding
             sum_n_block = _fill_past(sum_n_block, start, n_, 0, 0)
-        sum_n = sum_n + jnp.sum(sum_n_block, axis=0, keepdims=True)
-        return (sum_n,)
+        sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
+        return (sum_n_running,)
 
-    (sum_n,) = jax.lax.fori_loop(
+    (sum_n_running,) = jax.lax.fori_loop(
         0, pl.cdiv(n_, block_n), accumulate, (jnp.full((1,), 0, jnp.int32),)
     )
-    sum_of_n = sum_n
-    n_ref[...] = sum_of_n
+    sum_n = sum_n_running
+    n_ref[...] = sum_n
 
 
 def _equal_count_f32_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
@@ -1261,23 +1261,23 @@ def equal_count_i32_reference(x, y):
     return n
 
 
-def _equal_count_i32_kernel(x_ref, y_ref, n_ref, sum_n_ref, *, n_, block_n):
+def _equal_count_i32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block_n):
     step = pl.program_id(0)
 
     @pl.when(step == 0)
     def _init():
-        sum_n_ref[...] = jnp.full(sum_n_ref.shape, 0, jnp.int32)
+        sum_n_running_ref[...] = jnp.full(sum_n_running_ref.shape, 0, jnp.int32)
 
     x = x_ref[...]
     y = y_ref[...]
     sum_n_block = (x == y).astype(jnp.int32)
     if n_ % block_n:  # a ragged N: its identity past the end, never padding
         sum_n_block = _fill_past(sum_n_block, step * block_n, n_, 0, 0)
-    sum_n_ref[...] = sum_n_ref[...] + jnp.sum(sum_n_block, axis=0, keepdims=True)
+    sum_n_running_ref[...] = sum_n_running_ref[...] + jnp.sum(sum_n_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(0) - 1)
     def _finish():
-        sum_n = sum_n_ref[...]
+        sum_n = sum_n_running_ref[...]
         n_ref[...] = sum_n
 
 
@@ -1309,7 +1309,7 @@ def _equal_count_i32_tpu(x, y, *, n_, block_n, interpret):
         # n: i32[], broadcast over N
         out_specs=pl.BlockSpec((1,), lambda i: (0,)),
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
-        # sum_n_ref: the running sum over N of one block
+        # sum_n_running_ref: the running sum over N of one block
         scratch_shapes=[pltpu.VMEM((1,), jnp.int32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
@@ -1329,7 +1329,7 @@ def _equal_count_i32_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
     inside = None
 
     def accumulate(index, running):
-        (sum_n,) = running
+        (sum_n_running,) = running
         start = index * block_n
         in_n = _inside(start, block_n, n_)
         x = _load(x_ref.at[pl.ds(start, block_n)], _mask((block_n,), in_n))
@@ -1337,14 +1337,14 @@ def _equal_count_i32_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
         sum_n_block = (x == y).astype(jnp.int32)
         if n_ % block_n:  # a ragged N: its identity past the end, never padding
             sum_n_block = _fill_past(sum_n_block, start, n_, 0, 0)
-        sum_n = sum_n + jnp.sum(sum_n_block, axis=0, keepdims=True)
-        return (sum_n,)
+        sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
+        return (sum_n_running,)
 
-    (sum_n,) = jax.lax.fori_loop(
+    (sum_n_running,) = jax.lax.fori_loop(
         0, pl.cdiv(n_, block_n), accumulate, (jnp.full((1,), 0, jnp.int32),)
     )
-    sum_of_n = sum_n
-    n_ref[...] = sum_of_n
+    sum_n = sum_n_running
+    n_ref[...] = sum_n
 
 
 def _equal_count_i32_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
@@ -1828,23 +1828,23 @@ def equal_count_i8_reference(x, y):
     return n
 
 
-def _equal_count_i8_kernel(x_ref, y_ref, n_ref, sum_n_ref, *, n_, block_n):
+def _equal_count_i8_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block_n):
     step = pl.program_id(0)
 
     @pl.when(step == 0)
     def _init():
-        sum_n_ref[...] = jnp.full(sum_n_ref.shape, 0, jnp.int32)
+        sum_n_running_ref[...] = jnp.full(sum_n_running_ref.shape, 0, jnp.int32)
 
     x = x_ref[...]
     y = y_ref[...]
     sum_n_block = (x.astype(jnp.int32) == y.astype(jnp.int32)).astype(jnp.int32)
     if n_ % block_n:  # a ragged N: its identity past the end, never padding
         sum_n_block = _fill_past(sum_n_block, step * block_n, n_, 0, 0)
-    sum_n_ref[...] = sum_n_ref[...] + jnp.sum(sum_n_block, axis=0, keepdims=True)
+    sum_n_running_ref[...] = sum_n_running_ref[...] + jnp.sum(sum_n_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(0) - 1)
     def _finish():
-        sum_n = sum_n_ref[...]
+        sum_n = sum_n_running_ref[...]
         n_ref[...] = sum_n
 
 
@@ -1876,7 +1876,7 @@ def _equal_count_i8_tpu(x, y, *, n_, block_n, interpret):
         # n: i32[], broadcast over N
         out_specs=pl.BlockSpec((1,), lambda i: (0,)),
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
-        # sum_n_ref: the running sum over N of one block
+        # sum_n_running_ref: the running sum over N of one block
         scratch_shapes=[pltpu.VMEM((1,), jnp.int32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
@@ -1896,7 +1896,7 @@ def _equal_count_i8_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
     inside = None
 
     def accumulate(index, running):
-        (sum_n,) = running
+        (sum_n_running,) = running
         start = index * block_n
         in_n = _inside(start, block_n, n_)
         x = _load(x_ref.at[pl.ds(start, block_n)], _mask((block_n,), in_n))
@@ -1904,14 +1904,14 @@ def _equal_count_i8_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
         sum_n_block = (x == y).astype(jnp.int32)
         if n_ % block_n:  # a ragged N: its identity past the end, never padding
             sum_n_block = _fill_past(sum_n_block, start, n_, 0, 0)
-        sum_n = sum_n + jnp.sum(sum_n_block, axis=0, keepdims=True)
-        return (sum_n,)
+        sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
+        return (sum_n_running,)
 
-    (sum_n,) = jax.lax.fori_loop(
+    (sum_n_running,) = jax.lax.fori_loop(
         0, pl.cdiv(n_, block_n), accumulate, (jnp.full((1,), 0, jnp.int32),)
     )
-    sum_of_n = sum_n
-    n_ref[...] = sum_of_n
+    sum_n = sum_n_running
+    n_ref[...] = sum_n
 
 
 def _equal_count_i8_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):

@@ -543,22 +543,22 @@ def column_sums_reference(x):
     return s
 
 
-def _column_sums_kernel(x_ref, s_ref, sum_m_ref, *, m, n, block_m, block_n):
+def _column_sums_kernel(x_ref, s_ref, sum_m_running_ref, *, m, n, block_m, block_n):
     step = pl.program_id(1)
 
     @pl.when(step == 0)
     def _init():
-        sum_m_ref[...] = jnp.full(sum_m_ref.shape, 0.0, jnp.float32)
+        sum_m_running_ref[...] = jnp.full(sum_m_running_ref.shape, 0.0, jnp.float32)
 
     x = x_ref[...]
     sum_m_block = x
     if m % block_m:  # a ragged M: its identity past the end, never padding
         sum_m_block = _fill_past(sum_m_block, step * block_m, m, 0, 0.0)
-    sum_m_ref[...] = sum_m_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
+    sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(1) - 1)
     def _finish():
-        sum_m = sum_m_ref[...]
+        sum_m = sum_m_running_ref[...]
         s_ref[...] = sum_m
 
 
@@ -590,7 +590,7 @@ def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
         # s: f32[N], broadcast over M
         out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
-        # sum_m_ref: the running sum over M of one block
+        # sum_m_running_ref: the running sum over M of one block
         scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
@@ -611,21 +611,21 @@ def _column_sums_gpu_kernel(x_ref, s_ref, *, m, n, block_m, block_n):
     inside = _mask((1, block_n), None, in_n)
 
     def accumulate(index, running):
-        (sum_m,) = running
+        (sum_m_running,) = running
         start = index * block_m
         in_m = _inside(start, block_m, m)
         x = _load(x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
         sum_m_block = x
         if m % block_m:  # a ragged M: its identity past the end, never padding
             sum_m_block = _fill_past(sum_m_block, start, m, 0, 0.0)
-        sum_m = sum_m + jnp.sum(sum_m_block, axis=0, keepdims=True)
-        return (sum_m,)
+        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
+        return (sum_m_running,)
 
-    (sum_m,) = jax.lax.fori_loop(
+    (sum_m_running,) = jax.lax.fori_loop(
         0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_n), 0.0, jnp.float32),)
     )
-    sum_of_m = sum_m
-    _store(s_ref, sum_of_m, inside)
+    sum_m = sum_m_running
+    _store(s_ref, sum_m, inside)
 
 
 def _column_sums_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
@@ -838,23 +838,23 @@ def equal_count_reference(x, y):
     return n
 
 
-def _equal_count_kernel(x_ref, y_ref, n_ref, sum_n_ref, *, n_, block_n):
+def _equal_count_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block_n):
     step = pl.program_id(0)
 
     @pl.when(step == 0)
     def _init():
-        sum_n_ref[...] = jnp.full(sum_n_ref.shape, 0, jnp.int32)
+        sum_n_running_ref[...] = jnp.full(sum_n_running_ref.shape, 0, jnp.int32)
 
     x = x_ref[...]
     y = y_ref[...]
     sum_n_block = (x == y).astype(jnp.int32)
     if n_ % block_n:  # a ragged N: its identity past the end, never padding
         sum_n_block = _fill_past(sum_n_block, step * block_n, n_, 0, 0)
-    sum_n_ref[...] = sum_n_ref[...] + jnp.sum(sum_n_block, axis=0, keepdims=True)
+    sum_n_running_ref[...] = sum_n_running_ref[...] + jnp.sum(sum_n_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(0) - 1)
     def _finish():
-        sum_n = sum_n_ref[...]
+        sum_n = sum_n_running_ref[...]
         n_ref[...] = sum_n
 
 
@@ -886,7 +886,7 @@ def _equal_count_tpu(x, y, *, n_, block_n, interpret):
         # n: i32[], broadcast over N
         out_specs=pl.BlockSpec((1,), lambda i: (0,)),
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
-        # sum_n_ref: the running sum over N of one block
+        # sum_n_running_ref: the running sum over N of one block
         scratch_shapes=[pltpu.VMEM((1,), jnp.int32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
@@ -906,7 +906,7 @@ def _equal_count_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
     inside = None
 
     def accumulate(index, running):
-        (sum_n,) = running
+        (sum_n_running,) = running
         start = index * block_n
         in_n = _inside(start, block_n, n_)
         x = _load(x_ref.at[pl.ds(start, block_n)], _mask((block_n,), in_n))
@@ -914,14 +914,14 @@ def _equal_count_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
         sum_n_block = (x == y).astype(jnp.int32)
         if n_ % block_n:  # a ragged N: its identity past the end, never padding
             sum_n_block = _fill_past(sum_n_block, start, n_, 0, 0)
-        sum_n = sum_n + jnp.sum(sum_n_block, axis=0, keepdims=True)
-        return (sum_n,)
+        sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
+        return (sum_n_running,)
 
-    (sum_n,) = jax.lax.fori_loop(
+    (sum_n_running,) = jax.lax.fori_loop(
         0, pl.cdiv(n_, block_n), accumulate, (jnp.full((1,), 0, jnp.int32),)
     )
-    sum_of_n = sum_n
-    n_ref[...] = sum_of_n
+    sum_n = sum_n_running
+    n_ref[...] = sum_n
 
 
 def _equal_count_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):

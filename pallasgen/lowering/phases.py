@@ -6,9 +6,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pallasgen.analysis.checks import CheckedKernel
-from pallasgen.analysis.dtypes import DTYPES, DType
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.frontend import ir
+from pallasgen.lowering.reductions import (
+    RUNNING,
+    Accumulator,
+    accumulators,
+    combine_code,
+    compute_dtype,
+    finish_code,
+    identity,
+)
 
 
 @dataclass(frozen=True)
@@ -46,13 +54,48 @@ def split_phases(checked: CheckedKernel, dim: str) -> Phases:
     return Phases(dim, reductions, tuple(each_step), tuple(last_step))
 
 
-def compute_dtype(kind: str, dtype: DType) -> DType:
-    """The dtype a kernel reduces in: f32 for floats, mean and logsumexp; else i32."""
-    return DTYPES["f32"] if kind in ("mean", "logsumexp") or dtype.is_float else DTYPES["i32"]
-
-
 def reduces(checked: CheckedKernel) -> bool:
     """Whether the body reduces over a dimension (other than by a product) or reads
     positions with index()."""
     calls = [n for n in ir.walk(*(s.value for s in checked.kernel.body)) if isinstance(n, ir.Call)]
     return any(FUNCTIONS[n.func].reducer or n.func == "index" for n in calls)
+
+
+@dataclass(frozen=True)
+class SteppedReduction:
+    """One reduction over a blocked dimension, as code: its running values, the lines
+    each step adds a block with, and its value once the steps are done."""
+
+    node: ir.Call
+    result: str  # the variable holding its value after the last step
+    accumulators: tuple[Accumulator, ...]
+    step: tuple[str, ...]
+    finish: str
+
+
+def stepped_reductions(
+    lowered, namer, phases: Phases, emitter, start: str, block: str, in_refs: bool
+) -> list[SteppedReduction]:
+    """The reductions over `phases.dim`, one block per step from position `start`. The
+    running values are scratch Refs (`in_refs`, TPU: `name_ref[...]`) or values a loop
+    carries (GPU)."""
+    checked, sizes, dim = lowered.checked, lowered.sizes, phases.dim
+    axis = checked.space.layout.index(dim)
+    suffix = "_ref" if in_refs else ""
+    found = []
+    for node in phases.reductions:
+        kind, dtype = node.func, checked.types[node.args[0]].dtype
+        result = namer.claim(f"{kind}_{dim.lower()}")
+        names = [namer.claim(f"{result}_{part}{suffix}") for part in RUNNING.get(kind, ("running",))]
+        accs = accumulators(kind, dtype, names)
+        values = [f"{acc.name}[...]" if in_refs else acc.name for acc in accs]
+        computed = compute_dtype(kind, dtype)
+        block_value = namer.claim(f"{result}_block")
+        step = (
+            f"{block_value} = {emitter.cast(node.args[0], computed.name)}",
+            f"if {sizes[dim]} % {block}:  # a ragged {dim}: its identity past the end, never padding",
+            f"    {block_value} = _fill_past({block_value}, {start}, {sizes[dim]}, {axis}, {identity(kind, dtype)})",
+            f"{', '.join(values)} = {combine_code(kind, values, block_value, axis, computed, start)}",
+        )
+        found.append(SteppedReduction(node, result, tuple(accs), step, finish_code(kind, values, dtype, sizes[dim])))
+    return found

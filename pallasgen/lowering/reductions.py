@@ -7,14 +7,14 @@ In the reference they are plain jax.numpy. In kernels they compute in f32 (float
 or i32 (integers and bools), which Mosaic and Triton both reduce, and use the
 module's helpers for argmax/argmin (first index on ties) and logsumexp. A reduced
 dimension that is blocked is reduced step by step into accumulators: `Accumulator`s,
-combined by `combine_lines` and read back by `finish_code`.
+combined by `combine_code` and read back by `finish_code`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pallasgen.analysis.dtypes import DType
+from pallasgen.analysis.dtypes import DTYPES, DType
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.frontend import ir
 from pallasgen.lowering.parts import tuple_code
@@ -33,17 +33,19 @@ IDENTITY = {
 }
 
 
-def wide(dtype: DType) -> str:
-    """The dtype a kernel reduces values of `dtype` in: f32 for floats, else i32."""
-    return F32 if dtype.is_float else I32
+def compute_dtype(kind: str, dtype: DType) -> DType:
+    """The dtype a kernel reduces values of `dtype` in: f32 for floats, for mean and for
+    logsumexp; i32 for integers and bools."""
+    return DTYPES["f32"] if kind in ("mean", "logsumexp") or dtype.is_float else DTYPES["i32"]
+
+
+def _computed(kind: str, dtype: DType) -> str:
+    return F32 if compute_dtype(kind, dtype).is_float else I32
 
 
 def identity(kind: str, dtype: DType) -> str:
     """The value masked positions hold for this reduction, as code."""
-    compute = F32 if kind in ("mean", "logsumexp") else wide(dtype)
-    if kind == "sum" and not dtype.is_float:
-        compute = I32
-    return IDENTITY[(FUNCTIONS[kind].reducer.identity, compute)]
+    return IDENTITY[(FUNCTIONS[kind].reducer.identity, _computed(kind, dtype))]
 
 
 def reference_reduction(kind: str, value: str, axis: int, dtype: DType) -> str:
@@ -63,7 +65,7 @@ def reference_reduction(kind: str, value: str, axis: int, dtype: DType) -> str:
 def kernel_reduction(kind: str, value: str, axis: int, dtype: DType, size: str, padded: bool = False) -> str:
     """`kind` over a whole `axis` inside a kernel; `size` is the dimension's true size,
     and a `padded` block holds more positions than that (filled with the identity)."""
-    computed = _as(value, dtype, F32 if kind in ("mean", "logsumexp") else wide(dtype))
+    computed = _as(value, dtype, _computed(kind, dtype))
     if padded:
         computed = f"_fill_past({computed}, 0, {size}, {axis}, {identity(kind, dtype)})"
     where = f"axis={axis}, keepdims=True"
@@ -92,8 +94,8 @@ def kernel_positions(axis: int, rank: int, extent: str, start: str | None) -> st
     return f"{start} + {iota}" if start else iota
 
 
-# The names of the two running values of a reduction that keeps a pair.
-RUNNING_PAIRS = {"logsumexp": ("max", "sum"), "argmax": ("max", "index"), "argmin": ("min", "index")}
+# The names of the running values of each reduction: most keep one, some a pair.
+RUNNING = {"logsumexp": ("max", "sum"), "argmax": ("max", "index"), "argmin": ("min", "index")}
 
 
 @dataclass(frozen=True)
@@ -105,17 +107,17 @@ class Accumulator:
 
 def accumulators(kind: str, dtype: DType, names: list[str]) -> list[Accumulator]:
     """The running values of a reduction over steps; `names` gives one or two names."""
+    first = Accumulator(names[0], _computed(kind, dtype), identity(kind, dtype))
     if kind == "logsumexp":
-        return [Accumulator(names[0], F32, "-jnp.inf"), Accumulator(names[1], F32, "0.0")]
+        return [first, Accumulator(names[1], F32, "0.0")]
     if kind in ("argmax", "argmin"):
-        return [Accumulator(names[0], wide(dtype), identity(kind, dtype)), Accumulator(names[1], I32, "0")]
-    compute = F32 if kind == "mean" or (kind == "sum" and dtype.is_float) else wide(dtype)
-    return [Accumulator(names[0], compute, identity(kind, dtype))]
+        return [first, Accumulator(names[1], I32, "0")]
+    return [first]
 
 
 def combine_code(kind: str, running: list[str], value: str, axis: int, dtype: DType, start: str) -> str:
     """The running values after one more block `value` (`start`: its first position)."""
-    computed = _as(value, dtype, F32 if kind in ("mean", "logsumexp") else wide(dtype))
+    computed = _as(value, dtype, _computed(kind, dtype))
     where = f"axis={axis}, keepdims=True"
     if kind in ("sum", "mean"):
         return f"{running[0]} + jnp.sum({computed}, {where})"
@@ -156,7 +158,7 @@ def _as(value: str, dtype: DType, target: str) -> str:
 
 def _narrowed(code: str, dtype: DType) -> str:
     """A max or min computed wide, back in the reduced values' dtype."""
-    if wide(dtype) == (F32 if dtype.name == "f32" else I32 if dtype.name == "i32" else None):
+    if dtype.name in ("f32", "i32"):
         return code
     return f"{code}.astype(jnp.{dtype.jnp if dtype.name != 'bool' else 'bool_'})"
 
@@ -192,6 +194,11 @@ class KernelSpelling:
 
     def rounded(self, value: str) -> str:
         return f"_round_half_even({value})" if self.round_helper else f"jnp.round({value})"
+
+    def starting(self, dim: str, start: str) -> KernelSpelling:
+        """The same spelling, with blocks of `dim` starting at `start`."""
+        starts = {**self.starts, dim: start}
+        return KernelSpelling(self.layout, self.sizes, self.extents, starts, self.padded, self.round_helper)
 
     def reduction(self, node: ir.Call, value: str, dtype: DType) -> str:
         dim = reduced_dim(node)

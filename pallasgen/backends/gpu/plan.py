@@ -31,9 +31,9 @@ from pallasgen.lowering.parts import (
 )
 from pallasgen.analysis.names import Namer
 from pallasgen.analysis.product import Product
-from pallasgen.lowering.phases import compute_dtype, split_phases, stepped_dim
+from pallasgen.lowering.phases import split_phases, stepped_dim, stepped_reductions
 from pallasgen.lowering.pyexpr import jnp_dtype
-from pallasgen.lowering.reductions import RUNNING_PAIRS, KernelSpelling, accumulators, combine_code, finish_code, identity
+from pallasgen.lowering.reductions import KernelSpelling
 from pallasgen.lowering.signature import Keyword, KeywordGroup
 
 GPU_DOC = "  gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two)."
@@ -240,10 +240,10 @@ def _reduction_loop(lowered: LoweredKernel, namer, dim: str, spelling, load, sto
     checked = lowered.checked
     kernel, values, refs, sizes = checked.kernel, lowered.values, lowered.refs, lowered.sizes
     layout = checked.space.layout
-    axis, block = layout.index(dim), block_keyword(dim)
+    block = block_keyword(dim)
     phases = split_phases(checked, dim)
     index, start, function = (namer.claim(n) for n in ("index", "start", "accumulate"))
-    spelling.starts[dim] = start
+    spelling = spelling.starting(dim, start)
     emitter = lowered.emitter(spelling=spelling)
     with_dim = {d.name for d in kernel.inputs if dim in d.dims}
     before = [d.name for d in kernel.inputs if d.name not in with_dim]
@@ -257,24 +257,11 @@ def _reduction_loop(lowered: LoweredKernel, namer, dim: str, spelling, load, sto
         masked = f"_mask({shape}, {', '.join(inside[d] if d else 'None' for d in axes)})"
         return f"_load({refs[decl.name]}.at[{indexer}], {masked})"
 
+    reductions = stepped_reductions(lowered, namer, phases, emitter, start, block, in_refs=False)
     shape = tuple_code(["1" if d == dim else block_keyword(d) for d in layout])
-    running, init, step_lines, finished = [], [], [], {}
-    for node in phases.reductions:
-        kind, dtype = node.func, checked.types[node.args[0]].dtype
-        base = namer.claim(f"{kind}_{dim.lower()}")
-        names = [namer.claim(f"{base}_{part}") for part in RUNNING_PAIRS.get(kind, ())] or [base]
-        accs = accumulators(kind, dtype, names)
-        running += [a.name for a in accs]
-        init += [f"jnp.full({shape}, {a.initial}, {a.dtype})" for a in accs]
-        wide = compute_dtype(kind, dtype)
-        value = namer.claim(f"{base}_block")
-        step_lines += [
-            f"{value} = {emitter.cast(node.args[0], wide.name)}",
-            f"if {sizes[dim]} % {block}:  # a ragged {dim}: its identity past the end, never padding",
-            f"    {value} = _fill_past({value}, {start}, {sizes[dim]}, {axis}, {identity(kind, dtype)})",
-            f"{', '.join(a.name for a in accs)} = {combine_code(kind, [a.name for a in accs], value, axis, wide, start)}",
-        ]
-        finished[node] = (namer.claim(f"{kind}_of_{dim.lower()}"), finish_code(kind, [a.name for a in accs], dtype, sizes[dim]))
+    running = [acc.name for r in reductions for acc in r.accumulators]
+    init = [f"jnp.full({shape}, {acc.initial}, {acc.dtype})" for r in reductions for acc in r.accumulators]
+    step_lines = [line for r in reductions for line in r.step]
     carried = ", ".join(running) + ("," if len(running) == 1 else "")
     loop = [
         *load_statements(kernel, values, checked, load, only=before),
@@ -290,8 +277,8 @@ def _reduction_loop(lowered: LoweredKernel, namer, dim: str, spelling, load, sto
         "",
         f"{carried} = jax.lax.fori_loop(0, pl.cdiv({sizes[dim]}, {block}), {function}, ({', '.join(init)}{',' if len(init) == 1 else ''}))",
     ]
-    last = lowered.emitter(spelling=spelling, overrides={n: name for n, (name, _) in finished.items()})
-    body = [f"{name} = {code}" for name, code in finished.values()]
+    last = lowered.emitter(spelling=spelling, overrides={r.node: r.result for r in reductions})
+    body = [f"{r.result} = {r.finish}" for r in reductions]
     body += body_statements(kernel, phases.last_step, last, values, refs, checked, store)
     return loop, body
 

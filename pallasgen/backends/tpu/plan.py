@@ -38,16 +38,9 @@ from pallasgen.lowering.parts import (
     ref_store,
     tuple_code,
 )
-from pallasgen.lowering.phases import compute_dtype, reduces, split_phases, stepped_dim
+from pallasgen.lowering.phases import reduces, split_phases, stepped_dim, stepped_reductions
 from pallasgen.lowering.pyexpr import jnp_dtype
-from pallasgen.lowering.reductions import (
-    RUNNING_PAIRS,
-    KernelSpelling,
-    accumulators,
-    combine_code,
-    finish_code,
-    identity,
-)
+from pallasgen.lowering.reductions import KernelSpelling
 from pallasgen.lowering.signature import Keyword, KeywordGroup
 
 COMMENT_WIDTH = 84
@@ -235,55 +228,34 @@ def _stepped(lowered: LoweredKernel, namer, dim: str, blocked, block_of, spellin
     """Reductions over a blocked `dim`, one block per step into scratch accumulators:
     the accumulator plan, its scratch refs, and the body of the last step."""
     checked = lowered.checked
-    kernel, values, refs, sizes = checked.kernel, lowered.values, lowered.refs, lowered.sizes
+    kernel, values, refs = checked.kernel, lowered.values, lowered.refs
     phases = split_phases(checked, dim)
-    layout = checked.space.layout
-    axis = layout.index(dim)
     step = namer.claim("step")
-    start = f"{step} * {block_keyword(dim)}"
-    each_step_emitter = lowered.emitter(tpu=True, spelling=spelling)
+    emitter = lowered.emitter(tpu=True, spelling=spelling)
+    reductions = stepped_reductions(
+        lowered, namer, phases, emitter, f"{step} * {block_keyword(dim)}", block_keyword(dim), in_refs=True
+    )
+    shape = tuple_code(["1" if d == dim else block_of[d] for d in checked.space.layout])
+    accs = [(r.node.func, acc) for r in reductions for acc in r.accumulators]
     lines = load_statements(kernel, values, checked, ref_load(refs))
-    lines += body_statements(kernel, phases.each_step, each_step_emitter, values, refs, checked, ref_store(refs))
-    scratch, scratch_refs, init, finished = [], [], [], {}
-    shape = tuple_code(["1" if d == dim else block_of[d] for d in layout])
-    for node in phases.reductions:
-        kind, dtype = node.func, checked.types[node.args[0]].dtype
-        base = namer.claim(f"{kind}_{dim.lower()}")
-        parts = RUNNING_PAIRS.get(kind, ())
-        names = [namer.claim(f"{base}_{part}_ref") for part in parts] or [namer.claim(f"{base}_ref")]
-        accs = accumulators(kind, dtype, names)
-        scratch_refs += names
-        for acc in accs:
-            scratch.append((f"{acc.name}: the running {kind} over {dim} of one block", f"pltpu.VMEM({shape}, {acc.dtype})"))
-            init.append(f"{acc.name}[...] = jnp.full({acc.name}.shape, {acc.initial}, {acc.dtype})")
-        wide = compute_dtype(kind, dtype)
-        value = namer.claim(f"{base}_block")
-        lines.append(f"{value} = {_widened(each_step_emitter, node.args[0], wide)}")
-        lines += [
-            f"if {sizes[dim]} % {block_keyword(dim)}:  # a ragged {dim}: its identity past the end, never padding",
-            f"    {value} = _fill_past({value}, {start}, {sizes[dim]}, {axis}, {identity(kind, dtype)})",
-        ]
-        running = [f"{acc.name}[...]" for acc in accs]
-        lines.append(f"{', '.join(running)} = {combine_code(kind, running, value, axis, wide, start)}")
-        finished[node] = (base, finish_code(kind, running, dtype, sizes[dim]))
-    last_emitter = lowered.emitter(tpu=True, spelling=spelling, overrides={n: b for n, (b, _) in finished.items()})
-    body = [f"{base} = {code}" for base, code in finished.values()]
-    body += body_statements(kernel, phases.last_step, last_emitter, values, refs, checked, ref_store(refs))
+    lines += body_statements(kernel, phases.each_step, emitter, values, refs, checked, ref_store(refs))
+    lines += [line for r in reductions for line in r.step]
+    last = lowered.emitter(tpu=True, spelling=spelling, overrides={r.node: r.result for r in reductions})
+    body = [f"{r.result} = {r.finish}" for r in reductions]
+    body += body_statements(kernel, phases.last_step, last, values, refs, checked, ref_store(refs))
     plan = AccumulatorPlan(
-        scratch=tuple(scratch),
+        scratch=tuple(
+            (f"{acc.name}: the running {kind} over {dim} of one block", f"pltpu.VMEM({shape}, {acc.dtype})")
+            for kind, acc in accs
+        ),
         step=step,
         axis=blocked.index(dim),
         init_function="_init",
-        init=tuple(init),
+        init=tuple(f"{acc.name}[...] = jnp.full({acc.name}.shape, {acc.initial}, {acc.dtype})" for _, acc in accs),
         body=tuple(lines),
         finish_function="_finish",
     )
-    return plan, scratch_refs, body
-
-
-def _widened(emitter, node: ir.Expr, wide) -> str:
-    """A reduction's argument, converted to the dtype it is reduced in."""
-    return emitter.cast(node, wide.name)
+    return plan, [acc.name for _, acc in accs], body
 
 
 def _tiling_check(kernel: str, rules: list[TilingRule], sizes) -> tuple[str, ...]:
