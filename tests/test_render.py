@@ -39,3 +39,16 @@ def test_the_launchers_vmem_at_the_default_blocks_is_the_spec_checks_count():
             whole = {name: 1 for name in compile(tpu.vmem_needed, "<vmem>", "eval").co_names if name not in names}
             expected = vmem_bytes(checked.kernel, checked.blocks, checked.product)
             assert eval(tpu.vmem_needed, {}, {**names, **whole}) == expected, (spec.name, checked.kernel.name)
+
+
+def test_the_reserved_helper_names_are_exactly_what_the_helpers_template_defines():
+    """Spec names are kept off every module-level helper: the list in pallasgen.backends
+    must follow templates/helpers.py.j2 (with and without the reduction helpers)."""
+    import re
+
+    from pallasgen.backends import MODULE_HELPERS
+    from pallasgen.rendering.render import _environment
+
+    source = _environment().get_template("helpers.py.j2").render(reductions=True, scoped_vmem_mib=16, vmem_limit_mib=100)
+    defined = set(re.findall(r"^def (_\w+)|^(_\w+) =", source, re.MULTILINE))
+    assert {name for pair in defined for name in pair if name} == MODULE_HELPERS

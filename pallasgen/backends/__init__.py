@@ -32,7 +32,7 @@ class ModulePlan:
 
 def plan_module(spec_path: str, kernels: tuple[CheckedKernel, ...]) -> ModulePlan:
     module_names = MODULE_HELPERS | {
-        f"_{k.kernel.name}{suffix}" for k in kernels for suffix in ("_kernel", "_tpu", "_gpu_kernel", "_gpu")
+        name for k in kernels for backend in BACKENDS for name in backend.function_names(k.kernel.name)
     }
     plans = tuple(_plan_kernel(k, module_names) for k in kernels)
     return ModulePlan(spec_path, plans, _templates(), any(reduces(k) for k in kernels))

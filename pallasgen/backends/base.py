@@ -40,5 +40,9 @@ class Backend(ABC):
         """Names its generated functions use, which spec names must not take."""
 
     @abstractmethod
+    def function_names(self, kernel: str) -> tuple[str, ...]:
+        """The module-level functions it generates for a kernel: its kernel and launcher."""
+
+    @abstractmethod
     def plan(self, lowered: LoweredKernel) -> object:
         """Its plan of a kernel: plain data for its template."""

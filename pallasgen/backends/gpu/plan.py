@@ -106,6 +106,14 @@ def whole_dims(checked: CheckedKernel) -> list[str]:
     ]
 
 
+def kernel_function_name(kernel: str) -> str:
+    return f"_{kernel}_gpu_kernel"
+
+
+def launcher_name(kernel: str) -> str:
+    return f"_{kernel}_gpu"
+
+
 def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
     checked = lowered.checked
     namer, values, refs, sizes = lowered.namer.fork(), lowered.values, lowered.refs, lowered.sizes
@@ -193,8 +201,8 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         loop = _product_loop(product, namer, values, refs, sizes, accumulator, refs[kernel.outputs[0].name], inside)
     grid = [sizes[d] if d in squeezed else f"pl.cdiv({sizes[d]}, {block_keyword(d)})" for d in grid_dims]
     return GpuPlan(
-        function=f"_{kernel.name}_gpu",
-        kernel_function=f"_{kernel.name}_gpu_kernel",
+        function=launcher_name(kernel.name),
+        kernel_function=kernel_function_name(kernel.name),
         blocks=tuple(
             GpuBlockPlan(
                 f"gpu_{block_keyword(d)}",
@@ -213,7 +221,7 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         in_specs=tuple((comments[d.name], block_spec(d)) for d in kernel.inputs),
         out_specs=tuple((comments[d.name], block_spec(d)) for d in kernel.outputs),
         kernel_parameters=parameter_list([refs[d.name] for d in kernel.inputs + kernel.outputs], kernel_keywords),
-        kernel_callable=partial_call(f"_{kernel.name}_gpu_kernel", kernel_keywords),
+        kernel_callable=partial_call(kernel_function_name(kernel.name), kernel_keywords),
         parameters=parameter_list(
             [values[d.name] for d in kernel.inputs],
             [sizes[d] for d in checked.dims]

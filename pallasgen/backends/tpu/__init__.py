@@ -5,7 +5,7 @@ from __future__ import annotations
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.base import Backend
 from pallasgen.backends.tpu.checks import check_tpu
-from pallasgen.backends.tpu.plan import keyword_group, plan_tpu
+from pallasgen.backends.tpu.plan import kernel_function_name, keyword_group, launcher_name, plan_tpu
 
 
 class TpuBackend(Backend):
@@ -20,6 +20,9 @@ class TpuBackend(Backend):
 
     def reserved_names(self, checked):
         return {block_keyword(d) for d in checked.dims}
+
+    def function_names(self, kernel):
+        return kernel_function_name(kernel), launcher_name(kernel)
 
     def plan(self, lowered):
         return plan_tpu(lowered)

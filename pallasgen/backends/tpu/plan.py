@@ -115,6 +115,14 @@ def _squeezed(checked: CheckedKernel) -> set[str]:
     return {d for d in out_dims[:-2] if checked.blocks.get(d) == 1} if checked.product else set()
 
 
+def kernel_function_name(kernel: str) -> str:
+    return f"_{kernel}_kernel"
+
+
+def launcher_name(kernel: str) -> str:
+    return f"_{kernel}_tpu"
+
+
 def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
     checked = lowered.checked
     kernel, dims, product = checked.kernel, checked.dims, checked.product
@@ -182,13 +190,13 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
     layouts = array_layouts(kernel, checked.space.layout, product)
     inputs = [values[d.name] for d in kernel.inputs]
     return TpuPlan(
-        function=f"_{kernel.name}_tpu",
-        kernel_function=f"_{kernel.name}_kernel",
+        function=launcher_name(kernel.name),
+        kernel_function=kernel_function_name(kernel.name),
         blocks=tuple(BlockPlan(block_keyword(d), checked.blocks[d], sizes[d], d) for d in tunable),
         kernel_parameters=parameter_list(
             [refs[d.name] for d in kernel.inputs + kernel.outputs] + scratch_refs, kernel_keywords
         ),
-        kernel_callable=partial_call(f"_{kernel.name}_kernel", kernel_keywords),
+        kernel_callable=partial_call(kernel_function_name(kernel.name), kernel_keywords),
         parameters=parameter_list(
             inputs,
             [sizes[d] for d in dims] + [block_keyword(d) for d in tunable] + [p.name for p in kernel.params] + ["interpret"],
