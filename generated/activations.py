@@ -137,6 +137,38 @@ def _check_tiling(kernel, **blocks):
         )
 
 
+def _tpu_chip():
+    """The TPU generation being compiled for, as tuning tables name it, or None.
+
+    It is the default device's: a TPU's, or under `jax.default_device(...)` that of a
+    compile-only TPU topology (ahead-of-time compiles on a host without a TPU).
+    """
+    device = jax.config.jax_default_device
+    if not hasattr(device, "device_kind"):
+        device = jax.devices(device)[0]
+    return {"TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}.get(
+        device.device_kind
+    )
+
+
+def _tpu_blocks(table, sizes, given):
+    """The blocks of a TPU call: those `given` (not None) as they are, the others from
+    `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
+    are nearest the call's (in powers of two), else the chip's default. Any other
+    chip, and CPU, takes `table[None]`, the spec's blocks.
+    """
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    entries = table.get(_tpu_chip(), table[None])
+    tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
+    chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
+    return tuple(block if block is not None else choice for block, choice in zip(given, chosen))
+
+
 def _vmem_limit(needed):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 
@@ -203,8 +235,8 @@ def _nbytes(*arrays):
 def leaky(
     x,
     *,
-    block_m=1024,
-    block_n=1024,
+    block_m=None,
+    block_n=None,
     gpu_block_m=8,
     gpu_block_n=128,
     gpu_warps=4,
@@ -218,7 +250,9 @@ def leaky(
 
     Args:
       x: f32[M, N].
-      block_m, block_n: block sizes (default 1024, 1024); a block never exceeds its dimension.
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_leaky_tpu_blocks),
+        else 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       slope: a static f32 (default 0.01).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -262,8 +296,20 @@ def _leaky_kernel(x_ref, y_ref, mask_ref, *, slope):
     mask_ref[...] = pos.astype(jnp.int32)
 
 
+# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_leaky_tpu_blocks = {
+    None: {"default": (1024, 1024)},
+    "v5e": {"default": (1024, 1024)},
+    "v6e": {"default": (1024, 1024), (8192, 8192): (2048, 1024)},
+}
+
+
 def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
     """`leaky` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n = _tpu_blocks(_leaky_tpu_blocks, (m, n), (block_m, block_n))
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(
@@ -367,8 +413,8 @@ def bias_gelu(
     bias,
     scale,
     *,
-    block_m=1024,
-    block_n=1024,
+    block_m=None,
+    block_n=None,
     gpu_block_m=8,
     gpu_block_n=128,
     gpu_warps=4,
@@ -381,7 +427,9 @@ def bias_gelu(
       x: bf16[M, N].
       bias: f32[N].
       scale: f32[M].
-      block_m, block_n: block sizes (default 1024, 1024); a block never exceeds its dimension.
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_tpu_blocks),
+        else 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -436,8 +484,20 @@ def _bias_gelu_kernel(x_ref, bias_ref, scale_ref, y_ref):
     )
 
 
+# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_bias_gelu_tpu_blocks = {
+    None: {"default": (1024, 1024)},
+    "v5e": {"default": (1024, 1024)},
+    "v6e": {"default": (1024, 1024), (8192, 8192): (2048, 1024)},
+}
+
+
 def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
     """`bias_gelu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n = _tpu_blocks(_bias_gelu_tpu_blocks, (m, n), (block_m, block_n))
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(
@@ -538,8 +598,8 @@ def quantize_rows(
     x,
     scale,
     *,
-    block_m=1024,
-    block_n=1024,
+    block_m=None,
+    block_n=None,
     gpu_block_m=8,
     gpu_block_n=128,
     gpu_warps=4,
@@ -552,7 +612,9 @@ def quantize_rows(
     Args:
       x: f32[M, N].
       scale: f32[M].
-      block_m, block_n: block sizes (default 1024, 1024); a block never exceeds its dimension.
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_tpu_blocks),
+        else 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -600,8 +662,20 @@ def _quantize_rows_kernel(x_ref, scale_ref, q_ref):
     q_ref[...] = jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8)
 
 
+# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_quantize_rows_tpu_blocks = {
+    None: {"default": (1024, 1024)},
+    "v5e": {"default": (1024, 1024)},
+    "v6e": {"default": (1024, 1024), (8192, 8192): (2048, 1024)},
+}
+
+
 def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
     """`quantize_rows` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n = _tpu_blocks(_quantize_rows_tpu_blocks, (m, n), (block_m, block_n))
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(

@@ -137,6 +137,38 @@ def _check_tiling(kernel, **blocks):
         )
 
 
+def _tpu_chip():
+    """The TPU generation being compiled for, as tuning tables name it, or None.
+
+    It is the default device's: a TPU's, or under `jax.default_device(...)` that of a
+    compile-only TPU topology (ahead-of-time compiles on a host without a TPU).
+    """
+    device = jax.config.jax_default_device
+    if not hasattr(device, "device_kind"):
+        device = jax.devices(device)[0]
+    return {"TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}.get(
+        device.device_kind
+    )
+
+
+def _tpu_blocks(table, sizes, given):
+    """The blocks of a TPU call: those `given` (not None) as they are, the others from
+    `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
+    are nearest the call's (in powers of two), else the chip's default. Any other
+    chip, and CPU, takes `table[None]`, the spec's blocks.
+    """
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    entries = table.get(_tpu_chip(), table[None])
+    tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
+    chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
+    return tuple(block if block is not None else choice for block, choice in zip(given, chosen))
+
+
 def _vmem_limit(needed):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 
@@ -190,15 +222,15 @@ def _nbytes(*arrays):
 @functools.partial(
     jax.jit, static_argnames=("block_n", "gpu_block_n", "gpu_warps", "gpu_stages", "interpret")
 )
-def add_vectors(
-    x, y, *, block_n=1048576, gpu_block_n=1024, gpu_warps=4, gpu_stages=1, interpret=None
-):
+def add_vectors(x, y, *, block_n=None, gpu_block_n=1024, gpu_warps=4, gpu_stages=1, interpret=None):
     """Adds two vectors: the Pallas quickstart's first kernel.
 
     Args:
       x: f32[N].
       y: f32[N].
-      block_n: block sizes (default 1048576); a block never exceeds its dimension.
+      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_add_vectors_tpu_blocks),
+        else 1048576.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -231,8 +263,20 @@ def _add_vectors_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = x + y
 
 
+# TPU blocks (block_n,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (N,) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning; else the chip's default. None: any other chip, and CPU (the
+# spec's blocks).
+_add_vectors_tpu_blocks = {
+    None: {"default": (1048576,)},
+    "v5e": {"default": (1048576,)},
+    "v6e": {"default": (1048576,), (16777216,): (2097152,)},
+}
+
+
 def _add_vectors_tpu(x, y, *, n, block_n, interpret):
     """`add_vectors` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_n,) = _tpu_blocks(_add_vectors_tpu_blocks, (n,), (block_n,))
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(
         "add_vectors",

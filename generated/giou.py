@@ -137,6 +137,38 @@ def _check_tiling(kernel, **blocks):
         )
 
 
+def _tpu_chip():
+    """The TPU generation being compiled for, as tuning tables name it, or None.
+
+    It is the default device's: a TPU's, or under `jax.default_device(...)` that of a
+    compile-only TPU topology (ahead-of-time compiles on a host without a TPU).
+    """
+    device = jax.config.jax_default_device
+    if not hasattr(device, "device_kind"):
+        device = jax.devices(device)[0]
+    return {"TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}.get(
+        device.device_kind
+    )
+
+
+def _tpu_blocks(table, sizes, given):
+    """The blocks of a TPU call: those `given` (not None) as they are, the others from
+    `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
+    are nearest the call's (in powers of two), else the chip's default. Any other
+    chip, and CPU, takes `table[None]`, the spec's blocks.
+    """
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    entries = table.get(_tpu_chip(), table[None])
+    tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
+    chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
+    return tuple(block if block is not None else choice for block, choice in zip(given, chosen))
+
+
 def _vmem_limit(needed):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 
@@ -210,8 +242,8 @@ def giou(
     bx2,
     by2,
     *,
-    block_b=256,
-    block_n=1024,
+    block_b=None,
+    block_n=None,
     gpu_block_b=8,
     gpu_block_n=128,
     gpu_warps=4,
@@ -233,7 +265,9 @@ def giou(
       by1: f32[B, N].
       bx2: f32[B, N].
       by2: f32[B, N].
-      block_b, block_n: block sizes (default 256, 1024); a block never exceeds its dimension.
+      block_b, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_giou_tpu_blocks),
+        else 256, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       eps: a static f32 (default 1e-07).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -319,8 +353,20 @@ def _giou_kernel(
     giou_ref[...] = inter / (union + eps) - (hull - union) / (hull + eps)
 
 
+# TPU blocks (block_b, block_n) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (B, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_giou_tpu_blocks = {
+    None: {"default": (256, 1024)},
+    "v5e": {"default": (256, 1024)},
+    "v6e": {"default": (256, 1024), (1024, 4096): (256, 1024)},
+}
+
+
 def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n, eps, interpret):
     """`giou` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_b, block_n = _tpu_blocks(_giou_tpu_blocks, (b, n), (block_b, block_n))
     block_b = min(block_b, b)  # a small B is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(

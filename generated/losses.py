@@ -137,6 +137,38 @@ def _check_tiling(kernel, **blocks):
         )
 
 
+def _tpu_chip():
+    """The TPU generation being compiled for, as tuning tables name it, or None.
+
+    It is the default device's: a TPU's, or under `jax.default_device(...)` that of a
+    compile-only TPU topology (ahead-of-time compiles on a host without a TPU).
+    """
+    device = jax.config.jax_default_device
+    if not hasattr(device, "device_kind"):
+        device = jax.devices(device)[0]
+    return {"TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}.get(
+        device.device_kind
+    )
+
+
+def _tpu_blocks(table, sizes, given):
+    """The blocks of a TPU call: those `given` (not None) as they are, the others from
+    `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
+    are nearest the call's (in powers of two), else the chip's default. Any other
+    chip, and CPU, takes `table[None]`, the spec's blocks.
+    """
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    entries = table.get(_tpu_chip(), table[None])
+    tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
+    chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
+    return tuple(block if block is not None else choice for block, choice in zip(given, chosen))
+
+
 def _vmem_limit(needed):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 
@@ -254,8 +286,8 @@ def cross_entropy(
     logits,
     label,
     *,
-    block_m=16,
-    block_v=2048,
+    block_m=None,
+    block_v=None,
     gpu_block_m=1,
     gpu_block_v=1024,
     gpu_warps=4,
@@ -268,7 +300,9 @@ def cross_entropy(
     Args:
       logits: bf16[M, V].
       label: i32[M].
-      block_m, block_v: block sizes (default 16, 2048); a block never exceeds its dimension.
+      block_m, block_v: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_cross_entropy_tpu_blocks),
+        else 16, 2048.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -364,8 +398,20 @@ def _cross_entropy_kernel(
         loss_ref[...] = logsumexp_v - sum_v
 
 
+# TPU blocks (block_m, block_v) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, V) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_cross_entropy_tpu_blocks = {
+    None: {"default": (16, 2048)},
+    "v5e": {"default": (16, 2048)},
+    "v6e": {"default": (16, 2048)},
+}
+
+
 def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, interpret):
     """`cross_entropy` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_v = _tpu_blocks(_cross_entropy_tpu_blocks, (m, v), (block_m, block_v))
     block_m = min(block_m, m)  # a small M is one whole block
     block_v = min(block_v, v)  # a small V is one whole block
     _check_tiling(

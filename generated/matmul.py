@@ -137,6 +137,38 @@ def _check_tiling(kernel, **blocks):
         )
 
 
+def _tpu_chip():
+    """The TPU generation being compiled for, as tuning tables name it, or None.
+
+    It is the default device's: a TPU's, or under `jax.default_device(...)` that of a
+    compile-only TPU topology (ahead-of-time compiles on a host without a TPU).
+    """
+    device = jax.config.jax_default_device
+    if not hasattr(device, "device_kind"):
+        device = jax.devices(device)[0]
+    return {"TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}.get(
+        device.device_kind
+    )
+
+
+def _tpu_blocks(table, sizes, given):
+    """The blocks of a TPU call: those `given` (not None) as they are, the others from
+    `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
+    are nearest the call's (in powers of two), else the chip's default. Any other
+    chip, and CPU, takes `table[None]`, the spec's blocks.
+    """
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    entries = table.get(_tpu_chip(), table[None])
+    tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
+    chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
+    return tuple(block if block is not None else choice for block, choice in zip(given, chosen))
+
+
 def _vmem_limit(needed):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 
@@ -205,9 +237,9 @@ def matmul(
     x,
     y,
     *,
-    block_m=512,
-    block_n=1024,
-    block_k=1024,
+    block_m=None,
+    block_n=None,
+    block_k=None,
     gpu_block_m=64,
     gpu_block_n=64,
     gpu_block_k=32,
@@ -220,7 +252,9 @@ def matmul(
     Args:
       x: f32[M, K].
       y: f32[K, N].
-      block_m, block_n, block_k: block sizes (default 512, 1024, 1024); a block never exceeds its dimension.
+      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_tpu_blocks),
+        else 512, 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -279,8 +313,22 @@ def _matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
         z_ref[...] = acc
 
 
+# TPU blocks (block_m, block_n, block_k) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning; else the chip's default. None: any other
+# chip, and CPU (the spec's blocks).
+_matmul_tpu_blocks = {
+    None: {"default": (512, 1024, 1024)},
+    "v5e": {"default": (512, 1024, 1024)},
+    "v6e": {"default": (1024, 1024, 1024), (4096, 4096, 4096): (1024, 1024, 4096)},
+}
+
+
 def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     """`matmul` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n, block_k = _tpu_blocks(
+        _matmul_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
+    )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
@@ -394,9 +442,9 @@ def matmul_relu(
     x,
     y,
     *,
-    block_m=256,
-    block_n=512,
-    block_k=512,
+    block_m=None,
+    block_n=None,
+    block_k=None,
     gpu_block_m=64,
     gpu_block_n=64,
     gpu_block_k=32,
@@ -409,7 +457,9 @@ def matmul_relu(
     Args:
       x: f32[M, K].
       y: f32[K, N].
-      block_m, block_n, block_k: block sizes (default 256, 512, 512); a block never exceeds its dimension.
+      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_tpu_blocks),
+        else 256, 512, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -470,8 +520,22 @@ def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
         z_ref[...] = jax.nn.relu(acc)
 
 
+# TPU blocks (block_m, block_n, block_k) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning; else the chip's default. None: any other
+# chip, and CPU (the spec's blocks).
+_matmul_relu_tpu_blocks = {
+    None: {"default": (256, 512, 512)},
+    "v5e": {"default": (512, 512, 512)},
+    "v6e": {"default": (1024, 1024, 1024), (4096, 4096, 4096): (1024, 1024, 4096)},
+}
+
+
 def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     """`matmul_relu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n, block_k = _tpu_blocks(
+        _matmul_relu_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
+    )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
@@ -592,9 +656,9 @@ def matmul_bias_gelu(
     y,
     bias,
     *,
-    block_m=512,
-    block_n=1024,
-    block_k=1024,
+    block_m=None,
+    block_n=None,
+    block_k=None,
     gpu_block_m=128,
     gpu_block_n=128,
     gpu_block_k=64,
@@ -608,7 +672,9 @@ def matmul_bias_gelu(
       x: bf16[M, K].
       y: bf16[K, N].
       bias: f32[N].
-      block_m, block_n, block_k: block sizes (default 512, 1024, 1024); a block never exceeds its dimension.
+      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_tpu_blocks),
+        else 512, 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -687,8 +753,22 @@ def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, *, k, block
         z_ref[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
 
+# TPU blocks (block_m, block_n, block_k) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning; else the chip's default. None: any other
+# chip, and CPU (the spec's blocks).
+_matmul_bias_gelu_tpu_blocks = {
+    None: {"default": (512, 1024, 1024)},
+    "v5e": {"default": (512, 1024, 1024)},
+    "v6e": {"default": (1024, 1024, 1024), (4096, 4096, 4096): (1024, 1024, 4096)},
+}
+
+
 def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, interpret):
     """`matmul_bias_gelu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n, block_k = _tpu_blocks(
+        _matmul_bias_gelu_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
+    )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
@@ -819,9 +899,9 @@ def matmul_int8(
     x,
     y,
     *,
-    block_m=512,
-    block_n=1024,
-    block_k=1024,
+    block_m=None,
+    block_n=None,
+    block_k=None,
     gpu_block_m=128,
     gpu_block_n=128,
     gpu_block_k=64,
@@ -834,7 +914,9 @@ def matmul_int8(
     Args:
       x: i8[M, K].
       y: i8[K, N].
-      block_m, block_n, block_k: block sizes (default 512, 1024, 1024); a block never exceeds its dimension.
+      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_int8_tpu_blocks),
+        else 512, 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -902,8 +984,22 @@ def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
         z_ref[...] = acc
 
 
+# TPU blocks (block_m, block_n, block_k) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning; else the chip's default. None: any other
+# chip, and CPU (the spec's blocks).
+_matmul_int8_tpu_blocks = {
+    None: {"default": (512, 1024, 1024)},
+    "v5e": {"default": (512, 1024, 1024)},
+    "v6e": {"default": (1024, 1024, 1024)},
+}
+
+
 def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     """`matmul_int8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n, block_k = _tpu_blocks(
+        _matmul_int8_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
+    )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
@@ -1023,9 +1119,9 @@ def batched_matmul(
     x,
     y,
     *,
-    block_m=512,
-    block_n=1024,
-    block_k=1024,
+    block_m=None,
+    block_n=None,
+    block_k=None,
     gpu_block_m=128,
     gpu_block_n=128,
     gpu_block_k=64,
@@ -1038,7 +1134,9 @@ def batched_matmul(
     Args:
       x: bf16[B, M, K].
       y: bf16[B, K, N].
-      block_m, block_n, block_k: block sizes (default 512, 1024, 1024); a block never exceeds its dimension.
+      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_batched_matmul_tpu_blocks),
+        else 512, 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1118,8 +1216,22 @@ def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
         z_ref[...] = acc
 
 
+# TPU blocks (block_m, block_n, block_k) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (B, M, N, K) shown (the spec's .tuning.json
+# file), the entry nearest the call's sizes winning; else the chip's default. None:
+# any other chip, and CPU (the spec's blocks).
+_batched_matmul_tpu_blocks = {
+    None: {"default": (512, 1024, 1024)},
+    "v5e": {"default": (512, 1024, 1024)},
+    "v6e": {"default": (1024, 1024, 1024), (8, 2048, 2048, 2048): (1024, 1024, 2048)},
+}
+
+
 def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpret):
     """`batched_matmul` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n, block_k = _tpu_blocks(
+        _batched_matmul_tpu_blocks, (b, m, n, k), (block_m, block_n, block_k)
+    )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
@@ -1244,8 +1356,8 @@ def scores(
     q,
     k,
     *,
-    block_s=128,
-    block_t=128,
+    block_s=None,
+    block_t=None,
     gpu_block_s=128,
     gpu_block_t=128,
     gpu_block_d=64,
@@ -1259,7 +1371,9 @@ def scores(
     Args:
       q: bf16[B, S, D].
       k: bf16[B, T, D].
-      block_s, block_t: block sizes (default 128, 128); a block never exceeds its dimension.
+      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_scores_tpu_blocks),
+        else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -1316,8 +1430,20 @@ def _scores_kernel(q_ref, k_ref, s_ref, *, scale):
     s_ref[...] = acc * scale
 
 
+# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (B, S, T, D) shown (the spec's .tuning.json file), the
+# entry nearest the call's sizes winning; else the chip's default. None: any other
+# chip, and CPU (the spec's blocks).
+_scores_tpu_blocks = {
+    None: {"default": (128, 128)},
+    "v5e": {"default": (512, 512)},
+    "v6e": {"default": (1024, 1024)},
+}
+
+
 def _scores_tpu(q, k, *, b, s_, t, d, block_s, block_t, scale, interpret):
     """`scores` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_s, block_t = _tpu_blocks(_scores_tpu_blocks, (b, s_, t, d), (block_s, block_t))
     block_s = min(block_s, s_)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
     _check_tiling(
@@ -1439,9 +1565,9 @@ def linear(
     w,
     bias,
     *,
-    block_m=1024,
-    block_n=1024,
-    block_k=1024,
+    block_m=None,
+    block_n=None,
+    block_k=None,
     gpu_block_m=128,
     gpu_block_n=128,
     gpu_block_k=64,
@@ -1455,7 +1581,9 @@ def linear(
       x: bf16[M, K].
       w: bf16[N, K].
       bias: f32[N].
-      block_m, block_n, block_k: block sizes (default 1024, 1024, 1024); a block never exceeds its dimension.
+      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_linear_tpu_blocks),
+        else 1024, 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1539,8 +1667,22 @@ def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_ref, *, k, block_k):
         y_ref[...] = (acc + bias).astype(jnp.bfloat16)
 
 
+# TPU blocks (block_m, block_n, block_k) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning; else the chip's default. None: any other
+# chip, and CPU (the spec's blocks).
+_linear_tpu_blocks = {
+    None: {"default": (1024, 1024, 1024)},
+    "v5e": {"default": (1024, 1024, 1024)},
+    "v6e": {"default": (1024, 1024, 1024), (4096, 4096, 4096): (1024, 1024, 4096)},
+}
+
+
 def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
     """`linear` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n, block_k = _tpu_blocks(
+        _linear_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
+    )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block

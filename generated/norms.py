@@ -137,6 +137,38 @@ def _check_tiling(kernel, **blocks):
         )
 
 
+def _tpu_chip():
+    """The TPU generation being compiled for, as tuning tables name it, or None.
+
+    It is the default device's: a TPU's, or under `jax.default_device(...)` that of a
+    compile-only TPU topology (ahead-of-time compiles on a host without a TPU).
+    """
+    device = jax.config.jax_default_device
+    if not hasattr(device, "device_kind"):
+        device = jax.devices(device)[0]
+    return {"TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}.get(
+        device.device_kind
+    )
+
+
+def _tpu_blocks(table, sizes, given):
+    """The blocks of a TPU call: those `given` (not None) as they are, the others from
+    `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
+    are nearest the call's (in powers of two), else the chip's default. Any other
+    chip, and CPU, takes `table[None]`, the spec's blocks.
+    """
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    entries = table.get(_tpu_chip(), table[None])
+    tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
+    chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
+    return tuple(block if block is not None else choice for block, choice in zip(given, chosen))
+
+
 def _vmem_limit(needed):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 
@@ -243,7 +275,7 @@ def _logsumexp_finish(top, total):
     static_argnames=("block_m", "gpu_block_m", "gpu_warps", "gpu_stages", "eps", "interpret"),
 )
 def layer_norm(
-    x, w, b, *, block_m=16, gpu_block_m=1, gpu_warps=4, gpu_stages=1, eps=1e-05, interpret=None
+    x, w, b, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, eps=1e-05, interpret=None
 ):
     """LayerNorm over the last dimension, with the mean and reciprocal standard deviation
     each row had (what a backward pass needs).
@@ -252,7 +284,9 @@ def layer_norm(
       x: bf16[M, N].
       w: f32[N].
       b: f32[N].
-      block_m: block sizes (default 16); a block never exceeds its dimension.
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_tpu_blocks),
+        else 16.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       eps: a static f32 (default 1e-05).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -323,8 +357,20 @@ def _layer_norm_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, m, n, bl
     y_ref[...] = (d * rstd * w + b).astype(jnp.bfloat16)
 
 
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_layer_norm_tpu_blocks = {
+    None: {"default": (16,)},
+    "v5e": {"default": (16,)},
+    "v6e": {"default": (16,)},
+}
+
+
 def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
     """`layer_norm` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(_layer_norm_tpu_blocks, (m, n), (block_m,))
     block_m = min(block_m, m)  # a small M is one whole block
     _check_tiling(
         "layer_norm",
@@ -442,14 +488,16 @@ def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, inter
     static_argnames=("block_m", "gpu_block_m", "gpu_warps", "gpu_stages", "eps", "interpret"),
 )
 def rms_norm(
-    x, w, *, block_m=16, gpu_block_m=1, gpu_warps=4, gpu_stages=1, eps=1e-06, interpret=None
+    x, w, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, eps=1e-06, interpret=None
 ):
     """RMSNorm over the last dimension (Llama's), computed in f32.
 
     Args:
       x: bf16[M, N].
       w: f32[N].
-      block_m: block sizes (default 16); a block never exceeds its dimension.
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_tpu_blocks),
+        else 16.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       eps: a static f32 (default 1e-06).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -498,8 +546,20 @@ def _rms_norm_kernel(x_ref, w_ref, y_ref, *, m, n, block_m, eps):
     )
 
 
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_rms_norm_tpu_blocks = {
+    None: {"default": (16,)},
+    "v5e": {"default": (16,)},
+    "v6e": {"default": (16,)},
+}
+
+
 def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
     """`rms_norm` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(_rms_norm_tpu_blocks, (m, n), (block_m,))
     block_m = min(block_m, m)  # a small M is one whole block
     _check_tiling(
         "rms_norm",

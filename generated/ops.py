@@ -137,6 +137,38 @@ def _check_tiling(kernel, **blocks):
         )
 
 
+def _tpu_chip():
+    """The TPU generation being compiled for, as tuning tables name it, or None.
+
+    It is the default device's: a TPU's, or under `jax.default_device(...)` that of a
+    compile-only TPU topology (ahead-of-time compiles on a host without a TPU).
+    """
+    device = jax.config.jax_default_device
+    if not hasattr(device, "device_kind"):
+        device = jax.devices(device)[0]
+    return {"TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}.get(
+        device.device_kind
+    )
+
+
+def _tpu_blocks(table, sizes, given):
+    """The blocks of a TPU call: those `given` (not None) as they are, the others from
+    `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
+    are nearest the call's (in powers of two), else the chip's default. Any other
+    chip, and CPU, takes `table[None]`, the spec's blocks.
+    """
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    entries = table.get(_tpu_chip(), table[None])
+    tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
+    chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
+    return tuple(block if block is not None else choice for block, choice in zip(given, chosen))
+
+
 def _vmem_limit(needed):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 
@@ -254,8 +286,8 @@ def add_f32(
     x,
     y,
     *,
-    block_m=256,
-    block_n=512,
+    block_m=None,
+    block_n=None,
     gpu_block_m=8,
     gpu_block_n=128,
     gpu_warps=4,
@@ -267,7 +299,9 @@ def add_f32(
     Args:
       x: f32[M, N].
       y: f32[M, N].
-      block_m, block_n: block sizes (default 256, 512); a block never exceeds its dimension.
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_add_f32_tpu_blocks),
+        else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -309,8 +343,20 @@ def _add_f32_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = x + y
 
 
+# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_add_f32_tpu_blocks = {
+    None: {"default": (256, 512)},
+    "v5e": {"default": (256, 512)},
+    "v6e": {"default": (256, 512)},
+}
+
+
 def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`add_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n = _tpu_blocks(_add_f32_tpu_blocks, (m, n), (block_m, block_n))
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(
@@ -400,8 +446,8 @@ def mul_f32(
     x,
     y,
     *,
-    block_m=256,
-    block_n=512,
+    block_m=None,
+    block_n=None,
     gpu_block_m=8,
     gpu_block_n=128,
     gpu_warps=4,
@@ -413,7 +459,9 @@ def mul_f32(
     Args:
       x: f32[M, N].
       y: f32[M, N].
-      block_m, block_n: block sizes (default 256, 512); a block never exceeds its dimension.
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_mul_f32_tpu_blocks),
+        else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -455,8 +503,20 @@ def _mul_f32_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = x * y
 
 
+# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_mul_f32_tpu_blocks = {
+    None: {"default": (256, 512)},
+    "v5e": {"default": (256, 512)},
+    "v6e": {"default": (256, 512)},
+}
+
+
 def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`mul_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n = _tpu_blocks(_mul_f32_tpu_blocks, (m, n), (block_m, block_n))
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(
@@ -533,12 +593,14 @@ def _mul_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
 @functools.partial(
     jax.jit, static_argnames=("block_m", "gpu_block_m", "gpu_warps", "gpu_stages", "interpret")
 )
-def argmax_f32(x, *, block_m=8, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interpret=None):
+def argmax_f32(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interpret=None):
     """The `argmax_f32` Pallas kernel.
 
     Args:
       x: f32[M, N].
-      block_m: block sizes (default 8); a block never exceeds its dimension.
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_argmax_f32_tpu_blocks),
+        else 8.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -580,8 +642,20 @@ def _argmax_f32_kernel(x_ref, i_ref, *, m, n, block_m):
     i_ref[...] = _argbest(x, 1, largest=True)
 
 
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_argmax_f32_tpu_blocks = {
+    None: {"default": (8,)},
+    "v5e": {"default": (8,)},
+    "v6e": {"default": (8,)},
+}
+
+
 def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
     """`argmax_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(_argmax_f32_tpu_blocks, (m, n), (block_m,))
     block_m = min(block_m, m)  # a small M is one whole block
     _check_tiling(
         "argmax_f32",
@@ -654,14 +728,16 @@ def _argmax_f32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     jax.jit, static_argnames=("block_n", "gpu_block_n", "gpu_warps", "gpu_stages", "interpret")
 )
 def equal_count_f32(
-    x, y, *, block_n=4096, gpu_block_n=1024, gpu_warps=4, gpu_stages=1, interpret=None
+    x, y, *, block_n=None, gpu_block_n=1024, gpu_warps=4, gpu_stages=1, interpret=None
 ):
     """The `equal_count_f32` Pallas kernel.
 
     Args:
       x: f32[N].
       y: f32[N].
-      block_n: block sizes (default 4096); a block never exceeds its dimension.
+      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_f32_tpu_blocks),
+        else 4096.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -718,8 +794,20 @@ def _equal_count_f32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block
         n_ref[...] = sum_n
 
 
+# TPU blocks (block_n,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (N,) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning; else the chip's default. None: any other chip, and CPU (the
+# spec's blocks).
+_equal_count_f32_tpu_blocks = {
+    None: {"default": (4096,)},
+    "v5e": {"default": (4096,)},
+    "v6e": {"default": (4096,)},
+}
+
+
 def _equal_count_f32_tpu(x, y, *, n_, block_n, interpret):
     """`equal_count_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_n,) = _tpu_blocks(_equal_count_f32_tpu_blocks, (n_,), (block_n,))
     block_n = min(block_n, n_)  # a small N is one whole block
     _check_tiling(
         "equal_count_f32",
@@ -823,8 +911,8 @@ def add_i32(
     x,
     y,
     *,
-    block_m=256,
-    block_n=512,
+    block_m=None,
+    block_n=None,
     gpu_block_m=8,
     gpu_block_n=128,
     gpu_warps=4,
@@ -836,7 +924,9 @@ def add_i32(
     Args:
       x: i32[M, N].
       y: i32[M, N].
-      block_m, block_n: block sizes (default 256, 512); a block never exceeds its dimension.
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_add_i32_tpu_blocks),
+        else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -876,8 +966,20 @@ def _add_i32_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = x + y
 
 
+# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_add_i32_tpu_blocks = {
+    None: {"default": (256, 512)},
+    "v5e": {"default": (256, 512)},
+    "v6e": {"default": (256, 512)},
+}
+
+
 def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`add_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n = _tpu_blocks(_add_i32_tpu_blocks, (m, n), (block_m, block_n))
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(
@@ -967,8 +1069,8 @@ def mul_i32(
     x,
     y,
     *,
-    block_m=256,
-    block_n=512,
+    block_m=None,
+    block_n=None,
     gpu_block_m=8,
     gpu_block_n=128,
     gpu_warps=4,
@@ -980,7 +1082,9 @@ def mul_i32(
     Args:
       x: i32[M, N].
       y: i32[M, N].
-      block_m, block_n: block sizes (default 256, 512); a block never exceeds its dimension.
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_mul_i32_tpu_blocks),
+        else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1020,8 +1124,20 @@ def _mul_i32_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = x * y
 
 
+# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_mul_i32_tpu_blocks = {
+    None: {"default": (256, 512)},
+    "v5e": {"default": (256, 512)},
+    "v6e": {"default": (256, 512)},
+}
+
+
 def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`mul_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n = _tpu_blocks(_mul_i32_tpu_blocks, (m, n), (block_m, block_n))
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(
@@ -1098,12 +1214,14 @@ def _mul_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
 @functools.partial(
     jax.jit, static_argnames=("block_m", "gpu_block_m", "gpu_warps", "gpu_stages", "interpret")
 )
-def argmax_i32(x, *, block_m=8, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interpret=None):
+def argmax_i32(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interpret=None):
     """The `argmax_i32` Pallas kernel.
 
     Args:
       x: i32[M, N].
-      block_m: block sizes (default 8); a block never exceeds its dimension.
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_argmax_i32_tpu_blocks),
+        else 8.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1145,8 +1263,20 @@ def _argmax_i32_kernel(x_ref, i_ref, *, m, n, block_m):
     i_ref[...] = _argbest(x, 1, largest=True)
 
 
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_argmax_i32_tpu_blocks = {
+    None: {"default": (8,)},
+    "v5e": {"default": (8,)},
+    "v6e": {"default": (8,)},
+}
+
+
 def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
     """`argmax_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(_argmax_i32_tpu_blocks, (m, n), (block_m,))
     block_m = min(block_m, m)  # a small M is one whole block
     _check_tiling(
         "argmax_i32",
@@ -1219,14 +1349,16 @@ def _argmax_i32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     jax.jit, static_argnames=("block_n", "gpu_block_n", "gpu_warps", "gpu_stages", "interpret")
 )
 def equal_count_i32(
-    x, y, *, block_n=4096, gpu_block_n=1024, gpu_warps=4, gpu_stages=1, interpret=None
+    x, y, *, block_n=None, gpu_block_n=1024, gpu_warps=4, gpu_stages=1, interpret=None
 ):
     """The `equal_count_i32` Pallas kernel.
 
     Args:
       x: i32[N].
       y: i32[N].
-      block_n: block sizes (default 4096); a block never exceeds its dimension.
+      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_i32_tpu_blocks),
+        else 4096.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1281,8 +1413,20 @@ def _equal_count_i32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block
         n_ref[...] = sum_n
 
 
+# TPU blocks (block_n,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (N,) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning; else the chip's default. None: any other chip, and CPU (the
+# spec's blocks).
+_equal_count_i32_tpu_blocks = {
+    None: {"default": (4096,)},
+    "v5e": {"default": (4096,)},
+    "v6e": {"default": (4096,)},
+}
+
+
 def _equal_count_i32_tpu(x, y, *, n_, block_n, interpret):
     """`equal_count_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_n,) = _tpu_blocks(_equal_count_i32_tpu_blocks, (n_,), (block_n,))
     block_n = min(block_n, n_)  # a small N is one whole block
     _check_tiling(
         "equal_count_i32",
@@ -1386,8 +1530,8 @@ def add_i8(
     x,
     y,
     *,
-    block_m=1024,
-    block_n=512,
+    block_m=None,
+    block_n=None,
     gpu_block_m=8,
     gpu_block_n=128,
     gpu_warps=4,
@@ -1399,7 +1543,9 @@ def add_i8(
     Args:
       x: i8[M, N].
       y: i8[M, N].
-      block_m, block_n: block sizes (default 1024, 512); a block never exceeds its dimension.
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_add_i8_tpu_blocks),
+        else 1024, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1439,8 +1585,20 @@ def _add_i8_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = (x.astype(jnp.int32) + y.astype(jnp.int32)).astype(jnp.int8)
 
 
+# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_add_i8_tpu_blocks = {
+    None: {"default": (1024, 512)},
+    "v5e": {"default": (1024, 512)},
+    "v6e": {"default": (1024, 512)},
+}
+
+
 def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`add_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n = _tpu_blocks(_add_i8_tpu_blocks, (m, n), (block_m, block_n))
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(
@@ -1530,8 +1688,8 @@ def mul_i8(
     x,
     y,
     *,
-    block_m=1024,
-    block_n=512,
+    block_m=None,
+    block_n=None,
     gpu_block_m=8,
     gpu_block_n=128,
     gpu_warps=4,
@@ -1543,7 +1701,9 @@ def mul_i8(
     Args:
       x: i8[M, N].
       y: i8[M, N].
-      block_m, block_n: block sizes (default 1024, 512); a block never exceeds its dimension.
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_mul_i8_tpu_blocks),
+        else 1024, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1583,8 +1743,20 @@ def _mul_i8_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = (x.astype(jnp.int32) * y.astype(jnp.int32)).astype(jnp.int8)
 
 
+# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_mul_i8_tpu_blocks = {
+    None: {"default": (1024, 512)},
+    "v5e": {"default": (1024, 512)},
+    "v6e": {"default": (1024, 512)},
+}
+
+
 def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`mul_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n = _tpu_blocks(_mul_i8_tpu_blocks, (m, n), (block_m, block_n))
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(
@@ -1661,12 +1833,14 @@ def _mul_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpre
 @functools.partial(
     jax.jit, static_argnames=("block_m", "gpu_block_m", "gpu_warps", "gpu_stages", "interpret")
 )
-def argmax_i8(x, *, block_m=32, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interpret=None):
+def argmax_i8(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interpret=None):
     """The `argmax_i8` Pallas kernel.
 
     Args:
       x: i8[M, N].
-      block_m: block sizes (default 32); a block never exceeds its dimension.
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_argmax_i8_tpu_blocks),
+        else 32.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1708,8 +1882,20 @@ def _argmax_i8_kernel(x_ref, i_ref, *, m, n, block_m):
     i_ref[...] = _argbest(x.astype(jnp.int32), 1, largest=True)
 
 
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_argmax_i8_tpu_blocks = {
+    None: {"default": (32,)},
+    "v5e": {"default": (32,)},
+    "v6e": {"default": (32,)},
+}
+
+
 def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
     """`argmax_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(_argmax_i8_tpu_blocks, (m, n), (block_m,))
     block_m = min(block_m, m)  # a small M is one whole block
     _check_tiling(
         "argmax_i8",
@@ -1786,14 +1972,16 @@ def _argmax_i8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     jax.jit, static_argnames=("block_n", "gpu_block_n", "gpu_warps", "gpu_stages", "interpret")
 )
 def equal_count_i8(
-    x, y, *, block_n=4096, gpu_block_n=1024, gpu_warps=4, gpu_stages=1, interpret=None
+    x, y, *, block_n=None, gpu_block_n=1024, gpu_warps=4, gpu_stages=1, interpret=None
 ):
     """The `equal_count_i8` Pallas kernel.
 
     Args:
       x: i8[N].
       y: i8[N].
-      block_n: block sizes (default 4096); a block never exceeds its dimension.
+      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_i8_tpu_blocks),
+        else 4096.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1848,8 +2036,20 @@ def _equal_count_i8_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block_
         n_ref[...] = sum_n
 
 
+# TPU blocks (block_n,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (N,) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning; else the chip's default. None: any other chip, and CPU (the
+# spec's blocks).
+_equal_count_i8_tpu_blocks = {
+    None: {"default": (4096,)},
+    "v5e": {"default": (4096,)},
+    "v6e": {"default": (4096,)},
+}
+
+
 def _equal_count_i8_tpu(x, y, *, n_, block_n, interpret):
     """`equal_count_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_n,) = _tpu_blocks(_equal_count_i8_tpu_blocks, (n_,), (block_n,))
     block_n = min(block_n, n_)  # a small N is one whole block
     _check_tiling(
         "equal_count_i8",

@@ -137,6 +137,38 @@ def _check_tiling(kernel, **blocks):
         )
 
 
+def _tpu_chip():
+    """The TPU generation being compiled for, as tuning tables name it, or None.
+
+    It is the default device's: a TPU's, or under `jax.default_device(...)` that of a
+    compile-only TPU topology (ahead-of-time compiles on a host without a TPU).
+    """
+    device = jax.config.jax_default_device
+    if not hasattr(device, "device_kind"):
+        device = jax.devices(device)[0]
+    return {"TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}.get(
+        device.device_kind
+    )
+
+
+def _tpu_blocks(table, sizes, given):
+    """The blocks of a TPU call: those `given` (not None) as they are, the others from
+    `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
+    are nearest the call's (in powers of two), else the chip's default. Any other
+    chip, and CPU, takes `table[None]`, the spec's blocks.
+    """
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    entries = table.get(_tpu_chip(), table[None])
+    tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
+    chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
+    return tuple(block if block is not None else choice for block, choice in zip(given, chosen))
+
+
 def _vmem_limit(needed):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 
@@ -241,12 +273,14 @@ def _logsumexp_finish(top, total):
 @functools.partial(
     jax.jit, static_argnames=("block_m", "gpu_block_m", "gpu_warps", "gpu_stages", "interpret")
 )
-def argmax_rows(x, *, block_m=8, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interpret=None):
+def argmax_rows(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interpret=None):
     """The first index of each row's maximum, as jnp.argmax.
 
     Args:
       x: f32[M, N].
-      block_m: block sizes (default 8); a block never exceeds its dimension.
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_argmax_rows_tpu_blocks),
+        else 8.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -288,8 +322,20 @@ def _argmax_rows_kernel(x_ref, i_ref, *, m, n, block_m):
     i_ref[...] = _argbest(x, 1, largest=True)
 
 
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_argmax_rows_tpu_blocks = {
+    None: {"default": (8,)},
+    "v5e": {"default": (8,)},
+    "v6e": {"default": (8,)},
+}
+
+
 def _argmax_rows_tpu(x, *, m, n, block_m, interpret):
     """`argmax_rows` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(_argmax_rows_tpu_blocks, (m, n), (block_m,))
     block_m = min(block_m, m)  # a small M is one whole block
     _check_tiling(
         "argmax_rows",
@@ -361,12 +407,14 @@ def _argmax_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
 @functools.partial(
     jax.jit, static_argnames=("block_m", "gpu_block_m", "gpu_warps", "gpu_stages", "interpret")
 )
-def argmin_rows(x, *, block_m=8, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interpret=None):
+def argmin_rows(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interpret=None):
     """The first index of each row's minimum, as jnp.argmin.
 
     Args:
       x: f32[M, N].
-      block_m: block sizes (default 8); a block never exceeds its dimension.
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_argmin_rows_tpu_blocks),
+        else 8.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -408,8 +456,20 @@ def _argmin_rows_kernel(x_ref, i_ref, *, m, n, block_m):
     i_ref[...] = _argbest(x, 1, largest=False)
 
 
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_argmin_rows_tpu_blocks = {
+    None: {"default": (8,)},
+    "v5e": {"default": (8,)},
+    "v6e": {"default": (8,)},
+}
+
+
 def _argmin_rows_tpu(x, *, m, n, block_m, interpret):
     """`argmin_rows` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(_argmin_rows_tpu_blocks, (m, n), (block_m,))
     block_m = min(block_m, m)  # a small M is one whole block
     _check_tiling(
         "argmin_rows",
@@ -493,8 +553,8 @@ def _argmin_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
 def column_sums(
     x,
     *,
-    block_m=512,
-    block_n=512,
+    block_m=None,
+    block_n=None,
     gpu_block_m=64,
     gpu_block_n=128,
     gpu_warps=4,
@@ -505,7 +565,9 @@ def column_sums(
 
     Args:
       x: f32[M, N].
-      block_m, block_n: block sizes (default 512, 512); a block never exceeds its dimension.
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_column_sums_tpu_blocks),
+        else 512, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -562,8 +624,20 @@ def _column_sums_kernel(x_ref, s_ref, sum_m_running_ref, *, m, n, block_m, block
         s_ref[...] = sum_m
 
 
+# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_column_sums_tpu_blocks = {
+    None: {"default": (512, 512)},
+    "v5e": {"default": (512, 512)},
+    "v6e": {"default": (512, 512)},
+}
+
+
 def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
     """`column_sums` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n = _tpu_blocks(_column_sums_tpu_blocks, (m, n), (block_m, block_n))
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(
@@ -653,13 +727,17 @@ def _column_sums_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interp
 @functools.partial(
     jax.jit, static_argnames=("block_m", "gpu_block_m", "gpu_warps", "gpu_stages", "interpret")
 )
-def quantize_rows_int8(x, *, block_m=32, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interpret=None):
+def quantize_rows_int8(
+    x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interpret=None
+):
     """Row-wise symmetric int8 quantization: each row scaled by its largest magnitude, so
     that it maps to 127, and rounded half to even.
 
     Args:
       x: f32[M, N].
-      block_m: block sizes (default 32); a block never exceeds its dimension.
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_tpu_blocks),
+        else 32.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -705,8 +783,20 @@ def _quantize_rows_int8_kernel(x_ref, q_ref, scale_ref, *, m, n, block_m):
     scale_ref[...] = s
 
 
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_quantize_rows_int8_tpu_blocks = {
+    None: {"default": (32,)},
+    "v5e": {"default": (32,)},
+    "v6e": {"default": (32,)},
+}
+
+
 def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
     """`quantize_rows_int8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(_quantize_rows_int8_tpu_blocks, (m, n), (block_m,))
     block_m = min(block_m, m)  # a small M is one whole block
     _check_tiling(
         "quantize_rows_int8",
@@ -801,13 +891,15 @@ def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpre
 @functools.partial(
     jax.jit, static_argnames=("block_n", "gpu_block_n", "gpu_warps", "gpu_stages", "interpret")
 )
-def equal_count(x, y, *, block_n=1024, gpu_block_n=1024, gpu_warps=4, gpu_stages=1, interpret=None):
+def equal_count(x, y, *, block_n=None, gpu_block_n=1024, gpu_warps=4, gpu_stages=1, interpret=None):
     """How many positions hold equal values (MindSpore's EqualCount): a scalar output.
 
     Args:
       x: i32[N].
       y: i32[N].
-      block_n: block sizes (default 1024); a block never exceeds its dimension.
+      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_tpu_blocks),
+        else 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -858,8 +950,20 @@ def _equal_count_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block_n):
         n_ref[...] = sum_n
 
 
+# TPU blocks (block_n,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (N,) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning; else the chip's default. None: any other chip, and CPU (the
+# spec's blocks).
+_equal_count_tpu_blocks = {
+    None: {"default": (1024,)},
+    "v5e": {"default": (1024,)},
+    "v6e": {"default": (1024,)},
+}
+
+
 def _equal_count_tpu(x, y, *, n_, block_n, interpret):
     """`equal_count` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_n,) = _tpu_blocks(_equal_count_tpu_blocks, (n_,), (block_n,))
     block_n = min(block_n, n_)  # a small N is one whole block
     _check_tiling(
         "equal_count",

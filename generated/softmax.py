@@ -137,6 +137,38 @@ def _check_tiling(kernel, **blocks):
         )
 
 
+def _tpu_chip():
+    """The TPU generation being compiled for, as tuning tables name it, or None.
+
+    It is the default device's: a TPU's, or under `jax.default_device(...)` that of a
+    compile-only TPU topology (ahead-of-time compiles on a host without a TPU).
+    """
+    device = jax.config.jax_default_device
+    if not hasattr(device, "device_kind"):
+        device = jax.devices(device)[0]
+    return {"TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}.get(
+        device.device_kind
+    )
+
+
+def _tpu_blocks(table, sizes, given):
+    """The blocks of a TPU call: those `given` (not None) as they are, the others from
+    `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
+    are nearest the call's (in powers of two), else the chip's default. Any other
+    chip, and CPU, takes `table[None]`, the spec's blocks.
+    """
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    entries = table.get(_tpu_chip(), table[None])
+    tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
+    chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
+    return tuple(block if block is not None else choice for block, choice in zip(given, chosen))
+
+
 def _vmem_limit(needed):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 
@@ -241,12 +273,14 @@ def _logsumexp_finish(top, total):
 @functools.partial(
     jax.jit, static_argnames=("block_m", "gpu_block_m", "gpu_warps", "gpu_stages", "interpret")
 )
-def softmax(x, *, block_m=8, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interpret=None):
+def softmax(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interpret=None):
     """Softmax over the last dimension.
 
     Args:
       x: f32[M, N].
-      block_m: block sizes (default 8); a block never exceeds its dimension.
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_softmax_tpu_blocks),
+        else 8.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -280,8 +314,16 @@ def _softmax_kernel(x_ref, y_ref, *, m, n, block_m):
     y_ref[...] = e / jnp.sum(e, axis=1, keepdims=True)
 
 
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_softmax_tpu_blocks = {None: {"default": (8,)}, "v5e": {"default": (8,)}, "v6e": {"default": (8,)}}
+
+
 def _softmax_tpu(x, *, m, n, block_m, interpret):
     """`softmax` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(_softmax_tpu_blocks, (m, n), (block_m,))
     block_m = min(block_m, m)  # a small M is one whole block
     _check_tiling(
         "softmax",
@@ -354,12 +396,14 @@ def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
 @functools.partial(
     jax.jit, static_argnames=("block_m", "gpu_block_m", "gpu_warps", "gpu_stages", "interpret")
 )
-def log_softmax(x, *, block_m=8, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interpret=None):
+def log_softmax(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interpret=None):
     """Log-softmax over the last dimension: each row minus its log-sum-exp.
 
     Args:
       x: f32[M, N].
-      block_m: block sizes (default 8); a block never exceeds its dimension.
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_tpu_blocks),
+        else 8.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -396,8 +440,20 @@ def _log_softmax_kernel(x_ref, y_ref, *, m, n, block_m):
     y_ref[...] = x - _logsumexp(x, 1)
 
 
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_log_softmax_tpu_blocks = {
+    None: {"default": (8,)},
+    "v5e": {"default": (8,)},
+    "v6e": {"default": (8,)},
+}
+
+
 def _log_softmax_tpu(x, *, m, n, block_m, interpret):
     """`log_softmax` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(_log_softmax_tpu_blocks, (m, n), (block_m,))
     block_m = min(block_m, m)  # a small M is one whole block
     _check_tiling(
         "log_softmax",

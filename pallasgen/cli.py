@@ -10,7 +10,11 @@ from pathlib import Path
 
 import click
 
+from pallasgen.analysis.names import block_keyword
+from pallasgen.analysis.tuning import TunedBlocks
+from pallasgen.backends.tpu.chips import CHIP_NAMES
 from pallasgen.devices import runner
+from pallasgen.workspace.atomic import write_atomically
 from pallasgen.workspace.config import ConfigError, load_config
 from pallasgen.frontend.errors import SpecError
 from pallasgen.workspace.pipeline import check_source, decode
@@ -21,6 +25,7 @@ from pallasgen.workspace.sync import (
     collect_targets,
     generate_targets,
     plan_changes,
+    stale_tunings,
     unified_diff,
 )
 
@@ -55,6 +60,8 @@ def build(paths: tuple[Path, ...], out: Path | None, no_cache: bool) -> None:
     for change in changes:
         verb = {"create": "wrote", "update": "updated", "remove": "removed stale"}[change.kind]
         click.echo(f"{verb} {_display(change.path)}")
+    for line in _stale_tunings(targets):
+        click.echo(f"warning: {line}: its tuned blocks are left out; run `pallasgen tune` again", err=True)
     click.echo(f"pallasgen: {len(targets)} specs, {len(changes)} files changed")
 
 
@@ -81,7 +88,20 @@ def check(paths: tuple[Path, ...], out: Path | None, quiet: bool, no_cache: bool
             f" {counts['create']} missing, {counts['remove']} stale); run `pallasgen build`"
         )
         sys.exit(DRIFT)
+    stale = _stale_tunings(targets)
+    for line in stale:
+        click.echo(f"{line}; run `pallasgen tune` again, or remove its entry")
+    if stale:
+        click.echo(f"pallasgen check: {len(stale)} tuned kernels changed since they were tuned")
+        sys.exit(DRIFT)
     click.echo(f"pallasgen check: {len(targets)} generated files match their specs")
+
+
+def _stale_tunings(targets) -> list[str]:
+    try:
+        return stale_tunings(targets, _display)
+    except UsageError as error:
+        _usage_error(str(error))
 
 
 _targets = click.argument("targets", nargs=-1, metavar="SPEC[:KERNEL]...")
@@ -294,6 +314,80 @@ def _block_options(checked, blocks: dict[str, int]) -> dict[str, int]:
     from pallasgen.analysis.names import block_keyword
 
     return {block_keyword(d): n for d, n in blocks.items() if d in checked.blocks}
+
+
+@main.command()
+@click.argument("target", metavar="SPEC[:KERNEL]")
+@click.option(
+    "--size", "sizes", multiple=True, metavar="DIM=N", help="A dimension's size to tune at (repeatable; every one)."
+)
+@click.option("--chip", type=click.Choice(CHIP_NAMES), required=True, help="The compile-only TPU to tune for.")
+@click.option(
+    "--budget", default=16, show_default=True, type=click.IntRange(min=1), help="The most compiles per kernel."
+)
+def tune(target: str, sizes: tuple[str, ...], chip: str, budget: int) -> None:
+    """Search the TPU blocks that minimise the compiler's cycle estimate for SPEC's kernels
+    (or SPEC:KERNEL) at the given sizes, and record the best in SPEC's tuning file
+    (NAME.tuning.json beside it), which `pallasgen build` renders into the generated module.
+
+    No TPU is needed: libtpu compiles for a compile-only chip and estimates cycles (not
+    time). A search starts from the chip's current blocks and keeps the best it finds.
+    """
+    import tempfile
+
+    from pallasgen.devices import estimate
+    from pallasgen.devices.compile_only import CompileError
+    from pallasgen.devices.tune import MEASURE, tune as search, versions
+    from pallasgen.workspace.tuning import Entry, format_tuning, read_tuning, tuning_path, with_entry
+
+    given = _parse_sizes(sizes)
+    kernels = _kernels((target,), None, given)
+    for _, checked in kernels:
+        missing = [d for d in checked.dims if d not in given]
+        if missing:
+            _usage_error(
+                f"{checked.kernel.name}: give the size of every dimension to tune at (missing: {', '.join(missing)})"
+            )
+    spec = Path(target.partition(":")[0])
+    path = tuning_path(spec)
+    tuning = _checked_kernels(
+        str(path), lambda: read_tuning(path.read_text(encoding="utf-8"), _display(path)) if path.is_file() else {}
+    )
+    with tempfile.TemporaryDirectory(prefix="pallasgen-llo-") as profile_dir:
+        estimator = estimate.Estimator(chip, Path(profile_dir))
+        for module, checked in kernels:
+            dims = {d: given[d] for d in checked.dims}
+            label = f"Tuning {checked.kernel.name} for {chip}"
+            with click.progressbar(length=budget, label=label, file=sys.stderr) as bar:
+                try:
+                    found = search(estimator, module, checked, dims, budget, bar.update)
+                except CompileError as error:
+                    _usage_error(f"{checked.kernel.name}: {error}")
+            best, start = found.best, found.start
+            click.echo(
+                f"{checked.kernel.name} on {chip} ({estimate.LABEL}): {_pairs(best.blocks)} {best.cycles:,} cycles,"
+                f" {best.cycles / found.xla_cycles:.3f}x XLA ({found.xla_cycles:,}); untuned {_pairs(start.blocks)}"
+                + (f" {start.cycles / found.xla_cycles:.3f}x" if start.cycles else f" rejected: {start.error}")
+                + f"; {len(found.trials)} compiles"
+            )
+            measure = {
+                "by": MEASURE,
+                "kernel_cycles": best.cycles,
+                "xla_cycles": found.xla_cycles,
+                "ratio": round(best.cycles / found.xla_cycles, 3),
+                "compiles": len(found.trials),
+            }
+            entry = Entry(TunedBlocks(chip, tuple(dims.items()), best.blocks), measure, versions())
+            tuning = with_entry(tuning, checked, entry)
+    try:
+        write_atomically(path, format_tuning(tuning))
+    except OSError as error:
+        _usage_error(f"cannot write {_display(path)}: {error.strerror}")
+    click.echo(f"wrote {_display(path)}; run `pallasgen build` to render it into the generated module")
+
+
+def _pairs(blocks) -> str:
+    return ", ".join(f"{block_keyword(d)}={b}" for d, b in blocks)
 
 
 @main.command()

@@ -51,7 +51,17 @@ def test_an_edited_spec_misses_the_cache(tmp_path, monkeypatch):
     (root / "specs" / "add.pallas").write_text(SPEC.replace("1024", "2048"))
     result = CliRunner().invoke(main, ["build"])
     assert result.exit_code == 0, result.output
-    assert "block_n=2048" in (root / "generated" / "add.py").read_text()
+    assert 'None: {"default": (2048,)}' in (root / "generated" / "add.py").read_text()
+    assert len(list((root / "cache").iterdir())) == 2
+
+
+def test_an_edited_tuning_file_misses_the_cache(tmp_path, monkeypatch):
+    root = project(tmp_path, monkeypatch)
+    assert CliRunner().invoke(main, ["build"]).exit_code == 0
+    before = (root / "generated" / "add.py").read_text()
+    (root / "specs" / "add.tuning.json").write_text('{"kernels": {}}')
+    assert CliRunner().invoke(main, ["build"]).exit_code == 0
+    assert (root / "generated" / "add.py").read_text() == before  # an empty tuning changes nothing
     assert len(list((root / "cache").iterdir())) == 2
 
 

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from pallasgen.workspace.pipeline import decode, generate
+from pallasgen.workspace.pipeline import Tuning, decode, generate
 from pallasgen.workspace.sync import generated_from
+from pallasgen.workspace.tuning import tuning_path
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = sorted((ROOT / "specs").glob("*.pallas"))
@@ -41,7 +42,9 @@ def test_pallasgen_check_passes_on_the_repository(tmp_path):
 @pytest.mark.parametrize("spec", SPECS, ids=lambda p: p.stem)
 def test_committed_module_equals_what_its_spec_generates(spec):
     label = f"specs/{spec.name}"
-    expected = generate(decode(spec.read_bytes(), label), label, label)
+    tuning = tuning_path(spec)
+    tuned = Tuning(tuning.read_text(encoding="utf-8"), tuning.name) if tuning.is_file() else None
+    expected = generate(decode(spec.read_bytes(), label), label, label, tuned)
     committed = GENERATED / f"{spec.stem}.py"
     assert committed.is_file(), f"{committed.relative_to(ROOT)} is missing; run `pallasgen build`"
     assert (

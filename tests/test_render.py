@@ -46,9 +46,10 @@ def test_the_reserved_helper_names_are_exactly_what_the_helpers_template_defines
     must follow templates/helpers.py.j2 (with and without the reduction helpers)."""
     import re
 
-    from pallasgen.backends import MODULE_HELPERS
+    from pallasgen.backends import BACKENDS, MODULE_HELPERS
     from pallasgen.rendering.render import _environment
 
-    source = _environment().get_template("helpers.py.j2").render(reductions=True, scoped_vmem_mib=16, vmem_limit_mib=100)
+    values = {name: value for backend in BACKENDS for name, value in backend.helper_values().items()}
+    source = _environment().get_template("helpers.py.j2").render(reductions=True, **values)
     defined = set(re.findall(r"^def (_\w+)|^(_\w+) =", source, re.MULTILINE))
     assert {name for pair in defined for name in pair if name} == MODULE_HELPERS

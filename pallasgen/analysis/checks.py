@@ -16,6 +16,7 @@ from pallasgen.frontend.errors import Diagnostic, Position, did_you_mean
 from pallasgen.analysis.infer import dims_text, infer_body, literal_problem
 from pallasgen.analysis.names import RESERVED, block_keyword
 from pallasgen.analysis.product import Product, analyze_product, find_products, operand_names, product_dims
+from pallasgen.analysis.tuning import TunedBlocks
 from pallasgen.analysis.space import Dimension, IterationSpace, Reduction
 from pallasgen.analysis.valuetypes import ValueType
 
@@ -41,6 +42,7 @@ class CheckedKernel:
     blocks: dict[str, int]  # blocked dims -> default block size (the `block` statement)
     product: Product | None
     settings: dict[str, object] = field(hash=False)  # each backend's own, by backend name
+    tuned: tuple[TunedBlocks, ...] = ()  # from the spec's tuning file (pallasgen tune)
 
     @property
     def dims(self) -> tuple[str, ...]:

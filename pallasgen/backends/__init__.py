@@ -18,6 +18,7 @@ BACKENDS: tuple[Backend, ...] = (TpuBackend(), GpuBackend())
 MODULE_HELPERS = frozenset(
     {"_on_platform", "_sizes", "_check_tiling", "_inside", "_mask", "_load", "_store", "_nbytes"}
     | {"_platform_dependent", "_platform_dependent_p", "_platform_dependent_primitive", "_vmem_limit"}
+    | {"_tpu_chip", "_tpu_blocks"}
     | {"_fill_past", "_round_half_even", "_argbest", "_argbest_step", "_logsumexp", "_logsumexp_step", "_logsumexp_finish"}
 )
 
@@ -27,7 +28,7 @@ class ModulePlan:
     spec_path: str
     kernels: tuple[KernelPlan, ...]
     templates: tuple[str, ...]  # each backend's, rendered per kernel after the public function
-    reductions: bool  # a kernel reduces or reads positions: the module has the helpers for it
+    helpers: dict[str, object]  # what the shared helpers (helpers.py.j2) are rendered with
 
 
 def plan_module(spec_path: str, kernels: tuple[CheckedKernel, ...]) -> ModulePlan:
@@ -35,7 +36,10 @@ def plan_module(spec_path: str, kernels: tuple[CheckedKernel, ...]) -> ModulePla
         name for k in kernels for backend in BACKENDS for name in backend.function_names(k.kernel.name)
     }
     plans = tuple(_plan_kernel(k, module_names) for k in kernels)
-    return ModulePlan(spec_path, plans, _templates(), any(reduces(k) for k in kernels))
+    helpers = {"reductions": any(reduces(k) for k in kernels)}  # only then the reduction helpers
+    for backend in BACKENDS:
+        helpers.update(backend.helper_values())
+    return ModulePlan(spec_path, plans, _templates(), helpers)
 
 
 def _plan_kernel(checked: CheckedKernel, module_names: frozenset[str]) -> KernelPlan:

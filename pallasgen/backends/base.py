@@ -46,3 +46,7 @@ class Backend(ABC):
     @abstractmethod
     def plan(self, lowered: LoweredKernel) -> object:
         """Its plan of a kernel: plain data for its template."""
+
+    def helper_values(self) -> dict[str, object]:
+        """Values the module's shared helpers (helpers.py.j2) take from this backend."""
+        return {}

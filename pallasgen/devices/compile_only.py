@@ -115,10 +115,10 @@ def compile_for_tpu(function, args, chip: str = "v5e"):
         try:
             return traced.lower().compile()
         except Exception as error:  # Pallas's Mosaic lowering, Mosaic itself, XLA:TPU
-            raise CompileError("mosaic", _first_lines(str(error)), str(error)) from error
+            raise CompileError("mosaic", first_lines(str(error)), str(error)) from error
 
 
-def _first_lines(text: str, limit: int = 4) -> str:
+def first_lines(text: str, limit: int = 4) -> str:
     """The first lines that say something: no status prefix, no blank lines, no IR dump."""
     text = re.sub(r"^[A-Z_]+: ", "", text.strip())
     lines = []
@@ -187,7 +187,7 @@ def triton_ir(function, args) -> list[TritonKernel]:
         try:
             lowered = traced.lower(lowering_platforms=("cuda",))
         except Exception as error:  # Pallas's Triton lowering
-            raise CompileError("triton", _first_lines(str(error)), str(error)) from error
+            raise CompileError("triton", first_lines(str(error)), str(error)) from error
 
     kernels = []
     for op in _operations(lowered.compiler_ir("stablehlo").operation):
@@ -259,7 +259,7 @@ def compile_triton(
             said = _read(stderr) + stdout.getvalue()
             compiler = "ptxas" if type(error).__name__ == "PTXASError" else "triton"
             details = f"{error}\n{said}".strip()
-            raise CompileError(compiler, _first_lines(_diagnostics(said) or str(error)), details) from error
+            raise CompileError(compiler, first_lines(_diagnostics(said) or str(error)), details) from error
         log = stdout.getvalue()
     seconds = time.perf_counter() - start
     usage = _ptxas_usage(log)

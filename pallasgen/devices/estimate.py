@@ -100,7 +100,10 @@ class Estimator:
         for stale in self.profile_dir.iterdir():
             stale.unlink()
         with jax.default_device(self.device):
-            compiled = jax.jit(function).lower(*args).compile()
+            try:
+                compiled = jax.jit(function).lower(*args).compile()
+            except Exception as error:  # Pallas's Mosaic lowering, Mosaic itself, XLA:TPU
+                raise compile_only.CompileError("mosaic", compile_only.first_lines(str(error)), str(error)) from error
         cycles = {}
         for path in self.profile_dir.iterdir():
             cycles.update(parse_profile(path.read_text(encoding="utf-8")))

@@ -9,7 +9,6 @@ import black
 import jinja2
 
 from pallasgen.backends import ModulePlan
-from pallasgen.backends.tpu.tiling import SCOPED_VMEM_BYTES, VMEM_LIMIT_BYTES
 from pallasgen.frontend.text import escape_text
 
 BLACK_MODE = black.Mode(
@@ -52,9 +51,7 @@ def render_pieces(plan: ModulePlan) -> list[str]:
     """The unformatted module: its header, the helpers, and one piece per kernel."""
     environment = _environment()
     header = environment.get_template("header.py.j2").render(module=plan)
-    helpers = environment.get_template("helpers.py.j2").render(
-        reductions=plan.reductions, scoped_vmem_mib=SCOPED_VMEM_BYTES >> 20, vmem_limit_mib=VMEM_LIMIT_BYTES >> 20
-    )
+    helpers = environment.get_template("helpers.py.j2").render(**plan.helpers)
     kernels = []
     for kernel in plan.kernels:
         kernels.append(environment.get_template("public.py.j2").render(k=kernel))

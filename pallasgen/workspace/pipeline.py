@@ -2,18 +2,38 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pallasgen.frontend import parser
 
 from pallasgen.frontend import transform
 from pallasgen.analysis.checks import CheckedKernel, Diagnostics, check_spec
 from pallasgen.frontend.errors import Diagnostic, Position, SpecError
 from pallasgen.backends import BACKENDS, plan_module
+from pallasgen.workspace.tuning import apply_tuning, read_tuning
 from pallasgen.rendering.render import render_module
 
 
-def generate(source: str, path: str, spec_path: str) -> str:
-    """The generated module for a spec's text; raises `SpecError` naming `path`."""
-    return render_module(plan_module(spec_path, check_source(source, path)))
+def generate(source: str, path: str, spec_path: str, tuning: Tuning | None = None) -> str:
+    """The generated module for a spec's text and its tuning file's (if it has one);
+    raises `SpecError` naming `path`, or the tuning file's path."""
+    return render_module(plan_module(spec_path, tuned_kernels(source, path, tuning)[0]))
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """A spec's tuning file, as read."""
+
+    text: str
+    path: str  # as messages name it
+
+
+def tuned_kernels(source: str, path: str, tuning: Tuning | None) -> tuple[tuple[CheckedKernel, ...], list[str]]:
+    """The checked kernels with their tuned blocks, and why the tuning file is stale, if it is."""
+    kernels = check_source(source, path)
+    if tuning is None:
+        return kernels, []
+    return apply_tuning(kernels, read_tuning(tuning.text, tuning.path), tuning.text, tuning.path)
 
 
 def check_source(source: str, path: str) -> tuple[CheckedKernel, ...]:

@@ -18,7 +18,8 @@ from pallasgen.workspace import cache
 from pallasgen.workspace.atomic import write_atomically
 from pallasgen.workspace.config import spec_label
 from pallasgen.frontend.errors import SpecError
-from pallasgen.workspace.pipeline import decode, generate
+from pallasgen.workspace.pipeline import Tuning, decode, generate, tuned_kernels
+from pallasgen.workspace.tuning import tuning_path
 
 # First lines of generated files as (prefix, suffix) around the spec's label: today's,
 # in the form tools recognise as generated code, then older ones, still recognised so
@@ -96,33 +97,54 @@ def generate_targets(targets: list[Target], display, use_cache: bool = True) -> 
     """
     modules: dict[Path, str] = {}
     errors: list[SpecError] = []
-    pending: list[tuple[Target, str, str]] = []
+    pending: list[tuple[Target, str, str, Tuning | None, str]] = []  # ..., cache key
     for target in targets:
         try:
-            source = decode(target.spec.read_bytes(), display(target.spec))
-        except OSError as error:
-            raise UsageError(f"{display(target.spec)}: {error.strerror}") from None
+            source, tuning = read_inputs(target, display)
         except SpecError as error:
             errors.append(error)
             continue
-        cached = cache.load(cache.key(source, target.label)) if use_cache else None
+        key = cache.key(source + "\0" + (tuning.text if tuning else ""), target.label)
+        cached = cache.load(key) if use_cache else None
         if cached is not None:
             modules[target.output] = cached
         else:
-            pending.append((target, source, display(target.spec)))
-    for (target, source, _), result in zip(pending, _generate_all([job[1:] + (job[0].label,) for job in pending])):
+            pending.append((target, source, display(target.spec), tuning, key))
+    for (target, *_, key), result in zip(pending, _generate_all([(*job[1:4], job[0].label) for job in pending])):
         if isinstance(result, SpecError):
             errors.append(result)
             continue
         modules[target.output] = result
         if use_cache:
-            cache.store(cache.key(source, target.label), result)
+            cache.store(key, result)
     if errors:
         raise SpecErrors(errors)
     return modules
 
 
-def _generate_all(jobs: list[tuple[str, str, str]]) -> list[str | SpecError]:
+def read_inputs(target: Target, display) -> tuple[str, Tuning | None]:
+    """A spec's text, and its tuning file's if it has one; raises `SpecError` for text
+    that is not UTF-8 and `UsageError` for a file that cannot be read."""
+    tuning_file = tuning_path(target.spec)
+    try:
+        source = decode(target.spec.read_bytes(), display(target.spec))
+        tuning = decode(tuning_file.read_bytes(), display(tuning_file)) if tuning_file.is_file() else None
+    except OSError as error:
+        raise UsageError(f"{display(Path(error.filename or target.spec))}: {error.strerror}") from None
+    return source, None if tuning is None else Tuning(tuning, display(tuning_file))
+
+
+def stale_tunings(targets: list[Target], display) -> list[str]:
+    """`path: why` for each tuning file tuned for a kernel that has changed or gone since."""
+    found = []
+    for target in targets:
+        source, tuning = read_inputs(target, display)
+        if tuning is not None:
+            found += [f"{tuning.path}: {why}" for why in tuned_kernels(source, display(target.spec), tuning)[1]]
+    return found
+
+
+def _generate_all(jobs: list[tuple[str, str, Tuning | None, str]]) -> list[str | SpecError]:
     workers = min(len(jobs), os.cpu_count() or 1)
     if len(jobs) < PARALLEL_THRESHOLD or workers < 2:
         return [_generate_one(job) for job in jobs]
@@ -130,10 +152,10 @@ def _generate_all(jobs: list[tuple[str, str, str]]) -> list[str | SpecError]:
         return list(pool.map(_generate_one, jobs, chunksize=max(1, len(jobs) // (4 * workers))))
 
 
-def _generate_one(job: tuple[str, str, str]) -> str | SpecError:
-    source, path, label = job
+def _generate_one(job: tuple[str, str, Tuning | None, str]) -> str | SpecError:
+    source, path, tuning, label = job
     try:
-        return generate(source, path, label)
+        return generate(source, path, label, tuning)
     except SpecError as error:
         return error
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.base import Backend
 from pallasgen.backends.tpu.checks import check_tpu
-from pallasgen.backends.tpu.plan import kernel_function_name, keyword_group, launcher_name, plan_tpu
+from pallasgen.backends.tpu.chips import CHIPS
+from pallasgen.backends.tpu.plan import block_table_name, kernel_function_name, keyword_group, launcher_name, plan_tpu
+from pallasgen.backends.tpu.tiling import SCOPED_VMEM_BYTES, VMEM_LIMIT_BYTES
 
 
 class TpuBackend(Backend):
@@ -22,7 +24,14 @@ class TpuBackend(Backend):
         return {block_keyword(d) for d in checked.dims}
 
     def function_names(self, kernel):
-        return kernel_function_name(kernel), launcher_name(kernel)
+        return kernel_function_name(kernel), block_table_name(kernel), launcher_name(kernel)
 
     def plan(self, lowered):
         return plan_tpu(lowered)
+
+    def helper_values(self):
+        return {
+            "scoped_vmem_mib": SCOPED_VMEM_BYTES >> 20,
+            "vmem_limit_mib": VMEM_LIMIT_BYTES >> 20,
+            "tpu_chips": {kind: chip.name for chip in CHIPS for kind in chip.device_kinds},
+        }

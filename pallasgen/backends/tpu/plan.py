@@ -14,6 +14,7 @@ from pallasgen.analysis.dtypes import DTYPES, tpu_dtype
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
 from pallasgen.analysis.product import Product
+from pallasgen.backends.tpu.chips import CHIPS, chip_blocks
 from pallasgen.backends.tpu.tiling import (
     TilingRule,
     array_layouts,
@@ -69,10 +70,21 @@ class AccumulatorPlan:
 
 
 @dataclass(frozen=True)
+class BlockTable:
+    """The blocks a call that passes none takes, by chip (see `_tpu_blocks`)."""
+
+    name: str  # the module-level dict
+    comment: tuple[str, ...]
+    chips: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]  # (chip, ((sizes or "default", blocks), ...))
+    choice: str  # the launcher's line that picks its blocks from the table
+
+
+@dataclass(frozen=True)
 class TpuPlan:
     function: str  # the launcher
     kernel_function: str
     blocks: tuple[BlockPlan, ...]
+    block_table: BlockTable | None  # None when no dimension has a block keyword
     kernel_parameters: str  # of the kernel function: refs, then static keywords
     kernel_callable: str  # the kernel, with its static keywords bound by functools.partial
     parameters: str  # of the launcher
@@ -100,14 +112,52 @@ def tunable_dims(checked: CheckedKernel) -> list[str]:
 
 
 def keyword_group(checked: CheckedKernel) -> KeywordGroup:
-    """The public `block_*` keywords, and their line of the docstring."""
+    """The public `block_*` keywords, and their lines of the docstring."""
     tunable = tunable_dims(checked)
-    keywords = tuple(Keyword(block_keyword(d), str(checked.blocks[d])) for d in tunable)
+    keywords = tuple(Keyword(block_keyword(d), "None") for d in tunable)
     if not tunable:
         return KeywordGroup(keywords, ())
     names = ", ".join(block_keyword(d) for d in tunable)
     defaults = ", ".join(str(checked.blocks[d]) for d in tunable)
-    return KeywordGroup(keywords, (f"  {names}: block sizes (default {defaults}); a block never exceeds its dimension.",))
+    return KeywordGroup(
+        keywords,
+        (
+            f"  {names}: TPU block sizes; a block never exceeds its dimension. Those not given",
+            f"    are tuned for the TPU and sizes, or the TPU's defaults ({block_table_name(checked.kernel.name)}),",
+            f"    else {defaults}.",
+        ),
+    )
+
+
+def block_table_name(kernel: str) -> str:
+    return f"_{kernel}_tpu_blocks"
+
+
+def _block_table(checked: CheckedKernel, tunable: list[str], sizes: dict[str, str]) -> BlockTable | None:
+    """Each chip's default blocks, then the blocks tuned for it at given sizes."""
+    if not tunable:
+        return None
+    dims = checked.dims
+    spec = tuple_code([str(checked.blocks[d]) for d in tunable])
+    chips = [("None", (('"default"', spec),))]
+    for chip in CHIPS:
+        default = chip_blocks(checked, tunable, chip)
+        entries = [('"default"', tuple_code([str(default[d]) for d in tunable]))]
+        for tuned in sorted((t for t in checked.tuned if t.chip == chip.name), key=lambda t: t.sizes):
+            tuned_sizes, tuned_blocks = dict(tuned.sizes), dict(tuned.blocks)
+            entries.append(
+                (tuple_code([str(tuned_sizes[d]) for d in dims]), tuple_code([str(tuned_blocks[d]) for d in tunable]))
+            )
+        chips.append((f'"{chip.name}"', tuple(entries)))
+    keywords = tuple_code([block_keyword(d) for d in tunable])
+    comment = (
+        f"TPU blocks {keywords} for a call that passes none, by chip: those `pallasgen tune` found"
+        f" at the sizes {tuple_code(list(dims))} shown (the spec's .tuning.json file), the entry nearest"
+        f" the call's sizes winning; else the chip's default. None: any other chip, and CPU (the spec's blocks)."
+    )
+    name = block_table_name(checked.kernel.name)
+    choice = f"{keywords} = _tpu_blocks({name}, {tuple_code([sizes[d] for d in dims])}, {keywords})"
+    return BlockTable(name, _wrap(comment), tuple(chips), choice)
 
 
 def _squeezed(checked: CheckedKernel) -> set[str]:
@@ -193,6 +243,7 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
         function=launcher_name(kernel.name),
         kernel_function=kernel_function_name(kernel.name),
         blocks=tuple(BlockPlan(block_keyword(d), checked.blocks[d], sizes[d], d) for d in tunable),
+        block_table=_block_table(checked, tunable, sizes),
         kernel_parameters=parameter_list(
             [refs[d.name] for d in kernel.inputs + kernel.outputs] + scratch_refs, kernel_keywords
         ),

@@ -1,0 +1,79 @@
+"""The TPU generations a generated kernel knows at call time, and the blocks it takes on
+each when the call passes none: tuned ones (`pallasgen tune`), else the chip's
+default, which the generator derives from the chip's MXU and VMEM."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pallasgen.analysis.checks import CheckedKernel
+from pallasgen.analysis.tuning import TunedBlocks
+from pallasgen.backends.tpu.tiling import array_layouts, tiling_problem, vmem_bytes, vmem_problem
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class TpuChip:
+    name: str  # as `pallasgen tune --chip` and tuning files name it
+    device_kinds: tuple[str, ...]  # jax's `Device.device_kind` for it
+    mxu: int  # the MXU is mxu x mxu: product blocks are multiples of it
+    product_block: int  # the smallest product block (M, N and K) that keeps the MXU fed
+    product_vmem_bytes: int  # the most VMEM a default product block set may take
+
+
+# From Google Cloud's TPU pages (MXU shapes) and the compiler estimates recorded in
+# benchmarks/RESULTS_TPU_ESTIMATES.md (blocks of 512 and 1024 on v5e; 1024 on v6e,
+# whose MXUs are twice as wide and four times as fast).
+CHIPS = (
+    TpuChip("v5e", ("TPU v5 lite", "TPU v5e"), mxu=128, product_block=512, product_vmem_bytes=32 * MIB),
+    TpuChip("v6e", ("TPU v6 lite", "TPU v6e"), mxu=256, product_block=1024, product_vmem_bytes=48 * MIB),
+)
+CHIP_NAMES = tuple(chip.name for chip in CHIPS)
+
+
+def chip_blocks(checked: CheckedKernel, tunable: list[str], chip: TpuChip) -> dict[str, int]:
+    """A chip's default blocks for a kernel: the spec's, except that a product's M, N and
+    K grow to the chip's `product_block` (a multiple of its MXU) while the blocks fit in
+    its `product_vmem_bytes`, K first given up. Other kernels keep the spec's blocks:
+    their best blocks depend on the per-step overhead, not the chip (measured)."""
+    blocks = {d: checked.blocks[d] for d in tunable}
+    product = checked.product
+    if product is None:
+        return blocks
+    grown = dict(blocks)
+    for dim in (product.m, product.n, product.k):
+        if dim in grown:
+            grown[dim] = max(grown[dim], _round_up(chip.product_block, chip.mxu))
+    for dim in (product.k, product.n, product.m):
+        while dim in grown and grown[dim] > blocks[dim] and _vmem(checked, grown) > chip.product_vmem_bytes:
+            grown[dim] = max(grown[dim] // 2, blocks[dim])
+    return grown if _vmem(checked, grown) <= chip.product_vmem_bytes else blocks
+
+
+def tuned_blocks_problem(checked: CheckedKernel, tunable: list[str], tuned: TunedBlocks) -> str | None:
+    """Why tuned blocks do not fit this kernel (a tuning file edited by hand, or tuned for
+    an older version of it), or None."""
+    if tuned.chip not in CHIP_NAMES:
+        return f"unknown chip {tuned.chip!r} (known: {', '.join(CHIP_NAMES)})"
+    blocks, sizes = dict(tuned.blocks), dict(tuned.sizes)
+    if sorted(blocks) != sorted(tunable):
+        return f"blocks for {', '.join(sorted(blocks)) or 'no dimension'}, but the kernel blocks {', '.join(tunable)}"
+    if sorted(sizes) != sorted(checked.dims):
+        return f"sizes of {', '.join(sorted(sizes))}, but the kernel's dimensions are {', '.join(checked.dims)}"
+    layouts = array_layouts(checked.kernel, checked.space.layout, checked.product)
+    for dim, block in blocks.items():
+        if block < 1 or sizes[dim] < 1:
+            return f"{dim}: blocks and sizes are positive"
+        problem = block != sizes[dim] and tiling_problem(dim, block, layouts)
+        if problem:
+            return problem
+    return vmem_problem(checked.kernel, {**checked.blocks, **blocks}, checked.product)
+
+
+def _vmem(checked: CheckedKernel, blocks: dict[str, int]) -> int:
+    return vmem_bytes(checked.kernel, {**checked.blocks, **blocks}, checked.product)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple

@@ -1,0 +1,128 @@
+"""`pallasgen tune`: the TPU blocks that minimise the compiler's cycle estimate for a
+kernel at given sizes, on a compile-only chip (no TPU needed).
+
+The search starts from the blocks the kernel would take on that chip (its tuned or
+default ones) and walks downhill: each round compiles every neighbour (one block
+doubled or halved, among the blocks that tile and fit VMEM) and moves to the best,
+until none is better or the budget of compiles is spent. Every estimate is the
+compiler's static cost model, never a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import metadata
+
+from pallasgen.analysis.checks import CheckedKernel
+from pallasgen.analysis.names import block_keyword
+from pallasgen.backends.tpu.chips import CHIPS, chip_blocks
+from pallasgen.backends.tpu.plan import tunable_dims
+from pallasgen.backends.tpu.tiling import array_layouts, tiling_rule, vmem_problem
+from pallasgen.devices.compile_only import CompileError
+
+MEASURE = "libtpu static cost model: estimated cycles, not a time"
+
+
+@dataclass(frozen=True)
+class Trial:
+    blocks: tuple[tuple[str, int], ...]
+    cycles: int | None  # None: the compiler rejected these blocks
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Tuned:
+    best: Trial
+    start: Trial  # the blocks the kernel takes untuned on the chip
+    xla_cycles: int
+    trials: tuple[Trial, ...]
+
+
+def block_choices(checked: CheckedKernel, dim: str, size: int) -> list[int]:
+    """The blocks of `dim` worth trying at `size`: the tiling rule's multiple times each
+    power of two below the size, then the whole dimension."""
+    rule = tiling_rule(dim, array_layouts(checked.kernel, checked.space.layout, checked.product))
+    smallest = max(rule.multiple if rule else 1, rule.smallest_power_of_two or 0 if rule else 0)
+    choices, block = [], smallest
+    while block < size:
+        choices.append(block)
+        block *= 2
+    return [*choices, size]
+
+
+def start_blocks(checked: CheckedKernel, chip: str, sizes: dict[str, int]) -> dict[str, int]:
+    """The chip's default blocks, each the nearest choice to it (a block clamped to a
+    small dimension is that dimension)."""
+    tunable = tunable_dims(checked)
+    default = chip_blocks(checked, tunable, next(c for c in CHIPS if c.name == chip))
+    return {d: min(block_choices(checked, d, sizes[d]), key=lambda b: abs(b - default[d])) for d in tunable}
+
+
+def search(checked: CheckedKernel, sizes: dict[str, int], start: dict[str, int], measure, budget: int, progress):
+    """Steepest descent from `start` over `block_choices`, at most `budget` compiles.
+
+    `measure(blocks)` gives estimated cycles or raises `CompileError`; `progress(n)`
+    advances a progress bar by n compiles. Returns every trial, in order.
+    """
+    choices = {d: block_choices(checked, d, sizes[d]) for d in start}
+    trials: dict[tuple, Trial] = {}
+
+    def trial(blocks: dict[str, int]) -> Trial:
+        key = tuple(sorted(blocks.items()))
+        if key not in trials:
+            try:
+                trials[key] = Trial(key, measure(blocks))
+            except CompileError as error:
+                trials[key] = Trial(key, None, error.message.splitlines()[0][:200])
+            progress(1)
+        return trials[key]
+
+    current = trial(start)
+    while len(trials) < budget:
+        fresh = [n for n in _neighbours(current.blocks, choices) if tuple(sorted(n.items())) not in trials]
+        fitting = [n for n in fresh if not vmem_problem(checked.kernel, {**checked.blocks, **n}, checked.product)]
+        tried = [trial(n) for n in fitting[: budget - len(trials)]]
+        better = [t for t in tried if t.cycles is not None and (current.cycles is None or t.cycles < current.cycles)]
+        if not better:
+            break
+        current = min(better, key=lambda t: t.cycles)
+    return list(trials.values())
+
+
+def _neighbours(blocks: tuple[tuple[str, int], ...], choices: dict[str, list[int]]) -> list[dict[str, int]]:
+    """Each block moved one choice up or down, the others kept."""
+    found = []
+    for dim, block in blocks:
+        index = choices[dim].index(block)
+        for step in (1, -1):
+            if 0 <= index + step < len(choices[dim]):
+                found.append({**dict(blocks), dim: choices[dim][index + step]})
+    return found
+
+
+def tune(estimator, module, checked: CheckedKernel, sizes: dict[str, int], budget: int, progress) -> Tuned:
+    """The best blocks for `checked` at `sizes` on the estimator's chip."""
+    xla_cycles = []
+
+    def measure(blocks: dict[str, int]) -> int:
+        estimate = estimator.estimate(module, checked, sizes, {block_keyword(d): b for d, b in blocks.items()})
+        xla_cycles.append(estimate.xla_cycles)
+        return estimate.kernel_cycles
+
+    start = start_blocks(checked, estimator.chip, sizes)
+    trials = search(checked, sizes, start, measure, budget, progress)
+    measured = [t for t in trials if t.cycles is not None]
+    if not measured:
+        raise CompileError("mosaic", f"no block set compiled; the first error: {trials[0].error}")
+    return Tuned(min(measured, key=lambda t: t.cycles), trials[0], xla_cycles[0], tuple(trials))
+
+
+def versions() -> dict[str, str]:
+    """The versions a tuning was made with: what decides the compiler's estimates."""
+    found = {}
+    for distribution in ("pallasgen", "jax", "jaxlib", "libtpu"):
+        try:
+            found[distribution] = metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            pass
+    return found

@@ -1,0 +1,167 @@
+"""Tuning files: the blocks `pallasgen tune` found for a spec's kernels, committed beside
+the spec as `NAME.tuning.json` and rendered into its generated module by `build`.
+
+One entry per kernel, chip and size bucket (each size rounded to a power of two), with
+the kernel's fingerprint (so that `check` can say when the kernel changed since), the
+estimate or time that chose it and the versions it was tuned with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+from pallasgen.analysis.checks import CheckedKernel
+from pallasgen.analysis.tuning import TunedBlocks, kernel_fingerprint
+from pallasgen.backends.tpu.chips import tuned_blocks_problem
+from pallasgen.backends.tpu.plan import tunable_dims
+from pallasgen.frontend.errors import Diagnostic, Position, SpecError
+
+SUFFIX = ".tuning.json"
+ABOUT = "TPU blocks found by `pallasgen tune`; `pallasgen build` renders them into the generated module."
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One tuned result, as the file keeps it."""
+
+    blocks: TunedBlocks
+    measure: dict  # how it was chosen: {"estimate": "libtpu cost model", "kernel_cycles": ..., ...}
+    versions: dict  # of jax, libtpu and pallasgen
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelTuning:
+    fingerprint: str
+    entries: tuple[Entry, ...]
+
+
+def tuning_path(spec: Path) -> Path:
+    return spec.with_name(spec.name.removesuffix(".pallas") + SUFFIX)
+
+
+def read_tuning(text: str, path: str) -> dict[str, KernelTuning]:
+    """A tuning file's kernels; raises `SpecError` (at the file's line) if it is malformed."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SpecError(path, text, [Diagnostic(Position.point(error.lineno, error.colno), error.msg)]) from None
+    kernels = data.get("kernels") if isinstance(data, dict) else None
+    if not isinstance(kernels, dict):
+        raise SpecError(path, text, [Diagnostic(Position.point(1, 1), 'expected an object with "kernels"')])
+    return {name: _kernel_tuning(name, value, text, path) for name, value in kernels.items()}
+
+
+def _kernel_tuning(name: str, value, text: str, path: str) -> KernelTuning:
+    def fail(message: str):
+        raise SpecError(path, text, [Diagnostic(_position_of(text, name), f"kernel {name!r}: {message}")])
+
+    if not isinstance(value, dict) or not isinstance(value.get("fingerprint"), str):
+        fail('expected an object with "fingerprint" and "tuned"')
+    if not isinstance(value.get("tuned"), list):
+        fail('"tuned" is not a list')
+    entries = []
+    for item in value["tuned"]:
+        try:
+            blocks = TunedBlocks(
+                item["chip"],
+                tuple((str(d), _positive(n)) for d, n in item["sizes"].items()),
+                tuple((str(d), _positive(n)) for d, n in item["blocks"].items()),
+            )
+            entries.append(Entry(blocks, dict(item.get("measure", {})), dict(item.get("versions", {}))))
+        except (KeyError, TypeError, AttributeError, ValueError):
+            fail('each entry has "chip", "sizes" and "blocks" (dimension: positive integer)')
+    return KernelTuning(value["fingerprint"], tuple(entries))
+
+
+def _positive(value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(value)
+    return value
+
+
+def _position_of(text: str, name: str) -> Position:
+    """Where the kernel's key is in the file (its first line when not found)."""
+    found = re.search(re.escape(json.dumps(name)) + r"\s*:", text)
+    if not found:
+        return Position.point(1, 1)
+    line = text.count("\n", 0, found.start()) + 1
+    column = found.start() - (text.rfind("\n", 0, found.start()) + 1) + 1
+    return Position(line, column, line, column + len(json.dumps(name)) - 1)
+
+
+def apply_tuning(
+    kernels: tuple[CheckedKernel, ...], tuning: dict[str, KernelTuning], text: str, path: str
+) -> tuple[tuple[CheckedKernel, ...], list[str]]:
+    """The kernels with their tuned blocks, and why any tuning is stale (tuned for a
+    kernel that has changed or is gone since). Stale entries are left out; entries that
+    do not fit a current kernel raise `SpecError`."""
+    by_name = {k.kernel.name: k for k in kernels}
+    stale = [f"{name!r} was tuned, but the spec has no such kernel" for name in tuning if name not in by_name]
+    tuned_kernels = []
+    for checked in kernels:
+        found = tuning.get(checked.kernel.name)
+        if found is None:
+            tuned_kernels.append(checked)
+            continue
+        if found.fingerprint != kernel_fingerprint(checked.kernel):
+            stale.append(f"{checked.kernel.name!r} changed since it was tuned")
+            tuned_kernels.append(checked)
+            continue
+        for entry in found.entries:
+            problem = tuned_blocks_problem(checked, tunable_dims(checked), entry.blocks)
+            if problem:
+                position = _position_of(text, checked.kernel.name)
+                raise SpecError(path, text, [Diagnostic(position, f"kernel {checked.kernel.name!r}: {problem}")])
+        tuned_kernels.append(dataclasses.replace(checked, tuned=tuple(e.blocks for e in found.entries)))
+    return tuple(tuned_kernels), stale
+
+
+def size_bucket(sizes: dict[str, int]) -> dict[str, int]:
+    """Each size rounded to the nearest power of two: one tuned entry per chip and bucket."""
+    return {dim: _nearest_power_of_two(size) for dim, size in sizes.items()}
+
+
+def _nearest_power_of_two(size: int) -> int:
+    below = 1 << (size.bit_length() - 1)
+    return 2 * below if size - below > 2 * below - size else below
+
+
+def with_entry(tuning: dict[str, KernelTuning], checked: CheckedKernel, entry: Entry) -> dict[str, KernelTuning]:
+    """`tuning` with `entry` in place of the kernel's entry for the same chip and size
+    bucket; a kernel tuned for an older version of itself starts afresh."""
+    name, fingerprint = checked.kernel.name, kernel_fingerprint(checked.kernel)
+    old = tuning.get(name)
+    kept = old.entries if old and old.fingerprint == fingerprint else ()
+    bucket = size_bucket(dict(entry.blocks.sizes))
+    kept = tuple(e for e in kept if (e.blocks.chip, size_bucket(dict(e.blocks.sizes))) != (entry.blocks.chip, bucket))
+    entries = sorted((*kept, entry), key=lambda e: (e.blocks.chip, e.blocks.sizes))
+    return {**tuning, name: KernelTuning(fingerprint, tuple(entries))}
+
+
+def format_tuning(tuning: dict[str, KernelTuning]) -> str:
+    """The file's text: sorted, two-space indented, each innermost object on one line."""
+    data = {
+        "about": ABOUT,
+        "kernels": {
+            name: {
+                "fingerprint": kernel.fingerprint,
+                "tuned": [
+                    {
+                        "chip": e.blocks.chip,
+                        "sizes": dict(e.blocks.sizes),
+                        "blocks": dict(e.blocks.blocks),
+                        "measure": e.measure,
+                        "versions": e.versions,
+                    }
+                    for e in kernel.entries
+                ],
+            }
+            for name, kernel in sorted(tuning.items())
+        },
+    }
+    text = json.dumps(data, indent=2)
+    flat = re.sub(r"\{[^{}\[\]]*\}", lambda m: json.dumps(json.loads(m.group())), text)
+    return flat + "\n"
