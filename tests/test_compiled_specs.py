@@ -5,6 +5,8 @@ interpret mode against NumPy.
 - narrow integers: compares, maximum, minimum, clip and where on i8/u8/i16 (Mosaic has
   no narrow-integer compare; the TPU kernel widens them to i32), and arithmetic, relu
   and abs (no i8/u8 add, multiply or negation, no narrow division or maximum);
+- division and remainder of every integer dtype, by zero too, as XLA computes them
+  (u8 floor division in i32 would give 254 for x // 0: the TPU kernel truncates);
 - f16 (no f16 vectors on v5e/v6e; the TPU kernel computes in f32);
 - bool vectors in blocks of 128 (held as 32-bit in VMEM);
 - a batched product whose epilogue reads an array without the batch dimension;
@@ -13,7 +15,7 @@ interpret mode against NumPy.
   vector product, which fails for all but f32; an f32 one fails to broadcast a bias);
 - `where` between literals or params by a condition known at trace time (Pallas's
   Triton lowering gives such constants the condition's dtype); the kernel uses a
-  Python conditional;
+  Python conditional, constants through functions folded as the code is generated;
 - `where` by an array condition between two scalars of i8 or bf16 (Mosaic cannot
   relayout the condition for them); the TPU kernel chooses 16- and 8-bit values in 32
   bits;
@@ -25,6 +27,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -97,6 +100,32 @@ kernel narrow_arithmetic {
     block M = 32, N = 256
 }
 """,
+    "division": """
+kernel division {
+    in  a: i8[M, N]
+    in  b: u8[M, N]
+    in  c: i16[M, N]
+    in  d: i32[M, N]
+    in  by: i8[M, N]
+    out qa: i8[M, N]
+    out ra: i8[M, N]
+    out qb: u8[M, N]
+    out rb: u8[M, N]
+    out qc: i16[M, N]
+    out rc: i16[M, N]
+    out qd: i32[M, N]
+    out rd: i32[M, N]
+    qa = a // by
+    ra = a % by
+    qb = b // u8(by)
+    rb = b % u8(by)
+    qc = c // i16(by)
+    rc = c % i16(by)
+    qd = d // i32(by)
+    rd = d % i32(by)
+    block M = 32, N = 256
+}
+""",
     "static_where": """
 kernel static_where {
     in  x: f32[M, N]
@@ -104,6 +133,16 @@ kernel static_where {
     param s: f32 = 1.0
     let flag = s > 0
     y = x * where(s > 0, 1.0, -1.0) + where(flag, 2, 0.5) + where(~flag, 1, 2) + where(true, 0, 9)
+    block M = 8, N = 128
+}
+""",
+    "static_calls": """
+kernel static_calls {
+    in  x: f32[M, N]
+    out y: f32[M, N]
+    param s: f32 = 1.0
+    let big = maximum(2.0, 0.5) > 0.75
+    y = x + where(2 > maximum(2, 2), 1.0, 0.0) + where(big, 2, 0.5) + where(~(exp(1.0) < 2), 4, 8) + where(s > i32(-1.5), maximum(2, 3), 0.5)
     block M = 8, N = 128
 }
 """,
@@ -167,9 +206,14 @@ def numpy_inputs(name: str, rng, m=70, n=300, b=2, k=200):
         ]
     if name == "half":
         return [rng.standard_normal((m, n)).astype(np.float16), rng.standard_normal(n).astype(np.float32)]
+    if name == "division":  # divisors 0 to 3, a third of them 0
+        info = [np.iinfo(dtype) for dtype in (np.int8, np.uint8, np.int16, np.int32)]
+        return [rng.integers(i.min, i.max, (m, n), endpoint=True).astype(i.dtype) for i in info] + [
+            rng.integers(0, 3, (m, n)).astype(np.int8)
+        ]
     if name == "flags":
         return [rng.random(n * 5 + 3).astype(np.float32)]
-    if name == "static_where":
+    if name in ("static_where", "static_calls"):
         return [rng.standard_normal((m, n)).astype(np.float32)]
     if name == "scalar_choice":
         return [rng.random((m, n)) < 0.5, np.array(-7, np.int8), np.array(1.5, BF16)]
@@ -206,8 +250,13 @@ def expected(name: str, *arrays):
         return a.astype(np.int8), b.astype(np.uint8), c.astype(np.int16)
     if name == "flags":
         return (arrays[0] > 0.5,)
+    if name == "division":  # as XLA divides each dtype, by zero too (u8: x // 0 is 255, not NumPy's 0)
+        *numerators, by = (jnp.asarray(a) for a in arrays)
+        return tuple(f(x, by.astype(x.dtype)) for x in numerators for f in (jnp.floor_divide, jnp.remainder))
     if name == "static_where":
         return (arrays[0].astype(np.float64) + 4,)
+    if name == "static_calls":
+        return (arrays[0].astype(np.float64) + 9,)
     if name == "scalar_choice":
         c, s, t = arrays
         return np.where(c, 4, s).astype(np.int8), np.where(c, t.astype(np.float64), 0.5)

@@ -353,11 +353,11 @@ _PYTHON_OPS = {
     "/": lambda a, b: a / b,
     "//": lambda a, b: a // b,
     "%": lambda a, b: a % b,
-    "**": lambda a, b: _power(a, b),
+    "**": lambda a, b: python_power(a, b),
 }
 
 
-def _power(base, exponent):
+def python_power(base, exponent):
     """Python's `**`, refusing integer powers too large to compute quickly."""
     if isinstance(base, int) and isinstance(exponent, int) and abs(base) > 1 and exponent > 64:
         raise OverflowError

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
+import operator
+
 from pallasgen.frontend import ir
 from pallasgen.analysis.dtypes import BOOL, DTYPES, tpu_dtype
 from pallasgen.analysis.functions import FUNCTIONS
+from pallasgen.analysis.infer import python_power
 from pallasgen.analysis.valuetypes import ValueType
 
 # Python binding strength, loosest first.
@@ -48,6 +52,7 @@ class Emitter:
         # For a TPU kernel: f16 computed as f32, and i8/u8/i16 compares, maximum, minimum and
         # clip widened to i32, which Mosaic lowers (it has no narrow-integer compare).
         self.tpu = tpu
+        self._python = False  # writing a value Python computes: constants through functions folded
 
     def dtype(self, name: str) -> str:
         """A spec dtype as this kernel's code spells it."""
@@ -66,7 +71,11 @@ class Emitter:
     def _emit(self, node: ir.Expr) -> tuple[str, int]:
         if node in self.overrides:
             return self.overrides[node], _ATOM
+        if self._python and self._through_function(node) and (value := self._folded(node)) is not None:
+            return _python_literal(value)
         if isinstance(node, ir.Name):
+            if self._python and self._through_function(node):  # a let that is not traced here
+                return self._emit(self.lets[node.id])
             return self.names[node.id], _ATOM
         if isinstance(node, ir.Number):
             text = repr(node.value)
@@ -78,7 +87,7 @@ class Emitter:
         if isinstance(node, ir.Unary):
             if node.op == "~" and self.types[node].dtype == BOOL:
                 if self._static(node.operand):  # a Python bool (a traced not of one fails on Triton)
-                    return f"(not {self._wrap(node.operand, _OR)})", _ATOM
+                    return f"(not {self._python_code(node.operand, _OR)})", _ATOM
                 return f"jnp.logical_not({self.emit(node.operand)})", _ATOM
             return f"{node.op}{self._wrap(node.operand, _UNARY)}", _UNARY
         if isinstance(node, ir.Binary):
@@ -120,7 +129,7 @@ class Emitter:
             # such a select the condition's dtype, bool, and fails.)
             condition, *branches = node.args
             a, b = (self._weak_branch(branch, self.types[node]) for branch in branches)
-            return f"({a} if {self.emit(condition)} else {b})"
+            return f"({a} if {self._python_code(condition, _COMPARE)} else {b})"
         if node.func == "where" and self._packed_choice(node):
             # Mosaic cannot always select 16- or 8-bit values by a condition laid out for
             # 32 bits (between two scalars, say): the choice is made in 32 bits, cast back.
@@ -140,7 +149,8 @@ class Emitter:
 
     def _static(self, node: ir.Expr) -> bool:
         """Whether Python computes the value as the kernel is traced: literals, params, and
-        operators on them (directly or through lets); jnp functions would trace it."""
+        operators on them (directly or through lets), and constants through functions, which
+        are folded as the code is generated (jnp functions would trace them)."""
         if isinstance(node, (ir.Number, ir.Boolean)):
             return True
         if isinstance(node, ir.Name):
@@ -149,12 +159,55 @@ class Emitter:
             return self._static(node.operand)
         if isinstance(node, ir.Binary):
             return node.op != "@" and self._static(node.left) and self._static(node.right)
-        return False
+        return self._folded(node) is not None
+
+    def _folded(self, node: ir.Expr) -> bool | int | float | None:
+        """A constant's value as Python computes it, functions included; None where it reads
+        a param or an array, or Python cannot compute it (log(-1.0), say)."""
+        if isinstance(node, (ir.Number, ir.Boolean)):
+            return node.value
+        if isinstance(node, ir.Name):
+            return self._folded(self.lets[node.id]) if node.id in self.lets else None
+        values = [self._folded(x) for x in (node.args if isinstance(node, ir.Call) else _operands(node))]
+        if not values or None in values:
+            return None
+        try:
+            if isinstance(node, ir.Call):
+                value = _PYTHON_FUNCTIONS[node.func](*values)
+            elif isinstance(node, ir.Binary):
+                value = _PYTHON_OPERATORS[node.op](*values)
+            else:
+                value = -values[0] if node.op == "-" else ~values[0] if type(values[0]) is int else not values[0]
+            dtype = self.types[node].dtype
+            if dtype.is_float:
+                return float(value)
+            if dtype == BOOL:
+                return bool(value)
+            low, high = dtype.int_range()  # wrapped, as a cast to the dtype wraps
+            return (int(value) - low) % (high - low + 1) + low
+        except (ArithmeticError, TypeError, ValueError):  # a complex power is a TypeError here
+            return None
+
+    def _through_function(self, node: ir.Expr) -> bool:
+        """Whether computing the value calls a function, directly or through lets."""
+        if isinstance(node, ir.Name):
+            return node.id in self.lets and self._through_function(self.lets[node.id])
+        return isinstance(node, ir.Call) or any(map(self._through_function, _operands(node)))
+
+    def _python_code(self, node: ir.Expr, minimum: int) -> str:
+        """A static value as Python computes it while the kernel is traced, to test or convert:
+        its constants through functions folded now (jnp would stage them into the trace)."""
+        self._python = True
+        try:
+            return self._wrap(node, minimum)
+        finally:
+            self._python = False
 
     def _weak_branch(self, node: ir.Expr, result: ValueType) -> str:
         """A weak branch of a `where`, as a Python float where the other branch makes the result one."""
-        code = self.emit(node)
-        return f"float({code})" if result.dtype.is_float and not self.types[node].dtype.is_float else code
+        if result.dtype.is_float and not self.types[node].dtype.is_float:
+            return f"float({self._python_code(node, _COMPARE)})"
+        return self.emit(node)
 
     def _narrow_int(self, node: ir.Expr) -> bool:
         """Whether the TPU kernel must widen this value: an array of i8, u8 or i16."""
@@ -195,7 +248,12 @@ class Emitter:
             return self._widened_call(node)
         if isinstance(node, ir.Unary):
             return f"({node.op}{self._widened_atom(node.operand)})"
-        return f"({self._widened_atom(node.left)} {node.op} {self._widened_atom(node.right)})"
+        left, right = self._widened_atom(node.left), self._widened_atom(node.right)
+        if node.op == "//" and self.types[node].dtype.kind == "u":
+            # Unsigned operands floor as they truncate; i32 floor division by zero gives -2
+            # where XLA's unsigned division gives all ones, as truncating division does.
+            return f"jax.lax.div({left}, {right})"
+        return f"({left} {node.op} {right})"
 
     def _widened_call(self, node: ir.Call) -> str:
         """maximum, minimum or clip of narrow integers, computed in i32."""
@@ -209,6 +267,55 @@ class Emitter:
     def _wrap(self, node: ir.Expr, minimum: int) -> str:
         code, level = self._emit(node)
         return code if level >= minimum else f"({code})"
+
+
+def _operands(node: ir.Expr) -> tuple[ir.Expr, ...]:
+    if isinstance(node, ir.Unary):
+        return (node.operand,)
+    if isinstance(node, ir.Binary):
+        return node.left, node.right
+    return ()
+
+
+_PYTHON_OPERATORS = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+    "/": operator.truediv,
+    "//": operator.floordiv,
+    "%": operator.mod,
+    "**": python_power,
+    "&": operator.and_,
+    "|": operator.or_,
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
+_PYTHON_FUNCTIONS = {
+    **{name: lambda x: x for name in DTYPES},  # casts: the result is converted to its dtype
+    **{name: getattr(math, name) for name in ("exp", "log", "sqrt", "tanh", "sin", "cos", "floor", "ceil")},
+    "rsqrt": lambda x: 1 / math.sqrt(x),
+    "sigmoid": lambda x: 1 / (1 + math.exp(-x)),
+    "silu": lambda x: x / (1 + math.exp(-x)),
+    "gelu": lambda x: 0.5 * x * (1 + math.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
+    "abs": abs,
+    "relu": lambda x: max(x, 0),
+    "round": round,  # half to even, as jnp.round
+    "maximum": max,
+    "minimum": min,
+    "clip": lambda x, low, high: min(max(x, low), high),
+    "where": lambda condition, a, b: a if condition else b,
+}
+
+
+def _python_literal(value: bool | int | float) -> tuple[str, int]:
+    """A folded value as Python source, with its binding strength."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f'float("{value}")', _ATOM
+    return repr(value), _UNARY if value < 0 else _ATOM
 
 
 def _narrows_in_i32(node: ir.Call) -> bool:
