@@ -64,7 +64,7 @@ def measure(estimator: Estimator, name: str, sizes: dict[str, int], options: dic
         "chip": estimator.chip, "kernel": name, "sizes": sizes, "blocks": blocks, "vmem_limit_mib": vmem_mib,
         "vmem_mib": round(vmem_bytes(checked.kernel, blocks, checked.product) / 2**20, 2),
         "kernel_cycles": estimate.kernel_cycles, "mosaic_cycles": estimate.mosaic_cycles,
-        "xla_cycles": estimate.xla_cycles, "ratio": round(estimate.ratio, 3), "percent": round(percent, 1), "peak": peak,
+        "xla_cycles": estimate.xla_cycles, "ratio": estimate.ratio and round(estimate.ratio, 3), "percent": round(percent, 1), "peak": peak,
     }
 
 

@@ -364,17 +364,22 @@ def tune(target: str, sizes: tuple[str, ...], chip: str, budget: int) -> None:
                 except CompileError as error:
                     _usage_error(f"{checked.kernel.name}: {error}")
             best, start = found.best, found.start
+            best_ratio = estimate.ratio(best.cycles, found.xla_cycles)
+            untuned = (
+                f"{estimate.describe_ratio(estimate.ratio(start.cycles, found.xla_cycles))}"
+                if start.cycles
+                else f"rejected: {start.error}"
+            )
             click.echo(
                 f"{checked.kernel.name} on {chip} ({estimate.LABEL}): {_pairs(best.blocks)} {best.cycles:,} cycles,"
-                f" {best.cycles / found.xla_cycles:.3f}x XLA ({found.xla_cycles:,}); untuned {_pairs(start.blocks)}"
-                + (f" {start.cycles / found.xla_cycles:.3f}x" if start.cycles else f" rejected: {start.error}")
-                + f"; {len(found.trials)} compiles"
+                f" {estimate.describe_ratio(best_ratio)} (XLA {found.xla_cycles:,}); untuned {_pairs(start.blocks)}"
+                f" {untuned}; {len(found.trials)} compiles"
             )
             measure = {
                 "by": MEASURE,
                 "kernel_cycles": best.cycles,
                 "xla_cycles": found.xla_cycles,
-                "ratio": round(best.cycles / found.xla_cycles, 3),
+                "ratio": None if best_ratio is None else round(best_ratio, 3),
                 "compiles": len(found.trials),
             }
             entry = Entry(TunedBlocks(chip, tuple(dims.items()), best.blocks), measure, versions())

@@ -69,3 +69,11 @@ def test_bench_chip_usage_errors_exit_2_without_a_traceback(project, args, messa
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert isinstance(result.exception, SystemExit)
+
+
+def test_a_reference_whose_compile_wrote_no_cycles_has_no_ratio_rather_than_a_crash():
+    """XLA's compile of an int8 product (and of batched scores) can write no cycles."""
+    from pallasgen.devices.estimate import describe
+
+    assert estimate(xla_cycles=0).ratio is None
+    assert "no XLA estimate to compare with" in describe(estimate(xla_cycles=0))

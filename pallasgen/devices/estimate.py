@@ -56,9 +56,18 @@ class Estimate:
     int8: bool  # the product's operands are int8, so its peak is the int8 one
 
     @property
-    def ratio(self) -> float:
-        """Kernel cycles over XLA's: below 1 the kernel is estimated faster."""
-        return self.kernel_cycles / self.xla_cycles
+    def ratio(self) -> float | None:
+        """Kernel cycles over XLA's: below 1 the kernel is estimated faster. None when
+        XLA's compile wrote no cycles (seen for some int8 products and batched scores)."""
+        return ratio(self.kernel_cycles, self.xla_cycles)
+
+
+def ratio(kernel_cycles: int, xla_cycles: int) -> float | None:
+    return kernel_cycles / xla_cycles if xla_cycles else None
+
+
+def describe_ratio(value: float | None) -> str:
+    return "no XLA estimate to compare with" if value is None else f"kernel/XLA {value:.2f}x"
 
 
 def percent_of_peak(estimate: Estimate) -> tuple[float, str]:
@@ -183,6 +192,6 @@ def describe(estimate: Estimate) -> str:
     return (
         f"{estimate.kernel} [{shape}]: kernel {estimate.kernel_cycles:,} cycles"
         f" (Mosaic call {estimate.mosaic_cycles:,}), XLA {estimate.xla_cycles:,} cycles,"
-        f" kernel/XLA {estimate.ratio:.2f}x, {percent:.0f}% of {peak}"
+        f" {describe_ratio(estimate.ratio)}, {percent:.0f}% of {peak}"
         f" at {CHIPS[estimate.chip].clock_hz / 1e9:g} GHz"
     )
