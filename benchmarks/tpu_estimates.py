@@ -17,7 +17,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from pallasgen.devices.estimate import CHIPS, Estimator, percent_of_peak
+from pallasgen.backends.tpu.chips import CHIP_NAMES
+from pallasgen.devices.estimate import Estimator, percent_of_peak
 from pallasgen.workspace.pipeline import check_source
 from pallasgen.devices.runner import load_module
 from pallasgen.backends.tpu.tiling import vmem_bytes
@@ -70,7 +71,7 @@ def measure(estimator: Estimator, name: str, sizes: dict[str, int], options: dic
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--chip", choices=sorted(CHIPS), required=True)
+    parser.add_argument("--chip", choices=CHIP_NAMES, required=True)
     parser.add_argument("--vmem-mib", type=int, help="vmem_limit_bytes for the kernel, in MiB")
     parser.add_argument("what", nargs="+", help="`defaults`, or `try KERNEL SIZES [BLOCKS ...]`")
     args = parser.parse_args()

@@ -170,7 +170,7 @@ def run(targets: tuple[str, ...], sizes: tuple[str, ...], seed: int, out: Path |
 @click.option("--block", "blocks", multiple=True, metavar="DIM=N", help="A TPU block size (repeatable).")
 @click.option(
     "--chip",
-    type=click.Choice(["v5e", "v6e"]),
+    type=click.Choice(CHIP_NAMES),
     help="Instead of timing, compile for this TPU (no TPU needed) and print the compiler's cycle estimates.",
 )
 @click.option(

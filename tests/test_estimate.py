@@ -9,7 +9,8 @@ import sys
 import pytest
 from test_run_and_bench import invoke, project  # noqa: F401  (a fixture)
 
-from pallasgen.devices.estimate import CHIPS, LABEL, Estimate, parse_profile, percent_of_peak
+from pallasgen.backends.tpu.chips import chip_named
+from pallasgen.devices.estimate import LABEL, Estimate, parse_profile, percent_of_peak
 
 PROFILE = """hlo_op_estimate {
   hlo_op_name: "bias_gelu.1"
@@ -31,7 +32,7 @@ def test_a_profile_file_gives_each_op_and_its_cycles():
 
 
 def test_the_ratio_is_kernel_over_xla_and_the_percent_is_of_the_matching_peak():
-    v5e, v6e = CHIPS["v5e"], CHIPS["v6e"]
+    v5e, v6e = chip_named("v5e"), chip_named("v6e")
     assert estimate().ratio == 1.25
     half_of_bf16 = 0.5 * 1000 * v5e.bf16_flops / v5e.clock_hz
     assert percent_of_peak(estimate(flops=half_of_bf16)) == (pytest.approx(50), "bf16 peak")

@@ -3,6 +3,8 @@ emitters and the cost estimate."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pallasgen.analysis.dtypes import DTYPES
@@ -39,6 +41,8 @@ class Function:
     it as such in the cost estimate; `narrow_ints_in_i32` computes i8/u8/i16 arguments
     in i32 on TPU, which has no narrow-integer form of it, and `in_range` says its
     result always fits its arguments' dtype (nested in another such call it stays i32).
+    `fold` computes it in Python, for constants folded as code is generated (None:
+    not foldable; a cast's result is converted to its dtype by the caller).
     """
 
     name: str
@@ -49,10 +53,16 @@ class Function:
     narrow_ints_in_i32: bool = False
     in_range: bool = False
     reducer: Reducer | None = None  # a reduction over a named dimension: f(x, DIM)
+    fold: Callable | None = None
 
 
-def _float(name: str, code: str) -> Function:
-    return Function(name, 1, "float", code, transcendental=True)
+def _gelu(x: float) -> float:
+    """jax.nn.gelu(x, approximate=True)."""
+    return 0.5 * x * (1 + math.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def _float(name: str, code: str, fold: Callable) -> Function:
+    return Function(name, 1, "float", code, transcendental=True, fold=fold)
 
 
 def _reduction(name: str, reducer: Reducer, transcendental: bool = False) -> Function:
@@ -62,25 +72,35 @@ def _reduction(name: str, reducer: Reducer, transcendental: bool = False) -> Fun
 FUNCTIONS: dict[str, Function] = {
     f.name: f
     for f in (
-        _float("exp", "jnp.exp({})"),
-        _float("log", "jnp.log({})"),
-        _float("sqrt", "jnp.sqrt({})"),
-        _float("rsqrt", "jax.lax.rsqrt({})"),
-        _float("tanh", "jnp.tanh({})"),
-        _float("sigmoid", "jax.nn.sigmoid({})"),
-        _float("gelu", "jax.nn.gelu({}, approximate=True)"),
-        _float("silu", "jax.nn.silu({})"),
-        _float("sin", "jnp.sin({})"),
-        _float("cos", "jnp.cos({})"),
-        Function("abs", 1, "same", "jnp.abs({})", narrow_ints_in_i32=True),
-        Function("relu", 1, "same", "jax.nn.relu({})", narrow_ints_in_i32=True, in_range=True),
-        Function("floor", 1, "same", "jnp.floor({})"),
-        Function("ceil", 1, "same", "jnp.ceil({})"),
-        Function("maximum", 2, "promote", "jnp.maximum({})", narrow_ints_in_i32=True, in_range=True),
-        Function("minimum", 2, "promote", "jnp.minimum({})", narrow_ints_in_i32=True, in_range=True),
-        Function("clip", 3, "promote", "jnp.clip({})", narrow_ints_in_i32=True, in_range=True),
-        Function("round", 1, "same", "jnp.round({})"),
-        Function("where", 3, "where", "jnp.where({})"),
+        _float("exp", "jnp.exp({})", math.exp),
+        _float("log", "jnp.log({})", math.log),
+        _float("sqrt", "jnp.sqrt({})", math.sqrt),
+        _float("rsqrt", "jax.lax.rsqrt({})", lambda x: 1 / math.sqrt(x)),
+        _float("tanh", "jnp.tanh({})", math.tanh),
+        _float("sigmoid", "jax.nn.sigmoid({})", lambda x: 1 / (1 + math.exp(-x))),
+        _float("gelu", "jax.nn.gelu({}, approximate=True)", _gelu),
+        _float("silu", "jax.nn.silu({})", lambda x: x / (1 + math.exp(-x))),
+        _float("sin", "jnp.sin({})", math.sin),
+        _float("cos", "jnp.cos({})", math.cos),
+        Function("abs", 1, "same", "jnp.abs({})", narrow_ints_in_i32=True, fold=abs),
+        Function(
+            "relu", 1, "same", "jax.nn.relu({})", narrow_ints_in_i32=True, in_range=True, fold=lambda x: max(x, 0)
+        ),
+        Function("floor", 1, "same", "jnp.floor({})", fold=math.floor),
+        Function("ceil", 1, "same", "jnp.ceil({})", fold=math.ceil),
+        Function("maximum", 2, "promote", "jnp.maximum({})", narrow_ints_in_i32=True, in_range=True, fold=max),
+        Function("minimum", 2, "promote", "jnp.minimum({})", narrow_ints_in_i32=True, in_range=True, fold=min),
+        Function(
+            "clip",
+            3,
+            "promote",
+            "jnp.clip({})",
+            narrow_ints_in_i32=True,
+            in_range=True,
+            fold=lambda x, lo, hi: min(max(x, lo), hi),
+        ),
+        Function("round", 1, "same", "jnp.round({})", fold=round),  # half to even, as jnp.round
+        Function("where", 3, "where", "jnp.where({})", fold=lambda condition, a, b: a if condition else b),
         Function("index", 1, "index", ""),
         _reduction("sum", Reducer("sum", "zero", takes="any")),
         _reduction("mean", Reducer("f32", "zero")),
@@ -91,6 +111,6 @@ FUNCTIONS: dict[str, Function] = {
         _reduction("logsumexp", Reducer("f32", "lowest"), transcendental=True),
         _reduction("any", Reducer("bool", "false", takes="bools")),
         _reduction("all", Reducer("bool", "true", takes="bools")),
-        *(Function(name, 1, "cast", "") for name in DTYPES),
+        *(Function(name, 1, "cast", "", fold=lambda x: x) for name in DTYPES),
     )
 }

@@ -27,6 +27,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from pallasgen.backends.tpu.chips import chip_named
+
 # What libtpu needs to start on a machine without a TPU (no metadata server, one
 # host, one worker), and JAX_PLATFORMS=cpu so that jax does not look for a TPU.
 LIBTPU_ENV = {
@@ -37,9 +39,6 @@ LIBTPU_ENV = {
     "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
     "JAX_PLATFORMS": "cpu",
 }
-
-# Compile-only topologies: one chip of each generation.
-TPU_TOPOLOGIES = {"v5e": "v5e:1x1", "v6e": "v6e:1x1"}
 
 # The abstract GPU that Pallas lowers for when no GPU is attached (it then assumes sm_90).
 GPU_DEVICE_KIND = "NVIDIA H100 80GB HBM3"
@@ -87,10 +86,8 @@ def tpu_device(chip: str = "v5e"):
     on first use."""
     from jax.experimental import topologies
 
-    if chip not in TPU_TOPOLOGIES:
-        raise ValueError(f"unknown TPU chip {chip!r}; one of {', '.join(TPU_TOPOLOGIES)}")
     topology = topologies.get_topology_desc(
-        platform="tpu", topology_name=TPU_TOPOLOGIES[chip], chips_per_host_bounds=(1, 1, 1)
+        platform="tpu", topology_name=chip_named(chip).topology, chips_per_host_bounds=(1, 1, 1)
     )
     return topology.devices[0]
 

@@ -19,28 +19,12 @@ from pallasgen.devices.bench import work
 from pallasgen.devices import compile_only
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES
+from pallasgen.backends.tpu.chips import chip_named
 
 LABEL = "compiler estimate (no TPU): cycles, not time"
 PROFILE_FLAG = "--xla_jf_dump_static_llo_profile_to"
 _OP = re.compile(r'hlo_op_name:\s*"([^"]*)"\s*estimated_cycles:\s*(\d+)')
 _MOSAIC_CALL = re.compile(r'%([\w.\-]+) = [^\n]*custom_call_target="tpu_custom_call"')
-
-
-@dataclass(frozen=True)
-class Chip:
-    """A compile-only chip and the vendor peaks that percentages are taken against."""
-
-    clock_hz: float  # TensorCore clock: cycles per second
-    bf16_flops: float  # peak dense bf16 FLOP/s (f32 products are counted against it)
-    int8_ops: float  # peak int8 OP/s
-    hbm_bytes: float  # peak HBM bytes/s
-
-
-# Google Cloud TPU docs (v5e, v6e pages); clocks = peak bf16 / MXU FLOPs per cycle.
-CHIPS = {
-    "v5e": Chip(1.5e9, 197e12, 394e12, 819e9),
-    "v6e": Chip(1.75e9, 918e12, 1836e12, 1640e9),
-}
 
 
 @dataclass(frozen=True)
@@ -72,7 +56,7 @@ def describe_ratio(value: float | None) -> str:
 
 def percent_of_peak(estimate: Estimate) -> tuple[float, str]:
     """The kernel's work per estimated cycle as a percentage of the chip's peak, and which peak."""
-    chip = CHIPS[estimate.chip]
+    chip = chip_named(estimate.chip)
     seconds = estimate.kernel_cycles / chip.clock_hz
     if estimate.flops:
         peak, name = (chip.int8_ops, "int8") if estimate.int8 else (chip.bf16_flops, "bf16")
@@ -193,5 +177,5 @@ def describe(estimate: Estimate) -> str:
         f"{estimate.kernel} [{shape}]: kernel {estimate.kernel_cycles:,} cycles"
         f" (Mosaic call {estimate.mosaic_cycles:,}), XLA {estimate.xla_cycles:,} cycles,"
         f" {describe_ratio(estimate.ratio)}, {percent:.0f}% of {peak}"
-        f" at {CHIPS[estimate.chip].clock_hz / 1e9:g} GHz"
+        f" at {chip_named(estimate.chip).clock_hz / 1e9:g} GHz"
     )

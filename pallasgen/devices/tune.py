@@ -15,7 +15,7 @@ from importlib import metadata
 
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.names import block_keyword
-from pallasgen.backends.tpu.chips import CHIPS, chip_blocks
+from pallasgen.backends.tpu.chips import chip_blocks, chip_named
 from pallasgen.backends.tpu.plan import tunable_dims
 from pallasgen.backends.tpu.tiling import array_layouts, tiling_rule, vmem_problem
 from pallasgen.devices.compile_only import CompileError
@@ -42,8 +42,7 @@ def block_choices(checked: CheckedKernel, dim: str, size: int) -> list[int]:
     """The blocks of `dim` worth trying at `size`: the tiling rule's multiple times each
     power of two below the size, then the whole dimension."""
     rule = tiling_rule(dim, array_layouts(checked.kernel, checked.space.layout, checked.product))
-    smallest = max(rule.multiple if rule else 1, rule.smallest_power_of_two or 0 if rule else 0)
-    choices, block = [], smallest
+    choices, block = [], max(rule.multiple, rule.smallest_power_of_two or 0) if rule else 1
     while block < size:
         choices.append(block)
         block *= 2
@@ -54,7 +53,7 @@ def start_blocks(checked: CheckedKernel, chip: str, sizes: dict[str, int]) -> di
     """The chip's default blocks, each the nearest choice to it (a block clamped to a
     small dimension is that dimension)."""
     tunable = tunable_dims(checked)
-    default = chip_blocks(checked, tunable, next(c for c in CHIPS if c.name == chip))
+    default = chip_blocks(checked, tunable, chip_named(chip))
     return {d: min(block_choices(checked, d, sizes[d]), key=lambda b: abs(b - default[d])) for d in tunable}
 
 

@@ -173,7 +173,10 @@ class Emitter:
             return None
         try:
             if isinstance(node, ir.Call):
-                value = _PYTHON_FUNCTIONS[node.func](*values)
+                fold = FUNCTIONS[node.func].fold
+                if fold is None:
+                    return None
+                value = fold(*values)
             elif isinstance(node, ir.Binary):
                 value = _PYTHON_OPERATORS[node.op](*values)
             else:
@@ -294,23 +297,6 @@ _PYTHON_OPERATORS = {
     ">": operator.gt,
     ">=": operator.ge,
 }
-_PYTHON_FUNCTIONS = {
-    **{name: lambda x: x for name in DTYPES},  # casts: the result is converted to its dtype
-    **{name: getattr(math, name) for name in ("exp", "log", "sqrt", "tanh", "sin", "cos", "floor", "ceil")},
-    "rsqrt": lambda x: 1 / math.sqrt(x),
-    "sigmoid": lambda x: 1 / (1 + math.exp(-x)),
-    "silu": lambda x: x / (1 + math.exp(-x)),
-    "gelu": lambda x: 0.5 * x * (1 + math.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
-    "abs": abs,
-    "relu": lambda x: max(x, 0),
-    "round": round,  # half to even, as jnp.round
-    "maximum": max,
-    "minimum": min,
-    "clip": lambda x, low, high: min(max(x, low), high),
-    "where": lambda condition, a, b: a if condition else b,
-}
-
-
 def _python_literal(value: bool | int | float) -> tuple[str, int]:
     """A folded value as Python source, with its binding strength."""
     if isinstance(value, float) and not math.isfinite(value):

@@ -1,8 +1,8 @@
 """A content-addressed cache of generated modules, so unchanged specs skip black.
 
 The key hashes everything that decides a module's text: the spec's bytes and label,
-pallasgen's own code and templates, and the versions of black, Jinja2 and Lark. A
-hit therefore gives exactly what generating would; deleting the cache is always safe.
+its tuning file, pallasgen's own code and templates, and the versions of black,
+Jinja2 and Lark. A hit therefore gives exactly what generating would; deleting the cache is always safe.
 """
 
 from __future__ import annotations
@@ -48,8 +48,9 @@ def _source_files(folder, prefix: str = ""):
             yield prefix + resource.name, resource.read_bytes()
 
 
-def key(source: str, label: str) -> str:
-    material = f"{generator_fingerprint()}\0{label}\0{source}".encode()
+def key(source: str, label: str, tuning: str = "") -> str:
+    """The cache key of a spec's module: its text, label and tuning file's text."""
+    material = f"{generator_fingerprint()}\0{label}\0{source}\0{tuning}".encode()
     return hashlib.sha256(material).hexdigest()
 
 

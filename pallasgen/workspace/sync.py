@@ -97,20 +97,22 @@ def generate_targets(targets: list[Target], display, use_cache: bool = True) -> 
     """
     modules: dict[Path, str] = {}
     errors: list[SpecError] = []
-    pending: list[tuple[Target, str, str, Tuning | None, str]] = []  # ..., cache key
+    pending: list[tuple[Target, str]] = []  # (target, cache key)
+    jobs: list[tuple[str, str, Tuning | None, str]] = []  # what `generate` takes for each
     for target in targets:
         try:
             source, tuning = read_inputs(target, display)
         except SpecError as error:
             errors.append(error)
             continue
-        key = cache.key(source + "\0" + (tuning.text if tuning else ""), target.label)
+        key = cache.key(source, target.label, tuning.text if tuning else "")
         cached = cache.load(key) if use_cache else None
         if cached is not None:
             modules[target.output] = cached
         else:
-            pending.append((target, source, display(target.spec), tuning, key))
-    for (target, *_, key), result in zip(pending, _generate_all([(*job[1:4], job[0].label) for job in pending])):
+            pending.append((target, key))
+            jobs.append((source, display(target.spec), tuning, target.label))
+    for (target, key), result in zip(pending, _generate_all(jobs)):
         if isinstance(result, SpecError):
             errors.append(result)
             continue

@@ -15,21 +15,56 @@ MIB = 1024 * 1024
 
 @dataclass(frozen=True)
 class TpuChip:
-    name: str  # as `pallasgen tune --chip` and tuning files name it
+    name: str  # as `--chip`, tuning files and generated tables name it
     device_kinds: tuple[str, ...]  # jax's `Device.device_kind` for it
+    topology: str  # the compile-only topology of one chip (jax.experimental.topologies)
     mxu: int  # the MXU is mxu x mxu: product blocks are multiples of it
     product_block: int  # the smallest product block (M, N and K) that keeps the MXU fed
     product_vmem_bytes: int  # the most VMEM a default product block set may take
+    clock_hz: float  # TensorCore clock: cycles per second
+    bf16_flops: float  # peak dense bf16 FLOP/s (f32 products are counted against it)
+    int8_ops: float  # peak int8 OP/s
+    hbm_bytes: float  # peak HBM bytes/s
 
 
-# From Google Cloud's TPU pages (MXU shapes) and the compiler estimates recorded in
-# benchmarks/RESULTS_TPU_ESTIMATES.md (blocks of 512 and 1024 on v5e; 1024 on v6e,
-# whose MXUs are twice as wide and four times as fast).
+# Google Cloud's TPU pages (MXU shapes, peaks; clock = peak bf16 / MXU FLOPs per cycle)
+# and the compiler estimates in benchmarks/RESULTS_TPU_ESTIMATES.md (product blocks of
+# 512 and 1024 on v5e; 1024 on v6e, whose MXUs are twice as wide and four times as fast).
 CHIPS = (
-    TpuChip("v5e", ("TPU v5 lite", "TPU v5e"), mxu=128, product_block=512, product_vmem_bytes=32 * MIB),
-    TpuChip("v6e", ("TPU v6 lite", "TPU v6e"), mxu=256, product_block=1024, product_vmem_bytes=48 * MIB),
+    TpuChip(
+        "v5e",
+        ("TPU v5 lite", "TPU v5e"),
+        "v5e:1x1",
+        mxu=128,
+        product_block=512,
+        product_vmem_bytes=32 * MIB,
+        clock_hz=1.5e9,
+        bf16_flops=197e12,
+        int8_ops=394e12,
+        hbm_bytes=819e9,
+    ),
+    TpuChip(
+        "v6e",
+        ("TPU v6 lite", "TPU v6e"),
+        "v6e:1x1",
+        mxu=256,
+        product_block=1024,
+        product_vmem_bytes=48 * MIB,
+        clock_hz=1.75e9,
+        bf16_flops=918e12,
+        int8_ops=1836e12,
+        hbm_bytes=1640e9,
+    ),
 )
 CHIP_NAMES = tuple(chip.name for chip in CHIPS)
+
+
+def chip_named(name: str) -> TpuChip:
+    """The chip `--chip NAME` names; ValueError for one pallasgen does not know."""
+    for chip in CHIPS:
+        if chip.name == name:
+            return chip
+    raise ValueError(f"unknown TPU chip {name!r}; one of {', '.join(CHIP_NAMES)}")
 
 
 def chip_blocks(checked: CheckedKernel, tunable: list[str], chip: TpuChip) -> dict[str, int]:
@@ -65,8 +100,7 @@ def tuned_blocks_problem(checked: CheckedKernel, tunable: list[str], tuned: Tune
     for dim, block in blocks.items():
         if block < 1 or sizes[dim] < 1:
             return f"{dim}: blocks and sizes are positive"
-        problem = block != sizes[dim] and tiling_problem(dim, block, layouts)
-        if problem:
+        if block != sizes[dim] and (problem := tiling_problem(dim, block, layouts)):
             return problem
     return vmem_problem(checked.kernel, {**checked.blocks, **blocks}, checked.product)
 
