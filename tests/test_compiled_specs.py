@@ -16,6 +16,10 @@ interpret mode against NumPy.
 - `where` between literals or params by a condition known at trace time (Pallas's
   Triton lowering gives such constants the condition's dtype); the kernel uses a
   Python conditional, constants through functions folded as the code is generated;
+- `where` between literals or params by a condition traced with the kernel (a param
+  through a function): chosen between f32 or i32 constants, and converted where the
+  choice meets an array as JAX converts a weak value (a bf16 array compares with the
+  choice rounded to bf16);
 - `where` by an array condition between two scalars of i8 or bf16 (Mosaic cannot
   relayout the condition for them); the TPU kernel chooses 16- and 8-bit values in 32
   bits;
@@ -146,6 +150,25 @@ kernel static_calls {
     block M = 8, N = 128
 }
 """,
+    "traced_where": """
+kernel traced_where {
+    in  x: f32[M, N]
+    in  h: bf16[M, N]
+    in  q: i8[M, N]
+    out y: f32[M, N]
+    out z: bf16[M, N]
+    out r: i8[M, N]
+    out above: bool[M, N]
+    param s: f32 = 1.0
+    param t: i32 = 3
+    let gain = where(maximum(s, 0.0) > 0.5, 1.5, 0.25)
+    y = x + where(exp(s) < 3, s, 2) + gain * 2
+    z = h * gain + where(abs(t) > 2, 1, 0.5)
+    r = q + where(minimum(t, 9) > 2, t, 1)
+    above = h > gain * 1.001
+    block M = 32, N = 128
+}
+""",
     "scalar_choice": """
 kernel scalar_choice {
     in  c: bool[M, N]
@@ -215,6 +238,9 @@ def numpy_inputs(name: str, rng, m=70, n=300, b=2, k=200):
         return [rng.random(n * 5 + 3).astype(np.float32)]
     if name in ("static_where", "static_calls"):
         return [rng.standard_normal((m, n)).astype(np.float32)]
+    if name == "traced_where":
+        x = rng.standard_normal((m, n)).astype(np.float32)
+        return [x, x.astype(BF16), rng.integers(-128, 128, (m, n)).astype(np.int8)]
     if name == "scalar_choice":
         return [rng.random((m, n)) < 0.5, np.array(-7, np.int8), np.array(1.5, BF16)]
     if name == "nt_i8":
@@ -257,6 +283,10 @@ def expected(name: str, *arrays):
         return (arrays[0].astype(np.float64) + 4,)
     if name == "static_calls":
         return (arrays[0].astype(np.float64) + 9,)
+    if name == "traced_where":  # s = 1.0, t = 3: gain 1.5; 1.5 * 1.001 is 1.5 in bf16
+        x, h, q = arrays
+        h = h.astype(np.float64)
+        return x.astype(np.float64) + 4, h * 1.5 + 1, (q.astype(np.int64) + 3).astype(np.int8), h > 1.5
     if name == "scalar_choice":
         c, s, t = arrays
         return np.where(c, 4, s).astype(np.int8), np.where(c, t.astype(np.float64), 0.5)
@@ -273,7 +303,7 @@ def compare(name, got, want):
         if g.dtype.kind in "iub":
             np.testing.assert_array_equal(g, w)
         else:
-            tolerance = 2e-3 if g.dtype == np.float16 else 1e-4
+            tolerance = {np.dtype(np.float16): 2e-3, np.dtype(BF16): 2**-7}.get(g.dtype, 1e-4)
             np.testing.assert_allclose(g.astype(np.float64), w, rtol=tolerance, atol=tolerance)
 
 

@@ -3,7 +3,9 @@ with random legal blocks, built in memory and compiled for real at random call s
 
 - Elementwise kernels: 1 to 3 inputs whose dimensions are subsequences of the output's
   ([M, N] or [N]), dtypes f32, bf16, i32, i8 and bool (bool only as a `where`
-  condition), expressions of + - * maximum where exp.
+  condition), params p (f32) and n (i32), expressions of + - * maximum where exp; a
+  `where` condition is a bool input, a comparison of arrays, or of params through
+  functions (traced with the kernel).
 - Matrix products: bf16, f32 or i8 operands (the second maybe transposed), with or
   without a bias epilogue.
 
@@ -57,7 +59,7 @@ def numeric_expressions(draw, numbers: list[str], flags: list[str], depth: int =
     """An expression of numeric values: the `numbers` inputs, literals, + - * maximum
     where exp; a `where` condition is one of the bool `flags` or a comparison."""
     if depth == 0 or draw(st.integers(0, 3)) == 0:
-        return draw(st.sampled_from([*numbers, *numbers, "2"]))
+        return draw(st.sampled_from([*numbers, *numbers, "2", "1.5", "p", "n"]))
     operation = draw(st.sampled_from(["+", "-", "*", "maximum", "where", "exp"]))
     left = draw(numeric_expressions(numbers, flags, depth - 1))
     if operation == "exp":
@@ -66,12 +68,8 @@ def numeric_expressions(draw, numbers: list[str], flags: list[str], depth: int =
     if operation == "maximum":
         return f"maximum({left}, {right})"
     if operation == "where":
-        # A condition of arrays: one of literals computed by functions (`2 > maximum(2, 2)`)
-        # selecting between literals is a known gap (Pallas's Triton lowering types such
-        # constants as bool; the generator handles only conditions Python computes).
-        compared = f"{draw(st.sampled_from(numbers))} > {right}"
-        condition = draw(st.sampled_from(flags)) if flags and draw(st.booleans()) else compared
-        return f"where({condition}, {left}, {right})"
+        conditions = [f"{draw(st.sampled_from(numbers))} > {right}", "maximum(p, 0.25) > 0.5", "minimum(n, 2) > 1", *flags]
+        return f"where({draw(st.sampled_from(conditions))}, {left}, {right})"
     return f"({left} {operation} {right})"
 
 
@@ -93,7 +91,7 @@ def elementwise_specs(draw) -> str:
     out_dtype = draw(st.sampled_from([*NUMERIC, "bool"]))
     assignment = f"r = {value} > 0" if out_dtype == "bool" else f"r = {out_dtype}({value})"
     lines = [f"in {name}: {dtype}[{', '.join(dims)}]" for name, dtype, dims in inputs]
-    lines += [f"out r: {out_dtype}[{', '.join(out_dims)}]", assignment]
+    lines += [f"out r: {out_dtype}[{', '.join(out_dims)}]", "param p: f32 = 0.75", "param n: i32 = 3", assignment]
     return "kernel k {\n" + "".join(f"    {line}\n" for line in lines) + "}\n"
 
 

@@ -9,7 +9,7 @@ from pallasgen.frontend import ir
 from pallasgen.analysis.dtypes import BOOL, DTYPES, tpu_dtype
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.infer import python_power
-from pallasgen.analysis.valuetypes import ValueType
+from pallasgen.analysis.valuetypes import ValueType, combine
 
 # Python binding strength, loosest first.
 _COMPARE, _OR, _AND, _SUM, _PRODUCT, _UNARY, _POWER, _ATOM = range(8)
@@ -53,6 +53,9 @@ class Emitter:
         # clip widened to i32, which Mosaic lowers (it has no narrow-integer compare).
         self.tpu = tpu
         self._python = False  # writing a value Python computes: constants through functions folded
+        # Weak scalars that the kernel computes as f32 or i32 arrays (see _traced_choice), by the
+        # dtype that the strong value they meet converts them to, as JAX converts a weak value.
+        self._meeting: dict[ir.Expr, str] = {}
 
     def dtype(self, name: str) -> str:
         """A spec dtype as this kernel's code spells it."""
@@ -69,8 +72,15 @@ class Emitter:
         return self._cast_code(node, dtype)[0]
 
     def _emit(self, node: ir.Expr) -> tuple[str, int]:
+        code, level = self._emit_node(node)
+        if node not in self._meeting:
+            return code, level
+        return f"{code if level == _ATOM else f'({code})'}.astype({self.dtype(self._meeting[node])})", _ATOM
+
+    def _emit_node(self, node: ir.Expr) -> tuple[str, int]:
         if node in self.overrides:
             return self.overrides[node], _ATOM
+        self._note_meetings(node)
         if self._python and self._through_function(node) and (value := self._folded(node)) is not None:
             return _python_literal(value)
         if isinstance(node, ir.Name):
@@ -130,6 +140,14 @@ class Emitter:
             condition, *branches = node.args
             a, b = (self._weak_branch(branch, self.types[node]) for branch in branches)
             return f"({a} if {self._python_code(condition, _COMPARE)} else {b})"
+        if self._traced_choice(node):
+            # A choice between weak scalars by a traced scalar condition: made between f32 (or
+            # i32) constants, since Pallas's Triton lowering gives weak constants the bool
+            # condition's dtype. What the choice meets converts it as JAX converts a weak value.
+            condition, *branches = node.args
+            strong = self.types[node].dtype.name
+            a, b = (self.emit(x) if self._strengthened(x) else self._cast_code(x, strong)[0] for x in branches)
+            return f"jnp.where({self.emit(condition)}, {a}, {b})"
         if node.func == "where" and self._packed_choice(node):
             # Mosaic cannot always select 16- or 8-bit values by a condition laid out for
             # 32 bits (between two scalars, say): the choice is made in 32 bits, cast back.
@@ -140,6 +158,37 @@ class Emitter:
         if function.narrow_ints_in_i32 and self._narrow_int(node):
             return f"{self._widened_call(node)}.astype({self.dtype(self.types[node].dtype.name)})"
         return function.code.format(", ".join(self.emit(arg) for arg in node.args))
+
+    def _traced_choice(self, node: ir.Expr) -> bool:
+        """A `where` of weak scalars by a condition traced with the kernel (from a param
+        through a function, say)."""
+        return (
+            isinstance(node, ir.Call)
+            and node.func == "where"
+            and self.types[node].weak
+            and not self.types[node].dims
+            and not self._static(node.args[0])
+        )
+
+    def _strengthened(self, node: ir.Expr) -> bool:
+        """A weak value the kernel computes as a strongly typed one: a traced choice, or a
+        weak operation on one."""
+        if not self.types[node].weak or node in self.overrides:
+            return False
+        if isinstance(node, ir.Name):
+            return node.id in self.lets and self._strengthened(self.lets[node.id])
+        return self._traced_choice(node) or any(map(self._strengthened, _values(node)))
+
+    def _note_meetings(self, node: ir.Expr) -> None:
+        """Where a strong value meets a strengthened one, the dtype it converts that one to."""
+        if self.types[node].weak or not isinstance(node, (ir.Binary, ir.Call)):
+            return
+        operands = _values(node)[1:] if isinstance(node, ir.Call) and node.func == "where" else _values(node)
+        strong = [self.types[x] for x in operands if not self.types[x].weak]
+        for operand in filter(self._strengthened, operands):
+            met = combine(self.types[operand], strong[0], ()) if strong else self.types[operand]
+            if met.dtype != self.types[operand].dtype:
+                self._meeting[operand] = met.dtype.name
 
     def _packed_choice(self, node: ir.Call) -> bool:
         """A TPU kernel's `where` of 16- or 8-bit values into an array."""
@@ -270,6 +319,14 @@ class Emitter:
     def _wrap(self, node: ir.Expr, minimum: int) -> str:
         code, level = self._emit(node)
         return code if level >= minimum else f"({code})"
+
+
+def _values(node: ir.Expr) -> tuple[ir.Expr, ...]:
+    """The values an operation reads: its operands, or a call's arguments but dimensions."""
+    if isinstance(node, ir.Call):
+        typing = FUNCTIONS[node.func].typing
+        return node.args[:1] if typing == "reduce" else () if typing == "index" else tuple(node.args)
+    return _operands(node)
 
 
 def _operands(node: ir.Expr) -> tuple[ir.Expr, ...]:
