@@ -151,11 +151,15 @@ def _tpu_chip():
     )
 
 
-def _tpu_blocks(table, sizes, given):
+def _tpu_blocks(table, sizes, given, bounds=(), step=None):
     """The blocks of a TPU call: those `given` (not None) as they are, the others from
     `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
     are nearest the call's (in powers of two), else the chip's default. Any other
     chip, and CPU, takes `table[None]`, the spec's blocks.
+
+    A kernel without a matrix product passes its blocked dimensions' sizes (`bounds`)
+    and `step`, a grid step's elements and VMEM bytes at given blocks: a chip's default
+    blocks not given then grow, see `_grown`.
     """
 
     def distance(tuned_sizes):
@@ -163,10 +167,34 @@ def _tpu_blocks(table, sizes, given):
 
     if None not in given:
         return given
-    entries = table.get(_tpu_chip(), table[None])
+    chip = _tpu_chip()
+    known = chip is not None and chip in table
+    entries = table[chip if known else None]
     tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
     chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
-    return tuple(block if block is not None else choice for block, choice in zip(given, chosen))
+    blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
+    if step is not None and known and not tuned:
+        blocks = _grown(blocks, [block is None for block in given], bounds, step)
+    return tuple(blocks)
+
+
+def _grown(blocks, free, bounds, step):
+    """`blocks` with the `free` ones doubled in turn, the last first, while smaller than
+    their dimension (`bounds`) and while a grid step (`step(*blocks)`: its elements and
+    VMEM bytes) stays within 2**20 elements and 32 MiB. A step costs a fixed ~600
+    cycles, so a memory-bound kernel wants few, large steps; doubling keeps a block legal.
+    """
+    grew = True
+    while grew:
+        grew = False
+        for i in reversed(range(len(blocks))):
+            if not free[i] or blocks[i] >= bounds[i]:
+                continue
+            trial = [*blocks[:i], 2 * blocks[i], *blocks[i + 1 :]]
+            elements, vmem = step(*trial)
+            if elements <= 2**20 and vmem <= 32 * 2**20:
+                blocks, grew = trial, True
+    return blocks
 
 
 def _vmem_limit(needed):
@@ -252,7 +280,7 @@ def leaky(
       x: f32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_leaky_tpu_blocks),
-        else 1024, 1024.
+        grown to large steps (_grown), else 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       slope: a static f32 (default 0.01).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -309,7 +337,13 @@ _leaky_tpu_blocks = {
 
 def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
     """`leaky` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(_leaky_tpu_blocks, (m, n), (block_m, block_n))
+    block_m, block_n = _tpu_blocks(
+        _leaky_tpu_blocks,
+        (m, n),
+        (block_m, block_n),
+        bounds=(m, n),
+        step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+    )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(
@@ -429,7 +463,7 @@ def bias_gelu(
       scale: f32[M].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_tpu_blocks),
-        else 1024, 1024.
+        grown to large steps (_grown), else 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -497,7 +531,16 @@ _bias_gelu_tpu_blocks = {
 
 def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
     """`bias_gelu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(_bias_gelu_tpu_blocks, (m, n), (block_m, block_n))
+    block_m, block_n = _tpu_blocks(
+        _bias_gelu_tpu_blocks,
+        (m, n),
+        (block_m, block_n),
+        bounds=(m, n),
+        step=lambda block_m, block_n: (
+            block_m * block_n,
+            8 * block_m * block_n + 8 * block_n + 8 * block_m,
+        ),
+    )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(
@@ -614,7 +657,7 @@ def quantize_rows(
       scale: f32[M].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_tpu_blocks),
-        else 1024, 1024.
+        grown to large steps (_grown), else 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -675,7 +718,13 @@ _quantize_rows_tpu_blocks = {
 
 def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
     """`quantize_rows` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(_quantize_rows_tpu_blocks, (m, n), (block_m, block_n))
+    block_m, block_n = _tpu_blocks(
+        _quantize_rows_tpu_blocks,
+        (m, n),
+        (block_m, block_n),
+        bounds=(m, n),
+        step=lambda block_m, block_n: (block_m * block_n, 10 * block_m * block_n + 8 * block_m),
+    )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(

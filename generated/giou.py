@@ -151,11 +151,15 @@ def _tpu_chip():
     )
 
 
-def _tpu_blocks(table, sizes, given):
+def _tpu_blocks(table, sizes, given, bounds=(), step=None):
     """The blocks of a TPU call: those `given` (not None) as they are, the others from
     `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
     are nearest the call's (in powers of two), else the chip's default. Any other
     chip, and CPU, takes `table[None]`, the spec's blocks.
+
+    A kernel without a matrix product passes its blocked dimensions' sizes (`bounds`)
+    and `step`, a grid step's elements and VMEM bytes at given blocks: a chip's default
+    blocks not given then grow, see `_grown`.
     """
 
     def distance(tuned_sizes):
@@ -163,10 +167,34 @@ def _tpu_blocks(table, sizes, given):
 
     if None not in given:
         return given
-    entries = table.get(_tpu_chip(), table[None])
+    chip = _tpu_chip()
+    known = chip is not None and chip in table
+    entries = table[chip if known else None]
     tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
     chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
-    return tuple(block if block is not None else choice for block, choice in zip(given, chosen))
+    blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
+    if step is not None and known and not tuned:
+        blocks = _grown(blocks, [block is None for block in given], bounds, step)
+    return tuple(blocks)
+
+
+def _grown(blocks, free, bounds, step):
+    """`blocks` with the `free` ones doubled in turn, the last first, while smaller than
+    their dimension (`bounds`) and while a grid step (`step(*blocks)`: its elements and
+    VMEM bytes) stays within 2**20 elements and 32 MiB. A step costs a fixed ~600
+    cycles, so a memory-bound kernel wants few, large steps; doubling keeps a block legal.
+    """
+    grew = True
+    while grew:
+        grew = False
+        for i in reversed(range(len(blocks))):
+            if not free[i] or blocks[i] >= bounds[i]:
+                continue
+            trial = [*blocks[:i], 2 * blocks[i], *blocks[i + 1 :]]
+            elements, vmem = step(*trial)
+            if elements <= 2**20 and vmem <= 32 * 2**20:
+                blocks, grew = trial, True
+    return blocks
 
 
 def _vmem_limit(needed):
@@ -267,7 +295,7 @@ def giou(
       by2: f32[B, N].
       block_b, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_giou_tpu_blocks),
-        else 256, 1024.
+        grown to large steps (_grown), else 256, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       eps: a static f32 (default 1e-07).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -366,7 +394,13 @@ _giou_tpu_blocks = {
 
 def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n, eps, interpret):
     """`giou` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_b, block_n = _tpu_blocks(_giou_tpu_blocks, (b, n), (block_b, block_n))
+    block_b, block_n = _tpu_blocks(
+        _giou_tpu_blocks,
+        (b, n),
+        (block_b, block_n),
+        bounds=(b, n),
+        step=lambda block_b, block_n: (block_b * block_n, 72 * block_b * block_n),
+    )
     block_b = min(block_b, b)  # a small B is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(

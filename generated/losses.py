@@ -151,11 +151,15 @@ def _tpu_chip():
     )
 
 
-def _tpu_blocks(table, sizes, given):
+def _tpu_blocks(table, sizes, given, bounds=(), step=None):
     """The blocks of a TPU call: those `given` (not None) as they are, the others from
     `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
     are nearest the call's (in powers of two), else the chip's default. Any other
     chip, and CPU, takes `table[None]`, the spec's blocks.
+
+    A kernel without a matrix product passes its blocked dimensions' sizes (`bounds`)
+    and `step`, a grid step's elements and VMEM bytes at given blocks: a chip's default
+    blocks not given then grow, see `_grown`.
     """
 
     def distance(tuned_sizes):
@@ -163,10 +167,34 @@ def _tpu_blocks(table, sizes, given):
 
     if None not in given:
         return given
-    entries = table.get(_tpu_chip(), table[None])
+    chip = _tpu_chip()
+    known = chip is not None and chip in table
+    entries = table[chip if known else None]
     tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
     chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
-    return tuple(block if block is not None else choice for block, choice in zip(given, chosen))
+    blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
+    if step is not None and known and not tuned:
+        blocks = _grown(blocks, [block is None for block in given], bounds, step)
+    return tuple(blocks)
+
+
+def _grown(blocks, free, bounds, step):
+    """`blocks` with the `free` ones doubled in turn, the last first, while smaller than
+    their dimension (`bounds`) and while a grid step (`step(*blocks)`: its elements and
+    VMEM bytes) stays within 2**20 elements and 32 MiB. A step costs a fixed ~600
+    cycles, so a memory-bound kernel wants few, large steps; doubling keeps a block legal.
+    """
+    grew = True
+    while grew:
+        grew = False
+        for i in reversed(range(len(blocks))):
+            if not free[i] or blocks[i] >= bounds[i]:
+                continue
+            trial = [*blocks[:i], 2 * blocks[i], *blocks[i + 1 :]]
+            elements, vmem = step(*trial)
+            if elements <= 2**20 and vmem <= 32 * 2**20:
+                blocks, grew = trial, True
+    return blocks
 
 
 def _vmem_limit(needed):
@@ -302,7 +330,7 @@ def cross_entropy(
       label: i32[M].
       block_m, block_v: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_cross_entropy_tpu_blocks),
-        else 16, 2048.
+        grown to large steps (_grown), else 16, 2048.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -411,7 +439,13 @@ _cross_entropy_tpu_blocks = {
 
 def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, interpret):
     """`cross_entropy` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_v = _tpu_blocks(_cross_entropy_tpu_blocks, (m, v), (block_m, block_v))
+    block_m, block_v = _tpu_blocks(
+        _cross_entropy_tpu_blocks,
+        (m, v),
+        (block_m, block_v),
+        bounds=(m, v),
+        step=lambda block_m, block_v: (block_m * block_v, 12 * block_m * block_v + 16 * block_m),
+    )
     block_m = min(block_m, m)  # a small M is one whole block
     block_v = min(block_v, v)  # a small V is one whole block
     _check_tiling(

@@ -151,11 +151,15 @@ def _tpu_chip():
     )
 
 
-def _tpu_blocks(table, sizes, given):
+def _tpu_blocks(table, sizes, given, bounds=(), step=None):
     """The blocks of a TPU call: those `given` (not None) as they are, the others from
     `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
     are nearest the call's (in powers of two), else the chip's default. Any other
     chip, and CPU, takes `table[None]`, the spec's blocks.
+
+    A kernel without a matrix product passes its blocked dimensions' sizes (`bounds`)
+    and `step`, a grid step's elements and VMEM bytes at given blocks: a chip's default
+    blocks not given then grow, see `_grown`.
     """
 
     def distance(tuned_sizes):
@@ -163,10 +167,34 @@ def _tpu_blocks(table, sizes, given):
 
     if None not in given:
         return given
-    entries = table.get(_tpu_chip(), table[None])
+    chip = _tpu_chip()
+    known = chip is not None and chip in table
+    entries = table[chip if known else None]
     tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
     chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
-    return tuple(block if block is not None else choice for block, choice in zip(given, chosen))
+    blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
+    if step is not None and known and not tuned:
+        blocks = _grown(blocks, [block is None for block in given], bounds, step)
+    return tuple(blocks)
+
+
+def _grown(blocks, free, bounds, step):
+    """`blocks` with the `free` ones doubled in turn, the last first, while smaller than
+    their dimension (`bounds`) and while a grid step (`step(*blocks)`: its elements and
+    VMEM bytes) stays within 2**20 elements and 32 MiB. A step costs a fixed ~600
+    cycles, so a memory-bound kernel wants few, large steps; doubling keeps a block legal.
+    """
+    grew = True
+    while grew:
+        grew = False
+        for i in reversed(range(len(blocks))):
+            if not free[i] or blocks[i] >= bounds[i]:
+                continue
+            trial = [*blocks[:i], 2 * blocks[i], *blocks[i + 1 :]]
+            elements, vmem = step(*trial)
+            if elements <= 2**20 and vmem <= 32 * 2**20:
+                blocks, grew = trial, True
+    return blocks
 
 
 def _vmem_limit(needed):
@@ -301,7 +329,7 @@ def add_f32(
       y: f32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_f32_tpu_blocks),
-        else 256, 512.
+        grown to large steps (_grown), else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -356,7 +384,13 @@ _add_f32_tpu_blocks = {
 
 def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`add_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(_add_f32_tpu_blocks, (m, n), (block_m, block_n))
+    block_m, block_n = _tpu_blocks(
+        _add_f32_tpu_blocks,
+        (m, n),
+        (block_m, block_n),
+        bounds=(m, n),
+        step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+    )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(
@@ -461,7 +495,7 @@ def mul_f32(
       y: f32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_mul_f32_tpu_blocks),
-        else 256, 512.
+        grown to large steps (_grown), else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -516,7 +550,13 @@ _mul_f32_tpu_blocks = {
 
 def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`mul_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(_mul_f32_tpu_blocks, (m, n), (block_m, block_n))
+    block_m, block_n = _tpu_blocks(
+        _mul_f32_tpu_blocks,
+        (m, n),
+        (block_m, block_n),
+        bounds=(m, n),
+        step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+    )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(
@@ -600,7 +640,7 @@ def argmax_f32(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, int
       x: f32[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_f32_tpu_blocks),
-        else 8.
+        grown to large steps (_grown), else 8.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -655,7 +695,13 @@ _argmax_f32_tpu_blocks = {
 
 def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
     """`argmax_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(_argmax_f32_tpu_blocks, (m, n), (block_m,))
+    (block_m,) = _tpu_blocks(
+        _argmax_f32_tpu_blocks,
+        (m, n),
+        (block_m,),
+        bounds=(m,),
+        step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
+    )
     block_m = min(block_m, m)  # a small M is one whole block
     _check_tiling(
         "argmax_f32",
@@ -737,7 +783,7 @@ def equal_count_f32(
       y: f32[N].
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_f32_tpu_blocks),
-        else 4096.
+        grown to large steps (_grown), else 4096.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -807,7 +853,13 @@ _equal_count_f32_tpu_blocks = {
 
 def _equal_count_f32_tpu(x, y, *, n_, block_n, interpret):
     """`equal_count_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_n,) = _tpu_blocks(_equal_count_f32_tpu_blocks, (n_,), (block_n,))
+    (block_n,) = _tpu_blocks(
+        _equal_count_f32_tpu_blocks,
+        (n_,),
+        (block_n,),
+        bounds=(n_,),
+        step=lambda block_n: (block_n, 20 * block_n + 8),
+    )
     block_n = min(block_n, n_)  # a small N is one whole block
     _check_tiling(
         "equal_count_f32",
@@ -926,7 +978,7 @@ def add_i32(
       y: i32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_i32_tpu_blocks),
-        else 256, 512.
+        grown to large steps (_grown), else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -979,7 +1031,13 @@ _add_i32_tpu_blocks = {
 
 def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`add_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(_add_i32_tpu_blocks, (m, n), (block_m, block_n))
+    block_m, block_n = _tpu_blocks(
+        _add_i32_tpu_blocks,
+        (m, n),
+        (block_m, block_n),
+        bounds=(m, n),
+        step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+    )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(
@@ -1084,7 +1142,7 @@ def mul_i32(
       y: i32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_mul_i32_tpu_blocks),
-        else 256, 512.
+        grown to large steps (_grown), else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1137,7 +1195,13 @@ _mul_i32_tpu_blocks = {
 
 def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`mul_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(_mul_i32_tpu_blocks, (m, n), (block_m, block_n))
+    block_m, block_n = _tpu_blocks(
+        _mul_i32_tpu_blocks,
+        (m, n),
+        (block_m, block_n),
+        bounds=(m, n),
+        step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+    )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(
@@ -1221,7 +1285,7 @@ def argmax_i32(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, int
       x: i32[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_i32_tpu_blocks),
-        else 8.
+        grown to large steps (_grown), else 8.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1276,7 +1340,13 @@ _argmax_i32_tpu_blocks = {
 
 def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
     """`argmax_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(_argmax_i32_tpu_blocks, (m, n), (block_m,))
+    (block_m,) = _tpu_blocks(
+        _argmax_i32_tpu_blocks,
+        (m, n),
+        (block_m,),
+        bounds=(m,),
+        step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
+    )
     block_m = min(block_m, m)  # a small M is one whole block
     _check_tiling(
         "argmax_i32",
@@ -1358,7 +1428,7 @@ def equal_count_i32(
       y: i32[N].
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_i32_tpu_blocks),
-        else 4096.
+        grown to large steps (_grown), else 4096.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1426,7 +1496,13 @@ _equal_count_i32_tpu_blocks = {
 
 def _equal_count_i32_tpu(x, y, *, n_, block_n, interpret):
     """`equal_count_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_n,) = _tpu_blocks(_equal_count_i32_tpu_blocks, (n_,), (block_n,))
+    (block_n,) = _tpu_blocks(
+        _equal_count_i32_tpu_blocks,
+        (n_,),
+        (block_n,),
+        bounds=(n_,),
+        step=lambda block_n: (block_n, 20 * block_n + 8),
+    )
     block_n = min(block_n, n_)  # a small N is one whole block
     _check_tiling(
         "equal_count_i32",
@@ -1545,7 +1621,7 @@ def add_i8(
       y: i8[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_i8_tpu_blocks),
-        else 1024, 512.
+        grown to large steps (_grown), else 1024, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1598,7 +1674,13 @@ _add_i8_tpu_blocks = {
 
 def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`add_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(_add_i8_tpu_blocks, (m, n), (block_m, block_n))
+    block_m, block_n = _tpu_blocks(
+        _add_i8_tpu_blocks,
+        (m, n),
+        (block_m, block_n),
+        bounds=(m, n),
+        step=lambda block_m, block_n: (block_m * block_n, 6 * block_m * block_n),
+    )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(
@@ -1703,7 +1785,7 @@ def mul_i8(
       y: i8[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_mul_i8_tpu_blocks),
-        else 1024, 512.
+        grown to large steps (_grown), else 1024, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1756,7 +1838,13 @@ _mul_i8_tpu_blocks = {
 
 def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`mul_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(_mul_i8_tpu_blocks, (m, n), (block_m, block_n))
+    block_m, block_n = _tpu_blocks(
+        _mul_i8_tpu_blocks,
+        (m, n),
+        (block_m, block_n),
+        bounds=(m, n),
+        step=lambda block_m, block_n: (block_m * block_n, 6 * block_m * block_n),
+    )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(
@@ -1840,7 +1928,7 @@ def argmax_i8(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, inte
       x: i8[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_i8_tpu_blocks),
-        else 32.
+        grown to large steps (_grown), else 32.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1895,7 +1983,13 @@ _argmax_i8_tpu_blocks = {
 
 def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
     """`argmax_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(_argmax_i8_tpu_blocks, (m, n), (block_m,))
+    (block_m,) = _tpu_blocks(
+        _argmax_i8_tpu_blocks,
+        (m, n),
+        (block_m,),
+        bounds=(m,),
+        step=lambda block_m: (block_m * n, 6 * block_m * n + 8 * block_m),
+    )
     block_m = min(block_m, m)  # a small M is one whole block
     _check_tiling(
         "argmax_i8",
@@ -1981,7 +2075,7 @@ def equal_count_i8(
       y: i8[N].
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_i8_tpu_blocks),
-        else 4096.
+        grown to large steps (_grown), else 4096.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -2049,7 +2143,13 @@ _equal_count_i8_tpu_blocks = {
 
 def _equal_count_i8_tpu(x, y, *, n_, block_n, interpret):
     """`equal_count_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_n,) = _tpu_blocks(_equal_count_i8_tpu_blocks, (n_,), (block_n,))
+    (block_n,) = _tpu_blocks(
+        _equal_count_i8_tpu_blocks,
+        (n_,),
+        (block_n,),
+        bounds=(n_,),
+        step=lambda block_n: (block_n, 8 * block_n + 8),
+    )
     block_n = min(block_n, n_)  # a small N is one whole block
     _check_tiling(
         "equal_count_i8",

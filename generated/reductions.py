@@ -151,11 +151,15 @@ def _tpu_chip():
     )
 
 
-def _tpu_blocks(table, sizes, given):
+def _tpu_blocks(table, sizes, given, bounds=(), step=None):
     """The blocks of a TPU call: those `given` (not None) as they are, the others from
     `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
     are nearest the call's (in powers of two), else the chip's default. Any other
     chip, and CPU, takes `table[None]`, the spec's blocks.
+
+    A kernel without a matrix product passes its blocked dimensions' sizes (`bounds`)
+    and `step`, a grid step's elements and VMEM bytes at given blocks: a chip's default
+    blocks not given then grow, see `_grown`.
     """
 
     def distance(tuned_sizes):
@@ -163,10 +167,34 @@ def _tpu_blocks(table, sizes, given):
 
     if None not in given:
         return given
-    entries = table.get(_tpu_chip(), table[None])
+    chip = _tpu_chip()
+    known = chip is not None and chip in table
+    entries = table[chip if known else None]
     tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
     chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
-    return tuple(block if block is not None else choice for block, choice in zip(given, chosen))
+    blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
+    if step is not None and known and not tuned:
+        blocks = _grown(blocks, [block is None for block in given], bounds, step)
+    return tuple(blocks)
+
+
+def _grown(blocks, free, bounds, step):
+    """`blocks` with the `free` ones doubled in turn, the last first, while smaller than
+    their dimension (`bounds`) and while a grid step (`step(*blocks)`: its elements and
+    VMEM bytes) stays within 2**20 elements and 32 MiB. A step costs a fixed ~600
+    cycles, so a memory-bound kernel wants few, large steps; doubling keeps a block legal.
+    """
+    grew = True
+    while grew:
+        grew = False
+        for i in reversed(range(len(blocks))):
+            if not free[i] or blocks[i] >= bounds[i]:
+                continue
+            trial = [*blocks[:i], 2 * blocks[i], *blocks[i + 1 :]]
+            elements, vmem = step(*trial)
+            if elements <= 2**20 and vmem <= 32 * 2**20:
+                blocks, grew = trial, True
+    return blocks
 
 
 def _vmem_limit(needed):
@@ -280,7 +308,7 @@ def argmax_rows(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, in
       x: f32[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_rows_tpu_blocks),
-        else 8.
+        grown to large steps (_grown), else 8.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -335,7 +363,13 @@ _argmax_rows_tpu_blocks = {
 
 def _argmax_rows_tpu(x, *, m, n, block_m, interpret):
     """`argmax_rows` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(_argmax_rows_tpu_blocks, (m, n), (block_m,))
+    (block_m,) = _tpu_blocks(
+        _argmax_rows_tpu_blocks,
+        (m, n),
+        (block_m,),
+        bounds=(m,),
+        step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
+    )
     block_m = min(block_m, m)  # a small M is one whole block
     _check_tiling(
         "argmax_rows",
@@ -414,7 +448,7 @@ def argmin_rows(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, in
       x: f32[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmin_rows_tpu_blocks),
-        else 8.
+        grown to large steps (_grown), else 8.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -469,7 +503,13 @@ _argmin_rows_tpu_blocks = {
 
 def _argmin_rows_tpu(x, *, m, n, block_m, interpret):
     """`argmin_rows` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(_argmin_rows_tpu_blocks, (m, n), (block_m,))
+    (block_m,) = _tpu_blocks(
+        _argmin_rows_tpu_blocks,
+        (m, n),
+        (block_m,),
+        bounds=(m,),
+        step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
+    )
     block_m = min(block_m, m)  # a small M is one whole block
     _check_tiling(
         "argmin_rows",
@@ -567,7 +607,7 @@ def column_sums(
       x: f32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_column_sums_tpu_blocks),
-        else 512, 512.
+        grown to large steps (_grown), else 512, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -637,7 +677,13 @@ _column_sums_tpu_blocks = {
 
 def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
     """`column_sums` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(_column_sums_tpu_blocks, (m, n), (block_m, block_n))
+    block_m, block_n = _tpu_blocks(
+        _column_sums_tpu_blocks,
+        (m, n),
+        (block_m, block_n),
+        bounds=(m, n),
+        step=lambda block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_n),
+    )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(
@@ -737,7 +783,7 @@ def quantize_rows_int8(
       x: f32[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_tpu_blocks),
-        else 32.
+        grown to large steps (_grown), else 32.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -796,7 +842,13 @@ _quantize_rows_int8_tpu_blocks = {
 
 def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
     """`quantize_rows_int8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(_quantize_rows_int8_tpu_blocks, (m, n), (block_m,))
+    (block_m,) = _tpu_blocks(
+        _quantize_rows_int8_tpu_blocks,
+        (m, n),
+        (block_m,),
+        bounds=(m,),
+        step=lambda block_m: (block_m * n, 14 * block_m * n + 8 * block_m),
+    )
     block_m = min(block_m, m)  # a small M is one whole block
     _check_tiling(
         "quantize_rows_int8",
@@ -899,7 +951,7 @@ def equal_count(x, y, *, block_n=None, gpu_block_n=1024, gpu_warps=4, gpu_stages
       y: i32[N].
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_tpu_blocks),
-        else 1024.
+        grown to large steps (_grown), else 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -963,7 +1015,13 @@ _equal_count_tpu_blocks = {
 
 def _equal_count_tpu(x, y, *, n_, block_n, interpret):
     """`equal_count` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_n,) = _tpu_blocks(_equal_count_tpu_blocks, (n_,), (block_n,))
+    (block_n,) = _tpu_blocks(
+        _equal_count_tpu_blocks,
+        (n_,),
+        (block_n,),
+        bounds=(n_,),
+        step=lambda block_n: (block_n, 20 * block_n + 8),
+    )
     block_n = min(block_n, n_)  # a small N is one whole block
     _check_tiling(
         "equal_count",

@@ -5,8 +5,10 @@ search itself."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -219,6 +221,33 @@ def test_a_chips_default_grows_a_products_blocks_to_its_mxu_within_its_vmem_and_
     assert chip_blocks(f32, ["M", "N", "K"], V6E) == {"M": 1024, "N": 256, "K": 4096}
     adds = checked()
     assert chip_blocks(adds, tunable_dims(adds), V6E) == {"N": 1024}
+
+
+GENERATED = Path(__file__).resolve().parents[1] / "generated"
+
+
+def grid(module_name: str, kernel: str, chip, *shapes, **blocks) -> tuple[int, ...]:
+    """The TPU grid a bundled kernel's call takes on `chip` (None: CPU), inputs of `shapes`."""
+    path = GENERATED / f"{module_name}.py"
+    module = load_module(path.read_text(), path)
+    module._tpu_chip = lambda: chip
+    dtypes = {"softmax": [jnp.float32], "cross_entropy": [jnp.bfloat16, jnp.int32], "giou": [jnp.float32] * 8}
+    args = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in zip(shapes, dtypes[kernel])]
+    jaxpr = str(jax.make_jaxpr(lambda *a: getattr(module, kernel)(*a, interpret=True, **blocks))(*args))
+    return tuple(map(int, re.search(r"grid=\(([\d, ]*)\)", jaxpr.replace(" ", "")).group(1).strip(",").split(",")))
+
+
+def test_a_kernel_without_a_product_grows_its_chip_default_at_call_time_to_large_steps():
+    # 8-row blocks of softmax grow to 128 rows of 8192 (2**20 elements, 24 MiB of VMEM).
+    assert grid("softmax", "softmax", "v6e", (8192, 8192)) == (64,)
+    assert grid("softmax", "softmax", "v5e", (8192, 65536)) == (512,)  # 16 rows: within 32 MiB
+    assert grid("softmax", "softmax", "v6e", (20, 8192)) == (1,)  # never past the dimension
+    assert grid("softmax", "softmax", None, (8192, 8192)) == (1024,)  # CPU: the spec's blocks
+    assert grid("softmax", "softmax", "v6e", (8192, 8192), block_m=8) == (1024,)  # a given block wins
+    # Blocks double in turn, the last first: cross_entropy's 16 x 2048 grow to 64 x 16384.
+    assert grid("losses", "cross_entropy", "v6e", (4096, 32768), (4096,)) == (64, 2)
+    # giou's 256 x 1024 blocks already need 18 MiB: doubling either would pass 32 MiB.
+    assert grid("giou", "giou", "v6e", *[(1024, 4096)] * 8) == (4, 4)
 
 
 def test_block_choices_are_the_tiling_multiple_times_powers_of_two_then_the_whole_dimension():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.base import Backend
 from pallasgen.backends.tpu.checks import check_tpu
-from pallasgen.backends.tpu.chips import CHIPS
+from pallasgen.backends.tpu.chips import CHIPS, STEP_ELEMENTS, STEP_VMEM_BYTES
 from pallasgen.backends.tpu.plan import block_table_name, kernel_function_name, keyword_group, launcher_name, plan_tpu
 from pallasgen.backends.tpu.tiling import SCOPED_VMEM_BYTES, VMEM_LIMIT_BYTES
 
@@ -34,4 +34,6 @@ class TpuBackend(Backend):
             "scoped_vmem_mib": SCOPED_VMEM_BYTES >> 20,
             "vmem_limit_mib": VMEM_LIMIT_BYTES >> 20,
             "tpu_chips": {kind: chip.name for chip in CHIPS for kind in chip.device_kinds},
+            "step_elements_log2": STEP_ELEMENTS.bit_length() - 1,
+            "step_vmem_mib": STEP_VMEM_BYTES >> 20,
         }

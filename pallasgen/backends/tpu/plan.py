@@ -124,7 +124,7 @@ def keyword_group(checked: CheckedKernel) -> KeywordGroup:
         (
             f"  {names}: TPU block sizes; a block never exceeds its dimension. Those not given",
             f"    are tuned for the TPU and sizes, or the TPU's defaults ({block_table_name(checked.kernel.name)}),",
-            f"    else {defaults}.",
+            f"    {'' if checked.product else 'grown to large steps (_grown), '}else {defaults}.",
         ),
     )
 
@@ -133,8 +133,11 @@ def block_table_name(kernel: str) -> str:
     return f"_{kernel}_tpu_blocks"
 
 
-def _block_table(checked: CheckedKernel, tunable: list[str], sizes: dict[str, str]) -> BlockTable | None:
-    """Each chip's default blocks, then the blocks tuned for it at given sizes."""
+def _block_table(
+    checked: CheckedKernel, tunable: list[str], sizes: dict[str, str], block_of: dict[str, str], vmem_needed: str
+) -> BlockTable | None:
+    """Each chip's default blocks, then the blocks tuned for it at given sizes; a kernel
+    without a product also passes its blocks' bounds and a step's size (see `_tpu_blocks`)."""
     if not tunable:
         return None
     dims = checked.dims
@@ -156,7 +159,12 @@ def _block_table(checked: CheckedKernel, tunable: list[str], sizes: dict[str, st
         f" the call's sizes winning; else the chip's default. None: any other chip, and CPU (the spec's blocks)."
     )
     name = block_table_name(checked.kernel.name)
-    choice = f"{keywords} = _tpu_blocks({name}, {tuple_code([sizes[d] for d in dims])}, {keywords})"
+    arguments = [name, tuple_code([sizes[d] for d in dims]), keywords]
+    if checked.product is None:
+        elements = " * ".join(block_of[d] for d in dims)
+        step = f"lambda {', '.join(block_keyword(d) for d in tunable)}: ({elements}, {vmem_needed})"
+        arguments += [f"bounds={tuple_code([sizes[d] for d in tunable])}", f"step={step}"]
+    choice = f"{keywords} = _tpu_blocks({', '.join(arguments)})"
     return BlockTable(name, _wrap(comment), tuple(chips), choice)
 
 
@@ -239,11 +247,12 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
 
     layouts = array_layouts(kernel, checked.space.layout, product)
     inputs = [values[d.name] for d in kernel.inputs]
+    vmem_needed = _vmem_needed(kernel, checked.blocks, product, block_of, squeezed)
     return TpuPlan(
         function=launcher_name(kernel.name),
         kernel_function=kernel_function_name(kernel.name),
         blocks=tuple(BlockPlan(block_keyword(d), checked.blocks[d], sizes[d], d) for d in tunable),
-        block_table=_block_table(checked, tunable, sizes),
+        block_table=_block_table(checked, tunable, sizes, block_of, vmem_needed),
         kernel_parameters=parameter_list(
             [refs[d.name] for d in kernel.inputs + kernel.outputs] + scratch_refs, kernel_keywords
         ),
@@ -276,7 +285,7 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
             "arbitrary" if (product and d == product.k) or d == stepped else "parallel" for d in blocked
         ),
         vmem_comment=_wrap(_vmem_comment(kernel, checked.blocks, dims, product)),
-        vmem_needed=_vmem_needed(kernel, checked.blocks, product, block_of, squeezed),
+        vmem_needed=vmem_needed,
         cost_estimate=_cost_estimate(checked, values, sizes),
         accumulator=accumulator,
         body=tuple(body),
