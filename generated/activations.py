@@ -524,7 +524,7 @@ def _bias_gelu_kernel(x_ref, bias_ref, scale_ref, y_ref):
 # CPU (the spec's blocks).
 _bias_gelu_tpu_blocks = {
     None: {"default": (1024, 1024)},
-    "v5e": {"default": (1024, 1024)},
+    "v5e": {"default": (1024, 1024), (8192, 8192): (2048, 1024)},
     "v6e": {"default": (1024, 1024), (8192, 8192): (2048, 1024)},
 }
 
@@ -711,7 +711,7 @@ def _quantize_rows_kernel(x_ref, scale_ref, q_ref):
 # CPU (the spec's blocks).
 _quantize_rows_tpu_blocks = {
     None: {"default": (1024, 1024)},
-    "v5e": {"default": (1024, 1024)},
+    "v5e": {"default": (1024, 1024), (8192, 8192): (2048, 1024)},
     "v6e": {"default": (1024, 1024), (8192, 8192): (2048, 1024)},
 }
 
