@@ -338,7 +338,7 @@ def tune(target: str, sizes: tuple[str, ...], chip: str, budget: int) -> None:
     from pallasgen.devices import estimate
     from pallasgen.devices.compile_only import CompileError
     from pallasgen.devices.tune import MEASURE, tune as search, versions
-    from pallasgen.workspace.tuning import Entry, format_tuning, read_tuning, tuning_path, with_entry
+    from pallasgen.workspace.tuning import Entry, entry_for, format_tuning, read_tuning, tuning_path, with_entry
 
     given = _parse_sizes(sizes)
     kernels = _kernels((target,), None, given)
@@ -359,21 +359,25 @@ def tune(target: str, sizes: tuple[str, ...], chip: str, budget: int) -> None:
             dims = {d: given[d] for d in checked.dims}
             label = f"Tuning {checked.kernel.name} for {chip}"
             with click.progressbar(length=budget, label=label, file=sys.stderr) as bar:
+                previous = entry_for(tuning, checked, chip, dims)
                 try:
-                    found = search(estimator, module, checked, dims, budget, bar.update)
+                    found = search(
+                        estimator, module, checked, dims, budget, bar.update, previous and previous.blocks.blocks
+                    )
                 except CompileError as error:
                     _usage_error(f"{checked.kernel.name}: {error}")
             best, start = found.best, found.start
             best_ratio = estimate.ratio(best.cycles, found.xla_cycles)
-            untuned = (
+            started = (
                 f"{estimate.describe_ratio(estimate.ratio(start.cycles, found.xla_cycles))}"
                 if start.cycles
                 else f"rejected: {start.error}"
             )
             click.echo(
                 f"{checked.kernel.name} on {chip} ({estimate.LABEL}): {_pairs(best.blocks)} {best.cycles:,} cycles,"
-                f" {estimate.describe_ratio(best_ratio)} (XLA {found.xla_cycles:,}); untuned {_pairs(start.blocks)}"
-                f" {untuned}; {len(found.trials)} compiles"
+                f" {estimate.describe_ratio(best_ratio)} (XLA {found.xla_cycles:,});"
+                f" from {'the blocks tuned before' if previous else 'the untuned'} {_pairs(start.blocks)}"
+                f" {started}; {len(found.trials)} compiles"
             )
             measure = {
                 "by": MEASURE,

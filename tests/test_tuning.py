@@ -291,6 +291,15 @@ def test_tune_compiles_for_a_chip_and_writes_the_best_blocks(project):  # noqa: 
     assert {"jax", "pallasgen"} <= entry["versions"].keys()
     assert pallasgen("build").exit_code == 0
     assert f'(65536,): ({entry["blocks"]["N"]},)' in (project / "generated" / "add_vectors.py").read_text()
+    # A second run goes on from the blocks tuned before and never records worse ones.
+    again = subprocess.run(
+        [sys.executable, "-c", "from pallasgen.cli import main; main()", *args[:-1], "1"], capture_output=True, text=True
+    )
+    assert f"from the blocks tuned before block_n={entry['blocks']['N']} " in again.stdout, again.stderr[-2000:]
+    (second,) = json.loads((project / "specs" / "add_vectors.tuning.json").read_text())["kernels"]["add_vectors"][
+        "tuned"
+    ]
+    assert second["blocks"] == entry["blocks"] and second["measure"]["kernel_cycles"] == entry["measure"]["kernel_cycles"]
 
 
 def test_tune_needs_every_dimensions_size(project):  # noqa: F811

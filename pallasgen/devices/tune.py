@@ -33,7 +33,7 @@ class Trial:
 @dataclass(frozen=True)
 class Tuned:
     best: Trial
-    start: Trial  # the blocks the kernel takes untuned on the chip
+    start: Trial  # where the search started: the blocks tuned before, else the chip's default
     xla_cycles: int
     trials: tuple[Trial, ...]
 
@@ -99,8 +99,12 @@ def _neighbours(blocks: tuple[tuple[str, int], ...], choices: dict[str, list[int
     return found
 
 
-def tune(estimator, module, checked: CheckedKernel, sizes: dict[str, int], budget: int, progress) -> Tuned:
-    """The best blocks for `checked` at `sizes` on the estimator's chip."""
+def tune(
+    estimator, module, checked: CheckedKernel, sizes: dict[str, int], budget: int, progress, previous=None
+) -> Tuned:
+    """The best blocks for `checked` at `sizes` on the estimator's chip, searched from the
+    `previous` ones (those tuned before at these sizes) if given, else the chip's default:
+    a second run goes on from the first and keeps its blocks unless it finds better."""
     xla_cycles = []
 
     def measure(blocks: dict[str, int]) -> int:
@@ -108,7 +112,7 @@ def tune(estimator, module, checked: CheckedKernel, sizes: dict[str, int], budge
         xla_cycles.append(estimate.xla_cycles)
         return estimate.kernel_cycles
 
-    start = start_blocks(checked, estimator.chip, sizes)
+    start = dict(previous) if previous else start_blocks(checked, estimator.chip, sizes)
     trials = search(checked, sizes, start, measure, budget, progress)
     measured = [t for t in trials if t.cycles is not None]
     if not measured:

@@ -129,6 +129,15 @@ def _nearest_power_of_two(size: int) -> int:
     return 2 * below if size - below > 2 * below - size else below
 
 
+def entry_for(tuning: dict[str, KernelTuning], checked: CheckedKernel, chip: str, sizes: dict[str, int]) -> Entry | None:
+    """The kernel's entry for `chip` in the size bucket of `sizes`, if it was tuned as it is now."""
+    kernel = tuning.get(checked.kernel.name)
+    if kernel is None or kernel.fingerprint != kernel_fingerprint(checked.kernel):
+        return None
+    bucket = (chip, size_bucket(sizes))
+    return next((e for e in kernel.entries if (e.blocks.chip, size_bucket(dict(e.blocks.sizes))) == bucket), None)
+
+
 def with_entry(tuning: dict[str, KernelTuning], checked: CheckedKernel, entry: Entry) -> dict[str, KernelTuning]:
     """`tuning` with `entry` in place of the kernel's entry for the same chip and size
     bucket; a kernel tuned for an older version of itself starts afresh."""
