@@ -832,11 +832,11 @@ def _equal_count_f32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block
     sum_n_block = (x == y).astype(jnp.int32)
     if n_ % block_n:  # a ragged N: its identity past the end, never padding
         sum_n_block = _fill_past(sum_n_block, step * block_n, n_, 0, 0)
-    sum_n_running_ref[...] = sum_n_running_ref[...] + jnp.sum(sum_n_block, axis=0, keepdims=True)
+    sum_n_running_ref[...] = sum_n_running_ref[...] + sum_n_block
 
     @pl.when(step == pl.num_programs(0) - 1)
     def _finish():
-        sum_n = sum_n_running_ref[...]
+        sum_n = jnp.sum(sum_n_running_ref[...], axis=0, keepdims=True)
         n_ref[...] = sum_n
 
 
@@ -858,7 +858,7 @@ def _equal_count_f32_tpu(x, y, *, n_, block_n, interpret):
         (n_,),
         (block_n,),
         bounds=(n_,),
-        step=lambda block_n: (block_n, 20 * block_n + 8),
+        step=lambda block_n: (block_n, 24 * block_n + 8),
     )
     block_n = min(block_n, n_)  # a small N is one whole block
     _check_tiling(
@@ -871,7 +871,7 @@ def _equal_count_f32_tpu(x, y, *, n_, block_n, interpret):
             128,
         ),
     )
-    # VMEM at the default blocks: 80.0 KiB (inputs and outputs double-buffered, plus the
+    # VMEM at the default blocks: 96.0 KiB (inputs and outputs double-buffered, plus the
     # reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_equal_count_f32_kernel, n_=n_, block_n=block_n),
@@ -886,12 +886,12 @@ def _equal_count_f32_tpu(x, y, *, n_, block_n, interpret):
         # n: i32[], broadcast over N
         out_specs=pl.BlockSpec((1,), lambda i: (0,)),
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
-        # sum_n_running_ref: the running sum over N of one block
-        scratch_shapes=[pltpu.VMEM((1,), jnp.int32)],
+        # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
+        scratch_shapes=[pltpu.VMEM((block_n,), jnp.int32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(20 * block_n + 8),
+            vmem_limit_bytes=_vmem_limit(24 * block_n + 8),
         ),
         cost_estimate=pl.CostEstimate(
             flops=3 * n_, transcendentals=0, bytes_accessed=_nbytes(x, y) + n_ * 4
@@ -1475,11 +1475,11 @@ def _equal_count_i32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block
     sum_n_block = (x == y).astype(jnp.int32)
     if n_ % block_n:  # a ragged N: its identity past the end, never padding
         sum_n_block = _fill_past(sum_n_block, step * block_n, n_, 0, 0)
-    sum_n_running_ref[...] = sum_n_running_ref[...] + jnp.sum(sum_n_block, axis=0, keepdims=True)
+    sum_n_running_ref[...] = sum_n_running_ref[...] + sum_n_block
 
     @pl.when(step == pl.num_programs(0) - 1)
     def _finish():
-        sum_n = sum_n_running_ref[...]
+        sum_n = jnp.sum(sum_n_running_ref[...], axis=0, keepdims=True)
         n_ref[...] = sum_n
 
 
@@ -1501,7 +1501,7 @@ def _equal_count_i32_tpu(x, y, *, n_, block_n, interpret):
         (n_,),
         (block_n,),
         bounds=(n_,),
-        step=lambda block_n: (block_n, 20 * block_n + 8),
+        step=lambda block_n: (block_n, 24 * block_n + 8),
     )
     block_n = min(block_n, n_)  # a small N is one whole block
     _check_tiling(
@@ -1514,7 +1514,7 @@ def _equal_count_i32_tpu(x, y, *, n_, block_n, interpret):
             128,
         ),
     )
-    # VMEM at the default blocks: 80.0 KiB (inputs and outputs double-buffered, plus the
+    # VMEM at the default blocks: 96.0 KiB (inputs and outputs double-buffered, plus the
     # reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_equal_count_i32_kernel, n_=n_, block_n=block_n),
@@ -1529,12 +1529,12 @@ def _equal_count_i32_tpu(x, y, *, n_, block_n, interpret):
         # n: i32[], broadcast over N
         out_specs=pl.BlockSpec((1,), lambda i: (0,)),
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
-        # sum_n_running_ref: the running sum over N of one block
-        scratch_shapes=[pltpu.VMEM((1,), jnp.int32)],
+        # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
+        scratch_shapes=[pltpu.VMEM((block_n,), jnp.int32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(20 * block_n + 8),
+            vmem_limit_bytes=_vmem_limit(24 * block_n + 8),
         ),
         cost_estimate=pl.CostEstimate(
             flops=3 * n_, transcendentals=0, bytes_accessed=_nbytes(x, y) + n_ * 4
@@ -2122,11 +2122,11 @@ def _equal_count_i8_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block_
     sum_n_block = (x.astype(jnp.int32) == y.astype(jnp.int32)).astype(jnp.int32)
     if n_ % block_n:  # a ragged N: its identity past the end, never padding
         sum_n_block = _fill_past(sum_n_block, step * block_n, n_, 0, 0)
-    sum_n_running_ref[...] = sum_n_running_ref[...] + jnp.sum(sum_n_block, axis=0, keepdims=True)
+    sum_n_running_ref[...] = sum_n_running_ref[...] + sum_n_block
 
     @pl.when(step == pl.num_programs(0) - 1)
     def _finish():
-        sum_n = sum_n_running_ref[...]
+        sum_n = jnp.sum(sum_n_running_ref[...], axis=0, keepdims=True)
         n_ref[...] = sum_n
 
 
@@ -2148,7 +2148,7 @@ def _equal_count_i8_tpu(x, y, *, n_, block_n, interpret):
         (n_,),
         (block_n,),
         bounds=(n_,),
-        step=lambda block_n: (block_n, 8 * block_n + 8),
+        step=lambda block_n: (block_n, 12 * block_n + 8),
     )
     block_n = min(block_n, n_)  # a small N is one whole block
     _check_tiling(
@@ -2161,7 +2161,7 @@ def _equal_count_i8_tpu(x, y, *, n_, block_n, interpret):
             512,
         ),
     )
-    # VMEM at the default blocks: 32.0 KiB (inputs and outputs double-buffered, plus the
+    # VMEM at the default blocks: 48.0 KiB (inputs and outputs double-buffered, plus the
     # reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_equal_count_i8_kernel, n_=n_, block_n=block_n),
@@ -2176,12 +2176,12 @@ def _equal_count_i8_tpu(x, y, *, n_, block_n, interpret):
         # n: i32[], broadcast over N
         out_specs=pl.BlockSpec((1,), lambda i: (0,)),
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
-        # sum_n_running_ref: the running sum over N of one block
-        scratch_shapes=[pltpu.VMEM((1,), jnp.int32)],
+        # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
+        scratch_shapes=[pltpu.VMEM((block_n,), jnp.int32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(8 * block_n + 8),
+            vmem_limit_bytes=_vmem_limit(12 * block_n + 8),
         ),
         cost_estimate=pl.CostEstimate(
             flops=3 * n_, transcendentals=0, bytes_accessed=_nbytes(x, y) + n_ * 4

@@ -41,6 +41,7 @@ from __future__ import annotations
 import functools
 import inspect
 from dataclasses import dataclass
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +50,6 @@ import pytest
 from jax._src.pallas import primitives as pallas_primitives
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-
 from kernel_cases import (
     BF16,
     CASES,
@@ -66,6 +66,9 @@ from kernel_cases import (
     sublane_rows,
     take_gpu_branch,
 )
+
+from pallasgen.lowering.reductions import accumulates_elementwise
+from pallasgen.workspace.pipeline import check_source
 
 REDUCTIONS = [case for case in CASES.values() if case.reduced]
 IDS = [case.id for case in REDUCTIONS]
@@ -337,6 +340,27 @@ def test_a_scalar_output_counts_over_one_step_and_many(case_id, size, block_n, p
     (n,) = run(case, path, [x, y], block_n=block_n, gpu_block_n=128)
     assert n.shape == () and n.dtype == np.int32
     assert int(n) == size - (size + 1) // 3
+
+
+def test_a_reduction_to_a_scalar_keeps_a_running_value_per_position_of_its_block():
+    """Reducing a block across lanes and sublanes every step doubled the TPU compiler's
+    estimate against XLA's (benchmarks/RESULTS_TPU_ESTIMATES.md): a kernel whose only
+    dimension is reduced keeps a block-shaped running sum, reduced once at the last step
+    (the 24-step count above checks its answer). A column sum keeps one row per block."""
+    equal_count = checked_kernel("reductions", "equal_count")
+    column_sums = checked_kernel("reductions", "column_sums")
+    argmax = checked_kernel("ops", "argmax_f32")
+    assert accumulates_elementwise(equal_count.kernel, "N")
+    assert not accumulates_elementwise(column_sums.kernel, "M")  # N stays: a row of sums per block
+    assert not accumulates_elementwise(argmax.kernel, "N")  # a row reduction
+    generated = (Path(__file__).resolve().parents[1] / "generated" / "reductions.py").read_text()
+    assert "scratch_shapes=[pltpu.VMEM((block_n,), jnp.int32)]" in generated  # equal_count
+    assert "scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)]" in generated  # column_sums
+
+
+def checked_kernel(spec: str, name: str):
+    path = Path(__file__).resolve().parents[1] / "specs" / f"{spec}.pallas"
+    return next(c for c in check_source(path.read_text(), str(path)) if c.kernel.name == name)
 
 
 # --------------------------------------------------------------------------- ties

@@ -16,6 +16,7 @@ from pallasgen.lowering.reductions import (
     compute_dtype,
     finish_code,
     identity,
+    reduced_running,
 )
 
 
@@ -74,11 +75,11 @@ class SteppedReduction:
 
 
 def stepped_reductions(
-    lowered, namer, phases: Phases, emitter, start: str, block: str, in_refs: bool
+    lowered, namer, phases: Phases, emitter, start: str, block: str, in_refs: bool, elementwise: bool = False
 ) -> list[SteppedReduction]:
     """The reductions over `phases.dim`, one block per step from position `start`. The
     running values are scratch Refs (`in_refs`, TPU: `name_ref[...]`) or values a loop
-    carries (GPU)."""
+    carries (GPU); `elementwise`: block-shaped, reduced at the last step."""
     checked, sizes, dim = lowered.checked, lowered.sizes, phases.dim
     axis = checked.space.layout.index(dim)
     suffix = "_ref" if in_refs else ""
@@ -95,7 +96,8 @@ def stepped_reductions(
             f"{block_value} = {emitter.cast(node.args[0], computed.name)}",
             f"if {sizes[dim]} % {block}:  # a ragged {dim}: its identity past the end, never padding",
             f"    {block_value} = _fill_past({block_value}, {start}, {sizes[dim]}, {axis}, {identity(kind, dtype)})",
-            f"{', '.join(values)} = {combine_code(kind, values, block_value, axis, computed, start)}",
+            f"{', '.join(values)} = {combine_code(kind, values, block_value, axis, computed, start, elementwise)}",
         )
-        found.append(SteppedReduction(node, result, tuple(accs), step, finish_code(kind, values, dtype, sizes[dim])))
+        finals = [reduced_running(kind, values[0], axis)] if elementwise else values
+        found.append(SteppedReduction(node, result, tuple(accs), step, finish_code(kind, finals, dtype, sizes[dim])))
     return found

@@ -94,6 +94,22 @@ def kernel_positions(axis: int, rank: int, extent: str, start: str | None) -> st
     return f"{start} + {iota}" if start else iota
 
 
+# Reductions whose running value can be kept block-shaped, combined elementwise.
+ELEMENTWISE = frozenset({"sum", "mean", "max", "min", "any", "all"})
+
+
+def accumulates_elementwise(kernel: ir.Kernel, dim: str) -> bool:
+    """Whether a TPU kernel's reductions over its blocked `dim` keep block-shaped running
+    values, combined elementwise each step and reduced once, at the last: when `dim` is
+    the kernel's only dimension (its reductions end in scalars: reducing a block across
+    lanes and sublanes every step doubled the compiler's estimate against XLA's) and
+    each reduction combines elementwise."""
+    dims = {d for decl in kernel.inputs + kernel.outputs for d in decl.dims}
+    calls = [n for n in ir.walk(*(s.value for s in kernel.body)) if isinstance(n, ir.Call)]
+    reductions = [n.func for n in calls if n.func in FUNCTIONS and FUNCTIONS[n.func].reducer]
+    return dims == {dim} and bool(reductions) and set(reductions) <= ELEMENTWISE
+
+
 # The names of the running values of each reduction: most keep one, some a pair.
 RUNNING = {"logsumexp": ("max", "sum"), "argmax": ("max", "index"), "argmin": ("min", "index")}
 
@@ -115,9 +131,16 @@ def accumulators(kind: str, dtype: DType, names: list[str]) -> list[Accumulator]
     return [first]
 
 
-def combine_code(kind: str, running: list[str], value: str, axis: int, dtype: DType, start: str) -> str:
-    """The running values after one more block `value` (`start`: its first position)."""
+def combine_code(
+    kind: str, running: list[str], value: str, axis: int, dtype: DType, start: str, elementwise: bool = False
+) -> str:
+    """The running values after one more block `value` (`start`: its first position);
+    `elementwise`: block-shaped running values (see `accumulates_elementwise`)."""
     computed = _as(value, dtype, _computed(kind, dtype))
+    if elementwise:
+        return {"sum": "{} + {}", "mean": "{} + {}", "max": "jnp.maximum({}, {})", "any": "jnp.maximum({}, {})"}.get(
+            kind, "jnp.minimum({}, {})"
+        ).format(running[0], computed)
     where = f"axis={axis}, keepdims=True"
     if kind in ("sum", "mean"):
         return f"{running[0]} + jnp.sum({computed}, {where})"
@@ -128,6 +151,12 @@ def combine_code(kind: str, running: list[str], value: str, axis: int, dtype: DT
     if kind in ("argmax", "argmin"):
         return f"_argbest_step({running[0]}, {running[1]}, {computed}, {start}, {axis}, largest={kind == 'argmax'})"
     return f"_logsumexp_step({running[0]}, {running[1]}, {computed}, {axis})"
+
+
+def reduced_running(kind: str, running: str, axis: int) -> str:
+    """Block-shaped running values (`accumulates_elementwise`) reduced over `axis`."""
+    reducer = "sum" if kind in ("sum", "mean") else "max" if kind in ("max", "any") else "min"
+    return f"jnp.{reducer}({running}, axis={axis}, keepdims=True)"
 
 
 def finish_code(kind: str, running: list[str], dtype: DType, size: str) -> str:

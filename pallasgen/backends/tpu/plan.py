@@ -41,7 +41,7 @@ from pallasgen.lowering.parts import (
 )
 from pallasgen.lowering.phases import reduces, split_phases, stepped_dim, stepped_reductions
 from pallasgen.lowering.pyexpr import jnp_dtype
-from pallasgen.lowering.reductions import KernelSpelling
+from pallasgen.lowering.reductions import KernelSpelling, accumulates_elementwise
 from pallasgen.lowering.signature import Keyword, KeywordGroup
 
 COMMENT_WIDTH = 84
@@ -300,10 +300,11 @@ def _stepped(lowered: LoweredKernel, namer, dim: str, blocked, block_of, spellin
     phases = split_phases(checked, dim)
     step = namer.claim("step")
     emitter = lowered.emitter(tpu=True, spelling=spelling)
+    elementwise = accumulates_elementwise(kernel, dim)
     reductions = stepped_reductions(
-        lowered, namer, phases, emitter, f"{step} * {block_keyword(dim)}", block_keyword(dim), in_refs=True
+        lowered, namer, phases, emitter, f"{step} * {block_keyword(dim)}", block_keyword(dim), True, elementwise
     )
-    shape = tuple_code(["1" if d == dim else block_of[d] for d in checked.space.layout])
+    shape = tuple_code([block_of[d] if elementwise or d != dim else "1" for d in checked.space.layout])
     accs = [(r.node.func, acc) for r in reductions for acc in r.accumulators]
     lines = load_statements(kernel, values, checked, ref_load(refs))
     lines += body_statements(kernel, phases.each_step, emitter, values, refs, checked, ref_store(refs))
@@ -313,7 +314,11 @@ def _stepped(lowered: LoweredKernel, namer, dim: str, blocked, block_of, spellin
     body += body_statements(kernel, phases.last_step, last, values, refs, checked, ref_store(refs))
     plan = AccumulatorPlan(
         scratch=tuple(
-            (f"{acc.name}: the running {kind} over {dim} of one block", f"pltpu.VMEM({shape}, {acc.dtype})")
+            (
+                f"{acc.name}: the running {kind} over {dim}"
+                + (" at each position of a block (reduced at the last step)" if elementwise else " of one block"),
+                f"pltpu.VMEM({shape}, {acc.dtype})",
+            )
             for kind, acc in accs
         ),
         step=step,

@@ -9,6 +9,7 @@ from pallasgen.frontend import ir
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.dtypes import DTYPES, DType, tpu_dtype
 from pallasgen.lowering.parts import layout_of
+from pallasgen.lowering.reductions import accumulates_elementwise
 from pallasgen.analysis.product import Product
 
 # Scoped VMEM that Mosaic grants a kernel by default on the smallest current TPU (v5e).
@@ -134,6 +135,8 @@ def vmem_terms(kernel: ir.Kernel, blocked, product: Product | None) -> list[tupl
     if reductions:
         dims = dict.fromkeys(d for decl in kernel.inputs + kernel.outputs for d in decl.dims)
         add(reductions, dims)
+        if any(accumulates_elementwise(kernel, d) for d in blocked):  # block-shaped running values too
+            add(reductions, dims)
     return [(count, dims) for dims, count in terms.items()]
 
 
