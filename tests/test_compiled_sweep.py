@@ -8,6 +8,9 @@ with random legal blocks, built in memory and compiled for real at random call s
   functions (traced with the kernel).
 - Matrix products: bf16, f32 or i8 operands (the second maybe transposed), with or
   without a bias epilogue.
+- Reductions over N of rows ([M, N] to [M], maybe with an output that keeps N) or of
+  a vector ([N] to a scalar): every reducer, of f32, bf16, i32 or i8 values, N taken
+  whole or blocked (then reduced step by step).
 
 Blocks are drawn as multiples of what the TPU tiling rule asks (pallasgen.backends.tpu.tiling), or
 left whole; call sizes are aligned, ragged, or smaller than a block. Each kernel is
@@ -112,6 +115,27 @@ def matmul_specs(draw) -> str:
     return "kernel k {\n" + "".join(f"    {line}\n" for line in lines) + "}\n"
 
 
+REDUCERS = ["sum", "max", "min", "mean", "argmax", "argmin", "logsumexp", "any", "all"]
+
+
+@st.composite
+def reduction_specs(draw) -> str:
+    """A reduction `k` over N, no block statement."""
+    dtype = draw(st.sampled_from(NUMERIC))
+    rows = draw(st.booleans())
+    reducer = draw(st.sampled_from(REDUCERS))
+    value = "x > 1" if reducer in ("any", "all") else draw(st.sampled_from(["x", "x * 2", "maximum(x, 1)", "abs(x)"]))
+    result = {"sum": "f32" if dtype in ("f32", "bf16") else "i32", "mean": "f32", "logsumexp": "f32"}.get(reducer, dtype)
+    result = {"argmax": "i32", "argmin": "i32", "any": "bool", "all": "bool"}.get(reducer, result)
+    lines = [f"in x: {dtype}[{'M, N' if rows else 'N'}]", f"out r: {result}[{'M' if rows else ''}]"]
+    lines += [f"let s = {reducer}({value}, N)", "r = s"]
+    if rows and draw(st.booleans()):  # an output that keeps N: N stays whole
+        kept = "where(s, f32(x), 0.0)" if result == "bool" else "f32(x) - f32(s)"
+        lines[1:1] = ["out y: f32[M, N]"]
+        lines.append(f"y = {kept}")
+    return "kernel k {\n" + "".join(f"    {line}\n" for line in lines) + "}\n"
+
+
 @st.composite
 def blocked(draw, skeleton: str) -> tuple[str, dict[str, int]]:
     """The spec with a block statement the TPU tiling rule allows (some dimensions left
@@ -198,7 +222,10 @@ def compile_both(spec: str, sizes: dict[str, int], every_block_overhangs: bool, 
 @st.composite
 def cases(draw, skeletons):
     spec, blocks = draw(blocked(draw(skeletons)))
-    (checked,) = check_source(spec, "sweep.pallas")
+    try:
+        (checked,) = check_source(spec, "sweep.pallas")
+    except SpecError:
+        reject()  # a block the checker refuses (N blocked where an output keeps it)
     sizes, odd = draw(call_sizes(checked.dims, blocks))
     return spec, sizes, odd
 
@@ -212,4 +239,10 @@ def test_elementwise_specs_compile_for_tpu_and_gpu(tmp_path_factory, case):
 @SWEEP
 @given(cases(matmul_specs()))
 def test_matmul_specs_compile_for_tpu_and_gpu(tmp_path_factory, case):
+    compile_both(*case, tmp_path_factory)
+
+
+@SWEEP
+@given(cases(reduction_specs()))
+def test_reduction_specs_compile_for_tpu_and_gpu(tmp_path_factory, case):
     compile_both(*case, tmp_path_factory)

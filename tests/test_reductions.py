@@ -67,8 +67,9 @@ from kernel_cases import (
     take_gpu_branch,
 )
 
+from pallasgen.devices.runner import load_module
 from pallasgen.lowering.reductions import accumulates_elementwise
-from pallasgen.workspace.pipeline import check_source
+from pallasgen.workspace.pipeline import check_source, generate
 
 REDUCTIONS = [case for case in CASES.values() if case.reduced]
 IDS = [case.id for case in REDUCTIONS]
@@ -356,6 +357,47 @@ def test_a_reduction_to_a_scalar_keeps_a_running_value_per_position_of_its_block
     generated = (Path(__file__).resolve().parents[1] / "generated" / "reductions.py").read_text()
     assert "scratch_shapes=[pltpu.VMEM((block_n,), jnp.int32)]" in generated  # equal_count
     assert "scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)]" in generated  # column_sums
+
+
+VECTOR_REDUCTIONS = """
+kernel vector_reductions {
+    in  x: f32[N]
+    in  c: i32[N]
+    out total, average, top: f32[]
+    out bottom: i32[]
+    out some, every: bool[]
+    total = sum(x, N)
+    average = mean(x, N)
+    top = max(x, N)
+    bottom = min(c, N)
+    some = any(c > 40, N)
+    every = all(c > -60, N)
+    block N = 128
+}
+"""
+
+
+@pytest.mark.parametrize("size", [1, 128, 1000])
+def test_every_elementwise_reducer_to_a_scalar_matches_numpy_over_ragged_steps(size, tmp_path):
+    """sum, mean, max, min, any and all of a vector, each with a running value per
+    position of a 128 block: 8 steps at 1000, the last 104 wide, whose padding (NaN,
+    iinfo.min) would change every answer if it were read."""
+    path = tmp_path / "vector_reductions.py"
+    path.write_text(generate(VECTOR_REDUCTIONS, "vector_reductions.pallas", "specs/vector_reductions.pallas"))
+    assert "pltpu.VMEM((block_n,), jnp.float32)" in path.read_text()
+    module = load_generated(path)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(size).astype(np.float32)
+    c = rng.integers(-50, 50, size).astype(np.int32)
+    got = [np.asarray(a) for a in module.vector_reductions(x, c)]
+    want = [x.sum(dtype=np.float64), x.mean(dtype=np.float64), x.max(), c.min(), (c > 40).any(), (c > -60).all()]
+    for g, w in zip(got, want):
+        assert g.shape == ()
+        np.testing.assert_allclose(g.astype(np.float64), np.float64(w), rtol=1e-5, atol=1e-5)
+
+
+def load_generated(path: Path):
+    return load_module(path.read_text(), path)
 
 
 def checked_kernel(spec: str, name: str):
