@@ -23,6 +23,9 @@ interpret mode against NumPy.
 - `where` by an array condition between two scalars of i8 or bf16 (Mosaic cannot
   relayout the condition for them); the TPU kernel chooses 16- and 8-bit values in 32
   bits;
+- a bf16 compare choosing between 32-bit values (a v6e compares bf16 in bf16, and
+  Mosaic cannot relayout its 16-bit mask for a 32-bit choice); the TPU kernel compares
+  in f32, a literal rounded to bf16 first (1.001 compares as 1.0, as in JAX);
 - blocks passed at call time, checked against the same tiling rule as the spec.
 """
 
@@ -169,6 +172,17 @@ kernel traced_where {
     block M = 32, N = 128
 }
 """,
+    "bf16_compare": """
+kernel bf16_compare {
+    in  a: bf16[M, N]
+    in  b: f32[M, N]
+    out r: f32[M, N]
+    out c: bool[M, N]
+    r = where(a > 1.001, exp(2), 1.5) + where(a > b, 1.0, 0.0)
+    c = a >= 1.001
+    block M = 16, N = 128
+}
+""",
     "scalar_choice": """
 kernel scalar_choice {
     in  c: bool[M, N]
@@ -241,6 +255,9 @@ def numpy_inputs(name: str, rng, m=70, n=300, b=2, k=200):
     if name == "traced_where":
         x = rng.standard_normal((m, n)).astype(np.float32)
         return [x, x.astype(BF16), rng.integers(-128, 128, (m, n)).astype(np.int8)]
+    if name == "bf16_compare":  # values near 1, where 1.001 and its bf16 rounding (1.0) differ
+        a = (1 + rng.integers(-4, 5, (m, n)) / 128).astype(BF16)
+        return [a, (a.astype(np.float32) + rng.choice([-1e-3, 0, 1e-3], (m, n))).astype(np.float32)]
     if name == "scalar_choice":
         return [rng.random((m, n)) < 0.5, np.array(-7, np.int8), np.array(1.5, BF16)]
     if name == "nt_i8":
@@ -287,6 +304,9 @@ def expected(name: str, *arrays):
         x, h, q = arrays
         h = h.astype(np.float64)
         return x.astype(np.float64) + 4, h * 1.5 + 1, (q.astype(np.int64) + 3).astype(np.int8), h > 1.5
+    if name == "bf16_compare":
+        a, b = (x.astype(np.float64) for x in arrays)
+        return np.where(a > 1.0, np.exp(2), 1.5) + (a > b), a >= 1.0
     if name == "scalar_choice":
         c, s, t = arrays
         return np.where(c, 4, s).astype(np.int8), np.where(c, t.astype(np.float64), 0.5)

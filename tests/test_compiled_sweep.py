@@ -14,9 +14,9 @@ with random legal blocks, built in memory and compiled for real at random call s
 
 Blocks are drawn as multiples of what the TPU tiling rule asks (pallasgen.backends.tpu.tiling), or
 left whole; call sizes are aligned, ragged, or smaller than a block. Each kernel is
-compiled by Mosaic for a compile-only v5e and by Triton for sm_90 (see test_compiled.py);
-at odd sizes, where every GPU block overhangs its array, no Triton load or store may go
-without a mask. Whatever the checker accepts, both compilers must accept.
+compiled by Mosaic for a compile-only v5e or v6e (drawn) and by Triton for sm_90 (see
+test_compiled.py); at odd sizes, where every GPU block overhangs its array, no Triton
+load or store may go without a mask. Whatever the checker accepts, both compilers must accept.
 
 Deterministic (derandomize=True) and small; a longer run:
 
@@ -197,13 +197,13 @@ def arguments(spec: str, sizes: dict[str, int]) -> list[jax.ShapeDtypeStruct]:
     ]
 
 
-def compile_both(spec: str, sizes: dict[str, int], every_block_overhangs: bool, tmp_path_factory) -> None:
-    """Mosaic (v5e) and Triton (sm_90) accept the kernel; masks where blocks overhang."""
+def compile_both(spec: str, sizes: dict[str, int], every_block_overhangs: bool, chip: str, tmp_path_factory) -> None:
+    """Mosaic (for `chip`) and Triton (sm_90) accept the kernel; masks where blocks overhang."""
     kernel = functools.partial(build(spec, tmp_path_factory).k, interpret=False)
     args = arguments(spec, sizes)
     where = f"{spec}at sizes {sizes}"
     try:
-        compiled = compile_only.compile_for_tpu(kernel, args, chip="v5e")
+        compiled = compile_only.compile_for_tpu(kernel, args, chip=chip)
     except compile_only.CompileError as error:
         pytest.fail(f"Mosaic rejects a spec the checker accepts:\n{where}\n{error.message}")
     assert "tpu_custom_call" in compiled.as_text(), where
@@ -227,7 +227,7 @@ def cases(draw, skeletons):
     except SpecError:
         reject()  # a block the checker refuses (N blocked where an output keeps it)
     sizes, odd = draw(call_sizes(checked.dims, blocks))
-    return spec, sizes, odd
+    return spec, sizes, odd, draw(st.sampled_from(["v5e", "v6e"]))
 
 
 @SWEEP

@@ -110,6 +110,8 @@ class Emitter:
                 left, right = self._wrap(node.left, _OR), self._wrap(node.right, _OR)
                 if self._narrow_int(node.left) or self._narrow_int(node.right):
                     left, right = self._widened(node.left), self._widened(node.right)
+                elif self._bf16_compare(node):
+                    left, right = self._in_f32(node.left), self._in_f32(node.right)
             return f"{left} {node.op} {right}", level
         if isinstance(node, ir.Call):
             code = self._call(node)
@@ -277,6 +279,20 @@ class Emitter:
         if isinstance(node, ir.Binary):
             return node.op in NARROW_ARITHMETIC
         return isinstance(node, ir.Unary)
+
+    def _bf16_compare(self, node: ir.Binary) -> bool:
+        """A TPU kernel's compare of bf16 values (nothing wider on either side). A v6e
+        compares them in bf16, and its mask, laid out for 16 bits, cannot choose between
+        32-bit values (Mosaic: "Invalid relayout"): they are compared in f32 instead."""
+        strong = [t for t in (self.types[node.left], self.types[node.right]) if not t.weak]
+        return self.tpu and bool(strong) and all(t.dtype.name == "bf16" for t in strong)
+
+    def _in_f32(self, node: ir.Expr) -> str:
+        """A side of a bf16 compare as f32: a weak one rounded to bf16 first, as JAX
+        converts it to the array's dtype, so the compare gives what bf16 would."""
+        if self.types[node].weak:
+            return f"jnp.float32(jnp.bfloat16({self.emit(node)}))"
+        return f"{self._wrap(node, _ATOM)}.astype(jnp.float32)"
 
     def _widened(self, node: ir.Expr) -> str:
         """The value as i32 if it is a narrow integer array, else as it is."""
