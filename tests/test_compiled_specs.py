@@ -7,7 +7,8 @@ interpret mode against NumPy.
   and abs (no i8/u8 add, multiply or negation, no narrow division or maximum);
 - division and remainder of every integer dtype, by zero too, as XLA computes them
   (u8 floor division in i32 would give 254 for x // 0: the TPU kernel truncates);
-- f16 (no f16 vectors on v5e/v6e; the TPU kernel computes in f32);
+- f16 (no f16 vectors on v5e/v6e; the TPU kernel computes in f32), its `max` and
+  `min` too, kept in f32 to the TPU kernel's f32 output;
 - bool vectors in blocks of 128 (held as 32-bit in VMEM);
 - a batched product whose epilogue reads an array without the batch dimension;
 - bf16 and i8 products `x @ y.T` at sizes where a block has fewer than 5 rows (Mosaic
@@ -153,6 +154,15 @@ kernel static_calls {
     block M = 8, N = 128
 }
 """,
+    "half_extremes": """
+kernel half_extremes {
+    in  x: f16[M, N]
+    out top, low: f16[M]
+    top = max(x, N)
+    low = min(x, N)
+    block M = 16, N = 128
+}
+""",
     "traced_where": """
 kernel traced_where {
     in  x: f32[M, N]
@@ -252,6 +262,8 @@ def numpy_inputs(name: str, rng, m=70, n=300, b=2, k=200):
         return [rng.random(n * 5 + 3).astype(np.float32)]
     if name in ("static_where", "static_calls"):
         return [rng.standard_normal((m, n)).astype(np.float32)]
+    if name == "half_extremes":
+        return [rng.standard_normal((m, n)).astype(np.float16)]
     if name == "traced_where":
         x = rng.standard_normal((m, n)).astype(np.float32)
         return [x, x.astype(BF16), rng.integers(-128, 128, (m, n)).astype(np.int8)]
@@ -300,6 +312,8 @@ def expected(name: str, *arrays):
         return (arrays[0].astype(np.float64) + 4,)
     if name == "static_calls":
         return (arrays[0].astype(np.float64) + 9,)
+    if name == "half_extremes":
+        return arrays[0].max(axis=1), arrays[0].min(axis=1)
     if name == "traced_where":  # s = 1.0, t = 3: gain 1.5; 1.5 * 1.001 is 1.5 in bf16
         x, h, q = arrays
         h = h.astype(np.float64)

@@ -2,14 +2,14 @@
 with random legal blocks, built in memory and compiled for real at random call sizes.
 
 - Elementwise kernels: 1 to 3 inputs whose dimensions are subsequences of the output's
-  ([M, N] or [N]), dtypes f32, bf16, i32, i8 and bool (bool only as a `where`
-  condition), params p (f32) and n (i32), expressions of + - * maximum where exp; a
+  ([M, N] or [N]), dtypes f32, bf16, f16, i32, i16, i8, u8 and bool (bool only as a
+  `where` condition), params p (f32) and n (i32), expressions of + - * maximum where exp; a
   `where` condition is a bool input, a comparison of arrays, or of params through
   functions (traced with the kernel).
 - Matrix products: bf16, f32 or i8 operands (the second maybe transposed), with or
   without a bias epilogue.
 - Reductions over N of rows ([M, N] to [M], maybe with an output that keeps N) or of
-  a vector ([N] to a scalar): every reducer, of f32, bf16, i32 or i8 values, N taken
+  a vector ([N] to a scalar): every reducer, of any of those numeric dtypes, N taken
   whole or blocked (then reduced step by step).
 
 Blocks are drawn as multiples of what the TPU tiling rule asks (pallasgen.backends.tpu.tiling), or
@@ -51,7 +51,7 @@ SWEEP = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 
-NUMERIC = ["f32", "bf16", "i32", "i8"]
+NUMERIC = ["f32", "bf16", "f16", "i32", "i16", "i8", "u8"]
 
 
 # --------------------------------------------------------------------------- specs

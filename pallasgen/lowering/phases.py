@@ -85,7 +85,7 @@ def stepped_reductions(
     suffix = "_ref" if in_refs else ""
     found = []
     for node in phases.reductions:
-        kind, dtype = node.func, checked.types[node.args[0]].dtype
+        kind, dtype = node.func, emitter.kernel_dtype(node.args[0])
         result = namer.claim(f"{kind}_{dim.lower()}")
         names = [namer.claim(f"{result}_{part}{suffix}") for part in RUNNING.get(kind, ("running",))]
         accs = accumulators(kind, dtype, names)

@@ -61,6 +61,11 @@ class Emitter:
         """A spec dtype as this kernel's code spells it."""
         return jnp_dtype(tpu_dtype(name) if self.tpu else name)
 
+    def kernel_dtype(self, node: ir.Expr):
+        """The dtype this kernel holds the value in (a TPU kernel holds f16 as f32)."""
+        dtype = self.types[node].dtype
+        return DTYPES[tpu_dtype(dtype.name)] if self.tpu else dtype
+
     def emit(self, node: ir.Expr) -> str:
         return self._emit(node)[0]
 
@@ -122,7 +127,7 @@ class Emitter:
         function = FUNCTIONS[node.func]
         if function.typing == "reduce":
             value = node.args[0]
-            return self.spelling.reduction(node, self._wrap(value, _ATOM), self.types[value].dtype)
+            return self.spelling.reduction(node, self._wrap(value, _ATOM), self.kernel_dtype(value))
         if function.typing == "index":
             return self.spelling.positions(node.args[0].id)
         if node.func == "round" and self.spelling is not None:
