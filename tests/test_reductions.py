@@ -67,8 +67,8 @@ from kernel_cases import (
     take_gpu_branch,
 )
 
+from pallasgen.backends.tpu.tiling import accumulates_elementwise
 from pallasgen.devices.runner import load_module
-from pallasgen.lowering.reductions import accumulates_elementwise
 from pallasgen.workspace.pipeline import check_source, generate
 
 REDUCTIONS = [case for case in CASES.values() if case.reduced]
@@ -707,9 +707,6 @@ kernel flags {
 
 @pytest.fixture(scope="module")
 def inside_expressions(tmp_path_factory):
-    from pallasgen.devices.runner import load_module
-    from pallasgen.workspace.pipeline import generate
-
     path = tmp_path_factory.mktemp("inside") / "flags.py"
     return load_module(generate(INSIDE_EXPRESSIONS, "flags.pallas", "flags.pallas"), path)
 

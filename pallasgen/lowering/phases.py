@@ -12,11 +12,11 @@ from pallasgen.lowering.reductions import (
     RUNNING,
     Accumulator,
     accumulators,
+    block_reduction,
     combine_code,
     compute_dtype,
     finish_code,
     identity,
-    reduced_running,
 )
 
 
@@ -98,6 +98,6 @@ def stepped_reductions(
             f"    {block_value} = _fill_past({block_value}, {start}, {sizes[dim]}, {axis}, {identity(kind, dtype)})",
             f"{', '.join(values)} = {combine_code(kind, values, block_value, axis, computed, start, elementwise)}",
         )
-        finals = [reduced_running(kind, values[0], axis)] if elementwise else values
+        finals = [block_reduction(kind, values[0], axis)] if elementwise else values
         found.append(SteppedReduction(node, result, tuple(accs), step, finish_code(kind, finals, dtype, sizes[dim])))
     return found

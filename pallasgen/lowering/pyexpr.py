@@ -224,7 +224,7 @@ class Emitter:
             return node.value
         if isinstance(node, ir.Name):
             return self._folded(self.lets[node.id]) if node.id in self.lets else None
-        values = [self._folded(x) for x in (node.args if isinstance(node, ir.Call) else _operands(node))]
+        values = [self._folded(x) for x in _values(node)]
         if not values or None in values:
             return None
         try:
@@ -375,6 +375,8 @@ _PYTHON_OPERATORS = {
     ">": operator.gt,
     ">=": operator.ge,
 }
+
+
 def _python_literal(value: bool | int | float) -> tuple[str, int]:
     """A folded value as Python source, with its binding strength."""
     if isinstance(value, float) and not math.isfinite(value):

@@ -68,15 +68,8 @@ def kernel_reduction(kind: str, value: str, axis: int, dtype: DType, size: str, 
     computed = _as(value, dtype, _computed(kind, dtype))
     if padded:
         computed = f"_fill_past({computed}, 0, {size}, {axis}, {identity(kind, dtype)})"
-    where = f"axis={axis}, keepdims=True"
-    if kind == "sum":
-        return f"jnp.sum({computed}, {where})"
-    if kind == "mean":
-        return f"jnp.sum({computed}, {where}) / {size}"
-    if kind in ("max", "min"):
-        return _narrowed(f"jnp.{kind}({computed}, {where})", dtype)
-    if kind in ("any", "all"):
-        return f"jnp.{'max' if kind == 'any' else 'min'}({computed}, {where}) > 0"
+    if kind in ELEMENTWISE:
+        return finish_code(kind, [block_reduction(kind, computed, axis)], dtype, size)
     if kind in ("argmax", "argmin"):
         return f"_argbest({computed}, {axis}, largest={kind == 'argmax'})"
     return f"_logsumexp({computed}, {axis})"
@@ -94,20 +87,23 @@ def kernel_positions(axis: int, rank: int, extent: str, start: str | None) -> st
     return f"{start} + {iota}" if start else iota
 
 
-# Reductions whose running value can be kept block-shaped, combined elementwise.
-ELEMENTWISE = frozenset({"sum", "mean", "max", "min", "any", "all"})
+# Reductions that keep one running value: the jnp reduction of a block, and how two
+# partial values merge (position by position too, so their running values may be
+# block-shaped and reduced once, at the last step).
+_MERGES = {
+    "sum": ("sum", "{} + {}"),
+    "mean": ("sum", "{} + {}"),
+    "max": ("max", "jnp.maximum({}, {})"),
+    "any": ("max", "jnp.maximum({}, {})"),
+    "min": ("min", "jnp.minimum({}, {})"),
+    "all": ("min", "jnp.minimum({}, {})"),
+}
+ELEMENTWISE = frozenset(_MERGES)
 
 
-def accumulates_elementwise(kernel: ir.Kernel, dim: str) -> bool:
-    """Whether a TPU kernel's reductions over its blocked `dim` keep block-shaped running
-    values, combined elementwise each step and reduced once, at the last: when `dim` is
-    the kernel's only dimension (its reductions end in scalars: reducing a block across
-    lanes and sublanes every step doubled the compiler's estimate against XLA's) and
-    each reduction combines elementwise."""
-    dims = {d for decl in kernel.inputs + kernel.outputs for d in decl.dims}
-    calls = [n for n in ir.walk(*(s.value for s in kernel.body)) if isinstance(n, ir.Call)]
-    reductions = [n.func for n in calls if n.func in FUNCTIONS and FUNCTIONS[n.func].reducer]
-    return dims == {dim} and bool(reductions) and set(reductions) <= ELEMENTWISE
+def block_reduction(kind: str, value: str, axis: int) -> str:
+    """`value` (computed wide) reduced over `axis`, kept, for a reduction in ELEMENTWISE."""
+    return f"jnp.{_MERGES[kind][0]}({value}, axis={axis}, keepdims=True)"
 
 
 # The names of the running values of each reduction: most keep one, some a pair.
@@ -135,28 +131,14 @@ def combine_code(
     kind: str, running: list[str], value: str, axis: int, dtype: DType, start: str, elementwise: bool = False
 ) -> str:
     """The running values after one more block `value` (`start`: its first position);
-    `elementwise`: block-shaped running values (see `accumulates_elementwise`)."""
+    `elementwise`: block-shaped running values, merged position by position."""
     computed = _as(value, dtype, _computed(kind, dtype))
-    if elementwise:
-        return {"sum": "{} + {}", "mean": "{} + {}", "max": "jnp.maximum({}, {})", "any": "jnp.maximum({}, {})"}.get(
-            kind, "jnp.minimum({}, {})"
-        ).format(running[0], computed)
-    where = f"axis={axis}, keepdims=True"
-    if kind in ("sum", "mean"):
-        return f"{running[0]} + jnp.sum({computed}, {where})"
-    if kind in ("max", "any"):
-        return f"jnp.maximum({running[0]}, jnp.max({computed}, {where}))"
-    if kind in ("min", "all"):
-        return f"jnp.minimum({running[0]}, jnp.min({computed}, {where}))"
+    if kind in ELEMENTWISE:
+        block = computed if elementwise else block_reduction(kind, computed, axis)
+        return _MERGES[kind][1].format(running[0], block)
     if kind in ("argmax", "argmin"):
         return f"_argbest_step({running[0]}, {running[1]}, {computed}, {start}, {axis}, largest={kind == 'argmax'})"
     return f"_logsumexp_step({running[0]}, {running[1]}, {computed}, {axis})"
-
-
-def reduced_running(kind: str, running: str, axis: int) -> str:
-    """Block-shaped running values (`accumulates_elementwise`) reduced over `axis`."""
-    reducer = "sum" if kind in ("sum", "mean") else "max" if kind in ("max", "any") else "min"
-    return f"jnp.{reducer}({running}, axis={axis}, keepdims=True)"
 
 
 def finish_code(kind: str, running: list[str], dtype: DType, size: str) -> str:

@@ -131,23 +131,26 @@ def _nearest_power_of_two(size: int) -> int:
 
 def entry_for(tuning: dict[str, KernelTuning], checked: CheckedKernel, chip: str, sizes: dict[str, int]) -> Entry | None:
     """The kernel's entry for `chip` in the size bucket of `sizes`, if it was tuned as it is now."""
-    kernel = tuning.get(checked.kernel.name)
-    if kernel is None or kernel.fingerprint != kernel_fingerprint(checked.kernel):
-        return None
-    bucket = (chip, size_bucket(sizes))
-    return next((e for e in kernel.entries if (e.blocks.chip, size_bucket(dict(e.blocks.sizes))) == bucket), None)
+    return next((e for e in _current_entries(tuning, checked) if _slot(e) == (chip, size_bucket(sizes))), None)
 
 
 def with_entry(tuning: dict[str, KernelTuning], checked: CheckedKernel, entry: Entry) -> dict[str, KernelTuning]:
     """`tuning` with `entry` in place of the kernel's entry for the same chip and size
     bucket; a kernel tuned for an older version of itself starts afresh."""
-    name, fingerprint = checked.kernel.name, kernel_fingerprint(checked.kernel)
-    old = tuning.get(name)
-    kept = old.entries if old and old.fingerprint == fingerprint else ()
-    bucket = size_bucket(dict(entry.blocks.sizes))
-    kept = tuple(e for e in kept if (e.blocks.chip, size_bucket(dict(e.blocks.sizes))) != (entry.blocks.chip, bucket))
+    kept = tuple(e for e in _current_entries(tuning, checked) if _slot(e) != _slot(entry))
     entries = sorted((*kept, entry), key=lambda e: (e.blocks.chip, e.blocks.sizes))
-    return {**tuning, name: KernelTuning(fingerprint, tuple(entries))}
+    return {**tuning, checked.kernel.name: KernelTuning(kernel_fingerprint(checked.kernel), tuple(entries))}
+
+
+def _current_entries(tuning: dict[str, KernelTuning], checked: CheckedKernel) -> tuple[Entry, ...]:
+    """The kernel's entries, if it was tuned as it is now (its fingerprint unchanged)."""
+    kernel = tuning.get(checked.kernel.name)
+    return kernel.entries if kernel and kernel.fingerprint == kernel_fingerprint(checked.kernel) else ()
+
+
+def _slot(entry: Entry) -> tuple[str, dict[str, int]]:
+    """What an entry is kept once per: its chip and size bucket."""
+    return entry.blocks.chip, size_bucket(dict(entry.blocks.sizes))
 
 
 def format_tuning(tuning: dict[str, KernelTuning]) -> str:

@@ -11,8 +11,8 @@ from pallasgen.analysis.tuning import TunedBlocks
 from pallasgen.backends.tpu.tiling import array_layouts, tiling_problem, vmem_bytes, vmem_problem
 
 MIB = 1024 * 1024
-# A kernel without a matrix product, on a known chip and not tuned at the call's sizes,
-# grows its blocks at call time to about this many elements a grid step, within this much
+# A kernel without a matrix product, on a known chip it has no tuned entry for, grows
+# its blocks at call time to about this many elements a grid step, within this much
 # VMEM: every step costs a fixed ~600 cycles, so small steps leave a memory-bound kernel
 # far behind XLA (softmax at 8192^2 with 8-row blocks: 0.98x XLA's estimate on v6e,
 # 0.39x with 128 rows; benchmarks/RESULTS_TPU_ESTIMATES.md).

@@ -17,6 +17,7 @@ from pallasgen.analysis.product import Product
 from pallasgen.backends.tpu.chips import CHIPS, chip_blocks
 from pallasgen.backends.tpu.tiling import (
     TilingRule,
+    accumulates_elementwise,
     array_layouts,
     format_bytes,
     reduction_bytes,
@@ -41,7 +42,7 @@ from pallasgen.lowering.parts import (
 )
 from pallasgen.lowering.phases import reduces, split_phases, stepped_dim, stepped_reductions
 from pallasgen.lowering.pyexpr import jnp_dtype
-from pallasgen.lowering.reductions import KernelSpelling, accumulates_elementwise
+from pallasgen.lowering.reductions import KernelSpelling
 from pallasgen.lowering.signature import Keyword, KeywordGroup
 
 COMMENT_WIDTH = 84

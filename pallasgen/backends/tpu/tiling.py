@@ -9,7 +9,7 @@ from pallasgen.frontend import ir
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.dtypes import DTYPES, DType, tpu_dtype
 from pallasgen.lowering.parts import layout_of
-from pallasgen.lowering.reductions import accumulates_elementwise
+from pallasgen.lowering.reductions import ELEMENTWISE
 from pallasgen.analysis.product import Product
 
 # Scoped VMEM that Mosaic grants a kernel by default on the smallest current TPU (v5e).
@@ -111,10 +111,26 @@ def accumulator_bytes(product: Product | None, blocks: dict[str, int]) -> int:
 
 def reduction_bytes(kernel: ir.Kernel, blocks: dict[str, int]) -> int:
     """The f32 (or i32) working copy of a block that each reduction reduces."""
-    dims = {d for decl in kernel.inputs + kernel.outputs for d in decl.dims}
+    return len(_reductions(kernel)) * 4 * prod(blocks.get(d, 1) for d in _dims(kernel))
+
+
+def accumulates_elementwise(kernel: ir.Kernel, dim: str) -> bool:
+    """Whether the TPU kernel's reductions over its blocked `dim` keep block-shaped running
+    values, merged position by position each step and reduced once, at the last: when
+    `dim` is the kernel's only dimension (its reductions end in scalars: reducing a block
+    across lanes and sublanes every step doubled the compiler's estimate against XLA's)
+    and each reduction merges so."""
+    reductions = {n.func for n in _reductions(kernel)}
+    return _dims(kernel) == {dim} and bool(reductions) and reductions <= ELEMENTWISE
+
+
+def _reductions(kernel: ir.Kernel) -> list[ir.Call]:
     calls = [n for n in ir.walk(*(s.value for s in kernel.body)) if isinstance(n, ir.Call)]
-    count = sum(1 for n in calls if n.func in FUNCTIONS and FUNCTIONS[n.func].reducer)
-    return count * 4 * prod(blocks.get(d, 1) for d in dims)
+    return [n for n in calls if n.func in FUNCTIONS and FUNCTIONS[n.func].reducer]
+
+
+def _dims(kernel: ir.Kernel) -> set[str]:
+    return {d for decl in kernel.inputs + kernel.outputs for d in decl.dims}
 
 
 def vmem_terms(kernel: ir.Kernel, blocked, product: Product | None) -> list[tuple[int, tuple[str, ...]]]:
