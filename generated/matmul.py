@@ -151,15 +151,11 @@ def _tpu_chip():
     )
 
 
-def _tpu_blocks(table, sizes, given, bounds=(), step=None):
+def _tpu_blocks(table, sizes, given):
     """The blocks of a TPU call: those `given` (not None) as they are, the others from
     `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
     are nearest the call's (in powers of two), else the chip's default. Any other
     chip, and CPU, takes `table[None]`, the spec's blocks.
-
-    A kernel without a matrix product passes its blocked dimensions' sizes (`bounds`)
-    and `step`, a grid step's elements and VMEM bytes at given blocks: a chip's default
-    blocks not given then grow, see `_grown`.
     """
 
     def distance(tuned_sizes):
@@ -173,28 +169,7 @@ def _tpu_blocks(table, sizes, given, bounds=(), step=None):
     tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
     chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
     blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
-    if step is not None and known and not tuned:
-        blocks = _grown(blocks, [block is None for block in given], bounds, step)
     return tuple(blocks)
-
-
-def _grown(blocks, free, bounds, step):
-    """`blocks` with the `free` ones doubled in turn, the last first, while smaller than
-    their dimension (`bounds`) and while a grid step (`step(*blocks)`: its elements and
-    VMEM bytes) stays within 2**20 elements and 32 MiB. A step costs a fixed ~600
-    cycles, so a memory-bound kernel wants few, large steps; doubling keeps a block legal.
-    """
-    grew = True
-    while grew:
-        grew = False
-        for i in reversed(range(len(blocks))):
-            if not free[i] or blocks[i] >= bounds[i]:
-                continue
-            trial = [*blocks[:i], 2 * blocks[i], *blocks[i + 1 :]]
-            elements, vmem = step(*trial)
-            if elements <= 2**20 and vmem <= 32 * 2**20:
-                blocks, grew = trial, True
-    return blocks
 
 
 def _vmem_limit(needed):

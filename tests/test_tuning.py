@@ -250,6 +250,12 @@ def test_a_kernel_without_a_product_grows_its_chip_default_at_call_time_to_large
     assert grid("giou", "giou", "v6e", *[(1024, 4096)] * 8) == (4, 4)
 
 
+def test_only_a_module_with_a_kernel_that_grows_its_blocks_has_the_growth_helper():
+    matmul, softmax = ((GENERATED / f"{name}.py").read_text() for name in ("matmul", "softmax"))
+    assert "def _grown(" not in matmul and "step=" not in matmul  # every matmul kernel has a product
+    assert "def _grown(" in softmax and "def _tpu_blocks(table, sizes, given, bounds=(), step=None):" in softmax
+
+
 def test_block_choices_are_the_tiling_multiple_times_powers_of_two_then_the_whole_dimension():
     mm = checked(MATMUL)
     assert block_choices(mm, "M", 100) == [16, 32, 64, 100]  # bf16 rows: multiples of 16

@@ -38,7 +38,7 @@ def plan_module(spec_path: str, kernels: tuple[CheckedKernel, ...]) -> ModulePla
     plans = tuple(_plan_kernel(k, module_names) for k in kernels)
     helpers = {"reductions": any(reduces(k) for k in kernels)}  # only then the reduction helpers
     for backend in BACKENDS:
-        helpers.update(backend.helper_values())
+        helpers.update(backend.helper_values(kernels))
     return ModulePlan(spec_path, plans, _templates(), helpers)
 
 

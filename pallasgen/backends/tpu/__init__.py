@@ -6,7 +6,14 @@ from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.base import Backend
 from pallasgen.backends.tpu.checks import check_tpu
 from pallasgen.backends.tpu.chips import CHIPS, STEP_ELEMENTS, STEP_VMEM_BYTES
-from pallasgen.backends.tpu.plan import block_table_name, kernel_function_name, keyword_group, launcher_name, plan_tpu
+from pallasgen.backends.tpu.plan import (
+    block_table_name,
+    kernel_function_name,
+    keyword_group,
+    launcher_name,
+    plan_tpu,
+    tunable_dims,
+)
 from pallasgen.backends.tpu.tiling import SCOPED_VMEM_BYTES, VMEM_LIMIT_BYTES
 
 
@@ -29,8 +36,9 @@ class TpuBackend(Backend):
     def plan(self, lowered):
         return plan_tpu(lowered)
 
-    def helper_values(self):
+    def helper_values(self, kernels):
         return {
+            "grows": any(k.product is None and tunable_dims(k) for k in kernels),  # then `_grown` is used
             "scoped_vmem_mib": SCOPED_VMEM_BYTES >> 20,
             "vmem_limit_mib": VMEM_LIMIT_BYTES >> 20,
             "tpu_chips": {kind: chip.name for chip in CHIPS for kind in chip.device_kinds},
