@@ -253,6 +253,26 @@ def _fill_past(value, start, size, axis, identity):
     return jnp.where(positions < size, value, identity)
 
 
+def _rows_shape(block):
+    """How a TPU kernel holds a one-dimensional block of `block` positions: as rows of 128
+    lanes when they divide it (Mosaic handles one long row poorly), else as it is."""
+    return (block // 128, 128) if block % 128 == 0 else (block,)
+
+
+def _as_rows(value):
+    """A one-dimensional block as `_rows_shape` holds it."""
+    return value.reshape(_rows_shape(value.shape[0]))
+
+
+def _fill_past_rows(value, start, size, identity):
+    """`value`, a block held as `_as_rows` holds it from position `start`, with
+    `identity` at the positions past `size`."""
+    positions = jax.lax.broadcasted_iota(jnp.int32, value.shape, value.ndim - 1)
+    if value.ndim == 2:
+        positions += value.shape[1] * jax.lax.broadcasted_iota(jnp.int32, value.shape, 0)
+    return jnp.where(start + positions < size, value, identity)
+
+
 def _round_half_even(x):
     """`jnp.round` (half to even) for the GPU, whose Triton lowering has no round."""
     nearest = jnp.floor(x + 0.5)
@@ -827,16 +847,16 @@ def _equal_count_f32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block
     def _init():
         sum_n_running_ref[...] = jnp.full(sum_n_running_ref.shape, 0, jnp.int32)
 
-    x = x_ref[...]
-    y = y_ref[...]
+    x = _as_rows(x_ref[...])
+    y = _as_rows(y_ref[...])
     sum_n_block = (x == y).astype(jnp.int32)
     if n_ % block_n:  # a ragged N: its identity past the end, never padding
-        sum_n_block = _fill_past(sum_n_block, step * block_n, n_, 0, 0)
+        sum_n_block = _fill_past_rows(sum_n_block, step * block_n, n_, 0)
     sum_n_running_ref[...] = sum_n_running_ref[...] + sum_n_block
 
     @pl.when(step == pl.num_programs(0) - 1)
     def _finish():
-        sum_n = jnp.sum(sum_n_running_ref[...], axis=0, keepdims=True)
+        sum_n = jnp.sum(sum_n_running_ref[...], keepdims=True).reshape(1)
         n_ref[...] = sum_n
 
 
@@ -887,7 +907,7 @@ def _equal_count_f32_tpu(x, y, *, n_, block_n, interpret):
         out_specs=pl.BlockSpec((1,), lambda i: (0,)),
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
-        scratch_shapes=[pltpu.VMEM((block_n,), jnp.int32)],
+        scratch_shapes=[pltpu.VMEM(_rows_shape(block_n), jnp.int32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
@@ -1470,16 +1490,16 @@ def _equal_count_i32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block
     def _init():
         sum_n_running_ref[...] = jnp.full(sum_n_running_ref.shape, 0, jnp.int32)
 
-    x = x_ref[...]
-    y = y_ref[...]
+    x = _as_rows(x_ref[...])
+    y = _as_rows(y_ref[...])
     sum_n_block = (x == y).astype(jnp.int32)
     if n_ % block_n:  # a ragged N: its identity past the end, never padding
-        sum_n_block = _fill_past(sum_n_block, step * block_n, n_, 0, 0)
+        sum_n_block = _fill_past_rows(sum_n_block, step * block_n, n_, 0)
     sum_n_running_ref[...] = sum_n_running_ref[...] + sum_n_block
 
     @pl.when(step == pl.num_programs(0) - 1)
     def _finish():
-        sum_n = jnp.sum(sum_n_running_ref[...], axis=0, keepdims=True)
+        sum_n = jnp.sum(sum_n_running_ref[...], keepdims=True).reshape(1)
         n_ref[...] = sum_n
 
 
@@ -1530,7 +1550,7 @@ def _equal_count_i32_tpu(x, y, *, n_, block_n, interpret):
         out_specs=pl.BlockSpec((1,), lambda i: (0,)),
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
-        scratch_shapes=[pltpu.VMEM((block_n,), jnp.int32)],
+        scratch_shapes=[pltpu.VMEM(_rows_shape(block_n), jnp.int32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
@@ -2117,16 +2137,16 @@ def _equal_count_i8_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block_
     def _init():
         sum_n_running_ref[...] = jnp.full(sum_n_running_ref.shape, 0, jnp.int32)
 
-    x = x_ref[...]
-    y = y_ref[...]
+    x = _as_rows(x_ref[...])
+    y = _as_rows(y_ref[...])
     sum_n_block = (x.astype(jnp.int32) == y.astype(jnp.int32)).astype(jnp.int32)
     if n_ % block_n:  # a ragged N: its identity past the end, never padding
-        sum_n_block = _fill_past(sum_n_block, step * block_n, n_, 0, 0)
+        sum_n_block = _fill_past_rows(sum_n_block, step * block_n, n_, 0)
     sum_n_running_ref[...] = sum_n_running_ref[...] + sum_n_block
 
     @pl.when(step == pl.num_programs(0) - 1)
     def _finish():
-        sum_n = jnp.sum(sum_n_running_ref[...], axis=0, keepdims=True)
+        sum_n = jnp.sum(sum_n_running_ref[...], keepdims=True).reshape(1)
         n_ref[...] = sum_n
 
 
@@ -2177,7 +2197,7 @@ def _equal_count_i8_tpu(x, y, *, n_, block_n, interpret):
         out_specs=pl.BlockSpec((1,), lambda i: (0,)),
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
-        scratch_shapes=[pltpu.VMEM((block_n,), jnp.int32)],
+        scratch_shapes=[pltpu.VMEM(_rows_shape(block_n), jnp.int32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.

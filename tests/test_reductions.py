@@ -67,7 +67,7 @@ from kernel_cases import (
     take_gpu_branch,
 )
 
-from pallasgen.backends.tpu.tiling import accumulates_elementwise
+from pallasgen.backends.tpu.tiling import accumulates_elementwise, holds_rows
 from pallasgen.devices.runner import load_module
 from pallasgen.workspace.pipeline import check_source, generate
 
@@ -347,16 +347,31 @@ def test_a_reduction_to_a_scalar_keeps_a_running_value_per_position_of_its_block
     """Reducing a block across lanes and sublanes every step doubled the TPU compiler's
     estimate against XLA's (benchmarks/RESULTS_TPU_ESTIMATES.md): a kernel whose only
     dimension is reduced keeps a block-shaped running sum, reduced once at the last step
-    (the 24-step count above checks its answer). A column sum keeps one row per block."""
+    (the 24-step count above checks its answer), and holds its one-dimensional blocks as
+    rows of 128 lanes (one long row of int8 was estimated 4.8x slower on v5e). A column
+    sum keeps one row per block; a kernel that asks for positions keeps one long row."""
     equal_count = checked_kernel("reductions", "equal_count")
     column_sums = checked_kernel("reductions", "column_sums")
     argmax = checked_kernel("ops", "argmax_f32")
-    assert accumulates_elementwise(equal_count.kernel, "N")
+    (positions,) = check_source(INDEXED_SUM, "indexed_sum.pallas")
+    assert accumulates_elementwise(equal_count.kernel, "N") and holds_rows(equal_count.kernel, "N")
+    assert accumulates_elementwise(positions.kernel, "N") and not holds_rows(positions.kernel, "N")
     assert not accumulates_elementwise(column_sums.kernel, "M")  # N stays: a row of sums per block
     assert not accumulates_elementwise(argmax.kernel, "N")  # a row reduction
     generated = (Path(__file__).resolve().parents[1] / "generated" / "reductions.py").read_text()
-    assert "scratch_shapes=[pltpu.VMEM((block_n,), jnp.int32)]" in generated  # equal_count
+    assert "x = _as_rows(x_ref[...])" in generated  # equal_count
+    assert "scratch_shapes=[pltpu.VMEM(_rows_shape(block_n), jnp.int32)]" in generated  # equal_count
     assert "scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)]" in generated  # column_sums
+
+
+INDEXED_SUM = """
+kernel indexed_sum {
+    in  x: f32[N]
+    out s: f32[]
+    s = sum(where(index(N) < 5, x, 0.0), N)
+    block N = 1024
+}
+"""
 
 
 VECTOR_REDUCTIONS = """
@@ -377,19 +392,21 @@ kernel vector_reductions {
 """
 
 
-@pytest.mark.parametrize("size", [1, 128, 1000])
-def test_every_elementwise_reducer_to_a_scalar_matches_numpy_over_ragged_steps(size, tmp_path):
+@pytest.mark.parametrize(("size", "block_n"), [(1, 128), (128, 128), (1000, 128), (1000, 512), (1500, 1024)])
+def test_every_elementwise_reducer_to_a_scalar_matches_numpy_over_ragged_steps(size, block_n, tmp_path):
     """sum, mean, max, min, any and all of a vector, each with a running value per
-    position of a 128 block: 8 steps at 1000, the last 104 wide, whose padding (NaN,
-    iinfo.min) would change every answer if it were read."""
+    position of a block held as rows of 128: 8 steps of one row at 1000, the last 104
+    wide; 2 steps of 4 rows, the last 488 wide (3 rows and 104 of the fourth); 2 of 8
+    rows, the last 476 wide. Padding (NaN, iinfo.min) would change every answer if it
+    were read."""
     path = tmp_path / "vector_reductions.py"
     path.write_text(generate(VECTOR_REDUCTIONS, "vector_reductions.pallas", "specs/vector_reductions.pallas"))
-    assert "pltpu.VMEM((block_n,), jnp.float32)" in path.read_text()
+    assert "pltpu.VMEM(_rows_shape(block_n), jnp.float32)" in path.read_text()
     module = load_generated(path)
     rng = np.random.default_rng(3)
     x = rng.standard_normal(size).astype(np.float32)
     c = rng.integers(-50, 50, size).astype(np.int32)
-    got = [np.asarray(a) for a in module.vector_reductions(x, c)]
+    got = [np.asarray(a) for a in module.vector_reductions(x, c, block_n=block_n)]
     want = [x.sum(dtype=np.float64), x.mean(dtype=np.float64), x.max(), c.min(), (c > 40).any(), (c > -60).all()]
     for g, w in zip(got, want):
         assert g.shape == ()

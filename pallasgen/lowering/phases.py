@@ -17,6 +17,7 @@ from pallasgen.lowering.reductions import (
     compute_dtype,
     finish_code,
     identity,
+    rows_reduction,
 )
 
 
@@ -75,11 +76,12 @@ class SteppedReduction:
 
 
 def stepped_reductions(
-    lowered, namer, phases: Phases, emitter, start: str, block: str, in_refs: bool, elementwise: bool = False
+    lowered, namer, phases: Phases, emitter, start: str, block: str, in_refs: bool, elementwise=False, rows=False
 ) -> list[SteppedReduction]:
     """The reductions over `phases.dim`, one block per step from position `start`. The
     running values are scratch Refs (`in_refs`, TPU: `name_ref[...]`) or values a loop
-    carries (GPU); `elementwise`: block-shaped, reduced at the last step."""
+    carries (GPU); `elementwise`: block-shaped, reduced at the last step; `rows`: those
+    blocks are one-dimensional, held as rows of 128 lanes (`_as_rows`)."""
     checked, sizes, dim = lowered.checked, lowered.sizes, phases.dim
     axis = checked.space.layout.index(dim)
     suffix = "_ref" if in_refs else ""
@@ -95,9 +97,18 @@ def stepped_reductions(
         step = (
             f"{block_value} = {emitter.cast(node.args[0], computed.name)}",
             f"if {sizes[dim]} % {block}:  # a ragged {dim}: its identity past the end, never padding",
-            f"    {block_value} = _fill_past({block_value}, {start}, {sizes[dim]}, {axis}, {identity(kind, dtype)})",
+            f"    {block_value} = {_filled(block_value, start, sizes[dim], axis, identity(kind, dtype), rows)}",
             f"{', '.join(values)} = {combine_code(kind, values, block_value, axis, computed, start, elementwise)}",
         )
-        finals = [block_reduction(kind, values[0], axis)] if elementwise else values
+        finals = values
+        if elementwise:
+            finals = [rows_reduction(kind, values[0]) if rows else block_reduction(kind, values[0], axis)]
         found.append(SteppedReduction(node, result, tuple(accs), step, finish_code(kind, finals, dtype, sizes[dim])))
     return found
+
+
+def _filled(value: str, start: str, size: str, axis: int, identity: str, rows: bool) -> str:
+    """`value` with `identity` at its positions past `size`."""
+    if rows:
+        return f"_fill_past_rows({value}, {start}, {size}, {identity})"
+    return f"_fill_past({value}, {start}, {size}, {axis}, {identity})"

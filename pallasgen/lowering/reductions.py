@@ -106,6 +106,12 @@ def block_reduction(kind: str, value: str, axis: int) -> str:
     return f"jnp.{_MERGES[kind][0]}({value}, axis={axis}, keepdims=True)"
 
 
+def rows_reduction(kind: str, value: str) -> str:
+    """Block-shaped running values held as rows (`_as_rows`) reduced to one position, for a
+    reduction in ELEMENTWISE."""
+    return f"jnp.{_MERGES[kind][0]}({value}, keepdims=True).reshape(1)"
+
+
 # The names of the running values of each reduction: most keep one, some a pair.
 RUNNING = {"logsumexp": ("max", "sum"), "argmax": ("max", "index"), "argmin": ("min", "index")}
 

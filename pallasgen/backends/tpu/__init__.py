@@ -14,7 +14,8 @@ from pallasgen.backends.tpu.plan import (
     plan_tpu,
     tunable_dims,
 )
-from pallasgen.backends.tpu.tiling import SCOPED_VMEM_BYTES, VMEM_LIMIT_BYTES
+from pallasgen.backends.tpu.tiling import SCOPED_VMEM_BYTES, VMEM_LIMIT_BYTES, holds_rows
+from pallasgen.lowering.phases import stepped_dim
 
 
 class TpuBackend(Backend):
@@ -39,6 +40,7 @@ class TpuBackend(Backend):
     def helper_values(self, kernels):
         return {
             "grows": any(k.product is None and tunable_dims(k) for k in kernels),  # then `_grown` is used
+            "rows": any(stepped_dim(k) and holds_rows(k.kernel, stepped_dim(k)) for k in kernels),  # `_as_rows`
             "scoped_vmem_mib": SCOPED_VMEM_BYTES >> 20,
             "vmem_limit_mib": VMEM_LIMIT_BYTES >> 20,
             "tpu_chips": {kind: chip.name for chip in CHIPS for kind in chip.device_kinds},

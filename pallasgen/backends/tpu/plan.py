@@ -18,6 +18,7 @@ from pallasgen.backends.tpu.chips import CHIPS, chip_blocks
 from pallasgen.backends.tpu.tiling import (
     TilingRule,
     accumulates_elementwise,
+    holds_rows,
     array_layouts,
     format_bytes,
     reduction_bytes,
@@ -301,13 +302,15 @@ def _stepped(lowered: LoweredKernel, namer, dim: str, blocked, block_of, spellin
     phases = split_phases(checked, dim)
     step = namer.claim("step")
     emitter = lowered.emitter(tpu=True, spelling=spelling)
-    elementwise = accumulates_elementwise(kernel, dim)
+    elementwise, rows = accumulates_elementwise(kernel, dim), holds_rows(kernel, dim)
     reductions = stepped_reductions(
-        lowered, namer, phases, emitter, f"{step} * {block_keyword(dim)}", block_keyword(dim), True, elementwise
+        lowered, namer, phases, emitter, f"{step} * {block_keyword(dim)}", block_keyword(dim), True, elementwise, rows
     )
     shape = tuple_code([block_of[d] if elementwise or d != dim else "1" for d in checked.space.layout])
+    if rows:
+        shape = f"_rows_shape({block_of[dim]})"
     accs = [(r.node.func, acc) for r in reductions for acc in r.accumulators]
-    lines = load_statements(kernel, values, checked, ref_load(refs))
+    lines = load_statements(kernel, values, checked, _rows_load(refs) if rows else ref_load(refs))
     lines += body_statements(kernel, phases.each_step, emitter, values, refs, checked, ref_store(refs))
     lines += [line for r in reductions for line in r.step]
     last = lowered.emitter(tpu=True, spelling=spelling, overrides={r.node: r.result for r in reductions})
@@ -330,6 +333,13 @@ def _stepped(lowered: LoweredKernel, namer, dim: str, blocked, block_of, spellin
         finish_function="_finish",
     )
     return plan, [acc.name for _, acc in accs], body
+
+
+def _rows_load(refs):
+    """Loads of a kernel whose only dimension is held as rows (`holds_rows`): a block of
+    it as `_as_rows` holds it, a scalar as it is."""
+    plain = ref_load(refs)
+    return lambda decl: f"_as_rows({plain(decl)})" if decl.dims else plain(decl)
 
 
 def _tiling_check(kernel: str, rules: list[TilingRule], sizes) -> tuple[str, ...]:
