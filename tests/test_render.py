@@ -50,6 +50,6 @@ def test_the_reserved_helper_names_are_exactly_what_the_helpers_template_defines
     from pallasgen.rendering.render import _environment
 
     values = {name: value for backend in BACKENDS for name, value in backend.helper_values(()).items()}
-    source = _environment().get_template("helpers.py.j2").render(**{**values, "reductions": True, "grows": True})
+    source = _environment().get_template("helpers.py.j2").render(**{**values, "reductions": True, "grows": True, "rows": True})
     defined = set(re.findall(r"^def (_\w+)|^(_\w+) =", source, re.MULTILINE))
     assert {name for pair in defined for name in pair if name} == MODULE_HELPERS
