@@ -21,7 +21,7 @@ from pallasgen.backends.tpu.chips import CHIPS, chip_blocks
 from pallasgen.backends.tpu.plan import tunable_dims
 from pallasgen.devices.compile_only import CompileError
 from pallasgen.devices.runner import load_module
-from pallasgen.devices.tune import block_choices, search
+from pallasgen.devices.tune import block_choices, search, start_blocks
 from pallasgen.workspace.pipeline import check_source
 from pallasgen.workspace.tuning import Entry, format_tuning, read_tuning, size_bucket, with_entry
 
@@ -248,6 +248,27 @@ def test_a_kernel_without_a_product_grows_its_chip_default_at_call_time_to_large
     assert grid("losses", "cross_entropy", "v6e", (4096, 32768), (4096,)) == (64, 2)
     # giou's 256 x 1024 blocks already need 18 MiB: doubling either would pass 32 MiB.
     assert grid("giou", "giou", "v6e", *[(1024, 4096)] * 8) == (4, 4)
+
+
+def test_a_search_starts_from_the_blocks_a_call_takes():
+    """Not from the chip's spec-sized default, which a call without blocks never takes
+    when it grows: softmax's 8 rows are 128 at 8192 x 8192, on each chip."""
+    softmax, linear = checked_spec("softmax", "softmax"), checked_spec("matmul", "linear")
+    for chip in ("v5e", "v6e"):
+        assert start_blocks(generated("softmax"), softmax, chip, {"M": 8192, "N": 8192}) == {"M": 128}
+    # linear's committed v6e entry at 4096^3, K whole.
+    cube = {"M": 4096, "N": 4096, "K": 4096}
+    assert start_blocks(generated("matmul"), linear, "v6e", cube) == {"M": 1024, "N": 1024, "K": 4096}
+
+
+def generated(name: str):
+    path = GENERATED / f"{name}.py"
+    return load_module(path.read_text(), path)
+
+
+def checked_spec(spec: str, kernel: str):
+    path = GENERATED.parent / "specs" / f"{spec}.pallas"
+    return next(c for c in check_source(path.read_text(), path.name) if c.kernel.name == kernel)
 
 
 def test_only_a_module_with_a_kernel_that_grows_its_blocks_has_the_growth_helper():

@@ -106,13 +106,8 @@ class Estimator:
 
     def estimate(self, module, checked: CheckedKernel, sizes: dict[str, int], options: dict, vmem_limit=None) -> Estimate:
         """The kernel (compiled by Mosaic, with `options` as keywords) against its reference."""
-        import jax
-
         name = checked.kernel.name
-        args = [
-            jax.ShapeDtypeStruct(tuple(sizes[d] for d in decl.dims), DTYPES[decl.dtype].jnp, sharding=self.sharding)
-            for decl in checked.kernel.inputs
-        ]
+        args = arguments(checked, sizes, self.sharding)
         kernel = functools.partial(getattr(module, name), interpret=False, **options)
         with _scoped_vmem_limit(module, vmem_limit):
             kernel_ops, mosaic_calls = self.op_cycles(kernel, args)
@@ -134,6 +129,16 @@ class Estimator:
             bytes_moved=moved,
             int8=int8,
         )
+
+
+def arguments(checked: CheckedKernel, sizes: dict[str, int], sharding=None) -> list:
+    """Abstract inputs of the kernel at `sizes`, for tracing or compiling it."""
+    import jax
+
+    return [
+        jax.ShapeDtypeStruct(tuple(sizes[d] for d in decl.dims), DTYPES[decl.dtype].jnp, sharding=sharding)
+        for decl in checked.kernel.inputs
+    ]
 
 
 @contextlib.contextmanager

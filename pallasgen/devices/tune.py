@@ -1,24 +1,26 @@
 """`pallasgen tune`: the TPU blocks that minimise the compiler's cycle estimate for a
 kernel at given sizes, on a compile-only chip (no TPU needed).
 
-The search starts from the blocks the kernel would take on that chip (its tuned or
-default ones) and walks downhill: each round compiles every neighbour (one block
-doubled or halved, among the blocks that tile and fit VMEM) and moves to the best,
-until none is better or the budget of compiles is spent. Every estimate is the
+The search starts from the blocks a call would take on that chip (its tuned ones, else
+the chip's default, grown at call time for a kernel without a product) and walks
+downhill: each round compiles every neighbour (one block doubled or halved, among the
+blocks that tile and fit VMEM) and moves to the best, until none is better or the
+budget of compiles is spent. Every estimate is the
 compiler's static cost model, never a time.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from importlib import metadata
 
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.names import block_keyword
-from pallasgen.backends.tpu.chips import chip_blocks, chip_named
 from pallasgen.backends.tpu.plan import tunable_dims
 from pallasgen.backends.tpu.tiling import array_layouts, tiling_rule, vmem_problem
 from pallasgen.devices.compile_only import CompileError
+from pallasgen.devices.estimate import arguments
 
 MEASURE = "libtpu static cost model: estimated cycles, not a time"
 
@@ -49,12 +51,25 @@ def block_choices(checked: CheckedKernel, dim: str, size: int) -> list[int]:
     return [*choices, size]
 
 
-def start_blocks(checked: CheckedKernel, chip: str, sizes: dict[str, int]) -> dict[str, int]:
-    """The chip's default blocks, each the nearest choice to it (a block clamped to a
-    small dimension is that dimension)."""
-    tunable = tunable_dims(checked)
-    default = chip_blocks(checked, tunable, chip_named(chip))
-    return {d: min(block_choices(checked, d, sizes[d]), key=lambda b: abs(b - default[d])) for d in tunable}
+def start_blocks(module, checked: CheckedKernel, chip: str, sizes: dict[str, int]) -> dict[str, int]:
+    """The blocks a call that passes none takes at `sizes` on `chip` (the chip's default,
+    grown for a kernel without a product, or a tuned entry), each the nearest choice to
+    it (a block clamped to a small dimension is that dimension). They are what the
+    generated `module` itself chooses (its `_tpu_blocks`, traced, not compiled)."""
+    import jax
+
+    chosen = []
+    choose, original_chip = module._tpu_blocks, module._tpu_chip
+    module._tpu_blocks = lambda *args, **keywords: chosen.append(choose(*args, **keywords)) or chosen[-1]
+    module._tpu_chip = lambda: chip
+    try:
+        kernel = functools.partial(getattr(module, checked.kernel.name), interpret=True)
+        jax.eval_shape(kernel, *arguments(checked, sizes))
+    finally:
+        module._tpu_blocks, module._tpu_chip = choose, original_chip
+        jax.clear_caches()  # nothing traced with the stand-in chip stays
+    call = dict(zip(tunable_dims(checked), chosen[-1]))
+    return {d: min(block_choices(checked, d, sizes[d]), key=lambda b: abs(b - block)) for d, block in call.items()}
 
 
 def search(checked: CheckedKernel, sizes: dict[str, int], start: dict[str, int], measure, budget: int, progress):
@@ -103,8 +118,8 @@ def tune(
     estimator, module, checked: CheckedKernel, sizes: dict[str, int], budget: int, progress, previous=None
 ) -> Tuned:
     """The best blocks for `checked` at `sizes` on the estimator's chip, searched from the
-    `previous` ones (those tuned before at these sizes) if given, else the chip's default:
-    a second run goes on from the first and keeps its blocks unless it finds better."""
+    `previous` ones (those tuned before at these sizes) if given, else from those a call
+    takes: a second run goes on from the first and keeps its blocks unless it finds better."""
     xla_cycles = []
 
     def measure(blocks: dict[str, int]) -> int:
@@ -112,7 +127,7 @@ def tune(
         xla_cycles.append(estimate.xla_cycles)
         return estimate.kernel_cycles
 
-    start = dict(previous) if previous else start_blocks(checked, estimator.chip, sizes)
+    start = dict(previous) if previous else start_blocks(module, checked, estimator.chip, sizes)
     trials = search(checked, sizes, start, measure, budget, progress)
     measured = [t for t in trials if t.cycles is not None]
     if not measured:
