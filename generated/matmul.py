@@ -322,7 +322,7 @@ def _matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
 # chip, and CPU (the spec's blocks).
 _matmul_tpu_blocks = {
     None: {"default": (512, 1024, 1024)},
-    "v5e": {"default": (512, 1024, 1024), (4096, 4096, 4096): (1024, 1024, 2048)},
+    "v5e": {"default": (512, 1024, 1024), (4096, 4096, 4096): (1024, 512, 4096)},
     "v6e": {"default": (1024, 1024, 1024), (4096, 4096, 4096): (1024, 1024, 4096)},
 }
 

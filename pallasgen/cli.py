@@ -325,22 +325,32 @@ def _block_options(checked, blocks: dict[str, int]) -> dict[str, int]:
 @click.option(
     "--budget", default=16, show_default=True, type=click.IntRange(min=1), help="The most compiles per kernel."
 )
-def tune(target: str, sizes: tuple[str, ...], chip: str, budget: int) -> None:
+@click.option(
+    "--block",
+    "blocks",
+    multiple=True,
+    metavar="DIM=N",
+    help="Start the search with this block (repeatable); blocks tuned before are measured too.",
+)
+def tune(target: str, sizes: tuple[str, ...], chip: str, budget: int, blocks: tuple[str, ...]) -> None:
     """Search the TPU blocks that minimise the compiler's cycle estimate for SPEC's kernels
     (or SPEC:KERNEL) at the given sizes, and record the best in SPEC's tuning file
     (NAME.tuning.json beside it), which `pallasgen build` renders into the generated module.
 
     No TPU is needed: libtpu compiles for a compile-only chip and estimates cycles (not
-    time). A search starts from the chip's current blocks and keeps the best it finds.
+    time). A search starts from the blocks a call takes on the chip (or from --block)
+    and keeps the best it finds.
     """
     import tempfile
 
     from pallasgen.devices import estimate
     from pallasgen.devices.compile_only import CompileError
+    from pallasgen.backends.tpu.plan import tunable_dims
     from pallasgen.devices.tune import MEASURE, tune as search, versions
     from pallasgen.workspace.tuning import Entry, entry_for, format_tuning, read_tuning, tuning_path, with_entry
 
     given = _parse_sizes(sizes)
+    starts = _parse_blocks(blocks)
     kernels = _kernels((target,), None, given)
     for _, checked in kernels:
         missing = [d for d in checked.dims if d not in given]
@@ -348,6 +358,7 @@ def tune(target: str, sizes: tuple[str, ...], chip: str, budget: int) -> None:
             _usage_error(
                 f"{checked.kernel.name}: give the size of every dimension to tune at (missing: {', '.join(missing)})"
             )
+        _check_start(checked, given, starts)
     spec = Path(target.partition(":")[0])
     path = tuning_path(spec)
     tuning = _checked_kernels(
@@ -361,9 +372,9 @@ def tune(target: str, sizes: tuple[str, ...], chip: str, budget: int) -> None:
             with click.progressbar(length=budget, label=label, file=sys.stderr) as bar:
                 previous = entry_for(tuning, checked, chip, dims)
                 try:
-                    found = search(
-                        estimator, module, checked, dims, budget, bar.update, previous and previous.blocks.blocks
-                    )
+                    given_start = {d: b for d, b in starts.items() if d in tunable_dims(checked)}
+                    before = previous and previous.blocks.blocks
+                    found = search(estimator, module, checked, dims, budget, bar.update, before, given_start)
                 except CompileError as error:
                     _usage_error(f"{checked.kernel.name}: {error}")
             best, start = found.best, found.start
@@ -376,7 +387,8 @@ def tune(target: str, sizes: tuple[str, ...], chip: str, budget: int) -> None:
             click.echo(
                 f"{checked.kernel.name} on {chip} ({estimate.LABEL}): {_pairs(best.blocks)} {best.cycles:,} cycles,"
                 f" {estimate.describe_ratio(best_ratio)} (XLA {found.xla_cycles:,});"
-                f" from {'the blocks tuned before' if previous else 'the untuned'} {_pairs(start.blocks)}"
+                f" from {'the given' if given_start else 'the blocks tuned before' if previous else 'the untuned'}"
+                f" {_pairs(start.blocks)}"
                 f" {started}; {len(found.trials)} compiles"
             )
             measure = {
@@ -393,6 +405,23 @@ def tune(target: str, sizes: tuple[str, ...], chip: str, budget: int) -> None:
     except OSError as error:
         _usage_error(f"cannot write {_display(path)}: {error.strerror}")
     click.echo(f"wrote {_display(path)}; run `pallasgen build` to render it into the generated module")
+
+
+def _check_start(checked, sizes: dict[str, int], starts: dict[str, int]) -> None:
+    """A --block to start `tune` from is one its search could reach: a tiling multiple
+    times a power of two below the size, or the whole size."""
+    from pallasgen.backends.tpu.plan import tunable_dims
+    from pallasgen.devices.tune import block_choices
+
+    for dim, block in starts.items():
+        if dim not in tunable_dims(checked):
+            continue  # a kernel without the dimension, or one that takes it whole
+        choices = block_choices(checked, dim, sizes[dim])
+        if block not in choices:
+            _usage_error(
+                f"{checked.kernel.name}: --block {dim}={block} is not a block the search tries at {dim}={sizes[dim]}"
+                f" (one of {', '.join(map(str, choices))})"
+            )
 
 
 def _pairs(blocks) -> str:

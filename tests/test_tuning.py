@@ -327,6 +327,23 @@ def test_tune_compiles_for_a_chip_and_writes_the_best_blocks(project):  # noqa: 
         "tuned"
     ]
     assert second["blocks"] == entry["blocks"] and second["measure"]["kernel_cycles"] == entry["measure"]["kernel_cycles"]
+    # A run started from given blocks measures the ones tuned before too, and keeps the better.
+    given = subprocess.run(
+        [sys.executable, "-c", "from pallasgen.cli import main; main()", *args[:-1], "2", "--block", "N=1024"],
+        capture_output=True,
+        text=True,
+    )
+    assert "from the given block_n=1024 " in given.stdout and "2 compiles" in given.stdout, given.stderr[-2000:]
+    (third,) = json.loads((project / "specs" / "add_vectors.tuning.json").read_text())["kernels"]["add_vectors"][
+        "tuned"
+    ]
+    assert third["measure"]["kernel_cycles"] <= entry["measure"]["kernel_cycles"]
+
+
+def test_tune_starts_only_from_blocks_its_search_could_reach(project):  # noqa: F811
+    result = pallasgen("tune", "specs/add_vectors.pallas", "--chip", "v5e", "--size", "N=65536", "--block", "N=1000")
+    assert result.exit_code == 2
+    assert "add_vectors: --block N=1000 is not a block the search tries at N=65536 (one of 1024, 2048," in result.stderr
 
 
 def test_tune_needs_every_dimensions_size(project):  # noqa: F811

@@ -35,7 +35,7 @@ class Trial:
 @dataclass(frozen=True)
 class Tuned:
     best: Trial
-    start: Trial  # where the search started: the blocks tuned before, else the chip's default
+    start: Trial  # where the search started: given blocks, else those tuned before, else a call's
     xla_cycles: int
     trials: tuple[Trial, ...]
 
@@ -72,8 +72,11 @@ def start_blocks(module, checked: CheckedKernel, chip: str, sizes: dict[str, int
     return {d: min(block_choices(checked, d, sizes[d]), key=lambda b: abs(b - block)) for d, block in call.items()}
 
 
-def search(checked: CheckedKernel, sizes: dict[str, int], start: dict[str, int], measure, budget: int, progress):
-    """Steepest descent from `start` over `block_choices`, at most `budget` compiles.
+def search(
+    checked: CheckedKernel, sizes: dict[str, int], start: dict[str, int], measure, budget: int, progress, first=()
+):
+    """Steepest descent from `start` over `block_choices`, at most `budget` compiles, after
+    measuring the block sets in `first` (so that the best found is no worse than they).
 
     `measure(blocks)` gives estimated cycles or raises `CompileError`; `progress(n)`
     advances a progress bar by n compiles. Returns every trial, in order.
@@ -91,6 +94,8 @@ def search(checked: CheckedKernel, sizes: dict[str, int], start: dict[str, int],
             progress(1)
         return trials[key]
 
+    for blocks in first:
+        trial(blocks)
     current = trial(start)
     while len(trials) < budget:
         fresh = [n for n in _neighbours(current.blocks, choices) if tuple(sorted(n.items())) not in trials]
@@ -115,11 +120,12 @@ def _neighbours(blocks: tuple[tuple[str, int], ...], choices: dict[str, list[int
 
 
 def tune(
-    estimator, module, checked: CheckedKernel, sizes: dict[str, int], budget: int, progress, previous=None
+    estimator, module, checked: CheckedKernel, sizes: dict[str, int], budget: int, progress, previous=None, given=None
 ) -> Tuned:
     """The best blocks for `checked` at `sizes` on the estimator's chip, searched from the
     `previous` ones (those tuned before at these sizes) if given, else from those a call
-    takes: a second run goes on from the first and keeps its blocks unless it finds better."""
+    takes: a second run goes on from the first and keeps its blocks unless it finds better.
+    `given` blocks replace those of the start (the previous ones are then measured too)."""
     xla_cycles = []
 
     def measure(blocks: dict[str, int]) -> int:
@@ -128,11 +134,14 @@ def tune(
         return estimate.kernel_cycles
 
     start = dict(previous) if previous else start_blocks(module, checked, estimator.chip, sizes)
-    trials = search(checked, sizes, start, measure, budget, progress)
+    start.update(given or {})
+    first = [dict(previous)] if previous and given else []
+    trials = search(checked, sizes, start, measure, budget, progress, first)
     measured = [t for t in trials if t.cycles is not None]
     if not measured:
         raise CompileError("mosaic", f"no block set compiled; the first error: {trials[0].error}")
-    return Tuned(min(measured, key=lambda t: t.cycles), trials[0], xla_cycles[0], tuple(trials))
+    started = next(t for t in trials if t.blocks == tuple(sorted(start.items())))
+    return Tuned(min(measured, key=lambda t: t.cycles), started, xla_cycles[0], tuple(trials))
 
 
 def versions() -> dict[str, str]:
