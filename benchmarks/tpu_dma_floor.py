@@ -22,12 +22,7 @@ from pallasgen.backends.tpu.plan import kernel_function_name
 from pallasgen.devices.estimate import Estimator, ratio
 from pallasgen.devices.runner import load_module
 from pallasgen.workspace.pipeline import check_source
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def pairs(text: str) -> dict[str, int]:
-    return {k: int(v) for k, v in (item.split("=") for item in text.split(",") if item)}
+from tpu_estimates import ROOT, pairs  # benchmarks/, on the path when run as a script
 
 
 def only_stores(inputs: int, outputs: int):

@@ -371,9 +371,9 @@ def tune(target: str, sizes: tuple[str, ...], chip: str, budget: int, blocks: tu
             label = f"Tuning {checked.kernel.name} for {chip}"
             with click.progressbar(length=budget, label=label, file=sys.stderr) as bar:
                 previous = entry_for(tuning, checked, chip, dims)
+                before = previous and previous.blocks.blocks
+                given_start = {d: b for d, b in starts.items() if d in tunable_dims(checked)}
                 try:
-                    given_start = {d: b for d, b in starts.items() if d in tunable_dims(checked)}
-                    before = previous and previous.blocks.blocks
                     found = search(estimator, module, checked, dims, budget, bar.update, before, given_start)
                 except CompileError as error:
                     _usage_error(f"{checked.kernel.name}: {error}")
@@ -425,7 +425,7 @@ def _check_start(checked, sizes: dict[str, int], starts: dict[str, int]) -> None
 
 
 def _pairs(blocks) -> str:
-    return ", ".join(f"{block_keyword(d)}={b}" for d, b in blocks)
+    return ", ".join(f"{block_keyword(d)}={b}" for d, b in blocks) or "(every dimension whole)"
 
 
 @main.command()

@@ -22,7 +22,7 @@ from pallasgen.backends.tpu.plan import tunable_dims
 from pallasgen.devices.compile_only import CompileError
 from pallasgen.devices.runner import load_module
 from pallasgen.devices.tune import block_choices, search, start_blocks
-from pallasgen.workspace.pipeline import check_source
+from pallasgen.workspace.pipeline import check_source, generate
 from pallasgen.workspace.tuning import Entry, format_tuning, read_tuning, size_bucket, with_entry
 
 MATMUL = """\
@@ -259,6 +259,14 @@ def test_a_search_starts_from_the_blocks_a_call_takes():
     # linear's committed v6e entry at 4096^3, K whole.
     cube = {"M": 4096, "N": 4096, "K": 4096}
     assert start_blocks(generated("matmul"), linear, "v6e", cube) == {"M": 1024, "N": 1024, "K": 4096}
+
+
+def test_a_kernel_with_every_dimension_whole_starts_its_search_from_no_blocks(tmp_path):
+    spec = "kernel whole {\n    in  x: f32[N]\n    out y: f32[N]\n    y = x * 2.0\n}\n"
+    path = tmp_path / "whole.py"
+    path.write_text(generate(spec, "whole.pallas", "whole.pallas"))
+    (whole,) = check_source(spec, "whole.pallas")
+    assert start_blocks(load_module(path.read_text(), path), whole, "v5e", {"N": 1000}) == {}
 
 
 def generated(name: str):

@@ -5,8 +5,8 @@ The search starts from the blocks a call would take on that chip (its tuned ones
 the chip's default, grown at call time for a kernel without a product) and walks
 downhill: each round compiles every neighbour (one block doubled or halved, among the
 blocks that tile and fit VMEM) and moves to the best, until none is better or the
-budget of compiles is spent. Every estimate is the
-compiler's static cost model, never a time.
+budget of compiles is spent. Every estimate is the compiler's static cost model, never
+a time.
 """
 
 from __future__ import annotations
@@ -58,6 +58,9 @@ def start_blocks(module, checked: CheckedKernel, chip: str, sizes: dict[str, int
     generated `module` itself chooses (its `_tpu_blocks`, traced, not compiled)."""
     import jax
 
+    tunable = tunable_dims(checked)
+    if not tunable:
+        return {}  # every dimension whole: nothing to choose
     chosen = []
     choose, original_chip = module._tpu_blocks, module._tpu_chip
     module._tpu_blocks = lambda *args, **keywords: chosen.append(choose(*args, **keywords)) or chosen[-1]
@@ -68,7 +71,7 @@ def start_blocks(module, checked: CheckedKernel, chip: str, sizes: dict[str, int
     finally:
         module._tpu_blocks, module._tpu_chip = choose, original_chip
         jax.clear_caches()  # nothing traced with the stand-in chip stays
-    call = dict(zip(tunable_dims(checked), chosen[-1]))
+    call = dict(zip(tunable, chosen[-1]))
     return {d: min(block_choices(checked, d, sizes[d]), key=lambda b: abs(b - block)) for d, block in call.items()}
 
 

@@ -8,14 +8,14 @@ from pallasgen.backends.tpu.checks import check_tpu
 from pallasgen.backends.tpu.chips import CHIPS, STEP_ELEMENTS, STEP_VMEM_BYTES
 from pallasgen.backends.tpu.plan import (
     block_table_name,
+    grows_blocks,
+    holds_rows_blocks,
     kernel_function_name,
     keyword_group,
     launcher_name,
     plan_tpu,
-    tunable_dims,
 )
-from pallasgen.backends.tpu.tiling import SCOPED_VMEM_BYTES, VMEM_LIMIT_BYTES, holds_rows
-from pallasgen.lowering.phases import stepped_dim
+from pallasgen.backends.tpu.tiling import SCOPED_VMEM_BYTES, VMEM_LIMIT_BYTES
 
 
 class TpuBackend(Backend):
@@ -39,8 +39,8 @@ class TpuBackend(Backend):
 
     def helper_values(self, kernels):
         return {
-            "grows": any(k.product is None and tunable_dims(k) for k in kernels),  # then `_grown` is used
-            "rows": any(stepped_dim(k) and holds_rows(k.kernel, stepped_dim(k)) for k in kernels),  # `_as_rows`
+            "grows": any(map(grows_blocks, kernels)),  # then `_grown` is used
+            "rows": any(map(holds_rows_blocks, kernels)),  # then `_as_rows` and its kin are
             "scoped_vmem_mib": SCOPED_VMEM_BYTES >> 20,
             "vmem_limit_mib": VMEM_LIMIT_BYTES >> 20,
             "tpu_chips": {kind: chip.name for chip in CHIPS for kind in chip.device_kinds},

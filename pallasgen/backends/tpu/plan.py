@@ -113,6 +113,18 @@ def tunable_dims(checked: CheckedKernel) -> list[str]:
     return [d for d in checked.dims if d in checked.blocks and d not in _squeezed(checked)]
 
 
+def grows_blocks(checked: CheckedKernel) -> bool:
+    """Whether a call with no `block_*` grows the chip's default blocks to large steps
+    (`_grown`): a kernel without a matrix product that has blocks to grow."""
+    return checked.product is None and bool(tunable_dims(checked))
+
+
+def holds_rows_blocks(checked: CheckedKernel) -> bool:
+    """Whether the kernel holds its blocks as rows of 128 lanes (`holds_rows`)."""
+    dim = stepped_dim(checked)
+    return dim is not None and holds_rows(checked.kernel, dim)
+
+
 def keyword_group(checked: CheckedKernel) -> KeywordGroup:
     """The public `block_*` keywords, and their lines of the docstring."""
     tunable = tunable_dims(checked)
@@ -126,7 +138,7 @@ def keyword_group(checked: CheckedKernel) -> KeywordGroup:
         (
             f"  {names}: TPU block sizes; a block never exceeds its dimension. Those not given",
             f"    are tuned for the TPU and sizes, or the TPU's defaults ({block_table_name(checked.kernel.name)}),",
-            f"    {'' if checked.product else 'grown to large steps (_grown), '}else {defaults}.",
+            f"    {'grown to large steps (_grown), ' if grows_blocks(checked) else ''}else {defaults}.",
         ),
     )
 
@@ -162,7 +174,7 @@ def _block_table(
     )
     name = block_table_name(checked.kernel.name)
     arguments = [name, tuple_code([sizes[d] for d in dims]), keywords]
-    if checked.product is None:
+    if grows_blocks(checked):
         elements = " * ".join(block_of[d] for d in dims)
         step = f"lambda {', '.join(block_keyword(d) for d in tunable)}: ({elements}, {vmem_needed})"
         arguments += [f"bounds={tuple_code([sizes[d] for d in tunable])}", f"step={step}"]
@@ -306,9 +318,10 @@ def _stepped(lowered: LoweredKernel, namer, dim: str, blocked, block_of, spellin
     reductions = stepped_reductions(
         lowered, namer, phases, emitter, f"{step} * {block_keyword(dim)}", block_keyword(dim), True, elementwise, rows
     )
-    shape = tuple_code([block_of[d] if elementwise or d != dim else "1" for d in checked.space.layout])
     if rows:
         shape = f"_rows_shape({block_of[dim]})"
+    else:
+        shape = tuple_code([block_of[d] if elementwise or d != dim else "1" for d in checked.space.layout])
     accs = [(r.node.func, acc) for r in reductions for acc in r.accumulators]
     lines = load_statements(kernel, values, checked, _rows_load(refs) if rows else ref_load(refs))
     lines += body_statements(kernel, phases.each_step, emitter, values, refs, checked, ref_store(refs))
