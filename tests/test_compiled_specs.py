@@ -11,6 +11,12 @@ interpret mode against NumPy.
   `min` too, kept in f32 to the TPU kernel's f32 output;
 - bool vectors in blocks of 128 (held as 32-bit in VMEM);
 - a batched product whose epilogue reads an array without the batch dimension;
+- positions after a product (issue 19): `where(index(M) >= index(N), x @ y, 0)` with K
+  blocked (the epilogue runs under `pl.when`, its positions read before it), and batched
+  with a batch dimension of block 1 (no axis of the blocks: positions along M and N are
+  2-D, index(B) the batch element's), K blocked or `q @ k.T` with D whole; and positions
+  read at the last step of a blocked reduction (TPU: under `pl.when`) or in the GPU
+  kernel's loop over its blocks;
 - bf16 and i8 products `x @ y.T` at sizes where a block has fewer than 5 rows (Mosaic
   cannot select such blocks to mask a ragged K) or y has one row (Pallas lowers that as a
   vector product, which fails for all but f32; an f32 one fails to broadcast a bias);
@@ -227,6 +233,41 @@ kernel nt_f32_bias {
     block M = 16, N = 128
 }
 """,
+    "lower_scores": """
+kernel lower_scores {
+    in  x: f32[M, K]
+    in  y: f32[K, N]
+    out z: f32[M, N]
+    z = where(index(M) >= index(N), x @ y, 0)
+    block M = 128, N = 128, K = 128
+}
+""",
+    "batched_lower": """
+kernel batched_lower {
+    in  x: f32[B, M, K]
+    in  y: f32[B, K, N]
+    out z: f32[B, M, N]
+    z = where(index(M) + 100 * index(B) >= index(N), x @ y, 0)
+    block B = 1, M = 128, N = 128, K = 128
+}
+""",
+    "causal_scores": """
+kernel causal_scores {
+    in  q: f32[B, S, D]
+    in  k: f32[B, T, D]
+    out s: f32[B, S, T]
+    s = where(index(S) >= index(T), q @ k.T, -1e30)
+    block B = 1, S = 128, T = 128
+}
+""",
+    "weighted_sums": """
+kernel weighted_sums {
+    in  x: f32[M, V]
+    out s: f32[M]
+    s = sum(x * f32(index(M)), V) + f32(index(M))
+    block M = 8, V = 128
+}
+""",
 }
 
 
@@ -278,6 +319,14 @@ def numpy_inputs(name: str, rng, m=70, n=300, b=2, k=200):
         return [rng.standard_normal(shape).astype(BF16) for shape in ((m, k), (n, k))]
     if name == "nt_f32_bias":
         return [rng.standard_normal(shape).astype(np.float32) for shape in ((m, k), (n, k), (n,))]
+    if name == "lower_scores":
+        return [rng.standard_normal(shape).astype(np.float32) for shape in ((m, k), (k, n))]
+    if name == "batched_lower":
+        return [rng.standard_normal(shape).astype(np.float32) for shape in ((b, m, k), (b, k, n))]
+    if name == "weighted_sums":
+        return [rng.standard_normal((m, n)).astype(np.float32)]
+    if name == "causal_scores":  # S, T, D as m, n, k
+        return [rng.standard_normal(shape).astype(np.float32) for shape in ((b, m, k), (b, n, k))]
     return [
         rng.standard_normal((b, m, k)).astype(np.float32),
         rng.standard_normal((b, k, n)).astype(np.float32),
@@ -327,6 +376,16 @@ def expected(name: str, *arrays):
     if name.startswith("nt_"):
         x, y, *bias = (a.astype(np.float64) for a in arrays)
         return (x @ y.T + sum(bias),)
+    if name == "weighted_sums":
+        x, rows = arrays[0].astype(np.float64), np.arange(arrays[0].shape[0])
+        return (x.sum(axis=1) * rows + rows,)
+    if name in ("lower_scores", "batched_lower", "causal_scores"):
+        x, y = (a.astype(np.float64) for a in arrays)
+        product = x @ (np.swapaxes(y, -1, -2) if name == "causal_scores" else y)
+        rows, columns = np.arange(product.shape[-2])[:, None], np.arange(product.shape[-1])[None, :]
+        if name == "batched_lower":
+            rows = rows + 100 * np.arange(product.shape[0])[:, None, None]
+        return (np.where(rows >= columns, product, -1e30 if name == "causal_scores" else 0.0),)
     x, y, bias, scale = (a.astype(np.float64) for a in arrays)
     return ((x @ y + bias) * scale[:, None],)
 

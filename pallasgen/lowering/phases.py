@@ -63,6 +63,14 @@ def reduces(checked: CheckedKernel) -> bool:
     return any(FUNCTIONS[n.func].reducer or n.func == "index" for n in calls)
 
 
+def indexed_dims(roots, computed=()) -> set[str]:
+    """The dimensions whose positions index() reads in the expressions `roots`, apart
+    from those under the nodes in `computed` (whose values come from elsewhere)."""
+    elsewhere = set(ir.walk(*computed))
+    calls = [n for n in ir.walk(*roots) if isinstance(n, ir.Call) and n.func == "index" and n not in elsewhere]
+    return {n.args[0].id for n in calls}
+
+
 @dataclass(frozen=True)
 class SteppedReduction:
     """One reduction over a blocked dimension, as code: its running values, the lines

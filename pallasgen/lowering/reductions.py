@@ -199,10 +199,12 @@ class ReferenceSpelling:
 class KernelSpelling:
     """Reductions over whole dimensions, and positions, inside a kernel.
 
-    `extents[dim]` is a block's extent along `dim` as code and `starts[dim]` its first
-    position (None: 0). A dimension in `padded` is held whole in a block larger than it
-    (Triton's power of two): its positions past the size are filled with each
-    reduction's identity first.
+    `layout` is the axes of the kernel's blocks. `extents[dim]` is a block's extent along
+    `dim` as code and `starts[dim]` its first position (None: 0). A dimension in `starts`
+    but not in `layout` takes one position per step (a product's squeezed batch
+    dimension): no axis of the blocks, its position is that start, a scalar. A dimension
+    in `padded` is held whole in a block larger than it (Triton's power of two): its
+    positions past the size are filled with each reduction's identity first.
     """
 
     def __init__(self, layout, sizes, extents, starts, padded=frozenset(), round_helper=False):
@@ -217,10 +219,24 @@ class KernelSpelling:
         starts = {**self.starts, dim: start}
         return KernelSpelling(self.layout, self.sizes, self.extents, starts, self.padded, self.round_helper)
 
+    def holding(self, dims, namer) -> tuple[KernelSpelling, list[str]]:
+        """The same spelling with the starts of `dims` held in variables, and the lines
+        that set them, at a kernel's top level: Pallas's interpreter reads `pl.program_id`
+        only there, not in a `pl.when` or a loop's body."""
+        held = {d: namer.claim(f"{d.lower()}_start") for d in self.starts if d in dims and self.starts[d]}
+        starts = {**self.starts, **held}
+        spelling = KernelSpelling(self.layout, self.sizes, self.extents, starts, self.padded, self.round_helper)
+        if not held:
+            return spelling, []
+        comment = "# Read outside pl.when and loops: Pallas's interpreter cannot read pl.program_id there."
+        return spelling, [comment, *(f"{name} = {self.starts[d]}" for d, name in held.items())]
+
     def reduction(self, node: ir.Call, value: str, dtype: DType) -> str:
         dim = reduced_dim(node)
         axis = self.layout.index(dim)
         return kernel_reduction(node.func, value, axis, dtype, self.sizes[dim], padded=dim in self.padded)
 
     def positions(self, dim: str) -> str:
+        if dim not in self.layout:
+            return self.starts[dim]
         return kernel_positions(self.layout.index(dim), len(self.layout), self.extents[dim], self.starts.get(dim))

@@ -31,7 +31,7 @@ from pallasgen.lowering.parts import (
 )
 from pallasgen.analysis.names import Namer
 from pallasgen.analysis.product import Product
-from pallasgen.lowering.phases import split_phases, stepped_dim, stepped_reductions
+from pallasgen.lowering.phases import indexed_dims, split_phases, stepped_dim, stepped_reductions
 from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.reductions import KernelSpelling
 from pallasgen.lowering.signature import Keyword, KeywordGroup
@@ -181,10 +181,13 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
     masks += [f"{inside[d]} = _inside(0, {block_keyword(d)}, {sizes[d]})" for d in whole]
     masks.append(f"{whole_mask} = {mask(out_axes, whole=False)}")
     spelling = KernelSpelling(
-        out_dims,
+        tuple(d for d in out_dims if d not in squeezed),
         sizes,
         extents={d: block_keyword(d) for d in out_dims},
-        starts={d: f"pl.program_id({grid_dims.index(d)}) * {block_keyword(d)}" for d in grid_dims},
+        starts={
+            d: f"pl.program_id({grid_dims.index(d)})" + ("" if d in squeezed else f" * {block_keyword(d)}")
+            for d in grid_dims
+        },
         padded=frozenset(whole),
         round_helper=True,
     )
@@ -251,12 +254,13 @@ def _reduction_loop(lowered: LoweredKernel, namer, dim: str, spelling, load, sto
     block = block_keyword(dim)
     phases = split_phases(checked, dim)
     index, start, function = (namer.claim(n) for n in ("index", "start", "accumulate"))
-    spelling = spelling.starting(dim, start)
-    emitter = lowered.emitter(spelling=spelling)
     with_dim = {d.name for d in kernel.inputs if dim in d.dims}
     before = [d.name for d in kernel.inputs if d.name not in with_dim]
     outside = [s for s in phases.each_step if dim not in checked.types[s.value].dims]
     inside_loop = [s for s in phases.each_step if dim in checked.types[s.value].dims]
+    spelling, held_starts = spelling.holding(indexed_dims([*(s.value for s in inside_loop), *phases.reductions]), namer)
+    spelling = spelling.starting(dim, start)
+    emitter = lowered.emitter(spelling=spelling)
 
     def sliced_load(decl: ir.ArrayDecl) -> str:
         axes = visible(decl)
@@ -272,6 +276,7 @@ def _reduction_loop(lowered: LoweredKernel, namer, dim: str, spelling, load, sto
     step_lines = [line for r in reductions for line in r.step]
     carried = ", ".join(running) + ("," if len(running) == 1 else "")
     loop = [
+        *held_starts,
         *load_statements(kernel, values, checked, load, only=before),
         *body_statements(kernel, outside, emitter, values, refs, checked, store),
         f"def {function}({index}, running):",

@@ -7,7 +7,7 @@ Templates only loop and branch over these plans; every decision is made here.
 from __future__ import annotations
 
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES, tpu_dtype
@@ -41,7 +41,7 @@ from pallasgen.lowering.parts import (
     ref_store,
     tuple_code,
 )
-from pallasgen.lowering.phases import reduces, split_phases, stepped_dim, stepped_reductions
+from pallasgen.lowering.phases import indexed_dims, reduces, split_phases, stepped_dim, stepped_reductions
 from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.reductions import KernelSpelling
 from pallasgen.lowering.signature import Keyword, KeywordGroup
@@ -221,20 +221,18 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
         return f"pl.BlockSpec({tuple_code(shape)}, lambda {', '.join(index_names.values())}: {tuple_code(index)})"
 
     accumulator_name = lowered.accumulator
-    spelling = KernelSpelling(
-        out_dims,
+    spelling, held_starts = KernelSpelling(
+        tuple(d for d in out_dims if d not in squeezed),
         sizes,
         extents=block_of,
-        starts={d: f"pl.program_id({blocked.index(d)}) * {block_keyword(d)}" for d in blocked if d not in squeezed},
-    )
+        starts={d: _block_start(d, blocked, squeezed) for d in blocked},
+    ).holding(_last_step_positions(checked, stepped), namer)
     body = kernel_statements(
         kernel, lowered.emitter(tpu=True, spelling=spelling), values, refs, checked, ref_load(refs), ref_store(refs)
     )
-    kernel_keywords = [p.name for p in kernel.params]
+    kernel_keywords = _kernel_keywords(checked, sizes, tunable)
     accumulator = None
     scratch_refs = []
-    if reduces(checked):  # reductions and index() read the sizes and blocks
-        kernel_keywords = [*(sizes[d] for d in dims), *(block_keyword(d) for d in tunable), *kernel_keywords]
     if stepped:
         accumulator, scratch_refs, body = _stepped(lowered, namer, stepped, blocked, block_of, spelling)
     if product is not None:
@@ -255,9 +253,11 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
             )
             body = [f"{accumulator_name} = {acc_ref}[...]", *body]
             scratch_refs = [acc_ref]
-            kernel_keywords = [sizes[product.k], block_keyword(product.k), *kernel_keywords]
         else:
             body = [*product_lines[:-1], f"{accumulator_name} = {product_lines[-1]}", *body]
+
+    if held_starts:
+        accumulator = replace(accumulator, body=(*held_starts, *accumulator.body))
 
     layouts = array_layouts(kernel, checked.space.layout, product)
     inputs = [values[d.name] for d in kernel.inputs]
@@ -304,6 +304,40 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
         accumulator=accumulator,
         body=tuple(body),
     )
+
+
+def _block_start(dim: str, blocked: list[str], squeezed: set[str]) -> str:
+    """The first position of this step's block of `dim` (its one position, if squeezed)."""
+    step = f"pl.program_id({blocked.index(dim)})"
+    return step if dim in squeezed else f"{step} * {block_keyword(dim)}"
+
+
+def _last_step_positions(checked: CheckedKernel, stepped: str | None) -> set[str]:
+    """The dimensions whose positions only the last step of an accumulating kernel reads,
+    under pl.when: any the body reads after a product's blocked contracted dimension, else
+    those read by what needs the stepped reductions' results (not by those reductions)."""
+    product, body = checked.product, checked.kernel.body
+    if product is not None and product.k in checked.blocks:
+        return indexed_dims([s.value for s in body])
+    if stepped is None:
+        return set()
+    phases = split_phases(checked, stepped)
+    return indexed_dims([s.value for s in phases.last_step], computed=phases.reductions)
+
+
+def _kernel_keywords(checked: CheckedKernel, sizes, tunable: list[str]) -> list[str]:
+    """The kernel function's static keywords: the sizes and blocks its body reads (all
+    of them where it reduces or reads positions with index(); else those of a blocked
+    contracted dimension, which its steps mask at a ragged edge), then the params."""
+    product = checked.product
+    if reduces(checked):
+        read = list(checked.dims)
+    elif product is not None and product.k in checked.blocks:
+        read = [product.k]
+    else:
+        read = []
+    blocks = [block_keyword(d) for d in tunable if d in read]
+    return [*(sizes[d] for d in read), *blocks, *(p.name for p in checked.kernel.params)]
 
 
 def _stepped(lowered: LoweredKernel, namer, dim: str, blocked, block_of, spelling):
