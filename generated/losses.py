@@ -151,15 +151,14 @@ def _tpu_chip():
     )
 
 
-def _tpu_blocks(table, sizes, given, bounds=(), step=None):
+def _tpu_blocks(table, sizes, given, grow=None):
     """The blocks of a TPU call: those `given` (not None) as they are, the others from
     `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
     are nearest the call's (in powers of two), else the chip's default. Any other
     chip, and CPU, takes `table[None]`, the spec's blocks.
 
-    A kernel without a matrix product passes its blocked dimensions' sizes (`bounds`)
-    and `step`, a grid step's elements and VMEM bytes at given blocks: a chip's default
-    blocks not given then grow, see `_grown`.
+    A kernel without a matrix product passes `grow` (see `_grown`), which grows a
+    chip's default blocks not given to large steps.
     """
 
     def distance(tuned_sizes):
@@ -173,8 +172,8 @@ def _tpu_blocks(table, sizes, given, bounds=(), step=None):
     tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
     chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
     blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
-    if step is not None and known and not tuned:
-        blocks = _grown(blocks, [block is None for block in given], bounds, step)
+    if grow is not None and known and not tuned:
+        blocks = grow(blocks, [block is None for block in given])
     return tuple(blocks)
 
 
@@ -251,38 +250,6 @@ def _fill_past(value, start, size, axis, identity):
     """`value` with `identity` at the positions along `axis` (from `start`) past `size`."""
     positions = start + jax.lax.broadcasted_iota(jnp.int32, value.shape, axis)
     return jnp.where(positions < size, value, identity)
-
-
-def _round_half_even(x):
-    """`jnp.round` (half to even) for the GPU, whose Triton lowering has no round."""
-    nearest = jnp.floor(x + 0.5)
-    tie_to_odd = (nearest - x == 0.5) & (jnp.floor(nearest * 0.5) * 2 != nearest)
-    nearest = jnp.where(tie_to_odd, nearest - 1, nearest)
-    return jnp.where(jnp.abs(x) < 2.0**23, nearest, x)  # larger floats are whole already
-
-
-def _argbest(x, axis, largest):
-    """The first index of the largest (or smallest) value along `axis`, kept as size 1."""
-    best = jnp.max(x, axis=axis, keepdims=True) if largest else jnp.min(x, axis=axis, keepdims=True)
-    positions = jax.lax.broadcasted_iota(jnp.int32, x.shape, axis)
-    return jnp.min(jnp.where(x == best, positions, x.shape[axis]), axis=axis, keepdims=True)
-
-
-def _argbest_step(best, index, x, start, axis, largest):
-    """The running (value, first index) after one more block `x` starting at `start`."""
-    block_best = (
-        jnp.max(x, axis=axis, keepdims=True) if largest else jnp.min(x, axis=axis, keepdims=True)
-    )
-    block_index = start + _argbest(x, axis, largest)
-    better = block_best > best if largest else block_best < best  # ties keep the earlier index
-    return jnp.where(better, block_best, best), jnp.where(better, block_index, index)
-
-
-def _logsumexp(x, axis):
-    """log(sum(exp(x))) along `axis`, kept as size 1, without overflow."""
-    top = jnp.max(x, axis=axis, keepdims=True)
-    top = jnp.where(top > -jnp.inf, top, 0.0)  # a row of -inf sums to 0, its log -inf
-    return top + jnp.log(jnp.sum(jnp.exp(x - top), axis=axis, keepdims=True))
 
 
 def _logsumexp_step(top, total, x, axis):
@@ -443,8 +410,14 @@ def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, interpret):
         _cross_entropy_tpu_blocks,
         (m, v),
         (block_m, block_v),
-        bounds=(m, v),
-        step=lambda block_m, block_v: (block_m * block_v, 12 * block_m * block_v + 16 * block_m),
+        grow=functools.partial(
+            _grown,
+            bounds=(m, v),
+            step=lambda block_m, block_v: (
+                block_m * block_v,
+                12 * block_m * block_v + 16 * block_m,
+            ),
+        ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_v = min(block_v, v)  # a small V is one whole block

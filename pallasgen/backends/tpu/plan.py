@@ -119,12 +119,6 @@ def grows_blocks(checked: CheckedKernel) -> bool:
     return checked.product is None and bool(tunable_dims(checked))
 
 
-def holds_rows_blocks(checked: CheckedKernel) -> bool:
-    """Whether the kernel holds its blocks as rows of 128 lanes (`holds_rows`)."""
-    dim = stepped_dim(checked)
-    return dim is not None and holds_rows(checked.kernel, dim)
-
-
 def keyword_group(checked: CheckedKernel) -> KeywordGroup:
     """The public `block_*` keywords, and their lines of the docstring."""
     tunable = tunable_dims(checked)
@@ -177,7 +171,7 @@ def _block_table(
     if grows_blocks(checked):
         elements = " * ".join(block_of[d] for d in dims)
         step = f"lambda {', '.join(block_keyword(d) for d in tunable)}: ({elements}, {vmem_needed})"
-        arguments += [f"bounds={tuple_code([sizes[d] for d in tunable])}", f"step={step}"]
+        arguments.append(f"grow=functools.partial(_grown, bounds={tuple_code([sizes[d] for d in tunable])}, step={step})")
     choice = f"{keywords} = _tpu_blocks({', '.join(arguments)})"
     return BlockTable(name, _wrap(comment), tuple(chips), choice)
 
