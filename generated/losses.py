@@ -435,8 +435,8 @@ def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, interpret):
     # reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_cross_entropy_kernel, m=m, v=v, block_m=block_m, block_v=block_v),
-        # One step per block of M, block of V; steps are independent, so every axis is
-        # parallel.
+        # One step per block of M, block of V. Steps along M are independent (parallel); steps
+        # along V accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(v, block_v)),
         in_specs=[
             # logits: bf16[M, V]

@@ -355,8 +355,8 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     # accumulator).
     return pl.pallas_call(
         functools.partial(_matmul_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Output tiles are independent
-        # (parallel); the steps along K accumulate in order (arbitrary).
+        # One step per block of M, block of N, block of K. Steps along M, N are independent
+        # (parallel); steps along K accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             # x: f32[M, K]
@@ -562,8 +562,8 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     # accumulator).
     return pl.pallas_call(
         functools.partial(_matmul_relu_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Output tiles are independent
-        # (parallel); the steps along K accumulate in order (arbitrary).
+        # One step per block of M, block of N, block of K. Steps along M, N are independent
+        # (parallel); steps along K accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             # x: f32[M, K]
@@ -799,8 +799,8 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, int
     # accumulator).
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Output tiles are independent
-        # (parallel); the steps along K accumulate in order (arbitrary).
+        # One step per block of M, block of N, block of K. Steps along M, N are independent
+        # (parallel); steps along K accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             # x: bf16[M, K]
@@ -1030,8 +1030,8 @@ def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     # accumulator).
     return pl.pallas_call(
         functools.partial(_matmul_int8_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Output tiles are independent
-        # (parallel); the steps along K accumulate in order (arbitrary).
+        # One step per block of M, block of N, block of K. Steps along M, N are independent
+        # (parallel); steps along K accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             # x: i8[M, K]
@@ -1262,8 +1262,8 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
     # accumulator).
     return pl.pallas_call(
         functools.partial(_batched_matmul_kernel, k=k, block_k=block_k),
-        # One step per element of B, block of M, block of N, block of K. Output tiles are
-        # independent (parallel); the steps along K accumulate in order (arbitrary).
+        # One step per element of B, block of M, block of N, block of K. Steps along B, M, N
+        # are independent (parallel); steps along K accumulate in order (arbitrary).
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             # x: bf16[B, M, K]
@@ -1713,8 +1713,8 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
     # accumulator).
     return pl.pallas_call(
         functools.partial(_linear_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Output tiles are independent
-        # (parallel); the steps along K accumulate in order (arbitrary).
+        # One step per block of M, block of N, block of K. Steps along M, N are independent
+        # (parallel); steps along K accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             # x: bf16[M, K]

@@ -864,7 +864,7 @@ def _equal_count_f32_tpu(x, y, *, n_, block_n, interpret):
     # reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_equal_count_f32_kernel, n_=n_, block_n=block_n),
-        # One step per block of N; steps are independent, so every axis is parallel.
+        # One step per block of N. Steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(n_, block_n),),
         in_specs=[
             # x: f32[N]
@@ -1515,7 +1515,7 @@ def _equal_count_i32_tpu(x, y, *, n_, block_n, interpret):
     # reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_equal_count_i32_kernel, n_=n_, block_n=block_n),
-        # One step per block of N; steps are independent, so every axis is parallel.
+        # One step per block of N. Steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(n_, block_n),),
         in_specs=[
             # x: i32[N]
@@ -2170,7 +2170,7 @@ def _equal_count_i8_tpu(x, y, *, n_, block_n, interpret):
     # reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_equal_count_i8_kernel, n_=n_, block_n=block_n),
-        # One step per block of N; steps are independent, so every axis is parallel.
+        # One step per block of N. Steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(n_, block_n),),
         in_specs=[
             # x: i8[N]

@@ -694,8 +694,8 @@ def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
     # reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_column_sums_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
-        # One step per block of N, block of M; steps are independent, so every axis is
-        # parallel.
+        # One step per block of N, block of M. Steps along N are independent (parallel); steps
+        # along M accumulate in order (arbitrary).
         grid=(pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[
             # x: f32[M, N]
@@ -1033,7 +1033,7 @@ def _equal_count_tpu(x, y, *, n_, block_n, interpret):
     # reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_equal_count_kernel, n_=n_, block_n=block_n),
-        # One step per block of N; steps are independent, so every axis is parallel.
+        # One step per block of N. Steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(n_, block_n),),
         in_specs=[
             # x: i32[N]
