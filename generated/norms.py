@@ -101,10 +101,17 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
-def _sizes(kernel, operands):
-    """Checks each operand's dtype and rank; returns the size of each named dimension."""
-    sizes = {}
-    for name, (array, dtype, dims) in operands.items():
+def _operands(kernel, operands):
+    """The operands as arrays, each checked for its dtype and rank, and the size of each
+    named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
+    arrays, sizes = [], {}
+    for name, (value, dtype, dims) in operands.items():
+        try:
+            array = jnp.asarray(value)
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                f"{kernel}: {name} is not an array, nor converts to one ({error})"
+            ) from None
         if array.dtype != dtype:
             raise TypeError(f"{kernel}: {name} must be {jnp.dtype(dtype).name}, got {array.dtype}")
         if array.ndim != len(dims):
@@ -116,7 +123,29 @@ def _sizes(kernel, operands):
                 raise ValueError(
                     f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
                 )
-    return sizes
+        arrays.append(array)
+    return arrays, sizes
+
+
+def _check_blocks(kernel, may_be_none=False, **blocks):
+    """Refuses a block keyword whose value is not a positive int. None, where a block
+    `may_be_none`, leaves the choice of the block to the kernel."""
+    for keyword, block in blocks.items():
+        if block is None and may_be_none:
+            continue
+        if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
+            expected = "a positive int or None" if may_be_none else "a positive int"
+            raise ValueError(f"{kernel}: {keyword} must be {expected}, got {block!r}")
+
+
+def _without_elements(reference, outputs, *arrays, **params):
+    """The result of a call where a dimension has size 0, as jax.numpy gives it: empty
+    arrays of the `outputs`' (shape, dtype), or, where an output still has elements (it
+    reduces over the empty dimension), what the reference computes."""
+    if any(0 not in shape for shape, _ in outputs):
+        return reference(*arrays, **params)
+    empty = tuple(jnp.zeros(shape, dtype) for shape, dtype in outputs)
+    return empty if len(empty) > 1 else empty[0]
 
 
 def _check_tiling(kernel, **blocks):
@@ -277,7 +306,7 @@ def layer_norm(
     Returns:
       y: bf16[M, N]; mu: f32[M]; rstd: f32[M].
     """
-    sizes = _sizes(
+    (x, w, b), sizes = _operands(
         "layer_norm",
         {
             "x": (x, jnp.bfloat16, ("M", "N")),
@@ -285,8 +314,19 @@ def layer_norm(
             "b": (b, jnp.float32, ("N",)),
         },
     )
+    _check_blocks("layer_norm", block_m=block_m, may_be_none=True)
+    _check_blocks("layer_norm", gpu_block_m=gpu_block_m)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            layer_norm_reference,
+            (((m, n), jnp.bfloat16), ((m,), jnp.float32), ((m,), jnp.float32)),
+            x,
+            w,
+            b,
+            eps=eps,
+        )
     w = w.reshape(1, n)  # w: f32[N], broadcast over M
     b = b.reshape(1, n)  # b: f32[N], broadcast over M
     y, mu, rstd = _on_platform(
@@ -497,9 +537,15 @@ def rms_norm(
     Returns:
       y: bf16[M, N].
     """
-    sizes = _sizes("rms_norm", {"x": (x, jnp.bfloat16, ("M", "N")), "w": (w, jnp.float32, ("N",))})
+    (x, w), sizes = _operands(
+        "rms_norm", {"x": (x, jnp.bfloat16, ("M", "N")), "w": (w, jnp.float32, ("N",))}
+    )
+    _check_blocks("rms_norm", block_m=block_m, may_be_none=True)
+    _check_blocks("rms_norm", gpu_block_m=gpu_block_m)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(rms_norm_reference, (((m, n), jnp.bfloat16),), x, w, eps=eps)
     w = w.reshape(1, n)  # w: f32[N], broadcast over M
     return _on_platform(
         functools.partial(_rms_norm_tpu, m=m, n=n, block_m=block_m, eps=eps),

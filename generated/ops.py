@@ -101,10 +101,17 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
-def _sizes(kernel, operands):
-    """Checks each operand's dtype and rank; returns the size of each named dimension."""
-    sizes = {}
-    for name, (array, dtype, dims) in operands.items():
+def _operands(kernel, operands):
+    """The operands as arrays, each checked for its dtype and rank, and the size of each
+    named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
+    arrays, sizes = [], {}
+    for name, (value, dtype, dims) in operands.items():
+        try:
+            array = jnp.asarray(value)
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                f"{kernel}: {name} is not an array, nor converts to one ({error})"
+            ) from None
         if array.dtype != dtype:
             raise TypeError(f"{kernel}: {name} must be {jnp.dtype(dtype).name}, got {array.dtype}")
         if array.ndim != len(dims):
@@ -116,7 +123,29 @@ def _sizes(kernel, operands):
                 raise ValueError(
                     f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
                 )
-    return sizes
+        arrays.append(array)
+    return arrays, sizes
+
+
+def _check_blocks(kernel, may_be_none=False, **blocks):
+    """Refuses a block keyword whose value is not a positive int. None, where a block
+    `may_be_none`, leaves the choice of the block to the kernel."""
+    for keyword, block in blocks.items():
+        if block is None and may_be_none:
+            continue
+        if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
+            expected = "a positive int or None" if may_be_none else "a positive int"
+            raise ValueError(f"{kernel}: {keyword} must be {expected}, got {block!r}")
+
+
+def _without_elements(reference, outputs, *arrays, **params):
+    """The result of a call where a dimension has size 0, as jax.numpy gives it: empty
+    arrays of the `outputs`' (shape, dtype), or, where an output still has elements (it
+    reduces over the empty dimension), what the reference computes."""
+    if any(0 not in shape for shape, _ in outputs):
+        return reference(*arrays, **params)
+    empty = tuple(jnp.zeros(shape, dtype) for shape, dtype in outputs)
+    return empty if len(empty) > 1 else empty[0]
 
 
 def _check_tiling(kernel, **blocks):
@@ -318,11 +347,15 @@ def add_f32(
     Returns:
       z: f32[M, N].
     """
-    sizes = _sizes(
+    (x, y), sizes = _operands(
         "add_f32", {"x": (x, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("M", "N"))}
     )
+    _check_blocks("add_f32", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks("add_f32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(add_f32_reference, (((m, n), jnp.float32),), x, y)
     return _on_platform(
         functools.partial(_add_f32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
         functools.partial(
@@ -487,11 +520,15 @@ def mul_f32(
     Returns:
       z: f32[M, N].
     """
-    sizes = _sizes(
+    (x, y), sizes = _operands(
         "mul_f32", {"x": (x, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("M", "N"))}
     )
+    _check_blocks("mul_f32", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks("mul_f32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(mul_f32_reference, (((m, n), jnp.float32),), x, y)
     return _on_platform(
         functools.partial(_mul_f32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
         functools.partial(
@@ -635,9 +672,13 @@ def argmax_f32(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, int
     Returns:
       i: i32[M].
     """
-    sizes = _sizes("argmax_f32", {"x": (x, jnp.float32, ("M", "N"))})
+    (x,), sizes = _operands("argmax_f32", {"x": (x, jnp.float32, ("M", "N"))})
+    _check_blocks("argmax_f32", block_m=block_m, may_be_none=True)
+    _check_blocks("argmax_f32", gpu_block_m=gpu_block_m)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(argmax_f32_reference, (((m,), jnp.int32),), x)
     i = _on_platform(
         functools.partial(_argmax_f32_tpu, m=m, n=n, block_m=block_m),
         functools.partial(
@@ -779,10 +820,14 @@ def equal_count_f32(
     Returns:
       n: i32[].
     """
-    sizes = _sizes(
+    (x, y), sizes = _operands(
         "equal_count_f32", {"x": (x, jnp.float32, ("N",)), "y": (y, jnp.float32, ("N",))}
     )
+    _check_blocks("equal_count_f32", block_n=block_n, may_be_none=True)
+    _check_blocks("equal_count_f32", gpu_block_n=gpu_block_n)
     n_ = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(equal_count_f32_reference, (((), jnp.int32),), x, y)
     n = _on_platform(
         functools.partial(_equal_count_f32_tpu, n_=n_, block_n=block_n),
         functools.partial(
@@ -975,9 +1020,15 @@ def add_i32(
     Returns:
       z: i32[M, N].
     """
-    sizes = _sizes("add_i32", {"x": (x, jnp.int32, ("M", "N")), "y": (y, jnp.int32, ("M", "N"))})
+    (x, y), sizes = _operands(
+        "add_i32", {"x": (x, jnp.int32, ("M", "N")), "y": (y, jnp.int32, ("M", "N"))}
+    )
+    _check_blocks("add_i32", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks("add_i32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(add_i32_reference, (((m, n), jnp.int32),), x, y)
     return _on_platform(
         functools.partial(_add_i32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
         functools.partial(
@@ -1142,9 +1193,15 @@ def mul_i32(
     Returns:
       z: i32[M, N].
     """
-    sizes = _sizes("mul_i32", {"x": (x, jnp.int32, ("M", "N")), "y": (y, jnp.int32, ("M", "N"))})
+    (x, y), sizes = _operands(
+        "mul_i32", {"x": (x, jnp.int32, ("M", "N")), "y": (y, jnp.int32, ("M", "N"))}
+    )
+    _check_blocks("mul_i32", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks("mul_i32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(mul_i32_reference, (((m, n), jnp.int32),), x, y)
     return _on_platform(
         functools.partial(_mul_i32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
         functools.partial(
@@ -1288,9 +1345,13 @@ def argmax_i32(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, int
     Returns:
       i: i32[M].
     """
-    sizes = _sizes("argmax_i32", {"x": (x, jnp.int32, ("M", "N"))})
+    (x,), sizes = _operands("argmax_i32", {"x": (x, jnp.int32, ("M", "N"))})
+    _check_blocks("argmax_i32", block_m=block_m, may_be_none=True)
+    _check_blocks("argmax_i32", gpu_block_m=gpu_block_m)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(argmax_i32_reference, (((m,), jnp.int32),), x)
     i = _on_platform(
         functools.partial(_argmax_i32_tpu, m=m, n=n, block_m=block_m),
         functools.partial(
@@ -1432,8 +1493,14 @@ def equal_count_i32(
     Returns:
       n: i32[].
     """
-    sizes = _sizes("equal_count_i32", {"x": (x, jnp.int32, ("N",)), "y": (y, jnp.int32, ("N",))})
+    (x, y), sizes = _operands(
+        "equal_count_i32", {"x": (x, jnp.int32, ("N",)), "y": (y, jnp.int32, ("N",))}
+    )
+    _check_blocks("equal_count_i32", block_n=block_n, may_be_none=True)
+    _check_blocks("equal_count_i32", gpu_block_n=gpu_block_n)
     n_ = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(equal_count_i32_reference, (((), jnp.int32),), x, y)
     n = _on_platform(
         functools.partial(_equal_count_i32_tpu, n_=n_, block_n=block_n),
         functools.partial(
@@ -1626,9 +1693,15 @@ def add_i8(
     Returns:
       z: i8[M, N].
     """
-    sizes = _sizes("add_i8", {"x": (x, jnp.int8, ("M", "N")), "y": (y, jnp.int8, ("M", "N"))})
+    (x, y), sizes = _operands(
+        "add_i8", {"x": (x, jnp.int8, ("M", "N")), "y": (y, jnp.int8, ("M", "N"))}
+    )
+    _check_blocks("add_i8", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks("add_i8", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(add_i8_reference, (((m, n), jnp.int8),), x, y)
     return _on_platform(
         functools.partial(_add_i8_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
         functools.partial(
@@ -1793,9 +1866,15 @@ def mul_i8(
     Returns:
       z: i8[M, N].
     """
-    sizes = _sizes("mul_i8", {"x": (x, jnp.int8, ("M", "N")), "y": (y, jnp.int8, ("M", "N"))})
+    (x, y), sizes = _operands(
+        "mul_i8", {"x": (x, jnp.int8, ("M", "N")), "y": (y, jnp.int8, ("M", "N"))}
+    )
+    _check_blocks("mul_i8", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks("mul_i8", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(mul_i8_reference, (((m, n), jnp.int8),), x, y)
     return _on_platform(
         functools.partial(_mul_i8_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
         functools.partial(
@@ -1939,9 +2018,13 @@ def argmax_i8(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, inte
     Returns:
       i: i32[M].
     """
-    sizes = _sizes("argmax_i8", {"x": (x, jnp.int8, ("M", "N"))})
+    (x,), sizes = _operands("argmax_i8", {"x": (x, jnp.int8, ("M", "N"))})
+    _check_blocks("argmax_i8", block_m=block_m, may_be_none=True)
+    _check_blocks("argmax_i8", gpu_block_m=gpu_block_m)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(argmax_i8_reference, (((m,), jnp.int32),), x)
     i = _on_platform(
         functools.partial(_argmax_i8_tpu, m=m, n=n, block_m=block_m),
         functools.partial(
@@ -2087,8 +2170,14 @@ def equal_count_i8(
     Returns:
       n: i32[].
     """
-    sizes = _sizes("equal_count_i8", {"x": (x, jnp.int8, ("N",)), "y": (y, jnp.int8, ("N",))})
+    (x, y), sizes = _operands(
+        "equal_count_i8", {"x": (x, jnp.int8, ("N",)), "y": (y, jnp.int8, ("N",))}
+    )
+    _check_blocks("equal_count_i8", block_n=block_n, may_be_none=True)
+    _check_blocks("equal_count_i8", gpu_block_n=gpu_block_n)
     n_ = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(equal_count_i8_reference, (((), jnp.int32),), x, y)
     n = _on_platform(
         functools.partial(_equal_count_i8_tpu, n_=n_, block_n=block_n),
         functools.partial(

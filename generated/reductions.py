@@ -101,10 +101,17 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
-def _sizes(kernel, operands):
-    """Checks each operand's dtype and rank; returns the size of each named dimension."""
-    sizes = {}
-    for name, (array, dtype, dims) in operands.items():
+def _operands(kernel, operands):
+    """The operands as arrays, each checked for its dtype and rank, and the size of each
+    named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
+    arrays, sizes = [], {}
+    for name, (value, dtype, dims) in operands.items():
+        try:
+            array = jnp.asarray(value)
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                f"{kernel}: {name} is not an array, nor converts to one ({error})"
+            ) from None
         if array.dtype != dtype:
             raise TypeError(f"{kernel}: {name} must be {jnp.dtype(dtype).name}, got {array.dtype}")
         if array.ndim != len(dims):
@@ -116,7 +123,29 @@ def _sizes(kernel, operands):
                 raise ValueError(
                     f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
                 )
-    return sizes
+        arrays.append(array)
+    return arrays, sizes
+
+
+def _check_blocks(kernel, may_be_none=False, **blocks):
+    """Refuses a block keyword whose value is not a positive int. None, where a block
+    `may_be_none`, leaves the choice of the block to the kernel."""
+    for keyword, block in blocks.items():
+        if block is None and may_be_none:
+            continue
+        if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
+            expected = "a positive int or None" if may_be_none else "a positive int"
+            raise ValueError(f"{kernel}: {keyword} must be {expected}, got {block!r}")
+
+
+def _without_elements(reference, outputs, *arrays, **params):
+    """The result of a call where a dimension has size 0, as jax.numpy gives it: empty
+    arrays of the `outputs`' (shape, dtype), or, where an output still has elements (it
+    reduces over the empty dimension), what the reference computes."""
+    if any(0 not in shape for shape, _ in outputs):
+        return reference(*arrays, **params)
+    empty = tuple(jnp.zeros(shape, dtype) for shape, dtype in outputs)
+    return empty if len(empty) > 1 else empty[0]
 
 
 def _check_tiling(kernel, **blocks):
@@ -305,9 +334,13 @@ def argmax_rows(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, in
     Returns:
       i: i32[M].
     """
-    sizes = _sizes("argmax_rows", {"x": (x, jnp.float32, ("M", "N"))})
+    (x,), sizes = _operands("argmax_rows", {"x": (x, jnp.float32, ("M", "N"))})
+    _check_blocks("argmax_rows", block_m=block_m, may_be_none=True)
+    _check_blocks("argmax_rows", gpu_block_m=gpu_block_m)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(argmax_rows_reference, (((m,), jnp.int32),), x)
     i = _on_platform(
         functools.partial(_argmax_rows_tpu, m=m, n=n, block_m=block_m),
         functools.partial(
@@ -446,9 +479,13 @@ def argmin_rows(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, in
     Returns:
       i: i32[M].
     """
-    sizes = _sizes("argmin_rows", {"x": (x, jnp.float32, ("M", "N"))})
+    (x,), sizes = _operands("argmin_rows", {"x": (x, jnp.float32, ("M", "N"))})
+    _check_blocks("argmin_rows", block_m=block_m, may_be_none=True)
+    _check_blocks("argmin_rows", gpu_block_m=gpu_block_m)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(argmin_rows_reference, (((m,), jnp.int32),), x)
     i = _on_platform(
         functools.partial(_argmin_rows_tpu, m=m, n=n, block_m=block_m),
         functools.partial(
@@ -606,9 +643,13 @@ def column_sums(
     Returns:
       s: f32[N].
     """
-    sizes = _sizes("column_sums", {"x": (x, jnp.float32, ("M", "N"))})
+    (x,), sizes = _operands("column_sums", {"x": (x, jnp.float32, ("M", "N"))})
+    _check_blocks("column_sums", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks("column_sums", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(column_sums_reference, (((n,), jnp.float32),), x)
     s = _on_platform(
         functools.partial(_column_sums_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
         functools.partial(
@@ -785,9 +826,15 @@ def quantize_rows_int8(
     Returns:
       q: i8[M, N]; scale: f32[M].
     """
-    sizes = _sizes("quantize_rows_int8", {"x": (x, jnp.float32, ("M", "N"))})
+    (x,), sizes = _operands("quantize_rows_int8", {"x": (x, jnp.float32, ("M", "N"))})
+    _check_blocks("quantize_rows_int8", block_m=block_m, may_be_none=True)
+    _check_blocks("quantize_rows_int8", gpu_block_m=gpu_block_m)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            quantize_rows_int8_reference, (((m, n), jnp.int8), ((m,), jnp.float32)), x
+        )
     q, scale = _on_platform(
         functools.partial(_quantize_rows_int8_tpu, m=m, n=n, block_m=block_m),
         functools.partial(
@@ -954,8 +1001,14 @@ def equal_count(x, y, *, block_n=None, gpu_block_n=1024, gpu_warps=4, gpu_stages
     Returns:
       n: i32[].
     """
-    sizes = _sizes("equal_count", {"x": (x, jnp.int32, ("N",)), "y": (y, jnp.int32, ("N",))})
+    (x, y), sizes = _operands(
+        "equal_count", {"x": (x, jnp.int32, ("N",)), "y": (y, jnp.int32, ("N",))}
+    )
+    _check_blocks("equal_count", block_n=block_n, may_be_none=True)
+    _check_blocks("equal_count", gpu_block_n=gpu_block_n)
     n_ = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(equal_count_reference, (((), jnp.int32),), x, y)
     n = _on_platform(
         functools.partial(_equal_count_tpu, n_=n_, block_n=block_n),
         functools.partial(

@@ -101,10 +101,17 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
-def _sizes(kernel, operands):
-    """Checks each operand's dtype and rank; returns the size of each named dimension."""
-    sizes = {}
-    for name, (array, dtype, dims) in operands.items():
+def _operands(kernel, operands):
+    """The operands as arrays, each checked for its dtype and rank, and the size of each
+    named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
+    arrays, sizes = [], {}
+    for name, (value, dtype, dims) in operands.items():
+        try:
+            array = jnp.asarray(value)
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                f"{kernel}: {name} is not an array, nor converts to one ({error})"
+            ) from None
         if array.dtype != dtype:
             raise TypeError(f"{kernel}: {name} must be {jnp.dtype(dtype).name}, got {array.dtype}")
         if array.ndim != len(dims):
@@ -116,7 +123,29 @@ def _sizes(kernel, operands):
                 raise ValueError(
                     f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
                 )
-    return sizes
+        arrays.append(array)
+    return arrays, sizes
+
+
+def _check_blocks(kernel, may_be_none=False, **blocks):
+    """Refuses a block keyword whose value is not a positive int. None, where a block
+    `may_be_none`, leaves the choice of the block to the kernel."""
+    for keyword, block in blocks.items():
+        if block is None and may_be_none:
+            continue
+        if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
+            expected = "a positive int or None" if may_be_none else "a positive int"
+            raise ValueError(f"{kernel}: {keyword} must be {expected}, got {block!r}")
+
+
+def _without_elements(reference, outputs, *arrays, **params):
+    """The result of a call where a dimension has size 0, as jax.numpy gives it: empty
+    arrays of the `outputs`' (shape, dtype), or, where an output still has elements (it
+    reduces over the empty dimension), what the reference computes."""
+    if any(0 not in shape for shape, _ in outputs):
+        return reference(*arrays, **params)
+    empty = tuple(jnp.zeros(shape, dtype) for shape, dtype in outputs)
+    return empty if len(empty) > 1 else empty[0]
 
 
 def _check_tiling(kernel, **blocks):
@@ -277,9 +306,13 @@ def softmax(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interp
     Returns:
       y: f32[M, N].
     """
-    sizes = _sizes("softmax", {"x": (x, jnp.float32, ("M", "N"))})
+    (x,), sizes = _operands("softmax", {"x": (x, jnp.float32, ("M", "N"))})
+    _check_blocks("softmax", block_m=block_m, may_be_none=True)
+    _check_blocks("softmax", gpu_block_m=gpu_block_m)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(softmax_reference, (((m, n), jnp.float32),), x)
     return _on_platform(
         functools.partial(_softmax_tpu, m=m, n=n, block_m=block_m),
         functools.partial(
@@ -407,9 +440,13 @@ def log_softmax(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, in
     Returns:
       y: f32[M, N].
     """
-    sizes = _sizes("log_softmax", {"x": (x, jnp.float32, ("M", "N"))})
+    (x,), sizes = _operands("log_softmax", {"x": (x, jnp.float32, ("M", "N"))})
+    _check_blocks("log_softmax", block_m=block_m, may_be_none=True)
+    _check_blocks("log_softmax", gpu_block_m=gpu_block_m)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(log_softmax_reference, (((m, n), jnp.float32),), x)
     return _on_platform(
         functools.partial(_log_softmax_tpu, m=m, n=n, block_m=block_m),
         functools.partial(

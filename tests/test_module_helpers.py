@@ -22,12 +22,12 @@ PLATFORM = {"_on_platform", "_platform_dependent", "_platform_dependent_p", "_pl
 FEATURES = {
     "whole-arrays": (
         "in x: f32[M, N]\nout y: f32[M, N]\ny = x * 2.0",
-        PLATFORM | {"_sizes", "_vmem_limit", "_nbytes", "_inside", "_mask", "_load", "_store"},
+        PLATFORM | {"_operands", "_without_elements", "_vmem_limit", "_nbytes", "_inside", "_mask", "_load", "_store"},
         {"M": 5, "N": 7},
     ),
     "call-time-blocks": (
         "in x: f32[M, N]\nout y: f32[M, N]\ny = x * 2.0\nblock M = 8, N = 128",
-        {"_tpu_blocks", "_tpu_chip", "_grown", "_check_tiling"},
+        {"_check_blocks", "_tpu_blocks", "_tpu_chip", "_grown", "_check_tiling"},
         {"M": 20, "N": 300},
     ),
     "round": ("in x: f32[N]\nout y: f32[N]\ny = round(x)", {"_round_half_even"}, {"N": 300}),

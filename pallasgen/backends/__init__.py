@@ -16,7 +16,8 @@ BACKENDS: tuple[Backend, ...] = (TpuBackend(), GpuBackend())
 # Names the generated module may define for its helpers (templates/helpers.py.j2; a
 # module defines those its code calls).
 MODULE_HELPERS = frozenset(
-    {"_on_platform", "_sizes", "_check_tiling", "_inside", "_mask", "_load", "_store", "_nbytes"}
+    {"_on_platform", "_operands", "_check_blocks", "_without_elements", "_check_tiling", "_nbytes"}
+    | {"_inside", "_mask", "_load", "_store"}
     | {"_platform_dependent", "_platform_dependent_p", "_platform_dependent_primitive", "_vmem_limit"}
     | {"_tpu_chip", "_tpu_blocks", "_grown"}
     | {"_fill_past", "_rows_shape", "_as_rows", "_fill_past_rows"}
