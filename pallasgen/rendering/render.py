@@ -66,20 +66,14 @@ def _pieces(plan: ModulePlan) -> tuple[str, list[str], list[str]]:
         for name, template in zip(kernel.backends, plan.templates):
             kernels.append(environment.get_template(template).render(k=kernel, p=kernel.backends[name]))
     imports, helpers = helper_definitions(plan.helpers)
-    called = set().union(*(_names(ast.parse(piece)) for piece in kernels))
-    kept, pending = set(), list(called)
-    while pending:
-        name = pending.pop()
-        if name in helpers and name not in kept:
-            kept.add(name)
-            pending.extend(helpers[name].calls)
-    return header, [imports, *(helper.source for name, helper in helpers.items() if name in kept)], kernels
+    called = _called_helpers(helpers, set().union(*(_names(ast.parse(piece)) for piece in kernels)))
+    return header, [imports, *(helper.source for name, helper in helpers.items() if name in called)], kernels
 
 
 @dataclass(frozen=True)
 class Helper:
     source: str  # its definition, unformatted
-    calls: frozenset[str]  # the names its code reads: the helpers it needs among them
+    calls: frozenset[str]  # the names in its code: the helpers it calls among them
 
 
 def helper_definitions(values: dict[str, object]) -> tuple[str, dict[str, Helper]]:
@@ -98,6 +92,17 @@ def helper_definitions(values: dict[str, object]) -> tuple[str, dict[str, Helper
         else:
             imports.append(text)
     return "\n".join(imports) + "\n", helpers
+
+
+def _called_helpers(helpers: dict[str, Helper], names: set[str]) -> set[str]:
+    """The helpers among `names`, and those they call in turn."""
+    called, pending = set(), list(names)
+    while pending:
+        name = pending.pop()
+        if name in helpers and name not in called:
+            called.add(name)
+            pending.extend(helpers[name].calls)
+    return called
 
 
 def _names(tree: ast.AST) -> set[str]:
