@@ -101,10 +101,17 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
-def _sizes(kernel, operands):
-    """Checks each operand's dtype and rank; returns the size of each named dimension."""
-    sizes = {}
-    for name, (array, dtype, dims) in operands.items():
+def _operands(kernel, operands):
+    """The operands as arrays, each checked for its dtype and rank, and the size of each
+    named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
+    arrays, sizes = [], {}
+    for name, (value, dtype, dims) in operands.items():
+        try:
+            array = jnp.asarray(value)
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                f"{kernel}: {name} is not an array, nor converts to one ({error})"
+            ) from None
         if array.dtype != dtype:
             raise TypeError(f"{kernel}: {name} must be {jnp.dtype(dtype).name}, got {array.dtype}")
         if array.ndim != len(dims):
@@ -116,7 +123,29 @@ def _sizes(kernel, operands):
                 raise ValueError(
                     f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
                 )
-    return sizes
+        arrays.append(array)
+    return arrays, sizes
+
+
+def _check_blocks(kernel, may_be_none=False, **blocks):
+    """Refuses a block keyword whose value is not a positive int. None, where a block
+    `may_be_none`, leaves the choice of the block to the kernel."""
+    for keyword, block in blocks.items():
+        if block is None and may_be_none:
+            continue
+        if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
+            expected = "a positive int or None" if may_be_none else "a positive int"
+            raise ValueError(f"{kernel}: {keyword} must be {expected}, got {block!r}")
+
+
+def _without_elements(reference, outputs, *arrays, **params):
+    """The result of a call where a dimension has size 0, as jax.numpy gives it: empty
+    arrays of the `outputs`' (shape, dtype), or, where an output still has elements (it
+    reduces over the empty dimension), what the reference computes."""
+    if any(0 not in shape for shape, _ in outputs):
+        return reference(*arrays, **params)
+    empty = tuple(jnp.zeros(shape, dtype) for shape, dtype in outputs)
+    return empty if len(empty) > 1 else empty[0]
 
 
 def _check_tiling(kernel, **blocks):
@@ -151,15 +180,14 @@ def _tpu_chip():
     )
 
 
-def _tpu_blocks(table, sizes, given, bounds=(), step=None):
+def _tpu_blocks(table, sizes, given, grow=None):
     """The blocks of a TPU call: those `given` (not None) as they are, the others from
     `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
     are nearest the call's (in powers of two), else the chip's default. Any other
     chip, and CPU, takes `table[None]`, the spec's blocks.
 
-    A kernel without a matrix product passes its blocked dimensions' sizes (`bounds`)
-    and `step`, a grid step's elements and VMEM bytes at given blocks: a chip's default
-    blocks not given then grow, see `_grown`.
+    A kernel without a matrix product passes `grow` (see `_grown`), which grows a
+    chip's default blocks not given to large steps.
     """
 
     def distance(tuned_sizes):
@@ -173,8 +201,8 @@ def _tpu_blocks(table, sizes, given, bounds=(), step=None):
     tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
     chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
     blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
-    if step is not None and known and not tuned:
-        blocks = _grown(blocks, [block is None for block in given], bounds, step)
+    if grow is not None and known and not tuned:
+        blocks = grow(blocks, [block is None for block in given])
     return tuple(blocks)
 
 
@@ -289,9 +317,15 @@ def leaky(
     Returns:
       y: f32[M, N]; mask: i32[M, N].
     """
-    sizes = _sizes("leaky", {"x": (x, jnp.float32, ("M", "N"))})
+    (x,), sizes = _operands("leaky", {"x": (x, jnp.float32, ("M", "N"))})
+    _check_blocks("leaky", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks("leaky", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            leaky_reference, (((m, n), jnp.float32), ((m, n), jnp.int32)), x, slope=slope
+        )
     return _on_platform(
         functools.partial(_leaky_tpu, m=m, n=n, block_m=block_m, block_n=block_n, slope=slope),
         functools.partial(
@@ -341,8 +375,11 @@ def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
         _leaky_tpu_blocks,
         (m, n),
         (block_m, block_n),
-        bounds=(m, n),
-        step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+        grow=functools.partial(
+            _grown,
+            bounds=(m, n),
+            step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+        ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
@@ -471,7 +508,7 @@ def bias_gelu(
     Returns:
       y: bf16[M, N].
     """
-    sizes = _sizes(
+    (x, bias, scale), sizes = _operands(
         "bias_gelu",
         {
             "x": (x, jnp.bfloat16, ("M", "N")),
@@ -479,8 +516,12 @@ def bias_gelu(
             "scale": (scale, jnp.float32, ("M",)),
         },
     )
+    _check_blocks("bias_gelu", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks("bias_gelu", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(bias_gelu_reference, (((m, n), jnp.bfloat16),), x, bias, scale)
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
     scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
     return _on_platform(
@@ -535,10 +576,13 @@ def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
         _bias_gelu_tpu_blocks,
         (m, n),
         (block_m, block_n),
-        bounds=(m, n),
-        step=lambda block_m, block_n: (
-            block_m * block_n,
-            8 * block_m * block_n + 8 * block_n + 8 * block_m,
+        grow=functools.partial(
+            _grown,
+            bounds=(m, n),
+            step=lambda block_m, block_n: (
+                block_m * block_n,
+                8 * block_m * block_n + 8 * block_n + 8 * block_m,
+            ),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
@@ -665,11 +709,15 @@ def quantize_rows(
     Returns:
       q: i8[M, N].
     """
-    sizes = _sizes(
+    (x, scale), sizes = _operands(
         "quantize_rows", {"x": (x, jnp.float32, ("M", "N")), "scale": (scale, jnp.float32, ("M",))}
     )
+    _check_blocks("quantize_rows", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks("quantize_rows", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(quantize_rows_reference, (((m, n), jnp.int8),), x, scale)
     scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
     return _on_platform(
         functools.partial(_quantize_rows_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
@@ -722,8 +770,11 @@ def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
         _quantize_rows_tpu_blocks,
         (m, n),
         (block_m, block_n),
-        bounds=(m, n),
-        step=lambda block_m, block_n: (block_m * block_n, 10 * block_m * block_n + 8 * block_m),
+        grow=functools.partial(
+            _grown,
+            bounds=(m, n),
+            step=lambda block_m, block_n: (block_m * block_n, 10 * block_m * block_n + 8 * block_m),
+        ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block

@@ -101,10 +101,17 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
-def _sizes(kernel, operands):
-    """Checks each operand's dtype and rank; returns the size of each named dimension."""
-    sizes = {}
-    for name, (array, dtype, dims) in operands.items():
+def _operands(kernel, operands):
+    """The operands as arrays, each checked for its dtype and rank, and the size of each
+    named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
+    arrays, sizes = [], {}
+    for name, (value, dtype, dims) in operands.items():
+        try:
+            array = jnp.asarray(value)
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                f"{kernel}: {name} is not an array, nor converts to one ({error})"
+            ) from None
         if array.dtype != dtype:
             raise TypeError(f"{kernel}: {name} must be {jnp.dtype(dtype).name}, got {array.dtype}")
         if array.ndim != len(dims):
@@ -116,7 +123,29 @@ def _sizes(kernel, operands):
                 raise ValueError(
                     f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
                 )
-    return sizes
+        arrays.append(array)
+    return arrays, sizes
+
+
+def _check_blocks(kernel, may_be_none=False, **blocks):
+    """Refuses a block keyword whose value is not a positive int. None, where a block
+    `may_be_none`, leaves the choice of the block to the kernel."""
+    for keyword, block in blocks.items():
+        if block is None and may_be_none:
+            continue
+        if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
+            expected = "a positive int or None" if may_be_none else "a positive int"
+            raise ValueError(f"{kernel}: {keyword} must be {expected}, got {block!r}")
+
+
+def _without_elements(reference, outputs, *arrays, **params):
+    """The result of a call where a dimension has size 0, as jax.numpy gives it: empty
+    arrays of the `outputs`' (shape, dtype), or, where an output still has elements (it
+    reduces over the empty dimension), what the reference computes."""
+    if any(0 not in shape for shape, _ in outputs):
+        return reference(*arrays, **params)
+    empty = tuple(jnp.zeros(shape, dtype) for shape, dtype in outputs)
+    return empty if len(empty) > 1 else empty[0]
 
 
 def _check_tiling(kernel, **blocks):
@@ -151,15 +180,14 @@ def _tpu_chip():
     )
 
 
-def _tpu_blocks(table, sizes, given, bounds=(), step=None):
+def _tpu_blocks(table, sizes, given, grow=None):
     """The blocks of a TPU call: those `given` (not None) as they are, the others from
     `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
     are nearest the call's (in powers of two), else the chip's default. Any other
     chip, and CPU, takes `table[None]`, the spec's blocks.
 
-    A kernel without a matrix product passes its blocked dimensions' sizes (`bounds`)
-    and `step`, a grid step's elements and VMEM bytes at given blocks: a chip's default
-    blocks not given then grow, see `_grown`.
+    A kernel without a matrix product passes `grow` (see `_grown`), which grows a
+    chip's default blocks not given to large steps.
     """
 
     def distance(tuned_sizes):
@@ -173,8 +201,8 @@ def _tpu_blocks(table, sizes, given, bounds=(), step=None):
     tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
     chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
     blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
-    if step is not None and known and not tuned:
-        blocks = _grown(blocks, [block is None for block in given], bounds, step)
+    if grow is not None and known and not tuned:
+        blocks = grow(blocks, [block is None for block in given])
     return tuple(blocks)
 
 
@@ -266,8 +294,14 @@ def add_vectors(x, y, *, block_n=None, gpu_block_n=1024, gpu_warps=4, gpu_stages
     Returns:
       z: f32[N].
     """
-    sizes = _sizes("add_vectors", {"x": (x, jnp.float32, ("N",)), "y": (y, jnp.float32, ("N",))})
+    (x, y), sizes = _operands(
+        "add_vectors", {"x": (x, jnp.float32, ("N",)), "y": (y, jnp.float32, ("N",))}
+    )
+    _check_blocks("add_vectors", block_n=block_n, may_be_none=True)
+    _check_blocks("add_vectors", gpu_block_n=gpu_block_n)
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(add_vectors_reference, (((n,), jnp.float32),), x, y)
     return _on_platform(
         functools.partial(_add_vectors_tpu, n=n, block_n=block_n),
         functools.partial(
@@ -308,8 +342,7 @@ def _add_vectors_tpu(x, y, *, n, block_n, interpret):
         _add_vectors_tpu_blocks,
         (n,),
         (block_n,),
-        bounds=(n,),
-        step=lambda block_n: (block_n, 24 * block_n),
+        grow=functools.partial(_grown, bounds=(n,), step=lambda block_n: (block_n, 24 * block_n)),
     )
     block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(

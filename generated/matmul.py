@@ -101,10 +101,17 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
-def _sizes(kernel, operands):
-    """Checks each operand's dtype and rank; returns the size of each named dimension."""
-    sizes = {}
-    for name, (array, dtype, dims) in operands.items():
+def _operands(kernel, operands):
+    """The operands as arrays, each checked for its dtype and rank, and the size of each
+    named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
+    arrays, sizes = [], {}
+    for name, (value, dtype, dims) in operands.items():
+        try:
+            array = jnp.asarray(value)
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                f"{kernel}: {name} is not an array, nor converts to one ({error})"
+            ) from None
         if array.dtype != dtype:
             raise TypeError(f"{kernel}: {name} must be {jnp.dtype(dtype).name}, got {array.dtype}")
         if array.ndim != len(dims):
@@ -116,7 +123,29 @@ def _sizes(kernel, operands):
                 raise ValueError(
                     f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
                 )
-    return sizes
+        arrays.append(array)
+    return arrays, sizes
+
+
+def _check_blocks(kernel, may_be_none=False, **blocks):
+    """Refuses a block keyword whose value is not a positive int. None, where a block
+    `may_be_none`, leaves the choice of the block to the kernel."""
+    for keyword, block in blocks.items():
+        if block is None and may_be_none:
+            continue
+        if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
+            expected = "a positive int or None" if may_be_none else "a positive int"
+            raise ValueError(f"{kernel}: {keyword} must be {expected}, got {block!r}")
+
+
+def _without_elements(reference, outputs, *arrays, **params):
+    """The result of a call where a dimension has size 0, as jax.numpy gives it: empty
+    arrays of the `outputs`' (shape, dtype), or, where an output still has elements (it
+    reduces over the empty dimension), what the reference computes."""
+    if any(0 not in shape for shape, _ in outputs):
+        return reference(*arrays, **params)
+    empty = tuple(jnp.zeros(shape, dtype) for shape, dtype in outputs)
+    return empty if len(empty) > 1 else empty[0]
 
 
 def _check_tiling(kernel, **blocks):
@@ -151,11 +180,14 @@ def _tpu_chip():
     )
 
 
-def _tpu_blocks(table, sizes, given):
+def _tpu_blocks(table, sizes, given, grow=None):
     """The blocks of a TPU call: those `given` (not None) as they are, the others from
     `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
     are nearest the call's (in powers of two), else the chip's default. Any other
     chip, and CPU, takes `table[None]`, the spec's blocks.
+
+    A kernel without a matrix product passes `grow` (see `_grown`), which grows a
+    chip's default blocks not given to large steps.
     """
 
     def distance(tuned_sizes):
@@ -169,6 +201,8 @@ def _tpu_blocks(table, sizes, given):
     tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
     chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
     blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
+    if grow is not None and known and not tuned:
+        blocks = grow(blocks, [block is None for block in given])
     return tuple(blocks)
 
 
@@ -265,10 +299,18 @@ def matmul(
     Returns:
       z: f32[M, N].
     """
-    sizes = _sizes("matmul", {"x": (x, jnp.float32, ("M", "K")), "y": (y, jnp.float32, ("K", "N"))})
+    (x, y), sizes = _operands(
+        "matmul", {"x": (x, jnp.float32, ("M", "K")), "y": (y, jnp.float32, ("K", "N"))}
+    )
+    _check_blocks("matmul", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True)
+    _check_blocks(
+        "matmul", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, gpu_block_k=gpu_block_k
+    )
     m = sizes["M"]
     n = sizes["N"]
     k = sizes["K"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(matmul_reference, (((m, n), jnp.float32),), x, y)
     return _on_platform(
         functools.partial(
             _matmul_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
@@ -350,8 +392,8 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     # accumulator).
     return pl.pallas_call(
         functools.partial(_matmul_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Output tiles are independent
-        # (parallel); the steps along K accumulate in order (arbitrary).
+        # One step per block of M, block of N, block of K. Steps along M, N are independent
+        # (parallel); steps along K accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             # x: f32[M, K]
@@ -470,12 +512,20 @@ def matmul_relu(
     Returns:
       z: f32[M, N].
     """
-    sizes = _sizes(
+    (x, y), sizes = _operands(
         "matmul_relu", {"x": (x, jnp.float32, ("M", "K")), "y": (y, jnp.float32, ("K", "N"))}
+    )
+    _check_blocks(
+        "matmul_relu", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True
+    )
+    _check_blocks(
+        "matmul_relu", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, gpu_block_k=gpu_block_k
     )
     m = sizes["M"]
     n = sizes["N"]
     k = sizes["K"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(matmul_relu_reference, (((m, n), jnp.float32),), x, y)
     return _on_platform(
         functools.partial(
             _matmul_relu_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
@@ -557,8 +607,8 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     # accumulator).
     return pl.pallas_call(
         functools.partial(_matmul_relu_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Output tiles are independent
-        # (parallel); the steps along K accumulate in order (arbitrary).
+        # One step per block of M, block of N, block of K. Steps along M, N are independent
+        # (parallel); steps along K accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             # x: f32[M, K]
@@ -685,7 +735,7 @@ def matmul_bias_gelu(
     Returns:
       z: bf16[M, N].
     """
-    sizes = _sizes(
+    (x, y, bias), sizes = _operands(
         "matmul_bias_gelu",
         {
             "x": (x, jnp.bfloat16, ("M", "K")),
@@ -693,9 +743,20 @@ def matmul_bias_gelu(
             "bias": (bias, jnp.float32, ("N",)),
         },
     )
+    _check_blocks(
+        "matmul_bias_gelu", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True
+    )
+    _check_blocks(
+        "matmul_bias_gelu",
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        gpu_block_k=gpu_block_k,
+    )
     m = sizes["M"]
     n = sizes["N"]
     k = sizes["K"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(matmul_bias_gelu_reference, (((m, n), jnp.bfloat16),), x, y, bias)
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
     return _on_platform(
         functools.partial(
@@ -794,8 +855,8 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, int
     # accumulator).
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Output tiles are independent
-        # (parallel); the steps along K accumulate in order (arbitrary).
+        # One step per block of M, block of N, block of K. Steps along M, N are independent
+        # (parallel); steps along K accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             # x: bf16[M, K]
@@ -931,10 +992,20 @@ def matmul_int8(
     Returns:
       z: i32[M, N].
     """
-    sizes = _sizes("matmul_int8", {"x": (x, jnp.int8, ("M", "K")), "y": (y, jnp.int8, ("K", "N"))})
+    (x, y), sizes = _operands(
+        "matmul_int8", {"x": (x, jnp.int8, ("M", "K")), "y": (y, jnp.int8, ("K", "N"))}
+    )
+    _check_blocks(
+        "matmul_int8", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True
+    )
+    _check_blocks(
+        "matmul_int8", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, gpu_block_k=gpu_block_k
+    )
     m = sizes["M"]
     n = sizes["N"]
     k = sizes["K"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(matmul_int8_reference, (((m, n), jnp.int32),), x, y)
     return _on_platform(
         functools.partial(
             _matmul_int8_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
@@ -1025,8 +1096,8 @@ def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     # accumulator).
     return pl.pallas_call(
         functools.partial(_matmul_int8_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Output tiles are independent
-        # (parallel); the steps along K accumulate in order (arbitrary).
+        # One step per block of M, block of N, block of K. Steps along M, N are independent
+        # (parallel); steps along K accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             # x: i8[M, K]
@@ -1151,14 +1222,22 @@ def batched_matmul(
     Returns:
       z: f32[B, M, N].
     """
-    sizes = _sizes(
+    (x, y), sizes = _operands(
         "batched_matmul",
         {"x": (x, jnp.bfloat16, ("B", "M", "K")), "y": (y, jnp.bfloat16, ("B", "K", "N"))},
+    )
+    _check_blocks(
+        "batched_matmul", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True
+    )
+    _check_blocks(
+        "batched_matmul", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, gpu_block_k=gpu_block_k
     )
     b = sizes["B"]
     m = sizes["M"]
     n = sizes["N"]
     k = sizes["K"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(batched_matmul_reference, (((b, m, n), jnp.float32),), x, y)
     return _on_platform(
         functools.partial(
             _batched_matmul_tpu,
@@ -1257,8 +1336,8 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
     # accumulator).
     return pl.pallas_call(
         functools.partial(_batched_matmul_kernel, k=k, block_k=block_k),
-        # One step per element of B, block of M, block of N, block of K. Output tiles are
-        # independent (parallel); the steps along K accumulate in order (arbitrary).
+        # One step per element of B, block of M, block of N, block of K. Steps along B, M, N
+        # are independent (parallel); steps along K accumulate in order (arbitrary).
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             # x: bf16[B, M, K]
@@ -1389,13 +1468,19 @@ def scores(
     Returns:
       s: f32[B, S, T].
     """
-    sizes = _sizes(
+    (q, k), sizes = _operands(
         "scores", {"q": (q, jnp.bfloat16, ("B", "S", "D")), "k": (k, jnp.bfloat16, ("B", "T", "D"))}
+    )
+    _check_blocks("scores", block_s=block_s, block_t=block_t, may_be_none=True)
+    _check_blocks(
+        "scores", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, gpu_block_d=gpu_block_d
     )
     b = sizes["B"]
     s_ = sizes["S"]
     t = sizes["T"]
     d = sizes["D"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(scores_reference, (((b, s_, t), jnp.float32),), q, k, scale=scale)
     return _on_platform(
         functools.partial(
             _scores_tpu, b=b, s_=s_, t=t, d=d, block_s=block_s, block_t=block_t, scale=scale
@@ -1598,7 +1683,7 @@ def linear(
     Returns:
       y: bf16[M, N].
     """
-    sizes = _sizes(
+    (x, w, bias), sizes = _operands(
         "linear",
         {
             "x": (x, jnp.bfloat16, ("M", "K")),
@@ -1606,9 +1691,15 @@ def linear(
             "bias": (bias, jnp.float32, ("N",)),
         },
     )
+    _check_blocks("linear", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True)
+    _check_blocks(
+        "linear", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, gpu_block_k=gpu_block_k
+    )
     m = sizes["M"]
     n = sizes["N"]
     k = sizes["K"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(linear_reference, (((m, n), jnp.bfloat16),), x, w, bias)
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
     return _on_platform(
         functools.partial(
@@ -1708,8 +1799,8 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
     # accumulator).
     return pl.pallas_call(
         functools.partial(_linear_kernel, k=k, block_k=block_k),
-        # One step per block of M, block of N, block of K. Output tiles are independent
-        # (parallel); the steps along K accumulate in order (arbitrary).
+        # One step per block of M, block of N, block of K. Steps along M, N are independent
+        # (parallel); steps along K accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
         in_specs=[
             # x: bf16[M, K]

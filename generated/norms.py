@@ -101,10 +101,17 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
-def _sizes(kernel, operands):
-    """Checks each operand's dtype and rank; returns the size of each named dimension."""
-    sizes = {}
-    for name, (array, dtype, dims) in operands.items():
+def _operands(kernel, operands):
+    """The operands as arrays, each checked for its dtype and rank, and the size of each
+    named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
+    arrays, sizes = [], {}
+    for name, (value, dtype, dims) in operands.items():
+        try:
+            array = jnp.asarray(value)
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                f"{kernel}: {name} is not an array, nor converts to one ({error})"
+            ) from None
         if array.dtype != dtype:
             raise TypeError(f"{kernel}: {name} must be {jnp.dtype(dtype).name}, got {array.dtype}")
         if array.ndim != len(dims):
@@ -116,7 +123,29 @@ def _sizes(kernel, operands):
                 raise ValueError(
                     f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
                 )
-    return sizes
+        arrays.append(array)
+    return arrays, sizes
+
+
+def _check_blocks(kernel, may_be_none=False, **blocks):
+    """Refuses a block keyword whose value is not a positive int. None, where a block
+    `may_be_none`, leaves the choice of the block to the kernel."""
+    for keyword, block in blocks.items():
+        if block is None and may_be_none:
+            continue
+        if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
+            expected = "a positive int or None" if may_be_none else "a positive int"
+            raise ValueError(f"{kernel}: {keyword} must be {expected}, got {block!r}")
+
+
+def _without_elements(reference, outputs, *arrays, **params):
+    """The result of a call where a dimension has size 0, as jax.numpy gives it: empty
+    arrays of the `outputs`' (shape, dtype), or, where an output still has elements (it
+    reduces over the empty dimension), what the reference computes."""
+    if any(0 not in shape for shape, _ in outputs):
+        return reference(*arrays, **params)
+    empty = tuple(jnp.zeros(shape, dtype) for shape, dtype in outputs)
+    return empty if len(empty) > 1 else empty[0]
 
 
 def _check_tiling(kernel, **blocks):
@@ -151,15 +180,14 @@ def _tpu_chip():
     )
 
 
-def _tpu_blocks(table, sizes, given, bounds=(), step=None):
+def _tpu_blocks(table, sizes, given, grow=None):
     """The blocks of a TPU call: those `given` (not None) as they are, the others from
     `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
     are nearest the call's (in powers of two), else the chip's default. Any other
     chip, and CPU, takes `table[None]`, the spec's blocks.
 
-    A kernel without a matrix product passes its blocked dimensions' sizes (`bounds`)
-    and `step`, a grid step's elements and VMEM bytes at given blocks: a chip's default
-    blocks not given then grow, see `_grown`.
+    A kernel without a matrix product passes `grow` (see `_grown`), which grows a
+    chip's default blocks not given to large steps.
     """
 
     def distance(tuned_sizes):
@@ -173,8 +201,8 @@ def _tpu_blocks(table, sizes, given, bounds=(), step=None):
     tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
     chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
     blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
-    if step is not None and known and not tuned:
-        blocks = _grown(blocks, [block is None for block in given], bounds, step)
+    if grow is not None and known and not tuned:
+        blocks = grow(blocks, [block is None for block in given])
     return tuple(blocks)
 
 
@@ -253,51 +281,6 @@ def _fill_past(value, start, size, axis, identity):
     return jnp.where(positions < size, value, identity)
 
 
-def _round_half_even(x):
-    """`jnp.round` (half to even) for the GPU, whose Triton lowering has no round."""
-    nearest = jnp.floor(x + 0.5)
-    tie_to_odd = (nearest - x == 0.5) & (jnp.floor(nearest * 0.5) * 2 != nearest)
-    nearest = jnp.where(tie_to_odd, nearest - 1, nearest)
-    return jnp.where(jnp.abs(x) < 2.0**23, nearest, x)  # larger floats are whole already
-
-
-def _argbest(x, axis, largest):
-    """The first index of the largest (or smallest) value along `axis`, kept as size 1."""
-    best = jnp.max(x, axis=axis, keepdims=True) if largest else jnp.min(x, axis=axis, keepdims=True)
-    positions = jax.lax.broadcasted_iota(jnp.int32, x.shape, axis)
-    return jnp.min(jnp.where(x == best, positions, x.shape[axis]), axis=axis, keepdims=True)
-
-
-def _argbest_step(best, index, x, start, axis, largest):
-    """The running (value, first index) after one more block `x` starting at `start`."""
-    block_best = (
-        jnp.max(x, axis=axis, keepdims=True) if largest else jnp.min(x, axis=axis, keepdims=True)
-    )
-    block_index = start + _argbest(x, axis, largest)
-    better = block_best > best if largest else block_best < best  # ties keep the earlier index
-    return jnp.where(better, block_best, best), jnp.where(better, block_index, index)
-
-
-def _logsumexp(x, axis):
-    """log(sum(exp(x))) along `axis`, kept as size 1, without overflow."""
-    top = jnp.max(x, axis=axis, keepdims=True)
-    top = jnp.where(top > -jnp.inf, top, 0.0)  # a row of -inf sums to 0, its log -inf
-    return top + jnp.log(jnp.sum(jnp.exp(x - top), axis=axis, keepdims=True))
-
-
-def _logsumexp_step(top, total, x, axis):
-    """The running (max, sum of exp(x - max)) after one more block `x`."""
-    new_top = jnp.maximum(top, jnp.max(x, axis=axis, keepdims=True))
-    shift = jnp.where(new_top > -jnp.inf, new_top, 0.0)
-    total = total * jnp.exp(top - shift) + jnp.sum(jnp.exp(x - shift), axis=axis, keepdims=True)
-    return new_top, total
-
-
-def _logsumexp_finish(top, total):
-    """log-sum-exp from its running (max, sum)."""
-    return jnp.where(top > -jnp.inf, top, 0.0) + jnp.log(total)
-
-
 @functools.partial(
     jax.jit,
     static_argnames=("block_m", "gpu_block_m", "gpu_warps", "gpu_stages", "eps", "interpret"),
@@ -323,7 +306,7 @@ def layer_norm(
     Returns:
       y: bf16[M, N]; mu: f32[M]; rstd: f32[M].
     """
-    sizes = _sizes(
+    (x, w, b), sizes = _operands(
         "layer_norm",
         {
             "x": (x, jnp.bfloat16, ("M", "N")),
@@ -331,8 +314,19 @@ def layer_norm(
             "b": (b, jnp.float32, ("N",)),
         },
     )
+    _check_blocks("layer_norm", block_m=block_m, may_be_none=True)
+    _check_blocks("layer_norm", gpu_block_m=gpu_block_m)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            layer_norm_reference,
+            (((m, n), jnp.bfloat16), ((m,), jnp.float32), ((m,), jnp.float32)),
+            x,
+            w,
+            b,
+            eps=eps,
+        )
     w = w.reshape(1, n)  # w: f32[N], broadcast over M
     b = b.reshape(1, n)  # b: f32[N], broadcast over M
     y, mu, rstd = _on_platform(
@@ -402,8 +396,11 @@ def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
         _layer_norm_tpu_blocks,
         (m, n),
         (block_m,),
-        bounds=(m,),
-        step=lambda block_m: (block_m * n, 16 * block_m * n + 16 * n + 16 * block_m),
+        grow=functools.partial(
+            _grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 16 * block_m * n + 16 * n + 16 * block_m),
+        ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     _check_tiling(
@@ -540,9 +537,15 @@ def rms_norm(
     Returns:
       y: bf16[M, N].
     """
-    sizes = _sizes("rms_norm", {"x": (x, jnp.bfloat16, ("M", "N")), "w": (w, jnp.float32, ("N",))})
+    (x, w), sizes = _operands(
+        "rms_norm", {"x": (x, jnp.bfloat16, ("M", "N")), "w": (w, jnp.float32, ("N",))}
+    )
+    _check_blocks("rms_norm", block_m=block_m, may_be_none=True)
+    _check_blocks("rms_norm", gpu_block_m=gpu_block_m)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(rms_norm_reference, (((m, n), jnp.bfloat16),), x, w, eps=eps)
     w = w.reshape(1, n)  # w: f32[N], broadcast over M
     return _on_platform(
         functools.partial(_rms_norm_tpu, m=m, n=n, block_m=block_m, eps=eps),
@@ -597,8 +600,9 @@ def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
         _rms_norm_tpu_blocks,
         (m, n),
         (block_m,),
-        bounds=(m,),
-        step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * n),
+        grow=functools.partial(
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * n)
+        ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     _check_tiling(

@@ -101,10 +101,17 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
-def _sizes(kernel, operands):
-    """Checks each operand's dtype and rank; returns the size of each named dimension."""
-    sizes = {}
-    for name, (array, dtype, dims) in operands.items():
+def _operands(kernel, operands):
+    """The operands as arrays, each checked for its dtype and rank, and the size of each
+    named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
+    arrays, sizes = [], {}
+    for name, (value, dtype, dims) in operands.items():
+        try:
+            array = jnp.asarray(value)
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                f"{kernel}: {name} is not an array, nor converts to one ({error})"
+            ) from None
         if array.dtype != dtype:
             raise TypeError(f"{kernel}: {name} must be {jnp.dtype(dtype).name}, got {array.dtype}")
         if array.ndim != len(dims):
@@ -116,7 +123,29 @@ def _sizes(kernel, operands):
                 raise ValueError(
                     f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
                 )
-    return sizes
+        arrays.append(array)
+    return arrays, sizes
+
+
+def _check_blocks(kernel, may_be_none=False, **blocks):
+    """Refuses a block keyword whose value is not a positive int. None, where a block
+    `may_be_none`, leaves the choice of the block to the kernel."""
+    for keyword, block in blocks.items():
+        if block is None and may_be_none:
+            continue
+        if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
+            expected = "a positive int or None" if may_be_none else "a positive int"
+            raise ValueError(f"{kernel}: {keyword} must be {expected}, got {block!r}")
+
+
+def _without_elements(reference, outputs, *arrays, **params):
+    """The result of a call where a dimension has size 0, as jax.numpy gives it: empty
+    arrays of the `outputs`' (shape, dtype), or, where an output still has elements (it
+    reduces over the empty dimension), what the reference computes."""
+    if any(0 not in shape for shape, _ in outputs):
+        return reference(*arrays, **params)
+    empty = tuple(jnp.zeros(shape, dtype) for shape, dtype in outputs)
+    return empty if len(empty) > 1 else empty[0]
 
 
 def _check_tiling(kernel, **blocks):
@@ -151,15 +180,14 @@ def _tpu_chip():
     )
 
 
-def _tpu_blocks(table, sizes, given, bounds=(), step=None):
+def _tpu_blocks(table, sizes, given, grow=None):
     """The blocks of a TPU call: those `given` (not None) as they are, the others from
     `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
     are nearest the call's (in powers of two), else the chip's default. Any other
     chip, and CPU, takes `table[None]`, the spec's blocks.
 
-    A kernel without a matrix product passes its blocked dimensions' sizes (`bounds`)
-    and `step`, a grid step's elements and VMEM bytes at given blocks: a chip's default
-    blocks not given then grow, see `_grown`.
+    A kernel without a matrix product passes `grow` (see `_grown`), which grows a
+    chip's default blocks not given to large steps.
     """
 
     def distance(tuned_sizes):
@@ -173,8 +201,8 @@ def _tpu_blocks(table, sizes, given, bounds=(), step=None):
     tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
     chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
     blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
-    if step is not None and known and not tuned:
-        blocks = _grown(blocks, [block is None for block in given], bounds, step)
+    if grow is not None and known and not tuned:
+        blocks = grow(blocks, [block is None for block in given])
     return tuple(blocks)
 
 
@@ -273,49 +301,11 @@ def _fill_past_rows(value, start, size, identity):
     return jnp.where(start + positions < size, value, identity)
 
 
-def _round_half_even(x):
-    """`jnp.round` (half to even) for the GPU, whose Triton lowering has no round."""
-    nearest = jnp.floor(x + 0.5)
-    tie_to_odd = (nearest - x == 0.5) & (jnp.floor(nearest * 0.5) * 2 != nearest)
-    nearest = jnp.where(tie_to_odd, nearest - 1, nearest)
-    return jnp.where(jnp.abs(x) < 2.0**23, nearest, x)  # larger floats are whole already
-
-
 def _argbest(x, axis, largest):
     """The first index of the largest (or smallest) value along `axis`, kept as size 1."""
     best = jnp.max(x, axis=axis, keepdims=True) if largest else jnp.min(x, axis=axis, keepdims=True)
     positions = jax.lax.broadcasted_iota(jnp.int32, x.shape, axis)
     return jnp.min(jnp.where(x == best, positions, x.shape[axis]), axis=axis, keepdims=True)
-
-
-def _argbest_step(best, index, x, start, axis, largest):
-    """The running (value, first index) after one more block `x` starting at `start`."""
-    block_best = (
-        jnp.max(x, axis=axis, keepdims=True) if largest else jnp.min(x, axis=axis, keepdims=True)
-    )
-    block_index = start + _argbest(x, axis, largest)
-    better = block_best > best if largest else block_best < best  # ties keep the earlier index
-    return jnp.where(better, block_best, best), jnp.where(better, block_index, index)
-
-
-def _logsumexp(x, axis):
-    """log(sum(exp(x))) along `axis`, kept as size 1, without overflow."""
-    top = jnp.max(x, axis=axis, keepdims=True)
-    top = jnp.where(top > -jnp.inf, top, 0.0)  # a row of -inf sums to 0, its log -inf
-    return top + jnp.log(jnp.sum(jnp.exp(x - top), axis=axis, keepdims=True))
-
-
-def _logsumexp_step(top, total, x, axis):
-    """The running (max, sum of exp(x - max)) after one more block `x`."""
-    new_top = jnp.maximum(top, jnp.max(x, axis=axis, keepdims=True))
-    shift = jnp.where(new_top > -jnp.inf, new_top, 0.0)
-    total = total * jnp.exp(top - shift) + jnp.sum(jnp.exp(x - shift), axis=axis, keepdims=True)
-    return new_top, total
-
-
-def _logsumexp_finish(top, total):
-    """log-sum-exp from its running (max, sum)."""
-    return jnp.where(top > -jnp.inf, top, 0.0) + jnp.log(total)
 
 
 @functools.partial(
@@ -357,11 +347,15 @@ def add_f32(
     Returns:
       z: f32[M, N].
     """
-    sizes = _sizes(
+    (x, y), sizes = _operands(
         "add_f32", {"x": (x, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("M", "N"))}
     )
+    _check_blocks("add_f32", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks("add_f32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(add_f32_reference, (((m, n), jnp.float32),), x, y)
     return _on_platform(
         functools.partial(_add_f32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
         functools.partial(
@@ -408,8 +402,11 @@ def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         _add_f32_tpu_blocks,
         (m, n),
         (block_m, block_n),
-        bounds=(m, n),
-        step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+        grow=functools.partial(
+            _grown,
+            bounds=(m, n),
+            step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+        ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
@@ -523,11 +520,15 @@ def mul_f32(
     Returns:
       z: f32[M, N].
     """
-    sizes = _sizes(
+    (x, y), sizes = _operands(
         "mul_f32", {"x": (x, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("M", "N"))}
     )
+    _check_blocks("mul_f32", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks("mul_f32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(mul_f32_reference, (((m, n), jnp.float32),), x, y)
     return _on_platform(
         functools.partial(_mul_f32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
         functools.partial(
@@ -574,8 +575,11 @@ def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         _mul_f32_tpu_blocks,
         (m, n),
         (block_m, block_n),
-        bounds=(m, n),
-        step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+        grow=functools.partial(
+            _grown,
+            bounds=(m, n),
+            step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+        ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
@@ -668,9 +672,13 @@ def argmax_f32(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, int
     Returns:
       i: i32[M].
     """
-    sizes = _sizes("argmax_f32", {"x": (x, jnp.float32, ("M", "N"))})
+    (x,), sizes = _operands("argmax_f32", {"x": (x, jnp.float32, ("M", "N"))})
+    _check_blocks("argmax_f32", block_m=block_m, may_be_none=True)
+    _check_blocks("argmax_f32", gpu_block_m=gpu_block_m)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(argmax_f32_reference, (((m,), jnp.int32),), x)
     i = _on_platform(
         functools.partial(_argmax_f32_tpu, m=m, n=n, block_m=block_m),
         functools.partial(
@@ -719,8 +727,9 @@ def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
         _argmax_f32_tpu_blocks,
         (m, n),
         (block_m,),
-        bounds=(m,),
-        step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
+        grow=functools.partial(
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m)
+        ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     _check_tiling(
@@ -811,10 +820,14 @@ def equal_count_f32(
     Returns:
       n: i32[].
     """
-    sizes = _sizes(
+    (x, y), sizes = _operands(
         "equal_count_f32", {"x": (x, jnp.float32, ("N",)), "y": (y, jnp.float32, ("N",))}
     )
+    _check_blocks("equal_count_f32", block_n=block_n, may_be_none=True)
+    _check_blocks("equal_count_f32", gpu_block_n=gpu_block_n)
     n_ = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(equal_count_f32_reference, (((), jnp.int32),), x, y)
     n = _on_platform(
         functools.partial(_equal_count_f32_tpu, n_=n_, block_n=block_n),
         functools.partial(
@@ -877,8 +890,9 @@ def _equal_count_f32_tpu(x, y, *, n_, block_n, interpret):
         _equal_count_f32_tpu_blocks,
         (n_,),
         (block_n,),
-        bounds=(n_,),
-        step=lambda block_n: (block_n, 24 * block_n + 8),
+        grow=functools.partial(
+            _grown, bounds=(n_,), step=lambda block_n: (block_n, 24 * block_n + 8)
+        ),
     )
     block_n = min(block_n, n_)  # a small N is one whole block
     _check_tiling(
@@ -895,7 +909,7 @@ def _equal_count_f32_tpu(x, y, *, n_, block_n, interpret):
     # reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_equal_count_f32_kernel, n_=n_, block_n=block_n),
-        # One step per block of N; steps are independent, so every axis is parallel.
+        # One step per block of N. Steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(n_, block_n),),
         in_specs=[
             # x: f32[N]
@@ -1006,9 +1020,15 @@ def add_i32(
     Returns:
       z: i32[M, N].
     """
-    sizes = _sizes("add_i32", {"x": (x, jnp.int32, ("M", "N")), "y": (y, jnp.int32, ("M", "N"))})
+    (x, y), sizes = _operands(
+        "add_i32", {"x": (x, jnp.int32, ("M", "N")), "y": (y, jnp.int32, ("M", "N"))}
+    )
+    _check_blocks("add_i32", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks("add_i32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(add_i32_reference, (((m, n), jnp.int32),), x, y)
     return _on_platform(
         functools.partial(_add_i32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
         functools.partial(
@@ -1055,8 +1075,11 @@ def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         _add_i32_tpu_blocks,
         (m, n),
         (block_m, block_n),
-        bounds=(m, n),
-        step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+        grow=functools.partial(
+            _grown,
+            bounds=(m, n),
+            step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+        ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
@@ -1170,9 +1193,15 @@ def mul_i32(
     Returns:
       z: i32[M, N].
     """
-    sizes = _sizes("mul_i32", {"x": (x, jnp.int32, ("M", "N")), "y": (y, jnp.int32, ("M", "N"))})
+    (x, y), sizes = _operands(
+        "mul_i32", {"x": (x, jnp.int32, ("M", "N")), "y": (y, jnp.int32, ("M", "N"))}
+    )
+    _check_blocks("mul_i32", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks("mul_i32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(mul_i32_reference, (((m, n), jnp.int32),), x, y)
     return _on_platform(
         functools.partial(_mul_i32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
         functools.partial(
@@ -1219,8 +1248,11 @@ def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         _mul_i32_tpu_blocks,
         (m, n),
         (block_m, block_n),
-        bounds=(m, n),
-        step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+        grow=functools.partial(
+            _grown,
+            bounds=(m, n),
+            step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+        ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
@@ -1313,9 +1345,13 @@ def argmax_i32(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, int
     Returns:
       i: i32[M].
     """
-    sizes = _sizes("argmax_i32", {"x": (x, jnp.int32, ("M", "N"))})
+    (x,), sizes = _operands("argmax_i32", {"x": (x, jnp.int32, ("M", "N"))})
+    _check_blocks("argmax_i32", block_m=block_m, may_be_none=True)
+    _check_blocks("argmax_i32", gpu_block_m=gpu_block_m)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(argmax_i32_reference, (((m,), jnp.int32),), x)
     i = _on_platform(
         functools.partial(_argmax_i32_tpu, m=m, n=n, block_m=block_m),
         functools.partial(
@@ -1364,8 +1400,9 @@ def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
         _argmax_i32_tpu_blocks,
         (m, n),
         (block_m,),
-        bounds=(m,),
-        step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
+        grow=functools.partial(
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m)
+        ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     _check_tiling(
@@ -1456,8 +1493,14 @@ def equal_count_i32(
     Returns:
       n: i32[].
     """
-    sizes = _sizes("equal_count_i32", {"x": (x, jnp.int32, ("N",)), "y": (y, jnp.int32, ("N",))})
+    (x, y), sizes = _operands(
+        "equal_count_i32", {"x": (x, jnp.int32, ("N",)), "y": (y, jnp.int32, ("N",))}
+    )
+    _check_blocks("equal_count_i32", block_n=block_n, may_be_none=True)
+    _check_blocks("equal_count_i32", gpu_block_n=gpu_block_n)
     n_ = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(equal_count_i32_reference, (((), jnp.int32),), x, y)
     n = _on_platform(
         functools.partial(_equal_count_i32_tpu, n_=n_, block_n=block_n),
         functools.partial(
@@ -1520,8 +1563,9 @@ def _equal_count_i32_tpu(x, y, *, n_, block_n, interpret):
         _equal_count_i32_tpu_blocks,
         (n_,),
         (block_n,),
-        bounds=(n_,),
-        step=lambda block_n: (block_n, 24 * block_n + 8),
+        grow=functools.partial(
+            _grown, bounds=(n_,), step=lambda block_n: (block_n, 24 * block_n + 8)
+        ),
     )
     block_n = min(block_n, n_)  # a small N is one whole block
     _check_tiling(
@@ -1538,7 +1582,7 @@ def _equal_count_i32_tpu(x, y, *, n_, block_n, interpret):
     # reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_equal_count_i32_kernel, n_=n_, block_n=block_n),
-        # One step per block of N; steps are independent, so every axis is parallel.
+        # One step per block of N. Steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(n_, block_n),),
         in_specs=[
             # x: i32[N]
@@ -1649,9 +1693,15 @@ def add_i8(
     Returns:
       z: i8[M, N].
     """
-    sizes = _sizes("add_i8", {"x": (x, jnp.int8, ("M", "N")), "y": (y, jnp.int8, ("M", "N"))})
+    (x, y), sizes = _operands(
+        "add_i8", {"x": (x, jnp.int8, ("M", "N")), "y": (y, jnp.int8, ("M", "N"))}
+    )
+    _check_blocks("add_i8", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks("add_i8", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(add_i8_reference, (((m, n), jnp.int8),), x, y)
     return _on_platform(
         functools.partial(_add_i8_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
         functools.partial(
@@ -1698,8 +1748,11 @@ def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
         _add_i8_tpu_blocks,
         (m, n),
         (block_m, block_n),
-        bounds=(m, n),
-        step=lambda block_m, block_n: (block_m * block_n, 6 * block_m * block_n),
+        grow=functools.partial(
+            _grown,
+            bounds=(m, n),
+            step=lambda block_m, block_n: (block_m * block_n, 6 * block_m * block_n),
+        ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
@@ -1813,9 +1866,15 @@ def mul_i8(
     Returns:
       z: i8[M, N].
     """
-    sizes = _sizes("mul_i8", {"x": (x, jnp.int8, ("M", "N")), "y": (y, jnp.int8, ("M", "N"))})
+    (x, y), sizes = _operands(
+        "mul_i8", {"x": (x, jnp.int8, ("M", "N")), "y": (y, jnp.int8, ("M", "N"))}
+    )
+    _check_blocks("mul_i8", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks("mul_i8", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(mul_i8_reference, (((m, n), jnp.int8),), x, y)
     return _on_platform(
         functools.partial(_mul_i8_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
         functools.partial(
@@ -1862,8 +1921,11 @@ def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
         _mul_i8_tpu_blocks,
         (m, n),
         (block_m, block_n),
-        bounds=(m, n),
-        step=lambda block_m, block_n: (block_m * block_n, 6 * block_m * block_n),
+        grow=functools.partial(
+            _grown,
+            bounds=(m, n),
+            step=lambda block_m, block_n: (block_m * block_n, 6 * block_m * block_n),
+        ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
@@ -1956,9 +2018,13 @@ def argmax_i8(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, inte
     Returns:
       i: i32[M].
     """
-    sizes = _sizes("argmax_i8", {"x": (x, jnp.int8, ("M", "N"))})
+    (x,), sizes = _operands("argmax_i8", {"x": (x, jnp.int8, ("M", "N"))})
+    _check_blocks("argmax_i8", block_m=block_m, may_be_none=True)
+    _check_blocks("argmax_i8", gpu_block_m=gpu_block_m)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(argmax_i8_reference, (((m,), jnp.int32),), x)
     i = _on_platform(
         functools.partial(_argmax_i8_tpu, m=m, n=n, block_m=block_m),
         functools.partial(
@@ -2007,8 +2073,9 @@ def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
         _argmax_i8_tpu_blocks,
         (m, n),
         (block_m,),
-        bounds=(m,),
-        step=lambda block_m: (block_m * n, 6 * block_m * n + 8 * block_m),
+        grow=functools.partial(
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 6 * block_m * n + 8 * block_m)
+        ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     _check_tiling(
@@ -2103,8 +2170,14 @@ def equal_count_i8(
     Returns:
       n: i32[].
     """
-    sizes = _sizes("equal_count_i8", {"x": (x, jnp.int8, ("N",)), "y": (y, jnp.int8, ("N",))})
+    (x, y), sizes = _operands(
+        "equal_count_i8", {"x": (x, jnp.int8, ("N",)), "y": (y, jnp.int8, ("N",))}
+    )
+    _check_blocks("equal_count_i8", block_n=block_n, may_be_none=True)
+    _check_blocks("equal_count_i8", gpu_block_n=gpu_block_n)
     n_ = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(equal_count_i8_reference, (((), jnp.int32),), x, y)
     n = _on_platform(
         functools.partial(_equal_count_i8_tpu, n_=n_, block_n=block_n),
         functools.partial(
@@ -2167,8 +2240,9 @@ def _equal_count_i8_tpu(x, y, *, n_, block_n, interpret):
         _equal_count_i8_tpu_blocks,
         (n_,),
         (block_n,),
-        bounds=(n_,),
-        step=lambda block_n: (block_n, 12 * block_n + 8),
+        grow=functools.partial(
+            _grown, bounds=(n_,), step=lambda block_n: (block_n, 12 * block_n + 8)
+        ),
     )
     block_n = min(block_n, n_)  # a small N is one whole block
     _check_tiling(
@@ -2185,7 +2259,7 @@ def _equal_count_i8_tpu(x, y, *, n_, block_n, interpret):
     # reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_equal_count_i8_kernel, n_=n_, block_n=block_n),
-        # One step per block of N; steps are independent, so every axis is parallel.
+        # One step per block of N. Steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(n_, block_n),),
         in_specs=[
             # x: i8[N]

@@ -101,10 +101,17 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
-def _sizes(kernel, operands):
-    """Checks each operand's dtype and rank; returns the size of each named dimension."""
-    sizes = {}
-    for name, (array, dtype, dims) in operands.items():
+def _operands(kernel, operands):
+    """The operands as arrays, each checked for its dtype and rank, and the size of each
+    named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
+    arrays, sizes = [], {}
+    for name, (value, dtype, dims) in operands.items():
+        try:
+            array = jnp.asarray(value)
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                f"{kernel}: {name} is not an array, nor converts to one ({error})"
+            ) from None
         if array.dtype != dtype:
             raise TypeError(f"{kernel}: {name} must be {jnp.dtype(dtype).name}, got {array.dtype}")
         if array.ndim != len(dims):
@@ -116,7 +123,29 @@ def _sizes(kernel, operands):
                 raise ValueError(
                     f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
                 )
-    return sizes
+        arrays.append(array)
+    return arrays, sizes
+
+
+def _check_blocks(kernel, may_be_none=False, **blocks):
+    """Refuses a block keyword whose value is not a positive int. None, where a block
+    `may_be_none`, leaves the choice of the block to the kernel."""
+    for keyword, block in blocks.items():
+        if block is None and may_be_none:
+            continue
+        if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
+            expected = "a positive int or None" if may_be_none else "a positive int"
+            raise ValueError(f"{kernel}: {keyword} must be {expected}, got {block!r}")
+
+
+def _without_elements(reference, outputs, *arrays, **params):
+    """The result of a call where a dimension has size 0, as jax.numpy gives it: empty
+    arrays of the `outputs`' (shape, dtype), or, where an output still has elements (it
+    reduces over the empty dimension), what the reference computes."""
+    if any(0 not in shape for shape, _ in outputs):
+        return reference(*arrays, **params)
+    empty = tuple(jnp.zeros(shape, dtype) for shape, dtype in outputs)
+    return empty if len(empty) > 1 else empty[0]
 
 
 def _check_tiling(kernel, **blocks):
@@ -151,15 +180,14 @@ def _tpu_chip():
     )
 
 
-def _tpu_blocks(table, sizes, given, bounds=(), step=None):
+def _tpu_blocks(table, sizes, given, grow=None):
     """The blocks of a TPU call: those `given` (not None) as they are, the others from
     `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
     are nearest the call's (in powers of two), else the chip's default. Any other
     chip, and CPU, takes `table[None]`, the spec's blocks.
 
-    A kernel without a matrix product passes its blocked dimensions' sizes (`bounds`)
-    and `step`, a grid step's elements and VMEM bytes at given blocks: a chip's default
-    blocks not given then grow, see `_grown`.
+    A kernel without a matrix product passes `grow` (see `_grown`), which grows a
+    chip's default blocks not given to large steps.
     """
 
     def distance(tuned_sizes):
@@ -173,8 +201,8 @@ def _tpu_blocks(table, sizes, given, bounds=(), step=None):
     tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
     chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
     blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
-    if step is not None and known and not tuned:
-        blocks = _grown(blocks, [block is None for block in given], bounds, step)
+    if grow is not None and known and not tuned:
+        blocks = grow(blocks, [block is None for block in given])
     return tuple(blocks)
 
 
@@ -288,36 +316,6 @@ def _argbest(x, axis, largest):
     return jnp.min(jnp.where(x == best, positions, x.shape[axis]), axis=axis, keepdims=True)
 
 
-def _argbest_step(best, index, x, start, axis, largest):
-    """The running (value, first index) after one more block `x` starting at `start`."""
-    block_best = (
-        jnp.max(x, axis=axis, keepdims=True) if largest else jnp.min(x, axis=axis, keepdims=True)
-    )
-    block_index = start + _argbest(x, axis, largest)
-    better = block_best > best if largest else block_best < best  # ties keep the earlier index
-    return jnp.where(better, block_best, best), jnp.where(better, block_index, index)
-
-
-def _logsumexp(x, axis):
-    """log(sum(exp(x))) along `axis`, kept as size 1, without overflow."""
-    top = jnp.max(x, axis=axis, keepdims=True)
-    top = jnp.where(top > -jnp.inf, top, 0.0)  # a row of -inf sums to 0, its log -inf
-    return top + jnp.log(jnp.sum(jnp.exp(x - top), axis=axis, keepdims=True))
-
-
-def _logsumexp_step(top, total, x, axis):
-    """The running (max, sum of exp(x - max)) after one more block `x`."""
-    new_top = jnp.maximum(top, jnp.max(x, axis=axis, keepdims=True))
-    shift = jnp.where(new_top > -jnp.inf, new_top, 0.0)
-    total = total * jnp.exp(top - shift) + jnp.sum(jnp.exp(x - shift), axis=axis, keepdims=True)
-    return new_top, total
-
-
-def _logsumexp_finish(top, total):
-    """log-sum-exp from its running (max, sum)."""
-    return jnp.where(top > -jnp.inf, top, 0.0) + jnp.log(total)
-
-
 @functools.partial(
     jax.jit, static_argnames=("block_m", "gpu_block_m", "gpu_warps", "gpu_stages", "interpret")
 )
@@ -336,9 +334,13 @@ def argmax_rows(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, in
     Returns:
       i: i32[M].
     """
-    sizes = _sizes("argmax_rows", {"x": (x, jnp.float32, ("M", "N"))})
+    (x,), sizes = _operands("argmax_rows", {"x": (x, jnp.float32, ("M", "N"))})
+    _check_blocks("argmax_rows", block_m=block_m, may_be_none=True)
+    _check_blocks("argmax_rows", gpu_block_m=gpu_block_m)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(argmax_rows_reference, (((m,), jnp.int32),), x)
     i = _on_platform(
         functools.partial(_argmax_rows_tpu, m=m, n=n, block_m=block_m),
         functools.partial(
@@ -387,8 +389,9 @@ def _argmax_rows_tpu(x, *, m, n, block_m, interpret):
         _argmax_rows_tpu_blocks,
         (m, n),
         (block_m,),
-        bounds=(m,),
-        step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
+        grow=functools.partial(
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m)
+        ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     _check_tiling(
@@ -476,9 +479,13 @@ def argmin_rows(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, in
     Returns:
       i: i32[M].
     """
-    sizes = _sizes("argmin_rows", {"x": (x, jnp.float32, ("M", "N"))})
+    (x,), sizes = _operands("argmin_rows", {"x": (x, jnp.float32, ("M", "N"))})
+    _check_blocks("argmin_rows", block_m=block_m, may_be_none=True)
+    _check_blocks("argmin_rows", gpu_block_m=gpu_block_m)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(argmin_rows_reference, (((m,), jnp.int32),), x)
     i = _on_platform(
         functools.partial(_argmin_rows_tpu, m=m, n=n, block_m=block_m),
         functools.partial(
@@ -527,8 +534,9 @@ def _argmin_rows_tpu(x, *, m, n, block_m, interpret):
         _argmin_rows_tpu_blocks,
         (m, n),
         (block_m,),
-        bounds=(m,),
-        step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
+        grow=functools.partial(
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m)
+        ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     _check_tiling(
@@ -635,9 +643,13 @@ def column_sums(
     Returns:
       s: f32[N].
     """
-    sizes = _sizes("column_sums", {"x": (x, jnp.float32, ("M", "N"))})
+    (x,), sizes = _operands("column_sums", {"x": (x, jnp.float32, ("M", "N"))})
+    _check_blocks("column_sums", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks("column_sums", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(column_sums_reference, (((n,), jnp.float32),), x)
     s = _on_platform(
         functools.partial(_column_sums_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
         functools.partial(
@@ -701,8 +713,11 @@ def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
         _column_sums_tpu_blocks,
         (m, n),
         (block_m, block_n),
-        bounds=(m, n),
-        step=lambda block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_n),
+        grow=functools.partial(
+            _grown,
+            bounds=(m, n),
+            step=lambda block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_n),
+        ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
@@ -720,8 +735,8 @@ def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
     # reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_column_sums_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
-        # One step per block of N, block of M; steps are independent, so every axis is
-        # parallel.
+        # One step per block of N, block of M. Steps along N are independent (parallel); steps
+        # along M accumulate in order (arbitrary).
         grid=(pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[
             # x: f32[M, N]
@@ -811,9 +826,15 @@ def quantize_rows_int8(
     Returns:
       q: i8[M, N]; scale: f32[M].
     """
-    sizes = _sizes("quantize_rows_int8", {"x": (x, jnp.float32, ("M", "N"))})
+    (x,), sizes = _operands("quantize_rows_int8", {"x": (x, jnp.float32, ("M", "N"))})
+    _check_blocks("quantize_rows_int8", block_m=block_m, may_be_none=True)
+    _check_blocks("quantize_rows_int8", gpu_block_m=gpu_block_m)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            quantize_rows_int8_reference, (((m, n), jnp.int8), ((m,), jnp.float32)), x
+        )
     q, scale = _on_platform(
         functools.partial(_quantize_rows_int8_tpu, m=m, n=n, block_m=block_m),
         functools.partial(
@@ -866,8 +887,9 @@ def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
         _quantize_rows_int8_tpu_blocks,
         (m, n),
         (block_m,),
-        bounds=(m,),
-        step=lambda block_m: (block_m * n, 14 * block_m * n + 8 * block_m),
+        grow=functools.partial(
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 14 * block_m * n + 8 * block_m)
+        ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     _check_tiling(
@@ -979,8 +1001,14 @@ def equal_count(x, y, *, block_n=None, gpu_block_n=1024, gpu_warps=4, gpu_stages
     Returns:
       n: i32[].
     """
-    sizes = _sizes("equal_count", {"x": (x, jnp.int32, ("N",)), "y": (y, jnp.int32, ("N",))})
+    (x, y), sizes = _operands(
+        "equal_count", {"x": (x, jnp.int32, ("N",)), "y": (y, jnp.int32, ("N",))}
+    )
+    _check_blocks("equal_count", block_n=block_n, may_be_none=True)
+    _check_blocks("equal_count", gpu_block_n=gpu_block_n)
     n_ = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(equal_count_reference, (((), jnp.int32),), x, y)
     n = _on_platform(
         functools.partial(_equal_count_tpu, n_=n_, block_n=block_n),
         functools.partial(
@@ -1039,8 +1067,9 @@ def _equal_count_tpu(x, y, *, n_, block_n, interpret):
         _equal_count_tpu_blocks,
         (n_,),
         (block_n,),
-        bounds=(n_,),
-        step=lambda block_n: (block_n, 24 * block_n + 8),
+        grow=functools.partial(
+            _grown, bounds=(n_,), step=lambda block_n: (block_n, 24 * block_n + 8)
+        ),
     )
     block_n = min(block_n, n_)  # a small N is one whole block
     _check_tiling(
@@ -1057,7 +1086,7 @@ def _equal_count_tpu(x, y, *, n_, block_n, interpret):
     # reductions' f32 working copies).
     return pl.pallas_call(
         functools.partial(_equal_count_kernel, n_=n_, block_n=block_n),
-        # One step per block of N; steps are independent, so every axis is parallel.
+        # One step per block of N. Steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(n_, block_n),),
         in_specs=[
             # x: i32[N]

@@ -101,10 +101,17 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
-def _sizes(kernel, operands):
-    """Checks each operand's dtype and rank; returns the size of each named dimension."""
-    sizes = {}
-    for name, (array, dtype, dims) in operands.items():
+def _operands(kernel, operands):
+    """The operands as arrays, each checked for its dtype and rank, and the size of each
+    named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
+    arrays, sizes = [], {}
+    for name, (value, dtype, dims) in operands.items():
+        try:
+            array = jnp.asarray(value)
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                f"{kernel}: {name} is not an array, nor converts to one ({error})"
+            ) from None
         if array.dtype != dtype:
             raise TypeError(f"{kernel}: {name} must be {jnp.dtype(dtype).name}, got {array.dtype}")
         if array.ndim != len(dims):
@@ -116,7 +123,29 @@ def _sizes(kernel, operands):
                 raise ValueError(
                     f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
                 )
-    return sizes
+        arrays.append(array)
+    return arrays, sizes
+
+
+def _check_blocks(kernel, may_be_none=False, **blocks):
+    """Refuses a block keyword whose value is not a positive int. None, where a block
+    `may_be_none`, leaves the choice of the block to the kernel."""
+    for keyword, block in blocks.items():
+        if block is None and may_be_none:
+            continue
+        if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
+            expected = "a positive int or None" if may_be_none else "a positive int"
+            raise ValueError(f"{kernel}: {keyword} must be {expected}, got {block!r}")
+
+
+def _without_elements(reference, outputs, *arrays, **params):
+    """The result of a call where a dimension has size 0, as jax.numpy gives it: empty
+    arrays of the `outputs`' (shape, dtype), or, where an output still has elements (it
+    reduces over the empty dimension), what the reference computes."""
+    if any(0 not in shape for shape, _ in outputs):
+        return reference(*arrays, **params)
+    empty = tuple(jnp.zeros(shape, dtype) for shape, dtype in outputs)
+    return empty if len(empty) > 1 else empty[0]
 
 
 def _check_tiling(kernel, **blocks):
@@ -151,15 +180,14 @@ def _tpu_chip():
     )
 
 
-def _tpu_blocks(table, sizes, given, bounds=(), step=None):
+def _tpu_blocks(table, sizes, given, grow=None):
     """The blocks of a TPU call: those `given` (not None) as they are, the others from
     `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
     are nearest the call's (in powers of two), else the chip's default. Any other
     chip, and CPU, takes `table[None]`, the spec's blocks.
 
-    A kernel without a matrix product passes its blocked dimensions' sizes (`bounds`)
-    and `step`, a grid step's elements and VMEM bytes at given blocks: a chip's default
-    blocks not given then grow, see `_grown`.
+    A kernel without a matrix product passes `grow` (see `_grown`), which grows a
+    chip's default blocks not given to large steps.
     """
 
     def distance(tuned_sizes):
@@ -173,8 +201,8 @@ def _tpu_blocks(table, sizes, given, bounds=(), step=None):
     tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
     chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
     blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
-    if step is not None and known and not tuned:
-        blocks = _grown(blocks, [block is None for block in given], bounds, step)
+    if grow is not None and known and not tuned:
+        blocks = grow(blocks, [block is None for block in given])
     return tuple(blocks)
 
 
@@ -253,49 +281,11 @@ def _fill_past(value, start, size, axis, identity):
     return jnp.where(positions < size, value, identity)
 
 
-def _round_half_even(x):
-    """`jnp.round` (half to even) for the GPU, whose Triton lowering has no round."""
-    nearest = jnp.floor(x + 0.5)
-    tie_to_odd = (nearest - x == 0.5) & (jnp.floor(nearest * 0.5) * 2 != nearest)
-    nearest = jnp.where(tie_to_odd, nearest - 1, nearest)
-    return jnp.where(jnp.abs(x) < 2.0**23, nearest, x)  # larger floats are whole already
-
-
-def _argbest(x, axis, largest):
-    """The first index of the largest (or smallest) value along `axis`, kept as size 1."""
-    best = jnp.max(x, axis=axis, keepdims=True) if largest else jnp.min(x, axis=axis, keepdims=True)
-    positions = jax.lax.broadcasted_iota(jnp.int32, x.shape, axis)
-    return jnp.min(jnp.where(x == best, positions, x.shape[axis]), axis=axis, keepdims=True)
-
-
-def _argbest_step(best, index, x, start, axis, largest):
-    """The running (value, first index) after one more block `x` starting at `start`."""
-    block_best = (
-        jnp.max(x, axis=axis, keepdims=True) if largest else jnp.min(x, axis=axis, keepdims=True)
-    )
-    block_index = start + _argbest(x, axis, largest)
-    better = block_best > best if largest else block_best < best  # ties keep the earlier index
-    return jnp.where(better, block_best, best), jnp.where(better, block_index, index)
-
-
 def _logsumexp(x, axis):
     """log(sum(exp(x))) along `axis`, kept as size 1, without overflow."""
     top = jnp.max(x, axis=axis, keepdims=True)
     top = jnp.where(top > -jnp.inf, top, 0.0)  # a row of -inf sums to 0, its log -inf
     return top + jnp.log(jnp.sum(jnp.exp(x - top), axis=axis, keepdims=True))
-
-
-def _logsumexp_step(top, total, x, axis):
-    """The running (max, sum of exp(x - max)) after one more block `x`."""
-    new_top = jnp.maximum(top, jnp.max(x, axis=axis, keepdims=True))
-    shift = jnp.where(new_top > -jnp.inf, new_top, 0.0)
-    total = total * jnp.exp(top - shift) + jnp.sum(jnp.exp(x - shift), axis=axis, keepdims=True)
-    return new_top, total
-
-
-def _logsumexp_finish(top, total):
-    """log-sum-exp from its running (max, sum)."""
-    return jnp.where(top > -jnp.inf, top, 0.0) + jnp.log(total)
 
 
 @functools.partial(
@@ -316,9 +306,13 @@ def softmax(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interp
     Returns:
       y: f32[M, N].
     """
-    sizes = _sizes("softmax", {"x": (x, jnp.float32, ("M", "N"))})
+    (x,), sizes = _operands("softmax", {"x": (x, jnp.float32, ("M", "N"))})
+    _check_blocks("softmax", block_m=block_m, may_be_none=True)
+    _check_blocks("softmax", gpu_block_m=gpu_block_m)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(softmax_reference, (((m, n), jnp.float32),), x)
     return _on_platform(
         functools.partial(_softmax_tpu, m=m, n=n, block_m=block_m),
         functools.partial(
@@ -355,8 +349,9 @@ def _softmax_tpu(x, *, m, n, block_m, interpret):
         _softmax_tpu_blocks,
         (m, n),
         (block_m,),
-        bounds=(m,),
-        step=lambda block_m: (block_m * n, 24 * block_m * n),
+        grow=functools.partial(
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 24 * block_m * n)
+        ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     _check_tiling(
@@ -445,9 +440,13 @@ def log_softmax(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, in
     Returns:
       y: f32[M, N].
     """
-    sizes = _sizes("log_softmax", {"x": (x, jnp.float32, ("M", "N"))})
+    (x,), sizes = _operands("log_softmax", {"x": (x, jnp.float32, ("M", "N"))})
+    _check_blocks("log_softmax", block_m=block_m, may_be_none=True)
+    _check_blocks("log_softmax", gpu_block_m=gpu_block_m)
     m = sizes["M"]
     n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(log_softmax_reference, (((m, n), jnp.float32),), x)
     return _on_platform(
         functools.partial(_log_softmax_tpu, m=m, n=n, block_m=block_m),
         functools.partial(
@@ -491,8 +490,9 @@ def _log_softmax_tpu(x, *, m, n, block_m, interpret):
         _log_softmax_tpu_blocks,
         (m, n),
         (block_m,),
-        bounds=(m,),
-        step=lambda block_m: (block_m * n, 20 * block_m * n),
+        grow=functools.partial(
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 20 * block_m * n)
+        ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     _check_tiling(

@@ -20,12 +20,12 @@ from pallasgen.workspace.pipeline import generate
 DOC = 'Quotes " and """ and \\ backslashes \\""" and a tab\there.'
 SPEC = f"""# {DOC}
 kernel collide {{
-    in pl, jnp, lambda, x_ref, acc, _sizes, functools, np: f32[M, N]
+    in pl, jnp, lambda, x_ref, acc, _operands, functools, np: f32[M, N]
     in min, step, interpret_, block_m_, _collide_gpu, True: f32[M, N]
     out interpret: f32[M, N]
     out sizes: f32[M, N]
     param acc_ref: f32 = 1.5
-    let jax = pl + jnp + lambda + x_ref + acc + _sizes + functools + np
+    let jax = pl + jnp + lambda + x_ref + acc + _operands + functools + np
     interpret = jax + min + step + interpret_ + block_m_ + _collide_gpu + True + acc_ref
     sizes = interpret * 2
     block M = 8, N = 128

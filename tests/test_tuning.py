@@ -281,8 +281,8 @@ def checked_spec(spec: str, kernel: str):
 
 def test_only_a_module_with_a_kernel_that_grows_its_blocks_has_the_growth_helper():
     matmul, softmax = ((GENERATED / f"{name}.py").read_text() for name in ("matmul", "softmax"))
-    assert "def _grown(" not in matmul and "step=" not in matmul  # every matmul kernel has a product
-    assert "def _grown(" in softmax and "def _tpu_blocks(table, sizes, given, bounds=(), step=None):" in softmax
+    assert "def _grown(" not in matmul and "grow=functools" not in matmul  # every matmul kernel has a product
+    assert "def _grown(" in softmax and "grow=functools.partial(" in softmax
 
 
 def test_block_choices_are_the_tiling_multiple_times_powers_of_two_then_the_whole_dimension():

@@ -10,13 +10,14 @@ from pallasgen.backends.base import Backend
 from pallasgen.backends.gpu import GpuBackend
 from pallasgen.backends.tpu import TpuBackend
 from pallasgen.lowering.kernel import KernelPlan, lower_kernel, plan_kernel
-from pallasgen.lowering.phases import reduces
 
 BACKENDS: tuple[Backend, ...] = (TpuBackend(), GpuBackend())
 
-# Names the generated module defines for its helpers (templates/helpers.py.j2).
+# Names the generated module may define for its helpers (templates/helpers.py.j2; a
+# module defines those its code calls).
 MODULE_HELPERS = frozenset(
-    {"_on_platform", "_sizes", "_check_tiling", "_inside", "_mask", "_load", "_store", "_nbytes"}
+    {"_on_platform", "_operands", "_check_blocks", "_without_elements", "_check_tiling", "_nbytes"}
+    | {"_inside", "_mask", "_load", "_store"}
     | {"_platform_dependent", "_platform_dependent_p", "_platform_dependent_primitive", "_vmem_limit"}
     | {"_tpu_chip", "_tpu_blocks", "_grown"}
     | {"_fill_past", "_rows_shape", "_as_rows", "_fill_past_rows"}
@@ -37,9 +38,7 @@ def plan_module(spec_path: str, kernels: tuple[CheckedKernel, ...]) -> ModulePla
         name for k in kernels for backend in BACKENDS for name in backend.function_names(k.kernel.name)
     }
     plans = tuple(_plan_kernel(k, module_names) for k in kernels)
-    helpers = {"reductions": any(reduces(k) for k in kernels)}  # only then the reduction helpers
-    for backend in BACKENDS:
-        helpers.update(backend.helper_values(kernels))
+    helpers = {name: value for backend in BACKENDS for name, value in backend.helper_values().items()}
     return ModulePlan(spec_path, plans, _templates(), helpers)
 
 

@@ -47,7 +47,6 @@ class Backend(ABC):
     def plan(self, lowered: LoweredKernel) -> object:
         """Its plan of a kernel: plain data for its template."""
 
-    def helper_values(self, kernels: tuple[CheckedKernel, ...]) -> dict[str, object]:
-        """Values the module's shared helpers (helpers.py.j2) take from this backend, for
-        a module of these kernels."""
+    def helper_values(self) -> dict[str, object]:
+        """Values the module's shared helpers (helpers.py.j2) take from this backend."""
         return {}

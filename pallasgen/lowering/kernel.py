@@ -67,6 +67,7 @@ class KernelPlan:
     signature: Signature
     sizes: tuple[tuple[str, str], ...]  # (Python variable, spec dim)
     reference_parameters: str
+    reference_arguments: str  # the public function's call of the reference: its arrays and params
     arguments: str  # the input arrays, in order
     restores: tuple[str, ...]  # outputs of lower rank than the layout, reshaped to their own
     reference_sizes: tuple[str, ...]
@@ -145,6 +146,7 @@ def plan_kernel(lowered: LoweredKernel, groups: list[KeywordGroup], backends: di
         reference_parameters=parameter_list(
             [values[d.name] for d in kernel.inputs], [f"{p.name}={p.value!r}" for p in kernel.params]
         ),
+        reference_arguments=", ".join([values[d.name] for d in kernel.inputs] + [f"{p.name}={p.name}" for p in kernel.params]),
         arguments=", ".join(values[d.name] for d in kernel.inputs),
         restores=tuple(o.restore for o in lowered.outputs if o.restore),
         reference_sizes=tuple(

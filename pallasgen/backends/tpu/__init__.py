@@ -8,8 +8,6 @@ from pallasgen.backends.tpu.checks import check_tpu
 from pallasgen.backends.tpu.chips import CHIPS, STEP_ELEMENTS, STEP_VMEM_BYTES
 from pallasgen.backends.tpu.plan import (
     block_table_name,
-    grows_blocks,
-    holds_rows_blocks,
     kernel_function_name,
     keyword_group,
     launcher_name,
@@ -37,10 +35,8 @@ class TpuBackend(Backend):
     def plan(self, lowered):
         return plan_tpu(lowered)
 
-    def helper_values(self, kernels):
+    def helper_values(self):
         return {
-            "grows": any(map(grows_blocks, kernels)),  # then `_grown` is used
-            "rows": any(map(holds_rows_blocks, kernels)),  # then `_as_rows` and its kin are
             "scoped_vmem_mib": SCOPED_VMEM_BYTES >> 20,
             "vmem_limit_mib": VMEM_LIMIT_BYTES >> 20,
             "tpu_chips": {kind: chip.name for chip in CHIPS for kind in chip.device_kinds},

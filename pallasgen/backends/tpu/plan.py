@@ -119,12 +119,6 @@ def grows_blocks(checked: CheckedKernel) -> bool:
     return checked.product is None and bool(tunable_dims(checked))
 
 
-def holds_rows_blocks(checked: CheckedKernel) -> bool:
-    """Whether the kernel holds its blocks as rows of 128 lanes (`holds_rows`)."""
-    dim = stepped_dim(checked)
-    return dim is not None and holds_rows(checked.kernel, dim)
-
-
 def keyword_group(checked: CheckedKernel) -> KeywordGroup:
     """The public `block_*` keywords, and their lines of the docstring."""
     tunable = tunable_dims(checked)
@@ -177,7 +171,7 @@ def _block_table(
     if grows_blocks(checked):
         elements = " * ".join(block_of[d] for d in dims)
         step = f"lambda {', '.join(block_keyword(d) for d in tunable)}: ({elements}, {vmem_needed})"
-        arguments += [f"bounds={tuple_code([sizes[d] for d in tunable])}", f"step={step}"]
+        arguments.append(f"grow=functools.partial(_grown, bounds={tuple_code([sizes[d] for d in tunable])}, step={step})")
     choice = f"{keywords} = _tpu_blocks({', '.join(arguments)})"
     return BlockTable(name, _wrap(comment), tuple(chips), choice)
 
@@ -262,6 +256,8 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
     layouts = array_layouts(kernel, checked.space.layout, product)
     inputs = [values[d.name] for d in kernel.inputs]
     vmem_needed = _vmem_needed(kernel, checked.blocks, product, block_of, squeezed)
+    # A product's contracted steps, and those of a reduced dimension, accumulate in order.
+    semantics = tuple("arbitrary" if (product and d == product.k) or d == stepped else "parallel" for d in blocked)
     return TpuPlan(
         function=launcher_name(kernel.name),
         kernel_function=kernel_function_name(kernel.name),
@@ -288,16 +284,14 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
         ),
         returns=_tpu_return(lowered),
         grid=tuple_code([sizes[d] if d in squeezed else f"pl.cdiv({sizes[d]}, {block_keyword(d)})" for d in blocked]),
-        grid_comment=_wrap(_grid_comment(blocked, dims, product, squeezed)),
+        grid_comment=_wrap(_grid_comment(blocked, dims, squeezed, semantics)),
         in_specs=tuple((a.comment, block_spec(d)) for a, d in zip(lowered.inputs, kernel.inputs)),
         out_specs=tuple((a.comment, block_spec(d)) for a, d in zip(lowered.outputs, kernel.outputs)),
         out_shapes=tuple(
             (f"jax.ShapeDtypeStruct({o.layout_shape}, {jnp_dtype(tpu_dtype(o.spec_dtype))})", o.spec_name)
             for o in lowered.outputs
         ),
-        dimension_semantics=tuple(
-            "arbitrary" if (product and d == product.k) or d == stepped else "parallel" for d in blocked
-        ),
+        dimension_semantics=semantics,
         vmem_comment=_wrap(_vmem_comment(kernel, checked.blocks, dims, product)),
         vmem_needed=vmem_needed,
         cost_estimate=_cost_estimate(checked, values, sizes),
@@ -466,18 +460,21 @@ def _times(count: int, elements: str) -> list[str]:
     return [] if count <= 0 else [elements] if count == 1 else [f"{count} * {elements}"]
 
 
-def _grid_comment(blocked, dims, product: Product | None, squeezed: set[str]) -> str:
+def _grid_comment(blocked, dims, squeezed: set[str], semantics: tuple[str, ...]) -> str:
+    """What the grid's axes are, and how they run: as `semantics`, each axis's dimension semantics."""
     if not blocked:
         return "A single step: every dimension is taken whole."
     steps = ", ".join(f"element of {d}" if d in squeezed else f"block of {d}" for d in blocked)
     whole = [d for d in dims if d not in blocked]
     taken = f" ({', '.join(whole)} taken whole)" if whole else ""
-    if product is not None and product.k in blocked:
-        return (
-            f"One step per {steps}{taken}. Output tiles are independent (parallel);"
-            f" the steps along {product.k} accumulate in order (arbitrary)."
-        )
-    return f"One step per {steps}{taken}; steps are independent, so every axis is parallel."
+    ordered = [d for d, kind in zip(blocked, semantics) if kind == "arbitrary"]
+    if not ordered:
+        return f"One step per {steps}{taken}; steps are independent, so every axis is parallel."
+    independent = [d for d, kind in zip(blocked, semantics) if kind == "parallel"]
+    clauses = [f"steps along {', '.join(independent)} are independent (parallel)"] if independent else []
+    clauses.append(f"steps along {', '.join(ordered)} accumulate in order (arbitrary)")
+    sentence = "; ".join(clauses)
+    return f"One step per {steps}{taken}. {sentence[0].upper()}{sentence[1:]}."
 
 
 def _vmem_comment(kernel: ir.Kernel, blocks: dict[str, int], dims, product) -> str:
