@@ -400,8 +400,8 @@ def _argmax_rows_tpu(x, *, m, n, block_m, interpret):
             "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
         ),
     )
-    # VMEM at the default blocks: 160 B per unit of N (inputs and outputs double-buffered,
-    # plus the reductions' f32 working copies).
+    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) +
+    # argmax's 32-bit copy of a block 32 B.
     return pl.pallas_call(
         functools.partial(_argmax_rows_kernel, m=m, n=n, block_m=block_m),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -587,12 +587,12 @@ def _argmax_blocked_tpu(x, *, m, n, block_m, block_n, interpret):
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 48.1 KiB (inputs and outputs double-buffered, plus the
-    # reductions' f32 working copies).
+    # VMEM at the default blocks: 48.1 KiB = 2 buffers x (x 16.0 KiB + i 32 B) + argmax's
+    # 32-bit copy of a block 16.0 KiB.
     return pl.pallas_call(
         functools.partial(_argmax_blocked_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
-        # One step per block of M, block of N; steps are independent, so every axis is
-        # parallel.
+        # One step per block of M, block of N. Output tiles are independent (parallel); the
+        # steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             # x: f32[M, N]
@@ -752,8 +752,8 @@ def _argmin_rows_tpu(x, *, m, n, block_m, interpret):
             "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
         ),
     )
-    # VMEM at the default blocks: 160 B per unit of N (inputs and outputs double-buffered,
-    # plus the reductions' f32 working copies).
+    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) +
+    # argmin's 32-bit copy of a block 32 B.
     return pl.pallas_call(
         functools.partial(_argmin_rows_kernel, m=m, n=n, block_m=block_m),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -928,12 +928,12 @@ def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 3.0 MiB (inputs and outputs double-buffered, plus the
-    # reductions' f32 working copies).
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 1.0 MiB + s 2.0 KiB) + sum's
+    # 32-bit copy of a block 1.0 MiB.
     return pl.pallas_call(
         functools.partial(_column_sums_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
-        # One step per block of N, block of M; steps are independent, so every axis is
-        # parallel.
+        # One step per block of N, block of M. Output tiles are independent (parallel); the
+        # steps along M accumulate in order (arbitrary).
         grid=(pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[
             # x: f32[M, N]
@@ -1091,8 +1091,8 @@ def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
             "M is the second-to-last dimension of a block of i8 values, so it is a multiple of 32",
         ),
     )
-    # VMEM at the default blocks: 704 B per unit of N (inputs and outputs double-buffered,
-    # plus the reductions' f32 working copies).
+    # VMEM at the default blocks per unit of N: 704 B = 2 buffers x (x 128 B + q 32 B +
+    # scale 128 B) + max's 32-bit copy of a block 128 B.
     return pl.pallas_call(
         functools.partial(_quantize_rows_int8_kernel, m=m, n=n, block_m=block_m),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -1265,11 +1265,11 @@ def _equal_count_tpu(x, y, *, n_, block_n, interpret):
             128,
         ),
     )
-    # VMEM at the default blocks: 24.0 KiB (inputs and outputs double-buffered, plus the
-    # reductions' f32 working copies).
+    # VMEM at the default blocks: 24.0 KiB = 2 buffers x (x 4.0 KiB + y 4.0 KiB + n 4 B) +
+    # sum's 32-bit copy of a block 4.0 KiB + sum's running values 4.0 KiB.
     return pl.pallas_call(
         functools.partial(_equal_count_kernel, n_=n_, block_n=block_n),
-        # One step per block of N; steps are independent, so every axis is parallel.
+        # One step per block of N; the steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(n_, block_n),),
         in_specs=[
             # x: i32[N]
