@@ -282,6 +282,14 @@ def test_cross_entropy_vmem_lists_the_working_copies_of_its_reductions():
     )
 
 
+def test_a_gpu_program_holds_a_reduced_dimension_whole_in_one_block_of_its_next_power_of_two():
+    root = picture(kernel("softmax"), {"M": 3, "N": 200}, gpu=True)
+    assert "N is no grid axis: each program holds all of it in one block of 256" in texts(root)
+    x = arrays(root)["x"]
+    assert "block (1, 256), index map (i) -> (i, 0)" in texts(x)
+    assert len(rects(x, "block")) == 3 and len(rects(x, "ragged")) == 3  # 56 lanes past N's end
+
+
 # What show states against the generated module's own code.
 
 

@@ -180,6 +180,9 @@ def _grid_lines(tiles: KernelTiles) -> list[str]:
         lines.append(
             f"  {tiles.looped} is no grid axis: each program loops over it in slices of {tiles.blocks[tiles.looped]}"
         )
+    walked = {g.dim for g in tiles.grid} | {tiles.looped}
+    for dim in (d for d in tiles.blocks if d not in walked):
+        lines.append(f"  {dim} is no grid axis: each program holds all of it in one block of {tiles.blocks[dim]}")
     lines += [f"  scratch {line}" for line in tiles.scratch]
     return lines
 
