@@ -460,7 +460,9 @@ def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n,
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 18.0 MiB (inputs and outputs double-buffered).
+    # VMEM at the default blocks: 18.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2
+    # 1.0 MiB + ay2 1.0 MiB + bx1 1.0 MiB + by1 1.0 MiB + bx2 1.0 MiB + by2 1.0 MiB + giou
+    # 1.0 MiB).
     return pl.pallas_call(
         functools.partial(_giou_kernel, eps=eps),
         # One step per block of B, block of N; steps are independent, so every axis is

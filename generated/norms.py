@@ -412,8 +412,9 @@ def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
             "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
-    # VMEM at the default blocks: 528 B per unit of N (inputs and outputs double-buffered,
-    # plus the reductions' f32 working copies).
+    # VMEM at the default blocks per unit of N: 528 B = 2 buffers x (x 32 B + w 4 B + b 4
+    # B + y 32 B + mu 64 B + rstd 64 B) + mean's 32-bit copy of a block 64 B + mean's
+    # 32-bit copy of a block 64 B.
     return pl.pallas_call(
         functools.partial(_layer_norm_kernel, m=m, n=n, block_m=block_m, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -614,8 +615,8 @@ def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
             "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
-    # VMEM at the default blocks: 200 B per unit of N (inputs and outputs double-buffered,
-    # plus the reductions' f32 working copies).
+    # VMEM at the default blocks per unit of N: 200 B = 2 buffers x (x 32 B + w 4 B + y 32
+    # B) + mean's 32-bit copy of a block 64 B.
     return pl.pallas_call(
         functools.partial(_rms_norm_kernel, m=m, n=n, block_m=block_m, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is

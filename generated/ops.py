@@ -420,7 +420,8 @@ def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 3.0 MiB (inputs and outputs double-buffered).
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z
+    # 512.0 KiB).
     return pl.pallas_call(
         _add_f32_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is
@@ -593,7 +594,8 @@ def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 3.0 MiB (inputs and outputs double-buffered).
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z
+    # 512.0 KiB).
     return pl.pallas_call(
         _mul_f32_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is
@@ -741,8 +743,8 @@ def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
             "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
         ),
     )
-    # VMEM at the default blocks: 160 B per unit of N (inputs and outputs double-buffered,
-    # plus the reductions' f32 working copies).
+    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) +
+    # argmax's 32-bit copy of a block 32 B.
     return pl.pallas_call(
         functools.partial(_argmax_f32_kernel, m=m, n=n, block_m=block_m),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -905,8 +907,8 @@ def _equal_count_f32_tpu(x, y, *, n_, block_n, interpret):
             128,
         ),
     )
-    # VMEM at the default blocks: 96.0 KiB (inputs and outputs double-buffered, plus the
-    # reductions' f32 working copies).
+    # VMEM at the default blocks: 96.0 KiB = 2 buffers x (x 16.0 KiB + y 16.0 KiB + n 4 B)
+    # + sum's 32-bit copy of a block 16.0 KiB + sum's running values 16.0 KiB.
     return pl.pallas_call(
         functools.partial(_equal_count_f32_kernel, n_=n_, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
@@ -1093,7 +1095,8 @@ def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 3.0 MiB (inputs and outputs double-buffered).
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z
+    # 512.0 KiB).
     return pl.pallas_call(
         _add_i32_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is
@@ -1266,7 +1269,8 @@ def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 3.0 MiB (inputs and outputs double-buffered).
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z
+    # 512.0 KiB).
     return pl.pallas_call(
         _mul_i32_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is
@@ -1414,8 +1418,8 @@ def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
             "M is the second-to-last dimension of a block of i32 values, so it is a multiple of 8",
         ),
     )
-    # VMEM at the default blocks: 160 B per unit of N (inputs and outputs double-buffered,
-    # plus the reductions' f32 working copies).
+    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) +
+    # argmax's 32-bit copy of a block 32 B.
     return pl.pallas_call(
         functools.partial(_argmax_i32_kernel, m=m, n=n, block_m=block_m),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -1578,8 +1582,8 @@ def _equal_count_i32_tpu(x, y, *, n_, block_n, interpret):
             128,
         ),
     )
-    # VMEM at the default blocks: 96.0 KiB (inputs and outputs double-buffered, plus the
-    # reductions' f32 working copies).
+    # VMEM at the default blocks: 96.0 KiB = 2 buffers x (x 16.0 KiB + y 16.0 KiB + n 4 B)
+    # + sum's 32-bit copy of a block 16.0 KiB + sum's running values 16.0 KiB.
     return pl.pallas_call(
         functools.partial(_equal_count_i32_kernel, n_=n_, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
@@ -1766,7 +1770,8 @@ def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 3.0 MiB (inputs and outputs double-buffered).
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z
+    # 512.0 KiB).
     return pl.pallas_call(
         _add_i8_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is
@@ -1939,7 +1944,8 @@ def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 3.0 MiB (inputs and outputs double-buffered).
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z
+    # 512.0 KiB).
     return pl.pallas_call(
         _mul_i8_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is
@@ -2087,8 +2093,8 @@ def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
             "M is the second-to-last dimension of a block of i8 values, so it is a multiple of 32",
         ),
     )
-    # VMEM at the default blocks: 448 B per unit of N (inputs and outputs double-buffered,
-    # plus the reductions' f32 working copies).
+    # VMEM at the default blocks per unit of N: 448 B = 2 buffers x (x 32 B + i 128 B) +
+    # argmax's 32-bit copy of a block 128 B.
     return pl.pallas_call(
         functools.partial(_argmax_i8_kernel, m=m, n=n, block_m=block_m),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -2255,8 +2261,8 @@ def _equal_count_i8_tpu(x, y, *, n_, block_n, interpret):
             512,
         ),
     )
-    # VMEM at the default blocks: 48.0 KiB (inputs and outputs double-buffered, plus the
-    # reductions' f32 working copies).
+    # VMEM at the default blocks: 48.0 KiB = 2 buffers x (x 4.0 KiB + y 4.0 KiB + n 4 B) +
+    # sum's 32-bit copy of a block 16.0 KiB + sum's running values 16.0 KiB.
     return pl.pallas_call(
         functools.partial(_equal_count_i8_kernel, n_=n_, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).

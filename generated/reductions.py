@@ -316,6 +316,16 @@ def _argbest(x, axis, largest):
     return jnp.min(jnp.where(x == best, positions, x.shape[axis]), axis=axis, keepdims=True)
 
 
+def _argbest_step(best, index, x, start, axis, largest):
+    """The running (value, first index) after one more block `x` starting at `start`."""
+    block_best = (
+        jnp.max(x, axis=axis, keepdims=True) if largest else jnp.min(x, axis=axis, keepdims=True)
+    )
+    block_index = start + _argbest(x, axis, largest)
+    better = block_best > best if largest else block_best < best  # ties keep the earlier index
+    return jnp.where(better, block_best, best), jnp.where(better, block_index, index)
+
+
 @functools.partial(
     jax.jit, static_argnames=("block_m", "gpu_block_m", "gpu_warps", "gpu_stages", "interpret")
 )
@@ -403,8 +413,8 @@ def _argmax_rows_tpu(x, *, m, n, block_m, interpret):
             "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
         ),
     )
-    # VMEM at the default blocks: 160 B per unit of N (inputs and outputs double-buffered,
-    # plus the reductions' f32 working copies).
+    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) +
+    # argmax's 32-bit copy of a block 32 B.
     return pl.pallas_call(
         functools.partial(_argmax_rows_kernel, m=m, n=n, block_m=block_m),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -458,6 +468,225 @@ def _argmax_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="argmax_rows",
+    )(x)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_n",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "interpret",
+    ),
+)
+def argmax_blocked(
+    x,
+    *,
+    block_m=None,
+    block_n=None,
+    gpu_block_m=1,
+    gpu_block_n=1024,
+    gpu_warps=4,
+    gpu_stages=1,
+    interpret=None,
+):
+    """argmax_rows over rows too long for one block: N is reduced step by step, each step's
+    running maximum kept with its first index (ties keep the earlier block's).
+
+    Args:
+      x: f32[M, N].
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_argmax_blocked_tpu_blocks),
+        grown to large steps (_grown), else 8, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      i: i32[M].
+    """
+    (x,), sizes = _operands("argmax_blocked", {"x": (x, jnp.float32, ("M", "N"))})
+    _check_blocks("argmax_blocked", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks("argmax_blocked", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(argmax_blocked_reference, (((m,), jnp.int32),), x)
+    i = _on_platform(
+        functools.partial(_argmax_blocked_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(
+            _argmax_blocked_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+        ),
+        interpret,
+        x,
+    )
+    i = i.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
+    return i
+
+
+def argmax_blocked_reference(x):
+    """`argmax_blocked` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
+    i = i.reshape((m,))
+    return i
+
+
+def _argmax_blocked_kernel(
+    x_ref, i_ref, argmax_n_max_ref, argmax_n_index_ref, *, m, n, block_m, block_n
+):
+    step = pl.program_id(1)
+
+    @pl.when(step == 0)
+    def _init():
+        argmax_n_max_ref[...] = jnp.full(argmax_n_max_ref.shape, -jnp.inf, jnp.float32)
+        argmax_n_index_ref[...] = jnp.full(argmax_n_index_ref.shape, 0, jnp.int32)
+
+    x = x_ref[...]
+    argmax_n_block = x
+    if n % block_n:  # a ragged N: its identity past the end, never padding
+        argmax_n_block = _fill_past(argmax_n_block, step * block_n, n, 1, -jnp.inf)
+    argmax_n_max_ref[...], argmax_n_index_ref[...] = _argbest_step(
+        argmax_n_max_ref[...],
+        argmax_n_index_ref[...],
+        argmax_n_block,
+        step * block_n,
+        1,
+        largest=True,
+    )
+
+    @pl.when(step == pl.num_programs(1) - 1)
+    def _finish():
+        argmax_n = argmax_n_index_ref[...]
+        i_ref[...] = argmax_n
+
+
+# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_argmax_blocked_tpu_blocks = {
+    None: {"default": (8, 512)},
+    "v5e": {"default": (8, 512)},
+    "v6e": {"default": (8, 512)},
+}
+
+
+def _argmax_blocked_tpu(x, *, m, n, block_m, block_n, interpret):
+    """`argmax_blocked` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n = _tpu_blocks(
+        _argmax_blocked_tpu_blocks,
+        (m, n),
+        (block_m, block_n),
+        grow=functools.partial(
+            _grown,
+            bounds=(m, n),
+            step=lambda block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_m),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "argmax_blocked",
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 48.1 KiB = 2 buffers x (x 16.0 KiB + i 32 B) + argmax's
+    # 32-bit copy of a block 16.0 KiB.
+    return pl.pallas_call(
+        functools.partial(_argmax_blocked_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        # One step per block of M, block of N. Steps along M are independent (parallel); steps
+        # along N accumulate in order (arbitrary).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))
+        ],
+        # i: i32[M], broadcast over N
+        out_specs=pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
+        scratch_shapes=[
+            # argmax_n_max_ref: the running argmax over N of one block
+            pltpu.VMEM((block_m, 1), jnp.float32),
+            # argmax_n_index_ref: the running argmax over N of one block
+            pltpu.VMEM((block_m, 1), jnp.int32),
+        ],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(12 * block_m * block_n + 8 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 4
+        ),
+        interpret=interpret,
+        name="argmax_blocked",
+    )(x)
+
+
+def _argmax_blocked_gpu_kernel(x_ref, i_ref, *, m, n, block_m, block_n):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    inside = _mask((block_m, 1), in_m, None)
+
+    def accumulate(index, running):
+        argmax_n_max, argmax_n_index = running
+        start = index * block_n
+        in_n = _inside(start, block_n, n)
+        x = _load(x_ref.at[:, pl.ds(start, block_n)], _mask((block_m, block_n), in_m, in_n))
+        argmax_n_block = x
+        if n % block_n:  # a ragged N: its identity past the end, never padding
+            argmax_n_block = _fill_past(argmax_n_block, start, n, 1, -jnp.inf)
+        argmax_n_max, argmax_n_index = _argbest_step(
+            argmax_n_max, argmax_n_index, argmax_n_block, start, 1, largest=True
+        )
+        return argmax_n_max, argmax_n_index
+
+    argmax_n_max, argmax_n_index = jax.lax.fori_loop(
+        0,
+        pl.cdiv(n, block_n),
+        accumulate,
+        (jnp.full((block_m, 1), -jnp.inf, jnp.float32), jnp.full((block_m, 1), 0, jnp.int32)),
+    )
+    argmax_n = argmax_n_index
+    _store(i_ref, argmax_n, inside)
+
+
+def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
+    """`argmax_blocked` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
+    return pl.pallas_call(
+        functools.partial(_argmax_blocked_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        # One program per block of M; programs run concurrently. Each loops over N itself,
+        # accumulating in order.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0))
+        ],
+        # i: i32[M], broadcast over N
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, 1), jnp.int32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="argmax_blocked",
     )(x)
 
 
@@ -548,8 +777,8 @@ def _argmin_rows_tpu(x, *, m, n, block_m, interpret):
             "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
         ),
     )
-    # VMEM at the default blocks: 160 B per unit of N (inputs and outputs double-buffered,
-    # plus the reductions' f32 working copies).
+    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) +
+    # argmin's 32-bit copy of a block 32 B.
     return pl.pallas_call(
         functools.partial(_argmin_rows_kernel, m=m, n=n, block_m=block_m),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -731,8 +960,8 @@ def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 3.0 MiB (inputs and outputs double-buffered, plus the
-    # reductions' f32 working copies).
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 1.0 MiB + s 2.0 KiB) + sum's
+    # 32-bit copy of a block 1.0 MiB.
     return pl.pallas_call(
         functools.partial(_column_sums_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
         # One step per block of N, block of M. Steps along N are independent (parallel); steps
@@ -901,8 +1130,8 @@ def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
             "M is the second-to-last dimension of a block of i8 values, so it is a multiple of 32",
         ),
     )
-    # VMEM at the default blocks: 704 B per unit of N (inputs and outputs double-buffered,
-    # plus the reductions' f32 working copies).
+    # VMEM at the default blocks per unit of N: 704 B = 2 buffers x (x 128 B + q 32 B +
+    # scale 128 B) + max's 32-bit copy of a block 128 B.
     return pl.pallas_call(
         functools.partial(_quantize_rows_int8_kernel, m=m, n=n, block_m=block_m),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -1082,8 +1311,8 @@ def _equal_count_tpu(x, y, *, n_, block_n, interpret):
             128,
         ),
     )
-    # VMEM at the default blocks: 24.0 KiB (inputs and outputs double-buffered, plus the
-    # reductions' f32 working copies).
+    # VMEM at the default blocks: 24.0 KiB = 2 buffers x (x 4.0 KiB + y 4.0 KiB + n 4 B) +
+    # sum's 32-bit copy of a block 4.0 KiB + sum's running values 4.0 KiB.
     return pl.pallas_call(
         functools.partial(_equal_count_kernel, n_=n_, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).

@@ -363,8 +363,8 @@ def _softmax_tpu(x, *, m, n, block_m, interpret):
             "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
         ),
     )
-    # VMEM at the default blocks: 192 B per unit of N (inputs and outputs double-buffered,
-    # plus the reductions' f32 working copies).
+    # VMEM at the default blocks per unit of N: 192 B = 2 buffers x (x 32 B + y 32 B) +
+    # max's 32-bit copy of a block 32 B + sum's 32-bit copy of a block 32 B.
     return pl.pallas_call(
         functools.partial(_softmax_kernel, m=m, n=n, block_m=block_m),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -504,8 +504,8 @@ def _log_softmax_tpu(x, *, m, n, block_m, interpret):
             "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
         ),
     )
-    # VMEM at the default blocks: 160 B per unit of N (inputs and outputs double-buffered,
-    # plus the reductions' f32 working copies).
+    # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + y 32 B) +
+    # logsumexp's 32-bit copy of a block 32 B.
     return pl.pallas_call(
         functools.partial(_log_softmax_kernel, m=m, n=n, block_m=block_m),
         # One step per block of M (N taken whole); steps are independent, so every axis is

@@ -703,6 +703,17 @@ CASES = {
         ),
         KernelCase(
             "reductions",
+            "argmax_blocked",
+            (Operand("x", "f32", ("M", "N")),),
+            (Operand("i", "i32", ("M",)),),
+            argmax_inputs("f32"),
+            argmax_numpy,
+            (EXACT,),
+            reduced=("N",),
+            specials=False,
+        ),
+        KernelCase(
+            "reductions",
             "argmin_rows",
             (Operand("x", "f32", ("M", "N")),),
             (Operand("i", "i32", ("M",)),),

@@ -2,15 +2,15 @@
 positions and rounding"), run in Pallas interpret mode on CPU.
 
 The kernels: softmax and log_softmax (generated/softmax.py), layer_norm and rms_norm
-(norms.py), cross_entropy (losses.py), argmax_rows, argmin_rows, column_sums,
-quantize_rows_int8 and equal_count (reductions.py), and argmax_* and equal_count_* for
+(norms.py), cross_entropy (losses.py), argmax_rows, argmax_blocked, argmin_rows,
+column_sums, quantize_rows_int8 and equal_count (reductions.py), and argmax_* and equal_count_* for
 f32, i32 and i8 (ops.py). Each is compared with its independent NumPy reference
 (tests/kernel_cases.py) on both of its code paths:
 
 - "tpu": the Mosaic kernel, interpreted (`interpret=None` on CPU). A reduced dimension
   is either whole in every block (softmax's N) or blocked: an `arbitrary` grid axis
-  whose steps update running accumulators (cross_entropy's V, column_sums's M,
-  equal_count's N).
+  whose steps update running accumulators (cross_entropy's V, argmax_blocked's N,
+  column_sums's M, equal_count's N).
 - "gpu": the Triton kernel, interpreted (`take_gpu_branch`, `interpret=True`). Its
   blocks are powers of two, so even a whole row of 200 is a block of 256 whose last 56
   lanes are padding.
@@ -76,7 +76,7 @@ IDS = [case.id for case in REDUCTIONS]
 MODULES = sorted({case.module for case in REDUCTIONS})
 
 # Kernels whose reduced dimension is blocked: its blocks are steps of one reduction.
-BLOCKED = ["losses.cross_entropy", "reductions.column_sums", "reductions.equal_count"] + [
+BLOCKED = ["losses.cross_entropy", "reductions.argmax_blocked", "reductions.column_sums", "reductions.equal_count"] + [
     f"ops.equal_count_{dtype}" for dtype in ("f32", "i32", "i8")
 ]
 
@@ -89,6 +89,7 @@ def test_the_reduction_cases_are_the_draft_kernels():
         "norms.rms_norm",
         "losses.cross_entropy",
         "reductions.argmax_rows",
+        "reductions.argmax_blocked",
         "reductions.argmin_rows",
         "reductions.column_sums",
         "reductions.quantize_rows_int8",
@@ -160,6 +161,10 @@ BLOCKED_SHAPES = {
     "losses.cross_entropy": {
         "aligned": Shape({"M": 32, "V": 512}, {"block_m": 16, "block_v": 128}, {"gpu_block_v": 128}),
         "many-steps": Shape({"M": 19, "V": 1000}, {"block_m": 16, "block_v": 128}, {"gpu_block_v": 128}),
+    },
+    "reductions.argmax_blocked": {
+        "aligned": Shape({"M": 16, "N": 512}, {"block_m": 8, "block_n": 128}, {"gpu_block_n": 128}),
+        "many-steps": Shape({"M": 19, "N": 1000}, {"block_m": 8, "block_n": 128}, {"gpu_block_n": 128}),
     },
     "reductions.column_sums": {
         "aligned": Shape({"M": 32, "N": 256}, {"block_m": 8, "block_n": 128}, {"gpu_block_m": 8}),
@@ -467,6 +472,23 @@ def test_argmax_and_argmin_return_the_first_index_of_ties(case_id, path):
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(case.expected(x)[0], want)  # the NumPy reference agrees
     np.testing.assert_array_equal(run_reference(case.module, case.kernel, [x])[0], want)
+
+
+def test_a_blocked_argmax_keeps_the_first_index_of_a_tie_across_blocks(path):
+    """argmax_blocked reduces N in blocks of 128 (steps on a TPU, a loop in each Triton
+    program): a maximum in block 0 and again in block 2 (or in block 1 and the ragged
+    last block) is found at its first position, as np.argmax finds it; a later block
+    holding a tie never takes over the running index."""
+    case, n = CASES["reductions.argmax_blocked"], 3 * 128 + 37
+    x = np.zeros((4, n), np.float32)
+    x[0, [5, 2 * 128 + 7]] = 2.0  # block 0 and block 2
+    x[1, [128 + 1, 3 * 128 + 3]] = 2.0  # block 1 and the ragged last block
+    x[2, [2 * 128, 2 * 128 + 1, 3 * 128]] = -1.0  # ties of the row's maximum, 0, from position 0 on
+    x[3, [3 * 128 + 36]] = 2.0  # a single maximum at the very end
+    want = np.argmax(x, axis=1)
+    assert list(want) == [5, 128 + 1, 0, 3 * 128 + 36]
+    (got,) = run(case, path, [x], block_n=128, gpu_block_n=128)
+    np.testing.assert_array_equal(got, want)
 
 
 # --------------------------------------------------------------------------- rounding, means, labels

@@ -8,6 +8,8 @@ grid step takes, and texts whose `data-bytes` give the VMEM figures they print.
 
 from __future__ import annotations
 
+import ast
+import re
 import xml.etree.ElementTree as ET
 from math import prod
 from pathlib import Path
@@ -21,7 +23,8 @@ from pallasgen.cli import main
 from pallasgen.workspace.pipeline import check_source
 from pallasgen.lowering.parts import layout_of
 from pallasgen.show.tilemap import ShowError, kernel_tiles, sizes_for
-from pallasgen.backends.tpu.tiling import block_bytes, format_bytes, vmem_bytes
+from pallasgen.analysis.dtypes import DTYPES
+from pallasgen.backends.tpu.tiling import format_bytes, vmem_bytes
 from pallasgen.show.tilesvg import render_svg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,12 +33,20 @@ EXAMPLE = ROOT / "docs" / "show_matmul_bias_gelu.svg"
 # The README's command for the committed example, without its --out.
 EXAMPLE_COMMAND = ["show", "specs/matmul.pallas:matmul_bias_gelu"]
 
-KERNELS = {
-    checked.kernel.name: checked
+SPEC_OF = {
+    checked.kernel.name: (spec.stem, checked)
     for spec in sorted((ROOT / "specs").glob("*.pallas"))
     for checked in check_source(spec.read_text(encoding="utf-8"), str(spec))
 }
+KERNELS = {name: checked for name, (_, checked) in SPEC_OF.items()}
 PRODUCTS = [name for name, checked in KERNELS.items() if checked.product is not None]
+# Kernels that reduce a blocked dimension other than a product's: step by step on a TPU.
+STEPPED = [
+    name
+    for name, checked in KERNELS.items()
+    if any(d.reduced and d.reductions and d.name in checked.blocks for d in checked.space.dims)
+    and checked.product is None
+]
 
 
 def kernel(name: str):
@@ -203,8 +214,8 @@ def test_a_product_names_its_contracted_dimension_and_numbers_its_blocks_in_orde
     assert f"{k} is no grid axis: each program loops over it in slices of {checked.settings['gpu'].blocks[k]}" in gpu_lines
 
 
-@pytest.mark.parametrize("name", [n for n in KERNELS if n not in PRODUCTS])
-def test_an_elementwise_kernel_has_only_parallel_axes(name):
+@pytest.mark.parametrize("name", [n for n in KERNELS if n not in PRODUCTS and n not in STEPPED])
+def test_a_kernel_that_accumulates_over_no_steps_has_only_parallel_axes(name):
     lines = texts(picture(kernel(name)))
     assert not any("arbitrary" in line or "contracted" in line for line in lines)
     assert any(line.endswith("parallel") for line in lines)
@@ -218,7 +229,7 @@ def test_vmem_figures_are_those_of_pallasgen_tiling(name):
     root = picture(checked)
     for decl in decls(checked):
         (shown,) = [t for t in arrays(root)[decl.name].iter(f"{SVG}text") if t.get("data-bytes")]
-        expected = block_bytes(decl, exact)
+        expected = DTYPES[decl.dtype].bytes * prod(exact[d] for d in decl.dims)
         assert int(shown.get("data-bytes")) == expected
         assert shown.text == f"{format_bytes(expected)} a block, {format_bytes(2 * expected)} double-buffered"
     accumulating = checked.product if checked.product and checked.product.k in checked.blocks else None
@@ -232,6 +243,181 @@ def test_matmul_bias_gelu_vmem_line_lists_each_block_and_the_accumulator():
     lines = texts(picture(kernel("matmul_bias_gelu"), {"M": 1280, "N": 2560, "K": 2560}))
     assert "VMEM 10.0 MiB of the 100.0 MiB a launcher may ask of a TPU v5e or v6e:" in lines
     assert "2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0 KiB + z 1.0 MiB) + f32 accumulator 2.0 MiB" in lines
+
+
+UNITS = {"B": 1, "KiB": 1024, "MiB": 1024 * 1024}
+
+
+def sizes_in(text: str) -> list[tuple[float, int]]:
+    """Each `1.5 KiB` in a text: (bytes, the most its one-decimal rounding may hide)."""
+    found = re.findall(r"(\d+(?:\.\d+)?) (B|KiB|MiB)\b", text)
+    return [(float(number) * UNITS[unit], 0 if unit == "B" else UNITS[unit] // 20) for number, unit in found]
+
+
+def parts_add_up(total: int, total_slack: int, formula: str) -> bool:
+    """Whether the parts of `2 buffers x (a 1 KiB + b 2 KiB) + c 3 KiB` sum to `total`,
+    each shown size within its rounding."""
+    doubled, rest = re.fullmatch(r"2 buffers x \((.*?)\)(.*)", formula).groups()
+    parts = [(2 * size, 2 * slack) for size, slack in sizes_in(doubled)] + sizes_in(rest)
+    return abs(sum(size for size, _ in parts) - total) <= total_slack + sum(slack for _, slack in parts)
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_the_vmem_parts_show_lists_add_up_to_its_total(name):
+    """Every buffer the VMEM total counts is listed: the double-buffered blocks, a
+    product's accumulator, each reduction's 32-bit working copy."""
+    root = picture(kernel(name))
+    lines = [t for t in root.iter(f"{SVG}text") if "line" in t.get("class", "").split()]
+    (total,) = [t for t in lines if "vmem" in t.get("class").split()]
+    formula = "".join(lines[lines.index(total) + 1].itertext())
+    assert parts_add_up(int(total.get("data-bytes")), 0, formula), formula
+
+
+def test_cross_entropy_vmem_lists_the_working_copies_of_its_reductions():
+    lines = texts(picture(kernel("cross_entropy"), {"M": 40, "V": 5120}))
+    assert "VMEM 384.2 KiB of the 100.0 MiB a launcher may ask of a TPU v5e or v6e:" in lines
+    assert (
+        "2 buffers x (logits 64.0 KiB + label 64 B + loss 64 B) + logsumexp's 32-bit copy of a block 128.0 KiB"
+        " + sum's 32-bit copy of a block 128.0 KiB" in lines
+    )
+
+
+def test_a_gpu_program_holds_a_reduced_dimension_whole_in_one_block_of_its_next_power_of_two():
+    root = picture(kernel("softmax"), {"M": 3, "N": 200}, gpu=True)
+    assert "N is no grid axis: each program holds all of it in one block of 256" in texts(root)
+    x = arrays(root)["x"]
+    assert "block (1, 256), index map (i) -> (i, 0)" in texts(x)
+    assert len(rects(x, "block")) == 3 and len(rects(x, "ragged")) == 3  # 56 lanes past N's end
+
+
+# What show states against the generated module's own code.
+
+
+def generated_launcher(name: str, backend: str) -> tuple[ast.FunctionDef, str]:
+    """The TPU or GPU launcher of a bundled kernel in generated/, and its source text."""
+    stem, _ = SPEC_OF[name]
+    source = (ROOT / "generated" / f"{stem}.py").read_text(encoding="utf-8")
+    launcher = f"_{name}_{backend}"
+    (function,) = [f for f in ast.parse(source).body if isinstance(f, ast.FunctionDef) and f.name == launcher]
+    return function, source
+
+
+def pallas_call_keywords(function: ast.FunctionDef) -> dict[str, ast.expr]:
+    (call,) = [
+        n
+        for n in ast.walk(function)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "pallas_call"
+    ]
+    return {k.arg: k.value for k in call.keywords}
+
+
+def launcher_variables(checked, function: ast.FunctionDef) -> dict[str, str]:
+    """The dimension each size variable (`m`, or `s_` where `s` is taken) and block
+    variable (`block_m`) of a launcher holds: its first keywords are the sizes, in order."""
+    sizes = [a.arg for a in function.args.kwonlyargs[: len(checked.dims)]]
+    return dict(zip(sizes, checked.dims)) | {f"block_{d.lower()}": d for d in checked.dims}
+
+
+def shown(root: ET.Element) -> dict:
+    """What a picture states: sizes, blocks, grid axes (index, dimension, semantics) and
+    each array's block and index map."""
+    lines = texts(root)
+    title = next(line for line in lines if " tiling at " in line)
+    header = dict(re.findall(r"(\w+) = (\d+)", title.split(" tiling at ")[1]))
+    blocks_line = next(line for line in lines if line.startswith("blocks ") or line.endswith("taken whole"))
+    blocks = dict(re.findall(r"(\w+) = (\d+)", blocks_line.split(";")[0]))
+    grid = [m.groups() for line in lines if (m := re.fullmatch(r"(\w+): \d+ blocks of (\w+) = \d+, (\w+).*", line))]
+    specs = {}
+    for name, group in arrays(root).items():
+        (line,) = [t for t in texts(group) if ", index map (" in t]
+        shape, indices, index = re.fullmatch(r"block \((.*)\), index map \((.*)\) -> \((.*)\)", line).groups()
+        specs[name] = (shape.split(", "), f"({indices}) -> ({index})")
+    return {"sizes": header, "blocks": blocks, "grid": grid, "specs": specs}
+
+
+def generated_block(variables: dict[str, str], element: ast.expr, facts: dict, gpu: bool) -> str:
+    """A BlockSpec's block entry as show words it: a number, or the dimension a GPU
+    program loops over."""
+    if isinstance(element, ast.Constant):
+        return "1"  # None (one element, squeezed out) or 1
+    dim = variables[element.id]
+    if element.id.startswith("block_"):
+        return facts["blocks"][dim]
+    return dim if gpu else facts["sizes"][dim]
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["tpu", "gpu"])
+@pytest.mark.parametrize("name", KERNELS)
+def test_show_states_the_grid_index_maps_and_semantics_of_the_generated_module(name, gpu):
+    """The picture is drawn from the plan the code is rendered from: its grid axes, in
+    order, walk the dimensions the generated `grid=` does, with the generated
+    `dimension_semantics`, and each array's block and index map are its BlockSpec's."""
+    checked = kernel(name)
+    facts = shown(picture(checked, gpu=gpu))
+    function, _ = generated_launcher(name, "gpu" if gpu else "tpu")
+    keywords = pallas_call_keywords(function)
+    variables = launcher_variables(checked, function)
+    grid = keywords["grid"].elts
+    grid_dims = [variables[(g.args[0] if isinstance(g, ast.Call) else g).id] for g in grid]
+    assert [dim for _, dim, _ in facts["grid"]] == grid_dims
+    if gpu:
+        semantics = ["parallel"] * len(grid)
+    else:
+        params = keywords["compiler_params"]
+        semantics = [ast.literal_eval(k.value) for k in params.keywords if k.arg == "dimension_semantics"][0]
+    assert [role for _, _, role in facts["grid"]] == list(semantics)
+    outs = keywords["out_specs"]
+    specs = keywords["in_specs"].elts + (outs.elts if isinstance(outs, ast.Tuple) else [outs])
+    for decl, spec in zip(decls(checked), specs, strict=True):
+        shape, index_map = spec.args
+        mapping = f"({', '.join(a.arg for a in index_map.args.args)}) -> {ast.unparse(index_map.body)}"
+        if len(index_map.body.elts) == 1:
+            mapping = mapping.removesuffix(",)") + ")"
+        assert facts["specs"][decl.name][1] == mapping, decl.name
+        assert [index for index, _, _ in facts["grid"]] == [a.arg for a in index_map.args.args]
+        expected_shape = [generated_block(variables, e, facts, gpu) for e in shape.elts]
+        assert facts["specs"][decl.name][0] == expected_shape, decl.name
+
+
+def generated_vmem_comment(name: str) -> str:
+    """The comment above the TPU launcher's pallas_call that gives its VMEM."""
+    function, source = generated_launcher(name, "tpu")
+    lines = source.splitlines()[function.lineno - 1 : function.end_lineno]
+    start = next(n for n, line in enumerate(lines) if line.strip().startswith("# VMEM at the default blocks"))
+    comment = []
+    for line in lines[start:]:
+        if not line.strip().startswith("#"):
+            break
+        comment.append(line.strip().removeprefix("# "))
+    return " ".join(comment)
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_the_generated_vmem_comment_lists_parts_that_add_up_to_its_total(name):
+    comment = generated_vmem_comment(name)
+    total, formula = re.fullmatch(r"VMEM at the default blocks[^:]*: (.*?) = (.*)\.", comment).groups()
+    ((total_bytes, total_slack),) = sizes_in(total)
+    assert parts_add_up(total_bytes, total_slack, formula), comment
+
+
+def test_cross_entropy_steps_along_v_in_order_and_writes_loss_at_the_last_step():
+    lines = texts(picture(kernel("cross_entropy"), {"M": 40, "V": 5120}))
+    assert "j: 3 blocks of V = 5120, arbitrary: each output tile accumulates over it in order" in lines
+    assert "scratch sum_v_running_ref: the running sum over V of one block" in lines
+    loss = texts(arrays(picture(kernel("cross_entropy"), {"M": 40, "V": 5120}))["loss"])
+    assert "reduced over V: the same block for every j" in loss
+    assert "accumulated in VMEM scratch over j, written at j = 2" in loss
+    gpu = texts(picture(kernel("cross_entropy"), {"M": 20, "V": 5120}, gpu=True))
+    assert "grid (i) = (20): 20 programs, run concurrently" in gpu
+    assert "V is no grid axis: each program loops over it in slices of 1024" in gpu
+
+
+def test_column_sums_walks_n_in_parallel_and_m_in_order_with_the_generated_index_map():
+    root = picture(kernel("column_sums"), {"M": 1280, "N": 1280})
+    lines = texts(root)
+    assert "i: 3 blocks of N = 1280, parallel" in lines
+    assert "j: 3 blocks of M = 1280, arbitrary: each output tile accumulates over it in order" in lines
+    assert "block (512, 512), index map (i, j) -> (j, i)" in texts(arrays(root)["x"])
 
 
 @settings(max_examples=30, deadline=None)
@@ -249,6 +435,17 @@ def test_too_many_blocks_to_draw_is_refused_in_plain_words():
     with pytest.raises(ShowError, match="makes 40 blocks of 512; show draws at most 24"):
         sizes = sizes_for(kernel("matmul_bias_gelu"), {"M": 512 * 40}, False)
         kernel_tiles(kernel("matmul_bias_gelu"), sizes, False)
+
+
+def test_show_reaches_the_backends_only_through_their_interface():
+    """Pictures come from the plans `pallasgen.backends` makes, never from one backend's
+    own modules: no rule of a backend is restated here."""
+    for path in sorted((ROOT / "pallasgen" / "show").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        backends = {name for name in imported if name.startswith("pallasgen.backends")}
+        assert backends <= {"pallasgen.backends", "pallasgen.backends.base"}, (path.name, backends)
 
 
 # The command line.

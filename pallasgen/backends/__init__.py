@@ -9,6 +9,7 @@ from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.backends.base import Backend
 from pallasgen.backends.gpu import GpuBackend
 from pallasgen.backends.tpu import TpuBackend
+from pallasgen.backends.tpu.tiling import format_bytes  # noqa: F401  (how every backend words a size in bytes)
 from pallasgen.lowering.kernel import KernelPlan, lower_kernel, plan_kernel
 
 BACKENDS: tuple[Backend, ...] = (TpuBackend(), GpuBackend())
@@ -40,6 +41,15 @@ def plan_module(spec_path: str, kernels: tuple[CheckedKernel, ...]) -> ModulePla
     plans = tuple(_plan_kernel(k, module_names) for k in kernels)
     helpers = {name: value for backend in BACKENDS for name, value in backend.helper_values().items()}
     return ModulePlan(spec_path, plans, _templates(), helpers)
+
+
+def backend_named(name: str) -> Backend:
+    return next(backend for backend in BACKENDS if backend.name == name)
+
+
+def plan_backends(checked: CheckedKernel) -> dict[str, object]:
+    """Each backend's plan of one kernel, by backend name, as a module of it alone has it."""
+    return plan_module("", (checked,)).kernels[0].backends
 
 
 def _plan_kernel(checked: CheckedKernel, module_names: frozenset[str]) -> KernelPlan:

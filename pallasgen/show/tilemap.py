@@ -1,20 +1,21 @@
 """What `pallasgen show` draws, as plain data: how each array of a kernel is cut into
 blocks at given sizes, the grid that walks those blocks, and one highlighted step.
 
-The layout of each array over the grid comes from the plan's own rules
-(`lowering.parts.layout_of`, `lowering.parts.grid_names`); block sizes are clamped as the
-generated code clamps them, and VMEM figures come from `tiling`.
+Everything is read from the backend's plan, the one the generated code is rendered
+from: its `Tiling` (grid order, index maps, block extents, dimension semantics, the
+dimension a program loops over), its blocks as its launcher clamps them, and on a TPU
+its scratch accumulators and the parts of its VMEM.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import prod
 
 from pallasgen.analysis.checks import CheckedKernel
+from pallasgen.analysis.dtypes import DTYPES
+from pallasgen.backends import backend_named, plan_backends
 from pallasgen.frontend.errors import did_you_mean
-from pallasgen.backends.gpu.plan import SMALLEST_DOT_TILE
-from pallasgen.lowering.parts import grid_names, layout_of
-from pallasgen.backends.tpu.tiling import accumulator_bytes, block_bytes, vmem_bytes
 
 # A picture with more blocks than this along one dimension is no longer readable.
 MAX_BLOCKS = 24
@@ -30,7 +31,7 @@ class ShowError(Exception):
 class Axis:
     """One dimension of an array as the kernel walks it."""
 
-    dim: str | None  # None where the array broadcasts: one element, the same for every step
+    dim: str | None  # None where the array has size 1: it broadcasts, or a reduction removed it
     size: int
     block: int  # elements per block (per loop slice where `looped`)
     index: str | None  # the grid index that picks the block (i, j, k), None if always block 0
@@ -53,10 +54,10 @@ class ArrayTiles:
     dtype: str
     dims: tuple[str, ...]
     is_output: bool
-    axes: tuple[Axis, ...]  # over the grid as the plan lays it out; the last two are drawn
-    broadcast_over: tuple[str, ...]
+    axes: tuple[Axis, ...]  # the axes of its block, as its BlockSpec has them; the last two are drawn
+    missing: tuple[str, ...]  # the kernel's dimensions it lacks: an input broadcasts over them, an output reduces them
     block_bytes: int  # one block (TPU) or one load of a program (GPU)
-    contracted: str | None  # the product's contracted dimension, on its operands
+    accumulated: str | None  # the dimension it is read along step by step (TPU) or in a loop (GPU)
     transposed: bool  # an operand the product reads transposed (`k.T`)
 
 
@@ -65,7 +66,7 @@ class GridAxis:
     dim: str
     index: str
     steps: int
-    arbitrary: bool  # the contracted dimension: steps accumulate in order
+    semantics: str  # "parallel", or "arbitrary": its steps accumulate in order
     chosen: int
 
 
@@ -77,12 +78,14 @@ class KernelTiles:
     blocks: dict[str, int]  # the blocked dimensions, clamped as the generated code clamps them
     grid: tuple[GridAxis, ...]
     arrays: tuple[ArrayTiles, ...]
-    contracted: str | None
+    contracted: str | None  # a product's contracted dimension
     operands: tuple[str, ...]  # a product's left and right operands
-    looped: str | None  # GPU: the contracted dimension each program loops over
-    vmem_bytes: int  # TPU: double-buffered blocks plus the accumulator
-    accumulator_bytes: int
-    accumulator_dtype: str | None
+    accumulated: str | None  # TPU: the dimension of the arbitrary axis, into scratch accumulators
+    looped: str | None  # GPU: the dimension each program loops over
+    scratch: tuple[str, ...]  # TPU: the scratch accumulators, as the generated code's comments describe them
+    vmem_bytes: int  # TPU: every part of `vmem_formula` together
+    vmem_formula: str
+    vmem_limit: int  # TPU: the most VMEM a launcher asks for
     gpu_options: dict[str, int]
 
 
@@ -107,86 +110,93 @@ def sizes_for(checked: CheckedKernel, given: dict[str, int], gpu: bool) -> dict[
 
 
 def kernel_tiles(checked: CheckedKernel, sizes: dict[str, int], gpu: bool) -> KernelTiles:
-    """Every array's blocks at `sizes`, on the TPU path or the GPU (Triton) path."""
+    """Every array's blocks at `sizes`, on the TPU path or the GPU (Triton) path, as the
+    backend's plan lays them out."""
     kernel, product = checked.kernel, checked.product
-    out_dims = checked.space.layout
-    blocks = _gpu_blocks(checked, sizes) if gpu else {d: min(b, sizes[d]) for d, b in checked.blocks.items()}
-    for dim, block in blocks.items():
-        if -(-sizes[dim] // block) > MAX_BLOCKS and _drawn(dim, checked):
-            raise ShowError(
-                f"--size {dim}={sizes[dim]} makes {-(-sizes[dim] // block)} blocks of {block}; show draws at"
-                f" most {MAX_BLOCKS} along a dimension: give a smaller size"
-            )
-    contracted = product.k if product else None
-    looped = contracted if gpu else None
-    grid_dims = list(out_dims) if gpu else [d for d in checked.dims if d in blocks]
-    names = grid_names(grid_dims, product)
-    steps = {d: -(-sizes[d] // blocks.get(d, sizes[d])) for d in grid_dims}
-    chosen = _highlighted_step(grid_dims, steps, out_dims, contracted)
-    grid = tuple(GridAxis(d, names[d], steps[d], d == contracted, chosen[d]) for d in grid_dims)
-    exact = {d: blocks.get(d, sizes[d]) for d in checked.dims}
+    backend = backend_named("gpu" if gpu else "tpu")
+    plan = plan_backends(checked)[backend.name]
+    tiling = plan.tiling
+    blocks = backend.blocks_at(plan, sizes) | {g.dim: 1 for g in tiling.grid if g.per_element}
+    _check_drawable(tiling, sizes, blocks)
     operands = {o.name for o in product.operands} if product else set()
     transposed = {o.name for o in product.operands if o.transposed} if product else set()
+    steps = {g.dim: -(-sizes[g.dim] // blocks[g.dim]) for g in tiling.grid}
+    accumulated = next((g.dim for g in tiling.grid if g.semantics == "arbitrary"), None)
+    chosen = _highlighted_step(tiling.grid, steps, checked.space.layout, accumulated)
+    grid = tuple(GridAxis(g.dim, g.index, steps[g.dim], g.semantics, chosen[g.dim]) for g in tiling.grid)
+    by_index = {g.index: g.dim for g in tiling.grid}
+    decls = {decl.name: decl for decl in kernel.inputs + kernel.outputs}
+    vmem = None if gpu else plan.vmem
+    exact = {**sizes, **blocks}  # a dimension taken whole is one block of its size
 
-    def axis(dim: str | None) -> Axis:
+    def axis(block_axis) -> Axis:
+        dim = block_axis.dim
         if dim is None:
             return Axis(None, 1, 1, None, 0)
-        return Axis(dim, sizes[dim], exact[dim], names.get(dim), chosen.get(dim, 0), dim == looped)
+        if block_axis.extent == "squeezed":
+            return Axis(dim, sizes[dim], 1, block_axis.index, chosen[by_index[block_axis.index]])
+        block = blocks[dim] if block_axis.extent == "block" or dim == tiling.looped else sizes[dim]
+        picked = chosen[by_index[block_axis.index]] if block_axis.index else 0
+        return Axis(dim, sizes[dim], block, block_axis.index, picked, dim == tiling.looped)
 
-    arrays = tuple(
-        ArrayTiles(
+    def array_tiles(blocks_of) -> ArrayTiles:
+        decl = decls[blocks_of.name]
+        axes = tuple(axis(a) for a in blocks_of.axes)
+        if vmem is not None:
+            block_bytes = next(p.bytes(exact) for p in vmem.parts if p.array == decl.name)
+        else:
+            block_bytes = DTYPES[decl.dtype].bytes * prod(a.block for a in axes if a.dim is not None)
+        along = accumulated or tiling.looped
+        return ArrayTiles(
             name=decl.name,
             dtype=decl.dtype,
             dims=decl.dims,
             is_output=decl in kernel.outputs,
-            axes=tuple(axis(d) for d in layout_of(decl, out_dims, product)),
-            broadcast_over=() if decl.name in operands else tuple(d for d in out_dims if d not in decl.dims),
-            block_bytes=block_bytes(decl, exact),
-            contracted=contracted if decl.name in operands else None,
+            axes=axes,
+            missing=() if decl.name in operands else tuple(d for d in checked.space.layout if d not in decl.dims),
+            block_bytes=block_bytes,
+            accumulated=along if along in decl.dims and decl in kernel.inputs else None,
             transposed=decl.name in transposed,
         )
-        for decl in kernel.inputs + kernel.outputs
-    )
-    # Only a blocked contracted dimension needs an accumulator in VMEM scratch.
-    accumulating = product if product is not None and product.k in checked.blocks and not gpu else None
+
+    accumulator = None if gpu else plan.accumulator
     return KernelTiles(
         kernel=kernel.name,
         gpu=gpu,
         sizes={d: sizes[d] for d in checked.dims},
         blocks={d: blocks[d] for d in checked.dims if d in blocks},
         grid=grid,
-        arrays=arrays,
-        contracted=contracted,
+        arrays=tuple(array_tiles(a) for a in tiling.arrays),
+        contracted=product.k if product else None,
         operands=tuple(o.name for o in product.operands) if product else (),
-        looped=looped,
-        vmem_bytes=0 if gpu else vmem_bytes(kernel, exact, accumulating),
-        accumulator_bytes=accumulator_bytes(accumulating, exact),
-        accumulator_dtype=accumulating.accumulator.name if accumulating else None,
+        accumulated=accumulated,
+        looped=tiling.looped,
+        scratch=tuple(comment for comment, _ in accumulator.scratch) if accumulator else (),
+        vmem_bytes=vmem.total(exact) if vmem else 0,
+        vmem_formula=vmem.formula(exact) if vmem else "",
+        vmem_limit=vmem.limit if vmem else 0,
         gpu_options=dict(checked.settings["gpu"].options) if gpu else {},
     )
 
 
-def _gpu_blocks(checked: CheckedKernel, sizes: dict[str, int]) -> dict[str, int]:
-    """GPU blocks as the generated launcher clamps them: to the size's next power of two,
-    and no smaller than a dot tile for a product's dimensions."""
-    product = checked.product
-    dot_dims = (product.m, product.n, product.k) if product else ()
-    return {
-        d: min(b, max(SMALLEST_DOT_TILE if d in dot_dims else 1, 1 << (sizes[d] - 1).bit_length()))
-        for d, b in checked.settings["gpu"].blocks.items()
-    }
+def _check_drawable(tiling, sizes: dict[str, int], blocks: dict[str, int]) -> None:
+    """Raises `ShowError` where an array would draw more than MAX_BLOCKS blocks of a
+    dimension as its rows or columns (not as a stack)."""
+    drawn = {a.dim for array in tiling.arrays for a in array.axes[-2:]}
+    for dim in (d for d in blocks if d in drawn):
+        count = -(-sizes[dim] // blocks[dim])
+        if count > MAX_BLOCKS:
+            raise ShowError(
+                f"--size {dim}={sizes[dim]} makes {count} blocks of {blocks[dim]}; show draws at"
+                f" most {MAX_BLOCKS} along a dimension: give a smaller size"
+            )
 
 
-def _highlighted_step(grid_dims, steps, out_dims, contracted) -> dict[str, int]:
+def _highlighted_step(grid, steps, out_dims, accumulated) -> dict[str, int]:
     """Block 1 along the output's rows (its only dimension if it has one) and along the
-    contracted dimension, block 0 elsewhere: a step whose blocks are not all in a corner."""
+    accumulated dimension, block 0 elsewhere: a step whose blocks are not all in a corner."""
+    dims = [g.dim for g in grid]
+    parallel = [d for d in dims if d != accumulated]
     rows = out_dims[-2] if len(out_dims) >= 2 else out_dims[-1] if out_dims else None
-    moved = {rows if rows in grid_dims else (grid_dims[0] if grid_dims else None), contracted}
-    return {d: min(1, steps[d] - 1) if d in moved else 0 for d in grid_dims}
-
-
-def _drawn(dim: str, checked: CheckedKernel) -> bool:
-    """Whether some array draws `dim` as rows or columns of blocks (not as a stack)."""
-    out_dims = checked.space.layout
-    decls = checked.kernel.inputs + checked.kernel.outputs
-    return any(dim in layout_of(decl, out_dims, checked.product)[-2:] for decl in decls)
+    moved = {rows if rows in parallel else (parallel[0] if parallel else None), accumulated}
+    return {d: min(1, steps[d] - 1) if d in moved else 0 for d in dims}

@@ -3,7 +3,7 @@
 Each array is a rectangle cut into the blocks the kernel reads or writes, drawn to
 one scale per dimension (stretched where a block would be too small to see), with the
 highlighted step's block, the hatched overhang of edge blocks, and the order of steps
-along a contracted dimension.
+along a dimension the steps accumulate over (or a GPU program loops over).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from math import inf, prod
 from xml.sax.saxutils import escape, quoteattr
 
-from pallasgen.backends.tpu.tiling import VMEM_LIMIT_BYTES, format_bytes
+from pallasgen.backends import format_bytes
 from pallasgen.show.tilemap import ArrayTiles, Axis, KernelTiles
 
 MARGIN = 24
@@ -172,7 +172,7 @@ def _grid_lines(tiles: KernelTiles) -> list[str]:
         order = "programs, run concurrently" if tiles.gpu else "steps, run in order, the last index fastest"
         lines = [f"grid ({indices}) = ({steps}): {total} {order}"]
     for g in tiles.grid:
-        role = "arbitrary: each output tile accumulates over it in order" if g.arbitrary else "parallel"
+        role = "arbitrary: each output tile accumulates over it in order" if g.semantics == "arbitrary" else g.semantics
         lines.append(f"  {g.index}: {g.steps} blocks of {g.dim} = {tiles.sizes[g.dim]}, {role}")
     if tiles.contracted and tiles.contracted not in tiles.blocks:
         lines.append(f"  {tiles.contracted} is contracted whole inside each step: no grid axis, no accumulator")
@@ -180,18 +180,18 @@ def _grid_lines(tiles: KernelTiles) -> list[str]:
         lines.append(
             f"  {tiles.looped} is no grid axis: each program loops over it in slices of {tiles.blocks[tiles.looped]}"
         )
+    walked = {g.dim for g in tiles.grid} | {tiles.looped}
+    for dim in (d for d in tiles.blocks if d not in walked):
+        lines.append(f"  {dim} is no grid axis: each program holds all of it in one block of {tiles.blocks[dim]}")
+    lines += [f"  scratch {line}" for line in tiles.scratch]
     return lines
 
 
 def _vmem_lines(tiles: KernelTiles) -> tuple[str, str]:
-    """The VMEM the blocks need, then what it is made of."""
-    parts = " + ".join(f"{a.name} {_bytes(a.block_bytes)}" for a in tiles.arrays)
-    accumulator = (
-        f" + {tiles.accumulator_dtype} accumulator {_bytes(tiles.accumulator_bytes)}" if tiles.accumulator_bytes else ""
-    )
+    """The VMEM the blocks need, then every part of it."""
     return (
-        f"VMEM {_bytes(tiles.vmem_bytes)} of the {_bytes(VMEM_LIMIT_BYTES)} a launcher may ask of a TPU v5e or v6e:",
-        f"  2 buffers x ({parts}){accumulator}",
+        f"VMEM {format_bytes(tiles.vmem_bytes)} of the {format_bytes(tiles.vmem_limit)} a launcher may ask of a TPU v5e or v6e:",
+        f"  {tiles.vmem_formula}",
     )
 
 
@@ -205,24 +205,21 @@ def _step_text(tiles: KernelTiles) -> str:
     return f"{step} ({indices}) = ({chosen})"
 
 
-def _bytes(count: int) -> str:
-    """`tiling.format_bytes`, except that less than a KiB shows in bytes."""
-    return f"{count} B" if count < 1024 else format_bytes(count)
-
-
 def _legend(tiles: KernelTiles, x: float, y: float) -> _Drawing:
     entries = [("highlight", f"the blocks that {_step_text(tiles)} reads and writes")]
+    stepped = tiles.accumulated or tiles.looped
     if any(a.ragged for array in tiles.arrays for a in array.axes):
-        k_ragged = any(a.ragged and a.dim == array.contracted for array in tiles.arrays for a in array.axes)
-        along = f" (zeros along {tiles.contracted})" if k_ragged and tiles.contracted in tiles.blocks else ""
+        stepped_ragged = any(a.ragged and a.dim == stepped for array in tiles.arrays for a in array.axes)
+        fill = "zeros" if stepped == tiles.contracted else "each reduction's identity"
+        along = f" ({fill} along {stepped})" if stepped_ragged else ""
         reads = "Triton masks reads there" if tiles.gpu else "reads there see unspecified padding"
         entries.append(("overhang", f"past the array's end: {reads}{along}; writes there are dropped"))
-    if tiles.contracted in tiles.blocks:
+    if stepped:
         if tiles.gpu:
-            entries.append(("badge", f"slices of {tiles.contracted} in the order each program loops over them"))
+            entries.append(("badge", f"slices of {stepped} in the order each program loops over them"))
         else:
-            k = next(g.index for g in tiles.grid if g.arbitrary)
-            entries.append(("badge", f"the order of {k} steps: accumulates over {tiles.contracted} (arbitrary axis)"))
+            k = next(g.index for g in tiles.grid if g.dim == stepped)
+            entries.append(("badge", f"the order of {k} steps: accumulates over {stepped} (arbitrary axis)"))
     elements, width = [], 0.0
     for n, (kind, words) in enumerate(entries):
         top = y + n * TEXT_LINE
@@ -296,8 +293,8 @@ def _panel(tiles: KernelTiles, array: ArrayTiles, scale: dict[str, float]) -> _D
     real_h = row_spans[-1][0] + row_spans[-1][2]
     elements.append(_rect(left, top, real_w, real_h, "outline"))
     elements.append(_rect(*_highlight_box(rows, cols, scale, left, top), "highlight"))
-    if array.contracted in tiles.blocks:
-        elements += _contracted_path(array, rows, cols, scale, left, top)
+    if array.accumulated:
+        elements += _accumulated_path(array, rows, cols, scale, left, top)
     notes = _notes(tiles, array)
     # A column of few blocks is shorter than its rotated label.
     label = _width(_axis_title(rows), "tick") if rows is not None and rows.dim is not None else 0
@@ -358,10 +355,10 @@ def _highlight_box(rows, cols, scale, left, top) -> tuple[float, float, float, f
     return left + x, top + y, w, h
 
 
-def _contracted_path(array: ArrayTiles, rows, cols, scale, left, top) -> list[str]:
-    """Numbered badges on the contracted dimension's blocks, in the highlighted row or
-    column, joined by an arrow in the order the steps take them."""
-    along_cols = cols is not None and cols.dim == array.contracted
+def _accumulated_path(array: ArrayTiles, rows, cols, scale, left, top) -> list[str]:
+    """Numbered badges on the accumulated dimension's blocks, in the highlighted row or
+    column, joined by an arrow in the order the steps (or a program's loop) take them."""
+    along_cols = cols is not None and cols.dim == array.accumulated
     k_axis, other = (cols, rows) if along_cols else (rows, cols)
     start, length = _chosen_span(other, scale)
     across = start + length / 2
@@ -395,26 +392,29 @@ def _notes(tiles: KernelTiles, array: ArrayTiles) -> list[tuple[str, str]]:
     verb = "writes" if array.is_output else "reads"
     notes = [(f"block ({shape}), index map ({grid_indices}) -> ({index})", "")]
     notes.append((f"{_step_text(tiles)} {verb} block ({chosen})", ""))
-    size = _bytes(array.block_bytes)
+    size = format_bytes(array.block_bytes)
     bytes_attrs = f' data-bytes="{array.block_bytes}"'
     if tiles.gpu:
         notes.append((f"{size} a load", bytes_attrs))
     else:
-        notes.append((f"{size} a block, {_bytes(2 * array.block_bytes)} double-buffered", bytes_attrs))
-    if array.broadcast_over:
-        indices = [g.index for g in tiles.grid if g.dim in array.broadcast_over]
+        notes.append((f"{size} a block, {format_bytes(2 * array.block_bytes)} double-buffered", bytes_attrs))
+    if array.missing:
+        indices = [g.index for g in tiles.grid if g.dim in array.missing]
         every = f": the same block for every {', '.join(indices)}" if indices else ""
-        notes.append((f"broadcast over {', '.join(array.broadcast_over)}{every}", ""))
+        verb = "reduced over" if array.is_output else "broadcast over"
+        notes.append((f"{verb} {', '.join(array.missing)}{every}", ""))
     if array.transposed:
         notes.append(("read transposed (.T) by the product", ""))
     notes += [(_stack_note(axis, tiles.gpu), "") for axis in array.axes[:-2] if axis.dim is not None]
-    if array.contracted and tiles.gpu:
-        notes.append((f"each program loops over {array.contracted} in slices of {tiles.blocks[array.contracted]}", ""))
-    elif array.contracted and array.contracted in tiles.blocks:
-        notes.append((f"accumulates over {array.contracted} (arbitrary axis)", ""))
-    if array.is_output and tiles.accumulator_bytes:
-        last = next(g for g in tiles.grid if g.arbitrary)
-        notes.append((f"summed in VMEM scratch over {last.index}, written at {last.index} = {last.steps - 1}", ""))
+    if array.accumulated and tiles.gpu:
+        notes.append(
+            (f"each program loops over {array.accumulated} in slices of {tiles.blocks[array.accumulated]}", "")
+        )
+    elif array.accumulated:
+        notes.append((f"accumulates over {array.accumulated} (arbitrary axis)", ""))
+    if array.is_output and tiles.accumulated:
+        last = next(g for g in tiles.grid if g.dim == tiles.accumulated)
+        notes.append((f"accumulated in VMEM scratch over {last.index}, written at {last.index} = {last.steps - 1}", ""))
     return notes
 
 

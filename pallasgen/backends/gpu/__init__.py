@@ -26,3 +26,13 @@ class GpuBackend(Backend):
 
     def plan(self, lowered):
         return plan_gpu(lowered)
+
+    def blocks_at(self, plan, sizes):
+        """Powers of two: a small dimension one block, but no smaller than a dot tile; a
+        dimension held whole, one block of its next power of two."""
+        whole = {dim: _next_power_of_two(sizes[dim]) for _, _, dim in plan.whole_blocks}
+        return {b.dim: max(b.smallest, min(b.default, _next_power_of_two(sizes[b.dim]))) for b in plan.blocks} | whole
+
+
+def _next_power_of_two(size: int) -> int:
+    return 1 << (size - 1).bit_length()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.names import block_keyword
+from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling
 from pallasgen.backends.gpu.options import OPTIONS
 from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel
@@ -73,6 +74,7 @@ class GpuPlan:
     masks: tuple[str, ...]  # which rows, columns... of this program's blocks lie inside the arrays
     loop: tuple[str, ...]  # the K loop of a product, ending with the accumulator's assignment
     body: tuple[str, ...]
+    tiling: Tiling  # what grid, in_specs and out_specs are written from
 
 
 def keyword_group(checked: CheckedKernel) -> KeywordGroup:
@@ -131,25 +133,25 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
     inside = {d: namer.claim(f"in_{d.lower()}") for d in [*tunable, *whole]}
     whole_mask = namer.claim("inside")
 
-    def block_spec(decl: ir.ArrayDecl) -> str:
-        shape, index = [], []
-        for dim, out_dim in array_positions(decl, out_dims, product):
-            if out_dim in squeezed:  # one batch element per program; an array without it has size 1 there
-                shape.append("None")
-                index.append(index_names[out_dim] if dim else "0")
-            elif dim is None:
-                shape.append("1")
-                index.append("0")
-            elif (product is not None and dim == product.k) or dim == looped:  # the program loops over it
-                shape.append(sizes[dim])
-                index.append("0")
-            elif dim in whole:
-                shape.append(block_keyword(dim))
-                index.append("0")
-            else:
-                shape.append(block_keyword(dim))
-                index.append(index_names[dim])
-        return f"pl.BlockSpec({tuple_code(shape)}, lambda {', '.join(index_names.values())}: {tuple_code(index)})"
+    def block_axis(dim: str | None, out_dim: str | None) -> BlockAxis:
+        if out_dim in squeezed:  # one batch element per program; an array without it has size 1 there
+            return BlockAxis(dim, "squeezed", index_names[out_dim] if dim else None)
+        if dim is None:
+            return BlockAxis(None, "one", None)
+        if dim == program_loops:  # all of it: the program loops over its slices
+            return BlockAxis(dim, "whole", None)
+        return BlockAxis(dim, "block", None if dim in whole else index_names[dim])
+
+    program_loops = product.k if product is not None else looped
+    tiling = Tiling(
+        grid=tuple(GridAxis(d, index_names[d], "parallel", d in squeezed) for d in grid_dims),
+        arrays=tuple(
+            ArrayBlocks(decl.name, tuple(block_axis(*p) for p in array_positions(decl, out_dims, product)))
+            for decl in kernel.inputs + kernel.outputs
+        ),
+        looped=program_loops,
+    )
+    block_specs = {a.name: tiling.block_spec(a, sizes) for a in tiling.arrays}
 
     def visible(decl: ir.ArrayDecl) -> list[str | None]:
         """The axes of an array's block as the kernel sees it: a dimension, or None (size 1)."""
@@ -202,7 +204,6 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
     kernel_keywords += [p.name for p in kernel.params]
     if product is not None:
         loop = _product_loop(product, namer, values, refs, sizes, accumulator, refs[kernel.outputs[0].name], inside)
-    grid = [sizes[d] if d in squeezed else f"pl.cdiv({sizes[d]}, {block_keyword(d)})" for d in grid_dims]
     return GpuPlan(
         function=launcher_name(kernel.name),
         kernel_function=kernel_function_name(kernel.name),
@@ -219,10 +220,10 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         ),
         whole_blocks=tuple((block_keyword(d), sizes[d], d) for d in whole),
         options=tuple((keyword, f"num_{name}", settings.options[name]) for name, (keyword, _) in OPTIONS.items()),
-        grid=tuple_code(grid),
+        grid=tiling.grid_code(sizes),
         grid_comment=tuple(textwrap.wrap(_grid_comment(grid_dims, product, squeezed, whole, looped), 84)),
-        in_specs=tuple((comments[d.name], block_spec(d)) for d in kernel.inputs),
-        out_specs=tuple((comments[d.name], block_spec(d)) for d in kernel.outputs),
+        in_specs=tuple((comments[d.name], block_specs[d.name]) for d in kernel.inputs),
+        out_specs=tuple((comments[d.name], block_specs[d.name]) for d in kernel.outputs),
         kernel_parameters=parameter_list([refs[d.name] for d in kernel.inputs + kernel.outputs], kernel_keywords),
         kernel_callable=partial_call(kernel_function_name(kernel.name), kernel_keywords),
         parameters=parameter_list(
@@ -242,6 +243,7 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         masks=tuple(masks),
         loop=tuple(loop),
         body=tuple(body),
+        tiling=tiling,
     )
 
 

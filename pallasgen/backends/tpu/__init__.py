@@ -35,6 +35,9 @@ class TpuBackend(Backend):
     def plan(self, lowered):
         return plan_tpu(lowered)
 
+    def blocks_at(self, plan, sizes):
+        return {b.dim: min(b.default, sizes[b.dim]) for b in plan.blocks}  # a small dimension is one whole block
+
     def helper_values(self):
         return {
             "scoped_vmem_mib": SCOPED_VMEM_BYTES >> 20,

@@ -14,6 +14,7 @@ from pallasgen.analysis.dtypes import DTYPES, tpu_dtype
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
 from pallasgen.analysis.product import Product
+from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling
 from pallasgen.backends.tpu.chips import CHIPS, chip_blocks
 from pallasgen.backends.tpu.tiling import (
     TilingRule,
@@ -21,9 +22,9 @@ from pallasgen.backends.tpu.tiling import (
     holds_rows,
     array_layouts,
     format_bytes,
-    reduction_bytes,
+    Vmem,
     tiling_rule,
-    vmem_bytes,
+    vmem,
     vmem_terms,
 )
 from pallasgen.frontend import ir
@@ -105,6 +106,8 @@ class TpuPlan:
     cost_estimate: str
     accumulator: AccumulatorPlan | None
     body: tuple[str, ...]  # the kernel body, or its last step when it accumulates
+    tiling: Tiling  # what grid, in_specs, out_specs and dimension_semantics are written from
+    vmem: Vmem  # what vmem_comment and vmem_needed count
 
 
 def tunable_dims(checked: CheckedKernel) -> list[str]:
@@ -203,16 +206,25 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
     index_names = grid_names(blocked, product)
     block_of = {d: block_keyword(d) if d in checked.blocks else sizes[d] for d in dims}
 
-    def block_spec(decl: ir.ArrayDecl) -> str:
-        shape, index = [], []
-        for dim, out_dim in array_positions(decl, out_dims, product):
-            if out_dim in squeezed:  # one batch element per step; an array without it has size 1 there
-                shape.append("None")
-                index.append(index_names[out_dim] if dim else "0")
-            else:
-                shape.append(block_of[dim] if dim else "1")
-                index.append(index_names.get(dim, "0") if dim else "0")
-        return f"pl.BlockSpec({tuple_code(shape)}, lambda {', '.join(index_names.values())}: {tuple_code(index)})"
+    def block_axis(dim: str | None, out_dim: str | None) -> BlockAxis:
+        if out_dim in squeezed:  # one batch element per step; an array without it has size 1 there
+            return BlockAxis(dim, "squeezed", index_names[out_dim] if dim else None)
+        if dim is None:
+            return BlockAxis(None, "one", None)
+        return BlockAxis(dim, "block" if dim in checked.blocks else "whole", index_names.get(dim))
+
+    accumulated = {product.k if product else None, stepped}  # its steps accumulate in order
+    tiling = Tiling(
+        grid=tuple(
+            GridAxis(d, index_names[d], "arbitrary" if d in accumulated else "parallel", d in squeezed) for d in blocked
+        ),
+        arrays=tuple(
+            ArrayBlocks(decl.name, tuple(block_axis(*p) for p in array_positions(decl, out_dims, product)))
+            for decl in kernel.inputs + kernel.outputs
+        ),
+        looped=None,
+    )
+    block_specs = {a.name: tiling.block_spec(a, sizes) for a in tiling.arrays}
 
     accumulator_name = lowered.accumulator
     spelling, held_starts = KernelSpelling(
@@ -256,8 +268,7 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
     layouts = array_layouts(kernel, checked.space.layout, product)
     inputs = [values[d.name] for d in kernel.inputs]
     vmem_needed = _vmem_needed(kernel, checked.blocks, product, block_of, squeezed)
-    # A product's contracted steps, and those of a reduced dimension, accumulate in order.
-    semantics = tuple("arbitrary" if (product and d == product.k) or d == stepped else "parallel" for d in blocked)
+    semantics = tuple(g.semantics for g in tiling.grid)
     return TpuPlan(
         function=launcher_name(kernel.name),
         kernel_function=kernel_function_name(kernel.name),
@@ -283,20 +294,22 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
             if a.spec_dtype != tpu_dtype(a.spec_dtype)
         ),
         returns=_tpu_return(lowered),
-        grid=tuple_code([sizes[d] if d in squeezed else f"pl.cdiv({sizes[d]}, {block_keyword(d)})" for d in blocked]),
+        grid=tiling.grid_code(sizes),
         grid_comment=_wrap(_grid_comment(blocked, dims, squeezed, semantics)),
-        in_specs=tuple((a.comment, block_spec(d)) for a, d in zip(lowered.inputs, kernel.inputs)),
-        out_specs=tuple((a.comment, block_spec(d)) for a, d in zip(lowered.outputs, kernel.outputs)),
+        in_specs=tuple((a.comment, block_specs[a.spec_name]) for a in lowered.inputs),
+        out_specs=tuple((a.comment, block_specs[a.spec_name]) for a in lowered.outputs),
         out_shapes=tuple(
             (f"jax.ShapeDtypeStruct({o.layout_shape}, {jnp_dtype(tpu_dtype(o.spec_dtype))})", o.spec_name)
             for o in lowered.outputs
         ),
         dimension_semantics=semantics,
-        vmem_comment=_wrap(_vmem_comment(kernel, checked.blocks, dims, product)),
+        vmem_comment=_wrap(_vmem_comment(vmem(kernel, checked.blocks, product), checked.blocks, dims)),
         vmem_needed=vmem_needed,
         cost_estimate=_cost_estimate(checked, values, sizes),
         accumulator=accumulator,
         body=tuple(body),
+        tiling=tiling,
+        vmem=vmem(kernel, checked.blocks, product),
     )
 
 
@@ -477,13 +490,11 @@ def _grid_comment(blocked, dims, squeezed: set[str], semantics: tuple[str, ...])
     return f"One step per {steps}{taken}. {sentence[0].upper()}{sentence[1:]}."
 
 
-def _vmem_comment(kernel: ir.Kernel, blocks: dict[str, int], dims, product) -> str:
-    needed = format_bytes(vmem_bytes(kernel, blocks, product))
+def _vmem_comment(needed: Vmem, blocks: dict[str, int], dims) -> str:
+    """The VMEM at the default blocks, and every part of it."""
     whole = [d for d in dims if d not in blocks]
     per = f" per unit of {' x '.join(whole)}" if whole else ""
-    scratch = ", plus the accumulator" if product and product.k in blocks else ""
-    scratch += ", plus the reductions' f32 working copies" if reduction_bytes(kernel, blocks) else ""
-    return f"VMEM at the default blocks: {needed}{per} (inputs and outputs double-buffered{scratch})."
+    return f"VMEM at the default blocks{per}: {format_bytes(needed.total(blocks))} = {needed.formula(blocks)}."
 
 
 def _vmem_needed(kernel: ir.Kernel, blocks: dict[str, int], product, block_of, squeezed) -> str:

@@ -97,23 +97,6 @@ def tiling_problem(dim: str, size: int, layouts: list[Layout]) -> str | None:
     return f"block {dim} = {size} breaks the TPU tiling rule: {rule.describe()}; use {_round_up(size, rule.multiple)} or leave {dim} unblocked"
 
 
-def block_bytes(decl: ir.ArrayDecl, blocks: dict[str, int]) -> int:
-    """Bytes of one block of an array; dimensions taken whole count as 1 (unknown)."""
-    return prod(blocks.get(d, 1) for d in decl.dims) * DTYPES[decl.dtype].bytes
-
-
-def accumulator_bytes(product: Product | None, blocks: dict[str, int]) -> int:
-    """The VMEM scratch of a product whose contracted dimension is blocked."""
-    if product is None or product.k not in blocks:
-        return 0
-    return blocks.get(product.m, 1) * blocks.get(product.n, 1) * product.accumulator.bytes
-
-
-def reduction_bytes(kernel: ir.Kernel, blocks: dict[str, int]) -> int:
-    """The f32 (or i32) working copy of a block that each reduction reduces."""
-    return len(_reductions(kernel)) * 4 * prod(blocks.get(d, 1) for d in _dims(kernel))
-
-
 def accumulates_elementwise(kernel: ir.Kernel, dim: str) -> bool:
     """Whether the TPU kernel's reductions over its blocked `dim` keep block-shaped running
     values, merged position by position each step and reduced once, at the last: when
@@ -145,44 +128,85 @@ def _dims(kernel: ir.Kernel) -> set[str]:
     return {d for decl in kernel.inputs + kernel.outputs for d in decl.dims}
 
 
-def vmem_terms(kernel: ir.Kernel, blocked, product: Product | None) -> list[tuple[int, tuple[str, ...]]]:
-    """VMEM as a sum of (bytes, dims) terms, each `bytes` times the product of the blocks
-    of `dims`: double-buffered inputs and outputs, the accumulator of a product whose
-    contracted dimension is in `blocked`, and the reductions' f32 (or i32) working copies.
-    Terms over the same dims are merged, in order of first appearance."""
-    terms: dict[tuple[str, ...], int] = {}
+@dataclass(frozen=True)
+class VmemPart:
+    """One buffer VMEM holds, `buffers` times: `element_bytes` times the product of the
+    blocks of `dims` (a dimension taken whole counts as 1, unknown, unless given)."""
 
-    def add(count: int, dims) -> None:
-        terms[tuple(dims)] = terms.get(tuple(dims), 0) + count
+    what: str  # the array it holds, or what it is: "f32 accumulator"
+    array: str | None  # the array whose blocks it holds (double-buffered), if any
+    buffers: int
+    element_bytes: int
+    dims: tuple[str, ...]
 
-    for decl in kernel.inputs + kernel.outputs:
-        add(2 * DTYPES[decl.dtype].bytes, decl.dims)
+    def bytes(self, blocks: dict[str, int]) -> int:
+        """One buffer's bytes."""
+        return self.element_bytes * prod(blocks.get(d, 1) for d in self.dims)
+
+
+@dataclass(frozen=True)
+class Vmem:
+    """The VMEM a kernel's blocks need, part by part; `total` is their sum."""
+
+    parts: tuple[VmemPart, ...]
+    limit: int  # the most a launcher asks of a TPU v5e or v6e
+
+    def total(self, blocks: dict[str, int]) -> int:
+        return sum(part.buffers * part.bytes(blocks) for part in self.parts)
+
+    def formula(self, blocks: dict[str, int]) -> str:
+        """`2 buffers x (x 1.0 MiB + z 1.0 MiB) + f32 accumulator 2.0 MiB`: every part, in bytes at `blocks`."""
+        buffered = [p for p in self.parts if p.buffers == 2]
+        terms = [f"2 buffers x ({' + '.join(f'{p.what} {format_bytes(p.bytes(blocks))}' for p in buffered)})"]
+        for part in self.parts:
+            if part.buffers != 2:
+                times = f"{part.buffers} x " if part.buffers > 1 else ""
+                terms.append(f"{part.what} {times}{format_bytes(part.bytes(blocks))}")
+        return " + ".join(terms)
+
+
+def vmem(kernel: ir.Kernel, blocked, product: Product | None) -> Vmem:
+    """Double-buffered inputs and outputs, the accumulator of a product whose contracted
+    dimension is in `blocked`, and each reduction's 32-bit working copy of a block (f32 or
+    i32), with as many running values again where they are block-shaped."""
+    parts = [
+        VmemPart(decl.name, decl.name, 2, DTYPES[decl.dtype].bytes, decl.dims)
+        for decl in kernel.inputs + kernel.outputs
+    ]
     if product is not None and product.k in blocked:
-        add(product.accumulator.bytes, (product.m, product.n))
-    reductions = reduction_bytes(kernel, {})
-    if reductions:
-        dims = dict.fromkeys(d for decl in kernel.inputs + kernel.outputs for d in decl.dims)
-        add(reductions, dims)
-        if any(accumulates_elementwise(kernel, d) for d in blocked):  # block-shaped running values too
-            add(reductions, dims)
+        accumulator = product.accumulator
+        parts.append(VmemPart(f"{accumulator.name} accumulator", None, 1, accumulator.bytes, (product.m, product.n)))
+    dims = tuple(dict.fromkeys(d for decl in kernel.inputs + kernel.outputs for d in decl.dims))
+    reductions = [node.func for node in _reductions(kernel)]
+    parts += [VmemPart(f"{func}'s 32-bit copy of a block", None, 1, 4, dims) for func in reductions]
+    if any(accumulates_elementwise(kernel, d) for d in blocked):  # block-shaped running values too
+        parts += [VmemPart(f"{func}'s running values", None, 1, 4, dims) for func in reductions]
+    return Vmem(tuple(parts), VMEM_LIMIT_BYTES)
+
+
+def vmem_terms(kernel: ir.Kernel, blocked, product: Product | None) -> list[tuple[int, tuple[str, ...]]]:
+    """`vmem` as a sum of (bytes, dims) terms, each `bytes` times the product of the blocks
+    of `dims`; parts over the same dims are merged, in order of first appearance."""
+    terms: dict[tuple[str, ...], int] = {}
+    for part in vmem(kernel, blocked, product).parts:
+        terms[part.dims] = terms.get(part.dims, 0) + part.buffers * part.element_bytes
     return [(count, dims) for dims, count in terms.items()]
 
 
 def vmem_bytes(kernel: ir.Kernel, blocks: dict[str, int], product: Product | None) -> int:
     """VMEM for double-buffered input and output blocks, plus the accumulator and the
     reductions' working copies; dimensions taken whole count as 1 (unknown)."""
-    return sum(count * prod(blocks.get(d, 1) for d in dims) for count, dims in vmem_terms(kernel, blocks, product))
+    return vmem(kernel, blocks, product).total(blocks)
 
 
 def vmem_problem(kernel: ir.Kernel, blocks: dict[str, int], product: Product | None) -> str | None:
     """Blocks beyond Mosaic's scoped default are fine (the launcher raises its limit);
     beyond what the launcher may ask of the chip they are not."""
-    needed = vmem_bytes(kernel, blocks, product)
-    if needed <= VMEM_LIMIT_BYTES:
+    needed = vmem(kernel, blocks, product)
+    if needed.total(blocks) <= VMEM_LIMIT_BYTES:
         return None
     return (
-        f"these blocks need {format_bytes(needed)} of VMEM (inputs and outputs double-buffered"
-        f"{', plus the accumulator' if accumulator_bytes(product, blocks) else ''}), more than the"
+        f"these blocks need {format_bytes(needed.total(blocks))} of VMEM ({needed.formula(blocks)}), more than the"
         f" {format_bytes(VMEM_LIMIT_BYTES)} a kernel may ask of a TPU v5e's or v6e's"
         f" {format_bytes(VMEM_CAPACITY_BYTES)}; use smaller blocks"
     )
