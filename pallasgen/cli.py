@@ -14,6 +14,7 @@ from pallasgen.analysis.names import block_keyword
 from pallasgen.analysis.tuning import TunedBlocks
 from pallasgen.backends.tpu.chips import CHIP_NAMES
 from pallasgen.devices import runner
+from pallasgen.devices.extras import MissingExtra, require
 from pallasgen.workspace.atomic import write_atomically
 from pallasgen.workspace.config import ConfigError, load_config
 from pallasgen.frontend.errors import SpecError
@@ -145,6 +146,7 @@ _tolerances = ", ".join(f"{dtype} {tolerance:.0e}" for dtype, tolerance in runne
 @_seed
 @_modules
 def run(targets: tuple[str, ...], sizes: tuple[str, ...], seed: int, out: Path | None) -> None:
+    _require("pallasgen run", tpu=False)
     given = _parse_sizes(sizes)
     kernels = _kernels(targets, out, given)
     failed = False
@@ -194,6 +196,7 @@ def bench(
     them and their references for that TPU instead and compare the compiler's estimated
     cycles.
     """
+    _require(f"pallasgen bench{' --chip' if chip else ''}", tpu=chip is not None)
     given = _parse_sizes(sizes)
     if chip is not None:
         if sweep:
@@ -349,6 +352,7 @@ def tune(target: str, sizes: tuple[str, ...], chip: str, budget: int, blocks: tu
     from pallasgen.devices.tune import MEASURE, tune as search, versions
     from pallasgen.workspace.tuning import Entry, entry_for, format_tuning, read_tuning, tuning_path, with_entry
 
+    _require("pallasgen tune", tpu=True)
     given = _parse_sizes(sizes)
     starts = _parse_blocks(blocks)
     kernels = _kernels((target,), None, given)
@@ -575,6 +579,14 @@ def _parse_dim_values(option: str, items: tuple[str, ...]) -> dict[str, int]:
             _usage_error(f"{option} {dim} is given twice")
         parsed[dim] = int(value)
     return parsed
+
+
+def _require(command: str, tpu: bool) -> None:
+    """A usage error saying what to install if jax (and libtpu, for `tpu`) is missing."""
+    try:
+        require(command, tpu)
+    except MissingExtra as error:
+        _usage_error(str(error))
 
 
 def _usage_error(message: str):

@@ -491,3 +491,55 @@ def test_build_and_check_never_import_jax(tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
         f"{p.stem}.py" for p in (root / "specs").glob("*.pallas")
     )
+
+
+# --------------------------------------------------------------------------- missing optional dependencies
+
+
+@pytest.mark.parametrize(
+    ("args", "missing", "install"),
+    [
+        pytest.param(["run"], "jax", "pip install 'pallasgen[jax]'", id="run-without-jax"),
+        pytest.param(["bench"], "jax", "pip install 'pallasgen[jax]'", id="bench-without-jax"),
+        pytest.param(
+            ["bench", "--chip", "v5e"], "libtpu", "pip install 'pallasgen[tpu]'", id="bench-chip-without-libtpu"
+        ),
+        pytest.param(
+            ["tune", "specs/add_vectors.pallas", "--chip", "v5e", "--size", "N=4096"],
+            "libtpu",
+            "pip install 'pallasgen[tpu]'",
+            id="tune-without-libtpu",
+        ),
+        pytest.param(
+            ["tune", "specs/add_vectors.pallas", "--chip", "v5e", "--size", "N=4096"],
+            "jax",
+            "pip install 'pallasgen[tpu]'",
+            id="tune-without-jax",
+        ),
+    ],
+)
+def test_a_command_whose_optional_dependency_is_missing_says_what_to_install(project, args, missing, install):
+    """Where only `pallasgen` is installed (no jax), or `pallasgen[jax]` (no libtpu):
+    one line naming the extra to install, exit 2, no traceback."""
+    code = (
+        "import sys\n"
+        "sys.modules[sys.argv[1]] = None  # as if it were not installed\n"
+        "from pallasgen.cli import main\n"
+        "main(sys.argv[2:])\n"
+    )
+    environment = {name: value for name, value in os.environ.items() if name != "TPU_LIBRARY_PATH"}
+    environment["PALLASGEN_CACHE_DIR"] = str(project.parent / "cache")
+    result = subprocess.run(
+        [sys.executable, "-c", code, missing, *args],
+        cwd=project,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [result.stderr.strip()], result.stderr
+    assert result.stderr.startswith("pallasgen: error: ")
+    assert f"needs {missing}" in result.stderr
+    assert install in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
