@@ -274,8 +274,24 @@ def test_spec_that_is_not_utf8_is_a_spec_error_at_the_bad_byte(project):
     (project / "specs" / "latin.pallas").write_bytes(b"# caf\xe9\n" + ADD_VECTORS.encode())
     result = pallasgen("build")
     assert result.exit_code == 2
-    assert result.stderr.startswith("specs/latin.pallas:1:6: error: not UTF-8: byte 0xe9\n")
+    assert result.stderr.splitlines() == [
+        "specs/latin.pallas:1:6: error: not UTF-8: byte 0xe9 at byte offset 5; save the file as UTF-8",
+        "    # caf\\xe9",
+        "         ^^^^",
+    ]
     assert not (project / "generated").exists()
+
+
+def test_a_binary_file_named_as_a_spec_prints_no_raw_bytes(project):
+    """Bytes a terminal would act on (escapes, a bell, NUL) print as escapes, as on a terminal
+    (color=True: click passes control sequences through)."""
+    garbage = bytes(range(256)) * 2
+    (project / "specs" / "blob.pallas").write_bytes(garbage)
+    result = CliRunner().invoke(main, ["build"], color=True)
+    assert result.exit_code == 2
+    head = result.stderr.splitlines()[0]
+    assert head == "specs/blob.pallas:2:118: error: not UTF-8: byte 0x80 at byte offset 128; save the file as UTF-8"
+    assert all(char.isprintable() for line in result.stderr.splitlines() for char in line), result.stderr
 
 
 def test_check_reports_a_spec_error_like_build(project):
