@@ -15,9 +15,11 @@ from pallasgen.analysis.tuning import TunedBlocks
 from pallasgen.backends.tpu.chips import CHIP_NAMES
 from pallasgen.devices import runner
 from pallasgen.devices.extras import MissingExtra, require
+from pallasgen.show import tilemap
 from pallasgen.workspace.atomic import write_atomically
 from pallasgen.workspace.config import ConfigError, load_config
 from pallasgen.frontend.errors import SpecError
+from pallasgen.frontend.text import counted
 from pallasgen.workspace.pipeline import check_source, decode
 from pallasgen.workspace.sync import (
     SpecErrors,
@@ -63,7 +65,7 @@ def build(paths: tuple[Path, ...], out: Path | None, no_cache: bool) -> None:
         click.echo(f"{verb} {_display(change.path)}")
     for line in _stale_tunings(targets):
         click.echo(f"warning: {line}: its tuned blocks are left out; run `pallasgen tune` again", err=True)
-    click.echo(f"pallasgen: {len(targets)} specs, {len(changes)} files changed")
+    click.echo(f"pallasgen: {counted(len(targets), 'spec')}, {counted(len(changes), 'file')} changed")
 
 
 @main.command()
@@ -85,7 +87,7 @@ def check(paths: tuple[Path, ...], out: Path | None, quiet: bool, no_cache: bool
     if changes:
         counts = {kind: sum(c.kind == kind for c in changes) for kind in ("update", "create", "remove")}
         click.echo(
-            f"pallasgen check: {len(changes)} files out of date ({counts['update']} changed,"
+            f"pallasgen check: {counted(len(changes), 'file')} out of date ({counts['update']} changed,"
             f" {counts['create']} missing, {counts['remove']} stale); run `pallasgen build`"
         )
         sys.exit(DRIFT)
@@ -93,9 +95,11 @@ def check(paths: tuple[Path, ...], out: Path | None, quiet: bool, no_cache: bool
     for line in stale:
         click.echo(f"{line}; run `pallasgen tune` again, or remove its entry")
     if stale:
-        click.echo(f"pallasgen check: {len(stale)} tuned kernels changed since they were tuned")
+        changed = counted(len(stale), "tuned kernel changed since it was", "tuned kernels changed since they were")
+        click.echo(f"pallasgen check: {changed} tuned")
         sys.exit(DRIFT)
-    click.echo(f"pallasgen check: {len(targets)} generated files match their specs")
+    matching = counted(len(targets), "generated file matches its spec", "generated files match their specs")
+    click.echo(f"pallasgen check: {matching}")
 
 
 def _stale_tunings(targets) -> list[str]:
@@ -393,7 +397,7 @@ def tune(target: str, sizes: tuple[str, ...], chip: str, budget: int, blocks: tu
                 f" {estimate.describe_ratio(best_ratio)} (XLA {found.xla_cycles:,});"
                 f" from {'the given' if given_start else 'the blocks tuned before' if previous else 'the untuned'}"
                 f" {_pairs(start.blocks)}"
-                f" {started}; {len(found.trials)} compiles"
+                f" {started}; {counted(len(found.trials), 'compile')}"
             )
             measure = {
                 "by": MEASURE,
@@ -432,7 +436,14 @@ def _pairs(blocks) -> str:
     return ", ".join(f"{block_keyword(d)}={b}" for d, b in blocks) or "(every dimension whole)"
 
 
-@main.command()
+@main.command(help=f"""Draw a kernel's arrays cut into blocks, its grid and its edge blocks as an SVG picture.
+
+    SPEC[:KERNEL] names a spec file and one of its kernels (just SPEC if it holds one).
+
+    Sizes not given with --size: two and a half blocks of each blocked dimension (so its
+    last block is a ragged edge), three of a dimension blocked by one, {tilemap.WHOLE_SIZE}
+    for one taken whole; with --gpu, the blocks are the GPU ones.
+    """)
 @click.argument("target", metavar="SPEC[:KERNEL]")
 @_sizes
 @click.option(
@@ -443,14 +454,13 @@ def _pairs(blocks) -> str:
 )
 @click.option("--gpu", is_flag=True, help="Draw the GPU (Triton) tiling instead of the TPU one.")
 def show(target: str, sizes: tuple[str, ...], out_file: Path | None, gpu: bool) -> None:
-    """Draw a kernel's arrays cut into blocks, its grid and its edge blocks as an SVG picture."""
-    from pallasgen.show.tilemap import ShowError, kernel_tiles, sizes_for
     from pallasgen.show.tilesvg import render_svg
 
     checked = _one_kernel(target)
     try:
-        picture = render_svg(kernel_tiles(checked, sizes_for(checked, _parse_sizes(sizes), gpu), gpu))
-    except ShowError as error:
+        tiles = tilemap.kernel_tiles(checked, tilemap.sizes_for(checked, _parse_sizes(sizes), gpu), gpu)
+        picture = render_svg(tiles)
+    except tilemap.ShowError as error:
         _usage_error(str(error))
     path = out_file if out_file is not None else Path(f"{checked.kernel.name}.svg")
     try:

@@ -114,7 +114,7 @@ def test_build_writes_a_module_per_spec_and_exits_0(project):
     assert module.is_file()
     compile(module.read_text(encoding="utf-8"), str(module), "exec")
     assert "wrote generated/add_vectors.py" in result.stdout
-    assert result.stdout.rstrip().endswith("pallasgen: 1 specs, 1 files changed")
+    assert result.stdout.rstrip().endswith("pallasgen: 1 spec, 1 file changed")
 
 
 def test_generated_first_line_is_the_generated_code_marker_naming_the_spec(project):
@@ -158,7 +158,7 @@ def test_no_op_build_rewrites_nothing_and_keeps_modification_times(project):
     before = age(module)
     result = pallasgen("build")
     assert result.exit_code == 0, result.output
-    assert result.stdout.strip() == "pallasgen: 1 specs, 0 files changed"
+    assert result.stdout.strip() == "pallasgen: 1 spec, 0 files changed"
     assert module.stat().st_mtime_ns == before
 
 
@@ -308,7 +308,7 @@ def test_check_exits_0_when_every_generated_module_matches_its_spec(project):
     pallasgen("build")
     result = pallasgen("check")
     assert result.exit_code == 0, result.output
-    assert result.stdout.strip() == "pallasgen check: 1 generated files match their specs"
+    assert result.stdout.strip() == "pallasgen check: 1 generated file matches its spec"
 
 
 def test_check_exits_1_with_a_unified_diff_when_a_generated_module_was_edited(project):
@@ -325,7 +325,7 @@ def test_check_exits_1_with_a_unified_diff_when_a_generated_module_was_edited(pr
     assert any(line.startswith("@@ ") for line in lines)
     assert any(line.startswith("-") and "z = x + y + 1" in line for line in lines)
     assert any(line.startswith("+") and line.strip().endswith("z = x + y") for line in lines)
-    assert lines[-1].startswith("pallasgen check: 1 files out of date (1 changed, 0 missing, 0 stale)")
+    assert lines[-1].startswith("pallasgen check: 1 file out of date (1 changed, 0 missing, 0 stale)")
     assert module.read_text(encoding="utf-8") == edited  # check never writes
 
 
@@ -362,7 +362,7 @@ def test_check_quiet_prints_only_the_summary(project):
     result = pallasgen("check", "--quiet")
     assert result.exit_code == 1
     assert result.stdout.splitlines() == [
-        "pallasgen check: 1 files out of date (1 changed, 0 missing, 0 stale); run `pallasgen build`"
+        "pallasgen check: 1 file out of date (1 changed, 0 missing, 0 stale); run `pallasgen build`"
     ]
 
 
@@ -559,3 +559,21 @@ def test_a_command_whose_optional_dependency_is_missing_says_what_to_install(pro
     assert f"needs {missing}" in result.stderr
     assert install in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+
+
+# --------------------------------------------------------------------------- help
+
+
+@pytest.mark.parametrize(
+    ("command", "description"),
+    [
+        pytest.param("run", "Sizes not given with --size: a blocked dimension is one and a half blocks", id="run"),
+        pytest.param("bench", "the default sizes are as for `pallasgen run`", id="bench"),
+        pytest.param("show", "Sizes not given with --size: two and a half blocks of each blocked dimension", id="show"),
+    ],
+)
+def test_help_describes_above_the_options_the_sizes_that_size_leaves_out(command, description):
+    """--size says `the others as described above`: the command's description does so."""
+    description_part, options_part = pallasgen(command, "--help").stdout.split("Options:")
+    assert "the others as described above" in " ".join(options_part.split())
+    assert description in " ".join(description_part.split())

@@ -221,6 +221,12 @@ def test_many_errors_are_capped_with_a_count_of_the_rest():
     assert rendered.rstrip().endswith("spec.pallas: 5 more errors not shown")
 
 
+def test_one_error_past_the_cap_is_counted_in_the_singular():
+    body = "\n".join(f"    z{i} = x" for i in range(21))
+    source = f"kernel many {{\n    in  x: f32[N]\n    out z: f32[N]\n    z = x\n{body}\n}}\n"
+    assert spec_error(source).render().rstrip().endswith("spec.pallas: 1 more error not shown")
+
+
 # --------------------------------------------------------------------------- rendering
 
 

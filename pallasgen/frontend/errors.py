@@ -6,6 +6,8 @@ import difflib
 from dataclasses import dataclass
 from typing import Iterable
 
+from pallasgen.frontend.text import counted
+
 MAX_REPORTED = 20
 
 
@@ -50,7 +52,7 @@ class SpecError(Exception):
         blocks = [_render_one(self.path, lines, d) for d in shown]
         hidden = len(self.diagnostics) - len(shown)
         if hidden:
-            blocks.append(f"{self.path}: {hidden} more errors not shown")
+            blocks.append(f"{self.path}: {counted(hidden, 'more error')} not shown")
         return "\n".join(blocks)
 
 
