@@ -348,6 +348,31 @@ def test_check_exits_1_naming_a_stale_module_whose_spec_was_deleted(project):
     assert (project / "generated" / "scale.py").exists()
 
 
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param(lambda text: text.replace("\n    ", "\n  "), id="re-indented"),
+        pytest.param(lambda text: text.replace("\n", " \n"), id="trailing-spaces"),
+        pytest.param(lambda text: text.replace("\n", "\r\n"), id="crlf-line-endings"),
+        pytest.param(lambda text: text + "\n", id="a-blank-line-at-the-end"),
+        pytest.param(lambda text: text.replace("(x, y)", "(x,y)", 1), id="a-space-removed"),
+    ],
+)
+def test_check_treats_any_byte_of_difference_as_drift(project, edit):
+    """Whitespace is part of the generated file: one byte changed is drift, and build rewrites it."""
+    pallasgen("build")
+    module = project / "generated" / "add_vectors.py"
+    built = module.read_bytes()
+    edited = edit(built.decode("utf-8")).encode("utf-8")
+    assert edited != built
+    module.write_bytes(edited)
+    result = pallasgen("check")
+    assert result.exit_code == 1, result.output
+    assert "generated/add_vectors.py: differs from what specs/add_vectors.pallas generates" in result.stdout
+    assert pallasgen("build").exit_code == 0
+    assert module.read_bytes() == built
+
+
 def test_check_ignores_files_pallasgen_did_not_generate(project):
     pallasgen("build")
     write(project / "generated" / "handwritten.py", "X = 1\n")

@@ -217,8 +217,10 @@ def unified_diff(change: Change, display) -> str:
 
 
 def _read_text(path: Path) -> str | None:
+    """A file's text exactly as it is on disk: no line endings translated, so that any
+    byte of difference is drift."""
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_bytes().decode("utf-8")
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError):
