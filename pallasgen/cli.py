@@ -21,8 +21,10 @@ from pallasgen.workspace.config import ConfigError, load_config
 from pallasgen.frontend.errors import SpecError
 from pallasgen.frontend.text import counted
 from pallasgen.workspace.pipeline import check_source, decode
+from pallasgen.workspace.report import FORMATS, Finding, drift_description, drift_finding, formatted, spec_findings
 from pallasgen.workspace.sync import (
     SpecErrors,
+    StaleTuning,
     UsageError,
     apply,
     collect_targets,
@@ -49,64 +51,100 @@ _no_cache = click.option(
 )
 
 
+_format = click.option(
+    "--format",
+    "form",
+    type=click.Choice(FORMATS),
+    default="text",
+    show_default=True,
+    help="How problems are reported. json: one JSON object per line (file, line, column, severity,"
+    " message; for an out-of-date file also kind and spec); github: GitHub Actions workflow commands that"
+    " annotate the file and line. With json and github those lines alone go to stdout, everything else to"
+    " stderr.",
+)
+
+
 @main.command()
 @_paths
 @_out
 @_no_cache
-def build(paths: tuple[Path, ...], out: Path | None, no_cache: bool) -> None:
-    """Write generated modules for PATHS (spec files or folders; default from pyproject.toml)."""
-    targets, modules, changes = _prepare(paths, out, no_cache)
+@_format
+def build(paths: tuple[Path, ...], out: Path | None, no_cache: bool, form: str) -> None:
+    """Write generated modules for PATHS (spec files or folders; default from pyproject.toml).
+
+    A spec error is reported as `path:line:col: error: message`, with the line and a
+    caret (--format text), as a JSON object (json), or as a workflow command (github);
+    nothing is written and the exit code is 2.
+    """
+    targets, modules, changes = _prepare(paths, out, no_cache, form)
     try:
         apply(changes)
     except OSError as error:
-        _usage_error(f"cannot write {_display(Path(error.filename or ''))}: {error.strerror}")
+        _usage_error(f"cannot write {_display(Path(error.filename or ''))}: {error.strerror}", form)
     for change in changes:
         verb = {"create": "wrote", "update": "updated", "remove": "removed stale"}[change.kind]
-        click.echo(f"{verb} {_display(change.path)}")
-    for line in _stale_tunings(targets):
-        click.echo(f"warning: {line}: its tuned blocks are left out; run `pallasgen tune` again", err=True)
-    click.echo(f"pallasgen: {counted(len(targets), 'spec')}, {counted(len(changes), 'file')} changed")
+        _say(form, f"{verb} {_display(change.path)}")
+    for stale in _stale_tunings(targets, form):
+        message = f"{stale.why}: its tuned blocks are left out; run `pallasgen tune` again"
+        finding = Finding("warning", message, stale.file, kind="stale-tuning", spec=stale.spec)
+        _report(form, finding, f"warning: {stale.file}: {message}", err=True)
+    _say(form, f"pallasgen: {counted(len(targets), 'spec')}, {counted(len(changes), 'file')} changed")
 
 
 @main.command()
 @_paths
 @_out
-@click.option("--quiet", "-q", is_flag=True, help="Print only the summary.")
+@click.option("--quiet", "-q", is_flag=True, help="Print only the summary (and, with --format, the records).")
 @_no_cache
-def check(paths: tuple[Path, ...], out: Path | None, quiet: bool, no_cache: bool) -> None:
+@_format
+def check(paths: tuple[Path, ...], out: Path | None, quiet: bool, no_cache: bool, form: str) -> None:
     """Exit 1 if generated modules differ from what PATHS would generate."""
-    targets, modules, changes = _prepare(paths, out, no_cache)
-    for change in changes if not quiet else ():
-        if change.kind == "create":
-            click.echo(f"{_display(change.path)}: missing; {change.spec_label} generates it")
-        elif change.kind == "remove":
-            click.echo(f"{_display(change.path)}: stale; its spec {change.spec_label} no longer exists")
-        else:
-            click.echo(f"{_display(change.path)}: differs from what {change.spec_label} generates")
-            click.echo(unified_diff(change, _display), nl=False)
+    targets, modules, changes = _prepare(paths, out, no_cache, form)
+    for change in changes:
+        shown = _display(change.path)
+        if not quiet or form != "text":
+            _report(form, drift_finding(change, shown), f"{shown}: {drift_description(change)}")
+        if change.kind == "update" and not quiet:
+            _say(form, unified_diff(change, _display), nl=False)
     if changes:
         counts = {kind: sum(c.kind == kind for c in changes) for kind in ("update", "create", "remove")}
-        click.echo(
+        _say(
+            form,
             f"pallasgen check: {counted(len(changes), 'file')} out of date ({counts['update']} changed,"
-            f" {counts['create']} missing, {counts['remove']} stale); run `pallasgen build`"
+            f" {counts['create']} missing, {counts['remove']} stale); run `pallasgen build`",
         )
         sys.exit(DRIFT)
-    stale = _stale_tunings(targets)
-    for line in stale:
-        click.echo(f"{line}; run `pallasgen tune` again, or remove its entry")
+    stale = _stale_tunings(targets, form)
+    for tuning in stale:
+        message = f"{tuning.why}; run `pallasgen tune` again, or remove its entry"
+        finding = Finding("error", message, tuning.file, kind="stale-tuning", spec=tuning.spec)
+        _report(form, finding, f"{tuning.file}: {message}")
     if stale:
         changed = counted(len(stale), "tuned kernel changed since it was", "tuned kernels changed since they were")
-        click.echo(f"pallasgen check: {changed} tuned")
+        _say(form, f"pallasgen check: {changed} tuned")
         sys.exit(DRIFT)
     matching = counted(len(targets), "generated file matches its spec", "generated files match their specs")
-    click.echo(f"pallasgen check: {matching}")
+    _say(form, f"pallasgen check: {matching}")
 
 
-def _stale_tunings(targets) -> list[str]:
+def _report(form: str, finding: Finding, text: str, err: bool = False) -> None:
+    """A finding: `text` for a person (on stderr if `err`), else one record on stdout."""
+    if form == "text":
+        click.echo(text, err=err)
+    else:
+        click.echo(formatted(finding, form))
+
+
+def _say(form: str, text: str, nl: bool = True) -> None:
+    """A line for a person: on stdout with --format text, else on stderr, leaving stdout to the records."""
+    click.echo(text, nl=nl, err=form != "text")
+
+
+def _stale_tunings(targets, form: str) -> list[StaleTuning]:
     try:
         return stale_tunings(targets, _display)
     except UsageError as error:
-        _usage_error(str(error))
+        _usage_error(str(error), form)
 
 
 _targets = click.argument("targets", nargs=-1, metavar="SPEC[:KERNEL]...")
@@ -599,12 +637,12 @@ def _require(command: str, tpu: bool) -> None:
         _usage_error(str(error))
 
 
-def _usage_error(message: str):
-    click.echo(f"pallasgen: error: {message}", err=True)
+def _usage_error(message: str, form: str = "text"):
+    _report(form, Finding("error", message), f"pallasgen: error: {message}", err=True)
     sys.exit(SPEC_OR_USAGE_ERROR)
 
 
-def _prepare(paths: tuple[Path, ...], out: Path | None, no_cache: bool):
+def _prepare(paths: tuple[Path, ...], out: Path | None, no_cache: bool, form: str):
     try:
         config = load_config(Path.cwd())
         out_dir = out if out is not None else config.out
@@ -615,11 +653,15 @@ def _prepare(paths: tuple[Path, ...], out: Path | None, no_cache: bool):
             raise UsageError(f"no spec files in {', '.join(map(str, paths or [config.specs]))}")
         modules = generate_targets(targets, _display, use_cache=not no_cache)
     except SpecErrors as errors:
-        click.echo(str(errors), err=True)
+        if form == "text":
+            click.echo(str(errors), err=True)
+        else:
+            for error in errors.errors:
+                for finding in spec_findings(error):
+                    click.echo(formatted(finding, form))
         sys.exit(SPEC_OR_USAGE_ERROR)
     except (UsageError, ConfigError) as error:
-        click.echo(f"pallasgen: error: {error}", err=True)
-        sys.exit(SPEC_OR_USAGE_ERROR)
+        _usage_error(str(error), form)
     return targets, modules, plan_changes(targets, modules, owned, out_dir)
 
 

@@ -136,13 +136,23 @@ def read_inputs(target: Target, display) -> tuple[str, Tuning | None]:
     return source, None if tuning is None else Tuning(tuning, display(tuning_file))
 
 
-def stale_tunings(targets: list[Target], display) -> list[str]:
-    """`path: why` for each tuning file tuned for a kernel that has changed or gone since."""
+@dataclass(frozen=True)
+class StaleTuning:
+    """A tuning file's entry for a kernel that has changed or gone since it was tuned."""
+
+    file: str  # the tuning file, as messages name it
+    spec: str
+    why: str
+
+
+def stale_tunings(targets: list[Target], display) -> list[StaleTuning]:
+    """Each tuning file's entries for kernels that have changed or gone since they were tuned."""
     found = []
     for target in targets:
         source, tuning = read_inputs(target, display)
         if tuning is not None:
-            found += [f"{tuning.path}: {why}" for why in tuned_kernels(source, display(target.spec), tuning)[1]]
+            spec = display(target.spec)
+            found += [StaleTuning(tuning.path, spec, why) for why in tuned_kernels(source, spec, tuning)[1]]
     return found
 
 
