@@ -5,6 +5,7 @@ Exit codes: 0 success, 1 `check` found drift, 2 a spec or usage error.
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -651,7 +652,12 @@ def _prepare(paths: tuple[Path, ...], out: Path | None, no_cache: bool, form: st
         targets, owned = collect_targets(list(paths) or [config.specs], out_dir, _display)
         if not targets:
             raise UsageError(f"no spec files in {', '.join(map(str, paths or [config.specs]))}")
-        modules = generate_targets(targets, _display, use_cache=not no_cache)
+        progress = _Progress() if _stderr_is_terminal() else None
+        try:
+            modules = generate_targets(targets, _display, use_cache=not no_cache, progress=progress)
+        finally:
+            if progress is not None:
+                progress.wipe()
     except SpecErrors as errors:
         if form == "text":
             click.echo(str(errors), err=True)
@@ -663,6 +669,26 @@ def _prepare(paths: tuple[Path, ...], out: Path | None, no_cache: bool, form: st
     except (UsageError, ConfigError) as error:
         _usage_error(str(error), form)
     return targets, modules, plan_changes(targets, modules, owned, out_dir)
+
+
+def _stderr_is_terminal() -> bool:
+    return sys.stderr.isatty()
+
+
+class _Progress:
+    """`building I/N SPEC` on one line of a terminal's stderr, rewritten in place, then wiped."""
+
+    def __init__(self) -> None:
+        self.shown = 0  # the length of the line on screen
+
+    def __call__(self, number: int, total: int, spec: str) -> None:
+        line = f"building {number}/{total} {spec}"[: shutil.get_terminal_size().columns - 1]
+        click.echo("\r" + line.ljust(self.shown), nl=False, err=True)
+        self.shown = len(line)
+
+    def wipe(self) -> None:
+        if self.shown:
+            click.echo("\r" + " " * self.shown + "\r", nl=False, err=True)
 
 
 def _display(path: Path) -> str:

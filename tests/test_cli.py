@@ -602,3 +602,42 @@ def test_help_describes_above_the_options_the_sizes_that_size_leaves_out(command
     description_part, options_part = pallasgen(command, "--help").stdout.split("Options:")
     assert "the others as described above" in " ".join(options_part.split())
     assert description in " ".join(description_part.split())
+
+
+# --------------------------------------------------------------------------- progress
+
+
+@pytest.mark.parametrize("threshold", [8, 2], ids=["in-process", "worker-pool"])
+def test_a_cold_build_shows_progress_in_place_on_a_terminals_stderr(project, monkeypatch, threshold):
+    monkeypatch.setattr("pallasgen.workspace.sync.PARALLEL_THRESHOLD", threshold)
+    monkeypatch.setattr("pallasgen.cli._stderr_is_terminal", lambda: True)
+    write(project / "specs" / "scale.pallas", SCALE)
+    write(project / "specs" / "more.pallas", SCALE.replace("scale", "more"))
+    result = pallasgen("build", "--no-cache")
+    assert result.exit_code == 0, result.output
+    steps = [
+        "building 1/3 specs/add_vectors.pallas",
+        "building 2/3 specs/more.pallas",
+        "building 3/3 specs/scale.pallas",
+    ]
+    shown = result.stderr.split("\r")[1:-2]
+    assert [line.rstrip() for line in shown] == steps
+    assert all(len(line) >= len(before.rstrip()) for before, line in zip(shown, shown[1:]))  # covers the one before
+    assert result.stderr.endswith("\r" + " " * len(steps[2]) + "\r")  # wiped before the report
+    assert "building" not in result.stdout
+
+
+def test_a_build_shows_no_progress_when_stderr_is_not_a_terminal(project):
+    write(project / "specs" / "scale.pallas", SCALE)
+    result = pallasgen("build", "--no-cache")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+
+
+def test_a_build_served_from_the_cache_shows_no_progress(project, monkeypatch):
+    assert pallasgen("build").exit_code == 0
+    monkeypatch.setattr("pallasgen.cli._stderr_is_terminal", lambda: True)
+    (project / "generated" / "add_vectors.py").unlink()
+    result = pallasgen("build")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""

@@ -13,6 +13,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path, PurePosixPath
+from typing import Iterator
 
 from pallasgen.workspace import cache
 from pallasgen.workspace.atomic import write_atomically
@@ -89,11 +90,12 @@ def collect_targets(paths: list[Path], out_dir: Path, display=str) -> tuple[list
 PARALLEL_THRESHOLD = 8
 
 
-def generate_targets(targets: list[Target], display, use_cache: bool = True) -> dict[Path, str]:
+def generate_targets(targets: list[Target], display, use_cache: bool = True, progress=None) -> dict[Path, str]:
     """Every target's module text; raises `SpecErrors` with every failing spec's errors,
     `UsageError` for a spec that cannot be read.
 
-    Unchanged specs come from the cache; the others are generated on every core.
+    Unchanged specs come from the cache; the others are generated on every core, with
+    `progress(number, total, spec)` called as the wait for each begins.
     """
     modules: dict[Path, str] = {}
     errors: list[SpecError] = []
@@ -112,7 +114,11 @@ def generate_targets(targets: list[Target], display, use_cache: bool = True) -> 
         else:
             pending.append((target, key))
             jobs.append((source, display(target.spec), tuning, target.label))
-    for (target, key), result in zip(pending, _generate_all(jobs)):
+    results = _generate_all(jobs)
+    for number, (target, key) in enumerate(pending, 1):
+        if progress is not None:
+            progress(number, len(pending), display(target.spec))
+        result = next(results)
         if isinstance(result, SpecError):
             errors.append(result)
             continue
@@ -156,12 +162,14 @@ def stale_tunings(targets: list[Target], display) -> list[StaleTuning]:
     return found
 
 
-def _generate_all(jobs: list[tuple[str, str, Tuning | None, str]]) -> list[str | SpecError]:
+def _generate_all(jobs: list[tuple[str, str, Tuning | None, str]]) -> Iterator[str | SpecError]:
+    """Each job's result, in order, as it is ready."""
     workers = min(len(jobs), os.cpu_count() or 1)
     if len(jobs) < PARALLEL_THRESHOLD or workers < 2:
-        return [_generate_one(job) for job in jobs]
+        yield from map(_generate_one, jobs)
+        return
     with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
-        return list(pool.map(_generate_one, jobs, chunksize=max(1, len(jobs) // (4 * workers))))
+        yield from pool.map(_generate_one, jobs, chunksize=max(1, len(jobs) // (4 * workers)))
 
 
 def _generate_one(job: tuple[str, str, Tuning | None, str]) -> str | SpecError:
