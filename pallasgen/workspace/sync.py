@@ -6,6 +6,7 @@ it never writes outside that folder and never touches any other file.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import keyword
 import os
@@ -114,17 +115,17 @@ def generate_targets(targets: list[Target], display, use_cache: bool = True, pro
         else:
             pending.append((target, key))
             jobs.append((source, display(target.spec), tuning, target.label))
-    results = _generate_all(jobs)
-    for number, (target, key) in enumerate(pending, 1):
-        if progress is not None:
-            progress(number, len(pending), display(target.spec))
-        result = next(results)
-        if isinstance(result, SpecError):
-            errors.append(result)
-            continue
-        modules[target.output] = result
-        if use_cache:
-            cache.store(key, result)
+    with contextlib.closing(_generate_all(jobs)) as results:  # closing it shuts the worker pool down
+        for number, (target, key) in enumerate(pending, 1):
+            if progress is not None:
+                progress(number, len(pending), display(target.spec))
+            result = next(results)
+            if isinstance(result, SpecError):
+                errors.append(result)
+                continue
+            modules[target.output] = result
+            if use_cache:
+                cache.store(key, result)
     if errors:
         raise SpecErrors(errors)
     return modules
