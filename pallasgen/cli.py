@@ -5,6 +5,7 @@ Exit codes: 0 success, 1 `check` found drift, 2 a spec or usage error.
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -14,12 +15,17 @@ from pallasgen.analysis.names import block_keyword
 from pallasgen.analysis.tuning import TunedBlocks
 from pallasgen.backends.tpu.chips import CHIP_NAMES
 from pallasgen.devices import runner
+from pallasgen.devices.extras import MissingExtra, require
+from pallasgen.show import tilemap
 from pallasgen.workspace.atomic import write_atomically
 from pallasgen.workspace.config import ConfigError, load_config
 from pallasgen.frontend.errors import SpecError
+from pallasgen.frontend.text import counted
 from pallasgen.workspace.pipeline import check_source, decode
+from pallasgen.workspace.report import FORMATS, Finding, drift_description, drift_finding, formatted, spec_findings
 from pallasgen.workspace.sync import (
     SpecErrors,
+    StaleTuning,
     UsageError,
     apply,
     collect_targets,
@@ -46,62 +52,100 @@ _no_cache = click.option(
 )
 
 
+_format = click.option(
+    "--format",
+    "form",
+    type=click.Choice(FORMATS),
+    default="text",
+    show_default=True,
+    help="How problems are reported. json: one JSON object per line (file, line, column, severity,"
+    " message; for an out-of-date file also kind and spec); github: GitHub Actions workflow commands that"
+    " annotate the file and line. With json and github those lines alone go to stdout, everything else to"
+    " stderr.",
+)
+
+
 @main.command()
 @_paths
 @_out
 @_no_cache
-def build(paths: tuple[Path, ...], out: Path | None, no_cache: bool) -> None:
-    """Write generated modules for PATHS (spec files or folders; default from pyproject.toml)."""
-    targets, modules, changes = _prepare(paths, out, no_cache)
+@_format
+def build(paths: tuple[Path, ...], out: Path | None, no_cache: bool, form: str) -> None:
+    """Write generated modules for PATHS (spec files or folders; default from pyproject.toml).
+
+    A spec error is reported as `path:line:col: error: message`, with the line and a
+    caret (--format text), as a JSON object (json), or as a workflow command (github);
+    nothing is written and the exit code is 2.
+    """
+    targets, modules, changes = _prepare(paths, out, no_cache, form)
     try:
         apply(changes)
     except OSError as error:
-        _usage_error(f"cannot write {_display(Path(error.filename or ''))}: {error.strerror}")
+        _usage_error(f"cannot write {_display(Path(error.filename or ''))}: {error.strerror}", form)
     for change in changes:
         verb = {"create": "wrote", "update": "updated", "remove": "removed stale"}[change.kind]
-        click.echo(f"{verb} {_display(change.path)}")
-    for line in _stale_tunings(targets):
-        click.echo(f"warning: {line}: its tuned blocks are left out; run `pallasgen tune` again", err=True)
-    click.echo(f"pallasgen: {len(targets)} specs, {len(changes)} files changed")
+        _say(form, f"{verb} {_display(change.path)}")
+    for stale in _stale_tunings(targets, form):
+        message = f"{stale.why}: its tuned blocks are left out; run `pallasgen tune` again"
+        finding = Finding("warning", message, stale.file, kind="stale-tuning", spec=stale.spec)
+        _report(form, finding, f"warning: {stale.file}: {message}", err=True)
+    _say(form, f"pallasgen: {counted(len(targets), 'spec')}, {counted(len(changes), 'file')} changed")
 
 
 @main.command()
 @_paths
 @_out
-@click.option("--quiet", "-q", is_flag=True, help="Print only the summary.")
+@click.option("--quiet", "-q", is_flag=True, help="Print only the summary (and, with --format, the records).")
 @_no_cache
-def check(paths: tuple[Path, ...], out: Path | None, quiet: bool, no_cache: bool) -> None:
+@_format
+def check(paths: tuple[Path, ...], out: Path | None, quiet: bool, no_cache: bool, form: str) -> None:
     """Exit 1 if generated modules differ from what PATHS would generate."""
-    targets, modules, changes = _prepare(paths, out, no_cache)
-    for change in changes if not quiet else ():
-        if change.kind == "create":
-            click.echo(f"{_display(change.path)}: missing; {change.spec_label} generates it")
-        elif change.kind == "remove":
-            click.echo(f"{_display(change.path)}: stale; its spec {change.spec_label} no longer exists")
-        else:
-            click.echo(f"{_display(change.path)}: differs from what {change.spec_label} generates")
-            click.echo(unified_diff(change, _display), nl=False)
+    targets, modules, changes = _prepare(paths, out, no_cache, form)
+    for change in changes:
+        shown = _display(change.path)
+        if not quiet or form != "text":
+            _report(form, drift_finding(change, shown), f"{shown}: {drift_description(change)}")
+        if change.kind == "update" and not quiet:
+            _say(form, unified_diff(change, _display), nl=False)
     if changes:
         counts = {kind: sum(c.kind == kind for c in changes) for kind in ("update", "create", "remove")}
-        click.echo(
-            f"pallasgen check: {len(changes)} files out of date ({counts['update']} changed,"
-            f" {counts['create']} missing, {counts['remove']} stale); run `pallasgen build`"
+        _say(
+            form,
+            f"pallasgen check: {counted(len(changes), 'file')} out of date ({counts['update']} changed,"
+            f" {counts['create']} missing, {counts['remove']} stale); run `pallasgen build`",
         )
         sys.exit(DRIFT)
-    stale = _stale_tunings(targets)
-    for line in stale:
-        click.echo(f"{line}; run `pallasgen tune` again, or remove its entry")
+    stale = _stale_tunings(targets, form)
+    for tuning in stale:
+        message = f"{tuning.why}; run `pallasgen tune` again, or remove its entry"
+        finding = Finding("error", message, tuning.file, kind="stale-tuning", spec=tuning.spec)
+        _report(form, finding, f"{tuning.file}: {message}")
     if stale:
-        click.echo(f"pallasgen check: {len(stale)} tuned kernels changed since they were tuned")
+        changed = counted(len(stale), "tuned kernel changed since it was", "tuned kernels changed since they were")
+        _say(form, f"pallasgen check: {changed} tuned")
         sys.exit(DRIFT)
-    click.echo(f"pallasgen check: {len(targets)} generated files match their specs")
+    matching = counted(len(targets), "generated file matches its spec", "generated files match their specs")
+    _say(form, f"pallasgen check: {matching}")
 
 
-def _stale_tunings(targets) -> list[str]:
+def _report(form: str, finding: Finding, text: str, err: bool = False) -> None:
+    """A finding: `text` for a person (on stderr if `err`), else one record on stdout."""
+    if form == "text":
+        click.echo(text, err=err)
+    else:
+        click.echo(formatted(finding, form))
+
+
+def _say(form: str, text: str, nl: bool = True) -> None:
+    """A line for a person: on stdout with --format text, else on stderr, leaving stdout to the records."""
+    click.echo(text, nl=nl, err=form != "text")
+
+
+def _stale_tunings(targets, form: str) -> list[StaleTuning]:
     try:
         return stale_tunings(targets, _display)
     except UsageError as error:
-        _usage_error(str(error))
+        _usage_error(str(error), form)
 
 
 _targets = click.argument("targets", nargs=-1, metavar="SPEC[:KERNEL]...")
@@ -145,6 +189,7 @@ _tolerances = ", ".join(f"{dtype} {tolerance:.0e}" for dtype, tolerance in runne
 @_seed
 @_modules
 def run(targets: tuple[str, ...], sizes: tuple[str, ...], seed: int, out: Path | None) -> None:
+    _require("pallasgen run", tpu=False)
     given = _parse_sizes(sizes)
     kernels = _kernels(targets, out, given)
     failed = False
@@ -194,6 +239,7 @@ def bench(
     them and their references for that TPU instead and compare the compiler's estimated
     cycles.
     """
+    _require(f"pallasgen bench{' --chip' if chip else ''}", tpu=chip is not None)
     given = _parse_sizes(sizes)
     if chip is not None:
         if sweep:
@@ -349,6 +395,7 @@ def tune(target: str, sizes: tuple[str, ...], chip: str, budget: int, blocks: tu
     from pallasgen.devices.tune import MEASURE, tune as search, versions
     from pallasgen.workspace.tuning import Entry, entry_for, format_tuning, read_tuning, tuning_path, with_entry
 
+    _require("pallasgen tune", tpu=True)
     given = _parse_sizes(sizes)
     starts = _parse_blocks(blocks)
     kernels = _kernels((target,), None, given)
@@ -389,7 +436,7 @@ def tune(target: str, sizes: tuple[str, ...], chip: str, budget: int, blocks: tu
                 f" {estimate.describe_ratio(best_ratio)} (XLA {found.xla_cycles:,});"
                 f" from {'the given' if given_start else 'the blocks tuned before' if previous else 'the untuned'}"
                 f" {_pairs(start.blocks)}"
-                f" {started}; {len(found.trials)} compiles"
+                f" {started}; {counted(len(found.trials), 'compile')}"
             )
             measure = {
                 "by": MEASURE,
@@ -428,7 +475,14 @@ def _pairs(blocks) -> str:
     return ", ".join(f"{block_keyword(d)}={b}" for d, b in blocks) or "(every dimension whole)"
 
 
-@main.command()
+@main.command(help=f"""Draw a kernel's arrays cut into blocks, its grid and its edge blocks as an SVG picture.
+
+    SPEC[:KERNEL] names a spec file and one of its kernels (just SPEC if it holds one).
+
+    Sizes not given with --size: two and a half blocks of each blocked dimension (so its
+    last block is a ragged edge), three of a dimension blocked by one, {tilemap.WHOLE_SIZE}
+    for one taken whole; with --gpu, the blocks are the GPU ones.
+    """)
 @click.argument("target", metavar="SPEC[:KERNEL]")
 @_sizes
 @click.option(
@@ -439,14 +493,13 @@ def _pairs(blocks) -> str:
 )
 @click.option("--gpu", is_flag=True, help="Draw the GPU (Triton) tiling instead of the TPU one.")
 def show(target: str, sizes: tuple[str, ...], out_file: Path | None, gpu: bool) -> None:
-    """Draw a kernel's arrays cut into blocks, its grid and its edge blocks as an SVG picture."""
-    from pallasgen.show.tilemap import ShowError, kernel_tiles, sizes_for
     from pallasgen.show.tilesvg import render_svg
 
     checked = _one_kernel(target)
     try:
-        picture = render_svg(kernel_tiles(checked, sizes_for(checked, _parse_sizes(sizes), gpu), gpu))
-    except ShowError as error:
+        tiles = tilemap.kernel_tiles(checked, tilemap.sizes_for(checked, _parse_sizes(sizes), gpu), gpu)
+        picture = render_svg(tiles)
+    except tilemap.ShowError as error:
         _usage_error(str(error))
     path = out_file if out_file is not None else Path(f"{checked.kernel.name}.svg")
     try:
@@ -577,12 +630,20 @@ def _parse_dim_values(option: str, items: tuple[str, ...]) -> dict[str, int]:
     return parsed
 
 
-def _usage_error(message: str):
-    click.echo(f"pallasgen: error: {message}", err=True)
+def _require(command: str, tpu: bool) -> None:
+    """A usage error saying what to install if jax (and libtpu, for `tpu`) is missing."""
+    try:
+        require(command, tpu)
+    except MissingExtra as error:
+        _usage_error(str(error))
+
+
+def _usage_error(message: str, form: str = "text"):
+    _report(form, Finding("error", message), f"pallasgen: error: {message}", err=True)
     sys.exit(SPEC_OR_USAGE_ERROR)
 
 
-def _prepare(paths: tuple[Path, ...], out: Path | None, no_cache: bool):
+def _prepare(paths: tuple[Path, ...], out: Path | None, no_cache: bool, form: str):
     try:
         config = load_config(Path.cwd())
         out_dir = out if out is not None else config.out
@@ -591,14 +652,43 @@ def _prepare(paths: tuple[Path, ...], out: Path | None, no_cache: bool):
         targets, owned = collect_targets(list(paths) or [config.specs], out_dir, _display)
         if not targets:
             raise UsageError(f"no spec files in {', '.join(map(str, paths or [config.specs]))}")
-        modules = generate_targets(targets, _display, use_cache=not no_cache)
+        progress = _Progress() if _stderr_is_terminal() else None
+        try:
+            modules = generate_targets(targets, _display, use_cache=not no_cache, progress=progress)
+        finally:
+            if progress is not None:
+                progress.wipe()
     except SpecErrors as errors:
-        click.echo(str(errors), err=True)
+        if form == "text":
+            click.echo(str(errors), err=True)
+        else:
+            for error in errors.errors:
+                for finding in spec_findings(error):
+                    click.echo(formatted(finding, form))
         sys.exit(SPEC_OR_USAGE_ERROR)
     except (UsageError, ConfigError) as error:
-        click.echo(f"pallasgen: error: {error}", err=True)
-        sys.exit(SPEC_OR_USAGE_ERROR)
+        _usage_error(str(error), form)
     return targets, modules, plan_changes(targets, modules, owned, out_dir)
+
+
+def _stderr_is_terminal() -> bool:
+    return sys.stderr.isatty()
+
+
+class _Progress:
+    """`building I/N SPEC` on one line of a terminal's stderr, rewritten in place, then wiped."""
+
+    def __init__(self) -> None:
+        self.shown = 0  # the length of the line on screen
+
+    def __call__(self, number: int, total: int, spec: str) -> None:
+        line = f"building {number}/{total} {spec}"[: shutil.get_terminal_size().columns - 1]
+        click.echo("\r" + line.ljust(self.shown), nl=False, err=True)
+        self.shown = len(line)
+
+    def wipe(self) -> None:
+        if self.shown:
+            click.echo("\r" + " " * self.shown + "\r", nl=False, err=True)
 
 
 def _display(path: Path) -> str:

@@ -114,7 +114,7 @@ def test_build_writes_a_module_per_spec_and_exits_0(project):
     assert module.is_file()
     compile(module.read_text(encoding="utf-8"), str(module), "exec")
     assert "wrote generated/add_vectors.py" in result.stdout
-    assert result.stdout.rstrip().endswith("pallasgen: 1 specs, 1 files changed")
+    assert result.stdout.rstrip().endswith("pallasgen: 1 spec, 1 file changed")
 
 
 def test_generated_first_line_is_the_generated_code_marker_naming_the_spec(project):
@@ -158,7 +158,7 @@ def test_no_op_build_rewrites_nothing_and_keeps_modification_times(project):
     before = age(module)
     result = pallasgen("build")
     assert result.exit_code == 0, result.output
-    assert result.stdout.strip() == "pallasgen: 1 specs, 0 files changed"
+    assert result.stdout.strip() == "pallasgen: 1 spec, 0 files changed"
     assert module.stat().st_mtime_ns == before
 
 
@@ -274,8 +274,24 @@ def test_spec_that_is_not_utf8_is_a_spec_error_at_the_bad_byte(project):
     (project / "specs" / "latin.pallas").write_bytes(b"# caf\xe9\n" + ADD_VECTORS.encode())
     result = pallasgen("build")
     assert result.exit_code == 2
-    assert result.stderr.startswith("specs/latin.pallas:1:6: error: not UTF-8: byte 0xe9\n")
+    assert result.stderr.splitlines() == [
+        "specs/latin.pallas:1:6: error: not UTF-8: byte 0xe9 at byte offset 5; save the file as UTF-8",
+        "    # caf\\xe9",
+        "         ^^^^",
+    ]
     assert not (project / "generated").exists()
+
+
+def test_a_binary_file_named_as_a_spec_prints_no_raw_bytes(project):
+    """Bytes a terminal would act on (escapes, a bell, NUL) print as escapes, as on a terminal
+    (color=True: click passes control sequences through)."""
+    garbage = bytes(range(256)) * 2
+    (project / "specs" / "blob.pallas").write_bytes(garbage)
+    result = CliRunner().invoke(main, ["build"], color=True)
+    assert result.exit_code == 2
+    head = result.stderr.splitlines()[0]
+    assert head == "specs/blob.pallas:2:118: error: not UTF-8: byte 0x80 at byte offset 128; save the file as UTF-8"
+    assert all(char.isprintable() for line in result.stderr.splitlines() for char in line), result.stderr
 
 
 def test_check_reports_a_spec_error_like_build(project):
@@ -292,7 +308,7 @@ def test_check_exits_0_when_every_generated_module_matches_its_spec(project):
     pallasgen("build")
     result = pallasgen("check")
     assert result.exit_code == 0, result.output
-    assert result.stdout.strip() == "pallasgen check: 1 generated files match their specs"
+    assert result.stdout.strip() == "pallasgen check: 1 generated file matches its spec"
 
 
 def test_check_exits_1_with_a_unified_diff_when_a_generated_module_was_edited(project):
@@ -309,7 +325,7 @@ def test_check_exits_1_with_a_unified_diff_when_a_generated_module_was_edited(pr
     assert any(line.startswith("@@ ") for line in lines)
     assert any(line.startswith("-") and "z = x + y + 1" in line for line in lines)
     assert any(line.startswith("+") and line.strip().endswith("z = x + y") for line in lines)
-    assert lines[-1].startswith("pallasgen check: 1 files out of date (1 changed, 0 missing, 0 stale)")
+    assert lines[-1].startswith("pallasgen check: 1 file out of date (1 changed, 0 missing, 0 stale)")
     assert module.read_text(encoding="utf-8") == edited  # check never writes
 
 
@@ -332,6 +348,31 @@ def test_check_exits_1_naming_a_stale_module_whose_spec_was_deleted(project):
     assert (project / "generated" / "scale.py").exists()
 
 
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param(lambda text: text.replace("\n    ", "\n  "), id="re-indented"),
+        pytest.param(lambda text: text.replace("\n", " \n"), id="trailing-spaces"),
+        pytest.param(lambda text: text.replace("\n", "\r\n"), id="crlf-line-endings"),
+        pytest.param(lambda text: text + "\n", id="a-blank-line-at-the-end"),
+        pytest.param(lambda text: text.replace("(x, y)", "(x,y)", 1), id="a-space-removed"),
+    ],
+)
+def test_check_treats_any_byte_of_difference_as_drift(project, edit):
+    """Whitespace is part of the generated file: one byte changed is drift, and build rewrites it."""
+    pallasgen("build")
+    module = project / "generated" / "add_vectors.py"
+    built = module.read_bytes()
+    edited = edit(built.decode("utf-8")).encode("utf-8")
+    assert edited != built
+    module.write_bytes(edited)
+    result = pallasgen("check")
+    assert result.exit_code == 1, result.output
+    assert "generated/add_vectors.py: differs from what specs/add_vectors.pallas generates" in result.stdout
+    assert pallasgen("build").exit_code == 0
+    assert module.read_bytes() == built
+
+
 def test_check_ignores_files_pallasgen_did_not_generate(project):
     pallasgen("build")
     write(project / "generated" / "handwritten.py", "X = 1\n")
@@ -346,7 +387,7 @@ def test_check_quiet_prints_only_the_summary(project):
     result = pallasgen("check", "--quiet")
     assert result.exit_code == 1
     assert result.stdout.splitlines() == [
-        "pallasgen check: 1 files out of date (1 changed, 0 missing, 0 stale); run `pallasgen build`"
+        "pallasgen check: 1 file out of date (1 changed, 0 missing, 0 stale); run `pallasgen build`"
     ]
 
 
@@ -491,3 +532,112 @@ def test_build_and_check_never_import_jax(tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
         f"{p.stem}.py" for p in (root / "specs").glob("*.pallas")
     )
+
+
+# --------------------------------------------------------------------------- missing optional dependencies
+
+
+@pytest.mark.parametrize(
+    ("args", "missing", "install"),
+    [
+        pytest.param(["run"], "jax", "pip install 'pallasgen[jax]'", id="run-without-jax"),
+        pytest.param(["bench"], "jax", "pip install 'pallasgen[jax]'", id="bench-without-jax"),
+        pytest.param(
+            ["bench", "--chip", "v5e"], "libtpu", "pip install 'pallasgen[tpu]'", id="bench-chip-without-libtpu"
+        ),
+        pytest.param(
+            ["tune", "specs/add_vectors.pallas", "--chip", "v5e", "--size", "N=4096"],
+            "libtpu",
+            "pip install 'pallasgen[tpu]'",
+            id="tune-without-libtpu",
+        ),
+        pytest.param(
+            ["tune", "specs/add_vectors.pallas", "--chip", "v5e", "--size", "N=4096"],
+            "jax",
+            "pip install 'pallasgen[tpu]'",
+            id="tune-without-jax",
+        ),
+    ],
+)
+def test_a_command_whose_optional_dependency_is_missing_says_what_to_install(project, args, missing, install):
+    """Where only `pallasgen` is installed (no jax), or `pallasgen[jax]` (no libtpu):
+    one line naming the extra to install, exit 2, no traceback."""
+    code = (
+        "import sys\n"
+        "sys.modules[sys.argv[1]] = None  # as if it were not installed\n"
+        "from pallasgen.cli import main\n"
+        "main(sys.argv[2:])\n"
+    )
+    environment = {name: value for name, value in os.environ.items() if name != "TPU_LIBRARY_PATH"}
+    environment["PALLASGEN_CACHE_DIR"] = str(project.parent / "cache")
+    result = subprocess.run(
+        [sys.executable, "-c", code, missing, *args],
+        cwd=project,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [result.stderr.strip()], result.stderr
+    assert result.stderr.startswith("pallasgen: error: ")
+    assert f"needs {missing}" in result.stderr
+    assert install in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+# --------------------------------------------------------------------------- help
+
+
+@pytest.mark.parametrize(
+    ("command", "description"),
+    [
+        pytest.param("run", "Sizes not given with --size: a blocked dimension is one and a half blocks", id="run"),
+        pytest.param("bench", "the default sizes are as for `pallasgen run`", id="bench"),
+        pytest.param("show", "Sizes not given with --size: two and a half blocks of each blocked dimension", id="show"),
+    ],
+)
+def test_help_describes_above_the_options_the_sizes_that_size_leaves_out(command, description):
+    """--size says `the others as described above`: the command's description does so."""
+    description_part, options_part = pallasgen(command, "--help").stdout.split("Options:")
+    assert "the others as described above" in " ".join(options_part.split())
+    assert description in " ".join(description_part.split())
+
+
+# --------------------------------------------------------------------------- progress
+
+
+@pytest.mark.parametrize("threshold", [8, 2], ids=["in-process", "worker-pool"])
+def test_a_cold_build_shows_progress_in_place_on_a_terminals_stderr(project, monkeypatch, threshold):
+    monkeypatch.setattr("pallasgen.workspace.sync.PARALLEL_THRESHOLD", threshold)
+    monkeypatch.setattr("pallasgen.cli._stderr_is_terminal", lambda: True)
+    write(project / "specs" / "scale.pallas", SCALE)
+    write(project / "specs" / "more.pallas", SCALE.replace("scale", "more"))
+    result = pallasgen("build", "--no-cache")
+    assert result.exit_code == 0, result.output
+    steps = [
+        "building 1/3 specs/add_vectors.pallas",
+        "building 2/3 specs/more.pallas",
+        "building 3/3 specs/scale.pallas",
+    ]
+    shown = result.stderr.split("\r")[1:-2]
+    assert [line.rstrip() for line in shown] == steps
+    assert all(len(line) >= len(before.rstrip()) for before, line in zip(shown, shown[1:]))  # covers the one before
+    assert result.stderr.endswith("\r" + " " * len(steps[2]) + "\r")  # wiped before the report
+    assert "building" not in result.stdout
+
+
+def test_a_build_shows_no_progress_when_stderr_is_not_a_terminal(project):
+    write(project / "specs" / "scale.pallas", SCALE)
+    result = pallasgen("build", "--no-cache")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+
+
+def test_a_build_served_from_the_cache_shows_no_progress(project, monkeypatch):
+    assert pallasgen("build").exit_code == 0
+    monkeypatch.setattr("pallasgen.cli._stderr_is_terminal", lambda: True)
+    (project / "generated" / "add_vectors.py").unlink()
+    result = pallasgen("build")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""

@@ -114,11 +114,14 @@ def test_bad_spec_renders_path_line_column_source_line_and_caret(path):
             continue
         at = rendered.index(head)
         shown, caret = rendered[at + 1], rendered[at + 2]
-        assert shown == "    " + lines[pos.line - 1].replace("\t", " ")
-        assert caret.startswith("    " + " " * (pos.column - 1) + "^")
+        # A tab shows as a space, any other unprintable character as its escape, never raw.
+        chars = [" " if c == "\t" else c if c.isprintable() else repr(c)[1:-1] for c in lines[pos.line - 1]]
+        assert shown == "    " + "".join(chars)
+        assert caret.startswith("    " + " " * len("".join(chars[: pos.column - 1])) + "^")
         assert set(caret.strip()) == {"^"}
         if pos.end_line == pos.line and pos.end_column <= len(lines[pos.line - 1]):
-            assert len(caret.strip()) == pos.end_column - pos.column + 1  # under the whole offending text
+            under = "".join(chars[pos.column - 1 : pos.end_column])
+            assert len(caret.strip()) == len(under)  # under the whole offending text
 
 
 @pytest.mark.parametrize("path", CORPUS)
@@ -218,6 +221,12 @@ def test_many_errors_are_capped_with_a_count_of_the_rest():
     assert rendered.rstrip().endswith("spec.pallas: 5 more errors not shown")
 
 
+def test_one_error_past_the_cap_is_counted_in_the_singular():
+    body = "\n".join(f"    z{i} = x" for i in range(21))
+    source = f"kernel many {{\n    in  x: f32[N]\n    out z: f32[N]\n    z = x\n{body}\n}}\n"
+    assert spec_error(source).render().rstrip().endswith("spec.pallas: 1 more error not shown")
+
+
 # --------------------------------------------------------------------------- rendering
 
 
@@ -272,9 +281,14 @@ def test_bytes_that_are_not_utf8_are_an_error_at_the_bad_byte():
     with pytest.raises(SpecError) as caught:
         decode(data, "specs/add_vectors.pallas")
     (diagnostic,) = caught.value.diagnostics
-    assert diagnostic.message == "not UTF-8: byte 0xff"
+    offset = data.index(b"\xff")
+    assert diagnostic.message == f"not UTF-8: byte 0xff at byte offset {offset}; save the file as UTF-8"
     assert (diagnostic.position.line, diagnostic.position.column) == (3, 9)
-    assert caught.value.render().startswith("specs/add_vectors.pallas:3:9: error: not UTF-8: byte 0xff\n")
+    assert caught.value.render().splitlines() == [
+        f"specs/add_vectors.pallas:3:9: error: not UTF-8: byte 0xff at byte offset {offset}; save the file as UTF-8",
+        "        in  \\xff: f32[N]",
+        "            ^^^^",
+    ]
 
 
 def test_column_of_a_bad_byte_counts_the_characters_before_it():
@@ -285,7 +299,28 @@ def test_column_of_a_bad_byte_counts_the_characters_before_it():
     (diagnostic,) = caught.value.diagnostics
     assert (diagnostic.position.line, diagnostic.position.column) == (1, 19)
     shown, caret = caught.value.render().splitlines()[1:3]
-    assert caret.index("^") == shown.index("\ufffd")
+    assert caret.index("^") == shown.index("\\xfe")
+
+
+def test_a_binary_file_shows_as_escapes_never_as_raw_bytes():
+    """Control bytes (a terminal escape, a bell, NUL) and bytes that are not UTF-8 print
+    as Python escapes; the caret stays under the bad byte."""
+    data = b"\x7fELF\x02\x01\x00\x1b[2J\x07\xff\xfe\x00\nmore"
+    with pytest.raises(SpecError) as caught:
+        decode(data, "blob.pallas")
+    head, shown, caret = caught.value.render().splitlines()
+    assert head == "blob.pallas:1:13: error: not UTF-8: byte 0xff at byte offset 12; save the file as UTF-8"
+    assert shown == "    \\x7fELF\\x02\\x01\\x00\\x1b[2J\\x07\\xff\\xfe\\x00"
+    assert caret == " " * shown.index("\\xff") + "^^^^"
+
+
+def test_a_control_character_in_a_spec_line_is_shown_escaped_with_the_caret_under_it():
+    source = ADD_VECTORS.replace("x + y", "x + y\x1b[31m")
+    error = spec_error(source)
+    line, shown, caret = error.render().splitlines()
+    assert line.endswith("error: unexpected character '\\x1b'")
+    assert shown == "        z = x + y\\x1b[31m"
+    assert caret == " " * shown.index("\\x1b") + "^^^^"
 
 
 def test_utf8_byte_order_mark_is_dropped():

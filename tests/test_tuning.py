@@ -129,6 +129,7 @@ def test_check_reports_a_kernel_changed_since_it_was_tuned_and_build_leaves_its_
         "specs/add_vectors.tuning.json: 'add_vectors' changed since it was tuned; run `pallasgen tune` again,"
         " or remove its entry" in result.output
     )
+    assert result.stdout.splitlines()[-1] == "pallasgen check: 1 tuned kernel changed since it was tuned"
 
 
 @pytest.mark.parametrize(

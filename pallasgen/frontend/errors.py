@@ -6,6 +6,8 @@ import difflib
 from dataclasses import dataclass
 from typing import Iterable
 
+from pallasgen.frontend.text import counted
+
 MAX_REPORTED = 20
 
 
@@ -50,7 +52,7 @@ class SpecError(Exception):
         blocks = [_render_one(self.path, lines, d) for d in shown]
         hidden = len(self.diagnostics) - len(shown)
         if hidden:
-            blocks.append(f"{self.path}: {hidden} more errors not shown")
+            blocks.append(f"{self.path}: {counted(hidden, 'more error')} not shown")
         return "\n".join(blocks)
 
 
@@ -59,10 +61,19 @@ def _render_one(path: str, lines: list[str], diagnostic: Diagnostic) -> str:
     head = f"{path}:{pos.line}:{pos.column}: error: {diagnostic.message}"
     if not 1 <= pos.line <= len(lines):
         return head
-    text = lines[pos.line - 1].replace("\t", " ")
-    last = pos.end_column if pos.end_line == pos.line else len(text)
-    width = max(1, min(last, len(text)) - pos.column + 1)
-    return f"{head}\n    {text}\n    {' ' * (pos.column - 1)}{'^' * width}"
+    shown = [_shown(char) for char in lines[pos.line - 1]]
+    last = pos.end_column if pos.end_line == pos.line else len(shown)
+    indent = sum(map(len, shown[: pos.column - 1])) + max(0, pos.column - 1 - len(shown))
+    width = max(1, sum(map(len, shown[pos.column - 1 : last])))
+    return f"{head}\n    {''.join(shown)}\n    {' ' * indent}{'^' * width}"
+
+
+def _shown(char: str) -> str:
+    """A source character as an error shows it: a tab as a space, any other unprintable
+    character (a terminal control, say) as its Python escape, never raw."""
+    if char == "\t":
+        return " "
+    return char if char.isprintable() else repr(char)[1:-1]
 
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str:

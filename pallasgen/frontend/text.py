@@ -1,4 +1,5 @@
-"""Text that generated code may quote: nothing in it can end a string or a comment."""
+"""Text helpers: what generated code may quote (nothing in it can end a string or a
+comment), and counts in words."""
 
 from __future__ import annotations
 
@@ -14,3 +15,9 @@ def escape_text(text: str) -> str:
         else:
             out.append(repr(char)[1:-1])
     return "".join(out)
+
+
+def counted(count: int, singular: str, plural: str | None = None) -> str:
+    """`1 spec`, `2 specs`: the count and the words that agree with it (`plural`
+    defaults to `singular` + s)."""
+    return f"{count} {singular if count == 1 else plural or singular + 's'}"

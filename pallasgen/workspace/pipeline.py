@@ -58,9 +58,10 @@ def decode(data: bytes, path: str) -> str:
         before = data[: error.start]
         line = before.count(b"\n") + 1
         column = len(before[before.rfind(b"\n") + 1 :].decode("utf-8")) + 1
-        shown = data.decode("utf-8", errors="replace")
-        raise SpecError(
-            path, shown, [Diagnostic(Position.point(line, column), f"not UTF-8: byte 0x{data[error.start]:02x}")]
-        ) from None
+        # Bytes that are not UTF-8 show as escapes (\xe9), never raw.
+        shown = data.decode("utf-8", errors="backslashreplace")
+        message = f"not UTF-8: byte 0x{data[error.start]:02x} at byte offset {error.start}; save the file as UTF-8"
+        position = Position(line, column, line, column + len("\\xff") - 1)
+        raise SpecError(path, shown, [Diagnostic(position, message)]) from None
     # One line ending, so that Lark's line numbers and the lines errors show agree.
     return text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")

@@ -6,6 +6,7 @@ it never writes outside that folder and never touches any other file.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import keyword
 import os
@@ -13,6 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path, PurePosixPath
+from typing import Iterator
 
 from pallasgen.workspace import cache
 from pallasgen.workspace.atomic import write_atomically
@@ -89,11 +91,12 @@ def collect_targets(paths: list[Path], out_dir: Path, display=str) -> tuple[list
 PARALLEL_THRESHOLD = 8
 
 
-def generate_targets(targets: list[Target], display, use_cache: bool = True) -> dict[Path, str]:
+def generate_targets(targets: list[Target], display, use_cache: bool = True, progress=None) -> dict[Path, str]:
     """Every target's module text; raises `SpecErrors` with every failing spec's errors,
     `UsageError` for a spec that cannot be read.
 
-    Unchanged specs come from the cache; the others are generated on every core.
+    Unchanged specs come from the cache; the others are generated on every core, with
+    `progress(number, total, spec)` called as the wait for each begins.
     """
     modules: dict[Path, str] = {}
     errors: list[SpecError] = []
@@ -112,13 +115,17 @@ def generate_targets(targets: list[Target], display, use_cache: bool = True) -> 
         else:
             pending.append((target, key))
             jobs.append((source, display(target.spec), tuning, target.label))
-    for (target, key), result in zip(pending, _generate_all(jobs)):
-        if isinstance(result, SpecError):
-            errors.append(result)
-            continue
-        modules[target.output] = result
-        if use_cache:
-            cache.store(key, result)
+    with contextlib.closing(_generate_all(jobs)) as results:  # closing it shuts the worker pool down
+        for number, (target, key) in enumerate(pending, 1):
+            if progress is not None:
+                progress(number, len(pending), display(target.spec))
+            result = next(results)
+            if isinstance(result, SpecError):
+                errors.append(result)
+                continue
+            modules[target.output] = result
+            if use_cache:
+                cache.store(key, result)
     if errors:
         raise SpecErrors(errors)
     return modules
@@ -136,22 +143,34 @@ def read_inputs(target: Target, display) -> tuple[str, Tuning | None]:
     return source, None if tuning is None else Tuning(tuning, display(tuning_file))
 
 
-def stale_tunings(targets: list[Target], display) -> list[str]:
-    """`path: why` for each tuning file tuned for a kernel that has changed or gone since."""
+@dataclass(frozen=True)
+class StaleTuning:
+    """A tuning file's entry for a kernel that has changed or gone since it was tuned."""
+
+    file: str  # the tuning file, as messages name it
+    spec: str
+    why: str
+
+
+def stale_tunings(targets: list[Target], display) -> list[StaleTuning]:
+    """Each tuning file's entries for kernels that have changed or gone since they were tuned."""
     found = []
     for target in targets:
         source, tuning = read_inputs(target, display)
         if tuning is not None:
-            found += [f"{tuning.path}: {why}" for why in tuned_kernels(source, display(target.spec), tuning)[1]]
+            spec = display(target.spec)
+            found += [StaleTuning(tuning.path, spec, why) for why in tuned_kernels(source, spec, tuning)[1]]
     return found
 
 
-def _generate_all(jobs: list[tuple[str, str, Tuning | None, str]]) -> list[str | SpecError]:
+def _generate_all(jobs: list[tuple[str, str, Tuning | None, str]]) -> Iterator[str | SpecError]:
+    """Each job's result, in order, as it is ready."""
     workers = min(len(jobs), os.cpu_count() or 1)
     if len(jobs) < PARALLEL_THRESHOLD or workers < 2:
-        return [_generate_one(job) for job in jobs]
+        yield from map(_generate_one, jobs)
+        return
     with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
-        return list(pool.map(_generate_one, jobs, chunksize=max(1, len(jobs) // (4 * workers))))
+        yield from pool.map(_generate_one, jobs, chunksize=max(1, len(jobs) // (4 * workers)))
 
 
 def _generate_one(job: tuple[str, str, Tuning | None, str]) -> str | SpecError:
@@ -217,8 +236,10 @@ def unified_diff(change: Change, display) -> str:
 
 
 def _read_text(path: Path) -> str | None:
+    """A file's text exactly as it is on disk: no line endings translated, so that any
+    byte of difference is drift."""
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_bytes().decode("utf-8")
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError):
