@@ -104,7 +104,8 @@ def check_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, list[Di
     blocks, problems = block_items(kernel.blocks, space.names, "block", block_size_problem, unplaced)
     found.extend(problems)
     if not space_problems:  # else which dimensions an output keeps is in doubt
-        found.extend(reduction_block_problems(kernel, space, blocks))
+        blocks, problems = reduction_blocks(kernel, space, blocks)
+        found.extend(problems)
     settings = {}
     for backend in backends:
         settings[backend.name], problems = backend.check(kernel, space, product, blocks, found)
@@ -266,10 +267,14 @@ def _product_misfit(product: Product, dims: tuple[str, ...]) -> Diagnostic:
     )
 
 
-def reduction_block_problems(kernel: ir.Kernel, space: IterationSpace, blocks: dict[str, int]) -> list[Diagnostic]:
-    """A reduced dimension is blocked only where no output keeps it, one such dimension
-    per kernel, and no reduction over it needs another reduction over it first."""
+def reduction_blocks(
+    kernel: ir.Kernel, space: IterationSpace, blocks: dict[str, int]
+) -> tuple[dict[str, int], list[Diagnostic]]:
+    """The blocks without those of reduced dimensions that must be left unblocked, and
+    why: a reduced dimension is blocked only where no output keeps it, one such
+    dimension per kernel, and no reduction over it needs another reduction over it first."""
     found = []
+    refused = set()
     items = {item.dim: item for item in kernel.blocks}
     stepped = []
     for dim in space.dims:
@@ -278,6 +283,7 @@ def reduction_block_problems(kernel: ir.Kernel, space: IterationSpace, blocks: d
         call = dim.reductions[0].node
         where = f"{call.func}(..., {dim.name}) at line {call.position.line}"
         if dim.kept:
+            refused.add(dim.name)
             keeper = next(out.name for out in kernel.outputs if dim.name in out.dims)
             found.append(
                 Diagnostic(
@@ -287,6 +293,7 @@ def reduction_block_problems(kernel: ir.Kernel, space: IterationSpace, blocks: d
                 )
             )
         elif stepped:
+            refused.add(dim.name)
             found.append(
                 Diagnostic(
                     items[dim.name].position,
@@ -296,8 +303,11 @@ def reduction_block_problems(kernel: ir.Kernel, space: IterationSpace, blocks: d
             )
         else:
             stepped.append(dim.name)
-            found.extend(_nested_problems(dim))
-    return found
+            nested = _nested_problems(dim)
+            found.extend(nested)
+            if nested:
+                refused.add(dim.name)
+    return {dim: size for dim, size in blocks.items() if dim not in refused}, found
 
 
 def _nested_problems(dim: Dimension) -> list[Diagnostic]:
@@ -398,13 +408,14 @@ def _subsequence_problems(decl: ir.ArrayDecl, dims: tuple[str, ...], unsized: se
 def block_items(items, dims, what: str, size_problem, unplaced=frozenset()) -> tuple[dict[str, int], list[Diagnostic]]:
     """Sizes of `block` or `gpu block` items that name a dimension once with a valid size.
     Items naming an `unplaced` dimension (declared, but the space lacks it for an error
-    reported already) are left out without a word."""
+    reported already), or any dimension of a kernel that has none, are left out
+    without a word."""
     found = []
     blocks: dict[str, int] = {}
     for item in items:
         if item.dim in blocks:
             found.append(Diagnostic(item.position, f"{what} size of {item.dim} is given twice"))
-        elif item.dim in unplaced:
+        elif item.dim in unplaced or not dims:  # no dimensions: the kernel's error says why
             continue
         elif item.dim not in dims:
             found.append(

@@ -260,8 +260,8 @@ class _Inference:
         """The dimension an argument names, or None after saying why it names none."""
         if isinstance(arg, ir.Name) and arg.id in self.dims:
             return arg.id
-        if isinstance(arg, ir.Name) and arg.id not in self.scope and (arg.id in self.unplaced | self.unknown):
-            return None
+        if not self.dims or isinstance(arg, ir.Name) and arg.id in (self.unplaced | self.unknown) - set(self.scope):
+            return None  # reported already: the kernel has no dimensions, or this one is unknown
         named_value = isinstance(arg, ir.Name) and arg.id in self.scope
         if node.func in ("max", "min") and (named_value or not isinstance(arg, ir.Name)):
             self.found.append(
