@@ -26,8 +26,10 @@ def infer_body(
     inference = _Inference(kernel, dims, product)
     for statement in kernel.body:
         inference.statement(statement)
+    declared = [d.name for d in kernel.inputs + kernel.outputs + kernel.params]
+    declared += [s.name for s in kernel.body if isinstance(s, ir.Let)]
     for out in kernel.outputs:
-        if out.name not in inference.assigned:
+        if out.name not in inference.assigned and declared.count(out.name) == 1:  # else "already declared"
             inference.found.append(Diagnostic(out.position, f"output '{out.name}' is never assigned"))
     return inference.types, inference.found
 
