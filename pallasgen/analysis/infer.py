@@ -45,15 +45,16 @@ class _Inference:
         self.found: list[Diagnostic] = []
         self.outputs = {o.name: o for o in kernel.outputs}
         self.scope: dict[str, ValueType | None] = {}
-        self.assigned = {s.target for s in kernel.body if isinstance(s, ir.Assign)}
+        self.assigned = {s.target for s in kernel.body if isinstance(s, ir.Assign)}  # by any statement
         self.stored: set[str] = set()  # outputs assigned by the statements typed so far
         self.unknown: set[str] = set()  # names and dimensions reported unknown: once each
+        # A name declared twice is an error at its second declaration: the first holds.
         for decl in kernel.inputs:
-            self.scope[decl.name] = self._declared(decl)
+            self.scope.setdefault(decl.name, self._declared(decl))
         for param in kernel.params:
             dtype = DTYPES.get(param.dtype)
             weak = F32 if dtype is None or dtype.is_float else I32
-            self.scope.setdefault(param.name, ValueType(weak, (), weak=True))  # a second declaration is an error
+            self.scope.setdefault(param.name, ValueType(weak, (), weak=True))
 
     def _declared(self, decl: ir.ArrayDecl) -> ValueType | None:
         """A declared array's type; None where its declaration has an error, reported in
