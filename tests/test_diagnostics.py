@@ -167,6 +167,33 @@ def test_missing_operator_suggests_an_operator_in_words():
     assert "an operator" in diagnostic.message
 
 
+@pytest.mark.parametrize(
+    "statement, keyword",
+    [
+        ("inn w: f32[N]", "in"),
+        ("In w: f32[N]", "in"),
+        ("outt w: f32[N]", "out"),
+        ("ot w: f32[N]", "out"),
+        ("lett w = x", "let"),
+        ("parm p: f32 = 1.0", "param"),
+        ("blok N = 128", "block"),
+        ("acumulate f32", "accumulate"),
+        ("gpuu block N = 128", "gpu"),
+    ],
+)
+def test_misspelled_statement_keyword_is_named_with_the_keyword_meant(statement, keyword):
+    (diagnostic,) = spec_error(ADD_VECTORS.replace("    z = x + y", f"    {statement}\n    z = x + y")).diagnostics
+    word = statement.split()[0]
+    assert diagnostic.message == f"unknown statement '{word}' (did you mean '{keyword}'?)"
+    assert (diagnostic.position.line, diagnostic.position.column) == (5, 5)
+    assert diagnostic.position.end_column == 4 + len(word)  # the caret underlines the word
+
+
+def test_statement_opening_with_a_word_like_no_keyword_says_what_was_expected():
+    (diagnostic,) = spec_error(ADD_VECTORS.replace("z = x + y", "zz w = x + y")).diagnostics
+    assert diagnostic.message == "unexpected 'w', expected '='"
+
+
 def test_syntax_errors_on_several_statement_lines_are_all_reported():
     error = spec_error(ADD_VECTORS.replace("x + y", "x $ y").replace("1024", "1024 $"))
     assert [(d.position.line, d.position.column) for d in error.diagnostics] == [(5, 11), (6, 20)]

@@ -17,7 +17,10 @@ import pytest
 from click.testing import CliRunner
 
 from kernel_cases import F32_TOL, EXACT, add_vectors_numpy, assert_outputs_close, leaky_numpy, load_module
+from pallasgen.analysis.dtypes import DTYPES
+from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.cli import main
+from pallasgen.frontend.parser import KEYWORDS
 
 LANGUAGE_MD = Path(__file__).resolve().parents[1] / "docs" / "language.md"
 FENCED = re.compile(r"^```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
@@ -171,3 +174,34 @@ def test_scores_example_scales_q_against_transposed_k(example):
     got = module.scores(q, k, block_s=16, block_t=128)
     want = 0.125 * np.einsum("bsd,btd->bst", np.asarray(q, np.float64), np.asarray(k, np.float64))
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-3)
+
+
+# --------------------------------------------------------------------------- the reference's lists are the code's
+
+REFERENCE = LANGUAGE_MD.read_text(encoding="utf-8")
+
+
+def test_the_words_the_reference_reserves_are_the_parsers():
+    words = re.search(r"These words cannot name\s+anything: `([^`]*)`", REFERENCE).group(1).split()
+    assert sorted(words) == sorted(KEYWORDS)
+
+
+def test_the_reference_names_every_function_a_spec_may_call():
+    calls = {name for name, function in FUNCTIONS.items() if function.typing != "cast"}
+    missing = sorted(name for name in calls if not re.search(rf"`[^`\n]*\b{name}\b[^`\n]*`", REFERENCE))
+    assert not missing
+
+
+def test_the_reference_lists_every_dtype():
+    table = REFERENCE.split("## Dtypes", 1)[1].strip().split("\n\n", 1)[0]
+    listed = re.findall(r"^\| ((?:`\w+` ?)+) \|", table, re.MULTILINE)
+    listed = [dtype for cell in listed for dtype in re.findall(r"`(\w+)`", cell)]
+    assert sorted(listed) == sorted(DTYPES)
+
+
+def test_the_dispatch_the_reference_names_is_the_one_generated_modules_define():
+    """Not `jax.lax.platform_dependent`, which would lower every platform's kernel."""
+    section = REFERENCE.split("## What a generated module holds", 1)[1].split("\n## ", 1)[0]
+    named = re.search(r"one lowering rule per platform\s+\(`(\w+)`\)", section).group(1)
+    generated = (LANGUAGE_MD.parents[1] / "generated" / "add_vectors.py").read_text(encoding="utf-8")
+    assert f"\ndef {named}(" in generated

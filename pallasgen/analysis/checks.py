@@ -15,9 +15,16 @@ from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.frontend.errors import Diagnostic, Position, did_you_mean
 from pallasgen.analysis.infer import dims_text, infer_body, literal_problem
 from pallasgen.analysis.names import RESERVED, block_keyword
-from pallasgen.analysis.product import Product, analyze_product, find_products, operand_names, product_dims
+from pallasgen.analysis.product import (
+    Product,
+    analyze_product,
+    find_products,
+    operand_names,
+    product_dims,
+    product_fits,
+)
 from pallasgen.analysis.tuning import TunedBlocks
-from pallasgen.analysis.space import Dimension, IterationSpace, Reduction
+from pallasgen.analysis.space import Dimension, IterationSpace, Reduction, declared_dims
 from pallasgen.analysis.valuetypes import ValueType
 
 MAX_BLOCK = 1 << 24
@@ -91,11 +98,14 @@ def check_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, list[Di
     product, problems = analyze_product(kernel)
     found.extend(problems)
     found.extend(check_accumulate(kernel, product))
-    space, sizes, problems = derive_space(kernel, product)
+    space, sizes, space_problems = derive_space(kernel, product)
+    found.extend(space_problems)
+    unplaced = declared_dims(kernel) - set(space.names)
+    blocks, problems = block_items(kernel.blocks, space.names, "block", block_size_problem, unplaced)
     found.extend(problems)
-    blocks, problems = block_items(kernel.blocks, space.names, "block", block_size_problem)
-    found.extend(problems)
-    found.extend(reduction_block_problems(kernel, space, blocks))
+    if not space_problems:  # else which dimensions an output keeps is in doubt
+        blocks, problems = reduction_blocks(kernel, space, blocks)
+        found.extend(problems)
     settings = {}
     for backend in backends:
         settings[backend.name], problems = backend.check(kernel, space, product, blocks, found)
@@ -116,8 +126,8 @@ def check_declarations(kernel: ir.Kernel) -> list[Diagnostic]:
             found.append(Diagnostic(item.position, f"'{item.name}' is already declared as {seen[item.name]}"))
         else:
             seen[item.name] = what
-    dims = {d for decl in kernel.inputs + kernel.outputs for d in decl.dims}
-    found.extend(reserved_param_problems(kernel, RESERVED | {block_keyword(d) for d in dims}))
+    keywords = {block_keyword(d) for d in declared_dims(kernel)}
+    found.extend(reserved_param_problems(kernel, RESERVED | keywords))
     if not kernel.outputs:
         found.append(Diagnostic(kernel.position, f"kernel '{kernel.name}' has no output"))
     return found
@@ -187,23 +197,25 @@ def derive_space(
     if not kernel.outputs:
         return IterationSpace(()), {}, found
     first = kernel.outputs[0]
-    if product is not None:
-        dims, problems = _product_dims(kernel, product)
-    else:
-        dims, problems = _layout(kernel)
-    found.extend(problems)
     sizes: dict[str, tuple[str, int]] = {}
     for decl in kernel.inputs:
         for axis, dim in enumerate(decl.dims):
             sizes.setdefault(dim, (decl.name, axis))
+    unsized: set[str] = set()  # output dimensions no input has: reported once each
     for out in kernel.outputs:
         for dim, position in zip(out.dims, out.dim_positions):
-            if dim not in sizes:
+            if dim not in sizes and dim not in unsized:
+                unsized.add(dim)
                 found.append(
                     Diagnostic(
                         position, f"no input has dimension {dim}, so its size is unknown when the kernel is called"
                     )
                 )
+    if product is not None:
+        dims, problems = _product_dims(kernel, product, unsized)
+    else:
+        dims, problems = _layout(kernel, unsized)
+    found.extend(problems)
     keywords: dict[str, str] = {}
     for dim in dims:
         other = keywords.setdefault(block_keyword(dim), dim)
@@ -214,15 +226,13 @@ def derive_space(
     return _space(kernel, dims, product), sizes, found
 
 
-def _product_dims(kernel: ir.Kernel, product: Product) -> tuple[tuple[str, ...], list[Diagnostic]]:
+def _product_dims(kernel: ir.Kernel, product: Product, unsized: set[str]) -> tuple[tuple[str, ...], list[Diagnostic]]:
     """A product kernel's dimensions: its outputs', all the same, then the contracted one."""
     found = []
     first = kernel.outputs[0]
     dims = first.dims
     if not dims:
-        found.append(
-            Diagnostic(first.position, f"output '{first.name}' is a scalar; a product's outputs are matrices")
-        )
+        found.append(Diagnostic(first.position, f"output '{first.name}' is a scalar; a product's outputs are matrices"))
     for out in kernel.outputs[1:]:
         if out.dims != dims:
             found.append(
@@ -235,20 +245,9 @@ def _product_dims(kernel: ir.Kernel, product: Product) -> tuple[tuple[str, ...],
     operands = operand_names(kernel)
     for decl in kernel.inputs:
         if decl.name not in operands:
-            found.extend(_subsequence_problems(decl, dims))
-    value_dims = product_dims(product)
-    if sorted(value_dims) != sorted(dims) or dims[-2:] != value_dims[-2:]:
-        found.append(
-            Diagnostic(
-                product.node.position,
-                f"the product is {dims_text(value_dims)} but the outputs are {dims_text(dims)}; they have the"
-                f" same dimensions, ending in {product.m}, {product.n}",
-            )
-        )
-    elif product.k in dims:
-        found.append(
-            Diagnostic(product.node.position, f"the contracted dimension {product.k} cannot be an output dimension")
-        )
+            found.extend(_subsequence_problems(decl, dims, unsized))
+    if not product_fits(product, dims) and not unsized:  # else the outputs' dimensions are in doubt
+        found.append(_product_misfit(product, dims))
     for call in _reductions(kernel):
         found.append(
             Diagnostic(call.func_position, f"a kernel with a matrix product cannot also reduce with {call.func}()")
@@ -256,10 +255,26 @@ def _product_dims(kernel: ir.Kernel, product: Product) -> tuple[tuple[str, ...],
     return (*dims, product.k), found
 
 
-def reduction_block_problems(kernel: ir.Kernel, space: IterationSpace, blocks: dict[str, int]) -> list[Diagnostic]:
-    """A reduced dimension is blocked only where no output keeps it, one such dimension
-    per kernel, and no reduction over it needs another reduction over it first."""
+def _product_misfit(product: Product, dims: tuple[str, ...]) -> Diagnostic:
+    """Why the product's value is not the outputs' `dims`."""
+    value_dims = product_dims(product)
+    if sorted(value_dims) == sorted(dims) and dims[-2:] == value_dims[-2:]:
+        return Diagnostic(product.node.position, f"the contracted dimension {product.k} cannot be an output dimension")
+    return Diagnostic(
+        product.node.position,
+        f"the product is {dims_text(value_dims)} but the outputs are {dims_text(dims)}; they have the"
+        f" same dimensions, ending in {product.m}, {product.n}",
+    )
+
+
+def reduction_blocks(
+    kernel: ir.Kernel, space: IterationSpace, blocks: dict[str, int]
+) -> tuple[dict[str, int], list[Diagnostic]]:
+    """The blocks without those of reduced dimensions that must be left unblocked, and
+    why: a reduced dimension is blocked only where no output keeps it, one such
+    dimension per kernel, and no reduction over it needs another reduction over it first."""
     found = []
+    refused = set()
     items = {item.dim: item for item in kernel.blocks}
     stepped = []
     for dim in space.dims:
@@ -268,6 +283,7 @@ def reduction_block_problems(kernel: ir.Kernel, space: IterationSpace, blocks: d
         call = dim.reductions[0].node
         where = f"{call.func}(..., {dim.name}) at line {call.position.line}"
         if dim.kept:
+            refused.add(dim.name)
             keeper = next(out.name for out in kernel.outputs if dim.name in out.dims)
             found.append(
                 Diagnostic(
@@ -277,6 +293,7 @@ def reduction_block_problems(kernel: ir.Kernel, space: IterationSpace, blocks: d
                 )
             )
         elif stepped:
+            refused.add(dim.name)
             found.append(
                 Diagnostic(
                     items[dim.name].position,
@@ -286,8 +303,11 @@ def reduction_block_problems(kernel: ir.Kernel, space: IterationSpace, blocks: d
             )
         else:
             stepped.append(dim.name)
-            found.extend(_nested_problems(dim))
-    return found
+            nested = _nested_problems(dim)
+            found.extend(nested)
+            if nested:
+                refused.add(dim.name)
+    return {dim: size for dim, size in blocks.items() if dim not in refused}, found
 
 
 def _nested_problems(dim: Dimension) -> list[Diagnostic]:
@@ -307,21 +327,25 @@ def _nested_problems(dim: Dimension) -> list[Diagnostic]:
     return found
 
 
-def _layout(kernel: ir.Kernel) -> tuple[tuple[str, ...], list[Diagnostic]]:
+def _layout(kernel: ir.Kernel, unsized: set[str]) -> tuple[tuple[str, ...], list[Diagnostic]]:
     """The dimension order every array is laid out over: that of the first array, inputs
-    then outputs, that has every dimension of the kernel. The others follow its order."""
+    then outputs, that has every dimension of the kernel. The others follow its order;
+    where they cannot, dimensions already reported `unsized` go unmentioned."""
     operands = operand_names(kernel)  # of a product too wrong to analyze: reported already
     arrays = [decl for decl in kernel.inputs + kernel.outputs if decl.name not in operands]
     every = {d for decl in arrays for d in decl.dims}
     if not every:
-        return (), [Diagnostic(kernel.position, f"every array of kernel '{kernel.name}' is a scalar; a kernel has a dimension")]
+        return (), [
+            Diagnostic(kernel.position, f"every array of kernel '{kernel.name}' is a scalar; a kernel has a dimension")
+        ]
     parent = next((decl for decl in [*kernel.outputs, *arrays] if set(decl.dims) == every), None)
     if parent is None:  # an array has a dimension the outputs lack, and no reduction explains it
         widest = max(kernel.outputs, key=lambda out: len(out.dims))
-        return widest.dims, [problem for decl in arrays for problem in _subsequence_problems(decl, widest.dims)]
+        problems = [problem for decl in arrays for problem in _subsequence_problems(decl, widest.dims, unsized)]
+        return widest.dims, problems
     found = []
     for decl in arrays:
-        found.extend(_subsequence_problems(decl, parent.dims))
+        found.extend(_subsequence_problems(decl, parent.dims, unsized))
     return parent.dims, found
 
 
@@ -353,9 +377,14 @@ def _reduced_dim(call: ir.Call) -> str | None:
     return dim.id if isinstance(dim, ir.Name) else None
 
 
-def _subsequence_problems(decl: ir.ArrayDecl, dims: tuple[str, ...]) -> list[Diagnostic]:
+def _subsequence_problems(decl: ir.ArrayDecl, dims: tuple[str, ...], unsized: set[str]) -> list[Diagnostic]:
+    """Why `decl` does not list a subsequence of the outputs' `dims`. Where an output has
+    a dimension no input has (`unsized`, reported), the outputs' dimensions are in doubt:
+    a dimension missing from them goes unmentioned."""
     last = -1
     for dim, position in zip(decl.dims, decl.dim_positions):
+        if dim in unsized or (dim not in dims and unsized):
+            continue
         if dim not in dims:
             return [
                 Diagnostic(
@@ -376,13 +405,18 @@ def _subsequence_problems(decl: ir.ArrayDecl, dims: tuple[str, ...]) -> list[Dia
     return []
 
 
-def block_items(items, dims, what: str, size_problem) -> tuple[dict[str, int], list[Diagnostic]]:
-    """Sizes of `block` or `gpu block` items that name a dimension once with a valid size."""
+def block_items(items, dims, what: str, size_problem, unplaced=frozenset()) -> tuple[dict[str, int], list[Diagnostic]]:
+    """Sizes of `block` or `gpu block` items that name a dimension once with a valid size.
+    Items naming an `unplaced` dimension (declared, but the space lacks it for an error
+    reported already), or any dimension of a kernel that has none, are left out
+    without a word."""
     found = []
     blocks: dict[str, int] = {}
     for item in items:
         if item.dim in blocks:
             found.append(Diagnostic(item.position, f"{what} size of {item.dim} is given twice"))
+        elif item.dim in unplaced or not dims:  # no dimensions: the kernel's error says why
+            continue
         elif item.dim not in dims:
             found.append(
                 Diagnostic(item.position, f"{item.dim} is not a dimension of this kernel{did_you_mean(item.dim, dims)}")

@@ -11,7 +11,8 @@ from pallasgen.frontend import ir
 from pallasgen.analysis.dtypes import BOOL, DTYPES, F32, FLOAT_MAX, I32, DType
 from pallasgen.frontend.errors import Diagnostic, did_you_mean
 from pallasgen.analysis.functions import FUNCTIONS
-from pallasgen.analysis.product import Product, product_dims
+from pallasgen.analysis.product import Product, product_dims, product_fits
+from pallasgen.analysis.space import declared_dims
 from pallasgen.analysis.valuetypes import ValueType, combine, merge_dims
 
 COMPARISON_OPS = frozenset({"==", "!=", "<", "<=", ">", ">="})
@@ -25,9 +26,10 @@ def infer_body(
     inference = _Inference(kernel, dims, product)
     for statement in kernel.body:
         inference.statement(statement)
-    assigned = {s.target for s in kernel.body if isinstance(s, ir.Assign)}
+    declared = [d.name for d in kernel.inputs + kernel.outputs + kernel.params]
+    declared += [s.name for s in kernel.body if isinstance(s, ir.Let)]
     for out in kernel.outputs:
-        if out.name not in assigned:
+        if out.name not in inference.assigned and declared.count(out.name) == 1:  # else "already declared"
             inference.found.append(Diagnostic(out.position, f"output '{out.name}' is never assigned"))
     return inference.types, inference.found
 
@@ -36,18 +38,31 @@ class _Inference:
     def __init__(self, kernel: ir.Kernel, dims: tuple[str, ...], product: Product | None):
         self.kernel = kernel
         self.dims = dims
+        self.unplaced = declared_dims(kernel) - set(dims)  # for errors reported already
         self.product = product
         self.output_dims = kernel.outputs[0].dims if kernel.outputs else ()
         self.types: dict[ir.Expr, ValueType] = {}
         self.found: list[Diagnostic] = []
         self.outputs = {o.name: o for o in kernel.outputs}
         self.scope: dict[str, ValueType | None] = {}
+        self.assigned = {s.target for s in kernel.body if isinstance(s, ir.Assign)}  # by any statement
+        self.stored: set[str] = set()  # outputs assigned by the statements typed so far
+        self.unknown: set[str] = set()  # names and dimensions reported unknown: once each
+        # A name declared twice is an error at its second declaration: the first holds.
         for decl in kernel.inputs:
-            self.scope[decl.name] = _declared(decl)
+            self.scope.setdefault(decl.name, self._declared(decl))
         for param in kernel.params:
             dtype = DTYPES.get(param.dtype)
             weak = F32 if dtype is None or dtype.is_float else I32
-            self.scope[param.name] = ValueType(weak, (), weak=True)
+            self.scope.setdefault(param.name, ValueType(weak, (), weak=True))
+
+    def _declared(self, decl: ir.ArrayDecl) -> ValueType | None:
+        """A declared array's type; None where its declaration has an error, reported in
+        checks (an unknown dtype, a dimension twice or one the space could not place)."""
+        dtype = DTYPES.get(decl.dtype)
+        if dtype is None or len(set(decl.dims)) < len(decl.dims) or not set(decl.dims) <= set(self.dims):
+            return None
+        return ValueType(dtype, decl.dims)
 
     def statement(self, statement: ir.Statement) -> None:
         value = self.expr(statement.value)
@@ -56,20 +71,24 @@ class _Inference:
             return
         out = self.outputs.get(statement.target)
         if out is None:
-            known = list(self.outputs)
-            self.found.append(
-                Diagnostic(
-                    statement.position,
-                    f"'{statement.target}' is not an output{did_you_mean(statement.target, known)};"
-                    " declare it with out, or use let for an intermediate value",
+            if self.outputs:  # else "has no output" says it
+                known = list(self.outputs)
+                self.found.append(
+                    Diagnostic(
+                        statement.position,
+                        f"'{statement.target}' is not an output{did_you_mean(statement.target, known)};"
+                        " declare it with out, or use let for an intermediate value",
+                    )
                 )
-            )
+            self.scope.setdefault(statement.target, value)  # so its uses are not errors too
             return
-        if statement.target in self.scope:
+        if statement.target in self.stored:
             self.found.append(Diagnostic(statement.position, f"output '{statement.target}' is assigned twice"))
             return
-        self.scope[statement.target] = _declared(out)
-        if value is None or out.dtype not in DTYPES:
+        self.stored.add(statement.target)
+        declared = self._declared(out)
+        self.scope.setdefault(statement.target, declared)
+        if value is None or declared is None:
             return
         extra = [d for d in value.dims if d not in out.dims]
         if extra:
@@ -108,12 +127,15 @@ class _Inference:
                 )
                 return None
             return value
+        if node.id in self.unknown or (node.id in self.outputs and node.id not in self.assigned):
+            return None  # reported already, or its declaration is: "output ... is never assigned"
         later = [s for s in self.kernel.body if getattr(s, "name", getattr(s, "target", None)) == node.id]
         if later:
             self.found.append(Diagnostic(node.position, f"'{node.id}' is used before it is assigned"))
         elif node.id in FUNCTIONS:
             self.found.append(Diagnostic(node.position, f"'{node.id}' is a function; call it: {node.id}(...)"))
         else:
+            self.unknown.add(node.id)
             known = [*self.scope, *(o for o in self.outputs)]
             self.found.append(Diagnostic(node.position, f"unknown name '{node.id}'{did_you_mean(node.id, known)}"))
         return None
@@ -150,8 +172,8 @@ class _Inference:
 
     def _binary(self, node: ir.Binary) -> ValueType | None:
         if node.op == "@":
-            if self.product is None or node != self.product.node:
-                return None
+            if self.product is None or node != self.product.node or not product_fits(self.product, self.output_dims):
+                return None  # not a product the kernel computes: reported in checks
             value_dims = set(product_dims(self.product))
             return ValueType(self.product.accumulator, tuple(d for d in self.dims if d in value_dims))
         left, right = self.expr(node.left), self.expr(node.right)
@@ -241,6 +263,8 @@ class _Inference:
         """The dimension an argument names, or None after saying why it names none."""
         if isinstance(arg, ir.Name) and arg.id in self.dims:
             return arg.id
+        if not self.dims or isinstance(arg, ir.Name) and arg.id in (self.unplaced | self.unknown) - set(self.scope):
+            return None  # reported already: the kernel has no dimensions, or this one is unknown
         named_value = isinstance(arg, ir.Name) and arg.id in self.scope
         if node.func in ("max", "min") and (named_value or not isinstance(arg, ir.Name)):
             self.found.append(
@@ -252,6 +276,8 @@ class _Inference:
             )
         else:
             text = arg.id if isinstance(arg, ir.Name) else "this"
+            if isinstance(arg, ir.Name):
+                self.unknown.add(arg.id)
             self.found.append(
                 Diagnostic(
                     arg.position,
@@ -330,11 +356,6 @@ def literal_problem(value: int | float, text: str, dtype: DType) -> str | None:
     elif abs(value) > FLOAT_MAX[dtype.name]:
         return f"{text} is too large for {dtype.name} (largest {FLOAT_MAX[dtype.name]:g})"
     return None
-
-
-def _declared(decl: ir.ArrayDecl) -> ValueType | None:
-    dtype = DTYPES.get(decl.dtype)
-    return None if dtype is None else ValueType(dtype, decl.dims)
 
 
 def _is_zero(node: ir.Expr) -> bool:

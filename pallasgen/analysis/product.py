@@ -121,6 +121,17 @@ def product_dims(product: Product) -> tuple[str, ...]:
     return (*batch, product.m, product.n)
 
 
+def product_fits(product: Product, output_dims: tuple[str, ...]) -> bool:
+    """Whether the product's value has the outputs' dimensions, ending in the same two,
+    and the contracted dimension is not among them."""
+    value_dims = product_dims(product)
+    return (
+        sorted(value_dims) == sorted(output_dims)
+        and output_dims[-2:] == value_dims[-2:]
+        and product.k not in output_dims
+    )
+
+
 def _operand(node: ir.Expr, inputs: dict[str, ir.ArrayDecl]) -> tuple[Operand | None, Diagnostic | None]:
     transposed = isinstance(node, ir.Attribute) and node.attr == "T"
     target = node.value if transposed else node
@@ -129,8 +140,8 @@ def _operand(node: ir.Expr, inputs: dict[str, ir.ArrayDecl]) -> tuple[Operand | 
             node.position, "a matrix product operand is an input array, optionally transposed: x @ y, q @ k.T"
         )
     decl = inputs[target.id]
-    if decl.dtype not in DTYPES:
-        return None, None
+    if decl.dtype not in DTYPES or len(set(decl.dims)) < len(decl.dims):
+        return None, None  # reported in checks: an unknown dtype, a dimension twice
     return Operand(decl.name, transposed, decl.dims, DTYPES[decl.dtype]), None
 
 

@@ -59,3 +59,10 @@ class IterationSpace:
 
     def dim(self, name: str) -> Dimension:
         return next(d for d in self.dims if d.name == name)
+
+
+def declared_dims(kernel: ir.Kernel) -> set[str]:
+    """The dimensions the kernel's arrays declare. The space holds each of them unless
+    deriving it failed, with an error already reported: a later check that meets one
+    missing from the space stays quiet rather than call it unknown."""
+    return {d for decl in kernel.inputs + kernel.outputs for d in decl.dims}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from functools import cache
 from importlib.resources import files
@@ -9,9 +10,10 @@ from importlib.resources import files
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
-from pallasgen.frontend.errors import MAX_REPORTED, Diagnostic, Position
+from pallasgen.frontend.errors import MAX_REPORTED, Diagnostic, Position, did_you_mean
 
 KEYWORDS = ("kernel", "in", "out", "let", "param", "block", "accumulate", "gpu", "true", "false")
+STATEMENT_KEYWORDS = ("in", "out", "let", "param", "block", "accumulate", "gpu")
 
 _WORDS = {
     "NAME": "a name",
@@ -96,6 +98,9 @@ def _diagnose(error: UnexpectedInput, text: str) -> Diagnostic:
         column = len(text.rsplit("\n", 1)[-1]) + 1
         return Diagnostic(Position.point(line, column), f"unexpected end of file, expected {expected}")
     token: Token = error.token
+    misspelled = _misspelled_keyword(error, text)
+    if misspelled:
+        return misspelled
     position = Position(token.line, token.column, token.end_line, token.end_column - 1)
     if token.type == "_NL":
         return Diagnostic(Position.point(token.line, token.column), f"unexpected end of line, expected {expected}")
@@ -104,6 +109,24 @@ def _diagnose(error: UnexpectedInput, text: str) -> Diagnostic:
     if token.type == "COMPARE_OP" and "COMPARE_OP" not in error.expected and "PIPE" in error.expected:
         return Diagnostic(position, "comparisons cannot be chained; combine them with & and parentheses")
     return Diagnostic(position, f"unexpected '{token.value}', expected {expected}")
+
+
+def _misspelled_keyword(error: UnexpectedInput, text: str) -> Diagnostic | None:
+    """A statement that opens with a misspelled keyword: `inn x: f32[N]` reads as an
+    assignment to `inn` without its `=`, so the error comes at the second word."""
+    if "EQUAL" not in error.expected:
+        return None
+    token: Token = error.token
+    before = text.split("\n")[token.line - 1][: token.column - 1]
+    first = re.fullmatch(r"(\s*)(\w+)\s*", before)
+    if not first or first[2] in KEYWORDS:
+        return None
+    hint = did_you_mean(first[2].lower(), STATEMENT_KEYWORDS)
+    if not hint:
+        return None
+    column = len(first[1]) + 1
+    position = Position(token.line, column, token.line, column + len(first[2]) - 1)
+    return Diagnostic(position, f"unknown statement '{first[2]}'{hint}")
 
 
 def _describe_expected(terminals: set[str]) -> str:
