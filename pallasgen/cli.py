@@ -391,7 +391,7 @@ def tune(target: str, sizes: tuple[str, ...], chip: str, budget: int, blocks: tu
 
     from pallasgen.devices import estimate
     from pallasgen.devices.compile_only import CompileError
-    from pallasgen.backends.tpu.plan import tunable_dims
+    from pallasgen.backends import backend_named
     from pallasgen.devices.tune import MEASURE, tune as search, versions
     from pallasgen.workspace.tuning import Entry, entry_for, format_tuning, read_tuning, tuning_path, with_entry
 
@@ -419,7 +419,7 @@ def tune(target: str, sizes: tuple[str, ...], chip: str, budget: int, blocks: tu
             with click.progressbar(length=budget, label=label, file=sys.stderr) as bar:
                 previous = entry_for(tuning, checked, chip, dims)
                 before = previous and previous.blocks.blocks
-                given_start = {d: b for d, b in starts.items() if d in tunable_dims(checked)}
+                given_start = {d: b for d, b in starts.items() if d in backend_named("tpu").tunable_dims(checked)}
                 try:
                     found = search(estimator, module, checked, dims, budget, bar.update, before, given_start)
                 except CompileError as error:
@@ -457,11 +457,11 @@ def tune(target: str, sizes: tuple[str, ...], chip: str, budget: int, blocks: tu
 def _check_start(checked, sizes: dict[str, int], starts: dict[str, int]) -> None:
     """A --block to start `tune` from is one its search could reach: a tiling multiple
     times a power of two below the size, or the whole size."""
-    from pallasgen.backends.tpu.plan import tunable_dims
+    from pallasgen.backends import backend_named
     from pallasgen.devices.tune import block_choices
 
     for dim, block in starts.items():
-        if dim not in tunable_dims(checked):
+        if dim not in backend_named("tpu").tunable_dims(checked):
             continue  # a kernel without the dimension, or one that takes it whole
         choices = block_choices(checked, dim, sizes[dim])
         if block not in choices:

@@ -60,7 +60,9 @@ pytestmark = pytest.mark.skipif(
     + "; ".join(MISSING),
 )
 
-KERNELS = [(module, kernel) for module, kernel in bundled_kernels() if kernel is not None]
+# Fused kernels (specs/attention.pallas) compile at sizes of their own in test_attention.py:
+# these size classes would give attention a head dimension of 8192.
+KERNELS = [(module, kernel) for module, kernel in bundled_kernels() if kernel is not None and module != "attention"]
 IDS = [f"{module}.{kernel}" for module, kernel in KERNELS]
 
 SIZES = {

@@ -33,7 +33,7 @@ KERNELS = [(module, kernel) for module, kernel in bundled_kernels() if kernel is
 TRITON = compile_only.TRITON_CALL_TARGET
 MOSAIC = "tpu_custom_call"
 TRITON_NEEDS_A_GPU = jax.__version_info__ >= (0, 11)
-SIZES = {"B": 2, "M": 300, "N": 200, "K": 260, "S": 130, "T": 140, "D": 64, "V": 3000}  # ragged: edge blocks and masks
+SIZES = {"B": 2, "H": 2, "G": 2, "R": 2, "M": 300, "N": 200, "K": 260, "S": 130, "T": 140, "D": 64, "V": 3000}  # ragged
 
 
 def arguments(module: str, kernel: str) -> list[jax.ShapeDtypeStruct]:

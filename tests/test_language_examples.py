@@ -29,7 +29,7 @@ BLOCKS = FENCED.findall(LANGUAGE_MD.read_text(encoding="utf-8"))
 EXAMPLES = {re.search(r"^kernel (\w+)", text, re.MULTILINE).group(1): text for info, text in BLOCKS if not info}
 ERROR_EXAMPLES = [(text, BLOCKS[i + 1][1]) for i, (info, text) in enumerate(BLOCKS) if info == "bad"]
 # The examples of the language contract (LANGUAGE.md).
-NAMES = ["add_vectors", "leaky", "matmul_int8", "matmul_relu", "scores"]
+NAMES = ["add_vectors", "leaky", "matmul_int8", "matmul_relu", "scores", "attention", "gqa", "matmul_softmax"]
 
 
 def project(folder: Path, name: str, text: str) -> Path:

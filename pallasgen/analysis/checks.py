@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pallasgen.frontend import ir
 from pallasgen.analysis.dtypes import BOOL, DTYPES
 from pallasgen.analysis.functions import FUNCTIONS
+from pallasgen.analysis.fused import FusedKernel, analyze_fused, is_fused
 from pallasgen.frontend.errors import Diagnostic, Position, did_you_mean
 from pallasgen.analysis.infer import dims_text, infer_body, literal_problem
 from pallasgen.analysis.names import RESERVED, block_keyword
@@ -50,6 +51,7 @@ class CheckedKernel:
     product: Product | None
     settings: dict[str, object] = field(hash=False)  # each backend's own, by backend name
     tuned: tuple[TunedBlocks, ...] = ()  # from the spec's tuning file (pallasgen tune)
+    fused: FusedKernel | None = None  # several products, computed operands: see analysis.fused
 
     @property
     def dims(self) -> tuple[str, ...]:
@@ -92,6 +94,8 @@ def check_kernel_names(spec: ir.Spec) -> list[Diagnostic]:
 
 
 def check_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, list[Diagnostic]]:
+    if is_fused(kernel):
+        return check_fused_kernel(kernel, backends)
     found: list[Diagnostic] = []
     for check in (check_declarations, check_dtypes, check_params):
         found.extend(check(kernel))
@@ -115,6 +119,46 @@ def check_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, list[Di
     return CheckedKernel(kernel, space, sizes, types, blocks, product, settings), found
 
 
+def check_fused_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, list[Diagnostic]]:
+    """A kernel with several products or computed operands: typed, then its pass over a
+    swept dimension analyzed (analysis.fused), then each backend's checks."""
+    found: list[Diagnostic] = []
+    for check in (check_declarations, check_dtypes, check_params):
+        found.extend(check(kernel))
+    found.extend(check_accumulate(kernel, None))
+    dims = _fused_dims(kernel)
+    space = IterationSpace(tuple(Dimension(d, kept=any(d in out.dims for out in kernel.outputs)) for d in dims))
+    sizes: dict[str, tuple[str, int]] = {}
+    for decl in kernel.inputs:
+        for axis, dim in enumerate(decl.dims):
+            sizes.setdefault(dim, (decl.name, axis))
+    for out in kernel.outputs:
+        for dim, position in zip(out.dims, out.dim_positions):
+            if dim not in sizes:
+                found.append(Diagnostic(position, f"no input has dimension {dim}, so its size is unknown when the kernel is called"))
+    blocks, problems = block_items(kernel.blocks, dims, "block", block_size_problem)
+    found.extend(problems)
+    types, problems = infer_body(kernel, dims, None)
+    found.extend(problems)
+    fused = None
+    if not found:
+        fused, problems = analyze_fused(kernel, types, dims, blocks)
+        found.extend(problems)
+    settings = {}
+    for backend in backends:
+        settings[backend.name], problems = backend.check(kernel, space, None, blocks, found, fused=fused)
+        found.extend(problems)
+    return CheckedKernel(kernel, space, sizes, types, blocks, None, settings, fused=fused), found
+
+
+def _fused_dims(kernel: ir.Kernel) -> tuple[str, ...]:
+    """A fused kernel's dimensions: the outputs', then the others in the inputs' order."""
+    dims: list[str] = []
+    for decl in kernel.outputs + kernel.inputs:
+        dims.extend(d for d in decl.dims if d not in dims)
+    return tuple(dims)
+
+
 def check_declarations(kernel: ir.Kernel) -> list[Diagnostic]:
     """Names are unique; params do not take the generated keywords."""
     found = []
@@ -130,6 +174,9 @@ def check_declarations(kernel: ir.Kernel) -> list[Diagnostic]:
     found.extend(reserved_param_problems(kernel, RESERVED | keywords))
     if not kernel.outputs:
         found.append(Diagnostic(kernel.position, f"kernel '{kernel.name}' has no output"))
+    for item, what in named:
+        if item.name == "inf":
+            found.append(Diagnostic(item.position, "'inf' is the infinity literal; it cannot name a value"))
     return found
 
 

@@ -36,7 +36,9 @@ class Function:
     - "where": a bool condition, then the promoted dtype of the two values;
     - "cast": the dtype the function is named after;
     - "reduce": `reducer` says; the second argument names the dimension removed;
-    - "index": i32 positions along the dimension named by the argument.
+    - "index": i32 positions along the dimension named by the argument;
+    - "size": the size of the dimension named by the argument, an i32 scalar;
+    - "softmax": like "reduce", but the result keeps the dimension.
     `code` spells it in jax, `{}` standing for the arguments. `transcendental` counts
     it as such in the cost estimate; `narrow_ints_in_i32` computes i8/u8/i16 arguments
     in i32 on TPU, which has no narrow-integer form of it, and `in_range` says its
@@ -102,6 +104,7 @@ FUNCTIONS: dict[str, Function] = {
         Function("round", 1, "same", "jnp.round({})", fold=round),  # half to even, as jnp.round
         Function("where", 3, "where", "jnp.where({})", fold=lambda condition, a, b: a if condition else b),
         Function("index", 1, "index", ""),
+        Function("size", 1, "size", ""),
         _reduction("sum", Reducer("sum", "zero", takes="any")),
         _reduction("mean", Reducer("f32", "zero")),
         _reduction("max", Reducer("same", "lowest")),
@@ -109,6 +112,8 @@ FUNCTIONS: dict[str, Function] = {
         _reduction("argmax", Reducer("i32", "lowest")),
         _reduction("argmin", Reducer("i32", "highest")),
         _reduction("logsumexp", Reducer("f32", "lowest"), transcendental=True),
+        # exp(x - max(x, N)) / sum(exp(x - max(x, N)), N): f32, with the shape of x.
+        Function("softmax", 2, "softmax", "", transcendental=True, reducer=Reducer("f32", "lowest")),
         _reduction("any", Reducer("bool", "false", takes="bools")),
         _reduction("all", Reducer("bool", "true", takes="bools")),
         *(Function(name, 1, "cast", "", fold=lambda x: x) for name in DTYPES),

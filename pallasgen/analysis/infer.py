@@ -11,7 +11,7 @@ from pallasgen.frontend import ir
 from pallasgen.analysis.dtypes import BOOL, DTYPES, F32, FLOAT_MAX, I32, DType
 from pallasgen.frontend.errors import Diagnostic, did_you_mean
 from pallasgen.analysis.functions import FUNCTIONS
-from pallasgen.analysis.product import Product, product_dims, product_fits
+from pallasgen.analysis.product import OPERAND_DTYPES, Product, product_dims, product_fits
 from pallasgen.analysis.space import declared_dims
 from pallasgen.analysis.valuetypes import ValueType, combine, merge_dims
 
@@ -142,7 +142,7 @@ class _Inference:
 
     def _number(self, node: ir.Number) -> ValueType | None:
         if isinstance(node.value, float):
-            if node.value == float("inf"):
+            if node.value == float("inf") and node.text != "inf":
                 self.found.append(Diagnostic(node.position, f"{node.text} is too large for any float dtype"))
                 return None
             return ValueType(F32, (), weak=True)
@@ -172,7 +172,9 @@ class _Inference:
 
     def _binary(self, node: ir.Binary) -> ValueType | None:
         if node.op == "@":
-            if self.product is None or node != self.product.node or not product_fits(self.product, self.output_dims):
+            if self.product is None:
+                return self._matmul(node)
+            if node != self.product.node or not product_fits(self.product, self.output_dims):
                 return None  # not a product the kernel computes: reported in checks
             value_dims = set(product_dims(self.product))
             return ValueType(self.product.accumulator, tuple(d for d in self.dims if d in value_dims))
@@ -212,6 +214,47 @@ class _Inference:
             return ValueType(F32, dims, weak=result.weak)
         return result
 
+    def _matmul(self, node: ir.Binary) -> ValueType | None:
+        """A product of any two values (a fused kernel: see analysis.fused): its operands are
+        matrices, optionally transposed, whose contracted dimensions agree; floats accumulate
+        in f32, integers in i32."""
+        sides = [product_operand(side) for side in (node.left, node.right)]
+        types = [self.expr(value) for value, _ in sides]
+        if None in types:
+            return None
+        matrices = []
+        for (value, transposed), side_type in zip(sides, types):
+            if len(side_type.dims) < 2:
+                self.found.append(
+                    Diagnostic(value.position, f"a product operand is a matrix, not {dims_text(side_type.dims)}")
+                )
+                return None
+            if side_type.dtype.name not in OPERAND_DTYPES:
+                self.found.append(
+                    Diagnostic(value.position, f"products take {', '.join(OPERAND_DTYPES)} operands, not {side_type.dtype.name}")
+                )
+                return None
+            dims = side_type.dims
+            matrices.append((*dims[:-2], dims[-1], dims[-2]) if transposed else dims)
+        (*_, m, k), (*_, k_right, n) = matrices
+        if k != k_right:
+            self.found.append(
+                Diagnostic(
+                    node.op_position,
+                    f"the contracted dimensions differ: the left operand ends in {k} but the right one has {k_right}"
+                    f" second to last{'; transpose one with .T' if k in matrices[1] else ''}",
+                )
+            )
+            return None
+        left, right = types
+        if left.dtype.is_float != right.dtype.is_float:
+            self.found.append(
+                Diagnostic(node.op_position, f"a product of {left.dtype.name} and {right.dtype.name}: cast one of them")
+            )
+            return None
+        dims = set(matrices[0][:-1]) | set(matrices[1][:-2]) | {n}
+        return ValueType(F32 if left.dtype.is_float else I32, tuple(d for d in self.dims if d in dims))
+
     def _call(self, node: ir.Call) -> ValueType | None:
         function = FUNCTIONS.get(node.func)
         if function is None:
@@ -229,8 +272,10 @@ class _Inference:
             return None
         if function.typing == "index":
             return self._index(node)
-        if function.typing == "reduce":
-            return self._reduction(node, function.reducer)
+        if function.typing == "size":
+            return None if self._dimension(node, node.args[0]) is None else ValueType(I32, (), weak=True)
+        if function.typing in ("reduce", "softmax"):
+            return self._reduction(node, function.reducer, keeps=function.typing == "softmax")
         args = [self.expr(arg) for arg in node.args]
         if any(arg is None for arg in args):
             return None
@@ -291,7 +336,8 @@ class _Inference:
         dim = self._dimension(node, node.args[0])
         return None if dim is None else ValueType(I32, (dim,))
 
-    def _reduction(self, node: ir.Call, reducer) -> ValueType | None:
+    def _reduction(self, node: ir.Call, reducer, keeps: bool = False) -> ValueType | None:
+        """A reduction's type; `keeps`: the result keeps the dimension (softmax)."""
         value = self.expr(node.args[0])
         dim = self._dimension(node, node.args[1])
         if value is None or dim is None:
@@ -315,7 +361,7 @@ class _Inference:
                 Diagnostic(node.args[0].position, f"{node.func}() needs numbers, not bool values; cast them: i32(...)")
             )
             return None
-        dims = tuple(d for d in value.dims if d != dim)
+        dims = value.dims if keeps else tuple(d for d in value.dims if d != dim)
         if reducer.result == "sum":
             return ValueType(F32 if value.dtype.is_float else I32, dims)
         if reducer.result == "same":
@@ -347,13 +393,20 @@ class _Inference:
             self.found.append(Diagnostic(node.position, problem))
 
 
+def product_operand(node: ir.Expr) -> tuple[ir.Expr, bool]:
+    """A product operand's value and whether it is transposed (`x.T`)."""
+    if isinstance(node, ir.Attribute) and node.attr == "T":
+        return node.value, True
+    return node, False
+
+
 def literal_problem(value: int | float, text: str, dtype: DType) -> str | None:
     """Why a literal cannot be a value of `dtype`, or None when it can."""
     if dtype.is_integer or dtype == BOOL:
         low, high = (0, 1) if dtype == BOOL else dtype.int_range()
         if isinstance(value, int) and not low <= value <= high:
             return f"{text} does not fit in {dtype.name} ({low} to {high})"
-    elif abs(value) > FLOAT_MAX[dtype.name]:
+    elif abs(value) > FLOAT_MAX[dtype.name] and abs(value) != float("inf"):  # inf is every float's
         return f"{text} is too large for {dtype.name} (largest {FLOAT_MAX[dtype.name]:g})"
     return None
 

@@ -11,7 +11,7 @@ WRAPPER_NAMES = frozenset({"interpret", "grid", "sizes", "kernel"})
 # Builtins the generated code calls (templates/*.j2); a spec name must never shadow one.
 BUILTINS_USED = frozenset({"min", "max", "sum", "len", "zip", "ValueError", "TypeError"})
 # Functions the TPU kernel template defines inside a kernel.
-KERNEL_NAMES = frozenset({"_zero", "_epilogue"})
+KERNEL_NAMES = frozenset({"_zero", "_epilogue", "_init", "_step", "_finish"})
 RESERVED = MODULE_NAMES | WRAPPER_NAMES | KERNEL_NAMES | BUILTINS_USED | frozenset(keyword.kwlist)
 
 

@@ -36,6 +36,14 @@ class BlockAxis:
     dim: str | None  # the array's dimension there; None: size 1 (it broadcasts, or a reduction removed it)
     extent: str  # "block": the dimension's block; "whole": all of it; "one": 1; "squeezed": one element, dropped
     index: str | None  # the grid index that picks the block along it; None: always block 0
+    live: str | None = None  # where false, block 0 instead: a skipped step's block, never fetched anew
+
+    @property
+    def index_code(self) -> str:
+        """The index map's entry for this axis."""
+        if self.live:
+            return f"jnp.where({self.live}, {self.index}, 0)"
+        return self.index or "0"
 
 
 @dataclass(frozen=True)
@@ -62,7 +70,7 @@ class Tiling:
         """`pl.BlockSpec(shape, index map)` of one array, over the launcher's block and size names."""
         spelled = {"squeezed": lambda d: "None", "one": lambda d: "1", "block": block_keyword, "whole": sizes.get}
         shape = tuple_code([spelled[a.extent](a.dim) for a in array.axes])
-        index = tuple_code([a.index or "0" for a in array.axes])
+        index = tuple_code([a.index_code for a in array.axes])
         return f"pl.BlockSpec({shape}, lambda {', '.join(g.index for g in self.grid)}: {index})"
 
 
@@ -78,9 +86,11 @@ class Backend(ABC):
         product: Product | None,
         blocks: dict[str, int],
         earlier: list[Diagnostic],
+        fused=None,
     ) -> tuple[object, list[Diagnostic]]:
         """This backend's settings for a kernel (None if it has none), and diagnostics
-        for what it cannot do; `earlier` are the diagnostics found so far."""
+        for what it cannot do; `earlier` are the diagnostics found so far; `fused`: a
+        fused kernel's analysis (analysis.fused), when it is one."""
 
     @abstractmethod
     def keywords(self, checked: CheckedKernel) -> KeywordGroup:

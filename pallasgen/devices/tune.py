@@ -17,8 +17,7 @@ from importlib import metadata
 
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.names import block_keyword
-from pallasgen.backends.tpu.plan import tunable_dims
-from pallasgen.backends.tpu.tiling import array_layouts, tiling_rule, vmem_problem
+from pallasgen.backends import backend_named
 from pallasgen.devices.compile_only import CompileError
 from pallasgen.devices.estimate import arguments
 
@@ -43,7 +42,7 @@ class Tuned:
 def block_choices(checked: CheckedKernel, dim: str, size: int) -> list[int]:
     """The blocks of `dim` worth trying at `size`: the tiling rule's multiple times each
     power of two below the size, then the whole dimension."""
-    rule = tiling_rule(dim, array_layouts(checked.kernel, checked.space.layout, checked.product))
+    rule = backend_named("tpu").tiling_rule(checked, dim)
     choices, block = [], max(rule.multiple, rule.smallest_power_of_two or 0) if rule else 1
     while block < size:
         choices.append(block)
@@ -58,7 +57,7 @@ def start_blocks(module, checked: CheckedKernel, chip: str, sizes: dict[str, int
     generated `module` itself chooses (its `_tpu_blocks`, traced, not compiled)."""
     import jax
 
-    tunable = tunable_dims(checked)
+    tunable = backend_named("tpu").tunable_dims(checked)
     if not tunable:
         return {}  # every dimension whole: nothing to choose
     chosen = []
@@ -102,7 +101,7 @@ def search(
     current = trial(start)
     while len(trials) < budget:
         fresh = [n for n in _neighbours(current.blocks, choices) if tuple(sorted(n.items())) not in trials]
-        fitting = [n for n in fresh if not vmem_problem(checked.kernel, {**checked.blocks, **n}, checked.product)]
+        fitting = [n for n in fresh if not backend_named("tpu").vmem_problem(checked, n)]
         tried = [trial(n) for n in fitting[: budget - len(trials)]]
         better = [t for t in tried if t.cycles is not None and (current.cycles is None or t.cycles < current.cycles)]
         if not better:

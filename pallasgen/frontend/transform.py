@@ -68,12 +68,17 @@ def _span(tree: Tree) -> Position:
     return Position(meta.line, meta.column, meta.end_line, meta.end_column - 1)
 
 
+INFINITY = "inf"  # the IEEE infinity literal: -inf masks a score out
+
+
 @v_args(tree=True)
 class _ToIR(Transformer):
     # Expressions
 
     def name(self, tree):
         (token,) = tree.children
+        if token == INFINITY:
+            return ir.Number(float("inf"), INFINITY, _token_position(token))
         return ir.Name(str(token), _token_position(token))
 
     def number(self, tree):

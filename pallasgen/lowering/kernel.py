@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pallasgen.analysis.checks import CheckedKernel
+from pallasgen.analysis.fused import array_axes
 from pallasgen.analysis.names import Namer
 from pallasgen.frontend import ir
 from pallasgen.lowering.parts import array_comment, body_statements, layout_of, parameter_list, tuple_code
@@ -28,6 +29,7 @@ class ArrayPlan:
     shape: str  # (m, n), for outputs
     layout_shape: str  # its shape laid out over the kernel's layout: (m, 1) for an [M] of [M, N]
     restore: str | None  # reshapes an output of lower rank than the layout to its own shape
+    reference_restore: str | None = None  # the same in the reference (when its layout differs)
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,8 @@ class LoweredKernel:
         `overrides` name other nodes computed elsewhere."""
         fixed = {self.checked.product.node: self.accumulator} if self.checked.product else {}
         lets = {s.name: s.value for s in self.kernel.body if isinstance(s, ir.Let)}
-        overrides = {**fixed, **(overrides or {})}
+        # Without a product, `overrides` is the emitter's own: filling it later reaches it.
+        overrides = {**fixed, **(overrides or {})} if fixed or overrides is None else overrides
         return Emitter(self.names, self.checked.types, overrides, tpu=tpu, spelling=spelling, lets=lets)
 
 
@@ -88,6 +91,8 @@ def lower_kernel(checked: CheckedKernel, taken: frozenset[str]) -> LoweredKernel
     operands = {o.name: o for o in product.operands} if product else {}
 
     def array_plan(decl: ir.ArrayDecl) -> ArrayPlan:
+        if checked.fused is not None:
+            return _fused_array_plan(decl, checked, values[decl.name], refs[decl.name], sizes)
         name = values[decl.name]
         layout = layout_of(decl, out_dims, product)
         broadcast_here = decl.name not in operands and decl.dims != out_dims
@@ -126,6 +131,34 @@ def lower_kernel(checked: CheckedKernel, taken: frozenset[str]) -> LoweredKernel
         accumulator=accumulator,
         inputs=tuple(array_plan(d) for d in kernel.inputs),
         outputs=tuple(array_plan(d) for d in kernel.outputs),
+    )
+
+
+def _fused_array_plan(decl: ir.ArrayDecl, checked: CheckedKernel, name: str, ref: str, sizes) -> ArrayPlan:
+    """A fused kernel's array: laid out as its tiles hold it (analysis.fused.array_axes);
+    in the reference, over every dimension of the kernel, in the kernel's order."""
+    layout = array_axes(decl, checked.fused)
+    own = tuple_code([sizes[d] for d in decl.dims]) if decl.dims else "()"
+    layout_shape = tuple_code([sizes[d] if d else "1" for d in layout])
+    everywhere = checked.space.layout
+    order = sorted(range(len(decl.dims)), key=lambda axis: everywhere.index(decl.dims[axis]))
+    ordered = f"jnp.transpose({name}, {tuple_code(map(str, order))})" if order != sorted(order) else name
+    index = ", ".join(":" if d in decl.dims else "None" for d in everywhere)
+    comment = f"{decl.name}: {decl.dtype}[{', '.join(decl.dims)}]"
+    return ArrayPlan(
+        name=name,
+        spec_name=decl.name,
+        spec_dtype=decl.dtype,
+        dtype=jnp_dtype(decl.dtype),
+        dims=decl.dims,
+        ref=ref,
+        comment=comment,
+        expand=f"{name} = {name}.reshape({layout_shape})" if len(layout) != len(decl.dims) else None,
+        reference_expand=f"{name} = {ordered}[{index}]" if tuple(everywhere) != decl.dims else None,
+        shape=own,
+        layout_shape=layout_shape,
+        restore=f"{name} = {name}.reshape({own})" if len(layout) != len(decl.dims) else None,
+        reference_restore=f"{name} = {name}.reshape({own})" if tuple(everywhere) != decl.dims else None,
     )
 
 
@@ -175,19 +208,47 @@ def _reference_statements(lowered: LoweredKernel) -> tuple[list[str], bool]:
     body = kernel.body
     outputs = {o.name: o for o in kernel.outputs}
     broadcasts = [s for s in body if isinstance(s, ir.Assign) and checked.types[s.value].dims != outputs[s.target].dims]
-    indexes = any(isinstance(n, ir.Call) and n.func == "index" for n in ir.walk(*(s.value for s in body)))
+    indexes = any(isinstance(n, ir.Call) and n.func in ("index", "size") for n in ir.walk(*(s.value for s in body)))
     needs_sizes = indexes or bool(broadcasts)
 
     def shape_of(out: ir.ArrayDecl) -> str:
         return tuple_code([sizes[d] if d in out.dims else "1" for d in layout])
 
+    if checked.fused is not None:
+        _fused_reference_products(lowered, emitter)
     reference = body_statements(kernel, body, emitter, values, lowered.refs, checked, None, shape_of)
-    restores = [o.restore for o in lowered.outputs if o.restore]
+    restores = [o.reference_restore or o.restore for o in lowered.outputs if o.reference_restore or o.restore]
+    if checked.fused is not None:
+        restores = [o.reference_restore for o in lowered.outputs if o.reference_restore]
     needs_sizes = needs_sizes or bool(restores)
     reference += restores  # outputs are used in the layout's rank until here
     if checked.product:
         reference.insert(0, f"{lowered.accumulator} = {_einsum(checked.product, values)}")
     return reference, needs_sizes
+
+
+def _fused_reference_products(lowered: LoweredKernel, emitter: Emitter) -> None:
+    """Each product of a fused kernel in the reference, as the emitter's override: an
+    einsum of its operands without their size-1 axes, the result laid out again."""
+    checked = lowered.checked
+    layout = checked.space.layout
+    letters = _einsum_letters(list(layout))
+    products = [n for n in ir.walk(*(s.value for s in checked.kernel.body)) if isinstance(n, ir.Binary) and n.op == "@"]
+    for node in reversed(products):  # inner products first
+        product = checked.fused.products[node]
+        parts, specs = [], []
+        for value in (product.lhs, product.rhs):
+            dims = checked.types[value].dims
+            absent = tuple_code([str(a) for a, d in enumerate(layout) if d not in dims])
+            code = emitter.emit(value)
+            parts.append(f"jnp.squeeze({code}, {absent})" if absent != "()" else code)
+            specs.append("".join(letters[d] for d in layout if d in dims))
+        dims = checked.types[node].dims
+        out = "".join(letters[d] for d in layout if d in dims)
+        absent = tuple_code([str(a) for a, d in enumerate(layout) if d not in dims])
+        accumulate = jnp_dtype(checked.types[node].dtype.name)
+        einsum = f'jnp.einsum("{specs[0]},{specs[1]}->{out}", {parts[0]}, {parts[1]}, preferred_element_type={accumulate})'
+        emitter.overrides[node] = f"jnp.expand_dims({einsum}, {absent})" if absent != "()" else einsum
 
 
 def _einsum(product, values) -> str:

@@ -58,9 +58,9 @@ def split_phases(checked: CheckedKernel, dim: str) -> Phases:
 
 def reduces(checked: CheckedKernel) -> bool:
     """Whether the body reduces over a dimension (other than by a product) or reads
-    positions with index()."""
+    positions or sizes with index() and size()."""
     calls = [n for n in ir.walk(*(s.value for s in checked.kernel.body)) if isinstance(n, ir.Call)]
-    return any(FUNCTIONS[n.func].reducer or n.func == "index" for n in calls)
+    return any(FUNCTIONS[n.func].reducer or n.func in ("index", "size") for n in calls)
 
 
 def indexed_dims(roots, computed=()) -> set[str]:

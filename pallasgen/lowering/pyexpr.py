@@ -93,8 +93,7 @@ class Emitter:
                 return self._emit(self.lets[node.id])
             return self.names[node.id], _ATOM
         if isinstance(node, ir.Number):
-            text = repr(node.value)
-            return text, _ATOM
+            return ("jnp.inf" if node.value == float("inf") else repr(node.value)), _ATOM
         if isinstance(node, ir.Boolean):
             return repr(node.value), _ATOM
         if isinstance(node, (ir.Unary, ir.Binary)) and self._in_i32(node):
@@ -128,8 +127,13 @@ class Emitter:
         if function.typing == "reduce":
             value = node.args[0]
             return self.spelling.reduction(node, self._wrap(value, _ATOM), self.kernel_dtype(value))
+        if function.typing == "softmax":
+            value = node.args[0]
+            return self.spelling.softmax(node, self._wrap(value, _ATOM), self.kernel_dtype(value))
         if function.typing == "index":
             return self.spelling.positions(node.args[0].id)
+        if function.typing == "size":
+            return self.spelling.size(node.args[0].id)
         if node.func == "round" and self.spelling is not None:
             if not self.types[node.args[0]].dtype.is_float:
                 return self.emit(node.args[0])  # integers are already whole
@@ -346,7 +350,7 @@ def _values(node: ir.Expr) -> tuple[ir.Expr, ...]:
     """The values an operation reads: its operands, or a call's arguments but dimensions."""
     if isinstance(node, ir.Call):
         typing = FUNCTIONS[node.func].typing
-        return node.args[:1] if typing == "reduce" else () if typing == "index" else tuple(node.args)
+        return node.args[:1] if typing in ("reduce", "softmax") else () if typing in ("index", "size") else tuple(node.args)
     return _operands(node)
 
 

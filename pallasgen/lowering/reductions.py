@@ -75,6 +75,15 @@ def kernel_reduction(kind: str, value: str, axis: int, dtype: DType, size: str, 
     return f"_logsumexp({computed}, {axis})"
 
 
+def kernel_softmax(value: str, axis: int, dtype: DType, size: str, padded: bool = False) -> str:
+    """softmax over a whole `axis` inside a kernel, in f32 (`_softmax`); a `padded` block's
+    positions past `size` are -inf first, so they take no share."""
+    computed = _as(value, dtype, F32)
+    if padded:
+        computed = f"_fill_past({computed}, 0, {size}, {axis}, -jnp.inf)"
+    return f"_softmax({computed}, {axis})"
+
+
 def reference_positions(axis: int, rank: int, size: str) -> str:
     """`index(DIM)` in the reference: 0 to size-1 along `axis`, size 1 elsewhere."""
     shape = tuple_code([size if a == axis else "1" for a in range(rank)])
@@ -192,6 +201,12 @@ class ReferenceSpelling:
     def positions(self, dim: str) -> str:
         return reference_positions(self.layout.index(dim), len(self.layout), self.sizes[dim])
 
+    def softmax(self, node: ir.Call, value: str, dtype: DType) -> str:
+        return f"jax.nn.softmax({_as(value, dtype, F32)}, axis={self.layout.index(reduced_dim(node))})"
+
+    def size(self, dim: str) -> str:
+        return self.sizes[dim]
+
     def rounded(self, value: str) -> str:
         return f"jnp.round({value})"
 
@@ -240,3 +255,10 @@ class KernelSpelling:
         if dim not in self.layout:
             return self.starts[dim]
         return kernel_positions(self.layout.index(dim), len(self.layout), self.extents[dim], self.starts.get(dim))
+
+    def softmax(self, node: ir.Call, value: str, dtype: DType) -> str:
+        dim = reduced_dim(node)
+        return kernel_softmax(value, self.layout.index(dim), dtype, self.sizes[dim], padded=dim in self.padded)
+
+    def size(self, dim: str) -> str:
+        return self.sizes[dim]

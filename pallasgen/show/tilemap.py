@@ -37,6 +37,7 @@ class Axis:
     index: str | None  # the grid index that picks the block (i, j, k), None if always block 0
     chosen: int  # the block the highlighted step reads or writes
     looped: bool = False  # GPU: each program loops over the whole axis itself
+    index_code: str = "0"  # the index map's entry, as the generated code writes it
 
     @property
     def blocks(self) -> int:
@@ -134,10 +135,10 @@ def kernel_tiles(checked: CheckedKernel, sizes: dict[str, int], gpu: bool) -> Ke
         if dim is None:
             return Axis(None, 1, 1, None, 0)
         if block_axis.extent == "squeezed":
-            return Axis(dim, sizes[dim], 1, block_axis.index, chosen[by_index[block_axis.index]])
+            return Axis(dim, sizes[dim], 1, block_axis.index, chosen[by_index[block_axis.index]], index_code=block_axis.index_code)
         block = blocks[dim] if block_axis.extent == "block" or dim == tiling.looped else sizes[dim]
         picked = chosen[by_index[block_axis.index]] if block_axis.index else 0
-        return Axis(dim, sizes[dim], block, block_axis.index, picked, dim == tiling.looped)
+        return Axis(dim, sizes[dim], block, block_axis.index, picked, dim == tiling.looped, block_axis.index_code)
 
     def array_tiles(blocks_of) -> ArrayTiles:
         decl = decls[blocks_of.name]

@@ -387,7 +387,7 @@ def _notes(tiles: KernelTiles, array: ArrayTiles) -> list[tuple[str, str]]:
     """(text, extra attributes) of the lines under an array."""
     grid_indices = ", ".join(g.index for g in tiles.grid)
     shape = ", ".join(_block_text(a) for a in array.axes)
-    index = ", ".join(a.index or "0" for a in array.axes)
+    index = ", ".join(a.index_code for a in array.axes)
     chosen = ", ".join(str(a.chosen) for a in array.axes)
     verb = "writes" if array.is_output else "reads"
     notes = [(f"block ({shape}), index map ({grid_indices}) -> ({index})", "")]

@@ -15,8 +15,7 @@ from pathlib import Path
 
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.tuning import TunedBlocks, kernel_fingerprint
-from pallasgen.backends.tpu.chips import tuned_blocks_problem
-from pallasgen.backends.tpu.plan import tunable_dims
+from pallasgen.backends import backend_named
 from pallasgen.frontend.errors import Diagnostic, Position, SpecError
 
 SUFFIX = ".tuning.json"
@@ -111,7 +110,7 @@ def apply_tuning(
             tuned_kernels.append(checked)
             continue
         for entry in found.entries:
-            problem = tuned_blocks_problem(checked, tunable_dims(checked), entry.blocks)
+            problem = backend_named("tpu").tuned_blocks_problem(checked, entry.blocks)
             if problem:
                 position = _position_of(text, checked.kernel.name)
                 raise SpecError(path, text, [Diagnostic(position, f"kernel {checked.kernel.name!r}: {problem}")])

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pallasgen.backends.base import Backend
 from pallasgen.backends.gpu.checks import check_gpu
 from pallasgen.backends.gpu.options import GPU_FUNCTION_LOCALS, gpu_keywords
+from pallasgen.backends.gpu.fused import fused_gpu_blocks, fused_keyword_group, plan_fused_gpu
 from pallasgen.backends.gpu.plan import kernel_function_name, keyword_group, launcher_name, plan_gpu
 
 
@@ -12,11 +15,15 @@ class GpuBackend(Backend):
     name = "gpu"
     template = "gpu.py.j2"
 
-    def check(self, kernel, space, product, blocks, earlier):
-        return check_gpu(kernel, space, product, blocks, earlier)
+    def check(self, kernel, space, product, blocks, earlier, fused=None):
+        settings, problems = check_gpu(kernel, space, product, blocks, earlier)
+        if fused is None:
+            return settings, problems
+        given = {item.dim: item.size for item in kernel.gpu_blocks}
+        return replace(settings, blocks=fused_gpu_blocks(kernel, blocks, fused, given)), problems
 
     def keywords(self, checked):
-        return keyword_group(checked)
+        return fused_keyword_group(checked) if checked.fused else keyword_group(checked)
 
     def reserved_names(self, checked):
         return gpu_keywords(checked.dims) | set(GPU_FUNCTION_LOCALS)
@@ -25,7 +32,7 @@ class GpuBackend(Backend):
         return kernel_function_name(kernel), launcher_name(kernel)
 
     def plan(self, lowered):
-        return plan_gpu(lowered)
+        return plan_fused_gpu(lowered) if lowered.checked.fused else plan_gpu(lowered)
 
     def blocks_at(self, plan, sizes):
         """Powers of two: a small dimension one block, but no smaller than a dot tile; a

@@ -4,27 +4,33 @@ from __future__ import annotations
 
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.base import Backend
+from pallasgen.analysis.fused import is_fused
 from pallasgen.backends.tpu.checks import check_tpu
-from pallasgen.backends.tpu.chips import CHIPS, STEP_ELEMENTS, STEP_VMEM_BYTES
+from pallasgen.backends.tpu.fused import check_fused_tpu, fused_keyword_group, plan_fused_tpu, tile_layouts
+from pallasgen.backends.tpu.fused import tunable_dims as fused_tunable_dims
+from pallasgen.backends.tpu.chips import CHIPS, STEP_ELEMENTS, STEP_VMEM_BYTES, tuned_blocks_problem
 from pallasgen.backends.tpu.plan import (
     block_table_name,
     kernel_function_name,
     keyword_group,
     launcher_name,
     plan_tpu,
+    tunable_dims,
 )
-from pallasgen.backends.tpu.tiling import SCOPED_VMEM_BYTES, VMEM_LIMIT_BYTES
+from pallasgen.backends.tpu.tiling import SCOPED_VMEM_BYTES, VMEM_LIMIT_BYTES, array_layouts, tiling_rule, vmem_problem
 
 
 class TpuBackend(Backend):
     name = "tpu"
     template = "tpu.py.j2"
 
-    def check(self, kernel, space, product, blocks, earlier):
+    def check(self, kernel, space, product, blocks, earlier, fused=None):
+        if fused is not None or earlier and is_fused(kernel):
+            return None, check_fused_tpu(kernel, fused, blocks)
         return None, check_tpu(kernel, space, product, blocks)
 
     def keywords(self, checked):
-        return keyword_group(checked)
+        return fused_keyword_group(checked) if checked.fused else keyword_group(checked)
 
     def reserved_names(self, checked):
         return {block_keyword(d) for d in checked.dims}
@@ -33,10 +39,37 @@ class TpuBackend(Backend):
         return kernel_function_name(kernel), block_table_name(kernel), launcher_name(kernel)
 
     def plan(self, lowered):
-        return plan_tpu(lowered)
+        return plan_fused_tpu(lowered) if lowered.checked.fused else plan_tpu(lowered)
 
     def blocks_at(self, plan, sizes):
         return {b.dim: min(b.default, sizes[b.dim]) for b in plan.blocks}  # a small dimension is one whole block
+
+    # What tuning and benchmarks ask of the TPU's blocks, for any kernel (fused or not).
+
+    def tunable_dims(self, checked) -> list[str]:
+        """The dimensions whose blocks are `block_*` keywords."""
+        return fused_tunable_dims(checked) if checked.fused else tunable_dims(checked)
+
+    def layouts(self, checked):
+        """Each array's block as Mosaic tiles it: what the tiling rule reads."""
+        if checked.fused:
+            return tile_layouts(checked.kernel, checked.fused)
+        return array_layouts(checked.kernel, checked.space.layout, checked.product)
+
+    def tiling_rule(self, checked, dim):
+        return tiling_rule(dim, self.layouts(checked))
+
+    def vmem_problem(self, checked, blocks) -> str | None:
+        """Why blocks (over the spec's) overflow VMEM, or None; a fused kernel's running
+        values and working tiles are left to the compiler."""
+        if checked.fused:
+            return None
+        return vmem_problem(checked.kernel, {**checked.blocks, **blocks}, checked.product)
+
+    def tuned_blocks_problem(self, checked, tuned) -> str | None:
+        return tuned_blocks_problem(
+            checked, self.tunable_dims(checked), tuned, self.layouts(checked), lambda blocks: self.vmem_problem(checked, blocks)
+        )
 
     def helper_values(self):
         return {

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.tuning import TunedBlocks
-from pallasgen.backends.tpu.tiling import array_layouts, tiling_problem, vmem_bytes, vmem_problem
+from pallasgen.backends.tpu.tiling import tiling_problem, vmem_bytes
 
 MIB = 1024 * 1024
 # A kernel without a matrix product, on a known chip it has no tuned entry for, grows
@@ -93,9 +93,18 @@ def chip_blocks(checked: CheckedKernel, tunable: list[str], chip: TpuChip) -> di
     return grown if _vmem(checked, grown) <= chip.product_vmem_bytes else blocks
 
 
-def tuned_blocks_problem(checked: CheckedKernel, tunable: list[str], tuned: TunedBlocks) -> str | None:
+# A fused kernel's tiles' rows and its swept dimension grow at call time up to this block
+# (`_grown`, bounded by a step's elements and VMEM): each step costs a fixed ~600 cycles
+# and small score tiles leave the MXU idle. Causal attention at 4096^2 was estimated at
+# 2.2M cycles on v5e with blocks of 256, 0.93M with 512, 0.58M with 1024
+# (benchmarks/RESULTS_TPU_ESTIMATES.md).
+FUSED_BLOCK = 1024
+
+
+def tuned_blocks_problem(checked: CheckedKernel, tunable: list[str], tuned: TunedBlocks, layouts, fits) -> str | None:
     """Why tuned blocks do not fit this kernel (a tuning file edited by hand, or tuned for
-    an older version of it), or None."""
+    an older version of it), or None. `layouts`: the kernel's blocks as Mosaic tiles them;
+    `fits(blocks)`: why blocks overflow VMEM, or None."""
     if tuned.chip not in CHIP_NAMES:
         return f"unknown chip {tuned.chip!r} (known: {', '.join(CHIP_NAMES)})"
     blocks, sizes = dict(tuned.blocks), dict(tuned.sizes)
@@ -103,13 +112,12 @@ def tuned_blocks_problem(checked: CheckedKernel, tunable: list[str], tuned: Tune
         return f"blocks for {', '.join(sorted(blocks)) or 'no dimension'}, but the kernel blocks {', '.join(tunable)}"
     if sorted(sizes) != sorted(checked.dims):
         return f"sizes of {', '.join(sorted(sizes))}, but the kernel's dimensions are {', '.join(checked.dims)}"
-    layouts = array_layouts(checked.kernel, checked.space.layout, checked.product)
     for dim, block in blocks.items():
         if block < 1 or sizes[dim] < 1:
             return f"{dim}: blocks and sizes are positive"
         if block != sizes[dim] and (problem := tiling_problem(dim, block, layouts)):
             return problem
-    return vmem_problem(checked.kernel, {**checked.blocks, **blocks}, checked.product)
+    return fits(blocks)
 
 
 def _vmem(checked: CheckedKernel, blocks: dict[str, int]) -> int:

@@ -70,6 +70,7 @@ class AccumulatorPlan:
     init: tuple[str, ...]  # at the first step: the accumulators set to their identities
     body: tuple[str, ...]  # each step: load, mask a ragged edge, accumulate
     finish_function: str  # at the last step: the kernel body, on the accumulated values
+    skip: str | None = None  # a block where this is false adds nothing: its step is skipped
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ class TpuPlan:
     body: tuple[str, ...]  # the kernel body, or its last step when it accumulates
     tiling: Tiling  # what grid, in_specs, out_specs and dimension_semantics are written from
     vmem: Vmem  # what vmem_comment and vmem_needed count
+    prologue: tuple[str, ...] = ()  # first, outside any pl.when: where this step's blocks start
 
 
 def tunable_dims(checked: CheckedKernel) -> list[str]:
@@ -287,7 +289,7 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
             + [f"{block_keyword(d)}={block_keyword(d)}" for d in tunable]
             + [f"{p.name}={p.name}" for p in kernel.params]
         ),
-        tiling_checks=_tiling_check(kernel.name, [rule for d in tunable if (rule := tiling_rule(d, layouts))], sizes),
+        tiling_checks=tiling_check(kernel.name, [rule for d in tunable if (rule := tiling_rule(d, layouts))], sizes),
         conversions=tuple(
             f"{a.name} = {a.name}.astype(jnp.float32)  # f16 has no TPU vectors: computed as f32 (one more pass over {a.name})"
             for a in lowered.inputs
@@ -303,7 +305,7 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
             for o in lowered.outputs
         ),
         dimension_semantics=semantics,
-        vmem_comment=_wrap(_vmem_comment(vmem(kernel, checked.blocks, product), checked.blocks, dims)),
+        vmem_comment=_wrap(vmem_comment(vmem(kernel, checked.blocks, product), checked.blocks, dims)),
         vmem_needed=vmem_needed,
         cost_estimate=_cost_estimate(checked, values, sizes),
         accumulator=accumulator,
@@ -396,7 +398,7 @@ def _rows_load(refs):
     return lambda decl: f"_as_rows({plain(decl)})" if decl.dims else plain(decl)
 
 
-def _tiling_check(kernel: str, rules: list[TilingRule], sizes) -> tuple[str, ...]:
+def tiling_check(kernel: str, rules: list[TilingRule], sizes) -> tuple[str, ...]:
     """The generated call-time check of the blocks against their tiling rules."""
     if not rules:
         return ()
@@ -490,7 +492,7 @@ def _grid_comment(blocked, dims, squeezed: set[str], semantics: tuple[str, ...])
     return f"One step per {steps}{taken}. {sentence[0].upper()}{sentence[1:]}."
 
 
-def _vmem_comment(needed: Vmem, blocks: dict[str, int], dims) -> str:
+def vmem_comment(needed: Vmem, blocks: dict[str, int], dims) -> str:
     """The VMEM at the default blocks, and every part of it."""
     whole = [d for d in dims if d not in blocks]
     per = f" per unit of {' x '.join(whole)}" if whole else ""

@@ -1,0 +1,217 @@
+"""The GPU (Triton) plan of a fused kernel (analysis.fused): one program per batch
+element and block of the dimensions outputs keep; each program loops over the swept
+dimension's blocks itself, its running values carried by the loop (Triton has no
+scratch memory). Blocks are powers of two; a dimension held whole takes the next
+power of two, and every load and store that can overhang its array is masked."""
+
+from __future__ import annotations
+
+import textwrap
+
+from pallasgen.analysis.checks import CheckedKernel
+from pallasgen.analysis.fused import array_axes
+from pallasgen.analysis.names import block_keyword
+from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling
+from pallasgen.backends.gpu.options import OPTIONS
+from pallasgen.backends.gpu.plan import (
+    GPU_DOC,
+    SMALLEST_DOT_TILE,
+    GpuBlockPlan,
+    GpuPlan,
+    kernel_function_name,
+    launcher_name,
+)
+from pallasgen.frontend import ir
+from pallasgen.lowering.fused import FrameSpelling, FusedLowering, Placement, used_starts
+from pallasgen.lowering.kernel import LoweredKernel
+from pallasgen.lowering.parts import parameter_list, partial_call, tuple_code
+from pallasgen.lowering.signature import Keyword, KeywordGroup
+
+DEFAULT_BLOCK = 64  # rows of queries, keys per loop step: FlashAttention's tiles on Hopper
+
+
+def tunable_dims(checked: CheckedKernel) -> list[str]:
+    return [d for d in checked.dims if d in checked.blocks and d not in checked.fused.batch]
+
+
+def whole_dims(checked: CheckedKernel) -> list[str]:
+    """Tile dimensions a program holds whole, in one block of the next power of two."""
+    fused = checked.fused
+    tiles = {a for axes in fused.frame.values() for a in axes if a}
+    tiles |= {d for decl in checked.kernel.inputs + checked.kernel.outputs for d in decl.dims if d not in fused.batch}
+    return [d for d in checked.dims if d in tiles and d not in checked.blocks]
+
+
+def fused_gpu_blocks(kernel: ir.Kernel, blocks: dict[str, int], fused, given: dict[str, int]) -> dict[str, int]:
+    """The default GPU block of each dimension the TPU blocks (batch ones: 1): `given`
+    (the spec's `gpu block`), else 64, no less than a dot's tile."""
+    return {
+        d: 1 if d in fused.batch else given.get(d, max(SMALLEST_DOT_TILE, min(DEFAULT_BLOCK, size)))
+        for d, size in blocks.items()
+    }
+
+
+def gpu_blocks(checked: CheckedKernel) -> dict[str, int]:
+    settings = checked.settings["gpu"].blocks
+    return {d: settings[d] for d in tunable_dims(checked)}
+
+
+def fused_keyword_group(checked: CheckedKernel) -> KeywordGroup:
+    settings = checked.settings["gpu"]
+    blocks = tuple(Keyword(f"gpu_{block_keyword(d)}", str(size)) for d, size in gpu_blocks(checked).items())
+    options = tuple(Keyword(keyword, str(settings.options[name])) for name, (keyword, _) in OPTIONS.items())
+    return KeywordGroup((*blocks, *options), (GPU_DOC,))
+
+
+def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
+    checked = lowered.checked
+    kernel, fused = checked.kernel, checked.fused
+    namer, values, refs, sizes = lowered.namer.fork(), lowered.values, lowered.refs, lowered.sizes
+    settings = checked.settings["gpu"]
+    swept = fused.sweep.dim if fused.sweep else None
+    grid = [*fused.batch, *fused.parallel]
+    index_names = {d: (d.lower() if d in fused.batch else f"i{n}") for n, d in enumerate(grid)}
+    tunable = tunable_dims(checked)
+    whole = whole_dims(checked)
+    extents = {d: block_keyword(d) for d in [*tunable, *whole]}
+    inside = {d: namer.claim(f"in_{d.lower()}") for d in [*tunable, *whole]}
+    starts = {}
+    prologue = []
+    for axis, dim in enumerate(grid):
+        start = namer.claim(f"{dim.lower()}_start")
+        starts[dim] = start
+        prologue.append(f"{start} = pl.program_id({axis})" + ("" if dim in fused.batch else f" * {block_keyword(dim)}"))
+    masks = [f"{inside[d]} = _inside({starts[d]}, {block_keyword(d)}, {sizes[d]})" for d in grid if d not in fused.batch]
+    masks += [f"{inside[d]} = _inside(0, {block_keyword(d)}, {sizes[d]})" for d in whole]
+    sweep_start = namer.claim(f"{swept.lower()}_start") if swept else None
+    if swept:
+        starts[swept] = sweep_start
+    spelling = FrameSpelling(fused, sizes, extents, starts, padded=frozenset(whole))
+
+    def axes(decl):
+        return [a for a in array_axes(decl, fused) if a not in fused.batch]
+
+    def block_axis(dim: str | None) -> BlockAxis:
+        if dim in fused.batch:
+            return BlockAxis(dim, "squeezed", index_names[dim])
+        if dim is None:
+            return BlockAxis(None, "one", None)
+        if dim == swept:  # all of it: the program loops over its slices
+            return BlockAxis(dim, "whole", None)
+        return BlockAxis(dim, "block", None if dim in whole else index_names[dim])
+
+    tiling = Tiling(
+        grid=tuple(GridAxis(d, index_names[d], "parallel", d in fused.batch) for d in grid),
+        arrays=tuple(
+            ArrayBlocks(decl.name, tuple(block_axis(d) for d in array_axes(decl, fused)))
+            for decl in kernel.inputs + kernel.outputs
+        ),
+        looped=swept,
+    )
+    block_specs = {a.name: tiling.block_spec(a, sizes) for a in tiling.arrays}
+
+    def mask(decl) -> str | None:
+        visible = axes(decl)
+        if not any(visible):
+            return None
+        shape = tuple_code([block_keyword(d) if d else "1" for d in visible])
+        return f"_mask({shape}, {', '.join(inside[d] if d else 'None' for d in visible)})"
+
+    def load(decl: ir.ArrayDecl) -> str:
+        if swept in decl.dims:
+            indexer = ", ".join(f"pl.ds({sweep_start}, {block_keyword(swept)})" if d == swept else ":" for d in axes(decl))
+            return f"_load({refs[decl.name]}.at[{indexer}], {mask(decl)}, other=0)"
+        return f"_load({refs[decl.name]}, {mask(decl)}, other=0)" if mask(decl) else f"{refs[decl.name]}[...]"
+
+    def store(decl: ir.ArrayDecl, value: str) -> str:
+        return f"_store({refs[decl.name]}, {value}, {mask(decl)})" if mask(decl) else f"{refs[decl.name]}[...] = {value}"
+
+    def emitter_for(overrides):
+        return lowered.emitter(spelling=spelling, overrides=overrides)
+
+    lowering = FusedLowering(lowered, namer, spelling, extents, Placement(), emitter_for, load)
+    loop: list[str] = []
+    if swept:
+        code = lowering.swept(store, sweep_start, f"{sizes[swept]} % {block_keyword(swept)}")
+        loop = _loop(code, namer, swept, sweep_start, sizes, inside)
+        body = list(code.finish)
+    else:
+        body = list(lowering.whole(store).step)
+    keywords = [*(sizes[d] for d in checked.dims), *(block_keyword(d) for d in [*tunable, *whole]), *(p.name for p in kernel.params)]
+    comments = {a.spec_name: a.comment for a in (*lowered.inputs, *lowered.outputs)}
+    defaults = gpu_blocks(checked)
+    return GpuPlan(
+        function=launcher_name(kernel.name),
+        kernel_function=kernel_function_name(kernel.name),
+        blocks=tuple(
+            GpuBlockPlan(f"gpu_{block_keyword(d)}", block_keyword(d), defaults[d], sizes[d], d, SMALLEST_DOT_TILE)
+            for d in tunable
+        ),
+        whole_blocks=tuple((block_keyword(d), sizes[d], d) for d in whole),
+        options=tuple((keyword, f"num_{name}", settings.options[name]) for name, (keyword, _) in OPTIONS.items()),
+        grid=tiling.grid_code(sizes),
+        grid_comment=tuple(textwrap.wrap(_grid_comment(grid, fused, whole, swept), 84)),
+        in_specs=tuple((comments[d.name], block_specs[d.name]) for d in kernel.inputs),
+        out_specs=tuple((comments[d.name], block_specs[d.name]) for d in kernel.outputs),
+        kernel_parameters=parameter_list([refs[d.name] for d in kernel.inputs + kernel.outputs], keywords),
+        kernel_callable=partial_call(kernel_function_name(kernel.name), keywords),
+        parameters=parameter_list(
+            [values[d.name] for d in kernel.inputs],
+            [sizes[d] for d in checked.dims]
+            + [block_keyword(d) for d in tunable]
+            + [f"num_{name}" for name in OPTIONS]
+            + [p.name for p in kernel.params]
+            + ["interpret"],
+        ),
+        dispatch_arguments=", ".join(
+            [f"{sizes[d]}={sizes[d]}" for d in checked.dims]
+            + [f"{block_keyword(d)}=gpu_{block_keyword(d)}" for d in tunable]
+            + [f"num_{name}={keyword}" for name, (keyword, _) in OPTIONS.items()]
+            + [f"{p.name}={p.name}" for p in kernel.params]
+        ),
+        masks=tuple([*used_starts([*masks, *loop, *body], prologue), *masks]),
+        loop=tuple(loop),
+        body=tuple(body),
+        tiling=tiling,
+    )
+
+
+def _loop(code, namer, dim, start, sizes, inside) -> list[str]:
+    """The program's loop over the blocks of `dim`, carrying the running values; a block
+    the skip condition rules out leaves them as they are."""
+    index, function, step = namer.claim("index"), namer.claim("accumulate"), namer.claim("step")
+    names = [r.name for r in code.running]
+    carried = ", ".join(names) + ("," if len(names) == 1 else "")
+    initial = [f"jnp.full({r.shape}, {r.initial}, {r.dtype})" for r in code.running]
+    block = block_keyword(dim)
+    body = [
+        f"def {function}({index}, running):",
+        f"    {start} = {index} * {block}",
+        f"    {inside[dim]} = _inside({start}, {block}, {sizes[dim]})",
+    ]
+    if code.skip:
+        body += [
+            "",
+            f"    def {step}():",
+            f"        {carried} = running",
+            *(f"        {line}" for line in code.step),
+            f"        return {carried}",
+            "",
+            "    # A block where the `where` on positions below is false everywhere adds nothing: skipped.",
+            f"    return jax.lax.cond({code.skip}, {step}, lambda: running)",
+        ]
+    else:
+        body += [f"    {carried} = running", *(f"    {line}" for line in code.step), f"    return {carried}"]
+    return [
+        *code.before,
+        *body,
+        "",
+        f"{carried} = jax.lax.fori_loop(0, pl.cdiv({sizes[dim]}, {block}), {function}, ({', '.join(initial)}{',' if len(initial) == 1 else ''}))",
+    ]
+
+
+def _grid_comment(grid, fused, whole, swept) -> str:
+    steps = ", ".join(f"element of {d}" if d in fused.batch else f"block of {d}" for d in grid) or "call"
+    held = f" Each holds all of {', '.join(whole)} (one block of the next power of two)." if whole else ""
+    loops = f" Each loops over the blocks of {swept} itself, carrying running values." if swept else ""
+    return f"One program per {steps}; programs run concurrently.{held}{loops}"

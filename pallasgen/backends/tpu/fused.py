@@ -1,0 +1,333 @@
+"""The TPU plan of a fused kernel (analysis.fused): a grid of batch elements, blocks of
+the dimensions outputs keep (parallel) and, last, the steps of the swept dimension
+(arbitrary), whose running values live in VMEM scratch, set at the first step and read
+at the last (`pl.when`)."""
+
+from __future__ import annotations
+
+import textwrap
+
+from pallasgen.analysis.checks import CheckedKernel
+from pallasgen.analysis.dtypes import DTYPES, tpu_dtype
+from pallasgen.analysis.fused import array_axes
+from pallasgen.analysis.names import block_keyword
+from pallasgen.backends.tpu.plan import (
+    AccumulatorPlan,
+    BlockPlan,
+    BlockTable,
+    TpuPlan,
+    block_table_name,
+    kernel_function_name,
+    launcher_name,
+    tiling_check,
+    vmem_comment,
+)
+from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling
+from pallasgen.backends.tpu.chips import CHIPS, FUSED_BLOCK
+from pallasgen.backends.tpu.tiling import VMEM_LIMIT_BYTES, Vmem, VmemPart, tiling_problem, tiling_rule
+from pallasgen.frontend import ir
+from pallasgen.frontend.errors import Diagnostic
+from pallasgen.lowering.fused import FrameSpelling, FusedLowering, RefPlacement, used_starts
+from pallasgen.lowering.kernel import LoweredKernel
+from pallasgen.lowering.parts import parameter_list, partial_call, ref_load, ref_store, tuple_code
+from pallasgen.lowering.pyexpr import jnp_dtype
+from pallasgen.lowering.signature import Keyword, KeywordGroup
+
+COMMENT_WIDTH = 84
+
+
+def grid_dims(checked: CheckedKernel) -> list[str]:
+    """Batch dimensions, then the parallel blocks, then the swept dimension's steps."""
+    fused = checked.fused
+    swept = [fused.sweep.dim] if fused.sweep else []
+    return [*fused.batch, *fused.parallel, *swept]
+
+
+def tunable_dims(checked: CheckedKernel) -> list[str]:
+    """Blocked dimensions with a `block_*` keyword: all but the batch ones."""
+    return [d for d in checked.dims if d in checked.blocks and d not in checked.fused.batch]
+
+
+def tile_layouts(kernel: ir.Kernel, fused) -> list[tuple[tuple[str, ...], object]]:
+    """Each array's block as Mosaic sees it: its tile axes (batch ones squeezed)."""
+    layouts = []
+    for decl in kernel.inputs + kernel.outputs:
+        axes = array_axes(decl, fused)[len([d for d in decl.dims if d in fused.batch]) :]
+        layouts.append((tuple(a or "(1)" for a in axes), DTYPES[decl.dtype]))
+    return layouts
+
+
+def check_fused_tpu(kernel: ir.Kernel, fused, blocks: dict[str, int]) -> list[Diagnostic]:
+    """Blocks Mosaic can tile, as each array holds them."""
+    if fused is None:
+        return []
+    layouts = tile_layouts(kernel, fused)
+    found = []
+    for item in kernel.blocks:
+        problem = tiling_problem(item.dim, item.size, layouts) if item.dim not in fused.batch else None
+        if problem:
+            found.append(Diagnostic(item.position, problem))
+    return found
+
+
+def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
+    checked = lowered.checked
+    launcher, kernel_function = launcher_name(checked.kernel.name), kernel_function_name(checked.kernel.name)
+    kernel, fused = checked.kernel, checked.fused
+    values, sizes, refs = lowered.values, lowered.sizes, lowered.refs
+    namer = lowered.namer.fork()
+    grid = grid_dims(checked)
+    tunable = tunable_dims(checked)
+    index_names = _index_names(grid, fused)
+    extents = {d: block_keyword(d) if d in checked.blocks else sizes[d] for d in checked.dims}
+    starts = {}
+    prologue = []
+    for axis, dim in enumerate(grid):
+        if fused.sweep and dim == fused.sweep.dim:
+            continue
+        start = namer.claim(f"{dim.lower()}_start")
+        starts[dim] = start
+        block = "" if dim in fused.batch else f" * {block_keyword(dim)}"
+        prologue.append(f"{start} = pl.program_id({axis}){block}")
+    step = namer.claim("step")
+    if fused.sweep:
+        sweep_start = namer.claim(f"{fused.sweep.dim.lower()}_start")
+        starts[fused.sweep.dim] = sweep_start
+    spelling = FrameSpelling(fused, sizes, extents, starts)
+
+    def emitter_for(overrides):
+        return lowered.emitter(tpu=True, spelling=spelling, overrides=overrides)
+
+    lowering = FusedLowering(lowered, namer, spelling, extents, RefPlacement(), emitter_for, ref_load(refs))
+    accumulator = None
+    scratch_refs = []
+    running = ()
+    if fused.sweep:
+        dim = fused.sweep.dim
+        ragged = f"{sizes[dim]} % {block_keyword(dim)}"
+        code = lowering.swept(ref_store(refs), sweep_start, ragged)
+        prologue.append(f"{sweep_start} = pl.program_id({len(grid) - 1}) * {block_keyword(dim)}")
+        scratch_refs = [r.name for r in code.running]
+        running = code.running
+        accumulator = AccumulatorPlan(
+            scratch=tuple((f"{r.name}: {r.comment}", f"pltpu.VMEM({r.shape}, {r.dtype})") for r in code.running),
+            step=step,
+            axis=len(grid) - 1,
+            init_function="_init",
+            init=tuple(f"{r.name}[...] = jnp.full({r.name}.shape, {r.initial}, {r.dtype})" for r in code.running),
+            body=(*code.before, *code.step),
+            finish_function="_finish",
+            skip=code.skip,
+        )
+        body = code.finish
+    else:
+        body = lowering.whole(ref_store(refs)).step
+    keywords = [*(sizes[d] for d in checked.dims), *(block_keyword(d) for d in tunable), *(p.name for p in kernel.params)]
+    inputs = [values[d.name] for d in kernel.inputs]
+    semantics = tuple("arbitrary" if fused.sweep and d == fused.sweep.dim else "parallel" for d in grid)
+    layouts = tile_layouts(kernel, fused)
+    rules = [rule for d in tunable if (rule := tiling_rule(d, layouts))]
+    live = None
+    if accumulator is not None and accumulator.skip:
+        # The swept dimension's blocks a step skips are not fetched: those index maps stay
+        # on block 0 (an unchanged block index is not fetched again).
+        at = {d: index_names[d] if d in fused.batch else f"{index_names[d]} * {extents[d]}" for d in grid}
+        live = lowering.live_block(at)
+    tiling = Tiling(
+        grid=tuple(GridAxis(d, index_names[d], s, d in fused.batch) for d, s in zip(grid, semantics)),
+        arrays=tuple(_array_blocks(decl, checked, index_names, live) for decl in kernel.inputs + kernel.outputs),
+        looped=None,
+    )
+    block_specs = {a.name: tiling.block_spec(a, sizes) for a in tiling.arrays}
+    needed = _vmem(kernel, fused, running)
+    vmem_needed = " + ".join(
+        " * ".join([str(part.buffers * part.element_bytes), *(extents[d] for d in part.dims)]) for part in needed.parts
+    )
+    return TpuPlan(
+        function=launcher,
+        kernel_function=kernel_function,
+        blocks=tuple(BlockPlan(block_keyword(d), checked.blocks[d], sizes[d], d) for d in tunable),
+        block_table=_block_table(checked, tunable, sizes, vmem_needed),
+        kernel_parameters=parameter_list([refs[d.name] for d in kernel.inputs + kernel.outputs] + scratch_refs, keywords),
+        kernel_callable=partial_call(kernel_function, keywords),
+        parameters=parameter_list(
+            inputs, [sizes[d] for d in checked.dims] + [block_keyword(d) for d in tunable] + [p.name for p in kernel.params] + ["interpret"]
+        ),
+        binding=", ".join(
+            [f"{sizes[d]}={sizes[d]}" for d in checked.dims]
+            + [f"{block_keyword(d)}={block_keyword(d)}" for d in tunable]
+            + [f"{p.name}={p.name}" for p in kernel.params]
+        ),
+        tiling_checks=tiling_check(kernel.name, rules, sizes),
+        conversions=tuple(
+            f"{a.name} = {a.name}.astype(jnp.float32)  # f16 has no TPU vectors: computed as f32"
+            for a in lowered.inputs
+            if a.spec_dtype != tpu_dtype(a.spec_dtype)
+        ),
+        returns=_returns(lowered),
+        grid=tiling.grid_code(sizes),
+        grid_comment=_wrap(_grid_comment(grid, fused)),
+        in_specs=tuple(
+            (_skipped_comment(a.comment, d, fused, live), block_specs[d.name]) for a, d in zip(lowered.inputs, kernel.inputs)
+        ),
+        out_specs=tuple((a.comment, block_specs[d.name]) for a, d in zip(lowered.outputs, kernel.outputs)),
+        out_shapes=tuple(
+            (f"jax.ShapeDtypeStruct({o.layout_shape}, {jnp_dtype(tpu_dtype(o.spec_dtype))})", o.spec_name)
+            for o in lowered.outputs
+        ),
+        dimension_semantics=semantics,
+        vmem_comment=_wrap(vmem_comment(needed, checked.blocks, checked.dims)),
+        vmem_needed=vmem_needed,
+        cost_estimate=_cost_estimate(checked, values, sizes),
+        accumulator=accumulator,
+        body=tuple(body),
+        tiling=tiling,
+        vmem=needed,
+        prologue=tuple(used_starts([*body, *(accumulator.body if accumulator else ()), accumulator.skip if accumulator and accumulator.skip else ""], prologue)),
+    )
+
+
+def _block_table(checked: CheckedKernel, tunable, sizes, vmem_needed: str) -> BlockTable | None:
+    """The spec's blocks, and each chip's tuned entries, for a call that passes none; on a
+    known chip, untuned, its tiles' rows and swept dimension grow (`_grown`) up to
+    FUSED_BLOCK while a step stays within the elements and VMEM `_grown` allows."""
+    if not tunable:
+        return None
+    keywords = tuple_code([block_keyword(d) for d in tunable])
+    spec = tuple_code([str(checked.blocks[d]) for d in tunable])
+    chips = [("None", (('"default"', spec),))]
+    for chip in CHIPS:
+        entries = [('"default"', spec)]
+        for tuned in sorted((t for t in checked.tuned if t.chip == chip.name), key=lambda t: t.sizes):
+            tuned_sizes, tuned_blocks = dict(tuned.sizes), dict(tuned.blocks)
+            entries.append(
+                (
+                    tuple_code([str(tuned_sizes[d]) for d in checked.dims]),
+                    tuple_code([str(tuned_blocks[d]) for d in tunable]),
+                )
+            )
+        chips.append((f'"{chip.name}"', tuple(entries)))
+    name = block_table_name(checked.kernel.name)
+    comment = (
+        f"TPU blocks {keywords} for a call that passes none, by chip: those `pallasgen tune` found at the sizes"
+        f" {tuple_code(list(checked.dims))} shown, the entry nearest the call's sizes winning; else the spec's,"
+        f" grown on a known TPU. None: any other chip, and CPU (the spec's blocks)."
+    )
+    fused = checked.fused
+    grown = {fused.row, *([fused.sweep.dim] if fused.sweep else [])}
+    bounds = [f"min({sizes[d]}, {FUSED_BLOCK})" if d in grown else str(checked.blocks[d]) for d in tunable]
+    elements = " * ".join(block_keyword(d) for d in tunable)
+    step = f"lambda {', '.join(block_keyword(d) for d in tunable)}: ({elements}, {vmem_needed})"
+    grow = f"grow=functools.partial(_grown, bounds={tuple_code(bounds)}, step={step})"
+    choice = f"{keywords} = _tpu_blocks({name}, {tuple_code([sizes[d] for d in checked.dims])}, {keywords}, {grow})"
+    return BlockTable(name, _wrap(comment), tuple(chips), choice)
+
+
+def _index_names(grid, fused) -> dict[str, str]:
+    names = {}
+    roles = iter("ijk")
+    for dim in grid:
+        wanted = dim.lower() if dim in fused.batch else next(roles)
+        while wanted in names.values():
+            wanted += "_"
+        names[dim] = wanted
+    return names
+
+
+def _array_blocks(decl: ir.ArrayDecl, checked: CheckedKernel, index_names, live=None) -> ArrayBlocks:
+    """An array's blocks; with `live`, a block of the swept dimension that a step skips
+    is block 0."""
+    fused = checked.fused
+    axes = []
+    for dim in array_axes(decl, fused):
+        if dim in fused.batch:
+            axes.append(BlockAxis(dim, "squeezed", index_names[dim]))
+        elif dim is None:
+            axes.append(BlockAxis(None, "one", None))
+        elif dim not in checked.blocks:
+            axes.append(BlockAxis(dim, "whole", None))
+        elif live and fused.sweep and dim == fused.sweep.dim:
+            axes.append(BlockAxis(dim, "block", index_names[dim], live))
+        else:
+            axes.append(BlockAxis(dim, "block", index_names[dim]))
+    return ArrayBlocks(decl.name, tuple(axes))
+
+
+def _skipped_comment(comment: str, decl: ir.ArrayDecl, fused, live) -> str:
+    if live and fused.sweep.dim in decl.dims:
+        return f"{comment}; a skipped step's block is block 0, fetched at most once"
+    return comment
+
+
+def _returns(lowered: LoweredKernel) -> str:
+    outputs = lowered.outputs
+    if all(o.spec_dtype == tpu_dtype(o.spec_dtype) for o in outputs):
+        return ""
+    return ", ".join(o.name if o.spec_dtype == tpu_dtype(o.spec_dtype) else f"{o.name}.astype({o.dtype})" for o in outputs)
+
+
+def _grid_comment(grid, fused) -> str:
+    if not grid:
+        return "A single step: every dimension is taken whole."
+    steps = ", ".join(f"element of {d}" if d in fused.batch else f"block of {d}" for d in grid)
+    text = f"One step per {steps}."
+    parallel = [d for d in grid if not fused.sweep or d != fused.sweep.dim]
+    if parallel:
+        text += f" Steps along {', '.join(parallel)} are independent (parallel)"
+    if fused.sweep:
+        text += f"; the steps along {fused.sweep.dim} run in order (arbitrary), carrying running values."
+    else:
+        text += "."
+    return text
+
+
+def _vmem(kernel: ir.Kernel, fused, running) -> Vmem:
+    """Double-buffered blocks of every array, and each running value in scratch."""
+    parts = [
+        VmemPart(decl.name, decl.name, 2, DTYPES[decl.dtype].bytes, tuple(d for d in array_axes(decl, fused) if d and d not in fused.batch))
+        for decl in kernel.inputs + kernel.outputs
+    ]
+    parts += [VmemPart(r.name, None, 1, 4, r.dims) for r in running]
+    return Vmem(tuple(parts), VMEM_LIMIT_BYTES)
+
+
+def _cost_estimate(checked: CheckedKernel, values, sizes) -> str:
+    """Flops of every product (2 per multiply-add), exp and other transcendentals once
+    per element of their value, and the bytes of the arrays."""
+    kernel, fused = checked.kernel, checked.fused
+    flops, transcendentals = [], []
+    for node in ir.walk(*(s.value for s in kernel.body)):
+        dims = checked.types[node].dims if node in checked.types else ()
+        elements = " * ".join(sizes[d] for d in dims) or "1"
+        if isinstance(node, ir.Binary) and node.op == "@":
+            flops.append(f"2 * {elements} * {sizes[fused.products[node].k]}")
+        elif isinstance(node, ir.Call) and node.func in ("exp", "log", "tanh", "sigmoid", "gelu", "silu", "softmax", "logsumexp", "rsqrt", "sqrt"):
+            transcendentals.append(elements)
+    inputs = ", ".join(values[d.name] for d in kernel.inputs)
+    outputs = " + ".join(f"{' * '.join(sizes[d] for d in out.dims) or '1'} * {DTYPES[out.dtype].bytes}" for out in kernel.outputs)
+    return (
+        f"pl.CostEstimate(flops={' + '.join(flops) or '0'}, transcendentals={' + '.join(transcendentals) or '0'},"
+        f" bytes_accessed=_nbytes({inputs}) + {outputs})"
+    )
+
+
+def _wrap(text: str) -> tuple[str, ...]:
+    return tuple(textwrap.wrap(text, COMMENT_WIDTH))
+
+
+def fused_keyword_group(checked: CheckedKernel) -> KeywordGroup:
+    """The public `block_*` keywords of a fused kernel, and their docstring lines."""
+    tunable = tunable_dims(checked)
+    keywords = tuple(Keyword(block_keyword(d), "None") for d in tunable)
+    if not tunable:
+        return KeywordGroup(keywords, ())
+    names = ", ".join(block_keyword(d) for d in tunable)
+    defaults = ", ".join(str(checked.blocks[d]) for d in tunable)
+    return KeywordGroup(
+        keywords,
+        (
+            f"  {names}: TPU block sizes; a block never exceeds its dimension. Those not given",
+            f"    are tuned for the TPU and sizes ({block_table_name(checked.kernel.name)}), or grown to large steps",
+            f"    (_grown), else {defaults}.",
+        ),
+    )

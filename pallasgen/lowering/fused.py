@@ -1,0 +1,488 @@
+"""A fused kernel's body as code, for any backend: what each step of the pass over the
+swept dimension computes and how its carries combine, and what the last step writes.
+
+Every value is a tile laid out as `analysis.fused` framed it. Backends place the
+carries (`Placement`: TPU scratch Refs read and written with `[...]`, values a GPU
+loop carries) and say where blocks start; the rest is decided here once.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pallasgen.analysis.dtypes import DTYPES, promote
+from pallasgen.analysis.functions import FUNCTIONS
+from pallasgen.analysis.fused import Carry, FusedKernel, walk_outside
+from pallasgen.frontend import ir
+from pallasgen.lowering.parts import body_statements, tuple_code
+from pallasgen.lowering.pyexpr import jnp_dtype
+from pallasgen.lowering.reductions import (
+    RUNNING,
+    accumulators,
+    combine_code,
+    compute_dtype,
+    finish_code,
+    identity,
+    kernel_positions,
+    kernel_reduction,
+    kernel_softmax,
+    reduced_dim,
+)
+
+F32 = "jnp.float32"
+
+
+@dataclass(frozen=True)
+class Running:
+    """One running value of a carry: its name (a Ref or a loop variable), tile shape and
+    dtype as code, its value before the first step, and what it is, for a comment."""
+
+    name: str
+    shape: str
+    dtype: str
+    initial: str
+    comment: str
+    dims: tuple[str, ...]  # the dimensions of its tile (the others are 1)
+
+
+@dataclass(frozen=True)
+class FusedCode:
+    running: tuple[Running, ...]
+    step: tuple[str, ...]  # one step of the pass (or the whole body, with no pass)
+    skip: str | None  # a condition on the block's positions: the step adds nothing when false
+    finish: tuple[str, ...]  # after the last step: the outputs
+    before: tuple[str, ...] = ()  # loads of inputs the pass reads but that do not vary along it
+
+
+class Placement:
+    """Where a backend keeps running values: as values (a loop's carries) by default."""
+
+    def read(self, name: str) -> str:
+        return name
+
+    def write(self, name: str, value: str) -> str:
+        return f"{name} = {value}"
+
+
+class RefPlacement(Placement):
+    """Running values in scratch Refs (TPU): read and written whole."""
+
+    def read(self, name: str) -> str:
+        return f"{name}[...]"
+
+    def write(self, name: str, value: str) -> str:
+        return f"{name}[...] = {value}"
+
+
+class FrameSpelling:
+    """Reductions, positions and sizes on a fused kernel's tiles (see analysis.fused):
+    a value's tile axes say where each dimension lies. `extents[dim]` is a block's extent
+    and `starts[dim]` its first position (code); `padded`: dimensions held whole in a
+    larger block (a GPU's power of two), whose positions past the size are filled first."""
+
+    def __init__(self, fused: FusedKernel, sizes, extents, starts, padded=frozenset()):
+        self.frame, self.sizes, self.extents, self.starts, self.padded = fused.frame, sizes, extents, starts, padded
+        self.batch, self.row = fused.batch, fused.row
+
+    def axis(self, node: ir.Expr, dim: str) -> int:
+        return self.frame[node].index(dim)
+
+    def reduction(self, node: ir.Call, value: str, dtype) -> str:
+        dim = reduced_dim(node)
+        axis = self.axis(node.args[0], dim)
+        return kernel_reduction(node.func, value, axis, dtype, self.sizes[dim], padded=dim in self.padded)
+
+    def softmax(self, node: ir.Call, value: str, dtype) -> str:
+        dim = reduced_dim(node)
+        return kernel_softmax(value, self.axis(node.args[0], dim), dtype, self.sizes[dim], padded=dim in self.padded)
+
+    def positions(self, dim: str) -> str:
+        if dim in self.batch:
+            return self.starts[dim]
+        axis = 0 if self.row == dim else 1
+        return kernel_positions(axis, 2, self.extents[dim], self.starts.get(dim))
+
+    def size(self, dim: str) -> str:
+        return self.sizes[dim]
+
+    def rounded(self, value: str) -> str:
+        return f"jnp.round({value})"
+
+
+def dot_code(product, lhs: str, rhs: str, accumulate: str) -> str:
+    """The product of two tiles, contracting the axes the frame says."""
+    if (product.lhs_contracts, product.rhs_contracts) == (1, 0):
+        return f"jnp.dot({lhs}, {rhs}, preferred_element_type={accumulate})"
+    contract = f"((({product.lhs_contracts},), ({product.rhs_contracts},)), ((), ()))"
+    return f"jax.lax.dot_general({lhs}, {rhs}, {contract}, preferred_element_type={accumulate})"
+
+
+class FusedLowering:
+    """Writes a fused kernel's body. `lowered` names its values; `spelling` spells
+    reductions and positions; `extents` gives each dimension's block extent as code;
+    `placement` keeps the running values; `emitter_for(overrides)` makes an emitter."""
+
+    def __init__(self, lowered, namer, spelling: FrameSpelling, extents, placement: Placement, emitter_for, load):
+        self.lowered, self.namer, self.spelling = lowered, namer, spelling
+        self.checked = lowered.checked
+        self.fused: FusedKernel = self.checked.fused
+        self.extents, self.placement, self.emitter_for, self.load = extents, placement, emitter_for, load
+        self.types = self.checked.types
+
+    # -- shared ------------------------------------------------------------------------
+
+    def _prepare(self, roots, overrides, emitter, extra=None) -> None:
+        """Fills `overrides` for the products (and `extra` nodes) under `roots`, inner first."""
+        nodes = [n for n in ir.walk(*roots)]
+        for node in reversed(nodes):
+            if node in overrides:
+                continue
+            if extra is not None and node in extra:
+                overrides[node] = extra[node](emitter)
+            elif isinstance(node, ir.Binary) and node.op == "@":
+                overrides[node] = self._dot(node, emitter)
+
+    def _dot(self, node: ir.Binary, emitter) -> str:
+        product = self.fused.products[node]
+        lhs, rhs = self._operands(node, emitter)
+        return dot_code(product, lhs, rhs, self._accumulate(node))
+
+    def _operands(self, node, emitter) -> tuple[str, str]:
+        """Both operands, converted to their common dtype as jnp.matmul would."""
+        product = self.fused.products[node]
+        common = promote(self.types[product.lhs].dtype, self.types[product.rhs].dtype).name
+        return emitter.cast(product.lhs, common), emitter.cast(product.rhs, common)
+
+    def _accumulate(self, node) -> str:
+        return jnp_dtype(self.types[node].dtype.name)
+
+    def _loads(self, statements, extra_roots=(), skip=()) -> list[str]:
+        """Loads of the inputs the statements and roots read (not under nodes in `skip`)."""
+        roots = [*(s.value for s in statements), *extra_roots]
+        used = {n.id for root in roots for n in walk_outside(root, skip) if isinstance(n, ir.Name)}
+        return [f"{self.lowered.values[d.name]} = {self.load(d)}" for d in self.checked.kernel.inputs if d.name in used]
+
+    def _store_all(self, statements, emitter, store) -> list[str]:
+        kernel, lowered = self.checked.kernel, self.lowered
+        return body_statements(kernel, statements, emitter, lowered.values, lowered.refs, self.checked, store)
+
+    def _shape(self, node: ir.Expr) -> str:
+        axes = self.fused.frame[node]
+        return tuple_code([self.extents[a] if a else "1" for a in axes])
+
+    # -- a kernel with no pass ---------------------------------------------------------
+
+    def whole(self, store) -> FusedCode:
+        kernel = self.checked.kernel
+        overrides: dict = {}
+        emitter = self.emitter_for(overrides)
+        self._prepare([s.value for s in kernel.body], overrides, emitter)
+        lines = self._loads(kernel.body) + self._store_all(kernel.body, emitter, store)
+        return FusedCode((), tuple(lines), None, ())
+
+    # -- a pass over the swept dimension ----------------------------------------------
+
+    def swept(self, store, start: str, ragged: str) -> FusedCode:
+        """`start`: the step's first position along the swept dimension (code); `ragged`:
+        a condition (code) true when the last block overhangs the dimension."""
+        sweep = self.fused.sweep
+        dim = sweep.dim
+        self.start, self.ragged = start, ragged
+        names = {carry.key: self._carry_names(carry) for carry in sweep.carries}
+        running = [r for carry in sweep.carries for r in self._running(carry, names[carry.key])]
+        scales = {c.scale.key for c in sweep.carries if c.scale is not None}
+        scales |= {c.key for c in sweep.running.values()} | {c.key for c in sweep.softmaxes.values()}
+
+        overrides: dict = {}
+        emitter = self.emitter_for(overrides)
+        shift = {key: self.namer.claim(f"{names[key][0].removesuffix('_ref')}_shift") for key in scales}
+        rescale = {key: self.namer.claim(f"{names[key][0].removesuffix('_ref')}_rescale") for key in scales}
+        for node, carry in sweep.running.items():
+            overrides[node] = shift[carry.key]
+        # Each expsum's terms exp(x - the running max) are computed once: a let's, or a
+        # variable set right after the max grows; softmax over the pass reads them.
+        terms = {key: self.lowered.values[name] for key, name in sweep.terms.items()}
+        for carry in sweep.carries:
+            if carry.kind == "expsum" and carry.key not in terms:
+                terms[carry.key] = self.namer.claim(f"{names[carry.key][0].removesuffix('_ref')}_terms")
+        self.terms, self.fresh_terms = terms, {k for k in terms if k not in sweep.terms}
+        extra = {}
+        for node, carry in sweep.softmaxes.items():
+            extra[node] = lambda e, carry=carry: terms[("expsum", carry.key[1])]
+        for node, core in sweep.unfactored.items():
+            extra[node] = lambda e, core=core: e.emit(core)
+
+        loads = self._loads(sweep.step, [c.value for c in sweep.carries])
+        varying = {self.lowered.values[d.name] for d in self.checked.kernel.inputs if dim in d.dims}
+        before = [line for line in loads if line.split(" = ")[0] not in varying]
+        lines = [line for line in loads if line not in before]
+        pending = [c for c in sweep.carries if c.kind == "max"]
+        emitted: set[str] = set()
+        lets = {s.name: s for s in sweep.step}
+
+        def ready(carry):
+            return _lets_read(carry.value, lets) <= emitted
+
+        def flush():
+            for carry in [c for c in pending if ready(c)]:
+                pending.remove(carry)
+                self._prepare([carry.value], overrides, emitter, extra)
+                lines.extend(self._max_step(carry, names[carry.key], emitter, shift.get(carry.key), rescale.get(carry.key)))
+                expsum = ("expsum", carry.key[1])
+                if expsum in self.fresh_terms:
+                    value = emitter.cast(carry.value, "f32")
+                    lines.append(f"{terms[expsum]} = jnp.exp({value} - {shift[carry.key]})")
+
+        flush()
+        for statement in sweep.step:
+            self._prepare([statement.value], overrides, emitter, extra)
+            lines.append(f"{self.lowered.values[statement.name]} = {emitter.emit(statement.value)}")
+            emitted.add(statement.name)
+            flush()
+        for carry in sweep.carries:
+            if carry.kind == "max":
+                continue
+            roots = [carry.value] if carry.kind != "dot" else list(self._dot_roots(carry))
+            self._prepare(roots, overrides, emitter, extra)
+            scale = rescale[carry.scale.key] if carry.scale is not None else None
+            lines.extend(self._step(carry, names[carry.key], emitter, scale, shift))
+
+        finish = self._finish(sweep, names, store)
+        return FusedCode(tuple(running), tuple(lines), self._skip_condition(emitter), tuple(finish), tuple(before))
+
+    def _carry_names(self, carry: Carry) -> list[str]:
+        base = {"dot": "acc", "expsum": "sum_exp"}.get(carry.kind, carry.kind)
+        base = f"{base}_{self.fused.sweep.dim.lower()}"
+        parts = RUNNING.get(carry.kind, (None,)) if carry.kind in ("argmax", "argmin") else (None,)
+        return [self.namer.claim(base if p is None else f"{base}_{p}") + self._suffix() for p in parts]
+
+    def _suffix(self) -> str:
+        return "_ref" if isinstance(self.placement, RefPlacement) else ""
+
+    def _value_dtype(self, carry: Carry):
+        return DTYPES[self.types[carry.value].dtype.name] if carry.kind != "dot" else None
+
+    def _running(self, carry: Carry, names: list[str]) -> list[Running]:
+        dim = self.fused.sweep.dim
+        if carry.kind == "dot":
+            shape = self._shape(carry.node)
+            tile = tuple(a for a in self.fused.frame[carry.node] if a)
+            return [Running(names[0], shape, self._accumulate(carry.node), "0", f"the product over {dim}", tile)]
+        axes = self.fused.frame[carry.value]
+        shape = tuple_code([self.extents[a] if a and a != dim else "1" for a in axes])
+        tile = tuple(a for a in axes if a and a != dim)
+        if carry.kind == "expsum":
+            return [Running(names[0], shape, F32, "0.0", f"the sum of exp(value - its running max) over {dim}", tile)]
+        dtype = self._value_dtype(carry)
+        kind = "sum" if carry.scale is not None else carry.kind
+        return [
+            Running(name, shape, acc.dtype, acc.initial, f"the running {carry.kind} over {dim}", tile)
+            for name, acc in zip(names, accumulators(kind, dtype, names))
+        ]
+
+    def _axis(self, node, dim) -> int:
+        return self.fused.frame[node].index(dim)
+
+    def _masked(self, name: str, value: str, node: ir.Expr, fill: str) -> list[str]:
+        """`name = value`, with `fill` past the swept dimension's end on a ragged last block."""
+        dim = self.fused.sweep.dim
+        axis = self._axis(node, dim)
+        size = self.lowered.sizes[dim]
+        return [
+            f"{name} = {value}",
+            f"if {self.ragged}:  # a ragged {dim}: {fill} past its end, never padding",
+            f"    {name} = _fill_past({name}, {self.start}, {size}, {axis}, {fill})",
+        ]
+
+    def _max_step(self, carry: Carry, names, emitter, shift, rescale) -> list[str]:
+        """The running max after this block; where it rescales others, the shift a step
+        subtracts (finite: 0 while every value so far is -inf) and the rescale factor."""
+        (name,) = names
+        dim = self.fused.sweep.dim
+        block = self.namer.claim(f"{name.removesuffix('_ref')}_block")
+        value = emitter.cast(carry.value, compute_dtype("max", self._value_dtype(carry)).name)
+        lines = self._masked(block, value, carry.value, identity("max", self._value_dtype(carry)))
+        top = f"jnp.max({block}, axis={self._axis(carry.value, dim)}, keepdims=True)"
+        if shift is None:
+            return lines + [self.placement.write(name, f"jnp.maximum({self.placement.read(name)}, {top})")]
+        previous = self.namer.claim(f"{name.removesuffix('_ref')}_previous")
+        new = self.namer.claim(f"{name.removesuffix('_ref')}_new")
+        return lines + [
+            f"{previous} = {self.placement.read(name)}",
+            f"{new} = jnp.maximum({previous}, {top})",
+            f"{shift} = jnp.where({new} > -jnp.inf, {new}, 0.0)  # a row of -inf so far subtracts 0",
+            f"{rescale} = jnp.exp({previous} - {shift})  # what the terms so far are worth now",
+            self.placement.write(name, new),
+        ]
+
+    def _dot_roots(self, carry: Carry):
+        product = self.fused.products[carry.node]
+        return product.lhs, product.rhs
+
+    def _step(self, carry: Carry, names, emitter, scale, shift) -> list[str]:
+        dim = self.fused.sweep.dim
+        read = [self.placement.read(n) for n in names]
+        if carry.kind == "dot":
+            product = self.fused.products[carry.node]
+            lhs, rhs = self._operands(carry.node, emitter)
+            base = names[0].removesuffix("_ref")
+            left, right = self.namer.claim(f"{base}_lhs"), self.namer.claim(f"{base}_rhs")
+            lines = self._masked(left, lhs, product.lhs, "0")[:1] + self._masked(right, rhs, product.rhs, "0")[:1]
+            lines += [
+                f"if {self.ragged}:  # a ragged {dim}: both operands 0 past its end, never padding",
+                f"    {left} = _fill_past({left}, {self.start}, {self.lowered.sizes[dim]}, {product.lhs_contracts}, 0)",
+                f"    {right} = _fill_past({right}, {self.start}, {self.lowered.sizes[dim]}, {product.rhs_contracts}, 0)",
+            ]
+            term = dot_code(product, left, right, self._accumulate(carry.node))
+            kept = f"{scale} * {read[0]}" if scale else read[0]
+            return lines + [self.placement.write(names[0], f"{kept} + {term}")]
+        axis = self._axis(carry.value, dim)
+        block = self.namer.claim(f"{names[0].removesuffix('_ref')}_block")
+        if carry.kind == "expsum":
+            lines = self._masked(block, self.terms[carry.key], carry.value, "0.0")
+            term = f"jnp.sum({block}, axis={axis}, keepdims=True)"
+            return lines + [self.placement.write(names[0], f"{scale} * {read[0]} + {term}")]
+        dtype = self._value_dtype(carry)
+        kind = "sum" if carry.kind == "mean" else carry.kind
+        computed = compute_dtype(kind, dtype)
+        value = emitter.cast(carry.value, computed.name)
+        lines = self._masked(block, value, carry.value, identity(kind, dtype))
+        if scale:
+            term = f"jnp.sum({block}, axis={axis}, keepdims=True)"
+            return lines + [self.placement.write(names[0], f"{scale} * {read[0]} + {term}")]
+        combined = combine_code(kind, read, block, axis, computed, self.start)
+        if len(names) == 1:
+            return lines + [self.placement.write(names[0], combined)]
+        new = [self.namer.claim(n.removesuffix("_ref") + "_new") for n in names]
+        return lines + [f"{', '.join(new)} = {combined}", *(self.placement.write(n, v) for n, v in zip(names, new))]
+
+    def _finish(self, sweep, names, store) -> list[str]:
+        dim = self.fused.sweep.dim
+        size = self.lowered.sizes[dim]
+        lines: list[str] = []
+        finals: dict[tuple, str] = {}
+        for carry in sorted(sweep.carries, key=lambda c: bool(c.factors)):
+            read = [self.placement.read(n) for n in names[carry.key]]
+            if carry.kind in ("dot", "expsum") or carry.scale is not None:
+                value = read[0] if carry.kind != "mean" else f"{read[0]} / {size}"
+            else:
+                value = finish_code(carry.kind, read, self._value_dtype(carry), size)
+            for op, factor in carry.factors:
+                factor_code = finals[factor.key] if isinstance(factor, Carry) else None
+                value = f"{value} {op} {factor_code}" if factor_code else value
+            name = self.namer.claim(names[carry.key][0].removesuffix("_ref"))
+            lines.append(f"{name} = {value}")
+            finals[carry.key] = name
+        overrides: dict = {}
+        for node, carry in sweep.results.items():
+            if isinstance(node, ir.Call) and node.func == "logsumexp":
+                top = finals[("max", carry.key[1])]
+                overrides[node] = f"_logsumexp_finish({top}, {finals[carry.key]})"
+            else:
+                overrides[node] = finals[carry.key]
+        emitter = self.emitter_for(overrides)
+        self._prepare([s.value for s in sweep.finish], overrides, emitter)
+        # Factors that are values of the last step (not carries) are applied here.
+        for carry in sweep.carries:
+            for op, factor in carry.factors:
+                if not isinstance(factor, Carry):
+                    self._prepare([factor], overrides, emitter)
+                    lines.append(f"{finals[carry.key]} = {finals[carry.key]} {op} {emitter.emit(factor)}")
+        factors = [f for c in sweep.carries for _, f in c.factors if not isinstance(f, Carry)]
+        stores = self._store_all(sweep.finish, emitter, store)
+        # A carry the end reads only through another (the max behind logsumexp) needs no line of its own.
+        read = [line for line in [*lines, *stores]]
+        lines = [line for line in lines if _assigned(line) not in finals.values() or _read_later(_assigned(line), line, read)]
+        return self._loads(sweep.finish, factors, skip=sweep.results) + lines + stores
+
+    def _skip_condition(self, emitter, starts=None) -> str | None:
+        skip = self.fused.sweep.skip
+        if skip is None:
+            return None
+        return _Bounds(self, emitter, starts or self.spelling.starts).possible(skip.condition)
+
+    def live_block(self, starts: dict[str, str]) -> str | None:
+        """Whether the block whose dimensions start at `starts` adds anything (None: every
+        block does): what a backend's index maps read to fetch no block it skips."""
+        return self._skip_condition(self.emitter_for({}), starts)
+
+
+def used_starts(lines: list[str], starts: list[str]) -> list[str]:
+    """The lines `name = ...` of `starts` whose name some line of `lines` reads."""
+    text = "\n".join(lines)
+    return [line for line in starts if re.search(rf"\b{re.escape(line.split(' = ')[0])}\b", text)]
+
+
+def _lets_read(node: ir.Expr, lets) -> set[str]:
+    return {n.id for n in ir.walk(node) if isinstance(n, ir.Name) and n.id in lets}
+
+
+def _assigned(line: str) -> str:
+    return line.split(" = ")[0]
+
+
+def _read_later(name: str, line: str, lines: list[str]) -> bool:
+    """Whether a line other than `line` reads `name`."""
+    pattern = re.compile(rf"\b{re.escape(name)}\b")
+    return any(pattern.search(other) for other in lines if other is not line)
+
+
+def _grouped(code: str) -> str:
+    """`code` in parentheses where a sum in it would otherwise bind wrongly."""
+    return f"({code})" if " + " in code or " - " in code else code
+
+
+class _Bounds:
+    """The least and greatest value an expression of positions takes over a block, as
+    code: whether a comparison can hold anywhere in the block."""
+
+    def __init__(self, lowering: FusedLowering, emitter, starts):
+        self.lowering, self.emitter, self.starts = lowering, emitter, starts
+        self.lets = {s.name: s.value for s in lowering.checked.kernel.body if isinstance(s, ir.Let)}
+
+    def possible(self, node: ir.Expr) -> str:
+        while isinstance(node, ir.Name) and node.id in self.lets:
+            node = self.lets[node.id]
+        if isinstance(node, ir.Binary) and node.op in ("&", "|"):
+            return f"({self.possible(node.left)}) {'&' if node.op == '&' else '|'} ({self.possible(node.right)})"
+        if isinstance(node, ir.Binary) and node.op in (">=", ">", "<=", "<", "=="):
+            if self.range(node.left) is None or self.range(node.right) is None:
+                return "True"
+            (low_a, high_a), (low_b, high_b) = self.range(node.left), self.range(node.right)
+            return {
+                ">=": f"{high_a} >= {low_b}",
+                ">": f"{high_a} > {low_b}",
+                "<=": f"{low_a} <= {high_b}",
+                "<": f"{low_a} < {high_b}",
+                "==": f"({low_a} <= {high_b}) & ({low_b} <= {high_a})",
+            }[node.op]
+        return "True"
+
+    def range(self, node: ir.Expr) -> tuple[str, str] | None:
+        """(least, greatest) as code, or None where this cannot bound it."""
+        while isinstance(node, ir.Name) and node.id in self.lets:
+            node = self.lets[node.id]
+        if isinstance(node, ir.Call) and node.func == "index":
+            dim = node.args[0].id
+            spelling = self.lowering.spelling
+            start = self.starts.get(dim) or "0"
+            if dim in spelling.batch:
+                return start, start
+            return start, f"{start} + {spelling.extents[dim]} - 1"
+        if isinstance(node, ir.Binary) and node.op in ("+", "-"):
+            if self.range(node.left) is None or self.range(node.right) is None:
+                return None
+            (la, ha), (lb, hb) = self.range(node.left), self.range(node.right)
+            if node.op == "+":
+                return f"{la} + {lb}", f"{ha} + {hb}"
+            return f"{la} - {_grouped(hb)}", f"{ha} - {_grouped(lb)}"
+        if isinstance(node, ir.Unary) and node.op == "-":
+            inner = self.range(node.operand)
+            return None if inner is None else (f"-{_grouped(inner[1])}", f"-{_grouped(inner[0])}")
+        if isinstance(node, ir.Call) and FUNCTIONS[node.func].typing == "cast":
+            return self.range(node.args[0])
+        if any(isinstance(n, ir.Call) and n.func == "index" for n in ir.walk(node)):
+            return None
+        code = self.emitter.emit(node)
+        return code, code

@@ -1,0 +1,269 @@
+"""Fused kernels (specs/attention.pallas): several products, computed operands and a
+one-pass softmax, checked against hand-written float64 NumPy at ragged sizes on both
+paths (the TPU kernel interpreted, and the Triton kernel interpreted), compiled by
+Mosaic for v5e and v6e and by Triton for sm_90, and what cannot be swept in one pass
+refused at the line that needs it."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernel_cases import BF16, generated_module, take_gpu_branch, unmasked_block_accesses
+from pallasgen.devices import compile_only
+from pallasgen.frontend.errors import SpecError
+from pallasgen.workspace.pipeline import generate
+
+
+@pytest.fixture(scope="module")
+def attention():
+    return generated_module("attention")
+
+
+def f64(a) -> np.ndarray:
+    return np.asarray(a, dtype=np.float64)
+
+
+def softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis, keepdims=True))
+    return e / e.sum(axis, keepdims=True)
+
+
+def attention_numpy(q, k, v, *, scale, mask=None):
+    """softmax(q k^T * scale, masked) v and log-sum-exp, in float64 over the last two
+    axes of any batch."""
+    s = np.einsum("...sd,...td->...st", f64(q), f64(k)) * scale
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    top = s.max(-1, keepdims=True)
+    total = np.exp(s - top).sum(-1, keepdims=True)
+    return np.einsum("...st,...td->...sd", np.exp(s - top) / total, f64(v)), (top + np.log(total))[..., 0]
+
+
+def causal(s, t, bottom_right=False):
+    rows, cols = np.arange(s)[:, None], np.arange(t)[None]
+    return rows + (t - s if bottom_right else 0) >= cols
+
+
+def bf16(rng, *shape):
+    return rng.standard_normal(shape).astype(BF16)
+
+
+def expected(name, arrays):
+    """The float64 NumPy result of each kernel of specs/attention.pallas."""
+    if name == "attention":
+        q, k, v = arrays
+        return attention_numpy(q, k, v, scale=0.125, mask=causal(q.shape[2], k.shape[2]))
+    if name == "attention_full":
+        return attention_numpy(*arrays, scale=0.125)[:1]
+    if name == "attention_bottom_right":
+        q, k, v = arrays
+        return attention_numpy(q, k, v, scale=0.125, mask=causal(q.shape[2], k.shape[2], bottom_right=True))[:1]
+    if name == "gqa":
+        q, k, v = arrays
+        return attention_numpy(q, k[:, :, None], v[:, :, None], scale=0.088388)[:1]
+    if name == "matmul_softmax":
+        x, w = arrays
+        return (softmax(f64(x) @ f64(w)),)
+    x, g, w = arrays
+    h = f64(x)
+    scaled = (h / np.sqrt((h * h).mean(1, keepdims=True) + 1e-6) * f64(g)).astype(BF16)
+    return (f64(scaled) @ f64(w),)
+
+
+def inputs(name, rng, s=200, t=300, d=64):
+    """Ragged sizes: no block of S or T (128 on TPU, 16 to 64 on GPU) divides them."""
+    if name == "gqa":
+        return [bf16(rng, 1, 2, 3, s, d), bf16(rng, 1, 2, t, d), bf16(rng, 1, 2, t, d)]
+    if name == "matmul_softmax":
+        return [bf16(rng, s, 1000), (rng.standard_normal((1000, t)) / 30).astype(BF16)]
+    if name == "rmsnorm_matmul":
+        return [bf16(rng, t, s), rng.standard_normal(s).astype(np.float32), bf16(rng, s, 700)]
+    return [bf16(rng, 2, 2, s, d), bf16(rng, 2, 2, t, d), bf16(rng, 2, 2, t, d)]
+
+
+KERNELS = ["attention", "attention_full", "attention_bottom_right", "gqa", "matmul_softmax", "rmsnorm_matmul"]
+# bf16 outputs: an ulp of the result and of p rounded; f32 softmax: a few ulps.
+TOLERANCE = {"matmul_softmax": 1e-6}
+
+
+def compare(name, got, want):
+    got = got if isinstance(got, tuple) else (got,)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        tolerance = TOLERANCE.get(name, 2**-7 if g.dtype == BF16 else 1e-5)
+        scale = 1.0 if name != "rmsnorm_matmul" else np.abs(w).max()
+        np.testing.assert_allclose(f64(g) / scale, w / scale, rtol=tolerance, atol=tolerance * 2)
+
+
+@pytest.mark.parametrize("name", KERNELS)
+@pytest.mark.parametrize("sizes", [dict(s=200, t=300, d=64), dict(s=37, t=20, d=16), dict(s=256, t=256, d=128)])
+def test_tpu_kernel_matches_numpy(attention, name, sizes):
+    arrays = inputs(name, np.random.default_rng(0), **sizes)
+    compare(name, getattr(attention, name)(*arrays), expected(name, arrays))
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_gpu_kernel_matches_numpy(attention, name, monkeypatch):
+    take_gpu_branch(monkeypatch, attention)
+    function = getattr(attention, name)
+    function.clear_cache()
+    blocks = {k: 16 for k in ("gpu_block_s", "gpu_block_t", "gpu_block_m", "gpu_block_n") if k in function.__wrapped__.__code__.co_varnames}
+    arrays = inputs(name, np.random.default_rng(1), s=70, t=90, d=40)
+    try:
+        compare(name, function(*arrays, **blocks, interpret=True), expected(name, arrays))
+    finally:
+        function.clear_cache()
+
+
+def test_the_reference_matches_numpy(attention):
+    for name in KERNELS:
+        arrays = inputs(name, np.random.default_rng(2), s=40, t=50, d=16)
+        compare(name, getattr(attention, f"{name}_reference")(*arrays), expected(name, arrays))
+
+
+def test_a_row_with_every_score_masked_is_nan_as_in_the_reference(attention):
+    """Bottom-right alignment with more queries than keys: the first rows see no key."""
+    arrays = inputs("attention_bottom_right", np.random.default_rng(3), s=300, t=130, d=32)
+    got = f64(attention.attention_bottom_right(*arrays))
+    assert np.isnan(got[:, :, :170]).all() and not np.isnan(got[:, :, 170:]).any()
+    reference = f64(attention.attention_bottom_right_reference(*arrays))
+    assert np.isnan(reference[:, :, :170]).all()
+
+
+@pytest.mark.parametrize("path", ["tpu", "gpu"])
+def test_causal_blocks_past_the_diagonal_are_skipped_not_masked(attention, path, monkeypatch):
+    """Keys past every query's reach are NaN: a block computed and masked would carry
+    0 * NaN into p @ v; a skipped one never reads them."""
+    rng = np.random.default_rng(4)
+    q, k, v = bf16(rng, 1, 1, 128, 64), bf16(rng, 1, 1, 512, 64), bf16(rng, 1, 1, 512, 64)
+    k[..., 128:, :] = np.nan
+    v[..., 128:, :] = np.nan
+    if path == "gpu":
+        take_gpu_branch(monkeypatch, attention)
+        attention.attention.clear_cache()
+    try:
+        blocks = {"gpu_block_s": 64, "gpu_block_t": 64} if path == "gpu" else {"block_s": 128, "block_t": 128}
+        o, lse = attention.attention(q, k, v, **blocks, interpret=True)
+    finally:
+        attention.attention.clear_cache()
+    want_o, want_lse = attention_numpy(q, k[..., :128, :], v[..., :128, :], scale=0.125, mask=causal(128, 128))
+    compare("attention", (o, lse), (want_o, want_lse))
+
+
+def test_causal_attention_is_one_pallas_call_with_no_scores_outside_it(attention):
+    q = jax.ShapeDtypeStruct((1, 2, 1000, 64), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((1, 2, 900, 64), jnp.bfloat16)
+    jaxpr = jax.make_jaxpr(functools.partial(attention.attention, interpret=True))(q, k, k)
+    calls = []
+
+    def walk(jaxpr, inside):
+        for equation in jaxpr.eqns:
+            if equation.primitive.name == "pallas_call":
+                calls.append(equation)
+                continue
+            for var in equation.outvars:
+                assert getattr(var.aval, "shape", ())[-2:] != (1000, 900), equation
+            for sub in jax.core.jaxprs_in_params(equation.params):
+                walk(sub, inside)
+
+    walk(jaxpr.jaxpr, False)
+    assert len(calls) == 1
+
+
+COMPILE_SHAPES = {
+    "attention": [(1, 2, 300, 128), (1, 2, 500, 128), (1, 2, 500, 128)],
+    "attention_full": [(1, 2, 300, 128), (1, 2, 500, 128), (1, 2, 500, 128)],
+    "attention_bottom_right": [(1, 2, 300, 128), (1, 2, 500, 128), (1, 2, 500, 128)],
+    "gqa": [(1, 2, 2, 300, 128), (1, 2, 500, 128), (1, 2, 500, 128)],
+    "matmul_softmax": [(300, 1000), (1000, 384)],
+    "rmsnorm_matmul": [(300, 200), (200,), (200, 700)],
+}
+
+compiled = pytest.mark.skipif(
+    bool(compile_only.missing_compilers()), reason="needs libtpu (jax[tpu]) and triton: pip install -e '.[dev]'"
+)
+
+
+def abstract(name):
+    return [
+        jax.ShapeDtypeStruct(shape, jnp.float32 if len(shape) == 1 else jnp.bfloat16) for shape in COMPILE_SHAPES[name]
+    ]
+
+
+@compiled
+@pytest.mark.parametrize("name", KERNELS)
+@pytest.mark.parametrize("chip", ["v5e", "v6e"])
+def test_mosaic_compiles_the_kernel(attention, name, chip):
+    function = functools.partial(getattr(attention, name), interpret=False)
+    assert "tpu_custom_call" in compile_only.compile_for_tpu(function, abstract(name), chip=chip).as_text()
+
+
+@compiled
+@pytest.mark.parametrize("name", KERNELS)
+def test_triton_compiles_the_kernel_with_every_access_masked(attention, name):
+    function = functools.partial(getattr(attention, name), interpret=False)
+    for ttir in compile_only.triton_ir(function, abstract(name)):
+        assert not unmasked_block_accesses(ttir)
+        compile_only.compile_triton(ttir, capability=90)
+
+
+ONE_PASS_ERRORS = {
+    "a scaled value used beyond a linear carry": (
+        """
+kernel k {
+    in  q: f32[S, D]
+    in  v: f32[T, D]
+    out o: f32[S, D]
+    let p = exp(q @ v.T - max(q @ v.T, T))
+    o = exp(p) @ v
+    block S = 8, T = 128
+}
+""",
+        (7, 9),
+        "uses a value rescaled in the pass in a way no rescaling makes exact, so T cannot be swept in one pass:"
+        " leave T unblocked",
+    ),
+    "a reduction's result used at each position": (
+        """
+kernel k {
+    in  q: f32[S, D]
+    in  v: f32[T, D]
+    out o: f32[S, D]
+    let s = q @ v.T
+    o = (s - sum(s, T)) @ v
+    block S = 8, T = 128
+}
+""",
+        (7, 10),
+        "this needs sum() over its dimension at each position of T, known only after the pass over the blocks of T:"
+        " leave T unblocked",
+    ),
+    "a batch dimension blocked by more than 1": (
+        """
+kernel k {
+    in  q: f32[B, S, D]
+    in  v: f32[B, T, D]
+    out o: f32[B, S, D]
+    o = softmax(q @ v.T, T) @ v
+    block B = 2, S = 8
+}
+""",
+        (7, 11),
+        "B is a batch dimension of a product: it takes one element per step; write block B = 1",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ONE_PASS_ERRORS))
+def test_what_cannot_be_swept_in_one_pass_is_a_spec_error_at_its_line(case):
+    source, (line, column), message = ONE_PASS_ERRORS[case]
+    with pytest.raises(SpecError) as raised:
+        generate(source, "k.pallas", "k.pallas")
+    (diagnostic,) = raised.value.diagnostics
+    assert (diagnostic.position.line, diagnostic.position.column) == (line, column)
+    assert message in diagnostic.message
