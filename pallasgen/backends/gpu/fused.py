@@ -18,8 +18,10 @@ from pallasgen.backends.gpu.plan import (
     SMALLEST_DOT_TILE,
     GpuBlockPlan,
     GpuPlan,
+    dispatch_arguments,
     kernel_function_name,
     launcher_name,
+    launcher_parameters,
 )
 from pallasgen.frontend import ir
 from pallasgen.lowering.fused import FrameSpelling, FusedLowering, Placement, used_starts
@@ -155,20 +157,8 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         out_specs=tuple((comments[d.name], block_specs[d.name]) for d in kernel.outputs),
         kernel_parameters=parameter_list([refs[d.name] for d in kernel.inputs + kernel.outputs], keywords),
         kernel_callable=partial_call(kernel_function_name(kernel.name), keywords),
-        parameters=parameter_list(
-            [values[d.name] for d in kernel.inputs],
-            [sizes[d] for d in checked.dims]
-            + [block_keyword(d) for d in tunable]
-            + [f"num_{name}" for name in OPTIONS]
-            + [p.name for p in kernel.params]
-            + ["interpret"],
-        ),
-        dispatch_arguments=", ".join(
-            [f"{sizes[d]}={sizes[d]}" for d in checked.dims]
-            + [f"{block_keyword(d)}=gpu_{block_keyword(d)}" for d in tunable]
-            + [f"num_{name}={keyword}" for name, (keyword, _) in OPTIONS.items()]
-            + [f"{p.name}={p.name}" for p in kernel.params]
-        ),
+        parameters=launcher_parameters(checked, values, sizes, tunable),
+        dispatch_arguments=dispatch_arguments(checked, sizes, tunable),
         masks=tuple([*used_starts([*masks, *loop, *body], prologue), *masks]),
         loop=tuple(loop),
         body=tuple(body),

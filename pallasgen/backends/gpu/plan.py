@@ -226,24 +226,36 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         out_specs=tuple((comments[d.name], block_specs[d.name]) for d in kernel.outputs),
         kernel_parameters=parameter_list([refs[d.name] for d in kernel.inputs + kernel.outputs], kernel_keywords),
         kernel_callable=partial_call(kernel_function_name(kernel.name), kernel_keywords),
-        parameters=parameter_list(
-            [values[d.name] for d in kernel.inputs],
-            [sizes[d] for d in checked.dims]
-            + [block_keyword(d) for d in tunable]
-            + [f"num_{name}" for name in OPTIONS]
-            + [p.name for p in kernel.params]
-            + ["interpret"],
-        ),
-        dispatch_arguments=", ".join(
-            [f"{sizes[d]}={sizes[d]}" for d in checked.dims]
-            + [f"{block_keyword(d)}=gpu_{block_keyword(d)}" for d in tunable]
-            + [f"num_{name}={keyword}" for name, (keyword, _) in OPTIONS.items()]
-            + [f"{p.name}={p.name}" for p in kernel.params]
-        ),
+        parameters=launcher_parameters(checked, values, sizes, tunable),
+        dispatch_arguments=dispatch_arguments(checked, sizes, tunable),
         masks=tuple(masks),
         loop=tuple(loop),
         body=tuple(body),
         tiling=tiling,
+    )
+
+
+def launcher_parameters(checked: CheckedKernel, values, sizes, tunable) -> str:
+    """The GPU launcher's parameters: the input arrays, then sizes, blocks, launch options,
+    params and `interpret` as keywords."""
+    kernel = checked.kernel
+    return parameter_list(
+        [values[d.name] for d in kernel.inputs],
+        [sizes[d] for d in checked.dims]
+        + [block_keyword(d) for d in tunable]
+        + [f"num_{name}" for name in OPTIONS]
+        + [p.name for p in kernel.params]
+        + ["interpret"],
+    )
+
+
+def dispatch_arguments(checked: CheckedKernel, sizes, tunable) -> str:
+    """The keywords the public function binds for the GPU launcher."""
+    return ", ".join(
+        [f"{sizes[d]}={sizes[d]}" for d in checked.dims]
+        + [f"{block_keyword(d)}=gpu_{block_keyword(d)}" for d in tunable]
+        + [f"num_{name}={keyword}" for name, (keyword, _) in OPTIONS.items()]
+        + [f"{p.name}={p.name}" for p in checked.kernel.params]
     )
 
 
