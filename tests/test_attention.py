@@ -40,8 +40,9 @@ def attention_numpy(q, k, v, *, scale, mask=None):
     if mask is not None:
         s = np.where(mask, s, -np.inf)
     top = s.max(-1, keepdims=True)
-    total = np.exp(s - top).sum(-1, keepdims=True)
-    return np.einsum("...st,...td->...sd", np.exp(s - top) / total, f64(v)), (top + np.log(total))[..., 0]
+    with np.errstate(invalid="ignore"):  # a row whose every score is -inf: NaN, as jax gives
+        total = np.exp(s - top).sum(-1, keepdims=True)
+        return np.einsum("...st,...td->...sd", np.exp(s - top) / total, f64(v)), (top + np.log(total))[..., 0]
 
 
 def causal(s, t, bottom_right=False):
