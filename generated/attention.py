@@ -646,9 +646,9 @@ def _attention_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, lse_ref, *, b, h, s_, d, t, block_s, block_t, block_d, scale
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    s_start = pl.program_id(2) * block_s
-    in_s = _inside(s_start, block_s, s_)
+    in_s = _inside(pl.program_id(2) * block_s, block_s, s_)
     in_d = _inside(0, block_d, d)
+    s_start = pl.program_id(2) * block_s
     q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
 
     def accumulate(index, running):
@@ -1085,8 +1085,7 @@ def _attention_full_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, *, b, h, s, d, t, block_s, block_t, block_d, scale
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    s_start = pl.program_id(2) * block_s
-    in_s = _inside(s_start, block_s, s)
+    in_s = _inside(pl.program_id(2) * block_s, block_s, s)
     in_d = _inside(0, block_d, d)
     q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
 
@@ -1524,9 +1523,9 @@ def _attention_bottom_right_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, *, b, h, s_, d, t, block_s, block_t, block_d, scale
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    s_start = pl.program_id(2) * block_s
-    in_s = _inside(s_start, block_s, s_)
+    in_s = _inside(pl.program_id(2) * block_s, block_s, s_)
     in_d = _inside(0, block_d, d)
+    s_start = pl.program_id(2) * block_s
     q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
 
     def accumulate(index, running):
@@ -1927,8 +1926,7 @@ def _gqa_tpu(q, k, v, *, b, g, r, s_, d, t, block_s, block_t, interpret):
 
 def _gqa_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, b, g, r, s_, d, t, block_s, block_t, block_d):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    s_start = pl.program_id(3) * block_s
-    in_s = _inside(s_start, block_s, s_)
+    in_s = _inside(pl.program_id(3) * block_s, block_s, s_)
     in_d = _inside(0, block_d, d)
     q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
 
@@ -2217,8 +2215,7 @@ def _matmul_softmax_tpu(x, w, *, m, n, k, block_m, block_k, interpret):
 
 def _matmul_softmax_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, k, block_m, block_k, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    m_start = pl.program_id(0) * block_m
-    in_m = _inside(m_start, block_m, m)
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
     in_n = _inside(0, block_n, n)
 
     def accumulate(index, running):
@@ -2477,10 +2474,8 @@ def _rmsnorm_matmul_tpu(x, g, w, *, m, n, k, block_m, block_n, interpret):
 
 def _rmsnorm_matmul_gpu_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_m, block_n, block_k):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    m_start = pl.program_id(0) * block_m
-    n_start = pl.program_id(1) * block_n
-    in_m = _inside(m_start, block_m, m)
-    in_n = _inside(n_start, block_n, n)
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
     in_k = _inside(0, block_k, k)
     x = _load(x_ref, _mask((block_m, block_k), in_m, in_k), other=0)
     g = _load(g_ref, _mask((1, block_k), None, in_k), other=0)

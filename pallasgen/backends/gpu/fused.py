@@ -83,7 +83,8 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         start = namer.claim(f"{dim.lower()}_start")
         starts[dim] = start
         prologue.append(f"{start} = pl.program_id({axis})" + ("" if dim in fused.batch else f" * {block_keyword(dim)}"))
-    masks = [f"{inside[d]} = _inside({starts[d]}, {block_keyword(d)}, {sizes[d]})" for d in grid if d not in fused.batch]
+    first = {d: line.split(" = ", 1)[1] for d, line in zip(grid, prologue)}
+    masks = [f"{inside[d]} = _inside({first[d]}, {block_keyword(d)}, {sizes[d]})" for d in grid if d not in fused.batch]
     masks += [f"{inside[d]} = _inside(0, {block_keyword(d)}, {sizes[d]})" for d in whole]
     sweep_start = namer.claim(f"{swept.lower()}_start") if swept else None
     if swept:
@@ -159,9 +160,10 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         kernel_callable=partial_call(kernel_function_name(kernel.name), keywords),
         parameters=launcher_parameters(checked, values, sizes, tunable),
         dispatch_arguments=dispatch_arguments(checked, sizes, tunable),
-        masks=tuple([*used_starts([*masks, *loop, *body], prologue), *masks]),
-        loop=tuple(loop),
-        body=tuple(body),
+        masks=tuple(masks),
+        # Where this program's blocks start, for positions and skipped blocks.
+        loop=tuple([*used_starts([*loop, *body], prologue), *loop]) if loop else (),
+        body=tuple(body if loop else [*used_starts(body, prologue), *body]),
         tiling=tiling,
     )
 
