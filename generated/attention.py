@@ -572,9 +572,9 @@ def _attention_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, scale, interpre
             block_t=block_t,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of S, block of T. Steps along B, H, S
-        # are independent (parallel); the steps along T run in order (arbitrary), carrying
-        # running values.
+        # One step per element of B, element of H, block of S, block of T (D taken whole).
+        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
+        # (arbitrary).
         grid=(b, h, pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
@@ -1035,9 +1035,9 @@ def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, inte
             block_t=block_t,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of S, block of T. Steps along B, H, S
-        # are independent (parallel); the steps along T run in order (arbitrary), carrying
-        # running values.
+        # One step per element of B, element of H, block of S, block of T (D taken whole).
+        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
+        # (arbitrary).
         grid=(b, h, pl.cdiv(s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
@@ -1457,9 +1457,9 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, sc
             block_t=block_t,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of S, block of T. Steps along B, H, S
-        # are independent (parallel); the steps along T run in order (arbitrary), carrying
-        # running values.
+        # One step per element of B, element of H, block of S, block of T (D taken whole).
+        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
+        # (arbitrary).
         grid=(b, h, pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
@@ -1876,9 +1876,9 @@ def _gqa_tpu(q, k, v, *, b, g, r, s_, d, t, block_s, block_t, interpret):
         functools.partial(
             _gqa_kernel, b=b, g=g, r=r, s_=s_, d=d, t=t, block_s=block_s, block_t=block_t
         ),
-        # One step per element of B, element of G, element of R, block of S, block of T. Steps
-        # along B, G, R, S are independent (parallel); the steps along T run in order
-        # (arbitrary), carrying running values.
+        # One step per element of B, element of G, element of R, block of S, block of T (D
+        # taken whole). Steps along B, G, R, S are independent (parallel); steps along T
+        # accumulate in order (arbitrary).
         grid=(b, g, r, pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
@@ -2184,8 +2184,8 @@ def _matmul_softmax_tpu(x, w, *, m, n, k, block_m, block_k, interpret):
     # 1.0 KiB + y 512 B) + acc_k_ref 512 B.
     return pl.pallas_call(
         functools.partial(_matmul_softmax_kernel, m=m, n=n, k=k, block_m=block_m, block_k=block_k),
-        # One step per block of M, block of K. Steps along M are independent (parallel); the
-        # steps along K run in order (arbitrary), carrying running values.
+        # One step per block of M, block of K (N taken whole). Steps along M are independent
+        # (parallel); steps along K accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
             # x: bf16[M, K]
@@ -2444,7 +2444,8 @@ def _rmsnorm_matmul_tpu(x, g, w, *, m, n, k, block_m, block_n, interpret):
     # w 1.0 KiB + y 256.0 KiB).
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_kernel, m=m, n=n, k=k, block_m=block_m, block_n=block_n),
-        # One step per block of M, block of N. Steps along M, N are independent (parallel).
+        # One step per block of M, block of N (K taken whole); steps are independent, so every
+        # axis is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             # x: bf16[M, K]

@@ -51,6 +51,11 @@ FEATURES = {
         {"_logsumexp_step", "_logsumexp_finish"},
         {"M": 10, "N": 300},
     ),
+    "softmax": (
+        "in x: f32[M, N]\nout y: f32[M, N]\ny = softmax(x, N)\nblock M = 8",
+        {"_softmax"},
+        {"M": 10, "N": 37},
+    ),
     "vector-sum-over-steps": (
         "in x: f32[N]\nout s: f32[]\ns = sum(x, N)\nblock N = 1024",
         {"_rows_shape", "_as_rows", "_fill_past_rows"},

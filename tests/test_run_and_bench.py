@@ -16,7 +16,8 @@ from pallasgen.devices.bench import sweep_candidates
 from pallasgen.cli import main
 from pallasgen.backends.gpu.options import is_power_of_two
 from pallasgen.workspace.pipeline import check_source
-from pallasgen.backends.tpu.tiling import SCOPED_VMEM_BYTES, array_layouts, tiling_problem, vmem_bytes
+from pallasgen.backends import backend_named
+from pallasgen.backends.tpu.tiling import SCOPED_VMEM_BYTES, tiling_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -247,13 +248,14 @@ def test_sweep_candidates_obey_the_tiling_rules(spec):
     for checked in check_source((ROOT / "specs" / spec).read_text(), spec):
         tpu = sweep_candidates(checked, "tpu")
         assert tpu, checked.kernel.name
-        layouts = array_layouts(checked.kernel, checked.space.layout, checked.product)
+        backend = backend_named("tpu")
+        layouts = backend.layouts(checked)
         for candidate in tpu:
             blocks = {
                 **checked.blocks,
                 **{d: candidate[f"block_{d.lower()}"] for d in checked.blocks if f"block_{d.lower()}" in candidate},
             }
             assert not any(tiling_problem(d, size, layouts) for d, size in blocks.items())
-            assert vmem_bytes(checked.kernel, blocks, checked.product) <= SCOPED_VMEM_BYTES
+            assert backend.vmem_bytes(checked, blocks) <= SCOPED_VMEM_BYTES
         for candidate in sweep_candidates(checked, "gpu"):
             assert all(is_power_of_two(v) for k, v in candidate.items() if k.startswith("gpu_block_"))

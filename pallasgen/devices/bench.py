@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.names import block_keyword
-from pallasgen.backends.tpu.tiling import SCOPED_VMEM_BYTES, array_layouts, tiling_problem, vmem_bytes
+from pallasgen.backends import backend_named
+from pallasgen.backends.tpu.tiling import SCOPED_VMEM_BYTES, tiling_problem
 
 # Block sizes and launch options a sweep tries, per backend.
 TPU_CANDIDATES = (128, 256, 512, 1024)
@@ -123,15 +124,15 @@ def sweep_candidates(checked: CheckedKernel, backend: str) -> list[dict[str, int
     """Keyword sets to try: TPU blocks that tile and fit VMEM, or GPU blocks and options."""
     if backend == "gpu":
         return _gpu_candidates(checked)
-    squeezed = set(checked.kernel.outputs[0].dims[:-2]) if checked.product else set()
-    tunable = [d for d in checked.blocks if d not in squeezed]
-    layouts = array_layouts(checked.kernel, checked.space.layout, checked.product)
+    tpu = backend_named("tpu")
+    tunable = tpu.tunable_dims(checked)
+    layouts = tpu.layouts(checked)
     candidates = []
     for sizes in itertools.product(TPU_CANDIDATES, repeat=len(tunable)):
         blocks = {**checked.blocks, **dict(zip(tunable, sizes))}
         if any(tiling_problem(d, blocks[d], layouts) for d in tunable):
             continue
-        if vmem_bytes(checked.kernel, blocks, checked.product) > SCOPED_VMEM_BYTES:
+        if tpu.vmem_bytes(checked, blocks) > SCOPED_VMEM_BYTES:
             continue
         candidates.append({block_keyword(d): blocks[d] for d in tunable})
     return candidates
@@ -140,7 +141,9 @@ def sweep_candidates(checked: CheckedKernel, backend: str) -> list[dict[str, int
 def _gpu_candidates(checked: CheckedKernel) -> list[dict[str, int]]:
     product, layout = checked.product, checked.space.layout
     tunable = checked.settings["gpu"].blocks  # reduced dimensions held whole have no GPU block
-    if product is not None:
+    if checked.fused is not None:  # its tiles' rows, swept and parallel dimensions
+        axes = {d: GPU_PRODUCT_TILES for d in tunable if d not in checked.fused.batch}
+    elif product is not None:
         axes = {product.m: GPU_PRODUCT_TILES, product.n: GPU_PRODUCT_TILES, product.k: GPU_PRODUCT_DEPTHS}
     elif len(layout) == 1:
         axes = {layout[0]: (512, 1024, 2048)}

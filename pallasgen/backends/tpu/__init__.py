@@ -6,7 +6,13 @@ from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.base import Backend
 from pallasgen.analysis.fused import is_fused
 from pallasgen.backends.tpu.checks import check_tpu
-from pallasgen.backends.tpu.fused import check_fused_tpu, fused_keyword_group, plan_fused_tpu, tile_layouts
+from pallasgen.backends.tpu.fused import (
+    check_fused_tpu,
+    fused_array_bytes,
+    fused_keyword_group,
+    plan_fused_tpu,
+    tile_layouts,
+)
 from pallasgen.backends.tpu.fused import tunable_dims as fused_tunable_dims
 from pallasgen.backends.tpu.chips import CHIPS, STEP_ELEMENTS, STEP_VMEM_BYTES, tuned_blocks_problem
 from pallasgen.backends.tpu.plan import (
@@ -17,7 +23,14 @@ from pallasgen.backends.tpu.plan import (
     plan_tpu,
     tunable_dims,
 )
-from pallasgen.backends.tpu.tiling import SCOPED_VMEM_BYTES, VMEM_LIMIT_BYTES, array_layouts, tiling_rule, vmem_problem
+from pallasgen.backends.tpu.tiling import (
+    SCOPED_VMEM_BYTES,
+    VMEM_LIMIT_BYTES,
+    array_layouts,
+    tiling_rule,
+    vmem_bytes,
+    vmem_problem,
+)
 
 
 class TpuBackend(Backend):
@@ -58,6 +71,14 @@ class TpuBackend(Backend):
 
     def tiling_rule(self, checked, dim):
         return tiling_rule(dim, self.layouts(checked))
+
+    def vmem_bytes(self, checked, blocks) -> int:
+        """VMEM of the blocks (dimensions taken whole count as 1); a fused kernel's, its
+        arrays' double-buffered blocks (its running values and working tiles are small
+        beside them at the blocks a search tries)."""
+        if checked.fused:
+            return fused_array_bytes(checked.kernel, checked.fused, blocks)
+        return vmem_bytes(checked.kernel, blocks, checked.product)
 
     def vmem_problem(self, checked, blocks) -> str | None:
         """Why blocks (over the spec's) overflow VMEM, or None; a fused kernel's running

@@ -17,6 +17,7 @@ from pallasgen.backends.tpu.plan import (
     BlockTable,
     TpuPlan,
     block_table_name,
+    grid_comment,
     kernel_function_name,
     launcher_name,
     tiling_check,
@@ -166,7 +167,7 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
         ),
         returns=_returns(lowered),
         grid=tiling.grid_code(sizes),
-        grid_comment=_wrap(_grid_comment(grid, fused)),
+        grid_comment=_wrap(grid_comment(grid, checked.dims, set(fused.batch), semantics)),
         in_specs=tuple(
             (_skipped_comment(a.comment, d, fused, live), block_specs[d.name]) for a, d in zip(lowered.inputs, kernel.inputs)
         ),
@@ -266,19 +267,9 @@ def _returns(lowered: LoweredKernel) -> str:
     return ", ".join(o.name if o.spec_dtype == tpu_dtype(o.spec_dtype) else f"{o.name}.astype({o.dtype})" for o in outputs)
 
 
-def _grid_comment(grid, fused) -> str:
-    if not grid:
-        return "A single step: every dimension is taken whole."
-    steps = ", ".join(f"element of {d}" if d in fused.batch else f"block of {d}" for d in grid)
-    text = f"One step per {steps}."
-    parallel = [d for d in grid if not fused.sweep or d != fused.sweep.dim]
-    if parallel:
-        text += f" Steps along {', '.join(parallel)} are independent (parallel)"
-    if fused.sweep:
-        text += f"; the steps along {fused.sweep.dim} run in order (arbitrary), carrying running values."
-    else:
-        text += "."
-    return text
+def fused_array_bytes(kernel: ir.Kernel, fused, blocks: dict[str, int]) -> int:
+    """The arrays' double-buffered blocks at `blocks` (a dimension taken whole: 1)."""
+    return _vmem(kernel, fused, ()).total(blocks)
 
 
 def _vmem(kernel: ir.Kernel, fused, running) -> Vmem:

@@ -297,7 +297,7 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
         ),
         returns=_tpu_return(lowered),
         grid=tiling.grid_code(sizes),
-        grid_comment=_wrap(_grid_comment(blocked, dims, squeezed, semantics)),
+        grid_comment=_wrap(grid_comment(blocked, dims, squeezed, semantics)),
         in_specs=tuple((a.comment, block_specs[a.spec_name]) for a in lowered.inputs),
         out_specs=tuple((a.comment, block_specs[a.spec_name]) for a in lowered.outputs),
         out_shapes=tuple(
@@ -475,7 +475,7 @@ def _times(count: int, elements: str) -> list[str]:
     return [] if count <= 0 else [elements] if count == 1 else [f"{count} * {elements}"]
 
 
-def _grid_comment(blocked, dims, squeezed: set[str], semantics: tuple[str, ...]) -> str:
+def grid_comment(blocked, dims, squeezed: set[str], semantics: tuple[str, ...]) -> str:
     """What the grid's axes are, and how they run: as `semantics`, each axis's dimension semantics."""
     if not blocked:
         return "A single step: every dimension is taken whole."
