@@ -271,3 +271,33 @@ def test_what_cannot_be_swept_in_one_pass_is_a_spec_error_at_its_line(case):
     (diagnostic,) = raised.value.diagnostics
     assert (diagnostic.position.line, diagnostic.position.column) == (line, column)
     assert message in diagnostic.message
+
+
+def test_a_block_is_not_skipped_where_another_running_value_reads_it(tmp_path):
+    """`n` sums the unmasked scores: a block past the diagonal still adds to it, so no
+    step is skipped, and `n` counts every key."""
+    source = """
+kernel masked_and_total {
+    in  q: f32[S, D]
+    in  k, v: f32[T, D]
+    out o: f32[S, D]
+    out n: f32[S]
+    let s = q @ k.T
+    o = softmax(where(index(S) >= index(T), s, -inf), T) @ v
+    n = sum(s, T)
+    block S = 8, T = 128
+}
+"""
+    path = tmp_path / "masked_and_total.py"
+    path.write_text(generate(source, "k.pallas", "k.pallas"), encoding="utf-8")
+    assert "skipped" not in path.read_text(encoding="utf-8")
+    from kernel_cases import load_module
+
+    module = load_module(path, "_masked_and_total")
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal(shape).astype(np.float32) for shape in ((20, 16), (300, 16), (300, 16)))
+    o, n = module.masked_and_total(q, k, v)
+    s = f64(q) @ f64(k).T
+    want_o, _ = attention_numpy(q, k, v, scale=1.0, mask=causal(20, 300))
+    np.testing.assert_allclose(f64(o), want_o, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(f64(n), s.sum(1), rtol=1e-4, atol=1e-3)

@@ -24,16 +24,9 @@ from pallasgen.analysis.valuetypes import ValueType
 from pallasgen.frontend import ir
 from pallasgen.frontend.errors import Diagnostic
 
-# What each kind of carry starts from; a step that only adds its identity changes nothing.
-IDENTITIES = {
-    "sum": 0.0,
-    "mean": 0.0,
-    "expsum": 0.0,
-    "dot": 0.0,
-    "max": float("-inf"),
-    "logsumexp": float("-inf"),
-    "min": float("inf"),
-}
+# What a step adds that changes no running value of these kinds (the others never skip;
+# expsum and product carries are checked by their terms: exp(-inf) and a 0 operand).
+IDENTITIES = {"sum": 0.0, "mean": 0.0, "max": float("-inf"), "min": float("inf")}
 RESCALABLE = frozenset({"sum", "mean", "dot"})  # linear in their values: rescaled with a running max
 
 
