@@ -76,7 +76,9 @@ def main() -> None:
             chip = chip_named(args.chip)
             floor = flops / chip.bf16_flops * chip.clock_hz
             rows.append((causal, cycles, floor))
-    print(f"\n| {args.chip} | pallasgen | XLA | jax flash_attention | pallasgen/XLA | pallasgen/flash | MXU floor | % of MXU peak |")
+    print(
+        f"\n| {args.chip} | pallasgen | XLA | jax flash_attention | pallasgen/XLA | pallasgen/flash | MXU floor | % of MXU peak |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for causal, cycles, floor in rows:
         ours = cycles["pallasgen"]

@@ -13,7 +13,7 @@ import click
 
 from pallasgen.analysis.names import block_keyword
 from pallasgen.analysis.tuning import TunedBlocks
-from pallasgen.backends.tpu.chips import CHIP_NAMES
+from pallasgen.backends import backend_named
 from pallasgen.devices import runner
 from pallasgen.devices.extras import MissingExtra, require
 from pallasgen.show import tilemap
@@ -215,7 +215,7 @@ def run(targets: tuple[str, ...], sizes: tuple[str, ...], seed: int, out: Path |
 @click.option("--block", "blocks", multiple=True, metavar="DIM=N", help="A TPU block size (repeatable).")
 @click.option(
     "--chip",
-    type=click.Choice(CHIP_NAMES),
+    type=click.Choice(backend_named("tpu").chip_names),
     help="Instead of timing, compile for this TPU (no TPU needed) and print the compiler's cycle estimates.",
 )
 @click.option(
@@ -367,7 +367,7 @@ def _block_options(checked, blocks: dict[str, int]) -> dict[str, int]:
 @click.option(
     "--size", "sizes", multiple=True, metavar="DIM=N", help="A dimension's size to tune at (repeatable; every one)."
 )
-@click.option("--chip", type=click.Choice(CHIP_NAMES), required=True, help="The compile-only TPU to tune for.")
+@click.option("--chip", type=click.Choice(backend_named("tpu").chip_names), required=True, help="The compile-only TPU to tune for.")
 @click.option(
     "--budget", default=16, show_default=True, type=click.IntRange(min=1), help="The most compiles per kernel."
 )
@@ -391,7 +391,6 @@ def tune(target: str, sizes: tuple[str, ...], chip: str, budget: int, blocks: tu
 
     from pallasgen.devices import estimate
     from pallasgen.devices.compile_only import CompileError
-    from pallasgen.backends import backend_named
     from pallasgen.devices.tune import MEASURE, tune as search, versions
     from pallasgen.workspace.tuning import Entry, entry_for, format_tuning, read_tuning, tuning_path, with_entry
 
@@ -457,7 +456,6 @@ def tune(target: str, sizes: tuple[str, ...], chip: str, budget: int, blocks: tu
 def _check_start(checked, sizes: dict[str, int], starts: dict[str, int]) -> None:
     """A --block to start `tune` from is one its search could reach: a tiling multiple
     times a power of two below the size, or the whole size."""
-    from pallasgen.backends import backend_named
     from pallasgen.devices.tune import block_choices
 
     for dim, block in starts.items():

@@ -133,7 +133,10 @@ def analyze_fused(
         if blocks.get(dim) != 1:
             anchor = items[dim].position if dim in items else kernel.position
             found.append(
-                Diagnostic(anchor, f"{dim} is a batch dimension of a product: it takes one element per step; write block {dim} = 1")
+                Diagnostic(
+                    anchor,
+                    f"{dim} is a batch dimension of a product: it takes one element per step; write block {dim} = 1",
+                )
             )
     swept = [d for d in dims if d in blocks and d not in output_dims and d not in batch]
     for dim in swept[1:]:
@@ -234,7 +237,8 @@ class _Frame:
         dims = self._dims(node)
         if len(dims) > 2:
             raise _Problem(
-                node, f"a value of a fused kernel has at most two dimensions besides its batch ones, not {', '.join(dims)}"
+                node,
+                f"a value of a fused kernel has at most two dimensions besides its batch ones, not {', '.join(dims)}",
             )
         children = [self.of(child) for child in _children(node)]
         if isinstance(node, ir.Name) and node.id in self.lets:
@@ -245,7 +249,9 @@ class _Frame:
         if isinstance(node, ir.Call) and FUNCTIONS[node.func].typing == "reduce":
             reduced = tuple(None if axis == node.args[1].id else axis for axis in children[0])
             if reduced != self._rule(dims, reduced):
-                raise _Problem(node, f"this reduction leaves {dims[0]} on a tile's first axis; not supported in a fused kernel")
+                raise _Problem(
+                    node, f"this reduction leaves {dims[0]} on a tile's first axis; not supported in a fused kernel"
+                )
             return reduced
         if isinstance(node, ir.Name) and node.id in self.inputs and len(dims) == 2:
             return tuple(d for d in self.inputs[node.id].dims if d not in self.batch)
@@ -285,7 +291,11 @@ def _children(node: ir.Expr) -> list[ir.Expr]:
     """The values an expression reads (a call's dimension arguments are not values)."""
     if isinstance(node, ir.Call):
         typing = FUNCTIONS[node.func].typing
-        return [node.args[0]] if typing in ("reduce", "softmax") else [] if typing in ("index", "size") else list(node.args)
+        return (
+            [node.args[0]]
+            if typing in ("reduce", "softmax")
+            else [] if typing in ("index", "size") else list(node.args)
+        )
     if isinstance(node, ir.Binary) and node.op == "@":
         return [product_operand(side)[0] for side in (node.left, node.right)]
     if isinstance(node, ir.Unary):
@@ -437,8 +447,10 @@ class _Sweeper:
         if not (isinstance(node, ir.Binary) and node.op in ("*", "/")):
             return False
         left, right = children
-        return right.phase == "post" and left.phase == "stream" or (
-            node.op == "*" and left.phase == "post" and right.phase == "stream"
+        return (
+            right.phase == "post"
+            and left.phase == "stream"
+            or (node.op == "*" and left.phase == "post" and right.phase == "stream")
         )
 
     def _linear(self, node, children, phase) -> _Info:

@@ -14,7 +14,6 @@ from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends import backend_named
-from pallasgen.backends.tpu.tiling import SCOPED_VMEM_BYTES, tiling_problem
 
 # Block sizes and launch options a sweep tries, per backend.
 TPU_CANDIDATES = (128, 256, 512, 1024)
@@ -126,13 +125,12 @@ def sweep_candidates(checked: CheckedKernel, backend: str) -> list[dict[str, int
         return _gpu_candidates(checked)
     tpu = backend_named("tpu")
     tunable = tpu.tunable_dims(checked)
-    layouts = tpu.layouts(checked)
     candidates = []
     for sizes in itertools.product(TPU_CANDIDATES, repeat=len(tunable)):
         blocks = {**checked.blocks, **dict(zip(tunable, sizes))}
-        if any(tiling_problem(d, blocks[d], layouts) for d in tunable):
+        if any(tpu.tiling_problem(checked, d, blocks[d]) for d in tunable):
             continue
-        if tpu.vmem_bytes(checked, blocks) > SCOPED_VMEM_BYTES:
+        if tpu.vmem_bytes(checked, blocks) > tpu.scoped_vmem_bytes:
             continue
         candidates.append({block_keyword(d): blocks[d] for d in tunable})
     return candidates

@@ -27,7 +27,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from pallasgen.backends.tpu.chips import chip_named
+from pallasgen.backends import backend_named
 
 # What libtpu needs to start on a machine without a TPU (no metadata server, one
 # host, one worker), and JAX_PLATFORMS=cpu so that jax does not look for a TPU.
@@ -87,7 +87,7 @@ def tpu_device(chip: str = "v5e"):
     from jax.experimental import topologies
 
     topology = topologies.get_topology_desc(
-        platform="tpu", topology_name=chip_named(chip).topology, chips_per_host_bounds=(1, 1, 1)
+        platform="tpu", topology_name=backend_named("tpu").chip(chip).topology, chips_per_host_bounds=(1, 1, 1)
     )
     return topology.devices[0]
 

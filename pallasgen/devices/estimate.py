@@ -19,7 +19,7 @@ from pallasgen.devices.bench import work
 from pallasgen.devices import compile_only
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES
-from pallasgen.backends.tpu.chips import chip_named
+from pallasgen.backends import backend_named
 
 LABEL = "compiler estimate (no TPU): cycles, not time"
 PROFILE_FLAG = "--xla_jf_dump_static_llo_profile_to"
@@ -56,7 +56,7 @@ def describe_ratio(value: float | None) -> str:
 
 def percent_of_peak(estimate: Estimate) -> tuple[float, str]:
     """The kernel's work per estimated cycle as a percentage of the chip's peak, and which peak."""
-    chip = chip_named(estimate.chip)
+    chip = backend_named("tpu").chip(estimate.chip)
     seconds = estimate.kernel_cycles / chip.clock_hz
     if estimate.flops:
         peak, name = (chip.int8_ops, "int8") if estimate.int8 else (chip.bf16_flops, "bf16")
@@ -182,5 +182,5 @@ def describe(estimate: Estimate) -> str:
         f"{estimate.kernel} [{shape}]: kernel {estimate.kernel_cycles:,} cycles"
         f" (Mosaic call {estimate.mosaic_cycles:,}), XLA {estimate.xla_cycles:,} cycles,"
         f" {describe_ratio(estimate.ratio)}, {percent:.0f}% of {peak}"
-        f" at {chip_named(estimate.chip).clock_hz / 1e9:g} GHz"
+        f" at {backend_named('tpu').chip(estimate.chip).clock_hz / 1e9:g} GHz"
     )

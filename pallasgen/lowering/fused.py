@@ -228,7 +228,9 @@ class FusedLowering:
             for carry in [c for c in pending if ready(c)]:
                 pending.remove(carry)
                 self._prepare([carry.value], overrides, emitter, extra)
-                lines.extend(self._max_step(carry, names[carry.key], emitter, shift.get(carry.key), rescale.get(carry.key)))
+                lines.extend(
+                    self._max_step(carry, names[carry.key], emitter, shift.get(carry.key), rescale.get(carry.key))
+                )
                 expsum = ("expsum", carry.key[1])
                 if expsum in self.fresh_terms:
                     value = emitter.cast(carry.value, "f32")
@@ -393,7 +395,9 @@ class FusedLowering:
         stores = self._store_all(sweep.finish, emitter, store)
         # A carry the end reads only through another (the max behind logsumexp) needs no line of its own.
         read = [line for line in [*lines, *stores]]
-        lines = [line for line in lines if _assigned(line) not in finals.values() or _read_later(_assigned(line), line, read)]
+        lines = [
+            line for line in lines if _assigned(line) not in finals.values() or _read_later(_assigned(line), line, read)
+        ]
         return self._loads(sweep.finish, factors, skip=sweep.results) + lines + stores
 
     def _skip_condition(self, emitter, starts=None) -> str | None:

@@ -122,12 +122,16 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
 
     def load(decl: ir.ArrayDecl) -> str:
         if swept in decl.dims:
-            indexer = ", ".join(f"pl.ds({sweep_start}, {block_keyword(swept)})" if d == swept else ":" for d in axes(decl))
+            indexer = ", ".join(
+                f"pl.ds({sweep_start}, {block_keyword(swept)})" if d == swept else ":" for d in axes(decl)
+            )
             return f"_load({refs[decl.name]}.at[{indexer}], {mask(decl)}, other=0)"
         return f"_load({refs[decl.name]}, {mask(decl)}, other=0)" if mask(decl) else f"{refs[decl.name]}[...]"
 
     def store(decl: ir.ArrayDecl, value: str) -> str:
-        return f"_store({refs[decl.name]}, {value}, {mask(decl)})" if mask(decl) else f"{refs[decl.name]}[...] = {value}"
+        return (
+            f"_store({refs[decl.name]}, {value}, {mask(decl)})" if mask(decl) else f"{refs[decl.name]}[...] = {value}"
+        )
 
     def emitter_for(overrides):
         return lowered.emitter(spelling=spelling, overrides=overrides)
@@ -140,7 +144,11 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         body = list(code.finish)
     else:
         body = list(lowering.whole(store).step)
-    keywords = [*(sizes[d] for d in checked.dims), *(block_keyword(d) for d in [*tunable, *whole]), *(p.name for p in kernel.params)]
+    keywords = [
+        *(sizes[d] for d in checked.dims),
+        *(block_keyword(d) for d in [*tunable, *whole]),
+        *(p.name for p in kernel.params),
+    ]
     comments = {a.spec_name: a.comment for a in (*lowered.inputs, *lowered.outputs)}
     defaults = gpu_blocks(checked)
     return GpuPlan(

@@ -14,7 +14,14 @@ from pallasgen.backends.tpu.fused import (
     tile_layouts,
 )
 from pallasgen.backends.tpu.fused import tunable_dims as fused_tunable_dims
-from pallasgen.backends.tpu.chips import CHIPS, STEP_ELEMENTS, STEP_VMEM_BYTES, tuned_blocks_problem
+from pallasgen.backends.tpu.chips import (
+    CHIP_NAMES,
+    CHIPS,
+    STEP_ELEMENTS,
+    STEP_VMEM_BYTES,
+    chip_named,
+    tuned_blocks_problem,
+)
 from pallasgen.backends.tpu.plan import (
     block_table_name,
     kernel_function_name,
@@ -27,6 +34,7 @@ from pallasgen.backends.tpu.tiling import (
     SCOPED_VMEM_BYTES,
     VMEM_LIMIT_BYTES,
     array_layouts,
+    tiling_problem,
     tiling_rule,
     vmem_bytes,
     vmem_problem,
@@ -36,6 +44,16 @@ from pallasgen.backends.tpu.tiling import (
 class TpuBackend(Backend):
     name = "tpu"
     template = "tpu.py.j2"
+    chip_names = CHIP_NAMES  # the compile-only chips `--chip` names
+    scoped_vmem_bytes = SCOPED_VMEM_BYTES  # what Mosaic grants blocks without asking for more
+
+    def chip(self, name: str):
+        """The chip `--chip NAME` names (its topology, clock and peaks)."""
+        return chip_named(name)
+
+    def tiling_problem(self, checked, dim: str, block: int) -> str | None:
+        """Why blocking `dim` by `block` breaks Mosaic's tiling rule for this kernel, or None."""
+        return tiling_problem(dim, block, self.layouts(checked))
 
     def check(self, kernel, space, product, blocks, earlier, fused=None):
         if fused is not None or earlier and is_fused(kernel):
@@ -89,7 +107,11 @@ class TpuBackend(Backend):
 
     def tuned_blocks_problem(self, checked, tuned) -> str | None:
         return tuned_blocks_problem(
-            checked, self.tunable_dims(checked), tuned, self.layouts(checked), lambda blocks: self.vmem_problem(checked, blocks)
+            checked,
+            self.tunable_dims(checked),
+            tuned,
+            self.layouts(checked),
+            lambda blocks: self.vmem_problem(checked, blocks),
         )
 
     def helper_values(self):

@@ -123,7 +123,11 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
         body = code.finish
     else:
         body = lowering.whole(ref_store(refs)).step
-    keywords = [*(sizes[d] for d in checked.dims), *(block_keyword(d) for d in tunable), *(p.name for p in kernel.params)]
+    keywords = [
+        *(sizes[d] for d in checked.dims),
+        *(block_keyword(d) for d in tunable),
+        *(p.name for p in kernel.params),
+    ]
     inputs = [values[d.name] for d in kernel.inputs]
     semantics = tuple("arbitrary" if fused.sweep and d == fused.sweep.dim else "parallel" for d in grid)
     layouts = tile_layouts(kernel, fused)
@@ -149,10 +153,16 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
         kernel_function=kernel_function,
         blocks=tuple(BlockPlan(block_keyword(d), checked.blocks[d], sizes[d], d) for d in tunable),
         block_table=_block_table(checked, tunable, sizes, vmem_needed),
-        kernel_parameters=parameter_list([refs[d.name] for d in kernel.inputs + kernel.outputs] + scratch_refs, keywords),
+        kernel_parameters=parameter_list(
+            [refs[d.name] for d in kernel.inputs + kernel.outputs] + scratch_refs, keywords
+        ),
         kernel_callable=partial_call(kernel_function, keywords),
         parameters=parameter_list(
-            inputs, [sizes[d] for d in checked.dims] + [block_keyword(d) for d in tunable] + [p.name for p in kernel.params] + ["interpret"]
+            inputs,
+            [sizes[d] for d in checked.dims]
+            + [block_keyword(d) for d in tunable]
+            + [p.name for p in kernel.params]
+            + ["interpret"],
         ),
         binding=", ".join(
             [f"{sizes[d]}={sizes[d]}" for d in checked.dims]
@@ -169,7 +179,8 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
         grid=tiling.grid_code(sizes),
         grid_comment=_wrap(grid_comment(grid, checked.dims, set(fused.batch), semantics)),
         in_specs=tuple(
-            (_skipped_comment(a.comment, d, fused, live), block_specs[d.name]) for a, d in zip(lowered.inputs, kernel.inputs)
+            (_skipped_comment(a.comment, d, fused, live), block_specs[d.name])
+            for a, d in zip(lowered.inputs, kernel.inputs)
         ),
         out_specs=tuple((a.comment, block_specs[d.name]) for a, d in zip(lowered.outputs, kernel.outputs)),
         out_shapes=tuple(
@@ -184,7 +195,16 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
         body=tuple(body),
         tiling=tiling,
         vmem=needed,
-        prologue=tuple(used_starts([*body, *(accumulator.body if accumulator else ()), accumulator.skip if accumulator and accumulator.skip else ""], prologue)),
+        prologue=tuple(
+            used_starts(
+                [
+                    *body,
+                    *(accumulator.body if accumulator else ()),
+                    accumulator.skip if accumulator and accumulator.skip else "",
+                ],
+                prologue,
+            )
+        ),
     )
 
 
@@ -264,7 +284,9 @@ def _returns(lowered: LoweredKernel) -> str:
     outputs = lowered.outputs
     if all(o.spec_dtype == tpu_dtype(o.spec_dtype) for o in outputs):
         return ""
-    return ", ".join(o.name if o.spec_dtype == tpu_dtype(o.spec_dtype) else f"{o.name}.astype({o.dtype})" for o in outputs)
+    return ", ".join(
+        o.name if o.spec_dtype == tpu_dtype(o.spec_dtype) else f"{o.name}.astype({o.dtype})" for o in outputs
+    )
 
 
 def fused_array_bytes(kernel: ir.Kernel, fused, blocks: dict[str, int]) -> int:
@@ -275,7 +297,13 @@ def fused_array_bytes(kernel: ir.Kernel, fused, blocks: dict[str, int]) -> int:
 def _vmem(kernel: ir.Kernel, fused, running) -> Vmem:
     """Double-buffered blocks of every array, and each running value in scratch."""
     parts = [
-        VmemPart(decl.name, decl.name, 2, DTYPES[decl.dtype].bytes, tuple(d for d in array_axes(decl, fused) if d and d not in fused.batch))
+        VmemPart(
+            decl.name,
+            decl.name,
+            2,
+            DTYPES[decl.dtype].bytes,
+            tuple(d for d in array_axes(decl, fused) if d and d not in fused.batch),
+        )
         for decl in kernel.inputs + kernel.outputs
     ]
     parts += [VmemPart(r.name, None, 1, 4, r.dims) for r in running]
@@ -292,10 +320,23 @@ def _cost_estimate(checked: CheckedKernel, values, sizes) -> str:
         elements = " * ".join(sizes[d] for d in dims) or "1"
         if isinstance(node, ir.Binary) and node.op == "@":
             flops.append(f"2 * {elements} * {sizes[fused.products[node].k]}")
-        elif isinstance(node, ir.Call) and node.func in ("exp", "log", "tanh", "sigmoid", "gelu", "silu", "softmax", "logsumexp", "rsqrt", "sqrt"):
+        elif isinstance(node, ir.Call) and node.func in (
+            "exp",
+            "log",
+            "tanh",
+            "sigmoid",
+            "gelu",
+            "silu",
+            "softmax",
+            "logsumexp",
+            "rsqrt",
+            "sqrt",
+        ):
             transcendentals.append(elements)
     inputs = ", ".join(values[d.name] for d in kernel.inputs)
-    outputs = " + ".join(f"{' * '.join(sizes[d] for d in out.dims) or '1'} * {DTYPES[out.dtype].bytes}" for out in kernel.outputs)
+    outputs = " + ".join(
+        f"{' * '.join(sizes[d] for d in out.dims) or '1'} * {DTYPES[out.dtype].bytes}" for out in kernel.outputs
+    )
     return (
         f"pl.CostEstimate(flops={' + '.join(flops) or '0'}, transcendentals={' + '.join(transcendentals) or '0'},"
         f" bytes_accessed=_nbytes({inputs}) + {outputs})"
