@@ -305,3 +305,45 @@ kernel masked_and_total {
     want_o, _ = attention_numpy(q, k, v, scale=1.0, mask=causal(20, 300))
     np.testing.assert_allclose(f64(o), want_o, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(f64(n), s.sum(1), rtol=1e-4, atol=1e-3)
+
+
+ROUNDED = """
+kernel rounded_scores {
+    in  x: f32[M, K]
+    in  w: f32[K, N]
+    out y: f32[M, N]
+    out r: f32[M]
+    y = round(x @ w)
+    r = sum(x, K)
+    block M = 8
+}
+"""
+
+
+def rounded_module(tmp_path, name):
+    from kernel_cases import load_module
+
+    path = tmp_path / "rounded_scores.py"
+    path.write_text(generate(ROUNDED, "k.pallas", "k.pallas"), encoding="utf-8")
+    return load_module(path, name)
+
+
+@pytest.mark.parametrize("path", ["tpu", "gpu"])
+def test_round_in_a_fused_kernel_runs_on_both_paths(tmp_path, monkeypatch, path):
+    module = rounded_module(tmp_path, f"_rounded_scores_{path}")
+    if path == "gpu":
+        take_gpu_branch(monkeypatch, module)
+    x = np.array([[0.5, 1.0], [2.5, 0.0], [-0.5, 1.0]], np.float32)
+    w = np.array([[1.0, 0.0, 2.0], [0.0, 1.0, 1.0]], np.float32)
+    y, r = module.rounded_scores(x, w, interpret=True)
+    np.testing.assert_array_equal(np.asarray(y), np.round(f64(x) @ f64(w)))
+    np.testing.assert_allclose(f64(r), f64(x).sum(1))
+
+
+@compiled
+def test_round_in_a_fused_kernel_lowers_for_triton(tmp_path):
+    """Triton has no round: the GPU kernel rounds half to even with the module's helper."""
+    module = rounded_module(tmp_path, "_rounded_scores_triton")
+    args = [jax.ShapeDtypeStruct((37, 20), jnp.float32), jax.ShapeDtypeStruct((20, 50), jnp.float32)]
+    for ttir in compile_only.triton_ir(functools.partial(module.rounded_scores, interpret=False), args):
+        compile_only.compile_triton(ttir, capability=90)

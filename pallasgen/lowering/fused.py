@@ -81,9 +81,10 @@ class FrameSpelling:
     and `starts[dim]` its first position (code); `padded`: dimensions held whole in a
     larger block (a GPU's power of two), whose positions past the size are filled first."""
 
-    def __init__(self, fused: FusedKernel, sizes, extents, starts, padded=frozenset()):
+    def __init__(self, fused: FusedKernel, sizes, extents, starts, padded=frozenset(), round_helper=False):
         self.frame, self.sizes, self.extents, self.starts, self.padded = fused.frame, sizes, extents, starts, padded
         self.batch, self.row = fused.batch, fused.row
+        self.round_helper = round_helper  # Triton has no round: the module's _round_half_even
 
     def axis(self, node: ir.Expr, dim: str) -> int:
         return self.frame[node].index(dim)
@@ -107,7 +108,7 @@ class FrameSpelling:
         return self.sizes[dim]
 
     def rounded(self, value: str) -> str:
-        return f"jnp.round({value})"
+        return f"_round_half_even({value})" if self.round_helper else f"jnp.round({value})"
 
 
 def dot_code(product, lhs: str, rhs: str, accumulate: str) -> str:

@@ -77,19 +77,18 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
     whole = whole_dims(checked)
     extents = {d: block_keyword(d) for d in [*tunable, *whole]}
     inside = {d: namer.claim(f"in_{d.lower()}") for d in [*tunable, *whole]}
-    starts = {}
-    prologue = []
-    for axis, dim in enumerate(grid):
-        start = namer.claim(f"{dim.lower()}_start")
-        starts[dim] = start
-        prologue.append(f"{start} = pl.program_id({axis})" + ("" if dim in fused.batch else f" * {block_keyword(dim)}"))
-    first = {d: line.split(" = ", 1)[1] for d, line in zip(grid, prologue)}
+    first = {  # where this program's block of each grid dimension starts
+        d: f"pl.program_id({axis})" + ("" if d in fused.batch else f" * {block_keyword(d)}")
+        for axis, d in enumerate(grid)
+    }
+    starts = {d: namer.claim(f"{d.lower()}_start") for d in grid}
+    prologue = [f"{starts[d]} = {first[d]}" for d in grid]
     masks = [f"{inside[d]} = _inside({first[d]}, {block_keyword(d)}, {sizes[d]})" for d in grid if d not in fused.batch]
     masks += [f"{inside[d]} = _inside(0, {block_keyword(d)}, {sizes[d]})" for d in whole]
     sweep_start = namer.claim(f"{swept.lower()}_start") if swept else None
     if swept:
         starts[swept] = sweep_start
-    spelling = FrameSpelling(fused, sizes, extents, starts, padded=frozenset(whole))
+    spelling = FrameSpelling(fused, sizes, extents, starts, padded=frozenset(whole), round_helper=True)
 
     def axes(decl):
         return [a for a in array_axes(decl, fused) if a not in fused.batch]

@@ -9,6 +9,7 @@ import textwrap
 
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES, tpu_dtype
+from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.fused import array_axes
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.tpu.plan import (
@@ -320,18 +321,7 @@ def _cost_estimate(checked: CheckedKernel, values, sizes) -> str:
         elements = " * ".join(sizes[d] for d in dims) or "1"
         if isinstance(node, ir.Binary) and node.op == "@":
             flops.append(f"2 * {elements} * {sizes[fused.products[node].k]}")
-        elif isinstance(node, ir.Call) and node.func in (
-            "exp",
-            "log",
-            "tanh",
-            "sigmoid",
-            "gelu",
-            "silu",
-            "softmax",
-            "logsumexp",
-            "rsqrt",
-            "sqrt",
-        ):
+        elif isinstance(node, ir.Call) and FUNCTIONS[node.func].transcendental:
             transcendentals.append(elements)
     inputs = ", ".join(values[d.name] for d in kernel.inputs)
     outputs = " + ".join(
