@@ -11,18 +11,51 @@ from pallasgen.analysis.dtypes import DTYPES
 
 
 @dataclass(frozen=True)
+class Running:
+    """One value a reduction carries from step to step over a blocked dimension: `part`
+    names it beside the others (None for a lone one); its dtype is the one the reduction
+    computes in (`wide`), or "i32" (positions); `start` is its value before the first
+    step, an identity as `Reducer.identity` names them."""
+
+    part: str | None
+    start: str
+    dtype: str = "wide"
+
+
+@dataclass(frozen=True)
 class Reducer:
-    """How a reduction types its result and what its masked positions hold.
+    """A reduction kind, the one table of it: how it types its result, what its masked
+    positions hold, and what it carries across the steps of a blocked dimension.
 
     `result`: "sum" (f32 for floats, i32 for ints and bools), "f32", "same", "i32" or
-    "bool". `identity`: the value that leaves the result unchanged, "zero", "lowest"
-    or "highest" of the dtype it reduces in, "false" or "true". `takes`: the argument
-    dtypes it accepts, "numbers", "bools", or "any".
+    "bool"; with "f32" it computes in f32, else in the widest dtype of its argument's
+    kind (f32, i32), and a "same" result is narrowed back at the end. `identity`: the
+    value that leaves the result unchanged, "zero", "lowest" or "highest" of the dtype
+    it reduces in, "false" or "true". `takes`: the argument dtypes it accepts,
+    "numbers", "bools", or "any".
+
+    Carried over steps: `running` values start at their identities; a step adds a
+    block by `block` (the jnp reduction of a block, kept) merged by `merge` (position
+    by position too, so a running value may be block-shaped and reduced once, at the
+    end), or by the module's helper `step` where the running values are a pair;
+    `finish` reads the result from them (`{0}`, `{1}`: the running values, `{size}`
+    the dimension's size). A reduction over a whole block in one step is `whole`, and
+    `reference` spells it in plain jax.numpy (`{value}`, `{axis}`: the reduced axis,
+    kept; `{wide}`: the dtype it computes in, `{wide_value}` the value in it). `linear`: a sum of its terms, so a
+    running max that grows rescales it (the online softmax).
     """
 
     result: str
     identity: str
+    reference: str
     takes: str = "numbers"
+    running: tuple[Running, ...] = ()
+    block: str | None = None
+    merge: str | None = None
+    step: str | None = None
+    finish: str = "{0}"
+    whole: str | None = None
+    linear: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,6 +104,29 @@ def _reduction(name: str, reducer: Reducer, transcendental: bool = False) -> Fun
     return Function(name, 2, "reduce", "", transcendental=transcendental, reducer=reducer)
 
 
+_KEPT = "jnp.{}({{value}}, axis={{axis}}, keepdims=True)"
+_MAXIMUM, _MINIMUM = "jnp.maximum({}, {})", "jnp.minimum({}, {})"
+
+
+def _merged(block: str, merge: str, start: str) -> dict:
+    """A reduction that carries one value: a block reduced by jnp.`block`, merged by `merge`."""
+    return {"running": (Running(None, start),), "block": block, "merge": merge}
+
+
+def _arg_best(name: str, best: str, start: str, largest: bool) -> Reducer:
+    """argmax/argmin: the first position of the best value (ties take the first); over
+    steps, the best value so far and its position."""
+    return Reducer(
+        "i32",
+        start,
+        f"jnp.{name}({{value}}, axis={{axis}}, keepdims=True).astype(jnp.int32)",
+        running=(Running(best, start), Running("index", "zero", dtype="i32")),
+        step=f"_argbest_step({{0}}, {{1}}, {{value}}, {{start}}, {{axis}}, largest={largest})",
+        finish="{1}",
+        whole=f"_argbest({{value}}, {{axis}}, largest={largest})",
+    )
+
+
 FUNCTIONS: dict[str, Function] = {
     f.name: f
     for f in (
@@ -105,17 +161,71 @@ FUNCTIONS: dict[str, Function] = {
         Function("where", 3, "where", "jnp.where({})", fold=lambda condition, a, b: a if condition else b),
         Function("index", 1, "index", ""),
         Function("size", 1, "size", ""),
-        _reduction("sum", Reducer("sum", "zero", takes="any")),
-        _reduction("mean", Reducer("f32", "zero")),
-        _reduction("max", Reducer("same", "lowest")),
-        _reduction("min", Reducer("same", "highest")),
-        _reduction("argmax", Reducer("i32", "lowest")),
-        _reduction("argmin", Reducer("i32", "highest")),
-        _reduction("logsumexp", Reducer("f32", "lowest"), transcendental=True),
+        _reduction(
+            "sum",
+            Reducer(
+                "sum",
+                "zero",
+                "jnp.sum({value}, axis={axis}, keepdims=True, dtype={wide})",
+                takes="any",
+                **_merged("sum", "{} + {}", "zero"),
+                linear=True,
+            ),
+        ),
+        _reduction(
+            "mean",
+            Reducer(
+                "f32",
+                "zero",
+                "jnp.mean({value}, axis={axis}, keepdims=True, dtype={wide})",
+                **_merged("sum", "{} + {}", "zero"),
+                finish="{0} / {size}",
+                linear=True,
+            ),
+        ),
+        _reduction("max", Reducer("same", "lowest", _KEPT.format("max"), **_merged("max", _MAXIMUM, "lowest"))),
+        _reduction("min", Reducer("same", "highest", _KEPT.format("min"), **_merged("min", _MINIMUM, "highest"))),
+        _reduction("argmax", _arg_best("argmax", "max", "lowest", largest=True)),
+        _reduction("argmin", _arg_best("argmin", "min", "highest", largest=False)),
+        _reduction(
+            "logsumexp",
+            Reducer(
+                "f32",
+                "lowest",
+                "jax.nn.logsumexp({wide_value}, axis={axis}, keepdims=True)",
+                running=(Running("max", "lowest"), Running("sum", "zero")),
+                step="_logsumexp_step({0}, {1}, {value}, {axis})",
+                finish="_logsumexp_finish({0}, {1})",
+                whole="_logsumexp({value}, {axis})",
+            ),
+            transcendental=True,
+        ),
         # exp(x - max(x, N)) / sum(exp(x - max(x, N)), N): f32, with the shape of x.
-        Function("softmax", 2, "softmax", "", transcendental=True, reducer=Reducer("f32", "lowest")),
-        _reduction("any", Reducer("bool", "false", takes="bools")),
-        _reduction("all", Reducer("bool", "true", takes="bools")),
+        Function(
+            "softmax",
+            2,
+            "softmax",
+            "",
+            transcendental=True,
+            reducer=Reducer("f32", "lowest", "jax.nn.softmax({wide_value}, axis={axis})"),
+        ),
+        _reduction(
+            "any",
+            Reducer(
+                "bool",
+                "false",
+                _KEPT.format("any"),
+                takes="bools",
+                **_merged("max", _MAXIMUM, "false"),
+                finish="{0} > 0",
+            ),
+        ),
+        _reduction(
+            "all",
+            Reducer(
+                "bool", "true", _KEPT.format("all"), takes="bools", **_merged("min", _MINIMUM, "true"), finish="{0} > 0"
+            ),
+        ),
         *(Function(name, 1, "cast", "", fold=lambda x: x) for name in DTYPES),
     )
 }

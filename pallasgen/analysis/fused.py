@@ -24,10 +24,8 @@ from pallasgen.analysis.valuetypes import ValueType
 from pallasgen.frontend import ir
 from pallasgen.frontend.errors import Diagnostic
 
-# What a step adds that changes no running value of these kinds (the others never skip;
-# expsum and product carries are checked by their terms: exp(-inf) and a 0 operand).
-IDENTITIES = {"sum": 0.0, "mean": 0.0, "max": float("-inf"), "min": float("inf")}
-RESCALABLE = frozenset({"sum", "mean", "dot"})  # linear in their values: rescaled with a running max
+# The float value of a reduction's identity (`Reducer.identity`), where it has one.
+IDENTITY_VALUES = {"zero": 0.0, "lowest": float("-inf"), "highest": float("inf")}
 
 
 def is_fused(kernel: ir.Kernel) -> bool:
@@ -550,7 +548,7 @@ class _Sweeper:
             top = self._carry(("max", _key(value, self.lets)), "max", node, value)
             self.results[node] = self._carry(("expsum", _key(value, self.lets)), "expsum", node, value, top)
             return _Info("post")
-        if not info.plain and kind not in RESCALABLE:
+        if not info.plain and not FUNCTIONS[kind].reducer.linear:
             raise self._unsweepable(node, f"takes {kind}() of a value rescaled in the pass")
         shifted = self._shifted_value(value)
         if kind == "sum" and shifted is not None and not info.factors:
@@ -609,7 +607,7 @@ class _Sweeper:
         value = _constant(carry.value, assumed, self.lets, running=set(self.running))
         if carry.kind == "expsum":
             return value == float("-inf")
-        return value is not None and value == IDENTITIES.get(carry.kind)
+        return value is not None and value == _identity_value(carry.kind)
 
     # -- errors ------------------------------------------------------------------------
 
@@ -650,6 +648,14 @@ def _describe(node: ir.Expr) -> str:
     if isinstance(node, ir.Name):
         return f"'{node.id}'"
     return "a value computed from the whole pass"
+
+
+def _identity_value(kind: str) -> float | None:
+    """What a step adds that changes no running value of a reduction that carries one
+    (the others never skip; expsum and product carries are checked by their terms:
+    exp(-inf) and a 0 operand)."""
+    reducer = FUNCTIONS[kind].reducer
+    return IDENTITY_VALUES.get(reducer.identity) if reducer.merge else None
 
 
 def _is_zero(node: ir.Expr) -> bool:

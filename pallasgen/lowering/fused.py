@@ -18,7 +18,6 @@ from pallasgen.frontend import ir
 from pallasgen.lowering.parts import body_statements, tuple_code
 from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.reductions import (
-    RUNNING,
     accumulators,
     combine_code,
     compute_dtype,
@@ -28,6 +27,7 @@ from pallasgen.lowering.reductions import (
     kernel_reduction,
     kernel_softmax,
     reduced_dim,
+    running_parts,
 )
 
 F32 = "jnp.float32"
@@ -257,7 +257,7 @@ class FusedLowering:
     def _carry_names(self, carry: Carry) -> list[str]:
         base = {"dot": "acc", "expsum": "sum_exp"}.get(carry.kind, carry.kind)
         base = f"{base}_{self.fused.sweep.dim.lower()}"
-        parts = RUNNING.get(carry.kind, (None,)) if carry.kind in ("argmax", "argmin") else (None,)
+        parts = running_parts(carry.kind) if carry.kind in FUNCTIONS else (None,)  # not dot, expsum
         return [self.namer.claim(base if p is None else f"{base}_{p}") + self._suffix() for p in parts]
 
     def _suffix(self) -> str:
@@ -277,11 +277,9 @@ class FusedLowering:
         tile = tuple(a for a in axes if a and a != dim)
         if carry.kind == "expsum":
             return [Running(names[0], shape, F32, "0.0", f"the sum of exp(value - its running max) over {dim}", tile)]
-        dtype = self._value_dtype(carry)
-        kind = "sum" if carry.scale is not None else carry.kind
         return [
             Running(name, shape, acc.dtype, acc.initial, f"the running {carry.kind} over {dim}", tile)
-            for name, acc in zip(names, accumulators(kind, dtype, names))
+            for name, acc in zip(names, accumulators(carry.kind, self._value_dtype(carry), names))
         ]
 
     def _axis(self, node, dim) -> int:
@@ -346,8 +344,7 @@ class FusedLowering:
             lines = self._masked(block, self.terms[carry.key], carry.value, "0.0")
             term = f"jnp.sum({block}, axis={axis}, keepdims=True)"
             return lines + [self.placement.write(names[0], f"{scale} * {read[0]} + {term}")]
-        dtype = self._value_dtype(carry)
-        kind = "sum" if carry.kind == "mean" else carry.kind
+        kind, dtype = ("sum" if carry.kind == "mean" else carry.kind), self._value_dtype(carry)
         computed = compute_dtype(kind, dtype)
         value = emitter.cast(carry.value, computed.name)
         lines = self._masked(block, value, carry.value, identity(kind, dtype))
@@ -367,8 +364,8 @@ class FusedLowering:
         finals: dict[tuple, str] = {}
         for carry in sorted(sweep.carries, key=lambda c: bool(c.factors)):
             read = [self.placement.read(n) for n in names[carry.key]]
-            if carry.kind in ("dot", "expsum") or carry.scale is not None:
-                value = read[0] if carry.kind != "mean" else f"{read[0]} / {size}"
+            if carry.kind in ("dot", "expsum"):
+                value = read[0]
             else:
                 value = finish_code(carry.kind, read, self._value_dtype(carry), size)
             for op, factor in carry.factors:

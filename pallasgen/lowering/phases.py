@@ -9,7 +9,6 @@ from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.frontend import ir
 from pallasgen.lowering.reductions import (
-    RUNNING,
     Accumulator,
     accumulators,
     block_reduction,
@@ -18,6 +17,7 @@ from pallasgen.lowering.reductions import (
     finish_code,
     identity,
     rows_reduction,
+    running_parts,
 )
 
 
@@ -32,8 +32,11 @@ class Phases:
 def stepped_dim(checked: CheckedKernel) -> str | None:
     """The reduced dimension (other than a product's) that is blocked, if any."""
     return next(
-        (d.name for d in checked.space.dims if d.reduced and d.reductions and d.name != checked.space.contracted
-         and d.name in checked.blocks),
+        (
+            d.name
+            for d in checked.space.dims
+            if d.reduced and d.reductions and d.name != checked.space.contracted and d.name in checked.blocks
+        ),
         None,
     )
 
@@ -97,7 +100,7 @@ def stepped_reductions(
     for node in phases.reductions:
         kind, dtype = node.func, emitter.kernel_dtype(node.args[0])
         result = namer.claim(f"{kind}_{dim.lower()}")
-        names = [namer.claim(f"{result}_{part}{suffix}") for part in RUNNING.get(kind, ("running",))]
+        names = [namer.claim(f"{result}_{part}{suffix}") for part in (p or "running" for p in running_parts(kind))]
         accs = accumulators(kind, dtype, names)
         values = [f"{acc.name}[...]" if in_refs else acc.name for acc in accs]
         computed = compute_dtype(kind, dtype)

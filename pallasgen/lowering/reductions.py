@@ -7,7 +7,8 @@ In the reference they are plain jax.numpy. In kernels they compute in f32 (float
 or i32 (integers and bools), which Mosaic and Triton both reduce, and use the
 module's helpers for argmax/argmin (first index on ties) and logsumexp. A reduced
 dimension that is blocked is reduced step by step into accumulators: `Accumulator`s,
-combined by `combine_code` and read back by `finish_code`.
+combined by `combine_code` and read back by `finish_code`. What each kind does is read
+from its record in the one table of reductions (`analysis.functions.Reducer`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pallasgen.analysis.dtypes import DTYPES, DType
-from pallasgen.analysis.functions import FUNCTIONS
+from pallasgen.analysis.functions import FUNCTIONS, Reducer
 from pallasgen.frontend import ir
 from pallasgen.lowering.parts import tuple_code
 
@@ -34,9 +35,13 @@ IDENTITY = {
 
 
 def compute_dtype(kind: str, dtype: DType) -> DType:
-    """The dtype a kernel reduces values of `dtype` in: f32 for floats, for mean and for
-    logsumexp; i32 for integers and bools."""
-    return DTYPES["f32"] if kind in ("mean", "logsumexp") or dtype.is_float else DTYPES["i32"]
+    """The dtype a kernel reduces values of `dtype` in: f32 for floats and for reductions
+    with an f32 result (mean, logsumexp); i32 for integers and bools."""
+    return DTYPES["f32"] if _reducer(kind).result == "f32" or dtype.is_float else DTYPES["i32"]
+
+
+def _reducer(kind: str) -> Reducer:
+    return FUNCTIONS[kind].reducer
 
 
 def _computed(kind: str, dtype: DType) -> str:
@@ -45,21 +50,13 @@ def _computed(kind: str, dtype: DType) -> str:
 
 def identity(kind: str, dtype: DType) -> str:
     """The value masked positions hold for this reduction, as code."""
-    return IDENTITY[(FUNCTIONS[kind].reducer.identity, _computed(kind, dtype))]
+    return IDENTITY[(_reducer(kind).identity, _computed(kind, dtype))]
 
 
 def reference_reduction(kind: str, value: str, axis: int, dtype: DType) -> str:
     """`kind` of `value` (code, of `dtype`) over `axis`, kept, in plain jax.numpy."""
-    where = f"axis={axis}, keepdims=True"
-    if kind == "sum":
-        return f"jnp.sum({value}, {where}, dtype={F32 if dtype.is_float else I32})"
-    if kind == "mean":
-        return f"jnp.mean({value}, {where}, dtype={F32})"
-    if kind in ("max", "min", "any", "all"):
-        return f"jnp.{kind}({value}, {where})"
-    if kind in ("argmax", "argmin"):
-        return f"jnp.{kind}({value}, {where}).astype({I32})"
-    return f"jax.nn.logsumexp({_as(value, dtype, F32)}, {where})"
+    wide = _computed(kind, dtype)
+    return _reducer(kind).reference.format(value=value, axis=axis, wide=wide, wide_value=_as(value, dtype, wide))
 
 
 def kernel_reduction(kind: str, value: str, axis: int, dtype: DType, size: str, padded: bool = False) -> str:
@@ -68,11 +65,10 @@ def kernel_reduction(kind: str, value: str, axis: int, dtype: DType, size: str, 
     computed = _as(value, dtype, _computed(kind, dtype))
     if padded:
         computed = f"_fill_past({computed}, 0, {size}, {axis}, {identity(kind, dtype)})"
-    if kind in ELEMENTWISE:
+    reducer = _reducer(kind)
+    if reducer.merge:
         return finish_code(kind, [block_reduction(kind, computed, axis)], dtype, size)
-    if kind in ("argmax", "argmin"):
-        return f"_argbest({computed}, {axis}, largest={kind == 'argmax'})"
-    return f"_logsumexp({computed}, {axis})"
+    return reducer.whole.format(value=computed, axis=axis)
 
 
 def kernel_softmax(value: str, axis: int, dtype: DType, size: str, padded: bool = False) -> str:
@@ -96,50 +92,42 @@ def kernel_positions(axis: int, rank: int, extent: str, start: str | None) -> st
     return f"{start} + {iota}" if start else iota
 
 
-# Reductions that keep one running value: the jnp reduction of a block, and how two
-# partial values merge (position by position too, so their running values may be
-# block-shaped and reduced once, at the last step).
-_MERGES = {
-    "sum": ("sum", "{} + {}"),
-    "mean": ("sum", "{} + {}"),
-    "max": ("max", "jnp.maximum({}, {})"),
-    "any": ("max", "jnp.maximum({}, {})"),
-    "min": ("min", "jnp.minimum({}, {})"),
-    "all": ("min", "jnp.minimum({}, {})"),
-}
-ELEMENTWISE = frozenset(_MERGES)
+def merges(kind: str) -> bool:
+    """Whether the reduction carries one running value, merged position by position (so
+    its running value may be block-shaped and reduced once, at the last step)."""
+    return _reducer(kind).merge is not None
 
 
 def block_reduction(kind: str, value: str, axis: int) -> str:
-    """`value` (computed wide) reduced over `axis`, kept, for a reduction in ELEMENTWISE."""
-    return f"jnp.{_MERGES[kind][0]}({value}, axis={axis}, keepdims=True)"
+    """`value` (computed wide) reduced over `axis`, kept, for a reduction that `merges`."""
+    return f"jnp.{_reducer(kind).block}({value}, axis={axis}, keepdims=True)"
 
 
 def rows_reduction(kind: str, value: str) -> str:
     """Block-shaped running values held as rows (`_as_rows`) reduced to one position, for a
-    reduction in ELEMENTWISE."""
-    return f"jnp.{_MERGES[kind][0]}({value}, keepdims=True).reshape(1)"
+    reduction that `merges`."""
+    return f"jnp.{_reducer(kind).block}({value}, keepdims=True).reshape(1)"
 
 
-# The names of the running values of each reduction: most keep one, some a pair.
-RUNNING = {"logsumexp": ("max", "sum"), "argmax": ("max", "index"), "argmin": ("min", "index")}
+def running_parts(kind: str) -> tuple[str | None, ...]:
+    """What each running value of a reduction is called beside the others (None: a lone one)."""
+    return tuple(r.part for r in _reducer(kind).running)
 
 
 @dataclass(frozen=True)
 class Accumulator:
     name: str  # a scratch Ref (TPU) or a loop-carried value (GPU)
     dtype: str  # jnp.float32
-    initial: str  # the reduction's identity, as code
+    initial: str  # its identity, as code
 
 
 def accumulators(kind: str, dtype: DType, names: list[str]) -> list[Accumulator]:
-    """The running values of a reduction over steps; `names` gives one or two names."""
-    first = Accumulator(names[0], _computed(kind, dtype), identity(kind, dtype))
-    if kind == "logsumexp":
-        return [first, Accumulator(names[1], F32, "0.0")]
-    if kind in ("argmax", "argmin"):
-        return [first, Accumulator(names[1], I32, "0")]
-    return [first]
+    """The running values of a reduction over steps, one per name."""
+    found = []
+    for name, running in zip(names, _reducer(kind).running):
+        computed = _computed(kind, dtype) if running.dtype == "wide" else I32
+        found.append(Accumulator(name, computed, IDENTITY[(running.start, computed)]))
+    return found
 
 
 def combine_code(
@@ -148,27 +136,18 @@ def combine_code(
     """The running values after one more block `value` (`start`: its first position);
     `elementwise`: block-shaped running values, merged position by position."""
     computed = _as(value, dtype, _computed(kind, dtype))
-    if kind in ELEMENTWISE:
+    reducer = _reducer(kind)
+    if reducer.merge:
         block = computed if elementwise else block_reduction(kind, computed, axis)
-        return _MERGES[kind][1].format(running[0], block)
-    if kind in ("argmax", "argmin"):
-        return f"_argbest_step({running[0]}, {running[1]}, {computed}, {start}, {axis}, largest={kind == 'argmax'})"
-    return f"_logsumexp_step({running[0]}, {running[1]}, {computed}, {axis})"
+        return reducer.merge.format(running[0], block)
+    return reducer.step.format(*running, value=computed, start=start, axis=axis)
 
 
 def finish_code(kind: str, running: list[str], dtype: DType, size: str) -> str:
     """The reduction's value from its running values after the last step."""
-    if kind == "mean":
-        return f"{running[0]} / {size}"
-    if kind in ("max", "min"):
-        return _narrowed(running[0], dtype)
-    if kind in ("any", "all"):
-        return f"{running[0]} > 0"
-    if kind in ("argmax", "argmin"):
-        return running[1]
-    if kind == "logsumexp":
-        return f"_logsumexp_finish({running[0]}, {running[1]})"
-    return running[0]
+    reducer = _reducer(kind)
+    value = reducer.finish.format(*running, size=size)
+    return _narrowed(value, dtype) if reducer.result == "same" else value
 
 
 def reduced_dim(node: ir.Call) -> str:

@@ -9,7 +9,7 @@ from pallasgen.frontend import ir
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.dtypes import DTYPES, DType, tpu_dtype
 from pallasgen.lowering.parts import layout_of
-from pallasgen.lowering.reductions import ELEMENTWISE
+from pallasgen.lowering.reductions import merges
 from pallasgen.analysis.product import Product
 
 # Scoped VMEM that Mosaic grants a kernel by default on the smallest current TPU (v5e).
@@ -104,7 +104,7 @@ def accumulates_elementwise(kernel: ir.Kernel, dim: str) -> bool:
     across lanes and sublanes every step doubled the compiler's estimate against XLA's)
     and each reduction merges so."""
     reductions = {n.func for n in _reductions(kernel)}
-    return _dims(kernel) == {dim} and bool(reductions) and reductions <= ELEMENTWISE
+    return _dims(kernel) == {dim} and bool(reductions) and all(merges(kind) for kind in reductions)
 
 
 def holds_rows(kernel: ir.Kernel, dim: str) -> bool:
