@@ -347,3 +347,35 @@ def test_round_in_a_fused_kernel_lowers_for_triton(tmp_path):
     args = [jax.ShapeDtypeStruct((37, 20), jnp.float32), jax.ShapeDtypeStruct((20, 50), jnp.float32)]
     for ttir in compile_only.triton_ir(functools.partial(module.rounded_scores, interpret=False), args):
         compile_only.compile_triton(ttir, capability=90)
+
+
+MEAN_OF_COUNTS = """
+kernel scores_and_mean_count {
+    in  q: f32[S, D]
+    in  k: f32[T, D]
+    in  c: i32[S, T]
+    out top: f32[S]
+    out m: f32[S]
+    top = max(q @ k.T, T)
+    m = mean(c, T)
+    block S = 8, T = 128
+}
+"""
+
+
+@pytest.mark.parametrize("path", ["tpu", "gpu"])
+def test_a_mean_of_integers_beside_a_product_sums_in_f32_as_the_reference(tmp_path, monkeypatch, path):
+    """mean() computes in f32 whatever it reduces: counts near 2^30 summed in i32 would wrap."""
+    from kernel_cases import load_module
+
+    source_path = tmp_path / "mean_count.py"
+    source_path.write_text(generate(MEAN_OF_COUNTS, "k.pallas", "k.pallas"), encoding="utf-8")
+    module = load_module(source_path, f"_mean_count_{path}")
+    if path == "gpu":
+        take_gpu_branch(monkeypatch, module)
+    rng = np.random.default_rng(3)
+    q, k = rng.standard_normal((10, 16)).astype(np.float32), rng.standard_normal((300, 16)).astype(np.float32)
+    c = rng.integers(2**29, 2**30, (10, 300)).astype(np.int32)
+    top, m = module.scores_and_mean_count(q, k, c, interpret=True)
+    np.testing.assert_allclose(f64(top), (f64(q) @ f64(k).T).max(1), rtol=1e-5)
+    np.testing.assert_allclose(f64(m), c.astype(np.int64).mean(1), rtol=1e-6)

@@ -344,7 +344,7 @@ class FusedLowering:
             lines = self._masked(block, self.terms[carry.key], carry.value, "0.0")
             term = f"jnp.sum({block}, axis={axis}, keepdims=True)"
             return lines + [self.placement.write(names[0], f"{scale} * {read[0]} + {term}")]
-        kind, dtype = ("sum" if carry.kind == "mean" else carry.kind), self._value_dtype(carry)
+        kind, dtype = carry.kind, self._value_dtype(carry)
         computed = compute_dtype(kind, dtype)
         value = emitter.cast(carry.value, computed.name)
         lines = self._masked(block, value, carry.value, identity(kind, dtype))
