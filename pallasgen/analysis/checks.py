@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pallasgen.frontend import ir
 from pallasgen.analysis.dtypes import BOOL, DTYPES
 from pallasgen.analysis.functions import FUNCTIONS
+from pallasgen.analysis.carries import Sweep, plain_sweep
 from pallasgen.analysis.fused import FusedKernel, analyze_fused, is_fused
 from pallasgen.frontend.errors import Diagnostic, Position, did_you_mean
 from pallasgen.analysis.infer import dims_text, infer_body, literal_problem
@@ -52,6 +53,7 @@ class CheckedKernel:
     settings: dict[str, object] = field(hash=False)  # each backend's own, by backend name
     tuned: tuple[TunedBlocks, ...] = ()  # from the spec's tuning file (pallasgen tune)
     fused: FusedKernel | None = None  # several products, computed operands: see analysis.fused
+    sweep: Sweep | None = None  # what the kernel carries across its swept dimension: see analysis.carries
 
     @property
     def dims(self) -> tuple[str, ...]:
@@ -116,7 +118,8 @@ def check_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, list[Di
         found.extend(problems)
     types, problems = infer_body(kernel, space.names, product)
     found.extend(problems)
-    return CheckedKernel(kernel, space, sizes, types, blocks, product, settings), found
+    sweep = None if found else plain_sweep(kernel, space, product, blocks)
+    return CheckedKernel(kernel, space, sizes, types, blocks, product, settings, sweep=sweep), found
 
 
 def check_fused_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, list[Diagnostic]]:
@@ -152,7 +155,8 @@ def check_fused_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, l
     for backend in backends:
         settings[backend.name], problems = backend.check(kernel, space, None, blocks, found, fused=fused)
         found.extend(problems)
-    return CheckedKernel(kernel, space, sizes, types, blocks, None, settings, fused=fused), found
+    sweep = fused.sweep if fused else None
+    return CheckedKernel(kernel, space, sizes, types, blocks, None, settings, fused=fused, sweep=sweep), found
 
 
 def _fused_dims(kernel: ir.Kernel) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pallasgen.analysis.carries import Carry, Skip, Sweep
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.infer import product_operand
 from pallasgen.analysis.valuetypes import ValueType
@@ -55,49 +56,6 @@ class Product:
     lhs_contracts: int  # the tile axis of the contracted dimension in each operand
     rhs_contracts: int
     k: str  # the contracted dimension
-
-
-@dataclass(frozen=True)
-class Carry:
-    """A value carried across the swept dimension's steps.
-
-    `kind`: a reduction's name (`sum`, `max`, `logsumexp`, ...), `dot` (a product that
-    contracts the swept dimension) or `expsum` (sum of exp(value - the running max of
-    value), behind logsumexp and softmax). `value` is what is reduced (for `dot`, the
-    product node). `scale`: the running max whose growth rescales it; `factors`: values
-    that do not vary along the swept dimension, which multiply (`*`) or divide (`/`) each
-    term and are applied once, at the end.
-    """
-
-    key: tuple
-    kind: str
-    node: ir.Expr
-    value: ir.Expr
-    scale: Carry | None = None
-    factors: tuple[tuple[str, object], ...] = ()  # (op, ir.Expr or Carry)
-
-
-@dataclass(frozen=True)
-class Skip:
-    """Blocks where `condition` is false at every position are skipped: every carry would
-    only add its identity there (the `where` gives `otherwise`)."""
-
-    where: ir.Call
-    condition: ir.Expr
-
-
-@dataclass(frozen=True)
-class Sweep:
-    dim: str
-    carries: tuple[Carry, ...]  # in the order a step updates them (a scale before what it scales)
-    results: dict[ir.Expr, Carry] = field(hash=False)  # each reduction or product over `dim`: its carry
-    running: dict[ir.Expr, Carry] = field(hash=False)  # max() nodes read in the pass: the running max
-    unfactored: dict[ir.Expr, ir.Expr] = field(hash=False)  # a node whose factors wait for the end: its core
-    softmaxes: dict[ir.Expr, Carry] = field(hash=False)  # softmax() over `dim` in the pass: its running max
-    terms: dict[tuple, str] = field(hash=False)  # an expsum carry's key: the let holding its exp(x - max)
-    step: tuple[ir.Statement, ...]  # lets each step computes
-    finish: tuple[ir.Statement, ...]  # lets and outputs computed once the pass is done
-    skip: Skip | None
 
 
 @dataclass(frozen=True)
@@ -361,13 +319,13 @@ class _Sweeper:
             self.dim,
             tuple(self.carries.values()),
             self.results,
-            self.running,
-            self.unfactored,
-            self.softmaxes,
-            self._terms(),
-            tuple(s for s in lets if s.name in in_step and self.let_infos[s.name].phase != "post"),
-            tuple(s for s in self.kernel.body if s in finish or (isinstance(s, ir.Let) and s.name in in_finish)),
-            self._skip(),
+            step=tuple(s for s in lets if s.name in in_step and self.let_infos[s.name].phase != "post"),
+            finish=tuple(s for s in self.kernel.body if s in finish or (isinstance(s, ir.Let) and s.name in in_finish)),
+            running=self.running,
+            unfactored=self.unfactored,
+            softmaxes=self.softmaxes,
+            terms=self._terms(),
+            skip=self._skip(),
         )
 
     def _terms(self) -> dict[tuple, str]:

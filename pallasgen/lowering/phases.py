@@ -1,10 +1,11 @@
-"""A kernel body split around a reduced dimension that is blocked: what each step
-computes, and what only the last step can (it needs the reductions' results)."""
+"""Reductions over a blocked reduced dimension as code, one block per step: the carries
+of the kernel's sweep (analysis.carries), each step's lines and each result's value."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pallasgen.analysis.carries import Sweep
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.frontend import ir
@@ -21,42 +22,10 @@ from pallasgen.lowering.reductions import (
 )
 
 
-@dataclass(frozen=True)
-class Phases:
-    dim: str  # the blocked reduced dimension
-    reductions: tuple[ir.Call, ...]  # over `dim`, in source order
-    each_step: tuple[ir.Statement, ...]  # lets that do not need the reductions' results
-    last_step: tuple[ir.Statement, ...]  # lets that do, and every output
-
-
-def stepped_dim(checked: CheckedKernel) -> str | None:
-    """The reduced dimension (other than a product's) that is blocked, if any."""
-    return next(
-        (
-            d.name
-            for d in checked.space.dims
-            if d.reduced and d.reductions and d.name != checked.space.contracted and d.name in checked.blocks
-        ),
-        None,
-    )
-
-
-def split_phases(checked: CheckedKernel, dim: str) -> Phases:
-    reductions = tuple(r.node for r in checked.space.dim(dim).reductions)
-    finals: set[str] = set()
-    each_step, last_step = [], []
-    for statement in checked.kernel.body:
-        nodes = list(ir.walk(statement.value))
-        needs_results = any(n in reductions for n in nodes) or any(
-            isinstance(n, ir.Name) and n.id in finals for n in nodes
-        )
-        if isinstance(statement, ir.Let) and not needs_results:
-            each_step.append(statement)
-        else:
-            last_step.append(statement)
-            if isinstance(statement, ir.Let):
-                finals.add(statement.name)
-    return Phases(dim, reductions, tuple(each_step), tuple(last_step))
+def stepped_sweep(checked: CheckedKernel) -> Sweep | None:
+    """The kernel's sweep over a blocked reduced dimension (not a product's), if any."""
+    sweep = checked.sweep
+    return sweep if sweep is not None and sweep.dim != checked.space.contracted else None
 
 
 def reduces(checked: CheckedKernel) -> bool:
@@ -87,17 +56,17 @@ class SteppedReduction:
 
 
 def stepped_reductions(
-    lowered, namer, phases: Phases, emitter, start: str, block: str, in_refs: bool, elementwise=False, rows=False
+    lowered, namer, sweep: Sweep, emitter, start: str, block: str, in_refs: bool, elementwise=False, rows=False
 ) -> list[SteppedReduction]:
-    """The reductions over `phases.dim`, one block per step from position `start`. The
+    """The reductions over `sweep.dim`, one block per step from position `start`. The
     running values are scratch Refs (`in_refs`, TPU: `name_ref[...]`) or values a loop
     carries (GPU); `elementwise`: block-shaped, reduced at the last step; `rows`: those
     blocks are one-dimensional, held as rows of 128 lanes (`_as_rows`)."""
-    checked, sizes, dim = lowered.checked, lowered.sizes, phases.dim
+    checked, sizes, dim = lowered.checked, lowered.sizes, sweep.dim
     axis = checked.space.layout.index(dim)
     suffix = "_ref" if in_refs else ""
     found = []
-    for node in phases.reductions:
+    for node in sweep.reductions:
         kind, dtype = node.func, emitter.kernel_dtype(node.args[0])
         result = namer.claim(f"{kind}_{dim.lower()}")
         names = [namer.claim(f"{result}_{part}{suffix}") for part in (p or "running" for p in running_parts(kind))]

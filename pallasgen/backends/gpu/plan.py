@@ -32,7 +32,7 @@ from pallasgen.lowering.parts import (
 )
 from pallasgen.analysis.names import Namer
 from pallasgen.analysis.product import Product
-from pallasgen.lowering.phases import indexed_dims, split_phases, stepped_dim, stepped_reductions
+from pallasgen.lowering.phases import indexed_dims, stepped_reductions, stepped_sweep
 from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.reductions import KernelSpelling
 from pallasgen.lowering.signature import Keyword, KeywordGroup
@@ -126,7 +126,8 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
     out_dims = checked.space.layout
     squeezed = _squeezed(checked)
     whole = whole_dims(checked)
-    looped = stepped_dim(checked)
+    stepped = stepped_sweep(checked)
+    looped = stepped.dim if stepped else None
     grid_dims = [d for d in out_dims if d not in whole and d != looped]
     index_names = grid_names(grid_dims, product)
     tunable = _tunable(checked)
@@ -266,13 +267,13 @@ def _reduction_loop(lowered: LoweredKernel, namer, dim: str, spelling, load, sto
     kernel, values, refs, sizes = checked.kernel, lowered.values, lowered.refs, lowered.sizes
     layout = checked.space.layout
     block = block_keyword(dim)
-    phases = split_phases(checked, dim)
+    sweep = checked.sweep
     index, start, function = (namer.claim(n) for n in ("index", "start", "accumulate"))
     with_dim = {d.name for d in kernel.inputs if dim in d.dims}
     before = [d.name for d in kernel.inputs if d.name not in with_dim]
-    outside = [s for s in phases.each_step if dim not in checked.types[s.value].dims]
-    inside_loop = [s for s in phases.each_step if dim in checked.types[s.value].dims]
-    spelling, held_starts = spelling.holding(indexed_dims([*(s.value for s in inside_loop), *phases.reductions]), namer)
+    outside = [s for s in sweep.step if dim not in checked.types[s.value].dims]
+    inside_loop = [s for s in sweep.step if dim in checked.types[s.value].dims]
+    spelling, held_starts = spelling.holding(indexed_dims([*(s.value for s in inside_loop), *sweep.reductions]), namer)
     spelling = spelling.starting(dim, start)
     emitter = lowered.emitter(spelling=spelling)
 
@@ -283,7 +284,7 @@ def _reduction_loop(lowered: LoweredKernel, namer, dim: str, spelling, load, sto
         masked = f"_mask({shape}, {', '.join(inside[d] if d else 'None' for d in axes)})"
         return f"_load({refs[decl.name]}.at[{indexer}], {masked})"
 
-    reductions = stepped_reductions(lowered, namer, phases, emitter, start, block, in_refs=False)
+    reductions = stepped_reductions(lowered, namer, sweep, emitter, start, block, in_refs=False)
     shape = tuple_code(["1" if d == dim else block_keyword(d) for d in layout])
     running = [acc.name for r in reductions for acc in r.accumulators]
     init = [f"jnp.full({shape}, {acc.initial}, {acc.dtype})" for r in reductions for acc in r.accumulators]
@@ -310,7 +311,7 @@ def _reduction_loop(lowered: LoweredKernel, namer, dim: str, spelling, load, sto
     ]
     last = lowered.emitter(spelling=spelling, overrides={r.node: r.result for r in reductions})
     body = [f"{r.result} = {r.finish}" for r in reductions]
-    body += body_statements(kernel, phases.last_step, last, values, refs, checked, store)
+    body += body_statements(kernel, sweep.finish, last, values, refs, checked, store)
     return loop, body
 
 

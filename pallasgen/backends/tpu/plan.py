@@ -42,7 +42,7 @@ from pallasgen.lowering.parts import (
     ref_store,
     tuple_code,
 )
-from pallasgen.lowering.phases import indexed_dims, reduces, split_phases, stepped_dim, stepped_reductions
+from pallasgen.lowering.phases import indexed_dims, reduces, stepped_reductions, stepped_sweep
 from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.reductions import KernelSpelling
 from pallasgen.lowering.signature import Keyword, KeywordGroup
@@ -202,7 +202,8 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
     values, sizes, refs = lowered.values, lowered.sizes, lowered.refs
     namer = lowered.namer.fork()
     out_dims = checked.space.layout
-    stepped = stepped_dim(checked)
+    reducing = stepped_sweep(checked)
+    stepped = reducing.dim if reducing else None
     # Parallel axes first; a blocked reduced dimension is the last, its steps in order.
     blocked = [d for d in dims if d in checked.blocks and d != stepped] + ([stepped] if stepped else [])
     squeezed = _squeezed(checked)
@@ -217,7 +218,7 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
             return BlockAxis(None, "one", None)
         return BlockAxis(dim, "block" if dim in checked.blocks else "whole", index_names.get(dim))
 
-    accumulated = {product.k if product else None, stepped}  # its steps accumulate in order
+    accumulated = {checked.sweep.dim} if checked.sweep else set()  # its steps accumulate in order
     tiling = Tiling(
         grid=tuple(
             GridAxis(d, index_names[d], "arbitrary" if d in accumulated else "parallel", d in squeezed) for d in blocked
@@ -236,7 +237,7 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
         sizes,
         extents=block_of,
         starts={d: _block_start(d, blocked, squeezed) for d in blocked},
-    ).holding(_last_step_positions(checked, stepped), namer)
+    ).holding(_last_step_positions(checked), namer)
     body = kernel_statements(
         kernel, lowered.emitter(tpu=True, spelling=spelling), values, refs, checked, ref_load(refs), ref_store(refs)
     )
@@ -330,17 +331,13 @@ def _block_start(dim: str, blocked: list[str], squeezed: set[str]) -> str:
     return step if dim in squeezed else f"{step} * {block_keyword(dim)}"
 
 
-def _last_step_positions(checked: CheckedKernel, stepped: str | None) -> set[str]:
+def _last_step_positions(checked: CheckedKernel) -> set[str]:
     """The dimensions whose positions only the last step of an accumulating kernel reads,
-    under pl.when: any the body reads after a product's blocked contracted dimension, else
-    those read by what needs the stepped reductions' results (not by those reductions)."""
-    product, body = checked.product, checked.kernel.body
-    if product is not None and product.k in checked.blocks:
-        return indexed_dims([s.value for s in body])
-    if stepped is None:
+    under pl.when: those read by what waits for its carries (not by the carried values)."""
+    sweep = checked.sweep
+    if sweep is None:
         return set()
-    phases = split_phases(checked, stepped)
-    return indexed_dims([s.value for s in phases.last_step], computed=phases.reductions)
+    return indexed_dims([s.value for s in sweep.finish], computed=sweep.reductions)
 
 
 def _kernel_keywords(checked: CheckedKernel, sizes, tunable: list[str]) -> list[str]:
@@ -363,12 +360,12 @@ def _stepped(lowered: LoweredKernel, namer, dim: str, blocked, block_of, spellin
     the accumulator plan, its scratch refs, and the body of the last step."""
     checked = lowered.checked
     kernel, values, refs = checked.kernel, lowered.values, lowered.refs
-    phases = split_phases(checked, dim)
+    sweep = checked.sweep
     step = namer.claim("step")
     emitter = lowered.emitter(tpu=True, spelling=spelling)
     elementwise, rows = accumulates_elementwise(kernel, dim), holds_rows(kernel, dim)
     reductions = stepped_reductions(
-        lowered, namer, phases, emitter, f"{step} * {block_keyword(dim)}", block_keyword(dim), True, elementwise, rows
+        lowered, namer, sweep, emitter, f"{step} * {block_keyword(dim)}", block_keyword(dim), True, elementwise, rows
     )
     if rows:
         shape = f"_rows_shape({block_of[dim]})"
@@ -376,11 +373,11 @@ def _stepped(lowered: LoweredKernel, namer, dim: str, blocked, block_of, spellin
         shape = tuple_code([block_of[d] if elementwise or d != dim else "1" for d in checked.space.layout])
     accs = [(r.node.func, acc) for r in reductions for acc in r.accumulators]
     lines = load_statements(kernel, values, checked, _rows_load(refs) if rows else ref_load(refs))
-    lines += body_statements(kernel, phases.each_step, emitter, values, refs, checked, ref_store(refs))
+    lines += body_statements(kernel, sweep.step, emitter, values, refs, checked, ref_store(refs))
     lines += [line for r in reductions for line in r.step]
     last = lowered.emitter(tpu=True, spelling=spelling, overrides={r.node: r.result for r in reductions})
     body = [f"{r.result} = {r.finish}" for r in reductions]
-    body += body_statements(kernel, phases.last_step, last, values, refs, checked, ref_store(refs))
+    body += body_statements(kernel, sweep.finish, last, values, refs, checked, ref_store(refs))
     plan = AccumulatorPlan(
         scratch=tuple(
             (
