@@ -17,6 +17,7 @@ from pallasgen.backends.tpu.plan import (
     BlockPlan,
     BlockTable,
     TpuPlan,
+    block_keywords,
     block_table_name,
     grid_comment,
     kernel_function_name,
@@ -33,7 +34,7 @@ from pallasgen.lowering.fused import FrameSpelling, FusedLowering, RefPlacement,
 from pallasgen.lowering.kernel import LoweredKernel
 from pallasgen.lowering.parts import parameter_list, partial_call, ref_load, ref_store, tuple_code
 from pallasgen.lowering.pyexpr import jnp_dtype
-from pallasgen.lowering.signature import Keyword, KeywordGroup
+from pallasgen.lowering.signature import KeywordGroup
 
 COMMENT_WIDTH = 84
 
@@ -339,17 +340,12 @@ def _wrap(text: str) -> tuple[str, ...]:
 
 def fused_keyword_group(checked: CheckedKernel) -> KeywordGroup:
     """The public `block_*` keywords of a fused kernel, and their docstring lines."""
-    tunable = tunable_dims(checked)
-    keywords = tuple(Keyword(block_keyword(d), "None") for d in tunable)
-    if not tunable:
-        return KeywordGroup(keywords, ())
-    names = ", ".join(block_keyword(d) for d in tunable)
-    defaults = ", ".join(str(checked.blocks[d]) for d in tunable)
-    return KeywordGroup(
-        keywords,
-        (
-            f"  {names}: TPU block sizes; a block never exceeds its dimension. Those not given",
-            f"    are tuned for the TPU and sizes ({block_table_name(checked.kernel.name)}), or grown to large steps",
+    table = block_table_name(checked.kernel.name)
+    return block_keywords(
+        checked,
+        tunable_dims(checked),
+        lambda defaults: (
+            f"    are tuned for the TPU and sizes ({table}), or grown to large steps",
             f"    (_grown), else {defaults}.",
         ),
     )

@@ -126,20 +126,27 @@ def grows_blocks(checked: CheckedKernel) -> bool:
 
 def keyword_group(checked: CheckedKernel) -> KeywordGroup:
     """The public `block_*` keywords, and their lines of the docstring."""
-    tunable = tunable_dims(checked)
+    table = block_table_name(checked.kernel.name)
+    return block_keywords(
+        checked,
+        tunable_dims(checked),
+        lambda defaults: (
+            f"    are tuned for the TPU and sizes, or the TPU's defaults ({table}),",
+            f"    {'grown to large steps (_grown), ' if grows_blocks(checked) else ''}else {defaults}.",
+        ),
+    )
+
+
+def block_keywords(checked: CheckedKernel, tunable, chosen) -> KeywordGroup:
+    """The public keywords `block_*` of the `tunable` dimensions, and their docstring:
+    `chosen(defaults)` gives the lines that say how a block not given is chosen."""
     keywords = tuple(Keyword(block_keyword(d), "None") for d in tunable)
     if not tunable:
         return KeywordGroup(keywords, ())
     names = ", ".join(block_keyword(d) for d in tunable)
     defaults = ", ".join(str(checked.blocks[d]) for d in tunable)
-    return KeywordGroup(
-        keywords,
-        (
-            f"  {names}: TPU block sizes; a block never exceeds its dimension. Those not given",
-            f"    are tuned for the TPU and sizes, or the TPU's defaults ({block_table_name(checked.kernel.name)}),",
-            f"    {'grown to large steps (_grown), ' if grows_blocks(checked) else ''}else {defaults}.",
-        ),
-    )
+    first = f"  {names}: TPU block sizes; a block never exceeds its dimension. Those not given"
+    return KeywordGroup(keywords, (first, *chosen(defaults)))
 
 
 def block_table_name(kernel: str) -> str:
