@@ -780,6 +780,1083 @@ def _attention_gpu(
         "interpret",
     ),
 )
+def attention_dq(
+    q,
+    k,
+    v,
+    do,
+    lse,
+    delta,
+    *,
+    block_s=None,
+    block_t=None,
+    gpu_block_s=64,
+    gpu_block_t=64,
+    gpu_warps=4,
+    gpu_stages=1,
+    scale=0.125,
+    interpret=None,
+):
+    """The backward pass of `attention` (FlashAttention-2), written as two kernels that
+    recompute the probabilities from the saved `lse`; delta = sum(do * o, D) per query.
+    dq: one pass over T per block of queries.
+
+    Args:
+      q: bf16[B, H, S, D].
+      k: bf16[B, H, T, D].
+      v: bf16[B, H, T, D].
+      do: bf16[B, H, S, D].
+      lse: f32[B, H, S].
+      delta: f32[B, H, S].
+      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_attention_dq_tpu_blocks), or grown to large steps
+        (_grown), else 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      scale: a static f32 (default 0.125).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dq: bf16[B, H, S, D].
+    """
+    (q, k, v, do, lse, delta), sizes = _operands(
+        "attention_dq",
+        {
+            "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
+            "k": (k, jnp.bfloat16, ("B", "H", "T", "D")),
+            "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
+            "do": (do, jnp.bfloat16, ("B", "H", "S", "D")),
+            "lse": (lse, jnp.float32, ("B", "H", "S")),
+            "delta": (delta, jnp.float32, ("B", "H", "S")),
+        },
+    )
+    _check_blocks("attention_dq", block_s=block_s, block_t=block_t, may_be_none=True)
+    _check_blocks("attention_dq", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t)
+    b = sizes["B"]
+    h = sizes["H"]
+    s_ = sizes["S"]
+    d = sizes["D"]
+    t = sizes["T"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            attention_dq_reference,
+            (((b, h, s_, d), jnp.bfloat16),),
+            q,
+            k,
+            v,
+            do,
+            lse,
+            delta,
+            scale=scale,
+        )
+    lse = lse.reshape((b, h, s_, 1))  # lse: f32[B, H, S]
+    delta = delta.reshape((b, h, s_, 1))  # delta: f32[B, H, S]
+    return _on_platform(
+        functools.partial(
+            _attention_dq_tpu,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            scale=scale,
+        ),
+        functools.partial(
+            _attention_dq_gpu,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
+        ),
+        interpret,
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+    )
+
+
+def attention_dq_reference(q, k, v, do, lse, delta, *, scale=0.125):
+    """`attention_dq` in plain jax.numpy, to test the kernel against."""
+    b = q.shape[0]
+    h = q.shape[1]
+    s_ = q.shape[2]
+    d = q.shape[3]
+    t = k.shape[2]
+    q = q[:, :, :, :, None]
+    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
+    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
+    do = do[:, :, :, :, None]
+    lse = lse[:, :, :, None, None]
+    delta = delta[:, :, :, None, None]
+    s = jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, s_, 1, 1), 2)
+        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
+        jnp.expand_dims(
+            jnp.einsum(
+                "bhsd,bhdt->bhst",
+                jnp.squeeze(q, (4,)),
+                jnp.squeeze(k, (2,)),
+                preferred_element_type=jnp.float32,
+            ),
+            (3,),
+        )
+        * scale,
+        -jnp.inf,
+    )
+    p = jnp.exp(s - lse)
+    dp = jnp.expand_dims(
+        jnp.einsum(
+            "bhsd,bhdt->bhst",
+            jnp.squeeze(do, (4,)),
+            jnp.squeeze(v, (2,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (3,),
+    )
+    dq = (
+        jnp.expand_dims(
+            jnp.einsum(
+                "bhst,bhdt->bhsd",
+                jnp.squeeze((p * (dp - delta)).astype(jnp.bfloat16), (3,)),
+                jnp.squeeze(k, (2,)),
+                preferred_element_type=jnp.float32,
+            ),
+            (4,),
+        )
+        * scale
+    ).astype(jnp.bfloat16)
+    dq = dq.reshape((b, h, s_, d))
+    return dq
+
+
+def _attention_dq_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dq_ref,
+    acc_t_ref,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    scale,
+):
+    s_start = pl.program_id(2) * block_s
+    t_start = pl.program_id(3) * block_t
+    step = pl.program_id(3)
+
+    @pl.when(step == 0)
+    def _init():
+        acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
+
+    # A block where the `where` on positions below is false everywhere adds nothing: skipped.
+    @pl.when(s_start + block_s - 1 >= t_start)
+    def _step():
+        q = q_ref[...]
+        do = do_ref[...]
+        lse = lse_ref[...]
+        delta = delta_ref[...]
+        k = k_ref[...]
+        v = v_ref[...]
+        s = jnp.where(
+            s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0)
+            >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
+            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            * scale,
+            -jnp.inf,
+        )
+        p = jnp.exp(s - lse)
+        dp = jax.lax.dot_general(
+            do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+        acc_t_lhs = (p * (dp - delta)).astype(jnp.bfloat16)
+        acc_t_rhs = k
+        if t % block_t:  # a ragged T: both operands 0 past its end, never padding
+            acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
+            acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+        acc_t_ref[...] = acc_t_ref[...] + jnp.dot(
+            acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
+        )
+
+    @pl.when(step == pl.num_programs(3) - 1)
+    def _finish():
+        acc_t_ = acc_t_ref[...]
+        dq_ref[...] = (acc_t_ * scale).astype(jnp.bfloat16)
+
+
+# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
+# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
+# spec's blocks).
+_attention_dq_tpu_blocks = {
+    None: {"default": (128, 128)},
+    "v5e": {"default": (128, 128)},
+    "v6e": {"default": (128, 128)},
+}
+
+
+def _attention_dq_tpu(
+    q, k, v, do, lse, delta, *, b, h, s_, d, t, block_s, block_t, scale, interpret
+):
+    """`attention_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_s, block_t = _tpu_blocks(
+        _attention_dq_tpu_blocks,
+        (b, h, s_, d, t),
+        (block_s, block_t),
+        grow=functools.partial(
+            _grown,
+            bounds=(min(s_, 1024), min(t, 1024)),
+            step=lambda block_s, block_t: (
+                block_s * block_t,
+                4 * block_s * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_s * d
+                + 8 * block_s
+                + 8 * block_s
+                + 4 * block_s * d
+                + 4 * block_s * d,
+            ),
+        ),
+    )
+    block_s = min(block_s, s_)  # a small S is one whole block
+    block_t = min(block_t, t)  # a small T is one whole block
+    _check_tiling(
+        "attention_dq",
+        block_s=(
+            block_s,
+            s_,
+            16,
+            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_t=(
+            block_t,
+            t,
+            16,
+            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks per unit of D: 5.0 KiB = 2 buffers x (q 256 B + k 256 B +
+    # v 256 B + do 256 B + lse 512 B + delta 512 B + dq 256 B) + acc_t_ref 512 B.
+    return pl.pallas_call(
+        functools.partial(
+            _attention_dq_kernel,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            scale=scale,
+        ),
+        # One step per element of B, element of H, block of S, block of T (D taken whole).
+        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
+        # (arbitrary).
+        grid=(b, h, pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        in_specs=[
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
+            # k: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
+            pl.BlockSpec(
+                (None, None, block_t, d),
+                lambda b, h, i, j: (
+                    b,
+                    h,
+                    jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0),
+                    0,
+                ),
+            ),
+            # v: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
+            pl.BlockSpec(
+                (None, None, block_t, d),
+                lambda b, h, i, j: (
+                    b,
+                    h,
+                    jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0),
+                    0,
+                ),
+            ),
+            # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
+            # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
+        ],
+        # dq: bf16[B, H, S, D]
+        out_specs=pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
+        out_shape=jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),
+        # acc_t_ref: the product over T
+        scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                4 * block_s * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_s * d
+                + 8 * block_s
+                + 8 * block_s
+                + 4 * block_s * d
+                + 4 * block_s * d
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * b * h * s_ * t * d + 2 * b * h * s_ * t * d + 2 * b * h * s_ * d * t,
+            transcendentals=b * h * s_ * t,
+            bytes_accessed=_nbytes(q, k, v, do, lse, delta) + b * h * s_ * d * 2,
+        ),
+        interpret=interpret,
+        name="attention_dq",
+    )(q, k, v, do, lse, delta)
+
+
+def _attention_dq_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dq_ref,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    block_d,
+    scale,
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_s = _inside(pl.program_id(2) * block_s, block_s, s_)
+    in_d = _inside(0, block_d, d)
+    s_start = pl.program_id(2) * block_s
+    q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    do = _load(do_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    lse = _load(lse_ref, _mask((block_s, 1), in_s, None), other=0)
+    delta = _load(delta_ref, _mask((block_s, 1), in_s, None), other=0)
+
+    def accumulate(index, running):
+        t_start = index * block_t
+        in_t = _inside(t_start, block_t, t)
+
+        def step():
+            (acc_t,) = running
+            k = _load(
+                k_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+            )
+            v = _load(
+                v_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+            )
+            s = jnp.where(
+                s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0)
+                >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
+                jax.lax.dot_general(
+                    q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+                )
+                * scale,
+                -jnp.inf,
+            )
+            p = jnp.exp(s - lse)
+            dp = jax.lax.dot_general(
+                do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+            )
+            acc_t_lhs = (p * (dp - delta)).astype(jnp.bfloat16)
+            acc_t_rhs = k
+            if t % block_t:  # a ragged T: both operands 0 past its end, never padding
+                acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
+                acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+            acc_t = acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
+            return (acc_t,)
+
+        # A block where the `where` on positions below is false everywhere adds nothing: skipped.
+        return jax.lax.cond(s_start + block_s - 1 >= t_start, step, lambda: running)
+
+    (acc_t,) = jax.lax.fori_loop(
+        0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
+    )
+    acc_t_ = acc_t
+    _store(dq_ref, (acc_t_ * scale).astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+
+
+def _attention_dq_gpu(
+    q,
+    k,
+    v,
+    do,
+    lse,
+    delta,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    num_warps,
+    num_stages,
+    scale,
+    interpret,
+):
+    """`attention_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
+    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _attention_dq_gpu_kernel,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+            scale=scale,
+        ),
+        # One program per element of B, element of H, block of S; programs run concurrently.
+        # Each holds all of D (one block of the next power of two). Each loops over the blocks
+        # of T itself, carrying running values.
+        grid=(b, h, pl.cdiv(s_, block_s)),
+        in_specs=[
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
+            # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
+        ],
+        # dq: bf16[B, H, S, D]
+        out_specs=pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
+        out_shape=jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="attention_dq",
+    )(q, k, v, do, lse, delta)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_t",
+        "block_s",
+        "gpu_block_t",
+        "gpu_block_s",
+        "gpu_warps",
+        "gpu_stages",
+        "scale",
+        "interpret",
+    ),
+)
+def attention_dkdv(
+    q,
+    k,
+    v,
+    do,
+    lse,
+    delta,
+    *,
+    block_t=None,
+    block_s=None,
+    gpu_block_t=64,
+    gpu_block_s=64,
+    gpu_warps=4,
+    gpu_stages=1,
+    scale=0.125,
+    interpret=None,
+):
+    """dk and dv: one pass over S per block of keys.
+
+    Args:
+      q: bf16[B, H, S, D].
+      k: bf16[B, H, T, D].
+      v: bf16[B, H, T, D].
+      do: bf16[B, H, S, D].
+      lse: f32[B, H, S].
+      delta: f32[B, H, S].
+      block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_attention_dkdv_tpu_blocks), or grown to large steps
+        (_grown), else 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      scale: a static f32 (default 0.125).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
+    """
+    (q, k, v, do, lse, delta), sizes = _operands(
+        "attention_dkdv",
+        {
+            "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
+            "k": (k, jnp.bfloat16, ("B", "H", "T", "D")),
+            "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
+            "do": (do, jnp.bfloat16, ("B", "H", "S", "D")),
+            "lse": (lse, jnp.float32, ("B", "H", "S")),
+            "delta": (delta, jnp.float32, ("B", "H", "S")),
+        },
+    )
+    _check_blocks("attention_dkdv", block_t=block_t, block_s=block_s, may_be_none=True)
+    _check_blocks("attention_dkdv", gpu_block_t=gpu_block_t, gpu_block_s=gpu_block_s)
+    b = sizes["B"]
+    h = sizes["H"]
+    t = sizes["T"]
+    d = sizes["D"]
+    s = sizes["S"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            attention_dkdv_reference,
+            (((b, h, t, d), jnp.bfloat16), ((b, h, t, d), jnp.bfloat16)),
+            q,
+            k,
+            v,
+            do,
+            lse,
+            delta,
+            scale=scale,
+        )
+    lse = lse.reshape((b, h, 1, s))  # lse: f32[B, H, S]
+    delta = delta.reshape((b, h, 1, s))  # delta: f32[B, H, S]
+    return _on_platform(
+        functools.partial(
+            _attention_dkdv_tpu,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            s=s,
+            block_t=block_t,
+            block_s=block_s,
+            scale=scale,
+        ),
+        functools.partial(
+            _attention_dkdv_gpu,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            s=s,
+            block_t=gpu_block_t,
+            block_s=gpu_block_s,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
+        ),
+        interpret,
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+    )
+
+
+def attention_dkdv_reference(q, k, v, do, lse, delta, *, scale=0.125):
+    """`attention_dkdv` in plain jax.numpy, to test the kernel against."""
+    b = q.shape[0]
+    h = q.shape[1]
+    t = k.shape[2]
+    d = q.shape[3]
+    s = q.shape[2]
+    q = jnp.transpose(q, (0, 1, 3, 2))[:, :, None, :, :]
+    k = k[:, :, :, :, None]
+    v = v[:, :, :, :, None]
+    do = jnp.transpose(do, (0, 1, 3, 2))[:, :, None, :, :]
+    lse = lse[:, :, None, None, :]
+    delta = delta[:, :, None, None, :]
+    st = jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, s), 4)
+        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
+        jnp.expand_dims(
+            jnp.einsum(
+                "bhtd,bhds->bhts",
+                jnp.squeeze(k, (4,)),
+                jnp.squeeze(q, (2,)),
+                preferred_element_type=jnp.float32,
+            ),
+            (3,),
+        )
+        * scale,
+        -jnp.inf,
+    )
+    pt = jnp.exp(st - lse)
+    dv = jnp.expand_dims(
+        jnp.einsum(
+            "bhts,bhds->bhtd",
+            jnp.squeeze(pt.astype(jnp.bfloat16), (3,)),
+            jnp.squeeze(do, (2,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (4,),
+    ).astype(jnp.bfloat16)
+    dpt = jnp.expand_dims(
+        jnp.einsum(
+            "bhtd,bhds->bhts",
+            jnp.squeeze(v, (4,)),
+            jnp.squeeze(do, (2,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (3,),
+    )
+    dk = (
+        jnp.expand_dims(
+            jnp.einsum(
+                "bhts,bhds->bhtd",
+                jnp.squeeze((pt * (dpt - delta)).astype(jnp.bfloat16), (3,)),
+                jnp.squeeze(q, (2,)),
+                preferred_element_type=jnp.float32,
+            ),
+            (4,),
+        )
+        * scale
+    ).astype(jnp.bfloat16)
+    dk = dk.reshape((b, h, t, d))
+    dv = dv.reshape((b, h, t, d))
+    return dk, dv
+
+
+def _attention_dkdv_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dk_ref,
+    dv_ref,
+    acc_s_ref,
+    acc_s__ref,
+    *,
+    b,
+    h,
+    t,
+    d,
+    s,
+    block_t,
+    block_s,
+    scale,
+):
+    t_start = pl.program_id(2) * block_t
+    s_start = pl.program_id(3) * block_s
+    step = pl.program_id(3)
+
+    @pl.when(step == 0)
+    def _init():
+        acc_s_ref[...] = jnp.full(acc_s_ref.shape, 0, jnp.float32)
+        acc_s__ref[...] = jnp.full(acc_s__ref.shape, 0, jnp.float32)
+
+    # A block where the `where` on positions below is false everywhere adds nothing: skipped.
+    @pl.when(s_start + block_s - 1 >= t_start)
+    def _step():
+        k = k_ref[...]
+        v = v_ref[...]
+        q = q_ref[...]
+        do = do_ref[...]
+        lse = lse_ref[...]
+        delta = delta_ref[...]
+        st = jnp.where(
+            s_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_s), 1)
+            >= t_start + jax.lax.broadcasted_iota(jnp.int32, (block_t, 1), 0),
+            jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            * scale,
+            -jnp.inf,
+        )
+        pt = jnp.exp(st - lse)
+        dpt = jax.lax.dot_general(
+            v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+        acc_s_lhs = pt.astype(jnp.bfloat16)
+        acc_s_rhs = do
+        if s % block_s:  # a ragged S: both operands 0 past its end, never padding
+            acc_s_lhs = _fill_past(acc_s_lhs, s_start, s, 1, 0)
+            acc_s_rhs = _fill_past(acc_s_rhs, s_start, s, 0, 0)
+        acc_s_ref[...] = acc_s_ref[...] + jnp.dot(
+            acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32
+        )
+        acc_s__lhs = (pt * (dpt - delta)).astype(jnp.bfloat16)
+        acc_s__rhs = q
+        if s % block_s:  # a ragged S: both operands 0 past its end, never padding
+            acc_s__lhs = _fill_past(acc_s__lhs, s_start, s, 1, 0)
+            acc_s__rhs = _fill_past(acc_s__rhs, s_start, s, 0, 0)
+        acc_s__ref[...] = acc_s__ref[...] + jnp.dot(
+            acc_s__lhs, acc_s__rhs, preferred_element_type=jnp.float32
+        )
+
+    @pl.when(step == pl.num_programs(3) - 1)
+    def _finish():
+        acc_s__ = acc_s_ref[...]
+        acc_s___ = acc_s__ref[...]
+        dv_ref[...] = acc_s__.astype(jnp.bfloat16)
+        dk_ref[...] = (acc_s___ * scale).astype(jnp.bfloat16)
+
+
+# TPU blocks (block_t, block_s) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (B, H, T, D, S) shown, the entry nearest the call's sizes
+# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
+# spec's blocks).
+_attention_dkdv_tpu_blocks = {
+    None: {"default": (128, 128)},
+    "v5e": {"default": (128, 128)},
+    "v6e": {"default": (128, 128)},
+}
+
+
+def _attention_dkdv_tpu(
+    q, k, v, do, lse, delta, *, b, h, t, d, s, block_t, block_s, scale, interpret
+):
+    """`attention_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_t, block_s = _tpu_blocks(
+        _attention_dkdv_tpu_blocks,
+        (b, h, t, d, s),
+        (block_t, block_s),
+        grow=functools.partial(
+            _grown,
+            bounds=(min(t, 1024), min(s, 1024)),
+            step=lambda block_t, block_s: (
+                block_t * block_s,
+                4 * block_s * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_s * d
+                + 8 * block_s
+                + 8 * block_s
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_t * d,
+            ),
+        ),
+    )
+    block_t = min(block_t, t)  # a small T is one whole block
+    block_s = min(block_s, s)  # a small S is one whole block
+    _check_tiling(
+        "attention_dkdv",
+        block_t=(
+            block_t,
+            t,
+            16,
+            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_s=(block_s, s, 128, "S is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B +
+    # v 256 B + do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512
+    # B + acc_s__ref 512 B.
+    return pl.pallas_call(
+        functools.partial(
+            _attention_dkdv_kernel,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            s=s,
+            block_t=block_t,
+            block_s=block_s,
+            scale=scale,
+        ),
+        # One step per element of B, element of H, block of T, block of S (D taken whole).
+        # Steps along B, H, T are independent (parallel); steps along S accumulate in order
+        # (arbitrary).
+        grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(s, block_s)),
+        in_specs=[
+            # q: bf16[B, H, S, D]; a skipped step's block is block 0, fetched at most once
+            pl.BlockSpec(
+                (None, None, block_s, d),
+                lambda b, h, i, j: (
+                    b,
+                    h,
+                    jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0),
+                    0,
+                ),
+            ),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
+            # do: bf16[B, H, S, D]; a skipped step's block is block 0, fetched at most once
+            pl.BlockSpec(
+                (None, None, block_s, d),
+                lambda b, h, i, j: (
+                    b,
+                    h,
+                    jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0),
+                    0,
+                ),
+            ),
+            # lse: f32[B, H, S]; a skipped step's block is block 0, fetched at most once
+            pl.BlockSpec(
+                (None, None, 1, block_s),
+                lambda b, h, i, j: (
+                    b,
+                    h,
+                    0,
+                    jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0),
+                ),
+            ),
+            # delta: f32[B, H, S]; a skipped step's block is block 0, fetched at most once
+            pl.BlockSpec(
+                (None, None, 1, block_s),
+                lambda b, h, i, j: (
+                    b,
+                    h,
+                    0,
+                    jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0),
+                ),
+            ),
+        ],
+        out_specs=(
+            # dk: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
+            # dv: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
+            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dv
+        ),
+        scratch_shapes=[
+            # acc_s_ref: the product over S
+            pltpu.VMEM((block_t, d), jnp.float32),
+            # acc_s__ref: the product over S
+            pltpu.VMEM((block_t, d), jnp.float32),
+        ],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                4 * block_s * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_s * d
+                + 8 * block_s
+                + 8 * block_s
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * b * h * t * s * d
+            + 2 * b * h * t * d * s
+            + 2 * b * h * t * s * d
+            + 2 * b * h * t * d * s,
+            transcendentals=b * h * t * s,
+            bytes_accessed=_nbytes(q, k, v, do, lse, delta) + b * h * t * d * 2 + b * h * t * d * 2,
+        ),
+        interpret=interpret,
+        name="attention_dkdv",
+    )(q, k, v, do, lse, delta)
+
+
+def _attention_dkdv_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dk_ref,
+    dv_ref,
+    *,
+    b,
+    h,
+    t,
+    d,
+    s,
+    block_t,
+    block_s,
+    block_d,
+    scale,
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_t = _inside(pl.program_id(2) * block_t, block_t, t)
+    in_d = _inside(0, block_d, d)
+    t_start = pl.program_id(2) * block_t
+    k = _load(k_ref, _mask((block_t, block_d), in_t, in_d), other=0)
+    v = _load(v_ref, _mask((block_t, block_d), in_t, in_d), other=0)
+
+    def accumulate(index, running):
+        s_start = index * block_s
+        in_s = _inside(s_start, block_s, s)
+
+        def step():
+            acc_s, acc_s_ = running
+            q = _load(
+                q_ref.at[pl.ds(s_start, block_s), :], _mask((block_s, block_d), in_s, in_d), other=0
+            )
+            do = _load(
+                do_ref.at[pl.ds(s_start, block_s), :],
+                _mask((block_s, block_d), in_s, in_d),
+                other=0,
+            )
+            lse = _load(
+                lse_ref.at[:, pl.ds(s_start, block_s)], _mask((1, block_s), None, in_s), other=0
+            )
+            delta = _load(
+                delta_ref.at[:, pl.ds(s_start, block_s)], _mask((1, block_s), None, in_s), other=0
+            )
+            st = jnp.where(
+                s_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_s), 1)
+                >= t_start + jax.lax.broadcasted_iota(jnp.int32, (block_t, 1), 0),
+                jax.lax.dot_general(
+                    k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+                )
+                * scale,
+                -jnp.inf,
+            )
+            pt = jnp.exp(st - lse)
+            dpt = jax.lax.dot_general(
+                v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+            )
+            acc_s_lhs = pt.astype(jnp.bfloat16)
+            acc_s_rhs = do
+            if s % block_s:  # a ragged S: both operands 0 past its end, never padding
+                acc_s_lhs = _fill_past(acc_s_lhs, s_start, s, 1, 0)
+                acc_s_rhs = _fill_past(acc_s_rhs, s_start, s, 0, 0)
+            acc_s = acc_s + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
+            acc_s__lhs = (pt * (dpt - delta)).astype(jnp.bfloat16)
+            acc_s__rhs = q
+            if s % block_s:  # a ragged S: both operands 0 past its end, never padding
+                acc_s__lhs = _fill_past(acc_s__lhs, s_start, s, 1, 0)
+                acc_s__rhs = _fill_past(acc_s__rhs, s_start, s, 0, 0)
+            acc_s_ = acc_s_ + jnp.dot(acc_s__lhs, acc_s__rhs, preferred_element_type=jnp.float32)
+            return acc_s, acc_s_
+
+        # A block where the `where` on positions below is false everywhere adds nothing: skipped.
+        return jax.lax.cond(s_start + block_s - 1 >= t_start, step, lambda: running)
+
+    acc_s, acc_s_ = jax.lax.fori_loop(
+        0,
+        pl.cdiv(s, block_s),
+        accumulate,
+        (
+            jnp.full((block_t, block_d), 0, jnp.float32),
+            jnp.full((block_t, block_d), 0, jnp.float32),
+        ),
+    )
+    acc_s__ = acc_s
+    acc_s___ = acc_s_
+    _store(dv_ref, acc_s__.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
+    _store(dk_ref, (acc_s___ * scale).astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
+
+
+def _attention_dkdv_gpu(
+    q,
+    k,
+    v,
+    do,
+    lse,
+    delta,
+    *,
+    b,
+    h,
+    t,
+    d,
+    s,
+    block_t,
+    block_s,
+    num_warps,
+    num_stages,
+    scale,
+    interpret,
+):
+    """`attention_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
+    block_s = max(16, min(block_s, pl.next_power_of_2(s)))  # a small S is one masked block
+    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _attention_dkdv_gpu_kernel,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            s=s,
+            block_t=block_t,
+            block_s=block_s,
+            block_d=block_d,
+            scale=scale,
+        ),
+        # One program per element of B, element of H, block of T; programs run concurrently.
+        # Each holds all of D (one block of the next power of two). Each loops over the blocks
+        # of S itself, carrying running values.
+        grid=(b, h, pl.cdiv(t, block_t)),
+        in_specs=[
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, s, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, s, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, s), lambda b, h, i2: (b, h, 0, 0)),
+            # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, s), lambda b, h, i2: (b, h, 0, 0)),
+        ],
+        out_specs=(
+            # dk: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # dv: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
+            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dv
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="attention_dkdv",
+    )(q, k, v, do, lse, delta)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_s",
+        "block_t",
+        "gpu_block_s",
+        "gpu_block_t",
+        "gpu_warps",
+        "gpu_stages",
+        "scale",
+        "interpret",
+    ),
+)
 def attention_full(
     q,
     k,

@@ -559,10 +559,8 @@ class _Sweeper:
     def _adds_identity(self, carry: Carry, assumed) -> bool:
         if carry.kind == "dot":
             product = self.products[carry.node]
-            return any(
-                _constant(side, assumed, self.lets, set(self.running)) == 0.0 for side in (product.lhs, product.rhs)
-            )
-        value = _constant(carry.value, assumed, self.lets, running=set(self.running))
+            return any(_constant(side, assumed, self.lets) == 0.0 for side in (product.lhs, product.rhs))
+        value = _constant(carry.value, assumed, self.lets)
         if carry.kind == "expsum":
             return value == float("-inf")
         return value is not None and value == _identity_value(carry.kind)
@@ -657,56 +655,49 @@ def _on_positions(node: ir.Expr, lets, params) -> bool:
     return only_positions(node) and reads["positions"]
 
 
-def _constant(node: ir.Expr, assumed, lets, running=frozenset()):
+def _constant(node: ir.Expr, assumed, lets):
     """The value of `node` where each node in `assumed` has its given value, when that
-    fixes it (a running max counts as some finite number); None otherwise."""
+    fixes it; None otherwise. A value it does not fix (an input read, a product, a
+    running max) is taken as some finite number: on a skipped block the kernel reads no
+    input at all, so, as flash attention does, it assumes what it would read is finite
+    (`-inf - lse` is -inf, `0 * dp` is 0)."""
     inf = float("inf")
     if node in assumed:
         return assumed[node]
     if isinstance(node, ir.Name):
-        return _constant(lets[node.id], assumed, lets, running) if node.id in lets else None
+        return _constant(lets[node.id], assumed, lets) if node.id in lets else None
     if isinstance(node, ir.Number):
         return float(node.value)
     if isinstance(node, ir.Unary) and node.op == "-":
-        value = _constant(node.operand, assumed, lets, running)
+        value = _constant(node.operand, assumed, lets)
         return None if value is None else -value
     if isinstance(node, ir.Call) and node.func in ("exp", "softmax"):
         # softmax's terms are exp(x - the running max), its divisor applied at the end.
-        value = _constant(node.args[0], assumed, lets, running)
+        value = _constant(node.args[0], assumed, lets)
         return 0.0 if value == -inf else None
     if isinstance(node, ir.Call) and FUNCTIONS[node.func].typing == "cast":
-        return _constant(node.args[0], assumed, lets, running)
-    if isinstance(node, ir.Call) and node.func in ("max", "logsumexp") and node in running:
-        return None
+        return _constant(node.args[0], assumed, lets)
     if isinstance(node, ir.Call) and node.func == "where":
-        a, b = (_constant(x, assumed, lets, running) for x in node.args[1:])
+        a, b = (_constant(x, assumed, lets) for x in node.args[1:])
         return a if a is not None and a == b else None
     if isinstance(node, ir.Binary) and node.op in ("+", "-", "*", "/"):
-        left = _constant(node.left, assumed, lets, running)
-        right = _constant(node.right, assumed, lets, running)
+        left = _constant(node.left, assumed, lets)
+        right = _constant(node.right, assumed, lets)
         if left is not None and right is not None:
             try:
                 return {"+": left + right, "-": left - right, "*": left * right, "/": left / right}[node.op]
             except ZeroDivisionError:
                 return None
         known, other = (left, node.right) if left is not None else (right, node.left)
-        finite_other = _finite(other, running, lets)
-        if known in (inf, -inf) and node.op in ("+", "-") and finite_other:
+        if known in (inf, -inf) and node.op in ("+", "-"):
             return known if node.op == "+" or left is not None else -known
-        if known == 0.0 and node.op == "*" and finite_other:
+        if known == 0.0 and node.op == "*":
             return 0.0
-        if left == 0.0 and node.op == "/" and finite_other:
+        if left == 0.0 and node.op == "/":
             return 0.0
         if known in (inf, -inf) and node.op in ("*", "/") and left is not None and _positive(other, lets):
             return known
     return None
-
-
-def _finite(node, running, lets) -> bool:
-    """Whether a value is surely finite where a block is skipped: a running max (a step
-    subtracts its finite shift) or a finite literal."""
-    node = _resolve_lets(node, lets)
-    return node in running or isinstance(node, ir.Number) and abs(node.value) != float("inf")
 
 
 def _positive(node, lets) -> bool:
