@@ -784,9 +784,9 @@ def attention_dq(
     q,
     k,
     v,
+    o,
     do,
     lse,
-    delta,
     *,
     block_s=None,
     block_t=None,
@@ -798,16 +798,16 @@ def attention_dq(
     interpret=None,
 ):
     """The backward pass of `attention` (FlashAttention-2), written as two kernels that
-    recompute the probabilities from the saved `lse`; delta = sum(do * o, D) per query.
-    dq: one pass over T per block of queries.
+    recompute the probabilities from the saved `lse`. dq, and delta = sum(do * o, D) per
+    query for the next kernel: one pass over T per block of queries.
 
     Args:
       q: bf16[B, H, S, D].
       k: bf16[B, H, T, D].
       v: bf16[B, H, T, D].
+      o: bf16[B, H, S, D].
       do: bf16[B, H, S, D].
       lse: f32[B, H, S].
-      delta: f32[B, H, S].
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_dq_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
@@ -817,17 +817,17 @@ def attention_dq(
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
     Returns:
-      dq: bf16[B, H, S, D].
+      dq: bf16[B, H, S, D]; delta: f32[B, H, S].
     """
-    (q, k, v, do, lse, delta), sizes = _operands(
+    (q, k, v, o, do, lse), sizes = _operands(
         "attention_dq",
         {
             "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
             "k": (k, jnp.bfloat16, ("B", "H", "T", "D")),
             "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
+            "o": (o, jnp.bfloat16, ("B", "H", "S", "D")),
             "do": (do, jnp.bfloat16, ("B", "H", "S", "D")),
             "lse": (lse, jnp.float32, ("B", "H", "S")),
-            "delta": (delta, jnp.float32, ("B", "H", "S")),
         },
     )
     _check_blocks("attention_dq", block_s=block_s, block_t=block_t, may_be_none=True)
@@ -840,18 +840,17 @@ def attention_dq(
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(
             attention_dq_reference,
-            (((b, h, s_, d), jnp.bfloat16),),
+            (((b, h, s_, d), jnp.bfloat16), ((b, h, s_), jnp.float32)),
             q,
             k,
             v,
+            o,
             do,
             lse,
-            delta,
             scale=scale,
         )
     lse = lse.reshape((b, h, s_, 1))  # lse: f32[B, H, S]
-    delta = delta.reshape((b, h, s_, 1))  # delta: f32[B, H, S]
-    return _on_platform(
+    dq, delta = _on_platform(
         functools.partial(
             _attention_dq_tpu,
             b=b,
@@ -880,13 +879,17 @@ def attention_dq(
         q,
         k,
         v,
+        o,
         do,
         lse,
-        delta,
     )
+    delta = delta.reshape(
+        (b, h, s_)
+    )  # the kernel holds it with size 1 along the dimensions it lacks
+    return dq, delta
 
 
-def attention_dq_reference(q, k, v, do, lse, delta, *, scale=0.125):
+def attention_dq_reference(q, k, v, o, do, lse, *, scale=0.125):
     """`attention_dq` in plain jax.numpy, to test the kernel against."""
     b = q.shape[0]
     h = q.shape[1]
@@ -896,9 +899,9 @@ def attention_dq_reference(q, k, v, do, lse, delta, *, scale=0.125):
     q = q[:, :, :, :, None]
     k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
     v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
+    o = o[:, :, :, :, None]
     do = do[:, :, :, :, None]
     lse = lse[:, :, :, None, None]
-    delta = delta[:, :, :, None, None]
     s = jnp.where(
         jax.lax.broadcasted_iota(jnp.int32, (1, 1, s_, 1, 1), 2)
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
@@ -924,6 +927,9 @@ def attention_dq_reference(q, k, v, do, lse, delta, *, scale=0.125):
         ),
         (3,),
     )
+    delta = jnp.sum(
+        (do.astype(jnp.float32) * o.astype(jnp.float32)), axis=3, keepdims=True, dtype=jnp.float32
+    )
     dq = (
         jnp.expand_dims(
             jnp.einsum(
@@ -937,17 +943,19 @@ def attention_dq_reference(q, k, v, do, lse, delta, *, scale=0.125):
         * scale
     ).astype(jnp.bfloat16)
     dq = dq.reshape((b, h, s_, d))
-    return dq
+    delta = delta.reshape((b, h, s_))
+    return dq, delta
 
 
 def _attention_dq_kernel(
     q_ref,
     k_ref,
     v_ref,
+    o_ref,
     do_ref,
     lse_ref,
-    delta_ref,
     dq_ref,
+    delta_ref,
     acc_t_ref,
     *,
     b,
@@ -971,9 +979,9 @@ def _attention_dq_kernel(
     @pl.when(s_start + block_s - 1 >= t_start)
     def _step():
         q = q_ref[...]
+        o = o_ref[...]
         do = do_ref[...]
         lse = lse_ref[...]
-        delta = delta_ref[...]
         k = k_ref[...]
         v = v_ref[...]
         s = jnp.where(
@@ -987,6 +995,7 @@ def _attention_dq_kernel(
         dp = jax.lax.dot_general(
             do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
+        delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
         acc_t_lhs = (p * (dp - delta)).astype(jnp.bfloat16)
         acc_t_rhs = k
         if t % block_t:  # a ragged T: both operands 0 past its end, never padding
@@ -998,7 +1007,11 @@ def _attention_dq_kernel(
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
+        o = o_ref[...]
+        do = do_ref[...]
         acc_t_ = acc_t_ref[...]
+        delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
+        delta_ref[...] = delta
         dq_ref[...] = (acc_t_ * scale).astype(jnp.bfloat16)
 
 
@@ -1013,9 +1026,7 @@ _attention_dq_tpu_blocks = {
 }
 
 
-def _attention_dq_tpu(
-    q, k, v, do, lse, delta, *, b, h, s_, d, t, block_s, block_t, scale, interpret
-):
+def _attention_dq_tpu(q, k, v, o, do, lse, *, b, h, s_, d, t, block_s, block_t, scale, interpret):
     """`attention_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = _tpu_blocks(
         _attention_dq_tpu_blocks,
@@ -1030,9 +1041,10 @@ def _attention_dq_tpu(
                 + 4 * block_t * d
                 + 4 * block_t * d
                 + 4 * block_s * d
-                + 8 * block_s
+                + 4 * block_s * d
                 + 8 * block_s
                 + 4 * block_s * d
+                + 8 * block_s
                 + 4 * block_s * d,
             ),
         ),
@@ -1054,8 +1066,9 @@ def _attention_dq_tpu(
             "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
-    # VMEM at the default blocks per unit of D: 5.0 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + do 256 B + lse 512 B + delta 512 B + dq 256 B) + acc_t_ref 512 B.
+    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B +
+    # v 256 B + o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512
+    # B.
     return pl.pallas_call(
         functools.partial(
             _attention_dq_kernel,
@@ -1095,16 +1108,23 @@ def _attention_dq_tpu(
                     0,
                 ),
             ),
+            # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
             # do: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
             # lse: f32[B, H, S]
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
+        ],
+        out_specs=(
+            # dq: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
             # delta: f32[B, H, S]
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
-        ],
-        # dq: bf16[B, H, S, D]
-        out_specs=pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-        out_shape=jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),  # dq
+            jax.ShapeDtypeStruct((b, h, s_, 1), jnp.float32),  # delta
+        ),
         # acc_t_ref: the product over T
         scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
@@ -1115,30 +1135,32 @@ def _attention_dq_tpu(
                 + 4 * block_t * d
                 + 4 * block_t * d
                 + 4 * block_s * d
-                + 8 * block_s
+                + 4 * block_s * d
                 + 8 * block_s
                 + 4 * block_s * d
+                + 8 * block_s
                 + 4 * block_s * d
             ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * h * s_ * t * d + 2 * b * h * s_ * t * d + 2 * b * h * s_ * d * t,
             transcendentals=b * h * s_ * t,
-            bytes_accessed=_nbytes(q, k, v, do, lse, delta) + b * h * s_ * d * 2,
+            bytes_accessed=_nbytes(q, k, v, o, do, lse) + b * h * s_ * d * 2 + b * h * s_ * 4,
         ),
         interpret=interpret,
         name="attention_dq",
-    )(q, k, v, do, lse, delta)
+    )(q, k, v, o, do, lse)
 
 
 def _attention_dq_gpu_kernel(
     q_ref,
     k_ref,
     v_ref,
+    o_ref,
     do_ref,
     lse_ref,
-    delta_ref,
     dq_ref,
+    delta_ref,
     *,
     b,
     h,
@@ -1155,9 +1177,9 @@ def _attention_dq_gpu_kernel(
     in_d = _inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
     q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
     do = _load(do_ref, _mask((block_s, block_d), in_s, in_d), other=0)
     lse = _load(lse_ref, _mask((block_s, 1), in_s, None), other=0)
-    delta = _load(delta_ref, _mask((block_s, 1), in_s, None), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
@@ -1184,6 +1206,11 @@ def _attention_dq_gpu_kernel(
             dp = jax.lax.dot_general(
                 do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
             )
+            delta = jnp.sum(
+                _fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+                axis=1,
+                keepdims=True,
+            )
             acc_t_lhs = (p * (dp - delta)).astype(jnp.bfloat16)
             acc_t_rhs = k
             if t % block_t:  # a ragged T: both operands 0 past its end, never padding
@@ -1198,7 +1225,15 @@ def _attention_dq_gpu_kernel(
     (acc_t,) = jax.lax.fori_loop(
         0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
     )
+    o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    do = _load(do_ref, _mask((block_s, block_d), in_s, in_d), other=0)
     acc_t_ = acc_t
+    delta = jnp.sum(
+        _fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+        axis=1,
+        keepdims=True,
+    )
+    _store(delta_ref, delta, _mask((block_s, 1), in_s, None))
     _store(dq_ref, (acc_t_ * scale).astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
 
 
@@ -1206,9 +1241,9 @@ def _attention_dq_gpu(
     q,
     k,
     v,
+    o,
     do,
     lse,
-    delta,
     *,
     b,
     h,
@@ -1250,20 +1285,27 @@ def _attention_dq_gpu(
             pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
             # v: bf16[B, H, T, D]
             pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
             # do: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
             # lse: f32[B, H, S]
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
+        ],
+        out_specs=(
+            # dq: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
             # delta: f32[B, H, S]
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
-        ],
-        # dq: bf16[B, H, S, D]
-        out_specs=pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-        out_shape=jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),  # dq
+            jax.ShapeDtypeStruct((b, h, s_, 1), jnp.float32),  # delta
+        ),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="attention_dq",
-    )(q, k, v, do, lse, delta)
+    )(q, k, v, o, do, lse)
 
 
 @functools.partial(

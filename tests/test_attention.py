@@ -45,14 +45,16 @@ def attention_numpy(q, k, v, *, scale, mask=None):
         return np.einsum("...st,...td->...sd", np.exp(s - top) / total, f64(v)), (top + np.log(total))[..., 0]
 
 
-def attention_backward_numpy(q, k, v, do, lse, delta, *, scale, mask):
-    """dq, dk, dv of causal attention in float64, from the saved lse and delta =
-    sum(do * o, D): p = exp(s - lse), ds = p * (do v^T - delta)."""
+def attention_backward_numpy(q, k, v, do, lse, *, scale, mask, o=None, delta=None):
+    """dq, delta = sum(do * o, D), dk and dv of causal attention in float64, from the
+    saved lse and output (or delta): p = exp(s - lse), ds = p * (do v^T - delta)."""
     s = np.where(mask, np.einsum("...sd,...td->...st", f64(q), f64(k)) * scale, -np.inf)
     p = np.exp(s - f64(lse)[..., None])
-    ds = p * (np.einsum("...sd,...td->...st", f64(do), f64(v)) - f64(delta)[..., None])
+    delta = (f64(do) * f64(o)).sum(-1) if delta is None else f64(delta)
+    ds = p * (np.einsum("...sd,...td->...st", f64(do), f64(v)) - delta[..., None])
     return (
         np.einsum("...st,...td->...sd", ds, f64(k)) * scale,
+        delta,
         np.einsum("...st,...sd->...td", ds, f64(q)) * scale,
         np.einsum("...st,...sd->...td", p, f64(do)),
     )
@@ -72,10 +74,13 @@ def expected(name, arrays):
     if name == "attention":
         q, k, v = arrays
         return attention_numpy(q, k, v, scale=0.125, mask=causal(q.shape[2], k.shape[2]))
-    if name in ("attention_dq", "attention_dkdv"):
-        q, k, *_ = arrays
-        grads = attention_backward_numpy(*arrays, scale=0.125, mask=causal(q.shape[2], k.shape[2]))
-        return grads[:1] if name == "attention_dq" else grads[1:]
+    if name == "attention_dq":
+        q, k, v, o, do, lse = arrays
+        return attention_backward_numpy(q, k, v, do, lse, o=o, scale=0.125, mask=causal(q.shape[2], k.shape[2]))[:2]
+    if name == "attention_dkdv":
+        q, k, v, do, lse, delta = arrays
+        mask = causal(q.shape[2], k.shape[2])
+        return attention_backward_numpy(q, k, v, do, lse, delta=delta, scale=0.125, mask=mask)[2:]
     if name == "attention_full":
         return attention_numpy(*arrays, scale=0.125)[:1]
     if name == "attention_bottom_right":
@@ -102,11 +107,14 @@ def inputs(name, rng, s=200, t=300, d=64):
     if name == "rmsnorm_matmul":
         return [bf16(rng, t, s), rng.standard_normal(s).astype(np.float32), bf16(rng, s, 700)]
     q, k, v = bf16(rng, 2, 2, s, d), bf16(rng, 2, 2, t, d), bf16(rng, 2, 2, t, d)
-    if name in ("attention_dq", "attention_dkdv"):  # the saved lse and delta of the forward pass
+    if name in ("attention_dq", "attention_dkdv"):  # with what the forward pass saves
         do = bf16(rng, 2, 2, s, d)
         o, lse = attention_numpy(q, k, v, scale=0.125, mask=causal(s, t))
-        delta = (f64(do) * o).sum(-1)
-        return [q, k, v, do, lse.astype(np.float32), delta.astype(np.float32)]
+        o, lse = o.astype(BF16), lse.astype(np.float32)
+        if name == "attention_dq":
+            return [q, k, v, o, do, lse]
+        delta = (f64(do) * f64(o)).sum(-1).astype(np.float32)
+        return [q, k, v, do, lse, delta]
     return [q, k, v]
 
 
@@ -197,7 +205,7 @@ def test_the_backward_kernels_skip_blocks_past_the_diagonal(attention, path, mon
     """dq: keys and values past every query's reach are NaN and never read (a masked
     block would carry 0 * NaN); dk, dv: keys no query sees get exactly 0, from no step."""
     rng = np.random.default_rng(6)
-    q, k, v, do, lse, delta = inputs("attention_dq", rng, s=128, t=512, d=64)
+    q, k, v, o, do, lse = inputs("attention_dq", rng, s=128, t=512, d=64)
     k_nan, v_nan = k.copy(), v.copy()
     k_nan[..., 128:, :] = np.nan
     v_nan[..., 128:, :] = np.nan
@@ -205,13 +213,13 @@ def test_the_backward_kernels_skip_blocks_past_the_diagonal(attention, path, mon
         take_gpu_branch(monkeypatch, attention)
     blocks = {"gpu_block_s": 64, "gpu_block_t": 64} if path == "gpu" else {"block_s": 128, "block_t": 128}
     try:
-        dq = attention.attention_dq(q, k_nan, v_nan, do, lse, delta, **blocks, interpret=True)
+        dq, delta = attention.attention_dq(q, k_nan, v_nan, o, do, lse, **blocks, interpret=True)
         dk, dv = attention.attention_dkdv(q, k, v, do, lse, delta, **blocks, interpret=True)
     finally:
         attention.attention_dq.clear_cache()
         attention.attention_dkdv.clear_cache()
-    want = attention_backward_numpy(q, k, v, do, lse, delta, scale=0.125, mask=causal(128, 512))
-    compare("attention_dq", (dq, dk, dv), want)
+    want = attention_backward_numpy(q, k, v, do, lse, o=o, scale=0.125, mask=causal(128, 512))
+    compare("attention_dq", (dq, delta, dk, dv), want)
     assert not f64(dk)[..., 128:, :].any() and not f64(dv)[..., 128:, :].any()
 
 
@@ -240,8 +248,22 @@ def test_causal_attention_is_one_pallas_call_with_no_scores_outside_it(attention
 
 COMPILE_SHAPES = {
     "attention": [(1, 2, 300, 128), (1, 2, 500, 128), (1, 2, 500, 128)],
-    "attention_dq": [(1, 2, 300, 128), (1, 2, 500, 128), (1, 2, 500, 128), (1, 2, 300, 128), (1, 2, 300), (1, 2, 300)],
-    "attention_dkdv": [(1, 2, 300, 128), (1, 2, 500, 128), (1, 2, 500, 128), (1, 2, 300, 128), (1, 2, 300), (1, 2, 300)],
+    "attention_dq": [
+        (1, 2, 300, 128),
+        (1, 2, 500, 128),
+        (1, 2, 500, 128),
+        (1, 2, 300, 128),
+        (1, 2, 300, 128),
+        (1, 2, 300),
+    ],
+    "attention_dkdv": [
+        (1, 2, 300, 128),
+        (1, 2, 500, 128),
+        (1, 2, 500, 128),
+        (1, 2, 300, 128),
+        (1, 2, 300),
+        (1, 2, 300),
+    ],
     "attention_full": [(1, 2, 300, 128), (1, 2, 500, 128), (1, 2, 500, 128)],
     "attention_bottom_right": [(1, 2, 300, 128), (1, 2, 500, 128), (1, 2, 500, 128)],
     "gqa": [(1, 2, 2, 300, 128), (1, 2, 500, 128), (1, 2, 500, 128)],
@@ -255,7 +277,7 @@ compiled = pytest.mark.skipif(
 
 
 # The f32 inputs (by position); the others are bf16.
-F32_INPUTS = {"rmsnorm_matmul": {1}, "attention_dq": {4, 5}, "attention_dkdv": {4, 5}}
+F32_INPUTS = {"rmsnorm_matmul": {1}, "attention_dq": {5}, "attention_dkdv": {4, 5}}
 
 
 def abstract(name):

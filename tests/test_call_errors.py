@@ -101,7 +101,11 @@ def test_none_is_no_gpu_block():
 
 @pytest.mark.parametrize(
     ("module", "kernel", "shapes"),
-    [("add_vectors", "add_vectors", [(5,), (5,)]), ("softmax", "softmax", [(3, 5)]), ("matmul", "matmul", [(3, 4), (4, 5)])],
+    [
+        ("add_vectors", "add_vectors", [(5,), (5,)]),
+        ("softmax", "softmax", [(3, 5)]),
+        ("matmul", "matmul", [(3, 4), (4, 5)]),
+    ],
     ids=["elementwise", "reduction", "product"],
 )
 def test_lists_convert_as_jax_numpy_converts_them(module, kernel, shapes):

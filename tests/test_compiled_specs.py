@@ -211,8 +211,7 @@ kernel scalar_choice {
     block M = 32, N = 256
 }
 """,
-    **{
-        f"nt_{dtype}": f"""
+    **{f"nt_{dtype}": f"""
 kernel nt_{dtype} {{
     in  x: {dtype}[M, K]
     in  y: {dtype}[N, K]
@@ -220,9 +219,7 @@ kernel nt_{dtype} {{
     z = x @ y.T
     block M = 32, N = 128, K = 256
 }}
-"""
-        for dtype in ("bf16", "i8")
-    },
+""" for dtype in ("bf16", "i8")},
     "nt_f32_bias": """
 kernel nt_f32_bias {
     in  x: f32[M, K]
@@ -340,8 +337,11 @@ def expected(name: str, *arrays):
     if name == "narrow_ints":
         x, y, z = (a.astype(np.int64) for a in arrays)
         a = np.where(x > 0, np.maximum(x, -3), np.clip(x, -100, 100)).astype(np.int8)
-        return a, np.minimum(y, 200).astype(np.uint8), np.maximum(z, np.minimum(z, 7)).astype(np.int16), (
-            (x >= 1) & (y != 0) & (z < 9)
+        return (
+            a,
+            np.minimum(y, 200).astype(np.uint8),
+            np.maximum(z, np.minimum(z, 7)).astype(np.int16),
+            ((x >= 1) & (y != 0) & (z < 9)),
         )
     if name == "half":
         x, s = (a.astype(np.float64) for a in arrays)
@@ -429,8 +429,11 @@ def test_a_call_time_block_that_breaks_the_tiling_rule_is_refused_before_compili
     x = jax.ShapeDtypeStruct((4096, 512), np.int8)
     y, z = jax.ShapeDtypeStruct((4096, 512), np.uint8), jax.ShapeDtypeStruct((4096, 512), np.int16)
     function = functools.partial(built("narrow_ints").narrow_ints, block_m=16, interpret=False)
-    with pytest.raises(ValueError, match=r"narrow_ints: block_m=16 breaks the TPU tiling rule: M is the second-to-last"
-                       r" dimension of a block of i8 values, so it is a multiple of 32; use 32"):
+    with pytest.raises(
+        ValueError,
+        match=r"narrow_ints: block_m=16 breaks the TPU tiling rule: M is the second-to-last"
+        r" dimension of a block of i8 values, so it is a multiple of 32; use 32",
+    ):
         jax.jit(function).trace(x, y, z)
 
 

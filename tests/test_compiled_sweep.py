@@ -71,7 +71,12 @@ def numeric_expressions(draw, numbers: list[str], flags: list[str], depth: int =
     if operation == "maximum":
         return f"maximum({left}, {right})"
     if operation == "where":
-        conditions = [f"{draw(st.sampled_from(numbers))} > {right}", "maximum(p, 0.25) > 0.5", "minimum(n, 2) > 1", *flags]
+        conditions = [
+            f"{draw(st.sampled_from(numbers))} > {right}",
+            "maximum(p, 0.25) > 0.5",
+            "minimum(n, 2) > 1",
+            *flags,
+        ]
         return f"where({draw(st.sampled_from(conditions))}, {left}, {right})"
     return f"({left} {operation} {right})"
 
@@ -125,7 +130,9 @@ def reduction_specs(draw) -> str:
     rows = draw(st.booleans())
     reducer = draw(st.sampled_from(REDUCERS))
     value = "x > 1" if reducer in ("any", "all") else draw(st.sampled_from(["x", "x * 2", "maximum(x, 1)", "abs(x)"]))
-    result = {"sum": "f32" if dtype in ("f32", "bf16") else "i32", "mean": "f32", "logsumexp": "f32"}.get(reducer, dtype)
+    result = {"sum": "f32" if dtype in ("f32", "bf16") else "i32", "mean": "f32", "logsumexp": "f32"}.get(
+        reducer, dtype
+    )
     result = {"argmax": "i32", "argmin": "i32", "any": "bool", "all": "bool"}.get(reducer, result)
     lines = [f"in x: {dtype}[{'M, N' if rows else 'N'}]", f"out r: {result}[{'M' if rows else ''}]"]
     lines += [f"let s = {reducer}({value}, N)", "r = s"]

@@ -28,7 +28,10 @@ def estimate(**fields) -> Estimate:
 
 
 def test_a_profile_file_gives_each_op_and_its_cycles():
-    assert parse_profile(PROFILE + PROFILE.replace("bias_gelu.1", "copy")) == [("bias_gelu.1", 570014), ("copy", 570014)]
+    assert parse_profile(PROFILE + PROFILE.replace("bias_gelu.1", "copy")) == [
+        ("bias_gelu.1", 570014),
+        ("copy", 570014),
+    ]
 
 
 def test_the_ratio_is_kernel_over_xla_and_the_percent_is_of_the_matching_peak():
@@ -45,7 +48,9 @@ def test_bench_chip_compiles_the_kernel_and_xla_and_reads_their_cycles(project, 
     # A fresh process: libtpu reads the profile flag once, when it loads.
     command = "from pallasgen.cli import main; main()"
     args = ["bench", "--chip", "v5e", "specs/add_vectors.pallas", "--size", "N=65536", "--block", "N=8192"]
-    result = subprocess.run([sys.executable, "-c", command, *args, "--json", "out.json"], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-c", command, *args, "--json", "out.json"], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"TPU v5e, {LABEL}" in result.stdout
     assert "add_vectors [N=65536]: kernel " in result.stdout

@@ -37,7 +37,9 @@ def semantics_the_comment_states(comment: str) -> tuple[str, ...]:
     if comment.endswith("steps are independent, so every axis is parallel."):
         return ("parallel",) * len(axes)
     said = {}
-    for listed, kind in re.findall(r"[Ss]teps along ([\w, ]+?) (?:are independent|accumulate in order) \((\w+)\)", comment):
+    for listed, kind in re.findall(
+        r"[Ss]teps along ([\w, ]+?) (?:are independent|accumulate in order) \((\w+)\)", comment
+    ):
         said.update((axis, kind) for axis in listed.split(", "))
     assert set(said) == set(axes), comment
     return tuple(said[axis] for axis in axes)

@@ -49,11 +49,7 @@ def test_every_module_lives_in_a_stage():
 @pytest.mark.parametrize("module, path", modules(), ids=[name for name, _ in modules()])
 def test_a_module_imports_only_its_own_or_lower_stages(module, path):
     own = STAGES.index(stage_of(module))
-    higher = [
-        name
-        for name in imports(path)
-        if name.startswith("pallasgen.") and STAGES.index(stage_of(name)) > own
-    ]
+    higher = [name for name in imports(path) if name.startswith("pallasgen.") and STAGES.index(stage_of(name)) > own]
     assert not higher, f"{module} ({stage_of(module)}) imports from a later stage: {higher}"
 
 

@@ -47,7 +47,8 @@ STEPPED = [
     for name, checked in KERNELS.items()
     if any(d.reduced and d.reductions and d.name in checked.blocks for d in checked.space.dims)
     and checked.product is None
-    or checked.fused is not None and checked.fused.sweep is not None
+    or checked.fused is not None
+    and checked.fused.sweep is not None
 ]
 
 
@@ -216,7 +217,9 @@ def test_a_product_names_its_contracted_dimension_and_numbers_its_blocks_in_orde
     else:
         assert f"{k} is contracted whole inside each step: no grid axis, no accumulator" in lines
     gpu_lines = texts(picture(checked, gpu=True))
-    assert f"{k} is no grid axis: each program loops over it in slices of {checked.settings['gpu'].blocks[k]}" in gpu_lines
+    assert (
+        f"{k} is no grid axis: each program loops over it in slices of {checked.settings['gpu'].blocks[k]}" in gpu_lines
+    )
 
 
 @pytest.mark.parametrize("name", [n for n in KERNELS if n not in PRODUCTS and n not in STEPPED])

@@ -329,13 +329,17 @@ def test_tune_compiles_for_a_chip_and_writes_the_best_blocks(project):  # noqa: 
     assert f'(65536,): ({entry["blocks"]["N"]},)' in (project / "generated" / "add_vectors.py").read_text()
     # A second run goes on from the blocks tuned before and never records worse ones.
     again = subprocess.run(
-        [sys.executable, "-c", "from pallasgen.cli import main; main()", *args[:-1], "1"], capture_output=True, text=True
+        [sys.executable, "-c", "from pallasgen.cli import main; main()", *args[:-1], "1"],
+        capture_output=True,
+        text=True,
     )
     assert f"from the blocks tuned before block_n={entry['blocks']['N']} " in again.stdout, again.stderr[-2000:]
     (second,) = json.loads((project / "specs" / "add_vectors.tuning.json").read_text())["kernels"]["add_vectors"][
         "tuned"
     ]
-    assert second["blocks"] == entry["blocks"] and second["measure"]["kernel_cycles"] == entry["measure"]["kernel_cycles"]
+    assert (
+        second["blocks"] == entry["blocks"] and second["measure"]["kernel_cycles"] == entry["measure"]["kernel_cycles"]
+    )
     # A run started from given blocks measures the ones tuned before too, and keeps the better.
     given = subprocess.run(
         [sys.executable, "-c", "from pallasgen.cli import main; main()", *args[:-1], "2", "--block", "N=1024"],

@@ -172,7 +172,7 @@ class _Frame:
 
     def __init__(self, kernel, types, batch, row):
         self.kernel, self.types, self.batch, self.row = kernel, types, set(batch), row
-        self.lets = {s.name: s.value for s in kernel.body if isinstance(s, ir.Let)}
+        self.lets = {_named(s): s.value for s in kernel.body}  # an output a statement reads: its value
         self.inputs = {d.name: d for d in kernel.inputs}
         self.found: dict[ir.Expr, tuple] = {}
 
@@ -294,7 +294,7 @@ class _Sweeper:
 
     def __init__(self, kernel, types, dim, products):
         self.kernel, self.types, self.dim, self.products = kernel, types, dim, products
-        self.lets = {s.name: s.value for s in kernel.body if isinstance(s, ir.Let)}
+        self.lets = {_named(s): s.value for s in kernel.body}  # an output a statement reads: its value
         self.params = {p.name for p in kernel.params}
         self.carries: dict[tuple, Carry] = {}
         self.results: dict[ir.Expr, Carry] = {}
@@ -306,15 +306,15 @@ class _Sweeper:
 
     def sweep(self) -> Sweep:
         for statement in self.kernel.body:
-            info = self.info(statement.value)
-            if isinstance(statement, ir.Let):
-                self.let_infos[statement.name] = info
+            self.let_infos[_named(statement)] = self.info(statement.value)
         finish = [s for s in self.kernel.body if isinstance(s, ir.Assign) or self.let_infos[s.name].phase == "post"]
         in_step = self._names_read([c.value for c in self.carries.values()])
         in_finish = self._names_read([s.value for s in finish], skip=self.results) | {
             s.name for s in finish if isinstance(s, ir.Let)
         }
-        lets = [s for s in self.kernel.body if isinstance(s, ir.Let)]
+        # Each step computes the lets its carries read, and an output they read as a let
+        # of its name (stored once the pass is done).
+        lets = [s if isinstance(s, ir.Let) else ir.Let(s.target, s.value, s.position) for s in self.kernel.body]
         return Sweep(
             self.dim,
             tuple(self.carries.values()),
@@ -604,6 +604,11 @@ def _describe(node: ir.Expr) -> str:
     if isinstance(node, ir.Name):
         return f"'{node.id}'"
     return "a value computed from the whole pass"
+
+
+def _named(statement: ir.Statement) -> str:
+    """The name a statement gives its value: a let's, or the output it assigns."""
+    return statement.name if isinstance(statement, ir.Let) else statement.target
 
 
 def _identity_value(kind: str) -> float | None:
