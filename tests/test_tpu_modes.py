@@ -41,7 +41,8 @@ from kernel_cases import (
 KERNELS = bundled_kernels()
 KERNEL_IDS = [f"{module}.{kernel}" for module, kernel in KERNELS]
 # The TPU simulation (InterpretParams) takes minutes a call for a fused kernel's grid of
-# batch elements and steps: test_attention.py runs those in interpret=True instead.
+# batch elements and steps at these small blocks: test_attention.py simulates those at
+# sizes and blocks of their own.
 SIMULATED = [(module, kernel) for module, kernel in KERNELS if module != "attention"]
 
 

@@ -1,0 +1,97 @@
+"""Causal attention, forward plus backward, by compiler estimate: pallasgen's kernels
+(specs/attention.pallas: `attention`, then `attention_dq` and `attention_dkdv`, the
+FlashAttention-2 backward) against XLA's forward and backward of plain attention
+(`jax.vjp`) and against jax's own Pallas flash attention (its custom VJP, default
+blocks), on a compile-only TPU. Run by hand on any machine (no TPU needed):
+
+    python benchmarks/attention_backward_estimates.py --chip v5e
+
+Cycles come from libtpu's static cost model: estimates, not times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from attention_estimates import plain_attention
+
+from pallasgen.backends.tpu.chips import CHIP_NAMES, chip_named
+from pallasgen.devices.estimate import Estimator
+from pallasgen.devices.runner import load_module
+
+ROOT = Path(__file__).resolve().parents[1]
+SCALE = 0.125
+
+
+def forward_and_backward(attention):
+    """o and (dq, dk, dv) for the cotangent `do`, through `jax.vjp` of `attention`."""
+    import jax
+
+    def both(q, k, v, do):
+        o, backward = jax.vjp(attention, q, k, v)
+        return o, backward(do)
+
+    return both
+
+
+def pallasgen_forward_and_backward(module):
+    """o, lse from `attention`; delta and dq from `attention_dq`; dk, dv from `attention_dkdv`."""
+
+    def both(q, k, v, do):
+        o, lse = module.attention(q, k, v, scale=SCALE, interpret=False)
+        dq, delta = module.attention_dq(q, k, v, o, do, lse, scale=SCALE, interpret=False)
+        dk, dv = module.attention_dkdv(q, k, v, do, lse, delta, scale=SCALE, interpret=False)
+        return o, (dq, dk, dv)
+
+    return both
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chip", choices=CHIP_NAMES, default="v5e")
+    parser.add_argument("--sizes", default="B=1,H=8,S=4096,T=4096,D=128")
+    args = parser.parse_args()
+    sizes = {k: int(v) for k, v in (item.split("=") for item in args.sizes.split(","))}
+    with tempfile.TemporaryDirectory() as profile_dir:
+        estimator = Estimator(args.chip, Path(profile_dir))
+        import functools
+
+        import jax
+        import jax.numpy as jnp
+        from jax.experimental.pallas.ops.tpu.flash_attention import flash_attention
+
+        path = ROOT / "generated" / "attention.py"
+        module = load_module(path.read_text(encoding="utf-8"), path)
+        b, h, s, t, d = (sizes[n] for n in "BHSTD")
+        shapes = [(b, h, s, d), (b, h, t, d), (b, h, t, d), (b, h, s, d)]
+        arrays = [jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=estimator.sharding) for shape in shapes]
+        candidates = {
+            "pallasgen": pallasgen_forward_and_backward(module),
+            "xla": forward_and_backward(functools.partial(plain_attention, scale=SCALE, causal=True)),
+            "jax_flash_attention": forward_and_backward(functools.partial(flash_attention, causal=True, sm_scale=SCALE)),
+        }
+        cycles = {}
+        for name, function in candidates.items():
+            ops, _ = estimator.op_cycles(function, arrays)
+            cycles[name] = sum(ops.values())
+            print(json.dumps({"chip": args.chip, "which": name, "cycles": cycles[name], **sizes}))
+    # The products pallasgen's kernels run, of 2*S*T*D flops each, half of them under the
+    # causal mask: the forward's 2 (q k^T, p v), dq's 3 (q k^T, do v^T, ds k) and dkdv's
+    # 4 (k q^T, v do^T, p^T do, ds^T q). Each backward kernel recomputes the scores.
+    flops = 9 * 2 * b * h * s * t * d // 2
+    chip = chip_named(args.chip)
+    floor = flops / chip.bf16_flops * chip.clock_hz
+    ours = cycles["pallasgen"]
+    print(f"\n| {args.chip} | pallasgen | XLA | jax flash_attention | pallasgen/XLA | pallasgen/flash | MXU floor |")
+    print("|---|---|---|---|---|---|---|")
+    print(
+        f"| causal, forward + backward | {ours:,} | {cycles['xla']:,} | {cycles['jax_flash_attention']:,}"
+        f" | {ours / cycles['xla']:.2f}x | {ours / cycles['jax_flash_attention']:.2f}x | {floor:,.0f} |"
+    )
+
+
+if __name__ == "__main__":
+    main()
