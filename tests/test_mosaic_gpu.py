@@ -1,0 +1,105 @@
+"""The Mosaic GPU backend without a GPU: every bundled kernel it takes lowers for CUDA
+with `gpu_backend="mosaic_gpu"` to a Mosaic GPU custom call and no Triton one, at
+aligned, ragged, small and 1x1 sizes (`jax.export(..., platforms=["cuda"])` lowers
+on a CPU-only machine; nothing runs). Kernels it does not take say why, and run on
+Triton. Mosaic GPU is opt-in: the default stays Triton until a Hopper run passes."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from kernel_cases import bundled_kernels, generated_module, spec_kernel
+from jax._src.mesh import AbstractDevice
+
+from pallasgen.analysis.product import find_products
+from pallasgen.devices.compile_only import GPU_CORES, GPU_DEVICE_KIND
+
+pytest.importorskip("absl", reason="jax 0.10.2 lowers Mosaic GPU kernels only with absl-py")
+
+MOSAIC_CALL = re.compile(r"custom_call @mosaic_gpu")  # @mosaic_gpu_v2 on jax 0.10.2 and 0.12
+TRITON_CALL = "__gpu$xla.gpu.triton"  # the target export's safety check knows it by
+TRITON = re.compile(r"custom_call @\S*triton")  # the call's target on jax 0.10.2 and 0.12
+_H100 = jax.sharding.AbstractMesh(
+    (1,),
+    ("x",),
+    abstract_device=AbstractDevice(device_kind=GPU_DEVICE_KIND, num_cores=GPU_CORES, platform="gpu"),
+)
+KERNELS = [(module, kernel) for module, kernel in bundled_kernels() if kernel is not None]
+TAKEN = [(m, k) for m, k in KERNELS if hasattr(generated_module(m), f"_{k}_mosaic_gpu")]
+REFUSED = [(m, k) for m, k in KERNELS if (m, k) not in TAKEN]
+
+SIZES = {
+    "aligned": {"batch": 2, "rows": 256, "columns": 512, "contracted": 256, "vector": 4096},
+    "ragged": {"batch": 3, "rows": 100, "columns": 300, "contracted": 70, "vector": 3001},
+    "small": {"batch": 1, "rows": 8, "columns": 16, "contracted": 8, "vector": 5},
+    "one": {"batch": 1, "rows": 1, "columns": 1, "contracted": 1, "vector": 1},
+}
+
+
+def _dims(module: str, kernel: str, size: str) -> dict[str, int]:
+    """Each dimension's size: the layout's last two are rows and columns, those before
+    them batch; a product's contracted dimension; a rank-1 kernel's one dimension."""
+    decl = spec_kernel(module, kernel)
+    layout = max((tuple(a.dims) for a in (*decl.outputs, *decl.inputs)), key=len)
+    table = SIZES[size]
+    if len(layout) == 1:
+        return {layout[0]: table["vector"]}
+    sizes = {d: table["batch"] for d in layout[:-2]} | {layout[-2]: table["rows"], layout[-1]: table["columns"]}
+    for product in find_products(decl):
+        for dim in {d for a in decl.inputs for d in a.dims} - set(sizes):
+            sizes[dim] = table["contracted"]
+    return sizes
+
+
+def _exported_text(module: str, kernel: str, size: str, **keywords) -> str:
+    decl = spec_kernel(module, kernel)
+    sizes = _dims(module, kernel, size)
+    dtypes = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16, "i32": jnp.int32, "i8": jnp.int8}
+    args = [jax.ShapeDtypeStruct(tuple(sizes[d] for d in a.dims), dtypes[a.dtype]) for a in decl.inputs]
+    function = getattr(generated_module(module), kernel)
+    disabled = [jax.export.DisabledSafetyCheck.custom_call(TRITON_CALL)]
+    call = jax.jit(lambda *arrays: function(*arrays, interpret=False, **keywords))
+    with jax.sharding.use_abstract_mesh(_H100):  # jax 0.12 lowers Triton only for a known GPU
+        return jax.export.export(call, platforms=["cuda"], disabled_checks=disabled)(*args).mlir_module()
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+@pytest.mark.parametrize("module, kernel", TAKEN, ids=[f"{m}.{k}" for m, k in TAKEN])
+def test_kernel_lowers_to_mosaic_gpu_and_no_triton(module, kernel, size):
+    text = _exported_text(module, kernel, size, gpu_backend="mosaic_gpu")
+    assert MOSAIC_CALL.search(text), "no Mosaic GPU custom call"
+    assert not TRITON.search(text)
+
+
+def test_mosaic_gpu_takes_the_elementwise_kernels_and_plain_products():
+    taken = {k for _, k in TAKEN}
+    assert {"add_vectors", "bias_gelu", "leaky", "giou", "add_i32", "mul_f32"} <= taken
+    assert {"matmul", "matmul_bias_gelu", "linear", "batched_matmul", "scores", "matmul_int8"} <= taken
+
+
+@pytest.mark.parametrize("module, kernel", REFUSED, ids=[f"{m}.{k}" for m, k in REFUSED])
+def test_kernel_mosaic_gpu_does_not_take_says_why_in_its_docstring(module, kernel):
+    doc = getattr(generated_module(module), kernel).__doc__
+    assert re.search(r"This kernel runs on Triton either way: \S", doc)
+
+
+def test_a_refused_kernel_with_mosaic_gpu_runs_on_triton():
+    text = _exported_text("softmax", "softmax", "small", gpu_backend="mosaic_gpu")
+    assert TRITON.search(text) and not MOSAIC_CALL.search(text)
+
+
+def test_the_default_gpu_backend_is_triton():
+    text = _exported_text("matmul", "matmul_bias_gelu", "small")
+    assert TRITON.search(text) and not MOSAIC_CALL.search(text)
+
+
+@pytest.mark.parametrize("value", ["mosaic", "Triton", None, 1])
+def test_an_unknown_gpu_backend_is_a_clear_error(value):
+    module = generated_module("add_vectors")
+    x = jnp.ones(4, jnp.float32)
+    with pytest.raises(ValueError, match=r'add_vectors: gpu_backend must be "triton" or "mosaic_gpu", got'):
+        module.add_vectors(x, x, gpu_backend=value)
