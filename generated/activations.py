@@ -577,6 +577,7 @@ def _leaky_mosaic_gpu(x, *, m, n, slope, interpret):
         ),
         grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
         grid_names=("M", "N"),
+        interpret=interpret,
     )(x)
     return y[:m, :n], mask[:m, :n]
 
@@ -847,6 +848,7 @@ def _bias_gelu_mosaic_gpu(x, bias, scale, *, m, n, interpret):
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
         grid_names=("M", "N"),
+        interpret=interpret,
     )(x, bias, scale)
     return y[:m, :n]
 

@@ -495,5 +495,6 @@ def _add_vectors_mosaic_gpu(x, y, *, n, interpret):
         out_type=(jax.ShapeDtypeStruct((n,), jnp.float32),),
         grid=(pl.cdiv(n, block_n),),
         grid_names=("N",),
+        interpret=interpret,
     )(x, y)
     return z[:n]

@@ -771,5 +771,6 @@ def _giou_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, eps, inter
         out_type=(jax.ShapeDtypeStruct((padded_b, padded_n), jnp.float32),),
         grid=(pl.cdiv(padded_b, block_b), pl.cdiv(padded_n, block_n)),
         grid_names=("B", "N"),
+        interpret=interpret,
     )(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2)
     return giou[:b, :n]

@@ -524,35 +524,36 @@ def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stag
     )(x, y)
 
 
-def _matmul_mosaic_gpu_kernel(
-    x_ref, y_ref, z_ref, acc_ref, out_smem, barrier, *, block_m, block_n, block_k
-):
+def _matmul_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k):
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
 
-    def step(_, x_smem, y_smem):
-        plgpu.wgmma(acc_ref, x_smem, plgpu.transpose_ref(y_smem, (1, 0)))
-        plgpu.wgmma_wait(0)
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, x_smem, y_smem):
+            plgpu.wgmma(acc_ref, x_smem, y_smem.T)
+            plgpu.wgmma_wait(0)
 
-    plgpu.emit_pipeline(
-        step,
-        grid=(x_ref.shape[-1] // block_k,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_k),
-                lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_k),
-            ),
-            plgpu.BlockSpec(
-                (block_n, block_k),
-                lambda s: (program_n, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_k),
-            ),
-        ],
-        max_concurrent_steps=2,
-    )(x_ref, y_ref)
-    acc = acc_ref[...]
-    out_smem[...] = acc
+        plgpu.emit_pipeline(
+            step,
+            grid=(x_ref.shape[-1] // block_k,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_m, block_k),
+                    lambda s: (program_m, s),
+                    transforms=_mgpu_swizzled(jnp.float32, block_k),
+                ),
+                plgpu.BlockSpec(
+                    (block_n, block_k),
+                    lambda s: (program_n, s),
+                    transforms=_mgpu_swizzled(jnp.float32, block_k),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(x_ref, y_ref)
+        acc = acc_ref[...]
+        out_smem[...] = acc
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(
         out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
@@ -581,7 +582,6 @@ def _matmul_mosaic_gpu(x, y, *, m, n, k, interpret):
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
-            plgpu.ACC((block_m, block_n), jnp.float32),
             plgpu.SMEM(
                 (block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
             ),
@@ -589,6 +589,7 @@ def _matmul_mosaic_gpu(x, y, *, m, n, k, interpret):
         ],
         grid=(padded_m // block_m, padded_n // block_n),
         grid_names=("M", "N"),
+        interpret=interpret,
     )(x, y)
     return z[:m, :n]
 
@@ -1096,50 +1097,42 @@ def _matmul_bias_gelu_gpu(
 
 
 def _matmul_bias_gelu_mosaic_gpu_kernel(
-    x_ref,
-    y_ref,
-    bias_ref,
-    z_ref,
-    acc_ref,
-    out_smem,
-    barrier,
-    bias_smem,
-    *,
-    block_m,
-    block_n,
-    block_k,
+    x_ref, y_ref, bias_ref, z_ref, out_smem, barrier, bias_smem, *, block_m, block_n, block_k
 ):
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
 
-    def step(_, x_smem, y_smem):
-        plgpu.wgmma(acc_ref, x_smem, y_smem)
-        plgpu.wgmma_wait(0)
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, x_smem, y_smem):
+            plgpu.wgmma(acc_ref, x_smem, y_smem)
+            plgpu.wgmma_wait(0)
 
-    plgpu.emit_pipeline(
-        step,
-        grid=(x_ref.shape[-1] // block_k,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_k),
-                lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
-            ),
-            plgpu.BlockSpec(
-                (block_k, block_n),
-                lambda s: (s, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
-        ],
-        max_concurrent_steps=2,
-    )(x_ref, y_ref)
-    plgpu.copy_gmem_to_smem(
-        bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
-    acc = acc_ref[...]
-    bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
-    out_smem[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
+        plgpu.emit_pipeline(
+            step,
+            grid=(x_ref.shape[-1] // block_k,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_m, block_k),
+                    lambda s: (program_m, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                ),
+                plgpu.BlockSpec(
+                    (block_k, block_n),
+                    lambda s: (s, program_n),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(x_ref, y_ref)
+        plgpu.copy_gmem_to_smem(
+            bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
+        )
+        plgpu.barrier_wait(barrier.at[0])
+        acc = acc_ref[...]
+        bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
+        out_smem[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(
         out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
@@ -1169,7 +1162,6 @@ def _matmul_bias_gelu_mosaic_gpu(x, y, bias, *, m, n, k, interpret):
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
-            plgpu.ACC((block_m, block_n), jnp.float32),
             plgpu.SMEM(
                 (block_m, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
             ),
@@ -1178,6 +1170,7 @@ def _matmul_bias_gelu_mosaic_gpu(x, y, bias, *, m, n, k, interpret):
         ],
         grid=(padded_m // block_m, padded_n // block_n),
         grid_names=("M", "N"),
+        interpret=interpret,
     )(x, y, bias)
     return z[:m, :n]
 
@@ -1422,34 +1415,37 @@ def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
 
 
 def _matmul_int8_mosaic_gpu_kernel(
-    x_ref, y_ref, z_ref, acc_ref, out_smem, barrier, *, block_m, block_n, block_k
+    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k
 ):
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
 
-    def step(_, x_smem, y_smem):
-        plgpu.wgmma(acc_ref, x_smem, plgpu.transpose_ref(y_smem, (1, 0)))
-        plgpu.wgmma_wait(0)
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, x_smem, y_smem):
+            plgpu.wgmma(acc_ref, x_smem, y_smem.T)
+            plgpu.wgmma_wait(0)
 
-    plgpu.emit_pipeline(
-        step,
-        grid=(x_ref.shape[-1] // block_k,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_k),
-                lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.int8, block_k),
-            ),
-            plgpu.BlockSpec(
-                (block_n, block_k),
-                lambda s: (program_n, s),
-                transforms=_mgpu_swizzled(jnp.int8, block_k),
-            ),
-        ],
-        max_concurrent_steps=2,
-    )(x_ref, y_ref)
-    acc = acc_ref[...]
-    out_smem[...] = acc
+        plgpu.emit_pipeline(
+            step,
+            grid=(x_ref.shape[-1] // block_k,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_m, block_k),
+                    lambda s: (program_m, s),
+                    transforms=_mgpu_swizzled(jnp.int8, block_k),
+                ),
+                plgpu.BlockSpec(
+                    (block_n, block_k),
+                    lambda s: (program_n, s),
+                    transforms=_mgpu_swizzled(jnp.int8, block_k),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(x_ref, y_ref)
+        acc = acc_ref[...]
+        out_smem[...] = acc
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.int32))
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(
         out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
@@ -1478,7 +1474,6 @@ def _matmul_int8_mosaic_gpu(x, y, *, m, n, k, interpret):
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),),
         scratch_types=[
-            plgpu.ACC((block_m, block_n), jnp.int32),
             plgpu.SMEM(
                 (block_m, block_n), jnp.int32, transforms=_mgpu_swizzled(jnp.int32, block_n)
             ),
@@ -1486,6 +1481,7 @@ def _matmul_int8_mosaic_gpu(x, y, *, m, n, k, interpret):
         ],
         grid=(padded_m // block_m, padded_n // block_n),
         grid_names=("M", "N"),
+        interpret=interpret,
     )(x, y)
     return z[:m, :n]
 
@@ -1745,35 +1741,38 @@ def _batched_matmul_gpu(
 
 
 def _batched_matmul_mosaic_gpu_kernel(
-    x_ref, y_ref, z_ref, acc_ref, out_smem, barrier, *, block_m, block_n, block_k
+    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k
 ):
     program_b = jax.lax.axis_index("B")
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
 
-    def step(_, x_smem, y_smem):
-        plgpu.wgmma(acc_ref, x_smem, y_smem)
-        plgpu.wgmma_wait(0)
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, x_smem, y_smem):
+            plgpu.wgmma(acc_ref, x_smem, y_smem)
+            plgpu.wgmma_wait(0)
 
-    plgpu.emit_pipeline(
-        step,
-        grid=(x_ref.shape[-1] // block_k,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_k),
-                lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
-            ),
-            plgpu.BlockSpec(
-                (block_k, block_n),
-                lambda s: (s, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
-        ],
-        max_concurrent_steps=2,
-    )(x_ref.at[program_b], y_ref.at[program_b])
-    acc = acc_ref[...]
-    out_smem[...] = acc
+        plgpu.emit_pipeline(
+            step,
+            grid=(x_ref.shape[-1] // block_k,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_m, block_k),
+                    lambda s: (program_m, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                ),
+                plgpu.BlockSpec(
+                    (block_k, block_n),
+                    lambda s: (s, program_n),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(x_ref.at[program_b], y_ref.at[program_b])
+        acc = acc_ref[...]
+        out_smem[...] = acc
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(
         out_smem,
@@ -1804,7 +1803,6 @@ def _batched_matmul_mosaic_gpu(x, y, *, b, m, n, k, interpret):
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_n), jnp.float32),),
         scratch_types=[
-            plgpu.ACC((block_m, block_n), jnp.float32),
             plgpu.SMEM(
                 (block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
             ),
@@ -1812,6 +1810,7 @@ def _batched_matmul_mosaic_gpu(x, y, *, b, m, n, k, interpret):
         ],
         grid=(b, padded_m // block_m, padded_n // block_n),
         grid_names=("B", "M", "N"),
+        interpret=interpret,
     )(x, y)
     return z[:b, :m, :n]
 
@@ -2040,35 +2039,38 @@ def _scores_gpu(
 
 
 def _scores_mosaic_gpu_kernel(
-    q_ref, k_ref, s_ref, acc_ref, out_smem, barrier, *, block_s, block_t, block_d, scale
+    q_ref, k_ref, s_ref, out_smem, barrier, *, block_s, block_t, block_d, scale
 ):
     program_b = jax.lax.axis_index("B")
     program_s = jax.lax.axis_index("S")
     program_t = jax.lax.axis_index("T")
 
-    def step(_, q_smem, k_smem):
-        plgpu.wgmma(acc_ref, q_smem, plgpu.transpose_ref(k_smem, (1, 0)))
-        plgpu.wgmma_wait(0)
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, q_smem, k_smem):
+            plgpu.wgmma(acc_ref, q_smem, k_smem.T)
+            plgpu.wgmma_wait(0)
 
-    plgpu.emit_pipeline(
-        step,
-        grid=(q_ref.shape[-1] // block_d,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_s, block_d),
-                lambda s: (program_s, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-            plgpu.BlockSpec(
-                (block_t, block_d),
-                lambda s: (program_t, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
-            ),
-        ],
-        max_concurrent_steps=2,
-    )(q_ref.at[program_b], k_ref.at[program_b])
-    acc = acc_ref[...]
-    out_smem[...] = acc * scale
+        plgpu.emit_pipeline(
+            step,
+            grid=(q_ref.shape[-1] // block_d,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_s, block_d),
+                    lambda s: (program_s, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                ),
+                plgpu.BlockSpec(
+                    (block_t, block_d),
+                    lambda s: (program_t, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(q_ref.at[program_b], k_ref.at[program_b])
+        acc = acc_ref[...]
+        out_smem[...] = acc * scale
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_s, block_t), jnp.float32))
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(
         out_smem,
@@ -2103,7 +2105,6 @@ def _scores_mosaic_gpu(q, k, *, b, s_, t, d, scale, interpret):
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_s_, padded_t), jnp.float32),),
         scratch_types=[
-            plgpu.ACC((block_s, block_t), jnp.float32),
             plgpu.SMEM(
                 (block_s, block_t), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_t)
             ),
@@ -2111,6 +2112,7 @@ def _scores_mosaic_gpu(q, k, *, b, s_, t, d, scale, interpret):
         ],
         grid=(b, padded_s_ // block_s, padded_t // block_t),
         grid_names=("B", "S", "T"),
+        interpret=interpret,
     )(q, k)
     return s[:b, :s_, :t]
 
@@ -2374,50 +2376,42 @@ def _linear_gpu(
 
 
 def _linear_mosaic_gpu_kernel(
-    x_ref,
-    w_ref,
-    bias_ref,
-    y_ref,
-    acc_ref,
-    out_smem,
-    barrier,
-    bias_smem,
-    *,
-    block_m,
-    block_n,
-    block_k,
+    x_ref, w_ref, bias_ref, y_ref, out_smem, barrier, bias_smem, *, block_m, block_n, block_k
 ):
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
 
-    def step(_, x_smem, w_smem):
-        plgpu.wgmma(acc_ref, x_smem, plgpu.transpose_ref(w_smem, (1, 0)))
-        plgpu.wgmma_wait(0)
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, x_smem, w_smem):
+            plgpu.wgmma(acc_ref, x_smem, w_smem.T)
+            plgpu.wgmma_wait(0)
 
-    plgpu.emit_pipeline(
-        step,
-        grid=(x_ref.shape[-1] // block_k,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_k),
-                lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
-            ),
-            plgpu.BlockSpec(
-                (block_n, block_k),
-                lambda s: (program_n, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
-            ),
-        ],
-        max_concurrent_steps=2,
-    )(x_ref, w_ref)
-    plgpu.copy_gmem_to_smem(
-        bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
-    acc = acc_ref[...]
-    bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
-    out_smem[...] = (acc + bias).astype(jnp.bfloat16)
+        plgpu.emit_pipeline(
+            step,
+            grid=(x_ref.shape[-1] // block_k,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_m, block_k),
+                    lambda s: (program_m, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                ),
+                plgpu.BlockSpec(
+                    (block_n, block_k),
+                    lambda s: (program_n, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(x_ref, w_ref)
+        plgpu.copy_gmem_to_smem(
+            bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
+        )
+        plgpu.barrier_wait(barrier.at[0])
+        acc = acc_ref[...]
+        bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
+        out_smem[...] = (acc + bias).astype(jnp.bfloat16)
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(
         out_smem, y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
@@ -2447,7 +2441,6 @@ def _linear_mosaic_gpu(x, w, bias, *, m, n, k, interpret):
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
-            plgpu.ACC((block_m, block_n), jnp.float32),
             plgpu.SMEM(
                 (block_m, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
             ),
@@ -2456,5 +2449,6 @@ def _linear_mosaic_gpu(x, w, bias, *, m, n, k, interpret):
         ],
         grid=(padded_m // block_m, padded_n // block_n),
         grid_names=("M", "N"),
+        interpret=interpret,
     )(x, w, bias)
     return y[:m, :n]

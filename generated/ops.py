@@ -588,6 +588,7 @@ def _add_f32_mosaic_gpu(x, y, *, m, n, interpret):
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
         grid_names=("M", "N"),
+        interpret=interpret,
     )(x, y)
     return z[:m, :n]
 
@@ -826,6 +827,7 @@ def _mul_f32_mosaic_gpu(x, y, *, m, n, interpret):
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
         grid_names=("M", "N"),
+        interpret=interpret,
     )(x, y)
     return z[:m, :n]
 
@@ -1446,6 +1448,7 @@ def _add_i32_mosaic_gpu(x, y, *, m, n, interpret):
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),),
         grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
         grid_names=("M", "N"),
+        interpret=interpret,
     )(x, y)
     return z[:m, :n]
 
@@ -1684,6 +1687,7 @@ def _mul_i32_mosaic_gpu(x, y, *, m, n, interpret):
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),),
         grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
         grid_names=("M", "N"),
+        interpret=interpret,
     )(x, y)
     return z[:m, :n]
 

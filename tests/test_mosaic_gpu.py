@@ -10,15 +10,16 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from kernel_cases import bundled_kernels, generated_module, spec_kernel
+from kernel_cases import bundled_kernels, generated_module, random_array, spec_kernel, take_gpu_branch
 from jax._src.mesh import AbstractDevice
 
 from pallasgen.analysis.product import find_products
 from pallasgen.devices.compile_only import GPU_CORES, GPU_DEVICE_KIND
 
-pytest.importorskip("absl", reason="jax 0.10.2 lowers Mosaic GPU kernels only with absl-py")
+plgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu", reason="jax 0.10.2 imports it only with absl-py")
 
 MOSAIC_CALL = re.compile(r"custom_call @mosaic_gpu")  # @mosaic_gpu_v2 on jax 0.10.2 and 0.12
 TRITON_CALL = "__gpu$xla.gpu.triton"  # the target export's safety check knows it by
@@ -55,11 +56,17 @@ def _dims(module: str, kernel: str, size: str) -> dict[str, int]:
     return sizes
 
 
-def _exported_text(module: str, kernel: str, size: str, **keywords) -> str:
-    decl = spec_kernel(module, kernel)
+DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16, "i32": jnp.int32, "i8": jnp.int8}
+
+
+def _shapes(module: str, kernel: str, size: str) -> list[tuple[tuple[int, ...], str]]:
+    """Each input's (shape, spec dtype) at a size class."""
     sizes = _dims(module, kernel, size)
-    dtypes = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16, "i32": jnp.int32, "i8": jnp.int8}
-    args = [jax.ShapeDtypeStruct(tuple(sizes[d] for d in a.dims), dtypes[a.dtype]) for a in decl.inputs]
+    return [(tuple(sizes[d] for d in a.dims), a.dtype) for a in spec_kernel(module, kernel).inputs]
+
+
+def _exported_text(module: str, kernel: str, size: str, **keywords) -> str:
+    args = [jax.ShapeDtypeStruct(shape, DTYPES[dtype]) for shape, dtype in _shapes(module, kernel, size)]
     function = getattr(generated_module(module), kernel)
     disabled = [jax.export.DisabledSafetyCheck.custom_call(TRITON_CALL)]
     call = jax.jit(lambda *arrays: function(*arrays, interpret=False, **keywords))
@@ -73,6 +80,33 @@ def test_kernel_lowers_to_mosaic_gpu_and_no_triton(module, kernel, size):
     text = _exported_text(module, kernel, size, gpu_backend="mosaic_gpu")
     assert MOSAIC_CALL.search(text), "no Mosaic GPU custom call"
     assert not TRITON.search(text)
+
+
+# Mosaic GPU's interpreter (plgpu.InterpretGPUParams, exported from jax 0.12) runs the
+# kernels on CPU with TMA's bounds and the shared memory simulated: numerics without a GPU.
+INTERPRETER = getattr(plgpu, "InterpretGPUParams", None)
+
+
+@pytest.mark.skipif(INTERPRETER is None, reason="Mosaic GPU's interpreter is public from jax 0.12")
+@pytest.mark.parametrize("size", ["ragged", "one"])
+@pytest.mark.parametrize("module, kernel", TAKEN, ids=[f"{m}.{k}" for m, k in TAKEN])
+def test_kernel_interpreted_on_mosaic_gpu_agrees_with_its_reference(module, kernel, size, monkeypatch):
+    generated = generated_module(module)
+    take_gpu_branch(monkeypatch, generated)
+    rng = np.random.default_rng(0)
+    arrays = [jnp.asarray(random_array(rng, dtype, shape)) for shape, dtype in _shapes(module, kernel, size)]
+    got = jax.tree.leaves(getattr(generated, kernel)(*arrays, gpu_backend="mosaic_gpu", interpret=INTERPRETER()))
+    want = jax.tree.leaves(getattr(generated, f"{kernel}_reference")(*arrays))
+    depth = max((shape[-1] for shape, _ in _shapes(module, kernel, size)), default=1)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        if w.dtype.kind in "iu":
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+            continue
+        # One rounding of a 16-bit output, or sums of `depth` products in f32.
+        rtol = 2.0**-7 if w.dtype.itemsize == 2 else 2.0**-20 * depth
+        g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * max(1.0, np.abs(w).max(initial=0)))
 
 
 def test_mosaic_gpu_takes_the_elementwise_kernels_and_plain_products():

@@ -206,6 +206,7 @@ class _ElementwisePlanner(_Planner):
             f"    out_type={self.out_types() if multiples else self._out_types_unpadded()},",
             f"    grid={grid},",
             f"    grid_names={tuple(layout)!r},",
+            "    interpret=interpret,",
             f")({', '.join(self.values[d.name] for d in kernel.inputs)})",
         ]
         return self.finish(
@@ -240,7 +241,9 @@ class _ProductPlanner(_Planner):
         # wgmma reads a transposed tile of 16-bit operands only: others come K-minor.
         rhs_n_major = product.rhs.transposed or product.lhs.dtype.bits != 16
         program = {d: self.namer.claim(f"program_{d.lower()}") for d in layout}
-        acc_ref, out_smem, barrier, step = (self.namer.claim(x) for x in ("acc_ref", "out_smem", "barrier", "step"))
+        acc_ref, out_smem, barrier, step, scope = (
+            self.namer.claim(x) for x in ("acc_ref", "out_smem", "barrier", "step", "accumulate")
+        )
         lhs, rhs = product.lhs, product.rhs
         lhs_smem, rhs_smem = self.smem[lhs.name], self.smem[rhs.name]
         epilogue = [d for d in kernel.inputs if d.name not in (lhs.name, rhs.name)]
@@ -256,7 +259,7 @@ class _ProductPlanner(_Planner):
             return ", ".join(f"pl.ds({program[d]} * {block_keyword(d)}, {block_keyword(d)})" for d in dims)
 
         rhs_dims = (n, k) if rhs_n_major else (k, n)
-        rhs_tile = f"plgpu.transpose_ref({rhs_smem}, (1, 0))" if rhs_n_major else rhs_smem
+        rhs_tile = f"{rhs_smem}.T" if rhs_n_major else rhs_smem
         specs = [
             f"plgpu.BlockSpec(({block_keyword(m)}, {block_keyword(k)}), lambda s: ({program[m]}, s), transforms={swizzled(lhs.dtype.name, k)})",
             f"plgpu.BlockSpec(({block_keyword(rhs_dims[0])}, {block_keyword(rhs_dims[1])}), "
@@ -286,9 +289,7 @@ class _ProductPlanner(_Planner):
             *body_statements(kernel, kernel.body, emitter, self.values, self.refs, checked, store),
         ]
         refs = [self.refs[d.name] for d in kernel.inputs + kernel.outputs]
-        kernel_body = [
-            *(f"{program[d]} = jax.lax.axis_index({d!r})" for d in layout),
-            "",
+        accumulate = [
             f"def {step}(_, {lhs_smem}, {rhs_smem}):",
             f"    plgpu.wgmma({acc_ref}, {lhs_smem}, {rhs_tile})",
             "    plgpu.wgmma_wait(0)",
@@ -301,12 +302,19 @@ class _ProductPlanner(_Planner):
             f")({at_batch(self.refs[lhs.name])}, {at_batch(self.refs[rhs.name])})",
             *loads,
             *epilogue_body,
+        ]
+        kernel_body = [
+            *(f"{program[d]} = jax.lax.axis_index({d!r})" for d in layout),
+            "",
+            f"def {scope}({acc_ref}):  # the accumulator in registers, for this block's K steps and epilogue",
+            *(f"    {line}" for line in accumulate),
+            "",
+            f"pl.run_scoped({scope}, plgpu.ACC({tile_shape}, {jnp_dtype(product.accumulator.name)}))",
             "plgpu.commit_smem()",
             f"plgpu.copy_smem_to_gmem({out_smem}, {self.refs[out.name]}.at[{', '.join([*(program[d] for d in batch), tile((m, n))])}])",
             "plgpu.wait_smem_to_gmem(0)",
         ]
         scratch = [
-            f"plgpu.ACC({tile_shape}, {jnp_dtype(product.accumulator.name)})",
             f"plgpu.SMEM({tile_shape}, {jnp_dtype(out.dtype)}, transforms={swizzled(out.dtype, n)})",
             f"plgpu.Barrier(num_barriers={max(1, len(epilogue))})",
             *(
@@ -316,7 +324,7 @@ class _ProductPlanner(_Planner):
             ),
         ]
         kernel_parameters = parameter_list(
-            [*refs, acc_ref, out_smem, barrier, *(self.smem[d.name] for d in epilogue)],
+            [*refs, out_smem, barrier, *(self.smem[d.name] for d in epilogue)],
             [*(block_keyword(d) for d in (m, n, k)), *(p.name for p in kernel.params)],
         )
         reshapes = []
@@ -341,6 +349,7 @@ class _ProductPlanner(_Planner):
             f"    scratch_types=[{', '.join(scratch)}],",
             f"    grid={tuple_code(grid)},",
             f"    grid_names={tuple(layout)!r},",
+            "    interpret=interpret,",
             f")({', '.join(self.values[d.name] for d in kernel.inputs)})",
         ]
         return self.finish(kernel_parameters, kernel_body, self.launcher(blocks, multiples, reshapes, call))
