@@ -38,13 +38,17 @@ def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
         raise ValueError(
             f'{kernel}: gpu_backend must be "triton" or "mosaic_gpu", got {gpu_backend!r}'
         )
-    if gpu_backend == "mosaic_gpu" and mosaic_gpu is not None:
+    if gpu_backend == "triton" or mosaic_gpu is None:
+        return triton
+
+    def on_mosaic_gpu(*arrays, **keywords):  # called only where the module lowers for CUDA
         if plgpu is None:
             raise ImportError(
-                f'{kernel}: gpu_backend="mosaic_gpu" needs absl-py with jax 0.10.2 (pip install absl-py)'
+                f'{kernel}: gpu_backend="mosaic_gpu" needs absl-py on jax 0.10.2 (pip install absl-py)'
             )
-        return mosaic_gpu
-    return triton
+        return mosaic_gpu(*arrays, **keywords)
+
+    return on_mosaic_gpu
 
 
 def _mgpu_pad(array, shape):

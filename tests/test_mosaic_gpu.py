@@ -137,3 +137,14 @@ def test_an_unknown_gpu_backend_is_a_clear_error(value):
     x = jnp.ones(4, jnp.float32)
     with pytest.raises(ValueError, match=r'add_vectors: gpu_backend must be "triton" or "mosaic_gpu", got'):
         module.add_vectors(x, x, gpu_backend=value)
+
+
+def test_without_mosaic_gpu_importable_only_a_cuda_lowering_asks_for_absl(monkeypatch):
+    """jax 0.10.2 imports Mosaic GPU only with absl-py: the module still imports and runs
+    elsewhere, and lowering for CUDA says what to install."""
+    module = generated_module("add_vectors")
+    monkeypatch.setattr(module, "plgpu", None)
+    x = jnp.arange(4, dtype=jnp.float32)
+    np.testing.assert_array_equal(module.add_vectors(x, x, gpu_backend="mosaic_gpu"), 2 * x)
+    with pytest.raises(ImportError, match=r'add_vectors: gpu_backend="mosaic_gpu" needs absl-py'):
+        _exported_text("add_vectors", "add_vectors", "one", gpu_backend="mosaic_gpu")
