@@ -13,11 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernel_cases import bundled_kernels, generated_module, random_array, spec_kernel, take_gpu_branch
+from kernel_cases import bundled_kernels, generated_module, load_module, random_array, spec_kernel, take_gpu_branch
 from jax._src.mesh import AbstractDevice
 
 from pallasgen.analysis.product import find_products
 from pallasgen.devices.compile_only import GPU_CORES, GPU_DEVICE_KIND
+from pallasgen.workspace.pipeline import generate
 
 plgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu", reason="jax 0.10.2 imports it only with absl-py")
 
@@ -148,3 +149,14 @@ def test_without_mosaic_gpu_importable_only_a_cuda_lowering_asks_for_absl(monkey
     np.testing.assert_array_equal(module.add_vectors(x, x, gpu_backend="mosaic_gpu"), 2 * x)
     with pytest.raises(ImportError, match=r'add_vectors: gpu_backend="mosaic_gpu" needs absl-py'):
         _exported_text("add_vectors", "add_vectors", "one", gpu_backend="mosaic_gpu")
+
+
+def test_spec_names_do_not_clash_with_the_mosaic_gpu_launchers_own(tmp_path):
+    """The launcher names each padded size; an input may already have that name."""
+    spec = "kernel k {\n    in  padded_m, padded_n: f32[M, N]\n    out z: f32[M, N]\n    z = padded_m + padded_n\n}\n"
+    path = tmp_path / "clash.py"
+    path.write_text(generate(spec, "clash.pallas", "clash.pallas"))
+    module = load_module(path, "_mosaic_gpu_clash")
+    args = [jax.ShapeDtypeStruct((100, 300), jnp.float32)] * 2
+    call = jax.jit(lambda a, b: module.k(a, b, gpu_backend="mosaic_gpu", interpret=False))
+    assert MOSAIC_CALL.search(jax.export.export(call, platforms=["cuda"])(*args).mlir_module())

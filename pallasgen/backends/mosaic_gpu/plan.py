@@ -92,9 +92,11 @@ class _Planner:
         self.namer = lowered.namer.fork()
         self.sizes, self.values, self.refs = lowered.sizes, lowered.values, lowered.refs
         self.smem = {d.name: self.namer.claim(f"{d.name}_smem") for d in self.kernel.inputs + self.kernel.outputs}
+        self._padded = {d: self.namer.claim(f"padded_{self.sizes[d]}") for d in self.checked.dims}
 
     def padded(self, dim: str) -> str:
-        return f"padded_{self.sizes[dim]}"
+        """The launcher's name for a dimension's size padded to what TMA copies."""
+        return self._padded[dim]
 
     def launcher(self, blocks: dict[str, int], multiples: dict[str, str], reshapes: list[str], kernel_call: list[str]):
         """The launcher's body: blocks, padded sizes, operands padded, the kernel, outputs sliced."""
