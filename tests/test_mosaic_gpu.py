@@ -160,3 +160,69 @@ def test_spec_names_do_not_clash_with_the_mosaic_gpu_launchers_own(tmp_path):
     args = [jax.ShapeDtypeStruct((100, 300), jnp.float32)] * 2
     call = jax.jit(lambda a, b: module.k(a, b, gpu_backend="mosaic_gpu", interpret=False))
     assert MOSAIC_CALL.search(jax.export.export(call, platforms=["cuda"])(*args).mlir_module())
+
+
+def _module_of(spec_body: str, tmp_path, name: str):
+    """A module generated from one kernel `k` with this body."""
+    body = spec_body.replace("\n", "\n    ")
+    path = tmp_path / f"{name}.py"
+    path.write_text(generate(f"kernel k {{\n    {body}\n}}\n", f"{name}.pallas", f"{name}.pallas"))
+    return load_module(path, f"_mosaic_gpu_{name}")
+
+
+REFUSALS = {
+    "float-modulo": ("in x: f32[M, N]\nout y: f32[M, N]\ny = x % 3.0", "a float % has no Mosaic GPU lowering"),
+    "relu": ("in x: f32[M, N]\nout y: f32[M, N]\ny = relu(x)", "jax.nn.relu"),
+    "sqrt": ("in x: f32[N]\nout y: f32[N]\ny = sqrt(x)", "sqrt has no Mosaic GPU lowering"),
+    "int8-arithmetic": ("in x: i8[M, N]\nout y: i8[M, N]\ny = x + x", "8-bit values"),
+    "bool-array": ("in x: bool[M, N]\nout y: f32[M, N]\ny = f32(x)", "bool arrays"),
+    "scalar-input": ("in s: f32[]\nin x: f32[N]\nout y: f32[N]\ny = x * s", "0-d input"),
+    "rank-3": ("in x: f32[B, M, N]\nout y: f32[B, M, N]\ny = x * 2.0", "rank above 2"),
+    "reduction": ("in x: f32[M, N]\nout y: f32[M]\ny = sum(x, N)", "reductions are not on Mosaic GPU yet"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_a_kernel_mosaic_gpu_cannot_lower_keeps_triton_and_says_why(case, tmp_path):
+    body, reason = REFUSALS[case]
+    module = _module_of(body, tmp_path, case.replace("-", "_"))
+    assert not hasattr(module, "_k_mosaic_gpu")
+    assert reason in re.search(r"This kernel runs on Triton either way: (.+)", module.k.__doc__).group(1)
+
+
+TAKEN_SPECS = {
+    "f16-transposed-lhs-residual": (
+        "in x: f16[K, M]\nin w: f16[K, N]\nin r: f32[M, N]\nout y: f16[M, N]\ny = (x.T @ w) * 0.5 + r",
+        {"M": 100, "N": 200, "K": 40},
+    ),
+    "row-vector-and-param": (
+        "in x: f32[M, N]\nin s: f32[M]\nout y: f32[M, N]\nparam t: f32 = 2.0\ny = tanh(x * s) * t",
+        {"M": 70, "N": 50},
+    ),
+    "vector-i32": ("in x, y: i32[N]\nout z: i32[N]\nz = maximum(x, y) * 3", {"N": 1000}),
+}
+
+
+@pytest.mark.parametrize("case", list(TAKEN_SPECS))
+def test_more_kernels_lower_to_mosaic_gpu_and_agree_in_its_interpreter(case, tmp_path, monkeypatch):
+    body, sizes = TAKEN_SPECS[case]
+    module = _module_of(body, tmp_path, case.replace("-", "_"))
+    decl_inputs = [line.split(":") for line in body.splitlines() if line.startswith("in ")]
+    shapes = []
+    for names, kind in decl_inputs:
+        dtype, dims = kind.strip().rstrip("]").split("[")
+        dims = [d.strip() for d in dims.split(",")]
+        shapes += [(tuple(sizes[d] for d in dims), dtype)] * len(names.split(","))
+    args = [jax.ShapeDtypeStruct(shape, DTYPES[dtype]) for shape, dtype in shapes]
+    call = jax.jit(lambda *arrays: module.k(*arrays, gpu_backend="mosaic_gpu", interpret=False))
+    text = jax.export.export(call, platforms=["cuda"])(*args).mlir_module()
+    assert MOSAIC_CALL.search(text) and not TRITON.search(text)
+    if INTERPRETER is None:
+        return
+    take_gpu_branch(monkeypatch, module)
+    rng = np.random.default_rng(0)
+    arrays = [jnp.asarray(random_array(rng, dtype, shape)) for shape, dtype in shapes]
+    got = module.k(*arrays, gpu_backend="mosaic_gpu", interpret=INTERPRETER())
+    want = module.k_reference(*arrays)
+    rtol = 2.0**-10 if want.dtype.itemsize == 2 else 1e-5
+    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=rtol, atol=rtol * 10)

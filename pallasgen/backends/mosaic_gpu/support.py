@@ -36,6 +36,8 @@ def refusal(checked: CheckedKernel) -> str | None:
     arrays = kernel.inputs + kernel.outputs
     if any(d.dtype == "bool" for d in arrays):
         return "bool arrays do not take the swizzled shared-memory layout Mosaic GPU copies through"
+    if any(not d.dims for d in kernel.inputs):
+        return "a 0-d input is not copied to Mosaic GPU's shared memory yet"
     if product is None and len(checked.space.layout) > 2:
         return "elementwise kernels of rank above 2 are not on Mosaic GPU yet"
     for statement in kernel.body:
