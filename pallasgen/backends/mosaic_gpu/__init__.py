@@ -7,6 +7,7 @@ from __future__ import annotations
 from pallasgen.backends.base import Backend
 from pallasgen.backends.mosaic_gpu.plan import (
     BACKEND_KEYWORD,
+    GPU_BACKENDS,
     kernel_function_name,
     keyword_group,
     launcher_name,
@@ -37,3 +38,6 @@ class MosaicGpuBackend(Backend):
     def blocks_at(self, plan, sizes):
         """Its blocks are fixed per kernel, not keywords: none to report."""
         return {}
+
+    def helper_values(self):
+        return {"gpu_backends": GPU_BACKENDS}

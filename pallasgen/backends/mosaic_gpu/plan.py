@@ -29,7 +29,7 @@ from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.signature import Keyword, KeywordGroup
 
 BACKEND_KEYWORD = "gpu_backend"
-GPU_BACKENDS = ("triton", "mosaic_gpu")
+GPU_BACKENDS = ("triton", "mosaic_gpu")  # the values `gpu_backend` takes
 DEFAULT_GPU_BACKEND = "triton"  # until gpu_check.py passes on a Hopper GPU with Mosaic GPU
 
 # Shared memory a program's blocks may take (an H100 has 227 KiB per block).
@@ -62,7 +62,7 @@ def keyword_group(checked: CheckedKernel) -> KeywordGroup:
     ]
     if reason:
         doc.append(f"    This kernel runs on Triton either way: {reason}.")
-    return KeywordGroup((Keyword(BACKEND_KEYWORD, repr(DEFAULT_GPU_BACKEND).replace("'", '"')),), tuple(doc))
+    return KeywordGroup((Keyword(BACKEND_KEYWORD, f'"{DEFAULT_GPU_BACKEND}"'),), tuple(doc))
 
 
 def kernel_function_name(kernel: str) -> str:
@@ -114,11 +114,12 @@ class _Planner:
     def padding(self, value: str, dims, multiples: dict[str, str]) -> str:
         return f"{value} = _mgpu_pad({value}, {tuple_code([self.padded(d) if d in multiples else self.sizes[d] for d in dims])})"
 
-    def out_types(self) -> str:
-        types = [
-            f"jax.ShapeDtypeStruct({tuple_code([self.padded(d) for d in o.dims])}, {jnp_dtype(o.dtype)})"
-            for o in self.kernel.outputs
-        ]
+    def out_types(self, padded_dims) -> str:
+        """The kernel's `out_type`: each output's shape, padded along `padded_dims`."""
+        types = []
+        for out in self.kernel.outputs:
+            shape = tuple_code([self.padded(d) if d in padded_dims else self.sizes[d] for d in out.dims])
+            types.append(f"jax.ShapeDtypeStruct({shape}, {jnp_dtype(out.dtype)})")
         return f"({', '.join(types)},)"
 
     def finish(self, kernel_parameters, kernel_body, launcher_body) -> MosaicGpuPlan:
@@ -161,7 +162,11 @@ class _ElementwisePlanner(_Planner):
             dims = own_dims(decl)
             shape = tuple_code([block_keyword(d) for d in dims])
             index = tuple_code([program[d] for d in dims])
-            swizzle = f", transforms=_mgpu_swizzled({jnp_dtype(decl.dtype)}, {block_keyword(minor)})" if len(dims) == 2 else ""
+            swizzle = (
+                f", transforms=_mgpu_swizzled({jnp_dtype(decl.dtype)}, {block_keyword(minor)})"
+                if len(dims) == 2
+                else ""
+            )
             return f"plgpu.BlockSpec({shape}, lambda _: {index}{swizzle})"
 
         def load(decl: ir.ArrayDecl) -> str:
@@ -205,7 +210,7 @@ class _ElementwisePlanner(_Planner):
         call = [
             "plgpu.kernel(",
             f"    functools.partial({kernel_function_name(kernel.name)}, {bound}),",
-            f"    out_type={self.out_types() if multiples else self._out_types_unpadded()},",
+            f"    out_type={self.out_types(multiples)},",
             f"    grid={grid},",
             f"    grid_names={tuple(layout)!r},",
             "    interpret=interpret,",
@@ -215,17 +220,12 @@ class _ElementwisePlanner(_Planner):
             parameter_list(refs, keywords), kernel_body, self.launcher(blocks, multiples, reshapes, call)
         )
 
-    def _out_types_unpadded(self) -> str:
-        types = [
-            f"jax.ShapeDtypeStruct({tuple_code([self.sizes[d] for d in o.dims])}, {jnp_dtype(o.dtype)})"
-            for o in self.kernel.outputs
-        ]
-        return f"({', '.join(types)},)"
-
     def _columns(self, arrays) -> int:
         """The widest block of columns whose blocks of every array fit SMEM_BUDGET."""
         row_bytes = sum(DTYPES[d.dtype].bits // 8 for d in arrays)
-        return next((c for c in ELEMENTWISE_COLUMNS if ELEMENTWISE_ROWS * c * row_bytes <= SMEM_BUDGET), ELEMENTWISE_COLUMNS[-1])
+        return next(
+            (c for c in ELEMENTWISE_COLUMNS if ELEMENTWISE_ROWS * c * row_bytes <= SMEM_BUDGET), ELEMENTWISE_COLUMNS[-1]
+        )
 
 
 class _ProductPlanner(_Planner):
@@ -334,7 +334,9 @@ class _ProductPlanner(_Planner):
         if lhs.transposed:
             reshapes.append(f"{lhs_value} = jnp.swapaxes({lhs_value}, -1, -2)  # wgmma reads [M, K] tiles")
         if rhs_n_major and not rhs.transposed:
-            reshapes.append(f"{rhs_value} = jnp.swapaxes({rhs_value}, -1, -2)  # {product.lhs.dtype.name} wgmma reads [N, K] tiles")
+            reshapes.append(
+                f"{rhs_value} = jnp.swapaxes({rhs_value}, -1, -2)  # {product.lhs.dtype.name} wgmma reads [N, K] tiles"
+            )
         reshapes.append(self.padding(lhs_value, (*batch, m, k), multiples))
         reshapes.append(self.padding(rhs_value, (*batch, *rhs_dims), multiples))
         for decl in epilogue:
@@ -347,7 +349,7 @@ class _ProductPlanner(_Planner):
         call = [
             "plgpu.kernel(",
             f"    functools.partial({kernel_function_name(kernel.name)}, {', '.join(f'{x}={x}' for x in keywords)}),",
-            f"    out_type={self.out_types_with_batch(batch)},",
+            f"    out_type={self.out_types((m, n))},",
             f"    scratch_types=[{', '.join(scratch)}],",
             f"    grid={tuple_code(grid)},",
             f"    grid_names={tuple(layout)!r},",
@@ -355,8 +357,3 @@ class _ProductPlanner(_Planner):
             f")({', '.join(self.values[d.name] for d in kernel.inputs)})",
         ]
         return self.finish(kernel_parameters, kernel_body, self.launcher(blocks, multiples, reshapes, call))
-
-    def out_types_with_batch(self, batch) -> str:
-        out = self.kernel.outputs[0]
-        shape = tuple_code([self.sizes[d] if d in batch else self.padded(d) for d in out.dims])
-        return f"(jax.ShapeDtypeStruct({shape}, {jnp_dtype(out.dtype)}),)"
