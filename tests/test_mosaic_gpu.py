@@ -7,6 +7,7 @@ Triton. Mosaic GPU is opt-in: the default stays Triton until a Hopper run passes
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -226,3 +227,14 @@ def test_more_kernels_lower_to_mosaic_gpu_and_agree_in_its_interpreter(case, tmp
     want = module.k_reference(*arrays)
     rtol = 2.0**-10 if want.dtype.itemsize == 2 else 1e-5
     np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=rtol, atol=rtol * 10)
+
+
+def test_gpu_check_takes_the_gpu_backend_to_check(monkeypatch):
+    """The hardware run that would make Mosaic GPU the default is one command."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gpu_check
+
+    assert gpu_check.parse(["--gpu-backend", "mosaic_gpu", "small"]) == (["small"], "mosaic_gpu")
+    assert gpu_check.parse(["ragged"]) == (["ragged"], "triton")
+    with pytest.raises(SystemExit, match="--gpu-backend takes triton or mosaic_gpu"):
+        gpu_check.parse(["--gpu-backend", "mosaic"])
