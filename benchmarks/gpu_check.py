@@ -4,7 +4,10 @@ aligned sizes, against references computed on the CPU.
 Interpret mode pads edge blocks, so only a GPU shows what an unmasked edge does.
 Run by hand on a GPU host (results go to benchmarks/RESULTS.md):
 
-    python benchmarks/gpu_check.py [SIZE_CLASS ...]   # exit 1 if any kernel disagrees
+    python benchmarks/gpu_check.py [--gpu-backend mosaic_gpu] [SIZE_CLASS ...]   # exit 1 if any kernel disagrees
+
+`--gpu-backend mosaic_gpu` passes `gpu_backend="mosaic_gpu"` to every kernel (Hopper
+and later; kernels Mosaic GPU does not take run on Triton, as their docstrings say).
 
 Each kernel runs through its public function (the platform picks the Triton
 kernel) with default GPU blocks, and with 16-wide blocks so that small sizes span
@@ -94,15 +97,15 @@ def check(module: str, kernel: str, size_class: str, blocks: dict[str, int]) -> 
     return "XLA CPU reference"
 
 
-def main(size_classes: list[str]) -> int:
-    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}")
+def main(size_classes: list[str], gpu_backend: str = "triton") -> int:
+    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}, gpu_backend={gpu_backend}")
     failures = 0
     for module, kernel in bundled_kernels():
         function = getattr(generated_module(module), kernel)
         for size_class in size_classes:
             for label, blocks in (("default blocks", {}), ("16-wide blocks", small_gpu_blocks(function))):
                 try:
-                    against = check(module, kernel, size_class, blocks)
+                    against = check(module, kernel, size_class, {**blocks, "gpu_backend": gpu_backend})
                     print(f"OK    {module}.{kernel:18} {size_class:8} {label:15} vs {against}")
                 except Exception as error:  # report every failure, then exit 1
                     failures += 1
@@ -112,5 +115,16 @@ def main(size_classes: list[str]) -> int:
     return 1 if failures else 0
 
 
+def parse(argv: list[str]) -> tuple[list[str], str]:
+    """The size classes and the GPU backend of a command line."""
+    gpu_backend = "triton"
+    if "--gpu-backend" in argv:
+        at = argv.index("--gpu-backend")
+        if at + 1 >= len(argv) or argv[at + 1] not in ("triton", "mosaic_gpu"):
+            sys.exit("gpu_check.py: --gpu-backend takes triton or mosaic_gpu")
+        gpu_backend, argv = argv[at + 1], argv[:at] + argv[at + 2 :]
+    return argv or list(SIZE_CLASSES), gpu_backend
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:] or list(SIZE_CLASSES)))
+    sys.exit(main(*parse(sys.argv[1:])))

@@ -19,11 +19,61 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
+try:
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+except ImportError:  # jax 0.10.2 imports it only with absl-py (pallasgen's jax extra brings it)
+    plgpu = None
+
 # jax 0.11+ warns at every Triton lowering that Pallas's Triton backend is deprecated. The
 # GPU kernels here use it knowingly until they move to Mosaic GPU: silence that one warning.
 warnings.filterwarnings(
     "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
 )
+
+
+def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
+    """The GPU kernel that `gpu_backend` names: Triton's, or Mosaic GPU's where the kernel
+    has one (`mosaic_gpu` None: it has not, and runs on Triton)."""
+    if gpu_backend not in ("triton", "mosaic_gpu"):
+        raise ValueError(
+            f'{kernel}: gpu_backend must be "triton" or "mosaic_gpu", got {gpu_backend!r}'
+        )
+    if gpu_backend == "triton" or mosaic_gpu is None:
+        return triton
+
+    def on_mosaic_gpu(*arrays, **keywords):  # called only where the module lowers for CUDA
+        if plgpu is None:
+            raise ImportError(
+                f'{kernel}: gpu_backend="mosaic_gpu" needs absl-py on jax 0.10.2 (pip install absl-py)'
+            )
+        return mosaic_gpu(*arrays, **keywords)
+
+    return on_mosaic_gpu
+
+
+def _mgpu_pad(array, shape):
+    """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
+    if array.shape == shape:
+        return array
+    return jnp.pad(array, [(0, padded - size) for size, padded in zip(array.shape, shape)])
+
+
+def _mgpu_swizzled(dtype, columns):
+    """The shared-memory tiling and swizzle of a 2-D block `columns` wide, as wgmma and
+    the WGMMA register layout read it."""
+    swizzle = plgpu.find_swizzle(columns * jnp.dtype(dtype).itemsize * 8)
+    return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(
+        swizzle
+    )
+
+
+def _mgpu_load(ref, shape, dims):
+    """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
+    along `dims` (its position in `shape`) in the layout's row or column, broadcast."""
+    if len(dims) == len(shape):
+        return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
+    vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
+    return jax.lax.broadcast_in_dim(vector, shape, dims)
 
 
 def _on_platform(tpu, gpu, interpret, *arrays):
@@ -284,6 +334,7 @@ def _nbytes(*arrays):
         "gpu_block_n",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "slope",
         "interpret",
     ),
@@ -297,6 +348,7 @@ def leaky(
     gpu_block_n=128,
     gpu_warps=4,
     gpu_stages=1,
+    gpu_backend="triton",
     slope=0.01,
     interpret=None,
 ):
@@ -310,6 +362,8 @@ def leaky(
         are tuned for the TPU and sizes, or the TPU's defaults (_leaky_tpu_blocks),
         grown to large steps (_grown), else 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
       slope: a static f32 (default 0.01).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -328,15 +382,20 @@ def leaky(
         )
     return _on_platform(
         functools.partial(_leaky_tpu, m=m, n=n, block_m=block_m, block_n=block_n, slope=slope),
-        functools.partial(
-            _leaky_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            slope=slope,
+        _gpu_kernel(
+            "leaky",
+            gpu_backend,
+            functools.partial(
+                _leaky_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                slope=slope,
+            ),
+            functools.partial(_leaky_mosaic_gpu, m=m, n=n, slope=slope),
         ),
         interpret,
         x,
@@ -468,6 +527,65 @@ def _leaky_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, slope, inter
     )(x)
 
 
+def _leaky_mosaic_gpu_kernel(x_ref, y_ref, mask_ref, *, block_m, block_n, slope):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, x_smem, y_smem, mask_smem):
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        pos = x > 0
+        y_smem[...] = jnp.where(pos, x, x * slope)
+        mask_smem[...] = pos.astype(jnp.int32)
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.int32, block_n),
+            ),
+        ],
+    )(x_ref, y_ref, mask_ref)
+
+
+def _leaky_mosaic_gpu(x, *, m, n, slope, interpret):
+    """`leaky` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    y, mask = plgpu.kernel(
+        functools.partial(_leaky_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, slope=slope),
+        out_type=(
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),
+        ),
+        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x)
+    return y[:m, :n], mask[:m, :n]
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -477,6 +595,7 @@ def _leaky_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, slope, inter
         "gpu_block_n",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "interpret",
     ),
 )
@@ -491,6 +610,7 @@ def bias_gelu(
     gpu_block_n=128,
     gpu_warps=4,
     gpu_stages=1,
+    gpu_backend="triton",
     interpret=None,
 ):
     """GELU (tanh approximation) of `x * scale + bias`, in bf16 with f32 math.
@@ -503,6 +623,8 @@ def bias_gelu(
         are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_tpu_blocks),
         grown to large steps (_grown), else 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -527,14 +649,19 @@ def bias_gelu(
     scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
     return _on_platform(
         functools.partial(_bias_gelu_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        functools.partial(
-            _bias_gelu_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "bias_gelu",
+            gpu_backend,
+            functools.partial(
+                _bias_gelu_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_bias_gelu_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -671,6 +798,65 @@ def _bias_gelu_gpu(x, bias, scale, *, m, n, block_m, block_n, num_warps, num_sta
     )(x, bias, scale)
 
 
+def _bias_gelu_mosaic_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, block_m, block_n):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, x_smem, bias_smem, scale_smem, y_smem):
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
+        scale = _mgpu_load(scale_smem, (block_m, block_n), (0,))
+        y_smem[...] = jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(
+            jnp.bfloat16
+        )
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+            plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
+            plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            )
+        ],
+    )(x_ref, bias_ref, scale_ref, y_ref)
+
+
+def _bias_gelu_mosaic_gpu(x, bias, scale, *, m, n, interpret):
+    """`bias_gelu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    bias = bias.reshape((n,))
+    bias = _mgpu_pad(bias, (padded_n,))
+    scale = scale.reshape((m,))
+    scale = _mgpu_pad(scale, (padded_m,))
+    (y,) = plgpu.kernel(
+        functools.partial(_bias_gelu_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
+        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, bias, scale)
+    return y[:m, :n]
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -680,6 +866,7 @@ def _bias_gelu_gpu(x, bias, scale, *, m, n, block_m, block_n, num_warps, num_sta
         "gpu_block_n",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "interpret",
     ),
 )
@@ -693,6 +880,7 @@ def quantize_rows(
     gpu_block_n=128,
     gpu_warps=4,
     gpu_stages=1,
+    gpu_backend="triton",
     interpret=None,
 ):
     """Symmetric int8 quantization with a per-row scale: x / scale rounded half up and
@@ -705,6 +893,9 @@ def quantize_rows(
         are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_tpu_blocks),
         grown to large steps (_grown), else 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: floor has no Mosaic GPU lowering.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -723,14 +914,19 @@ def quantize_rows(
     scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
     return _on_platform(
         functools.partial(_quantize_rows_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        functools.partial(
-            _quantize_rows_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "quantize_rows",
+            gpu_backend,
+            functools.partial(
+                _quantize_rows_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
         ),
         interpret,
         x,
@@ -852,3 +1048,6 @@ def _quantize_rows_gpu(x, scale, *, m, n, block_m, block_n, num_warps, num_stage
         interpret=interpret,
         name="quantize_rows",
     )(x, scale)
+
+
+# `quantize_rows` has no Mosaic GPU kernel (floor has no Mosaic GPU lowering): it runs on Triton.

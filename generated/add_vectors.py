@@ -19,11 +19,36 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
+try:
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+except ImportError:  # jax 0.10.2 imports it only with absl-py (pallasgen's jax extra brings it)
+    plgpu = None
+
 # jax 0.11+ warns at every Triton lowering that Pallas's Triton backend is deprecated. The
 # GPU kernels here use it knowingly until they move to Mosaic GPU: silence that one warning.
 warnings.filterwarnings(
     "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
 )
+
+
+def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
+    """The GPU kernel that `gpu_backend` names: Triton's, or Mosaic GPU's where the kernel
+    has one (`mosaic_gpu` None: it has not, and runs on Triton)."""
+    if gpu_backend not in ("triton", "mosaic_gpu"):
+        raise ValueError(
+            f'{kernel}: gpu_backend must be "triton" or "mosaic_gpu", got {gpu_backend!r}'
+        )
+    if gpu_backend == "triton" or mosaic_gpu is None:
+        return triton
+
+    def on_mosaic_gpu(*arrays, **keywords):  # called only where the module lowers for CUDA
+        if plgpu is None:
+            raise ImportError(
+                f'{kernel}: gpu_backend="mosaic_gpu" needs absl-py on jax 0.10.2 (pip install absl-py)'
+            )
+        return mosaic_gpu(*arrays, **keywords)
+
+    return on_mosaic_gpu
 
 
 def _on_platform(tpu, gpu, interpret, *arrays):
@@ -276,9 +301,27 @@ def _nbytes(*arrays):
 
 
 @functools.partial(
-    jax.jit, static_argnames=("block_n", "gpu_block_n", "gpu_warps", "gpu_stages", "interpret")
+    jax.jit,
+    static_argnames=(
+        "block_n",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
 )
-def add_vectors(x, y, *, block_n=None, gpu_block_n=1024, gpu_warps=4, gpu_stages=1, interpret=None):
+def add_vectors(
+    x,
+    y,
+    *,
+    block_n=None,
+    gpu_block_n=1024,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
+):
     """Adds two vectors: the Pallas quickstart's first kernel.
 
     Args:
@@ -288,6 +331,8 @@ def add_vectors(x, y, *, block_n=None, gpu_block_n=1024, gpu_warps=4, gpu_stages
         are tuned for the TPU and sizes, or the TPU's defaults (_add_vectors_tpu_blocks),
         grown to large steps (_grown), else 1048576.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -304,8 +349,17 @@ def add_vectors(x, y, *, block_n=None, gpu_block_n=1024, gpu_warps=4, gpu_stages
         return _without_elements(add_vectors_reference, (((n,), jnp.float32),), x, y)
     return _on_platform(
         functools.partial(_add_vectors_tpu, n=n, block_n=block_n),
-        functools.partial(
-            _add_vectors_gpu, n=n, block_n=gpu_block_n, num_warps=gpu_warps, num_stages=gpu_stages
+        _gpu_kernel(
+            "add_vectors",
+            gpu_backend,
+            functools.partial(
+                _add_vectors_gpu,
+                n=n,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_add_vectors_mosaic_gpu, n=n),
         ),
         interpret,
         x,
@@ -412,3 +466,39 @@ def _add_vectors_gpu(x, y, *, n, block_n, num_warps, num_stages, interpret):
         interpret=interpret,
         name="add_vectors",
     )(x, y)
+
+
+def _add_vectors_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_n):
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, x_smem, y_smem, z_smem):
+        x = x_smem[...]
+        y = y_smem[...]
+        z_smem[...] = x + y
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
+            plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
+        ],
+        out_specs=[plgpu.BlockSpec((block_n,), lambda _: (program_n,))],
+    )(x_ref, y_ref, z_ref)
+
+
+def _add_vectors_mosaic_gpu(x, y, *, n, interpret):
+    """`add_vectors` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_n = 256
+    (z,) = plgpu.kernel(
+        functools.partial(_add_vectors_mosaic_gpu_kernel, block_n=block_n),
+        out_type=(jax.ShapeDtypeStruct((n,), jnp.float32),),
+        grid=(pl.cdiv(n, block_n),),
+        grid_names=("N",),
+        interpret=interpret,
+    )(x, y)
+    return z[:n]

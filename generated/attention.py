@@ -19,11 +19,36 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
+try:
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+except ImportError:  # jax 0.10.2 imports it only with absl-py (pallasgen's jax extra brings it)
+    plgpu = None
+
 # jax 0.11+ warns at every Triton lowering that Pallas's Triton backend is deprecated. The
 # GPU kernels here use it knowingly until they move to Mosaic GPU: silence that one warning.
 warnings.filterwarnings(
     "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
 )
+
+
+def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
+    """The GPU kernel that `gpu_backend` names: Triton's, or Mosaic GPU's where the kernel
+    has one (`mosaic_gpu` None: it has not, and runs on Triton)."""
+    if gpu_backend not in ("triton", "mosaic_gpu"):
+        raise ValueError(
+            f'{kernel}: gpu_backend must be "triton" or "mosaic_gpu", got {gpu_backend!r}'
+        )
+    if gpu_backend == "triton" or mosaic_gpu is None:
+        return triton
+
+    def on_mosaic_gpu(*arrays, **keywords):  # called only where the module lowers for CUDA
+        if plgpu is None:
+            raise ImportError(
+                f'{kernel}: gpu_backend="mosaic_gpu" needs absl-py on jax 0.10.2 (pip install absl-py)'
+            )
+        return mosaic_gpu(*arrays, **keywords)
+
+    return on_mosaic_gpu
 
 
 def _on_platform(tpu, gpu, interpret, *arrays):
@@ -301,6 +326,7 @@ def _softmax(x, axis):
         "gpu_block_t",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "scale",
         "interpret",
     ),
@@ -316,6 +342,7 @@ def attention(
     gpu_block_t=64,
     gpu_warps=4,
     gpu_stages=1,
+    gpu_backend="triton",
     scale=0.125,
     interpret=None,
 ):
@@ -329,6 +356,9 @@ def attention(
         are tuned for the TPU and sizes (_attention_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -364,18 +394,23 @@ def attention(
         functools.partial(
             _attention_tpu, b=b, h=h, s_=s_, d=d, t=t, block_s=block_s, block_t=block_t, scale=scale
         ),
-        functools.partial(
-            _attention_gpu,
-            b=b,
-            h=h,
-            s_=s_,
-            d=d,
-            t=t,
-            block_s=gpu_block_s,
-            block_t=gpu_block_t,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            scale=scale,
+        _gpu_kernel(
+            "attention",
+            gpu_backend,
+            functools.partial(
+                _attention_gpu,
+                b=b,
+                h=h,
+                s_=s_,
+                d=d,
+                t=t,
+                block_s=gpu_block_s,
+                block_t=gpu_block_t,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                scale=scale,
+            ),
+            None,
         ),
         interpret,
         q,
@@ -767,6 +802,9 @@ def _attention_gpu(
     )(q, k, v)
 
 
+# `attention` has no Mosaic GPU kernel (fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -776,6 +814,7 @@ def _attention_gpu(
         "gpu_block_t",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "scale",
         "interpret",
     ),
@@ -1910,6 +1949,7 @@ def attention_full(
     gpu_block_t=64,
     gpu_warps=4,
     gpu_stages=1,
+    gpu_backend="triton",
     scale=0.125,
     interpret=None,
 ):
@@ -1923,6 +1963,9 @@ def attention_full(
         are tuned for the TPU and sizes (_attention_full_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1961,18 +2004,23 @@ def attention_full(
             block_t=block_t,
             scale=scale,
         ),
-        functools.partial(
-            _attention_full_gpu,
-            b=b,
-            h=h,
-            s=s,
-            d=d,
-            t=t,
-            block_s=gpu_block_s,
-            block_t=gpu_block_t,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            scale=scale,
+        _gpu_kernel(
+            "attention_full",
+            gpu_backend,
+            functools.partial(
+                _attention_full_gpu,
+                b=b,
+                h=h,
+                s=s,
+                d=d,
+                t=t,
+                block_s=gpu_block_s,
+                block_t=gpu_block_t,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                scale=scale,
+            ),
+            None,
         ),
         interpret,
         q,
@@ -2306,6 +2354,9 @@ def _attention_full_gpu(
     )(q, k, v)
 
 
+# `attention_full` has no Mosaic GPU kernel (fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -2315,6 +2366,7 @@ def _attention_full_gpu(
         "gpu_block_t",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "scale",
         "interpret",
     ),
@@ -2330,6 +2382,7 @@ def attention_bottom_right(
     gpu_block_t=64,
     gpu_warps=4,
     gpu_stages=1,
+    gpu_backend="triton",
     scale=0.125,
     interpret=None,
 ):
@@ -2343,6 +2396,9 @@ def attention_bottom_right(
         are tuned for the TPU and sizes (_attention_bottom_right_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -2381,18 +2437,23 @@ def attention_bottom_right(
             block_t=block_t,
             scale=scale,
         ),
-        functools.partial(
-            _attention_bottom_right_gpu,
-            b=b,
-            h=h,
-            s_=s_,
-            d=d,
-            t=t,
-            block_s=gpu_block_s,
-            block_t=gpu_block_t,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            scale=scale,
+        _gpu_kernel(
+            "attention_bottom_right",
+            gpu_backend,
+            functools.partial(
+                _attention_bottom_right_gpu,
+                b=b,
+                h=h,
+                s_=s_,
+                d=d,
+                t=t,
+                block_s=gpu_block_s,
+                block_t=gpu_block_t,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                scale=scale,
+            ),
+            None,
         ),
         interpret,
         q,
@@ -2754,6 +2815,9 @@ def _attention_bottom_right_gpu(
     )(q, k, v)
 
 
+# `attention_bottom_right` has no Mosaic GPU kernel (fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -2763,6 +2827,7 @@ def _attention_bottom_right_gpu(
         "gpu_block_t",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "interpret",
     ),
 )
@@ -2777,6 +2842,7 @@ def gqa(
     gpu_block_t=64,
     gpu_warps=4,
     gpu_stages=1,
+    gpu_backend="triton",
     interpret=None,
 ):
     """Grouped-query attention: q heads in groups of R share one k/v head; R broadcasts by name.
@@ -2789,6 +2855,9 @@ def gqa(
         are tuned for the TPU and sizes (_gqa_tpu_blocks), or grown to large steps
         (_grown), else 128, 256.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -2817,18 +2886,23 @@ def gqa(
         functools.partial(
             _gqa_tpu, b=b, g=g, r=r, s_=s_, d=d, t=t, block_s=block_s, block_t=block_t
         ),
-        functools.partial(
-            _gqa_gpu,
-            b=b,
-            g=g,
-            r=r,
-            s_=s_,
-            d=d,
-            t=t,
-            block_s=gpu_block_s,
-            block_t=gpu_block_t,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "gqa",
+            gpu_backend,
+            functools.partial(
+                _gqa_gpu,
+                b=b,
+                g=g,
+                r=r,
+                s_=s_,
+                d=d,
+                t=t,
+                block_s=gpu_block_s,
+                block_t=gpu_block_t,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
         ),
         interpret,
         q,
@@ -3146,6 +3220,9 @@ def _gqa_gpu(q, k, v, *, b, g, r, s_, d, t, block_s, block_t, num_warps, num_sta
     )(q, k, v)
 
 
+# `gqa` has no Mosaic GPU kernel (fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -3155,6 +3232,7 @@ def _gqa_gpu(q, k, v, *, b, g, r, s_, d, t, block_s, block_t, num_warps, num_sta
         "gpu_block_k",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "interpret",
     ),
 )
@@ -3168,6 +3246,7 @@ def matmul_softmax(
     gpu_block_k=64,
     gpu_warps=4,
     gpu_stages=1,
+    gpu_backend="triton",
     interpret=None,
 ):
     """The `matmul_softmax` Pallas kernel.
@@ -3179,6 +3258,9 @@ def matmul_softmax(
         are tuned for the TPU and sizes (_matmul_softmax_tpu_blocks), or grown to large steps
         (_grown), else 128, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -3197,15 +3279,20 @@ def matmul_softmax(
         return _without_elements(matmul_softmax_reference, (((m, n), jnp.float32),), x, w)
     return _on_platform(
         functools.partial(_matmul_softmax_tpu, m=m, n=n, k=k, block_m=block_m, block_k=block_k),
-        functools.partial(
-            _matmul_softmax_gpu,
-            m=m,
-            n=n,
-            k=k,
-            block_m=gpu_block_m,
-            block_k=gpu_block_k,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "matmul_softmax",
+            gpu_backend,
+            functools.partial(
+                _matmul_softmax_gpu,
+                m=m,
+                n=n,
+                k=k,
+                block_m=gpu_block_m,
+                block_k=gpu_block_k,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
         ),
         interpret,
         x,
@@ -3400,6 +3487,9 @@ def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stage
     )(x, w)
 
 
+# `matmul_softmax` has no Mosaic GPU kernel (fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -3409,6 +3499,7 @@ def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stage
         "gpu_block_n",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "interpret",
     ),
 )
@@ -3423,6 +3514,7 @@ def rmsnorm_matmul(
     gpu_block_n=64,
     gpu_warps=4,
     gpu_stages=1,
+    gpu_backend="triton",
     interpret=None,
 ):
     """The `rmsnorm_matmul` Pallas kernel.
@@ -3435,6 +3527,9 @@ def rmsnorm_matmul(
         are tuned for the TPU and sizes (_rmsnorm_matmul_tpu_blocks), or grown to large steps
         (_grown), else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -3459,15 +3554,20 @@ def rmsnorm_matmul(
     g = g.reshape((1, k))  # g: f32[K]
     return _on_platform(
         functools.partial(_rmsnorm_matmul_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n),
-        functools.partial(
-            _rmsnorm_matmul_gpu,
-            m=m,
-            n=n,
-            k=k,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "rmsnorm_matmul",
+            gpu_backend,
+            functools.partial(
+                _rmsnorm_matmul_gpu,
+                m=m,
+                n=n,
+                k=k,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
         ),
         interpret,
         x,
@@ -3651,3 +3751,6 @@ def _rmsnorm_matmul_gpu(x, g, w, *, m, n, k, block_m, block_n, num_warps, num_st
         interpret=interpret,
         name="rmsnorm_matmul",
     )(x, g, w)
+
+
+# `rmsnorm_matmul` has no Mosaic GPU kernel (fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.

@@ -19,11 +19,61 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
+try:
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+except ImportError:  # jax 0.10.2 imports it only with absl-py (pallasgen's jax extra brings it)
+    plgpu = None
+
 # jax 0.11+ warns at every Triton lowering that Pallas's Triton backend is deprecated. The
 # GPU kernels here use it knowingly until they move to Mosaic GPU: silence that one warning.
 warnings.filterwarnings(
     "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
 )
+
+
+def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
+    """The GPU kernel that `gpu_backend` names: Triton's, or Mosaic GPU's where the kernel
+    has one (`mosaic_gpu` None: it has not, and runs on Triton)."""
+    if gpu_backend not in ("triton", "mosaic_gpu"):
+        raise ValueError(
+            f'{kernel}: gpu_backend must be "triton" or "mosaic_gpu", got {gpu_backend!r}'
+        )
+    if gpu_backend == "triton" or mosaic_gpu is None:
+        return triton
+
+    def on_mosaic_gpu(*arrays, **keywords):  # called only where the module lowers for CUDA
+        if plgpu is None:
+            raise ImportError(
+                f'{kernel}: gpu_backend="mosaic_gpu" needs absl-py on jax 0.10.2 (pip install absl-py)'
+            )
+        return mosaic_gpu(*arrays, **keywords)
+
+    return on_mosaic_gpu
+
+
+def _mgpu_pad(array, shape):
+    """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
+    if array.shape == shape:
+        return array
+    return jnp.pad(array, [(0, padded - size) for size, padded in zip(array.shape, shape)])
+
+
+def _mgpu_swizzled(dtype, columns):
+    """The shared-memory tiling and swizzle of a 2-D block `columns` wide, as wgmma and
+    the WGMMA register layout read it."""
+    swizzle = plgpu.find_swizzle(columns * jnp.dtype(dtype).itemsize * 8)
+    return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(
+        swizzle
+    )
+
+
+def _mgpu_load(ref, shape, dims):
+    """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
+    along `dims` (its position in `shape`) in the layout's row or column, broadcast."""
+    if len(dims) == len(shape):
+        return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
+    vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
+    return jax.lax.broadcast_in_dim(vector, shape, dims)
 
 
 def _on_platform(tpu, gpu, interpret, *arrays):
@@ -284,6 +334,7 @@ def _nbytes(*arrays):
         "gpu_block_n",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "eps",
         "interpret",
     ),
@@ -304,6 +355,7 @@ def giou(
     gpu_block_n=128,
     gpu_warps=4,
     gpu_stages=1,
+    gpu_backend="triton",
     eps=1e-07,
     interpret=None,
 ):
@@ -325,6 +377,8 @@ def giou(
         are tuned for the TPU and sizes, or the TPU's defaults (_giou_tpu_blocks),
         grown to large steps (_grown), else 256, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
       eps: a static f32 (default 1e-07).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -365,15 +419,20 @@ def giou(
         )
     return _on_platform(
         functools.partial(_giou_tpu, b=b, n=n, block_b=block_b, block_n=block_n, eps=eps),
-        functools.partial(
-            _giou_gpu,
-            b=b,
-            n=n,
-            block_b=gpu_block_b,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            eps=eps,
+        _gpu_kernel(
+            "giou",
+            gpu_backend,
+            functools.partial(
+                _giou_gpu,
+                b=b,
+                n=n,
+                block_b=gpu_block_b,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                eps=eps,
+            ),
+            functools.partial(_giou_mosaic_gpu, b=b, n=n, eps=eps),
         ),
         interpret,
         ax1,
@@ -596,3 +655,126 @@ def _giou_gpu(
         interpret=interpret,
         name="giou",
     )(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2)
+
+
+def _giou_mosaic_gpu_kernel(
+    ax1_ref,
+    ay1_ref,
+    ax2_ref,
+    ay2_ref,
+    bx1_ref,
+    by1_ref,
+    bx2_ref,
+    by2_ref,
+    giou_ref,
+    *,
+    block_b,
+    block_n,
+    eps,
+):
+    program_b = jax.lax.axis_index("B")
+    program_n = jax.lax.axis_index("N")
+
+    def step(
+        _, ax1_smem, ay1_smem, ax2_smem, ay2_smem, bx1_smem, by1_smem, bx2_smem, by2_smem, giou_smem
+    ):
+        ax1 = _mgpu_load(ax1_smem, (block_b, block_n), (0, 1))
+        ay1 = _mgpu_load(ay1_smem, (block_b, block_n), (0, 1))
+        ax2 = _mgpu_load(ax2_smem, (block_b, block_n), (0, 1))
+        ay2 = _mgpu_load(ay2_smem, (block_b, block_n), (0, 1))
+        bx1 = _mgpu_load(bx1_smem, (block_b, block_n), (0, 1))
+        by1 = _mgpu_load(by1_smem, (block_b, block_n), (0, 1))
+        bx2 = _mgpu_load(bx2_smem, (block_b, block_n), (0, 1))
+        by2 = _mgpu_load(by2_smem, (block_b, block_n), (0, 1))
+        area_a = (ax2 - ax1) * (ay2 - ay1)
+        area_b = (bx2 - bx1) * (by2 - by1)
+        inter_w = jnp.maximum(jnp.minimum(ax2, bx2) - jnp.maximum(ax1, bx1), 0.0)
+        inter_h = jnp.maximum(jnp.minimum(ay2, by2) - jnp.maximum(ay1, by1), 0.0)
+        inter = inter_w * inter_h
+        union = area_a + area_b - inter
+        hull = (jnp.maximum(ax2, bx2) - jnp.minimum(ax1, bx1)) * (
+            jnp.maximum(ay2, by2) - jnp.minimum(ay1, by1)
+        )
+        giou_smem[...] = inter / (union + eps) - (hull - union) / (hull + eps)
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_b, block_n),
+                lambda _: (program_b, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_b, block_n),
+                lambda _: (program_b, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_b, block_n),
+                lambda _: (program_b, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_b, block_n),
+                lambda _: (program_b, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_b, block_n),
+                lambda _: (program_b, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_b, block_n),
+                lambda _: (program_b, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_b, block_n),
+                lambda _: (program_b, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_b, block_n),
+                lambda _: (program_b, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_b, block_n),
+                lambda _: (program_b, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+    )(ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_ref, by2_ref, giou_ref)
+
+
+def _giou_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, eps, interpret):
+    """`giou` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_b = 64
+    block_n = 64
+    padded_b = b + -b % 8
+    padded_n = n + -n % block_n
+    ax1 = _mgpu_pad(ax1, (padded_b, padded_n))
+    ay1 = _mgpu_pad(ay1, (padded_b, padded_n))
+    ax2 = _mgpu_pad(ax2, (padded_b, padded_n))
+    ay2 = _mgpu_pad(ay2, (padded_b, padded_n))
+    bx1 = _mgpu_pad(bx1, (padded_b, padded_n))
+    by1 = _mgpu_pad(by1, (padded_b, padded_n))
+    bx2 = _mgpu_pad(bx2, (padded_b, padded_n))
+    by2 = _mgpu_pad(by2, (padded_b, padded_n))
+    (giou,) = plgpu.kernel(
+        functools.partial(_giou_mosaic_gpu_kernel, block_b=block_b, block_n=block_n, eps=eps),
+        out_type=(jax.ShapeDtypeStruct((padded_b, padded_n), jnp.float32),),
+        grid=(pl.cdiv(padded_b, block_b), pl.cdiv(padded_n, block_n)),
+        grid_names=("B", "N"),
+        interpret=interpret,
+    )(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2)
+    return giou[:b, :n]

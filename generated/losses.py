@@ -19,11 +19,36 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
+try:
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+except ImportError:  # jax 0.10.2 imports it only with absl-py (pallasgen's jax extra brings it)
+    plgpu = None
+
 # jax 0.11+ warns at every Triton lowering that Pallas's Triton backend is deprecated. The
 # GPU kernels here use it knowingly until they move to Mosaic GPU: silence that one warning.
 warnings.filterwarnings(
     "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
 )
+
+
+def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
+    """The GPU kernel that `gpu_backend` names: Triton's, or Mosaic GPU's where the kernel
+    has one (`mosaic_gpu` None: it has not, and runs on Triton)."""
+    if gpu_backend not in ("triton", "mosaic_gpu"):
+        raise ValueError(
+            f'{kernel}: gpu_backend must be "triton" or "mosaic_gpu", got {gpu_backend!r}'
+        )
+    if gpu_backend == "triton" or mosaic_gpu is None:
+        return triton
+
+    def on_mosaic_gpu(*arrays, **keywords):  # called only where the module lowers for CUDA
+        if plgpu is None:
+            raise ImportError(
+                f'{kernel}: gpu_backend="mosaic_gpu" needs absl-py on jax 0.10.2 (pip install absl-py)'
+            )
+        return mosaic_gpu(*arrays, **keywords)
+
+    return on_mosaic_gpu
 
 
 def _on_platform(tpu, gpu, interpret, *arrays):
@@ -303,6 +328,7 @@ def _logsumexp_finish(top, total):
         "gpu_block_v",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "interpret",
     ),
 )
@@ -316,6 +342,7 @@ def cross_entropy(
     gpu_block_v=1024,
     gpu_warps=4,
     gpu_stages=1,
+    gpu_backend="triton",
     interpret=None,
 ):
     """Cross-entropy of each row's logits against its label, over a vocabulary too long
@@ -328,6 +355,9 @@ def cross_entropy(
         are tuned for the TPU and sizes, or the TPU's defaults (_cross_entropy_tpu_blocks),
         grown to large steps (_grown), else 16, 2048.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -347,14 +377,19 @@ def cross_entropy(
     label = label.reshape(m, 1)  # label: i32[M], broadcast over V
     loss = _on_platform(
         functools.partial(_cross_entropy_tpu, m=m, v=v, block_m=block_m, block_v=block_v),
-        functools.partial(
-            _cross_entropy_gpu,
-            m=m,
-            v=v,
-            block_m=gpu_block_m,
-            block_v=gpu_block_v,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "cross_entropy",
+            gpu_backend,
+            functools.partial(
+                _cross_entropy_gpu,
+                m=m,
+                v=v,
+                block_m=gpu_block_m,
+                block_v=gpu_block_v,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
         ),
         interpret,
         logits,
@@ -569,3 +604,6 @@ def _cross_entropy_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_
         interpret=interpret,
         name="cross_entropy",
     )(logits, label)
+
+
+# `cross_entropy` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.

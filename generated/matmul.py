@@ -19,11 +19,61 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
+try:
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+except ImportError:  # jax 0.10.2 imports it only with absl-py (pallasgen's jax extra brings it)
+    plgpu = None
+
 # jax 0.11+ warns at every Triton lowering that Pallas's Triton backend is deprecated. The
 # GPU kernels here use it knowingly until they move to Mosaic GPU: silence that one warning.
 warnings.filterwarnings(
     "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
 )
+
+
+def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
+    """The GPU kernel that `gpu_backend` names: Triton's, or Mosaic GPU's where the kernel
+    has one (`mosaic_gpu` None: it has not, and runs on Triton)."""
+    if gpu_backend not in ("triton", "mosaic_gpu"):
+        raise ValueError(
+            f'{kernel}: gpu_backend must be "triton" or "mosaic_gpu", got {gpu_backend!r}'
+        )
+    if gpu_backend == "triton" or mosaic_gpu is None:
+        return triton
+
+    def on_mosaic_gpu(*arrays, **keywords):  # called only where the module lowers for CUDA
+        if plgpu is None:
+            raise ImportError(
+                f'{kernel}: gpu_backend="mosaic_gpu" needs absl-py on jax 0.10.2 (pip install absl-py)'
+            )
+        return mosaic_gpu(*arrays, **keywords)
+
+    return on_mosaic_gpu
+
+
+def _mgpu_pad(array, shape):
+    """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
+    if array.shape == shape:
+        return array
+    return jnp.pad(array, [(0, padded - size) for size, padded in zip(array.shape, shape)])
+
+
+def _mgpu_swizzled(dtype, columns):
+    """The shared-memory tiling and swizzle of a 2-D block `columns` wide, as wgmma and
+    the WGMMA register layout read it."""
+    swizzle = plgpu.find_swizzle(columns * jnp.dtype(dtype).itemsize * 8)
+    return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(
+        swizzle
+    )
+
+
+def _mgpu_load(ref, shape, dims):
+    """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
+    along `dims` (its position in `shape`) in the layout's row or column, broadcast."""
+    if len(dims) == len(shape):
+        return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
+    vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
+    return jax.lax.broadcast_in_dim(vector, shape, dims)
 
 
 def _on_platform(tpu, gpu, interpret, *arrays):
@@ -267,6 +317,7 @@ def _nbytes(*arrays):
         "gpu_block_k",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "interpret",
     ),
 )
@@ -282,6 +333,7 @@ def matmul(
     gpu_block_k=32,
     gpu_warps=4,
     gpu_stages=3,
+    gpu_backend="triton",
     interpret=None,
 ):
     """The Pallas TPU quickstart's matmul: f32 blocks, K accumulated in VMEM.
@@ -293,6 +345,8 @@ def matmul(
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_tpu_blocks),
         else 512, 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -315,16 +369,21 @@ def matmul(
         functools.partial(
             _matmul_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
         ),
-        functools.partial(
-            _matmul_gpu,
-            m=m,
-            n=n,
-            k=k,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            block_k=gpu_block_k,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "matmul",
+            gpu_backend,
+            functools.partial(
+                _matmul_gpu,
+                m=m,
+                n=n,
+                k=k,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                block_k=gpu_block_k,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_matmul_mosaic_gpu, m=m, n=n, k=k),
         ),
         interpret,
         x,
@@ -469,6 +528,76 @@ def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stag
     )(x, y)
 
 
+def _matmul_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, x_smem, y_smem):
+            plgpu.wgmma(acc_ref, x_smem, y_smem.T)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(x_ref.shape[-1] // block_k,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_m, block_k),
+                    lambda s: (program_m, s),
+                    transforms=_mgpu_swizzled(jnp.float32, block_k),
+                ),
+                plgpu.BlockSpec(
+                    (block_n, block_k),
+                    lambda s: (program_n, s),
+                    transforms=_mgpu_swizzled(jnp.float32, block_k),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(x_ref, y_ref)
+        acc = acc_ref[...]
+        out_smem[...] = acc
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _matmul_mosaic_gpu(x, y, *, m, n, k, interpret):
+    """`matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 128
+    block_n = 128
+    block_k = 32
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    padded_k = k + -k % block_k
+    y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
+    x = _mgpu_pad(x, (padded_m, padded_k))
+    y = _mgpu_pad(y, (padded_n, padded_k))
+    (z,) = plgpu.kernel(
+        functools.partial(
+            _matmul_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(padded_m // block_m, padded_n // block_n),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, y)
+    return z[:m, :n]
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -480,6 +609,7 @@ def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stag
         "gpu_block_k",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "interpret",
     ),
 )
@@ -495,6 +625,7 @@ def matmul_relu(
     gpu_block_k=32,
     gpu_warps=4,
     gpu_stages=3,
+    gpu_backend="triton",
     interpret=None,
 ):
     """The quickstart's matmul with a fused activation.
@@ -506,6 +637,9 @@ def matmul_relu(
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_tpu_blocks),
         else 256, 512, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: jax.nn.relu (a custom_jvp) has no Mosaic GPU lowering on jax 0.10.2.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -530,16 +664,21 @@ def matmul_relu(
         functools.partial(
             _matmul_relu_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
         ),
-        functools.partial(
-            _matmul_relu_gpu,
-            m=m,
-            n=n,
-            k=k,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            block_k=gpu_block_k,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "matmul_relu",
+            gpu_backend,
+            functools.partial(
+                _matmul_relu_gpu,
+                m=m,
+                n=n,
+                k=k,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                block_k=gpu_block_k,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
         ),
         interpret,
         x,
@@ -690,6 +829,9 @@ def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
     )(x, y)
 
 
+# `matmul_relu` has no Mosaic GPU kernel (jax.nn.relu (a custom_jvp) has no Mosaic GPU lowering on jax 0.10.2): it runs on Triton.
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -701,6 +843,7 @@ def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
         "gpu_block_k",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "interpret",
     ),
 )
@@ -717,6 +860,7 @@ def matmul_bias_gelu(
     gpu_block_k=64,
     gpu_warps=8,
     gpu_stages=3,
+    gpu_backend="triton",
     interpret=None,
 ):
     """bf16 matmul with f32 accumulation, bias and GELU fused into the epilogue.
@@ -729,6 +873,8 @@ def matmul_bias_gelu(
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_tpu_blocks),
         else 512, 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -762,16 +908,21 @@ def matmul_bias_gelu(
         functools.partial(
             _matmul_bias_gelu_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
         ),
-        functools.partial(
-            _matmul_bias_gelu_gpu,
-            m=m,
-            n=n,
-            k=k,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            block_k=gpu_block_k,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "matmul_bias_gelu",
+            gpu_backend,
+            functools.partial(
+                _matmul_bias_gelu_gpu,
+                m=m,
+                n=n,
+                k=k,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                block_k=gpu_block_k,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_matmul_bias_gelu_mosaic_gpu, m=m, n=n, k=k),
         ),
         interpret,
         x,
@@ -949,6 +1100,85 @@ def _matmul_bias_gelu_gpu(
     )(x, y, bias)
 
 
+def _matmul_bias_gelu_mosaic_gpu_kernel(
+    x_ref, y_ref, bias_ref, z_ref, out_smem, barrier, bias_smem, *, block_m, block_n, block_k
+):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, x_smem, y_smem):
+            plgpu.wgmma(acc_ref, x_smem, y_smem)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(x_ref.shape[-1] // block_k,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_m, block_k),
+                    lambda s: (program_m, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                ),
+                plgpu.BlockSpec(
+                    (block_k, block_n),
+                    lambda s: (s, program_n),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(x_ref, y_ref)
+        plgpu.copy_gmem_to_smem(
+            bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
+        )
+        plgpu.barrier_wait(barrier.at[0])
+        acc = acc_ref[...]
+        bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
+        out_smem[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _matmul_bias_gelu_mosaic_gpu(x, y, bias, *, m, n, k, interpret):
+    """`matmul_bias_gelu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 128
+    block_n = 128
+    block_k = 64
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    padded_k = k + -k % block_k
+    x = _mgpu_pad(x, (padded_m, padded_k))
+    y = _mgpu_pad(y, (padded_k, padded_n))
+    bias = bias.reshape((n,))
+    bias = _mgpu_pad(bias, (padded_n,))
+    (z,) = plgpu.kernel(
+        functools.partial(
+            _matmul_bias_gelu_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_m, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
+            ),
+            plgpu.Barrier(num_barriers=1),
+            plgpu.SMEM((block_n,), jnp.float32),
+        ],
+        grid=(padded_m // block_m, padded_n // block_n),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, y, bias)
+    return z[:m, :n]
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -960,6 +1190,7 @@ def _matmul_bias_gelu_gpu(
         "gpu_block_k",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "interpret",
     ),
 )
@@ -975,6 +1206,7 @@ def matmul_int8(
     gpu_block_k=64,
     gpu_warps=8,
     gpu_stages=3,
+    gpu_backend="triton",
     interpret=None,
 ):
     """int8 x int8 -> int32, as in \"The Rise of Pallas\".
@@ -986,6 +1218,8 @@ def matmul_int8(
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_int8_tpu_blocks),
         else 512, 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1010,16 +1244,21 @@ def matmul_int8(
         functools.partial(
             _matmul_int8_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
         ),
-        functools.partial(
-            _matmul_int8_gpu,
-            m=m,
-            n=n,
-            k=k,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            block_k=gpu_block_k,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "matmul_int8",
+            gpu_backend,
+            functools.partial(
+                _matmul_int8_gpu,
+                m=m,
+                n=n,
+                k=k,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                block_k=gpu_block_k,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_matmul_int8_mosaic_gpu, m=m, n=n, k=k),
         ),
         interpret,
         x,
@@ -1179,6 +1418,78 @@ def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
     )(x, y)
 
 
+def _matmul_int8_mosaic_gpu_kernel(
+    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k
+):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, x_smem, y_smem):
+            plgpu.wgmma(acc_ref, x_smem, y_smem.T)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(x_ref.shape[-1] // block_k,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_m, block_k),
+                    lambda s: (program_m, s),
+                    transforms=_mgpu_swizzled(jnp.int8, block_k),
+                ),
+                plgpu.BlockSpec(
+                    (block_n, block_k),
+                    lambda s: (program_n, s),
+                    transforms=_mgpu_swizzled(jnp.int8, block_k),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(x_ref, y_ref)
+        acc = acc_ref[...]
+        out_smem[...] = acc
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.int32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _matmul_int8_mosaic_gpu(x, y, *, m, n, k, interpret):
+    """`matmul_int8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 128
+    block_n = 128
+    block_k = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    padded_k = k + -k % block_k
+    y = jnp.swapaxes(y, -1, -2)  # i8 wgmma reads [N, K] tiles
+    x = _mgpu_pad(x, (padded_m, padded_k))
+    y = _mgpu_pad(y, (padded_n, padded_k))
+    (z,) = plgpu.kernel(
+        functools.partial(
+            _matmul_int8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_m, block_n), jnp.int32, transforms=_mgpu_swizzled(jnp.int32, block_n)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(padded_m // block_m, padded_n // block_n),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, y)
+    return z[:m, :n]
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -1190,6 +1501,7 @@ def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
         "gpu_block_k",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "interpret",
     ),
 )
@@ -1205,6 +1517,7 @@ def batched_matmul(
     gpu_block_k=64,
     gpu_warps=8,
     gpu_stages=3,
+    gpu_backend="triton",
     interpret=None,
 ):
     """A batch of matmuls: one (M, N) tile of one batch element per step.
@@ -1216,6 +1529,8 @@ def batched_matmul(
         are tuned for the TPU and sizes, or the TPU's defaults (_batched_matmul_tpu_blocks),
         else 512, 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1249,17 +1564,22 @@ def batched_matmul(
             block_n=block_n,
             block_k=block_k,
         ),
-        functools.partial(
-            _batched_matmul_gpu,
-            b=b,
-            m=m,
-            n=n,
-            k=k,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            block_k=gpu_block_k,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "batched_matmul",
+            gpu_backend,
+            functools.partial(
+                _batched_matmul_gpu,
+                b=b,
+                m=m,
+                n=n,
+                k=k,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                block_k=gpu_block_k,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_batched_matmul_mosaic_gpu, b=b, m=m, n=n, k=k),
         ),
         interpret,
         x,
@@ -1424,6 +1744,81 @@ def _batched_matmul_gpu(
     )(x, y)
 
 
+def _batched_matmul_mosaic_gpu_kernel(
+    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k
+):
+    program_b = jax.lax.axis_index("B")
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, x_smem, y_smem):
+            plgpu.wgmma(acc_ref, x_smem, y_smem)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(x_ref.shape[-1] // block_k,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_m, block_k),
+                    lambda s: (program_m, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                ),
+                plgpu.BlockSpec(
+                    (block_k, block_n),
+                    lambda s: (s, program_n),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(x_ref.at[program_b], y_ref.at[program_b])
+        acc = acc_ref[...]
+        out_smem[...] = acc
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem,
+        z_ref.at[
+            program_b, pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)
+        ],
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _batched_matmul_mosaic_gpu(x, y, *, b, m, n, k, interpret):
+    """`batched_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 128
+    block_n = 128
+    block_k = 64
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    padded_k = k + -k % block_k
+    x = _mgpu_pad(x, (b, padded_m, padded_k))
+    y = _mgpu_pad(y, (b, padded_k, padded_n))
+    (z,) = plgpu.kernel(
+        functools.partial(
+            _batched_matmul_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k
+        ),
+        out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_n), jnp.float32),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(b, padded_m // block_m, padded_n // block_n),
+        grid_names=("B", "M", "N"),
+        interpret=interpret,
+    )(x, y)
+    return z[:b, :m, :n]
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -1434,6 +1829,7 @@ def _batched_matmul_gpu(
         "gpu_block_d",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "scale",
         "interpret",
     ),
@@ -1449,6 +1845,7 @@ def scores(
     gpu_block_d=64,
     gpu_warps=8,
     gpu_stages=3,
+    gpu_backend="triton",
     scale=0.125,
     interpret=None,
 ):
@@ -1461,6 +1858,8 @@ def scores(
         are tuned for the TPU and sizes, or the TPU's defaults (_scores_tpu_blocks),
         else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1485,18 +1884,23 @@ def scores(
         functools.partial(
             _scores_tpu, b=b, s_=s_, t=t, d=d, block_s=block_s, block_t=block_t, scale=scale
         ),
-        functools.partial(
-            _scores_gpu,
-            b=b,
-            s_=s_,
-            t=t,
-            d=d,
-            block_s=gpu_block_s,
-            block_t=gpu_block_t,
-            block_d=gpu_block_d,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            scale=scale,
+        _gpu_kernel(
+            "scores",
+            gpu_backend,
+            functools.partial(
+                _scores_gpu,
+                b=b,
+                s_=s_,
+                t=t,
+                d=d,
+                block_s=gpu_block_s,
+                block_t=gpu_block_t,
+                block_d=gpu_block_d,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                scale=scale,
+            ),
+            functools.partial(_scores_mosaic_gpu, b=b, s_=s_, t=t, d=d, scale=scale),
         ),
         interpret,
         q,
@@ -1638,6 +2042,85 @@ def _scores_gpu(
     )(q, k)
 
 
+def _scores_mosaic_gpu_kernel(
+    q_ref, k_ref, s_ref, out_smem, barrier, *, block_s, block_t, block_d, scale
+):
+    program_b = jax.lax.axis_index("B")
+    program_s = jax.lax.axis_index("S")
+    program_t = jax.lax.axis_index("T")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, q_smem, k_smem):
+            plgpu.wgmma(acc_ref, q_smem, k_smem.T)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(q_ref.shape[-1] // block_d,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_s, block_d),
+                    lambda s: (program_s, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                ),
+                plgpu.BlockSpec(
+                    (block_t, block_d),
+                    lambda s: (program_t, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(q_ref.at[program_b], k_ref.at[program_b])
+        acc = acc_ref[...]
+        out_smem[...] = acc * scale
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_s, block_t), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem,
+        s_ref.at[
+            program_b, pl.ds(program_s * block_s, block_s), pl.ds(program_t * block_t, block_t)
+        ],
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _scores_mosaic_gpu(q, k, *, b, s_, t, d, scale, interpret):
+    """`scores` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_s = 128
+    block_t = 128
+    block_d = 64
+    padded_s_ = s_ + -s_ % block_s
+    padded_t = t + -t % block_t
+    padded_d = d + -d % block_d
+    q = _mgpu_pad(q, (b, padded_s_, padded_d))
+    k = _mgpu_pad(k, (b, padded_t, padded_d))
+    (s,) = plgpu.kernel(
+        functools.partial(
+            _scores_mosaic_gpu_kernel,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+            scale=scale,
+        ),
+        out_type=(jax.ShapeDtypeStruct((b, padded_s_, padded_t), jnp.float32),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_s, block_t), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_t)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(b, padded_s_ // block_s, padded_t // block_t),
+        grid_names=("B", "S", "T"),
+        interpret=interpret,
+    )(q, k)
+    return s[:b, :s_, :t]
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -1649,6 +2132,7 @@ def _scores_gpu(
         "gpu_block_k",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "interpret",
     ),
 )
@@ -1665,6 +2149,7 @@ def linear(
     gpu_block_k=64,
     gpu_warps=8,
     gpu_stages=3,
+    gpu_backend="triton",
     interpret=None,
 ):
     """A linear layer whose weight is stored transposed, [N, K], as PyTorch keeps it.
@@ -1677,6 +2162,8 @@ def linear(
         are tuned for the TPU and sizes, or the TPU's defaults (_linear_tpu_blocks),
         else 1024, 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1705,16 +2192,21 @@ def linear(
         functools.partial(
             _linear_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
         ),
-        functools.partial(
-            _linear_gpu,
-            m=m,
-            n=n,
-            k=k,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            block_k=gpu_block_k,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "linear",
+            gpu_backend,
+            functools.partial(
+                _linear_gpu,
+                m=m,
+                n=n,
+                k=k,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                block_k=gpu_block_k,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_linear_mosaic_gpu, m=m, n=n, k=k),
         ),
         interpret,
         x,
@@ -1885,3 +2377,82 @@ def _linear_gpu(
         interpret=interpret,
         name="linear",
     )(x, w, bias)
+
+
+def _linear_mosaic_gpu_kernel(
+    x_ref, w_ref, bias_ref, y_ref, out_smem, barrier, bias_smem, *, block_m, block_n, block_k
+):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, x_smem, w_smem):
+            plgpu.wgmma(acc_ref, x_smem, w_smem.T)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(x_ref.shape[-1] // block_k,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_m, block_k),
+                    lambda s: (program_m, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                ),
+                plgpu.BlockSpec(
+                    (block_n, block_k),
+                    lambda s: (program_n, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(x_ref, w_ref)
+        plgpu.copy_gmem_to_smem(
+            bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
+        )
+        plgpu.barrier_wait(barrier.at[0])
+        acc = acc_ref[...]
+        bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
+        out_smem[...] = (acc + bias).astype(jnp.bfloat16)
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem, y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _linear_mosaic_gpu(x, w, bias, *, m, n, k, interpret):
+    """`linear` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 128
+    block_n = 128
+    block_k = 64
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    padded_k = k + -k % block_k
+    x = _mgpu_pad(x, (padded_m, padded_k))
+    w = _mgpu_pad(w, (padded_n, padded_k))
+    bias = bias.reshape((n,))
+    bias = _mgpu_pad(bias, (padded_n,))
+    (y,) = plgpu.kernel(
+        functools.partial(
+            _linear_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_m, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
+            ),
+            plgpu.Barrier(num_barriers=1),
+            plgpu.SMEM((block_n,), jnp.float32),
+        ],
+        grid=(padded_m // block_m, padded_n // block_n),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, w, bias)
+    return y[:m, :n]

@@ -19,11 +19,36 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
+try:
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+except ImportError:  # jax 0.10.2 imports it only with absl-py (pallasgen's jax extra brings it)
+    plgpu = None
+
 # jax 0.11+ warns at every Triton lowering that Pallas's Triton backend is deprecated. The
 # GPU kernels here use it knowingly until they move to Mosaic GPU: silence that one warning.
 warnings.filterwarnings(
     "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
 )
+
+
+def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
+    """The GPU kernel that `gpu_backend` names: Triton's, or Mosaic GPU's where the kernel
+    has one (`mosaic_gpu` None: it has not, and runs on Triton)."""
+    if gpu_backend not in ("triton", "mosaic_gpu"):
+        raise ValueError(
+            f'{kernel}: gpu_backend must be "triton" or "mosaic_gpu", got {gpu_backend!r}'
+        )
+    if gpu_backend == "triton" or mosaic_gpu is None:
+        return triton
+
+    def on_mosaic_gpu(*arrays, **keywords):  # called only where the module lowers for CUDA
+        if plgpu is None:
+            raise ImportError(
+                f'{kernel}: gpu_backend="mosaic_gpu" needs absl-py on jax 0.10.2 (pip install absl-py)'
+            )
+        return mosaic_gpu(*arrays, **keywords)
+
+    return on_mosaic_gpu
 
 
 def _on_platform(tpu, gpu, interpret, *arrays):
@@ -283,10 +308,28 @@ def _fill_past(value, start, size, axis, identity):
 
 @functools.partial(
     jax.jit,
-    static_argnames=("block_m", "gpu_block_m", "gpu_warps", "gpu_stages", "eps", "interpret"),
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "eps",
+        "interpret",
+    ),
 )
 def layer_norm(
-    x, w, b, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, eps=1e-05, interpret=None
+    x,
+    w,
+    b,
+    *,
+    block_m=None,
+    gpu_block_m=1,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    eps=1e-05,
+    interpret=None,
 ):
     """LayerNorm over the last dimension, with the mean and reciprocal standard deviation
     each row had (what a backward pass needs).
@@ -299,6 +342,9 @@ def layer_norm(
         are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_tpu_blocks),
         grown to large steps (_grown), else 16.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       eps: a static f32 (default 1e-05).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -331,14 +377,19 @@ def layer_norm(
     b = b.reshape(1, n)  # b: f32[N], broadcast over M
     y, mu, rstd = _on_platform(
         functools.partial(_layer_norm_tpu, m=m, n=n, block_m=block_m, eps=eps),
-        functools.partial(
-            _layer_norm_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            eps=eps,
+        _gpu_kernel(
+            "layer_norm",
+            gpu_backend,
+            functools.partial(
+                _layer_norm_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                eps=eps,
+            ),
+            None,
         ),
         interpret,
         x,
@@ -515,12 +566,32 @@ def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, inter
     )(x, w, b)
 
 
+# `layer_norm` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+
+
 @functools.partial(
     jax.jit,
-    static_argnames=("block_m", "gpu_block_m", "gpu_warps", "gpu_stages", "eps", "interpret"),
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "eps",
+        "interpret",
+    ),
 )
 def rms_norm(
-    x, w, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, eps=1e-06, interpret=None
+    x,
+    w,
+    *,
+    block_m=None,
+    gpu_block_m=1,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    eps=1e-06,
+    interpret=None,
 ):
     """RMSNorm over the last dimension (Llama's), computed in f32.
 
@@ -531,6 +602,9 @@ def rms_norm(
         are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_tpu_blocks),
         grown to large steps (_grown), else 16.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       eps: a static f32 (default 1e-06).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -550,14 +624,19 @@ def rms_norm(
     w = w.reshape(1, n)  # w: f32[N], broadcast over M
     return _on_platform(
         functools.partial(_rms_norm_tpu, m=m, n=n, block_m=block_m, eps=eps),
-        functools.partial(
-            _rms_norm_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            eps=eps,
+        _gpu_kernel(
+            "rms_norm",
+            gpu_backend,
+            functools.partial(
+                _rms_norm_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                eps=eps,
+            ),
+            None,
         ),
         interpret,
         x,
@@ -689,3 +768,6 @@ def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret)
         interpret=interpret,
         name="rms_norm",
     )(x, w)
+
+
+# `rms_norm` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.

@@ -19,11 +19,61 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
+try:
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+except ImportError:  # jax 0.10.2 imports it only with absl-py (pallasgen's jax extra brings it)
+    plgpu = None
+
 # jax 0.11+ warns at every Triton lowering that Pallas's Triton backend is deprecated. The
 # GPU kernels here use it knowingly until they move to Mosaic GPU: silence that one warning.
 warnings.filterwarnings(
     "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
 )
+
+
+def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
+    """The GPU kernel that `gpu_backend` names: Triton's, or Mosaic GPU's where the kernel
+    has one (`mosaic_gpu` None: it has not, and runs on Triton)."""
+    if gpu_backend not in ("triton", "mosaic_gpu"):
+        raise ValueError(
+            f'{kernel}: gpu_backend must be "triton" or "mosaic_gpu", got {gpu_backend!r}'
+        )
+    if gpu_backend == "triton" or mosaic_gpu is None:
+        return triton
+
+    def on_mosaic_gpu(*arrays, **keywords):  # called only where the module lowers for CUDA
+        if plgpu is None:
+            raise ImportError(
+                f'{kernel}: gpu_backend="mosaic_gpu" needs absl-py on jax 0.10.2 (pip install absl-py)'
+            )
+        return mosaic_gpu(*arrays, **keywords)
+
+    return on_mosaic_gpu
+
+
+def _mgpu_pad(array, shape):
+    """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
+    if array.shape == shape:
+        return array
+    return jnp.pad(array, [(0, padded - size) for size, padded in zip(array.shape, shape)])
+
+
+def _mgpu_swizzled(dtype, columns):
+    """The shared-memory tiling and swizzle of a 2-D block `columns` wide, as wgmma and
+    the WGMMA register layout read it."""
+    swizzle = plgpu.find_swizzle(columns * jnp.dtype(dtype).itemsize * 8)
+    return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(
+        swizzle
+    )
+
+
+def _mgpu_load(ref, shape, dims):
+    """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
+    along `dims` (its position in `shape`) in the layout's row or column, broadcast."""
+    if len(dims) == len(shape):
+        return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
+    vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
+    return jax.lax.broadcast_in_dim(vector, shape, dims)
 
 
 def _on_platform(tpu, gpu, interpret, *arrays):
@@ -317,6 +367,7 @@ def _argbest(x, axis, largest):
         "gpu_block_n",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "interpret",
     ),
 )
@@ -330,6 +381,7 @@ def add_f32(
     gpu_block_n=128,
     gpu_warps=4,
     gpu_stages=1,
+    gpu_backend="triton",
     interpret=None,
 ):
     """The `add_f32` Pallas kernel.
@@ -341,6 +393,8 @@ def add_f32(
         are tuned for the TPU and sizes, or the TPU's defaults (_add_f32_tpu_blocks),
         grown to large steps (_grown), else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -358,14 +412,19 @@ def add_f32(
         return _without_elements(add_f32_reference, (((m, n), jnp.float32),), x, y)
     return _on_platform(
         functools.partial(_add_f32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        functools.partial(
-            _add_f32_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "add_f32",
+            gpu_backend,
+            functools.partial(
+                _add_f32_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_add_f32_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -482,6 +541,62 @@ def _add_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
     )(x, y)
 
 
+def _add_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, x_smem, y_smem, z_smem):
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        z_smem[...] = x + y
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+    )(x_ref, y_ref, z_ref)
+
+
+def _add_f32_mosaic_gpu(x, y, *, m, n, interpret):
+    """`add_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    y = _mgpu_pad(y, (padded_m, padded_n))
+    (z,) = plgpu.kernel(
+        functools.partial(_add_f32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
+        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, y)
+    return z[:m, :n]
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -491,6 +606,7 @@ def _add_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
         "gpu_block_n",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "interpret",
     ),
 )
@@ -504,6 +620,7 @@ def mul_f32(
     gpu_block_n=128,
     gpu_warps=4,
     gpu_stages=1,
+    gpu_backend="triton",
     interpret=None,
 ):
     """The `mul_f32` Pallas kernel.
@@ -515,6 +632,8 @@ def mul_f32(
         are tuned for the TPU and sizes, or the TPU's defaults (_mul_f32_tpu_blocks),
         grown to large steps (_grown), else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -532,14 +651,19 @@ def mul_f32(
         return _without_elements(mul_f32_reference, (((m, n), jnp.float32),), x, y)
     return _on_platform(
         functools.partial(_mul_f32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        functools.partial(
-            _mul_f32_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "mul_f32",
+            gpu_backend,
+            functools.partial(
+                _mul_f32_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_mul_f32_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -656,10 +780,83 @@ def _mul_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
     )(x, y)
 
 
+def _mul_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, x_smem, y_smem, z_smem):
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        z_smem[...] = x * y
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+    )(x_ref, y_ref, z_ref)
+
+
+def _mul_f32_mosaic_gpu(x, y, *, m, n, interpret):
+    """`mul_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    y = _mgpu_pad(y, (padded_m, padded_n))
+    (z,) = plgpu.kernel(
+        functools.partial(_mul_f32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
+        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, y)
+    return z[:m, :n]
+
+
 @functools.partial(
-    jax.jit, static_argnames=("block_m", "gpu_block_m", "gpu_warps", "gpu_stages", "interpret")
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
 )
-def argmax_f32(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interpret=None):
+def argmax_f32(
+    x,
+    *,
+    block_m=None,
+    gpu_block_m=1,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
+):
     """The `argmax_f32` Pallas kernel.
 
     Args:
@@ -668,6 +865,9 @@ def argmax_f32(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, int
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_f32_tpu_blocks),
         grown to large steps (_grown), else 8.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -683,13 +883,18 @@ def argmax_f32(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, int
         return _without_elements(argmax_f32_reference, (((m,), jnp.int32),), x)
     i = _on_platform(
         functools.partial(_argmax_f32_tpu, m=m, n=n, block_m=block_m),
-        functools.partial(
-            _argmax_f32_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "argmax_f32",
+            gpu_backend,
+            functools.partial(
+                _argmax_f32_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
         ),
         interpret,
         x,
@@ -801,11 +1006,30 @@ def _argmax_f32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
+# `argmax_f32` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+
+
 @functools.partial(
-    jax.jit, static_argnames=("block_n", "gpu_block_n", "gpu_warps", "gpu_stages", "interpret")
+    jax.jit,
+    static_argnames=(
+        "block_n",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
 )
 def equal_count_f32(
-    x, y, *, block_n=None, gpu_block_n=1024, gpu_warps=4, gpu_stages=1, interpret=None
+    x,
+    y,
+    *,
+    block_n=None,
+    gpu_block_n=1024,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
 ):
     """The `equal_count_f32` Pallas kernel.
 
@@ -816,6 +1040,9 @@ def equal_count_f32(
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_f32_tpu_blocks),
         grown to large steps (_grown), else 4096.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -832,12 +1059,17 @@ def equal_count_f32(
         return _without_elements(equal_count_f32_reference, (((), jnp.int32),), x, y)
     n = _on_platform(
         functools.partial(_equal_count_f32_tpu, n_=n_, block_n=block_n),
-        functools.partial(
-            _equal_count_f32_gpu,
-            n_=n_,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "equal_count_f32",
+            gpu_backend,
+            functools.partial(
+                _equal_count_f32_gpu,
+                n_=n_,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
         ),
         interpret,
         x,
@@ -983,6 +1215,9 @@ def _equal_count_f32_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret)
     )(x, y)
 
 
+# `equal_count_f32` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -992,6 +1227,7 @@ def _equal_count_f32_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret)
         "gpu_block_n",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "interpret",
     ),
 )
@@ -1005,6 +1241,7 @@ def add_i32(
     gpu_block_n=128,
     gpu_warps=4,
     gpu_stages=1,
+    gpu_backend="triton",
     interpret=None,
 ):
     """The `add_i32` Pallas kernel.
@@ -1016,6 +1253,8 @@ def add_i32(
         are tuned for the TPU and sizes, or the TPU's defaults (_add_i32_tpu_blocks),
         grown to large steps (_grown), else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1033,14 +1272,19 @@ def add_i32(
         return _without_elements(add_i32_reference, (((m, n), jnp.int32),), x, y)
     return _on_platform(
         functools.partial(_add_i32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        functools.partial(
-            _add_i32_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "add_i32",
+            gpu_backend,
+            functools.partial(
+                _add_i32_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_add_i32_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -1157,6 +1401,62 @@ def _add_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
     )(x, y)
 
 
+def _add_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, x_smem, y_smem, z_smem):
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        z_smem[...] = x + y
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.int32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.int32, block_n),
+            ),
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.int32, block_n),
+            )
+        ],
+    )(x_ref, y_ref, z_ref)
+
+
+def _add_i32_mosaic_gpu(x, y, *, m, n, interpret):
+    """`add_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    y = _mgpu_pad(y, (padded_m, padded_n))
+    (z,) = plgpu.kernel(
+        functools.partial(_add_i32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),),
+        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, y)
+    return z[:m, :n]
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -1166,6 +1466,7 @@ def _add_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
         "gpu_block_n",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "interpret",
     ),
 )
@@ -1179,6 +1480,7 @@ def mul_i32(
     gpu_block_n=128,
     gpu_warps=4,
     gpu_stages=1,
+    gpu_backend="triton",
     interpret=None,
 ):
     """The `mul_i32` Pallas kernel.
@@ -1190,6 +1492,8 @@ def mul_i32(
         are tuned for the TPU and sizes, or the TPU's defaults (_mul_i32_tpu_blocks),
         grown to large steps (_grown), else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1207,14 +1511,19 @@ def mul_i32(
         return _without_elements(mul_i32_reference, (((m, n), jnp.int32),), x, y)
     return _on_platform(
         functools.partial(_mul_i32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        functools.partial(
-            _mul_i32_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "mul_i32",
+            gpu_backend,
+            functools.partial(
+                _mul_i32_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_mul_i32_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -1331,10 +1640,83 @@ def _mul_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
     )(x, y)
 
 
+def _mul_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, x_smem, y_smem, z_smem):
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        z_smem[...] = x * y
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.int32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.int32, block_n),
+            ),
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.int32, block_n),
+            )
+        ],
+    )(x_ref, y_ref, z_ref)
+
+
+def _mul_i32_mosaic_gpu(x, y, *, m, n, interpret):
+    """`mul_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    y = _mgpu_pad(y, (padded_m, padded_n))
+    (z,) = plgpu.kernel(
+        functools.partial(_mul_i32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),),
+        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, y)
+    return z[:m, :n]
+
+
 @functools.partial(
-    jax.jit, static_argnames=("block_m", "gpu_block_m", "gpu_warps", "gpu_stages", "interpret")
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
 )
-def argmax_i32(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interpret=None):
+def argmax_i32(
+    x,
+    *,
+    block_m=None,
+    gpu_block_m=1,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
+):
     """The `argmax_i32` Pallas kernel.
 
     Args:
@@ -1343,6 +1725,9 @@ def argmax_i32(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, int
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_i32_tpu_blocks),
         grown to large steps (_grown), else 8.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1358,13 +1743,18 @@ def argmax_i32(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, int
         return _without_elements(argmax_i32_reference, (((m,), jnp.int32),), x)
     i = _on_platform(
         functools.partial(_argmax_i32_tpu, m=m, n=n, block_m=block_m),
-        functools.partial(
-            _argmax_i32_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "argmax_i32",
+            gpu_backend,
+            functools.partial(
+                _argmax_i32_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
         ),
         interpret,
         x,
@@ -1476,11 +1866,30 @@ def _argmax_i32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
+# `argmax_i32` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+
+
 @functools.partial(
-    jax.jit, static_argnames=("block_n", "gpu_block_n", "gpu_warps", "gpu_stages", "interpret")
+    jax.jit,
+    static_argnames=(
+        "block_n",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
 )
 def equal_count_i32(
-    x, y, *, block_n=None, gpu_block_n=1024, gpu_warps=4, gpu_stages=1, interpret=None
+    x,
+    y,
+    *,
+    block_n=None,
+    gpu_block_n=1024,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
 ):
     """The `equal_count_i32` Pallas kernel.
 
@@ -1491,6 +1900,9 @@ def equal_count_i32(
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_i32_tpu_blocks),
         grown to large steps (_grown), else 4096.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1507,12 +1919,17 @@ def equal_count_i32(
         return _without_elements(equal_count_i32_reference, (((), jnp.int32),), x, y)
     n = _on_platform(
         functools.partial(_equal_count_i32_tpu, n_=n_, block_n=block_n),
-        functools.partial(
-            _equal_count_i32_gpu,
-            n_=n_,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "equal_count_i32",
+            gpu_backend,
+            functools.partial(
+                _equal_count_i32_gpu,
+                n_=n_,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
         ),
         interpret,
         x,
@@ -1658,6 +2075,9 @@ def _equal_count_i32_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret)
     )(x, y)
 
 
+# `equal_count_i32` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -1667,6 +2087,7 @@ def _equal_count_i32_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret)
         "gpu_block_n",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "interpret",
     ),
 )
@@ -1680,6 +2101,7 @@ def add_i8(
     gpu_block_n=128,
     gpu_warps=4,
     gpu_stages=1,
+    gpu_backend="triton",
     interpret=None,
 ):
     """The `add_i8` Pallas kernel.
@@ -1691,6 +2113,9 @@ def add_i8(
         are tuned for the TPU and sizes, or the TPU's defaults (_add_i8_tpu_blocks),
         grown to large steps (_grown), else 1024, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: Mosaic GPU computes on 8-bit values only by bitwise operations.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1708,14 +2133,19 @@ def add_i8(
         return _without_elements(add_i8_reference, (((m, n), jnp.int8),), x, y)
     return _on_platform(
         functools.partial(_add_i8_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        functools.partial(
-            _add_i8_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "add_i8",
+            gpu_backend,
+            functools.partial(
+                _add_i8_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
         ),
         interpret,
         x,
@@ -1832,6 +2262,9 @@ def _add_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpre
     )(x, y)
 
 
+# `add_i8` has no Mosaic GPU kernel (Mosaic GPU computes on 8-bit values only by bitwise operations): it runs on Triton.
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -1841,6 +2274,7 @@ def _add_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpre
         "gpu_block_n",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "interpret",
     ),
 )
@@ -1854,6 +2288,7 @@ def mul_i8(
     gpu_block_n=128,
     gpu_warps=4,
     gpu_stages=1,
+    gpu_backend="triton",
     interpret=None,
 ):
     """The `mul_i8` Pallas kernel.
@@ -1865,6 +2300,9 @@ def mul_i8(
         are tuned for the TPU and sizes, or the TPU's defaults (_mul_i8_tpu_blocks),
         grown to large steps (_grown), else 1024, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: Mosaic GPU computes on 8-bit values only by bitwise operations.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1882,14 +2320,19 @@ def mul_i8(
         return _without_elements(mul_i8_reference, (((m, n), jnp.int8),), x, y)
     return _on_platform(
         functools.partial(_mul_i8_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        functools.partial(
-            _mul_i8_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "mul_i8",
+            gpu_backend,
+            functools.partial(
+                _mul_i8_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
         ),
         interpret,
         x,
@@ -2006,10 +2449,30 @@ def _mul_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpre
     )(x, y)
 
 
+# `mul_i8` has no Mosaic GPU kernel (Mosaic GPU computes on 8-bit values only by bitwise operations): it runs on Triton.
+
+
 @functools.partial(
-    jax.jit, static_argnames=("block_m", "gpu_block_m", "gpu_warps", "gpu_stages", "interpret")
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
 )
-def argmax_i8(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interpret=None):
+def argmax_i8(
+    x,
+    *,
+    block_m=None,
+    gpu_block_m=1,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
+):
     """The `argmax_i8` Pallas kernel.
 
     Args:
@@ -2018,6 +2481,9 @@ def argmax_i8(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, inte
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_i8_tpu_blocks),
         grown to large steps (_grown), else 32.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -2033,13 +2499,18 @@ def argmax_i8(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, inte
         return _without_elements(argmax_i8_reference, (((m,), jnp.int32),), x)
     i = _on_platform(
         functools.partial(_argmax_i8_tpu, m=m, n=n, block_m=block_m),
-        functools.partial(
-            _argmax_i8_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "argmax_i8",
+            gpu_backend,
+            functools.partial(
+                _argmax_i8_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
         ),
         interpret,
         x,
@@ -2155,11 +2626,30 @@ def _argmax_i8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
+# `argmax_i8` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+
+
 @functools.partial(
-    jax.jit, static_argnames=("block_n", "gpu_block_n", "gpu_warps", "gpu_stages", "interpret")
+    jax.jit,
+    static_argnames=(
+        "block_n",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
 )
 def equal_count_i8(
-    x, y, *, block_n=None, gpu_block_n=1024, gpu_warps=4, gpu_stages=1, interpret=None
+    x,
+    y,
+    *,
+    block_n=None,
+    gpu_block_n=1024,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
 ):
     """The `equal_count_i8` Pallas kernel.
 
@@ -2170,6 +2660,9 @@ def equal_count_i8(
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_i8_tpu_blocks),
         grown to large steps (_grown), else 4096.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -2186,12 +2679,17 @@ def equal_count_i8(
         return _without_elements(equal_count_i8_reference, (((), jnp.int32),), x, y)
     n = _on_platform(
         functools.partial(_equal_count_i8_tpu, n_=n_, block_n=block_n),
-        functools.partial(
-            _equal_count_i8_gpu,
-            n_=n_,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "equal_count_i8",
+            gpu_backend,
+            functools.partial(
+                _equal_count_i8_gpu,
+                n_=n_,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
         ),
         interpret,
         x,
@@ -2335,3 +2833,6 @@ def _equal_count_i8_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
         interpret=interpret,
         name="equal_count_i8",
     )(x, y)
+
+
+# `equal_count_i8` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.

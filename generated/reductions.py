@@ -19,11 +19,36 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
+try:
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+except ImportError:  # jax 0.10.2 imports it only with absl-py (pallasgen's jax extra brings it)
+    plgpu = None
+
 # jax 0.11+ warns at every Triton lowering that Pallas's Triton backend is deprecated. The
 # GPU kernels here use it knowingly until they move to Mosaic GPU: silence that one warning.
 warnings.filterwarnings(
     "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
 )
+
+
+def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
+    """The GPU kernel that `gpu_backend` names: Triton's, or Mosaic GPU's where the kernel
+    has one (`mosaic_gpu` None: it has not, and runs on Triton)."""
+    if gpu_backend not in ("triton", "mosaic_gpu"):
+        raise ValueError(
+            f'{kernel}: gpu_backend must be "triton" or "mosaic_gpu", got {gpu_backend!r}'
+        )
+    if gpu_backend == "triton" or mosaic_gpu is None:
+        return triton
+
+    def on_mosaic_gpu(*arrays, **keywords):  # called only where the module lowers for CUDA
+        if plgpu is None:
+            raise ImportError(
+                f'{kernel}: gpu_backend="mosaic_gpu" needs absl-py on jax 0.10.2 (pip install absl-py)'
+            )
+        return mosaic_gpu(*arrays, **keywords)
+
+    return on_mosaic_gpu
 
 
 def _on_platform(tpu, gpu, interpret, *arrays):
@@ -327,9 +352,26 @@ def _argbest_step(best, index, x, start, axis, largest):
 
 
 @functools.partial(
-    jax.jit, static_argnames=("block_m", "gpu_block_m", "gpu_warps", "gpu_stages", "interpret")
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
 )
-def argmax_rows(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interpret=None):
+def argmax_rows(
+    x,
+    *,
+    block_m=None,
+    gpu_block_m=1,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
+):
     """The first index of each row's maximum, as jnp.argmax.
 
     Args:
@@ -338,6 +380,9 @@ def argmax_rows(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, in
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_rows_tpu_blocks),
         grown to large steps (_grown), else 8.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -353,13 +398,18 @@ def argmax_rows(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, in
         return _without_elements(argmax_rows_reference, (((m,), jnp.int32),), x)
     i = _on_platform(
         functools.partial(_argmax_rows_tpu, m=m, n=n, block_m=block_m),
-        functools.partial(
-            _argmax_rows_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "argmax_rows",
+            gpu_backend,
+            functools.partial(
+                _argmax_rows_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
         ),
         interpret,
         x,
@@ -471,6 +521,9 @@ def _argmax_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
+# `argmax_rows` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -480,6 +533,7 @@ def _argmax_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
         "gpu_block_n",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "interpret",
     ),
 )
@@ -492,6 +546,7 @@ def argmax_blocked(
     gpu_block_n=1024,
     gpu_warps=4,
     gpu_stages=1,
+    gpu_backend="triton",
     interpret=None,
 ):
     """argmax_rows over rows too long for one block: N is reduced step by step, each step's
@@ -503,6 +558,9 @@ def argmax_blocked(
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_blocked_tpu_blocks),
         grown to large steps (_grown), else 8, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -518,14 +576,19 @@ def argmax_blocked(
         return _without_elements(argmax_blocked_reference, (((m,), jnp.int32),), x)
     i = _on_platform(
         functools.partial(_argmax_blocked_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        functools.partial(
-            _argmax_blocked_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "argmax_blocked",
+            gpu_backend,
+            functools.partial(
+                _argmax_blocked_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
         ),
         interpret,
         x,
@@ -690,10 +753,30 @@ def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, int
     )(x)
 
 
+# `argmax_blocked` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+
+
 @functools.partial(
-    jax.jit, static_argnames=("block_m", "gpu_block_m", "gpu_warps", "gpu_stages", "interpret")
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
 )
-def argmin_rows(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interpret=None):
+def argmin_rows(
+    x,
+    *,
+    block_m=None,
+    gpu_block_m=1,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
+):
     """The first index of each row's minimum, as jnp.argmin.
 
     Args:
@@ -702,6 +785,9 @@ def argmin_rows(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, in
         are tuned for the TPU and sizes, or the TPU's defaults (_argmin_rows_tpu_blocks),
         grown to large steps (_grown), else 8.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -717,13 +803,18 @@ def argmin_rows(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, in
         return _without_elements(argmin_rows_reference, (((m,), jnp.int32),), x)
     i = _on_platform(
         functools.partial(_argmin_rows_tpu, m=m, n=n, block_m=block_m),
-        functools.partial(
-            _argmin_rows_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "argmin_rows",
+            gpu_backend,
+            functools.partial(
+                _argmin_rows_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
         ),
         interpret,
         x,
@@ -835,6 +926,9 @@ def _argmin_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
+# `argmin_rows` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -844,6 +938,7 @@ def _argmin_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
         "gpu_block_n",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "interpret",
     ),
 )
@@ -856,6 +951,7 @@ def column_sums(
     gpu_block_n=128,
     gpu_warps=4,
     gpu_stages=1,
+    gpu_backend="triton",
     interpret=None,
 ):
     """The sum of each column, over row blocks: M is reduced step by step.
@@ -866,6 +962,9 @@ def column_sums(
         are tuned for the TPU and sizes, or the TPU's defaults (_column_sums_tpu_blocks),
         grown to large steps (_grown), else 512, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -881,14 +980,19 @@ def column_sums(
         return _without_elements(column_sums_reference, (((n,), jnp.float32),), x)
     s = _on_platform(
         functools.partial(_column_sums_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        functools.partial(
-            _column_sums_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "column_sums",
+            gpu_backend,
+            functools.partial(
+                _column_sums_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
         ),
         interpret,
         x,
@@ -1034,11 +1138,29 @@ def _column_sums_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interp
     )(x)
 
 
+# `column_sums` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+
+
 @functools.partial(
-    jax.jit, static_argnames=("block_m", "gpu_block_m", "gpu_warps", "gpu_stages", "interpret")
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
 )
 def quantize_rows_int8(
-    x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interpret=None
+    x,
+    *,
+    block_m=None,
+    gpu_block_m=1,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
 ):
     """Row-wise symmetric int8 quantization: each row scaled by its largest magnitude, so
     that it maps to 127, and rounded half to even.
@@ -1049,6 +1171,9 @@ def quantize_rows_int8(
         are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_tpu_blocks),
         grown to large steps (_grown), else 32.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1066,13 +1191,18 @@ def quantize_rows_int8(
         )
     q, scale = _on_platform(
         functools.partial(_quantize_rows_int8_tpu, m=m, n=n, block_m=block_m),
-        functools.partial(
-            _quantize_rows_int8_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "quantize_rows_int8",
+            gpu_backend,
+            functools.partial(
+                _quantize_rows_int8_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
         ),
         interpret,
         x,
@@ -1211,10 +1341,31 @@ def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpre
     )(x)
 
 
+# `quantize_rows_int8` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+
+
 @functools.partial(
-    jax.jit, static_argnames=("block_n", "gpu_block_n", "gpu_warps", "gpu_stages", "interpret")
+    jax.jit,
+    static_argnames=(
+        "block_n",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
 )
-def equal_count(x, y, *, block_n=None, gpu_block_n=1024, gpu_warps=4, gpu_stages=1, interpret=None):
+def equal_count(
+    x,
+    y,
+    *,
+    block_n=None,
+    gpu_block_n=1024,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
+):
     """How many positions hold equal values (MindSpore's EqualCount): a scalar output.
 
     Args:
@@ -1224,6 +1375,9 @@ def equal_count(x, y, *, block_n=None, gpu_block_n=1024, gpu_warps=4, gpu_stages
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_tpu_blocks),
         grown to large steps (_grown), else 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1240,8 +1394,17 @@ def equal_count(x, y, *, block_n=None, gpu_block_n=1024, gpu_warps=4, gpu_stages
         return _without_elements(equal_count_reference, (((), jnp.int32),), x, y)
     n = _on_platform(
         functools.partial(_equal_count_tpu, n_=n_, block_n=block_n),
-        functools.partial(
-            _equal_count_gpu, n_=n_, block_n=gpu_block_n, num_warps=gpu_warps, num_stages=gpu_stages
+        _gpu_kernel(
+            "equal_count",
+            gpu_backend,
+            functools.partial(
+                _equal_count_gpu,
+                n_=n_,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
         ),
         interpret,
         x,
@@ -1385,3 +1548,6 @@ def _equal_count_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
         interpret=interpret,
         name="equal_count",
     )(x, y)
+
+
+# `equal_count` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.

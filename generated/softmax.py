@@ -19,11 +19,36 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
+try:
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+except ImportError:  # jax 0.10.2 imports it only with absl-py (pallasgen's jax extra brings it)
+    plgpu = None
+
 # jax 0.11+ warns at every Triton lowering that Pallas's Triton backend is deprecated. The
 # GPU kernels here use it knowingly until they move to Mosaic GPU: silence that one warning.
 warnings.filterwarnings(
     "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
 )
+
+
+def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
+    """The GPU kernel that `gpu_backend` names: Triton's, or Mosaic GPU's where the kernel
+    has one (`mosaic_gpu` None: it has not, and runs on Triton)."""
+    if gpu_backend not in ("triton", "mosaic_gpu"):
+        raise ValueError(
+            f'{kernel}: gpu_backend must be "triton" or "mosaic_gpu", got {gpu_backend!r}'
+        )
+    if gpu_backend == "triton" or mosaic_gpu is None:
+        return triton
+
+    def on_mosaic_gpu(*arrays, **keywords):  # called only where the module lowers for CUDA
+        if plgpu is None:
+            raise ImportError(
+                f'{kernel}: gpu_backend="mosaic_gpu" needs absl-py on jax 0.10.2 (pip install absl-py)'
+            )
+        return mosaic_gpu(*arrays, **keywords)
+
+    return on_mosaic_gpu
 
 
 def _on_platform(tpu, gpu, interpret, *arrays):
@@ -289,9 +314,26 @@ def _logsumexp(x, axis):
 
 
 @functools.partial(
-    jax.jit, static_argnames=("block_m", "gpu_block_m", "gpu_warps", "gpu_stages", "interpret")
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
 )
-def softmax(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interpret=None):
+def softmax(
+    x,
+    *,
+    block_m=None,
+    gpu_block_m=1,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
+):
     """Softmax over the last dimension.
 
     Args:
@@ -300,6 +342,9 @@ def softmax(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interp
         are tuned for the TPU and sizes, or the TPU's defaults (_softmax_tpu_blocks),
         grown to large steps (_grown), else 8.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -315,8 +360,18 @@ def softmax(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interp
         return _without_elements(softmax_reference, (((m, n), jnp.float32),), x)
     return _on_platform(
         functools.partial(_softmax_tpu, m=m, n=n, block_m=block_m),
-        functools.partial(
-            _softmax_gpu, m=m, n=n, block_m=gpu_block_m, num_warps=gpu_warps, num_stages=gpu_stages
+        _gpu_kernel(
+            "softmax",
+            gpu_backend,
+            functools.partial(
+                _softmax_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
         ),
         interpret,
         x,
@@ -422,10 +477,30 @@ def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
+# `softmax` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+
+
 @functools.partial(
-    jax.jit, static_argnames=("block_m", "gpu_block_m", "gpu_warps", "gpu_stages", "interpret")
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
 )
-def log_softmax(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interpret=None):
+def log_softmax(
+    x,
+    *,
+    block_m=None,
+    gpu_block_m=1,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
+):
     """Log-softmax over the last dimension: each row minus its log-sum-exp.
 
     Args:
@@ -434,6 +509,9 @@ def log_softmax(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, in
         are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_tpu_blocks),
         grown to large steps (_grown), else 8.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -449,13 +527,18 @@ def log_softmax(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, in
         return _without_elements(log_softmax_reference, (((m, n), jnp.float32),), x)
     return _on_platform(
         functools.partial(_log_softmax_tpu, m=m, n=n, block_m=block_m),
-        functools.partial(
-            _log_softmax_gpu,
-            m=m,
-            n=n,
-            block_m=gpu_block_m,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+        _gpu_kernel(
+            "log_softmax",
+            gpu_backend,
+            functools.partial(
+                _log_softmax_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
         ),
         interpret,
         x,
@@ -560,3 +643,6 @@ def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
         interpret=interpret,
         name="log_softmax",
     )(x)
+
+
+# `log_softmax` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.

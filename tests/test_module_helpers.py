@@ -15,14 +15,16 @@ from kernel_cases import GENERATED, load_module, take_gpu_branch
 from pallasgen.backends import MODULE_HELPERS
 from pallasgen.workspace.pipeline import generate
 
-PLATFORM = {"_on_platform", "_platform_dependent", "_platform_dependent_p", "_platform_dependent_primitive"}
+PLATFORM = {"_on_platform", "_platform_dependent", "_platform_dependent_p", "_platform_dependent_primitive", "_gpu_kernel"}
 
 # A kernel `k` with one feature: its spec body, the helpers that feature needs, and the
 # sizes of a call (a ragged last block wherever there are blocks).
 FEATURES = {
     "whole-arrays": (
         "in x: f32[M, N]\nout y: f32[M, N]\ny = x * 2.0",
-        PLATFORM | {"_operands", "_without_elements", "_vmem_limit", "_nbytes", "_inside", "_mask", "_load", "_store"},
+        PLATFORM
+        | {"_operands", "_without_elements", "_vmem_limit", "_nbytes", "_inside", "_mask", "_load", "_store"}
+        | {"_mgpu_pad", "_mgpu_swizzled", "_mgpu_load"},
         {"M": 5, "N": 7},
     ),
     "call-time-blocks": (

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.backends.base import Backend
 from pallasgen.backends.gpu import GpuBackend
+from pallasgen.backends.mosaic_gpu import MosaicGpuBackend
 from pallasgen.backends.tpu import TpuBackend
 from pallasgen.backends.tpu.tiling import format_bytes  # noqa: F401  (how every backend words a size in bytes)
 from pallasgen.lowering.kernel import KernelPlan, lower_kernel, plan_kernel
 
-BACKENDS: tuple[Backend, ...] = (TpuBackend(), GpuBackend())
+BACKENDS: tuple[Backend, ...] = (TpuBackend(), GpuBackend(), MosaicGpuBackend())
 
 # Names the generated module may define for its helpers (templates/helpers.py.j2; a
 # module defines those its code calls).
@@ -21,6 +22,7 @@ MODULE_HELPERS = frozenset(
     | {"_inside", "_mask", "_load", "_store"}
     | {"_platform_dependent", "_platform_dependent_p", "_platform_dependent_primitive", "_vmem_limit"}
     | {"_tpu_chip", "_tpu_blocks", "_grown"}
+    | {"_gpu_kernel", "_mgpu_pad", "_mgpu_swizzled", "_mgpu_load"}
     | {"_fill_past", "_rows_shape", "_as_rows", "_fill_past_rows"}
     | {
         "_round_half_even",

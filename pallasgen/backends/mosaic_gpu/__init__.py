@@ -1,0 +1,43 @@
+"""NVIDIA GPUs from Hopper (sm_90) on: Pallas's Mosaic GPU backend (`plgpu.kernel`,
+TMA pipelines, `wgmma`). Opt-in through the public `gpu_backend` keyword; a kernel it
+does not take runs on Triton (`support.refusal` says why)."""
+
+from __future__ import annotations
+
+from pallasgen.backends.base import Backend
+from pallasgen.backends.mosaic_gpu.plan import (
+    BACKEND_KEYWORD,
+    GPU_BACKENDS,
+    kernel_function_name,
+    keyword_group,
+    launcher_name,
+    plan_mosaic_gpu,
+)
+
+
+class MosaicGpuBackend(Backend):
+    name = "mosaic_gpu"
+    template = "mosaic_gpu.py.j2"
+
+    def check(self, kernel, space, product, blocks, earlier, fused=None):
+        """No spec is an error here: a kernel Mosaic GPU does not take keeps Triton."""
+        return None, []
+
+    def keywords(self, checked):
+        return keyword_group(checked)
+
+    def reserved_names(self, checked):
+        return {BACKEND_KEYWORD}
+
+    def function_names(self, kernel):
+        return kernel_function_name(kernel), launcher_name(kernel)
+
+    def plan(self, lowered):
+        return plan_mosaic_gpu(lowered)
+
+    def blocks_at(self, plan, sizes):
+        """Its blocks are fixed per kernel, not keywords: none to report."""
+        return {}
+
+    def helper_values(self):
+        return {"gpu_backends": GPU_BACKENDS}

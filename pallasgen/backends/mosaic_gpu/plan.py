@@ -1,0 +1,359 @@
+"""The Mosaic GPU half of a kernel's plan: `plgpu.kernel` over a grid of blocks.
+
+Each program copies its blocks between global and shared memory by TMA
+(`plgpu.emit_pipeline`) and computes on them in registers, in the WGMMA layout for
+2-D blocks (vectors are loaded in its row or column layout and broadcast). A
+product accumulates `plgpu.wgmma` over its K blocks in a pipeline, then applies the
+epilogue to the accumulator and stores through shared memory.
+
+Ragged edges are exact by padding: TMA needs every global stride but the last to be
+a multiple of 16 bytes and each swizzled dimension a multiple of its tile, so the
+launcher pads the arrays with zeros (a block of columns, 8 rows; a product's M, N
+and K to whole blocks: zeros add nothing to a sum of products) and slices the
+outputs back. Sizes that are already multiples pad nothing. Blocks past the padded
+edge are clipped by TMA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pallasgen.analysis.checks import CheckedKernel
+from pallasgen.analysis.dtypes import DTYPES
+from pallasgen.analysis.names import block_keyword
+from pallasgen.backends.mosaic_gpu.support import WGMMA_DTYPES, refusal
+from pallasgen.frontend import ir
+from pallasgen.lowering.kernel import LoweredKernel
+from pallasgen.lowering.parts import body_statements, layout_of, load_statements, parameter_list, tuple_code
+from pallasgen.lowering.pyexpr import jnp_dtype
+from pallasgen.lowering.signature import Keyword, KeywordGroup
+
+BACKEND_KEYWORD = "gpu_backend"
+GPU_BACKENDS = ("triton", "mosaic_gpu")  # the values `gpu_backend` takes
+DEFAULT_GPU_BACKEND = "triton"  # until gpu_check.py passes on a Hopper GPU with Mosaic GPU
+
+# Shared memory a program's blocks may take (an H100 has 227 KiB per block).
+SMEM_BUDGET = 160 * 1024
+TMA_MOST = 256  # elements a TMA copy takes along one dimension
+ELEMENTWISE_ROWS = 64  # the WGMMA layout's row tile
+ELEMENTWISE_COLUMNS = (128, 64, 32)  # the widest that fits SMEM_BUDGET is taken
+PRODUCT_TILE = 128  # M and N of a product's block: one warpgroup's wgmma accumulator
+PIPELINE_STAGES = 2  # K blocks in flight
+
+
+@dataclass(frozen=True)
+class MosaicGpuPlan:
+    refused: str | None  # why Mosaic GPU does not take the kernel (None: it does)
+    function: str
+    kernel_function: str
+    kernel_parameters: str
+    kernel_body: tuple[str, ...]
+    parameters: str  # of the launcher
+    launcher_body: tuple[str, ...]
+    dispatch: str  # the launcher bound for the public function, or None
+
+
+def keyword_group(checked: CheckedKernel) -> KeywordGroup:
+    """The public `gpu_backend` keyword: which Pallas backend compiles for NVIDIA GPUs."""
+    reason = refusal(checked)
+    doc = [
+        f'  {BACKEND_KEYWORD}: on NVIDIA GPUs, "triton" (the default) or "mosaic_gpu" (sm_90 and later;',
+        "    opt-in, not yet checked on hardware).",
+    ]
+    if reason:
+        doc.append(f"    This kernel runs on Triton either way: {reason}.")
+    return KeywordGroup((Keyword(BACKEND_KEYWORD, f'"{DEFAULT_GPU_BACKEND}"'),), tuple(doc))
+
+
+def kernel_function_name(kernel: str) -> str:
+    return f"_{kernel}_mosaic_gpu_kernel"
+
+
+def launcher_name(kernel: str) -> str:
+    return f"_{kernel}_mosaic_gpu"
+
+
+def plan_mosaic_gpu(lowered: LoweredKernel) -> MosaicGpuPlan:
+    checked = lowered.checked
+    name = checked.kernel.name
+    reason = refusal(checked)
+    if reason:
+        return MosaicGpuPlan(reason, launcher_name(name), kernel_function_name(name), "", (), "", (), "None")
+    planner = _ProductPlanner if checked.product else _ElementwisePlanner
+    return planner(lowered).plan()
+
+
+class _Planner:
+    """What both kinds of kernel share: names, the launcher's padding and slicing."""
+
+    def __init__(self, lowered: LoweredKernel):
+        self.lowered, self.checked = lowered, lowered.checked
+        self.kernel = self.checked.kernel
+        self.namer = lowered.namer.fork()
+        self.sizes, self.values, self.refs = lowered.sizes, lowered.values, lowered.refs
+        self.smem = {d.name: self.namer.claim(f"{d.name}_smem") for d in self.kernel.inputs + self.kernel.outputs}
+        self._padded = {d: self.namer.claim(f"padded_{self.sizes[d]}") for d in self.checked.dims}
+
+    def padded(self, dim: str) -> str:
+        """The launcher's name for a dimension's size padded to what TMA copies."""
+        return self._padded[dim]
+
+    def launcher(self, blocks: dict[str, int], multiples: dict[str, str], reshapes: list[str], kernel_call: list[str]):
+        """The launcher's body: blocks, padded sizes, operands padded, the kernel, outputs sliced."""
+        kernel, sizes = self.kernel, self.sizes
+        lines = [f"{block_keyword(d)} = {b}" for d, b in blocks.items()]
+        lines += [f"{self.padded(d)} = {sizes[d]} + -{sizes[d]} % {m}" for d, m in multiples.items()]
+        lines += reshapes
+        outs = [self.values[o.name] for o in kernel.outputs]
+        lines += [f"{', '.join(outs)}{',' if len(outs) == 1 else ''} = {kernel_call[0]}", *kernel_call[1:]]
+        layout = self.out_dims
+        crop = ", ".join(f":{sizes[d]}" for d in layout)
+        lines.append(f"return {', '.join(f'{v}[{crop}]' for v in outs)}")
+        return tuple(lines)
+
+    def padding(self, value: str, dims, multiples: dict[str, str]) -> str:
+        return f"{value} = _mgpu_pad({value}, {tuple_code([self.padded(d) if d in multiples else self.sizes[d] for d in dims])})"
+
+    def out_types(self, padded_dims) -> str:
+        """The kernel's `out_type`: each output's shape, padded along `padded_dims`."""
+        types = []
+        for out in self.kernel.outputs:
+            shape = tuple_code([self.padded(d) if d in padded_dims else self.sizes[d] for d in out.dims])
+            types.append(f"jax.ShapeDtypeStruct({shape}, {jnp_dtype(out.dtype)})")
+        return f"({', '.join(types)},)"
+
+    def finish(self, kernel_parameters, kernel_body, launcher_body) -> MosaicGpuPlan:
+        kernel, checked = self.kernel, self.checked
+        params = [p.name for p in kernel.params]
+        launcher = parameter_list(
+            [self.values[d.name] for d in kernel.inputs], [self.sizes[d] for d in checked.dims] + params + ["interpret"]
+        )
+        bound = [f"{self.sizes[d]}={self.sizes[d]}" for d in checked.dims] + [f"{p}={p}" for p in params]
+        return MosaicGpuPlan(
+            None,
+            launcher_name(kernel.name),
+            kernel_function_name(kernel.name),
+            kernel_parameters,
+            tuple(kernel_body),
+            launcher,
+            launcher_body,
+            f"functools.partial({launcher_name(kernel.name)}, {', '.join(bound)})",
+        )
+
+
+class _ElementwisePlanner(_Planner):
+    """One program per block; each block's pipeline copies in its inputs, computes and copies out."""
+
+    def plan(self) -> MosaicGpuPlan:
+        kernel, sizes = self.kernel, self.sizes
+        layout = self.out_dims = tuple(self.checked.space.layout)
+        arrays = kernel.inputs + kernel.outputs
+        minor = layout[-1]
+        columns = self._columns(arrays) if len(layout) == 2 else TMA_MOST
+        blocks = {minor: columns} if len(layout) == 1 else {layout[0]: ELEMENTWISE_ROWS, minor: columns}
+        multiples = {} if len(layout) == 1 else {layout[0]: "8", minor: block_keyword(minor)}
+        program = {d: self.namer.claim(f"program_{d.lower()}") for d in layout}
+        step = self.namer.claim("step")
+
+        def own_dims(decl: ir.ArrayDecl) -> list[str]:
+            return [d for d in layout_of(decl, layout, None) if d]
+
+        def spec(decl: ir.ArrayDecl) -> str:
+            dims = own_dims(decl)
+            shape = tuple_code([block_keyword(d) for d in dims])
+            index = tuple_code([program[d] for d in dims])
+            swizzle = (
+                f", transforms=_mgpu_swizzled({jnp_dtype(decl.dtype)}, {block_keyword(minor)})"
+                if len(dims) == 2
+                else ""
+            )
+            return f"plgpu.BlockSpec({shape}, lambda _: {index}{swizzle})"
+
+        def load(decl: ir.ArrayDecl) -> str:
+            if len(layout) == 1:
+                return f"{self.smem[decl.name]}[...]"
+            positions = tuple_code([str(layout.index(d)) for d in own_dims(decl)])
+            return f"_mgpu_load({self.smem[decl.name]}, {tuple_code([block_keyword(d) for d in layout])}, {positions})"
+
+        def store(decl: ir.ArrayDecl, value: str) -> str:
+            return f"{self.smem[decl.name]}[...] = {value}"
+
+        emitter = self.lowered.emitter()
+        body = [
+            *load_statements(kernel, self.values, self.checked, load),
+            *body_statements(kernel, kernel.body, emitter, self.values, self.refs, self.checked, store),
+        ]
+        refs = [self.refs[d.name] for d in arrays]
+        kernel_body = [
+            *(f"{program[d]} = jax.lax.axis_index({d!r})" for d in layout),
+            "",
+            f"def {step}(_, {', '.join(self.smem[d.name] for d in arrays)}):",
+            *(f"    {line}" for line in body),
+            "",
+            "plgpu.emit_pipeline(",
+            f"    {step},",
+            "    grid=(1,),",
+            f"    in_specs=[{', '.join(spec(d) for d in kernel.inputs)}],",
+            f"    out_specs=[{', '.join(spec(d) for d in kernel.outputs)}],",
+            f")({', '.join(refs)})",
+        ]
+        keywords = [block_keyword(d) for d in layout] + [p.name for p in kernel.params]
+        reshapes = []
+        for decl in kernel.inputs:
+            dims, value = own_dims(decl), self.values[decl.name]
+            if len(dims) < len(layout):  # laid out with size-1 axes by the public function
+                reshapes.append(f"{value} = {value}.reshape({tuple_code([sizes[d] for d in dims])})")
+            if multiples:
+                reshapes.append(self.padding(value, dims, multiples))
+        grid = tuple_code([f"pl.cdiv({self.padded(d) if multiples else sizes[d]}, {block_keyword(d)})" for d in layout])
+        bound = ", ".join(f"{k}={k}" for k in keywords)
+        call = [
+            "plgpu.kernel(",
+            f"    functools.partial({kernel_function_name(kernel.name)}, {bound}),",
+            f"    out_type={self.out_types(multiples)},",
+            f"    grid={grid},",
+            f"    grid_names={tuple(layout)!r},",
+            "    interpret=interpret,",
+            f")({', '.join(self.values[d.name] for d in kernel.inputs)})",
+        ]
+        return self.finish(
+            parameter_list(refs, keywords), kernel_body, self.launcher(blocks, multiples, reshapes, call)
+        )
+
+    def _columns(self, arrays) -> int:
+        """The widest block of columns whose blocks of every array fit SMEM_BUDGET."""
+        row_bytes = sum(DTYPES[d.dtype].bits // 8 for d in arrays)
+        return next(
+            (c for c in ELEMENTWISE_COLUMNS if ELEMENTWISE_ROWS * c * row_bytes <= SMEM_BUDGET), ELEMENTWISE_COLUMNS[-1]
+        )
+
+
+class _ProductPlanner(_Planner):
+    """One program per output block: a pipeline of K blocks into `plgpu.wgmma`, then the
+    epilogue on the accumulator, stored through shared memory."""
+
+    def plan(self) -> MosaicGpuPlan:
+        kernel, checked, sizes, product = self.kernel, self.checked, self.sizes, self.checked.product
+        layout = self.out_dims = tuple(kernel.outputs[0].dims)
+        batch = layout[:-2]
+        m, n, k = product.m, product.n, product.k
+        depth = WGMMA_DTYPES[product.lhs.dtype.name]
+        blocks = {m: PRODUCT_TILE, n: PRODUCT_TILE, k: depth}
+        multiples = {d: block_keyword(d) for d in (m, n, k)}
+        # wgmma reads a transposed tile of 16-bit operands only: others come K-minor.
+        rhs_n_major = product.rhs.transposed or product.lhs.dtype.bits != 16
+        program = {d: self.namer.claim(f"program_{d.lower()}") for d in layout}
+        acc_ref, out_smem, barrier, step, scope = (
+            self.namer.claim(x) for x in ("acc_ref", "out_smem", "barrier", "step", "accumulate")
+        )
+        lhs, rhs = product.lhs, product.rhs
+        lhs_smem, rhs_smem = self.smem[lhs.name], self.smem[rhs.name]
+        epilogue = [d for d in kernel.inputs if d.name not in (lhs.name, rhs.name)]
+        out = kernel.outputs[0]
+
+        def at_batch(ref: str) -> str:
+            return f"{ref}.at[{', '.join(program[d] for d in batch)}]" if batch else ref
+
+        def swizzled(dtype: str, minor: str) -> str:
+            return f"_mgpu_swizzled({jnp_dtype(dtype)}, {block_keyword(minor)})"
+
+        def tile(dims) -> str:
+            return ", ".join(f"pl.ds({program[d]} * {block_keyword(d)}, {block_keyword(d)})" for d in dims)
+
+        rhs_dims = (n, k) if rhs_n_major else (k, n)
+        rhs_tile = f"{rhs_smem}.T" if rhs_n_major else rhs_smem
+        specs = [
+            f"plgpu.BlockSpec(({block_keyword(m)}, {block_keyword(k)}), lambda s: ({program[m]}, s), transforms={swizzled(lhs.dtype.name, k)})",
+            f"plgpu.BlockSpec(({block_keyword(rhs_dims[0])}, {block_keyword(rhs_dims[1])}), "
+            f"lambda s: {'(' + program[n] + ', s)' if rhs_n_major else '(s, ' + program[n] + ')'}, "
+            f"transforms={swizzled(rhs.dtype.name, rhs_dims[1])})",
+        ]
+        own = {d.name: [x for x in layout_of(d, layout, product) if x] for d in epilogue}
+        loads = []
+        for number, decl in enumerate(epilogue):
+            loads += [
+                f"plgpu.copy_gmem_to_smem({self.refs[decl.name]}.at[{tile(own[decl.name])}], {self.smem[decl.name]}, {barrier}.at[{number}])",
+                f"plgpu.barrier_wait({barrier}.at[{number}])",
+            ]
+        tile_shape = tuple_code([block_keyword(m), block_keyword(n)])
+
+        def load(decl: ir.ArrayDecl) -> str:
+            positions = tuple_code([str((m, n).index(d)) for d in own[decl.name]])
+            return f"_mgpu_load({self.smem[decl.name]}, {tile_shape}, {positions})"
+
+        def store(decl: ir.ArrayDecl, value: str) -> str:
+            return f"{out_smem}[...] = {value}"
+
+        emitter = self.lowered.emitter()
+        epilogue_body = [
+            f"{self.lowered.accumulator} = {acc_ref}[...]",
+            *load_statements(kernel, self.values, checked, load),
+            *body_statements(kernel, kernel.body, emitter, self.values, self.refs, checked, store),
+        ]
+        refs = [self.refs[d.name] for d in kernel.inputs + kernel.outputs]
+        accumulate = [
+            f"def {step}(_, {lhs_smem}, {rhs_smem}):",
+            f"    plgpu.wgmma({acc_ref}, {lhs_smem}, {rhs_tile})",
+            "    plgpu.wgmma_wait(0)",
+            "",
+            "plgpu.emit_pipeline(",
+            f"    {step},",
+            f"    grid=({self.refs[lhs.name]}.shape[-1] // {block_keyword(k)},),",
+            f"    in_specs=[{', '.join(specs)}],",
+            f"    max_concurrent_steps={PIPELINE_STAGES},",
+            f")({at_batch(self.refs[lhs.name])}, {at_batch(self.refs[rhs.name])})",
+            *loads,
+            *epilogue_body,
+        ]
+        kernel_body = [
+            *(f"{program[d]} = jax.lax.axis_index({d!r})" for d in layout),
+            "",
+            f"def {scope}({acc_ref}):  # the accumulator in registers, for this block's K steps and epilogue",
+            *(f"    {line}" for line in accumulate),
+            "",
+            f"pl.run_scoped({scope}, plgpu.ACC({tile_shape}, {jnp_dtype(product.accumulator.name)}))",
+            "plgpu.commit_smem()",
+            f"plgpu.copy_smem_to_gmem({out_smem}, {self.refs[out.name]}.at[{', '.join([*(program[d] for d in batch), tile((m, n))])}])",
+            "plgpu.wait_smem_to_gmem(0)",
+        ]
+        scratch = [
+            f"plgpu.SMEM({tile_shape}, {jnp_dtype(out.dtype)}, transforms={swizzled(out.dtype, n)})",
+            f"plgpu.Barrier(num_barriers={max(1, len(epilogue))})",
+            *(
+                f"plgpu.SMEM({tuple_code([block_keyword(x) for x in own[d.name]])}, {jnp_dtype(d.dtype)}"
+                + (f", transforms={swizzled(d.dtype, n)})" if len(own[d.name]) == 2 else ")")
+                for d in epilogue
+            ),
+        ]
+        kernel_parameters = parameter_list(
+            [*refs, out_smem, barrier, *(self.smem[d.name] for d in epilogue)],
+            [*(block_keyword(d) for d in (m, n, k)), *(p.name for p in kernel.params)],
+        )
+        reshapes = []
+        lhs_value, rhs_value = self.values[lhs.name], self.values[rhs.name]
+        if lhs.transposed:
+            reshapes.append(f"{lhs_value} = jnp.swapaxes({lhs_value}, -1, -2)  # wgmma reads [M, K] tiles")
+        if rhs_n_major and not rhs.transposed:
+            reshapes.append(
+                f"{rhs_value} = jnp.swapaxes({rhs_value}, -1, -2)  # {product.lhs.dtype.name} wgmma reads [N, K] tiles"
+            )
+        reshapes.append(self.padding(lhs_value, (*batch, m, k), multiples))
+        reshapes.append(self.padding(rhs_value, (*batch, *rhs_dims), multiples))
+        for decl in epilogue:
+            value = self.values[decl.name]
+            if len(own[decl.name]) < len(layout):
+                reshapes.append(f"{value} = {value}.reshape({tuple_code([sizes[d] for d in own[decl.name]])})")
+            reshapes.append(self.padding(value, own[decl.name], multiples))
+        keywords = [block_keyword(d) for d in (m, n, k)] + [p.name for p in kernel.params]
+        grid = [*(sizes[d] for d in batch), *(f"{self.padded(d)} // {block_keyword(d)}" for d in (m, n))]
+        call = [
+            "plgpu.kernel(",
+            f"    functools.partial({kernel_function_name(kernel.name)}, {', '.join(f'{x}={x}' for x in keywords)}),",
+            f"    out_type={self.out_types((m, n))},",
+            f"    scratch_types=[{', '.join(scratch)}],",
+            f"    grid={tuple_code(grid)},",
+            f"    grid_names={tuple(layout)!r},",
+            "    interpret=interpret,",
+            f")({', '.join(self.values[d.name] for d in kernel.inputs)})",
+        ]
+        return self.finish(kernel_parameters, kernel_body, self.launcher(blocks, multiples, reshapes, call))

@@ -1,0 +1,240 @@
+"""The Mosaic GPU backend without a GPU: every bundled kernel it takes lowers for CUDA
+with `gpu_backend="mosaic_gpu"` to a Mosaic GPU custom call and no Triton one, at
+aligned, ragged, small and 1x1 sizes (`jax.export(..., platforms=["cuda"])` lowers
+on a CPU-only machine; nothing runs). Kernels it does not take say why, and run on
+Triton. Mosaic GPU is opt-in: the default stays Triton until a Hopper run passes."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernel_cases import bundled_kernels, generated_module, load_module, random_array, spec_kernel, take_gpu_branch
+from jax._src.mesh import AbstractDevice
+
+from pallasgen.analysis.product import find_products
+from pallasgen.devices.compile_only import GPU_CORES, GPU_DEVICE_KIND
+from pallasgen.workspace.pipeline import generate
+
+plgpu = pytest.importorskip("jax.experimental.pallas.mosaic_gpu", reason="jax 0.10.2 imports it only with absl-py")
+
+MOSAIC_CALL = re.compile(r"custom_call @mosaic_gpu")  # @mosaic_gpu_v2 on jax 0.10.2 and 0.12
+TRITON_CALL = "__gpu$xla.gpu.triton"  # the target export's safety check knows it by
+TRITON = re.compile(r"custom_call @\S*triton")  # the call's target on jax 0.10.2 and 0.12
+_H100 = jax.sharding.AbstractMesh(
+    (1,),
+    ("x",),
+    abstract_device=AbstractDevice(device_kind=GPU_DEVICE_KIND, num_cores=GPU_CORES, platform="gpu"),
+)
+KERNELS = [(module, kernel) for module, kernel in bundled_kernels() if kernel is not None]
+TAKEN = [(m, k) for m, k in KERNELS if hasattr(generated_module(m), f"_{k}_mosaic_gpu")]
+REFUSED = [(m, k) for m, k in KERNELS if (m, k) not in TAKEN]
+
+SIZES = {
+    "aligned": {"batch": 2, "rows": 256, "columns": 512, "contracted": 256, "vector": 4096},
+    "ragged": {"batch": 3, "rows": 100, "columns": 300, "contracted": 70, "vector": 3001},
+    "small": {"batch": 1, "rows": 8, "columns": 16, "contracted": 8, "vector": 5},
+    "one": {"batch": 1, "rows": 1, "columns": 1, "contracted": 1, "vector": 1},
+}
+
+
+def _dims(module: str, kernel: str, size: str) -> dict[str, int]:
+    """Each dimension's size: the layout's last two are rows and columns, those before
+    them batch; a product's contracted dimension; a rank-1 kernel's one dimension."""
+    decl = spec_kernel(module, kernel)
+    layout = max((tuple(a.dims) for a in (*decl.outputs, *decl.inputs)), key=len)
+    table = SIZES[size]
+    if len(layout) == 1:
+        return {layout[0]: table["vector"]}
+    sizes = {d: table["batch"] for d in layout[:-2]} | {layout[-2]: table["rows"], layout[-1]: table["columns"]}
+    for product in find_products(decl):
+        for dim in {d for a in decl.inputs for d in a.dims} - set(sizes):
+            sizes[dim] = table["contracted"]
+    return sizes
+
+
+DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16, "i32": jnp.int32, "i8": jnp.int8}
+
+
+def _shapes(module: str, kernel: str, size: str) -> list[tuple[tuple[int, ...], str]]:
+    """Each input's (shape, spec dtype) at a size class."""
+    sizes = _dims(module, kernel, size)
+    return [(tuple(sizes[d] for d in a.dims), a.dtype) for a in spec_kernel(module, kernel).inputs]
+
+
+def _exported_text(module: str, kernel: str, size: str, **keywords) -> str:
+    args = [jax.ShapeDtypeStruct(shape, DTYPES[dtype]) for shape, dtype in _shapes(module, kernel, size)]
+    function = getattr(generated_module(module), kernel)
+    disabled = [jax.export.DisabledSafetyCheck.custom_call(TRITON_CALL)]
+    call = jax.jit(lambda *arrays: function(*arrays, interpret=False, **keywords))
+    with jax.sharding.use_abstract_mesh(_H100):  # jax 0.12 lowers Triton only for a known GPU
+        return jax.export.export(call, platforms=["cuda"], disabled_checks=disabled)(*args).mlir_module()
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+@pytest.mark.parametrize("module, kernel", TAKEN, ids=[f"{m}.{k}" for m, k in TAKEN])
+def test_kernel_lowers_to_mosaic_gpu_and_no_triton(module, kernel, size):
+    text = _exported_text(module, kernel, size, gpu_backend="mosaic_gpu")
+    assert MOSAIC_CALL.search(text), "no Mosaic GPU custom call"
+    assert not TRITON.search(text)
+
+
+# Mosaic GPU's interpreter (plgpu.InterpretGPUParams, exported from jax 0.12) runs the
+# kernels on CPU with TMA's bounds and the shared memory simulated: numerics without a GPU.
+INTERPRETER = getattr(plgpu, "InterpretGPUParams", None)
+
+
+@pytest.mark.skipif(INTERPRETER is None, reason="Mosaic GPU's interpreter is public from jax 0.12")
+@pytest.mark.parametrize("size", ["ragged", "one"])
+@pytest.mark.parametrize("module, kernel", TAKEN, ids=[f"{m}.{k}" for m, k in TAKEN])
+def test_kernel_interpreted_on_mosaic_gpu_agrees_with_its_reference(module, kernel, size, monkeypatch):
+    generated = generated_module(module)
+    take_gpu_branch(monkeypatch, generated)
+    rng = np.random.default_rng(0)
+    arrays = [jnp.asarray(random_array(rng, dtype, shape)) for shape, dtype in _shapes(module, kernel, size)]
+    got = jax.tree.leaves(getattr(generated, kernel)(*arrays, gpu_backend="mosaic_gpu", interpret=INTERPRETER()))
+    want = jax.tree.leaves(getattr(generated, f"{kernel}_reference")(*arrays))
+    depth = max((shape[-1] for shape, _ in _shapes(module, kernel, size)), default=1)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        if w.dtype.kind in "iu":
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+            continue
+        # One rounding of a 16-bit output, or sums of `depth` products in f32.
+        rtol = 2.0**-7 if w.dtype.itemsize == 2 else 2.0**-20 * depth
+        g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * max(1.0, np.abs(w).max(initial=0)))
+
+
+def test_mosaic_gpu_takes_the_elementwise_kernels_and_plain_products():
+    taken = {k for _, k in TAKEN}
+    assert {"add_vectors", "bias_gelu", "leaky", "giou", "add_i32", "mul_f32"} <= taken
+    assert {"matmul", "matmul_bias_gelu", "linear", "batched_matmul", "scores", "matmul_int8"} <= taken
+
+
+@pytest.mark.parametrize("module, kernel", REFUSED, ids=[f"{m}.{k}" for m, k in REFUSED])
+def test_kernel_mosaic_gpu_does_not_take_says_why_in_its_docstring(module, kernel):
+    doc = getattr(generated_module(module), kernel).__doc__
+    assert re.search(r"This kernel runs on Triton either way: \S", doc)
+
+
+def test_a_refused_kernel_with_mosaic_gpu_runs_on_triton():
+    text = _exported_text("softmax", "softmax", "small", gpu_backend="mosaic_gpu")
+    assert TRITON.search(text) and not MOSAIC_CALL.search(text)
+
+
+def test_the_default_gpu_backend_is_triton():
+    text = _exported_text("matmul", "matmul_bias_gelu", "small")
+    assert TRITON.search(text) and not MOSAIC_CALL.search(text)
+
+
+@pytest.mark.parametrize("value", ["mosaic", "Triton", None, 1])
+def test_an_unknown_gpu_backend_is_a_clear_error(value):
+    module = generated_module("add_vectors")
+    x = jnp.ones(4, jnp.float32)
+    with pytest.raises(ValueError, match=r'add_vectors: gpu_backend must be "triton" or "mosaic_gpu", got'):
+        module.add_vectors(x, x, gpu_backend=value)
+
+
+def test_without_mosaic_gpu_importable_only_a_cuda_lowering_asks_for_absl(monkeypatch):
+    """jax 0.10.2 imports Mosaic GPU only with absl-py: the module still imports and runs
+    elsewhere, and lowering for CUDA says what to install."""
+    module = generated_module("add_vectors")
+    monkeypatch.setattr(module, "plgpu", None)
+    x = jnp.arange(4, dtype=jnp.float32)
+    np.testing.assert_array_equal(module.add_vectors(x, x, gpu_backend="mosaic_gpu"), 2 * x)
+    with pytest.raises(ImportError, match=r'add_vectors: gpu_backend="mosaic_gpu" needs absl-py'):
+        _exported_text("add_vectors", "add_vectors", "one", gpu_backend="mosaic_gpu")
+
+
+def test_spec_names_do_not_clash_with_the_mosaic_gpu_launchers_own(tmp_path):
+    """The launcher names each padded size; an input may already have that name."""
+    spec = "kernel k {\n    in  padded_m, padded_n: f32[M, N]\n    out z: f32[M, N]\n    z = padded_m + padded_n\n}\n"
+    path = tmp_path / "clash.py"
+    path.write_text(generate(spec, "clash.pallas", "clash.pallas"))
+    module = load_module(path, "_mosaic_gpu_clash")
+    args = [jax.ShapeDtypeStruct((100, 300), jnp.float32)] * 2
+    call = jax.jit(lambda a, b: module.k(a, b, gpu_backend="mosaic_gpu", interpret=False))
+    assert MOSAIC_CALL.search(jax.export.export(call, platforms=["cuda"])(*args).mlir_module())
+
+
+def _module_of(spec_body: str, tmp_path, name: str):
+    """A module generated from one kernel `k` with this body."""
+    body = spec_body.replace("\n", "\n    ")
+    path = tmp_path / f"{name}.py"
+    path.write_text(generate(f"kernel k {{\n    {body}\n}}\n", f"{name}.pallas", f"{name}.pallas"))
+    return load_module(path, f"_mosaic_gpu_{name}")
+
+
+REFUSALS = {
+    "float-modulo": ("in x: f32[M, N]\nout y: f32[M, N]\ny = x % 3.0", "a float % has no Mosaic GPU lowering"),
+    "relu": ("in x: f32[M, N]\nout y: f32[M, N]\ny = relu(x)", "jax.nn.relu"),
+    "sqrt": ("in x: f32[N]\nout y: f32[N]\ny = sqrt(x)", "sqrt has no Mosaic GPU lowering"),
+    "int8-arithmetic": ("in x: i8[M, N]\nout y: i8[M, N]\ny = x + x", "8-bit values"),
+    "bool-array": ("in x: bool[M, N]\nout y: f32[M, N]\ny = f32(x)", "bool arrays"),
+    "scalar-input": ("in s: f32[]\nin x: f32[N]\nout y: f32[N]\ny = x * s", "0-d input"),
+    "rank-3": ("in x: f32[B, M, N]\nout y: f32[B, M, N]\ny = x * 2.0", "rank above 2"),
+    "reduction": ("in x: f32[M, N]\nout y: f32[M]\ny = sum(x, N)", "reductions are not on Mosaic GPU yet"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_a_kernel_mosaic_gpu_cannot_lower_keeps_triton_and_says_why(case, tmp_path):
+    body, reason = REFUSALS[case]
+    module = _module_of(body, tmp_path, case.replace("-", "_"))
+    assert not hasattr(module, "_k_mosaic_gpu")
+    assert reason in re.search(r"This kernel runs on Triton either way: (.+)", module.k.__doc__).group(1)
+
+
+TAKEN_SPECS = {
+    "f16-transposed-lhs-residual": (
+        "in x: f16[K, M]\nin w: f16[K, N]\nin r: f32[M, N]\nout y: f16[M, N]\ny = (x.T @ w) * 0.5 + r",
+        {"M": 100, "N": 200, "K": 40},
+    ),
+    "row-vector-and-param": (
+        "in x: f32[M, N]\nin s: f32[M]\nout y: f32[M, N]\nparam t: f32 = 2.0\ny = tanh(x * s) * t",
+        {"M": 70, "N": 50},
+    ),
+    "vector-i32": ("in x, y: i32[N]\nout z: i32[N]\nz = maximum(x, y) * 3", {"N": 1000}),
+}
+
+
+@pytest.mark.parametrize("case", list(TAKEN_SPECS))
+def test_more_kernels_lower_to_mosaic_gpu_and_agree_in_its_interpreter(case, tmp_path, monkeypatch):
+    body, sizes = TAKEN_SPECS[case]
+    module = _module_of(body, tmp_path, case.replace("-", "_"))
+    decl_inputs = [line.split(":") for line in body.splitlines() if line.startswith("in ")]
+    shapes = []
+    for names, kind in decl_inputs:
+        dtype, dims = kind.strip().rstrip("]").split("[")
+        dims = [d.strip() for d in dims.split(",")]
+        shapes += [(tuple(sizes[d] for d in dims), dtype)] * len(names.split(","))
+    args = [jax.ShapeDtypeStruct(shape, DTYPES[dtype]) for shape, dtype in shapes]
+    call = jax.jit(lambda *arrays: module.k(*arrays, gpu_backend="mosaic_gpu", interpret=False))
+    text = jax.export.export(call, platforms=["cuda"])(*args).mlir_module()
+    assert MOSAIC_CALL.search(text) and not TRITON.search(text)
+    if INTERPRETER is None:
+        return
+    take_gpu_branch(monkeypatch, module)
+    rng = np.random.default_rng(0)
+    arrays = [jnp.asarray(random_array(rng, dtype, shape)) for shape, dtype in shapes]
+    got = module.k(*arrays, gpu_backend="mosaic_gpu", interpret=INTERPRETER())
+    want = module.k_reference(*arrays)
+    rtol = 2.0**-10 if want.dtype.itemsize == 2 else 1e-5
+    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=rtol, atol=rtol * 10)
+
+
+def test_gpu_check_takes_the_gpu_backend_to_check(monkeypatch):
+    """The hardware run that would make Mosaic GPU the default is one command."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gpu_check
+
+    assert gpu_check.parse(["--gpu-backend", "mosaic_gpu", "small"]) == (["small"], "mosaic_gpu")
+    assert gpu_check.parse(["ragged"]) == (["ragged"], "triton")
+    with pytest.raises(SystemExit, match="--gpu-backend takes triton or mosaic_gpu"):
+        gpu_check.parse(["--gpu-backend", "mosaic"])
