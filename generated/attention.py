@@ -833,6 +833,7 @@ def attention_dq(
     gpu_block_t=64,
     gpu_warps=4,
     gpu_stages=1,
+    gpu_backend="triton",
     scale=0.125,
     interpret=None,
 ):
@@ -851,6 +852,9 @@ def attention_dq(
         are tuned for the TPU and sizes (_attention_dq_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -901,18 +905,23 @@ def attention_dq(
             block_t=block_t,
             scale=scale,
         ),
-        functools.partial(
-            _attention_dq_gpu,
-            b=b,
-            h=h,
-            s_=s_,
-            d=d,
-            t=t,
-            block_s=gpu_block_s,
-            block_t=gpu_block_t,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            scale=scale,
+        _gpu_kernel(
+            "attention_dq",
+            gpu_backend,
+            functools.partial(
+                _attention_dq_gpu,
+                b=b,
+                h=h,
+                s_=s_,
+                d=d,
+                t=t,
+                block_s=gpu_block_s,
+                block_t=gpu_block_t,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                scale=scale,
+            ),
+            None,
         ),
         interpret,
         q,
@@ -1347,6 +1356,9 @@ def _attention_dq_gpu(
     )(q, k, v, o, do, lse)
 
 
+# `attention_dq` has no Mosaic GPU kernel (fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -1356,6 +1368,7 @@ def _attention_dq_gpu(
         "gpu_block_s",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "scale",
         "interpret",
     ),
@@ -1374,6 +1387,7 @@ def attention_dkdv(
     gpu_block_s=64,
     gpu_warps=4,
     gpu_stages=1,
+    gpu_backend="triton",
     scale=0.125,
     interpret=None,
 ):
@@ -1390,6 +1404,9 @@ def attention_dkdv(
         are tuned for the TPU and sizes (_attention_dkdv_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1441,18 +1458,23 @@ def attention_dkdv(
             block_s=block_s,
             scale=scale,
         ),
-        functools.partial(
-            _attention_dkdv_gpu,
-            b=b,
-            h=h,
-            t=t,
-            d=d,
-            s=s,
-            block_t=gpu_block_t,
-            block_s=gpu_block_s,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            scale=scale,
+        _gpu_kernel(
+            "attention_dkdv",
+            gpu_backend,
+            functools.partial(
+                _attention_dkdv_gpu,
+                b=b,
+                h=h,
+                t=t,
+                d=d,
+                s=s,
+                block_t=gpu_block_t,
+                block_s=gpu_block_s,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                scale=scale,
+            ),
+            None,
         ),
         interpret,
         q,
@@ -1925,6 +1947,9 @@ def _attention_dkdv_gpu(
     )(q, k, v, do, lse, delta)
 
 
+# `attention_dkdv` has no Mosaic GPU kernel (fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -1934,6 +1959,7 @@ def _attention_dkdv_gpu(
         "gpu_block_t",
         "gpu_warps",
         "gpu_stages",
+        "gpu_backend",
         "scale",
         "interpret",
     ),
