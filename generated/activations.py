@@ -1050,4 +1050,5 @@ def _quantize_rows_gpu(x, scale, *, m, n, block_m, block_n, num_warps, num_stage
     )(x, scale)
 
 
-# `quantize_rows` has no Mosaic GPU kernel (floor has no Mosaic GPU lowering): it runs on Triton.
+# `quantize_rows` has no Mosaic GPU kernel (floor has no Mosaic GPU lowering): it runs
+# on Triton.

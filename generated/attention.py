@@ -358,7 +358,8 @@ def attention(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet.
+        This kernel runs on Triton either way: fused kernels (several products, computed
+        operands, attention) are not on Mosaic GPU yet.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -802,7 +803,8 @@ def _attention_gpu(
     )(q, k, v)
 
 
-# `attention` has no Mosaic GPU kernel (fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+# `attention` has no Mosaic GPU kernel (fused kernels (several products, computed
+# operands, attention) are not on Mosaic GPU yet): it runs on Triton.
 
 
 @functools.partial(
@@ -854,7 +856,8 @@ def attention_dq(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet.
+        This kernel runs on Triton either way: fused kernels (several products, computed
+        operands, attention) are not on Mosaic GPU yet.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1356,7 +1359,8 @@ def _attention_dq_gpu(
     )(q, k, v, o, do, lse)
 
 
-# `attention_dq` has no Mosaic GPU kernel (fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+# `attention_dq` has no Mosaic GPU kernel (fused kernels (several products, computed
+# operands, attention) are not on Mosaic GPU yet): it runs on Triton.
 
 
 @functools.partial(
@@ -1406,7 +1410,8 @@ def attention_dkdv(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet.
+        This kernel runs on Triton either way: fused kernels (several products, computed
+        operands, attention) are not on Mosaic GPU yet.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1947,7 +1952,8 @@ def _attention_dkdv_gpu(
     )(q, k, v, do, lse, delta)
 
 
-# `attention_dkdv` has no Mosaic GPU kernel (fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+# `attention_dkdv` has no Mosaic GPU kernel (fused kernels (several products, computed
+# operands, attention) are not on Mosaic GPU yet): it runs on Triton.
 
 
 @functools.partial(
@@ -1991,7 +1997,8 @@ def attention_full(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet.
+        This kernel runs on Triton either way: fused kernels (several products, computed
+        operands, attention) are not on Mosaic GPU yet.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -2380,7 +2387,8 @@ def _attention_full_gpu(
     )(q, k, v)
 
 
-# `attention_full` has no Mosaic GPU kernel (fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+# `attention_full` has no Mosaic GPU kernel (fused kernels (several products, computed
+# operands, attention) are not on Mosaic GPU yet): it runs on Triton.
 
 
 @functools.partial(
@@ -2424,7 +2432,8 @@ def attention_bottom_right(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet.
+        This kernel runs on Triton either way: fused kernels (several products, computed
+        operands, attention) are not on Mosaic GPU yet.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -2841,7 +2850,8 @@ def _attention_bottom_right_gpu(
     )(q, k, v)
 
 
-# `attention_bottom_right` has no Mosaic GPU kernel (fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+# `attention_bottom_right` has no Mosaic GPU kernel (fused kernels (several products,
+# computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
 
 
 @functools.partial(
@@ -2883,7 +2893,8 @@ def gqa(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet.
+        This kernel runs on Triton either way: fused kernels (several products, computed
+        operands, attention) are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -3246,7 +3257,8 @@ def _gqa_gpu(q, k, v, *, b, g, r, s_, d, t, block_s, block_t, num_warps, num_sta
     )(q, k, v)
 
 
-# `gqa` has no Mosaic GPU kernel (fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+# `gqa` has no Mosaic GPU kernel (fused kernels (several products, computed operands,
+# attention) are not on Mosaic GPU yet): it runs on Triton.
 
 
 @functools.partial(
@@ -3286,7 +3298,8 @@ def matmul_softmax(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet.
+        This kernel runs on Triton either way: fused kernels (several products, computed
+        operands, attention) are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -3513,7 +3526,8 @@ def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stage
     )(x, w)
 
 
-# `matmul_softmax` has no Mosaic GPU kernel (fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+# `matmul_softmax` has no Mosaic GPU kernel (fused kernels (several products, computed
+# operands, attention) are not on Mosaic GPU yet): it runs on Triton.
 
 
 @functools.partial(
@@ -3555,7 +3569,8 @@ def rmsnorm_matmul(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet.
+        This kernel runs on Triton either way: fused kernels (several products, computed
+        operands, attention) are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -3779,4 +3794,5 @@ def _rmsnorm_matmul_gpu(x, g, w, *, m, n, k, block_m, block_n, num_warps, num_st
     )(x, g, w)
 
 
-# `rmsnorm_matmul` has no Mosaic GPU kernel (fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+# `rmsnorm_matmul` has no Mosaic GPU kernel (fused kernels (several products, computed
+# operands, attention) are not on Mosaic GPU yet): it runs on Triton.

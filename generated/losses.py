@@ -606,4 +606,5 @@ def _cross_entropy_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_
     )(logits, label)
 
 
-# `cross_entropy` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+# `cross_entropy` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
+# runs on Triton.

@@ -639,7 +639,8 @@ def matmul_relu(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: jax.nn.relu (a custom_jvp) has no Mosaic GPU lowering on jax 0.10.2.
+        This kernel runs on Triton either way: jax.nn.relu (a custom_jvp) has no Mosaic GPU
+        lowering on jax 0.10.2.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -829,7 +830,8 @@ def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
     )(x, y)
 
 
-# `matmul_relu` has no Mosaic GPU kernel (jax.nn.relu (a custom_jvp) has no Mosaic GPU lowering on jax 0.10.2): it runs on Triton.
+# `matmul_relu` has no Mosaic GPU kernel (jax.nn.relu (a custom_jvp) has no Mosaic GPU
+# lowering on jax 0.10.2): it runs on Triton.
 
 
 @functools.partial(

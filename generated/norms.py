@@ -566,7 +566,8 @@ def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, inter
     )(x, w, b)
 
 
-# `layer_norm` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+# `layer_norm` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
+# runs on Triton.
 
 
 @functools.partial(
@@ -770,4 +771,5 @@ def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret)
     )(x, w)
 
 
-# `rms_norm` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+# `rms_norm` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs
+# on Triton.

@@ -1006,7 +1006,8 @@ def _argmax_f32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-# `argmax_f32` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+# `argmax_f32` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
+# runs on Triton.
 
 
 @functools.partial(
@@ -1215,7 +1216,8 @@ def _equal_count_f32_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret)
     )(x, y)
 
 
-# `equal_count_f32` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+# `equal_count_f32` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet):
+# it runs on Triton.
 
 
 @functools.partial(
@@ -1866,7 +1868,8 @@ def _argmax_i32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-# `argmax_i32` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+# `argmax_i32` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
+# runs on Triton.
 
 
 @functools.partial(
@@ -2075,7 +2078,8 @@ def _equal_count_i32_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret)
     )(x, y)
 
 
-# `equal_count_i32` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+# `equal_count_i32` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet):
+# it runs on Triton.
 
 
 @functools.partial(
@@ -2115,7 +2119,8 @@ def add_i8(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: Mosaic GPU computes on 8-bit values only by bitwise operations.
+        This kernel runs on Triton either way: Mosaic GPU computes on 8-bit values only by
+        bitwise operations.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -2262,7 +2267,8 @@ def _add_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpre
     )(x, y)
 
 
-# `add_i8` has no Mosaic GPU kernel (Mosaic GPU computes on 8-bit values only by bitwise operations): it runs on Triton.
+# `add_i8` has no Mosaic GPU kernel (Mosaic GPU computes on 8-bit values only by
+# bitwise operations): it runs on Triton.
 
 
 @functools.partial(
@@ -2302,7 +2308,8 @@ def mul_i8(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: Mosaic GPU computes on 8-bit values only by bitwise operations.
+        This kernel runs on Triton either way: Mosaic GPU computes on 8-bit values only by
+        bitwise operations.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -2449,7 +2456,8 @@ def _mul_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpre
     )(x, y)
 
 
-# `mul_i8` has no Mosaic GPU kernel (Mosaic GPU computes on 8-bit values only by bitwise operations): it runs on Triton.
+# `mul_i8` has no Mosaic GPU kernel (Mosaic GPU computes on 8-bit values only by
+# bitwise operations): it runs on Triton.
 
 
 @functools.partial(
@@ -2626,7 +2634,8 @@ def _argmax_i8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-# `argmax_i8` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+# `argmax_i8` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs
+# on Triton.
 
 
 @functools.partial(
@@ -2835,4 +2844,5 @@ def _equal_count_i8_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
     )(x, y)
 
 
-# `equal_count_i8` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+# `equal_count_i8` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
+# runs on Triton.

@@ -521,7 +521,8 @@ def _argmax_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-# `argmax_rows` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+# `argmax_rows` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
+# runs on Triton.
 
 
 @functools.partial(
@@ -753,7 +754,8 @@ def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, int
     )(x)
 
 
-# `argmax_blocked` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+# `argmax_blocked` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
+# runs on Triton.
 
 
 @functools.partial(
@@ -926,7 +928,8 @@ def _argmin_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-# `argmin_rows` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+# `argmin_rows` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
+# runs on Triton.
 
 
 @functools.partial(
@@ -1138,7 +1141,8 @@ def _column_sums_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interp
     )(x)
 
 
-# `column_sums` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+# `column_sums` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
+# runs on Triton.
 
 
 @functools.partial(
@@ -1341,7 +1345,8 @@ def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpre
     )(x)
 
 
-# `quantize_rows_int8` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+# `quantize_rows_int8` has no Mosaic GPU kernel (reductions are not on Mosaic GPU
+# yet): it runs on Triton.
 
 
 @functools.partial(
@@ -1550,4 +1555,5 @@ def _equal_count_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
     )(x, y)
 
 
-# `equal_count` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+# `equal_count` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
+# runs on Triton.

@@ -477,7 +477,8 @@ def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-# `softmax` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+# `softmax` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs
+# on Triton.
 
 
 @functools.partial(
@@ -645,4 +646,5 @@ def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-# `log_softmax` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs on Triton.
+# `log_softmax` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
+# runs on Triton.

@@ -16,6 +16,7 @@ edge are clipped by TMA.
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 
 from pallasgen.analysis.checks import CheckedKernel
@@ -43,7 +44,7 @@ PIPELINE_STAGES = 2  # K blocks in flight
 
 @dataclass(frozen=True)
 class MosaicGpuPlan:
-    refused: str | None  # why Mosaic GPU does not take the kernel (None: it does)
+    refused: tuple[str, ...]  # comment lines: why Mosaic GPU does not take the kernel (none: it does)
     function: str
     kernel_function: str
     kernel_parameters: str
@@ -61,7 +62,9 @@ def keyword_group(checked: CheckedKernel) -> KeywordGroup:
         "    opt-in, not yet checked on hardware).",
     ]
     if reason:
-        doc.append(f"    This kernel runs on Triton either way: {reason}.")
+        doc += textwrap.wrap(
+            f"This kernel runs on Triton either way: {reason}.", 88, initial_indent="    ", subsequent_indent="    "
+        )
     return KeywordGroup((Keyword(BACKEND_KEYWORD, f'"{DEFAULT_GPU_BACKEND}"'),), tuple(doc))
 
 
@@ -78,7 +81,9 @@ def plan_mosaic_gpu(lowered: LoweredKernel) -> MosaicGpuPlan:
     name = checked.kernel.name
     reason = refusal(checked)
     if reason:
-        return MosaicGpuPlan(reason, launcher_name(name), kernel_function_name(name), "", (), "", (), "None")
+        refused = f"`{name}` has no Mosaic GPU kernel ({reason}): it runs on Triton."
+        comment = tuple(textwrap.wrap(refused, 86, initial_indent="# ", subsequent_indent="# "))
+        return MosaicGpuPlan(comment, launcher_name(name), kernel_function_name(name), "", (), "", (), "None")
     planner = _ProductPlanner if checked.product else _ElementwisePlanner
     return planner(lowered).plan()
 
@@ -130,7 +135,7 @@ class _Planner:
         )
         bound = [f"{self.sizes[d]}={self.sizes[d]}" for d in checked.dims] + [f"{p}={p}" for p in params]
         return MosaicGpuPlan(
-            None,
+            (),
             launcher_name(kernel.name),
             kernel_function_name(kernel.name),
             kernel_parameters,
