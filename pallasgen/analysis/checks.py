@@ -52,6 +52,7 @@ class CheckedKernel:
     settings: dict[str, object] = field(hash=False)  # each backend's own, by backend name
     tuned: tuple[TunedBlocks, ...] = ()  # from the spec's tuning file (pallasgen tune)
     fused: FusedKernel | None = None  # several products, computed operands: see analysis.fused
+    gradient: object = None  # how jax.grad differentiates it (analysis.gradients.Gradient); None: not yet
 
     @property
     def dims(self) -> tuple[str, ...]:

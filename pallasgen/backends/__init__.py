@@ -3,13 +3,16 @@ dispatch over them: every kernel is checked, planned and rendered for each."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from pallasgen.analysis.checks import CheckedKernel
+from pallasgen.analysis.gradients import every_kernel
 from pallasgen.backends.base import Backend
 from pallasgen.backends.gpu import GpuBackend
 from pallasgen.backends.tpu import TpuBackend
 from pallasgen.backends.tpu.tiling import format_bytes  # noqa: F401  (how every backend words a size in bytes)
+from pallasgen.lowering.gradient import gradient_function_names, plan_gradient
 from pallasgen.lowering.kernel import KernelPlan, lower_kernel, plan_kernel
 
 BACKENDS: tuple[Backend, ...] = (TpuBackend(), GpuBackend())
@@ -22,7 +25,16 @@ MODULE_HELPERS = frozenset(
     | {"_platform_dependent", "_platform_dependent_p", "_platform_dependent_primitive", "_vmem_limit"}
     | {"_tpu_chip", "_tpu_blocks", "_grown"}
     | {"_fill_past", "_rows_shape", "_as_rows", "_fill_past_rows"}
-    | {"_round_half_even", "_argbest", "_argbest_step", "_logsumexp", "_logsumexp_step", "_logsumexp_finish", "_softmax"}
+    | {
+        "_round_half_even",
+        "_argbest",
+        "_argbest_step",
+        "_logsumexp",
+        "_logsumexp_step",
+        "_logsumexp_finish",
+        "_softmax",
+    }
+    | {"_differentiable"}
 )
 
 
@@ -35,10 +47,17 @@ class ModulePlan:
 
 
 def plan_module(spec_path: str, kernels: tuple[CheckedKernel, ...]) -> ModulePlan:
+    """The module's plan: each kernel, then its backward kernels (analysis.gradients)."""
+    kernels = every_kernel(kernels)
     module_names = MODULE_HELPERS | {
-        name for k in kernels for backend in BACKENDS for name in backend.function_names(k.kernel.name)
+        name
+        for k in kernels
+        for name in (
+            *(name for backend in BACKENDS for name in backend.function_names(k.kernel.name)),
+            *gradient_function_names(k.kernel.name),
+        )
     }
-    plans = tuple(_plan_kernel(k, module_names) for k in kernels)
+    plans = tuple(_plan_kernel(k, module_names, spec_path) for k in kernels)
     helpers = {name: value for backend in BACKENDS for name, value in backend.helper_values().items()}
     return ModulePlan(spec_path, plans, _templates(), helpers)
 
@@ -52,12 +71,15 @@ def plan_backends(checked: CheckedKernel) -> dict[str, object]:
     return plan_module("", (checked,)).kernels[0].backends
 
 
-def _plan_kernel(checked: CheckedKernel, module_names: frozenset[str]) -> KernelPlan:
+def _plan_kernel(checked: CheckedKernel, module_names: frozenset[str], spec_path: str) -> KernelPlan:
     groups = [backend.keywords(checked) for backend in BACKENDS]
     public_keywords = {k.name for group in groups for k in group.keywords}
     reserved = {name for backend in BACKENDS for name in backend.reserved_names(checked)}
     lowered = lower_kernel(checked, frozenset(module_names | public_keywords | reserved))
-    return plan_kernel(lowered, groups, {backend.name: backend.plan(lowered) for backend in BACKENDS})
+    plan = plan_kernel(lowered, groups, {backend.name: backend.plan(lowered) for backend in BACKENDS})
+    sizes = tuple(variable for variable, _ in plan.sizes)
+    gradient = plan_gradient(checked, lowered.values, sizes, plan.signature.static_argnames, spec_path, module_names)
+    return dataclasses.replace(plan, gradient=gradient)
 
 
 def _templates() -> tuple[str, ...]:

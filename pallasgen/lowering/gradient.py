@@ -1,0 +1,121 @@
+"""How a generated kernel is differentiated: its public function runs the forward kernel
+through `_differentiable` (a `jax.custom_vjp`; see templates/helpers.py.j2), whose
+backward pass is `_NAME_vjp`, which calls the kernel's backward kernels
+(analysis.gradients). Keywords and params stay static: they are bound, not differentiated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pallasgen.analysis.checks import CheckedKernel
+from pallasgen.analysis.dtypes import DTYPES
+from pallasgen.analysis.gradients import Gradient
+from pallasgen.analysis.names import Namer
+from pallasgen.lowering.parts import parameter_list
+
+
+@dataclass(frozen=True)
+class BackwardCall:
+    results: str  # what the call is assigned to: `dx` or `dx, dy`
+    function: str  # the backward kernel's public function
+    arguments: str
+
+
+@dataclass(frozen=True)
+class GradientPlan:
+    forward_function: str  # the forward pass on checked arrays: expand, dispatch, restore
+    forward_parameters: str
+    forward_binding: str  # the keywords the public function binds for it
+    vjp_function: str  # the backward pass
+    vjp_parameters: str
+    vjp_binding: str
+    doc: tuple[str, ...]  # what the forward pass saves and what the backward recomputes
+    saved: str  # the saved arrays, unpacked
+    cotangents: str  # the outputs' cotangents, unpacked (`_` for those of integer outputs)
+    calls: tuple[BackwardCall, ...]
+    returns: str  # the inputs' cotangents (None: none, as integer inputs have)
+    refusal: str | None  # `grad none`: the error that `jax.grad` raises
+
+
+def gradient_function_names(kernel: str) -> tuple[str, str]:
+    """The module-level functions that differentiating a kernel adds."""
+    return f"_{kernel}_forward", f"_{kernel}_vjp"
+
+
+def plan_gradient(
+    checked: CheckedKernel,
+    values: dict[str, str],
+    sizes: tuple[str, ...],
+    keywords: tuple[str, ...],
+    spec_path: str,
+    taken: frozenset[str],
+) -> GradientPlan | None:
+    """The plan of a kernel's differentiation; None where it has no `gradient`.
+
+    `values` are the Python names of its arrays, `sizes` the variables holding its
+    dimensions' sizes and `keywords` its public keywords; `taken`: module-level names.
+    """
+    gradient: Gradient | None = checked.gradient
+    if gradient is None:
+        return None
+    kernel = checked.kernel
+    forward_function, vjp_function = gradient_function_names(kernel.name)
+    arrays = [values[d.name] for d in kernel.inputs]
+    bound = [*sizes, *keywords]
+    namer = Namer(taken | set(arrays) | {"saved", "cotangents"})
+    cotangents = {o.name: namer.claim(f"d{values[o.name]}") for o in kernel.outputs}
+    results = {d.name: namer.claim(f"d{values[d.name]}") for d in kernel.inputs if d.name in gradient.results}
+    params = list(dict.fromkeys(p for k in gradient.kernels for p in k.params))
+    vjp_keywords = [*params, "interpret"]
+    calls = []
+    for backward in gradient.kernels:
+        names = [cotangents[a.forward] if a.cotangent else values[a.forward] for a in backward.arguments]
+        calls.append(
+            BackwardCall(
+                ", ".join(results[name] for name in backward.results),
+                backward.checked.kernel.name,
+                ", ".join([*names, *(f"{k}={k}" for k in (*backward.params, "interpret"))]),
+            )
+        )
+    read = {a.forward for k in gradient.kernels for a in k.arguments if a.cotangent}
+    refusal = None
+    if gradient.turned_off is not None:
+        where = f"{spec_path}:{gradient.turned_off.position.line}"
+        refusal = f"{kernel.name} is not differentiable: its spec turns gradients off (`grad none` at {where})"
+    return GradientPlan(
+        forward_function=forward_function,
+        forward_parameters=parameter_list(arrays, bound),
+        forward_binding=", ".join(f"{name}={name}" for name in bound),
+        vjp_function=vjp_function,
+        vjp_parameters=parameter_list(["saved", "cotangents"], vjp_keywords),
+        vjp_binding=", ".join(f"{name}={name}" for name in vjp_keywords),
+        doc=_doc(checked, gradient, arrays),
+        saved=", ".join(arrays) + ("," if len(arrays) == 1 else ""),
+        cotangents=", ".join(cotangents[o.name] if o.name in read else "_" for o in kernel.outputs),
+        calls=tuple(calls),
+        returns=", ".join(results.get(d.name, "None") for d in kernel.inputs) + ("," if len(arrays) == 1 else ""),
+        refusal=refusal,
+    )
+
+
+def _doc(checked: CheckedKernel, gradient: Gradient, arrays: list[str]) -> tuple[str, ...]:
+    """The backward pass's docstring: what it runs, what the forward pass saves for it and
+    what it computes again."""
+    name = checked.kernel.name
+    if gradient.turned_off is not None:
+        return (f"`{name}` has no backward pass: its spec says `grad none`.",)
+    if not gradient.kernels:
+        return (
+            f"The cotangents of `{name}`'s inputs, for jax.grad: none (zeros, or float0 for",
+            "integer inputs), since no float input reaches a float output.",
+        )
+    kernels = ", ".join(k.checked.kernel.name for k in gradient.kernels)
+    recomputed = f" ({', '.join(gradient.recomputed)})" if gradient.recomputed else ""
+    integers = [d.name for d in checked.kernel.inputs if not DTYPES[d.dtype].is_float]
+    return (
+        f"The cotangents of `{name}`'s inputs from those of its outputs, for jax.grad, by the",
+        f"generated backward kernels {kernels}. The forward pass saves its inputs",
+        f"({', '.join(arrays)}) and nothing else: the backward kernels recompute the values",
+        f"they need{recomputed} from them.",
+        *([f"Integer and bool inputs ({', '.join(integers)}) get None: float0 cotangents."] if integers else []),
+    )
