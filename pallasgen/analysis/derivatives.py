@@ -137,16 +137,16 @@ def where(b: Builder, args, result, g) -> Contributions:
 
 
 def _power(b: Builder, args, result, g) -> Contributions:
-    """x ** y: jnp's integer_pow for a literal exponent, else lax.pow's rule (at y == 0,
-    x gets none; at x == 0, y's log is taken of 1)."""
+    """x ** y: jnp's integer_pow for an integer literal exponent (x ** 0 gets none), else
+    lax.pow's rule (y's log taken of 1 where x is 0)."""
     x, y = args
-    if isinstance(y, ir.Number):
+    if isinstance(y, ir.Number) and isinstance(y.value, int):
         n = y.value
         if n in (0, 1):
             return (None if n == 0 else g), None
         power = x if n == 2 else b.op(x, "**", b.number(n - 1))
         return b.mul(g, b.mul(n, power)), None
-    dx = b.where(b.op(y, "==", 0), 0, b.mul(g, b.mul(y, b.op(x, "**", b.op(y, "-", 1)))))
+    dx = b.mul(g, b.mul(y, b.op(x, "**", b.op(y, "-", 1))))
     dy = b.mul(g, b.mul(b.call("log", b.where(b.op(x, "==", 0), 1, x)), result))
     return dx, dy
 
