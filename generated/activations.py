@@ -391,9 +391,8 @@ def _leaky_forward(
 
 def _leaky_vjp(saved, cotangents, *, slope, interpret):
     """The cotangents of `leaky`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels leaky_backward. The forward pass saves its inputs
-    (x) and nothing else: the backward kernels recompute the values
-    they need (pos) from them.
+    generated backward kernels leaky_backward. The forward pass saves its inputs (x) and
+    nothing else: the backward kernels recompute the values they need (pos) from them.
     """
     (x,) = saved
     dy, _ = cotangents
@@ -827,9 +826,9 @@ def _bias_gelu_forward(
 
 def _bias_gelu_vjp(saved, cotangents, *, interpret):
     """The cotangents of `bias_gelu`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels bias_gelu_backward, bias_gelu_backward_over_m, bias_gelu_backward_over_n. The forward pass saves its inputs
-    (x, bias, scale) and nothing else: the backward kernels recompute the values
-    they need from them.
+    generated backward kernels bias_gelu_backward, bias_gelu_backward_over_m,
+    bias_gelu_backward_over_n. The forward pass saves its inputs (x, bias, scale) and
+    nothing else: the backward kernels recompute the values they need from them.
     """
     x, bias, scale = saved
     dy = cotangents

@@ -348,9 +348,8 @@ def _add_vectors_forward(x, y, *, n, block_n, gpu_block_n, gpu_warps, gpu_stages
 
 def _add_vectors_vjp(saved, cotangents, *, interpret):
     """The cotangents of `add_vectors`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels add_vectors_backward. The forward pass saves its inputs
-    (x, y) and nothing else: the backward kernels recompute the values
-    they need from them.
+    generated backward kernels add_vectors_backward. The forward pass saves its inputs (x,
+    y) and nothing else: the backward kernels recompute the values they need from them.
     """
     x, y = saved
     dz = cotangents

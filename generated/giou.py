@@ -461,9 +461,9 @@ def _giou_forward(
 
 def _giou_vjp(saved, cotangents, *, eps, interpret):
     """The cotangents of `giou`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels giou_backward. The forward pass saves its inputs
-    (ax1, ay1, ax2, ay2, bx1, by1, bx2, by2) and nothing else: the backward kernels recompute the values
-    they need (area_a, area_b, inter_w, inter_h, inter, union, hull) from them.
+    generated backward kernels giou_backward. The forward pass saves its inputs (ax1, ay1,
+    ax2, ay2, bx1, by1, bx2, by2) and nothing else: the backward kernels recompute the
+    values they need (area_a, area_b, inter_w, inter_h, inter, union, hull) from them.
     """
     ax1, ay1, ax2, ay2, bx1, by1, bx2, by2 = saved
     dgiou = cotangents

@@ -413,9 +413,8 @@ def _add_f32_forward(
 
 def _add_f32_vjp(saved, cotangents, *, interpret):
     """The cotangents of `add_f32`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels add_f32_backward. The forward pass saves its inputs
-    (x, y) and nothing else: the backward kernels recompute the values
-    they need from them.
+    generated backward kernels add_f32_backward. The forward pass saves its inputs (x, y)
+    and nothing else: the backward kernels recompute the values they need from them.
     """
     x, y = saved
     dz = cotangents
@@ -805,9 +804,8 @@ def _mul_f32_forward(
 
 def _mul_f32_vjp(saved, cotangents, *, interpret):
     """The cotangents of `mul_f32`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels mul_f32_backward. The forward pass saves its inputs
-    (x, y) and nothing else: the backward kernels recompute the values
-    they need from them.
+    generated backward kernels mul_f32_backward. The forward pass saves its inputs (x, y)
+    and nothing else: the backward kernels recompute the values they need from them.
     """
     x, y = saved
     dz = cotangents
@@ -1550,8 +1548,8 @@ def _add_i32_forward(
 
 
 def _add_i32_vjp(saved, cotangents, *, interpret):
-    """The cotangents of `add_i32`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
+    """The cotangents of `add_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer
+    inputs), since no float input reaches a float output.
     """
     return None, None
 
@@ -1754,8 +1752,8 @@ def _mul_i32_forward(
 
 
 def _mul_i32_vjp(saved, cotangents, *, interpret):
-    """The cotangents of `mul_i32`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
+    """The cotangents of `mul_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer
+    inputs), since no float input reaches a float output.
     """
     return None, None
 
@@ -2285,8 +2283,8 @@ def _add_i8_forward(
 
 
 def _add_i8_vjp(saved, cotangents, *, interpret):
-    """The cotangents of `add_i8`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
+    """The cotangents of `add_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer
+    inputs), since no float input reaches a float output.
     """
     return None, None
 
@@ -2489,8 +2487,8 @@ def _mul_i8_forward(
 
 
 def _mul_i8_vjp(saved, cotangents, *, interpret):
-    """The cotangents of `mul_i8`'s inputs, for jax.grad: none (zeros, or float0 for
-    integer inputs), since no float input reaches a float output.
+    """The cotangents of `mul_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer
+    inputs), since no float input reaches a float output.
     """
     return None, None
 

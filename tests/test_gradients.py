@@ -401,6 +401,20 @@ def test_without_grad_none_the_same_kernel_is_differentiable(tmp_path):
     np.testing.assert_array_equal(jax.grad(lambda x: module.double(x).sum())(jnp.arange(3.0)), [2.0, 2.0, 2.0])
 
 
+def test_spec_names_that_the_backward_pass_uses_still_differentiate(tmp_path):
+    """Inputs named like the backward pass's parameters and the backward kernel it calls,
+    and an output named like a cotangent, are renamed in the generated code."""
+    source = (
+        "kernel clash {\n    in  saved, cotangents, clash_backward, jnp: f32[N]\n    out dsaved: f32[N]\n"
+        "    dsaved = saved * cotangents + clash_backward * jnp\n    block N = 1024\n}\n"
+    )
+    module = load(tmp_path, "clash", source)
+    saved, cotangents, backward, numpy = (jnp.arange(4.0) + k for k in range(4))
+    got = jax.grad(lambda *arrays: module.clash(*arrays).sum(), argnums=(0, 1, 2, 3))(saved, cotangents, backward, numpy)
+    for g, w in zip(got, (cotangents, saved, numpy, backward), strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
 def test_a_kernel_named_like_another_kernels_backward_kernel_is_a_spec_error():
     source = GRAD_NONE.replace("    grad none\n", "") + GRAD_NONE.replace("double", "double_backward")
     with pytest.raises(SpecError) as error:

@@ -5,6 +5,7 @@ backward pass is `_NAME_vjp`, which calls the kernel's backward kernels
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 
 from pallasgen.analysis.checks import CheckedKernel
@@ -12,6 +13,8 @@ from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.gradients import Gradient
 from pallasgen.analysis.names import Namer
 from pallasgen.lowering.parts import parameter_list
+
+DOC_WIDTH = 88  # a docstring's lines, indented by 4 in a module black keeps to 100
 
 
 @dataclass(frozen=True)
@@ -62,14 +65,17 @@ def plan_gradient(
     forward_function, vjp_function = gradient_function_names(kernel.name)
     arrays = [values[d.name] for d in kernel.inputs]
     bound = [*sizes, *keywords]
-    namer = Namer(taken | set(arrays) | {"saved", "cotangents"})
-    cotangents = {o.name: namer.claim(f"d{values[o.name]}") for o in kernel.outputs}
-    results = {d.name: namer.claim(f"d{values[d.name]}") for d in kernel.inputs if d.name in gradient.results}
     params = list(dict.fromkeys(p for k in gradient.kernels for p in k.params))
     vjp_keywords = [*params, "interpret"]
+    # The backward pass's own names: the arrays it unpacks and the cotangents, off the
+    # backward kernels it calls and its parameters.
+    namer = Namer(taken | {k.checked.kernel.name for k in gradient.kernels} | {"saved", "cotangents", *vjp_keywords})
+    saved = {d.name: namer.claim(values[d.name]) for d in kernel.inputs}
+    cotangents = {o.name: namer.claim(f"d{values[o.name]}") for o in kernel.outputs}
+    results = {d.name: namer.claim(f"d{values[d.name]}") for d in kernel.inputs if d.name in gradient.results}
     calls = []
     for backward in gradient.kernels:
-        names = [cotangents[a.forward] if a.cotangent else values[a.forward] for a in backward.arguments]
+        names = [cotangents[a.forward] if a.cotangent else saved[a.forward] for a in backward.arguments]
         calls.append(
             BackwardCall(
                 ", ".join(results[name] for name in backward.results),
@@ -89,8 +95,8 @@ def plan_gradient(
         vjp_function=vjp_function,
         vjp_parameters=parameter_list(["saved", "cotangents"], vjp_keywords),
         vjp_binding=", ".join(f"{name}={name}" for name in vjp_keywords),
-        doc=_doc(checked, gradient, arrays),
-        saved=", ".join(arrays) + ("," if len(arrays) == 1 else ""),
+        doc=_doc(checked, gradient),
+        saved=", ".join(saved.values()) + ("," if len(arrays) == 1 else ""),
         cotangents=", ".join(cotangents[o.name] if o.name in read else "_" for o in kernel.outputs),
         calls=tuple(calls),
         returns=", ".join(results.get(d.name, "None") for d in kernel.inputs) + ("," if len(arrays) == 1 else ""),
@@ -98,24 +104,27 @@ def plan_gradient(
     )
 
 
-def _doc(checked: CheckedKernel, gradient: Gradient, arrays: list[str]) -> tuple[str, ...]:
+def _doc(checked: CheckedKernel, gradient: Gradient) -> tuple[str, ...]:
     """The backward pass's docstring: what it runs, what the forward pass saves for it and
     what it computes again."""
-    name = checked.kernel.name
+    kernel = checked.kernel
     if gradient.turned_off is not None:
-        return (f"`{name}` has no backward pass: its spec says `grad none`.",)
+        return (f"`{kernel.name}` has no backward pass: its spec says `grad none`.",)
     if not gradient.kernels:
-        return (
-            f"The cotangents of `{name}`'s inputs, for jax.grad: none (zeros, or float0 for",
-            "integer inputs), since no float input reaches a float output.",
+        text = (
+            f"The cotangents of `{kernel.name}`'s inputs, for jax.grad: none (zeros, or float0 for integer"
+            " inputs), since no float input reaches a float output."
         )
+        return tuple(textwrap.wrap(text, DOC_WIDTH))
     kernels = ", ".join(k.checked.kernel.name for k in gradient.kernels)
     recomputed = f" ({', '.join(gradient.recomputed)})" if gradient.recomputed else ""
-    integers = [d.name for d in checked.kernel.inputs if not DTYPES[d.dtype].is_float]
-    return (
-        f"The cotangents of `{name}`'s inputs from those of its outputs, for jax.grad, by the",
-        f"generated backward kernels {kernels}. The forward pass saves its inputs",
-        f"({', '.join(arrays)}) and nothing else: the backward kernels recompute the values",
-        f"they need{recomputed} from them.",
-        *([f"Integer and bool inputs ({', '.join(integers)}) get None: float0 cotangents."] if integers else []),
+    inputs = ", ".join(d.name for d in kernel.inputs)
+    integers = [d.name for d in kernel.inputs if not DTYPES[d.dtype].is_float]
+    text = (
+        f"The cotangents of `{kernel.name}`'s inputs from those of its outputs, for jax.grad, by"
+        f" the generated backward kernels {kernels}. The forward pass saves its inputs ({inputs})"
+        f" and nothing else: the backward kernels recompute the values they need{recomputed} from them."
     )
+    if integers:
+        text += f" Integer and bool inputs ({', '.join(integers)}) get None: float0 cotangents."
+    return tuple(textwrap.wrap(text, DOC_WIDTH))
