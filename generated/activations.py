@@ -427,7 +427,7 @@ def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
         grow=functools.partial(
             _grown,
             bounds=(m, n),
-            step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+            step=lambda block_m, block_n: (block_m * block_n, 28 * block_m * block_n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
@@ -442,8 +442,8 @@ def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 4.0 MiB + y 4.0 MiB + mask 4.0
-    # MiB).
+    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 4.0 MiB + y 4.0 MiB + mask 4.0
+    # MiB) + let pos 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_leaky_kernel, slope=slope),
         # One step per block of M, block of N; steps are independent, so every axis is
@@ -466,7 +466,7 @@ def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_m * block_n),
+            vmem_limit_bytes=_vmem_limit(28 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=4 * m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 4 + m * n * 4
@@ -625,7 +625,7 @@ def _leaky_backward_tpu(x, dy, *, m, n, block_m, block_n, slope, interpret):
         grow=functools.partial(
             _grown,
             bounds=(m, n),
-            step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+            step=lambda block_m, block_n: (block_m * block_n, 28 * block_m * block_n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
@@ -640,8 +640,8 @@ def _leaky_backward_tpu(x, dy, *, m, n, block_m, block_n, slope, interpret):
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 4.0 MiB + dy 4.0 MiB + dx 4.0
-    # MiB).
+    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 4.0 MiB + dy 4.0 MiB + dx 4.0
+    # MiB) + let pos 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_leaky_backward_kernel, slope=slope),
         # One step per block of M, block of N; steps are independent, so every axis is
@@ -659,7 +659,7 @@ def _leaky_backward_tpu(x, dy, *, m, n, block_m, block_n, slope, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_m * block_n),
+            vmem_limit_bytes=_vmem_limit(28 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=5 * m * n, transcendentals=0, bytes_accessed=_nbytes(x, dy) + m * n * 4
@@ -1092,7 +1092,7 @@ def _bias_gelu_backward_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, inter
             bounds=(m, n),
             step=lambda block_m, block_n: (
                 block_m * block_n,
-                12 * block_m * block_n + 8 * block_n + 8 * block_m,
+                28 * block_m * block_n + 8 * block_n + 8 * block_m,
             ),
         ),
     )
@@ -1108,8 +1108,9 @@ def _bias_gelu_backward_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, inter
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale
-    # 4.0 KiB + dy 2.0 MiB + dx 2.0 MiB).
+    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale
+    # 4.0 KiB + dy 2.0 MiB + dx 2.0 MiB) + let y_3 4.0 MiB + let y_2 4.0 MiB + let y_1 4.0
+    # MiB + let dy_1 4.0 MiB.
     return pl.pallas_call(
         _bias_gelu_backward_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is
@@ -1131,7 +1132,7 @@ def _bias_gelu_backward_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, inter
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(12 * block_m * block_n + 8 * block_n + 8 * block_m),
+            vmem_limit_bytes=_vmem_limit(28 * block_m * block_n + 8 * block_n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=24 * m * n,
@@ -1887,7 +1888,7 @@ def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
         grow=functools.partial(
             _grown,
             bounds=(m, n),
-            step=lambda block_m, block_n: (block_m * block_n, 10 * block_m * block_n + 8 * block_m),
+            step=lambda block_m, block_n: (block_m * block_n, 18 * block_m * block_n + 8 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
@@ -1902,8 +1903,8 @@ def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 10.0 MiB = 2 buffers x (x 4.0 MiB + scale 4.0 KiB + q
-    # 1.0 MiB).
+    # VMEM at the default blocks: 18.0 MiB = 2 buffers x (x 4.0 MiB + scale 4.0 KiB + q
+    # 1.0 MiB) + let scaled 4.0 MiB + let rounded 4.0 MiB.
     return pl.pallas_call(
         _quantize_rows_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is
@@ -1921,7 +1922,7 @@ def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(10 * block_m * block_n + 8 * block_m),
+            vmem_limit_bytes=_vmem_limit(18 * block_m * block_n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=8 * m * n, transcendentals=0, bytes_accessed=_nbytes(x, scale) + m * n * 1

@@ -516,7 +516,7 @@ def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n,
         grow=functools.partial(
             _grown,
             bounds=(b, n),
-            step=lambda block_b, block_n: (block_b * block_n, 72 * block_b * block_n),
+            step=lambda block_b, block_n: (block_b * block_n, 100 * block_b * block_n),
         ),
     )
     block_b = min(block_b, b)  # a small B is one whole block
@@ -531,9 +531,10 @@ def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n,
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 18.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2
+    # VMEM at the default blocks: 25.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2
     # 1.0 MiB + ay2 1.0 MiB + bx1 1.0 MiB + by1 1.0 MiB + bx2 1.0 MiB + by2 1.0 MiB + giou
-    # 1.0 MiB).
+    # 1.0 MiB) + let area_a 1.0 MiB + let area_b 1.0 MiB + let inter_w 1.0 MiB + let
+    # inter_h 1.0 MiB + let inter 1.0 MiB + let union 1.0 MiB + let hull 1.0 MiB.
     return pl.pallas_call(
         functools.partial(_giou_kernel, eps=eps),
         # One step per block of B, block of N; steps are independent, so every axis is
@@ -563,7 +564,7 @@ def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n,
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(72 * block_b * block_n),
+            vmem_limit_bytes=_vmem_limit(100 * block_b * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=30 * b * n,
@@ -1034,7 +1035,7 @@ def _giou_backward_tpu(
         grow=functools.partial(
             _grown,
             bounds=(b, n),
-            step=lambda block_b, block_n: (block_b * block_n, 136 * block_b * block_n),
+            step=lambda block_b, block_n: (block_b * block_n, 324 * block_b * block_n),
         ),
     )
     block_b = min(block_b, b)  # a small B is one whole block
@@ -1049,10 +1050,23 @@ def _giou_backward_tpu(
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 34.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2
+    # VMEM at the default blocks: 81.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2
     # 1.0 MiB + ay2 1.0 MiB + bx1 1.0 MiB + by1 1.0 MiB + bx2 1.0 MiB + by2 1.0 MiB +
     # dgiou 1.0 MiB + dax1 1.0 MiB + day1 1.0 MiB + dax2 1.0 MiB + day2 1.0 MiB + dbx1 1.0
-    # MiB + dby1 1.0 MiB + dbx2 1.0 MiB + dby2 1.0 MiB).
+    # MiB + dby1 1.0 MiB + dbx2 1.0 MiB + dby2 1.0 MiB) + let area_a_1 1.0 MiB + let
+    # area_a_2 1.0 MiB + let area_a 1.0 MiB + let area_b_1 1.0 MiB + let area_b_2 1.0 MiB
+    # + let area_b 1.0 MiB + let inter_w_2 1.0 MiB + let inter_w_3 1.0 MiB + let inter_w_1
+    # 1.0 MiB + let inter_w 1.0 MiB + let inter_h_2 1.0 MiB + let inter_h_3 1.0 MiB + let
+    # inter_h_1 1.0 MiB + let inter_h 1.0 MiB + let inter 1.0 MiB + let union 1.0 MiB +
+    # let hull_3 1.0 MiB + let hull_4 1.0 MiB + let hull_1 1.0 MiB + let hull_5 1.0 MiB +
+    # let hull_6 1.0 MiB + let hull_2 1.0 MiB + let hull 1.0 MiB + let giou_1 1.0 MiB +
+    # let giou_2 1.0 MiB + let giou_3 1.0 MiB + let dgiou_1 1.0 MiB + let dgiou_2 1.0 MiB
+    # + let dhull 1.0 MiB + let dhull_1 1.0 MiB + let dhull_2 1.0 MiB + let dhull_3 1.0
+    # MiB + let dhull_4 1.0 MiB + let dunion 1.0 MiB + let dinter 1.0 MiB + let dinter_h
+    # 1.0 MiB + let dinter_h_1 1.0 MiB + let dinter_h_2 1.0 MiB + let dinter_w 1.0 MiB +
+    # let dinter_w_1 1.0 MiB + let dinter_w_2 1.0 MiB + let darea_b 1.0 MiB + let
+    # darea_b_1 1.0 MiB + let darea_b_2 1.0 MiB + let darea_a 1.0 MiB + let darea_a_1 1.0
+    # MiB + let darea_a_2 1.0 MiB.
     return pl.pallas_call(
         functools.partial(_giou_backward_kernel, eps=eps),
         # One step per block of B, block of N; steps are independent, so every axis is
@@ -1109,7 +1123,7 @@ def _giou_backward_tpu(
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(136 * block_b * block_n),
+            vmem_limit_bytes=_vmem_limit(324 * block_b * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=165 * b * n,

@@ -457,3 +457,17 @@ def test_every_bundled_backward_kernel_is_a_module_function_with_its_reference()
         for checked in every_kernel(check_source(open_spec(stem), stem)):
             assert callable(getattr(module, checked.kernel.name)), checked.kernel.name
             assert callable(getattr(module, f"{checked.kernel.name}_reference")), checked.kernel.name
+
+
+def test_a_backward_kernels_recomputed_values_count_in_its_vmem():
+    """bias_gelu's backward kernel holds its recomputed values and cotangents as blocks:
+    the TPU launcher counts them (so that at 1024 x 1024 blocks it raises Mosaic's 16 MiB
+    scoped limit, which the blocks alone would not pass and the kernel does)."""
+    from pallasgen.backends.tpu.tiling import vmem
+
+    (_, bias_gelu, _) = check_source(open_spec("activations"), "activations.pallas")
+    backward = bias_gelu.gradient.kernels[0].checked
+    needed = vmem(backward.kernel, backward.blocks, None)
+    lets = [p.what for p in needed.parts if p.what.startswith("let ")]
+    assert len(lets) == sum(isinstance(s, ir.Let) for s in backward.kernel.body) >= 3
+    assert needed.total(backward.blocks) > 16 * 2**20
