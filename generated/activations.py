@@ -1353,7 +1353,7 @@ def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
             bounds=(m, n),
             step=lambda block_m, block_n: (
                 block_m * block_n,
-                12 * block_m * block_n + 16 * block_n + 8 * block_m,
+                28 * block_m * block_n + 16 * block_n + 8 * block_m,
             ),
         ),
     )
@@ -1369,8 +1369,9 @@ def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale
-    # 4.0 KiB + dy 2.0 MiB + dbias 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB.
+    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale
+    # 4.0 KiB + dy 2.0 MiB + dbias 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let
+    # y_3 4.0 MiB + let y_2 4.0 MiB + let y_1 4.0 MiB + let dy_1 4.0 MiB.
     return pl.pallas_call(
         functools.partial(
             _bias_gelu_backward_over_m_kernel, m=m, n=n, block_m=block_m, block_n=block_n
@@ -1396,7 +1397,7 @@ def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(12 * block_m * block_n + 16 * block_n + 8 * block_m),
+            vmem_limit_bytes=_vmem_limit(28 * block_m * block_n + 16 * block_n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=23 * m * n,
@@ -1632,7 +1633,7 @@ def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
             bounds=(m, n),
             step=lambda block_m, block_n: (
                 block_m * block_n,
-                12 * block_m * block_n + 8 * block_n + 16 * block_m,
+                28 * block_m * block_n + 8 * block_n + 16 * block_m,
             ),
         ),
     )
@@ -1648,8 +1649,9 @@ def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale
-    # 4.0 KiB + dy 2.0 MiB + dscale 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB.
+    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale
+    # 4.0 KiB + dy 2.0 MiB + dscale 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let
+    # y_3 4.0 MiB + let y_2 4.0 MiB + let y_1 4.0 MiB + let dy_1 4.0 MiB.
     return pl.pallas_call(
         functools.partial(
             _bias_gelu_backward_over_n_kernel, m=m, n=n, block_m=block_m, block_n=block_n
@@ -1675,7 +1677,7 @@ def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(12 * block_m * block_n + 8 * block_n + 16 * block_m),
+            vmem_limit_bytes=_vmem_limit(28 * block_m * block_n + 8 * block_n + 16 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=24 * m * n,

@@ -399,7 +399,7 @@ def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
         grow=functools.partial(
             _grown,
             bounds=(m,),
-            step=lambda block_m: (block_m * n, 16 * block_m * n + 16 * n + 16 * block_m),
+            step=lambda block_m: (block_m * n, 24 * block_m * n + 16 * n + 16 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
@@ -412,9 +412,9 @@ def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
             "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
-    # VMEM at the default blocks per unit of N: 528 B = 2 buffers x (x 32 B + w 4 B + b 4
+    # VMEM at the default blocks per unit of N: 656 B = 2 buffers x (x 32 B + w 4 B + b 4
     # B + y 32 B + mu 64 B + rstd 64 B) + mean's 32-bit copy of a block 64 B + mean's
-    # 32-bit copy of a block 64 B.
+    # 32-bit copy of a block 64 B + let h 64 B + let d 64 B.
     return pl.pallas_call(
         functools.partial(_layer_norm_kernel, m=m, n=n, block_m=block_m, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -444,7 +444,7 @@ def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(16 * block_m * n + 16 * n + 16 * block_m),
+            vmem_limit_bytes=_vmem_limit(24 * block_m * n + 16 * n + 16 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=9 * m * n,
@@ -602,7 +602,7 @@ def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * n)
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 16 * block_m * n + 8 * n)
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
@@ -615,8 +615,8 @@ def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
             "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
-    # VMEM at the default blocks per unit of N: 200 B = 2 buffers x (x 32 B + w 4 B + y 32
-    # B) + mean's 32-bit copy of a block 64 B.
+    # VMEM at the default blocks per unit of N: 264 B = 2 buffers x (x 32 B + w 4 B + y 32
+    # B) + mean's 32-bit copy of a block 64 B + let h 64 B.
     return pl.pallas_call(
         functools.partial(_rms_norm_kernel, m=m, n=n, block_m=block_m, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -634,7 +634,7 @@ def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(12 * block_m * n + 8 * n),
+            vmem_limit_bytes=_vmem_limit(16 * block_m * n + 8 * n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=6 * m * n, transcendentals=m * n, bytes_accessed=_nbytes(x, w) + m * n * 2
