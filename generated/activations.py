@@ -1044,12 +1044,12 @@ def bias_gelu_backward_reference(x, bias, scale, dy):
     """`bias_gelu_backward` in plain jax.numpy, to test the kernel against."""
     bias = bias[None, :]
     scale = scale[:, None]
-    y_3 = x.astype(jnp.float32)
-    y_2 = y_3 * scale + bias
-    y_1 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
+    y_1 = x.astype(jnp.float32)
+    y_2 = y_1 * scale + bias
+    y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
     dy_1 = dy.astype(jnp.float32) * (
-        0.5 * (1 + y_1)
-        + 0.5 * y_2 * (1 - y_1 * y_1) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        0.5 * (1 + y_3)
+        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
     dx = (dy_1 * scale).astype(jnp.bfloat16)
     return dx
@@ -1060,12 +1060,12 @@ def _bias_gelu_backward_kernel(x_ref, bias_ref, scale_ref, dy_ref, dx_ref):
     bias = bias_ref[...]
     scale = scale_ref[...]
     dy = dy_ref[...]
-    y_3 = x.astype(jnp.float32)
-    y_2 = y_3 * scale + bias
-    y_1 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
+    y_1 = x.astype(jnp.float32)
+    y_2 = y_1 * scale + bias
+    y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
     dy_1 = dy.astype(jnp.float32) * (
-        0.5 * (1 + y_1)
-        + 0.5 * y_2 * (1 - y_1 * y_1) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        0.5 * (1 + y_3)
+        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
     dx_ref[...] = (dy_1 * scale).astype(jnp.bfloat16)
 
@@ -1109,7 +1109,7 @@ def _bias_gelu_backward_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, inter
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
     # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale
-    # 4.0 KiB + dy 2.0 MiB + dx 2.0 MiB) + let y_3 4.0 MiB + let y_2 4.0 MiB + let y_1 4.0
+    # 4.0 KiB + dy 2.0 MiB + dx 2.0 MiB) + let y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0
     # MiB + let dy_1 4.0 MiB.
     return pl.pallas_call(
         _bias_gelu_backward_kernel,
@@ -1155,12 +1155,12 @@ def _bias_gelu_backward_gpu_kernel(
     bias = _load(bias_ref, _mask((1, block_n), None, in_n))
     scale = _load(scale_ref, _mask((block_m, 1), in_m, None))
     dy = _load(dy_ref, inside)
-    y_3 = x.astype(jnp.float32)
-    y_2 = y_3 * scale + bias
-    y_1 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
+    y_1 = x.astype(jnp.float32)
+    y_2 = y_1 * scale + bias
+    y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
     dy_1 = dy.astype(jnp.float32) * (
-        0.5 * (1 + y_1)
-        + 0.5 * y_2 * (1 - y_1 * y_1) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        0.5 * (1 + y_3)
+        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
     _store(dx_ref, (dy_1 * scale).astype(jnp.bfloat16), inside)
 
@@ -1288,12 +1288,12 @@ def bias_gelu_backward_over_m_reference(x, bias, scale, dy):
     n = x.shape[1]
     bias = bias[None, :]
     scale = scale[:, None]
-    y_3 = x.astype(jnp.float32)
-    y_2 = y_3 * scale + bias
-    y_1 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
+    y_1 = x.astype(jnp.float32)
+    y_2 = y_1 * scale + bias
+    y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
     dy_1 = dy.astype(jnp.float32) * (
-        0.5 * (1 + y_1)
-        + 0.5 * y_2 * (1 - y_1 * y_1) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        0.5 * (1 + y_3)
+        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
     dbias = jnp.sum(dy_1, axis=0, keepdims=True, dtype=jnp.float32)
     dbias = dbias.reshape((n,))
@@ -1313,12 +1313,12 @@ def _bias_gelu_backward_over_m_kernel(
     bias = bias_ref[...]
     scale = scale_ref[...]
     dy = dy_ref[...]
-    y_3 = x.astype(jnp.float32)
-    y_2 = y_3 * scale + bias
-    y_1 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
+    y_1 = x.astype(jnp.float32)
+    y_2 = y_1 * scale + bias
+    y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
     dy_1 = dy.astype(jnp.float32) * (
-        0.5 * (1 + y_1)
-        + 0.5 * y_2 * (1 - y_1 * y_1) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        0.5 * (1 + y_3)
+        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
     sum_m_block = dy_1
     if m % block_m:  # a ragged M: its identity past the end, never padding
@@ -1371,7 +1371,7 @@ def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
     )
     # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale
     # 4.0 KiB + dy 2.0 MiB + dbias 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let
-    # y_3 4.0 MiB + let y_2 4.0 MiB + let y_1 4.0 MiB + let dy_1 4.0 MiB.
+    # y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1 4.0 MiB.
     return pl.pallas_call(
         functools.partial(
             _bias_gelu_backward_over_m_kernel, m=m, n=n, block_m=block_m, block_n=block_n
@@ -1424,12 +1424,12 @@ def _bias_gelu_backward_over_m_gpu_kernel(
         x = _load(x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
         scale = _load(scale_ref.at[pl.ds(start, block_m), :], _mask((block_m, 1), in_m, None))
         dy = _load(dy_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
-        y_3 = x.astype(jnp.float32)
-        y_2 = y_3 * scale + bias
-        y_1 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
+        y_1 = x.astype(jnp.float32)
+        y_2 = y_1 * scale + bias
+        y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
         dy_1 = dy.astype(jnp.float32) * (
-            0.5 * (1 + y_1)
-            + 0.5 * y_2 * (1 - y_1 * y_1) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+            0.5 * (1 + y_3)
+            + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
         )
         sum_m_block = dy_1
         if m % block_m:  # a ragged M: its identity past the end, never padding
@@ -1568,14 +1568,14 @@ def bias_gelu_backward_over_n_reference(x, bias, scale, dy):
     n = x.shape[1]
     bias = bias[None, :]
     scale = scale[:, None]
-    y_3 = x.astype(jnp.float32)
-    y_2 = y_3 * scale + bias
-    y_1 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
+    y_1 = x.astype(jnp.float32)
+    y_2 = y_1 * scale + bias
+    y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
     dy_1 = dy.astype(jnp.float32) * (
-        0.5 * (1 + y_1)
-        + 0.5 * y_2 * (1 - y_1 * y_1) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        0.5 * (1 + y_3)
+        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
-    dscale = jnp.sum((dy_1 * y_3), axis=1, keepdims=True, dtype=jnp.float32)
+    dscale = jnp.sum((dy_1 * y_1), axis=1, keepdims=True, dtype=jnp.float32)
     dscale = dscale.reshape((m,))
     return dscale
 
@@ -1593,14 +1593,14 @@ def _bias_gelu_backward_over_n_kernel(
     bias = bias_ref[...]
     scale = scale_ref[...]
     dy = dy_ref[...]
-    y_3 = x.astype(jnp.float32)
-    y_2 = y_3 * scale + bias
-    y_1 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
+    y_1 = x.astype(jnp.float32)
+    y_2 = y_1 * scale + bias
+    y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
     dy_1 = dy.astype(jnp.float32) * (
-        0.5 * (1 + y_1)
-        + 0.5 * y_2 * (1 - y_1 * y_1) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        0.5 * (1 + y_3)
+        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
-    sum_n_block = dy_1 * y_3
+    sum_n_block = dy_1 * y_1
     if n % block_n:  # a ragged N: its identity past the end, never padding
         sum_n_block = _fill_past(sum_n_block, step * block_n, n, 1, 0.0)
     sum_n_running_ref[...] = sum_n_running_ref[...] + jnp.sum(sum_n_block, axis=1, keepdims=True)
@@ -1651,7 +1651,7 @@ def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
     )
     # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale
     # 4.0 KiB + dy 2.0 MiB + dscale 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let
-    # y_3 4.0 MiB + let y_2 4.0 MiB + let y_1 4.0 MiB + let dy_1 4.0 MiB.
+    # y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1 4.0 MiB.
     return pl.pallas_call(
         functools.partial(
             _bias_gelu_backward_over_n_kernel, m=m, n=n, block_m=block_m, block_n=block_n
@@ -1704,14 +1704,14 @@ def _bias_gelu_backward_over_n_gpu_kernel(
         x = _load(x_ref.at[:, pl.ds(start, block_n)], _mask((block_m, block_n), in_m, in_n))
         bias = _load(bias_ref.at[:, pl.ds(start, block_n)], _mask((1, block_n), None, in_n))
         dy = _load(dy_ref.at[:, pl.ds(start, block_n)], _mask((block_m, block_n), in_m, in_n))
-        y_3 = x.astype(jnp.float32)
-        y_2 = y_3 * scale + bias
-        y_1 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
+        y_1 = x.astype(jnp.float32)
+        y_2 = y_1 * scale + bias
+        y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
         dy_1 = dy.astype(jnp.float32) * (
-            0.5 * (1 + y_1)
-            + 0.5 * y_2 * (1 - y_1 * y_1) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+            0.5 * (1 + y_3)
+            + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
         )
-        sum_n_block = dy_1 * y_3
+        sum_n_block = dy_1 * y_1
         if n % block_n:  # a ragged N: its identity past the end, never padding
             sum_n_block = _fill_past(sum_n_block, start, n, 1, 0.0)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1, keepdims=True)

@@ -802,89 +802,87 @@ def giou_backward_reference(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, ep
     area_b_1 = bx2 - bx1
     area_b_2 = by2 - by1
     area_b = area_b_1 * area_b_2
-    inter_w_2 = jnp.minimum(ax2, bx2)
-    inter_w_3 = jnp.maximum(ax1, bx1)
-    inter_w_1 = inter_w_2 - inter_w_3
-    inter_w = jnp.maximum(inter_w_1, 0.0)
-    inter_h_2 = jnp.minimum(ay2, by2)
-    inter_h_3 = jnp.maximum(ay1, by1)
-    inter_h_1 = inter_h_2 - inter_h_3
-    inter_h = jnp.maximum(inter_h_1, 0.0)
+    inter_w_1 = jnp.minimum(ax2, bx2)
+    inter_w_2 = jnp.maximum(ax1, bx1)
+    inter_w_3 = inter_w_1 - inter_w_2
+    inter_w = jnp.maximum(inter_w_3, 0.0)
+    inter_h_1 = jnp.minimum(ay2, by2)
+    inter_h_2 = jnp.maximum(ay1, by1)
+    inter_h_3 = inter_h_1 - inter_h_2
+    inter_h = jnp.maximum(inter_h_3, 0.0)
     inter = inter_w * inter_h
     union = area_a + area_b - inter
-    hull_3 = jnp.maximum(ax2, bx2)
-    hull_4 = jnp.minimum(ax1, bx1)
-    hull_1 = hull_3 - hull_4
-    hull_5 = jnp.maximum(ay2, by2)
-    hull_6 = jnp.minimum(ay1, by1)
-    hull_2 = hull_5 - hull_6
-    hull = hull_1 * hull_2
+    hull_1 = jnp.maximum(ax2, bx2)
+    hull_2 = jnp.minimum(ax1, bx1)
+    hull_3 = hull_1 - hull_2
+    hull_4 = jnp.maximum(ay2, by2)
+    hull_5 = jnp.minimum(ay1, by1)
+    hull_6 = hull_4 - hull_5
+    hull = hull_3 * hull_6
     giou_1 = union + eps
     giou_2 = hull - union
     giou_3 = hull + eps
     dgiou_1 = -dgiou
     dgiou_2 = dgiou_1 / giou_3
     dhull = dgiou_2 + -dgiou_1 * giou_2 / (giou_3 * giou_3)
-    dhull_1 = dhull * hull_2
+    dhull_1 = dhull * hull_6
     dhull_2 = -dhull_1
-    dhull_3 = dhull * hull_1
+    dhull_3 = dhull * hull_3
     dhull_4 = -dhull_3
     dunion = -dgiou * inter / (giou_1 * giou_1) + -dgiou_2
     dinter = dgiou / giou_1 + -dunion
     dinter_h = dinter * inter_w
     dinter_h_1 = jnp.where(
-        inter_h_1 == inter_h, jnp.where(0.0 == inter_h, 0.5 * dinter_h, dinter_h), 0
+        inter_h_3 == inter_h, jnp.where(0.0 == inter_h, 0.5 * dinter_h, dinter_h), 0
     )
     dinter_h_2 = -dinter_h_1
     dinter_w = dinter * inter_h
     dinter_w_1 = jnp.where(
-        inter_w_1 == inter_w, jnp.where(0.0 == inter_w, 0.5 * dinter_w, dinter_w), 0
+        inter_w_3 == inter_w, jnp.where(0.0 == inter_w, 0.5 * dinter_w, dinter_w), 0
     )
     dinter_w_2 = -dinter_w_1
-    darea_b = dunion
-    darea_b_1 = darea_b * area_b_2
-    darea_b_2 = darea_b * area_b_1
-    darea_a = dunion
-    darea_a_1 = darea_a * area_a_2
-    darea_a_2 = darea_a * area_a_1
+    darea_b_1 = dunion * area_b_2
+    darea_b_2 = dunion * area_b_1
+    darea_a_1 = dunion * area_a_2
+    darea_a_2 = dunion * area_a_1
     dax1 = (
-        jnp.where(ax1 == hull_4, jnp.where(bx1 == hull_4, 0.5 * dhull_2, dhull_2), 0)
-        + jnp.where(ax1 == inter_w_3, jnp.where(bx1 == inter_w_3, 0.5 * dinter_w_2, dinter_w_2), 0)
+        jnp.where(ax1 == hull_2, jnp.where(bx1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
+        + jnp.where(ax1 == inter_w_2, jnp.where(bx1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0)
         + -darea_a_1
     )
     day1 = (
-        jnp.where(ay1 == hull_6, jnp.where(by1 == hull_6, 0.5 * dhull_4, dhull_4), 0)
-        + jnp.where(ay1 == inter_h_3, jnp.where(by1 == inter_h_3, 0.5 * dinter_h_2, dinter_h_2), 0)
+        jnp.where(ay1 == hull_5, jnp.where(by1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
+        + jnp.where(ay1 == inter_h_2, jnp.where(by1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0)
         + -darea_a_2
     )
     dax2 = (
-        jnp.where(ax2 == hull_3, jnp.where(bx2 == hull_3, 0.5 * dhull_1, dhull_1), 0)
-        + jnp.where(ax2 == inter_w_2, jnp.where(bx2 == inter_w_2, 0.5 * dinter_w_1, dinter_w_1), 0)
+        jnp.where(ax2 == hull_1, jnp.where(bx2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
+        + jnp.where(ax2 == inter_w_1, jnp.where(bx2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0)
         + darea_a_1
     )
     day2 = (
-        jnp.where(ay2 == hull_5, jnp.where(by2 == hull_5, 0.5 * dhull_3, dhull_3), 0)
-        + jnp.where(ay2 == inter_h_2, jnp.where(by2 == inter_h_2, 0.5 * dinter_h_1, dinter_h_1), 0)
+        jnp.where(ay2 == hull_4, jnp.where(by2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
+        + jnp.where(ay2 == inter_h_1, jnp.where(by2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0)
         + darea_a_2
     )
     dbx1 = (
-        jnp.where(bx1 == hull_4, jnp.where(ax1 == hull_4, 0.5 * dhull_2, dhull_2), 0)
-        + jnp.where(bx1 == inter_w_3, jnp.where(ax1 == inter_w_3, 0.5 * dinter_w_2, dinter_w_2), 0)
+        jnp.where(bx1 == hull_2, jnp.where(ax1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
+        + jnp.where(bx1 == inter_w_2, jnp.where(ax1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0)
         + -darea_b_1
     )
     dby1 = (
-        jnp.where(by1 == hull_6, jnp.where(ay1 == hull_6, 0.5 * dhull_4, dhull_4), 0)
-        + jnp.where(by1 == inter_h_3, jnp.where(ay1 == inter_h_3, 0.5 * dinter_h_2, dinter_h_2), 0)
+        jnp.where(by1 == hull_5, jnp.where(ay1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
+        + jnp.where(by1 == inter_h_2, jnp.where(ay1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0)
         + -darea_b_2
     )
     dbx2 = (
-        jnp.where(bx2 == hull_3, jnp.where(ax2 == hull_3, 0.5 * dhull_1, dhull_1), 0)
-        + jnp.where(bx2 == inter_w_2, jnp.where(ax2 == inter_w_2, 0.5 * dinter_w_1, dinter_w_1), 0)
+        jnp.where(bx2 == hull_1, jnp.where(ax2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
+        + jnp.where(bx2 == inter_w_1, jnp.where(ax2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0)
         + darea_b_1
     )
     dby2 = (
-        jnp.where(by2 == hull_5, jnp.where(ay2 == hull_5, 0.5 * dhull_3, dhull_3), 0)
-        + jnp.where(by2 == inter_h_2, jnp.where(ay2 == inter_h_2, 0.5 * dinter_h_1, dinter_h_1), 0)
+        jnp.where(by2 == hull_4, jnp.where(ay2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
+        + jnp.where(by2 == inter_h_1, jnp.where(ay2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0)
         + darea_b_2
     )
     return dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2
@@ -926,89 +924,87 @@ def _giou_backward_kernel(
     area_b_1 = bx2 - bx1
     area_b_2 = by2 - by1
     area_b = area_b_1 * area_b_2
-    inter_w_2 = jnp.minimum(ax2, bx2)
-    inter_w_3 = jnp.maximum(ax1, bx1)
-    inter_w_1 = inter_w_2 - inter_w_3
-    inter_w = jnp.maximum(inter_w_1, 0.0)
-    inter_h_2 = jnp.minimum(ay2, by2)
-    inter_h_3 = jnp.maximum(ay1, by1)
-    inter_h_1 = inter_h_2 - inter_h_3
-    inter_h = jnp.maximum(inter_h_1, 0.0)
+    inter_w_1 = jnp.minimum(ax2, bx2)
+    inter_w_2 = jnp.maximum(ax1, bx1)
+    inter_w_3 = inter_w_1 - inter_w_2
+    inter_w = jnp.maximum(inter_w_3, 0.0)
+    inter_h_1 = jnp.minimum(ay2, by2)
+    inter_h_2 = jnp.maximum(ay1, by1)
+    inter_h_3 = inter_h_1 - inter_h_2
+    inter_h = jnp.maximum(inter_h_3, 0.0)
     inter = inter_w * inter_h
     union = area_a + area_b - inter
-    hull_3 = jnp.maximum(ax2, bx2)
-    hull_4 = jnp.minimum(ax1, bx1)
-    hull_1 = hull_3 - hull_4
-    hull_5 = jnp.maximum(ay2, by2)
-    hull_6 = jnp.minimum(ay1, by1)
-    hull_2 = hull_5 - hull_6
-    hull = hull_1 * hull_2
+    hull_1 = jnp.maximum(ax2, bx2)
+    hull_2 = jnp.minimum(ax1, bx1)
+    hull_3 = hull_1 - hull_2
+    hull_4 = jnp.maximum(ay2, by2)
+    hull_5 = jnp.minimum(ay1, by1)
+    hull_6 = hull_4 - hull_5
+    hull = hull_3 * hull_6
     giou_1 = union + eps
     giou_2 = hull - union
     giou_3 = hull + eps
     dgiou_1 = -dgiou
     dgiou_2 = dgiou_1 / giou_3
     dhull = dgiou_2 + -dgiou_1 * giou_2 / (giou_3 * giou_3)
-    dhull_1 = dhull * hull_2
+    dhull_1 = dhull * hull_6
     dhull_2 = -dhull_1
-    dhull_3 = dhull * hull_1
+    dhull_3 = dhull * hull_3
     dhull_4 = -dhull_3
     dunion = -dgiou * inter / (giou_1 * giou_1) + -dgiou_2
     dinter = dgiou / giou_1 + -dunion
     dinter_h = dinter * inter_w
     dinter_h_1 = jnp.where(
-        inter_h_1 == inter_h, jnp.where(0.0 == inter_h, 0.5 * dinter_h, dinter_h), 0
+        inter_h_3 == inter_h, jnp.where(0.0 == inter_h, 0.5 * dinter_h, dinter_h), 0
     )
     dinter_h_2 = -dinter_h_1
     dinter_w = dinter * inter_h
     dinter_w_1 = jnp.where(
-        inter_w_1 == inter_w, jnp.where(0.0 == inter_w, 0.5 * dinter_w, dinter_w), 0
+        inter_w_3 == inter_w, jnp.where(0.0 == inter_w, 0.5 * dinter_w, dinter_w), 0
     )
     dinter_w_2 = -dinter_w_1
-    darea_b = dunion
-    darea_b_1 = darea_b * area_b_2
-    darea_b_2 = darea_b * area_b_1
-    darea_a = dunion
-    darea_a_1 = darea_a * area_a_2
-    darea_a_2 = darea_a * area_a_1
+    darea_b_1 = dunion * area_b_2
+    darea_b_2 = dunion * area_b_1
+    darea_a_1 = dunion * area_a_2
+    darea_a_2 = dunion * area_a_1
     dax1_ref[...] = (
-        jnp.where(ax1 == hull_4, jnp.where(bx1 == hull_4, 0.5 * dhull_2, dhull_2), 0)
-        + jnp.where(ax1 == inter_w_3, jnp.where(bx1 == inter_w_3, 0.5 * dinter_w_2, dinter_w_2), 0)
+        jnp.where(ax1 == hull_2, jnp.where(bx1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
+        + jnp.where(ax1 == inter_w_2, jnp.where(bx1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0)
         + -darea_a_1
     )
     day1_ref[...] = (
-        jnp.where(ay1 == hull_6, jnp.where(by1 == hull_6, 0.5 * dhull_4, dhull_4), 0)
-        + jnp.where(ay1 == inter_h_3, jnp.where(by1 == inter_h_3, 0.5 * dinter_h_2, dinter_h_2), 0)
+        jnp.where(ay1 == hull_5, jnp.where(by1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
+        + jnp.where(ay1 == inter_h_2, jnp.where(by1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0)
         + -darea_a_2
     )
     dax2_ref[...] = (
-        jnp.where(ax2 == hull_3, jnp.where(bx2 == hull_3, 0.5 * dhull_1, dhull_1), 0)
-        + jnp.where(ax2 == inter_w_2, jnp.where(bx2 == inter_w_2, 0.5 * dinter_w_1, dinter_w_1), 0)
+        jnp.where(ax2 == hull_1, jnp.where(bx2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
+        + jnp.where(ax2 == inter_w_1, jnp.where(bx2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0)
         + darea_a_1
     )
     day2_ref[...] = (
-        jnp.where(ay2 == hull_5, jnp.where(by2 == hull_5, 0.5 * dhull_3, dhull_3), 0)
-        + jnp.where(ay2 == inter_h_2, jnp.where(by2 == inter_h_2, 0.5 * dinter_h_1, dinter_h_1), 0)
+        jnp.where(ay2 == hull_4, jnp.where(by2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
+        + jnp.where(ay2 == inter_h_1, jnp.where(by2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0)
         + darea_a_2
     )
     dbx1_ref[...] = (
-        jnp.where(bx1 == hull_4, jnp.where(ax1 == hull_4, 0.5 * dhull_2, dhull_2), 0)
-        + jnp.where(bx1 == inter_w_3, jnp.where(ax1 == inter_w_3, 0.5 * dinter_w_2, dinter_w_2), 0)
+        jnp.where(bx1 == hull_2, jnp.where(ax1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
+        + jnp.where(bx1 == inter_w_2, jnp.where(ax1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0)
         + -darea_b_1
     )
     dby1_ref[...] = (
-        jnp.where(by1 == hull_6, jnp.where(ay1 == hull_6, 0.5 * dhull_4, dhull_4), 0)
-        + jnp.where(by1 == inter_h_3, jnp.where(ay1 == inter_h_3, 0.5 * dinter_h_2, dinter_h_2), 0)
+        jnp.where(by1 == hull_5, jnp.where(ay1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
+        + jnp.where(by1 == inter_h_2, jnp.where(ay1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0)
         + -darea_b_2
     )
     dbx2_ref[...] = (
-        jnp.where(bx2 == hull_3, jnp.where(ax2 == hull_3, 0.5 * dhull_1, dhull_1), 0)
-        + jnp.where(bx2 == inter_w_2, jnp.where(ax2 == inter_w_2, 0.5 * dinter_w_1, dinter_w_1), 0)
+        jnp.where(bx2 == hull_1, jnp.where(ax2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
+        + jnp.where(bx2 == inter_w_1, jnp.where(ax2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0)
         + darea_b_1
     )
     dby2_ref[...] = (
-        jnp.where(by2 == hull_5, jnp.where(ay2 == hull_5, 0.5 * dhull_3, dhull_3), 0)
-        + jnp.where(by2 == inter_h_2, jnp.where(ay2 == inter_h_2, 0.5 * dinter_h_1, dinter_h_1), 0)
+        jnp.where(by2 == hull_4, jnp.where(ay2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
+        + jnp.where(by2 == inter_h_1, jnp.where(ay2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0)
         + darea_b_2
     )
 
@@ -1035,7 +1031,7 @@ def _giou_backward_tpu(
         grow=functools.partial(
             _grown,
             bounds=(b, n),
-            step=lambda block_b, block_n: (block_b * block_n, 324 * block_b * block_n),
+            step=lambda block_b, block_n: (block_b * block_n, 316 * block_b * block_n),
         ),
     )
     block_b = min(block_b, b)  # a small B is one whole block
@@ -1050,23 +1046,22 @@ def _giou_backward_tpu(
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 81.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2
+    # VMEM at the default blocks: 79.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2
     # 1.0 MiB + ay2 1.0 MiB + bx1 1.0 MiB + by1 1.0 MiB + bx2 1.0 MiB + by2 1.0 MiB +
     # dgiou 1.0 MiB + dax1 1.0 MiB + day1 1.0 MiB + dax2 1.0 MiB + day2 1.0 MiB + dbx1 1.0
     # MiB + dby1 1.0 MiB + dbx2 1.0 MiB + dby2 1.0 MiB) + let area_a_1 1.0 MiB + let
     # area_a_2 1.0 MiB + let area_a 1.0 MiB + let area_b_1 1.0 MiB + let area_b_2 1.0 MiB
-    # + let area_b 1.0 MiB + let inter_w_2 1.0 MiB + let inter_w_3 1.0 MiB + let inter_w_1
-    # 1.0 MiB + let inter_w 1.0 MiB + let inter_h_2 1.0 MiB + let inter_h_3 1.0 MiB + let
-    # inter_h_1 1.0 MiB + let inter_h 1.0 MiB + let inter 1.0 MiB + let union 1.0 MiB +
-    # let hull_3 1.0 MiB + let hull_4 1.0 MiB + let hull_1 1.0 MiB + let hull_5 1.0 MiB +
-    # let hull_6 1.0 MiB + let hull_2 1.0 MiB + let hull 1.0 MiB + let giou_1 1.0 MiB +
+    # + let area_b 1.0 MiB + let inter_w_1 1.0 MiB + let inter_w_2 1.0 MiB + let inter_w_3
+    # 1.0 MiB + let inter_w 1.0 MiB + let inter_h_1 1.0 MiB + let inter_h_2 1.0 MiB + let
+    # inter_h_3 1.0 MiB + let inter_h 1.0 MiB + let inter 1.0 MiB + let union 1.0 MiB +
+    # let hull_1 1.0 MiB + let hull_2 1.0 MiB + let hull_3 1.0 MiB + let hull_4 1.0 MiB +
+    # let hull_5 1.0 MiB + let hull_6 1.0 MiB + let hull 1.0 MiB + let giou_1 1.0 MiB +
     # let giou_2 1.0 MiB + let giou_3 1.0 MiB + let dgiou_1 1.0 MiB + let dgiou_2 1.0 MiB
     # + let dhull 1.0 MiB + let dhull_1 1.0 MiB + let dhull_2 1.0 MiB + let dhull_3 1.0
     # MiB + let dhull_4 1.0 MiB + let dunion 1.0 MiB + let dinter 1.0 MiB + let dinter_h
     # 1.0 MiB + let dinter_h_1 1.0 MiB + let dinter_h_2 1.0 MiB + let dinter_w 1.0 MiB +
-    # let dinter_w_1 1.0 MiB + let dinter_w_2 1.0 MiB + let darea_b 1.0 MiB + let
-    # darea_b_1 1.0 MiB + let darea_b_2 1.0 MiB + let darea_a 1.0 MiB + let darea_a_1 1.0
-    # MiB + let darea_a_2 1.0 MiB.
+    # let dinter_w_1 1.0 MiB + let dinter_w_2 1.0 MiB + let darea_b_1 1.0 MiB + let
+    # darea_b_2 1.0 MiB + let darea_a_1 1.0 MiB + let darea_a_2 1.0 MiB.
     return pl.pallas_call(
         functools.partial(_giou_backward_kernel, eps=eps),
         # One step per block of B, block of N; steps are independent, so every axis is
@@ -1123,7 +1118,7 @@ def _giou_backward_tpu(
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(324 * block_b * block_n),
+            vmem_limit_bytes=_vmem_limit(316 * block_b * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=165 * b * n,
@@ -1187,104 +1182,102 @@ def _giou_backward_gpu_kernel(
     area_b_1 = bx2 - bx1
     area_b_2 = by2 - by1
     area_b = area_b_1 * area_b_2
-    inter_w_2 = jnp.minimum(ax2, bx2)
-    inter_w_3 = jnp.maximum(ax1, bx1)
-    inter_w_1 = inter_w_2 - inter_w_3
-    inter_w = jnp.maximum(inter_w_1, 0.0)
-    inter_h_2 = jnp.minimum(ay2, by2)
-    inter_h_3 = jnp.maximum(ay1, by1)
-    inter_h_1 = inter_h_2 - inter_h_3
-    inter_h = jnp.maximum(inter_h_1, 0.0)
+    inter_w_1 = jnp.minimum(ax2, bx2)
+    inter_w_2 = jnp.maximum(ax1, bx1)
+    inter_w_3 = inter_w_1 - inter_w_2
+    inter_w = jnp.maximum(inter_w_3, 0.0)
+    inter_h_1 = jnp.minimum(ay2, by2)
+    inter_h_2 = jnp.maximum(ay1, by1)
+    inter_h_3 = inter_h_1 - inter_h_2
+    inter_h = jnp.maximum(inter_h_3, 0.0)
     inter = inter_w * inter_h
     union = area_a + area_b - inter
-    hull_3 = jnp.maximum(ax2, bx2)
-    hull_4 = jnp.minimum(ax1, bx1)
-    hull_1 = hull_3 - hull_4
-    hull_5 = jnp.maximum(ay2, by2)
-    hull_6 = jnp.minimum(ay1, by1)
-    hull_2 = hull_5 - hull_6
-    hull = hull_1 * hull_2
+    hull_1 = jnp.maximum(ax2, bx2)
+    hull_2 = jnp.minimum(ax1, bx1)
+    hull_3 = hull_1 - hull_2
+    hull_4 = jnp.maximum(ay2, by2)
+    hull_5 = jnp.minimum(ay1, by1)
+    hull_6 = hull_4 - hull_5
+    hull = hull_3 * hull_6
     giou_1 = union + eps
     giou_2 = hull - union
     giou_3 = hull + eps
     dgiou_1 = -dgiou
     dgiou_2 = dgiou_1 / giou_3
     dhull = dgiou_2 + -dgiou_1 * giou_2 / (giou_3 * giou_3)
-    dhull_1 = dhull * hull_2
+    dhull_1 = dhull * hull_6
     dhull_2 = -dhull_1
-    dhull_3 = dhull * hull_1
+    dhull_3 = dhull * hull_3
     dhull_4 = -dhull_3
     dunion = -dgiou * inter / (giou_1 * giou_1) + -dgiou_2
     dinter = dgiou / giou_1 + -dunion
     dinter_h = dinter * inter_w
     dinter_h_1 = jnp.where(
-        inter_h_1 == inter_h, jnp.where(0.0 == inter_h, 0.5 * dinter_h, dinter_h), 0
+        inter_h_3 == inter_h, jnp.where(0.0 == inter_h, 0.5 * dinter_h, dinter_h), 0
     )
     dinter_h_2 = -dinter_h_1
     dinter_w = dinter * inter_h
     dinter_w_1 = jnp.where(
-        inter_w_1 == inter_w, jnp.where(0.0 == inter_w, 0.5 * dinter_w, dinter_w), 0
+        inter_w_3 == inter_w, jnp.where(0.0 == inter_w, 0.5 * dinter_w, dinter_w), 0
     )
     dinter_w_2 = -dinter_w_1
-    darea_b = dunion
-    darea_b_1 = darea_b * area_b_2
-    darea_b_2 = darea_b * area_b_1
-    darea_a = dunion
-    darea_a_1 = darea_a * area_a_2
-    darea_a_2 = darea_a * area_a_1
+    darea_b_1 = dunion * area_b_2
+    darea_b_2 = dunion * area_b_1
+    darea_a_1 = dunion * area_a_2
+    darea_a_2 = dunion * area_a_1
     _store(
         dax1_ref,
-        jnp.where(ax1 == hull_4, jnp.where(bx1 == hull_4, 0.5 * dhull_2, dhull_2), 0)
-        + jnp.where(ax1 == inter_w_3, jnp.where(bx1 == inter_w_3, 0.5 * dinter_w_2, dinter_w_2), 0)
+        jnp.where(ax1 == hull_2, jnp.where(bx1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
+        + jnp.where(ax1 == inter_w_2, jnp.where(bx1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0)
         + -darea_a_1,
         inside,
     )
     _store(
         day1_ref,
-        jnp.where(ay1 == hull_6, jnp.where(by1 == hull_6, 0.5 * dhull_4, dhull_4), 0)
-        + jnp.where(ay1 == inter_h_3, jnp.where(by1 == inter_h_3, 0.5 * dinter_h_2, dinter_h_2), 0)
+        jnp.where(ay1 == hull_5, jnp.where(by1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
+        + jnp.where(ay1 == inter_h_2, jnp.where(by1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0)
         + -darea_a_2,
         inside,
     )
     _store(
         dax2_ref,
-        jnp.where(ax2 == hull_3, jnp.where(bx2 == hull_3, 0.5 * dhull_1, dhull_1), 0)
-        + jnp.where(ax2 == inter_w_2, jnp.where(bx2 == inter_w_2, 0.5 * dinter_w_1, dinter_w_1), 0)
+        jnp.where(ax2 == hull_1, jnp.where(bx2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
+        + jnp.where(ax2 == inter_w_1, jnp.where(bx2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0)
         + darea_a_1,
         inside,
     )
     _store(
         day2_ref,
-        jnp.where(ay2 == hull_5, jnp.where(by2 == hull_5, 0.5 * dhull_3, dhull_3), 0)
-        + jnp.where(ay2 == inter_h_2, jnp.where(by2 == inter_h_2, 0.5 * dinter_h_1, dinter_h_1), 0)
+        jnp.where(ay2 == hull_4, jnp.where(by2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
+        + jnp.where(ay2 == inter_h_1, jnp.where(by2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0)
         + darea_a_2,
         inside,
     )
     _store(
         dbx1_ref,
-        jnp.where(bx1 == hull_4, jnp.where(ax1 == hull_4, 0.5 * dhull_2, dhull_2), 0)
-        + jnp.where(bx1 == inter_w_3, jnp.where(ax1 == inter_w_3, 0.5 * dinter_w_2, dinter_w_2), 0)
+        jnp.where(bx1 == hull_2, jnp.where(ax1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
+        + jnp.where(bx1 == inter_w_2, jnp.where(ax1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0)
         + -darea_b_1,
         inside,
     )
     _store(
         dby1_ref,
-        jnp.where(by1 == hull_6, jnp.where(ay1 == hull_6, 0.5 * dhull_4, dhull_4), 0)
-        + jnp.where(by1 == inter_h_3, jnp.where(ay1 == inter_h_3, 0.5 * dinter_h_2, dinter_h_2), 0)
+        jnp.where(by1 == hull_5, jnp.where(ay1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
+        + jnp.where(by1 == inter_h_2, jnp.where(ay1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0)
         + -darea_b_2,
         inside,
     )
     _store(
         dbx2_ref,
-        jnp.where(bx2 == hull_3, jnp.where(ax2 == hull_3, 0.5 * dhull_1, dhull_1), 0)
-        + jnp.where(bx2 == inter_w_2, jnp.where(ax2 == inter_w_2, 0.5 * dinter_w_1, dinter_w_1), 0)
+        jnp.where(bx2 == hull_1, jnp.where(ax2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
+        + jnp.where(bx2 == inter_w_1, jnp.where(ax2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0)
         + darea_b_1,
         inside,
     )
     _store(
         dby2_ref,
-        jnp.where(by2 == hull_5, jnp.where(ay2 == hull_5, 0.5 * dhull_3, dhull_3), 0)
-        + jnp.where(by2 == inter_h_2, jnp.where(ay2 == inter_h_2, 0.5 * dinter_h_1, dinter_h_1), 0)
+        jnp.where(by2 == hull_4, jnp.where(ay2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
+        + jnp.where(by2 == inter_h_1, jnp.where(ay2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0)
         + darea_b_2,
         inside,
     )

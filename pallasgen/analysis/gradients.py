@@ -172,6 +172,7 @@ class _Reverse:
         self.cotangents: dict[str, ir.Expr] = {}
         self.naming = ""  # the forward statement being differentiated: it names temporaries
         self.counts: dict[str, int] = defaultdict(int)
+        self.temporaries: dict[str, tuple[str, int]] = {}  # name -> (its prefix, its number)
         for statement in reversed(kernel.body):
             self._statement(statement)
         for name, contributions in self.contributions.items():
@@ -187,9 +188,12 @@ class _Reverse:
             out = next(o for o in self.checked.kernel.outputs if o.name == statement.target)
             self._backprop(statement.value, _converted(seed, out.dtype, self.types[statement.value].dtype.name))
         elif self.contributions.get(statement.name):
-            name = self.namer.claim(f"d{statement.name}")
-            self.statements.append(ir.Let(name, _sum(self.contributions[statement.name]), statement.position))
-            self._backprop(statement.value, ir.Name(name, statement.position))
+            total = _sum(self.contributions[statement.name])
+            if not isinstance(total, ir.Name):  # else it is named already
+                name = self.namer.claim(f"d{statement.name}")
+                self.statements.append(ir.Let(name, total, statement.position))
+                total = ir.Name(name, statement.position)
+            self._backprop(statement.value, total)
 
     def _differentiable(self, node: ir.Expr) -> bool:
         value_type = self.types[node]
@@ -232,7 +236,9 @@ class _Reverse:
         """A name for a value of the statement being differentiated: `h_1`, or `dh_1` for a cotangent."""
         prefix = f"d{self.naming}" if cotangent else self.naming
         self.counts[prefix] += 1
-        return self.namer.claim(f"{prefix}_{self.counts[prefix]}")
+        name = self.namer.claim(f"{prefix}_{self.counts[prefix]}")
+        self.temporaries[name] = (prefix, self.counts[prefix])
+        return name
 
     def _value(self, node: ir.Expr) -> ir.Expr:
         """A forward value that a rule reads, as the backward kernel names it: a leaf as it
@@ -275,7 +281,7 @@ class _Reverse:
                 dim = ir.Name(summed, decl.position)
                 value = ir.Call("sum", (value, dim), decl.position, decl.position)
             assigns.append(ir.Assign(out, value, decl.position))
-        body = _live([*self.recomputation(), *self.statements], assigns)
+        body = self._numbered(_live([*self.recomputation(), *self.statements], assigns))
         read = {n.id for s in body for n in ir.walk(s.value) if isinstance(n, ir.Name)}
         arguments, ins = [], []
         for decl in forward.inputs:
@@ -307,6 +313,18 @@ class _Reverse:
             gpu_options=forward.gpu_options,
         )
         return derived, tuple(arguments)
+
+    def _numbered(self, body: list[ir.Statement]) -> list[ir.Statement]:
+        """`body` with the temporaries of each statement (`h_3`, `h_1`, ...: numbered as the
+        reverse pass met them) renumbered in the order the body defines them."""
+        groups: dict[str, list[str]] = defaultdict(list)
+        for statement in body:
+            if isinstance(statement, ir.Let) and statement.name in self.temporaries:
+                groups[self.temporaries[statement.name][0]].append(statement.name)
+        renamed = {}
+        for names in groups.values():
+            renamed.update(zip(names, sorted(names, key=lambda name: self.temporaries[name][1])))
+        return [_renamed(statement, renamed) for statement in body]
 
     def recomputed_names(self, kernels: list[BackwardKernel]) -> tuple[str, ...]:
         """The forward lets and outputs whose values the backward kernels compute again."""
@@ -347,6 +365,15 @@ def _substitute(node: ir.Expr, mapping: dict[ir.Expr, ir.Expr]) -> ir.Expr:
     if isinstance(node, ir.Call):
         return dataclasses.replace(node, args=tuple(_substitute(a, mapping) for a in node.args))
     return node
+
+
+def _renamed(statement: ir.Statement, renamed: dict[str, str]) -> ir.Statement:
+    """The statement with the names in `renamed` replaced, where it defines and reads them."""
+    reads = [n for n in ir.walk(statement.value) if isinstance(n, ir.Name) and n.id in renamed]
+    value = _substitute(statement.value, {n: ir.Name(renamed[n.id], n.position) for n in reads})
+    if isinstance(statement, ir.Let):
+        return ir.Let(renamed.get(statement.name, statement.name), value, statement.position)
+    return ir.Assign(statement.target, value, statement.position)
 
 
 def _post_order(node: ir.Expr):
