@@ -331,6 +331,8 @@ def leaky(
 
     Returns:
       y: f32[M, N]; mask: i32[M, N].
+
+    Gradients: jax.grad runs the generated backward kernels leaky_backward (_leaky_vjp).
     """
     (x,), sizes = _operands("leaky", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("leaky", block_m=block_m, block_n=block_n, may_be_none=True)
@@ -745,6 +747,9 @@ def bias_gelu(
 
     Returns:
       y: bf16[M, N].
+
+    Gradients: jax.grad runs the generated backward kernels bias_gelu_backward,
+    bias_gelu_backward_over_m, bias_gelu_backward_over_n (_bias_gelu_vjp).
     """
     (x, bias, scale), sizes = _operands(
         "bias_gelu",
@@ -1795,6 +1800,9 @@ def quantize_rows(
 
     Returns:
       q: i8[M, N].
+
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
+    reaches a float output.
     """
     (x, scale), sizes = _operands(
         "quantize_rows", {"x": (x, jnp.float32, ("M", "N")), "scale": (scale, jnp.float32, ("M",))}

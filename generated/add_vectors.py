@@ -302,6 +302,9 @@ def add_vectors(x, y, *, block_n=None, gpu_block_n=1024, gpu_warps=4, gpu_stages
 
     Returns:
       z: f32[N].
+
+    Gradients: jax.grad runs the generated backward kernels add_vectors_backward
+    (_add_vectors_vjp).
     """
     (x, y), sizes = _operands(
         "add_vectors", {"x": (x, jnp.float32, ("N",)), "y": (y, jnp.float32, ("N",))}

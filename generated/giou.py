@@ -340,6 +340,8 @@ def giou(
 
     Returns:
       giou: f32[B, N].
+
+    Gradients: jax.grad runs the generated backward kernels giou_backward (_giou_vjp).
     """
     (ax1, ay1, ax2, ay2, bx1, by1, bx2, by2), sizes = _operands(
         "giou",

@@ -355,6 +355,8 @@ def add_f32(
 
     Returns:
       z: f32[M, N].
+
+    Gradients: jax.grad runs the generated backward kernels add_f32_backward (_add_f32_vjp).
     """
     (x, y), sizes = _operands(
         "add_f32", {"x": (x, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("M", "N"))}
@@ -746,6 +748,8 @@ def mul_f32(
 
     Returns:
       z: f32[M, N].
+
+    Gradients: jax.grad runs the generated backward kernels mul_f32_backward (_mul_f32_vjp).
     """
     (x, y), sizes = _operands(
         "mul_f32", {"x": (x, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("M", "N"))}
@@ -1491,6 +1495,9 @@ def add_i32(
 
     Returns:
       z: i32[M, N].
+
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
+    reaches a float output.
     """
     (x, y), sizes = _operands(
         "add_i32", {"x": (x, jnp.int32, ("M", "N")), "y": (y, jnp.int32, ("M", "N"))}
@@ -1695,6 +1702,9 @@ def mul_i32(
 
     Returns:
       z: i32[M, N].
+
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
+    reaches a float output.
     """
     (x, y), sizes = _operands(
         "mul_i32", {"x": (x, jnp.int32, ("M", "N")), "y": (y, jnp.int32, ("M", "N"))}
@@ -2226,6 +2236,9 @@ def add_i8(
 
     Returns:
       z: i8[M, N].
+
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
+    reaches a float output.
     """
     (x, y), sizes = _operands(
         "add_i8", {"x": (x, jnp.int8, ("M", "N")), "y": (y, jnp.int8, ("M", "N"))}
@@ -2430,6 +2443,9 @@ def mul_i8(
 
     Returns:
       z: i8[M, N].
+
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
+    reaches a float output.
     """
     (x, y), sizes = _operands(
         "mul_i8", {"x": (x, jnp.int8, ("M", "N")), "y": (y, jnp.int8, ("M", "N"))}

@@ -410,7 +410,9 @@ def test_spec_names_that_the_backward_pass_uses_still_differentiate(tmp_path):
     )
     module = load(tmp_path, "clash", source)
     saved, cotangents, backward, numpy = (jnp.arange(4.0) + k for k in range(4))
-    got = jax.grad(lambda *arrays: module.clash(*arrays).sum(), argnums=(0, 1, 2, 3))(saved, cotangents, backward, numpy)
+    got = jax.grad(lambda *arrays: module.clash(*arrays).sum(), argnums=(0, 1, 2, 3))(
+        saved, cotangents, backward, numpy
+    )
     for g, w in zip(got, (cotangents, saved, numpy, backward), strict=True):
         np.testing.assert_array_equal(g, w)
 
@@ -465,9 +467,26 @@ def test_a_backward_kernels_recomputed_values_count_in_its_vmem():
     scoped limit, which the blocks alone would not pass and the kernel does)."""
     from pallasgen.backends.tpu.tiling import vmem
 
-    (_, bias_gelu, _) = check_source(open_spec("activations"), "activations.pallas")
+    _, bias_gelu, _ = check_source(open_spec("activations"), "activations.pallas")
     backward = bias_gelu.gradient.kernels[0].checked
     needed = vmem(backward.kernel, backward.blocks, None)
     lets = [p.what for p in needed.parts if p.what.startswith("let ")]
     assert len(lets) == sum(isinstance(s, ir.Let) for s in backward.kernel.body) >= 3
     assert needed.total(backward.blocks) > 16 * 2**20
+
+
+def test_jacrev_runs_the_backward_kernel_once_per_output_element():
+    """jax.jacrev maps the backward pass over the rows of an identity (vmap of the
+    backward kernel): mul's Jacobians are diagonal, y's and x's values on the diagonal."""
+    module = generated_module("ops")
+    x, y = jnp.arange(6.0).reshape(2, 3), jnp.full((2, 3), 3.0)
+    dx, dy = jax.jacrev(module.mul_f32, argnums=(0, 1))(x, y)
+    np.testing.assert_array_equal(dx.reshape(6, 6), np.diag(np.asarray(y).ravel()))
+    np.testing.assert_array_equal(dy.reshape(6, 6), np.diag(np.asarray(x).ravel()))
+
+
+def test_the_docstring_of_a_differentiable_kernel_names_its_backward_kernels():
+    module = generated_module("activations")
+    doc = " ".join(module.bias_gelu.__doc__.split())
+    assert "Gradients: jax.grad runs the generated backward kernels bias_gelu_backward," in doc
+    assert "no backward kernel" in " ".join(module.quantize_rows.__doc__.split())

@@ -79,7 +79,9 @@ def _plan_kernel(checked: CheckedKernel, module_names: frozenset[str], spec_path
     plan = plan_kernel(lowered, groups, {backend.name: backend.plan(lowered) for backend in BACKENDS})
     sizes = tuple(variable for variable, _ in plan.sizes)
     gradient = plan_gradient(checked, lowered.values, sizes, plan.signature.static_argnames, spec_path, module_names)
-    return dataclasses.replace(plan, gradient=gradient)
+    if gradient is None:
+        return plan
+    return dataclasses.replace(plan, gradient=gradient, doc=(*plan.doc, *gradient.public_doc))
 
 
 def _templates() -> tuple[str, ...]:

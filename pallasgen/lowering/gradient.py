@@ -33,6 +33,7 @@ class GradientPlan:
     vjp_parameters: str
     vjp_binding: str
     doc: tuple[str, ...]  # what the forward pass saves and what the backward recomputes
+    public_doc: tuple[str, ...]  # the lines the public function's docstring adds
     saved: str  # the saved arrays, unpacked
     cotangents: str  # the outputs' cotangents, unpacked (`_` for those of integer outputs)
     calls: tuple[BackwardCall, ...]
@@ -96,12 +97,25 @@ def plan_gradient(
         vjp_parameters=parameter_list(["saved", "cotangents"], vjp_keywords),
         vjp_binding=", ".join(f"{name}={name}" for name in vjp_keywords),
         doc=_doc(checked, gradient),
+        public_doc=_public_doc(gradient, vjp_function),
         saved=", ".join(saved.values()) + ("," if len(arrays) == 1 else ""),
         cotangents=", ".join(cotangents[o.name] if o.name in read else "_" for o in kernel.outputs),
         calls=tuple(calls),
         returns=", ".join(results.get(d.name, "None") for d in kernel.inputs) + ("," if len(arrays) == 1 else ""),
         refusal=refusal,
     )
+
+
+def _public_doc(gradient: Gradient, vjp_function: str) -> tuple[str, ...]:
+    """What the public function's docstring says of its gradient."""
+    if gradient.turned_off is not None:
+        text = "Gradients: none; its spec says `grad none`, and jax.grad of it raises a TypeError."
+    elif not gradient.kernels:
+        text = "Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float output."
+    else:
+        kernels = ", ".join(k.checked.kernel.name for k in gradient.kernels)
+        text = f"Gradients: jax.grad runs the generated backward kernels {kernels} ({vjp_function})."
+    return ("", *textwrap.wrap(text, DOC_WIDTH))
 
 
 def _doc(checked: CheckedKernel, gradient: Gradient) -> tuple[str, ...]:
