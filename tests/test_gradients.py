@@ -490,3 +490,21 @@ def test_the_docstring_of_a_differentiable_kernel_names_its_backward_kernels():
     doc = " ".join(module.bias_gelu.__doc__.split())
     assert "Gradients: jax.grad runs the generated backward kernels bias_gelu_backward," in doc
     assert "no backward kernel" in " ".join(module.quantize_rows.__doc__.split())
+
+
+def test_a_check_that_a_backward_kernel_fails_is_reported_at_the_forward_statement(monkeypatch):
+    """Backward kernels go through the same checks as any kernel: what one of them fails
+    is a spec error at the forward statement its derived node comes from."""
+    from pallasgen.analysis import gradients
+    from pallasgen.frontend.errors import Diagnostic
+
+    def failing(kernel, backends):
+        (statement,) = [s for s in kernel.body if isinstance(s, ir.Assign)]
+        return None, [Diagnostic(statement.value.position, "a check fails")]
+
+    monkeypatch.setattr(gradients, "check_kernel", failing)
+    with pytest.raises(SpecError) as error:
+        check_source(GRAD_NONE.replace("    grad none\n", ""), "spec.pallas")
+    (diagnostic,) = error.value.diagnostics
+    assert diagnostic.message == "in the backward kernel 'double_backward' (`grad none` turns it off): a check fails"
+    assert diagnostic.position.line == 4  # y = 2 * x

@@ -117,7 +117,12 @@ def differentiate(checked: CheckedKernel, backends, taken: dict[str, ir.Kernel])
             continue
         derived, arguments = reverse.kernel(name, decls, dim)
         backward_checked, problems = check_kernel(derived, backends)
-        found.extend(Diagnostic(p.position, f"in the backward kernel '{name}': {p.message}") for p in problems)
+        found.extend(
+            Diagnostic(p.position, f"in the backward kernel '{name}' (`grad none` turns it off): {p.message}")
+            for p in problems
+        )
+        if problems:
+            continue
         params = tuple(p.name for p in derived.params)
         results = tuple(d.name for d in decls)
         backward.append(BackwardKernel(backward_checked, arguments, params, results))
