@@ -354,7 +354,6 @@ def _add_vectors_vjp(saved, cotangents, *, interpret):
     generated backward kernels add_vectors_backward. The forward pass saves its inputs (x,
     y) and nothing else: the backward kernels recompute the values they need from them.
     """
-    x, y = saved
     dz = cotangents
     dx, dy = add_vectors_backward(dz, interpret=interpret)
     return dx, dy

@@ -418,7 +418,6 @@ def _add_f32_vjp(saved, cotangents, *, interpret):
     generated backward kernels add_f32_backward. The forward pass saves its inputs (x, y)
     and nothing else: the backward kernels recompute the values they need from them.
     """
-    x, y = saved
     dz = cotangents
     dx, dy = add_f32_backward(dz, interpret=interpret)
     return dx, dy

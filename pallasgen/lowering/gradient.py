@@ -34,8 +34,8 @@ class GradientPlan:
     vjp_binding: str
     doc: tuple[str, ...]  # what the forward pass saves and what the backward recomputes
     public_doc: tuple[str, ...]  # the lines the public function's docstring adds
-    saved: str  # the saved arrays, unpacked
-    cotangents: str  # the outputs' cotangents, unpacked (`_` for those of integer outputs)
+    saved: str  # the saved arrays that the backward kernels read, unpacked ("": none)
+    cotangents: str  # the outputs' cotangents that they read, unpacked ("": none)
     calls: tuple[BackwardCall, ...]
     returns: str  # the inputs' cotangents (None: none, as integer inputs have)
     refusal: str | None  # `grad none`: the error that `jax.grad` raises
@@ -84,7 +84,7 @@ def plan_gradient(
                 ", ".join([*names, *(f"{k}={k}" for k in (*backward.params, "interpret"))]),
             )
         )
-    read = {a.forward for k in gradient.kernels for a in k.arguments if a.cotangent}
+    read = {(a.forward, a.cotangent) for k in gradient.kernels for a in k.arguments}
     refusal = None
     if gradient.turned_off is not None:
         where = f"{spec_path}:{gradient.turned_off.position.line}"
@@ -98,12 +98,20 @@ def plan_gradient(
         vjp_binding=", ".join(f"{name}={name}" for name in vjp_keywords),
         doc=_doc(checked, gradient),
         public_doc=_public_doc(gradient, vjp_function),
-        saved=", ".join(saved.values()) + ("," if len(arrays) == 1 else ""),
-        cotangents=", ".join(cotangents[o.name] if o.name in read else "_" for o in kernel.outputs),
+        saved=_unpacked([saved[d.name] if (d.name, False) in read else "_" for d in kernel.inputs], tuple_of_one=True),
+        cotangents=_unpacked([cotangents[o.name] if (o.name, True) in read else "_" for o in kernel.outputs]),
         calls=tuple(calls),
         returns=", ".join(results.get(d.name, "None") for d in kernel.inputs) + ("," if len(arrays) == 1 else ""),
         refusal=refusal,
     )
+
+
+def _unpacked(names: list[str], tuple_of_one: bool = False) -> str:
+    """The target that unpacks a tuple into `names` (one name: a value, or a tuple of one),
+    `_` standing for those not read; "" where none is."""
+    if all(name == "_" for name in names):
+        return ""
+    return ", ".join(names) + ("," if tuple_of_one and len(names) == 1 else "")
 
 
 def _public_doc(gradient: Gradient, vjp_function: str) -> tuple[str, ...]:
