@@ -126,8 +126,8 @@ tanh = _unary(lambda b, x, y, g: b.mul(b.op(g, "+", b.mul(g, y)), b.op(1, "-", y
 sigmoid = _unary(lambda b, x, y, g: b.mul(g, b.mul(y, b.op(1, "-", y))))
 sin = _unary(lambda b, x, y, g: b.mul(g, b.call("cos", x)))
 cos = _unary(lambda b, x, y, g: b.neg(b.mul(g, b.call("sin", x))))
-absolute = _unary(lambda b, x, y, g: b.where(b.op(x, ">=", 0), g, b.neg(g)))
-relu = _unary(lambda b, x, y, g: b.where(b.op(x, ">", 0), g, 0))
+absolute = _unary(lambda b, x, y, g: b.where(b.op(x, ">=", 0), g, b.neg(g)))  # at 0: g, as JAX has it
+relu = _unary(lambda b, x, y, g: b.where(b.op(x, ">", 0), g, 0))  # at 0: none, as jax.nn.relu has it
 
 
 def where(b: Builder, args, result, g) -> Contributions:
