@@ -169,10 +169,10 @@ def test_the_rule_table_covers_every_function_and_operator():
 
 # --------------------------------------------------------------------------- bundled kernels
 
-# Each differentiable bundled kernel: its case and its inputs' cotangents in float64
-# NumPy, from the inputs and the outputs' cotangents.
+# Each differentiable bundled kernel's inputs' cotangents in float64 NumPy, from its
+# inputs and its outputs' cotangents (kernel_cases.py).
 DERIVATIVES = {
-    "activations.leaky": lambda x, dy, **params: leaky_backward_numpy(x, dy, **params),
+    "activations.leaky": leaky_backward_numpy,
     "activations.bias_gelu": lambda x, bias, scale, dy: (
         *bias_gelu_backward_numpy(x, bias, scale, dy),
         *bias_gelu_backward_over_m_numpy(x, bias, scale, dy),
@@ -181,7 +181,7 @@ DERIVATIVES = {
     "add_vectors.add_vectors": lambda x, y, dz: add_backward_numpy(dz),
     "ops.add_f32": lambda x, y, dz: add_backward_numpy(dz),
     "ops.mul_f32": mul_backward_numpy,
-    "giou.giou": lambda *arrays, **params: giou_backward_numpy(*arrays, **params),
+    "giou.giou": giou_backward_numpy,
 }
 # Bundled kernels whose inputs or outputs are all integers: no backward kernel.
 NOT_FLOAT = ["activations.quantize_rows", "ops.add_i32", "ops.mul_i8"]
@@ -208,9 +208,18 @@ def inputs_and_cotangents(case_id: str, seed: int = 0):
 
 
 def kernel_vjp(case, arrays, cotangents, **keywords):
-    """The inputs' cotangents by jax.vjp of the generated kernel, in interpret mode (float
-    outputs' cotangents given, integer outputs' float0)."""
-    function = functools.partial(getattr(generated_module(case.module), case.kernel), interpret=True, **keywords)
+    """The inputs' cotangents by jax.vjp of the generated kernel, in interpret mode."""
+    kernel = getattr(generated_module(case.module), case.kernel)
+    return vjp_of(functools.partial(kernel, interpret=True, **keywords), arrays, cotangents)
+
+
+def reference_vjp(case, arrays, cotangents):
+    return vjp_of(getattr(generated_module(case.module), f"{case.kernel}_reference"), arrays, cotangents)
+
+
+def vjp_of(function, arrays, cotangents):
+    """jax.vjp of `function` at `arrays`, given the float outputs' `cotangents` (integer
+    outputs get float0 ones)."""
     outputs, vjp = jax.vjp(function, *arrays)
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
     given = iter(cotangents)
@@ -220,33 +229,26 @@ def kernel_vjp(case, arrays, cotangents, **keywords):
     return vjp(full if len(full) > 1 else full[0])
 
 
-def reference_vjp(case, arrays, cotangents, **params):
-    reference = functools.partial(getattr(generated_module(case.module), f"{case.kernel}_reference"), **params)
-    outputs, vjp = jax.vjp(reference, *arrays)
-    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-    given = iter(cotangents)
-    full = tuple(
-        next(given) if jnp.issubdtype(o.dtype, jnp.floating) else np.zeros(o.shape, jax.dtypes.float0) for o in outputs
-    )
-    return vjp(full if len(full) > 1 else full[0])
+def clear_caches():
+    """Drops the jitted traces of the kernels here and their backward kernels, which
+    hold the path they were traced on."""
+    for case_id in [*DERIVATIVES, *NOT_FLOAT]:
+        module, kernel = generated_module(CASES[case_id].module), CASES[case_id].kernel
+        for name in ("", "_backward", "_backward_over_m", "_backward_over_n"):
+            if hasattr(module, kernel + name):
+                getattr(module, kernel + name).clear_cache()
 
 
 @pytest.fixture(params=["tpu", "gpu"])
 def path(request, monkeypatch):
     """Which kernels run: the TPU kernels in interpret mode (the CPU default), or the
     Triton kernels in interpret mode (the modules' dispatch pointed at them)."""
-    modules = {CASES[c].module for c in [*DERIVATIVES, *NOT_FLOAT]}
+    clear_caches()
     if request.param == "gpu":
-        for module in modules:
+        for module in {CASES[c].module for c in [*DERIVATIVES, *NOT_FLOAT]}:
             take_gpu_branch(monkeypatch, generated_module(module))
     yield request.param
-    for case_id in [*DERIVATIVES, *NOT_FLOAT]:
-        case = CASES[case_id]
-        getattr(generated_module(case.module), case.kernel).clear_cache()
-        for name in ("_backward", "_backward_over_m", "_backward_over_n"):
-            backward = getattr(generated_module(case.module), case.kernel + name, None)
-            if backward is not None:
-                backward.clear_cache()
+    clear_caches()
 
 
 @pytest.mark.parametrize("case_id", [*DERIVATIVES, *NOT_FLOAT])
