@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from jax.test_util import check_grads
 
 from kernel_cases import (
@@ -510,3 +512,85 @@ def test_a_check_that_a_backward_kernel_fails_is_reported_at_the_forward_stateme
     (diagnostic,) = error.value.diagnostics
     assert diagnostic.message == "in the backward kernel 'double_backward' (`grad none` turns it off): a check fails"
     assert diagnostic.position.line == 4  # y = 2 * x
+
+
+# --------------------------------------------------------------------------- random specs
+
+UNARY = ["exp(tanh({}))", "tanh({})", "sigmoid({})", "gelu({})", "silu({})", "sin({})", "relu({})", "abs({})"]
+UNARY += ["clip({}, -1.0, 1.0)", "f32(bf16({}))", "-{}", "sqrt(1.5 + {0} * {0})", "({} * 3.0)"]
+BINARY = ["({} + {})", "({} - {})", "({} * {})", "maximum({}, {})"]
+BINARY += ["minimum({}, {})", "where({0} > {1}, {0}, {1} * 2.0)", "({} / (2.0 + abs({})))"]
+
+
+@st.composite
+def differentiable_expressions(draw, names: list[str], depth: int = 3) -> str:
+    if depth == 0 or draw(st.integers(0, 3)) == 0:
+        return draw(st.sampled_from(names))
+    if draw(st.booleans()):
+        return draw(st.sampled_from(UNARY)).format(draw(differentiable_expressions(names, depth - 1)))
+    left, right = (draw(differentiable_expressions(names, depth - 1)) for _ in range(2))
+    return draw(st.sampled_from(BINARY)).format(left, right)
+
+
+@st.composite
+def differentiable_specs(draw) -> tuple[str, list[tuple[str, str, tuple[str, ...]]], list[str]]:
+    """An elementwise kernel `k` of f32 and bf16 inputs (some broadcast over M or N), with
+    lets read more than once and one or two float outputs."""
+    inputs = [("a0", "f32", ("M", "N"))]
+    for index in range(1, draw(st.integers(1, 3))):
+        dims = draw(st.sampled_from([("M", "N"), ("M",), ("N",)]))
+        inputs.append((f"a{index}", draw(st.sampled_from(["f32", "bf16"])) if dims != ("M",) else "f32", dims))
+    names = [f"f32({name})" if dtype == "bf16" else name for name, dtype, _ in inputs]
+    lines = [f"in {name}: {dtype}[{', '.join(dims)}]" for name, dtype, dims in inputs]
+    for index in range(draw(st.integers(0, 2))):
+        lines.append(f"let t{index} = {draw(differentiable_expressions(names))}")
+        names.append(f"t{index}")
+    outputs = ["r"] + (["s"] if draw(st.booleans()) else [])
+    for output in outputs:
+        dtype = draw(st.sampled_from(["f32", "bf16"]))
+        lines += [f"out {output}: {dtype}[M, N]", f"{output} = {dtype}({draw(differentiable_expressions(names))})"]
+    return (
+        "kernel k {\n" + "".join(f"    {line}\n" for line in lines) + "    block M = 16, N = 128\n}\n",
+        inputs,
+        outputs,
+    )
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(differentiable_specs())
+def test_derived_backward_kernels_of_random_specs_give_jaxs_derivatives(tmp_path_factory, case):
+    """Reverse mode over lets read several times, casts, broadcast inputs (summed by a
+    second kernel) and several outputs: the derived backward kernels' references give
+    what jax.vjp of the forward reference gives."""
+    spec, inputs, outputs = case
+    (checked,) = check_source(spec, "random.pallas")
+    path = tmp_path_factory.mktemp("random") / "random.py"
+    path.write_text(generate(spec, "random.pallas", "random.pallas"), encoding="utf-8")
+    module = load_module(path, f"_pallasgen_random_{path.parent.name}")
+    rng = np.random.default_rng(7)
+    sizes = {"M": 5, "N": 6}
+    arrays = {
+        name: jnp.asarray(
+            rng.standard_normal([sizes[d] for d in dims]), {"f32": jnp.float32, "bf16": jnp.bfloat16}[dtype]
+        )
+        for name, dtype, dims in inputs
+    }
+    outs = module.k_reference(*arrays.values())
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    cotangents = {o: jnp.asarray(rng.standard_normal((5, 6)), out.dtype) for o, out in zip(outputs, outs)}
+    want = vjp_of(module.k_reference, list(arrays.values()), tuple(cotangents.values()))
+    got = {}
+    for backward in checked.gradient.kernels:
+        args = [cotangents[a.forward] if a.cotangent else arrays[a.forward] for a in backward.arguments]
+        results = getattr(module, f"{backward.checked.kernel.name}_reference")(*args)
+        got.update(zip(backward.results, results if isinstance(results, tuple) else (results,)))
+    bf16 = "bf16" in spec
+    for name, w in zip(arrays, want, strict=True):
+        g = got.get(name, np.zeros(w.shape))
+        np.testing.assert_allclose(
+            np.asarray(g, np.float64),
+            np.asarray(w, np.float64),
+            rtol=3e-2 if bf16 else 1e-4,
+            atol=3e-2 if bf16 else 1e-5,
+            err_msg=f"{name} of\n{spec}",
+        )
