@@ -400,6 +400,20 @@ def test_grad_none_turns_the_gradient_off_with_an_error_naming_the_kernel_and_li
         jax.grad(lambda x: module.double(x).sum())(jnp.arange(3.0))
 
 
+def test_grad_none_gives_the_same_error_for_a_kernel_with_a_product(tmp_path):
+    """A kernel whose gradient is not generated yet may say `grad none` too: jax.grad then
+    raises the same error rather than whatever JAX makes of a Pallas kernel."""
+    source = (
+        "kernel mm {\n    in  x: f32[M, K]\n    in  y: f32[K, N]\n    out z: f32[M, N]\n    z = x @ y\n"
+        "    grad none\n    block M = 128, N = 128, K = 128\n}\n"
+    )
+    module = load(tmp_path, "mm", source)
+    x, y = jnp.ones((8, 16)), jnp.ones((16, 8))
+    np.testing.assert_array_equal(module.mm(x, y), np.full((8, 8), 16.0))
+    with pytest.raises(TypeError, match=r"mm is not differentiable: .*`grad none` at specs/mm.pallas:6"):
+        jax.grad(lambda x: module.mm(x, y).sum())(x)
+
+
 def test_without_grad_none_the_same_kernel_is_differentiable(tmp_path):
     module = load(tmp_path, "double", GRAD_NONE.replace("    grad none\n", ""))
     np.testing.assert_array_equal(jax.grad(lambda x: module.double(x).sum())(jnp.arange(3.0)), [2.0, 2.0, 2.0])
