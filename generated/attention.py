@@ -101,6 +101,15 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
+def _differentiable(forward, backward, *arrays):
+    """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
+    from the arrays (what the forward pass saves) and the cotangents of the outputs, it
+    gives one cotangent per array, or None for none (float0 for an integer array)."""
+    call = jax.custom_vjp(forward)
+    call.defvjp(lambda *arrays: (forward(*arrays), arrays), backward)
+    return call(*arrays)
+
+
 def _operands(kernel, operands):
     """The operands as arrays, each checked for its dtype and rank, and the size of each
     named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
@@ -335,6 +344,9 @@ def attention(
 
     Returns:
       o: bf16[B, H, S, D]; lse: f32[B, H, S].
+
+    Gradients: not generated yet for a matrix product: jax.grad of it raises
+    NotImplementedError.
     """
     (q, k, v), sizes = _operands(
         "attention",
@@ -360,30 +372,28 @@ def attention(
             v,
             scale=scale,
         )
-    o, lse = _on_platform(
+    return _differentiable(
         functools.partial(
-            _attention_tpu, b=b, h=h, s_=s_, d=d, t=t, block_s=block_s, block_t=block_t, scale=scale
-        ),
-        functools.partial(
-            _attention_gpu,
+            _attention_forward,
             b=b,
             h=h,
             s_=s_,
             d=d,
             t=t,
-            block_s=gpu_block_s,
-            block_t=gpu_block_t,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+            block_s=block_s,
+            block_t=block_t,
+            gpu_block_s=gpu_block_s,
+            gpu_block_t=gpu_block_t,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
             scale=scale,
+            interpret=interpret,
         ),
-        interpret,
+        _attention_vjp,
         q,
         k,
         v,
     )
-    lse = lse.reshape((b, h, s_))  # the kernel holds it with size 1 along the dimensions it lacks
-    return o, lse
 
 
 def attention_reference(q, k, v, *, scale=0.125):
@@ -428,6 +438,61 @@ def attention_reference(q, k, v, *, scale=0.125):
     o = o.reshape((b, h, s_, d))
     lse = lse.reshape((b, h, s_))
     return o, lse
+
+
+def _attention_forward(
+    q,
+    k,
+    v,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    gpu_block_s,
+    gpu_block_t,
+    gpu_warps,
+    gpu_stages,
+    scale,
+    interpret,
+):
+    """`attention` on its checked arrays: the forward pass that `jax.grad` differentiates."""
+    o, lse = _on_platform(
+        functools.partial(
+            _attention_tpu, b=b, h=h, s_=s_, d=d, t=t, block_s=block_s, block_t=block_t, scale=scale
+        ),
+        functools.partial(
+            _attention_gpu,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
+        ),
+        interpret,
+        q,
+        k,
+        v,
+    )
+    lse = lse.reshape((b, h, s_))  # the kernel holds it with size 1 along the dimensions it lacks
+    return o, lse
+
+
+def _attention_vjp(saved, cotangents):
+    """`attention` has no backward pass yet: none is generated for a matrix product."""
+    raise NotImplementedError(
+        "attention is not differentiable yet: pallasgen generates backward kernels "
+        "for elementwise kernels only, not yet for a matrix product; `grad none` in "
+        "specs/attention.pallas says it is never differentiated"
+    )
 
 
 def _attention_kernel(
@@ -810,6 +875,9 @@ def attention_full(
 
     Returns:
       o: bf16[B, H, S, D].
+
+    Gradients: not generated yet for a matrix product: jax.grad of it raises
+    NotImplementedError.
     """
     (q, k, v), sizes = _operands(
         "attention_full",
@@ -830,9 +898,9 @@ def attention_full(
         return _without_elements(
             attention_full_reference, (((b, h, s, d), jnp.bfloat16),), q, k, v, scale=scale
         )
-    return _on_platform(
+    return _differentiable(
         functools.partial(
-            _attention_full_tpu,
+            _attention_full_forward,
             b=b,
             h=h,
             s=s,
@@ -840,22 +908,14 @@ def attention_full(
             t=t,
             block_s=block_s,
             block_t=block_t,
+            gpu_block_s=gpu_block_s,
+            gpu_block_t=gpu_block_t,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
             scale=scale,
+            interpret=interpret,
         ),
-        functools.partial(
-            _attention_full_gpu,
-            b=b,
-            h=h,
-            s=s,
-            d=d,
-            t=t,
-            block_s=gpu_block_s,
-            block_t=gpu_block_t,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            scale=scale,
-        ),
-        interpret,
+        _attention_full_vjp,
         q,
         k,
         v,
@@ -900,6 +960,67 @@ def attention_full_reference(q, k, v, *, scale=0.125):
     ).astype(jnp.bfloat16)
     o = o.reshape((b, h, s, d))
     return o
+
+
+def _attention_full_forward(
+    q,
+    k,
+    v,
+    *,
+    b,
+    h,
+    s,
+    d,
+    t,
+    block_s,
+    block_t,
+    gpu_block_s,
+    gpu_block_t,
+    gpu_warps,
+    gpu_stages,
+    scale,
+    interpret,
+):
+    """`attention_full` on its checked arrays: the forward pass that `jax.grad` differentiates."""
+    return _on_platform(
+        functools.partial(
+            _attention_full_tpu,
+            b=b,
+            h=h,
+            s=s,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            scale=scale,
+        ),
+        functools.partial(
+            _attention_full_gpu,
+            b=b,
+            h=h,
+            s=s,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
+        ),
+        interpret,
+        q,
+        k,
+        v,
+    )
+
+
+def _attention_full_vjp(saved, cotangents):
+    """`attention_full` has no backward pass yet: none is generated for a matrix product."""
+    raise NotImplementedError(
+        "attention_full is not differentiable yet: pallasgen generates backward "
+        "kernels for elementwise kernels only, not yet for a matrix product; `grad "
+        "none` in specs/attention.pallas says it is never differentiated"
+    )
 
 
 def _attention_full_kernel(
@@ -1230,6 +1351,9 @@ def attention_bottom_right(
 
     Returns:
       o: bf16[B, H, S, D].
+
+    Gradients: not generated yet for a matrix product: jax.grad of it raises
+    NotImplementedError.
     """
     (q, k, v), sizes = _operands(
         "attention_bottom_right",
@@ -1250,9 +1374,9 @@ def attention_bottom_right(
         return _without_elements(
             attention_bottom_right_reference, (((b, h, s_, d), jnp.bfloat16),), q, k, v, scale=scale
         )
-    return _on_platform(
+    return _differentiable(
         functools.partial(
-            _attention_bottom_right_tpu,
+            _attention_bottom_right_forward,
             b=b,
             h=h,
             s_=s_,
@@ -1260,22 +1384,14 @@ def attention_bottom_right(
             t=t,
             block_s=block_s,
             block_t=block_t,
+            gpu_block_s=gpu_block_s,
+            gpu_block_t=gpu_block_t,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
             scale=scale,
+            interpret=interpret,
         ),
-        functools.partial(
-            _attention_bottom_right_gpu,
-            b=b,
-            h=h,
-            s_=s_,
-            d=d,
-            t=t,
-            block_s=gpu_block_s,
-            block_t=gpu_block_t,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
-            scale=scale,
-        ),
-        interpret,
+        _attention_bottom_right_vjp,
         q,
         k,
         v,
@@ -1318,6 +1434,67 @@ def attention_bottom_right_reference(q, k, v, *, scale=0.125):
     ).astype(jnp.bfloat16)
     o = o.reshape((b, h, s_, d))
     return o
+
+
+def _attention_bottom_right_forward(
+    q,
+    k,
+    v,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    gpu_block_s,
+    gpu_block_t,
+    gpu_warps,
+    gpu_stages,
+    scale,
+    interpret,
+):
+    """`attention_bottom_right` on its checked arrays: the forward pass that `jax.grad` differentiates."""
+    return _on_platform(
+        functools.partial(
+            _attention_bottom_right_tpu,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            scale=scale,
+        ),
+        functools.partial(
+            _attention_bottom_right_gpu,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
+        ),
+        interpret,
+        q,
+        k,
+        v,
+    )
+
+
+def _attention_bottom_right_vjp(saved, cotangents):
+    """`attention_bottom_right` has no backward pass yet: none is generated for a matrix product."""
+    raise NotImplementedError(
+        "attention_bottom_right is not differentiable yet: pallasgen generates "
+        "backward kernels for elementwise kernels only, not yet for a matrix product; "
+        "`grad none` in specs/attention.pallas says it is never differentiated"
+    )
 
 
 def _attention_bottom_right_kernel(
@@ -1675,6 +1852,9 @@ def gqa(
 
     Returns:
       o: bf16[B, G, R, S, D].
+
+    Gradients: not generated yet for a matrix product: jax.grad of it raises
+    NotImplementedError.
     """
     (q, k, v), sizes = _operands(
         "gqa",
@@ -1694,24 +1874,24 @@ def gqa(
     t = sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(gqa_reference, (((b, g, r, s_, d), jnp.bfloat16),), q, k, v)
-    return _on_platform(
+    return _differentiable(
         functools.partial(
-            _gqa_tpu, b=b, g=g, r=r, s_=s_, d=d, t=t, block_s=block_s, block_t=block_t
-        ),
-        functools.partial(
-            _gqa_gpu,
+            _gqa_forward,
             b=b,
             g=g,
             r=r,
             s_=s_,
             d=d,
             t=t,
-            block_s=gpu_block_s,
-            block_t=gpu_block_t,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+            block_s=block_s,
+            block_t=block_t,
+            gpu_block_s=gpu_block_s,
+            gpu_block_t=gpu_block_t,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            interpret=interpret,
         ),
-        interpret,
+        _gqa_vjp,
         q,
         k,
         v,
@@ -1752,6 +1932,59 @@ def gqa_reference(q, k, v):
     ).astype(jnp.bfloat16)
     o = o.reshape((b, g, r, s_, d))
     return o
+
+
+def _gqa_forward(
+    q,
+    k,
+    v,
+    *,
+    b,
+    g,
+    r,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    gpu_block_s,
+    gpu_block_t,
+    gpu_warps,
+    gpu_stages,
+    interpret,
+):
+    """`gqa` on its checked arrays: the forward pass that `jax.grad` differentiates."""
+    return _on_platform(
+        functools.partial(
+            _gqa_tpu, b=b, g=g, r=r, s_=s_, d=d, t=t, block_s=block_s, block_t=block_t
+        ),
+        functools.partial(
+            _gqa_gpu,
+            b=b,
+            g=g,
+            r=r,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+        ),
+        interpret,
+        q,
+        k,
+        v,
+    )
+
+
+def _gqa_vjp(saved, cotangents):
+    """`gqa` has no backward pass yet: none is generated for a matrix product."""
+    raise NotImplementedError(
+        "gqa is not differentiable yet: pallasgen generates backward kernels for "
+        "elementwise kernels only, not yet for a matrix product; `grad none` in "
+        "specs/attention.pallas says it is never differentiated"
+    )
 
 
 def _gqa_kernel(
@@ -2065,6 +2298,9 @@ def matmul_softmax(
 
     Returns:
       y: f32[M, N].
+
+    Gradients: not generated yet for a matrix product: jax.grad of it raises
+    NotImplementedError.
     """
     (x, w), sizes = _operands(
         "matmul_softmax", {"x": (x, jnp.bfloat16, ("M", "K")), "w": (w, jnp.bfloat16, ("K", "N"))}
@@ -2076,19 +2312,21 @@ def matmul_softmax(
     k = sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(matmul_softmax_reference, (((m, n), jnp.float32),), x, w)
-    return _on_platform(
-        functools.partial(_matmul_softmax_tpu, m=m, n=n, k=k, block_m=block_m, block_k=block_k),
+    return _differentiable(
         functools.partial(
-            _matmul_softmax_gpu,
+            _matmul_softmax_forward,
             m=m,
             n=n,
             k=k,
-            block_m=gpu_block_m,
-            block_k=gpu_block_k,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+            block_m=block_m,
+            block_k=block_k,
+            gpu_block_m=gpu_block_m,
+            gpu_block_k=gpu_block_k,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            interpret=interpret,
         ),
-        interpret,
+        _matmul_softmax_vjp,
         x,
         w,
     )
@@ -2115,6 +2353,37 @@ def matmul_softmax_reference(x, w):
     )
     y = y.reshape((m, n))
     return y
+
+
+def _matmul_softmax_forward(
+    x, w, *, m, n, k, block_m, block_k, gpu_block_m, gpu_block_k, gpu_warps, gpu_stages, interpret
+):
+    """`matmul_softmax` on its checked arrays: the forward pass that `jax.grad` differentiates."""
+    return _on_platform(
+        functools.partial(_matmul_softmax_tpu, m=m, n=n, k=k, block_m=block_m, block_k=block_k),
+        functools.partial(
+            _matmul_softmax_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+        ),
+        interpret,
+        x,
+        w,
+    )
+
+
+def _matmul_softmax_vjp(saved, cotangents):
+    """`matmul_softmax` has no backward pass yet: none is generated for a matrix product."""
+    raise NotImplementedError(
+        "matmul_softmax is not differentiable yet: pallasgen generates backward "
+        "kernels for elementwise kernels only, not yet for a matrix product; `grad "
+        "none` in specs/attention.pallas says it is never differentiated"
+    )
 
 
 def _matmul_softmax_kernel(x_ref, w_ref, y_ref, acc_k_ref, *, m, n, k, block_m, block_k):
@@ -2321,6 +2590,9 @@ def rmsnorm_matmul(
 
     Returns:
       y: bf16[M, N].
+
+    Gradients: not generated yet for a matrix product: jax.grad of it raises
+    NotImplementedError.
     """
     (x, g, w), sizes = _operands(
         "rmsnorm_matmul",
@@ -2337,20 +2609,21 @@ def rmsnorm_matmul(
     k = sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(rmsnorm_matmul_reference, (((m, n), jnp.bfloat16),), x, g, w)
-    g = g.reshape((1, k))  # g: f32[K]
-    return _on_platform(
-        functools.partial(_rmsnorm_matmul_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n),
+    return _differentiable(
         functools.partial(
-            _rmsnorm_matmul_gpu,
+            _rmsnorm_matmul_forward,
             m=m,
             n=n,
             k=k,
-            block_m=gpu_block_m,
-            block_n=gpu_block_n,
-            num_warps=gpu_warps,
-            num_stages=gpu_stages,
+            block_m=block_m,
+            block_n=block_n,
+            gpu_block_m=gpu_block_m,
+            gpu_block_n=gpu_block_n,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            interpret=interpret,
         ),
-        interpret,
+        _rmsnorm_matmul_vjp,
         x,
         g,
         w,
@@ -2386,6 +2659,52 @@ def rmsnorm_matmul_reference(x, g, w):
     ).astype(jnp.bfloat16)
     y = y.reshape((m, n))
     return y
+
+
+def _rmsnorm_matmul_forward(
+    x,
+    g,
+    w,
+    *,
+    m,
+    n,
+    k,
+    block_m,
+    block_n,
+    gpu_block_m,
+    gpu_block_n,
+    gpu_warps,
+    gpu_stages,
+    interpret,
+):
+    """`rmsnorm_matmul` on its checked arrays: the forward pass that `jax.grad` differentiates."""
+    g = g.reshape((1, k))  # g: f32[K]
+    return _on_platform(
+        functools.partial(_rmsnorm_matmul_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n),
+        functools.partial(
+            _rmsnorm_matmul_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+        ),
+        interpret,
+        x,
+        g,
+        w,
+    )
+
+
+def _rmsnorm_matmul_vjp(saved, cotangents):
+    """`rmsnorm_matmul` has no backward pass yet: none is generated for a matrix product."""
+    raise NotImplementedError(
+        "rmsnorm_matmul is not differentiable yet: pallasgen generates backward "
+        "kernels for elementwise kernels only, not yet for a matrix product; `grad "
+        "none` in specs/attention.pallas says it is never differentiated"
+    )
 
 
 def _rmsnorm_matmul_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_m, block_n):

@@ -101,6 +101,15 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
+def _differentiable(forward, backward, *arrays):
+    """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
+    from the arrays (what the forward pass saves) and the cotangents of the outputs, it
+    gives one cotangent per array, or None for none (float0 for an integer array)."""
+    call = jax.custom_vjp(forward)
+    call.defvjp(lambda *arrays: (forward(*arrays), arrays), backward)
+    return call(*arrays)
+
+
 def _operands(kernel, operands):
     """The operands as arrays, each checked for its dtype and rank, and the size of each
     named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
@@ -305,6 +314,8 @@ def layer_norm(
 
     Returns:
       y: bf16[M, N]; mu: f32[M]; rstd: f32[M].
+
+    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
     """
     (x, w, b), sizes = _operands(
         "layer_norm",
@@ -327,6 +338,45 @@ def layer_norm(
             b,
             eps=eps,
         )
+    return _differentiable(
+        functools.partial(
+            _layer_norm_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            eps=eps,
+            interpret=interpret,
+        ),
+        _layer_norm_vjp,
+        x,
+        w,
+        b,
+    )
+
+
+def layer_norm_reference(x, w, b, *, eps=1e-05):
+    """`layer_norm` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    w = w[None, :]
+    b = b[None, :]
+    h = x.astype(jnp.float32)
+    mu = jnp.mean(h, axis=1, keepdims=True, dtype=jnp.float32)
+    d = h - mu
+    rstd = jax.lax.rsqrt(jnp.mean((d * d), axis=1, keepdims=True, dtype=jnp.float32) + eps)
+    y = (d * rstd * w + b).astype(jnp.bfloat16)
+    mu = mu.reshape((m,))
+    rstd = rstd.reshape((m,))
+    return y, mu, rstd
+
+
+def _layer_norm_forward(
+    x, w, b, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, eps, interpret
+):
+    """`layer_norm` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     w = w.reshape(1, n)  # w: f32[N], broadcast over M
     b = b.reshape(1, n)  # b: f32[N], broadcast over M
     y, mu, rstd = _on_platform(
@@ -350,20 +400,13 @@ def layer_norm(
     return y, mu, rstd
 
 
-def layer_norm_reference(x, w, b, *, eps=1e-05):
-    """`layer_norm` in plain jax.numpy, to test the kernel against."""
-    m = x.shape[0]
-    n = x.shape[1]
-    w = w[None, :]
-    b = b[None, :]
-    h = x.astype(jnp.float32)
-    mu = jnp.mean(h, axis=1, keepdims=True, dtype=jnp.float32)
-    d = h - mu
-    rstd = jax.lax.rsqrt(jnp.mean((d * d), axis=1, keepdims=True, dtype=jnp.float32) + eps)
-    y = (d * rstd * w + b).astype(jnp.bfloat16)
-    mu = mu.reshape((m,))
-    rstd = rstd.reshape((m,))
-    return y, mu, rstd
+def _layer_norm_vjp(saved, cotangents):
+    """`layer_norm` has no backward pass yet: none is generated for a reduction."""
+    raise NotImplementedError(
+        "layer_norm is not differentiable yet: pallasgen generates backward kernels "
+        "for elementwise kernels only, not yet for a reduction; `grad none` in "
+        "specs/norms.pallas says it is never differentiated"
+    )
 
 
 def _layer_norm_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, m, n, block_m, eps):
@@ -537,6 +580,8 @@ def rms_norm(
 
     Returns:
       y: bf16[M, N].
+
+    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
     """
     (x, w), sizes = _operands(
         "rms_norm", {"x": (x, jnp.bfloat16, ("M", "N")), "w": (w, jnp.float32, ("N",))}
@@ -547,6 +592,36 @@ def rms_norm(
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(rms_norm_reference, (((m, n), jnp.bfloat16),), x, w, eps=eps)
+    return _differentiable(
+        functools.partial(
+            _rms_norm_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            eps=eps,
+            interpret=interpret,
+        ),
+        _rms_norm_vjp,
+        x,
+        w,
+    )
+
+
+def rms_norm_reference(x, w, *, eps=1e-06):
+    """`rms_norm` in plain jax.numpy, to test the kernel against."""
+    w = w[None, :]
+    h = x.astype(jnp.float32)
+    y = (
+        h * jax.lax.rsqrt(jnp.mean((h * h), axis=1, keepdims=True, dtype=jnp.float32) + eps) * w
+    ).astype(jnp.bfloat16)
+    return y
+
+
+def _rms_norm_forward(x, w, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, eps, interpret):
+    """`rms_norm` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     w = w.reshape(1, n)  # w: f32[N], broadcast over M
     return _on_platform(
         functools.partial(_rms_norm_tpu, m=m, n=n, block_m=block_m, eps=eps),
@@ -565,14 +640,13 @@ def rms_norm(
     )
 
 
-def rms_norm_reference(x, w, *, eps=1e-06):
-    """`rms_norm` in plain jax.numpy, to test the kernel against."""
-    w = w[None, :]
-    h = x.astype(jnp.float32)
-    y = (
-        h * jax.lax.rsqrt(jnp.mean((h * h), axis=1, keepdims=True, dtype=jnp.float32) + eps) * w
-    ).astype(jnp.bfloat16)
-    return y
+def _rms_norm_vjp(saved, cotangents):
+    """`rms_norm` has no backward pass yet: none is generated for a reduction."""
+    raise NotImplementedError(
+        "rms_norm is not differentiable yet: pallasgen generates backward kernels for "
+        "elementwise kernels only, not yet for a reduction; `grad none` in "
+        "specs/norms.pallas says it is never differentiated"
+    )
 
 
 def _rms_norm_kernel(x_ref, w_ref, y_ref, *, m, n, block_m, eps):

@@ -1146,6 +1146,8 @@ def argmax_f32(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, int
 
     Returns:
       i: i32[M].
+
+    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
     """
     (x,), sizes = _operands("argmax_f32", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("argmax_f32", block_m=block_m, may_be_none=True)
@@ -1154,6 +1156,33 @@ def argmax_f32(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, int
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(argmax_f32_reference, (((m,), jnp.int32),), x)
+    return _differentiable(
+        functools.partial(
+            _argmax_f32_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            interpret=interpret,
+        ),
+        _argmax_f32_vjp,
+        x,
+    )
+
+
+def argmax_f32_reference(x):
+    """`argmax_f32` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
+    i = i.reshape((m,))
+    return i
+
+
+def _argmax_f32_forward(x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, interpret):
+    """`argmax_f32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     i = _on_platform(
         functools.partial(_argmax_f32_tpu, m=m, n=n, block_m=block_m),
         functools.partial(
@@ -1171,13 +1200,13 @@ def argmax_f32(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, int
     return i
 
 
-def argmax_f32_reference(x):
-    """`argmax_f32` in plain jax.numpy, to test the kernel against."""
-    m = x.shape[0]
-    n = x.shape[1]
-    i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
-    i = i.reshape((m,))
-    return i
+def _argmax_f32_vjp(saved, cotangents):
+    """`argmax_f32` has no backward pass yet: none is generated for a reduction."""
+    raise NotImplementedError(
+        "argmax_f32 is not differentiable yet: pallasgen generates backward kernels "
+        "for elementwise kernels only, not yet for a reduction; `grad none` in "
+        "specs/ops.pallas says it is never differentiated"
+    )
 
 
 def _argmax_f32_kernel(x_ref, i_ref, *, m, n, block_m):
@@ -1294,6 +1323,8 @@ def equal_count_f32(
 
     Returns:
       n: i32[].
+
+    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
     """
     (x, y), sizes = _operands(
         "equal_count_f32", {"x": (x, jnp.float32, ("N",)), "y": (y, jnp.float32, ("N",))}
@@ -1303,6 +1334,32 @@ def equal_count_f32(
     n_ = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(equal_count_f32_reference, (((), jnp.int32),), x, y)
+    return _differentiable(
+        functools.partial(
+            _equal_count_f32_forward,
+            n_=n_,
+            block_n=block_n,
+            gpu_block_n=gpu_block_n,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            interpret=interpret,
+        ),
+        _equal_count_f32_vjp,
+        x,
+        y,
+    )
+
+
+def equal_count_f32_reference(x, y):
+    """`equal_count_f32` in plain jax.numpy, to test the kernel against."""
+    n_ = x.shape[0]
+    n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
+    n = n.reshape(())
+    return n
+
+
+def _equal_count_f32_forward(x, y, *, n_, block_n, gpu_block_n, gpu_warps, gpu_stages, interpret):
+    """`equal_count_f32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     n = _on_platform(
         functools.partial(_equal_count_f32_tpu, n_=n_, block_n=block_n),
         functools.partial(
@@ -1320,12 +1377,13 @@ def equal_count_f32(
     return n
 
 
-def equal_count_f32_reference(x, y):
-    """`equal_count_f32` in plain jax.numpy, to test the kernel against."""
-    n_ = x.shape[0]
-    n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
-    n = n.reshape(())
-    return n
+def _equal_count_f32_vjp(saved, cotangents):
+    """`equal_count_f32` has no backward pass yet: none is generated for a reduction."""
+    raise NotImplementedError(
+        "equal_count_f32 is not differentiable yet: pallasgen generates backward "
+        "kernels for elementwise kernels only, not yet for a reduction; `grad none` "
+        "in specs/ops.pallas says it is never differentiated"
+    )
 
 
 def _equal_count_f32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block_n):
@@ -1887,6 +1945,8 @@ def argmax_i32(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, int
 
     Returns:
       i: i32[M].
+
+    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
     """
     (x,), sizes = _operands("argmax_i32", {"x": (x, jnp.int32, ("M", "N"))})
     _check_blocks("argmax_i32", block_m=block_m, may_be_none=True)
@@ -1895,6 +1955,33 @@ def argmax_i32(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, int
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(argmax_i32_reference, (((m,), jnp.int32),), x)
+    return _differentiable(
+        functools.partial(
+            _argmax_i32_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            interpret=interpret,
+        ),
+        _argmax_i32_vjp,
+        x,
+    )
+
+
+def argmax_i32_reference(x):
+    """`argmax_i32` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
+    i = i.reshape((m,))
+    return i
+
+
+def _argmax_i32_forward(x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, interpret):
+    """`argmax_i32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     i = _on_platform(
         functools.partial(_argmax_i32_tpu, m=m, n=n, block_m=block_m),
         functools.partial(
@@ -1912,13 +1999,13 @@ def argmax_i32(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, int
     return i
 
 
-def argmax_i32_reference(x):
-    """`argmax_i32` in plain jax.numpy, to test the kernel against."""
-    m = x.shape[0]
-    n = x.shape[1]
-    i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
-    i = i.reshape((m,))
-    return i
+def _argmax_i32_vjp(saved, cotangents):
+    """`argmax_i32` has no backward pass yet: none is generated for a reduction."""
+    raise NotImplementedError(
+        "argmax_i32 is not differentiable yet: pallasgen generates backward kernels "
+        "for elementwise kernels only, not yet for a reduction; `grad none` in "
+        "specs/ops.pallas says it is never differentiated"
+    )
 
 
 def _argmax_i32_kernel(x_ref, i_ref, *, m, n, block_m):
@@ -2035,6 +2122,8 @@ def equal_count_i32(
 
     Returns:
       n: i32[].
+
+    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
     """
     (x, y), sizes = _operands(
         "equal_count_i32", {"x": (x, jnp.int32, ("N",)), "y": (y, jnp.int32, ("N",))}
@@ -2044,6 +2133,32 @@ def equal_count_i32(
     n_ = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(equal_count_i32_reference, (((), jnp.int32),), x, y)
+    return _differentiable(
+        functools.partial(
+            _equal_count_i32_forward,
+            n_=n_,
+            block_n=block_n,
+            gpu_block_n=gpu_block_n,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            interpret=interpret,
+        ),
+        _equal_count_i32_vjp,
+        x,
+        y,
+    )
+
+
+def equal_count_i32_reference(x, y):
+    """`equal_count_i32` in plain jax.numpy, to test the kernel against."""
+    n_ = x.shape[0]
+    n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
+    n = n.reshape(())
+    return n
+
+
+def _equal_count_i32_forward(x, y, *, n_, block_n, gpu_block_n, gpu_warps, gpu_stages, interpret):
+    """`equal_count_i32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     n = _on_platform(
         functools.partial(_equal_count_i32_tpu, n_=n_, block_n=block_n),
         functools.partial(
@@ -2061,12 +2176,13 @@ def equal_count_i32(
     return n
 
 
-def equal_count_i32_reference(x, y):
-    """`equal_count_i32` in plain jax.numpy, to test the kernel against."""
-    n_ = x.shape[0]
-    n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
-    n = n.reshape(())
-    return n
+def _equal_count_i32_vjp(saved, cotangents):
+    """`equal_count_i32` has no backward pass yet: none is generated for a reduction."""
+    raise NotImplementedError(
+        "equal_count_i32 is not differentiable yet: pallasgen generates backward "
+        "kernels for elementwise kernels only, not yet for a reduction; `grad none` "
+        "in specs/ops.pallas says it is never differentiated"
+    )
 
 
 def _equal_count_i32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block_n):
@@ -2628,6 +2744,8 @@ def argmax_i8(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, inte
 
     Returns:
       i: i32[M].
+
+    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
     """
     (x,), sizes = _operands("argmax_i8", {"x": (x, jnp.int8, ("M", "N"))})
     _check_blocks("argmax_i8", block_m=block_m, may_be_none=True)
@@ -2636,6 +2754,33 @@ def argmax_i8(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, inte
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(argmax_i8_reference, (((m,), jnp.int32),), x)
+    return _differentiable(
+        functools.partial(
+            _argmax_i8_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            interpret=interpret,
+        ),
+        _argmax_i8_vjp,
+        x,
+    )
+
+
+def argmax_i8_reference(x):
+    """`argmax_i8` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
+    i = i.reshape((m,))
+    return i
+
+
+def _argmax_i8_forward(x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, interpret):
+    """`argmax_i8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     i = _on_platform(
         functools.partial(_argmax_i8_tpu, m=m, n=n, block_m=block_m),
         functools.partial(
@@ -2653,13 +2798,13 @@ def argmax_i8(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, inte
     return i
 
 
-def argmax_i8_reference(x):
-    """`argmax_i8` in plain jax.numpy, to test the kernel against."""
-    m = x.shape[0]
-    n = x.shape[1]
-    i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
-    i = i.reshape((m,))
-    return i
+def _argmax_i8_vjp(saved, cotangents):
+    """`argmax_i8` has no backward pass yet: none is generated for a reduction."""
+    raise NotImplementedError(
+        "argmax_i8 is not differentiable yet: pallasgen generates backward kernels "
+        "for elementwise kernels only, not yet for a reduction; `grad none` in "
+        "specs/ops.pallas says it is never differentiated"
+    )
 
 
 def _argmax_i8_kernel(x_ref, i_ref, *, m, n, block_m):
@@ -2780,6 +2925,8 @@ def equal_count_i8(
 
     Returns:
       n: i32[].
+
+    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
     """
     (x, y), sizes = _operands(
         "equal_count_i8", {"x": (x, jnp.int8, ("N",)), "y": (y, jnp.int8, ("N",))}
@@ -2789,6 +2936,32 @@ def equal_count_i8(
     n_ = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(equal_count_i8_reference, (((), jnp.int32),), x, y)
+    return _differentiable(
+        functools.partial(
+            _equal_count_i8_forward,
+            n_=n_,
+            block_n=block_n,
+            gpu_block_n=gpu_block_n,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            interpret=interpret,
+        ),
+        _equal_count_i8_vjp,
+        x,
+        y,
+    )
+
+
+def equal_count_i8_reference(x, y):
+    """`equal_count_i8` in plain jax.numpy, to test the kernel against."""
+    n_ = x.shape[0]
+    n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
+    n = n.reshape(())
+    return n
+
+
+def _equal_count_i8_forward(x, y, *, n_, block_n, gpu_block_n, gpu_warps, gpu_stages, interpret):
+    """`equal_count_i8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     n = _on_platform(
         functools.partial(_equal_count_i8_tpu, n_=n_, block_n=block_n),
         functools.partial(
@@ -2806,12 +2979,13 @@ def equal_count_i8(
     return n
 
 
-def equal_count_i8_reference(x, y):
-    """`equal_count_i8` in plain jax.numpy, to test the kernel against."""
-    n_ = x.shape[0]
-    n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
-    n = n.reshape(())
-    return n
+def _equal_count_i8_vjp(saved, cotangents):
+    """`equal_count_i8` has no backward pass yet: none is generated for a reduction."""
+    raise NotImplementedError(
+        "equal_count_i8 is not differentiable yet: pallasgen generates backward "
+        "kernels for elementwise kernels only, not yet for a reduction; `grad none` "
+        "in specs/ops.pallas says it is never differentiated"
+    )
 
 
 def _equal_count_i8_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block_n):

@@ -101,6 +101,15 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
+def _differentiable(forward, backward, *arrays):
+    """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
+    from the arrays (what the forward pass saves) and the cotangents of the outputs, it
+    gives one cotangent per array, or None for none (float0 for an integer array)."""
+    call = jax.custom_vjp(forward)
+    call.defvjp(lambda *arrays: (forward(*arrays), arrays), backward)
+    return call(*arrays)
+
+
 def _operands(kernel, operands):
     """The operands as arrays, each checked for its dtype and rank, and the size of each
     named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
@@ -305,6 +314,8 @@ def softmax(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interp
 
     Returns:
       y: f32[M, N].
+
+    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
     """
     (x,), sizes = _operands("softmax", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("softmax", block_m=block_m, may_be_none=True)
@@ -313,6 +324,31 @@ def softmax(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interp
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(softmax_reference, (((m, n), jnp.float32),), x)
+    return _differentiable(
+        functools.partial(
+            _softmax_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            interpret=interpret,
+        ),
+        _softmax_vjp,
+        x,
+    )
+
+
+def softmax_reference(x):
+    """`softmax` in plain jax.numpy, to test the kernel against."""
+    e = jnp.exp(x - jnp.max(x, axis=1, keepdims=True))
+    y = e / jnp.sum(e, axis=1, keepdims=True, dtype=jnp.float32)
+    return y
+
+
+def _softmax_forward(x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, interpret):
+    """`softmax` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return _on_platform(
         functools.partial(_softmax_tpu, m=m, n=n, block_m=block_m),
         functools.partial(
@@ -323,11 +359,13 @@ def softmax(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, interp
     )
 
 
-def softmax_reference(x):
-    """`softmax` in plain jax.numpy, to test the kernel against."""
-    e = jnp.exp(x - jnp.max(x, axis=1, keepdims=True))
-    y = e / jnp.sum(e, axis=1, keepdims=True, dtype=jnp.float32)
-    return y
+def _softmax_vjp(saved, cotangents):
+    """`softmax` has no backward pass yet: none is generated for a reduction."""
+    raise NotImplementedError(
+        "softmax is not differentiable yet: pallasgen generates backward kernels for "
+        "elementwise kernels only, not yet for a reduction; `grad none` in "
+        "specs/softmax.pallas says it is never differentiated"
+    )
 
 
 def _softmax_kernel(x_ref, y_ref, *, m, n, block_m):
@@ -439,6 +477,8 @@ def log_softmax(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, in
 
     Returns:
       y: f32[M, N].
+
+    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
     """
     (x,), sizes = _operands("log_softmax", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("log_softmax", block_m=block_m, may_be_none=True)
@@ -447,6 +487,30 @@ def log_softmax(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, in
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(log_softmax_reference, (((m, n), jnp.float32),), x)
+    return _differentiable(
+        functools.partial(
+            _log_softmax_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            interpret=interpret,
+        ),
+        _log_softmax_vjp,
+        x,
+    )
+
+
+def log_softmax_reference(x):
+    """`log_softmax` in plain jax.numpy, to test the kernel against."""
+    y = x - jax.nn.logsumexp(x, axis=1, keepdims=True)
+    return y
+
+
+def _log_softmax_forward(x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, interpret):
+    """`log_softmax` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return _on_platform(
         functools.partial(_log_softmax_tpu, m=m, n=n, block_m=block_m),
         functools.partial(
@@ -462,10 +526,13 @@ def log_softmax(x, *, block_m=None, gpu_block_m=1, gpu_warps=4, gpu_stages=1, in
     )
 
 
-def log_softmax_reference(x):
-    """`log_softmax` in plain jax.numpy, to test the kernel against."""
-    y = x - jax.nn.logsumexp(x, axis=1, keepdims=True)
-    return y
+def _log_softmax_vjp(saved, cotangents):
+    """`log_softmax` has no backward pass yet: none is generated for a reduction."""
+    raise NotImplementedError(
+        "log_softmax is not differentiable yet: pallasgen generates backward kernels "
+        "for elementwise kernels only, not yet for a reduction; `grad none` in "
+        "specs/softmax.pallas says it is never differentiated"
+    )
 
 
 def _log_softmax_kernel(x_ref, y_ref, *, m, n, block_m):

@@ -46,12 +46,13 @@ class BackwardKernel:
 @dataclass(frozen=True)
 class Gradient:
     """How `jax.grad` differentiates a kernel: by its backward kernels (none where no float
-    input reaches a float output: then every cotangent is zero, or float0), or not at all
-    where the spec says `grad none`."""
+    input reaches a float output: then every cotangent is zero, or float0), or not at all:
+    where the spec says `grad none`, or where they are `not_yet` generated."""
 
     kernels: tuple[BackwardKernel, ...] = ()
     recomputed: tuple[str, ...] = ()  # the forward values the backward kernels recompute
     turned_off: ir.GradNone | None = None
+    not_yet: str | None = None  # what the kernel has that no backward kernel is generated for yet
 
     @property
     def results(self) -> frozenset[str]:
@@ -60,8 +61,8 @@ class Gradient:
 
 
 def with_gradients(kernels: tuple[CheckedKernel, ...], backends=()) -> tuple[CheckedKernel, ...]:
-    """The kernels, each with its `gradient` (None: not differentiable yet); raises
-    `Diagnostics` if a backward kernel fails a check or takes another kernel's name."""
+    """The kernels, each with its `gradient`; raises `Diagnostics` if a backward kernel
+    fails a check or takes another kernel's name."""
     names = {k.kernel.name: k.kernel for k in kernels}
     found: list[Diagnostic] = []
     result = []
@@ -83,21 +84,18 @@ def _backward_kernels(checked: CheckedKernel) -> tuple[CheckedKernel, ...]:
     return tuple(k.checked for k in checked.gradient.kernels) if checked.gradient else ()
 
 
-def differentiate(checked: CheckedKernel, backends, taken: dict[str, ir.Kernel]) -> tuple[Gradient | None, list]:
+def differentiate(checked: CheckedKernel, backends, taken: dict[str, ir.Kernel]) -> tuple[Gradient, list]:
     """The kernel's gradient and the diagnostics of its backward kernels."""
     kernel = checked.kernel
     if kernel.grad_none:
         return Gradient(turned_off=kernel.grad_none[0]), []
-    if not is_elementwise(checked) or any(o.dims != checked.space.layout for o in kernel.outputs):
-        return None, []  # products, reductions and attention: not generated yet
+    not_yet = _not_generated_yet(checked)
+    if not_yet:
+        return Gradient(not_yet=not_yet), []
     if not any(_is_float(d) for d in kernel.inputs) or not any(_is_float(d) for d in kernel.outputs):
         return Gradient(), []
     layout = checked.space.layout
     summed = {d.name: [dim for dim in layout if dim not in d.dims] for d in kernel.inputs if _is_float(d)}
-    if any(len(dims) > 1 for dims in summed.values()) or any(
-        d.dims != tuple(dim for dim in layout if dim in d.dims) for d in kernel.inputs
-    ):
-        return None, []  # an input broadcast over two dimensions, or transposed: not generated yet
     reverse = _Reverse(checked)
     groups: dict[str, list[ir.ArrayDecl]] = defaultdict(list)
     for decl in kernel.inputs:
@@ -129,20 +127,26 @@ def differentiate(checked: CheckedKernel, backends, taken: dict[str, ir.Kernel])
     return Gradient(tuple(backward), reverse.recomputed_names(backward)), found
 
 
-def is_elementwise(checked: CheckedKernel) -> bool:
-    """No product, reduction, softmax, index() or size(), and a derivative rule for each node."""
+def _not_generated_yet(checked: CheckedKernel) -> str | None:
+    """What the kernel has that backward kernels are not generated for yet (None: they
+    are): anything but an elementwise body whose outputs have all its dimensions and
+    whose float inputs are broadcast over one dimension at most."""
     if checked.product is not None or checked.fused is not None:
-        return False
+        return "a matrix product"
     for node in ir.walk(*(s.value for s in checked.kernel.body)):
-        if isinstance(node, ir.Attribute):
-            return False
-        if isinstance(node, ir.Call) and (FUNCTIONS[node.func].derivative is None or FUNCTIONS[node.func].reducer):
-            return False
+        if isinstance(node, ir.Call) and FUNCTIONS[node.func].reducer:
+            return "a reduction"
         if isinstance(node, ir.Call) and FUNCTIONS[node.func].typing in ("index", "size"):
-            return False
-        if isinstance(node, (ir.Unary, ir.Binary)) and operator_rule(node) is None:
-            return False
-    return True
+            return "index() or size()"
+    layout = checked.space.layout
+    if any(o.dims != layout for o in checked.kernel.outputs):
+        return "an output of fewer dimensions than the kernel's"
+    for decl in checked.kernel.inputs:
+        if decl.dims != tuple(dim for dim in layout if dim in decl.dims):
+            return "an input whose dimensions are in another order than the kernel's"
+        if _is_float(decl) and len(layout) - len(decl.dims) > 1:
+            return "an input broadcast over two dimensions"
+    return None
 
 
 def _is_float(decl: ir.ArrayDecl) -> bool:

@@ -12,7 +12,7 @@ from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.gradients import Gradient
 from pallasgen.analysis.names import Namer
-from pallasgen.lowering.parts import parameter_list
+from pallasgen.lowering.parts import parameter_list, partial_call
 
 DOC_WIDTH = 88  # a docstring's lines, indented by 4 in a module black keeps to 100
 
@@ -28,17 +28,17 @@ class BackwardCall:
 class GradientPlan:
     forward_function: str  # the forward pass on checked arrays: expand, dispatch, restore
     forward_parameters: str
-    forward_binding: str  # the keywords the public function binds for it
+    forward_call: str  # it, with the keywords that the public function binds
     vjp_function: str  # the backward pass
     vjp_parameters: str
-    vjp_binding: str
+    vjp_call: str
     doc: tuple[str, ...]  # what the forward pass saves and what the backward recomputes
     public_doc: tuple[str, ...]  # the lines the public function's docstring adds
     saved: str  # the saved arrays that the backward kernels read, unpacked ("": none)
     cotangents: str  # the outputs' cotangents that they read, unpacked ("": none)
     calls: tuple[BackwardCall, ...]
     returns: str  # the inputs' cotangents (None: none, as integer inputs have)
-    refusal: str | None  # `grad none`: the error that `jax.grad` raises
+    refusal: tuple[str, tuple[str, ...]] | None  # the error jax.grad raises, if any: its type, its message in pieces
 
 
 def gradient_function_names(kernel: str) -> tuple[str, str]:
@@ -66,8 +66,9 @@ def plan_gradient(
     forward_function, vjp_function = gradient_function_names(kernel.name)
     arrays = [values[d.name] for d in kernel.inputs]
     bound = [*sizes, *keywords]
+    refusal = _refusal(kernel.name, gradient, spec_path)
     params = list(dict.fromkeys(p for k in gradient.kernels for p in k.params))
-    vjp_keywords = [*params, "interpret"]
+    vjp_keywords = [*params, "interpret"] if refusal is None else []
     # The backward pass's own names: the arrays it unpacks and the cotangents, off the
     # backward kernels it calls and its parameters.
     namer = Namer(taken | {k.checked.kernel.name for k in gradient.kernels} | {"saved", "cotangents", *vjp_keywords})
@@ -85,17 +86,13 @@ def plan_gradient(
             )
         )
     read = {(a.forward, a.cotangent) for k in gradient.kernels for a in k.arguments}
-    refusal = None
-    if gradient.turned_off is not None:
-        where = f"{spec_path}:{gradient.turned_off.position.line}"
-        refusal = f"{kernel.name} is not differentiable: its spec turns gradients off (`grad none` at {where})"
     return GradientPlan(
         forward_function=forward_function,
         forward_parameters=parameter_list(arrays, bound),
-        forward_binding=", ".join(f"{name}={name}" for name in bound),
+        forward_call=partial_call(forward_function, bound),
         vjp_function=vjp_function,
         vjp_parameters=parameter_list(["saved", "cotangents"], vjp_keywords),
-        vjp_binding=", ".join(f"{name}={name}" for name in vjp_keywords),
+        vjp_call=partial_call(vjp_function, vjp_keywords),
         doc=_doc(checked, gradient),
         public_doc=_public_doc(gradient, vjp_function),
         saved=_unpacked([saved[d.name] if (d.name, False) in read else "_" for d in kernel.inputs], tuple_of_one=True),
@@ -104,6 +101,26 @@ def plan_gradient(
         returns=", ".join(results.get(d.name, "None") for d in kernel.inputs) + ("," if len(arrays) == 1 else ""),
         refusal=refusal,
     )
+
+
+def _refusal(name: str, gradient: Gradient, spec_path: str) -> tuple[str, tuple[str, ...]] | None:
+    """The error that jax.grad of a kernel raises, if it is not differentiable: its type,
+    and its message in pieces of a line each."""
+    if gradient.turned_off is not None:
+        where = f"{spec_path}:{gradient.turned_off.position.line}"
+        error, text = (
+            "TypeError",
+            f"{name} is not differentiable: its spec turns gradients off (`grad none` at {where})",
+        )
+    elif gradient.not_yet is not None:
+        error, text = "NotImplementedError", (
+            f"{name} is not differentiable yet: pallasgen generates backward kernels for elementwise kernels"
+            f" only, not yet for {gradient.not_yet}; `grad none` in {spec_path} says it is never differentiated"
+        )
+    else:
+        return None
+    lines = textwrap.wrap(text, DOC_WIDTH - 12)
+    return error, tuple(line + " " for line in lines[:-1]) + (lines[-1],)
 
 
 def _unpacked(names: list[str], tuple_of_one: bool = False) -> str:
@@ -118,6 +135,8 @@ def _public_doc(gradient: Gradient, vjp_function: str) -> tuple[str, ...]:
     """What the public function's docstring says of its gradient."""
     if gradient.turned_off is not None:
         text = "Gradients: none; its spec says `grad none`, and jax.grad of it raises a TypeError."
+    elif gradient.not_yet is not None:
+        text = f"Gradients: not generated yet for {gradient.not_yet}: jax.grad of it raises NotImplementedError."
     elif not gradient.kernels:
         text = "Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float output."
     else:
@@ -132,6 +151,8 @@ def _doc(checked: CheckedKernel, gradient: Gradient) -> tuple[str, ...]:
     kernel = checked.kernel
     if gradient.turned_off is not None:
         return (f"`{kernel.name}` has no backward pass: its spec says `grad none`.",)
+    if gradient.not_yet is not None:
+        return (f"`{kernel.name}` has no backward pass yet: none is generated for {gradient.not_yet}.",)
     if not gradient.kernels:
         text = (
             f"The cotangents of `{kernel.name}`'s inputs, for jax.grad: none (zeros, or float0 for integer"
