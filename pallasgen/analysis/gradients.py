@@ -157,9 +157,10 @@ class _Reverse:
     """Reverse mode over one elementwise kernel's statements.
 
     `cotangents` maps each float input that a float output depends on to its cotangent
-    contributions; `statements` are the lets that compute the cotangents of the
-    kernel's lets and of the parts of expressions that several rules read. The forward
-    values that rules read are named in `bound` and recomputed first (see `kernel`).
+    (the sum of its contributions); `statements` are the lets that compute the
+    cotangents of the kernel's lets and of the parts of expressions that several rules
+    read. The forward values that rules read are named in `bound` and recomputed first
+    (see `recomputation`).
 
     Every cotangent is taken per element of the kernel's layout (the outputs all have
     it): an input broadcast over a dimension sums its contributions over it afterwards.
