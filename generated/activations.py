@@ -151,6 +151,15 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
+def _differentiable(forward, backward, *arrays):
+    """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
+    from the arrays (what the forward pass saves) and the cotangents of the outputs, it
+    gives one cotangent per array, or None for none (float0 for an integer array)."""
+    call = jax.custom_vjp(forward)
+    call.defvjp(lambda *arrays: (forward(*arrays), arrays), backward)
+    return call(*arrays)
+
+
 def _operands(kernel, operands):
     """The operands as arrays, each checked for its dtype and rank, and the size of each
     named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
@@ -325,6 +334,12 @@ def _nbytes(*arrays):
     return sum(array.size * array.dtype.itemsize for array in arrays)
 
 
+def _fill_past(value, start, size, axis, identity):
+    """`value` with `identity` at the positions along `axis` (from `start`) past `size`."""
+    positions = start + jax.lax.broadcasted_iota(jnp.int32, value.shape, axis)
+    return jnp.where(positions < size, value, identity)
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -370,6 +385,8 @@ def leaky(
 
     Returns:
       y: f32[M, N]; mask: i32[M, N].
+
+    Gradients: jax.grad runs the generated backward kernels leaky_backward (_leaky_vjp).
     """
     (x,), sizes = _operands("leaky", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("leaky", block_m=block_m, block_n=block_n, may_be_none=True)
@@ -380,6 +397,50 @@ def leaky(
         return _without_elements(
             leaky_reference, (((m, n), jnp.float32), ((m, n), jnp.int32)), x, slope=slope
         )
+    return _differentiable(
+        functools.partial(
+            _leaky_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            block_n=block_n,
+            gpu_block_m=gpu_block_m,
+            gpu_block_n=gpu_block_n,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            slope=slope,
+            interpret=interpret,
+        ),
+        functools.partial(_leaky_vjp, slope=slope, interpret=interpret),
+        x,
+    )
+
+
+def leaky_reference(x, *, slope=0.01):
+    """`leaky` in plain jax.numpy, to test the kernel against."""
+    pos = x > 0
+    y = jnp.where(pos, x, x * slope)
+    mask = pos.astype(jnp.int32)
+    return y, mask
+
+
+def _leaky_forward(
+    x,
+    *,
+    m,
+    n,
+    block_m,
+    block_n,
+    gpu_block_m,
+    gpu_block_n,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    slope,
+    interpret,
+):
+    """`leaky` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return _on_platform(
         functools.partial(_leaky_tpu, m=m, n=n, block_m=block_m, block_n=block_n, slope=slope),
         _gpu_kernel(
@@ -402,12 +463,15 @@ def leaky(
     )
 
 
-def leaky_reference(x, *, slope=0.01):
-    """`leaky` in plain jax.numpy, to test the kernel against."""
-    pos = x > 0
-    y = jnp.where(pos, x, x * slope)
-    mask = pos.astype(jnp.int32)
-    return y, mask
+def _leaky_vjp(saved, cotangents, *, slope, interpret):
+    """The cotangents of `leaky`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels leaky_backward. The forward pass saves its inputs (x) and
+    nothing else: the backward kernels recompute the values they need (pos) from them.
+    """
+    (x,) = saved
+    dy, _ = cotangents
+    dx = leaky_backward(x, dy, slope=slope, interpret=interpret)
+    return (dx,)
 
 
 def _leaky_kernel(x_ref, y_ref, mask_ref, *, slope):
@@ -437,7 +501,7 @@ def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
         grow=functools.partial(
             _grown,
             bounds=(m, n),
-            step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+            step=lambda block_m, block_n: (block_m * block_n, 28 * block_m * block_n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
@@ -452,8 +516,8 @@ def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 4.0 MiB + y 4.0 MiB + mask 4.0
-    # MiB).
+    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 4.0 MiB + y 4.0 MiB + mask 4.0
+    # MiB) + let pos 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_leaky_kernel, slope=slope),
         # One step per block of M, block of N; steps are independent, so every axis is
@@ -476,7 +540,7 @@ def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_m * block_n),
+            vmem_limit_bytes=_vmem_limit(28 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=4 * m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 4 + m * n * 4
@@ -596,6 +660,262 @@ def _leaky_mosaic_gpu(x, *, m, n, slope, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "slope",
+        "interpret",
+    ),
+)
+def leaky_backward(
+    x,
+    dy,
+    *,
+    block_m=None,
+    block_n=None,
+    gpu_block_m=8,
+    gpu_block_n=128,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    slope=0.01,
+    interpret=None,
+):
+    """The backward pass of `leaky`, generated from its spec: the cotangents dx
+    of its inputs from dy, those of its outputs.
+
+    Args:
+      x: f32[M, N].
+      dy: f32[M, N].
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_leaky_backward_tpu_blocks),
+        grown to large steps (_grown), else 1024, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      slope: a static f32 (default 0.01).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dx: f32[M, N].
+    """
+    (x, dy), sizes = _operands(
+        "leaky_backward", {"x": (x, jnp.float32, ("M", "N")), "dy": (dy, jnp.float32, ("M", "N"))}
+    )
+    _check_blocks("leaky_backward", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks("leaky_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            leaky_backward_reference, (((m, n), jnp.float32),), x, dy, slope=slope
+        )
+    return _on_platform(
+        functools.partial(
+            _leaky_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n, slope=slope
+        ),
+        _gpu_kernel(
+            "leaky_backward",
+            gpu_backend,
+            functools.partial(
+                _leaky_backward_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                slope=slope,
+            ),
+            functools.partial(_leaky_backward_mosaic_gpu, m=m, n=n, slope=slope),
+        ),
+        interpret,
+        x,
+        dy,
+    )
+
+
+def leaky_backward_reference(x, dy, *, slope=0.01):
+    """`leaky_backward` in plain jax.numpy, to test the kernel against."""
+    pos = x > 0
+    dx = jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope
+    return dx
+
+
+def _leaky_backward_kernel(x_ref, dy_ref, dx_ref, *, slope):
+    x = x_ref[...]
+    dy = dy_ref[...]
+    pos = x > 0
+    dx_ref[...] = jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope
+
+
+# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_leaky_backward_tpu_blocks = {
+    None: {"default": (1024, 1024)},
+    "v5e": {"default": (1024, 1024)},
+    "v6e": {"default": (1024, 1024)},
+}
+
+
+def _leaky_backward_tpu(x, dy, *, m, n, block_m, block_n, slope, interpret):
+    """`leaky_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n = _tpu_blocks(
+        _leaky_backward_tpu_blocks,
+        (m, n),
+        (block_m, block_n),
+        grow=functools.partial(
+            _grown,
+            bounds=(m, n),
+            step=lambda block_m, block_n: (block_m * block_n, 28 * block_m * block_n),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "leaky_backward",
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 4.0 MiB + dy 4.0 MiB + dx 4.0
+    # MiB) + let pos 4.0 MiB.
+    return pl.pallas_call(
+        functools.partial(_leaky_backward_kernel, slope=slope),
+        # One step per block of M, block of N; steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # dy: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        ],
+        # dx: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(28 * block_m * block_n),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=5 * m * n, transcendentals=0, bytes_accessed=_nbytes(x, dy) + m * n * 4
+        ),
+        interpret=interpret,
+        name="leaky_backward",
+    )(x, dy)
+
+
+def _leaky_backward_gpu_kernel(x_ref, dy_ref, dx_ref, *, m, n, block_m, block_n, slope):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    x = _load(x_ref, inside)
+    dy = _load(dy_ref, inside)
+    pos = x > 0
+    _store(dx_ref, jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope, inside)
+
+
+def _leaky_backward_gpu(x, dy, *, m, n, block_m, block_n, num_warps, num_stages, slope, interpret):
+    """`leaky_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
+    return pl.pallas_call(
+        functools.partial(
+            _leaky_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n, slope=slope
+        ),
+        # One program per block of M, block of N; programs run concurrently.
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # dy: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        ],
+        # dx: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="leaky_backward",
+    )(x, dy)
+
+
+def _leaky_backward_mosaic_gpu_kernel(x_ref, dy_ref, dx_ref, *, block_m, block_n, slope):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, x_smem, dy_smem, dx_smem):
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        pos = x > 0
+        dx_smem[...] = jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+    )(x_ref, dy_ref, dx_ref)
+
+
+def _leaky_backward_mosaic_gpu(x, dy, *, m, n, slope, interpret):
+    """`leaky_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    (dx,) = plgpu.kernel(
+        functools.partial(
+            _leaky_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, slope=slope
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
+        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, dy)
+    return dx[:m, :n]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_n",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
         "interpret",
     ),
 )
@@ -630,6 +950,9 @@ def bias_gelu(
 
     Returns:
       y: bf16[M, N].
+
+    Gradients: jax.grad runs the generated backward kernels bias_gelu_backward,
+    bias_gelu_backward_over_m, bias_gelu_backward_over_n (_bias_gelu_vjp).
     """
     (x, bias, scale), sizes = _operands(
         "bias_gelu",
@@ -645,6 +968,52 @@ def bias_gelu(
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(bias_gelu_reference, (((m, n), jnp.bfloat16),), x, bias, scale)
+    return _differentiable(
+        functools.partial(
+            _bias_gelu_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            block_n=block_n,
+            gpu_block_m=gpu_block_m,
+            gpu_block_n=gpu_block_n,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        functools.partial(_bias_gelu_vjp, interpret=interpret),
+        x,
+        bias,
+        scale,
+    )
+
+
+def bias_gelu_reference(x, bias, scale):
+    """`bias_gelu` in plain jax.numpy, to test the kernel against."""
+    bias = bias[None, :]
+    scale = scale[:, None]
+    y = jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16)
+    return y
+
+
+def _bias_gelu_forward(
+    x,
+    bias,
+    scale,
+    *,
+    m,
+    n,
+    block_m,
+    block_n,
+    gpu_block_m,
+    gpu_block_n,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    interpret,
+):
+    """`bias_gelu` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
     scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
     return _on_platform(
@@ -670,12 +1039,18 @@ def bias_gelu(
     )
 
 
-def bias_gelu_reference(x, bias, scale):
-    """`bias_gelu` in plain jax.numpy, to test the kernel against."""
-    bias = bias[None, :]
-    scale = scale[:, None]
-    y = jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16)
-    return y
+def _bias_gelu_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `bias_gelu`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels bias_gelu_backward, bias_gelu_backward_over_m,
+    bias_gelu_backward_over_n. The forward pass saves its inputs (x, bias, scale) and
+    nothing else: the backward kernels recompute the values they need from them.
+    """
+    x, bias, scale = saved
+    dy = cotangents
+    dx = bias_gelu_backward(x, bias, scale, dy, interpret=interpret)
+    dbias = bias_gelu_backward_over_m(x, bias, scale, dy, interpret=interpret)
+    dscale = bias_gelu_backward_over_n(x, bias, scale, dy, interpret=interpret)
+    return dx, dbias, dscale
 
 
 def _bias_gelu_kernel(x_ref, bias_ref, scale_ref, y_ref):
@@ -870,6 +1245,914 @@ def _bias_gelu_mosaic_gpu(x, bias, scale, *, m, n, interpret):
         "interpret",
     ),
 )
+def bias_gelu_backward(
+    x,
+    bias,
+    scale,
+    dy,
+    *,
+    block_m=None,
+    block_n=None,
+    gpu_block_m=8,
+    gpu_block_n=128,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `bias_gelu`, generated from its spec: the cotangents dx
+    of its inputs from dy, those of its outputs.
+
+    Args:
+      x: bf16[M, N].
+      bias: f32[N].
+      scale: f32[M].
+      dy: bf16[M, N].
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_tpu_blocks),
+        grown to large steps (_grown), else 1024, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dx: bf16[M, N].
+    """
+    (x, bias, scale, dy), sizes = _operands(
+        "bias_gelu_backward",
+        {
+            "x": (x, jnp.bfloat16, ("M", "N")),
+            "bias": (bias, jnp.float32, ("N",)),
+            "scale": (scale, jnp.float32, ("M",)),
+            "dy": (dy, jnp.bfloat16, ("M", "N")),
+        },
+    )
+    _check_blocks("bias_gelu_backward", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks("bias_gelu_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            bias_gelu_backward_reference, (((m, n), jnp.bfloat16),), x, bias, scale, dy
+        )
+    bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
+    scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
+    return _on_platform(
+        functools.partial(_bias_gelu_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        _gpu_kernel(
+            "bias_gelu_backward",
+            gpu_backend,
+            functools.partial(
+                _bias_gelu_backward_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_bias_gelu_backward_mosaic_gpu, m=m, n=n),
+        ),
+        interpret,
+        x,
+        bias,
+        scale,
+        dy,
+    )
+
+
+def bias_gelu_backward_reference(x, bias, scale, dy):
+    """`bias_gelu_backward` in plain jax.numpy, to test the kernel against."""
+    bias = bias[None, :]
+    scale = scale[:, None]
+    y_1 = x.astype(jnp.float32)
+    y_2 = y_1 * scale + bias
+    y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
+    dy_1 = dy.astype(jnp.float32) * (
+        0.5 * (1 + y_3)
+        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+    )
+    dx = (dy_1 * scale).astype(jnp.bfloat16)
+    return dx
+
+
+def _bias_gelu_backward_kernel(x_ref, bias_ref, scale_ref, dy_ref, dx_ref):
+    x = x_ref[...]
+    bias = bias_ref[...]
+    scale = scale_ref[...]
+    dy = dy_ref[...]
+    y_1 = x.astype(jnp.float32)
+    y_2 = y_1 * scale + bias
+    y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
+    dy_1 = dy.astype(jnp.float32) * (
+        0.5 * (1 + y_3)
+        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+    )
+    dx_ref[...] = (dy_1 * scale).astype(jnp.bfloat16)
+
+
+# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_bias_gelu_backward_tpu_blocks = {
+    None: {"default": (1024, 1024)},
+    "v5e": {"default": (1024, 1024)},
+    "v6e": {"default": (1024, 1024)},
+}
+
+
+def _bias_gelu_backward_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
+    """`bias_gelu_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n = _tpu_blocks(
+        _bias_gelu_backward_tpu_blocks,
+        (m, n),
+        (block_m, block_n),
+        grow=functools.partial(
+            _grown,
+            bounds=(m, n),
+            step=lambda block_m, block_n: (
+                block_m * block_n,
+                28 * block_m * block_n + 8 * block_n + 8 * block_m,
+            ),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "bias_gelu_backward",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale
+    # 4.0 KiB + dy 2.0 MiB + dx 2.0 MiB) + let y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0
+    # MiB + let dy_1 4.0 MiB.
+    return pl.pallas_call(
+        _bias_gelu_backward_kernel,
+        # One step per block of M, block of N; steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # bias: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
+            # scale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            # dy: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        ],
+        # dx: bf16[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(28 * block_m * block_n + 8 * block_n + 8 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=24 * m * n,
+            transcendentals=m * n,
+            bytes_accessed=_nbytes(x, bias, scale, dy) + m * n * 2,
+        ),
+        interpret=interpret,
+        name="bias_gelu_backward",
+    )(x, bias, scale, dy)
+
+
+def _bias_gelu_backward_gpu_kernel(
+    x_ref, bias_ref, scale_ref, dy_ref, dx_ref, *, m, n, block_m, block_n
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    x = _load(x_ref, inside)
+    bias = _load(bias_ref, _mask((1, block_n), None, in_n))
+    scale = _load(scale_ref, _mask((block_m, 1), in_m, None))
+    dy = _load(dy_ref, inside)
+    y_1 = x.astype(jnp.float32)
+    y_2 = y_1 * scale + bias
+    y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
+    dy_1 = dy.astype(jnp.float32) * (
+        0.5 * (1 + y_3)
+        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+    )
+    _store(dx_ref, (dy_1 * scale).astype(jnp.bfloat16), inside)
+
+
+def _bias_gelu_backward_gpu(
+    x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
+):
+    """`bias_gelu_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
+    return pl.pallas_call(
+        functools.partial(
+            _bias_gelu_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
+        ),
+        # One program per block of M, block of N; programs run concurrently.
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # bias: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
+            # scale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            # dy: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        ],
+        # dx: bf16[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="bias_gelu_backward",
+    )(x, bias, scale, dy)
+
+
+def _bias_gelu_backward_mosaic_gpu_kernel(
+    x_ref, bias_ref, scale_ref, dy_ref, dx_ref, *, block_m, block_n
+):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, x_smem, bias_smem, scale_smem, dy_smem, dx_smem):
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
+        scale = _mgpu_load(scale_smem, (block_m, block_n), (0,))
+        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        y_1 = x.astype(jnp.float32)
+        y_2 = y_1 * scale + bias
+        y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
+        dy_1 = dy.astype(jnp.float32) * (
+            0.5 * (1 + y_3)
+            + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        )
+        dx_smem[...] = (dy_1 * scale).astype(jnp.bfloat16)
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+            plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
+            plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            )
+        ],
+    )(x_ref, bias_ref, scale_ref, dy_ref, dx_ref)
+
+
+def _bias_gelu_backward_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
+    """`bias_gelu_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    bias = bias.reshape((n,))
+    bias = _mgpu_pad(bias, (padded_n,))
+    scale = scale.reshape((m,))
+    scale = _mgpu_pad(scale, (padded_m,))
+    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    (dx,) = plgpu.kernel(
+        functools.partial(_bias_gelu_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
+        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, bias, scale, dy)
+    return dx[:m, :n]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_n",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def bias_gelu_backward_over_m(
+    x,
+    bias,
+    scale,
+    dy,
+    *,
+    block_m=None,
+    block_n=None,
+    gpu_block_m=64,
+    gpu_block_n=128,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `bias_gelu`, generated from its spec: the cotangents dbias
+    of its inputs from dy, those of its outputs, summed over M (the inputs are broadcast over it).
+
+    Args:
+      x: bf16[M, N].
+      bias: f32[N].
+      scale: f32[M].
+      dy: bf16[M, N].
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_over_m_tpu_blocks),
+        grown to large steps (_grown), else 1024, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dbias: f32[N].
+    """
+    (x, bias, scale, dy), sizes = _operands(
+        "bias_gelu_backward_over_m",
+        {
+            "x": (x, jnp.bfloat16, ("M", "N")),
+            "bias": (bias, jnp.float32, ("N",)),
+            "scale": (scale, jnp.float32, ("M",)),
+            "dy": (dy, jnp.bfloat16, ("M", "N")),
+        },
+    )
+    _check_blocks("bias_gelu_backward_over_m", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks("bias_gelu_backward_over_m", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            bias_gelu_backward_over_m_reference, (((n,), jnp.float32),), x, bias, scale, dy
+        )
+    bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
+    scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
+    dbias = _on_platform(
+        functools.partial(
+            _bias_gelu_backward_over_m_tpu, m=m, n=n, block_m=block_m, block_n=block_n
+        ),
+        _gpu_kernel(
+            "bias_gelu_backward_over_m",
+            gpu_backend,
+            functools.partial(
+                _bias_gelu_backward_over_m_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
+        ),
+        interpret,
+        x,
+        bias,
+        scale,
+        dy,
+    )
+    dbias = dbias.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
+    return dbias
+
+
+def bias_gelu_backward_over_m_reference(x, bias, scale, dy):
+    """`bias_gelu_backward_over_m` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    bias = bias[None, :]
+    scale = scale[:, None]
+    y_1 = x.astype(jnp.float32)
+    y_2 = y_1 * scale + bias
+    y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
+    dy_1 = dy.astype(jnp.float32) * (
+        0.5 * (1 + y_3)
+        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+    )
+    dbias = jnp.sum(dy_1, axis=0, keepdims=True, dtype=jnp.float32)
+    dbias = dbias.reshape((n,))
+    return dbias
+
+
+def _bias_gelu_backward_over_m_kernel(
+    x_ref, bias_ref, scale_ref, dy_ref, dbias_ref, sum_m_running_ref, *, m, n, block_m, block_n
+):
+    step = pl.program_id(1)
+
+    @pl.when(step == 0)
+    def _init():
+        sum_m_running_ref[...] = jnp.full(sum_m_running_ref.shape, 0.0, jnp.float32)
+
+    x = x_ref[...]
+    bias = bias_ref[...]
+    scale = scale_ref[...]
+    dy = dy_ref[...]
+    y_1 = x.astype(jnp.float32)
+    y_2 = y_1 * scale + bias
+    y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
+    dy_1 = dy.astype(jnp.float32) * (
+        0.5 * (1 + y_3)
+        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+    )
+    sum_m_block = dy_1
+    if m % block_m:  # a ragged M: its identity past the end, never padding
+        sum_m_block = _fill_past(sum_m_block, step * block_m, m, 0, 0.0)
+    sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
+
+    @pl.when(step == pl.num_programs(1) - 1)
+    def _finish():
+        sum_m = sum_m_running_ref[...]
+        dbias_ref[...] = sum_m
+
+
+# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_bias_gelu_backward_over_m_tpu_blocks = {
+    None: {"default": (1024, 1024)},
+    "v5e": {"default": (1024, 1024)},
+    "v6e": {"default": (1024, 1024)},
+}
+
+
+def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
+    """`bias_gelu_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n = _tpu_blocks(
+        _bias_gelu_backward_over_m_tpu_blocks,
+        (m, n),
+        (block_m, block_n),
+        grow=functools.partial(
+            _grown,
+            bounds=(m, n),
+            step=lambda block_m, block_n: (
+                block_m * block_n,
+                28 * block_m * block_n + 16 * block_n + 8 * block_m,
+            ),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "bias_gelu_backward_over_m",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale
+    # 4.0 KiB + dy 2.0 MiB + dbias 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let
+    # y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1 4.0 MiB.
+    return pl.pallas_call(
+        functools.partial(
+            _bias_gelu_backward_over_m_kernel, m=m, n=n, block_m=block_m, block_n=block_n
+        ),
+        # One step per block of N, block of M. Steps along N are independent (parallel); steps
+        # along M accumulate in order (arbitrary).
+        grid=(pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (j, i)),
+            # bias: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i, j: (0, i)),
+            # scale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i, j: (j, 0)),
+            # dy: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (j, i)),
+        ],
+        # dbias: f32[N], broadcast over M
+        out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),
+        out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
+        # sum_m_running_ref: the running sum over M of one block
+        scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(28 * block_m * block_n + 16 * block_n + 8 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=23 * m * n,
+            transcendentals=m * n,
+            bytes_accessed=_nbytes(x, bias, scale, dy) + m * n * 4,
+        ),
+        interpret=interpret,
+        name="bias_gelu_backward_over_m",
+    )(x, bias, scale, dy)
+
+
+def _bias_gelu_backward_over_m_gpu_kernel(
+    x_ref, bias_ref, scale_ref, dy_ref, dbias_ref, *, m, n, block_m, block_n
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_n = _inside(pl.program_id(0) * block_n, block_n, n)
+    inside = _mask((1, block_n), None, in_n)
+    bias = _load(bias_ref, inside)
+
+    def accumulate(index, running):
+        (sum_m_running,) = running
+        start = index * block_m
+        in_m = _inside(start, block_m, m)
+        x = _load(x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
+        scale = _load(scale_ref.at[pl.ds(start, block_m), :], _mask((block_m, 1), in_m, None))
+        dy = _load(dy_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
+        y_1 = x.astype(jnp.float32)
+        y_2 = y_1 * scale + bias
+        y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
+        dy_1 = dy.astype(jnp.float32) * (
+            0.5 * (1 + y_3)
+            + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        )
+        sum_m_block = dy_1
+        if m % block_m:  # a ragged M: its identity past the end, never padding
+            sum_m_block = _fill_past(sum_m_block, start, m, 0, 0.0)
+        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
+        return (sum_m_running,)
+
+    (sum_m_running,) = jax.lax.fori_loop(
+        0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_n), 0.0, jnp.float32),)
+    )
+    sum_m = sum_m_running
+    _store(dbias_ref, sum_m, inside)
+
+
+def _bias_gelu_backward_over_m_gpu(
+    x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
+):
+    """`bias_gelu_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
+    return pl.pallas_call(
+        functools.partial(
+            _bias_gelu_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
+        ),
+        # One program per block of N; programs run concurrently. Each loops over M itself,
+        # accumulating in order.
+        grid=(pl.cdiv(n, block_n),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((m, block_n), lambda i: (0, i)),
+            # bias: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i: (0, i)),
+            # scale: f32[M], broadcast over N
+            pl.BlockSpec((m, 1), lambda i: (0, 0)),
+            # dy: bf16[M, N]
+            pl.BlockSpec((m, block_n), lambda i: (0, i)),
+        ],
+        # dbias: f32[N], broadcast over M
+        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),
+        out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="bias_gelu_backward_over_m",
+    )(x, bias, scale, dy)
+
+
+# `bias_gelu_backward_over_m` has no Mosaic GPU kernel (reductions are not on Mosaic
+# GPU yet): it runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_n",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def bias_gelu_backward_over_n(
+    x,
+    bias,
+    scale,
+    dy,
+    *,
+    block_m=None,
+    block_n=None,
+    gpu_block_m=1,
+    gpu_block_n=1024,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `bias_gelu`, generated from its spec: the cotangents dscale
+    of its inputs from dy, those of its outputs, summed over N (the inputs are broadcast over it).
+
+    Args:
+      x: bf16[M, N].
+      bias: f32[N].
+      scale: f32[M].
+      dy: bf16[M, N].
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_over_n_tpu_blocks),
+        grown to large steps (_grown), else 1024, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dscale: f32[M].
+    """
+    (x, bias, scale, dy), sizes = _operands(
+        "bias_gelu_backward_over_n",
+        {
+            "x": (x, jnp.bfloat16, ("M", "N")),
+            "bias": (bias, jnp.float32, ("N",)),
+            "scale": (scale, jnp.float32, ("M",)),
+            "dy": (dy, jnp.bfloat16, ("M", "N")),
+        },
+    )
+    _check_blocks("bias_gelu_backward_over_n", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks("bias_gelu_backward_over_n", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            bias_gelu_backward_over_n_reference, (((m,), jnp.float32),), x, bias, scale, dy
+        )
+    bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
+    scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
+    dscale = _on_platform(
+        functools.partial(
+            _bias_gelu_backward_over_n_tpu, m=m, n=n, block_m=block_m, block_n=block_n
+        ),
+        _gpu_kernel(
+            "bias_gelu_backward_over_n",
+            gpu_backend,
+            functools.partial(
+                _bias_gelu_backward_over_n_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
+        ),
+        interpret,
+        x,
+        bias,
+        scale,
+        dy,
+    )
+    dscale = dscale.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
+    return dscale
+
+
+def bias_gelu_backward_over_n_reference(x, bias, scale, dy):
+    """`bias_gelu_backward_over_n` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    bias = bias[None, :]
+    scale = scale[:, None]
+    y_1 = x.astype(jnp.float32)
+    y_2 = y_1 * scale + bias
+    y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
+    dy_1 = dy.astype(jnp.float32) * (
+        0.5 * (1 + y_3)
+        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+    )
+    dscale = jnp.sum((dy_1 * y_1), axis=1, keepdims=True, dtype=jnp.float32)
+    dscale = dscale.reshape((m,))
+    return dscale
+
+
+def _bias_gelu_backward_over_n_kernel(
+    x_ref, bias_ref, scale_ref, dy_ref, dscale_ref, sum_n_running_ref, *, m, n, block_m, block_n
+):
+    step = pl.program_id(1)
+
+    @pl.when(step == 0)
+    def _init():
+        sum_n_running_ref[...] = jnp.full(sum_n_running_ref.shape, 0.0, jnp.float32)
+
+    x = x_ref[...]
+    bias = bias_ref[...]
+    scale = scale_ref[...]
+    dy = dy_ref[...]
+    y_1 = x.astype(jnp.float32)
+    y_2 = y_1 * scale + bias
+    y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
+    dy_1 = dy.astype(jnp.float32) * (
+        0.5 * (1 + y_3)
+        + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+    )
+    sum_n_block = dy_1 * y_1
+    if n % block_n:  # a ragged N: its identity past the end, never padding
+        sum_n_block = _fill_past(sum_n_block, step * block_n, n, 1, 0.0)
+    sum_n_running_ref[...] = sum_n_running_ref[...] + jnp.sum(sum_n_block, axis=1, keepdims=True)
+
+    @pl.when(step == pl.num_programs(1) - 1)
+    def _finish():
+        sum_n = sum_n_running_ref[...]
+        dscale_ref[...] = sum_n
+
+
+# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_bias_gelu_backward_over_n_tpu_blocks = {
+    None: {"default": (1024, 1024)},
+    "v5e": {"default": (1024, 1024)},
+    "v6e": {"default": (1024, 1024)},
+}
+
+
+def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
+    """`bias_gelu_backward_over_n` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n = _tpu_blocks(
+        _bias_gelu_backward_over_n_tpu_blocks,
+        (m, n),
+        (block_m, block_n),
+        grow=functools.partial(
+            _grown,
+            bounds=(m, n),
+            step=lambda block_m, block_n: (
+                block_m * block_n,
+                28 * block_m * block_n + 8 * block_n + 16 * block_m,
+            ),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "bias_gelu_backward_over_n",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale
+    # 4.0 KiB + dy 2.0 MiB + dscale 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let
+    # y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1 4.0 MiB.
+    return pl.pallas_call(
+        functools.partial(
+            _bias_gelu_backward_over_n_kernel, m=m, n=n, block_m=block_m, block_n=block_n
+        ),
+        # One step per block of M, block of N. Steps along M are independent (parallel); steps
+        # along N accumulate in order (arbitrary).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # bias: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
+            # scale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            # dy: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        ],
+        # dscale: f32[M], broadcast over N
+        out_specs=pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, 1), jnp.float32),
+        # sum_n_running_ref: the running sum over N of one block
+        scratch_shapes=[pltpu.VMEM((block_m, 1), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(28 * block_m * block_n + 8 * block_n + 16 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=24 * m * n,
+            transcendentals=m * n,
+            bytes_accessed=_nbytes(x, bias, scale, dy) + m * n * 4,
+        ),
+        interpret=interpret,
+        name="bias_gelu_backward_over_n",
+    )(x, bias, scale, dy)
+
+
+def _bias_gelu_backward_over_n_gpu_kernel(
+    x_ref, bias_ref, scale_ref, dy_ref, dscale_ref, *, m, n, block_m, block_n
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    inside = _mask((block_m, 1), in_m, None)
+    scale = _load(scale_ref, inside)
+
+    def accumulate(index, running):
+        (sum_n_running,) = running
+        start = index * block_n
+        in_n = _inside(start, block_n, n)
+        x = _load(x_ref.at[:, pl.ds(start, block_n)], _mask((block_m, block_n), in_m, in_n))
+        bias = _load(bias_ref.at[:, pl.ds(start, block_n)], _mask((1, block_n), None, in_n))
+        dy = _load(dy_ref.at[:, pl.ds(start, block_n)], _mask((block_m, block_n), in_m, in_n))
+        y_1 = x.astype(jnp.float32)
+        y_2 = y_1 * scale + bias
+        y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
+        dy_1 = dy.astype(jnp.float32) * (
+            0.5 * (1 + y_3)
+            + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        )
+        sum_n_block = dy_1 * y_1
+        if n % block_n:  # a ragged N: its identity past the end, never padding
+            sum_n_block = _fill_past(sum_n_block, start, n, 1, 0.0)
+        sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1, keepdims=True)
+        return (sum_n_running,)
+
+    (sum_n_running,) = jax.lax.fori_loop(
+        0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, 1), 0.0, jnp.float32),)
+    )
+    sum_n = sum_n_running
+    _store(dscale_ref, sum_n, inside)
+
+
+def _bias_gelu_backward_over_n_gpu(
+    x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
+):
+    """`bias_gelu_backward_over_n` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
+    return pl.pallas_call(
+        functools.partial(
+            _bias_gelu_backward_over_n_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
+        ),
+        # One program per block of M; programs run concurrently. Each loops over N itself,
+        # accumulating in order.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # bias: f32[N], broadcast over M
+            pl.BlockSpec((1, n), lambda i: (0, 0)),
+            # scale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # dy: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        ],
+        # dscale: f32[M], broadcast over N
+        out_specs=pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, 1), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="bias_gelu_backward_over_n",
+    )(x, bias, scale, dy)
+
+
+# `bias_gelu_backward_over_n` has no Mosaic GPU kernel (reductions are not on Mosaic
+# GPU yet): it runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_n",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
 def quantize_rows(
     x,
     scale,
@@ -901,6 +2184,9 @@ def quantize_rows(
 
     Returns:
       q: i8[M, N].
+
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
+    reaches a float output.
     """
     (x, scale), sizes = _operands(
         "quantize_rows", {"x": (x, jnp.float32, ("M", "N")), "scale": (scale, jnp.float32, ("M",))}
@@ -911,6 +2197,51 @@ def quantize_rows(
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(quantize_rows_reference, (((m, n), jnp.int8),), x, scale)
+    return _differentiable(
+        functools.partial(
+            _quantize_rows_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            block_n=block_n,
+            gpu_block_m=gpu_block_m,
+            gpu_block_n=gpu_block_n,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        functools.partial(_quantize_rows_vjp, interpret=interpret),
+        x,
+        scale,
+    )
+
+
+def quantize_rows_reference(x, scale):
+    """`quantize_rows` in plain jax.numpy, to test the kernel against."""
+    scale = scale[:, None]
+    scaled = x / scale
+    rounded = jnp.clip(jnp.floor(scaled + 0.5), -128.0, 127.0)
+    q = jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8)
+    return q
+
+
+def _quantize_rows_forward(
+    x,
+    scale,
+    *,
+    m,
+    n,
+    block_m,
+    block_n,
+    gpu_block_m,
+    gpu_block_n,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    interpret,
+):
+    """`quantize_rows` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
     return _on_platform(
         functools.partial(_quantize_rows_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
@@ -934,13 +2265,11 @@ def quantize_rows(
     )
 
 
-def quantize_rows_reference(x, scale):
-    """`quantize_rows` in plain jax.numpy, to test the kernel against."""
-    scale = scale[:, None]
-    scaled = x / scale
-    rounded = jnp.clip(jnp.floor(scaled + 0.5), -128.0, 127.0)
-    q = jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8)
-    return q
+def _quantize_rows_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `quantize_rows`'s inputs, for jax.grad: none (zeros, or float0 for
+    integer inputs), since no float input reaches a float output.
+    """
+    return None, None
 
 
 def _quantize_rows_kernel(x_ref, scale_ref, q_ref):
@@ -971,7 +2300,7 @@ def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
         grow=functools.partial(
             _grown,
             bounds=(m, n),
-            step=lambda block_m, block_n: (block_m * block_n, 10 * block_m * block_n + 8 * block_m),
+            step=lambda block_m, block_n: (block_m * block_n, 18 * block_m * block_n + 8 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
@@ -986,8 +2315,8 @@ def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 10.0 MiB = 2 buffers x (x 4.0 MiB + scale 4.0 KiB + q
-    # 1.0 MiB).
+    # VMEM at the default blocks: 18.0 MiB = 2 buffers x (x 4.0 MiB + scale 4.0 KiB + q
+    # 1.0 MiB) + let scaled 4.0 MiB + let rounded 4.0 MiB.
     return pl.pallas_call(
         _quantize_rows_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is
@@ -1005,7 +2334,7 @@ def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(10 * block_m * block_n + 8 * block_m),
+            vmem_limit_bytes=_vmem_limit(18 * block_m * block_n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=8 * m * n, transcendentals=0, bytes_accessed=_nbytes(x, scale) + m * n * 1

@@ -126,6 +126,15 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
+def _differentiable(forward, backward, *arrays):
+    """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
+    from the arrays (what the forward pass saves) and the cotangents of the outputs, it
+    gives one cotangent per array, or None for none (float0 for an integer array)."""
+    call = jax.custom_vjp(forward)
+    call.defvjp(lambda *arrays: (forward(*arrays), arrays), backward)
+    return call(*arrays)
+
+
 def _operands(kernel, operands):
     """The operands as arrays, each checked for its dtype and rank, and the size of each
     named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
@@ -338,6 +347,9 @@ def add_vectors(
 
     Returns:
       z: f32[N].
+
+    Gradients: jax.grad runs the generated backward kernels add_vectors_backward
+    (_add_vectors_vjp).
     """
     (x, y), sizes = _operands(
         "add_vectors", {"x": (x, jnp.float32, ("N",)), "y": (y, jnp.float32, ("N",))}
@@ -347,6 +359,33 @@ def add_vectors(
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(add_vectors_reference, (((n,), jnp.float32),), x, y)
+    return _differentiable(
+        functools.partial(
+            _add_vectors_forward,
+            n=n,
+            block_n=block_n,
+            gpu_block_n=gpu_block_n,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        functools.partial(_add_vectors_vjp, interpret=interpret),
+        x,
+        y,
+    )
+
+
+def add_vectors_reference(x, y):
+    """`add_vectors` in plain jax.numpy, to test the kernel against."""
+    z = x + y
+    return z
+
+
+def _add_vectors_forward(
+    x, y, *, n, block_n, gpu_block_n, gpu_warps, gpu_stages, gpu_backend, interpret
+):
+    """`add_vectors` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return _on_platform(
         functools.partial(_add_vectors_tpu, n=n, block_n=block_n),
         _gpu_kernel(
@@ -367,10 +406,14 @@ def add_vectors(
     )
 
 
-def add_vectors_reference(x, y):
-    """`add_vectors` in plain jax.numpy, to test the kernel against."""
-    z = x + y
-    return z
+def _add_vectors_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `add_vectors`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels add_vectors_backward. The forward pass saves its inputs (x,
+    y) and nothing else: the backward kernels recompute the values they need from them.
+    """
+    dz = cotangents
+    dx, dy = add_vectors_backward(dz, interpret=interpret)
+    return dx, dy
 
 
 def _add_vectors_kernel(x_ref, y_ref, z_ref):
@@ -502,3 +545,216 @@ def _add_vectors_mosaic_gpu(x, y, *, n, interpret):
         interpret=interpret,
     )(x, y)
     return z[:n]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_n",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def add_vectors_backward(
+    dz,
+    *,
+    block_n=None,
+    gpu_block_n=1024,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `add_vectors`, generated from its spec: the cotangents dx, dy
+    of its inputs from dz, those of its outputs.
+
+    Args:
+      dz: f32[N].
+      block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_add_vectors_backward_tpu_blocks),
+        grown to large steps (_grown), else 1048576.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dx: f32[N]; dy: f32[N].
+    """
+    (dz,), sizes = _operands("add_vectors_backward", {"dz": (dz, jnp.float32, ("N",))})
+    _check_blocks("add_vectors_backward", block_n=block_n, may_be_none=True)
+    _check_blocks("add_vectors_backward", gpu_block_n=gpu_block_n)
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            add_vectors_backward_reference, (((n,), jnp.float32), ((n,), jnp.float32)), dz
+        )
+    return _on_platform(
+        functools.partial(_add_vectors_backward_tpu, n=n, block_n=block_n),
+        _gpu_kernel(
+            "add_vectors_backward",
+            gpu_backend,
+            functools.partial(
+                _add_vectors_backward_gpu,
+                n=n,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_add_vectors_backward_mosaic_gpu, n=n),
+        ),
+        interpret,
+        dz,
+    )
+
+
+def add_vectors_backward_reference(dz):
+    """`add_vectors_backward` in plain jax.numpy, to test the kernel against."""
+    dx = dz
+    dy = dz
+    return dx, dy
+
+
+def _add_vectors_backward_kernel(dz_ref, dx_ref, dy_ref):
+    dz = dz_ref[...]
+    dx_ref[...] = dz
+    dy_ref[...] = dz
+
+
+# TPU blocks (block_n,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (N,) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning; else the chip's default. None: any other chip, and CPU (the
+# spec's blocks).
+_add_vectors_backward_tpu_blocks = {
+    None: {"default": (1048576,)},
+    "v5e": {"default": (1048576,)},
+    "v6e": {"default": (1048576,)},
+}
+
+
+def _add_vectors_backward_tpu(dz, *, n, block_n, interpret):
+    """`add_vectors_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_n,) = _tpu_blocks(
+        _add_vectors_backward_tpu_blocks,
+        (n,),
+        (block_n,),
+        grow=functools.partial(_grown, bounds=(n,), step=lambda block_n: (block_n, 24 * block_n)),
+    )
+    block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "add_vectors_backward",
+        block_n=(
+            block_n,
+            n,
+            1024,
+            "N is the dimension of a one-dimensional f32 array, so it is a multiple of 1024 or a power of two of at least 128",
+            128,
+        ),
+    )
+    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (dz 4.0 MiB + dx 4.0 MiB + dy 4.0
+    # MiB).
+    return pl.pallas_call(
+        _add_vectors_backward_kernel,
+        # One step per block of N; steps are independent, so every axis is parallel.
+        grid=(pl.cdiv(n, block_n),),
+        in_specs=[
+            # dz: f32[N]
+            pl.BlockSpec((block_n,), lambda i: (i,))
+        ],
+        out_specs=(
+            # dx: f32[N]
+            pl.BlockSpec((block_n,), lambda i: (i,)),
+            # dy: f32[N]
+            pl.BlockSpec((block_n,), lambda i: (i,)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((n,), jnp.float32),  # dx
+            jax.ShapeDtypeStruct((n,), jnp.float32),  # dy
+        ),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(24 * block_n),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=0, transcendentals=0, bytes_accessed=_nbytes(dz) + n * 4 + n * 4
+        ),
+        interpret=interpret,
+        name="add_vectors_backward",
+    )(dz)
+
+
+def _add_vectors_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, n, block_n):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_n = _inside(pl.program_id(0) * block_n, block_n, n)
+    inside = _mask((block_n,), in_n)
+    dz = _load(dz_ref, inside)
+    _store(dx_ref, dz, inside)
+    _store(dy_ref, dz, inside)
+
+
+def _add_vectors_backward_gpu(dz, *, n, block_n, num_warps, num_stages, interpret):
+    """`add_vectors_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
+    return pl.pallas_call(
+        functools.partial(_add_vectors_backward_gpu_kernel, n=n, block_n=block_n),
+        # One program per block of N; programs run concurrently.
+        grid=(pl.cdiv(n, block_n),),
+        in_specs=[
+            # dz: f32[N]
+            pl.BlockSpec((block_n,), lambda i: (i,))
+        ],
+        out_specs=(
+            # dx: f32[N]
+            pl.BlockSpec((block_n,), lambda i: (i,)),
+            # dy: f32[N]
+            pl.BlockSpec((block_n,), lambda i: (i,)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((n,), jnp.float32),  # dx
+            jax.ShapeDtypeStruct((n,), jnp.float32),  # dy
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="add_vectors_backward",
+    )(dz)
+
+
+def _add_vectors_backward_mosaic_gpu_kernel(dz_ref, dx_ref, dy_ref, *, block_n):
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, dz_smem, dx_smem, dy_smem):
+        dz = dz_smem[...]
+        dx_smem[...] = dz
+        dy_smem[...] = dz
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[plgpu.BlockSpec((block_n,), lambda _: (program_n,))],
+        out_specs=[
+            plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
+            plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
+        ],
+    )(dz_ref, dx_ref, dy_ref)
+
+
+def _add_vectors_backward_mosaic_gpu(dz, *, n, interpret):
+    """`add_vectors_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_n = 256
+    dx, dy = plgpu.kernel(
+        functools.partial(_add_vectors_backward_mosaic_gpu_kernel, block_n=block_n),
+        out_type=(jax.ShapeDtypeStruct((n,), jnp.float32), jax.ShapeDtypeStruct((n,), jnp.float32)),
+        grid=(pl.cdiv(n, block_n),),
+        grid_names=("N",),
+        interpret=interpret,
+    )(dz)
+    return dx[:n], dy[:n]

@@ -126,6 +126,15 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
+def _differentiable(forward, backward, *arrays):
+    """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
+    from the arrays (what the forward pass saves) and the cotangents of the outputs, it
+    gives one cotangent per array, or None for none (float0 for an integer array)."""
+    call = jax.custom_vjp(forward)
+    call.defvjp(lambda *arrays: (forward(*arrays), arrays), backward)
+    return call(*arrays)
+
+
 def _operands(kernel, operands):
     """The operands as arrays, each checked for its dtype and rank, and the size of each
     named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
@@ -366,6 +375,9 @@ def attention(
 
     Returns:
       o: bf16[B, H, S, D]; lse: f32[B, H, S].
+
+    Gradients: not generated yet for a matrix product: jax.grad of it raises
+    NotImplementedError.
     """
     (q, k, v), sizes = _operands(
         "attention",
@@ -391,35 +403,29 @@ def attention(
             v,
             scale=scale,
         )
-    o, lse = _on_platform(
+    return _differentiable(
         functools.partial(
-            _attention_tpu, b=b, h=h, s_=s_, d=d, t=t, block_s=block_s, block_t=block_t, scale=scale
+            _attention_forward,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            gpu_block_s=gpu_block_s,
+            gpu_block_t=gpu_block_t,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            scale=scale,
+            interpret=interpret,
         ),
-        _gpu_kernel(
-            "attention",
-            gpu_backend,
-            functools.partial(
-                _attention_gpu,
-                b=b,
-                h=h,
-                s_=s_,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            None,
-        ),
-        interpret,
+        _attention_vjp,
         q,
         k,
         v,
     )
-    lse = lse.reshape((b, h, s_))  # the kernel holds it with size 1 along the dimensions it lacks
-    return o, lse
 
 
 def attention_reference(q, k, v, *, scale=0.125):
@@ -464,6 +470,67 @@ def attention_reference(q, k, v, *, scale=0.125):
     o = o.reshape((b, h, s_, d))
     lse = lse.reshape((b, h, s_))
     return o, lse
+
+
+def _attention_forward(
+    q,
+    k,
+    v,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    gpu_block_s,
+    gpu_block_t,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    scale,
+    interpret,
+):
+    """`attention` on its checked arrays: the forward pass that `jax.grad` differentiates."""
+    o, lse = _on_platform(
+        functools.partial(
+            _attention_tpu, b=b, h=h, s_=s_, d=d, t=t, block_s=block_s, block_t=block_t, scale=scale
+        ),
+        _gpu_kernel(
+            "attention",
+            gpu_backend,
+            functools.partial(
+                _attention_gpu,
+                b=b,
+                h=h,
+                s_=s_,
+                d=d,
+                t=t,
+                block_s=gpu_block_s,
+                block_t=gpu_block_t,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                scale=scale,
+            ),
+            None,
+        ),
+        interpret,
+        q,
+        k,
+        v,
+    )
+    lse = lse.reshape((b, h, s_))  # the kernel holds it with size 1 along the dimensions it lacks
+    return o, lse
+
+
+def _attention_vjp(saved, cotangents):
+    """`attention` has no backward pass yet: none is generated for a matrix product."""
+    raise NotImplementedError(
+        "attention is not differentiable yet: pallasgen generates backward kernels "
+        "for elementwise kernels only, not yet for a matrix product; `grad none` in "
+        "specs/attention.pallas says it is never differentiated"
+    )
 
 
 def _attention_kernel(
@@ -864,6 +931,9 @@ def attention_dq(
 
     Returns:
       dq: bf16[B, H, S, D]; delta: f32[B, H, S].
+
+    Gradients: not generated yet for a matrix product: jax.grad of it raises
+    NotImplementedError.
     """
     (q, k, v, o, do, lse), sizes = _operands(
         "attention_dq",
@@ -895,10 +965,9 @@ def attention_dq(
             lse,
             scale=scale,
         )
-    lse = lse.reshape((b, h, s_, 1))  # lse: f32[B, H, S]
-    dq, delta = _on_platform(
+    return _differentiable(
         functools.partial(
-            _attention_dq_tpu,
+            _attention_dq_forward,
             b=b,
             h=h,
             s_=s_,
@@ -906,27 +975,15 @@ def attention_dq(
             t=t,
             block_s=block_s,
             block_t=block_t,
+            gpu_block_s=gpu_block_s,
+            gpu_block_t=gpu_block_t,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
             scale=scale,
+            interpret=interpret,
         ),
-        _gpu_kernel(
-            "attention_dq",
-            gpu_backend,
-            functools.partial(
-                _attention_dq_gpu,
-                b=b,
-                h=h,
-                s_=s_,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            None,
-        ),
-        interpret,
+        _attention_dq_vjp,
         q,
         k,
         v,
@@ -934,10 +991,6 @@ def attention_dq(
         do,
         lse,
     )
-    delta = delta.reshape(
-        (b, h, s_)
-    )  # the kernel holds it with size 1 along the dimensions it lacks
-    return dq, delta
 
 
 def attention_dq_reference(q, k, v, o, do, lse, *, scale=0.125):
@@ -996,6 +1049,84 @@ def attention_dq_reference(q, k, v, o, do, lse, *, scale=0.125):
     dq = dq.reshape((b, h, s_, d))
     delta = delta.reshape((b, h, s_))
     return dq, delta
+
+
+def _attention_dq_forward(
+    q,
+    k,
+    v,
+    o,
+    do,
+    lse,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    gpu_block_s,
+    gpu_block_t,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    scale,
+    interpret,
+):
+    """`attention_dq` on its checked arrays: the forward pass that `jax.grad` differentiates."""
+    lse = lse.reshape((b, h, s_, 1))  # lse: f32[B, H, S]
+    dq, delta = _on_platform(
+        functools.partial(
+            _attention_dq_tpu,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            scale=scale,
+        ),
+        _gpu_kernel(
+            "attention_dq",
+            gpu_backend,
+            functools.partial(
+                _attention_dq_gpu,
+                b=b,
+                h=h,
+                s_=s_,
+                d=d,
+                t=t,
+                block_s=gpu_block_s,
+                block_t=gpu_block_t,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                scale=scale,
+            ),
+            None,
+        ),
+        interpret,
+        q,
+        k,
+        v,
+        o,
+        do,
+        lse,
+    )
+    delta = delta.reshape(
+        (b, h, s_)
+    )  # the kernel holds it with size 1 along the dimensions it lacks
+    return dq, delta
+
+
+def _attention_dq_vjp(saved, cotangents):
+    """`attention_dq` has no backward pass yet: none is generated for a matrix product."""
+    raise NotImplementedError(
+        "attention_dq is not differentiable yet: pallasgen generates backward kernels "
+        "for elementwise kernels only, not yet for a matrix product; `grad none` in "
+        "specs/attention.pallas says it is never differentiated"
+    )
 
 
 def _attention_dq_kernel(
@@ -1418,6 +1549,9 @@ def attention_dkdv(
 
     Returns:
       dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
+
+    Gradients: not generated yet for a matrix product: jax.grad of it raises
+    NotImplementedError.
     """
     (q, k, v, do, lse, delta), sizes = _operands(
         "attention_dkdv",
@@ -1449,11 +1583,9 @@ def attention_dkdv(
             delta,
             scale=scale,
         )
-    lse = lse.reshape((b, h, 1, s))  # lse: f32[B, H, S]
-    delta = delta.reshape((b, h, 1, s))  # delta: f32[B, H, S]
-    return _on_platform(
+    return _differentiable(
         functools.partial(
-            _attention_dkdv_tpu,
+            _attention_dkdv_forward,
             b=b,
             h=h,
             t=t,
@@ -1461,27 +1593,15 @@ def attention_dkdv(
             s=s,
             block_t=block_t,
             block_s=block_s,
+            gpu_block_t=gpu_block_t,
+            gpu_block_s=gpu_block_s,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
             scale=scale,
+            interpret=interpret,
         ),
-        _gpu_kernel(
-            "attention_dkdv",
-            gpu_backend,
-            functools.partial(
-                _attention_dkdv_gpu,
-                b=b,
-                h=h,
-                t=t,
-                d=d,
-                s=s,
-                block_t=gpu_block_t,
-                block_s=gpu_block_s,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            None,
-        ),
-        interpret,
+        _attention_dkdv_vjp,
         q,
         k,
         v,
@@ -1553,6 +1673,81 @@ def attention_dkdv_reference(q, k, v, do, lse, delta, *, scale=0.125):
     dk = dk.reshape((b, h, t, d))
     dv = dv.reshape((b, h, t, d))
     return dk, dv
+
+
+def _attention_dkdv_forward(
+    q,
+    k,
+    v,
+    do,
+    lse,
+    delta,
+    *,
+    b,
+    h,
+    t,
+    d,
+    s,
+    block_t,
+    block_s,
+    gpu_block_t,
+    gpu_block_s,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    scale,
+    interpret,
+):
+    """`attention_dkdv` on its checked arrays: the forward pass that `jax.grad` differentiates."""
+    lse = lse.reshape((b, h, 1, s))  # lse: f32[B, H, S]
+    delta = delta.reshape((b, h, 1, s))  # delta: f32[B, H, S]
+    return _on_platform(
+        functools.partial(
+            _attention_dkdv_tpu,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            s=s,
+            block_t=block_t,
+            block_s=block_s,
+            scale=scale,
+        ),
+        _gpu_kernel(
+            "attention_dkdv",
+            gpu_backend,
+            functools.partial(
+                _attention_dkdv_gpu,
+                b=b,
+                h=h,
+                t=t,
+                d=d,
+                s=s,
+                block_t=gpu_block_t,
+                block_s=gpu_block_s,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                scale=scale,
+            ),
+            None,
+        ),
+        interpret,
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+    )
+
+
+def _attention_dkdv_vjp(saved, cotangents):
+    """`attention_dkdv` has no backward pass yet: none is generated for a matrix product."""
+    raise NotImplementedError(
+        "attention_dkdv is not differentiable yet: pallasgen generates backward "
+        "kernels for elementwise kernels only, not yet for a matrix product; `grad "
+        "none` in specs/attention.pallas says it is never differentiated"
+    )
 
 
 def _attention_dkdv_kernel(
@@ -2005,6 +2200,9 @@ def attention_full(
 
     Returns:
       o: bf16[B, H, S, D].
+
+    Gradients: not generated yet for a matrix product: jax.grad of it raises
+    NotImplementedError.
     """
     (q, k, v), sizes = _operands(
         "attention_full",
@@ -2025,9 +2223,9 @@ def attention_full(
         return _without_elements(
             attention_full_reference, (((b, h, s, d), jnp.bfloat16),), q, k, v, scale=scale
         )
-    return _on_platform(
+    return _differentiable(
         functools.partial(
-            _attention_full_tpu,
+            _attention_full_forward,
             b=b,
             h=h,
             s=s,
@@ -2035,27 +2233,15 @@ def attention_full(
             t=t,
             block_s=block_s,
             block_t=block_t,
+            gpu_block_s=gpu_block_s,
+            gpu_block_t=gpu_block_t,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
             scale=scale,
+            interpret=interpret,
         ),
-        _gpu_kernel(
-            "attention_full",
-            gpu_backend,
-            functools.partial(
-                _attention_full_gpu,
-                b=b,
-                h=h,
-                s=s,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            None,
-        ),
-        interpret,
+        _attention_full_vjp,
         q,
         k,
         v,
@@ -2100,6 +2286,73 @@ def attention_full_reference(q, k, v, *, scale=0.125):
     ).astype(jnp.bfloat16)
     o = o.reshape((b, h, s, d))
     return o
+
+
+def _attention_full_forward(
+    q,
+    k,
+    v,
+    *,
+    b,
+    h,
+    s,
+    d,
+    t,
+    block_s,
+    block_t,
+    gpu_block_s,
+    gpu_block_t,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    scale,
+    interpret,
+):
+    """`attention_full` on its checked arrays: the forward pass that `jax.grad` differentiates."""
+    return _on_platform(
+        functools.partial(
+            _attention_full_tpu,
+            b=b,
+            h=h,
+            s=s,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            scale=scale,
+        ),
+        _gpu_kernel(
+            "attention_full",
+            gpu_backend,
+            functools.partial(
+                _attention_full_gpu,
+                b=b,
+                h=h,
+                s=s,
+                d=d,
+                t=t,
+                block_s=gpu_block_s,
+                block_t=gpu_block_t,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                scale=scale,
+            ),
+            None,
+        ),
+        interpret,
+        q,
+        k,
+        v,
+    )
+
+
+def _attention_full_vjp(saved, cotangents):
+    """`attention_full` has no backward pass yet: none is generated for a matrix product."""
+    raise NotImplementedError(
+        "attention_full is not differentiable yet: pallasgen generates backward "
+        "kernels for elementwise kernels only, not yet for a matrix product; `grad "
+        "none` in specs/attention.pallas says it is never differentiated"
+    )
 
 
 def _attention_full_kernel(
@@ -2440,6 +2693,9 @@ def attention_bottom_right(
 
     Returns:
       o: bf16[B, H, S, D].
+
+    Gradients: not generated yet for a matrix product: jax.grad of it raises
+    NotImplementedError.
     """
     (q, k, v), sizes = _operands(
         "attention_bottom_right",
@@ -2460,9 +2716,9 @@ def attention_bottom_right(
         return _without_elements(
             attention_bottom_right_reference, (((b, h, s_, d), jnp.bfloat16),), q, k, v, scale=scale
         )
-    return _on_platform(
+    return _differentiable(
         functools.partial(
-            _attention_bottom_right_tpu,
+            _attention_bottom_right_forward,
             b=b,
             h=h,
             s_=s_,
@@ -2470,27 +2726,15 @@ def attention_bottom_right(
             t=t,
             block_s=block_s,
             block_t=block_t,
+            gpu_block_s=gpu_block_s,
+            gpu_block_t=gpu_block_t,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
             scale=scale,
+            interpret=interpret,
         ),
-        _gpu_kernel(
-            "attention_bottom_right",
-            gpu_backend,
-            functools.partial(
-                _attention_bottom_right_gpu,
-                b=b,
-                h=h,
-                s_=s_,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            None,
-        ),
-        interpret,
+        _attention_bottom_right_vjp,
         q,
         k,
         v,
@@ -2533,6 +2777,73 @@ def attention_bottom_right_reference(q, k, v, *, scale=0.125):
     ).astype(jnp.bfloat16)
     o = o.reshape((b, h, s_, d))
     return o
+
+
+def _attention_bottom_right_forward(
+    q,
+    k,
+    v,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    gpu_block_s,
+    gpu_block_t,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    scale,
+    interpret,
+):
+    """`attention_bottom_right` on its checked arrays: the forward pass that `jax.grad` differentiates."""
+    return _on_platform(
+        functools.partial(
+            _attention_bottom_right_tpu,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            scale=scale,
+        ),
+        _gpu_kernel(
+            "attention_bottom_right",
+            gpu_backend,
+            functools.partial(
+                _attention_bottom_right_gpu,
+                b=b,
+                h=h,
+                s_=s_,
+                d=d,
+                t=t,
+                block_s=gpu_block_s,
+                block_t=gpu_block_t,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                scale=scale,
+            ),
+            None,
+        ),
+        interpret,
+        q,
+        k,
+        v,
+    )
+
+
+def _attention_bottom_right_vjp(saved, cotangents):
+    """`attention_bottom_right` has no backward pass yet: none is generated for a matrix product."""
+    raise NotImplementedError(
+        "attention_bottom_right is not differentiable yet: pallasgen generates "
+        "backward kernels for elementwise kernels only, not yet for a matrix product; "
+        "`grad none` in specs/attention.pallas says it is never differentiated"
+    )
 
 
 def _attention_bottom_right_kernel(
@@ -2900,6 +3211,9 @@ def gqa(
 
     Returns:
       o: bf16[B, G, R, S, D].
+
+    Gradients: not generated yet for a matrix product: jax.grad of it raises
+    NotImplementedError.
     """
     (q, k, v), sizes = _operands(
         "gqa",
@@ -2919,29 +3233,25 @@ def gqa(
     t = sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(gqa_reference, (((b, g, r, s_, d), jnp.bfloat16),), q, k, v)
-    return _on_platform(
+    return _differentiable(
         functools.partial(
-            _gqa_tpu, b=b, g=g, r=r, s_=s_, d=d, t=t, block_s=block_s, block_t=block_t
+            _gqa_forward,
+            b=b,
+            g=g,
+            r=r,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            gpu_block_s=gpu_block_s,
+            gpu_block_t=gpu_block_t,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
         ),
-        _gpu_kernel(
-            "gqa",
-            gpu_backend,
-            functools.partial(
-                _gqa_gpu,
-                b=b,
-                g=g,
-                r=r,
-                s_=s_,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            None,
-        ),
-        interpret,
+        _gqa_vjp,
         q,
         k,
         v,
@@ -2982,6 +3292,65 @@ def gqa_reference(q, k, v):
     ).astype(jnp.bfloat16)
     o = o.reshape((b, g, r, s_, d))
     return o
+
+
+def _gqa_forward(
+    q,
+    k,
+    v,
+    *,
+    b,
+    g,
+    r,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    gpu_block_s,
+    gpu_block_t,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    interpret,
+):
+    """`gqa` on its checked arrays: the forward pass that `jax.grad` differentiates."""
+    return _on_platform(
+        functools.partial(
+            _gqa_tpu, b=b, g=g, r=r, s_=s_, d=d, t=t, block_s=block_s, block_t=block_t
+        ),
+        _gpu_kernel(
+            "gqa",
+            gpu_backend,
+            functools.partial(
+                _gqa_gpu,
+                b=b,
+                g=g,
+                r=r,
+                s_=s_,
+                d=d,
+                t=t,
+                block_s=gpu_block_s,
+                block_t=gpu_block_t,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
+        ),
+        interpret,
+        q,
+        k,
+        v,
+    )
+
+
+def _gqa_vjp(saved, cotangents):
+    """`gqa` has no backward pass yet: none is generated for a matrix product."""
+    raise NotImplementedError(
+        "gqa is not differentiable yet: pallasgen generates backward kernels for "
+        "elementwise kernels only, not yet for a matrix product; `grad none` in "
+        "specs/attention.pallas says it is never differentiated"
+    )
 
 
 def _gqa_kernel(
@@ -3305,6 +3674,9 @@ def matmul_softmax(
 
     Returns:
       y: f32[M, N].
+
+    Gradients: not generated yet for a matrix product: jax.grad of it raises
+    NotImplementedError.
     """
     (x, w), sizes = _operands(
         "matmul_softmax", {"x": (x, jnp.bfloat16, ("M", "K")), "w": (w, jnp.bfloat16, ("K", "N"))}
@@ -3316,24 +3688,22 @@ def matmul_softmax(
     k = sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(matmul_softmax_reference, (((m, n), jnp.float32),), x, w)
-    return _on_platform(
-        functools.partial(_matmul_softmax_tpu, m=m, n=n, k=k, block_m=block_m, block_k=block_k),
-        _gpu_kernel(
-            "matmul_softmax",
-            gpu_backend,
-            functools.partial(
-                _matmul_softmax_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=gpu_block_m,
-                block_k=gpu_block_k,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            None,
+    return _differentiable(
+        functools.partial(
+            _matmul_softmax_forward,
+            m=m,
+            n=n,
+            k=k,
+            block_m=block_m,
+            block_k=block_k,
+            gpu_block_m=gpu_block_m,
+            gpu_block_k=gpu_block_k,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
         ),
-        interpret,
+        _matmul_softmax_vjp,
         x,
         w,
     )
@@ -3360,6 +3730,55 @@ def matmul_softmax_reference(x, w):
     )
     y = y.reshape((m, n))
     return y
+
+
+def _matmul_softmax_forward(
+    x,
+    w,
+    *,
+    m,
+    n,
+    k,
+    block_m,
+    block_k,
+    gpu_block_m,
+    gpu_block_k,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    interpret,
+):
+    """`matmul_softmax` on its checked arrays: the forward pass that `jax.grad` differentiates."""
+    return _on_platform(
+        functools.partial(_matmul_softmax_tpu, m=m, n=n, k=k, block_m=block_m, block_k=block_k),
+        _gpu_kernel(
+            "matmul_softmax",
+            gpu_backend,
+            functools.partial(
+                _matmul_softmax_gpu,
+                m=m,
+                n=n,
+                k=k,
+                block_m=gpu_block_m,
+                block_k=gpu_block_k,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
+        ),
+        interpret,
+        x,
+        w,
+    )
+
+
+def _matmul_softmax_vjp(saved, cotangents):
+    """`matmul_softmax` has no backward pass yet: none is generated for a matrix product."""
+    raise NotImplementedError(
+        "matmul_softmax is not differentiable yet: pallasgen generates backward "
+        "kernels for elementwise kernels only, not yet for a matrix product; `grad "
+        "none` in specs/attention.pallas says it is never differentiated"
+    )
 
 
 def _matmul_softmax_kernel(x_ref, w_ref, y_ref, acc_k_ref, *, m, n, k, block_m, block_k):
@@ -3576,6 +3995,9 @@ def rmsnorm_matmul(
 
     Returns:
       y: bf16[M, N].
+
+    Gradients: not generated yet for a matrix product: jax.grad of it raises
+    NotImplementedError.
     """
     (x, g, w), sizes = _operands(
         "rmsnorm_matmul",
@@ -3592,25 +4014,22 @@ def rmsnorm_matmul(
     k = sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(rmsnorm_matmul_reference, (((m, n), jnp.bfloat16),), x, g, w)
-    g = g.reshape((1, k))  # g: f32[K]
-    return _on_platform(
-        functools.partial(_rmsnorm_matmul_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n),
-        _gpu_kernel(
-            "rmsnorm_matmul",
-            gpu_backend,
-            functools.partial(
-                _rmsnorm_matmul_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            None,
+    return _differentiable(
+        functools.partial(
+            _rmsnorm_matmul_forward,
+            m=m,
+            n=n,
+            k=k,
+            block_m=block_m,
+            block_n=block_n,
+            gpu_block_m=gpu_block_m,
+            gpu_block_n=gpu_block_n,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
         ),
-        interpret,
+        _rmsnorm_matmul_vjp,
         x,
         g,
         w,
@@ -3646,6 +4065,58 @@ def rmsnorm_matmul_reference(x, g, w):
     ).astype(jnp.bfloat16)
     y = y.reshape((m, n))
     return y
+
+
+def _rmsnorm_matmul_forward(
+    x,
+    g,
+    w,
+    *,
+    m,
+    n,
+    k,
+    block_m,
+    block_n,
+    gpu_block_m,
+    gpu_block_n,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    interpret,
+):
+    """`rmsnorm_matmul` on its checked arrays: the forward pass that `jax.grad` differentiates."""
+    g = g.reshape((1, k))  # g: f32[K]
+    return _on_platform(
+        functools.partial(_rmsnorm_matmul_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n),
+        _gpu_kernel(
+            "rmsnorm_matmul",
+            gpu_backend,
+            functools.partial(
+                _rmsnorm_matmul_gpu,
+                m=m,
+                n=n,
+                k=k,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
+        ),
+        interpret,
+        x,
+        g,
+        w,
+    )
+
+
+def _rmsnorm_matmul_vjp(saved, cotangents):
+    """`rmsnorm_matmul` has no backward pass yet: none is generated for a matrix product."""
+    raise NotImplementedError(
+        "rmsnorm_matmul is not differentiable yet: pallasgen generates backward "
+        "kernels for elementwise kernels only, not yet for a matrix product; `grad "
+        "none` in specs/attention.pallas says it is never differentiated"
+    )
 
 
 def _rmsnorm_matmul_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_m, block_n):

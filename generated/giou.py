@@ -151,6 +151,15 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
+def _differentiable(forward, backward, *arrays):
+    """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
+    from the arrays (what the forward pass saves) and the cotangents of the outputs, it
+    gives one cotangent per array, or None for none (float0 for an integer array)."""
+    call = jax.custom_vjp(forward)
+    call.defvjp(lambda *arrays: (forward(*arrays), arrays), backward)
+    return call(*arrays)
+
+
 def _operands(kernel, operands):
     """The operands as arrays, each checked for its dtype and rank, and the size of each
     named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
@@ -385,6 +394,8 @@ def giou(
 
     Returns:
       giou: f32[B, N].
+
+    Gradients: jax.grad runs the generated backward kernels giou_backward (_giou_vjp).
     """
     (ax1, ay1, ax2, ay2, bx1, by1, bx2, by2), sizes = _operands(
         "giou",
@@ -417,6 +428,71 @@ def giou(
             by2,
             eps=eps,
         )
+    return _differentiable(
+        functools.partial(
+            _giou_forward,
+            b=b,
+            n=n,
+            block_b=block_b,
+            block_n=block_n,
+            gpu_block_b=gpu_block_b,
+            gpu_block_n=gpu_block_n,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            eps=eps,
+            interpret=interpret,
+        ),
+        functools.partial(_giou_vjp, eps=eps, interpret=interpret),
+        ax1,
+        ay1,
+        ax2,
+        ay2,
+        bx1,
+        by1,
+        bx2,
+        by2,
+    )
+
+
+def giou_reference(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, eps=1e-07):
+    """`giou` in plain jax.numpy, to test the kernel against."""
+    area_a = (ax2 - ax1) * (ay2 - ay1)
+    area_b = (bx2 - bx1) * (by2 - by1)
+    inter_w = jnp.maximum(jnp.minimum(ax2, bx2) - jnp.maximum(ax1, bx1), 0.0)
+    inter_h = jnp.maximum(jnp.minimum(ay2, by2) - jnp.maximum(ay1, by1), 0.0)
+    inter = inter_w * inter_h
+    union = area_a + area_b - inter
+    hull = (jnp.maximum(ax2, bx2) - jnp.minimum(ax1, bx1)) * (
+        jnp.maximum(ay2, by2) - jnp.minimum(ay1, by1)
+    )
+    giou = inter / (union + eps) - (hull - union) / (hull + eps)
+    return giou
+
+
+def _giou_forward(
+    ax1,
+    ay1,
+    ax2,
+    ay2,
+    bx1,
+    by1,
+    bx2,
+    by2,
+    *,
+    b,
+    n,
+    block_b,
+    block_n,
+    gpu_block_b,
+    gpu_block_n,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    eps,
+    interpret,
+):
+    """`giou` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return _on_platform(
         functools.partial(_giou_tpu, b=b, n=n, block_b=block_b, block_n=block_n, eps=eps),
         _gpu_kernel(
@@ -446,19 +522,18 @@ def giou(
     )
 
 
-def giou_reference(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, eps=1e-07):
-    """`giou` in plain jax.numpy, to test the kernel against."""
-    area_a = (ax2 - ax1) * (ay2 - ay1)
-    area_b = (bx2 - bx1) * (by2 - by1)
-    inter_w = jnp.maximum(jnp.minimum(ax2, bx2) - jnp.maximum(ax1, bx1), 0.0)
-    inter_h = jnp.maximum(jnp.minimum(ay2, by2) - jnp.maximum(ay1, by1), 0.0)
-    inter = inter_w * inter_h
-    union = area_a + area_b - inter
-    hull = (jnp.maximum(ax2, bx2) - jnp.minimum(ax1, bx1)) * (
-        jnp.maximum(ay2, by2) - jnp.minimum(ay1, by1)
+def _giou_vjp(saved, cotangents, *, eps, interpret):
+    """The cotangents of `giou`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels giou_backward. The forward pass saves its inputs (ax1, ay1,
+    ax2, ay2, bx1, by1, bx2, by2) and nothing else: the backward kernels recompute the
+    values they need (area_a, area_b, inter_w, inter_h, inter, union, hull) from them.
+    """
+    ax1, ay1, ax2, ay2, bx1, by1, bx2, by2 = saved
+    dgiou = cotangents
+    dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2 = giou_backward(
+        ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, eps=eps, interpret=interpret
     )
-    giou = inter / (union + eps) - (hull - union) / (hull + eps)
-    return giou
+    return dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2
 
 
 def _giou_kernel(
@@ -504,7 +579,7 @@ def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n,
         grow=functools.partial(
             _grown,
             bounds=(b, n),
-            step=lambda block_b, block_n: (block_b * block_n, 72 * block_b * block_n),
+            step=lambda block_b, block_n: (block_b * block_n, 100 * block_b * block_n),
         ),
     )
     block_b = min(block_b, b)  # a small B is one whole block
@@ -519,9 +594,10 @@ def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n,
         ),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 18.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2
+    # VMEM at the default blocks: 25.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2
     # 1.0 MiB + ay2 1.0 MiB + bx1 1.0 MiB + by1 1.0 MiB + bx2 1.0 MiB + by2 1.0 MiB + giou
-    # 1.0 MiB).
+    # 1.0 MiB) + let area_a 1.0 MiB + let area_b 1.0 MiB + let inter_w 1.0 MiB + let
+    # inter_h 1.0 MiB + let inter 1.0 MiB + let union 1.0 MiB + let hull 1.0 MiB.
     return pl.pallas_call(
         functools.partial(_giou_kernel, eps=eps),
         # One step per block of B, block of N; steps are independent, so every axis is
@@ -551,7 +627,7 @@ def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n,
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(72 * block_b * block_n),
+            vmem_limit_bytes=_vmem_limit(100 * block_b * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=30 * b * n,
@@ -778,3 +854,1033 @@ def _giou_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, eps, inter
         interpret=interpret,
     )(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2)
     return giou[:b, :n]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_b",
+        "block_n",
+        "gpu_block_b",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "eps",
+        "interpret",
+    ),
+)
+def giou_backward(
+    ax1,
+    ay1,
+    ax2,
+    ay2,
+    bx1,
+    by1,
+    bx2,
+    by2,
+    dgiou,
+    *,
+    block_b=None,
+    block_n=None,
+    gpu_block_b=8,
+    gpu_block_n=128,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    eps=1e-07,
+    interpret=None,
+):
+    """The backward pass of `giou`, generated from its spec: the cotangents dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2
+    of its inputs from dgiou, those of its outputs.
+
+    Args:
+      ax1: f32[B, N].
+      ay1: f32[B, N].
+      ax2: f32[B, N].
+      ay2: f32[B, N].
+      bx1: f32[B, N].
+      by1: f32[B, N].
+      bx2: f32[B, N].
+      by2: f32[B, N].
+      dgiou: f32[B, N].
+      block_b, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_giou_backward_tpu_blocks),
+        grown to large steps (_grown), else 256, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      eps: a static f32 (default 1e-07).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dax1: f32[B, N]; day1: f32[B, N]; dax2: f32[B, N]; day2: f32[B, N]; dbx1: f32[B, N]; dby1: f32[B, N]; dbx2: f32[B, N]; dby2: f32[B, N].
+    """
+    (ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou), sizes = _operands(
+        "giou_backward",
+        {
+            "ax1": (ax1, jnp.float32, ("B", "N")),
+            "ay1": (ay1, jnp.float32, ("B", "N")),
+            "ax2": (ax2, jnp.float32, ("B", "N")),
+            "ay2": (ay2, jnp.float32, ("B", "N")),
+            "bx1": (bx1, jnp.float32, ("B", "N")),
+            "by1": (by1, jnp.float32, ("B", "N")),
+            "bx2": (bx2, jnp.float32, ("B", "N")),
+            "by2": (by2, jnp.float32, ("B", "N")),
+            "dgiou": (dgiou, jnp.float32, ("B", "N")),
+        },
+    )
+    _check_blocks("giou_backward", block_b=block_b, block_n=block_n, may_be_none=True)
+    _check_blocks("giou_backward", gpu_block_b=gpu_block_b, gpu_block_n=gpu_block_n)
+    b = sizes["B"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            giou_backward_reference,
+            (
+                ((b, n), jnp.float32),
+                ((b, n), jnp.float32),
+                ((b, n), jnp.float32),
+                ((b, n), jnp.float32),
+                ((b, n), jnp.float32),
+                ((b, n), jnp.float32),
+                ((b, n), jnp.float32),
+                ((b, n), jnp.float32),
+            ),
+            ax1,
+            ay1,
+            ax2,
+            ay2,
+            bx1,
+            by1,
+            bx2,
+            by2,
+            dgiou,
+            eps=eps,
+        )
+    return _on_platform(
+        functools.partial(_giou_backward_tpu, b=b, n=n, block_b=block_b, block_n=block_n, eps=eps),
+        _gpu_kernel(
+            "giou_backward",
+            gpu_backend,
+            functools.partial(
+                _giou_backward_gpu,
+                b=b,
+                n=n,
+                block_b=gpu_block_b,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                eps=eps,
+            ),
+            functools.partial(_giou_backward_mosaic_gpu, b=b, n=n, eps=eps),
+        ),
+        interpret,
+        ax1,
+        ay1,
+        ax2,
+        ay2,
+        bx1,
+        by1,
+        bx2,
+        by2,
+        dgiou,
+    )
+
+
+def giou_backward_reference(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, eps=1e-07):
+    """`giou_backward` in plain jax.numpy, to test the kernel against."""
+    area_a_1 = ax2 - ax1
+    area_a_2 = ay2 - ay1
+    area_a = area_a_1 * area_a_2
+    area_b_1 = bx2 - bx1
+    area_b_2 = by2 - by1
+    area_b = area_b_1 * area_b_2
+    inter_w_1 = jnp.minimum(ax2, bx2)
+    inter_w_2 = jnp.maximum(ax1, bx1)
+    inter_w_3 = inter_w_1 - inter_w_2
+    inter_w = jnp.maximum(inter_w_3, 0.0)
+    inter_h_1 = jnp.minimum(ay2, by2)
+    inter_h_2 = jnp.maximum(ay1, by1)
+    inter_h_3 = inter_h_1 - inter_h_2
+    inter_h = jnp.maximum(inter_h_3, 0.0)
+    inter = inter_w * inter_h
+    union = area_a + area_b - inter
+    hull_1 = jnp.maximum(ax2, bx2)
+    hull_2 = jnp.minimum(ax1, bx1)
+    hull_3 = hull_1 - hull_2
+    hull_4 = jnp.maximum(ay2, by2)
+    hull_5 = jnp.minimum(ay1, by1)
+    hull_6 = hull_4 - hull_5
+    hull = hull_3 * hull_6
+    giou_1 = union + eps
+    giou_2 = hull - union
+    giou_3 = hull + eps
+    dgiou_1 = -dgiou
+    dgiou_2 = dgiou_1 / giou_3
+    dhull = dgiou_2 + -dgiou_1 * giou_2 / (giou_3 * giou_3)
+    dhull_1 = dhull * hull_6
+    dhull_2 = -dhull_1
+    dhull_3 = dhull * hull_3
+    dhull_4 = -dhull_3
+    dunion = -dgiou * inter / (giou_1 * giou_1) + -dgiou_2
+    dinter = dgiou / giou_1 + -dunion
+    dinter_h = dinter * inter_w
+    dinter_h_1 = jnp.where(
+        inter_h_3 == inter_h, jnp.where(0.0 == inter_h, 0.5 * dinter_h, dinter_h), 0
+    )
+    dinter_h_2 = -dinter_h_1
+    dinter_w = dinter * inter_h
+    dinter_w_1 = jnp.where(
+        inter_w_3 == inter_w, jnp.where(0.0 == inter_w, 0.5 * dinter_w, dinter_w), 0
+    )
+    dinter_w_2 = -dinter_w_1
+    darea_b_1 = dunion * area_b_2
+    darea_b_2 = dunion * area_b_1
+    darea_a_1 = dunion * area_a_2
+    darea_a_2 = dunion * area_a_1
+    dax1 = (
+        jnp.where(ax1 == hull_2, jnp.where(bx1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
+        + jnp.where(ax1 == inter_w_2, jnp.where(bx1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0)
+        + -darea_a_1
+    )
+    day1 = (
+        jnp.where(ay1 == hull_5, jnp.where(by1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
+        + jnp.where(ay1 == inter_h_2, jnp.where(by1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0)
+        + -darea_a_2
+    )
+    dax2 = (
+        jnp.where(ax2 == hull_1, jnp.where(bx2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
+        + jnp.where(ax2 == inter_w_1, jnp.where(bx2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0)
+        + darea_a_1
+    )
+    day2 = (
+        jnp.where(ay2 == hull_4, jnp.where(by2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
+        + jnp.where(ay2 == inter_h_1, jnp.where(by2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0)
+        + darea_a_2
+    )
+    dbx1 = (
+        jnp.where(bx1 == hull_2, jnp.where(ax1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
+        + jnp.where(bx1 == inter_w_2, jnp.where(ax1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0)
+        + -darea_b_1
+    )
+    dby1 = (
+        jnp.where(by1 == hull_5, jnp.where(ay1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
+        + jnp.where(by1 == inter_h_2, jnp.where(ay1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0)
+        + -darea_b_2
+    )
+    dbx2 = (
+        jnp.where(bx2 == hull_1, jnp.where(ax2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
+        + jnp.where(bx2 == inter_w_1, jnp.where(ax2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0)
+        + darea_b_1
+    )
+    dby2 = (
+        jnp.where(by2 == hull_4, jnp.where(ay2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
+        + jnp.where(by2 == inter_h_1, jnp.where(ay2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0)
+        + darea_b_2
+    )
+    return dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2
+
+
+def _giou_backward_kernel(
+    ax1_ref,
+    ay1_ref,
+    ax2_ref,
+    ay2_ref,
+    bx1_ref,
+    by1_ref,
+    bx2_ref,
+    by2_ref,
+    dgiou_ref,
+    dax1_ref,
+    day1_ref,
+    dax2_ref,
+    day2_ref,
+    dbx1_ref,
+    dby1_ref,
+    dbx2_ref,
+    dby2_ref,
+    *,
+    eps,
+):
+    ax1 = ax1_ref[...]
+    ay1 = ay1_ref[...]
+    ax2 = ax2_ref[...]
+    ay2 = ay2_ref[...]
+    bx1 = bx1_ref[...]
+    by1 = by1_ref[...]
+    bx2 = bx2_ref[...]
+    by2 = by2_ref[...]
+    dgiou = dgiou_ref[...]
+    area_a_1 = ax2 - ax1
+    area_a_2 = ay2 - ay1
+    area_a = area_a_1 * area_a_2
+    area_b_1 = bx2 - bx1
+    area_b_2 = by2 - by1
+    area_b = area_b_1 * area_b_2
+    inter_w_1 = jnp.minimum(ax2, bx2)
+    inter_w_2 = jnp.maximum(ax1, bx1)
+    inter_w_3 = inter_w_1 - inter_w_2
+    inter_w = jnp.maximum(inter_w_3, 0.0)
+    inter_h_1 = jnp.minimum(ay2, by2)
+    inter_h_2 = jnp.maximum(ay1, by1)
+    inter_h_3 = inter_h_1 - inter_h_2
+    inter_h = jnp.maximum(inter_h_3, 0.0)
+    inter = inter_w * inter_h
+    union = area_a + area_b - inter
+    hull_1 = jnp.maximum(ax2, bx2)
+    hull_2 = jnp.minimum(ax1, bx1)
+    hull_3 = hull_1 - hull_2
+    hull_4 = jnp.maximum(ay2, by2)
+    hull_5 = jnp.minimum(ay1, by1)
+    hull_6 = hull_4 - hull_5
+    hull = hull_3 * hull_6
+    giou_1 = union + eps
+    giou_2 = hull - union
+    giou_3 = hull + eps
+    dgiou_1 = -dgiou
+    dgiou_2 = dgiou_1 / giou_3
+    dhull = dgiou_2 + -dgiou_1 * giou_2 / (giou_3 * giou_3)
+    dhull_1 = dhull * hull_6
+    dhull_2 = -dhull_1
+    dhull_3 = dhull * hull_3
+    dhull_4 = -dhull_3
+    dunion = -dgiou * inter / (giou_1 * giou_1) + -dgiou_2
+    dinter = dgiou / giou_1 + -dunion
+    dinter_h = dinter * inter_w
+    dinter_h_1 = jnp.where(
+        inter_h_3 == inter_h, jnp.where(0.0 == inter_h, 0.5 * dinter_h, dinter_h), 0
+    )
+    dinter_h_2 = -dinter_h_1
+    dinter_w = dinter * inter_h
+    dinter_w_1 = jnp.where(
+        inter_w_3 == inter_w, jnp.where(0.0 == inter_w, 0.5 * dinter_w, dinter_w), 0
+    )
+    dinter_w_2 = -dinter_w_1
+    darea_b_1 = dunion * area_b_2
+    darea_b_2 = dunion * area_b_1
+    darea_a_1 = dunion * area_a_2
+    darea_a_2 = dunion * area_a_1
+    dax1_ref[...] = (
+        jnp.where(ax1 == hull_2, jnp.where(bx1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
+        + jnp.where(ax1 == inter_w_2, jnp.where(bx1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0)
+        + -darea_a_1
+    )
+    day1_ref[...] = (
+        jnp.where(ay1 == hull_5, jnp.where(by1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
+        + jnp.where(ay1 == inter_h_2, jnp.where(by1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0)
+        + -darea_a_2
+    )
+    dax2_ref[...] = (
+        jnp.where(ax2 == hull_1, jnp.where(bx2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
+        + jnp.where(ax2 == inter_w_1, jnp.where(bx2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0)
+        + darea_a_1
+    )
+    day2_ref[...] = (
+        jnp.where(ay2 == hull_4, jnp.where(by2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
+        + jnp.where(ay2 == inter_h_1, jnp.where(by2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0)
+        + darea_a_2
+    )
+    dbx1_ref[...] = (
+        jnp.where(bx1 == hull_2, jnp.where(ax1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
+        + jnp.where(bx1 == inter_w_2, jnp.where(ax1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0)
+        + -darea_b_1
+    )
+    dby1_ref[...] = (
+        jnp.where(by1 == hull_5, jnp.where(ay1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
+        + jnp.where(by1 == inter_h_2, jnp.where(ay1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0)
+        + -darea_b_2
+    )
+    dbx2_ref[...] = (
+        jnp.where(bx2 == hull_1, jnp.where(ax2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
+        + jnp.where(bx2 == inter_w_1, jnp.where(ax2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0)
+        + darea_b_1
+    )
+    dby2_ref[...] = (
+        jnp.where(by2 == hull_4, jnp.where(ay2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
+        + jnp.where(by2 == inter_h_1, jnp.where(ay2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0)
+        + darea_b_2
+    )
+
+
+# TPU blocks (block_b, block_n) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (B, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_giou_backward_tpu_blocks = {
+    None: {"default": (256, 1024)},
+    "v5e": {"default": (256, 1024)},
+    "v6e": {"default": (256, 1024)},
+}
+
+
+def _giou_backward_tpu(
+    ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, b, n, block_b, block_n, eps, interpret
+):
+    """`giou_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_b, block_n = _tpu_blocks(
+        _giou_backward_tpu_blocks,
+        (b, n),
+        (block_b, block_n),
+        grow=functools.partial(
+            _grown,
+            bounds=(b, n),
+            step=lambda block_b, block_n: (block_b * block_n, 316 * block_b * block_n),
+        ),
+    )
+    block_b = min(block_b, b)  # a small B is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "giou_backward",
+        block_b=(
+            block_b,
+            b,
+            8,
+            "B is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 79.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2
+    # 1.0 MiB + ay2 1.0 MiB + bx1 1.0 MiB + by1 1.0 MiB + bx2 1.0 MiB + by2 1.0 MiB +
+    # dgiou 1.0 MiB + dax1 1.0 MiB + day1 1.0 MiB + dax2 1.0 MiB + day2 1.0 MiB + dbx1 1.0
+    # MiB + dby1 1.0 MiB + dbx2 1.0 MiB + dby2 1.0 MiB) + let area_a_1 1.0 MiB + let
+    # area_a_2 1.0 MiB + let area_a 1.0 MiB + let area_b_1 1.0 MiB + let area_b_2 1.0 MiB
+    # + let area_b 1.0 MiB + let inter_w_1 1.0 MiB + let inter_w_2 1.0 MiB + let inter_w_3
+    # 1.0 MiB + let inter_w 1.0 MiB + let inter_h_1 1.0 MiB + let inter_h_2 1.0 MiB + let
+    # inter_h_3 1.0 MiB + let inter_h 1.0 MiB + let inter 1.0 MiB + let union 1.0 MiB +
+    # let hull_1 1.0 MiB + let hull_2 1.0 MiB + let hull_3 1.0 MiB + let hull_4 1.0 MiB +
+    # let hull_5 1.0 MiB + let hull_6 1.0 MiB + let hull 1.0 MiB + let giou_1 1.0 MiB +
+    # let giou_2 1.0 MiB + let giou_3 1.0 MiB + let dgiou_1 1.0 MiB + let dgiou_2 1.0 MiB
+    # + let dhull 1.0 MiB + let dhull_1 1.0 MiB + let dhull_2 1.0 MiB + let dhull_3 1.0
+    # MiB + let dhull_4 1.0 MiB + let dunion 1.0 MiB + let dinter 1.0 MiB + let dinter_h
+    # 1.0 MiB + let dinter_h_1 1.0 MiB + let dinter_h_2 1.0 MiB + let dinter_w 1.0 MiB +
+    # let dinter_w_1 1.0 MiB + let dinter_w_2 1.0 MiB + let darea_b_1 1.0 MiB + let
+    # darea_b_2 1.0 MiB + let darea_a_1 1.0 MiB + let darea_a_2 1.0 MiB.
+    return pl.pallas_call(
+        functools.partial(_giou_backward_kernel, eps=eps),
+        # One step per block of B, block of N; steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(b, block_b), pl.cdiv(n, block_n)),
+        in_specs=[
+            # ax1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # ay1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # ax2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # ay2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # bx1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # by1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # bx2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # by2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # dgiou: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+        ],
+        out_specs=(
+            # dax1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # day1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # dax2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # day2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # dbx1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # dby1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # dbx2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # dby2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, n), jnp.float32),  # dax1
+            jax.ShapeDtypeStruct((b, n), jnp.float32),  # day1
+            jax.ShapeDtypeStruct((b, n), jnp.float32),  # dax2
+            jax.ShapeDtypeStruct((b, n), jnp.float32),  # day2
+            jax.ShapeDtypeStruct((b, n), jnp.float32),  # dbx1
+            jax.ShapeDtypeStruct((b, n), jnp.float32),  # dby1
+            jax.ShapeDtypeStruct((b, n), jnp.float32),  # dbx2
+            jax.ShapeDtypeStruct((b, n), jnp.float32),  # dby2
+        ),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(316 * block_b * block_n),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=165 * b * n,
+            transcendentals=0,
+            bytes_accessed=_nbytes(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou)
+            + b * n * 4
+            + b * n * 4
+            + b * n * 4
+            + b * n * 4
+            + b * n * 4
+            + b * n * 4
+            + b * n * 4
+            + b * n * 4,
+        ),
+        interpret=interpret,
+        name="giou_backward",
+    )(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou)
+
+
+def _giou_backward_gpu_kernel(
+    ax1_ref,
+    ay1_ref,
+    ax2_ref,
+    ay2_ref,
+    bx1_ref,
+    by1_ref,
+    bx2_ref,
+    by2_ref,
+    dgiou_ref,
+    dax1_ref,
+    day1_ref,
+    dax2_ref,
+    day2_ref,
+    dbx1_ref,
+    dby1_ref,
+    dbx2_ref,
+    dby2_ref,
+    *,
+    b,
+    n,
+    block_b,
+    block_n,
+    eps,
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_b = _inside(pl.program_id(0) * block_b, block_b, b)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    inside = _mask((block_b, block_n), in_b, in_n)
+    ax1 = _load(ax1_ref, inside)
+    ay1 = _load(ay1_ref, inside)
+    ax2 = _load(ax2_ref, inside)
+    ay2 = _load(ay2_ref, inside)
+    bx1 = _load(bx1_ref, inside)
+    by1 = _load(by1_ref, inside)
+    bx2 = _load(bx2_ref, inside)
+    by2 = _load(by2_ref, inside)
+    dgiou = _load(dgiou_ref, inside)
+    area_a_1 = ax2 - ax1
+    area_a_2 = ay2 - ay1
+    area_a = area_a_1 * area_a_2
+    area_b_1 = bx2 - bx1
+    area_b_2 = by2 - by1
+    area_b = area_b_1 * area_b_2
+    inter_w_1 = jnp.minimum(ax2, bx2)
+    inter_w_2 = jnp.maximum(ax1, bx1)
+    inter_w_3 = inter_w_1 - inter_w_2
+    inter_w = jnp.maximum(inter_w_3, 0.0)
+    inter_h_1 = jnp.minimum(ay2, by2)
+    inter_h_2 = jnp.maximum(ay1, by1)
+    inter_h_3 = inter_h_1 - inter_h_2
+    inter_h = jnp.maximum(inter_h_3, 0.0)
+    inter = inter_w * inter_h
+    union = area_a + area_b - inter
+    hull_1 = jnp.maximum(ax2, bx2)
+    hull_2 = jnp.minimum(ax1, bx1)
+    hull_3 = hull_1 - hull_2
+    hull_4 = jnp.maximum(ay2, by2)
+    hull_5 = jnp.minimum(ay1, by1)
+    hull_6 = hull_4 - hull_5
+    hull = hull_3 * hull_6
+    giou_1 = union + eps
+    giou_2 = hull - union
+    giou_3 = hull + eps
+    dgiou_1 = -dgiou
+    dgiou_2 = dgiou_1 / giou_3
+    dhull = dgiou_2 + -dgiou_1 * giou_2 / (giou_3 * giou_3)
+    dhull_1 = dhull * hull_6
+    dhull_2 = -dhull_1
+    dhull_3 = dhull * hull_3
+    dhull_4 = -dhull_3
+    dunion = -dgiou * inter / (giou_1 * giou_1) + -dgiou_2
+    dinter = dgiou / giou_1 + -dunion
+    dinter_h = dinter * inter_w
+    dinter_h_1 = jnp.where(
+        inter_h_3 == inter_h, jnp.where(0.0 == inter_h, 0.5 * dinter_h, dinter_h), 0
+    )
+    dinter_h_2 = -dinter_h_1
+    dinter_w = dinter * inter_h
+    dinter_w_1 = jnp.where(
+        inter_w_3 == inter_w, jnp.where(0.0 == inter_w, 0.5 * dinter_w, dinter_w), 0
+    )
+    dinter_w_2 = -dinter_w_1
+    darea_b_1 = dunion * area_b_2
+    darea_b_2 = dunion * area_b_1
+    darea_a_1 = dunion * area_a_2
+    darea_a_2 = dunion * area_a_1
+    _store(
+        dax1_ref,
+        jnp.where(ax1 == hull_2, jnp.where(bx1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
+        + jnp.where(ax1 == inter_w_2, jnp.where(bx1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0)
+        + -darea_a_1,
+        inside,
+    )
+    _store(
+        day1_ref,
+        jnp.where(ay1 == hull_5, jnp.where(by1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
+        + jnp.where(ay1 == inter_h_2, jnp.where(by1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0)
+        + -darea_a_2,
+        inside,
+    )
+    _store(
+        dax2_ref,
+        jnp.where(ax2 == hull_1, jnp.where(bx2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
+        + jnp.where(ax2 == inter_w_1, jnp.where(bx2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0)
+        + darea_a_1,
+        inside,
+    )
+    _store(
+        day2_ref,
+        jnp.where(ay2 == hull_4, jnp.where(by2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
+        + jnp.where(ay2 == inter_h_1, jnp.where(by2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0)
+        + darea_a_2,
+        inside,
+    )
+    _store(
+        dbx1_ref,
+        jnp.where(bx1 == hull_2, jnp.where(ax1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
+        + jnp.where(bx1 == inter_w_2, jnp.where(ax1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0)
+        + -darea_b_1,
+        inside,
+    )
+    _store(
+        dby1_ref,
+        jnp.where(by1 == hull_5, jnp.where(ay1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
+        + jnp.where(by1 == inter_h_2, jnp.where(ay1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0)
+        + -darea_b_2,
+        inside,
+    )
+    _store(
+        dbx2_ref,
+        jnp.where(bx2 == hull_1, jnp.where(ax2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
+        + jnp.where(bx2 == inter_w_1, jnp.where(ax2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0)
+        + darea_b_1,
+        inside,
+    )
+    _store(
+        dby2_ref,
+        jnp.where(by2 == hull_4, jnp.where(ay2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
+        + jnp.where(by2 == inter_h_1, jnp.where(ay2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0)
+        + darea_b_2,
+        inside,
+    )
+
+
+def _giou_backward_gpu(
+    ax1,
+    ay1,
+    ax2,
+    ay2,
+    bx1,
+    by1,
+    bx2,
+    by2,
+    dgiou,
+    *,
+    b,
+    n,
+    block_b,
+    block_n,
+    num_warps,
+    num_stages,
+    eps,
+    interpret,
+):
+    """`giou_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_b = min(block_b, pl.next_power_of_2(b))  # a small B is one block
+    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
+    return pl.pallas_call(
+        functools.partial(
+            _giou_backward_gpu_kernel, b=b, n=n, block_b=block_b, block_n=block_n, eps=eps
+        ),
+        # One program per block of B, block of N; programs run concurrently.
+        grid=(pl.cdiv(b, block_b), pl.cdiv(n, block_n)),
+        in_specs=[
+            # ax1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # ay1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # ax2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # ay2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # bx1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # by1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # bx2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # by2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # dgiou: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+        ],
+        out_specs=(
+            # dax1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # day1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # dax2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # day2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # dbx1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # dby1: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # dbx2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+            # dby2: f32[B, N]
+            pl.BlockSpec((block_b, block_n), lambda i, j: (i, j)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, n), jnp.float32),  # dax1
+            jax.ShapeDtypeStruct((b, n), jnp.float32),  # day1
+            jax.ShapeDtypeStruct((b, n), jnp.float32),  # dax2
+            jax.ShapeDtypeStruct((b, n), jnp.float32),  # day2
+            jax.ShapeDtypeStruct((b, n), jnp.float32),  # dbx1
+            jax.ShapeDtypeStruct((b, n), jnp.float32),  # dby1
+            jax.ShapeDtypeStruct((b, n), jnp.float32),  # dbx2
+            jax.ShapeDtypeStruct((b, n), jnp.float32),  # dby2
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="giou_backward",
+    )(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou)
+
+
+def _giou_backward_mosaic_gpu_kernel(
+    ax1_ref,
+    ay1_ref,
+    ax2_ref,
+    ay2_ref,
+    bx1_ref,
+    by1_ref,
+    bx2_ref,
+    by2_ref,
+    dgiou_ref,
+    dax1_ref,
+    day1_ref,
+    dax2_ref,
+    day2_ref,
+    dbx1_ref,
+    dby1_ref,
+    dbx2_ref,
+    dby2_ref,
+    *,
+    block_b,
+    block_n,
+    eps,
+):
+    program_b = jax.lax.axis_index("B")
+    program_n = jax.lax.axis_index("N")
+
+    def step(
+        _,
+        ax1_smem,
+        ay1_smem,
+        ax2_smem,
+        ay2_smem,
+        bx1_smem,
+        by1_smem,
+        bx2_smem,
+        by2_smem,
+        dgiou_smem,
+        dax1_smem,
+        day1_smem,
+        dax2_smem,
+        day2_smem,
+        dbx1_smem,
+        dby1_smem,
+        dbx2_smem,
+        dby2_smem,
+    ):
+        ax1 = _mgpu_load(ax1_smem, (block_b, block_n), (0, 1))
+        ay1 = _mgpu_load(ay1_smem, (block_b, block_n), (0, 1))
+        ax2 = _mgpu_load(ax2_smem, (block_b, block_n), (0, 1))
+        ay2 = _mgpu_load(ay2_smem, (block_b, block_n), (0, 1))
+        bx1 = _mgpu_load(bx1_smem, (block_b, block_n), (0, 1))
+        by1 = _mgpu_load(by1_smem, (block_b, block_n), (0, 1))
+        bx2 = _mgpu_load(bx2_smem, (block_b, block_n), (0, 1))
+        by2 = _mgpu_load(by2_smem, (block_b, block_n), (0, 1))
+        dgiou = _mgpu_load(dgiou_smem, (block_b, block_n), (0, 1))
+        area_a_1 = ax2 - ax1
+        area_a_2 = ay2 - ay1
+        area_a = area_a_1 * area_a_2
+        area_b_1 = bx2 - bx1
+        area_b_2 = by2 - by1
+        area_b = area_b_1 * area_b_2
+        inter_w_1 = jnp.minimum(ax2, bx2)
+        inter_w_2 = jnp.maximum(ax1, bx1)
+        inter_w_3 = inter_w_1 - inter_w_2
+        inter_w = jnp.maximum(inter_w_3, 0.0)
+        inter_h_1 = jnp.minimum(ay2, by2)
+        inter_h_2 = jnp.maximum(ay1, by1)
+        inter_h_3 = inter_h_1 - inter_h_2
+        inter_h = jnp.maximum(inter_h_3, 0.0)
+        inter = inter_w * inter_h
+        union = area_a + area_b - inter
+        hull_1 = jnp.maximum(ax2, bx2)
+        hull_2 = jnp.minimum(ax1, bx1)
+        hull_3 = hull_1 - hull_2
+        hull_4 = jnp.maximum(ay2, by2)
+        hull_5 = jnp.minimum(ay1, by1)
+        hull_6 = hull_4 - hull_5
+        hull = hull_3 * hull_6
+        giou_1 = union + eps
+        giou_2 = hull - union
+        giou_3 = hull + eps
+        dgiou_1 = -dgiou
+        dgiou_2 = dgiou_1 / giou_3
+        dhull = dgiou_2 + -dgiou_1 * giou_2 / (giou_3 * giou_3)
+        dhull_1 = dhull * hull_6
+        dhull_2 = -dhull_1
+        dhull_3 = dhull * hull_3
+        dhull_4 = -dhull_3
+        dunion = -dgiou * inter / (giou_1 * giou_1) + -dgiou_2
+        dinter = dgiou / giou_1 + -dunion
+        dinter_h = dinter * inter_w
+        dinter_h_1 = jnp.where(
+            inter_h_3 == inter_h, jnp.where(0.0 == inter_h, 0.5 * dinter_h, dinter_h), 0
+        )
+        dinter_h_2 = -dinter_h_1
+        dinter_w = dinter * inter_h
+        dinter_w_1 = jnp.where(
+            inter_w_3 == inter_w, jnp.where(0.0 == inter_w, 0.5 * dinter_w, dinter_w), 0
+        )
+        dinter_w_2 = -dinter_w_1
+        darea_b_1 = dunion * area_b_2
+        darea_b_2 = dunion * area_b_1
+        darea_a_1 = dunion * area_a_2
+        darea_a_2 = dunion * area_a_1
+        dax1_smem[...] = (
+            jnp.where(ax1 == hull_2, jnp.where(bx1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
+            + jnp.where(
+                ax1 == inter_w_2, jnp.where(bx1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0
+            )
+            + -darea_a_1
+        )
+        day1_smem[...] = (
+            jnp.where(ay1 == hull_5, jnp.where(by1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
+            + jnp.where(
+                ay1 == inter_h_2, jnp.where(by1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0
+            )
+            + -darea_a_2
+        )
+        dax2_smem[...] = (
+            jnp.where(ax2 == hull_1, jnp.where(bx2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
+            + jnp.where(
+                ax2 == inter_w_1, jnp.where(bx2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0
+            )
+            + darea_a_1
+        )
+        day2_smem[...] = (
+            jnp.where(ay2 == hull_4, jnp.where(by2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
+            + jnp.where(
+                ay2 == inter_h_1, jnp.where(by2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0
+            )
+            + darea_a_2
+        )
+        dbx1_smem[...] = (
+            jnp.where(bx1 == hull_2, jnp.where(ax1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
+            + jnp.where(
+                bx1 == inter_w_2, jnp.where(ax1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0
+            )
+            + -darea_b_1
+        )
+        dby1_smem[...] = (
+            jnp.where(by1 == hull_5, jnp.where(ay1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
+            + jnp.where(
+                by1 == inter_h_2, jnp.where(ay1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0
+            )
+            + -darea_b_2
+        )
+        dbx2_smem[...] = (
+            jnp.where(bx2 == hull_1, jnp.where(ax2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
+            + jnp.where(
+                bx2 == inter_w_1, jnp.where(ax2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0
+            )
+            + darea_b_1
+        )
+        dby2_smem[...] = (
+            jnp.where(by2 == hull_4, jnp.where(ay2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
+            + jnp.where(
+                by2 == inter_h_1, jnp.where(ay2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0
+            )
+            + darea_b_2
+        )
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_b, block_n),
+                lambda _: (program_b, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_b, block_n),
+                lambda _: (program_b, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_b, block_n),
+                lambda _: (program_b, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_b, block_n),
+                lambda _: (program_b, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_b, block_n),
+                lambda _: (program_b, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_b, block_n),
+                lambda _: (program_b, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_b, block_n),
+                lambda _: (program_b, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_b, block_n),
+                lambda _: (program_b, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_b, block_n),
+                lambda _: (program_b, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_b, block_n),
+                lambda _: (program_b, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_b, block_n),
+                lambda _: (program_b, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_b, block_n),
+                lambda _: (program_b, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_b, block_n),
+                lambda _: (program_b, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_b, block_n),
+                lambda _: (program_b, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_b, block_n),
+                lambda _: (program_b, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_b, block_n),
+                lambda _: (program_b, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_b, block_n),
+                lambda _: (program_b, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+        ],
+    )(
+        ax1_ref,
+        ay1_ref,
+        ax2_ref,
+        ay2_ref,
+        bx1_ref,
+        by1_ref,
+        bx2_ref,
+        by2_ref,
+        dgiou_ref,
+        dax1_ref,
+        day1_ref,
+        dax2_ref,
+        day2_ref,
+        dbx1_ref,
+        dby1_ref,
+        dbx2_ref,
+        dby2_ref,
+    )
+
+
+def _giou_backward_mosaic_gpu(
+    ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, b, n, eps, interpret
+):
+    """`giou_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_b = 64
+    block_n = 32
+    padded_b = b + -b % 8
+    padded_n = n + -n % block_n
+    ax1 = _mgpu_pad(ax1, (padded_b, padded_n))
+    ay1 = _mgpu_pad(ay1, (padded_b, padded_n))
+    ax2 = _mgpu_pad(ax2, (padded_b, padded_n))
+    ay2 = _mgpu_pad(ay2, (padded_b, padded_n))
+    bx1 = _mgpu_pad(bx1, (padded_b, padded_n))
+    by1 = _mgpu_pad(by1, (padded_b, padded_n))
+    bx2 = _mgpu_pad(bx2, (padded_b, padded_n))
+    by2 = _mgpu_pad(by2, (padded_b, padded_n))
+    dgiou = _mgpu_pad(dgiou, (padded_b, padded_n))
+    dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2 = plgpu.kernel(
+        functools.partial(
+            _giou_backward_mosaic_gpu_kernel, block_b=block_b, block_n=block_n, eps=eps
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((padded_b, padded_n), jnp.float32),
+            jax.ShapeDtypeStruct((padded_b, padded_n), jnp.float32),
+            jax.ShapeDtypeStruct((padded_b, padded_n), jnp.float32),
+            jax.ShapeDtypeStruct((padded_b, padded_n), jnp.float32),
+            jax.ShapeDtypeStruct((padded_b, padded_n), jnp.float32),
+            jax.ShapeDtypeStruct((padded_b, padded_n), jnp.float32),
+            jax.ShapeDtypeStruct((padded_b, padded_n), jnp.float32),
+            jax.ShapeDtypeStruct((padded_b, padded_n), jnp.float32),
+        ),
+        grid=(pl.cdiv(padded_b, block_b), pl.cdiv(padded_n, block_n)),
+        grid_names=("B", "N"),
+        interpret=interpret,
+    )(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou)
+    return (
+        dax1[:b, :n],
+        day1[:b, :n],
+        dax2[:b, :n],
+        day2[:b, :n],
+        dbx1[:b, :n],
+        dby1[:b, :n],
+        dbx2[:b, :n],
+        dby2[:b, :n],
+    )

@@ -151,6 +151,15 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
+def _differentiable(forward, backward, *arrays):
+    """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
+    from the arrays (what the forward pass saves) and the cotangents of the outputs, it
+    gives one cotangent per array, or None for none (float0 for an integer array)."""
+    call = jax.custom_vjp(forward)
+    call.defvjp(lambda *arrays: (forward(*arrays), arrays), backward)
+    return call(*arrays)
+
+
 def _operands(kernel, operands):
     """The operands as arrays, each checked for its dtype and rank, and the size of each
     named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
@@ -352,6 +361,9 @@ def matmul(
 
     Returns:
       z: f32[M, N].
+
+    Gradients: not generated yet for a matrix product: jax.grad of it raises
+    NotImplementedError.
     """
     (x, y), sizes = _operands(
         "matmul", {"x": (x, jnp.float32, ("M", "K")), "y": (y, jnp.float32, ("K", "N"))}
@@ -365,6 +377,55 @@ def matmul(
     k = sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(matmul_reference, (((m, n), jnp.float32),), x, y)
+    return _differentiable(
+        functools.partial(
+            _matmul_forward,
+            m=m,
+            n=n,
+            k=k,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            gpu_block_m=gpu_block_m,
+            gpu_block_n=gpu_block_n,
+            gpu_block_k=gpu_block_k,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        _matmul_vjp,
+        x,
+        y,
+    )
+
+
+def matmul_reference(x, y):
+    """`matmul` in plain jax.numpy, to test the kernel against."""
+    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
+    z = acc
+    return z
+
+
+def _matmul_forward(
+    x,
+    y,
+    *,
+    m,
+    n,
+    k,
+    block_m,
+    block_n,
+    block_k,
+    gpu_block_m,
+    gpu_block_n,
+    gpu_block_k,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    interpret,
+):
+    """`matmul` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return _on_platform(
         functools.partial(
             _matmul_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
@@ -391,11 +452,13 @@ def matmul(
     )
 
 
-def matmul_reference(x, y):
-    """`matmul` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
-    z = acc
-    return z
+def _matmul_vjp(saved, cotangents):
+    """`matmul` has no backward pass yet: none is generated for a matrix product."""
+    raise NotImplementedError(
+        "matmul is not differentiable yet: pallasgen generates backward kernels for "
+        "elementwise kernels only, not yet for a matrix product; `grad none` in "
+        "specs/matmul.pallas says it is never differentiated"
+    )
 
 
 def _matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
@@ -646,6 +709,9 @@ def matmul_relu(
 
     Returns:
       z: f32[M, N].
+
+    Gradients: not generated yet for a matrix product: jax.grad of it raises
+    NotImplementedError.
     """
     (x, y), sizes = _operands(
         "matmul_relu", {"x": (x, jnp.float32, ("M", "K")), "y": (y, jnp.float32, ("K", "N"))}
@@ -661,6 +727,55 @@ def matmul_relu(
     k = sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(matmul_relu_reference, (((m, n), jnp.float32),), x, y)
+    return _differentiable(
+        functools.partial(
+            _matmul_relu_forward,
+            m=m,
+            n=n,
+            k=k,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            gpu_block_m=gpu_block_m,
+            gpu_block_n=gpu_block_n,
+            gpu_block_k=gpu_block_k,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        _matmul_relu_vjp,
+        x,
+        y,
+    )
+
+
+def matmul_relu_reference(x, y):
+    """`matmul_relu` in plain jax.numpy, to test the kernel against."""
+    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
+    z = jax.nn.relu(acc)
+    return z
+
+
+def _matmul_relu_forward(
+    x,
+    y,
+    *,
+    m,
+    n,
+    k,
+    block_m,
+    block_n,
+    block_k,
+    gpu_block_m,
+    gpu_block_n,
+    gpu_block_k,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    interpret,
+):
+    """`matmul_relu` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return _on_platform(
         functools.partial(
             _matmul_relu_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
@@ -687,11 +802,13 @@ def matmul_relu(
     )
 
 
-def matmul_relu_reference(x, y):
-    """`matmul_relu` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
-    z = jax.nn.relu(acc)
-    return z
+def _matmul_relu_vjp(saved, cotangents):
+    """`matmul_relu` has no backward pass yet: none is generated for a matrix product."""
+    raise NotImplementedError(
+        "matmul_relu is not differentiable yet: pallasgen generates backward kernels "
+        "for elementwise kernels only, not yet for a matrix product; `grad none` in "
+        "specs/matmul.pallas says it is never differentiated"
+    )
 
 
 def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
@@ -882,6 +999,9 @@ def matmul_bias_gelu(
 
     Returns:
       z: bf16[M, N].
+
+    Gradients: not generated yet for a matrix product: jax.grad of it raises
+    NotImplementedError.
     """
     (x, y, bias), sizes = _operands(
         "matmul_bias_gelu",
@@ -905,6 +1025,58 @@ def matmul_bias_gelu(
     k = sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(matmul_bias_gelu_reference, (((m, n), jnp.bfloat16),), x, y, bias)
+    return _differentiable(
+        functools.partial(
+            _matmul_bias_gelu_forward,
+            m=m,
+            n=n,
+            k=k,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            gpu_block_m=gpu_block_m,
+            gpu_block_n=gpu_block_n,
+            gpu_block_k=gpu_block_k,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        _matmul_bias_gelu_vjp,
+        x,
+        y,
+        bias,
+    )
+
+
+def matmul_bias_gelu_reference(x, y, bias):
+    """`matmul_bias_gelu` in plain jax.numpy, to test the kernel against."""
+    bias = bias[None, :]
+    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
+    z = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
+    return z
+
+
+def _matmul_bias_gelu_forward(
+    x,
+    y,
+    bias,
+    *,
+    m,
+    n,
+    k,
+    block_m,
+    block_n,
+    block_k,
+    gpu_block_m,
+    gpu_block_n,
+    gpu_block_k,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    interpret,
+):
+    """`matmul_bias_gelu` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
     return _on_platform(
         functools.partial(
@@ -933,12 +1105,13 @@ def matmul_bias_gelu(
     )
 
 
-def matmul_bias_gelu_reference(x, y, bias):
-    """`matmul_bias_gelu` in plain jax.numpy, to test the kernel against."""
-    bias = bias[None, :]
-    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
-    z = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
-    return z
+def _matmul_bias_gelu_vjp(saved, cotangents):
+    """`matmul_bias_gelu` has no backward pass yet: none is generated for a matrix product."""
+    raise NotImplementedError(
+        "matmul_bias_gelu is not differentiable yet: pallasgen generates backward "
+        "kernels for elementwise kernels only, not yet for a matrix product; `grad "
+        "none` in specs/matmul.pallas says it is never differentiated"
+    )
 
 
 def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, *, k, block_k):
@@ -1227,6 +1400,9 @@ def matmul_int8(
 
     Returns:
       z: i32[M, N].
+
+    Gradients: not generated yet for a matrix product: jax.grad of it raises
+    NotImplementedError.
     """
     (x, y), sizes = _operands(
         "matmul_int8", {"x": (x, jnp.int8, ("M", "K")), "y": (y, jnp.int8, ("K", "N"))}
@@ -1242,6 +1418,55 @@ def matmul_int8(
     k = sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(matmul_int8_reference, (((m, n), jnp.int32),), x, y)
+    return _differentiable(
+        functools.partial(
+            _matmul_int8_forward,
+            m=m,
+            n=n,
+            k=k,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            gpu_block_m=gpu_block_m,
+            gpu_block_n=gpu_block_n,
+            gpu_block_k=gpu_block_k,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        _matmul_int8_vjp,
+        x,
+        y,
+    )
+
+
+def matmul_int8_reference(x, y):
+    """`matmul_int8` in plain jax.numpy, to test the kernel against."""
+    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.int32)
+    z = acc
+    return z
+
+
+def _matmul_int8_forward(
+    x,
+    y,
+    *,
+    m,
+    n,
+    k,
+    block_m,
+    block_n,
+    block_k,
+    gpu_block_m,
+    gpu_block_n,
+    gpu_block_k,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    interpret,
+):
+    """`matmul_int8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return _on_platform(
         functools.partial(
             _matmul_int8_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
@@ -1268,11 +1493,13 @@ def matmul_int8(
     )
 
 
-def matmul_int8_reference(x, y):
-    """`matmul_int8` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.int32)
-    z = acc
-    return z
+def _matmul_int8_vjp(saved, cotangents):
+    """`matmul_int8` has no backward pass yet: none is generated for a matrix product."""
+    raise NotImplementedError(
+        "matmul_int8 is not differentiable yet: pallasgen generates backward kernels "
+        "for elementwise kernels only, not yet for a matrix product; `grad none` in "
+        "specs/matmul.pallas says it is never differentiated"
+    )
 
 
 def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
@@ -1538,6 +1765,9 @@ def batched_matmul(
 
     Returns:
       z: f32[B, M, N].
+
+    Gradients: not generated yet for a matrix product: jax.grad of it raises
+    NotImplementedError.
     """
     (x, y), sizes = _operands(
         "batched_matmul",
@@ -1555,6 +1785,57 @@ def batched_matmul(
     k = sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(batched_matmul_reference, (((b, m, n), jnp.float32),), x, y)
+    return _differentiable(
+        functools.partial(
+            _batched_matmul_forward,
+            b=b,
+            m=m,
+            n=n,
+            k=k,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            gpu_block_m=gpu_block_m,
+            gpu_block_n=gpu_block_n,
+            gpu_block_k=gpu_block_k,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        _batched_matmul_vjp,
+        x,
+        y,
+    )
+
+
+def batched_matmul_reference(x, y):
+    """`batched_matmul` in plain jax.numpy, to test the kernel against."""
+    acc = jnp.einsum("bmk,bkn->bmn", x, y, preferred_element_type=jnp.float32)
+    z = acc
+    return z
+
+
+def _batched_matmul_forward(
+    x,
+    y,
+    *,
+    b,
+    m,
+    n,
+    k,
+    block_m,
+    block_n,
+    block_k,
+    gpu_block_m,
+    gpu_block_n,
+    gpu_block_k,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    interpret,
+):
+    """`batched_matmul` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return _on_platform(
         functools.partial(
             _batched_matmul_tpu,
@@ -1589,11 +1870,13 @@ def batched_matmul(
     )
 
 
-def batched_matmul_reference(x, y):
-    """`batched_matmul` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("bmk,bkn->bmn", x, y, preferred_element_type=jnp.float32)
-    z = acc
-    return z
+def _batched_matmul_vjp(saved, cotangents):
+    """`batched_matmul` has no backward pass yet: none is generated for a matrix product."""
+    raise NotImplementedError(
+        "batched_matmul is not differentiable yet: pallasgen generates backward "
+        "kernels for elementwise kernels only, not yet for a matrix product; `grad "
+        "none` in specs/matmul.pallas says it is never differentiated"
+    )
 
 
 def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
@@ -1868,6 +2151,9 @@ def scores(
 
     Returns:
       s: f32[B, S, T].
+
+    Gradients: not generated yet for a matrix product: jax.grad of it raises
+    NotImplementedError.
     """
     (q, k), sizes = _operands(
         "scores", {"q": (q, jnp.bfloat16, ("B", "S", "D")), "k": (k, jnp.bfloat16, ("B", "T", "D"))}
@@ -1882,6 +2168,57 @@ def scores(
     d = sizes["D"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(scores_reference, (((b, s_, t), jnp.float32),), q, k, scale=scale)
+    return _differentiable(
+        functools.partial(
+            _scores_forward,
+            b=b,
+            s_=s_,
+            t=t,
+            d=d,
+            block_s=block_s,
+            block_t=block_t,
+            gpu_block_s=gpu_block_s,
+            gpu_block_t=gpu_block_t,
+            gpu_block_d=gpu_block_d,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            scale=scale,
+            interpret=interpret,
+        ),
+        _scores_vjp,
+        q,
+        k,
+    )
+
+
+def scores_reference(q, k, *, scale=0.125):
+    """`scores` in plain jax.numpy, to test the kernel against."""
+    acc = jnp.einsum("bsd,btd->bst", q, k, preferred_element_type=jnp.float32)
+    s = acc * scale
+    return s
+
+
+def _scores_forward(
+    q,
+    k,
+    *,
+    b,
+    s_,
+    t,
+    d,
+    block_s,
+    block_t,
+    gpu_block_s,
+    gpu_block_t,
+    gpu_block_d,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    scale,
+    interpret,
+):
+    """`scores` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return _on_platform(
         functools.partial(
             _scores_tpu, b=b, s_=s_, t=t, d=d, block_s=block_s, block_t=block_t, scale=scale
@@ -1910,11 +2247,13 @@ def scores(
     )
 
 
-def scores_reference(q, k, *, scale=0.125):
-    """`scores` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("bsd,btd->bst", q, k, preferred_element_type=jnp.float32)
-    s = acc * scale
-    return s
+def _scores_vjp(saved, cotangents):
+    """`scores` has no backward pass yet: none is generated for a matrix product."""
+    raise NotImplementedError(
+        "scores is not differentiable yet: pallasgen generates backward kernels for "
+        "elementwise kernels only, not yet for a matrix product; `grad none` in "
+        "specs/matmul.pallas says it is never differentiated"
+    )
 
 
 def _scores_kernel(q_ref, k_ref, s_ref, *, scale):
@@ -2171,6 +2510,9 @@ def linear(
 
     Returns:
       y: bf16[M, N].
+
+    Gradients: not generated yet for a matrix product: jax.grad of it raises
+    NotImplementedError.
     """
     (x, w, bias), sizes = _operands(
         "linear",
@@ -2189,6 +2531,58 @@ def linear(
     k = sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(linear_reference, (((m, n), jnp.bfloat16),), x, w, bias)
+    return _differentiable(
+        functools.partial(
+            _linear_forward,
+            m=m,
+            n=n,
+            k=k,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            gpu_block_m=gpu_block_m,
+            gpu_block_n=gpu_block_n,
+            gpu_block_k=gpu_block_k,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        _linear_vjp,
+        x,
+        w,
+        bias,
+    )
+
+
+def linear_reference(x, w, bias):
+    """`linear` in plain jax.numpy, to test the kernel against."""
+    bias = bias[None, :]
+    acc = jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.float32)
+    y = (acc + bias).astype(jnp.bfloat16)
+    return y
+
+
+def _linear_forward(
+    x,
+    w,
+    bias,
+    *,
+    m,
+    n,
+    k,
+    block_m,
+    block_n,
+    block_k,
+    gpu_block_m,
+    gpu_block_n,
+    gpu_block_k,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    interpret,
+):
+    """`linear` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
     return _on_platform(
         functools.partial(
@@ -2217,12 +2611,13 @@ def linear(
     )
 
 
-def linear_reference(x, w, bias):
-    """`linear` in plain jax.numpy, to test the kernel against."""
-    bias = bias[None, :]
-    acc = jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.float32)
-    y = (acc + bias).astype(jnp.bfloat16)
-    return y
+def _linear_vjp(saved, cotangents):
+    """`linear` has no backward pass yet: none is generated for a matrix product."""
+    raise NotImplementedError(
+        "linear is not differentiable yet: pallasgen generates backward kernels for "
+        "elementwise kernels only, not yet for a matrix product; `grad none` in "
+        "specs/matmul.pallas says it is never differentiated"
+    )
 
 
 def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_ref, *, k, block_k):

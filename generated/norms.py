@@ -126,6 +126,15 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
+def _differentiable(forward, backward, *arrays):
+    """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
+    from the arrays (what the forward pass saves) and the cotangents of the outputs, it
+    gives one cotangent per array, or None for none (float0 for an integer array)."""
+    call = jax.custom_vjp(forward)
+    call.defvjp(lambda *arrays: (forward(*arrays), arrays), backward)
+    return call(*arrays)
+
+
 def _operands(kernel, operands):
     """The operands as arrays, each checked for its dtype and rank, and the size of each
     named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
@@ -351,6 +360,8 @@ def layer_norm(
 
     Returns:
       y: bf16[M, N]; mu: f32[M]; rstd: f32[M].
+
+    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
     """
     (x, w, b), sizes = _operands(
         "layer_norm",
@@ -373,6 +384,46 @@ def layer_norm(
             b,
             eps=eps,
         )
+    return _differentiable(
+        functools.partial(
+            _layer_norm_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            eps=eps,
+            interpret=interpret,
+        ),
+        _layer_norm_vjp,
+        x,
+        w,
+        b,
+    )
+
+
+def layer_norm_reference(x, w, b, *, eps=1e-05):
+    """`layer_norm` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    w = w[None, :]
+    b = b[None, :]
+    h = x.astype(jnp.float32)
+    mu = jnp.mean(h, axis=1, keepdims=True, dtype=jnp.float32)
+    d = h - mu
+    rstd = jax.lax.rsqrt(jnp.mean((d * d), axis=1, keepdims=True, dtype=jnp.float32) + eps)
+    y = (d * rstd * w + b).astype(jnp.bfloat16)
+    mu = mu.reshape((m,))
+    rstd = rstd.reshape((m,))
+    return y, mu, rstd
+
+
+def _layer_norm_forward(
+    x, w, b, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, eps, interpret
+):
+    """`layer_norm` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     w = w.reshape(1, n)  # w: f32[N], broadcast over M
     b = b.reshape(1, n)  # b: f32[N], broadcast over M
     y, mu, rstd = _on_platform(
@@ -401,20 +452,13 @@ def layer_norm(
     return y, mu, rstd
 
 
-def layer_norm_reference(x, w, b, *, eps=1e-05):
-    """`layer_norm` in plain jax.numpy, to test the kernel against."""
-    m = x.shape[0]
-    n = x.shape[1]
-    w = w[None, :]
-    b = b[None, :]
-    h = x.astype(jnp.float32)
-    mu = jnp.mean(h, axis=1, keepdims=True, dtype=jnp.float32)
-    d = h - mu
-    rstd = jax.lax.rsqrt(jnp.mean((d * d), axis=1, keepdims=True, dtype=jnp.float32) + eps)
-    y = (d * rstd * w + b).astype(jnp.bfloat16)
-    mu = mu.reshape((m,))
-    rstd = rstd.reshape((m,))
-    return y, mu, rstd
+def _layer_norm_vjp(saved, cotangents):
+    """`layer_norm` has no backward pass yet: none is generated for a reduction."""
+    raise NotImplementedError(
+        "layer_norm is not differentiable yet: pallasgen generates backward kernels "
+        "for elementwise kernels only, not yet for a reduction; `grad none` in "
+        "specs/norms.pallas says it is never differentiated"
+    )
 
 
 def _layer_norm_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, m, n, block_m, eps):
@@ -450,7 +494,7 @@ def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
         grow=functools.partial(
             _grown,
             bounds=(m,),
-            step=lambda block_m: (block_m * n, 16 * block_m * n + 16 * n + 16 * block_m),
+            step=lambda block_m: (block_m * n, 24 * block_m * n + 16 * n + 16 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
@@ -463,9 +507,9 @@ def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
             "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
-    # VMEM at the default blocks per unit of N: 528 B = 2 buffers x (x 32 B + w 4 B + b 4
+    # VMEM at the default blocks per unit of N: 656 B = 2 buffers x (x 32 B + w 4 B + b 4
     # B + y 32 B + mu 64 B + rstd 64 B) + mean's 32-bit copy of a block 64 B + mean's
-    # 32-bit copy of a block 64 B.
+    # 32-bit copy of a block 64 B + let h 64 B + let d 64 B.
     return pl.pallas_call(
         functools.partial(_layer_norm_kernel, m=m, n=n, block_m=block_m, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -495,7 +539,7 @@ def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(16 * block_m * n + 16 * n + 16 * block_m),
+            vmem_limit_bytes=_vmem_limit(24 * block_m * n + 16 * n + 16 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=9 * m * n,
@@ -612,6 +656,8 @@ def rms_norm(
 
     Returns:
       y: bf16[M, N].
+
+    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
     """
     (x, w), sizes = _operands(
         "rms_norm", {"x": (x, jnp.bfloat16, ("M", "N")), "w": (w, jnp.float32, ("N",))}
@@ -622,6 +668,39 @@ def rms_norm(
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(rms_norm_reference, (((m, n), jnp.bfloat16),), x, w, eps=eps)
+    return _differentiable(
+        functools.partial(
+            _rms_norm_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            eps=eps,
+            interpret=interpret,
+        ),
+        _rms_norm_vjp,
+        x,
+        w,
+    )
+
+
+def rms_norm_reference(x, w, *, eps=1e-06):
+    """`rms_norm` in plain jax.numpy, to test the kernel against."""
+    w = w[None, :]
+    h = x.astype(jnp.float32)
+    y = (
+        h * jax.lax.rsqrt(jnp.mean((h * h), axis=1, keepdims=True, dtype=jnp.float32) + eps) * w
+    ).astype(jnp.bfloat16)
+    return y
+
+
+def _rms_norm_forward(
+    x, w, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, eps, interpret
+):
+    """`rms_norm` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     w = w.reshape(1, n)  # w: f32[N], broadcast over M
     return _on_platform(
         functools.partial(_rms_norm_tpu, m=m, n=n, block_m=block_m, eps=eps),
@@ -645,14 +724,13 @@ def rms_norm(
     )
 
 
-def rms_norm_reference(x, w, *, eps=1e-06):
-    """`rms_norm` in plain jax.numpy, to test the kernel against."""
-    w = w[None, :]
-    h = x.astype(jnp.float32)
-    y = (
-        h * jax.lax.rsqrt(jnp.mean((h * h), axis=1, keepdims=True, dtype=jnp.float32) + eps) * w
-    ).astype(jnp.bfloat16)
-    return y
+def _rms_norm_vjp(saved, cotangents):
+    """`rms_norm` has no backward pass yet: none is generated for a reduction."""
+    raise NotImplementedError(
+        "rms_norm is not differentiable yet: pallasgen generates backward kernels for "
+        "elementwise kernels only, not yet for a reduction; `grad none` in "
+        "specs/norms.pallas says it is never differentiated"
+    )
 
 
 def _rms_norm_kernel(x_ref, w_ref, y_ref, *, m, n, block_m, eps):
@@ -682,7 +760,7 @@ def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * n)
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 16 * block_m * n + 8 * n)
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
@@ -695,8 +773,8 @@ def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
             "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
-    # VMEM at the default blocks per unit of N: 200 B = 2 buffers x (x 32 B + w 4 B + y 32
-    # B) + mean's 32-bit copy of a block 64 B.
+    # VMEM at the default blocks per unit of N: 264 B = 2 buffers x (x 32 B + w 4 B + y 32
+    # B) + mean's 32-bit copy of a block 64 B + let h 64 B.
     return pl.pallas_call(
         functools.partial(_rms_norm_kernel, m=m, n=n, block_m=block_m, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -714,7 +792,7 @@ def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(12 * block_m * n + 8 * n),
+            vmem_limit_bytes=_vmem_limit(16 * block_m * n + 8 * n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=6 * m * n, transcendentals=m * n, bytes_accessed=_nbytes(x, w) + m * n * 2

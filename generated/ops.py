@@ -151,6 +151,15 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
+def _differentiable(forward, backward, *arrays):
+    """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
+    from the arrays (what the forward pass saves) and the cotangents of the outputs, it
+    gives one cotangent per array, or None for none (float0 for an integer array)."""
+    call = jax.custom_vjp(forward)
+    call.defvjp(lambda *arrays: (forward(*arrays), arrays), backward)
+    return call(*arrays)
+
+
 def _operands(kernel, operands):
     """The operands as arrays, each checked for its dtype and rank, and the size of each
     named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
@@ -400,6 +409,8 @@ def add_f32(
 
     Returns:
       z: f32[M, N].
+
+    Gradients: jax.grad runs the generated backward kernels add_f32_backward (_add_f32_vjp).
     """
     (x, y), sizes = _operands(
         "add_f32", {"x": (x, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("M", "N"))}
@@ -410,6 +421,48 @@ def add_f32(
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(add_f32_reference, (((m, n), jnp.float32),), x, y)
+    return _differentiable(
+        functools.partial(
+            _add_f32_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            block_n=block_n,
+            gpu_block_m=gpu_block_m,
+            gpu_block_n=gpu_block_n,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        functools.partial(_add_f32_vjp, interpret=interpret),
+        x,
+        y,
+    )
+
+
+def add_f32_reference(x, y):
+    """`add_f32` in plain jax.numpy, to test the kernel against."""
+    z = x + y
+    return z
+
+
+def _add_f32_forward(
+    x,
+    y,
+    *,
+    m,
+    n,
+    block_m,
+    block_n,
+    gpu_block_m,
+    gpu_block_n,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    interpret,
+):
+    """`add_f32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return _on_platform(
         functools.partial(_add_f32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
         _gpu_kernel(
@@ -432,10 +485,14 @@ def add_f32(
     )
 
 
-def add_f32_reference(x, y):
-    """`add_f32` in plain jax.numpy, to test the kernel against."""
-    z = x + y
-    return z
+def _add_f32_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `add_f32`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels add_f32_backward. The forward pass saves its inputs (x, y)
+    and nothing else: the backward kernels recompute the values they need from them.
+    """
+    dz = cotangents
+    dx, dy = add_f32_backward(dz, interpret=interpret)
+    return dx, dy
 
 
 def _add_f32_kernel(x_ref, y_ref, z_ref):
@@ -610,6 +667,256 @@ def _add_f32_mosaic_gpu(x, y, *, m, n, interpret):
         "interpret",
     ),
 )
+def add_f32_backward(
+    dz,
+    *,
+    block_m=None,
+    block_n=None,
+    gpu_block_m=8,
+    gpu_block_n=128,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `add_f32`, generated from its spec: the cotangents dx, dy
+    of its inputs from dz, those of its outputs.
+
+    Args:
+      dz: f32[M, N].
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_add_f32_backward_tpu_blocks),
+        grown to large steps (_grown), else 256, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dx: f32[M, N]; dy: f32[M, N].
+    """
+    (dz,), sizes = _operands("add_f32_backward", {"dz": (dz, jnp.float32, ("M", "N"))})
+    _check_blocks("add_f32_backward", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks("add_f32_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            add_f32_backward_reference, (((m, n), jnp.float32), ((m, n), jnp.float32)), dz
+        )
+    return _on_platform(
+        functools.partial(_add_f32_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        _gpu_kernel(
+            "add_f32_backward",
+            gpu_backend,
+            functools.partial(
+                _add_f32_backward_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_add_f32_backward_mosaic_gpu, m=m, n=n),
+        ),
+        interpret,
+        dz,
+    )
+
+
+def add_f32_backward_reference(dz):
+    """`add_f32_backward` in plain jax.numpy, to test the kernel against."""
+    dx = dz
+    dy = dz
+    return dx, dy
+
+
+def _add_f32_backward_kernel(dz_ref, dx_ref, dy_ref):
+    dz = dz_ref[...]
+    dx_ref[...] = dz
+    dy_ref[...] = dz
+
+
+# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_add_f32_backward_tpu_blocks = {
+    None: {"default": (256, 512)},
+    "v5e": {"default": (256, 512)},
+    "v6e": {"default": (256, 512)},
+}
+
+
+def _add_f32_backward_tpu(dz, *, m, n, block_m, block_n, interpret):
+    """`add_f32_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n = _tpu_blocks(
+        _add_f32_backward_tpu_blocks,
+        (m, n),
+        (block_m, block_n),
+        grow=functools.partial(
+            _grown,
+            bounds=(m, n),
+            step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "add_f32_backward",
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (dz 512.0 KiB + dx 512.0 KiB + dy
+    # 512.0 KiB).
+    return pl.pallas_call(
+        _add_f32_backward_kernel,
+        # One step per block of M, block of N; steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # dz: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))
+        ],
+        out_specs=(
+            # dx: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # dy: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.float32),  # dx
+            jax.ShapeDtypeStruct((m, n), jnp.float32),  # dy
+        ),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(24 * block_m * block_n),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=0, transcendentals=0, bytes_accessed=_nbytes(dz) + m * n * 4 + m * n * 4
+        ),
+        interpret=interpret,
+        name="add_f32_backward",
+    )(dz)
+
+
+def _add_f32_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, m, n, block_m, block_n):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    dz = _load(dz_ref, inside)
+    _store(dx_ref, dz, inside)
+    _store(dy_ref, dz, inside)
+
+
+def _add_f32_backward_gpu(dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
+    """`add_f32_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
+    return pl.pallas_call(
+        functools.partial(_add_f32_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        # One program per block of M, block of N; programs run concurrently.
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # dz: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j))
+        ],
+        out_specs=(
+            # dx: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # dy: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.float32),  # dx
+            jax.ShapeDtypeStruct((m, n), jnp.float32),  # dy
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="add_f32_backward",
+    )(dz)
+
+
+def _add_f32_backward_mosaic_gpu_kernel(dz_ref, dx_ref, dy_ref, *, block_m, block_n):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, dz_smem, dx_smem, dy_smem):
+        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        dx_smem[...] = dz
+        dy_smem[...] = dz
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+        ],
+    )(dz_ref, dx_ref, dy_ref)
+
+
+def _add_f32_backward_mosaic_gpu(dz, *, m, n, interpret):
+    """`add_f32_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    dz = _mgpu_pad(dz, (padded_m, padded_n))
+    dx, dy = plgpu.kernel(
+        functools.partial(_add_f32_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
+        out_type=(
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
+        ),
+        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(dz)
+    return dx[:m, :n], dy[:m, :n]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_n",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
 def mul_f32(
     x,
     y,
@@ -639,6 +946,8 @@ def mul_f32(
 
     Returns:
       z: f32[M, N].
+
+    Gradients: jax.grad runs the generated backward kernels mul_f32_backward (_mul_f32_vjp).
     """
     (x, y), sizes = _operands(
         "mul_f32", {"x": (x, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("M", "N"))}
@@ -649,6 +958,48 @@ def mul_f32(
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(mul_f32_reference, (((m, n), jnp.float32),), x, y)
+    return _differentiable(
+        functools.partial(
+            _mul_f32_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            block_n=block_n,
+            gpu_block_m=gpu_block_m,
+            gpu_block_n=gpu_block_n,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        functools.partial(_mul_f32_vjp, interpret=interpret),
+        x,
+        y,
+    )
+
+
+def mul_f32_reference(x, y):
+    """`mul_f32` in plain jax.numpy, to test the kernel against."""
+    z = x * y
+    return z
+
+
+def _mul_f32_forward(
+    x,
+    y,
+    *,
+    m,
+    n,
+    block_m,
+    block_n,
+    gpu_block_m,
+    gpu_block_n,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    interpret,
+):
+    """`mul_f32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return _on_platform(
         functools.partial(_mul_f32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
         _gpu_kernel(
@@ -671,10 +1022,15 @@ def mul_f32(
     )
 
 
-def mul_f32_reference(x, y):
-    """`mul_f32` in plain jax.numpy, to test the kernel against."""
-    z = x * y
-    return z
+def _mul_f32_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `mul_f32`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels mul_f32_backward. The forward pass saves its inputs (x, y)
+    and nothing else: the backward kernels recompute the values they need from them.
+    """
+    x, y = saved
+    dz = cotangents
+    dx, dy = mul_f32_backward(x, y, dz, interpret=interpret)
+    return dx, dy
 
 
 def _mul_f32_kernel(x_ref, y_ref, z_ref):
@@ -840,6 +1196,297 @@ def _mul_f32_mosaic_gpu(x, y, *, m, n, interpret):
     jax.jit,
     static_argnames=(
         "block_m",
+        "block_n",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def mul_f32_backward(
+    x,
+    y,
+    dz,
+    *,
+    block_m=None,
+    block_n=None,
+    gpu_block_m=8,
+    gpu_block_n=128,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `mul_f32`, generated from its spec: the cotangents dx, dy
+    of its inputs from dz, those of its outputs.
+
+    Args:
+      x: f32[M, N].
+      y: f32[M, N].
+      dz: f32[M, N].
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_mul_f32_backward_tpu_blocks),
+        grown to large steps (_grown), else 256, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dx: f32[M, N]; dy: f32[M, N].
+    """
+    (x, y, dz), sizes = _operands(
+        "mul_f32_backward",
+        {
+            "x": (x, jnp.float32, ("M", "N")),
+            "y": (y, jnp.float32, ("M", "N")),
+            "dz": (dz, jnp.float32, ("M", "N")),
+        },
+    )
+    _check_blocks("mul_f32_backward", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks("mul_f32_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            mul_f32_backward_reference, (((m, n), jnp.float32), ((m, n), jnp.float32)), x, y, dz
+        )
+    return _on_platform(
+        functools.partial(_mul_f32_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        _gpu_kernel(
+            "mul_f32_backward",
+            gpu_backend,
+            functools.partial(
+                _mul_f32_backward_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_mul_f32_backward_mosaic_gpu, m=m, n=n),
+        ),
+        interpret,
+        x,
+        y,
+        dz,
+    )
+
+
+def mul_f32_backward_reference(x, y, dz):
+    """`mul_f32_backward` in plain jax.numpy, to test the kernel against."""
+    dx = dz * y
+    dy = dz * x
+    return dx, dy
+
+
+def _mul_f32_backward_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref):
+    x = x_ref[...]
+    y = y_ref[...]
+    dz = dz_ref[...]
+    dx_ref[...] = dz * y
+    dy_ref[...] = dz * x
+
+
+# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_mul_f32_backward_tpu_blocks = {
+    None: {"default": (256, 512)},
+    "v5e": {"default": (256, 512)},
+    "v6e": {"default": (256, 512)},
+}
+
+
+def _mul_f32_backward_tpu(x, y, dz, *, m, n, block_m, block_n, interpret):
+    """`mul_f32_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n = _tpu_blocks(
+        _mul_f32_backward_tpu_blocks,
+        (m, n),
+        (block_m, block_n),
+        grow=functools.partial(
+            _grown,
+            bounds=(m, n),
+            step=lambda block_m, block_n: (block_m * block_n, 40 * block_m * block_n),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "mul_f32_backward",
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + dz
+    # 512.0 KiB + dx 512.0 KiB + dy 512.0 KiB).
+    return pl.pallas_call(
+        _mul_f32_backward_kernel,
+        # One step per block of M, block of N; steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # y: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # dz: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        ],
+        out_specs=(
+            # dx: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # dy: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.float32),  # dx
+            jax.ShapeDtypeStruct((m, n), jnp.float32),  # dy
+        ),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(40 * block_m * block_n),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * m * n,
+            transcendentals=0,
+            bytes_accessed=_nbytes(x, y, dz) + m * n * 4 + m * n * 4,
+        ),
+        interpret=interpret,
+        name="mul_f32_backward",
+    )(x, y, dz)
+
+
+def _mul_f32_backward_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, m, n, block_m, block_n):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    x = _load(x_ref, inside)
+    y = _load(y_ref, inside)
+    dz = _load(dz_ref, inside)
+    _store(dx_ref, dz * y, inside)
+    _store(dy_ref, dz * x, inside)
+
+
+def _mul_f32_backward_gpu(x, y, dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
+    """`mul_f32_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
+    return pl.pallas_call(
+        functools.partial(_mul_f32_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        # One program per block of M, block of N; programs run concurrently.
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # y: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # dz: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        ],
+        out_specs=(
+            # dx: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # dy: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.float32),  # dx
+            jax.ShapeDtypeStruct((m, n), jnp.float32),  # dy
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="mul_f32_backward",
+    )(x, y, dz)
+
+
+def _mul_f32_backward_mosaic_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, block_m, block_n):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, x_smem, y_smem, dz_smem, dx_smem, dy_smem):
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        dx_smem[...] = dz * y
+        dy_smem[...] = dz * x
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+        ],
+    )(x_ref, y_ref, dz_ref, dx_ref, dy_ref)
+
+
+def _mul_f32_backward_mosaic_gpu(x, y, dz, *, m, n, interpret):
+    """`mul_f32_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    y = _mgpu_pad(y, (padded_m, padded_n))
+    dz = _mgpu_pad(dz, (padded_m, padded_n))
+    dx, dy = plgpu.kernel(
+        functools.partial(_mul_f32_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
+        out_type=(
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
+        ),
+        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, y, dz)
+    return dx[:m, :n], dy[:m, :n]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
         "gpu_block_m",
         "gpu_warps",
         "gpu_stages",
@@ -873,6 +1520,8 @@ def argmax_f32(
 
     Returns:
       i: i32[M].
+
+    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
     """
     (x,), sizes = _operands("argmax_f32", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("argmax_f32", block_m=block_m, may_be_none=True)
@@ -881,6 +1530,36 @@ def argmax_f32(
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(argmax_f32_reference, (((m,), jnp.int32),), x)
+    return _differentiable(
+        functools.partial(
+            _argmax_f32_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        _argmax_f32_vjp,
+        x,
+    )
+
+
+def argmax_f32_reference(x):
+    """`argmax_f32` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
+    i = i.reshape((m,))
+    return i
+
+
+def _argmax_f32_forward(
+    x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
+):
+    """`argmax_f32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     i = _on_platform(
         functools.partial(_argmax_f32_tpu, m=m, n=n, block_m=block_m),
         _gpu_kernel(
@@ -903,13 +1582,13 @@ def argmax_f32(
     return i
 
 
-def argmax_f32_reference(x):
-    """`argmax_f32` in plain jax.numpy, to test the kernel against."""
-    m = x.shape[0]
-    n = x.shape[1]
-    i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
-    i = i.reshape((m,))
-    return i
+def _argmax_f32_vjp(saved, cotangents):
+    """`argmax_f32` has no backward pass yet: none is generated for a reduction."""
+    raise NotImplementedError(
+        "argmax_f32 is not differentiable yet: pallasgen generates backward kernels "
+        "for elementwise kernels only, not yet for a reduction; `grad none` in "
+        "specs/ops.pallas says it is never differentiated"
+    )
 
 
 def _argmax_f32_kernel(x_ref, i_ref, *, m, n, block_m):
@@ -1049,6 +1728,8 @@ def equal_count_f32(
 
     Returns:
       n: i32[].
+
+    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
     """
     (x, y), sizes = _operands(
         "equal_count_f32", {"x": (x, jnp.float32, ("N",)), "y": (y, jnp.float32, ("N",))}
@@ -1058,6 +1739,35 @@ def equal_count_f32(
     n_ = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(equal_count_f32_reference, (((), jnp.int32),), x, y)
+    return _differentiable(
+        functools.partial(
+            _equal_count_f32_forward,
+            n_=n_,
+            block_n=block_n,
+            gpu_block_n=gpu_block_n,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        _equal_count_f32_vjp,
+        x,
+        y,
+    )
+
+
+def equal_count_f32_reference(x, y):
+    """`equal_count_f32` in plain jax.numpy, to test the kernel against."""
+    n_ = x.shape[0]
+    n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
+    n = n.reshape(())
+    return n
+
+
+def _equal_count_f32_forward(
+    x, y, *, n_, block_n, gpu_block_n, gpu_warps, gpu_stages, gpu_backend, interpret
+):
+    """`equal_count_f32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     n = _on_platform(
         functools.partial(_equal_count_f32_tpu, n_=n_, block_n=block_n),
         _gpu_kernel(
@@ -1080,12 +1790,13 @@ def equal_count_f32(
     return n
 
 
-def equal_count_f32_reference(x, y):
-    """`equal_count_f32` in plain jax.numpy, to test the kernel against."""
-    n_ = x.shape[0]
-    n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
-    n = n.reshape(())
-    return n
+def _equal_count_f32_vjp(saved, cotangents):
+    """`equal_count_f32` has no backward pass yet: none is generated for a reduction."""
+    raise NotImplementedError(
+        "equal_count_f32 is not differentiable yet: pallasgen generates backward "
+        "kernels for elementwise kernels only, not yet for a reduction; `grad none` "
+        "in specs/ops.pallas says it is never differentiated"
+    )
 
 
 def _equal_count_f32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block_n):
@@ -1262,6 +1973,9 @@ def add_i32(
 
     Returns:
       z: i32[M, N].
+
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
+    reaches a float output.
     """
     (x, y), sizes = _operands(
         "add_i32", {"x": (x, jnp.int32, ("M", "N")), "y": (y, jnp.int32, ("M", "N"))}
@@ -1272,6 +1986,48 @@ def add_i32(
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(add_i32_reference, (((m, n), jnp.int32),), x, y)
+    return _differentiable(
+        functools.partial(
+            _add_i32_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            block_n=block_n,
+            gpu_block_m=gpu_block_m,
+            gpu_block_n=gpu_block_n,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        functools.partial(_add_i32_vjp, interpret=interpret),
+        x,
+        y,
+    )
+
+
+def add_i32_reference(x, y):
+    """`add_i32` in plain jax.numpy, to test the kernel against."""
+    z = x + y
+    return z
+
+
+def _add_i32_forward(
+    x,
+    y,
+    *,
+    m,
+    n,
+    block_m,
+    block_n,
+    gpu_block_m,
+    gpu_block_n,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    interpret,
+):
+    """`add_i32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return _on_platform(
         functools.partial(_add_i32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
         _gpu_kernel(
@@ -1294,10 +2050,11 @@ def add_i32(
     )
 
 
-def add_i32_reference(x, y):
-    """`add_i32` in plain jax.numpy, to test the kernel against."""
-    z = x + y
-    return z
+def _add_i32_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `add_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer
+    inputs), since no float input reaches a float output.
+    """
+    return None, None
 
 
 def _add_i32_kernel(x_ref, y_ref, z_ref):
@@ -1501,6 +2258,9 @@ def mul_i32(
 
     Returns:
       z: i32[M, N].
+
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
+    reaches a float output.
     """
     (x, y), sizes = _operands(
         "mul_i32", {"x": (x, jnp.int32, ("M", "N")), "y": (y, jnp.int32, ("M", "N"))}
@@ -1511,6 +2271,48 @@ def mul_i32(
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(mul_i32_reference, (((m, n), jnp.int32),), x, y)
+    return _differentiable(
+        functools.partial(
+            _mul_i32_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            block_n=block_n,
+            gpu_block_m=gpu_block_m,
+            gpu_block_n=gpu_block_n,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        functools.partial(_mul_i32_vjp, interpret=interpret),
+        x,
+        y,
+    )
+
+
+def mul_i32_reference(x, y):
+    """`mul_i32` in plain jax.numpy, to test the kernel against."""
+    z = x * y
+    return z
+
+
+def _mul_i32_forward(
+    x,
+    y,
+    *,
+    m,
+    n,
+    block_m,
+    block_n,
+    gpu_block_m,
+    gpu_block_n,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    interpret,
+):
+    """`mul_i32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return _on_platform(
         functools.partial(_mul_i32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
         _gpu_kernel(
@@ -1533,10 +2335,11 @@ def mul_i32(
     )
 
 
-def mul_i32_reference(x, y):
-    """`mul_i32` in plain jax.numpy, to test the kernel against."""
-    z = x * y
-    return z
+def _mul_i32_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `mul_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer
+    inputs), since no float input reaches a float output.
+    """
+    return None, None
 
 
 def _mul_i32_kernel(x_ref, y_ref, z_ref):
@@ -1735,6 +2538,8 @@ def argmax_i32(
 
     Returns:
       i: i32[M].
+
+    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
     """
     (x,), sizes = _operands("argmax_i32", {"x": (x, jnp.int32, ("M", "N"))})
     _check_blocks("argmax_i32", block_m=block_m, may_be_none=True)
@@ -1743,6 +2548,36 @@ def argmax_i32(
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(argmax_i32_reference, (((m,), jnp.int32),), x)
+    return _differentiable(
+        functools.partial(
+            _argmax_i32_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        _argmax_i32_vjp,
+        x,
+    )
+
+
+def argmax_i32_reference(x):
+    """`argmax_i32` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
+    i = i.reshape((m,))
+    return i
+
+
+def _argmax_i32_forward(
+    x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
+):
+    """`argmax_i32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     i = _on_platform(
         functools.partial(_argmax_i32_tpu, m=m, n=n, block_m=block_m),
         _gpu_kernel(
@@ -1765,13 +2600,13 @@ def argmax_i32(
     return i
 
 
-def argmax_i32_reference(x):
-    """`argmax_i32` in plain jax.numpy, to test the kernel against."""
-    m = x.shape[0]
-    n = x.shape[1]
-    i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
-    i = i.reshape((m,))
-    return i
+def _argmax_i32_vjp(saved, cotangents):
+    """`argmax_i32` has no backward pass yet: none is generated for a reduction."""
+    raise NotImplementedError(
+        "argmax_i32 is not differentiable yet: pallasgen generates backward kernels "
+        "for elementwise kernels only, not yet for a reduction; `grad none` in "
+        "specs/ops.pallas says it is never differentiated"
+    )
 
 
 def _argmax_i32_kernel(x_ref, i_ref, *, m, n, block_m):
@@ -1911,6 +2746,8 @@ def equal_count_i32(
 
     Returns:
       n: i32[].
+
+    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
     """
     (x, y), sizes = _operands(
         "equal_count_i32", {"x": (x, jnp.int32, ("N",)), "y": (y, jnp.int32, ("N",))}
@@ -1920,6 +2757,35 @@ def equal_count_i32(
     n_ = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(equal_count_i32_reference, (((), jnp.int32),), x, y)
+    return _differentiable(
+        functools.partial(
+            _equal_count_i32_forward,
+            n_=n_,
+            block_n=block_n,
+            gpu_block_n=gpu_block_n,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        _equal_count_i32_vjp,
+        x,
+        y,
+    )
+
+
+def equal_count_i32_reference(x, y):
+    """`equal_count_i32` in plain jax.numpy, to test the kernel against."""
+    n_ = x.shape[0]
+    n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
+    n = n.reshape(())
+    return n
+
+
+def _equal_count_i32_forward(
+    x, y, *, n_, block_n, gpu_block_n, gpu_warps, gpu_stages, gpu_backend, interpret
+):
+    """`equal_count_i32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     n = _on_platform(
         functools.partial(_equal_count_i32_tpu, n_=n_, block_n=block_n),
         _gpu_kernel(
@@ -1942,12 +2808,13 @@ def equal_count_i32(
     return n
 
 
-def equal_count_i32_reference(x, y):
-    """`equal_count_i32` in plain jax.numpy, to test the kernel against."""
-    n_ = x.shape[0]
-    n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
-    n = n.reshape(())
-    return n
+def _equal_count_i32_vjp(saved, cotangents):
+    """`equal_count_i32` has no backward pass yet: none is generated for a reduction."""
+    raise NotImplementedError(
+        "equal_count_i32 is not differentiable yet: pallasgen generates backward "
+        "kernels for elementwise kernels only, not yet for a reduction; `grad none` "
+        "in specs/ops.pallas says it is never differentiated"
+    )
 
 
 def _equal_count_i32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block_n):
@@ -2126,6 +2993,9 @@ def add_i8(
 
     Returns:
       z: i8[M, N].
+
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
+    reaches a float output.
     """
     (x, y), sizes = _operands(
         "add_i8", {"x": (x, jnp.int8, ("M", "N")), "y": (y, jnp.int8, ("M", "N"))}
@@ -2136,6 +3006,48 @@ def add_i8(
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(add_i8_reference, (((m, n), jnp.int8),), x, y)
+    return _differentiable(
+        functools.partial(
+            _add_i8_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            block_n=block_n,
+            gpu_block_m=gpu_block_m,
+            gpu_block_n=gpu_block_n,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        functools.partial(_add_i8_vjp, interpret=interpret),
+        x,
+        y,
+    )
+
+
+def add_i8_reference(x, y):
+    """`add_i8` in plain jax.numpy, to test the kernel against."""
+    z = x + y
+    return z
+
+
+def _add_i8_forward(
+    x,
+    y,
+    *,
+    m,
+    n,
+    block_m,
+    block_n,
+    gpu_block_m,
+    gpu_block_n,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    interpret,
+):
+    """`add_i8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return _on_platform(
         functools.partial(_add_i8_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
         _gpu_kernel(
@@ -2158,10 +3070,11 @@ def add_i8(
     )
 
 
-def add_i8_reference(x, y):
-    """`add_i8` in plain jax.numpy, to test the kernel against."""
-    z = x + y
-    return z
+def _add_i8_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `add_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer
+    inputs), since no float input reaches a float output.
+    """
+    return None, None
 
 
 def _add_i8_kernel(x_ref, y_ref, z_ref):
@@ -2315,6 +3228,9 @@ def mul_i8(
 
     Returns:
       z: i8[M, N].
+
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
+    reaches a float output.
     """
     (x, y), sizes = _operands(
         "mul_i8", {"x": (x, jnp.int8, ("M", "N")), "y": (y, jnp.int8, ("M", "N"))}
@@ -2325,6 +3241,48 @@ def mul_i8(
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(mul_i8_reference, (((m, n), jnp.int8),), x, y)
+    return _differentiable(
+        functools.partial(
+            _mul_i8_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            block_n=block_n,
+            gpu_block_m=gpu_block_m,
+            gpu_block_n=gpu_block_n,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        functools.partial(_mul_i8_vjp, interpret=interpret),
+        x,
+        y,
+    )
+
+
+def mul_i8_reference(x, y):
+    """`mul_i8` in plain jax.numpy, to test the kernel against."""
+    z = x * y
+    return z
+
+
+def _mul_i8_forward(
+    x,
+    y,
+    *,
+    m,
+    n,
+    block_m,
+    block_n,
+    gpu_block_m,
+    gpu_block_n,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    interpret,
+):
+    """`mul_i8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return _on_platform(
         functools.partial(_mul_i8_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
         _gpu_kernel(
@@ -2347,10 +3305,11 @@ def mul_i8(
     )
 
 
-def mul_i8_reference(x, y):
-    """`mul_i8` in plain jax.numpy, to test the kernel against."""
-    z = x * y
-    return z
+def _mul_i8_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `mul_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer
+    inputs), since no float input reaches a float output.
+    """
+    return None, None
 
 
 def _mul_i8_kernel(x_ref, y_ref, z_ref):
@@ -2497,6 +3456,8 @@ def argmax_i8(
 
     Returns:
       i: i32[M].
+
+    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
     """
     (x,), sizes = _operands("argmax_i8", {"x": (x, jnp.int8, ("M", "N"))})
     _check_blocks("argmax_i8", block_m=block_m, may_be_none=True)
@@ -2505,6 +3466,36 @@ def argmax_i8(
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(argmax_i8_reference, (((m,), jnp.int32),), x)
+    return _differentiable(
+        functools.partial(
+            _argmax_i8_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        _argmax_i8_vjp,
+        x,
+    )
+
+
+def argmax_i8_reference(x):
+    """`argmax_i8` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
+    i = i.reshape((m,))
+    return i
+
+
+def _argmax_i8_forward(
+    x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
+):
+    """`argmax_i8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     i = _on_platform(
         functools.partial(_argmax_i8_tpu, m=m, n=n, block_m=block_m),
         _gpu_kernel(
@@ -2527,13 +3518,13 @@ def argmax_i8(
     return i
 
 
-def argmax_i8_reference(x):
-    """`argmax_i8` in plain jax.numpy, to test the kernel against."""
-    m = x.shape[0]
-    n = x.shape[1]
-    i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
-    i = i.reshape((m,))
-    return i
+def _argmax_i8_vjp(saved, cotangents):
+    """`argmax_i8` has no backward pass yet: none is generated for a reduction."""
+    raise NotImplementedError(
+        "argmax_i8 is not differentiable yet: pallasgen generates backward kernels "
+        "for elementwise kernels only, not yet for a reduction; `grad none` in "
+        "specs/ops.pallas says it is never differentiated"
+    )
 
 
 def _argmax_i8_kernel(x_ref, i_ref, *, m, n, block_m):
@@ -2677,6 +3668,8 @@ def equal_count_i8(
 
     Returns:
       n: i32[].
+
+    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
     """
     (x, y), sizes = _operands(
         "equal_count_i8", {"x": (x, jnp.int8, ("N",)), "y": (y, jnp.int8, ("N",))}
@@ -2686,6 +3679,35 @@ def equal_count_i8(
     n_ = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(equal_count_i8_reference, (((), jnp.int32),), x, y)
+    return _differentiable(
+        functools.partial(
+            _equal_count_i8_forward,
+            n_=n_,
+            block_n=block_n,
+            gpu_block_n=gpu_block_n,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        _equal_count_i8_vjp,
+        x,
+        y,
+    )
+
+
+def equal_count_i8_reference(x, y):
+    """`equal_count_i8` in plain jax.numpy, to test the kernel against."""
+    n_ = x.shape[0]
+    n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
+    n = n.reshape(())
+    return n
+
+
+def _equal_count_i8_forward(
+    x, y, *, n_, block_n, gpu_block_n, gpu_warps, gpu_stages, gpu_backend, interpret
+):
+    """`equal_count_i8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     n = _on_platform(
         functools.partial(_equal_count_i8_tpu, n_=n_, block_n=block_n),
         _gpu_kernel(
@@ -2708,12 +3730,13 @@ def equal_count_i8(
     return n
 
 
-def equal_count_i8_reference(x, y):
-    """`equal_count_i8` in plain jax.numpy, to test the kernel against."""
-    n_ = x.shape[0]
-    n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
-    n = n.reshape(())
-    return n
+def _equal_count_i8_vjp(saved, cotangents):
+    """`equal_count_i8` has no backward pass yet: none is generated for a reduction."""
+    raise NotImplementedError(
+        "equal_count_i8 is not differentiable yet: pallasgen generates backward "
+        "kernels for elementwise kernels only, not yet for a reduction; `grad none` "
+        "in specs/ops.pallas says it is never differentiated"
+    )
 
 
 def _equal_count_i8_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block_n):

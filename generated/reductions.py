@@ -126,6 +126,15 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
+def _differentiable(forward, backward, *arrays):
+    """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
+    from the arrays (what the forward pass saves) and the cotangents of the outputs, it
+    gives one cotangent per array, or None for none (float0 for an integer array)."""
+    call = jax.custom_vjp(forward)
+    call.defvjp(lambda *arrays: (forward(*arrays), arrays), backward)
+    return call(*arrays)
+
+
 def _operands(kernel, operands):
     """The operands as arrays, each checked for its dtype and rank, and the size of each
     named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
@@ -388,6 +397,8 @@ def argmax_rows(
 
     Returns:
       i: i32[M].
+
+    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
     """
     (x,), sizes = _operands("argmax_rows", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("argmax_rows", block_m=block_m, may_be_none=True)
@@ -396,6 +407,36 @@ def argmax_rows(
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(argmax_rows_reference, (((m,), jnp.int32),), x)
+    return _differentiable(
+        functools.partial(
+            _argmax_rows_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        _argmax_rows_vjp,
+        x,
+    )
+
+
+def argmax_rows_reference(x):
+    """`argmax_rows` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
+    i = i.reshape((m,))
+    return i
+
+
+def _argmax_rows_forward(
+    x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
+):
+    """`argmax_rows` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     i = _on_platform(
         functools.partial(_argmax_rows_tpu, m=m, n=n, block_m=block_m),
         _gpu_kernel(
@@ -418,13 +459,13 @@ def argmax_rows(
     return i
 
 
-def argmax_rows_reference(x):
-    """`argmax_rows` in plain jax.numpy, to test the kernel against."""
-    m = x.shape[0]
-    n = x.shape[1]
-    i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
-    i = i.reshape((m,))
-    return i
+def _argmax_rows_vjp(saved, cotangents):
+    """`argmax_rows` has no backward pass yet: none is generated for a reduction."""
+    raise NotImplementedError(
+        "argmax_rows is not differentiable yet: pallasgen generates backward kernels "
+        "for elementwise kernels only, not yet for a reduction; `grad none` in "
+        "specs/reductions.pallas says it is never differentiated"
+    )
 
 
 def _argmax_rows_kernel(x_ref, i_ref, *, m, n, block_m):
@@ -567,6 +608,8 @@ def argmax_blocked(
 
     Returns:
       i: i32[M].
+
+    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
     """
     (x,), sizes = _operands("argmax_blocked", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("argmax_blocked", block_m=block_m, block_n=block_n, may_be_none=True)
@@ -575,6 +618,49 @@ def argmax_blocked(
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(argmax_blocked_reference, (((m,), jnp.int32),), x)
+    return _differentiable(
+        functools.partial(
+            _argmax_blocked_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            block_n=block_n,
+            gpu_block_m=gpu_block_m,
+            gpu_block_n=gpu_block_n,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        _argmax_blocked_vjp,
+        x,
+    )
+
+
+def argmax_blocked_reference(x):
+    """`argmax_blocked` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
+    i = i.reshape((m,))
+    return i
+
+
+def _argmax_blocked_forward(
+    x,
+    *,
+    m,
+    n,
+    block_m,
+    block_n,
+    gpu_block_m,
+    gpu_block_n,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    interpret,
+):
+    """`argmax_blocked` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     i = _on_platform(
         functools.partial(_argmax_blocked_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
         _gpu_kernel(
@@ -598,13 +684,13 @@ def argmax_blocked(
     return i
 
 
-def argmax_blocked_reference(x):
-    """`argmax_blocked` in plain jax.numpy, to test the kernel against."""
-    m = x.shape[0]
-    n = x.shape[1]
-    i = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
-    i = i.reshape((m,))
-    return i
+def _argmax_blocked_vjp(saved, cotangents):
+    """`argmax_blocked` has no backward pass yet: none is generated for a reduction."""
+    raise NotImplementedError(
+        "argmax_blocked is not differentiable yet: pallasgen generates backward "
+        "kernels for elementwise kernels only, not yet for a reduction; `grad none` "
+        "in specs/reductions.pallas says it is never differentiated"
+    )
 
 
 def _argmax_blocked_kernel(
@@ -795,6 +881,8 @@ def argmin_rows(
 
     Returns:
       i: i32[M].
+
+    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
     """
     (x,), sizes = _operands("argmin_rows", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("argmin_rows", block_m=block_m, may_be_none=True)
@@ -803,6 +891,36 @@ def argmin_rows(
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(argmin_rows_reference, (((m,), jnp.int32),), x)
+    return _differentiable(
+        functools.partial(
+            _argmin_rows_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        _argmin_rows_vjp,
+        x,
+    )
+
+
+def argmin_rows_reference(x):
+    """`argmin_rows` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    i = jnp.argmin(x, axis=1, keepdims=True).astype(jnp.int32)
+    i = i.reshape((m,))
+    return i
+
+
+def _argmin_rows_forward(
+    x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
+):
+    """`argmin_rows` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     i = _on_platform(
         functools.partial(_argmin_rows_tpu, m=m, n=n, block_m=block_m),
         _gpu_kernel(
@@ -825,13 +943,13 @@ def argmin_rows(
     return i
 
 
-def argmin_rows_reference(x):
-    """`argmin_rows` in plain jax.numpy, to test the kernel against."""
-    m = x.shape[0]
-    n = x.shape[1]
-    i = jnp.argmin(x, axis=1, keepdims=True).astype(jnp.int32)
-    i = i.reshape((m,))
-    return i
+def _argmin_rows_vjp(saved, cotangents):
+    """`argmin_rows` has no backward pass yet: none is generated for a reduction."""
+    raise NotImplementedError(
+        "argmin_rows is not differentiable yet: pallasgen generates backward kernels "
+        "for elementwise kernels only, not yet for a reduction; `grad none` in "
+        "specs/reductions.pallas says it is never differentiated"
+    )
 
 
 def _argmin_rows_kernel(x_ref, i_ref, *, m, n, block_m):
@@ -973,6 +1091,8 @@ def column_sums(
 
     Returns:
       s: f32[N].
+
+    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
     """
     (x,), sizes = _operands("column_sums", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("column_sums", block_m=block_m, block_n=block_n, may_be_none=True)
@@ -981,6 +1101,49 @@ def column_sums(
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(column_sums_reference, (((n,), jnp.float32),), x)
+    return _differentiable(
+        functools.partial(
+            _column_sums_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            block_n=block_n,
+            gpu_block_m=gpu_block_m,
+            gpu_block_n=gpu_block_n,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        _column_sums_vjp,
+        x,
+    )
+
+
+def column_sums_reference(x):
+    """`column_sums` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    s = jnp.sum(x, axis=0, keepdims=True, dtype=jnp.float32)
+    s = s.reshape((n,))
+    return s
+
+
+def _column_sums_forward(
+    x,
+    *,
+    m,
+    n,
+    block_m,
+    block_n,
+    gpu_block_m,
+    gpu_block_n,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    interpret,
+):
+    """`column_sums` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     s = _on_platform(
         functools.partial(_column_sums_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
         _gpu_kernel(
@@ -1004,13 +1167,13 @@ def column_sums(
     return s
 
 
-def column_sums_reference(x):
-    """`column_sums` in plain jax.numpy, to test the kernel against."""
-    m = x.shape[0]
-    n = x.shape[1]
-    s = jnp.sum(x, axis=0, keepdims=True, dtype=jnp.float32)
-    s = s.reshape((n,))
-    return s
+def _column_sums_vjp(saved, cotangents):
+    """`column_sums` has no backward pass yet: none is generated for a reduction."""
+    raise NotImplementedError(
+        "column_sums is not differentiable yet: pallasgen generates backward kernels "
+        "for elementwise kernels only, not yet for a reduction; `grad none` in "
+        "specs/reductions.pallas says it is never differentiated"
+    )
 
 
 def _column_sums_kernel(x_ref, s_ref, sum_m_running_ref, *, m, n, block_m, block_n):
@@ -1183,6 +1346,8 @@ def quantize_rows_int8(
 
     Returns:
       q: i8[M, N]; scale: f32[M].
+
+    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
     """
     (x,), sizes = _operands("quantize_rows_int8", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("quantize_rows_int8", block_m=block_m, may_be_none=True)
@@ -1193,6 +1358,38 @@ def quantize_rows_int8(
         return _without_elements(
             quantize_rows_int8_reference, (((m, n), jnp.int8), ((m,), jnp.float32)), x
         )
+    return _differentiable(
+        functools.partial(
+            _quantize_rows_int8_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        _quantize_rows_int8_vjp,
+        x,
+    )
+
+
+def quantize_rows_int8_reference(x):
+    """`quantize_rows_int8` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    s = jnp.maximum(jnp.max(jnp.abs(x), axis=1, keepdims=True), 1e-30) / 127
+    q = jnp.round(x / s).astype(jnp.int8)
+    scale = s
+    scale = scale.reshape((m,))
+    return q, scale
+
+
+def _quantize_rows_int8_forward(
+    x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
+):
+    """`quantize_rows_int8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     q, scale = _on_platform(
         functools.partial(_quantize_rows_int8_tpu, m=m, n=n, block_m=block_m),
         _gpu_kernel(
@@ -1215,15 +1412,13 @@ def quantize_rows_int8(
     return q, scale
 
 
-def quantize_rows_int8_reference(x):
-    """`quantize_rows_int8` in plain jax.numpy, to test the kernel against."""
-    m = x.shape[0]
-    n = x.shape[1]
-    s = jnp.maximum(jnp.max(jnp.abs(x), axis=1, keepdims=True), 1e-30) / 127
-    q = jnp.round(x / s).astype(jnp.int8)
-    scale = s
-    scale = scale.reshape((m,))
-    return q, scale
+def _quantize_rows_int8_vjp(saved, cotangents):
+    """`quantize_rows_int8` has no backward pass yet: none is generated for a reduction."""
+    raise NotImplementedError(
+        "quantize_rows_int8 is not differentiable yet: pallasgen generates backward "
+        "kernels for elementwise kernels only, not yet for a reduction; `grad none` "
+        "in specs/reductions.pallas says it is never differentiated"
+    )
 
 
 def _quantize_rows_int8_kernel(x_ref, q_ref, scale_ref, *, m, n, block_m):
@@ -1251,7 +1446,7 @@ def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 14 * block_m * n + 8 * block_m)
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 14 * block_m * n + 12 * block_m)
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
@@ -1264,8 +1459,8 @@ def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
             "M is the second-to-last dimension of a block of i8 values, so it is a multiple of 32",
         ),
     )
-    # VMEM at the default blocks per unit of N: 704 B = 2 buffers x (x 128 B + q 32 B +
-    # scale 128 B) + max's 32-bit copy of a block 128 B.
+    # VMEM at the default blocks per unit of N: 832 B = 2 buffers x (x 128 B + q 32 B +
+    # scale 128 B) + max's 32-bit copy of a block 128 B + let s 128 B.
     return pl.pallas_call(
         functools.partial(_quantize_rows_int8_kernel, m=m, n=n, block_m=block_m),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -1288,7 +1483,7 @@ def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(14 * block_m * n + 8 * block_m),
+            vmem_limit_bytes=_vmem_limit(14 * block_m * n + 12 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=7 * m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 1 + m * n * 4
@@ -1388,6 +1583,8 @@ def equal_count(
 
     Returns:
       n: i32[].
+
+    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
     """
     (x, y), sizes = _operands(
         "equal_count", {"x": (x, jnp.int32, ("N",)), "y": (y, jnp.int32, ("N",))}
@@ -1397,6 +1594,35 @@ def equal_count(
     n_ = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(equal_count_reference, (((), jnp.int32),), x, y)
+    return _differentiable(
+        functools.partial(
+            _equal_count_forward,
+            n_=n_,
+            block_n=block_n,
+            gpu_block_n=gpu_block_n,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        _equal_count_vjp,
+        x,
+        y,
+    )
+
+
+def equal_count_reference(x, y):
+    """`equal_count` in plain jax.numpy, to test the kernel against."""
+    n_ = x.shape[0]
+    n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
+    n = n.reshape(())
+    return n
+
+
+def _equal_count_forward(
+    x, y, *, n_, block_n, gpu_block_n, gpu_warps, gpu_stages, gpu_backend, interpret
+):
+    """`equal_count` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     n = _on_platform(
         functools.partial(_equal_count_tpu, n_=n_, block_n=block_n),
         _gpu_kernel(
@@ -1419,12 +1645,13 @@ def equal_count(
     return n
 
 
-def equal_count_reference(x, y):
-    """`equal_count` in plain jax.numpy, to test the kernel against."""
-    n_ = x.shape[0]
-    n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
-    n = n.reshape(())
-    return n
+def _equal_count_vjp(saved, cotangents):
+    """`equal_count` has no backward pass yet: none is generated for a reduction."""
+    raise NotImplementedError(
+        "equal_count is not differentiable yet: pallasgen generates backward kernels "
+        "for elementwise kernels only, not yet for a reduction; `grad none` in "
+        "specs/reductions.pallas says it is never differentiated"
+    )
 
 
 def _equal_count_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block_n):

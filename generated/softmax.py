@@ -126,6 +126,15 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
+def _differentiable(forward, backward, *arrays):
+    """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
+    from the arrays (what the forward pass saves) and the cotangents of the outputs, it
+    gives one cotangent per array, or None for none (float0 for an integer array)."""
+    call = jax.custom_vjp(forward)
+    call.defvjp(lambda *arrays: (forward(*arrays), arrays), backward)
+    return call(*arrays)
+
+
 def _operands(kernel, operands):
     """The operands as arrays, each checked for its dtype and rank, and the size of each
     named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
@@ -350,6 +359,8 @@ def softmax(
 
     Returns:
       y: f32[M, N].
+
+    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
     """
     (x,), sizes = _operands("softmax", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("softmax", block_m=block_m, may_be_none=True)
@@ -358,6 +369,34 @@ def softmax(
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(softmax_reference, (((m, n), jnp.float32),), x)
+    return _differentiable(
+        functools.partial(
+            _softmax_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        _softmax_vjp,
+        x,
+    )
+
+
+def softmax_reference(x):
+    """`softmax` in plain jax.numpy, to test the kernel against."""
+    e = jnp.exp(x - jnp.max(x, axis=1, keepdims=True))
+    y = e / jnp.sum(e, axis=1, keepdims=True, dtype=jnp.float32)
+    return y
+
+
+def _softmax_forward(
+    x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
+):
+    """`softmax` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return _on_platform(
         functools.partial(_softmax_tpu, m=m, n=n, block_m=block_m),
         _gpu_kernel(
@@ -378,11 +417,13 @@ def softmax(
     )
 
 
-def softmax_reference(x):
-    """`softmax` in plain jax.numpy, to test the kernel against."""
-    e = jnp.exp(x - jnp.max(x, axis=1, keepdims=True))
-    y = e / jnp.sum(e, axis=1, keepdims=True, dtype=jnp.float32)
-    return y
+def _softmax_vjp(saved, cotangents):
+    """`softmax` has no backward pass yet: none is generated for a reduction."""
+    raise NotImplementedError(
+        "softmax is not differentiable yet: pallasgen generates backward kernels for "
+        "elementwise kernels only, not yet for a reduction; `grad none` in "
+        "specs/softmax.pallas says it is never differentiated"
+    )
 
 
 def _softmax_kernel(x_ref, y_ref, *, m, n, block_m):
@@ -405,7 +446,7 @@ def _softmax_tpu(x, *, m, n, block_m, interpret):
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 24 * block_m * n)
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 28 * block_m * n)
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
@@ -418,8 +459,8 @@ def _softmax_tpu(x, *, m, n, block_m, interpret):
             "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
         ),
     )
-    # VMEM at the default blocks per unit of N: 192 B = 2 buffers x (x 32 B + y 32 B) +
-    # max's 32-bit copy of a block 32 B + sum's 32-bit copy of a block 32 B.
+    # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B) +
+    # max's 32-bit copy of a block 32 B + sum's 32-bit copy of a block 32 B + let e 32 B.
     return pl.pallas_call(
         functools.partial(_softmax_kernel, m=m, n=n, block_m=block_m),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -435,7 +476,7 @@ def _softmax_tpu(x, *, m, n, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_m * n),
+            vmem_limit_bytes=_vmem_limit(28 * block_m * n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=4 * m * n, transcendentals=m * n, bytes_accessed=_nbytes(x) + m * n * 4
@@ -518,6 +559,8 @@ def log_softmax(
 
     Returns:
       y: f32[M, N].
+
+    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
     """
     (x,), sizes = _operands("log_softmax", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("log_softmax", block_m=block_m, may_be_none=True)
@@ -526,6 +569,33 @@ def log_softmax(
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(log_softmax_reference, (((m, n), jnp.float32),), x)
+    return _differentiable(
+        functools.partial(
+            _log_softmax_forward,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
+        _log_softmax_vjp,
+        x,
+    )
+
+
+def log_softmax_reference(x):
+    """`log_softmax` in plain jax.numpy, to test the kernel against."""
+    y = x - jax.nn.logsumexp(x, axis=1, keepdims=True)
+    return y
+
+
+def _log_softmax_forward(
+    x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
+):
+    """`log_softmax` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return _on_platform(
         functools.partial(_log_softmax_tpu, m=m, n=n, block_m=block_m),
         _gpu_kernel(
@@ -546,10 +616,13 @@ def log_softmax(
     )
 
 
-def log_softmax_reference(x):
-    """`log_softmax` in plain jax.numpy, to test the kernel against."""
-    y = x - jax.nn.logsumexp(x, axis=1, keepdims=True)
-    return y
+def _log_softmax_vjp(saved, cotangents):
+    """`log_softmax` has no backward pass yet: none is generated for a reduction."""
+    raise NotImplementedError(
+        "log_softmax is not differentiable yet: pallasgen generates backward kernels "
+        "for elementwise kernels only, not yet for a reduction; `grad none` in "
+        "specs/softmax.pallas says it is never differentiated"
+    )
 
 
 def _log_softmax_kernel(x_ref, y_ref, *, m, n, block_m):

@@ -309,6 +309,77 @@ def mul_numpy(x, y):
         return (wrap(exact(x) * exact(y), x),)
 
 
+# --------------------------------------------------------------------------- derivatives
+#
+# The cotangents that a kernel's backward kernels return, from its inputs and the
+# cotangents of its outputs (dy for y), derived by hand from the references above and
+# computed in float64: they share nothing with pallasgen's derivative rules.
+
+
+def leaky_backward_numpy(x, dy, *, slope=0.01):
+    """dx = dy where x > 0, slope * dy elsewhere (at 0 too: relu's derivative at 0 is 0)."""
+    return (np.where(f64(x) > 0, f64(dy), slope * f64(dy)),)
+
+
+def gelu_tanh_derivative_numpy(z):
+    """d/dz gelu(z) = c + 0.5 z (1 - t^2) k (1 + 3 * 0.044715 z^2), with k = sqrt(2/pi),
+    t = tanh(k (z + 0.044715 z^3)) and c = 0.5 (1 + t)."""
+    k = np.sqrt(2.0 / np.pi)
+    t = np.tanh(k * (z + 0.044715 * z**3))
+    return 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * k * (1.0 + 3 * 0.044715 * z * z)
+
+
+def bias_gelu_dz(x, bias, scale, dy):
+    """The cotangent of z = x * scale + bias, per element."""
+    z = f64(x) * f64(scale)[:, None] + f64(bias)[None, :]
+    return f64(dy) * gelu_tanh_derivative_numpy(z)
+
+
+def bias_gelu_backward_numpy(x, bias, scale, dy):
+    """dx = dz * scale."""
+    return (bias_gelu_dz(x, bias, scale, dy) * f64(scale)[:, None],)
+
+
+def bias_gelu_backward_over_m_numpy(x, bias, scale, dy):
+    """dbias: dz summed over the rows (M), over which bias is broadcast."""
+    return (bias_gelu_dz(x, bias, scale, dy).sum(axis=0),)
+
+
+def bias_gelu_backward_over_n_numpy(x, bias, scale, dy):
+    """dscale: dz * x summed over the columns (N), over which scale is broadcast."""
+    return ((bias_gelu_dz(x, bias, scale, dy) * f64(x)).sum(axis=1),)
+
+
+def add_backward_numpy(dz):
+    """dx = dy = dz."""
+    return f64(dz), f64(dz)
+
+
+def mul_backward_numpy(x, y, dz):
+    """dx = dz * y, dy = dz * x."""
+    return f64(dz) * f64(y), f64(dz) * f64(x)
+
+
+def giou_backward_numpy(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, eps=1e-7):
+    """The cotangent of each box coordinate: dgiou times the slope of giou_numpy along it,
+    in float64, as the mean of its one-sided slopes (each a second-order difference with
+    step 1e-5 on coordinates of 0 to 150). Where two coordinates tie (a box and itself,
+    where GIoU has a kink), that mean is what splitting a maximum's or minimum's
+    cotangent in halves at a tie gives; elsewhere it is the slope."""
+    boxes = [f64(c) for c in (ax1, ay1, ax2, ay2, bx1, by1, bx2, by2)]
+
+    def giou_at(i, shift):
+        return giou_numpy(*(c + shift if j == i else c for j, c in enumerate(boxes)), eps=eps)[0]
+
+    step = 1e-5
+    found = []
+    for i in range(8):
+        right = (-3 * giou_at(i, 0) + 4 * giou_at(i, step) - giou_at(i, 2 * step)) / (2 * step)
+        left = (3 * giou_at(i, 0) - 4 * giou_at(i, -step) + giou_at(i, -2 * step)) / (2 * step)
+        found.append(f64(dgiou) * (left + right) / 2)
+    return tuple(found)
+
+
 # --------------------------------------------------------------------------- inputs
 
 
@@ -366,6 +437,17 @@ def giou_inputs(rng, sizes):
     nested = [ax1 + 0.25 * (ax2 - ax1), ay1 + 0.25 * (ay2 - ay1), ax2 - 0.25 * (ax2 - ax1), ay2 - 0.25 * (ay2 - ay1)]
     b = [np.where(same, ai, np.where(inside, ni, bi)) for ai, ni, bi in zip(a, nested, b)]
     return [c.astype(np.float32) for c in (*a, *b)]
+
+
+def with_cotangents(make_inputs, *cotangents: Operand):
+    """A backward kernel's inputs: those that `make_inputs` makes for its kernel (none if
+    None), then a random cotangent for each of the kernel's outputs given."""
+
+    def make(rng, sizes):
+        arrays = make_inputs(rng, sizes) if make_inputs else []
+        return arrays + [random_array(rng, c.dtype, c.shape(sizes)) for c in cotangents]
+
+    return make
 
 
 def row_offsets(m: int) -> np.ndarray:
@@ -540,6 +622,12 @@ BF16_TOL = Tolerance(2.0**-7, 1e-5)  # one bf16 ulp of the result
 SOFTMAX_TOL = Tolerance(4e-6, 1e-9, sqrt_of="N")
 
 
+# gelu's derivative in f32 where it is tiny (z below -3): 1 + tanh and 1 - tanh^2 lose
+# their digits as tanh nears -1, in the kernel as in jax's own derivative, so its error
+# is absolute: a few f32 ulps of 1 times dy * scale.
+GELU_DERIVATIVE_TOL = Tolerance(2.0**-7, 1e-4)
+
+
 def logsumexp_tolerance(dim: str) -> Tolerance:
     """x - logsumexp(x) and cross-entropy: an absolute error of a few ulps of the logits
     (which reach 100 in shifted rows) plus the sum's rounding over `dim`."""
@@ -581,6 +669,9 @@ class KernelCase:
         sizes = self.sizes_of(arrays)
         return tuple(tolerance.at(sizes) for tolerance in self.tolerances)
 
+
+BIAS_GELU_INPUTS = (Operand("x", "bf16", ("M", "N")), Operand("bias", "f32", ("N",)), Operand("scale", "f32", ("M",)))
+GIOU_INPUTS = "ax1 ay1 ax2 ay2 bx1 by1 bx2 by2".split()
 
 CASES = {
     case.id: case
@@ -631,6 +722,86 @@ CASES = {
             giou_numpy,
             (Tolerance(1e-5, 1e-5),),
             params={"eps": 1e-3},
+        ),
+        # ------------------------------------------------------------------ backward kernels
+        KernelCase(
+            "activations",
+            "leaky_backward",
+            (Operand("x", "f32", ("M", "N")), Operand("dy", "f32", ("M", "N"))),
+            (Operand("dx", "f32", ("M", "N")),),
+            with_cotangents(leaky_inputs, Operand("dy", "f32", ("M", "N"))),
+            leaky_backward_numpy,
+            (F32_TOL,),
+            params={"slope": 0.2},
+            specials=False,
+        ),
+        *(
+            KernelCase(
+                "activations",
+                name,
+                (*BIAS_GELU_INPUTS, Operand("dy", "bf16", ("M", "N"))),
+                (output,),
+                with_cotangents(bias_gelu_inputs, Operand("dy", "bf16", ("M", "N"))),
+                expected,
+                (tolerance,),
+                specials=False,
+            )
+            for name, output, expected, tolerance in (
+                ("bias_gelu_backward", Operand("dx", "bf16", ("M", "N")), bias_gelu_backward_numpy, GELU_DERIVATIVE_TOL),
+                (
+                    "bias_gelu_backward_over_m",
+                    Operand("dbias", "f32", ("N",)),
+                    bias_gelu_backward_over_m_numpy,
+                    Tolerance(2e-5, 1e-4, sqrt_of="M"),
+                ),
+                (
+                    "bias_gelu_backward_over_n",
+                    Operand("dscale", "f32", ("M",)),
+                    bias_gelu_backward_over_n_numpy,
+                    Tolerance(2e-5, 1e-4, sqrt_of="N"),
+                ),
+            )
+        ),
+        KernelCase(
+            "add_vectors",
+            "add_vectors_backward",
+            (Operand("dz", "f32", ("N",)),),
+            (Operand("dx", "f32", ("N",)), Operand("dy", "f32", ("N",))),
+            with_cotangents(None, Operand("dz", "f32", ("N",))),
+            add_backward_numpy,
+            (EXACT, EXACT),
+            specials=False,
+        ),
+        KernelCase(
+            "ops",
+            "add_f32_backward",
+            (Operand("dz", "f32", ("M", "N")),),
+            (Operand("dx", "f32", ("M", "N")), Operand("dy", "f32", ("M", "N"))),
+            with_cotangents(None, Operand("dz", "f32", ("M", "N"))),
+            add_backward_numpy,
+            (EXACT, EXACT),
+            specials=False,
+        ),
+        KernelCase(
+            "ops",
+            "mul_f32_backward",
+            (Operand("x", "f32", ("M", "N")), Operand("y", "f32", ("M", "N")), Operand("dz", "f32", ("M", "N"))),
+            (Operand("dx", "f32", ("M", "N")), Operand("dy", "f32", ("M", "N"))),
+            with_cotangents(pair_inputs("f32"), Operand("dz", "f32", ("M", "N"))),
+            mul_backward_numpy,
+            (F32_TOL, F32_TOL),
+            specials=False,
+        ),
+        KernelCase(
+            "giou",
+            "giou_backward",
+            (*(Operand(name, "f32", ("B", "N")) for name in GIOU_INPUTS), Operand("dgiou", "f32", ("B", "N"))),
+            tuple(Operand(f"d{name}", "f32", ("B", "N")) for name in GIOU_INPUTS),
+            with_cotangents(giou_inputs, Operand("dgiou", "f32", ("B", "N"))),
+            giou_backward_numpy,
+            (Tolerance(1e-4, 1e-6),) * 8,
+            params={"eps": 1e-3},
+            specials=False,
         ),
         # ------------------------------------------------------------------ reductions
         KernelCase(
@@ -812,17 +983,24 @@ CASES = {
 
 @cache
 def spec_kernel(module_stem: str, kernel: str):
-    """A generated kernel's declaration (pallasgen IR), from the spec its header names."""
-    from pallasgen.frontend import parser
-    from pallasgen.frontend import transform
+    """A generated kernel's declaration (pallasgen IR), from the spec its header names:
+    one of its kernels, or a backward kernel derived from one."""
+    (decl,) = [k for k in spec_kernels(module_stem) if k.name == kernel]
+    return decl
+
+
+@cache
+def spec_kernels(module_stem: str):
+    """The kernels of the spec a generated module's header names, each followed by its
+    backward kernels."""
+    from pallasgen.analysis.gradients import every_kernel
+    from pallasgen.workspace.pipeline import check_source
 
     header = (GENERATED / f"{module_stem}.py").read_text(encoding="utf-8").splitlines()[0]
     match = re.match(r"# Code generated by pallasgen from (.+?\.pallas)", header)
     assert match, f"generated/{module_stem}.py has no pallasgen header: {header!r}"
     source = (ROOT / match.group(1)).read_text(encoding="utf-8")
-    spec = transform.to_ir(parser.parse(source), source)
-    (decl,) = [k for k in spec.kernels if k.name == kernel]
-    return decl
+    return tuple(checked.kernel for checked in every_kernel(check_source(source, match.group(1))))
 
 
 def spec_inputs(module_stem: str, kernel: str) -> tuple[Operand, ...]:

@@ -33,6 +33,7 @@ FEATURES = {
         {"M": 20, "N": 300},
     ),
     "round": ("in x: f32[N]\nout y: f32[N]\ny = round(x)", {"_round_half_even"}, {"N": 300}),
+    "gradient": ("in x: f32[N]\nout y: f32[N]\ny = x * x", {"_differentiable"}, {"N": 300}),
     "argmax": (
         "in x: f32[M, N]\nout i: i32[M]\ni = argmax(x, N)\nblock M = 8",
         {"_argbest", "_fill_past"},

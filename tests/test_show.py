@@ -277,7 +277,7 @@ def parts_add_up(total: int, total_slack: int, formula: str) -> bool:
 @pytest.mark.parametrize("name", KERNELS)
 def test_the_vmem_parts_show_lists_add_up_to_its_total(name):
     """Every buffer the VMEM total counts is listed: the double-buffered blocks, a
-    product's accumulator, each reduction's 32-bit working copy."""
+    product's accumulator, each reduction's 32-bit working copy, each let's block."""
     root = picture(kernel(name))
     lines = [t for t in root.iter(f"{SVG}text") if "line" in t.get("class", "").split()]
     (total,) = [t for t in lines if "vmem" in t.get("class").split()]
@@ -285,12 +285,12 @@ def test_the_vmem_parts_show_lists_add_up_to_its_total(name):
     assert parts_add_up(int(total.get("data-bytes")), 0, formula), formula
 
 
-def test_cross_entropy_vmem_lists_the_working_copies_of_its_reductions():
+def test_cross_entropy_vmem_lists_the_working_copies_of_its_reductions_and_its_let():
     lines = texts(picture(kernel("cross_entropy"), {"M": 40, "V": 5120}))
-    assert "VMEM 384.2 KiB of the 100.0 MiB a launcher may ask of a TPU v5e or v6e:" in lines
+    assert "VMEM 512.2 KiB of the 100.0 MiB a launcher may ask of a TPU v5e or v6e:" in lines
     assert (
         "2 buffers x (logits 64.0 KiB + label 64 B + loss 64 B) + logsumexp's 32-bit copy of a block 128.0 KiB"
-        " + sum's 32-bit copy of a block 128.0 KiB" in lines
+        " + sum's 32-bit copy of a block 128.0 KiB + let z 128.0 KiB" in lines
     )
 
 

@@ -54,6 +54,7 @@ class CheckedKernel:
     tuned: tuple[TunedBlocks, ...] = ()  # from the spec's tuning file (pallasgen tune)
     fused: FusedKernel | None = None  # several products, computed operands: see analysis.fused
     sweep: Sweep | None = None  # what the kernel carries across its swept dimension: see analysis.carries
+    gradient: object = None  # how jax.grad differentiates it (analysis.gradients.Gradient); None: not yet
 
     @property
     def dims(self) -> tuple[str, ...]:

@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pallasgen.analysis import derivatives as d
 from pallasgen.analysis.dtypes import DTYPES
 
 
@@ -78,6 +79,8 @@ class Function:
     result always fits its arguments' dtype (nested in another such call it stays i32).
     `fold` computes it in Python, for constants folded as code is generated (None:
     not foldable; a cast's result is converted to its dtype by the caller).
+    `derivative` is its rule for backward kernels (analysis.derivatives); None: its
+    gradient is not generated yet (reductions and softmax, for now).
     """
 
     name: str
@@ -89,6 +92,7 @@ class Function:
     in_range: bool = False
     reducer: Reducer | None = None  # a reduction over a named dimension: f(x, DIM)
     fold: Callable | None = None
+    derivative: Callable | None = None
 
 
 def _gelu(x: float) -> float:
@@ -96,8 +100,8 @@ def _gelu(x: float) -> float:
     return 0.5 * x * (1 + math.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
 
-def _float(name: str, code: str, fold: Callable) -> Function:
-    return Function(name, 1, "float", code, transcendental=True, fold=fold)
+def _float(name: str, code: str, fold: Callable, derivative: Callable) -> Function:
+    return Function(name, 1, "float", code, transcendental=True, fold=fold, derivative=derivative)
 
 
 def _reduction(name: str, reducer: Reducer, transcendental: bool = False) -> Function:
@@ -130,24 +134,49 @@ def _arg_best(name: str, best: str, start: str, largest: bool) -> Reducer:
 FUNCTIONS: dict[str, Function] = {
     f.name: f
     for f in (
-        _float("exp", "jnp.exp({})", math.exp),
-        _float("log", "jnp.log({})", math.log),
-        _float("sqrt", "jnp.sqrt({})", math.sqrt),
-        _float("rsqrt", "jax.lax.rsqrt({})", lambda x: 1 / math.sqrt(x)),
-        _float("tanh", "jnp.tanh({})", math.tanh),
-        _float("sigmoid", "jax.nn.sigmoid({})", lambda x: 1 / (1 + math.exp(-x))),
-        _float("gelu", "jax.nn.gelu({}, approximate=True)", _gelu),
-        _float("silu", "jax.nn.silu({})", lambda x: x / (1 + math.exp(-x))),
-        _float("sin", "jnp.sin({})", math.sin),
-        _float("cos", "jnp.cos({})", math.cos),
-        Function("abs", 1, "same", "jnp.abs({})", narrow_ints_in_i32=True, fold=abs),
+        _float("exp", "jnp.exp({})", math.exp, d.exp),
+        _float("log", "jnp.log({})", math.log, d.log),
+        _float("sqrt", "jnp.sqrt({})", math.sqrt, d.sqrt),
+        _float("rsqrt", "jax.lax.rsqrt({})", lambda x: 1 / math.sqrt(x), d.rsqrt),
+        _float("tanh", "jnp.tanh({})", math.tanh, d.tanh),
+        _float("sigmoid", "jax.nn.sigmoid({})", lambda x: 1 / (1 + math.exp(-x)), d.sigmoid),
+        _float("gelu", "jax.nn.gelu({}, approximate=True)", _gelu, d.gelu),
+        _float("silu", "jax.nn.silu({})", lambda x: x / (1 + math.exp(-x)), d.silu),
+        _float("sin", "jnp.sin({})", math.sin, d.sin),
+        _float("cos", "jnp.cos({})", math.cos, d.cos),
+        Function("abs", 1, "same", "jnp.abs({})", narrow_ints_in_i32=True, fold=abs, derivative=d.absolute),
         Function(
-            "relu", 1, "same", "jax.nn.relu({})", narrow_ints_in_i32=True, in_range=True, fold=lambda x: max(x, 0)
+            "relu",
+            1,
+            "same",
+            "jax.nn.relu({})",
+            narrow_ints_in_i32=True,
+            in_range=True,
+            fold=lambda x: max(x, 0),
+            derivative=d.relu,
         ),
-        Function("floor", 1, "same", "jnp.floor({})", fold=math.floor),
-        Function("ceil", 1, "same", "jnp.ceil({})", fold=math.ceil),
-        Function("maximum", 2, "promote", "jnp.maximum({})", narrow_ints_in_i32=True, in_range=True, fold=max),
-        Function("minimum", 2, "promote", "jnp.minimum({})", narrow_ints_in_i32=True, in_range=True, fold=min),
+        Function("floor", 1, "same", "jnp.floor({})", fold=math.floor, derivative=d.none),
+        Function("ceil", 1, "same", "jnp.ceil({})", fold=math.ceil, derivative=d.none),
+        Function(
+            "maximum",
+            2,
+            "promote",
+            "jnp.maximum({})",
+            narrow_ints_in_i32=True,
+            in_range=True,
+            fold=max,
+            derivative=d.extremum,
+        ),
+        Function(
+            "minimum",
+            2,
+            "promote",
+            "jnp.minimum({})",
+            narrow_ints_in_i32=True,
+            in_range=True,
+            fold=min,
+            derivative=d.extremum,
+        ),
         Function(
             "clip",
             3,
@@ -156,11 +185,14 @@ FUNCTIONS: dict[str, Function] = {
             narrow_ints_in_i32=True,
             in_range=True,
             fold=lambda x, lo, hi: min(max(x, lo), hi),
+            derivative=d.clip,
         ),
-        Function("round", 1, "same", "jnp.round({})", fold=round),  # half to even, as jnp.round
-        Function("where", 3, "where", "jnp.where({})", fold=lambda condition, a, b: a if condition else b),
-        Function("index", 1, "index", ""),
-        Function("size", 1, "size", ""),
+        Function("round", 1, "same", "jnp.round({})", fold=round, derivative=d.none),  # half to even, as jnp.round
+        Function(
+            "where", 3, "where", "jnp.where({})", fold=lambda condition, a, b: a if condition else b, derivative=d.where
+        ),
+        Function("index", 1, "index", "", derivative=d.none),
+        Function("size", 1, "size", "", derivative=d.none),
         _reduction(
             "sum",
             Reducer(
@@ -226,6 +258,6 @@ FUNCTIONS: dict[str, Function] = {
                 "bool", "true", _KEPT.format("all"), takes="bools", **_merged("min", _MINIMUM, "true"), finish="{0} > 0"
             ),
         ),
-        *(Function(name, 1, "cast", "", fold=lambda x: x) for name in DTYPES),
+        *(Function(name, 1, "cast", "", fold=lambda x: x, derivative=d.unchanged) for name in DTYPES),
     )
 }

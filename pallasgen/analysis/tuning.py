@@ -10,8 +10,9 @@ import json
 from pallasgen.frontend import ir
 
 # Fields that do not change what a kernel computes or which blocks fit it: positions, the
-# doc comment, and the default block values (only which dimensions are blocked counts).
-_IGNORED_FIELDS = {"doc", "gpu_blocks", "gpu_options"}
+# doc comment, the default block values (only which dimensions are blocked counts) and
+# whether it is differentiated.
+_IGNORED_FIELDS = {"doc", "gpu_blocks", "gpu_options", "grad_none"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,14 +3,17 @@ dispatch over them: every kernel is checked, planned and rendered for each."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from pallasgen.analysis.checks import CheckedKernel
+from pallasgen.analysis.gradients import every_kernel
 from pallasgen.backends.base import Backend
 from pallasgen.backends.gpu import GpuBackend
 from pallasgen.backends.mosaic_gpu import MosaicGpuBackend
 from pallasgen.backends.tpu import TpuBackend
 from pallasgen.backends.tpu.tiling import format_bytes  # noqa: F401  (how every backend words a size in bytes)
+from pallasgen.lowering.gradient import gradient_function_names, plan_gradient
 from pallasgen.lowering.kernel import KernelPlan, lower_kernel, plan_kernel
 
 BACKENDS: tuple[Backend, ...] = (TpuBackend(), GpuBackend(), MosaicGpuBackend())
@@ -33,6 +36,7 @@ MODULE_HELPERS = frozenset(
         "_logsumexp_finish",
         "_softmax",
     }
+    | {"_differentiable"}
 )
 
 
@@ -45,10 +49,17 @@ class ModulePlan:
 
 
 def plan_module(spec_path: str, kernels: tuple[CheckedKernel, ...]) -> ModulePlan:
+    """The module's plan: each kernel, then its backward kernels (analysis.gradients)."""
+    kernels = every_kernel(kernels)
     module_names = MODULE_HELPERS | {
-        name for k in kernels for backend in BACKENDS for name in backend.function_names(k.kernel.name)
+        name
+        for k in kernels
+        for name in (
+            *(name for backend in BACKENDS for name in backend.function_names(k.kernel.name)),
+            *gradient_function_names(k.kernel.name),
+        )
     }
-    plans = tuple(_plan_kernel(k, module_names) for k in kernels)
+    plans = tuple(_plan_kernel(k, module_names, spec_path) for k in kernels)
     helpers = {name: value for backend in BACKENDS for name, value in backend.helper_values().items()}
     return ModulePlan(spec_path, plans, _templates(), helpers)
 
@@ -62,12 +73,17 @@ def plan_backends(checked: CheckedKernel) -> dict[str, object]:
     return plan_module("", (checked,)).kernels[0].backends
 
 
-def _plan_kernel(checked: CheckedKernel, module_names: frozenset[str]) -> KernelPlan:
+def _plan_kernel(checked: CheckedKernel, module_names: frozenset[str], spec_path: str) -> KernelPlan:
     groups = [backend.keywords(checked) for backend in BACKENDS]
     public_keywords = {k.name for group in groups for k in group.keywords}
     reserved = {name for backend in BACKENDS for name in backend.reserved_names(checked)}
     lowered = lower_kernel(checked, frozenset(module_names | public_keywords | reserved))
-    return plan_kernel(lowered, groups, {backend.name: backend.plan(lowered) for backend in BACKENDS})
+    plan = plan_kernel(lowered, groups, {backend.name: backend.plan(lowered) for backend in BACKENDS})
+    sizes = tuple(variable for variable, _ in plan.sizes)
+    gradient = plan_gradient(checked, lowered.values, sizes, plan.signature.static_argnames, spec_path, module_names)
+    if gradient is None:
+        return plan
+    return dataclasses.replace(plan, gradient=gradient, doc=(*plan.doc, *gradient.public_doc))
 
 
 def _templates() -> tuple[str, ...]:

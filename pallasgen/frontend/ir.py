@@ -141,6 +141,13 @@ class Accumulate:
 
 
 @dataclass(frozen=True)
+class GradNone:
+    """`grad none`: the kernel is never differentiated, so it gets no backward kernel."""
+
+    position: Position
+
+
+@dataclass(frozen=True)
 class Kernel:
     name: str
     position: Position
@@ -153,6 +160,7 @@ class Kernel:
     accumulates: tuple[Accumulate, ...]
     gpu_blocks: tuple[BlockSize, ...]
     gpu_options: tuple[GpuOption, ...]
+    grad_none: tuple[GradNone, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from pallasgen.frontend.errors import MAX_REPORTED, Diagnostic, Position, did_you_mean
 
-KEYWORDS = ("kernel", "in", "out", "let", "param", "block", "accumulate", "gpu", "true", "false")
-STATEMENT_KEYWORDS = ("in", "out", "let", "param", "block", "accumulate", "gpu")
+KEYWORDS = ("kernel", "in", "out", "let", "param", "block", "accumulate", "gpu", "grad", "true", "false")
+STATEMENT_KEYWORDS = ("in", "out", "let", "param", "block", "accumulate", "gpu", "grad")
 
 _WORDS = {
     "NAME": "a name",

@@ -22,6 +22,7 @@ def to_ir(tree: Tree, source: str) -> ir.Spec:
     """Builds the IR; comment lines right above a kernel become its docstring."""
     _check_depth(tree)
     _check_names(tree)
+    _check_grad(tree)
     kernels = _ToIR().transform(tree).children
     lines = source.split("\n")
     return ir.Spec(tuple(_with_doc(kernel, lines) for kernel in kernels))
@@ -47,6 +48,16 @@ def _check_names(tree: Tree) -> None:
     for token in tree.scan_values(lambda v: isinstance(v, Token) and v.type == "NAME"):
         if not token.isidentifier():
             raise TransformDiagnostic(Diagnostic(_token_position(token), f"'{token}' is not a valid name"))
+
+
+def _check_grad(tree: Tree) -> None:
+    """Refuses a `grad` statement other than `grad none` (the only one there is)."""
+    for statement in tree.find_data("grad_decl"):
+        (word,) = statement.children
+        if word != "none":
+            raise TransformDiagnostic(
+                Diagnostic(_token_position(word), f"unknown gradient setting '{word}': the only one is `grad none`")
+            )
 
 
 def _with_doc(kernel: ir.Kernel, lines: list[str]) -> ir.Kernel:
@@ -172,10 +183,14 @@ class _ToIR(Transformer):
         (dtype,) = tree.children
         return ("accumulate", [ir.Accumulate(str(dtype), _token_position(dtype))])
 
+    def grad_decl(self, tree):
+        return ("grad_none", [ir.GradNone(_span(tree))])  # `grad none`: see _check_grad
+
     def kernel(self, tree):
         name, *statements = tree.children
         parts: dict[str, list] = {
-            kind: [] for kind in ("in", "out", "param", "body", "block", "accumulate", "gpu_block", "gpu_option")
+            kind: []
+            for kind in ("in", "out", "param", "body", "block", "accumulate", "gpu_block", "gpu_option", "grad_none")
         }
         for kind, items in statements:
             parts[kind].extend(items if isinstance(items, list) else [items])
@@ -191,6 +206,7 @@ class _ToIR(Transformer):
             accumulates=tuple(parts["accumulate"]),
             gpu_blocks=tuple(parts["gpu_block"]),
             gpu_options=tuple(parts["gpu_option"]),
+            grad_none=tuple(parts["grad_none"]),
         )
 
 

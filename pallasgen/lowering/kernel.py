@@ -9,6 +9,7 @@ from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.fused import array_axes
 from pallasgen.analysis.names import Namer
 from pallasgen.frontend import ir
+from pallasgen.lowering.gradient import GradientPlan
 from pallasgen.lowering.parts import array_comment, body_statements, layout_of, parameter_list, tuple_code
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
 from pallasgen.lowering.reductions import ReferenceSpelling
@@ -76,6 +77,7 @@ class KernelPlan:
     reference_sizes: tuple[str, ...]
     reference_body: tuple[str, ...]
     backends: dict[str, object]  # each backend's plan, by backend name
+    gradient: GradientPlan | None = None  # how jax.grad differentiates it (None: as JAX can)
 
 
 def lower_kernel(checked: CheckedKernel, taken: frozenset[str]) -> LoweredKernel:

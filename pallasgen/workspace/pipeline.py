@@ -8,6 +8,7 @@ from pallasgen.frontend import parser
 
 from pallasgen.frontend import transform
 from pallasgen.analysis.checks import CheckedKernel, Diagnostics, check_spec
+from pallasgen.analysis.gradients import with_gradients
 from pallasgen.frontend.errors import Diagnostic, Position, SpecError
 from pallasgen.backends import BACKENDS, plan_module
 from pallasgen.workspace.tuning import apply_tuning, read_tuning
@@ -37,11 +38,12 @@ def tuned_kernels(source: str, path: str, tuning: Tuning | None) -> tuple[tuple[
 
 
 def check_source(source: str, path: str) -> tuple[CheckedKernel, ...]:
-    """Parses and checks a spec; raises `SpecError` with every problem found."""
+    """Parses and checks a spec, and derives each kernel's backward kernels (checked as
+    any kernel is); raises `SpecError` with every problem found."""
     try:
         tree = parser.parse(source)
         spec = transform.to_ir(tree, source)
-        return check_spec(spec, BACKENDS)
+        return with_gradients(check_spec(spec, BACKENDS), BACKENDS)
     except parser.SyntaxDiagnostics as error:
         raise SpecError(path, source, error.diagnostics) from None
     except transform.TransformDiagnostic as error:

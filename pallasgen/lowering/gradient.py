@@ -1,0 +1,173 @@
+"""How a generated kernel is differentiated: its public function runs the forward kernel
+through `_differentiable` (a `jax.custom_vjp`; see templates/helpers.py.j2), whose
+backward pass is `_NAME_vjp`, which calls the kernel's backward kernels
+(analysis.gradients). Keywords and params stay static: they are bound, not differentiated."""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+
+from pallasgen.analysis.checks import CheckedKernel
+from pallasgen.analysis.dtypes import DTYPES
+from pallasgen.analysis.gradients import Gradient
+from pallasgen.analysis.names import Namer
+from pallasgen.lowering.parts import parameter_list, partial_call
+
+DOC_WIDTH = 88  # a docstring's lines, indented by 4 in a module black keeps to 100
+
+
+@dataclass(frozen=True)
+class BackwardCall:
+    results: str  # what the call is assigned to: `dx` or `dx, dy`
+    function: str  # the backward kernel's public function
+    arguments: str
+
+
+@dataclass(frozen=True)
+class GradientPlan:
+    forward_function: str  # the forward pass on checked arrays: expand, dispatch, restore
+    forward_parameters: str
+    forward_call: str  # it, with the keywords that the public function binds
+    vjp_function: str  # the backward pass
+    vjp_parameters: str
+    vjp_call: str
+    doc: tuple[str, ...]  # what the forward pass saves and what the backward recomputes
+    public_doc: tuple[str, ...]  # the lines the public function's docstring adds
+    saved: str  # the saved arrays that the backward kernels read, unpacked ("": none)
+    cotangents: str  # the outputs' cotangents that they read, unpacked ("": none)
+    calls: tuple[BackwardCall, ...]
+    returns: str  # the inputs' cotangents (None: none, as integer inputs have)
+    refusal: tuple[str, tuple[str, ...]] | None  # the error jax.grad raises, if any: its type, its message in pieces
+
+
+def gradient_function_names(kernel: str) -> tuple[str, str]:
+    """The module-level functions that differentiating a kernel adds."""
+    return f"_{kernel}_forward", f"_{kernel}_vjp"
+
+
+def plan_gradient(
+    checked: CheckedKernel,
+    values: dict[str, str],
+    sizes: tuple[str, ...],
+    keywords: tuple[str, ...],
+    spec_path: str,
+    taken: frozenset[str],
+) -> GradientPlan | None:
+    """The plan of a kernel's differentiation; None where it has no `gradient`.
+
+    `values` are the Python names of its arrays, `sizes` the variables holding its
+    dimensions' sizes and `keywords` its public keywords; `taken`: module-level names.
+    """
+    gradient: Gradient | None = checked.gradient
+    if gradient is None:
+        return None
+    kernel = checked.kernel
+    forward_function, vjp_function = gradient_function_names(kernel.name)
+    arrays = [values[d.name] for d in kernel.inputs]
+    bound = [*sizes, *keywords]
+    refusal = _refusal(kernel.name, gradient, spec_path)
+    params = list(dict.fromkeys(p for k in gradient.kernels for p in k.params))
+    vjp_keywords = [*params, "interpret"] if refusal is None else []
+    # The backward pass's own names: the arrays it unpacks and the cotangents, off the
+    # backward kernels it calls and its parameters.
+    namer = Namer(taken | {k.checked.kernel.name for k in gradient.kernels} | {"saved", "cotangents", *vjp_keywords})
+    saved = {d.name: namer.claim(values[d.name]) for d in kernel.inputs}
+    cotangents = {o.name: namer.claim(f"d{values[o.name]}") for o in kernel.outputs}
+    results = {d.name: namer.claim(f"d{values[d.name]}") for d in kernel.inputs if d.name in gradient.results}
+    calls = []
+    for backward in gradient.kernels:
+        names = [cotangents[a.forward] if a.cotangent else saved[a.forward] for a in backward.arguments]
+        calls.append(
+            BackwardCall(
+                ", ".join(results[name] for name in backward.results),
+                backward.checked.kernel.name,
+                ", ".join([*names, *(f"{k}={k}" for k in (*backward.params, "interpret"))]),
+            )
+        )
+    read = {(a.forward, a.cotangent) for k in gradient.kernels for a in k.arguments}
+    return GradientPlan(
+        forward_function=forward_function,
+        forward_parameters=parameter_list(arrays, bound),
+        forward_call=partial_call(forward_function, bound),
+        vjp_function=vjp_function,
+        vjp_parameters=parameter_list(["saved", "cotangents"], vjp_keywords),
+        vjp_call=partial_call(vjp_function, vjp_keywords),
+        doc=_doc(checked, gradient),
+        public_doc=_public_doc(gradient, vjp_function),
+        saved=_unpacked([saved[d.name] if (d.name, False) in read else "_" for d in kernel.inputs], tuple_of_one=True),
+        cotangents=_unpacked([cotangents[o.name] if (o.name, True) in read else "_" for o in kernel.outputs]),
+        calls=tuple(calls),
+        returns=", ".join(results.get(d.name, "None") for d in kernel.inputs) + ("," if len(arrays) == 1 else ""),
+        refusal=refusal,
+    )
+
+
+def _refusal(name: str, gradient: Gradient, spec_path: str) -> tuple[str, tuple[str, ...]] | None:
+    """The error that jax.grad of a kernel raises, if it is not differentiable: its type,
+    and its message in pieces of a line each."""
+    if gradient.turned_off is not None:
+        where = f"{spec_path}:{gradient.turned_off.position.line}"
+        error, text = (
+            "TypeError",
+            f"{name} is not differentiable: its spec turns gradients off (`grad none` at {where})",
+        )
+    elif gradient.not_yet is not None:
+        error, text = "NotImplementedError", (
+            f"{name} is not differentiable yet: pallasgen generates backward kernels for elementwise kernels"
+            f" only, not yet for {gradient.not_yet}; `grad none` in {spec_path} says it is never differentiated"
+        )
+    else:
+        return None
+    lines = textwrap.wrap(text, DOC_WIDTH - 12)
+    return error, tuple(line + " " for line in lines[:-1]) + (lines[-1],)
+
+
+def _unpacked(names: list[str], tuple_of_one: bool = False) -> str:
+    """The target that unpacks a tuple into `names` (one name: a value, or a tuple of one),
+    `_` standing for those not read; "" where none is."""
+    if all(name == "_" for name in names):
+        return ""
+    return ", ".join(names) + ("," if tuple_of_one and len(names) == 1 else "")
+
+
+def _public_doc(gradient: Gradient, vjp_function: str) -> tuple[str, ...]:
+    """What the public function's docstring says of its gradient."""
+    if gradient.turned_off is not None:
+        text = "Gradients: none; its spec says `grad none`, and jax.grad of it raises a TypeError."
+    elif gradient.not_yet is not None:
+        text = f"Gradients: not generated yet for {gradient.not_yet}: jax.grad of it raises NotImplementedError."
+    elif not gradient.kernels:
+        text = "Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input reaches a float output."
+    else:
+        kernels = ", ".join(k.checked.kernel.name for k in gradient.kernels)
+        text = f"Gradients: jax.grad runs the generated backward kernels {kernels} ({vjp_function})."
+    return ("", *textwrap.wrap(text, DOC_WIDTH))
+
+
+def _doc(checked: CheckedKernel, gradient: Gradient) -> tuple[str, ...]:
+    """The backward pass's docstring: what it runs, what the forward pass saves for it and
+    what it computes again."""
+    kernel = checked.kernel
+    if gradient.turned_off is not None:
+        return (f"`{kernel.name}` has no backward pass: its spec says `grad none`.",)
+    if gradient.not_yet is not None:
+        return (f"`{kernel.name}` has no backward pass yet: none is generated for {gradient.not_yet}.",)
+    if not gradient.kernels:
+        text = (
+            f"The cotangents of `{kernel.name}`'s inputs, for jax.grad: none (zeros, or float0 for integer"
+            " inputs), since no float input reaches a float output."
+        )
+        return tuple(textwrap.wrap(text, DOC_WIDTH))
+    kernels = ", ".join(k.checked.kernel.name for k in gradient.kernels)
+    recomputed = f" ({', '.join(gradient.recomputed)})" if gradient.recomputed else ""
+    inputs = ", ".join(d.name for d in kernel.inputs)
+    integers = [d.name for d in kernel.inputs if not DTYPES[d.dtype].is_float]
+    text = (
+        f"The cotangents of `{kernel.name}`'s inputs from those of its outputs, for jax.grad, by"
+        f" the generated backward kernels {kernels}. The forward pass saves its inputs ({inputs})"
+        f" and nothing else: the backward kernels recompute the values they need{recomputed} from them."
+    )
+    if integers:
+        text += f" Integer and bool inputs ({', '.join(integers)}) get None: float0 cotangents."
+    return tuple(textwrap.wrap(text, DOC_WIDTH))
