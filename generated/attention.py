@@ -225,14 +225,48 @@ def _grown(blocks, free, bounds, step):
     return blocks
 
 
-def _vmem_limit(needed):
+def _strips(blocks, counts, height, chunk, seen, whole):
+    """How a step computes its block of (rows, columns) `blocks`: in strips of `height`
+    rows (one strip where `height` does not divide the block), each
+    ((row, rows), (col, cols)): where its rows and columns start in the block and how many.
+
+    Returns the strips of a block where `whole(row_start, col_start, rows, cols)` says a
+    condition holds at every position, each with every column; and those of a block of
+    the grid (`counts` blocks) where it holds only in part: each strip with the columns,
+    in runs of `chunk`, where `seen` says it may hold in some such block, and no strip
+    that sees none. Traced once per call, with Python ints.
+    """
+    (block_rows, block_cols), (row_blocks, col_blocks) = blocks, counts
+    height = height if block_rows % height == 0 else block_rows
+    chunk = chunk if block_cols % chunk == 0 else block_cols
+    partial = [
+        (i * block_rows, j * block_cols)
+        for i in range(row_blocks)
+        for j in range(col_blocks)
+        if seen(i * block_rows, j * block_cols, block_rows, block_cols)
+        and not whole(i * block_rows, j * block_cols, block_rows, block_cols)
+    ]
+    whole_strips, partial_strips = [], []
+    for row in range(0, block_rows, height):
+        whole_strips.append(((row, height), (0, block_cols)))
+        cols = [
+            col
+            for col in range(0, block_cols, chunk)
+            if any(seen(start + row, first + col, height, chunk) for start, first in partial)
+        ]
+        if cols:
+            partial_strips.append(((row, height), (cols[0], cols[-1] + chunk - cols[0])))
+    return tuple(whole_strips), tuple(partial_strips)
+
+
+def _vmem_limit(needed, limit=100 * 2**20):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 
     None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
-    blocks would fail to compile, so they ask for 100 MiB of the 128 MiB a v5e or v6e
-    core has: the rest is headroom for Mosaic's own scratch and the intermediates.
+    blocks would fail to compile, so they ask for `limit`, by default 100 MiB of the 128 MiB
+    a v5e or v6e core has: the rest is headroom for Mosaic's own scratch and the intermediates.
     """
-    return None if needed <= 16 * 2**20 else 100 * 2**20
+    return None if needed <= 16 * 2**20 else limit
 
 
 def _inside(start, block, size):
@@ -447,6 +481,8 @@ def _attention_kernel(
     t,
     block_s,
     block_t,
+    whole_strips,
+    partial_strips,
     scale,
 ):
     s_start = pl.program_id(2) * block_s
@@ -459,15 +495,17 @@ def _attention_kernel(
         acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
         sum_exp_t_ref[...] = jnp.full(sum_exp_t_ref.shape, 0.0, jnp.float32)
 
-    # A block where the `where` on positions below is false everywhere adds nothing: skipped.
-    @pl.when(s_start + block_s - 1 >= t_start)
-    def _step():
+    def _strip(
+        q_ref, k_ref, v_ref, max_t_ref, acc_t_ref, sum_exp_t_ref, s_start, t_start, strip_s, strip_t
+    ):
+        """A strip of the step's block: the refs are views of its rows and columns, which
+        start at the positions given and hold as many as its extents say."""
         q = q_ref[...]
         k = k_ref[...]
         v = v_ref[...]
         s = jnp.where(
-            s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0)
-            >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
+            s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0)
+            >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * scale,
             -jnp.inf,
@@ -498,6 +536,34 @@ def _attention_kernel(
             sum_exp_t_block, axis=1, keepdims=True
         )
 
+    def _add(strips):
+        """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
+        columns start in the block, and how many it takes."""
+        for (row, rows), (col, cols) in strips:
+            _strip(
+                q_ref.at[pl.ds(row, rows)],
+                k_ref.at[pl.ds(col, cols)],
+                v_ref.at[pl.ds(col, cols)],
+                max_t_ref.at[pl.ds(row, rows)],
+                acc_t_ref.at[pl.ds(row, rows)],
+                sum_exp_t_ref.at[pl.ds(row, rows)],
+                s_start + row,
+                t_start + col,
+                rows,
+                cols,
+            )
+
+    # A block where the `where` on positions below holds everywhere takes every column in
+    # each strip; one where it holds in part, only the columns where it may hold; one where
+    # it holds nowhere adds nothing: skipped.
+    @pl.when(s_start >= t_start + block_t - 1)
+    def _whole_block():
+        _add(whole_strips)
+
+    @pl.when((s_start + block_s - 1 >= t_start) & jnp.logical_not(s_start >= t_start + block_t - 1))
+    def _partial_block():
+        _add(partial_strips)
+
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
         max_t_ = max_t_ref[...]
@@ -526,9 +592,9 @@ def _attention_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, scale, interpre
         (block_s, block_t),
         grow=functools.partial(
             _grown,
-            bounds=(min(s_, 1024), min(t, 1024)),
+            bounds=(min(s_, 4096), min(t, 4096)),
             step=lambda block_s, block_t: (
-                block_s * block_t,
+                min(block_s, 256) * block_t,
                 4 * block_s * d
                 + 4 * block_t * d
                 + 4 * block_t * d
@@ -536,7 +602,8 @@ def _attention_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, scale, interpre
                 + 8 * block_s
                 + 4 * block_s
                 + 4 * block_s * d
-                + 4 * block_s,
+                + 4 * block_s
+                + 16 * min(block_s, 256) * block_t,
             ),
         ),
     )
@@ -557,9 +624,17 @@ def _attention_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, scale, interpre
             "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
-    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + o 256 B + lse 512 B) + max_t_ref 512 B + acc_t_ref 512 B + sum_exp_t_ref
-    # 512 B.
+    whole_strips, partial_strips = _strips(
+        (block_s, block_t),
+        (pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        height=256,
+        chunk=128,
+        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 >= t_start,
+        whole=lambda s_start, t_start, block_s, block_t: s_start >= t_start + block_t - 1,
+    )
+    # VMEM at the default blocks per unit of D: 260.5 KiB = 2 buffers x (q 256 B + k 256 B
+    # + v 256 B + o 256 B + lse 512 B) + max_t_ref 512 B + acc_t_ref 512 B + sum_exp_t_ref
+    # 512 B + a strip's f32 values 4 x 64.0 KiB.
     return pl.pallas_call(
         functools.partial(
             _attention_kernel,
@@ -570,6 +645,8 @@ def _attention_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, scale, interpre
             t=t,
             block_s=block_s,
             block_t=block_t,
+            whole_strips=whole_strips,
+            partial_strips=partial_strips,
             scale=scale,
         ),
         # One step per element of B, element of H, block of S, block of T (D taken whole).
@@ -630,6 +707,8 @@ def _attention_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, scale, interpre
                 + 4 * block_s
                 + 4 * block_s * d
                 + 4 * block_s
+                + 16 * min(block_s, 256) * block_t,
+                limit=64 * 2**20,
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -1336,6 +1415,8 @@ def _attention_bottom_right_kernel(
     t,
     block_s,
     block_t,
+    whole_strips,
+    partial_strips,
     scale,
 ):
     s_start = pl.program_id(2) * block_s
@@ -1348,15 +1429,17 @@ def _attention_bottom_right_kernel(
         sum_exp_t_ref[...] = jnp.full(sum_exp_t_ref.shape, 0.0, jnp.float32)
         acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
 
-    # A block where the `where` on positions below is false everywhere adds nothing: skipped.
-    @pl.when(s_start + block_s - 1 + t - s_ >= t_start)
-    def _step():
+    def _strip(
+        q_ref, k_ref, v_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, s_start, t_start, strip_s, strip_t
+    ):
+        """A strip of the step's block: the refs are views of its rows and columns, which
+        start at the positions given and hold as many as its extents say."""
         q = q_ref[...]
         k = k_ref[...]
         v = v_ref[...]
         s = jnp.where(
-            s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - s_
-            >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
+            s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0) + t - s_
+            >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * scale,
             -jnp.inf,
@@ -1387,6 +1470,37 @@ def _attention_bottom_right_kernel(
             acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
         )
 
+    def _add(strips):
+        """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
+        columns start in the block, and how many it takes."""
+        for (row, rows), (col, cols) in strips:
+            _strip(
+                q_ref.at[pl.ds(row, rows)],
+                k_ref.at[pl.ds(col, cols)],
+                v_ref.at[pl.ds(col, cols)],
+                max_t_ref.at[pl.ds(row, rows)],
+                sum_exp_t_ref.at[pl.ds(row, rows)],
+                acc_t_ref.at[pl.ds(row, rows)],
+                s_start + row,
+                t_start + col,
+                rows,
+                cols,
+            )
+
+    # A block where the `where` on positions below holds everywhere takes every column in
+    # each strip; one where it holds in part, only the columns where it may hold; one where
+    # it holds nowhere adds nothing: skipped.
+    @pl.when(s_start + t - s_ >= t_start + block_t - 1)
+    def _whole_block():
+        _add(whole_strips)
+
+    @pl.when(
+        (s_start + block_s - 1 + t - s_ >= t_start)
+        & jnp.logical_not(s_start + t - s_ >= t_start + block_t - 1)
+    )
+    def _partial_block():
+        _add(partial_strips)
+
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
         sum_exp_t_ = sum_exp_t_ref[...]
@@ -1413,16 +1527,17 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, sc
         (block_s, block_t),
         grow=functools.partial(
             _grown,
-            bounds=(min(s_, 1024), min(t, 1024)),
+            bounds=(min(s_, 4096), min(t, 4096)),
             step=lambda block_s, block_t: (
-                block_s * block_t,
+                min(block_s, 256) * block_t,
                 4 * block_s * d
                 + 4 * block_t * d
                 + 4 * block_t * d
                 + 4 * block_s * d
                 + 4 * block_s
                 + 4 * block_s
-                + 4 * block_s * d,
+                + 4 * block_s * d
+                + 16 * min(block_s, 256) * block_t,
             ),
         ),
     )
@@ -1443,8 +1558,17 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, sc
             "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
-    # VMEM at the default blocks per unit of D: 3.5 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
+    whole_strips, partial_strips = _strips(
+        (block_s, block_t),
+        (pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        height=256,
+        chunk=128,
+        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - s_ >= t_start,
+        whole=lambda s_start, t_start, block_s, block_t: s_start + t - s_ >= t_start + block_t - 1,
+    )
+    # VMEM at the default blocks per unit of D: 259.5 KiB = 2 buffers x (q 256 B + k 256 B
+    # + v 256 B + o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B + a
+    # strip's f32 values 4 x 64.0 KiB.
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_kernel,
@@ -1455,6 +1579,8 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, sc
             t=t,
             block_s=block_s,
             block_t=block_t,
+            whole_strips=whole_strips,
+            partial_strips=partial_strips,
             scale=scale,
         ),
         # One step per element of B, element of H, block of S, block of T (D taken whole).
@@ -1507,6 +1633,8 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, sc
                 + 4 * block_s
                 + 4 * block_s
                 + 4 * block_s * d
+                + 16 * min(block_s, 256) * block_t,
+                limit=64 * 2**20,
             ),
         ),
         cost_estimate=pl.CostEstimate(

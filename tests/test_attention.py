@@ -160,6 +160,31 @@ def test_causal_blocks_past_the_diagonal_are_skipped_not_masked(attention, path,
     compare("attention", (o, lse), (want_o, want_lse))
 
 
+def test_a_partly_seen_block_is_computed_in_strips_that_skip_the_keys_they_cannot_see(attention):
+    """One block of 512 queries by 512 keys, seen in part: its strips of 256 queries take
+    only the keys some query of theirs may see. Keys from 256 on are NaN: the first strip
+    never reads them (a block computed whole and masked would carry 0 * NaN into its p @ v)."""
+    rng = np.random.default_rng(5)
+    q, k, v = bf16(rng, 1, 1, 512, 64), bf16(rng, 1, 1, 512, 64), bf16(rng, 1, 1, 512, 64)
+    k[..., 256:, :] = np.nan
+    v[..., 256:, :] = np.nan
+    o, lse = attention.attention(q, k, v, block_s=512, block_t=512, interpret=True)
+    want_o, want_lse = attention_numpy(
+        q[..., :256, :], k[..., :256, :], v[..., :256, :], scale=0.125, mask=causal(256, 256)
+    )
+    compare("attention", (o[..., :256, :], lse[..., :256]), (want_o, want_lse))
+
+
+@pytest.mark.parametrize("name", ["attention", "attention_bottom_right"])
+@pytest.mark.parametrize("sizes", [dict(s=1100, t=700), dict(s=600, t=1300)])
+def test_blocks_in_strips_match_numpy_at_ragged_sizes(attention, name, sizes):
+    """Blocks of 512 (strips of 256 queries, key runs of 128) over ragged sizes: blocks seen
+    whole, in part and not at all, a ragged last block of either dimension."""
+    arrays = inputs(name, np.random.default_rng(6), d=32, **sizes)
+    got = getattr(attention, name)(*arrays, block_s=512, block_t=512, interpret=True)
+    compare(name, got, expected(name, arrays))
+
+
 def test_causal_attention_is_one_pallas_call_with_no_scores_outside_it(attention):
     q = jax.ShapeDtypeStruct((1, 2, 1000, 64), jnp.bfloat16)
     k = jax.ShapeDtypeStruct((1, 2, 900, 64), jnp.bfloat16)
