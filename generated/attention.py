@@ -259,14 +259,14 @@ def _strips(blocks, counts, height, chunk, seen, whole):
     return tuple(whole_strips), tuple(partial_strips)
 
 
-def _vmem_limit(needed, limit=100 * 2**20):
+def _vmem_limit(needed):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 
     None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
-    blocks would fail to compile, so they ask for `limit`, by default 100 MiB of the 128 MiB
-    a v5e or v6e core has: the rest is headroom for Mosaic's own scratch and the intermediates.
+    blocks would fail to compile, so they ask for 100 MiB of the 128 MiB a v5e or v6e
+    core has: the rest is headroom for Mosaic's own scratch and the intermediates.
     """
-    return None if needed <= 16 * 2**20 else limit
+    return None if needed <= 16 * 2**20 else 100 * 2**20
 
 
 def _inside(start, block, size):
@@ -540,18 +540,32 @@ def _attention_kernel(
         """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
         columns start in the block, and how many it takes."""
         for (row, rows), (col, cols) in strips:
-            _strip(
-                q_ref.at[pl.ds(row, rows)],
-                k_ref.at[pl.ds(col, cols)],
-                v_ref.at[pl.ds(col, cols)],
-                max_t_ref.at[pl.ds(row, rows)],
-                acc_t_ref.at[pl.ds(row, rows)],
-                sum_exp_t_ref.at[pl.ds(row, rows)],
-                s_start + row,
-                t_start + col,
-                rows,
-                cols,
-            )
+            if (rows, cols) == (block_s, block_t):  # the whole block: the refs themselves
+                _strip(
+                    q_ref,
+                    k_ref,
+                    v_ref,
+                    max_t_ref,
+                    acc_t_ref,
+                    sum_exp_t_ref,
+                    s_start,
+                    t_start,
+                    block_s,
+                    block_t,
+                )
+            else:
+                _strip(
+                    q_ref.at[pl.ds(row, rows)],
+                    k_ref.at[pl.ds(col, cols)],
+                    v_ref.at[pl.ds(col, cols)],
+                    max_t_ref.at[pl.ds(row, rows)],
+                    acc_t_ref.at[pl.ds(row, rows)],
+                    sum_exp_t_ref.at[pl.ds(row, rows)],
+                    s_start + row,
+                    t_start + col,
+                    rows,
+                    cols,
+                )
 
     # A block where the `where` on positions below holds everywhere takes every column in
     # each strip; one where it holds in part, only the columns where it may hold; one where
@@ -592,7 +606,7 @@ def _attention_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, scale, interpre
         (block_s, block_t),
         grow=functools.partial(
             _grown,
-            bounds=(min(s_, 4096), min(t, 4096)),
+            bounds=(min(1 << (s_.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
             step=lambda block_s, block_t: (
                 min(block_s, 256) * block_t,
                 4 * block_s * d
@@ -697,19 +711,8 @@ def _attention_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, scale, interpre
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s
-                + 4 * block_s * d
-                + 4 * block_s
-                + 16 * min(block_s, 256) * block_t,
-                limit=64 * 2**20,
-            ),
+            # Whatever the blocks: their count leaves out the lanes a (rows, 1) value pads to.
+            vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * h * s_ * t * d + 2 * b * h * s_ * d * t,
@@ -1474,18 +1477,32 @@ def _attention_bottom_right_kernel(
         """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
         columns start in the block, and how many it takes."""
         for (row, rows), (col, cols) in strips:
-            _strip(
-                q_ref.at[pl.ds(row, rows)],
-                k_ref.at[pl.ds(col, cols)],
-                v_ref.at[pl.ds(col, cols)],
-                max_t_ref.at[pl.ds(row, rows)],
-                sum_exp_t_ref.at[pl.ds(row, rows)],
-                acc_t_ref.at[pl.ds(row, rows)],
-                s_start + row,
-                t_start + col,
-                rows,
-                cols,
-            )
+            if (rows, cols) == (block_s, block_t):  # the whole block: the refs themselves
+                _strip(
+                    q_ref,
+                    k_ref,
+                    v_ref,
+                    max_t_ref,
+                    sum_exp_t_ref,
+                    acc_t_ref,
+                    s_start,
+                    t_start,
+                    block_s,
+                    block_t,
+                )
+            else:
+                _strip(
+                    q_ref.at[pl.ds(row, rows)],
+                    k_ref.at[pl.ds(col, cols)],
+                    v_ref.at[pl.ds(col, cols)],
+                    max_t_ref.at[pl.ds(row, rows)],
+                    sum_exp_t_ref.at[pl.ds(row, rows)],
+                    acc_t_ref.at[pl.ds(row, rows)],
+                    s_start + row,
+                    t_start + col,
+                    rows,
+                    cols,
+                )
 
     # A block where the `where` on positions below holds everywhere takes every column in
     # each strip; one where it holds in part, only the columns where it may hold; one where
@@ -1527,7 +1544,7 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, sc
         (block_s, block_t),
         grow=functools.partial(
             _grown,
-            bounds=(min(s_, 4096), min(t, 4096)),
+            bounds=(min(1 << (s_.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
             step=lambda block_s, block_t: (
                 min(block_s, 256) * block_t,
                 4 * block_s * d
@@ -1624,18 +1641,8 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, sc
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d
-                + 16 * min(block_s, 256) * block_t,
-                limit=64 * 2**20,
-            ),
+            # Whatever the blocks: their count leaves out the lanes a (rows, 1) value pads to.
+            vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * h * s_ * t * d + 2 * b * h * s_ * d * t,

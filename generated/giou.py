@@ -225,14 +225,14 @@ def _grown(blocks, free, bounds, step):
     return blocks
 
 
-def _vmem_limit(needed, limit=100 * 2**20):
+def _vmem_limit(needed):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 
     None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
-    blocks would fail to compile, so they ask for `limit`, by default 100 MiB of the 128 MiB
-    a v5e or v6e core has: the rest is headroom for Mosaic's own scratch and the intermediates.
+    blocks would fail to compile, so they ask for 100 MiB of the 128 MiB a v5e or v6e
+    core has: the rest is headroom for Mosaic's own scratch and the intermediates.
     """
-    return None if needed <= 16 * 2**20 else limit
+    return None if needed <= 16 * 2**20 else 100 * 2**20
 
 
 def _inside(start, block, size):

@@ -27,7 +27,14 @@ from pallasgen.backends.tpu.plan import (
     vmem_comment,
 )
 from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling
-from pallasgen.backends.tpu.chips import CHIPS, FUSED_BLOCK, STRIP_COLS, STRIP_ROWS, STRIPED_BLOCK, STRIPED_VMEM_LIMIT_BYTES
+from pallasgen.backends.tpu.chips import (
+    CHIPS,
+    FUSED_BLOCK,
+    STRIP_COLS,
+    STRIP_ROWS,
+    STRIPED_BLOCK,
+    STRIPED_VMEM_LIMIT_BYTES,
+)
 from pallasgen.backends.tpu.tiling import VMEM_LIMIT_BYTES, Vmem, VmemPart, tiling_problem, tiling_rule
 from pallasgen.frontend import ir
 from pallasgen.frontend.errors import Diagnostic
@@ -139,7 +146,15 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
             skip=skip,
             strips=(
                 _strips_plan(
-                    checked, namer, refs, code.running, starts, strip_extents, lowering, (*code.before, *code.step), sizes
+                    checked,
+                    namer,
+                    refs,
+                    code.running,
+                    starts,
+                    strip_extents,
+                    lowering,
+                    (*code.before, *code.step),
+                    sizes,
                 )
                 if strip_extents
                 else None
@@ -242,7 +257,8 @@ def _block_table(checked: CheckedKernel, tunable, sizes, vmem_needed: str, strip
     """The spec's blocks, and each chip's tuned entries, for a call that passes none; on a
     known chip, untuned, its tiles' rows and swept dimension grow (`_grown`) up to
     FUSED_BLOCK while a step stays within the elements and VMEM `_grown` allows. A kernel
-    computed in strips grows up to STRIPED_BLOCK while a strip of its step stays within them."""
+    computed in strips grows up to STRIPED_BLOCK, and a power of two within its dimension,
+    while a strip of its step stays within them."""
     if not tunable:
         return None
     keywords = tuple_code([block_keyword(d) for d in tunable])
@@ -267,8 +283,11 @@ def _block_table(checked: CheckedKernel, tunable, sizes, vmem_needed: str, strip
     )
     fused = checked.fused
     grown = {fused.row, *([fused.sweep.dim] if fused.sweep else [])}
+    # A kernel computed in strips grows up to a power of two within the dimension, so that its
+    # strips and key runs tile the block (a ragged last block instead of an unaligned one).
+    bound = "min(1 << ({}.bit_length() - 1), {})" if striped else "min({}, {})"
     largest = STRIPED_BLOCK if striped else FUSED_BLOCK
-    bounds = [f"min({sizes[d]}, {largest})" if d in grown else str(checked.blocks[d]) for d in tunable]
+    bounds = [bound.format(sizes[d], largest) if d in grown else str(checked.blocks[d]) for d in tunable]
     elements = " * ".join(
         f"min({block_keyword(d)}, {STRIP_ROWS})" if striped and d == fused.row else block_keyword(d) for d in tunable
     )
@@ -287,7 +306,9 @@ def striped(checked: CheckedKernel) -> bool:
         return False
     dims = {fused.row, fused.sweep.dim}
     read = [n for n in ir.walk(fused.sweep.skip.condition) if isinstance(n, ir.Call) and n.func == "index"]
-    finish = [n for n in ir.walk(*(s.value for s in fused.sweep.finish)) if isinstance(n, ir.Call) and n.func == "index"]
+    finish = [
+        n for n in ir.walk(*(s.value for s in fused.sweep.finish)) if isinstance(n, ir.Call) and n.func == "index"
+    ]
     return all(n.args[0].id in dims for n in read) and not finish
 
 
@@ -312,7 +333,12 @@ def _strips_plan(checked, namer, refs, running, starts, strip_extents, lowering,
             arrays.append((ref, array_axes(decl, fused)[batch:]))
     arrays += [(r.name, (row,) if row in r.dims else ()) for r in running]
     parameters = [name for name, _ in arrays] + [starts[row], starts[dim], strip_extents[row], strip_extents[dim]]
-    arguments = [view(name, axes) for name, axes in arrays] + [f"{starts[row]} + row", f"{starts[dim]} + col", "rows", "cols"]
+    arguments = [view(name, axes) for name, axes in arrays] + [
+        f"{starts[row]} + row",
+        f"{starts[dim]} + col",
+        "rows",
+        "cols",
+    ]
     whole = lowering.whole_block()
     keywords = (namer.claim("whole_strips"), namer.claim("partial_strips"))
     positions = ", ".join([starts[row], starts[dim], block_keyword(row), block_keyword(dim)])
@@ -322,6 +348,8 @@ def _strips_plan(checked, namer, refs, running, starts, strip_extents, lowering,
         function="_strip",
         parameters=", ".join(parameters),
         call=f"_strip({', '.join(arguments)})",
+        whole_call=f"_strip({', '.join([name for name, _ in arrays] + [starts[row], starts[dim], block_keyword(row), block_keyword(dim)])})",
+        blocks=blocks,
         whole=whole,
         keywords=keywords,
         choice=(

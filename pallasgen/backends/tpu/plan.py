@@ -82,10 +82,12 @@ class StripsPlan:
     function: str  # the strip's function: the step's body, its refs and positions a strip's
     parameters: str
     call: str  # its call for the strip ((row, rows), (col, cols)) of the block
+    whole_call: str  # its call for the whole block
+    blocks: str  # the block's (rows, cols)
     whole: str  # a block where the skip's condition holds at every position
     keywords: tuple[str, str]  # the kernel's keywords: the strips of a whole block, of a partial one
     choice: str  # the launcher's line that computes them
-    vmem_limit_mib: int  # the scoped VMEM limit its blocks ask for, when above Mosaic's default
+    vmem_limit_mib: int  # the scoped VMEM limit it asks for
 
 
 @dataclass(frozen=True)
@@ -191,7 +193,9 @@ def _block_table(
     if grows_blocks(checked):
         elements = " * ".join(block_of[d] for d in dims)
         step = f"lambda {', '.join(block_keyword(d) for d in tunable)}: ({elements}, {vmem_needed})"
-        arguments.append(f"grow=functools.partial(_grown, bounds={tuple_code([sizes[d] for d in tunable])}, step={step})")
+        arguments.append(
+            f"grow=functools.partial(_grown, bounds={tuple_code([sizes[d] for d in tunable])}, step={step})"
+        )
     choice = f"{keywords} = _tpu_blocks({', '.join(arguments)})"
     return BlockTable(name, _wrap(comment), tuple(chips), choice)
 
@@ -264,9 +268,13 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
         product_lines = _product_lines(product, values, refs, sizes, block_keyword(product.k), step, k_blocked)
         if k_blocked:
             acc_ref = namer.claim("acc_ref")
-            scratch = f"pltpu.VMEM(({block_of[product.m]}, {block_of[product.n]}), {jnp_dtype(product.accumulator.name)})"
+            scratch = (
+                f"pltpu.VMEM(({block_of[product.m]}, {block_of[product.n]}), {jnp_dtype(product.accumulator.name)})"
+            )
             accumulator = AccumulatorPlan(
-                scratch=((f"{acc_ref}: the {product.accumulator.name} sum over {product.k} of one output tile", scratch),),
+                scratch=(
+                    (f"{acc_ref}: the {product.accumulator.name} sum over {product.k} of one output tile", scratch),
+                ),
                 step=step,
                 axis=len(blocked) - 1,
                 init_function="_zero",
@@ -297,7 +305,10 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
         kernel_callable=partial_call(kernel_function_name(kernel.name), kernel_keywords),
         parameters=parameter_list(
             inputs,
-            [sizes[d] for d in dims] + [block_keyword(d) for d in tunable] + [p.name for p in kernel.params] + ["interpret"],
+            [sizes[d] for d in dims]
+            + [block_keyword(d) for d in tunable]
+            + [p.name for p in kernel.params]
+            + ["interpret"],
         ),
         binding=", ".join(
             [f"{sizes[d]}={sizes[d]}" for d in dims]
@@ -430,7 +441,9 @@ def _tpu_return(lowered: LoweredKernel) -> str:
     outputs = lowered.outputs
     if all(o.spec_dtype == tpu_dtype(o.spec_dtype) for o in outputs):
         return ""
-    return ", ".join(o.name if o.spec_dtype == tpu_dtype(o.spec_dtype) else f"{o.name}.astype({o.dtype})" for o in outputs)
+    return ", ".join(
+        o.name if o.spec_dtype == tpu_dtype(o.spec_dtype) else f"{o.name}.astype({o.dtype})" for o in outputs
+    )
 
 
 def _product_lines(product: Product, values, refs, sizes, block_k: str, step: str, k_blocked: bool) -> list[str]:
