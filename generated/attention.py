@@ -567,9 +567,9 @@ def _attention_kernel(
                     cols,
                 )
 
-    # A block where the `where` on positions below holds everywhere takes every column in
-    # each strip; one where it holds in part, only the columns where it may hold; one where
-    # it holds nowhere adds nothing: skipped.
+    # A block where the `where` on positions in the strip's body holds everywhere takes every
+    # column in each strip; one where it holds in part, in each strip only the columns where
+    # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
     @pl.when(s_start >= t_start + block_t - 1)
     def _whole_block():
         _add(whole_strips)
@@ -616,8 +616,7 @@ def _attention_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, scale, interpre
                 + 8 * block_s
                 + 4 * block_s
                 + 4 * block_s * d
-                + 4 * block_s
-                + 16 * min(block_s, 256) * block_t,
+                + 4 * block_s,
             ),
         ),
     )
@@ -646,9 +645,9 @@ def _attention_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, scale, interpre
         seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 >= t_start,
         whole=lambda s_start, t_start, block_s, block_t: s_start >= t_start + block_t - 1,
     )
-    # VMEM at the default blocks per unit of D: 260.5 KiB = 2 buffers x (q 256 B + k 256 B
-    # + v 256 B + o 256 B + lse 512 B) + max_t_ref 512 B + acc_t_ref 512 B + sum_exp_t_ref
-    # 512 B + a strip's f32 values 4 x 64.0 KiB.
+    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B +
+    # v 256 B + o 256 B + lse 512 B) + max_t_ref 512 B + acc_t_ref 512 B + sum_exp_t_ref
+    # 512 B.
     return pl.pallas_call(
         functools.partial(
             _attention_kernel,
@@ -711,7 +710,8 @@ def _attention_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, scale, interpre
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # Whatever the blocks: their count leaves out the lanes a (rows, 1) value pads to.
+            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
+            # (rows, 1) value pads to.
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
@@ -1504,9 +1504,9 @@ def _attention_bottom_right_kernel(
                     cols,
                 )
 
-    # A block where the `where` on positions below holds everywhere takes every column in
-    # each strip; one where it holds in part, only the columns where it may hold; one where
-    # it holds nowhere adds nothing: skipped.
+    # A block where the `where` on positions in the strip's body holds everywhere takes every
+    # column in each strip; one where it holds in part, in each strip only the columns where
+    # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
     @pl.when(s_start + t - s_ >= t_start + block_t - 1)
     def _whole_block():
         _add(whole_strips)
@@ -1553,8 +1553,7 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, sc
                 + 4 * block_s * d
                 + 4 * block_s
                 + 4 * block_s
-                + 4 * block_s * d
-                + 16 * min(block_s, 256) * block_t,
+                + 4 * block_s * d,
             ),
         ),
     )
@@ -1583,9 +1582,8 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, sc
         seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - s_ >= t_start,
         whole=lambda s_start, t_start, block_s, block_t: s_start + t - s_ >= t_start + block_t - 1,
     )
-    # VMEM at the default blocks per unit of D: 259.5 KiB = 2 buffers x (q 256 B + k 256 B
-    # + v 256 B + o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B + a
-    # strip's f32 values 4 x 64.0 KiB.
+    # VMEM at the default blocks per unit of D: 3.5 KiB = 2 buffers x (q 256 B + k 256 B +
+    # v 256 B + o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_kernel,
@@ -1641,7 +1639,8 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, sc
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # Whatever the blocks: their count leaves out the lanes a (rows, 1) value pads to.
+            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
+            # (rows, 1) value pads to.
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(

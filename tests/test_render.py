@@ -27,10 +27,7 @@ def test_piecewise_formatting_equals_formatting_the_whole_module(name, plan):
 
 def test_the_launchers_vmem_at_the_default_blocks_is_the_spec_checks_count():
     """`vmem_limit_bytes=_vmem_limit(...)` reads the call-time blocks; at the defaults (with
-    dimensions taken whole counted as 1, as `vmem_bytes` does) it is the same count (a
-    kernel computed in strips counts a strip of at most STRIP_ROWS rows)."""
-    from pallasgen.backends.tpu.chips import STRIP_ROWS
-    from pallasgen.backends.tpu.fused import STRIP
+    dimensions taken whole counted as 1, as `vmem_bytes` does) it is the same count."""
     from pallasgen.backends.tpu.tiling import vmem_bytes
 
     for spec in sorted((ROOT / "specs").glob("*.pallas")):
@@ -39,14 +36,12 @@ def test_the_launchers_vmem_at_the_default_blocks_is_the_spec_checks_count():
         for checked, kernel_plan in zip(checked_kernels, plan.kernels):
             tpu = kernel_plan.backends["tpu"]
             names = {b.keyword: b.default for b in tpu.blocks}
-            code = compile(tpu.vmem_needed, "<vmem>", "eval")
-            whole = {name: 1 for name in code.co_names if name not in names and name != "min"}
+            whole = {name: 1 for name in compile(tpu.vmem_needed, "<vmem>", "eval").co_names if name not in names}
             if checked.fused is not None:  # its running values too: the plan's parts
-                strip = min(checked.blocks.get(checked.fused.row, 1), STRIP_ROWS)
-                expected = tpu.vmem.total({**checked.blocks, STRIP: strip})
+                expected = tpu.vmem.total(checked.blocks)
             else:
                 expected = vmem_bytes(checked.kernel, checked.blocks, checked.product)
-            assert eval(code, {"min": min}, {**names, **whole}) == expected, (spec.name, checked.kernel.name)
+            assert eval(tpu.vmem_needed, {}, {**names, **whole}) == expected, (spec.name, checked.kernel.name)
 
 
 def test_the_reserved_helper_names_are_exactly_what_the_helpers_template_defines():

@@ -45,7 +45,6 @@ from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.signature import Keyword, KeywordGroup
 
 COMMENT_WIDTH = 84
-STRIP = "(strip)"  # the rows of a strip (see the `_strips` helper), where VMEM is counted
 
 
 def grid_dims(checked: CheckedKernel) -> list[str]:
@@ -186,12 +185,10 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
         looped=None,
     )
     block_specs = {a.name: tiling.block_spec(a, sizes) for a in tiling.arrays}
-    needed = _vmem(kernel, fused, running, strips is not None)
-    extents[STRIP] = f"min({block_keyword(fused.row)}, {STRIP_ROWS})"
+    needed = _vmem(kernel, fused, running)
     vmem_needed = " + ".join(
         " * ".join([str(part.buffers * part.element_bytes), *(extents[d] for d in part.dims)]) for part in needed.parts
     )
-    counted = {**checked.blocks, STRIP: min(checked.blocks.get(fused.row, 1), STRIP_ROWS)}
     return TpuPlan(
         function=launcher,
         kernel_function=kernel_function,
@@ -232,7 +229,7 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
             for o in lowered.outputs
         ),
         dimension_semantics=semantics,
-        vmem_comment=_wrap(vmem_comment(needed, counted, checked.dims)),
+        vmem_comment=_wrap(vmem_comment(needed, checked.blocks, checked.dims)),
         vmem_needed=vmem_needed,
         cost_estimate=_cost_estimate(checked, values, sizes),
         accumulator=accumulator,
@@ -410,10 +407,8 @@ def fused_array_bytes(kernel: ir.Kernel, fused, blocks: dict[str, int]) -> int:
     return _vmem(kernel, fused, ()).total(blocks)
 
 
-def _vmem(kernel: ir.Kernel, fused, running, striped=False) -> Vmem:
-    """Double-buffered blocks of every array, each running value in scratch and, for a
-    kernel computed in strips, a strip's f32 working values (its scores, their exp and
-    two more: a strip is as wide as a block)."""
+def _vmem(kernel: ir.Kernel, fused, running) -> Vmem:
+    """Double-buffered blocks of every array, and each running value in scratch."""
     parts = [
         VmemPart(
             decl.name,
@@ -425,8 +420,6 @@ def _vmem(kernel: ir.Kernel, fused, running, striped=False) -> Vmem:
         for decl in kernel.inputs + kernel.outputs
     ]
     parts += [VmemPart(r.name, None, 1, 4, r.dims) for r in running]
-    if striped:
-        parts.append(VmemPart("a strip's f32 values", None, 4, 4, (STRIP, fused.sweep.dim)))
     return Vmem(tuple(parts), VMEM_LIMIT_BYTES)
 
 
