@@ -367,12 +367,7 @@ def _block_options(checked, blocks: dict[str, int]) -> dict[str, int]:
 @click.option(
     "--size", "sizes", multiple=True, metavar="DIM=N", help="A dimension's size to tune at (repeatable; every one)."
 )
-@click.option(
-    "--chip",
-    type=click.Choice(backend_named("tpu").chip_names),
-    required=True,
-    help="The compile-only TPU to tune for.",
-)
+@click.option("--chip", type=click.Choice(backend_named("tpu").chip_names), required=True, help="The compile-only TPU to tune for.")
 @click.option(
     "--budget", default=16, show_default=True, type=click.IntRange(min=1), help="The most compiles per kernel."
 )

@@ -135,11 +135,7 @@ def check_fused_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, l
     for out in kernel.outputs:
         for dim, position in zip(out.dims, out.dim_positions):
             if dim not in sizes:
-                found.append(
-                    Diagnostic(
-                        position, f"no input has dimension {dim}, so its size is unknown when the kernel is called"
-                    )
-                )
+                found.append(Diagnostic(position, f"no input has dimension {dim}, so its size is unknown when the kernel is called"))
     blocks, problems = block_items(kernel.blocks, dims, "block", block_size_problem)
     found.extend(problems)
     types, problems = infer_body(kernel, dims, None)

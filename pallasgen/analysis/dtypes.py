@@ -47,7 +47,6 @@ BOOL = DTYPES["bool"]
 F32 = DTYPES["f32"]
 I32 = DTYPES["i32"]
 
-
 def tpu_dtype(name: str) -> str:
     """The dtype a TPU kernel computes a spec dtype in: f16 as f32 (TPUs have no f16 vectors)."""
     return "f32" if name == "f16" else name

@@ -231,10 +231,7 @@ class _Inference:
                 return None
             if side_type.dtype.name not in OPERAND_DTYPES:
                 self.found.append(
-                    Diagnostic(
-                        value.position,
-                        f"products take {', '.join(OPERAND_DTYPES)} operands, not {side_type.dtype.name}",
-                    )
+                    Diagnostic(value.position, f"products take {', '.join(OPERAND_DTYPES)} operands, not {side_type.dtype.name}")
                 )
                 return None
             dims = side_type.dims

@@ -22,15 +22,7 @@ MODULE_HELPERS = frozenset(
     | {"_platform_dependent", "_platform_dependent_p", "_platform_dependent_primitive", "_vmem_limit"}
     | {"_tpu_chip", "_tpu_blocks", "_grown", "_strips"}
     | {"_fill_past", "_rows_shape", "_as_rows", "_fill_past_rows"}
-    | {
-        "_round_half_even",
-        "_argbest",
-        "_argbest_step",
-        "_logsumexp",
-        "_logsumexp_step",
-        "_logsumexp_finish",
-        "_softmax",
-    }
+    | {"_round_half_even", "_argbest", "_argbest_step", "_logsumexp", "_logsumexp_step", "_logsumexp_finish", "_softmax"}
 )
 
 

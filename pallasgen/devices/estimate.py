@@ -78,16 +78,12 @@ class Estimator:
 
     def __init__(self, chip: str, profile_dir: Path):
         compile_only.set_libtpu_environment()
-        os.environ["LIBTPU_INIT_ARGS"] = (
-            f"{os.environ.get('LIBTPU_INIT_ARGS', '')} {PROFILE_FLAG}={profile_dir}".strip()
-        )
+        os.environ["LIBTPU_INIT_ARGS"] = f"{os.environ.get('LIBTPU_INIT_ARGS', '')} {PROFILE_FLAG}={profile_dir}".strip()
         import jax
 
         self.chip, self.profile_dir = chip, profile_dir
         self.device = compile_only.tpu_device(chip)
-        self.sharding = jax.sharding.NamedSharding(
-            jax.sharding.Mesh([self.device], ("x",)), jax.sharding.PartitionSpec()
-        )
+        self.sharding = jax.sharding.NamedSharding(jax.sharding.Mesh([self.device], ("x",)), jax.sharding.PartitionSpec())
         self._xla_cycles: dict[tuple, int] = {}  # XLA's compile of a reference, per kernel and sizes
 
     def op_cycles(self, function, args) -> tuple[dict[str, int], set[str]]:
@@ -108,9 +104,7 @@ class Estimator:
             raise RuntimeError(f"libtpu wrote no {PROFILE_FLAG} profile: was a TPU backend started before?")
         return cycles, set(_MOSAIC_CALL.findall(compiled.as_text()))
 
-    def estimate(
-        self, module, checked: CheckedKernel, sizes: dict[str, int], options: dict, vmem_limit=None
-    ) -> Estimate:
+    def estimate(self, module, checked: CheckedKernel, sizes: dict[str, int], options: dict, vmem_limit=None) -> Estimate:
         """The kernel (compiled by Mosaic, with `options` as keywords) against its reference."""
         name = checked.kernel.name
         args = arguments(checked, sizes, self.sharding)

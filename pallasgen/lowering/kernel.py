@@ -179,9 +179,7 @@ def plan_kernel(lowered: LoweredKernel, groups: list[KeywordGroup], backends: di
         reference_parameters=parameter_list(
             [values[d.name] for d in kernel.inputs], [f"{p.name}={p.value!r}" for p in kernel.params]
         ),
-        reference_arguments=", ".join(
-            [values[d.name] for d in kernel.inputs] + [f"{p.name}={p.name}" for p in kernel.params]
-        ),
+        reference_arguments=", ".join([values[d.name] for d in kernel.inputs] + [f"{p.name}={p.name}" for p in kernel.params]),
         arguments=", ".join(values[d.name] for d in kernel.inputs),
         restores=tuple(o.restore for o in lowered.outputs if o.restore),
         reference_sizes=tuple(
@@ -249,9 +247,7 @@ def _fused_reference_products(lowered: LoweredKernel, emitter: Emitter) -> None:
         out = "".join(letters[d] for d in layout if d in dims)
         absent = tuple_code([str(a) for a, d in enumerate(layout) if d not in dims])
         accumulate = jnp_dtype(checked.types[node].dtype.name)
-        einsum = (
-            f'jnp.einsum("{specs[0]},{specs[1]}->{out}", {parts[0]}, {parts[1]}, preferred_element_type={accumulate})'
-        )
+        einsum = f'jnp.einsum("{specs[0]},{specs[1]}->{out}", {parts[0]}, {parts[1]}, preferred_element_type={accumulate})'
         emitter.overrides[node] = f"jnp.expand_dims({einsum}, {absent})" if absent != "()" else einsum
 
 

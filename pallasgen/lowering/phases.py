@@ -32,11 +32,8 @@ class Phases:
 def stepped_dim(checked: CheckedKernel) -> str | None:
     """The reduced dimension (other than a product's) that is blocked, if any."""
     return next(
-        (
-            d.name
-            for d in checked.space.dims
-            if d.reduced and d.reductions and d.name != checked.space.contracted and d.name in checked.blocks
-        ),
+        (d.name for d in checked.space.dims if d.reduced and d.reductions and d.name != checked.space.contracted
+         and d.name in checked.blocks),
         None,
     )
 

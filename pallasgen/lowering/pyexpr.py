@@ -350,11 +350,7 @@ def _values(node: ir.Expr) -> tuple[ir.Expr, ...]:
     """The values an operation reads: its operands, or a call's arguments but dimensions."""
     if isinstance(node, ir.Call):
         typing = FUNCTIONS[node.func].typing
-        return (
-            node.args[:1]
-            if typing in ("reduce", "softmax")
-            else () if typing in ("index", "size") else tuple(node.args)
-        )
+        return node.args[:1] if typing in ("reduce", "softmax") else () if typing in ("index", "size") else tuple(node.args)
     return _operands(node)
 
 

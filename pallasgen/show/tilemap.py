@@ -135,14 +135,7 @@ def kernel_tiles(checked: CheckedKernel, sizes: dict[str, int], gpu: bool) -> Ke
         if dim is None:
             return Axis(None, 1, 1, None, 0)
         if block_axis.extent == "squeezed":
-            return Axis(
-                dim,
-                sizes[dim],
-                1,
-                block_axis.index,
-                chosen[by_index[block_axis.index]],
-                index_code=block_axis.index_code,
-            )
+            return Axis(dim, sizes[dim], 1, block_axis.index, chosen[by_index[block_axis.index]], index_code=block_axis.index_code)
         block = blocks[dim] if block_axis.extent == "block" or dim == tiling.looped else sizes[dim]
         picked = chosen[by_index[block_axis.index]] if block_axis.index else 0
         return Axis(dim, sizes[dim], block, block_axis.index, picked, dim == tiling.looped, block_axis.index_code)

@@ -128,9 +128,7 @@ def _nearest_power_of_two(size: int) -> int:
     return 2 * below if size - below > 2 * below - size else below
 
 
-def entry_for(
-    tuning: dict[str, KernelTuning], checked: CheckedKernel, chip: str, sizes: dict[str, int]
-) -> Entry | None:
+def entry_for(tuning: dict[str, KernelTuning], checked: CheckedKernel, chip: str, sizes: dict[str, int]) -> Entry | None:
     """The kernel's entry for `chip` in the size bucket of `sizes`, if it was tuned as it is now."""
     return next((e for e in _current_entries(tuning, checked) if _slot(e) == (chip, size_bucket(sizes))), None)
 

@@ -68,9 +68,4 @@ def check_gpu(
             options[option.name] = option.value
     if earlier or found or not kernel.outputs or not all(d.dtype in DTYPES for d in kernel.inputs + kernel.outputs):
         return GpuSettings(blocks, options), found
-    return (
-        GpuSettings(
-            {**default_blocks(kernel, space, product, tpu_blocks), **blocks}, {**default_options(product), **options}
-        ),
-        found,
-    )
+    return GpuSettings({**default_blocks(kernel, space, product, tpu_blocks), **blocks}, {**default_options(product), **options}), found

@@ -297,11 +297,7 @@ def _reduction_loop(lowered: LoweredKernel, namer, dim: str, spelling, load, sto
         f"    {carried} = running",
         f"    {start} = {index} * {block}",
         f"    {inside[dim]} = _inside({start}, {block}, {sizes[dim]})",
-        *(
-            f"    {values[d.name]} = {sliced_load(d)}"
-            for d in kernel.inputs
-            if d.name in with_dim and d.name in used_names(kernel)
-        ),
+        *(f"    {values[d.name]} = {sliced_load(d)}" for d in kernel.inputs if d.name in with_dim and d.name in used_names(kernel)),
         *(f"    {line}" for line in body_statements(kernel, inside_loop, emitter, values, refs, checked, store)),
         *(f"    {line}" for line in step_lines),
         f"    return {carried}",
@@ -332,9 +328,7 @@ def _grid_comment(grid_dims: list[str], product: Product | None, squeezed: set[s
     return f"One program per {steps}; each loops over {product.k} itself (Triton has no scratch memory)."
 
 
-def _product_loop(
-    product: Product, namer: Namer, values, refs, sizes, accumulator: str, out_ref: str, inside
-) -> list[str]:
+def _product_loop(product: Product, namer: Namer, values, refs, sizes, accumulator: str, out_ref: str, inside) -> list[str]:
     """`def accumulate(step, acc)`, summing one masked slice of the contracted dimension, and its loop."""
     k, block_k = sizes[product.k], block_keyword(product.k)
     step, start, function = (namer.claim(n) for n in ("step", "start", "accumulate"))
@@ -345,11 +339,7 @@ def _product_loop(
         other = product.m if operand is product.lhs else product.n
         k_first = operand.transposed if operand is product.lhs else not operand.transposed
         axes = (product.k, other) if k_first else (other, product.k)
-        view = (
-            f"{refs[operand.name]}.at[pl.ds({start}, {block_k}), :]"
-            if k_first
-            else f"{refs[operand.name]}.at[:, pl.ds({start}, {block_k})]"
-        )
+        view = f"{refs[operand.name]}.at[pl.ds({start}, {block_k}), :]" if k_first else f"{refs[operand.name]}.at[:, pl.ds({start}, {block_k})]"
         shape = tuple_code([block_keyword(d) for d in axes])
         mask = f"_mask({shape}, {', '.join(inside[d] for d in axes)})"
         loads.append(f"{values[operand.name]} = _load({view}, {mask}, other=0)")

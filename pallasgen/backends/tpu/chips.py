@@ -107,10 +107,11 @@ FUSED_BLOCK = 1024
 STRIP_ROWS = 256
 STRIP_COLS = 128
 STRIPED_BLOCK = 4096
-# The scoped VMEM limit such a kernel asks for, whatever its blocks (their count leaves out
-# a strip's working values and the lanes a (rows, 1) value pads to: causal attention in
-# blocks of 4096 takes 36 MiB where 10 are counted). At the usual 100 MiB, XLA's compile of it ran out of VMEM on v5e (it set
-# aside the limit and 16 MiB more besides the kernel's 36 MiB); at 64 MiB it compiles.
+# The scoped VMEM limit such a kernel asks for, whatever its blocks: their count leaves out a
+# strip's working values and the lanes a (rows, 1) value pads to (causal attention in blocks
+# of 4096 takes 36 MiB where 10 are counted). At the usual 100 MiB, XLA's compile of it ran
+# out of VMEM on v5e (it set aside the limit and 16 MiB more besides the kernel's 36 MiB);
+# at 64 MiB it compiles.
 STRIPED_VMEM_LIMIT_BYTES = 64 * 2**20
 
 

@@ -329,7 +329,8 @@ def _strips_plan(checked, namer, refs, running, starts, strip_extents, lowering,
             batch = len([d for d in decl.dims if d in fused.batch])
             arrays.append((ref, array_axes(decl, fused)[batch:]))
     arrays += [(r.name, (row,) if row in r.dims else ()) for r in running]
-    parameters = [name for name, _ in arrays] + [starts[row], starts[dim], strip_extents[row], strip_extents[dim]]
+    refs_read = [name for name, _ in arrays]
+    parameters = refs_read + [starts[row], starts[dim], strip_extents[row], strip_extents[dim]]
     arguments = [view(name, axes) for name, axes in arrays] + [
         f"{starts[row]} + row",
         f"{starts[dim]} + col",
@@ -345,7 +346,7 @@ def _strips_plan(checked, namer, refs, running, starts, strip_extents, lowering,
         function="_strip",
         parameters=", ".join(parameters),
         call=f"_strip({', '.join(arguments)})",
-        whole_call=f"_strip({', '.join([name for name, _ in arrays] + [starts[row], starts[dim], block_keyword(row), block_keyword(dim)])})",
+        whole_call=f"_strip({', '.join(refs_read)}, {positions})",
         blocks=blocks,
         whole=whole,
         keywords=keywords,

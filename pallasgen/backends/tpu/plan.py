@@ -193,9 +193,7 @@ def _block_table(
     if grows_blocks(checked):
         elements = " * ".join(block_of[d] for d in dims)
         step = f"lambda {', '.join(block_keyword(d) for d in tunable)}: ({elements}, {vmem_needed})"
-        arguments.append(
-            f"grow=functools.partial(_grown, bounds={tuple_code([sizes[d] for d in tunable])}, step={step})"
-        )
+        arguments.append(f"grow=functools.partial(_grown, bounds={tuple_code([sizes[d] for d in tunable])}, step={step})")
     choice = f"{keywords} = _tpu_blocks({', '.join(arguments)})"
     return BlockTable(name, _wrap(comment), tuple(chips), choice)
 
@@ -268,13 +266,9 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
         product_lines = _product_lines(product, values, refs, sizes, block_keyword(product.k), step, k_blocked)
         if k_blocked:
             acc_ref = namer.claim("acc_ref")
-            scratch = (
-                f"pltpu.VMEM(({block_of[product.m]}, {block_of[product.n]}), {jnp_dtype(product.accumulator.name)})"
-            )
+            scratch = f"pltpu.VMEM(({block_of[product.m]}, {block_of[product.n]}), {jnp_dtype(product.accumulator.name)})"
             accumulator = AccumulatorPlan(
-                scratch=(
-                    (f"{acc_ref}: the {product.accumulator.name} sum over {product.k} of one output tile", scratch),
-                ),
+                scratch=((f"{acc_ref}: the {product.accumulator.name} sum over {product.k} of one output tile", scratch),),
                 step=step,
                 axis=len(blocked) - 1,
                 init_function="_zero",
@@ -305,10 +299,7 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
         kernel_callable=partial_call(kernel_function_name(kernel.name), kernel_keywords),
         parameters=parameter_list(
             inputs,
-            [sizes[d] for d in dims]
-            + [block_keyword(d) for d in tunable]
-            + [p.name for p in kernel.params]
-            + ["interpret"],
+            [sizes[d] for d in dims] + [block_keyword(d) for d in tunable] + [p.name for p in kernel.params] + ["interpret"],
         ),
         binding=", ".join(
             [f"{sizes[d]}={sizes[d]}" for d in dims]
@@ -441,9 +432,7 @@ def _tpu_return(lowered: LoweredKernel) -> str:
     outputs = lowered.outputs
     if all(o.spec_dtype == tpu_dtype(o.spec_dtype) for o in outputs):
         return ""
-    return ", ".join(
-        o.name if o.spec_dtype == tpu_dtype(o.spec_dtype) else f"{o.name}.astype({o.dtype})" for o in outputs
-    )
+    return ", ".join(o.name if o.spec_dtype == tpu_dtype(o.spec_dtype) else f"{o.name}.astype({o.dtype})" for o in outputs)
 
 
 def _product_lines(product: Product, values, refs, sizes, block_k: str, step: str, k_blocked: bool) -> list[str]:
