@@ -175,6 +175,21 @@ def test_a_partly_seen_block_is_computed_in_strips_that_skip_the_keys_they_canno
     compare("attention", (o[..., :256, :], lse[..., :256]), (want_o, want_lse))
 
 
+def test_a_block_seen_whole_does_not_widen_the_keys_of_the_strips_of_partly_seen_ones(attention):
+    """Blocks of 512 over 1024 queries and keys: block (1, 0) is seen whole, (0, 0) and
+    (1, 1) in part, so each strip of a partly seen block takes only its own keys: the
+    first strip of (1, 1), queries 512 to 767, never reads the NaN keys from 768 on."""
+    rng = np.random.default_rng(7)
+    q, k, v = bf16(rng, 1, 1, 1024, 64), bf16(rng, 1, 1, 1024, 64), bf16(rng, 1, 1, 1024, 64)
+    k[..., 768:, :] = np.nan
+    v[..., 768:, :] = np.nan
+    o, lse = attention.attention(q, k, v, block_s=512, block_t=512, interpret=True)
+    want_o, want_lse = attention_numpy(
+        q[..., :768, :], k[..., :768, :], v[..., :768, :], scale=0.125, mask=causal(768, 768)
+    )
+    compare("attention", (o[..., :768, :], lse[..., :768]), (want_o, want_lse))
+
+
 @pytest.mark.parametrize("name", ["attention", "attention_bottom_right"])
 @pytest.mark.parametrize("sizes", [dict(s=1100, t=700), dict(s=600, t=1300)])
 def test_blocks_in_strips_match_numpy_at_ragged_sizes(attention, name, sizes):
