@@ -11,7 +11,7 @@ import textwrap
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES, tpu_dtype
 from pallasgen.analysis.functions import FUNCTIONS
-from pallasgen.analysis.fused import array_axes
+from pallasgen.analysis.fused import array_axes, walk_outside
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.tpu.plan import (
     AccumulatorPlan,
@@ -303,9 +303,8 @@ def striped(checked: CheckedKernel) -> bool:
         return False
     dims = {fused.row, fused.sweep.dim}
     read = [n for n in ir.walk(fused.sweep.skip.condition) if isinstance(n, ir.Call) and n.func == "index"]
-    finish = [
-        n for n in ir.walk(*(s.value for s in fused.sweep.finish)) if isinstance(n, ir.Call) and n.func == "index"
-    ]
+    outside = [n for s in fused.sweep.finish for n in walk_outside(s.value, fused.sweep.results)]
+    finish = [n for n in outside if isinstance(n, ir.Call) and n.func == "index"]
     return all(n.args[0].id in dims for n in read) and not finish
 
 
