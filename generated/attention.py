@@ -259,6 +259,40 @@ def _grown(blocks, free, bounds, step):
     return blocks
 
 
+def _strips(blocks, counts, height, chunk, seen, whole):
+    """How a step computes its block of (rows, columns) `blocks`: in strips of `height`
+    rows (one strip where `height` does not divide the block), each
+    ((row, rows), (col, cols)): where its rows and columns start in the block and how many.
+
+    Returns the strips of a block where `whole(row_start, col_start, rows, cols)` says a
+    condition holds at every position, each with every column; and those of a block of
+    the grid (`counts` blocks) where it holds only in part: each strip with the columns,
+    in runs of `chunk`, where `seen` says it may hold in some such block, and no strip
+    that sees none. Traced once per call, with Python ints.
+    """
+    (block_rows, block_cols), (row_blocks, col_blocks) = blocks, counts
+    height = height if block_rows % height == 0 else block_rows
+    chunk = chunk if block_cols % chunk == 0 else block_cols
+    partial = [
+        (i * block_rows, j * block_cols)
+        for i in range(row_blocks)
+        for j in range(col_blocks)
+        if seen(i * block_rows, j * block_cols, block_rows, block_cols)
+        and not whole(i * block_rows, j * block_cols, block_rows, block_cols)
+    ]
+    whole_strips, partial_strips = [], []
+    for row in range(0, block_rows, height):
+        whole_strips.append(((row, height), (0, block_cols)))
+        cols = [
+            col
+            for col in range(0, block_cols, chunk)
+            if any(seen(start + row, first + col, height, chunk) for start, first in partial)
+        ]
+        if cols:
+            partial_strips.append(((row, height), (cols[0], cols[-1] + chunk - cols[0])))
+    return tuple(whole_strips), tuple(partial_strips)
+
+
 def _vmem_limit(needed):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 
@@ -550,6 +584,8 @@ def _attention_kernel(
     t,
     block_s,
     block_t,
+    whole_strips,
+    partial_strips,
     scale,
 ):
     s_start = pl.program_id(2) * block_s
@@ -562,15 +598,17 @@ def _attention_kernel(
         acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
         sum_exp_t_ref[...] = jnp.full(sum_exp_t_ref.shape, 0.0, jnp.float32)
 
-    # A block where the `where` on positions below is false everywhere adds nothing: skipped.
-    @pl.when(s_start + block_s - 1 >= t_start)
-    def _step():
+    def _strip(
+        q_ref, k_ref, v_ref, max_t_ref, acc_t_ref, sum_exp_t_ref, s_start, t_start, strip_s, strip_t
+    ):
+        """A strip of the step's block: the refs are views of its rows and columns, which
+        start at the positions given and hold as many as its extents say."""
         q = q_ref[...]
         k = k_ref[...]
         v = v_ref[...]
         s = jnp.where(
-            s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0)
-            >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
+            s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0)
+            >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * scale,
             -jnp.inf,
@@ -601,6 +639,48 @@ def _attention_kernel(
             sum_exp_t_block, axis=1, keepdims=True
         )
 
+    def _add(strips):
+        """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
+        columns start in the block, and how many it takes."""
+        for (row, rows), (col, cols) in strips:
+            if (rows, cols) == (block_s, block_t):  # the whole block: the refs themselves
+                _strip(
+                    q_ref,
+                    k_ref,
+                    v_ref,
+                    max_t_ref,
+                    acc_t_ref,
+                    sum_exp_t_ref,
+                    s_start,
+                    t_start,
+                    block_s,
+                    block_t,
+                )
+            else:
+                _strip(
+                    q_ref.at[pl.ds(row, rows)],
+                    k_ref.at[pl.ds(col, cols)],
+                    v_ref.at[pl.ds(col, cols)],
+                    max_t_ref.at[pl.ds(row, rows)],
+                    acc_t_ref.at[pl.ds(row, rows)],
+                    sum_exp_t_ref.at[pl.ds(row, rows)],
+                    s_start + row,
+                    t_start + col,
+                    rows,
+                    cols,
+                )
+
+    # A block where the `where` on positions in the strip's body holds everywhere takes every
+    # column in each strip; one where it holds in part, in each strip only the columns where
+    # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
+    @pl.when(s_start >= t_start + block_t - 1)
+    def _whole_block():
+        _add(whole_strips)
+
+    @pl.when((s_start + block_s - 1 >= t_start) & jnp.logical_not(s_start >= t_start + block_t - 1))
+    def _partial_block():
+        _add(partial_strips)
+
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
         max_t_ = max_t_ref[...]
@@ -629,9 +709,9 @@ def _attention_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, scale, interpre
         (block_s, block_t),
         grow=functools.partial(
             _grown,
-            bounds=(min(s_, 1024), min(t, 1024)),
+            bounds=(min(1 << (s_.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
             step=lambda block_s, block_t: (
-                block_s * block_t,
+                min(block_s, 256) * block_t,
                 4 * block_s * d
                 + 4 * block_t * d
                 + 4 * block_t * d
@@ -660,6 +740,14 @@ def _attention_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, scale, interpre
             "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
+    whole_strips, partial_strips = _strips(
+        (block_s, block_t),
+        (pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        height=256,
+        chunk=128,
+        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 >= t_start,
+        whole=lambda s_start, t_start, block_s, block_t: s_start >= t_start + block_t - 1,
+    )
     # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B +
     # v 256 B + o 256 B + lse 512 B) + max_t_ref 512 B + acc_t_ref 512 B + sum_exp_t_ref
     # 512 B.
@@ -673,6 +761,8 @@ def _attention_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, scale, interpre
             t=t,
             block_s=block_s,
             block_t=block_t,
+            whole_strips=whole_strips,
+            partial_strips=partial_strips,
             scale=scale,
         ),
         # One step per element of B, element of H, block of S, block of T (D taken whole).
@@ -723,17 +813,9 @@ def _attention_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, scale, interpre
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s
-                + 4 * block_s * d
-                + 4 * block_s
-            ),
+            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
+            # (rows, 1) value pads to.
+            vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * h * s_ * t * d + 2 * b * h * s_ * d * t,
@@ -1147,6 +1229,8 @@ def _attention_dq_kernel(
     t,
     block_s,
     block_t,
+    whole_strips,
+    partial_strips,
     scale,
 ):
     s_start = pl.program_id(2) * block_s
@@ -1157,9 +1241,11 @@ def _attention_dq_kernel(
     def _init():
         acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
 
-    # A block where the `where` on positions below is false everywhere adds nothing: skipped.
-    @pl.when(s_start + block_s - 1 >= t_start)
-    def _step():
+    def _strip(
+        q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, acc_t_ref, s_start, t_start, strip_s, strip_t
+    ):
+        """A strip of the step's block: the refs are views of its rows and columns, which
+        start at the positions given and hold as many as its extents say."""
         q = q_ref[...]
         o = o_ref[...]
         do = do_ref[...]
@@ -1167,8 +1253,8 @@ def _attention_dq_kernel(
         k = k_ref[...]
         v = v_ref[...]
         s = jnp.where(
-            s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0)
-            >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
+            s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0)
+            >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * scale,
             -jnp.inf,
@@ -1186,6 +1272,50 @@ def _attention_dq_kernel(
         acc_t_ref[...] = acc_t_ref[...] + jnp.dot(
             acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
         )
+
+    def _add(strips):
+        """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
+        columns start in the block, and how many it takes."""
+        for (row, rows), (col, cols) in strips:
+            if (rows, cols) == (block_s, block_t):  # the whole block: the refs themselves
+                _strip(
+                    q_ref,
+                    k_ref,
+                    v_ref,
+                    o_ref,
+                    do_ref,
+                    lse_ref,
+                    acc_t_ref,
+                    s_start,
+                    t_start,
+                    block_s,
+                    block_t,
+                )
+            else:
+                _strip(
+                    q_ref.at[pl.ds(row, rows)],
+                    k_ref.at[pl.ds(col, cols)],
+                    v_ref.at[pl.ds(col, cols)],
+                    o_ref.at[pl.ds(row, rows)],
+                    do_ref.at[pl.ds(row, rows)],
+                    lse_ref.at[pl.ds(row, rows)],
+                    acc_t_ref.at[pl.ds(row, rows)],
+                    s_start + row,
+                    t_start + col,
+                    rows,
+                    cols,
+                )
+
+    # A block where the `where` on positions in the strip's body holds everywhere takes every
+    # column in each strip; one where it holds in part, in each strip only the columns where
+    # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
+    @pl.when(s_start >= t_start + block_t - 1)
+    def _whole_block():
+        _add(whole_strips)
+
+    @pl.when((s_start + block_s - 1 >= t_start) & jnp.logical_not(s_start >= t_start + block_t - 1))
+    def _partial_block():
+        _add(partial_strips)
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
@@ -1216,9 +1346,9 @@ def _attention_dq_tpu(q, k, v, o, do, lse, *, b, h, s_, d, t, block_s, block_t, 
         (block_s, block_t),
         grow=functools.partial(
             _grown,
-            bounds=(min(s_, 1024), min(t, 1024)),
+            bounds=(min(1 << (s_.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
             step=lambda block_s, block_t: (
-                block_s * block_t,
+                min(block_s, 256) * block_t,
                 4 * block_s * d
                 + 4 * block_t * d
                 + 4 * block_t * d
@@ -1248,6 +1378,14 @@ def _attention_dq_tpu(q, k, v, o, do, lse, *, b, h, s_, d, t, block_s, block_t, 
             "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
+    whole_strips, partial_strips = _strips(
+        (block_s, block_t),
+        (pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        height=256,
+        chunk=128,
+        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 >= t_start,
+        whole=lambda s_start, t_start, block_s, block_t: s_start >= t_start + block_t - 1,
+    )
     # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B +
     # v 256 B + o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512
     # B.
@@ -1261,6 +1399,8 @@ def _attention_dq_tpu(q, k, v, o, do, lse, *, b, h, s_, d, t, block_s, block_t, 
             t=t,
             block_s=block_s,
             block_t=block_t,
+            whole_strips=whole_strips,
+            partial_strips=partial_strips,
             scale=scale,
         ),
         # One step per element of B, element of H, block of S, block of T (D taken whole).
@@ -1311,18 +1451,9 @@ def _attention_dq_tpu(q, k, v, o, do, lse, *, b, h, s_, d, t, block_s, block_t, 
         scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d
-            ),
+            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
+            # (rows, 1) value pads to.
+            vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * h * s_ * t * d + 2 * b * h * s_ * t * d + 2 * b * h * s_ * d * t,
@@ -1769,6 +1900,8 @@ def _attention_dkdv_kernel(
     s,
     block_t,
     block_s,
+    whole_strips,
+    partial_strips,
     scale,
 ):
     t_start = pl.program_id(2) * block_t
@@ -1780,9 +1913,22 @@ def _attention_dkdv_kernel(
         acc_s_ref[...] = jnp.full(acc_s_ref.shape, 0, jnp.float32)
         acc_s__ref[...] = jnp.full(acc_s__ref.shape, 0, jnp.float32)
 
-    # A block where the `where` on positions below is false everywhere adds nothing: skipped.
-    @pl.when(s_start + block_s - 1 >= t_start)
-    def _step():
+    def _strip(
+        q_ref,
+        k_ref,
+        v_ref,
+        do_ref,
+        lse_ref,
+        delta_ref,
+        acc_s_ref,
+        acc_s__ref,
+        t_start,
+        s_start,
+        strip_t,
+        strip_s,
+    ):
+        """A strip of the step's block: the refs are views of its rows and columns, which
+        start at the positions given and hold as many as its extents say."""
         k = k_ref[...]
         v = v_ref[...]
         q = q_ref[...]
@@ -1790,8 +1936,8 @@ def _attention_dkdv_kernel(
         lse = lse_ref[...]
         delta = delta_ref[...]
         st = jnp.where(
-            s_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_s), 1)
-            >= t_start + jax.lax.broadcasted_iota(jnp.int32, (block_t, 1), 0),
+            s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1)
+            >= t_start + jax.lax.broadcasted_iota(jnp.int32, (strip_t, 1), 0),
             jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * scale,
             -jnp.inf,
@@ -1816,6 +1962,52 @@ def _attention_dkdv_kernel(
         acc_s__ref[...] = acc_s__ref[...] + jnp.dot(
             acc_s__lhs, acc_s__rhs, preferred_element_type=jnp.float32
         )
+
+    def _add(strips):
+        """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
+        columns start in the block, and how many it takes."""
+        for (row, rows), (col, cols) in strips:
+            if (rows, cols) == (block_t, block_s):  # the whole block: the refs themselves
+                _strip(
+                    q_ref,
+                    k_ref,
+                    v_ref,
+                    do_ref,
+                    lse_ref,
+                    delta_ref,
+                    acc_s_ref,
+                    acc_s__ref,
+                    t_start,
+                    s_start,
+                    block_t,
+                    block_s,
+                )
+            else:
+                _strip(
+                    q_ref.at[pl.ds(col, cols)],
+                    k_ref.at[pl.ds(row, rows)],
+                    v_ref.at[pl.ds(row, rows)],
+                    do_ref.at[pl.ds(col, cols)],
+                    lse_ref.at[:, pl.ds(col, cols)],
+                    delta_ref.at[:, pl.ds(col, cols)],
+                    acc_s_ref.at[pl.ds(row, rows)],
+                    acc_s__ref.at[pl.ds(row, rows)],
+                    t_start + row,
+                    s_start + col,
+                    rows,
+                    cols,
+                )
+
+    # A block where the `where` on positions in the strip's body holds everywhere takes every
+    # column in each strip; one where it holds in part, in each strip only the columns where
+    # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
+    @pl.when(s_start >= t_start + block_t - 1)
+    def _whole_block():
+        _add(whole_strips)
+
+    @pl.when((s_start + block_s - 1 >= t_start) & jnp.logical_not(s_start >= t_start + block_t - 1))
+    def _partial_block():
+        _add(partial_strips)
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
@@ -1846,9 +2038,9 @@ def _attention_dkdv_tpu(
         (block_t, block_s),
         grow=functools.partial(
             _grown,
-            bounds=(min(t, 1024), min(s, 1024)),
+            bounds=(min(1 << (t.bit_length() - 1), 4096), min(1 << (s.bit_length() - 1), 4096)),
             step=lambda block_t, block_s: (
-                block_t * block_s,
+                min(block_t, 256) * block_s,
                 4 * block_s * d
                 + 4 * block_t * d
                 + 4 * block_t * d
@@ -1874,6 +2066,14 @@ def _attention_dkdv_tpu(
         ),
         block_s=(block_s, s, 128, "S is the last dimension of a block, so it is a multiple of 128"),
     )
+    whole_strips, partial_strips = _strips(
+        (block_t, block_s),
+        (pl.cdiv(t, block_t), pl.cdiv(s, block_s)),
+        height=256,
+        chunk=128,
+        seen=lambda t_start, s_start, block_t, block_s: s_start + block_s - 1 >= t_start,
+        whole=lambda t_start, s_start, block_t, block_s: s_start >= t_start + block_t - 1,
+    )
     # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B +
     # v 256 B + do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512
     # B + acc_s__ref 512 B.
@@ -1887,6 +2087,8 @@ def _attention_dkdv_tpu(
             s=s,
             block_t=block_t,
             block_s=block_s,
+            whole_strips=whole_strips,
+            partial_strips=partial_strips,
             scale=scale,
         ),
         # One step per element of B, element of H, block of T, block of S (D taken whole).
@@ -1957,19 +2159,9 @@ def _attention_dkdv_tpu(
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 8 * block_s
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-            ),
+            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
+            # (rows, 1) value pads to.
+            vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * h * t * s * d
@@ -2862,6 +3054,8 @@ def _attention_bottom_right_kernel(
     t,
     block_s,
     block_t,
+    whole_strips,
+    partial_strips,
     scale,
 ):
     s_start = pl.program_id(2) * block_s
@@ -2874,15 +3068,17 @@ def _attention_bottom_right_kernel(
         sum_exp_t_ref[...] = jnp.full(sum_exp_t_ref.shape, 0.0, jnp.float32)
         acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
 
-    # A block where the `where` on positions below is false everywhere adds nothing: skipped.
-    @pl.when(s_start + block_s - 1 + t - s_ >= t_start)
-    def _step():
+    def _strip(
+        q_ref, k_ref, v_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, s_start, t_start, strip_s, strip_t
+    ):
+        """A strip of the step's block: the refs are views of its rows and columns, which
+        start at the positions given and hold as many as its extents say."""
         q = q_ref[...]
         k = k_ref[...]
         v = v_ref[...]
         s = jnp.where(
-            s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - s_
-            >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
+            s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0) + t - s_
+            >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * scale,
             -jnp.inf,
@@ -2913,6 +3109,51 @@ def _attention_bottom_right_kernel(
             acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
         )
 
+    def _add(strips):
+        """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
+        columns start in the block, and how many it takes."""
+        for (row, rows), (col, cols) in strips:
+            if (rows, cols) == (block_s, block_t):  # the whole block: the refs themselves
+                _strip(
+                    q_ref,
+                    k_ref,
+                    v_ref,
+                    max_t_ref,
+                    sum_exp_t_ref,
+                    acc_t_ref,
+                    s_start,
+                    t_start,
+                    block_s,
+                    block_t,
+                )
+            else:
+                _strip(
+                    q_ref.at[pl.ds(row, rows)],
+                    k_ref.at[pl.ds(col, cols)],
+                    v_ref.at[pl.ds(col, cols)],
+                    max_t_ref.at[pl.ds(row, rows)],
+                    sum_exp_t_ref.at[pl.ds(row, rows)],
+                    acc_t_ref.at[pl.ds(row, rows)],
+                    s_start + row,
+                    t_start + col,
+                    rows,
+                    cols,
+                )
+
+    # A block where the `where` on positions in the strip's body holds everywhere takes every
+    # column in each strip; one where it holds in part, in each strip only the columns where
+    # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
+    @pl.when(s_start + t - s_ >= t_start + block_t - 1)
+    def _whole_block():
+        _add(whole_strips)
+
+    @pl.when(
+        (s_start + block_s - 1 + t - s_ >= t_start)
+        & jnp.logical_not(s_start + t - s_ >= t_start + block_t - 1)
+    )
+    def _partial_block():
+        _add(partial_strips)
+
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
         sum_exp_t_ = sum_exp_t_ref[...]
@@ -2939,9 +3180,9 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, sc
         (block_s, block_t),
         grow=functools.partial(
             _grown,
-            bounds=(min(s_, 1024), min(t, 1024)),
+            bounds=(min(1 << (s_.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
             step=lambda block_s, block_t: (
-                block_s * block_t,
+                min(block_s, 256) * block_t,
                 4 * block_s * d
                 + 4 * block_t * d
                 + 4 * block_t * d
@@ -2969,6 +3210,14 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, sc
             "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
+    whole_strips, partial_strips = _strips(
+        (block_s, block_t),
+        (pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        height=256,
+        chunk=128,
+        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - s_ >= t_start,
+        whole=lambda s_start, t_start, block_s, block_t: s_start + t - s_ >= t_start + block_t - 1,
+    )
     # VMEM at the default blocks per unit of D: 3.5 KiB = 2 buffers x (q 256 B + k 256 B +
     # v 256 B + o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
     return pl.pallas_call(
@@ -2981,6 +3230,8 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, sc
             t=t,
             block_s=block_s,
             block_t=block_t,
+            whole_strips=whole_strips,
+            partial_strips=partial_strips,
             scale=scale,
         ),
         # One step per element of B, element of H, block of S, block of T (D taken whole).
@@ -3024,16 +3275,9 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, sc
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d
-            ),
+            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
+            # (rows, 1) value pads to.
+            vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * h * s_ * t * d + 2 * b * h * s_ * d * t,

@@ -236,6 +236,46 @@ def test_the_backward_kernels_skip_blocks_past_the_diagonal(attention, path, mon
     assert not f64(dk)[..., 128:, :].any() and not f64(dv)[..., 128:, :].any()
 
 
+def test_a_partly_seen_block_is_computed_in_strips_that_skip_the_keys_they_cannot_see(attention):
+    """One block of 512 queries by 512 keys, seen in part: its strips of 256 queries take
+    only the keys some query of theirs may see. Keys from 256 on are NaN: the first strip
+    never reads them (a block computed whole and masked would carry 0 * NaN into its p @ v)."""
+    rng = np.random.default_rng(5)
+    q, k, v = bf16(rng, 1, 1, 512, 64), bf16(rng, 1, 1, 512, 64), bf16(rng, 1, 1, 512, 64)
+    k[..., 256:, :] = np.nan
+    v[..., 256:, :] = np.nan
+    o, lse = attention.attention(q, k, v, block_s=512, block_t=512, interpret=True)
+    want_o, want_lse = attention_numpy(
+        q[..., :256, :], k[..., :256, :], v[..., :256, :], scale=0.125, mask=causal(256, 256)
+    )
+    compare("attention", (o[..., :256, :], lse[..., :256]), (want_o, want_lse))
+
+
+def test_a_block_seen_whole_does_not_widen_the_keys_of_the_strips_of_partly_seen_ones(attention):
+    """Blocks of 512 over 1024 queries and keys: block (1, 0) is seen whole, (0, 0) and
+    (1, 1) in part, so each strip of a partly seen block takes only its own keys: the
+    first strip of (1, 1), queries 512 to 767, never reads the NaN keys from 768 on."""
+    rng = np.random.default_rng(7)
+    q, k, v = bf16(rng, 1, 1, 1024, 64), bf16(rng, 1, 1, 1024, 64), bf16(rng, 1, 1, 1024, 64)
+    k[..., 768:, :] = np.nan
+    v[..., 768:, :] = np.nan
+    o, lse = attention.attention(q, k, v, block_s=512, block_t=512, interpret=True)
+    want_o, want_lse = attention_numpy(
+        q[..., :768, :], k[..., :768, :], v[..., :768, :], scale=0.125, mask=causal(768, 768)
+    )
+    compare("attention", (o[..., :768, :], lse[..., :768]), (want_o, want_lse))
+
+
+@pytest.mark.parametrize("name", ["attention", "attention_bottom_right"])
+@pytest.mark.parametrize("sizes", [dict(s=1100, t=700), dict(s=600, t=1300)])
+def test_blocks_in_strips_match_numpy_at_ragged_sizes(attention, name, sizes):
+    """Blocks of 512 (strips of 256 queries, key runs of 128) over ragged sizes: blocks seen
+    whole, in part and not at all, a ragged last block of either dimension."""
+    arrays = inputs(name, np.random.default_rng(6), d=32, **sizes)
+    got = getattr(attention, name)(*arrays, block_s=512, block_t=512, interpret=True)
+    compare(name, got, expected(name, arrays))
+
+
 def test_causal_attention_is_one_pallas_call_with_no_scores_outside_it(attention):
     q = jax.ShapeDtypeStruct((1, 2, 1000, 64), jnp.bfloat16)
     k = jax.ShapeDtypeStruct((1, 2, 900, 64), jnp.bfloat16)

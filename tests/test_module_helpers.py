@@ -64,7 +64,15 @@ FEATURES = {
         {"_rows_shape", "_as_rows", "_fill_past_rows"},
         {"N": 3000},
     ),
+    "blocks-in-strips": (
+        "in q: f32[S, D]\nin k: f32[T, D]\nout y: f32[S]\n"
+        "y = logsumexp(where(index(S) >= index(T), q @ k.T, -inf), T)\nblock S = 16, T = 128",
+        {"_strips"},
+        {"S": 40, "T": 300, "D": 8},
+    ),
 }
+# The inputs' dimensions of a feature whose kernel takes other than one x[M, N] (or x[N]).
+INPUTS = {"blocks-in-strips": (("S", "D"), ("T", "D"))}
 
 
 def feature_source(feature: str) -> str:
@@ -120,12 +128,13 @@ def test_a_module_with_one_feature_runs_on_the_cpu_and_on_the_gpu_path(feature, 
     path = tmp_path / f"{feature.replace('-', '_')}.py"
     path.write_text(source)
     module = load_module(path, f"_feature_{path.stem}")
-    shape = tuple(sizes[d] for d in ("M", "N") if d in sizes)
-    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32) * 4
-    want = np.asarray(module.k_reference(x))
-    np.testing.assert_allclose(np.asarray(module.k(x)), want, rtol=1e-5, atol=1e-5)
+    rng = np.random.default_rng(0)
+    inputs = INPUTS.get(feature, [tuple(d for d in ("M", "N") if d in sizes)])
+    xs = [rng.standard_normal(tuple(sizes[d] for d in dims)).astype(np.float32) * 4 for dims in inputs]
+    want = np.asarray(module.k_reference(*xs))
+    np.testing.assert_allclose(np.asarray(module.k(*xs)), want, rtol=1e-5, atol=1e-5)
     take_gpu_branch(monkeypatch, module)
-    np.testing.assert_allclose(np.asarray(module.k(x, interpret=True)), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(module.k(*xs, interpret=True)), want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("source", module_sources())

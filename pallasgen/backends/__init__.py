@@ -24,7 +24,7 @@ MODULE_HELPERS = frozenset(
     {"_on_platform", "_operands", "_check_blocks", "_without_elements", "_check_tiling", "_nbytes"}
     | {"_inside", "_mask", "_load", "_store"}
     | {"_platform_dependent", "_platform_dependent_p", "_platform_dependent_primitive", "_vmem_limit"}
-    | {"_tpu_chip", "_tpu_blocks", "_grown"}
+    | {"_tpu_chip", "_tpu_blocks", "_grown", "_strips"}
     | {"_gpu_kernel", "_mgpu_pad", "_mgpu_swizzled", "_mgpu_load"}
     | {"_fill_past", "_rows_shape", "_as_rows", "_fill_past_rows"}
     | {

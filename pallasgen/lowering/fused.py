@@ -410,6 +410,14 @@ class FusedLowering:
         block does): what a backend's index maps read to fetch no block it skips."""
         return self._skip_condition(self.emitter_for({}), starts)
 
+    def whole_block(self) -> str | None:
+        """Whether the skip's condition holds at every position of the step's block (None:
+        no skip), so that no position of it is masked."""
+        skip = self.fused.sweep.skip
+        if skip is None:
+            return None
+        return _Bounds(self, self.emitter_for({}), self.spelling.starts).certain(skip.condition)
+
 
 def used_starts(lines: list[str], starts: list[str]) -> list[str]:
     """The lines `name = ...` of `starts` whose name some line of `lines` reads."""
@@ -461,6 +469,25 @@ class _Bounds:
                 "==": f"({low_a} <= {high_b}) & ({low_b} <= {high_a})",
             }[node.op]
         return "True"
+
+    def certain(self, node: ir.Expr) -> str:
+        """Code true only where a condition holds at every position of the block."""
+        while isinstance(node, ir.Name) and node.id in self.lets:
+            node = self.lets[node.id]
+        if isinstance(node, ir.Binary) and node.op in ("&", "|"):
+            return f"({self.certain(node.left)}) {'&' if node.op == '&' else '|'} ({self.certain(node.right)})"
+        if isinstance(node, ir.Binary) and node.op in (">=", ">", "<=", "<", "=="):
+            if self.range(node.left) is None or self.range(node.right) is None:
+                return "False"
+            (low_a, high_a), (low_b, high_b) = self.range(node.left), self.range(node.right)
+            return {
+                ">=": f"{low_a} >= {high_b}",
+                ">": f"{low_a} > {high_b}",
+                "<=": f"{high_a} <= {low_b}",
+                "<": f"{high_a} < {low_b}",
+                "==": f"({low_a} == {high_a}) & ({low_b} == {high_b}) & ({low_a} == {low_b})",
+            }[node.op]
+        return "False"
 
     def range(self, node: ir.Expr) -> tuple[str, str] | None:
         """(least, greatest) as code, or None where this cannot bound it."""

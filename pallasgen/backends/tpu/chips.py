@@ -99,6 +99,20 @@ def chip_blocks(checked: CheckedKernel, tunable: list[str], chip: TpuChip) -> di
 # 2.2M cycles on v5e with blocks of 256, 0.93M with 512, 0.58M with 1024
 # (benchmarks/RESULTS_TPU_ESTIMATES.md).
 FUSED_BLOCK = 1024
+# A fused kernel that skips blocks computes each step in strips of STRIP_ROWS rows, a strip
+# of a block seen only in part taking the columns, in runs of STRIP_COLS (a lane tile),
+# that some row of it may see (the `_strips` helper); its blocks grow up to STRIPED_BLOCK.
+# Causal attention at S = T = 4096, estimated on v5e: 538,585 cycles in blocks of 1024,
+# 423,325 in one block of 4096 in strips (benchmarks/RESULTS_TPU_ESTIMATES.md, session 7).
+STRIP_ROWS = 256
+STRIP_COLS = 128
+STRIPED_BLOCK = 4096
+# The scoped VMEM limit such a kernel asks for, whatever its blocks: their count leaves out a
+# strip's working values and the lanes a (rows, 1) value pads to (causal attention in blocks
+# of 4096 takes 36 MiB where 10 are counted). At the usual 100 MiB, XLA's compile of it ran
+# out of VMEM on v5e (it set aside the limit and 16 MiB more besides the kernel's 36 MiB);
+# at 64 MiB it compiles.
+STRIPED_VMEM_LIMIT_BYTES = 64 * 2**20
 
 
 def tuned_blocks_problem(checked: CheckedKernel, tunable: list[str], tuned: TunedBlocks, layouts, fits) -> str | None:

@@ -5,17 +5,19 @@ at the last (`pl.when`)."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES, tpu_dtype
 from pallasgen.analysis.functions import FUNCTIONS
-from pallasgen.analysis.fused import array_axes
+from pallasgen.analysis.fused import array_axes, walk_outside
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.tpu.plan import (
     AccumulatorPlan,
     BlockPlan,
     BlockTable,
+    StripsPlan,
     TpuPlan,
     block_keywords,
     block_table_name,
@@ -26,7 +28,14 @@ from pallasgen.backends.tpu.plan import (
     vmem_comment,
 )
 from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling
-from pallasgen.backends.tpu.chips import CHIPS, FUSED_BLOCK
+from pallasgen.backends.tpu.chips import (
+    CHIPS,
+    FUSED_BLOCK,
+    STRIP_COLS,
+    STRIP_ROWS,
+    STRIPED_BLOCK,
+    STRIPED_VMEM_LIMIT_BYTES,
+)
 from pallasgen.backends.tpu.tiling import VMEM_LIMIT_BYTES, Vmem, VmemPart, tiling_problem, tiling_rule
 from pallasgen.frontend import ir
 from pallasgen.frontend.errors import Diagnostic
@@ -102,16 +111,30 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
         return lowered.emitter(tpu=True, spelling=spelling, overrides=overrides)
 
     lowering = FusedLowering(lowered, namer, spelling, extents, RefPlacement(), emitter_for, ref_load(refs))
+    # A kernel that skips blocks computes each step in strips of rows: the positions in its
+    # body are those of a strip, whose extents the strip function takes.
+    strip_extents = None
+    if striped(checked):
+        strip_extents = {d: namer.claim(f"strip_{d.lower()}") for d in (fused.row, fused.sweep.dim)}
+    body_spelling = FrameSpelling(fused, sizes, {**extents, **(strip_extents or {})}, starts)
+
+    def body_emitter_for(overrides):
+        return lowered.emitter(tpu=True, spelling=body_spelling, overrides=overrides)
+
+    body_lowering = FusedLowering(
+        lowered, namer, body_spelling, extents, RefPlacement(), body_emitter_for, ref_load(refs)
+    )
     accumulator = None
     scratch_refs = []
     running = ()
     if fused.sweep:
         dim = fused.sweep.dim
         ragged = f"{sizes[dim]} % {block_keyword(dim)}"
-        code = lowering.swept(ref_store(refs), sweep_start, ragged)
+        code = body_lowering.swept(ref_store(refs), sweep_start, ragged)
         prologue.append(f"{sweep_start} = pl.program_id({len(grid) - 1}) * {block_keyword(dim)}")
         scratch_refs = [r.name for r in code.running]
         running = code.running
+        skip = lowering.live_block(starts)
         accumulator = AccumulatorPlan(
             scratch=tuple((f"{r.name}: {r.comment}", f"pltpu.VMEM({r.shape}, {r.dtype})") for r in code.running),
             step=step,
@@ -120,14 +143,31 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
             init=tuple(f"{r.name}[...] = jnp.full({r.name}.shape, {r.initial}, {r.dtype})" for r in code.running),
             body=(*code.before, *code.step),
             finish_function="_finish",
-            skip=code.skip,
+            skip=skip,
+            strips=(
+                _strips_plan(
+                    checked,
+                    namer,
+                    refs,
+                    code.running,
+                    starts,
+                    strip_extents,
+                    lowering,
+                    (*code.before, *code.step),
+                    sizes,
+                )
+                if strip_extents
+                else None
+            ),
         )
         body = code.finish
     else:
         body = lowering.whole(ref_store(refs)).step
+    strips = accumulator.strips if accumulator else None
     keywords = [
         *(sizes[d] for d in checked.dims),
         *(block_keyword(d) for d in tunable),
+        *(strips.keywords if strips else ()),
         *(p.name for p in kernel.params),
     ]
     inputs = [values[d.name] for d in kernel.inputs]
@@ -154,7 +194,7 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
         function=launcher,
         kernel_function=kernel_function,
         blocks=tuple(BlockPlan(block_keyword(d), checked.blocks[d], sizes[d], d) for d in tunable),
-        block_table=_block_table(checked, tunable, sizes, vmem_needed),
+        block_table=_block_table(checked, tunable, sizes, vmem_needed, striped=strips is not None),
         kernel_parameters=parameter_list(
             [refs[d.name] for d in kernel.inputs + kernel.outputs] + scratch_refs, keywords
         ),
@@ -203,6 +243,7 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
                     *body,
                     *(accumulator.body if accumulator else ()),
                     accumulator.skip if accumulator and accumulator.skip else "",
+                    *((strips.call, strips.whole) if strips else ()),
                 ],
                 prologue,
             )
@@ -210,10 +251,12 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
     )
 
 
-def _block_table(checked: CheckedKernel, tunable, sizes, vmem_needed: str) -> BlockTable | None:
+def _block_table(checked: CheckedKernel, tunable, sizes, vmem_needed: str, striped=False) -> BlockTable | None:
     """The spec's blocks, and each chip's tuned entries, for a call that passes none; on a
     known chip, untuned, its tiles' rows and swept dimension grow (`_grown`) up to
-    FUSED_BLOCK while a step stays within the elements and VMEM `_grown` allows."""
+    FUSED_BLOCK while a step stays within the elements and VMEM `_grown` allows. A kernel
+    computed in strips grows up to STRIPED_BLOCK, and a power of two within its dimension,
+    while a strip of its step stays within them."""
     if not tunable:
         return None
     keywords = tuple_code([block_keyword(d) for d in tunable])
@@ -238,12 +281,81 @@ def _block_table(checked: CheckedKernel, tunable, sizes, vmem_needed: str) -> Bl
     )
     fused = checked.fused
     grown = {fused.row, *([fused.sweep.dim] if fused.sweep else [])}
-    bounds = [f"min({sizes[d]}, {FUSED_BLOCK})" if d in grown else str(checked.blocks[d]) for d in tunable]
-    elements = " * ".join(block_keyword(d) for d in tunable)
+    # A kernel computed in strips grows up to a power of two within the dimension, so that its
+    # strips and key runs tile the block (a ragged last block instead of an unaligned one).
+    bound = "min(1 << ({}.bit_length() - 1), {})" if striped else "min({}, {})"
+    largest = STRIPED_BLOCK if striped else FUSED_BLOCK
+    bounds = [bound.format(sizes[d], largest) if d in grown else str(checked.blocks[d]) for d in tunable]
+    elements = " * ".join(
+        f"min({block_keyword(d)}, {STRIP_ROWS})" if striped and d == fused.row else block_keyword(d) for d in tunable
+    )
     step = f"lambda {', '.join(block_keyword(d) for d in tunable)}: ({elements}, {vmem_needed})"
     grow = f"grow=functools.partial(_grown, bounds={tuple_code(bounds)}, step={step})"
     choice = f"{keywords} = _tpu_blocks({name}, {tuple_code([sizes[d] for d in checked.dims])}, {keywords}, {grow})"
     return BlockTable(name, _wrap(comment), tuple(chips), choice)
+
+
+def striped(checked: CheckedKernel) -> bool:
+    """Whether a kernel computes each step in strips of rows (see the `_strips` helper):
+    it skips blocks by a condition on the positions of its rows and swept dimension only,
+    both blocked, and its last step reads no position."""
+    fused = checked.fused
+    if not fused.sweep or not fused.sweep.skip or fused.row not in checked.blocks:
+        return False
+    dims = {fused.row, fused.sweep.dim}
+    read = [n for n in ir.walk(fused.sweep.skip.condition) if isinstance(n, ir.Call) and n.func == "index"]
+    outside = [n for s in fused.sweep.finish for n in walk_outside(s.value, fused.sweep.results)]
+    finish = [n for n in outside if isinstance(n, ir.Call) and n.func == "index"]
+    return all(n.args[0].id in dims for n in read) and not finish
+
+
+def _strips_plan(checked, namer, refs, running, starts, strip_extents, lowering, body, sizes) -> StripsPlan:
+    """The strip function's parameters and call (views of the refs its body reads, the
+    strip's first positions and extents), and the launcher's choice of strips."""
+    kernel, fused = checked.kernel, checked.fused
+    row, dim = fused.row, fused.sweep.dim
+
+    def view(name, axes):
+        index = ["pl.ds(row, rows)" if a == row else "pl.ds(col, cols)" if a == dim else ":" for a in axes]
+        while index and index[-1] == ":":
+            index.pop()
+        return f"{name}.at[{', '.join(index)}]" if index else name
+
+    text = "\n".join(body)
+    arrays = []
+    for decl in kernel.inputs:
+        ref = refs[decl.name]
+        if re.search(rf"\b{re.escape(ref)}\b", text):
+            batch = len([d for d in decl.dims if d in fused.batch])
+            arrays.append((ref, array_axes(decl, fused)[batch:]))
+    arrays += [(r.name, (row,) if row in r.dims else ()) for r in running]
+    refs_read = [name for name, _ in arrays]
+    parameters = refs_read + [starts[row], starts[dim], strip_extents[row], strip_extents[dim]]
+    arguments = [view(name, axes) for name, axes in arrays] + [
+        f"{starts[row]} + row",
+        f"{starts[dim]} + col",
+        "rows",
+        "cols",
+    ]
+    whole = lowering.whole_block()
+    keywords = (namer.claim("whole_strips"), namer.claim("partial_strips"))
+    positions = ", ".join([starts[row], starts[dim], block_keyword(row), block_keyword(dim)])
+    blocks = tuple_code([block_keyword(row), block_keyword(dim)])
+    counts = tuple_code([f"pl.cdiv({sizes[d]}, {block_keyword(d)})" for d in (row, dim)])
+    return StripsPlan(
+        function="_strip",
+        parameters=", ".join(parameters),
+        call=f"_strip({', '.join(arguments)})",
+        whole_call=f"_strip({', '.join(refs_read)}, {positions})",
+        blocks=blocks,
+        whole=whole,
+        keywords=keywords,
+        choice=(
+            f"{', '.join(keywords)} = _strips({blocks}, {counts}, height={STRIP_ROWS}, chunk={STRIP_COLS},"
+            f" seen=lambda {positions}: {lowering.live_block(starts)}, whole=lambda {positions}: {whole})"
+        ),
+        vmem_limit_mib=STRIPED_VMEM_LIMIT_BYTES >> 20,
+    )
 
 
 def _index_names(grid, fused) -> dict[str, str]:

@@ -71,6 +71,23 @@ class AccumulatorPlan:
     body: tuple[str, ...]  # each step: load, mask a ragged edge, accumulate
     finish_function: str  # at the last step: the kernel body, on the accumulated values
     skip: str | None = None  # a block where this is false adds nothing: its step is skipped
+    strips: StripsPlan | None = None  # a step computed in strips of its rows
+
+
+@dataclass(frozen=True)
+class StripsPlan:
+    """A step of a kernel that skips blocks, computed in strips of its block's rows (see
+    the `_strips` helper): one function of a strip, called on views of the refs."""
+
+    function: str  # the strip's function: the step's body, its refs and positions a strip's
+    parameters: str
+    call: str  # its call for the strip ((row, rows), (col, cols)) of the block
+    whole_call: str  # its call for the whole block
+    blocks: str  # the block's (rows, cols)
+    whole: str  # a block where the skip's condition holds at every position
+    keywords: tuple[str, str]  # the kernel's keywords: the strips of a whole block, of a partial one
+    choice: str  # the launcher's line that computes them
+    vmem_limit_mib: int  # the scoped VMEM limit it asks for
 
 
 @dataclass(frozen=True)
