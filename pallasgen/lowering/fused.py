@@ -444,6 +444,25 @@ def _grouped(code: str) -> str:
     return f"({code})" if " + " in code or " - " in code else code
 
 
+# A comparison of two values over a block, each known to lie in a range (low_a to
+# high_a, low_b to high_b): true at some position of the block (_POSSIBLE), or at every
+# position (_CERTAIN).
+_POSSIBLE = {
+    ">=": "{high_a} >= {low_b}",
+    ">": "{high_a} > {low_b}",
+    "<=": "{low_a} <= {high_b}",
+    "<": "{low_a} < {high_b}",
+    "==": "({low_a} <= {high_b}) & ({low_b} <= {high_a})",
+}
+_CERTAIN = {
+    ">=": "{low_a} >= {high_b}",
+    ">": "{low_a} > {high_b}",
+    "<=": "{high_a} <= {low_b}",
+    "<": "{high_a} < {low_b}",
+    "==": "({low_a} == {high_a}) & ({low_b} == {high_b}) & ({low_a} == {low_b})",
+}
+
+
 class _Bounds:
     """The least and greatest value an expression of positions takes over a block, as
     code: whether a comparison can hold anywhere in the block."""
@@ -453,41 +472,26 @@ class _Bounds:
         self.lets = {s.name: s.value for s in lowering.checked.kernel.body if isinstance(s, ir.Let)}
 
     def possible(self, node: ir.Expr) -> str:
-        while isinstance(node, ir.Name) and node.id in self.lets:
-            node = self.lets[node.id]
-        if isinstance(node, ir.Binary) and node.op in ("&", "|"):
-            return f"({self.possible(node.left)}) {'&' if node.op == '&' else '|'} ({self.possible(node.right)})"
-        if isinstance(node, ir.Binary) and node.op in (">=", ">", "<=", "<", "=="):
-            if self.range(node.left) is None or self.range(node.right) is None:
-                return "True"
-            (low_a, high_a), (low_b, high_b) = self.range(node.left), self.range(node.right)
-            return {
-                ">=": f"{high_a} >= {low_b}",
-                ">": f"{high_a} > {low_b}",
-                "<=": f"{low_a} <= {high_b}",
-                "<": f"{low_a} < {high_b}",
-                "==": f"({low_a} <= {high_b}) & ({low_b} <= {high_a})",
-            }[node.op]
-        return "True"
+        return self._bound(node, _POSSIBLE, "True")
 
     def certain(self, node: ir.Expr) -> str:
         """Code true only where a condition holds at every position of the block."""
+        return self._bound(node, _CERTAIN, "False")
+
+    def _bound(self, node: ir.Expr, comparisons: dict[str, str], unknown: str) -> str:
+        """The condition over the block's ranges of positions, each comparison by its rule
+        in `comparisons`; `unknown` where a side's range is not known."""
         while isinstance(node, ir.Name) and node.id in self.lets:
             node = self.lets[node.id]
         if isinstance(node, ir.Binary) and node.op in ("&", "|"):
-            return f"({self.certain(node.left)}) {'&' if node.op == '&' else '|'} ({self.certain(node.right)})"
-        if isinstance(node, ir.Binary) and node.op in (">=", ">", "<=", "<", "=="):
+            left, right = (self._bound(side, comparisons, unknown) for side in (node.left, node.right))
+            return f"({left}) {node.op} ({right})"
+        if isinstance(node, ir.Binary) and node.op in comparisons:
             if self.range(node.left) is None or self.range(node.right) is None:
-                return "False"
+                return unknown
             (low_a, high_a), (low_b, high_b) = self.range(node.left), self.range(node.right)
-            return {
-                ">=": f"{low_a} >= {high_b}",
-                ">": f"{low_a} > {high_b}",
-                "<=": f"{high_a} <= {low_b}",
-                "<": f"{high_a} < {low_b}",
-                "==": f"({low_a} == {high_a}) & ({low_b} == {high_b}) & ({low_a} == {low_b})",
-            }[node.op]
-        return "False"
+            return comparisons[node.op].format(low_a=low_a, high_a=high_a, low_b=low_b, high_b=high_b)
+        return unknown
 
     def range(self, node: ir.Expr) -> tuple[str, str] | None:
         """(least, greatest) as code, or None where this cannot bound it."""
