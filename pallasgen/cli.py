@@ -182,22 +182,30 @@ _tolerances = ", ".join(f"{dtype} {tolerance:.0e}" for dtype, tolerance in runne
 
     Each output's line shows its worst element against the error allowed there:
     {_tolerances} times (1 + |reference|); other dtypes must be exact.
+    A kernel whose gradient runs generated backward kernels is differentiated too:
+    jax.vjp of it against jax.vjp of its reference, at random cotangents, a line per
+    float input, grad(NAME) (--no-grad skips it).
     Exits 1 if any element is beyond its allowance.
     """)
 @_targets
 @_sizes
 @_seed
 @_modules
-def run(targets: tuple[str, ...], sizes: tuple[str, ...], seed: int, out: Path | None) -> None:
+@click.option("--no-grad", is_flag=True, help="Do not check the gradients of differentiable kernels.")
+def run(targets: tuple[str, ...], sizes: tuple[str, ...], seed: int, out: Path | None, no_grad: bool) -> None:
     _require("pallasgen run", tpu=False)
     given = _parse_sizes(sizes)
     kernels = _kernels(targets, out, given)
     failed = False
     for module, checked in kernels:
         dims = runner.sizes_for(checked, given)
-        for result in _within_memory(checked, dims, lambda: runner.run_kernel(module, checked, dims, seed)):
-            failed |= not result.ok
-            click.echo(result.describe(dims))
+        checks = [runner.run_kernel]
+        if not no_grad and runner.has_backward_kernels(checked):
+            checks.append(runner.run_gradient)
+        for check in checks:
+            for result in _within_memory(checked, dims, lambda: check(module, checked, dims, seed)):
+                failed |= not result.ok
+                click.echo(result.describe(dims))
     _say_if_interpreted()
     sys.exit(DRIFT if failed else 0)
 

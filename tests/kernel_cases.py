@@ -747,7 +747,12 @@ CASES = {
                 specials=False,
             )
             for name, output, expected, tolerance in (
-                ("bias_gelu_backward", Operand("dx", "bf16", ("M", "N")), bias_gelu_backward_numpy, GELU_DERIVATIVE_TOL),
+                (
+                    "bias_gelu_backward",
+                    Operand("dx", "bf16", ("M", "N")),
+                    bias_gelu_backward_numpy,
+                    GELU_DERIVATIVE_TOL,
+                ),
                 (
                     "bias_gelu_backward_over_m",
                     Operand("dbias", "f32", ("N",)),

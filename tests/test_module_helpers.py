@@ -15,7 +15,13 @@ from kernel_cases import GENERATED, load_module, take_gpu_branch
 from pallasgen.backends import MODULE_HELPERS
 from pallasgen.workspace.pipeline import generate
 
-PLATFORM = {"_on_platform", "_platform_dependent", "_platform_dependent_p", "_platform_dependent_primitive", "_gpu_kernel"}
+PLATFORM = {
+    "_on_platform",
+    "_platform_dependent",
+    "_platform_dependent_p",
+    "_platform_dependent_primitive",
+    "_gpu_kernel",
+}
 
 # A kernel `k` with one feature: its spec body, the helpers that feature needs, and the
 # sizes of a call (a ragged last block wherever there are blocks).

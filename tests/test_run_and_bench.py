@@ -96,6 +96,47 @@ def test_a_kernel_that_disagrees_with_its_reference_is_a_mismatch():
     assert mask.startswith("leaky.mask [M=8, N=128]: MISMATCH in 1024 of 1024 elements, compared exactly; worst")
 
 
+def test_run_checks_the_gradient_of_a_kernel_with_backward_kernels(project):
+    """Each float input of bias_gelu gets a line; --no-grad skips them; a kernel with no
+    generated backward kernels (a product) gets none."""
+    sizes = ["--size", "M=20", "--size", "N=300"]
+    result = invoke("run", "specs/activations.pallas:bias_gelu", *sizes)
+    assert result.exit_code == 0, result.output
+    for name in ("x", "bias", "scale"):
+        assert f"bias_gelu.grad({name}) [M=20, N=300]: OK, worst element " in result.output
+    assert "grad(" not in invoke("run", "specs/activations.pallas:bias_gelu", *sizes, "--no-grad").output
+    product = invoke(
+        "run", "specs/matmul.pallas:matmul_bias_gelu", "--size", "M=20", "--size", "N=200", "--size", "K=30"
+    )
+    assert product.exit_code == 0, product.output
+    assert "matmul_bias_gelu.z" in product.output and "grad(" not in product.output
+
+
+def test_a_backward_pass_that_disagrees_with_the_references_is_a_mismatch():
+    import jax
+
+    checked, *_ = check_source((ROOT / "specs" / "activations.pallas").read_text(), "activations.pallas")
+    path = ROOT / "generated" / "activations.py"
+    reference = runner.load_module(path.read_text(), path).leaky_reference
+
+    @jax.custom_vjp
+    def doubled_backward(x):
+        return reference(x)
+
+    def forward(x):
+        return reference(x), x
+
+    def backward(x, cotangents):
+        (dx,) = jax.vjp(lambda x: reference(x)[0], x)[1](cotangents[0])
+        return (2 * dx,)
+
+    doubled_backward.defvjp(forward, backward)
+    wrong = SimpleNamespace(leaky=doubled_backward, leaky_reference=reference)
+    (result,) = runner.run_gradient(wrong, checked, {"M": 8, "N": 128}, seed=0)
+    assert (result.output, result.ok) == ("grad(x)", False)
+    assert result.describe({"M": 8, "N": 128}).startswith("leaky.grad(x) [M=8, N=128]: MISMATCH in ")
+
+
 def test_the_worst_float_element_is_shown_against_its_own_allowance():
     """The element nearest its allowance, 1e-4 x (1 + |reference|) for f32, with that allowance."""
     got = [1.0, 100.005, 3.0]

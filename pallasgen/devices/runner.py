@@ -22,6 +22,9 @@ PRODUCT_BATCH_SIZE = 4
 # Error allowed per element, as a fraction of 1 + |reference|, per output dtype;
 # other dtypes (integers, bool) are compared exactly.
 TOLERANCE = {"f32": 1e-4, "f16": 1e-2, "bf16": 2e-2}
+# A gradient takes ten times its input dtype's allowance: it goes through more rounding
+# (the forward's values recomputed, then the chain rule), most near a quotient's pole.
+GRADIENT_TOLERANCE_FACTOR = 10
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,62 @@ def run_kernel(module, checked: CheckedKernel, sizes: dict[str, int], seed: int)
         tolerance = TOLERANCE.get(decl.dtype, 0.0)
         report.append(_compare(checked.kernel.name, decl.name, got, want, tolerance, seconds))
     return report
+
+
+def has_backward_kernels(checked: CheckedKernel) -> bool:
+    """Whether `jax.grad` of the kernel runs generated backward kernels."""
+    gradient = checked.gradient
+    return gradient is not None and bool(gradient.kernels) and not gradient.turned_off and not gradient.not_yet
+
+
+def run_gradient(module, checked: CheckedKernel, sizes: dict[str, int], seed: int) -> list[RunResult]:
+    """`jax.vjp` of the kernel (its generated backward kernels) against `jax.vjp` of its
+    reference, at the same random inputs and random cotangents of its float outputs; one
+    result per float input, `grad(NAME)`."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    kernel = getattr(module, checked.kernel.name)
+    reference = getattr(module, f"{checked.kernel.name}_reference")
+    inputs = random_inputs(checked, sizes, seed)
+    decls = checked.kernel.inputs
+    wrt = [n for n, decl in enumerate(decls) if DTYPES[decl.dtype].is_float]
+    float_outputs = [n for n, decl in enumerate(checked.kernel.outputs) if DTYPES[decl.dtype].is_float]
+    rng = np.random.default_rng(seed + 1)
+
+    def differentiated(function):
+        def of_floats(*floats):
+            arrays = list(inputs)
+            for n, array in zip(wrt, floats):
+                arrays[n] = array
+            results = function(*arrays)
+            results = results if isinstance(results, tuple) else (results,)
+            return tuple(results[n] for n in float_outputs)
+
+        return of_floats
+
+    primals = [inputs[n] for n in wrt]
+    outputs, _ = jax.vjp(differentiated(reference), *primals)
+    cotangents = tuple(jnp.asarray(rng.standard_normal(o.shape), o.dtype) for o in outputs)
+    start = time.perf_counter()
+    _, backward = jax.vjp(differentiated(kernel), *primals)
+    got = backward(cotangents)
+    for array in got:
+        array.block_until_ready()
+    seconds = time.perf_counter() - start
+    want = jax.vjp(differentiated(reference), *primals)[1](cotangents)
+    return [
+        _compare(
+            checked.kernel.name,
+            f"grad({decls[n].name})",
+            g,
+            w,
+            GRADIENT_TOLERANCE_FACTOR * TOLERANCE[decls[n].dtype],
+            seconds,
+        )
+        for n, g, w in zip(wrt, got, want)
+    ]
 
 
 def _compare(kernel: str, output: str, got, want, tolerance: float, seconds: float) -> RunResult:
