@@ -16,13 +16,11 @@ import json
 import tempfile
 from pathlib import Path
 
-from attention_estimates import plain_attention
+from attention_estimates import bf16_arrays, generated_attention, parse_sizes, plain_attention
 
 from pallasgen.backends.tpu.chips import CHIP_NAMES, chip_named
 from pallasgen.devices.estimate import Estimator
-from pallasgen.devices.runner import load_module
 
-ROOT = Path(__file__).resolve().parents[1]
 SCALE = 0.125
 
 
@@ -55,24 +53,24 @@ def main() -> None:
     parser.add_argument("--sizes", default="B=1,H=8,S=4096,T=4096,D=128")
     parser.add_argument("--which", default="pallasgen,xla,jax_flash_attention", help="the candidates to estimate")
     args = parser.parse_args()
-    sizes = {k: int(v) for k, v in (item.split("=") for item in args.sizes.split(","))}
+    sizes = parse_sizes(args.sizes)
     with tempfile.TemporaryDirectory() as profile_dir:
         estimator = Estimator(args.chip, Path(profile_dir))
         import functools
 
         import jax
-        import jax.numpy as jnp
         from jax.experimental.pallas.ops.tpu.flash_attention import flash_attention
 
-        path = ROOT / "generated" / "attention.py"
-        module = load_module(path.read_text(encoding="utf-8"), path)
+        module = generated_attention()
         b, h, s, t, d = (sizes[n] for n in "BHSTD")
         shapes = [(b, h, s, d), (b, h, t, d), (b, h, t, d), (b, h, s, d)]
-        arrays = [jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=estimator.sharding) for shape in shapes]
+        arrays = bf16_arrays(estimator, shapes)
         candidates = {
             "pallasgen": pallasgen_forward_and_backward(module),
             "xla": forward_and_backward(functools.partial(plain_attention, scale=SCALE, causal=True)),
-            "jax_flash_attention": forward_and_backward(functools.partial(flash_attention, causal=True, sm_scale=SCALE)),
+            "jax_flash_attention": forward_and_backward(
+                functools.partial(flash_attention, causal=True, sm_scale=SCALE)
+            ),
         }
         cycles = {}
         for name in args.which.split(","):

@@ -33,11 +33,11 @@ import json
 import tempfile
 from pathlib import Path
 
+from attention_estimates import bf16_arrays, generated_attention, parse_sizes
+
 from pallasgen.backends.tpu.chips import CHIP_NAMES
 from pallasgen.devices.estimate import Estimator
-from pallasgen.devices.runner import load_module
 
-ROOT = Path(__file__).resolve().parents[1]
 BLOCK = 1024
 VARIANTS = {
     "blocks": ("blocks", "masked", "skip"),  # the generated kernel's shape
@@ -294,17 +294,16 @@ def main() -> None:
     unknown = [name for name in args.variants if name not in VARIANTS]
     if unknown:
         parser.error(f"unknown variants {unknown}: choose from {', '.join(VARIANTS)}")
-    sizes = {k: int(v) for k, v in (item.split("=") for item in args.sizes.split(","))}
+    sizes = parse_sizes(args.sizes)
     with tempfile.TemporaryDirectory() as profile_dir:
         estimator = Estimator(args.chip, Path(profile_dir))
         import jax
         import jax.numpy as jnp
 
-        path = ROOT / "generated" / "attention.py"
-        module = load_module(path.read_text(encoding="utf-8"), path)
+        module = generated_attention()
         b, h, s, t, d = (sizes[n] for n in "BHSTD")
         shapes = [(b, h, s, d), (b, h, t, d), (b, h, t, d)]
-        arrays = [jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=estimator.sharding) for shape in shapes]
+        arrays = bf16_arrays(estimator, shapes)
         candidates = {
             "generated attention_full": functools.partial(module.attention_full, interpret=False),
             "generated attention": functools.partial(module.attention, interpret=False),

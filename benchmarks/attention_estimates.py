@@ -39,13 +39,32 @@ def plain_attention(q, k, v, *, scale, causal):
     return jnp.einsum("bhst,bhtd->bhsd", p.astype(v.dtype), v, preferred_element_type=jnp.float32).astype(v.dtype)
 
 
+def parse_sizes(text: str) -> dict[str, int]:
+    """`B=1,H=8,...` as {"B": 1, "H": 8, ...}."""
+    return {k: int(v) for k, v in (item.split("=") for item in text.split(","))}
+
+
+def generated_attention():
+    """The bundled module generated/attention.py."""
+    path = ROOT / "generated" / "attention.py"
+    return load_module(path.read_text(encoding="utf-8"), path)
+
+
+def bf16_arrays(estimator, shapes):
+    """Abstract bf16 arrays of these shapes on the estimator's compile-only chip."""
+    import jax
+    import jax.numpy as jnp
+
+    return [jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=estimator.sharding) for shape in shapes]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chip", choices=CHIP_NAMES, default="v5e")
     parser.add_argument("--sizes", default="B=1,H=8,S=4096,T=4096,D=128")
     parser.add_argument("--blocks", default="", help="block_s=...,block_t=... for pallasgen's kernels")
     args = parser.parse_args()
-    sizes = {k: int(v) for k, v in (item.split("=") for item in args.sizes.split(","))}
+    sizes = parse_sizes(args.sizes)
     blocks = {k: int(v) for k, v in (item.split("=") for item in args.blocks.split(",") if item)}
     with tempfile.TemporaryDirectory() as profile_dir:
         estimator = Estimator(args.chip, Path(profile_dir))
@@ -53,11 +72,10 @@ def main() -> None:
         import jax.numpy as jnp
         from jax.experimental.pallas.ops.tpu.flash_attention import flash_attention
 
-        path = ROOT / "generated" / "attention.py"
-        module = load_module(path.read_text(encoding="utf-8"), path)
+        module = generated_attention()
         b, h, s, t, d = (sizes[n] for n in "BHSTD")
         shapes = [(b, h, s, d), (b, h, t, d), (b, h, t, d)]
-        arrays = [jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=estimator.sharding) for shape in shapes]
+        arrays = bf16_arrays(estimator, shapes)
         scale = 0.125
         rows = []
         for causal in (True, False):
