@@ -126,12 +126,13 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
-def _differentiable(forward, backward, *arrays):
+def _differentiable(forward, backward, *arrays, saving=None):
     """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
-    from the arrays (what the forward pass saves) and the cotangents of the outputs, it
-    gives one cotangent per array, or None for none (float0 for an integer array)."""
+    from what the forward pass saves (the arrays; or, given `saving`, what it returns
+    beside the outputs) and the cotangents of the outputs, it gives one cotangent per
+    array, or None for none (float0 for an integer array)."""
     call = jax.custom_vjp(forward)
-    call.defvjp(lambda *arrays: (forward(*arrays), arrays), backward)
+    call.defvjp(saving or (lambda *arrays: (forward(*arrays), arrays)), backward)
     return call(*arrays)
 
 

@@ -151,12 +151,13 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
-def _differentiable(forward, backward, *arrays):
+def _differentiable(forward, backward, *arrays, saving=None):
     """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
-    from the arrays (what the forward pass saves) and the cotangents of the outputs, it
-    gives one cotangent per array, or None for none (float0 for an integer array)."""
+    from what the forward pass saves (the arrays; or, given `saving`, what it returns
+    beside the outputs) and the cotangents of the outputs, it gives one cotangent per
+    array, or None for none (float0 for an integer array)."""
     call = jax.custom_vjp(forward)
-    call.defvjp(lambda *arrays: (forward(*arrays), arrays), backward)
+    call.defvjp(saving or (lambda *arrays: (forward(*arrays), arrays)), backward)
     return call(*arrays)
 
 
@@ -1401,8 +1402,8 @@ def matmul_int8(
     Returns:
       z: i32[M, N].
 
-    Gradients: not generated yet for a matrix product: jax.grad of it raises
-    NotImplementedError.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
+    reaches a float output.
     """
     (x, y), sizes = _operands(
         "matmul_int8", {"x": (x, jnp.int8, ("M", "K")), "y": (y, jnp.int8, ("K", "N"))}
@@ -1435,7 +1436,7 @@ def matmul_int8(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _matmul_int8_vjp,
+        functools.partial(_matmul_int8_vjp, interpret=interpret),
         x,
         y,
     )
@@ -1493,13 +1494,11 @@ def _matmul_int8_forward(
     )
 
 
-def _matmul_int8_vjp(saved, cotangents):
-    """`matmul_int8` has no backward pass yet: none is generated for a matrix product."""
-    raise NotImplementedError(
-        "matmul_int8 is not differentiable yet: pallasgen generates backward kernels "
-        "for elementwise kernels only, not yet for a matrix product; `grad none` in "
-        "specs/matmul.pallas says it is never differentiated"
-    )
+def _matmul_int8_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `matmul_int8`'s inputs, for jax.grad: none (zeros, or float0 for
+    integer inputs), since no float input reaches a float output.
+    """
+    return None, None
 
 
 def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):

@@ -151,12 +151,13 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
-def _differentiable(forward, backward, *arrays):
+def _differentiable(forward, backward, *arrays, saving=None):
     """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
-    from the arrays (what the forward pass saves) and the cotangents of the outputs, it
-    gives one cotangent per array, or None for none (float0 for an integer array)."""
+    from what the forward pass saves (the arrays; or, given `saving`, what it returns
+    beside the outputs) and the cotangents of the outputs, it gives one cotangent per
+    array, or None for none (float0 for an integer array)."""
     call = jax.custom_vjp(forward)
-    call.defvjp(lambda *arrays: (forward(*arrays), arrays), backward)
+    call.defvjp(saving or (lambda *arrays: (forward(*arrays), arrays)), backward)
     return call(*arrays)
 
 
@@ -1521,7 +1522,8 @@ def argmax_f32(
     Returns:
       i: i32[M].
 
-    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
+    reaches a float output.
     """
     (x,), sizes = _operands("argmax_f32", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("argmax_f32", block_m=block_m, may_be_none=True)
@@ -1542,7 +1544,7 @@ def argmax_f32(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _argmax_f32_vjp,
+        functools.partial(_argmax_f32_vjp, interpret=interpret),
         x,
     )
 
@@ -1582,13 +1584,11 @@ def _argmax_f32_forward(
     return i
 
 
-def _argmax_f32_vjp(saved, cotangents):
-    """`argmax_f32` has no backward pass yet: none is generated for a reduction."""
-    raise NotImplementedError(
-        "argmax_f32 is not differentiable yet: pallasgen generates backward kernels "
-        "for elementwise kernels only, not yet for a reduction; `grad none` in "
-        "specs/ops.pallas says it is never differentiated"
-    )
+def _argmax_f32_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `argmax_f32`'s inputs, for jax.grad: none (zeros, or float0 for
+    integer inputs), since no float input reaches a float output.
+    """
+    return (None,)
 
 
 def _argmax_f32_kernel(x_ref, i_ref, *, m, n, block_m):
@@ -1729,7 +1729,8 @@ def equal_count_f32(
     Returns:
       n: i32[].
 
-    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
+    reaches a float output.
     """
     (x, y), sizes = _operands(
         "equal_count_f32", {"x": (x, jnp.float32, ("N",)), "y": (y, jnp.float32, ("N",))}
@@ -1750,7 +1751,7 @@ def equal_count_f32(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _equal_count_f32_vjp,
+        functools.partial(_equal_count_f32_vjp, interpret=interpret),
         x,
         y,
     )
@@ -1790,13 +1791,11 @@ def _equal_count_f32_forward(
     return n
 
 
-def _equal_count_f32_vjp(saved, cotangents):
-    """`equal_count_f32` has no backward pass yet: none is generated for a reduction."""
-    raise NotImplementedError(
-        "equal_count_f32 is not differentiable yet: pallasgen generates backward "
-        "kernels for elementwise kernels only, not yet for a reduction; `grad none` "
-        "in specs/ops.pallas says it is never differentiated"
-    )
+def _equal_count_f32_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `equal_count_f32`'s inputs, for jax.grad: none (zeros, or float0 for
+    integer inputs), since no float input reaches a float output.
+    """
+    return None, None
 
 
 def _equal_count_f32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block_n):
@@ -2539,7 +2538,8 @@ def argmax_i32(
     Returns:
       i: i32[M].
 
-    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
+    reaches a float output.
     """
     (x,), sizes = _operands("argmax_i32", {"x": (x, jnp.int32, ("M", "N"))})
     _check_blocks("argmax_i32", block_m=block_m, may_be_none=True)
@@ -2560,7 +2560,7 @@ def argmax_i32(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _argmax_i32_vjp,
+        functools.partial(_argmax_i32_vjp, interpret=interpret),
         x,
     )
 
@@ -2600,13 +2600,11 @@ def _argmax_i32_forward(
     return i
 
 
-def _argmax_i32_vjp(saved, cotangents):
-    """`argmax_i32` has no backward pass yet: none is generated for a reduction."""
-    raise NotImplementedError(
-        "argmax_i32 is not differentiable yet: pallasgen generates backward kernels "
-        "for elementwise kernels only, not yet for a reduction; `grad none` in "
-        "specs/ops.pallas says it is never differentiated"
-    )
+def _argmax_i32_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `argmax_i32`'s inputs, for jax.grad: none (zeros, or float0 for
+    integer inputs), since no float input reaches a float output.
+    """
+    return (None,)
 
 
 def _argmax_i32_kernel(x_ref, i_ref, *, m, n, block_m):
@@ -2747,7 +2745,8 @@ def equal_count_i32(
     Returns:
       n: i32[].
 
-    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
+    reaches a float output.
     """
     (x, y), sizes = _operands(
         "equal_count_i32", {"x": (x, jnp.int32, ("N",)), "y": (y, jnp.int32, ("N",))}
@@ -2768,7 +2767,7 @@ def equal_count_i32(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _equal_count_i32_vjp,
+        functools.partial(_equal_count_i32_vjp, interpret=interpret),
         x,
         y,
     )
@@ -2808,13 +2807,11 @@ def _equal_count_i32_forward(
     return n
 
 
-def _equal_count_i32_vjp(saved, cotangents):
-    """`equal_count_i32` has no backward pass yet: none is generated for a reduction."""
-    raise NotImplementedError(
-        "equal_count_i32 is not differentiable yet: pallasgen generates backward "
-        "kernels for elementwise kernels only, not yet for a reduction; `grad none` "
-        "in specs/ops.pallas says it is never differentiated"
-    )
+def _equal_count_i32_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `equal_count_i32`'s inputs, for jax.grad: none (zeros, or float0 for
+    integer inputs), since no float input reaches a float output.
+    """
+    return None, None
 
 
 def _equal_count_i32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block_n):
@@ -3457,7 +3454,8 @@ def argmax_i8(
     Returns:
       i: i32[M].
 
-    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
+    reaches a float output.
     """
     (x,), sizes = _operands("argmax_i8", {"x": (x, jnp.int8, ("M", "N"))})
     _check_blocks("argmax_i8", block_m=block_m, may_be_none=True)
@@ -3478,7 +3476,7 @@ def argmax_i8(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _argmax_i8_vjp,
+        functools.partial(_argmax_i8_vjp, interpret=interpret),
         x,
     )
 
@@ -3518,13 +3516,11 @@ def _argmax_i8_forward(
     return i
 
 
-def _argmax_i8_vjp(saved, cotangents):
-    """`argmax_i8` has no backward pass yet: none is generated for a reduction."""
-    raise NotImplementedError(
-        "argmax_i8 is not differentiable yet: pallasgen generates backward kernels "
-        "for elementwise kernels only, not yet for a reduction; `grad none` in "
-        "specs/ops.pallas says it is never differentiated"
-    )
+def _argmax_i8_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `argmax_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer
+    inputs), since no float input reaches a float output.
+    """
+    return (None,)
 
 
 def _argmax_i8_kernel(x_ref, i_ref, *, m, n, block_m):
@@ -3669,7 +3665,8 @@ def equal_count_i8(
     Returns:
       n: i32[].
 
-    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
+    reaches a float output.
     """
     (x, y), sizes = _operands(
         "equal_count_i8", {"x": (x, jnp.int8, ("N",)), "y": (y, jnp.int8, ("N",))}
@@ -3690,7 +3687,7 @@ def equal_count_i8(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _equal_count_i8_vjp,
+        functools.partial(_equal_count_i8_vjp, interpret=interpret),
         x,
         y,
     )
@@ -3730,13 +3727,11 @@ def _equal_count_i8_forward(
     return n
 
 
-def _equal_count_i8_vjp(saved, cotangents):
-    """`equal_count_i8` has no backward pass yet: none is generated for a reduction."""
-    raise NotImplementedError(
-        "equal_count_i8 is not differentiable yet: pallasgen generates backward "
-        "kernels for elementwise kernels only, not yet for a reduction; `grad none` "
-        "in specs/ops.pallas says it is never differentiated"
-    )
+def _equal_count_i8_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `equal_count_i8`'s inputs, for jax.grad: none (zeros, or float0 for
+    integer inputs), since no float input reaches a float output.
+    """
+    return None, None
 
 
 def _equal_count_i8_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block_n):

@@ -126,12 +126,13 @@ def _platform_dependent_primitive():
 _platform_dependent_p = _platform_dependent_primitive()
 
 
-def _differentiable(forward, backward, *arrays):
+def _differentiable(forward, backward, *arrays, saving=None):
     """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
-    from the arrays (what the forward pass saves) and the cotangents of the outputs, it
-    gives one cotangent per array, or None for none (float0 for an integer array)."""
+    from what the forward pass saves (the arrays; or, given `saving`, what it returns
+    beside the outputs) and the cotangents of the outputs, it gives one cotangent per
+    array, or None for none (float0 for an integer array)."""
     call = jax.custom_vjp(forward)
-    call.defvjp(lambda *arrays: (forward(*arrays), arrays), backward)
+    call.defvjp(saving or (lambda *arrays: (forward(*arrays), arrays)), backward)
     return call(*arrays)
 
 
@@ -398,7 +399,8 @@ def argmax_rows(
     Returns:
       i: i32[M].
 
-    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
+    reaches a float output.
     """
     (x,), sizes = _operands("argmax_rows", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("argmax_rows", block_m=block_m, may_be_none=True)
@@ -419,7 +421,7 @@ def argmax_rows(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _argmax_rows_vjp,
+        functools.partial(_argmax_rows_vjp, interpret=interpret),
         x,
     )
 
@@ -459,13 +461,11 @@ def _argmax_rows_forward(
     return i
 
 
-def _argmax_rows_vjp(saved, cotangents):
-    """`argmax_rows` has no backward pass yet: none is generated for a reduction."""
-    raise NotImplementedError(
-        "argmax_rows is not differentiable yet: pallasgen generates backward kernels "
-        "for elementwise kernels only, not yet for a reduction; `grad none` in "
-        "specs/reductions.pallas says it is never differentiated"
-    )
+def _argmax_rows_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `argmax_rows`'s inputs, for jax.grad: none (zeros, or float0 for
+    integer inputs), since no float input reaches a float output.
+    """
+    return (None,)
 
 
 def _argmax_rows_kernel(x_ref, i_ref, *, m, n, block_m):
@@ -609,7 +609,8 @@ def argmax_blocked(
     Returns:
       i: i32[M].
 
-    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
+    reaches a float output.
     """
     (x,), sizes = _operands("argmax_blocked", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("argmax_blocked", block_m=block_m, block_n=block_n, may_be_none=True)
@@ -632,7 +633,7 @@ def argmax_blocked(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _argmax_blocked_vjp,
+        functools.partial(_argmax_blocked_vjp, interpret=interpret),
         x,
     )
 
@@ -684,13 +685,11 @@ def _argmax_blocked_forward(
     return i
 
 
-def _argmax_blocked_vjp(saved, cotangents):
-    """`argmax_blocked` has no backward pass yet: none is generated for a reduction."""
-    raise NotImplementedError(
-        "argmax_blocked is not differentiable yet: pallasgen generates backward "
-        "kernels for elementwise kernels only, not yet for a reduction; `grad none` "
-        "in specs/reductions.pallas says it is never differentiated"
-    )
+def _argmax_blocked_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `argmax_blocked`'s inputs, for jax.grad: none (zeros, or float0 for
+    integer inputs), since no float input reaches a float output.
+    """
+    return (None,)
 
 
 def _argmax_blocked_kernel(
@@ -882,7 +881,8 @@ def argmin_rows(
     Returns:
       i: i32[M].
 
-    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
+    reaches a float output.
     """
     (x,), sizes = _operands("argmin_rows", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("argmin_rows", block_m=block_m, may_be_none=True)
@@ -903,7 +903,7 @@ def argmin_rows(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _argmin_rows_vjp,
+        functools.partial(_argmin_rows_vjp, interpret=interpret),
         x,
     )
 
@@ -943,13 +943,11 @@ def _argmin_rows_forward(
     return i
 
 
-def _argmin_rows_vjp(saved, cotangents):
-    """`argmin_rows` has no backward pass yet: none is generated for a reduction."""
-    raise NotImplementedError(
-        "argmin_rows is not differentiable yet: pallasgen generates backward kernels "
-        "for elementwise kernels only, not yet for a reduction; `grad none` in "
-        "specs/reductions.pallas says it is never differentiated"
-    )
+def _argmin_rows_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `argmin_rows`'s inputs, for jax.grad: none (zeros, or float0 for
+    integer inputs), since no float input reaches a float output.
+    """
+    return (None,)
 
 
 def _argmin_rows_kernel(x_ref, i_ref, *, m, n, block_m):
@@ -1584,7 +1582,8 @@ def equal_count(
     Returns:
       n: i32[].
 
-    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
+    Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
+    reaches a float output.
     """
     (x, y), sizes = _operands(
         "equal_count", {"x": (x, jnp.int32, ("N",)), "y": (y, jnp.int32, ("N",))}
@@ -1605,7 +1604,7 @@ def equal_count(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _equal_count_vjp,
+        functools.partial(_equal_count_vjp, interpret=interpret),
         x,
         y,
     )
@@ -1645,13 +1644,11 @@ def _equal_count_forward(
     return n
 
 
-def _equal_count_vjp(saved, cotangents):
-    """`equal_count` has no backward pass yet: none is generated for a reduction."""
-    raise NotImplementedError(
-        "equal_count is not differentiable yet: pallasgen generates backward kernels "
-        "for elementwise kernels only, not yet for a reduction; `grad none` in "
-        "specs/reductions.pallas says it is never differentiated"
-    )
+def _equal_count_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `equal_count`'s inputs, for jax.grad: none (zeros, or float0 for
+    integer inputs), since no float input reaches a float output.
+    """
+    return None, None
 
 
 def _equal_count_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block_n):

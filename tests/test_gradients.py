@@ -125,7 +125,7 @@ def backward_by_references(module, gradient, inputs: str, arrays, dz) -> list:
     inputs = dict(zip(names, arrays, strict=True))
     found = {}
     for backward in gradient.kernels:
-        args = [dz if a.cotangent else inputs[a.forward] for a in backward.arguments]
+        args = [dz if a.source == "cotangent" else inputs[a.name] for a in backward.arguments]
         outs = getattr(module, f"{backward.checked.kernel.name}_reference")(*args)
         found.update(zip(backward.results, outs if isinstance(outs, tuple) else (outs,)))
     return [found.get(name) for name in inputs]
@@ -466,7 +466,7 @@ def test_a_kernel_named_like_another_kernels_backward_kernel_is_a_spec_error():
         check_source(source, "spec.pallas")
     (diagnostic,) = error.value.diagnostics
     assert diagnostic.position.line == 7  # the second kernel's name
-    assert "'double_backward' is the name of kernel 'double''s backward kernel" in diagnostic.message
+    assert "'double_backward' is the name of a kernel derived from 'double' for jax.grad" in diagnostic.message
 
 
 def test_backward_kernels_point_at_the_forward_statements_they_come_from():
@@ -549,7 +549,9 @@ def test_a_check_that_a_backward_kernel_fails_is_reported_at_the_forward_stateme
     with pytest.raises(SpecError) as error:
         check_source(GRAD_NONE.replace("    grad none\n", ""), "spec.pallas")
     (diagnostic,) = error.value.diagnostics
-    assert diagnostic.message == "in the backward kernel 'double_backward' (`grad none` turns it off): a check fails"
+    assert diagnostic.message == (
+        "in the kernel 'double_backward' derived for jax.grad (`grad none` turns it off): a check fails"
+    )
     assert diagnostic.position.line == 4  # y = 2 * x
 
 
@@ -620,7 +622,7 @@ def test_derived_backward_kernels_of_random_specs_give_jaxs_derivatives(tmp_path
     want = vjp_of(module.k_reference, list(arrays.values()), tuple(cotangents.values()))
     got = {}
     for backward in checked.gradient.kernels:
-        args = [cotangents[a.forward] if a.cotangent else arrays[a.forward] for a in backward.arguments]
+        args = [cotangents[a.name] if a.source == "cotangent" else arrays[a.name] for a in backward.arguments]
         results = getattr(module, f"{backward.checked.kernel.name}_reference")(*args)
         got.update(zip(backward.results, results if isinstance(results, tuple) else (results,)))
     bf16 = "bf16" in spec

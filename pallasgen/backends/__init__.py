@@ -15,6 +15,7 @@ from pallasgen.backends.tpu import TpuBackend
 from pallasgen.backends.tpu.tiling import format_bytes  # noqa: F401  (how every backend words a size in bytes)
 from pallasgen.lowering.gradient import gradient_function_names, plan_gradient
 from pallasgen.lowering.kernel import KernelPlan, lower_kernel, plan_kernel
+from pallasgen.lowering.signature import Signature, signature
 
 BACKENDS: tuple[Backend, ...] = (TpuBackend(), GpuBackend(), MosaicGpuBackend())
 
@@ -80,10 +81,19 @@ def _plan_kernel(checked: CheckedKernel, module_names: frozenset[str], spec_path
     lowered = lower_kernel(checked, frozenset(module_names | public_keywords | reserved))
     plan = plan_kernel(lowered, groups, {backend.name: backend.plan(lowered) for backend in BACKENDS})
     sizes = tuple(variable for variable, _ in plan.sizes)
-    gradient = plan_gradient(checked, lowered.values, sizes, plan.signature.static_argnames, spec_path, module_names)
+    saving = checked.gradient.saving if checked.gradient else None
+    saving_keywords = _signature(saving).static_argnames if saving else ()
+    gradient = plan_gradient(
+        checked, lowered.values, sizes, plan.signature.static_argnames, spec_path, module_names, saving_keywords
+    )
     if gradient is None:
         return plan
     return dataclasses.replace(plan, gradient=gradient, doc=(*plan.doc, *gradient.public_doc))
+
+
+def _signature(checked: CheckedKernel) -> Signature:
+    """A kernel's public signature (its arrays left out)."""
+    return signature([], [backend.keywords(checked) for backend in BACKENDS], checked.kernel.params)
 
 
 def _templates() -> tuple[str, ...]:

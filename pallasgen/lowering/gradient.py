@@ -1,7 +1,10 @@
 """How a generated kernel is differentiated: its public function runs the forward kernel
 through `_differentiable` (a `jax.custom_vjp`; see templates/helpers.py.j2), whose
 backward pass is `_NAME_vjp`, which calls the kernel's backward kernels
-(analysis.gradients). Keywords and params stay static: they are bound, not differentiated."""
+(analysis.gradients). Where they read the kernel's outputs or residuals, the forward
+pass under jax.grad is `_NAME_saving`, which runs the kernel (or NAME_with_residuals)
+and saves what they read. Keywords and params stay static: they are bound, not
+differentiated."""
 
 from __future__ import annotations
 
@@ -25,6 +28,20 @@ class BackwardCall:
 
 
 @dataclass(frozen=True)
+class SavingPlan:
+    """`_NAME_saving`: the forward pass under jax.grad, where the backward kernels read
+    more than the inputs. It takes the forward function's parameters."""
+
+    function: str
+    call: str  # it, with the keywords that the public function binds
+    doc: tuple[str, ...]
+    targets: str  # what the kernel's call is unpacked into
+    kernel_call: str
+    outputs: str  # what it returns as the outputs
+    saved: str  # and as what it saves (a tuple)
+
+
+@dataclass(frozen=True)
 class GradientPlan:
     forward_function: str  # the forward pass on checked arrays: expand, dispatch, restore
     forward_parameters: str
@@ -34,6 +51,7 @@ class GradientPlan:
     vjp_call: str
     doc: tuple[str, ...]  # what the forward pass saves and what the backward recomputes
     public_doc: tuple[str, ...]  # the lines the public function's docstring adds
+    saving: SavingPlan | None  # None: the forward pass saves its inputs
     saved: str  # the saved arrays that the backward kernels read, unpacked ("": none)
     cotangents: str  # the outputs' cotangents that they read, unpacked ("": none)
     calls: tuple[BackwardCall, ...]
@@ -41,9 +59,9 @@ class GradientPlan:
     refusal: tuple[str, tuple[str, ...]] | None  # the error jax.grad raises, if any: its type, its message in pieces
 
 
-def gradient_function_names(kernel: str) -> tuple[str, str]:
+def gradient_function_names(kernel: str) -> tuple[str, str, str]:
     """The module-level functions that differentiating a kernel adds."""
-    return f"_{kernel}_forward", f"_{kernel}_vjp"
+    return f"_{kernel}_forward", f"_{kernel}_vjp", f"_{kernel}_saving"
 
 
 def plan_gradient(
@@ -53,17 +71,19 @@ def plan_gradient(
     keywords: tuple[str, ...],
     spec_path: str,
     taken: frozenset[str],
+    saving_keywords: tuple[str, ...] = (),
 ) -> GradientPlan | None:
     """The plan of a kernel's differentiation; None where it has no `gradient`.
 
     `values` are the Python names of its arrays, `sizes` the variables holding its
-    dimensions' sizes and `keywords` its public keywords; `taken`: module-level names.
+    dimensions' sizes and `keywords` its public keywords; `taken`: module-level names;
+    `saving_keywords`: the public keywords of NAME_with_residuals, if it has one.
     """
     gradient: Gradient | None = checked.gradient
     if gradient is None:
         return None
     kernel = checked.kernel
-    forward_function, vjp_function = gradient_function_names(kernel.name)
+    forward_function, vjp_function, saving_function = gradient_function_names(kernel.name)
     arrays = [values[d.name] for d in kernel.inputs]
     bound = [*sizes, *keywords]
     refusal = _refusal(kernel.name, gradient, spec_path)
@@ -72,20 +92,54 @@ def plan_gradient(
     # The backward pass's own names: the arrays it unpacks and the cotangents, off the
     # backward kernels it calls and its parameters.
     namer = Namer(taken | {k.checked.kernel.name for k in gradient.kernels} | {"saved", "cotangents", *vjp_keywords})
-    saved = {d.name: namer.claim(values[d.name]) for d in kernel.inputs}
-    cotangents = {o.name: namer.claim(f"d{values[o.name]}") for o in kernel.outputs}
+    read = {(a.name, a.source) for k in gradient.kernels for a in k.arguments}
+    names = {
+        **{(d.name, "input"): namer.claim(values[d.name]) for d in kernel.inputs},
+        **{(o.name, "output"): namer.claim(values[o.name]) for o in kernel.outputs if (o.name, "output") in read},
+        **{(r, "residual"): namer.claim(r) for r in gradient.residuals},
+        **{(o.name, "cotangent"): namer.claim(f"d{values[o.name]}") for o in kernel.outputs},
+    }
+    inputs = {d.name for d in kernel.inputs}
     results = {d.name: namer.claim(f"d{values[d.name]}") for d in kernel.inputs if d.name in gradient.results}
+    for backward in gradient.kernels:
+        names.update({(r, "backward"): namer.claim(r) for r in backward.results if r not in inputs})
     calls = []
     for backward in gradient.kernels:
-        names = [cotangents[a.forward] if a.cotangent else saved[a.forward] for a in backward.arguments]
+        arguments = [names[(a.name, a.source)] for a in backward.arguments]
         calls.append(
             BackwardCall(
-                ", ".join(results[name] for name in backward.results),
+                ", ".join(results[r] if r in inputs else names[(r, "backward")] for r in backward.results),
                 backward.checked.kernel.name,
-                ", ".join([*names, *(f"{k}={k}" for k in (*backward.params, "interpret"))]),
+                ", ".join([*arguments, *(f"{k}={k}" for k in (*backward.params, "interpret"))]),
             )
         )
-    read = {(a.forward, a.cotangent) for k in gradient.kernels for a in k.arguments}
+    saved_keys = [
+        *((d.name, "input") for d in kernel.inputs),
+        *((o.name, "output") for o in kernel.outputs),
+        *((r, "residual") for r in gradient.residuals),
+    ]
+    saving = None
+    if any(source in ("output", "residual") for _, source in read):
+        kept = [names[key] for key in saved_keys if key in read]
+        forward_names = Namer(taken | set(values.values()) | set(bound))
+        residuals = {r: forward_names.claim(r) for r in gradient.residuals}
+        in_forward = {
+            **{(d, s): values[d] for d, s in saved_keys if s != "residual"},
+            **{(r, "residual"): n for r, n in residuals.items()},
+        }
+        saving = _saving(
+            checked,
+            values,
+            [residuals[r] for r in gradient.residuals],
+            [in_forward[key] for key in saved_keys if key in read],
+            (bound, saving_keywords),
+            (saving_function, forward_function),
+        )
+        saved = _unpacked(kept, tuple_of_one=True)
+    else:
+        saved = _unpacked(
+            [names[(d.name, "input")] if (d.name, "input") in read else "_" for d in kernel.inputs], tuple_of_one=True
+        )
     return GradientPlan(
         forward_function=forward_function,
         forward_parameters=parameter_list(arrays, bound),
@@ -95,11 +149,48 @@ def plan_gradient(
         vjp_call=partial_call(vjp_function, vjp_keywords),
         doc=_doc(checked, gradient),
         public_doc=_public_doc(gradient, vjp_function),
-        saved=_unpacked([saved[d.name] if (d.name, False) in read else "_" for d in kernel.inputs], tuple_of_one=True),
-        cotangents=_unpacked([cotangents[o.name] if (o.name, True) in read else "_" for o in kernel.outputs]),
+        saving=saving,
+        saved=saved,
+        cotangents=_unpacked(
+            [names[(o.name, "cotangent")] if (o.name, "cotangent") in read else "_" for o in kernel.outputs]
+        ),
         calls=tuple(calls),
         returns=", ".join(results.get(d.name, "None") for d in kernel.inputs) + ("," if len(arrays) == 1 else ""),
         refusal=refusal,
+    )
+
+
+def _saving(checked, values, residuals, saved, keywords, functions) -> SavingPlan:
+    """`_NAME_saving`: runs NAME_with_residuals where the kernel has residuals (named
+    `residuals` here), else the forward function, and returns the outputs and what the
+    backward kernels read (`saved`). `keywords`: those the public function binds, and
+    NAME_with_residuals's; `functions`: the saving and the forward function's names."""
+    kernel = checked.kernel
+    gradient = checked.gradient
+    bound, saving_keywords = keywords
+    function, forward_function = functions
+    arrays = ", ".join(values[d.name] for d in kernel.inputs)
+    outputs = [values[o.name] for o in kernel.outputs]
+    if gradient.saving is not None:
+        keywords = [k for k in bound if k in saving_keywords]
+        targets = [*outputs, *residuals]
+        kernel_call = f"{gradient.saving.kernel.name}({arrays}, {', '.join(f'{k}={k}' for k in keywords)})"
+        doc = (
+            f"`{kernel.name}` forward under jax.grad, by {gradient.saving.kernel.name}: its outputs, and"
+            f" what its backward kernels read ({', '.join(saved)})."
+        )
+    else:
+        targets = outputs
+        kernel_call = f"{forward_function}({arrays}, {', '.join(f'{k}={k}' for k in bound)})"
+        doc = f"`{kernel.name}` forward under jax.grad: its outputs, and what its backward kernels read ({', '.join(saved)})."
+    return SavingPlan(
+        function=function,
+        call=partial_call(function, bound),
+        doc=tuple(textwrap.wrap(doc, DOC_WIDTH)),
+        targets=", ".join(targets),
+        kernel_call=kernel_call,
+        outputs=", ".join(outputs) if len(outputs) == 1 else f"({', '.join(outputs)})",
+        saved=f"({', '.join(saved)}{',' if len(saved) == 1 else ''})",
     )
 
 
