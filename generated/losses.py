@@ -51,6 +51,59 @@ def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
     return on_mosaic_gpu
 
 
+def _mgpu_pad(array, shape):
+    """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
+    if array.shape == shape:
+        return array
+    return jnp.pad(array, [(0, padded - size) for size, padded in zip(array.shape, shape)])
+
+
+def _mgpu_swizzled(dtype, columns):
+    """The shared-memory tiling and swizzle of a 2-D block `columns` wide, as wgmma and
+    the WGMMA register layout read it."""
+    swizzle = plgpu.find_swizzle(columns * jnp.dtype(dtype).itemsize * 8)
+    return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(
+        swizzle
+    )
+
+
+def _mgpu_load(ref, shape, dims):
+    """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
+    along `dims` (its position in `shape`) in the layout's row or column, broadcast."""
+    if len(dims) == len(shape):
+        return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
+    vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
+    return jax.lax.broadcast_in_dim(vector, shape, dims)
+
+
+def _mgpu_rows(vector, shape):
+    """A vector of a block's rows (the WGMMA layout's row layout) broadcast over its columns."""
+    return jax.lax.broadcast_in_dim(vector, shape, (0,))
+
+
+def _mgpu_load_rows(ref):
+    """A vector of a block's rows from shared memory, in the WGMMA layout's row layout."""
+    return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1))
+
+
+def _mgpu_full_rows(rows, value, dtype):
+    """A running value per row, `value` in each, in the WGMMA layout's row layout."""
+    return plgpu.layout_cast(jnp.full((rows,), value, dtype), plgpu.Layout.WGMMA.reduce(1))
+
+
+def _mgpu_columns(start, shape):
+    """The positions of a block's columns, from `start`, in the WGMMA layout."""
+    return start + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+
+
+def _mgpu_logsumexp_step(top, total, x):
+    """The running (max, sum of exp(x - max)) of each row after one more block `x`."""
+    new_top = jnp.maximum(top, jnp.max(x, axis=1))
+    shift = jnp.where(new_top > -jnp.inf, new_top, 0.0)
+    total = total * jnp.exp(top - shift) + jnp.sum(jnp.exp(x - _mgpu_rows(shift, x.shape)), axis=1)
+    return new_top, total
+
+
 def _on_platform(tpu, gpu, interpret, *arrays):
     """Runs the kernel built for the platform being compiled for.
 
@@ -366,7 +419,6 @@ def cross_entropy(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -452,7 +504,7 @@ def _cross_entropy_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_cross_entropy_mosaic_gpu, m=m, v=v),
         ),
         interpret,
         logits,
@@ -662,5 +714,86 @@ def _cross_entropy_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_
     )(logits, label)
 
 
-# `cross_entropy` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
-# runs on Triton.
+def _cross_entropy_mosaic_gpu_kernel(
+    logits_ref, label_ref, loss_ref, barrier, label_smem, loss_smem, *, block_m, block_v, v
+):
+    program_m = jax.lax.axis_index("M")
+    plgpu.copy_gmem_to_smem(
+        label_ref.at[pl.ds(program_m * block_m, block_m)], label_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+    label = _mgpu_load_rows(label_smem)
+
+    def reduce_1(indices, logits_smem, carry):
+        logsumexp_v_running, logsumexp_v_index, sum_v_running = carry
+        start = indices[0] * block_v
+        logits = _mgpu_load(logits_smem, (block_m, block_v), (0, 1))
+        z = logits.astype(jnp.float32)
+        logsumexp_v_block = z
+        if v % block_v:  # a ragged V: its identity past the end
+            logsumexp_v_block = jnp.where(
+                _mgpu_columns(start, (block_m, block_v)) < v, logsumexp_v_block, -jnp.inf
+            )
+        logsumexp_v_running, logsumexp_v_index = _mgpu_logsumexp_step(
+            logsumexp_v_running, logsumexp_v_index, logsumexp_v_block
+        )
+        sum_v_block = jnp.where(
+            _mgpu_columns(start, (block_m, block_v)) == _mgpu_rows(label, (block_m, block_v)), z, 0
+        )
+        if v % block_v:  # a ragged V: its identity past the end
+            sum_v_block = jnp.where(_mgpu_columns(start, (block_m, block_v)) < v, sum_v_block, 0.0)
+        sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1)
+        return (logsumexp_v_running, logsumexp_v_index, sum_v_running)
+
+    logsumexp_v_running, logsumexp_v_index, sum_v_running = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(logits_ref.shape[-1] // block_v,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_v),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_v),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full_rows(block_m, -jnp.inf, jnp.float32),
+            _mgpu_full_rows(block_m, 0.0, jnp.float32),
+            _mgpu_full_rows(block_m, 0.0, jnp.float32),
+        ),
+    )(logits_ref)
+    logsumexp_v = _logsumexp_finish(logsumexp_v_running, logsumexp_v_index)
+    sum_v = sum_v_running
+    loss = logsumexp_v - sum_v
+    loss_smem[...] = loss
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(loss_smem, loss_ref.at[pl.ds(program_m * block_m, block_m)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _cross_entropy_mosaic_gpu(logits, label, *, m, v, interpret):
+    """`cross_entropy` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_v = 128
+    padded_m = m + -m % block_m
+    padded_v = v + -v % block_v
+    logits = _mgpu_pad(logits, (padded_m, padded_v))
+    label = label.reshape((m,))
+    label = _mgpu_pad(label, (padded_m,))
+    (loss,) = plgpu.kernel(
+        functools.partial(_cross_entropy_mosaic_gpu_kernel, block_m=block_m, block_v=block_v, v=v),
+        out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.float32),),
+        scratch_types=[
+            plgpu.Barrier(num_barriers=1),
+            plgpu.SMEM((block_m,), jnp.int32),
+            plgpu.SMEM((block_m,), jnp.float32),
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(logits, label)
+    return loss[:m].reshape((m, 1))

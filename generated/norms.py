@@ -51,6 +51,46 @@ def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
     return on_mosaic_gpu
 
 
+def _mgpu_pad(array, shape):
+    """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
+    if array.shape == shape:
+        return array
+    return jnp.pad(array, [(0, padded - size) for size, padded in zip(array.shape, shape)])
+
+
+def _mgpu_swizzled(dtype, columns):
+    """The shared-memory tiling and swizzle of a 2-D block `columns` wide, as wgmma and
+    the WGMMA register layout read it."""
+    swizzle = plgpu.find_swizzle(columns * jnp.dtype(dtype).itemsize * 8)
+    return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(
+        swizzle
+    )
+
+
+def _mgpu_load(ref, shape, dims):
+    """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
+    along `dims` (its position in `shape`) in the layout's row or column, broadcast."""
+    if len(dims) == len(shape):
+        return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
+    vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
+    return jax.lax.broadcast_in_dim(vector, shape, dims)
+
+
+def _mgpu_rows(vector, shape):
+    """A vector of a block's rows (the WGMMA layout's row layout) broadcast over its columns."""
+    return jax.lax.broadcast_in_dim(vector, shape, (0,))
+
+
+def _mgpu_full_rows(rows, value, dtype):
+    """A running value per row, `value` in each, in the WGMMA layout's row layout."""
+    return plgpu.layout_cast(jnp.full((rows,), value, dtype), plgpu.Layout.WGMMA.reduce(1))
+
+
+def _mgpu_columns(start, shape):
+    """The positions of a block's columns, from `start`, in the WGMMA layout."""
+    return start + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+
+
 def _on_platform(tpu, gpu, interpret, *arrays):
     """Runs the kernel built for the platform being compiled for.
 
@@ -353,7 +393,6 @@ def layer_norm(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       eps: a static f32 (default 1e-05).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -440,7 +479,7 @@ def _layer_norm_forward(
                 num_stages=gpu_stages,
                 eps=eps,
             ),
-            None,
+            functools.partial(_layer_norm_mosaic_gpu, m=m, n=n, eps=eps),
         ),
         interpret,
         x,
@@ -610,8 +649,161 @@ def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, inter
     )(x, w, b)
 
 
-# `layer_norm` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
-# runs on Triton.
+def _layer_norm_mosaic_gpu_kernel(
+    x_ref,
+    w_ref,
+    b_ref,
+    y_ref,
+    mu_ref,
+    rstd_ref,
+    barrier,
+    mu_smem,
+    rstd_smem,
+    y_buffers,
+    *,
+    block_m,
+    block_n,
+    n,
+    eps,
+):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        (mean_n_running,) = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        h = x.astype(jnp.float32)
+        mean_n_block = h
+        if n % block_n:  # a ragged N: its identity past the end
+            mean_n_block = jnp.where(
+                _mgpu_columns(start, (block_m, block_n)) < n, mean_n_block, 0.0
+            )
+        mean_n_running = mean_n_running + jnp.sum(mean_n_block, axis=1)
+        return (mean_n_running,)
+
+    (mean_n_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[-1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full_rows(block_m, 0.0, jnp.float32),),
+    )(x_ref)
+    mean_n = mean_n_running / n
+    mu = mean_n
+
+    def reduce_2(indices, x_smem, carry):
+        (mean_n__running,) = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        h = x.astype(jnp.float32)
+        d = h - _mgpu_rows(mu, (block_m, block_n))
+        mean_n__block = d * d
+        if n % block_n:  # a ragged N: its identity past the end
+            mean_n__block = jnp.where(
+                _mgpu_columns(start, (block_m, block_n)) < n, mean_n__block, 0.0
+            )
+        mean_n__running = mean_n__running + jnp.sum(mean_n__block, axis=1)
+        return (mean_n__running,)
+
+    (mean_n__running,) = plgpu.emit_pipeline(
+        reduce_2,
+        grid=(x_ref.shape[-1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full_rows(block_m, 0.0, jnp.float32),),
+    )(x_ref)
+    mean_n_ = mean_n__running / n
+    rstd = jax.lax.rsqrt(mean_n_ + eps)
+    mu_smem[...] = mu
+    rstd_smem[...] = rstd
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(mu_smem, mu_ref.at[pl.ds(program_m * block_m, block_m)])
+    plgpu.copy_smem_to_gmem(rstd_smem, rstd_ref.at[pl.ds(program_m * block_m, block_m)])
+
+    def write(indices, x_smem, w_smem, b_smem):
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        w = _mgpu_load(w_smem, (block_m, block_n), (1,))
+        b = _mgpu_load(b_smem, (block_m, block_n), (1,))
+        h = x.astype(jnp.float32)
+        d = h - _mgpu_rows(mu, (block_m, block_n))
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        y_buffers[slot] = (d * _mgpu_rows(rstd, (block_m, block_n)) * w + b).astype(jnp.bfloat16)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[-1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+            plgpu.BlockSpec((block_n,), lambda s: (s,)),
+            plgpu.BlockSpec((block_n,), lambda s: (s,)),
+        ],
+        max_concurrent_steps=2,
+    )(x_ref, w_ref, b_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
+    """`layer_norm` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    w = w.reshape((n,))
+    w = _mgpu_pad(w, (padded_n,))
+    b = b.reshape((n,))
+    b = _mgpu_pad(b, (padded_n,))
+    y, mu, rstd = plgpu.kernel(
+        functools.partial(
+            _layer_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
+        ),
+        scratch_types=[
+            plgpu.Barrier(num_barriers=1),
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM(
+                (2, block_m, block_n),
+                jnp.bfloat16,
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x, w, b)
+    return y[:m, :n], mu[:m].reshape((m, 1)), rstd[:m].reshape((m, 1))
 
 
 @functools.partial(
@@ -649,7 +841,6 @@ def rms_norm(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       eps: a static f32 (default 1e-06).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -716,7 +907,7 @@ def _rms_norm_forward(
                 num_stages=gpu_stages,
                 eps=eps,
             ),
-            None,
+            functools.partial(_rms_norm_mosaic_gpu, m=m, n=n, eps=eps),
         ),
         interpret,
         x,
@@ -849,5 +1040,99 @@ def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret)
     )(x, w)
 
 
-# `rms_norm` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs
-# on Triton.
+def _rms_norm_mosaic_gpu_kernel(
+    x_ref, w_ref, y_ref, barrier, y_buffers, *, block_m, block_n, n, eps
+):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        (mean_n_running,) = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        h = x.astype(jnp.float32)
+        mean_n_block = h * h
+        if n % block_n:  # a ragged N: its identity past the end
+            mean_n_block = jnp.where(
+                _mgpu_columns(start, (block_m, block_n)) < n, mean_n_block, 0.0
+            )
+        mean_n_running = mean_n_running + jnp.sum(mean_n_block, axis=1)
+        return (mean_n_running,)
+
+    (mean_n_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[-1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full_rows(block_m, 0.0, jnp.float32),),
+    )(x_ref)
+    mean_n = mean_n_running / n
+
+    def write(indices, x_smem, w_smem):
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        w = _mgpu_load(w_smem, (block_m, block_n), (1,))
+        h = x.astype(jnp.float32)
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        y_buffers[slot] = (
+            h * jax.lax.rsqrt(_mgpu_rows(mean_n, (block_m, block_n)) + eps) * w
+        ).astype(jnp.bfloat16)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[-1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+            plgpu.BlockSpec((block_n,), lambda s: (s,)),
+        ],
+        max_concurrent_steps=2,
+    )(x_ref, w_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _rms_norm_mosaic_gpu(x, w, *, m, n, eps, interpret):
+    """`rms_norm` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    w = w.reshape((n,))
+    w = _mgpu_pad(w, (padded_n,))
+    (y,) = plgpu.kernel(
+        functools.partial(
+            _rms_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.Barrier(num_barriers=1),
+            plgpu.SMEM(
+                (2, block_m, block_n),
+                jnp.bfloat16,
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x, w)
+    return y[:m, :n]

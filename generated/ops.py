@@ -76,6 +76,32 @@ def _mgpu_load(ref, shape, dims):
     return jax.lax.broadcast_in_dim(vector, shape, dims)
 
 
+def _mgpu_rows(vector, shape):
+    """A vector of a block's rows (the WGMMA layout's row layout) broadcast over its columns."""
+    return jax.lax.broadcast_in_dim(vector, shape, (0,))
+
+
+def _mgpu_full_rows(rows, value, dtype):
+    """A running value per row, `value` in each, in the WGMMA layout's row layout."""
+    return plgpu.layout_cast(jnp.full((rows,), value, dtype), plgpu.Layout.WGMMA.reduce(1))
+
+
+def _mgpu_columns(start, shape):
+    """The positions of a block's columns, from `start`, in the WGMMA layout."""
+    return start + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+
+
+def _mgpu_argbest_step(best, index, x, start, largest):
+    """The running (value, first index) of each row's largest (or smallest) value after
+    one more block `x` whose columns start at `start`."""
+    block_best = jnp.max(x, axis=1) if largest else jnp.min(x, axis=1)
+    hits = jnp.where(
+        x == _mgpu_rows(block_best, x.shape), _mgpu_columns(start, x.shape), 2147483647
+    )
+    better = block_best > best if largest else block_best < best  # ties keep the earlier index
+    return jnp.where(better, block_best, best), jnp.where(better, jnp.min(hits, axis=1), index)
+
+
 def _on_platform(tpu, gpu, interpret, *arrays):
     """Runs the kernel built for the platform being compiled for.
 
@@ -1514,7 +1540,6 @@ def argmax_f32(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1573,7 +1598,7 @@ def _argmax_f32_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_argmax_f32_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -1685,8 +1710,67 @@ def _argmax_f32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-# `argmax_f32` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
-# runs on Triton.
+def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, barrier, i_smem, *, block_m, block_n, n):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        argmax_n_running, argmax_n_index = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        argmax_n_block = x
+        if n % block_n:  # a ragged N: its identity past the end
+            argmax_n_block = jnp.where(
+                _mgpu_columns(start, (block_m, block_n)) < n, argmax_n_block, -jnp.inf
+            )
+        argmax_n_running, argmax_n_index = _mgpu_argbest_step(
+            argmax_n_running, argmax_n_index, argmax_n_block, start, largest=True
+        )
+        return (argmax_n_running, argmax_n_index)
+
+    argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[-1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full_rows(block_m, -jnp.inf, jnp.float32),
+            _mgpu_full_rows(block_m, 0, jnp.int32),
+        ),
+    )(x_ref)
+    argmax_n = argmax_n_index
+    i = argmax_n
+    i_smem[...] = i
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _argmax_f32_mosaic_gpu(x, *, m, n, interpret):
+    """`argmax_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    (i,) = plgpu.kernel(
+        functools.partial(_argmax_f32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
+        out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
+        scratch_types=[plgpu.Barrier(num_barriers=1), plgpu.SMEM((block_m,), jnp.int32)],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x)
+    return i[:m].reshape((m, 1))
 
 
 @functools.partial(
@@ -1722,7 +1806,8 @@ def equal_count_f32(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
+        This kernel runs on Triton either way: reductions to a scalar or over a kernel of
+        rank above 2 are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1927,8 +2012,8 @@ def _equal_count_f32_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret)
     )(x, y)
 
 
-# `equal_count_f32` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet):
-# it runs on Triton.
+# `equal_count_f32` has no Mosaic GPU kernel (reductions to a scalar or over a kernel
+# of rank above 2 are not on Mosaic GPU yet): it runs on Triton.
 
 
 @functools.partial(
@@ -2532,7 +2617,6 @@ def argmax_i32(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -2591,7 +2675,7 @@ def _argmax_i32_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_argmax_i32_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -2703,8 +2787,67 @@ def _argmax_i32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-# `argmax_i32` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
-# runs on Triton.
+def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, barrier, i_smem, *, block_m, block_n, n):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        argmax_n_running, argmax_n_index = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        argmax_n_block = x
+        if n % block_n:  # a ragged N: its identity past the end
+            argmax_n_block = jnp.where(
+                _mgpu_columns(start, (block_m, block_n)) < n, argmax_n_block, -2147483648
+            )
+        argmax_n_running, argmax_n_index = _mgpu_argbest_step(
+            argmax_n_running, argmax_n_index, argmax_n_block, start, largest=True
+        )
+        return (argmax_n_running, argmax_n_index)
+
+    argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[-1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.int32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full_rows(block_m, -2147483648, jnp.int32),
+            _mgpu_full_rows(block_m, 0, jnp.int32),
+        ),
+    )(x_ref)
+    argmax_n = argmax_n_index
+    i = argmax_n
+    i_smem[...] = i
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _argmax_i32_mosaic_gpu(x, *, m, n, interpret):
+    """`argmax_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    (i,) = plgpu.kernel(
+        functools.partial(_argmax_i32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
+        out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
+        scratch_types=[plgpu.Barrier(num_barriers=1), plgpu.SMEM((block_m,), jnp.int32)],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x)
+    return i[:m].reshape((m, 1))
 
 
 @functools.partial(
@@ -2740,7 +2883,8 @@ def equal_count_i32(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
+        This kernel runs on Triton either way: reductions to a scalar or over a kernel of
+        rank above 2 are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -2945,8 +3089,8 @@ def _equal_count_i32_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret)
     )(x, y)
 
 
-# `equal_count_i32` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet):
-# it runs on Triton.
+# `equal_count_i32` has no Mosaic GPU kernel (reductions to a scalar or over a kernel
+# of rank above 2 are not on Mosaic GPU yet): it runs on Triton.
 
 
 @functools.partial(
@@ -3450,7 +3594,8 @@ def argmax_i8(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
+        This kernel runs on Triton either way: Mosaic GPU computes on 8-bit values only by
+        bitwise operations.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -3625,8 +3770,8 @@ def _argmax_i8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-# `argmax_i8` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs
-# on Triton.
+# `argmax_i8` has no Mosaic GPU kernel (Mosaic GPU computes on 8-bit values only by
+# bitwise operations): it runs on Triton.
 
 
 @functools.partial(
@@ -3662,7 +3807,8 @@ def equal_count_i8(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
+        This kernel runs on Triton either way: reductions to a scalar or over a kernel of
+        rank above 2 are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -3867,5 +4013,5 @@ def _equal_count_i8_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
     )(x, y)
 
 
-# `equal_count_i8` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
-# runs on Triton.
+# `equal_count_i8` has no Mosaic GPU kernel (reductions to a scalar or over a kernel
+# of rank above 2 are not on Mosaic GPU yet): it runs on Triton.

@@ -51,6 +51,57 @@ def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
     return on_mosaic_gpu
 
 
+def _mgpu_pad(array, shape):
+    """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
+    if array.shape == shape:
+        return array
+    return jnp.pad(array, [(0, padded - size) for size, padded in zip(array.shape, shape)])
+
+
+def _mgpu_swizzled(dtype, columns):
+    """The shared-memory tiling and swizzle of a 2-D block `columns` wide, as wgmma and
+    the WGMMA register layout read it."""
+    swizzle = plgpu.find_swizzle(columns * jnp.dtype(dtype).itemsize * 8)
+    return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(
+        swizzle
+    )
+
+
+def _mgpu_load(ref, shape, dims):
+    """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
+    along `dims` (its position in `shape`) in the layout's row or column, broadcast."""
+    if len(dims) == len(shape):
+        return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
+    vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
+    return jax.lax.broadcast_in_dim(vector, shape, dims)
+
+
+def _mgpu_rows(vector, shape):
+    """A vector of a block's rows (the WGMMA layout's row layout) broadcast over its columns."""
+    return jax.lax.broadcast_in_dim(vector, shape, (0,))
+
+
+def _mgpu_full_rows(rows, value, dtype):
+    """A running value per row, `value` in each, in the WGMMA layout's row layout."""
+    return plgpu.layout_cast(jnp.full((rows,), value, dtype), plgpu.Layout.WGMMA.reduce(1))
+
+
+def _mgpu_columns(start, shape):
+    """The positions of a block's columns, from `start`, in the WGMMA layout."""
+    return start + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+
+
+def _mgpu_argbest_step(best, index, x, start, largest):
+    """The running (value, first index) of each row's largest (or smallest) value after
+    one more block `x` whose columns start at `start`."""
+    block_best = jnp.max(x, axis=1) if largest else jnp.min(x, axis=1)
+    hits = jnp.where(
+        x == _mgpu_rows(block_best, x.shape), _mgpu_columns(start, x.shape), 2147483647
+    )
+    better = block_best > best if largest else block_best < best  # ties keep the earlier index
+    return jnp.where(better, block_best, best), jnp.where(better, jnp.min(hits, axis=1), index)
+
+
 def _on_platform(tpu, gpu, interpret, *arrays):
     """Runs the kernel built for the platform being compiled for.
 
@@ -391,7 +442,6 @@ def argmax_rows(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -450,7 +500,7 @@ def _argmax_rows_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_argmax_rows_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -562,8 +612,67 @@ def _argmax_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-# `argmax_rows` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
-# runs on Triton.
+def _argmax_rows_mosaic_gpu_kernel(x_ref, i_ref, barrier, i_smem, *, block_m, block_n, n):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        argmax_n_running, argmax_n_index = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        argmax_n_block = x
+        if n % block_n:  # a ragged N: its identity past the end
+            argmax_n_block = jnp.where(
+                _mgpu_columns(start, (block_m, block_n)) < n, argmax_n_block, -jnp.inf
+            )
+        argmax_n_running, argmax_n_index = _mgpu_argbest_step(
+            argmax_n_running, argmax_n_index, argmax_n_block, start, largest=True
+        )
+        return (argmax_n_running, argmax_n_index)
+
+    argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[-1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full_rows(block_m, -jnp.inf, jnp.float32),
+            _mgpu_full_rows(block_m, 0, jnp.int32),
+        ),
+    )(x_ref)
+    argmax_n = argmax_n_index
+    i = argmax_n
+    i_smem[...] = i
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _argmax_rows_mosaic_gpu(x, *, m, n, interpret):
+    """`argmax_rows` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    (i,) = plgpu.kernel(
+        functools.partial(_argmax_rows_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
+        out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
+        scratch_types=[plgpu.Barrier(num_barriers=1), plgpu.SMEM((block_m,), jnp.int32)],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x)
+    return i[:m].reshape((m, 1))
 
 
 @functools.partial(
@@ -602,7 +711,6 @@ def argmax_blocked(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -675,7 +783,7 @@ def _argmax_blocked_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_argmax_blocked_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -840,8 +948,67 @@ def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, int
     )(x)
 
 
-# `argmax_blocked` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
-# runs on Triton.
+def _argmax_blocked_mosaic_gpu_kernel(x_ref, i_ref, barrier, i_smem, *, block_m, block_n, n):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        argmax_n_running, argmax_n_index = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        argmax_n_block = x
+        if n % block_n:  # a ragged N: its identity past the end
+            argmax_n_block = jnp.where(
+                _mgpu_columns(start, (block_m, block_n)) < n, argmax_n_block, -jnp.inf
+            )
+        argmax_n_running, argmax_n_index = _mgpu_argbest_step(
+            argmax_n_running, argmax_n_index, argmax_n_block, start, largest=True
+        )
+        return (argmax_n_running, argmax_n_index)
+
+    argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[-1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full_rows(block_m, -jnp.inf, jnp.float32),
+            _mgpu_full_rows(block_m, 0, jnp.int32),
+        ),
+    )(x_ref)
+    argmax_n = argmax_n_index
+    i = argmax_n
+    i_smem[...] = i
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _argmax_blocked_mosaic_gpu(x, *, m, n, interpret):
+    """`argmax_blocked` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    (i,) = plgpu.kernel(
+        functools.partial(_argmax_blocked_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
+        out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
+        scratch_types=[plgpu.Barrier(num_barriers=1), plgpu.SMEM((block_m,), jnp.int32)],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x)
+    return i[:m].reshape((m, 1))
 
 
 @functools.partial(
@@ -875,7 +1042,6 @@ def argmin_rows(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -934,7 +1100,7 @@ def _argmin_rows_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_argmin_rows_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -1046,8 +1212,67 @@ def _argmin_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-# `argmin_rows` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
-# runs on Triton.
+def _argmin_rows_mosaic_gpu_kernel(x_ref, i_ref, barrier, i_smem, *, block_m, block_n, n):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        argmin_n_running, argmin_n_index = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        argmin_n_block = x
+        if n % block_n:  # a ragged N: its identity past the end
+            argmin_n_block = jnp.where(
+                _mgpu_columns(start, (block_m, block_n)) < n, argmin_n_block, jnp.inf
+            )
+        argmin_n_running, argmin_n_index = _mgpu_argbest_step(
+            argmin_n_running, argmin_n_index, argmin_n_block, start, largest=False
+        )
+        return (argmin_n_running, argmin_n_index)
+
+    argmin_n_running, argmin_n_index = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[-1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full_rows(block_m, jnp.inf, jnp.float32),
+            _mgpu_full_rows(block_m, 0, jnp.int32),
+        ),
+    )(x_ref)
+    argmin_n = argmin_n_index
+    i = argmin_n
+    i_smem[...] = i
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _argmin_rows_mosaic_gpu(x, *, m, n, interpret):
+    """`argmin_rows` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    (i,) = plgpu.kernel(
+        functools.partial(_argmin_rows_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
+        out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
+        scratch_types=[plgpu.Barrier(num_barriers=1), plgpu.SMEM((block_m,), jnp.int32)],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x)
+    return i[:m].reshape((m, 1))
 
 
 @functools.partial(
@@ -1085,7 +1310,8 @@ def column_sums(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
+        This kernel runs on Triton either way: a reduction over M, not the kernel's last
+        dimension, is not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1304,8 +1530,8 @@ def _column_sums_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interp
     )(x)
 
 
-# `column_sums` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
-# runs on Triton.
+# `column_sums` has no Mosaic GPU kernel (a reduction over M, not the kernel's last
+# dimension, is not on Mosaic GPU yet): it runs on Triton.
 
 
 @functools.partial(
@@ -1340,7 +1566,6 @@ def quantize_rows_int8(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1403,7 +1628,7 @@ def _quantize_rows_int8_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_quantize_rows_int8_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -1540,8 +1765,101 @@ def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpre
     )(x)
 
 
-# `quantize_rows_int8` has no Mosaic GPU kernel (reductions are not on Mosaic GPU
-# yet): it runs on Triton.
+def _quantize_rows_int8_mosaic_gpu_kernel(
+    x_ref, q_ref, scale_ref, barrier, scale_smem, q_buffers, *, block_m, block_n, n
+):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        (max_n_running,) = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        max_n_block = jnp.abs(x)
+        if n % block_n:  # a ragged N: its identity past the end
+            max_n_block = jnp.where(
+                _mgpu_columns(start, (block_m, block_n)) < n, max_n_block, -jnp.inf
+            )
+        max_n_running = jnp.maximum(max_n_running, jnp.max(max_n_block, axis=1))
+        return (max_n_running,)
+
+    (max_n_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[-1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full_rows(block_m, -jnp.inf, jnp.float32),),
+    )(x_ref)
+    max_n = max_n_running
+    s = jnp.maximum(max_n, 1e-30) / 127
+    scale = s
+    scale_smem[...] = scale
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(scale_smem, scale_ref.at[pl.ds(program_m * block_m, block_m)])
+
+    def write(indices, x_smem):
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        q_buffers[slot] = jnp.round(x / _mgpu_rows(s, (block_m, block_n))).astype(jnp.int8)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            q_buffers.at[slot], q_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[-1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+    )(x_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _quantize_rows_int8_mosaic_gpu(x, *, m, n, interpret):
+    """`quantize_rows_int8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    q, scale = plgpu.kernel(
+        functools.partial(
+            _quantize_rows_int8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
+        ),
+        scratch_types=[
+            plgpu.Barrier(num_barriers=1),
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM(
+                (2, block_m, block_n), jnp.int8, transforms=_mgpu_swizzled(jnp.int8, block_n)
+            ),
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x)
+    return q[:m, :n], scale[:m].reshape((m, 1))
 
 
 @functools.partial(
@@ -1577,7 +1895,8 @@ def equal_count(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
+        This kernel runs on Triton either way: reductions to a scalar or over a kernel of
+        rank above 2 are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1782,5 +2101,5 @@ def _equal_count_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
     )(x, y)
 
 
-# `equal_count` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
-# runs on Triton.
+# `equal_count` has no Mosaic GPU kernel (reductions to a scalar or over a kernel of
+# rank above 2 are not on Mosaic GPU yet): it runs on Triton.

@@ -51,6 +51,54 @@ def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
     return on_mosaic_gpu
 
 
+def _mgpu_pad(array, shape):
+    """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
+    if array.shape == shape:
+        return array
+    return jnp.pad(array, [(0, padded - size) for size, padded in zip(array.shape, shape)])
+
+
+def _mgpu_swizzled(dtype, columns):
+    """The shared-memory tiling and swizzle of a 2-D block `columns` wide, as wgmma and
+    the WGMMA register layout read it."""
+    swizzle = plgpu.find_swizzle(columns * jnp.dtype(dtype).itemsize * 8)
+    return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(
+        swizzle
+    )
+
+
+def _mgpu_load(ref, shape, dims):
+    """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
+    along `dims` (its position in `shape`) in the layout's row or column, broadcast."""
+    if len(dims) == len(shape):
+        return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
+    vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
+    return jax.lax.broadcast_in_dim(vector, shape, dims)
+
+
+def _mgpu_rows(vector, shape):
+    """A vector of a block's rows (the WGMMA layout's row layout) broadcast over its columns."""
+    return jax.lax.broadcast_in_dim(vector, shape, (0,))
+
+
+def _mgpu_full_rows(rows, value, dtype):
+    """A running value per row, `value` in each, in the WGMMA layout's row layout."""
+    return plgpu.layout_cast(jnp.full((rows,), value, dtype), plgpu.Layout.WGMMA.reduce(1))
+
+
+def _mgpu_columns(start, shape):
+    """The positions of a block's columns, from `start`, in the WGMMA layout."""
+    return start + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+
+
+def _mgpu_logsumexp_step(top, total, x):
+    """The running (max, sum of exp(x - max)) of each row after one more block `x`."""
+    new_top = jnp.maximum(top, jnp.max(x, axis=1))
+    shift = jnp.where(new_top > -jnp.inf, new_top, 0.0)
+    total = total * jnp.exp(top - shift) + jnp.sum(jnp.exp(x - _mgpu_rows(shift, x.shape)), axis=1)
+    return new_top, total
+
+
 def _on_platform(tpu, gpu, interpret, *arrays):
     """Runs the kernel built for the platform being compiled for.
 
@@ -322,6 +370,11 @@ def _logsumexp(x, axis):
     return top + jnp.log(jnp.sum(jnp.exp(x - top), axis=axis, keepdims=True))
 
 
+def _logsumexp_finish(top, total):
+    """log-sum-exp from its running (max, sum)."""
+    return jnp.where(top > -jnp.inf, top, 0.0) + jnp.log(total)
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -353,7 +406,6 @@ def softmax(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -410,7 +462,7 @@ def _softmax_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_softmax_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -518,8 +570,115 @@ def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-# `softmax` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs
-# on Triton.
+def _softmax_mosaic_gpu_kernel(x_ref, y_ref, barrier, y_buffers, *, block_m, block_n, n):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        (max_n_running,) = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        max_n_block = x
+        if n % block_n:  # a ragged N: its identity past the end
+            max_n_block = jnp.where(
+                _mgpu_columns(start, (block_m, block_n)) < n, max_n_block, -jnp.inf
+            )
+        max_n_running = jnp.maximum(max_n_running, jnp.max(max_n_block, axis=1))
+        return (max_n_running,)
+
+    (max_n_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[-1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full_rows(block_m, -jnp.inf, jnp.float32),),
+    )(x_ref)
+    max_n = max_n_running
+
+    def reduce_2(indices, x_smem, carry):
+        (sum_n_running,) = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        e = jnp.exp(x - _mgpu_rows(max_n, (block_m, block_n)))
+        sum_n_block = e
+        if n % block_n:  # a ragged N: its identity past the end
+            sum_n_block = jnp.where(_mgpu_columns(start, (block_m, block_n)) < n, sum_n_block, 0.0)
+        sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
+        return (sum_n_running,)
+
+    (sum_n_running,) = plgpu.emit_pipeline(
+        reduce_2,
+        grid=(x_ref.shape[-1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full_rows(block_m, 0.0, jnp.float32),),
+    )(x_ref)
+    sum_n = sum_n_running
+
+    def write(indices, x_smem):
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        e = jnp.exp(x - _mgpu_rows(max_n, (block_m, block_n)))
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        y_buffers[slot] = e / _mgpu_rows(sum_n, (block_m, block_n))
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[-1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+    )(x_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _softmax_mosaic_gpu(x, *, m, n, interpret):
+    """`softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    (y,) = plgpu.kernel(
+        functools.partial(_softmax_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
+        scratch_types=[
+            plgpu.Barrier(num_barriers=1),
+            plgpu.SMEM(
+                (2, block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+            ),
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x)
+    return y[:m, :n]
 
 
 @functools.partial(
@@ -553,7 +712,6 @@ def log_softmax(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -609,7 +767,7 @@ def _log_softmax_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_log_softmax_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -719,5 +877,90 @@ def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-# `log_softmax` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
-# runs on Triton.
+def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, barrier, y_buffers, *, block_m, block_n, n):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        logsumexp_n_running, logsumexp_n_index = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        logsumexp_n_block = x
+        if n % block_n:  # a ragged N: its identity past the end
+            logsumexp_n_block = jnp.where(
+                _mgpu_columns(start, (block_m, block_n)) < n, logsumexp_n_block, -jnp.inf
+            )
+        logsumexp_n_running, logsumexp_n_index = _mgpu_logsumexp_step(
+            logsumexp_n_running, logsumexp_n_index, logsumexp_n_block
+        )
+        return (logsumexp_n_running, logsumexp_n_index)
+
+    logsumexp_n_running, logsumexp_n_index = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[-1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full_rows(block_m, -jnp.inf, jnp.float32),
+            _mgpu_full_rows(block_m, 0.0, jnp.float32),
+        ),
+    )(x_ref)
+    logsumexp_n = _logsumexp_finish(logsumexp_n_running, logsumexp_n_index)
+
+    def write(indices, x_smem):
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        y_buffers[slot] = x - _mgpu_rows(logsumexp_n, (block_m, block_n))
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[-1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+    )(x_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _log_softmax_mosaic_gpu(x, *, m, n, interpret):
+    """`log_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    (y,) = plgpu.kernel(
+        functools.partial(_log_softmax_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
+        scratch_types=[
+            plgpu.Barrier(num_barriers=1),
+            plgpu.SMEM(
+                (2, block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+            ),
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x)
+    return y[:m, :n]

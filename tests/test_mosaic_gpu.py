@@ -117,6 +117,12 @@ def test_mosaic_gpu_takes_the_elementwise_kernels_and_plain_products():
     assert {"matmul", "matmul_bias_gelu", "linear", "batched_matmul", "scores", "matmul_int8"} <= taken
 
 
+def test_mosaic_gpu_takes_the_kernels_that_reduce_rows():
+    taken = {k for _, k in TAKEN}
+    assert {"softmax", "log_softmax", "layer_norm", "rms_norm", "cross_entropy"} <= taken
+    assert {"argmax_rows", "argmax_blocked", "argmin_rows", "quantize_rows_int8", "argmax_f32", "argmax_i32"} <= taken
+
+
 @pytest.mark.parametrize("module, kernel", REFUSED, ids=[f"{m}.{k}" for m, k in REFUSED])
 def test_kernel_mosaic_gpu_does_not_take_says_why_in_its_docstring(module, kernel):
     doc = getattr(generated_module(module), kernel).__doc__
@@ -179,7 +185,13 @@ REFUSALS = {
     "bool-array": ("in x: bool[M, N]\nout y: f32[M, N]\ny = f32(x)", "bool arrays"),
     "scalar-input": ("in s: f32[]\nin x: f32[N]\nout y: f32[N]\ny = x * s", "0-d input"),
     "rank-3": ("in x: f32[B, M, N]\nout y: f32[B, M, N]\ny = x * 2.0", "rank above 2"),
-    "reduction": ("in x: f32[M, N]\nout y: f32[M]\ny = sum(x, N)", "reductions are not on Mosaic GPU yet"),
+    "column-reduction": ("in x: f32[M, N]\nout y: f32[N]\ny = sum(x, M)", "a reduction over M, not the"),
+    "scalar-reduction": ("in x: f32[N]\nout y: f32[]\ny = sum(x, N)", "reductions to a scalar"),
+    "softmax-call": ("in x: f32[M, N]\nout y: f32[M, N]\ny = softmax(x, N)", "softmax() is not on Mosaic GPU yet"),
+    "row-index-in-reduction": (
+        "in x: f32[M, N]\nout y: f32[M]\ny = sum(x, N) + f32(index(M))",
+        "index(M) in a kernel that reduces",
+    ),
 }
 
 
@@ -201,6 +213,21 @@ TAKEN_SPECS = {
         {"M": 70, "N": 50},
     ),
     "vector-i32": ("in x, y: i32[N]\nout z: i32[N]\nz = maximum(x, y) * 3", {"N": 1000}),
+    # Three passes over a ragged N (the mean, the variance, the centred maximum), a row
+    # let computed between them, a column vector, a param and index() of the columns.
+    "three-passes-ragged": (
+        "in x: f32[M, N]\nin w: f32[N]\nout y: f32[M, N]\nout top: f32[M]\nparam t: f32 = 0.5\n"
+        "let mu = mean(x, N)\nlet v = mean((x - mu) * (x - mu), N) + t\n"
+        "top = max((x - mu) * rsqrt(v) + f32(index(N)) * 0.001, N)\ny = (x - mu) * w - top",
+        {"M": 70, "N": 300},
+    ),
+    # A row's minimum at a position past the first block; its first index, and the
+    # number of positions holding it: ties across blocks keep the earlier one.
+    "argmin-and-count-ties": (
+        "in x: i32[M, N]\nout i: i32[M]\nout c: i32[M]\ni = argmin(x, N)\nc = sum(i32(x == min(x, N)), N)",
+        {"M": 65, "N": 333},
+    ),
+    "logsumexp-bf16": ("in x: bf16[M, N]\nout y: f32[M]\ny = logsumexp(f32(x), N)", {"M": 3, "N": 1000}),
 }
 
 
@@ -223,10 +250,13 @@ def test_more_kernels_lower_to_mosaic_gpu_and_agree_in_its_interpreter(case, tmp
     take_gpu_branch(monkeypatch, module)
     rng = np.random.default_rng(0)
     arrays = [jnp.asarray(random_array(rng, dtype, shape)) for shape, dtype in shapes]
-    got = module.k(*arrays, gpu_backend="mosaic_gpu", interpret=INTERPRETER())
-    want = module.k_reference(*arrays)
-    rtol = 2.0**-10 if want.dtype.itemsize == 2 else 1e-5
-    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=rtol, atol=rtol * 10)
+    if "ties" in case:  # each row's minimum twice, past the first block
+        arrays[0] = arrays[0].at[:, 200].set(-1000).at[:, 300].set(-1000)
+    got = jax.tree.leaves(module.k(*arrays, gpu_backend="mosaic_gpu", interpret=INTERPRETER()))
+    want = jax.tree.leaves(module.k_reference(*arrays))
+    for g, w in zip(got, want):
+        rtol = 2.0**-10 if w.dtype.itemsize == 2 else 1e-5
+        np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(w, np.float64), rtol=rtol, atol=rtol * 10)
 
 
 def test_gpu_check_takes_the_gpu_backend_to_check(monkeypatch):
