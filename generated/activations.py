@@ -51,6 +51,35 @@ def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
     return on_mosaic_gpu
 
 
+def _gpu_device_kind():
+    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
+    default device's if it is a GPU, else the first GPU's (None without one)."""
+    device = jax.config.jax_default_device
+    if getattr(device, "platform", None) == "gpu":
+        return device.device_kind
+    try:
+        return jax.devices("gpu")[0].device_kind
+    except RuntimeError:  # no GPU backend
+        return None
+
+
+def _gpu_options(table, sizes, given):
+    """The blocks and launch options of a GPU (Triton) call: those `given` (not None) as
+    they are, the others from `table`: for the GPU compiled for (see `_gpu_device_kind`),
+    the tuned entry whose sizes are nearest the call's (in powers of two), else the
+    spec's, `table[None]`."""
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
+    tuned = table.get(kind) if kind is not None else None
+    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
+    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
+
+
 def _mgpu_pad(array, shape):
     """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
     if array.shape == shape:
@@ -379,10 +408,10 @@ def leaky(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     slope=0.01,
     interpret=None,
@@ -396,7 +425,8 @@ def leaky(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_leaky_tpu_blocks),
         grown to large steps (_grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       slope: a static f32 (default 0.01).
@@ -410,7 +440,7 @@ def leaky(
     """
     (x,), sizes = _operands("leaky", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("leaky", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("leaky", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks("leaky", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -581,8 +611,18 @@ def _leaky_gpu_kernel(x_ref, y_ref, mask_ref, *, m, n, block_m, block_n, slope):
     _store(mask_ref, pos.astype(jnp.int32), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_leaky_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _leaky_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, slope, interpret):
     """`leaky` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _leaky_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -690,10 +730,10 @@ def leaky_backward(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     slope=0.01,
     interpret=None,
@@ -707,7 +747,8 @@ def leaky_backward(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_leaky_backward_tpu_blocks),
         grown to large steps (_grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       slope: a static f32 (default 0.01).
@@ -721,7 +762,9 @@ def leaky_backward(
         "leaky_backward", {"x": (x, jnp.float32, ("M", "N")), "dy": (dy, jnp.float32, ("M", "N"))}
     )
     _check_blocks("leaky_backward", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("leaky_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks(
+        "leaky_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+    )
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -842,8 +885,18 @@ def _leaky_backward_gpu_kernel(x_ref, dy_ref, dx_ref, *, m, n, block_m, block_n,
     _store(dx_ref, jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_leaky_backward_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _leaky_backward_gpu(x, dy, *, m, n, block_m, block_n, num_warps, num_stages, slope, interpret):
     """`leaky_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _leaky_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -946,10 +999,10 @@ def bias_gelu(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -962,7 +1015,8 @@ def bias_gelu(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_tpu_blocks),
         grown to large steps (_grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -983,7 +1037,7 @@ def bias_gelu(
         },
     )
     _check_blocks("bias_gelu", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("bias_gelu", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks("bias_gelu", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -1168,8 +1222,18 @@ def _bias_gelu_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, m, n, block_m, b
     )
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_bias_gelu_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _bias_gelu_gpu(x, bias, scale, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`bias_gelu` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _bias_gelu_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -1273,10 +1337,10 @@ def bias_gelu_backward(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -1291,7 +1355,8 @@ def bias_gelu_backward(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_tpu_blocks),
         grown to large steps (_grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -1310,7 +1375,9 @@ def bias_gelu_backward(
         },
     )
     _check_blocks("bias_gelu_backward", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("bias_gelu_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks(
+        "bias_gelu_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+    )
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -1468,10 +1535,20 @@ def _bias_gelu_backward_gpu_kernel(
     _store(dx_ref, (dy_1 * scale).astype(jnp.bfloat16), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_bias_gelu_backward_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _bias_gelu_backward_gpu(
     x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
     """`bias_gelu_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _bias_gelu_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -1593,10 +1670,10 @@ def bias_gelu_backward_over_m(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=64,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -1611,7 +1688,8 @@ def bias_gelu_backward_over_m(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_over_m_tpu_blocks),
         grown to large steps (_grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: a reduction over M, not the kernel's last
@@ -1632,7 +1710,12 @@ def bias_gelu_backward_over_m(
         },
     )
     _check_blocks("bias_gelu_backward_over_m", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("bias_gelu_backward_over_m", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks(
+        "bias_gelu_backward_over_m",
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -1831,10 +1914,20 @@ def _bias_gelu_backward_over_m_gpu_kernel(
     _store(dbias_ref, sum_m, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_bias_gelu_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
+
+
 def _bias_gelu_backward_over_m_gpu(
     x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
     """`bias_gelu_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _bias_gelu_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -1888,10 +1981,10 @@ def bias_gelu_backward_over_n(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=1,
-    gpu_block_n=1024,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -1906,7 +1999,8 @@ def bias_gelu_backward_over_n(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_over_n_tpu_blocks),
         grown to large steps (_grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -1925,7 +2019,12 @@ def bias_gelu_backward_over_n(
         },
     )
     _check_blocks("bias_gelu_backward_over_n", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("bias_gelu_backward_over_n", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks(
+        "bias_gelu_backward_over_n",
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -2124,10 +2223,20 @@ def _bias_gelu_backward_over_n_gpu_kernel(
     _store(dscale_ref, sum_n, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_bias_gelu_backward_over_n_gpu_options = {None: (1, 1024, 4, 1)}
+
+
 def _bias_gelu_backward_over_n_gpu(
     x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
     """`bias_gelu_backward_over_n` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _bias_gelu_backward_over_n_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -2275,10 +2384,10 @@ def quantize_rows(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -2291,7 +2400,8 @@ def quantize_rows(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_tpu_blocks),
         grown to large steps (_grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: floor has no Mosaic GPU lowering.
@@ -2308,7 +2418,9 @@ def quantize_rows(
         "quantize_rows", {"x": (x, jnp.float32, ("M", "N")), "scale": (scale, jnp.float32, ("M",))}
     )
     _check_blocks("quantize_rows", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("quantize_rows", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks(
+        "quantize_rows", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+    )
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -2472,8 +2584,18 @@ def _quantize_rows_gpu_kernel(x_ref, scale_ref, q_ref, *, m, n, block_m, block_n
     _store(q_ref, jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_quantize_rows_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _quantize_rows_gpu(x, scale, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`quantize_rows` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _quantize_rows_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(

@@ -51,6 +51,35 @@ def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
     return on_mosaic_gpu
 
 
+def _gpu_device_kind():
+    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
+    default device's if it is a GPU, else the first GPU's (None without one)."""
+    device = jax.config.jax_default_device
+    if getattr(device, "platform", None) == "gpu":
+        return device.device_kind
+    try:
+        return jax.devices("gpu")[0].device_kind
+    except RuntimeError:  # no GPU backend
+        return None
+
+
+def _gpu_options(table, sizes, given):
+    """The blocks and launch options of a GPU (Triton) call: those `given` (not None) as
+    they are, the others from `table`: for the GPU compiled for (see `_gpu_device_kind`),
+    the tuned entry whose sizes are nearest the call's (in powers of two), else the
+    spec's, `table[None]`."""
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
+    tuned = table.get(kind) if kind is not None else None
+    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
+    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
+
+
 def _mgpu_pad(array, shape):
     """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
     if array.shape == shape:
@@ -400,10 +429,10 @@ def cross_entropy(
     *,
     block_m=None,
     block_v=None,
-    gpu_block_m=1,
-    gpu_block_v=1024,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_v=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -416,7 +445,8 @@ def cross_entropy(
       block_m, block_v: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_cross_entropy_tpu_blocks),
         grown to large steps (_grown), else 16, 2048.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -432,7 +462,9 @@ def cross_entropy(
         {"logits": (logits, jnp.bfloat16, ("M", "V")), "label": (label, jnp.int32, ("M",))},
     )
     _check_blocks("cross_entropy", block_m=block_m, block_v=block_v, may_be_none=True)
-    _check_blocks("cross_entropy", gpu_block_m=gpu_block_m, gpu_block_v=gpu_block_v)
+    _check_blocks(
+        "cross_entropy", gpu_block_m=gpu_block_m, gpu_block_v=gpu_block_v, may_be_none=True
+    )
     m = sizes["M"]
     v = sizes["V"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -690,8 +722,18 @@ def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, *, m, v, block_m,
     _store(loss_ref, logsumexp_v - sum_v, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, V) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_cross_entropy_gpu_options = {None: (1, 1024, 4, 1)}
+
+
 def _cross_entropy_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_stages, interpret):
     """`cross_entropy` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_v, num_warps, num_stages = _gpu_options(
+        _cross_entropy_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_v = min(block_v, pl.next_power_of_2(v))  # a small V is one block
     return pl.pallas_call(

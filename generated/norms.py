@@ -51,6 +51,35 @@ def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
     return on_mosaic_gpu
 
 
+def _gpu_device_kind():
+    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
+    default device's if it is a GPU, else the first GPU's (None without one)."""
+    device = jax.config.jax_default_device
+    if getattr(device, "platform", None) == "gpu":
+        return device.device_kind
+    try:
+        return jax.devices("gpu")[0].device_kind
+    except RuntimeError:  # no GPU backend
+        return None
+
+
+def _gpu_options(table, sizes, given):
+    """The blocks and launch options of a GPU (Triton) call: those `given` (not None) as
+    they are, the others from `table`: for the GPU compiled for (see `_gpu_device_kind`),
+    the tuned entry whose sizes are nearest the call's (in powers of two), else the
+    spec's, `table[None]`."""
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
+    tuned = table.get(kind) if kind is not None else None
+    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
+    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
+
+
 def _mgpu_pad(array, shape):
     """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
     if array.shape == shape:
@@ -373,9 +402,9 @@ def layer_norm(
     b,
     *,
     block_m=None,
-    gpu_block_m=1,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     eps=1e-05,
     interpret=None,
@@ -390,7 +419,8 @@ def layer_norm(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_tpu_blocks),
         grown to large steps (_grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       eps: a static f32 (default 1e-05).
@@ -411,7 +441,7 @@ def layer_norm(
         },
     )
     _check_blocks("layer_norm", block_m=block_m, may_be_none=True)
-    _check_blocks("layer_norm", gpu_block_m=gpu_block_m)
+    _check_blocks("layer_norm", gpu_block_m=gpu_block_m, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -611,8 +641,18 @@ def _layer_norm_gpu_kernel(
     _store(y_ref, (d * rstd * w + b).astype(jnp.bfloat16), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_layer_norm_gpu_options = {None: (1, 4, 1)}
+
+
 def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, interpret):
     """`layer_norm` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _layer_norm_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
@@ -823,9 +863,9 @@ def rms_norm(
     w,
     *,
     block_m=None,
-    gpu_block_m=1,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     eps=1e-06,
     interpret=None,
@@ -838,7 +878,8 @@ def rms_norm(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_tpu_blocks),
         grown to large steps (_grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       eps: a static f32 (default 1e-06).
@@ -854,7 +895,7 @@ def rms_norm(
         "rms_norm", {"x": (x, jnp.bfloat16, ("M", "N")), "w": (w, jnp.float32, ("N",))}
     )
     _check_blocks("rms_norm", block_m=block_m, may_be_none=True)
-    _check_blocks("rms_norm", gpu_block_m=gpu_block_m)
+    _check_blocks("rms_norm", gpu_block_m=gpu_block_m, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -1014,8 +1055,18 @@ def _rms_norm_gpu_kernel(x_ref, w_ref, y_ref, *, m, block_m, n, block_n, eps):
     )
 
 
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_rms_norm_gpu_options = {None: (1, 4, 1)}
+
+
 def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret):
     """`rms_norm` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _rms_norm_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(

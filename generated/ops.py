@@ -51,6 +51,35 @@ def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
     return on_mosaic_gpu
 
 
+def _gpu_device_kind():
+    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
+    default device's if it is a GPU, else the first GPU's (None without one)."""
+    device = jax.config.jax_default_device
+    if getattr(device, "platform", None) == "gpu":
+        return device.device_kind
+    try:
+        return jax.devices("gpu")[0].device_kind
+    except RuntimeError:  # no GPU backend
+        return None
+
+
+def _gpu_options(table, sizes, given):
+    """The blocks and launch options of a GPU (Triton) call: those `given` (not None) as
+    they are, the others from `table`: for the GPU compiled for (see `_gpu_device_kind`),
+    the tuned entry whose sizes are nearest the call's (in powers of two), else the
+    spec's, `table[None]`."""
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
+    tuned = table.get(kind) if kind is not None else None
+    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
+    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
+
+
 def _mgpu_pad(array, shape):
     """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
     if array.shape == shape:
@@ -412,10 +441,10 @@ def add_f32(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -427,7 +456,8 @@ def add_f32(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_f32_tpu_blocks),
         grown to large steps (_grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -442,7 +472,7 @@ def add_f32(
         "add_f32", {"x": (x, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("M", "N"))}
     )
     _check_blocks("add_f32", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("add_f32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks("add_f32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -601,8 +631,18 @@ def _add_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
     _store(z_ref, x + y, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_add_f32_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _add_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`add_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _add_f32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -698,10 +738,10 @@ def add_f32_backward(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -713,7 +753,8 @@ def add_f32_backward(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_f32_backward_tpu_blocks),
         grown to large steps (_grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -724,7 +765,9 @@ def add_f32_backward(
     """
     (dz,), sizes = _operands("add_f32_backward", {"dz": (dz, jnp.float32, ("M", "N"))})
     _check_blocks("add_f32_backward", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("add_f32_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks(
+        "add_f32_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+    )
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -844,8 +887,18 @@ def _add_f32_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, m, n, block_m, block
     _store(dy_ref, dz, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_add_f32_backward_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _add_f32_backward_gpu(dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`add_f32_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _add_f32_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -949,10 +1002,10 @@ def mul_f32(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -964,7 +1017,8 @@ def mul_f32(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_mul_f32_tpu_blocks),
         grown to large steps (_grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -979,7 +1033,7 @@ def mul_f32(
         "mul_f32", {"x": (x, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("M", "N"))}
     )
     _check_blocks("mul_f32", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("mul_f32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks("mul_f32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -1139,8 +1193,18 @@ def _mul_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
     _store(z_ref, x * y, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_mul_f32_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _mul_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`mul_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _mul_f32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -1238,10 +1302,10 @@ def mul_f32_backward(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -1255,7 +1319,8 @@ def mul_f32_backward(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_mul_f32_backward_tpu_blocks),
         grown to large steps (_grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -1273,7 +1338,9 @@ def mul_f32_backward(
         },
     )
     _check_blocks("mul_f32_backward", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("mul_f32_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks(
+        "mul_f32_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+    )
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -1405,8 +1472,18 @@ def _mul_f32_backward_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, m, n, 
     _store(dy_ref, dz * x, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_mul_f32_backward_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _mul_f32_backward_gpu(x, y, dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`mul_f32_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _mul_f32_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -1524,9 +1601,9 @@ def argmax_f32(
     x,
     *,
     block_m=None,
-    gpu_block_m=1,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -1537,7 +1614,8 @@ def argmax_f32(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_f32_tpu_blocks),
         grown to large steps (_grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -1550,7 +1628,7 @@ def argmax_f32(
     """
     (x,), sizes = _operands("argmax_f32", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("argmax_f32", block_m=block_m, may_be_none=True)
-    _check_blocks("argmax_f32", gpu_block_m=gpu_block_m)
+    _check_blocks("argmax_f32", gpu_block_m=gpu_block_m, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -1688,8 +1766,18 @@ def _argmax_f32_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
     _store(i_ref, _argbest(_fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_argmax_f32_gpu_options = {None: (1, 4, 1)}
+
+
 def _argmax_f32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmax_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _argmax_f32_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
@@ -1789,9 +1877,9 @@ def equal_count_f32(
     y,
     *,
     block_n=None,
-    gpu_block_n=1024,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -1803,7 +1891,8 @@ def equal_count_f32(
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_f32_tpu_blocks),
         grown to large steps (_grown), else 4096.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: reductions to a scalar or over a kernel of
@@ -1820,7 +1909,7 @@ def equal_count_f32(
         "equal_count_f32", {"x": (x, jnp.float32, ("N",)), "y": (y, jnp.float32, ("N",))}
     )
     _check_blocks("equal_count_f32", block_n=block_n, may_be_none=True)
-    _check_blocks("equal_count_f32", gpu_block_n=gpu_block_n)
+    _check_blocks("equal_count_f32", gpu_block_n=gpu_block_n, may_be_none=True)
     n_ = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(equal_count_f32_reference, (((), jnp.int32),), x, y)
@@ -1989,8 +2078,18 @@ def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
     n_ref[...] = sum_n
 
 
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
+# None: any other GPU (the spec's).
+_equal_count_f32_gpu_options = {None: (1024, 4, 1)}
+
+
 def _equal_count_f32_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
     """`equal_count_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_n, num_warps, num_stages = _gpu_options(
+        _equal_count_f32_gpu_options, (n_,), (block_n, num_warps, num_stages)
+    )
     block_n = min(block_n, pl.next_power_of_2(n_))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_equal_count_f32_gpu_kernel, n_=n_, block_n=block_n),
@@ -2035,10 +2134,10 @@ def add_i32(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -2050,7 +2149,8 @@ def add_i32(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_i32_tpu_blocks),
         grown to large steps (_grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -2066,7 +2166,7 @@ def add_i32(
         "add_i32", {"x": (x, jnp.int32, ("M", "N")), "y": (y, jnp.int32, ("M", "N"))}
     )
     _check_blocks("add_i32", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("add_i32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks("add_i32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -2222,8 +2322,18 @@ def _add_i32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
     _store(z_ref, x + y, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_add_i32_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _add_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`add_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _add_i32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -2320,10 +2430,10 @@ def mul_i32(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -2335,7 +2445,8 @@ def mul_i32(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_mul_i32_tpu_blocks),
         grown to large steps (_grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -2351,7 +2462,7 @@ def mul_i32(
         "mul_i32", {"x": (x, jnp.int32, ("M", "N")), "y": (y, jnp.int32, ("M", "N"))}
     )
     _check_blocks("mul_i32", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("mul_i32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks("mul_i32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -2507,8 +2618,18 @@ def _mul_i32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
     _store(z_ref, x * y, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_mul_i32_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _mul_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`mul_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _mul_i32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -2601,9 +2722,9 @@ def argmax_i32(
     x,
     *,
     block_m=None,
-    gpu_block_m=1,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -2614,7 +2735,8 @@ def argmax_i32(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_i32_tpu_blocks),
         grown to large steps (_grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -2627,7 +2749,7 @@ def argmax_i32(
     """
     (x,), sizes = _operands("argmax_i32", {"x": (x, jnp.int32, ("M", "N"))})
     _check_blocks("argmax_i32", block_m=block_m, may_be_none=True)
-    _check_blocks("argmax_i32", gpu_block_m=gpu_block_m)
+    _check_blocks("argmax_i32", gpu_block_m=gpu_block_m, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -2765,8 +2887,18 @@ def _argmax_i32_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
     _store(i_ref, _argbest(_fill_past(x, 0, n, 1, -2147483648), 1, largest=True), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_argmax_i32_gpu_options = {None: (1, 4, 1)}
+
+
 def _argmax_i32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmax_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _argmax_i32_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
@@ -2866,9 +2998,9 @@ def equal_count_i32(
     y,
     *,
     block_n=None,
-    gpu_block_n=1024,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -2880,7 +3012,8 @@ def equal_count_i32(
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_i32_tpu_blocks),
         grown to large steps (_grown), else 4096.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: reductions to a scalar or over a kernel of
@@ -2897,7 +3030,7 @@ def equal_count_i32(
         "equal_count_i32", {"x": (x, jnp.int32, ("N",)), "y": (y, jnp.int32, ("N",))}
     )
     _check_blocks("equal_count_i32", block_n=block_n, may_be_none=True)
-    _check_blocks("equal_count_i32", gpu_block_n=gpu_block_n)
+    _check_blocks("equal_count_i32", gpu_block_n=gpu_block_n, may_be_none=True)
     n_ = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(equal_count_i32_reference, (((), jnp.int32),), x, y)
@@ -3066,8 +3199,18 @@ def _equal_count_i32_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
     n_ref[...] = sum_n
 
 
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
+# None: any other GPU (the spec's).
+_equal_count_i32_gpu_options = {None: (1024, 4, 1)}
+
+
 def _equal_count_i32_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
     """`equal_count_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_n, num_warps, num_stages = _gpu_options(
+        _equal_count_i32_gpu_options, (n_,), (block_n, num_warps, num_stages)
+    )
     block_n = min(block_n, pl.next_power_of_2(n_))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_equal_count_i32_gpu_kernel, n_=n_, block_n=block_n),
@@ -3112,10 +3255,10 @@ def add_i8(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -3127,7 +3270,8 @@ def add_i8(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_i8_tpu_blocks),
         grown to large steps (_grown), else 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: Mosaic GPU computes on 8-bit values only by
@@ -3145,7 +3289,7 @@ def add_i8(
         "add_i8", {"x": (x, jnp.int8, ("M", "N")), "y": (y, jnp.int8, ("M", "N"))}
     )
     _check_blocks("add_i8", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("add_i8", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks("add_i8", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -3301,8 +3445,18 @@ def _add_i8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
     _store(z_ref, x + y, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_add_i8_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _add_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`add_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _add_i8_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -3347,10 +3501,10 @@ def mul_i8(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -3362,7 +3516,8 @@ def mul_i8(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_mul_i8_tpu_blocks),
         grown to large steps (_grown), else 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: Mosaic GPU computes on 8-bit values only by
@@ -3380,7 +3535,7 @@ def mul_i8(
         "mul_i8", {"x": (x, jnp.int8, ("M", "N")), "y": (y, jnp.int8, ("M", "N"))}
     )
     _check_blocks("mul_i8", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("mul_i8", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks("mul_i8", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -3536,8 +3691,18 @@ def _mul_i8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
     _store(z_ref, x * y, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_mul_i8_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _mul_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`mul_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _mul_i8_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -3578,9 +3743,9 @@ def argmax_i8(
     x,
     *,
     block_m=None,
-    gpu_block_m=1,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -3591,7 +3756,8 @@ def argmax_i8(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_i8_tpu_blocks),
         grown to large steps (_grown), else 32.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: Mosaic GPU computes on 8-bit values only by
@@ -3606,7 +3772,7 @@ def argmax_i8(
     """
     (x,), sizes = _operands("argmax_i8", {"x": (x, jnp.int8, ("M", "N"))})
     _check_blocks("argmax_i8", block_m=block_m, may_be_none=True)
-    _check_blocks("argmax_i8", gpu_block_m=gpu_block_m)
+    _check_blocks("argmax_i8", gpu_block_m=gpu_block_m, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -3748,8 +3914,18 @@ def _argmax_i8_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
     )
 
 
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_argmax_i8_gpu_options = {None: (1, 4, 1)}
+
+
 def _argmax_i8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmax_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _argmax_i8_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
@@ -3790,9 +3966,9 @@ def equal_count_i8(
     y,
     *,
     block_n=None,
-    gpu_block_n=1024,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -3804,7 +3980,8 @@ def equal_count_i8(
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_i8_tpu_blocks),
         grown to large steps (_grown), else 4096.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: reductions to a scalar or over a kernel of
@@ -3821,7 +3998,7 @@ def equal_count_i8(
         "equal_count_i8", {"x": (x, jnp.int8, ("N",)), "y": (y, jnp.int8, ("N",))}
     )
     _check_blocks("equal_count_i8", block_n=block_n, may_be_none=True)
-    _check_blocks("equal_count_i8", gpu_block_n=gpu_block_n)
+    _check_blocks("equal_count_i8", gpu_block_n=gpu_block_n, may_be_none=True)
     n_ = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(equal_count_i8_reference, (((), jnp.int32),), x, y)
@@ -3990,8 +4167,18 @@ def _equal_count_i8_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
     n_ref[...] = sum_n
 
 
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
+# None: any other GPU (the spec's).
+_equal_count_i8_gpu_options = {None: (1024, 4, 1)}
+
+
 def _equal_count_i8_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
     """`equal_count_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_n, num_warps, num_stages = _gpu_options(
+        _equal_count_i8_gpu_options, (n_,), (block_n, num_warps, num_stages)
+    )
     block_n = min(block_n, pl.next_power_of_2(n_))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_equal_count_i8_gpu_kernel, n_=n_, block_n=block_n),

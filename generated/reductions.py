@@ -51,6 +51,35 @@ def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
     return on_mosaic_gpu
 
 
+def _gpu_device_kind():
+    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
+    default device's if it is a GPU, else the first GPU's (None without one)."""
+    device = jax.config.jax_default_device
+    if getattr(device, "platform", None) == "gpu":
+        return device.device_kind
+    try:
+        return jax.devices("gpu")[0].device_kind
+    except RuntimeError:  # no GPU backend
+        return None
+
+
+def _gpu_options(table, sizes, given):
+    """The blocks and launch options of a GPU (Triton) call: those `given` (not None) as
+    they are, the others from `table`: for the GPU compiled for (see `_gpu_device_kind`),
+    the tuned entry whose sizes are nearest the call's (in powers of two), else the
+    spec's, `table[None]`."""
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
+    tuned = table.get(kind) if kind is not None else None
+    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
+    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
+
+
 def _mgpu_pad(array, shape):
     """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
     if array.shape == shape:
@@ -426,9 +455,9 @@ def argmax_rows(
     x,
     *,
     block_m=None,
-    gpu_block_m=1,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -439,7 +468,8 @@ def argmax_rows(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_rows_tpu_blocks),
         grown to large steps (_grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -452,7 +482,7 @@ def argmax_rows(
     """
     (x,), sizes = _operands("argmax_rows", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("argmax_rows", block_m=block_m, may_be_none=True)
-    _check_blocks("argmax_rows", gpu_block_m=gpu_block_m)
+    _check_blocks("argmax_rows", gpu_block_m=gpu_block_m, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -590,8 +620,18 @@ def _argmax_rows_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
     _store(i_ref, _argbest(_fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_argmax_rows_gpu_options = {None: (1, 4, 1)}
+
+
 def _argmax_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmax_rows` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _argmax_rows_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
@@ -693,10 +733,10 @@ def argmax_blocked(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=1,
-    gpu_block_n=1024,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -708,7 +748,8 @@ def argmax_blocked(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_blocked_tpu_blocks),
         grown to large steps (_grown), else 8, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -721,7 +762,9 @@ def argmax_blocked(
     """
     (x,), sizes = _operands("argmax_blocked", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("argmax_blocked", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("argmax_blocked", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks(
+        "argmax_blocked", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+    )
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -926,8 +969,18 @@ def _argmax_blocked_gpu_kernel(x_ref, i_ref, *, m, n, block_m, block_n):
     _store(i_ref, argmax_n, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_argmax_blocked_gpu_options = {None: (1, 1024, 4, 1)}
+
+
 def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`argmax_blocked` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _argmax_blocked_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -1026,9 +1079,9 @@ def argmin_rows(
     x,
     *,
     block_m=None,
-    gpu_block_m=1,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -1039,7 +1092,8 @@ def argmin_rows(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmin_rows_tpu_blocks),
         grown to large steps (_grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -1052,7 +1106,7 @@ def argmin_rows(
     """
     (x,), sizes = _operands("argmin_rows", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("argmin_rows", block_m=block_m, may_be_none=True)
-    _check_blocks("argmin_rows", gpu_block_m=gpu_block_m)
+    _check_blocks("argmin_rows", gpu_block_m=gpu_block_m, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -1190,8 +1244,18 @@ def _argmin_rows_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
     _store(i_ref, _argbest(_fill_past(x, 0, n, 1, jnp.inf), 1, largest=False), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_argmin_rows_gpu_options = {None: (1, 4, 1)}
+
+
 def _argmin_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmin_rows` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _argmin_rows_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
@@ -1293,10 +1357,10 @@ def column_sums(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=64,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -1307,7 +1371,8 @@ def column_sums(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_column_sums_tpu_blocks),
         grown to large steps (_grown), else 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: a reduction over M, not the kernel's last
@@ -1322,7 +1387,7 @@ def column_sums(
     """
     (x,), sizes = _operands("column_sums", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("column_sums", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("column_sums", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks("column_sums", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -1508,8 +1573,18 @@ def _column_sums_gpu_kernel(x_ref, s_ref, *, m, n, block_m, block_n):
     _store(s_ref, sum_m, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_column_sums_gpu_options = {None: (64, 128, 4, 1)}
+
+
 def _column_sums_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`column_sums` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _column_sums_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -1549,9 +1624,9 @@ def quantize_rows_int8(
     x,
     *,
     block_m=None,
-    gpu_block_m=1,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -1563,7 +1638,8 @@ def quantize_rows_int8(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_tpu_blocks),
         grown to large steps (_grown), else 32.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -1576,7 +1652,7 @@ def quantize_rows_int8(
     """
     (x,), sizes = _operands("quantize_rows_int8", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("quantize_rows_int8", block_m=block_m, may_be_none=True)
-    _check_blocks("quantize_rows_int8", gpu_block_m=gpu_block_m)
+    _check_blocks("quantize_rows_int8", gpu_block_m=gpu_block_m, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -1734,8 +1810,18 @@ def _quantize_rows_int8_gpu_kernel(x_ref, q_ref, scale_ref, *, m, block_m, n, bl
     _store(scale_ref, s, _mask((block_m, 1), in_m, None))
 
 
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_quantize_rows_int8_gpu_options = {None: (1, 4, 1)}
+
+
 def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`quantize_rows_int8` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _quantize_rows_int8_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
@@ -1878,9 +1964,9 @@ def equal_count(
     y,
     *,
     block_n=None,
-    gpu_block_n=1024,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -1892,7 +1978,8 @@ def equal_count(
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_tpu_blocks),
         grown to large steps (_grown), else 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: reductions to a scalar or over a kernel of
@@ -1909,7 +1996,7 @@ def equal_count(
         "equal_count", {"x": (x, jnp.int32, ("N",)), "y": (y, jnp.int32, ("N",))}
     )
     _check_blocks("equal_count", block_n=block_n, may_be_none=True)
-    _check_blocks("equal_count", gpu_block_n=gpu_block_n)
+    _check_blocks("equal_count", gpu_block_n=gpu_block_n, may_be_none=True)
     n_ = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(equal_count_reference, (((), jnp.int32),), x, y)
@@ -2078,8 +2165,18 @@ def _equal_count_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
     n_ref[...] = sum_n
 
 
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
+# None: any other GPU (the spec's).
+_equal_count_gpu_options = {None: (1024, 4, 1)}
+
+
 def _equal_count_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
     """`equal_count` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_n, num_warps, num_stages = _gpu_options(
+        _equal_count_gpu_options, (n_,), (block_n, num_warps, num_stages)
+    )
     block_n = min(block_n, pl.next_power_of_2(n_))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_equal_count_gpu_kernel, n_=n_, block_n=block_n),

@@ -51,6 +51,35 @@ def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
     return on_mosaic_gpu
 
 
+def _gpu_device_kind():
+    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
+    default device's if it is a GPU, else the first GPU's (None without one)."""
+    device = jax.config.jax_default_device
+    if getattr(device, "platform", None) == "gpu":
+        return device.device_kind
+    try:
+        return jax.devices("gpu")[0].device_kind
+    except RuntimeError:  # no GPU backend
+        return None
+
+
+def _gpu_options(table, sizes, given):
+    """The blocks and launch options of a GPU (Triton) call: those `given` (not None) as
+    they are, the others from `table`: for the GPU compiled for (see `_gpu_device_kind`),
+    the tuned entry whose sizes are nearest the call's (in powers of two), else the
+    spec's, `table[None]`."""
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
+    tuned = table.get(kind) if kind is not None else None
+    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
+    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
+
+
 def _mgpu_pad(array, shape):
     """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
     if array.shape == shape:
@@ -390,9 +419,9 @@ def softmax(
     x,
     *,
     block_m=None,
-    gpu_block_m=1,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -403,7 +432,8 @@ def softmax(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_softmax_tpu_blocks),
         grown to large steps (_grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -416,7 +446,7 @@ def softmax(
     """
     (x,), sizes = _operands("softmax", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("softmax", block_m=block_m, may_be_none=True)
-    _check_blocks("softmax", gpu_block_m=gpu_block_m)
+    _check_blocks("softmax", gpu_block_m=gpu_block_m, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -548,8 +578,18 @@ def _softmax_gpu_kernel(x_ref, y_ref, *, m, block_m, n, block_n):
     _store(y_ref, e / jnp.sum(_fill_past(e, 0, n, 1, 0.0), axis=1, keepdims=True), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_softmax_gpu_options = {None: (1, 4, 1)}
+
+
 def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`softmax` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _softmax_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
@@ -696,9 +736,9 @@ def log_softmax(
     x,
     *,
     block_m=None,
-    gpu_block_m=1,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -709,7 +749,8 @@ def log_softmax(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_tpu_blocks),
         grown to large steps (_grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -722,7 +763,7 @@ def log_softmax(
     """
     (x,), sizes = _operands("log_softmax", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("log_softmax", block_m=block_m, may_be_none=True)
-    _check_blocks("log_softmax", gpu_block_m=gpu_block_m)
+    _check_blocks("log_softmax", gpu_block_m=gpu_block_m, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -855,8 +896,18 @@ def _log_softmax_gpu_kernel(x_ref, y_ref, *, m, block_m, n, block_n):
     _store(y_ref, x - _logsumexp(_fill_past(x, 0, n, 1, -jnp.inf), 1), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_log_softmax_gpu_options = {None: (1, 4, 1)}
+
+
 def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`log_softmax` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _log_softmax_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(

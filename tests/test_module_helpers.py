@@ -30,7 +30,7 @@ FEATURES = {
         "in x: f32[M, N]\nout y: f32[M, N]\ny = x * 2.0",
         PLATFORM
         | {"_operands", "_without_elements", "_vmem_limit", "_nbytes", "_inside", "_mask", "_load", "_store"}
-        | {"_mgpu_pad", "_mgpu_swizzled", "_mgpu_load"},
+        | {"_mgpu_pad", "_mgpu_swizzled", "_mgpu_load", "_gpu_options", "_gpu_device_kind"},
         {"M": 5, "N": 7},
     ),
     "call-time-blocks": (

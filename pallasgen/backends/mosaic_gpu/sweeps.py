@@ -120,7 +120,9 @@ class RowSweepPlanner:
         columns), or per row once passes are done."""
         names = dict(self.lowered.names)
         if in_block:
-            names |= {n: f"_mgpu_rows({names[n]}, {self.shape})" for n in self.arrays | self.statements if self.is_row(n)}
+            names |= {
+                n: f"_mgpu_rows({names[n]}, {self.shape})" for n in self.arrays | self.statements if self.is_row(n)
+            }
         overrides = {
             node: f"_mgpu_rows({result}, {self.shape})" if in_block else result for node, result in self.results.items()
         }
@@ -179,9 +181,7 @@ class RowSweepPlanner:
             body.append(f"{smem[decl.name]}[...] = {self.values[decl.name]}")
         if row_outputs:
             body.append("plgpu.commit_smem()")
-            body += [
-                f"plgpu.copy_smem_to_gmem({smem[d.name]}, {self.refs[d.name]}.at[{rows_at}])" for d in row_outputs
-            ]
+            body += [f"plgpu.copy_smem_to_gmem({smem[d.name]}, {self.refs[d.name]}.at[{rows_at}])" for d in row_outputs]
         if block_outputs:
             body += self._output_pass(block_outputs, out_smem, program, steps)
         body.append("plgpu.wait_smem_to_gmem(0)")
@@ -334,5 +334,7 @@ class RowSweepPlanner:
             lines.append(f"    {buffers[out.name]}[{slot}] = {emitter.cast(statement.value, out.dtype)}")
         lines.append("    plgpu.commit_smem()")
         at = f"pl.ds({program} * {block_keyword(self.rows)}, {block_keyword(self.rows)}), pl.ds({self.start}, {cols})"
-        lines += [f"    plgpu.copy_smem_to_gmem({buffers[o.name]}.at[{slot}], {self.refs[o.name]}.at[{at}])" for o in outputs]
+        lines += [
+            f"    plgpu.copy_smem_to_gmem({buffers[o.name]}.at[{slot}], {self.refs[o.name]}.at[{at}])" for o in outputs
+        ]
         return [*lines, "", *self._pipeline(step, inputs, program, steps, None)]
