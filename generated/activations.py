@@ -105,24 +105,26 @@ def _mgpu_load(ref, shape, dims):
     return jax.lax.broadcast_in_dim(vector, shape, dims)
 
 
-def _mgpu_rows(vector, shape):
-    """A vector of a block's rows (the WGMMA layout's row layout) broadcast over its columns."""
-    return jax.lax.broadcast_in_dim(vector, shape, (0,))
+def _mgpu_spread(vector, shape, dim):
+    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
+    broadcast over the block's other axis."""
+    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
 
 
-def _mgpu_load_rows(ref):
-    """A vector of a block's rows from shared memory, in the WGMMA layout's row layout."""
-    return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1))
+def _mgpu_load_vector(ref, dim):
+    """A vector along axis `dim` of a block, from shared memory, in the WGMMA layout's row
+    (0) or column (1) layout."""
+    return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dim))
 
 
-def _mgpu_full_rows(rows, value, dtype):
-    """A running value per row, `value` in each, in the WGMMA layout's row layout."""
-    return plgpu.layout_cast(jnp.full((rows,), value, dtype), plgpu.Layout.WGMMA.reduce(1))
+def _mgpu_full(size, value, dtype, dim):
+    """A running value per position along axis `dim` of a block, `value` in each."""
+    return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
 
 
-def _mgpu_columns(start, shape):
-    """The positions of a block's columns, from `start`, in the WGMMA layout."""
-    return start + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+def _mgpu_positions(start, shape, axis):
+    """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
+    return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
 
 
 def _on_platform(tpu, gpu, interpret, *arrays):
@@ -1692,8 +1694,6 @@ def bias_gelu_backward_over_m(
     those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: a reduction over M, not the kernel's last
-        dimension, is not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1740,7 +1740,7 @@ def bias_gelu_backward_over_m(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_bias_gelu_backward_over_m_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -1956,8 +1956,106 @@ def _bias_gelu_backward_over_m_gpu(
     )(x, bias, scale, dy)
 
 
-# `bias_gelu_backward_over_m` has no Mosaic GPU kernel (a reduction over M, not the
-# kernel's last dimension, is not on Mosaic GPU yet): it runs on Triton.
+def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
+    x_ref,
+    bias_ref,
+    scale_ref,
+    dy_ref,
+    dbias_ref,
+    barrier,
+    bias_smem,
+    dbias_smem,
+    *,
+    block_m,
+    block_n,
+    m,
+):
+    program_n = jax.lax.axis_index("N")
+    plgpu.copy_gmem_to_smem(
+        bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+    bias = _mgpu_load_vector(bias_smem, 1)
+
+    def reduce_1(indices, x_smem, scale_smem, dy_smem, carry):
+        (sum_m_running,) = carry
+        start = indices[0] * block_m
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        scale = _mgpu_load(scale_smem, (block_m, block_n), (0,))
+        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        y_1 = x.astype(jnp.float32)
+        y_2 = y_1 * scale + _mgpu_spread(bias, (block_m, block_n), 1)
+        y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
+        dy_1 = dy.astype(jnp.float32) * (
+            0.5 * (1 + y_3)
+            + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        )
+        sum_m_block = dy_1
+        if m % block_m:  # a ragged M: its identity past the end
+            sum_m_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
+            )
+        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
+        return (sum_m_running,)
+
+    (sum_m_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[0] // block_m,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (s, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+            plgpu.BlockSpec((block_m,), lambda s: (s,)),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (s, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_n, 0.0, jnp.float32, 1),),
+    )(x_ref, scale_ref, dy_ref)
+    sum_m = sum_m_running
+    dbias = sum_m
+    dbias_smem[...] = dbias
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(dbias_smem, dbias_ref.at[pl.ds(program_n * block_n, block_n)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _bias_gelu_backward_over_m_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
+    """`bias_gelu_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    bias = bias.reshape((n,))
+    bias = _mgpu_pad(bias, (padded_n,))
+    scale = scale.reshape((m,))
+    scale = _mgpu_pad(scale, (padded_m,))
+    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    (dbias,) = plgpu.kernel(
+        functools.partial(
+            _bias_gelu_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
+        scratch_types=[
+            plgpu.Barrier(num_barriers=1),
+            plgpu.SMEM((block_n,), jnp.float32),
+            plgpu.SMEM((block_n,), jnp.float32),
+        ],
+        grid=(padded_n // block_n,),
+        grid_names=("N",),
+        interpret=interpret,
+    )(x, bias, scale, dy)
+    return dbias[:n].reshape((1, n))
 
 
 @functools.partial(
@@ -2284,7 +2382,7 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
         scale_ref.at[pl.ds(program_m * block_m, block_m)], scale_smem, barrier.at[0]
     )
     plgpu.barrier_wait(barrier.at[0])
-    scale = _mgpu_load_rows(scale_smem)
+    scale = _mgpu_load_vector(scale_smem, 0)
 
     def reduce_1(indices, x_smem, bias_smem, dy_smem, carry):
         (sum_n_running,) = carry
@@ -2293,7 +2391,7 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
         bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
         dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         y_1 = x.astype(jnp.float32)
-        y_2 = y_1 * _mgpu_rows(scale, (block_m, block_n)) + bias
+        y_2 = y_1 * _mgpu_spread(scale, (block_m, block_n), 0) + bias
         y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
         dy_1 = dy.astype(jnp.float32) * (
             0.5 * (1 + y_3)
@@ -2301,13 +2399,15 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
         )
         sum_n_block = dy_1 * y_1
         if n % block_n:  # a ragged N: its identity past the end
-            sum_n_block = jnp.where(_mgpu_columns(start, (block_m, block_n)) < n, sum_n_block, 0.0)
+            sum_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
+            )
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
 
     (sum_n_running,) = plgpu.emit_pipeline(
         reduce_1,
-        grid=(x_ref.shape[-1] // block_n,),
+        grid=(x_ref.shape[1] // block_n,),
         in_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
@@ -2322,7 +2422,7 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
             ),
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full_rows(block_m, 0.0, jnp.float32),),
+        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref, bias_ref, dy_ref)
     sum_n = sum_n_running
     dscale = sum_n

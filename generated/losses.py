@@ -105,31 +105,35 @@ def _mgpu_load(ref, shape, dims):
     return jax.lax.broadcast_in_dim(vector, shape, dims)
 
 
-def _mgpu_rows(vector, shape):
-    """A vector of a block's rows (the WGMMA layout's row layout) broadcast over its columns."""
-    return jax.lax.broadcast_in_dim(vector, shape, (0,))
+def _mgpu_spread(vector, shape, dim):
+    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
+    broadcast over the block's other axis."""
+    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
 
 
-def _mgpu_load_rows(ref):
-    """A vector of a block's rows from shared memory, in the WGMMA layout's row layout."""
-    return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1))
+def _mgpu_load_vector(ref, dim):
+    """A vector along axis `dim` of a block, from shared memory, in the WGMMA layout's row
+    (0) or column (1) layout."""
+    return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dim))
 
 
-def _mgpu_full_rows(rows, value, dtype):
-    """A running value per row, `value` in each, in the WGMMA layout's row layout."""
-    return plgpu.layout_cast(jnp.full((rows,), value, dtype), plgpu.Layout.WGMMA.reduce(1))
+def _mgpu_full(size, value, dtype, dim):
+    """A running value per position along axis `dim` of a block, `value` in each."""
+    return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
 
 
-def _mgpu_columns(start, shape):
-    """The positions of a block's columns, from `start`, in the WGMMA layout."""
-    return start + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+def _mgpu_positions(start, shape, axis):
+    """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
+    return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
 
 
-def _mgpu_logsumexp_step(top, total, x):
-    """The running (max, sum of exp(x - max)) of each row after one more block `x`."""
-    new_top = jnp.maximum(top, jnp.max(x, axis=1))
+def _mgpu_logsumexp_step(top, total, x, axis):
+    """The running (max, sum of exp(x - max)) after one more block `x`, reduced over `axis`."""
+    new_top = jnp.maximum(top, jnp.max(x, axis=axis))
     shift = jnp.where(new_top > -jnp.inf, new_top, 0.0)
-    total = total * jnp.exp(top - shift) + jnp.sum(jnp.exp(x - _mgpu_rows(shift, x.shape)), axis=1)
+    total = total * jnp.exp(top - shift) + jnp.sum(
+        jnp.exp(x - _mgpu_spread(shift, x.shape, 1 - axis)), axis=axis
+    )
     return new_top, total
 
 
@@ -764,7 +768,7 @@ def _cross_entropy_mosaic_gpu_kernel(
         label_ref.at[pl.ds(program_m * block_m, block_m)], label_smem, barrier.at[0]
     )
     plgpu.barrier_wait(barrier.at[0])
-    label = _mgpu_load_rows(label_smem)
+    label = _mgpu_load_vector(label_smem, 0)
 
     def reduce_1(indices, logits_smem, carry):
         logsumexp_v_running, logsumexp_v_index, sum_v_running = carry
@@ -774,22 +778,27 @@ def _cross_entropy_mosaic_gpu_kernel(
         logsumexp_v_block = z
         if v % block_v:  # a ragged V: its identity past the end
             logsumexp_v_block = jnp.where(
-                _mgpu_columns(start, (block_m, block_v)) < v, logsumexp_v_block, -jnp.inf
+                _mgpu_positions(start, (block_m, block_v), 1) < v, logsumexp_v_block, -jnp.inf
             )
         logsumexp_v_running, logsumexp_v_index = _mgpu_logsumexp_step(
-            logsumexp_v_running, logsumexp_v_index, logsumexp_v_block
+            logsumexp_v_running, logsumexp_v_index, logsumexp_v_block, 1
         )
         sum_v_block = jnp.where(
-            _mgpu_columns(start, (block_m, block_v)) == _mgpu_rows(label, (block_m, block_v)), z, 0
+            _mgpu_positions(start, (block_m, block_v), 1)
+            == _mgpu_spread(label, (block_m, block_v), 0),
+            z,
+            0,
         )
         if v % block_v:  # a ragged V: its identity past the end
-            sum_v_block = jnp.where(_mgpu_columns(start, (block_m, block_v)) < v, sum_v_block, 0.0)
+            sum_v_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_v), 1) < v, sum_v_block, 0.0
+            )
         sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1)
         return (logsumexp_v_running, logsumexp_v_index, sum_v_running)
 
     logsumexp_v_running, logsumexp_v_index, sum_v_running = plgpu.emit_pipeline(
         reduce_1,
-        grid=(logits_ref.shape[-1] // block_v,),
+        grid=(logits_ref.shape[1] // block_v,),
         in_specs=[
             plgpu.BlockSpec(
                 (block_m, block_v),
@@ -799,9 +808,9 @@ def _cross_entropy_mosaic_gpu_kernel(
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full_rows(block_m, -jnp.inf, jnp.float32),
-            _mgpu_full_rows(block_m, 0.0, jnp.float32),
-            _mgpu_full_rows(block_m, 0.0, jnp.float32),
+            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            _mgpu_full(block_m, 0.0, jnp.float32, 0),
+            _mgpu_full(block_m, 0.0, jnp.float32, 0),
         ),
     )(logits_ref)
     logsumexp_v = _logsumexp_finish(logsumexp_v_running, logsumexp_v_index)

@@ -105,19 +105,20 @@ def _mgpu_load(ref, shape, dims):
     return jax.lax.broadcast_in_dim(vector, shape, dims)
 
 
-def _mgpu_rows(vector, shape):
-    """A vector of a block's rows (the WGMMA layout's row layout) broadcast over its columns."""
-    return jax.lax.broadcast_in_dim(vector, shape, (0,))
+def _mgpu_spread(vector, shape, dim):
+    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
+    broadcast over the block's other axis."""
+    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
 
 
-def _mgpu_full_rows(rows, value, dtype):
-    """A running value per row, `value` in each, in the WGMMA layout's row layout."""
-    return plgpu.layout_cast(jnp.full((rows,), value, dtype), plgpu.Layout.WGMMA.reduce(1))
+def _mgpu_full(size, value, dtype, dim):
+    """A running value per position along axis `dim` of a block, `value` in each."""
+    return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
 
 
-def _mgpu_columns(start, shape):
-    """The positions of a block's columns, from `start`, in the WGMMA layout."""
-    return start + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+def _mgpu_positions(start, shape, axis):
+    """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
+    return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
 
 
 def _on_platform(tpu, gpu, interpret, *arrays):
@@ -716,14 +717,14 @@ def _layer_norm_mosaic_gpu_kernel(
         mean_n_block = h
         if n % block_n:  # a ragged N: its identity past the end
             mean_n_block = jnp.where(
-                _mgpu_columns(start, (block_m, block_n)) < n, mean_n_block, 0.0
+                _mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_block, 0.0
             )
         mean_n_running = mean_n_running + jnp.sum(mean_n_block, axis=1)
         return (mean_n_running,)
 
     (mean_n_running,) = plgpu.emit_pipeline(
         reduce_1,
-        grid=(x_ref.shape[-1] // block_n,),
+        grid=(x_ref.shape[1] // block_n,),
         in_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
@@ -732,7 +733,7 @@ def _layer_norm_mosaic_gpu_kernel(
             )
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full_rows(block_m, 0.0, jnp.float32),),
+        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
     mean_n = mean_n_running / n
     mu = mean_n
@@ -742,18 +743,18 @@ def _layer_norm_mosaic_gpu_kernel(
         start = indices[0] * block_n
         x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
-        d = h - _mgpu_rows(mu, (block_m, block_n))
+        d = h - _mgpu_spread(mu, (block_m, block_n), 0)
         mean_n__block = d * d
         if n % block_n:  # a ragged N: its identity past the end
             mean_n__block = jnp.where(
-                _mgpu_columns(start, (block_m, block_n)) < n, mean_n__block, 0.0
+                _mgpu_positions(start, (block_m, block_n), 1) < n, mean_n__block, 0.0
             )
         mean_n__running = mean_n__running + jnp.sum(mean_n__block, axis=1)
         return (mean_n__running,)
 
     (mean_n__running,) = plgpu.emit_pipeline(
         reduce_2,
-        grid=(x_ref.shape[-1] // block_n,),
+        grid=(x_ref.shape[1] // block_n,),
         in_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
@@ -762,7 +763,7 @@ def _layer_norm_mosaic_gpu_kernel(
             )
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full_rows(block_m, 0.0, jnp.float32),),
+        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
     mean_n_ = mean_n__running / n
     rstd = jax.lax.rsqrt(mean_n_ + eps)
@@ -778,11 +779,13 @@ def _layer_norm_mosaic_gpu_kernel(
         w = _mgpu_load(w_smem, (block_m, block_n), (1,))
         b = _mgpu_load(b_smem, (block_m, block_n), (1,))
         h = x.astype(jnp.float32)
-        d = h - _mgpu_rows(mu, (block_m, block_n))
+        d = h - _mgpu_spread(mu, (block_m, block_n), 0)
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = (d * _mgpu_rows(rstd, (block_m, block_n)) * w + b).astype(jnp.bfloat16)
+        y_buffers[slot] = (d * _mgpu_spread(rstd, (block_m, block_n), 0) * w + b).astype(
+            jnp.bfloat16
+        )
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
             y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
@@ -790,7 +793,7 @@ def _layer_norm_mosaic_gpu_kernel(
 
     plgpu.emit_pipeline(
         write,
-        grid=(x_ref.shape[-1] // block_n,),
+        grid=(x_ref.shape[1] // block_n,),
         in_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
@@ -1104,14 +1107,14 @@ def _rms_norm_mosaic_gpu_kernel(
         mean_n_block = h * h
         if n % block_n:  # a ragged N: its identity past the end
             mean_n_block = jnp.where(
-                _mgpu_columns(start, (block_m, block_n)) < n, mean_n_block, 0.0
+                _mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_block, 0.0
             )
         mean_n_running = mean_n_running + jnp.sum(mean_n_block, axis=1)
         return (mean_n_running,)
 
     (mean_n_running,) = plgpu.emit_pipeline(
         reduce_1,
-        grid=(x_ref.shape[-1] // block_n,),
+        grid=(x_ref.shape[1] // block_n,),
         in_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
@@ -1120,7 +1123,7 @@ def _rms_norm_mosaic_gpu_kernel(
             )
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full_rows(block_m, 0.0, jnp.float32),),
+        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
     mean_n = mean_n_running / n
 
@@ -1133,7 +1136,7 @@ def _rms_norm_mosaic_gpu_kernel(
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
         y_buffers[slot] = (
-            h * jax.lax.rsqrt(_mgpu_rows(mean_n, (block_m, block_n)) + eps) * w
+            h * jax.lax.rsqrt(_mgpu_spread(mean_n, (block_m, block_n), 0) + eps) * w
         ).astype(jnp.bfloat16)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
@@ -1142,7 +1145,7 @@ def _rms_norm_mosaic_gpu_kernel(
 
     plgpu.emit_pipeline(
         write,
-        grid=(x_ref.shape[-1] // block_n,),
+        grid=(x_ref.shape[1] // block_n,),
         in_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),

@@ -105,30 +105,33 @@ def _mgpu_load(ref, shape, dims):
     return jax.lax.broadcast_in_dim(vector, shape, dims)
 
 
-def _mgpu_rows(vector, shape):
-    """A vector of a block's rows (the WGMMA layout's row layout) broadcast over its columns."""
-    return jax.lax.broadcast_in_dim(vector, shape, (0,))
+def _mgpu_spread(vector, shape, dim):
+    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
+    broadcast over the block's other axis."""
+    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
 
 
-def _mgpu_full_rows(rows, value, dtype):
-    """A running value per row, `value` in each, in the WGMMA layout's row layout."""
-    return plgpu.layout_cast(jnp.full((rows,), value, dtype), plgpu.Layout.WGMMA.reduce(1))
+def _mgpu_full(size, value, dtype, dim):
+    """A running value per position along axis `dim` of a block, `value` in each."""
+    return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
 
 
-def _mgpu_columns(start, shape):
-    """The positions of a block's columns, from `start`, in the WGMMA layout."""
-    return start + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+def _mgpu_positions(start, shape, axis):
+    """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
+    return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
 
 
-def _mgpu_argbest_step(best, index, x, start, largest):
-    """The running (value, first index) of each row's largest (or smallest) value after
-    one more block `x` whose columns start at `start`."""
-    block_best = jnp.max(x, axis=1) if largest else jnp.min(x, axis=1)
+def _mgpu_argbest_step(best, index, x, start, axis, largest):
+    """The running (value, first index) of the largest (or smallest) value along `axis`
+    after one more block `x` whose positions there start at `start`."""
+    block_best = jnp.max(x, axis=axis) if largest else jnp.min(x, axis=axis)
     hits = jnp.where(
-        x == _mgpu_rows(block_best, x.shape), _mgpu_columns(start, x.shape), 2147483647
+        x == _mgpu_spread(block_best, x.shape, 1 - axis),
+        _mgpu_positions(start, x.shape, axis),
+        2147483647,
     )
     better = block_best > best if largest else block_best < best  # ties keep the earlier index
-    return jnp.where(better, block_best, best), jnp.where(better, jnp.min(hits, axis=1), index)
+    return jnp.where(better, block_best, best), jnp.where(better, jnp.min(hits, axis=axis), index)
 
 
 def _on_platform(tpu, gpu, interpret, *arrays):
@@ -1808,16 +1811,16 @@ def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, barrier, i_smem, *, block_m, blo
         argmax_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
             argmax_n_block = jnp.where(
-                _mgpu_columns(start, (block_m, block_n)) < n, argmax_n_block, -jnp.inf
+                _mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -jnp.inf
             )
         argmax_n_running, argmax_n_index = _mgpu_argbest_step(
-            argmax_n_running, argmax_n_index, argmax_n_block, start, largest=True
+            argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
         )
         return (argmax_n_running, argmax_n_index)
 
     argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
         reduce_1,
-        grid=(x_ref.shape[-1] // block_n,),
+        grid=(x_ref.shape[1] // block_n,),
         in_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
@@ -1827,8 +1830,8 @@ def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, barrier, i_smem, *, block_m, blo
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full_rows(block_m, -jnp.inf, jnp.float32),
-            _mgpu_full_rows(block_m, 0, jnp.int32),
+            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            _mgpu_full(block_m, 0, jnp.int32, 0),
         ),
     )(x_ref)
     argmax_n = argmax_n_index
@@ -2929,16 +2932,16 @@ def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, barrier, i_smem, *, block_m, blo
         argmax_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
             argmax_n_block = jnp.where(
-                _mgpu_columns(start, (block_m, block_n)) < n, argmax_n_block, -2147483648
+                _mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -2147483648
             )
         argmax_n_running, argmax_n_index = _mgpu_argbest_step(
-            argmax_n_running, argmax_n_index, argmax_n_block, start, largest=True
+            argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
         )
         return (argmax_n_running, argmax_n_index)
 
     argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
         reduce_1,
-        grid=(x_ref.shape[-1] // block_n,),
+        grid=(x_ref.shape[1] // block_n,),
         in_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
@@ -2948,8 +2951,8 @@ def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, barrier, i_smem, *, block_m, blo
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full_rows(block_m, -2147483648, jnp.int32),
-            _mgpu_full_rows(block_m, 0, jnp.int32),
+            _mgpu_full(block_m, -2147483648, jnp.int32, 0),
+            _mgpu_full(block_m, 0, jnp.int32, 0),
         ),
     )(x_ref)
     argmax_n = argmax_n_index

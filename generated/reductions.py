@@ -105,30 +105,33 @@ def _mgpu_load(ref, shape, dims):
     return jax.lax.broadcast_in_dim(vector, shape, dims)
 
 
-def _mgpu_rows(vector, shape):
-    """A vector of a block's rows (the WGMMA layout's row layout) broadcast over its columns."""
-    return jax.lax.broadcast_in_dim(vector, shape, (0,))
+def _mgpu_spread(vector, shape, dim):
+    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
+    broadcast over the block's other axis."""
+    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
 
 
-def _mgpu_full_rows(rows, value, dtype):
-    """A running value per row, `value` in each, in the WGMMA layout's row layout."""
-    return plgpu.layout_cast(jnp.full((rows,), value, dtype), plgpu.Layout.WGMMA.reduce(1))
+def _mgpu_full(size, value, dtype, dim):
+    """A running value per position along axis `dim` of a block, `value` in each."""
+    return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
 
 
-def _mgpu_columns(start, shape):
-    """The positions of a block's columns, from `start`, in the WGMMA layout."""
-    return start + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+def _mgpu_positions(start, shape, axis):
+    """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
+    return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
 
 
-def _mgpu_argbest_step(best, index, x, start, largest):
-    """The running (value, first index) of each row's largest (or smallest) value after
-    one more block `x` whose columns start at `start`."""
-    block_best = jnp.max(x, axis=1) if largest else jnp.min(x, axis=1)
+def _mgpu_argbest_step(best, index, x, start, axis, largest):
+    """The running (value, first index) of the largest (or smallest) value along `axis`
+    after one more block `x` whose positions there start at `start`."""
+    block_best = jnp.max(x, axis=axis) if largest else jnp.min(x, axis=axis)
     hits = jnp.where(
-        x == _mgpu_rows(block_best, x.shape), _mgpu_columns(start, x.shape), 2147483647
+        x == _mgpu_spread(block_best, x.shape, 1 - axis),
+        _mgpu_positions(start, x.shape, axis),
+        2147483647,
     )
     better = block_best > best if largest else block_best < best  # ties keep the earlier index
-    return jnp.where(better, block_best, best), jnp.where(better, jnp.min(hits, axis=1), index)
+    return jnp.where(better, block_best, best), jnp.where(better, jnp.min(hits, axis=axis), index)
 
 
 def _on_platform(tpu, gpu, interpret, *arrays):
@@ -662,16 +665,16 @@ def _argmax_rows_mosaic_gpu_kernel(x_ref, i_ref, barrier, i_smem, *, block_m, bl
         argmax_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
             argmax_n_block = jnp.where(
-                _mgpu_columns(start, (block_m, block_n)) < n, argmax_n_block, -jnp.inf
+                _mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -jnp.inf
             )
         argmax_n_running, argmax_n_index = _mgpu_argbest_step(
-            argmax_n_running, argmax_n_index, argmax_n_block, start, largest=True
+            argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
         )
         return (argmax_n_running, argmax_n_index)
 
     argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
         reduce_1,
-        grid=(x_ref.shape[-1] // block_n,),
+        grid=(x_ref.shape[1] // block_n,),
         in_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
@@ -681,8 +684,8 @@ def _argmax_rows_mosaic_gpu_kernel(x_ref, i_ref, barrier, i_smem, *, block_m, bl
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full_rows(block_m, -jnp.inf, jnp.float32),
-            _mgpu_full_rows(block_m, 0, jnp.int32),
+            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            _mgpu_full(block_m, 0, jnp.int32, 0),
         ),
     )(x_ref)
     argmax_n = argmax_n_index
@@ -1011,16 +1014,16 @@ def _argmax_blocked_mosaic_gpu_kernel(x_ref, i_ref, barrier, i_smem, *, block_m,
         argmax_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
             argmax_n_block = jnp.where(
-                _mgpu_columns(start, (block_m, block_n)) < n, argmax_n_block, -jnp.inf
+                _mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -jnp.inf
             )
         argmax_n_running, argmax_n_index = _mgpu_argbest_step(
-            argmax_n_running, argmax_n_index, argmax_n_block, start, largest=True
+            argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
         )
         return (argmax_n_running, argmax_n_index)
 
     argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
         reduce_1,
-        grid=(x_ref.shape[-1] // block_n,),
+        grid=(x_ref.shape[1] // block_n,),
         in_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
@@ -1030,8 +1033,8 @@ def _argmax_blocked_mosaic_gpu_kernel(x_ref, i_ref, barrier, i_smem, *, block_m,
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full_rows(block_m, -jnp.inf, jnp.float32),
-            _mgpu_full_rows(block_m, 0, jnp.int32),
+            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            _mgpu_full(block_m, 0, jnp.int32, 0),
         ),
     )(x_ref)
     argmax_n = argmax_n_index
@@ -1286,16 +1289,16 @@ def _argmin_rows_mosaic_gpu_kernel(x_ref, i_ref, barrier, i_smem, *, block_m, bl
         argmin_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
             argmin_n_block = jnp.where(
-                _mgpu_columns(start, (block_m, block_n)) < n, argmin_n_block, jnp.inf
+                _mgpu_positions(start, (block_m, block_n), 1) < n, argmin_n_block, jnp.inf
             )
         argmin_n_running, argmin_n_index = _mgpu_argbest_step(
-            argmin_n_running, argmin_n_index, argmin_n_block, start, largest=False
+            argmin_n_running, argmin_n_index, argmin_n_block, start, 1, largest=False
         )
         return (argmin_n_running, argmin_n_index)
 
     argmin_n_running, argmin_n_index = plgpu.emit_pipeline(
         reduce_1,
-        grid=(x_ref.shape[-1] // block_n,),
+        grid=(x_ref.shape[1] // block_n,),
         in_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
@@ -1305,8 +1308,8 @@ def _argmin_rows_mosaic_gpu_kernel(x_ref, i_ref, barrier, i_smem, *, block_m, bl
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full_rows(block_m, jnp.inf, jnp.float32),
-            _mgpu_full_rows(block_m, 0, jnp.int32),
+            _mgpu_full(block_m, jnp.inf, jnp.float32, 0),
+            _mgpu_full(block_m, 0, jnp.int32, 0),
         ),
     )(x_ref)
     argmin_n = argmin_n_index
@@ -1375,8 +1378,6 @@ def column_sums(
     those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: a reduction over M, not the kernel's last
-        dimension, is not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1449,7 +1450,7 @@ def _column_sums_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_column_sums_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -1605,8 +1606,62 @@ def _column_sums_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interp
     )(x)
 
 
-# `column_sums` has no Mosaic GPU kernel (a reduction over M, not the kernel's last
-# dimension, is not on Mosaic GPU yet): it runs on Triton.
+def _column_sums_mosaic_gpu_kernel(x_ref, s_ref, barrier, s_smem, *, block_m, block_n, m):
+    program_n = jax.lax.axis_index("N")
+
+    def reduce_1(indices, x_smem, carry):
+        (sum_m_running,) = carry
+        start = indices[0] * block_m
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        sum_m_block = x
+        if m % block_m:  # a ragged M: its identity past the end
+            sum_m_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
+            )
+        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
+        return (sum_m_running,)
+
+    (sum_m_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[0] // block_m,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (s, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_n, 0.0, jnp.float32, 1),),
+    )(x_ref)
+    sum_m = sum_m_running
+    s = sum_m
+    s_smem[...] = s
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(s_smem, s_ref.at[pl.ds(program_n * block_n, block_n)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _column_sums_mosaic_gpu(x, *, m, n, interpret):
+    """`column_sums` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    (s,) = plgpu.kernel(
+        functools.partial(_column_sums_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m),
+        out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
+        scratch_types=[plgpu.Barrier(num_barriers=1), plgpu.SMEM((block_n,), jnp.float32)],
+        grid=(padded_n // block_n,),
+        grid_names=("N",),
+        interpret=interpret,
+    )(x)
+    return s[:n].reshape((1, n))
 
 
 @functools.partial(
@@ -1863,14 +1918,14 @@ def _quantize_rows_int8_mosaic_gpu_kernel(
         max_n_block = jnp.abs(x)
         if n % block_n:  # a ragged N: its identity past the end
             max_n_block = jnp.where(
-                _mgpu_columns(start, (block_m, block_n)) < n, max_n_block, -jnp.inf
+                _mgpu_positions(start, (block_m, block_n), 1) < n, max_n_block, -jnp.inf
             )
         max_n_running = jnp.maximum(max_n_running, jnp.max(max_n_block, axis=1))
         return (max_n_running,)
 
     (max_n_running,) = plgpu.emit_pipeline(
         reduce_1,
-        grid=(x_ref.shape[-1] // block_n,),
+        grid=(x_ref.shape[1] // block_n,),
         in_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
@@ -1879,7 +1934,7 @@ def _quantize_rows_int8_mosaic_gpu_kernel(
             )
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full_rows(block_m, -jnp.inf, jnp.float32),),
+        init_carry=(_mgpu_full(block_m, -jnp.inf, jnp.float32, 0),),
     )(x_ref)
     max_n = max_n_running
     s = jnp.maximum(max_n, 1e-30) / 127
@@ -1894,7 +1949,7 @@ def _quantize_rows_int8_mosaic_gpu_kernel(
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        q_buffers[slot] = jnp.round(x / _mgpu_rows(s, (block_m, block_n))).astype(jnp.int8)
+        q_buffers[slot] = jnp.round(x / _mgpu_spread(s, (block_m, block_n), 0)).astype(jnp.int8)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
             q_buffers.at[slot], q_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
@@ -1902,7 +1957,7 @@ def _quantize_rows_int8_mosaic_gpu_kernel(
 
     plgpu.emit_pipeline(
         write,
-        grid=(x_ref.shape[-1] // block_n,),
+        grid=(x_ref.shape[1] // block_n,),
         in_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),

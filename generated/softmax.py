@@ -105,26 +105,29 @@ def _mgpu_load(ref, shape, dims):
     return jax.lax.broadcast_in_dim(vector, shape, dims)
 
 
-def _mgpu_rows(vector, shape):
-    """A vector of a block's rows (the WGMMA layout's row layout) broadcast over its columns."""
-    return jax.lax.broadcast_in_dim(vector, shape, (0,))
+def _mgpu_spread(vector, shape, dim):
+    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
+    broadcast over the block's other axis."""
+    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
 
 
-def _mgpu_full_rows(rows, value, dtype):
-    """A running value per row, `value` in each, in the WGMMA layout's row layout."""
-    return plgpu.layout_cast(jnp.full((rows,), value, dtype), plgpu.Layout.WGMMA.reduce(1))
+def _mgpu_full(size, value, dtype, dim):
+    """A running value per position along axis `dim` of a block, `value` in each."""
+    return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
 
 
-def _mgpu_columns(start, shape):
-    """The positions of a block's columns, from `start`, in the WGMMA layout."""
-    return start + plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA)
+def _mgpu_positions(start, shape, axis):
+    """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
+    return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
 
 
-def _mgpu_logsumexp_step(top, total, x):
-    """The running (max, sum of exp(x - max)) of each row after one more block `x`."""
-    new_top = jnp.maximum(top, jnp.max(x, axis=1))
+def _mgpu_logsumexp_step(top, total, x, axis):
+    """The running (max, sum of exp(x - max)) after one more block `x`, reduced over `axis`."""
+    new_top = jnp.maximum(top, jnp.max(x, axis=axis))
     shift = jnp.where(new_top > -jnp.inf, new_top, 0.0)
-    total = total * jnp.exp(top - shift) + jnp.sum(jnp.exp(x - _mgpu_rows(shift, x.shape)), axis=1)
+    total = total * jnp.exp(top - shift) + jnp.sum(
+        jnp.exp(x - _mgpu_spread(shift, x.shape, 1 - axis)), axis=axis
+    )
     return new_top, total
 
 
@@ -620,14 +623,14 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, barrier, y_buffers, *, block_m, blo
         max_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
             max_n_block = jnp.where(
-                _mgpu_columns(start, (block_m, block_n)) < n, max_n_block, -jnp.inf
+                _mgpu_positions(start, (block_m, block_n), 1) < n, max_n_block, -jnp.inf
             )
         max_n_running = jnp.maximum(max_n_running, jnp.max(max_n_block, axis=1))
         return (max_n_running,)
 
     (max_n_running,) = plgpu.emit_pipeline(
         reduce_1,
-        grid=(x_ref.shape[-1] // block_n,),
+        grid=(x_ref.shape[1] // block_n,),
         in_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
@@ -636,7 +639,7 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, barrier, y_buffers, *, block_m, blo
             )
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full_rows(block_m, -jnp.inf, jnp.float32),),
+        init_carry=(_mgpu_full(block_m, -jnp.inf, jnp.float32, 0),),
     )(x_ref)
     max_n = max_n_running
 
@@ -644,16 +647,18 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, barrier, y_buffers, *, block_m, blo
         (sum_n_running,) = carry
         start = indices[0] * block_n
         x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        e = jnp.exp(x - _mgpu_rows(max_n, (block_m, block_n)))
+        e = jnp.exp(x - _mgpu_spread(max_n, (block_m, block_n), 0))
         sum_n_block = e
         if n % block_n:  # a ragged N: its identity past the end
-            sum_n_block = jnp.where(_mgpu_columns(start, (block_m, block_n)) < n, sum_n_block, 0.0)
+            sum_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
+            )
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
 
     (sum_n_running,) = plgpu.emit_pipeline(
         reduce_2,
-        grid=(x_ref.shape[-1] // block_n,),
+        grid=(x_ref.shape[1] // block_n,),
         in_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
@@ -662,18 +667,18 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, barrier, y_buffers, *, block_m, blo
             )
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full_rows(block_m, 0.0, jnp.float32),),
+        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
     sum_n = sum_n_running
 
     def write(indices, x_smem):
         start = indices[0] * block_n
         x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        e = jnp.exp(x - _mgpu_rows(max_n, (block_m, block_n)))
+        e = jnp.exp(x - _mgpu_spread(max_n, (block_m, block_n), 0))
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = e / _mgpu_rows(sum_n, (block_m, block_n))
+        y_buffers[slot] = e / _mgpu_spread(sum_n, (block_m, block_n), 0)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
             y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
@@ -681,7 +686,7 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, barrier, y_buffers, *, block_m, blo
 
     plgpu.emit_pipeline(
         write,
-        grid=(x_ref.shape[-1] // block_n,),
+        grid=(x_ref.shape[1] // block_n,),
         in_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
@@ -938,16 +943,16 @@ def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, barrier, y_buffers, *, block_m,
         logsumexp_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
             logsumexp_n_block = jnp.where(
-                _mgpu_columns(start, (block_m, block_n)) < n, logsumexp_n_block, -jnp.inf
+                _mgpu_positions(start, (block_m, block_n), 1) < n, logsumexp_n_block, -jnp.inf
             )
         logsumexp_n_running, logsumexp_n_index = _mgpu_logsumexp_step(
-            logsumexp_n_running, logsumexp_n_index, logsumexp_n_block
+            logsumexp_n_running, logsumexp_n_index, logsumexp_n_block, 1
         )
         return (logsumexp_n_running, logsumexp_n_index)
 
     logsumexp_n_running, logsumexp_n_index = plgpu.emit_pipeline(
         reduce_1,
-        grid=(x_ref.shape[-1] // block_n,),
+        grid=(x_ref.shape[1] // block_n,),
         in_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
@@ -957,8 +962,8 @@ def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, barrier, y_buffers, *, block_m,
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full_rows(block_m, -jnp.inf, jnp.float32),
-            _mgpu_full_rows(block_m, 0.0, jnp.float32),
+            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            _mgpu_full(block_m, 0.0, jnp.float32, 0),
         ),
     )(x_ref)
     logsumexp_n = _logsumexp_finish(logsumexp_n_running, logsumexp_n_index)
@@ -969,7 +974,7 @@ def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, barrier, y_buffers, *, block_m,
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = x - _mgpu_rows(logsumexp_n, (block_m, block_n))
+        y_buffers[slot] = x - _mgpu_spread(logsumexp_n, (block_m, block_n), 0)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
             y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
@@ -977,7 +982,7 @@ def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, barrier, y_buffers, *, block_m,
 
     plgpu.emit_pipeline(
         write,
-        grid=(x_ref.shape[-1] // block_n,),
+        grid=(x_ref.shape[1] // block_n,),
         in_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),

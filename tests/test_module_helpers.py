@@ -42,7 +42,7 @@ FEATURES = {
     "gradient": ("in x: f32[N]\nout y: f32[N]\ny = x * x", {"_differentiable"}, {"N": 300}),
     "argmax": (
         "in x: f32[M, N]\nout i: i32[M]\ni = argmax(x, N)\nblock M = 8",
-        {"_argbest", "_fill_past"} | {"_mgpu_argbest_step", "_mgpu_rows", "_mgpu_columns", "_mgpu_full_rows"},
+        {"_argbest", "_fill_past"} | {"_mgpu_argbest_step", "_mgpu_spread", "_mgpu_positions", "_mgpu_full"},
         {"M": 10, "N": 37},
     ),
     "argmax-over-steps": (
@@ -78,7 +78,7 @@ FEATURES = {
     ),
     "row-input-beside-a-reduction": (
         "in x: f32[M, N]\nin s: f32[M]\nout y: f32[M]\ny = sum(x, N) * s",
-        {"_mgpu_load_rows"},
+        {"_mgpu_load_vector"},
         {"M": 10, "N": 37},
     ),
 }

@@ -117,10 +117,11 @@ def test_mosaic_gpu_takes_the_elementwise_kernels_and_plain_products():
     assert {"matmul", "matmul_bias_gelu", "linear", "batched_matmul", "scores", "matmul_int8"} <= taken
 
 
-def test_mosaic_gpu_takes_the_kernels_that_reduce_rows():
+def test_mosaic_gpu_takes_the_kernels_that_reduce_rows_or_columns():
     taken = {k for _, k in TAKEN}
     assert {"softmax", "log_softmax", "layer_norm", "rms_norm", "cross_entropy"} <= taken
     assert {"argmax_rows", "argmax_blocked", "argmin_rows", "quantize_rows_int8", "argmax_f32", "argmax_i32"} <= taken
+    assert "column_sums" in taken
 
 
 @pytest.mark.parametrize("module, kernel", REFUSED, ids=[f"{m}.{k}" for m, k in REFUSED])
@@ -185,12 +186,15 @@ REFUSALS = {
     "bool-array": ("in x: bool[M, N]\nout y: f32[M, N]\ny = f32(x)", "bool arrays"),
     "scalar-input": ("in s: f32[]\nin x: f32[N]\nout y: f32[N]\ny = x * s", "0-d input"),
     "rank-3": ("in x: f32[B, M, N]\nout y: f32[B, M, N]\ny = x * 2.0", "rank above 2"),
-    "column-reduction": ("in x: f32[M, N]\nout y: f32[N]\ny = sum(x, M)", "a reduction over M, not the"),
+    "two-reduced-dimensions": (
+        "in x: f32[M, N]\nout y: f32[M]\nout z: f32[N]\ny = sum(x, N)\nz = max(x, M)",
+        "reductions over M and N in one kernel",
+    ),
     "scalar-reduction": ("in x: f32[N]\nout y: f32[]\ny = sum(x, N)", "reductions to a scalar"),
     "softmax-call": ("in x: f32[M, N]\nout y: f32[M, N]\ny = softmax(x, N)", "softmax() is not on Mosaic GPU yet"),
-    "row-index-in-reduction": (
+    "kept-index-in-reduction": (
         "in x: f32[M, N]\nout y: f32[M]\ny = sum(x, N) + f32(index(M))",
-        "index(M) in a kernel that reduces",
+        "index(M) in a kernel that reduces N",
     ),
 }
 
@@ -228,6 +232,13 @@ TAKEN_SPECS = {
         {"M": 65, "N": 333},
     ),
     "logsumexp-bf16": ("in x: bf16[M, N]\nout y: f32[M]\ny = logsumexp(f32(x), N)", {"M": 3, "N": 1000}),
+    # The columns reduced over a ragged M (several blocks of rows): a column vector kept,
+    # a row vector swept, the first index of each column's maximum, and an [M, N] output.
+    "columns-over-ragged-rows": (
+        "in x: f32[M, N]\nin r: f32[M]\nin c: f32[N]\nout i: i32[N]\nout s: f32[N]\nout y: f32[M, N]\n"
+        "i = argmax(x * r, M)\nlet mu = mean(x, M) + c\ns = logsumexp(x - mu, M)\ny = (x - mu) * r + f32(index(M))",
+        {"M": 300, "N": 70},
+    ),
 }
 
 

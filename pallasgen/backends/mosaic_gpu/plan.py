@@ -5,7 +5,7 @@ Each program copies its blocks between global and shared memory by TMA
 2-D blocks (vectors are loaded in its row or column layout and broadcast). A
 product accumulates `plgpu.wgmma` over its K blocks in a pipeline, then applies the
 epilogue to the accumulator and stores through shared memory. A kernel that reduces
-its rows sweeps their blocks of columns in passes (`sweeps`).
+its rows (or columns) sweeps their blocks in passes (`sweeps`).
 
 Ragged edges are exact by padding: TMA needs every global stride but the last to be
 a multiple of 16 bytes and each swizzled dimension a multiple of its tile, so the
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.names import block_keyword
-from pallasgen.backends.mosaic_gpu.sweeps import RowSweepPlanner, column_block
+from pallasgen.backends.mosaic_gpu.sweeps import SweepPlanner, column_block
 from pallasgen.backends.mosaic_gpu.support import SMEM_BUDGET, WGMMA_DTYPES, refusal
 from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel
@@ -88,7 +88,7 @@ def plan_mosaic_gpu(lowered: LoweredKernel) -> MosaicGpuPlan:
         return _ProductPlanner(lowered).plan()
     if any(d.reductions for d in checked.space.dims):
         columns = checked.space.layout[-1]
-        return RowSweepPlanner(_Planner(lowered)).plan(column_block(checked.kernel, columns))
+        return SweepPlanner(_Planner(lowered)).plan(column_block(checked.kernel, columns))
     return _ElementwisePlanner(lowered).plan()
 
 

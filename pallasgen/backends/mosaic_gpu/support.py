@@ -63,24 +63,26 @@ def refusal(checked: CheckedKernel) -> str | None:
 
 
 def _reduction_problem(checked: CheckedKernel) -> str | None:
-    """Why Mosaic GPU does not take a kernel that reduces, or None: it takes reductions
-    of a [M, N] kernel's rows (backends.mosaic_gpu.sweeps)."""
+    """Why Mosaic GPU does not take a kernel that reduces, or None: it takes an [M, N]
+    kernel that reduces one of them (backends.mosaic_gpu.sweeps)."""
     kernel, layout = checked.kernel, checked.space.layout
     if len(layout) != 2:
         return "reductions to a scalar or over a kernel of rank above 2 are not on Mosaic GPU yet"
-    rows, columns = layout
     calls = [n for n in ir.walk(*(s.value for s in kernel.body)) if isinstance(n, ir.Call)]
+    swept = {c.args[1].id for c in calls if FUNCTIONS[c.func].reducer is not None}
+    if len(swept) > 1:
+        return f"reductions over {' and '.join(sorted(swept))} in one kernel are not on Mosaic GPU yet"
+    (dim,) = swept
+    kept = next(d for d in layout if d != dim)
     for call in calls:
         if call.func == "softmax":
             return "softmax() is not on Mosaic GPU yet"
-        if FUNCTIONS[call.func].reducer is not None and call.args[1].id != columns:
-            return f"a reduction over {call.args[1].id}, not the kernel's last dimension, is not on Mosaic GPU yet"
-        if call.func == "index" and call.args[0].id != columns:
-            return f"index({call.args[0].id}) in a kernel that reduces is not on Mosaic GPU yet"
-    if any(rows not in o.dims for o in kernel.outputs):
-        return f"an output without {rows} is not on Mosaic GPU yet"
-    if not any(columns in d.dims for d in kernel.inputs + kernel.outputs):
-        return f"a kernel that reduces and reads no array with {columns} is not on Mosaic GPU yet"
+        if call.func == "index" and call.args[0].id != dim:
+            return f"index({call.args[0].id}) in a kernel that reduces {dim} is not on Mosaic GPU yet"
+    if any(kept not in o.dims for o in kernel.outputs):
+        return f"an output without {kept} is not on Mosaic GPU yet"
+    if not any(dim in d.dims for d in kernel.inputs + kernel.outputs):
+        return f"a kernel that reduces {dim} and reads no array with {dim} is not on Mosaic GPU yet"
     return None
 
 

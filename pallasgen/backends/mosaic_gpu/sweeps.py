@@ -1,19 +1,22 @@
-"""Reductions of a kernel's rows on Mosaic GPU: sweeps over blocks of columns.
+"""Reductions on Mosaic GPU: sweeps over the reduced dimension's blocks.
 
-A kernel laid out over [M, N] that reduces N runs one program per block of 64 rows
-(the WGMMA layout's row tile). Its reductions are computed in passes over N, one
-TMA pipeline (`plgpu.emit_pipeline`) each whose carry holds each row's running
-values: a pass takes the reductions whose arguments read only the results of
-earlier passes (softmax: its max, then its sum of exponentials; layer_norm: its
-mean, then its variance). Values of [M] are held as vectors in the WGMMA layout's
-row layout and broadcast over a block's columns where a block reads them. Once the
-passes are done, the [M] outputs are computed and copied out through shared memory;
-the [M, N] outputs are computed in one more pass, each block copied out as it is
-done (two buffers in shared memory, one in flight while the next is written).
+A kernel laid out over [M, N] that reduces one of them (its *swept* dimension) runs one
+program per block of the other (its *kept* one): blocks are 64 rows (the WGMMA
+layout's row tile) by a block of columns. Its reductions are computed in passes over
+the swept dimension, one TMA pipeline (`plgpu.emit_pipeline`) each whose carry holds
+the running values of each kept position: a pass takes the reductions whose
+arguments read only the results of earlier passes (softmax: its max, then its sum of
+exponentials; layer_norm: its mean, then its variance). Values of the kept dimension
+alone are vectors in the WGMMA layout's row (or column) layout, broadcast over a
+block where a block reads them. Once the passes are done, those outputs are computed
+and copied out through shared memory; the [M, N] outputs are computed in one more
+pass, each block copied out as it is done (two buffers in shared memory, one in
+flight while the next is written).
 
 Ragged edges are exact: the launcher pads the arrays with zeros to whole blocks, and
-where N is not a multiple of its block a reduction's padded columns hold its
-identity before they are reduced (rows past M are computed and sliced off).
+where the swept dimension is not a multiple of its block a reduction's padded
+positions hold its identity before they are reduced (kept positions past the end are
+computed and sliced off).
 """
 
 from __future__ import annotations
@@ -73,11 +76,11 @@ class _Spelling:
     """index(), size() and round() in a block of a pass (reductions never reach it: each
     is computed by its pass, then read as a value)."""
 
-    def __init__(self, sizes: dict[str, str], start: str, shape: str):
-        self.sizes, self.start, self.shape = sizes, start, shape
+    def __init__(self, sizes: dict[str, str], start: str, shape: str, axis: int):
+        self.sizes, self.start, self.shape, self.axis = sizes, start, shape, axis
 
     def positions(self, dim: str) -> str:
-        return f"_mgpu_columns({self.start}, {self.shape})"
+        return f"_mgpu_positions({self.start}, {self.shape}, {self.axis})"
 
     def size(self, dim: str) -> str:
         return self.sizes[dim]
@@ -94,13 +97,16 @@ def column_block(kernel: ir.Kernel, columns: str) -> int:
     return next((c for c in COLUMNS if c * column_bytes <= SMEM_BUDGET), COLUMNS[-1])
 
 
-class RowSweepPlanner:
-    """The plan of a kernel over [M, N] whose reductions all reduce N (see the module)."""
+class SweepPlanner:
+    """The plan of a kernel over [M, N] whose reductions all reduce one of them (see the module)."""
 
     def __init__(self, planner):
         self.base = planner  # the shared _Planner: names, padding, the launcher
         self.kernel, self.checked, self.lowered = planner.kernel, planner.checked, planner.lowered
         self.rows, self.columns = self.checked.space.layout
+        self.swept = reduced_dim(next(iter(Passes(self.kernel).reductions)))
+        self.axis = self.checked.space.layout.index(self.swept)  # the swept dimension's axis in blocks
+        self.kept = self.checked.space.layout[1 - self.axis]
         self.namer, self.sizes, self.values, self.refs = planner.namer, planner.sizes, planner.values, planner.refs
         self.statements = {_target(s): s for s in self.kernel.body}
         self.arrays = {d.name: d for d in (*self.kernel.inputs, *self.kernel.outputs)}
@@ -110,24 +116,25 @@ class RowSweepPlanner:
         self.start, self.indices, self.carry = (self.namer.claim(x) for x in ("start", "indices", "carry"))
         self.results = {node: self.namer.claim(f"{node.func}_{reduced_dim(node).lower()}") for node in self.passes}
 
-    def is_row(self, name: str) -> bool:
-        """Whether a value (input, let or output) is held per row: it lacks N."""
+    def is_kept(self, name: str) -> bool:
+        """Whether a value (input, let or output) is a vector of the kept dimension: it
+        lacks the swept one."""
         dims = self.arrays[name].dims if name in self.arrays else self.checked.types[self.statements[name].value].dims
-        return self.columns not in dims and self.rows in dims
+        return self.swept not in dims and self.kept in dims
+
+    def spread(self, vector: str) -> str:
+        """A vector of the kept dimension broadcast over a block."""
+        return f"_mgpu_spread({vector}, {self.shape}, {1 - self.axis})"
 
     def emitter(self, in_block: bool) -> Emitter:
-        """Expressions in a block of a pass (`in_block`: row values broadcast over its
-        columns), or per row once passes are done."""
+        """Expressions in a block of a pass (`in_block`: vectors of the kept dimension
+        broadcast over it), or per kept position once passes are done."""
         names = dict(self.lowered.names)
         if in_block:
-            names |= {
-                n: f"_mgpu_rows({names[n]}, {self.shape})" for n in self.arrays | self.statements if self.is_row(n)
-            }
-        overrides = {
-            node: f"_mgpu_rows({result}, {self.shape})" if in_block else result for node, result in self.results.items()
-        }
+            names |= {n: self.spread(names[n]) for n in self.arrays | self.statements if self.is_kept(n)}
+        overrides = {node: self.spread(result) if in_block else result for node, result in self.results.items()}
         lets = {s.name: s.value for s in self.kernel.body if isinstance(s, ir.Let)}
-        spelling = _Spelling(self.sizes, self.start, self.shape)
+        spelling = _Spelling(self.sizes, self.start, self.shape, self.axis)
         return Emitter(names, self.checked.types, overrides, spelling=spelling, lets=lets)
 
     def block_reads(self, roots) -> tuple[list[ir.ArrayDecl], list[ir.Let]]:
@@ -140,7 +147,7 @@ class RowSweepPlanner:
             if node in self.passes:
                 continue
             known = isinstance(node, ir.Name) and (node.id in self.arrays or node.id in self.statements)
-            if known and not self.is_row(node.id) and node.id not in names:
+            if known and not self.is_kept(node.id) and node.id not in names:
                 names.add(node.id)
                 if node.id in self.statements:
                     pending.append(self.statements[node.id].value)
@@ -153,25 +160,26 @@ class RowSweepPlanner:
         kernel, rows, cols = self.kernel, self.rows, self.columns
         base = self.base
         base.out_dims = (rows, cols)
-        program = self.namer.claim(f"program_{rows.lower()}")
+        kept, swept = self.kept, self.swept
+        program = self.namer.claim(f"program_{kept.lower()}")
         blocks = {rows: ROWS, cols: columns}
         multiples = {rows: block_keyword(rows), cols: block_keyword(cols)}
-        row_inputs = [d for d in kernel.inputs if self.is_row(d.name)]
-        row_outputs = [d for d in kernel.outputs if self.is_row(d.name)]
-        block_outputs = [d for d in kernel.outputs if not self.is_row(d.name)]
+        row_inputs = [d for d in kernel.inputs if self.is_kept(d.name)]
+        row_outputs = [d for d in kernel.outputs if self.is_kept(d.name)]
+        block_outputs = [d for d in kernel.outputs if not self.is_kept(d.name)]
         barrier = self.namer.claim("barrier")
         smem = base.smem
         out_smem = {d.name: self.namer.claim(f"{d.name}_buffers") for d in block_outputs}
-        swept = next(d for d in (*kernel.inputs, *kernel.outputs) if cols in d.dims)
-        steps = f"{self.refs[swept.name]}.shape[-1] // {block_keyword(cols)}"
-        rows_at = f"pl.ds({program} * {block_keyword(rows)}, {block_keyword(rows)})"
+        by = next(d for d in (*kernel.inputs, *kernel.outputs) if swept in d.dims)
+        steps = f"{self.refs[by.name]}.shape[{by.dims.index(swept)}] // {block_keyword(swept)}"
+        rows_at = f"pl.ds({program} * {block_keyword(kept)}, {block_keyword(kept)})"
 
-        body = [f"{program} = jax.lax.axis_index({rows!r})"]
+        body = [f"{program} = jax.lax.axis_index({kept!r})"]
         for number, decl in enumerate(row_inputs):
             body += [
                 f"plgpu.copy_gmem_to_smem({self.refs[decl.name]}.at[{rows_at}], {smem[decl.name]}, {barrier}.at[{number}])",
                 f"plgpu.barrier_wait({barrier}.at[{number}])",
-                f"{self.values[decl.name]} = _mgpu_load_rows({smem[decl.name]})",
+                f"{self.values[decl.name]} = _mgpu_load_vector({smem[decl.name]}, {1 - self.axis})",
             ]
         body += self._row_statements(0)
         for number in range(1, self.levels.count + 1):
@@ -187,7 +195,7 @@ class RowSweepPlanner:
         body.append("plgpu.wait_smem_to_gmem(0)")
 
         scratch = [f"plgpu.Barrier(num_barriers={max(1, len(row_inputs))})"]
-        scratch += [f"plgpu.SMEM(({block_keyword(rows)},), {jnp_dtype(d.dtype)})" for d in (*row_inputs, *row_outputs)]
+        scratch += [f"plgpu.SMEM(({block_keyword(kept)},), {jnp_dtype(d.dtype)})" for d in (*row_inputs, *row_outputs)]
         scratch += [
             f"plgpu.SMEM((2, {block_keyword(rows)}, {block_keyword(cols)}), {jnp_dtype(d.dtype)}, "
             f"transforms=_mgpu_swizzled({jnp_dtype(d.dtype)}, {block_keyword(cols)}))"
@@ -199,7 +207,7 @@ class RowSweepPlanner:
             *(smem[d.name] for d in (*row_inputs, *row_outputs)),
             *(out_smem[d.name] for d in block_outputs),
         ]
-        keywords = [block_keyword(rows), block_keyword(cols), self.sizes[cols], *(p.name for p in kernel.params)]
+        keywords = [block_keyword(rows), block_keyword(cols), self.sizes[swept], *(p.name for p in kernel.params)]
         reshapes = []
         for decl in kernel.inputs:
             dims, value = decl.dims, self.values[decl.name]
@@ -211,8 +219,8 @@ class RowSweepPlanner:
             f"    functools.partial({base.kernel_function}, {', '.join(f'{k}={k}' for k in keywords)}),",
             f"    out_type={base.out_types(multiples)},",
             f"    scratch_types=[{', '.join(scratch)}],",
-            f"    grid=({base.padded(rows)} // {block_keyword(rows)},),",
-            f"    grid_names=({rows!r},),",
+            f"    grid=({base.padded(kept)} // {block_keyword(kept)},),",
+            f"    grid_names=({kept!r},),",
             "    interpret=interpret,",
             f")({', '.join(self.values[d.name] for d in kernel.inputs)})",
         ]
@@ -222,13 +230,14 @@ class RowSweepPlanner:
 
     def _block_spec(self, decl: ir.ArrayDecl, program: str) -> str:
         cols = block_keyword(self.columns)
-        if self.rows in decl.dims:
+        if len(decl.dims) == 2:
             transforms = f"_mgpu_swizzled({jnp_dtype(decl.dtype)}, {cols})"
-            return f"plgpu.BlockSpec(({block_keyword(self.rows)}, {cols}), lambda s: ({program}, s), transforms={transforms})"
-        return f"plgpu.BlockSpec(({cols},), lambda s: (s,))"
+            index = f"({program}, s)" if self.axis == 1 else f"(s, {program})"
+            return f"plgpu.BlockSpec(({block_keyword(self.rows)}, {cols}), lambda s: {index}, transforms={transforms})"
+        return f"plgpu.BlockSpec(({block_keyword(self.swept)},), lambda s: (s,))"
 
     def _block_loads(self, inputs) -> list[str]:
-        positions = {d.name: "(0, 1)" if self.rows in d.dims else "(1,)" for d in inputs}
+        positions = {d.name: "(0, 1)" if len(d.dims) == 2 else f"({self.axis},)" for d in inputs}
         return [
             f"{self.values[d.name]} = _mgpu_load({self.base.smem[d.name]}, {self.shape}, {positions[d.name]})"
             for d in inputs
@@ -251,8 +260,9 @@ class RowSweepPlanner:
         nodes = [n for n, p in self.passes.items() if p == number]
         inputs, lets = self.block_reads([n.args[0] for n in nodes])
         emitter = self.emitter(in_block=True)
-        size = self.sizes[self.columns]
+        size = self.sizes[self.swept]
         running, initial, update, results = [], [], [], []
+        positions = f"_mgpu_positions({self.start}, {self.shape}, {self.axis})"
         for node in nodes:
             kind, dtype = node.func, emitter.kernel_dtype(node.args[0])
             computed = compute_dtype(kind, dtype)
@@ -260,13 +270,15 @@ class RowSweepPlanner:
             accs = accumulators(kind, dtype, [f"{result}_{part}" for part in ("running", "index")])
             names = [a.name for a in accs]
             running += names
-            initial += [f"_mgpu_full_rows({block_keyword(self.rows)}, {a.initial}, {a.dtype})" for a in accs]
+            initial += [
+                f"_mgpu_full({block_keyword(self.kept)}, {a.initial}, {a.dtype}, {1 - self.axis})" for a in accs
+            ]
             block = f"{result}_block"
             update += [
                 f"{block} = {emitter.cast(node.args[0], computed.name)}",
-                f"if {size} % {block_keyword(self.columns)}:  # a ragged {self.columns}: its identity past the end",
-                f"    {block} = jnp.where(_mgpu_columns({self.start}, {self.shape}) < {size}, {block}, {identity(kind, dtype)})",
-                f"{', '.join(names)} = {self._combined(kind, names, block, self.start)}",
+                f"if {size} % {block_keyword(self.swept)}:  # a ragged {self.swept}: its identity past the end",
+                f"    {block} = jnp.where({positions} < {size}, {block}, {identity(kind, dtype)})",
+                f"{', '.join(names)} = {self._combined(kind, names, block)}",
             ]
             results.append(f"{result} = {finish_code(kind, names, dtype, size)}")
         step = self.namer.claim(f"reduce_{number}")
@@ -275,7 +287,7 @@ class RowSweepPlanner:
         return [
             f"def {step}({', '.join([self.indices, *(self.base.smem[d.name] for d in inputs), self.carry])}):",
             f"    {carried} = {self.carry}",
-            f"    {self.start} = {self.indices}[0] * {block_keyword(self.columns)}",
+            f"    {self.start} = {self.indices}[0] * {block_keyword(self.swept)}",
             *(f"    {line}" for line in self._block_loads(inputs)),
             *(f"    {self.values[s.name]} = {emitter.emit(s.value)}" for s in lets),
             *(f"    {line}" for line in update),
@@ -286,23 +298,23 @@ class RowSweepPlanner:
             *results,
         ]
 
-    @staticmethod
-    def _combined(kind: str, running: list[str], block: str, start: str) -> str:
-        reducer = FUNCTIONS[kind].reducer
+    def _combined(self, kind: str, running: list[str], block: str) -> str:
+        reducer, axis = FUNCTIONS[kind].reducer, self.axis
         if reducer.merge:
-            return reducer.merge.format(running[0], f"jnp.{reducer.block}({block}, axis=1)")
+            return reducer.merge.format(running[0], f"jnp.{reducer.block}({block}, axis={axis})")
         if kind == "logsumexp":
-            return f"_mgpu_logsumexp_step({running[0]}, {running[1]}, {block})"
-        return f"_mgpu_argbest_step({running[0]}, {running[1]}, {block}, {start}, largest={kind == 'argmax'})"
+            return f"_mgpu_logsumexp_step({running[0]}, {running[1]}, {block}, {axis})"
+        largest = kind == "argmax"
+        return f"_mgpu_argbest_step({running[0]}, {running[1]}, {block}, {self.start}, {axis}, largest={largest})"
 
     def _row_statements(self, number: int) -> list[str]:
-        """The [M] lets and outputs that can be computed once pass `number` is done, and
-        not before."""
+        """The lets and outputs of the kept dimension alone that can be computed once pass
+        `number` is done, and not before."""
         emitter = self.emitter(in_block=False)
         lines = []
         for statement in self.kernel.body:
             name = _target(statement)
-            if not self.is_row(name) or self.levels.statements[name] != number:
+            if not self.is_kept(name) or self.levels.statements[name] != number:
                 continue
             if isinstance(statement, ir.Assign):
                 value = emitter.cast(statement.value, self.arrays[name].dtype)
@@ -314,15 +326,14 @@ class RowSweepPlanner:
     def _output_pass(self, outputs, buffers, program: str, steps: str) -> list[str]:
         """The pipeline that computes the [M, N] outputs block by block and copies each out."""
         kernel = self.kernel
-        statements = [s for s in kernel.body if isinstance(s, ir.Assign) and not self.is_row(s.target)]
+        statements = [s for s in kernel.body if isinstance(s, ir.Assign) and not self.is_kept(s.target)]
         inputs, lets = self.block_reads([s.value for s in statements])
         emitter = self.emitter(in_block=True)
         step = self.namer.claim("write")
         slot = self.namer.claim("slot")
-        cols = block_keyword(self.columns)
         lines = [
             f"def {step}({', '.join([self.indices, *(self.base.smem[d.name] for d in inputs)])}):",
-            f"    {self.start} = {self.indices}[0] * {cols}",
+            f"    {self.start} = {self.indices}[0] * {block_keyword(self.swept)}",
             *(f"    {line}" for line in self._block_loads(inputs)),
             *(f"    {self.values[s.name]} = {emitter.emit(s.value)}" for s in lets),
             f"    {slot} = {self.indices}[0] % 2",
@@ -333,7 +344,9 @@ class RowSweepPlanner:
             out = self.arrays[statement.target]
             lines.append(f"    {buffers[out.name]}[{slot}] = {emitter.cast(statement.value, out.dtype)}")
         lines.append("    plgpu.commit_smem()")
-        at = f"pl.ds({program} * {block_keyword(self.rows)}, {block_keyword(self.rows)}), pl.ds({self.start}, {cols})"
+        kept = f"pl.ds({program} * {block_keyword(self.kept)}, {block_keyword(self.kept)})"
+        swept = f"pl.ds({self.start}, {block_keyword(self.swept)})"
+        at = f"{kept}, {swept}" if self.axis == 1 else f"{swept}, {kept}"
         lines += [
             f"    plgpu.copy_smem_to_gmem({buffers[o.name]}.at[{slot}], {self.refs[o.name]}.at[{at}])" for o in outputs
         ]
