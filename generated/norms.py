@@ -697,7 +697,6 @@ def _layer_norm_mosaic_gpu_kernel(
     y_ref,
     mu_ref,
     rstd_ref,
-    barrier,
     mu_smem,
     rstd_smem,
     y_buffers,
@@ -833,7 +832,6 @@ def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
             jax.ShapeDtypeStruct((padded_m,), jnp.float32),
         ),
         scratch_types=[
-            plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM(
@@ -1094,9 +1092,7 @@ def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret)
     )(x, w)
 
 
-def _rms_norm_mosaic_gpu_kernel(
-    x_ref, w_ref, y_ref, barrier, y_buffers, *, block_m, block_n, n, eps
-):
+def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, y_buffers, *, block_m, block_n, n, eps):
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
@@ -1178,12 +1174,11 @@ def _rms_norm_mosaic_gpu(x, w, *, m, n, eps, interpret):
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
-            plgpu.Barrier(num_barriers=1),
             plgpu.SMEM(
                 (2, block_m, block_n),
                 jnp.bfloat16,
                 transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
+            )
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),

@@ -1801,7 +1801,7 @@ def _argmax_f32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, barrier, i_smem, *, block_m, block_n, n):
+def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
@@ -1856,7 +1856,7 @@ def _argmax_f32_mosaic_gpu(x, *, m, n, interpret):
     (i,) = plgpu.kernel(
         functools.partial(_argmax_f32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
-        scratch_types=[plgpu.Barrier(num_barriers=1), plgpu.SMEM((block_m,), jnp.int32)],
+        scratch_types=[plgpu.SMEM((block_m,), jnp.int32)],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,
@@ -2922,7 +2922,7 @@ def _argmax_i32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, barrier, i_smem, *, block_m, block_n, n):
+def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
@@ -2977,7 +2977,7 @@ def _argmax_i32_mosaic_gpu(x, *, m, n, interpret):
     (i,) = plgpu.kernel(
         functools.partial(_argmax_i32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
-        scratch_types=[plgpu.Barrier(num_barriers=1), plgpu.SMEM((block_m,), jnp.int32)],
+        scratch_types=[plgpu.SMEM((block_m,), jnp.int32)],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,

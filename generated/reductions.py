@@ -655,7 +655,7 @@ def _argmax_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-def _argmax_rows_mosaic_gpu_kernel(x_ref, i_ref, barrier, i_smem, *, block_m, block_n, n):
+def _argmax_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
@@ -710,7 +710,7 @@ def _argmax_rows_mosaic_gpu(x, *, m, n, interpret):
     (i,) = plgpu.kernel(
         functools.partial(_argmax_rows_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
-        scratch_types=[plgpu.Barrier(num_barriers=1), plgpu.SMEM((block_m,), jnp.int32)],
+        scratch_types=[plgpu.SMEM((block_m,), jnp.int32)],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,
@@ -1004,7 +1004,7 @@ def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, int
     )(x)
 
 
-def _argmax_blocked_mosaic_gpu_kernel(x_ref, i_ref, barrier, i_smem, *, block_m, block_n, n):
+def _argmax_blocked_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
@@ -1059,7 +1059,7 @@ def _argmax_blocked_mosaic_gpu(x, *, m, n, interpret):
     (i,) = plgpu.kernel(
         functools.partial(_argmax_blocked_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
-        scratch_types=[plgpu.Barrier(num_barriers=1), plgpu.SMEM((block_m,), jnp.int32)],
+        scratch_types=[plgpu.SMEM((block_m,), jnp.int32)],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,
@@ -1279,7 +1279,7 @@ def _argmin_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-def _argmin_rows_mosaic_gpu_kernel(x_ref, i_ref, barrier, i_smem, *, block_m, block_n, n):
+def _argmin_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
@@ -1334,7 +1334,7 @@ def _argmin_rows_mosaic_gpu(x, *, m, n, interpret):
     (i,) = plgpu.kernel(
         functools.partial(_argmin_rows_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
-        scratch_types=[plgpu.Barrier(num_barriers=1), plgpu.SMEM((block_m,), jnp.int32)],
+        scratch_types=[plgpu.SMEM((block_m,), jnp.int32)],
         grid=(padded_m // block_m,),
         grid_names=("M",),
         interpret=interpret,
@@ -1606,7 +1606,7 @@ def _column_sums_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interp
     )(x)
 
 
-def _column_sums_mosaic_gpu_kernel(x_ref, s_ref, barrier, s_smem, *, block_m, block_n, m):
+def _column_sums_mosaic_gpu_kernel(x_ref, s_ref, s_smem, *, block_m, block_n, m):
     program_n = jax.lax.axis_index("N")
 
     def reduce_1(indices, x_smem, carry):
@@ -1656,7 +1656,7 @@ def _column_sums_mosaic_gpu(x, *, m, n, interpret):
     (s,) = plgpu.kernel(
         functools.partial(_column_sums_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m),
         out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
-        scratch_types=[plgpu.Barrier(num_barriers=1), plgpu.SMEM((block_n,), jnp.float32)],
+        scratch_types=[plgpu.SMEM((block_n,), jnp.float32)],
         grid=(padded_n // block_n,),
         grid_names=("N",),
         interpret=interpret,
@@ -1907,7 +1907,7 @@ def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpre
 
 
 def _quantize_rows_int8_mosaic_gpu_kernel(
-    x_ref, q_ref, scale_ref, barrier, scale_smem, q_buffers, *, block_m, block_n, n
+    x_ref, q_ref, scale_ref, scale_smem, q_buffers, *, block_m, block_n, n
 ):
     program_m = jax.lax.axis_index("M")
 
@@ -1990,7 +1990,6 @@ def _quantize_rows_int8_mosaic_gpu(x, *, m, n, interpret):
             jax.ShapeDtypeStruct((padded_m,), jnp.float32),
         ),
         scratch_types=[
-            plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM(
                 (2, block_m, block_n), jnp.int8, transforms=_mgpu_swizzled(jnp.int8, block_n)

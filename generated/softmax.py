@@ -613,7 +613,7 @@ def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-def _softmax_mosaic_gpu_kernel(x_ref, y_ref, barrier, y_buffers, *, block_m, block_n, n):
+def _softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
@@ -714,10 +714,9 @@ def _softmax_mosaic_gpu(x, *, m, n, interpret):
         functools.partial(_softmax_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
-            plgpu.Barrier(num_barriers=1),
             plgpu.SMEM(
                 (2, block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
-            ),
+            )
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),
@@ -933,7 +932,7 @@ def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, barrier, y_buffers, *, block_m, block_n, n):
+def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
@@ -1010,10 +1009,9 @@ def _log_softmax_mosaic_gpu(x, *, m, n, interpret):
         functools.partial(_log_softmax_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
-            plgpu.Barrier(num_barriers=1),
             plgpu.SMEM(
                 (2, block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
-            ),
+            )
         ],
         grid=(padded_m // block_m,),
         grid_names=("M",),

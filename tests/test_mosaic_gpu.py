@@ -131,7 +131,7 @@ def test_kernel_mosaic_gpu_does_not_take_says_why_in_its_docstring(module, kerne
 
 
 def test_a_refused_kernel_with_mosaic_gpu_runs_on_triton():
-    text = _exported_text("softmax", "softmax", "small", gpu_backend="mosaic_gpu")
+    text = _exported_text("reductions", "equal_count", "small", gpu_backend="mosaic_gpu")
     assert TRITON.search(text) and not MOSAIC_CALL.search(text)
 
 

@@ -104,14 +104,14 @@ class SweepPlanner:
         self.base = planner  # the shared _Planner: names, padding, the launcher
         self.kernel, self.checked, self.lowered = planner.kernel, planner.checked, planner.lowered
         self.rows, self.columns = self.checked.space.layout
-        self.swept = reduced_dim(next(iter(Passes(self.kernel).reductions)))
+        self.levels = Passes(self.kernel)
+        self.passes = self.levels.reductions
+        self.swept = reduced_dim(next(iter(self.passes)))  # support.refusal: one dimension for all
         self.axis = self.checked.space.layout.index(self.swept)  # the swept dimension's axis in blocks
         self.kept = self.checked.space.layout[1 - self.axis]
         self.namer, self.sizes, self.values, self.refs = planner.namer, planner.sizes, planner.values, planner.refs
         self.statements = {_target(s): s for s in self.kernel.body}
         self.arrays = {d.name: d for d in (*self.kernel.inputs, *self.kernel.outputs)}
-        self.levels = Passes(self.kernel)
-        self.passes = self.levels.reductions
         self.shape = tuple_code([block_keyword(self.rows), block_keyword(self.columns)])
         self.start, self.indices, self.carry = (self.namer.claim(x) for x in ("start", "indices", "carry"))
         self.results = {node: self.namer.claim(f"{node.func}_{reduced_dim(node).lower()}") for node in self.passes}
@@ -164,38 +164,43 @@ class SweepPlanner:
         program = self.namer.claim(f"program_{kept.lower()}")
         blocks = {rows: ROWS, cols: columns}
         multiples = {rows: block_keyword(rows), cols: block_keyword(cols)}
-        row_inputs = [d for d in kernel.inputs if self.is_kept(d.name)]
-        row_outputs = [d for d in kernel.outputs if self.is_kept(d.name)]
+        kept_inputs = [d for d in kernel.inputs if self.is_kept(d.name)]
+        kept_outputs = [d for d in kernel.outputs if self.is_kept(d.name)]
         block_outputs = [d for d in kernel.outputs if not self.is_kept(d.name)]
         barrier = self.namer.claim("barrier")
         smem = base.smem
         out_smem = {d.name: self.namer.claim(f"{d.name}_buffers") for d in block_outputs}
         by = next(d for d in (*kernel.inputs, *kernel.outputs) if swept in d.dims)
         steps = f"{self.refs[by.name]}.shape[{by.dims.index(swept)}] // {block_keyword(swept)}"
-        rows_at = f"pl.ds({program} * {block_keyword(kept)}, {block_keyword(kept)})"
+        kept_at = f"pl.ds({program} * {block_keyword(kept)}, {block_keyword(kept)})"
 
         body = [f"{program} = jax.lax.axis_index({kept!r})"]
-        for number, decl in enumerate(row_inputs):
+        for number, decl in enumerate(kept_inputs):
             body += [
-                f"plgpu.copy_gmem_to_smem({self.refs[decl.name]}.at[{rows_at}], {smem[decl.name]}, {barrier}.at[{number}])",
+                f"plgpu.copy_gmem_to_smem({self.refs[decl.name]}.at[{kept_at}], {smem[decl.name]}, {barrier}.at[{number}])",
                 f"plgpu.barrier_wait({barrier}.at[{number}])",
                 f"{self.values[decl.name]} = _mgpu_load_vector({smem[decl.name]}, {1 - self.axis})",
             ]
-        body += self._row_statements(0)
+        body += self._kept_statements(0)
         for number in range(1, self.levels.count + 1):
             body += self._reduction_pass(number, program, steps)
-            body += self._row_statements(number)
-        for decl in row_outputs:
+            body += self._kept_statements(number)
+        for decl in kept_outputs:
             body.append(f"{smem[decl.name]}[...] = {self.values[decl.name]}")
-        if row_outputs:
+        if kept_outputs:
             body.append("plgpu.commit_smem()")
-            body += [f"plgpu.copy_smem_to_gmem({smem[d.name]}, {self.refs[d.name]}.at[{rows_at}])" for d in row_outputs]
+            body += [
+                f"plgpu.copy_smem_to_gmem({smem[d.name]}, {self.refs[d.name]}.at[{kept_at}])" for d in kept_outputs
+            ]
         if block_outputs:
             body += self._output_pass(block_outputs, out_smem, program, steps)
         body.append("plgpu.wait_smem_to_gmem(0)")
 
-        scratch = [f"plgpu.Barrier(num_barriers={max(1, len(row_inputs))})"]
-        scratch += [f"plgpu.SMEM(({block_keyword(kept)},), {jnp_dtype(d.dtype)})" for d in (*row_inputs, *row_outputs)]
+        # A barrier per input of the kept dimension alone, for its one copy in.
+        scratch = [f"plgpu.Barrier(num_barriers={len(kept_inputs)})"] if kept_inputs else []
+        scratch += [
+            f"plgpu.SMEM(({block_keyword(kept)},), {jnp_dtype(d.dtype)})" for d in (*kept_inputs, *kept_outputs)
+        ]
         scratch += [
             f"plgpu.SMEM((2, {block_keyword(rows)}, {block_keyword(cols)}), {jnp_dtype(d.dtype)}, "
             f"transforms=_mgpu_swizzled({jnp_dtype(d.dtype)}, {block_keyword(cols)}))"
@@ -203,8 +208,8 @@ class SweepPlanner:
         ]
         refs = [self.refs[d.name] for d in (*kernel.inputs, *kernel.outputs)]
         scratch_refs = [
-            barrier,
-            *(smem[d.name] for d in (*row_inputs, *row_outputs)),
+            *([barrier] if kept_inputs else []),
+            *(smem[d.name] for d in (*kept_inputs, *kept_outputs)),
             *(out_smem[d.name] for d in block_outputs),
         ]
         keywords = [block_keyword(rows), block_keyword(cols), self.sizes[swept], *(p.name for p in kernel.params)]
@@ -307,7 +312,7 @@ class SweepPlanner:
         largest = kind == "argmax"
         return f"_mgpu_argbest_step({running[0]}, {running[1]}, {block}, {self.start}, {axis}, largest={largest})"
 
-    def _row_statements(self, number: int) -> list[str]:
+    def _kept_statements(self, number: int) -> list[str]:
         """The lets and outputs of the kept dimension alone that can be computed once pass
         `number` is done, and not before."""
         emitter = self.emitter(in_block=False)
