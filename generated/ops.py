@@ -3763,8 +3763,6 @@ def argmax_i8(
     those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: Mosaic GPU computes on 8-bit values only by
-        bitwise operations.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -3823,7 +3821,7 @@ def _argmax_i8_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_argmax_i8_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -3949,8 +3947,67 @@ def _argmax_i8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-# `argmax_i8` has no Mosaic GPU kernel (Mosaic GPU computes on 8-bit values only by
-# bitwise operations): it runs on Triton.
+def _argmax_i8_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        argmax_n_running, argmax_n_index = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        argmax_n_block = x.astype(jnp.int32)
+        if n % block_n:  # a ragged N: its identity past the end
+            argmax_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -2147483648
+            )
+        argmax_n_running, argmax_n_index = _mgpu_argbest_step(
+            argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
+        )
+        return (argmax_n_running, argmax_n_index)
+
+    argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.int8, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full(block_m, -2147483648, jnp.int32, 0),
+            _mgpu_full(block_m, 0, jnp.int32, 0),
+        ),
+    )(x_ref)
+    argmax_n = argmax_n_index
+    i = argmax_n
+    i_smem[...] = i
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _argmax_i8_mosaic_gpu(x, *, m, n, interpret):
+    """`argmax_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    (i,) = plgpu.kernel(
+        functools.partial(_argmax_i8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
+        out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
+        scratch_types=[plgpu.SMEM((block_m,), jnp.int32)],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x)
+    return i[:m].reshape((m, 1))
 
 
 @functools.partial(

@@ -121,7 +121,7 @@ def test_mosaic_gpu_takes_the_kernels_that_reduce_rows_or_columns():
     taken = {k for _, k in TAKEN}
     assert {"softmax", "log_softmax", "layer_norm", "rms_norm", "cross_entropy"} <= taken
     assert {"argmax_rows", "argmax_blocked", "argmin_rows", "quantize_rows_int8", "argmax_f32", "argmax_i32"} <= taken
-    assert "column_sums" in taken
+    assert {"column_sums", "argmax_i8"} <= taken
 
 
 @pytest.mark.parametrize("module, kernel", REFUSED, ids=[f"{m}.{k}" for m, k in REFUSED])
@@ -232,6 +232,12 @@ TAKEN_SPECS = {
         {"M": 65, "N": 333},
     ),
     "logsumexp-bf16": ("in x: bf16[M, N]\nout y: f32[M]\ny = logsumexp(f32(x), N)", {"M": 3, "N": 1000}),
+    # 8-bit values reduced (in i32, as every integer reduction): a maximum narrowed back to
+    # i8 and a sum; arithmetic on them would be refused.
+    "int8-reductions": (
+        "in x: i8[M, N]\nout m: i8[M]\nout s: i32[M]\nm = max(x, N)\ns = sum(x, N)",
+        {"M": 70, "N": 300},
+    ),
     # The columns reduced over a ragged M (several blocks of rows): a column vector kept,
     # a row vector swept, the first index of each column's maximum, and an [M, N] output.
     "columns-over-ragged-rows": (

@@ -94,7 +94,10 @@ def _node_problem(checked: CheckedKernel, node: ir.Expr, reduces: bool) -> str |
     if isinstance(node, ir.Binary) and node.op in ("%", "//") and checked.types[node].dtype.kind == "f":
         return f"a float {node.op} has no Mosaic GPU lowering"
     computed = isinstance(node, (ir.Unary, ir.Binary)) and getattr(node, "op", "") != "@"
-    computed |= isinstance(node, ir.Call) and node.func in FUNCTIONS and FUNCTIONS[node.func].typing != "cast"
+    # A reduction reads its argument converted to i32 (integers) or f32 first: a cast.
+    computed |= (
+        isinstance(node, ir.Call) and node.func in FUNCTIONS and FUNCTIONS[node.func].typing not in ("cast", "reduce")
+    )
     operands = [n for n in (node, *_children(node)) if n in checked.types]
     if computed and any(checked.types[n].dtype.name in ("i8", "u8") for n in operands):
         return "Mosaic GPU computes on 8-bit values only by bitwise operations"
