@@ -51,6 +51,35 @@ def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
     return on_mosaic_gpu
 
 
+def _gpu_device_kind():
+    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
+    default device's if it is a GPU, else the first GPU's (None without one)."""
+    device = jax.config.jax_default_device
+    if getattr(device, "platform", None) == "gpu":
+        return device.device_kind
+    try:
+        return jax.devices("gpu")[0].device_kind
+    except RuntimeError:  # no GPU backend
+        return None
+
+
+def _gpu_options(table, sizes, given):
+    """The blocks and launch options of a GPU (Triton) call: those `given` (not None) as
+    they are, the others from `table`: for the GPU compiled for (see `_gpu_device_kind`),
+    the tuned entry whose sizes are nearest the call's (in powers of two), else the
+    spec's, `table[None]`."""
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
+    tuned = table.get(kind) if kind is not None else None
+    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
+    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
+
+
 def _on_platform(tpu, gpu, interpret, *arrays):
     """Runs the kernel built for the platform being compiled for.
 
@@ -383,10 +412,10 @@ def attention(
     *,
     block_s=None,
     block_t=None,
-    gpu_block_s=64,
-    gpu_block_t=64,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_s=None,
+    gpu_block_t=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     scale=0.125,
     interpret=None,
@@ -400,7 +429,8 @@ def attention(
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
@@ -424,7 +454,7 @@ def attention(
         },
     )
     _check_blocks("attention", block_s=block_s, block_t=block_t, may_be_none=True)
-    _check_blocks("attention", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t)
+    _check_blocks("attention", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True)
     b = sizes["B"]
     h = sizes["H"]
     s_ = sizes["S"]
@@ -906,10 +936,20 @@ def _attention_gpu_kernel(
     _store(lse_ref, _logsumexp_finish(max_t_, sum_exp_t_), _mask((block_s, 1), in_s, None))
 
 
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's).
+_attention_gpu_options = {None: (64, 64, 4, 1)}
+
+
 def _attention_gpu(
     q, k, v, *, b, h, s_, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`attention` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_s, block_t, num_warps, num_stages = _gpu_options(
+        _attention_gpu_options, (b, h, s_, d, t), (block_s, block_t, num_warps, num_stages)
+    )
     block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
@@ -982,10 +1022,10 @@ def attention_dq(
     *,
     block_s=None,
     block_t=None,
-    gpu_block_s=64,
-    gpu_block_t=64,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_s=None,
+    gpu_block_t=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     scale=0.125,
     interpret=None,
@@ -1004,7 +1044,8 @@ def attention_dq(
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_dq_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
@@ -1031,7 +1072,9 @@ def attention_dq(
         },
     )
     _check_blocks("attention_dq", block_s=block_s, block_t=block_t, may_be_none=True)
-    _check_blocks("attention_dq", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t)
+    _check_blocks(
+        "attention_dq", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True
+    )
     b = sizes["B"]
     h = sizes["H"]
     s_ = sizes["S"]
@@ -1552,6 +1595,13 @@ def _attention_dq_gpu_kernel(
     _store(dq_ref, (acc_t_ * scale).astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
 
 
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's).
+_attention_dq_gpu_options = {None: (64, 64, 4, 1)}
+
+
 def _attention_dq_gpu(
     q,
     k,
@@ -1573,6 +1623,9 @@ def _attention_dq_gpu(
     interpret,
 ):
     """`attention_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_s, block_t, num_warps, num_stages = _gpu_options(
+        _attention_dq_gpu_options, (b, h, s_, d, t), (block_s, block_t, num_warps, num_stages)
+    )
     block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
@@ -1651,10 +1704,10 @@ def attention_dkdv(
     *,
     block_t=None,
     block_s=None,
-    gpu_block_t=64,
-    gpu_block_s=64,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_t=None,
+    gpu_block_s=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     scale=0.125,
     interpret=None,
@@ -1671,7 +1724,8 @@ def attention_dkdv(
       block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_dkdv_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
@@ -1698,7 +1752,9 @@ def attention_dkdv(
         },
     )
     _check_blocks("attention_dkdv", block_t=block_t, block_s=block_s, may_be_none=True)
-    _check_blocks("attention_dkdv", gpu_block_t=gpu_block_t, gpu_block_s=gpu_block_s)
+    _check_blocks(
+        "attention_dkdv", gpu_block_t=gpu_block_t, gpu_block_s=gpu_block_s, may_be_none=True
+    )
     b = sizes["B"]
     h = sizes["H"]
     t = sizes["T"]
@@ -2270,6 +2326,13 @@ def _attention_dkdv_gpu_kernel(
     _store(dk_ref, (acc_s___ * scale).astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
 
 
+# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, H, T, D, S) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's).
+_attention_dkdv_gpu_options = {None: (64, 64, 4, 1)}
+
+
 def _attention_dkdv_gpu(
     q,
     k,
@@ -2291,6 +2354,9 @@ def _attention_dkdv_gpu(
     interpret,
 ):
     """`attention_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_t, block_s, num_warps, num_stages = _gpu_options(
+        _attention_dkdv_gpu_options, (b, h, t, d, s), (block_t, block_s, num_warps, num_stages)
+    )
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_s = max(16, min(block_s, pl.next_power_of_2(s)))  # a small S is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
@@ -2366,10 +2432,10 @@ def attention_full(
     *,
     block_s=None,
     block_t=None,
-    gpu_block_s=64,
-    gpu_block_t=64,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_s=None,
+    gpu_block_t=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     scale=0.125,
     interpret=None,
@@ -2383,7 +2449,8 @@ def attention_full(
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_full_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
@@ -2407,7 +2474,9 @@ def attention_full(
         },
     )
     _check_blocks("attention_full", block_s=block_s, block_t=block_t, may_be_none=True)
-    _check_blocks("attention_full", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t)
+    _check_blocks(
+        "attention_full", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True
+    )
     b = sizes["B"]
     h = sizes["H"]
     s = sizes["S"]
@@ -2793,10 +2862,20 @@ def _attention_full_gpu_kernel(
     _store(o_ref, acc_t_.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
 
 
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's).
+_attention_full_gpu_options = {None: (64, 64, 4, 1)}
+
+
 def _attention_full_gpu(
     q, k, v, *, b, h, s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`attention_full` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_s, block_t, num_warps, num_stages = _gpu_options(
+        _attention_full_gpu_options, (b, h, s, d, t), (block_s, block_t, num_warps, num_stages)
+    )
     block_s = max(16, min(block_s, pl.next_power_of_2(s)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
@@ -2859,10 +2938,10 @@ def attention_bottom_right(
     *,
     block_s=None,
     block_t=None,
-    gpu_block_s=64,
-    gpu_block_t=64,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_s=None,
+    gpu_block_t=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     scale=0.125,
     interpret=None,
@@ -2876,7 +2955,8 @@ def attention_bottom_right(
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_bottom_right_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
@@ -2900,7 +2980,9 @@ def attention_bottom_right(
         },
     )
     _check_blocks("attention_bottom_right", block_s=block_s, block_t=block_t, may_be_none=True)
-    _check_blocks("attention_bottom_right", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t)
+    _check_blocks(
+        "attention_bottom_right", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True
+    )
     b = sizes["B"]
     h = sizes["H"]
     s_ = sizes["S"]
@@ -3366,10 +3448,22 @@ def _attention_bottom_right_gpu_kernel(
     _store(o_ref, acc_t_.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
 
 
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's).
+_attention_bottom_right_gpu_options = {None: (64, 64, 4, 1)}
+
+
 def _attention_bottom_right_gpu(
     q, k, v, *, b, h, s_, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`attention_bottom_right` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_s, block_t, num_warps, num_stages = _gpu_options(
+        _attention_bottom_right_gpu_options,
+        (b, h, s_, d, t),
+        (block_s, block_t, num_warps, num_stages),
+    )
     block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
@@ -3431,10 +3525,10 @@ def gqa(
     *,
     block_s=None,
     block_t=None,
-    gpu_block_s=64,
-    gpu_block_t=64,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_s=None,
+    gpu_block_t=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -3447,7 +3541,8 @@ def gqa(
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_gqa_tpu_blocks), or grown to large steps
         (_grown), else 128, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
@@ -3470,7 +3565,7 @@ def gqa(
         },
     )
     _check_blocks("gqa", block_s=block_s, block_t=block_t, may_be_none=True)
-    _check_blocks("gqa", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t)
+    _check_blocks("gqa", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True)
     b = sizes["B"]
     g = sizes["G"]
     r = sizes["R"]
@@ -3829,8 +3924,18 @@ def _gqa_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, b, g, r, s_, d, t, block_s, b
     _store(o_ref, acc_t_.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
 
 
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, G, R, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's).
+_gqa_gpu_options = {None: (64, 64, 4, 1)}
+
+
 def _gqa_gpu(q, k, v, *, b, g, r, s_, d, t, block_s, block_t, num_warps, num_stages, interpret):
     """`gqa` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_s, block_t, num_warps, num_stages = _gpu_options(
+        _gqa_gpu_options, (b, g, r, s_, d, t), (block_s, block_t, num_warps, num_stages)
+    )
     block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
@@ -3895,10 +4000,10 @@ def matmul_softmax(
     *,
     block_m=None,
     block_k=None,
-    gpu_block_m=64,
-    gpu_block_k=64,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_k=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -3910,7 +4015,8 @@ def matmul_softmax(
       block_m, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_matmul_softmax_tpu_blocks), or grown to large steps
         (_grown), else 128, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
@@ -3928,7 +4034,9 @@ def matmul_softmax(
         "matmul_softmax", {"x": (x, jnp.bfloat16, ("M", "K")), "w": (w, jnp.bfloat16, ("K", "N"))}
     )
     _check_blocks("matmul_softmax", block_m=block_m, block_k=block_k, may_be_none=True)
-    _check_blocks("matmul_softmax", gpu_block_m=gpu_block_m, gpu_block_k=gpu_block_k)
+    _check_blocks(
+        "matmul_softmax", gpu_block_m=gpu_block_m, gpu_block_k=gpu_block_k, may_be_none=True
+    )
     m = sizes["M"]
     n = sizes["N"]
     k = sizes["K"]
@@ -4157,8 +4265,18 @@ def _matmul_softmax_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, k, block_m, block_k
     )
 
 
+# GPU (Triton) blocks and launch options (block_m, block_k, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's
+# sizes winning. None: any other GPU (the spec's).
+_matmul_softmax_gpu_options = {None: (64, 64, 4, 1)}
+
+
 def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stages, interpret):
     """`matmul_softmax` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_k, num_warps, num_stages = _gpu_options(
+        _matmul_softmax_gpu_options, (m, n, k), (block_m, block_k, num_warps, num_stages)
+    )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
@@ -4215,10 +4333,10 @@ def rmsnorm_matmul(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=64,
-    gpu_block_n=64,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -4231,7 +4349,8 @@ def rmsnorm_matmul(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_rmsnorm_matmul_tpu_blocks), or grown to large steps
         (_grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
@@ -4254,7 +4373,9 @@ def rmsnorm_matmul(
         },
     )
     _check_blocks("rmsnorm_matmul", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("rmsnorm_matmul", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks(
+        "rmsnorm_matmul", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+    )
     m = sizes["M"]
     n = sizes["N"]
     k = sizes["K"]
@@ -4476,8 +4597,18 @@ def _rmsnorm_matmul_gpu_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_m, 
     )
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's
+# sizes winning. None: any other GPU (the spec's).
+_rmsnorm_matmul_gpu_options = {None: (64, 64, 4, 1)}
+
+
 def _rmsnorm_matmul_gpu(x, g, w, *, m, n, k, block_m, block_n, num_warps, num_stages, interpret):
     """`rmsnorm_matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _rmsnorm_matmul_gpu_options, (m, n, k), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     block_k = pl.next_power_of_2(k)  # all of K in one block, masked past its end

@@ -51,6 +51,35 @@ def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
     return on_mosaic_gpu
 
 
+def _gpu_device_kind():
+    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
+    default device's if it is a GPU, else the first GPU's (None without one)."""
+    device = jax.config.jax_default_device
+    if getattr(device, "platform", None) == "gpu":
+        return device.device_kind
+    try:
+        return jax.devices("gpu")[0].device_kind
+    except RuntimeError:  # no GPU backend
+        return None
+
+
+def _gpu_options(table, sizes, given):
+    """The blocks and launch options of a GPU (Triton) call: those `given` (not None) as
+    they are, the others from `table`: for the GPU compiled for (see `_gpu_device_kind`),
+    the tuned entry whose sizes are nearest the call's (in powers of two), else the
+    spec's, `table[None]`."""
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
+    tuned = table.get(kind) if kind is not None else None
+    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
+    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
+
+
 def _mgpu_pad(array, shape):
     """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
     if array.shape == shape:
@@ -339,11 +368,11 @@ def matmul(
     block_m=None,
     block_n=None,
     block_k=None,
-    gpu_block_m=64,
-    gpu_block_n=64,
-    gpu_block_k=32,
-    gpu_warps=4,
-    gpu_stages=3,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_block_k=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -355,7 +384,8 @@ def matmul(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_tpu_blocks),
         else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -372,7 +402,11 @@ def matmul(
     )
     _check_blocks("matmul", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True)
     _check_blocks(
-        "matmul", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, gpu_block_k=gpu_block_k
+        "matmul",
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        gpu_block_k=gpu_block_k,
+        may_be_none=True,
     )
     m = sizes["M"]
     n = sizes["N"]
@@ -566,8 +600,18 @@ def _matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_
     _store(z_ref, acc, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_gpu_options = {None: (64, 64, 32, 4, 3)}
+
+
 def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     """`matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+        _matmul_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
+    )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
@@ -685,11 +729,11 @@ def matmul_relu(
     block_m=None,
     block_n=None,
     block_k=None,
-    gpu_block_m=64,
-    gpu_block_n=64,
-    gpu_block_k=32,
-    gpu_warps=4,
-    gpu_stages=3,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_block_k=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -701,7 +745,8 @@ def matmul_relu(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_tpu_blocks),
         else 256, 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: jax.nn.relu (a custom_jvp) has no Mosaic GPU
@@ -722,7 +767,11 @@ def matmul_relu(
         "matmul_relu", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True
     )
     _check_blocks(
-        "matmul_relu", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, gpu_block_k=gpu_block_k
+        "matmul_relu",
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        gpu_block_k=gpu_block_k,
+        may_be_none=True,
     )
     m = sizes["M"]
     n = sizes["N"]
@@ -916,8 +965,18 @@ def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, b
     _store(z_ref, jax.nn.relu(acc), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_relu_gpu_options = {None: (64, 64, 32, 4, 3)}
+
+
 def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     """`matmul_relu` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+        _matmul_relu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
+    )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
@@ -976,11 +1035,11 @@ def matmul_bias_gelu(
     block_m=None,
     block_n=None,
     block_k=None,
-    gpu_block_m=128,
-    gpu_block_n=128,
-    gpu_block_k=64,
-    gpu_warps=8,
-    gpu_stages=3,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_block_k=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -993,7 +1052,8 @@ def matmul_bias_gelu(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_tpu_blocks),
         else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -1021,6 +1081,7 @@ def matmul_bias_gelu(
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         gpu_block_k=gpu_block_k,
+        may_be_none=True,
     )
     m = sizes["M"]
     n = sizes["N"]
@@ -1240,10 +1301,20 @@ def _matmul_bias_gelu_gpu_kernel(
     _store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_bias_gelu_gpu_options = {None: (128, 128, 64, 8, 3)}
+
+
 def _matmul_bias_gelu_gpu(
     x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`matmul_bias_gelu` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+        _matmul_bias_gelu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
+    )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
@@ -1378,11 +1449,11 @@ def matmul_int8(
     block_m=None,
     block_n=None,
     block_k=None,
-    gpu_block_m=128,
-    gpu_block_n=128,
-    gpu_block_k=64,
-    gpu_warps=8,
-    gpu_stages=3,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_block_k=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -1394,7 +1465,8 @@ def matmul_int8(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_int8_tpu_blocks),
         else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -1413,7 +1485,11 @@ def matmul_int8(
         "matmul_int8", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True
     )
     _check_blocks(
-        "matmul_int8", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, gpu_block_k=gpu_block_k
+        "matmul_int8",
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        gpu_block_k=gpu_block_k,
+        may_be_none=True,
     )
     m = sizes["M"]
     n = sizes["N"]
@@ -1614,8 +1690,18 @@ def _matmul_int8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, b
     _store(z_ref, acc, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_int8_gpu_options = {None: (128, 128, 64, 8, 3)}
+
+
 def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     """`matmul_int8` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+        _matmul_int8_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
+    )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     block_k = max(32, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
@@ -1741,11 +1827,11 @@ def batched_matmul(
     block_m=None,
     block_n=None,
     block_k=None,
-    gpu_block_m=128,
-    gpu_block_n=128,
-    gpu_block_k=64,
-    gpu_warps=8,
-    gpu_stages=3,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_block_k=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -1757,7 +1843,8 @@ def batched_matmul(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_batched_matmul_tpu_blocks),
         else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -1777,7 +1864,11 @@ def batched_matmul(
         "batched_matmul", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True
     )
     _check_blocks(
-        "batched_matmul", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, gpu_block_k=gpu_block_k
+        "batched_matmul",
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        gpu_block_k=gpu_block_k,
+        may_be_none=True,
     )
     b = sizes["B"]
     m = sizes["M"]
@@ -1994,10 +2085,22 @@ def _batched_matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n
     _store(z_ref, acc, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (B, M, N, K) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_batched_matmul_gpu_options = {None: (128, 128, 64, 8, 3)}
+
+
 def _batched_matmul_gpu(
     x, y, *, b, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`batched_matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+        _batched_matmul_gpu_options,
+        (b, m, n, k),
+        (block_m, block_n, block_k, num_warps, num_stages),
+    )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
@@ -2125,11 +2228,11 @@ def scores(
     *,
     block_s=None,
     block_t=None,
-    gpu_block_s=128,
-    gpu_block_t=128,
-    gpu_block_d=64,
-    gpu_warps=8,
-    gpu_stages=3,
+    gpu_block_s=None,
+    gpu_block_t=None,
+    gpu_block_d=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     scale=0.125,
     interpret=None,
@@ -2142,7 +2245,8 @@ def scores(
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_scores_tpu_blocks),
         else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       scale: a static f32 (default 0.125).
@@ -2160,7 +2264,11 @@ def scores(
     )
     _check_blocks("scores", block_s=block_s, block_t=block_t, may_be_none=True)
     _check_blocks(
-        "scores", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, gpu_block_d=gpu_block_d
+        "scores",
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        gpu_block_d=gpu_block_d,
+        may_be_none=True,
     )
     b = sizes["B"]
     s_ = sizes["S"]
@@ -2347,10 +2455,20 @@ def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, s_, t, d, block_s, block_t, block
     _store(s_ref, acc * scale, inside)
 
 
+# GPU (Triton) blocks and launch options (block_s, block_t, block_d, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (B, S, T, D) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_scores_gpu_options = {None: (128, 128, 64, 8, 3)}
+
+
 def _scores_gpu(
     q, k, *, b, s_, t, d, block_s, block_t, block_d, num_warps, num_stages, scale, interpret
 ):
     """`scores` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_s, block_t, block_d, num_warps, num_stages = _gpu_options(
+        _scores_gpu_options, (b, s_, t, d), (block_s, block_t, block_d, num_warps, num_stages)
+    )
     block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = max(16, min(block_d, pl.next_power_of_2(d)))  # a small D is one masked block
@@ -2485,11 +2603,11 @@ def linear(
     block_m=None,
     block_n=None,
     block_k=None,
-    gpu_block_m=128,
-    gpu_block_n=128,
-    gpu_block_k=64,
-    gpu_warps=8,
-    gpu_stages=3,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_block_k=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -2502,7 +2620,8 @@ def linear(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_linear_tpu_blocks),
         else 1024, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -2524,7 +2643,11 @@ def linear(
     )
     _check_blocks("linear", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True)
     _check_blocks(
-        "linear", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, gpu_block_k=gpu_block_k
+        "linear",
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        gpu_block_k=gpu_block_k,
+        may_be_none=True,
     )
     m = sizes["M"]
     n = sizes["N"]
@@ -2745,10 +2868,20 @@ def _linear_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *, m, n, k, block_m, block
     _store(y_ref, (acc + bias).astype(jnp.bfloat16), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_linear_gpu_options = {None: (128, 128, 64, 8, 3)}
+
+
 def _linear_gpu(
     x, w, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`linear` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+        _linear_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
+    )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
