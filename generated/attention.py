@@ -2405,8 +2405,9 @@ def attention_dq(
     scale=0.125,
     interpret=None,
 ):
-    """The backward pass of `attention` (FlashAttention-2), written as two kernels that
-    recompute the probabilities from the saved `lse`. dq, and delta = sum(do * o, D) per
+    """The backward pass of `attention` (FlashAttention-2), written by hand as two kernels that
+    recompute the probabilities from the saved `lse` (jax.grad of `attention` runs the same,
+    derived from its spec: attention_backward_dq, attention_backward_dkdv). dq, and delta = sum(do * o, D) per
     query for the next kernel: one pass over T per block of queries.
 
     Args:
@@ -2431,8 +2432,7 @@ def attention_dq(
     Returns:
       dq: bf16[B, H, S, D]; delta: f32[B, H, S].
 
-    Gradients: not generated yet for a matrix product: jax.grad of it raises
-    NotImplementedError.
+    Gradients: none; its spec says `grad none`, and jax.grad of it raises a TypeError.
     """
     (q, k, v, o, do, lse), sizes = _operands(
         "attention_dq",
@@ -2620,11 +2620,10 @@ def _attention_dq_forward(
 
 
 def _attention_dq_vjp(saved, cotangents):
-    """`attention_dq` has no backward pass yet: none is generated for a matrix product."""
-    raise NotImplementedError(
-        "attention_dq is not differentiable yet: pallasgen generates backward kernels "
-        "for elementwise kernels only, not yet for a matrix product; `grad none` in "
-        "specs/attention.pallas says it is never differentiated"
+    """`attention_dq` has no backward pass: its spec says `grad none`."""
+    raise TypeError(
+        "attention_dq is not differentiable: its spec turns gradients off (`grad "
+        "none` at specs/attention.pallas:32)"
     )
 
 
@@ -3098,8 +3097,7 @@ def attention_dkdv(
     Returns:
       dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
 
-    Gradients: not generated yet for a matrix product: jax.grad of it raises
-    NotImplementedError.
+    Gradients: none; its spec says `grad none`, and jax.grad of it raises a TypeError.
     """
     (q, k, v, do, lse, delta), sizes = _operands(
         "attention_dkdv",
@@ -3290,11 +3288,10 @@ def _attention_dkdv_forward(
 
 
 def _attention_dkdv_vjp(saved, cotangents):
-    """`attention_dkdv` has no backward pass yet: none is generated for a matrix product."""
-    raise NotImplementedError(
-        "attention_dkdv is not differentiable yet: pallasgen generates backward "
-        "kernels for elementwise kernels only, not yet for a matrix product; `grad "
-        "none` in specs/attention.pallas says it is never differentiated"
+    """`attention_dkdv` has no backward pass: its spec says `grad none`."""
+    raise TypeError(
+        "attention_dkdv is not differentiable: its spec turns gradients off (`grad "
+        "none` at specs/attention.pallas:49)"
     )
 
 
