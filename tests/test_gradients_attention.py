@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.pallas import tpu as pltpu
 
 from kernel_cases import BF16, generated_module, take_gpu_branch, unmasked_block_accesses
 from pallasgen.analysis.gradients import every_kernel
@@ -25,6 +26,7 @@ from pallasgen.devices import compile_only
 from pallasgen.workspace.pipeline import check_source
 from test_attention import attention_backward_numpy, attention_numpy, causal, f64
 from test_gradients import pallas_calls_and_primitives
+from test_matmul_kernels import race_detection, races_found
 
 KERNELS = ["attention", "attention_full", "attention_bottom_right", "gqa"]
 SCALE = {"gqa": 0.088388}
@@ -95,6 +97,21 @@ def test_grad_matches_the_references_vjp_and_float64_numpy_at_ragged_sizes(atten
     got = kernel_vjp(attention, name, primals, cotangents)
     _, reference_vjp = jax.vjp(getattr(attention, f"{name}_reference"), *primals)
     assert_close(got, reference_vjp(cotangents))
+    assert_close(got, gradients_numpy(name, *primals, cotangents))
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_grad_on_a_simulated_two_core_tpu_has_no_race_and_the_right_answer(attention, name):
+    """Simulated TPU memories (uninitialized memory is NaN, out-of-bounds reads raise),
+    the parallel grid axes split over two cores, ragged S and T."""
+    primals, cotangents = arrays(name, np.random.default_rng(5), s=200, t=300)
+    function = functools.partial(getattr(attention, name), interpret=race_detection(cores=2))
+    try:
+        _, vjp = jax.vjp(function, *primals)
+        got = vjp(cotangents)
+        assert not races_found()
+    finally:
+        pltpu.reset_tpu_interpret_mode_state()
     assert_close(got, gradients_numpy(name, *primals, cotangents))
 
 

@@ -196,8 +196,8 @@ class _Derivation:
         self.let_names = {s.value: s.name for s in kernel.body if isinstance(s, ir.Let)}
         # The backward kernels' names: those of the forward that they read, and their own.
         read = [*(d.name for d in kernel.inputs), *(s.name for s in form.score_lets), *(p.name for p in kernel.params)]
-        self.namer = Namer([*read, *checked.dims, *FUNCTIONS])
         self.taken = [*read, *checked.dims, *FUNCTIONS]
+        self.namer = Namer(self.taken)
         self.n = {"s": form.score.id} if isinstance(form.score, ir.Name) else {}
         for name in ("s", "p", "o", "do", "lse", "dlse", "delta", "dq", "dk", "dv", "dp", "ds"):
             self.n.setdefault(name, self.namer.claim(name))
@@ -205,12 +205,8 @@ class _Derivation:
         forward_names = [*(d.name for d in (*kernel.inputs, *kernel.outputs)), *self.lets, *read, *checked.dims]
         self.residual_name = Namer([*forward_names, *FUNCTIONS]).claim("lse")
         self.position = form.assign.position
-        self.b = Builder(self.position, self._unused_bind)
+        self.b = Builder(self.position, lambda expr: expr)  # what it builds is read once
         self.bound: list[ir.Let] = []
-
-    @staticmethod
-    def _unused_bind(expr):
-        raise AssertionError("bind is given per rule")
 
     # -- names and nodes
 
@@ -236,7 +232,7 @@ class _Derivation:
     # -- the derivation
 
     def derived(self) -> Derived | str:
-        form, kernel = self.form, self.checked.kernel
+        form = self.form
         lse_source = "output" if form.lse is not None else "residual"
         lse_name = form.lse.name if form.lse is not None else self.residual_name
         residuals = ()
@@ -280,7 +276,9 @@ class _Derivation:
         ]
         delta = b.call("sum", b.op(b.call("f32", do), "*", b.call("f32", o)), self.dim(form.output.dims[-1]))
         if form.lse is not None:
-            ins.append((self.decl(form.q, self.n["dlse"], "f32", form.q.dims[:-1]), Argument(form.lse.name, "cotangent")))
+            ins.append(
+                (self.decl(form.q, self.n["dlse"], "f32", form.q.dims[:-1]), Argument(form.lse.name, "cotangent"))
+            )
             delta = b.op(delta, "-", self.name("dlse"))
         transposed_v = ir.Attribute(ir.Name(v.name, self.position), "T", self.position, self.position)
         body = [
@@ -341,7 +339,10 @@ class _Derivation:
         form, b = self.form, self.b
         ins = [(d, Argument(d.name, "backward")) for d in dkdv.kernel.outputs]
         outs = (self.decl(form.k, self.n["dk"]), self.decl(form.v, self.n["dv"]))
-        body = [ir.Assign(o.name, b.call("sum", ir.Name(i.name, self.position), self.dim(dim)), self.position) for (i, _), o in zip(ins, outs)]
+        body = [
+            ir.Assign(o.name, b.call("sum", ir.Name(i.name, self.position), self.dim(dim)), self.position)
+            for (i, _), o in zip(ins, outs)
+        ]
         blocks = tuple(item for item in self.checked.kernel.blocks if item.dim in form.k.dims)
         gpu_blocks = tuple(item for item in self.checked.kernel.gpu_blocks if item.dim in form.k.dims)
         kernel = self._kernel(f"over_{dim.lower()}", f"dk, dv summed over {dim}", ins, outs, body, blocks, gpu_blocks)
@@ -393,7 +394,10 @@ class _Derivation:
 
         values = tuple(self._value(a) for a in args)
         parts = rule(Builder(position, bind), values, self._value(node), g_holder)
-        if not isinstance(g, (ir.Name, ir.Number)) and sum(n == g_holder for p in parts if p is not None for n in ir.walk(p)) > 1:
+        if (
+            not isinstance(g, (ir.Name, ir.Number))
+            and sum(n == g_holder for p in parts if p is not None for n in ir.walk(p)) > 1
+        ):
             g = bind(g)
         types = self.checked.types
         found = []
