@@ -3275,8 +3275,6 @@ def add_i8(
     those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: Mosaic GPU computes on 8-bit values only by
-        bitwise operations.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -3351,7 +3349,7 @@ def _add_i8_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_add_i8_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -3479,8 +3477,60 @@ def _add_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpre
     )(x, y)
 
 
-# `add_i8` has no Mosaic GPU kernel (Mosaic GPU computes on 8-bit values only by
-# bitwise operations): it runs on Triton.
+def _add_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, x_smem, y_smem, z_smem):
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        z_smem[...] = (x.astype(jnp.int32) + y.astype(jnp.int32)).astype(jnp.int8)
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.int8, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.int8, block_n),
+            ),
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.int8, block_n),
+            )
+        ],
+    )(x_ref, y_ref, z_ref)
+
+
+def _add_i8_mosaic_gpu(x, y, *, m, n, interpret):
+    """`add_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    y = _mgpu_pad(y, (padded_m, padded_n))
+    (z,) = plgpu.kernel(
+        functools.partial(_add_i8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),),
+        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, y)
+    return z[:m, :n]
 
 
 @functools.partial(
@@ -3521,8 +3571,6 @@ def mul_i8(
     those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: Mosaic GPU computes on 8-bit values only by
-        bitwise operations.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -3597,7 +3645,7 @@ def _mul_i8_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_mul_i8_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -3725,8 +3773,60 @@ def _mul_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpre
     )(x, y)
 
 
-# `mul_i8` has no Mosaic GPU kernel (Mosaic GPU computes on 8-bit values only by
-# bitwise operations): it runs on Triton.
+def _mul_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, x_smem, y_smem, z_smem):
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        z_smem[...] = (x.astype(jnp.int32) * y.astype(jnp.int32)).astype(jnp.int8)
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.int8, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.int8, block_n),
+            ),
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.int8, block_n),
+            )
+        ],
+    )(x_ref, y_ref, z_ref)
+
+
+def _mul_i8_mosaic_gpu(x, y, *, m, n, interpret):
+    """`mul_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    y = _mgpu_pad(y, (padded_m, padded_n))
+    (z,) = plgpu.kernel(
+        functools.partial(_mul_i8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),),
+        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, y)
+    return z[:m, :n]
 
 
 @functools.partial(

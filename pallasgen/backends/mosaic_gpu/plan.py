@@ -24,7 +24,7 @@ from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.mosaic_gpu.sweeps import SweepPlanner, column_block
-from pallasgen.backends.mosaic_gpu.support import SMEM_BUDGET, WGMMA_DTYPES, refusal
+from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET, WGMMA_DTYPES, refusal
 from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel
 from pallasgen.lowering.parts import body_statements, layout_of, load_statements, parameter_list, tuple_code
@@ -190,7 +190,7 @@ class _ElementwisePlanner(_Planner):
         def store(decl: ir.ArrayDecl, value: str) -> str:
             return f"{self.smem[decl.name]}[...] = {value}"
 
-        emitter = self.lowered.emitter()
+        emitter = self.lowered.emitter(**EMITTER_OPTIONS)
         body = [
             *load_statements(kernel, self.values, self.checked, load),
             *body_statements(kernel, kernel.body, emitter, self.values, self.refs, self.checked, store),
@@ -296,7 +296,7 @@ class _ProductPlanner(_Planner):
         def store(decl: ir.ArrayDecl, value: str) -> str:
             return f"{out_smem}[...] = {value}"
 
-        emitter = self.lowered.emitter()
+        emitter = self.lowered.emitter(**EMITTER_OPTIONS)
         epilogue_body = [
             f"{self.lowered.accumulator} = {acc_ref}[...]",
             *load_statements(kernel, self.values, checked, load),

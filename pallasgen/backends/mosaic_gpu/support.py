@@ -15,11 +15,17 @@ from pallasgen.frontend import ir
 # Spec functions whose jax spelling has no Mosaic GPU lowering on one of the lines.
 UNLOWERED_FUNCTIONS = {
     "sqrt": "sqrt has no Mosaic GPU lowering on jax 0.10.2",
-    "relu": "jax.nn.relu (a custom_jvp) has no Mosaic GPU lowering on jax 0.10.2",
-    "floor": "floor has no Mosaic GPU lowering",
-    "ceil": "ceil has no Mosaic GPU lowering",
     "index": "index() outside a kernel that reduces is not on Mosaic GPU yet",
 }
+
+# Spec functions spelled otherwise here: jax.nn.relu is a custom_jvp (no lowering on jax
+# 0.10.2) around this maximum; floor and ceil have no lowering, and are computed from
+# round (helpers: exact).
+SPELLINGS = {"relu": "jnp.maximum({}, 0)", "floor": "_mgpu_floor({})", "ceil": "_mgpu_ceil({})"}
+
+# The options of a Mosaic GPU kernel's emitter (lowering.pyexpr.Emitter): Mosaic GPU has
+# no 8-bit arithmetic, so narrow integers are computed in i32 and cast back, as jnp does.
+EMITTER_OPTIONS = {"narrow_ints_in_i32": True, "codes": SPELLINGS}
 
 # Shared memory a program's blocks may take (an H100 has 227 KiB per block).
 SMEM_BUDGET = 160 * 1024
@@ -93,14 +99,6 @@ def _node_problem(checked: CheckedKernel, node: ir.Expr, reduces: bool) -> str |
         return "logical not (~) has no Mosaic GPU lowering on jax 0.12"
     if isinstance(node, ir.Binary) and node.op in ("%", "//") and checked.types[node].dtype.kind == "f":
         return f"a float {node.op} has no Mosaic GPU lowering"
-    computed = isinstance(node, (ir.Unary, ir.Binary)) and getattr(node, "op", "") != "@"
-    # A reduction reads its argument converted to i32 (integers) or f32 first: a cast.
-    computed |= (
-        isinstance(node, ir.Call) and node.func in FUNCTIONS and FUNCTIONS[node.func].typing not in ("cast", "reduce")
-    )
-    operands = [n for n in (node, *_children(node)) if n in checked.types]
-    if computed and any(checked.types[n].dtype.name in ("i8", "u8") for n in operands):
-        return "Mosaic GPU computes on 8-bit values only by bitwise operations"
     return None
 
 
