@@ -69,7 +69,11 @@ def _shapes(module: str, kernel: str, size: str) -> list[tuple[tuple[int, ...], 
 
 def _exported_text(module: str, kernel: str, size: str, **keywords) -> str:
     args = [jax.ShapeDtypeStruct(shape, DTYPES[dtype]) for shape, dtype in _shapes(module, kernel, size)]
-    function = getattr(generated_module(module), kernel)
+    return _cuda_text(getattr(generated_module(module), kernel), args, **keywords)
+
+
+def _cuda_text(function, args, **keywords) -> str:
+    """The StableHLO of `function` exported for CUDA (Triton's calls allowed)."""
     disabled = [jax.export.DisabledSafetyCheck.custom_call(TRITON_CALL)]
     call = jax.jit(lambda *arrays: function(*arrays, interpret=False, **keywords))
     with jax.sharding.use_abstract_mesh(_H100):  # jax 0.12 lowers Triton only for a known GPU
@@ -129,14 +133,20 @@ def test_mosaic_gpu_takes_the_kernels_that_reduce_rows_or_columns():
     assert {"column_sums", "argmax_i8"} <= taken
 
 
+def test_mosaic_gpu_takes_reductions_to_a_scalar():
+    """Partial results per program, combined by the launcher."""
+    assert {"equal_count", "equal_count_f32", "equal_count_i32", "equal_count_i8"} <= {k for _, k in TAKEN}
+
+
 @pytest.mark.parametrize("module, kernel", REFUSED, ids=[f"{m}.{k}" for m, k in REFUSED])
 def test_kernel_mosaic_gpu_does_not_take_says_why_in_its_docstring(module, kernel):
     doc = getattr(generated_module(module), kernel).__doc__
     assert re.search(r"This kernel runs on Triton either way: \S", doc)
 
 
-def test_a_refused_kernel_with_mosaic_gpu_runs_on_triton():
-    text = _exported_text("reductions", "equal_count", "small", gpu_backend="mosaic_gpu")
+def test_a_refused_kernel_with_mosaic_gpu_runs_on_triton(tmp_path):
+    module = _module_of("in x: f32[N]\nout i: i32[]\ni = argmax(x, N)", tmp_path, "refused")
+    text = _cuda_text(module.k, [jax.ShapeDtypeStruct((300,), jnp.float32)], gpu_backend="mosaic_gpu")
     assert TRITON.search(text) and not MOSAIC_CALL.search(text)
 
 
@@ -193,7 +203,15 @@ REFUSALS = {
         "in x: f32[M, N]\nout y: f32[M]\nout z: f32[N]\ny = sum(x, N)\nz = max(x, M)",
         "reductions over M and N in one kernel",
     ),
-    "scalar-reduction": ("in x: f32[N]\nout y: f32[]\ny = sum(x, N)", "reductions to a scalar"),
+    "argmax-to-a-scalar": ("in x: f32[N]\nout i: i32[]\ni = argmax(x, N)", "argmax() to a scalar"),
+    "scalar-reduction-of-a-reduction": (
+        "in x: f32[N]\nout v: f32[]\nv = sum((x - mean(x, N)) * (x - mean(x, N)), N)",
+        "a reduction to a scalar of another",
+    ),
+    "vector-output-beside-a-scalar-reduction": (
+        "in x: f32[N]\nout y: f32[N]\ny = x - max(x, N)",
+        "an output with a dimension beside",
+    ),
     "softmax-call": ("in x: f32[M, N]\nout y: f32[M, N]\ny = softmax(x, N)", "softmax() is not on Mosaic GPU yet"),
     "kept-index-in-reduction": (
         "in x: f32[M, N]\nout y: f32[M]\ny = sum(x, N) + f32(index(M))",
@@ -247,6 +265,19 @@ TAKEN_SPECS = {
         "in x: f32[M, N]\nin r: f32[M]\nin c: f32[N]\nout i: i32[N]\nout s: f32[N]\nout y: f32[M, N]\n"
         "i = argmax(x * r, M)\nlet mu = mean(x, M) + c\ns = logsumexp(x - mu, M)\ny = (x - mu) * r + f32(index(M))",
         {"M": 300, "N": 70},
+    ),
+    # Reductions to scalars over a ragged N of several programs' blocks: a sum of a
+    # computed value with index() and a param, a mean (exp(0) past N if not masked), a bf16
+    # maximum, a minimum scaled.
+    "scalar-reductions": (
+        "in x: f32[N]\nin y: bf16[N]\nout s, e, a: f32[]\nout m: bf16[]\nparam t: f32 = 2.0\n"
+        "s = sum(x * f32(index(N)) * t, N)\ne = mean(exp(x), N) - 1.0\nm = max(y, N)\na = min(x, N) * t",
+        {"N": 20000},
+    ),
+    # 8-bit values to scalars: products wrap in i8 before the i32 sum; a maximum in i8.
+    "int8-scalar-reductions": (
+        "in x: i8[N]\nout s: i32[]\nout m: i8[]\ns = sum(x * x, N)\nm = max(x + 1, N)",
+        {"N": 9000},
     ),
 }
 

@@ -70,10 +70,12 @@ def refusal(checked: CheckedKernel) -> str | None:
 
 def _reduction_problem(checked: CheckedKernel) -> str | None:
     """Why Mosaic GPU does not take a kernel that reduces, or None: it takes an [M, N]
-    kernel that reduces one of them (backends.mosaic_gpu.sweeps)."""
+    kernel that reduces one of them (backends.mosaic_gpu.sweeps), and reductions to scalars."""
     kernel, layout = checked.kernel, checked.space.layout
+    if len(layout) == 1:
+        return _totals_problem(checked)
     if len(layout) != 2:
-        return "reductions to a scalar or over a kernel of rank above 2 are not on Mosaic GPU yet"
+        return "reductions over a kernel of rank above 2 are not on Mosaic GPU yet"
     calls = [n for n in ir.walk(*(s.value for s in kernel.body)) if isinstance(n, ir.Call)]
     swept = {c.args[1].id for c in calls if FUNCTIONS[c.func].reducer is not None}
     if len(swept) > 1:
@@ -90,6 +92,33 @@ def _reduction_problem(checked: CheckedKernel) -> str | None:
     if not any(dim in d.dims for d in kernel.inputs + kernel.outputs):
         return f"a kernel that reduces {dim} and reads no array with {dim} is not on Mosaic GPU yet"
     return None
+
+
+def _totals_problem(checked: CheckedKernel) -> str | None:
+    """Why Mosaic GPU does not take a rank-1 kernel that reduces, or None: it takes one
+    whose outputs are scalars computed from sums, means, maxima and minima (`totals`)."""
+    kernel = checked.kernel
+    if not kernel.inputs:
+        return "a kernel that reduces to a scalar and reads no array is not on Mosaic GPU yet"
+    if any(isinstance(s, ir.Let) for s in kernel.body):
+        return "lets in a kernel that reduces to a scalar are not on Mosaic GPU yet"
+    if any(o.dims for o in kernel.outputs):
+        return "an output with a dimension beside a reduction to a scalar is not on Mosaic GPU yet"
+    for call in reductions(kernel):
+        if FUNCTIONS[call.func].reducer.merge is None:
+            return f"{call.func}() to a scalar is not on Mosaic GPU yet"
+        if any(_reductions_in(call.args[0])):
+            return "a reduction to a scalar of another reduction's result is not on Mosaic GPU yet"
+    return None
+
+
+def reductions(kernel: ir.Kernel) -> list[ir.Call]:
+    """The kernel's reductions, each once, in order."""
+    return list(dict.fromkeys(_reductions_in(*(s.value for s in kernel.body))))
+
+
+def _reductions_in(*nodes: ir.Expr):
+    return (n for n in ir.walk(*nodes) if isinstance(n, ir.Call) and FUNCTIONS[n.func].reducer is not None)
 
 
 def _node_problem(checked: CheckedKernel, node: ir.Expr, reduces: bool) -> str | None:
