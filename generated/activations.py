@@ -127,6 +127,15 @@ def _mgpu_positions(start, shape, axis):
     return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
 
 
+def _mgpu_floor(x):
+    """floor(x), which Mosaic GPU does not lower, exactly: x rounded to a whole number,
+    less one where that rounded up (integers are whole already)."""
+    if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
+        return x
+    rounded = jnp.round(x)
+    return jnp.where(rounded > x, rounded - 1, rounded)
+
+
 def _on_platform(tpu, gpu, interpret, *arrays):
     """Runs the kernel built for the platform being compiled for.
 
@@ -2506,7 +2515,6 @@ def quantize_rows(
     those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: floor has no Mosaic GPU lowering.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -2587,7 +2595,7 @@ def _quantize_rows_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_quantize_rows_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -2719,5 +2727,56 @@ def _quantize_rows_gpu(x, scale, *, m, n, block_m, block_n, num_warps, num_stage
     )(x, scale)
 
 
-# `quantize_rows` has no Mosaic GPU kernel (floor has no Mosaic GPU lowering): it runs
-# on Triton.
+def _quantize_rows_mosaic_gpu_kernel(x_ref, scale_ref, q_ref, *, block_m, block_n):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, x_smem, scale_smem, q_smem):
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        scale = _mgpu_load(scale_smem, (block_m, block_n), (0,))
+        scaled = x / scale
+        rounded = jnp.clip(_mgpu_floor(scaled + 0.5), -128.0, 127.0)
+        q_smem[...] = jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8)
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.int8, block_n),
+            )
+        ],
+    )(x_ref, scale_ref, q_ref)
+
+
+def _quantize_rows_mosaic_gpu(x, scale, *, m, n, interpret):
+    """`quantize_rows` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    scale = scale.reshape((m,))
+    scale = _mgpu_pad(scale, (padded_m,))
+    (q,) = plgpu.kernel(
+        functools.partial(_quantize_rows_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),),
+        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, scale)
+    return q[:m, :n]

@@ -749,8 +749,6 @@ def matmul_relu(
     those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: jax.nn.relu (a custom_jvp) has no Mosaic GPU
-        lowering on jax 0.10.2.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -845,7 +843,7 @@ def _matmul_relu_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_matmul_relu_mosaic_gpu, m=m, n=n, k=k),
         ),
         interpret,
         x,
@@ -1008,8 +1006,76 @@ def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
     )(x, y)
 
 
-# `matmul_relu` has no Mosaic GPU kernel (jax.nn.relu (a custom_jvp) has no Mosaic GPU
-# lowering on jax 0.10.2): it runs on Triton.
+def _matmul_relu_mosaic_gpu_kernel(
+    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k
+):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, x_smem, y_smem):
+            plgpu.wgmma(acc_ref, x_smem, y_smem.T)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(x_ref.shape[-1] // block_k,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_m, block_k),
+                    lambda s: (program_m, s),
+                    transforms=_mgpu_swizzled(jnp.float32, block_k),
+                ),
+                plgpu.BlockSpec(
+                    (block_n, block_k),
+                    lambda s: (program_n, s),
+                    transforms=_mgpu_swizzled(jnp.float32, block_k),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(x_ref, y_ref)
+        acc = acc_ref[...]
+        out_smem[...] = jnp.maximum(acc, 0)
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _matmul_relu_mosaic_gpu(x, y, *, m, n, k, interpret):
+    """`matmul_relu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 128
+    block_n = 128
+    block_k = 32
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    padded_k = k + -k % block_k
+    y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
+    x = _mgpu_pad(x, (padded_m, padded_k))
+    y = _mgpu_pad(y, (padded_n, padded_k))
+    (z,) = plgpu.kernel(
+        functools.partial(
+            _matmul_relu_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(padded_m // block_m, padded_n // block_n),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, y)
+    return z[:m, :n]
 
 
 @functools.partial(

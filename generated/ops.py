@@ -1899,8 +1899,6 @@ def equal_count_f32(
     those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions to a scalar or over a kernel of
-        rank above 2 are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1959,7 +1957,7 @@ def _equal_count_f32_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_equal_count_f32_mosaic_gpu, n_=n_),
         ),
         interpret,
         x,
@@ -2114,8 +2112,62 @@ def _equal_count_f32_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret)
     )(x, y)
 
 
-# `equal_count_f32` has no Mosaic GPU kernel (reductions to a scalar or over a kernel
-# of rank above 2 are not on Mosaic GPU yet): it runs on Triton.
+def _equal_count_f32_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, *, block_n, n_):
+    program = jax.lax.axis_index("N")
+
+    def step(_, x_smem, y_smem):
+        x = _mgpu_load(x_smem, (64, block_n), (0, 1))
+        y = _mgpu_load(y_smem, (64, block_n), (0, 1))
+        positions = _mgpu_positions(program * 64, (64, block_n), 0) * block_n + _mgpu_positions(
+            0, (64, block_n), 1
+        )
+        sum_block = (x == y).astype(jnp.int32)
+        if n_ % (64 * block_n):  # a ragged N: its identity past the end
+            sum_block = jnp.where(positions < n_, sum_block, 0)
+        sum_smem[...] = jnp.sum(sum_block, axis=1)
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (64, block_n),
+                lambda _: (program, 0),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (64, block_n),
+                lambda _: (program, 0),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+        ],
+    )(x_ref, y_ref)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _equal_count_f32_mosaic_gpu(x, y, *, n_, interpret):
+    """`equal_count_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_n = 128
+    padded_n_ = n_ + -n_ % (64 * block_n)
+    x = _mgpu_pad(x, (padded_n_,)).reshape(-1, block_n)
+    y = _mgpu_pad(y, (padded_n_,)).reshape(-1, block_n)
+    (sum_partials,) = plgpu.kernel(
+        functools.partial(_equal_count_f32_mosaic_gpu_kernel, block_n=block_n, n_=n_),
+        out_type=(jax.ShapeDtypeStruct((padded_n_ // block_n,), jnp.int32),),
+        scratch_types=[plgpu.SMEM((64,), jnp.int32)],
+        grid=(padded_n_ // (64 * block_n),),
+        grid_names=("N",),
+        interpret=interpret,
+    )(x, y)
+    sum_n = jnp.sum(sum_partials)
+    n = sum_n
+    return jnp.asarray(n, jnp.int32).reshape((1,))
 
 
 @functools.partial(
@@ -3018,8 +3070,6 @@ def equal_count_i32(
     those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions to a scalar or over a kernel of
-        rank above 2 are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -3078,7 +3128,7 @@ def _equal_count_i32_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_equal_count_i32_mosaic_gpu, n_=n_),
         ),
         interpret,
         x,
@@ -3233,8 +3283,58 @@ def _equal_count_i32_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret)
     )(x, y)
 
 
-# `equal_count_i32` has no Mosaic GPU kernel (reductions to a scalar or over a kernel
-# of rank above 2 are not on Mosaic GPU yet): it runs on Triton.
+def _equal_count_i32_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, *, block_n, n_):
+    program = jax.lax.axis_index("N")
+
+    def step(_, x_smem, y_smem):
+        x = _mgpu_load(x_smem, (64, block_n), (0, 1))
+        y = _mgpu_load(y_smem, (64, block_n), (0, 1))
+        positions = _mgpu_positions(program * 64, (64, block_n), 0) * block_n + _mgpu_positions(
+            0, (64, block_n), 1
+        )
+        sum_block = (x == y).astype(jnp.int32)
+        if n_ % (64 * block_n):  # a ragged N: its identity past the end
+            sum_block = jnp.where(positions < n_, sum_block, 0)
+        sum_smem[...] = jnp.sum(sum_block, axis=1)
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (64, block_n), lambda _: (program, 0), transforms=_mgpu_swizzled(jnp.int32, block_n)
+            ),
+            plgpu.BlockSpec(
+                (64, block_n), lambda _: (program, 0), transforms=_mgpu_swizzled(jnp.int32, block_n)
+            ),
+        ],
+    )(x_ref, y_ref)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _equal_count_i32_mosaic_gpu(x, y, *, n_, interpret):
+    """`equal_count_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_n = 128
+    padded_n_ = n_ + -n_ % (64 * block_n)
+    x = _mgpu_pad(x, (padded_n_,)).reshape(-1, block_n)
+    y = _mgpu_pad(y, (padded_n_,)).reshape(-1, block_n)
+    (sum_partials,) = plgpu.kernel(
+        functools.partial(_equal_count_i32_mosaic_gpu_kernel, block_n=block_n, n_=n_),
+        out_type=(jax.ShapeDtypeStruct((padded_n_ // block_n,), jnp.int32),),
+        scratch_types=[plgpu.SMEM((64,), jnp.int32)],
+        grid=(padded_n_ // (64 * block_n),),
+        grid_names=("N",),
+        interpret=interpret,
+    )(x, y)
+    sum_n = jnp.sum(sum_partials)
+    n = sum_n
+    return jnp.asarray(n, jnp.int32).reshape((1,))
 
 
 @functools.partial(
@@ -3275,8 +3375,6 @@ def add_i8(
     those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: Mosaic GPU computes on 8-bit values only by
-        bitwise operations.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -3351,7 +3449,7 @@ def _add_i8_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_add_i8_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -3479,8 +3577,60 @@ def _add_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpre
     )(x, y)
 
 
-# `add_i8` has no Mosaic GPU kernel (Mosaic GPU computes on 8-bit values only by
-# bitwise operations): it runs on Triton.
+def _add_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, x_smem, y_smem, z_smem):
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        z_smem[...] = (x.astype(jnp.int32) + y.astype(jnp.int32)).astype(jnp.int8)
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.int8, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.int8, block_n),
+            ),
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.int8, block_n),
+            )
+        ],
+    )(x_ref, y_ref, z_ref)
+
+
+def _add_i8_mosaic_gpu(x, y, *, m, n, interpret):
+    """`add_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    y = _mgpu_pad(y, (padded_m, padded_n))
+    (z,) = plgpu.kernel(
+        functools.partial(_add_i8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),),
+        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, y)
+    return z[:m, :n]
 
 
 @functools.partial(
@@ -3521,8 +3671,6 @@ def mul_i8(
     those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: Mosaic GPU computes on 8-bit values only by
-        bitwise operations.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -3597,7 +3745,7 @@ def _mul_i8_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_mul_i8_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -3725,8 +3873,60 @@ def _mul_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpre
     )(x, y)
 
 
-# `mul_i8` has no Mosaic GPU kernel (Mosaic GPU computes on 8-bit values only by
-# bitwise operations): it runs on Triton.
+def _mul_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, x_smem, y_smem, z_smem):
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        z_smem[...] = (x.astype(jnp.int32) * y.astype(jnp.int32)).astype(jnp.int8)
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.int8, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.int8, block_n),
+            ),
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.int8, block_n),
+            )
+        ],
+    )(x_ref, y_ref, z_ref)
+
+
+def _mul_i8_mosaic_gpu(x, y, *, m, n, interpret):
+    """`mul_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    y = _mgpu_pad(y, (padded_m, padded_n))
+    (z,) = plgpu.kernel(
+        functools.partial(_mul_i8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),),
+        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, y)
+    return z[:m, :n]
 
 
 @functools.partial(
@@ -4041,8 +4241,6 @@ def equal_count_i8(
     those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions to a scalar or over a kernel of
-        rank above 2 are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -4101,7 +4299,7 @@ def _equal_count_i8_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_equal_count_i8_mosaic_gpu, n_=n_),
         ),
         interpret,
         x,
@@ -4256,5 +4454,55 @@ def _equal_count_i8_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
     )(x, y)
 
 
-# `equal_count_i8` has no Mosaic GPU kernel (reductions to a scalar or over a kernel
-# of rank above 2 are not on Mosaic GPU yet): it runs on Triton.
+def _equal_count_i8_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, *, block_n, n_):
+    program = jax.lax.axis_index("N")
+
+    def step(_, x_smem, y_smem):
+        x = _mgpu_load(x_smem, (64, block_n), (0, 1))
+        y = _mgpu_load(y_smem, (64, block_n), (0, 1))
+        positions = _mgpu_positions(program * 64, (64, block_n), 0) * block_n + _mgpu_positions(
+            0, (64, block_n), 1
+        )
+        sum_block = (x.astype(jnp.int32) == y.astype(jnp.int32)).astype(jnp.int32)
+        if n_ % (64 * block_n):  # a ragged N: its identity past the end
+            sum_block = jnp.where(positions < n_, sum_block, 0)
+        sum_smem[...] = jnp.sum(sum_block, axis=1)
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (64, block_n), lambda _: (program, 0), transforms=_mgpu_swizzled(jnp.int8, block_n)
+            ),
+            plgpu.BlockSpec(
+                (64, block_n), lambda _: (program, 0), transforms=_mgpu_swizzled(jnp.int8, block_n)
+            ),
+        ],
+    )(x_ref, y_ref)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _equal_count_i8_mosaic_gpu(x, y, *, n_, interpret):
+    """`equal_count_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_n = 128
+    padded_n_ = n_ + -n_ % (64 * block_n)
+    x = _mgpu_pad(x, (padded_n_,)).reshape(-1, block_n)
+    y = _mgpu_pad(y, (padded_n_,)).reshape(-1, block_n)
+    (sum_partials,) = plgpu.kernel(
+        functools.partial(_equal_count_i8_mosaic_gpu_kernel, block_n=block_n, n_=n_),
+        out_type=(jax.ShapeDtypeStruct((padded_n_ // block_n,), jnp.int32),),
+        scratch_types=[plgpu.SMEM((64,), jnp.int32)],
+        grid=(padded_n_ // (64 * block_n),),
+        grid_names=("N",),
+        interpret=interpret,
+    )(x, y)
+    sum_n = jnp.sum(sum_partials)
+    n = sum_n
+    return jnp.asarray(n, jnp.int32).reshape((1,))

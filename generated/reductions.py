@@ -2035,8 +2035,6 @@ def equal_count(
     those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions to a scalar or over a kernel of
-        rank above 2 are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -2095,7 +2093,7 @@ def _equal_count_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_equal_count_mosaic_gpu, n_=n_),
         ),
         interpret,
         x,
@@ -2250,5 +2248,55 @@ def _equal_count_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
     )(x, y)
 
 
-# `equal_count` has no Mosaic GPU kernel (reductions to a scalar or over a kernel of
-# rank above 2 are not on Mosaic GPU yet): it runs on Triton.
+def _equal_count_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, *, block_n, n_):
+    program = jax.lax.axis_index("N")
+
+    def step(_, x_smem, y_smem):
+        x = _mgpu_load(x_smem, (64, block_n), (0, 1))
+        y = _mgpu_load(y_smem, (64, block_n), (0, 1))
+        positions = _mgpu_positions(program * 64, (64, block_n), 0) * block_n + _mgpu_positions(
+            0, (64, block_n), 1
+        )
+        sum_block = (x == y).astype(jnp.int32)
+        if n_ % (64 * block_n):  # a ragged N: its identity past the end
+            sum_block = jnp.where(positions < n_, sum_block, 0)
+        sum_smem[...] = jnp.sum(sum_block, axis=1)
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (64, block_n), lambda _: (program, 0), transforms=_mgpu_swizzled(jnp.int32, block_n)
+            ),
+            plgpu.BlockSpec(
+                (64, block_n), lambda _: (program, 0), transforms=_mgpu_swizzled(jnp.int32, block_n)
+            ),
+        ],
+    )(x_ref, y_ref)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(sum_smem, sum_partials_ref.at[pl.ds(program * 64, 64)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _equal_count_mosaic_gpu(x, y, *, n_, interpret):
+    """`equal_count` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_n = 128
+    padded_n_ = n_ + -n_ % (64 * block_n)
+    x = _mgpu_pad(x, (padded_n_,)).reshape(-1, block_n)
+    y = _mgpu_pad(y, (padded_n_,)).reshape(-1, block_n)
+    (sum_partials,) = plgpu.kernel(
+        functools.partial(_equal_count_mosaic_gpu_kernel, block_n=block_n, n_=n_),
+        out_type=(jax.ShapeDtypeStruct((padded_n_ // block_n,), jnp.int32),),
+        scratch_types=[plgpu.SMEM((64,), jnp.int32)],
+        grid=(padded_n_ // (64 * block_n),),
+        grid_names=("N",),
+        interpret=interpret,
+    )(x, y)
+    sum_n = jnp.sum(sum_partials)
+    n = sum_n
+    return jnp.asarray(n, jnp.int32).reshape((1,))

@@ -39,6 +39,11 @@ FEATURES = {
         {"M": 20, "N": 300},
     ),
     "round": ("in x: f32[N]\nout y: f32[N]\ny = round(x)", {"_round_half_even"}, {"N": 300}),
+    "floor-and-ceil": (
+        "in x: f32[N]\nout y: f32[N]\ny = floor(x) - ceil(x)",
+        {"_mgpu_floor", "_mgpu_ceil"},
+        {"N": 300},
+    ),
     "gradient": ("in x: f32[N]\nout y: f32[N]\ny = x * x", {"_differentiable"}, {"N": 300}),
     "argmax": (
         "in x: f32[M, N]\nout i: i32[M]\ni = argmax(x, N)\nblock M = 8",

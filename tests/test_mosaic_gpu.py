@@ -69,7 +69,11 @@ def _shapes(module: str, kernel: str, size: str) -> list[tuple[tuple[int, ...], 
 
 def _exported_text(module: str, kernel: str, size: str, **keywords) -> str:
     args = [jax.ShapeDtypeStruct(shape, DTYPES[dtype]) for shape, dtype in _shapes(module, kernel, size)]
-    function = getattr(generated_module(module), kernel)
+    return _cuda_text(getattr(generated_module(module), kernel), args, **keywords)
+
+
+def _cuda_text(function, args, **keywords) -> str:
+    """The StableHLO of `function` exported for CUDA (Triton's calls allowed)."""
     disabled = [jax.export.DisabledSafetyCheck.custom_call(TRITON_CALL)]
     call = jax.jit(lambda *arrays: function(*arrays, interpret=False, **keywords))
     with jax.sharding.use_abstract_mesh(_H100):  # jax 0.12 lowers Triton only for a known GPU
@@ -117,11 +121,21 @@ def test_mosaic_gpu_takes_the_elementwise_kernels_and_plain_products():
     assert {"matmul", "matmul_bias_gelu", "linear", "batched_matmul", "scores", "matmul_int8"} <= taken
 
 
+def test_mosaic_gpu_takes_relu_floor_and_8_bit_arithmetic():
+    """relu is spelled as the maximum it wraps, floor from round, 8-bit arithmetic in i32."""
+    assert {"matmul_relu", "quantize_rows", "add_i8", "mul_i8"} <= {k for _, k in TAKEN}
+
+
 def test_mosaic_gpu_takes_the_kernels_that_reduce_rows_or_columns():
     taken = {k for _, k in TAKEN}
     assert {"softmax", "log_softmax", "layer_norm", "rms_norm", "cross_entropy"} <= taken
     assert {"argmax_rows", "argmax_blocked", "argmin_rows", "quantize_rows_int8", "argmax_f32", "argmax_i32"} <= taken
     assert {"column_sums", "argmax_i8"} <= taken
+
+
+def test_mosaic_gpu_takes_reductions_to_a_scalar():
+    """Partial results per program, combined by the launcher."""
+    assert {"equal_count", "equal_count_f32", "equal_count_i32", "equal_count_i8"} <= {k for _, k in TAKEN}
 
 
 @pytest.mark.parametrize("module, kernel", REFUSED, ids=[f"{m}.{k}" for m, k in REFUSED])
@@ -130,8 +144,9 @@ def test_kernel_mosaic_gpu_does_not_take_says_why_in_its_docstring(module, kerne
     assert re.search(r"This kernel runs on Triton either way: \S", doc)
 
 
-def test_a_refused_kernel_with_mosaic_gpu_runs_on_triton():
-    text = _exported_text("reductions", "equal_count", "small", gpu_backend="mosaic_gpu")
+def test_a_refused_kernel_with_mosaic_gpu_runs_on_triton(tmp_path):
+    module = _module_of("in x: f32[N]\nout i: i32[]\ni = argmax(x, N)", tmp_path, "refused")
+    text = _cuda_text(module.k, [jax.ShapeDtypeStruct((300,), jnp.float32)], gpu_backend="mosaic_gpu")
     assert TRITON.search(text) and not MOSAIC_CALL.search(text)
 
 
@@ -180,9 +195,7 @@ def _module_of(spec_body: str, tmp_path, name: str):
 
 REFUSALS = {
     "float-modulo": ("in x: f32[M, N]\nout y: f32[M, N]\ny = x % 3.0", "a float % has no Mosaic GPU lowering"),
-    "relu": ("in x: f32[M, N]\nout y: f32[M, N]\ny = relu(x)", "jax.nn.relu"),
     "sqrt": ("in x: f32[N]\nout y: f32[N]\ny = sqrt(x)", "sqrt has no Mosaic GPU lowering"),
-    "int8-arithmetic": ("in x: i8[M, N]\nout y: i8[M, N]\ny = x + x", "8-bit values"),
     "bool-array": ("in x: bool[M, N]\nout y: f32[M, N]\ny = f32(x)", "bool arrays"),
     "scalar-input": ("in s: f32[]\nin x: f32[N]\nout y: f32[N]\ny = x * s", "0-d input"),
     "rank-3": ("in x: f32[B, M, N]\nout y: f32[B, M, N]\ny = x * 2.0", "rank above 2"),
@@ -190,7 +203,15 @@ REFUSALS = {
         "in x: f32[M, N]\nout y: f32[M]\nout z: f32[N]\ny = sum(x, N)\nz = max(x, M)",
         "reductions over M and N in one kernel",
     ),
-    "scalar-reduction": ("in x: f32[N]\nout y: f32[]\ny = sum(x, N)", "reductions to a scalar"),
+    "argmax-to-a-scalar": ("in x: f32[N]\nout i: i32[]\ni = argmax(x, N)", "argmax() to a scalar"),
+    "scalar-reduction-of-a-reduction": (
+        "in x: f32[N]\nout v: f32[]\nv = sum((x - mean(x, N)) * (x - mean(x, N)), N)",
+        "a reduction to a scalar of another",
+    ),
+    "vector-output-beside-a-scalar-reduction": (
+        "in x: f32[N]\nout y: f32[N]\ny = x - max(x, N)",
+        "an output with a dimension beside",
+    ),
     "softmax-call": ("in x: f32[M, N]\nout y: f32[M, N]\ny = softmax(x, N)", "softmax() is not on Mosaic GPU yet"),
     "kept-index-in-reduction": (
         "in x: f32[M, N]\nout y: f32[M]\ny = sum(x, N) + f32(index(M))",
@@ -245,6 +266,19 @@ TAKEN_SPECS = {
         "i = argmax(x * r, M)\nlet mu = mean(x, M) + c\ns = logsumexp(x - mu, M)\ny = (x - mu) * r + f32(index(M))",
         {"M": 300, "N": 70},
     ),
+    # Reductions to scalars over a ragged N of several programs' blocks: a sum of a
+    # computed value with index() and a param, a mean (exp(0) past N if not masked), a bf16
+    # maximum, a minimum scaled.
+    "scalar-reductions": (
+        "in x: f32[N]\nin y: bf16[N]\nout s, e, a: f32[]\nout m: bf16[]\nparam t: f32 = 2.0\n"
+        "s = sum(x * f32(index(N)) * t, N)\ne = mean(exp(x), N) - 1.0\nm = max(y, N)\na = min(x, N) * t",
+        {"N": 20000},
+    ),
+    # 8-bit values to scalars: products wrap in i8 before the i32 sum; a maximum in i8.
+    "int8-scalar-reductions": (
+        "in x: i8[N]\nout s: i32[]\nout m: i8[]\ns = sum(x * x, N)\nm = max(x + 1, N)",
+        {"N": 9000},
+    ),
 }
 
 
@@ -285,3 +319,45 @@ def test_gpu_check_takes_the_gpu_backend_to_check(monkeypatch):
     assert gpu_check.parse(["ragged"]) == (["ragged"], "triton")
     with pytest.raises(SystemExit, match="--gpu-backend takes triton or mosaic_gpu"):
         gpu_check.parse(["--gpu-backend", "mosaic"])
+
+
+# Values where floor, ceil and relu are easily wrong: signed zeros, halves (round goes to
+# even), whole numbers past 2**23, infinities and NaN; 8-bit values that wrap.
+EDGE_FLOATS = [-0.0, 0.0, -0.3, 0.3, -0.5, 0.5, -0.7, 0.7, -1.5, 1.5, 2.5, -2.5, 1e-40, -1e-40]
+EDGE_FLOATS += [8388609.0, -8388609.0, 1e30, -1e30, float("inf"), -float("inf"), float("nan"), 3.99999]
+EDGE_SPECS = {
+    "floor-ceil-relu-f32": (
+        "in x: f32[M, N]\nout a, b, c: f32[M, N]\na = floor(x)\nb = ceil(x)\nc = relu(x)",
+        np.array([EDGE_FLOATS, [-v for v in EDGE_FLOATS], [v * 0.25 for v in EDGE_FLOATS]], np.float32),
+    ),
+    "floor-ceil-relu-bf16": (
+        "in x: bf16[M, N]\nout a, b, c: bf16[M, N]\na = floor(x)\nb = ceil(x - 0.5)\nc = relu(x) * 2.0",
+        np.array([EDGE_FLOATS, [v * 3.0 for v in EDGE_FLOATS]], jnp.bfloat16),
+    ),
+    "int8-arithmetic-wraps": (
+        "in x: i8[M, N]\nout a, b, c, d: i8[M, N]\na = x * x + x\nb = relu(x - 100) // 3\nc = -x + floor(x)\n"
+        "d = where(x > 3, x, x % 5)",
+        np.arange(-128, 128, dtype=np.int8).reshape(16, 16),
+    ),
+    "uint8-arithmetic-wraps": (
+        "in x: u8[M, N]\nout a, b: u8[M, N]\na = where(x > 100, x * 3, x // 7) - 9\nb = maximum(x, 200) + x",
+        np.arange(0, 256, dtype=np.uint8).reshape(8, 32),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(EDGE_SPECS))
+def test_relu_floor_and_8_bit_arithmetic_are_exact_on_mosaic_gpu(case, tmp_path, monkeypatch):
+    body, x = EDGE_SPECS[case]
+    module = _module_of(body, tmp_path, case.replace("-", "_"))
+    call = jax.jit(lambda a: module.k(a, gpu_backend="mosaic_gpu", interpret=False))
+    text = jax.export.export(call, platforms=["cuda"])(jax.ShapeDtypeStruct(x.shape, x.dtype)).mlir_module()
+    assert MOSAIC_CALL.search(text) and not TRITON.search(text)
+    if INTERPRETER is None:
+        return
+    take_gpu_branch(monkeypatch, module)
+    got = module.k(jnp.asarray(x), gpu_backend="mosaic_gpu", interpret=INTERPRETER())
+    for g, w in zip(got, module.k_reference(jnp.asarray(x))):
+        g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        np.testing.assert_array_equal(g, w)
+        np.testing.assert_array_equal(np.signbit(g), np.signbit(w))

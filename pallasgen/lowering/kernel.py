@@ -51,14 +51,15 @@ class LoweredKernel:
     def kernel(self) -> ir.Kernel:
         return self.checked.kernel
 
-    def emitter(self, tpu: bool = False, spelling=None, overrides=None) -> Emitter:
+    def emitter(self, tpu: bool = False, spelling=None, overrides=None, **backend) -> Emitter:
         """An emitter of this kernel's expressions: the product is its accumulator, and
-        `overrides` name other nodes computed elsewhere."""
+        `overrides` name other nodes computed elsewhere; `backend`: the Emitter's options
+        of a backend's spelling (narrow_ints_in_i32, codes)."""
         fixed = {self.checked.product.node: self.accumulator} if self.checked.product else {}
         lets = {s.name: s.value for s in self.kernel.body if isinstance(s, ir.Let)}
         # Without a product, `overrides` is the emitter's own: filling it later reaches it.
         overrides = {**fixed, **(overrides or {})} if fixed or overrides is None else overrides
-        return Emitter(self.names, self.checked.types, overrides, tpu=tpu, spelling=spelling, lets=lets)
+        return Emitter(self.names, self.checked.types, overrides, tpu=tpu, spelling=spelling, lets=lets, **backend)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,8 @@ class Emitter:
         tpu: bool = False,
         spelling=None,
         lets: dict[str, ir.Expr] | None = None,
+        narrow_ints_in_i32: bool = False,
+        codes: dict[str, str] | None = None,
     ):
         self.names = names
         self.types = types
@@ -52,6 +54,10 @@ class Emitter:
         # For a TPU kernel: f16 computed as f32, and i8/u8/i16 compares, maximum, minimum and
         # clip widened to i32, which Mosaic lowers (it has no narrow-integer compare).
         self.tpu = tpu
+        # Narrow integers widened as on TPU, without the TPU's f16 (Mosaic GPU: no i8 arithmetic).
+        self.narrow_ints_in_i32 = tpu or narrow_ints_in_i32
+        # Functions this kernel spells otherwise than FUNCTIONS does, by name (a backend's).
+        self.codes = codes or {}
         self._python = False  # writing a value Python computes: constants through functions folded
         # Weak scalars that the kernel computes as f32 or i32 arrays (see _traced_choice), by the
         # dtype that the strong value they meet converts them to, as JAX converts a weak value.
@@ -143,7 +149,7 @@ class Emitter:
         if function.typing == "float":
             arg = self.types[node.args[0]]
             (operand,) = [self.emit(a) if arg.dtype.is_float else self._cast_code(a, "f32")[0] for a in node.args]
-            return function.code.format(operand)
+            return self._code(node).format(operand)
         if node.func == "where" and self.types[node].weak and self._static(node.args[0]):
             # A choice between literals or params by a condition known at trace time: a
             # Python conditional. (Pallas's Triton lowering gives the weak constants of
@@ -168,7 +174,10 @@ class Emitter:
             return f"jnp.where({self.emit(condition)}, {a}, {b}).astype({self.dtype(self.types[node].dtype.name)})"
         if function.narrow_ints_in_i32 and self._narrow_int(node):
             return f"{self._widened_call(node)}.astype({self.dtype(self.types[node].dtype.name)})"
-        return function.code.format(", ".join(self.emit(arg) for arg in node.args))
+        return self._code(node).format(", ".join(self.emit(arg) for arg in node.args))
+
+    def _code(self, node: ir.Call) -> str:
+        return self.codes.get(node.func, FUNCTIONS[node.func].code)
 
     def _traced_choice(self, node: ir.Expr) -> bool:
         """A `where` of weak scalars by a condition traced with the kernel (from a param
@@ -202,8 +211,11 @@ class Emitter:
                 self._meeting[operand] = met.dtype.name
 
     def _packed_choice(self, node: ir.Call) -> bool:
-        """A TPU kernel's `where` of 16- or 8-bit values into an array."""
+        """A TPU kernel's `where` of 16- or 8-bit values into an array (or of narrow
+        integers, in a kernel that computes them in i32)."""
         result = self.types[node]
+        if self.narrow_ints_in_i32 and not self.tpu:
+            return self._narrow_int(node)
         bits = DTYPES[tpu_dtype(result.dtype.name)].bits if result.dtype != BOOL else 32
         return self.tpu and bits < 32 and bool(result.dims)
 
@@ -273,9 +285,14 @@ class Emitter:
         return self.emit(node)
 
     def _narrow_int(self, node: ir.Expr) -> bool:
-        """Whether the TPU kernel must widen this value: an array of i8, u8 or i16."""
+        """Whether the kernel must widen this value: an array of i8, u8 or i16."""
         value_type = self.types[node]
-        return self.tpu and value_type.dtype.is_integer and value_type.dtype.bits < 32 and not value_type.weak
+        return (
+            self.narrow_ints_in_i32
+            and value_type.dtype.is_integer
+            and value_type.dtype.bits < 32
+            and not value_type.weak
+        )
 
     def _in_i32(self, node: ir.Expr) -> bool:
         """Whether the TPU kernel computes this operation on narrow integers in i32:
@@ -334,7 +351,7 @@ class Emitter:
 
     def _widened_call(self, node: ir.Call) -> str:
         """maximum, minimum or clip of narrow integers, computed in i32."""
-        return FUNCTIONS[node.func].code.format(", ".join(self._widened(arg) for arg in node.args))
+        return self._code(node).format(", ".join(self._widened(arg) for arg in node.args))
 
     def _cast_code(self, node: ir.Expr, dtype: str) -> tuple[str, int]:
         if self.types[node].dims:

@@ -5,7 +5,9 @@ Each program copies its blocks between global and shared memory by TMA
 2-D blocks (vectors are loaded in its row or column layout and broadcast). A
 product accumulates `plgpu.wgmma` over its K blocks in a pipeline, then applies the
 epilogue to the accumulator and stores through shared memory. A kernel that reduces
-its rows (or columns) sweeps their blocks in passes (`sweeps`).
+its rows (or columns) sweeps their blocks in passes (`sweeps`); a rank-1 kernel that
+reduces to scalars writes partial results per program, combined by its launcher
+(`totals`).
 
 Ragged edges are exact by padding: TMA needs every global stride but the last to be
 a multiple of 16 bytes and each swizzled dimension a multiple of its tile, so the
@@ -24,7 +26,8 @@ from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.mosaic_gpu.sweeps import SweepPlanner, column_block
-from pallasgen.backends.mosaic_gpu.support import SMEM_BUDGET, WGMMA_DTYPES, refusal
+from pallasgen.backends.mosaic_gpu.totals import TotalsPlanner
+from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET, WGMMA_DTYPES, refusal
 from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel
 from pallasgen.lowering.parts import body_statements, layout_of, load_statements, parameter_list, tuple_code
@@ -86,6 +89,8 @@ def plan_mosaic_gpu(lowered: LoweredKernel) -> MosaicGpuPlan:
         return MosaicGpuPlan(comment, launcher_name(name), kernel_function_name(name), "", (), "", (), "None")
     if checked.product:
         return _ProductPlanner(lowered).plan()
+    if len(checked.space.layout) == 1 and any(d.reductions for d in checked.space.dims):
+        return TotalsPlanner(_Planner(lowered)).plan()
     if any(d.reductions for d in checked.space.dims):
         columns = checked.space.layout[-1]
         return SweepPlanner(_Planner(lowered)).plan(column_block(checked.kernel, columns))
@@ -190,7 +195,7 @@ class _ElementwisePlanner(_Planner):
         def store(decl: ir.ArrayDecl, value: str) -> str:
             return f"{self.smem[decl.name]}[...] = {value}"
 
-        emitter = self.lowered.emitter()
+        emitter = self.lowered.emitter(**EMITTER_OPTIONS)
         body = [
             *load_statements(kernel, self.values, self.checked, load),
             *body_statements(kernel, kernel.body, emitter, self.values, self.refs, self.checked, store),
@@ -296,7 +301,7 @@ class _ProductPlanner(_Planner):
         def store(decl: ir.ArrayDecl, value: str) -> str:
             return f"{out_smem}[...] = {value}"
 
-        emitter = self.lowered.emitter()
+        emitter = self.lowered.emitter(**EMITTER_OPTIONS)
         epilogue_body = [
             f"{self.lowered.accumulator} = {acc_ref}[...]",
             *load_statements(kernel, self.values, checked, load),

@@ -15,11 +15,17 @@ from pallasgen.frontend import ir
 # Spec functions whose jax spelling has no Mosaic GPU lowering on one of the lines.
 UNLOWERED_FUNCTIONS = {
     "sqrt": "sqrt has no Mosaic GPU lowering on jax 0.10.2",
-    "relu": "jax.nn.relu (a custom_jvp) has no Mosaic GPU lowering on jax 0.10.2",
-    "floor": "floor has no Mosaic GPU lowering",
-    "ceil": "ceil has no Mosaic GPU lowering",
     "index": "index() outside a kernel that reduces is not on Mosaic GPU yet",
 }
+
+# Spec functions spelled otherwise here: jax.nn.relu is a custom_jvp (no lowering on jax
+# 0.10.2) around this maximum; floor and ceil have no lowering, and are computed from
+# round (helpers: exact).
+SPELLINGS = {"relu": "jnp.maximum({}, 0)", "floor": "_mgpu_floor({})", "ceil": "_mgpu_ceil({})"}
+
+# The options of a Mosaic GPU kernel's emitter (lowering.pyexpr.Emitter): Mosaic GPU has
+# no 8-bit arithmetic, so narrow integers are computed in i32 and cast back, as jnp does.
+EMITTER_OPTIONS = {"narrow_ints_in_i32": True, "codes": SPELLINGS}
 
 # Shared memory a program's blocks may take (an H100 has 227 KiB per block).
 SMEM_BUDGET = 160 * 1024
@@ -64,10 +70,12 @@ def refusal(checked: CheckedKernel) -> str | None:
 
 def _reduction_problem(checked: CheckedKernel) -> str | None:
     """Why Mosaic GPU does not take a kernel that reduces, or None: it takes an [M, N]
-    kernel that reduces one of them (backends.mosaic_gpu.sweeps)."""
+    kernel that reduces one of them (backends.mosaic_gpu.sweeps), and reductions to scalars."""
     kernel, layout = checked.kernel, checked.space.layout
+    if len(layout) == 1:
+        return _totals_problem(checked)
     if len(layout) != 2:
-        return "reductions to a scalar or over a kernel of rank above 2 are not on Mosaic GPU yet"
+        return "reductions over a kernel of rank above 2 are not on Mosaic GPU yet"
     calls = [n for n in ir.walk(*(s.value for s in kernel.body)) if isinstance(n, ir.Call)]
     swept = {c.args[1].id for c in calls if FUNCTIONS[c.func].reducer is not None}
     if len(swept) > 1:
@@ -86,6 +94,33 @@ def _reduction_problem(checked: CheckedKernel) -> str | None:
     return None
 
 
+def _totals_problem(checked: CheckedKernel) -> str | None:
+    """Why Mosaic GPU does not take a rank-1 kernel that reduces, or None: it takes one
+    whose outputs are scalars computed from sums, means, maxima and minima (`totals`)."""
+    kernel = checked.kernel
+    if not kernel.inputs:
+        return "a kernel that reduces to a scalar and reads no array is not on Mosaic GPU yet"
+    if any(isinstance(s, ir.Let) for s in kernel.body):
+        return "lets in a kernel that reduces to a scalar are not on Mosaic GPU yet"
+    if any(o.dims for o in kernel.outputs):
+        return "an output with a dimension beside a reduction to a scalar is not on Mosaic GPU yet"
+    for call in reductions(kernel):
+        if FUNCTIONS[call.func].reducer.merge is None:
+            return f"{call.func}() to a scalar is not on Mosaic GPU yet"
+        if any(_reductions_in(call.args[0])):
+            return "a reduction to a scalar of another reduction's result is not on Mosaic GPU yet"
+    return None
+
+
+def reductions(kernel: ir.Kernel) -> list[ir.Call]:
+    """The kernel's reductions, each once, in order."""
+    return list(dict.fromkeys(_reductions_in(*(s.value for s in kernel.body))))
+
+
+def _reductions_in(*nodes: ir.Expr):
+    return (n for n in ir.walk(*nodes) if isinstance(n, ir.Call) and FUNCTIONS[n.func].reducer is not None)
+
+
 def _node_problem(checked: CheckedKernel, node: ir.Expr, reduces: bool) -> str | None:
     if isinstance(node, ir.Call) and node.func in UNLOWERED_FUNCTIONS and not (reduces and node.func == "index"):
         return UNLOWERED_FUNCTIONS[node.func]
@@ -93,14 +128,6 @@ def _node_problem(checked: CheckedKernel, node: ir.Expr, reduces: bool) -> str |
         return "logical not (~) has no Mosaic GPU lowering on jax 0.12"
     if isinstance(node, ir.Binary) and node.op in ("%", "//") and checked.types[node].dtype.kind == "f":
         return f"a float {node.op} has no Mosaic GPU lowering"
-    computed = isinstance(node, (ir.Unary, ir.Binary)) and getattr(node, "op", "") != "@"
-    # A reduction reads its argument converted to i32 (integers) or f32 first: a cast.
-    computed |= (
-        isinstance(node, ir.Call) and node.func in FUNCTIONS and FUNCTIONS[node.func].typing not in ("cast", "reduce")
-    )
-    operands = [n for n in (node, *_children(node)) if n in checked.types]
-    if computed and any(checked.types[n].dtype.name in ("i8", "u8") for n in operands):
-        return "Mosaic GPU computes on 8-bit values only by bitwise operations"
     return None
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
-from pallasgen.backends.mosaic_gpu.support import SMEM_BUDGET
+from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET
 from pallasgen.frontend import ir
 from pallasgen.lowering.parts import parameter_list, tuple_code
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
@@ -135,7 +135,7 @@ class SweepPlanner:
         overrides = {node: self.spread(result) if in_block else result for node, result in self.results.items()}
         lets = {s.name: s.value for s in self.kernel.body if isinstance(s, ir.Let)}
         spelling = _Spelling(self.sizes, self.start, self.shape, self.axis)
-        return Emitter(names, self.checked.types, overrides, spelling=spelling, lets=lets)
+        return Emitter(names, self.checked.types, overrides, spelling=spelling, lets=lets, **EMITTER_OPTIONS)
 
     def block_reads(self, roots) -> tuple[list[ir.ArrayDecl], list[ir.Let]]:
         """The inputs and lets of blocks that computing `roots` in a block reads, in order

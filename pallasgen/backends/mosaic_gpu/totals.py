@@ -1,0 +1,149 @@
+"""Reductions of a rank-1 kernel to scalars on Mosaic GPU: partial results per program,
+combined by the launcher.
+
+The launcher pads each [N] input with zeros to whole blocks of ROWS x `columns`
+elements and lays it out as rows of `columns`; a program per block computes each
+reduction's argument in registers (WGMMA layout), reduces every row of it and copies
+those ROWS partial results out. The launcher reduces the partials (sum, max or min:
+reductions that merge one running value, `Reducer.merge`), finishes each reduction
+(mean: / N) and computes the outputs from them. Positions past N hold the reduction's
+identity.
+"""
+
+from __future__ import annotations
+
+from pallasgen.analysis.dtypes import DTYPES
+from pallasgen.analysis.functions import FUNCTIONS
+from pallasgen.analysis.names import block_keyword
+from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET, reductions
+from pallasgen.frontend import ir
+from pallasgen.lowering.parts import parameter_list, tuple_code
+from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
+from pallasgen.lowering.reductions import compute_dtype, finish_code, identity
+
+ROWS = 64  # the WGMMA layout's row tile: a block's rows, each reduced to one partial result
+COLUMNS = (128, 64, 32)  # a row's elements: the widest whose blocks fit SMEM_BUDGET
+
+
+class _Spelling:
+    """index() and size() in a block (its flat positions), round() anywhere."""
+
+    def __init__(self, sizes: dict[str, str], positions: str):
+        self.sizes, self._positions = sizes, positions
+
+    def positions(self, dim: str) -> str:
+        return self._positions
+
+    def size(self, dim: str) -> str:
+        return self.sizes[dim]
+
+    def rounded(self, value: str) -> str:
+        return f"jnp.round({value})"
+
+
+class TotalsPlanner:
+    """The plan of a rank-1 kernel whose outputs are scalars computed from reductions (see the module)."""
+
+    def __init__(self, planner):
+        self.base = planner  # the shared _Planner: names, padding, finishing the plan
+        self.kernel, self.checked, self.lowered = planner.kernel, planner.checked, planner.lowered
+        self.namer, self.sizes, self.values, self.refs = planner.namer, planner.sizes, planner.values, planner.refs
+        (self.dim,) = self.checked.space.layout
+        self.reductions = reductions(self.kernel)
+        self.partials = {n: self.namer.claim(f"{n.func}_partials") for n in self.reductions}
+        self.partial_refs = {n: self.namer.claim(f"{n.func}_partials_ref") for n in self.reductions}
+        self.partial_smem = {n: self.namer.claim(f"{n.func}_smem") for n in self.reductions}
+        self.blocks = {n: self.namer.claim(f"{n.func}_block") for n in self.reductions}
+        self.results = {n: self.namer.claim(f"{n.func}_{self.dim.lower()}") for n in self.reductions}
+
+    def plan(self):
+        kernel, base, dim, sizes = self.kernel, self.base, self.dim, self.sizes
+        columns = block_keyword(dim)
+        shape = tuple_code([str(ROWS), columns])
+        program, positions, step = (self.namer.claim(x) for x in ("program", "positions", "step"))
+        spelling = _Spelling(sizes, positions)
+        emitter = Emitter(self.lowered.names, self.checked.types, {}, spelling=spelling, **EMITTER_OPTIONS)
+        used = {n.id for r in self.reductions for n in ir.walk(r.args[0]) if isinstance(n, ir.Name)}
+        inputs = [d for d in kernel.inputs if d.name in used] or kernel.inputs[:1]
+        smem = [base.smem[d.name] for d in inputs]
+        body = [
+            f"{self.values[d.name]} = _mgpu_load({base.smem[d.name]}, {shape}, (0, 1))"
+            for d in inputs
+            if d.name in used
+        ]
+        body.append(
+            f"{positions} = _mgpu_positions({program} * {ROWS}, {shape}, 0) * {columns} + _mgpu_positions(0, {shape}, 1)"
+        )
+        for node in self.reductions:
+            kind, dtype = node.func, emitter.kernel_dtype(node.args[0])
+            block = self.blocks[node]
+            body += [
+                f"{block} = {emitter.cast(node.args[0], compute_dtype(kind, dtype).name)}",
+                f"if {sizes[dim]} % ({ROWS} * {columns}):  # a ragged {dim}: its identity past the end",
+                f"    {block} = jnp.where({positions} < {sizes[dim]}, {block}, {identity(kind, dtype)})",
+                f"{self.partial_smem[node]}[...] = jnp.{FUNCTIONS[kind].reducer.block}({block}, axis=1)",
+            ]
+        specs = ", ".join(
+            f"plgpu.BlockSpec({shape}, lambda _: ({program}, 0), transforms=_mgpu_swizzled({jnp_dtype(d.dtype)}, {columns}))"
+            for d in inputs
+        )
+        kernel_body = [
+            f"{program} = jax.lax.axis_index({dim!r})",
+            "",
+            f"def {step}(_, {', '.join(smem)}):",
+            *(f"    {line}" for line in body),
+            "",
+            f"plgpu.emit_pipeline({step}, grid=(1,), in_specs=[{specs}])({', '.join(self.refs[d.name] for d in inputs)})",
+            "plgpu.commit_smem()",
+            *(
+                f"plgpu.copy_smem_to_gmem({self.partial_smem[n]}, {self.partial_refs[n]}.at[pl.ds({program} * {ROWS}, {ROWS})])"
+                for n in self.reductions
+            ),
+            "plgpu.wait_smem_to_gmem(0)",
+        ]
+        partial_types = {
+            n: jnp_dtype(compute_dtype(n.func, emitter.kernel_dtype(n.args[0])).name) for n in self.reductions
+        }
+        padded = base.padded(dim)
+        keywords = [columns, sizes[dim], *(p.name for p in kernel.params)]
+        launcher = [
+            f"{columns} = {self._columns(inputs)}",
+            f"{padded} = {sizes[dim]} + -{sizes[dim]} % ({ROWS} * {columns})",
+            *(
+                f"{self.values[d.name]} = _mgpu_pad({self.values[d.name]}, ({padded},)).reshape(-1, {columns})"
+                for d in inputs
+            ),
+            f"{', '.join(self.partials.values())}, = plgpu.kernel(",
+            f"    functools.partial({base.kernel_function}, {', '.join(f'{k}={k}' for k in keywords)}),",
+            "    out_type=("
+            + "".join(f"jax.ShapeDtypeStruct(({padded} // {columns},), {partial_types[n]}), " for n in self.reductions)
+            + "),",
+            "    scratch_types=["
+            + ", ".join(f"plgpu.SMEM(({ROWS},), {partial_types[n]})" for n in self.reductions)
+            + "],",
+            f"    grid=({padded} // ({ROWS} * {columns}),),",
+            f"    grid_names=({dim!r},),",
+            "    interpret=interpret,",
+            f")({', '.join(self.values[d.name] for d in inputs)})",
+        ]
+        for node in self.reductions:
+            kind, dtype = node.func, emitter.kernel_dtype(node.args[0])
+            combined = f"jnp.{FUNCTIONS[kind].reducer.block}({self.partials[node]})"
+            launcher.append(f"{self.results[node]} = {finish_code(kind, [combined], dtype, sizes[dim])}")
+        finished = Emitter(self.lowered.names, self.checked.types, dict(self.results), spelling=spelling)
+        outs = {o.name: o for o in kernel.outputs}
+        for statement in kernel.body:
+            out = outs[statement.target]
+            launcher.append(f"{self.values[out.name]} = {finished.cast(statement.value, out.dtype)}")
+        returned = [
+            f"jnp.asarray({self.values[o.name]}, {jnp_dtype(o.dtype)}).reshape({p.layout_shape})"
+            for o, p in zip(kernel.outputs, self.lowered.outputs)
+        ]
+        launcher.append(f"return {', '.join(returned)}")
+        refs = [self.refs[d.name] for d in inputs] + list(self.partial_refs.values())
+        parameters = parameter_list([*refs, *self.partial_smem.values()], keywords)
+        return base.finish(parameters, kernel_body, tuple(launcher))
+
+    def _columns(self, inputs) -> int:
+        row_bytes = sum(DTYPES[d.dtype].bits // 8 for d in inputs)
+        return next((c for c in COLUMNS if ROWS * c * row_bytes <= SMEM_BUDGET), COLUMNS[-1])
