@@ -540,8 +540,8 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 18.0 MiB = 2 buffers x (x 2.0 MiB + y 4.0 MiB + z 2.0
-    # MiB) + f32 accumulator 2.0 MiB.
+    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + y 4.0 MiB + z 2.0
+    # MiB) + f32 accumulator 2.0 MiB + the product's f32 value 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
@@ -562,7 +562,7 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                8 * block_m * block_k + 8 * block_k * block_n + 12 * block_m * block_n
+                8 * block_m * block_k + 8 * block_k * block_n + 16 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -846,8 +846,8 @@ def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpr
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 18.0 MiB = 2 buffers x (dz 2.0 MiB + y 4.0 MiB + dx 2.0
-    # MiB) + f32 accumulator 2.0 MiB.
+    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dz 2.0 MiB + y 4.0 MiB + dx 2.0
+    # MiB) + f32 accumulator 2.0 MiB + the product's f32 value 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent
@@ -868,7 +868,7 @@ def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpr
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                8 * block_m * block_n + 8 * block_k * block_n + 12 * block_m * block_k
+                8 * block_m * block_n + 8 * block_k * block_n + 16 * block_m * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -1161,8 +1161,8 @@ def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpr
             "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
         ),
     )
-    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + dz 2.0 MiB + dy 4.0
-    # MiB) + f32 accumulator 4.0 MiB.
+    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 2.0 MiB + dz 2.0 MiB + dy 4.0
+    # MiB) + f32 accumulator 4.0 MiB + the product's f32 value 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_backward_y_kernel, m=m, block_m=block_m),
         # One step per block of K, block of N, block of M. Steps along K, N are independent
@@ -1183,7 +1183,7 @@ def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpr
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                8 * block_m * block_k + 8 * block_m * block_n + 12 * block_k * block_n
+                8 * block_m * block_k + 8 * block_m * block_n + 16 * block_k * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -1586,8 +1586,8 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 4.5 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0
-    # KiB) + f32 accumulator 512.0 KiB.
+    # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0
+    # KiB) + f32 accumulator 512.0 KiB + the product's f32 value 512.0 KiB.
     return pl.pallas_call(
         functools.partial(_matmul_relu_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
@@ -1608,7 +1608,7 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                8 * block_m * block_k + 8 * block_k * block_n + 12 * block_m * block_n
+                8 * block_m * block_k + 8 * block_k * block_n + 16 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -1845,8 +1845,9 @@ def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k,
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 5.5 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0
-    # KiB + acc 512.0 KiB) + f32 accumulator 512.0 KiB.
+    # VMEM at the default blocks: 6.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0
+    # KiB + acc 512.0 KiB) + f32 accumulator 512.0 KiB + the product's f32 value 512.0
+    # KiB.
     return pl.pallas_call(
         functools.partial(_matmul_relu_with_residuals_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
@@ -1874,7 +1875,7 @@ def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k,
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                8 * block_m * block_k + 8 * block_k * block_n + 20 * block_m * block_n
+                8 * block_m * block_k + 8 * block_k * block_n + 24 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -2384,8 +2385,8 @@ def _matmul_relu_backward_x_tpu(dacc, y, *, m, k, n, block_m, block_k, block_n, 
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 4.5 MiB = 2 buffers x (dacc 512.0 KiB + y 1.0 MiB + dx
-    # 512.0 KiB) + f32 accumulator 512.0 KiB.
+    # VMEM at the default blocks: 5.0 MiB = 2 buffers x (dacc 512.0 KiB + y 1.0 MiB + dx
+    # 512.0 KiB) + f32 accumulator 512.0 KiB + the product's f32 value 512.0 KiB.
     return pl.pallas_call(
         functools.partial(_matmul_relu_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent
@@ -2406,7 +2407,7 @@ def _matmul_relu_backward_x_tpu(dacc, y, *, m, k, n, block_m, block_k, block_n, 
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                8 * block_m * block_n + 8 * block_k * block_n + 12 * block_m * block_k
+                8 * block_m * block_n + 8 * block_k * block_n + 16 * block_m * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -2718,8 +2719,8 @@ def _matmul_relu_backward_y_tpu(x, dacc, *, k, n, m, block_k, block_n, block_m, 
             "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
         ),
     )
-    # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + dacc 512.0 KiB + dy
-    # 1.0 MiB) + f32 accumulator 1.0 MiB.
+    # VMEM at the default blocks: 6.0 MiB = 2 buffers x (x 512.0 KiB + dacc 512.0 KiB + dy
+    # 1.0 MiB) + f32 accumulator 1.0 MiB + the product's f32 value 1.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_relu_backward_y_kernel, m=m, block_m=block_m),
         # One step per block of K, block of N, block of M. Steps along K, N are independent
@@ -2740,7 +2741,7 @@ def _matmul_relu_backward_y_tpu(x, dacc, *, k, n, m, block_k, block_n, block_m, 
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                8 * block_m * block_k + 8 * block_m * block_n + 12 * block_k * block_n
+                8 * block_m * block_k + 8 * block_m * block_n + 16 * block_k * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -3180,8 +3181,8 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, int
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 10.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0
-    # KiB + z 1.0 MiB) + f32 accumulator 2.0 MiB.
+    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0
+    # KiB + z 1.0 MiB) + f32 accumulator 2.0 MiB + the product's f32 value 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
@@ -3204,7 +3205,7 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, int
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                4 * block_m * block_k + 4 * block_k * block_n + 8 * block_n + 8 * block_m * block_n
+                4 * block_m * block_k + 4 * block_k * block_n + 8 * block_n + 12 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -3549,8 +3550,9 @@ def _matmul_bias_gelu_with_residuals_tpu(
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0
-    # KiB + z 1.0 MiB + acc 2.0 MiB) + f32 accumulator 2.0 MiB.
+    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0
+    # KiB + z 1.0 MiB + acc 2.0 MiB) + f32 accumulator 2.0 MiB + the product's f32 value
+    # 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_with_residuals_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
@@ -3580,7 +3582,7 @@ def _matmul_bias_gelu_with_residuals_tpu(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                4 * block_m * block_k + 4 * block_k * block_n + 8 * block_n + 16 * block_m * block_n
+                4 * block_m * block_k + 4 * block_k * block_n + 8 * block_n + 20 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -3997,7 +3999,7 @@ def matmul_bias_gelu_backward_over_m(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=64,
+    gpu_block_m=32,
     gpu_block_n=128,
     gpu_warps=4,
     gpu_stages=1,
@@ -4284,7 +4286,7 @@ def matmul_bias_gelu_backward_x(
     block_n=None,
     gpu_block_m=128,
     gpu_block_k=128,
-    gpu_block_n=64,
+    gpu_block_n=32,
     gpu_warps=8,
     gpu_stages=3,
     gpu_backend="triton",
@@ -4436,8 +4438,8 @@ def _matmul_bias_gelu_backward_x_tpu(dacc, y, *, m, k, n, block_m, block_k, bloc
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 10.0 MiB = 2 buffers x (dacc 1.0 MiB + y 2.0 MiB + dx
-    # 1.0 MiB) + f32 accumulator 2.0 MiB.
+    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dacc 1.0 MiB + y 2.0 MiB + dx
+    # 1.0 MiB) + f32 accumulator 2.0 MiB + the product's f32 value 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent
@@ -4458,7 +4460,7 @@ def _matmul_bias_gelu_backward_x_tpu(dacc, y, *, m, k, n, block_m, block_k, bloc
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                4 * block_m * block_n + 4 * block_k * block_n + 8 * block_m * block_k
+                4 * block_m * block_n + 4 * block_k * block_n + 12 * block_m * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -4630,7 +4632,7 @@ def matmul_bias_gelu_backward_y(
     block_m=None,
     gpu_block_k=128,
     gpu_block_n=128,
-    gpu_block_m=64,
+    gpu_block_m=32,
     gpu_warps=8,
     gpu_stages=3,
     gpu_backend="triton",
@@ -4777,8 +4779,8 @@ def _matmul_bias_gelu_backward_y_tpu(x, dacc, *, k, n, m, block_k, block_n, bloc
             "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
-    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (x 1.0 MiB + dacc 1.0 MiB + dy
-    # 2.0 MiB) + f32 accumulator 4.0 MiB.
+    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (x 1.0 MiB + dacc 1.0 MiB + dy
+    # 2.0 MiB) + f32 accumulator 4.0 MiB + the product's f32 value 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_backward_y_kernel, m=m, block_m=block_m),
         # One step per block of K, block of N, block of M. Steps along K, N are independent
@@ -4799,7 +4801,7 @@ def _matmul_bias_gelu_backward_y_tpu(x, dacc, *, k, n, m, block_k, block_n, bloc
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                4 * block_m * block_k + 4 * block_m * block_n + 8 * block_k * block_n
+                4 * block_m * block_k + 4 * block_m * block_n + 12 * block_k * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -5152,8 +5154,8 @@ def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 9.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 2.0
-    # MiB) + i32 accumulator 2.0 MiB.
+    # VMEM at the default blocks: 11.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 2.0
+    # MiB) + i32 accumulator 2.0 MiB + the product's i32 value 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_int8_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
@@ -5174,7 +5176,7 @@ def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                2 * block_m * block_k + 2 * block_k * block_n + 12 * block_m * block_n
+                2 * block_m * block_k + 2 * block_k * block_n + 16 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -5535,8 +5537,8 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + z 2.0
-    # MiB) + f32 accumulator 2.0 MiB.
+    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + z 2.0
+    # MiB) + f32 accumulator 2.0 MiB + the product's f32 value 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_batched_matmul_kernel, k=k, block_k=block_k),
         # One step per element of B, block of M, block of N, block of K. Steps along B, M, N
@@ -5560,7 +5562,7 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
                 4 * block_m * block_k
                 + 4 * block_k * block_n
                 + 8 * block_m * block_n
-                + 4 * block_m * block_n
+                + 8 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -5952,7 +5954,7 @@ def batched_matmul_backward_x(
     block_n=None,
     gpu_block_m=128,
     gpu_block_k=128,
-    gpu_block_n=64,
+    gpu_block_n=32,
     gpu_warps=8,
     gpu_stages=3,
     gpu_backend="triton",
@@ -6107,8 +6109,8 @@ def _batched_matmul_backward_x_tpu(dacc, y, *, b, m, k, n, block_m, block_k, blo
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 10.0 MiB = 2 buffers x (dacc 1.0 MiB + y 2.0 MiB + dx
-    # 1.0 MiB) + f32 accumulator 2.0 MiB.
+    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dacc 1.0 MiB + y 2.0 MiB + dx
+    # 1.0 MiB) + f32 accumulator 2.0 MiB + the product's f32 value 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_batched_matmul_backward_x_kernel, n=n, block_n=block_n),
         # One step per element of B, block of M, block of K, block of N. Steps along B, M, K
@@ -6132,7 +6134,7 @@ def _batched_matmul_backward_x_tpu(dacc, y, *, b, m, k, n, block_m, block_k, blo
                 4 * block_m * block_n
                 + 4 * block_k * block_n
                 + 4 * block_m * block_k
-                + 4 * block_m * block_k
+                + 8 * block_m * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -6309,7 +6311,7 @@ def batched_matmul_backward_y(
     block_m=None,
     gpu_block_k=128,
     gpu_block_n=128,
-    gpu_block_m=64,
+    gpu_block_m=32,
     gpu_warps=8,
     gpu_stages=3,
     gpu_backend="triton",
@@ -6459,8 +6461,8 @@ def _batched_matmul_backward_y_tpu(x, dacc, *, b, k, n, m, block_k, block_n, blo
             "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
-    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (x 1.0 MiB + dacc 1.0 MiB + dy
-    # 2.0 MiB) + f32 accumulator 4.0 MiB.
+    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (x 1.0 MiB + dacc 1.0 MiB + dy
+    # 2.0 MiB) + f32 accumulator 4.0 MiB + the product's f32 value 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_batched_matmul_backward_y_kernel, m=m, block_m=block_m),
         # One step per element of B, block of K, block of N, block of M. Steps along B, K, N
@@ -6484,7 +6486,7 @@ def _batched_matmul_backward_y_tpu(x, dacc, *, b, k, n, m, block_k, block_n, blo
                 4 * block_m * block_k
                 + 4 * block_m * block_n
                 + 4 * block_k * block_n
-                + 4 * block_k * block_n
+                + 8 * block_k * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -6832,8 +6834,8 @@ def _scores_tpu(q, k, *, b, s_, t, d, block_s, block_t, scale, interpret):
         ),
         block_t=(block_t, t, 128, "T is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks per unit of D: 129.0 KiB = 2 buffers x (q 256 B + k 256 B
-    # + s 64.0 KiB).
+    # VMEM at the default blocks per unit of D: 193.0 KiB = 2 buffers x (q 256 B + k 256 B
+    # + s 64.0 KiB) + the product's f32 value 64.0 KiB.
     return pl.pallas_call(
         functools.partial(_scores_kernel, scale=scale),
         # One step per element of B, block of S, block of T (D taken whole); steps are
@@ -6851,7 +6853,9 @@ def _scores_tpu(q, k, *, b, s_, t, d, block_s, block_t, scale, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(4 * block_s * d + 4 * block_t * d + 8 * block_s * block_t),
+            vmem_limit_bytes=_vmem_limit(
+                4 * block_s * d + 4 * block_t * d + 8 * block_s * block_t + 4 * block_s * block_t
+            ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * s_ * t * d + b * s_ * t,
@@ -7235,6 +7239,7 @@ def _scores_backward_epilogue_gpu(
     jax.jit,
     static_argnames=(
         "block_s",
+        "block_d",
         "block_t",
         "gpu_block_s",
         "gpu_block_d",
@@ -7250,10 +7255,11 @@ def scores_backward_q(
     k,
     *,
     block_s=None,
+    block_d=None,
     block_t=None,
     gpu_block_s=128,
     gpu_block_d=128,
-    gpu_block_t=64,
+    gpu_block_t=32,
     gpu_warps=8,
     gpu_stages=3,
     gpu_backend="triton",
@@ -7265,9 +7271,9 @@ def scores_backward_q(
     Args:
       dacc: bf16[B, S, T].
       k: bf16[B, T, D].
-      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
+      block_s, block_d, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_q_tpu_blocks),
-        else 128, 128.
+        else 128, 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
@@ -7281,7 +7287,9 @@ def scores_backward_q(
         "scores_backward_q",
         {"dacc": (dacc, jnp.bfloat16, ("B", "S", "T")), "k": (k, jnp.bfloat16, ("B", "T", "D"))},
     )
-    _check_blocks("scores_backward_q", block_s=block_s, block_t=block_t, may_be_none=True)
+    _check_blocks(
+        "scores_backward_q", block_s=block_s, block_d=block_d, block_t=block_t, may_be_none=True
+    )
     _check_blocks(
         "scores_backward_q",
         gpu_block_s=gpu_block_s,
@@ -7296,7 +7304,14 @@ def scores_backward_q(
         return _without_elements(scores_backward_q_reference, (((b, s, d), jnp.bfloat16),), dacc, k)
     return _on_platform(
         functools.partial(
-            _scores_backward_q_tpu, b=b, s=s, d=d, t=t, block_s=block_s, block_t=block_t
+            _scores_backward_q_tpu,
+            b=b,
+            s=s,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_d=block_d,
+            block_t=block_t,
         ),
         _gpu_kernel(
             "scores_backward_q",
@@ -7329,7 +7344,7 @@ def scores_backward_q_reference(dacc, k):
 
 
 def _scores_backward_q_kernel(dacc_ref, k_ref, dq_ref, acc_ref, *, t, block_t):
-    step = pl.program_id(2)
+    step = pl.program_id(3)
 
     @pl.when(step == 0)
     def _zero():
@@ -7350,27 +7365,30 @@ def _scores_backward_q_kernel(dacc_ref, k_ref, dq_ref, acc_ref, *, t, block_t):
         ).astype(jnp.bfloat16)
     acc_ref[...] += jnp.dot(dacc, k, preferred_element_type=jnp.float32)
 
-    @pl.when(step == pl.num_programs(2) - 1)
+    @pl.when(step == pl.num_programs(3) - 1)
     def _epilogue():
         acc = acc_ref[...]
         dq_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, S, D, T) shown (the spec's .tuning.json file), the
-# entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
+# TPU blocks (block_s, block_d, block_t) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (B, S, D, T) shown (the spec's .tuning.json
+# file), the entry nearest the call's sizes winning; else the chip's default. None:
+# any other chip, and CPU (the spec's blocks).
 _scores_backward_q_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (512, 512)},
-    "v6e": {"default": (1024, 1024)},
+    None: {"default": (128, 128, 128)},
+    "v5e": {"default": (512, 512, 512)},
+    "v6e": {"default": (1024, 1024, 1024)},
 }
 
 
-def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_t, interpret):
+def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, interpret):
     """`scores_backward_q` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = _tpu_blocks(_scores_backward_q_tpu_blocks, (b, s, d, t), (block_s, block_t))
+    block_s, block_d, block_t = _tpu_blocks(
+        _scores_backward_q_tpu_blocks, (b, s, d, t), (block_s, block_d, block_t)
+    )
     block_s = min(block_s, s)  # a small S is one whole block
+    block_d = min(block_d, d)  # a small D is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
     _check_tiling(
         "scores_backward_q",
@@ -7380,31 +7398,35 @@ def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_t, interpret):
             16,
             "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
+        block_d=(block_d, d, 128, "D is the last dimension of a block, so it is a multiple of 128"),
         block_t=(block_t, t, 128, "T is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks per unit of D: 65.5 KiB = 2 buffers x (dacc 32.0 KiB + k
-    # 256 B + dq 256 B) + f32 accumulator 512 B.
+    # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + k 32.0 KiB + dq
+    # 32.0 KiB) + f32 accumulator 64.0 KiB + the product's f32 value 64.0 KiB.
     return pl.pallas_call(
         functools.partial(_scores_backward_q_kernel, t=t, block_t=block_t),
-        # One step per element of B, block of S, block of T (D taken whole). Steps along B, S
+        # One step per element of B, block of S, block of D, block of T. Steps along B, S, D
         # are independent (parallel); steps along T accumulate in order (arbitrary).
-        grid=(b, pl.cdiv(s, block_s), pl.cdiv(t, block_t)),
+        grid=(b, pl.cdiv(s, block_s), pl.cdiv(d, block_d), pl.cdiv(t, block_t)),
         in_specs=[
             # dacc: bf16[B, S, T]
-            pl.BlockSpec((None, block_s, block_t), lambda b, i, k: (b, i, k)),
+            pl.BlockSpec((None, block_s, block_t), lambda b, i, j, k: (b, i, k)),
             # k: bf16[B, T, D]
-            pl.BlockSpec((None, block_t, d), lambda b, i, k: (b, k, 0)),
+            pl.BlockSpec((None, block_t, block_d), lambda b, i, j, k: (b, k, j)),
         ],
         # dq: bf16[B, S, D]
-        out_specs=pl.BlockSpec((None, block_s, d), lambda b, i, k: (b, i, 0)),
+        out_specs=pl.BlockSpec((None, block_s, block_d), lambda b, i, j, k: (b, i, j)),
         out_shape=jax.ShapeDtypeStruct((b, s, d), jnp.bfloat16),
         # acc_ref: the f32 sum over T of one output tile
-        scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_s, block_d), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                4 * block_s * block_t + 4 * block_t * d + 4 * block_s * d + 4 * block_s * d
+                4 * block_s * block_t
+                + 4 * block_t * block_d
+                + 4 * block_s * block_d
+                + 8 * block_s * block_d
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -7554,6 +7576,7 @@ def _scores_backward_q_mosaic_gpu(dacc, k, *, b, s, d, t, interpret):
     jax.jit,
     static_argnames=(
         "block_t",
+        "block_d",
         "block_s",
         "gpu_block_t",
         "gpu_block_d",
@@ -7569,10 +7592,11 @@ def scores_backward_k(
     q,
     *,
     block_t=None,
+    block_d=None,
     block_s=None,
     gpu_block_t=128,
     gpu_block_d=128,
-    gpu_block_s=64,
+    gpu_block_s=32,
     gpu_warps=8,
     gpu_stages=3,
     gpu_backend="triton",
@@ -7584,9 +7608,9 @@ def scores_backward_k(
     Args:
       dacc: bf16[B, S, T].
       q: bf16[B, S, D].
-      block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
+      block_t, block_d, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_k_tpu_blocks),
-        else 128, 128.
+        else 128, 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
@@ -7600,7 +7624,9 @@ def scores_backward_k(
         "scores_backward_k",
         {"dacc": (dacc, jnp.bfloat16, ("B", "S", "T")), "q": (q, jnp.bfloat16, ("B", "S", "D"))},
     )
-    _check_blocks("scores_backward_k", block_t=block_t, block_s=block_s, may_be_none=True)
+    _check_blocks(
+        "scores_backward_k", block_t=block_t, block_d=block_d, block_s=block_s, may_be_none=True
+    )
     _check_blocks(
         "scores_backward_k",
         gpu_block_t=gpu_block_t,
@@ -7615,7 +7641,14 @@ def scores_backward_k(
         return _without_elements(scores_backward_k_reference, (((b, t, d), jnp.bfloat16),), dacc, q)
     return _on_platform(
         functools.partial(
-            _scores_backward_k_tpu, b=b, t=t, d=d, s=s, block_t=block_t, block_s=block_s
+            _scores_backward_k_tpu,
+            b=b,
+            t=t,
+            d=d,
+            s=s,
+            block_t=block_t,
+            block_d=block_d,
+            block_s=block_s,
         ),
         _gpu_kernel(
             "scores_backward_k",
@@ -7648,7 +7681,7 @@ def scores_backward_k_reference(dacc, q):
 
 
 def _scores_backward_k_kernel(dacc_ref, q_ref, dk_ref, acc_ref, *, s, block_s):
-    step = pl.program_id(2)
+    step = pl.program_id(3)
 
     @pl.when(step == 0)
     def _zero():
@@ -7671,31 +7704,35 @@ def _scores_backward_k_kernel(dacc_ref, q_ref, dk_ref, acc_ref, *, s, block_s):
         dacc, q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
 
-    @pl.when(step == pl.num_programs(2) - 1)
+    @pl.when(step == pl.num_programs(3) - 1)
     def _epilogue():
         acc = acc_ref[...]
         dk_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_t, block_s) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, T, D, S) shown (the spec's .tuning.json file), the
-# entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
+# TPU blocks (block_t, block_d, block_s) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (B, T, D, S) shown (the spec's .tuning.json
+# file), the entry nearest the call's sizes winning; else the chip's default. None:
+# any other chip, and CPU (the spec's blocks).
 _scores_backward_k_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (512, 512)},
-    "v6e": {"default": (1024, 1024)},
+    None: {"default": (128, 128, 128)},
+    "v5e": {"default": (512, 512, 512)},
+    "v6e": {"default": (1024, 1024, 1024)},
 }
 
 
-def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_s, interpret):
+def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, interpret):
     """`scores_backward_k` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_t, block_s = _tpu_blocks(_scores_backward_k_tpu_blocks, (b, t, d, s), (block_t, block_s))
+    block_t, block_d, block_s = _tpu_blocks(
+        _scores_backward_k_tpu_blocks, (b, t, d, s), (block_t, block_d, block_s)
+    )
     block_t = min(block_t, t)  # a small T is one whole block
+    block_d = min(block_d, d)  # a small D is one whole block
     block_s = min(block_s, s)  # a small S is one whole block
     _check_tiling(
         "scores_backward_k",
         block_t=(block_t, t, 128, "T is the last dimension of a block, so it is a multiple of 128"),
+        block_d=(block_d, d, 128, "D is the last dimension of a block, so it is a multiple of 128"),
         block_s=(
             block_s,
             s,
@@ -7703,29 +7740,32 @@ def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_s, interpret):
             "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
-    # VMEM at the default blocks per unit of D: 65.5 KiB = 2 buffers x (dacc 32.0 KiB + q
-    # 256 B + dk 256 B) + f32 accumulator 512 B.
+    # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + q 32.0 KiB + dk
+    # 32.0 KiB) + f32 accumulator 64.0 KiB + the product's f32 value 64.0 KiB.
     return pl.pallas_call(
         functools.partial(_scores_backward_k_kernel, s=s, block_s=block_s),
-        # One step per element of B, block of T, block of S (D taken whole). Steps along B, T
+        # One step per element of B, block of T, block of D, block of S. Steps along B, T, D
         # are independent (parallel); steps along S accumulate in order (arbitrary).
-        grid=(b, pl.cdiv(t, block_t), pl.cdiv(s, block_s)),
+        grid=(b, pl.cdiv(t, block_t), pl.cdiv(d, block_d), pl.cdiv(s, block_s)),
         in_specs=[
             # dacc: bf16[B, S, T], read transposed
-            pl.BlockSpec((None, block_s, block_t), lambda b, i, k: (b, k, i)),
+            pl.BlockSpec((None, block_s, block_t), lambda b, i, j, k: (b, k, i)),
             # q: bf16[B, S, D]
-            pl.BlockSpec((None, block_s, d), lambda b, i, k: (b, k, 0)),
+            pl.BlockSpec((None, block_s, block_d), lambda b, i, j, k: (b, k, j)),
         ],
         # dk: bf16[B, T, D]
-        out_specs=pl.BlockSpec((None, block_t, d), lambda b, i, k: (b, i, 0)),
+        out_specs=pl.BlockSpec((None, block_t, block_d), lambda b, i, j, k: (b, i, j)),
         out_shape=jax.ShapeDtypeStruct((b, t, d), jnp.bfloat16),
         # acc_ref: the f32 sum over S of one output tile
-        scratch_shapes=[pltpu.VMEM((block_t, d), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_t, block_d), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                4 * block_s * block_t + 4 * block_s * d + 4 * block_t * d + 4 * block_t * d
+                4 * block_s * block_t
+                + 4 * block_s * block_d
+                + 4 * block_t * block_d
+                + 8 * block_t * block_d
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -8101,8 +8141,8 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (x 2.0 MiB + w 2.0 MiB + bias 4.0
-    # KiB + y 2.0 MiB) + f32 accumulator 4.0 MiB.
+    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + w 2.0 MiB + bias 4.0
+    # KiB + y 2.0 MiB) + f32 accumulator 4.0 MiB + the product's f32 value 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_linear_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
@@ -8125,7 +8165,7 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                4 * block_m * block_k + 4 * block_n * block_k + 8 * block_n + 8 * block_m * block_n
+                4 * block_m * block_k + 4 * block_n * block_k + 8 * block_n + 12 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -8290,7 +8330,7 @@ def linear_backward_over_m(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=64,
+    gpu_block_m=32,
     gpu_block_n=128,
     gpu_warps=4,
     gpu_stages=1,
@@ -8517,7 +8557,7 @@ def linear_backward_x(
     block_n=None,
     gpu_block_m=128,
     gpu_block_k=128,
-    gpu_block_n=64,
+    gpu_block_n=32,
     gpu_warps=8,
     gpu_stages=3,
     gpu_backend="triton",
@@ -8650,8 +8690,8 @@ def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpr
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (dy 2.0 MiB + w 2.0 MiB + dx 2.0
-    # MiB) + f32 accumulator 4.0 MiB.
+    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + w 2.0 MiB + dx 2.0
+    # MiB) + f32 accumulator 4.0 MiB + the product's f32 value 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_linear_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent
@@ -8672,7 +8712,7 @@ def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpr
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                4 * block_m * block_n + 4 * block_n * block_k + 8 * block_m * block_k
+                4 * block_m * block_n + 4 * block_n * block_k + 12 * block_m * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -8837,7 +8877,7 @@ def linear_backward_w(
     block_m=None,
     gpu_block_n=128,
     gpu_block_k=128,
-    gpu_block_m=64,
+    gpu_block_m=32,
     gpu_warps=8,
     gpu_stages=3,
     gpu_backend="triton",
@@ -8972,8 +9012,8 @@ def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpr
             "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
-    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (dy 2.0 MiB + x 2.0 MiB + dw 2.0
-    # MiB) + f32 accumulator 4.0 MiB.
+    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + x 2.0 MiB + dw 2.0
+    # MiB) + f32 accumulator 4.0 MiB + the product's f32 value 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_linear_backward_w_kernel, m=m, block_m=block_m),
         # One step per block of N, block of K, block of M. Steps along N, K are independent
@@ -8994,7 +9034,7 @@ def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpr
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                4 * block_m * block_n + 4 * block_m * block_k + 8 * block_n * block_k
+                4 * block_m * block_n + 4 * block_m * block_k + 12 * block_n * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(

@@ -30,6 +30,9 @@ from pallasgen.analysis.names import Namer
 from pallasgen.analysis.product import Product, product_dims
 from pallasgen.frontend import ir
 
+LANES = 128  # a TPU lane tile: a block that is a multiple of it is legal in any position
+GPU_DEPTH = 32  # the GPU block of what a backward kernel sums over (see _gpu_blocks)
+
 
 def derive(checked: CheckedKernel) -> Derived | str | None:
     """The backward kernels of a kernel with one product (None: it has none, or it is a
@@ -110,6 +113,8 @@ def _epilogue_steps(kernel, product, backward: reverse.Reverse, acc: str):
         derived, arguments = backward.kernel(name, decls, dims)
         arguments = tuple(Argument(acc, "residual") if a == Argument(acc, "input") else a for a in arguments)
         results = tuple(d.name for d in decls)
+        if dims:
+            derived = dataclasses.replace(derived, gpu_blocks=_gpu_blocks(derived, set(layout), dims))
         if decls[0].name == acc:  # the product's cotangent, in its operands' dtype for the products
             derived, dacc = _in_dtype(derived, 0, operand_dtype)
             results = (dacc.name, *results[1:])
@@ -188,13 +193,38 @@ def _product_steps(kernel: ir.Kernel, product: Product, g) -> list[Step]:
             outputs=(out,),
             params=(),
             body=(ir.Assign(out.name, body, product.node.position),),
-            blocks=tuple(b for b in kernel.blocks if b.dim in dims),
+            blocks=_blocks(kernel, dims, target.dims[-2:]),
             accumulates=kernel.accumulates,
-            gpu_blocks=tuple(b for b in kernel.gpu_blocks if b.dim in dims),
+            gpu_blocks=_gpu_blocks(kernel, dims, contracted),
             gpu_options=kernel.gpu_options,
         )
         steps.append(Step(derived, arguments, (target.name,)))
     return steps
+
+
+def _blocks(kernel: ir.Kernel, dims: set[str], outputs: tuple[str, ...]) -> tuple[ir.BlockSize, ...]:
+    """The forward's blocks of `dims`; and where the forward takes one of the product's
+    `outputs` whole (scores' D, contracted there), the forward's largest block rounded up
+    to a lane tile, so that the backward's output and accumulator blocks stay bounded (a
+    D of 64 is still one block)."""
+    blocks = [b for b in kernel.blocks if b.dim in dims]
+    largest = max((b.size for b in kernel.blocks), default=LANES)
+    for dim in outputs:
+        if all(b.dim != dim for b in kernel.blocks):
+            blocks.append(ir.BlockSize(dim, -(-largest // LANES) * LANES, kernel.position, kernel.position))
+    return tuple(blocks)
+
+
+def _gpu_blocks(kernel: ir.Kernel, dims: set[str], shallower: str) -> tuple[ir.BlockSize, ...]:
+    """The forward's GPU blocks of `dims`, and GPU_DEPTH for the dimension `shallower`
+    (a product's contracted one, a sum's) where the forward has none: at Triton's
+    defaults (64 of a 16-bit product's contracted dimension, 64 rows of a sum), sm_90's
+    ptxas spilled 4 to 8 bytes of registers in dx = dacc @ y.T at 8 rows, and in
+    matmul_bias_gelu's sum of gelu's derivative over M (tests/test_compiled.py)."""
+    blocks = [b for b in kernel.gpu_blocks if b.dim in dims]
+    if all(b.dim != shallower for b in blocks):
+        blocks.append(ir.BlockSize(shallower, GPU_DEPTH, kernel.position, kernel.position))
+    return tuple(blocks)
 
 
 def _product(target: ir.ArrayDecl, factors, contracted: str, node: ir.Binary):
