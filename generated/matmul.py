@@ -541,7 +541,7 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
     # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + y 4.0 MiB + z 2.0
-    # MiB) + f32 accumulator 2.0 MiB + the product's f32 value 2.0 MiB.
+    # MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
@@ -847,7 +847,7 @@ def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpr
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
     # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dz 2.0 MiB + y 4.0 MiB + dx 2.0
-    # MiB) + f32 accumulator 2.0 MiB + the product's f32 value 2.0 MiB.
+    # MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent
@@ -1162,7 +1162,7 @@ def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpr
         ),
     )
     # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 2.0 MiB + dz 2.0 MiB + dy 4.0
-    # MiB) + f32 accumulator 4.0 MiB + the product's f32 value 4.0 MiB.
+    # MiB) + f32 accumulator 4.0 MiB + f32 product step 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_backward_y_kernel, m=m, block_m=block_m),
         # One step per block of K, block of N, block of M. Steps along K, N are independent
@@ -1587,7 +1587,7 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
     # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0
-    # KiB) + f32 accumulator 512.0 KiB + the product's f32 value 512.0 KiB.
+    # KiB) + f32 accumulator 512.0 KiB + f32 product step 512.0 KiB.
     return pl.pallas_call(
         functools.partial(_matmul_relu_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
@@ -1846,8 +1846,7 @@ def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k,
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
     # VMEM at the default blocks: 6.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0
-    # KiB + acc 512.0 KiB) + f32 accumulator 512.0 KiB + the product's f32 value 512.0
-    # KiB.
+    # KiB + acc 512.0 KiB) + f32 accumulator 512.0 KiB + f32 product step 512.0 KiB.
     return pl.pallas_call(
         functools.partial(_matmul_relu_with_residuals_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
@@ -2386,7 +2385,7 @@ def _matmul_relu_backward_x_tpu(dacc, y, *, m, k, n, block_m, block_k, block_n, 
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
     # VMEM at the default blocks: 5.0 MiB = 2 buffers x (dacc 512.0 KiB + y 1.0 MiB + dx
-    # 512.0 KiB) + f32 accumulator 512.0 KiB + the product's f32 value 512.0 KiB.
+    # 512.0 KiB) + f32 accumulator 512.0 KiB + f32 product step 512.0 KiB.
     return pl.pallas_call(
         functools.partial(_matmul_relu_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent
@@ -2720,7 +2719,7 @@ def _matmul_relu_backward_y_tpu(x, dacc, *, k, n, m, block_k, block_n, block_m, 
         ),
     )
     # VMEM at the default blocks: 6.0 MiB = 2 buffers x (x 512.0 KiB + dacc 512.0 KiB + dy
-    # 1.0 MiB) + f32 accumulator 1.0 MiB + the product's f32 value 1.0 MiB.
+    # 1.0 MiB) + f32 accumulator 1.0 MiB + f32 product step 1.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_relu_backward_y_kernel, m=m, block_m=block_m),
         # One step per block of K, block of N, block of M. Steps along K, N are independent
@@ -3182,7 +3181,7 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, int
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
     # VMEM at the default blocks: 12.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0
-    # KiB + z 1.0 MiB) + f32 accumulator 2.0 MiB + the product's f32 value 2.0 MiB.
+    # KiB + z 1.0 MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
@@ -3551,8 +3550,7 @@ def _matmul_bias_gelu_with_residuals_tpu(
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
     # VMEM at the default blocks: 16.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0
-    # KiB + z 1.0 MiB + acc 2.0 MiB) + f32 accumulator 2.0 MiB + the product's f32 value
-    # 2.0 MiB.
+    # KiB + z 1.0 MiB + acc 2.0 MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_with_residuals_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
@@ -4439,7 +4437,7 @@ def _matmul_bias_gelu_backward_x_tpu(dacc, y, *, m, k, n, block_m, block_k, bloc
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
     # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dacc 1.0 MiB + y 2.0 MiB + dx
-    # 1.0 MiB) + f32 accumulator 2.0 MiB + the product's f32 value 2.0 MiB.
+    # 1.0 MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent
@@ -4780,7 +4778,7 @@ def _matmul_bias_gelu_backward_y_tpu(x, dacc, *, k, n, m, block_k, block_n, bloc
         ),
     )
     # VMEM at the default blocks: 16.0 MiB = 2 buffers x (x 1.0 MiB + dacc 1.0 MiB + dy
-    # 2.0 MiB) + f32 accumulator 4.0 MiB + the product's f32 value 4.0 MiB.
+    # 2.0 MiB) + f32 accumulator 4.0 MiB + f32 product step 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_backward_y_kernel, m=m, block_m=block_m),
         # One step per block of K, block of N, block of M. Steps along K, N are independent
@@ -5155,7 +5153,7 @@ def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
     # VMEM at the default blocks: 11.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 2.0
-    # MiB) + i32 accumulator 2.0 MiB + the product's i32 value 2.0 MiB.
+    # MiB) + i32 accumulator 2.0 MiB + i32 product step 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_int8_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
@@ -5538,7 +5536,7 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
     # VMEM at the default blocks: 14.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + z 2.0
-    # MiB) + f32 accumulator 2.0 MiB + the product's f32 value 2.0 MiB.
+    # MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_batched_matmul_kernel, k=k, block_k=block_k),
         # One step per element of B, block of M, block of N, block of K. Steps along B, M, N
@@ -6110,7 +6108,7 @@ def _batched_matmul_backward_x_tpu(dacc, y, *, b, m, k, n, block_m, block_k, blo
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
     # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dacc 1.0 MiB + y 2.0 MiB + dx
-    # 1.0 MiB) + f32 accumulator 2.0 MiB + the product's f32 value 2.0 MiB.
+    # 1.0 MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_batched_matmul_backward_x_kernel, n=n, block_n=block_n),
         # One step per element of B, block of M, block of K, block of N. Steps along B, M, K
@@ -6462,7 +6460,7 @@ def _batched_matmul_backward_y_tpu(x, dacc, *, b, k, n, m, block_k, block_n, blo
         ),
     )
     # VMEM at the default blocks: 16.0 MiB = 2 buffers x (x 1.0 MiB + dacc 1.0 MiB + dy
-    # 2.0 MiB) + f32 accumulator 4.0 MiB + the product's f32 value 4.0 MiB.
+    # 2.0 MiB) + f32 accumulator 4.0 MiB + f32 product step 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_batched_matmul_backward_y_kernel, m=m, block_m=block_m),
         # One step per element of B, block of K, block of N, block of M. Steps along B, K, N
@@ -6834,8 +6832,8 @@ def _scores_tpu(q, k, *, b, s_, t, d, block_s, block_t, scale, interpret):
         ),
         block_t=(block_t, t, 128, "T is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks per unit of D: 193.0 KiB = 2 buffers x (q 256 B + k 256 B
-    # + s 64.0 KiB) + the product's f32 value 64.0 KiB.
+    # VMEM at the default blocks per unit of D: 129.0 KiB = 2 buffers x (q 256 B + k 256 B
+    # + s 64.0 KiB).
     return pl.pallas_call(
         functools.partial(_scores_kernel, scale=scale),
         # One step per element of B, block of S, block of T (D taken whole); steps are
@@ -6853,9 +6851,7 @@ def _scores_tpu(q, k, *, b, s_, t, d, block_s, block_t, scale, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
-                4 * block_s * d + 4 * block_t * d + 8 * block_s * block_t + 4 * block_s * block_t
-            ),
+            vmem_limit_bytes=_vmem_limit(4 * block_s * d + 4 * block_t * d + 8 * block_s * block_t),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * s_ * t * d + b * s_ * t,
@@ -7402,7 +7398,7 @@ def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, in
         block_t=(block_t, t, 128, "T is the last dimension of a block, so it is a multiple of 128"),
     )
     # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + k 32.0 KiB + dq
-    # 32.0 KiB) + f32 accumulator 64.0 KiB + the product's f32 value 64.0 KiB.
+    # 32.0 KiB) + f32 accumulator 64.0 KiB + f32 product step 64.0 KiB.
     return pl.pallas_call(
         functools.partial(_scores_backward_q_kernel, t=t, block_t=block_t),
         # One step per element of B, block of S, block of D, block of T. Steps along B, S, D
@@ -7741,7 +7737,7 @@ def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, in
         ),
     )
     # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + q 32.0 KiB + dk
-    # 32.0 KiB) + f32 accumulator 64.0 KiB + the product's f32 value 64.0 KiB.
+    # 32.0 KiB) + f32 accumulator 64.0 KiB + f32 product step 64.0 KiB.
     return pl.pallas_call(
         functools.partial(_scores_backward_k_kernel, s=s, block_s=block_s),
         # One step per element of B, block of T, block of D, block of S. Steps along B, T, D
@@ -8142,7 +8138,7 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
     # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + w 2.0 MiB + bias 4.0
-    # KiB + y 2.0 MiB) + f32 accumulator 4.0 MiB + the product's f32 value 4.0 MiB.
+    # KiB + y 2.0 MiB) + f32 accumulator 4.0 MiB + f32 product step 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_linear_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
@@ -8691,7 +8687,7 @@ def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpr
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
     # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + w 2.0 MiB + dx 2.0
-    # MiB) + f32 accumulator 4.0 MiB + the product's f32 value 4.0 MiB.
+    # MiB) + f32 accumulator 4.0 MiB + f32 product step 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_linear_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent
@@ -9013,7 +9009,7 @@ def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpr
         ),
     )
     # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + x 2.0 MiB + dw 2.0
-    # MiB) + f32 accumulator 4.0 MiB + the product's f32 value 4.0 MiB.
+    # MiB) + f32 accumulator 4.0 MiB + f32 product step 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_linear_backward_w_kernel, m=m, block_m=block_m),
         # One step per block of N, block of K, block of M. Steps along N, K are independent

@@ -167,8 +167,8 @@ class Vmem:
 
 def vmem(kernel: ir.Kernel, blocked, product: Product | None) -> Vmem:
     """Double-buffered inputs and outputs, the accumulator of a product whose contracted
-    dimension is in `blocked` and the value of the product's step (the dot's result, which
-    Mosaic holds before adding it: blocks of exactly 16 MiB without it failed), and each reduction's 32-bit working copy of a block (f32 or
+    dimension is in `blocked` and the product of one step (the dot's result, which Mosaic
+    holds before adding it: blocks of exactly 16 MiB without it failed), and each reduction's 32-bit working copy of a block (f32 or
     i32), with as many running values again where they are block-shaped; and each let,
     as a 32-bit block of its dimensions: Mosaic keeps a value that several expressions
     read (a backward kernel's recomputed values and cotangents: bias_gelu's needed 30.5
@@ -177,11 +177,10 @@ def vmem(kernel: ir.Kernel, blocked, product: Product | None) -> Vmem:
         VmemPart(decl.name, decl.name, 2, DTYPES[decl.dtype].bytes, decl.dims)
         for decl in kernel.inputs + kernel.outputs
     ]
-    if product is not None:
+    if product is not None and product.k in blocked:
         accumulator = product.accumulator
-        if product.k in blocked:
-            parts.append(VmemPart(f"{accumulator.name} accumulator", None, 1, accumulator.bytes, (product.m, product.n)))
-        parts.append(VmemPart(f"the product's {accumulator.name} value", None, 1, accumulator.bytes, (product.m, product.n)))
+        parts.append(VmemPart(f"{accumulator.name} accumulator", None, 1, accumulator.bytes, (product.m, product.n)))
+        parts.append(VmemPart(f"{accumulator.name} product step", None, 1, accumulator.bytes, (product.m, product.n)))
     dims = tuple(dict.fromkeys(d for decl in kernel.inputs + kernel.outputs for d in decl.dims))
     reductions = [node.func for node in _reductions(kernel)]
     parts += [VmemPart(f"{func}'s 32-bit copy of a block", None, 1, 4, dims) for func in reductions]
