@@ -272,3 +272,36 @@ def test_a_let_holding_a_product_counts_as_a_block_of_its_dimensions_in_vmem():
     (let,) = [p for p in needed.parts if p.what == "let pre"]
     assert let.dims == ("M", "N")
     assert needed.total(mlp.blocks) < 16 * 2**20
+
+
+def test_the_products_value_takes_a_name_the_kernel_does_not_use(tmp_path):
+    """A let named `acc` (and a param named `acc_`) leaves the product's value `acc__`:
+    the gradient is still jax.vjp's of the reference."""
+    from kernel_cases import load_module
+    from pallasgen.workspace.pipeline import generate
+
+    source = (
+        "kernel k {\n    in  x: f32[M, K]\n    in  y: f32[K, N]\n    out z: f32[M, N]\n    param acc_: f32 = 0.5\n"
+        "    let acc = x @ y\n    z = relu(acc) * acc_\n    block M = 128, N = 128, K = 128\n}\n"
+    )
+    (k,) = check_source(source, "k.pallas")
+    assert k.gradient.residuals == ("acc__",)
+    path = tmp_path / "k.py"
+    path.write_text(generate(source, "k.pallas", "k.pallas"))
+    module = load_module(path, "_pallasgen_products_acc")
+    rng = np.random.default_rng(6)
+    x, y = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in [(9, 20), (20, 130)])
+    got = jax.grad(lambda x, y: (module.k(x, y, interpret=True) ** 2).sum(), argnums=(0, 1))(x, y)
+    want = jax.grad(lambda x, y: (module.k_reference(x, y) ** 2).sum(), argnums=(0, 1))(x, y)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4)
+
+
+def test_an_operand_broadcast_over_a_batch_dimension_has_no_backward_kernels_yet():
+    """x [B, M, K] @ y [K, N]: y's cotangent would sum over B as well as M."""
+    source = (
+        "kernel k {\n    in  x: f32[B, M, K]\n    in  y: f32[K, N]\n    out z: f32[B, M, N]\n    z = x @ y\n"
+        "    block B = 1, M = 128\n}\n"
+    )
+    (k,) = check_source(source, "k.pallas")
+    assert k.gradient.not_yet == "a product whose operands have different batch dimensions"

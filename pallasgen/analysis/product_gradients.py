@@ -40,11 +40,12 @@ def derive(checked: CheckedKernel) -> Derived | str | None:
     product = checked.product
     if product is None or checked.fused is not None:
         return None
-    not_yet = _not_generated_yet(checked.kernel, product)
+    not_yet = _not_generated_yet(product)
     if not_yet:
         return not_yet
     kernel = checked.kernel
-    acc = Namer([*(d.name for d in kernel.inputs + kernel.outputs), *checked.dims]).claim("acc")
+    forward = [*(d.name for d in kernel.inputs + kernel.outputs), *(p.name for p in kernel.params), *checked.dims]
+    acc = Namer([*forward, *(s.name for s in kernel.body if isinstance(s, ir.Let))]).claim("acc")
     epilogue, problems = check_kernel(_epilogue(kernel, product, acc))
     if problems:  # what the forward's checks pass, its epilogue passes: never expected
         return f"an epilogue that fails a check ({problems[0].message})"
@@ -61,11 +62,10 @@ def derive(checked: CheckedKernel) -> Derived | str | None:
     return Derived(tuple(steps), residuals, backward.recomputed_names([s.kernel for s in steps]))
 
 
-def _not_generated_yet(kernel: ir.Kernel, product: Product) -> str | None:
-    operands = {o.name for o in product.operands}
-    outside = [n for s in kernel.body for n in ir.walk(s.value) if n not in ir.walk(product.node)]
-    if any(isinstance(n, ir.Name) and n.id in operands for n in outside):
-        return "an operand of the product read outside it"
+def _not_generated_yet(product: Product) -> str | None:
+    """What the product has that its backward kernels are not generated for: an operand
+    broadcast over a batch dimension (its cotangent sums over it too). The checks leave
+    the operands nowhere else in the body."""
     if product.lhs.dims[:-2] != product.rhs.dims[:-2]:
         return "a product whose operands have different batch dimensions"
     return None
