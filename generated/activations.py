@@ -51,6 +51,35 @@ def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
     return on_mosaic_gpu
 
 
+def _gpu_device_kind():
+    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
+    default device's if it is a GPU, else the first GPU's (None without one)."""
+    device = jax.config.jax_default_device
+    if getattr(device, "platform", None) == "gpu":
+        return device.device_kind
+    try:
+        return jax.devices("gpu")[0].device_kind
+    except RuntimeError:  # no GPU backend
+        return None
+
+
+def _gpu_options(table, sizes, given):
+    """The blocks and launch options of a GPU (Triton) call: those `given` (not None) as
+    they are, the others from `table`: for the GPU compiled for (see `_gpu_device_kind`),
+    the tuned entry whose sizes are nearest the call's (in powers of two), else the
+    spec's, `table[None]`."""
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
+    tuned = table.get(kind) if kind is not None else None
+    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
+    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
+
+
 def _mgpu_pad(array, shape):
     """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
     if array.shape == shape:
@@ -74,6 +103,28 @@ def _mgpu_load(ref, shape, dims):
         return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
     vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
     return jax.lax.broadcast_in_dim(vector, shape, dims)
+
+
+def _mgpu_spread(vector, shape, dim):
+    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
+    broadcast over the block's other axis."""
+    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
+
+
+def _mgpu_load_vector(ref, dim):
+    """A vector along axis `dim` of a block, from shared memory, in the WGMMA layout's row
+    (0) or column (1) layout."""
+    return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dim))
+
+
+def _mgpu_full(size, value, dtype, dim):
+    """A running value per position along axis `dim` of a block, `value` in each."""
+    return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
+
+
+def _mgpu_positions(start, shape, axis):
+    """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
+    return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
 
 
 def _on_platform(tpu, gpu, interpret, *arrays):
@@ -289,10 +340,11 @@ def _vmem_limit(needed):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 
     None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
-    blocks would fail to compile, so they ask for 100 MiB of the 128 MiB a v5e or v6e
-    core has: the rest is headroom for Mosaic's own scratch and the intermediates.
+    blocks would fail to compile, so they ask for twice what they need, at most 100 MiB of
+    the 128 MiB a v5e or v6e core has. Not more: compiled for libtpu's cost estimate, blocks
+    of 28 MiB that asked for 100 MiB ran out of VMEM (the ask counted beside the use).
     """
-    return None if needed <= 16 * 2**20 else 100 * 2**20
+    return None if needed <= 16 * 2**20 else min(2 * needed, 100 * 2**20)
 
 
 def _inside(start, block, size):
@@ -360,10 +412,10 @@ def leaky(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     slope=0.01,
     interpret=None,
@@ -377,7 +429,8 @@ def leaky(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_leaky_tpu_blocks),
         grown to large steps (_grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       slope: a static f32 (default 0.01).
@@ -391,7 +444,7 @@ def leaky(
     """
     (x,), sizes = _operands("leaky", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("leaky", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("leaky", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks("leaky", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -562,8 +615,18 @@ def _leaky_gpu_kernel(x_ref, y_ref, mask_ref, *, m, n, block_m, block_n, slope):
     _store(mask_ref, pos.astype(jnp.int32), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_leaky_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _leaky_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, slope, interpret):
     """`leaky` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _leaky_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -671,10 +734,10 @@ def leaky_backward(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     slope=0.01,
     interpret=None,
@@ -688,7 +751,8 @@ def leaky_backward(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_leaky_backward_tpu_blocks),
         grown to large steps (_grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       slope: a static f32 (default 0.01).
@@ -702,7 +766,9 @@ def leaky_backward(
         "leaky_backward", {"x": (x, jnp.float32, ("M", "N")), "dy": (dy, jnp.float32, ("M", "N"))}
     )
     _check_blocks("leaky_backward", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("leaky_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks(
+        "leaky_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+    )
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -823,8 +889,18 @@ def _leaky_backward_gpu_kernel(x_ref, dy_ref, dx_ref, *, m, n, block_m, block_n,
     _store(dx_ref, jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_leaky_backward_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _leaky_backward_gpu(x, dy, *, m, n, block_m, block_n, num_warps, num_stages, slope, interpret):
     """`leaky_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _leaky_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -927,10 +1003,10 @@ def bias_gelu(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -943,7 +1019,8 @@ def bias_gelu(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_tpu_blocks),
         grown to large steps (_grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -964,7 +1041,7 @@ def bias_gelu(
         },
     )
     _check_blocks("bias_gelu", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("bias_gelu", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks("bias_gelu", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -1149,8 +1226,18 @@ def _bias_gelu_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, m, n, block_m, b
     )
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_bias_gelu_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _bias_gelu_gpu(x, bias, scale, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`bias_gelu` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _bias_gelu_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -1254,10 +1341,10 @@ def bias_gelu_backward(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -1272,7 +1359,8 @@ def bias_gelu_backward(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_tpu_blocks),
         grown to large steps (_grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -1291,7 +1379,9 @@ def bias_gelu_backward(
         },
     )
     _check_blocks("bias_gelu_backward", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("bias_gelu_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks(
+        "bias_gelu_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+    )
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -1449,10 +1539,20 @@ def _bias_gelu_backward_gpu_kernel(
     _store(dx_ref, (dy_1 * scale).astype(jnp.bfloat16), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_bias_gelu_backward_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _bias_gelu_backward_gpu(
     x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
     """`bias_gelu_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _bias_gelu_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -1574,10 +1674,10 @@ def bias_gelu_backward_over_m(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=64,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -1592,10 +1692,10 @@ def bias_gelu_backward_over_m(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_over_m_tpu_blocks),
         grown to large steps (_grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1612,7 +1712,12 @@ def bias_gelu_backward_over_m(
         },
     )
     _check_blocks("bias_gelu_backward_over_m", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("bias_gelu_backward_over_m", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks(
+        "bias_gelu_backward_over_m",
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -1637,7 +1742,7 @@ def bias_gelu_backward_over_m(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_bias_gelu_backward_over_m_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -1811,10 +1916,20 @@ def _bias_gelu_backward_over_m_gpu_kernel(
     _store(dbias_ref, sum_m, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_bias_gelu_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
+
+
 def _bias_gelu_backward_over_m_gpu(
     x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
     """`bias_gelu_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _bias_gelu_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -1843,8 +1958,106 @@ def _bias_gelu_backward_over_m_gpu(
     )(x, bias, scale, dy)
 
 
-# `bias_gelu_backward_over_m` has no Mosaic GPU kernel (reductions are not on Mosaic
-# GPU yet): it runs on Triton.
+def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
+    x_ref,
+    bias_ref,
+    scale_ref,
+    dy_ref,
+    dbias_ref,
+    barrier,
+    bias_smem,
+    dbias_smem,
+    *,
+    block_m,
+    block_n,
+    m,
+):
+    program_n = jax.lax.axis_index("N")
+    plgpu.copy_gmem_to_smem(
+        bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+    bias = _mgpu_load_vector(bias_smem, 1)
+
+    def reduce_1(indices, x_smem, scale_smem, dy_smem, carry):
+        (sum_m_running,) = carry
+        start = indices[0] * block_m
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        scale = _mgpu_load(scale_smem, (block_m, block_n), (0,))
+        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        y_1 = x.astype(jnp.float32)
+        y_2 = y_1 * scale + _mgpu_spread(bias, (block_m, block_n), 1)
+        y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
+        dy_1 = dy.astype(jnp.float32) * (
+            0.5 * (1 + y_3)
+            + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        )
+        sum_m_block = dy_1
+        if m % block_m:  # a ragged M: its identity past the end
+            sum_m_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
+            )
+        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
+        return (sum_m_running,)
+
+    (sum_m_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[0] // block_m,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (s, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+            plgpu.BlockSpec((block_m,), lambda s: (s,)),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (s, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_n, 0.0, jnp.float32, 1),),
+    )(x_ref, scale_ref, dy_ref)
+    sum_m = sum_m_running
+    dbias = sum_m
+    dbias_smem[...] = dbias
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(dbias_smem, dbias_ref.at[pl.ds(program_n * block_n, block_n)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _bias_gelu_backward_over_m_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
+    """`bias_gelu_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    bias = bias.reshape((n,))
+    bias = _mgpu_pad(bias, (padded_n,))
+    scale = scale.reshape((m,))
+    scale = _mgpu_pad(scale, (padded_m,))
+    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    (dbias,) = plgpu.kernel(
+        functools.partial(
+            _bias_gelu_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
+        scratch_types=[
+            plgpu.Barrier(num_barriers=1),
+            plgpu.SMEM((block_n,), jnp.float32),
+            plgpu.SMEM((block_n,), jnp.float32),
+        ],
+        grid=(padded_n // block_n,),
+        grid_names=("N",),
+        interpret=interpret,
+    )(x, bias, scale, dy)
+    return dbias[:n].reshape((1, n))
 
 
 @functools.partial(
@@ -1868,10 +2081,10 @@ def bias_gelu_backward_over_n(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=1,
-    gpu_block_n=1024,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -1886,10 +2099,10 @@ def bias_gelu_backward_over_n(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_over_n_tpu_blocks),
         grown to large steps (_grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1906,7 +2119,12 @@ def bias_gelu_backward_over_n(
         },
     )
     _check_blocks("bias_gelu_backward_over_n", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("bias_gelu_backward_over_n", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks(
+        "bias_gelu_backward_over_n",
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -1931,7 +2149,7 @@ def bias_gelu_backward_over_n(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_bias_gelu_backward_over_n_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -2105,10 +2323,20 @@ def _bias_gelu_backward_over_n_gpu_kernel(
     _store(dscale_ref, sum_n, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_bias_gelu_backward_over_n_gpu_options = {None: (1, 1024, 4, 1)}
+
+
 def _bias_gelu_backward_over_n_gpu(
     x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
     """`bias_gelu_backward_over_n` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _bias_gelu_backward_over_n_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -2137,8 +2365,106 @@ def _bias_gelu_backward_over_n_gpu(
     )(x, bias, scale, dy)
 
 
-# `bias_gelu_backward_over_n` has no Mosaic GPU kernel (reductions are not on Mosaic
-# GPU yet): it runs on Triton.
+def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
+    x_ref,
+    bias_ref,
+    scale_ref,
+    dy_ref,
+    dscale_ref,
+    barrier,
+    scale_smem,
+    dscale_smem,
+    *,
+    block_m,
+    block_n,
+    n,
+):
+    program_m = jax.lax.axis_index("M")
+    plgpu.copy_gmem_to_smem(
+        scale_ref.at[pl.ds(program_m * block_m, block_m)], scale_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+    scale = _mgpu_load_vector(scale_smem, 0)
+
+    def reduce_1(indices, x_smem, bias_smem, dy_smem, carry):
+        (sum_n_running,) = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
+        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        y_1 = x.astype(jnp.float32)
+        y_2 = y_1 * _mgpu_spread(scale, (block_m, block_n), 0) + bias
+        y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
+        dy_1 = dy.astype(jnp.float32) * (
+            0.5 * (1 + y_3)
+            + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
+        )
+        sum_n_block = dy_1 * y_1
+        if n % block_n:  # a ragged N: its identity past the end
+            sum_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
+            )
+        sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
+        return (sum_n_running,)
+
+    (sum_n_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+            plgpu.BlockSpec((block_n,), lambda s: (s,)),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+    )(x_ref, bias_ref, dy_ref)
+    sum_n = sum_n_running
+    dscale = sum_n
+    dscale_smem[...] = dscale
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(dscale_smem, dscale_ref.at[pl.ds(program_m * block_m, block_m)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _bias_gelu_backward_over_n_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
+    """`bias_gelu_backward_over_n` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    bias = bias.reshape((n,))
+    bias = _mgpu_pad(bias, (padded_n,))
+    scale = scale.reshape((m,))
+    scale = _mgpu_pad(scale, (padded_m,))
+    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    (dscale,) = plgpu.kernel(
+        functools.partial(
+            _bias_gelu_backward_over_n_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.float32),),
+        scratch_types=[
+            plgpu.Barrier(num_barriers=1),
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM((block_m,), jnp.float32),
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x, bias, scale, dy)
+    return dscale[:m].reshape((m, 1))
 
 
 @functools.partial(
@@ -2160,10 +2486,10 @@ def quantize_rows(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -2176,7 +2502,8 @@ def quantize_rows(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_tpu_blocks),
         grown to large steps (_grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: floor has no Mosaic GPU lowering.
@@ -2193,7 +2520,9 @@ def quantize_rows(
         "quantize_rows", {"x": (x, jnp.float32, ("M", "N")), "scale": (scale, jnp.float32, ("M",))}
     )
     _check_blocks("quantize_rows", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("quantize_rows", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks(
+        "quantize_rows", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+    )
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -2357,8 +2686,18 @@ def _quantize_rows_gpu_kernel(x_ref, scale_ref, q_ref, *, m, n, block_m, block_n
     _store(q_ref, jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_quantize_rows_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _quantize_rows_gpu(x, scale, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`quantize_rows` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _quantize_rows_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(

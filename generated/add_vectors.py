@@ -51,6 +51,35 @@ def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
     return on_mosaic_gpu
 
 
+def _gpu_device_kind():
+    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
+    default device's if it is a GPU, else the first GPU's (None without one)."""
+    device = jax.config.jax_default_device
+    if getattr(device, "platform", None) == "gpu":
+        return device.device_kind
+    try:
+        return jax.devices("gpu")[0].device_kind
+    except RuntimeError:  # no GPU backend
+        return None
+
+
+def _gpu_options(table, sizes, given):
+    """The blocks and launch options of a GPU (Triton) call: those `given` (not None) as
+    they are, the others from `table`: for the GPU compiled for (see `_gpu_device_kind`),
+    the tuned entry whose sizes are nearest the call's (in powers of two), else the
+    spec's, `table[None]`."""
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
+    tuned = table.get(kind) if kind is not None else None
+    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
+    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
+
+
 def _on_platform(tpu, gpu, interpret, *arrays):
     """Runs the kernel built for the platform being compiled for.
 
@@ -264,10 +293,11 @@ def _vmem_limit(needed):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 
     None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
-    blocks would fail to compile, so they ask for 100 MiB of the 128 MiB a v5e or v6e
-    core has: the rest is headroom for Mosaic's own scratch and the intermediates.
+    blocks would fail to compile, so they ask for twice what they need, at most 100 MiB of
+    the 128 MiB a v5e or v6e core has. Not more: compiled for libtpu's cost estimate, blocks
+    of 28 MiB that asked for 100 MiB ran out of VMEM (the ask counted beside the use).
     """
-    return None if needed <= 16 * 2**20 else 100 * 2**20
+    return None if needed <= 16 * 2**20 else min(2 * needed, 100 * 2**20)
 
 
 def _inside(start, block, size):
@@ -326,9 +356,9 @@ def add_vectors(
     y,
     *,
     block_n=None,
-    gpu_block_n=1024,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -340,7 +370,8 @@ def add_vectors(
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_vectors_tpu_blocks),
         grown to large steps (_grown), else 1048576.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -356,7 +387,7 @@ def add_vectors(
         "add_vectors", {"x": (x, jnp.float32, ("N",)), "y": (y, jnp.float32, ("N",))}
     )
     _check_blocks("add_vectors", block_n=block_n, may_be_none=True)
-    _check_blocks("add_vectors", gpu_block_n=gpu_block_n)
+    _check_blocks("add_vectors", gpu_block_n=gpu_block_n, may_be_none=True)
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(add_vectors_reference, (((n,), jnp.float32),), x, y)
@@ -490,8 +521,18 @@ def _add_vectors_gpu_kernel(x_ref, y_ref, z_ref, *, n, block_n):
     _store(z_ref, x + y, inside)
 
 
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
+# None: any other GPU (the spec's).
+_add_vectors_gpu_options = {None: (1024, 4, 1)}
+
+
 def _add_vectors_gpu(x, y, *, n, block_n, num_warps, num_stages, interpret):
     """`add_vectors` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_n, num_warps, num_stages = _gpu_options(
+        _add_vectors_gpu_options, (n,), (block_n, num_warps, num_stages)
+    )
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_add_vectors_gpu_kernel, n=n, block_n=block_n),
@@ -563,9 +604,9 @@ def add_vectors_backward(
     dz,
     *,
     block_n=None,
-    gpu_block_n=1024,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -577,7 +618,8 @@ def add_vectors_backward(
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_vectors_backward_tpu_blocks),
         grown to large steps (_grown), else 1048576.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -588,7 +630,7 @@ def add_vectors_backward(
     """
     (dz,), sizes = _operands("add_vectors_backward", {"dz": (dz, jnp.float32, ("N",))})
     _check_blocks("add_vectors_backward", block_n=block_n, may_be_none=True)
-    _check_blocks("add_vectors_backward", gpu_block_n=gpu_block_n)
+    _check_blocks("add_vectors_backward", gpu_block_n=gpu_block_n, may_be_none=True)
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(
@@ -698,8 +740,18 @@ def _add_vectors_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, n, block_n):
     _store(dy_ref, dz, inside)
 
 
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
+# None: any other GPU (the spec's).
+_add_vectors_backward_gpu_options = {None: (1024, 4, 1)}
+
+
 def _add_vectors_backward_gpu(dz, *, n, block_n, num_warps, num_stages, interpret):
     """`add_vectors_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_n, num_warps, num_stages = _gpu_options(
+        _add_vectors_backward_gpu_options, (n,), (block_n, num_warps, num_stages)
+    )
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_add_vectors_backward_gpu_kernel, n=n, block_n=block_n),

@@ -51,6 +51,35 @@ def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
     return on_mosaic_gpu
 
 
+def _gpu_device_kind():
+    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
+    default device's if it is a GPU, else the first GPU's (None without one)."""
+    device = jax.config.jax_default_device
+    if getattr(device, "platform", None) == "gpu":
+        return device.device_kind
+    try:
+        return jax.devices("gpu")[0].device_kind
+    except RuntimeError:  # no GPU backend
+        return None
+
+
+def _gpu_options(table, sizes, given):
+    """The blocks and launch options of a GPU (Triton) call: those `given` (not None) as
+    they are, the others from `table`: for the GPU compiled for (see `_gpu_device_kind`),
+    the tuned entry whose sizes are nearest the call's (in powers of two), else the
+    spec's, `table[None]`."""
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
+    tuned = table.get(kind) if kind is not None else None
+    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
+    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
+
+
 def _on_platform(tpu, gpu, interpret, *arrays):
     """Runs the kernel built for the platform being compiled for.
 
@@ -298,10 +327,11 @@ def _vmem_limit(needed):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 
     None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
-    blocks would fail to compile, so they ask for 100 MiB of the 128 MiB a v5e or v6e
-    core has: the rest is headroom for Mosaic's own scratch and the intermediates.
+    blocks would fail to compile, so they ask for twice what they need, at most 100 MiB of
+    the 128 MiB a v5e or v6e core has. Not more: compiled for libtpu's cost estimate, blocks
+    of 28 MiB that asked for 100 MiB ran out of VMEM (the ask counted beside the use).
     """
-    return None if needed <= 16 * 2**20 else 100 * 2**20
+    return None if needed <= 16 * 2**20 else min(2 * needed, 100 * 2**20)
 
 
 def _inside(start, block, size):
@@ -382,10 +412,10 @@ def attention(
     *,
     block_s=None,
     block_t=None,
-    gpu_block_s=64,
-    gpu_block_t=64,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_s=None,
+    gpu_block_t=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     scale=0.125,
     interpret=None,
@@ -399,7 +429,8 @@ def attention(
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
@@ -411,8 +442,8 @@ def attention(
     Returns:
       o: bf16[B, H, S, D]; lse: f32[B, H, S].
 
-    Gradients: not generated yet for a matrix product: jax.grad of it raises
-    NotImplementedError.
+    Gradients: jax.grad runs the generated backward kernels attention_backward_dq,
+    attention_backward_dkdv (_attention_vjp).
     """
     (q, k, v), sizes = _operands(
         "attention",
@@ -423,7 +454,7 @@ def attention(
         },
     )
     _check_blocks("attention", block_s=block_s, block_t=block_t, may_be_none=True)
-    _check_blocks("attention", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t)
+    _check_blocks("attention", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True)
     b = sizes["B"]
     h = sizes["H"]
     s_ = sizes["S"]
@@ -456,10 +487,27 @@ def attention(
             scale=scale,
             interpret=interpret,
         ),
-        _attention_vjp,
+        functools.partial(_attention_vjp, scale=scale, interpret=interpret),
         q,
         k,
         v,
+        saving=functools.partial(
+            _attention_saving,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            gpu_block_s=gpu_block_s,
+            gpu_block_t=gpu_block_t,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            scale=scale,
+            interpret=interpret,
+        ),
     )
 
 
@@ -559,13 +607,62 @@ def _attention_forward(
     return o, lse
 
 
-def _attention_vjp(saved, cotangents):
-    """`attention` has no backward pass yet: none is generated for a matrix product."""
-    raise NotImplementedError(
-        "attention is not differentiable yet: pallasgen generates backward kernels "
-        "for elementwise kernels only, not yet for a matrix product; `grad none` in "
-        "specs/attention.pallas says it is never differentiated"
+def _attention_saving(
+    q,
+    k,
+    v,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    gpu_block_s,
+    gpu_block_t,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    scale,
+    interpret,
+):
+    """`attention` forward under jax.grad: its outputs, and what its backward kernels read (q,
+    k, v, o, lse).
+    """
+    o, lse = _attention_forward(
+        q,
+        k,
+        v,
+        b=b,
+        h=h,
+        s_=s_,
+        d=d,
+        t=t,
+        block_s=block_s,
+        block_t=block_t,
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        gpu_warps=gpu_warps,
+        gpu_stages=gpu_stages,
+        gpu_backend=gpu_backend,
+        scale=scale,
+        interpret=interpret,
     )
+    return (o, lse), (q, k, v, o, lse)
+
+
+def _attention_vjp(saved, cotangents, *, scale, interpret):
+    """The cotangents of `attention`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels attention_backward_dq, attention_backward_dkdv. The forward
+    pass saves its inputs (q, k, v) and nothing else: the backward kernels recompute the
+    values they need (s, p) from them.
+    """
+    q, k, v, o, lse = saved
+    do, dlse = cotangents
+    dq, delta = attention_backward_dq(q, k, v, o, do, lse, dlse, scale=scale, interpret=interpret)
+    dk, dv = attention_backward_dkdv(q, k, v, do, lse, delta, scale=scale, interpret=interpret)
+    return dq, dk, dv
 
 
 def _attention_kernel(
@@ -905,10 +1002,20 @@ def _attention_gpu_kernel(
     _store(lse_ref, _logsumexp_finish(max_t_, sum_exp_t_), _mask((block_s, 1), in_s, None))
 
 
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's).
+_attention_gpu_options = {None: (64, 64, 4, 1)}
+
+
 def _attention_gpu(
     q, k, v, *, b, h, s_, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`attention` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_s, block_t, num_warps, num_stages = _gpu_options(
+        _attention_gpu_options, (b, h, s_, d, t), (block_s, block_t, num_warps, num_stages)
+    )
     block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
@@ -971,6 +1078,1389 @@ def _attention_gpu(
         "interpret",
     ),
 )
+def attention_backward_dq(
+    q,
+    k,
+    v,
+    o,
+    do,
+    lse,
+    dlse,
+    *,
+    block_s=None,
+    block_t=None,
+    gpu_block_s=None,
+    gpu_block_t=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    scale=0.125,
+    interpret=None,
+):
+    """The backward pass of `attention` (FlashAttention-2), generated from its spec:
+    dq, and delta = sum(do * o) per query: one pass over T.
+
+    Args:
+      q: bf16[B, H, S, D].
+      k: bf16[B, H, T, D].
+      v: bf16[B, H, T, D].
+      o: bf16[B, H, S, D].
+      do: bf16[B, H, S, D].
+      lse: f32[B, H, S].
+      dlse: f32[B, H, S].
+      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_attention_backward_dq_tpu_blocks), or grown to large steps
+        (_grown), else 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: fused kernels (several products, computed
+        operands, attention) are not on Mosaic GPU yet.
+      scale: a static f32 (default 0.125).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dq: bf16[B, H, S, D]; delta: f32[B, H, S].
+    """
+    (q, k, v, o, do, lse, dlse), sizes = _operands(
+        "attention_backward_dq",
+        {
+            "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
+            "k": (k, jnp.bfloat16, ("B", "H", "T", "D")),
+            "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
+            "o": (o, jnp.bfloat16, ("B", "H", "S", "D")),
+            "do": (do, jnp.bfloat16, ("B", "H", "S", "D")),
+            "lse": (lse, jnp.float32, ("B", "H", "S")),
+            "dlse": (dlse, jnp.float32, ("B", "H", "S")),
+        },
+    )
+    _check_blocks("attention_backward_dq", block_s=block_s, block_t=block_t, may_be_none=True)
+    _check_blocks(
+        "attention_backward_dq", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True
+    )
+    b = sizes["B"]
+    h = sizes["H"]
+    s_ = sizes["S"]
+    d = sizes["D"]
+    t = sizes["T"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            attention_backward_dq_reference,
+            (((b, h, s_, d), jnp.bfloat16), ((b, h, s_), jnp.float32)),
+            q,
+            k,
+            v,
+            o,
+            do,
+            lse,
+            dlse,
+            scale=scale,
+        )
+    lse = lse.reshape((b, h, s_, 1))  # lse: f32[B, H, S]
+    dlse = dlse.reshape((b, h, s_, 1))  # dlse: f32[B, H, S]
+    dq, delta = _on_platform(
+        functools.partial(
+            _attention_backward_dq_tpu,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            scale=scale,
+        ),
+        _gpu_kernel(
+            "attention_backward_dq",
+            gpu_backend,
+            functools.partial(
+                _attention_backward_dq_gpu,
+                b=b,
+                h=h,
+                s_=s_,
+                d=d,
+                t=t,
+                block_s=gpu_block_s,
+                block_t=gpu_block_t,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                scale=scale,
+            ),
+            None,
+        ),
+        interpret,
+        q,
+        k,
+        v,
+        o,
+        do,
+        lse,
+        dlse,
+    )
+    delta = delta.reshape(
+        (b, h, s_)
+    )  # the kernel holds it with size 1 along the dimensions it lacks
+    return dq, delta
+
+
+def attention_backward_dq_reference(q, k, v, o, do, lse, dlse, *, scale=0.125):
+    """`attention_backward_dq` in plain jax.numpy, to test the kernel against."""
+    b = q.shape[0]
+    h = q.shape[1]
+    s_ = q.shape[2]
+    d = q.shape[3]
+    t = k.shape[2]
+    q = q[:, :, :, :, None]
+    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
+    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
+    o = o[:, :, :, :, None]
+    do = do[:, :, :, :, None]
+    lse = lse[:, :, :, None, None]
+    dlse = dlse[:, :, :, None, None]
+    s = jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, s_, 1, 1), 2)
+        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
+        jnp.expand_dims(
+            jnp.einsum(
+                "bhsd,bhdt->bhst",
+                jnp.squeeze(q, (4,)),
+                jnp.squeeze(k, (2,)),
+                preferred_element_type=jnp.float32,
+            ),
+            (3,),
+        )
+        * scale,
+        -jnp.inf,
+    )
+    p = jnp.exp(s - lse)
+    dp = jnp.expand_dims(
+        jnp.einsum(
+            "bhsd,bhdt->bhst",
+            jnp.squeeze(do, (4,)),
+            jnp.squeeze(v, (2,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (3,),
+    )
+    delta = (
+        jnp.sum(
+            (do.astype(jnp.float32) * o.astype(jnp.float32)),
+            axis=3,
+            keepdims=True,
+            dtype=jnp.float32,
+        )
+        - dlse
+    )
+    ds = p * (dp - delta)
+    ds_1 = jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, s_, 1, 1), 2)
+        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
+        ds,
+        0,
+    )
+    dq = jnp.expand_dims(
+        jnp.einsum(
+            "bhst,bhdt->bhsd",
+            jnp.squeeze((ds_1 * scale).astype(jnp.bfloat16), (3,)),
+            jnp.squeeze(k, (2,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (4,),
+    ).astype(jnp.bfloat16)
+    dq = dq.reshape((b, h, s_, d))
+    delta = delta.reshape((b, h, s_))
+    return dq, delta
+
+
+def _attention_backward_dq_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    do_ref,
+    lse_ref,
+    dlse_ref,
+    dq_ref,
+    delta_ref,
+    acc_t_ref,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    whole_strips,
+    partial_strips,
+    scale,
+):
+    s_start = pl.program_id(2) * block_s
+    t_start = pl.program_id(3) * block_t
+    step = pl.program_id(3)
+
+    @pl.when(step == 0)
+    def _init():
+        acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
+
+    def _strip(
+        q_ref,
+        k_ref,
+        v_ref,
+        o_ref,
+        do_ref,
+        lse_ref,
+        dlse_ref,
+        acc_t_ref,
+        s_start,
+        t_start,
+        strip_s,
+        strip_t,
+    ):
+        """A strip of the step's block: the refs are views of its rows and columns, which
+        start at the positions given and hold as many as its extents say."""
+        q = q_ref[...]
+        o = o_ref[...]
+        do = do_ref[...]
+        lse = lse_ref[...]
+        dlse = dlse_ref[...]
+        k = k_ref[...]
+        v = v_ref[...]
+        s = jnp.where(
+            s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0)
+            >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
+            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            * scale,
+            -jnp.inf,
+        )
+        p = jnp.exp(s - lse)
+        dp = jax.lax.dot_general(
+            do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+        delta = (
+            jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True) - dlse
+        )
+        ds = p * (dp - delta)
+        ds_1 = jnp.where(
+            s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0)
+            >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
+            ds,
+            0,
+        )
+        acc_t_lhs = (ds_1 * scale).astype(jnp.bfloat16)
+        acc_t_rhs = k
+        if t % block_t:  # a ragged T: both operands 0 past its end, never padding
+            acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
+            acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+        acc_t_ref[...] = acc_t_ref[...] + jnp.dot(
+            acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
+        )
+
+    def _add(strips):
+        """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
+        columns start in the block, and how many it takes."""
+        for (row, rows), (col, cols) in strips:
+            if (rows, cols) == (block_s, block_t):  # the whole block: the refs themselves
+                _strip(
+                    q_ref,
+                    k_ref,
+                    v_ref,
+                    o_ref,
+                    do_ref,
+                    lse_ref,
+                    dlse_ref,
+                    acc_t_ref,
+                    s_start,
+                    t_start,
+                    block_s,
+                    block_t,
+                )
+            else:
+                _strip(
+                    q_ref.at[pl.ds(row, rows)],
+                    k_ref.at[pl.ds(col, cols)],
+                    v_ref.at[pl.ds(col, cols)],
+                    o_ref.at[pl.ds(row, rows)],
+                    do_ref.at[pl.ds(row, rows)],
+                    lse_ref.at[pl.ds(row, rows)],
+                    dlse_ref.at[pl.ds(row, rows)],
+                    acc_t_ref.at[pl.ds(row, rows)],
+                    s_start + row,
+                    t_start + col,
+                    rows,
+                    cols,
+                )
+
+    # A block where the `where` on positions in the strip's body holds everywhere takes every
+    # column in each strip; one where it holds in part, in each strip only the columns where
+    # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
+    @pl.when(s_start >= t_start + block_t - 1)
+    def _whole_block():
+        _add(whole_strips)
+
+    @pl.when((s_start + block_s - 1 >= t_start) & jnp.logical_not(s_start >= t_start + block_t - 1))
+    def _partial_block():
+        _add(partial_strips)
+
+    @pl.when(step == pl.num_programs(3) - 1)
+    def _finish():
+        o = o_ref[...]
+        do = do_ref[...]
+        dlse = dlse_ref[...]
+        acc_t_ = acc_t_ref[...]
+        delta = (
+            jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True) - dlse
+        )
+        delta_ref[...] = delta
+        dq_ref[...] = acc_t_.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
+# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
+# spec's blocks).
+_attention_backward_dq_tpu_blocks = {
+    None: {"default": (128, 128)},
+    "v5e": {"default": (128, 128)},
+    "v6e": {"default": (128, 128)},
+}
+
+
+def _attention_backward_dq_tpu(
+    q, k, v, o, do, lse, dlse, *, b, h, s_, d, t, block_s, block_t, scale, interpret
+):
+    """`attention_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_s, block_t = _tpu_blocks(
+        _attention_backward_dq_tpu_blocks,
+        (b, h, s_, d, t),
+        (block_s, block_t),
+        grow=functools.partial(
+            _grown,
+            bounds=(min(1 << (s_.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
+            step=lambda block_s, block_t: (
+                min(block_s, 256) * block_t,
+                4 * block_s * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_s * d
+                + 4 * block_s * d
+                + 8 * block_s
+                + 8 * block_s
+                + 4 * block_s * d
+                + 8 * block_s
+                + 4 * block_s * d,
+            ),
+        ),
+    )
+    block_s = min(block_s, s_)  # a small S is one whole block
+    block_t = min(block_t, t)  # a small T is one whole block
+    _check_tiling(
+        "attention_backward_dq",
+        block_s=(
+            block_s,
+            s_,
+            16,
+            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_t=(
+            block_t,
+            t,
+            16,
+            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    whole_strips, partial_strips = _strips(
+        (block_s, block_t),
+        (pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        height=256,
+        chunk=128,
+        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 >= t_start,
+        whole=lambda s_start, t_start, block_s, block_t: s_start >= t_start + block_t - 1,
+    )
+    # VMEM at the default blocks per unit of D: 6.5 KiB = 2 buffers x (q 256 B + k 256 B +
+    # v 256 B + o 256 B + do 256 B + lse 512 B + dlse 512 B + dq 256 B + delta 512 B) +
+    # acc_t_ref 512 B.
+    return pl.pallas_call(
+        functools.partial(
+            _attention_backward_dq_kernel,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            whole_strips=whole_strips,
+            partial_strips=partial_strips,
+            scale=scale,
+        ),
+        # One step per element of B, element of H, block of S, block of T (D taken whole).
+        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
+        # (arbitrary).
+        grid=(b, h, pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        in_specs=[
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
+            # k: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
+            pl.BlockSpec(
+                (None, None, block_t, d),
+                lambda b, h, i, j: (
+                    b,
+                    h,
+                    jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0),
+                    0,
+                ),
+            ),
+            # v: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
+            pl.BlockSpec(
+                (None, None, block_t, d),
+                lambda b, h, i, j: (
+                    b,
+                    h,
+                    jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0),
+                    0,
+                ),
+            ),
+            # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
+            # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
+            # dlse: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
+        ],
+        out_specs=(
+            # dq: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
+            # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),  # dq
+            jax.ShapeDtypeStruct((b, h, s_, 1), jnp.float32),  # delta
+        ),
+        # acc_t_ref: the product over T
+        scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
+            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
+            # (rows, 1) value pads to.
+            vmem_limit_bytes=64 * 2**20,
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * b * h * s_ * t * d + 2 * b * h * s_ * t * d + 2 * b * h * s_ * d * t,
+            transcendentals=b * h * s_ * t,
+            bytes_accessed=_nbytes(q, k, v, o, do, lse, dlse) + b * h * s_ * d * 2 + b * h * s_ * 4,
+        ),
+        interpret=interpret,
+        name="attention_backward_dq",
+    )(q, k, v, o, do, lse, dlse)
+
+
+def _attention_backward_dq_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    do_ref,
+    lse_ref,
+    dlse_ref,
+    dq_ref,
+    delta_ref,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    block_d,
+    scale,
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_s = _inside(pl.program_id(2) * block_s, block_s, s_)
+    in_d = _inside(0, block_d, d)
+    s_start = pl.program_id(2) * block_s
+    q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    do = _load(do_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    lse = _load(lse_ref, _mask((block_s, 1), in_s, None), other=0)
+    dlse = _load(dlse_ref, _mask((block_s, 1), in_s, None), other=0)
+
+    def accumulate(index, running):
+        t_start = index * block_t
+        in_t = _inside(t_start, block_t, t)
+
+        def step():
+            (acc_t,) = running
+            k = _load(
+                k_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+            )
+            v = _load(
+                v_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+            )
+            s = jnp.where(
+                s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0)
+                >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
+                jax.lax.dot_general(
+                    q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+                )
+                * scale,
+                -jnp.inf,
+            )
+            p = jnp.exp(s - lse)
+            dp = jax.lax.dot_general(
+                do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+            )
+            delta = (
+                jnp.sum(
+                    _fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+                    axis=1,
+                    keepdims=True,
+                )
+                - dlse
+            )
+            ds = p * (dp - delta)
+            ds_1 = jnp.where(
+                s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0)
+                >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
+                ds,
+                0,
+            )
+            acc_t_lhs = (ds_1 * scale).astype(jnp.bfloat16)
+            acc_t_rhs = k
+            if t % block_t:  # a ragged T: both operands 0 past its end, never padding
+                acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
+                acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+            acc_t = acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
+            return (acc_t,)
+
+        # A block where the `where` on positions below is false everywhere adds nothing: skipped.
+        return jax.lax.cond(s_start + block_s - 1 >= t_start, step, lambda: running)
+
+    (acc_t,) = jax.lax.fori_loop(
+        0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
+    )
+    o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    do = _load(do_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    dlse = _load(dlse_ref, _mask((block_s, 1), in_s, None), other=0)
+    acc_t_ = acc_t
+    delta = (
+        jnp.sum(
+            _fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+            axis=1,
+            keepdims=True,
+        )
+        - dlse
+    )
+    _store(delta_ref, delta, _mask((block_s, 1), in_s, None))
+    _store(dq_ref, acc_t_.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+
+
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's).
+_attention_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
+
+
+def _attention_backward_dq_gpu(
+    q,
+    k,
+    v,
+    o,
+    do,
+    lse,
+    dlse,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    num_warps,
+    num_stages,
+    scale,
+    interpret,
+):
+    """`attention_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_s, block_t, num_warps, num_stages = _gpu_options(
+        _attention_backward_dq_gpu_options,
+        (b, h, s_, d, t),
+        (block_s, block_t, num_warps, num_stages),
+    )
+    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
+    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _attention_backward_dq_gpu_kernel,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+            scale=scale,
+        ),
+        # One program per element of B, element of H, block of S; programs run concurrently.
+        # Each holds all of D (one block of the next power of two). Each loops over the blocks
+        # of T itself, carrying running values.
+        grid=(b, h, pl.cdiv(s_, block_s)),
+        in_specs=[
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
+            # dlse: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
+        ],
+        out_specs=(
+            # dq: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),  # dq
+            jax.ShapeDtypeStruct((b, h, s_, 1), jnp.float32),  # delta
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="attention_backward_dq",
+    )(q, k, v, o, do, lse, dlse)
+
+
+# `attention_backward_dq` has no Mosaic GPU kernel (fused kernels (several products,
+# computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_t",
+        "block_s",
+        "gpu_block_t",
+        "gpu_block_s",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "scale",
+        "interpret",
+    ),
+)
+def attention_backward_dkdv(
+    q,
+    k,
+    v,
+    do,
+    lse,
+    delta,
+    *,
+    block_t=None,
+    block_s=None,
+    gpu_block_t=None,
+    gpu_block_s=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    scale=0.125,
+    interpret=None,
+):
+    """The backward pass of `attention` (FlashAttention-2), generated from its spec:
+    dk, dv: one pass over S.
+
+    Args:
+      q: bf16[B, H, S, D].
+      k: bf16[B, H, T, D].
+      v: bf16[B, H, T, D].
+      do: bf16[B, H, S, D].
+      lse: f32[B, H, S].
+      delta: f32[B, H, S].
+      block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_attention_backward_dkdv_tpu_blocks), or grown to large steps
+        (_grown), else 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: fused kernels (several products, computed
+        operands, attention) are not on Mosaic GPU yet.
+      scale: a static f32 (default 0.125).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
+    """
+    (q, k, v, do, lse, delta), sizes = _operands(
+        "attention_backward_dkdv",
+        {
+            "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
+            "k": (k, jnp.bfloat16, ("B", "H", "T", "D")),
+            "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
+            "do": (do, jnp.bfloat16, ("B", "H", "S", "D")),
+            "lse": (lse, jnp.float32, ("B", "H", "S")),
+            "delta": (delta, jnp.float32, ("B", "H", "S")),
+        },
+    )
+    _check_blocks("attention_backward_dkdv", block_t=block_t, block_s=block_s, may_be_none=True)
+    _check_blocks(
+        "attention_backward_dkdv",
+        gpu_block_t=gpu_block_t,
+        gpu_block_s=gpu_block_s,
+        may_be_none=True,
+    )
+    b = sizes["B"]
+    h = sizes["H"]
+    t = sizes["T"]
+    d = sizes["D"]
+    s_ = sizes["S"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            attention_backward_dkdv_reference,
+            (((b, h, t, d), jnp.bfloat16), ((b, h, t, d), jnp.bfloat16)),
+            q,
+            k,
+            v,
+            do,
+            lse,
+            delta,
+            scale=scale,
+        )
+    lse = lse.reshape((b, h, 1, s_))  # lse: f32[B, H, S]
+    delta = delta.reshape((b, h, 1, s_))  # delta: f32[B, H, S]
+    return _on_platform(
+        functools.partial(
+            _attention_backward_dkdv_tpu,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            s_=s_,
+            block_t=block_t,
+            block_s=block_s,
+            scale=scale,
+        ),
+        _gpu_kernel(
+            "attention_backward_dkdv",
+            gpu_backend,
+            functools.partial(
+                _attention_backward_dkdv_gpu,
+                b=b,
+                h=h,
+                t=t,
+                d=d,
+                s_=s_,
+                block_t=gpu_block_t,
+                block_s=gpu_block_s,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                scale=scale,
+            ),
+            None,
+        ),
+        interpret,
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+    )
+
+
+def attention_backward_dkdv_reference(q, k, v, do, lse, delta, *, scale=0.125):
+    """`attention_backward_dkdv` in plain jax.numpy, to test the kernel against."""
+    b = q.shape[0]
+    h = q.shape[1]
+    t = k.shape[2]
+    d = q.shape[3]
+    s_ = q.shape[2]
+    q = jnp.transpose(q, (0, 1, 3, 2))[:, :, None, :, :]
+    k = k[:, :, :, :, None]
+    v = v[:, :, :, :, None]
+    do = jnp.transpose(do, (0, 1, 3, 2))[:, :, None, :, :]
+    lse = lse[:, :, None, None, :]
+    delta = delta[:, :, None, None, :]
+    s = jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, s_), 4)
+        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
+        jnp.expand_dims(
+            jnp.einsum(
+                "bhtd,bhds->bhts",
+                jnp.squeeze(k, (4,)),
+                jnp.squeeze(q, (2,)),
+                preferred_element_type=jnp.float32,
+            ),
+            (3,),
+        )
+        * scale,
+        -jnp.inf,
+    )
+    p = jnp.exp(s - lse)
+    dv = jnp.expand_dims(
+        jnp.einsum(
+            "bhts,bhds->bhtd",
+            jnp.squeeze(p.astype(jnp.bfloat16), (3,)),
+            jnp.squeeze(do, (2,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (4,),
+    ).astype(jnp.bfloat16)
+    dp = jnp.expand_dims(
+        jnp.einsum(
+            "bhtd,bhds->bhts",
+            jnp.squeeze(v, (4,)),
+            jnp.squeeze(do, (2,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (3,),
+    )
+    ds = p * (dp - delta)
+    ds_1 = jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, s_), 4)
+        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
+        ds,
+        0,
+    )
+    dk = jnp.expand_dims(
+        jnp.einsum(
+            "bhts,bhds->bhtd",
+            jnp.squeeze((ds_1 * scale).astype(jnp.bfloat16), (3,)),
+            jnp.squeeze(q, (2,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (4,),
+    ).astype(jnp.bfloat16)
+    dk = dk.reshape((b, h, t, d))
+    dv = dv.reshape((b, h, t, d))
+    return dk, dv
+
+
+def _attention_backward_dkdv_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dk_ref,
+    dv_ref,
+    acc_s_ref,
+    acc_s__ref,
+    *,
+    b,
+    h,
+    t,
+    d,
+    s_,
+    block_t,
+    block_s,
+    whole_strips,
+    partial_strips,
+    scale,
+):
+    t_start = pl.program_id(2) * block_t
+    s_start = pl.program_id(3) * block_s
+    step = pl.program_id(3)
+
+    @pl.when(step == 0)
+    def _init():
+        acc_s_ref[...] = jnp.full(acc_s_ref.shape, 0, jnp.float32)
+        acc_s__ref[...] = jnp.full(acc_s__ref.shape, 0, jnp.float32)
+
+    def _strip(
+        q_ref,
+        k_ref,
+        v_ref,
+        do_ref,
+        lse_ref,
+        delta_ref,
+        acc_s_ref,
+        acc_s__ref,
+        t_start,
+        s_start,
+        strip_t,
+        strip_s,
+    ):
+        """A strip of the step's block: the refs are views of its rows and columns, which
+        start at the positions given and hold as many as its extents say."""
+        k = k_ref[...]
+        v = v_ref[...]
+        q = q_ref[...]
+        do = do_ref[...]
+        lse = lse_ref[...]
+        delta = delta_ref[...]
+        s = jnp.where(
+            s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1)
+            >= t_start + jax.lax.broadcasted_iota(jnp.int32, (strip_t, 1), 0),
+            jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            * scale,
+            -jnp.inf,
+        )
+        p = jnp.exp(s - lse)
+        dp = jax.lax.dot_general(
+            v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+        ds = p * (dp - delta)
+        ds_1 = jnp.where(
+            s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1)
+            >= t_start + jax.lax.broadcasted_iota(jnp.int32, (strip_t, 1), 0),
+            ds,
+            0,
+        )
+        acc_s_lhs = p.astype(jnp.bfloat16)
+        acc_s_rhs = do
+        if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
+            acc_s_lhs = _fill_past(acc_s_lhs, s_start, s_, 1, 0)
+            acc_s_rhs = _fill_past(acc_s_rhs, s_start, s_, 0, 0)
+        acc_s_ref[...] = acc_s_ref[...] + jnp.dot(
+            acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32
+        )
+        acc_s__lhs = (ds_1 * scale).astype(jnp.bfloat16)
+        acc_s__rhs = q
+        if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
+            acc_s__lhs = _fill_past(acc_s__lhs, s_start, s_, 1, 0)
+            acc_s__rhs = _fill_past(acc_s__rhs, s_start, s_, 0, 0)
+        acc_s__ref[...] = acc_s__ref[...] + jnp.dot(
+            acc_s__lhs, acc_s__rhs, preferred_element_type=jnp.float32
+        )
+
+    def _add(strips):
+        """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
+        columns start in the block, and how many it takes."""
+        for (row, rows), (col, cols) in strips:
+            if (rows, cols) == (block_t, block_s):  # the whole block: the refs themselves
+                _strip(
+                    q_ref,
+                    k_ref,
+                    v_ref,
+                    do_ref,
+                    lse_ref,
+                    delta_ref,
+                    acc_s_ref,
+                    acc_s__ref,
+                    t_start,
+                    s_start,
+                    block_t,
+                    block_s,
+                )
+            else:
+                _strip(
+                    q_ref.at[pl.ds(col, cols)],
+                    k_ref.at[pl.ds(row, rows)],
+                    v_ref.at[pl.ds(row, rows)],
+                    do_ref.at[pl.ds(col, cols)],
+                    lse_ref.at[:, pl.ds(col, cols)],
+                    delta_ref.at[:, pl.ds(col, cols)],
+                    acc_s_ref.at[pl.ds(row, rows)],
+                    acc_s__ref.at[pl.ds(row, rows)],
+                    t_start + row,
+                    s_start + col,
+                    rows,
+                    cols,
+                )
+
+    # A block where the `where` on positions in the strip's body holds everywhere takes every
+    # column in each strip; one where it holds in part, in each strip only the columns where
+    # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
+    @pl.when(s_start >= t_start + block_t - 1)
+    def _whole_block():
+        _add(whole_strips)
+
+    @pl.when((s_start + block_s - 1 >= t_start) & jnp.logical_not(s_start >= t_start + block_t - 1))
+    def _partial_block():
+        _add(partial_strips)
+
+    @pl.when(step == pl.num_programs(3) - 1)
+    def _finish():
+        acc_s__ = acc_s_ref[...]
+        acc_s___ = acc_s__ref[...]
+        dv_ref[...] = acc_s__.astype(jnp.bfloat16)
+        dk_ref[...] = acc_s___.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_t, block_s) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (B, H, T, D, S) shown, the entry nearest the call's sizes
+# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
+# spec's blocks).
+_attention_backward_dkdv_tpu_blocks = {
+    None: {"default": (128, 128)},
+    "v5e": {"default": (128, 128)},
+    "v6e": {"default": (128, 128)},
+}
+
+
+def _attention_backward_dkdv_tpu(
+    q, k, v, do, lse, delta, *, b, h, t, d, s_, block_t, block_s, scale, interpret
+):
+    """`attention_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_t, block_s = _tpu_blocks(
+        _attention_backward_dkdv_tpu_blocks,
+        (b, h, t, d, s_),
+        (block_t, block_s),
+        grow=functools.partial(
+            _grown,
+            bounds=(min(1 << (t.bit_length() - 1), 4096), min(1 << (s_.bit_length() - 1), 4096)),
+            step=lambda block_t, block_s: (
+                min(block_t, 256) * block_s,
+                4 * block_s * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_s * d
+                + 8 * block_s
+                + 8 * block_s
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_t * d,
+            ),
+        ),
+    )
+    block_t = min(block_t, t)  # a small T is one whole block
+    block_s = min(block_s, s_)  # a small S is one whole block
+    _check_tiling(
+        "attention_backward_dkdv",
+        block_t=(
+            block_t,
+            t,
+            16,
+            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_s=(
+            block_s,
+            s_,
+            128,
+            "S is the last dimension of a block, so it is a multiple of 128",
+        ),
+    )
+    whole_strips, partial_strips = _strips(
+        (block_t, block_s),
+        (pl.cdiv(t, block_t), pl.cdiv(s_, block_s)),
+        height=256,
+        chunk=128,
+        seen=lambda t_start, s_start, block_t, block_s: s_start + block_s - 1 >= t_start,
+        whole=lambda t_start, s_start, block_t, block_s: s_start >= t_start + block_t - 1,
+    )
+    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B +
+    # v 256 B + do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512
+    # B + acc_s__ref 512 B.
+    return pl.pallas_call(
+        functools.partial(
+            _attention_backward_dkdv_kernel,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            s_=s_,
+            block_t=block_t,
+            block_s=block_s,
+            whole_strips=whole_strips,
+            partial_strips=partial_strips,
+            scale=scale,
+        ),
+        # One step per element of B, element of H, block of T, block of S (D taken whole).
+        # Steps along B, H, T are independent (parallel); steps along S accumulate in order
+        # (arbitrary).
+        grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(s_, block_s)),
+        in_specs=[
+            # q: bf16[B, H, S, D]; a skipped step's block is block 0, fetched at most once
+            pl.BlockSpec(
+                (None, None, block_s, d),
+                lambda b, h, i, j: (
+                    b,
+                    h,
+                    jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0),
+                    0,
+                ),
+            ),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
+            # do: bf16[B, H, S, D]; a skipped step's block is block 0, fetched at most once
+            pl.BlockSpec(
+                (None, None, block_s, d),
+                lambda b, h, i, j: (
+                    b,
+                    h,
+                    jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0),
+                    0,
+                ),
+            ),
+            # lse: f32[B, H, S]; a skipped step's block is block 0, fetched at most once
+            pl.BlockSpec(
+                (None, None, 1, block_s),
+                lambda b, h, i, j: (
+                    b,
+                    h,
+                    0,
+                    jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0),
+                ),
+            ),
+            # delta: f32[B, H, S]; a skipped step's block is block 0, fetched at most once
+            pl.BlockSpec(
+                (None, None, 1, block_s),
+                lambda b, h, i, j: (
+                    b,
+                    h,
+                    0,
+                    jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0),
+                ),
+            ),
+        ],
+        out_specs=(
+            # dk: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
+            # dv: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
+            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dv
+        ),
+        scratch_shapes=[
+            # acc_s_ref: the product over S
+            pltpu.VMEM((block_t, d), jnp.float32),
+            # acc_s__ref: the product over S
+            pltpu.VMEM((block_t, d), jnp.float32),
+        ],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
+            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
+            # (rows, 1) value pads to.
+            vmem_limit_bytes=64 * 2**20,
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * b * h * t * s_ * d
+            + 2 * b * h * t * d * s_
+            + 2 * b * h * t * s_ * d
+            + 2 * b * h * t * d * s_,
+            transcendentals=b * h * t * s_,
+            bytes_accessed=_nbytes(q, k, v, do, lse, delta) + b * h * t * d * 2 + b * h * t * d * 2,
+        ),
+        interpret=interpret,
+        name="attention_backward_dkdv",
+    )(q, k, v, do, lse, delta)
+
+
+def _attention_backward_dkdv_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dk_ref,
+    dv_ref,
+    *,
+    b,
+    h,
+    t,
+    d,
+    s_,
+    block_t,
+    block_s,
+    block_d,
+    scale,
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_t = _inside(pl.program_id(2) * block_t, block_t, t)
+    in_d = _inside(0, block_d, d)
+    t_start = pl.program_id(2) * block_t
+    k = _load(k_ref, _mask((block_t, block_d), in_t, in_d), other=0)
+    v = _load(v_ref, _mask((block_t, block_d), in_t, in_d), other=0)
+
+    def accumulate(index, running):
+        s_start = index * block_s
+        in_s = _inside(s_start, block_s, s_)
+
+        def step():
+            acc_s, acc_s_ = running
+            q = _load(
+                q_ref.at[pl.ds(s_start, block_s), :], _mask((block_s, block_d), in_s, in_d), other=0
+            )
+            do = _load(
+                do_ref.at[pl.ds(s_start, block_s), :],
+                _mask((block_s, block_d), in_s, in_d),
+                other=0,
+            )
+            lse = _load(
+                lse_ref.at[:, pl.ds(s_start, block_s)], _mask((1, block_s), None, in_s), other=0
+            )
+            delta = _load(
+                delta_ref.at[:, pl.ds(s_start, block_s)], _mask((1, block_s), None, in_s), other=0
+            )
+            s = jnp.where(
+                s_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_s), 1)
+                >= t_start + jax.lax.broadcasted_iota(jnp.int32, (block_t, 1), 0),
+                jax.lax.dot_general(
+                    k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+                )
+                * scale,
+                -jnp.inf,
+            )
+            p = jnp.exp(s - lse)
+            dp = jax.lax.dot_general(
+                v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+            )
+            ds = p * (dp - delta)
+            ds_1 = jnp.where(
+                s_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_s), 1)
+                >= t_start + jax.lax.broadcasted_iota(jnp.int32, (block_t, 1), 0),
+                ds,
+                0,
+            )
+            acc_s_lhs = p.astype(jnp.bfloat16)
+            acc_s_rhs = do
+            if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
+                acc_s_lhs = _fill_past(acc_s_lhs, s_start, s_, 1, 0)
+                acc_s_rhs = _fill_past(acc_s_rhs, s_start, s_, 0, 0)
+            acc_s = acc_s + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
+            acc_s__lhs = (ds_1 * scale).astype(jnp.bfloat16)
+            acc_s__rhs = q
+            if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
+                acc_s__lhs = _fill_past(acc_s__lhs, s_start, s_, 1, 0)
+                acc_s__rhs = _fill_past(acc_s__rhs, s_start, s_, 0, 0)
+            acc_s_ = acc_s_ + jnp.dot(acc_s__lhs, acc_s__rhs, preferred_element_type=jnp.float32)
+            return acc_s, acc_s_
+
+        # A block where the `where` on positions below is false everywhere adds nothing: skipped.
+        return jax.lax.cond(s_start + block_s - 1 >= t_start, step, lambda: running)
+
+    acc_s, acc_s_ = jax.lax.fori_loop(
+        0,
+        pl.cdiv(s_, block_s),
+        accumulate,
+        (
+            jnp.full((block_t, block_d), 0, jnp.float32),
+            jnp.full((block_t, block_d), 0, jnp.float32),
+        ),
+    )
+    acc_s__ = acc_s
+    acc_s___ = acc_s_
+    _store(dv_ref, acc_s__.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
+    _store(dk_ref, acc_s___.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
+
+
+# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, H, T, D, S) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's).
+_attention_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
+
+
+def _attention_backward_dkdv_gpu(
+    q,
+    k,
+    v,
+    do,
+    lse,
+    delta,
+    *,
+    b,
+    h,
+    t,
+    d,
+    s_,
+    block_t,
+    block_s,
+    num_warps,
+    num_stages,
+    scale,
+    interpret,
+):
+    """`attention_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_t, block_s, num_warps, num_stages = _gpu_options(
+        _attention_backward_dkdv_gpu_options,
+        (b, h, t, d, s_),
+        (block_t, block_s, num_warps, num_stages),
+    )
+    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
+    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _attention_backward_dkdv_gpu_kernel,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            s_=s_,
+            block_t=block_t,
+            block_s=block_s,
+            block_d=block_d,
+            scale=scale,
+        ),
+        # One program per element of B, element of H, block of T; programs run concurrently.
+        # Each holds all of D (one block of the next power of two). Each loops over the blocks
+        # of S itself, carrying running values.
+        grid=(b, h, pl.cdiv(t, block_t)),
+        in_specs=[
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, s_, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, s_, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, s_), lambda b, h, i2: (b, h, 0, 0)),
+            # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, s_), lambda b, h, i2: (b, h, 0, 0)),
+        ],
+        out_specs=(
+            # dk: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # dv: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
+            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dv
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="attention_backward_dkdv",
+    )(q, k, v, do, lse, delta)
+
+
+# `attention_backward_dkdv` has no Mosaic GPU kernel (fused kernels (several products,
+# computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_s",
+        "block_t",
+        "gpu_block_s",
+        "gpu_block_t",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "scale",
+        "interpret",
+    ),
+)
 def attention_dq(
     q,
     k,
@@ -981,16 +2471,17 @@ def attention_dq(
     *,
     block_s=None,
     block_t=None,
-    gpu_block_s=64,
-    gpu_block_t=64,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_s=None,
+    gpu_block_t=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     scale=0.125,
     interpret=None,
 ):
-    """The backward pass of `attention` (FlashAttention-2), written as two kernels that
-    recompute the probabilities from the saved `lse`. dq, and delta = sum(do * o, D) per
+    """The backward pass of `attention` (FlashAttention-2), written by hand as two kernels that
+    recompute the probabilities from the saved `lse` (jax.grad of `attention` runs the same,
+    derived from its spec: attention_backward_dq, attention_backward_dkdv). dq, and delta = sum(do * o, D) per
     query for the next kernel: one pass over T per block of queries.
 
     Args:
@@ -1003,7 +2494,8 @@ def attention_dq(
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_dq_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
@@ -1015,8 +2507,7 @@ def attention_dq(
     Returns:
       dq: bf16[B, H, S, D]; delta: f32[B, H, S].
 
-    Gradients: not generated yet for a matrix product: jax.grad of it raises
-    NotImplementedError.
+    Gradients: none; its spec says `grad none`, and jax.grad of it raises a TypeError.
     """
     (q, k, v, o, do, lse), sizes = _operands(
         "attention_dq",
@@ -1030,7 +2521,9 @@ def attention_dq(
         },
     )
     _check_blocks("attention_dq", block_s=block_s, block_t=block_t, may_be_none=True)
-    _check_blocks("attention_dq", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t)
+    _check_blocks(
+        "attention_dq", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True
+    )
     b = sizes["B"]
     h = sizes["H"]
     s_ = sizes["S"]
@@ -1204,11 +2697,10 @@ def _attention_dq_forward(
 
 
 def _attention_dq_vjp(saved, cotangents):
-    """`attention_dq` has no backward pass yet: none is generated for a matrix product."""
-    raise NotImplementedError(
-        "attention_dq is not differentiable yet: pallasgen generates backward kernels "
-        "for elementwise kernels only, not yet for a matrix product; `grad none` in "
-        "specs/attention.pallas says it is never differentiated"
+    """`attention_dq` has no backward pass: its spec says `grad none`."""
+    raise TypeError(
+        "attention_dq is not differentiable: its spec turns gradients off (`grad "
+        "none` at specs/attention.pallas:32)"
     )
 
 
@@ -1551,6 +3043,13 @@ def _attention_dq_gpu_kernel(
     _store(dq_ref, (acc_t_ * scale).astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
 
 
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's).
+_attention_dq_gpu_options = {None: (64, 64, 4, 1)}
+
+
 def _attention_dq_gpu(
     q,
     k,
@@ -1572,6 +3071,9 @@ def _attention_dq_gpu(
     interpret,
 ):
     """`attention_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_s, block_t, num_warps, num_stages = _gpu_options(
+        _attention_dq_gpu_options, (b, h, s_, d, t), (block_s, block_t, num_warps, num_stages)
+    )
     block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
@@ -1650,10 +3152,10 @@ def attention_dkdv(
     *,
     block_t=None,
     block_s=None,
-    gpu_block_t=64,
-    gpu_block_s=64,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_t=None,
+    gpu_block_s=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     scale=0.125,
     interpret=None,
@@ -1670,7 +3172,8 @@ def attention_dkdv(
       block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_dkdv_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
@@ -1682,8 +3185,7 @@ def attention_dkdv(
     Returns:
       dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
 
-    Gradients: not generated yet for a matrix product: jax.grad of it raises
-    NotImplementedError.
+    Gradients: none; its spec says `grad none`, and jax.grad of it raises a TypeError.
     """
     (q, k, v, do, lse, delta), sizes = _operands(
         "attention_dkdv",
@@ -1697,7 +3199,9 @@ def attention_dkdv(
         },
     )
     _check_blocks("attention_dkdv", block_t=block_t, block_s=block_s, may_be_none=True)
-    _check_blocks("attention_dkdv", gpu_block_t=gpu_block_t, gpu_block_s=gpu_block_s)
+    _check_blocks(
+        "attention_dkdv", gpu_block_t=gpu_block_t, gpu_block_s=gpu_block_s, may_be_none=True
+    )
     b = sizes["B"]
     h = sizes["H"]
     t = sizes["T"]
@@ -1874,11 +3378,10 @@ def _attention_dkdv_forward(
 
 
 def _attention_dkdv_vjp(saved, cotangents):
-    """`attention_dkdv` has no backward pass yet: none is generated for a matrix product."""
-    raise NotImplementedError(
-        "attention_dkdv is not differentiable yet: pallasgen generates backward "
-        "kernels for elementwise kernels only, not yet for a matrix product; `grad "
-        "none` in specs/attention.pallas says it is never differentiated"
+    """`attention_dkdv` has no backward pass: its spec says `grad none`."""
+    raise TypeError(
+        "attention_dkdv is not differentiable: its spec turns gradients off (`grad "
+        "none` at specs/attention.pallas:49)"
     )
 
 
@@ -2269,6 +3772,13 @@ def _attention_dkdv_gpu_kernel(
     _store(dk_ref, (acc_s___ * scale).astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
 
 
+# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, H, T, D, S) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's).
+_attention_dkdv_gpu_options = {None: (64, 64, 4, 1)}
+
+
 def _attention_dkdv_gpu(
     q,
     k,
@@ -2290,6 +3800,9 @@ def _attention_dkdv_gpu(
     interpret,
 ):
     """`attention_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_t, block_s, num_warps, num_stages = _gpu_options(
+        _attention_dkdv_gpu_options, (b, h, t, d, s), (block_t, block_s, num_warps, num_stages)
+    )
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_s = max(16, min(block_s, pl.next_power_of_2(s)))  # a small S is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
@@ -2365,10 +3878,10 @@ def attention_full(
     *,
     block_s=None,
     block_t=None,
-    gpu_block_s=64,
-    gpu_block_t=64,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_s=None,
+    gpu_block_t=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     scale=0.125,
     interpret=None,
@@ -2382,7 +3895,8 @@ def attention_full(
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_full_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
@@ -2394,8 +3908,8 @@ def attention_full(
     Returns:
       o: bf16[B, H, S, D].
 
-    Gradients: not generated yet for a matrix product: jax.grad of it raises
-    NotImplementedError.
+    Gradients: jax.grad runs the generated backward kernels attention_full_backward_dq,
+    attention_full_backward_dkdv (_attention_full_vjp).
     """
     (q, k, v), sizes = _operands(
         "attention_full",
@@ -2406,7 +3920,9 @@ def attention_full(
         },
     )
     _check_blocks("attention_full", block_s=block_s, block_t=block_t, may_be_none=True)
-    _check_blocks("attention_full", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t)
+    _check_blocks(
+        "attention_full", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True
+    )
     b = sizes["B"]
     h = sizes["H"]
     s = sizes["S"]
@@ -2434,10 +3950,27 @@ def attention_full(
             scale=scale,
             interpret=interpret,
         ),
-        _attention_full_vjp,
+        functools.partial(_attention_full_vjp, scale=scale, interpret=interpret),
         q,
         k,
         v,
+        saving=functools.partial(
+            _attention_full_saving,
+            b=b,
+            h=h,
+            s=s,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            gpu_block_s=gpu_block_s,
+            gpu_block_t=gpu_block_t,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            scale=scale,
+            interpret=interpret,
+        ),
     )
 
 
@@ -2539,13 +4072,57 @@ def _attention_full_forward(
     )
 
 
-def _attention_full_vjp(saved, cotangents):
-    """`attention_full` has no backward pass yet: none is generated for a matrix product."""
-    raise NotImplementedError(
-        "attention_full is not differentiable yet: pallasgen generates backward "
-        "kernels for elementwise kernels only, not yet for a matrix product; `grad "
-        "none` in specs/attention.pallas says it is never differentiated"
+def _attention_full_saving(
+    q,
+    k,
+    v,
+    *,
+    b,
+    h,
+    s,
+    d,
+    t,
+    block_s,
+    block_t,
+    gpu_block_s,
+    gpu_block_t,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    scale,
+    interpret,
+):
+    """`attention_full` forward under jax.grad, by attention_full_with_residuals: its outputs,
+    and what its backward kernels read (q, k, v, o, lse).
+    """
+    o, lse = attention_full_with_residuals(
+        q,
+        k,
+        v,
+        block_s=block_s,
+        block_t=block_t,
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        gpu_warps=gpu_warps,
+        gpu_stages=gpu_stages,
+        gpu_backend=gpu_backend,
+        scale=scale,
+        interpret=interpret,
     )
+    return o, (q, k, v, o, lse)
+
+
+def _attention_full_vjp(saved, cotangents, *, scale, interpret):
+    """The cotangents of `attention_full`'s inputs from those of its outputs, for jax.grad, by
+    the generated backward kernels attention_full_backward_dq, attention_full_backward_dkdv.
+    The forward pass saves its inputs (q, k, v) and nothing else: the backward kernels
+    recompute the values they need from them.
+    """
+    q, k, v, o, lse = saved
+    do = cotangents
+    dq, delta = attention_full_backward_dq(q, k, v, o, do, lse, scale=scale, interpret=interpret)
+    dk, dv = attention_full_backward_dkdv(q, k, v, do, lse, delta, scale=scale, interpret=interpret)
+    return dq, dk, dv
 
 
 def _attention_full_kernel(
@@ -2792,10 +4369,20 @@ def _attention_full_gpu_kernel(
     _store(o_ref, acc_t_.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
 
 
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's).
+_attention_full_gpu_options = {None: (64, 64, 4, 1)}
+
+
 def _attention_full_gpu(
     q, k, v, *, b, h, s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`attention_full` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_s, block_t, num_warps, num_stages = _gpu_options(
+        _attention_full_gpu_options, (b, h, s, d, t), (block_s, block_t, num_warps, num_stages)
+    )
     block_s = max(16, min(block_s, pl.next_power_of_2(s)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
@@ -2851,6 +4438,1611 @@ def _attention_full_gpu(
         "interpret",
     ),
 )
+def attention_full_with_residuals(
+    q,
+    k,
+    v,
+    *,
+    block_s=None,
+    block_t=None,
+    gpu_block_s=None,
+    gpu_block_t=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    scale=0.125,
+    interpret=None,
+):
+    """`attention_full` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (lse).
+
+    Args:
+      q: bf16[B, H, S, D].
+      k: bf16[B, H, T, D].
+      v: bf16[B, H, T, D].
+      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_attention_full_with_residuals_tpu_blocks), or grown to large steps
+        (_grown), else 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: fused kernels (several products, computed
+        operands, attention) are not on Mosaic GPU yet.
+      scale: a static f32 (default 0.125).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      o: bf16[B, H, S, D]; lse: f32[B, H, S].
+    """
+    (q, k, v), sizes = _operands(
+        "attention_full_with_residuals",
+        {
+            "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
+            "k": (k, jnp.bfloat16, ("B", "H", "T", "D")),
+            "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
+        },
+    )
+    _check_blocks(
+        "attention_full_with_residuals", block_s=block_s, block_t=block_t, may_be_none=True
+    )
+    _check_blocks(
+        "attention_full_with_residuals",
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        may_be_none=True,
+    )
+    b = sizes["B"]
+    h = sizes["H"]
+    s = sizes["S"]
+    d = sizes["D"]
+    t = sizes["T"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            attention_full_with_residuals_reference,
+            (((b, h, s, d), jnp.bfloat16), ((b, h, s), jnp.float32)),
+            q,
+            k,
+            v,
+            scale=scale,
+        )
+    o, lse = _on_platform(
+        functools.partial(
+            _attention_full_with_residuals_tpu,
+            b=b,
+            h=h,
+            s=s,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            scale=scale,
+        ),
+        _gpu_kernel(
+            "attention_full_with_residuals",
+            gpu_backend,
+            functools.partial(
+                _attention_full_with_residuals_gpu,
+                b=b,
+                h=h,
+                s=s,
+                d=d,
+                t=t,
+                block_s=gpu_block_s,
+                block_t=gpu_block_t,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                scale=scale,
+            ),
+            None,
+        ),
+        interpret,
+        q,
+        k,
+        v,
+    )
+    lse = lse.reshape((b, h, s))  # the kernel holds it with size 1 along the dimensions it lacks
+    return o, lse
+
+
+def attention_full_with_residuals_reference(q, k, v, *, scale=0.125):
+    """`attention_full_with_residuals` in plain jax.numpy, to test the kernel against."""
+    b = q.shape[0]
+    h = q.shape[1]
+    s = q.shape[2]
+    d = q.shape[3]
+    t = k.shape[2]
+    q = q[:, :, :, :, None]
+    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
+    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
+    o = jnp.expand_dims(
+        jnp.einsum(
+            "bhst,bhdt->bhsd",
+            jnp.squeeze(
+                jax.nn.softmax(
+                    (
+                        jnp.expand_dims(
+                            jnp.einsum(
+                                "bhsd,bhdt->bhst",
+                                jnp.squeeze(q, (4,)),
+                                jnp.squeeze(k, (2,)),
+                                preferred_element_type=jnp.float32,
+                            ),
+                            (3,),
+                        )
+                        * scale
+                    ),
+                    axis=4,
+                ),
+                (3,),
+            ),
+            jnp.squeeze(v, (2,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (4,),
+    ).astype(jnp.bfloat16)
+    lse = jax.nn.logsumexp(
+        (
+            jnp.expand_dims(
+                jnp.einsum(
+                    "bhsd,bhdt->bhst",
+                    jnp.squeeze(q, (4,)),
+                    jnp.squeeze(k, (2,)),
+                    preferred_element_type=jnp.float32,
+                ),
+                (3,),
+            )
+            * scale
+        ),
+        axis=4,
+        keepdims=True,
+    )
+    o = o.reshape((b, h, s, d))
+    lse = lse.reshape((b, h, s))
+    return o, lse
+
+
+def _attention_full_with_residuals_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    lse_ref,
+    max_t_ref,
+    sum_exp_t_ref,
+    acc_t_ref,
+    *,
+    b,
+    h,
+    s,
+    d,
+    t,
+    block_s,
+    block_t,
+    scale,
+):
+    t_start = pl.program_id(3) * block_t
+    step = pl.program_id(3)
+
+    @pl.when(step == 0)
+    def _init():
+        max_t_ref[...] = jnp.full(max_t_ref.shape, -jnp.inf, jnp.float32)
+        sum_exp_t_ref[...] = jnp.full(sum_exp_t_ref.shape, 0.0, jnp.float32)
+        acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
+
+    q = q_ref[...]
+    k = k_ref[...]
+    v = v_ref[...]
+    max_t_block = (
+        jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        * scale
+    )
+    if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
+        max_t_block = _fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+    max_t_previous = max_t_ref[...]
+    max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
+    max_t_shift = jnp.where(
+        max_t_new > -jnp.inf, max_t_new, 0.0
+    )  # a row of -inf so far subtracts 0
+    max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
+    max_t_ref[...] = max_t_new
+    sum_exp_t_terms = jnp.exp(
+        jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        * scale
+        - max_t_shift
+    )
+    sum_exp_t_block = sum_exp_t_terms
+    if t % block_t:  # a ragged T: 0.0 past its end, never padding
+        sum_exp_t_block = _fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+    sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(
+        sum_exp_t_block, axis=1, keepdims=True
+    )
+    acc_t_lhs = sum_exp_t_terms
+    acc_t_rhs = v.astype(jnp.float32)
+    if t % block_t:  # a ragged T: both operands 0 past its end, never padding
+        acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
+        acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+    acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(
+        acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
+    )
+
+    @pl.when(step == pl.num_programs(3) - 1)
+    def _finish():
+        max_t_ = max_t_ref[...]
+        sum_exp_t_ = sum_exp_t_ref[...]
+        acc_t_ = acc_t_ref[...] / sum_exp_t_
+        o_ref[...] = acc_t_.astype(jnp.bfloat16)
+        lse_ref[...] = _logsumexp_finish(max_t_, sum_exp_t_)
+
+
+# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
+# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
+# spec's blocks).
+_attention_full_with_residuals_tpu_blocks = {
+    None: {"default": (128, 128)},
+    "v5e": {"default": (128, 128)},
+    "v6e": {"default": (128, 128)},
+}
+
+
+def _attention_full_with_residuals_tpu(
+    q, k, v, *, b, h, s, d, t, block_s, block_t, scale, interpret
+):
+    """`attention_full_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_s, block_t = _tpu_blocks(
+        _attention_full_with_residuals_tpu_blocks,
+        (b, h, s, d, t),
+        (block_s, block_t),
+        grow=functools.partial(
+            _grown,
+            bounds=(min(s, 1024), min(t, 1024)),
+            step=lambda block_s, block_t: (
+                block_s * block_t,
+                4 * block_s * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_s * d
+                + 8 * block_s
+                + 4 * block_s
+                + 4 * block_s
+                + 4 * block_s * d,
+            ),
+        ),
+    )
+    block_s = min(block_s, s)  # a small S is one whole block
+    block_t = min(block_t, t)  # a small T is one whole block
+    _check_tiling(
+        "attention_full_with_residuals",
+        block_s=(
+            block_s,
+            s,
+            16,
+            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_t=(
+            block_t,
+            t,
+            16,
+            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B +
+    # v 256 B + o 256 B + lse 512 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref
+    # 512 B.
+    return pl.pallas_call(
+        functools.partial(
+            _attention_full_with_residuals_kernel,
+            b=b,
+            h=h,
+            s=s,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            scale=scale,
+        ),
+        # One step per element of B, element of H, block of S, block of T (D taken whole).
+        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
+        # (arbitrary).
+        grid=(b, h, pl.cdiv(s, block_s), pl.cdiv(t, block_t)),
+        in_specs=[
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),
+        ],
+        out_specs=(
+            # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, h, s, d), jnp.bfloat16),  # o
+            jax.ShapeDtypeStruct((b, h, s, 1), jnp.float32),  # lse
+        ),
+        scratch_shapes=[
+            # max_t_ref: the running max over T
+            pltpu.VMEM((block_s, 1), jnp.float32),
+            # sum_exp_t_ref: the sum of exp(value - its running max) over T
+            pltpu.VMEM((block_s, 1), jnp.float32),
+            # acc_t_ref: the product over T
+            pltpu.VMEM((block_s, d), jnp.float32),
+        ],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                4 * block_s * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_s * d
+                + 8 * block_s
+                + 4 * block_s
+                + 4 * block_s
+                + 4 * block_s * d
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * b * h * s * d * t + 2 * b * h * s * t * d + 2 * b * h * s * t * d,
+            transcendentals=b * h * s * t + b * h * s,
+            bytes_accessed=_nbytes(q, k, v) + b * h * s * d * 2 + b * h * s * 4,
+        ),
+        interpret=interpret,
+        name="attention_full_with_residuals",
+    )(q, k, v)
+
+
+def _attention_full_with_residuals_gpu_kernel(
+    q_ref, k_ref, v_ref, o_ref, lse_ref, *, b, h, s, d, t, block_s, block_t, block_d, scale
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_s = _inside(pl.program_id(2) * block_s, block_s, s)
+    in_d = _inside(0, block_d, d)
+    q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+
+    def accumulate(index, running):
+        t_start = index * block_t
+        in_t = _inside(t_start, block_t, t)
+        max_t, sum_exp_t, acc_t = running
+        k = _load(
+            k_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+        )
+        v = _load(
+            v_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+        )
+        max_t_block = (
+            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            * scale
+        )
+        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
+            max_t_block = _fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+        max_t_previous = max_t
+        max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
+        max_t_shift = jnp.where(
+            max_t_new > -jnp.inf, max_t_new, 0.0
+        )  # a row of -inf so far subtracts 0
+        max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
+        max_t = max_t_new
+        sum_exp_t_terms = jnp.exp(
+            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            * scale
+            - max_t_shift
+        )
+        sum_exp_t_block = sum_exp_t_terms
+        if t % block_t:  # a ragged T: 0.0 past its end, never padding
+            sum_exp_t_block = _fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+        sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
+        acc_t_lhs = sum_exp_t_terms
+        acc_t_rhs = v.astype(jnp.float32)
+        if t % block_t:  # a ragged T: both operands 0 past its end, never padding
+            acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
+            acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+        acc_t = max_t_rescale * acc_t + jnp.dot(
+            acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
+        )
+        return max_t, sum_exp_t, acc_t
+
+    max_t, sum_exp_t, acc_t = jax.lax.fori_loop(
+        0,
+        pl.cdiv(t, block_t),
+        accumulate,
+        (
+            jnp.full((block_s, 1), -jnp.inf, jnp.float32),
+            jnp.full((block_s, 1), 0.0, jnp.float32),
+            jnp.full((block_s, block_d), 0, jnp.float32),
+        ),
+    )
+    max_t_ = max_t
+    sum_exp_t_ = sum_exp_t
+    acc_t_ = acc_t / sum_exp_t_
+    _store(o_ref, acc_t_.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+    _store(lse_ref, _logsumexp_finish(max_t_, sum_exp_t_), _mask((block_s, 1), in_s, None))
+
+
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's).
+_attention_full_with_residuals_gpu_options = {None: (64, 64, 4, 1)}
+
+
+def _attention_full_with_residuals_gpu(
+    q, k, v, *, b, h, s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
+):
+    """`attention_full_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_s, block_t, num_warps, num_stages = _gpu_options(
+        _attention_full_with_residuals_gpu_options,
+        (b, h, s, d, t),
+        (block_s, block_t, num_warps, num_stages),
+    )
+    block_s = max(16, min(block_s, pl.next_power_of_2(s)))  # a small S is one masked block
+    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
+    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _attention_full_with_residuals_gpu_kernel,
+            b=b,
+            h=h,
+            s=s,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+            scale=scale,
+        ),
+        # One program per element of B, element of H, block of S; programs run concurrently.
+        # Each holds all of D (one block of the next power of two). Each loops over the blocks
+        # of T itself, carrying running values.
+        grid=(b, h, pl.cdiv(s, block_s)),
+        in_specs=[
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
+        ],
+        out_specs=(
+            # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, h, s, d), jnp.bfloat16),  # o
+            jax.ShapeDtypeStruct((b, h, s, 1), jnp.float32),  # lse
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="attention_full_with_residuals",
+    )(q, k, v)
+
+
+# `attention_full_with_residuals` has no Mosaic GPU kernel (fused kernels (several
+# products, computed operands, attention) are not on Mosaic GPU yet): it runs on
+# Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_s",
+        "block_t",
+        "gpu_block_s",
+        "gpu_block_t",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "scale",
+        "interpret",
+    ),
+)
+def attention_full_backward_dq(
+    q,
+    k,
+    v,
+    o,
+    do,
+    lse,
+    *,
+    block_s=None,
+    block_t=None,
+    gpu_block_s=None,
+    gpu_block_t=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    scale=0.125,
+    interpret=None,
+):
+    """The backward pass of `attention_full` (FlashAttention-2), generated from its spec:
+    dq, and delta = sum(do * o) per query: one pass over T.
+
+    Args:
+      q: bf16[B, H, S, D].
+      k: bf16[B, H, T, D].
+      v: bf16[B, H, T, D].
+      o: bf16[B, H, S, D].
+      do: bf16[B, H, S, D].
+      lse: f32[B, H, S].
+      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_attention_full_backward_dq_tpu_blocks), or grown to large steps
+        (_grown), else 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: fused kernels (several products, computed
+        operands, attention) are not on Mosaic GPU yet.
+      scale: a static f32 (default 0.125).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dq: bf16[B, H, S, D]; delta: f32[B, H, S].
+    """
+    (q, k, v, o, do, lse), sizes = _operands(
+        "attention_full_backward_dq",
+        {
+            "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
+            "k": (k, jnp.bfloat16, ("B", "H", "T", "D")),
+            "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
+            "o": (o, jnp.bfloat16, ("B", "H", "S", "D")),
+            "do": (do, jnp.bfloat16, ("B", "H", "S", "D")),
+            "lse": (lse, jnp.float32, ("B", "H", "S")),
+        },
+    )
+    _check_blocks("attention_full_backward_dq", block_s=block_s, block_t=block_t, may_be_none=True)
+    _check_blocks(
+        "attention_full_backward_dq",
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        may_be_none=True,
+    )
+    b = sizes["B"]
+    h = sizes["H"]
+    s_ = sizes["S"]
+    d = sizes["D"]
+    t = sizes["T"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            attention_full_backward_dq_reference,
+            (((b, h, s_, d), jnp.bfloat16), ((b, h, s_), jnp.float32)),
+            q,
+            k,
+            v,
+            o,
+            do,
+            lse,
+            scale=scale,
+        )
+    lse = lse.reshape((b, h, s_, 1))  # lse: f32[B, H, S]
+    dq, delta = _on_platform(
+        functools.partial(
+            _attention_full_backward_dq_tpu,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            scale=scale,
+        ),
+        _gpu_kernel(
+            "attention_full_backward_dq",
+            gpu_backend,
+            functools.partial(
+                _attention_full_backward_dq_gpu,
+                b=b,
+                h=h,
+                s_=s_,
+                d=d,
+                t=t,
+                block_s=gpu_block_s,
+                block_t=gpu_block_t,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                scale=scale,
+            ),
+            None,
+        ),
+        interpret,
+        q,
+        k,
+        v,
+        o,
+        do,
+        lse,
+    )
+    delta = delta.reshape(
+        (b, h, s_)
+    )  # the kernel holds it with size 1 along the dimensions it lacks
+    return dq, delta
+
+
+def attention_full_backward_dq_reference(q, k, v, o, do, lse, *, scale=0.125):
+    """`attention_full_backward_dq` in plain jax.numpy, to test the kernel against."""
+    b = q.shape[0]
+    h = q.shape[1]
+    s_ = q.shape[2]
+    d = q.shape[3]
+    t = k.shape[2]
+    q = q[:, :, :, :, None]
+    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
+    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
+    o = o[:, :, :, :, None]
+    do = do[:, :, :, :, None]
+    lse = lse[:, :, :, None, None]
+    s = (
+        jnp.expand_dims(
+            jnp.einsum(
+                "bhsd,bhdt->bhst",
+                jnp.squeeze(q, (4,)),
+                jnp.squeeze(k, (2,)),
+                preferred_element_type=jnp.float32,
+            ),
+            (3,),
+        )
+        * scale
+    )
+    p = jnp.exp(s - lse)
+    dp = jnp.expand_dims(
+        jnp.einsum(
+            "bhsd,bhdt->bhst",
+            jnp.squeeze(do, (4,)),
+            jnp.squeeze(v, (2,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (3,),
+    )
+    delta = jnp.sum(
+        (do.astype(jnp.float32) * o.astype(jnp.float32)), axis=3, keepdims=True, dtype=jnp.float32
+    )
+    ds = p * (dp - delta)
+    dq = jnp.expand_dims(
+        jnp.einsum(
+            "bhst,bhdt->bhsd",
+            jnp.squeeze((ds * scale).astype(jnp.bfloat16), (3,)),
+            jnp.squeeze(k, (2,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (4,),
+    ).astype(jnp.bfloat16)
+    dq = dq.reshape((b, h, s_, d))
+    delta = delta.reshape((b, h, s_))
+    return dq, delta
+
+
+def _attention_full_backward_dq_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    do_ref,
+    lse_ref,
+    dq_ref,
+    delta_ref,
+    acc_t_ref,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    scale,
+):
+    t_start = pl.program_id(3) * block_t
+    step = pl.program_id(3)
+
+    @pl.when(step == 0)
+    def _init():
+        acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
+
+    q = q_ref[...]
+    o = o_ref[...]
+    do = do_ref[...]
+    lse = lse_ref[...]
+    k = k_ref[...]
+    v = v_ref[...]
+    s = (
+        jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        * scale
+    )
+    p = jnp.exp(s - lse)
+    dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
+    ds = p * (dp - delta)
+    acc_t_lhs = (ds * scale).astype(jnp.bfloat16)
+    acc_t_rhs = k
+    if t % block_t:  # a ragged T: both operands 0 past its end, never padding
+        acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
+        acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+    acc_t_ref[...] = acc_t_ref[...] + jnp.dot(
+        acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
+    )
+
+    @pl.when(step == pl.num_programs(3) - 1)
+    def _finish():
+        o = o_ref[...]
+        do = do_ref[...]
+        acc_t_ = acc_t_ref[...]
+        delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
+        delta_ref[...] = delta
+        dq_ref[...] = acc_t_.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
+# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
+# spec's blocks).
+_attention_full_backward_dq_tpu_blocks = {
+    None: {"default": (128, 128)},
+    "v5e": {"default": (128, 128)},
+    "v6e": {"default": (128, 128)},
+}
+
+
+def _attention_full_backward_dq_tpu(
+    q, k, v, o, do, lse, *, b, h, s_, d, t, block_s, block_t, scale, interpret
+):
+    """`attention_full_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_s, block_t = _tpu_blocks(
+        _attention_full_backward_dq_tpu_blocks,
+        (b, h, s_, d, t),
+        (block_s, block_t),
+        grow=functools.partial(
+            _grown,
+            bounds=(min(s_, 1024), min(t, 1024)),
+            step=lambda block_s, block_t: (
+                block_s * block_t,
+                4 * block_s * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_s * d
+                + 4 * block_s * d
+                + 8 * block_s
+                + 4 * block_s * d
+                + 8 * block_s
+                + 4 * block_s * d,
+            ),
+        ),
+    )
+    block_s = min(block_s, s_)  # a small S is one whole block
+    block_t = min(block_t, t)  # a small T is one whole block
+    _check_tiling(
+        "attention_full_backward_dq",
+        block_s=(
+            block_s,
+            s_,
+            16,
+            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_t=(
+            block_t,
+            t,
+            16,
+            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B +
+    # v 256 B + o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512
+    # B.
+    return pl.pallas_call(
+        functools.partial(
+            _attention_full_backward_dq_kernel,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            scale=scale,
+        ),
+        # One step per element of B, element of H, block of S, block of T (D taken whole).
+        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
+        # (arbitrary).
+        grid=(b, h, pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        in_specs=[
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, j, 0)),
+            # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
+            # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
+        ],
+        out_specs=(
+            # dq: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
+            # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),  # dq
+            jax.ShapeDtypeStruct((b, h, s_, 1), jnp.float32),  # delta
+        ),
+        # acc_t_ref: the product over T
+        scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                4 * block_s * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_s * d
+                + 4 * block_s * d
+                + 8 * block_s
+                + 4 * block_s * d
+                + 8 * block_s
+                + 4 * block_s * d
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * b * h * s_ * t * d + 2 * b * h * s_ * t * d + 2 * b * h * s_ * d * t,
+            transcendentals=b * h * s_ * t,
+            bytes_accessed=_nbytes(q, k, v, o, do, lse) + b * h * s_ * d * 2 + b * h * s_ * 4,
+        ),
+        interpret=interpret,
+        name="attention_full_backward_dq",
+    )(q, k, v, o, do, lse)
+
+
+def _attention_full_backward_dq_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    do_ref,
+    lse_ref,
+    dq_ref,
+    delta_ref,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    block_d,
+    scale,
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_s = _inside(pl.program_id(2) * block_s, block_s, s_)
+    in_d = _inside(0, block_d, d)
+    q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    do = _load(do_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    lse = _load(lse_ref, _mask((block_s, 1), in_s, None), other=0)
+
+    def accumulate(index, running):
+        t_start = index * block_t
+        in_t = _inside(t_start, block_t, t)
+        (acc_t,) = running
+        k = _load(
+            k_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+        )
+        v = _load(
+            v_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+        )
+        s = (
+            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            * scale
+        )
+        p = jnp.exp(s - lse)
+        dp = jax.lax.dot_general(
+            do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+        delta = jnp.sum(
+            _fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+            axis=1,
+            keepdims=True,
+        )
+        ds = p * (dp - delta)
+        acc_t_lhs = (ds * scale).astype(jnp.bfloat16)
+        acc_t_rhs = k
+        if t % block_t:  # a ragged T: both operands 0 past its end, never padding
+            acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
+            acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+        acc_t = acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
+        return (acc_t,)
+
+    (acc_t,) = jax.lax.fori_loop(
+        0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
+    )
+    o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    do = _load(do_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    acc_t_ = acc_t
+    delta = jnp.sum(
+        _fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+        axis=1,
+        keepdims=True,
+    )
+    _store(delta_ref, delta, _mask((block_s, 1), in_s, None))
+    _store(dq_ref, acc_t_.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+
+
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's).
+_attention_full_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
+
+
+def _attention_full_backward_dq_gpu(
+    q,
+    k,
+    v,
+    o,
+    do,
+    lse,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    num_warps,
+    num_stages,
+    scale,
+    interpret,
+):
+    """`attention_full_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_s, block_t, num_warps, num_stages = _gpu_options(
+        _attention_full_backward_dq_gpu_options,
+        (b, h, s_, d, t),
+        (block_s, block_t, num_warps, num_stages),
+    )
+    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
+    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _attention_full_backward_dq_gpu_kernel,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+            scale=scale,
+        ),
+        # One program per element of B, element of H, block of S; programs run concurrently.
+        # Each holds all of D (one block of the next power of two). Each loops over the blocks
+        # of T itself, carrying running values.
+        grid=(b, h, pl.cdiv(s_, block_s)),
+        in_specs=[
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
+        ],
+        out_specs=(
+            # dq: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),  # dq
+            jax.ShapeDtypeStruct((b, h, s_, 1), jnp.float32),  # delta
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="attention_full_backward_dq",
+    )(q, k, v, o, do, lse)
+
+
+# `attention_full_backward_dq` has no Mosaic GPU kernel (fused kernels (several
+# products, computed operands, attention) are not on Mosaic GPU yet): it runs on
+# Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_t",
+        "block_s",
+        "gpu_block_t",
+        "gpu_block_s",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "scale",
+        "interpret",
+    ),
+)
+def attention_full_backward_dkdv(
+    q,
+    k,
+    v,
+    do,
+    lse,
+    delta,
+    *,
+    block_t=None,
+    block_s=None,
+    gpu_block_t=None,
+    gpu_block_s=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    scale=0.125,
+    interpret=None,
+):
+    """The backward pass of `attention_full` (FlashAttention-2), generated from its spec:
+    dk, dv: one pass over S.
+
+    Args:
+      q: bf16[B, H, S, D].
+      k: bf16[B, H, T, D].
+      v: bf16[B, H, T, D].
+      do: bf16[B, H, S, D].
+      lse: f32[B, H, S].
+      delta: f32[B, H, S].
+      block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_attention_full_backward_dkdv_tpu_blocks), or grown to large steps
+        (_grown), else 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: fused kernels (several products, computed
+        operands, attention) are not on Mosaic GPU yet.
+      scale: a static f32 (default 0.125).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
+    """
+    (q, k, v, do, lse, delta), sizes = _operands(
+        "attention_full_backward_dkdv",
+        {
+            "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
+            "k": (k, jnp.bfloat16, ("B", "H", "T", "D")),
+            "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
+            "do": (do, jnp.bfloat16, ("B", "H", "S", "D")),
+            "lse": (lse, jnp.float32, ("B", "H", "S")),
+            "delta": (delta, jnp.float32, ("B", "H", "S")),
+        },
+    )
+    _check_blocks(
+        "attention_full_backward_dkdv", block_t=block_t, block_s=block_s, may_be_none=True
+    )
+    _check_blocks(
+        "attention_full_backward_dkdv",
+        gpu_block_t=gpu_block_t,
+        gpu_block_s=gpu_block_s,
+        may_be_none=True,
+    )
+    b = sizes["B"]
+    h = sizes["H"]
+    t = sizes["T"]
+    d = sizes["D"]
+    s_ = sizes["S"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            attention_full_backward_dkdv_reference,
+            (((b, h, t, d), jnp.bfloat16), ((b, h, t, d), jnp.bfloat16)),
+            q,
+            k,
+            v,
+            do,
+            lse,
+            delta,
+            scale=scale,
+        )
+    lse = lse.reshape((b, h, 1, s_))  # lse: f32[B, H, S]
+    delta = delta.reshape((b, h, 1, s_))  # delta: f32[B, H, S]
+    return _on_platform(
+        functools.partial(
+            _attention_full_backward_dkdv_tpu,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            s_=s_,
+            block_t=block_t,
+            block_s=block_s,
+            scale=scale,
+        ),
+        _gpu_kernel(
+            "attention_full_backward_dkdv",
+            gpu_backend,
+            functools.partial(
+                _attention_full_backward_dkdv_gpu,
+                b=b,
+                h=h,
+                t=t,
+                d=d,
+                s_=s_,
+                block_t=gpu_block_t,
+                block_s=gpu_block_s,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                scale=scale,
+            ),
+            None,
+        ),
+        interpret,
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+    )
+
+
+def attention_full_backward_dkdv_reference(q, k, v, do, lse, delta, *, scale=0.125):
+    """`attention_full_backward_dkdv` in plain jax.numpy, to test the kernel against."""
+    b = q.shape[0]
+    h = q.shape[1]
+    t = k.shape[2]
+    d = q.shape[3]
+    s_ = q.shape[2]
+    q = jnp.transpose(q, (0, 1, 3, 2))[:, :, None, :, :]
+    k = k[:, :, :, :, None]
+    v = v[:, :, :, :, None]
+    do = jnp.transpose(do, (0, 1, 3, 2))[:, :, None, :, :]
+    lse = lse[:, :, None, None, :]
+    delta = delta[:, :, None, None, :]
+    s = (
+        jnp.expand_dims(
+            jnp.einsum(
+                "bhtd,bhds->bhts",
+                jnp.squeeze(k, (4,)),
+                jnp.squeeze(q, (2,)),
+                preferred_element_type=jnp.float32,
+            ),
+            (3,),
+        )
+        * scale
+    )
+    p = jnp.exp(s - lse)
+    dv = jnp.expand_dims(
+        jnp.einsum(
+            "bhts,bhds->bhtd",
+            jnp.squeeze(p.astype(jnp.bfloat16), (3,)),
+            jnp.squeeze(do, (2,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (4,),
+    ).astype(jnp.bfloat16)
+    dp = jnp.expand_dims(
+        jnp.einsum(
+            "bhtd,bhds->bhts",
+            jnp.squeeze(v, (4,)),
+            jnp.squeeze(do, (2,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (3,),
+    )
+    ds = p * (dp - delta)
+    dk = jnp.expand_dims(
+        jnp.einsum(
+            "bhts,bhds->bhtd",
+            jnp.squeeze((ds * scale).astype(jnp.bfloat16), (3,)),
+            jnp.squeeze(q, (2,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (4,),
+    ).astype(jnp.bfloat16)
+    dk = dk.reshape((b, h, t, d))
+    dv = dv.reshape((b, h, t, d))
+    return dk, dv
+
+
+def _attention_full_backward_dkdv_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dk_ref,
+    dv_ref,
+    acc_s_ref,
+    acc_s__ref,
+    *,
+    b,
+    h,
+    t,
+    d,
+    s_,
+    block_t,
+    block_s,
+    scale,
+):
+    s_start = pl.program_id(3) * block_s
+    step = pl.program_id(3)
+
+    @pl.when(step == 0)
+    def _init():
+        acc_s_ref[...] = jnp.full(acc_s_ref.shape, 0, jnp.float32)
+        acc_s__ref[...] = jnp.full(acc_s__ref.shape, 0, jnp.float32)
+
+    k = k_ref[...]
+    v = v_ref[...]
+    q = q_ref[...]
+    do = do_ref[...]
+    lse = lse_ref[...]
+    delta = delta_ref[...]
+    s = (
+        jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        * scale
+    )
+    p = jnp.exp(s - lse)
+    dp = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    ds = p * (dp - delta)
+    acc_s_lhs = p.astype(jnp.bfloat16)
+    acc_s_rhs = do
+    if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
+        acc_s_lhs = _fill_past(acc_s_lhs, s_start, s_, 1, 0)
+        acc_s_rhs = _fill_past(acc_s_rhs, s_start, s_, 0, 0)
+    acc_s_ref[...] = acc_s_ref[...] + jnp.dot(
+        acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32
+    )
+    acc_s__lhs = (ds * scale).astype(jnp.bfloat16)
+    acc_s__rhs = q
+    if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
+        acc_s__lhs = _fill_past(acc_s__lhs, s_start, s_, 1, 0)
+        acc_s__rhs = _fill_past(acc_s__rhs, s_start, s_, 0, 0)
+    acc_s__ref[...] = acc_s__ref[...] + jnp.dot(
+        acc_s__lhs, acc_s__rhs, preferred_element_type=jnp.float32
+    )
+
+    @pl.when(step == pl.num_programs(3) - 1)
+    def _finish():
+        acc_s__ = acc_s_ref[...]
+        acc_s___ = acc_s__ref[...]
+        dv_ref[...] = acc_s__.astype(jnp.bfloat16)
+        dk_ref[...] = acc_s___.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_t, block_s) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (B, H, T, D, S) shown, the entry nearest the call's sizes
+# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
+# spec's blocks).
+_attention_full_backward_dkdv_tpu_blocks = {
+    None: {"default": (128, 128)},
+    "v5e": {"default": (128, 128)},
+    "v6e": {"default": (128, 128)},
+}
+
+
+def _attention_full_backward_dkdv_tpu(
+    q, k, v, do, lse, delta, *, b, h, t, d, s_, block_t, block_s, scale, interpret
+):
+    """`attention_full_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_t, block_s = _tpu_blocks(
+        _attention_full_backward_dkdv_tpu_blocks,
+        (b, h, t, d, s_),
+        (block_t, block_s),
+        grow=functools.partial(
+            _grown,
+            bounds=(min(t, 1024), min(s_, 1024)),
+            step=lambda block_t, block_s: (
+                block_t * block_s,
+                4 * block_s * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_s * d
+                + 8 * block_s
+                + 8 * block_s
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_t * d,
+            ),
+        ),
+    )
+    block_t = min(block_t, t)  # a small T is one whole block
+    block_s = min(block_s, s_)  # a small S is one whole block
+    _check_tiling(
+        "attention_full_backward_dkdv",
+        block_t=(
+            block_t,
+            t,
+            16,
+            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_s=(
+            block_s,
+            s_,
+            128,
+            "S is the last dimension of a block, so it is a multiple of 128",
+        ),
+    )
+    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B +
+    # v 256 B + do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512
+    # B + acc_s__ref 512 B.
+    return pl.pallas_call(
+        functools.partial(
+            _attention_full_backward_dkdv_kernel,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            s_=s_,
+            block_t=block_t,
+            block_s=block_s,
+            scale=scale,
+        ),
+        # One step per element of B, element of H, block of T, block of S (D taken whole).
+        # Steps along B, H, T are independent (parallel); steps along S accumulate in order
+        # (arbitrary).
+        grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(s_, block_s)),
+        in_specs=[
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, j, 0)),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
+            # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, j, 0)),
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, j)),
+            # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, j)),
+        ],
+        out_specs=(
+            # dk: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
+            # dv: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
+            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dv
+        ),
+        scratch_shapes=[
+            # acc_s_ref: the product over S
+            pltpu.VMEM((block_t, d), jnp.float32),
+            # acc_s__ref: the product over S
+            pltpu.VMEM((block_t, d), jnp.float32),
+        ],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                4 * block_s * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_s * d
+                + 8 * block_s
+                + 8 * block_s
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * b * h * t * s_ * d
+            + 2 * b * h * t * d * s_
+            + 2 * b * h * t * s_ * d
+            + 2 * b * h * t * d * s_,
+            transcendentals=b * h * t * s_,
+            bytes_accessed=_nbytes(q, k, v, do, lse, delta) + b * h * t * d * 2 + b * h * t * d * 2,
+        ),
+        interpret=interpret,
+        name="attention_full_backward_dkdv",
+    )(q, k, v, do, lse, delta)
+
+
+def _attention_full_backward_dkdv_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dk_ref,
+    dv_ref,
+    *,
+    b,
+    h,
+    t,
+    d,
+    s_,
+    block_t,
+    block_s,
+    block_d,
+    scale,
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_t = _inside(pl.program_id(2) * block_t, block_t, t)
+    in_d = _inside(0, block_d, d)
+    k = _load(k_ref, _mask((block_t, block_d), in_t, in_d), other=0)
+    v = _load(v_ref, _mask((block_t, block_d), in_t, in_d), other=0)
+
+    def accumulate(index, running):
+        s_start = index * block_s
+        in_s = _inside(s_start, block_s, s_)
+        acc_s, acc_s_ = running
+        q = _load(
+            q_ref.at[pl.ds(s_start, block_s), :], _mask((block_s, block_d), in_s, in_d), other=0
+        )
+        do = _load(
+            do_ref.at[pl.ds(s_start, block_s), :], _mask((block_s, block_d), in_s, in_d), other=0
+        )
+        lse = _load(
+            lse_ref.at[:, pl.ds(s_start, block_s)], _mask((1, block_s), None, in_s), other=0
+        )
+        delta = _load(
+            delta_ref.at[:, pl.ds(s_start, block_s)], _mask((1, block_s), None, in_s), other=0
+        )
+        s = (
+            jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            * scale
+        )
+        p = jnp.exp(s - lse)
+        dp = jax.lax.dot_general(
+            v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+        ds = p * (dp - delta)
+        acc_s_lhs = p.astype(jnp.bfloat16)
+        acc_s_rhs = do
+        if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
+            acc_s_lhs = _fill_past(acc_s_lhs, s_start, s_, 1, 0)
+            acc_s_rhs = _fill_past(acc_s_rhs, s_start, s_, 0, 0)
+        acc_s = acc_s + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
+        acc_s__lhs = (ds * scale).astype(jnp.bfloat16)
+        acc_s__rhs = q
+        if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
+            acc_s__lhs = _fill_past(acc_s__lhs, s_start, s_, 1, 0)
+            acc_s__rhs = _fill_past(acc_s__rhs, s_start, s_, 0, 0)
+        acc_s_ = acc_s_ + jnp.dot(acc_s__lhs, acc_s__rhs, preferred_element_type=jnp.float32)
+        return acc_s, acc_s_
+
+    acc_s, acc_s_ = jax.lax.fori_loop(
+        0,
+        pl.cdiv(s_, block_s),
+        accumulate,
+        (
+            jnp.full((block_t, block_d), 0, jnp.float32),
+            jnp.full((block_t, block_d), 0, jnp.float32),
+        ),
+    )
+    acc_s__ = acc_s
+    acc_s___ = acc_s_
+    _store(dv_ref, acc_s__.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
+    _store(dk_ref, acc_s___.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
+
+
+# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, H, T, D, S) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's).
+_attention_full_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
+
+
+def _attention_full_backward_dkdv_gpu(
+    q,
+    k,
+    v,
+    do,
+    lse,
+    delta,
+    *,
+    b,
+    h,
+    t,
+    d,
+    s_,
+    block_t,
+    block_s,
+    num_warps,
+    num_stages,
+    scale,
+    interpret,
+):
+    """`attention_full_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_t, block_s, num_warps, num_stages = _gpu_options(
+        _attention_full_backward_dkdv_gpu_options,
+        (b, h, t, d, s_),
+        (block_t, block_s, num_warps, num_stages),
+    )
+    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
+    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _attention_full_backward_dkdv_gpu_kernel,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            s_=s_,
+            block_t=block_t,
+            block_s=block_s,
+            block_d=block_d,
+            scale=scale,
+        ),
+        # One program per element of B, element of H, block of T; programs run concurrently.
+        # Each holds all of D (one block of the next power of two). Each loops over the blocks
+        # of S itself, carrying running values.
+        grid=(b, h, pl.cdiv(t, block_t)),
+        in_specs=[
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, s_, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, s_, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, s_), lambda b, h, i2: (b, h, 0, 0)),
+            # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, s_), lambda b, h, i2: (b, h, 0, 0)),
+        ],
+        out_specs=(
+            # dk: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # dv: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
+            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dv
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="attention_full_backward_dkdv",
+    )(q, k, v, do, lse, delta)
+
+
+# `attention_full_backward_dkdv` has no Mosaic GPU kernel (fused kernels (several
+# products, computed operands, attention) are not on Mosaic GPU yet): it runs on
+# Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_s",
+        "block_t",
+        "gpu_block_s",
+        "gpu_block_t",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "scale",
+        "interpret",
+    ),
+)
 def attention_bottom_right(
     q,
     k,
@@ -2858,10 +6050,10 @@ def attention_bottom_right(
     *,
     block_s=None,
     block_t=None,
-    gpu_block_s=64,
-    gpu_block_t=64,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_s=None,
+    gpu_block_t=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     scale=0.125,
     interpret=None,
@@ -2875,7 +6067,8 @@ def attention_bottom_right(
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_bottom_right_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
@@ -2887,8 +6080,9 @@ def attention_bottom_right(
     Returns:
       o: bf16[B, H, S, D].
 
-    Gradients: not generated yet for a matrix product: jax.grad of it raises
-    NotImplementedError.
+    Gradients: jax.grad runs the generated backward kernels
+    attention_bottom_right_backward_dq, attention_bottom_right_backward_dkdv
+    (_attention_bottom_right_vjp).
     """
     (q, k, v), sizes = _operands(
         "attention_bottom_right",
@@ -2899,7 +6093,9 @@ def attention_bottom_right(
         },
     )
     _check_blocks("attention_bottom_right", block_s=block_s, block_t=block_t, may_be_none=True)
-    _check_blocks("attention_bottom_right", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t)
+    _check_blocks(
+        "attention_bottom_right", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True
+    )
     b = sizes["B"]
     h = sizes["H"]
     s_ = sizes["S"]
@@ -2927,10 +6123,27 @@ def attention_bottom_right(
             scale=scale,
             interpret=interpret,
         ),
-        _attention_bottom_right_vjp,
+        functools.partial(_attention_bottom_right_vjp, scale=scale, interpret=interpret),
         q,
         k,
         v,
+        saving=functools.partial(
+            _attention_bottom_right_saving,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            gpu_block_s=gpu_block_s,
+            gpu_block_t=gpu_block_t,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            scale=scale,
+            interpret=interpret,
+        ),
     )
 
 
@@ -3030,13 +6243,62 @@ def _attention_bottom_right_forward(
     )
 
 
-def _attention_bottom_right_vjp(saved, cotangents):
-    """`attention_bottom_right` has no backward pass yet: none is generated for a matrix product."""
-    raise NotImplementedError(
-        "attention_bottom_right is not differentiable yet: pallasgen generates "
-        "backward kernels for elementwise kernels only, not yet for a matrix product; "
-        "`grad none` in specs/attention.pallas says it is never differentiated"
+def _attention_bottom_right_saving(
+    q,
+    k,
+    v,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    gpu_block_s,
+    gpu_block_t,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    scale,
+    interpret,
+):
+    """`attention_bottom_right` forward under jax.grad, by
+    attention_bottom_right_with_residuals: its outputs, and what its backward kernels read
+    (q, k, v, o, lse).
+    """
+    o, lse = attention_bottom_right_with_residuals(
+        q,
+        k,
+        v,
+        block_s=block_s,
+        block_t=block_t,
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        gpu_warps=gpu_warps,
+        gpu_stages=gpu_stages,
+        gpu_backend=gpu_backend,
+        scale=scale,
+        interpret=interpret,
     )
+    return o, (q, k, v, o, lse)
+
+
+def _attention_bottom_right_vjp(saved, cotangents, *, scale, interpret):
+    """The cotangents of `attention_bottom_right`'s inputs from those of its outputs, for
+    jax.grad, by the generated backward kernels attention_bottom_right_backward_dq,
+    attention_bottom_right_backward_dkdv. The forward pass saves its inputs (q, k, v) and
+    nothing else: the backward kernels recompute the values they need (s) from them.
+    """
+    q, k, v, o, lse = saved
+    do = cotangents
+    dq, delta = attention_bottom_right_backward_dq(
+        q, k, v, o, do, lse, scale=scale, interpret=interpret
+    )
+    dk, dv = attention_bottom_right_backward_dkdv(
+        q, k, v, do, lse, delta, scale=scale, interpret=interpret
+    )
+    return dq, dk, dv
 
 
 def _attention_bottom_right_kernel(
@@ -3365,10 +6627,22 @@ def _attention_bottom_right_gpu_kernel(
     _store(o_ref, acc_t_.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
 
 
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's).
+_attention_bottom_right_gpu_options = {None: (64, 64, 4, 1)}
+
+
 def _attention_bottom_right_gpu(
     q, k, v, *, b, h, s_, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`attention_bottom_right` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_s, block_t, num_warps, num_stages = _gpu_options(
+        _attention_bottom_right_gpu_options,
+        (b, h, s_, d, t),
+        (block_s, block_t, num_warps, num_stages),
+    )
     block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
@@ -3420,6 +6694,1925 @@ def _attention_bottom_right_gpu(
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "scale",
+        "interpret",
+    ),
+)
+def attention_bottom_right_with_residuals(
+    q,
+    k,
+    v,
+    *,
+    block_s=None,
+    block_t=None,
+    gpu_block_s=None,
+    gpu_block_t=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    scale=0.125,
+    interpret=None,
+):
+    """`attention_bottom_right` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (lse).
+
+    Args:
+      q: bf16[B, H, S, D].
+      k: bf16[B, H, T, D].
+      v: bf16[B, H, T, D].
+      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_attention_bottom_right_with_residuals_tpu_blocks), or grown to large steps
+        (_grown), else 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: fused kernels (several products, computed
+        operands, attention) are not on Mosaic GPU yet.
+      scale: a static f32 (default 0.125).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      o: bf16[B, H, S, D]; lse: f32[B, H, S].
+    """
+    (q, k, v), sizes = _operands(
+        "attention_bottom_right_with_residuals",
+        {
+            "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
+            "k": (k, jnp.bfloat16, ("B", "H", "T", "D")),
+            "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
+        },
+    )
+    _check_blocks(
+        "attention_bottom_right_with_residuals", block_s=block_s, block_t=block_t, may_be_none=True
+    )
+    _check_blocks(
+        "attention_bottom_right_with_residuals",
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        may_be_none=True,
+    )
+    b = sizes["B"]
+    h = sizes["H"]
+    s_ = sizes["S"]
+    d = sizes["D"]
+    t = sizes["T"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            attention_bottom_right_with_residuals_reference,
+            (((b, h, s_, d), jnp.bfloat16), ((b, h, s_), jnp.float32)),
+            q,
+            k,
+            v,
+            scale=scale,
+        )
+    o, lse = _on_platform(
+        functools.partial(
+            _attention_bottom_right_with_residuals_tpu,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            scale=scale,
+        ),
+        _gpu_kernel(
+            "attention_bottom_right_with_residuals",
+            gpu_backend,
+            functools.partial(
+                _attention_bottom_right_with_residuals_gpu,
+                b=b,
+                h=h,
+                s_=s_,
+                d=d,
+                t=t,
+                block_s=gpu_block_s,
+                block_t=gpu_block_t,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                scale=scale,
+            ),
+            None,
+        ),
+        interpret,
+        q,
+        k,
+        v,
+    )
+    lse = lse.reshape((b, h, s_))  # the kernel holds it with size 1 along the dimensions it lacks
+    return o, lse
+
+
+def attention_bottom_right_with_residuals_reference(q, k, v, *, scale=0.125):
+    """`attention_bottom_right_with_residuals` in plain jax.numpy, to test the kernel against."""
+    b = q.shape[0]
+    h = q.shape[1]
+    s_ = q.shape[2]
+    d = q.shape[3]
+    t = k.shape[2]
+    q = q[:, :, :, :, None]
+    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
+    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
+    s = jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, s_, 1, 1), 2) + t - s_
+        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
+        jnp.expand_dims(
+            jnp.einsum(
+                "bhsd,bhdt->bhst",
+                jnp.squeeze(q, (4,)),
+                jnp.squeeze(k, (2,)),
+                preferred_element_type=jnp.float32,
+            ),
+            (3,),
+        )
+        * scale,
+        -jnp.inf,
+    )
+    o = jnp.expand_dims(
+        jnp.einsum(
+            "bhst,bhdt->bhsd",
+            jnp.squeeze(jax.nn.softmax(s, axis=4), (3,)),
+            jnp.squeeze(v, (2,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (4,),
+    ).astype(jnp.bfloat16)
+    lse = jax.nn.logsumexp(s, axis=4, keepdims=True)
+    o = o.reshape((b, h, s_, d))
+    lse = lse.reshape((b, h, s_))
+    return o, lse
+
+
+def _attention_bottom_right_with_residuals_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    lse_ref,
+    max_t_ref,
+    sum_exp_t_ref,
+    acc_t_ref,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    whole_strips,
+    partial_strips,
+    scale,
+):
+    s_start = pl.program_id(2) * block_s
+    t_start = pl.program_id(3) * block_t
+    step = pl.program_id(3)
+
+    @pl.when(step == 0)
+    def _init():
+        max_t_ref[...] = jnp.full(max_t_ref.shape, -jnp.inf, jnp.float32)
+        sum_exp_t_ref[...] = jnp.full(sum_exp_t_ref.shape, 0.0, jnp.float32)
+        acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
+
+    def _strip(
+        q_ref, k_ref, v_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, s_start, t_start, strip_s, strip_t
+    ):
+        """A strip of the step's block: the refs are views of its rows and columns, which
+        start at the positions given and hold as many as its extents say."""
+        q = q_ref[...]
+        k = k_ref[...]
+        v = v_ref[...]
+        s = jnp.where(
+            s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0) + t - s_
+            >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
+            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            * scale,
+            -jnp.inf,
+        )
+        max_t_block = s
+        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
+            max_t_block = _fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+        max_t_previous = max_t_ref[...]
+        max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
+        max_t_shift = jnp.where(
+            max_t_new > -jnp.inf, max_t_new, 0.0
+        )  # a row of -inf so far subtracts 0
+        max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
+        max_t_ref[...] = max_t_new
+        sum_exp_t_terms = jnp.exp(s - max_t_shift)
+        sum_exp_t_block = sum_exp_t_terms
+        if t % block_t:  # a ragged T: 0.0 past its end, never padding
+            sum_exp_t_block = _fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+        sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(
+            sum_exp_t_block, axis=1, keepdims=True
+        )
+        acc_t_lhs = sum_exp_t_terms
+        acc_t_rhs = v.astype(jnp.float32)
+        if t % block_t:  # a ragged T: both operands 0 past its end, never padding
+            acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
+            acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+        acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(
+            acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
+        )
+
+    def _add(strips):
+        """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
+        columns start in the block, and how many it takes."""
+        for (row, rows), (col, cols) in strips:
+            if (rows, cols) == (block_s, block_t):  # the whole block: the refs themselves
+                _strip(
+                    q_ref,
+                    k_ref,
+                    v_ref,
+                    max_t_ref,
+                    sum_exp_t_ref,
+                    acc_t_ref,
+                    s_start,
+                    t_start,
+                    block_s,
+                    block_t,
+                )
+            else:
+                _strip(
+                    q_ref.at[pl.ds(row, rows)],
+                    k_ref.at[pl.ds(col, cols)],
+                    v_ref.at[pl.ds(col, cols)],
+                    max_t_ref.at[pl.ds(row, rows)],
+                    sum_exp_t_ref.at[pl.ds(row, rows)],
+                    acc_t_ref.at[pl.ds(row, rows)],
+                    s_start + row,
+                    t_start + col,
+                    rows,
+                    cols,
+                )
+
+    # A block where the `where` on positions in the strip's body holds everywhere takes every
+    # column in each strip; one where it holds in part, in each strip only the columns where
+    # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
+    @pl.when(s_start + t - s_ >= t_start + block_t - 1)
+    def _whole_block():
+        _add(whole_strips)
+
+    @pl.when(
+        (s_start + block_s - 1 + t - s_ >= t_start)
+        & jnp.logical_not(s_start + t - s_ >= t_start + block_t - 1)
+    )
+    def _partial_block():
+        _add(partial_strips)
+
+    @pl.when(step == pl.num_programs(3) - 1)
+    def _finish():
+        max_t_ = max_t_ref[...]
+        sum_exp_t_ = sum_exp_t_ref[...]
+        acc_t_ = acc_t_ref[...] / sum_exp_t_
+        o_ref[...] = acc_t_.astype(jnp.bfloat16)
+        lse_ref[...] = _logsumexp_finish(max_t_, sum_exp_t_)
+
+
+# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
+# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
+# spec's blocks).
+_attention_bottom_right_with_residuals_tpu_blocks = {
+    None: {"default": (128, 128)},
+    "v5e": {"default": (128, 128)},
+    "v6e": {"default": (128, 128)},
+}
+
+
+def _attention_bottom_right_with_residuals_tpu(
+    q, k, v, *, b, h, s_, d, t, block_s, block_t, scale, interpret
+):
+    """`attention_bottom_right_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_s, block_t = _tpu_blocks(
+        _attention_bottom_right_with_residuals_tpu_blocks,
+        (b, h, s_, d, t),
+        (block_s, block_t),
+        grow=functools.partial(
+            _grown,
+            bounds=(min(1 << (s_.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
+            step=lambda block_s, block_t: (
+                min(block_s, 256) * block_t,
+                4 * block_s * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_s * d
+                + 8 * block_s
+                + 4 * block_s
+                + 4 * block_s
+                + 4 * block_s * d,
+            ),
+        ),
+    )
+    block_s = min(block_s, s_)  # a small S is one whole block
+    block_t = min(block_t, t)  # a small T is one whole block
+    _check_tiling(
+        "attention_bottom_right_with_residuals",
+        block_s=(
+            block_s,
+            s_,
+            16,
+            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_t=(
+            block_t,
+            t,
+            16,
+            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    whole_strips, partial_strips = _strips(
+        (block_s, block_t),
+        (pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        height=256,
+        chunk=128,
+        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - s_ >= t_start,
+        whole=lambda s_start, t_start, block_s, block_t: s_start + t - s_ >= t_start + block_t - 1,
+    )
+    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B +
+    # v 256 B + o 256 B + lse 512 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref
+    # 512 B.
+    return pl.pallas_call(
+        functools.partial(
+            _attention_bottom_right_with_residuals_kernel,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            whole_strips=whole_strips,
+            partial_strips=partial_strips,
+            scale=scale,
+        ),
+        # One step per element of B, element of H, block of S, block of T (D taken whole).
+        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
+        # (arbitrary).
+        grid=(b, h, pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        in_specs=[
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
+            # k: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
+            pl.BlockSpec(
+                (None, None, block_t, d),
+                lambda b, h, i, j: (
+                    b,
+                    h,
+                    jnp.where(i * block_s + block_s - 1 + t - s_ >= j * block_t, j, 0),
+                    0,
+                ),
+            ),
+            # v: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
+            pl.BlockSpec(
+                (None, None, block_t, d),
+                lambda b, h, i, j: (
+                    b,
+                    h,
+                    jnp.where(i * block_s + block_s - 1 + t - s_ >= j * block_t, j, 0),
+                    0,
+                ),
+            ),
+        ],
+        out_specs=(
+            # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),  # o
+            jax.ShapeDtypeStruct((b, h, s_, 1), jnp.float32),  # lse
+        ),
+        scratch_shapes=[
+            # max_t_ref: the running max over T
+            pltpu.VMEM((block_s, 1), jnp.float32),
+            # sum_exp_t_ref: the sum of exp(value - its running max) over T
+            pltpu.VMEM((block_s, 1), jnp.float32),
+            # acc_t_ref: the product over T
+            pltpu.VMEM((block_s, d), jnp.float32),
+        ],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
+            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
+            # (rows, 1) value pads to.
+            vmem_limit_bytes=64 * 2**20,
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * b * h * s_ * t * d + 2 * b * h * s_ * d * t,
+            transcendentals=b * h * s_ * t + b * h * s_,
+            bytes_accessed=_nbytes(q, k, v) + b * h * s_ * d * 2 + b * h * s_ * 4,
+        ),
+        interpret=interpret,
+        name="attention_bottom_right_with_residuals",
+    )(q, k, v)
+
+
+def _attention_bottom_right_with_residuals_gpu_kernel(
+    q_ref, k_ref, v_ref, o_ref, lse_ref, *, b, h, s_, d, t, block_s, block_t, block_d, scale
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_s = _inside(pl.program_id(2) * block_s, block_s, s_)
+    in_d = _inside(0, block_d, d)
+    s_start = pl.program_id(2) * block_s
+    q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+
+    def accumulate(index, running):
+        t_start = index * block_t
+        in_t = _inside(t_start, block_t, t)
+
+        def step():
+            max_t, sum_exp_t, acc_t = running
+            k = _load(
+                k_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+            )
+            v = _load(
+                v_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+            )
+            s = jnp.where(
+                s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - s_
+                >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
+                jax.lax.dot_general(
+                    q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+                )
+                * scale,
+                -jnp.inf,
+            )
+            max_t_block = s
+            if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
+                max_t_block = _fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+            max_t_previous = max_t
+            max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
+            max_t_shift = jnp.where(
+                max_t_new > -jnp.inf, max_t_new, 0.0
+            )  # a row of -inf so far subtracts 0
+            max_t_rescale = jnp.exp(
+                max_t_previous - max_t_shift
+            )  # what the terms so far are worth now
+            max_t = max_t_new
+            sum_exp_t_terms = jnp.exp(s - max_t_shift)
+            sum_exp_t_block = sum_exp_t_terms
+            if t % block_t:  # a ragged T: 0.0 past its end, never padding
+                sum_exp_t_block = _fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+            sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
+            acc_t_lhs = sum_exp_t_terms
+            acc_t_rhs = v.astype(jnp.float32)
+            if t % block_t:  # a ragged T: both operands 0 past its end, never padding
+                acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
+                acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+            acc_t = max_t_rescale * acc_t + jnp.dot(
+                acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
+            )
+            return max_t, sum_exp_t, acc_t
+
+        # A block where the `where` on positions below is false everywhere adds nothing: skipped.
+        return jax.lax.cond(s_start + block_s - 1 + t - s_ >= t_start, step, lambda: running)
+
+    max_t, sum_exp_t, acc_t = jax.lax.fori_loop(
+        0,
+        pl.cdiv(t, block_t),
+        accumulate,
+        (
+            jnp.full((block_s, 1), -jnp.inf, jnp.float32),
+            jnp.full((block_s, 1), 0.0, jnp.float32),
+            jnp.full((block_s, block_d), 0, jnp.float32),
+        ),
+    )
+    max_t_ = max_t
+    sum_exp_t_ = sum_exp_t
+    acc_t_ = acc_t / sum_exp_t_
+    _store(o_ref, acc_t_.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+    _store(lse_ref, _logsumexp_finish(max_t_, sum_exp_t_), _mask((block_s, 1), in_s, None))
+
+
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's).
+_attention_bottom_right_with_residuals_gpu_options = {None: (64, 64, 4, 1)}
+
+
+def _attention_bottom_right_with_residuals_gpu(
+    q, k, v, *, b, h, s_, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
+):
+    """`attention_bottom_right_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_s, block_t, num_warps, num_stages = _gpu_options(
+        _attention_bottom_right_with_residuals_gpu_options,
+        (b, h, s_, d, t),
+        (block_s, block_t, num_warps, num_stages),
+    )
+    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
+    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _attention_bottom_right_with_residuals_gpu_kernel,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+            scale=scale,
+        ),
+        # One program per element of B, element of H, block of S; programs run concurrently.
+        # Each holds all of D (one block of the next power of two). Each loops over the blocks
+        # of T itself, carrying running values.
+        grid=(b, h, pl.cdiv(s_, block_s)),
+        in_specs=[
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
+        ],
+        out_specs=(
+            # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),  # o
+            jax.ShapeDtypeStruct((b, h, s_, 1), jnp.float32),  # lse
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="attention_bottom_right_with_residuals",
+    )(q, k, v)
+
+
+# `attention_bottom_right_with_residuals` has no Mosaic GPU kernel (fused kernels
+# (several products, computed operands, attention) are not on Mosaic GPU yet): it runs
+# on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_s",
+        "block_t",
+        "gpu_block_s",
+        "gpu_block_t",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "scale",
+        "interpret",
+    ),
+)
+def attention_bottom_right_backward_dq(
+    q,
+    k,
+    v,
+    o,
+    do,
+    lse,
+    *,
+    block_s=None,
+    block_t=None,
+    gpu_block_s=None,
+    gpu_block_t=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    scale=0.125,
+    interpret=None,
+):
+    """The backward pass of `attention_bottom_right` (FlashAttention-2), generated from its spec:
+    dq, and delta = sum(do * o) per query: one pass over T.
+
+    Args:
+      q: bf16[B, H, S, D].
+      k: bf16[B, H, T, D].
+      v: bf16[B, H, T, D].
+      o: bf16[B, H, S, D].
+      do: bf16[B, H, S, D].
+      lse: f32[B, H, S].
+      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_attention_bottom_right_backward_dq_tpu_blocks), or grown to large steps
+        (_grown), else 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: fused kernels (several products, computed
+        operands, attention) are not on Mosaic GPU yet.
+      scale: a static f32 (default 0.125).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dq: bf16[B, H, S, D]; delta: f32[B, H, S].
+    """
+    (q, k, v, o, do, lse), sizes = _operands(
+        "attention_bottom_right_backward_dq",
+        {
+            "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
+            "k": (k, jnp.bfloat16, ("B", "H", "T", "D")),
+            "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
+            "o": (o, jnp.bfloat16, ("B", "H", "S", "D")),
+            "do": (do, jnp.bfloat16, ("B", "H", "S", "D")),
+            "lse": (lse, jnp.float32, ("B", "H", "S")),
+        },
+    )
+    _check_blocks(
+        "attention_bottom_right_backward_dq", block_s=block_s, block_t=block_t, may_be_none=True
+    )
+    _check_blocks(
+        "attention_bottom_right_backward_dq",
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        may_be_none=True,
+    )
+    b = sizes["B"]
+    h = sizes["H"]
+    s_ = sizes["S"]
+    d = sizes["D"]
+    t = sizes["T"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            attention_bottom_right_backward_dq_reference,
+            (((b, h, s_, d), jnp.bfloat16), ((b, h, s_), jnp.float32)),
+            q,
+            k,
+            v,
+            o,
+            do,
+            lse,
+            scale=scale,
+        )
+    lse = lse.reshape((b, h, s_, 1))  # lse: f32[B, H, S]
+    dq, delta = _on_platform(
+        functools.partial(
+            _attention_bottom_right_backward_dq_tpu,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            scale=scale,
+        ),
+        _gpu_kernel(
+            "attention_bottom_right_backward_dq",
+            gpu_backend,
+            functools.partial(
+                _attention_bottom_right_backward_dq_gpu,
+                b=b,
+                h=h,
+                s_=s_,
+                d=d,
+                t=t,
+                block_s=gpu_block_s,
+                block_t=gpu_block_t,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                scale=scale,
+            ),
+            None,
+        ),
+        interpret,
+        q,
+        k,
+        v,
+        o,
+        do,
+        lse,
+    )
+    delta = delta.reshape(
+        (b, h, s_)
+    )  # the kernel holds it with size 1 along the dimensions it lacks
+    return dq, delta
+
+
+def attention_bottom_right_backward_dq_reference(q, k, v, o, do, lse, *, scale=0.125):
+    """`attention_bottom_right_backward_dq` in plain jax.numpy, to test the kernel against."""
+    b = q.shape[0]
+    h = q.shape[1]
+    s_ = q.shape[2]
+    d = q.shape[3]
+    t = k.shape[2]
+    q = q[:, :, :, :, None]
+    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
+    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
+    o = o[:, :, :, :, None]
+    do = do[:, :, :, :, None]
+    lse = lse[:, :, :, None, None]
+    s = jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, s_, 1, 1), 2) + t - s_
+        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
+        jnp.expand_dims(
+            jnp.einsum(
+                "bhsd,bhdt->bhst",
+                jnp.squeeze(q, (4,)),
+                jnp.squeeze(k, (2,)),
+                preferred_element_type=jnp.float32,
+            ),
+            (3,),
+        )
+        * scale,
+        -jnp.inf,
+    )
+    p = jnp.exp(s - lse)
+    dp = jnp.expand_dims(
+        jnp.einsum(
+            "bhsd,bhdt->bhst",
+            jnp.squeeze(do, (4,)),
+            jnp.squeeze(v, (2,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (3,),
+    )
+    delta = jnp.sum(
+        (do.astype(jnp.float32) * o.astype(jnp.float32)), axis=3, keepdims=True, dtype=jnp.float32
+    )
+    ds = p * (dp - delta)
+    ds_1 = jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, s_, 1, 1), 2) + t - s_
+        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
+        ds,
+        0,
+    )
+    dq = jnp.expand_dims(
+        jnp.einsum(
+            "bhst,bhdt->bhsd",
+            jnp.squeeze((ds_1 * scale).astype(jnp.bfloat16), (3,)),
+            jnp.squeeze(k, (2,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (4,),
+    ).astype(jnp.bfloat16)
+    dq = dq.reshape((b, h, s_, d))
+    delta = delta.reshape((b, h, s_))
+    return dq, delta
+
+
+def _attention_bottom_right_backward_dq_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    do_ref,
+    lse_ref,
+    dq_ref,
+    delta_ref,
+    acc_t_ref,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    whole_strips,
+    partial_strips,
+    scale,
+):
+    s_start = pl.program_id(2) * block_s
+    t_start = pl.program_id(3) * block_t
+    step = pl.program_id(3)
+
+    @pl.when(step == 0)
+    def _init():
+        acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
+
+    def _strip(
+        q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, acc_t_ref, s_start, t_start, strip_s, strip_t
+    ):
+        """A strip of the step's block: the refs are views of its rows and columns, which
+        start at the positions given and hold as many as its extents say."""
+        q = q_ref[...]
+        o = o_ref[...]
+        do = do_ref[...]
+        lse = lse_ref[...]
+        k = k_ref[...]
+        v = v_ref[...]
+        s = jnp.where(
+            s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0) + t - s_
+            >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
+            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            * scale,
+            -jnp.inf,
+        )
+        p = jnp.exp(s - lse)
+        dp = jax.lax.dot_general(
+            do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+        delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
+        ds = p * (dp - delta)
+        ds_1 = jnp.where(
+            s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0) + t - s_
+            >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
+            ds,
+            0,
+        )
+        acc_t_lhs = (ds_1 * scale).astype(jnp.bfloat16)
+        acc_t_rhs = k
+        if t % block_t:  # a ragged T: both operands 0 past its end, never padding
+            acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
+            acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+        acc_t_ref[...] = acc_t_ref[...] + jnp.dot(
+            acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
+        )
+
+    def _add(strips):
+        """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
+        columns start in the block, and how many it takes."""
+        for (row, rows), (col, cols) in strips:
+            if (rows, cols) == (block_s, block_t):  # the whole block: the refs themselves
+                _strip(
+                    q_ref,
+                    k_ref,
+                    v_ref,
+                    o_ref,
+                    do_ref,
+                    lse_ref,
+                    acc_t_ref,
+                    s_start,
+                    t_start,
+                    block_s,
+                    block_t,
+                )
+            else:
+                _strip(
+                    q_ref.at[pl.ds(row, rows)],
+                    k_ref.at[pl.ds(col, cols)],
+                    v_ref.at[pl.ds(col, cols)],
+                    o_ref.at[pl.ds(row, rows)],
+                    do_ref.at[pl.ds(row, rows)],
+                    lse_ref.at[pl.ds(row, rows)],
+                    acc_t_ref.at[pl.ds(row, rows)],
+                    s_start + row,
+                    t_start + col,
+                    rows,
+                    cols,
+                )
+
+    # A block where the `where` on positions in the strip's body holds everywhere takes every
+    # column in each strip; one where it holds in part, in each strip only the columns where
+    # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
+    @pl.when(s_start + t - s_ >= t_start + block_t - 1)
+    def _whole_block():
+        _add(whole_strips)
+
+    @pl.when(
+        (s_start + block_s - 1 + t - s_ >= t_start)
+        & jnp.logical_not(s_start + t - s_ >= t_start + block_t - 1)
+    )
+    def _partial_block():
+        _add(partial_strips)
+
+    @pl.when(step == pl.num_programs(3) - 1)
+    def _finish():
+        o = o_ref[...]
+        do = do_ref[...]
+        acc_t_ = acc_t_ref[...]
+        delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
+        delta_ref[...] = delta
+        dq_ref[...] = acc_t_.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
+# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
+# spec's blocks).
+_attention_bottom_right_backward_dq_tpu_blocks = {
+    None: {"default": (128, 128)},
+    "v5e": {"default": (128, 128)},
+    "v6e": {"default": (128, 128)},
+}
+
+
+def _attention_bottom_right_backward_dq_tpu(
+    q, k, v, o, do, lse, *, b, h, s_, d, t, block_s, block_t, scale, interpret
+):
+    """`attention_bottom_right_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_s, block_t = _tpu_blocks(
+        _attention_bottom_right_backward_dq_tpu_blocks,
+        (b, h, s_, d, t),
+        (block_s, block_t),
+        grow=functools.partial(
+            _grown,
+            bounds=(min(1 << (s_.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
+            step=lambda block_s, block_t: (
+                min(block_s, 256) * block_t,
+                4 * block_s * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_s * d
+                + 4 * block_s * d
+                + 8 * block_s
+                + 4 * block_s * d
+                + 8 * block_s
+                + 4 * block_s * d,
+            ),
+        ),
+    )
+    block_s = min(block_s, s_)  # a small S is one whole block
+    block_t = min(block_t, t)  # a small T is one whole block
+    _check_tiling(
+        "attention_bottom_right_backward_dq",
+        block_s=(
+            block_s,
+            s_,
+            16,
+            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_t=(
+            block_t,
+            t,
+            16,
+            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    whole_strips, partial_strips = _strips(
+        (block_s, block_t),
+        (pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        height=256,
+        chunk=128,
+        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - s_ >= t_start,
+        whole=lambda s_start, t_start, block_s, block_t: s_start + t - s_ >= t_start + block_t - 1,
+    )
+    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B +
+    # v 256 B + o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512
+    # B.
+    return pl.pallas_call(
+        functools.partial(
+            _attention_bottom_right_backward_dq_kernel,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            whole_strips=whole_strips,
+            partial_strips=partial_strips,
+            scale=scale,
+        ),
+        # One step per element of B, element of H, block of S, block of T (D taken whole).
+        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
+        # (arbitrary).
+        grid=(b, h, pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        in_specs=[
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
+            # k: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
+            pl.BlockSpec(
+                (None, None, block_t, d),
+                lambda b, h, i, j: (
+                    b,
+                    h,
+                    jnp.where(i * block_s + block_s - 1 + t - s_ >= j * block_t, j, 0),
+                    0,
+                ),
+            ),
+            # v: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
+            pl.BlockSpec(
+                (None, None, block_t, d),
+                lambda b, h, i, j: (
+                    b,
+                    h,
+                    jnp.where(i * block_s + block_s - 1 + t - s_ >= j * block_t, j, 0),
+                    0,
+                ),
+            ),
+            # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
+            # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
+        ],
+        out_specs=(
+            # dq: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
+            # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),  # dq
+            jax.ShapeDtypeStruct((b, h, s_, 1), jnp.float32),  # delta
+        ),
+        # acc_t_ref: the product over T
+        scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
+            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
+            # (rows, 1) value pads to.
+            vmem_limit_bytes=64 * 2**20,
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * b * h * s_ * t * d + 2 * b * h * s_ * t * d + 2 * b * h * s_ * d * t,
+            transcendentals=b * h * s_ * t,
+            bytes_accessed=_nbytes(q, k, v, o, do, lse) + b * h * s_ * d * 2 + b * h * s_ * 4,
+        ),
+        interpret=interpret,
+        name="attention_bottom_right_backward_dq",
+    )(q, k, v, o, do, lse)
+
+
+def _attention_bottom_right_backward_dq_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    do_ref,
+    lse_ref,
+    dq_ref,
+    delta_ref,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    block_d,
+    scale,
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_s = _inside(pl.program_id(2) * block_s, block_s, s_)
+    in_d = _inside(0, block_d, d)
+    s_start = pl.program_id(2) * block_s
+    q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    do = _load(do_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    lse = _load(lse_ref, _mask((block_s, 1), in_s, None), other=0)
+
+    def accumulate(index, running):
+        t_start = index * block_t
+        in_t = _inside(t_start, block_t, t)
+
+        def step():
+            (acc_t,) = running
+            k = _load(
+                k_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+            )
+            v = _load(
+                v_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+            )
+            s = jnp.where(
+                s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - s_
+                >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
+                jax.lax.dot_general(
+                    q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+                )
+                * scale,
+                -jnp.inf,
+            )
+            p = jnp.exp(s - lse)
+            dp = jax.lax.dot_general(
+                do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+            )
+            delta = jnp.sum(
+                _fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+                axis=1,
+                keepdims=True,
+            )
+            ds = p * (dp - delta)
+            ds_1 = jnp.where(
+                s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - s_
+                >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
+                ds,
+                0,
+            )
+            acc_t_lhs = (ds_1 * scale).astype(jnp.bfloat16)
+            acc_t_rhs = k
+            if t % block_t:  # a ragged T: both operands 0 past its end, never padding
+                acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
+                acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+            acc_t = acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
+            return (acc_t,)
+
+        # A block where the `where` on positions below is false everywhere adds nothing: skipped.
+        return jax.lax.cond(s_start + block_s - 1 + t - s_ >= t_start, step, lambda: running)
+
+    (acc_t,) = jax.lax.fori_loop(
+        0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
+    )
+    o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    do = _load(do_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    acc_t_ = acc_t
+    delta = jnp.sum(
+        _fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+        axis=1,
+        keepdims=True,
+    )
+    _store(delta_ref, delta, _mask((block_s, 1), in_s, None))
+    _store(dq_ref, acc_t_.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+
+
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, H, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's).
+_attention_bottom_right_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
+
+
+def _attention_bottom_right_backward_dq_gpu(
+    q,
+    k,
+    v,
+    o,
+    do,
+    lse,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    num_warps,
+    num_stages,
+    scale,
+    interpret,
+):
+    """`attention_bottom_right_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_s, block_t, num_warps, num_stages = _gpu_options(
+        _attention_bottom_right_backward_dq_gpu_options,
+        (b, h, s_, d, t),
+        (block_s, block_t, num_warps, num_stages),
+    )
+    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
+    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _attention_bottom_right_backward_dq_gpu_kernel,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+            scale=scale,
+        ),
+        # One program per element of B, element of H, block of S; programs run concurrently.
+        # Each holds all of D (one block of the next power of two). Each loops over the blocks
+        # of T itself, carrying running values.
+        grid=(b, h, pl.cdiv(s_, block_s)),
+        in_specs=[
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            # o: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
+        ],
+        out_specs=(
+            # dq: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),  # dq
+            jax.ShapeDtypeStruct((b, h, s_, 1), jnp.float32),  # delta
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="attention_bottom_right_backward_dq",
+    )(q, k, v, o, do, lse)
+
+
+# `attention_bottom_right_backward_dq` has no Mosaic GPU kernel (fused kernels
+# (several products, computed operands, attention) are not on Mosaic GPU yet): it runs
+# on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_t",
+        "block_s",
+        "gpu_block_t",
+        "gpu_block_s",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "scale",
+        "interpret",
+    ),
+)
+def attention_bottom_right_backward_dkdv(
+    q,
+    k,
+    v,
+    do,
+    lse,
+    delta,
+    *,
+    block_t=None,
+    block_s=None,
+    gpu_block_t=None,
+    gpu_block_s=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    scale=0.125,
+    interpret=None,
+):
+    """The backward pass of `attention_bottom_right` (FlashAttention-2), generated from its spec:
+    dk, dv: one pass over S.
+
+    Args:
+      q: bf16[B, H, S, D].
+      k: bf16[B, H, T, D].
+      v: bf16[B, H, T, D].
+      do: bf16[B, H, S, D].
+      lse: f32[B, H, S].
+      delta: f32[B, H, S].
+      block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_attention_bottom_right_backward_dkdv_tpu_blocks), or grown to large steps
+        (_grown), else 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: fused kernels (several products, computed
+        operands, attention) are not on Mosaic GPU yet.
+      scale: a static f32 (default 0.125).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
+    """
+    (q, k, v, do, lse, delta), sizes = _operands(
+        "attention_bottom_right_backward_dkdv",
+        {
+            "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
+            "k": (k, jnp.bfloat16, ("B", "H", "T", "D")),
+            "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
+            "do": (do, jnp.bfloat16, ("B", "H", "S", "D")),
+            "lse": (lse, jnp.float32, ("B", "H", "S")),
+            "delta": (delta, jnp.float32, ("B", "H", "S")),
+        },
+    )
+    _check_blocks(
+        "attention_bottom_right_backward_dkdv", block_t=block_t, block_s=block_s, may_be_none=True
+    )
+    _check_blocks(
+        "attention_bottom_right_backward_dkdv",
+        gpu_block_t=gpu_block_t,
+        gpu_block_s=gpu_block_s,
+        may_be_none=True,
+    )
+    b = sizes["B"]
+    h = sizes["H"]
+    t = sizes["T"]
+    d = sizes["D"]
+    s_ = sizes["S"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            attention_bottom_right_backward_dkdv_reference,
+            (((b, h, t, d), jnp.bfloat16), ((b, h, t, d), jnp.bfloat16)),
+            q,
+            k,
+            v,
+            do,
+            lse,
+            delta,
+            scale=scale,
+        )
+    lse = lse.reshape((b, h, 1, s_))  # lse: f32[B, H, S]
+    delta = delta.reshape((b, h, 1, s_))  # delta: f32[B, H, S]
+    return _on_platform(
+        functools.partial(
+            _attention_bottom_right_backward_dkdv_tpu,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            s_=s_,
+            block_t=block_t,
+            block_s=block_s,
+            scale=scale,
+        ),
+        _gpu_kernel(
+            "attention_bottom_right_backward_dkdv",
+            gpu_backend,
+            functools.partial(
+                _attention_bottom_right_backward_dkdv_gpu,
+                b=b,
+                h=h,
+                t=t,
+                d=d,
+                s_=s_,
+                block_t=gpu_block_t,
+                block_s=gpu_block_s,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                scale=scale,
+            ),
+            None,
+        ),
+        interpret,
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+    )
+
+
+def attention_bottom_right_backward_dkdv_reference(q, k, v, do, lse, delta, *, scale=0.125):
+    """`attention_bottom_right_backward_dkdv` in plain jax.numpy, to test the kernel against."""
+    b = q.shape[0]
+    h = q.shape[1]
+    t = k.shape[2]
+    d = q.shape[3]
+    s_ = q.shape[2]
+    q = jnp.transpose(q, (0, 1, 3, 2))[:, :, None, :, :]
+    k = k[:, :, :, :, None]
+    v = v[:, :, :, :, None]
+    do = jnp.transpose(do, (0, 1, 3, 2))[:, :, None, :, :]
+    lse = lse[:, :, None, None, :]
+    delta = delta[:, :, None, None, :]
+    s = jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, s_), 4) + t - s_
+        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
+        jnp.expand_dims(
+            jnp.einsum(
+                "bhtd,bhds->bhts",
+                jnp.squeeze(k, (4,)),
+                jnp.squeeze(q, (2,)),
+                preferred_element_type=jnp.float32,
+            ),
+            (3,),
+        )
+        * scale,
+        -jnp.inf,
+    )
+    p = jnp.exp(s - lse)
+    dv = jnp.expand_dims(
+        jnp.einsum(
+            "bhts,bhds->bhtd",
+            jnp.squeeze(p.astype(jnp.bfloat16), (3,)),
+            jnp.squeeze(do, (2,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (4,),
+    ).astype(jnp.bfloat16)
+    dp = jnp.expand_dims(
+        jnp.einsum(
+            "bhtd,bhds->bhts",
+            jnp.squeeze(v, (4,)),
+            jnp.squeeze(do, (2,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (3,),
+    )
+    ds = p * (dp - delta)
+    ds_1 = jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, s_), 4) + t - s_
+        >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
+        ds,
+        0,
+    )
+    dk = jnp.expand_dims(
+        jnp.einsum(
+            "bhts,bhds->bhtd",
+            jnp.squeeze((ds_1 * scale).astype(jnp.bfloat16), (3,)),
+            jnp.squeeze(q, (2,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (4,),
+    ).astype(jnp.bfloat16)
+    dk = dk.reshape((b, h, t, d))
+    dv = dv.reshape((b, h, t, d))
+    return dk, dv
+
+
+def _attention_bottom_right_backward_dkdv_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dk_ref,
+    dv_ref,
+    acc_s_ref,
+    acc_s__ref,
+    *,
+    b,
+    h,
+    t,
+    d,
+    s_,
+    block_t,
+    block_s,
+    whole_strips,
+    partial_strips,
+    scale,
+):
+    t_start = pl.program_id(2) * block_t
+    s_start = pl.program_id(3) * block_s
+    step = pl.program_id(3)
+
+    @pl.when(step == 0)
+    def _init():
+        acc_s_ref[...] = jnp.full(acc_s_ref.shape, 0, jnp.float32)
+        acc_s__ref[...] = jnp.full(acc_s__ref.shape, 0, jnp.float32)
+
+    def _strip(
+        q_ref,
+        k_ref,
+        v_ref,
+        do_ref,
+        lse_ref,
+        delta_ref,
+        acc_s_ref,
+        acc_s__ref,
+        t_start,
+        s_start,
+        strip_t,
+        strip_s,
+    ):
+        """A strip of the step's block: the refs are views of its rows and columns, which
+        start at the positions given and hold as many as its extents say."""
+        k = k_ref[...]
+        v = v_ref[...]
+        q = q_ref[...]
+        do = do_ref[...]
+        lse = lse_ref[...]
+        delta = delta_ref[...]
+        s = jnp.where(
+            s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1) + t - s_
+            >= t_start + jax.lax.broadcasted_iota(jnp.int32, (strip_t, 1), 0),
+            jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            * scale,
+            -jnp.inf,
+        )
+        p = jnp.exp(s - lse)
+        dp = jax.lax.dot_general(
+            v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+        ds = p * (dp - delta)
+        ds_1 = jnp.where(
+            s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1) + t - s_
+            >= t_start + jax.lax.broadcasted_iota(jnp.int32, (strip_t, 1), 0),
+            ds,
+            0,
+        )
+        acc_s_lhs = p.astype(jnp.bfloat16)
+        acc_s_rhs = do
+        if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
+            acc_s_lhs = _fill_past(acc_s_lhs, s_start, s_, 1, 0)
+            acc_s_rhs = _fill_past(acc_s_rhs, s_start, s_, 0, 0)
+        acc_s_ref[...] = acc_s_ref[...] + jnp.dot(
+            acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32
+        )
+        acc_s__lhs = (ds_1 * scale).astype(jnp.bfloat16)
+        acc_s__rhs = q
+        if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
+            acc_s__lhs = _fill_past(acc_s__lhs, s_start, s_, 1, 0)
+            acc_s__rhs = _fill_past(acc_s__rhs, s_start, s_, 0, 0)
+        acc_s__ref[...] = acc_s__ref[...] + jnp.dot(
+            acc_s__lhs, acc_s__rhs, preferred_element_type=jnp.float32
+        )
+
+    def _add(strips):
+        """Adds each strip ((row, rows), (col, cols)) of the block: where its rows and its
+        columns start in the block, and how many it takes."""
+        for (row, rows), (col, cols) in strips:
+            if (rows, cols) == (block_t, block_s):  # the whole block: the refs themselves
+                _strip(
+                    q_ref,
+                    k_ref,
+                    v_ref,
+                    do_ref,
+                    lse_ref,
+                    delta_ref,
+                    acc_s_ref,
+                    acc_s__ref,
+                    t_start,
+                    s_start,
+                    block_t,
+                    block_s,
+                )
+            else:
+                _strip(
+                    q_ref.at[pl.ds(col, cols)],
+                    k_ref.at[pl.ds(row, rows)],
+                    v_ref.at[pl.ds(row, rows)],
+                    do_ref.at[pl.ds(col, cols)],
+                    lse_ref.at[:, pl.ds(col, cols)],
+                    delta_ref.at[:, pl.ds(col, cols)],
+                    acc_s_ref.at[pl.ds(row, rows)],
+                    acc_s__ref.at[pl.ds(row, rows)],
+                    t_start + row,
+                    s_start + col,
+                    rows,
+                    cols,
+                )
+
+    # A block where the `where` on positions in the strip's body holds everywhere takes every
+    # column in each strip; one where it holds in part, in each strip only the columns where
+    # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
+    @pl.when(s_start + t - s_ >= t_start + block_t - 1)
+    def _whole_block():
+        _add(whole_strips)
+
+    @pl.when(
+        (s_start + block_s - 1 + t - s_ >= t_start)
+        & jnp.logical_not(s_start + t - s_ >= t_start + block_t - 1)
+    )
+    def _partial_block():
+        _add(partial_strips)
+
+    @pl.when(step == pl.num_programs(3) - 1)
+    def _finish():
+        acc_s__ = acc_s_ref[...]
+        acc_s___ = acc_s__ref[...]
+        dv_ref[...] = acc_s__.astype(jnp.bfloat16)
+        dk_ref[...] = acc_s___.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_t, block_s) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (B, H, T, D, S) shown, the entry nearest the call's sizes
+# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
+# spec's blocks).
+_attention_bottom_right_backward_dkdv_tpu_blocks = {
+    None: {"default": (128, 128)},
+    "v5e": {"default": (128, 128)},
+    "v6e": {"default": (128, 128)},
+}
+
+
+def _attention_bottom_right_backward_dkdv_tpu(
+    q, k, v, do, lse, delta, *, b, h, t, d, s_, block_t, block_s, scale, interpret
+):
+    """`attention_bottom_right_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_t, block_s = _tpu_blocks(
+        _attention_bottom_right_backward_dkdv_tpu_blocks,
+        (b, h, t, d, s_),
+        (block_t, block_s),
+        grow=functools.partial(
+            _grown,
+            bounds=(min(1 << (t.bit_length() - 1), 4096), min(1 << (s_.bit_length() - 1), 4096)),
+            step=lambda block_t, block_s: (
+                min(block_t, 256) * block_s,
+                4 * block_s * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_s * d
+                + 8 * block_s
+                + 8 * block_s
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_t * d,
+            ),
+        ),
+    )
+    block_t = min(block_t, t)  # a small T is one whole block
+    block_s = min(block_s, s_)  # a small S is one whole block
+    _check_tiling(
+        "attention_bottom_right_backward_dkdv",
+        block_t=(
+            block_t,
+            t,
+            16,
+            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_s=(
+            block_s,
+            s_,
+            128,
+            "S is the last dimension of a block, so it is a multiple of 128",
+        ),
+    )
+    whole_strips, partial_strips = _strips(
+        (block_t, block_s),
+        (pl.cdiv(t, block_t), pl.cdiv(s_, block_s)),
+        height=256,
+        chunk=128,
+        seen=lambda t_start, s_start, block_t, block_s: s_start + block_s - 1 + t - s_ >= t_start,
+        whole=lambda t_start, s_start, block_t, block_s: s_start + t - s_ >= t_start + block_t - 1,
+    )
+    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B +
+    # v 256 B + do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512
+    # B + acc_s__ref 512 B.
+    return pl.pallas_call(
+        functools.partial(
+            _attention_bottom_right_backward_dkdv_kernel,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            s_=s_,
+            block_t=block_t,
+            block_s=block_s,
+            whole_strips=whole_strips,
+            partial_strips=partial_strips,
+            scale=scale,
+        ),
+        # One step per element of B, element of H, block of T, block of S (D taken whole).
+        # Steps along B, H, T are independent (parallel); steps along S accumulate in order
+        # (arbitrary).
+        grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(s_, block_s)),
+        in_specs=[
+            # q: bf16[B, H, S, D]; a skipped step's block is block 0, fetched at most once
+            pl.BlockSpec(
+                (None, None, block_s, d),
+                lambda b, h, i, j: (
+                    b,
+                    h,
+                    jnp.where(j * block_s + block_s - 1 + t - s_ >= i * block_t, j, 0),
+                    0,
+                ),
+            ),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
+            # do: bf16[B, H, S, D]; a skipped step's block is block 0, fetched at most once
+            pl.BlockSpec(
+                (None, None, block_s, d),
+                lambda b, h, i, j: (
+                    b,
+                    h,
+                    jnp.where(j * block_s + block_s - 1 + t - s_ >= i * block_t, j, 0),
+                    0,
+                ),
+            ),
+            # lse: f32[B, H, S]; a skipped step's block is block 0, fetched at most once
+            pl.BlockSpec(
+                (None, None, 1, block_s),
+                lambda b, h, i, j: (
+                    b,
+                    h,
+                    0,
+                    jnp.where(j * block_s + block_s - 1 + t - s_ >= i * block_t, j, 0),
+                ),
+            ),
+            # delta: f32[B, H, S]; a skipped step's block is block 0, fetched at most once
+            pl.BlockSpec(
+                (None, None, 1, block_s),
+                lambda b, h, i, j: (
+                    b,
+                    h,
+                    0,
+                    jnp.where(j * block_s + block_s - 1 + t - s_ >= i * block_t, j, 0),
+                ),
+            ),
+        ],
+        out_specs=(
+            # dk: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
+            # dv: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
+            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dv
+        ),
+        scratch_shapes=[
+            # acc_s_ref: the product over S
+            pltpu.VMEM((block_t, d), jnp.float32),
+            # acc_s__ref: the product over S
+            pltpu.VMEM((block_t, d), jnp.float32),
+        ],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
+            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
+            # (rows, 1) value pads to.
+            vmem_limit_bytes=64 * 2**20,
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * b * h * t * s_ * d
+            + 2 * b * h * t * d * s_
+            + 2 * b * h * t * s_ * d
+            + 2 * b * h * t * d * s_,
+            transcendentals=b * h * t * s_,
+            bytes_accessed=_nbytes(q, k, v, do, lse, delta) + b * h * t * d * 2 + b * h * t * d * 2,
+        ),
+        interpret=interpret,
+        name="attention_bottom_right_backward_dkdv",
+    )(q, k, v, do, lse, delta)
+
+
+def _attention_bottom_right_backward_dkdv_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dk_ref,
+    dv_ref,
+    *,
+    b,
+    h,
+    t,
+    d,
+    s_,
+    block_t,
+    block_s,
+    block_d,
+    scale,
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_t = _inside(pl.program_id(2) * block_t, block_t, t)
+    in_d = _inside(0, block_d, d)
+    t_start = pl.program_id(2) * block_t
+    k = _load(k_ref, _mask((block_t, block_d), in_t, in_d), other=0)
+    v = _load(v_ref, _mask((block_t, block_d), in_t, in_d), other=0)
+
+    def accumulate(index, running):
+        s_start = index * block_s
+        in_s = _inside(s_start, block_s, s_)
+
+        def step():
+            acc_s, acc_s_ = running
+            q = _load(
+                q_ref.at[pl.ds(s_start, block_s), :], _mask((block_s, block_d), in_s, in_d), other=0
+            )
+            do = _load(
+                do_ref.at[pl.ds(s_start, block_s), :],
+                _mask((block_s, block_d), in_s, in_d),
+                other=0,
+            )
+            lse = _load(
+                lse_ref.at[:, pl.ds(s_start, block_s)], _mask((1, block_s), None, in_s), other=0
+            )
+            delta = _load(
+                delta_ref.at[:, pl.ds(s_start, block_s)], _mask((1, block_s), None, in_s), other=0
+            )
+            s = jnp.where(
+                s_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_s), 1) + t - s_
+                >= t_start + jax.lax.broadcasted_iota(jnp.int32, (block_t, 1), 0),
+                jax.lax.dot_general(
+                    k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+                )
+                * scale,
+                -jnp.inf,
+            )
+            p = jnp.exp(s - lse)
+            dp = jax.lax.dot_general(
+                v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+            )
+            ds = p * (dp - delta)
+            ds_1 = jnp.where(
+                s_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_s), 1) + t - s_
+                >= t_start + jax.lax.broadcasted_iota(jnp.int32, (block_t, 1), 0),
+                ds,
+                0,
+            )
+            acc_s_lhs = p.astype(jnp.bfloat16)
+            acc_s_rhs = do
+            if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
+                acc_s_lhs = _fill_past(acc_s_lhs, s_start, s_, 1, 0)
+                acc_s_rhs = _fill_past(acc_s_rhs, s_start, s_, 0, 0)
+            acc_s = acc_s + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
+            acc_s__lhs = (ds_1 * scale).astype(jnp.bfloat16)
+            acc_s__rhs = q
+            if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
+                acc_s__lhs = _fill_past(acc_s__lhs, s_start, s_, 1, 0)
+                acc_s__rhs = _fill_past(acc_s__rhs, s_start, s_, 0, 0)
+            acc_s_ = acc_s_ + jnp.dot(acc_s__lhs, acc_s__rhs, preferred_element_type=jnp.float32)
+            return acc_s, acc_s_
+
+        # A block where the `where` on positions below is false everywhere adds nothing: skipped.
+        return jax.lax.cond(s_start + block_s - 1 + t - s_ >= t_start, step, lambda: running)
+
+    acc_s, acc_s_ = jax.lax.fori_loop(
+        0,
+        pl.cdiv(s_, block_s),
+        accumulate,
+        (
+            jnp.full((block_t, block_d), 0, jnp.float32),
+            jnp.full((block_t, block_d), 0, jnp.float32),
+        ),
+    )
+    acc_s__ = acc_s
+    acc_s___ = acc_s_
+    _store(dv_ref, acc_s__.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
+    _store(dk_ref, acc_s___.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
+
+
+# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, H, T, D, S) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's).
+_attention_bottom_right_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
+
+
+def _attention_bottom_right_backward_dkdv_gpu(
+    q,
+    k,
+    v,
+    do,
+    lse,
+    delta,
+    *,
+    b,
+    h,
+    t,
+    d,
+    s_,
+    block_t,
+    block_s,
+    num_warps,
+    num_stages,
+    scale,
+    interpret,
+):
+    """`attention_bottom_right_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_t, block_s, num_warps, num_stages = _gpu_options(
+        _attention_bottom_right_backward_dkdv_gpu_options,
+        (b, h, t, d, s_),
+        (block_t, block_s, num_warps, num_stages),
+    )
+    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
+    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _attention_bottom_right_backward_dkdv_gpu_kernel,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            s_=s_,
+            block_t=block_t,
+            block_s=block_s,
+            block_d=block_d,
+            scale=scale,
+        ),
+        # One program per element of B, element of H, block of T; programs run concurrently.
+        # Each holds all of D (one block of the next power of two). Each loops over the blocks
+        # of S itself, carrying running values.
+        grid=(b, h, pl.cdiv(t, block_t)),
+        in_specs=[
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, s_, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, s_, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, s_), lambda b, h, i2: (b, h, 0, 0)),
+            # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, s_), lambda b, h, i2: (b, h, 0, 0)),
+        ],
+        out_specs=(
+            # dk: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
+            # dv: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dk
+            jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dv
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="attention_bottom_right_backward_dkdv",
+    )(q, k, v, do, lse, delta)
+
+
+# `attention_bottom_right_backward_dkdv` has no Mosaic GPU kernel (fused kernels
+# (several products, computed operands, attention) are not on Mosaic GPU yet): it runs
+# on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_s",
+        "block_t",
+        "gpu_block_s",
+        "gpu_block_t",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
         "interpret",
     ),
 )
@@ -3430,10 +8623,10 @@ def gqa(
     *,
     block_s=None,
     block_t=None,
-    gpu_block_s=64,
-    gpu_block_t=64,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_s=None,
+    gpu_block_t=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -3446,7 +8639,8 @@ def gqa(
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_gqa_tpu_blocks), or grown to large steps
         (_grown), else 128, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
@@ -3457,8 +8651,8 @@ def gqa(
     Returns:
       o: bf16[B, G, R, S, D].
 
-    Gradients: not generated yet for a matrix product: jax.grad of it raises
-    NotImplementedError.
+    Gradients: jax.grad runs the generated backward kernels gqa_backward_dq,
+    gqa_backward_dkdv, gqa_backward_over_r (_gqa_vjp).
     """
     (q, k, v), sizes = _operands(
         "gqa",
@@ -3469,7 +8663,7 @@ def gqa(
         },
     )
     _check_blocks("gqa", block_s=block_s, block_t=block_t, may_be_none=True)
-    _check_blocks("gqa", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t)
+    _check_blocks("gqa", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True)
     b = sizes["B"]
     g = sizes["G"]
     r = sizes["R"]
@@ -3496,10 +8690,27 @@ def gqa(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _gqa_vjp,
+        functools.partial(_gqa_vjp, interpret=interpret),
         q,
         k,
         v,
+        saving=functools.partial(
+            _gqa_saving,
+            b=b,
+            g=g,
+            r=r,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            gpu_block_s=gpu_block_s,
+            gpu_block_t=gpu_block_t,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
     )
 
 
@@ -3589,13 +8800,57 @@ def _gqa_forward(
     )
 
 
-def _gqa_vjp(saved, cotangents):
-    """`gqa` has no backward pass yet: none is generated for a matrix product."""
-    raise NotImplementedError(
-        "gqa is not differentiable yet: pallasgen generates backward kernels for "
-        "elementwise kernels only, not yet for a matrix product; `grad none` in "
-        "specs/attention.pallas says it is never differentiated"
+def _gqa_saving(
+    q,
+    k,
+    v,
+    *,
+    b,
+    g,
+    r,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    gpu_block_s,
+    gpu_block_t,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    interpret,
+):
+    """`gqa` forward under jax.grad, by gqa_with_residuals: its outputs, and what its backward
+    kernels read (q, k, v, o, lse).
+    """
+    o, lse = gqa_with_residuals(
+        q,
+        k,
+        v,
+        block_s=block_s,
+        block_t=block_t,
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        gpu_warps=gpu_warps,
+        gpu_stages=gpu_stages,
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
+    return o, (q, k, v, o, lse)
+
+
+def _gqa_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `gqa`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels gqa_backward_dq, gqa_backward_dkdv, gqa_backward_over_r. The
+    forward pass saves its inputs (q, k, v) and nothing else: the backward kernels recompute
+    the values they need (s) from them.
+    """
+    q, k, v, o, lse = saved
+    do = cotangents
+    dq, delta = gqa_backward_dq(q, k, v, o, do, lse, interpret=interpret)
+    dk_r, dv_r = gqa_backward_dkdv(q, k, v, do, lse, delta, interpret=interpret)
+    dk, dv = gqa_backward_over_r(dk_r, dv_r, interpret=interpret)
+    return dq, dk, dv
 
 
 def _gqa_kernel(
@@ -3828,8 +9083,18 @@ def _gqa_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, b, g, r, s_, d, t, block_s, b
     _store(o_ref, acc_t_.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
 
 
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, G, R, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's).
+_gqa_gpu_options = {None: (64, 64, 4, 1)}
+
+
 def _gqa_gpu(q, k, v, *, b, g, r, s_, d, t, block_s, block_t, num_warps, num_stages, interpret):
     """`gqa` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_s, block_t, num_warps, num_stages = _gpu_options(
+        _gqa_gpu_options, (b, g, r, s_, d, t), (block_s, block_t, num_warps, num_stages)
+    )
     block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
@@ -3878,6 +9143,1911 @@ def _gqa_gpu(q, k, v, *, b, g, r, s_, d, t, block_s, block_t, num_warps, num_sta
 @functools.partial(
     jax.jit,
     static_argnames=(
+        "block_s",
+        "block_t",
+        "gpu_block_s",
+        "gpu_block_t",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def gqa_with_residuals(
+    q,
+    k,
+    v,
+    *,
+    block_s=None,
+    block_t=None,
+    gpu_block_s=None,
+    gpu_block_t=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """`gqa` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (lse).
+
+    Args:
+      q: bf16[B, G, R, S, D].
+      k: bf16[B, G, T, D].
+      v: bf16[B, G, T, D].
+      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_gqa_with_residuals_tpu_blocks), or grown to large steps
+        (_grown), else 128, 256.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: fused kernels (several products, computed
+        operands, attention) are not on Mosaic GPU yet.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      o: bf16[B, G, R, S, D]; lse: f32[B, G, R, S].
+    """
+    (q, k, v), sizes = _operands(
+        "gqa_with_residuals",
+        {
+            "q": (q, jnp.bfloat16, ("B", "G", "R", "S", "D")),
+            "k": (k, jnp.bfloat16, ("B", "G", "T", "D")),
+            "v": (v, jnp.bfloat16, ("B", "G", "T", "D")),
+        },
+    )
+    _check_blocks("gqa_with_residuals", block_s=block_s, block_t=block_t, may_be_none=True)
+    _check_blocks(
+        "gqa_with_residuals", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True
+    )
+    b = sizes["B"]
+    g = sizes["G"]
+    r = sizes["R"]
+    s_ = sizes["S"]
+    d = sizes["D"]
+    t = sizes["T"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            gqa_with_residuals_reference,
+            (((b, g, r, s_, d), jnp.bfloat16), ((b, g, r, s_), jnp.float32)),
+            q,
+            k,
+            v,
+        )
+    o, lse = _on_platform(
+        functools.partial(
+            _gqa_with_residuals_tpu,
+            b=b,
+            g=g,
+            r=r,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+        ),
+        _gpu_kernel(
+            "gqa_with_residuals",
+            gpu_backend,
+            functools.partial(
+                _gqa_with_residuals_gpu,
+                b=b,
+                g=g,
+                r=r,
+                s_=s_,
+                d=d,
+                t=t,
+                block_s=gpu_block_s,
+                block_t=gpu_block_t,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
+        ),
+        interpret,
+        q,
+        k,
+        v,
+    )
+    lse = lse.reshape(
+        (b, g, r, s_)
+    )  # the kernel holds it with size 1 along the dimensions it lacks
+    return o, lse
+
+
+def gqa_with_residuals_reference(q, k, v):
+    """`gqa_with_residuals` in plain jax.numpy, to test the kernel against."""
+    b = q.shape[0]
+    g = q.shape[1]
+    r = q.shape[2]
+    s_ = q.shape[3]
+    d = q.shape[4]
+    t = k.shape[2]
+    q = q[:, :, :, :, :, None]
+    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, None, :, :]
+    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, None, :, :]
+    s = (
+        jnp.expand_dims(
+            jnp.einsum(
+                "bgrsd,bgdt->bgrst",
+                jnp.squeeze(q, (5,)),
+                jnp.squeeze(k, (2, 3)),
+                preferred_element_type=jnp.float32,
+            ),
+            (4,),
+        )
+        * 0.088388
+    )
+    o = jnp.expand_dims(
+        jnp.einsum(
+            "bgrst,bgdt->bgrsd",
+            jnp.squeeze(jax.nn.softmax(s, axis=5), (4,)),
+            jnp.squeeze(v, (2, 3)),
+            preferred_element_type=jnp.float32,
+        ),
+        (5,),
+    ).astype(jnp.bfloat16)
+    lse = jax.nn.logsumexp(s, axis=5, keepdims=True)
+    o = o.reshape((b, g, r, s_, d))
+    lse = lse.reshape((b, g, r, s_))
+    return o, lse
+
+
+def _gqa_with_residuals_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    lse_ref,
+    max_t_ref,
+    sum_exp_t_ref,
+    acc_t_ref,
+    *,
+    b,
+    g,
+    r,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+):
+    t_start = pl.program_id(4) * block_t
+    step = pl.program_id(4)
+
+    @pl.when(step == 0)
+    def _init():
+        max_t_ref[...] = jnp.full(max_t_ref.shape, -jnp.inf, jnp.float32)
+        sum_exp_t_ref[...] = jnp.full(sum_exp_t_ref.shape, 0.0, jnp.float32)
+        acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
+
+    q = q_ref[...]
+    k = k_ref[...]
+    v = v_ref[...]
+    s = (
+        jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        * 0.088388
+    )
+    max_t_block = s
+    if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
+        max_t_block = _fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+    max_t_previous = max_t_ref[...]
+    max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
+    max_t_shift = jnp.where(
+        max_t_new > -jnp.inf, max_t_new, 0.0
+    )  # a row of -inf so far subtracts 0
+    max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
+    max_t_ref[...] = max_t_new
+    sum_exp_t_terms = jnp.exp(s - max_t_shift)
+    sum_exp_t_block = sum_exp_t_terms
+    if t % block_t:  # a ragged T: 0.0 past its end, never padding
+        sum_exp_t_block = _fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+    sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(
+        sum_exp_t_block, axis=1, keepdims=True
+    )
+    acc_t_lhs = sum_exp_t_terms
+    acc_t_rhs = v.astype(jnp.float32)
+    if t % block_t:  # a ragged T: both operands 0 past its end, never padding
+        acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
+        acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+    acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(
+        acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
+    )
+
+    @pl.when(step == pl.num_programs(4) - 1)
+    def _finish():
+        max_t_ = max_t_ref[...]
+        sum_exp_t_ = sum_exp_t_ref[...]
+        acc_t_ = acc_t_ref[...] / sum_exp_t_
+        o_ref[...] = acc_t_.astype(jnp.bfloat16)
+        lse_ref[...] = _logsumexp_finish(max_t_, sum_exp_t_)
+
+
+# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (B, G, R, S, D, T) shown, the entry nearest the call's
+# sizes winning; else the spec's, grown on a known TPU. None: any other chip, and CPU
+# (the spec's blocks).
+_gqa_with_residuals_tpu_blocks = {
+    None: {"default": (128, 256)},
+    "v5e": {"default": (128, 256)},
+    "v6e": {"default": (128, 256)},
+}
+
+
+def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, s_, d, t, block_s, block_t, interpret):
+    """`gqa_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_s, block_t = _tpu_blocks(
+        _gqa_with_residuals_tpu_blocks,
+        (b, g, r, s_, d, t),
+        (block_s, block_t),
+        grow=functools.partial(
+            _grown,
+            bounds=(min(s_, 1024), min(t, 1024)),
+            step=lambda block_s, block_t: (
+                block_s * block_t,
+                4 * block_s * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_s * d
+                + 8 * block_s
+                + 4 * block_s
+                + 4 * block_s
+                + 4 * block_s * d,
+            ),
+        ),
+    )
+    block_s = min(block_s, s_)  # a small S is one whole block
+    block_t = min(block_t, t)  # a small T is one whole block
+    _check_tiling(
+        "gqa_with_residuals",
+        block_s=(
+            block_s,
+            s_,
+            16,
+            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_t=(
+            block_t,
+            t,
+            16,
+            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 512 B +
+    # v 512 B + o 256 B + lse 512 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref
+    # 512 B.
+    return pl.pallas_call(
+        functools.partial(
+            _gqa_with_residuals_kernel,
+            b=b,
+            g=g,
+            r=r,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+        ),
+        # One step per element of B, element of G, element of R, block of S, block of T (D
+        # taken whole). Steps along B, G, R, S are independent (parallel); steps along T
+        # accumulate in order (arbitrary).
+        grid=(b, g, r, pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        in_specs=[
+            # q: bf16[B, G, R, S, D]
+            pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
+            # k: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0)),
+            # v: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0)),
+        ],
+        out_specs=(
+            # o: bf16[B, G, R, S, D]
+            pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
+            # lse: f32[B, G, R, S]
+            pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i, j: (b, g, r, i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, g, r, s_, d), jnp.bfloat16),  # o
+            jax.ShapeDtypeStruct((b, g, r, s_, 1), jnp.float32),  # lse
+        ),
+        scratch_shapes=[
+            # max_t_ref: the running max over T
+            pltpu.VMEM((block_s, 1), jnp.float32),
+            # sum_exp_t_ref: the sum of exp(value - its running max) over T
+            pltpu.VMEM((block_s, 1), jnp.float32),
+            # acc_t_ref: the product over T
+            pltpu.VMEM((block_s, d), jnp.float32),
+        ],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                4 * block_s * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_s * d
+                + 8 * block_s
+                + 4 * block_s
+                + 4 * block_s
+                + 4 * block_s * d
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * b * g * r * s_ * t * d + 2 * b * g * r * s_ * d * t,
+            transcendentals=b * g * r * s_ * t + b * g * r * s_,
+            bytes_accessed=_nbytes(q, k, v) + b * g * r * s_ * d * 2 + b * g * r * s_ * 4,
+        ),
+        interpret=interpret,
+        name="gqa_with_residuals",
+    )(q, k, v)
+
+
+def _gqa_with_residuals_gpu_kernel(
+    q_ref, k_ref, v_ref, o_ref, lse_ref, *, b, g, r, s_, d, t, block_s, block_t, block_d
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_s = _inside(pl.program_id(3) * block_s, block_s, s_)
+    in_d = _inside(0, block_d, d)
+    q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+
+    def accumulate(index, running):
+        t_start = index * block_t
+        in_t = _inside(t_start, block_t, t)
+        max_t, sum_exp_t, acc_t = running
+        k = _load(
+            k_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+        )
+        v = _load(
+            v_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+        )
+        s = (
+            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            * 0.088388
+        )
+        max_t_block = s
+        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
+            max_t_block = _fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+        max_t_previous = max_t
+        max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
+        max_t_shift = jnp.where(
+            max_t_new > -jnp.inf, max_t_new, 0.0
+        )  # a row of -inf so far subtracts 0
+        max_t_rescale = jnp.exp(max_t_previous - max_t_shift)  # what the terms so far are worth now
+        max_t = max_t_new
+        sum_exp_t_terms = jnp.exp(s - max_t_shift)
+        sum_exp_t_block = sum_exp_t_terms
+        if t % block_t:  # a ragged T: 0.0 past its end, never padding
+            sum_exp_t_block = _fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+        sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
+        acc_t_lhs = sum_exp_t_terms
+        acc_t_rhs = v.astype(jnp.float32)
+        if t % block_t:  # a ragged T: both operands 0 past its end, never padding
+            acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
+            acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+        acc_t = max_t_rescale * acc_t + jnp.dot(
+            acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
+        )
+        return max_t, sum_exp_t, acc_t
+
+    max_t, sum_exp_t, acc_t = jax.lax.fori_loop(
+        0,
+        pl.cdiv(t, block_t),
+        accumulate,
+        (
+            jnp.full((block_s, 1), -jnp.inf, jnp.float32),
+            jnp.full((block_s, 1), 0.0, jnp.float32),
+            jnp.full((block_s, block_d), 0, jnp.float32),
+        ),
+    )
+    max_t_ = max_t
+    sum_exp_t_ = sum_exp_t
+    acc_t_ = acc_t / sum_exp_t_
+    _store(o_ref, acc_t_.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+    _store(lse_ref, _logsumexp_finish(max_t_, sum_exp_t_), _mask((block_s, 1), in_s, None))
+
+
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, G, R, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's).
+_gqa_with_residuals_gpu_options = {None: (64, 64, 4, 1)}
+
+
+def _gqa_with_residuals_gpu(
+    q, k, v, *, b, g, r, s_, d, t, block_s, block_t, num_warps, num_stages, interpret
+):
+    """`gqa_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_s, block_t, num_warps, num_stages = _gpu_options(
+        _gqa_with_residuals_gpu_options,
+        (b, g, r, s_, d, t),
+        (block_s, block_t, num_warps, num_stages),
+    )
+    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
+    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _gqa_with_residuals_gpu_kernel,
+            b=b,
+            g=g,
+            r=r,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+        ),
+        # One program per element of B, element of G, element of R, block of S; programs run
+        # concurrently. Each holds all of D (one block of the next power of two). Each loops
+        # over the blocks of T itself, carrying running values.
+        grid=(b, g, r, pl.cdiv(s_, block_s)),
+        in_specs=[
+            # q: bf16[B, G, R, S, D]
+            pl.BlockSpec(
+                (None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)
+            ),
+            # k: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i3: (b, g, 0, 0)),
+            # v: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i3: (b, g, 0, 0)),
+        ],
+        out_specs=(
+            # o: bf16[B, G, R, S, D]
+            pl.BlockSpec(
+                (None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)
+            ),
+            # lse: f32[B, G, R, S]
+            pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i3: (b, g, r, i3, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, g, r, s_, d), jnp.bfloat16),  # o
+            jax.ShapeDtypeStruct((b, g, r, s_, 1), jnp.float32),  # lse
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="gqa_with_residuals",
+    )(q, k, v)
+
+
+# `gqa_with_residuals` has no Mosaic GPU kernel (fused kernels (several products,
+# computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_s",
+        "block_t",
+        "gpu_block_s",
+        "gpu_block_t",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def gqa_backward_dq(
+    q,
+    k,
+    v,
+    o,
+    do,
+    lse,
+    *,
+    block_s=None,
+    block_t=None,
+    gpu_block_s=None,
+    gpu_block_t=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `gqa` (FlashAttention-2), generated from its spec:
+    dq, and delta = sum(do * o) per query: one pass over T.
+
+    Args:
+      q: bf16[B, G, R, S, D].
+      k: bf16[B, G, T, D].
+      v: bf16[B, G, T, D].
+      o: bf16[B, G, R, S, D].
+      do: bf16[B, G, R, S, D].
+      lse: f32[B, G, R, S].
+      block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_gqa_backward_dq_tpu_blocks), or grown to large steps
+        (_grown), else 128, 256.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: fused kernels (several products, computed
+        operands, attention) are not on Mosaic GPU yet.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dq: bf16[B, G, R, S, D]; delta: f32[B, G, R, S].
+    """
+    (q, k, v, o, do, lse), sizes = _operands(
+        "gqa_backward_dq",
+        {
+            "q": (q, jnp.bfloat16, ("B", "G", "R", "S", "D")),
+            "k": (k, jnp.bfloat16, ("B", "G", "T", "D")),
+            "v": (v, jnp.bfloat16, ("B", "G", "T", "D")),
+            "o": (o, jnp.bfloat16, ("B", "G", "R", "S", "D")),
+            "do": (do, jnp.bfloat16, ("B", "G", "R", "S", "D")),
+            "lse": (lse, jnp.float32, ("B", "G", "R", "S")),
+        },
+    )
+    _check_blocks("gqa_backward_dq", block_s=block_s, block_t=block_t, may_be_none=True)
+    _check_blocks(
+        "gqa_backward_dq", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True
+    )
+    b = sizes["B"]
+    g = sizes["G"]
+    r = sizes["R"]
+    s_ = sizes["S"]
+    d = sizes["D"]
+    t = sizes["T"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            gqa_backward_dq_reference,
+            (((b, g, r, s_, d), jnp.bfloat16), ((b, g, r, s_), jnp.float32)),
+            q,
+            k,
+            v,
+            o,
+            do,
+            lse,
+        )
+    lse = lse.reshape((b, g, r, s_, 1))  # lse: f32[B, G, R, S]
+    dq, delta = _on_platform(
+        functools.partial(
+            _gqa_backward_dq_tpu, b=b, g=g, r=r, s_=s_, d=d, t=t, block_s=block_s, block_t=block_t
+        ),
+        _gpu_kernel(
+            "gqa_backward_dq",
+            gpu_backend,
+            functools.partial(
+                _gqa_backward_dq_gpu,
+                b=b,
+                g=g,
+                r=r,
+                s_=s_,
+                d=d,
+                t=t,
+                block_s=gpu_block_s,
+                block_t=gpu_block_t,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
+        ),
+        interpret,
+        q,
+        k,
+        v,
+        o,
+        do,
+        lse,
+    )
+    delta = delta.reshape(
+        (b, g, r, s_)
+    )  # the kernel holds it with size 1 along the dimensions it lacks
+    return dq, delta
+
+
+def gqa_backward_dq_reference(q, k, v, o, do, lse):
+    """`gqa_backward_dq` in plain jax.numpy, to test the kernel against."""
+    b = q.shape[0]
+    g = q.shape[1]
+    r = q.shape[2]
+    s_ = q.shape[3]
+    d = q.shape[4]
+    t = k.shape[2]
+    q = q[:, :, :, :, :, None]
+    k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, None, :, :]
+    v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, None, :, :]
+    o = o[:, :, :, :, :, None]
+    do = do[:, :, :, :, :, None]
+    lse = lse[:, :, :, :, None, None]
+    s = (
+        jnp.expand_dims(
+            jnp.einsum(
+                "bgrsd,bgdt->bgrst",
+                jnp.squeeze(q, (5,)),
+                jnp.squeeze(k, (2, 3)),
+                preferred_element_type=jnp.float32,
+            ),
+            (4,),
+        )
+        * 0.088388
+    )
+    p = jnp.exp(s - lse)
+    dp = jnp.expand_dims(
+        jnp.einsum(
+            "bgrsd,bgdt->bgrst",
+            jnp.squeeze(do, (5,)),
+            jnp.squeeze(v, (2, 3)),
+            preferred_element_type=jnp.float32,
+        ),
+        (4,),
+    )
+    delta = jnp.sum(
+        (do.astype(jnp.float32) * o.astype(jnp.float32)), axis=4, keepdims=True, dtype=jnp.float32
+    )
+    ds = p * (dp - delta)
+    dq = jnp.expand_dims(
+        jnp.einsum(
+            "bgrst,bgdt->bgrsd",
+            jnp.squeeze((ds * 0.088388).astype(jnp.bfloat16), (4,)),
+            jnp.squeeze(k, (2, 3)),
+            preferred_element_type=jnp.float32,
+        ),
+        (5,),
+    ).astype(jnp.bfloat16)
+    dq = dq.reshape((b, g, r, s_, d))
+    delta = delta.reshape((b, g, r, s_))
+    return dq, delta
+
+
+def _gqa_backward_dq_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    do_ref,
+    lse_ref,
+    dq_ref,
+    delta_ref,
+    acc_t_ref,
+    *,
+    b,
+    g,
+    r,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+):
+    t_start = pl.program_id(4) * block_t
+    step = pl.program_id(4)
+
+    @pl.when(step == 0)
+    def _init():
+        acc_t_ref[...] = jnp.full(acc_t_ref.shape, 0, jnp.float32)
+
+    q = q_ref[...]
+    o = o_ref[...]
+    do = do_ref[...]
+    lse = lse_ref[...]
+    k = k_ref[...]
+    v = v_ref[...]
+    s = (
+        jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        * 0.088388
+    )
+    p = jnp.exp(s - lse)
+    dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
+    ds = p * (dp - delta)
+    acc_t_lhs = (ds * 0.088388).astype(jnp.bfloat16)
+    acc_t_rhs = k
+    if t % block_t:  # a ragged T: both operands 0 past its end, never padding
+        acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
+        acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+    acc_t_ref[...] = acc_t_ref[...] + jnp.dot(
+        acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
+    )
+
+    @pl.when(step == pl.num_programs(4) - 1)
+    def _finish():
+        o = o_ref[...]
+        do = do_ref[...]
+        acc_t_ = acc_t_ref[...]
+        delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
+        delta_ref[...] = delta
+        dq_ref[...] = acc_t_.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (B, G, R, S, D, T) shown, the entry nearest the call's
+# sizes winning; else the spec's, grown on a known TPU. None: any other chip, and CPU
+# (the spec's blocks).
+_gqa_backward_dq_tpu_blocks = {
+    None: {"default": (128, 256)},
+    "v5e": {"default": (128, 256)},
+    "v6e": {"default": (128, 256)},
+}
+
+
+def _gqa_backward_dq_tpu(q, k, v, o, do, lse, *, b, g, r, s_, d, t, block_s, block_t, interpret):
+    """`gqa_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_s, block_t = _tpu_blocks(
+        _gqa_backward_dq_tpu_blocks,
+        (b, g, r, s_, d, t),
+        (block_s, block_t),
+        grow=functools.partial(
+            _grown,
+            bounds=(min(s_, 1024), min(t, 1024)),
+            step=lambda block_s, block_t: (
+                block_s * block_t,
+                4 * block_s * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_s * d
+                + 4 * block_s * d
+                + 8 * block_s
+                + 4 * block_s * d
+                + 8 * block_s
+                + 4 * block_s * d,
+            ),
+        ),
+    )
+    block_s = min(block_s, s_)  # a small S is one whole block
+    block_t = min(block_t, t)  # a small T is one whole block
+    _check_tiling(
+        "gqa_backward_dq",
+        block_s=(
+            block_s,
+            s_,
+            16,
+            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_t=(
+            block_t,
+            t,
+            16,
+            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks per unit of D: 6.5 KiB = 2 buffers x (q 256 B + k 512 B +
+    # v 512 B + o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512
+    # B.
+    return pl.pallas_call(
+        functools.partial(
+            _gqa_backward_dq_kernel,
+            b=b,
+            g=g,
+            r=r,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+        ),
+        # One step per element of B, element of G, element of R, block of S, block of T (D
+        # taken whole). Steps along B, G, R, S are independent (parallel); steps along T
+        # accumulate in order (arbitrary).
+        grid=(b, g, r, pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        in_specs=[
+            # q: bf16[B, G, R, S, D]
+            pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
+            # k: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0)),
+            # v: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, j, 0)),
+            # o: bf16[B, G, R, S, D]
+            pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
+            # do: bf16[B, G, R, S, D]
+            pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
+            # lse: f32[B, G, R, S]
+            pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i, j: (b, g, r, i, 0)),
+        ],
+        out_specs=(
+            # dq: bf16[B, G, R, S, D]
+            pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
+            # delta: f32[B, G, R, S]
+            pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i, j: (b, g, r, i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, g, r, s_, d), jnp.bfloat16),  # dq
+            jax.ShapeDtypeStruct((b, g, r, s_, 1), jnp.float32),  # delta
+        ),
+        # acc_t_ref: the product over T
+        scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                4 * block_s * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_s * d
+                + 4 * block_s * d
+                + 8 * block_s
+                + 4 * block_s * d
+                + 8 * block_s
+                + 4 * block_s * d
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * b * g * r * s_ * t * d
+            + 2 * b * g * r * s_ * t * d
+            + 2 * b * g * r * s_ * d * t,
+            transcendentals=b * g * r * s_ * t,
+            bytes_accessed=_nbytes(q, k, v, o, do, lse)
+            + b * g * r * s_ * d * 2
+            + b * g * r * s_ * 4,
+        ),
+        interpret=interpret,
+        name="gqa_backward_dq",
+    )(q, k, v, o, do, lse)
+
+
+def _gqa_backward_dq_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    do_ref,
+    lse_ref,
+    dq_ref,
+    delta_ref,
+    *,
+    b,
+    g,
+    r,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    block_d,
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_s = _inside(pl.program_id(3) * block_s, block_s, s_)
+    in_d = _inside(0, block_d, d)
+    q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    do = _load(do_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    lse = _load(lse_ref, _mask((block_s, 1), in_s, None), other=0)
+
+    def accumulate(index, running):
+        t_start = index * block_t
+        in_t = _inside(t_start, block_t, t)
+        (acc_t,) = running
+        k = _load(
+            k_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+        )
+        v = _load(
+            v_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+        )
+        s = (
+            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            * 0.088388
+        )
+        p = jnp.exp(s - lse)
+        dp = jax.lax.dot_general(
+            do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+        delta = jnp.sum(
+            _fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+            axis=1,
+            keepdims=True,
+        )
+        ds = p * (dp - delta)
+        acc_t_lhs = (ds * 0.088388).astype(jnp.bfloat16)
+        acc_t_rhs = k
+        if t % block_t:  # a ragged T: both operands 0 past its end, never padding
+            acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
+            acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+        acc_t = acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
+        return (acc_t,)
+
+    (acc_t,) = jax.lax.fori_loop(
+        0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
+    )
+    o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    do = _load(do_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    acc_t_ = acc_t
+    delta = jnp.sum(
+        _fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+        axis=1,
+        keepdims=True,
+    )
+    _store(delta_ref, delta, _mask((block_s, 1), in_s, None))
+    _store(dq_ref, acc_t_.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+
+
+# GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, G, R, S, D, T) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's).
+_gqa_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
+
+
+def _gqa_backward_dq_gpu(
+    q, k, v, o, do, lse, *, b, g, r, s_, d, t, block_s, block_t, num_warps, num_stages, interpret
+):
+    """`gqa_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_s, block_t, num_warps, num_stages = _gpu_options(
+        _gqa_backward_dq_gpu_options, (b, g, r, s_, d, t), (block_s, block_t, num_warps, num_stages)
+    )
+    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
+    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _gqa_backward_dq_gpu_kernel,
+            b=b,
+            g=g,
+            r=r,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+        ),
+        # One program per element of B, element of G, element of R, block of S; programs run
+        # concurrently. Each holds all of D (one block of the next power of two). Each loops
+        # over the blocks of T itself, carrying running values.
+        grid=(b, g, r, pl.cdiv(s_, block_s)),
+        in_specs=[
+            # q: bf16[B, G, R, S, D]
+            pl.BlockSpec(
+                (None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)
+            ),
+            # k: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i3: (b, g, 0, 0)),
+            # v: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, t, block_d), lambda b, g, r, i3: (b, g, 0, 0)),
+            # o: bf16[B, G, R, S, D]
+            pl.BlockSpec(
+                (None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)
+            ),
+            # do: bf16[B, G, R, S, D]
+            pl.BlockSpec(
+                (None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)
+            ),
+            # lse: f32[B, G, R, S]
+            pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i3: (b, g, r, i3, 0)),
+        ],
+        out_specs=(
+            # dq: bf16[B, G, R, S, D]
+            pl.BlockSpec(
+                (None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)
+            ),
+            # delta: f32[B, G, R, S]
+            pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i3: (b, g, r, i3, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, g, r, s_, d), jnp.bfloat16),  # dq
+            jax.ShapeDtypeStruct((b, g, r, s_, 1), jnp.float32),  # delta
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="gqa_backward_dq",
+    )(q, k, v, o, do, lse)
+
+
+# `gqa_backward_dq` has no Mosaic GPU kernel (fused kernels (several products,
+# computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_t",
+        "block_s",
+        "gpu_block_t",
+        "gpu_block_s",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def gqa_backward_dkdv(
+    q,
+    k,
+    v,
+    do,
+    lse,
+    delta,
+    *,
+    block_t=None,
+    block_s=None,
+    gpu_block_t=None,
+    gpu_block_s=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `gqa` (FlashAttention-2), generated from its spec:
+    dk, dv: one pass over S (per element of R, summed next).
+
+    Args:
+      q: bf16[B, G, R, S, D].
+      k: bf16[B, G, T, D].
+      v: bf16[B, G, T, D].
+      do: bf16[B, G, R, S, D].
+      lse: f32[B, G, R, S].
+      delta: f32[B, G, R, S].
+      block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes (_gqa_backward_dkdv_tpu_blocks), or grown to large steps
+        (_grown), else 256, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: fused kernels (several products, computed
+        operands, attention) are not on Mosaic GPU yet.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dk_r: f32[B, G, R, T, D]; dv_r: f32[B, G, R, T, D].
+    """
+    (q, k, v, do, lse, delta), sizes = _operands(
+        "gqa_backward_dkdv",
+        {
+            "q": (q, jnp.bfloat16, ("B", "G", "R", "S", "D")),
+            "k": (k, jnp.bfloat16, ("B", "G", "T", "D")),
+            "v": (v, jnp.bfloat16, ("B", "G", "T", "D")),
+            "do": (do, jnp.bfloat16, ("B", "G", "R", "S", "D")),
+            "lse": (lse, jnp.float32, ("B", "G", "R", "S")),
+            "delta": (delta, jnp.float32, ("B", "G", "R", "S")),
+        },
+    )
+    _check_blocks("gqa_backward_dkdv", block_t=block_t, block_s=block_s, may_be_none=True)
+    _check_blocks(
+        "gqa_backward_dkdv", gpu_block_t=gpu_block_t, gpu_block_s=gpu_block_s, may_be_none=True
+    )
+    b = sizes["B"]
+    g = sizes["G"]
+    r = sizes["R"]
+    t = sizes["T"]
+    d = sizes["D"]
+    s_ = sizes["S"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            gqa_backward_dkdv_reference,
+            (((b, g, r, t, d), jnp.float32), ((b, g, r, t, d), jnp.float32)),
+            q,
+            k,
+            v,
+            do,
+            lse,
+            delta,
+        )
+    lse = lse.reshape((b, g, r, 1, s_))  # lse: f32[B, G, R, S]
+    delta = delta.reshape((b, g, r, 1, s_))  # delta: f32[B, G, R, S]
+    return _on_platform(
+        functools.partial(
+            _gqa_backward_dkdv_tpu, b=b, g=g, r=r, t=t, d=d, s_=s_, block_t=block_t, block_s=block_s
+        ),
+        _gpu_kernel(
+            "gqa_backward_dkdv",
+            gpu_backend,
+            functools.partial(
+                _gqa_backward_dkdv_gpu,
+                b=b,
+                g=g,
+                r=r,
+                t=t,
+                d=d,
+                s_=s_,
+                block_t=gpu_block_t,
+                block_s=gpu_block_s,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
+        ),
+        interpret,
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+    )
+
+
+def gqa_backward_dkdv_reference(q, k, v, do, lse, delta):
+    """`gqa_backward_dkdv` in plain jax.numpy, to test the kernel against."""
+    b = q.shape[0]
+    g = q.shape[1]
+    r = q.shape[2]
+    t = k.shape[2]
+    d = q.shape[4]
+    s_ = q.shape[3]
+    q = jnp.transpose(q, (0, 1, 2, 4, 3))[:, :, :, None, :, :]
+    k = k[:, :, None, :, :, None]
+    v = v[:, :, None, :, :, None]
+    do = jnp.transpose(do, (0, 1, 2, 4, 3))[:, :, :, None, :, :]
+    lse = lse[:, :, :, None, None, :]
+    delta = delta[:, :, :, None, None, :]
+    s = (
+        jnp.expand_dims(
+            jnp.einsum(
+                "bgtd,bgrds->bgrts",
+                jnp.squeeze(k, (2, 5)),
+                jnp.squeeze(q, (3,)),
+                preferred_element_type=jnp.float32,
+            ),
+            (4,),
+        )
+        * 0.088388
+    )
+    p = jnp.exp(s - lse)
+    dv_r = jnp.expand_dims(
+        jnp.einsum(
+            "bgrts,bgrds->bgrtd",
+            jnp.squeeze(p.astype(jnp.bfloat16), (4,)),
+            jnp.squeeze(do, (3,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (5,),
+    )
+    dp = jnp.expand_dims(
+        jnp.einsum(
+            "bgtd,bgrds->bgrts",
+            jnp.squeeze(v, (2, 5)),
+            jnp.squeeze(do, (3,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (4,),
+    )
+    ds = p * (dp - delta)
+    dk_r = jnp.expand_dims(
+        jnp.einsum(
+            "bgrts,bgrds->bgrtd",
+            jnp.squeeze((ds * 0.088388).astype(jnp.bfloat16), (4,)),
+            jnp.squeeze(q, (3,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (5,),
+    )
+    dk_r = dk_r.reshape((b, g, r, t, d))
+    dv_r = dv_r.reshape((b, g, r, t, d))
+    return dk_r, dv_r
+
+
+def _gqa_backward_dkdv_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dk_r_ref,
+    dv_r_ref,
+    acc_s_ref,
+    acc_s__ref,
+    *,
+    b,
+    g,
+    r,
+    t,
+    d,
+    s_,
+    block_t,
+    block_s,
+):
+    s_start = pl.program_id(4) * block_s
+    step = pl.program_id(4)
+
+    @pl.when(step == 0)
+    def _init():
+        acc_s_ref[...] = jnp.full(acc_s_ref.shape, 0, jnp.float32)
+        acc_s__ref[...] = jnp.full(acc_s__ref.shape, 0, jnp.float32)
+
+    k = k_ref[...]
+    v = v_ref[...]
+    q = q_ref[...]
+    do = do_ref[...]
+    lse = lse_ref[...]
+    delta = delta_ref[...]
+    s = (
+        jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        * 0.088388
+    )
+    p = jnp.exp(s - lse)
+    dp = jax.lax.dot_general(v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    ds = p * (dp - delta)
+    acc_s_lhs = p.astype(jnp.bfloat16)
+    acc_s_rhs = do
+    if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
+        acc_s_lhs = _fill_past(acc_s_lhs, s_start, s_, 1, 0)
+        acc_s_rhs = _fill_past(acc_s_rhs, s_start, s_, 0, 0)
+    acc_s_ref[...] = acc_s_ref[...] + jnp.dot(
+        acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32
+    )
+    acc_s__lhs = (ds * 0.088388).astype(jnp.bfloat16)
+    acc_s__rhs = q
+    if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
+        acc_s__lhs = _fill_past(acc_s__lhs, s_start, s_, 1, 0)
+        acc_s__rhs = _fill_past(acc_s__rhs, s_start, s_, 0, 0)
+    acc_s__ref[...] = acc_s__ref[...] + jnp.dot(
+        acc_s__lhs, acc_s__rhs, preferred_element_type=jnp.float32
+    )
+
+    @pl.when(step == pl.num_programs(4) - 1)
+    def _finish():
+        acc_s__ = acc_s_ref[...]
+        acc_s___ = acc_s__ref[...]
+        dv_r_ref[...] = acc_s__
+        dk_r_ref[...] = acc_s___
+
+
+# TPU blocks (block_t, block_s) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (B, G, R, T, D, S) shown, the entry nearest the call's
+# sizes winning; else the spec's, grown on a known TPU. None: any other chip, and CPU
+# (the spec's blocks).
+_gqa_backward_dkdv_tpu_blocks = {
+    None: {"default": (256, 128)},
+    "v5e": {"default": (256, 128)},
+    "v6e": {"default": (256, 128)},
+}
+
+
+def _gqa_backward_dkdv_tpu(
+    q, k, v, do, lse, delta, *, b, g, r, t, d, s_, block_t, block_s, interpret
+):
+    """`gqa_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_t, block_s = _tpu_blocks(
+        _gqa_backward_dkdv_tpu_blocks,
+        (b, g, r, t, d, s_),
+        (block_t, block_s),
+        grow=functools.partial(
+            _grown,
+            bounds=(min(t, 1024), min(s_, 1024)),
+            step=lambda block_t, block_s: (
+                block_t * block_s,
+                4 * block_s * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_s * d
+                + 8 * block_s
+                + 8 * block_s
+                + 8 * block_t * d
+                + 8 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_t * d,
+            ),
+        ),
+    )
+    block_t = min(block_t, t)  # a small T is one whole block
+    block_s = min(block_s, s_)  # a small S is one whole block
+    _check_tiling(
+        "gqa_backward_dkdv",
+        block_t=(
+            block_t,
+            t,
+            16,
+            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_s=(
+            block_s,
+            s_,
+            128,
+            "S is the last dimension of a block, so it is a multiple of 128",
+        ),
+    )
+    # VMEM at the default blocks per unit of D: 11.0 KiB = 2 buffers x (q 256 B + k 512 B
+    # + v 512 B + do 256 B + lse 512 B + delta 512 B + dk_r 1.0 KiB + dv_r 1.0 KiB) +
+    # acc_s_ref 1.0 KiB + acc_s__ref 1.0 KiB.
+    return pl.pallas_call(
+        functools.partial(
+            _gqa_backward_dkdv_kernel,
+            b=b,
+            g=g,
+            r=r,
+            t=t,
+            d=d,
+            s_=s_,
+            block_t=block_t,
+            block_s=block_s,
+        ),
+        # One step per element of B, element of G, element of R, block of T, block of S (D
+        # taken whole). Steps along B, G, R, T are independent (parallel); steps along S
+        # accumulate in order (arbitrary).
+        grid=(b, g, r, pl.cdiv(t, block_t), pl.cdiv(s_, block_s)),
+        in_specs=[
+            # q: bf16[B, G, R, S, D]
+            pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, j, 0)),
+            # k: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, i, 0)),
+            # v: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, g, r, i, j: (b, g, i, 0)),
+            # do: bf16[B, G, R, S, D]
+            pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, j, 0)),
+            # lse: f32[B, G, R, S]
+            pl.BlockSpec((None, None, None, 1, block_s), lambda b, g, r, i, j: (b, g, r, 0, j)),
+            # delta: f32[B, G, R, S]
+            pl.BlockSpec((None, None, None, 1, block_s), lambda b, g, r, i, j: (b, g, r, 0, j)),
+        ],
+        out_specs=(
+            # dk_r: f32[B, G, R, T, D]
+            pl.BlockSpec((None, None, None, block_t, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
+            # dv_r: f32[B, G, R, T, D]
+            pl.BlockSpec((None, None, None, block_t, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, g, r, t, d), jnp.float32),  # dk_r
+            jax.ShapeDtypeStruct((b, g, r, t, d), jnp.float32),  # dv_r
+        ),
+        scratch_shapes=[
+            # acc_s_ref: the product over S
+            pltpu.VMEM((block_t, d), jnp.float32),
+            # acc_s__ref: the product over S
+            pltpu.VMEM((block_t, d), jnp.float32),
+        ],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                4 * block_s * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_s * d
+                + 8 * block_s
+                + 8 * block_s
+                + 8 * block_t * d
+                + 8 * block_t * d
+                + 4 * block_t * d
+                + 4 * block_t * d
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * b * g * r * t * s_ * d
+            + 2 * b * g * r * t * d * s_
+            + 2 * b * g * r * t * s_ * d
+            + 2 * b * g * r * t * d * s_,
+            transcendentals=b * g * r * t * s_,
+            bytes_accessed=_nbytes(q, k, v, do, lse, delta)
+            + b * g * r * t * d * 4
+            + b * g * r * t * d * 4,
+        ),
+        interpret=interpret,
+        name="gqa_backward_dkdv",
+    )(q, k, v, do, lse, delta)
+
+
+def _gqa_backward_dkdv_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dk_r_ref,
+    dv_r_ref,
+    *,
+    b,
+    g,
+    r,
+    t,
+    d,
+    s_,
+    block_t,
+    block_s,
+    block_d,
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_t = _inside(pl.program_id(3) * block_t, block_t, t)
+    in_d = _inside(0, block_d, d)
+    k = _load(k_ref, _mask((block_t, block_d), in_t, in_d), other=0)
+    v = _load(v_ref, _mask((block_t, block_d), in_t, in_d), other=0)
+
+    def accumulate(index, running):
+        s_start = index * block_s
+        in_s = _inside(s_start, block_s, s_)
+        acc_s, acc_s_ = running
+        q = _load(
+            q_ref.at[pl.ds(s_start, block_s), :], _mask((block_s, block_d), in_s, in_d), other=0
+        )
+        do = _load(
+            do_ref.at[pl.ds(s_start, block_s), :], _mask((block_s, block_d), in_s, in_d), other=0
+        )
+        lse = _load(
+            lse_ref.at[:, pl.ds(s_start, block_s)], _mask((1, block_s), None, in_s), other=0
+        )
+        delta = _load(
+            delta_ref.at[:, pl.ds(s_start, block_s)], _mask((1, block_s), None, in_s), other=0
+        )
+        s = (
+            jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            * 0.088388
+        )
+        p = jnp.exp(s - lse)
+        dp = jax.lax.dot_general(
+            v, do, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+        ds = p * (dp - delta)
+        acc_s_lhs = p.astype(jnp.bfloat16)
+        acc_s_rhs = do
+        if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
+            acc_s_lhs = _fill_past(acc_s_lhs, s_start, s_, 1, 0)
+            acc_s_rhs = _fill_past(acc_s_rhs, s_start, s_, 0, 0)
+        acc_s = acc_s + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
+        acc_s__lhs = (ds * 0.088388).astype(jnp.bfloat16)
+        acc_s__rhs = q
+        if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
+            acc_s__lhs = _fill_past(acc_s__lhs, s_start, s_, 1, 0)
+            acc_s__rhs = _fill_past(acc_s__rhs, s_start, s_, 0, 0)
+        acc_s_ = acc_s_ + jnp.dot(acc_s__lhs, acc_s__rhs, preferred_element_type=jnp.float32)
+        return acc_s, acc_s_
+
+    acc_s, acc_s_ = jax.lax.fori_loop(
+        0,
+        pl.cdiv(s_, block_s),
+        accumulate,
+        (
+            jnp.full((block_t, block_d), 0, jnp.float32),
+            jnp.full((block_t, block_d), 0, jnp.float32),
+        ),
+    )
+    acc_s__ = acc_s
+    acc_s___ = acc_s_
+    _store(dv_r_ref, acc_s__, _mask((block_t, block_d), in_t, in_d))
+    _store(dk_r_ref, acc_s___, _mask((block_t, block_d), in_t, in_d))
+
+
+# GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, G, R, T, D, S) shown (the spec's .tuning.json file), the entry nearest the
+# call's sizes winning. None: any other GPU (the spec's).
+_gqa_backward_dkdv_gpu_options = {None: (64, 64, 4, 1)}
+
+
+def _gqa_backward_dkdv_gpu(
+    q,
+    k,
+    v,
+    do,
+    lse,
+    delta,
+    *,
+    b,
+    g,
+    r,
+    t,
+    d,
+    s_,
+    block_t,
+    block_s,
+    num_warps,
+    num_stages,
+    interpret,
+):
+    """`gqa_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_t, block_s, num_warps, num_stages = _gpu_options(
+        _gqa_backward_dkdv_gpu_options,
+        (b, g, r, t, d, s_),
+        (block_t, block_s, num_warps, num_stages),
+    )
+    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
+    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _gqa_backward_dkdv_gpu_kernel,
+            b=b,
+            g=g,
+            r=r,
+            t=t,
+            d=d,
+            s_=s_,
+            block_t=block_t,
+            block_s=block_s,
+            block_d=block_d,
+        ),
+        # One program per element of B, element of G, element of R, block of T; programs run
+        # concurrently. Each holds all of D (one block of the next power of two). Each loops
+        # over the blocks of S itself, carrying running values.
+        grid=(b, g, r, pl.cdiv(t, block_t)),
+        in_specs=[
+            # q: bf16[B, G, R, S, D]
+            pl.BlockSpec((None, None, None, s_, block_d), lambda b, g, r, i3: (b, g, r, 0, 0)),
+            # k: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, g, r, i3: (b, g, i3, 0)),
+            # v: bf16[B, G, T, D]
+            pl.BlockSpec((None, None, block_t, block_d), lambda b, g, r, i3: (b, g, i3, 0)),
+            # do: bf16[B, G, R, S, D]
+            pl.BlockSpec((None, None, None, s_, block_d), lambda b, g, r, i3: (b, g, r, 0, 0)),
+            # lse: f32[B, G, R, S]
+            pl.BlockSpec((None, None, None, 1, s_), lambda b, g, r, i3: (b, g, r, 0, 0)),
+            # delta: f32[B, G, R, S]
+            pl.BlockSpec((None, None, None, 1, s_), lambda b, g, r, i3: (b, g, r, 0, 0)),
+        ],
+        out_specs=(
+            # dk_r: f32[B, G, R, T, D]
+            pl.BlockSpec(
+                (None, None, None, block_t, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)
+            ),
+            # dv_r: f32[B, G, R, T, D]
+            pl.BlockSpec(
+                (None, None, None, block_t, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)
+            ),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, g, r, t, d), jnp.float32),  # dk_r
+            jax.ShapeDtypeStruct((b, g, r, t, d), jnp.float32),  # dv_r
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="gqa_backward_dkdv",
+    )(q, k, v, do, lse, delta)
+
+
+# `gqa_backward_dkdv` has no Mosaic GPU kernel (fused kernels (several products,
+# computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_b",
+        "block_g",
+        "block_t",
+        "gpu_block_b",
+        "gpu_block_g",
+        "gpu_block_t",
+        "gpu_block_d",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def gqa_backward_over_r(
+    dk_r,
+    dv_r,
+    *,
+    block_b=None,
+    block_g=None,
+    block_t=None,
+    gpu_block_b=None,
+    gpu_block_g=None,
+    gpu_block_t=None,
+    gpu_block_d=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `gqa` (FlashAttention-2), generated from its spec:
+    dk, dv summed over R.
+
+    Args:
+      dk_r: f32[B, G, R, T, D].
+      dv_r: f32[B, G, R, T, D].
+      block_b, block_g, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_gqa_backward_over_r_tpu_blocks),
+        grown to large steps (_grown), else 1, 1, 256.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: elementwise kernels of rank above 2 are not
+        on Mosaic GPU yet.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dk: bf16[B, G, T, D]; dv: bf16[B, G, T, D].
+    """
+    (dk_r, dv_r), sizes = _operands(
+        "gqa_backward_over_r",
+        {
+            "dk_r": (dk_r, jnp.float32, ("B", "G", "R", "T", "D")),
+            "dv_r": (dv_r, jnp.float32, ("B", "G", "R", "T", "D")),
+        },
+    )
+    _check_blocks(
+        "gqa_backward_over_r", block_b=block_b, block_g=block_g, block_t=block_t, may_be_none=True
+    )
+    _check_blocks(
+        "gqa_backward_over_r",
+        gpu_block_b=gpu_block_b,
+        gpu_block_g=gpu_block_g,
+        gpu_block_t=gpu_block_t,
+        gpu_block_d=gpu_block_d,
+        may_be_none=True,
+    )
+    b = sizes["B"]
+    g = sizes["G"]
+    r = sizes["R"]
+    t = sizes["T"]
+    d = sizes["D"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            gqa_backward_over_r_reference,
+            (((b, g, t, d), jnp.bfloat16), ((b, g, t, d), jnp.bfloat16)),
+            dk_r,
+            dv_r,
+        )
+    dk, dv = _on_platform(
+        functools.partial(
+            _gqa_backward_over_r_tpu,
+            b=b,
+            g=g,
+            r=r,
+            t=t,
+            d=d,
+            block_b=block_b,
+            block_g=block_g,
+            block_t=block_t,
+        ),
+        _gpu_kernel(
+            "gqa_backward_over_r",
+            gpu_backend,
+            functools.partial(
+                _gqa_backward_over_r_gpu,
+                b=b,
+                g=g,
+                r=r,
+                t=t,
+                d=d,
+                block_b=gpu_block_b,
+                block_g=gpu_block_g,
+                block_t=gpu_block_t,
+                block_d=gpu_block_d,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
+        ),
+        interpret,
+        dk_r,
+        dv_r,
+    )
+    dk = dk.reshape((b, g, t, d))  # the kernel holds it with size 1 along the dimensions it lacks
+    dv = dv.reshape((b, g, t, d))  # the kernel holds it with size 1 along the dimensions it lacks
+    return dk, dv
+
+
+def gqa_backward_over_r_reference(dk_r, dv_r):
+    """`gqa_backward_over_r` in plain jax.numpy, to test the kernel against."""
+    b = dk_r.shape[0]
+    g = dk_r.shape[1]
+    r = dk_r.shape[2]
+    t = dk_r.shape[3]
+    d = dk_r.shape[4]
+    dk = jnp.sum(dk_r, axis=2, keepdims=True, dtype=jnp.float32).astype(jnp.bfloat16)
+    dv = jnp.sum(dv_r, axis=2, keepdims=True, dtype=jnp.float32).astype(jnp.bfloat16)
+    dk = dk.reshape((b, g, t, d))
+    dv = dv.reshape((b, g, t, d))
+    return dk, dv
+
+
+def _gqa_backward_over_r_kernel(
+    dk_r_ref, dv_r_ref, dk_ref, dv_ref, *, b, g, r, t, d, block_b, block_g, block_t
+):
+    dk_r = dk_r_ref[...]
+    dv_r = dv_r_ref[...]
+    dk_ref[...] = jnp.sum(dk_r, axis=2, keepdims=True).astype(jnp.bfloat16)
+    dv_ref[...] = jnp.sum(dv_r, axis=2, keepdims=True).astype(jnp.bfloat16)
+
+
+# TPU blocks (block_b, block_g, block_t) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (B, G, R, T, D) shown (the spec's .tuning.json
+# file), the entry nearest the call's sizes winning; else the chip's default. None:
+# any other chip, and CPU (the spec's blocks).
+_gqa_backward_over_r_tpu_blocks = {
+    None: {"default": (1, 1, 256)},
+    "v5e": {"default": (1, 1, 256)},
+    "v6e": {"default": (1, 1, 256)},
+}
+
+
+def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, block_t, interpret):
+    """`gqa_backward_over_r` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_b, block_g, block_t = _tpu_blocks(
+        _gqa_backward_over_r_tpu_blocks,
+        (b, g, r, t, d),
+        (block_b, block_g, block_t),
+        grow=functools.partial(
+            _grown,
+            bounds=(b, g, t),
+            step=lambda block_b, block_g, block_t: (
+                block_b * block_g * r * block_t * d,
+                24 * block_b * block_g * r * block_t * d + 8 * block_b * block_g * block_t * d,
+            ),
+        ),
+    )
+    block_b = min(block_b, b)  # a small B is one whole block
+    block_g = min(block_g, g)  # a small G is one whole block
+    block_t = min(block_t, t)  # a small T is one whole block
+    _check_tiling(
+        "gqa_backward_over_r",
+        block_t=(
+            block_t,
+            t,
+            16,
+            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks per unit of R x D: 8.0 KiB = 2 buffers x (dk_r 1.0 KiB +
+    # dv_r 1.0 KiB + dk 512 B + dv 512 B) + sum's 32-bit copy of a block 1.0 KiB + sum's
+    # 32-bit copy of a block 1.0 KiB.
+    return pl.pallas_call(
+        functools.partial(
+            _gqa_backward_over_r_kernel,
+            b=b,
+            g=g,
+            r=r,
+            t=t,
+            d=d,
+            block_b=block_b,
+            block_g=block_g,
+            block_t=block_t,
+        ),
+        # One step per block of B, block of G, block of T (R, D taken whole); steps are
+        # independent, so every axis is parallel.
+        grid=(pl.cdiv(b, block_b), pl.cdiv(g, block_g), pl.cdiv(t, block_t)),
+        in_specs=[
+            # dk_r: f32[B, G, R, T, D]
+            pl.BlockSpec((block_b, block_g, r, block_t, d), lambda i, j, k: (i, j, 0, k, 0)),
+            # dv_r: f32[B, G, R, T, D]
+            pl.BlockSpec((block_b, block_g, r, block_t, d), lambda i, j, k: (i, j, 0, k, 0)),
+        ],
+        out_specs=(
+            # dk: bf16[B, G, T, D], broadcast over R
+            pl.BlockSpec((block_b, block_g, 1, block_t, d), lambda i, j, k: (i, j, 0, k, 0)),
+            # dv: bf16[B, G, T, D], broadcast over R
+            pl.BlockSpec((block_b, block_g, 1, block_t, d), lambda i, j, k: (i, j, 0, k, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, g, 1, t, d), jnp.bfloat16),  # dk
+            jax.ShapeDtypeStruct((b, g, 1, t, d), jnp.bfloat16),  # dv
+        ),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                24 * block_b * block_g * r * block_t * d + 8 * block_b * block_g * block_t * d
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * b * g * r * t * d,
+            transcendentals=0,
+            bytes_accessed=_nbytes(dk_r, dv_r) + b * g * r * t * d * 2 + b * g * r * t * d * 2,
+        ),
+        interpret=interpret,
+        name="gqa_backward_over_r",
+    )(dk_r, dv_r)
+
+
+def _gqa_backward_over_r_gpu_kernel(
+    dk_r_ref,
+    dv_r_ref,
+    dk_ref,
+    dv_ref,
+    *,
+    b,
+    g,
+    t,
+    d,
+    block_b,
+    block_g,
+    block_t,
+    block_d,
+    r,
+    block_r,
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_b = _inside(pl.program_id(0) * block_b, block_b, b)
+    in_g = _inside(pl.program_id(1) * block_g, block_g, g)
+    in_t = _inside(pl.program_id(2) * block_t, block_t, t)
+    in_d = _inside(pl.program_id(3) * block_d, block_d, d)
+    in_r = _inside(0, block_r, r)
+    inside = _mask((block_b, block_g, 1, block_t, block_d), in_b, in_g, None, in_t, in_d)
+    dk_r = _load(
+        dk_r_ref, _mask((block_b, block_g, block_r, block_t, block_d), in_b, in_g, in_r, in_t, in_d)
+    )
+    dv_r = _load(
+        dv_r_ref, _mask((block_b, block_g, block_r, block_t, block_d), in_b, in_g, in_r, in_t, in_d)
+    )
+    _store(
+        dk_ref,
+        jnp.sum(_fill_past(dk_r, 0, r, 2, 0.0), axis=2, keepdims=True).astype(jnp.bfloat16),
+        inside,
+    )
+    _store(
+        dv_ref,
+        jnp.sum(_fill_past(dv_r, 0, r, 2, 0.0), axis=2, keepdims=True).astype(jnp.bfloat16),
+        inside,
+    )
+
+
+# GPU (Triton) blocks and launch options (block_b, block_g, block_t, block_d, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (B, G, R, T, D) shown (the spec's .tuning.json file), the
+# entry nearest the call's sizes winning. None: any other GPU (the spec's).
+_gqa_backward_over_r_gpu_options = {None: (1, 1, 1, 128, 4, 1)}
+
+
+def _gqa_backward_over_r_gpu(
+    dk_r,
+    dv_r,
+    *,
+    b,
+    g,
+    r,
+    t,
+    d,
+    block_b,
+    block_g,
+    block_t,
+    block_d,
+    num_warps,
+    num_stages,
+    interpret,
+):
+    """`gqa_backward_over_r` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_b, block_g, block_t, block_d, num_warps, num_stages = _gpu_options(
+        _gqa_backward_over_r_gpu_options,
+        (b, g, r, t, d),
+        (block_b, block_g, block_t, block_d, num_warps, num_stages),
+    )
+    block_b = min(block_b, pl.next_power_of_2(b))  # a small B is one block
+    block_g = min(block_g, pl.next_power_of_2(g))  # a small G is one block
+    block_t = min(block_t, pl.next_power_of_2(t))  # a small T is one block
+    block_d = min(block_d, pl.next_power_of_2(d))  # a small D is one block
+    block_r = pl.next_power_of_2(r)  # all of R in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _gqa_backward_over_r_gpu_kernel,
+            b=b,
+            g=g,
+            t=t,
+            d=d,
+            block_b=block_b,
+            block_g=block_g,
+            block_t=block_t,
+            block_d=block_d,
+            r=r,
+            block_r=block_r,
+        ),
+        # One program per block of B, block of G, block of T, block of D; programs run
+        # concurrently. Each holds all of R (one block of the next power of two).
+        grid=(pl.cdiv(b, block_b), pl.cdiv(g, block_g), pl.cdiv(t, block_t), pl.cdiv(d, block_d)),
+        in_specs=[
+            # dk_r: f32[B, G, R, T, D]
+            pl.BlockSpec(
+                (block_b, block_g, block_r, block_t, block_d), lambda i, j, k, l: (i, j, 0, k, l)
+            ),
+            # dv_r: f32[B, G, R, T, D]
+            pl.BlockSpec(
+                (block_b, block_g, block_r, block_t, block_d), lambda i, j, k, l: (i, j, 0, k, l)
+            ),
+        ],
+        out_specs=(
+            # dk: bf16[B, G, T, D], broadcast over R
+            pl.BlockSpec(
+                (block_b, block_g, 1, block_t, block_d), lambda i, j, k, l: (i, j, 0, k, l)
+            ),
+            # dv: bf16[B, G, T, D], broadcast over R
+            pl.BlockSpec(
+                (block_b, block_g, 1, block_t, block_d), lambda i, j, k, l: (i, j, 0, k, l)
+            ),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, g, 1, t, d), jnp.bfloat16),  # dk
+            jax.ShapeDtypeStruct((b, g, 1, t, d), jnp.bfloat16),  # dv
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="gqa_backward_over_r",
+    )(dk_r, dv_r)
+
+
+# `gqa_backward_over_r` has no Mosaic GPU kernel (elementwise kernels of rank above 2
+# are not on Mosaic GPU yet): it runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
         "block_m",
         "block_k",
         "gpu_block_m",
@@ -3894,10 +11064,10 @@ def matmul_softmax(
     *,
     block_m=None,
     block_k=None,
-    gpu_block_m=64,
-    gpu_block_k=64,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_k=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -3909,7 +11079,8 @@ def matmul_softmax(
       block_m, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_matmul_softmax_tpu_blocks), or grown to large steps
         (_grown), else 128, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
@@ -3927,7 +11098,9 @@ def matmul_softmax(
         "matmul_softmax", {"x": (x, jnp.bfloat16, ("M", "K")), "w": (w, jnp.bfloat16, ("K", "N"))}
     )
     _check_blocks("matmul_softmax", block_m=block_m, block_k=block_k, may_be_none=True)
-    _check_blocks("matmul_softmax", gpu_block_m=gpu_block_m, gpu_block_k=gpu_block_k)
+    _check_blocks(
+        "matmul_softmax", gpu_block_m=gpu_block_m, gpu_block_k=gpu_block_k, may_be_none=True
+    )
     m = sizes["M"]
     n = sizes["N"]
     k = sizes["K"]
@@ -4156,8 +11329,18 @@ def _matmul_softmax_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, k, block_m, block_k
     )
 
 
+# GPU (Triton) blocks and launch options (block_m, block_k, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's
+# sizes winning. None: any other GPU (the spec's).
+_matmul_softmax_gpu_options = {None: (64, 64, 4, 1)}
+
+
 def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stages, interpret):
     """`matmul_softmax` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_k, num_warps, num_stages = _gpu_options(
+        _matmul_softmax_gpu_options, (m, n, k), (block_m, block_k, num_warps, num_stages)
+    )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
@@ -4214,10 +11397,10 @@ def rmsnorm_matmul(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=64,
-    gpu_block_n=64,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -4230,7 +11413,8 @@ def rmsnorm_matmul(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_rmsnorm_matmul_tpu_blocks), or grown to large steps
         (_grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
@@ -4253,7 +11437,9 @@ def rmsnorm_matmul(
         },
     )
     _check_blocks("rmsnorm_matmul", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("rmsnorm_matmul", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks(
+        "rmsnorm_matmul", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+    )
     m = sizes["M"]
     n = sizes["N"]
     k = sizes["K"]
@@ -4475,8 +11661,18 @@ def _rmsnorm_matmul_gpu_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_m, 
     )
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N, K) shown (the spec's .tuning.json file), the entry nearest the call's
+# sizes winning. None: any other GPU (the spec's).
+_rmsnorm_matmul_gpu_options = {None: (64, 64, 4, 1)}
+
+
 def _rmsnorm_matmul_gpu(x, g, w, *, m, n, k, block_m, block_n, num_warps, num_stages, interpret):
     """`rmsnorm_matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _rmsnorm_matmul_gpu_options, (m, n, k), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     block_k = pl.next_power_of_2(k)  # all of K in one block, masked past its end

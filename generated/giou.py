@@ -51,6 +51,35 @@ def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
     return on_mosaic_gpu
 
 
+def _gpu_device_kind():
+    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
+    default device's if it is a GPU, else the first GPU's (None without one)."""
+    device = jax.config.jax_default_device
+    if getattr(device, "platform", None) == "gpu":
+        return device.device_kind
+    try:
+        return jax.devices("gpu")[0].device_kind
+    except RuntimeError:  # no GPU backend
+        return None
+
+
+def _gpu_options(table, sizes, given):
+    """The blocks and launch options of a GPU (Triton) call: those `given` (not None) as
+    they are, the others from `table`: for the GPU compiled for (see `_gpu_device_kind`),
+    the tuned entry whose sizes are nearest the call's (in powers of two), else the
+    spec's, `table[None]`."""
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
+    tuned = table.get(kind) if kind is not None else None
+    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
+    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
+
+
 def _mgpu_pad(array, shape):
     """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
     if array.shape == shape:
@@ -289,10 +318,11 @@ def _vmem_limit(needed):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 
     None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
-    blocks would fail to compile, so they ask for 100 MiB of the 128 MiB a v5e or v6e
-    core has: the rest is headroom for Mosaic's own scratch and the intermediates.
+    blocks would fail to compile, so they ask for twice what they need, at most 100 MiB of
+    the 128 MiB a v5e or v6e core has. Not more: compiled for libtpu's cost estimate, blocks
+    of 28 MiB that asked for 100 MiB ran out of VMEM (the ask counted beside the use).
     """
-    return None if needed <= 16 * 2**20 else 100 * 2**20
+    return None if needed <= 16 * 2**20 else min(2 * needed, 100 * 2**20)
 
 
 def _inside(start, block, size):
@@ -361,10 +391,10 @@ def giou(
     *,
     block_b=None,
     block_n=None,
-    gpu_block_b=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_b=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     eps=1e-07,
     interpret=None,
@@ -386,7 +416,8 @@ def giou(
       block_b, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_giou_tpu_blocks),
         grown to large steps (_grown), else 256, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       eps: a static f32 (default 1e-07).
@@ -412,7 +443,7 @@ def giou(
         },
     )
     _check_blocks("giou", block_b=block_b, block_n=block_n, may_be_none=True)
-    _check_blocks("giou", gpu_block_b=gpu_block_b, gpu_block_n=gpu_block_n)
+    _check_blocks("giou", gpu_block_b=gpu_block_b, gpu_block_n=gpu_block_n, may_be_none=True)
     b = sizes["B"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -681,6 +712,13 @@ def _giou_gpu_kernel(
     _store(giou_ref, inter / (union + eps) - (hull - union) / (hull + eps), inside)
 
 
+# GPU (Triton) blocks and launch options (block_b, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_giou_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _giou_gpu(
     ax1,
     ay1,
@@ -701,6 +739,9 @@ def _giou_gpu(
     interpret,
 ):
     """`giou` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_b, block_n, num_warps, num_stages = _gpu_options(
+        _giou_gpu_options, (b, n), (block_b, block_n, num_warps, num_stages)
+    )
     block_b = min(block_b, pl.next_power_of_2(b))  # a small B is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -884,10 +925,10 @@ def giou_backward(
     *,
     block_b=None,
     block_n=None,
-    gpu_block_b=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_b=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     eps=1e-07,
     interpret=None,
@@ -908,7 +949,8 @@ def giou_backward(
       block_b, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_giou_backward_tpu_blocks),
         grown to large steps (_grown), else 256, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       eps: a static f32 (default 1e-07).
@@ -933,7 +975,9 @@ def giou_backward(
         },
     )
     _check_blocks("giou_backward", block_b=block_b, block_n=block_n, may_be_none=True)
-    _check_blocks("giou_backward", gpu_block_b=gpu_block_b, gpu_block_n=gpu_block_n)
+    _check_blocks(
+        "giou_backward", gpu_block_b=gpu_block_b, gpu_block_n=gpu_block_n, may_be_none=True
+    )
     b = sizes["B"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -1479,6 +1523,13 @@ def _giou_backward_gpu_kernel(
     )
 
 
+# GPU (Triton) blocks and launch options (block_b, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (B, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_giou_backward_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _giou_backward_gpu(
     ax1,
     ay1,
@@ -1500,6 +1551,9 @@ def _giou_backward_gpu(
     interpret,
 ):
     """`giou_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_b, block_n, num_warps, num_stages = _gpu_options(
+        _giou_backward_gpu_options, (b, n), (block_b, block_n, num_warps, num_stages)
+    )
     block_b = min(block_b, pl.next_power_of_2(b))  # a small B is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(

@@ -51,6 +51,92 @@ def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
     return on_mosaic_gpu
 
 
+def _gpu_device_kind():
+    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
+    default device's if it is a GPU, else the first GPU's (None without one)."""
+    device = jax.config.jax_default_device
+    if getattr(device, "platform", None) == "gpu":
+        return device.device_kind
+    try:
+        return jax.devices("gpu")[0].device_kind
+    except RuntimeError:  # no GPU backend
+        return None
+
+
+def _gpu_options(table, sizes, given):
+    """The blocks and launch options of a GPU (Triton) call: those `given` (not None) as
+    they are, the others from `table`: for the GPU compiled for (see `_gpu_device_kind`),
+    the tuned entry whose sizes are nearest the call's (in powers of two), else the
+    spec's, `table[None]`."""
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
+    tuned = table.get(kind) if kind is not None else None
+    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
+    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
+
+
+def _mgpu_pad(array, shape):
+    """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
+    if array.shape == shape:
+        return array
+    return jnp.pad(array, [(0, padded - size) for size, padded in zip(array.shape, shape)])
+
+
+def _mgpu_swizzled(dtype, columns):
+    """The shared-memory tiling and swizzle of a 2-D block `columns` wide, as wgmma and
+    the WGMMA register layout read it."""
+    swizzle = plgpu.find_swizzle(columns * jnp.dtype(dtype).itemsize * 8)
+    return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(
+        swizzle
+    )
+
+
+def _mgpu_load(ref, shape, dims):
+    """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
+    along `dims` (its position in `shape`) in the layout's row or column, broadcast."""
+    if len(dims) == len(shape):
+        return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
+    vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
+    return jax.lax.broadcast_in_dim(vector, shape, dims)
+
+
+def _mgpu_spread(vector, shape, dim):
+    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
+    broadcast over the block's other axis."""
+    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
+
+
+def _mgpu_load_vector(ref, dim):
+    """A vector along axis `dim` of a block, from shared memory, in the WGMMA layout's row
+    (0) or column (1) layout."""
+    return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dim))
+
+
+def _mgpu_full(size, value, dtype, dim):
+    """A running value per position along axis `dim` of a block, `value` in each."""
+    return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
+
+
+def _mgpu_positions(start, shape, axis):
+    """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
+    return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
+
+
+def _mgpu_logsumexp_step(top, total, x, axis):
+    """The running (max, sum of exp(x - max)) after one more block `x`, reduced over `axis`."""
+    new_top = jnp.maximum(top, jnp.max(x, axis=axis))
+    shift = jnp.where(new_top > -jnp.inf, new_top, 0.0)
+    total = total * jnp.exp(top - shift) + jnp.sum(
+        jnp.exp(x - _mgpu_spread(shift, x.shape, 1 - axis)), axis=axis
+    )
+    return new_top, total
+
+
 def _on_platform(tpu, gpu, interpret, *arrays):
     """Runs the kernel built for the platform being compiled for.
 
@@ -264,10 +350,11 @@ def _vmem_limit(needed):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 
     None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
-    blocks would fail to compile, so they ask for 100 MiB of the 128 MiB a v5e or v6e
-    core has: the rest is headroom for Mosaic's own scratch and the intermediates.
+    blocks would fail to compile, so they ask for twice what they need, at most 100 MiB of
+    the 128 MiB a v5e or v6e core has. Not more: compiled for libtpu's cost estimate, blocks
+    of 28 MiB that asked for 100 MiB ran out of VMEM (the ask counted beside the use).
     """
-    return None if needed <= 16 * 2**20 else 100 * 2**20
+    return None if needed <= 16 * 2**20 else min(2 * needed, 100 * 2**20)
 
 
 def _inside(start, block, size):
@@ -348,10 +435,10 @@ def cross_entropy(
     *,
     block_m=None,
     block_v=None,
-    gpu_block_m=1,
-    gpu_block_v=1024,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_v=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -364,10 +451,10 @@ def cross_entropy(
       block_m, block_v: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_cross_entropy_tpu_blocks),
         grown to large steps (_grown), else 16, 2048.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -381,7 +468,9 @@ def cross_entropy(
         {"logits": (logits, jnp.bfloat16, ("M", "V")), "label": (label, jnp.int32, ("M",))},
     )
     _check_blocks("cross_entropy", block_m=block_m, block_v=block_v, may_be_none=True)
-    _check_blocks("cross_entropy", gpu_block_m=gpu_block_m, gpu_block_v=gpu_block_v)
+    _check_blocks(
+        "cross_entropy", gpu_block_m=gpu_block_m, gpu_block_v=gpu_block_v, may_be_none=True
+    )
     m = sizes["M"]
     v = sizes["V"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -453,7 +542,7 @@ def _cross_entropy_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_cross_entropy_mosaic_gpu, m=m, v=v),
         ),
         interpret,
         logits,
@@ -639,8 +728,18 @@ def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, *, m, v, block_m,
     _store(loss_ref, logsumexp_v - sum_v, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, V) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_cross_entropy_gpu_options = {None: (1, 1024, 4, 1)}
+
+
 def _cross_entropy_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_stages, interpret):
     """`cross_entropy` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_v, num_warps, num_stages = _gpu_options(
+        _cross_entropy_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_v = min(block_v, pl.next_power_of_2(v))  # a small V is one block
     return pl.pallas_call(
@@ -663,5 +762,91 @@ def _cross_entropy_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_
     )(logits, label)
 
 
-# `cross_entropy` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
-# runs on Triton.
+def _cross_entropy_mosaic_gpu_kernel(
+    logits_ref, label_ref, loss_ref, barrier, label_smem, loss_smem, *, block_m, block_v, v
+):
+    program_m = jax.lax.axis_index("M")
+    plgpu.copy_gmem_to_smem(
+        label_ref.at[pl.ds(program_m * block_m, block_m)], label_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+    label = _mgpu_load_vector(label_smem, 0)
+
+    def reduce_1(indices, logits_smem, carry):
+        logsumexp_v_running, logsumexp_v_index, sum_v_running = carry
+        start = indices[0] * block_v
+        logits = _mgpu_load(logits_smem, (block_m, block_v), (0, 1))
+        z = logits.astype(jnp.float32)
+        logsumexp_v_block = z
+        if v % block_v:  # a ragged V: its identity past the end
+            logsumexp_v_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_v), 1) < v, logsumexp_v_block, -jnp.inf
+            )
+        logsumexp_v_running, logsumexp_v_index = _mgpu_logsumexp_step(
+            logsumexp_v_running, logsumexp_v_index, logsumexp_v_block, 1
+        )
+        sum_v_block = jnp.where(
+            _mgpu_positions(start, (block_m, block_v), 1)
+            == _mgpu_spread(label, (block_m, block_v), 0),
+            z,
+            0,
+        )
+        if v % block_v:  # a ragged V: its identity past the end
+            sum_v_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_v), 1) < v, sum_v_block, 0.0
+            )
+        sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1)
+        return (logsumexp_v_running, logsumexp_v_index, sum_v_running)
+
+    logsumexp_v_running, logsumexp_v_index, sum_v_running = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(logits_ref.shape[1] // block_v,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_v),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_v),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            _mgpu_full(block_m, 0.0, jnp.float32, 0),
+            _mgpu_full(block_m, 0.0, jnp.float32, 0),
+        ),
+    )(logits_ref)
+    logsumexp_v = _logsumexp_finish(logsumexp_v_running, logsumexp_v_index)
+    sum_v = sum_v_running
+    loss = logsumexp_v - sum_v
+    loss_smem[...] = loss
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(loss_smem, loss_ref.at[pl.ds(program_m * block_m, block_m)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _cross_entropy_mosaic_gpu(logits, label, *, m, v, interpret):
+    """`cross_entropy` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_v = 128
+    padded_m = m + -m % block_m
+    padded_v = v + -v % block_v
+    logits = _mgpu_pad(logits, (padded_m, padded_v))
+    label = label.reshape((m,))
+    label = _mgpu_pad(label, (padded_m,))
+    (loss,) = plgpu.kernel(
+        functools.partial(_cross_entropy_mosaic_gpu_kernel, block_m=block_m, block_v=block_v, v=v),
+        out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.float32),),
+        scratch_types=[
+            plgpu.Barrier(num_barriers=1),
+            plgpu.SMEM((block_m,), jnp.int32),
+            plgpu.SMEM((block_m,), jnp.float32),
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(logits, label)
+    return loss[:m].reshape((m, 1))

@@ -51,6 +51,35 @@ def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
     return on_mosaic_gpu
 
 
+def _gpu_device_kind():
+    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
+    default device's if it is a GPU, else the first GPU's (None without one)."""
+    device = jax.config.jax_default_device
+    if getattr(device, "platform", None) == "gpu":
+        return device.device_kind
+    try:
+        return jax.devices("gpu")[0].device_kind
+    except RuntimeError:  # no GPU backend
+        return None
+
+
+def _gpu_options(table, sizes, given):
+    """The blocks and launch options of a GPU (Triton) call: those `given` (not None) as
+    they are, the others from `table`: for the GPU compiled for (see `_gpu_device_kind`),
+    the tuned entry whose sizes are nearest the call's (in powers of two), else the
+    spec's, `table[None]`."""
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
+    tuned = table.get(kind) if kind is not None else None
+    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
+    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
+
+
 def _mgpu_pad(array, shape):
     """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
     if array.shape == shape:
@@ -74,6 +103,28 @@ def _mgpu_load(ref, shape, dims):
         return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
     vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
     return jax.lax.broadcast_in_dim(vector, shape, dims)
+
+
+def _mgpu_spread(vector, shape, dim):
+    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
+    broadcast over the block's other axis."""
+    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
+
+
+def _mgpu_load_vector(ref, dim):
+    """A vector along axis `dim` of a block, from shared memory, in the WGMMA layout's row
+    (0) or column (1) layout."""
+    return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dim))
+
+
+def _mgpu_full(size, value, dtype, dim):
+    """A running value per position along axis `dim` of a block, `value` in each."""
+    return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
+
+
+def _mgpu_positions(start, shape, axis):
+    """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
+    return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
 
 
 def _on_platform(tpu, gpu, interpret, *arrays):
@@ -289,10 +340,11 @@ def _vmem_limit(needed):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 
     None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
-    blocks would fail to compile, so they ask for 100 MiB of the 128 MiB a v5e or v6e
-    core has: the rest is headroom for Mosaic's own scratch and the intermediates.
+    blocks would fail to compile, so they ask for twice what they need, at most 100 MiB of
+    the 128 MiB a v5e or v6e core has. Not more: compiled for libtpu's cost estimate, blocks
+    of 28 MiB that asked for 100 MiB ran out of VMEM (the ask counted beside the use).
     """
-    return None if needed <= 16 * 2**20 else 100 * 2**20
+    return None if needed <= 16 * 2**20 else min(2 * needed, 100 * 2**20)
 
 
 def _inside(start, block, size):
@@ -363,11 +415,11 @@ def matmul(
     block_m=None,
     block_n=None,
     block_k=None,
-    gpu_block_m=64,
-    gpu_block_n=64,
-    gpu_block_k=32,
-    gpu_warps=4,
-    gpu_stages=3,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_block_k=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -379,7 +431,8 @@ def matmul(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_tpu_blocks),
         else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -396,7 +449,11 @@ def matmul(
     )
     _check_blocks("matmul", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True)
     _check_blocks(
-        "matmul", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, gpu_block_k=gpu_block_k
+        "matmul",
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        gpu_block_k=gpu_block_k,
+        may_be_none=True,
     )
     m = sizes["M"]
     n = sizes["N"]
@@ -594,8 +651,18 @@ def _matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_
     _store(z_ref, acc, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_gpu_options = {None: (64, 64, 32, 4, 3)}
+
+
 def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     """`matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+        _matmul_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
+    )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
@@ -713,11 +780,11 @@ def matmul_backward_x(
     block_m=None,
     block_k=None,
     block_n=None,
-    gpu_block_m=64,
-    gpu_block_k=64,
-    gpu_block_n=32,
-    gpu_warps=4,
-    gpu_stages=3,
+    gpu_block_m=None,
+    gpu_block_k=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -730,7 +797,8 @@ def matmul_backward_x(
       block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_backward_x_tpu_blocks),
         else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -751,6 +819,7 @@ def matmul_backward_x(
         gpu_block_m=gpu_block_m,
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
     m = sizes["M"]
     k = sizes["K"]
@@ -904,10 +973,22 @@ def _matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_m, bl
     _store(dx_ref, acc, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_backward_x_gpu_options = {None: (64, 64, 32, 4, 3)}
+
+
 def _matmul_backward_x_gpu(
     dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`matmul_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
+        _matmul_backward_x_gpu_options,
+        (m, k, n),
+        (block_m, block_k, block_n, num_warps, num_stages),
+    )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
@@ -1033,11 +1114,11 @@ def matmul_backward_y(
     block_k=None,
     block_n=None,
     block_m=None,
-    gpu_block_k=64,
-    gpu_block_n=64,
-    gpu_block_m=32,
-    gpu_warps=4,
-    gpu_stages=3,
+    gpu_block_k=None,
+    gpu_block_n=None,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -1050,7 +1131,8 @@ def matmul_backward_y(
       block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_backward_y_tpu_blocks),
         else 1024, 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -1071,6 +1153,7 @@ def matmul_backward_y(
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         gpu_block_m=gpu_block_m,
+        may_be_none=True,
     )
     k = sizes["K"]
     n = sizes["N"]
@@ -1219,10 +1302,22 @@ def _matmul_backward_y_gpu_kernel(x_ref, dz_ref, dy_ref, *, k, n, m, block_k, bl
     _store(dy_ref, acc, inside)
 
 
+# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (K, N, M) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_backward_y_gpu_options = {None: (64, 64, 32, 4, 3)}
+
+
 def _matmul_backward_y_gpu(
     x, dz, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`matmul_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_k, block_n, block_m, num_warps, num_stages = _gpu_options(
+        _matmul_backward_y_gpu_options,
+        (k, n, m),
+        (block_k, block_n, block_m, num_warps, num_stages),
+    )
     block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
@@ -1350,11 +1445,11 @@ def matmul_relu(
     block_m=None,
     block_n=None,
     block_k=None,
-    gpu_block_m=64,
-    gpu_block_n=64,
-    gpu_block_k=32,
-    gpu_warps=4,
-    gpu_stages=3,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_block_k=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -1366,7 +1461,8 @@ def matmul_relu(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_tpu_blocks),
         else 256, 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: jax.nn.relu (a custom_jvp) has no Mosaic GPU
@@ -1387,7 +1483,11 @@ def matmul_relu(
         "matmul_relu", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True
     )
     _check_blocks(
-        "matmul_relu", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, gpu_block_k=gpu_block_k
+        "matmul_relu",
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        gpu_block_k=gpu_block_k,
+        may_be_none=True,
     )
     m = sizes["M"]
     n = sizes["N"]
@@ -1640,8 +1740,18 @@ def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, b
     _store(z_ref, jax.nn.relu(acc), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_relu_gpu_options = {None: (64, 64, 32, 4, 3)}
+
+
 def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     """`matmul_relu` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+        _matmul_relu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
+    )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
@@ -1699,11 +1809,11 @@ def matmul_relu_with_residuals(
     block_m=None,
     block_n=None,
     block_k=None,
-    gpu_block_m=64,
-    gpu_block_n=64,
-    gpu_block_k=32,
-    gpu_warps=4,
-    gpu_stages=3,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_block_k=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -1716,7 +1826,8 @@ def matmul_relu_with_residuals(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_with_residuals_tpu_blocks),
         else 256, 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: jax.nn.relu (a custom_jvp) has no Mosaic GPU
@@ -1743,6 +1854,7 @@ def matmul_relu_with_residuals(
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         gpu_block_k=gpu_block_k,
+        may_be_none=True,
     )
     m = sizes["M"]
     n = sizes["N"]
@@ -1914,10 +2026,22 @@ def _matmul_relu_with_residuals_gpu_kernel(
     _store(z_ref, jax.nn.relu(acc), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_relu_with_residuals_gpu_options = {None: (64, 64, 32, 4, 3)}
+
+
 def _matmul_relu_with_residuals_gpu(
     x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`matmul_relu_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+        _matmul_relu_with_residuals_gpu_options,
+        (m, n, k),
+        (block_m, block_n, block_k, num_warps, num_stages),
+    )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
@@ -1979,10 +2103,10 @@ def matmul_relu_backward_epilogue(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -1995,7 +2119,8 @@ def matmul_relu_backward_epilogue(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_backward_epilogue_tpu_blocks),
         grown to large steps (_grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -2011,7 +2136,12 @@ def matmul_relu_backward_epilogue(
     _check_blocks(
         "matmul_relu_backward_epilogue", block_m=block_m, block_n=block_n, may_be_none=True
     )
-    _check_blocks("matmul_relu_backward_epilogue", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks(
+        "matmul_relu_backward_epilogue",
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -2128,10 +2258,22 @@ def _matmul_relu_backward_epilogue_gpu_kernel(acc_ref, dz_ref, dacc_ref, *, m, n
     _store(dacc_ref, jnp.where(acc > 0, dz, 0), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_matmul_relu_backward_epilogue_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _matmul_relu_backward_epilogue_gpu(
     acc, dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
     """`matmul_relu_backward_epilogue` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _matmul_relu_backward_epilogue_gpu_options,
+        (m, n),
+        (block_m, block_n, num_warps, num_stages),
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -2237,11 +2379,11 @@ def matmul_relu_backward_x(
     block_m=None,
     block_k=None,
     block_n=None,
-    gpu_block_m=64,
-    gpu_block_k=64,
-    gpu_block_n=32,
-    gpu_warps=4,
-    gpu_stages=3,
+    gpu_block_m=None,
+    gpu_block_k=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -2254,7 +2396,8 @@ def matmul_relu_backward_x(
       block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_backward_x_tpu_blocks),
         else 256, 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -2279,6 +2422,7 @@ def matmul_relu_backward_x(
         gpu_block_m=gpu_block_m,
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
     m = sizes["M"]
     k = sizes["K"]
@@ -2444,10 +2588,22 @@ def _matmul_relu_backward_x_gpu_kernel(
     _store(dx_ref, acc, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_relu_backward_x_gpu_options = {None: (64, 64, 32, 4, 3)}
+
+
 def _matmul_relu_backward_x_gpu(
     dacc, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`matmul_relu_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
+        _matmul_relu_backward_x_gpu_options,
+        (m, k, n),
+        (block_m, block_k, block_n, num_warps, num_stages),
+    )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
@@ -2576,11 +2732,11 @@ def matmul_relu_backward_y(
     block_k=None,
     block_n=None,
     block_m=None,
-    gpu_block_k=64,
-    gpu_block_n=64,
-    gpu_block_m=32,
-    gpu_warps=4,
-    gpu_stages=3,
+    gpu_block_k=None,
+    gpu_block_n=None,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -2593,7 +2749,8 @@ def matmul_relu_backward_y(
       block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_backward_y_tpu_blocks),
         else 512, 512, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -2618,6 +2775,7 @@ def matmul_relu_backward_y(
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         gpu_block_m=gpu_block_m,
+        may_be_none=True,
     )
     k = sizes["K"]
     n = sizes["N"]
@@ -2778,10 +2936,22 @@ def _matmul_relu_backward_y_gpu_kernel(
     _store(dy_ref, acc, inside)
 
 
+# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (K, N, M) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_relu_backward_y_gpu_options = {None: (64, 64, 32, 4, 3)}
+
+
 def _matmul_relu_backward_y_gpu(
     x, dacc, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`matmul_relu_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_k, block_n, block_m, num_warps, num_stages = _gpu_options(
+        _matmul_relu_backward_y_gpu_options,
+        (k, n, m),
+        (block_k, block_n, block_m, num_warps, num_stages),
+    )
     block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
@@ -2913,11 +3083,11 @@ def matmul_bias_gelu(
     block_m=None,
     block_n=None,
     block_k=None,
-    gpu_block_m=128,
-    gpu_block_n=128,
-    gpu_block_k=64,
-    gpu_warps=8,
-    gpu_stages=3,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_block_k=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -2930,7 +3100,8 @@ def matmul_bias_gelu(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_tpu_blocks),
         else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -2959,6 +3130,7 @@ def matmul_bias_gelu(
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         gpu_block_k=gpu_block_k,
+        may_be_none=True,
     )
     m = sizes["M"]
     n = sizes["N"]
@@ -3241,10 +3413,20 @@ def _matmul_bias_gelu_gpu_kernel(
     _store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_bias_gelu_gpu_options = {None: (128, 128, 64, 8, 3)}
+
+
 def _matmul_bias_gelu_gpu(
     x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`matmul_bias_gelu` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+        _matmul_bias_gelu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
+    )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
@@ -3380,11 +3562,11 @@ def matmul_bias_gelu_with_residuals(
     block_m=None,
     block_n=None,
     block_k=None,
-    gpu_block_m=128,
-    gpu_block_n=128,
-    gpu_block_k=64,
-    gpu_warps=8,
-    gpu_stages=3,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_block_k=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -3398,7 +3580,8 @@ def matmul_bias_gelu_with_residuals(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_with_residuals_tpu_blocks),
         else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: a product with several outputs is not on
@@ -3429,6 +3612,7 @@ def matmul_bias_gelu_with_residuals(
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         gpu_block_k=gpu_block_k,
+        may_be_none=True,
     )
     m = sizes["M"]
     n = sizes["N"]
@@ -3621,10 +3805,22 @@ def _matmul_bias_gelu_with_residuals_gpu_kernel(
     _store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_bias_gelu_with_residuals_gpu_options = {None: (128, 128, 64, 8, 3)}
+
+
 def _matmul_bias_gelu_with_residuals_gpu(
     x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`matmul_bias_gelu_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+        _matmul_bias_gelu_with_residuals_gpu_options,
+        (m, n, k),
+        (block_m, block_n, block_k, num_warps, num_stages),
+    )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
@@ -3689,10 +3885,10 @@ def matmul_bias_gelu_backward_epilogue(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -3706,7 +3902,8 @@ def matmul_bias_gelu_backward_epilogue(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_backward_epilogue_tpu_blocks),
         grown to large steps (_grown), else 512, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -3727,7 +3924,10 @@ def matmul_bias_gelu_backward_epilogue(
         "matmul_bias_gelu_backward_epilogue", block_m=block_m, block_n=block_n, may_be_none=True
     )
     _check_blocks(
-        "matmul_bias_gelu_backward_epilogue", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n
+        "matmul_bias_gelu_backward_epilogue",
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
     m = sizes["M"]
     n = sizes["N"]
@@ -3874,10 +4074,22 @@ def _matmul_bias_gelu_backward_epilogue_gpu_kernel(
     _store(dacc_ref, dz_1.astype(jnp.bfloat16), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_matmul_bias_gelu_backward_epilogue_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _matmul_bias_gelu_backward_epilogue_gpu(
     acc, bias, dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
     """`matmul_bias_gelu_backward_epilogue` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _matmul_bias_gelu_backward_epilogue_gpu_options,
+        (m, n),
+        (block_m, block_n, num_warps, num_stages),
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -3997,10 +4209,10 @@ def matmul_bias_gelu_backward_over_m(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=32,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -4014,10 +4226,10 @@ def matmul_bias_gelu_backward_over_m(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_backward_over_m_tpu_blocks),
         grown to large steps (_grown), else 512, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -4036,7 +4248,10 @@ def matmul_bias_gelu_backward_over_m(
         "matmul_bias_gelu_backward_over_m", block_m=block_m, block_n=block_n, may_be_none=True
     )
     _check_blocks(
-        "matmul_bias_gelu_backward_over_m", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n
+        "matmul_bias_gelu_backward_over_m",
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
     m = sizes["M"]
     n = sizes["N"]
@@ -4061,7 +4276,7 @@ def matmul_bias_gelu_backward_over_m(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_matmul_bias_gelu_backward_over_m_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         acc,
@@ -4226,10 +4441,22 @@ def _matmul_bias_gelu_backward_over_m_gpu_kernel(
     _store(dbias_ref, sum_m, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_matmul_bias_gelu_backward_over_m_gpu_options = {None: (32, 128, 4, 1)}
+
+
 def _matmul_bias_gelu_backward_over_m_gpu(
     acc, bias, dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
     """`matmul_bias_gelu_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _matmul_bias_gelu_backward_over_m_gpu_options,
+        (m, n),
+        (block_m, block_n, num_warps, num_stages),
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -4256,8 +4483,93 @@ def _matmul_bias_gelu_backward_over_m_gpu(
     )(acc, bias, dz)
 
 
-# `matmul_bias_gelu_backward_over_m` has no Mosaic GPU kernel (reductions are not on
-# Mosaic GPU yet): it runs on Triton.
+def _matmul_bias_gelu_backward_over_m_mosaic_gpu_kernel(
+    acc_ref, bias_ref, dz_ref, dbias_ref, barrier, bias_smem, dbias_smem, *, block_m, block_n, m
+):
+    program_n = jax.lax.axis_index("N")
+    plgpu.copy_gmem_to_smem(
+        bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+    bias = _mgpu_load_vector(bias_smem, 1)
+
+    def reduce_1(indices, acc_smem, dz_smem, carry):
+        (sum_m_running,) = carry
+        start = indices[0] * block_m
+        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
+        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        z_1 = acc + _mgpu_spread(bias, (block_m, block_n), 1)
+        z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
+        dz_1 = dz.astype(jnp.float32) * (
+            0.5 * (1 + z_2)
+            + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+        )
+        sum_m_block = dz_1
+        if m % block_m:  # a ragged M: its identity past the end
+            sum_m_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
+            )
+        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
+        return (sum_m_running,)
+
+    (sum_m_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(acc_ref.shape[0] // block_m,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (s, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (s, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_n, 0.0, jnp.float32, 1),),
+    )(acc_ref, dz_ref)
+    sum_m = sum_m_running
+    dbias = sum_m
+    dbias_smem[...] = dbias
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(dbias_smem, dbias_ref.at[pl.ds(program_n * block_n, block_n)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _matmul_bias_gelu_backward_over_m_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
+    """`matmul_bias_gelu_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    acc = _mgpu_pad(acc, (padded_m, padded_n))
+    bias = bias.reshape((n,))
+    bias = _mgpu_pad(bias, (padded_n,))
+    dz = _mgpu_pad(dz, (padded_m, padded_n))
+    (dbias,) = plgpu.kernel(
+        functools.partial(
+            _matmul_bias_gelu_backward_over_m_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            m=m,
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
+        scratch_types=[
+            plgpu.Barrier(num_barriers=1),
+            plgpu.SMEM((block_n,), jnp.float32),
+            plgpu.SMEM((block_n,), jnp.float32),
+        ],
+        grid=(padded_n // block_n,),
+        grid_names=("N",),
+        interpret=interpret,
+    )(acc, bias, dz)
+    return dbias[:n].reshape((1, n))
 
 
 @functools.partial(
@@ -4282,11 +4594,11 @@ def matmul_bias_gelu_backward_x(
     block_m=None,
     block_k=None,
     block_n=None,
-    gpu_block_m=128,
-    gpu_block_k=128,
-    gpu_block_n=32,
-    gpu_warps=8,
-    gpu_stages=3,
+    gpu_block_m=None,
+    gpu_block_k=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -4299,7 +4611,8 @@ def matmul_bias_gelu_backward_x(
       block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_backward_x_tpu_blocks),
         else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -4324,6 +4637,7 @@ def matmul_bias_gelu_backward_x(
         gpu_block_m=gpu_block_m,
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
     m = sizes["M"]
     k = sizes["K"]
@@ -4496,10 +4810,22 @@ def _matmul_bias_gelu_backward_x_gpu_kernel(
     _store(dx_ref, acc.astype(jnp.bfloat16), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_bias_gelu_backward_x_gpu_options = {None: (128, 128, 32, 8, 3)}
+
+
 def _matmul_bias_gelu_backward_x_gpu(
     dacc, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`matmul_bias_gelu_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
+        _matmul_bias_gelu_backward_x_gpu_options,
+        (m, k, n),
+        (block_m, block_k, block_n, num_warps, num_stages),
+    )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
@@ -4628,11 +4954,11 @@ def matmul_bias_gelu_backward_y(
     block_k=None,
     block_n=None,
     block_m=None,
-    gpu_block_k=128,
-    gpu_block_n=128,
-    gpu_block_m=32,
-    gpu_warps=8,
-    gpu_stages=3,
+    gpu_block_k=None,
+    gpu_block_n=None,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -4645,7 +4971,8 @@ def matmul_bias_gelu_backward_y(
       block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_backward_y_tpu_blocks),
         else 1024, 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -4670,6 +4997,7 @@ def matmul_bias_gelu_backward_y(
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         gpu_block_m=gpu_block_m,
+        may_be_none=True,
     )
     k = sizes["K"]
     n = sizes["N"]
@@ -4837,10 +5165,22 @@ def _matmul_bias_gelu_backward_y_gpu_kernel(
     _store(dy_ref, acc.astype(jnp.bfloat16), inside)
 
 
+# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (K, N, M) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_bias_gelu_backward_y_gpu_options = {None: (128, 128, 32, 8, 3)}
+
+
 def _matmul_bias_gelu_backward_y_gpu(
     x, dacc, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`matmul_bias_gelu_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_k, block_n, block_m, num_warps, num_stages = _gpu_options(
+        _matmul_bias_gelu_backward_y_gpu_options,
+        (k, n, m),
+        (block_k, block_n, block_m, num_warps, num_stages),
+    )
     block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
@@ -4970,11 +5310,11 @@ def matmul_int8(
     block_m=None,
     block_n=None,
     block_k=None,
-    gpu_block_m=128,
-    gpu_block_n=128,
-    gpu_block_k=64,
-    gpu_warps=8,
-    gpu_stages=3,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_block_k=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -4986,7 +5326,8 @@ def matmul_int8(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_int8_tpu_blocks),
         else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -5005,7 +5346,11 @@ def matmul_int8(
         "matmul_int8", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True
     )
     _check_blocks(
-        "matmul_int8", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, gpu_block_k=gpu_block_k
+        "matmul_int8",
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        gpu_block_k=gpu_block_k,
+        may_be_none=True,
     )
     m = sizes["M"]
     n = sizes["N"]
@@ -5206,8 +5551,18 @@ def _matmul_int8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, b
     _store(z_ref, acc, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_int8_gpu_options = {None: (128, 128, 64, 8, 3)}
+
+
 def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     """`matmul_int8` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+        _matmul_int8_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
+    )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     block_k = max(32, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
@@ -5333,11 +5688,11 @@ def batched_matmul(
     block_m=None,
     block_n=None,
     block_k=None,
-    gpu_block_m=128,
-    gpu_block_n=128,
-    gpu_block_k=64,
-    gpu_warps=8,
-    gpu_stages=3,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_block_k=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -5349,7 +5704,8 @@ def batched_matmul(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_batched_matmul_tpu_blocks),
         else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -5370,7 +5726,11 @@ def batched_matmul(
         "batched_matmul", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True
     )
     _check_blocks(
-        "batched_matmul", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, gpu_block_k=gpu_block_k
+        "batched_matmul",
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        gpu_block_k=gpu_block_k,
+        may_be_none=True,
     )
     b = sizes["B"]
     m = sizes["M"]
@@ -5592,10 +5952,22 @@ def _batched_matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n
     _store(z_ref, acc, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (B, M, N, K) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_batched_matmul_gpu_options = {None: (128, 128, 64, 8, 3)}
+
+
 def _batched_matmul_gpu(
     x, y, *, b, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`batched_matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+        _batched_matmul_gpu_options,
+        (b, m, n, k),
+        (block_m, block_n, block_k, num_warps, num_stages),
+    )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
@@ -5723,11 +6095,11 @@ def batched_matmul_backward_epilogue(
     block_b=None,
     block_m=None,
     block_n=None,
-    gpu_block_b=1,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_b=None,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -5739,7 +6111,8 @@ def batched_matmul_backward_epilogue(
       block_b, block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_batched_matmul_backward_epilogue_tpu_blocks),
         grown to large steps (_grown), else 1, 512, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: elementwise kernels of rank above 2 are not
@@ -5765,6 +6138,7 @@ def batched_matmul_backward_epilogue(
         gpu_block_b=gpu_block_b,
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
     b = sizes["B"]
     m = sizes["M"]
@@ -5892,10 +6266,22 @@ def _batched_matmul_backward_epilogue_gpu_kernel(
     _store(dacc_ref, dz.astype(jnp.bfloat16), inside)
 
 
+# GPU (Triton) blocks and launch options (block_b, block_m, block_n, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (B, M, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_batched_matmul_backward_epilogue_gpu_options = {None: (1, 8, 128, 4, 1)}
+
+
 def _batched_matmul_backward_epilogue_gpu(
     dz, *, b, m, n, block_b, block_m, block_n, num_warps, num_stages, interpret
 ):
     """`batched_matmul_backward_epilogue` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_b, block_m, block_n, num_warps, num_stages = _gpu_options(
+        _batched_matmul_backward_epilogue_gpu_options,
+        (b, m, n),
+        (block_b, block_m, block_n, num_warps, num_stages),
+    )
     block_b = min(block_b, pl.next_power_of_2(b))  # a small B is one block
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
@@ -5950,11 +6336,11 @@ def batched_matmul_backward_x(
     block_m=None,
     block_k=None,
     block_n=None,
-    gpu_block_m=128,
-    gpu_block_k=128,
-    gpu_block_n=32,
-    gpu_warps=8,
-    gpu_stages=3,
+    gpu_block_m=None,
+    gpu_block_k=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -5967,7 +6353,8 @@ def batched_matmul_backward_x(
       block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_batched_matmul_backward_x_tpu_blocks),
         else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -5992,6 +6379,7 @@ def batched_matmul_backward_x(
         gpu_block_m=gpu_block_m,
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
     b = sizes["B"]
     m = sizes["M"]
@@ -6172,10 +6560,22 @@ def _batched_matmul_backward_x_gpu_kernel(
     _store(dx_ref, acc.astype(jnp.bfloat16), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (B, M, K, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_batched_matmul_backward_x_gpu_options = {None: (128, 128, 32, 8, 3)}
+
+
 def _batched_matmul_backward_x_gpu(
     dacc, y, *, b, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`batched_matmul_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
+        _batched_matmul_backward_x_gpu_options,
+        (b, m, k, n),
+        (block_m, block_k, block_n, num_warps, num_stages),
+    )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
@@ -6307,11 +6707,11 @@ def batched_matmul_backward_y(
     block_k=None,
     block_n=None,
     block_m=None,
-    gpu_block_k=128,
-    gpu_block_n=128,
-    gpu_block_m=32,
-    gpu_warps=8,
-    gpu_stages=3,
+    gpu_block_k=None,
+    gpu_block_n=None,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -6324,7 +6724,8 @@ def batched_matmul_backward_y(
       block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_batched_matmul_backward_y_tpu_blocks),
         else 1024, 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -6349,6 +6750,7 @@ def batched_matmul_backward_y(
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         gpu_block_m=gpu_block_m,
+        may_be_none=True,
     )
     b = sizes["B"]
     k = sizes["K"]
@@ -6524,10 +6926,22 @@ def _batched_matmul_backward_y_gpu_kernel(
     _store(dy_ref, acc.astype(jnp.bfloat16), inside)
 
 
+# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (B, K, N, M) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_batched_matmul_backward_y_gpu_options = {None: (128, 128, 32, 8, 3)}
+
+
 def _batched_matmul_backward_y_gpu(
     x, dacc, *, b, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`batched_matmul_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_k, block_n, block_m, num_warps, num_stages = _gpu_options(
+        _batched_matmul_backward_y_gpu_options,
+        (b, k, n, m),
+        (block_k, block_n, block_m, num_warps, num_stages),
+    )
     block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
@@ -6659,11 +7073,11 @@ def scores(
     *,
     block_s=None,
     block_t=None,
-    gpu_block_s=128,
-    gpu_block_t=128,
-    gpu_block_d=64,
-    gpu_warps=8,
-    gpu_stages=3,
+    gpu_block_s=None,
+    gpu_block_t=None,
+    gpu_block_d=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     scale=0.125,
     interpret=None,
@@ -6676,7 +7090,8 @@ def scores(
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_scores_tpu_blocks),
         else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       scale: a static f32 (default 0.125).
@@ -6694,7 +7109,11 @@ def scores(
     )
     _check_blocks("scores", block_s=block_s, block_t=block_t, may_be_none=True)
     _check_blocks(
-        "scores", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, gpu_block_d=gpu_block_d
+        "scores",
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        gpu_block_d=gpu_block_d,
+        may_be_none=True,
     )
     b = sizes["B"]
     s_ = sizes["S"]
@@ -6886,10 +7305,20 @@ def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, s_, t, d, block_s, block_t, block
     _store(s_ref, acc * scale, inside)
 
 
+# GPU (Triton) blocks and launch options (block_s, block_t, block_d, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (B, S, T, D) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_scores_gpu_options = {None: (128, 128, 64, 8, 3)}
+
+
 def _scores_gpu(
     q, k, *, b, s_, t, d, block_s, block_t, block_d, num_warps, num_stages, scale, interpret
 ):
     """`scores` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_s, block_t, block_d, num_warps, num_stages = _gpu_options(
+        _scores_gpu_options, (b, s_, t, d), (block_s, block_t, block_d, num_warps, num_stages)
+    )
     block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = max(16, min(block_d, pl.next_power_of_2(d)))  # a small D is one masked block
@@ -7023,11 +7452,11 @@ def scores_backward_epilogue(
     block_b=None,
     block_s=None,
     block_t=None,
-    gpu_block_b=1,
-    gpu_block_s=8,
-    gpu_block_t=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_b=None,
+    gpu_block_s=None,
+    gpu_block_t=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     scale=0.125,
     interpret=None,
@@ -7040,7 +7469,8 @@ def scores_backward_epilogue(
       block_b, block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_epilogue_tpu_blocks),
         grown to large steps (_grown), else 1, 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: elementwise kernels of rank above 2 are not
@@ -7065,6 +7495,7 @@ def scores_backward_epilogue(
         gpu_block_b=gpu_block_b,
         gpu_block_s=gpu_block_s,
         gpu_block_t=gpu_block_t,
+        may_be_none=True,
     )
     b = sizes["B"]
     s = sizes["S"]
@@ -7194,10 +7625,22 @@ def _scores_backward_epilogue_gpu_kernel(
     _store(dacc_ref, (ds * scale).astype(jnp.bfloat16), inside)
 
 
+# GPU (Triton) blocks and launch options (block_b, block_s, block_t, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (B, S, T) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_scores_backward_epilogue_gpu_options = {None: (1, 8, 128, 4, 1)}
+
+
 def _scores_backward_epilogue_gpu(
     ds, *, b, s, t, block_b, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`scores_backward_epilogue` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_b, block_s, block_t, num_warps, num_stages = _gpu_options(
+        _scores_backward_epilogue_gpu_options,
+        (b, s, t),
+        (block_b, block_s, block_t, num_warps, num_stages),
+    )
     block_b = min(block_b, pl.next_power_of_2(b))  # a small B is one block
     block_s = min(block_s, pl.next_power_of_2(s))  # a small S is one block
     block_t = min(block_t, pl.next_power_of_2(t))  # a small T is one block
@@ -7253,11 +7696,11 @@ def scores_backward_q(
     block_s=None,
     block_d=None,
     block_t=None,
-    gpu_block_s=128,
-    gpu_block_d=128,
-    gpu_block_t=32,
-    gpu_warps=8,
-    gpu_stages=3,
+    gpu_block_s=None,
+    gpu_block_d=None,
+    gpu_block_t=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -7270,7 +7713,8 @@ def scores_backward_q(
       block_s, block_d, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_q_tpu_blocks),
         else 128, 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -7291,6 +7735,7 @@ def scores_backward_q(
         gpu_block_s=gpu_block_s,
         gpu_block_d=gpu_block_d,
         gpu_block_t=gpu_block_t,
+        may_be_none=True,
     )
     b = sizes["B"]
     s = sizes["S"]
@@ -7458,10 +7903,22 @@ def _scores_backward_q_gpu_kernel(dacc_ref, k_ref, dq_ref, *, s, d, t, block_s, 
     _store(dq_ref, acc.astype(jnp.bfloat16), inside)
 
 
+# GPU (Triton) blocks and launch options (block_s, block_d, block_t, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (B, S, D, T) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_scores_backward_q_gpu_options = {None: (128, 128, 32, 8, 3)}
+
+
 def _scores_backward_q_gpu(
     dacc, k, *, b, s, d, t, block_s, block_d, block_t, num_warps, num_stages, interpret
 ):
     """`scores_backward_q` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_s, block_d, block_t, num_warps, num_stages = _gpu_options(
+        _scores_backward_q_gpu_options,
+        (b, s, d, t),
+        (block_s, block_d, block_t, num_warps, num_stages),
+    )
     block_s = max(16, min(block_s, pl.next_power_of_2(s)))  # a small S is one masked block
     block_d = max(16, min(block_d, pl.next_power_of_2(d)))  # a small D is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
@@ -7590,11 +8047,11 @@ def scores_backward_k(
     block_t=None,
     block_d=None,
     block_s=None,
-    gpu_block_t=128,
-    gpu_block_d=128,
-    gpu_block_s=32,
-    gpu_warps=8,
-    gpu_stages=3,
+    gpu_block_t=None,
+    gpu_block_d=None,
+    gpu_block_s=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -7607,7 +8064,8 @@ def scores_backward_k(
       block_t, block_d, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_k_tpu_blocks),
         else 128, 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -7628,6 +8086,7 @@ def scores_backward_k(
         gpu_block_t=gpu_block_t,
         gpu_block_d=gpu_block_d,
         gpu_block_s=gpu_block_s,
+        may_be_none=True,
     )
     b = sizes["B"]
     t = sizes["T"]
@@ -7799,10 +8258,22 @@ def _scores_backward_k_gpu_kernel(dacc_ref, q_ref, dk_ref, *, t, d, s, block_t, 
     _store(dk_ref, acc.astype(jnp.bfloat16), inside)
 
 
+# GPU (Triton) blocks and launch options (block_t, block_d, block_s, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (B, T, D, S) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_scores_backward_k_gpu_options = {None: (128, 128, 32, 8, 3)}
+
+
 def _scores_backward_k_gpu(
     dacc, q, *, b, t, d, s, block_t, block_d, block_s, num_warps, num_stages, interpret
 ):
     """`scores_backward_k` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_t, block_d, block_s, num_warps, num_stages = _gpu_options(
+        _scores_backward_k_gpu_options,
+        (b, t, d, s),
+        (block_t, block_d, block_s, num_warps, num_stages),
+    )
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = max(16, min(block_d, pl.next_power_of_2(d)))  # a small D is one masked block
     block_s = max(16, min(block_s, pl.next_power_of_2(s)))  # a small S is one masked block
@@ -7933,11 +8404,11 @@ def linear(
     block_m=None,
     block_n=None,
     block_k=None,
-    gpu_block_m=128,
-    gpu_block_n=128,
-    gpu_block_k=64,
-    gpu_warps=8,
-    gpu_stages=3,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_block_k=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -7950,7 +8421,8 @@ def linear(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_linear_tpu_blocks),
         else 1024, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -7972,7 +8444,11 @@ def linear(
     )
     _check_blocks("linear", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True)
     _check_blocks(
-        "linear", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, gpu_block_k=gpu_block_k
+        "linear",
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        gpu_block_k=gpu_block_k,
+        may_be_none=True,
     )
     m = sizes["M"]
     n = sizes["N"]
@@ -8198,10 +8674,20 @@ def _linear_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *, m, n, k, block_m, block
     _store(y_ref, (acc + bias).astype(jnp.bfloat16), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_linear_gpu_options = {None: (128, 128, 64, 8, 3)}
+
+
 def _linear_gpu(
     x, w, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`linear` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+        _linear_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
+    )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
@@ -8326,10 +8812,10 @@ def linear_backward_over_m(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=32,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -8341,10 +8827,10 @@ def linear_backward_over_m(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_linear_backward_over_m_tpu_blocks),
         grown to large steps (_grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -8353,7 +8839,9 @@ def linear_backward_over_m(
     """
     (dy,), sizes = _operands("linear_backward_over_m", {"dy": (dy, jnp.bfloat16, ("M", "N"))})
     _check_blocks("linear_backward_over_m", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("linear_backward_over_m", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks(
+        "linear_backward_over_m", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+    )
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -8372,7 +8860,7 @@ def linear_backward_over_m(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_linear_backward_over_m_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         dy,
@@ -8501,8 +8989,18 @@ def _linear_backward_over_m_gpu_kernel(dy_ref, dbias_ref, *, m, n, block_m, bloc
     _store(dbias_ref, sum_m, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_linear_backward_over_m_gpu_options = {None: (32, 128, 4, 1)}
+
+
 def _linear_backward_over_m_gpu(dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`linear_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _linear_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -8525,8 +9023,67 @@ def _linear_backward_over_m_gpu(dy, *, m, n, block_m, block_n, num_warps, num_st
     )(dy)
 
 
-# `linear_backward_over_m` has no Mosaic GPU kernel (reductions are not on Mosaic GPU
-# yet): it runs on Triton.
+def _linear_backward_over_m_mosaic_gpu_kernel(
+    dy_ref, dbias_ref, dbias_smem, *, block_m, block_n, m
+):
+    program_n = jax.lax.axis_index("N")
+
+    def reduce_1(indices, dy_smem, carry):
+        (sum_m_running,) = carry
+        start = indices[0] * block_m
+        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        dy_1 = dy.astype(jnp.float32)
+        sum_m_block = dy_1
+        if m % block_m:  # a ragged M: its identity past the end
+            sum_m_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
+            )
+        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
+        return (sum_m_running,)
+
+    (sum_m_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(dy_ref.shape[0] // block_m,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (s, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_n, 0.0, jnp.float32, 1),),
+    )(dy_ref)
+    sum_m = sum_m_running
+    dbias = sum_m
+    dbias_smem[...] = dbias
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(dbias_smem, dbias_ref.at[pl.ds(program_n * block_n, block_n)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _linear_backward_over_m_mosaic_gpu(dy, *, m, n, interpret):
+    """`linear_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    (dbias,) = plgpu.kernel(
+        functools.partial(
+            _linear_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
+        scratch_types=[plgpu.SMEM((block_n,), jnp.float32)],
+        grid=(padded_n // block_n,),
+        grid_names=("N",),
+        interpret=interpret,
+    )(dy)
+    return dbias[:n].reshape((1, n))
 
 
 @functools.partial(
@@ -8551,11 +9108,11 @@ def linear_backward_x(
     block_m=None,
     block_k=None,
     block_n=None,
-    gpu_block_m=128,
-    gpu_block_k=128,
-    gpu_block_n=32,
-    gpu_warps=8,
-    gpu_stages=3,
+    gpu_block_m=None,
+    gpu_block_k=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -8568,7 +9125,8 @@ def linear_backward_x(
       block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_linear_backward_x_tpu_blocks),
         else 1024, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -8589,6 +9147,7 @@ def linear_backward_x(
         gpu_block_m=gpu_block_m,
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
     m = sizes["M"]
     k = sizes["K"]
@@ -8742,10 +9301,22 @@ def _linear_backward_x_gpu_kernel(dy_ref, w_ref, dx_ref, *, m, k, n, block_m, bl
     _store(dx_ref, acc.astype(jnp.bfloat16), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_linear_backward_x_gpu_options = {None: (128, 128, 32, 8, 3)}
+
+
 def _linear_backward_x_gpu(
     dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`linear_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
+        _linear_backward_x_gpu_options,
+        (m, k, n),
+        (block_m, block_k, block_n, num_warps, num_stages),
+    )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
     block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
@@ -8871,11 +9442,11 @@ def linear_backward_w(
     block_n=None,
     block_k=None,
     block_m=None,
-    gpu_block_n=128,
-    gpu_block_k=128,
-    gpu_block_m=32,
-    gpu_warps=8,
-    gpu_stages=3,
+    gpu_block_n=None,
+    gpu_block_k=None,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -8888,7 +9459,8 @@ def linear_backward_w(
       block_n, block_k, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_linear_backward_w_tpu_blocks),
         else 1024, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -8909,6 +9481,7 @@ def linear_backward_w(
         gpu_block_n=gpu_block_n,
         gpu_block_k=gpu_block_k,
         gpu_block_m=gpu_block_m,
+        may_be_none=True,
     )
     n = sizes["N"]
     k = sizes["K"]
@@ -9066,10 +9639,22 @@ def _linear_backward_w_gpu_kernel(dy_ref, x_ref, dw_ref, *, n, k, m, block_n, bl
     _store(dw_ref, acc.astype(jnp.bfloat16), inside)
 
 
+# GPU (Triton) blocks and launch options (block_n, block_k, block_m, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (N, K, M) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_linear_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
+
+
 def _linear_backward_w_gpu(
     dy, x, *, n, k, m, block_n, block_k, block_m, num_warps, num_stages, interpret
 ):
     """`linear_backward_w` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_n, block_k, block_m, num_warps, num_stages = _gpu_options(
+        _linear_backward_w_gpu_options,
+        (n, k, m),
+        (block_n, block_k, block_m, num_warps, num_stages),
+    )
     block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
     block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block

@@ -51,6 +51,76 @@ def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
     return on_mosaic_gpu
 
 
+def _gpu_device_kind():
+    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
+    default device's if it is a GPU, else the first GPU's (None without one)."""
+    device = jax.config.jax_default_device
+    if getattr(device, "platform", None) == "gpu":
+        return device.device_kind
+    try:
+        return jax.devices("gpu")[0].device_kind
+    except RuntimeError:  # no GPU backend
+        return None
+
+
+def _gpu_options(table, sizes, given):
+    """The blocks and launch options of a GPU (Triton) call: those `given` (not None) as
+    they are, the others from `table`: for the GPU compiled for (see `_gpu_device_kind`),
+    the tuned entry whose sizes are nearest the call's (in powers of two), else the
+    spec's, `table[None]`."""
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
+    tuned = table.get(kind) if kind is not None else None
+    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
+    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
+
+
+def _mgpu_pad(array, shape):
+    """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
+    if array.shape == shape:
+        return array
+    return jnp.pad(array, [(0, padded - size) for size, padded in zip(array.shape, shape)])
+
+
+def _mgpu_swizzled(dtype, columns):
+    """The shared-memory tiling and swizzle of a 2-D block `columns` wide, as wgmma and
+    the WGMMA register layout read it."""
+    swizzle = plgpu.find_swizzle(columns * jnp.dtype(dtype).itemsize * 8)
+    return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(
+        swizzle
+    )
+
+
+def _mgpu_load(ref, shape, dims):
+    """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
+    along `dims` (its position in `shape`) in the layout's row or column, broadcast."""
+    if len(dims) == len(shape):
+        return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
+    vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
+    return jax.lax.broadcast_in_dim(vector, shape, dims)
+
+
+def _mgpu_spread(vector, shape, dim):
+    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
+    broadcast over the block's other axis."""
+    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
+
+
+def _mgpu_full(size, value, dtype, dim):
+    """A running value per position along axis `dim` of a block, `value` in each."""
+    return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
+
+
+def _mgpu_positions(start, shape, axis):
+    """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
+    return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
+
+
 def _on_platform(tpu, gpu, interpret, *arrays):
     """Runs the kernel built for the platform being compiled for.
 
@@ -264,10 +334,11 @@ def _vmem_limit(needed):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 
     None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
-    blocks would fail to compile, so they ask for 100 MiB of the 128 MiB a v5e or v6e
-    core has: the rest is headroom for Mosaic's own scratch and the intermediates.
+    blocks would fail to compile, so they ask for twice what they need, at most 100 MiB of
+    the 128 MiB a v5e or v6e core has. Not more: compiled for libtpu's cost estimate, blocks
+    of 28 MiB that asked for 100 MiB ran out of VMEM (the ask counted beside the use).
     """
-    return None if needed <= 16 * 2**20 else 100 * 2**20
+    return None if needed <= 16 * 2**20 else min(2 * needed, 100 * 2**20)
 
 
 def _inside(start, block, size):
@@ -334,9 +405,9 @@ def layer_norm(
     b,
     *,
     block_m=None,
-    gpu_block_m=1,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     eps=1e-05,
     interpret=None,
@@ -351,10 +422,10 @@ def layer_norm(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_tpu_blocks),
         grown to large steps (_grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       eps: a static f32 (default 1e-05).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -373,7 +444,7 @@ def layer_norm(
         },
     )
     _check_blocks("layer_norm", block_m=block_m, may_be_none=True)
-    _check_blocks("layer_norm", gpu_block_m=gpu_block_m)
+    _check_blocks("layer_norm", gpu_block_m=gpu_block_m, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -441,7 +512,7 @@ def _layer_norm_forward(
                 num_stages=gpu_stages,
                 eps=eps,
             ),
-            None,
+            functools.partial(_layer_norm_mosaic_gpu, m=m, n=n, eps=eps),
         ),
         interpret,
         x,
@@ -573,8 +644,18 @@ def _layer_norm_gpu_kernel(
     _store(y_ref, (d * rstd * w + b).astype(jnp.bfloat16), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_layer_norm_gpu_options = {None: (1, 4, 1)}
+
+
 def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, interpret):
     """`layer_norm` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _layer_norm_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
@@ -611,8 +692,161 @@ def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, inter
     )(x, w, b)
 
 
-# `layer_norm` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
-# runs on Triton.
+def _layer_norm_mosaic_gpu_kernel(
+    x_ref,
+    w_ref,
+    b_ref,
+    y_ref,
+    mu_ref,
+    rstd_ref,
+    mu_smem,
+    rstd_smem,
+    y_buffers,
+    *,
+    block_m,
+    block_n,
+    n,
+    eps,
+):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        (mean_n_running,) = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        h = x.astype(jnp.float32)
+        mean_n_block = h
+        if n % block_n:  # a ragged N: its identity past the end
+            mean_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_block, 0.0
+            )
+        mean_n_running = mean_n_running + jnp.sum(mean_n_block, axis=1)
+        return (mean_n_running,)
+
+    (mean_n_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+    )(x_ref)
+    mean_n = mean_n_running / n
+    mu = mean_n
+
+    def reduce_2(indices, x_smem, carry):
+        (mean_n__running,) = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        h = x.astype(jnp.float32)
+        d = h - _mgpu_spread(mu, (block_m, block_n), 0)
+        mean_n__block = d * d
+        if n % block_n:  # a ragged N: its identity past the end
+            mean_n__block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, mean_n__block, 0.0
+            )
+        mean_n__running = mean_n__running + jnp.sum(mean_n__block, axis=1)
+        return (mean_n__running,)
+
+    (mean_n__running,) = plgpu.emit_pipeline(
+        reduce_2,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+    )(x_ref)
+    mean_n_ = mean_n__running / n
+    rstd = jax.lax.rsqrt(mean_n_ + eps)
+    mu_smem[...] = mu
+    rstd_smem[...] = rstd
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(mu_smem, mu_ref.at[pl.ds(program_m * block_m, block_m)])
+    plgpu.copy_smem_to_gmem(rstd_smem, rstd_ref.at[pl.ds(program_m * block_m, block_m)])
+
+    def write(indices, x_smem, w_smem, b_smem):
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        w = _mgpu_load(w_smem, (block_m, block_n), (1,))
+        b = _mgpu_load(b_smem, (block_m, block_n), (1,))
+        h = x.astype(jnp.float32)
+        d = h - _mgpu_spread(mu, (block_m, block_n), 0)
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        y_buffers[slot] = (d * _mgpu_spread(rstd, (block_m, block_n), 0) * w + b).astype(
+            jnp.bfloat16
+        )
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+            plgpu.BlockSpec((block_n,), lambda s: (s,)),
+            plgpu.BlockSpec((block_n,), lambda s: (s,)),
+        ],
+        max_concurrent_steps=2,
+    )(x_ref, w_ref, b_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
+    """`layer_norm` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    w = w.reshape((n,))
+    w = _mgpu_pad(w, (padded_n,))
+    b = b.reshape((n,))
+    b = _mgpu_pad(b, (padded_n,))
+    y, mu, rstd = plgpu.kernel(
+        functools.partial(
+            _layer_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
+        ),
+        scratch_types=[
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM(
+                (2, block_m, block_n),
+                jnp.bfloat16,
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x, w, b)
+    return y[:m, :n], mu[:m].reshape((m, 1)), rstd[:m].reshape((m, 1))
 
 
 @functools.partial(
@@ -632,9 +866,9 @@ def rms_norm(
     w,
     *,
     block_m=None,
-    gpu_block_m=1,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     eps=1e-06,
     interpret=None,
@@ -647,10 +881,10 @@ def rms_norm(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_tpu_blocks),
         grown to large steps (_grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       eps: a static f32 (default 1e-06).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -664,7 +898,7 @@ def rms_norm(
         "rms_norm", {"x": (x, jnp.bfloat16, ("M", "N")), "w": (w, jnp.float32, ("N",))}
     )
     _check_blocks("rms_norm", block_m=block_m, may_be_none=True)
-    _check_blocks("rms_norm", gpu_block_m=gpu_block_m)
+    _check_blocks("rms_norm", gpu_block_m=gpu_block_m, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -717,7 +951,7 @@ def _rms_norm_forward(
                 num_stages=gpu_stages,
                 eps=eps,
             ),
-            None,
+            functools.partial(_rms_norm_mosaic_gpu, m=m, n=n, eps=eps),
         ),
         interpret,
         x,
@@ -824,8 +1058,18 @@ def _rms_norm_gpu_kernel(x_ref, w_ref, y_ref, *, m, block_m, n, block_n, eps):
     )
 
 
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_rms_norm_gpu_options = {None: (1, 4, 1)}
+
+
 def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret):
     """`rms_norm` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _rms_norm_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
@@ -850,5 +1094,96 @@ def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret)
     )(x, w)
 
 
-# `rms_norm` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs
-# on Triton.
+def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, y_buffers, *, block_m, block_n, n, eps):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        (mean_n_running,) = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        h = x.astype(jnp.float32)
+        mean_n_block = h * h
+        if n % block_n:  # a ragged N: its identity past the end
+            mean_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_block, 0.0
+            )
+        mean_n_running = mean_n_running + jnp.sum(mean_n_block, axis=1)
+        return (mean_n_running,)
+
+    (mean_n_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+    )(x_ref)
+    mean_n = mean_n_running / n
+
+    def write(indices, x_smem, w_smem):
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        w = _mgpu_load(w_smem, (block_m, block_n), (1,))
+        h = x.astype(jnp.float32)
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        y_buffers[slot] = (
+            h * jax.lax.rsqrt(_mgpu_spread(mean_n, (block_m, block_n), 0) + eps) * w
+        ).astype(jnp.bfloat16)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+            plgpu.BlockSpec((block_n,), lambda s: (s,)),
+        ],
+        max_concurrent_steps=2,
+    )(x_ref, w_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _rms_norm_mosaic_gpu(x, w, *, m, n, eps, interpret):
+    """`rms_norm` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    w = w.reshape((n,))
+    w = _mgpu_pad(w, (padded_n,))
+    (y,) = plgpu.kernel(
+        functools.partial(
+            _rms_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (2, block_m, block_n),
+                jnp.bfloat16,
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            )
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x, w)
+    return y[:m, :n]

@@ -51,6 +51,35 @@ def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
     return on_mosaic_gpu
 
 
+def _gpu_device_kind():
+    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
+    default device's if it is a GPU, else the first GPU's (None without one)."""
+    device = jax.config.jax_default_device
+    if getattr(device, "platform", None) == "gpu":
+        return device.device_kind
+    try:
+        return jax.devices("gpu")[0].device_kind
+    except RuntimeError:  # no GPU backend
+        return None
+
+
+def _gpu_options(table, sizes, given):
+    """The blocks and launch options of a GPU (Triton) call: those `given` (not None) as
+    they are, the others from `table`: for the GPU compiled for (see `_gpu_device_kind`),
+    the tuned entry whose sizes are nearest the call's (in powers of two), else the
+    spec's, `table[None]`."""
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
+    tuned = table.get(kind) if kind is not None else None
+    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
+    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
+
+
 def _mgpu_pad(array, shape):
     """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
     if array.shape == shape:
@@ -74,6 +103,35 @@ def _mgpu_load(ref, shape, dims):
         return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
     vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
     return jax.lax.broadcast_in_dim(vector, shape, dims)
+
+
+def _mgpu_spread(vector, shape, dim):
+    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
+    broadcast over the block's other axis."""
+    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
+
+
+def _mgpu_full(size, value, dtype, dim):
+    """A running value per position along axis `dim` of a block, `value` in each."""
+    return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
+
+
+def _mgpu_positions(start, shape, axis):
+    """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
+    return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
+
+
+def _mgpu_argbest_step(best, index, x, start, axis, largest):
+    """The running (value, first index) of the largest (or smallest) value along `axis`
+    after one more block `x` whose positions there start at `start`."""
+    block_best = jnp.max(x, axis=axis) if largest else jnp.min(x, axis=axis)
+    hits = jnp.where(
+        x == _mgpu_spread(block_best, x.shape, 1 - axis),
+        _mgpu_positions(start, x.shape, axis),
+        2147483647,
+    )
+    better = block_best > best if largest else block_best < best  # ties keep the earlier index
+    return jnp.where(better, block_best, best), jnp.where(better, jnp.min(hits, axis=axis), index)
 
 
 def _on_platform(tpu, gpu, interpret, *arrays):
@@ -289,10 +347,11 @@ def _vmem_limit(needed):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 
     None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
-    blocks would fail to compile, so they ask for 100 MiB of the 128 MiB a v5e or v6e
-    core has: the rest is headroom for Mosaic's own scratch and the intermediates.
+    blocks would fail to compile, so they ask for twice what they need, at most 100 MiB of
+    the 128 MiB a v5e or v6e core has. Not more: compiled for libtpu's cost estimate, blocks
+    of 28 MiB that asked for 100 MiB ran out of VMEM (the ask counted beside the use).
     """
-    return None if needed <= 16 * 2**20 else 100 * 2**20
+    return None if needed <= 16 * 2**20 else min(2 * needed, 100 * 2**20)
 
 
 def _inside(start, block, size):
@@ -387,10 +446,10 @@ def add_f32(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -402,7 +461,8 @@ def add_f32(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_f32_tpu_blocks),
         grown to large steps (_grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -417,7 +477,7 @@ def add_f32(
         "add_f32", {"x": (x, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("M", "N"))}
     )
     _check_blocks("add_f32", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("add_f32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks("add_f32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -576,8 +636,18 @@ def _add_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
     _store(z_ref, x + y, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_add_f32_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _add_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`add_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _add_f32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -673,10 +743,10 @@ def add_f32_backward(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -688,7 +758,8 @@ def add_f32_backward(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_f32_backward_tpu_blocks),
         grown to large steps (_grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -699,7 +770,9 @@ def add_f32_backward(
     """
     (dz,), sizes = _operands("add_f32_backward", {"dz": (dz, jnp.float32, ("M", "N"))})
     _check_blocks("add_f32_backward", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("add_f32_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks(
+        "add_f32_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+    )
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -819,8 +892,18 @@ def _add_f32_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, m, n, block_m, block
     _store(dy_ref, dz, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_add_f32_backward_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _add_f32_backward_gpu(dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`add_f32_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _add_f32_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -924,10 +1007,10 @@ def mul_f32(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -939,7 +1022,8 @@ def mul_f32(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_mul_f32_tpu_blocks),
         grown to large steps (_grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -954,7 +1038,7 @@ def mul_f32(
         "mul_f32", {"x": (x, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("M", "N"))}
     )
     _check_blocks("mul_f32", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("mul_f32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks("mul_f32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -1114,8 +1198,18 @@ def _mul_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
     _store(z_ref, x * y, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_mul_f32_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _mul_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`mul_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _mul_f32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -1213,10 +1307,10 @@ def mul_f32_backward(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -1230,7 +1324,8 @@ def mul_f32_backward(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_mul_f32_backward_tpu_blocks),
         grown to large steps (_grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -1248,7 +1343,9 @@ def mul_f32_backward(
         },
     )
     _check_blocks("mul_f32_backward", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("mul_f32_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks(
+        "mul_f32_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+    )
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -1380,8 +1477,18 @@ def _mul_f32_backward_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, m, n, 
     _store(dy_ref, dz * x, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_mul_f32_backward_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _mul_f32_backward_gpu(x, y, dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`mul_f32_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _mul_f32_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -1499,9 +1606,9 @@ def argmax_f32(
     x,
     *,
     block_m=None,
-    gpu_block_m=1,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -1512,10 +1619,10 @@ def argmax_f32(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_f32_tpu_blocks),
         grown to large steps (_grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1527,7 +1634,7 @@ def argmax_f32(
     """
     (x,), sizes = _operands("argmax_f32", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("argmax_f32", block_m=block_m, may_be_none=True)
-    _check_blocks("argmax_f32", gpu_block_m=gpu_block_m)
+    _check_blocks("argmax_f32", gpu_block_m=gpu_block_m, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -1575,7 +1682,7 @@ def _argmax_f32_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_argmax_f32_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -1663,8 +1770,18 @@ def _argmax_f32_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
     _store(i_ref, _argbest(_fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_argmax_f32_gpu_options = {None: (1, 4, 1)}
+
+
 def _argmax_f32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmax_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _argmax_f32_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
@@ -1685,8 +1802,67 @@ def _argmax_f32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-# `argmax_f32` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
-# runs on Triton.
+def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        argmax_n_running, argmax_n_index = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        argmax_n_block = x
+        if n % block_n:  # a ragged N: its identity past the end
+            argmax_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -jnp.inf
+            )
+        argmax_n_running, argmax_n_index = _mgpu_argbest_step(
+            argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
+        )
+        return (argmax_n_running, argmax_n_index)
+
+    argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            _mgpu_full(block_m, 0, jnp.int32, 0),
+        ),
+    )(x_ref)
+    argmax_n = argmax_n_index
+    i = argmax_n
+    i_smem[...] = i
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _argmax_f32_mosaic_gpu(x, *, m, n, interpret):
+    """`argmax_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    (i,) = plgpu.kernel(
+        functools.partial(_argmax_f32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
+        out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
+        scratch_types=[plgpu.SMEM((block_m,), jnp.int32)],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x)
+    return i[:m].reshape((m, 1))
 
 
 @functools.partial(
@@ -1705,9 +1881,9 @@ def equal_count_f32(
     y,
     *,
     block_n=None,
-    gpu_block_n=1024,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -1719,10 +1895,12 @@ def equal_count_f32(
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_f32_tpu_blocks),
         grown to large steps (_grown), else 4096.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
+        This kernel runs on Triton either way: reductions to a scalar or over a kernel of
+        rank above 2 are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1736,7 +1914,7 @@ def equal_count_f32(
         "equal_count_f32", {"x": (x, jnp.float32, ("N",)), "y": (y, jnp.float32, ("N",))}
     )
     _check_blocks("equal_count_f32", block_n=block_n, may_be_none=True)
-    _check_blocks("equal_count_f32", gpu_block_n=gpu_block_n)
+    _check_blocks("equal_count_f32", gpu_block_n=gpu_block_n, may_be_none=True)
     n_ = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(equal_count_f32_reference, (((), jnp.int32),), x, y)
@@ -1903,8 +2081,18 @@ def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
     n_ref[...] = sum_n
 
 
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
+# None: any other GPU (the spec's).
+_equal_count_f32_gpu_options = {None: (1024, 4, 1)}
+
+
 def _equal_count_f32_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
     """`equal_count_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_n, num_warps, num_stages = _gpu_options(
+        _equal_count_f32_gpu_options, (n_,), (block_n, num_warps, num_stages)
+    )
     block_n = min(block_n, pl.next_power_of_2(n_))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_equal_count_f32_gpu_kernel, n_=n_, block_n=block_n),
@@ -1926,8 +2114,8 @@ def _equal_count_f32_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret)
     )(x, y)
 
 
-# `equal_count_f32` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet):
-# it runs on Triton.
+# `equal_count_f32` has no Mosaic GPU kernel (reductions to a scalar or over a kernel
+# of rank above 2 are not on Mosaic GPU yet): it runs on Triton.
 
 
 @functools.partial(
@@ -1949,10 +2137,10 @@ def add_i32(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -1964,7 +2152,8 @@ def add_i32(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_i32_tpu_blocks),
         grown to large steps (_grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -1980,7 +2169,7 @@ def add_i32(
         "add_i32", {"x": (x, jnp.int32, ("M", "N")), "y": (y, jnp.int32, ("M", "N"))}
     )
     _check_blocks("add_i32", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("add_i32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks("add_i32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -2136,8 +2325,18 @@ def _add_i32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
     _store(z_ref, x + y, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_add_i32_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _add_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`add_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _add_i32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -2234,10 +2433,10 @@ def mul_i32(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -2249,7 +2448,8 @@ def mul_i32(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_mul_i32_tpu_blocks),
         grown to large steps (_grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -2265,7 +2465,7 @@ def mul_i32(
         "mul_i32", {"x": (x, jnp.int32, ("M", "N")), "y": (y, jnp.int32, ("M", "N"))}
     )
     _check_blocks("mul_i32", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("mul_i32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks("mul_i32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -2421,8 +2621,18 @@ def _mul_i32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
     _store(z_ref, x * y, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_mul_i32_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _mul_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`mul_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _mul_i32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -2515,9 +2725,9 @@ def argmax_i32(
     x,
     *,
     block_m=None,
-    gpu_block_m=1,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -2528,10 +2738,10 @@ def argmax_i32(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_i32_tpu_blocks),
         grown to large steps (_grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -2543,7 +2753,7 @@ def argmax_i32(
     """
     (x,), sizes = _operands("argmax_i32", {"x": (x, jnp.int32, ("M", "N"))})
     _check_blocks("argmax_i32", block_m=block_m, may_be_none=True)
-    _check_blocks("argmax_i32", gpu_block_m=gpu_block_m)
+    _check_blocks("argmax_i32", gpu_block_m=gpu_block_m, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -2591,7 +2801,7 @@ def _argmax_i32_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_argmax_i32_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -2679,8 +2889,18 @@ def _argmax_i32_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
     _store(i_ref, _argbest(_fill_past(x, 0, n, 1, -2147483648), 1, largest=True), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_argmax_i32_gpu_options = {None: (1, 4, 1)}
+
+
 def _argmax_i32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmax_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _argmax_i32_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
@@ -2701,8 +2921,67 @@ def _argmax_i32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-# `argmax_i32` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
-# runs on Triton.
+def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        argmax_n_running, argmax_n_index = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        argmax_n_block = x
+        if n % block_n:  # a ragged N: its identity past the end
+            argmax_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -2147483648
+            )
+        argmax_n_running, argmax_n_index = _mgpu_argbest_step(
+            argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
+        )
+        return (argmax_n_running, argmax_n_index)
+
+    argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.int32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full(block_m, -2147483648, jnp.int32, 0),
+            _mgpu_full(block_m, 0, jnp.int32, 0),
+        ),
+    )(x_ref)
+    argmax_n = argmax_n_index
+    i = argmax_n
+    i_smem[...] = i
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _argmax_i32_mosaic_gpu(x, *, m, n, interpret):
+    """`argmax_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    (i,) = plgpu.kernel(
+        functools.partial(_argmax_i32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
+        out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
+        scratch_types=[plgpu.SMEM((block_m,), jnp.int32)],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x)
+    return i[:m].reshape((m, 1))
 
 
 @functools.partial(
@@ -2721,9 +3000,9 @@ def equal_count_i32(
     y,
     *,
     block_n=None,
-    gpu_block_n=1024,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -2735,10 +3014,12 @@ def equal_count_i32(
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_i32_tpu_blocks),
         grown to large steps (_grown), else 4096.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
+        This kernel runs on Triton either way: reductions to a scalar or over a kernel of
+        rank above 2 are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -2752,7 +3033,7 @@ def equal_count_i32(
         "equal_count_i32", {"x": (x, jnp.int32, ("N",)), "y": (y, jnp.int32, ("N",))}
     )
     _check_blocks("equal_count_i32", block_n=block_n, may_be_none=True)
-    _check_blocks("equal_count_i32", gpu_block_n=gpu_block_n)
+    _check_blocks("equal_count_i32", gpu_block_n=gpu_block_n, may_be_none=True)
     n_ = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(equal_count_i32_reference, (((), jnp.int32),), x, y)
@@ -2919,8 +3200,18 @@ def _equal_count_i32_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
     n_ref[...] = sum_n
 
 
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
+# None: any other GPU (the spec's).
+_equal_count_i32_gpu_options = {None: (1024, 4, 1)}
+
+
 def _equal_count_i32_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
     """`equal_count_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_n, num_warps, num_stages = _gpu_options(
+        _equal_count_i32_gpu_options, (n_,), (block_n, num_warps, num_stages)
+    )
     block_n = min(block_n, pl.next_power_of_2(n_))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_equal_count_i32_gpu_kernel, n_=n_, block_n=block_n),
@@ -2942,8 +3233,8 @@ def _equal_count_i32_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret)
     )(x, y)
 
 
-# `equal_count_i32` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet):
-# it runs on Triton.
+# `equal_count_i32` has no Mosaic GPU kernel (reductions to a scalar or over a kernel
+# of rank above 2 are not on Mosaic GPU yet): it runs on Triton.
 
 
 @functools.partial(
@@ -2965,10 +3256,10 @@ def add_i8(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -2980,7 +3271,8 @@ def add_i8(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_i8_tpu_blocks),
         grown to large steps (_grown), else 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: Mosaic GPU computes on 8-bit values only by
@@ -2998,7 +3290,7 @@ def add_i8(
         "add_i8", {"x": (x, jnp.int8, ("M", "N")), "y": (y, jnp.int8, ("M", "N"))}
     )
     _check_blocks("add_i8", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("add_i8", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks("add_i8", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -3154,8 +3446,18 @@ def _add_i8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
     _store(z_ref, x + y, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_add_i8_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _add_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`add_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _add_i8_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -3200,10 +3502,10 @@ def mul_i8(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=8,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -3215,7 +3517,8 @@ def mul_i8(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_mul_i8_tpu_blocks),
         grown to large steps (_grown), else 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: Mosaic GPU computes on 8-bit values only by
@@ -3233,7 +3536,7 @@ def mul_i8(
         "mul_i8", {"x": (x, jnp.int8, ("M", "N")), "y": (y, jnp.int8, ("M", "N"))}
     )
     _check_blocks("mul_i8", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("mul_i8", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks("mul_i8", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -3389,8 +3692,18 @@ def _mul_i8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
     _store(z_ref, x * y, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_mul_i8_gpu_options = {None: (8, 128, 4, 1)}
+
+
 def _mul_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`mul_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _mul_i8_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -3431,9 +3744,9 @@ def argmax_i8(
     x,
     *,
     block_m=None,
-    gpu_block_m=1,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -3444,10 +3757,10 @@ def argmax_i8(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_i8_tpu_blocks),
         grown to large steps (_grown), else 32.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -3459,7 +3772,7 @@ def argmax_i8(
     """
     (x,), sizes = _operands("argmax_i8", {"x": (x, jnp.int8, ("M", "N"))})
     _check_blocks("argmax_i8", block_m=block_m, may_be_none=True)
-    _check_blocks("argmax_i8", gpu_block_m=gpu_block_m)
+    _check_blocks("argmax_i8", gpu_block_m=gpu_block_m, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -3507,7 +3820,7 @@ def _argmax_i8_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_argmax_i8_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -3599,8 +3912,18 @@ def _argmax_i8_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
     )
 
 
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_argmax_i8_gpu_options = {None: (1, 4, 1)}
+
+
 def _argmax_i8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmax_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _argmax_i8_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
@@ -3621,8 +3944,67 @@ def _argmax_i8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-# `argmax_i8` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs
-# on Triton.
+def _argmax_i8_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        argmax_n_running, argmax_n_index = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        argmax_n_block = x.astype(jnp.int32)
+        if n % block_n:  # a ragged N: its identity past the end
+            argmax_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -2147483648
+            )
+        argmax_n_running, argmax_n_index = _mgpu_argbest_step(
+            argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
+        )
+        return (argmax_n_running, argmax_n_index)
+
+    argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.int8, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full(block_m, -2147483648, jnp.int32, 0),
+            _mgpu_full(block_m, 0, jnp.int32, 0),
+        ),
+    )(x_ref)
+    argmax_n = argmax_n_index
+    i = argmax_n
+    i_smem[...] = i
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _argmax_i8_mosaic_gpu(x, *, m, n, interpret):
+    """`argmax_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    (i,) = plgpu.kernel(
+        functools.partial(_argmax_i8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
+        out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
+        scratch_types=[plgpu.SMEM((block_m,), jnp.int32)],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x)
+    return i[:m].reshape((m, 1))
 
 
 @functools.partial(
@@ -3641,9 +4023,9 @@ def equal_count_i8(
     y,
     *,
     block_n=None,
-    gpu_block_n=1024,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -3655,10 +4037,12 @@ def equal_count_i8(
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_i8_tpu_blocks),
         grown to large steps (_grown), else 4096.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
+        This kernel runs on Triton either way: reductions to a scalar or over a kernel of
+        rank above 2 are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -3672,7 +4056,7 @@ def equal_count_i8(
         "equal_count_i8", {"x": (x, jnp.int8, ("N",)), "y": (y, jnp.int8, ("N",))}
     )
     _check_blocks("equal_count_i8", block_n=block_n, may_be_none=True)
-    _check_blocks("equal_count_i8", gpu_block_n=gpu_block_n)
+    _check_blocks("equal_count_i8", gpu_block_n=gpu_block_n, may_be_none=True)
     n_ = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(equal_count_i8_reference, (((), jnp.int32),), x, y)
@@ -3839,8 +4223,18 @@ def _equal_count_i8_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
     n_ref[...] = sum_n
 
 
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
+# None: any other GPU (the spec's).
+_equal_count_i8_gpu_options = {None: (1024, 4, 1)}
+
+
 def _equal_count_i8_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
     """`equal_count_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_n, num_warps, num_stages = _gpu_options(
+        _equal_count_i8_gpu_options, (n_,), (block_n, num_warps, num_stages)
+    )
     block_n = min(block_n, pl.next_power_of_2(n_))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_equal_count_i8_gpu_kernel, n_=n_, block_n=block_n),
@@ -3862,5 +4256,5 @@ def _equal_count_i8_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
     )(x, y)
 
 
-# `equal_count_i8` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
-# runs on Triton.
+# `equal_count_i8` has no Mosaic GPU kernel (reductions to a scalar or over a kernel
+# of rank above 2 are not on Mosaic GPU yet): it runs on Triton.

@@ -51,6 +51,89 @@ def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
     return on_mosaic_gpu
 
 
+def _gpu_device_kind():
+    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
+    default device's if it is a GPU, else the first GPU's (None without one)."""
+    device = jax.config.jax_default_device
+    if getattr(device, "platform", None) == "gpu":
+        return device.device_kind
+    try:
+        return jax.devices("gpu")[0].device_kind
+    except RuntimeError:  # no GPU backend
+        return None
+
+
+def _gpu_options(table, sizes, given):
+    """The blocks and launch options of a GPU (Triton) call: those `given` (not None) as
+    they are, the others from `table`: for the GPU compiled for (see `_gpu_device_kind`),
+    the tuned entry whose sizes are nearest the call's (in powers of two), else the
+    spec's, `table[None]`."""
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
+    tuned = table.get(kind) if kind is not None else None
+    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
+    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
+
+
+def _mgpu_pad(array, shape):
+    """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
+    if array.shape == shape:
+        return array
+    return jnp.pad(array, [(0, padded - size) for size, padded in zip(array.shape, shape)])
+
+
+def _mgpu_swizzled(dtype, columns):
+    """The shared-memory tiling and swizzle of a 2-D block `columns` wide, as wgmma and
+    the WGMMA register layout read it."""
+    swizzle = plgpu.find_swizzle(columns * jnp.dtype(dtype).itemsize * 8)
+    return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(
+        swizzle
+    )
+
+
+def _mgpu_load(ref, shape, dims):
+    """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
+    along `dims` (its position in `shape`) in the layout's row or column, broadcast."""
+    if len(dims) == len(shape):
+        return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
+    vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
+    return jax.lax.broadcast_in_dim(vector, shape, dims)
+
+
+def _mgpu_spread(vector, shape, dim):
+    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
+    broadcast over the block's other axis."""
+    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
+
+
+def _mgpu_full(size, value, dtype, dim):
+    """A running value per position along axis `dim` of a block, `value` in each."""
+    return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
+
+
+def _mgpu_positions(start, shape, axis):
+    """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
+    return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
+
+
+def _mgpu_argbest_step(best, index, x, start, axis, largest):
+    """The running (value, first index) of the largest (or smallest) value along `axis`
+    after one more block `x` whose positions there start at `start`."""
+    block_best = jnp.max(x, axis=axis) if largest else jnp.min(x, axis=axis)
+    hits = jnp.where(
+        x == _mgpu_spread(block_best, x.shape, 1 - axis),
+        _mgpu_positions(start, x.shape, axis),
+        2147483647,
+    )
+    better = block_best > best if largest else block_best < best  # ties keep the earlier index
+    return jnp.where(better, block_best, best), jnp.where(better, jnp.min(hits, axis=axis), index)
+
+
 def _on_platform(tpu, gpu, interpret, *arrays):
     """Runs the kernel built for the platform being compiled for.
 
@@ -264,10 +347,11 @@ def _vmem_limit(needed):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 
     None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
-    blocks would fail to compile, so they ask for 100 MiB of the 128 MiB a v5e or v6e
-    core has: the rest is headroom for Mosaic's own scratch and the intermediates.
+    blocks would fail to compile, so they ask for twice what they need, at most 100 MiB of
+    the 128 MiB a v5e or v6e core has. Not more: compiled for libtpu's cost estimate, blocks
+    of 28 MiB that asked for 100 MiB ran out of VMEM (the ask counted beside the use).
     """
-    return None if needed <= 16 * 2**20 else 100 * 2**20
+    return None if needed <= 16 * 2**20 else min(2 * needed, 100 * 2**20)
 
 
 def _inside(start, block, size):
@@ -376,9 +460,9 @@ def argmax_rows(
     x,
     *,
     block_m=None,
-    gpu_block_m=1,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -389,10 +473,10 @@ def argmax_rows(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_rows_tpu_blocks),
         grown to large steps (_grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -404,7 +488,7 @@ def argmax_rows(
     """
     (x,), sizes = _operands("argmax_rows", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("argmax_rows", block_m=block_m, may_be_none=True)
-    _check_blocks("argmax_rows", gpu_block_m=gpu_block_m)
+    _check_blocks("argmax_rows", gpu_block_m=gpu_block_m, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -452,7 +536,7 @@ def _argmax_rows_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_argmax_rows_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -540,8 +624,18 @@ def _argmax_rows_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
     _store(i_ref, _argbest(_fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_argmax_rows_gpu_options = {None: (1, 4, 1)}
+
+
 def _argmax_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmax_rows` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _argmax_rows_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
@@ -562,8 +656,67 @@ def _argmax_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-# `argmax_rows` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
-# runs on Triton.
+def _argmax_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        argmax_n_running, argmax_n_index = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        argmax_n_block = x
+        if n % block_n:  # a ragged N: its identity past the end
+            argmax_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -jnp.inf
+            )
+        argmax_n_running, argmax_n_index = _mgpu_argbest_step(
+            argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
+        )
+        return (argmax_n_running, argmax_n_index)
+
+    argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            _mgpu_full(block_m, 0, jnp.int32, 0),
+        ),
+    )(x_ref)
+    argmax_n = argmax_n_index
+    i = argmax_n
+    i_smem[...] = i
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _argmax_rows_mosaic_gpu(x, *, m, n, interpret):
+    """`argmax_rows` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    (i,) = plgpu.kernel(
+        functools.partial(_argmax_rows_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
+        out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
+        scratch_types=[plgpu.SMEM((block_m,), jnp.int32)],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x)
+    return i[:m].reshape((m, 1))
 
 
 @functools.partial(
@@ -584,10 +737,10 @@ def argmax_blocked(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=1,
-    gpu_block_n=1024,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -599,10 +752,10 @@ def argmax_blocked(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_blocked_tpu_blocks),
         grown to large steps (_grown), else 8, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -614,7 +767,9 @@ def argmax_blocked(
     """
     (x,), sizes = _operands("argmax_blocked", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("argmax_blocked", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("argmax_blocked", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks(
+        "argmax_blocked", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+    )
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -676,7 +831,7 @@ def _argmax_blocked_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_argmax_blocked_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -817,8 +972,18 @@ def _argmax_blocked_gpu_kernel(x_ref, i_ref, *, m, n, block_m, block_n):
     _store(i_ref, argmax_n, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_argmax_blocked_gpu_options = {None: (1, 1024, 4, 1)}
+
+
 def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`argmax_blocked` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _argmax_blocked_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -839,8 +1004,67 @@ def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, int
     )(x)
 
 
-# `argmax_blocked` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
-# runs on Triton.
+def _argmax_blocked_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        argmax_n_running, argmax_n_index = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        argmax_n_block = x
+        if n % block_n:  # a ragged N: its identity past the end
+            argmax_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -jnp.inf
+            )
+        argmax_n_running, argmax_n_index = _mgpu_argbest_step(
+            argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
+        )
+        return (argmax_n_running, argmax_n_index)
+
+    argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            _mgpu_full(block_m, 0, jnp.int32, 0),
+        ),
+    )(x_ref)
+    argmax_n = argmax_n_index
+    i = argmax_n
+    i_smem[...] = i
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _argmax_blocked_mosaic_gpu(x, *, m, n, interpret):
+    """`argmax_blocked` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    (i,) = plgpu.kernel(
+        functools.partial(_argmax_blocked_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
+        out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
+        scratch_types=[plgpu.SMEM((block_m,), jnp.int32)],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x)
+    return i[:m].reshape((m, 1))
 
 
 @functools.partial(
@@ -858,9 +1082,9 @@ def argmin_rows(
     x,
     *,
     block_m=None,
-    gpu_block_m=1,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -871,10 +1095,10 @@ def argmin_rows(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmin_rows_tpu_blocks),
         grown to large steps (_grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -886,7 +1110,7 @@ def argmin_rows(
     """
     (x,), sizes = _operands("argmin_rows", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("argmin_rows", block_m=block_m, may_be_none=True)
-    _check_blocks("argmin_rows", gpu_block_m=gpu_block_m)
+    _check_blocks("argmin_rows", gpu_block_m=gpu_block_m, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -934,7 +1158,7 @@ def _argmin_rows_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_argmin_rows_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -1022,8 +1246,18 @@ def _argmin_rows_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
     _store(i_ref, _argbest(_fill_past(x, 0, n, 1, jnp.inf), 1, largest=False), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_argmin_rows_gpu_options = {None: (1, 4, 1)}
+
+
 def _argmin_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmin_rows` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _argmin_rows_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
@@ -1044,8 +1278,67 @@ def _argmin_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-# `argmin_rows` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
-# runs on Triton.
+def _argmin_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        argmin_n_running, argmin_n_index = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        argmin_n_block = x
+        if n % block_n:  # a ragged N: its identity past the end
+            argmin_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, argmin_n_block, jnp.inf
+            )
+        argmin_n_running, argmin_n_index = _mgpu_argbest_step(
+            argmin_n_running, argmin_n_index, argmin_n_block, start, 1, largest=False
+        )
+        return (argmin_n_running, argmin_n_index)
+
+    argmin_n_running, argmin_n_index = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full(block_m, jnp.inf, jnp.float32, 0),
+            _mgpu_full(block_m, 0, jnp.int32, 0),
+        ),
+    )(x_ref)
+    argmin_n = argmin_n_index
+    i = argmin_n
+    i_smem[...] = i
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _argmin_rows_mosaic_gpu(x, *, m, n, interpret):
+    """`argmin_rows` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    (i,) = plgpu.kernel(
+        functools.partial(_argmin_rows_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
+        out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
+        scratch_types=[plgpu.SMEM((block_m,), jnp.int32)],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x)
+    return i[:m].reshape((m, 1))
 
 
 @functools.partial(
@@ -1066,10 +1359,10 @@ def column_sums(
     *,
     block_m=None,
     block_n=None,
-    gpu_block_m=64,
-    gpu_block_n=128,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -1080,10 +1373,10 @@ def column_sums(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_column_sums_tpu_blocks),
         grown to large steps (_grown), else 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1094,7 +1387,7 @@ def column_sums(
     """
     (x,), sizes = _operands("column_sums", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("column_sums", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("column_sums", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    _check_blocks("column_sums", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -1156,7 +1449,7 @@ def _column_sums_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_column_sums_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -1280,8 +1573,18 @@ def _column_sums_gpu_kernel(x_ref, s_ref, *, m, n, block_m, block_n):
     _store(s_ref, sum_m, inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_column_sums_gpu_options = {None: (64, 128, 4, 1)}
+
+
 def _column_sums_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`column_sums` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _column_sums_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
@@ -1302,8 +1605,62 @@ def _column_sums_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interp
     )(x)
 
 
-# `column_sums` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
-# runs on Triton.
+def _column_sums_mosaic_gpu_kernel(x_ref, s_ref, s_smem, *, block_m, block_n, m):
+    program_n = jax.lax.axis_index("N")
+
+    def reduce_1(indices, x_smem, carry):
+        (sum_m_running,) = carry
+        start = indices[0] * block_m
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        sum_m_block = x
+        if m % block_m:  # a ragged M: its identity past the end
+            sum_m_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
+            )
+        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
+        return (sum_m_running,)
+
+    (sum_m_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[0] // block_m,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (s, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_n, 0.0, jnp.float32, 1),),
+    )(x_ref)
+    sum_m = sum_m_running
+    s = sum_m
+    s_smem[...] = s
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(s_smem, s_ref.at[pl.ds(program_n * block_n, block_n)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _column_sums_mosaic_gpu(x, *, m, n, interpret):
+    """`column_sums` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    (s,) = plgpu.kernel(
+        functools.partial(_column_sums_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m),
+        out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
+        scratch_types=[plgpu.SMEM((block_n,), jnp.float32)],
+        grid=(padded_n // block_n,),
+        grid_names=("N",),
+        interpret=interpret,
+    )(x)
+    return s[:n].reshape((1, n))
 
 
 @functools.partial(
@@ -1321,9 +1678,9 @@ def quantize_rows_int8(
     x,
     *,
     block_m=None,
-    gpu_block_m=1,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -1335,10 +1692,10 @@ def quantize_rows_int8(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_tpu_blocks),
         grown to large steps (_grown), else 32.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1349,7 +1706,7 @@ def quantize_rows_int8(
     """
     (x,), sizes = _operands("quantize_rows_int8", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("quantize_rows_int8", block_m=block_m, may_be_none=True)
-    _check_blocks("quantize_rows_int8", gpu_block_m=gpu_block_m)
+    _check_blocks("quantize_rows_int8", gpu_block_m=gpu_block_m, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -1401,7 +1758,7 @@ def _quantize_rows_int8_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_quantize_rows_int8_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -1507,8 +1864,18 @@ def _quantize_rows_int8_gpu_kernel(x_ref, q_ref, scale_ref, *, m, block_m, n, bl
     _store(scale_ref, s, _mask((block_m, 1), in_m, None))
 
 
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_quantize_rows_int8_gpu_options = {None: (1, 4, 1)}
+
+
 def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`quantize_rows_int8` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _quantize_rows_int8_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
@@ -1538,8 +1905,100 @@ def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpre
     )(x)
 
 
-# `quantize_rows_int8` has no Mosaic GPU kernel (reductions are not on Mosaic GPU
-# yet): it runs on Triton.
+def _quantize_rows_int8_mosaic_gpu_kernel(
+    x_ref, q_ref, scale_ref, scale_smem, q_buffers, *, block_m, block_n, n
+):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        (max_n_running,) = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        max_n_block = jnp.abs(x)
+        if n % block_n:  # a ragged N: its identity past the end
+            max_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, max_n_block, -jnp.inf
+            )
+        max_n_running = jnp.maximum(max_n_running, jnp.max(max_n_block, axis=1))
+        return (max_n_running,)
+
+    (max_n_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_m, -jnp.inf, jnp.float32, 0),),
+    )(x_ref)
+    max_n = max_n_running
+    s = jnp.maximum(max_n, 1e-30) / 127
+    scale = s
+    scale_smem[...] = scale
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(scale_smem, scale_ref.at[pl.ds(program_m * block_m, block_m)])
+
+    def write(indices, x_smem):
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        q_buffers[slot] = jnp.round(x / _mgpu_spread(s, (block_m, block_n), 0)).astype(jnp.int8)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            q_buffers.at[slot], q_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+    )(x_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _quantize_rows_int8_mosaic_gpu(x, *, m, n, interpret):
+    """`quantize_rows_int8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    q, scale = plgpu.kernel(
+        functools.partial(
+            _quantize_rows_int8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
+        ),
+        scratch_types=[
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM(
+                (2, block_m, block_n), jnp.int8, transforms=_mgpu_swizzled(jnp.int8, block_n)
+            ),
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x)
+    return q[:m, :n], scale[:m].reshape((m, 1))
 
 
 @functools.partial(
@@ -1558,9 +2017,9 @@ def equal_count(
     y,
     *,
     block_n=None,
-    gpu_block_n=1024,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -1572,10 +2031,12 @@ def equal_count(
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_tpu_blocks),
         grown to large steps (_grown), else 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
+        This kernel runs on Triton either way: reductions to a scalar or over a kernel of
+        rank above 2 are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1589,7 +2050,7 @@ def equal_count(
         "equal_count", {"x": (x, jnp.int32, ("N",)), "y": (y, jnp.int32, ("N",))}
     )
     _check_blocks("equal_count", block_n=block_n, may_be_none=True)
-    _check_blocks("equal_count", gpu_block_n=gpu_block_n)
+    _check_blocks("equal_count", gpu_block_n=gpu_block_n, may_be_none=True)
     n_ = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(equal_count_reference, (((), jnp.int32),), x, y)
@@ -1756,8 +2217,18 @@ def _equal_count_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
     n_ref[...] = sum_n
 
 
+# GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
+# None: any other GPU (the spec's).
+_equal_count_gpu_options = {None: (1024, 4, 1)}
+
+
 def _equal_count_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
     """`equal_count` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_n, num_warps, num_stages = _gpu_options(
+        _equal_count_gpu_options, (n_,), (block_n, num_warps, num_stages)
+    )
     block_n = min(block_n, pl.next_power_of_2(n_))  # a small N is one block
     return pl.pallas_call(
         functools.partial(_equal_count_gpu_kernel, n_=n_, block_n=block_n),
@@ -1779,5 +2250,5 @@ def _equal_count_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
     )(x, y)
 
 
-# `equal_count` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
-# runs on Triton.
+# `equal_count` has no Mosaic GPU kernel (reductions to a scalar or over a kernel of
+# rank above 2 are not on Mosaic GPU yet): it runs on Triton.

@@ -51,6 +51,86 @@ def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
     return on_mosaic_gpu
 
 
+def _gpu_device_kind():
+    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
+    default device's if it is a GPU, else the first GPU's (None without one)."""
+    device = jax.config.jax_default_device
+    if getattr(device, "platform", None) == "gpu":
+        return device.device_kind
+    try:
+        return jax.devices("gpu")[0].device_kind
+    except RuntimeError:  # no GPU backend
+        return None
+
+
+def _gpu_options(table, sizes, given):
+    """The blocks and launch options of a GPU (Triton) call: those `given` (not None) as
+    they are, the others from `table`: for the GPU compiled for (see `_gpu_device_kind`),
+    the tuned entry whose sizes are nearest the call's (in powers of two), else the
+    spec's, `table[None]`."""
+
+    def distance(tuned_sizes):
+        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
+
+    if None not in given:
+        return given
+    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
+    tuned = table.get(kind) if kind is not None else None
+    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
+    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
+
+
+def _mgpu_pad(array, shape):
+    """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
+    if array.shape == shape:
+        return array
+    return jnp.pad(array, [(0, padded - size) for size, padded in zip(array.shape, shape)])
+
+
+def _mgpu_swizzled(dtype, columns):
+    """The shared-memory tiling and swizzle of a 2-D block `columns` wide, as wgmma and
+    the WGMMA register layout read it."""
+    swizzle = plgpu.find_swizzle(columns * jnp.dtype(dtype).itemsize * 8)
+    return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(
+        swizzle
+    )
+
+
+def _mgpu_load(ref, shape, dims):
+    """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
+    along `dims` (its position in `shape`) in the layout's row or column, broadcast."""
+    if len(dims) == len(shape):
+        return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
+    vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
+    return jax.lax.broadcast_in_dim(vector, shape, dims)
+
+
+def _mgpu_spread(vector, shape, dim):
+    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
+    broadcast over the block's other axis."""
+    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
+
+
+def _mgpu_full(size, value, dtype, dim):
+    """A running value per position along axis `dim` of a block, `value` in each."""
+    return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
+
+
+def _mgpu_positions(start, shape, axis):
+    """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
+    return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
+
+
+def _mgpu_logsumexp_step(top, total, x, axis):
+    """The running (max, sum of exp(x - max)) after one more block `x`, reduced over `axis`."""
+    new_top = jnp.maximum(top, jnp.max(x, axis=axis))
+    shift = jnp.where(new_top > -jnp.inf, new_top, 0.0)
+    total = total * jnp.exp(top - shift) + jnp.sum(
+        jnp.exp(x - _mgpu_spread(shift, x.shape, 1 - axis)), axis=axis
+    )
+    return new_top, total
+
+
 def _on_platform(tpu, gpu, interpret, *arrays):
     """Runs the kernel built for the platform being compiled for.
 
@@ -264,10 +344,11 @@ def _vmem_limit(needed):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 
     None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
-    blocks would fail to compile, so they ask for 100 MiB of the 128 MiB a v5e or v6e
-    core has: the rest is headroom for Mosaic's own scratch and the intermediates.
+    blocks would fail to compile, so they ask for twice what they need, at most 100 MiB of
+    the 128 MiB a v5e or v6e core has. Not more: compiled for libtpu's cost estimate, blocks
+    of 28 MiB that asked for 100 MiB ran out of VMEM (the ask counted beside the use).
     """
-    return None if needed <= 16 * 2**20 else 100 * 2**20
+    return None if needed <= 16 * 2**20 else min(2 * needed, 100 * 2**20)
 
 
 def _inside(start, block, size):
@@ -323,6 +404,11 @@ def _logsumexp(x, axis):
     return top + jnp.log(jnp.sum(jnp.exp(x - top), axis=axis, keepdims=True))
 
 
+def _logsumexp_finish(top, total):
+    """log-sum-exp from its running (max, sum)."""
+    return jnp.where(top > -jnp.inf, top, 0.0) + jnp.log(total)
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -338,9 +424,9 @@ def softmax(
     x,
     *,
     block_m=None,
-    gpu_block_m=1,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -351,10 +437,10 @@ def softmax(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_softmax_tpu_blocks),
         grown to large steps (_grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -365,7 +451,7 @@ def softmax(
     """
     (x,), sizes = _operands("softmax", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("softmax", block_m=block_m, may_be_none=True)
-    _check_blocks("softmax", gpu_block_m=gpu_block_m)
+    _check_blocks("softmax", gpu_block_m=gpu_block_m, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -411,7 +497,7 @@ def _softmax_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_softmax_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -497,8 +583,18 @@ def _softmax_gpu_kernel(x_ref, y_ref, *, m, block_m, n, block_n):
     _store(y_ref, e / jnp.sum(_fill_past(e, 0, n, 1, 0.0), axis=1, keepdims=True), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_softmax_gpu_options = {None: (1, 4, 1)}
+
+
 def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`softmax` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _softmax_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
@@ -519,8 +615,116 @@ def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-# `softmax` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs
-# on Triton.
+def _softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        (max_n_running,) = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        max_n_block = x
+        if n % block_n:  # a ragged N: its identity past the end
+            max_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, max_n_block, -jnp.inf
+            )
+        max_n_running = jnp.maximum(max_n_running, jnp.max(max_n_block, axis=1))
+        return (max_n_running,)
+
+    (max_n_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_m, -jnp.inf, jnp.float32, 0),),
+    )(x_ref)
+    max_n = max_n_running
+
+    def reduce_2(indices, x_smem, carry):
+        (sum_n_running,) = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        e = jnp.exp(x - _mgpu_spread(max_n, (block_m, block_n), 0))
+        sum_n_block = e
+        if n % block_n:  # a ragged N: its identity past the end
+            sum_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
+            )
+        sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
+        return (sum_n_running,)
+
+    (sum_n_running,) = plgpu.emit_pipeline(
+        reduce_2,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+    )(x_ref)
+    sum_n = sum_n_running
+
+    def write(indices, x_smem):
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        e = jnp.exp(x - _mgpu_spread(max_n, (block_m, block_n), 0))
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        y_buffers[slot] = e / _mgpu_spread(sum_n, (block_m, block_n), 0)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+    )(x_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _softmax_mosaic_gpu(x, *, m, n, interpret):
+    """`softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    (y,) = plgpu.kernel(
+        functools.partial(_softmax_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
+        scratch_types=[
+            plgpu.SMEM(
+                (2, block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+            )
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x)
+    return y[:m, :n]
 
 
 @functools.partial(
@@ -538,9 +742,9 @@ def log_softmax(
     x,
     *,
     block_m=None,
-    gpu_block_m=1,
-    gpu_warps=4,
-    gpu_stages=1,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
     gpu_backend="triton",
     interpret=None,
 ):
@@ -551,10 +755,10 @@ def log_softmax(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_tpu_blocks),
         grown to large steps (_grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -565,7 +769,7 @@ def log_softmax(
     """
     (x,), sizes = _operands("log_softmax", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("log_softmax", block_m=block_m, may_be_none=True)
-    _check_blocks("log_softmax", gpu_block_m=gpu_block_m)
+    _check_blocks("log_softmax", gpu_block_m=gpu_block_m, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
@@ -610,7 +814,7 @@ def _log_softmax_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_log_softmax_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -698,8 +902,18 @@ def _log_softmax_gpu_kernel(x_ref, y_ref, *, m, block_m, n, block_n):
     _store(y_ref, x - _logsumexp(_fill_past(x, 0, n, 1, -jnp.inf), 1), inside)
 
 
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_log_softmax_gpu_options = {None: (1, 4, 1)}
+
+
 def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`log_softmax` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _log_softmax_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
     return pl.pallas_call(
@@ -720,5 +934,89 @@ def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
-# `log_softmax` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
-# runs on Triton.
+def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        logsumexp_n_running, logsumexp_n_index = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        logsumexp_n_block = x
+        if n % block_n:  # a ragged N: its identity past the end
+            logsumexp_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, logsumexp_n_block, -jnp.inf
+            )
+        logsumexp_n_running, logsumexp_n_index = _mgpu_logsumexp_step(
+            logsumexp_n_running, logsumexp_n_index, logsumexp_n_block, 1
+        )
+        return (logsumexp_n_running, logsumexp_n_index)
+
+    logsumexp_n_running, logsumexp_n_index = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            _mgpu_full(block_m, 0.0, jnp.float32, 0),
+        ),
+    )(x_ref)
+    logsumexp_n = _logsumexp_finish(logsumexp_n_running, logsumexp_n_index)
+
+    def write(indices, x_smem):
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        y_buffers[slot] = x - _mgpu_spread(logsumexp_n, (block_m, block_n), 0)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+    )(x_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _log_softmax_mosaic_gpu(x, *, m, n, interpret):
+    """`log_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    (y,) = plgpu.kernel(
+        functools.partial(_log_softmax_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
+        scratch_types=[
+            plgpu.SMEM(
+                (2, block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+            )
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x)
+    return y[:m, :n]

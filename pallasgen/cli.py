@@ -419,11 +419,15 @@ def _block_options(checked, blocks: dict[str, int]) -> dict[str, int]:
 @click.option(
     "--chip",
     type=click.Choice(backend_named("tpu").chip_names),
-    required=True,
     help="The compile-only TPU to tune for.",
 )
+@click.option("--gpu", is_flag=True, help="Instead, time Triton's blocks and options on this machine's CUDA GPU.")
 @click.option(
-    "--budget", default=16, show_default=True, type=click.IntRange(min=1), help="The most compiles per kernel."
+    "--budget",
+    default=16,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="The most compiles (TPU) or timings (GPU) per kernel.",
 )
 @click.option(
     "--block",
@@ -432,7 +436,9 @@ def _block_options(checked, blocks: dict[str, int]) -> dict[str, int]:
     metavar="DIM=N",
     help="Start the search with this block (repeatable); blocks tuned before are measured too.",
 )
-def tune(target: str, sizes: tuple[str, ...], chip: str, budget: int, blocks: tuple[str, ...]) -> None:
+def tune(
+    target: str, sizes: tuple[str, ...], chip: str | None, gpu: bool, budget: int, blocks: tuple[str, ...]
+) -> None:
     """Search the TPU blocks that minimise the compiler's cycle estimate for SPEC's kernels
     (or SPEC:KERNEL) at the given sizes, and record the best in SPEC's tuning file
     (NAME.tuning.json beside it), which `pallasgen build` renders into the generated module.
@@ -440,6 +446,9 @@ def tune(target: str, sizes: tuple[str, ...], chip: str, budget: int, blocks: tu
     No TPU is needed: libtpu compiles for a compile-only chip and estimates cycles (not
     time). A search starts from the blocks a call takes on the chip (or from --block)
     and keeps the best it finds.
+
+    With --gpu, the Triton blocks, warps and stages are timed on this machine's CUDA GPU
+    instead, and recorded for its kind of GPU: a call that passes none takes them there.
     """
     import tempfile
 
@@ -448,7 +457,12 @@ def tune(target: str, sizes: tuple[str, ...], chip: str, budget: int, blocks: tu
     from pallasgen.devices.tune import MEASURE, tune as search, versions
     from pallasgen.workspace.tuning import Entry, entry_for, format_tuning, read_tuning, tuning_path, with_entry
 
-    _require("pallasgen tune", tpu=True)
+    if (chip is None) == (not gpu):
+        _usage_error("tune needs --chip (a compile-only TPU) or --gpu (this machine's CUDA GPU), one of them")
+    if gpu and blocks:
+        _usage_error("--block starts a TPU search; --gpu starts from the spec's GPU blocks")
+    _require(f"pallasgen tune{' --gpu' if gpu else ''}", tpu=not gpu)
+    device = _cuda_device_kind() if gpu else None
     given = _parse_sizes(sizes)
     starts = _parse_blocks(blocks)
     kernels = _kernels((target,), None, given)
@@ -464,6 +478,9 @@ def tune(target: str, sizes: tuple[str, ...], chip: str, budget: int, blocks: tu
     tuning = _checked_kernels(
         str(path), lambda: read_tuning(path.read_text(encoding="utf-8"), _display(path)) if path.is_file() else {}
     )
+    if gpu:
+        _write_tuning(path, _tune_gpu(kernels, given, budget, tuning, device))
+        return
     with tempfile.TemporaryDirectory(prefix="pallasgen-llo-") as profile_dir:
         estimator = estimate.Estimator(chip, Path(profile_dir))
         for module, checked in kernels:
@@ -478,28 +495,92 @@ def tune(target: str, sizes: tuple[str, ...], chip: str, budget: int, blocks: tu
                 except CompileError as error:
                     _usage_error(f"{checked.kernel.name}: {error}")
             best, start = found.best, found.start
-            best_ratio = estimate.ratio(best.cycles, found.xla_cycles)
+            best_ratio = estimate.ratio(best.cost, found.xla_cost)
             started = (
-                f"{estimate.describe_ratio(estimate.ratio(start.cycles, found.xla_cycles))}"
-                if start.cycles
+                f"{estimate.describe_ratio(estimate.ratio(start.cost, found.xla_cost))}"
+                if start.cost
                 else f"rejected: {start.error}"
             )
             click.echo(
-                f"{checked.kernel.name} on {chip} ({estimate.LABEL}): {_pairs(best.blocks)} {best.cycles:,} cycles,"
-                f" {estimate.describe_ratio(best_ratio)} (XLA {found.xla_cycles:,});"
+                f"{checked.kernel.name} on {chip} ({estimate.LABEL}): {_pairs(best.blocks)} {best.cost:,} cycles,"
+                f" {estimate.describe_ratio(best_ratio)} (XLA {found.xla_cost:,});"
                 f" from {'the given' if given_start else 'the blocks tuned before' if previous else 'the untuned'}"
                 f" {_pairs(start.blocks)}"
                 f" {started}; {counted(len(found.trials), 'compile')}"
             )
             measure = {
                 "by": MEASURE,
-                "kernel_cycles": best.cycles,
-                "xla_cycles": found.xla_cycles,
+                "kernel_cycles": best.cost,
+                "xla_cycles": found.xla_cost,
                 "ratio": None if best_ratio is None else round(best_ratio, 3),
                 "compiles": len(found.trials),
             }
             entry = Entry(TunedBlocks(chip, tuple(dims.items()), best.blocks), measure, versions())
             tuning = with_entry(tuning, checked, entry)
+    _write_tuning(path, tuning)
+
+
+def _cuda_device_kind() -> str:
+    """The device kind of this machine's CUDA GPU; a usage error without one."""
+    from pallasgen.devices import gpu_tune
+
+    try:
+        return gpu_tune.cuda_device_kind()
+    except gpu_tune.NoCudaDevice as error:
+        _usage_error(str(error))
+
+
+def _tune_gpu(kernels, given: dict[str, int], budget: int, tuning, device: str):
+    """`tune --gpu`: each kernel's fastest Triton blocks and options on the CUDA GPU of kind
+    `device`, recorded in `tuning` for that kind; returns the tuning."""
+    from pallasgen.devices import bench
+    from pallasgen.devices.compile_only import CompileError
+    from pallasgen.devices.gpu_tune import MEASURE, REPEATS, entry_parts, tune_gpu
+    from pallasgen.devices.tune import versions
+    from pallasgen.workspace.tuning import Entry, entry_for, with_entry
+
+    for module, checked in kernels:
+        dims = {d: given[d] for d in checked.dims}
+        inputs = _within_memory(checked, dims, lambda: runner.random_inputs(checked, dims, 0))
+        previous = entry_for(tuning, checked, device, dims, gpu=True)
+        with click.progressbar(
+            length=budget, label=f"Timing {checked.kernel.name} on {device}", file=sys.stderr
+        ) as bar:
+            try:
+                found = tune_gpu(
+                    lambda first, second: bench.time_pair(first, second, REPEATS),
+                    module,
+                    checked,
+                    inputs,
+                    dims,
+                    budget,
+                    bar.update,
+                    previous and previous.blocks,
+                )
+            except CompileError as error:
+                _usage_error(f"{checked.kernel.name}: {error}")
+        best = found.best
+        blocks, options = entry_parts(checked, best.blocks)
+        ratio = found.xla_cost / best.cost if best.cost else None
+        click.echo(
+            f"{checked.kernel.name} on {device}: {', '.join(f'{k}={v}' for k, v in best.blocks)} {best.cost * 1e3:.3f} ms"
+            f" (XLA {found.xla_cost * 1e3:.3f} ms, {ratio:.2f}x); {counted(len(found.trials), 'timing')}"
+        )
+        measure = {
+            "by": MEASURE,
+            "kernel_seconds": best.cost,
+            "xla_seconds": found.xla_cost,
+            "ratio": None if ratio is None else round(ratio, 3),
+            "timings": len(found.trials),
+        }
+        entry = Entry(TunedBlocks(device, tuple(dims.items()), blocks, options), measure, versions())
+        tuning = with_entry(tuning, checked, entry, gpu=True)
+    return tuning
+
+
+def _write_tuning(path: Path, tuning) -> None:
+    from pallasgen.workspace.tuning import format_tuning
+
     try:
         write_atomically(path, format_tuning(tuning))
     except OSError as error:

@@ -79,7 +79,7 @@ def test_a_sum_over_an_empty_dimension_is_zero_as_in_numpy():
         ("add_vectors", "add_vectors", [(8,), (8,)], "block_n", "a positive int or None"),
         ("softmax", "softmax", [(8, 8)], "block_m", "a positive int or None"),
         ("matmul", "matmul", [(8, 8), (8, 8)], "block_k", "a positive int or None"),
-        ("matmul", "matmul", [(8, 8), (8, 8)], "gpu_block_m", "a positive int"),
+        ("matmul", "matmul", [(8, 8), (8, 8)], "gpu_block_m", "a positive int or None"),
     ],
     ids=["elementwise", "reduction", "product", "product-gpu"],
 )
@@ -91,9 +91,11 @@ def test_a_bad_block_is_a_value_error_naming_the_keyword_and_value(module, kerne
         function(*(f32(*shape) for shape in shapes), **{keyword: value})
 
 
-def test_none_is_no_gpu_block():
-    with pytest.raises(ValueError, match=r"(?m)^softmax: gpu_block_m must be a positive int, got None$"):
-        generated_module("softmax").softmax(f32(8, 8), gpu_block_m=None)
+def test_a_gpu_block_of_none_is_chosen_at_call_time():
+    """None (the default) takes the block tuned for the GPU (pallasgen tune --gpu), else the spec's."""
+    module = generated_module("softmax")
+    x = f32(8, 8)
+    np.testing.assert_allclose(module.softmax(x, gpu_block_m=None), module.softmax_reference(x), rtol=1e-6)
 
 
 # --------------------------------------------------------------------------- lists and scalars

@@ -113,3 +113,16 @@ def test_a_kernel_that_does_not_compile_for_the_chip_is_a_line_and_exit_1_not_a_
     assert result.returncode == 1, result.stderr[-2000:]
     assert "add_vectors: does not compile for TPU v5e: " in result.stdout
     assert "Traceback" not in result.stderr
+
+
+def test_blocks_grown_to_28_mib_are_estimated_with_a_limit_of_twice_that(project):  # noqa: F811
+    """At 4096x4096 bias_gelu's backward kernels grow their blocks to 1024x1024 (28 MiB).
+    Compiled for the estimate, asking for 100 MiB of VMEM failed ("Used 132.51M of
+    128.00M vmem"); the launcher asks for twice what they need."""
+    command = "from pallasgen.cli import main; main()"
+    kernels = ["specs/activations.pallas:bias_gelu_backward", "specs/activations.pallas:bias_gelu_backward_over_m"]
+    args = ["bench", "--chip", "v5e", *kernels, "--size", "M=4096", "--size", "N=4096"]
+    result = subprocess.run([sys.executable, "-c", command, *args], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-2000:]
+    assert "bias_gelu_backward [M=4096, N=4096]: kernel " in result.stdout
+    assert "bias_gelu_backward_over_m [M=4096, N=4096]: kernel " in result.stdout

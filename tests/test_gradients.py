@@ -418,7 +418,6 @@ def test_grad_none_gives_the_same_error_for_a_kernel_with_a_product(tmp_path):
     ("stem", "kernel", "what"),
     [
         ("norms", "rms_norm", "a reduction"),
-        ("attention", "attention", "a matrix product"),
     ],
 )
 def test_a_kernel_whose_backward_kernels_are_not_generated_yet_says_so(stem, kernel, what):

@@ -30,7 +30,7 @@ FEATURES = {
         "in x: f32[M, N]\nout y: f32[M, N]\ny = x * 2.0",
         PLATFORM
         | {"_operands", "_without_elements", "_vmem_limit", "_nbytes", "_inside", "_mask", "_load", "_store"}
-        | {"_mgpu_pad", "_mgpu_swizzled", "_mgpu_load"},
+        | {"_mgpu_pad", "_mgpu_swizzled", "_mgpu_load", "_gpu_options", "_gpu_device_kind"},
         {"M": 5, "N": 7},
     ),
     "call-time-blocks": (
@@ -42,7 +42,7 @@ FEATURES = {
     "gradient": ("in x: f32[N]\nout y: f32[N]\ny = x * x", {"_differentiable"}, {"N": 300}),
     "argmax": (
         "in x: f32[M, N]\nout i: i32[M]\ni = argmax(x, N)\nblock M = 8",
-        {"_argbest", "_fill_past"},
+        {"_argbest", "_fill_past"} | {"_mgpu_argbest_step", "_mgpu_spread", "_mgpu_positions", "_mgpu_full"},
         {"M": 10, "N": 37},
     ),
     "argmax-over-steps": (
@@ -52,7 +52,7 @@ FEATURES = {
     ),
     "logsumexp": (
         "in x: f32[M, N]\nout y: f32[M]\ny = logsumexp(x, N)\nblock M = 8",
-        {"_logsumexp"},
+        {"_logsumexp", "_mgpu_logsumexp_step"},
         {"M": 10, "N": 37},
     ),
     "logsumexp-over-steps": (
@@ -76,9 +76,14 @@ FEATURES = {
         {"_strips"},
         {"S": 40, "T": 300, "D": 8},
     ),
+    "row-input-beside-a-reduction": (
+        "in x: f32[M, N]\nin s: f32[M]\nout y: f32[M]\ny = sum(x, N) * s",
+        {"_mgpu_load_vector"},
+        {"M": 10, "N": 37},
+    ),
 }
 # The inputs' dimensions of a feature whose kernel takes other than one x[M, N] (or x[N]).
-INPUTS = {"blocks-in-strips": (("S", "D"), ("T", "D"))}
+INPUTS = {"blocks-in-strips": (("S", "D"), ("T", "D")), "row-input-beside-a-reduction": (("M", "N"), ("M",))}
 
 
 def feature_source(feature: str) -> str:

@@ -117,6 +117,13 @@ def test_mosaic_gpu_takes_the_elementwise_kernels_and_plain_products():
     assert {"matmul", "matmul_bias_gelu", "linear", "batched_matmul", "scores", "matmul_int8"} <= taken
 
 
+def test_mosaic_gpu_takes_the_kernels_that_reduce_rows_or_columns():
+    taken = {k for _, k in TAKEN}
+    assert {"softmax", "log_softmax", "layer_norm", "rms_norm", "cross_entropy"} <= taken
+    assert {"argmax_rows", "argmax_blocked", "argmin_rows", "quantize_rows_int8", "argmax_f32", "argmax_i32"} <= taken
+    assert {"column_sums", "argmax_i8"} <= taken
+
+
 @pytest.mark.parametrize("module, kernel", REFUSED, ids=[f"{m}.{k}" for m, k in REFUSED])
 def test_kernel_mosaic_gpu_does_not_take_says_why_in_its_docstring(module, kernel):
     doc = getattr(generated_module(module), kernel).__doc__
@@ -124,7 +131,7 @@ def test_kernel_mosaic_gpu_does_not_take_says_why_in_its_docstring(module, kerne
 
 
 def test_a_refused_kernel_with_mosaic_gpu_runs_on_triton():
-    text = _exported_text("softmax", "softmax", "small", gpu_backend="mosaic_gpu")
+    text = _exported_text("reductions", "equal_count", "small", gpu_backend="mosaic_gpu")
     assert TRITON.search(text) and not MOSAIC_CALL.search(text)
 
 
@@ -179,7 +186,16 @@ REFUSALS = {
     "bool-array": ("in x: bool[M, N]\nout y: f32[M, N]\ny = f32(x)", "bool arrays"),
     "scalar-input": ("in s: f32[]\nin x: f32[N]\nout y: f32[N]\ny = x * s", "0-d input"),
     "rank-3": ("in x: f32[B, M, N]\nout y: f32[B, M, N]\ny = x * 2.0", "rank above 2"),
-    "reduction": ("in x: f32[M, N]\nout y: f32[M]\ny = sum(x, N)", "reductions are not on Mosaic GPU yet"),
+    "two-reduced-dimensions": (
+        "in x: f32[M, N]\nout y: f32[M]\nout z: f32[N]\ny = sum(x, N)\nz = max(x, M)",
+        "reductions over M and N in one kernel",
+    ),
+    "scalar-reduction": ("in x: f32[N]\nout y: f32[]\ny = sum(x, N)", "reductions to a scalar"),
+    "softmax-call": ("in x: f32[M, N]\nout y: f32[M, N]\ny = softmax(x, N)", "softmax() is not on Mosaic GPU yet"),
+    "kept-index-in-reduction": (
+        "in x: f32[M, N]\nout y: f32[M]\ny = sum(x, N) + f32(index(M))",
+        "index(M) in a kernel that reduces N",
+    ),
 }
 
 
@@ -201,6 +217,34 @@ TAKEN_SPECS = {
         {"M": 70, "N": 50},
     ),
     "vector-i32": ("in x, y: i32[N]\nout z: i32[N]\nz = maximum(x, y) * 3", {"N": 1000}),
+    # Three passes over a ragged N (the mean, the variance, the centred maximum), a row
+    # let computed between them, a column vector, a param and index() of the columns.
+    "three-passes-ragged": (
+        "in x: f32[M, N]\nin w: f32[N]\nout y: f32[M, N]\nout top: f32[M]\nparam t: f32 = 0.5\n"
+        "let mu = mean(x, N)\nlet v = mean((x - mu) * (x - mu), N) + t\n"
+        "top = max((x - mu) * rsqrt(v) + f32(index(N)) * 0.001, N)\ny = (x - mu) * w - top",
+        {"M": 70, "N": 300},
+    ),
+    # A row's minimum at a position past the first block; its first index, and the
+    # number of positions holding it: ties across blocks keep the earlier one.
+    "argmin-and-count-ties": (
+        "in x: i32[M, N]\nout i: i32[M]\nout c: i32[M]\ni = argmin(x, N)\nc = sum(i32(x == min(x, N)), N)",
+        {"M": 65, "N": 333},
+    ),
+    "logsumexp-bf16": ("in x: bf16[M, N]\nout y: f32[M]\ny = logsumexp(f32(x), N)", {"M": 3, "N": 1000}),
+    # 8-bit values reduced (in i32, as every integer reduction): a maximum narrowed back to
+    # i8 and a sum; arithmetic on them would be refused.
+    "int8-reductions": (
+        "in x: i8[M, N]\nout m: i8[M]\nout s: i32[M]\nm = max(x, N)\ns = sum(x, N)",
+        {"M": 70, "N": 300},
+    ),
+    # The columns reduced over a ragged M (several blocks of rows): a column vector kept,
+    # a row vector swept, the first index of each column's maximum, and an [M, N] output.
+    "columns-over-ragged-rows": (
+        "in x: f32[M, N]\nin r: f32[M]\nin c: f32[N]\nout i: i32[N]\nout s: f32[N]\nout y: f32[M, N]\n"
+        "i = argmax(x * r, M)\nlet mu = mean(x, M) + c\ns = logsumexp(x - mu, M)\ny = (x - mu) * r + f32(index(M))",
+        {"M": 300, "N": 70},
+    ),
 }
 
 
@@ -223,10 +267,13 @@ def test_more_kernels_lower_to_mosaic_gpu_and_agree_in_its_interpreter(case, tmp
     take_gpu_branch(monkeypatch, module)
     rng = np.random.default_rng(0)
     arrays = [jnp.asarray(random_array(rng, dtype, shape)) for shape, dtype in shapes]
-    got = module.k(*arrays, gpu_backend="mosaic_gpu", interpret=INTERPRETER())
-    want = module.k_reference(*arrays)
-    rtol = 2.0**-10 if want.dtype.itemsize == 2 else 1e-5
-    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=rtol, atol=rtol * 10)
+    if "ties" in case:  # each row's minimum twice, past the first block
+        arrays[0] = arrays[0].at[:, 200].set(-1000).at[:, 300].set(-1000)
+    got = jax.tree.leaves(module.k(*arrays, gpu_backend="mosaic_gpu", interpret=INTERPRETER()))
+    want = jax.tree.leaves(module.k_reference(*arrays))
+    for g, w in zip(got, want):
+        rtol = 2.0**-10 if w.dtype.itemsize == 2 else 1e-5
+        np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(w, np.float64), rtol=rtol, atol=rtol * 10)
 
 
 def test_gpu_check_takes_the_gpu_backend_to_check(monkeypatch):

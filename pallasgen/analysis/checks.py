@@ -52,6 +52,7 @@ class CheckedKernel:
     product: Product | None
     settings: dict[str, object] = field(hash=False)  # each backend's own, by backend name
     tuned: tuple[TunedBlocks, ...] = ()  # from the spec's tuning file (pallasgen tune)
+    gpu_tuned: tuple[TunedBlocks, ...] = ()  # the same for GPUs (pallasgen tune --gpu)
     fused: FusedKernel | None = None  # several products, computed operands: see analysis.fused
     sweep: Sweep | None = None  # what the kernel carries across its swept dimension: see analysis.carries
     gradient: object = None  # how jax.grad differentiates it (analysis.gradients.Gradient); None: not yet

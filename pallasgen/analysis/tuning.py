@@ -1,5 +1,5 @@
-"""Blocks tuned for a chip (by `pallasgen tune`), and the fingerprint that says which
-version of a kernel they were tuned for."""
+"""Blocks tuned for a chip or a GPU (by `pallasgen tune`), and the fingerprint that says
+which version of a kernel they were tuned for."""
 
 from __future__ import annotations
 
@@ -17,11 +17,13 @@ _IGNORED_FIELDS = {"doc", "gpu_blocks", "gpu_options", "grad_none"}
 
 @dataclasses.dataclass(frozen=True)
 class TunedBlocks:
-    """The best TPU blocks found for one chip at one set of sizes."""
+    """The best TPU blocks found for one chip at one set of sizes, or the best GPU (Triton)
+    blocks and launch options for one kind of GPU."""
 
-    chip: str  # "v5e"
+    chip: str  # "v5e", or a GPU's device kind: "NVIDIA H100 80GB HBM3"
     sizes: tuple[tuple[str, int], ...]  # (dim, size) of every dimension it was tuned at
     blocks: tuple[tuple[str, int], ...]  # (dim, block) of every dimension with a block keyword
+    options: tuple[tuple[str, int], ...] = ()  # a GPU's: ("warps", 4), ("stages", 3)
 
 
 def kernel_fingerprint(kernel: ir.Kernel) -> str:

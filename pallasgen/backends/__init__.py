@@ -26,7 +26,9 @@ MODULE_HELPERS = frozenset(
     | {"_inside", "_mask", "_load", "_store"}
     | {"_platform_dependent", "_platform_dependent_p", "_platform_dependent_primitive", "_vmem_limit"}
     | {"_tpu_chip", "_tpu_blocks", "_grown", "_strips"}
-    | {"_gpu_kernel", "_mgpu_pad", "_mgpu_swizzled", "_mgpu_load"}
+    | {"_gpu_options", "_gpu_device_kind"}
+    | {"_gpu_kernel", "_mgpu_pad", "_mgpu_swizzled", "_mgpu_load", "_mgpu_spread", "_mgpu_load_vector"}
+    | {"_mgpu_full", "_mgpu_positions", "_mgpu_logsumexp_step", "_mgpu_argbest_step"}
     | {"_fill_past", "_rows_shape", "_as_rows", "_fill_past_rows"}
     | {
         "_round_half_even",

@@ -26,8 +26,8 @@ MEASURE = "libtpu static cost model: estimated cycles, not a time"
 
 @dataclass(frozen=True)
 class Trial:
-    blocks: tuple[tuple[str, int], ...]
-    cycles: int | None  # None: the compiler rejected these blocks
+    blocks: tuple[tuple[str, int], ...]  # the choices measured (on a GPU, its launch options too)
+    cost: float | None  # estimated cycles (TPU) or seconds (GPU); None: rejected
     error: str = ""
 
 
@@ -35,7 +35,7 @@ class Trial:
 class Tuned:
     best: Trial
     start: Trial  # where the search started: given blocks, else those tuned before, else a call's
-    xla_cycles: int
+    xla_cost: float  # XLA's, measured as the trials are
     trials: tuple[Trial, ...]
 
 
@@ -77,36 +77,46 @@ def start_blocks(module, checked: CheckedKernel, chip: str, sizes: dict[str, int
 def search(
     checked: CheckedKernel, sizes: dict[str, int], start: dict[str, int], measure, budget: int, progress, first=()
 ):
-    """Steepest descent from `start` over `block_choices`, at most `budget` compiles, after
-    measuring the block sets in `first` (so that the best found is no worse than they).
-
-    `measure(blocks)` gives estimated cycles or raises `CompileError`; `progress(n)`
-    advances a progress bar by n compiles. Returns every trial, in order.
-    """
+    """Steepest descent from `start` over the TPU's `block_choices`, among the blocks that
+    fit VMEM (see `descend`)."""
     choices = {d: block_choices(checked, d, sizes[d]) for d in start}
+    tpu = backend_named("tpu")
+    return descend(choices, start, measure, budget, progress, first, lambda blocks: tpu.vmem_problem(checked, blocks))
+
+
+def descend(
+    choices: dict[str, list[int]], start: dict[str, int], measure, budget: int, progress, first=(), problem=None
+):
+    """Steepest descent from `start` over `choices` (each name's values, in order), at most
+    `budget` measurements, after measuring the sets in `first` (so that the best found is
+    no worse than they); a set `problem` finds a reason against is not measured.
+
+    `measure(chosen)` gives a cost (lower is better) or raises `CompileError`;
+    `progress(n)` advances a progress bar by n measurements. Returns every trial, in order.
+    """
     trials: dict[tuple, Trial] = {}
 
-    def trial(blocks: dict[str, int]) -> Trial:
-        key = tuple(sorted(blocks.items()))
+    def trial(chosen: dict[str, int]) -> Trial:
+        key = tuple(sorted(chosen.items()))
         if key not in trials:
             try:
-                trials[key] = Trial(key, measure(blocks))
+                trials[key] = Trial(key, measure(chosen))
             except CompileError as error:
                 trials[key] = Trial(key, None, error.message.splitlines()[0][:200])
             progress(1)
         return trials[key]
 
-    for blocks in first:
-        trial(blocks)
+    for chosen in first:
+        trial(chosen)
     current = trial(start)
     while len(trials) < budget:
         fresh = [n for n in _neighbours(current.blocks, choices) if tuple(sorted(n.items())) not in trials]
-        fitting = [n for n in fresh if not backend_named("tpu").vmem_problem(checked, n)]
+        fitting = [n for n in fresh if problem is None or not problem(n)]
         tried = [trial(n) for n in fitting[: budget - len(trials)]]
-        better = [t for t in tried if t.cycles is not None and (current.cycles is None or t.cycles < current.cycles)]
+        better = [t for t in tried if t.cost is not None and (current.cost is None or t.cost < current.cost)]
         if not better:
             break
-        current = min(better, key=lambda t: t.cycles)
+        current = min(better, key=lambda t: t.cost)
     return list(trials.values())
 
 
@@ -139,11 +149,16 @@ def tune(
     start.update(given or {})
     first = [dict(previous)] if previous and given else []
     trials = search(checked, sizes, start, measure, budget, progress, first)
-    measured = [t for t in trials if t.cycles is not None]
+    return best_of(trials, start, xla_cycles[0], "mosaic")
+
+
+def best_of(trials: list[Trial], start: dict[str, int], xla_cost: float, compiler: str) -> Tuned:
+    """The search's result; raises `CompileError` if no trial was measured."""
+    measured = [t for t in trials if t.cost is not None]
     if not measured:
-        raise CompileError("mosaic", f"no block set compiled; the first error: {trials[0].error}")
+        raise CompileError(compiler, f"no block set compiled; the first error: {trials[0].error}")
     started = next(t for t in trials if t.blocks == tuple(sorted(start.items())))
-    return Tuned(min(measured, key=lambda t: t.cycles), started, xla_cycles[0], tuple(trials))
+    return Tuned(min(measured, key=lambda t: t.cost), started, xla_cost, tuple(trials))
 
 
 def versions() -> dict[str, str]:

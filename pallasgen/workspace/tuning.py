@@ -3,7 +3,9 @@ the spec as `NAME.tuning.json` and rendered into its generated module by `build`
 
 One entry per kernel, chip and size bucket (each size rounded to a power of two), with
 the kernel's fingerprint (so that `check` can say when the kernel changed since), the
-estimate or time that chose it and the versions it was tuned with.
+estimate or time that chose it and the versions it was tuned with. GPU entries
+(`pallasgen tune --gpu`: Triton's blocks, warps and stages, chosen by time on the
+device) are kept apart, under "tuned_gpu", one per device kind and size bucket.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class Entry:
 class KernelTuning:
     fingerprint: str
     entries: tuple[Entry, ...]
+    gpu_entries: tuple[Entry, ...] = ()
 
 
 def tuning_path(spec: Path) -> Path:
@@ -60,20 +63,31 @@ def _kernel_tuning(name: str, value, text: str, path: str) -> KernelTuning:
 
     if not isinstance(value, dict) or not isinstance(value.get("fingerprint"), str):
         fail('expected an object with "fingerprint" and "tuned"')
-    if not isinstance(value.get("tuned"), list):
-        fail('"tuned" is not a list')
-    entries = []
+    if not isinstance(value.get("tuned"), list) or not isinstance(value.get("tuned_gpu", []), list):
+        fail('"tuned" (and "tuned_gpu") is not a list')
+    entries, gpu_entries = [], []
     for item in value["tuned"]:
         try:
-            blocks = TunedBlocks(
-                item["chip"],
-                tuple((str(d), _positive(n)) for d, n in item["sizes"].items()),
-                tuple((str(d), _positive(n)) for d, n in item["blocks"].items()),
-            )
-            entries.append(Entry(blocks, dict(item.get("measure", {})), dict(item.get("versions", {}))))
+            entries.append(_entry(item, item["chip"], ()))
         except (KeyError, TypeError, AttributeError, ValueError):
             fail('each entry has "chip", "sizes" and "blocks" (dimension: positive integer)')
-    return KernelTuning(value["fingerprint"], tuple(entries))
+    for item in value.get("tuned_gpu", []):
+        try:
+            gpu_entries.append(_entry(item, item["device"], _pairs(item["options"])))
+        except (KeyError, TypeError, AttributeError, ValueError):
+            fail('each GPU entry has "device", "sizes", "blocks" and "options" (name: positive integer)')
+    return KernelTuning(value["fingerprint"], tuple(entries), tuple(gpu_entries))
+
+
+def _entry(item: dict, chip, options: tuple[tuple[str, int], ...]) -> Entry:
+    if not isinstance(chip, str):
+        raise TypeError(chip)
+    blocks = TunedBlocks(chip, _pairs(item["sizes"]), _pairs(item["blocks"]), options)
+    return Entry(blocks, dict(item.get("measure", {})), dict(item.get("versions", {})))
+
+
+def _pairs(mapping: dict) -> tuple[tuple[str, int], ...]:
+    return tuple((str(d), _positive(n)) for d, n in mapping.items())
 
 
 def _positive(value) -> int:
@@ -109,12 +123,15 @@ def apply_tuning(
         if found.fingerprint != kernel_fingerprint(checked.kernel):
             stale.append(f"{checked.kernel.name!r} changed since it was tuned")
             return checked
-        for entry in found.entries:
-            problem = backend_named("tpu").tuned_blocks_problem(checked, entry.blocks)
-            if problem:
-                position = _position_of(text, named)
-                raise SpecError(path, text, [Diagnostic(position, f"kernel {checked.kernel.name!r}: {problem}")])
-        return dataclasses.replace(checked, tuned=tuple(e.blocks for e in found.entries))
+        for backend, entries in (("tpu", found.entries), ("gpu", found.gpu_entries)):
+            for entry in entries:
+                problem = backend_named(backend).tuned_blocks_problem(checked, entry.blocks)
+                if problem:
+                    position = _position_of(text, named)
+                    raise SpecError(path, text, [Diagnostic(position, f"kernel {checked.kernel.name!r}: {problem}")])
+        return dataclasses.replace(
+            checked, tuned=tuple(e.blocks for e in found.entries), gpu_tuned=tuple(e.blocks for e in found.gpu_entries)
+        )
 
     tuned_kernels = []
     for checked in kernels:
@@ -141,24 +158,30 @@ def _nearest_power_of_two(size: int) -> int:
 
 
 def entry_for(
-    tuning: dict[str, KernelTuning], checked: CheckedKernel, chip: str, sizes: dict[str, int]
+    tuning: dict[str, KernelTuning], checked: CheckedKernel, chip: str, sizes: dict[str, int], gpu: bool = False
 ) -> Entry | None:
-    """The kernel's entry for `chip` in the size bucket of `sizes`, if it was tuned as it is now."""
-    return next((e for e in _current_entries(tuning, checked) if _slot(e) == (chip, size_bucket(sizes))), None)
+    """The kernel's entry for `chip` (a GPU's device kind, with `gpu`) in the size bucket
+    of `sizes`, if it was tuned as it is now."""
+    entries = _current_entries(tuning, checked)[gpu]
+    return next((e for e in entries if _slot(e) == (chip, size_bucket(sizes))), None)
 
 
-def with_entry(tuning: dict[str, KernelTuning], checked: CheckedKernel, entry: Entry) -> dict[str, KernelTuning]:
-    """`tuning` with `entry` in place of the kernel's entry for the same chip and size
-    bucket; a kernel tuned for an older version of itself starts afresh."""
-    kept = tuple(e for e in _current_entries(tuning, checked) if _slot(e) != _slot(entry))
-    entries = sorted((*kept, entry), key=lambda e: (e.blocks.chip, e.blocks.sizes))
-    return {**tuning, checked.kernel.name: KernelTuning(kernel_fingerprint(checked.kernel), tuple(entries))}
+def with_entry(
+    tuning: dict[str, KernelTuning], checked: CheckedKernel, entry: Entry, gpu: bool = False
+) -> dict[str, KernelTuning]:
+    """`tuning` with `entry` in place of the kernel's entry for the same chip (or GPU, with
+    `gpu`) and size bucket; a kernel tuned for an older version of itself starts afresh."""
+    tables = list(_current_entries(tuning, checked))
+    kept = tuple(e for e in tables[gpu] if _slot(e) != _slot(entry))
+    tables[gpu] = tuple(sorted((*kept, entry), key=lambda e: (e.blocks.chip, e.blocks.sizes)))
+    return {**tuning, checked.kernel.name: KernelTuning(kernel_fingerprint(checked.kernel), *tables)}
 
 
-def _current_entries(tuning: dict[str, KernelTuning], checked: CheckedKernel) -> tuple[Entry, ...]:
-    """The kernel's entries, if it was tuned as it is now (its fingerprint unchanged)."""
+def _current_entries(tuning: dict[str, KernelTuning], checked: CheckedKernel) -> tuple[tuple[Entry, ...], ...]:
+    """The kernel's TPU and GPU entries, if it was tuned as it is now (its fingerprint unchanged)."""
     kernel = tuning.get(checked.kernel.name)
-    return kernel.entries if kernel and kernel.fingerprint == kernel_fingerprint(checked.kernel) else ()
+    current = kernel and kernel.fingerprint == kernel_fingerprint(checked.kernel)
+    return (kernel.entries, kernel.gpu_entries) if current else ((), ())
 
 
 def _slot(entry: Entry) -> tuple[str, dict[str, int]]:
@@ -183,6 +206,7 @@ def format_tuning(tuning: dict[str, KernelTuning]) -> str:
                     }
                     for e in kernel.entries
                 ],
+                **({"tuned_gpu": [_gpu_item(e) for e in kernel.gpu_entries]} if kernel.gpu_entries else {}),
             }
             for name, kernel in sorted(tuning.items())
         },
@@ -190,3 +214,14 @@ def format_tuning(tuning: dict[str, KernelTuning]) -> str:
     text = json.dumps(data, indent=2)
     flat = re.sub(r"\{[^{}\[\]]*\}", lambda m: json.dumps(json.loads(m.group())), text)
     return flat + "\n"
+
+
+def _gpu_item(entry: Entry) -> dict:
+    return {
+        "device": entry.blocks.chip,
+        "sizes": dict(entry.blocks.sizes),
+        "blocks": dict(entry.blocks.blocks),
+        "options": dict(entry.blocks.options),
+        "measure": entry.measure,
+        "versions": entry.versions,
+    }

@@ -7,8 +7,15 @@ from dataclasses import replace
 from pallasgen.backends.base import Backend
 from pallasgen.backends.gpu.checks import check_gpu
 from pallasgen.backends.gpu.options import GPU_FUNCTION_LOCALS, gpu_keywords
-from pallasgen.backends.gpu.fused import fused_gpu_blocks, fused_keyword_group, plan_fused_gpu
-from pallasgen.backends.gpu.plan import kernel_function_name, keyword_group, launcher_name, plan_gpu
+from pallasgen.backends.gpu.fused import fused_gpu_blocks, fused_keyword_group, gpu_blocks, plan_fused_gpu
+from pallasgen.backends.gpu.plan import (
+    kernel_function_name,
+    keyword_group,
+    launcher_name,
+    plan_gpu,
+    tunable_gpu_dims,
+    tuned_problem,
+)
 
 
 class GpuBackend(Backend):
@@ -30,6 +37,13 @@ class GpuBackend(Backend):
 
     def function_names(self, kernel):
         return kernel_function_name(kernel), launcher_name(kernel)
+
+    def tunable_dims(self, checked) -> list[str]:
+        """The dimensions whose blocks are keywords (`gpu_block_*`), which tune --gpu searches."""
+        return list(gpu_blocks(checked)) if checked.fused else tunable_gpu_dims(checked)
+
+    def tuned_blocks_problem(self, checked, tuned) -> str | None:
+        return tuned_problem(checked, self.tunable_dims(checked), tuned)
 
     def plan(self, lowered):
         return plan_fused_gpu(lowered) if lowered.checked.fused else plan_gpu(lowered)

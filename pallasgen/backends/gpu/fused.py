@@ -22,6 +22,7 @@ from pallasgen.backends.gpu.plan import (
     kernel_function_name,
     launcher_name,
     launcher_parameters,
+    tuned_fields,
 )
 from pallasgen.frontend import ir
 from pallasgen.lowering.fused import FrameSpelling, FusedLowering, Placement, used_starts
@@ -59,9 +60,8 @@ def gpu_blocks(checked: CheckedKernel) -> dict[str, int]:
 
 
 def fused_keyword_group(checked: CheckedKernel) -> KeywordGroup:
-    settings = checked.settings["gpu"]
-    blocks = tuple(Keyword(f"gpu_{block_keyword(d)}", str(size)) for d, size in gpu_blocks(checked).items())
-    options = tuple(Keyword(keyword, str(settings.options[name])) for name, (keyword, _) in OPTIONS.items())
+    blocks = tuple(Keyword(f"gpu_{block_keyword(d)}", "None") for d in gpu_blocks(checked))
+    options = tuple(Keyword(keyword, "None") for keyword, _ in OPTIONS.values())
     return KeywordGroup((*blocks, *options), (GPU_DOC,))
 
 
@@ -159,6 +159,7 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         ),
         whole_blocks=tuple((block_keyword(d), sizes[d], d) for d in whole),
         options=tuple((keyword, f"num_{name}", settings.options[name]) for name, (keyword, _) in OPTIONS.items()),
+        **tuned_fields(checked, sizes, tunable),
         grid=tiling.grid_code(sizes),
         grid_comment=tuple(textwrap.wrap(_grid_comment(grid, fused, whole, swept), 84)),
         in_specs=tuple((comments[d.name], block_specs[d.name]) for d in kernel.inputs),

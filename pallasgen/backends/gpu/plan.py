@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling
-from pallasgen.backends.gpu.options import OPTIONS
+from pallasgen.backends.gpu.options import OPTIONS, is_power_of_two
 from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel
 from pallasgen.lowering.parts import (
@@ -37,7 +37,10 @@ from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.reductions import KernelSpelling
 from pallasgen.lowering.signature import Keyword, KeywordGroup
 
-GPU_DOC = "  gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two)."
+GPU_DOC = (
+    "  gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:\n"
+    "    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's."
+)
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,10 @@ class GpuPlan:
     blocks: tuple[GpuBlockPlan, ...]  # the tunable ones (squeezed batch dims are not)
     whole_blocks: tuple[tuple[str, str, str], ...]  # (local, size, dim) of dimensions held whole
     options: tuple[tuple[str, str, int], ...]  # (public keyword, GPU function keyword, default)
+    tuned: tuple[tuple[str, dict], ...]  # (device kind, {sizes: blocks and options}) from tune --gpu
+    chosen: str  # the launcher's blocks and options, as `_gpu_options` fills them in
+    call_sizes: str  # the launcher's sizes, in the tuned entries' order
+    options_comment: tuple[str, ...]  # what the table of tuned entries holds
     grid: str
     grid_comment: tuple[str, ...]
     in_specs: tuple[tuple[str, str], ...]  # (comment, BlockSpec)
@@ -78,11 +85,49 @@ class GpuPlan:
 
 
 def keyword_group(checked: CheckedKernel) -> KeywordGroup:
-    """The public `gpu_block_*`, `gpu_warps` and `gpu_stages` keywords."""
-    settings = checked.settings["gpu"]
-    blocks = tuple(Keyword(f"gpu_{block_keyword(d)}", str(settings.blocks[d])) for d in _tunable(checked))
-    options = tuple(Keyword(keyword, str(settings.options[name])) for name, (keyword, _) in OPTIONS.items())
+    """The public `gpu_block_*`, `gpu_warps` and `gpu_stages` keywords: None by default,
+    chosen at call time (`_gpu_options`)."""
+    blocks = tuple(Keyword(f"gpu_{block_keyword(d)}", "None") for d in tunable_gpu_dims(checked))
+    options = tuple(Keyword(keyword, "None") for keyword, _ in OPTIONS.values())
     return KeywordGroup((*blocks, *options), (GPU_DOC,))
+
+
+def tuned_fields(checked: CheckedKernel, sizes: dict[str, str], tunable: list[str]) -> dict:
+    """The GpuPlan fields of the call-time choice of blocks and options: the entries
+    `pallasgen tune --gpu` recorded, by device kind, and the launcher's names."""
+    tuned: dict[str, dict] = {}
+    for entry in sorted(checked.gpu_tuned, key=lambda t: (t.chip, t.sizes)):
+        at, blocks, options = dict(entry.sizes), dict(entry.blocks), dict(entry.options)
+        key = tuple(at[d] for d in checked.dims)
+        tuned.setdefault(entry.chip, {})[key] = (*(blocks[d] for d in tunable), *(options[o] for o in OPTIONS))
+    chosen = ", ".join([*(block_keyword(d) for d in tunable), *(f"num_{name}" for name in OPTIONS)])
+    comment = (
+        f"GPU (Triton) blocks and launch options ({chosen}) for a call that passes none, by device kind:"
+        f" those `pallasgen tune --gpu` timed best at the sizes ({', '.join(checked.dims)}) shown (the spec's"
+        " .tuning.json file), the entry nearest the call's sizes winning. None: any other GPU (the spec's)."
+    )
+    return {
+        "tuned": tuple(tuned.items()),
+        "chosen": chosen,
+        "call_sizes": tuple_code([sizes[d] for d in checked.dims]),
+        "options_comment": tuple(textwrap.wrap(comment, 86)),
+    }
+
+
+def tuned_problem(checked: CheckedKernel, tunable: list[str], tuned) -> str | None:
+    """Why a GPU entry of a tuning file does not fit this kernel, or None."""
+    blocks, options = dict(tuned.blocks), dict(tuned.options)
+    if sorted(blocks) != sorted(tunable):
+        return f"GPU blocks for {', '.join(sorted(blocks)) or 'no dimension'}, but the kernel's GPU blocks are {', '.join(tunable) or 'none'}"
+    if sorted(dict(tuned.sizes)) != sorted(checked.dims):
+        return f"sizes of {', '.join(sorted(dict(tuned.sizes)))}, but the kernel's dimensions are {', '.join(checked.dims)}"
+    for dim, block in blocks.items():
+        if not is_power_of_two(block):
+            return f"GPU block {dim}={block} is not a power of two"
+    for name, (_, allowed) in OPTIONS.items():
+        if options.get(name) not in allowed:
+            return f"GPU option {name} is {options.get(name)!r}, not one of {', '.join(map(str, allowed))}"
+    return None
 
 
 def _squeezed(checked: CheckedKernel) -> set[str]:
@@ -91,7 +136,7 @@ def _squeezed(checked: CheckedKernel) -> set[str]:
     return {d for d in out_dims[:-2] if gpu_blocks.get(d) == 1} if checked.product else set()
 
 
-def _tunable(checked: CheckedKernel) -> list[str]:
+def tunable_gpu_dims(checked: CheckedKernel) -> list[str]:
     """Dimensions whose GPU blocks are keywords: all but squeezed batch dimensions and
     those held whole (reduced, unless blocked)."""
     squeezed, whole = _squeezed(checked), whole_dims(checked)
@@ -130,7 +175,7 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
     looped = stepped.dim if stepped else None
     grid_dims = [d for d in out_dims if d not in whole and d != looped]
     index_names = grid_names(grid_dims, product)
-    tunable = _tunable(checked)
+    tunable = tunable_gpu_dims(checked)
     inside = {d: namer.claim(f"in_{d.lower()}") for d in [*tunable, *whole]}
     whole_mask = namer.claim("inside")
 
@@ -221,6 +266,7 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         ),
         whole_blocks=tuple((block_keyword(d), sizes[d], d) for d in whole),
         options=tuple((keyword, f"num_{name}", settings.options[name]) for name, (keyword, _) in OPTIONS.items()),
+        **tuned_fields(checked, sizes, tunable),
         grid=tiling.grid_code(sizes),
         grid_comment=tuple(textwrap.wrap(_grid_comment(grid_dims, product, squeezed, whole, looped), 84)),
         in_specs=tuple((comments[d.name], block_specs[d.name]) for d in kernel.inputs),

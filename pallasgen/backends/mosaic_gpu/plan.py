@@ -4,14 +4,15 @@ Each program copies its blocks between global and shared memory by TMA
 (`plgpu.emit_pipeline`) and computes on them in registers, in the WGMMA layout for
 2-D blocks (vectors are loaded in its row or column layout and broadcast). A
 product accumulates `plgpu.wgmma` over its K blocks in a pipeline, then applies the
-epilogue to the accumulator and stores through shared memory.
+epilogue to the accumulator and stores through shared memory. A kernel that reduces
+its rows (or columns) sweeps their blocks in passes (`sweeps`).
 
 Ragged edges are exact by padding: TMA needs every global stride but the last to be
 a multiple of 16 bytes and each swizzled dimension a multiple of its tile, so the
 launcher pads the arrays with zeros (a block of columns, 8 rows; a product's M, N
 and K to whole blocks: zeros add nothing to a sum of products) and slices the
 outputs back. Sizes that are already multiples pad nothing. Blocks past the padded
-edge are clipped by TMA.
+edge are clipped by TMA. A reduction's padded positions hold its identity (`sweeps`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from dataclasses import dataclass
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.names import block_keyword
-from pallasgen.backends.mosaic_gpu.support import WGMMA_DTYPES, refusal
+from pallasgen.backends.mosaic_gpu.sweeps import SweepPlanner, column_block
+from pallasgen.backends.mosaic_gpu.support import SMEM_BUDGET, WGMMA_DTYPES, refusal
 from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel
 from pallasgen.lowering.parts import body_statements, layout_of, load_statements, parameter_list, tuple_code
@@ -33,8 +35,6 @@ BACKEND_KEYWORD = "gpu_backend"
 GPU_BACKENDS = ("triton", "mosaic_gpu")  # the values `gpu_backend` takes
 DEFAULT_GPU_BACKEND = "triton"  # until gpu_check.py passes on a Hopper GPU with Mosaic GPU
 
-# Shared memory a program's blocks may take (an H100 has 227 KiB per block).
-SMEM_BUDGET = 160 * 1024
 TMA_MOST = 256  # elements a TMA copy takes along one dimension
 ELEMENTWISE_ROWS = 64  # the WGMMA layout's row tile
 ELEMENTWISE_COLUMNS = (128, 64, 32)  # the widest that fits SMEM_BUDGET is taken
@@ -84,8 +84,12 @@ def plan_mosaic_gpu(lowered: LoweredKernel) -> MosaicGpuPlan:
         refused = f"`{name}` has no Mosaic GPU kernel ({reason}): it runs on Triton."
         comment = tuple(textwrap.wrap(refused, 86, initial_indent="# ", subsequent_indent="# "))
         return MosaicGpuPlan(comment, launcher_name(name), kernel_function_name(name), "", (), "", (), "None")
-    planner = _ProductPlanner if checked.product else _ElementwisePlanner
-    return planner(lowered).plan()
+    if checked.product:
+        return _ProductPlanner(lowered).plan()
+    if any(d.reductions for d in checked.space.dims):
+        columns = checked.space.layout[-1]
+        return SweepPlanner(_Planner(lowered)).plan(column_block(checked.kernel, columns))
+    return _ElementwisePlanner(lowered).plan()
 
 
 class _Planner:
@@ -94,6 +98,7 @@ class _Planner:
     def __init__(self, lowered: LoweredKernel):
         self.lowered, self.checked = lowered, lowered.checked
         self.kernel = self.checked.kernel
+        self.kernel_function = kernel_function_name(self.kernel.name)
         self.namer = lowered.namer.fork()
         self.sizes, self.values, self.refs = lowered.sizes, lowered.values, lowered.refs
         self.smem = {d.name: self.namer.claim(f"{d.name}_smem") for d in self.kernel.inputs + self.kernel.outputs}
@@ -111,9 +116,11 @@ class _Planner:
         lines += reshapes
         outs = [self.values[o.name] for o in kernel.outputs]
         lines += [f"{', '.join(outs)}{',' if len(outs) == 1 else ''} = {kernel_call[0]}", *kernel_call[1:]]
-        layout = self.out_dims
-        crop = ", ".join(f":{sizes[d]}" for d in layout)
-        lines.append(f"return {', '.join(f'{v}[{crop}]' for v in outs)}")
+        cropped = []
+        for out, plan in zip(kernel.outputs, self.lowered.outputs):
+            crop = f"{self.values[out.name]}[{', '.join(f':{sizes[d]}' for d in out.dims)}]"
+            cropped.append(crop if len(out.dims) == len(self.out_dims) else f"{crop}.reshape({plan.layout_shape})")
+        lines.append(f"return {', '.join(cropped)}")
         return tuple(lines)
 
     def padding(self, value: str, dims, multiples: dict[str, str]) -> str:

@@ -18,8 +18,11 @@ UNLOWERED_FUNCTIONS = {
     "relu": "jax.nn.relu (a custom_jvp) has no Mosaic GPU lowering on jax 0.10.2",
     "floor": "floor has no Mosaic GPU lowering",
     "ceil": "ceil has no Mosaic GPU lowering",
-    "index": "index() needs an iota in the WGMMA layout, not written yet",
+    "index": "index() outside a kernel that reduces is not on Mosaic GPU yet",
 }
+
+# Shared memory a program's blocks may take (an H100 has 227 KiB per block).
+SMEM_BUDGET = 160 * 1024
 
 # Operand dtypes of a product that wgmma takes (f32 as TF32), with the depth of a K
 # block: 128 bytes, one swizzled row.
@@ -31,8 +34,9 @@ def refusal(checked: CheckedKernel) -> str | None:
     kernel, product = checked.kernel, checked.product
     if checked.fused is not None:
         return "fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet"
-    if any(d.reductions for d in checked.space.dims if product is None or d.name != product.k):
-        return "reductions are not on Mosaic GPU yet"
+    reduces = any(d.reductions for d in checked.space.dims if product is None or d.name != product.k)
+    if reduces and product is not None:
+        return "reductions beside a product are not on Mosaic GPU yet"
     arrays = kernel.inputs + kernel.outputs
     if any(d.dtype == "bool" for d in arrays):
         return "bool arrays do not take the swizzled shared-memory layout Mosaic GPU copies through"
@@ -40,29 +44,60 @@ def refusal(checked: CheckedKernel) -> str | None:
         return "a 0-d input is not copied to Mosaic GPU's shared memory yet"
     if product is None and len(checked.space.layout) > 2:
         return "elementwise kernels of rank above 2 are not on Mosaic GPU yet"
+    if reduces:
+        problem = _reduction_problem(checked)
+        if problem:
+            return problem
     for statement in kernel.body:
         if isinstance(statement, ir.Assign):
             out = next(o for o in kernel.outputs if o.name == statement.target)
             if checked.types[statement.value].dims != out.dims:
                 return f"{out.name} is broadcast to its dimensions, not written on Mosaic GPU yet"
-    if any(tuple(o.dims) != tuple(checked.space.layout) for o in kernel.outputs):
+    if not reduces and any(tuple(o.dims) != tuple(checked.space.layout) for o in kernel.outputs):
         return "an output without every dimension of the kernel is not on Mosaic GPU yet"
     for node in ir.walk(*(s.value for s in kernel.body)):
-        problem = _node_problem(checked, node)
+        problem = _node_problem(checked, node, reduces)
         if problem:
             return problem
     return _product_problem(checked) if product is not None else None
 
 
-def _node_problem(checked: CheckedKernel, node: ir.Expr) -> str | None:
-    if isinstance(node, ir.Call) and node.func in UNLOWERED_FUNCTIONS:
+def _reduction_problem(checked: CheckedKernel) -> str | None:
+    """Why Mosaic GPU does not take a kernel that reduces, or None: it takes an [M, N]
+    kernel that reduces one of them (backends.mosaic_gpu.sweeps)."""
+    kernel, layout = checked.kernel, checked.space.layout
+    if len(layout) != 2:
+        return "reductions to a scalar or over a kernel of rank above 2 are not on Mosaic GPU yet"
+    calls = [n for n in ir.walk(*(s.value for s in kernel.body)) if isinstance(n, ir.Call)]
+    swept = {c.args[1].id for c in calls if FUNCTIONS[c.func].reducer is not None}
+    if len(swept) > 1:
+        return f"reductions over {' and '.join(sorted(swept))} in one kernel are not on Mosaic GPU yet"
+    (dim,) = swept
+    kept = next(d for d in layout if d != dim)
+    for call in calls:
+        if call.func == "softmax":
+            return "softmax() is not on Mosaic GPU yet"
+        if call.func == "index" and call.args[0].id != dim:
+            return f"index({call.args[0].id}) in a kernel that reduces {dim} is not on Mosaic GPU yet"
+    if any(kept not in o.dims for o in kernel.outputs):
+        return f"an output without {kept} is not on Mosaic GPU yet"
+    if not any(dim in d.dims for d in kernel.inputs + kernel.outputs):
+        return f"a kernel that reduces {dim} and reads no array with {dim} is not on Mosaic GPU yet"
+    return None
+
+
+def _node_problem(checked: CheckedKernel, node: ir.Expr, reduces: bool) -> str | None:
+    if isinstance(node, ir.Call) and node.func in UNLOWERED_FUNCTIONS and not (reduces and node.func == "index"):
         return UNLOWERED_FUNCTIONS[node.func]
     if isinstance(node, ir.Unary) and node.op == "~":
         return "logical not (~) has no Mosaic GPU lowering on jax 0.12"
     if isinstance(node, ir.Binary) and node.op in ("%", "//") and checked.types[node].dtype.kind == "f":
         return f"a float {node.op} has no Mosaic GPU lowering"
     computed = isinstance(node, (ir.Unary, ir.Binary)) and getattr(node, "op", "") != "@"
-    computed |= isinstance(node, ir.Call) and node.func in FUNCTIONS and FUNCTIONS[node.func].typing != "cast"
+    # A reduction reads its argument converted to i32 (integers) or f32 first: a cast.
+    computed |= (
+        isinstance(node, ir.Call) and node.func in FUNCTIONS and FUNCTIONS[node.func].typing not in ("cast", "reduce")
+    )
     operands = [n for n in (node, *_children(node)) if n in checked.types]
     if computed and any(checked.types[n].dtype.name in ("i8", "u8") for n in operands):
         return "Mosaic GPU computes on 8-bit values only by bitwise operations"
