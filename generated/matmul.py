@@ -105,6 +105,28 @@ def _mgpu_load(ref, shape, dims):
     return jax.lax.broadcast_in_dim(vector, shape, dims)
 
 
+def _mgpu_spread(vector, shape, dim):
+    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
+    broadcast over the block's other axis."""
+    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
+
+
+def _mgpu_load_vector(ref, dim):
+    """A vector along axis `dim` of a block, from shared memory, in the WGMMA layout's row
+    (0) or column (1) layout."""
+    return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dim))
+
+
+def _mgpu_full(size, value, dtype, dim):
+    """A running value per position along axis `dim` of a block, `value` in each."""
+    return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
+
+
+def _mgpu_positions(start, shape, axis):
+    """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
+    return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
+
+
 def _on_platform(tpu, gpu, interpret, *arrays):
     """Runs the kernel built for the platform being compiled for.
 
@@ -295,6 +317,25 @@ def _tpu_blocks(table, sizes, given, grow=None):
     return tuple(blocks)
 
 
+def _grown(blocks, free, bounds, step):
+    """`blocks` with the `free` ones doubled in turn, the last first, while smaller than
+    their dimension (`bounds`) and while a grid step (`step(*blocks)`: its elements and
+    VMEM bytes) stays within 2**20 elements and 32 MiB. A step costs a fixed ~600
+    cycles, so a memory-bound kernel wants few, large steps; doubling keeps a block legal.
+    """
+    grew = True
+    while grew:
+        grew = False
+        for i in reversed(range(len(blocks))):
+            if not free[i] or blocks[i] >= bounds[i]:
+                continue
+            trial = [*blocks[:i], 2 * blocks[i], *blocks[i + 1 :]]
+            elements, vmem = step(*trial)
+            if elements <= 2**20 and vmem <= 32 * 2**20:
+                blocks, grew = trial, True
+    return blocks
+
+
 def _vmem_limit(needed):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 
@@ -346,6 +387,12 @@ def _nbytes(*arrays):
     return sum(array.size * array.dtype.itemsize for array in arrays)
 
 
+def _fill_past(value, start, size, axis, identity):
+    """`value` with `identity` at the positions along `axis` (from `start`) past `size`."""
+    positions = start + jax.lax.broadcasted_iota(jnp.int32, value.shape, axis)
+    return jnp.where(positions < size, value, identity)
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -394,8 +441,8 @@ def matmul(
     Returns:
       z: f32[M, N].
 
-    Gradients: not generated yet for a matrix product: jax.grad of it raises
-    NotImplementedError.
+    Gradients: jax.grad runs the generated backward kernels matmul_backward_x,
+    matmul_backward_y (_matmul_vjp).
     """
     (x, y), sizes = _operands(
         "matmul", {"x": (x, jnp.float32, ("M", "K")), "y": (y, jnp.float32, ("K", "N"))}
@@ -430,7 +477,7 @@ def matmul(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _matmul_vjp,
+        functools.partial(_matmul_vjp, interpret=interpret),
         x,
         y,
     )
@@ -488,13 +535,17 @@ def _matmul_forward(
     )
 
 
-def _matmul_vjp(saved, cotangents):
-    """`matmul` has no backward pass yet: none is generated for a matrix product."""
-    raise NotImplementedError(
-        "matmul is not differentiable yet: pallasgen generates backward kernels for "
-        "elementwise kernels only, not yet for a matrix product; `grad none` in "
-        "specs/matmul.pallas says it is never differentiated"
-    )
+def _matmul_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `matmul`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels matmul_backward_x, matmul_backward_y. The forward pass saves
+    its inputs (x, y) and nothing else: the backward kernels recompute the values they need
+    from them.
+    """
+    x, y = saved
+    dz = cotangents
+    dx = matmul_backward_x(dz, y, interpret=interpret)
+    dy = matmul_backward_y(x, dz, interpret=interpret)
+    return dx, dy
 
 
 def _matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
@@ -546,8 +597,8 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 18.0 MiB = 2 buffers x (x 2.0 MiB + y 4.0 MiB + z 2.0
-    # MiB) + f32 accumulator 2.0 MiB.
+    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + y 4.0 MiB + z 2.0
+    # MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
@@ -568,7 +619,7 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                8 * block_m * block_k + 8 * block_k * block_n + 12 * block_m * block_n
+                8 * block_m * block_k + 8 * block_k * block_n + 16 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -711,6 +762,671 @@ def _matmul_mosaic_gpu(x, y, *, m, n, k, interpret):
     jax.jit,
     static_argnames=(
         "block_m",
+        "block_k",
+        "block_n",
+        "gpu_block_m",
+        "gpu_block_k",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def matmul_backward_x(
+    dz,
+    y,
+    *,
+    block_m=None,
+    block_k=None,
+    block_n=None,
+    gpu_block_m=None,
+    gpu_block_k=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `matmul`, generated from its spec: the cotangent dx of
+    its input x, from dz, the cotangent of its product.
+
+    Args:
+      dz: f32[M, N].
+      y: f32[K, N].
+      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_backward_x_tpu_blocks),
+        else 512, 1024, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dx: f32[M, K].
+    """
+    (dz, y), sizes = _operands(
+        "matmul_backward_x",
+        {"dz": (dz, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("K", "N"))},
+    )
+    _check_blocks(
+        "matmul_backward_x", block_m=block_m, block_k=block_k, block_n=block_n, may_be_none=True
+    )
+    _check_blocks(
+        "matmul_backward_x",
+        gpu_block_m=gpu_block_m,
+        gpu_block_k=gpu_block_k,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m = sizes["M"]
+    k = sizes["K"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(matmul_backward_x_reference, (((m, k), jnp.float32),), dz, y)
+    return _on_platform(
+        functools.partial(
+            _matmul_backward_x_tpu, m=m, k=k, n=n, block_m=block_m, block_k=block_k, block_n=block_n
+        ),
+        _gpu_kernel(
+            "matmul_backward_x",
+            gpu_backend,
+            functools.partial(
+                _matmul_backward_x_gpu,
+                m=m,
+                k=k,
+                n=n,
+                block_m=gpu_block_m,
+                block_k=gpu_block_k,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_matmul_backward_x_mosaic_gpu, m=m, k=k, n=n),
+        ),
+        interpret,
+        dz,
+        y,
+    )
+
+
+def matmul_backward_x_reference(dz, y):
+    """`matmul_backward_x` in plain jax.numpy, to test the kernel against."""
+    acc = jnp.einsum("mn,kn->mk", dz, y, preferred_element_type=jnp.float32)
+    dx = acc
+    return dx
+
+
+def _matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_ref, *, n, block_n):
+    step = pl.program_id(2)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    dz, y = dz_ref[...], y_ref[...]
+    if n % block_n:  # a ragged N: zero both operands past its end, so padding never reaches the sum
+        dz = jnp.where(step * block_n + jax.lax.broadcasted_iota(jnp.int32, dz.shape, 1) < n, dz, 0)
+        y = jnp.where(step * block_n + jax.lax.broadcasted_iota(jnp.int32, y.shape, 1) < n, y, 0)
+    # Where K is 1, Mosaic cannot lower this product (or its epilogue): multiply and sum.
+    acc_ref[...] += (
+        jnp.sum(dz.astype(jnp.float32) * y.astype(jnp.float32), axis=1, keepdims=True)
+        if y.shape[0] == 1
+        else jax.lax.dot_general(
+            dz, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+    )
+
+    @pl.when(step == pl.num_programs(2) - 1)
+    def _epilogue():
+        acc = acc_ref[...]
+        dx_ref[...] = acc
+
+
+# TPU blocks (block_m, block_k, block_n) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (M, K, N) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning; else the chip's default. None: any other
+# chip, and CPU (the spec's blocks).
+_matmul_backward_x_tpu_blocks = {
+    None: {"default": (512, 1024, 1024)},
+    "v5e": {"default": (512, 1024, 1024)},
+    "v6e": {"default": (1024, 1024, 1024)},
+}
+
+
+def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
+    """`matmul_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_k, block_n = _tpu_blocks(
+        _matmul_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_k = min(block_k, k)  # a small K is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "matmul_backward_x",
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dz 2.0 MiB + y 4.0 MiB + dx 2.0
+    # MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB.
+    return pl.pallas_call(
+        functools.partial(_matmul_backward_x_kernel, n=n, block_n=block_n),
+        # One step per block of M, block of K, block of N. Steps along M, K are independent
+        # (parallel); steps along N accumulate in order (arbitrary).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
+        in_specs=[
+            # dz: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),
+            # y: f32[K, N], read transposed
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),
+        ],
+        # dx: f32[M, K]
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, k), jnp.float32),
+        # acc_ref: the f32 sum over N of one output tile
+        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                8 * block_m * block_n + 8 * block_k * block_n + 16 * block_m * block_k
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * m * k * n, transcendentals=0, bytes_accessed=_nbytes(dz, y) + m * k * 4
+        ),
+        interpret=interpret,
+        name="matmul_backward_x",
+    )(dz, y)
+
+
+def _matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_m, block_k, block_n):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_k = _inside(pl.program_id(1) * block_k, block_k, k)
+    inside = _mask((block_m, block_k), in_m, in_k)
+
+    def accumulate(step, acc):
+        start = step * block_n
+        in_n = _inside(start, block_n, n)  # zeros past a ragged N
+        dz = _load(
+            dz_ref.at[:, pl.ds(start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+        )
+        y = _load(
+            y_ref.at[:, pl.ds(start, block_n)], _mask((block_k, block_n), in_k, in_n), other=0
+        )
+        return acc + jax.lax.dot_general(
+            dz, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+
+    acc = jax.lax.fori_loop(
+        0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32)
+    )
+    _store(dx_ref, acc, inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_backward_x_gpu_options = {None: (64, 64, 32, 4, 3)}
+
+
+def _matmul_backward_x_gpu(
+    dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
+):
+    """`matmul_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
+        _matmul_backward_x_gpu_options,
+        (m, k, n),
+        (block_m, block_k, block_n, num_warps, num_stages),
+    )
+    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
+    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
+    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
+    return pl.pallas_call(
+        functools.partial(
+            _matmul_backward_x_gpu_kernel,
+            m=m,
+            k=k,
+            n=n,
+            block_m=block_m,
+            block_k=block_k,
+            block_n=block_n,
+        ),
+        # One program per block of M, block of K; each loops over N itself (Triton has no
+        # scratch memory).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
+        in_specs=[
+            # dz: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),
+            # y: f32[K, N], read transposed
+            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),
+        ],
+        # dx: f32[M, K]
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, k), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="matmul_backward_x",
+    )(dz, y)
+
+
+def _matmul_backward_x_mosaic_gpu_kernel(
+    dz_ref, y_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n
+):
+    program_m = jax.lax.axis_index("M")
+    program_k = jax.lax.axis_index("K")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, dz_smem, y_smem):
+            plgpu.wgmma(acc_ref, dz_smem, y_smem.T)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(dz_ref.shape[-1] // block_n,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_m, block_n),
+                    lambda s: (program_m, s),
+                    transforms=_mgpu_swizzled(jnp.float32, block_n),
+                ),
+                plgpu.BlockSpec(
+                    (block_k, block_n),
+                    lambda s: (program_k, s),
+                    transforms=_mgpu_swizzled(jnp.float32, block_n),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(dz_ref, y_ref)
+        acc = acc_ref[...]
+        out_smem[...] = acc
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem,
+        dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _matmul_backward_x_mosaic_gpu(dz, y, *, m, k, n, interpret):
+    """`matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 128
+    block_k = 128
+    block_n = 32
+    padded_m = m + -m % block_m
+    padded_k = k + -k % block_k
+    padded_n = n + -n % block_n
+    dz = _mgpu_pad(dz, (padded_m, padded_n))
+    y = _mgpu_pad(y, (padded_k, padded_n))
+    (dx,) = plgpu.kernel(
+        functools.partial(
+            _matmul_backward_x_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, block_n=block_n
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.float32),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_m, block_k), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_k)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(padded_m // block_m, padded_k // block_k),
+        grid_names=("M", "K"),
+        interpret=interpret,
+    )(dz, y)
+    return dx[:m, :k]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_k",
+        "block_n",
+        "block_m",
+        "gpu_block_k",
+        "gpu_block_n",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def matmul_backward_y(
+    x,
+    dz,
+    *,
+    block_k=None,
+    block_n=None,
+    block_m=None,
+    gpu_block_k=None,
+    gpu_block_n=None,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `matmul`, generated from its spec: the cotangent dy of
+    its input y, from dz, the cotangent of its product.
+
+    Args:
+      x: f32[M, K].
+      dz: f32[M, N].
+      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_backward_y_tpu_blocks),
+        else 1024, 1024, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dy: f32[K, N].
+    """
+    (x, dz), sizes = _operands(
+        "matmul_backward_y",
+        {"x": (x, jnp.float32, ("M", "K")), "dz": (dz, jnp.float32, ("M", "N"))},
+    )
+    _check_blocks(
+        "matmul_backward_y", block_k=block_k, block_n=block_n, block_m=block_m, may_be_none=True
+    )
+    _check_blocks(
+        "matmul_backward_y",
+        gpu_block_k=gpu_block_k,
+        gpu_block_n=gpu_block_n,
+        gpu_block_m=gpu_block_m,
+        may_be_none=True,
+    )
+    k = sizes["K"]
+    n = sizes["N"]
+    m = sizes["M"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(matmul_backward_y_reference, (((k, n), jnp.float32),), x, dz)
+    return _on_platform(
+        functools.partial(
+            _matmul_backward_y_tpu, k=k, n=n, m=m, block_k=block_k, block_n=block_n, block_m=block_m
+        ),
+        _gpu_kernel(
+            "matmul_backward_y",
+            gpu_backend,
+            functools.partial(
+                _matmul_backward_y_gpu,
+                k=k,
+                n=n,
+                m=m,
+                block_k=gpu_block_k,
+                block_n=gpu_block_n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_matmul_backward_y_mosaic_gpu, k=k, n=n, m=m),
+        ),
+        interpret,
+        x,
+        dz,
+    )
+
+
+def matmul_backward_y_reference(x, dz):
+    """`matmul_backward_y` in plain jax.numpy, to test the kernel against."""
+    acc = jnp.einsum("mk,mn->kn", x, dz, preferred_element_type=jnp.float32)
+    dy = acc
+    return dy
+
+
+def _matmul_backward_y_kernel(x_ref, dz_ref, dy_ref, acc_ref, *, m, block_m):
+    step = pl.program_id(2)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    x, dz = x_ref[...], dz_ref[...]
+    if m % block_m:  # a ragged M: zero both operands past its end, so padding never reaches the sum
+        x = jnp.where(step * block_m + jax.lax.broadcasted_iota(jnp.int32, x.shape, 0) < m, x, 0)
+        dz = jnp.where(step * block_m + jax.lax.broadcasted_iota(jnp.int32, dz.shape, 0) < m, dz, 0)
+    acc_ref[...] += jax.lax.dot_general(
+        x, dz, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+    )
+
+    @pl.when(step == pl.num_programs(2) - 1)
+    def _epilogue():
+        acc = acc_ref[...]
+        dy_ref[...] = acc
+
+
+# TPU blocks (block_k, block_n, block_m) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (K, N, M) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning; else the chip's default. None: any other
+# chip, and CPU (the spec's blocks).
+_matmul_backward_y_tpu_blocks = {
+    None: {"default": (1024, 1024, 512)},
+    "v5e": {"default": (1024, 1024, 512)},
+    "v6e": {"default": (1024, 1024, 1024)},
+}
+
+
+def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpret):
+    """`matmul_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_k, block_n, block_m = _tpu_blocks(
+        _matmul_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
+    )
+    block_k = min(block_k, k)  # a small K is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "matmul_backward_y",
+        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+    )
+    # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 2.0 MiB + dz 2.0 MiB + dy 4.0
+    # MiB) + f32 accumulator 4.0 MiB + f32 product step 4.0 MiB.
+    return pl.pallas_call(
+        functools.partial(_matmul_backward_y_kernel, m=m, block_m=block_m),
+        # One step per block of K, block of N, block of M. Steps along K, N are independent
+        # (parallel); steps along M accumulate in order (arbitrary).
+        grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
+        in_specs=[
+            # x: f32[M, K], read transposed
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),
+            # dz: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),
+        ],
+        # dy: f32[K, N]
+        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((k, n), jnp.float32),
+        # acc_ref: the f32 sum over M of one output tile
+        scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                8 * block_m * block_k + 8 * block_m * block_n + 16 * block_k * block_n
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * k * n * m, transcendentals=0, bytes_accessed=_nbytes(x, dz) + k * n * 4
+        ),
+        interpret=interpret,
+        name="matmul_backward_y",
+    )(x, dz)
+
+
+def _matmul_backward_y_gpu_kernel(x_ref, dz_ref, dy_ref, *, k, n, m, block_k, block_n, block_m):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_k = _inside(pl.program_id(0) * block_k, block_k, k)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    inside = _mask((block_k, block_n), in_k, in_n)
+
+    def accumulate(step, acc):
+        start = step * block_m
+        in_m = _inside(start, block_m, m)  # zeros past a ragged M
+        x = _load(
+            x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_k), in_m, in_k), other=0
+        )
+        dz = _load(
+            dz_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        )
+        return acc + jax.lax.dot_general(
+            x, dz, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )
+
+    acc = jax.lax.fori_loop(
+        0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dy_ref.shape, jnp.float32)
+    )
+    _store(dy_ref, acc, inside)
+
+
+# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (K, N, M) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_backward_y_gpu_options = {None: (64, 64, 32, 4, 3)}
+
+
+def _matmul_backward_y_gpu(
+    x, dz, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
+):
+    """`matmul_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_k, block_n, block_m, num_warps, num_stages = _gpu_options(
+        _matmul_backward_y_gpu_options,
+        (k, n, m),
+        (block_k, block_n, block_m, num_warps, num_stages),
+    )
+    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
+    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
+    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
+    return pl.pallas_call(
+        functools.partial(
+            _matmul_backward_y_gpu_kernel,
+            k=k,
+            n=n,
+            m=m,
+            block_k=block_k,
+            block_n=block_n,
+            block_m=block_m,
+        ),
+        # One program per block of K, block of N; each loops over M itself (Triton has no
+        # scratch memory).
+        grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: f32[M, K], read transposed
+            pl.BlockSpec((m, block_k), lambda i, j: (0, i)),
+            # dz: f32[M, N]
+            pl.BlockSpec((m, block_n), lambda i, j: (0, j)),
+        ],
+        # dy: f32[K, N]
+        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((k, n), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="matmul_backward_y",
+    )(x, dz)
+
+
+def _matmul_backward_y_mosaic_gpu_kernel(
+    x_ref, dz_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m
+):
+    program_k = jax.lax.axis_index("K")
+    program_n = jax.lax.axis_index("N")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, x_smem, dz_smem):
+            plgpu.wgmma(acc_ref, x_smem, dz_smem.T)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(x_ref.shape[-1] // block_m,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_k, block_m),
+                    lambda s: (program_k, s),
+                    transforms=_mgpu_swizzled(jnp.float32, block_m),
+                ),
+                plgpu.BlockSpec(
+                    (block_n, block_m),
+                    lambda s: (program_n, s),
+                    transforms=_mgpu_swizzled(jnp.float32, block_m),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(x_ref, dz_ref)
+        acc = acc_ref[...]
+        out_smem[...] = acc
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem,
+        dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _matmul_backward_y_mosaic_gpu(x, dz, *, k, n, m, interpret):
+    """`matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_k = 128
+    block_n = 128
+    block_m = 32
+    padded_k = k + -k % block_k
+    padded_n = n + -n % block_n
+    padded_m = m + -m % block_m
+    x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
+    dz = jnp.swapaxes(dz, -1, -2)  # f32 wgmma reads [N, K] tiles
+    x = _mgpu_pad(x, (padded_k, padded_m))
+    dz = _mgpu_pad(dz, (padded_n, padded_m))
+    (dy,) = plgpu.kernel(
+        functools.partial(
+            _matmul_backward_y_mosaic_gpu_kernel, block_k=block_k, block_n=block_n, block_m=block_m
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.float32),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_k, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(padded_k // block_k, padded_n // block_n),
+        grid_names=("K", "N"),
+        interpret=interpret,
+    )(x, dz)
+    return dy[:k, :n]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
         "block_n",
         "block_k",
         "gpu_block_m",
@@ -755,8 +1471,8 @@ def matmul_relu(
     Returns:
       z: f32[M, N].
 
-    Gradients: not generated yet for a matrix product: jax.grad of it raises
-    NotImplementedError.
+    Gradients: jax.grad runs the generated backward kernels matmul_relu_backward_epilogue,
+    matmul_relu_backward_x, matmul_relu_backward_y (_matmul_relu_vjp).
     """
     (x, y), sizes = _operands(
         "matmul_relu", {"x": (x, jnp.float32, ("M", "K")), "y": (y, jnp.float32, ("K", "N"))}
@@ -793,9 +1509,25 @@ def matmul_relu(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _matmul_relu_vjp,
+        functools.partial(_matmul_relu_vjp, interpret=interpret),
         x,
         y,
+        saving=functools.partial(
+            _matmul_relu_saving,
+            m=m,
+            n=n,
+            k=k,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            gpu_block_m=gpu_block_m,
+            gpu_block_n=gpu_block_n,
+            gpu_block_k=gpu_block_k,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
     )
 
 
@@ -851,13 +1583,56 @@ def _matmul_relu_forward(
     )
 
 
-def _matmul_relu_vjp(saved, cotangents):
-    """`matmul_relu` has no backward pass yet: none is generated for a matrix product."""
-    raise NotImplementedError(
-        "matmul_relu is not differentiable yet: pallasgen generates backward kernels "
-        "for elementwise kernels only, not yet for a matrix product; `grad none` in "
-        "specs/matmul.pallas says it is never differentiated"
+def _matmul_relu_saving(
+    x,
+    y,
+    *,
+    m,
+    n,
+    k,
+    block_m,
+    block_n,
+    block_k,
+    gpu_block_m,
+    gpu_block_n,
+    gpu_block_k,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    interpret,
+):
+    """`matmul_relu` forward under jax.grad, by matmul_relu_with_residuals: its outputs, and
+    what its backward kernels read (x, y, acc).
+    """
+    z, acc = matmul_relu_with_residuals(
+        x,
+        y,
+        block_m=block_m,
+        block_n=block_n,
+        block_k=block_k,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        gpu_block_k=gpu_block_k,
+        gpu_warps=gpu_warps,
+        gpu_stages=gpu_stages,
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
+    return z, (x, y, acc)
+
+
+def _matmul_relu_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `matmul_relu`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels matmul_relu_backward_epilogue, matmul_relu_backward_x,
+    matmul_relu_backward_y. The forward pass saves its inputs (x, y) and nothing else: the
+    backward kernels recompute the values they need from them.
+    """
+    x, y, acc = saved
+    dz = cotangents
+    dacc = matmul_relu_backward_epilogue(acc, dz, interpret=interpret)
+    dx = matmul_relu_backward_x(dacc, y, interpret=interpret)
+    dy = matmul_relu_backward_y(x, dacc, interpret=interpret)
+    return dx, dy
 
 
 def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
@@ -909,8 +1684,8 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 4.5 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0
-    # KiB) + f32 accumulator 512.0 KiB.
+    # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0
+    # KiB) + f32 accumulator 512.0 KiB + f32 product step 512.0 KiB.
     return pl.pallas_call(
         functools.partial(_matmul_relu_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
@@ -931,7 +1706,7 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                8 * block_m * block_k + 8 * block_k * block_n + 12 * block_m * block_n
+                8 * block_m * block_k + 8 * block_k * block_n + 16 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -1093,6 +1868,1279 @@ def _matmul_relu_mosaic_gpu(x, y, *, m, n, k, interpret):
         "interpret",
     ),
 )
+def matmul_relu_with_residuals(
+    x,
+    y,
+    *,
+    block_m=None,
+    block_n=None,
+    block_k=None,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_block_k=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """`matmul_relu` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (acc).
+
+    Args:
+      x: f32[M, K].
+      y: f32[K, N].
+      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_with_residuals_tpu_blocks),
+        else 256, 512, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: a product with several outputs is not on
+        Mosaic GPU yet.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      z: f32[M, N]; acc: f32[M, N].
+    """
+    (x, y), sizes = _operands(
+        "matmul_relu_with_residuals",
+        {"x": (x, jnp.float32, ("M", "K")), "y": (y, jnp.float32, ("K", "N"))},
+    )
+    _check_blocks(
+        "matmul_relu_with_residuals",
+        block_m=block_m,
+        block_n=block_n,
+        block_k=block_k,
+        may_be_none=True,
+    )
+    _check_blocks(
+        "matmul_relu_with_residuals",
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        gpu_block_k=gpu_block_k,
+        may_be_none=True,
+    )
+    m = sizes["M"]
+    n = sizes["N"]
+    k = sizes["K"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            matmul_relu_with_residuals_reference,
+            (((m, n), jnp.float32), ((m, n), jnp.float32)),
+            x,
+            y,
+        )
+    return _on_platform(
+        functools.partial(
+            _matmul_relu_with_residuals_tpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+        ),
+        _gpu_kernel(
+            "matmul_relu_with_residuals",
+            gpu_backend,
+            functools.partial(
+                _matmul_relu_with_residuals_gpu,
+                m=m,
+                n=n,
+                k=k,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                block_k=gpu_block_k,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
+        ),
+        interpret,
+        x,
+        y,
+    )
+
+
+def matmul_relu_with_residuals_reference(x, y):
+    """`matmul_relu_with_residuals` in plain jax.numpy, to test the kernel against."""
+    acc_ = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
+    acc = acc_
+    z = jax.nn.relu(acc)
+    return z, acc
+
+
+def _matmul_relu_with_residuals_kernel(x_ref, y_ref, z_ref, acc_ref, acc_ref_, *, k, block_k):
+    step = pl.program_id(2)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref_[...] = jnp.zeros_like(acc_ref_)
+
+    x, y = x_ref[...], y_ref[...]
+    if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
+        x = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x, 0)
+        y = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k, y, 0)
+    acc_ref_[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
+
+    @pl.when(step == pl.num_programs(2) - 1)
+    def _epilogue():
+        acc_ = acc_ref_[...]
+        acc = acc_
+        acc_ref[...] = acc
+        z_ref[...] = jax.nn.relu(acc)
+
+
+# TPU blocks (block_m, block_n, block_k) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning; else the chip's default. None: any other
+# chip, and CPU (the spec's blocks).
+_matmul_relu_with_residuals_tpu_blocks = {
+    None: {"default": (256, 512, 512)},
+    "v5e": {"default": (512, 512, 512)},
+    "v6e": {"default": (1024, 1024, 1024)},
+}
+
+
+def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
+    """`matmul_relu_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n, block_k = _tpu_blocks(
+        _matmul_relu_with_residuals_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    block_k = min(block_k, k)  # a small K is one whole block
+    _check_tiling(
+        "matmul_relu_with_residuals",
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 6.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0
+    # KiB + acc 512.0 KiB) + f32 accumulator 512.0 KiB + f32 product step 512.0 KiB.
+    return pl.pallas_call(
+        functools.partial(_matmul_relu_with_residuals_kernel, k=k, block_k=block_k),
+        # One step per block of M, block of N, block of K. Steps along M, N are independent
+        # (parallel); steps along K accumulate in order (arbitrary).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
+        in_specs=[
+            # x: f32[M, K]
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),
+            # y: f32[K, N]
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (k, j)),
+        ],
+        out_specs=(
+            # z: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),
+            # acc: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.float32),  # z
+            jax.ShapeDtypeStruct((m, n), jnp.float32),  # acc
+        ),
+        # acc_ref_: the f32 sum over K of one output tile
+        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                8 * block_m * block_k + 8 * block_k * block_n + 24 * block_m * block_n
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * m * n * k + m * n,
+            transcendentals=0,
+            bytes_accessed=_nbytes(x, y) + m * n * 4 + m * n * 4,
+        ),
+        interpret=interpret,
+        name="matmul_relu_with_residuals",
+    )(x, y)
+
+
+def _matmul_relu_with_residuals_gpu_kernel(
+    x_ref, y_ref, z_ref, acc_ref, *, m, n, k, block_m, block_n, block_k
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+
+    def accumulate(step, acc_):
+        start = step * block_k
+        in_k = _inside(start, block_k, k)  # zeros past a ragged K
+        x = _load(
+            x_ref.at[:, pl.ds(start, block_k)], _mask((block_m, block_k), in_m, in_k), other=0
+        )
+        y = _load(
+            y_ref.at[pl.ds(start, block_k), :], _mask((block_k, block_n), in_k, in_n), other=0
+        )
+        return acc_ + jnp.dot(x, y, preferred_element_type=jnp.float32)
+
+    acc_ = jax.lax.fori_loop(
+        0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32)
+    )
+    acc = acc_
+    _store(acc_ref, acc, inside)
+    _store(z_ref, jax.nn.relu(acc), inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_relu_with_residuals_gpu_options = {None: (64, 64, 32, 4, 3)}
+
+
+def _matmul_relu_with_residuals_gpu(
+    x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
+):
+    """`matmul_relu_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+        _matmul_relu_with_residuals_gpu_options,
+        (m, n, k),
+        (block_m, block_n, block_k, num_warps, num_stages),
+    )
+    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
+    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
+    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
+    return pl.pallas_call(
+        functools.partial(
+            _matmul_relu_with_residuals_gpu_kernel,
+            m=m,
+            n=n,
+            k=k,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+        ),
+        # One program per block of M, block of N; each loops over K itself (Triton has no
+        # scratch memory).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: f32[M, K]
+            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
+            # y: f32[K, N]
+            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
+        ],
+        out_specs=(
+            # z: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # acc: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.float32),  # z
+            jax.ShapeDtypeStruct((m, n), jnp.float32),  # acc
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="matmul_relu_with_residuals",
+    )(x, y)
+
+
+# `matmul_relu_with_residuals` has no Mosaic GPU kernel (a product with several
+# outputs is not on Mosaic GPU yet): it runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_n",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def matmul_relu_backward_epilogue(
+    acc,
+    dz,
+    *,
+    block_m=None,
+    block_n=None,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `matmul_relu`, generated from its spec: the cotangents dacc
+    of its inputs from dz, those of its outputs.
+
+    Args:
+      acc: f32[M, N].
+      dz: f32[M, N].
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_backward_epilogue_tpu_blocks),
+        grown to large steps (_grown), else 256, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dacc: f32[M, N].
+    """
+    (acc, dz), sizes = _operands(
+        "matmul_relu_backward_epilogue",
+        {"acc": (acc, jnp.float32, ("M", "N")), "dz": (dz, jnp.float32, ("M", "N"))},
+    )
+    _check_blocks(
+        "matmul_relu_backward_epilogue", block_m=block_m, block_n=block_n, may_be_none=True
+    )
+    _check_blocks(
+        "matmul_relu_backward_epilogue",
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            matmul_relu_backward_epilogue_reference, (((m, n), jnp.float32),), acc, dz
+        )
+    return _on_platform(
+        functools.partial(
+            _matmul_relu_backward_epilogue_tpu, m=m, n=n, block_m=block_m, block_n=block_n
+        ),
+        _gpu_kernel(
+            "matmul_relu_backward_epilogue",
+            gpu_backend,
+            functools.partial(
+                _matmul_relu_backward_epilogue_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_matmul_relu_backward_epilogue_mosaic_gpu, m=m, n=n),
+        ),
+        interpret,
+        acc,
+        dz,
+    )
+
+
+def matmul_relu_backward_epilogue_reference(acc, dz):
+    """`matmul_relu_backward_epilogue` in plain jax.numpy, to test the kernel against."""
+    dacc = jnp.where(acc > 0, dz, 0)
+    return dacc
+
+
+def _matmul_relu_backward_epilogue_kernel(acc_ref, dz_ref, dacc_ref):
+    acc = acc_ref[...]
+    dz = dz_ref[...]
+    dacc_ref[...] = jnp.where(acc > 0, dz, 0)
+
+
+# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_matmul_relu_backward_epilogue_tpu_blocks = {
+    None: {"default": (256, 512)},
+    "v5e": {"default": (256, 512)},
+    "v6e": {"default": (256, 512)},
+}
+
+
+def _matmul_relu_backward_epilogue_tpu(acc, dz, *, m, n, block_m, block_n, interpret):
+    """`matmul_relu_backward_epilogue` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n = _tpu_blocks(
+        _matmul_relu_backward_epilogue_tpu_blocks,
+        (m, n),
+        (block_m, block_n),
+        grow=functools.partial(
+            _grown,
+            bounds=(m, n),
+            step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "matmul_relu_backward_epilogue",
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB +
+    # dacc 512.0 KiB).
+    return pl.pallas_call(
+        _matmul_relu_backward_epilogue_kernel,
+        # One step per block of M, block of N; steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # acc: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # dz: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        ],
+        # dacc: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(24 * block_m * block_n),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * m * n, transcendentals=0, bytes_accessed=_nbytes(acc, dz) + m * n * 4
+        ),
+        interpret=interpret,
+        name="matmul_relu_backward_epilogue",
+    )(acc, dz)
+
+
+def _matmul_relu_backward_epilogue_gpu_kernel(acc_ref, dz_ref, dacc_ref, *, m, n, block_m, block_n):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    acc = _load(acc_ref, inside)
+    dz = _load(dz_ref, inside)
+    _store(dacc_ref, jnp.where(acc > 0, dz, 0), inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_matmul_relu_backward_epilogue_gpu_options = {None: (8, 128, 4, 1)}
+
+
+def _matmul_relu_backward_epilogue_gpu(
+    acc, dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret
+):
+    """`matmul_relu_backward_epilogue` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _matmul_relu_backward_epilogue_gpu_options,
+        (m, n),
+        (block_m, block_n, num_warps, num_stages),
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
+    return pl.pallas_call(
+        functools.partial(
+            _matmul_relu_backward_epilogue_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
+        ),
+        # One program per block of M, block of N; programs run concurrently.
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # acc: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # dz: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        ],
+        # dacc: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="matmul_relu_backward_epilogue",
+    )(acc, dz)
+
+
+def _matmul_relu_backward_epilogue_mosaic_gpu_kernel(
+    acc_ref, dz_ref, dacc_ref, *, block_m, block_n
+):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, acc_smem, dz_smem, dacc_smem):
+        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
+        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        dacc_smem[...] = jnp.where(acc > 0, dz, 0)
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+    )(acc_ref, dz_ref, dacc_ref)
+
+
+def _matmul_relu_backward_epilogue_mosaic_gpu(acc, dz, *, m, n, interpret):
+    """`matmul_relu_backward_epilogue` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    acc = _mgpu_pad(acc, (padded_m, padded_n))
+    dz = _mgpu_pad(dz, (padded_m, padded_n))
+    (dacc,) = plgpu.kernel(
+        functools.partial(
+            _matmul_relu_backward_epilogue_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
+        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(acc, dz)
+    return dacc[:m, :n]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_k",
+        "block_n",
+        "gpu_block_m",
+        "gpu_block_k",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def matmul_relu_backward_x(
+    dacc,
+    y,
+    *,
+    block_m=None,
+    block_k=None,
+    block_n=None,
+    gpu_block_m=None,
+    gpu_block_k=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `matmul_relu`, generated from its spec: the cotangent dx of
+    its input x, from dacc, the cotangent of its product.
+
+    Args:
+      dacc: f32[M, N].
+      y: f32[K, N].
+      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_backward_x_tpu_blocks),
+        else 256, 512, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dx: f32[M, K].
+    """
+    (dacc, y), sizes = _operands(
+        "matmul_relu_backward_x",
+        {"dacc": (dacc, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("K", "N"))},
+    )
+    _check_blocks(
+        "matmul_relu_backward_x",
+        block_m=block_m,
+        block_k=block_k,
+        block_n=block_n,
+        may_be_none=True,
+    )
+    _check_blocks(
+        "matmul_relu_backward_x",
+        gpu_block_m=gpu_block_m,
+        gpu_block_k=gpu_block_k,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m = sizes["M"]
+    k = sizes["K"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            matmul_relu_backward_x_reference, (((m, k), jnp.float32),), dacc, y
+        )
+    return _on_platform(
+        functools.partial(
+            _matmul_relu_backward_x_tpu,
+            m=m,
+            k=k,
+            n=n,
+            block_m=block_m,
+            block_k=block_k,
+            block_n=block_n,
+        ),
+        _gpu_kernel(
+            "matmul_relu_backward_x",
+            gpu_backend,
+            functools.partial(
+                _matmul_relu_backward_x_gpu,
+                m=m,
+                k=k,
+                n=n,
+                block_m=gpu_block_m,
+                block_k=gpu_block_k,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_matmul_relu_backward_x_mosaic_gpu, m=m, k=k, n=n),
+        ),
+        interpret,
+        dacc,
+        y,
+    )
+
+
+def matmul_relu_backward_x_reference(dacc, y):
+    """`matmul_relu_backward_x` in plain jax.numpy, to test the kernel against."""
+    acc = jnp.einsum("mn,kn->mk", dacc, y, preferred_element_type=jnp.float32)
+    dx = acc
+    return dx
+
+
+def _matmul_relu_backward_x_kernel(dacc_ref, y_ref, dx_ref, acc_ref, *, n, block_n):
+    step = pl.program_id(2)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    dacc, y = dacc_ref[...], y_ref[...]
+    if n % block_n:  # a ragged N: zero both operands past its end, so padding never reaches the sum
+        dacc = jnp.where(
+            step * block_n + jax.lax.broadcasted_iota(jnp.int32, dacc.shape, 1) < n, dacc, 0
+        )
+        y = jnp.where(step * block_n + jax.lax.broadcasted_iota(jnp.int32, y.shape, 1) < n, y, 0)
+    # Where K is 1, Mosaic cannot lower this product (or its epilogue): multiply and sum.
+    acc_ref[...] += (
+        jnp.sum(dacc.astype(jnp.float32) * y.astype(jnp.float32), axis=1, keepdims=True)
+        if y.shape[0] == 1
+        else jax.lax.dot_general(
+            dacc, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+    )
+
+    @pl.when(step == pl.num_programs(2) - 1)
+    def _epilogue():
+        acc = acc_ref[...]
+        dx_ref[...] = acc
+
+
+# TPU blocks (block_m, block_k, block_n) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (M, K, N) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning; else the chip's default. None: any other
+# chip, and CPU (the spec's blocks).
+_matmul_relu_backward_x_tpu_blocks = {
+    None: {"default": (256, 512, 512)},
+    "v5e": {"default": (512, 512, 512)},
+    "v6e": {"default": (1024, 1024, 1024)},
+}
+
+
+def _matmul_relu_backward_x_tpu(dacc, y, *, m, k, n, block_m, block_k, block_n, interpret):
+    """`matmul_relu_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_k, block_n = _tpu_blocks(
+        _matmul_relu_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_k = min(block_k, k)  # a small K is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "matmul_relu_backward_x",
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 5.0 MiB = 2 buffers x (dacc 512.0 KiB + y 1.0 MiB + dx
+    # 512.0 KiB) + f32 accumulator 512.0 KiB + f32 product step 512.0 KiB.
+    return pl.pallas_call(
+        functools.partial(_matmul_relu_backward_x_kernel, n=n, block_n=block_n),
+        # One step per block of M, block of K, block of N. Steps along M, K are independent
+        # (parallel); steps along N accumulate in order (arbitrary).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
+        in_specs=[
+            # dacc: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),
+            # y: f32[K, N], read transposed
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),
+        ],
+        # dx: f32[M, K]
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, k), jnp.float32),
+        # acc_ref: the f32 sum over N of one output tile
+        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                8 * block_m * block_n + 8 * block_k * block_n + 16 * block_m * block_k
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * m * k * n, transcendentals=0, bytes_accessed=_nbytes(dacc, y) + m * k * 4
+        ),
+        interpret=interpret,
+        name="matmul_relu_backward_x",
+    )(dacc, y)
+
+
+def _matmul_relu_backward_x_gpu_kernel(
+    dacc_ref, y_ref, dx_ref, *, m, k, n, block_m, block_k, block_n
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_k = _inside(pl.program_id(1) * block_k, block_k, k)
+    inside = _mask((block_m, block_k), in_m, in_k)
+
+    def accumulate(step, acc):
+        start = step * block_n
+        in_n = _inside(start, block_n, n)  # zeros past a ragged N
+        dacc = _load(
+            dacc_ref.at[:, pl.ds(start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+        )
+        y = _load(
+            y_ref.at[:, pl.ds(start, block_n)], _mask((block_k, block_n), in_k, in_n), other=0
+        )
+        return acc + jax.lax.dot_general(
+            dacc, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+
+    acc = jax.lax.fori_loop(
+        0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32)
+    )
+    _store(dx_ref, acc, inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_relu_backward_x_gpu_options = {None: (64, 64, 32, 4, 3)}
+
+
+def _matmul_relu_backward_x_gpu(
+    dacc, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
+):
+    """`matmul_relu_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
+        _matmul_relu_backward_x_gpu_options,
+        (m, k, n),
+        (block_m, block_k, block_n, num_warps, num_stages),
+    )
+    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
+    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
+    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
+    return pl.pallas_call(
+        functools.partial(
+            _matmul_relu_backward_x_gpu_kernel,
+            m=m,
+            k=k,
+            n=n,
+            block_m=block_m,
+            block_k=block_k,
+            block_n=block_n,
+        ),
+        # One program per block of M, block of K; each loops over N itself (Triton has no
+        # scratch memory).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
+        in_specs=[
+            # dacc: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),
+            # y: f32[K, N], read transposed
+            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),
+        ],
+        # dx: f32[M, K]
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, k), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="matmul_relu_backward_x",
+    )(dacc, y)
+
+
+def _matmul_relu_backward_x_mosaic_gpu_kernel(
+    dacc_ref, y_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n
+):
+    program_m = jax.lax.axis_index("M")
+    program_k = jax.lax.axis_index("K")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, dacc_smem, y_smem):
+            plgpu.wgmma(acc_ref, dacc_smem, y_smem.T)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(dacc_ref.shape[-1] // block_n,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_m, block_n),
+                    lambda s: (program_m, s),
+                    transforms=_mgpu_swizzled(jnp.float32, block_n),
+                ),
+                plgpu.BlockSpec(
+                    (block_k, block_n),
+                    lambda s: (program_k, s),
+                    transforms=_mgpu_swizzled(jnp.float32, block_n),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(dacc_ref, y_ref)
+        acc = acc_ref[...]
+        out_smem[...] = acc
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem,
+        dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _matmul_relu_backward_x_mosaic_gpu(dacc, y, *, m, k, n, interpret):
+    """`matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 128
+    block_k = 128
+    block_n = 32
+    padded_m = m + -m % block_m
+    padded_k = k + -k % block_k
+    padded_n = n + -n % block_n
+    dacc = _mgpu_pad(dacc, (padded_m, padded_n))
+    y = _mgpu_pad(y, (padded_k, padded_n))
+    (dx,) = plgpu.kernel(
+        functools.partial(
+            _matmul_relu_backward_x_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_k=block_k,
+            block_n=block_n,
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.float32),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_m, block_k), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_k)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(padded_m // block_m, padded_k // block_k),
+        grid_names=("M", "K"),
+        interpret=interpret,
+    )(dacc, y)
+    return dx[:m, :k]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_k",
+        "block_n",
+        "block_m",
+        "gpu_block_k",
+        "gpu_block_n",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def matmul_relu_backward_y(
+    x,
+    dacc,
+    *,
+    block_k=None,
+    block_n=None,
+    block_m=None,
+    gpu_block_k=None,
+    gpu_block_n=None,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `matmul_relu`, generated from its spec: the cotangent dy of
+    its input y, from dacc, the cotangent of its product.
+
+    Args:
+      x: f32[M, K].
+      dacc: f32[M, N].
+      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_backward_y_tpu_blocks),
+        else 512, 512, 256.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dy: f32[K, N].
+    """
+    (x, dacc), sizes = _operands(
+        "matmul_relu_backward_y",
+        {"x": (x, jnp.float32, ("M", "K")), "dacc": (dacc, jnp.float32, ("M", "N"))},
+    )
+    _check_blocks(
+        "matmul_relu_backward_y",
+        block_k=block_k,
+        block_n=block_n,
+        block_m=block_m,
+        may_be_none=True,
+    )
+    _check_blocks(
+        "matmul_relu_backward_y",
+        gpu_block_k=gpu_block_k,
+        gpu_block_n=gpu_block_n,
+        gpu_block_m=gpu_block_m,
+        may_be_none=True,
+    )
+    k = sizes["K"]
+    n = sizes["N"]
+    m = sizes["M"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            matmul_relu_backward_y_reference, (((k, n), jnp.float32),), x, dacc
+        )
+    return _on_platform(
+        functools.partial(
+            _matmul_relu_backward_y_tpu,
+            k=k,
+            n=n,
+            m=m,
+            block_k=block_k,
+            block_n=block_n,
+            block_m=block_m,
+        ),
+        _gpu_kernel(
+            "matmul_relu_backward_y",
+            gpu_backend,
+            functools.partial(
+                _matmul_relu_backward_y_gpu,
+                k=k,
+                n=n,
+                m=m,
+                block_k=gpu_block_k,
+                block_n=gpu_block_n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_matmul_relu_backward_y_mosaic_gpu, k=k, n=n, m=m),
+        ),
+        interpret,
+        x,
+        dacc,
+    )
+
+
+def matmul_relu_backward_y_reference(x, dacc):
+    """`matmul_relu_backward_y` in plain jax.numpy, to test the kernel against."""
+    acc = jnp.einsum("mk,mn->kn", x, dacc, preferred_element_type=jnp.float32)
+    dy = acc
+    return dy
+
+
+def _matmul_relu_backward_y_kernel(x_ref, dacc_ref, dy_ref, acc_ref, *, m, block_m):
+    step = pl.program_id(2)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    x, dacc = x_ref[...], dacc_ref[...]
+    if m % block_m:  # a ragged M: zero both operands past its end, so padding never reaches the sum
+        x = jnp.where(step * block_m + jax.lax.broadcasted_iota(jnp.int32, x.shape, 0) < m, x, 0)
+        dacc = jnp.where(
+            step * block_m + jax.lax.broadcasted_iota(jnp.int32, dacc.shape, 0) < m, dacc, 0
+        )
+    acc_ref[...] += jax.lax.dot_general(
+        x, dacc, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+    )
+
+    @pl.when(step == pl.num_programs(2) - 1)
+    def _epilogue():
+        acc = acc_ref[...]
+        dy_ref[...] = acc
+
+
+# TPU blocks (block_k, block_n, block_m) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (K, N, M) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning; else the chip's default. None: any other
+# chip, and CPU (the spec's blocks).
+_matmul_relu_backward_y_tpu_blocks = {
+    None: {"default": (512, 512, 256)},
+    "v5e": {"default": (512, 512, 512)},
+    "v6e": {"default": (1024, 1024, 1024)},
+}
+
+
+def _matmul_relu_backward_y_tpu(x, dacc, *, k, n, m, block_k, block_n, block_m, interpret):
+    """`matmul_relu_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_k, block_n, block_m = _tpu_blocks(
+        _matmul_relu_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
+    )
+    block_k = min(block_k, k)  # a small K is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "matmul_relu_backward_y",
+        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+    )
+    # VMEM at the default blocks: 6.0 MiB = 2 buffers x (x 512.0 KiB + dacc 512.0 KiB + dy
+    # 1.0 MiB) + f32 accumulator 1.0 MiB + f32 product step 1.0 MiB.
+    return pl.pallas_call(
+        functools.partial(_matmul_relu_backward_y_kernel, m=m, block_m=block_m),
+        # One step per block of K, block of N, block of M. Steps along K, N are independent
+        # (parallel); steps along M accumulate in order (arbitrary).
+        grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
+        in_specs=[
+            # x: f32[M, K], read transposed
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),
+            # dacc: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),
+        ],
+        # dy: f32[K, N]
+        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((k, n), jnp.float32),
+        # acc_ref: the f32 sum over M of one output tile
+        scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                8 * block_m * block_k + 8 * block_m * block_n + 16 * block_k * block_n
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * k * n * m, transcendentals=0, bytes_accessed=_nbytes(x, dacc) + k * n * 4
+        ),
+        interpret=interpret,
+        name="matmul_relu_backward_y",
+    )(x, dacc)
+
+
+def _matmul_relu_backward_y_gpu_kernel(
+    x_ref, dacc_ref, dy_ref, *, k, n, m, block_k, block_n, block_m
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_k = _inside(pl.program_id(0) * block_k, block_k, k)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    inside = _mask((block_k, block_n), in_k, in_n)
+
+    def accumulate(step, acc):
+        start = step * block_m
+        in_m = _inside(start, block_m, m)  # zeros past a ragged M
+        x = _load(
+            x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_k), in_m, in_k), other=0
+        )
+        dacc = _load(
+            dacc_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        )
+        return acc + jax.lax.dot_general(
+            x, dacc, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )
+
+    acc = jax.lax.fori_loop(
+        0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dy_ref.shape, jnp.float32)
+    )
+    _store(dy_ref, acc, inside)
+
+
+# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (K, N, M) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_relu_backward_y_gpu_options = {None: (64, 64, 32, 4, 3)}
+
+
+def _matmul_relu_backward_y_gpu(
+    x, dacc, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
+):
+    """`matmul_relu_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_k, block_n, block_m, num_warps, num_stages = _gpu_options(
+        _matmul_relu_backward_y_gpu_options,
+        (k, n, m),
+        (block_k, block_n, block_m, num_warps, num_stages),
+    )
+    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
+    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
+    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
+    return pl.pallas_call(
+        functools.partial(
+            _matmul_relu_backward_y_gpu_kernel,
+            k=k,
+            n=n,
+            m=m,
+            block_k=block_k,
+            block_n=block_n,
+            block_m=block_m,
+        ),
+        # One program per block of K, block of N; each loops over M itself (Triton has no
+        # scratch memory).
+        grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: f32[M, K], read transposed
+            pl.BlockSpec((m, block_k), lambda i, j: (0, i)),
+            # dacc: f32[M, N]
+            pl.BlockSpec((m, block_n), lambda i, j: (0, j)),
+        ],
+        # dy: f32[K, N]
+        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((k, n), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="matmul_relu_backward_y",
+    )(x, dacc)
+
+
+def _matmul_relu_backward_y_mosaic_gpu_kernel(
+    x_ref, dacc_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m
+):
+    program_k = jax.lax.axis_index("K")
+    program_n = jax.lax.axis_index("N")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, x_smem, dacc_smem):
+            plgpu.wgmma(acc_ref, x_smem, dacc_smem.T)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(x_ref.shape[-1] // block_m,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_k, block_m),
+                    lambda s: (program_k, s),
+                    transforms=_mgpu_swizzled(jnp.float32, block_m),
+                ),
+                plgpu.BlockSpec(
+                    (block_n, block_m),
+                    lambda s: (program_n, s),
+                    transforms=_mgpu_swizzled(jnp.float32, block_m),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(x_ref, dacc_ref)
+        acc = acc_ref[...]
+        out_smem[...] = acc
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem,
+        dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _matmul_relu_backward_y_mosaic_gpu(x, dacc, *, k, n, m, interpret):
+    """`matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_k = 128
+    block_n = 128
+    block_m = 32
+    padded_k = k + -k % block_k
+    padded_n = n + -n % block_n
+    padded_m = m + -m % block_m
+    x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
+    dacc = jnp.swapaxes(dacc, -1, -2)  # f32 wgmma reads [N, K] tiles
+    x = _mgpu_pad(x, (padded_k, padded_m))
+    dacc = _mgpu_pad(dacc, (padded_n, padded_m))
+    (dy,) = plgpu.kernel(
+        functools.partial(
+            _matmul_relu_backward_y_mosaic_gpu_kernel,
+            block_k=block_k,
+            block_n=block_n,
+            block_m=block_m,
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.float32),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_k, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(padded_k // block_k, padded_n // block_n),
+        grid_names=("K", "N"),
+        interpret=interpret,
+    )(x, dacc)
+    return dy[:k, :n]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_n",
+        "block_k",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_block_k",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
 def matmul_bias_gelu(
     x,
     y,
@@ -1128,8 +3176,9 @@ def matmul_bias_gelu(
     Returns:
       z: bf16[M, N].
 
-    Gradients: not generated yet for a matrix product: jax.grad of it raises
-    NotImplementedError.
+    Gradients: jax.grad runs the generated backward kernels
+    matmul_bias_gelu_backward_epilogue, matmul_bias_gelu_backward_over_m,
+    matmul_bias_gelu_backward_x, matmul_bias_gelu_backward_y (_matmul_bias_gelu_vjp).
     """
     (x, y, bias), sizes = _operands(
         "matmul_bias_gelu",
@@ -1171,10 +3220,26 @@ def matmul_bias_gelu(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _matmul_bias_gelu_vjp,
+        functools.partial(_matmul_bias_gelu_vjp, interpret=interpret),
         x,
         y,
         bias,
+        saving=functools.partial(
+            _matmul_bias_gelu_saving,
+            m=m,
+            n=n,
+            k=k,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            gpu_block_m=gpu_block_m,
+            gpu_block_n=gpu_block_n,
+            gpu_block_k=gpu_block_k,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
     )
 
 
@@ -1234,13 +3299,60 @@ def _matmul_bias_gelu_forward(
     )
 
 
-def _matmul_bias_gelu_vjp(saved, cotangents):
-    """`matmul_bias_gelu` has no backward pass yet: none is generated for a matrix product."""
-    raise NotImplementedError(
-        "matmul_bias_gelu is not differentiable yet: pallasgen generates backward "
-        "kernels for elementwise kernels only, not yet for a matrix product; `grad "
-        "none` in specs/matmul.pallas says it is never differentiated"
+def _matmul_bias_gelu_saving(
+    x,
+    y,
+    bias,
+    *,
+    m,
+    n,
+    k,
+    block_m,
+    block_n,
+    block_k,
+    gpu_block_m,
+    gpu_block_n,
+    gpu_block_k,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    interpret,
+):
+    """`matmul_bias_gelu` forward under jax.grad, by matmul_bias_gelu_with_residuals: its
+    outputs, and what its backward kernels read (x, y, bias, acc).
+    """
+    z, acc = matmul_bias_gelu_with_residuals(
+        x,
+        y,
+        bias,
+        block_m=block_m,
+        block_n=block_n,
+        block_k=block_k,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        gpu_block_k=gpu_block_k,
+        gpu_warps=gpu_warps,
+        gpu_stages=gpu_stages,
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
+    return z, (x, y, bias, acc)
+
+
+def _matmul_bias_gelu_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `matmul_bias_gelu`'s inputs from those of its outputs, for jax.grad,
+    by the generated backward kernels matmul_bias_gelu_backward_epilogue,
+    matmul_bias_gelu_backward_over_m, matmul_bias_gelu_backward_x,
+    matmul_bias_gelu_backward_y. The forward pass saves its inputs (x, y, bias) and nothing
+    else: the backward kernels recompute the values they need from them.
+    """
+    x, y, bias, acc = saved
+    dz = cotangents
+    dacc = matmul_bias_gelu_backward_epilogue(acc, bias, dz, interpret=interpret)
+    dbias = matmul_bias_gelu_backward_over_m(acc, bias, dz, interpret=interpret)
+    dx = matmul_bias_gelu_backward_x(dacc, y, interpret=interpret)
+    dy = matmul_bias_gelu_backward_y(x, dacc, interpret=interpret)
+    return dx, dy, dbias
 
 
 def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, *, k, block_k):
@@ -1306,8 +3418,8 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, int
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 10.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0
-    # KiB + z 1.0 MiB) + f32 accumulator 2.0 MiB.
+    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0
+    # KiB + z 1.0 MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
@@ -1330,7 +3442,7 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, int
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                4 * block_m * block_k + 4 * block_k * block_n + 8 * block_n + 8 * block_m * block_n
+                4 * block_m * block_k + 4 * block_k * block_n + 8 * block_n + 12 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -1491,6 +3603,1755 @@ def _matmul_bias_gelu_mosaic_gpu(x, y, bias, *, m, n, k, interpret):
         interpret=interpret,
     )(x, y, bias)
     return z[:m, :n]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_n",
+        "block_k",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_block_k",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def matmul_bias_gelu_with_residuals(
+    x,
+    y,
+    bias,
+    *,
+    block_m=None,
+    block_n=None,
+    block_k=None,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_block_k=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """`matmul_bias_gelu` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (acc).
+
+    Args:
+      x: bf16[M, K].
+      y: bf16[K, N].
+      bias: f32[N].
+      block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_with_residuals_tpu_blocks),
+        else 512, 1024, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: a product with several outputs is not on
+        Mosaic GPU yet.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      z: bf16[M, N]; acc: f32[M, N].
+    """
+    (x, y, bias), sizes = _operands(
+        "matmul_bias_gelu_with_residuals",
+        {
+            "x": (x, jnp.bfloat16, ("M", "K")),
+            "y": (y, jnp.bfloat16, ("K", "N")),
+            "bias": (bias, jnp.float32, ("N",)),
+        },
+    )
+    _check_blocks(
+        "matmul_bias_gelu_with_residuals",
+        block_m=block_m,
+        block_n=block_n,
+        block_k=block_k,
+        may_be_none=True,
+    )
+    _check_blocks(
+        "matmul_bias_gelu_with_residuals",
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        gpu_block_k=gpu_block_k,
+        may_be_none=True,
+    )
+    m = sizes["M"]
+    n = sizes["N"]
+    k = sizes["K"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            matmul_bias_gelu_with_residuals_reference,
+            (((m, n), jnp.bfloat16), ((m, n), jnp.float32)),
+            x,
+            y,
+            bias,
+        )
+    bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
+    return _on_platform(
+        functools.partial(
+            _matmul_bias_gelu_with_residuals_tpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+        ),
+        _gpu_kernel(
+            "matmul_bias_gelu_with_residuals",
+            gpu_backend,
+            functools.partial(
+                _matmul_bias_gelu_with_residuals_gpu,
+                m=m,
+                n=n,
+                k=k,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                block_k=gpu_block_k,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
+        ),
+        interpret,
+        x,
+        y,
+        bias,
+    )
+
+
+def matmul_bias_gelu_with_residuals_reference(x, y, bias):
+    """`matmul_bias_gelu_with_residuals` in plain jax.numpy, to test the kernel against."""
+    bias = bias[None, :]
+    acc_ = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
+    acc = acc_
+    z = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
+    return z, acc
+
+
+def _matmul_bias_gelu_with_residuals_kernel(
+    x_ref, y_ref, bias_ref, z_ref, acc_ref, acc_ref_, *, k, block_k
+):
+    step = pl.program_id(2)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref_[...] = jnp.zeros_like(acc_ref_)
+
+    x, y = x_ref[...], y_ref[...]
+    if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
+        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
+        x = jnp.where(
+            step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k,
+            x.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+        y = jnp.where(
+            step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k,
+            y.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+    acc_ref_[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
+
+    @pl.when(step == pl.num_programs(2) - 1)
+    def _epilogue():
+        acc_ = acc_ref_[...]
+        bias = bias_ref[...]
+        acc = acc_
+        acc_ref[...] = acc
+        z_ref[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
+
+
+# TPU blocks (block_m, block_n, block_k) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning; else the chip's default. None: any other
+# chip, and CPU (the spec's blocks).
+_matmul_bias_gelu_with_residuals_tpu_blocks = {
+    None: {"default": (512, 1024, 1024)},
+    "v5e": {"default": (512, 1024, 1024)},
+    "v6e": {"default": (1024, 1024, 1024)},
+}
+
+
+def _matmul_bias_gelu_with_residuals_tpu(
+    x, y, bias, *, m, n, k, block_m, block_n, block_k, interpret
+):
+    """`matmul_bias_gelu_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n, block_k = _tpu_blocks(
+        _matmul_bias_gelu_with_residuals_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    block_k = min(block_k, k)  # a small K is one whole block
+    _check_tiling(
+        "matmul_bias_gelu_with_residuals",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0
+    # KiB + z 1.0 MiB + acc 2.0 MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB.
+    return pl.pallas_call(
+        functools.partial(_matmul_bias_gelu_with_residuals_kernel, k=k, block_k=block_k),
+        # One step per block of M, block of N, block of K. Steps along M, N are independent
+        # (parallel); steps along K accumulate in order (arbitrary).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
+        in_specs=[
+            # x: bf16[M, K]
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, k)),
+            # y: bf16[K, N]
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (k, j)),
+            # bias: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i, j, k: (0, j)),
+        ],
+        out_specs=(
+            # z: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),
+            # acc: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, j)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # z
+            jax.ShapeDtypeStruct((m, n), jnp.float32),  # acc
+        ),
+        # acc_ref_: the f32 sum over K of one output tile
+        scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                4 * block_m * block_k + 4 * block_k * block_n + 8 * block_n + 20 * block_m * block_n
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * m * n * k + m * n,
+            transcendentals=m * n,
+            bytes_accessed=_nbytes(x, y, bias) + m * n * 2 + m * n * 4,
+        ),
+        interpret=interpret,
+        name="matmul_bias_gelu_with_residuals",
+    )(x, y, bias)
+
+
+def _matmul_bias_gelu_with_residuals_gpu_kernel(
+    x_ref, y_ref, bias_ref, z_ref, acc_ref, *, m, n, k, block_m, block_n, block_k
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+
+    def accumulate(step, acc_):
+        start = step * block_k
+        in_k = _inside(start, block_k, k)  # zeros past a ragged K
+        x = _load(
+            x_ref.at[:, pl.ds(start, block_k)], _mask((block_m, block_k), in_m, in_k), other=0
+        )
+        y = _load(
+            y_ref.at[pl.ds(start, block_k), :], _mask((block_k, block_n), in_k, in_n), other=0
+        )
+        return acc_ + jnp.dot(x, y, preferred_element_type=jnp.float32)
+
+    acc_ = jax.lax.fori_loop(
+        0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32)
+    )
+    bias = _load(bias_ref, _mask((1, block_n), None, in_n))
+    acc = acc_
+    _store(acc_ref, acc, inside)
+    _store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (M, N, K) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_bias_gelu_with_residuals_gpu_options = {None: (128, 128, 64, 8, 3)}
+
+
+def _matmul_bias_gelu_with_residuals_gpu(
+    x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
+):
+    """`matmul_bias_gelu_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+        _matmul_bias_gelu_with_residuals_gpu_options,
+        (m, n, k),
+        (block_m, block_n, block_k, num_warps, num_stages),
+    )
+    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
+    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
+    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
+    return pl.pallas_call(
+        functools.partial(
+            _matmul_bias_gelu_with_residuals_gpu_kernel,
+            m=m,
+            n=n,
+            k=k,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+        ),
+        # One program per block of M, block of N; each loops over K itself (Triton has no
+        # scratch memory).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: bf16[M, K]
+            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
+            # y: bf16[K, N]
+            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
+            # bias: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
+        ],
+        out_specs=(
+            # z: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # acc: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # z
+            jax.ShapeDtypeStruct((m, n), jnp.float32),  # acc
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="matmul_bias_gelu_with_residuals",
+    )(x, y, bias)
+
+
+# `matmul_bias_gelu_with_residuals` has no Mosaic GPU kernel (a product with several
+# outputs is not on Mosaic GPU yet): it runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_n",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def matmul_bias_gelu_backward_epilogue(
+    acc,
+    bias,
+    dz,
+    *,
+    block_m=None,
+    block_n=None,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `matmul_bias_gelu`, generated from its spec: the cotangents dacc
+    of its inputs from dz, those of its outputs.
+
+    Args:
+      acc: f32[M, N].
+      bias: f32[N].
+      dz: bf16[M, N].
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_backward_epilogue_tpu_blocks),
+        grown to large steps (_grown), else 512, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dacc: bf16[M, N].
+    """
+    (acc, bias, dz), sizes = _operands(
+        "matmul_bias_gelu_backward_epilogue",
+        {
+            "acc": (acc, jnp.float32, ("M", "N")),
+            "bias": (bias, jnp.float32, ("N",)),
+            "dz": (dz, jnp.bfloat16, ("M", "N")),
+        },
+    )
+    _check_blocks(
+        "matmul_bias_gelu_backward_epilogue", block_m=block_m, block_n=block_n, may_be_none=True
+    )
+    _check_blocks(
+        "matmul_bias_gelu_backward_epilogue",
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            matmul_bias_gelu_backward_epilogue_reference, (((m, n), jnp.bfloat16),), acc, bias, dz
+        )
+    bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
+    return _on_platform(
+        functools.partial(
+            _matmul_bias_gelu_backward_epilogue_tpu, m=m, n=n, block_m=block_m, block_n=block_n
+        ),
+        _gpu_kernel(
+            "matmul_bias_gelu_backward_epilogue",
+            gpu_backend,
+            functools.partial(
+                _matmul_bias_gelu_backward_epilogue_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_matmul_bias_gelu_backward_epilogue_mosaic_gpu, m=m, n=n),
+        ),
+        interpret,
+        acc,
+        bias,
+        dz,
+    )
+
+
+def matmul_bias_gelu_backward_epilogue_reference(acc, bias, dz):
+    """`matmul_bias_gelu_backward_epilogue` in plain jax.numpy, to test the kernel against."""
+    bias = bias[None, :]
+    z_1 = acc + bias
+    z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
+    dz_1 = dz.astype(jnp.float32) * (
+        0.5 * (1 + z_2)
+        + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+    )
+    dacc = dz_1.astype(jnp.bfloat16)
+    return dacc
+
+
+def _matmul_bias_gelu_backward_epilogue_kernel(acc_ref, bias_ref, dz_ref, dacc_ref):
+    acc = acc_ref[...]
+    bias = bias_ref[...]
+    dz = dz_ref[...]
+    z_1 = acc + bias
+    z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
+    dz_1 = dz.astype(jnp.float32) * (
+        0.5 * (1 + z_2)
+        + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+    )
+    dacc_ref[...] = dz_1.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_matmul_bias_gelu_backward_epilogue_tpu_blocks = {
+    None: {"default": (512, 1024)},
+    "v5e": {"default": (512, 1024)},
+    "v6e": {"default": (512, 1024)},
+}
+
+
+def _matmul_bias_gelu_backward_epilogue_tpu(acc, bias, dz, *, m, n, block_m, block_n, interpret):
+    """`matmul_bias_gelu_backward_epilogue` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n = _tpu_blocks(
+        _matmul_bias_gelu_backward_epilogue_tpu_blocks,
+        (m, n),
+        (block_m, block_n),
+        grow=functools.partial(
+            _grown,
+            bounds=(m, n),
+            step=lambda block_m, block_n: (block_m * block_n, 28 * block_m * block_n + 8 * block_n),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "matmul_bias_gelu_backward_epilogue",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz
+    # 1.0 MiB + dacc 1.0 MiB) + let z_1 2.0 MiB + let z_2 2.0 MiB + let dz_1 2.0 MiB.
+    return pl.pallas_call(
+        _matmul_bias_gelu_backward_epilogue_kernel,
+        # One step per block of M, block of N; steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # acc: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # bias: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
+            # dz: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        ],
+        # dacc: bf16[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(28 * block_m * block_n + 8 * block_n),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=21 * m * n,
+            transcendentals=m * n,
+            bytes_accessed=_nbytes(acc, bias, dz) + m * n * 2,
+        ),
+        interpret=interpret,
+        name="matmul_bias_gelu_backward_epilogue",
+    )(acc, bias, dz)
+
+
+def _matmul_bias_gelu_backward_epilogue_gpu_kernel(
+    acc_ref, bias_ref, dz_ref, dacc_ref, *, m, n, block_m, block_n
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    acc = _load(acc_ref, inside)
+    bias = _load(bias_ref, _mask((1, block_n), None, in_n))
+    dz = _load(dz_ref, inside)
+    z_1 = acc + bias
+    z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
+    dz_1 = dz.astype(jnp.float32) * (
+        0.5 * (1 + z_2)
+        + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+    )
+    _store(dacc_ref, dz_1.astype(jnp.bfloat16), inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_matmul_bias_gelu_backward_epilogue_gpu_options = {None: (8, 128, 4, 1)}
+
+
+def _matmul_bias_gelu_backward_epilogue_gpu(
+    acc, bias, dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret
+):
+    """`matmul_bias_gelu_backward_epilogue` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _matmul_bias_gelu_backward_epilogue_gpu_options,
+        (m, n),
+        (block_m, block_n, num_warps, num_stages),
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
+    return pl.pallas_call(
+        functools.partial(
+            _matmul_bias_gelu_backward_epilogue_gpu_kernel,
+            m=m,
+            n=n,
+            block_m=block_m,
+            block_n=block_n,
+        ),
+        # One program per block of M, block of N; programs run concurrently.
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # acc: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # bias: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
+            # dz: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        ],
+        # dacc: bf16[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="matmul_bias_gelu_backward_epilogue",
+    )(acc, bias, dz)
+
+
+def _matmul_bias_gelu_backward_epilogue_mosaic_gpu_kernel(
+    acc_ref, bias_ref, dz_ref, dacc_ref, *, block_m, block_n
+):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, acc_smem, bias_smem, dz_smem, dacc_smem):
+        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
+        bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
+        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        z_1 = acc + bias
+        z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
+        dz_1 = dz.astype(jnp.float32) * (
+            0.5 * (1 + z_2)
+            + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+        )
+        dacc_smem[...] = dz_1.astype(jnp.bfloat16)
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            )
+        ],
+    )(acc_ref, bias_ref, dz_ref, dacc_ref)
+
+
+def _matmul_bias_gelu_backward_epilogue_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
+    """`matmul_bias_gelu_backward_epilogue` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    acc = _mgpu_pad(acc, (padded_m, padded_n))
+    bias = bias.reshape((n,))
+    bias = _mgpu_pad(bias, (padded_n,))
+    dz = _mgpu_pad(dz, (padded_m, padded_n))
+    (dacc,) = plgpu.kernel(
+        functools.partial(
+            _matmul_bias_gelu_backward_epilogue_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
+        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(acc, bias, dz)
+    return dacc[:m, :n]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_n",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def matmul_bias_gelu_backward_over_m(
+    acc,
+    bias,
+    dz,
+    *,
+    block_m=None,
+    block_n=None,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `matmul_bias_gelu`, generated from its spec: the cotangents dbias
+    of its inputs from dz, those of its outputs, summed over M (the inputs are broadcast over it).
+
+    Args:
+      acc: f32[M, N].
+      bias: f32[N].
+      dz: bf16[M, N].
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_backward_over_m_tpu_blocks),
+        grown to large steps (_grown), else 512, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dbias: f32[N].
+    """
+    (acc, bias, dz), sizes = _operands(
+        "matmul_bias_gelu_backward_over_m",
+        {
+            "acc": (acc, jnp.float32, ("M", "N")),
+            "bias": (bias, jnp.float32, ("N",)),
+            "dz": (dz, jnp.bfloat16, ("M", "N")),
+        },
+    )
+    _check_blocks(
+        "matmul_bias_gelu_backward_over_m", block_m=block_m, block_n=block_n, may_be_none=True
+    )
+    _check_blocks(
+        "matmul_bias_gelu_backward_over_m",
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            matmul_bias_gelu_backward_over_m_reference, (((n,), jnp.float32),), acc, bias, dz
+        )
+    bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
+    dbias = _on_platform(
+        functools.partial(
+            _matmul_bias_gelu_backward_over_m_tpu, m=m, n=n, block_m=block_m, block_n=block_n
+        ),
+        _gpu_kernel(
+            "matmul_bias_gelu_backward_over_m",
+            gpu_backend,
+            functools.partial(
+                _matmul_bias_gelu_backward_over_m_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_matmul_bias_gelu_backward_over_m_mosaic_gpu, m=m, n=n),
+        ),
+        interpret,
+        acc,
+        bias,
+        dz,
+    )
+    dbias = dbias.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
+    return dbias
+
+
+def matmul_bias_gelu_backward_over_m_reference(acc, bias, dz):
+    """`matmul_bias_gelu_backward_over_m` in plain jax.numpy, to test the kernel against."""
+    m = acc.shape[0]
+    n = acc.shape[1]
+    bias = bias[None, :]
+    z_1 = acc + bias
+    z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
+    dz_1 = dz.astype(jnp.float32) * (
+        0.5 * (1 + z_2)
+        + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+    )
+    dbias = jnp.sum(dz_1, axis=0, keepdims=True, dtype=jnp.float32)
+    dbias = dbias.reshape((n,))
+    return dbias
+
+
+def _matmul_bias_gelu_backward_over_m_kernel(
+    acc_ref, bias_ref, dz_ref, dbias_ref, sum_m_running_ref, *, m, n, block_m, block_n
+):
+    step = pl.program_id(1)
+
+    @pl.when(step == 0)
+    def _init():
+        sum_m_running_ref[...] = jnp.full(sum_m_running_ref.shape, 0.0, jnp.float32)
+
+    acc = acc_ref[...]
+    bias = bias_ref[...]
+    dz = dz_ref[...]
+    z_1 = acc + bias
+    z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
+    dz_1 = dz.astype(jnp.float32) * (
+        0.5 * (1 + z_2)
+        + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+    )
+    sum_m_block = dz_1
+    if m % block_m:  # a ragged M: its identity past the end, never padding
+        sum_m_block = _fill_past(sum_m_block, step * block_m, m, 0, 0.0)
+    sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
+
+    @pl.when(step == pl.num_programs(1) - 1)
+    def _finish():
+        sum_m = sum_m_running_ref[...]
+        dbias_ref[...] = sum_m
+
+
+# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_matmul_bias_gelu_backward_over_m_tpu_blocks = {
+    None: {"default": (512, 1024)},
+    "v5e": {"default": (512, 1024)},
+    "v6e": {"default": (512, 1024)},
+}
+
+
+def _matmul_bias_gelu_backward_over_m_tpu(acc, bias, dz, *, m, n, block_m, block_n, interpret):
+    """`matmul_bias_gelu_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n = _tpu_blocks(
+        _matmul_bias_gelu_backward_over_m_tpu_blocks,
+        (m, n),
+        (block_m, block_n),
+        grow=functools.partial(
+            _grown,
+            bounds=(m, n),
+            step=lambda block_m, block_n: (
+                block_m * block_n,
+                28 * block_m * block_n + 16 * block_n,
+            ),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "matmul_bias_gelu_backward_over_m",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz
+    # 1.0 MiB + dbias 4.0 KiB) + sum's 32-bit copy of a block 2.0 MiB + let z_1 2.0 MiB +
+    # let z_2 2.0 MiB + let dz_1 2.0 MiB.
+    return pl.pallas_call(
+        functools.partial(
+            _matmul_bias_gelu_backward_over_m_kernel, m=m, n=n, block_m=block_m, block_n=block_n
+        ),
+        # One step per block of N, block of M. Steps along N are independent (parallel); steps
+        # along M accumulate in order (arbitrary).
+        grid=(pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
+        in_specs=[
+            # acc: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (j, i)),
+            # bias: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i, j: (0, i)),
+            # dz: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (j, i)),
+        ],
+        # dbias: f32[N], broadcast over M
+        out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),
+        out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
+        # sum_m_running_ref: the running sum over M of one block
+        scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(28 * block_m * block_n + 16 * block_n),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=21 * m * n,
+            transcendentals=m * n,
+            bytes_accessed=_nbytes(acc, bias, dz) + m * n * 4,
+        ),
+        interpret=interpret,
+        name="matmul_bias_gelu_backward_over_m",
+    )(acc, bias, dz)
+
+
+def _matmul_bias_gelu_backward_over_m_gpu_kernel(
+    acc_ref, bias_ref, dz_ref, dbias_ref, *, m, n, block_m, block_n
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_n = _inside(pl.program_id(0) * block_n, block_n, n)
+    inside = _mask((1, block_n), None, in_n)
+    bias = _load(bias_ref, inside)
+
+    def accumulate(index, running):
+        (sum_m_running,) = running
+        start = index * block_m
+        in_m = _inside(start, block_m, m)
+        acc = _load(acc_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
+        dz = _load(dz_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
+        z_1 = acc + bias
+        z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
+        dz_1 = dz.astype(jnp.float32) * (
+            0.5 * (1 + z_2)
+            + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+        )
+        sum_m_block = dz_1
+        if m % block_m:  # a ragged M: its identity past the end, never padding
+            sum_m_block = _fill_past(sum_m_block, start, m, 0, 0.0)
+        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
+        return (sum_m_running,)
+
+    (sum_m_running,) = jax.lax.fori_loop(
+        0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_n), 0.0, jnp.float32),)
+    )
+    sum_m = sum_m_running
+    _store(dbias_ref, sum_m, inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_matmul_bias_gelu_backward_over_m_gpu_options = {None: (32, 128, 4, 1)}
+
+
+def _matmul_bias_gelu_backward_over_m_gpu(
+    acc, bias, dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret
+):
+    """`matmul_bias_gelu_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _matmul_bias_gelu_backward_over_m_gpu_options,
+        (m, n),
+        (block_m, block_n, num_warps, num_stages),
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
+    return pl.pallas_call(
+        functools.partial(
+            _matmul_bias_gelu_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
+        ),
+        # One program per block of N; programs run concurrently. Each loops over M itself,
+        # accumulating in order.
+        grid=(pl.cdiv(n, block_n),),
+        in_specs=[
+            # acc: f32[M, N]
+            pl.BlockSpec((m, block_n), lambda i: (0, i)),
+            # bias: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i: (0, i)),
+            # dz: bf16[M, N]
+            pl.BlockSpec((m, block_n), lambda i: (0, i)),
+        ],
+        # dbias: f32[N], broadcast over M
+        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),
+        out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="matmul_bias_gelu_backward_over_m",
+    )(acc, bias, dz)
+
+
+def _matmul_bias_gelu_backward_over_m_mosaic_gpu_kernel(
+    acc_ref, bias_ref, dz_ref, dbias_ref, barrier, bias_smem, dbias_smem, *, block_m, block_n, m
+):
+    program_n = jax.lax.axis_index("N")
+    plgpu.copy_gmem_to_smem(
+        bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+    bias = _mgpu_load_vector(bias_smem, 1)
+
+    def reduce_1(indices, acc_smem, dz_smem, carry):
+        (sum_m_running,) = carry
+        start = indices[0] * block_m
+        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
+        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        z_1 = acc + _mgpu_spread(bias, (block_m, block_n), 1)
+        z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
+        dz_1 = dz.astype(jnp.float32) * (
+            0.5 * (1 + z_2)
+            + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+        )
+        sum_m_block = dz_1
+        if m % block_m:  # a ragged M: its identity past the end
+            sum_m_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
+            )
+        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
+        return (sum_m_running,)
+
+    (sum_m_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(acc_ref.shape[0] // block_m,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (s, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (s, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_n, 0.0, jnp.float32, 1),),
+    )(acc_ref, dz_ref)
+    sum_m = sum_m_running
+    dbias = sum_m
+    dbias_smem[...] = dbias
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(dbias_smem, dbias_ref.at[pl.ds(program_n * block_n, block_n)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _matmul_bias_gelu_backward_over_m_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
+    """`matmul_bias_gelu_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    acc = _mgpu_pad(acc, (padded_m, padded_n))
+    bias = bias.reshape((n,))
+    bias = _mgpu_pad(bias, (padded_n,))
+    dz = _mgpu_pad(dz, (padded_m, padded_n))
+    (dbias,) = plgpu.kernel(
+        functools.partial(
+            _matmul_bias_gelu_backward_over_m_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            m=m,
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
+        scratch_types=[
+            plgpu.Barrier(num_barriers=1),
+            plgpu.SMEM((block_n,), jnp.float32),
+            plgpu.SMEM((block_n,), jnp.float32),
+        ],
+        grid=(padded_n // block_n,),
+        grid_names=("N",),
+        interpret=interpret,
+    )(acc, bias, dz)
+    return dbias[:n].reshape((1, n))
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_k",
+        "block_n",
+        "gpu_block_m",
+        "gpu_block_k",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def matmul_bias_gelu_backward_x(
+    dacc,
+    y,
+    *,
+    block_m=None,
+    block_k=None,
+    block_n=None,
+    gpu_block_m=None,
+    gpu_block_k=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `matmul_bias_gelu`, generated from its spec: the cotangent dx of
+    its input x, from dacc, the cotangent of its product.
+
+    Args:
+      dacc: bf16[M, N].
+      y: bf16[K, N].
+      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_backward_x_tpu_blocks),
+        else 512, 1024, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dx: bf16[M, K].
+    """
+    (dacc, y), sizes = _operands(
+        "matmul_bias_gelu_backward_x",
+        {"dacc": (dacc, jnp.bfloat16, ("M", "N")), "y": (y, jnp.bfloat16, ("K", "N"))},
+    )
+    _check_blocks(
+        "matmul_bias_gelu_backward_x",
+        block_m=block_m,
+        block_k=block_k,
+        block_n=block_n,
+        may_be_none=True,
+    )
+    _check_blocks(
+        "matmul_bias_gelu_backward_x",
+        gpu_block_m=gpu_block_m,
+        gpu_block_k=gpu_block_k,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m = sizes["M"]
+    k = sizes["K"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            matmul_bias_gelu_backward_x_reference, (((m, k), jnp.bfloat16),), dacc, y
+        )
+    return _on_platform(
+        functools.partial(
+            _matmul_bias_gelu_backward_x_tpu,
+            m=m,
+            k=k,
+            n=n,
+            block_m=block_m,
+            block_k=block_k,
+            block_n=block_n,
+        ),
+        _gpu_kernel(
+            "matmul_bias_gelu_backward_x",
+            gpu_backend,
+            functools.partial(
+                _matmul_bias_gelu_backward_x_gpu,
+                m=m,
+                k=k,
+                n=n,
+                block_m=gpu_block_m,
+                block_k=gpu_block_k,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_matmul_bias_gelu_backward_x_mosaic_gpu, m=m, k=k, n=n),
+        ),
+        interpret,
+        dacc,
+        y,
+    )
+
+
+def matmul_bias_gelu_backward_x_reference(dacc, y):
+    """`matmul_bias_gelu_backward_x` in plain jax.numpy, to test the kernel against."""
+    acc = jnp.einsum("mn,kn->mk", dacc, y, preferred_element_type=jnp.float32)
+    dx = acc.astype(jnp.bfloat16)
+    return dx
+
+
+def _matmul_bias_gelu_backward_x_kernel(dacc_ref, y_ref, dx_ref, acc_ref, *, n, block_n):
+    step = pl.program_id(2)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    dacc, y = dacc_ref[...], y_ref[...]
+    if n % block_n:  # a ragged N: zero both operands past its end, so padding never reaches the sum
+        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
+        dacc = jnp.where(
+            step * block_n + jax.lax.broadcasted_iota(jnp.int32, dacc.shape, 1) < n,
+            dacc.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+        y = jnp.where(
+            step * block_n + jax.lax.broadcasted_iota(jnp.int32, y.shape, 1) < n,
+            y.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+    # Where K is 1, Mosaic cannot lower this product (or its epilogue): multiply and sum.
+    acc_ref[...] += (
+        jnp.sum(dacc.astype(jnp.float32) * y.astype(jnp.float32), axis=1, keepdims=True)
+        if y.shape[0] == 1
+        else jax.lax.dot_general(
+            dacc, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+    )
+
+    @pl.when(step == pl.num_programs(2) - 1)
+    def _epilogue():
+        acc = acc_ref[...]
+        dx_ref[...] = acc.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_m, block_k, block_n) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (M, K, N) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning; else the chip's default. None: any other
+# chip, and CPU (the spec's blocks).
+_matmul_bias_gelu_backward_x_tpu_blocks = {
+    None: {"default": (512, 1024, 1024)},
+    "v5e": {"default": (512, 1024, 1024)},
+    "v6e": {"default": (1024, 1024, 1024)},
+}
+
+
+def _matmul_bias_gelu_backward_x_tpu(dacc, y, *, m, k, n, block_m, block_k, block_n, interpret):
+    """`matmul_bias_gelu_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_k, block_n = _tpu_blocks(
+        _matmul_bias_gelu_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_k = min(block_k, k)  # a small K is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "matmul_bias_gelu_backward_x",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dacc 1.0 MiB + y 2.0 MiB + dx
+    # 1.0 MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB.
+    return pl.pallas_call(
+        functools.partial(_matmul_bias_gelu_backward_x_kernel, n=n, block_n=block_n),
+        # One step per block of M, block of K, block of N. Steps along M, K are independent
+        # (parallel); steps along N accumulate in order (arbitrary).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
+        in_specs=[
+            # dacc: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),
+            # y: bf16[K, N], read transposed
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),
+        ],
+        # dx: bf16[M, K]
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+        # acc_ref: the f32 sum over N of one output tile
+        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                4 * block_m * block_n + 4 * block_k * block_n + 12 * block_m * block_k
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * m * k * n, transcendentals=0, bytes_accessed=_nbytes(dacc, y) + m * k * 2
+        ),
+        interpret=interpret,
+        name="matmul_bias_gelu_backward_x",
+    )(dacc, y)
+
+
+def _matmul_bias_gelu_backward_x_gpu_kernel(
+    dacc_ref, y_ref, dx_ref, *, m, k, n, block_m, block_k, block_n
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_k = _inside(pl.program_id(1) * block_k, block_k, k)
+    inside = _mask((block_m, block_k), in_m, in_k)
+
+    def accumulate(step, acc):
+        start = step * block_n
+        in_n = _inside(start, block_n, n)  # zeros past a ragged N
+        dacc = _load(
+            dacc_ref.at[:, pl.ds(start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+        )
+        y = _load(
+            y_ref.at[:, pl.ds(start, block_n)], _mask((block_k, block_n), in_k, in_n), other=0
+        )
+        return acc + jax.lax.dot_general(
+            dacc, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+
+    acc = jax.lax.fori_loop(
+        0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32)
+    )
+    _store(dx_ref, acc.astype(jnp.bfloat16), inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_bias_gelu_backward_x_gpu_options = {None: (128, 128, 32, 8, 3)}
+
+
+def _matmul_bias_gelu_backward_x_gpu(
+    dacc, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
+):
+    """`matmul_bias_gelu_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
+        _matmul_bias_gelu_backward_x_gpu_options,
+        (m, k, n),
+        (block_m, block_k, block_n, num_warps, num_stages),
+    )
+    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
+    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
+    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
+    return pl.pallas_call(
+        functools.partial(
+            _matmul_bias_gelu_backward_x_gpu_kernel,
+            m=m,
+            k=k,
+            n=n,
+            block_m=block_m,
+            block_k=block_k,
+            block_n=block_n,
+        ),
+        # One program per block of M, block of K; each loops over N itself (Triton has no
+        # scratch memory).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
+        in_specs=[
+            # dacc: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),
+            # y: bf16[K, N], read transposed
+            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),
+        ],
+        # dx: bf16[M, K]
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="matmul_bias_gelu_backward_x",
+    )(dacc, y)
+
+
+def _matmul_bias_gelu_backward_x_mosaic_gpu_kernel(
+    dacc_ref, y_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n
+):
+    program_m = jax.lax.axis_index("M")
+    program_k = jax.lax.axis_index("K")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, dacc_smem, y_smem):
+            plgpu.wgmma(acc_ref, dacc_smem, y_smem.T)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(dacc_ref.shape[-1] // block_n,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_m, block_n),
+                    lambda s: (program_m, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                ),
+                plgpu.BlockSpec(
+                    (block_k, block_n),
+                    lambda s: (program_k, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(dacc_ref, y_ref)
+        acc = acc_ref[...]
+        out_smem[...] = acc.astype(jnp.bfloat16)
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem,
+        dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _matmul_bias_gelu_backward_x_mosaic_gpu(dacc, y, *, m, k, n, interpret):
+    """`matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 128
+    block_k = 128
+    block_n = 64
+    padded_m = m + -m % block_m
+    padded_k = k + -k % block_k
+    padded_n = n + -n % block_n
+    dacc = _mgpu_pad(dacc, (padded_m, padded_n))
+    y = _mgpu_pad(y, (padded_k, padded_n))
+    (dx,) = plgpu.kernel(
+        functools.partial(
+            _matmul_bias_gelu_backward_x_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_k=block_k,
+            block_n=block_n,
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_m, block_k), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_k)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(padded_m // block_m, padded_k // block_k),
+        grid_names=("M", "K"),
+        interpret=interpret,
+    )(dacc, y)
+    return dx[:m, :k]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_k",
+        "block_n",
+        "block_m",
+        "gpu_block_k",
+        "gpu_block_n",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def matmul_bias_gelu_backward_y(
+    x,
+    dacc,
+    *,
+    block_k=None,
+    block_n=None,
+    block_m=None,
+    gpu_block_k=None,
+    gpu_block_n=None,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `matmul_bias_gelu`, generated from its spec: the cotangent dy of
+    its input y, from dacc, the cotangent of its product.
+
+    Args:
+      x: bf16[M, K].
+      dacc: bf16[M, N].
+      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_backward_y_tpu_blocks),
+        else 1024, 1024, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dy: bf16[K, N].
+    """
+    (x, dacc), sizes = _operands(
+        "matmul_bias_gelu_backward_y",
+        {"x": (x, jnp.bfloat16, ("M", "K")), "dacc": (dacc, jnp.bfloat16, ("M", "N"))},
+    )
+    _check_blocks(
+        "matmul_bias_gelu_backward_y",
+        block_k=block_k,
+        block_n=block_n,
+        block_m=block_m,
+        may_be_none=True,
+    )
+    _check_blocks(
+        "matmul_bias_gelu_backward_y",
+        gpu_block_k=gpu_block_k,
+        gpu_block_n=gpu_block_n,
+        gpu_block_m=gpu_block_m,
+        may_be_none=True,
+    )
+    k = sizes["K"]
+    n = sizes["N"]
+    m = sizes["M"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            matmul_bias_gelu_backward_y_reference, (((k, n), jnp.bfloat16),), x, dacc
+        )
+    return _on_platform(
+        functools.partial(
+            _matmul_bias_gelu_backward_y_tpu,
+            k=k,
+            n=n,
+            m=m,
+            block_k=block_k,
+            block_n=block_n,
+            block_m=block_m,
+        ),
+        _gpu_kernel(
+            "matmul_bias_gelu_backward_y",
+            gpu_backend,
+            functools.partial(
+                _matmul_bias_gelu_backward_y_gpu,
+                k=k,
+                n=n,
+                m=m,
+                block_k=gpu_block_k,
+                block_n=gpu_block_n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_matmul_bias_gelu_backward_y_mosaic_gpu, k=k, n=n, m=m),
+        ),
+        interpret,
+        x,
+        dacc,
+    )
+
+
+def matmul_bias_gelu_backward_y_reference(x, dacc):
+    """`matmul_bias_gelu_backward_y` in plain jax.numpy, to test the kernel against."""
+    acc = jnp.einsum("mk,mn->kn", x, dacc, preferred_element_type=jnp.float32)
+    dy = acc.astype(jnp.bfloat16)
+    return dy
+
+
+def _matmul_bias_gelu_backward_y_kernel(x_ref, dacc_ref, dy_ref, acc_ref, *, m, block_m):
+    step = pl.program_id(2)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    x, dacc = x_ref[...], dacc_ref[...]
+    if m % block_m:  # a ragged M: zero both operands past its end, so padding never reaches the sum
+        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
+        x = jnp.where(
+            step * block_m + jax.lax.broadcasted_iota(jnp.int32, x.shape, 0) < m,
+            x.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+        dacc = jnp.where(
+            step * block_m + jax.lax.broadcasted_iota(jnp.int32, dacc.shape, 0) < m,
+            dacc.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+    acc_ref[...] += jax.lax.dot_general(
+        x, dacc, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+    )
+
+    @pl.when(step == pl.num_programs(2) - 1)
+    def _epilogue():
+        acc = acc_ref[...]
+        dy_ref[...] = acc.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_k, block_n, block_m) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (K, N, M) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning; else the chip's default. None: any other
+# chip, and CPU (the spec's blocks).
+_matmul_bias_gelu_backward_y_tpu_blocks = {
+    None: {"default": (1024, 1024, 512)},
+    "v5e": {"default": (1024, 1024, 512)},
+    "v6e": {"default": (1024, 1024, 1024)},
+}
+
+
+def _matmul_bias_gelu_backward_y_tpu(x, dacc, *, k, n, m, block_k, block_n, block_m, interpret):
+    """`matmul_bias_gelu_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_k, block_n, block_m = _tpu_blocks(
+        _matmul_bias_gelu_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
+    )
+    block_k = min(block_k, k)  # a small K is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "matmul_bias_gelu_backward_y",
+        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (x 1.0 MiB + dacc 1.0 MiB + dy
+    # 2.0 MiB) + f32 accumulator 4.0 MiB + f32 product step 4.0 MiB.
+    return pl.pallas_call(
+        functools.partial(_matmul_bias_gelu_backward_y_kernel, m=m, block_m=block_m),
+        # One step per block of K, block of N, block of M. Steps along K, N are independent
+        # (parallel); steps along M accumulate in order (arbitrary).
+        grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
+        in_specs=[
+            # x: bf16[M, K], read transposed
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),
+            # dacc: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),
+        ],
+        # dy: bf16[K, N]
+        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((k, n), jnp.bfloat16),
+        # acc_ref: the f32 sum over M of one output tile
+        scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                4 * block_m * block_k + 4 * block_m * block_n + 12 * block_k * block_n
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * k * n * m, transcendentals=0, bytes_accessed=_nbytes(x, dacc) + k * n * 2
+        ),
+        interpret=interpret,
+        name="matmul_bias_gelu_backward_y",
+    )(x, dacc)
+
+
+def _matmul_bias_gelu_backward_y_gpu_kernel(
+    x_ref, dacc_ref, dy_ref, *, k, n, m, block_k, block_n, block_m
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_k = _inside(pl.program_id(0) * block_k, block_k, k)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    inside = _mask((block_k, block_n), in_k, in_n)
+
+    def accumulate(step, acc):
+        start = step * block_m
+        in_m = _inside(start, block_m, m)  # zeros past a ragged M
+        x = _load(
+            x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_k), in_m, in_k), other=0
+        )
+        dacc = _load(
+            dacc_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        )
+        return acc + jax.lax.dot_general(
+            x, dacc, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )
+
+    acc = jax.lax.fori_loop(
+        0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dy_ref.shape, jnp.float32)
+    )
+    _store(dy_ref, acc.astype(jnp.bfloat16), inside)
+
+
+# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (K, N, M) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_bias_gelu_backward_y_gpu_options = {None: (128, 128, 32, 8, 3)}
+
+
+def _matmul_bias_gelu_backward_y_gpu(
+    x, dacc, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
+):
+    """`matmul_bias_gelu_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_k, block_n, block_m, num_warps, num_stages = _gpu_options(
+        _matmul_bias_gelu_backward_y_gpu_options,
+        (k, n, m),
+        (block_k, block_n, block_m, num_warps, num_stages),
+    )
+    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
+    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
+    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
+    return pl.pallas_call(
+        functools.partial(
+            _matmul_bias_gelu_backward_y_gpu_kernel,
+            k=k,
+            n=n,
+            m=m,
+            block_k=block_k,
+            block_n=block_n,
+            block_m=block_m,
+        ),
+        # One program per block of K, block of N; each loops over M itself (Triton has no
+        # scratch memory).
+        grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: bf16[M, K], read transposed
+            pl.BlockSpec((m, block_k), lambda i, j: (0, i)),
+            # dacc: bf16[M, N]
+            pl.BlockSpec((m, block_n), lambda i, j: (0, j)),
+        ],
+        # dy: bf16[K, N]
+        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((k, n), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="matmul_bias_gelu_backward_y",
+    )(x, dacc)
+
+
+def _matmul_bias_gelu_backward_y_mosaic_gpu_kernel(
+    x_ref, dacc_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m
+):
+    program_k = jax.lax.axis_index("K")
+    program_n = jax.lax.axis_index("N")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, x_smem, dacc_smem):
+            plgpu.wgmma(acc_ref, x_smem, dacc_smem)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(x_ref.shape[-1] // block_m,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_k, block_m),
+                    lambda s: (program_k, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_m),
+                ),
+                plgpu.BlockSpec(
+                    (block_m, block_n),
+                    lambda s: (s, program_n),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(x_ref, dacc_ref)
+        acc = acc_ref[...]
+        out_smem[...] = acc.astype(jnp.bfloat16)
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem,
+        dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _matmul_bias_gelu_backward_y_mosaic_gpu(x, dacc, *, k, n, m, interpret):
+    """`matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_k = 128
+    block_n = 128
+    block_m = 64
+    padded_k = k + -k % block_k
+    padded_n = n + -n % block_n
+    padded_m = m + -m % block_m
+    x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
+    x = _mgpu_pad(x, (padded_k, padded_m))
+    dacc = _mgpu_pad(dacc, (padded_m, padded_n))
+    (dy,) = plgpu.kernel(
+        functools.partial(
+            _matmul_bias_gelu_backward_y_mosaic_gpu_kernel,
+            block_k=block_k,
+            block_n=block_n,
+            block_m=block_m,
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_k, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(padded_k // block_k, padded_n // block_n),
+        grid_names=("K", "N"),
+        interpret=interpret,
+    )(x, dacc)
+    return dy[:k, :n]
 
 
 @functools.partial(
@@ -1702,8 +5563,8 @@ def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 9.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 2.0
-    # MiB) + i32 accumulator 2.0 MiB.
+    # VMEM at the default blocks: 11.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 2.0
+    # MiB) + i32 accumulator 2.0 MiB + i32 product step 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_matmul_int8_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
@@ -1724,7 +5585,7 @@ def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                2 * block_m * block_k + 2 * block_k * block_n + 12 * block_m * block_n
+                2 * block_m * block_k + 2 * block_k * block_n + 16 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -1919,8 +5780,9 @@ def batched_matmul(
     Returns:
       z: f32[B, M, N].
 
-    Gradients: not generated yet for a matrix product: jax.grad of it raises
-    NotImplementedError.
+    Gradients: jax.grad runs the generated backward kernels
+    batched_matmul_backward_epilogue, batched_matmul_backward_x, batched_matmul_backward_y
+    (_batched_matmul_vjp).
     """
     (x, y), sizes = _operands(
         "batched_matmul",
@@ -1960,7 +5822,7 @@ def batched_matmul(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _batched_matmul_vjp,
+        functools.partial(_batched_matmul_vjp, interpret=interpret),
         x,
         y,
     )
@@ -2027,13 +5889,18 @@ def _batched_matmul_forward(
     )
 
 
-def _batched_matmul_vjp(saved, cotangents):
-    """`batched_matmul` has no backward pass yet: none is generated for a matrix product."""
-    raise NotImplementedError(
-        "batched_matmul is not differentiable yet: pallasgen generates backward "
-        "kernels for elementwise kernels only, not yet for a matrix product; `grad "
-        "none` in specs/matmul.pallas says it is never differentiated"
-    )
+def _batched_matmul_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `batched_matmul`'s inputs from those of its outputs, for jax.grad, by
+    the generated backward kernels batched_matmul_backward_epilogue,
+    batched_matmul_backward_x, batched_matmul_backward_y. The forward pass saves its inputs
+    (x, y) and nothing else: the backward kernels recompute the values they need from them.
+    """
+    x, y = saved
+    dz = cotangents
+    dacc = batched_matmul_backward_epilogue(dz, interpret=interpret)
+    dx = batched_matmul_backward_x(dacc, y, interpret=interpret)
+    dy = batched_matmul_backward_y(x, dacc, interpret=interpret)
+    return dx, dy
 
 
 def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
@@ -2094,8 +5961,8 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + z 2.0
-    # MiB) + f32 accumulator 2.0 MiB.
+    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + z 2.0
+    # MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB.
     return pl.pallas_call(
         functools.partial(_batched_matmul_kernel, k=k, block_k=block_k),
         # One step per element of B, block of M, block of N, block of K. Steps along B, M, N
@@ -2119,7 +5986,7 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
                 4 * block_m * block_k
                 + 4 * block_k * block_n
                 + 8 * block_m * block_n
-                + 4 * block_m * block_n
+                + 8 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -2276,6 +6143,984 @@ def _batched_matmul_mosaic_gpu(x, y, *, b, m, n, k, interpret):
 @functools.partial(
     jax.jit,
     static_argnames=(
+        "block_b",
+        "block_m",
+        "block_n",
+        "gpu_block_b",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def batched_matmul_backward_epilogue(
+    dz,
+    *,
+    block_b=None,
+    block_m=None,
+    block_n=None,
+    gpu_block_b=None,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `batched_matmul`, generated from its spec: the cotangents dacc
+    of its inputs from dz, those of its outputs.
+
+    Args:
+      dz: f32[B, M, N].
+      block_b, block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_batched_matmul_backward_epilogue_tpu_blocks),
+        grown to large steps (_grown), else 1, 512, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: elementwise kernels of rank above 2 are not
+        on Mosaic GPU yet.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dacc: bf16[B, M, N].
+    """
+    (dz,), sizes = _operands(
+        "batched_matmul_backward_epilogue", {"dz": (dz, jnp.float32, ("B", "M", "N"))}
+    )
+    _check_blocks(
+        "batched_matmul_backward_epilogue",
+        block_b=block_b,
+        block_m=block_m,
+        block_n=block_n,
+        may_be_none=True,
+    )
+    _check_blocks(
+        "batched_matmul_backward_epilogue",
+        gpu_block_b=gpu_block_b,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    b = sizes["B"]
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            batched_matmul_backward_epilogue_reference, (((b, m, n), jnp.bfloat16),), dz
+        )
+    return _on_platform(
+        functools.partial(
+            _batched_matmul_backward_epilogue_tpu,
+            b=b,
+            m=m,
+            n=n,
+            block_b=block_b,
+            block_m=block_m,
+            block_n=block_n,
+        ),
+        _gpu_kernel(
+            "batched_matmul_backward_epilogue",
+            gpu_backend,
+            functools.partial(
+                _batched_matmul_backward_epilogue_gpu,
+                b=b,
+                m=m,
+                n=n,
+                block_b=gpu_block_b,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
+        ),
+        interpret,
+        dz,
+    )
+
+
+def batched_matmul_backward_epilogue_reference(dz):
+    """`batched_matmul_backward_epilogue` in plain jax.numpy, to test the kernel against."""
+    dacc = dz.astype(jnp.bfloat16)
+    return dacc
+
+
+def _batched_matmul_backward_epilogue_kernel(dz_ref, dacc_ref):
+    dz = dz_ref[...]
+    dacc_ref[...] = dz.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_b, block_m, block_n) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (B, M, N) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning; else the chip's default. None: any other
+# chip, and CPU (the spec's blocks).
+_batched_matmul_backward_epilogue_tpu_blocks = {
+    None: {"default": (1, 512, 1024)},
+    "v5e": {"default": (1, 512, 1024)},
+    "v6e": {"default": (1, 512, 1024)},
+}
+
+
+def _batched_matmul_backward_epilogue_tpu(dz, *, b, m, n, block_b, block_m, block_n, interpret):
+    """`batched_matmul_backward_epilogue` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_b, block_m, block_n = _tpu_blocks(
+        _batched_matmul_backward_epilogue_tpu_blocks,
+        (b, m, n),
+        (block_b, block_m, block_n),
+        grow=functools.partial(
+            _grown,
+            bounds=(b, m, n),
+            step=lambda block_b, block_m, block_n: (
+                block_b * block_m * block_n,
+                12 * block_b * block_m * block_n,
+            ),
+        ),
+    )
+    block_b = min(block_b, b)  # a small B is one whole block
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "batched_matmul_backward_epilogue",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 6.0 MiB = 2 buffers x (dz 2.0 MiB + dacc 1.0 MiB).
+    return pl.pallas_call(
+        _batched_matmul_backward_epilogue_kernel,
+        # One step per block of B, block of M, block of N; steps are independent, so every
+        # axis is parallel.
+        grid=(pl.cdiv(b, block_b), pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # dz: f32[B, M, N]
+            pl.BlockSpec((block_b, block_m, block_n), lambda i, j, k: (i, j, k))
+        ],
+        # dacc: bf16[B, M, N]
+        out_specs=pl.BlockSpec((block_b, block_m, block_n), lambda i, j, k: (i, j, k)),
+        out_shape=jax.ShapeDtypeStruct((b, m, n), jnp.bfloat16),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(12 * block_b * block_m * block_n),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=b * m * n, transcendentals=0, bytes_accessed=_nbytes(dz) + b * m * n * 2
+        ),
+        interpret=interpret,
+        name="batched_matmul_backward_epilogue",
+    )(dz)
+
+
+def _batched_matmul_backward_epilogue_gpu_kernel(
+    dz_ref, dacc_ref, *, b, m, n, block_b, block_m, block_n
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_b = _inside(pl.program_id(0) * block_b, block_b, b)
+    in_m = _inside(pl.program_id(1) * block_m, block_m, m)
+    in_n = _inside(pl.program_id(2) * block_n, block_n, n)
+    inside = _mask((block_b, block_m, block_n), in_b, in_m, in_n)
+    dz = _load(dz_ref, inside)
+    _store(dacc_ref, dz.astype(jnp.bfloat16), inside)
+
+
+# GPU (Triton) blocks and launch options (block_b, block_m, block_n, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (B, M, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_batched_matmul_backward_epilogue_gpu_options = {None: (1, 8, 128, 4, 1)}
+
+
+def _batched_matmul_backward_epilogue_gpu(
+    dz, *, b, m, n, block_b, block_m, block_n, num_warps, num_stages, interpret
+):
+    """`batched_matmul_backward_epilogue` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_b, block_m, block_n, num_warps, num_stages = _gpu_options(
+        _batched_matmul_backward_epilogue_gpu_options,
+        (b, m, n),
+        (block_b, block_m, block_n, num_warps, num_stages),
+    )
+    block_b = min(block_b, pl.next_power_of_2(b))  # a small B is one block
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
+    return pl.pallas_call(
+        functools.partial(
+            _batched_matmul_backward_epilogue_gpu_kernel,
+            b=b,
+            m=m,
+            n=n,
+            block_b=block_b,
+            block_m=block_m,
+            block_n=block_n,
+        ),
+        # One program per block of B, block of M, block of N; programs run concurrently.
+        grid=(pl.cdiv(b, block_b), pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # dz: f32[B, M, N]
+            pl.BlockSpec((block_b, block_m, block_n), lambda i, j, k: (i, j, k))
+        ],
+        # dacc: bf16[B, M, N]
+        out_specs=pl.BlockSpec((block_b, block_m, block_n), lambda i, j, k: (i, j, k)),
+        out_shape=jax.ShapeDtypeStruct((b, m, n), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="batched_matmul_backward_epilogue",
+    )(dz)
+
+
+# `batched_matmul_backward_epilogue` has no Mosaic GPU kernel (elementwise kernels of
+# rank above 2 are not on Mosaic GPU yet): it runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_k",
+        "block_n",
+        "gpu_block_m",
+        "gpu_block_k",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def batched_matmul_backward_x(
+    dacc,
+    y,
+    *,
+    block_m=None,
+    block_k=None,
+    block_n=None,
+    gpu_block_m=None,
+    gpu_block_k=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `batched_matmul`, generated from its spec: the cotangent dx of
+    its input x, from dacc, the cotangent of its product.
+
+    Args:
+      dacc: bf16[B, M, N].
+      y: bf16[B, K, N].
+      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_batched_matmul_backward_x_tpu_blocks),
+        else 512, 1024, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dx: bf16[B, M, K].
+    """
+    (dacc, y), sizes = _operands(
+        "batched_matmul_backward_x",
+        {"dacc": (dacc, jnp.bfloat16, ("B", "M", "N")), "y": (y, jnp.bfloat16, ("B", "K", "N"))},
+    )
+    _check_blocks(
+        "batched_matmul_backward_x",
+        block_m=block_m,
+        block_k=block_k,
+        block_n=block_n,
+        may_be_none=True,
+    )
+    _check_blocks(
+        "batched_matmul_backward_x",
+        gpu_block_m=gpu_block_m,
+        gpu_block_k=gpu_block_k,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    b = sizes["B"]
+    m = sizes["M"]
+    k = sizes["K"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            batched_matmul_backward_x_reference, (((b, m, k), jnp.bfloat16),), dacc, y
+        )
+    return _on_platform(
+        functools.partial(
+            _batched_matmul_backward_x_tpu,
+            b=b,
+            m=m,
+            k=k,
+            n=n,
+            block_m=block_m,
+            block_k=block_k,
+            block_n=block_n,
+        ),
+        _gpu_kernel(
+            "batched_matmul_backward_x",
+            gpu_backend,
+            functools.partial(
+                _batched_matmul_backward_x_gpu,
+                b=b,
+                m=m,
+                k=k,
+                n=n,
+                block_m=gpu_block_m,
+                block_k=gpu_block_k,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_batched_matmul_backward_x_mosaic_gpu, b=b, m=m, k=k, n=n),
+        ),
+        interpret,
+        dacc,
+        y,
+    )
+
+
+def batched_matmul_backward_x_reference(dacc, y):
+    """`batched_matmul_backward_x` in plain jax.numpy, to test the kernel against."""
+    acc = jnp.einsum("bmn,bkn->bmk", dacc, y, preferred_element_type=jnp.float32)
+    dx = acc.astype(jnp.bfloat16)
+    return dx
+
+
+def _batched_matmul_backward_x_kernel(dacc_ref, y_ref, dx_ref, acc_ref, *, n, block_n):
+    step = pl.program_id(3)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    dacc, y = dacc_ref[...], y_ref[...]
+    if n % block_n:  # a ragged N: zero both operands past its end, so padding never reaches the sum
+        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
+        dacc = jnp.where(
+            step * block_n + jax.lax.broadcasted_iota(jnp.int32, dacc.shape, 1) < n,
+            dacc.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+        y = jnp.where(
+            step * block_n + jax.lax.broadcasted_iota(jnp.int32, y.shape, 1) < n,
+            y.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+    # Where K is 1, Mosaic cannot lower this product (or its epilogue): multiply and sum.
+    acc_ref[...] += (
+        jnp.sum(dacc.astype(jnp.float32) * y.astype(jnp.float32), axis=1, keepdims=True)
+        if y.shape[0] == 1
+        else jax.lax.dot_general(
+            dacc, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+    )
+
+    @pl.when(step == pl.num_programs(3) - 1)
+    def _epilogue():
+        acc = acc_ref[...]
+        dx_ref[...] = acc.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_m, block_k, block_n) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (B, M, K, N) shown (the spec's .tuning.json
+# file), the entry nearest the call's sizes winning; else the chip's default. None:
+# any other chip, and CPU (the spec's blocks).
+_batched_matmul_backward_x_tpu_blocks = {
+    None: {"default": (512, 1024, 1024)},
+    "v5e": {"default": (512, 1024, 1024)},
+    "v6e": {"default": (1024, 1024, 1024)},
+}
+
+
+def _batched_matmul_backward_x_tpu(dacc, y, *, b, m, k, n, block_m, block_k, block_n, interpret):
+    """`batched_matmul_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_k, block_n = _tpu_blocks(
+        _batched_matmul_backward_x_tpu_blocks, (b, m, k, n), (block_m, block_k, block_n)
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_k = min(block_k, k)  # a small K is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "batched_matmul_backward_x",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dacc 1.0 MiB + y 2.0 MiB + dx
+    # 1.0 MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB.
+    return pl.pallas_call(
+        functools.partial(_batched_matmul_backward_x_kernel, n=n, block_n=block_n),
+        # One step per element of B, block of M, block of K, block of N. Steps along B, M, K
+        # are independent (parallel); steps along N accumulate in order (arbitrary).
+        grid=(b, pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
+        in_specs=[
+            # dacc: bf16[B, M, N]
+            pl.BlockSpec((None, block_m, block_n), lambda b, i, j, k: (b, i, k)),
+            # y: bf16[B, K, N], read transposed
+            pl.BlockSpec((None, block_k, block_n), lambda b, i, j, k: (b, j, k)),
+        ],
+        # dx: bf16[B, M, K]
+        out_specs=pl.BlockSpec((None, block_m, block_k), lambda b, i, j, k: (b, i, j)),
+        out_shape=jax.ShapeDtypeStruct((b, m, k), jnp.bfloat16),
+        # acc_ref: the f32 sum over N of one output tile
+        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                4 * block_m * block_n
+                + 4 * block_k * block_n
+                + 4 * block_m * block_k
+                + 8 * block_m * block_k
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * b * m * k * n,
+            transcendentals=0,
+            bytes_accessed=_nbytes(dacc, y) + b * m * k * 2,
+        ),
+        interpret=interpret,
+        name="batched_matmul_backward_x",
+    )(dacc, y)
+
+
+def _batched_matmul_backward_x_gpu_kernel(
+    dacc_ref, y_ref, dx_ref, *, m, k, n, block_m, block_k, block_n
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(1) * block_m, block_m, m)
+    in_k = _inside(pl.program_id(2) * block_k, block_k, k)
+    inside = _mask((block_m, block_k), in_m, in_k)
+
+    def accumulate(step, acc):
+        start = step * block_n
+        in_n = _inside(start, block_n, n)  # zeros past a ragged N
+        dacc = _load(
+            dacc_ref.at[:, pl.ds(start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+        )
+        y = _load(
+            y_ref.at[:, pl.ds(start, block_n)], _mask((block_k, block_n), in_k, in_n), other=0
+        )
+        return acc + jax.lax.dot_general(
+            dacc, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+
+    acc = jax.lax.fori_loop(
+        0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32)
+    )
+    _store(dx_ref, acc.astype(jnp.bfloat16), inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (B, M, K, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_batched_matmul_backward_x_gpu_options = {None: (128, 128, 32, 8, 3)}
+
+
+def _batched_matmul_backward_x_gpu(
+    dacc, y, *, b, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
+):
+    """`batched_matmul_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
+        _batched_matmul_backward_x_gpu_options,
+        (b, m, k, n),
+        (block_m, block_k, block_n, num_warps, num_stages),
+    )
+    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
+    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
+    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
+    return pl.pallas_call(
+        functools.partial(
+            _batched_matmul_backward_x_gpu_kernel,
+            m=m,
+            k=k,
+            n=n,
+            block_m=block_m,
+            block_k=block_k,
+            block_n=block_n,
+        ),
+        # One program per element of B, block of M, block of K; each loops over N itself
+        # (Triton has no scratch memory).
+        grid=(b, pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
+        in_specs=[
+            # dacc: bf16[B, M, N]
+            pl.BlockSpec((None, block_m, n), lambda b, i, j: (b, i, 0)),
+            # y: bf16[B, K, N], read transposed
+            pl.BlockSpec((None, block_k, n), lambda b, i, j: (b, j, 0)),
+        ],
+        # dx: bf16[B, M, K]
+        out_specs=pl.BlockSpec((None, block_m, block_k), lambda b, i, j: (b, i, j)),
+        out_shape=jax.ShapeDtypeStruct((b, m, k), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="batched_matmul_backward_x",
+    )(dacc, y)
+
+
+def _batched_matmul_backward_x_mosaic_gpu_kernel(
+    dacc_ref, y_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n
+):
+    program_b = jax.lax.axis_index("B")
+    program_m = jax.lax.axis_index("M")
+    program_k = jax.lax.axis_index("K")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, dacc_smem, y_smem):
+            plgpu.wgmma(acc_ref, dacc_smem, y_smem.T)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(dacc_ref.shape[-1] // block_n,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_m, block_n),
+                    lambda s: (program_m, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                ),
+                plgpu.BlockSpec(
+                    (block_k, block_n),
+                    lambda s: (program_k, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(dacc_ref.at[program_b], y_ref.at[program_b])
+        acc = acc_ref[...]
+        out_smem[...] = acc.astype(jnp.bfloat16)
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem,
+        dx_ref.at[
+            program_b, pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)
+        ],
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _batched_matmul_backward_x_mosaic_gpu(dacc, y, *, b, m, k, n, interpret):
+    """`batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 128
+    block_k = 128
+    block_n = 64
+    padded_m = m + -m % block_m
+    padded_k = k + -k % block_k
+    padded_n = n + -n % block_n
+    dacc = _mgpu_pad(dacc, (b, padded_m, padded_n))
+    y = _mgpu_pad(y, (b, padded_k, padded_n))
+    (dx,) = plgpu.kernel(
+        functools.partial(
+            _batched_matmul_backward_x_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_k=block_k,
+            block_n=block_n,
+        ),
+        out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_k), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_m, block_k), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_k)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(b, padded_m // block_m, padded_k // block_k),
+        grid_names=("B", "M", "K"),
+        interpret=interpret,
+    )(dacc, y)
+    return dx[:b, :m, :k]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_k",
+        "block_n",
+        "block_m",
+        "gpu_block_k",
+        "gpu_block_n",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def batched_matmul_backward_y(
+    x,
+    dacc,
+    *,
+    block_k=None,
+    block_n=None,
+    block_m=None,
+    gpu_block_k=None,
+    gpu_block_n=None,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `batched_matmul`, generated from its spec: the cotangent dy of
+    its input y, from dacc, the cotangent of its product.
+
+    Args:
+      x: bf16[B, M, K].
+      dacc: bf16[B, M, N].
+      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_batched_matmul_backward_y_tpu_blocks),
+        else 1024, 1024, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dy: bf16[B, K, N].
+    """
+    (x, dacc), sizes = _operands(
+        "batched_matmul_backward_y",
+        {"x": (x, jnp.bfloat16, ("B", "M", "K")), "dacc": (dacc, jnp.bfloat16, ("B", "M", "N"))},
+    )
+    _check_blocks(
+        "batched_matmul_backward_y",
+        block_k=block_k,
+        block_n=block_n,
+        block_m=block_m,
+        may_be_none=True,
+    )
+    _check_blocks(
+        "batched_matmul_backward_y",
+        gpu_block_k=gpu_block_k,
+        gpu_block_n=gpu_block_n,
+        gpu_block_m=gpu_block_m,
+        may_be_none=True,
+    )
+    b = sizes["B"]
+    k = sizes["K"]
+    n = sizes["N"]
+    m = sizes["M"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            batched_matmul_backward_y_reference, (((b, k, n), jnp.bfloat16),), x, dacc
+        )
+    return _on_platform(
+        functools.partial(
+            _batched_matmul_backward_y_tpu,
+            b=b,
+            k=k,
+            n=n,
+            m=m,
+            block_k=block_k,
+            block_n=block_n,
+            block_m=block_m,
+        ),
+        _gpu_kernel(
+            "batched_matmul_backward_y",
+            gpu_backend,
+            functools.partial(
+                _batched_matmul_backward_y_gpu,
+                b=b,
+                k=k,
+                n=n,
+                m=m,
+                block_k=gpu_block_k,
+                block_n=gpu_block_n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_batched_matmul_backward_y_mosaic_gpu, b=b, k=k, n=n, m=m),
+        ),
+        interpret,
+        x,
+        dacc,
+    )
+
+
+def batched_matmul_backward_y_reference(x, dacc):
+    """`batched_matmul_backward_y` in plain jax.numpy, to test the kernel against."""
+    acc = jnp.einsum("bmk,bmn->bkn", x, dacc, preferred_element_type=jnp.float32)
+    dy = acc.astype(jnp.bfloat16)
+    return dy
+
+
+def _batched_matmul_backward_y_kernel(x_ref, dacc_ref, dy_ref, acc_ref, *, m, block_m):
+    step = pl.program_id(3)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    x, dacc = x_ref[...], dacc_ref[...]
+    if m % block_m:  # a ragged M: zero both operands past its end, so padding never reaches the sum
+        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
+        x = jnp.where(
+            step * block_m + jax.lax.broadcasted_iota(jnp.int32, x.shape, 0) < m,
+            x.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+        dacc = jnp.where(
+            step * block_m + jax.lax.broadcasted_iota(jnp.int32, dacc.shape, 0) < m,
+            dacc.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+    acc_ref[...] += jax.lax.dot_general(
+        x, dacc, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+    )
+
+    @pl.when(step == pl.num_programs(3) - 1)
+    def _epilogue():
+        acc = acc_ref[...]
+        dy_ref[...] = acc.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_k, block_n, block_m) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (B, K, N, M) shown (the spec's .tuning.json
+# file), the entry nearest the call's sizes winning; else the chip's default. None:
+# any other chip, and CPU (the spec's blocks).
+_batched_matmul_backward_y_tpu_blocks = {
+    None: {"default": (1024, 1024, 512)},
+    "v5e": {"default": (1024, 1024, 512)},
+    "v6e": {"default": (1024, 1024, 1024)},
+}
+
+
+def _batched_matmul_backward_y_tpu(x, dacc, *, b, k, n, m, block_k, block_n, block_m, interpret):
+    """`batched_matmul_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_k, block_n, block_m = _tpu_blocks(
+        _batched_matmul_backward_y_tpu_blocks, (b, k, n, m), (block_k, block_n, block_m)
+    )
+    block_k = min(block_k, k)  # a small K is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "batched_matmul_backward_y",
+        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (x 1.0 MiB + dacc 1.0 MiB + dy
+    # 2.0 MiB) + f32 accumulator 4.0 MiB + f32 product step 4.0 MiB.
+    return pl.pallas_call(
+        functools.partial(_batched_matmul_backward_y_kernel, m=m, block_m=block_m),
+        # One step per element of B, block of K, block of N, block of M. Steps along B, K, N
+        # are independent (parallel); steps along M accumulate in order (arbitrary).
+        grid=(b, pl.cdiv(k, block_k), pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
+        in_specs=[
+            # x: bf16[B, M, K], read transposed
+            pl.BlockSpec((None, block_m, block_k), lambda b, i, j, k: (b, k, i)),
+            # dacc: bf16[B, M, N]
+            pl.BlockSpec((None, block_m, block_n), lambda b, i, j, k: (b, k, j)),
+        ],
+        # dy: bf16[B, K, N]
+        out_specs=pl.BlockSpec((None, block_k, block_n), lambda b, i, j, k: (b, i, j)),
+        out_shape=jax.ShapeDtypeStruct((b, k, n), jnp.bfloat16),
+        # acc_ref: the f32 sum over M of one output tile
+        scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                4 * block_m * block_k
+                + 4 * block_m * block_n
+                + 4 * block_k * block_n
+                + 8 * block_k * block_n
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * b * k * n * m,
+            transcendentals=0,
+            bytes_accessed=_nbytes(x, dacc) + b * k * n * 2,
+        ),
+        interpret=interpret,
+        name="batched_matmul_backward_y",
+    )(x, dacc)
+
+
+def _batched_matmul_backward_y_gpu_kernel(
+    x_ref, dacc_ref, dy_ref, *, k, n, m, block_k, block_n, block_m
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_k = _inside(pl.program_id(1) * block_k, block_k, k)
+    in_n = _inside(pl.program_id(2) * block_n, block_n, n)
+    inside = _mask((block_k, block_n), in_k, in_n)
+
+    def accumulate(step, acc):
+        start = step * block_m
+        in_m = _inside(start, block_m, m)  # zeros past a ragged M
+        x = _load(
+            x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_k), in_m, in_k), other=0
+        )
+        dacc = _load(
+            dacc_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        )
+        return acc + jax.lax.dot_general(
+            x, dacc, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )
+
+    acc = jax.lax.fori_loop(
+        0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dy_ref.shape, jnp.float32)
+    )
+    _store(dy_ref, acc.astype(jnp.bfloat16), inside)
+
+
+# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (B, K, N, M) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_batched_matmul_backward_y_gpu_options = {None: (128, 128, 32, 8, 3)}
+
+
+def _batched_matmul_backward_y_gpu(
+    x, dacc, *, b, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
+):
+    """`batched_matmul_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_k, block_n, block_m, num_warps, num_stages = _gpu_options(
+        _batched_matmul_backward_y_gpu_options,
+        (b, k, n, m),
+        (block_k, block_n, block_m, num_warps, num_stages),
+    )
+    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
+    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
+    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
+    return pl.pallas_call(
+        functools.partial(
+            _batched_matmul_backward_y_gpu_kernel,
+            k=k,
+            n=n,
+            m=m,
+            block_k=block_k,
+            block_n=block_n,
+            block_m=block_m,
+        ),
+        # One program per element of B, block of K, block of N; each loops over M itself
+        # (Triton has no scratch memory).
+        grid=(b, pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: bf16[B, M, K], read transposed
+            pl.BlockSpec((None, m, block_k), lambda b, i, j: (b, 0, i)),
+            # dacc: bf16[B, M, N]
+            pl.BlockSpec((None, m, block_n), lambda b, i, j: (b, 0, j)),
+        ],
+        # dy: bf16[B, K, N]
+        out_specs=pl.BlockSpec((None, block_k, block_n), lambda b, i, j: (b, i, j)),
+        out_shape=jax.ShapeDtypeStruct((b, k, n), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="batched_matmul_backward_y",
+    )(x, dacc)
+
+
+def _batched_matmul_backward_y_mosaic_gpu_kernel(
+    x_ref, dacc_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m
+):
+    program_b = jax.lax.axis_index("B")
+    program_k = jax.lax.axis_index("K")
+    program_n = jax.lax.axis_index("N")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, x_smem, dacc_smem):
+            plgpu.wgmma(acc_ref, x_smem, dacc_smem)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(x_ref.shape[-1] // block_m,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_k, block_m),
+                    lambda s: (program_k, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_m),
+                ),
+                plgpu.BlockSpec(
+                    (block_m, block_n),
+                    lambda s: (s, program_n),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(x_ref.at[program_b], dacc_ref.at[program_b])
+        acc = acc_ref[...]
+        out_smem[...] = acc.astype(jnp.bfloat16)
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem,
+        dy_ref.at[
+            program_b, pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)
+        ],
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _batched_matmul_backward_y_mosaic_gpu(x, dacc, *, b, k, n, m, interpret):
+    """`batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_k = 128
+    block_n = 128
+    block_m = 64
+    padded_k = k + -k % block_k
+    padded_n = n + -n % block_n
+    padded_m = m + -m % block_m
+    x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
+    x = _mgpu_pad(x, (b, padded_k, padded_m))
+    dacc = _mgpu_pad(dacc, (b, padded_m, padded_n))
+    (dy,) = plgpu.kernel(
+        functools.partial(
+            _batched_matmul_backward_y_mosaic_gpu_kernel,
+            block_k=block_k,
+            block_n=block_n,
+            block_m=block_m,
+        ),
+        out_type=(jax.ShapeDtypeStruct((b, padded_k, padded_n), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_k, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(b, padded_k // block_k, padded_n // block_n),
+        grid_names=("B", "K", "N"),
+        interpret=interpret,
+    )(x, dacc)
+    return dy[:b, :k, :n]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
         "block_s",
         "block_t",
         "gpu_block_s",
@@ -2322,8 +7167,8 @@ def scores(
     Returns:
       s: f32[B, S, T].
 
-    Gradients: not generated yet for a matrix product: jax.grad of it raises
-    NotImplementedError.
+    Gradients: jax.grad runs the generated backward kernels scores_backward_epilogue,
+    scores_backward_q, scores_backward_k (_scores_vjp).
     """
     (q, k), sizes = _operands(
         "scores", {"q": (q, jnp.bfloat16, ("B", "S", "D")), "k": (k, jnp.bfloat16, ("B", "T", "D"))}
@@ -2360,7 +7205,7 @@ def scores(
             scale=scale,
             interpret=interpret,
         ),
-        _scores_vjp,
+        functools.partial(_scores_vjp, scale=scale, interpret=interpret),
         q,
         k,
     )
@@ -2421,13 +7266,18 @@ def _scores_forward(
     )
 
 
-def _scores_vjp(saved, cotangents):
-    """`scores` has no backward pass yet: none is generated for a matrix product."""
-    raise NotImplementedError(
-        "scores is not differentiable yet: pallasgen generates backward kernels for "
-        "elementwise kernels only, not yet for a matrix product; `grad none` in "
-        "specs/matmul.pallas says it is never differentiated"
-    )
+def _scores_vjp(saved, cotangents, *, scale, interpret):
+    """The cotangents of `scores`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels scores_backward_epilogue, scores_backward_q,
+    scores_backward_k. The forward pass saves its inputs (q, k) and nothing else: the
+    backward kernels recompute the values they need from them.
+    """
+    q, k = saved
+    ds = cotangents
+    dacc = scores_backward_epilogue(ds, scale=scale, interpret=interpret)
+    dq = scores_backward_q(dacc, k, interpret=interpret)
+    dk = scores_backward_k(dacc, q, interpret=interpret)
+    return dq, dk
 
 
 def _scores_kernel(q_ref, k_ref, s_ref, *, scale):
@@ -2649,6 +7499,957 @@ def _scores_mosaic_gpu(q, k, *, b, s_, t, d, scale, interpret):
 @functools.partial(
     jax.jit,
     static_argnames=(
+        "block_b",
+        "block_s",
+        "block_t",
+        "gpu_block_b",
+        "gpu_block_s",
+        "gpu_block_t",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "scale",
+        "interpret",
+    ),
+)
+def scores_backward_epilogue(
+    ds,
+    *,
+    block_b=None,
+    block_s=None,
+    block_t=None,
+    gpu_block_b=None,
+    gpu_block_s=None,
+    gpu_block_t=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    scale=0.125,
+    interpret=None,
+):
+    """The backward pass of `scores`, generated from its spec: the cotangents dacc
+    of its inputs from ds, those of its outputs.
+
+    Args:
+      ds: f32[B, S, T].
+      block_b, block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_epilogue_tpu_blocks),
+        grown to large steps (_grown), else 1, 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: elementwise kernels of rank above 2 are not
+        on Mosaic GPU yet.
+      scale: a static f32 (default 0.125).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dacc: bf16[B, S, T].
+    """
+    (ds,), sizes = _operands("scores_backward_epilogue", {"ds": (ds, jnp.float32, ("B", "S", "T"))})
+    _check_blocks(
+        "scores_backward_epilogue",
+        block_b=block_b,
+        block_s=block_s,
+        block_t=block_t,
+        may_be_none=True,
+    )
+    _check_blocks(
+        "scores_backward_epilogue",
+        gpu_block_b=gpu_block_b,
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        may_be_none=True,
+    )
+    b = sizes["B"]
+    s = sizes["S"]
+    t = sizes["T"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            scores_backward_epilogue_reference, (((b, s, t), jnp.bfloat16),), ds, scale=scale
+        )
+    return _on_platform(
+        functools.partial(
+            _scores_backward_epilogue_tpu,
+            b=b,
+            s=s,
+            t=t,
+            block_b=block_b,
+            block_s=block_s,
+            block_t=block_t,
+            scale=scale,
+        ),
+        _gpu_kernel(
+            "scores_backward_epilogue",
+            gpu_backend,
+            functools.partial(
+                _scores_backward_epilogue_gpu,
+                b=b,
+                s=s,
+                t=t,
+                block_b=gpu_block_b,
+                block_s=gpu_block_s,
+                block_t=gpu_block_t,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                scale=scale,
+            ),
+            None,
+        ),
+        interpret,
+        ds,
+    )
+
+
+def scores_backward_epilogue_reference(ds, *, scale=0.125):
+    """`scores_backward_epilogue` in plain jax.numpy, to test the kernel against."""
+    dacc = (ds * scale).astype(jnp.bfloat16)
+    return dacc
+
+
+def _scores_backward_epilogue_kernel(ds_ref, dacc_ref, *, scale):
+    ds = ds_ref[...]
+    dacc_ref[...] = (ds * scale).astype(jnp.bfloat16)
+
+
+# TPU blocks (block_b, block_s, block_t) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (B, S, T) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning; else the chip's default. None: any other
+# chip, and CPU (the spec's blocks).
+_scores_backward_epilogue_tpu_blocks = {
+    None: {"default": (1, 128, 128)},
+    "v5e": {"default": (1, 128, 128)},
+    "v6e": {"default": (1, 128, 128)},
+}
+
+
+def _scores_backward_epilogue_tpu(ds, *, b, s, t, block_b, block_s, block_t, scale, interpret):
+    """`scores_backward_epilogue` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_b, block_s, block_t = _tpu_blocks(
+        _scores_backward_epilogue_tpu_blocks,
+        (b, s, t),
+        (block_b, block_s, block_t),
+        grow=functools.partial(
+            _grown,
+            bounds=(b, s, t),
+            step=lambda block_b, block_s, block_t: (
+                block_b * block_s * block_t,
+                12 * block_b * block_s * block_t,
+            ),
+        ),
+    )
+    block_b = min(block_b, b)  # a small B is one whole block
+    block_s = min(block_s, s)  # a small S is one whole block
+    block_t = min(block_t, t)  # a small T is one whole block
+    _check_tiling(
+        "scores_backward_epilogue",
+        block_s=(
+            block_s,
+            s,
+            16,
+            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_t=(block_t, t, 128, "T is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 192.0 KiB = 2 buffers x (ds 64.0 KiB + dacc 32.0 KiB).
+    return pl.pallas_call(
+        functools.partial(_scores_backward_epilogue_kernel, scale=scale),
+        # One step per block of B, block of S, block of T; steps are independent, so every
+        # axis is parallel.
+        grid=(pl.cdiv(b, block_b), pl.cdiv(s, block_s), pl.cdiv(t, block_t)),
+        in_specs=[
+            # ds: f32[B, S, T]
+            pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k))
+        ],
+        # dacc: bf16[B, S, T]
+        out_specs=pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k)),
+        out_shape=jax.ShapeDtypeStruct((b, s, t), jnp.bfloat16),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(12 * block_b * block_s * block_t),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * b * s * t, transcendentals=0, bytes_accessed=_nbytes(ds) + b * s * t * 2
+        ),
+        interpret=interpret,
+        name="scores_backward_epilogue",
+    )(ds)
+
+
+def _scores_backward_epilogue_gpu_kernel(
+    ds_ref, dacc_ref, *, b, s, t, block_b, block_s, block_t, scale
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_b = _inside(pl.program_id(0) * block_b, block_b, b)
+    in_s = _inside(pl.program_id(1) * block_s, block_s, s)
+    in_t = _inside(pl.program_id(2) * block_t, block_t, t)
+    inside = _mask((block_b, block_s, block_t), in_b, in_s, in_t)
+    ds = _load(ds_ref, inside)
+    _store(dacc_ref, (ds * scale).astype(jnp.bfloat16), inside)
+
+
+# GPU (Triton) blocks and launch options (block_b, block_s, block_t, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (B, S, T) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_scores_backward_epilogue_gpu_options = {None: (1, 8, 128, 4, 1)}
+
+
+def _scores_backward_epilogue_gpu(
+    ds, *, b, s, t, block_b, block_s, block_t, num_warps, num_stages, scale, interpret
+):
+    """`scores_backward_epilogue` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_b, block_s, block_t, num_warps, num_stages = _gpu_options(
+        _scores_backward_epilogue_gpu_options,
+        (b, s, t),
+        (block_b, block_s, block_t, num_warps, num_stages),
+    )
+    block_b = min(block_b, pl.next_power_of_2(b))  # a small B is one block
+    block_s = min(block_s, pl.next_power_of_2(s))  # a small S is one block
+    block_t = min(block_t, pl.next_power_of_2(t))  # a small T is one block
+    return pl.pallas_call(
+        functools.partial(
+            _scores_backward_epilogue_gpu_kernel,
+            b=b,
+            s=s,
+            t=t,
+            block_b=block_b,
+            block_s=block_s,
+            block_t=block_t,
+            scale=scale,
+        ),
+        # One program per block of B, block of S, block of T; programs run concurrently.
+        grid=(pl.cdiv(b, block_b), pl.cdiv(s, block_s), pl.cdiv(t, block_t)),
+        in_specs=[
+            # ds: f32[B, S, T]
+            pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k))
+        ],
+        # dacc: bf16[B, S, T]
+        out_specs=pl.BlockSpec((block_b, block_s, block_t), lambda i, j, k: (i, j, k)),
+        out_shape=jax.ShapeDtypeStruct((b, s, t), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="scores_backward_epilogue",
+    )(ds)
+
+
+# `scores_backward_epilogue` has no Mosaic GPU kernel (elementwise kernels of rank
+# above 2 are not on Mosaic GPU yet): it runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_s",
+        "block_d",
+        "block_t",
+        "gpu_block_s",
+        "gpu_block_d",
+        "gpu_block_t",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def scores_backward_q(
+    dacc,
+    k,
+    *,
+    block_s=None,
+    block_d=None,
+    block_t=None,
+    gpu_block_s=None,
+    gpu_block_d=None,
+    gpu_block_t=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `scores`, generated from its spec: the cotangent dq of
+    its input q, from dacc, the cotangent of its product.
+
+    Args:
+      dacc: bf16[B, S, T].
+      k: bf16[B, T, D].
+      block_s, block_d, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_q_tpu_blocks),
+        else 128, 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dq: bf16[B, S, D].
+    """
+    (dacc, k), sizes = _operands(
+        "scores_backward_q",
+        {"dacc": (dacc, jnp.bfloat16, ("B", "S", "T")), "k": (k, jnp.bfloat16, ("B", "T", "D"))},
+    )
+    _check_blocks(
+        "scores_backward_q", block_s=block_s, block_d=block_d, block_t=block_t, may_be_none=True
+    )
+    _check_blocks(
+        "scores_backward_q",
+        gpu_block_s=gpu_block_s,
+        gpu_block_d=gpu_block_d,
+        gpu_block_t=gpu_block_t,
+        may_be_none=True,
+    )
+    b = sizes["B"]
+    s = sizes["S"]
+    d = sizes["D"]
+    t = sizes["T"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(scores_backward_q_reference, (((b, s, d), jnp.bfloat16),), dacc, k)
+    return _on_platform(
+        functools.partial(
+            _scores_backward_q_tpu,
+            b=b,
+            s=s,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_d=block_d,
+            block_t=block_t,
+        ),
+        _gpu_kernel(
+            "scores_backward_q",
+            gpu_backend,
+            functools.partial(
+                _scores_backward_q_gpu,
+                b=b,
+                s=s,
+                d=d,
+                t=t,
+                block_s=gpu_block_s,
+                block_d=gpu_block_d,
+                block_t=gpu_block_t,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_scores_backward_q_mosaic_gpu, b=b, s=s, d=d, t=t),
+        ),
+        interpret,
+        dacc,
+        k,
+    )
+
+
+def scores_backward_q_reference(dacc, k):
+    """`scores_backward_q` in plain jax.numpy, to test the kernel against."""
+    acc = jnp.einsum("bst,btd->bsd", dacc, k, preferred_element_type=jnp.float32)
+    dq = acc.astype(jnp.bfloat16)
+    return dq
+
+
+def _scores_backward_q_kernel(dacc_ref, k_ref, dq_ref, acc_ref, *, t, block_t):
+    step = pl.program_id(3)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    dacc, k = dacc_ref[...], k_ref[...]
+    if t % block_t:  # a ragged T: zero both operands past its end, so padding never reaches the sum
+        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
+        dacc = jnp.where(
+            step * block_t + jax.lax.broadcasted_iota(jnp.int32, dacc.shape, 1) < t,
+            dacc.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+        k = jnp.where(
+            step * block_t + jax.lax.broadcasted_iota(jnp.int32, k.shape, 0) < t,
+            k.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+    acc_ref[...] += jnp.dot(dacc, k, preferred_element_type=jnp.float32)
+
+    @pl.when(step == pl.num_programs(3) - 1)
+    def _epilogue():
+        acc = acc_ref[...]
+        dq_ref[...] = acc.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_s, block_d, block_t) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (B, S, D, T) shown (the spec's .tuning.json
+# file), the entry nearest the call's sizes winning; else the chip's default. None:
+# any other chip, and CPU (the spec's blocks).
+_scores_backward_q_tpu_blocks = {
+    None: {"default": (128, 128, 128)},
+    "v5e": {"default": (512, 512, 512)},
+    "v6e": {"default": (1024, 1024, 1024)},
+}
+
+
+def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, interpret):
+    """`scores_backward_q` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_s, block_d, block_t = _tpu_blocks(
+        _scores_backward_q_tpu_blocks, (b, s, d, t), (block_s, block_d, block_t)
+    )
+    block_s = min(block_s, s)  # a small S is one whole block
+    block_d = min(block_d, d)  # a small D is one whole block
+    block_t = min(block_t, t)  # a small T is one whole block
+    _check_tiling(
+        "scores_backward_q",
+        block_s=(
+            block_s,
+            s,
+            16,
+            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_d=(block_d, d, 128, "D is the last dimension of a block, so it is a multiple of 128"),
+        block_t=(block_t, t, 128, "T is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + k 32.0 KiB + dq
+    # 32.0 KiB) + f32 accumulator 64.0 KiB + f32 product step 64.0 KiB.
+    return pl.pallas_call(
+        functools.partial(_scores_backward_q_kernel, t=t, block_t=block_t),
+        # One step per element of B, block of S, block of D, block of T. Steps along B, S, D
+        # are independent (parallel); steps along T accumulate in order (arbitrary).
+        grid=(b, pl.cdiv(s, block_s), pl.cdiv(d, block_d), pl.cdiv(t, block_t)),
+        in_specs=[
+            # dacc: bf16[B, S, T]
+            pl.BlockSpec((None, block_s, block_t), lambda b, i, j, k: (b, i, k)),
+            # k: bf16[B, T, D]
+            pl.BlockSpec((None, block_t, block_d), lambda b, i, j, k: (b, k, j)),
+        ],
+        # dq: bf16[B, S, D]
+        out_specs=pl.BlockSpec((None, block_s, block_d), lambda b, i, j, k: (b, i, j)),
+        out_shape=jax.ShapeDtypeStruct((b, s, d), jnp.bfloat16),
+        # acc_ref: the f32 sum over T of one output tile
+        scratch_shapes=[pltpu.VMEM((block_s, block_d), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                4 * block_s * block_t
+                + 4 * block_t * block_d
+                + 4 * block_s * block_d
+                + 8 * block_s * block_d
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * b * s * d * t,
+            transcendentals=0,
+            bytes_accessed=_nbytes(dacc, k) + b * s * d * 2,
+        ),
+        interpret=interpret,
+        name="scores_backward_q",
+    )(dacc, k)
+
+
+def _scores_backward_q_gpu_kernel(dacc_ref, k_ref, dq_ref, *, s, d, t, block_s, block_d, block_t):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_s = _inside(pl.program_id(1) * block_s, block_s, s)
+    in_d = _inside(pl.program_id(2) * block_d, block_d, d)
+    inside = _mask((block_s, block_d), in_s, in_d)
+
+    def accumulate(step, acc):
+        start = step * block_t
+        in_t = _inside(start, block_t, t)  # zeros past a ragged T
+        dacc = _load(
+            dacc_ref.at[:, pl.ds(start, block_t)], _mask((block_s, block_t), in_s, in_t), other=0
+        )
+        k = _load(
+            k_ref.at[pl.ds(start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+        )
+        return acc + jnp.dot(dacc, k, preferred_element_type=jnp.float32)
+
+    acc = jax.lax.fori_loop(
+        0, pl.cdiv(t, block_t), accumulate, jnp.zeros(dq_ref.shape, jnp.float32)
+    )
+    _store(dq_ref, acc.astype(jnp.bfloat16), inside)
+
+
+# GPU (Triton) blocks and launch options (block_s, block_d, block_t, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (B, S, D, T) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_scores_backward_q_gpu_options = {None: (128, 128, 32, 8, 3)}
+
+
+def _scores_backward_q_gpu(
+    dacc, k, *, b, s, d, t, block_s, block_d, block_t, num_warps, num_stages, interpret
+):
+    """`scores_backward_q` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_s, block_d, block_t, num_warps, num_stages = _gpu_options(
+        _scores_backward_q_gpu_options,
+        (b, s, d, t),
+        (block_s, block_d, block_t, num_warps, num_stages),
+    )
+    block_s = max(16, min(block_s, pl.next_power_of_2(s)))  # a small S is one masked block
+    block_d = max(16, min(block_d, pl.next_power_of_2(d)))  # a small D is one masked block
+    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
+    return pl.pallas_call(
+        functools.partial(
+            _scores_backward_q_gpu_kernel,
+            s=s,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_d=block_d,
+            block_t=block_t,
+        ),
+        # One program per element of B, block of S, block of D; each loops over T itself
+        # (Triton has no scratch memory).
+        grid=(b, pl.cdiv(s, block_s), pl.cdiv(d, block_d)),
+        in_specs=[
+            # dacc: bf16[B, S, T]
+            pl.BlockSpec((None, block_s, t), lambda b, i, j: (b, i, 0)),
+            # k: bf16[B, T, D]
+            pl.BlockSpec((None, t, block_d), lambda b, i, j: (b, 0, j)),
+        ],
+        # dq: bf16[B, S, D]
+        out_specs=pl.BlockSpec((None, block_s, block_d), lambda b, i, j: (b, i, j)),
+        out_shape=jax.ShapeDtypeStruct((b, s, d), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="scores_backward_q",
+    )(dacc, k)
+
+
+def _scores_backward_q_mosaic_gpu_kernel(
+    dacc_ref, k_ref, dq_ref, out_smem, barrier, *, block_s, block_d, block_t
+):
+    program_b = jax.lax.axis_index("B")
+    program_s = jax.lax.axis_index("S")
+    program_d = jax.lax.axis_index("D")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, dacc_smem, k_smem):
+            plgpu.wgmma(acc_ref, dacc_smem, k_smem)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(dacc_ref.shape[-1] // block_t,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_s, block_t),
+                    lambda s: (program_s, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_t),
+                ),
+                plgpu.BlockSpec(
+                    (block_t, block_d),
+                    lambda s: (s, program_d),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(dacc_ref.at[program_b], k_ref.at[program_b])
+        acc = acc_ref[...]
+        out_smem[...] = acc.astype(jnp.bfloat16)
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_s, block_d), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem,
+        dq_ref.at[
+            program_b, pl.ds(program_s * block_s, block_s), pl.ds(program_d * block_d, block_d)
+        ],
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _scores_backward_q_mosaic_gpu(dacc, k, *, b, s, d, t, interpret):
+    """`scores_backward_q` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_s = 128
+    block_d = 128
+    block_t = 64
+    padded_s = s + -s % block_s
+    padded_d = d + -d % block_d
+    padded_t = t + -t % block_t
+    dacc = _mgpu_pad(dacc, (b, padded_s, padded_t))
+    k = _mgpu_pad(k, (b, padded_t, padded_d))
+    (dq,) = plgpu.kernel(
+        functools.partial(
+            _scores_backward_q_mosaic_gpu_kernel, block_s=block_s, block_d=block_d, block_t=block_t
+        ),
+        out_type=(jax.ShapeDtypeStruct((b, padded_s, padded_d), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(b, padded_s // block_s, padded_d // block_d),
+        grid_names=("B", "S", "D"),
+        interpret=interpret,
+    )(dacc, k)
+    return dq[:b, :s, :d]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_t",
+        "block_d",
+        "block_s",
+        "gpu_block_t",
+        "gpu_block_d",
+        "gpu_block_s",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def scores_backward_k(
+    dacc,
+    q,
+    *,
+    block_t=None,
+    block_d=None,
+    block_s=None,
+    gpu_block_t=None,
+    gpu_block_d=None,
+    gpu_block_s=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `scores`, generated from its spec: the cotangent dk of
+    its input k, from dacc, the cotangent of its product.
+
+    Args:
+      dacc: bf16[B, S, T].
+      q: bf16[B, S, D].
+      block_t, block_d, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_k_tpu_blocks),
+        else 128, 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dk: bf16[B, T, D].
+    """
+    (dacc, q), sizes = _operands(
+        "scores_backward_k",
+        {"dacc": (dacc, jnp.bfloat16, ("B", "S", "T")), "q": (q, jnp.bfloat16, ("B", "S", "D"))},
+    )
+    _check_blocks(
+        "scores_backward_k", block_t=block_t, block_d=block_d, block_s=block_s, may_be_none=True
+    )
+    _check_blocks(
+        "scores_backward_k",
+        gpu_block_t=gpu_block_t,
+        gpu_block_d=gpu_block_d,
+        gpu_block_s=gpu_block_s,
+        may_be_none=True,
+    )
+    b = sizes["B"]
+    t = sizes["T"]
+    d = sizes["D"]
+    s = sizes["S"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(scores_backward_k_reference, (((b, t, d), jnp.bfloat16),), dacc, q)
+    return _on_platform(
+        functools.partial(
+            _scores_backward_k_tpu,
+            b=b,
+            t=t,
+            d=d,
+            s=s,
+            block_t=block_t,
+            block_d=block_d,
+            block_s=block_s,
+        ),
+        _gpu_kernel(
+            "scores_backward_k",
+            gpu_backend,
+            functools.partial(
+                _scores_backward_k_gpu,
+                b=b,
+                t=t,
+                d=d,
+                s=s,
+                block_t=gpu_block_t,
+                block_d=gpu_block_d,
+                block_s=gpu_block_s,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_scores_backward_k_mosaic_gpu, b=b, t=t, d=d, s=s),
+        ),
+        interpret,
+        dacc,
+        q,
+    )
+
+
+def scores_backward_k_reference(dacc, q):
+    """`scores_backward_k` in plain jax.numpy, to test the kernel against."""
+    acc = jnp.einsum("bst,bsd->btd", dacc, q, preferred_element_type=jnp.float32)
+    dk = acc.astype(jnp.bfloat16)
+    return dk
+
+
+def _scores_backward_k_kernel(dacc_ref, q_ref, dk_ref, acc_ref, *, s, block_s):
+    step = pl.program_id(3)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    dacc, q = dacc_ref[...], q_ref[...]
+    if s % block_s:  # a ragged S: zero both operands past its end, so padding never reaches the sum
+        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
+        dacc = jnp.where(
+            step * block_s + jax.lax.broadcasted_iota(jnp.int32, dacc.shape, 0) < s,
+            dacc.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+        q = jnp.where(
+            step * block_s + jax.lax.broadcasted_iota(jnp.int32, q.shape, 0) < s,
+            q.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+    acc_ref[...] += jax.lax.dot_general(
+        dacc, q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+    )
+
+    @pl.when(step == pl.num_programs(3) - 1)
+    def _epilogue():
+        acc = acc_ref[...]
+        dk_ref[...] = acc.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_t, block_d, block_s) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (B, T, D, S) shown (the spec's .tuning.json
+# file), the entry nearest the call's sizes winning; else the chip's default. None:
+# any other chip, and CPU (the spec's blocks).
+_scores_backward_k_tpu_blocks = {
+    None: {"default": (128, 128, 128)},
+    "v5e": {"default": (512, 512, 512)},
+    "v6e": {"default": (1024, 1024, 1024)},
+}
+
+
+def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, interpret):
+    """`scores_backward_k` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_t, block_d, block_s = _tpu_blocks(
+        _scores_backward_k_tpu_blocks, (b, t, d, s), (block_t, block_d, block_s)
+    )
+    block_t = min(block_t, t)  # a small T is one whole block
+    block_d = min(block_d, d)  # a small D is one whole block
+    block_s = min(block_s, s)  # a small S is one whole block
+    _check_tiling(
+        "scores_backward_k",
+        block_t=(block_t, t, 128, "T is the last dimension of a block, so it is a multiple of 128"),
+        block_d=(block_d, d, 128, "D is the last dimension of a block, so it is a multiple of 128"),
+        block_s=(
+            block_s,
+            s,
+            16,
+            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + q 32.0 KiB + dk
+    # 32.0 KiB) + f32 accumulator 64.0 KiB + f32 product step 64.0 KiB.
+    return pl.pallas_call(
+        functools.partial(_scores_backward_k_kernel, s=s, block_s=block_s),
+        # One step per element of B, block of T, block of D, block of S. Steps along B, T, D
+        # are independent (parallel); steps along S accumulate in order (arbitrary).
+        grid=(b, pl.cdiv(t, block_t), pl.cdiv(d, block_d), pl.cdiv(s, block_s)),
+        in_specs=[
+            # dacc: bf16[B, S, T], read transposed
+            pl.BlockSpec((None, block_s, block_t), lambda b, i, j, k: (b, k, i)),
+            # q: bf16[B, S, D]
+            pl.BlockSpec((None, block_s, block_d), lambda b, i, j, k: (b, k, j)),
+        ],
+        # dk: bf16[B, T, D]
+        out_specs=pl.BlockSpec((None, block_t, block_d), lambda b, i, j, k: (b, i, j)),
+        out_shape=jax.ShapeDtypeStruct((b, t, d), jnp.bfloat16),
+        # acc_ref: the f32 sum over S of one output tile
+        scratch_shapes=[pltpu.VMEM((block_t, block_d), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                4 * block_s * block_t
+                + 4 * block_s * block_d
+                + 4 * block_t * block_d
+                + 8 * block_t * block_d
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * b * t * d * s,
+            transcendentals=0,
+            bytes_accessed=_nbytes(dacc, q) + b * t * d * 2,
+        ),
+        interpret=interpret,
+        name="scores_backward_k",
+    )(dacc, q)
+
+
+def _scores_backward_k_gpu_kernel(dacc_ref, q_ref, dk_ref, *, t, d, s, block_t, block_d, block_s):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_t = _inside(pl.program_id(1) * block_t, block_t, t)
+    in_d = _inside(pl.program_id(2) * block_d, block_d, d)
+    inside = _mask((block_t, block_d), in_t, in_d)
+
+    def accumulate(step, acc):
+        start = step * block_s
+        in_s = _inside(start, block_s, s)  # zeros past a ragged S
+        dacc = _load(
+            dacc_ref.at[pl.ds(start, block_s), :], _mask((block_s, block_t), in_s, in_t), other=0
+        )
+        q = _load(
+            q_ref.at[pl.ds(start, block_s), :], _mask((block_s, block_d), in_s, in_d), other=0
+        )
+        return acc + jax.lax.dot_general(
+            dacc, q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )
+
+    acc = jax.lax.fori_loop(
+        0, pl.cdiv(s, block_s), accumulate, jnp.zeros(dk_ref.shape, jnp.float32)
+    )
+    _store(dk_ref, acc.astype(jnp.bfloat16), inside)
+
+
+# GPU (Triton) blocks and launch options (block_t, block_d, block_s, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (B, T, D, S) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_scores_backward_k_gpu_options = {None: (128, 128, 32, 8, 3)}
+
+
+def _scores_backward_k_gpu(
+    dacc, q, *, b, t, d, s, block_t, block_d, block_s, num_warps, num_stages, interpret
+):
+    """`scores_backward_k` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_t, block_d, block_s, num_warps, num_stages = _gpu_options(
+        _scores_backward_k_gpu_options,
+        (b, t, d, s),
+        (block_t, block_d, block_s, num_warps, num_stages),
+    )
+    block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
+    block_d = max(16, min(block_d, pl.next_power_of_2(d)))  # a small D is one masked block
+    block_s = max(16, min(block_s, pl.next_power_of_2(s)))  # a small S is one masked block
+    return pl.pallas_call(
+        functools.partial(
+            _scores_backward_k_gpu_kernel,
+            t=t,
+            d=d,
+            s=s,
+            block_t=block_t,
+            block_d=block_d,
+            block_s=block_s,
+        ),
+        # One program per element of B, block of T, block of D; each loops over S itself
+        # (Triton has no scratch memory).
+        grid=(b, pl.cdiv(t, block_t), pl.cdiv(d, block_d)),
+        in_specs=[
+            # dacc: bf16[B, S, T], read transposed
+            pl.BlockSpec((None, s, block_t), lambda b, i, j: (b, 0, i)),
+            # q: bf16[B, S, D]
+            pl.BlockSpec((None, s, block_d), lambda b, i, j: (b, 0, j)),
+        ],
+        # dk: bf16[B, T, D]
+        out_specs=pl.BlockSpec((None, block_t, block_d), lambda b, i, j: (b, i, j)),
+        out_shape=jax.ShapeDtypeStruct((b, t, d), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="scores_backward_k",
+    )(dacc, q)
+
+
+def _scores_backward_k_mosaic_gpu_kernel(
+    dacc_ref, q_ref, dk_ref, out_smem, barrier, *, block_t, block_d, block_s
+):
+    program_b = jax.lax.axis_index("B")
+    program_t = jax.lax.axis_index("T")
+    program_d = jax.lax.axis_index("D")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, dacc_smem, q_smem):
+            plgpu.wgmma(acc_ref, dacc_smem, q_smem)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(dacc_ref.shape[-1] // block_s,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_t, block_s),
+                    lambda s: (program_t, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_s),
+                ),
+                plgpu.BlockSpec(
+                    (block_s, block_d),
+                    lambda s: (s, program_d),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(dacc_ref.at[program_b], q_ref.at[program_b])
+        acc = acc_ref[...]
+        out_smem[...] = acc.astype(jnp.bfloat16)
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_t, block_d), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem,
+        dk_ref.at[
+            program_b, pl.ds(program_t * block_t, block_t), pl.ds(program_d * block_d, block_d)
+        ],
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _scores_backward_k_mosaic_gpu(dacc, q, *, b, t, d, s, interpret):
+    """`scores_backward_k` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_t = 128
+    block_d = 128
+    block_s = 64
+    padded_t = t + -t % block_t
+    padded_d = d + -d % block_d
+    padded_s = s + -s % block_s
+    dacc = jnp.swapaxes(dacc, -1, -2)  # wgmma reads [M, K] tiles
+    dacc = _mgpu_pad(dacc, (b, padded_t, padded_s))
+    q = _mgpu_pad(q, (b, padded_s, padded_d))
+    (dk,) = plgpu.kernel(
+        functools.partial(
+            _scores_backward_k_mosaic_gpu_kernel, block_t=block_t, block_d=block_d, block_s=block_s
+        ),
+        out_type=(jax.ShapeDtypeStruct((b, padded_t, padded_d), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(b, padded_t // block_t, padded_d // block_d),
+        grid_names=("B", "T", "D"),
+        interpret=interpret,
+    )(dacc, q)
+    return dk[:b, :t, :d]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
         "block_m",
         "block_n",
         "block_k",
@@ -2696,8 +8497,8 @@ def linear(
     Returns:
       y: bf16[M, N].
 
-    Gradients: not generated yet for a matrix product: jax.grad of it raises
-    NotImplementedError.
+    Gradients: jax.grad runs the generated backward kernels linear_backward_over_m,
+    linear_backward_x, linear_backward_w (_linear_vjp).
     """
     (x, w, bias), sizes = _operands(
         "linear",
@@ -2737,7 +8538,7 @@ def linear(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _linear_vjp,
+        functools.partial(_linear_vjp, interpret=interpret),
         x,
         w,
         bias,
@@ -2800,13 +8601,18 @@ def _linear_forward(
     )
 
 
-def _linear_vjp(saved, cotangents):
-    """`linear` has no backward pass yet: none is generated for a matrix product."""
-    raise NotImplementedError(
-        "linear is not differentiable yet: pallasgen generates backward kernels for "
-        "elementwise kernels only, not yet for a matrix product; `grad none` in "
-        "specs/matmul.pallas says it is never differentiated"
-    )
+def _linear_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `linear`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels linear_backward_over_m, linear_backward_x, linear_backward_w.
+    The forward pass saves its inputs (x, w, bias) and nothing else: the backward kernels
+    recompute the values they need from them.
+    """
+    x, w, _ = saved
+    dy = cotangents
+    dbias = linear_backward_over_m(dy, interpret=interpret)
+    dx = linear_backward_x(dy, w, interpret=interpret)
+    dw = linear_backward_w(dy, x, interpret=interpret)
+    return dx, dw, dbias
 
 
 def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_ref, *, k, block_k):
@@ -2873,8 +8679,8 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (x 2.0 MiB + w 2.0 MiB + bias 4.0
-    # KiB + y 2.0 MiB) + f32 accumulator 4.0 MiB.
+    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + w 2.0 MiB + bias 4.0
+    # KiB + y 2.0 MiB) + f32 accumulator 4.0 MiB + f32 product step 4.0 MiB.
     return pl.pallas_call(
         functools.partial(_linear_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
@@ -2897,7 +8703,7 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                4 * block_m * block_k + 4 * block_n * block_k + 8 * block_n + 8 * block_m * block_n
+                4 * block_m * block_k + 4 * block_n * block_k + 8 * block_n + 12 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
@@ -3052,3 +8858,968 @@ def _linear_mosaic_gpu(x, w, bias, *, m, n, k, interpret):
         interpret=interpret,
     )(x, w, bias)
     return y[:m, :n]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_n",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def linear_backward_over_m(
+    dy,
+    *,
+    block_m=None,
+    block_n=None,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `linear`, generated from its spec: the cotangents dbias
+    of its inputs from dy, those of its outputs, summed over M (the inputs are broadcast over it).
+
+    Args:
+      dy: bf16[M, N].
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_linear_backward_over_m_tpu_blocks),
+        grown to large steps (_grown), else 1024, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dbias: f32[N].
+    """
+    (dy,), sizes = _operands("linear_backward_over_m", {"dy": (dy, jnp.bfloat16, ("M", "N"))})
+    _check_blocks("linear_backward_over_m", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks(
+        "linear_backward_over_m", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+    )
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(linear_backward_over_m_reference, (((n,), jnp.float32),), dy)
+    dbias = _on_platform(
+        functools.partial(_linear_backward_over_m_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        _gpu_kernel(
+            "linear_backward_over_m",
+            gpu_backend,
+            functools.partial(
+                _linear_backward_over_m_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_linear_backward_over_m_mosaic_gpu, m=m, n=n),
+        ),
+        interpret,
+        dy,
+    )
+    dbias = dbias.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
+    return dbias
+
+
+def linear_backward_over_m_reference(dy):
+    """`linear_backward_over_m` in plain jax.numpy, to test the kernel against."""
+    m = dy.shape[0]
+    n = dy.shape[1]
+    dy_1 = dy.astype(jnp.float32)
+    dbias = jnp.sum(dy_1, axis=0, keepdims=True, dtype=jnp.float32)
+    dbias = dbias.reshape((n,))
+    return dbias
+
+
+def _linear_backward_over_m_kernel(dy_ref, dbias_ref, sum_m_running_ref, *, m, n, block_m, block_n):
+    step = pl.program_id(1)
+
+    @pl.when(step == 0)
+    def _init():
+        sum_m_running_ref[...] = jnp.full(sum_m_running_ref.shape, 0.0, jnp.float32)
+
+    dy = dy_ref[...]
+    dy_1 = dy.astype(jnp.float32)
+    sum_m_block = dy_1
+    if m % block_m:  # a ragged M: its identity past the end, never padding
+        sum_m_block = _fill_past(sum_m_block, step * block_m, m, 0, 0.0)
+    sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
+
+    @pl.when(step == pl.num_programs(1) - 1)
+    def _finish():
+        sum_m = sum_m_running_ref[...]
+        dbias_ref[...] = sum_m
+
+
+# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_linear_backward_over_m_tpu_blocks = {
+    None: {"default": (1024, 1024)},
+    "v5e": {"default": (1024, 1024)},
+    "v6e": {"default": (1024, 1024)},
+}
+
+
+def _linear_backward_over_m_tpu(dy, *, m, n, block_m, block_n, interpret):
+    """`linear_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n = _tpu_blocks(
+        _linear_backward_over_m_tpu_blocks,
+        (m, n),
+        (block_m, block_n),
+        grow=functools.partial(
+            _grown,
+            bounds=(m, n),
+            step=lambda block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_n),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "linear_backward_over_m",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dy 2.0 MiB + dbias 4.0 KiB) +
+    # sum's 32-bit copy of a block 4.0 MiB + let dy_1 4.0 MiB.
+    return pl.pallas_call(
+        functools.partial(
+            _linear_backward_over_m_kernel, m=m, n=n, block_m=block_m, block_n=block_n
+        ),
+        # One step per block of N, block of M. Steps along N are independent (parallel); steps
+        # along M accumulate in order (arbitrary).
+        grid=(pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
+        in_specs=[
+            # dy: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (j, i))
+        ],
+        # dbias: f32[N], broadcast over M
+        out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),
+        out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
+        # sum_m_running_ref: the running sum over M of one block
+        scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(12 * block_m * block_n + 8 * block_n),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * m * n, transcendentals=0, bytes_accessed=_nbytes(dy) + m * n * 4
+        ),
+        interpret=interpret,
+        name="linear_backward_over_m",
+    )(dy)
+
+
+def _linear_backward_over_m_gpu_kernel(dy_ref, dbias_ref, *, m, n, block_m, block_n):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_n = _inside(pl.program_id(0) * block_n, block_n, n)
+    inside = _mask((1, block_n), None, in_n)
+
+    def accumulate(index, running):
+        (sum_m_running,) = running
+        start = index * block_m
+        in_m = _inside(start, block_m, m)
+        dy = _load(dy_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
+        dy_1 = dy.astype(jnp.float32)
+        sum_m_block = dy_1
+        if m % block_m:  # a ragged M: its identity past the end, never padding
+            sum_m_block = _fill_past(sum_m_block, start, m, 0, 0.0)
+        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
+        return (sum_m_running,)
+
+    (sum_m_running,) = jax.lax.fori_loop(
+        0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_n), 0.0, jnp.float32),)
+    )
+    sum_m = sum_m_running
+    _store(dbias_ref, sum_m, inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_linear_backward_over_m_gpu_options = {None: (32, 128, 4, 1)}
+
+
+def _linear_backward_over_m_gpu(dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
+    """`linear_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _linear_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
+    return pl.pallas_call(
+        functools.partial(
+            _linear_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
+        ),
+        # One program per block of N; programs run concurrently. Each loops over M itself,
+        # accumulating in order.
+        grid=(pl.cdiv(n, block_n),),
+        in_specs=[
+            # dy: bf16[M, N]
+            pl.BlockSpec((m, block_n), lambda i: (0, i))
+        ],
+        # dbias: f32[N], broadcast over M
+        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),
+        out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="linear_backward_over_m",
+    )(dy)
+
+
+def _linear_backward_over_m_mosaic_gpu_kernel(
+    dy_ref, dbias_ref, dbias_smem, *, block_m, block_n, m
+):
+    program_n = jax.lax.axis_index("N")
+
+    def reduce_1(indices, dy_smem, carry):
+        (sum_m_running,) = carry
+        start = indices[0] * block_m
+        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        dy_1 = dy.astype(jnp.float32)
+        sum_m_block = dy_1
+        if m % block_m:  # a ragged M: its identity past the end
+            sum_m_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
+            )
+        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
+        return (sum_m_running,)
+
+    (sum_m_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(dy_ref.shape[0] // block_m,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (s, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_n, 0.0, jnp.float32, 1),),
+    )(dy_ref)
+    sum_m = sum_m_running
+    dbias = sum_m
+    dbias_smem[...] = dbias
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(dbias_smem, dbias_ref.at[pl.ds(program_n * block_n, block_n)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _linear_backward_over_m_mosaic_gpu(dy, *, m, n, interpret):
+    """`linear_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    (dbias,) = plgpu.kernel(
+        functools.partial(
+            _linear_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
+        scratch_types=[plgpu.SMEM((block_n,), jnp.float32)],
+        grid=(padded_n // block_n,),
+        grid_names=("N",),
+        interpret=interpret,
+    )(dy)
+    return dbias[:n].reshape((1, n))
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_k",
+        "block_n",
+        "gpu_block_m",
+        "gpu_block_k",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def linear_backward_x(
+    dy,
+    w,
+    *,
+    block_m=None,
+    block_k=None,
+    block_n=None,
+    gpu_block_m=None,
+    gpu_block_k=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `linear`, generated from its spec: the cotangent dx of
+    its input x, from dy, the cotangent of its product.
+
+    Args:
+      dy: bf16[M, N].
+      w: bf16[N, K].
+      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_linear_backward_x_tpu_blocks),
+        else 1024, 1024, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dx: bf16[M, K].
+    """
+    (dy, w), sizes = _operands(
+        "linear_backward_x",
+        {"dy": (dy, jnp.bfloat16, ("M", "N")), "w": (w, jnp.bfloat16, ("N", "K"))},
+    )
+    _check_blocks(
+        "linear_backward_x", block_m=block_m, block_k=block_k, block_n=block_n, may_be_none=True
+    )
+    _check_blocks(
+        "linear_backward_x",
+        gpu_block_m=gpu_block_m,
+        gpu_block_k=gpu_block_k,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m = sizes["M"]
+    k = sizes["K"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(linear_backward_x_reference, (((m, k), jnp.bfloat16),), dy, w)
+    return _on_platform(
+        functools.partial(
+            _linear_backward_x_tpu, m=m, k=k, n=n, block_m=block_m, block_k=block_k, block_n=block_n
+        ),
+        _gpu_kernel(
+            "linear_backward_x",
+            gpu_backend,
+            functools.partial(
+                _linear_backward_x_gpu,
+                m=m,
+                k=k,
+                n=n,
+                block_m=gpu_block_m,
+                block_k=gpu_block_k,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_linear_backward_x_mosaic_gpu, m=m, k=k, n=n),
+        ),
+        interpret,
+        dy,
+        w,
+    )
+
+
+def linear_backward_x_reference(dy, w):
+    """`linear_backward_x` in plain jax.numpy, to test the kernel against."""
+    acc = jnp.einsum("mn,nk->mk", dy, w, preferred_element_type=jnp.float32)
+    dx = acc.astype(jnp.bfloat16)
+    return dx
+
+
+def _linear_backward_x_kernel(dy_ref, w_ref, dx_ref, acc_ref, *, n, block_n):
+    step = pl.program_id(2)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    dy, w = dy_ref[...], w_ref[...]
+    if n % block_n:  # a ragged N: zero both operands past its end, so padding never reaches the sum
+        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
+        dy = jnp.where(
+            step * block_n + jax.lax.broadcasted_iota(jnp.int32, dy.shape, 1) < n,
+            dy.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+        w = jnp.where(
+            step * block_n + jax.lax.broadcasted_iota(jnp.int32, w.shape, 0) < n,
+            w.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+    acc_ref[...] += jnp.dot(dy, w, preferred_element_type=jnp.float32)
+
+    @pl.when(step == pl.num_programs(2) - 1)
+    def _epilogue():
+        acc = acc_ref[...]
+        dx_ref[...] = acc.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_m, block_k, block_n) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (M, K, N) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning; else the chip's default. None: any other
+# chip, and CPU (the spec's blocks).
+_linear_backward_x_tpu_blocks = {
+    None: {"default": (1024, 1024, 1024)},
+    "v5e": {"default": (1024, 1024, 1024)},
+    "v6e": {"default": (1024, 1024, 1024)},
+}
+
+
+def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpret):
+    """`linear_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_k, block_n = _tpu_blocks(
+        _linear_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_k = min(block_k, k)  # a small K is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "linear_backward_x",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + w 2.0 MiB + dx 2.0
+    # MiB) + f32 accumulator 4.0 MiB + f32 product step 4.0 MiB.
+    return pl.pallas_call(
+        functools.partial(_linear_backward_x_kernel, n=n, block_n=block_n),
+        # One step per block of M, block of K, block of N. Steps along M, K are independent
+        # (parallel); steps along N accumulate in order (arbitrary).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
+        in_specs=[
+            # dy: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),
+            # w: bf16[N, K]
+            pl.BlockSpec((block_n, block_k), lambda i, j, k: (k, j)),
+        ],
+        # dx: bf16[M, K]
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+        # acc_ref: the f32 sum over N of one output tile
+        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                4 * block_m * block_n + 4 * block_n * block_k + 12 * block_m * block_k
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * m * k * n, transcendentals=0, bytes_accessed=_nbytes(dy, w) + m * k * 2
+        ),
+        interpret=interpret,
+        name="linear_backward_x",
+    )(dy, w)
+
+
+def _linear_backward_x_gpu_kernel(dy_ref, w_ref, dx_ref, *, m, k, n, block_m, block_k, block_n):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_k = _inside(pl.program_id(1) * block_k, block_k, k)
+    inside = _mask((block_m, block_k), in_m, in_k)
+
+    def accumulate(step, acc):
+        start = step * block_n
+        in_n = _inside(start, block_n, n)  # zeros past a ragged N
+        dy = _load(
+            dy_ref.at[:, pl.ds(start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+        )
+        w = _load(
+            w_ref.at[pl.ds(start, block_n), :], _mask((block_n, block_k), in_n, in_k), other=0
+        )
+        return acc + jnp.dot(dy, w, preferred_element_type=jnp.float32)
+
+    acc = jax.lax.fori_loop(
+        0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32)
+    )
+    _store(dx_ref, acc.astype(jnp.bfloat16), inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_linear_backward_x_gpu_options = {None: (128, 128, 32, 8, 3)}
+
+
+def _linear_backward_x_gpu(
+    dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
+):
+    """`linear_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
+        _linear_backward_x_gpu_options,
+        (m, k, n),
+        (block_m, block_k, block_n, num_warps, num_stages),
+    )
+    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
+    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
+    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
+    return pl.pallas_call(
+        functools.partial(
+            _linear_backward_x_gpu_kernel,
+            m=m,
+            k=k,
+            n=n,
+            block_m=block_m,
+            block_k=block_k,
+            block_n=block_n,
+        ),
+        # One program per block of M, block of K; each loops over N itself (Triton has no
+        # scratch memory).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
+        in_specs=[
+            # dy: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),
+            # w: bf16[N, K]
+            pl.BlockSpec((n, block_k), lambda i, j: (0, j)),
+        ],
+        # dx: bf16[M, K]
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="linear_backward_x",
+    )(dy, w)
+
+
+def _linear_backward_x_mosaic_gpu_kernel(
+    dy_ref, w_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n
+):
+    program_m = jax.lax.axis_index("M")
+    program_k = jax.lax.axis_index("K")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, dy_smem, w_smem):
+            plgpu.wgmma(acc_ref, dy_smem, w_smem)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(dy_ref.shape[-1] // block_n,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_m, block_n),
+                    lambda s: (program_m, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                ),
+                plgpu.BlockSpec(
+                    (block_n, block_k),
+                    lambda s: (s, program_k),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(dy_ref, w_ref)
+        acc = acc_ref[...]
+        out_smem[...] = acc.astype(jnp.bfloat16)
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem,
+        dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _linear_backward_x_mosaic_gpu(dy, w, *, m, k, n, interpret):
+    """`linear_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 128
+    block_k = 128
+    block_n = 64
+    padded_m = m + -m % block_m
+    padded_k = k + -k % block_k
+    padded_n = n + -n % block_n
+    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    w = _mgpu_pad(w, (padded_n, padded_k))
+    (dx,) = plgpu.kernel(
+        functools.partial(
+            _linear_backward_x_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, block_n=block_n
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_m, block_k), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_k)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(padded_m // block_m, padded_k // block_k),
+        grid_names=("M", "K"),
+        interpret=interpret,
+    )(dy, w)
+    return dx[:m, :k]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_n",
+        "block_k",
+        "block_m",
+        "gpu_block_n",
+        "gpu_block_k",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def linear_backward_w(
+    dy,
+    x,
+    *,
+    block_n=None,
+    block_k=None,
+    block_m=None,
+    gpu_block_n=None,
+    gpu_block_k=None,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `linear`, generated from its spec: the cotangent dw of
+    its input w, from dy, the cotangent of its product.
+
+    Args:
+      dy: bf16[M, N].
+      x: bf16[M, K].
+      block_n, block_k, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_linear_backward_w_tpu_blocks),
+        else 1024, 1024, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dw: bf16[N, K].
+    """
+    (dy, x), sizes = _operands(
+        "linear_backward_w",
+        {"dy": (dy, jnp.bfloat16, ("M", "N")), "x": (x, jnp.bfloat16, ("M", "K"))},
+    )
+    _check_blocks(
+        "linear_backward_w", block_n=block_n, block_k=block_k, block_m=block_m, may_be_none=True
+    )
+    _check_blocks(
+        "linear_backward_w",
+        gpu_block_n=gpu_block_n,
+        gpu_block_k=gpu_block_k,
+        gpu_block_m=gpu_block_m,
+        may_be_none=True,
+    )
+    n = sizes["N"]
+    k = sizes["K"]
+    m = sizes["M"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(linear_backward_w_reference, (((n, k), jnp.bfloat16),), dy, x)
+    return _on_platform(
+        functools.partial(
+            _linear_backward_w_tpu, n=n, k=k, m=m, block_n=block_n, block_k=block_k, block_m=block_m
+        ),
+        _gpu_kernel(
+            "linear_backward_w",
+            gpu_backend,
+            functools.partial(
+                _linear_backward_w_gpu,
+                n=n,
+                k=k,
+                m=m,
+                block_n=gpu_block_n,
+                block_k=gpu_block_k,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_linear_backward_w_mosaic_gpu, n=n, k=k, m=m),
+        ),
+        interpret,
+        dy,
+        x,
+    )
+
+
+def linear_backward_w_reference(dy, x):
+    """`linear_backward_w` in plain jax.numpy, to test the kernel against."""
+    acc = jnp.einsum("mn,mk->nk", dy, x, preferred_element_type=jnp.float32)
+    dw = acc.astype(jnp.bfloat16)
+    return dw
+
+
+def _linear_backward_w_kernel(dy_ref, x_ref, dw_ref, acc_ref, *, m, block_m):
+    step = pl.program_id(2)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    dy, x = dy_ref[...], x_ref[...]
+    if m % block_m:  # a ragged M: zero both operands past its end, so padding never reaches the sum
+        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
+        dy = jnp.where(
+            step * block_m + jax.lax.broadcasted_iota(jnp.int32, dy.shape, 0) < m,
+            dy.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+        x = jnp.where(
+            step * block_m + jax.lax.broadcasted_iota(jnp.int32, x.shape, 0) < m,
+            x.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+    acc_ref[...] += jax.lax.dot_general(
+        dy, x, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+    )
+
+    @pl.when(step == pl.num_programs(2) - 1)
+    def _epilogue():
+        acc = acc_ref[...]
+        dw_ref[...] = acc.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_n, block_k, block_m) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (N, K, M) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning; else the chip's default. None: any other
+# chip, and CPU (the spec's blocks).
+_linear_backward_w_tpu_blocks = {
+    None: {"default": (1024, 1024, 1024)},
+    "v5e": {"default": (1024, 1024, 1024)},
+    "v6e": {"default": (1024, 1024, 1024)},
+}
+
+
+def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpret):
+    """`linear_backward_w` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_n, block_k, block_m = _tpu_blocks(
+        _linear_backward_w_tpu_blocks, (n, k, m), (block_n, block_k, block_m)
+    )
+    block_n = min(block_n, n)  # a small N is one whole block
+    block_k = min(block_k, k)  # a small K is one whole block
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "linear_backward_w",
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + x 2.0 MiB + dw 2.0
+    # MiB) + f32 accumulator 4.0 MiB + f32 product step 4.0 MiB.
+    return pl.pallas_call(
+        functools.partial(_linear_backward_w_kernel, m=m, block_m=block_m),
+        # One step per block of N, block of K, block of M. Steps along N, K are independent
+        # (parallel); steps along M accumulate in order (arbitrary).
+        grid=(pl.cdiv(n, block_n), pl.cdiv(k, block_k), pl.cdiv(m, block_m)),
+        in_specs=[
+            # dy: bf16[M, N], read transposed
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, i)),
+            # x: bf16[M, K]
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, j)),
+        ],
+        # dw: bf16[N, K]
+        out_specs=pl.BlockSpec((block_n, block_k), lambda i, j, k: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((n, k), jnp.bfloat16),
+        # acc_ref: the f32 sum over M of one output tile
+        scratch_shapes=[pltpu.VMEM((block_n, block_k), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                4 * block_m * block_n + 4 * block_m * block_k + 12 * block_n * block_k
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * n * k * m, transcendentals=0, bytes_accessed=_nbytes(dy, x) + n * k * 2
+        ),
+        interpret=interpret,
+        name="linear_backward_w",
+    )(dy, x)
+
+
+def _linear_backward_w_gpu_kernel(dy_ref, x_ref, dw_ref, *, n, k, m, block_n, block_k, block_m):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_n = _inside(pl.program_id(0) * block_n, block_n, n)
+    in_k = _inside(pl.program_id(1) * block_k, block_k, k)
+    inside = _mask((block_n, block_k), in_n, in_k)
+
+    def accumulate(step, acc):
+        start = step * block_m
+        in_m = _inside(start, block_m, m)  # zeros past a ragged M
+        dy = _load(
+            dy_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        )
+        x = _load(
+            x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_k), in_m, in_k), other=0
+        )
+        return acc + jax.lax.dot_general(
+            dy, x, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )
+
+    acc = jax.lax.fori_loop(
+        0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dw_ref.shape, jnp.float32)
+    )
+    _store(dw_ref, acc.astype(jnp.bfloat16), inside)
+
+
+# GPU (Triton) blocks and launch options (block_n, block_k, block_m, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (N, K, M) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_linear_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
+
+
+def _linear_backward_w_gpu(
+    dy, x, *, n, k, m, block_n, block_k, block_m, num_warps, num_stages, interpret
+):
+    """`linear_backward_w` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_n, block_k, block_m, num_warps, num_stages = _gpu_options(
+        _linear_backward_w_gpu_options,
+        (n, k, m),
+        (block_n, block_k, block_m, num_warps, num_stages),
+    )
+    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
+    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
+    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
+    return pl.pallas_call(
+        functools.partial(
+            _linear_backward_w_gpu_kernel,
+            n=n,
+            k=k,
+            m=m,
+            block_n=block_n,
+            block_k=block_k,
+            block_m=block_m,
+        ),
+        # One program per block of N, block of K; each loops over M itself (Triton has no
+        # scratch memory).
+        grid=(pl.cdiv(n, block_n), pl.cdiv(k, block_k)),
+        in_specs=[
+            # dy: bf16[M, N], read transposed
+            pl.BlockSpec((m, block_n), lambda i, j: (0, i)),
+            # x: bf16[M, K]
+            pl.BlockSpec((m, block_k), lambda i, j: (0, j)),
+        ],
+        # dw: bf16[N, K]
+        out_specs=pl.BlockSpec((block_n, block_k), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((n, k), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="linear_backward_w",
+    )(dy, x)
+
+
+def _linear_backward_w_mosaic_gpu_kernel(
+    dy_ref, x_ref, dw_ref, out_smem, barrier, *, block_n, block_k, block_m
+):
+    program_n = jax.lax.axis_index("N")
+    program_k = jax.lax.axis_index("K")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, dy_smem, x_smem):
+            plgpu.wgmma(acc_ref, dy_smem, x_smem)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(dy_ref.shape[-1] // block_m,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_n, block_m),
+                    lambda s: (program_n, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_m),
+                ),
+                plgpu.BlockSpec(
+                    (block_m, block_k),
+                    lambda s: (s, program_k),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(dy_ref, x_ref)
+        acc = acc_ref[...]
+        out_smem[...] = acc.astype(jnp.bfloat16)
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_n, block_k), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem,
+        dw_ref.at[pl.ds(program_n * block_n, block_n), pl.ds(program_k * block_k, block_k)],
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _linear_backward_w_mosaic_gpu(dy, x, *, n, k, m, interpret):
+    """`linear_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_n = 128
+    block_k = 128
+    block_m = 64
+    padded_n = n + -n % block_n
+    padded_k = k + -k % block_k
+    padded_m = m + -m % block_m
+    dy = jnp.swapaxes(dy, -1, -2)  # wgmma reads [M, K] tiles
+    dy = _mgpu_pad(dy, (padded_n, padded_m))
+    x = _mgpu_pad(x, (padded_m, padded_k))
+    (dw,) = plgpu.kernel(
+        functools.partial(
+            _linear_backward_w_mosaic_gpu_kernel, block_n=block_n, block_k=block_k, block_m=block_m
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_n, padded_k), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_n, block_k), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_k)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(padded_n // block_n, padded_k // block_k),
+        grid_names=("N", "K"),
+        interpret=interpret,
+    )(dy, x)
+    return dw[:n, :k]

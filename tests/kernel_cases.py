@@ -350,6 +350,40 @@ def bias_gelu_backward_over_n_numpy(x, bias, scale, dy):
     return ((bias_gelu_dz(x, bias, scale, dy) * f64(x)).sum(axis=1),)
 
 
+def matmul_relu_backward_epilogue_numpy(acc, dz):
+    """The cotangent of the product in z = relu(acc): dz where acc > 0 (0 at 0, as JAX)."""
+    return (np.where(f64(acc) > 0, f64(dz), 0.0),)
+
+
+def matmul_bias_gelu_dacc(acc, bias, dz):
+    """The cotangent of the product in z = gelu(acc + bias): dz gelu'(acc + bias)."""
+    return f64(dz) * gelu_tanh_derivative_numpy(f64(acc) + f64(bias))
+
+
+def matmul_bias_gelu_backward_epilogue_numpy(acc, bias, dz):
+    return (matmul_bias_gelu_dacc(acc, bias, dz),)
+
+
+def matmul_bias_gelu_backward_over_m_numpy(acc, bias, dz):
+    """dbias: the product's cotangent summed over the rows (M), over which bias is broadcast."""
+    return (matmul_bias_gelu_dacc(acc, bias, dz).sum(axis=0),)
+
+
+def cotangent_as_is_numpy(dz):
+    """The product's cotangent where the epilogue is the product itself (batched_matmul)."""
+    return (f64(dz),)
+
+
+def scores_backward_epilogue_numpy(ds, *, scale=0.125):
+    """The cotangent of q @ k.T in s = (q @ k.T) * scale."""
+    return (f64(ds) * scale,)
+
+
+def linear_backward_over_m_numpy(dy):
+    """dbias of y = x @ w.T + bias: dy summed over the rows."""
+    return (f64(dy).sum(axis=0),)
+
+
 def add_backward_numpy(dz):
     """dx = dy = dz."""
     return f64(dz), f64(dz)
@@ -767,6 +801,80 @@ CASES = {
                 ),
             )
         ),
+        # The elementwise backward kernels of the products (product_gradients.py): the
+        # product's cotangent from its value (acc) and the output's cotangent.
+        KernelCase(
+            "matmul",
+            "matmul_relu_backward_epilogue",
+            (Operand("acc", "f32", ("M", "N")), Operand("dz", "f32", ("M", "N"))),
+            (Operand("dacc", "f32", ("M", "N")),),
+            with_cotangents(None, Operand("acc", "f32", ("M", "N")), Operand("dz", "f32", ("M", "N"))),
+            matmul_relu_backward_epilogue_numpy,
+            (F32_TOL,),
+            specials=False,
+        ),
+        *(
+            KernelCase(
+                "matmul",
+                name,
+                (Operand("acc", "f32", ("M", "N")), Operand("bias", "f32", ("N",)), Operand("dz", "bf16", ("M", "N"))),
+                (output,),
+                with_cotangents(
+                    None,
+                    Operand("acc", "f32", ("M", "N")),
+                    Operand("bias", "f32", ("N",)),
+                    Operand("dz", "bf16", ("M", "N")),
+                ),
+                expected,
+                (tolerance,),
+                specials=False,
+            )
+            for name, output, expected, tolerance in (
+                (
+                    "matmul_bias_gelu_backward_epilogue",
+                    Operand("dacc", "bf16", ("M", "N")),
+                    matmul_bias_gelu_backward_epilogue_numpy,
+                    GELU_DERIVATIVE_TOL,
+                ),
+                (
+                    "matmul_bias_gelu_backward_over_m",
+                    Operand("dbias", "f32", ("N",)),
+                    matmul_bias_gelu_backward_over_m_numpy,
+                    Tolerance(2e-5, 1e-4, sqrt_of="M"),
+                ),
+            )
+        ),
+        KernelCase(
+            "matmul",
+            "batched_matmul_backward_epilogue",
+            (Operand("dz", "f32", ("B", "M", "N")),),
+            (Operand("dacc", "bf16", ("B", "M", "N")),),
+            with_cotangents(None, Operand("dz", "f32", ("B", "M", "N"))),
+            cotangent_as_is_numpy,
+            (BF16_TOL,),
+            specials=False,
+        ),
+        KernelCase(
+            "matmul",
+            "scores_backward_epilogue",
+            (Operand("ds", "f32", ("B", "S", "T")),),
+            (Operand("dacc", "bf16", ("B", "S", "T")),),
+            with_cotangents(None, Operand("ds", "f32", ("B", "S", "T"))),
+            scores_backward_epilogue_numpy,
+            (BF16_TOL,),
+            params={"scale": 0.5},
+            specials=False,
+        ),
+        KernelCase(
+            "matmul",
+            "linear_backward_over_m",
+            (Operand("dy", "bf16", ("M", "N")),),
+            (Operand("dbias", "f32", ("N",)),),
+            with_cotangents(None, Operand("dy", "bf16", ("M", "N"))),
+            linear_backward_over_m_numpy,
+            (Tolerance(1e-5, 1e-4, sqrt_of="M"),),
+            specials=False,
+        ),
         KernelCase(
             "add_vectors",
             "add_vectors_backward",
@@ -1006,6 +1114,12 @@ def spec_kernels(module_stem: str):
     assert match, f"generated/{module_stem}.py has no pallasgen header: {header!r}"
     source = (ROOT / match.group(1)).read_text(encoding="utf-8")
     return tuple(checked.kernel for checked in every_kernel(check_source(source, match.group(1))))
+
+
+def derived_kernels(module_stem: str) -> list[str]:
+    """The kernels a generated module has besides its spec's: those derived for jax.grad."""
+    own = set(re.findall(r"^kernel (\w+)", (ROOT / "specs" / f"{module_stem}.pallas").read_text(), re.M))
+    return [name for name in kernels_in(generated_module(module_stem)) if name not in own]
 
 
 def spec_inputs(module_stem: str, kernel: str) -> tuple[Operand, ...]:

@@ -417,7 +417,6 @@ def test_grad_none_gives_the_same_error_for_a_kernel_with_a_product(tmp_path):
 @pytest.mark.parametrize(
     ("stem", "kernel", "what"),
     [
-        ("matmul", "matmul", "a matrix product"),
         ("norms", "rms_norm", "a reduction"),
     ],
 )

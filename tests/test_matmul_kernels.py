@@ -19,7 +19,7 @@ import pytest
 from jax._src.mesh import AbstractDevice
 from jax.experimental.pallas import tpu as pltpu
 
-from kernel_cases import BF16, generated_module, load_module
+from kernel_cases import BF16, derived_kernels, generated_module, load_module, spec_inputs
 
 SMALL_BLOCKS = dict(block_m=16, block_n=128, block_k=128)
 # int8 arrays take blocks of 32 rows: Mosaic tiles them (32, 128).
@@ -205,6 +205,14 @@ LOWERING_CASES = {
     "batched_matmul": [S((4, 300, 600), jnp.bfloat16), S((4, 600, 300), jnp.bfloat16)],
     "scores": [S((2, 256, 64), jnp.bfloat16), S((2, 384, 64), jnp.bfloat16)],
     "linear": [S((512, 1000), jnp.bfloat16), S((768, 1000), jnp.bfloat16), S((768,), jnp.float32)],
+}
+# The kernels derived for jax.grad (the forward with its residuals, the backward kernels),
+# at ragged sizes of each dimension, their arrays as they declare them.
+RAGGED = {"M": 1000, "N": 768, "K": 3000, "B": 4, "S": 256, "T": 384, "D": 64}
+DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
+LOWERING_CASES |= {
+    kernel: [S(op.shape(RAGGED), DTYPES[op.dtype]) for op in spec_inputs("matmul", kernel)]
+    for kernel in derived_kernels("matmul")
 }
 
 

@@ -167,7 +167,8 @@ class Vmem:
 
 def vmem(kernel: ir.Kernel, blocked, product: Product | None) -> Vmem:
     """Double-buffered inputs and outputs, the accumulator of a product whose contracted
-    dimension is in `blocked`, and each reduction's 32-bit working copy of a block (f32 or
+    dimension is in `blocked` and the product of one step (the dot's result, which Mosaic
+    holds before adding it: blocks of exactly 16 MiB without it failed), and each reduction's 32-bit working copy of a block (f32 or
     i32), with as many running values again where they are block-shaped; and each let,
     as a 32-bit block of its dimensions: Mosaic keeps a value that several expressions
     read (a backward kernel's recomputed values and cotangents: bias_gelu's needed 30.5
@@ -179,18 +180,19 @@ def vmem(kernel: ir.Kernel, blocked, product: Product | None) -> Vmem:
     if product is not None and product.k in blocked:
         accumulator = product.accumulator
         parts.append(VmemPart(f"{accumulator.name} accumulator", None, 1, accumulator.bytes, (product.m, product.n)))
+        parts.append(VmemPart(f"{accumulator.name} product step", None, 1, accumulator.bytes, (product.m, product.n)))
     dims = tuple(dict.fromkeys(d for decl in kernel.inputs + kernel.outputs for d in decl.dims))
     reductions = [node.func for node in _reductions(kernel)]
     parts += [VmemPart(f"{func}'s 32-bit copy of a block", None, 1, 4, dims) for func in reductions]
-    parts += [VmemPart(f"let {name}", None, 1, 4, let_dims) for name, let_dims in _let_dims(kernel).items()]
+    parts += [VmemPart(f"let {name}", None, 1, 4, let_dims) for name, let_dims in _let_dims(kernel, product).items()]
     if any(accumulates_elementwise(kernel, d) for d in blocked):  # block-shaped running values too
         parts += [VmemPart(f"{func}'s running values", None, 1, 4, dims) for func in reductions]
     return Vmem(tuple(parts), VMEM_LIMIT_BYTES)
 
 
-def _let_dims(kernel: ir.Kernel) -> dict[str, tuple[str, ...]]:
+def _let_dims(kernel: ir.Kernel, product: Product | None) -> dict[str, tuple[str, ...]]:
     """Each let's dimensions, in the kernel's order: those of the arrays and lets it reads,
-    but those its reductions remove."""
+    but those its reductions and its product remove."""
     order = tuple(dict.fromkeys(d for decl in kernel.inputs + kernel.outputs for d in decl.dims))
     known = {decl.name: set(decl.dims) for decl in kernel.inputs + kernel.outputs}
 
@@ -203,8 +205,11 @@ def _let_dims(kernel: ir.Kernel) -> dict[str, tuple[str, ...]]:
                 return dims_of(node.args[0]) - {node.args[1].id}
             if function.typing in ("index", "size"):
                 return {node.args[0].id} if function.typing == "index" else set()
-        children = [getattr(node, a) for a in ("operand", "left", "right") if hasattr(node, a)]
-        return set().union(*map(dims_of, [*children, *getattr(node, "args", ())]))
+        children = [getattr(node, a) for a in ("operand", "left", "right", "value") if hasattr(node, a)]
+        found = set().union(*map(dims_of, [*children, *getattr(node, "args", ())]))
+        if product is not None and node == product.node:
+            return found - {product.k}
+        return found
 
     found = {}
     for statement in kernel.body:

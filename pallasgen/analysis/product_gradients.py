@@ -1,0 +1,244 @@
+"""Backward kernels of a kernel with one matrix product and an elementwise epilogue
+(`z = gelu(x @ y + bias)`), derived from its spec.
+
+The product's value, taken as an input `acc`, makes the epilogue an elementwise kernel,
+whose reverse mode (analysis.reverse) gives the cotangent of the product, `dacc`, in
+one elementwise backward kernel, NAME_backward_epilogue, in the operands' dtype (the
+products below take it to the MXU); an input broadcast over a dimension (a bias [N])
+gets its cotangent summed over it by a kernel of its own, NAME_backward_over_m, as
+reverse.derive sums it. Where the product's cotangent is an output's cotangent as it
+is (matmul, linear: `z = x @ y`), there is no epilogue kernel. Then each operand's
+cotangent is one product kernel, NAME_backward_x and NAME_backward_y:
+`dx = dacc @ y.T`, `dy = x.T @ dacc`, each operand read as it is stored (`w.T` in the
+forward, `w` here), with the forward's blocks by dimension name.
+
+What the forward pass saves: the product's value (the accumulator, as the residual
+`acc`, written by NAME_with_residuals) where the epilogue's derivative reads it (gelu,
+relu), and nothing but the inputs where it does not (a scale, a bias).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+from pallasgen.analysis import reverse
+from pallasgen.analysis.backward import Argument, Derived, Residual, Step
+from pallasgen.analysis.checks import CheckedKernel, check_kernel
+from pallasgen.analysis.dtypes import DTYPES
+from pallasgen.analysis.names import Namer
+from pallasgen.analysis.product import Product, product_dims
+from pallasgen.frontend import ir
+
+LANES = 128  # a TPU lane tile: a block that is a multiple of it is legal in any position
+GPU_DEPTH = 32  # the GPU block of what a backward kernel sums over (see _gpu_blocks)
+
+
+def derive(checked: CheckedKernel) -> Derived | str | None:
+    """The backward kernels of a kernel with one product (None: it has none, or it is a
+    fused kernel), or what it has that they are not generated for yet."""
+    product = checked.product
+    if product is None or checked.fused is not None:
+        return None
+    not_yet = _not_generated_yet(product)
+    if not_yet:
+        return not_yet
+    kernel = checked.kernel
+    forward = [*(d.name for d in kernel.inputs + kernel.outputs), *(p.name for p in kernel.params), *checked.dims]
+    acc = Namer([*forward, *(s.name for s in kernel.body if isinstance(s, ir.Let))]).claim("acc")
+    epilogue, problems = check_kernel(_epilogue(kernel, product, acc))
+    if problems:  # what the forward's checks pass, its epilogue passes: never expected
+        return f"an epilogue that fails a check ({problems[0].message})"
+    not_yet = reverse.not_generated_yet(epilogue)
+    if not_yet:
+        return f"{not_yet} in the product's epilogue"
+    backward = reverse.Reverse(epilogue)
+    steps, g = _epilogue_steps(kernel, product, backward, acc)
+    if g is not None:
+        steps += _product_steps(kernel, product, g)
+    residuals = ()
+    if any(a == Argument(acc, "residual") for step in steps for a in step.arguments):
+        residuals = (Residual(acc, product.node),)
+    return Derived(tuple(steps), residuals, backward.recomputed_names([s.kernel for s in steps]))
+
+
+def _not_generated_yet(product: Product) -> str | None:
+    """What the product has that its backward kernels are not generated for: an operand
+    broadcast over a batch dimension (its cotangent sums over it too). The checks leave
+    the operands nowhere else in the body."""
+    if product.lhs.dims[:-2] != product.rhs.dims[:-2]:
+        return "a product whose operands have different batch dimensions"
+    return None
+
+
+def _epilogue(kernel: ir.Kernel, product: Product, acc: str) -> ir.Kernel:
+    """The kernel with its product an input `acc`, and without its operands: its epilogue,
+    an elementwise kernel."""
+    position = product.node.position
+    dims = product_dims(product)
+    decl = ir.ArrayDecl(acc, product.accumulator.name, dims, position, position, (position,) * len(dims))
+    operands = {o.name for o in product.operands}
+    return dataclasses.replace(
+        kernel,
+        inputs=(decl, *(d for d in kernel.inputs if d.name not in operands)),
+        body=tuple(reverse.replaced(s, {product.node: ir.Name(acc, position)}) for s in kernel.body),
+        blocks=tuple(b for b in kernel.blocks if b.dim in dims),
+        accumulates=(),
+        gpu_blocks=tuple(b for b in kernel.gpu_blocks if b.dim in dims),
+        grad_none=(),
+    )
+
+
+def _epilogue_steps(kernel, product, backward: reverse.Reverse, acc: str):
+    """The elementwise backward kernels of the epilogue, and the product's cotangent as
+    the product kernels take it (None: it has none): the result of the first, or an
+    output's cotangent as it is."""
+    epilogue = backward.checked
+    layout = epilogue.space.layout
+    groups: dict[str, list[ir.ArrayDecl]] = defaultdict(list)
+    for decl in epilogue.kernel.inputs:
+        if decl.name in backward.cotangents:
+            groups["".join(d for d in layout if d not in decl.dims)].append(decl)
+    operand_dtype = product.lhs.dtype.name
+    g = None
+    if acc in backward.cotangents:
+        g = _output_cotangent(kernel, backward, backward.cotangents[acc], operand_dtype)
+        if g is not None:  # no epilogue kernel for it
+            groups[""] = [d for d in groups[""] if d.name != acc]
+    steps = []
+    for dims, decls in groups.items():
+        if not decls:
+            continue
+        name = f"{kernel.name}_backward_" + (f"over_{dims.lower()}" if dims else "epilogue")
+        derived, arguments = backward.kernel(name, decls, dims)
+        arguments = tuple(Argument(acc, "residual") if a == Argument(acc, "input") else a for a in arguments)
+        results = tuple(d.name for d in decls)
+        if dims:
+            derived = dataclasses.replace(derived, gpu_blocks=_gpu_blocks(derived, set(layout), dims))
+        if decls[0].name == acc:  # the product's cotangent, in its operands' dtype for the products
+            derived, dacc = _in_dtype(derived, 0, operand_dtype)
+            results = (dacc.name, *results[1:])
+            g = dacc, Argument(dacc.name, "backward")
+        steps.append(Step(derived, arguments, results))
+    return steps, g
+
+
+def _output_cotangent(kernel, backward, cotangent: ir.Expr, dtype: str):
+    """Where the product's cotangent is an output's cotangent converted only to wider
+    floats and back (`f32(dz)` of a bf16 `z`, maybe by a let), that cotangent's
+    declaration as the products take it and its argument; else None."""
+    widest = DTYPES[dtype].bits
+    lets = {s.name: s.value for s in backward.statements}
+    while isinstance(cotangent, ir.Name) and cotangent.id in lets or _is_conversion(cotangent):
+        if isinstance(cotangent, ir.Name):
+            cotangent = lets[cotangent.id]
+            continue
+        converted = DTYPES[cotangent.func]
+        if not converted.is_float:
+            return None
+        widest = min(widest, converted.bits)
+        cotangent = cotangent.args[0]
+    outputs = {backward.seeds[o.name]: o for o in kernel.outputs if o.name in backward.seeds}
+    if not isinstance(cotangent, ir.Name) or cotangent.id not in outputs:
+        return None
+    output = outputs[cotangent.id]
+    if output.dtype != dtype or widest < DTYPES[dtype].bits:
+        return None
+    return dataclasses.replace(output, name=cotangent.id), Argument(output.name, "cotangent")
+
+
+def _is_conversion(node: ir.Expr) -> bool:
+    return isinstance(node, ir.Call) and node.func in DTYPES and len(node.args) == 1
+
+
+def _in_dtype(kernel: ir.Kernel, index: int, dtype: str) -> tuple[ir.Kernel, ir.ArrayDecl]:
+    """The kernel with its output `index` converted to `dtype`, and that output."""
+    output = kernel.outputs[index]
+    if output.dtype == dtype:
+        return kernel, output
+    converted = dataclasses.replace(output, dtype=dtype)
+    body = tuple(
+        dataclasses.replace(s, value=ir.Call(dtype, (s.value,), s.value.position, s.value.position))
+        if isinstance(s, ir.Assign) and s.target == output.name
+        else s
+        for s in kernel.body
+    )
+    outputs = tuple(converted if o is output else o for o in kernel.outputs)
+    return dataclasses.replace(kernel, outputs=outputs, body=body), converted
+
+
+def _product_steps(kernel: ir.Kernel, product: Product, g) -> list[Step]:
+    """`dx = dacc @ y.T` and `dy = x.T @ dacc` (as the operands are stored) for each float
+    operand: one product kernel each."""
+    g_decl, g_argument = g
+    inputs = {d.name: d for d in kernel.inputs}
+    x, y = (inputs[o.name] for o in product.operands)
+    steps = []
+    for target, other, contracted in ((x, y, product.n), (y, x, product.m)):
+        if not DTYPES[target.dtype].is_float:
+            continue
+        body, read = _product(target, (g_decl, other), contracted, product.node)
+        arguments = tuple(g_argument if decl is g_decl else Argument(decl.name, "input") for decl in read)
+        out = dataclasses.replace(target, name=Namer([d.name for d in read]).claim(f"d{target.name}"))
+        dims = {*target.dims, contracted}
+        doc = (
+            f"The backward pass of `{kernel.name}`, generated from its spec: the cotangent {out.name} of",
+            f"its input {target.name}, from {g_decl.name}, the cotangent of its product.",
+        )
+        derived = ir.Kernel(
+            name=f"{kernel.name}_backward_{target.name}",
+            position=kernel.position,
+            doc=doc,
+            inputs=read,
+            outputs=(out,),
+            params=(),
+            body=(ir.Assign(out.name, body, product.node.position),),
+            blocks=_blocks(kernel, dims, target.dims[-2:]),
+            accumulates=kernel.accumulates,
+            gpu_blocks=_gpu_blocks(kernel, dims, contracted),
+            gpu_options=kernel.gpu_options,
+        )
+        steps.append(Step(derived, arguments, (target.name,)))
+    return steps
+
+
+def _blocks(kernel: ir.Kernel, dims: set[str], outputs: tuple[str, ...]) -> tuple[ir.BlockSize, ...]:
+    """The forward's blocks of `dims`; and where the forward takes one of the product's
+    `outputs` whole (scores' D, contracted there), the forward's largest block rounded up
+    to a lane tile, so that the backward's output and accumulator blocks stay bounded (a
+    D of 64 is still one block)."""
+    blocks = [b for b in kernel.blocks if b.dim in dims]
+    largest = max((b.size for b in kernel.blocks), default=LANES)
+    for dim in outputs:
+        if all(b.dim != dim for b in kernel.blocks):
+            blocks.append(ir.BlockSize(dim, -(-largest // LANES) * LANES, kernel.position, kernel.position))
+    return tuple(blocks)
+
+
+def _gpu_blocks(kernel: ir.Kernel, dims: set[str], shallower: str) -> tuple[ir.BlockSize, ...]:
+    """The forward's GPU blocks of `dims`, and GPU_DEPTH for the dimension `shallower`
+    (a product's contracted one, a sum's) where the forward has none: at Triton's
+    defaults (64 of a 16-bit product's contracted dimension, 64 rows of a sum), sm_90's
+    ptxas spilled 4 to 8 bytes of registers in dx = dacc @ y.T at 8 rows, and in
+    matmul_bias_gelu's sum of gelu's derivative over M (tests/test_compiled.py)."""
+    blocks = [b for b in kernel.gpu_blocks if b.dim in dims]
+    if all(b.dim != shallower for b in blocks):
+        blocks.append(ir.BlockSize(shallower, GPU_DEPTH, kernel.position, kernel.position))
+    return tuple(blocks)
+
+
+def _product(target: ir.ArrayDecl, factors, contracted: str, node: ir.Binary):
+    """The product of the two `factors` over `contracted` that has `target`'s matrix
+    dimensions in its stored order, each factor transposed where it is stored the other
+    way round; and the factors in the order it reads them."""
+    rows, columns = target.dims[-2:]
+    left = next(f for f in factors if rows in f.dims)
+    right = next(f for f in factors if f is not left)
+    position = node.position
+
+    def read(decl: ir.ArrayDecl, wanted: tuple[str, str]) -> ir.Expr:
+        name = ir.Name(decl.name, position)
+        return name if decl.dims[-2:] == wanted else ir.Attribute(name, "T", position, position)
+
+    value = ir.Binary("@", read(left, (rows, contracted)), read(right, (contracted, columns)), position, node.op_position)
+    return value, (left, right)

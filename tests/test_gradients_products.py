@@ -1,0 +1,307 @@
+"""`jax.grad` through the bundled product kernels (specs/matmul.pallas): their backward
+kernels, derived by analysis/product_gradients.py, are an elementwise kernel for the
+product's cotangent (the epilogue's derivative), a kernel per broadcast input's sum,
+and one product kernel per operand (dx = dacc @ y.T, dy = x.T @ dacc).
+
+Each kernel is differentiated on both paths (TPU and GPU kernels in interpret mode) at
+ragged sizes and compared with `jax.vjp` of its reference and with float64 NumPy
+derivatives written here by hand.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+from kernel_cases import f64, generated_module, gelu_tanh_derivative_numpy, kernels_in, take_gpu_branch
+from pallasgen.workspace.pipeline import check_source
+
+RAGGED = {"B": 3, "M": 37, "N": 300, "K": 45, "S": 37, "T": 300, "D": 64}
+
+
+def matmul_numpy(x, y, dz):
+    """z = x @ y: dx = dz @ y.T, dy = x.T @ dz."""
+    x, y, g = f64(x), f64(y), f64(dz)
+    return g @ y.T, x.T @ g
+
+
+def matmul_relu_numpy(x, y, dz):
+    """z = relu(x @ y): the product's cotangent is dz where x @ y > 0."""
+    x, y = f64(x), f64(y)
+    g = np.where(x @ y > 0, f64(dz), 0.0)
+    return g @ y.T, x.T @ g
+
+
+def matmul_bias_gelu_numpy(x, y, bias, dz):
+    """z = gelu(x @ y + bias): g = dz gelu'(x @ y + bias); dbias = g summed over M."""
+    x, y = f64(x), f64(y)
+    g = f64(dz) * gelu_tanh_derivative_numpy(x @ y + f64(bias))
+    return g @ y.T, x.T @ g, g.sum(axis=0)
+
+
+def batched_matmul_numpy(x, y, dz):
+    """z[b] = x[b] @ y[b]: dx[b] = dz[b] @ y[b].T, dy[b] = x[b].T @ dz[b]."""
+    x, y, g = f64(x), f64(y), f64(dz)
+    return g @ y.transpose(0, 2, 1), x.transpose(0, 2, 1) @ g
+
+
+def scores_numpy(q, k, ds, *, scale=0.125):
+    """s = (q @ k.T) * scale: g = ds * scale; dq = g @ k, dk = g.T @ q (per batch)."""
+    q, k, g = f64(q), f64(k), f64(ds) * scale
+    return g @ k, g.transpose(0, 2, 1) @ q
+
+
+def linear_numpy(x, w, bias, dy):
+    """y = x @ w.T + bias: dx = dy @ w, dw = dy.T @ x, dbias = dy summed over M."""
+    x, w, g = f64(x), f64(w), f64(dy)
+    return g @ w, g.T @ x, g.sum(axis=0)
+
+
+# Each kernel's inputs (name, dtype, dims) and its float64 derivative.
+KERNELS = {
+    "matmul": ((("f32", "MK"), ("f32", "KN")), matmul_numpy),
+    "matmul_relu": ((("f32", "MK"), ("f32", "KN")), matmul_relu_numpy),
+    "matmul_bias_gelu": ((("bf16", "MK"), ("bf16", "KN"), ("f32", "N")), matmul_bias_gelu_numpy),
+    "batched_matmul": ((("bf16", "BMK"), ("bf16", "BKN")), batched_matmul_numpy),
+    "scores": ((("bf16", "BSD"), ("bf16", "BTD")), scores_numpy),
+    "linear": ((("bf16", "MK"), ("bf16", "NK"), ("f32", "N")), linear_numpy),
+}
+DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
+
+
+@pytest.fixture(scope="module")
+def mm():
+    return generated_module("matmul")
+
+
+@pytest.fixture(params=["tpu", "gpu"])
+def path(request, mm, monkeypatch):
+    """Which kernels run: the TPU kernels in interpret mode (the CPU default), or the
+    Triton kernels in interpret mode (the module's dispatch pointed at them)."""
+    clear_caches(mm)
+    if request.param == "gpu":
+        take_gpu_branch(monkeypatch, mm)
+    yield request.param
+    clear_caches(mm)
+
+
+def clear_caches(module):
+    """Drops the jitted traces of every kernel, which hold the path they were traced on."""
+    for name in kernels_in(module):
+        getattr(module, name).clear_cache()
+
+
+def inputs_and_cotangent(kernel: str, seed: int = 0, sizes=RAGGED):
+    rng = np.random.default_rng(seed)
+    inputs, _ = KERNELS[kernel]
+    arrays = [jnp.asarray(rng.standard_normal([sizes[d] for d in dims]), DTYPES[dtype]) for dtype, dims in inputs]
+    out = jax.eval_shape(getattr(generated_module("matmul"), f"{kernel}_reference"), *arrays)
+    return arrays, jnp.asarray(rng.standard_normal(out.shape) * 2.0, out.dtype)
+
+
+def kernel_vjp(module, kernel, arrays, dz, **keywords):
+    _, vjp = jax.vjp(functools.partial(getattr(module, kernel), interpret=True, **keywords), *arrays)
+    return vjp(dz)
+
+
+def assert_close(got, want, dtype):
+    """f32: the products' rounding over a ragged contracted dimension; bf16: a bf16 ulp of
+    each element, and of the cotangents' typical size where the sums cancel (the
+    product's cotangent goes to the MXU in bf16, as the operands do)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if dtype == jnp.bfloat16:
+        np.testing.assert_allclose(got, want, rtol=2.0**-7, atol=2.0**-6 * np.sqrt(np.mean(want**2)))
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_vjp_of_the_kernel_is_the_vjp_of_its_reference_at_ragged_sizes(mm, kernel, path):
+    arrays, dz = inputs_and_cotangent(kernel)
+    got = kernel_vjp(mm, kernel, arrays, dz)
+    _, vjp = jax.vjp(getattr(mm, f"{kernel}_reference"), *arrays)
+    want = vjp(dz)
+    assert len(got) == len(want) == len(arrays)
+    for g, w, a in zip(got, want, arrays):
+        assert g.dtype == w.dtype == a.dtype and g.shape == w.shape == a.shape, kernel
+        assert_close(g, w, g.dtype)
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_vjp_of_the_kernel_is_the_float64_numpy_derivative(mm, kernel, path):
+    arrays, dz = inputs_and_cotangent(kernel, seed=1)
+    got = kernel_vjp(mm, kernel, arrays, dz)
+    want = KERNELS[kernel][1](*arrays, dz)
+    for g, w in zip(got, want, strict=True):
+        assert_close(g, w, g.dtype)
+
+
+def test_the_scale_param_reaches_the_backward_kernels(mm):
+    arrays, ds = inputs_and_cotangent("scores", seed=2)
+    got = kernel_vjp(mm, "scores", arrays, ds, scale=0.5)
+    for g, w in zip(got, scores_numpy(*arrays, ds, scale=0.5), strict=True):
+        assert_close(g, w, g.dtype)
+
+
+def test_int8_inputs_get_float0_cotangents(mm):
+    x, y = jnp.ones((8, 16), jnp.int8), jnp.ones((16, 128), jnp.int8)
+    _, vjp = jax.vjp(functools.partial(mm.matmul_int8, interpret=True), x, y)
+    dx, dy = vjp(np.zeros((8, 128), jax.dtypes.float0))
+    assert dx.dtype == dy.dtype == jax.dtypes.float0
+
+
+@pytest.mark.parametrize("kernel", ["matmul", "matmul_relu"])
+def test_check_grads_on_small_f32_inputs(mm, kernel):
+    arrays, _ = inputs_and_cotangent(kernel, seed=3, sizes={"M": 5, "K": 6, "N": 7})
+    check_grads(functools.partial(getattr(mm, kernel), interpret=True), arrays, order=1, modes=["rev"])
+
+
+# --------------------------------------------------------------------------- what grad runs
+
+
+def pallas_calls_and_primitives(jaxpr) -> tuple[list[str], set[str]]:
+    """The names of the pallas_calls in a jaxpr, and the primitives outside them."""
+    calls, primitives = [], set()
+
+    def walk(jaxpr):
+        for equation in jaxpr.eqns:
+            if equation.primitive.name == "pallas_call":
+                calls.append(str(equation.params["name"]))
+                continue
+            primitives.add(equation.primitive.name)
+            for value in equation.params.values():
+                for item in value if isinstance(value, (tuple, list)) else (value,):
+                    inner = getattr(item, "jaxpr", item)
+                    if hasattr(inner, "eqns"):
+                        walk(inner)
+
+    walk(jaxpr.jaxpr)
+    return calls, primitives
+
+
+def test_grad_runs_the_generated_backward_kernels_not_xlas_differentiation(mm):
+    """matmul_bias_gelu under jax.grad: the forward kernel that also writes the product's
+    value (acc), the epilogue's derivative, the sum over M for the bias, and one product
+    per operand; no dot_general or tanh outside them."""
+    x, y = jax.ShapeDtypeStruct((40, 200), jnp.bfloat16), jax.ShapeDtypeStruct((200, 300), jnp.bfloat16)
+    bias = jax.ShapeDtypeStruct((300,), jnp.float32)
+
+    def loss(x, y, bias):
+        return mm.matmul_bias_gelu(x, y, bias, interpret=True).astype(jnp.float32).sum()
+
+    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(x, y, bias)
+    calls, primitives = pallas_calls_and_primitives(jaxpr)
+    assert sorted(calls) == sorted(
+        [
+            "matmul_bias_gelu_with_residuals",
+            "matmul_bias_gelu_backward_epilogue",
+            "matmul_bias_gelu_backward_over_m",
+            "matmul_bias_gelu_backward_x",
+            "matmul_bias_gelu_backward_y",
+        ]
+    )
+    assert not {"tanh", "dot_general"} & primitives
+
+
+def test_a_plain_product_takes_the_outputs_cotangent_straight_to_the_products(mm):
+    """matmul and linear: no epilogue kernel, and the forward pass saves nothing but the
+    inputs (it runs the kernel itself, not NAME_with_residuals)."""
+    x, y = jax.ShapeDtypeStruct((40, 200), jnp.float32), jax.ShapeDtypeStruct((200, 300), jnp.float32)
+    jaxpr = jax.make_jaxpr(jax.grad(lambda x, y: mm.matmul(x, y, interpret=True).sum(), argnums=(0, 1)))(x, y)
+    calls, _ = pallas_calls_and_primitives(jaxpr)
+    assert sorted(calls) == ["matmul", "matmul_backward_x", "matmul_backward_y"]
+    assert not hasattr(mm, "linear_backward_epilogue") and not hasattr(mm, "linear_with_residuals")
+
+
+def open_spec() -> str:
+    from kernel_cases import ROOT
+
+    return (ROOT / "specs" / "matmul.pallas").read_text(encoding="utf-8")
+
+
+def test_the_forward_saves_the_product_only_where_the_epilogues_derivative_reads_it():
+    """gelu and relu read the product's value (saved as the residual acc); a scale, a
+    bias or nothing at all do not."""
+    saved = {k.kernel.name: k.gradient.residuals for k in check_source(open_spec(), "matmul.pallas")}
+    assert saved["matmul_bias_gelu"] == saved["matmul_relu"] == ("acc",)
+    assert saved["matmul"] == saved["scores"] == saved["linear"] == saved["batched_matmul"] == ()
+
+
+def test_each_operand_is_read_as_it_is_stored():
+    """linear's w is [N, K], read as w.T forward: its cotangent is dy.T @ x, [N, K] as w
+    is; scores' dk is ds.T @ q with the batch dimension kept."""
+    kernels = {k.kernel.name: k for k in check_source(open_spec(), "matmul.pallas")}
+    backward = {b.checked.kernel.name: b.checked for k in kernels.values() if k.gradient for b in k.gradient.kernels}
+    for forward, operand, lhs, rhs in [
+        ("linear", "x", ("dy", False), ("w", False)),
+        ("linear", "w", ("dy", True), ("x", False)),
+        ("scores", "q", ("dacc", False), ("k", False)),
+        ("scores", "k", ("dacc", True), ("q", False)),
+        ("matmul", "y", ("x", True), ("dz", False)),
+    ]:
+        derived = backward[f"{forward}_backward_{operand}"]
+        product = derived.product
+        assert ((product.lhs.name, product.lhs.transposed), (product.rhs.name, product.rhs.transposed)) == (lhs, rhs)
+        (declared,) = [d for d in kernels[forward].kernel.inputs if d.name == operand]
+        assert derived.kernel.outputs[0].dims == declared.dims
+
+def test_a_product_kernels_blocks_are_the_forwards_by_dimension_name():
+    (matmul, *_) = check_source(open_spec(), "matmul.pallas")
+    dx, dy = (b.checked for b in matmul.gradient.kernels)
+    assert dx.blocks == {"M": 512, "K": 1024, "N": 1024} == dy.blocks | {"M": 512}
+    assert dx.product.k == "N" and dy.product.k == "M"
+
+
+
+def test_a_let_holding_a_product_counts_as_a_block_of_its_dimensions_in_vmem():
+    """`let pre = x @ w.T + bias` is an [M, N] value: the VMEM estimate counts it as a
+    32-bit [M, N] block, not [M, N, K] (2048 MiB at these blocks) nor [M] (w.T unread)."""
+    from pallasgen.backends.tpu.tiling import vmem
+
+    source = (
+        "kernel mlp {\n    in  x: bf16[M, K]\n    in  w: bf16[N, K]\n    in  bias: f32[N]\n    out z: bf16[M, N]\n"
+        "    let pre = x @ w.T + bias\n    z = gelu(pre)\n    block M = 512, N = 1024, K = 1024\n}\n"
+    )
+    (mlp,) = check_source(source, "mlp.pallas")
+    needed = vmem(mlp.kernel, mlp.blocks, mlp.product)
+    (let,) = [p for p in needed.parts if p.what == "let pre"]
+    assert let.dims == ("M", "N")
+    assert needed.total(mlp.blocks) < 16 * 2**20
+
+
+def test_the_products_value_takes_a_name_the_kernel_does_not_use(tmp_path):
+    """A let named `acc` (and a param named `acc_`) leaves the product's value `acc__`:
+    the gradient is still jax.vjp's of the reference."""
+    from kernel_cases import load_module
+    from pallasgen.workspace.pipeline import generate
+
+    source = (
+        "kernel k {\n    in  x: f32[M, K]\n    in  y: f32[K, N]\n    out z: f32[M, N]\n    param acc_: f32 = 0.5\n"
+        "    let acc = x @ y\n    z = relu(acc) * acc_\n    block M = 128, N = 128, K = 128\n}\n"
+    )
+    (k,) = check_source(source, "k.pallas")
+    assert k.gradient.residuals == ("acc__",)
+    path = tmp_path / "k.py"
+    path.write_text(generate(source, "k.pallas", "k.pallas"))
+    module = load_module(path, "_pallasgen_products_acc")
+    rng = np.random.default_rng(6)
+    x, y = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in [(9, 20), (20, 130)])
+    got = jax.grad(lambda x, y: (module.k(x, y, interpret=True) ** 2).sum(), argnums=(0, 1))(x, y)
+    want = jax.grad(lambda x, y: (module.k_reference(x, y) ** 2).sum(), argnums=(0, 1))(x, y)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4)
+
+
+def test_an_operand_broadcast_over_a_batch_dimension_has_no_backward_kernels_yet():
+    """x [B, M, K] @ y [K, N]: y's cotangent would sum over B as well as M."""
+    source = (
+        "kernel k {\n    in  x: f32[B, M, K]\n    in  y: f32[K, N]\n    out z: f32[B, M, N]\n    z = x @ y\n"
+        "    block B = 1, M = 128\n}\n"
+    )
+    (k,) = check_source(source, "k.pallas")
+    assert k.gradient.not_yet == "a product whose operands have different batch dimensions"
