@@ -31,12 +31,13 @@ def derived_kernels() -> list[tuple[str, object]]:
 
 def small_blocks_and_sizes(checked) -> tuple[dict[str, int], dict[str, int]]:
     """The smallest legal TPU block of each tunable dimension, and sizes of two blocks
-    and a ragged part of each (a dimension taken whole: 40)."""
+    and a ragged part of each (a dimension of fixed blocks: two of them; one taken
+    whole: 40)."""
     tpu = backend_named("tpu")
     blocks = {}
     for dim in tpu.tunable_dims(checked):
         blocks[dim] = next(b for b in SMALLEST_BLOCKS if not tpu.tiling_problem(checked, dim, b))
-    sizes = {dim: 2 * blocks[dim] + 3 if dim in blocks else 40 for dim in checked.dims}
+    sizes = {dim: 2 * blocks[dim] + 3 if dim in blocks else 2 * checked.blocks.get(dim, 20) for dim in checked.dims}
     return blocks, sizes
 
 
