@@ -362,7 +362,8 @@ def layer_norm(
     Returns:
       y: bf16[M, N]; mu: f32[M]; rstd: f32[M].
 
-    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
+    Gradients: jax.grad runs the generated backward kernels layer_norm_backward,
+    layer_norm_backward_over_m (_layer_norm_vjp).
     """
     (x, w, b), sizes = _operands(
         "layer_norm",
@@ -398,10 +399,22 @@ def layer_norm(
             eps=eps,
             interpret=interpret,
         ),
-        _layer_norm_vjp,
+        functools.partial(_layer_norm_vjp, eps=eps, interpret=interpret),
         x,
         w,
         b,
+        saving=functools.partial(
+            _layer_norm_saving,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            eps=eps,
+            interpret=interpret,
+        ),
     )
 
 
@@ -453,13 +466,40 @@ def _layer_norm_forward(
     return y, mu, rstd
 
 
-def _layer_norm_vjp(saved, cotangents):
-    """`layer_norm` has no backward pass yet: none is generated for a reduction."""
-    raise NotImplementedError(
-        "layer_norm is not differentiable yet: pallasgen generates backward kernels "
-        "for elementwise kernels only, not yet for a reduction; `grad none` in "
-        "specs/norms.pallas says it is never differentiated"
+def _layer_norm_saving(
+    x, w, b, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, eps, interpret
+):
+    """`layer_norm` forward under jax.grad: its outputs, and what its backward kernels read (x,
+    w, mu, rstd).
+    """
+    y, mu, rstd = _layer_norm_forward(
+        x,
+        w,
+        b,
+        m=m,
+        n=n,
+        block_m=block_m,
+        gpu_block_m=gpu_block_m,
+        gpu_warps=gpu_warps,
+        gpu_stages=gpu_stages,
+        gpu_backend=gpu_backend,
+        eps=eps,
+        interpret=interpret,
     )
+    return (y, mu, rstd), (x, w, mu, rstd)
+
+
+def _layer_norm_vjp(saved, cotangents, *, eps, interpret):
+    """The cotangents of `layer_norm`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels layer_norm_backward, layer_norm_backward_over_m. The forward
+    pass saves its inputs (x, w, b) and its outputs mu, rstd (read, not recomputed): the
+    backward kernels recompute the values they need (h, d) from them.
+    """
+    x, w, mu, rstd = saved
+    dy, dmu, drstd = cotangents
+    dx = layer_norm_backward(x, w, mu, rstd, dy, dmu, drstd, eps=eps, interpret=interpret)
+    dw, db = layer_norm_backward_over_m(x, mu, rstd, dy, interpret=interpret)
+    return dx, dw, db
 
 
 def _layer_norm_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, m, n, block_m, eps):
@@ -627,6 +667,654 @@ def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, inter
         "interpret",
     ),
 )
+def layer_norm_backward(
+    x,
+    w,
+    mu,
+    rstd,
+    dy,
+    dmu,
+    drstd,
+    *,
+    block_m=None,
+    gpu_block_m=1,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    eps=1e-05,
+    interpret=None,
+):
+    """The backward pass of `layer_norm`, generated from its spec: the cotangents dx
+    of its inputs from dy, dmu, drstd, those of its outputs.
+
+    Args:
+      x: bf16[M, N].
+      w: f32[N].
+      mu: f32[M].
+      rstd: f32[M].
+      dy: bf16[M, N].
+      dmu: f32[M].
+      drstd: f32[M].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_backward_tpu_blocks),
+        grown to large steps (_grown), else 16.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
+      eps: a static f32 (default 1e-05).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dx: bf16[M, N].
+    """
+    (x, w, mu, rstd, dy, dmu, drstd), sizes = _operands(
+        "layer_norm_backward",
+        {
+            "x": (x, jnp.bfloat16, ("M", "N")),
+            "w": (w, jnp.float32, ("N",)),
+            "mu": (mu, jnp.float32, ("M",)),
+            "rstd": (rstd, jnp.float32, ("M",)),
+            "dy": (dy, jnp.bfloat16, ("M", "N")),
+            "dmu": (dmu, jnp.float32, ("M",)),
+            "drstd": (drstd, jnp.float32, ("M",)),
+        },
+    )
+    _check_blocks("layer_norm_backward", block_m=block_m, may_be_none=True)
+    _check_blocks("layer_norm_backward", gpu_block_m=gpu_block_m)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            layer_norm_backward_reference,
+            (((m, n), jnp.bfloat16),),
+            x,
+            w,
+            mu,
+            rstd,
+            dy,
+            dmu,
+            drstd,
+            eps=eps,
+        )
+    w = w.reshape(1, n)  # w: f32[N], broadcast over M
+    mu = mu.reshape(m, 1)  # mu: f32[M], broadcast over N
+    rstd = rstd.reshape(m, 1)  # rstd: f32[M], broadcast over N
+    dmu = dmu.reshape(m, 1)  # dmu: f32[M], broadcast over N
+    drstd = drstd.reshape(m, 1)  # drstd: f32[M], broadcast over N
+    return _on_platform(
+        functools.partial(_layer_norm_backward_tpu, m=m, n=n, block_m=block_m, eps=eps),
+        _gpu_kernel(
+            "layer_norm_backward",
+            gpu_backend,
+            functools.partial(
+                _layer_norm_backward_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                eps=eps,
+            ),
+            None,
+        ),
+        interpret,
+        x,
+        w,
+        mu,
+        rstd,
+        dy,
+        dmu,
+        drstd,
+    )
+
+
+def layer_norm_backward_reference(x, w, mu, rstd, dy, dmu, drstd, *, eps=1e-05):
+    """`layer_norm_backward` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    w = w[None, :]
+    mu = mu[:, None]
+    rstd = rstd[:, None]
+    dmu = dmu[:, None]
+    drstd = drstd[:, None]
+    h = x.astype(jnp.float32)
+    d = h - mu
+    rstd_1 = jnp.mean((d * d), axis=1, keepdims=True, dtype=jnp.float32) + eps
+    dy_1 = dy.astype(jnp.float32)
+    dy_2 = dy_1 * w
+    drstd_ = drstd + jnp.sum((dy_2 * d), axis=1, keepdims=True, dtype=jnp.float32)
+    drstd_1 = drstd_ * (-0.5 * (rstd / rstd_1)) / n
+    dd = dy_2 * rstd + drstd_1 * d + drstd_1 * d
+    dmu_ = dmu + jnp.sum((-dd), axis=1, keepdims=True, dtype=jnp.float32)
+    dh = dd + dmu_ / n
+    dx = dh.astype(jnp.bfloat16)
+    return dx
+
+
+def _layer_norm_backward_kernel(
+    x_ref, w_ref, mu_ref, rstd_ref, dy_ref, dmu_ref, drstd_ref, dx_ref, *, m, n, block_m, eps
+):
+    x = x_ref[...]
+    w = w_ref[...]
+    mu = mu_ref[...]
+    rstd = rstd_ref[...]
+    dy = dy_ref[...]
+    dmu = dmu_ref[...]
+    drstd = drstd_ref[...]
+    h = x.astype(jnp.float32)
+    d = h - mu
+    rstd_1 = jnp.sum((d * d), axis=1, keepdims=True) / n + eps
+    dy_1 = dy.astype(jnp.float32)
+    dy_2 = dy_1 * w
+    drstd_ = drstd + jnp.sum((dy_2 * d), axis=1, keepdims=True)
+    drstd_1 = drstd_ * (-0.5 * (rstd / rstd_1)) / n
+    dd = dy_2 * rstd + drstd_1 * d + drstd_1 * d
+    dmu_ = dmu + jnp.sum((-dd), axis=1, keepdims=True)
+    dh = dd + dmu_ / n
+    dx_ref[...] = dh.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_layer_norm_backward_tpu_blocks = {
+    None: {"default": (16,)},
+    "v5e": {"default": (16,)},
+    "v6e": {"default": (16,)},
+}
+
+
+def _layer_norm_backward_tpu(x, w, mu, rstd, dy, dmu, drstd, *, m, n, block_m, eps, interpret):
+    """`layer_norm_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _layer_norm_backward_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            _grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 48 * block_m * n + 8 * n + 48 * block_m),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "layer_norm_backward",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 1.5 KiB = 2 buffers x (x 32 B + w 4 B + mu
+    # 64 B + rstd 64 B + dy 32 B + dmu 64 B + drstd 64 B + dx 32 B) + mean's 32-bit copy
+    # of a block 64 B + sum's 32-bit copy of a block 64 B + sum's 32-bit copy of a block
+    # 64 B + let h 64 B + let d 64 B + let rstd_1 64 B + let dy_1 64 B + let dy_2 64 B +
+    # let drstd_ 64 B + let drstd_1 64 B + let dd 64 B + let dmu_ 64 B + let dh 64 B.
+    return pl.pallas_call(
+        functools.partial(_layer_norm_backward_kernel, m=m, n=n, block_m=block_m, eps=eps),
+        # One step per block of M (N taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # w: f32[N], broadcast over M
+            pl.BlockSpec((1, n), lambda i: (0, 0)),
+            # mu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # rstd: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # dy: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # dmu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # drstd: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ],
+        # dx: bf16[M, N]
+        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(48 * block_m * n + 8 * n + 48 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=28 * m * n,
+            transcendentals=0,
+            bytes_accessed=_nbytes(x, w, mu, rstd, dy, dmu, drstd) + m * n * 2,
+        ),
+        interpret=interpret,
+        name="layer_norm_backward",
+    )(x, w, mu, rstd, dy, dmu, drstd)
+
+
+def _layer_norm_backward_gpu_kernel(
+    x_ref,
+    w_ref,
+    mu_ref,
+    rstd_ref,
+    dy_ref,
+    dmu_ref,
+    drstd_ref,
+    dx_ref,
+    *,
+    m,
+    block_m,
+    n,
+    block_n,
+    eps,
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(0, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    x = _load(x_ref, inside)
+    w = _load(w_ref, _mask((1, block_n), None, in_n))
+    mu = _load(mu_ref, _mask((block_m, 1), in_m, None))
+    rstd = _load(rstd_ref, _mask((block_m, 1), in_m, None))
+    dy = _load(dy_ref, inside)
+    dmu = _load(dmu_ref, _mask((block_m, 1), in_m, None))
+    drstd = _load(drstd_ref, _mask((block_m, 1), in_m, None))
+    h = x.astype(jnp.float32)
+    d = h - mu
+    rstd_1 = jnp.sum(_fill_past((d * d), 0, n, 1, 0.0), axis=1, keepdims=True) / n + eps
+    dy_1 = dy.astype(jnp.float32)
+    dy_2 = dy_1 * w
+    drstd_ = drstd + jnp.sum(_fill_past((dy_2 * d), 0, n, 1, 0.0), axis=1, keepdims=True)
+    drstd_1 = drstd_ * (-0.5 * (rstd / rstd_1)) / n
+    dd = dy_2 * rstd + drstd_1 * d + drstd_1 * d
+    dmu_ = dmu + jnp.sum(_fill_past((-dd), 0, n, 1, 0.0), axis=1, keepdims=True)
+    dh = dd + dmu_ / n
+    _store(dx_ref, dh.astype(jnp.bfloat16), inside)
+
+
+def _layer_norm_backward_gpu(
+    x, w, mu, rstd, dy, dmu, drstd, *, m, n, block_m, num_warps, num_stages, eps, interpret
+):
+    """`layer_norm_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _layer_norm_backward_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n, eps=eps
+        ),
+        # One program per block of M; programs run concurrently. Each holds all of N (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # w: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
+            # mu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # rstd: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # dy: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # dmu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # drstd: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ],
+        # dx: bf16[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="layer_norm_backward",
+    )(x, w, mu, rstd, dy, dmu, drstd)
+
+
+# `layer_norm_backward` has no Mosaic GPU kernel (reductions are not on Mosaic GPU
+# yet): it runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def layer_norm_backward_over_m(
+    x,
+    mu,
+    rstd,
+    dy,
+    *,
+    block_m=None,
+    gpu_block_m=64,
+    gpu_block_n=128,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `layer_norm`, generated from its spec: the cotangents dw, db
+    of its inputs from dy, dmu, drstd, those of its outputs, summed over M (the inputs are broadcast over it).
+
+    Args:
+      x: bf16[M, N].
+      mu: f32[M].
+      rstd: f32[M].
+      dy: bf16[M, N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_backward_over_m_tpu_blocks),
+        grown to large steps (_grown), else 16.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dw: f32[N]; db: f32[N].
+    """
+    (x, mu, rstd, dy), sizes = _operands(
+        "layer_norm_backward_over_m",
+        {
+            "x": (x, jnp.bfloat16, ("M", "N")),
+            "mu": (mu, jnp.float32, ("M",)),
+            "rstd": (rstd, jnp.float32, ("M",)),
+            "dy": (dy, jnp.bfloat16, ("M", "N")),
+        },
+    )
+    _check_blocks("layer_norm_backward_over_m", block_m=block_m, may_be_none=True)
+    _check_blocks("layer_norm_backward_over_m", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            layer_norm_backward_over_m_reference,
+            (((n,), jnp.float32), ((n,), jnp.float32)),
+            x,
+            mu,
+            rstd,
+            dy,
+        )
+    mu = mu.reshape(m, 1)  # mu: f32[M], broadcast over N
+    rstd = rstd.reshape(m, 1)  # rstd: f32[M], broadcast over N
+    dw, db = _on_platform(
+        functools.partial(_layer_norm_backward_over_m_tpu, m=m, n=n, block_m=block_m),
+        _gpu_kernel(
+            "layer_norm_backward_over_m",
+            gpu_backend,
+            functools.partial(
+                _layer_norm_backward_over_m_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
+        ),
+        interpret,
+        x,
+        mu,
+        rstd,
+        dy,
+    )
+    dw = dw.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
+    db = db.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
+    return dw, db
+
+
+def layer_norm_backward_over_m_reference(x, mu, rstd, dy):
+    """`layer_norm_backward_over_m` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    mu = mu[:, None]
+    rstd = rstd[:, None]
+    h = x.astype(jnp.float32)
+    d = h - mu
+    y_1 = d * rstd
+    dy_1 = dy.astype(jnp.float32)
+    dw = jnp.sum((dy_1 * y_1), axis=0, keepdims=True, dtype=jnp.float32)
+    db = jnp.sum(dy_1, axis=0, keepdims=True, dtype=jnp.float32)
+    dw = dw.reshape((n,))
+    db = db.reshape((n,))
+    return dw, db
+
+
+def _layer_norm_backward_over_m_kernel(
+    x_ref,
+    mu_ref,
+    rstd_ref,
+    dy_ref,
+    dw_ref,
+    db_ref,
+    sum_m_running_ref,
+    sum_m__running_ref,
+    *,
+    m,
+    n,
+    block_m,
+):
+    step = pl.program_id(0)
+
+    @pl.when(step == 0)
+    def _init():
+        sum_m_running_ref[...] = jnp.full(sum_m_running_ref.shape, 0.0, jnp.float32)
+        sum_m__running_ref[...] = jnp.full(sum_m__running_ref.shape, 0.0, jnp.float32)
+
+    x = x_ref[...]
+    mu = mu_ref[...]
+    rstd = rstd_ref[...]
+    dy = dy_ref[...]
+    h = x.astype(jnp.float32)
+    d = h - mu
+    y_1 = d * rstd
+    dy_1 = dy.astype(jnp.float32)
+    sum_m_block = dy_1 * y_1
+    if m % block_m:  # a ragged M: its identity past the end, never padding
+        sum_m_block = _fill_past(sum_m_block, step * block_m, m, 0, 0.0)
+    sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
+    sum_m__block = dy_1
+    if m % block_m:  # a ragged M: its identity past the end, never padding
+        sum_m__block = _fill_past(sum_m__block, step * block_m, m, 0, 0.0)
+    sum_m__running_ref[...] = sum_m__running_ref[...] + jnp.sum(sum_m__block, axis=0, keepdims=True)
+
+    @pl.when(step == pl.num_programs(0) - 1)
+    def _finish():
+        sum_m = sum_m_running_ref[...]
+        sum_m_ = sum_m__running_ref[...]
+        dw_ref[...] = sum_m
+        db_ref[...] = sum_m_
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_layer_norm_backward_over_m_tpu_blocks = {
+    None: {"default": (16,)},
+    "v5e": {"default": (16,)},
+    "v6e": {"default": (16,)},
+}
+
+
+def _layer_norm_backward_over_m_tpu(x, mu, rstd, dy, *, m, n, block_m, interpret):
+    """`layer_norm_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _layer_norm_backward_over_m_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            _grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 32 * block_m * n + 16 * block_m + 16 * n),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "layer_norm_backward_over_m",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + mu 64 B +
+    # rstd 64 B + dy 32 B + dw 4 B + db 4 B) + sum's 32-bit copy of a block 64 B + sum's
+    # 32-bit copy of a block 64 B + let h 64 B + let d 64 B + let y_1 64 B + let dy_1 64
+    # B.
+    return pl.pallas_call(
+        functools.partial(_layer_norm_backward_over_m_kernel, m=m, n=n, block_m=block_m),
+        # One step per block of M (N taken whole). Steps along M accumulate in order
+        # (arbitrary).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # mu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # rstd: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # dy: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        ],
+        out_specs=(
+            # dw: f32[N], broadcast over M
+            pl.BlockSpec((1, n), lambda i: (0, 0)),
+            # db: f32[N], broadcast over M
+            pl.BlockSpec((1, n), lambda i: (0, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((1, n), jnp.float32),  # dw
+            jax.ShapeDtypeStruct((1, n), jnp.float32),  # db
+        ),
+        scratch_shapes=[
+            # sum_m_running_ref: the running sum over M of one block
+            pltpu.VMEM((1, n), jnp.float32),
+            # sum_m__running_ref: the running sum over M of one block
+            pltpu.VMEM((1, n), jnp.float32),
+        ],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("arbitrary",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(32 * block_m * n + 16 * block_m + 16 * n),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=7 * m * n,
+            transcendentals=0,
+            bytes_accessed=_nbytes(x, mu, rstd, dy) + m * n * 4 + m * n * 4,
+        ),
+        interpret=interpret,
+        name="layer_norm_backward_over_m",
+    )(x, mu, rstd, dy)
+
+
+def _layer_norm_backward_over_m_gpu_kernel(
+    x_ref, mu_ref, rstd_ref, dy_ref, dw_ref, db_ref, *, m, n, block_m, block_n
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_n = _inside(pl.program_id(0) * block_n, block_n, n)
+    inside = _mask((1, block_n), None, in_n)
+
+    def accumulate(index, running):
+        sum_m_running, sum_m__running = running
+        start = index * block_m
+        in_m = _inside(start, block_m, m)
+        x = _load(x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
+        mu = _load(mu_ref.at[pl.ds(start, block_m), :], _mask((block_m, 1), in_m, None))
+        rstd = _load(rstd_ref.at[pl.ds(start, block_m), :], _mask((block_m, 1), in_m, None))
+        dy = _load(dy_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
+        h = x.astype(jnp.float32)
+        d = h - mu
+        y_1 = d * rstd
+        dy_1 = dy.astype(jnp.float32)
+        sum_m_block = dy_1 * y_1
+        if m % block_m:  # a ragged M: its identity past the end, never padding
+            sum_m_block = _fill_past(sum_m_block, start, m, 0, 0.0)
+        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
+        sum_m__block = dy_1
+        if m % block_m:  # a ragged M: its identity past the end, never padding
+            sum_m__block = _fill_past(sum_m__block, start, m, 0, 0.0)
+        sum_m__running = sum_m__running + jnp.sum(sum_m__block, axis=0, keepdims=True)
+        return sum_m_running, sum_m__running
+
+    sum_m_running, sum_m__running = jax.lax.fori_loop(
+        0,
+        pl.cdiv(m, block_m),
+        accumulate,
+        (jnp.full((1, block_n), 0.0, jnp.float32), jnp.full((1, block_n), 0.0, jnp.float32)),
+    )
+    sum_m = sum_m_running
+    sum_m_ = sum_m__running
+    _store(dw_ref, sum_m, inside)
+    _store(db_ref, sum_m_, inside)
+
+
+def _layer_norm_backward_over_m_gpu(
+    x, mu, rstd, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
+):
+    """`layer_norm_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
+    return pl.pallas_call(
+        functools.partial(
+            _layer_norm_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
+        ),
+        # One program per block of N; programs run concurrently. Each loops over M itself,
+        # accumulating in order.
+        grid=(pl.cdiv(n, block_n),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((m, block_n), lambda i: (0, i)),
+            # mu: f32[M], broadcast over N
+            pl.BlockSpec((m, 1), lambda i: (0, 0)),
+            # rstd: f32[M], broadcast over N
+            pl.BlockSpec((m, 1), lambda i: (0, 0)),
+            # dy: bf16[M, N]
+            pl.BlockSpec((m, block_n), lambda i: (0, i)),
+        ],
+        out_specs=(
+            # dw: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i: (0, i)),
+            # db: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i: (0, i)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((1, n), jnp.float32),  # dw
+            jax.ShapeDtypeStruct((1, n), jnp.float32),  # db
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="layer_norm_backward_over_m",
+    )(x, mu, rstd, dy)
+
+
+# `layer_norm_backward_over_m` has no Mosaic GPU kernel (reductions are not on Mosaic
+# GPU yet): it runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "eps",
+        "interpret",
+    ),
+)
 def rms_norm(
     x,
     w,
@@ -658,7 +1346,8 @@ def rms_norm(
     Returns:
       y: bf16[M, N].
 
-    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
+    Gradients: jax.grad runs the generated backward kernels rms_norm_backward,
+    rms_norm_backward_over_m (_rms_norm_vjp).
     """
     (x, w), sizes = _operands(
         "rms_norm", {"x": (x, jnp.bfloat16, ("M", "N")), "w": (w, jnp.float32, ("N",))}
@@ -682,7 +1371,7 @@ def rms_norm(
             eps=eps,
             interpret=interpret,
         ),
-        _rms_norm_vjp,
+        functools.partial(_rms_norm_vjp, eps=eps, interpret=interpret),
         x,
         w,
     )
@@ -725,13 +1414,17 @@ def _rms_norm_forward(
     )
 
 
-def _rms_norm_vjp(saved, cotangents):
-    """`rms_norm` has no backward pass yet: none is generated for a reduction."""
-    raise NotImplementedError(
-        "rms_norm is not differentiable yet: pallasgen generates backward kernels for "
-        "elementwise kernels only, not yet for a reduction; `grad none` in "
-        "specs/norms.pallas says it is never differentiated"
-    )
+def _rms_norm_vjp(saved, cotangents, *, eps, interpret):
+    """The cotangents of `rms_norm`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels rms_norm_backward, rms_norm_backward_over_m. The forward pass
+    saves its inputs (x, w) and nothing else: the backward kernels recompute the values they
+    need (h) from them.
+    """
+    x, w = saved
+    dy = cotangents
+    dx = rms_norm_backward(x, w, dy, eps=eps, interpret=interpret)
+    dw = rms_norm_backward_over_m(x, dy, eps=eps, interpret=interpret)
+    return dx, dw
 
 
 def _rms_norm_kernel(x_ref, w_ref, y_ref, *, m, n, block_m, eps):
@@ -852,3 +1545,489 @@ def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret)
 
 # `rms_norm` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it runs
 # on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "eps",
+        "interpret",
+    ),
+)
+def rms_norm_backward(
+    x,
+    w,
+    dy,
+    *,
+    block_m=None,
+    gpu_block_m=1,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    eps=1e-06,
+    interpret=None,
+):
+    """The backward pass of `rms_norm`, generated from its spec: the cotangents dx
+    of its inputs from dy, those of its outputs.
+
+    Args:
+      x: bf16[M, N].
+      w: f32[N].
+      dy: bf16[M, N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_backward_tpu_blocks),
+        grown to large steps (_grown), else 16.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
+      eps: a static f32 (default 1e-06).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dx: bf16[M, N].
+    """
+    (x, w, dy), sizes = _operands(
+        "rms_norm_backward",
+        {
+            "x": (x, jnp.bfloat16, ("M", "N")),
+            "w": (w, jnp.float32, ("N",)),
+            "dy": (dy, jnp.bfloat16, ("M", "N")),
+        },
+    )
+    _check_blocks("rms_norm_backward", block_m=block_m, may_be_none=True)
+    _check_blocks("rms_norm_backward", gpu_block_m=gpu_block_m)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            rms_norm_backward_reference, (((m, n), jnp.bfloat16),), x, w, dy, eps=eps
+        )
+    w = w.reshape(1, n)  # w: f32[N], broadcast over M
+    return _on_platform(
+        functools.partial(_rms_norm_backward_tpu, m=m, n=n, block_m=block_m, eps=eps),
+        _gpu_kernel(
+            "rms_norm_backward",
+            gpu_backend,
+            functools.partial(
+                _rms_norm_backward_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                eps=eps,
+            ),
+            None,
+        ),
+        interpret,
+        x,
+        w,
+        dy,
+    )
+
+
+def rms_norm_backward_reference(x, w, dy, *, eps=1e-06):
+    """`rms_norm_backward` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    w = w[None, :]
+    h = x.astype(jnp.float32)
+    y_2 = jnp.mean((h * h), axis=1, keepdims=True, dtype=jnp.float32) + eps
+    y_3 = jax.lax.rsqrt(y_2)
+    dy_1 = dy.astype(jnp.float32)
+    dy_2 = dy_1 * w
+    dy_3 = jnp.sum((dy_2 * h), axis=1, keepdims=True, dtype=jnp.float32) * (-0.5 * (y_3 / y_2)) / n
+    dh = dy_2 * y_3 + dy_3 * h + dy_3 * h
+    dx = dh.astype(jnp.bfloat16)
+    return dx
+
+
+def _rms_norm_backward_kernel(x_ref, w_ref, dy_ref, dx_ref, *, m, n, block_m, eps):
+    x = x_ref[...]
+    w = w_ref[...]
+    dy = dy_ref[...]
+    h = x.astype(jnp.float32)
+    y_2 = jnp.sum((h * h), axis=1, keepdims=True) / n + eps
+    y_3 = jax.lax.rsqrt(y_2)
+    dy_1 = dy.astype(jnp.float32)
+    dy_2 = dy_1 * w
+    dy_3 = jnp.sum((dy_2 * h), axis=1, keepdims=True) * (-0.5 * (y_3 / y_2)) / n
+    dh = dy_2 * y_3 + dy_3 * h + dy_3 * h
+    dx_ref[...] = dh.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_rms_norm_backward_tpu_blocks = {
+    None: {"default": (16,)},
+    "v5e": {"default": (16,)},
+    "v6e": {"default": (16,)},
+}
+
+
+def _rms_norm_backward_tpu(x, w, dy, *, m, n, block_m, eps, interpret):
+    """`rms_norm_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _rms_norm_backward_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            _grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 36 * block_m * n + 8 * n + 12 * block_m),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "rms_norm_backward",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 776 B = 2 buffers x (x 32 B + w 4 B + dy
+    # 32 B + dx 32 B) + mean's 32-bit copy of a block 64 B + sum's 32-bit copy of a block
+    # 64 B + let h 64 B + let y_2 64 B + let y_3 64 B + let dy_1 64 B + let dy_2 64 B +
+    # let dy_3 64 B + let dh 64 B.
+    return pl.pallas_call(
+        functools.partial(_rms_norm_backward_kernel, m=m, n=n, block_m=block_m, eps=eps),
+        # One step per block of M (N taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # w: f32[N], broadcast over M
+            pl.BlockSpec((1, n), lambda i: (0, 0)),
+            # dy: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        ],
+        # dx: bf16[M, N]
+        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(36 * block_m * n + 8 * n + 12 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=20 * m * n, transcendentals=m * n, bytes_accessed=_nbytes(x, w, dy) + m * n * 2
+        ),
+        interpret=interpret,
+        name="rms_norm_backward",
+    )(x, w, dy)
+
+
+def _rms_norm_backward_gpu_kernel(x_ref, w_ref, dy_ref, dx_ref, *, m, block_m, n, block_n, eps):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(0, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    x = _load(x_ref, inside)
+    w = _load(w_ref, _mask((1, block_n), None, in_n))
+    dy = _load(dy_ref, inside)
+    h = x.astype(jnp.float32)
+    y_2 = jnp.sum(_fill_past((h * h), 0, n, 1, 0.0), axis=1, keepdims=True) / n + eps
+    y_3 = jax.lax.rsqrt(y_2)
+    dy_1 = dy.astype(jnp.float32)
+    dy_2 = dy_1 * w
+    dy_3 = (
+        jnp.sum(_fill_past((dy_2 * h), 0, n, 1, 0.0), axis=1, keepdims=True)
+        * (-0.5 * (y_3 / y_2))
+        / n
+    )
+    dh = dy_2 * y_3 + dy_3 * h + dy_3 * h
+    _store(dx_ref, dh.astype(jnp.bfloat16), inside)
+
+
+def _rms_norm_backward_gpu(x, w, dy, *, m, n, block_m, num_warps, num_stages, eps, interpret):
+    """`rms_norm_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _rms_norm_backward_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n, eps=eps
+        ),
+        # One program per block of M; programs run concurrently. Each holds all of N (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # w: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
+            # dy: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        ],
+        # dx: bf16[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="rms_norm_backward",
+    )(x, w, dy)
+
+
+# `rms_norm_backward` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet):
+# it runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "eps",
+        "interpret",
+    ),
+)
+def rms_norm_backward_over_m(
+    x,
+    dy,
+    *,
+    block_m=None,
+    gpu_block_m=64,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    eps=1e-06,
+    interpret=None,
+):
+    """The backward pass of `rms_norm`, generated from its spec: the cotangents dw
+    of its inputs from dy, those of its outputs, summed over M (the inputs are broadcast over it).
+
+    Args:
+      x: bf16[M, N].
+      dy: bf16[M, N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_backward_over_m_tpu_blocks),
+        grown to large steps (_grown), else 16.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
+      eps: a static f32 (default 1e-06).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dw: f32[N].
+    """
+    (x, dy), sizes = _operands(
+        "rms_norm_backward_over_m",
+        {"x": (x, jnp.bfloat16, ("M", "N")), "dy": (dy, jnp.bfloat16, ("M", "N"))},
+    )
+    _check_blocks("rms_norm_backward_over_m", block_m=block_m, may_be_none=True)
+    _check_blocks("rms_norm_backward_over_m", gpu_block_m=gpu_block_m)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            rms_norm_backward_over_m_reference, (((n,), jnp.float32),), x, dy, eps=eps
+        )
+    dw = _on_platform(
+        functools.partial(_rms_norm_backward_over_m_tpu, m=m, n=n, block_m=block_m, eps=eps),
+        _gpu_kernel(
+            "rms_norm_backward_over_m",
+            gpu_backend,
+            functools.partial(
+                _rms_norm_backward_over_m_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                eps=eps,
+            ),
+            None,
+        ),
+        interpret,
+        x,
+        dy,
+    )
+    dw = dw.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
+    return dw
+
+
+def rms_norm_backward_over_m_reference(x, dy, *, eps=1e-06):
+    """`rms_norm_backward_over_m` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    h = x.astype(jnp.float32)
+    y_1 = jnp.mean((h * h), axis=1, keepdims=True, dtype=jnp.float32) + eps
+    y_2 = jax.lax.rsqrt(y_1)
+    y_3 = h * y_2
+    dy_1 = dy.astype(jnp.float32)
+    dw = jnp.sum((dy_1 * y_3), axis=0, keepdims=True, dtype=jnp.float32)
+    dw = dw.reshape((n,))
+    return dw
+
+
+def _rms_norm_backward_over_m_kernel(
+    x_ref, dy_ref, dw_ref, sum_m_running_ref, *, m, n, block_m, eps
+):
+    step = pl.program_id(0)
+
+    @pl.when(step == 0)
+    def _init():
+        sum_m_running_ref[...] = jnp.full(sum_m_running_ref.shape, 0.0, jnp.float32)
+
+    x = x_ref[...]
+    dy = dy_ref[...]
+    h = x.astype(jnp.float32)
+    y_1 = jnp.sum((h * h), axis=1, keepdims=True) / n + eps
+    y_2 = jax.lax.rsqrt(y_1)
+    y_3 = h * y_2
+    dy_1 = dy.astype(jnp.float32)
+    sum_m_block = dy_1 * y_3
+    if m % block_m:  # a ragged M: its identity past the end, never padding
+        sum_m_block = _fill_past(sum_m_block, step * block_m, m, 0, 0.0)
+    sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
+
+    @pl.when(step == pl.num_programs(0) - 1)
+    def _finish():
+        sum_m = sum_m_running_ref[...]
+        dw_ref[...] = sum_m
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_rms_norm_backward_over_m_tpu_blocks = {
+    None: {"default": (16,)},
+    "v5e": {"default": (16,)},
+    "v6e": {"default": (16,)},
+}
+
+
+def _rms_norm_backward_over_m_tpu(x, dy, *, m, n, block_m, eps, interpret):
+    """`rms_norm_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _rms_norm_backward_over_m_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            _grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 28 * block_m * n + 8 * n + 8 * block_m),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "rms_norm_backward_over_m",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 584 B = 2 buffers x (x 32 B + dy 32 B + dw
+    # 4 B) + mean's 32-bit copy of a block 64 B + sum's 32-bit copy of a block 64 B + let
+    # h 64 B + let y_1 64 B + let y_2 64 B + let y_3 64 B + let dy_1 64 B.
+    return pl.pallas_call(
+        functools.partial(_rms_norm_backward_over_m_kernel, m=m, n=n, block_m=block_m, eps=eps),
+        # One step per block of M (N taken whole). Steps along M accumulate in order
+        # (arbitrary).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # dy: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        ],
+        # dw: f32[N], broadcast over M
+        out_specs=pl.BlockSpec((1, n), lambda i: (0, 0)),
+        out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
+        # sum_m_running_ref: the running sum over M of one block
+        scratch_shapes=[pltpu.VMEM((1, n), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("arbitrary",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(28 * block_m * n + 8 * n + 8 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=8 * m * n, transcendentals=m * n, bytes_accessed=_nbytes(x, dy) + m * n * 4
+        ),
+        interpret=interpret,
+        name="rms_norm_backward_over_m",
+    )(x, dy)
+
+
+def _rms_norm_backward_over_m_gpu_kernel(x_ref, dy_ref, dw_ref, *, m, block_m, n, block_n, eps):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_n = _inside(0, block_n, n)
+    inside = _mask((1, block_n), None, in_n)
+
+    def accumulate(index, running):
+        (sum_m_running,) = running
+        start = index * block_m
+        in_m = _inside(start, block_m, m)
+        x = _load(x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
+        dy = _load(dy_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
+        h = x.astype(jnp.float32)
+        y_1 = jnp.sum(_fill_past((h * h), 0, n, 1, 0.0), axis=1, keepdims=True) / n + eps
+        y_2 = jax.lax.rsqrt(y_1)
+        y_3 = h * y_2
+        dy_1 = dy.astype(jnp.float32)
+        sum_m_block = dy_1 * y_3
+        if m % block_m:  # a ragged M: its identity past the end, never padding
+            sum_m_block = _fill_past(sum_m_block, start, m, 0, 0.0)
+        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
+        return (sum_m_running,)
+
+    (sum_m_running,) = jax.lax.fori_loop(
+        0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_n), 0.0, jnp.float32),)
+    )
+    sum_m = sum_m_running
+    _store(dw_ref, sum_m, inside)
+
+
+def _rms_norm_backward_over_m_gpu(x, dy, *, m, n, block_m, num_warps, num_stages, eps, interpret):
+    """`rms_norm_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _rms_norm_backward_over_m_gpu_kernel,
+            m=m,
+            block_m=block_m,
+            n=n,
+            block_n=block_n,
+            eps=eps,
+        ),
+        # One program per call; programs run concurrently. Each holds all of N (one block of
+        # the next power of two). Each loops over M itself, accumulating in order.
+        grid=(),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((m, block_n), lambda: (0, 0)),
+            # dy: bf16[M, N]
+            pl.BlockSpec((m, block_n), lambda: (0, 0)),
+        ],
+        # dw: f32[N], broadcast over M
+        out_specs=pl.BlockSpec((1, block_n), lambda: (0, 0)),
+        out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="rms_norm_backward_over_m",
+    )(x, dy)
+
+
+# `rms_norm_backward_over_m` has no Mosaic GPU kernel (reductions are not on Mosaic
+# GPU yet): it runs on Triton.

@@ -1090,7 +1090,8 @@ def column_sums(
     Returns:
       s: f32[N].
 
-    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
+    Gradients: jax.grad runs the generated backward kernels column_sums_backward
+    (_column_sums_vjp).
     """
     (x,), sizes = _operands("column_sums", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("column_sums", block_m=block_m, block_n=block_n, may_be_none=True)
@@ -1113,7 +1114,7 @@ def column_sums(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _column_sums_vjp,
+        functools.partial(_column_sums_vjp, interpret=interpret),
         x,
     )
 
@@ -1165,13 +1166,15 @@ def _column_sums_forward(
     return s
 
 
-def _column_sums_vjp(saved, cotangents):
-    """`column_sums` has no backward pass yet: none is generated for a reduction."""
-    raise NotImplementedError(
-        "column_sums is not differentiable yet: pallasgen generates backward kernels "
-        "for elementwise kernels only, not yet for a reduction; `grad none` in "
-        "specs/reductions.pallas says it is never differentiated"
-    )
+def _column_sums_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `column_sums`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels column_sums_backward. The forward pass saves its inputs (x)
+    and nothing else: the backward kernels recompute the values they need from them.
+    """
+    (x,) = saved
+    ds = cotangents
+    dx = column_sums_backward(x, ds, interpret=interpret)
+    return (dx,)
 
 
 def _column_sums_kernel(x_ref, s_ref, sum_m_running_ref, *, m, n, block_m, block_n):
@@ -1310,6 +1313,200 @@ def _column_sums_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interp
     jax.jit,
     static_argnames=(
         "block_m",
+        "block_n",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def column_sums_backward(
+    x,
+    ds,
+    *,
+    block_m=None,
+    block_n=None,
+    gpu_block_m=8,
+    gpu_block_n=128,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `column_sums`, generated from its spec: the cotangents dx
+    of its inputs from ds, those of its outputs.
+
+    Args:
+      x: f32[M, N].
+      ds: f32[N].
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_column_sums_backward_tpu_blocks),
+        grown to large steps (_grown), else 512, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: dx is broadcast to its dimensions, not
+        written on Mosaic GPU yet.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dx: f32[M, N].
+    """
+    (x, ds), sizes = _operands(
+        "column_sums_backward", {"x": (x, jnp.float32, ("M", "N")), "ds": (ds, jnp.float32, ("N",))}
+    )
+    _check_blocks("column_sums_backward", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks("column_sums_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(column_sums_backward_reference, (((m, n), jnp.float32),), x, ds)
+    ds = ds.reshape(1, n)  # ds: f32[N], broadcast over M
+    return _on_platform(
+        functools.partial(_column_sums_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        _gpu_kernel(
+            "column_sums_backward",
+            gpu_backend,
+            functools.partial(
+                _column_sums_backward_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
+        ),
+        interpret,
+        x,
+        ds,
+    )
+
+
+def column_sums_backward_reference(x, ds):
+    """`column_sums_backward` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    ds = ds[None, :]
+    dx = jnp.broadcast_to(ds, (m, n))
+    return dx
+
+
+def _column_sums_backward_kernel(x_ref, ds_ref, dx_ref):
+    ds = ds_ref[...]
+    dx_ref[...] = jnp.broadcast_to(ds, dx_ref.shape)
+
+
+# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_column_sums_backward_tpu_blocks = {
+    None: {"default": (512, 512)},
+    "v5e": {"default": (512, 512)},
+    "v6e": {"default": (512, 512)},
+}
+
+
+def _column_sums_backward_tpu(x, ds, *, m, n, block_m, block_n, interpret):
+    """`column_sums_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n = _tpu_blocks(
+        _column_sums_backward_tpu_blocks,
+        (m, n),
+        (block_m, block_n),
+        grow=functools.partial(
+            _grown,
+            bounds=(m, n),
+            step=lambda block_m, block_n: (block_m * block_n, 16 * block_m * block_n + 8 * block_n),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "column_sums_backward",
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 4.0 MiB = 2 buffers x (x 1.0 MiB + ds 2.0 KiB + dx 1.0
+    # MiB).
+    return pl.pallas_call(
+        _column_sums_backward_kernel,
+        # One step per block of M, block of N; steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # ds: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
+        ],
+        # dx: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(16 * block_m * block_n + 8 * block_n),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=0, transcendentals=0, bytes_accessed=_nbytes(x, ds) + m * n * 4
+        ),
+        interpret=interpret,
+        name="column_sums_backward",
+    )(x, ds)
+
+
+def _column_sums_backward_gpu_kernel(x_ref, ds_ref, dx_ref, *, m, n, block_m, block_n):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    ds = _load(ds_ref, _mask((1, block_n), None, in_n))
+    _store(dx_ref, jnp.broadcast_to(ds, dx_ref.shape), inside)
+
+
+def _column_sums_backward_gpu(x, ds, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
+    """`column_sums_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
+    return pl.pallas_call(
+        functools.partial(
+            _column_sums_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
+        ),
+        # One program per block of M, block of N; programs run concurrently.
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # ds: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
+        ],
+        # dx: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="column_sums_backward",
+    )(x, ds)
+
+
+# `column_sums_backward` has no Mosaic GPU kernel (dx is broadcast to its dimensions,
+# not written on Mosaic GPU yet): it runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
         "gpu_block_m",
         "gpu_warps",
         "gpu_stages",
@@ -1345,7 +1542,8 @@ def quantize_rows_int8(
     Returns:
       q: i8[M, N]; scale: f32[M].
 
-    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
+    Gradients: jax.grad runs the generated backward kernels quantize_rows_int8_backward
+    (_quantize_rows_int8_vjp).
     """
     (x,), sizes = _operands("quantize_rows_int8", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("quantize_rows_int8", block_m=block_m, may_be_none=True)
@@ -1368,7 +1566,7 @@ def quantize_rows_int8(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _quantize_rows_int8_vjp,
+        functools.partial(_quantize_rows_int8_vjp, interpret=interpret),
         x,
     )
 
@@ -1410,13 +1608,16 @@ def _quantize_rows_int8_forward(
     return q, scale
 
 
-def _quantize_rows_int8_vjp(saved, cotangents):
-    """`quantize_rows_int8` has no backward pass yet: none is generated for a reduction."""
-    raise NotImplementedError(
-        "quantize_rows_int8 is not differentiable yet: pallasgen generates backward "
-        "kernels for elementwise kernels only, not yet for a reduction; `grad none` "
-        "in specs/reductions.pallas says it is never differentiated"
-    )
+def _quantize_rows_int8_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `quantize_rows_int8`'s inputs from those of its outputs, for jax.grad,
+    by the generated backward kernels quantize_rows_int8_backward. The forward pass saves
+    its inputs (x) and nothing else: the backward kernels recompute the values they need
+    from them.
+    """
+    (x,) = saved
+    _, dscale = cotangents
+    dx = quantize_rows_int8_backward(x, dscale, interpret=interpret)
+    return (dx,)
 
 
 def _quantize_rows_int8_kernel(x_ref, q_ref, scale_ref, *, m, n, block_m):
@@ -1540,6 +1741,228 @@ def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpre
 
 # `quantize_rows_int8` has no Mosaic GPU kernel (reductions are not on Mosaic GPU
 # yet): it runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def quantize_rows_int8_backward(
+    x,
+    dscale,
+    *,
+    block_m=None,
+    gpu_block_m=1,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `quantize_rows_int8`, generated from its spec: the cotangents dx
+    of its inputs from dscale, those of its outputs.
+
+    Args:
+      x: f32[M, N].
+      dscale: f32[M].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_backward_tpu_blocks),
+        grown to large steps (_grown), else 32.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dx: f32[M, N].
+    """
+    (x, dscale), sizes = _operands(
+        "quantize_rows_int8_backward",
+        {"x": (x, jnp.float32, ("M", "N")), "dscale": (dscale, jnp.float32, ("M",))},
+    )
+    _check_blocks("quantize_rows_int8_backward", block_m=block_m, may_be_none=True)
+    _check_blocks("quantize_rows_int8_backward", gpu_block_m=gpu_block_m)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            quantize_rows_int8_backward_reference, (((m, n), jnp.float32),), x, dscale
+        )
+    dscale = dscale.reshape(m, 1)  # dscale: f32[M], broadcast over N
+    return _on_platform(
+        functools.partial(_quantize_rows_int8_backward_tpu, m=m, n=n, block_m=block_m),
+        _gpu_kernel(
+            "quantize_rows_int8_backward",
+            gpu_backend,
+            functools.partial(
+                _quantize_rows_int8_backward_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
+        ),
+        interpret,
+        x,
+        dscale,
+    )
+
+
+def quantize_rows_int8_backward_reference(x, dscale):
+    """`quantize_rows_int8_backward` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    dscale = dscale[:, None]
+    s_1 = jnp.abs(x)
+    s_2 = jnp.max(s_1, axis=1, keepdims=True)
+    s_3 = jnp.maximum(s_2, 1e-30)
+    ds_1 = dscale / 127
+    s_4 = jnp.argmax(s_1, axis=1, keepdims=True).astype(jnp.int32)
+    ds_2 = jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, n), 1) == s_4,
+        jnp.where(s_2 == s_3, jnp.where(1e-30 == s_3, 0.5 * ds_1, ds_1), 0),
+        0,
+    )
+    dx = jnp.where(x >= 0, ds_2, -ds_2)
+    return dx
+
+
+def _quantize_rows_int8_backward_kernel(x_ref, dscale_ref, dx_ref, *, m, n, block_m):
+    x = x_ref[...]
+    dscale = dscale_ref[...]
+    s_1 = jnp.abs(x)
+    s_2 = jnp.max(s_1, axis=1, keepdims=True)
+    s_3 = jnp.maximum(s_2, 1e-30)
+    ds_1 = dscale / 127
+    s_4 = _argbest(s_1, 1, largest=True)
+    ds_2 = jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, n), 1) == s_4,
+        jnp.where(s_2 == s_3, jnp.where(1e-30 == s_3, 0.5 * ds_1, ds_1), 0),
+        0,
+    )
+    dx_ref[...] = jnp.where(x >= 0, ds_2, -ds_2)
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_quantize_rows_int8_backward_tpu_blocks = {
+    None: {"default": (32,)},
+    "v5e": {"default": (32,)},
+    "v6e": {"default": (32,)},
+}
+
+
+def _quantize_rows_int8_backward_tpu(x, dscale, *, m, n, block_m, interpret):
+    """`quantize_rows_int8_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _quantize_rows_int8_backward_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 32 * block_m * n + 24 * block_m)
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "quantize_rows_int8_backward",
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 1.8 KiB = 2 buffers x (x 128 B + dscale
+    # 128 B + dx 128 B) + max's 32-bit copy of a block 128 B + argmax's 32-bit copy of a
+    # block 128 B + let s_1 128 B + let s_2 128 B + let s_3 128 B + let ds_1 128 B + let
+    # s_4 128 B + let ds_2 128 B.
+    return pl.pallas_call(
+        functools.partial(_quantize_rows_int8_backward_kernel, m=m, n=n, block_m=block_m),
+        # One step per block of M (N taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # dscale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ],
+        # dx: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(32 * block_m * n + 24 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=16 * m * n, transcendentals=0, bytes_accessed=_nbytes(x, dscale) + m * n * 4
+        ),
+        interpret=interpret,
+        name="quantize_rows_int8_backward",
+    )(x, dscale)
+
+
+def _quantize_rows_int8_backward_gpu_kernel(x_ref, dscale_ref, dx_ref, *, m, block_m, n, block_n):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(0, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    x = _load(x_ref, inside)
+    dscale = _load(dscale_ref, _mask((block_m, 1), in_m, None))
+    s_1 = jnp.abs(x)
+    s_2 = jnp.max(_fill_past(s_1, 0, n, 1, -jnp.inf), axis=1, keepdims=True)
+    s_3 = jnp.maximum(s_2, 1e-30)
+    ds_1 = dscale / 127
+    s_4 = _argbest(_fill_past(s_1, 0, n, 1, -jnp.inf), 1, largest=True)
+    ds_2 = jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, block_n), 1) == s_4,
+        jnp.where(s_2 == s_3, jnp.where(1e-30 == s_3, 0.5 * ds_1, ds_1), 0),
+        0,
+    )
+    _store(dx_ref, jnp.where(x >= 0, ds_2, -ds_2), inside)
+
+
+def _quantize_rows_int8_backward_gpu(x, dscale, *, m, n, block_m, num_warps, num_stages, interpret):
+    """`quantize_rows_int8_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _quantize_rows_int8_backward_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n
+        ),
+        # One program per block of M; programs run concurrently. Each holds all of N (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # dscale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ],
+        # dx: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="quantize_rows_int8_backward",
+    )(x, dscale)
+
+
+# `quantize_rows_int8_backward` has no Mosaic GPU kernel (reductions are not on Mosaic
+# GPU yet): it runs on Triton.
 
 
 @functools.partial(

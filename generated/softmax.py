@@ -316,6 +316,13 @@ def _fill_past(value, start, size, axis, identity):
     return jnp.where(positions < size, value, identity)
 
 
+def _argbest(x, axis, largest):
+    """The first index of the largest (or smallest) value along `axis`, kept as size 1."""
+    best = jnp.max(x, axis=axis, keepdims=True) if largest else jnp.min(x, axis=axis, keepdims=True)
+    positions = jax.lax.broadcasted_iota(jnp.int32, x.shape, axis)
+    return jnp.min(jnp.where(x == best, positions, x.shape[axis]), axis=axis, keepdims=True)
+
+
 def _logsumexp(x, axis):
     """log(sum(exp(x))) along `axis`, kept as size 1, without overflow."""
     top = jnp.max(x, axis=axis, keepdims=True)
@@ -361,7 +368,7 @@ def softmax(
     Returns:
       y: f32[M, N].
 
-    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
+    Gradients: jax.grad runs the generated backward kernels softmax_backward (_softmax_vjp).
     """
     (x,), sizes = _operands("softmax", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("softmax", block_m=block_m, may_be_none=True)
@@ -382,7 +389,7 @@ def softmax(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _softmax_vjp,
+        functools.partial(_softmax_vjp, interpret=interpret),
         x,
     )
 
@@ -418,13 +425,15 @@ def _softmax_forward(
     )
 
 
-def _softmax_vjp(saved, cotangents):
-    """`softmax` has no backward pass yet: none is generated for a reduction."""
-    raise NotImplementedError(
-        "softmax is not differentiable yet: pallasgen generates backward kernels for "
-        "elementwise kernels only, not yet for a reduction; `grad none` in "
-        "specs/softmax.pallas says it is never differentiated"
-    )
+def _softmax_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `softmax`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels softmax_backward. The forward pass saves its inputs (x) and
+    nothing else: the backward kernels recompute the values they need (e) from them.
+    """
+    (x,) = saved
+    dy = cotangents
+    dx = softmax_backward(x, dy, interpret=interpret)
+    return (dx,)
 
 
 def _softmax_kernel(x_ref, y_ref, *, m, n, block_m):
@@ -534,6 +543,226 @@ def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
         "interpret",
     ),
 )
+def softmax_backward(
+    x,
+    dy,
+    *,
+    block_m=None,
+    gpu_block_m=1,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `softmax`, generated from its spec: the cotangents dx
+    of its inputs from dy, those of its outputs.
+
+    Args:
+      x: f32[M, N].
+      dy: f32[M, N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_softmax_backward_tpu_blocks),
+        grown to large steps (_grown), else 8.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dx: f32[M, N].
+    """
+    (x, dy), sizes = _operands(
+        "softmax_backward", {"x": (x, jnp.float32, ("M", "N")), "dy": (dy, jnp.float32, ("M", "N"))}
+    )
+    _check_blocks("softmax_backward", block_m=block_m, may_be_none=True)
+    _check_blocks("softmax_backward", gpu_block_m=gpu_block_m)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(softmax_backward_reference, (((m, n), jnp.float32),), x, dy)
+    return _on_platform(
+        functools.partial(_softmax_backward_tpu, m=m, n=n, block_m=block_m),
+        _gpu_kernel(
+            "softmax_backward",
+            gpu_backend,
+            functools.partial(
+                _softmax_backward_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
+        ),
+        interpret,
+        x,
+        dy,
+    )
+
+
+def softmax_backward_reference(x, dy):
+    """`softmax_backward` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    e = jnp.exp(x - jnp.max(x, axis=1, keepdims=True))
+    y_1 = jnp.sum(e, axis=1, keepdims=True, dtype=jnp.float32)
+    de = dy / y_1 + jnp.sum((-dy * e / (y_1 * y_1)), axis=1, keepdims=True, dtype=jnp.float32)
+    de_1 = de * e
+    e_1 = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
+    dx = de_1 + jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, n), 1) == e_1,
+        jnp.sum((-de_1), axis=1, keepdims=True, dtype=jnp.float32),
+        0,
+    )
+    return dx
+
+
+def _softmax_backward_kernel(x_ref, dy_ref, dx_ref, *, m, n, block_m):
+    x = x_ref[...]
+    dy = dy_ref[...]
+    e = jnp.exp(x - jnp.max(x, axis=1, keepdims=True))
+    y_1 = jnp.sum(e, axis=1, keepdims=True)
+    de = dy / y_1 + jnp.sum((-dy * e / (y_1 * y_1)), axis=1, keepdims=True)
+    de_1 = de * e
+    e_1 = _argbest(x, 1, largest=True)
+    dx_ref[...] = de_1 + jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, n), 1) == e_1,
+        jnp.sum((-de_1), axis=1, keepdims=True),
+        0,
+    )
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_softmax_backward_tpu_blocks = {
+    None: {"default": (8,)},
+    "v5e": {"default": (8,)},
+    "v6e": {"default": (8,)},
+}
+
+
+def _softmax_backward_tpu(x, dy, *, m, n, block_m, interpret):
+    """`softmax_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _softmax_backward_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 56 * block_m * n + 8 * block_m)
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "softmax_backward",
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 512 B = 2 buffers x (x 32 B + dy 32 B + dx
+    # 32 B) + max's 32-bit copy of a block 32 B + sum's 32-bit copy of a block 32 B +
+    # sum's 32-bit copy of a block 32 B + argmax's 32-bit copy of a block 32 B + sum's
+    # 32-bit copy of a block 32 B + let e 32 B + let y_1 32 B + let de 32 B + let de_1 32
+    # B + let e_1 32 B.
+    return pl.pallas_call(
+        functools.partial(_softmax_backward_kernel, m=m, n=n, block_m=block_m),
+        # One step per block of M (N taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # dy: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        ],
+        # dx: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(56 * block_m * n + 8 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=18 * m * n, transcendentals=m * n, bytes_accessed=_nbytes(x, dy) + m * n * 4
+        ),
+        interpret=interpret,
+        name="softmax_backward",
+    )(x, dy)
+
+
+def _softmax_backward_gpu_kernel(x_ref, dy_ref, dx_ref, *, m, block_m, n, block_n):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(0, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    x = _load(x_ref, inside)
+    dy = _load(dy_ref, inside)
+    e = jnp.exp(x - jnp.max(_fill_past(x, 0, n, 1, -jnp.inf), axis=1, keepdims=True))
+    y_1 = jnp.sum(_fill_past(e, 0, n, 1, 0.0), axis=1, keepdims=True)
+    de = dy / y_1 + jnp.sum(
+        _fill_past((-dy * e / (y_1 * y_1)), 0, n, 1, 0.0), axis=1, keepdims=True
+    )
+    de_1 = de * e
+    e_1 = _argbest(_fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True)
+    _store(
+        dx_ref,
+        de_1
+        + jnp.where(
+            jax.lax.broadcasted_iota(jnp.int32, (1, block_n), 1) == e_1,
+            jnp.sum(_fill_past((-de_1), 0, n, 1, 0.0), axis=1, keepdims=True),
+            0,
+        ),
+        inside,
+    )
+
+
+def _softmax_backward_gpu(x, dy, *, m, n, block_m, num_warps, num_stages, interpret):
+    """`softmax_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(_softmax_backward_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
+        # One program per block of M; programs run concurrently. Each holds all of N (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # dy: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        ],
+        # dx: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="softmax_backward",
+    )(x, dy)
+
+
+# `softmax_backward` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet):
+# it runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
 def log_softmax(
     x,
     *,
@@ -561,7 +790,8 @@ def log_softmax(
     Returns:
       y: f32[M, N].
 
-    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
+    Gradients: jax.grad runs the generated backward kernels log_softmax_backward
+    (_log_softmax_vjp).
     """
     (x,), sizes = _operands("log_softmax", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("log_softmax", block_m=block_m, may_be_none=True)
@@ -582,7 +812,7 @@ def log_softmax(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _log_softmax_vjp,
+        functools.partial(_log_softmax_vjp, interpret=interpret),
         x,
     )
 
@@ -617,13 +847,15 @@ def _log_softmax_forward(
     )
 
 
-def _log_softmax_vjp(saved, cotangents):
-    """`log_softmax` has no backward pass yet: none is generated for a reduction."""
-    raise NotImplementedError(
-        "log_softmax is not differentiable yet: pallasgen generates backward kernels "
-        "for elementwise kernels only, not yet for a reduction; `grad none` in "
-        "specs/softmax.pallas says it is never differentiated"
-    )
+def _log_softmax_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `log_softmax`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels log_softmax_backward. The forward pass saves its inputs (x)
+    and nothing else: the backward kernels recompute the values they need from them.
+    """
+    (x,) = saved
+    dy = cotangents
+    dx = log_softmax_backward(x, dy, interpret=interpret)
+    return (dx,)
 
 
 def _log_softmax_kernel(x_ref, y_ref, *, m, n, block_m):
@@ -722,3 +954,195 @@ def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
 
 # `log_softmax` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet): it
 # runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def log_softmax_backward(
+    x,
+    dy,
+    *,
+    block_m=None,
+    gpu_block_m=1,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `log_softmax`, generated from its spec: the cotangents dx
+    of its inputs from dy, those of its outputs.
+
+    Args:
+      x: f32[M, N].
+      dy: f32[M, N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_backward_tpu_blocks),
+        grown to large steps (_grown), else 8.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dx: f32[M, N].
+    """
+    (x, dy), sizes = _operands(
+        "log_softmax_backward",
+        {"x": (x, jnp.float32, ("M", "N")), "dy": (dy, jnp.float32, ("M", "N"))},
+    )
+    _check_blocks("log_softmax_backward", block_m=block_m, may_be_none=True)
+    _check_blocks("log_softmax_backward", gpu_block_m=gpu_block_m)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(log_softmax_backward_reference, (((m, n), jnp.float32),), x, dy)
+    return _on_platform(
+        functools.partial(_log_softmax_backward_tpu, m=m, n=n, block_m=block_m),
+        _gpu_kernel(
+            "log_softmax_backward",
+            gpu_backend,
+            functools.partial(
+                _log_softmax_backward_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
+        ),
+        interpret,
+        x,
+        dy,
+    )
+
+
+def log_softmax_backward_reference(x, dy):
+    """`log_softmax_backward` in plain jax.numpy, to test the kernel against."""
+    y_1 = jax.nn.logsumexp(x, axis=1, keepdims=True)
+    dx = dy + jnp.sum((-dy), axis=1, keepdims=True, dtype=jnp.float32) * jnp.exp(x - y_1)
+    return dx
+
+
+def _log_softmax_backward_kernel(x_ref, dy_ref, dx_ref, *, m, n, block_m):
+    x = x_ref[...]
+    dy = dy_ref[...]
+    y_1 = _logsumexp(x, 1)
+    dx_ref[...] = dy + jnp.sum((-dy), axis=1, keepdims=True) * jnp.exp(x - y_1)
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_log_softmax_backward_tpu_blocks = {
+    None: {"default": (8,)},
+    "v5e": {"default": (8,)},
+    "v6e": {"default": (8,)},
+}
+
+
+def _log_softmax_backward_tpu(x, dy, *, m, n, block_m, interpret):
+    """`log_softmax_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _log_softmax_backward_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 32 * block_m * n + 4 * block_m)
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "log_softmax_backward",
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 288 B = 2 buffers x (x 32 B + dy 32 B + dx
+    # 32 B) + logsumexp's 32-bit copy of a block 32 B + sum's 32-bit copy of a block 32 B
+    # + let y_1 32 B.
+    return pl.pallas_call(
+        functools.partial(_log_softmax_backward_kernel, m=m, n=n, block_m=block_m),
+        # One step per block of M (N taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # dy: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        ],
+        # dx: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(32 * block_m * n + 4 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=5 * m * n, transcendentals=2 * m * n, bytes_accessed=_nbytes(x, dy) + m * n * 4
+        ),
+        interpret=interpret,
+        name="log_softmax_backward",
+    )(x, dy)
+
+
+def _log_softmax_backward_gpu_kernel(x_ref, dy_ref, dx_ref, *, m, block_m, n, block_n):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(0, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    x = _load(x_ref, inside)
+    dy = _load(dy_ref, inside)
+    y_1 = _logsumexp(_fill_past(x, 0, n, 1, -jnp.inf), 1)
+    _store(
+        dx_ref,
+        dy + jnp.sum(_fill_past((-dy), 0, n, 1, 0.0), axis=1, keepdims=True) * jnp.exp(x - y_1),
+        inside,
+    )
+
+
+def _log_softmax_backward_gpu(x, dy, *, m, n, block_m, num_warps, num_stages, interpret):
+    """`log_softmax_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _log_softmax_backward_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n
+        ),
+        # One program per block of M; programs run concurrently. Each holds all of N (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # dy: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        ],
+        # dx: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="log_softmax_backward",
+    )(x, dy)
+
+
+# `log_softmax_backward` has no Mosaic GPU kernel (reductions are not on Mosaic GPU
+# yet): it runs on Triton.

@@ -297,6 +297,109 @@ def equal_count_numpy(x, y):
     return (np.asarray(np.count_nonzero(exact(x) == exact(y)), np.int64),)
 
 
+# The reductions' backward kernels (analysis/reverse.py), by hand in float64: each
+# kernel's inputs' cotangents from its inputs and its outputs' cotangents.
+def softmax_backward_numpy(x, dy):
+    """y * (dy - sum(dy * y)) along N, y = softmax(x)."""
+    (y,) = softmax_numpy(x)
+    return (y * (f64(dy) - (f64(dy) * y).sum(axis=-1, keepdims=True)),)
+
+
+def log_softmax_backward_numpy(x, dy):
+    """dy - softmax(x) * sum(dy) along N."""
+    (y,) = softmax_numpy(x)
+    return (f64(dy) - y * f64(dy).sum(axis=-1, keepdims=True),)
+
+
+def layer_norm_statistics(x, eps):
+    """Each row's mean and 1 / sqrt(variance + eps) of layer_norm, in float64."""
+    h = f64(x)
+    mu = h.mean(axis=-1, keepdims=True)
+    return h - mu, mu, 1.0 / np.sqrt(((h - mu) ** 2).mean(axis=-1, keepdims=True) + eps)
+
+
+def layer_norm_full_backward_numpy(x, w, b, dy, dmu, drstd, *, eps=1e-5):
+    """dx, dw, db of (y, mu, rstd) = layer_norm(x, w, b). With xhat = (x - mu) rstd and
+    g = dy w: y gives rstd (g - mean(g) - xhat mean(g xhat)); mu gives dmu / N; rstd =
+    (var + eps)^-1/2 gives drstd (-rstd^3 (x - mu) / N). dw = sum(dy xhat), db = sum(dy)
+    over M."""
+    d, _, rstd = layer_norm_statistics(x, eps)
+    n = d.shape[-1]
+    xhat, g = d * rstd, f64(dy) * f64(w)
+    dx = rstd * (g - g.mean(axis=-1, keepdims=True) - xhat * (g * xhat).mean(axis=-1, keepdims=True))
+    dx += f64(dmu)[:, None] / n - f64(drstd)[:, None] * rstd**3 * d / n
+    return dx, (f64(dy) * xhat).sum(axis=0), f64(dy).sum(axis=0)
+
+
+def layer_norm_saved_inputs(rng, sizes, eps=1e-5):
+    """layer_norm's backward kernels' inputs: x, w, the mu and rstd the forward pass
+    saved (f32), and random cotangents dy (bf16), dmu and drstd (f32)."""
+    x, w, _ = layer_norm_inputs(rng, sizes)
+    _, mu, rstd = layer_norm_statistics(x, eps)
+    m = sizes["M"]
+    dy = random_array(rng, "bf16", (m, sizes["N"]))
+    return [x, w, mu[:, 0].astype(np.float32), rstd[:, 0].astype(np.float32), dy, *rng.standard_normal((2, m), np.float32)]
+
+
+def layer_norm_backward_numpy(x, w, mu, rstd, dy, dmu, drstd, *, eps=1e-5):
+    return layer_norm_full_backward_numpy(x, w, None, dy, dmu, drstd, eps=eps)[:1]
+
+
+def layer_norm_backward_over_m_numpy(x, mu, rstd, dy):
+    return layer_norm_full_backward_numpy(x, np.ones(np.shape(x)[1]), None, dy, *np.zeros((2, len(mu))))[1:]
+
+
+def rms_norm_full_backward_numpy(x, w, dy, *, eps=1e-6):
+    """dx, dw of y = h r w, r = (mean(h^2) + eps)^-1/2: dx = r dy w - h r^3 mean(dy w h),
+    dw = sum(dy h r) over M."""
+    h = f64(x)
+    r = 1.0 / np.sqrt((h * h).mean(axis=-1, keepdims=True) + eps)
+    g = f64(dy) * f64(w)
+    return r * g - h * r**3 * (g * h).mean(axis=-1, keepdims=True), (f64(dy) * h * r).sum(axis=0)
+
+
+def rms_norm_backward_numpy(x, w, dy, *, eps=1e-6):
+    return rms_norm_full_backward_numpy(x, w, dy, eps=eps)[:1]
+
+
+def rms_norm_backward_over_m_numpy(x, dy, *, eps=1e-6):
+    return rms_norm_full_backward_numpy(x, np.ones(np.shape(x)[1]), dy, eps=eps)[1:]
+
+
+def cross_entropy_with_residuals_numpy(logits, label):
+    """(loss, lse): cross_entropy and each row's log-sum-exp, which its backward reads."""
+    return (*cross_entropy_numpy(logits, label), logsumexp_numpy(f64(logits)))
+
+
+def cross_entropy_backward_numpy(logits, label, lse, dloss):
+    """dloss (softmax(logits) - one_hot(label)): lse is the row's log-sum-exp."""
+    z = f64(logits)
+    picked = np.arange(z.shape[1]) == exact(label)[:, None]
+    return (f64(dloss)[:, None] * (np.exp(z - f64(lse)[:, None]) - picked),)
+
+
+def cross_entropy_saved_inputs(rng, sizes):
+    """cross_entropy_backward's inputs: logits, label, their log-sum-exp (f32), dloss."""
+    logits, label = cross_entropy_inputs(rng, sizes)
+    lse = logsumexp_numpy(f64(logits)).astype(np.float32)
+    return [logits, label, lse, rng.standard_normal(sizes["M"]).astype(np.float32)]
+
+
+def column_sums_backward_numpy(x, ds):
+    """ds, the same for every row."""
+    return (np.broadcast_to(f64(ds), np.shape(x)),)
+
+
+def quantize_rows_int8_backward_numpy(x, dscale):
+    """scale = max(max |x|, 1e-30) / 127: dscale / 127 times the sign of x (+ at 0, as
+    JAX's abs) at the FIRST position of each row's largest magnitude, 0 elsewhere and in a
+    row whose largest magnitude is below 1e-30."""
+    a = np.abs(f64(x))
+    first = np.arange(a.shape[1]) == first_index(a == a.max(axis=1, keepdims=True))[:, None]
+    g = np.where(a.max(axis=1) > 1e-30, f64(dscale) / 127.0, 0.0)[:, None]
+    return (np.where(first, g * np.where(f64(x) >= 0, 1.0, -1.0), 0.0),)
+
+
 def add_numpy(x, y):
     """x + y, wrapping in the inputs' integer width."""
     with np.errstate(invalid="ignore", over="ignore"):
@@ -929,6 +1032,132 @@ CASES = {
             equal_count_inputs("i32"),
             equal_count_numpy,
             (EXACT,),
+            reduced=("N",),
+            specials=False,
+        ),
+        # ------------------------------------------------------------------ reductions' backward kernels
+        KernelCase(
+            "softmax",
+            "softmax_backward",
+            (Operand("x", "f32", ("M", "N")), Operand("dy", "f32", ("M", "N"))),
+            (Operand("dx", "f32", ("M", "N")),),
+            with_cotangents(shifted_rows_inputs, Operand("dy", "f32", ("M", "N"))),
+            softmax_backward_numpy,
+            (Tolerance(1e-5, 1e-6, sqrt_of="N"),),
+            reduced=("N",),
+            specials=False,
+        ),
+        KernelCase(
+            "softmax",
+            "log_softmax_backward",
+            (Operand("x", "f32", ("M", "N")), Operand("dy", "f32", ("M", "N"))),
+            (Operand("dx", "f32", ("M", "N")),),
+            with_cotangents(shifted_rows_inputs, Operand("dy", "f32", ("M", "N"))),
+            log_softmax_backward_numpy,
+            (Tolerance(1e-5, 5e-5, sqrt_of="N"),),  # exp(x - lse) to ulps of x (up to 100) times sum(dy)
+            reduced=("N",),
+            specials=False,
+        ),
+        KernelCase(
+            "norms",
+            "layer_norm_backward",
+            (
+                Operand("x", "bf16", ("M", "N")),
+                Operand("w", "f32", ("N",)),
+                Operand("mu", "f32", ("M",)),
+                Operand("rstd", "f32", ("M",)),
+                Operand("dy", "bf16", ("M", "N")),
+                Operand("dmu", "f32", ("M",)),
+                Operand("drstd", "f32", ("M",)),
+            ),
+            (Operand("dx", "bf16", ("M", "N")),),
+            layer_norm_saved_inputs,
+            layer_norm_backward_numpy,
+            (Tolerance(2.0**-7, 2e-3, sqrt_of="N"),),
+            reduced=("N",),
+            specials=False,
+        ),
+        KernelCase(
+            "norms",
+            "layer_norm_backward_over_m",
+            (
+                Operand("x", "bf16", ("M", "N")),
+                Operand("mu", "f32", ("M",)),
+                Operand("rstd", "f32", ("M",)),
+                Operand("dy", "bf16", ("M", "N")),
+            ),
+            (Operand("dw", "f32", ("N",)), Operand("db", "f32", ("N",))),
+            lambda rng, sizes: [a for i, a in enumerate(layer_norm_saved_inputs(rng, sizes)) if i in (0, 2, 3, 4)],
+            layer_norm_backward_over_m_numpy,
+            (Tolerance(1e-4, 1e-4, sqrt_of="M"), Tolerance(1e-5, 1e-4, sqrt_of="M")),
+            reduced=("M",),
+            specials=False,
+        ),
+        KernelCase(
+            "norms",
+            "rms_norm_backward",
+            (Operand("x", "bf16", ("M", "N")), Operand("w", "f32", ("N",)), Operand("dy", "bf16", ("M", "N"))),
+            (Operand("dx", "bf16", ("M", "N")),),
+            with_cotangents(rms_norm_inputs, Operand("dy", "bf16", ("M", "N"))),
+            rms_norm_backward_numpy,
+            (Tolerance(2.0**-7, 1e-3, sqrt_of="N"),),
+            reduced=("N",),
+            specials=False,
+        ),
+        KernelCase(
+            "norms",
+            "rms_norm_backward_over_m",
+            (Operand("x", "bf16", ("M", "N")), Operand("dy", "bf16", ("M", "N"))),
+            (Operand("dw", "f32", ("N",)),),
+            with_cotangents(lambda rng, sizes: rms_norm_inputs(rng, sizes)[:1], Operand("dy", "bf16", ("M", "N"))),
+            rms_norm_backward_over_m_numpy,
+            (Tolerance(1e-4, 1e-4, sqrt_of="M"),),
+            specials=False,
+        ),
+        KernelCase(
+            "losses",
+            "cross_entropy_with_residuals",
+            (Operand("logits", "bf16", ("M", "V")), Operand("label", "i32", ("M",))),
+            (Operand("loss", "f32", ("M",)), Operand("logsumexp_v", "f32", ("M",))),
+            cross_entropy_inputs,
+            cross_entropy_with_residuals_numpy,
+            (logsumexp_tolerance("V"), logsumexp_tolerance("V")),
+            reduced=("V",),
+            specials=False,
+        ),
+        KernelCase(
+            "losses",
+            "cross_entropy_backward",
+            (
+                Operand("logits", "bf16", ("M", "V")),
+                Operand("label", "i32", ("M",)),
+                Operand("logsumexp_v", "f32", ("M",)),
+                Operand("dloss", "f32", ("M",)),
+            ),
+            (Operand("dlogits", "bf16", ("M", "V")),),
+            cross_entropy_saved_inputs,
+            cross_entropy_backward_numpy,
+            (Tolerance(2.0**-7, 1e-5),),
+            specials=False,
+        ),
+        KernelCase(
+            "reductions",
+            "column_sums_backward",
+            (Operand("x", "f32", ("M", "N")), Operand("ds", "f32", ("N",))),
+            (Operand("dx", "f32", ("M", "N")),),
+            with_cotangents(column_sums_inputs, Operand("ds", "f32", ("N",))),
+            column_sums_backward_numpy,
+            (EXACT,),
+            specials=False,
+        ),
+        KernelCase(
+            "reductions",
+            "quantize_rows_int8_backward",
+            (Operand("x", "f32", ("M", "N")), Operand("dscale", "f32", ("M",))),
+            (Operand("dx", "f32", ("M", "N")),),
+            with_cotangents(quantize_rows_int8_inputs, Operand("dscale", "f32", ("M",))),
+            quantize_rows_int8_backward_numpy,
+            (F32_TOL,),
             reduced=("N",),
             specials=False,
         ),
