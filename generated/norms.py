@@ -469,15 +469,13 @@ def _layer_norm_forward(
 def _layer_norm_saving(
     x, w, b, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, eps, interpret
 ):
-    """`layer_norm` forward under jax.grad: its outputs, and what its backward kernels read (x,
-    w, mu, rstd).
+    """`layer_norm` forward under jax.grad, by layer_norm_with_residuals: its outputs, and what
+    its backward kernels read (x, w, mu, rstd, mean_n).
     """
-    y, mu, rstd = _layer_norm_forward(
+    y, mu, rstd, mean_n = layer_norm_with_residuals(
         x,
         w,
         b,
-        m=m,
-        n=n,
         block_m=block_m,
         gpu_block_m=gpu_block_m,
         gpu_warps=gpu_warps,
@@ -486,18 +484,19 @@ def _layer_norm_saving(
         eps=eps,
         interpret=interpret,
     )
-    return (y, mu, rstd), (x, w, mu, rstd)
+    return (y, mu, rstd), (x, w, mu, rstd, mean_n)
 
 
 def _layer_norm_vjp(saved, cotangents, *, eps, interpret):
     """The cotangents of `layer_norm`'s inputs from those of its outputs, for jax.grad, by the
     generated backward kernels layer_norm_backward, layer_norm_backward_over_m. The forward
-    pass saves its inputs (x, w, b) and its outputs mu, rstd (read, not recomputed): the
-    backward kernels recompute the values they need (h, d) from them.
+    pass saves its inputs (x, w, b), its outputs mu, rstd (read, not recomputed) and the
+    residuals mean_n (forward values that cost more to recompute than to save): the backward
+    kernels recompute the values they need (h, d) from them.
     """
-    x, w, mu, rstd = saved
+    x, w, mu, rstd, mean_n = saved
     dy, dmu, drstd = cotangents
-    dx = layer_norm_backward(x, w, mu, rstd, dy, dmu, drstd, eps=eps, interpret=interpret)
+    dx = layer_norm_backward(x, w, mu, rstd, mean_n, dy, dmu, drstd, eps=eps, interpret=interpret)
     dw, db = layer_norm_backward_over_m(x, mu, rstd, dy, interpret=interpret)
     return dx, dw, db
 
@@ -667,11 +666,296 @@ def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, inter
         "interpret",
     ),
 )
+def layer_norm_with_residuals(
+    x,
+    w,
+    b,
+    *,
+    block_m=None,
+    gpu_block_m=1,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    eps=1e-05,
+    interpret=None,
+):
+    """`layer_norm` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (mean_n).
+
+    Args:
+      x: bf16[M, N].
+      w: f32[N].
+      b: f32[N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_with_residuals_tpu_blocks),
+        grown to large steps (_grown), else 16.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
+      eps: a static f32 (default 1e-05).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      y: bf16[M, N]; mu: f32[M]; rstd: f32[M]; mean_n: f32[M].
+    """
+    (x, w, b), sizes = _operands(
+        "layer_norm_with_residuals",
+        {
+            "x": (x, jnp.bfloat16, ("M", "N")),
+            "w": (w, jnp.float32, ("N",)),
+            "b": (b, jnp.float32, ("N",)),
+        },
+    )
+    _check_blocks("layer_norm_with_residuals", block_m=block_m, may_be_none=True)
+    _check_blocks("layer_norm_with_residuals", gpu_block_m=gpu_block_m)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            layer_norm_with_residuals_reference,
+            (((m, n), jnp.bfloat16), ((m,), jnp.float32), ((m,), jnp.float32), ((m,), jnp.float32)),
+            x,
+            w,
+            b,
+            eps=eps,
+        )
+    w = w.reshape(1, n)  # w: f32[N], broadcast over M
+    b = b.reshape(1, n)  # b: f32[N], broadcast over M
+    y, mu, rstd, mean_n = _on_platform(
+        functools.partial(_layer_norm_with_residuals_tpu, m=m, n=n, block_m=block_m, eps=eps),
+        _gpu_kernel(
+            "layer_norm_with_residuals",
+            gpu_backend,
+            functools.partial(
+                _layer_norm_with_residuals_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                eps=eps,
+            ),
+            None,
+        ),
+        interpret,
+        x,
+        w,
+        b,
+    )
+    mu = mu.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
+    rstd = rstd.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
+    mean_n = mean_n.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
+    return y, mu, rstd, mean_n
+
+
+def layer_norm_with_residuals_reference(x, w, b, *, eps=1e-05):
+    """`layer_norm_with_residuals` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    w = w[None, :]
+    b = b[None, :]
+    h = x.astype(jnp.float32)
+    mu = jnp.mean(h, axis=1, keepdims=True, dtype=jnp.float32)
+    d = h - mu
+    mean_n = jnp.mean((d * d), axis=1, keepdims=True, dtype=jnp.float32)
+    rstd = jax.lax.rsqrt(mean_n + eps)
+    y = (d * rstd * w + b).astype(jnp.bfloat16)
+    mu = mu.reshape((m,))
+    rstd = rstd.reshape((m,))
+    mean_n = mean_n.reshape((m,))
+    return y, mu, rstd, mean_n
+
+
+def _layer_norm_with_residuals_kernel(
+    x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref, *, m, n, block_m, eps
+):
+    x = x_ref[...]
+    w = w_ref[...]
+    b = b_ref[...]
+    h = x.astype(jnp.float32)
+    mu = jnp.sum(h, axis=1, keepdims=True) / n
+    mu_ref[...] = mu
+    d = h - mu
+    mean_n = jnp.sum((d * d), axis=1, keepdims=True) / n
+    mean_n_ref[...] = mean_n
+    rstd = jax.lax.rsqrt(mean_n + eps)
+    rstd_ref[...] = rstd
+    y_ref[...] = (d * rstd * w + b).astype(jnp.bfloat16)
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_layer_norm_with_residuals_tpu_blocks = {
+    None: {"default": (16,)},
+    "v5e": {"default": (16,)},
+    "v6e": {"default": (16,)},
+}
+
+
+def _layer_norm_with_residuals_tpu(x, w, b, *, m, n, block_m, eps, interpret):
+    """`layer_norm_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _layer_norm_with_residuals_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            _grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 24 * block_m * n + 16 * n + 24 * block_m),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "layer_norm_with_residuals",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + w 4 B + b 4
+    # B + y 32 B + mu 64 B + rstd 64 B + mean_n 64 B) + mean's 32-bit copy of a block 64 B
+    # + mean's 32-bit copy of a block 64 B + let h 64 B + let d 64 B.
+    return pl.pallas_call(
+        functools.partial(_layer_norm_with_residuals_kernel, m=m, n=n, block_m=block_m, eps=eps),
+        # One step per block of M (N taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # w: f32[N], broadcast over M
+            pl.BlockSpec((1, n), lambda i: (0, 0)),
+            # b: f32[N], broadcast over M
+            pl.BlockSpec((1, n), lambda i: (0, 0)),
+        ],
+        out_specs=(
+            # y: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # mu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # rstd: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mu
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # rstd
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mean_n
+        ),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(24 * block_m * n + 16 * n + 24 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=9 * m * n,
+            transcendentals=m * n,
+            bytes_accessed=_nbytes(x, w, b) + m * n * 2 + m * n * 4 + m * n * 4 + m * n * 4,
+        ),
+        interpret=interpret,
+        name="layer_norm_with_residuals",
+    )(x, w, b)
+
+
+def _layer_norm_with_residuals_gpu_kernel(
+    x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref, *, m, block_m, n, block_n, eps
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(0, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    x = _load(x_ref, inside)
+    w = _load(w_ref, _mask((1, block_n), None, in_n))
+    b = _load(b_ref, _mask((1, block_n), None, in_n))
+    h = x.astype(jnp.float32)
+    mu = jnp.sum(_fill_past(h, 0, n, 1, 0.0), axis=1, keepdims=True) / n
+    _store(mu_ref, mu, _mask((block_m, 1), in_m, None))
+    d = h - mu
+    mean_n = jnp.sum(_fill_past((d * d), 0, n, 1, 0.0), axis=1, keepdims=True) / n
+    _store(mean_n_ref, mean_n, _mask((block_m, 1), in_m, None))
+    rstd = jax.lax.rsqrt(mean_n + eps)
+    _store(rstd_ref, rstd, _mask((block_m, 1), in_m, None))
+    _store(y_ref, (d * rstd * w + b).astype(jnp.bfloat16), inside)
+
+
+def _layer_norm_with_residuals_gpu(
+    x, w, b, *, m, n, block_m, num_warps, num_stages, eps, interpret
+):
+    """`layer_norm_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _layer_norm_with_residuals_gpu_kernel,
+            m=m,
+            block_m=block_m,
+            n=n,
+            block_n=block_n,
+            eps=eps,
+        ),
+        # One program per block of M; programs run concurrently. Each holds all of N (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # w: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
+            # b: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
+        ],
+        out_specs=(
+            # y: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # mu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # rstd: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mu
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # rstd
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mean_n
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="layer_norm_with_residuals",
+    )(x, w, b)
+
+
+# `layer_norm_with_residuals` has no Mosaic GPU kernel (reductions are not on Mosaic
+# GPU yet): it runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "eps",
+        "interpret",
+    ),
+)
 def layer_norm_backward(
     x,
     w,
     mu,
     rstd,
+    mean_n,
     dy,
     dmu,
     drstd,
@@ -692,6 +976,7 @@ def layer_norm_backward(
       w: f32[N].
       mu: f32[M].
       rstd: f32[M].
+      mean_n: f32[M].
       dy: bf16[M, N].
       dmu: f32[M].
       drstd: f32[M].
@@ -709,13 +994,14 @@ def layer_norm_backward(
     Returns:
       dx: bf16[M, N].
     """
-    (x, w, mu, rstd, dy, dmu, drstd), sizes = _operands(
+    (x, w, mu, rstd, mean_n, dy, dmu, drstd), sizes = _operands(
         "layer_norm_backward",
         {
             "x": (x, jnp.bfloat16, ("M", "N")),
             "w": (w, jnp.float32, ("N",)),
             "mu": (mu, jnp.float32, ("M",)),
             "rstd": (rstd, jnp.float32, ("M",)),
+            "mean_n": (mean_n, jnp.float32, ("M",)),
             "dy": (dy, jnp.bfloat16, ("M", "N")),
             "dmu": (dmu, jnp.float32, ("M",)),
             "drstd": (drstd, jnp.float32, ("M",)),
@@ -733,6 +1019,7 @@ def layer_norm_backward(
             w,
             mu,
             rstd,
+            mean_n,
             dy,
             dmu,
             drstd,
@@ -741,6 +1028,7 @@ def layer_norm_backward(
     w = w.reshape(1, n)  # w: f32[N], broadcast over M
     mu = mu.reshape(m, 1)  # mu: f32[M], broadcast over N
     rstd = rstd.reshape(m, 1)  # rstd: f32[M], broadcast over N
+    mean_n = mean_n.reshape(m, 1)  # mean_n: f32[M], broadcast over N
     dmu = dmu.reshape(m, 1)  # dmu: f32[M], broadcast over N
     drstd = drstd.reshape(m, 1)  # drstd: f32[M], broadcast over N
     return _on_platform(
@@ -764,24 +1052,26 @@ def layer_norm_backward(
         w,
         mu,
         rstd,
+        mean_n,
         dy,
         dmu,
         drstd,
     )
 
 
-def layer_norm_backward_reference(x, w, mu, rstd, dy, dmu, drstd, *, eps=1e-05):
+def layer_norm_backward_reference(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, eps=1e-05):
     """`layer_norm_backward` in plain jax.numpy, to test the kernel against."""
     m = x.shape[0]
     n = x.shape[1]
     w = w[None, :]
     mu = mu[:, None]
     rstd = rstd[:, None]
+    mean_n = mean_n[:, None]
     dmu = dmu[:, None]
     drstd = drstd[:, None]
     h = x.astype(jnp.float32)
     d = h - mu
-    rstd_1 = jnp.mean((d * d), axis=1, keepdims=True, dtype=jnp.float32) + eps
+    rstd_1 = mean_n + eps
     dy_1 = dy.astype(jnp.float32)
     dy_2 = dy_1 * w
     drstd_ = drstd + jnp.sum((dy_2 * d), axis=1, keepdims=True, dtype=jnp.float32)
@@ -794,18 +1084,32 @@ def layer_norm_backward_reference(x, w, mu, rstd, dy, dmu, drstd, *, eps=1e-05):
 
 
 def _layer_norm_backward_kernel(
-    x_ref, w_ref, mu_ref, rstd_ref, dy_ref, dmu_ref, drstd_ref, dx_ref, *, m, n, block_m, eps
+    x_ref,
+    w_ref,
+    mu_ref,
+    rstd_ref,
+    mean_n_ref,
+    dy_ref,
+    dmu_ref,
+    drstd_ref,
+    dx_ref,
+    *,
+    m,
+    n,
+    block_m,
+    eps,
 ):
     x = x_ref[...]
     w = w_ref[...]
     mu = mu_ref[...]
     rstd = rstd_ref[...]
+    mean_n = mean_n_ref[...]
     dy = dy_ref[...]
     dmu = dmu_ref[...]
     drstd = drstd_ref[...]
     h = x.astype(jnp.float32)
     d = h - mu
-    rstd_1 = jnp.sum((d * d), axis=1, keepdims=True) / n + eps
+    rstd_1 = mean_n + eps
     dy_1 = dy.astype(jnp.float32)
     dy_2 = dy_1 * w
     drstd_ = drstd + jnp.sum((dy_2 * d), axis=1, keepdims=True)
@@ -827,7 +1131,9 @@ _layer_norm_backward_tpu_blocks = {
 }
 
 
-def _layer_norm_backward_tpu(x, w, mu, rstd, dy, dmu, drstd, *, m, n, block_m, eps, interpret):
+def _layer_norm_backward_tpu(
+    x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, block_m, eps, interpret
+):
     """`layer_norm_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = _tpu_blocks(
         _layer_norm_backward_tpu_blocks,
@@ -836,7 +1142,7 @@ def _layer_norm_backward_tpu(x, w, mu, rstd, dy, dmu, drstd, *, m, n, block_m, e
         grow=functools.partial(
             _grown,
             bounds=(m,),
-            step=lambda block_m: (block_m * n, 48 * block_m * n + 8 * n + 48 * block_m),
+            step=lambda block_m: (block_m * n, 44 * block_m * n + 8 * n + 56 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
@@ -849,11 +1155,11 @@ def _layer_norm_backward_tpu(x, w, mu, rstd, dy, dmu, drstd, *, m, n, block_m, e
             "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
-    # VMEM at the default blocks per unit of N: 1.5 KiB = 2 buffers x (x 32 B + w 4 B + mu
-    # 64 B + rstd 64 B + dy 32 B + dmu 64 B + drstd 64 B + dx 32 B) + mean's 32-bit copy
-    # of a block 64 B + sum's 32-bit copy of a block 64 B + sum's 32-bit copy of a block
-    # 64 B + let h 64 B + let d 64 B + let rstd_1 64 B + let dy_1 64 B + let dy_2 64 B +
-    # let drstd_ 64 B + let drstd_1 64 B + let dd 64 B + let dmu_ 64 B + let dh 64 B.
+    # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 32 B + w 4 B + mu
+    # 64 B + rstd 64 B + mean_n 64 B + dy 32 B + dmu 64 B + drstd 64 B + dx 32 B) + sum's
+    # 32-bit copy of a block 64 B + sum's 32-bit copy of a block 64 B + let h 64 B + let d
+    # 64 B + let rstd_1 64 B + let dy_1 64 B + let dy_2 64 B + let drstd_ 64 B + let
+    # drstd_1 64 B + let dd 64 B + let dmu_ 64 B + let dh 64 B.
     return pl.pallas_call(
         functools.partial(_layer_norm_backward_kernel, m=m, n=n, block_m=block_m, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -868,6 +1174,8 @@ def _layer_norm_backward_tpu(x, w, mu, rstd, dy, dmu, drstd, *, m, n, block_m, e
             pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
             # rstd: f32[M], broadcast over N
             pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
             # dy: bf16[M, N]
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),
             # dmu: f32[M], broadcast over N
@@ -881,16 +1189,16 @@ def _layer_norm_backward_tpu(x, w, mu, rstd, dy, dmu, drstd, *, m, n, block_m, e
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(48 * block_m * n + 8 * n + 48 * block_m),
+            vmem_limit_bytes=_vmem_limit(44 * block_m * n + 8 * n + 56 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=28 * m * n,
+            flops=26 * m * n,
             transcendentals=0,
-            bytes_accessed=_nbytes(x, w, mu, rstd, dy, dmu, drstd) + m * n * 2,
+            bytes_accessed=_nbytes(x, w, mu, rstd, mean_n, dy, dmu, drstd) + m * n * 2,
         ),
         interpret=interpret,
         name="layer_norm_backward",
-    )(x, w, mu, rstd, dy, dmu, drstd)
+    )(x, w, mu, rstd, mean_n, dy, dmu, drstd)
 
 
 def _layer_norm_backward_gpu_kernel(
@@ -898,6 +1206,7 @@ def _layer_norm_backward_gpu_kernel(
     w_ref,
     mu_ref,
     rstd_ref,
+    mean_n_ref,
     dy_ref,
     dmu_ref,
     drstd_ref,
@@ -917,12 +1226,13 @@ def _layer_norm_backward_gpu_kernel(
     w = _load(w_ref, _mask((1, block_n), None, in_n))
     mu = _load(mu_ref, _mask((block_m, 1), in_m, None))
     rstd = _load(rstd_ref, _mask((block_m, 1), in_m, None))
+    mean_n = _load(mean_n_ref, _mask((block_m, 1), in_m, None))
     dy = _load(dy_ref, inside)
     dmu = _load(dmu_ref, _mask((block_m, 1), in_m, None))
     drstd = _load(drstd_ref, _mask((block_m, 1), in_m, None))
     h = x.astype(jnp.float32)
     d = h - mu
-    rstd_1 = jnp.sum(_fill_past((d * d), 0, n, 1, 0.0), axis=1, keepdims=True) / n + eps
+    rstd_1 = mean_n + eps
     dy_1 = dy.astype(jnp.float32)
     dy_2 = dy_1 * w
     drstd_ = drstd + jnp.sum(_fill_past((dy_2 * d), 0, n, 1, 0.0), axis=1, keepdims=True)
@@ -934,7 +1244,7 @@ def _layer_norm_backward_gpu_kernel(
 
 
 def _layer_norm_backward_gpu(
-    x, w, mu, rstd, dy, dmu, drstd, *, m, n, block_m, num_warps, num_stages, eps, interpret
+    x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, block_m, num_warps, num_stages, eps, interpret
 ):
     """`layer_norm_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -955,6 +1265,8 @@ def _layer_norm_backward_gpu(
             pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
             # rstd: f32[M], broadcast over N
             pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
             # dy: bf16[M, N]
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
             # dmu: f32[M], broadcast over N
@@ -968,7 +1280,7 @@ def _layer_norm_backward_gpu(
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="layer_norm_backward",
-    )(x, w, mu, rstd, dy, dmu, drstd)
+    )(x, w, mu, rstd, mean_n, dy, dmu, drstd)
 
 
 # `layer_norm_backward` has no Mosaic GPU kernel (reductions are not on Mosaic GPU
@@ -1374,6 +1686,18 @@ def rms_norm(
         functools.partial(_rms_norm_vjp, eps=eps, interpret=interpret),
         x,
         w,
+        saving=functools.partial(
+            _rms_norm_saving,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            eps=eps,
+            interpret=interpret,
+        ),
     )
 
 
@@ -1414,16 +1738,37 @@ def _rms_norm_forward(
     )
 
 
+def _rms_norm_saving(
+    x, w, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, eps, interpret
+):
+    """`rms_norm` forward under jax.grad, by rms_norm_with_residuals: its outputs, and what its
+    backward kernels read (x, w, mean_n).
+    """
+    y, mean_n = rms_norm_with_residuals(
+        x,
+        w,
+        block_m=block_m,
+        gpu_block_m=gpu_block_m,
+        gpu_warps=gpu_warps,
+        gpu_stages=gpu_stages,
+        gpu_backend=gpu_backend,
+        eps=eps,
+        interpret=interpret,
+    )
+    return y, (x, w, mean_n)
+
+
 def _rms_norm_vjp(saved, cotangents, *, eps, interpret):
     """The cotangents of `rms_norm`'s inputs from those of its outputs, for jax.grad, by the
     generated backward kernels rms_norm_backward, rms_norm_backward_over_m. The forward pass
-    saves its inputs (x, w) and nothing else: the backward kernels recompute the values they
-    need (h) from them.
+    saves its inputs (x, w) and the residuals mean_n (forward values that cost more to
+    recompute than to save): the backward kernels recompute the values they need (h) from
+    them.
     """
-    x, w = saved
+    x, w, mean_n = saved
     dy = cotangents
-    dx = rms_norm_backward(x, w, dy, eps=eps, interpret=interpret)
-    dw = rms_norm_backward_over_m(x, dy, eps=eps, interpret=interpret)
+    dx = rms_norm_backward(x, w, mean_n, dy, eps=eps, interpret=interpret)
+    dw = rms_norm_backward_over_m(x, mean_n, dy, eps=eps, interpret=interpret)
     return dx, dw
 
 
@@ -1559,9 +1904,239 @@ def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret)
         "interpret",
     ),
 )
+def rms_norm_with_residuals(
+    x,
+    w,
+    *,
+    block_m=None,
+    gpu_block_m=1,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    eps=1e-06,
+    interpret=None,
+):
+    """`rms_norm` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (mean_n).
+
+    Args:
+      x: bf16[M, N].
+      w: f32[N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_with_residuals_tpu_blocks),
+        grown to large steps (_grown), else 16.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
+      eps: a static f32 (default 1e-06).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      y: bf16[M, N]; mean_n: f32[M].
+    """
+    (x, w), sizes = _operands(
+        "rms_norm_with_residuals",
+        {"x": (x, jnp.bfloat16, ("M", "N")), "w": (w, jnp.float32, ("N",))},
+    )
+    _check_blocks("rms_norm_with_residuals", block_m=block_m, may_be_none=True)
+    _check_blocks("rms_norm_with_residuals", gpu_block_m=gpu_block_m)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            rms_norm_with_residuals_reference,
+            (((m, n), jnp.bfloat16), ((m,), jnp.float32)),
+            x,
+            w,
+            eps=eps,
+        )
+    w = w.reshape(1, n)  # w: f32[N], broadcast over M
+    y, mean_n = _on_platform(
+        functools.partial(_rms_norm_with_residuals_tpu, m=m, n=n, block_m=block_m, eps=eps),
+        _gpu_kernel(
+            "rms_norm_with_residuals",
+            gpu_backend,
+            functools.partial(
+                _rms_norm_with_residuals_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                eps=eps,
+            ),
+            None,
+        ),
+        interpret,
+        x,
+        w,
+    )
+    mean_n = mean_n.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
+    return y, mean_n
+
+
+def rms_norm_with_residuals_reference(x, w, *, eps=1e-06):
+    """`rms_norm_with_residuals` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    w = w[None, :]
+    h = x.astype(jnp.float32)
+    mean_n = jnp.mean((h * h), axis=1, keepdims=True, dtype=jnp.float32)
+    y = (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16)
+    mean_n = mean_n.reshape((m,))
+    return y, mean_n
+
+
+def _rms_norm_with_residuals_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, m, n, block_m, eps):
+    x = x_ref[...]
+    w = w_ref[...]
+    h = x.astype(jnp.float32)
+    mean_n = jnp.sum((h * h), axis=1, keepdims=True) / n
+    mean_n_ref[...] = mean_n
+    y_ref[...] = (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16)
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_rms_norm_with_residuals_tpu_blocks = {
+    None: {"default": (16,)},
+    "v5e": {"default": (16,)},
+    "v6e": {"default": (16,)},
+}
+
+
+def _rms_norm_with_residuals_tpu(x, w, *, m, n, block_m, eps, interpret):
+    """`rms_norm_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _rms_norm_with_residuals_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            _grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 16 * block_m * n + 8 * n + 8 * block_m),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "rms_norm_with_residuals",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 392 B = 2 buffers x (x 32 B + w 4 B + y 32
+    # B + mean_n 64 B) + mean's 32-bit copy of a block 64 B + let h 64 B.
+    return pl.pallas_call(
+        functools.partial(_rms_norm_with_residuals_kernel, m=m, n=n, block_m=block_m, eps=eps),
+        # One step per block of M (N taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # w: f32[N], broadcast over M
+            pl.BlockSpec((1, n), lambda i: (0, 0)),
+        ],
+        out_specs=(
+            # y: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mean_n
+        ),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(16 * block_m * n + 8 * n + 8 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=6 * m * n,
+            transcendentals=m * n,
+            bytes_accessed=_nbytes(x, w) + m * n * 2 + m * n * 4,
+        ),
+        interpret=interpret,
+        name="rms_norm_with_residuals",
+    )(x, w)
+
+
+def _rms_norm_with_residuals_gpu_kernel(
+    x_ref, w_ref, y_ref, mean_n_ref, *, m, block_m, n, block_n, eps
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(0, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    x = _load(x_ref, inside)
+    w = _load(w_ref, _mask((1, block_n), None, in_n))
+    h = x.astype(jnp.float32)
+    mean_n = jnp.sum(_fill_past((h * h), 0, n, 1, 0.0), axis=1, keepdims=True) / n
+    _store(mean_n_ref, mean_n, _mask((block_m, 1), in_m, None))
+    _store(y_ref, (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16), inside)
+
+
+def _rms_norm_with_residuals_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret):
+    """`rms_norm_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _rms_norm_with_residuals_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n, eps=eps
+        ),
+        # One program per block of M; programs run concurrently. Each holds all of N (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # w: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
+        ],
+        out_specs=(
+            # y: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mean_n
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="rms_norm_with_residuals",
+    )(x, w)
+
+
+# `rms_norm_with_residuals` has no Mosaic GPU kernel (reductions are not on Mosaic GPU
+# yet): it runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "eps",
+        "interpret",
+    ),
+)
 def rms_norm_backward(
     x,
     w,
+    mean_n,
     dy,
     *,
     block_m=None,
@@ -1578,6 +2153,7 @@ def rms_norm_backward(
     Args:
       x: bf16[M, N].
       w: f32[N].
+      mean_n: f32[M].
       dy: bf16[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_backward_tpu_blocks),
@@ -1593,11 +2169,12 @@ def rms_norm_backward(
     Returns:
       dx: bf16[M, N].
     """
-    (x, w, dy), sizes = _operands(
+    (x, w, mean_n, dy), sizes = _operands(
         "rms_norm_backward",
         {
             "x": (x, jnp.bfloat16, ("M", "N")),
             "w": (w, jnp.float32, ("N",)),
+            "mean_n": (mean_n, jnp.float32, ("M",)),
             "dy": (dy, jnp.bfloat16, ("M", "N")),
         },
     )
@@ -1607,9 +2184,10 @@ def rms_norm_backward(
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(
-            rms_norm_backward_reference, (((m, n), jnp.bfloat16),), x, w, dy, eps=eps
+            rms_norm_backward_reference, (((m, n), jnp.bfloat16),), x, w, mean_n, dy, eps=eps
         )
     w = w.reshape(1, n)  # w: f32[N], broadcast over M
+    mean_n = mean_n.reshape(m, 1)  # mean_n: f32[M], broadcast over N
     return _on_platform(
         functools.partial(_rms_norm_backward_tpu, m=m, n=n, block_m=block_m, eps=eps),
         _gpu_kernel(
@@ -1629,17 +2207,19 @@ def rms_norm_backward(
         interpret,
         x,
         w,
+        mean_n,
         dy,
     )
 
 
-def rms_norm_backward_reference(x, w, dy, *, eps=1e-06):
+def rms_norm_backward_reference(x, w, mean_n, dy, *, eps=1e-06):
     """`rms_norm_backward` in plain jax.numpy, to test the kernel against."""
     m = x.shape[0]
     n = x.shape[1]
     w = w[None, :]
+    mean_n = mean_n[:, None]
     h = x.astype(jnp.float32)
-    y_2 = jnp.mean((h * h), axis=1, keepdims=True, dtype=jnp.float32) + eps
+    y_2 = mean_n + eps
     y_3 = jax.lax.rsqrt(y_2)
     dy_1 = dy.astype(jnp.float32)
     dy_2 = dy_1 * w
@@ -1649,12 +2229,13 @@ def rms_norm_backward_reference(x, w, dy, *, eps=1e-06):
     return dx
 
 
-def _rms_norm_backward_kernel(x_ref, w_ref, dy_ref, dx_ref, *, m, n, block_m, eps):
+def _rms_norm_backward_kernel(x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, m, n, block_m, eps):
     x = x_ref[...]
     w = w_ref[...]
+    mean_n = mean_n_ref[...]
     dy = dy_ref[...]
     h = x.astype(jnp.float32)
-    y_2 = jnp.sum((h * h), axis=1, keepdims=True) / n + eps
+    y_2 = mean_n + eps
     y_3 = jax.lax.rsqrt(y_2)
     dy_1 = dy.astype(jnp.float32)
     dy_2 = dy_1 * w
@@ -1674,7 +2255,7 @@ _rms_norm_backward_tpu_blocks = {
 }
 
 
-def _rms_norm_backward_tpu(x, w, dy, *, m, n, block_m, eps, interpret):
+def _rms_norm_backward_tpu(x, w, mean_n, dy, *, m, n, block_m, eps, interpret):
     """`rms_norm_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = _tpu_blocks(
         _rms_norm_backward_tpu_blocks,
@@ -1683,7 +2264,7 @@ def _rms_norm_backward_tpu(x, w, dy, *, m, n, block_m, eps, interpret):
         grow=functools.partial(
             _grown,
             bounds=(m,),
-            step=lambda block_m: (block_m * n, 36 * block_m * n + 8 * n + 12 * block_m),
+            step=lambda block_m: (block_m * n, 32 * block_m * n + 8 * n + 20 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
@@ -1696,10 +2277,10 @@ def _rms_norm_backward_tpu(x, w, dy, *, m, n, block_m, eps, interpret):
             "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
-    # VMEM at the default blocks per unit of N: 776 B = 2 buffers x (x 32 B + w 4 B + dy
-    # 32 B + dx 32 B) + mean's 32-bit copy of a block 64 B + sum's 32-bit copy of a block
-    # 64 B + let h 64 B + let y_2 64 B + let y_3 64 B + let dy_1 64 B + let dy_2 64 B +
-    # let dy_3 64 B + let dh 64 B.
+    # VMEM at the default blocks per unit of N: 840 B = 2 buffers x (x 32 B + w 4 B +
+    # mean_n 64 B + dy 32 B + dx 32 B) + sum's 32-bit copy of a block 64 B + let h 64 B +
+    # let y_2 64 B + let y_3 64 B + let dy_1 64 B + let dy_2 64 B + let dy_3 64 B + let dh
+    # 64 B.
     return pl.pallas_call(
         functools.partial(_rms_norm_backward_kernel, m=m, n=n, block_m=block_m, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -1710,6 +2291,8 @@ def _rms_norm_backward_tpu(x, w, dy, *, m, n, block_m, eps, interpret):
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),
             # w: f32[N], broadcast over M
             pl.BlockSpec((1, n), lambda i: (0, 0)),
+            # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
             # dy: bf16[M, N]
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),
         ],
@@ -1719,26 +2302,31 @@ def _rms_norm_backward_tpu(x, w, dy, *, m, n, block_m, eps, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(36 * block_m * n + 8 * n + 12 * block_m),
+            vmem_limit_bytes=_vmem_limit(32 * block_m * n + 8 * n + 20 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=20 * m * n, transcendentals=m * n, bytes_accessed=_nbytes(x, w, dy) + m * n * 2
+            flops=18 * m * n,
+            transcendentals=m * n,
+            bytes_accessed=_nbytes(x, w, mean_n, dy) + m * n * 2,
         ),
         interpret=interpret,
         name="rms_norm_backward",
-    )(x, w, dy)
+    )(x, w, mean_n, dy)
 
 
-def _rms_norm_backward_gpu_kernel(x_ref, w_ref, dy_ref, dx_ref, *, m, block_m, n, block_n, eps):
+def _rms_norm_backward_gpu_kernel(
+    x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, m, block_m, n, block_n, eps
+):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = _inside(pl.program_id(0) * block_m, block_m, m)
     in_n = _inside(0, block_n, n)
     inside = _mask((block_m, block_n), in_m, in_n)
     x = _load(x_ref, inside)
     w = _load(w_ref, _mask((1, block_n), None, in_n))
+    mean_n = _load(mean_n_ref, _mask((block_m, 1), in_m, None))
     dy = _load(dy_ref, inside)
     h = x.astype(jnp.float32)
-    y_2 = jnp.sum(_fill_past((h * h), 0, n, 1, 0.0), axis=1, keepdims=True) / n + eps
+    y_2 = mean_n + eps
     y_3 = jax.lax.rsqrt(y_2)
     dy_1 = dy.astype(jnp.float32)
     dy_2 = dy_1 * w
@@ -1751,7 +2339,9 @@ def _rms_norm_backward_gpu_kernel(x_ref, w_ref, dy_ref, dx_ref, *, m, block_m, n
     _store(dx_ref, dh.astype(jnp.bfloat16), inside)
 
 
-def _rms_norm_backward_gpu(x, w, dy, *, m, n, block_m, num_warps, num_stages, eps, interpret):
+def _rms_norm_backward_gpu(
+    x, w, mean_n, dy, *, m, n, block_m, num_warps, num_stages, eps, interpret
+):
     """`rms_norm_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
@@ -1767,6 +2357,8 @@ def _rms_norm_backward_gpu(x, w, dy, *, m, n, block_m, num_warps, num_stages, ep
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
             # w: f32[N], broadcast over M
             pl.BlockSpec((1, block_n), lambda i: (0, 0)),
+            # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
             # dy: bf16[M, N]
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
         ],
@@ -1776,7 +2368,7 @@ def _rms_norm_backward_gpu(x, w, dy, *, m, n, block_m, num_warps, num_stages, ep
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="rms_norm_backward",
-    )(x, w, dy)
+    )(x, w, mean_n, dy)
 
 
 # `rms_norm_backward` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet):
@@ -1788,6 +2380,7 @@ def _rms_norm_backward_gpu(x, w, dy, *, m, n, block_m, num_warps, num_stages, ep
     static_argnames=(
         "block_m",
         "gpu_block_m",
+        "gpu_block_n",
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
@@ -1797,10 +2390,12 @@ def _rms_norm_backward_gpu(x, w, dy, *, m, n, block_m, num_warps, num_stages, ep
 )
 def rms_norm_backward_over_m(
     x,
+    mean_n,
     dy,
     *,
     block_m=None,
     gpu_block_m=64,
+    gpu_block_n=128,
     gpu_warps=4,
     gpu_stages=1,
     gpu_backend="triton",
@@ -1812,6 +2407,7 @@ def rms_norm_backward_over_m(
 
     Args:
       x: bf16[M, N].
+      mean_n: f32[M].
       dy: bf16[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_backward_over_m_tpu_blocks),
@@ -1827,18 +2423,23 @@ def rms_norm_backward_over_m(
     Returns:
       dw: f32[N].
     """
-    (x, dy), sizes = _operands(
+    (x, mean_n, dy), sizes = _operands(
         "rms_norm_backward_over_m",
-        {"x": (x, jnp.bfloat16, ("M", "N")), "dy": (dy, jnp.bfloat16, ("M", "N"))},
+        {
+            "x": (x, jnp.bfloat16, ("M", "N")),
+            "mean_n": (mean_n, jnp.float32, ("M",)),
+            "dy": (dy, jnp.bfloat16, ("M", "N")),
+        },
     )
     _check_blocks("rms_norm_backward_over_m", block_m=block_m, may_be_none=True)
-    _check_blocks("rms_norm_backward_over_m", gpu_block_m=gpu_block_m)
+    _check_blocks("rms_norm_backward_over_m", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(
-            rms_norm_backward_over_m_reference, (((n,), jnp.float32),), x, dy, eps=eps
+            rms_norm_backward_over_m_reference, (((n,), jnp.float32),), x, mean_n, dy, eps=eps
         )
+    mean_n = mean_n.reshape(m, 1)  # mean_n: f32[M], broadcast over N
     dw = _on_platform(
         functools.partial(_rms_norm_backward_over_m_tpu, m=m, n=n, block_m=block_m, eps=eps),
         _gpu_kernel(
@@ -1849,6 +2450,7 @@ def rms_norm_backward_over_m(
                 m=m,
                 n=n,
                 block_m=gpu_block_m,
+                block_n=gpu_block_n,
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
                 eps=eps,
@@ -1857,18 +2459,20 @@ def rms_norm_backward_over_m(
         ),
         interpret,
         x,
+        mean_n,
         dy,
     )
     dw = dw.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
     return dw
 
 
-def rms_norm_backward_over_m_reference(x, dy, *, eps=1e-06):
+def rms_norm_backward_over_m_reference(x, mean_n, dy, *, eps=1e-06):
     """`rms_norm_backward_over_m` in plain jax.numpy, to test the kernel against."""
     m = x.shape[0]
     n = x.shape[1]
+    mean_n = mean_n[:, None]
     h = x.astype(jnp.float32)
-    y_1 = jnp.mean((h * h), axis=1, keepdims=True, dtype=jnp.float32) + eps
+    y_1 = mean_n + eps
     y_2 = jax.lax.rsqrt(y_1)
     y_3 = h * y_2
     dy_1 = dy.astype(jnp.float32)
@@ -1878,7 +2482,7 @@ def rms_norm_backward_over_m_reference(x, dy, *, eps=1e-06):
 
 
 def _rms_norm_backward_over_m_kernel(
-    x_ref, dy_ref, dw_ref, sum_m_running_ref, *, m, n, block_m, eps
+    x_ref, mean_n_ref, dy_ref, dw_ref, sum_m_running_ref, *, m, n, block_m, eps
 ):
     step = pl.program_id(0)
 
@@ -1887,9 +2491,10 @@ def _rms_norm_backward_over_m_kernel(
         sum_m_running_ref[...] = jnp.full(sum_m_running_ref.shape, 0.0, jnp.float32)
 
     x = x_ref[...]
+    mean_n = mean_n_ref[...]
     dy = dy_ref[...]
     h = x.astype(jnp.float32)
-    y_1 = jnp.sum((h * h), axis=1, keepdims=True) / n + eps
+    y_1 = mean_n + eps
     y_2 = jax.lax.rsqrt(y_1)
     y_3 = h * y_2
     dy_1 = dy.astype(jnp.float32)
@@ -1915,7 +2520,7 @@ _rms_norm_backward_over_m_tpu_blocks = {
 }
 
 
-def _rms_norm_backward_over_m_tpu(x, dy, *, m, n, block_m, eps, interpret):
+def _rms_norm_backward_over_m_tpu(x, mean_n, dy, *, m, n, block_m, eps, interpret):
     """`rms_norm_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = _tpu_blocks(
         _rms_norm_backward_over_m_tpu_blocks,
@@ -1924,7 +2529,7 @@ def _rms_norm_backward_over_m_tpu(x, dy, *, m, n, block_m, eps, interpret):
         grow=functools.partial(
             _grown,
             bounds=(m,),
-            step=lambda block_m: (block_m * n, 28 * block_m * n + 8 * n + 8 * block_m),
+            step=lambda block_m: (block_m * n, 24 * block_m * n + 16 * block_m + 8 * n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
@@ -1937,9 +2542,9 @@ def _rms_norm_backward_over_m_tpu(x, dy, *, m, n, block_m, eps, interpret):
             "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
-    # VMEM at the default blocks per unit of N: 584 B = 2 buffers x (x 32 B + dy 32 B + dw
-    # 4 B) + mean's 32-bit copy of a block 64 B + sum's 32-bit copy of a block 64 B + let
-    # h 64 B + let y_1 64 B + let y_2 64 B + let y_3 64 B + let dy_1 64 B.
+    # VMEM at the default blocks per unit of N: 648 B = 2 buffers x (x 32 B + mean_n 64 B
+    # + dy 32 B + dw 4 B) + sum's 32-bit copy of a block 64 B + let h 64 B + let y_1 64 B
+    # + let y_2 64 B + let y_3 64 B + let dy_1 64 B.
     return pl.pallas_call(
         functools.partial(_rms_norm_backward_over_m_kernel, m=m, n=n, block_m=block_m, eps=eps),
         # One step per block of M (N taken whole). Steps along M accumulate in order
@@ -1948,6 +2553,8 @@ def _rms_norm_backward_over_m_tpu(x, dy, *, m, n, block_m, eps, interpret):
         in_specs=[
             # x: bf16[M, N]
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
             # dy: bf16[M, N]
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),
         ],
@@ -1959,19 +2566,23 @@ def _rms_norm_backward_over_m_tpu(x, dy, *, m, n, block_m, eps, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(28 * block_m * n + 8 * n + 8 * block_m),
+            vmem_limit_bytes=_vmem_limit(24 * block_m * n + 16 * block_m + 8 * n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=8 * m * n, transcendentals=m * n, bytes_accessed=_nbytes(x, dy) + m * n * 4
+            flops=6 * m * n,
+            transcendentals=m * n,
+            bytes_accessed=_nbytes(x, mean_n, dy) + m * n * 4,
         ),
         interpret=interpret,
         name="rms_norm_backward_over_m",
-    )(x, dy)
+    )(x, mean_n, dy)
 
 
-def _rms_norm_backward_over_m_gpu_kernel(x_ref, dy_ref, dw_ref, *, m, block_m, n, block_n, eps):
+def _rms_norm_backward_over_m_gpu_kernel(
+    x_ref, mean_n_ref, dy_ref, dw_ref, *, m, n, block_m, block_n, eps
+):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_n = _inside(0, block_n, n)
+    in_n = _inside(pl.program_id(0) * block_n, block_n, n)
     inside = _mask((1, block_n), None, in_n)
 
     def accumulate(index, running):
@@ -1979,9 +2590,10 @@ def _rms_norm_backward_over_m_gpu_kernel(x_ref, dy_ref, dw_ref, *, m, block_m, n
         start = index * block_m
         in_m = _inside(start, block_m, m)
         x = _load(x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
+        mean_n = _load(mean_n_ref.at[pl.ds(start, block_m), :], _mask((block_m, 1), in_m, None))
         dy = _load(dy_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
         h = x.astype(jnp.float32)
-        y_1 = jnp.sum(_fill_past((h * h), 0, n, 1, 0.0), axis=1, keepdims=True) / n + eps
+        y_1 = mean_n + eps
         y_2 = jax.lax.rsqrt(y_1)
         y_3 = h * y_2
         dy_1 = dy.astype(jnp.float32)
@@ -1998,35 +2610,39 @@ def _rms_norm_backward_over_m_gpu_kernel(x_ref, dy_ref, dw_ref, *, m, block_m, n
     _store(dw_ref, sum_m, inside)
 
 
-def _rms_norm_backward_over_m_gpu(x, dy, *, m, n, block_m, num_warps, num_stages, eps, interpret):
+def _rms_norm_backward_over_m_gpu(
+    x, mean_n, dy, *, m, n, block_m, block_n, num_warps, num_stages, eps, interpret
+):
     """`rms_norm_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(
             _rms_norm_backward_over_m_gpu_kernel,
             m=m,
-            block_m=block_m,
             n=n,
+            block_m=block_m,
             block_n=block_n,
             eps=eps,
         ),
-        # One program per call; programs run concurrently. Each holds all of N (one block of
-        # the next power of two). Each loops over M itself, accumulating in order.
-        grid=(),
+        # One program per block of N; programs run concurrently. Each loops over M itself,
+        # accumulating in order.
+        grid=(pl.cdiv(n, block_n),),
         in_specs=[
             # x: bf16[M, N]
-            pl.BlockSpec((m, block_n), lambda: (0, 0)),
+            pl.BlockSpec((m, block_n), lambda i: (0, i)),
+            # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((m, 1), lambda i: (0, 0)),
             # dy: bf16[M, N]
-            pl.BlockSpec((m, block_n), lambda: (0, 0)),
+            pl.BlockSpec((m, block_n), lambda i: (0, i)),
         ],
         # dw: f32[N], broadcast over M
-        out_specs=pl.BlockSpec((1, block_n), lambda: (0, 0)),
+        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),
         out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="rms_norm_backward_over_m",
-    )(x, dy)
+    )(x, mean_n, dy)
 
 
 # `rms_norm_backward_over_m` has no Mosaic GPU kernel (reductions are not on Mosaic

@@ -1568,6 +1568,17 @@ def quantize_rows_int8(
         ),
         functools.partial(_quantize_rows_int8_vjp, interpret=interpret),
         x,
+        saving=functools.partial(
+            _quantize_rows_int8_saving,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
     )
 
 
@@ -1608,15 +1619,33 @@ def _quantize_rows_int8_forward(
     return q, scale
 
 
+def _quantize_rows_int8_saving(
+    x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
+):
+    """`quantize_rows_int8` forward under jax.grad, by quantize_rows_int8_with_residuals: its
+    outputs, and what its backward kernels read (x, max_n, argmax_n).
+    """
+    q, scale, max_n, argmax_n = quantize_rows_int8_with_residuals(
+        x,
+        block_m=block_m,
+        gpu_block_m=gpu_block_m,
+        gpu_warps=gpu_warps,
+        gpu_stages=gpu_stages,
+        gpu_backend=gpu_backend,
+        interpret=interpret,
+    )
+    return (q, scale), (x, max_n, argmax_n)
+
+
 def _quantize_rows_int8_vjp(saved, cotangents, *, interpret):
     """The cotangents of `quantize_rows_int8`'s inputs from those of its outputs, for jax.grad,
     by the generated backward kernels quantize_rows_int8_backward. The forward pass saves
-    its inputs (x) and nothing else: the backward kernels recompute the values they need
-    from them.
+    its inputs (x) and the residuals max_n, argmax_n (forward values that cost more to
+    recompute than to save): the backward kernels recompute the values they need from them.
     """
-    (x,) = saved
+    x, max_n, argmax_n = saved
     _, dscale = cotangents
-    dx = quantize_rows_int8_backward(x, dscale, interpret=interpret)
+    dx = quantize_rows_int8_backward(x, max_n, argmax_n, dscale, interpret=interpret)
     return (dx,)
 
 
@@ -1754,12 +1783,260 @@ def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpre
         "interpret",
     ),
 )
-def quantize_rows_int8_backward(
+def quantize_rows_int8_with_residuals(
     x,
-    dscale,
     *,
     block_m=None,
     gpu_block_m=1,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """`quantize_rows_int8` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (max_n, argmax_n).
+
+    Args:
+      x: f32[M, N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_with_residuals_tpu_blocks),
+        grown to large steps (_grown), else 32.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      q: i8[M, N]; scale: f32[M]; max_n: f32[M]; argmax_n: i32[M].
+    """
+    (x,), sizes = _operands(
+        "quantize_rows_int8_with_residuals", {"x": (x, jnp.float32, ("M", "N"))}
+    )
+    _check_blocks("quantize_rows_int8_with_residuals", block_m=block_m, may_be_none=True)
+    _check_blocks("quantize_rows_int8_with_residuals", gpu_block_m=gpu_block_m)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            quantize_rows_int8_with_residuals_reference,
+            (((m, n), jnp.int8), ((m,), jnp.float32), ((m,), jnp.float32), ((m,), jnp.int32)),
+            x,
+        )
+    q, scale, max_n, argmax_n = _on_platform(
+        functools.partial(_quantize_rows_int8_with_residuals_tpu, m=m, n=n, block_m=block_m),
+        _gpu_kernel(
+            "quantize_rows_int8_with_residuals",
+            gpu_backend,
+            functools.partial(
+                _quantize_rows_int8_with_residuals_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
+        ),
+        interpret,
+        x,
+    )
+    scale = scale.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
+    max_n = max_n.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
+    argmax_n = argmax_n.reshape(
+        (m,)
+    )  # the kernel holds it with size 1 along the dimensions it lacks
+    return q, scale, max_n, argmax_n
+
+
+def quantize_rows_int8_with_residuals_reference(x):
+    """`quantize_rows_int8_with_residuals` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    max_n = jnp.max(jnp.abs(x), axis=1, keepdims=True)
+    s = jnp.maximum(max_n, 1e-30) / 127
+    q = jnp.round(x / s).astype(jnp.int8)
+    scale = s
+    argmax_n = jnp.argmax(jnp.abs(x), axis=1, keepdims=True).astype(jnp.int32)
+    scale = scale.reshape((m,))
+    max_n = max_n.reshape((m,))
+    argmax_n = argmax_n.reshape((m,))
+    return q, scale, max_n, argmax_n
+
+
+def _quantize_rows_int8_with_residuals_kernel(
+    x_ref, q_ref, scale_ref, max_n_ref, argmax_n_ref, *, m, n, block_m
+):
+    x = x_ref[...]
+    max_n = jnp.max(jnp.abs(x), axis=1, keepdims=True)
+    max_n_ref[...] = max_n
+    s = jnp.maximum(max_n, 1e-30) / 127
+    q_ref[...] = jnp.round(x / s).astype(jnp.int8)
+    scale_ref[...] = s
+    argmax_n_ref[...] = _argbest(jnp.abs(x), 1, largest=True)
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_quantize_rows_int8_with_residuals_tpu_blocks = {
+    None: {"default": (32,)},
+    "v5e": {"default": (32,)},
+    "v6e": {"default": (32,)},
+}
+
+
+def _quantize_rows_int8_with_residuals_tpu(x, *, m, n, block_m, interpret):
+    """`quantize_rows_int8_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _quantize_rows_int8_with_residuals_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 18 * block_m * n + 28 * block_m)
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "quantize_rows_int8_with_residuals",
+        block_m=(
+            block_m,
+            m,
+            32,
+            "M is the second-to-last dimension of a block of i8 values, so it is a multiple of 32",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 1.4 KiB = 2 buffers x (x 128 B + q 32 B +
+    # scale 128 B + max_n 128 B + argmax_n 128 B) + max's 32-bit copy of a block 128 B +
+    # argmax's 32-bit copy of a block 128 B + let s 128 B.
+    return pl.pallas_call(
+        functools.partial(_quantize_rows_int8_with_residuals_kernel, m=m, n=n, block_m=block_m),
+        # One step per block of M (N taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0))
+        ],
+        out_specs=(
+            # q: i8[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # scale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.int8),  # q
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # scale
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # max_n
+            jax.ShapeDtypeStruct((m, 1), jnp.int32),  # argmax_n
+        ),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(18 * block_m * n + 28 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=9 * m * n,
+            transcendentals=0,
+            bytes_accessed=_nbytes(x) + m * n * 1 + m * n * 4 + m * n * 4 + m * n * 4,
+        ),
+        interpret=interpret,
+        name="quantize_rows_int8_with_residuals",
+    )(x)
+
+
+def _quantize_rows_int8_with_residuals_gpu_kernel(
+    x_ref, q_ref, scale_ref, max_n_ref, argmax_n_ref, *, m, block_m, n, block_n
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(0, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    x = _load(x_ref, inside)
+    max_n = jnp.max(_fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), axis=1, keepdims=True)
+    _store(max_n_ref, max_n, _mask((block_m, 1), in_m, None))
+    s = jnp.maximum(max_n, 1e-30) / 127
+    _store(q_ref, _round_half_even(x / s).astype(jnp.int8), inside)
+    _store(scale_ref, s, _mask((block_m, 1), in_m, None))
+    _store(
+        argmax_n_ref,
+        _argbest(_fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), 1, largest=True),
+        _mask((block_m, 1), in_m, None),
+    )
+
+
+def _quantize_rows_int8_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
+    """`quantize_rows_int8_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _quantize_rows_int8_with_residuals_gpu_kernel,
+            m=m,
+            block_m=block_m,
+            n=n,
+            block_n=block_n,
+        ),
+        # One program per block of M; programs run concurrently. Each holds all of N (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
+        ],
+        out_specs=(
+            # q: i8[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # scale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.int8),  # q
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # scale
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # max_n
+            jax.ShapeDtypeStruct((m, 1), jnp.int32),  # argmax_n
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="quantize_rows_int8_with_residuals",
+    )(x)
+
+
+# `quantize_rows_int8_with_residuals` has no Mosaic GPU kernel (reductions are not on
+# Mosaic GPU yet): it runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def quantize_rows_int8_backward(
+    x,
+    max_n,
+    argmax_n,
+    dscale,
+    *,
+    block_m=None,
+    gpu_block_m=8,
+    gpu_block_n=128,
     gpu_warps=4,
     gpu_stages=1,
     gpu_backend="triton",
@@ -1770,6 +2047,8 @@ def quantize_rows_int8_backward(
 
     Args:
       x: f32[M, N].
+      max_n: f32[M].
+      argmax_n: i32[M].
       dscale: f32[M].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_backward_tpu_blocks),
@@ -1777,25 +2056,38 @@ def quantize_rows_int8_backward(
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
+        This kernel runs on Triton either way: index() needs an iota in the WGMMA layout,
+        not written yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
     Returns:
       dx: f32[M, N].
     """
-    (x, dscale), sizes = _operands(
+    (x, max_n, argmax_n, dscale), sizes = _operands(
         "quantize_rows_int8_backward",
-        {"x": (x, jnp.float32, ("M", "N")), "dscale": (dscale, jnp.float32, ("M",))},
+        {
+            "x": (x, jnp.float32, ("M", "N")),
+            "max_n": (max_n, jnp.float32, ("M",)),
+            "argmax_n": (argmax_n, jnp.int32, ("M",)),
+            "dscale": (dscale, jnp.float32, ("M",)),
+        },
     )
     _check_blocks("quantize_rows_int8_backward", block_m=block_m, may_be_none=True)
-    _check_blocks("quantize_rows_int8_backward", gpu_block_m=gpu_block_m)
+    _check_blocks("quantize_rows_int8_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(
-            quantize_rows_int8_backward_reference, (((m, n), jnp.float32),), x, dscale
+            quantize_rows_int8_backward_reference,
+            (((m, n), jnp.float32),),
+            x,
+            max_n,
+            argmax_n,
+            dscale,
         )
+    max_n = max_n.reshape(m, 1)  # max_n: f32[M], broadcast over N
+    argmax_n = argmax_n.reshape(m, 1)  # argmax_n: i32[M], broadcast over N
     dscale = dscale.reshape(m, 1)  # dscale: f32[M], broadcast over N
     return _on_platform(
         functools.partial(_quantize_rows_int8_backward_tpu, m=m, n=n, block_m=block_m),
@@ -1807,6 +2099,7 @@ def quantize_rows_int8_backward(
                 m=m,
                 n=n,
                 block_m=gpu_block_m,
+                block_n=gpu_block_n,
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
@@ -1814,40 +2107,42 @@ def quantize_rows_int8_backward(
         ),
         interpret,
         x,
+        max_n,
+        argmax_n,
         dscale,
     )
 
 
-def quantize_rows_int8_backward_reference(x, dscale):
+def quantize_rows_int8_backward_reference(x, max_n, argmax_n, dscale):
     """`quantize_rows_int8_backward` in plain jax.numpy, to test the kernel against."""
     m = x.shape[0]
     n = x.shape[1]
+    max_n = max_n[:, None]
+    argmax_n = argmax_n[:, None]
     dscale = dscale[:, None]
-    s_1 = jnp.abs(x)
-    s_2 = jnp.max(s_1, axis=1, keepdims=True)
-    s_3 = jnp.maximum(s_2, 1e-30)
+    s_1 = jnp.maximum(max_n, 1e-30)
     ds_1 = dscale / 127
-    s_4 = jnp.argmax(s_1, axis=1, keepdims=True).astype(jnp.int32)
     ds_2 = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, n), 1) == s_4,
-        jnp.where(s_2 == s_3, jnp.where(1e-30 == s_3, 0.5 * ds_1, ds_1), 0),
+        jax.lax.broadcasted_iota(jnp.int32, (1, n), 1) == argmax_n,
+        jnp.where(max_n == s_1, jnp.where(1e-30 == s_1, 0.5 * ds_1, ds_1), 0),
         0,
     )
     dx = jnp.where(x >= 0, ds_2, -ds_2)
     return dx
 
 
-def _quantize_rows_int8_backward_kernel(x_ref, dscale_ref, dx_ref, *, m, n, block_m):
+def _quantize_rows_int8_backward_kernel(
+    x_ref, max_n_ref, argmax_n_ref, dscale_ref, dx_ref, *, m, n, block_m
+):
     x = x_ref[...]
+    max_n = max_n_ref[...]
+    argmax_n = argmax_n_ref[...]
     dscale = dscale_ref[...]
-    s_1 = jnp.abs(x)
-    s_2 = jnp.max(s_1, axis=1, keepdims=True)
-    s_3 = jnp.maximum(s_2, 1e-30)
+    s_1 = jnp.maximum(max_n, 1e-30)
     ds_1 = dscale / 127
-    s_4 = _argbest(s_1, 1, largest=True)
     ds_2 = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, n), 1) == s_4,
-        jnp.where(s_2 == s_3, jnp.where(1e-30 == s_3, 0.5 * ds_1, ds_1), 0),
+        jax.lax.broadcasted_iota(jnp.int32, (1, n), 1) == argmax_n,
+        jnp.where(max_n == s_1, jnp.where(1e-30 == s_1, 0.5 * ds_1, ds_1), 0),
         0,
     )
     dx_ref[...] = jnp.where(x >= 0, ds_2, -ds_2)
@@ -1864,14 +2159,14 @@ _quantize_rows_int8_backward_tpu_blocks = {
 }
 
 
-def _quantize_rows_int8_backward_tpu(x, dscale, *, m, n, block_m, interpret):
+def _quantize_rows_int8_backward_tpu(x, max_n, argmax_n, dscale, *, m, n, block_m, interpret):
     """`quantize_rows_int8_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = _tpu_blocks(
         _quantize_rows_int8_backward_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 32 * block_m * n + 24 * block_m)
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 20 * block_m * n + 32 * block_m)
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
@@ -1884,10 +2179,9 @@ def _quantize_rows_int8_backward_tpu(x, dscale, *, m, n, block_m, interpret):
             "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
         ),
     )
-    # VMEM at the default blocks per unit of N: 1.8 KiB = 2 buffers x (x 128 B + dscale
-    # 128 B + dx 128 B) + max's 32-bit copy of a block 128 B + argmax's 32-bit copy of a
-    # block 128 B + let s_1 128 B + let s_2 128 B + let s_3 128 B + let ds_1 128 B + let
-    # s_4 128 B + let ds_2 128 B.
+    # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 128 B + max_n 128
+    # B + argmax_n 128 B + dscale 128 B + dx 128 B) + let s_1 128 B + let ds_1 128 B + let
+    # ds_2 128 B.
     return pl.pallas_call(
         functools.partial(_quantize_rows_int8_backward_kernel, m=m, n=n, block_m=block_m),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -1896,6 +2190,10 @@ def _quantize_rows_int8_backward_tpu(x, dscale, *, m, n, block_m, interpret):
         in_specs=[
             # x: f32[M, N]
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
             # dscale: f32[M], broadcast over N
             pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
         ],
@@ -1905,64 +2203,73 @@ def _quantize_rows_int8_backward_tpu(x, dscale, *, m, n, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(32 * block_m * n + 24 * block_m),
+            vmem_limit_bytes=_vmem_limit(20 * block_m * n + 32 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=16 * m * n, transcendentals=0, bytes_accessed=_nbytes(x, dscale) + m * n * 4
+            flops=13 * m * n,
+            transcendentals=0,
+            bytes_accessed=_nbytes(x, max_n, argmax_n, dscale) + m * n * 4,
         ),
         interpret=interpret,
         name="quantize_rows_int8_backward",
-    )(x, dscale)
+    )(x, max_n, argmax_n, dscale)
 
 
-def _quantize_rows_int8_backward_gpu_kernel(x_ref, dscale_ref, dx_ref, *, m, block_m, n, block_n):
+def _quantize_rows_int8_backward_gpu_kernel(
+    x_ref, max_n_ref, argmax_n_ref, dscale_ref, dx_ref, *, m, n, block_m, block_n
+):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(0, block_n, n)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
     inside = _mask((block_m, block_n), in_m, in_n)
     x = _load(x_ref, inside)
+    max_n = _load(max_n_ref, _mask((block_m, 1), in_m, None))
+    argmax_n = _load(argmax_n_ref, _mask((block_m, 1), in_m, None))
     dscale = _load(dscale_ref, _mask((block_m, 1), in_m, None))
-    s_1 = jnp.abs(x)
-    s_2 = jnp.max(_fill_past(s_1, 0, n, 1, -jnp.inf), axis=1, keepdims=True)
-    s_3 = jnp.maximum(s_2, 1e-30)
+    s_1 = jnp.maximum(max_n, 1e-30)
     ds_1 = dscale / 127
-    s_4 = _argbest(_fill_past(s_1, 0, n, 1, -jnp.inf), 1, largest=True)
     ds_2 = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, block_n), 1) == s_4,
-        jnp.where(s_2 == s_3, jnp.where(1e-30 == s_3, 0.5 * ds_1, ds_1), 0),
+        pl.program_id(1) * block_n + jax.lax.broadcasted_iota(jnp.int32, (1, block_n), 1)
+        == argmax_n,
+        jnp.where(max_n == s_1, jnp.where(1e-30 == s_1, 0.5 * ds_1, ds_1), 0),
         0,
     )
     _store(dx_ref, jnp.where(x >= 0, ds_2, -ds_2), inside)
 
 
-def _quantize_rows_int8_backward_gpu(x, dscale, *, m, n, block_m, num_warps, num_stages, interpret):
+def _quantize_rows_int8_backward_gpu(
+    x, max_n, argmax_n, dscale, *, m, n, block_m, block_n, num_warps, num_stages, interpret
+):
     """`quantize_rows_int8_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
         functools.partial(
-            _quantize_rows_int8_backward_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n
+            _quantize_rows_int8_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
         ),
-        # One program per block of M; programs run concurrently. Each holds all of N (one
-        # block of the next power of two).
-        grid=(pl.cdiv(m, block_m),),
+        # One program per block of M, block of N; programs run concurrently.
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
             # x: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
             # dscale: f32[M], broadcast over N
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
         ],
         # dx: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="quantize_rows_int8_backward",
-    )(x, dscale)
+    )(x, max_n, argmax_n, dscale)
 
 
-# `quantize_rows_int8_backward` has no Mosaic GPU kernel (reductions are not on Mosaic
-# GPU yet): it runs on Triton.
+# `quantize_rows_int8_backward` has no Mosaic GPU kernel (index() needs an iota in the
+# WGMMA layout, not written yet): it runs on Triton.
 
 
 @functools.partial(

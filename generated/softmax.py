@@ -391,6 +391,17 @@ def softmax(
         ),
         functools.partial(_softmax_vjp, interpret=interpret),
         x,
+        saving=functools.partial(
+            _softmax_saving,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
     )
 
 
@@ -425,14 +436,33 @@ def _softmax_forward(
     )
 
 
+def _softmax_saving(
+    x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
+):
+    """`softmax` forward under jax.grad, by softmax_with_residuals: its outputs, and what its
+    backward kernels read (x, sum_n, argmax_n, max_n).
+    """
+    y, sum_n, argmax_n, max_n = softmax_with_residuals(
+        x,
+        block_m=block_m,
+        gpu_block_m=gpu_block_m,
+        gpu_warps=gpu_warps,
+        gpu_stages=gpu_stages,
+        gpu_backend=gpu_backend,
+        interpret=interpret,
+    )
+    return y, (x, sum_n, argmax_n, max_n)
+
+
 def _softmax_vjp(saved, cotangents, *, interpret):
     """The cotangents of `softmax`'s inputs from those of its outputs, for jax.grad, by the
     generated backward kernels softmax_backward. The forward pass saves its inputs (x) and
-    nothing else: the backward kernels recompute the values they need (e) from them.
+    the residuals sum_n, argmax_n, max_n (forward values that cost more to recompute than to
+    save): the backward kernels recompute the values they need (e) from them.
     """
-    (x,) = saved
+    x, sum_n, argmax_n, max_n = saved
     dy = cotangents
-    dx = softmax_backward(x, dy, interpret=interpret)
+    dx = softmax_backward(x, sum_n, argmax_n, max_n, dy, interpret=interpret)
     return (dx,)
 
 
@@ -543,8 +573,251 @@ def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
         "interpret",
     ),
 )
+def softmax_with_residuals(
+    x,
+    *,
+    block_m=None,
+    gpu_block_m=1,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """`softmax` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (sum_n, argmax_n, max_n).
+
+    Args:
+      x: f32[M, N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_softmax_with_residuals_tpu_blocks),
+        grown to large steps (_grown), else 8.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      y: f32[M, N]; sum_n: f32[M]; argmax_n: i32[M]; max_n: f32[M].
+    """
+    (x,), sizes = _operands("softmax_with_residuals", {"x": (x, jnp.float32, ("M", "N"))})
+    _check_blocks("softmax_with_residuals", block_m=block_m, may_be_none=True)
+    _check_blocks("softmax_with_residuals", gpu_block_m=gpu_block_m)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            softmax_with_residuals_reference,
+            (((m, n), jnp.float32), ((m,), jnp.float32), ((m,), jnp.int32), ((m,), jnp.float32)),
+            x,
+        )
+    y, sum_n, argmax_n, max_n = _on_platform(
+        functools.partial(_softmax_with_residuals_tpu, m=m, n=n, block_m=block_m),
+        _gpu_kernel(
+            "softmax_with_residuals",
+            gpu_backend,
+            functools.partial(
+                _softmax_with_residuals_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
+        ),
+        interpret,
+        x,
+    )
+    sum_n = sum_n.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
+    argmax_n = argmax_n.reshape(
+        (m,)
+    )  # the kernel holds it with size 1 along the dimensions it lacks
+    max_n = max_n.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
+    return y, sum_n, argmax_n, max_n
+
+
+def softmax_with_residuals_reference(x):
+    """`softmax_with_residuals` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    max_n = jnp.max(x, axis=1, keepdims=True)
+    e = jnp.exp(x - max_n)
+    sum_n = jnp.sum(e, axis=1, keepdims=True, dtype=jnp.float32)
+    y = e / sum_n
+    argmax_n = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
+    sum_n = sum_n.reshape((m,))
+    argmax_n = argmax_n.reshape((m,))
+    max_n = max_n.reshape((m,))
+    return y, sum_n, argmax_n, max_n
+
+
+def _softmax_with_residuals_kernel(
+    x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref, *, m, n, block_m
+):
+    x = x_ref[...]
+    max_n = jnp.max(x, axis=1, keepdims=True)
+    max_n_ref[...] = max_n
+    e = jnp.exp(x - max_n)
+    sum_n = jnp.sum(e, axis=1, keepdims=True)
+    sum_n_ref[...] = sum_n
+    y_ref[...] = e / sum_n
+    argmax_n_ref[...] = _argbest(x, 1, largest=True)
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_softmax_with_residuals_tpu_blocks = {
+    None: {"default": (8,)},
+    "v5e": {"default": (8,)},
+    "v6e": {"default": (8,)},
+}
+
+
+def _softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
+    """`softmax_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _softmax_with_residuals_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 32 * block_m * n + 24 * block_m)
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "softmax_with_residuals",
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 448 B = 2 buffers x (x 32 B + y 32 B +
+    # sum_n 32 B + argmax_n 32 B + max_n 32 B) + max's 32-bit copy of a block 32 B + sum's
+    # 32-bit copy of a block 32 B + argmax's 32-bit copy of a block 32 B + let e 32 B.
+    return pl.pallas_call(
+        functools.partial(_softmax_with_residuals_kernel, m=m, n=n, block_m=block_m),
+        # One step per block of M (N taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0))
+        ],
+        out_specs=(
+            # y: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # sum_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # sum_n
+            jax.ShapeDtypeStruct((m, 1), jnp.int32),  # argmax_n
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # max_n
+        ),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(32 * block_m * n + 24 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=5 * m * n,
+            transcendentals=m * n,
+            bytes_accessed=_nbytes(x) + m * n * 4 + m * n * 4 + m * n * 4 + m * n * 4,
+        ),
+        interpret=interpret,
+        name="softmax_with_residuals",
+    )(x)
+
+
+def _softmax_with_residuals_gpu_kernel(
+    x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref, *, m, block_m, n, block_n
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(0, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    x = _load(x_ref, inside)
+    max_n = jnp.max(_fill_past(x, 0, n, 1, -jnp.inf), axis=1, keepdims=True)
+    _store(max_n_ref, max_n, _mask((block_m, 1), in_m, None))
+    e = jnp.exp(x - max_n)
+    sum_n = jnp.sum(_fill_past(e, 0, n, 1, 0.0), axis=1, keepdims=True)
+    _store(sum_n_ref, sum_n, _mask((block_m, 1), in_m, None))
+    _store(y_ref, e / sum_n, inside)
+    _store(
+        argmax_n_ref,
+        _argbest(_fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True),
+        _mask((block_m, 1), in_m, None),
+    )
+
+
+def _softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
+    """`softmax_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _softmax_with_residuals_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n
+        ),
+        # One program per block of M; programs run concurrently. Each holds all of N (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
+        ],
+        out_specs=(
+            # y: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # sum_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # sum_n
+            jax.ShapeDtypeStruct((m, 1), jnp.int32),  # argmax_n
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # max_n
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="softmax_with_residuals",
+    )(x)
+
+
+# `softmax_with_residuals` has no Mosaic GPU kernel (reductions are not on Mosaic GPU
+# yet): it runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
 def softmax_backward(
     x,
+    sum_n,
+    argmax_n,
+    max_n,
     dy,
     *,
     block_m=None,
@@ -559,6 +832,9 @@ def softmax_backward(
 
     Args:
       x: f32[M, N].
+      sum_n: f32[M].
+      argmax_n: i32[M].
+      max_n: f32[M].
       dy: f32[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_softmax_backward_tpu_blocks),
@@ -573,15 +849,27 @@ def softmax_backward(
     Returns:
       dx: f32[M, N].
     """
-    (x, dy), sizes = _operands(
-        "softmax_backward", {"x": (x, jnp.float32, ("M", "N")), "dy": (dy, jnp.float32, ("M", "N"))}
+    (x, sum_n, argmax_n, max_n, dy), sizes = _operands(
+        "softmax_backward",
+        {
+            "x": (x, jnp.float32, ("M", "N")),
+            "sum_n": (sum_n, jnp.float32, ("M",)),
+            "argmax_n": (argmax_n, jnp.int32, ("M",)),
+            "max_n": (max_n, jnp.float32, ("M",)),
+            "dy": (dy, jnp.float32, ("M", "N")),
+        },
     )
     _check_blocks("softmax_backward", block_m=block_m, may_be_none=True)
     _check_blocks("softmax_backward", gpu_block_m=gpu_block_m)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(softmax_backward_reference, (((m, n), jnp.float32),), x, dy)
+        return _without_elements(
+            softmax_backward_reference, (((m, n), jnp.float32),), x, sum_n, argmax_n, max_n, dy
+        )
+    sum_n = sum_n.reshape(m, 1)  # sum_n: f32[M], broadcast over N
+    argmax_n = argmax_n.reshape(m, 1)  # argmax_n: i32[M], broadcast over N
+    max_n = max_n.reshape(m, 1)  # max_n: f32[M], broadcast over N
     return _on_platform(
         functools.partial(_softmax_backward_tpu, m=m, n=n, block_m=block_m),
         _gpu_kernel(
@@ -599,37 +887,44 @@ def softmax_backward(
         ),
         interpret,
         x,
+        sum_n,
+        argmax_n,
+        max_n,
         dy,
     )
 
 
-def softmax_backward_reference(x, dy):
+def softmax_backward_reference(x, sum_n, argmax_n, max_n, dy):
     """`softmax_backward` in plain jax.numpy, to test the kernel against."""
     m = x.shape[0]
     n = x.shape[1]
-    e = jnp.exp(x - jnp.max(x, axis=1, keepdims=True))
-    y_1 = jnp.sum(e, axis=1, keepdims=True, dtype=jnp.float32)
-    de = dy / y_1 + jnp.sum((-dy * e / (y_1 * y_1)), axis=1, keepdims=True, dtype=jnp.float32)
+    sum_n = sum_n[:, None]
+    argmax_n = argmax_n[:, None]
+    max_n = max_n[:, None]
+    e = jnp.exp(x - max_n)
+    de = dy / sum_n + jnp.sum((-dy * e / (sum_n * sum_n)), axis=1, keepdims=True, dtype=jnp.float32)
     de_1 = de * e
-    e_1 = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
     dx = de_1 + jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, n), 1) == e_1,
+        jax.lax.broadcasted_iota(jnp.int32, (1, n), 1) == argmax_n,
         jnp.sum((-de_1), axis=1, keepdims=True, dtype=jnp.float32),
         0,
     )
     return dx
 
 
-def _softmax_backward_kernel(x_ref, dy_ref, dx_ref, *, m, n, block_m):
+def _softmax_backward_kernel(
+    x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_ref, dx_ref, *, m, n, block_m
+):
     x = x_ref[...]
+    sum_n = sum_n_ref[...]
+    argmax_n = argmax_n_ref[...]
+    max_n = max_n_ref[...]
     dy = dy_ref[...]
-    e = jnp.exp(x - jnp.max(x, axis=1, keepdims=True))
-    y_1 = jnp.sum(e, axis=1, keepdims=True)
-    de = dy / y_1 + jnp.sum((-dy * e / (y_1 * y_1)), axis=1, keepdims=True)
+    e = jnp.exp(x - max_n)
+    de = dy / sum_n + jnp.sum((-dy * e / (sum_n * sum_n)), axis=1, keepdims=True)
     de_1 = de * e
-    e_1 = _argbest(x, 1, largest=True)
     dx_ref[...] = de_1 + jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, n), 1) == e_1,
+        jax.lax.broadcasted_iota(jnp.int32, (1, n), 1) == argmax_n,
         jnp.sum((-de_1), axis=1, keepdims=True),
         0,
     )
@@ -646,14 +941,14 @@ _softmax_backward_tpu_blocks = {
 }
 
 
-def _softmax_backward_tpu(x, dy, *, m, n, block_m, interpret):
+def _softmax_backward_tpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, interpret):
     """`softmax_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = _tpu_blocks(
         _softmax_backward_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 56 * block_m * n + 8 * block_m)
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 44 * block_m * n + 24 * block_m)
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
@@ -666,11 +961,9 @@ def _softmax_backward_tpu(x, dy, *, m, n, block_m, interpret):
             "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
         ),
     )
-    # VMEM at the default blocks per unit of N: 512 B = 2 buffers x (x 32 B + dy 32 B + dx
-    # 32 B) + max's 32-bit copy of a block 32 B + sum's 32-bit copy of a block 32 B +
-    # sum's 32-bit copy of a block 32 B + argmax's 32-bit copy of a block 32 B + sum's
-    # 32-bit copy of a block 32 B + let e 32 B + let y_1 32 B + let de 32 B + let de_1 32
-    # B + let e_1 32 B.
+    # VMEM at the default blocks per unit of N: 544 B = 2 buffers x (x 32 B + sum_n 32 B +
+    # argmax_n 32 B + max_n 32 B + dy 32 B + dx 32 B) + sum's 32-bit copy of a block 32 B
+    # + sum's 32-bit copy of a block 32 B + let e 32 B + let de 32 B + let de_1 32 B.
     return pl.pallas_call(
         functools.partial(_softmax_backward_kernel, m=m, n=n, block_m=block_m),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -679,6 +972,12 @@ def _softmax_backward_tpu(x, dy, *, m, n, block_m, interpret):
         in_specs=[
             # x: f32[M, N]
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # sum_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
             # dy: f32[M, N]
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),
         ],
@@ -688,35 +987,40 @@ def _softmax_backward_tpu(x, dy, *, m, n, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(56 * block_m * n + 8 * block_m),
+            vmem_limit_bytes=_vmem_limit(44 * block_m * n + 24 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=18 * m * n, transcendentals=m * n, bytes_accessed=_nbytes(x, dy) + m * n * 4
+            flops=15 * m * n,
+            transcendentals=m * n,
+            bytes_accessed=_nbytes(x, sum_n, argmax_n, max_n, dy) + m * n * 4,
         ),
         interpret=interpret,
         name="softmax_backward",
-    )(x, dy)
+    )(x, sum_n, argmax_n, max_n, dy)
 
 
-def _softmax_backward_gpu_kernel(x_ref, dy_ref, dx_ref, *, m, block_m, n, block_n):
+def _softmax_backward_gpu_kernel(
+    x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_ref, dx_ref, *, m, block_m, n, block_n
+):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = _inside(pl.program_id(0) * block_m, block_m, m)
     in_n = _inside(0, block_n, n)
     inside = _mask((block_m, block_n), in_m, in_n)
     x = _load(x_ref, inside)
+    sum_n = _load(sum_n_ref, _mask((block_m, 1), in_m, None))
+    argmax_n = _load(argmax_n_ref, _mask((block_m, 1), in_m, None))
+    max_n = _load(max_n_ref, _mask((block_m, 1), in_m, None))
     dy = _load(dy_ref, inside)
-    e = jnp.exp(x - jnp.max(_fill_past(x, 0, n, 1, -jnp.inf), axis=1, keepdims=True))
-    y_1 = jnp.sum(_fill_past(e, 0, n, 1, 0.0), axis=1, keepdims=True)
-    de = dy / y_1 + jnp.sum(
-        _fill_past((-dy * e / (y_1 * y_1)), 0, n, 1, 0.0), axis=1, keepdims=True
+    e = jnp.exp(x - max_n)
+    de = dy / sum_n + jnp.sum(
+        _fill_past((-dy * e / (sum_n * sum_n)), 0, n, 1, 0.0), axis=1, keepdims=True
     )
     de_1 = de * e
-    e_1 = _argbest(_fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True)
     _store(
         dx_ref,
         de_1
         + jnp.where(
-            jax.lax.broadcasted_iota(jnp.int32, (1, block_n), 1) == e_1,
+            jax.lax.broadcasted_iota(jnp.int32, (1, block_n), 1) == argmax_n,
             jnp.sum(_fill_past((-de_1), 0, n, 1, 0.0), axis=1, keepdims=True),
             0,
         ),
@@ -724,7 +1028,9 @@ def _softmax_backward_gpu_kernel(x_ref, dy_ref, dx_ref, *, m, block_m, n, block_
     )
 
 
-def _softmax_backward_gpu(x, dy, *, m, n, block_m, num_warps, num_stages, interpret):
+def _softmax_backward_gpu(
+    x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, num_warps, num_stages, interpret
+):
     """`softmax_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
@@ -736,6 +1042,12 @@ def _softmax_backward_gpu(x, dy, *, m, n, block_m, num_warps, num_stages, interp
         in_specs=[
             # x: f32[M, N]
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # sum_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
             # dy: f32[M, N]
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
         ],
@@ -745,7 +1057,7 @@ def _softmax_backward_gpu(x, dy, *, m, n, block_m, num_warps, num_stages, interp
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="softmax_backward",
-    )(x, dy)
+    )(x, sum_n, argmax_n, max_n, dy)
 
 
 # `softmax_backward` has no Mosaic GPU kernel (reductions are not on Mosaic GPU yet):
@@ -814,6 +1126,17 @@ def log_softmax(
         ),
         functools.partial(_log_softmax_vjp, interpret=interpret),
         x,
+        saving=functools.partial(
+            _log_softmax_saving,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
     )
 
 
@@ -847,14 +1170,33 @@ def _log_softmax_forward(
     )
 
 
+def _log_softmax_saving(
+    x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
+):
+    """`log_softmax` forward under jax.grad, by log_softmax_with_residuals: its outputs, and
+    what its backward kernels read (x, logsumexp_n).
+    """
+    y, logsumexp_n = log_softmax_with_residuals(
+        x,
+        block_m=block_m,
+        gpu_block_m=gpu_block_m,
+        gpu_warps=gpu_warps,
+        gpu_stages=gpu_stages,
+        gpu_backend=gpu_backend,
+        interpret=interpret,
+    )
+    return y, (x, logsumexp_n)
+
+
 def _log_softmax_vjp(saved, cotangents, *, interpret):
     """The cotangents of `log_softmax`'s inputs from those of its outputs, for jax.grad, by the
     generated backward kernels log_softmax_backward. The forward pass saves its inputs (x)
-    and nothing else: the backward kernels recompute the values they need from them.
+    and the residuals logsumexp_n (forward values that cost more to recompute than to save):
+    the backward kernels recompute the values they need from them.
     """
-    (x,) = saved
+    x, logsumexp_n = saved
     dy = cotangents
-    dx = log_softmax_backward(x, dy, interpret=interpret)
+    dx = log_softmax_backward(x, logsumexp_n, dy, interpret=interpret)
     return (dx,)
 
 
@@ -967,8 +1309,211 @@ def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
         "interpret",
     ),
 )
+def log_softmax_with_residuals(
+    x,
+    *,
+    block_m=None,
+    gpu_block_m=1,
+    gpu_warps=4,
+    gpu_stages=1,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """`log_softmax` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (logsumexp_n).
+
+    Args:
+      x: f32[M, N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_with_residuals_tpu_blocks),
+        grown to large steps (_grown), else 8.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: reductions are not on Mosaic GPU yet.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      y: f32[M, N]; logsumexp_n: f32[M].
+    """
+    (x,), sizes = _operands("log_softmax_with_residuals", {"x": (x, jnp.float32, ("M", "N"))})
+    _check_blocks("log_softmax_with_residuals", block_m=block_m, may_be_none=True)
+    _check_blocks("log_softmax_with_residuals", gpu_block_m=gpu_block_m)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            log_softmax_with_residuals_reference, (((m, n), jnp.float32), ((m,), jnp.float32)), x
+        )
+    y, logsumexp_n = _on_platform(
+        functools.partial(_log_softmax_with_residuals_tpu, m=m, n=n, block_m=block_m),
+        _gpu_kernel(
+            "log_softmax_with_residuals",
+            gpu_backend,
+            functools.partial(
+                _log_softmax_with_residuals_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
+        ),
+        interpret,
+        x,
+    )
+    logsumexp_n = logsumexp_n.reshape(
+        (m,)
+    )  # the kernel holds it with size 1 along the dimensions it lacks
+    return y, logsumexp_n
+
+
+def log_softmax_with_residuals_reference(x):
+    """`log_softmax_with_residuals` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    logsumexp_n = jax.nn.logsumexp(x, axis=1, keepdims=True)
+    y = x - logsumexp_n
+    logsumexp_n = logsumexp_n.reshape((m,))
+    return y, logsumexp_n
+
+
+def _log_softmax_with_residuals_kernel(x_ref, y_ref, logsumexp_n_ref, *, m, n, block_m):
+    x = x_ref[...]
+    logsumexp_n = _logsumexp(x, 1)
+    logsumexp_n_ref[...] = logsumexp_n
+    y_ref[...] = x - logsumexp_n
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_log_softmax_with_residuals_tpu_blocks = {
+    None: {"default": (8,)},
+    "v5e": {"default": (8,)},
+    "v6e": {"default": (8,)},
+}
+
+
+def _log_softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
+    """`log_softmax_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _log_softmax_with_residuals_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 20 * block_m * n + 8 * block_m)
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "log_softmax_with_residuals",
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B +
+    # logsumexp_n 32 B) + logsumexp's 32-bit copy of a block 32 B.
+    return pl.pallas_call(
+        functools.partial(_log_softmax_with_residuals_kernel, m=m, n=n, block_m=block_m),
+        # One step per block of M (N taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0))
+        ],
+        out_specs=(
+            # y: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # logsumexp_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # logsumexp_n
+        ),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(20 * block_m * n + 8 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=m * n, transcendentals=m * n, bytes_accessed=_nbytes(x) + m * n * 4 + m * n * 4
+        ),
+        interpret=interpret,
+        name="log_softmax_with_residuals",
+    )(x)
+
+
+def _log_softmax_with_residuals_gpu_kernel(
+    x_ref, y_ref, logsumexp_n_ref, *, m, block_m, n, block_n
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(0, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    x = _load(x_ref, inside)
+    logsumexp_n = _logsumexp(_fill_past(x, 0, n, 1, -jnp.inf), 1)
+    _store(logsumexp_n_ref, logsumexp_n, _mask((block_m, 1), in_m, None))
+    _store(y_ref, x - logsumexp_n, inside)
+
+
+def _log_softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
+    """`log_softmax_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _log_softmax_with_residuals_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n
+        ),
+        # One program per block of M; programs run concurrently. Each holds all of N (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
+        ],
+        out_specs=(
+            # y: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # logsumexp_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # logsumexp_n
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="log_softmax_with_residuals",
+    )(x)
+
+
+# `log_softmax_with_residuals` has no Mosaic GPU kernel (reductions are not on Mosaic
+# GPU yet): it runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
 def log_softmax_backward(
     x,
+    logsumexp_n,
     dy,
     *,
     block_m=None,
@@ -983,6 +1528,7 @@ def log_softmax_backward(
 
     Args:
       x: f32[M, N].
+      logsumexp_n: f32[M].
       dy: f32[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_backward_tpu_blocks),
@@ -997,16 +1543,23 @@ def log_softmax_backward(
     Returns:
       dx: f32[M, N].
     """
-    (x, dy), sizes = _operands(
+    (x, logsumexp_n, dy), sizes = _operands(
         "log_softmax_backward",
-        {"x": (x, jnp.float32, ("M", "N")), "dy": (dy, jnp.float32, ("M", "N"))},
+        {
+            "x": (x, jnp.float32, ("M", "N")),
+            "logsumexp_n": (logsumexp_n, jnp.float32, ("M",)),
+            "dy": (dy, jnp.float32, ("M", "N")),
+        },
     )
     _check_blocks("log_softmax_backward", block_m=block_m, may_be_none=True)
     _check_blocks("log_softmax_backward", gpu_block_m=gpu_block_m)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(log_softmax_backward_reference, (((m, n), jnp.float32),), x, dy)
+        return _without_elements(
+            log_softmax_backward_reference, (((m, n), jnp.float32),), x, logsumexp_n, dy
+        )
+    logsumexp_n = logsumexp_n.reshape(m, 1)  # logsumexp_n: f32[M], broadcast over N
     return _on_platform(
         functools.partial(_log_softmax_backward_tpu, m=m, n=n, block_m=block_m),
         _gpu_kernel(
@@ -1024,22 +1577,23 @@ def log_softmax_backward(
         ),
         interpret,
         x,
+        logsumexp_n,
         dy,
     )
 
 
-def log_softmax_backward_reference(x, dy):
+def log_softmax_backward_reference(x, logsumexp_n, dy):
     """`log_softmax_backward` in plain jax.numpy, to test the kernel against."""
-    y_1 = jax.nn.logsumexp(x, axis=1, keepdims=True)
-    dx = dy + jnp.sum((-dy), axis=1, keepdims=True, dtype=jnp.float32) * jnp.exp(x - y_1)
+    logsumexp_n = logsumexp_n[:, None]
+    dx = dy + jnp.sum((-dy), axis=1, keepdims=True, dtype=jnp.float32) * jnp.exp(x - logsumexp_n)
     return dx
 
 
-def _log_softmax_backward_kernel(x_ref, dy_ref, dx_ref, *, m, n, block_m):
+def _log_softmax_backward_kernel(x_ref, logsumexp_n_ref, dy_ref, dx_ref, *, m, n, block_m):
     x = x_ref[...]
+    logsumexp_n = logsumexp_n_ref[...]
     dy = dy_ref[...]
-    y_1 = _logsumexp(x, 1)
-    dx_ref[...] = dy + jnp.sum((-dy), axis=1, keepdims=True) * jnp.exp(x - y_1)
+    dx_ref[...] = dy + jnp.sum((-dy), axis=1, keepdims=True) * jnp.exp(x - logsumexp_n)
 
 
 # TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
@@ -1053,14 +1607,14 @@ _log_softmax_backward_tpu_blocks = {
 }
 
 
-def _log_softmax_backward_tpu(x, dy, *, m, n, block_m, interpret):
+def _log_softmax_backward_tpu(x, logsumexp_n, dy, *, m, n, block_m, interpret):
     """`log_softmax_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_m,) = _tpu_blocks(
         _log_softmax_backward_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 32 * block_m * n + 4 * block_m)
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 28 * block_m * n + 8 * block_m)
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
@@ -1073,9 +1627,8 @@ def _log_softmax_backward_tpu(x, dy, *, m, n, block_m, interpret):
             "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
         ),
     )
-    # VMEM at the default blocks per unit of N: 288 B = 2 buffers x (x 32 B + dy 32 B + dx
-    # 32 B) + logsumexp's 32-bit copy of a block 32 B + sum's 32-bit copy of a block 32 B
-    # + let y_1 32 B.
+    # VMEM at the default blocks per unit of N: 288 B = 2 buffers x (x 32 B + logsumexp_n
+    # 32 B + dy 32 B + dx 32 B) + sum's 32-bit copy of a block 32 B.
     return pl.pallas_call(
         functools.partial(_log_softmax_backward_kernel, m=m, n=n, block_m=block_m),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -1084,6 +1637,8 @@ def _log_softmax_backward_tpu(x, dy, *, m, n, block_m, interpret):
         in_specs=[
             # x: f32[M, N]
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # logsumexp_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
             # dy: f32[M, N]
             pl.BlockSpec((block_m, n), lambda i: (i, 0)),
         ],
@@ -1093,32 +1648,40 @@ def _log_softmax_backward_tpu(x, dy, *, m, n, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(32 * block_m * n + 4 * block_m),
+            vmem_limit_bytes=_vmem_limit(28 * block_m * n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=5 * m * n, transcendentals=2 * m * n, bytes_accessed=_nbytes(x, dy) + m * n * 4
+            flops=5 * m * n,
+            transcendentals=m * n,
+            bytes_accessed=_nbytes(x, logsumexp_n, dy) + m * n * 4,
         ),
         interpret=interpret,
         name="log_softmax_backward",
-    )(x, dy)
+    )(x, logsumexp_n, dy)
 
 
-def _log_softmax_backward_gpu_kernel(x_ref, dy_ref, dx_ref, *, m, block_m, n, block_n):
+def _log_softmax_backward_gpu_kernel(
+    x_ref, logsumexp_n_ref, dy_ref, dx_ref, *, m, block_m, n, block_n
+):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = _inside(pl.program_id(0) * block_m, block_m, m)
     in_n = _inside(0, block_n, n)
     inside = _mask((block_m, block_n), in_m, in_n)
     x = _load(x_ref, inside)
+    logsumexp_n = _load(logsumexp_n_ref, _mask((block_m, 1), in_m, None))
     dy = _load(dy_ref, inside)
-    y_1 = _logsumexp(_fill_past(x, 0, n, 1, -jnp.inf), 1)
     _store(
         dx_ref,
-        dy + jnp.sum(_fill_past((-dy), 0, n, 1, 0.0), axis=1, keepdims=True) * jnp.exp(x - y_1),
+        dy
+        + jnp.sum(_fill_past((-dy), 0, n, 1, 0.0), axis=1, keepdims=True)
+        * jnp.exp(x - logsumexp_n),
         inside,
     )
 
 
-def _log_softmax_backward_gpu(x, dy, *, m, n, block_m, num_warps, num_stages, interpret):
+def _log_softmax_backward_gpu(
+    x, logsumexp_n, dy, *, m, n, block_m, num_warps, num_stages, interpret
+):
     """`log_softmax_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
@@ -1132,6 +1695,8 @@ def _log_softmax_backward_gpu(x, dy, *, m, n, block_m, num_warps, num_stages, in
         in_specs=[
             # x: f32[M, N]
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # logsumexp_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
             # dy: f32[M, N]
             pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
         ],
@@ -1141,7 +1706,7 @@ def _log_softmax_backward_gpu(x, dy, *, m, n, block_m, num_warps, num_stages, in
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="log_softmax_backward",
-    )(x, dy)
+    )(x, logsumexp_n, dy)
 
 
 # `log_softmax_backward` has no Mosaic GPU kernel (reductions are not on Mosaic GPU

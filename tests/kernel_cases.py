@@ -298,11 +298,27 @@ def equal_count_numpy(x, y):
 
 
 # The reductions' backward kernels (analysis/reverse.py), by hand in float64: each
-# kernel's inputs' cotangents from its inputs and its outputs' cotangents.
+# kernel's inputs' cotangents from its inputs and its outputs' cotangents. The forward
+# pass saves the reductions the backward kernels read (residuals: NAME_with_residuals).
+def softmax_residuals_numpy(x):
+    """softmax's saved reductions of each row: sum(exp(x - max)), argmax (first) and max."""
+    x = f64(x)
+    top = x.max(axis=-1)
+    return np.exp(x - top[:, None]).sum(axis=-1), first_index(x == top[:, None]), top
+
+
+def softmax_with_residuals_numpy(x):
+    return (*softmax_numpy(x), *softmax_residuals_numpy(x))
+
+
 def softmax_backward_numpy(x, dy):
     """y * (dy - sum(dy * y)) along N, y = softmax(x)."""
     (y,) = softmax_numpy(x)
     return (y * (f64(dy) - (f64(dy) * y).sum(axis=-1, keepdims=True)),)
+
+
+def log_softmax_with_residuals_numpy(x):
+    return (*log_softmax_numpy(x), logsumexp_numpy(f64(x)))
 
 
 def log_softmax_backward_numpy(x, dy):
@@ -311,19 +327,18 @@ def log_softmax_backward_numpy(x, dy):
     return (f64(dy) - y * f64(dy).sum(axis=-1, keepdims=True),)
 
 
-def layer_norm_statistics(x, eps):
-    """Each row's mean and 1 / sqrt(variance + eps) of layer_norm, in float64."""
-    h = f64(x)
-    mu = h.mean(axis=-1, keepdims=True)
-    return h - mu, mu, 1.0 / np.sqrt(((h - mu) ** 2).mean(axis=-1, keepdims=True) + eps)
+def layer_norm_with_residuals_numpy(x, w, b, *, eps=1e-5):
+    """(y, mu, rstd) and each row's variance, which the backward kernel reads."""
+    y, mu, rstd = layer_norm_numpy(x, w, b, eps=eps)
+    return y, mu, rstd, ((f64(x) - mu[:, None]) ** 2).mean(axis=-1)
 
 
 def layer_norm_full_backward_numpy(x, w, b, dy, dmu, drstd, *, eps=1e-5):
-    """dx, dw, db of (y, mu, rstd) = layer_norm(x, w, b). With xhat = (x - mu) rstd and
-    g = dy w: y gives rstd (g - mean(g) - xhat mean(g xhat)); mu gives dmu / N; rstd =
-    (var + eps)^-1/2 gives drstd (-rstd^3 (x - mu) / N). dw = sum(dy xhat), db = sum(dy)
-    over M."""
-    d, _, rstd = layer_norm_statistics(x, eps)
+    """dx, dw, db of (y, mu, rstd) = layer_norm(x, w, b). With d = x - mu, xhat = d rstd
+    and g = dy w: y gives rstd (g - mean(g) - xhat mean(g xhat)); mu gives dmu / N; rstd =
+    (var + eps)^-1/2 gives -drstd rstd^3 d / N. dw = sum(dy xhat), db = sum(dy) over M."""
+    _, mu, rstd = (a[:, None] for a in layer_norm_numpy(x, np.ones(np.shape(x)[1]), 0.0, eps=eps))
+    d = f64(x) - mu
     n = d.shape[-1]
     xhat, g = d * rstd, f64(dy) * f64(w)
     dx = rstd * (g - g.mean(axis=-1, keepdims=True) - xhat * (g * xhat).mean(axis=-1, keepdims=True))
@@ -331,22 +346,9 @@ def layer_norm_full_backward_numpy(x, w, b, dy, dmu, drstd, *, eps=1e-5):
     return dx, (f64(dy) * xhat).sum(axis=0), f64(dy).sum(axis=0)
 
 
-def layer_norm_saved_inputs(rng, sizes, eps=1e-5):
-    """layer_norm's backward kernels' inputs: x, w, the mu and rstd the forward pass
-    saved (f32), and random cotangents dy (bf16), dmu and drstd (f32)."""
-    x, w, _ = layer_norm_inputs(rng, sizes)
-    _, mu, rstd = layer_norm_statistics(x, eps)
-    m = sizes["M"]
-    dy = random_array(rng, "bf16", (m, sizes["N"]))
-    return [x, w, mu[:, 0].astype(np.float32), rstd[:, 0].astype(np.float32), dy, *rng.standard_normal((2, m), np.float32)]
-
-
-def layer_norm_backward_numpy(x, w, mu, rstd, dy, dmu, drstd, *, eps=1e-5):
-    return layer_norm_full_backward_numpy(x, w, None, dy, dmu, drstd, eps=eps)[:1]
-
-
-def layer_norm_backward_over_m_numpy(x, mu, rstd, dy):
-    return layer_norm_full_backward_numpy(x, np.ones(np.shape(x)[1]), None, dy, *np.zeros((2, len(mu))))[1:]
+def rms_norm_with_residuals_numpy(x, w, *, eps=1e-6):
+    """y and each row's mean square, which the backward kernels read."""
+    return (*rms_norm_numpy(x, w, eps=eps), (f64(x) ** 2).mean(axis=-1))
 
 
 def rms_norm_full_backward_numpy(x, w, dy, *, eps=1e-6):
@@ -356,14 +358,6 @@ def rms_norm_full_backward_numpy(x, w, dy, *, eps=1e-6):
     r = 1.0 / np.sqrt((h * h).mean(axis=-1, keepdims=True) + eps)
     g = f64(dy) * f64(w)
     return r * g - h * r**3 * (g * h).mean(axis=-1, keepdims=True), (f64(dy) * h * r).sum(axis=0)
-
-
-def rms_norm_backward_numpy(x, w, dy, *, eps=1e-6):
-    return rms_norm_full_backward_numpy(x, w, dy, eps=eps)[:1]
-
-
-def rms_norm_backward_over_m_numpy(x, dy, *, eps=1e-6):
-    return rms_norm_full_backward_numpy(x, np.ones(np.shape(x)[1]), dy, eps=eps)[1:]
 
 
 def cross_entropy_with_residuals_numpy(logits, label):
@@ -378,16 +372,15 @@ def cross_entropy_backward_numpy(logits, label, lse, dloss):
     return (f64(dloss)[:, None] * (np.exp(z - f64(lse)[:, None]) - picked),)
 
 
-def cross_entropy_saved_inputs(rng, sizes):
-    """cross_entropy_backward's inputs: logits, label, their log-sum-exp (f32), dloss."""
-    logits, label = cross_entropy_inputs(rng, sizes)
-    lse = logsumexp_numpy(f64(logits)).astype(np.float32)
-    return [logits, label, lse, rng.standard_normal(sizes["M"]).astype(np.float32)]
-
-
 def column_sums_backward_numpy(x, ds):
     """ds, the same for every row."""
     return (np.broadcast_to(f64(ds), np.shape(x)),)
+
+
+def quantize_rows_int8_with_residuals_numpy(x):
+    """(q, scale) and each row's largest magnitude and its first position."""
+    a = np.abs(f64(x))
+    return (*quantize_rows_int8_numpy(x), a.max(axis=-1), first_index(a == a.max(axis=-1, keepdims=True)))
 
 
 def quantize_rows_int8_backward_numpy(x, dscale):
@@ -398,6 +391,32 @@ def quantize_rows_int8_backward_numpy(x, dscale):
     first = np.arange(a.shape[1]) == first_index(a == a.max(axis=1, keepdims=True))[:, None]
     g = np.where(a.max(axis=1) > 1e-30, f64(dscale) / 127.0, 0.0)[:, None]
     return (np.where(first, g * np.where(f64(x) >= 0, 1.0, -1.0), 0.0),)
+
+
+def saved_inputs(make_inputs, forward_numpy, saved: tuple[Operand, ...], *cotangents: Operand, inputs=None):
+    """A backward kernel's inputs: those `make_inputs` makes for its kernel (the positions
+    `inputs` of them, all if None), the forward outputs and residuals `saved`, taken by
+    name from NAME_with_residuals's outputs by `forward_numpy` (SAVED_NAMES), then a
+    random cotangent for each output given."""
+
+    def make(rng, sizes):
+        arrays = make_inputs(rng, sizes)
+        outputs = dict(zip(SAVED_NAMES[forward_numpy], forward_numpy(*arrays)))
+        kept = arrays if inputs is None else [arrays[i] for i in inputs]
+        values = [np.asarray(outputs[o.name]).astype(NUMPY_DTYPES[o.dtype]) for o in saved]
+        return kept + values + [random_array(rng, c.dtype, c.shape(sizes)) for c in cotangents]
+
+    return make
+
+
+SAVED_NAMES = {
+    softmax_with_residuals_numpy: ("y", "sum_n", "argmax_n", "max_n"),
+    log_softmax_with_residuals_numpy: ("y", "logsumexp_n"),
+    layer_norm_with_residuals_numpy: ("y", "mu", "rstd", "mean_n"),
+    rms_norm_with_residuals_numpy: ("y", "mean_n"),
+    cross_entropy_with_residuals_numpy: ("loss", "logsumexp_v"),
+    quantize_rows_int8_with_residuals_numpy: ("q", "scale", "max_n", "argmax_n"),
+}
 
 
 def add_numpy(x, y):
@@ -775,6 +794,14 @@ class KernelCase:
 
 BIAS_GELU_INPUTS = (Operand("x", "bf16", ("M", "N")), Operand("bias", "f32", ("N",)), Operand("scale", "f32", ("M",)))
 GIOU_INPUTS = "ax1 ay1 ax2 ay2 bx1 by1 bx2 by2".split()
+SOFTMAX_SAVED = (
+    Operand("x", "f32", ("M", "N")),
+    Operand("sum_n", "f32", ("M",)),
+    Operand("argmax_n", "i32", ("M",)),
+    Operand("max_n", "f32", ("M",)),
+)
+LAYER_NORM_OUTPUTS = (Operand("y", "bf16", ("M", "N")), Operand("mu", "f32", ("M",)), Operand("rstd", "f32", ("M",)))
+LAYER_NORM_SAVED = (*LAYER_NORM_OUTPUTS[1:], Operand("mean_n", "f32", ("M",)))
 
 CASES = {
     case.id: case
@@ -1036,26 +1063,69 @@ CASES = {
             specials=False,
         ),
         # ------------------------------------------------------------------ reductions' backward kernels
+        # Each kernel's NAME_with_residuals (its outputs, then the reductions its backward
+        # kernels read), then its backward kernels.
+        KernelCase(
+            "softmax",
+            "softmax_with_residuals",
+            (Operand("x", "f32", ("M", "N")),),
+            (
+                Operand("y", "f32", ("M", "N")),
+                Operand("sum_n", "f32", ("M",)),
+                Operand("argmax_n", "i32", ("M",)),
+                Operand("max_n", "f32", ("M",)),
+            ),
+            shifted_rows_inputs,
+            softmax_with_residuals_numpy,
+            (SOFTMAX_TOL, Tolerance(1e-5, 0.0, sqrt_of="N"), EXACT, EXACT),
+            specials=False,
+        ),
         KernelCase(
             "softmax",
             "softmax_backward",
-            (Operand("x", "f32", ("M", "N")), Operand("dy", "f32", ("M", "N"))),
+            (*SOFTMAX_SAVED, Operand("dy", "f32", ("M", "N"))),
             (Operand("dx", "f32", ("M", "N")),),
-            with_cotangents(shifted_rows_inputs, Operand("dy", "f32", ("M", "N"))),
-            softmax_backward_numpy,
+            saved_inputs(
+                shifted_rows_inputs, softmax_with_residuals_numpy, SOFTMAX_SAVED[1:], Operand("dy", "f32", ("M", "N"))
+            ),
+            lambda x, sum_n, argmax_n, max_n, dy: softmax_backward_numpy(x, dy),
             (Tolerance(1e-5, 1e-6, sqrt_of="N"),),
-            reduced=("N",),
+            specials=False,
+        ),
+        KernelCase(
+            "softmax",
+            "log_softmax_with_residuals",
+            (Operand("x", "f32", ("M", "N")),),
+            (Operand("y", "f32", ("M", "N")), Operand("logsumexp_n", "f32", ("M",))),
+            shifted_rows_inputs,
+            log_softmax_with_residuals_numpy,
+            (logsumexp_tolerance("N"), logsumexp_tolerance("N")),
             specials=False,
         ),
         KernelCase(
             "softmax",
             "log_softmax_backward",
-            (Operand("x", "f32", ("M", "N")), Operand("dy", "f32", ("M", "N"))),
+            (Operand("x", "f32", ("M", "N")), Operand("logsumexp_n", "f32", ("M",)), Operand("dy", "f32", ("M", "N"))),
             (Operand("dx", "f32", ("M", "N")),),
-            with_cotangents(shifted_rows_inputs, Operand("dy", "f32", ("M", "N"))),
-            log_softmax_backward_numpy,
+            saved_inputs(
+                shifted_rows_inputs,
+                log_softmax_with_residuals_numpy,
+                (Operand("logsumexp_n", "f32", ("M",)),),
+                Operand("dy", "f32", ("M", "N")),
+            ),
+            lambda x, lse, dy: log_softmax_backward_numpy(x, dy),
             (Tolerance(1e-5, 5e-5, sqrt_of="N"),),  # exp(x - lse) to ulps of x (up to 100) times sum(dy)
-            reduced=("N",),
+            specials=False,
+        ),
+        KernelCase(
+            "norms",
+            "layer_norm_with_residuals",
+            (Operand("x", "bf16", ("M", "N")), Operand("w", "f32", ("N",)), Operand("b", "f32", ("N",))),
+            (*LAYER_NORM_OUTPUTS, Operand("mean_n", "f32", ("M",))),
+            layer_norm_inputs,
+            layer_norm_with_residuals_numpy,
+            (BF16_TOL, Tolerance(2e-6, 1e-6, sqrt_of="N"), Tolerance(2e-6, 0.0, sqrt_of="N"), Tolerance(2e-5, 1e-5)),
+            params={"eps": 0.5},
             specials=False,
         ),
         KernelCase(
@@ -1064,53 +1134,85 @@ CASES = {
             (
                 Operand("x", "bf16", ("M", "N")),
                 Operand("w", "f32", ("N",)),
-                Operand("mu", "f32", ("M",)),
-                Operand("rstd", "f32", ("M",)),
+                *LAYER_NORM_SAVED,
                 Operand("dy", "bf16", ("M", "N")),
                 Operand("dmu", "f32", ("M",)),
                 Operand("drstd", "f32", ("M",)),
             ),
             (Operand("dx", "bf16", ("M", "N")),),
-            layer_norm_saved_inputs,
-            layer_norm_backward_numpy,
+            saved_inputs(
+                layer_norm_inputs,
+                layer_norm_with_residuals_numpy,
+                LAYER_NORM_SAVED,
+                Operand("dy", "bf16", ("M", "N")),
+                Operand("dmu", "f32", ("M",)),
+                Operand("drstd", "f32", ("M",)),
+                inputs=(0, 1),
+            ),
+            lambda x, w, mu, rstd, var, dy, dmu, drstd: layer_norm_full_backward_numpy(x, w, 0.0, dy, dmu, drstd)[:1],
             (Tolerance(2.0**-7, 2e-3, sqrt_of="N"),),
-            reduced=("N",),
             specials=False,
         ),
         KernelCase(
             "norms",
             "layer_norm_backward_over_m",
-            (
-                Operand("x", "bf16", ("M", "N")),
-                Operand("mu", "f32", ("M",)),
-                Operand("rstd", "f32", ("M",)),
-                Operand("dy", "bf16", ("M", "N")),
-            ),
+            (Operand("x", "bf16", ("M", "N")), *LAYER_NORM_SAVED[:2], Operand("dy", "bf16", ("M", "N"))),
             (Operand("dw", "f32", ("N",)), Operand("db", "f32", ("N",))),
-            lambda rng, sizes: [a for i, a in enumerate(layer_norm_saved_inputs(rng, sizes)) if i in (0, 2, 3, 4)],
-            layer_norm_backward_over_m_numpy,
+            saved_inputs(
+                layer_norm_inputs,
+                layer_norm_with_residuals_numpy,
+                LAYER_NORM_SAVED[:2],
+                Operand("dy", "bf16", ("M", "N")),
+                inputs=(0,),
+            ),
+            lambda x, mu, rstd, dy: layer_norm_full_backward_numpy(x, 1.0, 0.0, dy, 0.0 * mu, 0.0 * mu)[1:],
             (Tolerance(1e-4, 1e-4, sqrt_of="M"), Tolerance(1e-5, 1e-4, sqrt_of="M")),
-            reduced=("M",),
+            specials=False,
+        ),
+        KernelCase(
+            "norms",
+            "rms_norm_with_residuals",
+            (Operand("x", "bf16", ("M", "N")), Operand("w", "f32", ("N",))),
+            (Operand("y", "bf16", ("M", "N")), Operand("mean_n", "f32", ("M",))),
+            rms_norm_inputs,
+            rms_norm_with_residuals_numpy,
+            (BF16_TOL, Tolerance(2e-6, 1e-6, sqrt_of="N")),
+            params={"eps": 0.5},
             specials=False,
         ),
         KernelCase(
             "norms",
             "rms_norm_backward",
-            (Operand("x", "bf16", ("M", "N")), Operand("w", "f32", ("N",)), Operand("dy", "bf16", ("M", "N"))),
+            (
+                Operand("x", "bf16", ("M", "N")),
+                Operand("w", "f32", ("N",)),
+                Operand("mean_n", "f32", ("M",)),
+                Operand("dy", "bf16", ("M", "N")),
+            ),
             (Operand("dx", "bf16", ("M", "N")),),
-            with_cotangents(rms_norm_inputs, Operand("dy", "bf16", ("M", "N"))),
-            rms_norm_backward_numpy,
+            saved_inputs(
+                rms_norm_inputs,
+                rms_norm_with_residuals_numpy,
+                (Operand("mean_n", "f32", ("M",)),),
+                Operand("dy", "bf16", ("M", "N")),
+            ),
+            lambda x, w, mean_square, dy: rms_norm_full_backward_numpy(x, w, dy)[:1],
             (Tolerance(2.0**-7, 1e-3, sqrt_of="N"),),
-            reduced=("N",),
             specials=False,
         ),
         KernelCase(
             "norms",
             "rms_norm_backward_over_m",
-            (Operand("x", "bf16", ("M", "N")), Operand("dy", "bf16", ("M", "N"))),
+            (Operand("x", "bf16", ("M", "N")), Operand("mean_n", "f32", ("M",)), Operand("dy", "bf16", ("M", "N"))),
             (Operand("dw", "f32", ("N",)),),
-            with_cotangents(lambda rng, sizes: rms_norm_inputs(rng, sizes)[:1], Operand("dy", "bf16", ("M", "N"))),
-            rms_norm_backward_over_m_numpy,
+            saved_inputs(
+                rms_norm_inputs,
+                rms_norm_with_residuals_numpy,
+                (Operand("mean_n", "f32", ("M",)),),
+                Operand("dy", "bf16", ("M", "N")),
+                inputs=(0,),
+            ),
+            lambda x, mean_square, dy: rms_norm_full_backward_numpy(x, 1.0, dy)[1:],
             (Tolerance(1e-4, 1e-4, sqrt_of="M"),),
             specials=False,
         ),
@@ -1122,7 +1224,6 @@ CASES = {
             cross_entropy_inputs,
             cross_entropy_with_residuals_numpy,
             (logsumexp_tolerance("V"), logsumexp_tolerance("V")),
-            reduced=("V",),
             specials=False,
         ),
         KernelCase(
@@ -1135,7 +1236,12 @@ CASES = {
                 Operand("dloss", "f32", ("M",)),
             ),
             (Operand("dlogits", "bf16", ("M", "V")),),
-            cross_entropy_saved_inputs,
+            saved_inputs(
+                cross_entropy_inputs,
+                cross_entropy_with_residuals_numpy,
+                (Operand("logsumexp_v", "f32", ("M",)),),
+                Operand("dloss", "f32", ("M",)),
+            ),
             cross_entropy_backward_numpy,
             (Tolerance(2.0**-7, 1e-5),),
             specials=False,
@@ -1152,13 +1258,37 @@ CASES = {
         ),
         KernelCase(
             "reductions",
+            "quantize_rows_int8_with_residuals",
+            (Operand("x", "f32", ("M", "N")),),
+            (
+                Operand("q", "i8", ("M", "N")),
+                Operand("scale", "f32", ("M",)),
+                Operand("max_n", "f32", ("M",)),
+                Operand("argmax_n", "i32", ("M",)),
+            ),
+            quantize_rows_int8_inputs,
+            quantize_rows_int8_with_residuals_numpy,
+            (EXACT, Tolerance(2.0**-22, 0.0), EXACT, EXACT),
+            specials=False,
+        ),
+        KernelCase(
+            "reductions",
             "quantize_rows_int8_backward",
-            (Operand("x", "f32", ("M", "N")), Operand("dscale", "f32", ("M",))),
+            (
+                Operand("x", "f32", ("M", "N")),
+                Operand("max_n", "f32", ("M",)),
+                Operand("argmax_n", "i32", ("M",)),
+                Operand("dscale", "f32", ("M",)),
+            ),
             (Operand("dx", "f32", ("M", "N")),),
-            with_cotangents(quantize_rows_int8_inputs, Operand("dscale", "f32", ("M",))),
-            quantize_rows_int8_backward_numpy,
+            saved_inputs(
+                quantize_rows_int8_inputs,
+                quantize_rows_int8_with_residuals_numpy,
+                (Operand("max_n", "f32", ("M",)), Operand("argmax_n", "i32", ("M",))),
+                Operand("dscale", "f32", ("M",)),
+            ),
+            lambda x, top, first, dscale: quantize_rows_int8_backward_numpy(x, dscale),
             (F32_TOL,),
-            reduced=("N",),
             specials=False,
         ),
         # ------------------------------------------------------------------ the op matrix

@@ -127,30 +127,33 @@ def test_at_a_tie_the_first_extremum_takes_the_whole_cotangent(reduction_module,
     np.testing.assert_allclose(reference_vjp(jnp.asarray(dy))[0][:, [5, 130, 299]], split, rtol=1e-6)
 
 
-def test_a_reduction_over_a_blocked_dimension_is_saved_and_one_over_a_whole_one_recomputed():
-    """Blocked N: the forward pass saves the log-sum-exp and the argmax beside the max
-    (residuals), and the backward kernel is elementwise over N; whole N: they are
-    recomputed in the backward kernel from x, and nothing but x is saved."""
-    blocked = {k.kernel.name: k.gradient for k in check_source(reduction_spec(True), "r.pallas")}
-    whole = {k.kernel.name: k.gradient for k in check_source(reduction_spec(False), "r.pallas")}
-    assert blocked["reduce_4"].residuals == ("logsumexp_n",)
-    assert blocked["reduce_2"].residuals == ("argmax_n",)
-    assert blocked["reduce_2"].saving.kernel.name == "reduce_2_with_residuals"
-    for gradient in blocked["reduce_4"], blocked["reduce_2"]:
+@pytest.mark.parametrize("blocked", [True, False], ids=["blocked", "whole"])
+def test_the_forward_pass_saves_the_reductions_that_the_backward_kernel_reads(blocked):
+    """The log-sum-exp, and the argmax beside a max, are saved by NAME_with_residuals
+    (a row's statistic: N times smaller than the row), and the backward kernel is
+    elementwise over N, whether N is swept in blocks or held whole."""
+    gradients = {k.kernel.name: k.gradient for k in check_source(reduction_spec(blocked), "r.pallas")}
+    assert gradients["reduce_4"].residuals == ("logsumexp_n",)
+    assert gradients["reduce_2"].residuals == ("argmax_n",)
+    assert gradients["reduce_2"].saving.kernel.name == "reduce_2_with_residuals"
+    for gradient in gradients["reduce_4"], gradients["reduce_2"]:
         (backward,) = gradient.kernels
-        assert not backward.checked.space.dim("N").reductions  # elementwise over N
-    for name in "reduce_2", "reduce_4":
-        assert whole[name].residuals == () and whole[name].saving is None
-        (backward,) = whole[name].kernels
-        assert [a.source for a in backward.arguments] == ["input", "cotangent"]
+        assert not backward.checked.space.dim("N").reductions
 
 
-def test_the_backward_pass_docstring_names_what_the_forward_pass_saves(reduction_module):
+def test_a_saved_output_is_read_and_an_elementwise_value_recomputed():
+    """layer_norm's backward kernel reads mu and rstd as the forward pass output them and
+    the variance it saved, and computes h and d again from x."""
+    module = generated_module("norms")
+    doc = " ".join(module._layer_norm_vjp.__doc__.split())
+    assert "its outputs mu, rstd (read, not recomputed) and the residuals mean_n" in doc
+    assert "recompute the values they need (h, d)" in doc
+
+
+def test_the_backward_pass_docstring_names_what_the_forward_pass_saves():
     doc = generated_module("losses")._cross_entropy_vjp.__doc__
     assert "saves its inputs (logits, label) and the residuals logsumexp_v" in " ".join(doc.split())
-    doc = " ".join(generated_module("norms")._layer_norm_vjp.__doc__.split())
-    assert "saves its inputs (x, w, b) and its outputs mu, rstd (read, not recomputed)" in doc
-    doc = " ".join(generated_module("softmax")._softmax_vjp.__doc__.split())
+    doc = " ".join(generated_module("reductions")._column_sums_vjp.__doc__.split())
     assert "saves its inputs (x) and nothing else" in doc
 
 
@@ -350,12 +353,12 @@ def pallas_calls_and_primitives(jaxpr) -> tuple[list[str], set[str]]:
 @pytest.mark.parametrize(
     ("module", "kernel", "arrays", "kernels"),
     [
-        ("softmax", "softmax", [((40, 300), jnp.float32)], ["softmax", "softmax_backward"]),
+        ("softmax", "softmax", [((40, 300), jnp.float32)], ["softmax_with_residuals", "softmax_backward"]),
         (
             "norms",
             "layer_norm",
             [((40, 300), jnp.bfloat16), ((300,), jnp.float32), ((300,), jnp.float32)],
-            ["layer_norm", "layer_norm_backward", "layer_norm_backward_over_m"],
+            ["layer_norm_with_residuals", "layer_norm_backward", "layer_norm_backward_over_m"],
         ),
         (
             "losses",
@@ -367,7 +370,7 @@ def pallas_calls_and_primitives(jaxpr) -> tuple[list[str], set[str]]:
 )
 def test_grad_runs_the_generated_backward_kernels_not_xlas_differentiation(module, kernel, arrays, kernels):
     """The jaxpr of jax.grad holds the forward pallas_call (the one that saves the
-    residuals, for cross_entropy) and the backward ones, and no exp or reduction outside
+    residuals) and the backward ones, and no exp or reduction outside
     them: the derivatives are computed in the backward kernels."""
     function = getattr(generated_module(module), kernel)
     shapes = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in arrays]

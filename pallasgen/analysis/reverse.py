@@ -21,14 +21,14 @@ whole cotangent to the FIRST position of the extremum (argmax/argmin), where JAX
 it evenly among ties: the two agree wherever the extremum is unique. `argmax`, `argmin`,
 comparisons, casts to integers, index() and size() carry none.
 
-Saved or recomputed, by cost: the forward values the rules read are computed again in
-the backward kernel from its inputs (a pass over data it reads anyway), reductions over
-a dimension the block holds whole included. A reduction over a blocked dimension (a
-swept one: `logsumexp(z, V)` with V blocked, the argmax beside a blocked `max`) would
-take a pass of its own over that dimension, so the forward pass saves it as a residual
-and the backward kernel, elementwise over that dimension, reads it. An output that the
-body reads by name, or of fewer dimensions than the kernel (row statistics), is read
-as the forward pass saved it.
+Saved or recomputed, by cost: a reduction's value that the rules read (a row's max,
+log-sum-exp or mean square, the argmax beside a max) is saved by the forward pass as a
+residual: it is N times smaller than the values it reduces, while recomputing it would
+take the backward kernel a reduction over N (a pass of its own where N is blocked, so
+that there the backward kernels are elementwise over N). Every other forward value the rules read is computed again in the
+backward kernel from its inputs (a pass over data it reads anyway). An output that the
+body reads by name, or of fewer dimensions than the kernel (row statistics), is read as
+the forward pass saved it.
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ class Reverse:
 
         def bind(expr: ir.Expr) -> ir.Expr:
             forward = _substitute(expr, {**dict(zip(holders, args)), result_holder: node})
-            if self._blocked_reduction(forward):  # a value the rule reads, reduced over a blocked dimension
+            if self._saved_reduction(forward) and g_holder not in ir.walk(expr):  # a forward value
                 return ir.Name(self._residual(forward, new=True), position)
             pending.append((self._claim_temporary(), expr))
             return ir.Name(pending[-1][0], position)
@@ -216,19 +216,15 @@ class Reverse:
                 g = ir.Call("sum", (g, ir.Name(dim, g.position)), g.position, g.position)
         return g
 
-    def _blocked_reduction(self, node: ir.Expr) -> bool:
-        """Whether `node` is a reduction over a blocked dimension (a pass of its own)."""
-        return (
-            isinstance(node, ir.Call)
-            and FUNCTIONS[node.func].reducer is not None
-            and FUNCTIONS[node.func].typing == "reduce"
-            and isinstance(node.args[1], ir.Name)
-            and node.args[1].id not in self.whole
-        )
+    @staticmethod
+    def _saved_reduction(node: ir.Expr) -> bool:
+        """Whether `node` is a reduction (its result lacks the dimension it reduces): the
+        forward pass saves it rather than the backward kernels compute it again."""
+        return isinstance(node, ir.Call) and FUNCTIONS[node.func].typing == "reduce"
 
-    def _residual(self, node: ir.Expr, new: bool = False) -> str:
-        """The name of the residual that saves the forward value `node` (a reduction over a
-        blocked dimension): a value of the body, or `new`, one the body does not compute."""
+    def _residual(self, node: ir.Call, new: bool = False) -> str:
+        """The name of the residual that saves the forward value `node` (a reduction): a
+        value of the body, or `new`, one the body does not compute."""
         if node not in self.saved:
             func, dim = node.func, node.args[1].id
             name = self.namer.claim(f"{func}_{dim.lower()}")
@@ -256,8 +252,7 @@ class Reverse:
     def _value(self, node: ir.Expr) -> ir.Expr:
         """A forward value that a rule reads, as the backward kernel names it: a leaf as it
         is, a let's value by the let's name, a saved output's by the output's name, a
-        reduction over a blocked dimension by its residual's, any other by a name of its
-        own (recomputed)."""
+        reduction by its residual's, any other by a name of its own (recomputed)."""
         if isinstance(node, (ir.Name, ir.Number, ir.Boolean)):
             return node
         if node in self.let_values:
@@ -266,7 +261,7 @@ class Reverse:
         output = self.outputs.get(outputs.get(node, ""))
         if output is not None and output.name in self.saved_outputs and output.dtype == self.types[node].dtype.name:
             return ir.Name(output.name, node.position)
-        if self._blocked_reduction(node):
+        if self._saved_reduction(node):
             return ir.Name(self._residual(node), node.position)
         if node not in self.bound:
             self.bound[node] = self.namer.claim(outputs[node]) if node in outputs else self._claim_temporary()
@@ -295,12 +290,19 @@ class Reverse:
 
     def _forward(self, node: ir.Expr, named: dict[ir.Expr, str]) -> ir.Expr:
         """A forward expression as a backward kernel computes it: the values in `named` and
-        the reductions over blocked dimensions (residuals) read by their names."""
-        mapping = {n: ir.Name(v, n.position) for n, v in named.items()}
-        for inner in ir.walk(node):
-            if self._blocked_reduction(inner) and inner not in mapping:
-                mapping[inner] = ir.Name(self._residual(inner), inner.position)
-        return _substitute(node, mapping)
+        the reductions (residuals) read by their names."""
+        if node in named:
+            return ir.Name(named[node], node.position)
+        if self._saved_reduction(node):
+            return ir.Name(self._residual(node), node.position)
+        if isinstance(node, ir.Unary):
+            return dataclasses.replace(node, operand=self._forward(node.operand, named))
+        if isinstance(node, ir.Binary):
+            left, right = self._forward(node.left, named), self._forward(node.right, named)
+            return dataclasses.replace(node, left=left, right=right)
+        if isinstance(node, ir.Call):
+            return dataclasses.replace(node, args=tuple(self._forward(a, named) for a in node.args))
+        return node
 
     def recomputation(self) -> list[ir.Let]:
         """The forward values the rules read, computed again from the inputs, in the
