@@ -13,6 +13,7 @@ import click
 
 from pallasgen.analysis.names import block_keyword
 from pallasgen.analysis.tuning import TunedBlocks
+from pallasgen.analysis.gradients import every_kernel
 from pallasgen.backends import backend_named
 from pallasgen.devices import runner
 from pallasgen.devices.extras import MissingExtra, require
@@ -229,6 +230,11 @@ def run(targets: tuple[str, ...], sizes: tuple[str, ...], seed: int, out: Path |
 @click.option(
     "--vmem-limit", type=click.IntRange(min=1), metavar="MIB", help="With --chip: the kernel's scoped VMEM limit."
 )
+@click.option(
+    "--grad",
+    is_flag=True,
+    help="Measure the forward plus backward pass (jax.vjp) against XLA's of the reference, at random cotangents.",
+)
 def bench(
     targets: tuple[str, ...],
     sizes: tuple[str, ...],
@@ -240,19 +246,27 @@ def bench(
     blocks: tuple[str, ...],
     chip: str | None,
     vmem_limit: int | None,
+    grad: bool,
 ) -> None:
     """Time generated kernels against XLA (their jitted reference) on this machine's device.
 
     SPEC[:KERNEL] and the default sizes are as for `pallasgen run`. With --chip, compile
     them and their references for that TPU instead and compare the compiler's estimated
-    cycles.
+    cycles. With --grad, measure each differentiable kernel's forward plus backward pass
+    (its generated backward kernels) against XLA's forward plus backward pass of its
+    reference.
     """
     _require(f"pallasgen bench{' --chip' if chip else ''}", tpu=chip is not None)
     given = _parse_sizes(sizes)
+    if sweep and grad:
+        _usage_error("--sweep tries forward blocks; it cannot be combined with --grad")
+    kernels = _kernels(targets, out, given)
+    if grad:
+        kernels = _differentiable_kernels(kernels)
     if chip is not None:
         if sweep:
             _usage_error("--sweep times kernels; it cannot be combined with --chip")
-        _estimate(_kernels(targets, out, given), given, _parse_blocks(blocks), chip, vmem_limit, json_path)
+        _estimate(kernels, given, _parse_blocks(blocks), chip, vmem_limit, json_path, grad)
         return
     if vmem_limit is not None:
         _usage_error("--vmem-limit needs --chip")
@@ -263,7 +277,6 @@ def bench(
     from pallasgen.devices import bench as benchmark
 
     device = jax.devices()[0].device_kind
-    kernels = _kernels(targets, out, given)
     options = _parse_blocks(blocks)
     if sweep:
         _sweep(kernels, given, seed, repeats, device)
@@ -273,10 +286,15 @@ def bench(
         for module, checked in progress:
             dims = runner.sizes_for(checked, given)
             inputs = _within_memory(checked, dims, lambda: runner.random_inputs(checked, dims, seed))
+            cotangents = (
+                _within_memory(checked, dims, lambda: runner.random_cotangents(checked, dims, seed)) if grad else None
+            )
             keywords = _block_options(checked, options)
             timings.append(
                 _within_memory(
-                    checked, dims, lambda: benchmark.time_kernel(module, checked, dims, inputs, repeats, keywords)
+                    checked,
+                    dims,
+                    lambda: benchmark.time_kernel(module, checked, dims, inputs, repeats, keywords, cotangents),
                 )
             )
     for timing in timings:
@@ -328,26 +346,47 @@ def _sweep(kernels, given: dict[str, int], seed: int, repeats: int, device: str)
     _say_if_interpreted()
 
 
-def _estimate(kernels, given: dict[str, int], blocks: dict[str, int], chip: str, vmem_mib, json_path) -> None:
+def _differentiable_kernels(kernels) -> list:
+    """The kernels whose gradient runs generated backward kernels; a line for each other."""
+    from pallasgen.devices import runner
+
+    kept = []
+    for module, checked in kernels:
+        if runner.has_backward_kernels(checked):
+            kept.append((module, checked))
+        else:
+            click.echo(f"{checked.kernel.name}: no backward kernels to measure ({runner.why_no_backward(checked)})")
+    return kept
+
+
+def _estimate(kernels, given: dict[str, int], blocks: dict[str, int], chip: str, vmem_mib, json_path, grad) -> None:
     import json
     import tempfile
 
     from pallasgen.devices import estimate
     from pallasgen.devices import runner
+    from pallasgen.devices.compile_only import CompileError
 
     records = []
+    failed = False
     with tempfile.TemporaryDirectory(prefix="pallasgen-llo-") as profile_dir:
         estimator = estimate.Estimator(chip, Path(profile_dir))
         click.echo(f"TPU {chip}, {estimate.LABEL}")
         for module, checked in kernels:
             dims = runner.sizes_for(checked, given)
             limit = vmem_mib * 1024 * 1024 if vmem_mib else None
-            result = estimator.estimate(module, checked, dims, _block_options(checked, blocks), limit)
+            try:
+                result = estimator.estimate(module, checked, dims, _block_options(checked, blocks), limit, grad)
+            except CompileError as error:
+                failed = True
+                click.echo(f"{checked.kernel.name}: does not compile for TPU {chip}: {error.message}")
+                continue
             click.echo(estimate.describe(result))
-            percent, peak = estimate.percent_of_peak(result)
+            percent, peak = estimate.percent_of_peak(result) or (None, None)
             records.append(
                 {
                     "kernel": result.kernel,
+                    "forward_and_backward": grad,
                     "sizes": result.sizes,
                     "blocks": _block_options(checked, blocks),
                     "kernel_cycles": result.kernel_cycles,
@@ -361,6 +400,8 @@ def _estimate(kernels, given: dict[str, int], blocks: dict[str, int], chip: str,
     if json_path is not None:
         payload = {"chip": chip, "what": estimate.LABEL, "vmem_limit_mib": vmem_mib, "results": records}
         json_path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    if failed:
+        sys.exit(DRIFT)
 
 
 def _block_options(checked, blocks: dict[str, int]) -> dict[str, int]:
@@ -546,11 +587,18 @@ def _checked_kernels(spec_path: str, check):
 
 
 def _named(kernels, spec_path: str, wanted: str) -> list:
-    """The kernels named `wanted` (all of them if it is empty); none is a usage error."""
-    matching = [k for k in kernels if not wanted or k.kernel.name == wanted]
+    """The kernels named `wanted`, the spec's or one derived from them for jax.grad (all
+    the spec's if it is empty); none is a usage error."""
+    if not wanted:
+        return list(kernels)
+    matching = [k for k in every_kernel(kernels) if k.kernel.name == wanted]
     if not matching:
         names = ", ".join(k.kernel.name for k in kernels)
-        _usage_error(f"{spec_path} has no kernel named {wanted!r}; its kernels: {names}")
+        derived = ", ".join(k.kernel.name for k in every_kernel(kernels) if k not in kernels)
+        _usage_error(
+            f"{spec_path} has no kernel named {wanted!r}; its kernels: {names}"
+            + (f"; derived for jax.grad: {derived}" if derived else "")
+        )
     return matching
 
 

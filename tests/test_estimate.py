@@ -83,3 +83,33 @@ def test_a_reference_whose_compile_wrote_no_cycles_has_no_ratio_rather_than_a_cr
 
     assert estimate(xla_cycles=0).ratio is None
     assert "no XLA estimate to compare with" in describe(estimate(xla_cycles=0))
+
+
+def test_bench_chip_grad_estimates_the_forward_plus_backward_pass_against_xlas(project):  # noqa: F811
+    command = "from pallasgen.cli import main; main()"
+    args = ["bench", "--chip", "v5e", "--grad", "specs/activations.pallas:leaky", "--size", "M=256", "--size", "N=1024"]
+    result = subprocess.run(
+        [sys.executable, "-c", command, *args, "--json", "out.json"], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "leaky forward+backward [M=256, N=1024]: kernel " in result.stdout
+    assert "% of" not in result.stdout  # the work of a forward plus backward pass is not counted
+    (record,) = json.loads((project / "out.json").read_text())["results"]
+    assert record["forward_and_backward"] is True
+    # The backward kernel runs too: more Mosaic cycles than the forward kernel's alone.
+    forward = subprocess.run(
+        [sys.executable, "-c", command, *args[:3], *args[4:], "--json", "forward.json"], capture_output=True, text=True
+    )
+    assert forward.returncode == 0, forward.stderr[-2000:]
+    (alone,) = json.loads((project / "forward.json").read_text())["results"]
+    assert record["mosaic_cycles"] > alone["mosaic_cycles"] > 0
+    assert record["xla_cycles"] > alone["xla_cycles"] > 0
+
+
+def test_a_kernel_that_does_not_compile_for_the_chip_is_a_line_and_exit_1_not_a_traceback(project):  # noqa: F811
+    command = "from pallasgen.cli import main; main()"
+    args = ["bench", "--chip", "v5e", "specs/add_vectors.pallas", "--size", "N=65536", "--block", "N=100"]
+    result = subprocess.run([sys.executable, "-c", command, *args], capture_output=True, text=True)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "add_vectors: does not compile for TPU v5e: " in result.stdout
+    assert "Traceback" not in result.stderr

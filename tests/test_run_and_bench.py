@@ -300,3 +300,53 @@ def test_sweep_candidates_obey_the_tiling_rules(spec):
             assert backend.vmem_bytes(checked, blocks) <= SCOPED_VMEM_BYTES
         for candidate in sweep_candidates(checked, "gpu"):
             assert all(is_power_of_two(v) for k, v in candidate.items() if k.startswith("gpu_block_"))
+
+
+def test_bench_grad_times_the_forward_plus_backward_pass_of_each_differentiable_kernel(project):
+    result = invoke(
+        "bench", "specs/activations.pallas", "--size", "M=16", "--size", "N=256", "--repeats", "1", "--grad"
+    )
+    assert result.exit_code == 0, result.output
+    assert "bias_gelu forward+backward [M=16, N=256]: " in result.output and "x XLA" in result.output
+    assert "quantize_rows: no backward kernels to measure (no float input reaches a float output)" in result.output
+    assert "quantize_rows forward+backward" not in result.output
+
+
+def test_with_backward_gives_the_outputs_and_the_float_inputs_cotangents_as_jax_vjp_does(project):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from pallasgen.devices.bench import with_backward
+
+    (checked,) = [
+        k for k in check_source(Path("specs/activations.pallas").read_text(), "a") if k.kernel.name == "leaky"
+    ]
+    x = jnp.asarray(np.linspace(-2.0, 2.0, 8 * 128, dtype=np.float32).reshape(8, 128))
+
+    def leaky(x):  # y, and an integer mask that takes a float0 cotangent
+        return jnp.where(x > 0, x, x * 0.01), (x > 0).astype(jnp.int32)
+
+    dy = jnp.full((8, 128), 3.0, jnp.float32)
+    (y, mask), (dx,) = with_backward(leaky, checked)([x], [dy])
+    np.testing.assert_array_equal(mask, np.asarray(x) > 0)
+    np.testing.assert_allclose(dx, np.where(np.asarray(x) > 0, 3.0, 0.03), rtol=1e-6)
+    assert jax.numpy.shape(y) == (8, 128)
+
+
+def test_a_kernel_derived_for_jax_grad_can_be_named_as_a_target(project):
+    result = invoke(
+        "bench",
+        "specs/activations.pallas:bias_gelu_backward_over_m",
+        "--size",
+        "M=16",
+        "--size",
+        "N=256",
+        "--repeats",
+        "1",
+    )
+    assert result.exit_code == 0, result.output
+    assert "bias_gelu_backward_over_m [M=16, N=256]: " in result.output
+    missing = invoke("bench", "specs/activations.pallas:nothing")
+    assert missing.exit_code == 2
+    assert "its kernels: leaky, bias_gelu, quantize_rows; derived for jax.grad: leaky_backward," in missing.output

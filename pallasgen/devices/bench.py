@@ -78,15 +78,56 @@ def work(checked: CheckedKernel, sizes: dict[str, int]) -> tuple[int, int]:
     return flops, moved
 
 
-def time_kernel(module, checked: CheckedKernel, sizes: dict[str, int], inputs, repeats: int, options: dict) -> Timing:
-    """Median times of the kernel and of its jitted reference (XLA), measured in one run."""
+def time_kernel(
+    module, checked: CheckedKernel, sizes: dict[str, int], inputs, repeats: int, options: dict, cotangents=None
+) -> Timing:
+    """Median times of the kernel and of its jitted reference (XLA), measured in one run;
+    given the float outputs' `cotangents`, of each one's forward plus backward pass."""
+    import functools
+
     import jax
 
-    kernel = getattr(module, checked.kernel.name)
-    reference = jax.jit(getattr(module, f"{checked.kernel.name}_reference"))
-    kernel_seconds, xla_seconds = time_pair(lambda: kernel(*inputs, **options), lambda: reference(*inputs), repeats)
-    flops, moved = work(checked, sizes)
-    return Timing(checked.kernel.name, sizes, kernel_seconds, xla_seconds, flops, moved)
+    name = checked.kernel.name
+    kernel = functools.partial(getattr(module, name), **options)
+    reference = getattr(module, f"{name}_reference")
+    if cotangents is None:
+        kernel_seconds, xla_seconds = time_pair(lambda: kernel(*inputs), lambda: jax.jit(reference)(*inputs), repeats)
+        flops, moved = work(checked, sizes)
+        return Timing(name, sizes, kernel_seconds, xla_seconds, flops, moved)
+    kernel, reference = (jax.jit(with_backward(f, checked)) for f in (kernel, reference))
+    kernel_seconds, xla_seconds = time_pair(
+        lambda: kernel(inputs, cotangents), lambda: reference(inputs, cotangents), repeats
+    )
+    return Timing(f"{name} forward+backward", sizes, kernel_seconds, xla_seconds, 0, 0)
+
+
+def with_backward(function, checked: CheckedKernel):
+    """`function`'s forward and backward pass as one function, as training runs them: from
+    the inputs and the float outputs' cotangents, the outputs and the float inputs'
+    cotangents (`jax.vjp`; integer outputs take float0 cotangents)."""
+    import jax
+    import numpy as np
+
+    kernel = checked.kernel
+    float_inputs = [i for i, d in enumerate(kernel.inputs) if DTYPES[d.dtype].is_float]
+
+    def forward_and_backward(inputs, cotangents):
+        outputs, pullback = jax.vjp(function, *inputs)
+        several = isinstance(outputs, tuple)
+        given = iter(cotangents)
+        every = tuple(
+            next(given) if DTYPES[decl.dtype].is_float else np.zeros(out.shape, jax.dtypes.float0)
+            for decl, out in zip(kernel.outputs, outputs if several else (outputs,))
+        )
+        grads = pullback(every if several else every[0])
+        return outputs, tuple(grads[i] for i in float_inputs)
+
+    return forward_and_backward
+
+
+def float_outputs(checked: CheckedKernel) -> list:
+    """The kernel's float outputs, whose cotangents `with_backward` takes."""
+    return [decl for decl in checked.kernel.outputs if DTYPES[decl.dtype].is_float]
 
 
 def time_pair(first, second, repeats: int) -> tuple[float, float]:
@@ -112,7 +153,7 @@ def describe(timing: Timing, device_kind: str) -> str:
     if timing.flops:
         tflops = timing.flops / timing.kernel_seconds / 1e12
         parts.append(f"{tflops:.2f} TFLOP/s" + (f" ({100 * tflops / peak[0]:.0f}% of peak)" if peak else ""))
-    else:
+    elif timing.bytes_moved:  # 0: a forward plus backward pass, whose work is not counted
         gbps = timing.bytes_moved / timing.kernel_seconds / 1e9
         parts.append(f"{gbps:.1f} GB/s" + (f" ({100 * gbps / peak[1]:.0f}% of peak)" if peak else ""))
     parts.append(f"{timing.ratio:.2f}x XLA")

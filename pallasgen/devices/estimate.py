@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from pallasgen.devices.bench import work
+from pallasgen.devices.bench import float_outputs, with_backward, work
 from pallasgen.devices import compile_only
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES
@@ -38,6 +38,7 @@ class Estimate:
     flops: int
     bytes_moved: int
     int8: bool  # the product's operands are int8, so its peak is the int8 one
+    grad: bool = False  # of the forward plus backward pass (then no work is counted: flops, bytes 0)
 
     @property
     def ratio(self) -> float | None:
@@ -54,8 +55,11 @@ def describe_ratio(value: float | None) -> str:
     return "no XLA estimate to compare with" if value is None else f"kernel/XLA {value:.2f}x"
 
 
-def percent_of_peak(estimate: Estimate) -> tuple[float, str]:
-    """The kernel's work per estimated cycle as a percentage of the chip's peak, and which peak."""
+def percent_of_peak(estimate: Estimate) -> tuple[float, str] | None:
+    """The kernel's work per estimated cycle as a percentage of the chip's peak, and which
+    peak; None for a forward plus backward pass, whose work is not counted."""
+    if estimate.grad:
+        return None
     chip = backend_named("tpu").chip(estimate.chip)
     seconds = estimate.kernel_cycles / chip.clock_hz
     if estimate.flops:
@@ -109,20 +113,26 @@ class Estimator:
         return cycles, set(_MOSAIC_CALL.findall(compiled.as_text()))
 
     def estimate(
-        self, module, checked: CheckedKernel, sizes: dict[str, int], options: dict, vmem_limit=None
+        self, module, checked: CheckedKernel, sizes: dict[str, int], options: dict, vmem_limit=None, grad=False
     ) -> Estimate:
-        """The kernel (compiled by Mosaic, with `options` as keywords) against its reference."""
+        """The kernel (compiled by Mosaic, with `options` as keywords) against its reference;
+        with `grad`, each one's forward plus backward pass (`bench.with_backward`)."""
         name = checked.kernel.name
         args = arguments(checked, sizes, self.sharding)
         kernel = functools.partial(getattr(module, name), interpret=False, **options)
+        reference = getattr(module, f"{name}_reference")
+        if grad:
+            cotangents = [struct(decl, sizes, self.sharding) for decl in float_outputs(checked)]
+            args = [args, cotangents]
+            kernel, reference = with_backward(kernel, checked), with_backward(reference, checked)
         with _scoped_vmem_limit(module, vmem_limit):
             kernel_ops, mosaic_calls = self.op_cycles(kernel, args)
-        key = (module.__name__, name, tuple(sizes.items()))
+        key = (module.__name__, name, tuple(sizes.items()), grad)
         if key not in self._xla_cycles:
-            self._xla_cycles[key] = sum(self.op_cycles(getattr(module, f"{name}_reference"), args)[0].values())
+            self._xla_cycles[key] = sum(self.op_cycles(reference, args)[0].values())
         if not mosaic_calls & kernel_ops.keys():
             raise RuntimeError(f"{name}: no Mosaic call among the compiled ops {sorted(kernel_ops)}")
-        flops, moved = work(checked, sizes)
+        flops, moved = (0, 0) if grad else work(checked, sizes)
         int8 = checked.product is not None and DTYPES[checked.kernel.inputs[0].dtype].bytes == 1
         return Estimate(
             name,
@@ -134,17 +144,20 @@ class Estimator:
             flops=flops,
             bytes_moved=moved,
             int8=int8,
+            grad=grad,
         )
 
 
 def arguments(checked: CheckedKernel, sizes: dict[str, int], sharding=None) -> list:
     """Abstract inputs of the kernel at `sizes`, for tracing or compiling it."""
+    return [struct(decl, sizes, sharding) for decl in checked.kernel.inputs]
+
+
+def struct(decl, sizes: dict[str, int], sharding=None):
+    """An abstract array of `decl`'s dtype and shape at `sizes`."""
     import jax
 
-    return [
-        jax.ShapeDtypeStruct(tuple(sizes[d] for d in decl.dims), DTYPES[decl.dtype].jnp, sharding=sharding)
-        for decl in checked.kernel.inputs
-    ]
+    return jax.ShapeDtypeStruct(tuple(sizes[d] for d in decl.dims), DTYPES[decl.dtype].jnp, sharding=sharding)
 
 
 @contextlib.contextmanager
@@ -182,11 +195,13 @@ class _WithVmemLimit:
 
 def describe(estimate: Estimate) -> str:
     """One line: cycles of the kernel and of XLA, their ratio and the percent of peak."""
-    percent, peak = percent_of_peak(estimate)
     shape = ", ".join(f"{d}={n}" for d, n in estimate.sizes.items())
+    what = f"{estimate.kernel} forward+backward" if estimate.grad else estimate.kernel
+    peak = percent_of_peak(estimate)
     return (
-        f"{estimate.kernel} [{shape}]: kernel {estimate.kernel_cycles:,} cycles"
-        f" (Mosaic call {estimate.mosaic_cycles:,}), XLA {estimate.xla_cycles:,} cycles,"
-        f" {describe_ratio(estimate.ratio)}, {percent:.0f}% of {peak}"
-        f" at {backend_named('tpu').chip(estimate.chip).clock_hz / 1e9:g} GHz"
+        f"{what} [{shape}]: kernel {estimate.kernel_cycles:,} cycles"
+        f" (Mosaic calls {estimate.mosaic_cycles:,}), XLA {estimate.xla_cycles:,} cycles,"
+        f" {describe_ratio(estimate.ratio)}"
+        + (f", {peak[0]:.0f}% of {peak[1]}" if peak else "")
+        + f" at {backend_named('tpu').chip(estimate.chip).clock_hz / 1e9:g} GHz"
     )

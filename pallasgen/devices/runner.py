@@ -148,13 +148,35 @@ def has_backward_kernels(checked: CheckedKernel) -> bool:
     return gradient is not None and bool(gradient.kernels) and not gradient.turned_off and not gradient.not_yet
 
 
+def why_no_backward(checked: CheckedKernel) -> str:
+    """Why `jax.grad` of the kernel runs no generated backward kernel."""
+    gradient = checked.gradient
+    if gradient.turned_off is not None:
+        return f"its spec says `grad none` at line {gradient.turned_off.position.line}"
+    if gradient.not_yet is not None:
+        return f"none is generated yet for {gradient.not_yet}"
+    return "no float input reaches a float output"
+
+
+def random_cotangents(checked: CheckedKernel, sizes: dict[str, int], seed: int):
+    """Random cotangents of the kernel's float outputs at these sizes (drawn from `seed + 1`,
+    so that they differ from the inputs drawn from `seed`)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    rng = np.random.default_rng(seed + 1)
+    return tuple(
+        jnp.asarray(rng.standard_normal(tuple(sizes[d] for d in decl.dims)), jnp.dtype(DTYPES[decl.dtype].jnp))
+        for decl in checked.kernel.outputs
+        if DTYPES[decl.dtype].is_float
+    )
+
+
 def run_gradient(module, checked: CheckedKernel, sizes: dict[str, int], seed: int) -> list[RunResult]:
     """`jax.vjp` of the kernel (its generated backward kernels) against `jax.vjp` of its
     reference, at the same random inputs and random cotangents of its float outputs; one
     result per float input, `grad(NAME)`."""
     import jax
-    import jax.numpy as jnp
-    import numpy as np
 
     kernel = getattr(module, checked.kernel.name)
     reference = getattr(module, f"{checked.kernel.name}_reference")
@@ -162,7 +184,6 @@ def run_gradient(module, checked: CheckedKernel, sizes: dict[str, int], seed: in
     decls = checked.kernel.inputs
     wrt = [n for n, decl in enumerate(decls) if DTYPES[decl.dtype].is_float]
     float_outputs = [n for n, decl in enumerate(checked.kernel.outputs) if DTYPES[decl.dtype].is_float]
-    rng = np.random.default_rng(seed + 1)
 
     def differentiated(function):
         def of_floats(*floats):
@@ -176,8 +197,7 @@ def run_gradient(module, checked: CheckedKernel, sizes: dict[str, int], seed: in
         return of_floats
 
     primals = [inputs[n] for n in wrt]
-    outputs, _ = jax.vjp(differentiated(reference), *primals)
-    cotangents = tuple(jnp.asarray(rng.standard_normal(o.shape), o.dtype) for o in outputs)
+    cotangents = random_cotangents(checked, sizes, seed)
     start = time.perf_counter()
     _, backward = jax.vjp(differentiated(kernel), *primals)
     got = backward(cotangents)

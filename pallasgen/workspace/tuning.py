@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from pallasgen.analysis.checks import CheckedKernel
+from pallasgen.analysis.gradients import every_kernel
 from pallasgen.analysis.tuning import TunedBlocks, kernel_fingerprint
 from pallasgen.backends import backend_named
 from pallasgen.frontend.errors import Diagnostic, Position, SpecError
@@ -94,27 +95,38 @@ def _position_of(text: str, name: str) -> Position:
 def apply_tuning(
     kernels: tuple[CheckedKernel, ...], tuning: dict[str, KernelTuning], text: str, path: str
 ) -> tuple[tuple[CheckedKernel, ...], list[str]]:
-    """The kernels with their tuned blocks, and why any tuning is stale (tuned for a
-    kernel that has changed or is gone since). Stale entries are left out; entries that
-    do not fit a current kernel raise `SpecError`."""
-    by_name = {k.kernel.name: k for k in kernels}
+    """The kernels, and those derived from them for jax.grad, with their tuned blocks,
+    and why any tuning is stale (tuned for a kernel that has changed or is gone since).
+    Stale entries are left out; entries that do not fit a current kernel raise `SpecError`."""
+    by_name = {k.kernel.name for k in every_kernel(kernels)}
     stale = [f"{name!r} was tuned, but the spec has no such kernel" for name in tuning if name not in by_name]
-    tuned_kernels = []
-    for checked in kernels:
+
+    def tuned(checked: CheckedKernel, named: str) -> CheckedKernel:
+        """The kernel with its tuned blocks; `named`: the spec's kernel it is or is derived from."""
         found = tuning.get(checked.kernel.name)
         if found is None:
-            tuned_kernels.append(checked)
-            continue
+            return checked
         if found.fingerprint != kernel_fingerprint(checked.kernel):
             stale.append(f"{checked.kernel.name!r} changed since it was tuned")
-            tuned_kernels.append(checked)
-            continue
+            return checked
         for entry in found.entries:
             problem = backend_named("tpu").tuned_blocks_problem(checked, entry.blocks)
             if problem:
-                position = _position_of(text, checked.kernel.name)
+                position = _position_of(text, named)
                 raise SpecError(path, text, [Diagnostic(position, f"kernel {checked.kernel.name!r}: {problem}")])
-        tuned_kernels.append(dataclasses.replace(checked, tuned=tuple(e.blocks for e in found.entries)))
+        return dataclasses.replace(checked, tuned=tuple(e.blocks for e in found.entries))
+
+    tuned_kernels = []
+    for checked in kernels:
+        name = checked.kernel.name
+        gradient = checked.gradient
+        if gradient is not None and (gradient.kernels or gradient.saving):
+            gradient = dataclasses.replace(
+                gradient,
+                saving=gradient.saving and tuned(gradient.saving, name),
+                kernels=tuple(dataclasses.replace(k, checked=tuned(k.checked, name)) for k in gradient.kernels),
+            )
+        tuned_kernels.append(dataclasses.replace(tuned(checked, name), gradient=gradient))
     return tuple(tuned_kernels), stale
 
 
