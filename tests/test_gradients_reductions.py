@@ -167,12 +167,25 @@ SUMMED_BEFORE_A_REDUCTION = """kernel scaled {
 """
 
 
-def test_a_cotangent_to_sum_over_a_blocked_dimension_before_a_reduction_is_not_generated_yet(tmp_path):
-    """sum(x, N) is the same for every row, so its cotangent is summed over the blocked M
-    first: no backward kernel does that yet, and jax.grad says so."""
+@pytest.mark.parametrize("path", ["tpu", "gpu"])
+def test_a_cotangent_summed_over_a_blocked_dimension_before_a_reduction_takes_an_earlier_kernel(
+    tmp_path, monkeypatch, path
+):
+    """sum(x, N) is the same for every row, so its cotangent is dy * z summed over the
+    blocked M before the sum's rule broadcasts it to x: an earlier backward kernel,
+    scaled_backward_dy_over_m, sums it, and scaled_backward reads its result."""
     module = load(tmp_path, "scaled", SUMMED_BEFORE_A_REDUCTION)
-    with pytest.raises(NotImplementedError, match="blocked dimension M before sum"):
-        jax.grad(lambda z, x: module.scaled(z, x, interpret=True).sum(), argnums=1)(jnp.ones((3, 4)), jnp.ones(4))
+    if path == "gpu":
+        take_gpu_branch(monkeypatch, module)
+    gradient = next(k.gradient for k in check_source(SUMMED_BEFORE_A_REDUCTION, "scaled.pallas"))
+    assert [k.checked.kernel.name for k in gradient.kernels] == ["scaled_backward_dy_over_m", "scaled_backward"]
+    rng = np.random.default_rng(2)
+    z, x, dy = (jnp.asarray(rng.standard_normal(shape), jnp.float32) for shape in ((37, 300), (300,), (37, 300)))
+    got = jax.vjp(functools.partial(module.scaled, interpret=True), z, x)[1](dy)
+    want = jax.vjp(module.scaled_reference, z, x)[1](dy)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(got[1], np.full(300, np.sum(np.float64(dy) * np.float64(z))), rtol=1e-4)
 
 
 # --------------------------------------------------------------------------- bundled kernels

@@ -13,7 +13,9 @@ and a contribution to such a value is summed over the dimensions it lacks. A sum
 a dimension a block holds whole is computed in the kernel. One over a blocked dimension
 is left to a second backward kernel that sums the input's cotangent over it (one per
 dimension summed: one kernel cannot hold both layouts), so an input broadcast over a
-blocked dimension (a bias [N] of [M, N]) gets it there.
+blocked dimension (a bias [N] of [M, N]) gets it there; where a reduction's rule needs
+its cotangent summed over a blocked dimension first (`z * sum(x, N)` with M blocked),
+an earlier backward kernel sums it, and the later ones read its result.
 
 Reductions: `sum` broadcasts the cotangent, `mean` divides it by size(N), `logsumexp`
 gives g * exp(x - lse), `softmax` y * (g - sum(g * y, N)). `max` and `min` give the
@@ -60,7 +62,7 @@ def derive(checked: CheckedKernel) -> Derived | str:
         for decl in checked.kernel.inputs:
             if decl.name in reverse.contributions:
                 groups["".join(reverse.summed(decl.name))].append(decl)
-        steps = []
+        steps = reverse.intermediate_steps()
         for dim, decls in groups.items():
             name = f"{checked.kernel.name}_backward" + (f"_over_{dim.lower()}" if dim else "")
             derived, arguments = reverse.kernel(name, decls, dim)
@@ -130,6 +132,9 @@ class Reverse:
         self.naming = ""  # the forward statement being differentiated: it names temporaries
         self.counts: dict[str, int] = defaultdict(int)
         self.temporaries: dict[str, tuple[str, int]] = {}  # name -> (its prefix, its number)
+        # cotangents summed over a blocked dimension by earlier backward kernels: each
+        # one's declaration as they give it, its value, the dimension summed
+        self.intermediates: list[tuple[ir.ArrayDecl, ir.Expr, str]] = []
         for statement in reversed(kernel.body):
             self._statement(statement)
         # each float input that a float output depends on -> its cotangent, the sum of its terms
@@ -176,8 +181,7 @@ class Reverse:
             self.contributions[node.id].append(g)
             return
         if isinstance(node, ir.Call) and FUNCTIONS[node.func].reducer and self._extra(g, node):
-            dims = ", ".join(self._extra(g, node))
-            raise NotYet(f"a cotangent summed over the blocked dimension {dims} before {node.func}()")
+            g = self._summed_first(g, node)
         args, rule = _arguments_and_rule(node)
         position = node.position
         holders = tuple(ir.Name(f"\0{i}", position) for i in range(len(args)))
@@ -207,6 +211,29 @@ class Reverse:
         for arg, part in used:
             part = _converted(_substitute(part, mapping), self.types[node].dtype.name, self.types[arg].dtype.name)
             self._backprop(arg, self._summed_where_whole(part, arg))
+
+    def _summed_first(self, g: ir.Expr, node: ir.Call) -> ir.Expr:
+        """`g`, the cotangent of the reduction `node` still to be summed over a blocked
+        dimension, summed over it by an earlier backward kernel (`intermediates`): its
+        result, by name. Sums over whole dimensions in `g` are taken after the one over
+        the blocked dimension, at its end: the lowering gives a running sum over a
+        blocked dimension of a value reduced over another the shape of the unreduced one."""
+        extra = self._extra(g, node)
+        if len(extra) > 1:
+            raise NotYet(f"a cotangent summed over two blocked dimensions before {node.func}()")
+        value_type, position = self.types[node], node.position
+        name = self.namer.claim(f"d{self.naming}_over_{extra[0].lower()}")
+        decl = ir.ArrayDecl(name, value_type.dtype.name, value_type.dims, position, position, (position,) * len(value_type.dims))
+        whole = []  # its sums over whole dimensions, taken after the one over the blocked dimension
+        while isinstance(g, ir.Call) and g.func == "sum" and g.args[1].id in self.whole:
+            whole.append(g.args[1])
+            g = g.args[0]
+        total = ir.Call("sum", (g, ir.Name(extra[0], position)), position, position)
+        for dim in reversed(whole):
+            total = ir.Call("sum", (total, dim), position, position)
+        self.intermediates.append((decl, _converted(total, "f32", decl.dtype), extra[0]))
+        self.dims_of[name] = value_type.dims
+        return ir.Name(name, position)
 
     def _summed_where_whole(self, g: ir.Expr, node: ir.Expr) -> ir.Expr:
         """`g`, a contribution to `node`'s cotangent, summed over the dimensions it has and
@@ -321,7 +348,6 @@ class Reverse:
     def kernel(self, name: str, decls: list[ir.ArrayDecl], summed: str) -> tuple[ir.Kernel, tuple[Argument, ...]]:
         """The backward kernel that gives the cotangents of `decls` (summed over the
         dimension `summed`, if any), and the arrays it takes."""
-        forward = self.checked.kernel
         outs = []
         assigns = []
         for decl in decls:
@@ -334,10 +360,40 @@ class Reverse:
             over = [ir.Call("sum", (_sum(with_dim), dim), decl.position, decl.position)] if with_dim else []
             value = _sum([*over, *([_sum(rest)] if rest else [])])
             assigns.append(ir.Assign(out, value, decl.position))
+        forward = self.checked.kernel
+        cotangents = ", ".join(self.seeds[o.name] for o in forward.outputs if o.name in self.seeds)
+        doc = (
+            f"The backward pass of `{forward.name}`, generated from its spec: the cotangents"
+            f" {', '.join(o.name for o in outs)}",
+            f"of its inputs from {cotangents}, those of its outputs"
+            + (f", summed over {summed} (the inputs are broadcast over it)." if summed else "."),
+        )
+        return self._kernel(name, outs, assigns, doc, decls)
+
+    def intermediate_steps(self) -> list[Step]:
+        """The backward kernels that sum cotangents over a blocked dimension for the others."""
+        steps = []
+        for decl, value, dim in self.intermediates:
+            doc = (
+                f"Part of the backward pass of `{self.checked.kernel.name}`, generated from its spec:",
+                f"{decl.name}, a cotangent summed over {dim}, which the next backward kernels read.",
+            )
+            name = f"{self.checked.kernel.name}_backward_{decl.name}"
+            derived, arguments = self._kernel(name, [decl], [ir.Assign(decl.name, value, decl.position)], doc, [])
+            steps.append(Step(derived, arguments, (decl.name,)))
+        return steps
+
+    def _kernel(self, name, outs, assigns, doc, decls) -> tuple[ir.Kernel, tuple[Argument, ...]]:
+        """A backward kernel: the statements the assignments need, then them; and the arrays
+        it takes (an input of `decls`, whose cotangent it gives, where no other gives a
+        dimension's size)."""
+        forward = self.checked.kernel
         body = self._numbered(_live([*self.recomputation(), *self.statements], assigns))
         read = {n.id for s in body for n in ir.walk(s.value) if isinstance(n, ir.Name)}
         arguments, ins = [], []
+        earlier = {decl.name: decl for decl, _, _ in self.intermediates if decl not in outs}
         arrays = {*self.inputs, *self.saved_outputs, *(r.name for r in self.saved.values()), *self.seeds.values()}
+        arrays |= set(earlier)
         sized = {d for name in read & arrays for d in self.dims_of[name]}
         for decl in forward.inputs:  # read, or the one that gives a dimension's size: no other has it
             if decl.name in read or decl in decls and not set(decl.dims) <= sized:
@@ -356,13 +412,10 @@ class Reverse:
             if out.name in self.seeds and self.seeds[out.name] in read:
                 arguments.append(Argument(out.name, "cotangent"))
                 ins.append(dataclasses.replace(out, name=self.seeds[out.name]))
-        outputs = ", ".join(o.name for o in outs)
-        cotangents = ", ".join(self.seeds[o.name] for o in forward.outputs if o.name in self.seeds)
-        doc = (
-            f"The backward pass of `{forward.name}`, generated from its spec: the cotangents {outputs}",
-            f"of its inputs from {cotangents}, those of its outputs"
-            + (f", summed over {summed} (the inputs are broadcast over it)." if summed else "."),
-        )
+        for result, decl in earlier.items():
+            if result in read:
+                arguments.append(Argument(result, "backward"))
+                ins.append(decl)
         derived = ir.Kernel(
             name=name,
             position=forward.position,
