@@ -883,8 +883,8 @@ def _cross_entropy_with_residuals_kernel(
 # CPU (the spec's blocks).
 _cross_entropy_with_residuals_tpu_blocks = {
     None: {"default": (16, 2048)},
-    "v5e": {"default": (16, 2048)},
-    "v6e": {"default": (16, 2048)},
+    "v5e": {"default": (16, 2048), (4096, 32768): (128, 16384)},
+    "v6e": {"default": (16, 2048), (4096, 32768): (128, 16384)},
 }
 
 
@@ -1184,8 +1184,8 @@ def _cross_entropy_backward_kernel(
 # CPU (the spec's blocks).
 _cross_entropy_backward_tpu_blocks = {
     None: {"default": (16, 2048)},
-    "v5e": {"default": (16, 2048)},
-    "v6e": {"default": (16, 2048)},
+    "v5e": {"default": (16, 2048), (4096, 32768): (64, 16384)},
+    "v6e": {"default": (16, 2048), (4096, 32768): (64, 16384)},
 }
 
 

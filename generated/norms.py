@@ -791,8 +791,8 @@ def _layer_norm_with_residuals_kernel(
 # (the spec's blocks).
 _layer_norm_with_residuals_tpu_blocks = {
     None: {"default": (16,)},
-    "v5e": {"default": (16,)},
-    "v6e": {"default": (16,)},
+    "v5e": {"default": (16,), (8192, 4096): (256,)},
+    "v6e": {"default": (16,), (8192, 4096): (256,)},
 }
 
 
@@ -1126,8 +1126,8 @@ def _layer_norm_backward_kernel(
 # (the spec's blocks).
 _layer_norm_backward_tpu_blocks = {
     None: {"default": (16,)},
-    "v5e": {"default": (16,)},
-    "v6e": {"default": (16,)},
+    "v5e": {"default": (16,), (8192, 4096): (64,)},
+    "v6e": {"default": (16,), (8192, 4096): (64,)},
 }
 
 
@@ -1454,8 +1454,8 @@ def _layer_norm_backward_over_m_kernel(
 # (the spec's blocks).
 _layer_norm_backward_over_m_tpu_blocks = {
     None: {"default": (16,)},
-    "v5e": {"default": (16,)},
-    "v6e": {"default": (16,)},
+    "v5e": {"default": (16,), (8192, 4096): (256,)},
+    "v6e": {"default": (16,), (8192, 4096): (256,)},
 }
 
 

@@ -672,8 +672,8 @@ def _softmax_with_residuals_kernel(
 # (the spec's blocks).
 _softmax_with_residuals_tpu_blocks = {
     None: {"default": (8,)},
-    "v5e": {"default": (8,)},
-    "v6e": {"default": (8,)},
+    "v5e": {"default": (8,), (4096, 4096): (256,)},
+    "v6e": {"default": (8,), (4096, 4096): (128,)},
 }
 
 
@@ -936,8 +936,8 @@ def _softmax_backward_kernel(
 # (the spec's blocks).
 _softmax_backward_tpu_blocks = {
     None: {"default": (8,)},
-    "v5e": {"default": (8,)},
-    "v6e": {"default": (8,)},
+    "v5e": {"default": (8,), (4096, 4096): (128,)},
+    "v6e": {"default": (8,), (4096, 4096): (128,)},
 }
 
 
