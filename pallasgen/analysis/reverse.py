@@ -77,7 +77,7 @@ def not_generated_yet(checked: CheckedKernel) -> str | None:
     """What the kernel has that backward kernels are not generated for yet (None: they
     are): a matrix product, an input whose dimensions are in another order than the
     kernel's, or one broadcast over two blocked dimensions. (Reverse raises NotYet
-    where a cotangent would need a sum over a blocked dimension before a reduction.)"""
+    where a reduction's cotangent would need sums over two blocked dimensions first.)"""
     if checked.product is not None or checked.fused is not None:
         return "a matrix product"
     layout = checked.space.layout
@@ -85,7 +85,7 @@ def not_generated_yet(checked: CheckedKernel) -> str | None:
         if decl.dims != tuple(dim for dim in layout if dim in decl.dims):
             return "an input whose dimensions are in another order than the kernel's"
         if is_float(decl) and len([d for d in layout if d not in decl.dims and d in checked.blocks]) > 1:
-            return "an input broadcast over two dimensions"
+            return "an input broadcast over two blocked dimensions"
     return None
 
 
