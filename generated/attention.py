@@ -655,8 +655,8 @@ def _attention_saving(
 def _attention_vjp(saved, cotangents, *, scale, interpret):
     """The cotangents of `attention`'s inputs from those of its outputs, for jax.grad, by the
     generated backward kernels attention_backward_dq, attention_backward_dkdv. The forward
-    pass saves its inputs (q, k, v) and nothing else: the backward kernels recompute the
-    values they need (s, p) from them.
+    pass saves its inputs (q, k, v) and its outputs o, lse (read, not recomputed): the
+    backward kernels recompute the values they need (s, p) from them.
     """
     q, k, v, o, lse = saved
     do, dlse = cotangents
@@ -4115,8 +4115,9 @@ def _attention_full_saving(
 def _attention_full_vjp(saved, cotangents, *, scale, interpret):
     """The cotangents of `attention_full`'s inputs from those of its outputs, for jax.grad, by
     the generated backward kernels attention_full_backward_dq, attention_full_backward_dkdv.
-    The forward pass saves its inputs (q, k, v) and nothing else: the backward kernels
-    recompute the values they need from them.
+    The forward pass saves its inputs (q, k, v), its outputs o (read, not recomputed) and
+    the residuals lse (forward values that cost more to recompute than to save): the
+    backward kernels recompute the values they need from them.
     """
     q, k, v, o, lse = saved
     do = cotangents
@@ -6287,8 +6288,10 @@ def _attention_bottom_right_saving(
 def _attention_bottom_right_vjp(saved, cotangents, *, scale, interpret):
     """The cotangents of `attention_bottom_right`'s inputs from those of its outputs, for
     jax.grad, by the generated backward kernels attention_bottom_right_backward_dq,
-    attention_bottom_right_backward_dkdv. The forward pass saves its inputs (q, k, v) and
-    nothing else: the backward kernels recompute the values they need (s) from them.
+    attention_bottom_right_backward_dkdv. The forward pass saves its inputs (q, k, v), its
+    outputs o (read, not recomputed) and the residuals lse (forward values that cost more to
+    recompute than to save): the backward kernels recompute the values they need (s) from
+    them.
     """
     q, k, v, o, lse = saved
     do = cotangents
@@ -8842,8 +8845,9 @@ def _gqa_saving(
 def _gqa_vjp(saved, cotangents, *, interpret):
     """The cotangents of `gqa`'s inputs from those of its outputs, for jax.grad, by the
     generated backward kernels gqa_backward_dq, gqa_backward_dkdv, gqa_backward_over_r. The
-    forward pass saves its inputs (q, k, v) and nothing else: the backward kernels recompute
-    the values they need (s) from them.
+    forward pass saves its inputs (q, k, v), its outputs o (read, not recomputed) and the
+    residuals lse (forward values that cost more to recompute than to save): the backward
+    kernels recompute the values they need (s) from them.
     """
     q, k, v, o, lse = saved
     do = cotangents
@@ -11091,8 +11095,8 @@ def matmul_softmax(
     Returns:
       y: f32[M, N].
 
-    Gradients: not generated yet for a matrix product: jax.grad of it raises
-    NotImplementedError.
+    Gradients: not generated yet for a product fused with a reduction or a computed operand,
+    other than attention's: jax.grad of it raises NotImplementedError.
     """
     (x, w), sizes = _operands(
         "matmul_softmax", {"x": (x, jnp.bfloat16, ("M", "K")), "w": (w, jnp.bfloat16, ("K", "N"))}
@@ -11191,11 +11195,12 @@ def _matmul_softmax_forward(
 
 
 def _matmul_softmax_vjp(saved, cotangents):
-    """`matmul_softmax` has no backward pass yet: none is generated for a matrix product."""
+    """`matmul_softmax` has no backward pass yet: none is generated for a product fused with a reduction or a computed operand, other than attention's."""
     raise NotImplementedError(
-        "matmul_softmax is not differentiable yet: pallasgen generates backward "
-        "kernels for elementwise kernels only, not yet for a matrix product; `grad "
-        "none` in specs/attention.pallas says it is never differentiated"
+        "matmul_softmax is not differentiable yet: pallasgen generates no backward "
+        "kernels yet for a product fused with a reduction or a computed operand, "
+        "other than attention's; `grad none` in specs/attention.pallas says it is "
+        "never differentiated"
     )
 
 
@@ -11425,8 +11430,8 @@ def rmsnorm_matmul(
     Returns:
       y: bf16[M, N].
 
-    Gradients: not generated yet for a matrix product: jax.grad of it raises
-    NotImplementedError.
+    Gradients: not generated yet for a product fused with a reduction or a computed operand,
+    other than attention's: jax.grad of it raises NotImplementedError.
     """
     (x, g, w), sizes = _operands(
         "rmsnorm_matmul",
@@ -11542,11 +11547,12 @@ def _rmsnorm_matmul_forward(
 
 
 def _rmsnorm_matmul_vjp(saved, cotangents):
-    """`rmsnorm_matmul` has no backward pass yet: none is generated for a matrix product."""
+    """`rmsnorm_matmul` has no backward pass yet: none is generated for a product fused with a reduction or a computed operand, other than attention's."""
     raise NotImplementedError(
-        "rmsnorm_matmul is not differentiable yet: pallasgen generates backward "
-        "kernels for elementwise kernels only, not yet for a matrix product; `grad "
-        "none` in specs/attention.pallas says it is never differentiated"
+        "rmsnorm_matmul is not differentiable yet: pallasgen generates no backward "
+        "kernels yet for a product fused with a reduction or a computed operand, "
+        "other than attention's; `grad none` in specs/attention.pallas says it is "
+        "never differentiated"
     )
 
 

@@ -461,7 +461,8 @@ def cross_entropy(
     Returns:
       loss: f32[M].
 
-    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
+    Gradients: jax.grad runs the generated backward kernels cross_entropy_backward
+    (_cross_entropy_vjp).
     """
     (logits, label), sizes = _operands(
         "cross_entropy",
@@ -489,9 +490,22 @@ def cross_entropy(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _cross_entropy_vjp,
+        functools.partial(_cross_entropy_vjp, interpret=interpret),
         logits,
         label,
+        saving=functools.partial(
+            _cross_entropy_saving,
+            m=m,
+            v=v,
+            block_m=block_m,
+            block_v=block_v,
+            gpu_block_m=gpu_block_m,
+            gpu_block_v=gpu_block_v,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
     )
 
 
@@ -552,13 +566,50 @@ def _cross_entropy_forward(
     return loss
 
 
-def _cross_entropy_vjp(saved, cotangents):
-    """`cross_entropy` has no backward pass yet: none is generated for a reduction."""
-    raise NotImplementedError(
-        "cross_entropy is not differentiable yet: pallasgen generates backward "
-        "kernels for elementwise kernels only, not yet for a reduction; `grad none` "
-        "in specs/losses.pallas says it is never differentiated"
+def _cross_entropy_saving(
+    logits,
+    label,
+    *,
+    m,
+    v,
+    block_m,
+    block_v,
+    gpu_block_m,
+    gpu_block_v,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    interpret,
+):
+    """`cross_entropy` forward under jax.grad, by cross_entropy_with_residuals: its outputs,
+    and what its backward kernels read (logits, label, logsumexp_v).
+    """
+    loss, logsumexp_v = cross_entropy_with_residuals(
+        logits,
+        label,
+        block_m=block_m,
+        block_v=block_v,
+        gpu_block_m=gpu_block_m,
+        gpu_block_v=gpu_block_v,
+        gpu_warps=gpu_warps,
+        gpu_stages=gpu_stages,
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
+    return loss, (logits, label, logsumexp_v)
+
+
+def _cross_entropy_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `cross_entropy`'s inputs from those of its outputs, for jax.grad, by
+    the generated backward kernels cross_entropy_backward. The forward pass saves its inputs
+    (logits, label) and the residuals logsumexp_v (forward values that cost more to
+    recompute than to save): the backward kernels recompute the values they need (z) from
+    them. Integer and bool inputs (label) get None: float0 cotangents.
+    """
+    logits, label, logsumexp_v = saved
+    dloss = cotangents
+    dlogits = cross_entropy_backward(logits, label, logsumexp_v, dloss, interpret=interpret)
+    return dlogits, None
 
 
 def _cross_entropy_kernel(
@@ -850,3 +901,731 @@ def _cross_entropy_mosaic_gpu(logits, label, *, m, v, interpret):
         interpret=interpret,
     )(logits, label)
     return loss[:m].reshape((m, 1))
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_v",
+        "gpu_block_m",
+        "gpu_block_v",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def cross_entropy_with_residuals(
+    logits,
+    label,
+    *,
+    block_m=None,
+    block_v=None,
+    gpu_block_m=None,
+    gpu_block_v=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """`cross_entropy` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (logsumexp_v).
+
+    Args:
+      logits: bf16[M, V].
+      label: i32[M].
+      block_m, block_v: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_cross_entropy_with_residuals_tpu_blocks),
+        grown to large steps (_grown), else 16, 2048.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      loss: f32[M]; logsumexp_v: f32[M].
+    """
+    (logits, label), sizes = _operands(
+        "cross_entropy_with_residuals",
+        {"logits": (logits, jnp.bfloat16, ("M", "V")), "label": (label, jnp.int32, ("M",))},
+    )
+    _check_blocks(
+        "cross_entropy_with_residuals", block_m=block_m, block_v=block_v, may_be_none=True
+    )
+    _check_blocks(
+        "cross_entropy_with_residuals",
+        gpu_block_m=gpu_block_m,
+        gpu_block_v=gpu_block_v,
+        may_be_none=True,
+    )
+    m = sizes["M"]
+    v = sizes["V"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            cross_entropy_with_residuals_reference,
+            (((m,), jnp.float32), ((m,), jnp.float32)),
+            logits,
+            label,
+        )
+    label = label.reshape(m, 1)  # label: i32[M], broadcast over V
+    loss, logsumexp_v = _on_platform(
+        functools.partial(
+            _cross_entropy_with_residuals_tpu, m=m, v=v, block_m=block_m, block_v=block_v
+        ),
+        _gpu_kernel(
+            "cross_entropy_with_residuals",
+            gpu_backend,
+            functools.partial(
+                _cross_entropy_with_residuals_gpu,
+                m=m,
+                v=v,
+                block_m=gpu_block_m,
+                block_v=gpu_block_v,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_cross_entropy_with_residuals_mosaic_gpu, m=m, v=v),
+        ),
+        interpret,
+        logits,
+        label,
+    )
+    loss = loss.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
+    logsumexp_v = logsumexp_v.reshape(
+        (m,)
+    )  # the kernel holds it with size 1 along the dimensions it lacks
+    return loss, logsumexp_v
+
+
+def cross_entropy_with_residuals_reference(logits, label):
+    """`cross_entropy_with_residuals` in plain jax.numpy, to test the kernel against."""
+    m = logits.shape[0]
+    v = logits.shape[1]
+    label = label[:, None]
+    z = logits.astype(jnp.float32)
+    logsumexp_v = jax.nn.logsumexp(z, axis=1, keepdims=True)
+    loss = logsumexp_v - jnp.sum(
+        jnp.where(jax.lax.broadcasted_iota(jnp.int32, (1, v), 1) == label, z, 0),
+        axis=1,
+        keepdims=True,
+        dtype=jnp.float32,
+    )
+    loss = loss.reshape((m,))
+    logsumexp_v = logsumexp_v.reshape((m,))
+    return loss, logsumexp_v
+
+
+def _cross_entropy_with_residuals_kernel(
+    logits_ref,
+    label_ref,
+    loss_ref,
+    logsumexp_v_ref,
+    logsumexp_v__max_ref,
+    logsumexp_v__sum_ref,
+    sum_v_running_ref,
+    *,
+    m,
+    v,
+    block_m,
+    block_v,
+):
+    step = pl.program_id(1)
+
+    @pl.when(step == 0)
+    def _init():
+        logsumexp_v__max_ref[...] = jnp.full(logsumexp_v__max_ref.shape, -jnp.inf, jnp.float32)
+        logsumexp_v__sum_ref[...] = jnp.full(logsumexp_v__sum_ref.shape, 0.0, jnp.float32)
+        sum_v_running_ref[...] = jnp.full(sum_v_running_ref.shape, 0.0, jnp.float32)
+
+    logits = logits_ref[...]
+    label = label_ref[...]
+    z = logits.astype(jnp.float32)
+    logsumexp_v__block = z
+    if v % block_v:  # a ragged V: its identity past the end, never padding
+        logsumexp_v__block = _fill_past(logsumexp_v__block, step * block_v, v, 1, -jnp.inf)
+    logsumexp_v__max_ref[...], logsumexp_v__sum_ref[...] = _logsumexp_step(
+        logsumexp_v__max_ref[...], logsumexp_v__sum_ref[...], logsumexp_v__block, 1
+    )
+    sum_v_block = jnp.where(
+        pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label,
+        z,
+        0,
+    )
+    if v % block_v:  # a ragged V: its identity past the end, never padding
+        sum_v_block = _fill_past(sum_v_block, step * block_v, v, 1, 0.0)
+    sum_v_running_ref[...] = sum_v_running_ref[...] + jnp.sum(sum_v_block, axis=1, keepdims=True)
+
+    @pl.when(step == pl.num_programs(1) - 1)
+    def _finish():
+        logsumexp_v_ = _logsumexp_finish(logsumexp_v__max_ref[...], logsumexp_v__sum_ref[...])
+        sum_v = sum_v_running_ref[...]
+        logsumexp_v = logsumexp_v_
+        logsumexp_v_ref[...] = logsumexp_v
+        loss_ref[...] = logsumexp_v - sum_v
+
+
+# TPU blocks (block_m, block_v) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, V) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_cross_entropy_with_residuals_tpu_blocks = {
+    None: {"default": (16, 2048)},
+    "v5e": {"default": (16, 2048), (4096, 32768): (128, 16384)},
+    "v6e": {"default": (16, 2048), (4096, 32768): (128, 16384)},
+}
+
+
+def _cross_entropy_with_residuals_tpu(logits, label, *, m, v, block_m, block_v, interpret):
+    """`cross_entropy_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_v = _tpu_blocks(
+        _cross_entropy_with_residuals_tpu_blocks,
+        (m, v),
+        (block_m, block_v),
+        grow=functools.partial(
+            _grown,
+            bounds=(m, v),
+            step=lambda block_m, block_v: (
+                block_m * block_v,
+                16 * block_m * block_v + 24 * block_m,
+            ),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_v = min(block_v, v)  # a small V is one whole block
+    _check_tiling(
+        "cross_entropy_with_residuals",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_v=(block_v, v, 128, "V is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 512.4 KiB = 2 buffers x (logits 64.0 KiB + label 64 B +
+    # loss 64 B + logsumexp_v 64 B) + logsumexp's 32-bit copy of a block 128.0 KiB + sum's
+    # 32-bit copy of a block 128.0 KiB + let z 128.0 KiB.
+    return pl.pallas_call(
+        functools.partial(
+            _cross_entropy_with_residuals_kernel, m=m, v=v, block_m=block_m, block_v=block_v
+        ),
+        # One step per block of M, block of V. Steps along M are independent (parallel); steps
+        # along V accumulate in order (arbitrary).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(v, block_v)),
+        in_specs=[
+            # logits: bf16[M, V]
+            pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),
+            # label: i32[M], broadcast over V
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+        ],
+        out_specs=(
+            # loss: f32[M], broadcast over V
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            # logsumexp_v: f32[M], broadcast over V
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # loss
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # logsumexp_v
+        ),
+        scratch_shapes=[
+            # logsumexp_v__max_ref: the running logsumexp over V of one block
+            pltpu.VMEM((block_m, 1), jnp.float32),
+            # logsumexp_v__sum_ref: the running logsumexp over V of one block
+            pltpu.VMEM((block_m, 1), jnp.float32),
+            # sum_v_running_ref: the running sum over V of one block
+            pltpu.VMEM((block_m, 1), jnp.float32),
+        ],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(16 * block_m * block_v + 24 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=6 * m * v,
+            transcendentals=m * v,
+            bytes_accessed=_nbytes(logits, label) + m * v * 4 + m * v * 4,
+        ),
+        interpret=interpret,
+        name="cross_entropy_with_residuals",
+    )(logits, label)
+
+
+def _cross_entropy_with_residuals_gpu_kernel(
+    logits_ref, label_ref, loss_ref, logsumexp_v_ref, *, m, v, block_m, block_v
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    inside = _mask((block_m, 1), in_m, None)
+    label = _load(label_ref, inside)
+
+    def accumulate(index, running):
+        logsumexp_v__max, logsumexp_v__sum, sum_v_running = running
+        start = index * block_v
+        in_v = _inside(start, block_v, v)
+        logits = _load(
+            logits_ref.at[:, pl.ds(start, block_v)], _mask((block_m, block_v), in_m, in_v)
+        )
+        z = logits.astype(jnp.float32)
+        logsumexp_v__block = z
+        if v % block_v:  # a ragged V: its identity past the end, never padding
+            logsumexp_v__block = _fill_past(logsumexp_v__block, start, v, 1, -jnp.inf)
+        logsumexp_v__max, logsumexp_v__sum = _logsumexp_step(
+            logsumexp_v__max, logsumexp_v__sum, logsumexp_v__block, 1
+        )
+        sum_v_block = jnp.where(
+            start + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0
+        )
+        if v % block_v:  # a ragged V: its identity past the end, never padding
+            sum_v_block = _fill_past(sum_v_block, start, v, 1, 0.0)
+        sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1, keepdims=True)
+        return logsumexp_v__max, logsumexp_v__sum, sum_v_running
+
+    logsumexp_v__max, logsumexp_v__sum, sum_v_running = jax.lax.fori_loop(
+        0,
+        pl.cdiv(v, block_v),
+        accumulate,
+        (
+            jnp.full((block_m, 1), -jnp.inf, jnp.float32),
+            jnp.full((block_m, 1), 0.0, jnp.float32),
+            jnp.full((block_m, 1), 0.0, jnp.float32),
+        ),
+    )
+    logsumexp_v_ = _logsumexp_finish(logsumexp_v__max, logsumexp_v__sum)
+    sum_v = sum_v_running
+    logsumexp_v = logsumexp_v_
+    _store(logsumexp_v_ref, logsumexp_v, inside)
+    _store(loss_ref, logsumexp_v - sum_v, inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, V) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_cross_entropy_with_residuals_gpu_options = {None: (1, 1024, 4, 1)}
+
+
+def _cross_entropy_with_residuals_gpu(
+    logits, label, *, m, v, block_m, block_v, num_warps, num_stages, interpret
+):
+    """`cross_entropy_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_v, num_warps, num_stages = _gpu_options(
+        _cross_entropy_with_residuals_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_v = min(block_v, pl.next_power_of_2(v))  # a small V is one block
+    return pl.pallas_call(
+        functools.partial(
+            _cross_entropy_with_residuals_gpu_kernel, m=m, v=v, block_m=block_m, block_v=block_v
+        ),
+        # One program per block of M; programs run concurrently. Each loops over V itself,
+        # accumulating in order.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # logits: bf16[M, V]
+            pl.BlockSpec((block_m, v), lambda i: (i, 0)),
+            # label: i32[M], broadcast over V
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ],
+        out_specs=(
+            # loss: f32[M], broadcast over V
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # logsumexp_v: f32[M], broadcast over V
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # loss
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # logsumexp_v
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="cross_entropy_with_residuals",
+    )(logits, label)
+
+
+def _cross_entropy_with_residuals_mosaic_gpu_kernel(
+    logits_ref,
+    label_ref,
+    loss_ref,
+    logsumexp_v_ref,
+    barrier,
+    label_smem,
+    loss_smem,
+    logsumexp_v_smem,
+    *,
+    block_m,
+    block_v,
+    v,
+):
+    program_m = jax.lax.axis_index("M")
+    plgpu.copy_gmem_to_smem(
+        label_ref.at[pl.ds(program_m * block_m, block_m)], label_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+    label = _mgpu_load_vector(label_smem, 0)
+
+    def reduce_1(indices, logits_smem, carry):
+        logsumexp_v__running, logsumexp_v__index, sum_v_running = carry
+        start = indices[0] * block_v
+        logits = _mgpu_load(logits_smem, (block_m, block_v), (0, 1))
+        z = logits.astype(jnp.float32)
+        logsumexp_v__block = z
+        if v % block_v:  # a ragged V: its identity past the end
+            logsumexp_v__block = jnp.where(
+                _mgpu_positions(start, (block_m, block_v), 1) < v, logsumexp_v__block, -jnp.inf
+            )
+        logsumexp_v__running, logsumexp_v__index = _mgpu_logsumexp_step(
+            logsumexp_v__running, logsumexp_v__index, logsumexp_v__block, 1
+        )
+        sum_v_block = jnp.where(
+            _mgpu_positions(start, (block_m, block_v), 1)
+            == _mgpu_spread(label, (block_m, block_v), 0),
+            z,
+            0,
+        )
+        if v % block_v:  # a ragged V: its identity past the end
+            sum_v_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_v), 1) < v, sum_v_block, 0.0
+            )
+        sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1)
+        return (logsumexp_v__running, logsumexp_v__index, sum_v_running)
+
+    logsumexp_v__running, logsumexp_v__index, sum_v_running = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(logits_ref.shape[1] // block_v,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_v),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_v),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            _mgpu_full(block_m, 0.0, jnp.float32, 0),
+            _mgpu_full(block_m, 0.0, jnp.float32, 0),
+        ),
+    )(logits_ref)
+    logsumexp_v_ = _logsumexp_finish(logsumexp_v__running, logsumexp_v__index)
+    sum_v = sum_v_running
+    logsumexp_v = logsumexp_v_
+    loss = logsumexp_v - sum_v
+    loss_smem[...] = loss
+    logsumexp_v_smem[...] = logsumexp_v
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(loss_smem, loss_ref.at[pl.ds(program_m * block_m, block_m)])
+    plgpu.copy_smem_to_gmem(
+        logsumexp_v_smem, logsumexp_v_ref.at[pl.ds(program_m * block_m, block_m)]
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _cross_entropy_with_residuals_mosaic_gpu(logits, label, *, m, v, interpret):
+    """`cross_entropy_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_v = 128
+    padded_m = m + -m % block_m
+    padded_v = v + -v % block_v
+    logits = _mgpu_pad(logits, (padded_m, padded_v))
+    label = label.reshape((m,))
+    label = _mgpu_pad(label, (padded_m,))
+    loss, logsumexp_v = plgpu.kernel(
+        functools.partial(
+            _cross_entropy_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_v=block_v, v=v
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
+        ),
+        scratch_types=[
+            plgpu.Barrier(num_barriers=1),
+            plgpu.SMEM((block_m,), jnp.int32),
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM((block_m,), jnp.float32),
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(logits, label)
+    return loss[:m].reshape((m, 1)), logsumexp_v[:m].reshape((m, 1))
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_v",
+        "gpu_block_m",
+        "gpu_block_v",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def cross_entropy_backward(
+    logits,
+    label,
+    logsumexp_v,
+    dloss,
+    *,
+    block_m=None,
+    block_v=None,
+    gpu_block_m=None,
+    gpu_block_v=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `cross_entropy`, generated from its spec: the cotangents dlogits
+    of its inputs from dloss, those of its outputs.
+
+    Args:
+      logits: bf16[M, V].
+      label: i32[M].
+      logsumexp_v: f32[M].
+      dloss: f32[M].
+      block_m, block_v: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_cross_entropy_backward_tpu_blocks),
+        grown to large steps (_grown), else 16, 2048.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: index() outside a kernel that reduces is not
+        on Mosaic GPU yet.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dlogits: bf16[M, V].
+    """
+    (logits, label, logsumexp_v, dloss), sizes = _operands(
+        "cross_entropy_backward",
+        {
+            "logits": (logits, jnp.bfloat16, ("M", "V")),
+            "label": (label, jnp.int32, ("M",)),
+            "logsumexp_v": (logsumexp_v, jnp.float32, ("M",)),
+            "dloss": (dloss, jnp.float32, ("M",)),
+        },
+    )
+    _check_blocks("cross_entropy_backward", block_m=block_m, block_v=block_v, may_be_none=True)
+    _check_blocks(
+        "cross_entropy_backward", gpu_block_m=gpu_block_m, gpu_block_v=gpu_block_v, may_be_none=True
+    )
+    m = sizes["M"]
+    v = sizes["V"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            cross_entropy_backward_reference,
+            (((m, v), jnp.bfloat16),),
+            logits,
+            label,
+            logsumexp_v,
+            dloss,
+        )
+    label = label.reshape(m, 1)  # label: i32[M], broadcast over V
+    logsumexp_v = logsumexp_v.reshape(m, 1)  # logsumexp_v: f32[M], broadcast over V
+    dloss = dloss.reshape(m, 1)  # dloss: f32[M], broadcast over V
+    return _on_platform(
+        functools.partial(_cross_entropy_backward_tpu, m=m, v=v, block_m=block_m, block_v=block_v),
+        _gpu_kernel(
+            "cross_entropy_backward",
+            gpu_backend,
+            functools.partial(
+                _cross_entropy_backward_gpu,
+                m=m,
+                v=v,
+                block_m=gpu_block_m,
+                block_v=gpu_block_v,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
+        ),
+        interpret,
+        logits,
+        label,
+        logsumexp_v,
+        dloss,
+    )
+
+
+def cross_entropy_backward_reference(logits, label, logsumexp_v, dloss):
+    """`cross_entropy_backward` in plain jax.numpy, to test the kernel against."""
+    m = logits.shape[0]
+    v = logits.shape[1]
+    label = label[:, None]
+    logsumexp_v = logsumexp_v[:, None]
+    dloss = dloss[:, None]
+    z = logits.astype(jnp.float32)
+    loss_1 = jax.lax.broadcasted_iota(jnp.int32, (1, v), 1) == label
+    dz = dloss * jnp.exp(z - logsumexp_v) + jnp.where(loss_1, -dloss, 0)
+    dlogits = dz.astype(jnp.bfloat16)
+    return dlogits
+
+
+def _cross_entropy_backward_kernel(
+    logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref, *, m, v, block_m, block_v
+):
+    logits = logits_ref[...]
+    label = label_ref[...]
+    logsumexp_v = logsumexp_v_ref[...]
+    dloss = dloss_ref[...]
+    z = logits.astype(jnp.float32)
+    loss_1 = (
+        pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label
+    )
+    dz = dloss * jnp.exp(z - logsumexp_v) + jnp.where(loss_1, -dloss, 0)
+    dlogits_ref[...] = dz.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_m, block_v) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, V) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_cross_entropy_backward_tpu_blocks = {
+    None: {"default": (16, 2048)},
+    "v5e": {"default": (16, 2048), (4096, 32768): (64, 16384)},
+    "v6e": {"default": (16, 2048), (4096, 32768): (64, 16384)},
+}
+
+
+def _cross_entropy_backward_tpu(
+    logits, label, logsumexp_v, dloss, *, m, v, block_m, block_v, interpret
+):
+    """`cross_entropy_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_v = _tpu_blocks(
+        _cross_entropy_backward_tpu_blocks,
+        (m, v),
+        (block_m, block_v),
+        grow=functools.partial(
+            _grown,
+            bounds=(m, v),
+            step=lambda block_m, block_v: (
+                block_m * block_v,
+                20 * block_m * block_v + 24 * block_m,
+            ),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_v = min(block_v, v)  # a small V is one whole block
+    _check_tiling(
+        "cross_entropy_backward",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_v=(block_v, v, 128, "V is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 640.4 KiB = 2 buffers x (logits 64.0 KiB + label 64 B +
+    # logsumexp_v 64 B + dloss 64 B + dlogits 64.0 KiB) + let z 128.0 KiB + let loss_1
+    # 128.0 KiB + let dz 128.0 KiB.
+    return pl.pallas_call(
+        functools.partial(
+            _cross_entropy_backward_kernel, m=m, v=v, block_m=block_m, block_v=block_v
+        ),
+        # One step per block of M, block of V; steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m), pl.cdiv(v, block_v)),
+        in_specs=[
+            # logits: bf16[M, V]
+            pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),
+            # label: i32[M], broadcast over V
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            # logsumexp_v: f32[M], broadcast over V
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            # dloss: f32[M], broadcast over V
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+        ],
+        # dlogits: bf16[M, V]
+        out_specs=pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, v), jnp.bfloat16),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(20 * block_m * block_v + 24 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=9 * m * v,
+            transcendentals=m * v,
+            bytes_accessed=_nbytes(logits, label, logsumexp_v, dloss) + m * v * 2,
+        ),
+        interpret=interpret,
+        name="cross_entropy_backward",
+    )(logits, label, logsumexp_v, dloss)
+
+
+def _cross_entropy_backward_gpu_kernel(
+    logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref, *, m, v, block_m, block_v
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_v = _inside(pl.program_id(1) * block_v, block_v, v)
+    inside = _mask((block_m, block_v), in_m, in_v)
+    logits = _load(logits_ref, inside)
+    label = _load(label_ref, _mask((block_m, 1), in_m, None))
+    logsumexp_v = _load(logsumexp_v_ref, _mask((block_m, 1), in_m, None))
+    dloss = _load(dloss_ref, _mask((block_m, 1), in_m, None))
+    z = logits.astype(jnp.float32)
+    loss_1 = (
+        pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label
+    )
+    dz = dloss * jnp.exp(z - logsumexp_v) + jnp.where(loss_1, -dloss, 0)
+    _store(dlogits_ref, dz.astype(jnp.bfloat16), inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, V) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_cross_entropy_backward_gpu_options = {None: (8, 128, 4, 1)}
+
+
+def _cross_entropy_backward_gpu(
+    logits, label, logsumexp_v, dloss, *, m, v, block_m, block_v, num_warps, num_stages, interpret
+):
+    """`cross_entropy_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_v, num_warps, num_stages = _gpu_options(
+        _cross_entropy_backward_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_v = min(block_v, pl.next_power_of_2(v))  # a small V is one block
+    return pl.pallas_call(
+        functools.partial(
+            _cross_entropy_backward_gpu_kernel, m=m, v=v, block_m=block_m, block_v=block_v
+        ),
+        # One program per block of M, block of V; programs run concurrently.
+        grid=(pl.cdiv(m, block_m), pl.cdiv(v, block_v)),
+        in_specs=[
+            # logits: bf16[M, V]
+            pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),
+            # label: i32[M], broadcast over V
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            # logsumexp_v: f32[M], broadcast over V
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            # dloss: f32[M], broadcast over V
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+        ],
+        # dlogits: bf16[M, V]
+        out_specs=pl.BlockSpec((block_m, block_v), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, v), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="cross_entropy_backward",
+    )(logits, label, logsumexp_v, dloss)
+
+
+# `cross_entropy_backward` has no Mosaic GPU kernel (index() outside a kernel that
+# reduces is not on Mosaic GPU yet): it runs on Triton.

@@ -1624,8 +1624,9 @@ def _matmul_relu_saving(
 def _matmul_relu_vjp(saved, cotangents, *, interpret):
     """The cotangents of `matmul_relu`'s inputs from those of its outputs, for jax.grad, by the
     generated backward kernels matmul_relu_backward_epilogue, matmul_relu_backward_x,
-    matmul_relu_backward_y. The forward pass saves its inputs (x, y) and nothing else: the
-    backward kernels recompute the values they need from them.
+    matmul_relu_backward_y. The forward pass saves its inputs (x, y) and the residuals acc
+    (forward values that cost more to recompute than to save): the backward kernels
+    recompute the values they need from them.
     """
     x, y, acc = saved
     dz = cotangents
@@ -3343,8 +3344,9 @@ def _matmul_bias_gelu_vjp(saved, cotangents, *, interpret):
     """The cotangents of `matmul_bias_gelu`'s inputs from those of its outputs, for jax.grad,
     by the generated backward kernels matmul_bias_gelu_backward_epilogue,
     matmul_bias_gelu_backward_over_m, matmul_bias_gelu_backward_x,
-    matmul_bias_gelu_backward_y. The forward pass saves its inputs (x, y, bias) and nothing
-    else: the backward kernels recompute the values they need from them.
+    matmul_bias_gelu_backward_y. The forward pass saves its inputs (x, y, bias) and the
+    residuals acc (forward values that cost more to recompute than to save): the backward
+    kernels recompute the values they need from them.
     """
     x, y, bias, acc = saved
     dz = cotangents

@@ -433,7 +433,8 @@ def layer_norm(
     Returns:
       y: bf16[M, N]; mu: f32[M]; rstd: f32[M].
 
-    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
+    Gradients: jax.grad runs the generated backward kernels layer_norm_backward,
+    layer_norm_backward_over_m (_layer_norm_vjp).
     """
     (x, w, b), sizes = _operands(
         "layer_norm",
@@ -469,10 +470,22 @@ def layer_norm(
             eps=eps,
             interpret=interpret,
         ),
-        _layer_norm_vjp,
+        functools.partial(_layer_norm_vjp, eps=eps, interpret=interpret),
         x,
         w,
         b,
+        saving=functools.partial(
+            _layer_norm_saving,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            eps=eps,
+            interpret=interpret,
+        ),
     )
 
 
@@ -524,13 +537,39 @@ def _layer_norm_forward(
     return y, mu, rstd
 
 
-def _layer_norm_vjp(saved, cotangents):
-    """`layer_norm` has no backward pass yet: none is generated for a reduction."""
-    raise NotImplementedError(
-        "layer_norm is not differentiable yet: pallasgen generates backward kernels "
-        "for elementwise kernels only, not yet for a reduction; `grad none` in "
-        "specs/norms.pallas says it is never differentiated"
+def _layer_norm_saving(
+    x, w, b, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, eps, interpret
+):
+    """`layer_norm` forward under jax.grad, by layer_norm_with_residuals: its outputs, and what
+    its backward kernels read (x, w, mu, rstd, mean_n).
+    """
+    y, mu, rstd, mean_n = layer_norm_with_residuals(
+        x,
+        w,
+        b,
+        block_m=block_m,
+        gpu_block_m=gpu_block_m,
+        gpu_warps=gpu_warps,
+        gpu_stages=gpu_stages,
+        gpu_backend=gpu_backend,
+        eps=eps,
+        interpret=interpret,
     )
+    return (y, mu, rstd), (x, w, mu, rstd, mean_n)
+
+
+def _layer_norm_vjp(saved, cotangents, *, eps, interpret):
+    """The cotangents of `layer_norm`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels layer_norm_backward, layer_norm_backward_over_m. The forward
+    pass saves its inputs (x, w, b), its outputs mu, rstd (read, not recomputed) and the
+    residuals mean_n (forward values that cost more to recompute than to save): the backward
+    kernels recompute the values they need (h, d) from them.
+    """
+    x, w, mu, rstd, mean_n = saved
+    dy, dmu, drstd = cotangents
+    dx = layer_norm_backward(x, w, mu, rstd, mean_n, dy, dmu, drstd, eps=eps, interpret=interpret)
+    dw, db = layer_norm_backward_over_m(x, mu, rstd, dy, interpret=interpret)
+    return dx, dw, db
 
 
 def _layer_norm_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, m, n, block_m, eps):
@@ -861,6 +900,1260 @@ def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
         "interpret",
     ),
 )
+def layer_norm_with_residuals(
+    x,
+    w,
+    b,
+    *,
+    block_m=None,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    eps=1e-05,
+    interpret=None,
+):
+    """`layer_norm` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (mean_n).
+
+    Args:
+      x: bf16[M, N].
+      w: f32[N].
+      b: f32[N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_with_residuals_tpu_blocks),
+        grown to large steps (_grown), else 16.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      eps: a static f32 (default 1e-05).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      y: bf16[M, N]; mu: f32[M]; rstd: f32[M]; mean_n: f32[M].
+    """
+    (x, w, b), sizes = _operands(
+        "layer_norm_with_residuals",
+        {
+            "x": (x, jnp.bfloat16, ("M", "N")),
+            "w": (w, jnp.float32, ("N",)),
+            "b": (b, jnp.float32, ("N",)),
+        },
+    )
+    _check_blocks("layer_norm_with_residuals", block_m=block_m, may_be_none=True)
+    _check_blocks("layer_norm_with_residuals", gpu_block_m=gpu_block_m, may_be_none=True)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            layer_norm_with_residuals_reference,
+            (((m, n), jnp.bfloat16), ((m,), jnp.float32), ((m,), jnp.float32), ((m,), jnp.float32)),
+            x,
+            w,
+            b,
+            eps=eps,
+        )
+    w = w.reshape(1, n)  # w: f32[N], broadcast over M
+    b = b.reshape(1, n)  # b: f32[N], broadcast over M
+    y, mu, rstd, mean_n = _on_platform(
+        functools.partial(_layer_norm_with_residuals_tpu, m=m, n=n, block_m=block_m, eps=eps),
+        _gpu_kernel(
+            "layer_norm_with_residuals",
+            gpu_backend,
+            functools.partial(
+                _layer_norm_with_residuals_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                eps=eps,
+            ),
+            functools.partial(_layer_norm_with_residuals_mosaic_gpu, m=m, n=n, eps=eps),
+        ),
+        interpret,
+        x,
+        w,
+        b,
+    )
+    mu = mu.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
+    rstd = rstd.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
+    mean_n = mean_n.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
+    return y, mu, rstd, mean_n
+
+
+def layer_norm_with_residuals_reference(x, w, b, *, eps=1e-05):
+    """`layer_norm_with_residuals` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    w = w[None, :]
+    b = b[None, :]
+    h = x.astype(jnp.float32)
+    mu = jnp.mean(h, axis=1, keepdims=True, dtype=jnp.float32)
+    d = h - mu
+    mean_n = jnp.mean((d * d), axis=1, keepdims=True, dtype=jnp.float32)
+    rstd = jax.lax.rsqrt(mean_n + eps)
+    y = (d * rstd * w + b).astype(jnp.bfloat16)
+    mu = mu.reshape((m,))
+    rstd = rstd.reshape((m,))
+    mean_n = mean_n.reshape((m,))
+    return y, mu, rstd, mean_n
+
+
+def _layer_norm_with_residuals_kernel(
+    x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref, *, m, n, block_m, eps
+):
+    x = x_ref[...]
+    w = w_ref[...]
+    b = b_ref[...]
+    h = x.astype(jnp.float32)
+    mu = jnp.sum(h, axis=1, keepdims=True) / n
+    mu_ref[...] = mu
+    d = h - mu
+    mean_n = jnp.sum((d * d), axis=1, keepdims=True) / n
+    mean_n_ref[...] = mean_n
+    rstd = jax.lax.rsqrt(mean_n + eps)
+    rstd_ref[...] = rstd
+    y_ref[...] = (d * rstd * w + b).astype(jnp.bfloat16)
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_layer_norm_with_residuals_tpu_blocks = {
+    None: {"default": (16,)},
+    "v5e": {"default": (16,), (8192, 4096): (256,)},
+    "v6e": {"default": (16,), (8192, 4096): (256,)},
+}
+
+
+def _layer_norm_with_residuals_tpu(x, w, b, *, m, n, block_m, eps, interpret):
+    """`layer_norm_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _layer_norm_with_residuals_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            _grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 24 * block_m * n + 16 * n + 24 * block_m),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "layer_norm_with_residuals",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + w 4 B + b 4
+    # B + y 32 B + mu 64 B + rstd 64 B + mean_n 64 B) + mean's 32-bit copy of a block 64 B
+    # + mean's 32-bit copy of a block 64 B + let h 64 B + let d 64 B.
+    return pl.pallas_call(
+        functools.partial(_layer_norm_with_residuals_kernel, m=m, n=n, block_m=block_m, eps=eps),
+        # One step per block of M (N taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # w: f32[N], broadcast over M
+            pl.BlockSpec((1, n), lambda i: (0, 0)),
+            # b: f32[N], broadcast over M
+            pl.BlockSpec((1, n), lambda i: (0, 0)),
+        ],
+        out_specs=(
+            # y: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # mu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # rstd: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mu
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # rstd
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mean_n
+        ),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(24 * block_m * n + 16 * n + 24 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=9 * m * n,
+            transcendentals=m * n,
+            bytes_accessed=_nbytes(x, w, b) + m * n * 2 + m * n * 4 + m * n * 4 + m * n * 4,
+        ),
+        interpret=interpret,
+        name="layer_norm_with_residuals",
+    )(x, w, b)
+
+
+def _layer_norm_with_residuals_gpu_kernel(
+    x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref, *, m, block_m, n, block_n, eps
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(0, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    x = _load(x_ref, inside)
+    w = _load(w_ref, _mask((1, block_n), None, in_n))
+    b = _load(b_ref, _mask((1, block_n), None, in_n))
+    h = x.astype(jnp.float32)
+    mu = jnp.sum(_fill_past(h, 0, n, 1, 0.0), axis=1, keepdims=True) / n
+    _store(mu_ref, mu, _mask((block_m, 1), in_m, None))
+    d = h - mu
+    mean_n = jnp.sum(_fill_past((d * d), 0, n, 1, 0.0), axis=1, keepdims=True) / n
+    _store(mean_n_ref, mean_n, _mask((block_m, 1), in_m, None))
+    rstd = jax.lax.rsqrt(mean_n + eps)
+    _store(rstd_ref, rstd, _mask((block_m, 1), in_m, None))
+    _store(y_ref, (d * rstd * w + b).astype(jnp.bfloat16), inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_layer_norm_with_residuals_gpu_options = {None: (1, 4, 1)}
+
+
+def _layer_norm_with_residuals_gpu(
+    x, w, b, *, m, n, block_m, num_warps, num_stages, eps, interpret
+):
+    """`layer_norm_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _layer_norm_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _layer_norm_with_residuals_gpu_kernel,
+            m=m,
+            block_m=block_m,
+            n=n,
+            block_n=block_n,
+            eps=eps,
+        ),
+        # One program per block of M; programs run concurrently. Each holds all of N (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # w: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
+            # b: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
+        ],
+        out_specs=(
+            # y: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # mu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # rstd: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mu
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # rstd
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mean_n
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="layer_norm_with_residuals",
+    )(x, w, b)
+
+
+def _layer_norm_with_residuals_mosaic_gpu_kernel(
+    x_ref,
+    w_ref,
+    b_ref,
+    y_ref,
+    mu_ref,
+    rstd_ref,
+    mean_n_ref,
+    mu_smem,
+    rstd_smem,
+    mean_n_smem,
+    y_buffers,
+    *,
+    block_m,
+    block_n,
+    n,
+    eps,
+):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        (mean_n__running,) = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        h = x.astype(jnp.float32)
+        mean_n__block = h
+        if n % block_n:  # a ragged N: its identity past the end
+            mean_n__block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, mean_n__block, 0.0
+            )
+        mean_n__running = mean_n__running + jnp.sum(mean_n__block, axis=1)
+        return (mean_n__running,)
+
+    (mean_n__running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+    )(x_ref)
+    mean_n_ = mean_n__running / n
+    mu = mean_n_
+
+    def reduce_2(indices, x_smem, carry):
+        (mean_n___running,) = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        h = x.astype(jnp.float32)
+        d = h - _mgpu_spread(mu, (block_m, block_n), 0)
+        mean_n___block = d * d
+        if n % block_n:  # a ragged N: its identity past the end
+            mean_n___block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, mean_n___block, 0.0
+            )
+        mean_n___running = mean_n___running + jnp.sum(mean_n___block, axis=1)
+        return (mean_n___running,)
+
+    (mean_n___running,) = plgpu.emit_pipeline(
+        reduce_2,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+    )(x_ref)
+    mean_n__ = mean_n___running / n
+    mean_n = mean_n__
+    rstd = jax.lax.rsqrt(mean_n + eps)
+    mu_smem[...] = mu
+    rstd_smem[...] = rstd
+    mean_n_smem[...] = mean_n
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(mu_smem, mu_ref.at[pl.ds(program_m * block_m, block_m)])
+    plgpu.copy_smem_to_gmem(rstd_smem, rstd_ref.at[pl.ds(program_m * block_m, block_m)])
+    plgpu.copy_smem_to_gmem(mean_n_smem, mean_n_ref.at[pl.ds(program_m * block_m, block_m)])
+
+    def write(indices, x_smem, w_smem, b_smem):
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        w = _mgpu_load(w_smem, (block_m, block_n), (1,))
+        b = _mgpu_load(b_smem, (block_m, block_n), (1,))
+        h = x.astype(jnp.float32)
+        d = h - _mgpu_spread(mu, (block_m, block_n), 0)
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        y_buffers[slot] = (d * _mgpu_spread(rstd, (block_m, block_n), 0) * w + b).astype(
+            jnp.bfloat16
+        )
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+            plgpu.BlockSpec((block_n,), lambda s: (s,)),
+            plgpu.BlockSpec((block_n,), lambda s: (s,)),
+        ],
+        max_concurrent_steps=2,
+    )(x_ref, w_ref, b_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _layer_norm_with_residuals_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
+    """`layer_norm_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    w = w.reshape((n,))
+    w = _mgpu_pad(w, (padded_n,))
+    b = b.reshape((n,))
+    b = _mgpu_pad(b, (padded_n,))
+    y, mu, rstd, mean_n = plgpu.kernel(
+        functools.partial(
+            _layer_norm_with_residuals_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            n=n,
+            eps=eps,
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
+        ),
+        scratch_types=[
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM(
+                (2, block_m, block_n),
+                jnp.bfloat16,
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x, w, b)
+    return y[:m, :n], mu[:m].reshape((m, 1)), rstd[:m].reshape((m, 1)), mean_n[:m].reshape((m, 1))
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "eps",
+        "interpret",
+    ),
+)
+def layer_norm_backward(
+    x,
+    w,
+    mu,
+    rstd,
+    mean_n,
+    dy,
+    dmu,
+    drstd,
+    *,
+    block_m=None,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    eps=1e-05,
+    interpret=None,
+):
+    """The backward pass of `layer_norm`, generated from its spec: the cotangents dx
+    of its inputs from dy, dmu, drstd, those of its outputs.
+
+    Args:
+      x: bf16[M, N].
+      w: f32[N].
+      mu: f32[M].
+      rstd: f32[M].
+      mean_n: f32[M].
+      dy: bf16[M, N].
+      dmu: f32[M].
+      drstd: f32[M].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_backward_tpu_blocks),
+        grown to large steps (_grown), else 16.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: size() is not spelled for Mosaic GPU yet.
+      eps: a static f32 (default 1e-05).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dx: bf16[M, N].
+    """
+    (x, w, mu, rstd, mean_n, dy, dmu, drstd), sizes = _operands(
+        "layer_norm_backward",
+        {
+            "x": (x, jnp.bfloat16, ("M", "N")),
+            "w": (w, jnp.float32, ("N",)),
+            "mu": (mu, jnp.float32, ("M",)),
+            "rstd": (rstd, jnp.float32, ("M",)),
+            "mean_n": (mean_n, jnp.float32, ("M",)),
+            "dy": (dy, jnp.bfloat16, ("M", "N")),
+            "dmu": (dmu, jnp.float32, ("M",)),
+            "drstd": (drstd, jnp.float32, ("M",)),
+        },
+    )
+    _check_blocks("layer_norm_backward", block_m=block_m, may_be_none=True)
+    _check_blocks("layer_norm_backward", gpu_block_m=gpu_block_m, may_be_none=True)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            layer_norm_backward_reference,
+            (((m, n), jnp.bfloat16),),
+            x,
+            w,
+            mu,
+            rstd,
+            mean_n,
+            dy,
+            dmu,
+            drstd,
+            eps=eps,
+        )
+    w = w.reshape(1, n)  # w: f32[N], broadcast over M
+    mu = mu.reshape(m, 1)  # mu: f32[M], broadcast over N
+    rstd = rstd.reshape(m, 1)  # rstd: f32[M], broadcast over N
+    mean_n = mean_n.reshape(m, 1)  # mean_n: f32[M], broadcast over N
+    dmu = dmu.reshape(m, 1)  # dmu: f32[M], broadcast over N
+    drstd = drstd.reshape(m, 1)  # drstd: f32[M], broadcast over N
+    return _on_platform(
+        functools.partial(_layer_norm_backward_tpu, m=m, n=n, block_m=block_m, eps=eps),
+        _gpu_kernel(
+            "layer_norm_backward",
+            gpu_backend,
+            functools.partial(
+                _layer_norm_backward_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                eps=eps,
+            ),
+            None,
+        ),
+        interpret,
+        x,
+        w,
+        mu,
+        rstd,
+        mean_n,
+        dy,
+        dmu,
+        drstd,
+    )
+
+
+def layer_norm_backward_reference(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, eps=1e-05):
+    """`layer_norm_backward` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    w = w[None, :]
+    mu = mu[:, None]
+    rstd = rstd[:, None]
+    mean_n = mean_n[:, None]
+    dmu = dmu[:, None]
+    drstd = drstd[:, None]
+    h = x.astype(jnp.float32)
+    d = h - mu
+    rstd_1 = mean_n + eps
+    dy_1 = dy.astype(jnp.float32)
+    dy_2 = dy_1 * w
+    drstd_ = drstd + jnp.sum((dy_2 * d), axis=1, keepdims=True, dtype=jnp.float32)
+    drstd_1 = drstd_ * (-0.5 * (rstd / rstd_1)) / n
+    dd = dy_2 * rstd + drstd_1 * d + drstd_1 * d
+    dmu_ = dmu + jnp.sum((-dd), axis=1, keepdims=True, dtype=jnp.float32)
+    dh = dd + dmu_ / n
+    dx = dh.astype(jnp.bfloat16)
+    return dx
+
+
+def _layer_norm_backward_kernel(
+    x_ref,
+    w_ref,
+    mu_ref,
+    rstd_ref,
+    mean_n_ref,
+    dy_ref,
+    dmu_ref,
+    drstd_ref,
+    dx_ref,
+    *,
+    m,
+    n,
+    block_m,
+    eps,
+):
+    x = x_ref[...]
+    w = w_ref[...]
+    mu = mu_ref[...]
+    rstd = rstd_ref[...]
+    mean_n = mean_n_ref[...]
+    dy = dy_ref[...]
+    dmu = dmu_ref[...]
+    drstd = drstd_ref[...]
+    h = x.astype(jnp.float32)
+    d = h - mu
+    rstd_1 = mean_n + eps
+    dy_1 = dy.astype(jnp.float32)
+    dy_2 = dy_1 * w
+    drstd_ = drstd + jnp.sum((dy_2 * d), axis=1, keepdims=True)
+    drstd_1 = drstd_ * (-0.5 * (rstd / rstd_1)) / n
+    dd = dy_2 * rstd + drstd_1 * d + drstd_1 * d
+    dmu_ = dmu + jnp.sum((-dd), axis=1, keepdims=True)
+    dh = dd + dmu_ / n
+    dx_ref[...] = dh.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_layer_norm_backward_tpu_blocks = {
+    None: {"default": (16,)},
+    "v5e": {"default": (16,), (8192, 4096): (64,)},
+    "v6e": {"default": (16,), (8192, 4096): (64,)},
+}
+
+
+def _layer_norm_backward_tpu(
+    x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, block_m, eps, interpret
+):
+    """`layer_norm_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _layer_norm_backward_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            _grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 44 * block_m * n + 8 * n + 56 * block_m),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "layer_norm_backward",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 32 B + w 4 B + mu
+    # 64 B + rstd 64 B + mean_n 64 B + dy 32 B + dmu 64 B + drstd 64 B + dx 32 B) + sum's
+    # 32-bit copy of a block 64 B + sum's 32-bit copy of a block 64 B + let h 64 B + let d
+    # 64 B + let rstd_1 64 B + let dy_1 64 B + let dy_2 64 B + let drstd_ 64 B + let
+    # drstd_1 64 B + let dd 64 B + let dmu_ 64 B + let dh 64 B.
+    return pl.pallas_call(
+        functools.partial(_layer_norm_backward_kernel, m=m, n=n, block_m=block_m, eps=eps),
+        # One step per block of M (N taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # w: f32[N], broadcast over M
+            pl.BlockSpec((1, n), lambda i: (0, 0)),
+            # mu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # rstd: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # dy: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # dmu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # drstd: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ],
+        # dx: bf16[M, N]
+        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(44 * block_m * n + 8 * n + 56 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=26 * m * n,
+            transcendentals=0,
+            bytes_accessed=_nbytes(x, w, mu, rstd, mean_n, dy, dmu, drstd) + m * n * 2,
+        ),
+        interpret=interpret,
+        name="layer_norm_backward",
+    )(x, w, mu, rstd, mean_n, dy, dmu, drstd)
+
+
+def _layer_norm_backward_gpu_kernel(
+    x_ref,
+    w_ref,
+    mu_ref,
+    rstd_ref,
+    mean_n_ref,
+    dy_ref,
+    dmu_ref,
+    drstd_ref,
+    dx_ref,
+    *,
+    m,
+    block_m,
+    n,
+    block_n,
+    eps,
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(0, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    x = _load(x_ref, inside)
+    w = _load(w_ref, _mask((1, block_n), None, in_n))
+    mu = _load(mu_ref, _mask((block_m, 1), in_m, None))
+    rstd = _load(rstd_ref, _mask((block_m, 1), in_m, None))
+    mean_n = _load(mean_n_ref, _mask((block_m, 1), in_m, None))
+    dy = _load(dy_ref, inside)
+    dmu = _load(dmu_ref, _mask((block_m, 1), in_m, None))
+    drstd = _load(drstd_ref, _mask((block_m, 1), in_m, None))
+    h = x.astype(jnp.float32)
+    d = h - mu
+    rstd_1 = mean_n + eps
+    dy_1 = dy.astype(jnp.float32)
+    dy_2 = dy_1 * w
+    drstd_ = drstd + jnp.sum(_fill_past((dy_2 * d), 0, n, 1, 0.0), axis=1, keepdims=True)
+    drstd_1 = drstd_ * (-0.5 * (rstd / rstd_1)) / n
+    dd = dy_2 * rstd + drstd_1 * d + drstd_1 * d
+    dmu_ = dmu + jnp.sum(_fill_past((-dd), 0, n, 1, 0.0), axis=1, keepdims=True)
+    dh = dd + dmu_ / n
+    _store(dx_ref, dh.astype(jnp.bfloat16), inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_layer_norm_backward_gpu_options = {None: (1, 4, 1)}
+
+
+def _layer_norm_backward_gpu(
+    x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, block_m, num_warps, num_stages, eps, interpret
+):
+    """`layer_norm_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _layer_norm_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _layer_norm_backward_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n, eps=eps
+        ),
+        # One program per block of M; programs run concurrently. Each holds all of N (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # w: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
+            # mu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # rstd: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # dy: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # dmu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # drstd: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ],
+        # dx: bf16[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="layer_norm_backward",
+    )(x, w, mu, rstd, mean_n, dy, dmu, drstd)
+
+
+# `layer_norm_backward` has no Mosaic GPU kernel (size() is not spelled for Mosaic GPU
+# yet): it runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def layer_norm_backward_over_m(
+    x,
+    mu,
+    rstd,
+    dy,
+    *,
+    block_m=None,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `layer_norm`, generated from its spec: the cotangents dw, db
+    of its inputs from dy, dmu, drstd, those of its outputs, summed over M (the inputs are broadcast over it).
+
+    Args:
+      x: bf16[M, N].
+      mu: f32[M].
+      rstd: f32[M].
+      dy: bf16[M, N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_backward_over_m_tpu_blocks),
+        grown to large steps (_grown), else 16.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dw: f32[N]; db: f32[N].
+    """
+    (x, mu, rstd, dy), sizes = _operands(
+        "layer_norm_backward_over_m",
+        {
+            "x": (x, jnp.bfloat16, ("M", "N")),
+            "mu": (mu, jnp.float32, ("M",)),
+            "rstd": (rstd, jnp.float32, ("M",)),
+            "dy": (dy, jnp.bfloat16, ("M", "N")),
+        },
+    )
+    _check_blocks("layer_norm_backward_over_m", block_m=block_m, may_be_none=True)
+    _check_blocks(
+        "layer_norm_backward_over_m",
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            layer_norm_backward_over_m_reference,
+            (((n,), jnp.float32), ((n,), jnp.float32)),
+            x,
+            mu,
+            rstd,
+            dy,
+        )
+    mu = mu.reshape(m, 1)  # mu: f32[M], broadcast over N
+    rstd = rstd.reshape(m, 1)  # rstd: f32[M], broadcast over N
+    dw, db = _on_platform(
+        functools.partial(_layer_norm_backward_over_m_tpu, m=m, n=n, block_m=block_m),
+        _gpu_kernel(
+            "layer_norm_backward_over_m",
+            gpu_backend,
+            functools.partial(
+                _layer_norm_backward_over_m_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_layer_norm_backward_over_m_mosaic_gpu, m=m, n=n),
+        ),
+        interpret,
+        x,
+        mu,
+        rstd,
+        dy,
+    )
+    dw = dw.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
+    db = db.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
+    return dw, db
+
+
+def layer_norm_backward_over_m_reference(x, mu, rstd, dy):
+    """`layer_norm_backward_over_m` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    mu = mu[:, None]
+    rstd = rstd[:, None]
+    h = x.astype(jnp.float32)
+    d = h - mu
+    y_1 = d * rstd
+    dy_1 = dy.astype(jnp.float32)
+    dw = jnp.sum((dy_1 * y_1), axis=0, keepdims=True, dtype=jnp.float32)
+    db = jnp.sum(dy_1, axis=0, keepdims=True, dtype=jnp.float32)
+    dw = dw.reshape((n,))
+    db = db.reshape((n,))
+    return dw, db
+
+
+def _layer_norm_backward_over_m_kernel(
+    x_ref,
+    mu_ref,
+    rstd_ref,
+    dy_ref,
+    dw_ref,
+    db_ref,
+    sum_m_running_ref,
+    sum_m__running_ref,
+    *,
+    m,
+    n,
+    block_m,
+):
+    step = pl.program_id(0)
+
+    @pl.when(step == 0)
+    def _init():
+        sum_m_running_ref[...] = jnp.full(sum_m_running_ref.shape, 0.0, jnp.float32)
+        sum_m__running_ref[...] = jnp.full(sum_m__running_ref.shape, 0.0, jnp.float32)
+
+    x = x_ref[...]
+    mu = mu_ref[...]
+    rstd = rstd_ref[...]
+    dy = dy_ref[...]
+    h = x.astype(jnp.float32)
+    d = h - mu
+    y_1 = d * rstd
+    dy_1 = dy.astype(jnp.float32)
+    sum_m_block = dy_1 * y_1
+    if m % block_m:  # a ragged M: its identity past the end, never padding
+        sum_m_block = _fill_past(sum_m_block, step * block_m, m, 0, 0.0)
+    sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
+    sum_m__block = dy_1
+    if m % block_m:  # a ragged M: its identity past the end, never padding
+        sum_m__block = _fill_past(sum_m__block, step * block_m, m, 0, 0.0)
+    sum_m__running_ref[...] = sum_m__running_ref[...] + jnp.sum(sum_m__block, axis=0, keepdims=True)
+
+    @pl.when(step == pl.num_programs(0) - 1)
+    def _finish():
+        sum_m = sum_m_running_ref[...]
+        sum_m_ = sum_m__running_ref[...]
+        dw_ref[...] = sum_m
+        db_ref[...] = sum_m_
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_layer_norm_backward_over_m_tpu_blocks = {
+    None: {"default": (16,)},
+    "v5e": {"default": (16,), (8192, 4096): (256,)},
+    "v6e": {"default": (16,), (8192, 4096): (256,)},
+}
+
+
+def _layer_norm_backward_over_m_tpu(x, mu, rstd, dy, *, m, n, block_m, interpret):
+    """`layer_norm_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _layer_norm_backward_over_m_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            _grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 32 * block_m * n + 16 * block_m + 16 * n),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "layer_norm_backward_over_m",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + mu 64 B +
+    # rstd 64 B + dy 32 B + dw 4 B + db 4 B) + sum's 32-bit copy of a block 64 B + sum's
+    # 32-bit copy of a block 64 B + let h 64 B + let d 64 B + let y_1 64 B + let dy_1 64
+    # B.
+    return pl.pallas_call(
+        functools.partial(_layer_norm_backward_over_m_kernel, m=m, n=n, block_m=block_m),
+        # One step per block of M (N taken whole). Steps along M accumulate in order
+        # (arbitrary).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # mu: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # rstd: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # dy: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        ],
+        out_specs=(
+            # dw: f32[N], broadcast over M
+            pl.BlockSpec((1, n), lambda i: (0, 0)),
+            # db: f32[N], broadcast over M
+            pl.BlockSpec((1, n), lambda i: (0, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((1, n), jnp.float32),  # dw
+            jax.ShapeDtypeStruct((1, n), jnp.float32),  # db
+        ),
+        scratch_shapes=[
+            # sum_m_running_ref: the running sum over M of one block
+            pltpu.VMEM((1, n), jnp.float32),
+            # sum_m__running_ref: the running sum over M of one block
+            pltpu.VMEM((1, n), jnp.float32),
+        ],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("arbitrary",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(32 * block_m * n + 16 * block_m + 16 * n),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=7 * m * n,
+            transcendentals=0,
+            bytes_accessed=_nbytes(x, mu, rstd, dy) + m * n * 4 + m * n * 4,
+        ),
+        interpret=interpret,
+        name="layer_norm_backward_over_m",
+    )(x, mu, rstd, dy)
+
+
+def _layer_norm_backward_over_m_gpu_kernel(
+    x_ref, mu_ref, rstd_ref, dy_ref, dw_ref, db_ref, *, m, n, block_m, block_n
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_n = _inside(pl.program_id(0) * block_n, block_n, n)
+    inside = _mask((1, block_n), None, in_n)
+
+    def accumulate(index, running):
+        sum_m_running, sum_m__running = running
+        start = index * block_m
+        in_m = _inside(start, block_m, m)
+        x = _load(x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
+        mu = _load(mu_ref.at[pl.ds(start, block_m), :], _mask((block_m, 1), in_m, None))
+        rstd = _load(rstd_ref.at[pl.ds(start, block_m), :], _mask((block_m, 1), in_m, None))
+        dy = _load(dy_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
+        h = x.astype(jnp.float32)
+        d = h - mu
+        y_1 = d * rstd
+        dy_1 = dy.astype(jnp.float32)
+        sum_m_block = dy_1 * y_1
+        if m % block_m:  # a ragged M: its identity past the end, never padding
+            sum_m_block = _fill_past(sum_m_block, start, m, 0, 0.0)
+        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
+        sum_m__block = dy_1
+        if m % block_m:  # a ragged M: its identity past the end, never padding
+            sum_m__block = _fill_past(sum_m__block, start, m, 0, 0.0)
+        sum_m__running = sum_m__running + jnp.sum(sum_m__block, axis=0, keepdims=True)
+        return sum_m_running, sum_m__running
+
+    sum_m_running, sum_m__running = jax.lax.fori_loop(
+        0,
+        pl.cdiv(m, block_m),
+        accumulate,
+        (jnp.full((1, block_n), 0.0, jnp.float32), jnp.full((1, block_n), 0.0, jnp.float32)),
+    )
+    sum_m = sum_m_running
+    sum_m_ = sum_m__running
+    _store(dw_ref, sum_m, inside)
+    _store(db_ref, sum_m_, inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_layer_norm_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
+
+
+def _layer_norm_backward_over_m_gpu(
+    x, mu, rstd, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
+):
+    """`layer_norm_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _layer_norm_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
+    return pl.pallas_call(
+        functools.partial(
+            _layer_norm_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
+        ),
+        # One program per block of N; programs run concurrently. Each loops over M itself,
+        # accumulating in order.
+        grid=(pl.cdiv(n, block_n),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((m, block_n), lambda i: (0, i)),
+            # mu: f32[M], broadcast over N
+            pl.BlockSpec((m, 1), lambda i: (0, 0)),
+            # rstd: f32[M], broadcast over N
+            pl.BlockSpec((m, 1), lambda i: (0, 0)),
+            # dy: bf16[M, N]
+            pl.BlockSpec((m, block_n), lambda i: (0, i)),
+        ],
+        out_specs=(
+            # dw: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i: (0, i)),
+            # db: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i: (0, i)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((1, n), jnp.float32),  # dw
+            jax.ShapeDtypeStruct((1, n), jnp.float32),  # db
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="layer_norm_backward_over_m",
+    )(x, mu, rstd, dy)
+
+
+def _layer_norm_backward_over_m_mosaic_gpu_kernel(
+    x_ref, mu_ref, rstd_ref, dy_ref, dw_ref, db_ref, dw_smem, db_smem, *, block_m, block_n, m
+):
+    program_n = jax.lax.axis_index("N")
+
+    def reduce_1(indices, x_smem, mu_smem, rstd_smem, dy_smem, carry):
+        sum_m_running, sum_m__running = carry
+        start = indices[0] * block_m
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        mu = _mgpu_load(mu_smem, (block_m, block_n), (0,))
+        rstd = _mgpu_load(rstd_smem, (block_m, block_n), (0,))
+        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        h = x.astype(jnp.float32)
+        d = h - mu
+        y_1 = d * rstd
+        dy_1 = dy.astype(jnp.float32)
+        sum_m_block = dy_1 * y_1
+        if m % block_m:  # a ragged M: its identity past the end
+            sum_m_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
+            )
+        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
+        sum_m__block = dy_1
+        if m % block_m:  # a ragged M: its identity past the end
+            sum_m__block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 0) < m, sum_m__block, 0.0
+            )
+        sum_m__running = sum_m__running + jnp.sum(sum_m__block, axis=0)
+        return (sum_m_running, sum_m__running)
+
+    sum_m_running, sum_m__running = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[0] // block_m,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (s, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+            plgpu.BlockSpec((block_m,), lambda s: (s,)),
+            plgpu.BlockSpec((block_m,), lambda s: (s,)),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (s, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full(block_n, 0.0, jnp.float32, 1),
+            _mgpu_full(block_n, 0.0, jnp.float32, 1),
+        ),
+    )(x_ref, mu_ref, rstd_ref, dy_ref)
+    sum_m = sum_m_running
+    sum_m_ = sum_m__running
+    dw = sum_m
+    db = sum_m_
+    dw_smem[...] = dw
+    db_smem[...] = db
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(dw_smem, dw_ref.at[pl.ds(program_n * block_n, block_n)])
+    plgpu.copy_smem_to_gmem(db_smem, db_ref.at[pl.ds(program_n * block_n, block_n)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _layer_norm_backward_over_m_mosaic_gpu(x, mu, rstd, dy, *, m, n, interpret):
+    """`layer_norm_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    mu = mu.reshape((m,))
+    mu = _mgpu_pad(mu, (padded_m,))
+    rstd = rstd.reshape((m,))
+    rstd = _mgpu_pad(rstd, (padded_m,))
+    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    dw, db = plgpu.kernel(
+        functools.partial(
+            _layer_norm_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((padded_n,), jnp.float32),
+            jax.ShapeDtypeStruct((padded_n,), jnp.float32),
+        ),
+        scratch_types=[plgpu.SMEM((block_n,), jnp.float32), plgpu.SMEM((block_n,), jnp.float32)],
+        grid=(padded_n // block_n,),
+        grid_names=("N",),
+        interpret=interpret,
+    )(x, mu, rstd, dy)
+    return dw[:n].reshape((1, n)), db[:n].reshape((1, n))
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "eps",
+        "interpret",
+    ),
+)
 def rms_norm(
     x,
     w,
@@ -892,7 +2185,8 @@ def rms_norm(
     Returns:
       y: bf16[M, N].
 
-    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
+    Gradients: jax.grad runs the generated backward kernels rms_norm_backward,
+    rms_norm_backward_over_m (_rms_norm_vjp).
     """
     (x, w), sizes = _operands(
         "rms_norm", {"x": (x, jnp.bfloat16, ("M", "N")), "w": (w, jnp.float32, ("N",))}
@@ -916,9 +2210,21 @@ def rms_norm(
             eps=eps,
             interpret=interpret,
         ),
-        _rms_norm_vjp,
+        functools.partial(_rms_norm_vjp, eps=eps, interpret=interpret),
         x,
         w,
+        saving=functools.partial(
+            _rms_norm_saving,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            eps=eps,
+            interpret=interpret,
+        ),
     )
 
 
@@ -959,13 +2265,38 @@ def _rms_norm_forward(
     )
 
 
-def _rms_norm_vjp(saved, cotangents):
-    """`rms_norm` has no backward pass yet: none is generated for a reduction."""
-    raise NotImplementedError(
-        "rms_norm is not differentiable yet: pallasgen generates backward kernels for "
-        "elementwise kernels only, not yet for a reduction; `grad none` in "
-        "specs/norms.pallas says it is never differentiated"
+def _rms_norm_saving(
+    x, w, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, eps, interpret
+):
+    """`rms_norm` forward under jax.grad, by rms_norm_with_residuals: its outputs, and what its
+    backward kernels read (x, w, mean_n).
+    """
+    y, mean_n = rms_norm_with_residuals(
+        x,
+        w,
+        block_m=block_m,
+        gpu_block_m=gpu_block_m,
+        gpu_warps=gpu_warps,
+        gpu_stages=gpu_stages,
+        gpu_backend=gpu_backend,
+        eps=eps,
+        interpret=interpret,
     )
+    return y, (x, w, mean_n)
+
+
+def _rms_norm_vjp(saved, cotangents, *, eps, interpret):
+    """The cotangents of `rms_norm`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels rms_norm_backward, rms_norm_backward_over_m. The forward pass
+    saves its inputs (x, w) and the residuals mean_n (forward values that cost more to
+    recompute than to save): the backward kernels recompute the values they need (h) from
+    them.
+    """
+    x, w, mean_n = saved
+    dy = cotangents
+    dx = rms_norm_backward(x, w, mean_n, dy, eps=eps, interpret=interpret)
+    dw = rms_norm_backward_over_m(x, mean_n, dy, eps=eps, interpret=interpret)
+    return dx, dw
 
 
 def _rms_norm_kernel(x_ref, w_ref, y_ref, *, m, n, block_m, eps):
@@ -1187,3 +2518,979 @@ def _rms_norm_mosaic_gpu(x, w, *, m, n, eps, interpret):
         interpret=interpret,
     )(x, w)
     return y[:m, :n]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "eps",
+        "interpret",
+    ),
+)
+def rms_norm_with_residuals(
+    x,
+    w,
+    *,
+    block_m=None,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    eps=1e-06,
+    interpret=None,
+):
+    """`rms_norm` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (mean_n).
+
+    Args:
+      x: bf16[M, N].
+      w: f32[N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_with_residuals_tpu_blocks),
+        grown to large steps (_grown), else 16.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      eps: a static f32 (default 1e-06).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      y: bf16[M, N]; mean_n: f32[M].
+    """
+    (x, w), sizes = _operands(
+        "rms_norm_with_residuals",
+        {"x": (x, jnp.bfloat16, ("M", "N")), "w": (w, jnp.float32, ("N",))},
+    )
+    _check_blocks("rms_norm_with_residuals", block_m=block_m, may_be_none=True)
+    _check_blocks("rms_norm_with_residuals", gpu_block_m=gpu_block_m, may_be_none=True)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            rms_norm_with_residuals_reference,
+            (((m, n), jnp.bfloat16), ((m,), jnp.float32)),
+            x,
+            w,
+            eps=eps,
+        )
+    w = w.reshape(1, n)  # w: f32[N], broadcast over M
+    y, mean_n = _on_platform(
+        functools.partial(_rms_norm_with_residuals_tpu, m=m, n=n, block_m=block_m, eps=eps),
+        _gpu_kernel(
+            "rms_norm_with_residuals",
+            gpu_backend,
+            functools.partial(
+                _rms_norm_with_residuals_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                eps=eps,
+            ),
+            functools.partial(_rms_norm_with_residuals_mosaic_gpu, m=m, n=n, eps=eps),
+        ),
+        interpret,
+        x,
+        w,
+    )
+    mean_n = mean_n.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
+    return y, mean_n
+
+
+def rms_norm_with_residuals_reference(x, w, *, eps=1e-06):
+    """`rms_norm_with_residuals` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    w = w[None, :]
+    h = x.astype(jnp.float32)
+    mean_n = jnp.mean((h * h), axis=1, keepdims=True, dtype=jnp.float32)
+    y = (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16)
+    mean_n = mean_n.reshape((m,))
+    return y, mean_n
+
+
+def _rms_norm_with_residuals_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, m, n, block_m, eps):
+    x = x_ref[...]
+    w = w_ref[...]
+    h = x.astype(jnp.float32)
+    mean_n = jnp.sum((h * h), axis=1, keepdims=True) / n
+    mean_n_ref[...] = mean_n
+    y_ref[...] = (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16)
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_rms_norm_with_residuals_tpu_blocks = {
+    None: {"default": (16,)},
+    "v5e": {"default": (16,)},
+    "v6e": {"default": (16,)},
+}
+
+
+def _rms_norm_with_residuals_tpu(x, w, *, m, n, block_m, eps, interpret):
+    """`rms_norm_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _rms_norm_with_residuals_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            _grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 16 * block_m * n + 8 * n + 8 * block_m),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "rms_norm_with_residuals",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 392 B = 2 buffers x (x 32 B + w 4 B + y 32
+    # B + mean_n 64 B) + mean's 32-bit copy of a block 64 B + let h 64 B.
+    return pl.pallas_call(
+        functools.partial(_rms_norm_with_residuals_kernel, m=m, n=n, block_m=block_m, eps=eps),
+        # One step per block of M (N taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # w: f32[N], broadcast over M
+            pl.BlockSpec((1, n), lambda i: (0, 0)),
+        ],
+        out_specs=(
+            # y: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mean_n
+        ),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(16 * block_m * n + 8 * n + 8 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=6 * m * n,
+            transcendentals=m * n,
+            bytes_accessed=_nbytes(x, w) + m * n * 2 + m * n * 4,
+        ),
+        interpret=interpret,
+        name="rms_norm_with_residuals",
+    )(x, w)
+
+
+def _rms_norm_with_residuals_gpu_kernel(
+    x_ref, w_ref, y_ref, mean_n_ref, *, m, block_m, n, block_n, eps
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(0, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    x = _load(x_ref, inside)
+    w = _load(w_ref, _mask((1, block_n), None, in_n))
+    h = x.astype(jnp.float32)
+    mean_n = jnp.sum(_fill_past((h * h), 0, n, 1, 0.0), axis=1, keepdims=True) / n
+    _store(mean_n_ref, mean_n, _mask((block_m, 1), in_m, None))
+    _store(y_ref, (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16), inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_rms_norm_with_residuals_gpu_options = {None: (1, 4, 1)}
+
+
+def _rms_norm_with_residuals_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret):
+    """`rms_norm_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _rms_norm_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _rms_norm_with_residuals_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n, eps=eps
+        ),
+        # One program per block of M; programs run concurrently. Each holds all of N (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # w: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
+        ],
+        out_specs=(
+            # y: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # y
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mean_n
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="rms_norm_with_residuals",
+    )(x, w)
+
+
+def _rms_norm_with_residuals_mosaic_gpu_kernel(
+    x_ref, w_ref, y_ref, mean_n_ref, mean_n_smem, y_buffers, *, block_m, block_n, n, eps
+):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        (mean_n__running,) = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        h = x.astype(jnp.float32)
+        mean_n__block = h * h
+        if n % block_n:  # a ragged N: its identity past the end
+            mean_n__block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, mean_n__block, 0.0
+            )
+        mean_n__running = mean_n__running + jnp.sum(mean_n__block, axis=1)
+        return (mean_n__running,)
+
+    (mean_n__running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+    )(x_ref)
+    mean_n_ = mean_n__running / n
+    mean_n = mean_n_
+    mean_n_smem[...] = mean_n
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(mean_n_smem, mean_n_ref.at[pl.ds(program_m * block_m, block_m)])
+
+    def write(indices, x_smem, w_smem):
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        w = _mgpu_load(w_smem, (block_m, block_n), (1,))
+        h = x.astype(jnp.float32)
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        y_buffers[slot] = (
+            h * jax.lax.rsqrt(_mgpu_spread(mean_n, (block_m, block_n), 0) + eps) * w
+        ).astype(jnp.bfloat16)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+            plgpu.BlockSpec((block_n,), lambda s: (s,)),
+        ],
+        max_concurrent_steps=2,
+    )(x_ref, w_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _rms_norm_with_residuals_mosaic_gpu(x, w, *, m, n, eps, interpret):
+    """`rms_norm_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    w = w.reshape((n,))
+    w = _mgpu_pad(w, (padded_n,))
+    y, mean_n = plgpu.kernel(
+        functools.partial(
+            _rms_norm_with_residuals_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            n=n,
+            eps=eps,
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
+        ),
+        scratch_types=[
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM(
+                (2, block_m, block_n),
+                jnp.bfloat16,
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x, w)
+    return y[:m, :n], mean_n[:m].reshape((m, 1))
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "eps",
+        "interpret",
+    ),
+)
+def rms_norm_backward(
+    x,
+    w,
+    mean_n,
+    dy,
+    *,
+    block_m=None,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    eps=1e-06,
+    interpret=None,
+):
+    """The backward pass of `rms_norm`, generated from its spec: the cotangents dx
+    of its inputs from dy, those of its outputs.
+
+    Args:
+      x: bf16[M, N].
+      w: f32[N].
+      mean_n: f32[M].
+      dy: bf16[M, N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_backward_tpu_blocks),
+        grown to large steps (_grown), else 16.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: size() is not spelled for Mosaic GPU yet.
+      eps: a static f32 (default 1e-06).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dx: bf16[M, N].
+    """
+    (x, w, mean_n, dy), sizes = _operands(
+        "rms_norm_backward",
+        {
+            "x": (x, jnp.bfloat16, ("M", "N")),
+            "w": (w, jnp.float32, ("N",)),
+            "mean_n": (mean_n, jnp.float32, ("M",)),
+            "dy": (dy, jnp.bfloat16, ("M", "N")),
+        },
+    )
+    _check_blocks("rms_norm_backward", block_m=block_m, may_be_none=True)
+    _check_blocks("rms_norm_backward", gpu_block_m=gpu_block_m, may_be_none=True)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            rms_norm_backward_reference, (((m, n), jnp.bfloat16),), x, w, mean_n, dy, eps=eps
+        )
+    w = w.reshape(1, n)  # w: f32[N], broadcast over M
+    mean_n = mean_n.reshape(m, 1)  # mean_n: f32[M], broadcast over N
+    return _on_platform(
+        functools.partial(_rms_norm_backward_tpu, m=m, n=n, block_m=block_m, eps=eps),
+        _gpu_kernel(
+            "rms_norm_backward",
+            gpu_backend,
+            functools.partial(
+                _rms_norm_backward_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                eps=eps,
+            ),
+            None,
+        ),
+        interpret,
+        x,
+        w,
+        mean_n,
+        dy,
+    )
+
+
+def rms_norm_backward_reference(x, w, mean_n, dy, *, eps=1e-06):
+    """`rms_norm_backward` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    w = w[None, :]
+    mean_n = mean_n[:, None]
+    h = x.astype(jnp.float32)
+    y_2 = mean_n + eps
+    y_3 = jax.lax.rsqrt(y_2)
+    dy_1 = dy.astype(jnp.float32)
+    dy_2 = dy_1 * w
+    dy_3 = jnp.sum((dy_2 * h), axis=1, keepdims=True, dtype=jnp.float32) * (-0.5 * (y_3 / y_2)) / n
+    dh = dy_2 * y_3 + dy_3 * h + dy_3 * h
+    dx = dh.astype(jnp.bfloat16)
+    return dx
+
+
+def _rms_norm_backward_kernel(x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, m, n, block_m, eps):
+    x = x_ref[...]
+    w = w_ref[...]
+    mean_n = mean_n_ref[...]
+    dy = dy_ref[...]
+    h = x.astype(jnp.float32)
+    y_2 = mean_n + eps
+    y_3 = jax.lax.rsqrt(y_2)
+    dy_1 = dy.astype(jnp.float32)
+    dy_2 = dy_1 * w
+    dy_3 = jnp.sum((dy_2 * h), axis=1, keepdims=True) * (-0.5 * (y_3 / y_2)) / n
+    dh = dy_2 * y_3 + dy_3 * h + dy_3 * h
+    dx_ref[...] = dh.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_rms_norm_backward_tpu_blocks = {
+    None: {"default": (16,)},
+    "v5e": {"default": (16,)},
+    "v6e": {"default": (16,)},
+}
+
+
+def _rms_norm_backward_tpu(x, w, mean_n, dy, *, m, n, block_m, eps, interpret):
+    """`rms_norm_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _rms_norm_backward_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            _grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 32 * block_m * n + 8 * n + 20 * block_m),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "rms_norm_backward",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 840 B = 2 buffers x (x 32 B + w 4 B +
+    # mean_n 64 B + dy 32 B + dx 32 B) + sum's 32-bit copy of a block 64 B + let h 64 B +
+    # let y_2 64 B + let y_3 64 B + let dy_1 64 B + let dy_2 64 B + let dy_3 64 B + let dh
+    # 64 B.
+    return pl.pallas_call(
+        functools.partial(_rms_norm_backward_kernel, m=m, n=n, block_m=block_m, eps=eps),
+        # One step per block of M (N taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # w: f32[N], broadcast over M
+            pl.BlockSpec((1, n), lambda i: (0, 0)),
+            # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # dy: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        ],
+        # dx: bf16[M, N]
+        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(32 * block_m * n + 8 * n + 20 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=18 * m * n,
+            transcendentals=m * n,
+            bytes_accessed=_nbytes(x, w, mean_n, dy) + m * n * 2,
+        ),
+        interpret=interpret,
+        name="rms_norm_backward",
+    )(x, w, mean_n, dy)
+
+
+def _rms_norm_backward_gpu_kernel(
+    x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, m, block_m, n, block_n, eps
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(0, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    x = _load(x_ref, inside)
+    w = _load(w_ref, _mask((1, block_n), None, in_n))
+    mean_n = _load(mean_n_ref, _mask((block_m, 1), in_m, None))
+    dy = _load(dy_ref, inside)
+    h = x.astype(jnp.float32)
+    y_2 = mean_n + eps
+    y_3 = jax.lax.rsqrt(y_2)
+    dy_1 = dy.astype(jnp.float32)
+    dy_2 = dy_1 * w
+    dy_3 = (
+        jnp.sum(_fill_past((dy_2 * h), 0, n, 1, 0.0), axis=1, keepdims=True)
+        * (-0.5 * (y_3 / y_2))
+        / n
+    )
+    dh = dy_2 * y_3 + dy_3 * h + dy_3 * h
+    _store(dx_ref, dh.astype(jnp.bfloat16), inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_rms_norm_backward_gpu_options = {None: (1, 4, 1)}
+
+
+def _rms_norm_backward_gpu(
+    x, w, mean_n, dy, *, m, n, block_m, num_warps, num_stages, eps, interpret
+):
+    """`rms_norm_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _rms_norm_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _rms_norm_backward_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n, eps=eps
+        ),
+        # One program per block of M; programs run concurrently. Each holds all of N (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # w: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i: (0, 0)),
+            # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # dy: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        ],
+        # dx: bf16[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="rms_norm_backward",
+    )(x, w, mean_n, dy)
+
+
+# `rms_norm_backward` has no Mosaic GPU kernel (size() is not spelled for Mosaic GPU
+# yet): it runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "eps",
+        "interpret",
+    ),
+)
+def rms_norm_backward_over_m(
+    x,
+    mean_n,
+    dy,
+    *,
+    block_m=None,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    eps=1e-06,
+    interpret=None,
+):
+    """The backward pass of `rms_norm`, generated from its spec: the cotangents dw
+    of its inputs from dy, those of its outputs, summed over M (the inputs are broadcast over it).
+
+    Args:
+      x: bf16[M, N].
+      mean_n: f32[M].
+      dy: bf16[M, N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_backward_over_m_tpu_blocks),
+        grown to large steps (_grown), else 16.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      eps: a static f32 (default 1e-06).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dw: f32[N].
+    """
+    (x, mean_n, dy), sizes = _operands(
+        "rms_norm_backward_over_m",
+        {
+            "x": (x, jnp.bfloat16, ("M", "N")),
+            "mean_n": (mean_n, jnp.float32, ("M",)),
+            "dy": (dy, jnp.bfloat16, ("M", "N")),
+        },
+    )
+    _check_blocks("rms_norm_backward_over_m", block_m=block_m, may_be_none=True)
+    _check_blocks(
+        "rms_norm_backward_over_m",
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            rms_norm_backward_over_m_reference, (((n,), jnp.float32),), x, mean_n, dy, eps=eps
+        )
+    mean_n = mean_n.reshape(m, 1)  # mean_n: f32[M], broadcast over N
+    dw = _on_platform(
+        functools.partial(_rms_norm_backward_over_m_tpu, m=m, n=n, block_m=block_m, eps=eps),
+        _gpu_kernel(
+            "rms_norm_backward_over_m",
+            gpu_backend,
+            functools.partial(
+                _rms_norm_backward_over_m_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+                eps=eps,
+            ),
+            functools.partial(_rms_norm_backward_over_m_mosaic_gpu, m=m, n=n, eps=eps),
+        ),
+        interpret,
+        x,
+        mean_n,
+        dy,
+    )
+    dw = dw.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
+    return dw
+
+
+def rms_norm_backward_over_m_reference(x, mean_n, dy, *, eps=1e-06):
+    """`rms_norm_backward_over_m` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    mean_n = mean_n[:, None]
+    h = x.astype(jnp.float32)
+    y_1 = mean_n + eps
+    y_2 = jax.lax.rsqrt(y_1)
+    y_3 = h * y_2
+    dy_1 = dy.astype(jnp.float32)
+    dw = jnp.sum((dy_1 * y_3), axis=0, keepdims=True, dtype=jnp.float32)
+    dw = dw.reshape((n,))
+    return dw
+
+
+def _rms_norm_backward_over_m_kernel(
+    x_ref, mean_n_ref, dy_ref, dw_ref, sum_m_running_ref, *, m, n, block_m, eps
+):
+    step = pl.program_id(0)
+
+    @pl.when(step == 0)
+    def _init():
+        sum_m_running_ref[...] = jnp.full(sum_m_running_ref.shape, 0.0, jnp.float32)
+
+    x = x_ref[...]
+    mean_n = mean_n_ref[...]
+    dy = dy_ref[...]
+    h = x.astype(jnp.float32)
+    y_1 = mean_n + eps
+    y_2 = jax.lax.rsqrt(y_1)
+    y_3 = h * y_2
+    dy_1 = dy.astype(jnp.float32)
+    sum_m_block = dy_1 * y_3
+    if m % block_m:  # a ragged M: its identity past the end, never padding
+        sum_m_block = _fill_past(sum_m_block, step * block_m, m, 0, 0.0)
+    sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
+
+    @pl.when(step == pl.num_programs(0) - 1)
+    def _finish():
+        sum_m = sum_m_running_ref[...]
+        dw_ref[...] = sum_m
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_rms_norm_backward_over_m_tpu_blocks = {
+    None: {"default": (16,)},
+    "v5e": {"default": (16,)},
+    "v6e": {"default": (16,)},
+}
+
+
+def _rms_norm_backward_over_m_tpu(x, mean_n, dy, *, m, n, block_m, eps, interpret):
+    """`rms_norm_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _rms_norm_backward_over_m_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            _grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 24 * block_m * n + 16 * block_m + 8 * n),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "rms_norm_backward_over_m",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 648 B = 2 buffers x (x 32 B + mean_n 64 B
+    # + dy 32 B + dw 4 B) + sum's 32-bit copy of a block 64 B + let h 64 B + let y_1 64 B
+    # + let y_2 64 B + let y_3 64 B + let dy_1 64 B.
+    return pl.pallas_call(
+        functools.partial(_rms_norm_backward_over_m_kernel, m=m, n=n, block_m=block_m, eps=eps),
+        # One step per block of M (N taken whole). Steps along M accumulate in order
+        # (arbitrary).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # dy: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        ],
+        # dw: f32[N], broadcast over M
+        out_specs=pl.BlockSpec((1, n), lambda i: (0, 0)),
+        out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
+        # sum_m_running_ref: the running sum over M of one block
+        scratch_shapes=[pltpu.VMEM((1, n), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("arbitrary",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(24 * block_m * n + 16 * block_m + 8 * n),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=6 * m * n,
+            transcendentals=m * n,
+            bytes_accessed=_nbytes(x, mean_n, dy) + m * n * 4,
+        ),
+        interpret=interpret,
+        name="rms_norm_backward_over_m",
+    )(x, mean_n, dy)
+
+
+def _rms_norm_backward_over_m_gpu_kernel(
+    x_ref, mean_n_ref, dy_ref, dw_ref, *, m, n, block_m, block_n, eps
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_n = _inside(pl.program_id(0) * block_n, block_n, n)
+    inside = _mask((1, block_n), None, in_n)
+
+    def accumulate(index, running):
+        (sum_m_running,) = running
+        start = index * block_m
+        in_m = _inside(start, block_m, m)
+        x = _load(x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
+        mean_n = _load(mean_n_ref.at[pl.ds(start, block_m), :], _mask((block_m, 1), in_m, None))
+        dy = _load(dy_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
+        h = x.astype(jnp.float32)
+        y_1 = mean_n + eps
+        y_2 = jax.lax.rsqrt(y_1)
+        y_3 = h * y_2
+        dy_1 = dy.astype(jnp.float32)
+        sum_m_block = dy_1 * y_3
+        if m % block_m:  # a ragged M: its identity past the end, never padding
+            sum_m_block = _fill_past(sum_m_block, start, m, 0, 0.0)
+        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
+        return (sum_m_running,)
+
+    (sum_m_running,) = jax.lax.fori_loop(
+        0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_n), 0.0, jnp.float32),)
+    )
+    sum_m = sum_m_running
+    _store(dw_ref, sum_m, inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_rms_norm_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
+
+
+def _rms_norm_backward_over_m_gpu(
+    x, mean_n, dy, *, m, n, block_m, block_n, num_warps, num_stages, eps, interpret
+):
+    """`rms_norm_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _rms_norm_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
+    return pl.pallas_call(
+        functools.partial(
+            _rms_norm_backward_over_m_gpu_kernel,
+            m=m,
+            n=n,
+            block_m=block_m,
+            block_n=block_n,
+            eps=eps,
+        ),
+        # One program per block of N; programs run concurrently. Each loops over M itself,
+        # accumulating in order.
+        grid=(pl.cdiv(n, block_n),),
+        in_specs=[
+            # x: bf16[M, N]
+            pl.BlockSpec((m, block_n), lambda i: (0, i)),
+            # mean_n: f32[M], broadcast over N
+            pl.BlockSpec((m, 1), lambda i: (0, 0)),
+            # dy: bf16[M, N]
+            pl.BlockSpec((m, block_n), lambda i: (0, i)),
+        ],
+        # dw: f32[N], broadcast over M
+        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),
+        out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="rms_norm_backward_over_m",
+    )(x, mean_n, dy)
+
+
+def _rms_norm_backward_over_m_mosaic_gpu_kernel(
+    x_ref, mean_n_ref, dy_ref, dw_ref, dw_smem, *, block_m, block_n, m, eps
+):
+    program_n = jax.lax.axis_index("N")
+
+    def reduce_1(indices, x_smem, mean_n_smem, dy_smem, carry):
+        (sum_m_running,) = carry
+        start = indices[0] * block_m
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        mean_n = _mgpu_load(mean_n_smem, (block_m, block_n), (0,))
+        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        h = x.astype(jnp.float32)
+        y_1 = mean_n + eps
+        y_2 = jax.lax.rsqrt(y_1)
+        y_3 = h * y_2
+        dy_1 = dy.astype(jnp.float32)
+        sum_m_block = dy_1 * y_3
+        if m % block_m:  # a ragged M: its identity past the end
+            sum_m_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
+            )
+        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
+        return (sum_m_running,)
+
+    (sum_m_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[0] // block_m,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (s, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+            plgpu.BlockSpec((block_m,), lambda s: (s,)),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (s, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_n, 0.0, jnp.float32, 1),),
+    )(x_ref, mean_n_ref, dy_ref)
+    sum_m = sum_m_running
+    dw = sum_m
+    dw_smem[...] = dw
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(dw_smem, dw_ref.at[pl.ds(program_n * block_n, block_n)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _rms_norm_backward_over_m_mosaic_gpu(x, mean_n, dy, *, m, n, eps, interpret):
+    """`rms_norm_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    mean_n = mean_n.reshape((m,))
+    mean_n = _mgpu_pad(mean_n, (padded_m,))
+    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    (dw,) = plgpu.kernel(
+        functools.partial(
+            _rms_norm_backward_over_m_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            m=m,
+            eps=eps,
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
+        scratch_types=[plgpu.SMEM((block_n,), jnp.float32)],
+        grid=(padded_n // block_n,),
+        grid_names=("N",),
+        interpret=interpret,
+    )(x, mean_n, dy)
+    return dw[:n].reshape((1, n))

@@ -1383,7 +1383,8 @@ def column_sums(
     Returns:
       s: f32[N].
 
-    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
+    Gradients: jax.grad runs the generated backward kernels column_sums_backward
+    (_column_sums_vjp).
     """
     (x,), sizes = _operands("column_sums", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("column_sums", block_m=block_m, block_n=block_n, may_be_none=True)
@@ -1406,7 +1407,7 @@ def column_sums(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _column_sums_vjp,
+        functools.partial(_column_sums_vjp, interpret=interpret),
         x,
     )
 
@@ -1458,13 +1459,15 @@ def _column_sums_forward(
     return s
 
 
-def _column_sums_vjp(saved, cotangents):
-    """`column_sums` has no backward pass yet: none is generated for a reduction."""
-    raise NotImplementedError(
-        "column_sums is not differentiable yet: pallasgen generates backward kernels "
-        "for elementwise kernels only, not yet for a reduction; `grad none` in "
-        "specs/reductions.pallas says it is never differentiated"
-    )
+def _column_sums_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `column_sums`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels column_sums_backward. The forward pass saves its inputs (x)
+    and nothing else: the backward kernels recompute the values they need from them.
+    """
+    (x,) = saved
+    ds = cotangents
+    dx = column_sums_backward(x, ds, interpret=interpret)
+    return (dx,)
 
 
 def _column_sums_kernel(x_ref, s_ref, sum_m_running_ref, *, m, n, block_m, block_n):
@@ -1667,6 +1670,213 @@ def _column_sums_mosaic_gpu(x, *, m, n, interpret):
     jax.jit,
     static_argnames=(
         "block_m",
+        "block_n",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def column_sums_backward(
+    x,
+    ds,
+    *,
+    block_m=None,
+    block_n=None,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `column_sums`, generated from its spec: the cotangents dx
+    of its inputs from ds, those of its outputs.
+
+    Args:
+      x: f32[M, N].
+      ds: f32[N].
+      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_column_sums_backward_tpu_blocks),
+        grown to large steps (_grown), else 512, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: dx is broadcast to its dimensions, not
+        written on Mosaic GPU yet.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dx: f32[M, N].
+    """
+    (x, ds), sizes = _operands(
+        "column_sums_backward", {"x": (x, jnp.float32, ("M", "N")), "ds": (ds, jnp.float32, ("N",))}
+    )
+    _check_blocks("column_sums_backward", block_m=block_m, block_n=block_n, may_be_none=True)
+    _check_blocks(
+        "column_sums_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+    )
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(column_sums_backward_reference, (((m, n), jnp.float32),), x, ds)
+    ds = ds.reshape(1, n)  # ds: f32[N], broadcast over M
+    return _on_platform(
+        functools.partial(_column_sums_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        _gpu_kernel(
+            "column_sums_backward",
+            gpu_backend,
+            functools.partial(
+                _column_sums_backward_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
+        ),
+        interpret,
+        x,
+        ds,
+    )
+
+
+def column_sums_backward_reference(x, ds):
+    """`column_sums_backward` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    ds = ds[None, :]
+    dx = jnp.broadcast_to(ds, (m, n))
+    return dx
+
+
+def _column_sums_backward_kernel(x_ref, ds_ref, dx_ref):
+    ds = ds_ref[...]
+    dx_ref[...] = jnp.broadcast_to(ds, dx_ref.shape)
+
+
+# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
+# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning; else the chip's default. None: any other chip, and
+# CPU (the spec's blocks).
+_column_sums_backward_tpu_blocks = {
+    None: {"default": (512, 512)},
+    "v5e": {"default": (512, 512)},
+    "v6e": {"default": (512, 512)},
+}
+
+
+def _column_sums_backward_tpu(x, ds, *, m, n, block_m, block_n, interpret):
+    """`column_sums_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_n = _tpu_blocks(
+        _column_sums_backward_tpu_blocks,
+        (m, n),
+        (block_m, block_n),
+        grow=functools.partial(
+            _grown,
+            bounds=(m, n),
+            step=lambda block_m, block_n: (block_m * block_n, 16 * block_m * block_n + 8 * block_n),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "column_sums_backward",
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 4.0 MiB = 2 buffers x (x 1.0 MiB + ds 2.0 KiB + dx 1.0
+    # MiB).
+    return pl.pallas_call(
+        _column_sums_backward_kernel,
+        # One step per block of M, block of N; steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # ds: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
+        ],
+        # dx: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(16 * block_m * block_n + 8 * block_n),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=0, transcendentals=0, bytes_accessed=_nbytes(x, ds) + m * n * 4
+        ),
+        interpret=interpret,
+        name="column_sums_backward",
+    )(x, ds)
+
+
+def _column_sums_backward_gpu_kernel(x_ref, ds_ref, dx_ref, *, m, n, block_m, block_n):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    ds = _load(ds_ref, _mask((1, block_n), None, in_n))
+    _store(dx_ref, jnp.broadcast_to(ds, dx_ref.shape), inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_column_sums_backward_gpu_options = {None: (8, 128, 4, 1)}
+
+
+def _column_sums_backward_gpu(x, ds, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
+    """`column_sums_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _column_sums_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
+    return pl.pallas_call(
+        functools.partial(
+            _column_sums_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
+        ),
+        # One program per block of M, block of N; programs run concurrently.
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # ds: f32[N], broadcast over M
+            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
+        ],
+        # dx: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="column_sums_backward",
+    )(x, ds)
+
+
+# `column_sums_backward` has no Mosaic GPU kernel (dx is broadcast to its dimensions,
+# not written on Mosaic GPU yet): it runs on Triton.
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
         "gpu_block_m",
         "gpu_warps",
         "gpu_stages",
@@ -1702,7 +1912,8 @@ def quantize_rows_int8(
     Returns:
       q: i8[M, N]; scale: f32[M].
 
-    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
+    Gradients: jax.grad runs the generated backward kernels quantize_rows_int8_backward
+    (_quantize_rows_int8_vjp).
     """
     (x,), sizes = _operands("quantize_rows_int8", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("quantize_rows_int8", block_m=block_m, may_be_none=True)
@@ -1725,8 +1936,19 @@ def quantize_rows_int8(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _quantize_rows_int8_vjp,
+        functools.partial(_quantize_rows_int8_vjp, interpret=interpret),
         x,
+        saving=functools.partial(
+            _quantize_rows_int8_saving,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
     )
 
 
@@ -1767,13 +1989,34 @@ def _quantize_rows_int8_forward(
     return q, scale
 
 
-def _quantize_rows_int8_vjp(saved, cotangents):
-    """`quantize_rows_int8` has no backward pass yet: none is generated for a reduction."""
-    raise NotImplementedError(
-        "quantize_rows_int8 is not differentiable yet: pallasgen generates backward "
-        "kernels for elementwise kernels only, not yet for a reduction; `grad none` "
-        "in specs/reductions.pallas says it is never differentiated"
+def _quantize_rows_int8_saving(
+    x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
+):
+    """`quantize_rows_int8` forward under jax.grad, by quantize_rows_int8_with_residuals: its
+    outputs, and what its backward kernels read (x, max_n, argmax_n).
+    """
+    q, scale, max_n, argmax_n = quantize_rows_int8_with_residuals(
+        x,
+        block_m=block_m,
+        gpu_block_m=gpu_block_m,
+        gpu_warps=gpu_warps,
+        gpu_stages=gpu_stages,
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
+    return (q, scale), (x, max_n, argmax_n)
+
+
+def _quantize_rows_int8_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `quantize_rows_int8`'s inputs from those of its outputs, for jax.grad,
+    by the generated backward kernels quantize_rows_int8_backward. The forward pass saves
+    its inputs (x) and the residuals max_n, argmax_n (forward values that cost more to
+    recompute than to save): the backward kernels recompute the values they need from them.
+    """
+    x, max_n, argmax_n = saved
+    _, dscale = cotangents
+    dx = quantize_rows_int8_backward(x, max_n, argmax_n, dscale, interpret=interpret)
+    return (dx,)
 
 
 def _quantize_rows_int8_kernel(x_ref, q_ref, scale_ref, *, m, n, block_m):
@@ -1999,6 +2242,667 @@ def _quantize_rows_int8_mosaic_gpu(x, *, m, n, interpret):
         interpret=interpret,
     )(x)
     return q[:m, :n], scale[:m].reshape((m, 1))
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def quantize_rows_int8_with_residuals(
+    x,
+    *,
+    block_m=None,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """`quantize_rows_int8` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (max_n, argmax_n).
+
+    Args:
+      x: f32[M, N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_with_residuals_tpu_blocks),
+        grown to large steps (_grown), else 32.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      q: i8[M, N]; scale: f32[M]; max_n: f32[M]; argmax_n: i32[M].
+    """
+    (x,), sizes = _operands(
+        "quantize_rows_int8_with_residuals", {"x": (x, jnp.float32, ("M", "N"))}
+    )
+    _check_blocks("quantize_rows_int8_with_residuals", block_m=block_m, may_be_none=True)
+    _check_blocks("quantize_rows_int8_with_residuals", gpu_block_m=gpu_block_m, may_be_none=True)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            quantize_rows_int8_with_residuals_reference,
+            (((m, n), jnp.int8), ((m,), jnp.float32), ((m,), jnp.float32), ((m,), jnp.int32)),
+            x,
+        )
+    q, scale, max_n, argmax_n = _on_platform(
+        functools.partial(_quantize_rows_int8_with_residuals_tpu, m=m, n=n, block_m=block_m),
+        _gpu_kernel(
+            "quantize_rows_int8_with_residuals",
+            gpu_backend,
+            functools.partial(
+                _quantize_rows_int8_with_residuals_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_quantize_rows_int8_with_residuals_mosaic_gpu, m=m, n=n),
+        ),
+        interpret,
+        x,
+    )
+    scale = scale.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
+    max_n = max_n.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
+    argmax_n = argmax_n.reshape(
+        (m,)
+    )  # the kernel holds it with size 1 along the dimensions it lacks
+    return q, scale, max_n, argmax_n
+
+
+def quantize_rows_int8_with_residuals_reference(x):
+    """`quantize_rows_int8_with_residuals` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    max_n = jnp.max(jnp.abs(x), axis=1, keepdims=True)
+    s = jnp.maximum(max_n, 1e-30) / 127
+    q = jnp.round(x / s).astype(jnp.int8)
+    scale = s
+    argmax_n = jnp.argmax(jnp.abs(x), axis=1, keepdims=True).astype(jnp.int32)
+    scale = scale.reshape((m,))
+    max_n = max_n.reshape((m,))
+    argmax_n = argmax_n.reshape((m,))
+    return q, scale, max_n, argmax_n
+
+
+def _quantize_rows_int8_with_residuals_kernel(
+    x_ref, q_ref, scale_ref, max_n_ref, argmax_n_ref, *, m, n, block_m
+):
+    x = x_ref[...]
+    max_n = jnp.max(jnp.abs(x), axis=1, keepdims=True)
+    max_n_ref[...] = max_n
+    s = jnp.maximum(max_n, 1e-30) / 127
+    q_ref[...] = jnp.round(x / s).astype(jnp.int8)
+    scale_ref[...] = s
+    argmax_n_ref[...] = _argbest(jnp.abs(x), 1, largest=True)
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_quantize_rows_int8_with_residuals_tpu_blocks = {
+    None: {"default": (32,)},
+    "v5e": {"default": (32,)},
+    "v6e": {"default": (32,)},
+}
+
+
+def _quantize_rows_int8_with_residuals_tpu(x, *, m, n, block_m, interpret):
+    """`quantize_rows_int8_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _quantize_rows_int8_with_residuals_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 18 * block_m * n + 28 * block_m)
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "quantize_rows_int8_with_residuals",
+        block_m=(
+            block_m,
+            m,
+            32,
+            "M is the second-to-last dimension of a block of i8 values, so it is a multiple of 32",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 1.4 KiB = 2 buffers x (x 128 B + q 32 B +
+    # scale 128 B + max_n 128 B + argmax_n 128 B) + max's 32-bit copy of a block 128 B +
+    # argmax's 32-bit copy of a block 128 B + let s 128 B.
+    return pl.pallas_call(
+        functools.partial(_quantize_rows_int8_with_residuals_kernel, m=m, n=n, block_m=block_m),
+        # One step per block of M (N taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0))
+        ],
+        out_specs=(
+            # q: i8[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # scale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.int8),  # q
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # scale
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # max_n
+            jax.ShapeDtypeStruct((m, 1), jnp.int32),  # argmax_n
+        ),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(18 * block_m * n + 28 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=9 * m * n,
+            transcendentals=0,
+            bytes_accessed=_nbytes(x) + m * n * 1 + m * n * 4 + m * n * 4 + m * n * 4,
+        ),
+        interpret=interpret,
+        name="quantize_rows_int8_with_residuals",
+    )(x)
+
+
+def _quantize_rows_int8_with_residuals_gpu_kernel(
+    x_ref, q_ref, scale_ref, max_n_ref, argmax_n_ref, *, m, block_m, n, block_n
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(0, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    x = _load(x_ref, inside)
+    max_n = jnp.max(_fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), axis=1, keepdims=True)
+    _store(max_n_ref, max_n, _mask((block_m, 1), in_m, None))
+    s = jnp.maximum(max_n, 1e-30) / 127
+    _store(q_ref, _round_half_even(x / s).astype(jnp.int8), inside)
+    _store(scale_ref, s, _mask((block_m, 1), in_m, None))
+    _store(
+        argmax_n_ref,
+        _argbest(_fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), 1, largest=True),
+        _mask((block_m, 1), in_m, None),
+    )
+
+
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_quantize_rows_int8_with_residuals_gpu_options = {None: (1, 4, 1)}
+
+
+def _quantize_rows_int8_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
+    """`quantize_rows_int8_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _quantize_rows_int8_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _quantize_rows_int8_with_residuals_gpu_kernel,
+            m=m,
+            block_m=block_m,
+            n=n,
+            block_n=block_n,
+        ),
+        # One program per block of M; programs run concurrently. Each holds all of N (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
+        ],
+        out_specs=(
+            # q: i8[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # scale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.int8),  # q
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # scale
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # max_n
+            jax.ShapeDtypeStruct((m, 1), jnp.int32),  # argmax_n
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="quantize_rows_int8_with_residuals",
+    )(x)
+
+
+def _quantize_rows_int8_with_residuals_mosaic_gpu_kernel(
+    x_ref,
+    q_ref,
+    scale_ref,
+    max_n_ref,
+    argmax_n_ref,
+    scale_smem,
+    max_n_smem,
+    argmax_n_smem,
+    q_buffers,
+    *,
+    block_m,
+    block_n,
+    n,
+):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        max_n__running, argmax_n__running, argmax_n__index = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        max_n__block = jnp.abs(x)
+        if n % block_n:  # a ragged N: its identity past the end
+            max_n__block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, max_n__block, -jnp.inf
+            )
+        max_n__running = jnp.maximum(max_n__running, jnp.max(max_n__block, axis=1))
+        argmax_n__block = jnp.abs(x)
+        if n % block_n:  # a ragged N: its identity past the end
+            argmax_n__block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n__block, -jnp.inf
+            )
+        argmax_n__running, argmax_n__index = _mgpu_argbest_step(
+            argmax_n__running, argmax_n__index, argmax_n__block, start, 1, largest=True
+        )
+        return (max_n__running, argmax_n__running, argmax_n__index)
+
+    max_n__running, argmax_n__running, argmax_n__index = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            _mgpu_full(block_m, 0, jnp.int32, 0),
+        ),
+    )(x_ref)
+    max_n_ = max_n__running
+    argmax_n_ = argmax_n__index
+    max_n = max_n_
+    s = jnp.maximum(max_n, 1e-30) / 127
+    scale = s
+    argmax_n = argmax_n_
+    scale_smem[...] = scale
+    max_n_smem[...] = max_n
+    argmax_n_smem[...] = argmax_n
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(scale_smem, scale_ref.at[pl.ds(program_m * block_m, block_m)])
+    plgpu.copy_smem_to_gmem(max_n_smem, max_n_ref.at[pl.ds(program_m * block_m, block_m)])
+    plgpu.copy_smem_to_gmem(argmax_n_smem, argmax_n_ref.at[pl.ds(program_m * block_m, block_m)])
+
+    def write(indices, x_smem):
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        q_buffers[slot] = jnp.round(x / _mgpu_spread(s, (block_m, block_n), 0)).astype(jnp.int8)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            q_buffers.at[slot], q_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+    )(x_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _quantize_rows_int8_with_residuals_mosaic_gpu(x, *, m, n, interpret):
+    """`quantize_rows_int8_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    q, scale, max_n, argmax_n = plgpu.kernel(
+        functools.partial(
+            _quantize_rows_int8_with_residuals_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            n=n,
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
+            jax.ShapeDtypeStruct((padded_m,), jnp.int32),
+        ),
+        scratch_types=[
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM((block_m,), jnp.int32),
+            plgpu.SMEM(
+                (2, block_m, block_n), jnp.int8, transforms=_mgpu_swizzled(jnp.int8, block_n)
+            ),
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x)
+    return (
+        q[:m, :n],
+        scale[:m].reshape((m, 1)),
+        max_n[:m].reshape((m, 1)),
+        argmax_n[:m].reshape((m, 1)),
+    )
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def quantize_rows_int8_backward(
+    x,
+    max_n,
+    argmax_n,
+    dscale,
+    *,
+    block_m=None,
+    gpu_block_m=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `quantize_rows_int8`, generated from its spec: the cotangents dx
+    of its inputs from dscale, those of its outputs.
+
+    Args:
+      x: f32[M, N].
+      max_n: f32[M].
+      argmax_n: i32[M].
+      dscale: f32[M].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_backward_tpu_blocks),
+        grown to large steps (_grown), else 32.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: index() outside a kernel that reduces is not
+        on Mosaic GPU yet.
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dx: f32[M, N].
+    """
+    (x, max_n, argmax_n, dscale), sizes = _operands(
+        "quantize_rows_int8_backward",
+        {
+            "x": (x, jnp.float32, ("M", "N")),
+            "max_n": (max_n, jnp.float32, ("M",)),
+            "argmax_n": (argmax_n, jnp.int32, ("M",)),
+            "dscale": (dscale, jnp.float32, ("M",)),
+        },
+    )
+    _check_blocks("quantize_rows_int8_backward", block_m=block_m, may_be_none=True)
+    _check_blocks(
+        "quantize_rows_int8_backward",
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            quantize_rows_int8_backward_reference,
+            (((m, n), jnp.float32),),
+            x,
+            max_n,
+            argmax_n,
+            dscale,
+        )
+    max_n = max_n.reshape(m, 1)  # max_n: f32[M], broadcast over N
+    argmax_n = argmax_n.reshape(m, 1)  # argmax_n: i32[M], broadcast over N
+    dscale = dscale.reshape(m, 1)  # dscale: f32[M], broadcast over N
+    return _on_platform(
+        functools.partial(_quantize_rows_int8_backward_tpu, m=m, n=n, block_m=block_m),
+        _gpu_kernel(
+            "quantize_rows_int8_backward",
+            gpu_backend,
+            functools.partial(
+                _quantize_rows_int8_backward_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            None,
+        ),
+        interpret,
+        x,
+        max_n,
+        argmax_n,
+        dscale,
+    )
+
+
+def quantize_rows_int8_backward_reference(x, max_n, argmax_n, dscale):
+    """`quantize_rows_int8_backward` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    max_n = max_n[:, None]
+    argmax_n = argmax_n[:, None]
+    dscale = dscale[:, None]
+    s_1 = jnp.maximum(max_n, 1e-30)
+    ds_1 = dscale / 127
+    ds_2 = jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, n), 1) == argmax_n,
+        jnp.where(max_n == s_1, jnp.where(1e-30 == s_1, 0.5 * ds_1, ds_1), 0),
+        0,
+    )
+    dx = jnp.where(x >= 0, ds_2, -ds_2)
+    return dx
+
+
+def _quantize_rows_int8_backward_kernel(
+    x_ref, max_n_ref, argmax_n_ref, dscale_ref, dx_ref, *, m, n, block_m
+):
+    x = x_ref[...]
+    max_n = max_n_ref[...]
+    argmax_n = argmax_n_ref[...]
+    dscale = dscale_ref[...]
+    s_1 = jnp.maximum(max_n, 1e-30)
+    ds_1 = dscale / 127
+    ds_2 = jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, n), 1) == argmax_n,
+        jnp.where(max_n == s_1, jnp.where(1e-30 == s_1, 0.5 * ds_1, ds_1), 0),
+        0,
+    )
+    dx_ref[...] = jnp.where(x >= 0, ds_2, -ds_2)
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_quantize_rows_int8_backward_tpu_blocks = {
+    None: {"default": (32,)},
+    "v5e": {"default": (32,)},
+    "v6e": {"default": (32,)},
+}
+
+
+def _quantize_rows_int8_backward_tpu(x, max_n, argmax_n, dscale, *, m, n, block_m, interpret):
+    """`quantize_rows_int8_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _quantize_rows_int8_backward_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 20 * block_m * n + 32 * block_m)
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "quantize_rows_int8_backward",
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 128 B + max_n 128
+    # B + argmax_n 128 B + dscale 128 B + dx 128 B) + let s_1 128 B + let ds_1 128 B + let
+    # ds_2 128 B.
+    return pl.pallas_call(
+        functools.partial(_quantize_rows_int8_backward_kernel, m=m, n=n, block_m=block_m),
+        # One step per block of M (N taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # dscale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ],
+        # dx: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(20 * block_m * n + 32 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=13 * m * n,
+            transcendentals=0,
+            bytes_accessed=_nbytes(x, max_n, argmax_n, dscale) + m * n * 4,
+        ),
+        interpret=interpret,
+        name="quantize_rows_int8_backward",
+    )(x, max_n, argmax_n, dscale)
+
+
+def _quantize_rows_int8_backward_gpu_kernel(
+    x_ref, max_n_ref, argmax_n_ref, dscale_ref, dx_ref, *, m, n, block_m, block_n
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    x = _load(x_ref, inside)
+    max_n = _load(max_n_ref, _mask((block_m, 1), in_m, None))
+    argmax_n = _load(argmax_n_ref, _mask((block_m, 1), in_m, None))
+    dscale = _load(dscale_ref, _mask((block_m, 1), in_m, None))
+    s_1 = jnp.maximum(max_n, 1e-30)
+    ds_1 = dscale / 127
+    ds_2 = jnp.where(
+        pl.program_id(1) * block_n + jax.lax.broadcasted_iota(jnp.int32, (1, block_n), 1)
+        == argmax_n,
+        jnp.where(max_n == s_1, jnp.where(1e-30 == s_1, 0.5 * ds_1, ds_1), 0),
+        0,
+    )
+    _store(dx_ref, jnp.where(x >= 0, ds_2, -ds_2), inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_quantize_rows_int8_backward_gpu_options = {None: (8, 128, 4, 1)}
+
+
+def _quantize_rows_int8_backward_gpu(
+    x, max_n, argmax_n, dscale, *, m, n, block_m, block_n, num_warps, num_stages, interpret
+):
+    """`quantize_rows_int8_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_n, num_warps, num_stages = _gpu_options(
+        _quantize_rows_int8_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
+    return pl.pallas_call(
+        functools.partial(
+            _quantize_rows_int8_backward_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
+        ),
+        # One program per block of M, block of N; programs run concurrently.
+        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+            # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+            # dscale: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i, j: (i, 0)),
+        ],
+        # dx: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="quantize_rows_int8_backward",
+    )(x, max_n, argmax_n, dscale)
+
+
+# `quantize_rows_int8_backward` has no Mosaic GPU kernel (index() outside a kernel
+# that reduces is not on Mosaic GPU yet): it runs on Triton.
 
 
 @functools.partial(

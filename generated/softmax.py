@@ -111,6 +111,12 @@ def _mgpu_spread(vector, shape, dim):
     return jax.lax.broadcast_in_dim(vector, shape, (dim,))
 
 
+def _mgpu_load_vector(ref, dim):
+    """A vector along axis `dim` of a block, from shared memory, in the WGMMA layout's row
+    (0) or column (1) layout."""
+    return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dim))
+
+
 def _mgpu_full(size, value, dtype, dim):
     """A running value per position along axis `dim` of a block, `value` in each."""
     return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
@@ -129,6 +135,19 @@ def _mgpu_logsumexp_step(top, total, x, axis):
         jnp.exp(x - _mgpu_spread(shift, x.shape, 1 - axis)), axis=axis
     )
     return new_top, total
+
+
+def _mgpu_argbest_step(best, index, x, start, axis, largest):
+    """The running (value, first index) of the largest (or smallest) value along `axis`
+    after one more block `x` whose positions there start at `start`."""
+    block_best = jnp.max(x, axis=axis) if largest else jnp.min(x, axis=axis)
+    hits = jnp.where(
+        x == _mgpu_spread(block_best, x.shape, 1 - axis),
+        _mgpu_positions(start, x.shape, axis),
+        2147483647,
+    )
+    better = block_best > best if largest else block_best < best  # ties keep the earlier index
+    return jnp.where(better, block_best, best), jnp.where(better, jnp.min(hits, axis=axis), index)
 
 
 def _on_platform(tpu, gpu, interpret, *arrays):
@@ -397,6 +416,13 @@ def _fill_past(value, start, size, axis, identity):
     return jnp.where(positions < size, value, identity)
 
 
+def _argbest(x, axis, largest):
+    """The first index of the largest (or smallest) value along `axis`, kept as size 1."""
+    best = jnp.max(x, axis=axis, keepdims=True) if largest else jnp.min(x, axis=axis, keepdims=True)
+    positions = jax.lax.broadcasted_iota(jnp.int32, x.shape, axis)
+    return jnp.min(jnp.where(x == best, positions, x.shape[axis]), axis=axis, keepdims=True)
+
+
 def _logsumexp(x, axis):
     """log(sum(exp(x))) along `axis`, kept as size 1, without overflow."""
     top = jnp.max(x, axis=axis, keepdims=True)
@@ -447,7 +473,7 @@ def softmax(
     Returns:
       y: f32[M, N].
 
-    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
+    Gradients: jax.grad runs the generated backward kernels softmax_backward (_softmax_vjp).
     """
     (x,), sizes = _operands("softmax", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("softmax", block_m=block_m, may_be_none=True)
@@ -468,8 +494,19 @@ def softmax(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _softmax_vjp,
+        functools.partial(_softmax_vjp, interpret=interpret),
         x,
+        saving=functools.partial(
+            _softmax_saving,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
     )
 
 
@@ -504,13 +541,34 @@ def _softmax_forward(
     )
 
 
-def _softmax_vjp(saved, cotangents):
-    """`softmax` has no backward pass yet: none is generated for a reduction."""
-    raise NotImplementedError(
-        "softmax is not differentiable yet: pallasgen generates backward kernels for "
-        "elementwise kernels only, not yet for a reduction; `grad none` in "
-        "specs/softmax.pallas says it is never differentiated"
+def _softmax_saving(
+    x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
+):
+    """`softmax` forward under jax.grad, by softmax_with_residuals: its outputs, and what its
+    backward kernels read (x, sum_n, argmax_n, max_n).
+    """
+    y, sum_n, argmax_n, max_n = softmax_with_residuals(
+        x,
+        block_m=block_m,
+        gpu_block_m=gpu_block_m,
+        gpu_warps=gpu_warps,
+        gpu_stages=gpu_stages,
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
+    return y, (x, sum_n, argmax_n, max_n)
+
+
+def _softmax_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `softmax`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels softmax_backward. The forward pass saves its inputs (x) and
+    the residuals sum_n, argmax_n, max_n (forward values that cost more to recompute than to
+    save): the backward kernels recompute the values they need (e) from them.
+    """
+    x, sum_n, argmax_n, max_n = saved
+    dy = cotangents
+    dx = softmax_backward(x, sum_n, argmax_n, max_n, dy, interpret=interpret)
+    return (dx,)
 
 
 def _softmax_kernel(x_ref, y_ref, *, m, n, block_m):
@@ -738,6 +796,880 @@ def _softmax_mosaic_gpu(x, *, m, n, interpret):
         "interpret",
     ),
 )
+def softmax_with_residuals(
+    x,
+    *,
+    block_m=None,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """`softmax` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (sum_n, argmax_n, max_n).
+
+    Args:
+      x: f32[M, N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_softmax_with_residuals_tpu_blocks),
+        grown to large steps (_grown), else 8.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      y: f32[M, N]; sum_n: f32[M]; argmax_n: i32[M]; max_n: f32[M].
+    """
+    (x,), sizes = _operands("softmax_with_residuals", {"x": (x, jnp.float32, ("M", "N"))})
+    _check_blocks("softmax_with_residuals", block_m=block_m, may_be_none=True)
+    _check_blocks("softmax_with_residuals", gpu_block_m=gpu_block_m, may_be_none=True)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            softmax_with_residuals_reference,
+            (((m, n), jnp.float32), ((m,), jnp.float32), ((m,), jnp.int32), ((m,), jnp.float32)),
+            x,
+        )
+    y, sum_n, argmax_n, max_n = _on_platform(
+        functools.partial(_softmax_with_residuals_tpu, m=m, n=n, block_m=block_m),
+        _gpu_kernel(
+            "softmax_with_residuals",
+            gpu_backend,
+            functools.partial(
+                _softmax_with_residuals_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_softmax_with_residuals_mosaic_gpu, m=m, n=n),
+        ),
+        interpret,
+        x,
+    )
+    sum_n = sum_n.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
+    argmax_n = argmax_n.reshape(
+        (m,)
+    )  # the kernel holds it with size 1 along the dimensions it lacks
+    max_n = max_n.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
+    return y, sum_n, argmax_n, max_n
+
+
+def softmax_with_residuals_reference(x):
+    """`softmax_with_residuals` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    max_n = jnp.max(x, axis=1, keepdims=True)
+    e = jnp.exp(x - max_n)
+    sum_n = jnp.sum(e, axis=1, keepdims=True, dtype=jnp.float32)
+    y = e / sum_n
+    argmax_n = jnp.argmax(x, axis=1, keepdims=True).astype(jnp.int32)
+    sum_n = sum_n.reshape((m,))
+    argmax_n = argmax_n.reshape((m,))
+    max_n = max_n.reshape((m,))
+    return y, sum_n, argmax_n, max_n
+
+
+def _softmax_with_residuals_kernel(
+    x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref, *, m, n, block_m
+):
+    x = x_ref[...]
+    max_n = jnp.max(x, axis=1, keepdims=True)
+    max_n_ref[...] = max_n
+    e = jnp.exp(x - max_n)
+    sum_n = jnp.sum(e, axis=1, keepdims=True)
+    sum_n_ref[...] = sum_n
+    y_ref[...] = e / sum_n
+    argmax_n_ref[...] = _argbest(x, 1, largest=True)
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_softmax_with_residuals_tpu_blocks = {
+    None: {"default": (8,)},
+    "v5e": {"default": (8,), (4096, 4096): (256,)},
+    "v6e": {"default": (8,), (4096, 4096): (128,)},
+}
+
+
+def _softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
+    """`softmax_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _softmax_with_residuals_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 32 * block_m * n + 24 * block_m)
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "softmax_with_residuals",
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 448 B = 2 buffers x (x 32 B + y 32 B +
+    # sum_n 32 B + argmax_n 32 B + max_n 32 B) + max's 32-bit copy of a block 32 B + sum's
+    # 32-bit copy of a block 32 B + argmax's 32-bit copy of a block 32 B + let e 32 B.
+    return pl.pallas_call(
+        functools.partial(_softmax_with_residuals_kernel, m=m, n=n, block_m=block_m),
+        # One step per block of M (N taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0))
+        ],
+        out_specs=(
+            # y: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # sum_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # sum_n
+            jax.ShapeDtypeStruct((m, 1), jnp.int32),  # argmax_n
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # max_n
+        ),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(32 * block_m * n + 24 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=5 * m * n,
+            transcendentals=m * n,
+            bytes_accessed=_nbytes(x) + m * n * 4 + m * n * 4 + m * n * 4 + m * n * 4,
+        ),
+        interpret=interpret,
+        name="softmax_with_residuals",
+    )(x)
+
+
+def _softmax_with_residuals_gpu_kernel(
+    x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref, *, m, block_m, n, block_n
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(0, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    x = _load(x_ref, inside)
+    max_n = jnp.max(_fill_past(x, 0, n, 1, -jnp.inf), axis=1, keepdims=True)
+    _store(max_n_ref, max_n, _mask((block_m, 1), in_m, None))
+    e = jnp.exp(x - max_n)
+    sum_n = jnp.sum(_fill_past(e, 0, n, 1, 0.0), axis=1, keepdims=True)
+    _store(sum_n_ref, sum_n, _mask((block_m, 1), in_m, None))
+    _store(y_ref, e / sum_n, inside)
+    _store(
+        argmax_n_ref,
+        _argbest(_fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True),
+        _mask((block_m, 1), in_m, None),
+    )
+
+
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_softmax_with_residuals_gpu_options = {None: (1, 4, 1)}
+
+
+def _softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
+    """`softmax_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _softmax_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _softmax_with_residuals_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n
+        ),
+        # One program per block of M; programs run concurrently. Each holds all of N (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
+        ],
+        out_specs=(
+            # y: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # sum_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # sum_n
+            jax.ShapeDtypeStruct((m, 1), jnp.int32),  # argmax_n
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # max_n
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="softmax_with_residuals",
+    )(x)
+
+
+def _softmax_with_residuals_mosaic_gpu_kernel(
+    x_ref,
+    y_ref,
+    sum_n_ref,
+    argmax_n_ref,
+    max_n_ref,
+    sum_n_smem,
+    argmax_n_smem,
+    max_n_smem,
+    y_buffers,
+    *,
+    block_m,
+    block_n,
+    n,
+):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        max_n__running, argmax_n__running, argmax_n__index = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        max_n__block = x
+        if n % block_n:  # a ragged N: its identity past the end
+            max_n__block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, max_n__block, -jnp.inf
+            )
+        max_n__running = jnp.maximum(max_n__running, jnp.max(max_n__block, axis=1))
+        argmax_n__block = x
+        if n % block_n:  # a ragged N: its identity past the end
+            argmax_n__block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n__block, -jnp.inf
+            )
+        argmax_n__running, argmax_n__index = _mgpu_argbest_step(
+            argmax_n__running, argmax_n__index, argmax_n__block, start, 1, largest=True
+        )
+        return (max_n__running, argmax_n__running, argmax_n__index)
+
+    max_n__running, argmax_n__running, argmax_n__index = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            _mgpu_full(block_m, 0, jnp.int32, 0),
+        ),
+    )(x_ref)
+    max_n_ = max_n__running
+    argmax_n_ = argmax_n__index
+    max_n = max_n_
+    argmax_n = argmax_n_
+
+    def reduce_2(indices, x_smem, carry):
+        (sum_n__running,) = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        e = jnp.exp(x - _mgpu_spread(max_n, (block_m, block_n), 0))
+        sum_n__block = e
+        if n % block_n:  # a ragged N: its identity past the end
+            sum_n__block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_n__block, 0.0
+            )
+        sum_n__running = sum_n__running + jnp.sum(sum_n__block, axis=1)
+        return (sum_n__running,)
+
+    (sum_n__running,) = plgpu.emit_pipeline(
+        reduce_2,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+    )(x_ref)
+    sum_n_ = sum_n__running
+    sum_n = sum_n_
+    sum_n_smem[...] = sum_n
+    argmax_n_smem[...] = argmax_n
+    max_n_smem[...] = max_n
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(sum_n_smem, sum_n_ref.at[pl.ds(program_m * block_m, block_m)])
+    plgpu.copy_smem_to_gmem(argmax_n_smem, argmax_n_ref.at[pl.ds(program_m * block_m, block_m)])
+    plgpu.copy_smem_to_gmem(max_n_smem, max_n_ref.at[pl.ds(program_m * block_m, block_m)])
+
+    def write(indices, x_smem):
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        e = jnp.exp(x - _mgpu_spread(max_n, (block_m, block_n), 0))
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        y_buffers[slot] = e / _mgpu_spread(sum_n, (block_m, block_n), 0)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+    )(x_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
+    """`softmax_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    y, sum_n, argmax_n, max_n = plgpu.kernel(
+        functools.partial(
+            _softmax_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
+            jax.ShapeDtypeStruct((padded_m,), jnp.int32),
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
+        ),
+        scratch_types=[
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM((block_m,), jnp.int32),
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM(
+                (2, block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+            ),
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x)
+    return (
+        y[:m, :n],
+        sum_n[:m].reshape((m, 1)),
+        argmax_n[:m].reshape((m, 1)),
+        max_n[:m].reshape((m, 1)),
+    )
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def softmax_backward(
+    x,
+    sum_n,
+    argmax_n,
+    max_n,
+    dy,
+    *,
+    block_m=None,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `softmax`, generated from its spec: the cotangents dx
+    of its inputs from dy, those of its outputs.
+
+    Args:
+      x: f32[M, N].
+      sum_n: f32[M].
+      argmax_n: i32[M].
+      max_n: f32[M].
+      dy: f32[M, N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_softmax_backward_tpu_blocks),
+        grown to large steps (_grown), else 8.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dx: f32[M, N].
+    """
+    (x, sum_n, argmax_n, max_n, dy), sizes = _operands(
+        "softmax_backward",
+        {
+            "x": (x, jnp.float32, ("M", "N")),
+            "sum_n": (sum_n, jnp.float32, ("M",)),
+            "argmax_n": (argmax_n, jnp.int32, ("M",)),
+            "max_n": (max_n, jnp.float32, ("M",)),
+            "dy": (dy, jnp.float32, ("M", "N")),
+        },
+    )
+    _check_blocks("softmax_backward", block_m=block_m, may_be_none=True)
+    _check_blocks("softmax_backward", gpu_block_m=gpu_block_m, may_be_none=True)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            softmax_backward_reference, (((m, n), jnp.float32),), x, sum_n, argmax_n, max_n, dy
+        )
+    sum_n = sum_n.reshape(m, 1)  # sum_n: f32[M], broadcast over N
+    argmax_n = argmax_n.reshape(m, 1)  # argmax_n: i32[M], broadcast over N
+    max_n = max_n.reshape(m, 1)  # max_n: f32[M], broadcast over N
+    return _on_platform(
+        functools.partial(_softmax_backward_tpu, m=m, n=n, block_m=block_m),
+        _gpu_kernel(
+            "softmax_backward",
+            gpu_backend,
+            functools.partial(
+                _softmax_backward_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_softmax_backward_mosaic_gpu, m=m, n=n),
+        ),
+        interpret,
+        x,
+        sum_n,
+        argmax_n,
+        max_n,
+        dy,
+    )
+
+
+def softmax_backward_reference(x, sum_n, argmax_n, max_n, dy):
+    """`softmax_backward` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    sum_n = sum_n[:, None]
+    argmax_n = argmax_n[:, None]
+    max_n = max_n[:, None]
+    e = jnp.exp(x - max_n)
+    de = dy / sum_n + jnp.sum((-dy * e / (sum_n * sum_n)), axis=1, keepdims=True, dtype=jnp.float32)
+    de_1 = de * e
+    dx = de_1 + jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, n), 1) == argmax_n,
+        jnp.sum((-de_1), axis=1, keepdims=True, dtype=jnp.float32),
+        0,
+    )
+    return dx
+
+
+def _softmax_backward_kernel(
+    x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_ref, dx_ref, *, m, n, block_m
+):
+    x = x_ref[...]
+    sum_n = sum_n_ref[...]
+    argmax_n = argmax_n_ref[...]
+    max_n = max_n_ref[...]
+    dy = dy_ref[...]
+    e = jnp.exp(x - max_n)
+    de = dy / sum_n + jnp.sum((-dy * e / (sum_n * sum_n)), axis=1, keepdims=True)
+    de_1 = de * e
+    dx_ref[...] = de_1 + jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, (1, n), 1) == argmax_n,
+        jnp.sum((-de_1), axis=1, keepdims=True),
+        0,
+    )
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_softmax_backward_tpu_blocks = {
+    None: {"default": (8,)},
+    "v5e": {"default": (8,), (4096, 4096): (128,)},
+    "v6e": {"default": (8,), (4096, 4096): (128,)},
+}
+
+
+def _softmax_backward_tpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, interpret):
+    """`softmax_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _softmax_backward_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 44 * block_m * n + 24 * block_m)
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "softmax_backward",
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 544 B = 2 buffers x (x 32 B + sum_n 32 B +
+    # argmax_n 32 B + max_n 32 B + dy 32 B + dx 32 B) + sum's 32-bit copy of a block 32 B
+    # + sum's 32-bit copy of a block 32 B + let e 32 B + let de 32 B + let de_1 32 B.
+    return pl.pallas_call(
+        functools.partial(_softmax_backward_kernel, m=m, n=n, block_m=block_m),
+        # One step per block of M (N taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # sum_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # dy: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        ],
+        # dx: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(44 * block_m * n + 24 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=15 * m * n,
+            transcendentals=m * n,
+            bytes_accessed=_nbytes(x, sum_n, argmax_n, max_n, dy) + m * n * 4,
+        ),
+        interpret=interpret,
+        name="softmax_backward",
+    )(x, sum_n, argmax_n, max_n, dy)
+
+
+def _softmax_backward_gpu_kernel(
+    x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_ref, dx_ref, *, m, block_m, n, block_n
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(0, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    x = _load(x_ref, inside)
+    sum_n = _load(sum_n_ref, _mask((block_m, 1), in_m, None))
+    argmax_n = _load(argmax_n_ref, _mask((block_m, 1), in_m, None))
+    max_n = _load(max_n_ref, _mask((block_m, 1), in_m, None))
+    dy = _load(dy_ref, inside)
+    e = jnp.exp(x - max_n)
+    de = dy / sum_n + jnp.sum(
+        _fill_past((-dy * e / (sum_n * sum_n)), 0, n, 1, 0.0), axis=1, keepdims=True
+    )
+    de_1 = de * e
+    _store(
+        dx_ref,
+        de_1
+        + jnp.where(
+            jax.lax.broadcasted_iota(jnp.int32, (1, block_n), 1) == argmax_n,
+            jnp.sum(_fill_past((-de_1), 0, n, 1, 0.0), axis=1, keepdims=True),
+            0,
+        ),
+        inside,
+    )
+
+
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_softmax_backward_gpu_options = {None: (1, 4, 1)}
+
+
+def _softmax_backward_gpu(
+    x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, num_warps, num_stages, interpret
+):
+    """`softmax_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(_softmax_backward_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n),
+        # One program per block of M; programs run concurrently. Each holds all of N (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # sum_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # argmax_n: i32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # max_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # dy: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        ],
+        # dx: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="softmax_backward",
+    )(x, sum_n, argmax_n, max_n, dy)
+
+
+def _softmax_backward_mosaic_gpu_kernel(
+    x_ref,
+    sum_n_ref,
+    argmax_n_ref,
+    max_n_ref,
+    dy_ref,
+    dx_ref,
+    barrier,
+    sum_n_smem,
+    argmax_n_smem,
+    max_n_smem,
+    dx_buffers,
+    *,
+    block_m,
+    block_n,
+    n,
+):
+    program_m = jax.lax.axis_index("M")
+    plgpu.copy_gmem_to_smem(
+        sum_n_ref.at[pl.ds(program_m * block_m, block_m)], sum_n_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+    sum_n = _mgpu_load_vector(sum_n_smem, 0)
+    plgpu.copy_gmem_to_smem(
+        argmax_n_ref.at[pl.ds(program_m * block_m, block_m)], argmax_n_smem, barrier.at[1]
+    )
+    plgpu.barrier_wait(barrier.at[1])
+    argmax_n = _mgpu_load_vector(argmax_n_smem, 0)
+    plgpu.copy_gmem_to_smem(
+        max_n_ref.at[pl.ds(program_m * block_m, block_m)], max_n_smem, barrier.at[2]
+    )
+    plgpu.barrier_wait(barrier.at[2])
+    max_n = _mgpu_load_vector(max_n_smem, 0)
+
+    def reduce_1(indices, x_smem, dy_smem, carry):
+        (sum_n__running,) = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        e = jnp.exp(x - _mgpu_spread(max_n, (block_m, block_n), 0))
+        sum_n__block = (
+            -dy
+            * e
+            / (
+                _mgpu_spread(sum_n, (block_m, block_n), 0)
+                * _mgpu_spread(sum_n, (block_m, block_n), 0)
+            )
+        )
+        if n % block_n:  # a ragged N: its identity past the end
+            sum_n__block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_n__block, 0.0
+            )
+        sum_n__running = sum_n__running + jnp.sum(sum_n__block, axis=1)
+        return (sum_n__running,)
+
+    (sum_n__running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+    )(x_ref, dy_ref)
+    sum_n_ = sum_n__running
+
+    def reduce_2(indices, x_smem, dy_smem, carry):
+        (sum_n___running,) = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        e = jnp.exp(x - _mgpu_spread(max_n, (block_m, block_n), 0))
+        de = dy / _mgpu_spread(sum_n, (block_m, block_n), 0) + _mgpu_spread(
+            sum_n_, (block_m, block_n), 0
+        )
+        de_1 = de * e
+        sum_n___block = -de_1
+        if n % block_n:  # a ragged N: its identity past the end
+            sum_n___block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_n___block, 0.0
+            )
+        sum_n___running = sum_n___running + jnp.sum(sum_n___block, axis=1)
+        return (sum_n___running,)
+
+    (sum_n___running,) = plgpu.emit_pipeline(
+        reduce_2,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+    )(x_ref, dy_ref)
+    sum_n__ = sum_n___running
+
+    def write(indices, x_smem, dy_smem):
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        e = jnp.exp(x - _mgpu_spread(max_n, (block_m, block_n), 0))
+        de = dy / _mgpu_spread(sum_n, (block_m, block_n), 0) + _mgpu_spread(
+            sum_n_, (block_m, block_n), 0
+        )
+        de_1 = de * e
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        dx_buffers[slot] = de_1 + jnp.where(
+            _mgpu_positions(start, (block_m, block_n), 1)
+            == _mgpu_spread(argmax_n, (block_m, block_n), 0),
+            _mgpu_spread(sum_n__, (block_m, block_n), 0),
+            0,
+        )
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            dx_buffers.at[slot],
+            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)],
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+        ],
+        max_concurrent_steps=2,
+    )(x_ref, dy_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _softmax_backward_mosaic_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, interpret):
+    """`softmax_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 64
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    sum_n = sum_n.reshape((m,))
+    sum_n = _mgpu_pad(sum_n, (padded_m,))
+    argmax_n = argmax_n.reshape((m,))
+    argmax_n = _mgpu_pad(argmax_n, (padded_m,))
+    max_n = max_n.reshape((m,))
+    max_n = _mgpu_pad(max_n, (padded_m,))
+    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    (dx,) = plgpu.kernel(
+        functools.partial(
+            _softmax_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
+        scratch_types=[
+            plgpu.Barrier(num_barriers=3),
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM((block_m,), jnp.int32),
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM(
+                (2, block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+            ),
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x, sum_n, argmax_n, max_n, dy)
+    return dx[:m, :n]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
 def log_softmax(
     x,
     *,
@@ -765,7 +1697,8 @@ def log_softmax(
     Returns:
       y: f32[M, N].
 
-    Gradients: not generated yet for a reduction: jax.grad of it raises NotImplementedError.
+    Gradients: jax.grad runs the generated backward kernels log_softmax_backward
+    (_log_softmax_vjp).
     """
     (x,), sizes = _operands("log_softmax", {"x": (x, jnp.float32, ("M", "N"))})
     _check_blocks("log_softmax", block_m=block_m, may_be_none=True)
@@ -786,8 +1719,19 @@ def log_softmax(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _log_softmax_vjp,
+        functools.partial(_log_softmax_vjp, interpret=interpret),
         x,
+        saving=functools.partial(
+            _log_softmax_saving,
+            m=m,
+            n=n,
+            block_m=block_m,
+            gpu_block_m=gpu_block_m,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
     )
 
 
@@ -821,13 +1765,34 @@ def _log_softmax_forward(
     )
 
 
-def _log_softmax_vjp(saved, cotangents):
-    """`log_softmax` has no backward pass yet: none is generated for a reduction."""
-    raise NotImplementedError(
-        "log_softmax is not differentiable yet: pallasgen generates backward kernels "
-        "for elementwise kernels only, not yet for a reduction; `grad none` in "
-        "specs/softmax.pallas says it is never differentiated"
+def _log_softmax_saving(
+    x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
+):
+    """`log_softmax` forward under jax.grad, by log_softmax_with_residuals: its outputs, and
+    what its backward kernels read (x, logsumexp_n).
+    """
+    y, logsumexp_n = log_softmax_with_residuals(
+        x,
+        block_m=block_m,
+        gpu_block_m=gpu_block_m,
+        gpu_warps=gpu_warps,
+        gpu_stages=gpu_stages,
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
+    return y, (x, logsumexp_n)
+
+
+def _log_softmax_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `log_softmax`'s inputs from those of its outputs, for jax.grad, by the
+    generated backward kernels log_softmax_backward. The forward pass saves its inputs (x)
+    and the residuals logsumexp_n (forward values that cost more to recompute than to save):
+    the backward kernels recompute the values they need from them.
+    """
+    x, logsumexp_n = saved
+    dy = cotangents
+    dx = log_softmax_backward(x, logsumexp_n, dy, interpret=interpret)
+    return (dx,)
 
 
 def _log_softmax_kernel(x_ref, y_ref, *, m, n, block_m):
@@ -1020,3 +1985,648 @@ def _log_softmax_mosaic_gpu(x, *, m, n, interpret):
         interpret=interpret,
     )(x)
     return y[:m, :n]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def log_softmax_with_residuals(
+    x,
+    *,
+    block_m=None,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """`log_softmax` as `jax.grad` runs it forward: its outputs, then what its
+    backward kernels read that it does not output (logsumexp_n).
+
+    Args:
+      x: f32[M, N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_with_residuals_tpu_blocks),
+        grown to large steps (_grown), else 8.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      y: f32[M, N]; logsumexp_n: f32[M].
+    """
+    (x,), sizes = _operands("log_softmax_with_residuals", {"x": (x, jnp.float32, ("M", "N"))})
+    _check_blocks("log_softmax_with_residuals", block_m=block_m, may_be_none=True)
+    _check_blocks("log_softmax_with_residuals", gpu_block_m=gpu_block_m, may_be_none=True)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            log_softmax_with_residuals_reference, (((m, n), jnp.float32), ((m,), jnp.float32)), x
+        )
+    y, logsumexp_n = _on_platform(
+        functools.partial(_log_softmax_with_residuals_tpu, m=m, n=n, block_m=block_m),
+        _gpu_kernel(
+            "log_softmax_with_residuals",
+            gpu_backend,
+            functools.partial(
+                _log_softmax_with_residuals_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_log_softmax_with_residuals_mosaic_gpu, m=m, n=n),
+        ),
+        interpret,
+        x,
+    )
+    logsumexp_n = logsumexp_n.reshape(
+        (m,)
+    )  # the kernel holds it with size 1 along the dimensions it lacks
+    return y, logsumexp_n
+
+
+def log_softmax_with_residuals_reference(x):
+    """`log_softmax_with_residuals` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    n = x.shape[1]
+    logsumexp_n = jax.nn.logsumexp(x, axis=1, keepdims=True)
+    y = x - logsumexp_n
+    logsumexp_n = logsumexp_n.reshape((m,))
+    return y, logsumexp_n
+
+
+def _log_softmax_with_residuals_kernel(x_ref, y_ref, logsumexp_n_ref, *, m, n, block_m):
+    x = x_ref[...]
+    logsumexp_n = _logsumexp(x, 1)
+    logsumexp_n_ref[...] = logsumexp_n
+    y_ref[...] = x - logsumexp_n
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_log_softmax_with_residuals_tpu_blocks = {
+    None: {"default": (8,)},
+    "v5e": {"default": (8,)},
+    "v6e": {"default": (8,)},
+}
+
+
+def _log_softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
+    """`log_softmax_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _log_softmax_with_residuals_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 20 * block_m * n + 8 * block_m)
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "log_softmax_with_residuals",
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B +
+    # logsumexp_n 32 B) + logsumexp's 32-bit copy of a block 32 B.
+    return pl.pallas_call(
+        functools.partial(_log_softmax_with_residuals_kernel, m=m, n=n, block_m=block_m),
+        # One step per block of M (N taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0))
+        ],
+        out_specs=(
+            # y: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # logsumexp_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # logsumexp_n
+        ),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(20 * block_m * n + 8 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=m * n, transcendentals=m * n, bytes_accessed=_nbytes(x) + m * n * 4 + m * n * 4
+        ),
+        interpret=interpret,
+        name="log_softmax_with_residuals",
+    )(x)
+
+
+def _log_softmax_with_residuals_gpu_kernel(
+    x_ref, y_ref, logsumexp_n_ref, *, m, block_m, n, block_n
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(0, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    x = _load(x_ref, inside)
+    logsumexp_n = _logsumexp(_fill_past(x, 0, n, 1, -jnp.inf), 1)
+    _store(logsumexp_n_ref, logsumexp_n, _mask((block_m, 1), in_m, None))
+    _store(y_ref, x - logsumexp_n, inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_log_softmax_with_residuals_gpu_options = {None: (1, 4, 1)}
+
+
+def _log_softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
+    """`log_softmax_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _log_softmax_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _log_softmax_with_residuals_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n
+        ),
+        # One program per block of M; programs run concurrently. Each holds all of N (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0))
+        ],
+        out_specs=(
+            # y: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # logsumexp_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, n), jnp.float32),  # y
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # logsumexp_n
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="log_softmax_with_residuals",
+    )(x)
+
+
+def _log_softmax_with_residuals_mosaic_gpu_kernel(
+    x_ref, y_ref, logsumexp_n_ref, logsumexp_n_smem, y_buffers, *, block_m, block_n, n
+):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        logsumexp_n__running, logsumexp_n__index = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        logsumexp_n__block = x
+        if n % block_n:  # a ragged N: its identity past the end
+            logsumexp_n__block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, logsumexp_n__block, -jnp.inf
+            )
+        logsumexp_n__running, logsumexp_n__index = _mgpu_logsumexp_step(
+            logsumexp_n__running, logsumexp_n__index, logsumexp_n__block, 1
+        )
+        return (logsumexp_n__running, logsumexp_n__index)
+
+    logsumexp_n__running, logsumexp_n__index = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            _mgpu_full(block_m, 0.0, jnp.float32, 0),
+        ),
+    )(x_ref)
+    logsumexp_n_ = _logsumexp_finish(logsumexp_n__running, logsumexp_n__index)
+    logsumexp_n = logsumexp_n_
+    logsumexp_n_smem[...] = logsumexp_n
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        logsumexp_n_smem, logsumexp_n_ref.at[pl.ds(program_m * block_m, block_m)]
+    )
+
+    def write(indices, x_smem):
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        y_buffers[slot] = x - _mgpu_spread(logsumexp_n, (block_m, block_n), 0)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+    )(x_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _log_softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
+    """`log_softmax_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    y, logsumexp_n = plgpu.kernel(
+        functools.partial(
+            _log_softmax_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
+        ),
+        scratch_types=[
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM(
+                (2, block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+            ),
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x)
+    return y[:m, :n], logsumexp_n[:m].reshape((m, 1))
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def log_softmax_backward(
+    x,
+    logsumexp_n,
+    dy,
+    *,
+    block_m=None,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `log_softmax`, generated from its spec: the cotangents dx
+    of its inputs from dy, those of its outputs.
+
+    Args:
+      x: f32[M, N].
+      logsumexp_n: f32[M].
+      dy: f32[M, N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_backward_tpu_blocks),
+        grown to large steps (_grown), else 8.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dx: f32[M, N].
+    """
+    (x, logsumexp_n, dy), sizes = _operands(
+        "log_softmax_backward",
+        {
+            "x": (x, jnp.float32, ("M", "N")),
+            "logsumexp_n": (logsumexp_n, jnp.float32, ("M",)),
+            "dy": (dy, jnp.float32, ("M", "N")),
+        },
+    )
+    _check_blocks("log_softmax_backward", block_m=block_m, may_be_none=True)
+    _check_blocks("log_softmax_backward", gpu_block_m=gpu_block_m, may_be_none=True)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            log_softmax_backward_reference, (((m, n), jnp.float32),), x, logsumexp_n, dy
+        )
+    logsumexp_n = logsumexp_n.reshape(m, 1)  # logsumexp_n: f32[M], broadcast over N
+    return _on_platform(
+        functools.partial(_log_softmax_backward_tpu, m=m, n=n, block_m=block_m),
+        _gpu_kernel(
+            "log_softmax_backward",
+            gpu_backend,
+            functools.partial(
+                _log_softmax_backward_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_log_softmax_backward_mosaic_gpu, m=m, n=n),
+        ),
+        interpret,
+        x,
+        logsumexp_n,
+        dy,
+    )
+
+
+def log_softmax_backward_reference(x, logsumexp_n, dy):
+    """`log_softmax_backward` in plain jax.numpy, to test the kernel against."""
+    logsumexp_n = logsumexp_n[:, None]
+    dx = dy + jnp.sum((-dy), axis=1, keepdims=True, dtype=jnp.float32) * jnp.exp(x - logsumexp_n)
+    return dx
+
+
+def _log_softmax_backward_kernel(x_ref, logsumexp_n_ref, dy_ref, dx_ref, *, m, n, block_m):
+    x = x_ref[...]
+    logsumexp_n = logsumexp_n_ref[...]
+    dy = dy_ref[...]
+    dx_ref[...] = dy + jnp.sum((-dy), axis=1, keepdims=True) * jnp.exp(x - logsumexp_n)
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_log_softmax_backward_tpu_blocks = {
+    None: {"default": (8,)},
+    "v5e": {"default": (8,)},
+    "v6e": {"default": (8,)},
+}
+
+
+def _log_softmax_backward_tpu(x, logsumexp_n, dy, *, m, n, block_m, interpret):
+    """`log_softmax_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _log_softmax_backward_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 28 * block_m * n + 8 * block_m)
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "log_softmax_backward",
+        block_m=(
+            block_m,
+            m,
+            8,
+            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 288 B = 2 buffers x (x 32 B + logsumexp_n
+    # 32 B + dy 32 B + dx 32 B) + sum's 32-bit copy of a block 32 B.
+    return pl.pallas_call(
+        functools.partial(_log_softmax_backward_kernel, m=m, n=n, block_m=block_m),
+        # One step per block of M (N taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # logsumexp_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # dy: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        ],
+        # dx: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(28 * block_m * n + 8 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=5 * m * n,
+            transcendentals=m * n,
+            bytes_accessed=_nbytes(x, logsumexp_n, dy) + m * n * 4,
+        ),
+        interpret=interpret,
+        name="log_softmax_backward",
+    )(x, logsumexp_n, dy)
+
+
+def _log_softmax_backward_gpu_kernel(
+    x_ref, logsumexp_n_ref, dy_ref, dx_ref, *, m, block_m, n, block_n
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(0, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    x = _load(x_ref, inside)
+    logsumexp_n = _load(logsumexp_n_ref, _mask((block_m, 1), in_m, None))
+    dy = _load(dy_ref, inside)
+    _store(
+        dx_ref,
+        dy
+        + jnp.sum(_fill_past((-dy), 0, n, 1, 0.0), axis=1, keepdims=True)
+        * jnp.exp(x - logsumexp_n),
+        inside,
+    )
+
+
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_log_softmax_backward_gpu_options = {None: (1, 4, 1)}
+
+
+def _log_softmax_backward_gpu(
+    x, logsumexp_n, dy, *, m, n, block_m, num_warps, num_stages, interpret
+):
+    """`log_softmax_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _log_softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _log_softmax_backward_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n
+        ),
+        # One program per block of M; programs run concurrently. Each holds all of N (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # logsumexp_n: f32[M], broadcast over N
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # dy: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        ],
+        # dx: f32[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="log_softmax_backward",
+    )(x, logsumexp_n, dy)
+
+
+def _log_softmax_backward_mosaic_gpu_kernel(
+    x_ref,
+    logsumexp_n_ref,
+    dy_ref,
+    dx_ref,
+    barrier,
+    logsumexp_n_smem,
+    dx_buffers,
+    *,
+    block_m,
+    block_n,
+    n,
+):
+    program_m = jax.lax.axis_index("M")
+    plgpu.copy_gmem_to_smem(
+        logsumexp_n_ref.at[pl.ds(program_m * block_m, block_m)], logsumexp_n_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+    logsumexp_n = _mgpu_load_vector(logsumexp_n_smem, 0)
+
+    def reduce_1(indices, dy_smem, carry):
+        (sum_n_running,) = carry
+        start = indices[0] * block_n
+        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        sum_n_block = -dy
+        if n % block_n:  # a ragged N: its identity past the end
+            sum_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
+            )
+        sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
+        return (sum_n_running,)
+
+    (sum_n_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+    )(dy_ref)
+    sum_n = sum_n_running
+
+    def write(indices, x_smem, dy_smem):
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        dx_buffers[slot] = dy + _mgpu_spread(sum_n, (block_m, block_n), 0) * jnp.exp(
+            x - _mgpu_spread(logsumexp_n, (block_m, block_n), 0)
+        )
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            dx_buffers.at[slot],
+            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)],
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+        ],
+        max_concurrent_steps=2,
+    )(x_ref, dy_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _log_softmax_backward_mosaic_gpu(x, logsumexp_n, dy, *, m, n, interpret):
+    """`log_softmax_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 64
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    logsumexp_n = logsumexp_n.reshape((m,))
+    logsumexp_n = _mgpu_pad(logsumexp_n, (padded_m,))
+    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    (dx,) = plgpu.kernel(
+        functools.partial(
+            _log_softmax_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
+        scratch_types=[
+            plgpu.Barrier(num_barriers=1),
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM(
+                (2, block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+            ),
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x, logsumexp_n, dy)
+    return dx[:m, :n]

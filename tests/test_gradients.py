@@ -158,13 +158,18 @@ def test_each_rule_gives_jaxs_derivative_at_every_point_of_the_grid(rules, name)
 
 
 def test_the_rule_table_covers_every_function_and_operator():
-    """Every function with a derivative rule (casts: float to float, float to integer) and
-    every operator with one is exercised above."""
+    """Every elementwise function with a derivative rule (casts: float to float, float to
+    integer) and every operator with one is exercised above (reductions' rules: in
+    test_gradients_reductions.py)."""
     nodes = [n for k in check_source(rule_spec(), "rules.pallas") for s in k.kernel.body for n in ir.walk(s.value)]
     calls = {n.func for n in nodes if isinstance(n, ir.Call)}
     operators = {("neg" if n.op == "-" else n.op) for n in nodes if isinstance(n, ir.Unary)}
     operators |= {n.op for n in nodes if isinstance(n, ir.Binary)}
-    with_rules = {name for name, f in FUNCTIONS.items() if f.derivative and f.typing not in ("index", "size", "cast")}
+    with_rules = {
+        name
+        for name, f in FUNCTIONS.items()
+        if f.derivative and f.reducer is None and f.typing not in ("index", "size", "cast")
+    }
     assert with_rules <= calls and {"f32", "bf16", "i32"} <= calls
     assert {op for op, rule in OPERATOR_DERIVATIVES.items() if rule is not None} <= operators
 
@@ -417,24 +422,18 @@ def test_grad_none_gives_the_same_error_for_a_kernel_with_a_product(tmp_path):
 @pytest.mark.parametrize(
     ("stem", "kernel", "what"),
     [
-        ("norms", "rms_norm", "a reduction"),
+        ("attention", "matmul_softmax", "a product fused with a reduction or a computed operand"),
+        ("attention", "rmsnorm_matmul", "a product fused with a reduction or a computed operand"),
     ],
 )
 def test_a_kernel_whose_backward_kernels_are_not_generated_yet_says_so(stem, kernel, what):
-    """jax.grad of a kernel with a product or a reduction raises a NotImplementedError
-    that names it and what it has, rather than JAX's error about a Pallas primitive."""
+    """jax.grad of a kernel that no derivation takes raises a NotImplementedError that
+    names it and what it has, rather than JAX's error about a Pallas primitive."""
     module = generated_module(stem)
     assert f"not generated yet for {what}" in " ".join(getattr(module, kernel).__doc__.split())
     vjp = getattr(module, f"_{kernel}_vjp")
-    with pytest.raises(NotImplementedError, match=rf"{kernel} is not differentiable yet: .* not yet for {what}"):
+    with pytest.raises(NotImplementedError, match=rf"{kernel} is not differentiable yet: .* yet for {what}"):
         vjp((), ())
-
-
-def test_jax_grad_of_a_kernel_with_a_reduction_raises_the_not_yet_error():
-    module = generated_module("norms")
-    x, w = jnp.ones((16, 128), jnp.bfloat16), jnp.ones(128)
-    with pytest.raises(NotImplementedError, match="rms_norm is not differentiable yet"):
-        jax.grad(lambda w: module.rms_norm(x, w).astype(jnp.float32).sum())(w)
 
 
 def test_without_grad_none_the_same_kernel_is_differentiable(tmp_path):

@@ -151,6 +151,44 @@ def _power(b: Builder, args, result, g) -> Contributions:
     return dx, dy
 
 
+# Reductions f(x, DIM) (set beside each `Reducer` in functions.FUNCTIONS): the dimension
+# argument gets none. A cotangent `g` lacks DIM and broadcasts over it by name.
+def reduced_sum(b: Builder, args, result, g) -> Contributions:
+    """sum(x, N): each element gets `g`."""
+    return g, None
+
+
+def reduced_mean(b: Builder, args, result, g) -> Contributions:
+    """mean(x, N): each element gets `g / size(N)`."""
+    return b.op(g, "/", b.call("size", args[1])), None
+
+
+def _first_extremum(arg_best: str) -> Rule:
+    """max(x, N), min(x, N): the FIRST position of the extremum (as arg_best gives it) takes
+    the whole cotangent, the others none. JAX instead splits it evenly among tied
+    positions: the two agree wherever the extremum is unique."""
+
+    def rule(b: Builder, args, result, g) -> Contributions:
+        x, dim = args
+        first = b.bind(b.call(arg_best, x, dim))
+        return b.where(b.op(b.call("index", dim), "==", first), g, 0), None
+
+    return rule
+
+
+reduced_max, reduced_min = _first_extremum("argmax"), _first_extremum("argmin")
+
+
+def logsumexp(b: Builder, args, result, g) -> Contributions:
+    """logsumexp(x, N) = lse: each element gets g * exp(x - lse)."""
+    return b.mul(g, b.call("exp", b.op(args[0], "-", result))), None
+
+
+def softmax(b: Builder, args, result, g) -> Contributions:
+    """softmax(x, N) = y: x gets y * (g - sum(g * y, N))."""
+    return b.mul(result, b.op(g, "-", b.call("sum", b.mul(g, result), args[1]))), None
+
+
 # Each operator's rule: unary ones by "-" and "~" with the operand's cotangent; binary
 # ones by their symbol. "@" is a matrix product: its rule is not written yet.
 OPERATOR_DERIVATIVES: dict[str, Rule | None] = {

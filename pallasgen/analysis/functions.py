@@ -79,8 +79,8 @@ class Function:
     result always fits its arguments' dtype (nested in another such call it stays i32).
     `fold` computes it in Python, for constants folded as code is generated (None:
     not foldable; a cast's result is converted to its dtype by the caller).
-    `derivative` is its rule for backward kernels (analysis.derivatives); None: its
-    gradient is not generated yet (reductions and softmax, for now).
+    `derivative` is its rule for backward kernels (analysis.derivatives), a
+    reduction's beside its `reducer`.
     """
 
     name: str
@@ -104,8 +104,8 @@ def _float(name: str, code: str, fold: Callable, derivative: Callable) -> Functi
     return Function(name, 1, "float", code, transcendental=True, fold=fold, derivative=derivative)
 
 
-def _reduction(name: str, reducer: Reducer, transcendental: bool = False) -> Function:
-    return Function(name, 2, "reduce", "", transcendental=transcendental, reducer=reducer)
+def _reduction(name: str, reducer: Reducer, derivative: Callable, transcendental: bool = False) -> Function:
+    return Function(name, 2, "reduce", "", transcendental=transcendental, reducer=reducer, derivative=derivative)
 
 
 _KEPT = "jnp.{}({{value}}, axis={{axis}}, keepdims=True)"
@@ -203,6 +203,7 @@ FUNCTIONS: dict[str, Function] = {
                 **_merged("sum", "{} + {}", "zero"),
                 linear=True,
             ),
+            d.reduced_sum,
         ),
         _reduction(
             "mean",
@@ -214,11 +215,16 @@ FUNCTIONS: dict[str, Function] = {
                 finish="{0} / {size}",
                 linear=True,
             ),
+            d.reduced_mean,
         ),
-        _reduction("max", Reducer("same", "lowest", _KEPT.format("max"), **_merged("max", _MAXIMUM, "lowest"))),
-        _reduction("min", Reducer("same", "highest", _KEPT.format("min"), **_merged("min", _MINIMUM, "highest"))),
-        _reduction("argmax", _arg_best("argmax", "max", "lowest", largest=True)),
-        _reduction("argmin", _arg_best("argmin", "min", "highest", largest=False)),
+        _reduction(
+            "max", Reducer("same", "lowest", _KEPT.format("max"), **_merged("max", _MAXIMUM, "lowest")), d.reduced_max
+        ),
+        _reduction(
+            "min", Reducer("same", "highest", _KEPT.format("min"), **_merged("min", _MINIMUM, "highest")), d.reduced_min
+        ),
+        _reduction("argmax", _arg_best("argmax", "max", "lowest", largest=True), d.none),
+        _reduction("argmin", _arg_best("argmin", "min", "highest", largest=False), d.none),
         _reduction(
             "logsumexp",
             Reducer(
@@ -230,6 +236,7 @@ FUNCTIONS: dict[str, Function] = {
                 finish="_logsumexp_finish({0}, {1})",
                 whole="_logsumexp({value}, {axis})",
             ),
+            d.logsumexp,
             transcendental=True,
         ),
         # exp(x - max(x, N)) / sum(exp(x - max(x, N)), N): f32, with the shape of x.
@@ -240,6 +247,7 @@ FUNCTIONS: dict[str, Function] = {
             "",
             transcendental=True,
             reducer=Reducer("f32", "lowest", "jax.nn.softmax({wide_value}, axis={axis})"),
+            derivative=d.softmax,
         ),
         _reduction(
             "any",
@@ -251,12 +259,14 @@ FUNCTIONS: dict[str, Function] = {
                 **_merged("max", _MAXIMUM, "false"),
                 finish="{0} > 0",
             ),
+            d.none,
         ),
         _reduction(
             "all",
             Reducer(
                 "bool", "true", _KEPT.format("all"), takes="bools", **_merged("min", _MINIMUM, "true"), finish="{0} > 0"
             ),
+            d.none,
         ),
         *(Function(name, 1, "cast", "", fold=lambda x: x, derivative=d.unchanged) for name in DTYPES),
     )

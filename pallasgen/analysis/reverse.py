@@ -1,15 +1,36 @@
-"""Reverse mode over an elementwise kernel's statements: its backward kernels, derived
-as ordinary `ir.Kernel`s that go through the same checks, lowering and backends as any other.
+"""Reverse mode over a kernel's statements: its backward kernels, derived as ordinary
+`ir.Kernel`s that go through the same checks, lowering and backends as any other.
 
-An elementwise kernel (no product, reduction, index() or size()) is differentiated
-here. Its backward kernel takes the inputs and one cotangent per float output, and
-recomputes from the inputs the forward values it needs (the forward pass saves nothing
-else); it then takes the cotangents through each statement's derivative rules
-(analysis.derivatives), the last statement first, and returns one cotangent per float
-input. An input broadcast over a dimension (a bias [N] of [M, N]) gets its cotangent
-summed over that dimension, by a second backward kernel (one per dimension summed):
-one kernel cannot hold both layouts. Every node of a derived kernel has the position of
-the forward node it comes from, so its diagnostics point at the spec.
+A kernel without a matrix product is differentiated here. Its backward kernels take
+the inputs and one cotangent per float output; they take the cotangents through each
+statement's derivative rules (analysis.derivatives), the last statement first, and
+return one cotangent per float input. Every node of a derived kernel has the position
+of the forward node it comes from, so its diagnostics point at the spec.
+
+Cotangents have dimensions: that of a value of fewer dimensions than the kernel (an
+output `mu: f32[M]`, a reduction's result) broadcasts by name where the rules read it,
+and a contribution to such a value is summed over the dimensions it lacks. A sum over
+a dimension a block holds whole is computed in the kernel. One over a blocked dimension
+is left to a second backward kernel that sums the input's cotangent over it (one per
+dimension summed: one kernel cannot hold both layouts), so an input broadcast over a
+blocked dimension (a bias [N] of [M, N]) gets it there; where a reduction's rule needs
+its cotangent summed over a blocked dimension first (`z * sum(x, N)` with M blocked),
+an earlier backward kernel sums it, and the later ones read its result.
+
+Reductions: `sum` broadcasts the cotangent, `mean` divides it by size(N), `logsumexp`
+gives g * exp(x - lse), `softmax` y * (g - sum(g * y, N)). `max` and `min` give the
+whole cotangent to the FIRST position of the extremum (argmax/argmin), where JAX splits
+it evenly among ties: the two agree wherever the extremum is unique. `argmax`, `argmin`,
+comparisons, casts to integers, index() and size() carry none.
+
+Saved or recomputed, by cost: a reduction's value that the rules read (a row's max,
+log-sum-exp or mean square, the argmax beside a max) is saved by the forward pass as a
+residual: it is N times smaller than the values it reduces, while recomputing it would
+take the backward kernel a reduction over N (a pass of its own where N is blocked, so
+that there the backward kernels are elementwise over N). Every other forward value the rules read is computed again in the
+backward kernel from its inputs (a pass over data it reads anyway). An output that the
+body reads by name, or of fewer dimensions than the kernel (row statistics), is read as
+the forward pass saved it.
 """
 
 from __future__ import annotations
@@ -17,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
-from pallasgen.analysis.backward import Argument, Derived, Step, is_float
+from pallasgen.analysis.backward import Argument, Derived, Residual, Step, is_float
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.derivatives import Builder, operator_rule
 from pallasgen.analysis.functions import FUNCTIONS
@@ -25,105 +46,135 @@ from pallasgen.analysis.names import Namer
 from pallasgen.frontend import ir
 
 
+class NotYet(Exception):
+    """Raised with what a kernel has that its backward kernels are not generated for yet."""
+
+
 def derive(checked: CheckedKernel) -> Derived | str:
-    """The backward kernels of an elementwise kernel, or what it has that they are not
-    generated for yet."""
+    """The backward kernels of a kernel without a matrix product, or what it has that
+    they are not generated for yet."""
     not_yet = not_generated_yet(checked)
     if not_yet:
         return not_yet
-    kernel = checked.kernel
-    layout = checked.space.layout
-    summed = {d.name: [dim for dim in layout if dim not in d.dims] for d in kernel.inputs if is_float(d)}
-    reverse = Reverse(checked)
-    groups: dict[str, list[ir.ArrayDecl]] = defaultdict(list)
-    for decl in kernel.inputs:
-        if decl.name in reverse.cotangents:
-            groups["".join(summed[decl.name])].append(decl)
-    steps = []
-    for dim, decls in groups.items():
-        name = f"{kernel.name}_backward" + (f"_over_{dim.lower()}" if dim else "")
-        derived, arguments = reverse.kernel(name, decls, dim)
-        steps.append(Step(derived, arguments, tuple(d.name for d in decls)))
-    return Derived(tuple(steps), recomputed=reverse.recomputed_names([s.kernel for s in steps]))
+    try:
+        reverse = Reverse(checked)
+        groups: dict[str, list[ir.ArrayDecl]] = defaultdict(list)
+        for decl in checked.kernel.inputs:
+            if decl.name in reverse.contributions:
+                groups["".join(reverse.summed(decl.name))].append(decl)
+        steps = reverse.intermediate_steps()
+        for dim, decls in groups.items():
+            name = f"{checked.kernel.name}_backward" + (f"_over_{dim.lower()}" if dim else "")
+            derived, arguments = reverse.kernel(name, decls, dim)
+            steps.append(Step(derived, arguments, tuple(d.name for d in decls)))
+    except NotYet as error:
+        return str(error)
+    kernels = [s.kernel for s in steps]
+    return Derived(tuple(steps), reverse.residuals(kernels), reverse.recomputed_names(kernels))
 
 
 def not_generated_yet(checked: CheckedKernel) -> str | None:
     """What the kernel has that backward kernels are not generated for yet (None: they
-    are): anything but an elementwise body whose outputs have all its dimensions and
-    whose float inputs are broadcast over one dimension at most."""
-    if checked.product is not None or checked.fused is not None:
+    are): a product (the derivations before this one take attention and plain products),
+    an input whose dimensions are in another order than the kernel's, or one broadcast
+    over two blocked dimensions. (Reverse raises NotYet where a reduction's cotangent
+    would need sums over two blocked dimensions first.)"""
+    if checked.fused is not None:
+        return "a product fused with a reduction or a computed operand, other than attention's"
+    if checked.product is not None:
         return "a matrix product"
-    for node in ir.walk(*(s.value for s in checked.kernel.body)):
-        if isinstance(node, ir.Call) and FUNCTIONS[node.func].reducer:
-            return "a reduction"
-        if isinstance(node, ir.Call) and FUNCTIONS[node.func].typing in ("index", "size"):
-            return "index() or size()"
     layout = checked.space.layout
-    if any(o.dims != layout for o in checked.kernel.outputs):
-        return "an output of fewer dimensions than the kernel's"
     for decl in checked.kernel.inputs:
         if decl.dims != tuple(dim for dim in layout if dim in decl.dims):
             return "an input whose dimensions are in another order than the kernel's"
-        if is_float(decl) and len(layout) - len(decl.dims) > 1:
-            return "an input broadcast over two dimensions"
+        if is_float(decl) and len([d for d in layout if d not in decl.dims and d in checked.blocks]) > 1:
+            return "an input broadcast over two blocked dimensions"
     return None
 
 
 class Reverse:
-    """Reverse mode over one elementwise kernel's statements.
+    """Reverse mode over one kernel's statements.
 
-    `cotangents` maps each float input that a float output depends on to its cotangent
-    (the sum of its contributions); `statements` are the lets that compute the
-    cotangents of the kernel's lets and of the parts of expressions that several rules
-    read. The forward values that rules read are named in `bound` and recomputed first
-    (see `recomputation`).
+    `contributions` maps each float input that a float output depends on to the terms
+    of its cotangent; `statements` are the lets that compute the cotangents of the
+    kernel's lets and of the parts of expressions that several rules read. The forward
+    values that rules read are named in `bound` and recomputed first (see
+    `recomputation`), or read from the forward pass: residuals (`saved`) and outputs.
 
-    Every cotangent is taken per element of the kernel's layout (the outputs all have
-    it): an input broadcast over a dimension sums its contributions over it afterwards.
+    A cotangent has at most the dimensions of its value, and the blocked dimensions it
+    still has to be summed over (`summed`): the rules are linear in it and elementwise,
+    so the sum can wait until a rule reduces or the input's cotangent is written.
     """
 
     def __init__(self, checked: CheckedKernel):
         self.checked = checked
         kernel = checked.kernel
         self.types = checked.types
+        self.layout = checked.space.layout
+        self.whole = {dim for dim in self.layout if dim not in checked.blocks}  # a block holds all of it
         self.lets = {s.name: s for s in kernel.body if isinstance(s, ir.Let)}
         self.let_values = {s.value: s.name for s in kernel.body if isinstance(s, ir.Let)}
         self.inputs = {d.name: d for d in kernel.inputs}
+        self.outputs = {d.name: d for d in kernel.outputs}
+        read = {n.id for s in kernel.body for n in ir.walk(s.value) if isinstance(n, ir.Name)}
+        # outputs the backward kernels read as the forward pass saved them
+        self.saved_outputs = {o.name for o in kernel.outputs if o.name in read or o.dims != self.layout}
         forward = [*self.inputs, *self.lets, *(p.name for p in kernel.params), *checked.dims, *FUNCTIONS]
-        self.namer = Namer(forward)
+        self.namer = Namer([*forward, *self.saved_outputs])
         self.seeds = {o.name: self.namer.claim(f"d{o.name}") for o in kernel.outputs if is_float(o)}
+        self.dims_of: dict[str, tuple[str, ...]] = {
+            **{d.name: d.dims for d in (*kernel.inputs, *kernel.outputs)},
+            **{s.name: self.types[s.value].dims for s in self.lets.values()},
+            **{self.seeds[o]: self.outputs[o].dims for o in self.seeds},
+            **{p.name: () for p in kernel.params},
+        }
         self.bound: dict[ir.Expr, str] = {}
+        self.saved: dict[ir.Expr, Residual] = {}  # forward value -> the residual that saves it
         self.statements: list[ir.Let] = []
         self.contributions: dict[str, list[ir.Expr]] = defaultdict(list)
-        self.cotangents: dict[str, ir.Expr] = {}
         self.naming = ""  # the forward statement being differentiated: it names temporaries
         self.counts: dict[str, int] = defaultdict(int)
         self.temporaries: dict[str, tuple[str, int]] = {}  # name -> (its prefix, its number)
+        # cotangents summed over a blocked dimension by earlier backward kernels: each
+        # one's declaration as they give it, its value, the dimension summed
+        self.intermediates: list[tuple[ir.ArrayDecl, ir.Expr, str]] = []
         for statement in reversed(kernel.body):
             self._statement(statement)
-        for name, contributions in self.contributions.items():
-            if name in self.inputs:
-                self.cotangents[name] = _sum(contributions)
+        # each float input that a float output depends on -> its cotangent, the sum of its terms
+        self.cotangents = {name: _sum(terms) for name, terms in self.contributions.items() if name in self.inputs}
 
     def _statement(self, statement: ir.Statement) -> None:
         self.naming = statement.name if isinstance(statement, ir.Let) else statement.target
+        terms = list(self.contributions.pop(self.naming, ()))
+        value_dtype = self.types[statement.value].dtype.name
         if isinstance(statement, ir.Assign):
-            if statement.target not in self.seeds:
-                return
-            seed = ir.Name(self.seeds[statement.target], statement.position)
-            out = next(o for o in self.checked.kernel.outputs if o.name == statement.target)
-            self._backprop(statement.value, _converted(seed, out.dtype, self.types[statement.value].dtype.name))
-        elif self.contributions.get(statement.name):
-            total = _sum(self.contributions[statement.name])
-            if not isinstance(total, ir.Name):  # else it is named already
-                name = self.namer.claim(f"d{statement.name}")
-                self.statements.append(ir.Let(name, total, statement.position))
+            if statement.target in self.seeds:
+                seed = ir.Name(self.seeds[statement.target], statement.position)
+                terms.insert(0, seed)
+            out = self.outputs[statement.target]
+            terms = [_converted(t, out.dtype, value_dtype) for t in terms]
+        by_summed: dict[tuple[str, ...], list[ir.Expr]] = defaultdict(list)
+        for term in terms:  # terms still to be summed over other dimensions are not added to the rest
+            by_summed[self._extra(term, statement.value)].append(term)
+        for group in by_summed.values():
+            total = _sum(group)
+            if not isinstance(total, ir.Name) and (isinstance(statement, ir.Let) or len(group) > 1):
+                name = self.namer.claim(f"d{self.naming}")
+                self._let(name, total, statement.position)
                 total = ir.Name(name, statement.position)
             self._backprop(statement.value, total)
+
+    def _let(self, name: str, value: ir.Expr, position) -> None:
+        self.dims_of[name] = self.dims(value)
+        self.statements.append(ir.Let(name, value, position))
 
     def _differentiable(self, node: ir.Expr) -> bool:
         value_type = self.types[node]
         return value_type.dtype.is_float and not value_type.weak
+
+    def _extra(self, g: ir.Expr, node: ir.Expr) -> tuple[str, ...]:
+        """The dimensions of cotangent `g` that `node`'s value lacks."""
+        return tuple(d for d in self.dims(g) if d not in self.types[node].dims)
 
     def _backprop(self, node: ir.Expr, g: ir.Expr) -> None:
         """Takes `g`, the cotangent of `node`, to the inputs and lets it reads."""
@@ -132,6 +183,8 @@ class Reverse:
         if isinstance(node, ir.Name):
             self.contributions[node.id].append(g)
             return
+        if isinstance(node, ir.Call) and FUNCTIONS[node.func].reducer and self._extra(g, node):
+            g = self._summed_first(g, node)
         args, rule = _arguments_and_rule(node)
         position = node.position
         holders = tuple(ir.Name(f"\0{i}", position) for i in range(len(args)))
@@ -139,6 +192,9 @@ class Reverse:
         pending: list[tuple[str, ir.Expr]] = []
 
         def bind(expr: ir.Expr) -> ir.Expr:
+            forward = _substitute(expr, {**dict(zip(holders, args)), result_holder: node})
+            if self._saved_reduction(forward) and g_holder not in ir.walk(expr):  # a forward value
+                return ir.Name(self._residual(forward, new=True), position)
             pending.append((self._claim_temporary(), expr))
             return ir.Name(pending[-1][0], position)
 
@@ -150,13 +206,70 @@ class Reverse:
             mapping[result_holder] = self._value(node)
         if read.count(g_holder) > 1 and not isinstance(g, (ir.Name, ir.Number)):
             name = self._claim_temporary(cotangent=True)
-            self.statements.append(ir.Let(name, g, position))
+            self._let(name, g, position)
             g = ir.Name(name, position)
         mapping[g_holder] = g
-        self.statements.extend(ir.Let(name, _substitute(e, mapping), position) for name, e in pending)
+        for name, e in pending:
+            self._let(name, _substitute(e, mapping), position)
         for arg, part in used:
             part = _converted(_substitute(part, mapping), self.types[node].dtype.name, self.types[arg].dtype.name)
-            self._backprop(arg, part)
+            self._backprop(arg, self._summed_where_whole(part, arg))
+
+    def _summed_first(self, g: ir.Expr, node: ir.Call) -> ir.Expr:
+        """`g`, the cotangent of the reduction `node` still to be summed over a blocked
+        dimension, summed over it by an earlier backward kernel (`intermediates`): its
+        result, by name. Sums over whole dimensions in `g` are taken after the one over
+        the blocked dimension, at its end: the lowering gives a running sum over a
+        blocked dimension of a value reduced over another the shape of the unreduced one."""
+        extra = self._extra(g, node)
+        if len(extra) > 1:
+            raise NotYet(f"a cotangent summed over two blocked dimensions before {node.func}()")
+        value_type, position = self.types[node], node.position
+        name = self.namer.claim(f"d{self.naming}_over_{extra[0].lower()}")
+        decl = ir.ArrayDecl(name, value_type.dtype.name, value_type.dims, position, position, (position,) * len(value_type.dims))
+        whole = []  # its sums over whole dimensions, taken after the one over the blocked dimension
+        while isinstance(g, ir.Call) and g.func == "sum" and g.args[1].id in self.whole:
+            whole.append(g.args[1])
+            g = g.args[0]
+        total = ir.Call("sum", (g, ir.Name(extra[0], position)), position, position)
+        for dim in reversed(whole):
+            total = ir.Call("sum", (total, dim), position, position)
+        self.intermediates.append((decl, _converted(total, "f32", decl.dtype), extra[0]))
+        self.dims_of[name] = value_type.dims
+        return ir.Name(name, position)
+
+    def _summed_where_whole(self, g: ir.Expr, node: ir.Expr) -> ir.Expr:
+        """`g`, a contribution to `node`'s cotangent, summed over the dimensions it has and
+        `node` lacks that a block holds whole; those blocked are summed later."""
+        for dim in self._extra(g, node):
+            if dim in self.whole:
+                g = ir.Call("sum", (g, ir.Name(dim, g.position)), g.position, g.position)
+        return g
+
+    @staticmethod
+    def _saved_reduction(node: ir.Expr) -> bool:
+        """Whether `node` is a reduction (its result lacks the dimension it reduces): the
+        forward pass saves it rather than the backward kernels compute it again."""
+        return isinstance(node, ir.Call) and FUNCTIONS[node.func].typing == "reduce"
+
+    def _residual(self, node: ir.Call, new: bool = False) -> str:
+        """The name of the residual that saves the forward value `node` (a reduction): a
+        value of the body, or `new`, one the body does not compute."""
+        if node not in self.saved:
+            func, dim = node.func, node.args[1].id
+            name = self.namer.claim(f"{func}_{dim.lower()}")
+            dtype, dims = (self._reduction_type(node) if new else ("", ()))
+            self.saved[node] = Residual(name, node, dtype, dims)
+            self.dims_of[name] = dims if new else self.types[node].dims
+        return self.saved[node].name
+
+    def _reduction_type(self, node: ir.Call) -> tuple[str, tuple[str, ...]]:
+        """The dtype and dimensions of a reduction of forward values that the body does not compute."""
+        reducer = FUNCTIONS[node.func].reducer
+        value = self.types[node.args[0]]
+        dims = tuple(d for d in value.dims if d != node.args[1].id)
+        wide = "f32" if value.dtype.is_float else "i32"
+        return {"sum": wide, "same": value.dtype.name, "f32": "f32", "i32": "i32", "bool": "bool"}[reducer.result], dims
 
     def _claim_temporary(self, cotangent: bool = False) -> str:
         """A name for a value of the statement being differentiated: `h_1`, or `dh_1` for a cotangent."""
@@ -168,15 +281,58 @@ class Reverse:
 
     def _value(self, node: ir.Expr) -> ir.Expr:
         """A forward value that a rule reads, as the backward kernel names it: a leaf as it
-        is, a let's value by the let's name, any other by a name of its own (recomputed)."""
+        is, a let's value by the let's name, a saved output's by the output's name, a
+        reduction by its residual's, any other by a name of its own (recomputed)."""
         if isinstance(node, (ir.Name, ir.Number, ir.Boolean)):
             return node
         if node in self.let_values:
             return ir.Name(self.let_values[node], node.position)
+        outputs = {s.value: s.target for s in self.checked.kernel.body if isinstance(s, ir.Assign)}
+        output = self.outputs.get(outputs.get(node, ""))
+        if output is not None and output.name in self.saved_outputs and output.dtype == self.types[node].dtype.name:
+            return ir.Name(output.name, node.position)
+        if self._saved_reduction(node):
+            return ir.Name(self._residual(node), node.position)
         if node not in self.bound:
-            outputs = {s.value: s.target for s in self.checked.kernel.body if isinstance(s, ir.Assign)}
             self.bound[node] = self.namer.claim(outputs[node]) if node in outputs else self._claim_temporary()
+            self.dims_of[self.bound[node]] = self.types[node].dims
         return ir.Name(self.bound[node], node.position)
+
+    def dims(self, node: ir.Expr) -> tuple[str, ...]:
+        """The dimensions of a value of a backward kernel, in the kernel's order."""
+        if isinstance(node, ir.Name):
+            return self.dims_of[node.id]
+        if isinstance(node, ir.Call):
+            function = FUNCTIONS[node.func]
+            if function.typing in ("index", "size"):
+                return (node.args[0].id,) if function.typing == "index" else ()
+            if function.reducer is not None:
+                reduced = () if function.typing == "softmax" else (node.args[1].id,)
+                return tuple(d for d in self.dims(node.args[0]) if d not in reduced)
+        children = [c for c in (getattr(node, "operand", None), getattr(node, "left", None), getattr(node, "right", None)) if c]
+        present = {d for child in [*children, *getattr(node, "args", ())] for d in self.dims(child)}
+        return tuple(d for d in self.layout if d in present)
+
+    def summed(self, name: str) -> tuple[str, ...]:
+        """The blocked dimension an input's cotangent is still to be summed over, if any."""
+        extra = {d for term in self.contributions[name] for d in self.dims(term) if d not in self.inputs[name].dims}
+        return tuple(d for d in self.layout if d in extra)
+
+    def _forward(self, node: ir.Expr, named: dict[ir.Expr, str]) -> ir.Expr:
+        """A forward expression as a backward kernel computes it: the values in `named` and
+        the reductions (residuals) read by their names."""
+        if node in named:
+            return ir.Name(named[node], node.position)
+        if self._saved_reduction(node):
+            return ir.Name(self._residual(node), node.position)
+        if isinstance(node, ir.Unary):
+            return dataclasses.replace(node, operand=self._forward(node.operand, named))
+        if isinstance(node, ir.Binary):
+            left, right = self._forward(node.left, named), self._forward(node.right, named)
+            return dataclasses.replace(node, left=left, right=right)
+        if isinstance(node, ir.Call):
+            return dataclasses.replace(node, args=tuple(self._forward(a, named) for a in node.args))
+        return node
 
     def recomputation(self) -> list[ir.Let]:
         """The forward values the rules read, computed again from the inputs, in the
@@ -186,45 +342,83 @@ class Reverse:
         for statement in self.checked.kernel.body:
             for node in _post_order(statement.value):
                 if node in self.bound:
-                    inner = {n: ir.Name(v, n.position) for n, v in self.bound.items() if n != node}
-                    found.append(ir.Let(self.bound[node], _substitute(node, inner), node.position))
+                    inner = {n: v for n, v in self.bound.items() if n != node}
+                    found.append(ir.Let(self.bound[node], self._forward(node, inner), node.position))
             if isinstance(statement, ir.Let):
-                named = {n: ir.Name(v, n.position) for n, v in self.bound.items()}
-                found.append(ir.Let(statement.name, _substitute(statement.value, named), statement.position))
+                found.append(ir.Let(statement.name, self._forward(statement.value, self.bound), statement.position))
         return found
 
     def kernel(self, name: str, decls: list[ir.ArrayDecl], summed: str) -> tuple[ir.Kernel, tuple[Argument, ...]]:
         """The backward kernel that gives the cotangents of `decls` (summed over the
         dimension `summed`, if any), and the arrays it takes."""
-        forward = self.checked.kernel
         outs = []
         assigns = []
         for decl in decls:
             out = self.namer.claim(f"d{decl.name}")
             outs.append(dataclasses.replace(decl, name=out))
-            value = self.cotangents[decl.name]
-            if summed:
-                dim = ir.Name(summed, decl.position)
-                value = ir.Call("sum", (value, dim), decl.position, decl.position)
+            terms = self.contributions[decl.name]
+            with_dim = [t for t in terms if summed and summed in self.dims(t)]
+            rest = [t for t in terms if t not in with_dim]
+            dim = ir.Name(summed, decl.position)
+            over = [ir.Call("sum", (_sum(with_dim), dim), decl.position, decl.position)] if with_dim else []
+            value = _sum([*over, *([_sum(rest)] if rest else [])])
             assigns.append(ir.Assign(out, value, decl.position))
+        forward = self.checked.kernel
+        cotangents = ", ".join(self.seeds[o.name] for o in forward.outputs if o.name in self.seeds)
+        doc = (
+            f"The backward pass of `{forward.name}`, generated from its spec: the cotangents"
+            f" {', '.join(o.name for o in outs)}",
+            f"of its inputs from {cotangents}, those of its outputs"
+            + (f", summed over {summed} (the inputs are broadcast over it)." if summed else "."),
+        )
+        return self._kernel(name, outs, assigns, doc, decls)
+
+    def intermediate_steps(self) -> list[Step]:
+        """The backward kernels that sum cotangents over a blocked dimension for the others."""
+        steps = []
+        for decl, value, dim in self.intermediates:
+            doc = (
+                f"Part of the backward pass of `{self.checked.kernel.name}`, generated from its spec:",
+                f"{decl.name}, a cotangent summed over {dim}, which the next backward kernels read.",
+            )
+            name = f"{self.checked.kernel.name}_backward_{decl.name}"
+            derived, arguments = self._kernel(name, [decl], [ir.Assign(decl.name, value, decl.position)], doc, [])
+            steps.append(Step(derived, arguments, (decl.name,)))
+        return steps
+
+    def _kernel(self, name, outs, assigns, doc, decls) -> tuple[ir.Kernel, tuple[Argument, ...]]:
+        """A backward kernel: the statements the assignments need, then them; and the arrays
+        it takes (an input of `decls`, whose cotangent it gives, where no other gives a
+        dimension's size)."""
+        forward = self.checked.kernel
         body = self._numbered(_live([*self.recomputation(), *self.statements], assigns))
         read = {n.id for s in body for n in ir.walk(s.value) if isinstance(n, ir.Name)}
         arguments, ins = [], []
-        for decl in forward.inputs:
-            if decl.name in read:
+        earlier = {decl.name: decl for decl, _, _ in self.intermediates if decl not in outs}
+        arrays = {*self.inputs, *self.saved_outputs, *(r.name for r in self.saved.values()), *self.seeds.values()}
+        arrays |= set(earlier)
+        sized = {d for name in read & arrays for d in self.dims_of[name]}
+        for decl in forward.inputs:  # read, or the one that gives a dimension's size: no other has it
+            if decl.name in read or decl in decls and not set(decl.dims) <= sized:
                 arguments.append(Argument(decl.name, "input"))
                 ins.append(decl)
+                sized |= set(decl.dims)
+        for out in forward.outputs:
+            if out.name in self.saved_outputs and out.name in read:
+                arguments.append(Argument(out.name, "output"))
+                ins.append(out)
+        for residual in self.saved.values():
+            if residual.name in read:
+                arguments.append(Argument(residual.name, "residual"))
+                ins.append(self._declared(residual))
         for out in forward.outputs:
             if out.name in self.seeds and self.seeds[out.name] in read:
                 arguments.append(Argument(out.name, "cotangent"))
                 ins.append(dataclasses.replace(out, name=self.seeds[out.name]))
-        outputs = ", ".join(o.name for o in outs)
-        cotangents = ", ".join(self.seeds[o.name] for o in forward.outputs if o.name in self.seeds)
-        doc = (
-            f"The backward pass of `{forward.name}`, generated from its spec: the cotangents {outputs}",
-            f"of its inputs from {cotangents}, those of its outputs"
-            + (f", summed over {summed} (the inputs are broadcast over it)." if summed else "."),
-        )
+        for result, decl in earlier.items():
+            if result in read:
+                arguments.append(Argument(result, "backward"))
+                ins.append(decl)
         derived = ir.Kernel(
             name=name,
             position=forward.position,
@@ -239,6 +433,19 @@ class Reverse:
             gpu_options=forward.gpu_options,
         )
         return derived, tuple(arguments)
+
+    def _declared(self, residual: Residual) -> ir.ArrayDecl:
+        """A residual as a backward kernel's input."""
+        value_type = self.types.get(residual.value)
+        dtype = residual.dtype or value_type.dtype.name
+        dims = residual.dims if residual.dtype else value_type.dims
+        position = residual.value.position
+        return ir.ArrayDecl(residual.name, dtype, dims, position, position, (position,) * len(dims))
+
+    def residuals(self, kernels: list[ir.Kernel]) -> tuple[Residual, ...]:
+        """The residuals that the backward kernels read."""
+        read = {d.name for k in kernels for d in k.inputs}
+        return tuple(r for r in self.saved.values() if r.name in read)
 
     def _numbered(self, body: list[ir.Statement]) -> list[ir.Statement]:
         """`body` with the temporaries of each statement (`h_3`, `h_1`, ...: numbered as the
@@ -276,8 +483,12 @@ def _arguments_and_rule(node: ir.Expr):
 def _sum(terms: list[ir.Expr]) -> ir.Expr:
     total = terms[0]
     for term in terms[1:]:
-        total = ir.Binary("+", total, term, term.position, term.position)
+        total = _add(total, term)
     return total
+
+
+def _add(a: ir.Expr, b: ir.Expr) -> ir.Expr:
+    return ir.Binary("+", a, b, b.position, b.position)
 
 
 def _substitute(node: ir.Expr, mapping: dict[ir.Expr, ir.Expr]) -> ir.Expr:

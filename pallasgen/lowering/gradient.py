@@ -205,8 +205,8 @@ def _refusal(name: str, gradient: Gradient, spec_path: str) -> tuple[str, tuple[
         )
     elif gradient.not_yet is not None:
         error, text = "NotImplementedError", (
-            f"{name} is not differentiable yet: pallasgen generates backward kernels for elementwise kernels"
-            f" only, not yet for {gradient.not_yet}; `grad none` in {spec_path} says it is never differentiated"
+            f"{name} is not differentiable yet: pallasgen generates no backward kernels yet for"
+            f" {gradient.not_yet}; `grad none` in {spec_path} says it is never differentiated"
         )
     else:
         return None
@@ -254,10 +254,22 @@ def _doc(checked: CheckedKernel, gradient: Gradient) -> tuple[str, ...]:
     recomputed = f" ({', '.join(gradient.recomputed)})" if gradient.recomputed else ""
     inputs = ", ".join(d.name for d in kernel.inputs)
     integers = [d.name for d in kernel.inputs if not DTYPES[d.dtype].is_float]
+    read = {(a.name, a.source) for k in gradient.kernels for a in k.arguments}
+    outputs = [o.name for o in kernel.outputs if (o.name, "output") in read]
+    saved = [
+        f"its inputs ({inputs})",
+        *([f"its outputs {', '.join(outputs)} (read, not recomputed)"] if outputs else []),
+        *(
+            [f"the residuals {', '.join(gradient.residuals)} (forward values that cost more to recompute than to save)"]
+            if gradient.residuals
+            else []
+        ),
+    ]
+    saves = f"{', '.join(saved[:-1])} and {saved[-1]}" if len(saved) > 1 else f"{saved[0]} and nothing else"
     text = (
         f"The cotangents of `{kernel.name}`'s inputs from those of its outputs, for jax.grad, by"
-        f" the generated backward kernels {kernels}. The forward pass saves its inputs ({inputs})"
-        f" and nothing else: the backward kernels recompute the values they need{recomputed} from them."
+        f" the generated backward kernels {kernels}. The forward pass saves {saves}:"
+        f" the backward kernels recompute the values they need{recomputed} from them."
     )
     if integers:
         text += f" Integer and bool inputs ({', '.join(integers)}) get None: float0 cotangents."
