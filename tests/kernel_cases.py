@@ -1475,6 +1475,13 @@ def spec_kernels(module_stem: str):
     return tuple(checked.kernel for checked in every_kernel(check_source(source, match.group(1))))
 
 
+def is_derived(module_stem: str, kernel: str) -> bool:
+    """Whether a bundled kernel is one derived for jax.grad (the generic suites test those
+    at fewer sizes: the gradient and race tests run each end to end)."""
+    return kernel in derived_kernels(module_stem)
+
+
+@cache
 def derived_kernels(module_stem: str) -> list[str]:
     """The kernels a generated module has besides its spec's: those derived for jax.grad."""
     own = set(re.findall(r"^kernel (\w+)", (ROOT / "specs" / f"{module_stem}.pallas").read_text(), re.M))
@@ -1682,3 +1689,23 @@ def assert_outputs_close(actual, expected, tolerances, what: str) -> None:
         np.testing.assert_array_equal(np.isneginf(a64), np.isneginf(e64), err_msg=f"{label}: -inf positions differ")
         finite = np.isfinite(e64)
         np.testing.assert_allclose(a64[finite], e64[finite], rtol=tol.rtol, atol=tol.atol, err_msg=label)
+
+
+def pallas_calls_and_primitives(jaxpr) -> tuple[list[str], set[str]]:
+    """The names of the pallas_calls in a jaxpr, and the primitives outside them."""
+    calls, primitives = [], set()
+
+    def walk(jaxpr):
+        for equation in jaxpr.eqns:
+            if equation.primitive.name == "pallas_call":
+                calls.append(str(equation.params["name"]))
+                continue
+            primitives.add(equation.primitive.name)
+            for value in equation.params.values():
+                for item in value if isinstance(value, (tuple, list)) else (value,):
+                    inner = getattr(item, "jaxpr", item)
+                    if hasattr(inner, "eqns"):
+                        walk(inner)
+
+    walk(jaxpr.jaxpr)
+    return calls, primitives

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from jax.test_util import check_grads
 
 from kernel_cases import (
+    pallas_calls_and_primitives,
     CASES,
     add_backward_numpy,
     bias_gelu_backward_numpy,
@@ -312,26 +313,6 @@ def test_check_grads_on_small_boxes():
 
 
 # --------------------------------------------------------------------------- what grad runs
-
-
-def pallas_calls_and_primitives(jaxpr) -> tuple[list[str], set[str]]:
-    """The names of the pallas_calls in a jaxpr, and the primitives outside them."""
-    calls, primitives = [], set()
-
-    def walk(jaxpr):
-        for equation in jaxpr.eqns:
-            if equation.primitive.name == "pallas_call":
-                calls.append(str(equation.params["name"]))
-                continue
-            primitives.add(equation.primitive.name)
-            for value in equation.params.values():
-                for item in value if isinstance(value, (tuple, list)) else (value,):
-                    inner = getattr(item, "jaxpr", item)
-                    if hasattr(inner, "eqns"):
-                        walk(inner)
-
-    walk(jaxpr.jaxpr)
-    return calls, primitives
 
 
 def test_grad_runs_the_generated_backward_kernels_not_xlas_differentiation():

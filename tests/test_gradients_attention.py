@@ -25,7 +25,7 @@ from pallasgen.analysis.gradients import every_kernel
 from pallasgen.devices import compile_only
 from pallasgen.workspace.pipeline import check_source
 from test_attention import attention_backward_numpy, attention_numpy, causal, f64
-from test_gradients import pallas_calls_and_primitives
+from kernel_cases import pallas_calls_and_primitives
 from test_matmul_kernels import race_detection, races_found
 
 KERNELS = ["attention", "attention_full", "attention_bottom_right", "gqa"]

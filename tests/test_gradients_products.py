@@ -18,7 +18,14 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from kernel_cases import f64, generated_module, gelu_tanh_derivative_numpy, kernels_in, take_gpu_branch
+from kernel_cases import (
+    pallas_calls_and_primitives,
+    f64,
+    generated_module,
+    gelu_tanh_derivative_numpy,
+    kernels_in,
+    take_gpu_branch,
+)
 from pallasgen.workspace.pipeline import check_source
 
 RAGGED = {"B": 3, "M": 37, "N": 300, "K": 45, "S": 37, "T": 300, "D": 64}
@@ -164,26 +171,6 @@ def test_check_grads_on_small_f32_inputs(mm, kernel):
 # --------------------------------------------------------------------------- what grad runs
 
 
-def pallas_calls_and_primitives(jaxpr) -> tuple[list[str], set[str]]:
-    """The names of the pallas_calls in a jaxpr, and the primitives outside them."""
-    calls, primitives = [], set()
-
-    def walk(jaxpr):
-        for equation in jaxpr.eqns:
-            if equation.primitive.name == "pallas_call":
-                calls.append(str(equation.params["name"]))
-                continue
-            primitives.add(equation.primitive.name)
-            for value in equation.params.values():
-                for item in value if isinstance(value, (tuple, list)) else (value,):
-                    inner = getattr(item, "jaxpr", item)
-                    if hasattr(inner, "eqns"):
-                        walk(inner)
-
-    walk(jaxpr.jaxpr)
-    return calls, primitives
-
-
 def test_grad_runs_the_generated_backward_kernels_not_xlas_differentiation(mm):
     """matmul_bias_gelu under jax.grad: the forward kernel that also writes the product's
     value (acc), the epilogue's derivative, the sum over M for the bias, and one product
@@ -250,12 +237,12 @@ def test_each_operand_is_read_as_it_is_stored():
         (declared,) = [d for d in kernels[forward].kernel.inputs if d.name == operand]
         assert derived.kernel.outputs[0].dims == declared.dims
 
+
 def test_a_product_kernels_blocks_are_the_forwards_by_dimension_name():
-    (matmul, *_) = check_source(open_spec(), "matmul.pallas")
+    matmul, *_ = check_source(open_spec(), "matmul.pallas")
     dx, dy = (b.checked for b in matmul.gradient.kernels)
     assert dx.blocks == {"M": 512, "K": 1024, "N": 1024} == dy.blocks | {"M": 512}
     assert dx.product.k == "N" and dy.product.k == "M"
-
 
 
 def test_a_let_holding_a_product_counts_as_a_block_of_its_dimensions_in_vmem():

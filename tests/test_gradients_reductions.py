@@ -22,6 +22,7 @@ import pytest
 from jax.test_util import check_grads
 
 from kernel_cases import (
+    pallas_calls_and_primitives,
     CASES,
     cross_entropy_backward_numpy,
     column_sums_backward_numpy,
@@ -327,7 +328,9 @@ def test_check_grads_on_small_f32_inputs(tmp_path):
     x = jnp.asarray(rng.standard_normal((5, 7)), jnp.float32)
     for module, name in (("softmax", "softmax"), ("softmax", "log_softmax"), ("reductions", "column_sums")):
         kernel = functools.partial(getattr(generated_module(module), name), interpret=True)
-        check_grads(kernel, (x,), 1, ["rev"], eps=1e-3)  # the default step's truncation error fails log_softmax's reference too
+        check_grads(
+            kernel, (x,), 1, ["rev"], eps=1e-3
+        )  # the default step's truncation error fails log_softmax's reference too
     quantize = functools.partial(generated_module("reductions").quantize_rows_int8, interpret=True)
     check_grads(lambda x: quantize(x)[1], (x,), 1, ["rev"], atol=1e-2, rtol=1e-2)
     module = load(tmp_path, "f32_norms", F32_NORMS)
@@ -341,26 +344,6 @@ def test_check_grads_on_small_f32_inputs(tmp_path):
 
 
 # --------------------------------------------------------------------------- what grad runs
-
-
-def pallas_calls_and_primitives(jaxpr) -> tuple[list[str], set[str]]:
-    """The names of the pallas_calls in a jaxpr, and the primitives outside them."""
-    calls, primitives = [], set()
-
-    def walk(jaxpr):
-        for equation in jaxpr.eqns:
-            if equation.primitive.name == "pallas_call":
-                calls.append(str(equation.params["name"]))
-                continue
-            primitives.add(equation.primitive.name)
-            for value in equation.params.values():
-                for item in value if isinstance(value, (tuple, list)) else (value,):
-                    inner = getattr(item, "jaxpr", item)
-                    if hasattr(inner, "eqns"):
-                        walk(inner)
-
-    walk(jaxpr.jaxpr)
-    return calls, primitives
 
 
 @pytest.mark.parametrize(
