@@ -491,6 +491,11 @@ def matmul_bias_gelu_backward_over_m_numpy(acc, bias, dz):
     return (matmul_bias_gelu_dacc(acc, bias, dz).sum(axis=0),)
 
 
+def gqa_backward_over_r_numpy(dk_r, dv_r):
+    """gqa's dk and dv: each query head's share summed over the R heads of its group."""
+    return f64(dk_r).sum(axis=2), f64(dv_r).sum(axis=2)
+
+
 def cotangent_as_is_numpy(dz):
     """The product's cotangent where the epilogue is the product itself (batched_matmul)."""
     return (f64(dz),)
@@ -1135,6 +1140,21 @@ CASES = {
             argmin_numpy,
             (EXACT,),
             reduced=("N",),
+            specials=False,
+        ),
+        KernelCase(
+            "attention",
+            "gqa_backward_over_r",
+            (Operand("dk_r", "f32", ("B", "G", "R", "T", "D")), Operand("dv_r", "f32", ("B", "G", "R", "T", "D"))),
+            (Operand("dk", "bf16", ("B", "G", "T", "D")), Operand("dv", "bf16", ("B", "G", "T", "D"))),
+            with_cotangents(
+                None,
+                Operand("dk_r", "f32", ("B", "G", "R", "T", "D")),
+                Operand("dv_r", "f32", ("B", "G", "R", "T", "D")),
+            ),
+            gqa_backward_over_r_numpy,
+            (BF16_TOL, BF16_TOL),
+            reduced=("R",),
             specials=False,
         ),
         KernelCase(
