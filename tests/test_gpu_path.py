@@ -22,6 +22,7 @@ from kernel_cases import (
     GENERATED,
     NUMPY_DTYPES,
     bundled_kernels,
+    is_derived,
     has_matmul,
     generated_module,
     load_module,
@@ -33,7 +34,11 @@ from kernel_cases import (
 from pallasgen.frontend.errors import SpecError
 from pallasgen.workspace.pipeline import generate
 
-KERNELS = [(module, kernel) for module, kernel in bundled_kernels() if kernel is not None]
+# Kernels derived for jax.grad run on the GPU path in the gradient tests, at sizes of
+# their own (gqa's at 37 in each of B, G, R took many minutes here).
+KERNELS = [
+    (module, kernel) for module, kernel in bundled_kernels() if kernel is not None and not is_derived(module, kernel)
+]
 IDS = [f"{module}.{kernel}" for module, kernel in KERNELS]
 
 
@@ -74,9 +79,12 @@ def test_gpu_kernel_in_interpret_mode_matches_the_reference(on_gpu, module, kern
     got = function(*inputs, **small_gpu_blocks(generated, kernel), gpu_warps=4, gpu_stages=1, interpret=True)
     want = reference(*inputs)
     got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+    # An f32 output of 16-bit inputs may sum terms that the kernel and the reference round
+    # to bf16 apart (gqa_backward_dkdv's bf16(ds) @ q): one bf16 rounding of a term apart.
+    sixteen_bit = any(op.dtype in ("bf16", "f16") for op in spec_inputs(module, kernel))
     for g, w in zip(got, want):
         assert g.shape == w.shape and g.dtype == w.dtype
-        tolerance = 1e-5 if g.dtype == np.float32 else 2e-2
+        tolerance = (1e-3 if sixteen_bit else 1e-5) if g.dtype == np.float32 else 2e-2
         np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(w, np.float64), rtol=tolerance, atol=tolerance)
 
 
