@@ -1154,7 +1154,6 @@ CASES = {
             ),
             gqa_backward_over_r_numpy,
             (BF16_TOL, BF16_TOL),
-            reduced=("R",),
             specials=False,
         ),
         KernelCase(
