@@ -28,9 +28,9 @@ from pallasgen.analysis.backward import Argument, Derived, Residual, Step
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.derivatives import Builder
 from pallasgen.analysis.functions import FUNCTIONS
-from pallasgen.analysis.fused import _key
+from pallasgen.analysis.fused import value_key
 from pallasgen.analysis.names import Namer
-from pallasgen.analysis.reverse import _arguments_and_rule, _converted, _substitute, _sum, replaced
+from pallasgen.analysis.reverse import arguments_and_rule, converted, substitute, sum_of, replaced
 from pallasgen.frontend import ir
 
 
@@ -83,7 +83,7 @@ def attention_form(checked: CheckedKernel) -> Attention | None:
         value = other.value
         if lse is not None or not (_is_call(value, "logsumexp") and _is_dim(value.args[1], dim)):
             return None
-        if _key(value.args[0], lets) != _key(score, lets):
+        if value_key(value.args[0], lets) != value_key(score, lets):
             return None
         lse = outputs[other.target]
     product = _score_product(score, lets, inputs, {p.name for p in kernel.params})
@@ -115,13 +115,15 @@ def _softmax_product(value: ir.Expr, lets, inputs):
         return None
     if not (_is_call(total, "sum") and isinstance(total.args[1], ir.Name)):
         return None
-    if _key(total.args[0], lets) != _key(product.left, lets):
+    if value_key(total.args[0], lets) != value_key(product.left, lets):
         return None
     p, dim = _through(product.left, lets), total.args[1].id
     if not (_is_call(p, "exp") and isinstance(p.args[0], ir.Binary) and p.args[0].op == "-"):
         return None
     score, top = p.args[0].left, _through(p.args[0].right, lets)
-    if not (_is_call(top, "max") and _is_dim(top.args[1], dim) and _key(top.args[0], lets) == _key(score, lets)):
+    if not (
+        _is_call(top, "max") and _is_dim(top.args[1], dim) and value_key(top.args[0], lets) == value_key(score, lets)
+    ):
         return None
     p_let = product.left.id if isinstance(product.left, ir.Name) else ""
     return score, dim, inputs[product.right.id], p_let
@@ -372,7 +374,7 @@ class _Derivation:
         the cotangent of `q @ k.T` from that of the scores (`ds`)."""
         self.bound = []
         self.bound_names = Namer(self.taken)  # the same names in both kernels
-        self._product_cotangent = _sum(self._back(self.form.score, self.name("ds")))
+        self._product_cotangent = sum_of(self._back(self.form.score, self.name("ds")))
         return self.bound
 
     def _back(self, node: ir.Expr, g: ir.Expr) -> list[ir.Expr]:
@@ -383,13 +385,13 @@ class _Derivation:
             return self._back(self.lets[node.id], g) if node.id in self.lets else []
         if not any(n == self.form.product for n in self._walk(node)):
             return []
-        args, rule = _arguments_and_rule(node)
+        args, rule = arguments_and_rule(node)
         position = node.position
         g_holder = ir.Name("\0g", position)
 
         def bind(expr: ir.Expr) -> ir.Expr:
             name = self.bound_names.claim(f"{self.n['ds']}_{len(self.bound) + 1}")
-            self.bound.append(ir.Let(name, _substitute(expr, {g_holder: g}), position))
+            self.bound.append(ir.Let(name, substitute(expr, {g_holder: g}), position))
             return ir.Name(name, position)
 
         values = tuple(self._value(a) for a in args)
@@ -404,7 +406,7 @@ class _Derivation:
         for arg, part in zip(args, parts):
             if part is None:
                 continue
-            part = _converted(_substitute(part, {g_holder: g}), types[node].dtype.name, types[arg].dtype.name)
+            part = converted(substitute(part, {g_holder: g}), types[node].dtype.name, types[arg].dtype.name)
             found.extend(self._back(arg, part))
         return found
 

@@ -333,7 +333,7 @@ class _Sweeper:
         found = {}
         for name, value in self.lets.items():
             shifted = self._shifted_value(value)
-            key = ("expsum", _key(shifted, self.lets)) if shifted is not None else None
+            key = ("expsum", value_key(shifted, self.lets)) if shifted is not None else None
             if key in self.carries and key not in found:
                 found[key] = name
         return found
@@ -467,7 +467,7 @@ class _Sweeper:
             return None
         top = self._resolve(argument.right)
         if isinstance(top, ir.Call) and top.func == "max" and _reduced(top, self.dim):
-            if _key(top.args[0], self.lets) == _key(argument.left, self.lets):
+            if value_key(top.args[0], self.lets) == value_key(argument.left, self.lets):
                 return argument.left
         return None
 
@@ -488,7 +488,7 @@ class _Sweeper:
         info = self.info(value)
         if not info.plain or info.phase != "stream":
             raise self._unsweepable(node, "takes the max of a value rescaled in the pass")
-        carry = self._carry(("max", _key(value, self.lets)), "max", node, value)
+        carry = self._carry(("max", value_key(value, self.lets)), "max", node, value)
         self.results[node] = carry
         return carry
 
@@ -503,17 +503,19 @@ class _Sweeper:
         if kind == "logsumexp":
             if not info.plain:
                 raise self._unsweepable(node, "takes logsumexp of a value rescaled in the pass")
-            top = self._carry(("max", _key(value, self.lets)), "max", node, value)
-            self.results[node] = self._carry(("expsum", _key(value, self.lets)), "expsum", node, value, top)
+            top = self._carry(("max", value_key(value, self.lets)), "max", node, value)
+            self.results[node] = self._carry(("expsum", value_key(value, self.lets)), "expsum", node, value, top)
             return _Info("post")
         if not info.plain and not FUNCTIONS[kind].reducer.linear:
             raise self._unsweepable(node, f"takes {kind}() of a value rescaled in the pass")
         shifted = self._shifted_value(value)
         if kind == "sum" and shifted is not None and not info.factors:
             # sum(exp(x - max(x, T)), T): the same running sum logsumexp and softmax keep.
-            self.results[node] = self._carry(("expsum", _key(shifted, self.lets)), "expsum", node, shifted, info.scale)
+            self.results[node] = self._carry(
+                ("expsum", value_key(shifted, self.lets)), "expsum", node, shifted, info.scale
+            )
             return _Info("post")
-        key = (kind, _key(value, self.lets))
+        key = (kind, value_key(value, self.lets))
         self.results[node] = self._carry(key, kind, node, value, info.scale, info.factors)
         return _Info("post")
 
@@ -522,8 +524,8 @@ class _Sweeper:
         info = self.info(value)
         if not info.plain or info.phase == "post":
             raise self._unsweepable(node, "takes softmax() of a value that needs the pass first")
-        top = self._carry(("max", _key(value, self.lets)), "max", node, value)
-        total = self._carry(("expsum", _key(value, self.lets)), "expsum", node, value, top)
+        top = self._carry(("max", value_key(value, self.lets)), "max", node, value)
+        total = self._carry(("expsum", value_key(value, self.lets)), "expsum", node, value, top)
         self.softmaxes[node] = top
         return _Info("stream", top, (("/", total),))
 
@@ -536,7 +538,7 @@ class _Sweeper:
         if len(scaled) > 1:
             raise self._unsweepable(node, "multiplies two values each rescaled in the pass")
         factors = sides[0].factors + sides[1].factors
-        key = ("dot", _key(node, self.lets))
+        key = ("dot", value_key(node, self.lets))
         self.results[node] = self._carry(key, "dot", node, node, scaled[0].scale if scaled else None, factors)
         return _Info("post")
 
@@ -623,19 +625,19 @@ def _is_zero(node: ir.Expr) -> bool:
     return isinstance(node, ir.Number) and node.value == 0
 
 
-def _key(node: ir.Expr, lets) -> tuple:
+def value_key(node: ir.Expr, lets) -> tuple:
     """A value's structure, lets resolved: equal keys compute equal values."""
     if isinstance(node, ir.Name):
-        return _key(lets[node.id], lets) if node.id in lets else ("name", node.id)
+        return value_key(lets[node.id], lets) if node.id in lets else ("name", node.id)
     if isinstance(node, (ir.Number, ir.Boolean)):
         return ("const", node.value)
     if isinstance(node, ir.Unary):
-        return (node.op, _key(node.operand, lets))
+        return (node.op, value_key(node.operand, lets))
     if isinstance(node, ir.Binary):
-        return (node.op, _key(node.left, lets), _key(node.right, lets))
+        return (node.op, value_key(node.left, lets), value_key(node.right, lets))
     if isinstance(node, ir.Attribute):
-        return ("." + node.attr, _key(node.value, lets))
-    return (node.func, *(_key(arg, lets) for arg in node.args))
+        return ("." + node.attr, value_key(node.value, lets))
+    return (node.func, *(value_key(arg, lets) for arg in node.args))
 
 
 def _on_positions(node: ir.Expr, lets, params) -> bool:

@@ -158,9 +158,11 @@ def _in_dtype(kernel: ir.Kernel, index: int, dtype: str) -> tuple[ir.Kernel, ir.
         return kernel, output
     converted = dataclasses.replace(output, dtype=dtype)
     body = tuple(
-        dataclasses.replace(s, value=ir.Call(dtype, (s.value,), s.value.position, s.value.position))
-        if isinstance(s, ir.Assign) and s.target == output.name
-        else s
+        (
+            dataclasses.replace(s, value=ir.Call(dtype, (s.value,), s.value.position, s.value.position))
+            if isinstance(s, ir.Assign) and s.target == output.name
+            else s
+        )
         for s in kernel.body
     )
     outputs = tuple(converted if o is output else o for o in kernel.outputs)
@@ -240,5 +242,7 @@ def _product(target: ir.ArrayDecl, factors, contracted: str, node: ir.Binary):
         name = ir.Name(decl.name, position)
         return name if decl.dims[-2:] == wanted else ir.Attribute(name, "T", position, position)
 
-    value = ir.Binary("@", read(left, (rows, contracted)), read(right, (contracted, columns)), position, node.op_position)
+    value = ir.Binary(
+        "@", read(left, (rows, contracted)), read(right, (contracted, columns)), position, node.op_position
+    )
     return value, (left, right)

@@ -141,7 +141,7 @@ class Reverse:
         for statement in reversed(kernel.body):
             self._statement(statement)
         # each float input that a float output depends on -> its cotangent, the sum of its terms
-        self.cotangents = {name: _sum(terms) for name, terms in self.contributions.items() if name in self.inputs}
+        self.cotangents = {name: sum_of(terms) for name, terms in self.contributions.items() if name in self.inputs}
 
     def _statement(self, statement: ir.Statement) -> None:
         self.naming = statement.name if isinstance(statement, ir.Let) else statement.target
@@ -152,12 +152,12 @@ class Reverse:
                 seed = ir.Name(self.seeds[statement.target], statement.position)
                 terms.insert(0, seed)
             out = self.outputs[statement.target]
-            terms = [_converted(t, out.dtype, value_dtype) for t in terms]
+            terms = [converted(t, out.dtype, value_dtype) for t in terms]
         by_summed: dict[tuple[str, ...], list[ir.Expr]] = defaultdict(list)
         for term in terms:  # terms still to be summed over other dimensions are not added to the rest
             by_summed[self._extra(term, statement.value)].append(term)
         for group in by_summed.values():
-            total = _sum(group)
+            total = sum_of(group)
             if not isinstance(total, ir.Name) and (isinstance(statement, ir.Let) or len(group) > 1):
                 name = self.namer.claim(f"d{self.naming}")
                 self._let(name, total, statement.position)
@@ -185,14 +185,14 @@ class Reverse:
             return
         if isinstance(node, ir.Call) and FUNCTIONS[node.func].reducer and self._extra(g, node):
             g = self._summed_first(g, node)
-        args, rule = _arguments_and_rule(node)
+        args, rule = arguments_and_rule(node)
         position = node.position
         holders = tuple(ir.Name(f"\0{i}", position) for i in range(len(args)))
         result_holder, g_holder = ir.Name("\0result", position), ir.Name("\0g", position)
         pending: list[tuple[str, ir.Expr]] = []
 
         def bind(expr: ir.Expr) -> ir.Expr:
-            forward = _substitute(expr, {**dict(zip(holders, args)), result_holder: node})
+            forward = substitute(expr, {**dict(zip(holders, args)), result_holder: node})
             if self._saved_reduction(forward) and g_holder not in ir.walk(expr):  # a forward value
                 return ir.Name(self._residual(forward, new=True), position)
             pending.append((self._claim_temporary(), expr))
@@ -210,9 +210,9 @@ class Reverse:
             g = ir.Name(name, position)
         mapping[g_holder] = g
         for name, e in pending:
-            self._let(name, _substitute(e, mapping), position)
+            self._let(name, substitute(e, mapping), position)
         for arg, part in used:
-            part = _converted(_substitute(part, mapping), self.types[node].dtype.name, self.types[arg].dtype.name)
+            part = converted(substitute(part, mapping), self.types[node].dtype.name, self.types[arg].dtype.name)
             self._backprop(arg, self._summed_where_whole(part, arg))
 
     def _summed_first(self, g: ir.Expr, node: ir.Call) -> ir.Expr:
@@ -226,7 +226,9 @@ class Reverse:
             raise NotYet(f"a cotangent summed over two blocked dimensions before {node.func}()")
         value_type, position = self.types[node], node.position
         name = self.namer.claim(f"d{self.naming}_over_{extra[0].lower()}")
-        decl = ir.ArrayDecl(name, value_type.dtype.name, value_type.dims, position, position, (position,) * len(value_type.dims))
+        decl = ir.ArrayDecl(
+            name, value_type.dtype.name, value_type.dims, position, position, (position,) * len(value_type.dims)
+        )
         whole = []  # its sums over whole dimensions, taken after the one over the blocked dimension
         while isinstance(g, ir.Call) and g.func == "sum" and g.args[1].id in self.whole:
             whole.append(g.args[1])
@@ -234,7 +236,7 @@ class Reverse:
         total = ir.Call("sum", (g, ir.Name(extra[0], position)), position, position)
         for dim in reversed(whole):
             total = ir.Call("sum", (total, dim), position, position)
-        self.intermediates.append((decl, _converted(total, "f32", decl.dtype), extra[0]))
+        self.intermediates.append((decl, converted(total, "f32", decl.dtype), extra[0]))
         self.dims_of[name] = value_type.dims
         return ir.Name(name, position)
 
@@ -258,7 +260,7 @@ class Reverse:
         if node not in self.saved:
             func, dim = node.func, node.args[1].id
             name = self.namer.claim(f"{func}_{dim.lower()}")
-            dtype, dims = (self._reduction_type(node) if new else ("", ()))
+            dtype, dims = self._reduction_type(node) if new else ("", ())
             self.saved[node] = Residual(name, node, dtype, dims)
             self.dims_of[name] = dims if new else self.types[node].dims
         return self.saved[node].name
@@ -309,7 +311,9 @@ class Reverse:
             if function.reducer is not None:
                 reduced = () if function.typing == "softmax" else (node.args[1].id,)
                 return tuple(d for d in self.dims(node.args[0]) if d not in reduced)
-        children = [c for c in (getattr(node, "operand", None), getattr(node, "left", None), getattr(node, "right", None)) if c]
+        children = [
+            c for c in (getattr(node, "operand", None), getattr(node, "left", None), getattr(node, "right", None)) if c
+        ]
         present = {d for child in [*children, *getattr(node, "args", ())] for d in self.dims(child)}
         return tuple(d for d in self.layout if d in present)
 
@@ -360,8 +364,8 @@ class Reverse:
             with_dim = [t for t in terms if summed and summed in self.dims(t)]
             rest = [t for t in terms if t not in with_dim]
             dim = ir.Name(summed, decl.position)
-            over = [ir.Call("sum", (_sum(with_dim), dim), decl.position, decl.position)] if with_dim else []
-            value = _sum([*over, *([_sum(rest)] if rest else [])])
+            over = [ir.Call("sum", (sum_of(with_dim), dim), decl.position, decl.position)] if with_dim else []
+            value = sum_of([*over, *([sum_of(rest)] if rest else [])])
             assigns.append(ir.Assign(out, value, decl.position))
         forward = self.checked.kernel
         cotangents = ", ".join(self.seeds[o.name] for o in forward.outputs if o.name in self.seeds)
@@ -466,13 +470,14 @@ class Reverse:
         return tuple(dict.fromkeys(name for name in lets if name in forward))
 
 
-def _converted(g: ir.Expr, dtype: str, to: str) -> ir.Expr:
+def converted(g: ir.Expr, dtype: str, to: str) -> ir.Expr:
     """`g`, a cotangent in `dtype`, converted to `to` (as JAX converts a cotangent back
     through the conversion that promoted its value)."""
     return g if dtype == to else ir.Call(to, (g,), g.position, g.position)
 
 
-def _arguments_and_rule(node: ir.Expr):
+def arguments_and_rule(node: ir.Expr):
+    """The operands of a call or operator, and its derivative rule from the function table."""
     if isinstance(node, ir.Call):
         return node.args, FUNCTIONS[node.func].derivative
     if isinstance(node, ir.Unary):
@@ -480,7 +485,8 @@ def _arguments_and_rule(node: ir.Expr):
     return (node.left, node.right), operator_rule(node)
 
 
-def _sum(terms: list[ir.Expr]) -> ir.Expr:
+def sum_of(terms: list[ir.Expr]) -> ir.Expr:
+    """The IR sum of `terms` (at least one), left to right."""
     total = terms[0]
     for term in terms[1:]:
         total = _add(total, term)
@@ -491,28 +497,28 @@ def _add(a: ir.Expr, b: ir.Expr) -> ir.Expr:
     return ir.Binary("+", a, b, b.position, b.position)
 
 
-def _substitute(node: ir.Expr, mapping: dict[ir.Expr, ir.Expr]) -> ir.Expr:
+def substitute(node: ir.Expr, mapping: dict[ir.Expr, ir.Expr]) -> ir.Expr:
     """`node` with each subexpression in `mapping` replaced."""
     if node in mapping:
         return mapping[node]
     if isinstance(node, ir.Unary):
-        return dataclasses.replace(node, operand=_substitute(node.operand, mapping))
+        return dataclasses.replace(node, operand=substitute(node.operand, mapping))
     if isinstance(node, ir.Binary):
-        return dataclasses.replace(node, left=_substitute(node.left, mapping), right=_substitute(node.right, mapping))
+        return dataclasses.replace(node, left=substitute(node.left, mapping), right=substitute(node.right, mapping))
     if isinstance(node, ir.Call):
-        return dataclasses.replace(node, args=tuple(_substitute(a, mapping) for a in node.args))
+        return dataclasses.replace(node, args=tuple(substitute(a, mapping) for a in node.args))
     return node
 
 
 def replaced(statement: ir.Statement, mapping: dict[ir.Expr, ir.Expr]) -> ir.Statement:
     """The statement with each subexpression in `mapping` replaced."""
-    return dataclasses.replace(statement, value=_substitute(statement.value, mapping))
+    return dataclasses.replace(statement, value=substitute(statement.value, mapping))
 
 
 def _renamed(statement: ir.Statement, renamed: dict[str, str]) -> ir.Statement:
     """The statement with the names in `renamed` replaced, where it defines and reads them."""
     reads = [n for n in ir.walk(statement.value) if isinstance(n, ir.Name) and n.id in renamed]
-    value = _substitute(statement.value, {n: ir.Name(renamed[n.id], n.position) for n in reads})
+    value = substitute(statement.value, {n: ir.Name(renamed[n.id], n.position) for n in reads})
     if isinstance(statement, ir.Let):
         return ir.Let(renamed.get(statement.name, statement.name), value, statement.position)
     return ir.Assign(statement.target, value, statement.position)
