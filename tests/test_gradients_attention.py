@@ -20,10 +20,12 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from kernel_cases import BF16, generated_module, take_gpu_branch, unmasked_block_accesses
+from jax.test_util import check_grads
+
+from kernel_cases import BF16, generated_module, load_module, take_gpu_branch, unmasked_block_accesses
 from pallasgen.analysis.gradients import every_kernel
 from pallasgen.devices import compile_only
-from pallasgen.workspace.pipeline import check_source
+from pallasgen.workspace.pipeline import check_source, generate
 from test_attention import attention_backward_numpy, attention_numpy, causal, f64
 from kernel_cases import pallas_calls_and_primitives
 from test_matmul_kernels import race_detection, races_found
@@ -86,6 +88,35 @@ def assert_close(got, want, tolerance=2**-6):
 def on_path(module, path, monkeypatch):
     if path == "gpu":
         take_gpu_branch(monkeypatch, module)
+
+
+# The bundled kernels take bf16 only; finite differences need f32 (same statements).
+F32_ATTENTION = """kernel attention_f32 {
+    in  q: f32[B, H, S, D]
+    in  k, v: f32[B, H, T, D]
+    out o: f32[B, H, S, D]
+    out lse: f32[B, H, S]
+    param scale: f32 = 0.125
+    let s = where(index(S) >= index(T), (q @ k.T) * scale, -inf)
+    let p = exp(s - max(s, T))
+    o = (p @ v) / sum(p, T)
+    lse = logsumexp(s, T)
+    block B = 1, H = 1, S = 128, T = 8  # lse's last dimension is S: a multiple of 128 on TPU
+}
+"""
+
+
+@pytest.mark.parametrize("path", ["tpu", "gpu"])
+def test_check_grads_of_causal_attention_on_small_f32_inputs(tmp_path, path, monkeypatch):
+    """Finite differences agree with the derived backward kernels (both outputs; T swept in
+    three blocks, the last one ragged, blocks past the diagonal skipped)."""
+    source = tmp_path / "attention_f32.py"
+    source.write_text(generate(F32_ATTENTION, "specs/attention_f32.pallas", "specs/attention_f32.pallas"))
+    module = load_module(source, f"_pallasgen_attention_f32_{path}_{tmp_path.name}")
+    on_path(module, path, monkeypatch)
+    rng = np.random.default_rng(7)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, 2, n, 4)), jnp.float32) for n in (19, 19, 19))
+    check_grads(functools.partial(module.attention_f32, interpret=True), (q, k, v), 1, ["rev"], atol=1e-2, rtol=1e-2)
 
 
 @pytest.mark.parametrize("path", ["tpu", "gpu"])
