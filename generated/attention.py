@@ -430,8 +430,8 @@ def attention(
         are tuned for the TPU and sizes (_attention_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
         operands, attention) are not on Mosaic GPU yet.
@@ -1112,8 +1112,8 @@ def attention_backward_dq(
         are tuned for the TPU and sizes (_attention_backward_dq_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
         operands, attention) are not on Mosaic GPU yet.
@@ -1797,8 +1797,8 @@ def attention_backward_dkdv(
         are tuned for the TPU and sizes (_attention_backward_dkdv_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
         operands, attention) are not on Mosaic GPU yet.
@@ -2495,8 +2495,8 @@ def attention_dq(
         are tuned for the TPU and sizes (_attention_dq_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
         operands, attention) are not on Mosaic GPU yet.
@@ -3173,8 +3173,8 @@ def attention_dkdv(
         are tuned for the TPU and sizes (_attention_dkdv_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
         operands, attention) are not on Mosaic GPU yet.
@@ -3896,8 +3896,8 @@ def attention_full(
         are tuned for the TPU and sizes (_attention_full_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
         operands, attention) are not on Mosaic GPU yet.
@@ -4465,8 +4465,8 @@ def attention_full_with_residuals(
         are tuned for the TPU and sizes (_attention_full_with_residuals_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
         operands, attention) are not on Mosaic GPU yet.
@@ -4976,8 +4976,8 @@ def attention_full_backward_dq(
         are tuned for the TPU and sizes (_attention_full_backward_dq_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
         operands, attention) are not on Mosaic GPU yet.
@@ -5513,8 +5513,8 @@ def attention_full_backward_dkdv(
         are tuned for the TPU and sizes (_attention_full_backward_dkdv_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
         operands, attention) are not on Mosaic GPU yet.
@@ -6069,8 +6069,8 @@ def attention_bottom_right(
         are tuned for the TPU and sizes (_attention_bottom_right_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
         operands, attention) are not on Mosaic GPU yet.
@@ -6727,8 +6727,8 @@ def attention_bottom_right_with_residuals(
         are tuned for the TPU and sizes (_attention_bottom_right_with_residuals_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
         operands, attention) are not on Mosaic GPU yet.
@@ -7302,8 +7302,8 @@ def attention_bottom_right_backward_dq(
         are tuned for the TPU and sizes (_attention_bottom_right_backward_dq_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
         operands, attention) are not on Mosaic GPU yet.
@@ -7950,8 +7950,8 @@ def attention_bottom_right_backward_dkdv(
         are tuned for the TPU and sizes (_attention_bottom_right_backward_dkdv_tpu_blocks), or grown to large steps
         (_grown), else 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
         operands, attention) are not on Mosaic GPU yet.
@@ -8643,8 +8643,8 @@ def gqa(
         are tuned for the TPU and sizes (_gqa_tpu_blocks), or grown to large steps
         (_grown), else 128, 256.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
         operands, attention) are not on Mosaic GPU yet.
@@ -9182,8 +9182,8 @@ def gqa_with_residuals(
         are tuned for the TPU and sizes (_gqa_with_residuals_tpu_blocks), or grown to large steps
         (_grown), else 128, 256.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
         operands, attention) are not on Mosaic GPU yet.
@@ -9663,8 +9663,8 @@ def gqa_backward_dq(
         are tuned for the TPU and sizes (_gqa_backward_dq_tpu_blocks), or grown to large steps
         (_grown), else 128, 256.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
         operands, attention) are not on Mosaic GPU yet.
@@ -10177,8 +10177,8 @@ def gqa_backward_dkdv(
         are tuned for the TPU and sizes (_gqa_backward_dkdv_tpu_blocks), or grown to large steps
         (_grown), else 256, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
         operands, attention) are not on Mosaic GPU yet.
@@ -10728,8 +10728,8 @@ def gqa_backward_over_r(
         are tuned for the TPU and sizes, or the TPU's defaults (_gqa_backward_over_r_tpu_blocks),
         grown to large steps (_grown), else 1, 1, 256.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: elementwise kernels of rank above 2 are not
         on Mosaic GPU yet.
@@ -11084,8 +11084,8 @@ def matmul_softmax(
         are tuned for the TPU and sizes (_matmul_softmax_tpu_blocks), or grown to large steps
         (_grown), else 128, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
         operands, attention) are not on Mosaic GPU yet.
@@ -11419,8 +11419,8 @@ def rmsnorm_matmul(
         are tuned for the TPU and sizes (_rmsnorm_matmul_tpu_blocks), or grown to large steps
         (_grown), else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: fused kernels (several products, computed
         operands, attention) are not on Mosaic GPU yet.

@@ -423,8 +423,8 @@ def layer_norm(
         are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_tpu_blocks),
         grown to large steps (_grown), else 16.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
       eps: a static f32 (default 1e-05).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -924,8 +924,8 @@ def layer_norm_with_residuals(
         are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_with_residuals_tpu_blocks),
         grown to large steps (_grown), else 16.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
       eps: a static f32 (default 1e-05).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -1392,8 +1392,8 @@ def layer_norm_backward(
         are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_backward_tpu_blocks),
         grown to large steps (_grown), else 16.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: size() is not spelled for Mosaic GPU yet.
       eps: a static f32 (default 1e-05).
@@ -1744,8 +1744,8 @@ def layer_norm_backward_over_m(
         are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_backward_over_m_tpu_blocks),
         grown to large steps (_grown), else 16.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -2175,8 +2175,8 @@ def rms_norm(
         are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_tpu_blocks),
         grown to large steps (_grown), else 16.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
       eps: a static f32 (default 1e-06).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -2554,8 +2554,8 @@ def rms_norm_with_residuals(
         are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_with_residuals_tpu_blocks),
         grown to large steps (_grown), else 16.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
       eps: a static f32 (default 1e-06).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
@@ -2902,8 +2902,8 @@ def rms_norm_backward(
         are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_backward_tpu_blocks),
         grown to large steps (_grown), else 16.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
         This kernel runs on Triton either way: size() is not spelled for Mosaic GPU yet.
       eps: a static f32 (default 1e-06).
@@ -3167,8 +3167,8 @@ def rms_norm_backward_over_m(
         are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_backward_over_m_tpu_blocks),
         grown to large steps (_grown), else 16.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
       eps: a static f32 (default 1e-06).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;

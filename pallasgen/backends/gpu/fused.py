@@ -62,7 +62,7 @@ def gpu_blocks(checked: CheckedKernel) -> dict[str, int]:
 def fused_keyword_group(checked: CheckedKernel) -> KeywordGroup:
     blocks = tuple(Keyword(f"gpu_{block_keyword(d)}", "None") for d in gpu_blocks(checked))
     options = tuple(Keyword(keyword, "None") for keyword, _ in OPTIONS.values())
-    return KeywordGroup((*blocks, *options), (GPU_DOC,))
+    return KeywordGroup((*blocks, *options), GPU_DOC)
 
 
 def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:

@@ -38,8 +38,8 @@ from pallasgen.lowering.reductions import KernelSpelling
 from pallasgen.lowering.signature import Keyword, KeywordGroup
 
 GPU_DOC = (
-    "  gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:\n"
-    "    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's."
+    "  gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:",
+    "    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.",
 )
 
 
@@ -89,7 +89,7 @@ def keyword_group(checked: CheckedKernel) -> KeywordGroup:
     chosen at call time (`_gpu_options`)."""
     blocks = tuple(Keyword(f"gpu_{block_keyword(d)}", "None") for d in tunable_gpu_dims(checked))
     options = tuple(Keyword(keyword, "None") for keyword, _ in OPTIONS.values())
-    return KeywordGroup((*blocks, *options), (GPU_DOC,))
+    return KeywordGroup((*blocks, *options), GPU_DOC)
 
 
 def tuned_fields(checked: CheckedKernel, sizes: dict[str, str], tunable: list[str]) -> dict:

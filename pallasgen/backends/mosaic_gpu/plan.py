@@ -61,7 +61,7 @@ def keyword_group(checked: CheckedKernel) -> KeywordGroup:
     """The public `gpu_backend` keyword: which Pallas backend compiles for NVIDIA GPUs."""
     reason = refusal(checked)
     doc = [
-        f'  {BACKEND_KEYWORD}: on NVIDIA GPUs, "triton" (the default) or "mosaic_gpu" (sm_90 and later;',
+        f"  {BACKEND_KEYWORD}: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;",
         "    opt-in, not yet checked on hardware).",
     ]
     if reason:
