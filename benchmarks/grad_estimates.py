@@ -1,9 +1,10 @@
-"""XLA's forward plus backward of a kernel's reference alone, by compiler estimate on a
-compile-only TPU: the XLA side of `pallasgen bench --grad --chip`, without compiling the
-kernel's side in the same process (for references whose compile needs most of the host's
-memory, as causal attention's at S = T = 4096 on v5e).
+"""One side of `pallasgen bench --grad --chip`, by compiler estimate on a compile-only
+TPU: the generated kernel's forward plus backward, or XLA's of its reference, each
+compiled in a process of its own (for references whose compile needs most of the host's
+memory: causal attention's at S = T = 4096 on v5e took 16 GB and 30 minutes).
 
-    python benchmarks/xla_grad_estimates.py --chip v5e attention:attention B=1,H=1,S=4096,T=4096,D=128
+    python benchmarks/grad_estimates.py --chip v5e --side xla attention:attention B=1,H=1,S=4096,T=4096,D=128
+    python benchmarks/grad_estimates.py --chip v5e --side pallasgen attention:attention B=1,H=1,S=4096,T=4096,D=128
 
 Compiling the two passes as separate programs is no stand-in: at S = T = 1024 on v5e the
 forward (writing what `jax.vjp` saves) and the backward came to 133,907 cycles, the one
@@ -13,6 +14,7 @@ program to 29,881. Cycles come from libtpu's static cost model: estimates, not t
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import tempfile
 from pathlib import Path
@@ -29,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chip", choices=CHIP_NAMES, required=True)
+    parser.add_argument("--side", choices=("pallasgen", "xla"), required=True)
     parser.add_argument("target", help="SPEC:KERNEL, e.g. attention:attention")
     parser.add_argument("sizes", help="DIM=SIZE,..., e.g. B=1,H=1,S=4096,T=4096,D=128")
     args = parser.parse_args()
@@ -37,12 +40,14 @@ def main() -> None:
     source = (ROOT / "specs" / f"{spec}.pallas").read_text(encoding="utf-8")
     checked = next(c for c in check_source(source, spec) if c.kernel.name == name)
     path = ROOT / "generated" / f"{spec}.py"
-    reference = getattr(load_module(path.read_text(encoding="utf-8"), path), f"{name}_reference")
+    module = load_module(path.read_text(encoding="utf-8"), path)
+    kernel = functools.partial(getattr(module, name), interpret=False)
+    function = getattr(module, f"{name}_reference") if args.side == "xla" else kernel
     estimator = Estimator(args.chip, Path(tempfile.mkdtemp(prefix="llo_profile_")))
     inputs = arguments(checked, sizes, estimator.sharding)
     cotangents = [struct(decl, sizes, estimator.sharding) for decl in float_outputs(checked)]
-    ops, _ = estimator.op_cycles(with_backward(reference, checked), [inputs, cotangents])
-    print(json.dumps({"chip": args.chip, "kernel": name, "sizes": sizes, "xla_cycles": sum(ops.values())}))
+    ops, _ = estimator.op_cycles(with_backward(function, checked), [inputs, cotangents])
+    print(json.dumps({"chip": args.chip, "kernel": name, "sizes": sizes, "side": args.side, "cycles": sum(ops.values())}))
 
 
 if __name__ == "__main__":
