@@ -150,6 +150,11 @@ def test_mosaic_gpu_takes_the_kernels_that_reduce_rows_or_columns():
     assert {"column_sums", "argmax_i8"} <= taken
 
 
+def test_mosaic_gpu_takes_a_fused_product_as_kernels_in_turn():
+    """A computed operand first, a reduced product's result written out first (stages)."""
+    assert {"matmul_softmax", "rmsnorm_matmul"} <= {k for _, k in TAKEN}
+
+
 def test_mosaic_gpu_takes_reductions_to_a_scalar():
     """Partial results per program, combined by the launcher."""
     assert {"equal_count", "equal_count_f32", "equal_count_i32", "equal_count_i8"} <= {k for _, k in TAKEN}
@@ -290,6 +295,13 @@ TAKEN_SPECS = {
         "in x: f32[N]\nin y: bf16[N]\nout s, e, a: f32[]\nout m: bf16[]\nparam t: f32 = 2.0\n"
         "s = sum(x * f32(index(N)) * t, N)\ne = mean(exp(x), N) - 1.0\nm = max(y, N)\na = min(x, N) * t",
         {"N": 20000},
+    ),
+    # A fused product in three kernels: its computed, transposed operand (with a let and
+    # a param), the product, then a softmax of it and a row statistic.
+    "computed-operand-then-softmax": (
+        "in x: f32[M, K]\nin w: f32[N, K]\nout y: f32[M, N]\nout s: f32[M]\nparam t: f32 = 0.5\n"
+        "let h = x * t\nlet p = (h - 1.0) @ w.T\ny = softmax(p, N)\ns = max(p, N) * t",
+        {"M": 70, "N": 300, "K": 40},
     ),
     # 8-bit values to scalars: products wrap in i8 before the i32 sum; a maximum in i8.
     "int8-scalar-reductions": (

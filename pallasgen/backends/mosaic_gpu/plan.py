@@ -7,7 +7,7 @@ product accumulates `plgpu.wgmma` over its K blocks in a pipeline, then applies 
 epilogue to the accumulator and stores through shared memory. A kernel that reduces
 its rows (or columns) sweeps their blocks in passes (`sweeps`); a rank-1 kernel that
 reduces to scalars writes partial results per program, combined by its launcher
-(`totals`).
+(`totals`). A fused kernel of one product runs as kernels in turn (`stages`).
 
 Ragged edges are exact by padding: TMA needs every global stride but the last to be
 a multiple of 16 bytes and each swizzled dimension a multiple of its tile, so the
@@ -27,9 +27,10 @@ from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.mosaic_gpu.sweeps import SweepPlanner, column_block
 from pallasgen.backends.mosaic_gpu.totals import TotalsPlanner
+from pallasgen.backends.mosaic_gpu.stages import chained_body, stages
 from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET, WGMMA_DTYPES, refusal
 from pallasgen.frontend import ir
-from pallasgen.lowering.kernel import LoweredKernel
+from pallasgen.lowering.kernel import LoweredKernel, lower_kernel
 from pallasgen.lowering.parts import body_statements, layout_of, load_statements, parameter_list, tuple_code
 from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.signature import Keyword, KeywordGroup
@@ -55,6 +56,7 @@ class MosaicGpuPlan:
     parameters: str  # of the launcher
     launcher_body: tuple[str, ...]
     dispatch: str  # the launcher bound for the public function, or None
+    stages: tuple[MosaicGpuPlan, ...] = ()  # kernels it calls in turn (stages: one fused product)
 
 
 def keyword_group(checked: CheckedKernel) -> KeywordGroup:
@@ -87,6 +89,8 @@ def plan_mosaic_gpu(lowered: LoweredKernel) -> MosaicGpuPlan:
         refused = f"`{name}` has no Mosaic GPU kernel ({reason}): it runs on Triton."
         comment = tuple(textwrap.wrap(refused, 86, initial_indent="# ", subsequent_indent="# "))
         return MosaicGpuPlan(comment, launcher_name(name), kernel_function_name(name), "", (), "", (), "None")
+    if checked.fused is not None:  # one product in stages (support.refusal)
+        return _plan_stages(lowered)
     if checked.product:
         return _ProductPlanner(lowered).plan()
     if len(checked.space.layout) == 1 and any(d.reductions for d in checked.space.dims):
@@ -95,6 +99,32 @@ def plan_mosaic_gpu(lowered: LoweredKernel) -> MosaicGpuPlan:
         columns = checked.space.layout[-1]
         return SweepPlanner(_Planner(lowered)).plan(column_block(checked.kernel, columns))
     return _ElementwisePlanner(lowered).plan()
+
+
+def _plan_stages(lowered: LoweredKernel) -> MosaicGpuPlan:
+    """A fused kernel of one product as kernels in turn (`stages`), each planned as any."""
+    chain = stages(lowered.checked)
+    own = {*lowered.values.values(), *lowered.sizes.values(), *lowered.refs.values(), lowered.accumulator}
+    taken = lowered.namer.taken - own  # the module's names: a stage's launcher is a function of its own
+    subs = [lower_kernel(s.checked, taken) for s in chain]
+    plans = [plan_mosaic_gpu(sub) for sub in subs]
+    kernel, sizes = lowered.kernel, lowered.sizes
+    params = [p.name for p in kernel.params]
+    bound = [f"{sizes[d]}={sizes[d]}" for d in lowered.checked.dims] + [f"{p}={p}" for p in params]
+    return MosaicGpuPlan(
+        (),
+        launcher_name(kernel.name),
+        "",
+        "",
+        (),
+        parameter_list(
+            [lowered.values[d.name] for d in kernel.inputs],
+            [sizes[d] for d in lowered.checked.dims] + params + ["interpret"],
+        ),
+        chained_body(lowered, [(s, sub, p.function) for s, sub, p in zip(chain, subs, plans)]),
+        f"functools.partial({launcher_name(kernel.name)}, {', '.join(bound)})",
+        tuple(plans),
+    )
 
 
 class _Planner:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.functions import FUNCTIONS
+from pallasgen.backends.mosaic_gpu.stages import stages
 from pallasgen.frontend import ir
 
 # Spec functions whose jax spelling has no Mosaic GPU lowering on one of the lines.
@@ -39,6 +40,9 @@ WGMMA_DTYPES = {"bf16": 64, "f16": 64, "f32": 32, "i8": 128}
 def refusal(checked: CheckedKernel) -> str | None:
     """Why Mosaic GPU does not take this kernel, or None if it does."""
     kernel, product = checked.kernel, checked.product
+    chain = stages(checked) if checked.fused is not None else None
+    if chain:  # one product, of computed operands or reduced: kernels in turn (stages)
+        return next((reason for reason in (refusal(s.checked) for s in chain) if reason), None)
     if checked.fused is not None:
         return "fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet"
     reduces = any(d.reductions for d in checked.space.dims if product is None or d.name != product.k)
