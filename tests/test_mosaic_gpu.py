@@ -150,6 +150,12 @@ def test_mosaic_gpu_takes_the_kernels_that_reduce_rows_or_columns():
     assert {"column_sums", "argmax_i8"} <= taken
 
 
+def test_mosaic_gpu_takes_backward_kernels_with_index_size_or_a_broadcast_vector():
+    taken = {k for _, k in TAKEN}
+    assert {"cross_entropy_backward", "quantize_rows_int8_backward", "column_sums_backward"} <= taken
+    assert {"layer_norm_backward", "rms_norm_backward"} <= taken
+
+
 def test_mosaic_gpu_takes_a_fused_product_as_kernels_in_turn():
     """A computed operand first, a reduced product's result written out first (stages)."""
     assert {"matmul_softmax", "rmsnorm_matmul"} <= {k for _, k in TAKEN}
@@ -295,6 +301,18 @@ TAKEN_SPECS = {
         "in x: f32[N]\nin y: bf16[N]\nout s, e, a: f32[]\nout m: bf16[]\nparam t: f32 = 2.0\n"
         "s = sum(x * f32(index(N)) * t, N)\ne = mean(exp(x), N) - 1.0\nm = max(y, N)\na = min(x, N) * t",
         {"N": 20000},
+    ),
+    # index() and size() in an elementwise kernel's ragged blocks; a vector assigned to an
+    # output, broadcast.
+    "index-size-and-broadcast": (
+        "in x: f32[M, N]\nin c: f32[N]\nout y, z: f32[M, N]\n"
+        "y = x + f32(index(M) * size(N) + index(N)) / f32(size(M))\nz = c",
+        {"M": 70, "N": 300},
+    ),
+    # size() of the swept and of the kept dimension in a kernel that reduces rows.
+    "sizes-in-a-sweep": (
+        "in x: f32[M, N]\nout y: f32[M, N]\ny = x - sum(x, N) / f32(size(N)) + f32(size(M))",
+        {"M": 70, "N": 300},
     ),
     # A fused product in three kernels: its computed, transposed operand (with a let and
     # a param), the product, then a softmax of it and a row statistic.

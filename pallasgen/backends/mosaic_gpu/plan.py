@@ -28,7 +28,7 @@ from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.mosaic_gpu.sweeps import SweepPlanner, column_block
 from pallasgen.backends.mosaic_gpu.totals import TotalsPlanner
 from pallasgen.backends.mosaic_gpu.stages import chained_body, stages
-from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET, WGMMA_DTYPES, refusal
+from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET, WGMMA_DTYPES, refusal, sized_dims
 from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel, lower_kernel
 from pallasgen.lowering.parts import body_statements, layout_of, load_statements, parameter_list, tuple_code
@@ -225,10 +225,17 @@ class _ElementwisePlanner(_Planner):
         def store(decl: ir.ArrayDecl, value: str) -> str:
             return f"{self.smem[decl.name]}[...] = {value}"
 
-        emitter = self.lowered.emitter(**EMITTER_OPTIONS)
+        shape = tuple_code([block_keyword(d) for d in layout])
+        spelling = _BlockSpelling(
+            self.sizes, {d: (f"{program[d]} * {block_keyword(d)}", shape, layout.index(d)) for d in layout}
+        )
+        emitter = self.lowered.emitter(spelling=spelling, **EMITTER_OPTIONS)
         body = [
             *load_statements(kernel, self.values, self.checked, load),
-            *body_statements(kernel, kernel.body, emitter, self.values, self.refs, self.checked, store),
+            # A vector assigned to an output is loaded broadcast already: the block's shape.
+            *body_statements(
+                kernel, kernel.body, emitter, self.values, self.refs, self.checked, store, lambda _: shape
+            ),
         ]
         refs = [self.refs[d.name] for d in arrays]
         kernel_body = [
@@ -244,7 +251,8 @@ class _ElementwisePlanner(_Planner):
             f"    out_specs=[{', '.join(spec(d) for d in kernel.outputs)}],",
             f")({', '.join(refs)})",
         ]
-        keywords = [block_keyword(d) for d in layout] + [p.name for p in kernel.params]
+        sized = [sizes[d] for d in layout if d in sized_dims(kernel)]
+        keywords = [block_keyword(d) for d in layout] + sized + [p.name for p in kernel.params]
         reshapes = []
         for decl in kernel.inputs:
             dims, value = own_dims(decl), self.values[decl.name]
@@ -273,6 +281,24 @@ class _ElementwisePlanner(_Planner):
         return next(
             (c for c in ELEMENTWISE_COLUMNS if ELEMENTWISE_ROWS * c * row_bytes <= SMEM_BUDGET), ELEMENTWISE_COLUMNS[-1]
         )
+
+
+class _BlockSpelling:
+    """index() and size() in an elementwise kernel's block: `blocks` gives each
+    dimension's (start, block shape, axis); round() as jnp's."""
+
+    def __init__(self, sizes: dict[str, str], blocks: dict[str, tuple[str, str, int]]):
+        self.sizes, self.blocks = sizes, blocks
+
+    def positions(self, dim: str) -> str:
+        start, shape, axis = self.blocks[dim]
+        return f"_mgpu_positions({start}, {shape}, {axis})"
+
+    def size(self, dim: str) -> str:
+        return self.sizes[dim]
+
+    def rounded(self, value: str) -> str:
+        return f"jnp.round({value})"
 
 
 class _ProductPlanner(_Planner):

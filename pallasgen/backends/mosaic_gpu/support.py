@@ -16,8 +16,7 @@ from pallasgen.frontend import ir
 # Spec functions whose jax spelling has no Mosaic GPU lowering on one of the lines.
 UNLOWERED_FUNCTIONS = {
     "sqrt": "sqrt has no Mosaic GPU lowering on jax 0.10.2",
-    "index": "index() outside a kernel that reduces is not on Mosaic GPU yet",
-    "size": "size() is not spelled for Mosaic GPU yet",
+    "index": "index() in a rank-1 kernel that does not reduce is not on Mosaic GPU yet",
 }
 
 # Spec functions spelled otherwise here: jax.nn.relu is a custom_jvp (no lowering on jax
@@ -62,8 +61,8 @@ def refusal(checked: CheckedKernel) -> str | None:
     for statement in kernel.body:
         if isinstance(statement, ir.Assign):
             out = next(o for o in kernel.outputs if o.name == statement.target)
-            if checked.types[statement.value].dims != out.dims:
-                return f"{out.name} is broadcast to its dimensions, not written on Mosaic GPU yet"
+            if not checked.types[statement.value].dims and out.dims:  # a vector is loaded broadcast
+                return f"{out.name} is assigned a scalar, not written on Mosaic GPU yet"
     if not reduces and any(tuple(o.dims) != tuple(checked.space.layout) for o in kernel.outputs):
         return "an output without every dimension of the kernel is not on Mosaic GPU yet"
     for node in ir.walk(*(s.value for s in kernel.body)):
@@ -117,6 +116,12 @@ def _totals_problem(checked: CheckedKernel) -> str | None:
     return None
 
 
+def sized_dims(kernel: ir.Kernel) -> set[str]:
+    """The dimensions whose size() the kernel reads: its kernel function takes their sizes."""
+    calls = (n for n in ir.walk(*(s.value for s in kernel.body)) if isinstance(n, ir.Call))
+    return {c.args[0].id for c in calls if c.func == "size"}
+
+
 def reductions(kernel: ir.Kernel) -> list[ir.Call]:
     """The kernel's reductions, each once, in order."""
     return list(dict.fromkeys(_reductions_in(*(s.value for s in kernel.body))))
@@ -127,7 +132,10 @@ def _reductions_in(*nodes: ir.Expr):
 
 
 def _node_problem(checked: CheckedKernel, node: ir.Expr, reduces: bool) -> str | None:
-    if isinstance(node, ir.Call) and node.func in UNLOWERED_FUNCTIONS and not (reduces and node.func == "index"):
+    spelled = (
+        node.func == "index" and (reduces or len(checked.space.layout) == 2) if isinstance(node, ir.Call) else False
+    )
+    if isinstance(node, ir.Call) and node.func in UNLOWERED_FUNCTIONS and not spelled:
         return UNLOWERED_FUNCTIONS[node.func]
     if isinstance(node, ir.Unary) and node.op == "~":
         return "logical not (~) has no Mosaic GPU lowering on jax 0.12"
