@@ -1897,8 +1897,6 @@ def matmul_relu_with_residuals(
     those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: a product with several outputs is not on
-        Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1957,7 +1955,7 @@ def matmul_relu_with_residuals(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_matmul_relu_with_residuals_mosaic_gpu, m=m, n=n, k=k),
         ),
         interpret,
         x,
@@ -2147,8 +2145,91 @@ def _matmul_relu_with_residuals_gpu(
     )(x, y)
 
 
-# `matmul_relu_with_residuals` has no Mosaic GPU kernel (a product with several
-# outputs is not on Mosaic GPU yet): it runs on Triton.
+def _matmul_relu_with_residuals_mosaic_gpu_kernel(
+    x_ref, y_ref, z_ref, acc_ref, out_smem, acc_smem, barrier, *, block_m, block_n, block_k
+):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def accumulate(acc_ref_):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, x_smem, y_smem):
+            plgpu.wgmma(acc_ref_, x_smem, y_smem.T)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(x_ref.shape[-1] // block_k,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_m, block_k),
+                    lambda s: (program_m, s),
+                    transforms=_mgpu_swizzled(jnp.float32, block_k),
+                ),
+                plgpu.BlockSpec(
+                    (block_n, block_k),
+                    lambda s: (program_n, s),
+                    transforms=_mgpu_swizzled(jnp.float32, block_k),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(x_ref, y_ref)
+        acc_ = acc_ref_[...]
+        acc = acc_
+        acc_smem[...] = acc
+        out_smem[...] = jnp.maximum(acc, 0)
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    )
+    plgpu.copy_smem_to_gmem(
+        acc_smem,
+        acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _matmul_relu_with_residuals_mosaic_gpu(x, y, *, m, n, k, interpret):
+    """`matmul_relu_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 128
+    block_n = 128
+    block_k = 32
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    padded_k = k + -k % block_k
+    y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
+    x = _mgpu_pad(x, (padded_m, padded_k))
+    y = _mgpu_pad(y, (padded_n, padded_k))
+    z, acc = plgpu.kernel(
+        functools.partial(
+            _matmul_relu_with_residuals_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
+        ),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+            ),
+            plgpu.SMEM(
+                (block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(padded_m // block_m, padded_n // block_n),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, y)
+    return z[:m, :n], acc[:m, :n]
 
 
 @functools.partial(
@@ -3652,8 +3733,6 @@ def matmul_bias_gelu_with_residuals(
     those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: a product with several outputs is not on
-        Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -3718,7 +3797,7 @@ def matmul_bias_gelu_with_residuals(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_matmul_bias_gelu_with_residuals_mosaic_gpu, m=m, n=n, k=k),
         ),
         interpret,
         x,
@@ -3929,8 +4008,110 @@ def _matmul_bias_gelu_with_residuals_gpu(
     )(x, y, bias)
 
 
-# `matmul_bias_gelu_with_residuals` has no Mosaic GPU kernel (a product with several
-# outputs is not on Mosaic GPU yet): it runs on Triton.
+def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
+    x_ref,
+    y_ref,
+    bias_ref,
+    z_ref,
+    acc_ref,
+    out_smem,
+    acc_smem,
+    barrier,
+    bias_smem,
+    *,
+    block_m,
+    block_n,
+    block_k,
+):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def accumulate(acc_ref_):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, x_smem, y_smem):
+            plgpu.wgmma(acc_ref_, x_smem, y_smem)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(x_ref.shape[-1] // block_k,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_m, block_k),
+                    lambda s: (program_m, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                ),
+                plgpu.BlockSpec(
+                    (block_k, block_n),
+                    lambda s: (s, program_n),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(x_ref, y_ref)
+        plgpu.copy_gmem_to_smem(
+            bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
+        )
+        plgpu.barrier_wait(barrier.at[0])
+        acc_ = acc_ref_[...]
+        bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
+        acc = acc_
+        acc_smem[...] = acc
+        out_smem[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    )
+    plgpu.copy_smem_to_gmem(
+        acc_smem,
+        acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _matmul_bias_gelu_with_residuals_mosaic_gpu(x, y, bias, *, m, n, k, interpret):
+    """`matmul_bias_gelu_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 128
+    block_n = 128
+    block_k = 64
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    padded_k = k + -k % block_k
+    x = _mgpu_pad(x, (padded_m, padded_k))
+    y = _mgpu_pad(y, (padded_k, padded_n))
+    bias = bias.reshape((n,))
+    bias = _mgpu_pad(bias, (padded_n,))
+    z, acc = plgpu.kernel(
+        functools.partial(
+            _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
+        ),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_m, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
+            ),
+            plgpu.SMEM(
+                (block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+            ),
+            plgpu.Barrier(num_barriers=1),
+            plgpu.SMEM((block_n,), jnp.float32),
+        ],
+        grid=(padded_m // block_m, padded_n // block_n),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, y, bias)
+    return z[:m, :n], acc[:m, :n]
 
 
 @functools.partial(

@@ -154,6 +154,7 @@ def test_mosaic_gpu_takes_backward_kernels_with_index_size_or_a_broadcast_vector
     taken = {k for _, k in TAKEN}
     assert {"cross_entropy_backward", "quantize_rows_int8_backward", "column_sums_backward"} <= taken
     assert {"layer_norm_backward", "rms_norm_backward"} <= taken
+    assert {"matmul_relu_with_residuals", "matmul_bias_gelu_with_residuals"} <= taken
 
 
 def test_mosaic_gpu_takes_a_fused_product_as_kernels_in_turn():
@@ -240,6 +241,10 @@ REFUSALS = {
         "in x: f32[N]\nout y: f32[N]\ny = x - max(x, N)",
         "an output with a dimension beside",
     ),
+    "product-output-tiles-past-shared-memory": (
+        "in x: f32[M, K]\nin w: f32[K, N]\nout a, b, c: f32[M, N]\na = x @ w\nb = a * 2.0\nc = a + 1.0",
+        "a product's output tiles take 192 KiB",
+    ),
     "softmax-call": ("in x: f32[M, N]\nout y: f32[M, N]\ny = softmax(x, N)", "softmax() is not on Mosaic GPU yet"),
     "kept-index-in-reduction": (
         "in x: f32[M, N]\nout y: f32[M]\ny = sum(x, N) + f32(index(M))",
@@ -301,6 +306,13 @@ TAKEN_SPECS = {
         "in x: f32[N]\nin y: bf16[N]\nout s, e, a: f32[]\nout m: bf16[]\nparam t: f32 = 2.0\n"
         "s = sum(x * f32(index(N)) * t, N)\ne = mean(exp(x), N) - 1.0\nm = max(y, N)\na = min(x, N) * t",
         {"N": 20000},
+    ),
+    # A product with two outputs (its accumulator saved for jax.grad, as NAME_with_residuals
+    # does): each output's tile copied out.
+    "product-with-two-outputs": (
+        "in x: bf16[M, K]\nin w: bf16[K, N]\nin b: f32[N]\nout z: bf16[M, N]\nout a: f32[M, N]\n"
+        "a = x @ w\nz = relu(a + b)",
+        {"M": 100, "N": 200, "K": 70},
     ),
     # index() and size() in an elementwise kernel's ragged blocks; a vector assigned to an
     # output, broadcast.

@@ -28,7 +28,14 @@ from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.mosaic_gpu.sweeps import SweepPlanner, column_block
 from pallasgen.backends.mosaic_gpu.totals import TotalsPlanner
 from pallasgen.backends.mosaic_gpu.stages import chained_body, stages
-from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET, WGMMA_DTYPES, refusal, sized_dims
+from pallasgen.backends.mosaic_gpu.support import (
+    EMITTER_OPTIONS,
+    PRODUCT_TILE,
+    SMEM_BUDGET,
+    WGMMA_DTYPES,
+    refusal,
+    sized_dims,
+)
 from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel, lower_kernel
 from pallasgen.lowering.parts import body_statements, layout_of, load_statements, parameter_list, tuple_code
@@ -42,7 +49,6 @@ DEFAULT_GPU_BACKEND = "triton"  # until gpu_check.py passes on a Hopper GPU with
 TMA_MOST = 256  # elements a TMA copy takes along one dimension
 ELEMENTWISE_ROWS = 64  # the WGMMA layout's row tile
 ELEMENTWISE_COLUMNS = (128, 64, 32)  # the widest that fits SMEM_BUDGET is taken
-PRODUCT_TILE = 128  # M and N of a product's block: one warpgroup's wgmma accumulator
 PIPELINE_STAGES = 2  # K blocks in flight
 
 
@@ -322,7 +328,8 @@ class _ProductPlanner(_Planner):
         lhs, rhs = product.lhs, product.rhs
         lhs_smem, rhs_smem = self.smem[lhs.name], self.smem[rhs.name]
         epilogue = [d for d in kernel.inputs if d.name not in (lhs.name, rhs.name)]
-        out = kernel.outputs[0]
+        # Each output's tile in shared memory, copied out once the epilogue is done.
+        tiles = {o.name: out_smem if not number else self.smem[o.name] for number, o in enumerate(kernel.outputs)}
 
         def at_batch(ref: str) -> str:
             return f"{ref}.at[{', '.join(program[d] for d in batch)}]" if batch else ref
@@ -355,7 +362,7 @@ class _ProductPlanner(_Planner):
             return f"_mgpu_load({self.smem[decl.name]}, {tile_shape}, {positions})"
 
         def store(decl: ir.ArrayDecl, value: str) -> str:
-            return f"{out_smem}[...] = {value}"
+            return f"{tiles[decl.name]}[...] = {value}"
 
         emitter = self.lowered.emitter(**EMITTER_OPTIONS)
         epilogue_body = [
@@ -386,11 +393,17 @@ class _ProductPlanner(_Planner):
             "",
             f"pl.run_scoped({scope}, plgpu.ACC({tile_shape}, {jnp_dtype(product.accumulator.name)}))",
             "plgpu.commit_smem()",
-            f"plgpu.copy_smem_to_gmem({out_smem}, {self.refs[out.name]}.at[{', '.join([*(program[d] for d in batch), tile((m, n))])}])",
+            *(
+                f"plgpu.copy_smem_to_gmem({tiles[o.name]}, {self.refs[o.name]}.at[{', '.join([*(program[d] for d in batch), tile((m, n))])}])"
+                for o in kernel.outputs
+            ),
             "plgpu.wait_smem_to_gmem(0)",
         ]
         scratch = [
-            f"plgpu.SMEM({tile_shape}, {jnp_dtype(out.dtype)}, transforms={swizzled(out.dtype, n)})",
+            *(
+                f"plgpu.SMEM({tile_shape}, {jnp_dtype(o.dtype)}, transforms={swizzled(o.dtype, n)})"
+                for o in kernel.outputs
+            ),
             f"plgpu.Barrier(num_barriers={max(1, len(epilogue))})",
             *(
                 f"plgpu.SMEM({tuple_code([block_keyword(x) for x in own[d.name]])}, {jnp_dtype(d.dtype)}"
@@ -399,7 +412,7 @@ class _ProductPlanner(_Planner):
             ),
         ]
         kernel_parameters = parameter_list(
-            [*refs, out_smem, barrier, *(self.smem[d.name] for d in epilogue)],
+            [*refs, *tiles.values(), barrier, *(self.smem[d.name] for d in epilogue)],
             [*(block_keyword(d) for d in (m, n, k)), *(p.name for p in kernel.params)],
         )
         reshapes = []

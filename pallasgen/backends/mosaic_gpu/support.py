@@ -9,6 +9,7 @@ here, so a kernel taken lowers on both. A kernel refused keeps Triton, and its
 from __future__ import annotations
 
 from pallasgen.analysis.checks import CheckedKernel
+from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.backends.mosaic_gpu.stages import stages
 from pallasgen.frontend import ir
@@ -30,6 +31,11 @@ EMITTER_OPTIONS = {"narrow_ints_in_i32": True, "codes": SPELLINGS}
 
 # Shared memory a program's blocks may take (an H100 has 227 KiB per block).
 SMEM_BUDGET = 160 * 1024
+
+# A product's output tiles (PRODUCT_TILE square, one per output) in shared memory, beside
+# its pipeline's K blocks (64 KiB): within an H100's 227 KiB per block.
+PRODUCT_TILE = 128  # M and N of a product's block: one warpgroup's wgmma accumulator
+OUTPUT_TILES_BUDGET = 128 * 1024
 
 # Operand dtypes of a product that wgmma takes (f32 as TF32), with the depth of a K
 # block: 128 bytes, one swizzled row.
@@ -156,8 +162,11 @@ def _product_problem(checked: CheckedKernel) -> str | None:
     product, kernel = checked.product, checked.kernel
     if product.lhs.dtype.name not in WGMMA_DTYPES or product.rhs.dtype != product.lhs.dtype:
         return f"wgmma takes bf16, f16, f32 or i8 operands of one dtype, not {product.lhs.dtype.name}"
-    if len(kernel.outputs) != 1:
-        return "a product with several outputs is not on Mosaic GPU yet"
+    if any(o.dims != kernel.outputs[0].dims for o in kernel.outputs):
+        return "a product's outputs of different dimensions are not on Mosaic GPU yet"
+    tiles = sum(PRODUCT_TILE * PRODUCT_TILE * DTYPES[o.dtype].bits // 8 for o in kernel.outputs)
+    if tiles > OUTPUT_TILES_BUDGET:
+        return f"a product's output tiles take {tiles // 1024} KiB of shared memory, more than Mosaic GPU's plan allows"
     operands = {o.name for o in product.operands}
     for decl in kernel.inputs:
         if decl.name not in operands and not set(decl.dims) <= {product.m, product.n}:
