@@ -10772,8 +10772,8 @@ def gqa_backward_over_r(
     those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: elementwise kernels of rank above 2 are not
-        on Mosaic GPU yet.
+        This kernel runs on Triton either way: reductions over a kernel of rank above 2 are
+        not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -11086,8 +11086,8 @@ def _gqa_backward_over_r_gpu(
     )(dk_r, dv_r)
 
 
-# `gqa_backward_over_r` has no Mosaic GPU kernel (elementwise kernels of rank above 2
-# are not on Mosaic GPU yet): it runs on Triton.
+# `gqa_backward_over_r` has no Mosaic GPU kernel (reductions over a kernel of rank
+# above 2 are not on Mosaic GPU yet): it runs on Triton.
 
 
 @functools.partial(

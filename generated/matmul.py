@@ -6364,8 +6364,6 @@ def batched_matmul_backward_epilogue(
     those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: elementwise kernels of rank above 2 are not
-        on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -6420,7 +6418,7 @@ def batched_matmul_backward_epilogue(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_batched_matmul_backward_epilogue_mosaic_gpu, b=b, m=m, n=n),
         ),
         interpret,
         dz,
@@ -6559,8 +6557,56 @@ def _batched_matmul_backward_epilogue_gpu(
     )(dz)
 
 
-# `batched_matmul_backward_epilogue` has no Mosaic GPU kernel (elementwise kernels of
-# rank above 2 are not on Mosaic GPU yet): it runs on Triton.
+def _batched_matmul_backward_epilogue_mosaic_gpu_kernel(dz_ref, dacc_ref, *, block_m, block_n):
+    program_b = jax.lax.axis_index("B")
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, dz_smem, dacc_smem):
+        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        dacc_smem[...] = dz.astype(jnp.bfloat16)
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            )
+        ],
+    )(dz_ref.at[program_b], dacc_ref.at[program_b])
+
+
+def _batched_matmul_backward_epilogue_mosaic_gpu(dz, *, b, m, n, interpret):
+    """`batched_matmul_backward_epilogue` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    dz = _mgpu_pad(dz, (b, padded_m, padded_n))
+    (dacc,) = plgpu.kernel(
+        functools.partial(
+            _batched_matmul_backward_epilogue_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
+        ),
+        out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_n), jnp.bfloat16),),
+        grid=(b, pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("B", "M", "N"),
+        interpret=interpret,
+    )(dz)
+    return dacc[:b, :m, :n]
 
 
 @functools.partial(
@@ -7722,8 +7768,6 @@ def scores_backward_epilogue(
     those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: elementwise kernels of rank above 2 are not
-        on Mosaic GPU yet.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -7779,7 +7823,7 @@ def scores_backward_epilogue(
                 num_stages=gpu_stages,
                 scale=scale,
             ),
-            None,
+            functools.partial(_scores_backward_epilogue_mosaic_gpu, b=b, s=s, t=t, scale=scale),
         ),
         interpret,
         ds,
@@ -7919,8 +7963,59 @@ def _scores_backward_epilogue_gpu(
     )(ds)
 
 
-# `scores_backward_epilogue` has no Mosaic GPU kernel (elementwise kernels of rank
-# above 2 are not on Mosaic GPU yet): it runs on Triton.
+def _scores_backward_epilogue_mosaic_gpu_kernel(ds_ref, dacc_ref, *, block_s, block_t, scale):
+    program_b = jax.lax.axis_index("B")
+    program_s = jax.lax.axis_index("S")
+    program_t = jax.lax.axis_index("T")
+
+    def step(_, ds_smem, dacc_smem):
+        ds = _mgpu_load(ds_smem, (block_s, block_t), (0, 1))
+        dacc_smem[...] = (ds * scale).astype(jnp.bfloat16)
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_s, block_t),
+                lambda _: (program_s, program_t),
+                transforms=_mgpu_swizzled(jnp.float32, block_t),
+            )
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_s, block_t),
+                lambda _: (program_s, program_t),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_t),
+            )
+        ],
+    )(ds_ref.at[program_b], dacc_ref.at[program_b])
+
+
+def _scores_backward_epilogue_mosaic_gpu(ds, *, b, s, t, scale, interpret):
+    """`scores_backward_epilogue` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_s = 64
+    block_t = 128
+    padded_s = s + -s % 8
+    padded_t = t + -t % block_t
+    ds = _mgpu_pad(ds, (b, padded_s, padded_t))
+    (dacc,) = plgpu.kernel(
+        functools.partial(
+            _scores_backward_epilogue_mosaic_gpu_kernel,
+            block_s=block_s,
+            block_t=block_t,
+            scale=scale,
+        ),
+        out_type=(jax.ShapeDtypeStruct((b, padded_s, padded_t), jnp.bfloat16),),
+        grid=(b, pl.cdiv(padded_s, block_s), pl.cdiv(padded_t, block_t)),
+        grid_names=("B", "S", "T"),
+        interpret=interpret,
+    )(ds)
+    return dacc[:b, :s, :t]
 
 
 @functools.partial(

@@ -155,6 +155,7 @@ def test_mosaic_gpu_takes_backward_kernels_with_index_size_or_a_broadcast_vector
     assert {"cross_entropy_backward", "quantize_rows_int8_backward", "column_sums_backward"} <= taken
     assert {"layer_norm_backward", "rms_norm_backward"} <= taken
     assert {"matmul_relu_with_residuals", "matmul_bias_gelu_with_residuals"} <= taken
+    assert {"batched_matmul_backward_epilogue", "scores_backward_epilogue"} <= taken
 
 
 def test_mosaic_gpu_takes_a_fused_product_as_kernels_in_turn():
@@ -227,7 +228,6 @@ REFUSALS = {
     "sqrt": ("in x: f32[N]\nout y: f32[N]\ny = sqrt(x)", "sqrt has no Mosaic GPU lowering"),
     "bool-array": ("in x: bool[M, N]\nout y: f32[M, N]\ny = f32(x)", "bool arrays"),
     "scalar-input": ("in s: f32[]\nin x: f32[N]\nout y: f32[N]\ny = x * s", "0-d input"),
-    "rank-3": ("in x: f32[B, M, N]\nout y: f32[B, M, N]\ny = x * 2.0", "rank above 2"),
     "two-reduced-dimensions": (
         "in x: f32[M, N]\nout y: f32[M]\nout z: f32[N]\ny = sum(x, N)\nz = max(x, M)",
         "reductions over M and N in one kernel",
@@ -313,6 +313,13 @@ TAKEN_SPECS = {
         "in x: bf16[M, K]\nin w: bf16[K, N]\nin b: f32[N]\nout z: bf16[M, N]\nout a: f32[M, N]\n"
         "a = x @ w\nz = relu(a + b)",
         {"M": 100, "N": 200, "K": 70},
+    ),
+    # Rank 4: a program per element of the batch dimensions, and inputs that lack some of
+    # them or of the last two (broadcast), a size() of a batch dimension.
+    "rank-4-broadcasts": (
+        "in x: f32[A, B, M, N]\nin s: f32[B, N]\nin r: f32[A, M]\nout y: bf16[A, B, M, N]\nparam t: f32 = 2.0\n"
+        "y = bf16(x * s + r * t + f32(size(B)))",
+        {"A": 2, "B": 3, "M": 70, "N": 50},
     ),
     # index() and size() in an elementwise kernel's ragged blocks; a vector assigned to an
     # output, broadcast.

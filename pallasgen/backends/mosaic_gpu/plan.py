@@ -195,24 +195,33 @@ class _Planner:
 
 
 class _ElementwisePlanner(_Planner):
-    """One program per block; each block's pipeline copies in its inputs, computes and copies out."""
+    """One program per block; each block's pipeline copies in its inputs, computes and copies out.
+    Dimensions before the last two (batch) take one element per program: its refs there."""
 
     def plan(self) -> MosaicGpuPlan:
         kernel, sizes = self.kernel, self.sizes
         layout = self.out_dims = tuple(self.checked.space.layout)
         arrays = kernel.inputs + kernel.outputs
+        batch, plane = layout[:-2], layout[-2:]
         minor = layout[-1]
-        columns = self._columns(arrays) if len(layout) == 2 else TMA_MOST
-        blocks = {minor: columns} if len(layout) == 1 else {layout[0]: ELEMENTWISE_ROWS, minor: columns}
-        multiples = {} if len(layout) == 1 else {layout[0]: "8", minor: block_keyword(minor)}
+        columns = self._columns(arrays) if len(layout) >= 2 else TMA_MOST
+        blocks = {minor: columns} if len(layout) == 1 else {plane[0]: ELEMENTWISE_ROWS, minor: columns}
+        multiples = {} if len(layout) == 1 else {plane[0]: "8", minor: block_keyword(minor)}
         program = {d: self.namer.claim(f"program_{d.lower()}") for d in layout}
         step = self.namer.claim("step")
 
         def own_dims(decl: ir.ArrayDecl) -> list[str]:
             return [d for d in layout_of(decl, layout, None) if d]
 
+        def plane_dims(decl: ir.ArrayDecl) -> list[str]:
+            return [d for d in own_dims(decl) if d in plane]
+
+        def at_batch(decl: ir.ArrayDecl) -> str:
+            index = [program[d] for d in own_dims(decl) if d in batch]
+            return f"{self.refs[decl.name]}.at[{', '.join(index)}]" if index else self.refs[decl.name]
+
         def spec(decl: ir.ArrayDecl) -> str:
-            dims = own_dims(decl)
+            dims = plane_dims(decl)
             shape = tuple_code([block_keyword(d) for d in dims])
             index = tuple_code([program[d] for d in dims])
             swizzle = (
@@ -225,15 +234,15 @@ class _ElementwisePlanner(_Planner):
         def load(decl: ir.ArrayDecl) -> str:
             if len(layout) == 1:
                 return f"{self.smem[decl.name]}[...]"
-            positions = tuple_code([str(layout.index(d)) for d in own_dims(decl)])
-            return f"_mgpu_load({self.smem[decl.name]}, {tuple_code([block_keyword(d) for d in layout])}, {positions})"
+            positions = tuple_code([str(plane.index(d)) for d in plane_dims(decl)])
+            return f"_mgpu_load({self.smem[decl.name]}, {shape}, {positions})"
 
         def store(decl: ir.ArrayDecl, value: str) -> str:
             return f"{self.smem[decl.name]}[...] = {value}"
 
-        shape = tuple_code([block_keyword(d) for d in layout])
+        shape = tuple_code([block_keyword(d) for d in plane])
         spelling = _BlockSpelling(
-            self.sizes, {d: (f"{program[d]} * {block_keyword(d)}", shape, layout.index(d)) for d in layout}
+            self.sizes, {d: (f"{program[d]} * {block_keyword(d)}", shape, plane.index(d)) for d in plane}
         )
         emitter = self.lowered.emitter(spelling=spelling, **EMITTER_OPTIONS)
         body = [
@@ -255,10 +264,10 @@ class _ElementwisePlanner(_Planner):
             "    grid=(1,),",
             f"    in_specs=[{', '.join(spec(d) for d in kernel.inputs)}],",
             f"    out_specs=[{', '.join(spec(d) for d in kernel.outputs)}],",
-            f")({', '.join(refs)})",
+            f")({', '.join(at_batch(d) for d in arrays)})",
         ]
         sized = [sizes[d] for d in layout if d in sized_dims(kernel)]
-        keywords = [block_keyword(d) for d in layout] + sized + [p.name for p in kernel.params]
+        keywords = [block_keyword(d) for d in plane] + sized + [p.name for p in kernel.params]
         reshapes = []
         for decl in kernel.inputs:
             dims, value = own_dims(decl), self.values[decl.name]
@@ -266,7 +275,12 @@ class _ElementwisePlanner(_Planner):
                 reshapes.append(f"{value} = {value}.reshape({tuple_code([sizes[d] for d in dims])})")
             if multiples:
                 reshapes.append(self.padding(value, dims, multiples))
-        grid = tuple_code([f"pl.cdiv({self.padded(d) if multiples else sizes[d]}, {block_keyword(d)})" for d in layout])
+        grid = tuple_code(
+            [
+                sizes[d] if d in batch else f"pl.cdiv({self.padded(d) if multiples else sizes[d]}, {block_keyword(d)})"
+                for d in layout
+            ]
+        )
         bound = ", ".join(f"{k}={k}" for k in keywords)
         call = [
             "plgpu.kernel(",

@@ -17,7 +17,7 @@ from pallasgen.frontend import ir
 # Spec functions whose jax spelling has no Mosaic GPU lowering on one of the lines.
 UNLOWERED_FUNCTIONS = {
     "sqrt": "sqrt has no Mosaic GPU lowering on jax 0.10.2",
-    "index": "index() in a rank-1 kernel that does not reduce is not on Mosaic GPU yet",
+    "index": "index() in a kernel of rank other than 2 that does not reduce is not on Mosaic GPU yet",
 }
 
 # Spec functions spelled otherwise here: jax.nn.relu is a custom_jvp (no lowering on jax
@@ -58,8 +58,6 @@ def refusal(checked: CheckedKernel) -> str | None:
         return "bool arrays do not take the swizzled shared-memory layout Mosaic GPU copies through"
     if any(not d.dims for d in kernel.inputs):
         return "a 0-d input is not copied to Mosaic GPU's shared memory yet"
-    if product is None and len(checked.space.layout) > 2:
-        return "elementwise kernels of rank above 2 are not on Mosaic GPU yet"
     if reduces:
         problem = _reduction_problem(checked)
         if problem:
