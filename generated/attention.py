@@ -10772,8 +10772,6 @@ def gqa_backward_over_r(
     those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: reductions over a kernel of rank above 2 are
-        not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -10839,7 +10837,7 @@ def gqa_backward_over_r(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_gqa_backward_over_r_mosaic_gpu, b=b, g=g, r=r, t=t, d=d),
         ),
         interpret,
         dk_r,
@@ -11086,8 +11084,94 @@ def _gqa_backward_over_r_gpu(
     )(dk_r, dv_r)
 
 
-# `gqa_backward_over_r` has no Mosaic GPU kernel (reductions over a kernel of rank
-# above 2 are not on Mosaic GPU yet): it runs on Triton.
+def _gqa_backward_over_r_mosaic_gpu_kernel(
+    dk_r_ref, dv_r_ref, dk_ref, dv_ref, *, block_t, block_d, r
+):
+    program_b = jax.lax.axis_index("B")
+    program_g = jax.lax.axis_index("G")
+    program_t = jax.lax.axis_index("T")
+    program_d = jax.lax.axis_index("D")
+
+    def reduce(_, dk_r_smem, dv_r_smem, carry):
+        sum_running, sum_running_ = carry
+        dk_r = _mgpu_load(dk_r_smem, (block_t, block_d), (0, 1))
+        dv_r = _mgpu_load(dv_r_smem, (block_t, block_d), (0, 1))
+        sum_running = sum_running + dk_r
+        sum_running_ = sum_running_ + dv_r
+        return (sum_running, sum_running_)
+
+    sum_running, sum_running_ = plgpu.emit_pipeline(
+        reduce,
+        grid=(r,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (None, block_t, block_d),
+                lambda s: (s, program_t, program_d),
+                transforms=_mgpu_swizzled(jnp.float32, block_d),
+            ),
+            plgpu.BlockSpec(
+                (None, block_t, block_d),
+                lambda s: (s, program_t, program_d),
+                transforms=_mgpu_swizzled(jnp.float32, block_d),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            plgpu.layout_cast(jnp.full((block_t, block_d), 0.0, jnp.float32), plgpu.Layout.WGMMA),
+            plgpu.layout_cast(jnp.full((block_t, block_d), 0.0, jnp.float32), plgpu.Layout.WGMMA),
+        ),
+    )(dk_r_ref.at[program_b, program_g], dv_r_ref.at[program_b, program_g])
+    sum_r = sum_running
+    sum_r_ = sum_running_
+
+    def write(_, dk_smem, dv_smem):
+        dk_smem[...] = sum_r.astype(jnp.bfloat16)
+        dv_smem[...] = sum_r_.astype(jnp.bfloat16)
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(1,),
+        in_specs=[],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda s: (program_t, program_d),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda s: (program_t, program_d),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+        ],
+    )(dk_ref.at[program_b, program_g], dv_ref.at[program_b, program_g])
+
+
+def _gqa_backward_over_r_mosaic_gpu(dk_r, dv_r, *, b, g, r, t, d, interpret):
+    """`gqa_backward_over_r` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_t = 64
+    block_d = 128
+    padded_t = t + -t % 8
+    padded_d = d + -d % block_d
+    dk_r = _mgpu_pad(dk_r, (b, g, r, padded_t, padded_d))
+    dv_r = _mgpu_pad(dv_r, (b, g, r, padded_t, padded_d))
+    dk, dv = plgpu.kernel(
+        functools.partial(
+            _gqa_backward_over_r_mosaic_gpu_kernel, block_t=block_t, block_d=block_d, r=r
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((b, g, padded_t, padded_d), jnp.bfloat16),
+            jax.ShapeDtypeStruct((b, g, padded_t, padded_d), jnp.bfloat16),
+        ),
+        grid=(b, g, pl.cdiv(padded_t, block_t), pl.cdiv(padded_d, block_d)),
+        grid_names=("B", "G", "T", "D"),
+        interpret=interpret,
+    )(dk_r, dv_r)
+    return dk[:b, :g, :t, :d].reshape((b, g, 1, t, d)), dv[:b, :g, :t, :d].reshape((b, g, 1, t, d))
 
 
 @functools.partial(

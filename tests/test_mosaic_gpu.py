@@ -155,7 +155,7 @@ def test_mosaic_gpu_takes_backward_kernels_with_index_size_or_a_broadcast_vector
     assert {"cross_entropy_backward", "quantize_rows_int8_backward", "column_sums_backward"} <= taken
     assert {"layer_norm_backward", "rms_norm_backward"} <= taken
     assert {"matmul_relu_with_residuals", "matmul_bias_gelu_with_residuals"} <= taken
-    assert {"batched_matmul_backward_epilogue", "scores_backward_epilogue"} <= taken
+    assert {"batched_matmul_backward_epilogue", "scores_backward_epilogue", "gqa_backward_over_r"} <= taken
 
 
 def test_mosaic_gpu_takes_a_fused_product_as_kernels_in_turn():
@@ -245,6 +245,10 @@ REFUSALS = {
         "in x: f32[M, K]\nin w: f32[K, N]\nout a, b, c: f32[M, N]\na = x @ w\nb = a * 2.0\nc = a + 1.0",
         "a product's output tiles take 192 KiB",
     ),
+    "outer-reduction-of-an-input-without-it": (
+        "in x: f32[R, M, N]\nin w: f32[M, N]\nout y: f32[M, N]\ny = sum(x * w, R)",
+        "a reduction over R of an input without R",
+    ),
     "softmax-call": ("in x: f32[M, N]\nout y: f32[M, N]\ny = softmax(x, N)", "softmax() is not on Mosaic GPU yet"),
     "kept-index-in-reduction": (
         "in x: f32[M, N]\nout y: f32[M]\ny = sum(x, N) + f32(index(M))",
@@ -320,6 +324,14 @@ TAKEN_SPECS = {
         "in x: f32[A, B, M, N]\nin s: f32[B, N]\nin r: f32[A, M]\nout y: bf16[A, B, M, N]\nparam t: f32 = 2.0\n"
         "y = bf16(x * s + r * t + f32(size(B)))",
         {"A": 2, "B": 3, "M": 70, "N": 50},
+    ),
+    # Reductions over a dimension before the last two (whole tiles carried) with a batch
+    # dimension, a mean of a computed value, a maximum narrowed to bf16, and an input
+    # without the reduced dimension read after it.
+    "reductions-before-the-last-two": (
+        "in x: f32[B, R, M, N]\nin w: f32[B, M, N]\nout y: f32[B, M, N]\nout z: bf16[B, M, N]\nparam t: f32 = 2.0\n"
+        "y = mean(x * t, R) + w\nz = bf16(max(x, R) - min(x, R) * f32(size(R)))",
+        {"B": 2, "R": 5, "M": 70, "N": 300},
     ),
     # index() and size() in an elementwise kernel's ragged blocks; a vector assigned to an
     # output, broadcast.

@@ -27,6 +27,7 @@ from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.mosaic_gpu.sweeps import SweepPlanner, column_block
 from pallasgen.backends.mosaic_gpu.totals import TotalsPlanner
+from pallasgen.backends.mosaic_gpu.outer import PIPELINE_STAGES as OUTER_STAGES, OuterPlanner
 from pallasgen.backends.mosaic_gpu.stages import chained_body, stages
 from pallasgen.backends.mosaic_gpu.support import (
     EMITTER_OPTIONS,
@@ -101,6 +102,8 @@ def plan_mosaic_gpu(lowered: LoweredKernel) -> MosaicGpuPlan:
         return _ProductPlanner(lowered).plan()
     if len(checked.space.layout) == 1 and any(d.reductions for d in checked.space.dims):
         return TotalsPlanner(_Planner(lowered)).plan()
+    if len(checked.space.layout) > 2 and any(d.reductions for d in checked.space.dims):
+        return OuterPlanner(_Planner(lowered), _outer_columns(checked)).plan()
     if any(d.reductions for d in checked.space.dims):
         columns = checked.space.layout[-1]
         return SweepPlanner(_Planner(lowered)).plan(column_block(checked.kernel, columns))
@@ -131,6 +134,17 @@ def _plan_stages(lowered: LoweredKernel) -> MosaicGpuPlan:
         f"functools.partial({launcher_name(kernel.name)}, {', '.join(bound)})",
         tuple(plans),
     )
+
+
+def _outer_columns(checked: CheckedKernel) -> int:
+    """The widest block of columns whose blocks fit SMEM_BUDGET in a kernel that reduces a
+    dimension before its last two (`outer`): those of the inputs with it in flight, and
+    one of each other array."""
+    reduced = {d.name for d in checked.space.dims if d.reductions}
+    arrays = checked.kernel.inputs + checked.kernel.outputs
+    row_bytes = sum(DTYPES[d.dtype].bits // 8 * (OUTER_STAGES if reduced & set(d.dims) else 1) for d in arrays)
+    fits = (c for c in ELEMENTWISE_COLUMNS if ELEMENTWISE_ROWS * c * row_bytes <= SMEM_BUDGET)
+    return next(fits, ELEMENTWISE_COLUMNS[-1])
 
 
 class _Planner:

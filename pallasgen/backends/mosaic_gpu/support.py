@@ -70,7 +70,7 @@ def refusal(checked: CheckedKernel) -> str | None:
     if not reduces and any(tuple(o.dims) != tuple(checked.space.layout) for o in kernel.outputs):
         return "an output without every dimension of the kernel is not on Mosaic GPU yet"
     for node in ir.walk(*(s.value for s in kernel.body)):
-        problem = _node_problem(checked, node, reduces)
+        problem = _node_problem(checked, node, reduces and len(checked.space.layout) <= 2)
         if problem:
             return problem
     return _product_problem(checked) if product is not None else None
@@ -83,7 +83,7 @@ def _reduction_problem(checked: CheckedKernel) -> str | None:
     if len(layout) == 1:
         return _totals_problem(checked)
     if len(layout) != 2:
-        return "reductions over a kernel of rank above 2 are not on Mosaic GPU yet"
+        return _outer_problem(checked)
     calls = [n for n in ir.walk(*(s.value for s in kernel.body)) if isinstance(n, ir.Call)]
     swept = {c.args[1].id for c in calls if FUNCTIONS[c.func].reducer is not None}
     if len(swept) > 1:
@@ -99,6 +99,33 @@ def _reduction_problem(checked: CheckedKernel) -> str | None:
         return f"an output without {kept} is not on Mosaic GPU yet"
     if not any(dim in d.dims for d in kernel.inputs + kernel.outputs):
         return f"a kernel that reduces {dim} and reads no array with {dim} is not on Mosaic GPU yet"
+    return None
+
+
+def _outer_problem(checked: CheckedKernel) -> str | None:
+    """Why Mosaic GPU does not take a kernel of rank above 2 that reduces, or None: it
+    takes one that sums, averages, maximizes or minimizes one dimension before its last
+    two, every array with those two (backends.mosaic_gpu.outer)."""
+    kernel, layout = checked.kernel, checked.space.layout
+    calls = reductions(kernel)
+    swept = {c.args[1].id for c in calls}
+    if len(swept) > 1 or swept & set(layout[-2:]):
+        return "reductions of a kernel of rank above 2 other than of one dimension before its last two are not on Mosaic GPU yet"
+    if any(isinstance(s, ir.Let) for s in kernel.body):
+        return "lets in a kernel of rank above 2 that reduces are not on Mosaic GPU yet"
+    if any(not set(layout[-2:]) <= set(d.dims) for d in kernel.inputs + kernel.outputs):
+        return f"an array without {' and '.join(layout[-2:])} in a kernel that reduces beside them is not on Mosaic GPU yet"
+    (dim,) = swept
+    if any(len(o.dims) != len(layout) - 1 for o in kernel.outputs):
+        return f"an output without a dimension besides {dim} is not on Mosaic GPU yet"
+    for call in calls:
+        if FUNCTIONS[call.func].reducer.merge is None:
+            return f"{call.func}() over a dimension before the last two is not on Mosaic GPU yet"
+        read = {n.id for n in ir.walk(call.args[0]) if isinstance(n, ir.Name)}
+        if any(dim not in d.dims for d in kernel.inputs if d.name in read):
+            return f"a reduction over {dim} of an input without {dim} is not on Mosaic GPU yet"
+        if any(_reductions_in(call.args[0])):
+            return "a reduction of another reduction's result over a dimension before the last two is not on Mosaic GPU yet"
     return None
 
 
