@@ -225,7 +225,6 @@ def _module_of(spec_body: str, tmp_path, name: str):
 
 REFUSALS = {
     "float-modulo": ("in x: f32[M, N]\nout y: f32[M, N]\ny = x % 3.0", "a float % has no Mosaic GPU lowering"),
-    "sqrt": ("in x: f32[N]\nout y: f32[N]\ny = sqrt(x)", "sqrt has no Mosaic GPU lowering"),
     "bool-array": ("in x: bool[M, N]\nout y: f32[M, N]\ny = f32(x)", "bool arrays"),
     "scalar-input": ("in s: f32[]\nin x: f32[N]\nout y: f32[N]\ny = x * s", "0-d input"),
     "two-reduced-dimensions": (
@@ -439,3 +438,31 @@ def test_relu_floor_and_8_bit_arithmetic_are_exact_on_mosaic_gpu(case, tmp_path,
         g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
         np.testing.assert_array_equal(g, w)
         np.testing.assert_array_equal(np.signbit(g), np.signbit(w))
+
+
+# sqrt from rsqrt (no sqrt lowering on jax 0.10.2): zeros of either sign, infinities,
+# NaN, negatives, the smallest normal and the largest floats; whole squares. (Subnormals
+# are flushed to zero by XLA on CPU and GPU alike.)
+SQRT_VALUES = [0.0, -0.0, float("inf"), -float("inf"), float("nan"), -1.0, -1e-30, 1.2e-38, 1e-30, 5e-20]
+SQRT_VALUES += [0.25, 2.0, 3.0, 4.0, 10.0, 144.0, 1e10, 1.7e38, 3.4e38, 3.4028235e38, 1.0000001, 0.9999999]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_sqrt_on_mosaic_gpu_is_within_an_ulp_and_exact_at_the_edges(dtype, tmp_path, monkeypatch):
+    module = _module_of(f"in x: {dtype}[M, N]\nout y: {dtype}[M, N]\ny = sqrt(x)", tmp_path, f"sqrt_{dtype}")
+    x = np.array([SQRT_VALUES, [v * 7.0 for v in SQRT_VALUES]], DTYPES[dtype])
+    call = jax.jit(lambda a: module.k(a, gpu_backend="mosaic_gpu", interpret=False))
+    text = jax.export.export(call, platforms=["cuda"])(jax.ShapeDtypeStruct(x.shape, x.dtype)).mlir_module()
+    assert MOSAIC_CALL.search(text) and not TRITON.search(text)
+    if INTERPRETER is None:
+        return
+    take_gpu_branch(monkeypatch, module)
+    got = np.asarray(module.k(jnp.asarray(x), gpu_backend="mosaic_gpu", interpret=INTERPRETER()), np.float32)
+    want = np.sqrt(np.asarray(x, np.float64)).astype(x.dtype).astype(np.float32)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    exact = ~np.isfinite(want) | (want == 0)
+    np.testing.assert_array_equal(got[exact], want[exact])
+    # Within an ulp of the output's dtype: of f32, or of bf16 (its spacing near each value).
+    spacing = np.abs(np.spacing(want[~exact])) * (2.0**16 if dtype == "bf16" else 1.0)
+    assert np.all(np.abs(got[~exact] - want[~exact]) <= spacing)

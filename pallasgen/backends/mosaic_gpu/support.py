@@ -16,14 +16,18 @@ from pallasgen.frontend import ir
 
 # Spec functions whose jax spelling has no Mosaic GPU lowering on one of the lines.
 UNLOWERED_FUNCTIONS = {
-    "sqrt": "sqrt has no Mosaic GPU lowering on jax 0.10.2",
     "index": "index() in a kernel of rank other than 2 that does not reduce is not on Mosaic GPU yet",
 }
 
 # Spec functions spelled otherwise here: jax.nn.relu is a custom_jvp (no lowering on jax
 # 0.10.2) around this maximum; floor and ceil have no lowering, and are computed from
-# round (helpers: exact).
-SPELLINGS = {"relu": "jnp.maximum({}, 0)", "floor": "_mgpu_floor({})", "ceil": "_mgpu_ceil({})"}
+# round (helpers: exact); sqrt has none on jax 0.10.2, and is computed from rsqrt.
+SPELLINGS = {
+    "relu": "jnp.maximum({}, 0)",
+    "floor": "_mgpu_floor({})",
+    "ceil": "_mgpu_ceil({})",
+    "sqrt": "_mgpu_sqrt({})",
+}
 
 # The options of a Mosaic GPU kernel's emitter (lowering.pyexpr.Emitter): Mosaic GPU has
 # no 8-bit arithmetic, so narrow integers are computed in i32 and cast back, as jnp does.
