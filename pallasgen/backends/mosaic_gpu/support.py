@@ -135,7 +135,8 @@ def _outer_problem(checked: CheckedKernel) -> str | None:
 
 def _totals_problem(checked: CheckedKernel) -> str | None:
     """Why Mosaic GPU does not take a rank-1 kernel that reduces, or None: it takes one
-    whose outputs are scalars computed from sums, means, maxima and minima (`totals`)."""
+    whose outputs are scalars computed from sums, means, maxima, minima, argmax, argmin
+    and logsumexp (`totals`)."""
     kernel = checked.kernel
     if not kernel.inputs:
         return "a kernel that reduces to a scalar and reads no array is not on Mosaic GPU yet"
@@ -144,7 +145,7 @@ def _totals_problem(checked: CheckedKernel) -> str | None:
     if any(o.dims for o in kernel.outputs):
         return "an output with a dimension beside a reduction to a scalar is not on Mosaic GPU yet"
     for call in reductions(kernel):
-        if FUNCTIONS[call.func].reducer.merge is None:
+        if FUNCTIONS[call.func].reducer.merge is None and call.func not in ("argmax", "argmin", "logsumexp"):
             return f"{call.func}() to a scalar is not on Mosaic GPU yet"
         if any(_reductions_in(call.args[0])):
             return "a reduction to a scalar of another reduction's result is not on Mosaic GPU yet"
