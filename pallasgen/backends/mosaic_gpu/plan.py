@@ -96,7 +96,7 @@ def plan_mosaic_gpu(lowered: LoweredKernel) -> MosaicGpuPlan:
         refused = f"`{name}` has no Mosaic GPU kernel ({reason}): it runs on Triton."
         comment = tuple(textwrap.wrap(refused, 86, initial_indent="# ", subsequent_indent="# "))
         return MosaicGpuPlan(comment, launcher_name(name), kernel_function_name(name), "", (), "", (), "None")
-    if checked.fused is not None:  # one product in stages (support.refusal)
+    if checked.fused is not None or stages(checked):  # kernels in turn (support.refusal)
         return _plan_stages(lowered)
     if checked.product:
         return _ProductPlanner(lowered).plan()

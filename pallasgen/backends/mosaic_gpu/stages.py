@@ -1,4 +1,5 @@
-"""Fused kernels of one product on Mosaic GPU: a chain of kernels it takes, in turn.
+"""Fused kernels of one product on Mosaic GPU, and nested reductions to scalars: a chain
+of kernels it takes, in turn.
 
 A product of a computed operand (`rmsnorm_matmul`: a row statistic over K, then the
 product) computes that operand first, as a kernel of its own whose output is an array
@@ -7,7 +8,9 @@ N) writes its result (in its accumulator's dtype) as an array, and a kernel afte
 computes the rest. Each stage is a kernel as a spec would write it, checked as one, and
 planned as any other (`plan`); the values between them are exactly those the fused
 kernel computes (each operand in its dtype, the product in its accumulator's), at the
-cost of a round trip through global memory.
+cost of a round trip through global memory. A rank-1 kernel whose reductions to scalars
+read other reductions (`sum((x - mean(x, N))^2, N)`) computes the innermost first, each a
+0-d output read by the next kernel as a 0-d input.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 from pallasgen.analysis.checks import CheckedKernel, check_kernel
+from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.fused import is_fused
 from pallasgen.analysis.infer import product_operand
 from pallasgen.analysis.reverse import substitute
@@ -30,8 +34,63 @@ class Stage:
 
 
 def stages(checked: CheckedKernel) -> tuple[Stage, ...] | None:
-    """The kernels that compute a fused kernel of one product in turn, or None where it
-    is not one (several products) or a stage fails a check."""
+    """The kernels that compute a fused kernel of one product, or a rank-1 kernel's
+    reductions to scalars of other reductions' results, in turn; None for other kernels,
+    or where a stage fails a check."""
+    if checked.fused is not None:
+        found = _product_kernels(checked)
+    elif len(checked.space.layout) == 1 and any(_nested(c) for c in _reductions(checked.kernel.body)):
+        found = _scalar_kernels(checked)
+    else:
+        return None
+    if found is None:
+        return None
+    result = []
+    for number, stage in enumerate(found):
+        stage_checked, problems = check_kernel(stage)
+        if problems or stage_checked.fused is not None:
+            return None
+        later = {d.name for s in found[number + 1 :] for d in s.inputs}
+        result.append(Stage(stage_checked, tuple(o.name for o in stage.outputs if o.name in later)))
+    return tuple(result)
+
+
+def _reductions(body) -> list[ir.Call]:
+    return [n for n in ir.walk(*(s.value for s in body)) if isinstance(n, ir.Call) and FUNCTIONS[n.func].reducer]
+
+
+def _nested(call: ir.Call) -> bool:
+    """Whether a reduction's argument holds another reduction."""
+    return any(isinstance(n, ir.Call) and FUNCTIONS[n.func].reducer for n in ir.walk(call.args[0]))
+
+
+def _scalar_kernels(checked: CheckedKernel) -> list[ir.Kernel]:
+    """A rank-1 kernel whose reductions to scalars read other reductions: the innermost
+    first, each a 0-d output of a kernel of its own, read by the next as a 0-d input."""
+    kernel, names, found = checked.kernel, _Names(checked.kernel), []
+    body = kernel.body
+    while True:
+        calls = _reductions(body)
+        inner = list(
+            dict.fromkeys(
+                c for c in calls if not _nested(c) and any(c in ir.walk(o.args[0]) for o in calls if o is not c)
+            )
+        )
+        if not inner:
+            break
+        decls = [names.array(f"{c.func}_{c.args[1].id.lower()}", checked.types[c], c.position) for c in inner]
+        name = f"_{kernel.name}_{len(found) + 1}"
+        found.append(_kernel(kernel, name, tuple(names.inputs), decls, body, {d.name: c for d, c in zip(decls, inner)}))
+        mapping = {c: ir.Name(d.name, c.position) for d, c in zip(decls, inner)}
+        body = tuple(dataclasses.replace(s, value=substitute(s.value, mapping)) for s in body)
+        names.inputs += decls
+    found.append(_kernel(kernel, f"_{kernel.name}_{len(found) + 1}", tuple(names.inputs), kernel.outputs, body, {}))
+    return found
+
+
+def _product_kernels(checked: CheckedKernel) -> list[ir.Kernel] | None:
+    """A fused kernel of one product: its computed operands first, the product, and
+    after it what reduces its result; None where it has several products."""
     kernel = checked.kernel
     products = [n for n in ir.walk(*(s.value for s in kernel.body)) if _is_product(n)]
     if len(products) != 1:
@@ -62,14 +121,7 @@ def stages(checked: CheckedKernel) -> tuple[Stage, ...] | None:
         body = tuple(dataclasses.replace(s, value=_softmax_spelled(substitute(s.value, {rest: read}))) for s in body)
         final = _kernel(kernel, f"_{kernel.name}_{len(found) + 1}", (*inputs, decl), kernel.outputs, body, {})
     found.append(final)
-    result = []
-    for stage in found:
-        stage_checked, problems = check_kernel(stage)
-        if problems or stage_checked.fused is not None:
-            return None
-        later = {d.name for s in found[found.index(stage) + 1 :] for d in s.inputs}
-        result.append(Stage(stage_checked, tuple(o.name for o in stage.outputs if o.name in later)))
-    return tuple(result)
+    return found
 
 
 class _Names:

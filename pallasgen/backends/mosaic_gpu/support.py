@@ -49,8 +49,8 @@ WGMMA_DTYPES = {"bf16": 64, "f16": 64, "f32": 32, "i8": 128}
 def refusal(checked: CheckedKernel) -> str | None:
     """Why Mosaic GPU does not take this kernel, or None if it does."""
     kernel, product = checked.kernel, checked.product
-    chain = stages(checked) if checked.fused is not None else None
-    if chain:  # one product, of computed operands or reduced: kernels in turn (stages)
+    chain = stages(checked)
+    if chain:  # one product, of computed operands or reduced, or nested reductions: kernels in turn
         return next((reason for reason in (refusal(s.checked) for s in chain) if reason), None)
     if checked.fused is not None:
         return "fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet"
@@ -60,7 +60,7 @@ def refusal(checked: CheckedKernel) -> str | None:
     arrays = kernel.inputs + kernel.outputs
     if any(d.dtype == "bool" for d in arrays):
         return "bool arrays do not take the swizzled shared-memory layout Mosaic GPU copies through"
-    if any(not d.dims for d in kernel.inputs):
+    if any(not d.dims for d in kernel.inputs) and not (len(checked.space.layout) == 1 and reduces):
         return "a 0-d input is not copied to Mosaic GPU's shared memory yet"
     if reduces:
         problem = _reduction_problem(checked)

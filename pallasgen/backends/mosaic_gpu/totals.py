@@ -72,12 +72,20 @@ class TotalsPlanner:
         spelling = _Spelling(sizes, positions)
         emitter = Emitter(self.lowered.names, self.checked.types, {}, spelling=spelling, **EMITTER_OPTIONS)
         used = {n.id for r in self.reductions for n in ir.walk(r.args[0]) if isinstance(n, ir.Name)}
-        inputs = [d for d in kernel.inputs if d.name in used] or kernel.inputs[:1]
+        inputs = [d for d in kernel.inputs if d.name in used and d.dims] or [d for d in kernel.inputs if d.dims][:1]
+        # 0-d inputs (an earlier stage's results: `stages`) come as ROWS copies, one per row.
+        scalars = [d for d in kernel.inputs if d.name in used and not d.dims]
+        rows = {d.name: self.namer.claim(f"{self.values[d.name]}_rows") for d in scalars}
+        barrier = self.namer.claim("barrier")
         smem = [base.smem[d.name] for d in inputs]
         body = [
             f"{self.values[d.name]} = _mgpu_load({base.smem[d.name]}, {shape}, (0, 1))"
             for d in inputs
             if d.name in used
+        ]
+        body += [
+            f"{self.values[d.name]} = _mgpu_spread(_mgpu_load_vector({base.smem[d.name]}, 0), {shape}, 0)"
+            for d in scalars
         ]
         body.append(
             f"{positions} = _mgpu_positions({program} * {ROWS}, {shape}, 0) * {columns} + _mgpu_positions(0, {shape}, 1)"
@@ -97,6 +105,14 @@ class TotalsPlanner:
         )
         kernel_body = [
             f"{program} = jax.lax.axis_index({dim!r})",
+            *(
+                line
+                for number, d in enumerate(scalars)
+                for line in (
+                    f"plgpu.copy_gmem_to_smem({self.refs[d.name]}, {base.smem[d.name]}, {barrier}.at[{number}])",
+                    f"plgpu.barrier_wait({barrier}.at[{number}])",
+                )
+            ),
             "",
             f"def {step}(_, {', '.join(smem)}):",
             *(f"    {line}" for line in body),
@@ -127,6 +143,7 @@ class TotalsPlanner:
                 f"{self.values[d.name]} = _mgpu_pad({self.values[d.name]}, ({padded},)).reshape(-1, {columns})"
                 for d in inputs
             ),
+            *(f"{rows[d.name]} = jnp.broadcast_to(jnp.reshape({self.values[d.name]}, ()), ({ROWS},))" for d in scalars),
             f"{', '.join(partials)}, = plgpu.kernel(",
             f"    functools.partial({base.kernel_function}, {', '.join(f'{k}={k}' for k in keywords)}),",
             "    out_type=("
@@ -137,12 +154,18 @@ class TotalsPlanner:
             )
             + "),",
             "    scratch_types=["
-            + ", ".join(f"plgpu.SMEM(({ROWS},), {t})" for n in self.reductions for t in partial_types[n])
+            + ", ".join(
+                [
+                    *(f"plgpu.SMEM(({ROWS},), {t})" for n in self.reductions for t in partial_types[n]),
+                    *(f"plgpu.SMEM(({ROWS},), {jnp_dtype(d.dtype)})" for d in scalars),
+                    *([f"plgpu.Barrier(num_barriers={len(scalars)})"] if scalars else []),
+                ]
+            )
             + "],",
             f"    grid=({padded} // ({ROWS} * {columns}),),",
             f"    grid_names=({dim!r},),",
             "    interpret=interpret,",
-            f")({', '.join(self.values[d.name] for d in inputs)})",
+            f")({', '.join([*(self.values[d.name] for d in inputs), *rows.values()])})",
         ]
         for node in self.reductions:
             kind, dtype = node.func, emitter.kernel_dtype(node.args[0])
@@ -157,8 +180,10 @@ class TotalsPlanner:
             for o, p in zip(kernel.outputs, self.lowered.outputs)
         ]
         launcher.append(f"return {', '.join(returned)}")
-        refs = [self.refs[d.name] for d in inputs] + [r for n in self.reductions for r in self.partial_refs[n]]
-        parameters = parameter_list([*refs, *(s for n in self.reductions for s in self.partial_smem[n])], keywords)
+        refs = [self.refs[d.name] for d in (*inputs, *scalars)]
+        refs += [r for n in self.reductions for r in self.partial_refs[n]]
+        scratch = [s for n in self.reductions for s in self.partial_smem[n]] + [base.smem[d.name] for d in scalars]
+        parameters = parameter_list([*refs, *scratch, *([barrier] if scalars else [])], keywords)
         return base.finish(parameters, kernel_body, tuple(launcher))
 
     def _partial_lines(self, node: ir.Call, block: str, shape: str, positions: str) -> list[str]:
