@@ -80,6 +80,47 @@ def _gpu_options(table, sizes, given):
     return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
 
 
+def _mgpu_pad(array, shape):
+    """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
+    if array.shape == shape:
+        return array
+    return jnp.pad(array, [(0, padded - size) for size, padded in zip(array.shape, shape)])
+
+
+def _mgpu_swizzled(dtype, columns):
+    """The shared-memory tiling and swizzle of a 2-D block `columns` wide, as wgmma and
+    the WGMMA register layout read it."""
+    swizzle = plgpu.find_swizzle(columns * jnp.dtype(dtype).itemsize * 8)
+    return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(
+        swizzle
+    )
+
+
+def _mgpu_load(ref, shape, dims):
+    """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
+    along `dims` (its position in `shape`) in the layout's row or column, broadcast."""
+    if len(dims) == len(shape):
+        return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
+    vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
+    return jax.lax.broadcast_in_dim(vector, shape, dims)
+
+
+def _mgpu_spread(vector, shape, dim):
+    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
+    broadcast over the block's other axis."""
+    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
+
+
+def _mgpu_full(size, value, dtype, dim):
+    """A running value per position along axis `dim` of a block, `value` in each."""
+    return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
+
+
+def _mgpu_positions(start, shape, axis):
+    """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
+    return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
+
+
 def _on_platform(tpu, gpu, interpret, *arrays):
     """Runs the kernel built for the platform being compiled for.
 
@@ -10731,8 +10772,6 @@ def gqa_backward_over_r(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: elementwise kernels of rank above 2 are not
-        on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -10798,7 +10837,7 @@ def gqa_backward_over_r(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_gqa_backward_over_r_mosaic_gpu, b=b, g=g, r=r, t=t, d=d),
         ),
         interpret,
         dk_r,
@@ -11045,8 +11084,94 @@ def _gqa_backward_over_r_gpu(
     )(dk_r, dv_r)
 
 
-# `gqa_backward_over_r` has no Mosaic GPU kernel (elementwise kernels of rank above 2
-# are not on Mosaic GPU yet): it runs on Triton.
+def _gqa_backward_over_r_mosaic_gpu_kernel(
+    dk_r_ref, dv_r_ref, dk_ref, dv_ref, *, block_t, block_d, r
+):
+    program_b = jax.lax.axis_index("B")
+    program_g = jax.lax.axis_index("G")
+    program_t = jax.lax.axis_index("T")
+    program_d = jax.lax.axis_index("D")
+
+    def reduce(_, dk_r_smem, dv_r_smem, carry):
+        sum_running, sum_running_ = carry
+        dk_r = _mgpu_load(dk_r_smem, (block_t, block_d), (0, 1))
+        dv_r = _mgpu_load(dv_r_smem, (block_t, block_d), (0, 1))
+        sum_running = sum_running + dk_r
+        sum_running_ = sum_running_ + dv_r
+        return (sum_running, sum_running_)
+
+    sum_running, sum_running_ = plgpu.emit_pipeline(
+        reduce,
+        grid=(r,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (None, block_t, block_d),
+                lambda s: (s, program_t, program_d),
+                transforms=_mgpu_swizzled(jnp.float32, block_d),
+            ),
+            plgpu.BlockSpec(
+                (None, block_t, block_d),
+                lambda s: (s, program_t, program_d),
+                transforms=_mgpu_swizzled(jnp.float32, block_d),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            plgpu.layout_cast(jnp.full((block_t, block_d), 0.0, jnp.float32), plgpu.Layout.WGMMA),
+            plgpu.layout_cast(jnp.full((block_t, block_d), 0.0, jnp.float32), plgpu.Layout.WGMMA),
+        ),
+    )(dk_r_ref.at[program_b, program_g], dv_r_ref.at[program_b, program_g])
+    sum_r = sum_running
+    sum_r_ = sum_running_
+
+    def write(_, dk_smem, dv_smem):
+        dk_smem[...] = sum_r.astype(jnp.bfloat16)
+        dv_smem[...] = sum_r_.astype(jnp.bfloat16)
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(1,),
+        in_specs=[],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda s: (program_t, program_d),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda s: (program_t, program_d),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+        ],
+    )(dk_ref.at[program_b, program_g], dv_ref.at[program_b, program_g])
+
+
+def _gqa_backward_over_r_mosaic_gpu(dk_r, dv_r, *, b, g, r, t, d, interpret):
+    """`gqa_backward_over_r` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_t = 64
+    block_d = 128
+    padded_t = t + -t % 8
+    padded_d = d + -d % block_d
+    dk_r = _mgpu_pad(dk_r, (b, g, r, padded_t, padded_d))
+    dv_r = _mgpu_pad(dv_r, (b, g, r, padded_t, padded_d))
+    dk, dv = plgpu.kernel(
+        functools.partial(
+            _gqa_backward_over_r_mosaic_gpu_kernel, block_t=block_t, block_d=block_d, r=r
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((b, g, padded_t, padded_d), jnp.bfloat16),
+            jax.ShapeDtypeStruct((b, g, padded_t, padded_d), jnp.bfloat16),
+        ),
+        grid=(b, g, pl.cdiv(padded_t, block_t), pl.cdiv(padded_d, block_d)),
+        grid_names=("B", "G", "T", "D"),
+        interpret=interpret,
+    )(dk_r, dv_r)
+    return dk[:b, :g, :t, :d].reshape((b, g, 1, t, d)), dv[:b, :g, :t, :d].reshape((b, g, 1, t, d))
 
 
 @functools.partial(
@@ -11087,8 +11212,6 @@ def matmul_softmax(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed
-        operands, attention) are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -11186,7 +11309,7 @@ def _matmul_softmax_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_matmul_softmax_mosaic_gpu, m=m, n=n, k=k),
         ),
         interpret,
         x,
@@ -11378,8 +11501,199 @@ def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stage
     )(x, w)
 
 
-# `matmul_softmax` has no Mosaic GPU kernel (fused kernels (several products, computed
-# operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+def __matmul_softmax_1_mosaic_gpu_kernel(
+    x_ref, w_ref, acc_ref, out_smem, barrier, *, block_m, block_n, block_k
+):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def accumulate(acc_ref_):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, x_smem, w_smem):
+            plgpu.wgmma(acc_ref_, x_smem, w_smem)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(x_ref.shape[-1] // block_k,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_m, block_k),
+                    lambda s: (program_m, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                ),
+                plgpu.BlockSpec(
+                    (block_k, block_n),
+                    lambda s: (s, program_n),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(x_ref, w_ref)
+        acc_ = acc_ref_[...]
+        out_smem[...] = acc_
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem,
+        acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def __matmul_softmax_1_mosaic_gpu(x, w, *, m, n, k, interpret):
+    """Stage 1 of `matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 128
+    block_n = 128
+    block_k = 64
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    padded_k = k + -k % block_k
+    x = _mgpu_pad(x, (padded_m, padded_k))
+    w = _mgpu_pad(w, (padded_k, padded_n))
+    (acc,) = plgpu.kernel(
+        functools.partial(
+            __matmul_softmax_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(padded_m // block_m, padded_n // block_n),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, w)
+    return acc[:m, :n]
+
+
+def __matmul_softmax_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, block_m, block_n, n):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, acc_smem, carry):
+        (max_n_running,) = carry
+        start = indices[0] * block_n
+        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
+        max_n_block = acc
+        if n % block_n:  # a ragged N: its identity past the end
+            max_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, max_n_block, -jnp.inf
+            )
+        max_n_running = jnp.maximum(max_n_running, jnp.max(max_n_block, axis=1))
+        return (max_n_running,)
+
+    (max_n_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(acc_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_m, -jnp.inf, jnp.float32, 0),),
+    )(acc_ref)
+    max_n = max_n_running
+
+    def reduce_2(indices, acc_smem, carry):
+        (sum_n_running,) = carry
+        start = indices[0] * block_n
+        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
+        sum_n_block = jnp.exp(acc - _mgpu_spread(max_n, (block_m, block_n), 0))
+        if n % block_n:  # a ragged N: its identity past the end
+            sum_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
+            )
+        sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
+        return (sum_n_running,)
+
+    (sum_n_running,) = plgpu.emit_pipeline(
+        reduce_2,
+        grid=(acc_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+    )(acc_ref)
+    sum_n = sum_n_running
+
+    def write(indices, acc_smem):
+        start = indices[0] * block_n
+        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        y_buffers[slot] = jnp.exp(acc - _mgpu_spread(max_n, (block_m, block_n), 0)) / _mgpu_spread(
+            sum_n, (block_m, block_n), 0
+        )
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(acc_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        max_concurrent_steps=2,
+    )(acc_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def __matmul_softmax_2_mosaic_gpu(acc, *, m, n, interpret):
+    """Stage 2 of `matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    acc = _mgpu_pad(acc, (padded_m, padded_n))
+    (y,) = plgpu.kernel(
+        functools.partial(
+            __matmul_softmax_2_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
+        scratch_types=[
+            plgpu.SMEM(
+                (2, block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+            )
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(acc)
+    return y[:m, :n]
+
+
+def _matmul_softmax_mosaic_gpu(x, w, *, m, n, k, interpret):
+    """`matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: its stages in turn, the arrays between them in global memory."""
+    acc = __matmul_softmax_1_mosaic_gpu(x, w, m=m, n=n, k=k, interpret=interpret)
+    acc = acc.reshape((m, n))
+    y = __matmul_softmax_2_mosaic_gpu(acc, m=m, n=n, interpret=interpret)
+    return y.reshape((m, n))
 
 
 @functools.partial(
@@ -11422,8 +11736,6 @@ def rmsnorm_matmul(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed
-        operands, attention) are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -11537,7 +11849,7 @@ def _rmsnorm_matmul_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_rmsnorm_matmul_mosaic_gpu, m=m, n=n, k=k),
         ),
         interpret,
         x,
@@ -11712,5 +12024,179 @@ def _rmsnorm_matmul_gpu(x, g, w, *, m, n, k, block_m, block_n, num_warps, num_st
     )(x, g, w)
 
 
-# `rmsnorm_matmul` has no Mosaic GPU kernel (fused kernels (several products, computed
-# operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+def __rmsnorm_matmul_1_mosaic_gpu_kernel(
+    x_ref, g_ref, lhs_ref, lhs_buffers, *, block_m, block_k, k
+):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        (mean_k_running,) = carry
+        start = indices[0] * block_k
+        x = _mgpu_load(x_smem, (block_m, block_k), (0, 1))
+        h = x.astype(jnp.float32)
+        mean_k_block = h * h
+        if k % block_k:  # a ragged K: its identity past the end
+            mean_k_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_k), 1) < k, mean_k_block, 0.0
+            )
+        mean_k_running = mean_k_running + jnp.sum(mean_k_block, axis=1)
+        return (mean_k_running,)
+
+    (mean_k_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_k,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_k),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+    )(x_ref)
+    mean_k = mean_k_running / k
+
+    def write(indices, x_smem, g_smem):
+        start = indices[0] * block_k
+        x = _mgpu_load(x_smem, (block_m, block_k), (0, 1))
+        g = _mgpu_load(g_smem, (block_m, block_k), (1,))
+        h = x.astype(jnp.float32)
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        lhs_buffers[slot] = (
+            h * jax.lax.rsqrt(_mgpu_spread(mean_k, (block_m, block_k), 0) + 1e-06) * g
+        ).astype(jnp.bfloat16)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            lhs_buffers.at[slot],
+            lhs_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_k)],
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[1] // block_k,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_k),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+            ),
+            plgpu.BlockSpec((block_k,), lambda s: (s,)),
+        ],
+        max_concurrent_steps=2,
+    )(x_ref, g_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def __rmsnorm_matmul_1_mosaic_gpu(x, g, *, m, k, interpret):
+    """Stage 1 of `rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_k = 128
+    padded_m = m + -m % block_m
+    padded_k = k + -k % block_k
+    x = _mgpu_pad(x, (padded_m, padded_k))
+    g = g.reshape((k,))
+    g = _mgpu_pad(g, (padded_k,))
+    (lhs,) = plgpu.kernel(
+        functools.partial(
+            __rmsnorm_matmul_1_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, k=k
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (2, block_m, block_k),
+                jnp.bfloat16,
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+            )
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x, g)
+    return lhs[:m, :k]
+
+
+def __rmsnorm_matmul_2_mosaic_gpu_kernel(
+    w_ref, lhs_ref, y_ref, out_smem, barrier, *, block_m, block_n, block_k
+):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, lhs_smem, w_smem):
+            plgpu.wgmma(acc_ref, lhs_smem, w_smem)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(lhs_ref.shape[-1] // block_k,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_m, block_k),
+                    lambda s: (program_m, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                ),
+                plgpu.BlockSpec(
+                    (block_k, block_n),
+                    lambda s: (s, program_n),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(lhs_ref, w_ref)
+        acc = acc_ref[...]
+        out_smem[...] = acc.astype(jnp.bfloat16)
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem, y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def __rmsnorm_matmul_2_mosaic_gpu(w, lhs, *, m, n, k, interpret):
+    """Stage 2 of `rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 128
+    block_n = 128
+    block_k = 64
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    padded_k = k + -k % block_k
+    lhs = _mgpu_pad(lhs, (padded_m, padded_k))
+    w = _mgpu_pad(w, (padded_k, padded_n))
+    (y,) = plgpu.kernel(
+        functools.partial(
+            __rmsnorm_matmul_2_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_m, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(padded_m // block_m, padded_n // block_n),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(w, lhs)
+    return y[:m, :n]
+
+
+def _rmsnorm_matmul_mosaic_gpu(x, g, w, *, m, n, k, interpret):
+    """`rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: its stages in turn, the arrays between them in global memory."""
+    lhs = __rmsnorm_matmul_1_mosaic_gpu(x, g, m=m, k=k, interpret=interpret)
+    lhs = lhs.reshape((m, k))
+    y = __rmsnorm_matmul_2_mosaic_gpu(w, lhs, m=m, n=n, k=k, interpret=interpret)
+    return y.reshape((m, n))

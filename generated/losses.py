@@ -1401,8 +1401,6 @@ def cross_entropy_backward(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: index() outside a kernel that reduces is not
-        on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1450,7 +1448,7 @@ def cross_entropy_backward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_cross_entropy_backward_mosaic_gpu, m=m, v=v),
         ),
         interpret,
         logits,
@@ -1627,5 +1625,69 @@ def _cross_entropy_backward_gpu(
     )(logits, label, logsumexp_v, dloss)
 
 
-# `cross_entropy_backward` has no Mosaic GPU kernel (index() outside a kernel that
-# reduces is not on Mosaic GPU yet): it runs on Triton.
+def _cross_entropy_backward_mosaic_gpu_kernel(
+    logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref, *, block_m, block_v
+):
+    program_m = jax.lax.axis_index("M")
+    program_v = jax.lax.axis_index("V")
+
+    def step(_, logits_smem, label_smem, logsumexp_v_smem, dloss_smem, dlogits_smem):
+        logits = _mgpu_load(logits_smem, (block_m, block_v), (0, 1))
+        label = _mgpu_load(label_smem, (block_m, block_v), (0,))
+        logsumexp_v = _mgpu_load(logsumexp_v_smem, (block_m, block_v), (0,))
+        dloss = _mgpu_load(dloss_smem, (block_m, block_v), (0,))
+        z = logits.astype(jnp.float32)
+        loss_1 = _mgpu_positions(program_v * block_v, (block_m, block_v), 1) == label
+        dz = dloss * jnp.exp(z - logsumexp_v) + jnp.where(loss_1, -dloss, 0)
+        dlogits_smem[...] = dz.astype(jnp.bfloat16)
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_v),
+                lambda _: (program_m, program_v),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_v),
+            ),
+            plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
+            plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
+            plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_v),
+                lambda _: (program_m, program_v),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_v),
+            )
+        ],
+    )(logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref)
+
+
+def _cross_entropy_backward_mosaic_gpu(logits, label, logsumexp_v, dloss, *, m, v, interpret):
+    """`cross_entropy_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_v = 128
+    padded_m = m + -m % 8
+    padded_v = v + -v % block_v
+    logits = _mgpu_pad(logits, (padded_m, padded_v))
+    label = label.reshape((m,))
+    label = _mgpu_pad(label, (padded_m,))
+    logsumexp_v = logsumexp_v.reshape((m,))
+    logsumexp_v = _mgpu_pad(logsumexp_v, (padded_m,))
+    dloss = dloss.reshape((m,))
+    dloss = _mgpu_pad(dloss, (padded_m,))
+    (dlogits,) = plgpu.kernel(
+        functools.partial(
+            _cross_entropy_backward_mosaic_gpu_kernel, block_m=block_m, block_v=block_v
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_v), jnp.bfloat16),),
+        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_v, block_v)),
+        grid_names=("M", "V"),
+        interpret=interpret,
+    )(logits, label, logsumexp_v, dloss)
+    return dlogits[:m, :v]

@@ -1897,8 +1897,6 @@ def matmul_relu_with_residuals(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: a product with several outputs is not on
-        Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1957,7 +1955,7 @@ def matmul_relu_with_residuals(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_matmul_relu_with_residuals_mosaic_gpu, m=m, n=n, k=k),
         ),
         interpret,
         x,
@@ -2147,8 +2145,91 @@ def _matmul_relu_with_residuals_gpu(
     )(x, y)
 
 
-# `matmul_relu_with_residuals` has no Mosaic GPU kernel (a product with several
-# outputs is not on Mosaic GPU yet): it runs on Triton.
+def _matmul_relu_with_residuals_mosaic_gpu_kernel(
+    x_ref, y_ref, z_ref, acc_ref, out_smem, acc_smem, barrier, *, block_m, block_n, block_k
+):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def accumulate(acc_ref_):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, x_smem, y_smem):
+            plgpu.wgmma(acc_ref_, x_smem, y_smem.T)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(x_ref.shape[-1] // block_k,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_m, block_k),
+                    lambda s: (program_m, s),
+                    transforms=_mgpu_swizzled(jnp.float32, block_k),
+                ),
+                plgpu.BlockSpec(
+                    (block_n, block_k),
+                    lambda s: (program_n, s),
+                    transforms=_mgpu_swizzled(jnp.float32, block_k),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(x_ref, y_ref)
+        acc_ = acc_ref_[...]
+        acc = acc_
+        acc_smem[...] = acc
+        out_smem[...] = jnp.maximum(acc, 0)
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    )
+    plgpu.copy_smem_to_gmem(
+        acc_smem,
+        acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _matmul_relu_with_residuals_mosaic_gpu(x, y, *, m, n, k, interpret):
+    """`matmul_relu_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 128
+    block_n = 128
+    block_k = 32
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    padded_k = k + -k % block_k
+    y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
+    x = _mgpu_pad(x, (padded_m, padded_k))
+    y = _mgpu_pad(y, (padded_n, padded_k))
+    z, acc = plgpu.kernel(
+        functools.partial(
+            _matmul_relu_with_residuals_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
+        ),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+            ),
+            plgpu.SMEM(
+                (block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(padded_m // block_m, padded_n // block_n),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, y)
+    return z[:m, :n], acc[:m, :n]
 
 
 @functools.partial(
@@ -3652,8 +3733,6 @@ def matmul_bias_gelu_with_residuals(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: a product with several outputs is not on
-        Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -3718,7 +3797,7 @@ def matmul_bias_gelu_with_residuals(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_matmul_bias_gelu_with_residuals_mosaic_gpu, m=m, n=n, k=k),
         ),
         interpret,
         x,
@@ -3929,8 +4008,110 @@ def _matmul_bias_gelu_with_residuals_gpu(
     )(x, y, bias)
 
 
-# `matmul_bias_gelu_with_residuals` has no Mosaic GPU kernel (a product with several
-# outputs is not on Mosaic GPU yet): it runs on Triton.
+def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
+    x_ref,
+    y_ref,
+    bias_ref,
+    z_ref,
+    acc_ref,
+    out_smem,
+    acc_smem,
+    barrier,
+    bias_smem,
+    *,
+    block_m,
+    block_n,
+    block_k,
+):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def accumulate(acc_ref_):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, x_smem, y_smem):
+            plgpu.wgmma(acc_ref_, x_smem, y_smem)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(x_ref.shape[-1] // block_k,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_m, block_k),
+                    lambda s: (program_m, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                ),
+                plgpu.BlockSpec(
+                    (block_k, block_n),
+                    lambda s: (s, program_n),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(x_ref, y_ref)
+        plgpu.copy_gmem_to_smem(
+            bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
+        )
+        plgpu.barrier_wait(barrier.at[0])
+        acc_ = acc_ref_[...]
+        bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
+        acc = acc_
+        acc_smem[...] = acc
+        out_smem[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem, z_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)]
+    )
+    plgpu.copy_smem_to_gmem(
+        acc_smem,
+        acc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_n * block_n, block_n)],
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _matmul_bias_gelu_with_residuals_mosaic_gpu(x, y, bias, *, m, n, k, interpret):
+    """`matmul_bias_gelu_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 128
+    block_n = 128
+    block_k = 64
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    padded_k = k + -k % block_k
+    x = _mgpu_pad(x, (padded_m, padded_k))
+    y = _mgpu_pad(y, (padded_k, padded_n))
+    bias = bias.reshape((n,))
+    bias = _mgpu_pad(bias, (padded_n,))
+    z, acc = plgpu.kernel(
+        functools.partial(
+            _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),
+            jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
+        ),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_m, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
+            ),
+            plgpu.SMEM(
+                (block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+            ),
+            plgpu.Barrier(num_barriers=1),
+            plgpu.SMEM((block_n,), jnp.float32),
+        ],
+        grid=(padded_m // block_m, padded_n // block_n),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, y, bias)
+    return z[:m, :n], acc[:m, :n]
 
 
 @functools.partial(
@@ -6183,8 +6364,6 @@ def batched_matmul_backward_epilogue(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: elementwise kernels of rank above 2 are not
-        on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -6239,7 +6418,7 @@ def batched_matmul_backward_epilogue(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_batched_matmul_backward_epilogue_mosaic_gpu, b=b, m=m, n=n),
         ),
         interpret,
         dz,
@@ -6378,8 +6557,56 @@ def _batched_matmul_backward_epilogue_gpu(
     )(dz)
 
 
-# `batched_matmul_backward_epilogue` has no Mosaic GPU kernel (elementwise kernels of
-# rank above 2 are not on Mosaic GPU yet): it runs on Triton.
+def _batched_matmul_backward_epilogue_mosaic_gpu_kernel(dz_ref, dacc_ref, *, block_m, block_n):
+    program_b = jax.lax.axis_index("B")
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, dz_smem, dacc_smem):
+        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        dacc_smem[...] = dz.astype(jnp.bfloat16)
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            )
+        ],
+    )(dz_ref.at[program_b], dacc_ref.at[program_b])
+
+
+def _batched_matmul_backward_epilogue_mosaic_gpu(dz, *, b, m, n, interpret):
+    """`batched_matmul_backward_epilogue` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    dz = _mgpu_pad(dz, (b, padded_m, padded_n))
+    (dacc,) = plgpu.kernel(
+        functools.partial(
+            _batched_matmul_backward_epilogue_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
+        ),
+        out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_n), jnp.bfloat16),),
+        grid=(b, pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("B", "M", "N"),
+        interpret=interpret,
+    )(dz)
+    return dacc[:b, :m, :n]
 
 
 @functools.partial(
@@ -7541,8 +7768,6 @@ def scores_backward_epilogue(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: elementwise kernels of rank above 2 are not
-        on Mosaic GPU yet.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -7598,7 +7823,7 @@ def scores_backward_epilogue(
                 num_stages=gpu_stages,
                 scale=scale,
             ),
-            None,
+            functools.partial(_scores_backward_epilogue_mosaic_gpu, b=b, s=s, t=t, scale=scale),
         ),
         interpret,
         ds,
@@ -7738,8 +7963,59 @@ def _scores_backward_epilogue_gpu(
     )(ds)
 
 
-# `scores_backward_epilogue` has no Mosaic GPU kernel (elementwise kernels of rank
-# above 2 are not on Mosaic GPU yet): it runs on Triton.
+def _scores_backward_epilogue_mosaic_gpu_kernel(ds_ref, dacc_ref, *, block_s, block_t, scale):
+    program_b = jax.lax.axis_index("B")
+    program_s = jax.lax.axis_index("S")
+    program_t = jax.lax.axis_index("T")
+
+    def step(_, ds_smem, dacc_smem):
+        ds = _mgpu_load(ds_smem, (block_s, block_t), (0, 1))
+        dacc_smem[...] = (ds * scale).astype(jnp.bfloat16)
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_s, block_t),
+                lambda _: (program_s, program_t),
+                transforms=_mgpu_swizzled(jnp.float32, block_t),
+            )
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_s, block_t),
+                lambda _: (program_s, program_t),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_t),
+            )
+        ],
+    )(ds_ref.at[program_b], dacc_ref.at[program_b])
+
+
+def _scores_backward_epilogue_mosaic_gpu(ds, *, b, s, t, scale, interpret):
+    """`scores_backward_epilogue` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_s = 64
+    block_t = 128
+    padded_s = s + -s % 8
+    padded_t = t + -t % block_t
+    ds = _mgpu_pad(ds, (b, padded_s, padded_t))
+    (dacc,) = plgpu.kernel(
+        functools.partial(
+            _scores_backward_epilogue_mosaic_gpu_kernel,
+            block_s=block_s,
+            block_t=block_t,
+            scale=scale,
+        ),
+        out_type=(jax.ShapeDtypeStruct((b, padded_s, padded_t), jnp.bfloat16),),
+        grid=(b, pl.cdiv(padded_s, block_s), pl.cdiv(padded_t, block_t)),
+        grid_names=("B", "S", "T"),
+        interpret=interpret,
+    )(ds)
+    return dacc[:b, :s, :t]
 
 
 @functools.partial(

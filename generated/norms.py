@@ -111,6 +111,12 @@ def _mgpu_spread(vector, shape, dim):
     return jax.lax.broadcast_in_dim(vector, shape, (dim,))
 
 
+def _mgpu_load_vector(ref, dim):
+    """A vector along axis `dim` of a block, from shared memory, in the WGMMA layout's row
+    (0) or column (1) layout."""
+    return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dim))
+
+
 def _mgpu_full(size, value, dtype, dim):
     """A running value per position along axis `dim` of a block, `value` in each."""
     return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
@@ -1395,7 +1401,6 @@ def layer_norm_backward(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: size() is not spelled for Mosaic GPU yet.
       eps: a static f32 (default 1e-05).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1454,7 +1459,7 @@ def layer_norm_backward(
                 num_stages=gpu_stages,
                 eps=eps,
             ),
-            None,
+            functools.partial(_layer_norm_backward_mosaic_gpu, m=m, n=n, eps=eps),
         ),
         interpret,
         x,
@@ -1702,8 +1707,236 @@ def _layer_norm_backward_gpu(
     )(x, w, mu, rstd, mean_n, dy, dmu, drstd)
 
 
-# `layer_norm_backward` has no Mosaic GPU kernel (size() is not spelled for Mosaic GPU
-# yet): it runs on Triton.
+def _layer_norm_backward_mosaic_gpu_kernel(
+    x_ref,
+    w_ref,
+    mu_ref,
+    rstd_ref,
+    mean_n_ref,
+    dy_ref,
+    dmu_ref,
+    drstd_ref,
+    dx_ref,
+    barrier,
+    mu_smem,
+    rstd_smem,
+    mean_n_smem,
+    dmu_smem,
+    drstd_smem,
+    dx_buffers,
+    *,
+    block_m,
+    block_n,
+    n,
+    eps,
+):
+    program_m = jax.lax.axis_index("M")
+    plgpu.copy_gmem_to_smem(mu_ref.at[pl.ds(program_m * block_m, block_m)], mu_smem, barrier.at[0])
+    plgpu.barrier_wait(barrier.at[0])
+    mu = _mgpu_load_vector(mu_smem, 0)
+    plgpu.copy_gmem_to_smem(
+        rstd_ref.at[pl.ds(program_m * block_m, block_m)], rstd_smem, barrier.at[1]
+    )
+    plgpu.barrier_wait(barrier.at[1])
+    rstd = _mgpu_load_vector(rstd_smem, 0)
+    plgpu.copy_gmem_to_smem(
+        mean_n_ref.at[pl.ds(program_m * block_m, block_m)], mean_n_smem, barrier.at[2]
+    )
+    plgpu.barrier_wait(barrier.at[2])
+    mean_n = _mgpu_load_vector(mean_n_smem, 0)
+    plgpu.copy_gmem_to_smem(
+        dmu_ref.at[pl.ds(program_m * block_m, block_m)], dmu_smem, barrier.at[3]
+    )
+    plgpu.barrier_wait(barrier.at[3])
+    dmu = _mgpu_load_vector(dmu_smem, 0)
+    plgpu.copy_gmem_to_smem(
+        drstd_ref.at[pl.ds(program_m * block_m, block_m)], drstd_smem, barrier.at[4]
+    )
+    plgpu.barrier_wait(barrier.at[4])
+    drstd = _mgpu_load_vector(drstd_smem, 0)
+    rstd_1 = mean_n + eps
+
+    def reduce_1(indices, x_smem, w_smem, dy_smem, carry):
+        (sum_n_running,) = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        w = _mgpu_load(w_smem, (block_m, block_n), (1,))
+        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        h = x.astype(jnp.float32)
+        d = h - _mgpu_spread(mu, (block_m, block_n), 0)
+        dy_1 = dy.astype(jnp.float32)
+        dy_2 = dy_1 * w
+        sum_n_block = dy_2 * d
+        if n % block_n:  # a ragged N: its identity past the end
+            sum_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
+            )
+        sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
+        return (sum_n_running,)
+
+    (sum_n_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+            plgpu.BlockSpec((block_n,), lambda s: (s,)),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+    )(x_ref, w_ref, dy_ref)
+    sum_n = sum_n_running
+    drstd_ = drstd + sum_n
+    drstd_1 = drstd_ * (-0.5 * (rstd / rstd_1)) / n
+
+    def reduce_2(indices, x_smem, w_smem, dy_smem, carry):
+        (sum_n__running,) = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        w = _mgpu_load(w_smem, (block_m, block_n), (1,))
+        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        h = x.astype(jnp.float32)
+        d = h - _mgpu_spread(mu, (block_m, block_n), 0)
+        dy_1 = dy.astype(jnp.float32)
+        dy_2 = dy_1 * w
+        dd = (
+            dy_2 * _mgpu_spread(rstd, (block_m, block_n), 0)
+            + _mgpu_spread(drstd_1, (block_m, block_n), 0) * d
+            + _mgpu_spread(drstd_1, (block_m, block_n), 0) * d
+        )
+        sum_n__block = -dd
+        if n % block_n:  # a ragged N: its identity past the end
+            sum_n__block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_n__block, 0.0
+            )
+        sum_n__running = sum_n__running + jnp.sum(sum_n__block, axis=1)
+        return (sum_n__running,)
+
+    (sum_n__running,) = plgpu.emit_pipeline(
+        reduce_2,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+            plgpu.BlockSpec((block_n,), lambda s: (s,)),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+    )(x_ref, w_ref, dy_ref)
+    sum_n_ = sum_n__running
+    dmu_ = dmu + sum_n_
+
+    def write(indices, x_smem, w_smem, dy_smem):
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        w = _mgpu_load(w_smem, (block_m, block_n), (1,))
+        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        h = x.astype(jnp.float32)
+        d = h - _mgpu_spread(mu, (block_m, block_n), 0)
+        dy_1 = dy.astype(jnp.float32)
+        dy_2 = dy_1 * w
+        dd = (
+            dy_2 * _mgpu_spread(rstd, (block_m, block_n), 0)
+            + _mgpu_spread(drstd_1, (block_m, block_n), 0) * d
+            + _mgpu_spread(drstd_1, (block_m, block_n), 0) * d
+        )
+        dh = dd + _mgpu_spread(dmu_, (block_m, block_n), 0) / n
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        dx_buffers[slot] = dh.astype(jnp.bfloat16)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            dx_buffers.at[slot],
+            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)],
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+            plgpu.BlockSpec((block_n,), lambda s: (s,)),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+        ],
+        max_concurrent_steps=2,
+    )(x_ref, w_ref, dy_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _layer_norm_backward_mosaic_gpu(
+    x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, eps, interpret
+):
+    """`layer_norm_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    w = w.reshape((n,))
+    w = _mgpu_pad(w, (padded_n,))
+    mu = mu.reshape((m,))
+    mu = _mgpu_pad(mu, (padded_m,))
+    rstd = rstd.reshape((m,))
+    rstd = _mgpu_pad(rstd, (padded_m,))
+    mean_n = mean_n.reshape((m,))
+    mean_n = _mgpu_pad(mean_n, (padded_m,))
+    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    dmu = dmu.reshape((m,))
+    dmu = _mgpu_pad(dmu, (padded_m,))
+    drstd = drstd.reshape((m,))
+    drstd = _mgpu_pad(drstd, (padded_m,))
+    (dx,) = plgpu.kernel(
+        functools.partial(
+            _layer_norm_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.Barrier(num_barriers=5),
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM(
+                (2, block_m, block_n),
+                jnp.bfloat16,
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x, w, mu, rstd, mean_n, dy, dmu, drstd)
+    return dx[:m, :n]
 
 
 @functools.partial(
@@ -2905,7 +3138,6 @@ def rms_norm_backward(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: size() is not spelled for Mosaic GPU yet.
       eps: a static f32 (default 1e-06).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -2946,7 +3178,7 @@ def rms_norm_backward(
                 num_stages=gpu_stages,
                 eps=eps,
             ),
-            None,
+            functools.partial(_rms_norm_backward_mosaic_gpu, m=m, n=n, eps=eps),
         ),
         interpret,
         x,
@@ -3125,8 +3357,148 @@ def _rms_norm_backward_gpu(
     )(x, w, mean_n, dy)
 
 
-# `rms_norm_backward` has no Mosaic GPU kernel (size() is not spelled for Mosaic GPU
-# yet): it runs on Triton.
+def _rms_norm_backward_mosaic_gpu_kernel(
+    x_ref,
+    w_ref,
+    mean_n_ref,
+    dy_ref,
+    dx_ref,
+    barrier,
+    mean_n_smem,
+    dx_buffers,
+    *,
+    block_m,
+    block_n,
+    n,
+    eps,
+):
+    program_m = jax.lax.axis_index("M")
+    plgpu.copy_gmem_to_smem(
+        mean_n_ref.at[pl.ds(program_m * block_m, block_m)], mean_n_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+    mean_n = _mgpu_load_vector(mean_n_smem, 0)
+    y_2 = mean_n + eps
+    y_3 = jax.lax.rsqrt(y_2)
+
+    def reduce_1(indices, x_smem, w_smem, dy_smem, carry):
+        (sum_n_running,) = carry
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        w = _mgpu_load(w_smem, (block_m, block_n), (1,))
+        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        h = x.astype(jnp.float32)
+        dy_1 = dy.astype(jnp.float32)
+        dy_2 = dy_1 * w
+        sum_n_block = dy_2 * h
+        if n % block_n:  # a ragged N: its identity past the end
+            sum_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
+            )
+        sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
+        return (sum_n_running,)
+
+    (sum_n_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+            plgpu.BlockSpec((block_n,), lambda s: (s,)),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+    )(x_ref, w_ref, dy_ref)
+    sum_n = sum_n_running
+    dy_3 = sum_n * (-0.5 * (y_3 / y_2)) / n
+
+    def write(indices, x_smem, w_smem, dy_smem):
+        start = indices[0] * block_n
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        w = _mgpu_load(w_smem, (block_m, block_n), (1,))
+        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        h = x.astype(jnp.float32)
+        dy_1 = dy.astype(jnp.float32)
+        dy_2 = dy_1 * w
+        dh = (
+            dy_2 * _mgpu_spread(y_3, (block_m, block_n), 0)
+            + _mgpu_spread(dy_3, (block_m, block_n), 0) * h
+            + _mgpu_spread(dy_3, (block_m, block_n), 0) * h
+        )
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        dx_buffers[slot] = dh.astype(jnp.bfloat16)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            dx_buffers.at[slot],
+            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)],
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+            plgpu.BlockSpec((block_n,), lambda s: (s,)),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+        ],
+        max_concurrent_steps=2,
+    )(x_ref, w_ref, dy_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _rms_norm_backward_mosaic_gpu(x, w, mean_n, dy, *, m, n, eps, interpret):
+    """`rms_norm_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    w = w.reshape((n,))
+    w = _mgpu_pad(w, (padded_n,))
+    mean_n = mean_n.reshape((m,))
+    mean_n = _mgpu_pad(mean_n, (padded_m,))
+    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    (dx,) = plgpu.kernel(
+        functools.partial(
+            _rms_norm_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.Barrier(num_barriers=1),
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM(
+                (2, block_m, block_n),
+                jnp.bfloat16,
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x, w, mean_n, dy)
+    return dx[:m, :n]
 
 
 @functools.partial(

@@ -1705,8 +1705,6 @@ def column_sums_backward(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: dx is broadcast to its dimensions, not
-        written on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1739,7 +1737,7 @@ def column_sums_backward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_column_sums_backward_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -1869,8 +1867,58 @@ def _column_sums_backward_gpu(x, ds, *, m, n, block_m, block_n, num_warps, num_s
     )(x, ds)
 
 
-# `column_sums_backward` has no Mosaic GPU kernel (dx is broadcast to its dimensions,
-# not written on Mosaic GPU yet): it runs on Triton.
+def _column_sums_backward_mosaic_gpu_kernel(x_ref, ds_ref, dx_ref, *, block_m, block_n):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, x_smem, ds_smem, dx_smem):
+        ds = _mgpu_load(ds_smem, (block_m, block_n), (1,))
+        dx_smem[...] = jnp.broadcast_to(ds, (block_m, block_n))
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+    )(x_ref, ds_ref, dx_ref)
+
+
+def _column_sums_backward_mosaic_gpu(x, ds, *, m, n, interpret):
+    """`column_sums_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    ds = ds.reshape((n,))
+    ds = _mgpu_pad(ds, (padded_n,))
+    (dx,) = plgpu.kernel(
+        functools.partial(
+            _column_sums_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
+        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, ds)
+    return dx[:m, :n]
 
 
 @functools.partial(
@@ -2674,8 +2722,6 @@ def quantize_rows_int8_backward(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: index() outside a kernel that reduces is not
-        on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -2726,7 +2772,7 @@ def quantize_rows_int8_backward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_quantize_rows_int8_backward_mosaic_gpu, m=m, n=n),
         ),
         interpret,
         x,
@@ -2901,8 +2947,76 @@ def _quantize_rows_int8_backward_gpu(
     )(x, max_n, argmax_n, dscale)
 
 
-# `quantize_rows_int8_backward` has no Mosaic GPU kernel (index() outside a kernel
-# that reduces is not on Mosaic GPU yet): it runs on Triton.
+def _quantize_rows_int8_backward_mosaic_gpu_kernel(
+    x_ref, max_n_ref, argmax_n_ref, dscale_ref, dx_ref, *, block_m, block_n
+):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, x_smem, max_n_smem, argmax_n_smem, dscale_smem, dx_smem):
+        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        max_n = _mgpu_load(max_n_smem, (block_m, block_n), (0,))
+        argmax_n = _mgpu_load(argmax_n_smem, (block_m, block_n), (0,))
+        dscale = _mgpu_load(dscale_smem, (block_m, block_n), (0,))
+        s_1 = jnp.maximum(max_n, 1e-30)
+        ds_1 = dscale / 127
+        ds_2 = jnp.where(
+            _mgpu_positions(program_n * block_n, (block_m, block_n), 1) == argmax_n,
+            jnp.where(max_n == s_1, jnp.where(1e-30 == s_1, 0.5 * ds_1, ds_1), 0),
+            0,
+        )
+        dx_smem[...] = jnp.where(x >= 0, ds_2, -ds_2)
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
+            plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
+            plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+    )(x_ref, max_n_ref, argmax_n_ref, dscale_ref, dx_ref)
+
+
+def _quantize_rows_int8_backward_mosaic_gpu(x, max_n, argmax_n, dscale, *, m, n, interpret):
+    """`quantize_rows_int8_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    x = _mgpu_pad(x, (padded_m, padded_n))
+    max_n = max_n.reshape((m,))
+    max_n = _mgpu_pad(max_n, (padded_m,))
+    argmax_n = argmax_n.reshape((m,))
+    argmax_n = _mgpu_pad(argmax_n, (padded_m,))
+    dscale = dscale.reshape((m,))
+    dscale = _mgpu_pad(dscale, (padded_m,))
+    (dx,) = plgpu.kernel(
+        functools.partial(
+            _quantize_rows_int8_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
+        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(x, max_n, argmax_n, dscale)
+    return dx[:m, :n]
 
 
 @functools.partial(

@@ -44,6 +44,7 @@ FEATURES = {
         {"_mgpu_floor", "_mgpu_ceil"},
         {"N": 300},
     ),
+    "sqrt": ("in x: f32[N]\nout y: f32[N]\ny = sqrt(x)", {"_mgpu_sqrt"}, {"N": 300}),
     "gradient": ("in x: f32[N]\nout y: f32[N]\ny = x * x", {"_differentiable"}, {"N": 300}),
     "argmax": (
         "in x: f32[M, N]\nout i: i32[M]\ni = argmax(x, N)\nblock M = 8",

@@ -150,6 +150,19 @@ def test_mosaic_gpu_takes_the_kernels_that_reduce_rows_or_columns():
     assert {"column_sums", "argmax_i8"} <= taken
 
 
+def test_mosaic_gpu_takes_backward_kernels_with_index_size_or_a_broadcast_vector():
+    taken = {k for _, k in TAKEN}
+    assert {"cross_entropy_backward", "quantize_rows_int8_backward", "column_sums_backward"} <= taken
+    assert {"layer_norm_backward", "rms_norm_backward"} <= taken
+    assert {"matmul_relu_with_residuals", "matmul_bias_gelu_with_residuals"} <= taken
+    assert {"batched_matmul_backward_epilogue", "scores_backward_epilogue", "gqa_backward_over_r"} <= taken
+
+
+def test_mosaic_gpu_takes_a_fused_product_as_kernels_in_turn():
+    """A computed operand first, a reduced product's result written out first (stages)."""
+    assert {"matmul_softmax", "rmsnorm_matmul"} <= {k for _, k in TAKEN}
+
+
 def test_mosaic_gpu_takes_reductions_to_a_scalar():
     """Partial results per program, combined by the launcher."""
     assert {"equal_count", "equal_count_f32", "equal_count_i32", "equal_count_i8"} <= {k for _, k in TAKEN}
@@ -162,8 +175,8 @@ def test_kernel_mosaic_gpu_does_not_take_says_why_in_its_docstring(module, kerne
 
 
 def test_a_refused_kernel_with_mosaic_gpu_runs_on_triton(tmp_path):
-    module = _module_of("in x: f32[N]\nout i: i32[]\ni = argmax(x, N)", tmp_path, "refused")
-    text = _cuda_text(module.k, [jax.ShapeDtypeStruct((300,), jnp.float32)], gpu_backend="mosaic_gpu")
+    module = _module_of("in x: f32[M, N]\nout y: f32[M, N]\ny = x % 3.0", tmp_path, "refused")
+    text = _cuda_text(module.k, [jax.ShapeDtypeStruct((30, 300), jnp.float32)], gpu_backend="mosaic_gpu")
     assert TRITON.search(text) and not MOSAIC_CALL.search(text)
 
 
@@ -212,22 +225,23 @@ def _module_of(spec_body: str, tmp_path, name: str):
 
 REFUSALS = {
     "float-modulo": ("in x: f32[M, N]\nout y: f32[M, N]\ny = x % 3.0", "a float % has no Mosaic GPU lowering"),
-    "sqrt": ("in x: f32[N]\nout y: f32[N]\ny = sqrt(x)", "sqrt has no Mosaic GPU lowering"),
     "bool-array": ("in x: bool[M, N]\nout y: f32[M, N]\ny = f32(x)", "bool arrays"),
     "scalar-input": ("in s: f32[]\nin x: f32[N]\nout y: f32[N]\ny = x * s", "0-d input"),
-    "rank-3": ("in x: f32[B, M, N]\nout y: f32[B, M, N]\ny = x * 2.0", "rank above 2"),
     "two-reduced-dimensions": (
         "in x: f32[M, N]\nout y: f32[M]\nout z: f32[N]\ny = sum(x, N)\nz = max(x, M)",
         "reductions over M and N in one kernel",
     ),
-    "argmax-to-a-scalar": ("in x: f32[N]\nout i: i32[]\ni = argmax(x, N)", "argmax() to a scalar"),
-    "scalar-reduction-of-a-reduction": (
-        "in x: f32[N]\nout v: f32[]\nv = sum((x - mean(x, N)) * (x - mean(x, N)), N)",
-        "a reduction to a scalar of another",
-    ),
     "vector-output-beside-a-scalar-reduction": (
         "in x: f32[N]\nout y: f32[N]\ny = x - max(x, N)",
         "an output with a dimension beside",
+    ),
+    "product-output-tiles-past-shared-memory": (
+        "in x: f32[M, K]\nin w: f32[K, N]\nout a, b, c: f32[M, N]\na = x @ w\nb = a * 2.0\nc = a + 1.0",
+        "a product's output tiles take 192 KiB",
+    ),
+    "outer-reduction-of-an-input-without-it": (
+        "in x: f32[R, M, N]\nin w: f32[M, N]\nout y: f32[M, N]\ny = sum(x * w, R)",
+        "a reduction over R of an input without R",
     ),
     "softmax-call": ("in x: f32[M, N]\nout y: f32[M, N]\ny = softmax(x, N)", "softmax() is not on Mosaic GPU yet"),
     "kept-index-in-reduction": (
@@ -291,6 +305,61 @@ TAKEN_SPECS = {
         "s = sum(x * f32(index(N)) * t, N)\ne = mean(exp(x), N) - 1.0\nm = max(y, N)\na = min(x, N) * t",
         {"N": 20000},
     ),
+    # A product with two outputs (its accumulator saved for jax.grad, as NAME_with_residuals
+    # does): each output's tile copied out.
+    "product-with-two-outputs": (
+        "in x: bf16[M, K]\nin w: bf16[K, N]\nin b: f32[N]\nout z: bf16[M, N]\nout a: f32[M, N]\n"
+        "a = x @ w\nz = relu(a + b)",
+        {"M": 100, "N": 200, "K": 70},
+    ),
+    # Rank 4: a program per element of the batch dimensions, and inputs that lack some of
+    # them or of the last two (broadcast), a size() of a batch dimension.
+    "rank-4-broadcasts": (
+        "in x: f32[A, B, M, N]\nin s: f32[B, N]\nin r: f32[A, M]\nout y: bf16[A, B, M, N]\nparam t: f32 = 2.0\n"
+        "y = bf16(x * s + r * t + f32(size(B)))",
+        {"A": 2, "B": 3, "M": 70, "N": 50},
+    ),
+    # Reductions over a dimension before the last two (whole tiles carried) with a batch
+    # dimension, a mean of a computed value, a maximum narrowed to bf16, and an input
+    # without the reduced dimension read after it.
+    "reductions-before-the-last-two": (
+        "in x: f32[B, R, M, N]\nin w: f32[B, M, N]\nout y: f32[B, M, N]\nout z: bf16[B, M, N]\nparam t: f32 = 2.0\n"
+        "y = mean(x * t, R) + w\nz = bf16(max(x, R) - min(x, R) * f32(size(R)))",
+        {"B": 2, "R": 5, "M": 70, "N": 300},
+    ),
+    # index() and size() in an elementwise kernel's ragged blocks; a vector assigned to an
+    # output, broadcast.
+    "index-size-and-broadcast": (
+        "in x: f32[M, N]\nin c: f32[N]\nout y, z: f32[M, N]\n"
+        "y = x + f32(index(M) * size(N) + index(N)) / f32(size(M))\nz = c",
+        {"M": 70, "N": 300},
+    ),
+    # size() of the swept and of the kept dimension in a kernel that reduces rows.
+    "sizes-in-a-sweep": (
+        "in x: f32[M, N]\nout y: f32[M, N]\ny = x - sum(x, N) / f32(size(N)) + f32(size(M))",
+        {"M": 70, "N": 300},
+    ),
+    # A fused product in three kernels: its computed, transposed operand (with a let and
+    # a param), the product, then a softmax of it and a row statistic.
+    "computed-operand-then-softmax": (
+        "in x: f32[M, K]\nin w: f32[N, K]\nout y: f32[M, N]\nout s: f32[M]\nparam t: f32 = 0.5\n"
+        "let h = x * t\nlet p = (h - 1.0) @ w.T\ny = softmax(p, N)\ns = max(p, N) * t",
+        {"M": 70, "N": 300, "K": 40},
+    ),
+    # argmax, argmin and logsumexp to scalars over several programs' blocks and a ragged
+    # N: each best value twice (ties in different programs keep the first position).
+    "scalar-argbest-ties-and-logsumexp": (
+        "in x: f32[N]\nin y: i32[N]\nout i, j: i32[]\nout l: f32[]\ni = argmax(x, N)\nj = argmin(y, N)\n"
+        "l = logsumexp(x * 2.0, N)",
+        {"N": 20001},
+    ),
+    # Reductions to scalars of other reductions' results: kernels in turn, the inner
+    # results passed on as 0-d inputs, as is a 0-d input of the spec.
+    "nested-scalar-reductions": (
+        "in x: f32[N]\nin s: f32[]\nout v, w: f32[]\n"
+        "v = sum((x - mean(x, N)) * (x - mean(x, N)), N) * s\nw = max(x - min(x, N) * s, N)",
+        {"N": 20001},
+    ),
     # 8-bit values to scalars: products wrap in i8 before the i32 sum; a maximum in i8.
     "int8-scalar-reductions": (
         "in x: i8[N]\nout s: i32[]\nout m: i8[]\ns = sum(x * x, N)\nm = max(x + 1, N)",
@@ -307,7 +376,7 @@ def test_more_kernels_lower_to_mosaic_gpu_and_agree_in_its_interpreter(case, tmp
     shapes = []
     for names, kind in decl_inputs:
         dtype, dims = kind.strip().rstrip("]").split("[")
-        dims = [d.strip() for d in dims.split(",")]
+        dims = [d.strip() for d in dims.split(",") if d.strip()]
         shapes += [(tuple(sizes[d] for d in dims), dtype)] * len(names.split(","))
     args = [jax.ShapeDtypeStruct(shape, DTYPES[dtype]) for shape, dtype in shapes]
     call = jax.jit(lambda *arrays: module.k(*arrays, gpu_backend="mosaic_gpu", interpret=False))
@@ -318,7 +387,10 @@ def test_more_kernels_lower_to_mosaic_gpu_and_agree_in_its_interpreter(case, tmp
     take_gpu_branch(monkeypatch, module)
     rng = np.random.default_rng(0)
     arrays = [jnp.asarray(random_array(rng, dtype, shape)) for shape, dtype in shapes]
-    if "ties" in case:  # each row's minimum twice, past the first block
+    if "ties" in case and arrays[0].ndim == 1:  # each best value twice, in different programs' blocks
+        arrays[0] = arrays[0].at[9000].set(1000).at[15000].set(1000)
+        arrays[1] = arrays[1].at[12000].set(-(2**30)).at[19000].set(-(2**30))
+    elif "ties" in case:  # each row's minimum twice, past the first block
         arrays[0] = arrays[0].at[:, 200].set(-1000).at[:, 300].set(-1000)
     got = jax.tree.leaves(module.k(*arrays, gpu_backend="mosaic_gpu", interpret=INTERPRETER()))
     want = jax.tree.leaves(module.k_reference(*arrays))
@@ -378,3 +450,32 @@ def test_relu_floor_and_8_bit_arithmetic_are_exact_on_mosaic_gpu(case, tmp_path,
         g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
         np.testing.assert_array_equal(g, w)
         np.testing.assert_array_equal(np.signbit(g), np.signbit(w))
+
+
+# sqrt from rsqrt (no sqrt lowering on jax 0.10.2): zeros of either sign, infinities,
+# NaN, negatives, the smallest normal and the largest floats; whole squares. (Subnormals
+# are flushed to zero by XLA on CPU and GPU alike.)
+SQRT_VALUES = [0.0, -0.0, float("inf"), -float("inf"), float("nan"), -1.0, -1e-30, 1.2e-38, 1e-30, 5e-20]
+SQRT_VALUES += [0.25, 2.0, 3.0, 4.0, 10.0, 144.0, 1e10, 1.7e38, 3.4e38, 3.4028235e38, 1.0000001, 0.9999999]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_sqrt_on_mosaic_gpu_is_within_an_ulp_and_exact_at_the_edges(dtype, tmp_path, monkeypatch):
+    module = _module_of(f"in x: {dtype}[M, N]\nout y: {dtype}[M, N]\ny = sqrt(x)", tmp_path, f"sqrt_{dtype}")
+    x = np.array([SQRT_VALUES, [v * 7.0 for v in SQRT_VALUES]], DTYPES[dtype])
+    call = jax.jit(lambda a: module.k(a, gpu_backend="mosaic_gpu", interpret=False))
+    text = jax.export.export(call, platforms=["cuda"])(jax.ShapeDtypeStruct(x.shape, x.dtype)).mlir_module()
+    assert MOSAIC_CALL.search(text) and not TRITON.search(text)
+    if INTERPRETER is None:
+        return
+    take_gpu_branch(monkeypatch, module)
+    got = np.asarray(module.k(jnp.asarray(x), gpu_backend="mosaic_gpu", interpret=INTERPRETER()), np.float32)
+    with np.errstate(invalid="ignore"):  # NaN for the negatives, as sqrt gives
+        want = np.sqrt(np.asarray(x, np.float64)).astype(x.dtype).astype(np.float32)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    exact = ~np.isfinite(want) | (want == 0)
+    np.testing.assert_array_equal(got[exact], want[exact])
+    # Within an ulp of the output's dtype: of f32, or of bf16 (its spacing near each value).
+    spacing = np.abs(np.spacing(want[~exact])) * (2.0**16 if dtype == "bf16" else 1.0)
+    assert np.all(np.abs(got[~exact] - want[~exact]) <= spacing)

@@ -33,6 +33,11 @@ class Namer:
         self._taken.add(name)
         return name
 
+    @property
+    def taken(self) -> frozenset[str]:
+        """Every name taken so far."""
+        return frozenset(self._taken)
+
     def fork(self) -> Namer:
         """A namer for another function: it avoids every name taken so far, independently."""
         return Namer(self._taken)

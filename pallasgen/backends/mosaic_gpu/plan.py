@@ -7,7 +7,7 @@ product accumulates `plgpu.wgmma` over its K blocks in a pipeline, then applies 
 epilogue to the accumulator and stores through shared memory. A kernel that reduces
 its rows (or columns) sweeps their blocks in passes (`sweeps`); a rank-1 kernel that
 reduces to scalars writes partial results per program, combined by its launcher
-(`totals`).
+(`totals`). A fused kernel of one product runs as kernels in turn (`stages`).
 
 Ragged edges are exact by padding: TMA needs every global stride but the last to be
 a multiple of 16 bytes and each swizzled dimension a multiple of its tile, so the
@@ -27,9 +27,18 @@ from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.mosaic_gpu.sweeps import SweepPlanner, column_block
 from pallasgen.backends.mosaic_gpu.totals import TotalsPlanner
-from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET, WGMMA_DTYPES, refusal
+from pallasgen.backends.mosaic_gpu.outer import PIPELINE_STAGES as OUTER_STAGES, OuterPlanner
+from pallasgen.backends.mosaic_gpu.stages import chained_body, stages
+from pallasgen.backends.mosaic_gpu.support import (
+    EMITTER_OPTIONS,
+    PRODUCT_TILE,
+    SMEM_BUDGET,
+    WGMMA_DTYPES,
+    refusal,
+    sized_dims,
+)
 from pallasgen.frontend import ir
-from pallasgen.lowering.kernel import LoweredKernel
+from pallasgen.lowering.kernel import LoweredKernel, lower_kernel
 from pallasgen.lowering.parts import body_statements, layout_of, load_statements, parameter_list, tuple_code
 from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.signature import Keyword, KeywordGroup
@@ -41,7 +50,6 @@ DEFAULT_GPU_BACKEND = "triton"  # until gpu_check.py passes on a Hopper GPU with
 TMA_MOST = 256  # elements a TMA copy takes along one dimension
 ELEMENTWISE_ROWS = 64  # the WGMMA layout's row tile
 ELEMENTWISE_COLUMNS = (128, 64, 32)  # the widest that fits SMEM_BUDGET is taken
-PRODUCT_TILE = 128  # M and N of a product's block: one warpgroup's wgmma accumulator
 PIPELINE_STAGES = 2  # K blocks in flight
 
 
@@ -55,6 +63,7 @@ class MosaicGpuPlan:
     parameters: str  # of the launcher
     launcher_body: tuple[str, ...]
     dispatch: str  # the launcher bound for the public function, or None
+    stages: tuple[MosaicGpuPlan, ...] = ()  # kernels it calls in turn (stages: one fused product)
 
 
 def keyword_group(checked: CheckedKernel) -> KeywordGroup:
@@ -87,14 +96,55 @@ def plan_mosaic_gpu(lowered: LoweredKernel) -> MosaicGpuPlan:
         refused = f"`{name}` has no Mosaic GPU kernel ({reason}): it runs on Triton."
         comment = tuple(textwrap.wrap(refused, 86, initial_indent="# ", subsequent_indent="# "))
         return MosaicGpuPlan(comment, launcher_name(name), kernel_function_name(name), "", (), "", (), "None")
+    if checked.fused is not None or stages(checked):  # kernels in turn (support.refusal)
+        return _plan_stages(lowered)
     if checked.product:
         return _ProductPlanner(lowered).plan()
     if len(checked.space.layout) == 1 and any(d.reductions for d in checked.space.dims):
         return TotalsPlanner(_Planner(lowered)).plan()
+    if len(checked.space.layout) > 2 and any(d.reductions for d in checked.space.dims):
+        return OuterPlanner(_Planner(lowered), _outer_columns(checked)).plan()
     if any(d.reductions for d in checked.space.dims):
         columns = checked.space.layout[-1]
         return SweepPlanner(_Planner(lowered)).plan(column_block(checked.kernel, columns))
     return _ElementwisePlanner(lowered).plan()
+
+
+def _plan_stages(lowered: LoweredKernel) -> MosaicGpuPlan:
+    """A fused kernel of one product as kernels in turn (`stages`), each planned as any."""
+    chain = stages(lowered.checked)
+    own = {*lowered.values.values(), *lowered.sizes.values(), *lowered.refs.values(), lowered.accumulator}
+    taken = lowered.namer.taken - own  # the module's names: a stage's launcher is a function of its own
+    subs = [lower_kernel(s.checked, taken) for s in chain]
+    plans = [plan_mosaic_gpu(sub) for sub in subs]
+    kernel, sizes = lowered.kernel, lowered.sizes
+    params = [p.name for p in kernel.params]
+    bound = [f"{sizes[d]}={sizes[d]}" for d in lowered.checked.dims] + [f"{p}={p}" for p in params]
+    return MosaicGpuPlan(
+        (),
+        launcher_name(kernel.name),
+        "",
+        "",
+        (),
+        parameter_list(
+            [lowered.values[d.name] for d in kernel.inputs],
+            [sizes[d] for d in lowered.checked.dims] + params + ["interpret"],
+        ),
+        chained_body(lowered, [(s, sub, p.function) for s, sub, p in zip(chain, subs, plans)]),
+        f"functools.partial({launcher_name(kernel.name)}, {', '.join(bound)})",
+        tuple(plans),
+    )
+
+
+def _outer_columns(checked: CheckedKernel) -> int:
+    """The widest block of columns whose blocks fit SMEM_BUDGET in a kernel that reduces a
+    dimension before its last two (`outer`): those of the inputs with it in flight, and
+    one of each other array."""
+    reduced = {d.name for d in checked.space.dims if d.reductions}
+    arrays = checked.kernel.inputs + checked.kernel.outputs
+    row_bytes = sum(DTYPES[d.dtype].bits // 8 * (OUTER_STAGES if reduced & set(d.dims) else 1) for d in arrays)
+    fits = (c for c in ELEMENTWISE_COLUMNS if ELEMENTWISE_ROWS * c * row_bytes <= SMEM_BUDGET)
+    return next(fits, ELEMENTWISE_COLUMNS[-1])
 
 
 class _Planner:
@@ -159,24 +209,33 @@ class _Planner:
 
 
 class _ElementwisePlanner(_Planner):
-    """One program per block; each block's pipeline copies in its inputs, computes and copies out."""
+    """One program per block; each block's pipeline copies in its inputs, computes and copies out.
+    Dimensions before the last two (batch) take one element per program: its refs there."""
 
     def plan(self) -> MosaicGpuPlan:
         kernel, sizes = self.kernel, self.sizes
         layout = self.out_dims = tuple(self.checked.space.layout)
         arrays = kernel.inputs + kernel.outputs
+        batch, plane = layout[:-2], layout[-2:]
         minor = layout[-1]
-        columns = self._columns(arrays) if len(layout) == 2 else TMA_MOST
-        blocks = {minor: columns} if len(layout) == 1 else {layout[0]: ELEMENTWISE_ROWS, minor: columns}
-        multiples = {} if len(layout) == 1 else {layout[0]: "8", minor: block_keyword(minor)}
+        columns = self._columns(arrays) if len(layout) >= 2 else TMA_MOST
+        blocks = {minor: columns} if len(layout) == 1 else {plane[0]: ELEMENTWISE_ROWS, minor: columns}
+        multiples = {} if len(layout) == 1 else {plane[0]: "8", minor: block_keyword(minor)}
         program = {d: self.namer.claim(f"program_{d.lower()}") for d in layout}
         step = self.namer.claim("step")
 
         def own_dims(decl: ir.ArrayDecl) -> list[str]:
             return [d for d in layout_of(decl, layout, None) if d]
 
+        def plane_dims(decl: ir.ArrayDecl) -> list[str]:
+            return [d for d in own_dims(decl) if d in plane]
+
+        def at_batch(decl: ir.ArrayDecl) -> str:
+            index = [program[d] for d in own_dims(decl) if d in batch]
+            return f"{self.refs[decl.name]}.at[{', '.join(index)}]" if index else self.refs[decl.name]
+
         def spec(decl: ir.ArrayDecl) -> str:
-            dims = own_dims(decl)
+            dims = plane_dims(decl)
             shape = tuple_code([block_keyword(d) for d in dims])
             index = tuple_code([program[d] for d in dims])
             swizzle = (
@@ -189,16 +248,23 @@ class _ElementwisePlanner(_Planner):
         def load(decl: ir.ArrayDecl) -> str:
             if len(layout) == 1:
                 return f"{self.smem[decl.name]}[...]"
-            positions = tuple_code([str(layout.index(d)) for d in own_dims(decl)])
-            return f"_mgpu_load({self.smem[decl.name]}, {tuple_code([block_keyword(d) for d in layout])}, {positions})"
+            positions = tuple_code([str(plane.index(d)) for d in plane_dims(decl)])
+            return f"_mgpu_load({self.smem[decl.name]}, {shape}, {positions})"
 
         def store(decl: ir.ArrayDecl, value: str) -> str:
             return f"{self.smem[decl.name]}[...] = {value}"
 
-        emitter = self.lowered.emitter(**EMITTER_OPTIONS)
+        shape = tuple_code([block_keyword(d) for d in plane])
+        spelling = _BlockSpelling(
+            self.sizes, {d: (f"{program[d]} * {block_keyword(d)}", shape, plane.index(d)) for d in plane}
+        )
+        emitter = self.lowered.emitter(spelling=spelling, **EMITTER_OPTIONS)
         body = [
             *load_statements(kernel, self.values, self.checked, load),
-            *body_statements(kernel, kernel.body, emitter, self.values, self.refs, self.checked, store),
+            # A vector assigned to an output is loaded broadcast already: the block's shape.
+            *body_statements(
+                kernel, kernel.body, emitter, self.values, self.refs, self.checked, store, lambda _: shape
+            ),
         ]
         refs = [self.refs[d.name] for d in arrays]
         kernel_body = [
@@ -212,9 +278,10 @@ class _ElementwisePlanner(_Planner):
             "    grid=(1,),",
             f"    in_specs=[{', '.join(spec(d) for d in kernel.inputs)}],",
             f"    out_specs=[{', '.join(spec(d) for d in kernel.outputs)}],",
-            f")({', '.join(refs)})",
+            f")({', '.join(at_batch(d) for d in arrays)})",
         ]
-        keywords = [block_keyword(d) for d in layout] + [p.name for p in kernel.params]
+        sized = [sizes[d] for d in layout if d in sized_dims(kernel)]
+        keywords = [block_keyword(d) for d in plane] + sized + [p.name for p in kernel.params]
         reshapes = []
         for decl in kernel.inputs:
             dims, value = own_dims(decl), self.values[decl.name]
@@ -222,7 +289,12 @@ class _ElementwisePlanner(_Planner):
                 reshapes.append(f"{value} = {value}.reshape({tuple_code([sizes[d] for d in dims])})")
             if multiples:
                 reshapes.append(self.padding(value, dims, multiples))
-        grid = tuple_code([f"pl.cdiv({self.padded(d) if multiples else sizes[d]}, {block_keyword(d)})" for d in layout])
+        grid = tuple_code(
+            [
+                sizes[d] if d in batch else f"pl.cdiv({self.padded(d) if multiples else sizes[d]}, {block_keyword(d)})"
+                for d in layout
+            ]
+        )
         bound = ", ".join(f"{k}={k}" for k in keywords)
         call = [
             "plgpu.kernel(",
@@ -243,6 +315,24 @@ class _ElementwisePlanner(_Planner):
         return next(
             (c for c in ELEMENTWISE_COLUMNS if ELEMENTWISE_ROWS * c * row_bytes <= SMEM_BUDGET), ELEMENTWISE_COLUMNS[-1]
         )
+
+
+class _BlockSpelling:
+    """index() and size() in an elementwise kernel's block: `blocks` gives each
+    dimension's (start, block shape, axis); round() as jnp's."""
+
+    def __init__(self, sizes: dict[str, str], blocks: dict[str, tuple[str, str, int]]):
+        self.sizes, self.blocks = sizes, blocks
+
+    def positions(self, dim: str) -> str:
+        start, shape, axis = self.blocks[dim]
+        return f"_mgpu_positions({start}, {shape}, {axis})"
+
+    def size(self, dim: str) -> str:
+        return self.sizes[dim]
+
+    def rounded(self, value: str) -> str:
+        return f"jnp.round({value})"
 
 
 class _ProductPlanner(_Planner):
@@ -266,7 +356,8 @@ class _ProductPlanner(_Planner):
         lhs, rhs = product.lhs, product.rhs
         lhs_smem, rhs_smem = self.smem[lhs.name], self.smem[rhs.name]
         epilogue = [d for d in kernel.inputs if d.name not in (lhs.name, rhs.name)]
-        out = kernel.outputs[0]
+        # Each output's tile in shared memory, copied out once the epilogue is done.
+        tiles = {o.name: out_smem if not number else self.smem[o.name] for number, o in enumerate(kernel.outputs)}
 
         def at_batch(ref: str) -> str:
             return f"{ref}.at[{', '.join(program[d] for d in batch)}]" if batch else ref
@@ -299,7 +390,7 @@ class _ProductPlanner(_Planner):
             return f"_mgpu_load({self.smem[decl.name]}, {tile_shape}, {positions})"
 
         def store(decl: ir.ArrayDecl, value: str) -> str:
-            return f"{out_smem}[...] = {value}"
+            return f"{tiles[decl.name]}[...] = {value}"
 
         emitter = self.lowered.emitter(**EMITTER_OPTIONS)
         epilogue_body = [
@@ -330,11 +421,17 @@ class _ProductPlanner(_Planner):
             "",
             f"pl.run_scoped({scope}, plgpu.ACC({tile_shape}, {jnp_dtype(product.accumulator.name)}))",
             "plgpu.commit_smem()",
-            f"plgpu.copy_smem_to_gmem({out_smem}, {self.refs[out.name]}.at[{', '.join([*(program[d] for d in batch), tile((m, n))])}])",
+            *(
+                f"plgpu.copy_smem_to_gmem({tiles[o.name]}, {self.refs[o.name]}.at[{', '.join([*(program[d] for d in batch), tile((m, n))])}])"
+                for o in kernel.outputs
+            ),
             "plgpu.wait_smem_to_gmem(0)",
         ]
         scratch = [
-            f"plgpu.SMEM({tile_shape}, {jnp_dtype(out.dtype)}, transforms={swizzled(out.dtype, n)})",
+            *(
+                f"plgpu.SMEM({tile_shape}, {jnp_dtype(o.dtype)}, transforms={swizzled(o.dtype, n)})"
+                for o in kernel.outputs
+            ),
             f"plgpu.Barrier(num_barriers={max(1, len(epilogue))})",
             *(
                 f"plgpu.SMEM({tuple_code([block_keyword(x) for x in own[d.name]])}, {jnp_dtype(d.dtype)}"
@@ -343,7 +440,7 @@ class _ProductPlanner(_Planner):
             ),
         ]
         kernel_parameters = parameter_list(
-            [*refs, out_smem, barrier, *(self.smem[d.name] for d in epilogue)],
+            [*refs, *tiles.values(), barrier, *(self.smem[d.name] for d in epilogue)],
             [*(block_keyword(d) for d in (m, n, k)), *(p.name for p in kernel.params)],
         )
         reshapes = []

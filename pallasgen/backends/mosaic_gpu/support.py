@@ -9,20 +9,25 @@ here, so a kernel taken lowers on both. A kernel refused keeps Triton, and its
 from __future__ import annotations
 
 from pallasgen.analysis.checks import CheckedKernel
+from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.functions import FUNCTIONS
+from pallasgen.backends.mosaic_gpu.stages import stages
 from pallasgen.frontend import ir
 
 # Spec functions whose jax spelling has no Mosaic GPU lowering on one of the lines.
 UNLOWERED_FUNCTIONS = {
-    "sqrt": "sqrt has no Mosaic GPU lowering on jax 0.10.2",
-    "index": "index() outside a kernel that reduces is not on Mosaic GPU yet",
-    "size": "size() is not spelled for Mosaic GPU yet",
+    "index": "index() in a kernel of rank other than 2 that does not reduce is not on Mosaic GPU yet",
 }
 
 # Spec functions spelled otherwise here: jax.nn.relu is a custom_jvp (no lowering on jax
 # 0.10.2) around this maximum; floor and ceil have no lowering, and are computed from
-# round (helpers: exact).
-SPELLINGS = {"relu": "jnp.maximum({}, 0)", "floor": "_mgpu_floor({})", "ceil": "_mgpu_ceil({})"}
+# round (helpers: exact); sqrt has none on jax 0.10.2, and is computed from rsqrt.
+SPELLINGS = {
+    "relu": "jnp.maximum({}, 0)",
+    "floor": "_mgpu_floor({})",
+    "ceil": "_mgpu_ceil({})",
+    "sqrt": "_mgpu_sqrt({})",
+}
 
 # The options of a Mosaic GPU kernel's emitter (lowering.pyexpr.Emitter): Mosaic GPU has
 # no 8-bit arithmetic, so narrow integers are computed in i32 and cast back, as jnp does.
@@ -30,6 +35,11 @@ EMITTER_OPTIONS = {"narrow_ints_in_i32": True, "codes": SPELLINGS}
 
 # Shared memory a program's blocks may take (an H100 has 227 KiB per block).
 SMEM_BUDGET = 160 * 1024
+
+# A product's output tiles (PRODUCT_TILE square, one per output) in shared memory, beside
+# its pipeline's K blocks (64 KiB): within an H100's 227 KiB per block.
+PRODUCT_TILE = 128  # M and N of a product's block: one warpgroup's wgmma accumulator
+OUTPUT_TILES_BUDGET = 128 * 1024
 
 # Operand dtypes of a product that wgmma takes (f32 as TF32), with the depth of a K
 # block: 128 bytes, one swizzled row.
@@ -39,6 +49,9 @@ WGMMA_DTYPES = {"bf16": 64, "f16": 64, "f32": 32, "i8": 128}
 def refusal(checked: CheckedKernel) -> str | None:
     """Why Mosaic GPU does not take this kernel, or None if it does."""
     kernel, product = checked.kernel, checked.product
+    chain = stages(checked)
+    if chain:  # one product, of computed operands or reduced, or nested reductions: kernels in turn
+        return next((reason for reason in (refusal(s.checked) for s in chain) if reason), None)
     if checked.fused is not None:
         return "fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet"
     reduces = any(d.reductions for d in checked.space.dims if product is None or d.name != product.k)
@@ -47,10 +60,8 @@ def refusal(checked: CheckedKernel) -> str | None:
     arrays = kernel.inputs + kernel.outputs
     if any(d.dtype == "bool" for d in arrays):
         return "bool arrays do not take the swizzled shared-memory layout Mosaic GPU copies through"
-    if any(not d.dims for d in kernel.inputs):
+    if any(not d.dims for d in kernel.inputs) and not (len(checked.space.layout) == 1 and reduces):
         return "a 0-d input is not copied to Mosaic GPU's shared memory yet"
-    if product is None and len(checked.space.layout) > 2:
-        return "elementwise kernels of rank above 2 are not on Mosaic GPU yet"
     if reduces:
         problem = _reduction_problem(checked)
         if problem:
@@ -58,12 +69,12 @@ def refusal(checked: CheckedKernel) -> str | None:
     for statement in kernel.body:
         if isinstance(statement, ir.Assign):
             out = next(o for o in kernel.outputs if o.name == statement.target)
-            if checked.types[statement.value].dims != out.dims:
-                return f"{out.name} is broadcast to its dimensions, not written on Mosaic GPU yet"
+            if not checked.types[statement.value].dims and out.dims:  # a vector is loaded broadcast
+                return f"{out.name} is assigned a scalar, not written on Mosaic GPU yet"
     if not reduces and any(tuple(o.dims) != tuple(checked.space.layout) for o in kernel.outputs):
         return "an output without every dimension of the kernel is not on Mosaic GPU yet"
     for node in ir.walk(*(s.value for s in kernel.body)):
-        problem = _node_problem(checked, node, reduces)
+        problem = _node_problem(checked, node, reduces and len(checked.space.layout) <= 2)
         if problem:
             return problem
     return _product_problem(checked) if product is not None else None
@@ -76,7 +87,7 @@ def _reduction_problem(checked: CheckedKernel) -> str | None:
     if len(layout) == 1:
         return _totals_problem(checked)
     if len(layout) != 2:
-        return "reductions over a kernel of rank above 2 are not on Mosaic GPU yet"
+        return _outer_problem(checked)
     calls = [n for n in ir.walk(*(s.value for s in kernel.body)) if isinstance(n, ir.Call)]
     swept = {c.args[1].id for c in calls if FUNCTIONS[c.func].reducer is not None}
     if len(swept) > 1:
@@ -95,9 +106,37 @@ def _reduction_problem(checked: CheckedKernel) -> str | None:
     return None
 
 
+def _outer_problem(checked: CheckedKernel) -> str | None:
+    """Why Mosaic GPU does not take a kernel of rank above 2 that reduces, or None: it
+    takes one that sums, averages, maximizes or minimizes one dimension before its last
+    two, every array with those two (backends.mosaic_gpu.outer)."""
+    kernel, layout = checked.kernel, checked.space.layout
+    calls = reductions(kernel)
+    swept = {c.args[1].id for c in calls}
+    if len(swept) > 1 or swept & set(layout[-2:]):
+        return "reductions of a kernel of rank above 2 other than of one dimension before its last two are not on Mosaic GPU yet"
+    if any(isinstance(s, ir.Let) for s in kernel.body):
+        return "lets in a kernel of rank above 2 that reduces are not on Mosaic GPU yet"
+    if any(not set(layout[-2:]) <= set(d.dims) for d in kernel.inputs + kernel.outputs):
+        return f"an array without {' and '.join(layout[-2:])} in a kernel that reduces beside them is not on Mosaic GPU yet"
+    (dim,) = swept
+    if any(len(o.dims) != len(layout) - 1 for o in kernel.outputs):
+        return f"an output without a dimension besides {dim} is not on Mosaic GPU yet"
+    for call in calls:
+        if FUNCTIONS[call.func].reducer.merge is None:
+            return f"{call.func}() over a dimension before the last two is not on Mosaic GPU yet"
+        read = {n.id for n in ir.walk(call.args[0]) if isinstance(n, ir.Name)}
+        if any(dim not in d.dims for d in kernel.inputs if d.name in read):
+            return f"a reduction over {dim} of an input without {dim} is not on Mosaic GPU yet"
+        if any(_reductions_in(call.args[0])):
+            return "a reduction of another reduction's result over a dimension before the last two is not on Mosaic GPU yet"
+    return None
+
+
 def _totals_problem(checked: CheckedKernel) -> str | None:
     """Why Mosaic GPU does not take a rank-1 kernel that reduces, or None: it takes one
-    whose outputs are scalars computed from sums, means, maxima and minima (`totals`)."""
+    whose outputs are scalars computed from sums, means, maxima, minima, argmax, argmin
+    and logsumexp (`totals`)."""
     kernel = checked.kernel
     if not kernel.inputs:
         return "a kernel that reduces to a scalar and reads no array is not on Mosaic GPU yet"
@@ -106,11 +145,17 @@ def _totals_problem(checked: CheckedKernel) -> str | None:
     if any(o.dims for o in kernel.outputs):
         return "an output with a dimension beside a reduction to a scalar is not on Mosaic GPU yet"
     for call in reductions(kernel):
-        if FUNCTIONS[call.func].reducer.merge is None:
+        if FUNCTIONS[call.func].reducer.merge is None and call.func not in ("argmax", "argmin", "logsumexp"):
             return f"{call.func}() to a scalar is not on Mosaic GPU yet"
         if any(_reductions_in(call.args[0])):
             return "a reduction to a scalar of another reduction's result is not on Mosaic GPU yet"
     return None
+
+
+def sized_dims(kernel: ir.Kernel) -> set[str]:
+    """The dimensions whose size() the kernel reads: its kernel function takes their sizes."""
+    calls = (n for n in ir.walk(*(s.value for s in kernel.body)) if isinstance(n, ir.Call))
+    return {c.args[0].id for c in calls if c.func == "size"}
 
 
 def reductions(kernel: ir.Kernel) -> list[ir.Call]:
@@ -123,7 +168,10 @@ def _reductions_in(*nodes: ir.Expr):
 
 
 def _node_problem(checked: CheckedKernel, node: ir.Expr, reduces: bool) -> str | None:
-    if isinstance(node, ir.Call) and node.func in UNLOWERED_FUNCTIONS and not (reduces and node.func == "index"):
+    spelled = (
+        node.func == "index" and (reduces or len(checked.space.layout) == 2) if isinstance(node, ir.Call) else False
+    )
+    if isinstance(node, ir.Call) and node.func in UNLOWERED_FUNCTIONS and not spelled:
         return UNLOWERED_FUNCTIONS[node.func]
     if isinstance(node, ir.Unary) and node.op == "~":
         return "logical not (~) has no Mosaic GPU lowering on jax 0.12"
@@ -144,8 +192,11 @@ def _product_problem(checked: CheckedKernel) -> str | None:
     product, kernel = checked.product, checked.kernel
     if product.lhs.dtype.name not in WGMMA_DTYPES or product.rhs.dtype != product.lhs.dtype:
         return f"wgmma takes bf16, f16, f32 or i8 operands of one dtype, not {product.lhs.dtype.name}"
-    if len(kernel.outputs) != 1:
-        return "a product with several outputs is not on Mosaic GPU yet"
+    if any(o.dims != kernel.outputs[0].dims for o in kernel.outputs):
+        return "a product's outputs of different dimensions are not on Mosaic GPU yet"
+    tiles = sum(PRODUCT_TILE * PRODUCT_TILE * DTYPES[o.dtype].bits // 8 for o in kernel.outputs)
+    if tiles > OUTPUT_TILES_BUDGET:
+        return f"a product's output tiles take {tiles // 1024} KiB of shared memory, more than Mosaic GPU's plan allows"
     operands = {o.name for o in product.operands}
     for decl in kernel.inputs:
         if decl.name not in operands and not set(decl.dims) <= {product.m, product.n}:

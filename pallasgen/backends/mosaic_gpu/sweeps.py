@@ -24,7 +24,7 @@ from __future__ import annotations
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
-from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET
+from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS, SMEM_BUDGET, sized_dims
 from pallasgen.frontend import ir
 from pallasgen.lowering.parts import parameter_list, tuple_code
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
@@ -212,7 +212,14 @@ class SweepPlanner:
             *(smem[d.name] for d in (*kept_inputs, *kept_outputs)),
             *(out_smem[d.name] for d in block_outputs),
         ]
-        keywords = [block_keyword(rows), block_keyword(cols), self.sizes[swept], *(p.name for p in kernel.params)]
+        sized = [self.sizes[kept]] if kept in sized_dims(kernel) else []
+        keywords = [
+            block_keyword(rows),
+            block_keyword(cols),
+            self.sizes[swept],
+            *sized,
+            *(p.name for p in kernel.params),
+        ]
         reshapes = []
         for decl in kernel.inputs:
             dims, value = decl.dims, self.values[decl.name]
