@@ -25,6 +25,7 @@ from kernel_cases import (
 )
 from jax._src.mesh import AbstractDevice
 
+from pallasgen.analysis.fused import is_fused
 from pallasgen.analysis.product import find_products
 from pallasgen.devices.compile_only import GPU_CORES, GPU_DEVICE_KIND
 from pallasgen.workspace.pipeline import generate
@@ -44,22 +45,24 @@ TAKEN = [(m, k) for m, k in KERNELS if hasattr(generated_module(m), f"_{k}_mosai
 REFUSED = [(m, k) for m, k in KERNELS if (m, k) not in TAKEN]
 
 SIZES = {
-    "aligned": {"batch": 2, "rows": 256, "columns": 512, "contracted": 256, "vector": 4096},
-    "ragged": {"batch": 3, "rows": 100, "columns": 300, "contracted": 70, "vector": 3001},
-    "small": {"batch": 1, "rows": 8, "columns": 16, "contracted": 8, "vector": 5},
-    "one": {"batch": 1, "rows": 1, "columns": 1, "contracted": 1, "vector": 1},
+    "aligned": {"batch": 2, "rows": 256, "columns": 512, "contracted": 256, "vector": 4096, "head": 128},
+    "ragged": {"batch": 3, "rows": 100, "columns": 300, "contracted": 70, "vector": 3001, "head": 72},
+    "small": {"batch": 1, "rows": 8, "columns": 16, "contracted": 8, "vector": 5, "head": 16},
+    "one": {"batch": 1, "rows": 1, "columns": 1, "contracted": 1, "vector": 1, "head": 1},
 }
 
 
 def _dims(module: str, kernel: str, size: str) -> dict[str, int]:
     """Each dimension's size: the layout's last two are rows and columns, those before
-    them batch; a product's contracted dimension; a rank-1 kernel's one dimension."""
+    them batch; a product's contracted dimension; a rank-1 kernel's one dimension. A
+    fused kernel's (attention's) columns are a head's: Mosaic GPU holds them whole."""
     decl = spec_kernel(module, kernel)
     layout = max((tuple(a.dims) for a in (*decl.outputs, *decl.inputs)), key=len)
     table = SIZES[size]
     if len(layout) == 1:
         return {layout[0]: table["vector"]}
-    sizes = {d: table["batch"] for d in layout[:-2]} | {layout[-2]: table["rows"], layout[-1]: table["columns"]}
+    columns = table["head"] if is_fused(decl) else table["columns"]
+    sizes = {d: table["batch"] for d in layout[:-2]} | {layout[-2]: table["rows"], layout[-1]: columns}
     for product in find_products(decl):
         for dim in {d for a in decl.inputs for d in a.dims} - set(sizes):
             sizes[dim] = table["contracted"]

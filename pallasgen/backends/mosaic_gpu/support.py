@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.functions import FUNCTIONS
+from pallasgen.backends.mosaic_gpu.fused_support import fused_problem
 from pallasgen.frontend import ir
 
 # Spec functions whose jax spelling has no Mosaic GPU lowering on one of the lines.
@@ -40,7 +41,7 @@ def refusal(checked: CheckedKernel) -> str | None:
     """Why Mosaic GPU does not take this kernel, or None if it does."""
     kernel, product = checked.kernel, checked.product
     if checked.fused is not None:
-        return "fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet"
+        return fused_problem(checked)
     reduces = any(d.reductions for d in checked.space.dims if product is None or d.name != product.k)
     if reduces and product is not None:
         return "reductions beside a product are not on Mosaic GPU yet"
