@@ -381,3 +381,60 @@ def test_relu_floor_and_8_bit_arithmetic_are_exact_on_mosaic_gpu(case, tmp_path,
         g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
         np.testing.assert_array_equal(g, w)
         np.testing.assert_array_equal(np.signbit(g), np.signbit(w))
+
+
+ATTENTION = {"attention", "attention_full", "attention_bottom_right", "gqa", "attention_dq", "attention_dkdv"}
+
+
+def test_mosaic_gpu_takes_the_attention_family_and_its_gradients():
+    """Fused kernels: a sweep over the key blocks with the online softmax's running values."""
+    taken = {k for _, k in TAKEN}
+    assert ATTENTION <= taken
+    derived = {f"{k}_{part}" for k in ("attention", "gqa") for part in ("backward_dq", "backward_dkdv")}
+    assert derived | {"attention_full_with_residuals", "gqa_with_residuals"} <= taken
+
+
+def _interpreted_attention(kernel, monkeypatch, *arrays, **keywords):
+    generated = generated_module("attention")
+    take_gpu_branch(monkeypatch, generated)
+    function = getattr(generated, kernel)
+    return function(*arrays, gpu_backend="mosaic_gpu", interpret=INTERPRETER(), **keywords)
+
+
+def _qkv(s: int, t: int, d: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return [jnp.asarray(random_array(rng, "bf16", shape)) for shape in [(1, 2, s, d), (1, 2, t, d), (1, 2, t, d)]]
+
+
+@pytest.mark.skipif(INTERPRETER is None, reason="Mosaic GPU's interpreter is public from jax 0.12")
+def test_causal_attention_on_mosaic_gpu_never_computes_a_block_past_the_diagonal(monkeypatch):
+    """Queries 0-63 see no key past 63: the second block of keys is skipped, so NaN values
+    there (which a computed block would multiply by its zero weights) leave them exact."""
+    q, k, v = _qkv(128, 128, 64)
+    poisoned = v.at[:, :, 64:].set(jnp.nan)
+    o, lse = _interpreted_attention("attention", monkeypatch, q, k, poisoned)
+    want_o, want_lse = generated_module("attention").attention_reference(q, k, v.at[:, :, 64:].set(0))
+    np.testing.assert_allclose(np.asarray(o[:, :, :64], np.float32), np.asarray(want_o[:, :, :64], np.float32), atol=2e-2)
+    np.testing.assert_allclose(np.asarray(lse[:, :, :64]), np.asarray(want_lse[:, :, :64]), rtol=1e-5)
+    assert np.isnan(np.asarray(o[:, :, 64:], np.float32)).all()  # the diagonal's block reads them
+
+
+@pytest.mark.skipif(INTERPRETER is None, reason="Mosaic GPU's interpreter is public from jax 0.12")
+@pytest.mark.parametrize("kernel", ["attention", "attention_full"])
+def test_attention_on_mosaic_gpu_is_exact_past_a_ragged_key_end(kernel, monkeypatch):
+    """T = 65: its second block holds one key and 63 positions of padding, which must take
+    no weight (the scores past T are -inf, not the 0 that zero padding gives) in o nor lse."""
+    q, k, v = _qkv(70, 65, 40, seed=1)
+    q, k = jnp.abs(q) + 1, -jnp.abs(k) - 1  # every score below 0: a padded key's score 0 would win
+    got = jax.tree.leaves(_interpreted_attention(kernel, monkeypatch, q, k, v))
+    want = jax.tree.leaves(getattr(generated_module("attention"), f"{kernel}_reference")(q, k, v))
+    for g, w in zip(got, want):
+        rtol = 2.0**-7 if w.dtype.itemsize == 2 else 1e-5
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=rtol, atol=rtol * 4)
+
+
+def test_attention_on_mosaic_gpu_says_which_head_size_it_holds(monkeypatch):
+    """A head (D) is held whole in one wgmma accumulator: up to 256."""
+    q, k, v = (jax.ShapeDtypeStruct((1, 1, 64, 320), jnp.bfloat16) for _ in range(3))
+    with pytest.raises(ValueError, match=r'attention: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D=320'):
+        _cuda_text(generated_module("attention").attention, [q, k, v], gpu_backend="mosaic_gpu")
