@@ -294,6 +294,14 @@ TAKEN_SPECS = {
         "s = sum(x * f32(index(N)) * t, N)\ne = mean(exp(x), N) - 1.0\nm = max(y, N)\na = min(x, N) * t",
         {"N": 20000},
     ),
+    # A fused kernel (causal attention over a ragged T) whose output is a softmax over a
+    # dimension held whole, E, padded from 24 to 64: its padding takes no share.
+    "attention-then-softmax-over-a-whole-dimension": (
+        "in q: bf16[S, D]\nin k: bf16[T, D]\nin v: bf16[T, E]\nout y: f32[S, E]\n"
+        "let s = where(index(S) >= index(T), q @ k.T, -inf)\ny = softmax(softmax(s, T) @ v, E)\n"
+        "block S = 64, T = 64",
+        {"S": 70, "T": 100, "D": 8, "E": 24},
+    ),
     # 8-bit values to scalars: products wrap in i8 before the i32 sum; a maximum in i8.
     "int8-scalar-reductions": (
         "in x: i8[N]\nout s: i32[]\nout m: i8[]\ns = sum(x * x, N)\nm = max(x + 1, N)",

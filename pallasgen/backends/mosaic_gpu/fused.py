@@ -7,7 +7,7 @@ A program copies the blocks that do not vary along the swept dimension into shar
 memory once (TMA), then runs a pipeline (`plgpu.emit_pipeline`, two blocks in flight)
 over the swept dimension's blocks, its running values the pipeline's carry; a block
 where the kernel's `where` on positions is false everywhere (causal attention) is not
-computed (`jax.lax.cond`). The outputs are computed from the carries, written to shared
+computed (`jax.lax.cond`; the pipeline still copies it in). The outputs are computed from the carries, written to shared
 memory and copied out. All programs are one grid axis (Mosaic GPU's grid has three),
 decoded into each batch index and block.
 
@@ -39,7 +39,7 @@ from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS
 from pallasgen.frontend import ir
 from pallasgen.lowering.fused import FrameSpelling, FusedLowering, Placement, Running
 from pallasgen.lowering.parts import parameter_list, tuple_code
-from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
+from pallasgen.lowering.pyexpr import _ATOM, Emitter, jnp_dtype
 from pallasgen.lowering.reductions import compute_dtype, finish_code, identity, reduced_dim
 
 BLOCK = 64  # rows of a block of each blocked dimension: the WGMMA layout's row tile
@@ -99,7 +99,7 @@ class _SpreadingEmitter(Emitter):
     def _emit(self, node: ir.Expr):
         code, level = super()._emit(node)
         if node in self._spread:
-            return f"_mgpu_spread({code}, {self._spread[node]})", max(level, 7)
+            return f"_mgpu_spread({code}, {self._spread[node]})", _ATOM
         return code, level
 
     def _emit_node(self, node: ir.Expr):
@@ -380,7 +380,7 @@ class FusedPlanner:
         lowering = _Lowering(self, self.lowered, namer, spelling, extents, Placement(), emitter_for, load)
         code = lowering.swept(store, start, f"{sizes[swept]} % {block_keyword(swept)}")
 
-        def at(decl, keep_swept: bool) -> str:
+        def at(decl) -> str:
             """The ref's view a program reads: its batch element and its blocks of the
             dimensions outputs keep (all of the swept one and those held whole)."""
             parts = []
@@ -418,7 +418,7 @@ class FusedPlanner:
         body += [f"{starts[d]} = {index[d]} * {block_keyword(d)}" for d in fused.parallel]
         for number, decl in enumerate(once):
             body += [
-                f"plgpu.copy_gmem_to_smem({at(decl, False)}, {self.smem[decl.name]}, {barrier}.at[{number}])",
+                f"plgpu.copy_gmem_to_smem({at(decl)}, {self.smem[decl.name]}, {barrier}.at[{number}])",
                 f"plgpu.barrier_wait({barrier}.at[{number}])",
             ]
         body += list(code.before)
@@ -461,10 +461,10 @@ class FusedPlanner:
             f"    in_specs=[{', '.join(spec(d) for d in streamed)}],",
             f"    max_concurrent_steps={PIPELINE_STAGES},",
             f"    init_carry=({', '.join(initial)},),",
-            f")({', '.join(at(d, True) for d in streamed)})",
+            f")({', '.join(at(d) for d in streamed)})",
             *code.finish,
             "plgpu.commit_smem()",
-            *(f"plgpu.copy_smem_to_gmem({self.smem[d.name]}, {at(d, False)})" for d in kernel.outputs),
+            *(f"plgpu.copy_smem_to_gmem({self.smem[d.name]}, {at(d)})" for d in kernel.outputs),
             "plgpu.wait_smem_to_gmem(0)",
         ]
 
