@@ -233,6 +233,14 @@ REFUSALS = {
         "an output with a dimension beside",
     ),
     "softmax-call": ("in x: f32[M, N]\nout y: f32[M, N]\ny = softmax(x, N)", "softmax() is not on Mosaic GPU yet"),
+    "fused-f32-product": (
+        "in q: f32[S, D]\nin k: f32[T, D]\nout y: f32[S]\ny = logsumexp(q @ k.T, T)\nblock S = 64, T = 64",
+        "a fused product of f32",
+    ),
+    "fused-argmax-over-the-swept-dimension": (
+        "in q: bf16[S, D]\nin k: bf16[T, D]\nout i: i32[S]\ni = argmax(q @ k.T, T)\nblock S = 64, T = 64",
+        "argmax() over the swept",
+    ),
     "kept-index-in-reduction": (
         "in x: f32[M, N]\nout y: f32[M]\ny = sum(x, N) + f32(index(M))",
         "index(M) in a kernel that reduces N",
