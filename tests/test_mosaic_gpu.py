@@ -430,7 +430,9 @@ def test_causal_attention_on_mosaic_gpu_never_computes_a_block_past_the_diagonal
     poisoned = v.at[:, :, 64:].set(jnp.nan)
     o, lse = _interpreted_attention("attention", monkeypatch, q, k, poisoned)
     want_o, want_lse = generated_module("attention").attention_reference(q, k, v.at[:, :, 64:].set(0))
-    np.testing.assert_allclose(np.asarray(o[:, :, :64], np.float32), np.asarray(want_o[:, :, :64], np.float32), atol=2e-2)
+    np.testing.assert_allclose(
+        np.asarray(o[:, :, :64], np.float32), np.asarray(want_o[:, :, :64], np.float32), atol=2e-2
+    )
     np.testing.assert_allclose(np.asarray(lse[:, :, :64]), np.asarray(want_lse[:, :, :64]), rtol=1e-5)
     assert np.isnan(np.asarray(o[:, :, 64:], np.float32)).all()  # the diagonal's block reads them
 

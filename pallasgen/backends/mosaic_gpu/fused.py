@@ -213,9 +213,7 @@ class _Lowering(FusedLowering):
         (dim,) = [a for a in axes if a]
         for running in found:
             self.vector_axes[running.name] = axes.index(dim)
-        return [
-            Running(r.name, tuple_code([self.extents[dim]]), r.dtype, r.initial, r.comment, r.dims) for r in found
-        ]
+        return [Running(r.name, tuple_code([self.extents[dim]]), r.dtype, r.initial, r.comment, r.dims) for r in found]
 
     def _masked(self, name: str, value: str, node: ir.Expr, fill: str) -> list[str]:
         dim = self.fused.sweep.dim
@@ -283,7 +281,11 @@ class _Lowering(FusedLowering):
         finals: dict[tuple, str] = {}
         for carry in sorted(sweep.carries, key=lambda c: bool(c.factors)):
             read = names[carry.key]
-            value = read[0] if carry.kind in ("dot", "expsum") else finish_code(carry.kind, read, self._value_dtype(carry), size)
+            value = (
+                read[0]
+                if carry.kind in ("dot", "expsum")
+                else finish_code(carry.kind, read, self._value_dtype(carry), size)
+            )
             for op, factor in carry.factors:
                 if isinstance(factor, Carry):
                     value = f"{value} {op} {self._fitted(finals[factor.key], self.carry_axes(factor), carry)}"
@@ -325,38 +327,68 @@ class FusedPlanner:
         self.smem = planner.smem
         self.inputs = {d.name: d for d in self.kernel.inputs}
         self.scratches: list[tuple[str, str]] = []  # (name, its plgpu.SMEM)
+        fused, dims = self.fused, self.checked.dims
+        tiles = {a for axes in fused.frame.values() for a in axes if a}
+        tiles |= {d for decl in self.kernel.inputs + self.kernel.outputs for d in decl.dims if d not in fused.batch}
+        self.blocked = [d for d in dims if d in tiles and d in self.checked.blocks]
+        self.whole = [d for d in dims if d in tiles and d not in self.checked.blocks]
+        self.padded = {d: planner.padded(d) for d in self.blocked} | {d: block_keyword(d) for d in self.whole}
+        self.grid = [*fused.batch, *fused.parallel]  # one program per element of each, decoded from one axis
+        self.index = {
+            d: self.namer.claim(f"{d.lower()}_index" if d in fused.batch else f"{d.lower()}_block") for d in self.grid
+        }
+        self.starts = {d: self.index[d] for d in fused.batch}
+        self.starts |= {d: self.namer.claim(f"{d.lower()}_start") for d in fused.parallel}
+        self.starts[fused.sweep.dim] = self.namer.claim(f"{fused.sweep.dim.lower()}_start")
 
     def scratch(self, axes, dtype: str) -> str:
         """A shared-memory tile for a product's operand that is a value."""
         name = self.namer.claim("operand_smem")
         shape = tuple_code([block_keyword(a) for a in axes])
         dtype = jnp_dtype(dtype)
-        self.scratches.append((name, f"plgpu.SMEM({shape}, {dtype}, transforms=_mgpu_swizzled({dtype}, {block_keyword(axes[-1])}))"))
+        self.scratches.append(
+            (name, f"plgpu.SMEM({shape}, {dtype}, transforms=_mgpu_swizzled({dtype}, {block_keyword(axes[-1])}))")
+        )
         return name
 
     def plan(self):
-        kernel, fused, sizes, namer = self.kernel, self.fused, self.sizes, self.namer
-        sweep = fused.sweep
-        swept = sweep.dim
-        tiles = {a for axes in fused.frame.values() for a in axes if a}
-        tiles |= {d for decl in kernel.inputs + kernel.outputs for d in decl.dims if d not in fused.batch}
-        blocked = [d for d in self.checked.dims if d in tiles and d in self.checked.blocks]
-        whole = [d for d in self.checked.dims if d in tiles and d not in self.checked.blocks]
-        extents = {d: block_keyword(d) for d in [*blocked, *whole]}
-        padded = {d: self.base.padded(d) for d in blocked} | {d: block_keyword(d) for d in whole}
-        grid = [*fused.batch, *fused.parallel]
-        index = {d: namer.claim(f"{d.lower()}_index" if d in fused.batch else f"{d.lower()}_block") for d in grid}
-        starts = {d: index[d] for d in fused.batch}
-        starts |= {d: namer.claim(f"{d.lower()}_start") for d in fused.parallel}
-        start = starts[swept] = namer.claim(f"{swept.lower()}_start")
-        spelling = _Spelling(fused, sizes, extents, starts, padded=frozenset(whole))
-        lets = {s.name: s.value for s in kernel.body if isinstance(s, ir.Let)}
+        kernel = self.kernel
+        code, lowering = self._code()
+        streamed = [d for d in kernel.inputs if self.fused.sweep.dim in d.dims]
+        once = [d for d in kernel.inputs if d not in streamed]
+        barrier = self.namer.claim("barrier")
+        body = self._program()
+        for number, decl in enumerate(once):
+            body += [
+                f"plgpu.copy_gmem_to_smem({self._at(decl)}, {self.smem[decl.name]}, {barrier}.at[{number}])",
+                f"plgpu.barrier_wait({barrier}.at[{number}])",
+            ]
+        body += [
+            *code.before,
+            *self._pipeline(code, lowering, streamed),
+            *code.finish,
+            "plgpu.commit_smem()",
+            *(f"plgpu.copy_smem_to_gmem({self.smem[d.name]}, {self._at(d)})" for d in kernel.outputs),
+            "plgpu.wait_smem_to_gmem(0)",
+        ]
+        scratch = [(self.smem[d.name], self._smem_type(d)) for d in [*once, *kernel.outputs]] + self.scratches
+        if once:  # a barrier per input copied once
+            scratch.append((barrier, f"plgpu.Barrier(num_barriers={len(once)})"))
+        keywords = [*(self.sizes[d] for d in self.checked.dims), *(block_keyword(d) for d in self.blocked + self.whole)]
+        keywords += [p.name for p in kernel.params]
+        refs = [self.refs[d.name] for d in kernel.inputs + kernel.outputs]
+        parameters = parameter_list([*refs, *(name for name, _ in scratch)], keywords)
+        return self.base.finish(parameters, body, self._launcher(keywords, [t for _, t in scratch]))
 
-        def own(decl):
-            return [a for a in array_axes(decl, fused) if a not in fused.batch]
+    def _code(self):
+        """The pass's code (lowering.fused, Mosaic GPU's way) and its lowering."""
+        fused, sizes, swept = self.fused, self.sizes, self.fused.sweep.dim
+        extents = {d: block_keyword(d) for d in self.blocked + self.whole}
+        spelling = _Spelling(fused, sizes, extents, self.starts, padded=frozenset(self.whole))
+        lets = {s.name: s.value for s in self.kernel.body if isinstance(s, ir.Let)}
 
         def load(decl):
-            axes = own(decl)
+            axes = [a for a in array_axes(decl, fused) if a not in fused.batch]
             if None not in axes:
                 return f"plgpu.layout_cast({self.smem[decl.name]}[...], plgpu.Layout.WGMMA)"
             return f"_mgpu_load_vector({self.smem[decl.name]}, {axes.index(next(a for a in axes if a))})"
@@ -373,56 +405,72 @@ class FusedPlanner:
                 lets=lets,
                 frame=fused.frame,
                 extents=extents,
-                tiles=set(sweep.running),
+                tiles=set(fused.sweep.running),
                 **EMITTER_OPTIONS,
             )
 
-        lowering = _Lowering(self, self.lowered, namer, spelling, extents, Placement(), emitter_for, load)
-        code = lowering.swept(store, start, f"{sizes[swept]} % {block_keyword(swept)}")
+        lowering = _Lowering(self, self.lowered, self.namer, spelling, extents, Placement(), emitter_for, load)
+        return lowering.swept(store, self.starts[swept], f"{sizes[swept]} % {block_keyword(swept)}"), lowering
 
-        def at(decl) -> str:
-            """The ref's view a program reads: its batch element and its blocks of the
-            dimensions outputs keep (all of the swept one and those held whole)."""
-            parts = []
-            for d in decl.dims:
-                if d in fused.batch:
-                    parts.append(index[d])
-                elif d in fused.parallel:
-                    parts.append(f"pl.ds({starts[d]}, {block_keyword(d)})")
-                else:
-                    parts.append(":")
-            while parts and parts[-1] == ":":
-                parts.pop()
-            return f"{self.refs[decl.name]}.at[{', '.join(parts)}]" if parts else self.refs[decl.name]
+    def _count(self, dim: str) -> str:
+        """How many programs (batch elements or blocks) a grid dimension has."""
+        return self.sizes[dim] if dim in self.fused.batch else f"pl.cdiv({self.sizes[dim]}, {block_keyword(dim)})"
 
-        def smem_type(decl) -> str:
-            dims = [d for d in decl.dims if d not in fused.batch]
-            shape = tuple_code([block_keyword(d) for d in dims])
-            dtype = jnp_dtype(decl.dtype)
-            if len(dims) == 2:
-                return f"plgpu.SMEM({shape}, {dtype}, transforms=_mgpu_swizzled({dtype}, {block_keyword(dims[-1])}))"
-            return f"plgpu.SMEM({shape}, {dtype})"
-
-        streamed = [d for d in kernel.inputs if swept in d.dims]
-        once = [d for d in kernel.inputs if swept not in d.dims]
-        barrier = namer.claim("barrier")
-        program, steps, carried, step, compute = (namer.claim(x) for x in ("program", "indices", "carry", "step", "compute"))
-
-        body = [f"{program} = jax.lax.axis_index('programs')"]
-        for d in reversed(grid):
-            count = sizes[d] if d in fused.batch else f"pl.cdiv({sizes[d]}, {block_keyword(d)})"
-            if d == grid[0]:
-                body.append(f"{index[d]} = {program}")
+    def _program(self) -> list[str]:
+        """Which batch element and blocks this program computes, decoded from its index."""
+        program = self.namer.claim("program")
+        lines = [f"{program} = jax.lax.axis_index('programs')"]
+        for d in reversed(self.grid):
+            if d == self.grid[0]:
+                lines.append(f"{self.index[d]} = {program}")
             else:
-                body += [f"{index[d]} = jax.lax.rem({program}, {count})", f"{program} = jax.lax.div({program}, {count})"]
-        body += [f"{starts[d]} = {index[d]} * {block_keyword(d)}" for d in fused.parallel]
-        for number, decl in enumerate(once):
-            body += [
-                f"plgpu.copy_gmem_to_smem({at(decl)}, {self.smem[decl.name]}, {barrier}.at[{number}])",
-                f"plgpu.barrier_wait({barrier}.at[{number}])",
-            ]
-        body += list(code.before)
+                count = self._count(d)
+                lines += [
+                    f"{self.index[d]} = jax.lax.rem({program}, {count})",
+                    f"{program} = jax.lax.div({program}, {count})",
+                ]
+        return lines + [f"{self.starts[d]} = {self.index[d]} * {block_keyword(d)}" for d in self.fused.parallel]
 
+    def _at(self, decl) -> str:
+        """The ref's view a program reads or writes: its batch element and its blocks of
+        the dimensions outputs keep (all of the swept one and those held whole)."""
+        parts = []
+        for d in decl.dims:
+            if d in self.fused.batch:
+                parts.append(self.index[d])
+            elif d in self.fused.parallel:
+                parts.append(f"pl.ds({self.starts[d]}, {block_keyword(d)})")
+            else:
+                parts.append(":")
+        while parts and parts[-1] == ":":
+            parts.pop()
+        return f"{self.refs[decl.name]}.at[{', '.join(parts)}]" if parts else self.refs[decl.name]
+
+    def _smem_type(self, decl) -> str:
+        """A block of an array copied once, or of an output, in shared memory."""
+        dims = [d for d in decl.dims if d not in self.fused.batch]
+        shape = tuple_code([block_keyword(d) for d in dims])
+        dtype = jnp_dtype(decl.dtype)
+        if len(dims) == 2:
+            return f"plgpu.SMEM({shape}, {dtype}, transforms=_mgpu_swizzled({dtype}, {block_keyword(dims[-1])}))"
+        return f"plgpu.SMEM({shape}, {dtype})"
+
+    def _spec(self, decl) -> str:
+        """The pipeline's block of an input along the swept dimension."""
+        fused, swept = self.fused, self.fused.sweep.dim
+        dims = [d for d in decl.dims if d not in fused.batch and d not in fused.parallel]
+        index_map = tuple_code(["i" if d == swept else "0" for d in dims])
+        transforms = ""
+        if len(dims) == 2:
+            dtype = jnp_dtype(decl.dtype)
+            transforms = f", transforms=_mgpu_swizzled({dtype}, {block_keyword(dims[-1])})"
+        return f"plgpu.BlockSpec({tuple_code([block_keyword(d) for d in dims])}, lambda i: {index_map}{transforms})"
+
+    def _pipeline(self, code, lowering, streamed) -> list[str]:
+        """The pass over the swept dimension's blocks: a pipeline carrying the running values;
+        a block the skip's condition rules out leaves them as they are."""
+        swept, namer = self.fused.sweep.dim, self.namer
+        steps, carried, step, compute = (namer.claim(x) for x in ("indices", "carry", "step", "compute"))
         names = [r.name for r in code.running]
         unpacked = ", ".join(names) + ("," if len(names) == 1 else "")
         initial = []
@@ -433,84 +481,63 @@ class FusedPlanner:
             else:
                 initial.append(f"plgpu.layout_cast(jnp.full({r.shape}, {r.initial}, {r.dtype}), plgpu.Layout.WGMMA)")
         step_body = [f"{unpacked} = {carried}", *code.step, f"return {unpacked}"]
-        params = [steps, *(self.smem[d.name] for d in streamed), carried]
-        body.append(f"def {step}({', '.join(params)}):")
-        body.append(f"    {start} = {steps}[0] * {block_keyword(swept)}")
+        lines = [
+            f"def {step}({', '.join([steps, *(self.smem[d.name] for d in streamed), carried])}):",
+            f"    {self.starts[swept]} = {steps}[0] * {block_keyword(swept)}",
+        ]
         if code.skip:
-            body += [f"    def {compute}():", *(f"        {line}" for line in step_body), ""]
-            body.append("    # A block where the `where` on positions below is false everywhere adds nothing: skipped.")
-            body.append(f"    return jax.lax.cond({code.skip}, {compute}, lambda: {carried})")
+            lines += [
+                f"    def {compute}():",
+                *(f"        {line}" for line in step_body),
+                "",
+                "    # A block where the `where` on positions below is false everywhere adds nothing: skipped.",
+                f"    return jax.lax.cond({code.skip}, {compute}, lambda: {carried})",
+            ]
         else:
-            body += [f"    {line}" for line in step_body]
-        body.append("")
-
-        def spec(decl) -> str:
-            dims = [d for d in decl.dims if d not in fused.batch and d not in fused.parallel]
-            shape = tuple_code([block_keyword(d) for d in dims])
-            index_map = tuple_code(["i" if d == swept else "0" for d in dims])
-            transforms = ""
-            if len([d for d in decl.dims if d not in fused.batch]) == 2 and len(dims) == 2:
-                dtype = jnp_dtype(decl.dtype)
-                transforms = f", transforms=_mgpu_swizzled({dtype}, {block_keyword(dims[-1])})"
-            return f"plgpu.BlockSpec({shape}, lambda i: {index_map}{transforms})"
-
-        body += [
+            lines += [f"    {line}" for line in step_body]
+        return lines + [
+            "",
             f"{unpacked} = plgpu.emit_pipeline(",
             f"    {step},",
-            f"    grid=(pl.cdiv({sizes[swept]}, {block_keyword(swept)}),),",
-            f"    in_specs=[{', '.join(spec(d) for d in streamed)}],",
+            f"    grid=({self._count(swept)},),",
+            f"    in_specs=[{', '.join(self._spec(d) for d in streamed)}],",
             f"    max_concurrent_steps={PIPELINE_STAGES},",
             f"    init_carry=({', '.join(initial)},),",
-            f")({', '.join(at(d) for d in streamed)})",
-            *code.finish,
-            "plgpu.commit_smem()",
-            *(f"plgpu.copy_smem_to_gmem({self.smem[d.name]}, {at(d)})" for d in kernel.outputs),
-            "plgpu.wait_smem_to_gmem(0)",
+            f")({', '.join(self._at(d) for d in streamed)})",
         ]
 
-        scratch = [smem_type(d) for d in once] + [smem_type(d) for d in kernel.outputs]
-        scratch_refs = [self.smem[d.name] for d in once] + [self.smem[d.name] for d in kernel.outputs]
-        scratch += [s for _, s in self.scratches]
-        scratch_refs += [n for n, _ in self.scratches]
-        if once:
-            scratch.append(f"plgpu.Barrier(num_barriers={len(once)})")
-            scratch_refs.append(barrier)
-        keywords = [*(sizes[d] for d in self.checked.dims), *(block_keyword(d) for d in [*blocked, *whole])]
-        keywords += [p.name for p in kernel.params]
-        refs = [self.refs[d.name] for d in kernel.inputs + kernel.outputs]
-
-        launcher = [f"{block_keyword(d)} = {BLOCK}" for d in blocked]
-        launcher += [f"{block_keyword(d)} = {sizes[d]} + -{sizes[d]} % {WHOLE_MULTIPLE}" for d in whole]
-        for d in whole:
-            launcher += [
+    def _launcher(self, keywords, scratch_types) -> tuple[str, ...]:
+        """Blocks, the arrays padded, the kernel, its outputs sliced back to their layout."""
+        kernel, sizes = self.kernel, self.sizes
+        lines = [f"{block_keyword(d)} = {BLOCK}" for d in self.blocked]
+        for d in self.whole:
+            lines += [
+                f"{block_keyword(d)} = {sizes[d]} + -{sizes[d]} % {WHOLE_MULTIPLE}",
                 f"if {block_keyword(d)} > {WIDEST}:",
-                f"    raise ValueError(f'{kernel.name}: gpu_backend=\"mosaic_gpu\" holds {d} whole, up to {WIDEST}; got {d}={{{sizes[d]}}} (use gpu_backend=\"triton\")')",
+                f'    raise ValueError(f\'{kernel.name}: gpu_backend="mosaic_gpu" holds {d} whole, up to {WIDEST};'
+                f' got {d}={{{sizes[d]}}} (use gpu_backend="triton")\')',
             ]
-        launcher += [f"{self.base.padded(d)} = {sizes[d]} + -{sizes[d]} % {block_keyword(d)}" for d in blocked]
-        for decl, plan in zip(kernel.inputs, self.lowered.inputs):
+        lines += [f"{self.padded[d]} = {sizes[d]} + -{sizes[d]} % {block_keyword(d)}" for d in self.blocked]
+        for decl in kernel.inputs:  # from the public function's layout (size-1 axes) to its own
             value = self.values[decl.name]
-            own_shape = tuple_code([sizes[d] for d in decl.dims])
-            padded_shape = tuple_code([padded.get(d, sizes[d]) for d in decl.dims])
-            launcher.append(f"{value} = _mgpu_pad({value}.reshape({own_shape}), {padded_shape})")
-        outs = [self.values[o.name] for o in kernel.outputs]
+            own, padded = (tuple_code([p.get(d, sizes[d]) for d in decl.dims]) for p in ({}, self.padded))
+            lines.append(f"{value} = _mgpu_pad({value}.reshape({own}), {padded})")
         out_types = ", ".join(
-            f"jax.ShapeDtypeStruct({tuple_code([padded.get(d, sizes[d]) for d in o.dims])}, {jnp_dtype(o.dtype)})"
+            f"jax.ShapeDtypeStruct({tuple_code([self.padded.get(d, sizes[d]) for d in o.dims])}, {jnp_dtype(o.dtype)})"
             for o in kernel.outputs
         )
-        programs = " * ".join(sizes[d] if d in fused.batch else f"pl.cdiv({sizes[d]}, {block_keyword(d)})" for d in grid)
-        launcher += [
-            f"{', '.join(outs)}, = plgpu.kernel(",
+        lines += [
+            f"{', '.join(self.values[o.name] for o in kernel.outputs)}, = plgpu.kernel(",
             f"    functools.partial({self.base.kernel_function}, {', '.join(f'{k}={k}' for k in keywords)}),",
             f"    out_type=({out_types},),",
-            f"    scratch_types=[{', '.join(scratch)}],",
-            f"    grid=({programs or '1'},),",
+            f"    scratch_types=[{', '.join(scratch_types)}],",
+            f"    grid=({' * '.join(self._count(d) for d in self.grid) or '1'},),",
             "    grid_names=('programs',),",
             "    interpret=interpret,",
             f")({', '.join(self.values[d.name] for d in kernel.inputs)})",
         ]
-        returned = []
-        for out, plan in zip(kernel.outputs, self.lowered.outputs):
-            crop = f"{self.values[out.name]}[{', '.join(f':{sizes[d]}' for d in out.dims)}]"
-            returned.append(f"{crop}.reshape({plan.layout_shape})")
-        launcher.append(f"return {', '.join(returned)}")
-        return self.base.finish(parameter_list([*refs, *scratch_refs], keywords), body, tuple(launcher))
+        returned = [
+            f"{self.values[out.name]}[{', '.join(f':{sizes[d]}' for d in out.dims)}].reshape({plan.layout_shape})"
+            for out, plan in zip(kernel.outputs, self.lowered.outputs)
+        ]
+        return tuple([*lines, f"return {', '.join(returned)}"])

@@ -41,7 +41,8 @@ def fused_problem(checked: CheckedKernel) -> str | None:
     inputs = {d.name for d in kernel.inputs}
     for carry in fused.sweep.carries:
         if carry.kind == "dot" and all(
-            isinstance(v, ir.Name) and v.id in inputs for v in (fused.products[carry.node].lhs, fused.products[carry.node].rhs)
+            isinstance(v, ir.Name) and v.id in inputs
+            for v in (fused.products[carry.node].lhs, fused.products[carry.node].rhs)
         ):
             return (
                 "a product of two inputs over the swept dimension is not on Mosaic GPU's fused form"
