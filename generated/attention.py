@@ -111,6 +111,12 @@ def _mgpu_spread(vector, shape, dim):
     return jax.lax.broadcast_in_dim(vector, shape, (dim,))
 
 
+def _mgpu_load_vector(ref, dim):
+    """A vector along axis `dim` of a block, from shared memory, in the WGMMA layout's row
+    (0) or column (1) layout."""
+    return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dim))
+
+
 def _mgpu_full(size, value, dtype, dim):
     """A running value per position along axis `dim` of a block, `value` in each."""
     return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
@@ -119,6 +125,52 @@ def _mgpu_full(size, value, dtype, dim):
 def _mgpu_positions(start, shape, axis):
     """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
     return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
+
+
+def _mgpu_vector_positions(start, size, axis):
+    """The positions of a block along `axis` of a tile, from `start`: a vector in the
+    WGMMA layout's row (0) or column (1) layout."""
+    layout = plgpu.Layout.WGMMA.reduce(1 - axis)
+    return start + plgpu.broadcasted_iota(jnp.int32, (size,), 0, layout=layout)
+
+
+def _mgpu_fill_past(value, start, size, axis, identity):
+    """`value` (a tile, or a vector along `axis` of one) with `identity` at the
+    positions along `axis` (from `start`) past `size`."""
+    if value.ndim == 1:
+        positions = _mgpu_vector_positions(start, value.shape[0], axis)
+    else:
+        positions = _mgpu_positions(start, value.shape, axis)
+    return jnp.where(positions < size, value, identity)
+
+
+def _mgpu_dot(shape, lhs, rhs, split=None, lhs_scratch=None, rhs_scratch=None, transposed=False):
+    """lhs @ rhs by wgmma, in an f32 accumulator of `shape`. Each operand is a tile in
+    shared memory, or a value written to its scratch tile there first (`lhs_scratch`:
+    one per part); an f32 `lhs` meeting a 16-bit `rhs` is `split` into two of that dtype
+    (its high part and the rest). `transposed`: `rhs` holds [N, K]."""
+    parts = [lhs]
+    if split is not None:
+        high = lhs.astype(split)
+        parts = [high, (lhs - high.astype(jnp.float32)).astype(split)]
+    if lhs_scratch is not None:
+        for part, ref in zip(parts, lhs_scratch):
+            ref[...] = part
+        parts = lhs_scratch
+    if rhs_scratch is not None:
+        rhs_scratch[...] = rhs
+        rhs = rhs_scratch
+    if lhs_scratch is not None or rhs_scratch is not None:
+        plgpu.commit_smem()
+    if transposed:
+        rhs = rhs.T
+
+    def accumulate(acc_ref):
+        for part in parts:
+            plgpu.wgmma(acc_ref, part, rhs)
+        return acc_ref[...]
+
+    return pl.run_scoped(accumulate, plgpu.ACC(shape, jnp.float32))
 
 
 def _on_platform(tpu, gpu, interpret, *arrays):
@@ -474,8 +526,6 @@ def attention(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed
-        operands, attention) are not on Mosaic GPU yet.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -637,7 +687,7 @@ def _attention_forward(
                 num_stages=gpu_stages,
                 scale=scale,
             ),
-            None,
+            functools.partial(_attention_mosaic_gpu, b=b, h=h, s_=s_, d=d, t=t, scale=scale),
         ),
         interpret,
         q,
@@ -1101,8 +1151,174 @@ def _attention_gpu(
     )(q, k, v)
 
 
-# `attention` has no Mosaic GPU kernel (fused kernels (several products, computed
-# operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+def _attention_mosaic_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    lse_ref,
+    q_smem,
+    o_smem,
+    lse_smem,
+    operand_smem,
+    operand_smem_,
+    barrier,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    block_d,
+    scale,
+):
+    program = jax.lax.axis_index("programs")
+    s_block = jax.lax.rem(program, pl.cdiv(s_, block_s))
+    program = jax.lax.div(program, pl.cdiv(s_, block_s))
+    h_index = jax.lax.rem(program, h)
+    program = jax.lax.div(program, h)
+    b_index = program
+    s_start = s_block * block_s
+    plgpu.copy_gmem_to_smem(
+        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+
+    def step(indices, k_smem, v_smem, carry):
+        t_start = indices[0] * block_t
+
+        def compute():
+            max_t, acc_t, sum_exp_t = carry
+            s = jnp.where(
+                _mgpu_spread(_mgpu_vector_positions(s_start, block_s, 0), (block_s, block_t), 0)
+                >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
+                _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
+                -jnp.inf,
+            )
+            max_t_block = s
+            if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
+                max_t_block = _mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+            max_t_previous = max_t
+            max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
+            max_t_shift_vector = jnp.where(
+                max_t_new > -jnp.inf, max_t_new, 0.0
+            )  # a row of -inf so far subtracts 0
+            max_t_shift = _mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
+            max_t_rescale = jnp.exp(
+                max_t_previous - max_t_shift_vector
+            )  # what the terms so far are worth now
+            max_t = max_t_new
+            p = jnp.exp(s - max_t_shift)
+            operand = p
+            if t % block_t:  # a ragged T: 0 past its end
+                operand = _mgpu_fill_past(operand, t_start, t, 1, 0)
+            acc_t = _mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + _mgpu_dot(
+                (block_s, block_d),
+                operand,
+                v_smem,
+                split=jnp.bfloat16,
+                lhs_scratch=(operand_smem, operand_smem_),
+            )
+            sum_exp_t_block = p
+            if t % block_t:  # a ragged T: 0.0 past its end, never padding
+                sum_exp_t_block = _mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+            sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
+            return max_t, acc_t, sum_exp_t
+
+        # A block where the `where` on positions below is false everywhere adds nothing: skipped.
+        return jax.lax.cond(s_start + block_s - 1 >= t_start, compute, lambda: carry)
+
+    max_t, acc_t, sum_exp_t = plgpu.emit_pipeline(
+        step,
+        grid=(pl.cdiv(t, block_t),),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
+            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+            _mgpu_full(block_s, 0.0, jnp.float32, 0),
+        ),
+    )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
+    max_t_ = max_t
+    acc_t_ = acc_t
+    sum_exp_t_ = sum_exp_t
+    o_smem[...] = (acc_t_ / _mgpu_spread(sum_exp_t_, (block_s, block_d), 0)).astype(jnp.bfloat16)
+    lse_smem[...] = _logsumexp_finish(max_t_, sum_exp_t_)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
+    plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _attention_mosaic_gpu(q, k, v, *, b, h, s_, d, t, scale, interpret):
+    """`attention` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_s = 64
+    block_t = 64
+    block_d = d + -d % 64
+    if block_d > 256:
+        raise ValueError(
+            f'attention: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
+        )
+    padded_s_ = s_ + -s_ % block_s
+    padded_t = t + -t % block_t
+    q = _mgpu_pad(q.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    o, lse = plgpu.kernel(
+        functools.partial(
+            _attention_mosaic_gpu_kernel,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+            scale=scale,
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((b, h, padded_s_, block_d), jnp.bfloat16),
+            jax.ShapeDtypeStruct((b, h, padded_s_), jnp.float32),
+        ),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM((block_s,), jnp.float32),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+            ),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(b * h * pl.cdiv(s_, block_s),),
+        grid_names=("programs",),
+        interpret=interpret,
+    )(q, k, v)
+    return o[:b, :h, :s_, :d].reshape((b, h, s_, d)), lse[:b, :h, :s_].reshape((b, h, s_, 1))
 
 
 @functools.partial(
@@ -1156,8 +1372,6 @@ def attention_backward_dq(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed
-        operands, attention) are not on Mosaic GPU yet.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1229,7 +1443,9 @@ def attention_backward_dq(
                 num_stages=gpu_stages,
                 scale=scale,
             ),
-            None,
+            functools.partial(
+                _attention_backward_dq_mosaic_gpu, b=b, h=h, s_=s_, d=d, t=t, scale=scale
+            ),
         ),
         interpret,
         q,
@@ -1788,8 +2004,211 @@ def _attention_backward_dq_gpu(
     )(q, k, v, o, do, lse, dlse)
 
 
-# `attention_backward_dq` has no Mosaic GPU kernel (fused kernels (several products,
-# computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+def _attention_backward_dq_mosaic_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    do_ref,
+    lse_ref,
+    dlse_ref,
+    dq_ref,
+    delta_ref,
+    q_smem,
+    o_smem,
+    do_smem,
+    lse_smem,
+    dlse_smem,
+    dq_smem,
+    delta_smem,
+    operand_smem,
+    barrier,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    block_d,
+    scale,
+):
+    program = jax.lax.axis_index("programs")
+    s_block = jax.lax.rem(program, pl.cdiv(s_, block_s))
+    program = jax.lax.div(program, pl.cdiv(s_, block_s))
+    h_index = jax.lax.rem(program, h)
+    program = jax.lax.div(program, h)
+    b_index = program
+    s_start = s_block * block_s
+    plgpu.copy_gmem_to_smem(
+        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+    plgpu.copy_gmem_to_smem(
+        o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1]
+    )
+    plgpu.barrier_wait(barrier.at[1])
+    plgpu.copy_gmem_to_smem(
+        do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2]
+    )
+    plgpu.barrier_wait(barrier.at[2])
+    plgpu.copy_gmem_to_smem(
+        lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3]
+    )
+    plgpu.barrier_wait(barrier.at[3])
+    plgpu.copy_gmem_to_smem(
+        dlse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], dlse_smem, barrier.at[4]
+    )
+    plgpu.barrier_wait(barrier.at[4])
+    o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
+    do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
+    lse = _mgpu_load_vector(lse_smem, 0)
+    dlse = _mgpu_load_vector(dlse_smem, 0)
+
+    def step(indices, k_smem, v_smem, carry):
+        t_start = indices[0] * block_t
+
+        def compute():
+            (acc_t,) = carry
+            s = jnp.where(
+                _mgpu_spread(_mgpu_vector_positions(s_start, block_s, 0), (block_s, block_t), 0)
+                >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
+                _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
+                -jnp.inf,
+            )
+            p = jnp.exp(s - _mgpu_spread(lse, (block_s, block_t), 0))
+            dp = _mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
+            delta = (
+                jnp.sum(
+                    _mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+                    axis=1,
+                )
+                - dlse
+            )
+            ds = p * (dp - _mgpu_spread(delta, (block_s, block_t), 0))
+            ds_1 = jnp.where(
+                _mgpu_spread(_mgpu_vector_positions(s_start, block_s, 0), (block_s, block_t), 0)
+                >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
+                ds,
+                0,
+            )
+            operand = (ds_1 * scale).astype(jnp.bfloat16)
+            if t % block_t:  # a ragged T: 0 past its end
+                operand = _mgpu_fill_past(operand, t_start, t, 1, 0)
+            acc_t = acc_t + _mgpu_dot(
+                (block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,)
+            )
+            return (acc_t,)
+
+        # A block where the `where` on positions below is false everywhere adds nothing: skipped.
+        return jax.lax.cond(s_start + block_s - 1 >= t_start, compute, lambda: carry)
+
+    (acc_t,) = plgpu.emit_pipeline(
+        step,
+        grid=(pl.cdiv(t, block_t),),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+        ),
+    )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
+    o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
+    do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
+    dlse = _mgpu_load_vector(dlse_smem, 0)
+    acc_t_ = acc_t
+    delta = (
+        jnp.sum(
+            _mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
+        )
+        - dlse
+    )
+    delta_smem[...] = delta
+    dq_smem[...] = acc_t_.astype(jnp.bfloat16)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
+    plgpu.copy_smem_to_gmem(delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _attention_backward_dq_mosaic_gpu(
+    q, k, v, o, do, lse, dlse, *, b, h, s_, d, t, scale, interpret
+):
+    """`attention_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_s = 64
+    block_t = 64
+    block_d = d + -d % 64
+    if block_d > 256:
+        raise ValueError(
+            f'attention_backward_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
+        )
+    padded_s_ = s_ + -s_ % block_s
+    padded_t = t + -t % block_t
+    q = _mgpu_pad(q.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    o = _mgpu_pad(o.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    do = _mgpu_pad(do.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    lse = _mgpu_pad(lse.reshape((b, h, s_)), (b, h, padded_s_))
+    dlse = _mgpu_pad(dlse.reshape((b, h, s_)), (b, h, padded_s_))
+    dq, delta = plgpu.kernel(
+        functools.partial(
+            _attention_backward_dq_mosaic_gpu_kernel,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+            scale=scale,
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((b, h, padded_s_, block_d), jnp.bfloat16),
+            jax.ShapeDtypeStruct((b, h, padded_s_), jnp.float32),
+        ),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM((block_s,), jnp.float32),
+            plgpu.SMEM((block_s,), jnp.float32),
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM((block_s,), jnp.float32),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+            ),
+            plgpu.Barrier(num_barriers=5),
+        ],
+        grid=(b * h * pl.cdiv(s_, block_s),),
+        grid_names=("programs",),
+        interpret=interpret,
+    )(q, k, v, o, do, lse, dlse)
+    return dq[:b, :h, :s_, :d].reshape((b, h, s_, d)), delta[:b, :h, :s_].reshape((b, h, s_, 1))
 
 
 @functools.partial(
@@ -1841,8 +2260,6 @@ def attention_backward_dkdv(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed
-        operands, attention) are not on Mosaic GPU yet.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -1915,7 +2332,9 @@ def attention_backward_dkdv(
                 num_stages=gpu_stages,
                 scale=scale,
             ),
-            None,
+            functools.partial(
+                _attention_backward_dkdv_mosaic_gpu, b=b, h=h, t=t, d=d, s_=s_, scale=scale
+            ),
         ),
         interpret,
         q,
@@ -2484,8 +2903,192 @@ def _attention_backward_dkdv_gpu(
     )(q, k, v, do, lse, delta)
 
 
-# `attention_backward_dkdv` has no Mosaic GPU kernel (fused kernels (several products,
-# computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+def _attention_backward_dkdv_mosaic_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dk_ref,
+    dv_ref,
+    k_smem,
+    v_smem,
+    dk_smem,
+    dv_smem,
+    operand_smem,
+    operand_smem_,
+    barrier,
+    *,
+    b,
+    h,
+    t,
+    d,
+    s_,
+    block_t,
+    block_s,
+    block_d,
+    scale,
+):
+    program = jax.lax.axis_index("programs")
+    t_block = jax.lax.rem(program, pl.cdiv(t, block_t))
+    program = jax.lax.div(program, pl.cdiv(t, block_t))
+    h_index = jax.lax.rem(program, h)
+    program = jax.lax.div(program, h)
+    b_index = program
+    t_start = t_block * block_t
+    plgpu.copy_gmem_to_smem(
+        k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+    plgpu.copy_gmem_to_smem(
+        v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1]
+    )
+    plgpu.barrier_wait(barrier.at[1])
+
+    def step(indices, q_smem, do_smem, lse_smem, delta_smem, carry):
+        s_start = indices[0] * block_s
+
+        def compute():
+            acc_s, acc_s_ = carry
+            lse = _mgpu_load_vector(lse_smem, 1)
+            delta = _mgpu_load_vector(delta_smem, 1)
+            s = jnp.where(
+                _mgpu_spread(_mgpu_vector_positions(s_start, block_s, 1), (block_t, block_s), 1)
+                >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0),
+                _mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * scale,
+                -jnp.inf,
+            )
+            p = jnp.exp(s - _mgpu_spread(lse, (block_t, block_s), 1))
+            dp = _mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
+            ds = p * (dp - _mgpu_spread(delta, (block_t, block_s), 1))
+            ds_1 = jnp.where(
+                _mgpu_spread(_mgpu_vector_positions(s_start, block_s, 1), (block_t, block_s), 1)
+                >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0),
+                ds,
+                0,
+            )
+            operand = p.astype(jnp.bfloat16)
+            if s_ % block_s:  # a ragged S: 0 past its end
+                operand = _mgpu_fill_past(operand, s_start, s_, 1, 0)
+            acc_s = acc_s + _mgpu_dot(
+                (block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,)
+            )
+            operand_ = (ds_1 * scale).astype(jnp.bfloat16)
+            if s_ % block_s:  # a ragged S: 0 past its end
+                operand_ = _mgpu_fill_past(operand_, s_start, s_, 1, 0)
+            acc_s_ = acc_s_ + _mgpu_dot(
+                (block_t, block_d), operand_, q_smem, lhs_scratch=(operand_smem_,)
+            )
+            return acc_s, acc_s_
+
+        # A block where the `where` on positions below is false everywhere adds nothing: skipped.
+        return jax.lax.cond(s_start + block_s - 1 >= t_start, compute, lambda: carry)
+
+    acc_s, acc_s_ = plgpu.emit_pipeline(
+        step,
+        grid=(pl.cdiv(s_, block_s),),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_s, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec(
+                (block_s, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec((block_s,), lambda i: (i,)),
+            plgpu.BlockSpec((block_s,), lambda i: (i,)),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+            plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+        ),
+    )(
+        q_ref.at[b_index, h_index],
+        do_ref.at[b_index, h_index],
+        lse_ref.at[b_index, h_index],
+        delta_ref.at[b_index, h_index],
+    )
+    acc_s__ = acc_s
+    acc_s___ = acc_s_
+    dv_smem[...] = acc_s__.astype(jnp.bfloat16)
+    dk_smem[...] = acc_s___.astype(jnp.bfloat16)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
+    plgpu.copy_smem_to_gmem(dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _attention_backward_dkdv_mosaic_gpu(
+    q, k, v, do, lse, delta, *, b, h, t, d, s_, scale, interpret
+):
+    """`attention_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_t = 64
+    block_s = 64
+    block_d = d + -d % 64
+    if block_d > 256:
+        raise ValueError(
+            f'attention_backward_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
+        )
+    padded_t = t + -t % block_t
+    padded_s_ = s_ + -s_ % block_s
+    q = _mgpu_pad(q.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    do = _mgpu_pad(do.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    lse = _mgpu_pad(lse.reshape((b, h, s_)), (b, h, padded_s_))
+    delta = _mgpu_pad(delta.reshape((b, h, s_)), (b, h, padded_s_))
+    dk, dv = plgpu.kernel(
+        functools.partial(
+            _attention_backward_dkdv_mosaic_gpu_kernel,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            s_=s_,
+            block_t=block_t,
+            block_s=block_s,
+            block_d=block_d,
+            scale=scale,
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
+            jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
+        ),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_t, block_s), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_s)
+            ),
+            plgpu.SMEM(
+                (block_t, block_s), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_s)
+            ),
+            plgpu.Barrier(num_barriers=2),
+        ],
+        grid=(b * h * pl.cdiv(t, block_t),),
+        grid_names=("programs",),
+        interpret=interpret,
+    )(q, k, v, do, lse, delta)
+    return dk[:b, :h, :t, :d].reshape((b, h, t, d)), dv[:b, :h, :t, :d].reshape((b, h, t, d))
 
 
 @functools.partial(
@@ -2539,8 +3142,6 @@ def attention_dq(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed
-        operands, attention) are not on Mosaic GPU yet.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -2721,7 +3322,7 @@ def _attention_dq_forward(
                 num_stages=gpu_stages,
                 scale=scale,
             ),
-            None,
+            functools.partial(_attention_dq_mosaic_gpu, b=b, h=h, s_=s_, d=d, t=t, scale=scale),
         ),
         interpret,
         q,
@@ -3165,8 +3766,186 @@ def _attention_dq_gpu(
     )(q, k, v, o, do, lse)
 
 
-# `attention_dq` has no Mosaic GPU kernel (fused kernels (several products, computed
-# operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+def _attention_dq_mosaic_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    do_ref,
+    lse_ref,
+    dq_ref,
+    delta_ref,
+    q_smem,
+    o_smem,
+    do_smem,
+    lse_smem,
+    dq_smem,
+    delta_smem,
+    operand_smem,
+    barrier,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    block_d,
+    scale,
+):
+    program = jax.lax.axis_index("programs")
+    s_block = jax.lax.rem(program, pl.cdiv(s_, block_s))
+    program = jax.lax.div(program, pl.cdiv(s_, block_s))
+    h_index = jax.lax.rem(program, h)
+    program = jax.lax.div(program, h)
+    b_index = program
+    s_start = s_block * block_s
+    plgpu.copy_gmem_to_smem(
+        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+    plgpu.copy_gmem_to_smem(
+        o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1]
+    )
+    plgpu.barrier_wait(barrier.at[1])
+    plgpu.copy_gmem_to_smem(
+        do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2]
+    )
+    plgpu.barrier_wait(barrier.at[2])
+    plgpu.copy_gmem_to_smem(
+        lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3]
+    )
+    plgpu.barrier_wait(barrier.at[3])
+    o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
+    do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
+    lse = _mgpu_load_vector(lse_smem, 0)
+
+    def step(indices, k_smem, v_smem, carry):
+        t_start = indices[0] * block_t
+
+        def compute():
+            (acc_t,) = carry
+            s = jnp.where(
+                _mgpu_spread(_mgpu_vector_positions(s_start, block_s, 0), (block_s, block_t), 0)
+                >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
+                _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
+                -jnp.inf,
+            )
+            p = jnp.exp(s - _mgpu_spread(lse, (block_s, block_t), 0))
+            dp = _mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
+            delta = jnp.sum(
+                _mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+                axis=1,
+            )
+            operand = (p * (dp - _mgpu_spread(delta, (block_s, block_t), 0))).astype(jnp.bfloat16)
+            if t % block_t:  # a ragged T: 0 past its end
+                operand = _mgpu_fill_past(operand, t_start, t, 1, 0)
+            acc_t = acc_t + _mgpu_dot(
+                (block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,)
+            )
+            return (acc_t,)
+
+        # A block where the `where` on positions below is false everywhere adds nothing: skipped.
+        return jax.lax.cond(s_start + block_s - 1 >= t_start, compute, lambda: carry)
+
+    (acc_t,) = plgpu.emit_pipeline(
+        step,
+        grid=(pl.cdiv(t, block_t),),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+        ),
+    )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
+    o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
+    do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
+    acc_t_ = acc_t
+    delta = jnp.sum(
+        _mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
+    )
+    delta_smem[...] = delta
+    dq_smem[...] = (acc_t_ * scale).astype(jnp.bfloat16)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
+    plgpu.copy_smem_to_gmem(delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, s_, d, t, scale, interpret):
+    """`attention_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_s = 64
+    block_t = 64
+    block_d = d + -d % 64
+    if block_d > 256:
+        raise ValueError(
+            f'attention_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
+        )
+    padded_s_ = s_ + -s_ % block_s
+    padded_t = t + -t % block_t
+    q = _mgpu_pad(q.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    o = _mgpu_pad(o.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    do = _mgpu_pad(do.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    lse = _mgpu_pad(lse.reshape((b, h, s_)), (b, h, padded_s_))
+    dq, delta = plgpu.kernel(
+        functools.partial(
+            _attention_dq_mosaic_gpu_kernel,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+            scale=scale,
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((b, h, padded_s_, block_d), jnp.bfloat16),
+            jax.ShapeDtypeStruct((b, h, padded_s_), jnp.float32),
+        ),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM((block_s,), jnp.float32),
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM((block_s,), jnp.float32),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+            ),
+            plgpu.Barrier(num_barriers=4),
+        ],
+        grid=(b * h * pl.cdiv(s_, block_s),),
+        grid_names=("programs",),
+        interpret=interpret,
+    )(q, k, v, o, do, lse)
+    return dq[:b, :h, :s_, :d].reshape((b, h, s_, d)), delta[:b, :h, :s_].reshape((b, h, s_, 1))
 
 
 @functools.partial(
@@ -3217,8 +3996,6 @@ def attention_dkdv(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed
-        operands, attention) are not on Mosaic GPU yet.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -3406,7 +4183,7 @@ def _attention_dkdv_forward(
                 num_stages=gpu_stages,
                 scale=scale,
             ),
-            None,
+            functools.partial(_attention_dkdv_mosaic_gpu, b=b, h=h, t=t, d=d, s=s, scale=scale),
         ),
         interpret,
         q,
@@ -3894,8 +4671,185 @@ def _attention_dkdv_gpu(
     )(q, k, v, do, lse, delta)
 
 
-# `attention_dkdv` has no Mosaic GPU kernel (fused kernels (several products, computed
-# operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+def _attention_dkdv_mosaic_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dk_ref,
+    dv_ref,
+    k_smem,
+    v_smem,
+    dk_smem,
+    dv_smem,
+    operand_smem,
+    operand_smem_,
+    barrier,
+    *,
+    b,
+    h,
+    t,
+    d,
+    s,
+    block_t,
+    block_s,
+    block_d,
+    scale,
+):
+    program = jax.lax.axis_index("programs")
+    t_block = jax.lax.rem(program, pl.cdiv(t, block_t))
+    program = jax.lax.div(program, pl.cdiv(t, block_t))
+    h_index = jax.lax.rem(program, h)
+    program = jax.lax.div(program, h)
+    b_index = program
+    t_start = t_block * block_t
+    plgpu.copy_gmem_to_smem(
+        k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+    plgpu.copy_gmem_to_smem(
+        v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1]
+    )
+    plgpu.barrier_wait(barrier.at[1])
+
+    def step(indices, q_smem, do_smem, lse_smem, delta_smem, carry):
+        s_start = indices[0] * block_s
+
+        def compute():
+            acc_s, acc_s_ = carry
+            lse = _mgpu_load_vector(lse_smem, 1)
+            delta = _mgpu_load_vector(delta_smem, 1)
+            st = jnp.where(
+                _mgpu_spread(_mgpu_vector_positions(s_start, block_s, 1), (block_t, block_s), 1)
+                >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0),
+                _mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * scale,
+                -jnp.inf,
+            )
+            pt = jnp.exp(st - _mgpu_spread(lse, (block_t, block_s), 1))
+            dpt = _mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
+            operand = pt.astype(jnp.bfloat16)
+            if s % block_s:  # a ragged S: 0 past its end
+                operand = _mgpu_fill_past(operand, s_start, s, 1, 0)
+            acc_s = acc_s + _mgpu_dot(
+                (block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,)
+            )
+            operand_ = (pt * (dpt - _mgpu_spread(delta, (block_t, block_s), 1))).astype(
+                jnp.bfloat16
+            )
+            if s % block_s:  # a ragged S: 0 past its end
+                operand_ = _mgpu_fill_past(operand_, s_start, s, 1, 0)
+            acc_s_ = acc_s_ + _mgpu_dot(
+                (block_t, block_d), operand_, q_smem, lhs_scratch=(operand_smem_,)
+            )
+            return acc_s, acc_s_
+
+        # A block where the `where` on positions below is false everywhere adds nothing: skipped.
+        return jax.lax.cond(s_start + block_s - 1 >= t_start, compute, lambda: carry)
+
+    acc_s, acc_s_ = plgpu.emit_pipeline(
+        step,
+        grid=(pl.cdiv(s, block_s),),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_s, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec(
+                (block_s, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec((block_s,), lambda i: (i,)),
+            plgpu.BlockSpec((block_s,), lambda i: (i,)),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+            plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+        ),
+    )(
+        q_ref.at[b_index, h_index],
+        do_ref.at[b_index, h_index],
+        lse_ref.at[b_index, h_index],
+        delta_ref.at[b_index, h_index],
+    )
+    acc_s__ = acc_s
+    acc_s___ = acc_s_
+    dv_smem[...] = acc_s__.astype(jnp.bfloat16)
+    dk_smem[...] = (acc_s___ * scale).astype(jnp.bfloat16)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
+    plgpu.copy_smem_to_gmem(dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale, interpret):
+    """`attention_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_t = 64
+    block_s = 64
+    block_d = d + -d % 64
+    if block_d > 256:
+        raise ValueError(
+            f'attention_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
+        )
+    padded_t = t + -t % block_t
+    padded_s = s + -s % block_s
+    q = _mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
+    k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    do = _mgpu_pad(do.reshape((b, h, s, d)), (b, h, padded_s, block_d))
+    lse = _mgpu_pad(lse.reshape((b, h, s)), (b, h, padded_s))
+    delta = _mgpu_pad(delta.reshape((b, h, s)), (b, h, padded_s))
+    dk, dv = plgpu.kernel(
+        functools.partial(
+            _attention_dkdv_mosaic_gpu_kernel,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            s=s,
+            block_t=block_t,
+            block_s=block_s,
+            block_d=block_d,
+            scale=scale,
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
+            jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
+        ),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_t, block_s), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_s)
+            ),
+            plgpu.SMEM(
+                (block_t, block_s), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_s)
+            ),
+            plgpu.Barrier(num_barriers=2),
+        ],
+        grid=(b * h * pl.cdiv(t, block_t),),
+        grid_names=("programs",),
+        interpret=interpret,
+    )(q, k, v, do, lse, delta)
+    return dk[:b, :h, :t, :d].reshape((b, h, t, d)), dv[:b, :h, :t, :d].reshape((b, h, t, d))
 
 
 @functools.partial(
@@ -3940,8 +4894,6 @@ def attention_full(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed
-        operands, attention) are not on Mosaic GPU yet.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -4104,7 +5056,7 @@ def _attention_full_forward(
                 num_stages=gpu_stages,
                 scale=scale,
             ),
-            None,
+            functools.partial(_attention_full_mosaic_gpu, b=b, h=h, s=s, d=d, t=t, scale=scale),
         ),
         interpret,
         q,
@@ -4462,8 +5414,157 @@ def _attention_full_gpu(
     )(q, k, v)
 
 
-# `attention_full` has no Mosaic GPU kernel (fused kernels (several products, computed
-# operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+def _attention_full_mosaic_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    q_smem,
+    o_smem,
+    operand_smem,
+    operand_smem_,
+    barrier,
+    *,
+    b,
+    h,
+    s,
+    d,
+    t,
+    block_s,
+    block_t,
+    block_d,
+    scale,
+):
+    program = jax.lax.axis_index("programs")
+    s_block = jax.lax.rem(program, pl.cdiv(s, block_s))
+    program = jax.lax.div(program, pl.cdiv(s, block_s))
+    h_index = jax.lax.rem(program, h)
+    program = jax.lax.div(program, h)
+    b_index = program
+    s_start = s_block * block_s
+    plgpu.copy_gmem_to_smem(
+        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+
+    def step(indices, k_smem, v_smem, carry):
+        t_start = indices[0] * block_t
+        max_t, sum_exp_t, acc_t = carry
+        max_t_block = _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale
+        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
+            max_t_block = _mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+        max_t_previous = max_t
+        max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
+        max_t_shift_vector = jnp.where(
+            max_t_new > -jnp.inf, max_t_new, 0.0
+        )  # a row of -inf so far subtracts 0
+        max_t_shift = _mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
+        max_t_rescale = jnp.exp(
+            max_t_previous - max_t_shift_vector
+        )  # what the terms so far are worth now
+        max_t = max_t_new
+        sum_exp_t_terms = jnp.exp(
+            _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale - max_t_shift
+        )
+        sum_exp_t_block = sum_exp_t_terms
+        if t % block_t:  # a ragged T: 0.0 past its end, never padding
+            sum_exp_t_block = _mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+        sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
+        operand = sum_exp_t_terms
+        if t % block_t:  # a ragged T: 0 past its end
+            operand = _mgpu_fill_past(operand, t_start, t, 1, 0)
+        acc_t = _mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + _mgpu_dot(
+            (block_s, block_d),
+            operand,
+            v_smem,
+            split=jnp.bfloat16,
+            lhs_scratch=(operand_smem, operand_smem_),
+        )
+        return max_t, sum_exp_t, acc_t
+
+    max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
+        step,
+        grid=(pl.cdiv(t, block_t),),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
+            _mgpu_full(block_s, 0.0, jnp.float32, 0),
+            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+        ),
+    )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
+    max_t_ = max_t
+    sum_exp_t_ = sum_exp_t
+    acc_t_ = acc_t / _mgpu_spread(sum_exp_t_, (block_s, block_d), 0)
+    o_smem[...] = acc_t_.astype(jnp.bfloat16)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
+    """`attention_full` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_s = 64
+    block_t = 64
+    block_d = d + -d % 64
+    if block_d > 256:
+        raise ValueError(
+            f'attention_full: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
+        )
+    padded_s = s + -s % block_s
+    padded_t = t + -t % block_t
+    q = _mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
+    k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    (o,) = plgpu.kernel(
+        functools.partial(
+            _attention_full_mosaic_gpu_kernel,
+            b=b,
+            h=h,
+            s=s,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+            scale=scale,
+        ),
+        out_type=(jax.ShapeDtypeStruct((b, h, padded_s, block_d), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+            ),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(b * h * pl.cdiv(s, block_s),),
+        grid_names=("programs",),
+        interpret=interpret,
+    )(q, k, v)
+    return o[:b, :h, :s, :d].reshape((b, h, s, d))
 
 
 @functools.partial(
@@ -4509,8 +5610,6 @@ def attention_full_with_residuals(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed
-        operands, attention) are not on Mosaic GPU yet.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -4577,7 +5676,9 @@ def attention_full_with_residuals(
                 num_stages=gpu_stages,
                 scale=scale,
             ),
-            None,
+            functools.partial(
+                _attention_full_with_residuals_mosaic_gpu, b=b, h=h, s=s, d=d, t=t, scale=scale
+            ),
         ),
         interpret,
         q,
@@ -4966,9 +6067,165 @@ def _attention_full_with_residuals_gpu(
     )(q, k, v)
 
 
-# `attention_full_with_residuals` has no Mosaic GPU kernel (fused kernels (several
-# products, computed operands, attention) are not on Mosaic GPU yet): it runs on
-# Triton.
+def _attention_full_with_residuals_mosaic_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    lse_ref,
+    q_smem,
+    o_smem,
+    lse_smem,
+    operand_smem,
+    operand_smem_,
+    barrier,
+    *,
+    b,
+    h,
+    s,
+    d,
+    t,
+    block_s,
+    block_t,
+    block_d,
+    scale,
+):
+    program = jax.lax.axis_index("programs")
+    s_block = jax.lax.rem(program, pl.cdiv(s, block_s))
+    program = jax.lax.div(program, pl.cdiv(s, block_s))
+    h_index = jax.lax.rem(program, h)
+    program = jax.lax.div(program, h)
+    b_index = program
+    s_start = s_block * block_s
+    plgpu.copy_gmem_to_smem(
+        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+
+    def step(indices, k_smem, v_smem, carry):
+        t_start = indices[0] * block_t
+        max_t, sum_exp_t, acc_t = carry
+        max_t_block = _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale
+        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
+            max_t_block = _mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+        max_t_previous = max_t
+        max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
+        max_t_shift_vector = jnp.where(
+            max_t_new > -jnp.inf, max_t_new, 0.0
+        )  # a row of -inf so far subtracts 0
+        max_t_shift = _mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
+        max_t_rescale = jnp.exp(
+            max_t_previous - max_t_shift_vector
+        )  # what the terms so far are worth now
+        max_t = max_t_new
+        sum_exp_t_terms = jnp.exp(
+            _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale - max_t_shift
+        )
+        sum_exp_t_block = sum_exp_t_terms
+        if t % block_t:  # a ragged T: 0.0 past its end, never padding
+            sum_exp_t_block = _mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+        sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
+        operand = sum_exp_t_terms
+        if t % block_t:  # a ragged T: 0 past its end
+            operand = _mgpu_fill_past(operand, t_start, t, 1, 0)
+        acc_t = _mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + _mgpu_dot(
+            (block_s, block_d),
+            operand,
+            v_smem,
+            split=jnp.bfloat16,
+            lhs_scratch=(operand_smem, operand_smem_),
+        )
+        return max_t, sum_exp_t, acc_t
+
+    max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
+        step,
+        grid=(pl.cdiv(t, block_t),),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
+            _mgpu_full(block_s, 0.0, jnp.float32, 0),
+            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+        ),
+    )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
+    max_t_ = max_t
+    sum_exp_t_ = sum_exp_t
+    acc_t_ = acc_t / _mgpu_spread(sum_exp_t_, (block_s, block_d), 0)
+    o_smem[...] = acc_t_.astype(jnp.bfloat16)
+    lse_smem[...] = _logsumexp_finish(max_t_, sum_exp_t_)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
+    plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _attention_full_with_residuals_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
+    """`attention_full_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_s = 64
+    block_t = 64
+    block_d = d + -d % 64
+    if block_d > 256:
+        raise ValueError(
+            f'attention_full_with_residuals: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
+        )
+    padded_s = s + -s % block_s
+    padded_t = t + -t % block_t
+    q = _mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
+    k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    o, lse = plgpu.kernel(
+        functools.partial(
+            _attention_full_with_residuals_mosaic_gpu_kernel,
+            b=b,
+            h=h,
+            s=s,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+            scale=scale,
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((b, h, padded_s, block_d), jnp.bfloat16),
+            jax.ShapeDtypeStruct((b, h, padded_s), jnp.float32),
+        ),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM((block_s,), jnp.float32),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+            ),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(b * h * pl.cdiv(s, block_s),),
+        grid_names=("programs",),
+        interpret=interpret,
+    )(q, k, v)
+    return o[:b, :h, :s, :d].reshape((b, h, s, d)), lse[:b, :h, :s].reshape((b, h, s, 1))
 
 
 @functools.partial(
@@ -5020,8 +6277,6 @@ def attention_full_backward_dq(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed
-        operands, attention) are not on Mosaic GPU yet.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -5093,7 +6348,9 @@ def attention_full_backward_dq(
                 num_stages=gpu_stages,
                 scale=scale,
             ),
-            None,
+            functools.partial(
+                _attention_full_backward_dq_mosaic_gpu, b=b, h=h, s_=s_, d=d, t=t, scale=scale
+            ),
         ),
         interpret,
         q,
@@ -5503,9 +6760,176 @@ def _attention_full_backward_dq_gpu(
     )(q, k, v, o, do, lse)
 
 
-# `attention_full_backward_dq` has no Mosaic GPU kernel (fused kernels (several
-# products, computed operands, attention) are not on Mosaic GPU yet): it runs on
-# Triton.
+def _attention_full_backward_dq_mosaic_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    do_ref,
+    lse_ref,
+    dq_ref,
+    delta_ref,
+    q_smem,
+    o_smem,
+    do_smem,
+    lse_smem,
+    dq_smem,
+    delta_smem,
+    operand_smem,
+    barrier,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    block_d,
+    scale,
+):
+    program = jax.lax.axis_index("programs")
+    s_block = jax.lax.rem(program, pl.cdiv(s_, block_s))
+    program = jax.lax.div(program, pl.cdiv(s_, block_s))
+    h_index = jax.lax.rem(program, h)
+    program = jax.lax.div(program, h)
+    b_index = program
+    s_start = s_block * block_s
+    plgpu.copy_gmem_to_smem(
+        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+    plgpu.copy_gmem_to_smem(
+        o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1]
+    )
+    plgpu.barrier_wait(barrier.at[1])
+    plgpu.copy_gmem_to_smem(
+        do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2]
+    )
+    plgpu.barrier_wait(barrier.at[2])
+    plgpu.copy_gmem_to_smem(
+        lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3]
+    )
+    plgpu.barrier_wait(barrier.at[3])
+    o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
+    do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
+    lse = _mgpu_load_vector(lse_smem, 0)
+
+    def step(indices, k_smem, v_smem, carry):
+        t_start = indices[0] * block_t
+        (acc_t,) = carry
+        s = _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale
+        p = jnp.exp(s - _mgpu_spread(lse, (block_s, block_t), 0))
+        dp = _mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
+        delta = jnp.sum(
+            _mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
+        )
+        ds = p * (dp - _mgpu_spread(delta, (block_s, block_t), 0))
+        operand = (ds * scale).astype(jnp.bfloat16)
+        if t % block_t:  # a ragged T: 0 past its end
+            operand = _mgpu_fill_past(operand, t_start, t, 1, 0)
+        acc_t = acc_t + _mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
+        return (acc_t,)
+
+    (acc_t,) = plgpu.emit_pipeline(
+        step,
+        grid=(pl.cdiv(t, block_t),),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+        ),
+    )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
+    o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
+    do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
+    acc_t_ = acc_t
+    delta = jnp.sum(
+        _mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
+    )
+    delta_smem[...] = delta
+    dq_smem[...] = acc_t_.astype(jnp.bfloat16)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
+    plgpu.copy_smem_to_gmem(delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _attention_full_backward_dq_mosaic_gpu(
+    q, k, v, o, do, lse, *, b, h, s_, d, t, scale, interpret
+):
+    """`attention_full_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_s = 64
+    block_t = 64
+    block_d = d + -d % 64
+    if block_d > 256:
+        raise ValueError(
+            f'attention_full_backward_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
+        )
+    padded_s_ = s_ + -s_ % block_s
+    padded_t = t + -t % block_t
+    q = _mgpu_pad(q.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    o = _mgpu_pad(o.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    do = _mgpu_pad(do.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    lse = _mgpu_pad(lse.reshape((b, h, s_)), (b, h, padded_s_))
+    dq, delta = plgpu.kernel(
+        functools.partial(
+            _attention_full_backward_dq_mosaic_gpu_kernel,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+            scale=scale,
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((b, h, padded_s_, block_d), jnp.bfloat16),
+            jax.ShapeDtypeStruct((b, h, padded_s_), jnp.float32),
+        ),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM((block_s,), jnp.float32),
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM((block_s,), jnp.float32),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+            ),
+            plgpu.Barrier(num_barriers=4),
+        ],
+        grid=(b * h * pl.cdiv(s_, block_s),),
+        grid_names=("programs",),
+        interpret=interpret,
+    )(q, k, v, o, do, lse)
+    return dq[:b, :h, :s_, :d].reshape((b, h, s_, d)), delta[:b, :h, :s_].reshape((b, h, s_, 1))
 
 
 @functools.partial(
@@ -5557,8 +6981,6 @@ def attention_full_backward_dkdv(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed
-        operands, attention) are not on Mosaic GPU yet.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -5633,7 +7055,9 @@ def attention_full_backward_dkdv(
                 num_stages=gpu_stages,
                 scale=scale,
             ),
-            None,
+            functools.partial(
+                _attention_full_backward_dkdv_mosaic_gpu, b=b, h=h, t=t, d=d, s_=s_, scale=scale
+            ),
         ),
         interpret,
         q,
@@ -6066,9 +7490,174 @@ def _attention_full_backward_dkdv_gpu(
     )(q, k, v, do, lse, delta)
 
 
-# `attention_full_backward_dkdv` has no Mosaic GPU kernel (fused kernels (several
-# products, computed operands, attention) are not on Mosaic GPU yet): it runs on
-# Triton.
+def _attention_full_backward_dkdv_mosaic_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dk_ref,
+    dv_ref,
+    k_smem,
+    v_smem,
+    dk_smem,
+    dv_smem,
+    operand_smem,
+    operand_smem_,
+    barrier,
+    *,
+    b,
+    h,
+    t,
+    d,
+    s_,
+    block_t,
+    block_s,
+    block_d,
+    scale,
+):
+    program = jax.lax.axis_index("programs")
+    t_block = jax.lax.rem(program, pl.cdiv(t, block_t))
+    program = jax.lax.div(program, pl.cdiv(t, block_t))
+    h_index = jax.lax.rem(program, h)
+    program = jax.lax.div(program, h)
+    b_index = program
+    t_start = t_block * block_t
+    plgpu.copy_gmem_to_smem(
+        k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+    plgpu.copy_gmem_to_smem(
+        v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1]
+    )
+    plgpu.barrier_wait(barrier.at[1])
+
+    def step(indices, q_smem, do_smem, lse_smem, delta_smem, carry):
+        s_start = indices[0] * block_s
+        acc_s, acc_s_ = carry
+        lse = _mgpu_load_vector(lse_smem, 1)
+        delta = _mgpu_load_vector(delta_smem, 1)
+        s = _mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * scale
+        p = jnp.exp(s - _mgpu_spread(lse, (block_t, block_s), 1))
+        dp = _mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
+        ds = p * (dp - _mgpu_spread(delta, (block_t, block_s), 1))
+        operand = p.astype(jnp.bfloat16)
+        if s_ % block_s:  # a ragged S: 0 past its end
+            operand = _mgpu_fill_past(operand, s_start, s_, 1, 0)
+        acc_s = acc_s + _mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,))
+        operand_ = (ds * scale).astype(jnp.bfloat16)
+        if s_ % block_s:  # a ragged S: 0 past its end
+            operand_ = _mgpu_fill_past(operand_, s_start, s_, 1, 0)
+        acc_s_ = acc_s_ + _mgpu_dot(
+            (block_t, block_d), operand_, q_smem, lhs_scratch=(operand_smem_,)
+        )
+        return acc_s, acc_s_
+
+    acc_s, acc_s_ = plgpu.emit_pipeline(
+        step,
+        grid=(pl.cdiv(s_, block_s),),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_s, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec(
+                (block_s, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec((block_s,), lambda i: (i,)),
+            plgpu.BlockSpec((block_s,), lambda i: (i,)),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+            plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+        ),
+    )(
+        q_ref.at[b_index, h_index],
+        do_ref.at[b_index, h_index],
+        lse_ref.at[b_index, h_index],
+        delta_ref.at[b_index, h_index],
+    )
+    acc_s__ = acc_s
+    acc_s___ = acc_s_
+    dv_smem[...] = acc_s__.astype(jnp.bfloat16)
+    dk_smem[...] = acc_s___.astype(jnp.bfloat16)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
+    plgpu.copy_smem_to_gmem(dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _attention_full_backward_dkdv_mosaic_gpu(
+    q, k, v, do, lse, delta, *, b, h, t, d, s_, scale, interpret
+):
+    """`attention_full_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_t = 64
+    block_s = 64
+    block_d = d + -d % 64
+    if block_d > 256:
+        raise ValueError(
+            f'attention_full_backward_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
+        )
+    padded_t = t + -t % block_t
+    padded_s_ = s_ + -s_ % block_s
+    q = _mgpu_pad(q.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    do = _mgpu_pad(do.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    lse = _mgpu_pad(lse.reshape((b, h, s_)), (b, h, padded_s_))
+    delta = _mgpu_pad(delta.reshape((b, h, s_)), (b, h, padded_s_))
+    dk, dv = plgpu.kernel(
+        functools.partial(
+            _attention_full_backward_dkdv_mosaic_gpu_kernel,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            s_=s_,
+            block_t=block_t,
+            block_s=block_s,
+            block_d=block_d,
+            scale=scale,
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
+            jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
+        ),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_t, block_s), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_s)
+            ),
+            plgpu.SMEM(
+                (block_t, block_s), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_s)
+            ),
+            plgpu.Barrier(num_barriers=2),
+        ],
+        grid=(b * h * pl.cdiv(t, block_t),),
+        grid_names=("programs",),
+        interpret=interpret,
+    )(q, k, v, do, lse, delta)
+    return dk[:b, :h, :t, :d].reshape((b, h, t, d)), dv[:b, :h, :t, :d].reshape((b, h, t, d))
 
 
 @functools.partial(
@@ -6113,8 +7702,6 @@ def attention_bottom_right(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed
-        operands, attention) are not on Mosaic GPU yet.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -6276,7 +7863,9 @@ def _attention_bottom_right_forward(
                 num_stages=gpu_stages,
                 scale=scale,
             ),
-            None,
+            functools.partial(
+                _attention_bottom_right_mosaic_gpu, b=b, h=h, s_=s_, d=d, t=t, scale=scale
+            ),
         ),
         interpret,
         q,
@@ -6724,8 +8313,168 @@ def _attention_bottom_right_gpu(
     )(q, k, v)
 
 
-# `attention_bottom_right` has no Mosaic GPU kernel (fused kernels (several products,
-# computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+def _attention_bottom_right_mosaic_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    q_smem,
+    o_smem,
+    operand_smem,
+    operand_smem_,
+    barrier,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    block_d,
+    scale,
+):
+    program = jax.lax.axis_index("programs")
+    s_block = jax.lax.rem(program, pl.cdiv(s_, block_s))
+    program = jax.lax.div(program, pl.cdiv(s_, block_s))
+    h_index = jax.lax.rem(program, h)
+    program = jax.lax.div(program, h)
+    b_index = program
+    s_start = s_block * block_s
+    plgpu.copy_gmem_to_smem(
+        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+
+    def step(indices, k_smem, v_smem, carry):
+        t_start = indices[0] * block_t
+
+        def compute():
+            max_t, sum_exp_t, acc_t = carry
+            s = jnp.where(
+                _mgpu_spread(
+                    _mgpu_vector_positions(s_start, block_s, 0) + t - s_, (block_s, block_t), 0
+                )
+                >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
+                _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
+                -jnp.inf,
+            )
+            max_t_block = s
+            if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
+                max_t_block = _mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+            max_t_previous = max_t
+            max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
+            max_t_shift_vector = jnp.where(
+                max_t_new > -jnp.inf, max_t_new, 0.0
+            )  # a row of -inf so far subtracts 0
+            max_t_shift = _mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
+            max_t_rescale = jnp.exp(
+                max_t_previous - max_t_shift_vector
+            )  # what the terms so far are worth now
+            max_t = max_t_new
+            sum_exp_t_terms = jnp.exp(s - max_t_shift)
+            sum_exp_t_block = sum_exp_t_terms
+            if t % block_t:  # a ragged T: 0.0 past its end, never padding
+                sum_exp_t_block = _mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+            sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
+            operand = sum_exp_t_terms
+            if t % block_t:  # a ragged T: 0 past its end
+                operand = _mgpu_fill_past(operand, t_start, t, 1, 0)
+            acc_t = _mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + _mgpu_dot(
+                (block_s, block_d),
+                operand,
+                v_smem,
+                split=jnp.bfloat16,
+                lhs_scratch=(operand_smem, operand_smem_),
+            )
+            return max_t, sum_exp_t, acc_t
+
+        # A block where the `where` on positions below is false everywhere adds nothing: skipped.
+        return jax.lax.cond(s_start + block_s - 1 + t - s_ >= t_start, compute, lambda: carry)
+
+    max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
+        step,
+        grid=(pl.cdiv(t, block_t),),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
+            _mgpu_full(block_s, 0.0, jnp.float32, 0),
+            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+        ),
+    )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
+    max_t_ = max_t
+    sum_exp_t_ = sum_exp_t
+    acc_t_ = acc_t / _mgpu_spread(sum_exp_t_, (block_s, block_d), 0)
+    o_smem[...] = acc_t_.astype(jnp.bfloat16)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, s_, d, t, scale, interpret):
+    """`attention_bottom_right` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_s = 64
+    block_t = 64
+    block_d = d + -d % 64
+    if block_d > 256:
+        raise ValueError(
+            f'attention_bottom_right: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
+        )
+    padded_s_ = s_ + -s_ % block_s
+    padded_t = t + -t % block_t
+    q = _mgpu_pad(q.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    (o,) = plgpu.kernel(
+        functools.partial(
+            _attention_bottom_right_mosaic_gpu_kernel,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+            scale=scale,
+        ),
+        out_type=(jax.ShapeDtypeStruct((b, h, padded_s_, block_d), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+            ),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(b * h * pl.cdiv(s_, block_s),),
+        grid_names=("programs",),
+        interpret=interpret,
+    )(q, k, v)
+    return o[:b, :h, :s_, :d].reshape((b, h, s_, d))
 
 
 @functools.partial(
@@ -6771,8 +8520,6 @@ def attention_bottom_right_with_residuals(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed
-        operands, attention) are not on Mosaic GPU yet.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -6839,7 +8586,15 @@ def attention_bottom_right_with_residuals(
                 num_stages=gpu_stages,
                 scale=scale,
             ),
-            None,
+            functools.partial(
+                _attention_bottom_right_with_residuals_mosaic_gpu,
+                b=b,
+                h=h,
+                s_=s_,
+                d=d,
+                t=t,
+                scale=scale,
+            ),
         ),
         interpret,
         q,
@@ -7292,9 +9047,176 @@ def _attention_bottom_right_with_residuals_gpu(
     )(q, k, v)
 
 
-# `attention_bottom_right_with_residuals` has no Mosaic GPU kernel (fused kernels
-# (several products, computed operands, attention) are not on Mosaic GPU yet): it runs
-# on Triton.
+def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    lse_ref,
+    q_smem,
+    o_smem,
+    lse_smem,
+    operand_smem,
+    operand_smem_,
+    barrier,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    block_d,
+    scale,
+):
+    program = jax.lax.axis_index("programs")
+    s_block = jax.lax.rem(program, pl.cdiv(s_, block_s))
+    program = jax.lax.div(program, pl.cdiv(s_, block_s))
+    h_index = jax.lax.rem(program, h)
+    program = jax.lax.div(program, h)
+    b_index = program
+    s_start = s_block * block_s
+    plgpu.copy_gmem_to_smem(
+        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+
+    def step(indices, k_smem, v_smem, carry):
+        t_start = indices[0] * block_t
+
+        def compute():
+            max_t, sum_exp_t, acc_t = carry
+            s = jnp.where(
+                _mgpu_spread(
+                    _mgpu_vector_positions(s_start, block_s, 0) + t - s_, (block_s, block_t), 0
+                )
+                >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
+                _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
+                -jnp.inf,
+            )
+            max_t_block = s
+            if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
+                max_t_block = _mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+            max_t_previous = max_t
+            max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
+            max_t_shift_vector = jnp.where(
+                max_t_new > -jnp.inf, max_t_new, 0.0
+            )  # a row of -inf so far subtracts 0
+            max_t_shift = _mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
+            max_t_rescale = jnp.exp(
+                max_t_previous - max_t_shift_vector
+            )  # what the terms so far are worth now
+            max_t = max_t_new
+            sum_exp_t_terms = jnp.exp(s - max_t_shift)
+            sum_exp_t_block = sum_exp_t_terms
+            if t % block_t:  # a ragged T: 0.0 past its end, never padding
+                sum_exp_t_block = _mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+            sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
+            operand = sum_exp_t_terms
+            if t % block_t:  # a ragged T: 0 past its end
+                operand = _mgpu_fill_past(operand, t_start, t, 1, 0)
+            acc_t = _mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + _mgpu_dot(
+                (block_s, block_d),
+                operand,
+                v_smem,
+                split=jnp.bfloat16,
+                lhs_scratch=(operand_smem, operand_smem_),
+            )
+            return max_t, sum_exp_t, acc_t
+
+        # A block where the `where` on positions below is false everywhere adds nothing: skipped.
+        return jax.lax.cond(s_start + block_s - 1 + t - s_ >= t_start, compute, lambda: carry)
+
+    max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
+        step,
+        grid=(pl.cdiv(t, block_t),),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
+            _mgpu_full(block_s, 0.0, jnp.float32, 0),
+            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+        ),
+    )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
+    max_t_ = max_t
+    sum_exp_t_ = sum_exp_t
+    acc_t_ = acc_t / _mgpu_spread(sum_exp_t_, (block_s, block_d), 0)
+    o_smem[...] = acc_t_.astype(jnp.bfloat16)
+    lse_smem[...] = _logsumexp_finish(max_t_, sum_exp_t_)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
+    plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _attention_bottom_right_with_residuals_mosaic_gpu(q, k, v, *, b, h, s_, d, t, scale, interpret):
+    """`attention_bottom_right_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_s = 64
+    block_t = 64
+    block_d = d + -d % 64
+    if block_d > 256:
+        raise ValueError(
+            f'attention_bottom_right_with_residuals: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
+        )
+    padded_s_ = s_ + -s_ % block_s
+    padded_t = t + -t % block_t
+    q = _mgpu_pad(q.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    o, lse = plgpu.kernel(
+        functools.partial(
+            _attention_bottom_right_with_residuals_mosaic_gpu_kernel,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+            scale=scale,
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((b, h, padded_s_, block_d), jnp.bfloat16),
+            jax.ShapeDtypeStruct((b, h, padded_s_), jnp.float32),
+        ),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM((block_s,), jnp.float32),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+            ),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(b * h * pl.cdiv(s_, block_s),),
+        grid_names=("programs",),
+        interpret=interpret,
+    )(q, k, v)
+    return o[:b, :h, :s_, :d].reshape((b, h, s_, d)), lse[:b, :h, :s_].reshape((b, h, s_, 1))
 
 
 @functools.partial(
@@ -7346,8 +9268,6 @@ def attention_bottom_right_backward_dq(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed
-        operands, attention) are not on Mosaic GPU yet.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -7421,7 +9341,15 @@ def attention_bottom_right_backward_dq(
                 num_stages=gpu_stages,
                 scale=scale,
             ),
-            None,
+            functools.partial(
+                _attention_bottom_right_backward_dq_mosaic_gpu,
+                b=b,
+                h=h,
+                s_=s_,
+                d=d,
+                t=t,
+                scale=scale,
+            ),
         ),
         interpret,
         q,
@@ -7940,9 +9868,199 @@ def _attention_bottom_right_backward_dq_gpu(
     )(q, k, v, o, do, lse)
 
 
-# `attention_bottom_right_backward_dq` has no Mosaic GPU kernel (fused kernels
-# (several products, computed operands, attention) are not on Mosaic GPU yet): it runs
-# on Triton.
+def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    do_ref,
+    lse_ref,
+    dq_ref,
+    delta_ref,
+    q_smem,
+    o_smem,
+    do_smem,
+    lse_smem,
+    dq_smem,
+    delta_smem,
+    operand_smem,
+    barrier,
+    *,
+    b,
+    h,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    block_d,
+    scale,
+):
+    program = jax.lax.axis_index("programs")
+    s_block = jax.lax.rem(program, pl.cdiv(s_, block_s))
+    program = jax.lax.div(program, pl.cdiv(s_, block_s))
+    h_index = jax.lax.rem(program, h)
+    program = jax.lax.div(program, h)
+    b_index = program
+    s_start = s_block * block_s
+    plgpu.copy_gmem_to_smem(
+        q_ref.at[b_index, h_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+    plgpu.copy_gmem_to_smem(
+        o_ref.at[b_index, h_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1]
+    )
+    plgpu.barrier_wait(barrier.at[1])
+    plgpu.copy_gmem_to_smem(
+        do_ref.at[b_index, h_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2]
+    )
+    plgpu.barrier_wait(barrier.at[2])
+    plgpu.copy_gmem_to_smem(
+        lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3]
+    )
+    plgpu.barrier_wait(barrier.at[3])
+    o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
+    do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
+    lse = _mgpu_load_vector(lse_smem, 0)
+
+    def step(indices, k_smem, v_smem, carry):
+        t_start = indices[0] * block_t
+
+        def compute():
+            (acc_t,) = carry
+            s = jnp.where(
+                _mgpu_spread(
+                    _mgpu_vector_positions(s_start, block_s, 0) + t - s_, (block_s, block_t), 0
+                )
+                >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
+                _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
+                -jnp.inf,
+            )
+            p = jnp.exp(s - _mgpu_spread(lse, (block_s, block_t), 0))
+            dp = _mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
+            delta = jnp.sum(
+                _mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+                axis=1,
+            )
+            ds = p * (dp - _mgpu_spread(delta, (block_s, block_t), 0))
+            ds_1 = jnp.where(
+                _mgpu_spread(
+                    _mgpu_vector_positions(s_start, block_s, 0) + t - s_, (block_s, block_t), 0
+                )
+                >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
+                ds,
+                0,
+            )
+            operand = (ds_1 * scale).astype(jnp.bfloat16)
+            if t % block_t:  # a ragged T: 0 past its end
+                operand = _mgpu_fill_past(operand, t_start, t, 1, 0)
+            acc_t = acc_t + _mgpu_dot(
+                (block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,)
+            )
+            return (acc_t,)
+
+        # A block where the `where` on positions below is false everywhere adds nothing: skipped.
+        return jax.lax.cond(s_start + block_s - 1 + t - s_ >= t_start, compute, lambda: carry)
+
+    (acc_t,) = plgpu.emit_pipeline(
+        step,
+        grid=(pl.cdiv(t, block_t),),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+        ),
+    )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
+    o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
+    do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
+    acc_t_ = acc_t
+    delta = jnp.sum(
+        _mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
+    )
+    delta_smem[...] = delta
+    dq_smem[...] = acc_t_.astype(jnp.bfloat16)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
+    plgpu.copy_smem_to_gmem(delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _attention_bottom_right_backward_dq_mosaic_gpu(
+    q, k, v, o, do, lse, *, b, h, s_, d, t, scale, interpret
+):
+    """`attention_bottom_right_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_s = 64
+    block_t = 64
+    block_d = d + -d % 64
+    if block_d > 256:
+        raise ValueError(
+            f'attention_bottom_right_backward_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
+        )
+    padded_s_ = s_ + -s_ % block_s
+    padded_t = t + -t % block_t
+    q = _mgpu_pad(q.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    o = _mgpu_pad(o.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    do = _mgpu_pad(do.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    lse = _mgpu_pad(lse.reshape((b, h, s_)), (b, h, padded_s_))
+    dq, delta = plgpu.kernel(
+        functools.partial(
+            _attention_bottom_right_backward_dq_mosaic_gpu_kernel,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+            scale=scale,
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((b, h, padded_s_, block_d), jnp.bfloat16),
+            jax.ShapeDtypeStruct((b, h, padded_s_), jnp.float32),
+        ),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM((block_s,), jnp.float32),
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM((block_s,), jnp.float32),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+            ),
+            plgpu.Barrier(num_barriers=4),
+        ],
+        grid=(b * h * pl.cdiv(s_, block_s),),
+        grid_names=("programs",),
+        interpret=interpret,
+    )(q, k, v, o, do, lse)
+    return dq[:b, :h, :s_, :d].reshape((b, h, s_, d)), delta[:b, :h, :s_].reshape((b, h, s_, 1))
 
 
 @functools.partial(
@@ -7994,8 +10112,6 @@ def attention_bottom_right_backward_dkdv(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed
-        operands, attention) are not on Mosaic GPU yet.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -8070,7 +10186,15 @@ def attention_bottom_right_backward_dkdv(
                 num_stages=gpu_stages,
                 scale=scale,
             ),
-            None,
+            functools.partial(
+                _attention_bottom_right_backward_dkdv_mosaic_gpu,
+                b=b,
+                h=h,
+                t=t,
+                d=d,
+                s_=s_,
+                scale=scale,
+            ),
         ),
         interpret,
         q,
@@ -8642,9 +10766,196 @@ def _attention_bottom_right_backward_dkdv_gpu(
     )(q, k, v, do, lse, delta)
 
 
-# `attention_bottom_right_backward_dkdv` has no Mosaic GPU kernel (fused kernels
-# (several products, computed operands, attention) are not on Mosaic GPU yet): it runs
-# on Triton.
+def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dk_ref,
+    dv_ref,
+    k_smem,
+    v_smem,
+    dk_smem,
+    dv_smem,
+    operand_smem,
+    operand_smem_,
+    barrier,
+    *,
+    b,
+    h,
+    t,
+    d,
+    s_,
+    block_t,
+    block_s,
+    block_d,
+    scale,
+):
+    program = jax.lax.axis_index("programs")
+    t_block = jax.lax.rem(program, pl.cdiv(t, block_t))
+    program = jax.lax.div(program, pl.cdiv(t, block_t))
+    h_index = jax.lax.rem(program, h)
+    program = jax.lax.div(program, h)
+    b_index = program
+    t_start = t_block * block_t
+    plgpu.copy_gmem_to_smem(
+        k_ref.at[b_index, h_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+    plgpu.copy_gmem_to_smem(
+        v_ref.at[b_index, h_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1]
+    )
+    plgpu.barrier_wait(barrier.at[1])
+
+    def step(indices, q_smem, do_smem, lse_smem, delta_smem, carry):
+        s_start = indices[0] * block_s
+
+        def compute():
+            acc_s, acc_s_ = carry
+            lse = _mgpu_load_vector(lse_smem, 1)
+            delta = _mgpu_load_vector(delta_smem, 1)
+            s = jnp.where(
+                _mgpu_spread(
+                    _mgpu_vector_positions(s_start, block_s, 1) + t - s_, (block_t, block_s), 1
+                )
+                >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0),
+                _mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * scale,
+                -jnp.inf,
+            )
+            p = jnp.exp(s - _mgpu_spread(lse, (block_t, block_s), 1))
+            dp = _mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
+            ds = p * (dp - _mgpu_spread(delta, (block_t, block_s), 1))
+            ds_1 = jnp.where(
+                _mgpu_spread(
+                    _mgpu_vector_positions(s_start, block_s, 1) + t - s_, (block_t, block_s), 1
+                )
+                >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0),
+                ds,
+                0,
+            )
+            operand = p.astype(jnp.bfloat16)
+            if s_ % block_s:  # a ragged S: 0 past its end
+                operand = _mgpu_fill_past(operand, s_start, s_, 1, 0)
+            acc_s = acc_s + _mgpu_dot(
+                (block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,)
+            )
+            operand_ = (ds_1 * scale).astype(jnp.bfloat16)
+            if s_ % block_s:  # a ragged S: 0 past its end
+                operand_ = _mgpu_fill_past(operand_, s_start, s_, 1, 0)
+            acc_s_ = acc_s_ + _mgpu_dot(
+                (block_t, block_d), operand_, q_smem, lhs_scratch=(operand_smem_,)
+            )
+            return acc_s, acc_s_
+
+        # A block where the `where` on positions below is false everywhere adds nothing: skipped.
+        return jax.lax.cond(s_start + block_s - 1 + t - s_ >= t_start, compute, lambda: carry)
+
+    acc_s, acc_s_ = plgpu.emit_pipeline(
+        step,
+        grid=(pl.cdiv(s_, block_s),),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_s, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec(
+                (block_s, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec((block_s,), lambda i: (i,)),
+            plgpu.BlockSpec((block_s,), lambda i: (i,)),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+            plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+        ),
+    )(
+        q_ref.at[b_index, h_index],
+        do_ref.at[b_index, h_index],
+        lse_ref.at[b_index, h_index],
+        delta_ref.at[b_index, h_index],
+    )
+    acc_s__ = acc_s
+    acc_s___ = acc_s_
+    dv_smem[...] = acc_s__.astype(jnp.bfloat16)
+    dk_smem[...] = acc_s___.astype(jnp.bfloat16)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
+    plgpu.copy_smem_to_gmem(dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _attention_bottom_right_backward_dkdv_mosaic_gpu(
+    q, k, v, do, lse, delta, *, b, h, t, d, s_, scale, interpret
+):
+    """`attention_bottom_right_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_t = 64
+    block_s = 64
+    block_d = d + -d % 64
+    if block_d > 256:
+        raise ValueError(
+            f'attention_bottom_right_backward_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
+        )
+    padded_t = t + -t % block_t
+    padded_s_ = s_ + -s_ % block_s
+    q = _mgpu_pad(q.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    do = _mgpu_pad(do.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    lse = _mgpu_pad(lse.reshape((b, h, s_)), (b, h, padded_s_))
+    delta = _mgpu_pad(delta.reshape((b, h, s_)), (b, h, padded_s_))
+    dk, dv = plgpu.kernel(
+        functools.partial(
+            _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            s_=s_,
+            block_t=block_t,
+            block_s=block_s,
+            block_d=block_d,
+            scale=scale,
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
+            jax.ShapeDtypeStruct((b, h, padded_t, block_d), jnp.bfloat16),
+        ),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_t, block_s), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_s)
+            ),
+            plgpu.SMEM(
+                (block_t, block_s), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_s)
+            ),
+            plgpu.Barrier(num_barriers=2),
+        ],
+        grid=(b * h * pl.cdiv(t, block_t),),
+        grid_names=("programs",),
+        interpret=interpret,
+    )(q, k, v, do, lse, delta)
+    return dk[:b, :h, :t, :d].reshape((b, h, t, d)), dv[:b, :h, :t, :d].reshape((b, h, t, d))
 
 
 @functools.partial(
@@ -8687,8 +10998,6 @@ def gqa(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed
-        operands, attention) are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -8835,7 +11144,7 @@ def _gqa_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_gqa_mosaic_gpu, b=b, g=g, r=r, s_=s_, d=d, t=t),
         ),
         interpret,
         q,
@@ -9181,8 +11490,158 @@ def _gqa_gpu(q, k, v, *, b, g, r, s_, d, t, block_s, block_t, num_warps, num_sta
     )(q, k, v)
 
 
-# `gqa` has no Mosaic GPU kernel (fused kernels (several products, computed operands,
-# attention) are not on Mosaic GPU yet): it runs on Triton.
+def _gqa_mosaic_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    q_smem,
+    o_smem,
+    operand_smem,
+    operand_smem_,
+    barrier,
+    *,
+    b,
+    g,
+    r,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    block_d,
+):
+    program = jax.lax.axis_index("programs")
+    s_block = jax.lax.rem(program, pl.cdiv(s_, block_s))
+    program = jax.lax.div(program, pl.cdiv(s_, block_s))
+    r_index = jax.lax.rem(program, r)
+    program = jax.lax.div(program, r)
+    g_index = jax.lax.rem(program, g)
+    program = jax.lax.div(program, g)
+    b_index = program
+    s_start = s_block * block_s
+    plgpu.copy_gmem_to_smem(
+        q_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+
+    def step(indices, k_smem, v_smem, carry):
+        t_start = indices[0] * block_t
+        max_t, sum_exp_t, acc_t = carry
+        s = _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * 0.088388
+        max_t_block = s
+        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
+            max_t_block = _mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+        max_t_previous = max_t
+        max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
+        max_t_shift_vector = jnp.where(
+            max_t_new > -jnp.inf, max_t_new, 0.0
+        )  # a row of -inf so far subtracts 0
+        max_t_shift = _mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
+        max_t_rescale = jnp.exp(
+            max_t_previous - max_t_shift_vector
+        )  # what the terms so far are worth now
+        max_t = max_t_new
+        sum_exp_t_terms = jnp.exp(s - max_t_shift)
+        sum_exp_t_block = sum_exp_t_terms
+        if t % block_t:  # a ragged T: 0.0 past its end, never padding
+            sum_exp_t_block = _mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+        sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
+        operand = sum_exp_t_terms
+        if t % block_t:  # a ragged T: 0 past its end
+            operand = _mgpu_fill_past(operand, t_start, t, 1, 0)
+        acc_t = _mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + _mgpu_dot(
+            (block_s, block_d),
+            operand,
+            v_smem,
+            split=jnp.bfloat16,
+            lhs_scratch=(operand_smem, operand_smem_),
+        )
+        return max_t, sum_exp_t, acc_t
+
+    max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
+        step,
+        grid=(pl.cdiv(t, block_t),),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
+            _mgpu_full(block_s, 0.0, jnp.float32, 0),
+            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+        ),
+    )(k_ref.at[b_index, g_index], v_ref.at[b_index, g_index])
+    max_t_ = max_t
+    sum_exp_t_ = sum_exp_t
+    acc_t_ = acc_t / _mgpu_spread(sum_exp_t_, (block_s, block_d), 0)
+    o_smem[...] = acc_t_.astype(jnp.bfloat16)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _gqa_mosaic_gpu(q, k, v, *, b, g, r, s_, d, t, interpret):
+    """`gqa` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_s = 64
+    block_t = 64
+    block_d = d + -d % 64
+    if block_d > 256:
+        raise ValueError(
+            f'gqa: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
+        )
+    padded_s_ = s_ + -s_ % block_s
+    padded_t = t + -t % block_t
+    q = _mgpu_pad(q.reshape((b, g, r, s_, d)), (b, g, r, padded_s_, block_d))
+    k = _mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
+    v = _mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
+    (o,) = plgpu.kernel(
+        functools.partial(
+            _gqa_mosaic_gpu_kernel,
+            b=b,
+            g=g,
+            r=r,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+        ),
+        out_type=(jax.ShapeDtypeStruct((b, g, r, padded_s_, block_d), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+            ),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(b * g * r * pl.cdiv(s_, block_s),),
+        grid_names=("programs",),
+        interpret=interpret,
+    )(q, k, v)
+    return o[:b, :g, :r, :s_, :d].reshape((b, g, r, s_, d))
 
 
 @functools.partial(
@@ -9226,8 +11685,6 @@ def gqa_with_residuals(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed
-        operands, attention) are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -9288,7 +11745,7 @@ def gqa_with_residuals(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_gqa_with_residuals_mosaic_gpu, b=b, g=g, r=r, s_=s_, d=d, t=t),
         ),
         interpret,
         q,
@@ -9656,8 +12113,170 @@ def _gqa_with_residuals_gpu(
     )(q, k, v)
 
 
-# `gqa_with_residuals` has no Mosaic GPU kernel (fused kernels (several products,
-# computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+def _gqa_with_residuals_mosaic_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    lse_ref,
+    q_smem,
+    o_smem,
+    lse_smem,
+    operand_smem,
+    operand_smem_,
+    barrier,
+    *,
+    b,
+    g,
+    r,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    block_d,
+):
+    program = jax.lax.axis_index("programs")
+    s_block = jax.lax.rem(program, pl.cdiv(s_, block_s))
+    program = jax.lax.div(program, pl.cdiv(s_, block_s))
+    r_index = jax.lax.rem(program, r)
+    program = jax.lax.div(program, r)
+    g_index = jax.lax.rem(program, g)
+    program = jax.lax.div(program, g)
+    b_index = program
+    s_start = s_block * block_s
+    plgpu.copy_gmem_to_smem(
+        q_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+
+    def step(indices, k_smem, v_smem, carry):
+        t_start = indices[0] * block_t
+        max_t, sum_exp_t, acc_t = carry
+        s = _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * 0.088388
+        max_t_block = s
+        if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
+            max_t_block = _mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+        max_t_previous = max_t
+        max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
+        max_t_shift_vector = jnp.where(
+            max_t_new > -jnp.inf, max_t_new, 0.0
+        )  # a row of -inf so far subtracts 0
+        max_t_shift = _mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
+        max_t_rescale = jnp.exp(
+            max_t_previous - max_t_shift_vector
+        )  # what the terms so far are worth now
+        max_t = max_t_new
+        sum_exp_t_terms = jnp.exp(s - max_t_shift)
+        sum_exp_t_block = sum_exp_t_terms
+        if t % block_t:  # a ragged T: 0.0 past its end, never padding
+            sum_exp_t_block = _mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+        sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
+        operand = sum_exp_t_terms
+        if t % block_t:  # a ragged T: 0 past its end
+            operand = _mgpu_fill_past(operand, t_start, t, 1, 0)
+        acc_t = _mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + _mgpu_dot(
+            (block_s, block_d),
+            operand,
+            v_smem,
+            split=jnp.bfloat16,
+            lhs_scratch=(operand_smem, operand_smem_),
+        )
+        return max_t, sum_exp_t, acc_t
+
+    max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
+        step,
+        grid=(pl.cdiv(t, block_t),),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            _mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
+            _mgpu_full(block_s, 0.0, jnp.float32, 0),
+            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+        ),
+    )(k_ref.at[b_index, g_index], v_ref.at[b_index, g_index])
+    max_t_ = max_t
+    sum_exp_t_ = sum_exp_t
+    acc_t_ = acc_t / _mgpu_spread(sum_exp_t_, (block_s, block_d), 0)
+    o_smem[...] = acc_t_.astype(jnp.bfloat16)
+    lse_smem[...] = _logsumexp_finish(max_t_, sum_exp_t_)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)])
+    plgpu.copy_smem_to_gmem(
+        lse_smem, lse_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, s_, d, t, interpret):
+    """`gqa_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_s = 64
+    block_t = 64
+    block_d = d + -d % 64
+    if block_d > 256:
+        raise ValueError(
+            f'gqa_with_residuals: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
+        )
+    padded_s_ = s_ + -s_ % block_s
+    padded_t = t + -t % block_t
+    q = _mgpu_pad(q.reshape((b, g, r, s_, d)), (b, g, r, padded_s_, block_d))
+    k = _mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
+    v = _mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
+    o, lse = plgpu.kernel(
+        functools.partial(
+            _gqa_with_residuals_mosaic_gpu_kernel,
+            b=b,
+            g=g,
+            r=r,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((b, g, r, padded_s_, block_d), jnp.bfloat16),
+            jax.ShapeDtypeStruct((b, g, r, padded_s_), jnp.float32),
+        ),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM((block_s,), jnp.float32),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+            ),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(b * g * r * pl.cdiv(s_, block_s),),
+        grid_names=("programs",),
+        interpret=interpret,
+    )(q, k, v)
+    return o[:b, :g, :r, :s_, :d].reshape((b, g, r, s_, d)), lse[:b, :g, :r, :s_].reshape(
+        (b, g, r, s_, 1)
+    )
 
 
 @functools.partial(
@@ -9707,8 +12326,6 @@ def gqa_backward_dq(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed
-        operands, attention) are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -9768,7 +12385,7 @@ def gqa_backward_dq(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_gqa_backward_dq_mosaic_gpu, b=b, g=g, r=r, s_=s_, d=d, t=t),
         ),
         interpret,
         q,
@@ -10170,8 +12787,180 @@ def _gqa_backward_dq_gpu(
     )(q, k, v, o, do, lse)
 
 
-# `gqa_backward_dq` has no Mosaic GPU kernel (fused kernels (several products,
-# computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+def _gqa_backward_dq_mosaic_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    do_ref,
+    lse_ref,
+    dq_ref,
+    delta_ref,
+    q_smem,
+    o_smem,
+    do_smem,
+    lse_smem,
+    dq_smem,
+    delta_smem,
+    operand_smem,
+    barrier,
+    *,
+    b,
+    g,
+    r,
+    s_,
+    d,
+    t,
+    block_s,
+    block_t,
+    block_d,
+):
+    program = jax.lax.axis_index("programs")
+    s_block = jax.lax.rem(program, pl.cdiv(s_, block_s))
+    program = jax.lax.div(program, pl.cdiv(s_, block_s))
+    r_index = jax.lax.rem(program, r)
+    program = jax.lax.div(program, r)
+    g_index = jax.lax.rem(program, g)
+    program = jax.lax.div(program, g)
+    b_index = program
+    s_start = s_block * block_s
+    plgpu.copy_gmem_to_smem(
+        q_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], q_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+    plgpu.copy_gmem_to_smem(
+        o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], o_smem, barrier.at[1]
+    )
+    plgpu.barrier_wait(barrier.at[1])
+    plgpu.copy_gmem_to_smem(
+        do_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], do_smem, barrier.at[2]
+    )
+    plgpu.barrier_wait(barrier.at[2])
+    plgpu.copy_gmem_to_smem(
+        lse_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)], lse_smem, barrier.at[3]
+    )
+    plgpu.barrier_wait(barrier.at[3])
+    o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
+    do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
+    lse = _mgpu_load_vector(lse_smem, 0)
+
+    def step(indices, k_smem, v_smem, carry):
+        t_start = indices[0] * block_t
+        (acc_t,) = carry
+        s = _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * 0.088388
+        p = jnp.exp(s - _mgpu_spread(lse, (block_s, block_t), 0))
+        dp = _mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
+        delta = jnp.sum(
+            _mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
+        )
+        ds = p * (dp - _mgpu_spread(delta, (block_s, block_t), 0))
+        operand = (ds * 0.088388).astype(jnp.bfloat16)
+        if t % block_t:  # a ragged T: 0 past its end
+            operand = _mgpu_fill_past(operand, t_start, t, 1, 0)
+        acc_t = acc_t + _mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
+        return (acc_t,)
+
+    (acc_t,) = plgpu.emit_pipeline(
+        step,
+        grid=(pl.cdiv(t, block_t),),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec(
+                (block_t, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+        ),
+    )(k_ref.at[b_index, g_index], v_ref.at[b_index, g_index])
+    o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
+    do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
+    acc_t_ = acc_t
+    delta = jnp.sum(
+        _mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
+    )
+    delta_smem[...] = delta
+    dq_smem[...] = acc_t_.astype(jnp.bfloat16)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)])
+    plgpu.copy_smem_to_gmem(
+        delta_smem, delta_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)]
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, s_, d, t, interpret):
+    """`gqa_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_s = 64
+    block_t = 64
+    block_d = d + -d % 64
+    if block_d > 256:
+        raise ValueError(
+            f'gqa_backward_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
+        )
+    padded_s_ = s_ + -s_ % block_s
+    padded_t = t + -t % block_t
+    q = _mgpu_pad(q.reshape((b, g, r, s_, d)), (b, g, r, padded_s_, block_d))
+    k = _mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
+    v = _mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
+    o = _mgpu_pad(o.reshape((b, g, r, s_, d)), (b, g, r, padded_s_, block_d))
+    do = _mgpu_pad(do.reshape((b, g, r, s_, d)), (b, g, r, padded_s_, block_d))
+    lse = _mgpu_pad(lse.reshape((b, g, r, s_)), (b, g, r, padded_s_))
+    dq, delta = plgpu.kernel(
+        functools.partial(
+            _gqa_backward_dq_mosaic_gpu_kernel,
+            b=b,
+            g=g,
+            r=r,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            block_d=block_d,
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((b, g, r, padded_s_, block_d), jnp.bfloat16),
+            jax.ShapeDtypeStruct((b, g, r, padded_s_), jnp.float32),
+        ),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM((block_s,), jnp.float32),
+            plgpu.SMEM(
+                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM((block_s,), jnp.float32),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+            ),
+            plgpu.Barrier(num_barriers=4),
+        ],
+        grid=(b * g * r * pl.cdiv(s_, block_s),),
+        grid_names=("programs",),
+        interpret=interpret,
+    )(q, k, v, o, do, lse)
+    return dq[:b, :g, :r, :s_, :d].reshape((b, g, r, s_, d)), delta[:b, :g, :r, :s_].reshape(
+        (b, g, r, s_, 1)
+    )
 
 
 @functools.partial(
@@ -10221,8 +13010,6 @@ def gqa_backward_dkdv(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: fused kernels (several products, computed
-        operands, attention) are not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -10283,7 +13070,7 @@ def gqa_backward_dkdv(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_gqa_backward_dkdv_mosaic_gpu, b=b, g=g, r=r, t=t, d=d, s_=s_),
         ),
         interpret,
         q,
@@ -10723,8 +13510,180 @@ def _gqa_backward_dkdv_gpu(
     )(q, k, v, do, lse, delta)
 
 
-# `gqa_backward_dkdv` has no Mosaic GPU kernel (fused kernels (several products,
-# computed operands, attention) are not on Mosaic GPU yet): it runs on Triton.
+def _gqa_backward_dkdv_mosaic_gpu_kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    do_ref,
+    lse_ref,
+    delta_ref,
+    dk_r_ref,
+    dv_r_ref,
+    k_smem,
+    v_smem,
+    dk_r_smem,
+    dv_r_smem,
+    operand_smem,
+    operand_smem_,
+    barrier,
+    *,
+    b,
+    g,
+    r,
+    t,
+    d,
+    s_,
+    block_t,
+    block_s,
+    block_d,
+):
+    program = jax.lax.axis_index("programs")
+    t_block = jax.lax.rem(program, pl.cdiv(t, block_t))
+    program = jax.lax.div(program, pl.cdiv(t, block_t))
+    r_index = jax.lax.rem(program, r)
+    program = jax.lax.div(program, r)
+    g_index = jax.lax.rem(program, g)
+    program = jax.lax.div(program, g)
+    b_index = program
+    t_start = t_block * block_t
+    plgpu.copy_gmem_to_smem(
+        k_ref.at[b_index, g_index, pl.ds(t_start, block_t)], k_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+    plgpu.copy_gmem_to_smem(
+        v_ref.at[b_index, g_index, pl.ds(t_start, block_t)], v_smem, barrier.at[1]
+    )
+    plgpu.barrier_wait(barrier.at[1])
+
+    def step(indices, q_smem, do_smem, lse_smem, delta_smem, carry):
+        s_start = indices[0] * block_s
+        acc_s, acc_s_ = carry
+        lse = _mgpu_load_vector(lse_smem, 1)
+        delta = _mgpu_load_vector(delta_smem, 1)
+        s = _mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * 0.088388
+        p = jnp.exp(s - _mgpu_spread(lse, (block_t, block_s), 1))
+        dp = _mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
+        ds = p * (dp - _mgpu_spread(delta, (block_t, block_s), 1))
+        operand = p.astype(jnp.bfloat16)
+        if s_ % block_s:  # a ragged S: 0 past its end
+            operand = _mgpu_fill_past(operand, s_start, s_, 1, 0)
+        acc_s = acc_s + _mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,))
+        operand_ = (ds * 0.088388).astype(jnp.bfloat16)
+        if s_ % block_s:  # a ragged S: 0 past its end
+            operand_ = _mgpu_fill_past(operand_, s_start, s_, 1, 0)
+        acc_s_ = acc_s_ + _mgpu_dot(
+            (block_t, block_d), operand_, q_smem, lhs_scratch=(operand_smem_,)
+        )
+        return acc_s, acc_s_
+
+    acc_s, acc_s_ = plgpu.emit_pipeline(
+        step,
+        grid=(pl.cdiv(s_, block_s),),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_s, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec(
+                (block_s, block_d),
+                lambda i: (i, 0),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+            ),
+            plgpu.BlockSpec((block_s,), lambda i: (i,)),
+            plgpu.BlockSpec((block_s,), lambda i: (i,)),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(
+            plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+            plgpu.layout_cast(jnp.full((block_t, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
+        ),
+    )(
+        q_ref.at[b_index, g_index, r_index],
+        do_ref.at[b_index, g_index, r_index],
+        lse_ref.at[b_index, g_index, r_index],
+        delta_ref.at[b_index, g_index, r_index],
+    )
+    acc_s__ = acc_s
+    acc_s___ = acc_s_
+    dv_r_smem[...] = acc_s__
+    dk_r_smem[...] = acc_s___
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        dk_r_smem, dk_r_ref.at[b_index, g_index, r_index, pl.ds(t_start, block_t)]
+    )
+    plgpu.copy_smem_to_gmem(
+        dv_r_smem, dv_r_ref.at[b_index, g_index, r_index, pl.ds(t_start, block_t)]
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, s_, interpret):
+    """`gqa_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_t = 64
+    block_s = 64
+    block_d = d + -d % 64
+    if block_d > 256:
+        raise ValueError(
+            f'gqa_backward_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
+        )
+    padded_t = t + -t % block_t
+    padded_s_ = s_ + -s_ % block_s
+    q = _mgpu_pad(q.reshape((b, g, r, s_, d)), (b, g, r, padded_s_, block_d))
+    k = _mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
+    v = _mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
+    do = _mgpu_pad(do.reshape((b, g, r, s_, d)), (b, g, r, padded_s_, block_d))
+    lse = _mgpu_pad(lse.reshape((b, g, r, s_)), (b, g, r, padded_s_))
+    delta = _mgpu_pad(delta.reshape((b, g, r, s_)), (b, g, r, padded_s_))
+    dk_r, dv_r = plgpu.kernel(
+        functools.partial(
+            _gqa_backward_dkdv_mosaic_gpu_kernel,
+            b=b,
+            g=g,
+            r=r,
+            t=t,
+            d=d,
+            s_=s_,
+            block_t=block_t,
+            block_s=block_s,
+            block_d=block_d,
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((b, g, r, padded_t, block_d), jnp.float32),
+            jax.ShapeDtypeStruct((b, g, r, padded_t, block_d), jnp.float32),
+        ),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM(
+                (block_t, block_d), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_d)
+            ),
+            plgpu.SMEM(
+                (block_t, block_d), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_d)
+            ),
+            plgpu.SMEM(
+                (block_t, block_s), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_s)
+            ),
+            plgpu.SMEM(
+                (block_t, block_s), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_s)
+            ),
+            plgpu.Barrier(num_barriers=2),
+        ],
+        grid=(b * g * r * pl.cdiv(t, block_t),),
+        grid_names=("programs",),
+        interpret=interpret,
+    )(q, k, v, do, lse, delta)
+    return dk_r[:b, :g, :r, :t, :d].reshape((b, g, r, t, d)), dv_r[:b, :g, :r, :t, :d].reshape(
+        (b, g, r, t, d)
+    )
 
 
 @functools.partial(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -87,9 +88,23 @@ FEATURES = {
         {"_mgpu_load_vector"},
         {"M": 10, "N": 37},
     ),
+    # Attention on Mosaic GPU: computed operands of products, an f32 one split, a causal
+    # mask of positions, a ragged T, a softmax over a dimension held whole.
+    "fused-attention": (
+        "in q: bf16[S, D]\nin k: bf16[T, D]\nin v: bf16[T, E]\nout y: f32[S, E]\n"
+        "let s = where(index(S) >= index(T), q @ k.T, -inf)\n"
+        "y = softmax(softmax(s, T) @ v, E)\nblock S = 64, T = 64",
+        {"_mgpu_dot", "_mgpu_fill_past", "_mgpu_vector_positions", "_mgpu_softmax"},
+        {"S": 70, "T": 100, "D": 8, "E": 24},
+    ),
 }
 # The inputs' dimensions of a feature whose kernel takes other than one x[M, N] (or x[N]).
-INPUTS = {"blocks-in-strips": (("S", "D"), ("T", "D")), "row-input-beside-a-reduction": (("M", "N"), ("M",))}
+INPUTS = {
+    "blocks-in-strips": (("S", "D"), ("T", "D")),
+    "row-input-beside-a-reduction": (("M", "N"), ("M",)),
+    "fused-attention": (("S", "D"), ("T", "D"), ("T", "E")),
+}
+BF16_INPUTS = {"fused-attention"}  # features whose inputs are bf16 (the others': f32)
 
 
 def feature_source(feature: str) -> str:
@@ -148,6 +163,8 @@ def test_a_module_with_one_feature_runs_on_the_cpu_and_on_the_gpu_path(feature, 
     rng = np.random.default_rng(0)
     inputs = INPUTS.get(feature, [tuple(d for d in ("M", "N") if d in sizes)])
     xs = [rng.standard_normal(tuple(sizes[d] for d in dims)).astype(np.float32) * 4 for dims in inputs]
+    if feature in BF16_INPUTS:
+        xs = [jnp.asarray(x, jnp.bfloat16) for x in xs]
     want = np.asarray(module.k_reference(*xs))
     np.testing.assert_allclose(np.asarray(module.k(*xs)), want, rtol=1e-5, atol=1e-5)
     take_gpu_branch(monkeypatch, module)

@@ -25,6 +25,7 @@ from kernel_cases import (
 )
 from jax._src.mesh import AbstractDevice
 
+from pallasgen.analysis.fused import is_fused
 from pallasgen.analysis.product import find_products
 from pallasgen.devices.compile_only import GPU_CORES, GPU_DEVICE_KIND
 from pallasgen.workspace.pipeline import generate
@@ -44,22 +45,24 @@ TAKEN = [(m, k) for m, k in KERNELS if hasattr(generated_module(m), f"_{k}_mosai
 REFUSED = [(m, k) for m, k in KERNELS if (m, k) not in TAKEN]
 
 SIZES = {
-    "aligned": {"batch": 2, "rows": 256, "columns": 512, "contracted": 256, "vector": 4096},
-    "ragged": {"batch": 3, "rows": 100, "columns": 300, "contracted": 70, "vector": 3001},
-    "small": {"batch": 1, "rows": 8, "columns": 16, "contracted": 8, "vector": 5},
-    "one": {"batch": 1, "rows": 1, "columns": 1, "contracted": 1, "vector": 1},
+    "aligned": {"batch": 2, "rows": 256, "columns": 512, "contracted": 256, "vector": 4096, "head": 128},
+    "ragged": {"batch": 3, "rows": 100, "columns": 300, "contracted": 70, "vector": 3001, "head": 72},
+    "small": {"batch": 1, "rows": 8, "columns": 16, "contracted": 8, "vector": 5, "head": 16},
+    "one": {"batch": 1, "rows": 1, "columns": 1, "contracted": 1, "vector": 1, "head": 1},
 }
 
 
 def _dims(module: str, kernel: str, size: str) -> dict[str, int]:
     """Each dimension's size: the layout's last two are rows and columns, those before
-    them batch; a product's contracted dimension; a rank-1 kernel's one dimension."""
+    them batch; a product's contracted dimension; a rank-1 kernel's one dimension. A
+    fused kernel's (attention's) columns are a head's: Mosaic GPU holds them whole."""
     decl = spec_kernel(module, kernel)
     layout = max((tuple(a.dims) for a in (*decl.outputs, *decl.inputs)), key=len)
     table = SIZES[size]
     if len(layout) == 1:
         return {layout[0]: table["vector"]}
-    sizes = {d: table["batch"] for d in layout[:-2]} | {layout[-2]: table["rows"], layout[-1]: table["columns"]}
+    columns = table["head"] if is_fused(decl) else table["columns"]
+    sizes = {d: table["batch"] for d in layout[:-2]} | {layout[-2]: table["rows"], layout[-1]: columns}
     for product in find_products(decl):
         for dim in {d for a in decl.inputs for d in a.dims} - set(sizes):
             sizes[dim] = table["contracted"]
@@ -244,6 +247,14 @@ REFUSALS = {
         "a reduction over R of an input without R",
     ),
     "softmax-call": ("in x: f32[M, N]\nout y: f32[M, N]\ny = softmax(x, N)", "softmax() is not on Mosaic GPU yet"),
+    "fused-f32-product": (
+        "in q: f32[S, D]\nin k: f32[T, D]\nout y: f32[S]\ny = logsumexp(q @ k.T, T)\nblock S = 64, T = 64",
+        "a fused product of f32",
+    ),
+    "fused-argmax-over-the-swept-dimension": (
+        "in q: bf16[S, D]\nin k: bf16[T, D]\nout i: i32[S]\ni = argmax(q @ k.T, T)\nblock S = 64, T = 64",
+        "argmax() over the swept",
+    ),
     "kept-index-in-reduction": (
         "in x: f32[M, N]\nout y: f32[M]\ny = sum(x, N) + f32(index(M))",
         "index(M) in a kernel that reduces N",
@@ -359,6 +370,14 @@ TAKEN_SPECS = {
         "in x: f32[N]\nin s: f32[]\nout v, w: f32[]\n"
         "v = sum((x - mean(x, N)) * (x - mean(x, N)), N) * s\nw = max(x - min(x, N) * s, N)",
         {"N": 20001},
+    ),
+    # A fused kernel (causal attention over a ragged T) whose output is a softmax over a
+    # dimension held whole, E, padded from 24 to 64: its padding takes no share.
+    "attention-then-softmax-over-a-whole-dimension": (
+        "in q: bf16[S, D]\nin k: bf16[T, D]\nin v: bf16[T, E]\nout y: f32[S, E]\n"
+        "let s = where(index(S) >= index(T), q @ k.T, -inf)\ny = softmax(softmax(s, T) @ v, E)\n"
+        "block S = 64, T = 64",
+        {"S": 70, "T": 100, "D": 8, "E": 24},
     ),
     # 8-bit values to scalars: products wrap in i8 before the i32 sum; a maximum in i8.
     "int8-scalar-reductions": (
@@ -479,3 +498,62 @@ def test_sqrt_on_mosaic_gpu_is_within_an_ulp_and_exact_at_the_edges(dtype, tmp_p
     # Within an ulp of the output's dtype: of f32, or of bf16 (its spacing near each value).
     spacing = np.abs(np.spacing(want[~exact])) * (2.0**16 if dtype == "bf16" else 1.0)
     assert np.all(np.abs(got[~exact] - want[~exact]) <= spacing)
+
+
+ATTENTION = {"attention", "attention_full", "attention_bottom_right", "gqa", "attention_dq", "attention_dkdv"}
+
+
+def test_mosaic_gpu_takes_the_attention_family_and_its_gradients():
+    """Fused kernels: a sweep over the key blocks with the online softmax's running values."""
+    taken = {k for _, k in TAKEN}
+    assert ATTENTION <= taken
+    derived = {f"{k}_{part}" for k in ("attention", "gqa") for part in ("backward_dq", "backward_dkdv")}
+    assert derived | {"attention_full_with_residuals", "gqa_with_residuals"} <= taken
+
+
+def _interpreted_attention(kernel, monkeypatch, *arrays, **keywords):
+    generated = generated_module("attention")
+    take_gpu_branch(monkeypatch, generated)
+    function = getattr(generated, kernel)
+    return function(*arrays, gpu_backend="mosaic_gpu", interpret=INTERPRETER(), **keywords)
+
+
+def _qkv(s: int, t: int, d: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return [jnp.asarray(random_array(rng, "bf16", shape)) for shape in [(1, 2, s, d), (1, 2, t, d), (1, 2, t, d)]]
+
+
+@pytest.mark.skipif(INTERPRETER is None, reason="Mosaic GPU's interpreter is public from jax 0.12")
+def test_causal_attention_on_mosaic_gpu_never_computes_a_block_past_the_diagonal(monkeypatch):
+    """Queries 0-63 see no key past 63: the second block of keys is skipped, so NaN values
+    there (which a computed block would multiply by its zero weights) leave them exact."""
+    q, k, v = _qkv(128, 128, 64)
+    poisoned = v.at[:, :, 64:].set(jnp.nan)
+    o, lse = _interpreted_attention("attention", monkeypatch, q, k, poisoned)
+    want_o, want_lse = generated_module("attention").attention_reference(q, k, v.at[:, :, 64:].set(0))
+    np.testing.assert_allclose(
+        np.asarray(o[:, :, :64], np.float32), np.asarray(want_o[:, :, :64], np.float32), atol=2e-2
+    )
+    np.testing.assert_allclose(np.asarray(lse[:, :, :64]), np.asarray(want_lse[:, :, :64]), rtol=1e-5)
+    assert np.isnan(np.asarray(o[:, :, 64:], np.float32)).all()  # the diagonal's block reads them
+
+
+@pytest.mark.skipif(INTERPRETER is None, reason="Mosaic GPU's interpreter is public from jax 0.12")
+@pytest.mark.parametrize("kernel", ["attention", "attention_full"])
+def test_attention_on_mosaic_gpu_is_exact_past_a_ragged_key_end(kernel, monkeypatch):
+    """T = 65: its second block holds one key and 63 positions of padding, which must take
+    no weight (the scores past T are -inf, not the 0 that zero padding gives) in o nor lse."""
+    q, k, v = _qkv(70, 65, 40, seed=1)
+    q, k = jnp.abs(q) + 1, -jnp.abs(k) - 1  # every score below 0: a padded key's score 0 would win
+    got = jax.tree.leaves(_interpreted_attention(kernel, monkeypatch, q, k, v))
+    want = jax.tree.leaves(getattr(generated_module("attention"), f"{kernel}_reference")(q, k, v))
+    for g, w in zip(got, want):
+        rtol = 2.0**-7 if w.dtype.itemsize == 2 else 1e-5
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=rtol, atol=rtol * 4)
+
+
+def test_attention_on_mosaic_gpu_says_which_head_size_it_holds(monkeypatch):
+    """A head (D) is held whole in one wgmma accumulator: up to 256."""
+    q, k, v = (jax.ShapeDtypeStruct((1, 1, 64, 320), jnp.bfloat16) for _ in range(3))
+    with pytest.raises(ValueError, match=r'attention: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D=320'):
+        _cuda_text(generated_module("attention").attention, [q, k, v], gpu_backend="mosaic_gpu")

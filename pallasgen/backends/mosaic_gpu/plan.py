@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.names import block_keyword
+from pallasgen.backends.mosaic_gpu.fused import FusedPlanner
 from pallasgen.backends.mosaic_gpu.sweeps import SweepPlanner, column_block
 from pallasgen.backends.mosaic_gpu.totals import TotalsPlanner
 from pallasgen.backends.mosaic_gpu.outer import PIPELINE_STAGES as OUTER_STAGES, OuterPlanner
@@ -96,8 +97,10 @@ def plan_mosaic_gpu(lowered: LoweredKernel) -> MosaicGpuPlan:
         refused = f"`{name}` has no Mosaic GPU kernel ({reason}): it runs on Triton."
         comment = tuple(textwrap.wrap(refused, 86, initial_indent="# ", subsequent_indent="# "))
         return MosaicGpuPlan(comment, launcher_name(name), kernel_function_name(name), "", (), "", (), "None")
-    if checked.fused is not None or stages(checked):  # kernels in turn (support.refusal)
+    if stages(checked):  # a fused kernel of one product, or nested reductions: kernels in turn
         return _plan_stages(lowered)
+    if checked.fused is not None:
+        return FusedPlanner(_Planner(lowered)).plan()
     if checked.product:
         return _ProductPlanner(lowered).plan()
     if len(checked.space.layout) == 1 and any(d.reductions for d in checked.space.dims):

@@ -12,6 +12,7 @@ from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.backends.mosaic_gpu.stages import stages
+from pallasgen.backends.mosaic_gpu.fused_support import fused_problem
 from pallasgen.frontend import ir
 
 # Spec functions whose jax spelling has no Mosaic GPU lowering on one of the lines.
@@ -53,7 +54,7 @@ def refusal(checked: CheckedKernel) -> str | None:
     if chain:  # one product, of computed operands or reduced, or nested reductions: kernels in turn
         return next((reason for reason in (refusal(s.checked) for s in chain) if reason), None)
     if checked.fused is not None:
-        return "fused kernels (several products, computed operands, attention) are not on Mosaic GPU yet"
+        return fused_problem(checked)
     reduces = any(d.reductions for d in checked.space.dims if product is None or d.name != product.k)
     if reduces and product is not None:
         return "reductions beside a product are not on Mosaic GPU yet"

@@ -1,0 +1,543 @@
+"""Fused kernels on Mosaic GPU (attention and its gradients): one program per batch
+element and block of the dimensions outputs keep, sweeping the swept dimension's
+blocks with running values (the online softmax), as analysis.fused derives them and
+lowering.fused writes them.
+
+A program copies the blocks that do not vary along the swept dimension into shared
+memory once (TMA), then runs a pipeline (`plgpu.emit_pipeline`, two blocks in flight)
+over the swept dimension's blocks, its running values the pipeline's carry; a block
+where the kernel's `where` on positions is false everywhere (causal attention) is not
+computed (`jax.lax.cond`; the pipeline still copies it in). The outputs are computed from the carries, written to shared
+memory and copied out. All programs are one grid axis (Mosaic GPU's grid has three),
+decoded into each batch index and block.
+
+Tiles are 2-D values in the WGMMA register layout; a value of one dimension of a tile
+(a running max, a row's sum, `lse`) is a vector in the layout's row or column layout,
+spread over a tile where it meets one. Products run on `wgmma` with an f32
+accumulator: an input tile is read from shared memory where it lies, and an operand
+that is a value is written to a tile there first (wgmma could read a 16-bit left one
+from registers, but Mosaic GPU's interpreter, the check without a GPU, cannot); an f32
+value times a 16-bit operand is two 16-bit products, of its high and low parts (exact
+to about 2^-16, finer than TF32).
+
+Ragged edges are exact: the launcher pads the arrays with zeros (blocked dimensions to
+whole blocks, dimensions held whole to a multiple of 64) and slices the outputs back;
+past the swept dimension's end, running values take their identity and computed
+product operands 0 (lowering.fused), and reductions over a dimension held whole take
+their identity past its size.
+"""
+
+from __future__ import annotations
+
+from pallasgen.analysis.carries import Carry
+from pallasgen.analysis.fused import array_axes
+from pallasgen.analysis.functions import FUNCTIONS
+from pallasgen.analysis.infer import product_operand
+from pallasgen.analysis.names import block_keyword
+from pallasgen.backends.mosaic_gpu.fused_support import product_dtypes
+from pallasgen.backends.mosaic_gpu.support import EMITTER_OPTIONS
+from pallasgen.frontend import ir
+from pallasgen.lowering.fused import FrameSpelling, FusedLowering, Placement, Running
+from pallasgen.lowering.parts import parameter_list, tuple_code
+from pallasgen.lowering.pyexpr import _ATOM, Emitter, jnp_dtype
+from pallasgen.lowering.reductions import compute_dtype, finish_code, identity, reduced_dim
+
+BLOCK = 64  # rows of a block of each blocked dimension: the WGMMA layout's row tile
+WHOLE_MULTIPLE = 64  # a dimension held whole is padded to a multiple of this (one swizzled row)
+WIDEST = 256  # the widest dimension held whole: wgmma's widest accumulator
+PIPELINE_STAGES = 2  # blocks of the swept dimension in flight
+
+
+def _children(node: ir.Expr) -> list[ir.Expr]:
+    if isinstance(node, ir.Call):
+        return list(node.args)
+    return [getattr(node, a) for a in ("operand", "left", "right", "value") if hasattr(node, a)]
+
+
+class _Spelling(FrameSpelling):
+    """Reductions over a tile's axis to a vector (no size-1 axis: Mosaic GPU's layouts
+    have none), positions as vectors, softmax over a dimension held whole."""
+
+    def reduction(self, node: ir.Call, value: str, dtype) -> str:
+        dim = reduced_dim(node)
+        axis = self.axis(node.args[0], dim)
+        computed = compute_dtype(node.func, dtype)
+        if computed.name != dtype.name:
+            value = f"{value}.astype({jnp_dtype(computed.name)})"
+        if dim in self.padded:
+            value = f"_mgpu_fill_past({value}, 0, {self.sizes[dim]}, {axis}, {identity(node.func, dtype)})"
+        block = f"jnp.{FUNCTIONS[node.func].reducer.block}({value}, axis={axis})"
+        return finish_code(node.func, [block], dtype, self.sizes[dim])
+
+    def softmax(self, node: ir.Call, value: str, dtype) -> str:
+        dim = reduced_dim(node)
+        axis = self.axis(node.args[0], dim)
+        value = value if dtype.name == "f32" else f"{value}.astype(jnp.float32)"
+        if dim in self.padded:
+            value = f"_mgpu_fill_past({value}, 0, {self.sizes[dim]}, {axis}, -jnp.inf)"
+        return f"_mgpu_softmax({value}, {axis})"
+
+    def positions(self, dim: str) -> str:
+        if dim in self.batch:
+            return self.starts[dim]
+        axis = 0 if self.row == dim else 1
+        return f"_mgpu_vector_positions({self.starts.get(dim, '0')}, {self.extents[dim]}, {axis})"
+
+    def rounded(self, value: str) -> str:
+        return f"jnp.round({value})"
+
+
+class _SpreadingEmitter(Emitter):
+    """Expressions on tiles and vectors: a vector operand of a tile's operation is
+    spread over the tile (`_mgpu_spread`), as broadcasting would a size-1 axis."""
+
+    def __init__(self, *args, frame, extents, tiles, **options):
+        super().__init__(*args, **options)
+        self.frame, self.extents, self.tiles = frame, extents, tiles
+        self._spread: dict[ir.Expr, str] = {}
+
+    def _emit(self, node: ir.Expr):
+        code, level = super()._emit(node)
+        if node in self._spread:
+            return f"_mgpu_spread({code}, {self._spread[node]})", _ATOM
+        return code, level
+
+    def _emit_node(self, node: ir.Expr):
+        axes = self.frame.get(node)
+        if axes and None not in axes and node not in self.overrides:
+            for child in _children(node):
+                spread = spread_code(self.frame.get(child), axes, self.extents)
+                if spread and child not in self.tiles:
+                    self._spread[child] = spread
+        return super()._emit_node(node)
+
+
+def spread_code(vector_axes, tile_axes, extents) -> str | None:
+    """`shape, axis` of `_mgpu_spread` for a vector laid out along `vector_axes` that meets
+    a tile along `tile_axes`; None if it is no vector of that tile."""
+    if not vector_axes or None in tile_axes or [a is None for a in vector_axes].count(True) != 1:
+        return None
+    (dim,) = [a for a in vector_axes if a]
+    if dim not in tile_axes:
+        return None
+    return f"{tuple_code([extents[a] for a in tile_axes])}, {tile_axes.index(dim)}"
+
+
+class _Lowering(FusedLowering):
+    """lowering.fused's body with Mosaic GPU's vectors and wgmma products."""
+
+    def __init__(self, planner, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.planner = planner
+        self.vector_axes: dict[str, int] = {}  # a running vector's name: its axis in the tile
+
+    # -- products ----------------------------------------------------------------------
+
+    def direct(self, value: ir.Expr, dtype: str) -> bool:
+        """Whether a product operand is an input read from shared memory as it lies."""
+        decl = self.planner.inputs.get(value.id) if isinstance(value, ir.Name) else None
+        return decl is not None and decl.dtype == dtype
+
+    def _dot(self, node: ir.Binary, emitter) -> str:
+        lines, code = self.product(node, emitter, masked=False)
+        assert not lines
+        return code
+
+    def product(self, node: ir.Binary, emitter, masked: bool) -> tuple[list[str], str]:
+        """The lines before a product and its code (`_mgpu_dot`); `masked`: computed
+        operands take 0 past the swept dimension's end on a ragged last block."""
+        product = self.fused.products[node]
+        dtype, split = product_dtypes(self.checked, node)
+        lines, operands = [], []
+        for value, contracts in ((product.lhs, product.lhs_contracts), (product.rhs, product.rhs_contracts)):
+            if self.direct(value, dtype):
+                operands.append(self.planner.smem[value.id])
+                continue
+            code = emitter.cast(value, "f32" if split and value is product.lhs else dtype)
+            if masked:
+                name = self.namer.claim("operand")
+                lines += [
+                    f"{name} = {code}",
+                    f"if {self.ragged}:  # a ragged {self.fused.sweep.dim}: 0 past its end",
+                    f"    {name} = _mgpu_fill_past({name}, {self.start}, {self.lowered.sizes[self.fused.sweep.dim]}, {contracts}, 0)",
+                ]
+                code = name
+            operands.append(code)
+        keywords = []
+        if split:
+            keywords.append(f"split={jnp_dtype(split)}")
+        if not self.direct(product.lhs, dtype):
+            tiles = [self.planner.scratch(self.fused.frame[product.lhs], dtype) for _ in range(2 if split else 1)]
+            keywords.append(f"lhs_scratch=({', '.join(tiles)},)")
+        if not self.direct(product.rhs, dtype):
+            keywords.append(f"rhs_scratch={self.planner.scratch(self.fused.frame[product.rhs], dtype)}")
+        if product.rhs_contracts == 1:
+            keywords.append("transposed=True")
+        shape = self._shape(node)
+        code = f"_mgpu_dot({shape}, {', '.join(operands)}{''.join(', ' + k for k in keywords)})"
+        result = self.types[node].dtype.name
+        return lines, code if result == "f32" else f"{code}.astype({jnp_dtype(result)})"
+
+    def _loads(self, statements, extra_roots=(), skip=()) -> list[str]:
+        """Loads of the inputs the statements read as values (not those a product reads
+        from shared memory)."""
+        roots = [*(s.value for s in statements), *extra_roots]
+        used, stack = set(), list(roots)
+        while stack:
+            node = stack.pop()
+            if isinstance(node, ir.Name):
+                used.add(node.id)
+            if node in skip:
+                continue
+            if node in self.fused.products:
+                product = self.fused.products[node]
+                dtype, _ = product_dtypes(self.checked, node)
+                stack += [v for v in (product.lhs, product.rhs) if not self.direct(v, dtype)]
+                continue
+            stack += _children(node)
+        return [f"{self.lowered.values[d.name]} = {self.load(d)}" for d in self.checked.kernel.inputs if d.name in used]
+
+    # -- running values ----------------------------------------------------------------
+
+    def carry_axes(self, carry: Carry) -> tuple:
+        """A carry's tile axes once the pass is done (the swept one gone)."""
+        if carry.kind == "dot":
+            return self.fused.frame[carry.node]
+        return tuple(None if a == self.fused.sweep.dim else a for a in self.fused.frame[carry.value])
+
+    def _running(self, carry: Carry, names: list[str]) -> list[Running]:
+        found = super()._running(carry, names)
+        if carry.kind == "dot":
+            return found
+        axes = self.carry_axes(carry)
+        (dim,) = [a for a in axes if a]
+        for running in found:
+            self.vector_axes[running.name] = axes.index(dim)
+        return [Running(r.name, tuple_code([self.extents[dim]]), r.dtype, r.initial, r.comment, r.dims) for r in found]
+
+    def _masked(self, name: str, value: str, node: ir.Expr, fill: str) -> list[str]:
+        dim = self.fused.sweep.dim
+        return [
+            f"{name} = {value}",
+            f"if {self.ragged}:  # a ragged {dim}: {fill} past its end, never padding",
+            f"    {name} = _mgpu_fill_past({name}, {self.start}, {self.lowered.sizes[dim]}, {self._axis(node, dim)}, {fill})",
+        ]
+
+    def _max_step(self, carry: Carry, names, emitter, shift, rescale) -> list[str]:
+        """The running max after this block (a vector); where it rescales others, the
+        shift spread over the block's tile, and the rescale factor (a vector)."""
+        (name,) = names
+        dim = self.fused.sweep.dim
+        axis = self._axis(carry.value, dim)
+        dtype = self._value_dtype(carry)
+        block = self.namer.claim(f"{name}_block")
+        value = emitter.cast(carry.value, compute_dtype("max", dtype).name)
+        lines = self._masked(block, value, carry.value, identity("max", dtype))
+        top = f"jnp.max({block}, axis={axis})"
+        if shift is None:
+            return lines + [f"{name} = jnp.maximum({name}, {top})"]
+        previous, new, vector = (self.namer.claim(f"{name}_{x}") for x in ("previous", "new", "shift_vector"))
+        return lines + [
+            f"{previous} = {name}",
+            f"{new} = jnp.maximum({previous}, {top})",
+            f"{vector} = jnp.where({new} > -jnp.inf, {new}, 0.0)  # a row of -inf so far subtracts 0",
+            f"{shift} = _mgpu_spread({vector}, {block}.shape, {1 - axis})",
+            f"{rescale} = jnp.exp({previous} - {vector})  # what the terms so far are worth now",
+            f"{name} = {new}",
+        ]
+
+    def _step(self, carry: Carry, names, emitter, scale, shift) -> list[str]:
+        dim = self.fused.sweep.dim
+        (name,) = names[:1]
+        if carry.kind == "dot":
+            lines, term = self.product(carry.node, emitter, masked=True)
+            kept = name
+            if scale:
+                axes = self.fused.frame[carry.node]
+                kept = f"_mgpu_spread({scale}, {name}.shape, {self._scale_axis(carry, axes)}) * {name}"
+            return lines + [f"{name} = {kept} + {term}"]
+        axis = self._axis(carry.value, dim)
+        block = self.namer.claim(f"{name}_block")
+        if carry.kind == "expsum":
+            lines = self._masked(block, self.terms[carry.key], carry.value, "0.0")
+            return lines + [f"{name} = {scale} * {name} + jnp.sum({block}, axis={axis})"]
+        kind, dtype = carry.kind, self._value_dtype(carry)
+        computed = compute_dtype(kind, dtype)
+        lines = self._masked(block, emitter.cast(carry.value, computed.name), carry.value, identity(kind, dtype))
+        reducer = FUNCTIONS[kind].reducer
+        if scale:
+            return lines + [f"{name} = {scale} * {name} + jnp.sum({block}, axis={axis})"]
+        return lines + [f"{name} = {reducer.merge.format(name, f'jnp.{reducer.block}({block}, axis={axis})')}"]
+
+    def _scale_axis(self, carry: Carry, axes) -> int:
+        """The axis of a dot carry's tile that its scale (a running max's vector) runs along."""
+        scale_axes = self.carry_axes(carry.scale)
+        (dim,) = [a for a in scale_axes if a]
+        return axes.index(dim)
+
+    def _finish(self, sweep, names, store) -> list[str]:
+        size = self.lowered.sizes[sweep.dim]
+        lines: list[str] = []
+        finals: dict[tuple, str] = {}
+        for carry in sorted(sweep.carries, key=lambda c: bool(c.factors)):
+            read = names[carry.key]
+            value = (
+                read[0]
+                if carry.kind in ("dot", "expsum")
+                else finish_code(carry.kind, read, self._value_dtype(carry), size)
+            )
+            for op, factor in carry.factors:
+                if isinstance(factor, Carry):
+                    value = f"{value} {op} {self._fitted(finals[factor.key], self.carry_axes(factor), carry)}"
+            finals[carry.key] = self.namer.claim(read[0])
+            lines.append(f"{finals[carry.key]} = {value}")
+        overrides: dict = {}
+        for node, carry in sweep.results.items():
+            if isinstance(node, ir.Call) and node.func == "logsumexp":
+                overrides[node] = f"_logsumexp_finish({finals[('max', carry.key[1])]}, {finals[carry.key]})"
+            else:
+                overrides[node] = finals[carry.key]
+        emitter = self.emitter_for(overrides)
+        self._prepare([s.value for s in sweep.finish], overrides, emitter)
+        for carry in sweep.carries:  # factors that are values of the last step, not carries
+            for op, factor in carry.factors:
+                if not isinstance(factor, Carry):
+                    self._prepare([factor], overrides, emitter)
+                    fitted = self._fitted(emitter.emit(factor), self.fused.frame[factor], carry)
+                    lines.append(f"{finals[carry.key]} = {finals[carry.key]} {op} {fitted}")
+        factors = [f for c in sweep.carries for _, f in c.factors if not isinstance(f, Carry)]
+        stores = self._store_all(sweep.finish, emitter, store)
+        return self._loads(sweep.finish, factors, skip=sweep.results) + lines + stores
+
+    def _fitted(self, code: str, axes, carry: Carry) -> str:
+        """A factor's value as it multiplies or divides a carry: spread if it is a vector of
+        the carry's tile."""
+        spread = spread_code(axes, self.carry_axes(carry), self.extents)
+        return f"_mgpu_spread({code}, {spread})" if spread else code
+
+
+class FusedPlanner:
+    """The plan of a fused kernel that support.refusal takes (see the module)."""
+
+    def __init__(self, planner):
+        self.base = planner  # the shared _Planner: names, finishing the plan
+        self.lowered, self.checked, self.kernel = planner.lowered, planner.checked, planner.kernel
+        self.fused = self.checked.fused
+        self.namer, self.sizes, self.values, self.refs = planner.namer, planner.sizes, planner.values, planner.refs
+        self.smem = planner.smem
+        self.inputs = {d.name: d for d in self.kernel.inputs}
+        self.scratches: list[tuple[str, str]] = []  # (name, its plgpu.SMEM)
+        fused, dims = self.fused, self.checked.dims
+        tiles = {a for axes in fused.frame.values() for a in axes if a}
+        tiles |= {d for decl in self.kernel.inputs + self.kernel.outputs for d in decl.dims if d not in fused.batch}
+        self.blocked = [d for d in dims if d in tiles and d in self.checked.blocks]
+        self.whole = [d for d in dims if d in tiles and d not in self.checked.blocks]
+        self.padded = {d: planner.padded(d) for d in self.blocked} | {d: block_keyword(d) for d in self.whole}
+        self.grid = [*fused.batch, *fused.parallel]  # one program per element of each, decoded from one axis
+        self.index = {
+            d: self.namer.claim(f"{d.lower()}_index" if d in fused.batch else f"{d.lower()}_block") for d in self.grid
+        }
+        self.starts = {d: self.index[d] for d in fused.batch}
+        self.starts |= {d: self.namer.claim(f"{d.lower()}_start") for d in fused.parallel}
+        self.starts[fused.sweep.dim] = self.namer.claim(f"{fused.sweep.dim.lower()}_start")
+
+    def scratch(self, axes, dtype: str) -> str:
+        """A shared-memory tile for a product's operand that is a value."""
+        name = self.namer.claim("operand_smem")
+        shape = tuple_code([block_keyword(a) for a in axes])
+        dtype = jnp_dtype(dtype)
+        self.scratches.append(
+            (name, f"plgpu.SMEM({shape}, {dtype}, transforms=_mgpu_swizzled({dtype}, {block_keyword(axes[-1])}))")
+        )
+        return name
+
+    def plan(self):
+        kernel = self.kernel
+        code, lowering = self._code()
+        streamed = [d for d in kernel.inputs if self.fused.sweep.dim in d.dims]
+        once = [d for d in kernel.inputs if d not in streamed]
+        barrier = self.namer.claim("barrier")
+        body = self._program()
+        for number, decl in enumerate(once):
+            body += [
+                f"plgpu.copy_gmem_to_smem({self._at(decl)}, {self.smem[decl.name]}, {barrier}.at[{number}])",
+                f"plgpu.barrier_wait({barrier}.at[{number}])",
+            ]
+        body += [
+            *code.before,
+            *self._pipeline(code, lowering, streamed),
+            *code.finish,
+            "plgpu.commit_smem()",
+            *(f"plgpu.copy_smem_to_gmem({self.smem[d.name]}, {self._at(d)})" for d in kernel.outputs),
+            "plgpu.wait_smem_to_gmem(0)",
+        ]
+        scratch = [(self.smem[d.name], self._smem_type(d)) for d in [*once, *kernel.outputs]] + self.scratches
+        if once:  # a barrier per input copied once
+            scratch.append((barrier, f"plgpu.Barrier(num_barriers={len(once)})"))
+        keywords = [*(self.sizes[d] for d in self.checked.dims), *(block_keyword(d) for d in self.blocked + self.whole)]
+        keywords += [p.name for p in kernel.params]
+        refs = [self.refs[d.name] for d in kernel.inputs + kernel.outputs]
+        parameters = parameter_list([*refs, *(name for name, _ in scratch)], keywords)
+        return self.base.finish(parameters, body, self._launcher(keywords, [t for _, t in scratch]))
+
+    def _code(self):
+        """The pass's code (lowering.fused, Mosaic GPU's way) and its lowering."""
+        fused, sizes, swept = self.fused, self.sizes, self.fused.sweep.dim
+        extents = {d: block_keyword(d) for d in self.blocked + self.whole}
+        spelling = _Spelling(fused, sizes, extents, self.starts, padded=frozenset(self.whole))
+        lets = {s.name: s.value for s in self.kernel.body if isinstance(s, ir.Let)}
+
+        def load(decl):
+            axes = [a for a in array_axes(decl, fused) if a not in fused.batch]
+            if None not in axes:
+                return f"plgpu.layout_cast({self.smem[decl.name]}[...], plgpu.Layout.WGMMA)"
+            return f"_mgpu_load_vector({self.smem[decl.name]}, {axes.index(next(a for a in axes if a))})"
+
+        def store(decl, value):
+            return f"{self.smem[decl.name]}[...] = {value}"
+
+        def emitter_for(overrides):
+            return _SpreadingEmitter(
+                self.lowered.names,
+                self.checked.types,
+                overrides,
+                spelling=spelling,
+                lets=lets,
+                frame=fused.frame,
+                extents=extents,
+                tiles=set(fused.sweep.running),
+                **EMITTER_OPTIONS,
+            )
+
+        lowering = _Lowering(self, self.lowered, self.namer, spelling, extents, Placement(), emitter_for, load)
+        return lowering.swept(store, self.starts[swept], f"{sizes[swept]} % {block_keyword(swept)}"), lowering
+
+    def _count(self, dim: str) -> str:
+        """How many programs (batch elements or blocks) a grid dimension has."""
+        return self.sizes[dim] if dim in self.fused.batch else f"pl.cdiv({self.sizes[dim]}, {block_keyword(dim)})"
+
+    def _program(self) -> list[str]:
+        """Which batch element and blocks this program computes, decoded from its index."""
+        program = self.namer.claim("program")
+        lines = [f"{program} = jax.lax.axis_index('programs')"]
+        for d in reversed(self.grid):
+            if d == self.grid[0]:
+                lines.append(f"{self.index[d]} = {program}")
+            else:
+                count = self._count(d)
+                lines += [
+                    f"{self.index[d]} = jax.lax.rem({program}, {count})",
+                    f"{program} = jax.lax.div({program}, {count})",
+                ]
+        return lines + [f"{self.starts[d]} = {self.index[d]} * {block_keyword(d)}" for d in self.fused.parallel]
+
+    def _at(self, decl) -> str:
+        """The ref's view a program reads or writes: its batch element and its blocks of
+        the dimensions outputs keep (all of the swept one and those held whole)."""
+        parts = []
+        for d in decl.dims:
+            if d in self.fused.batch:
+                parts.append(self.index[d])
+            elif d in self.fused.parallel:
+                parts.append(f"pl.ds({self.starts[d]}, {block_keyword(d)})")
+            else:
+                parts.append(":")
+        while parts and parts[-1] == ":":
+            parts.pop()
+        return f"{self.refs[decl.name]}.at[{', '.join(parts)}]" if parts else self.refs[decl.name]
+
+    def _smem_type(self, decl) -> str:
+        """A block of an array copied once, or of an output, in shared memory."""
+        dims = [d for d in decl.dims if d not in self.fused.batch]
+        shape = tuple_code([block_keyword(d) for d in dims])
+        dtype = jnp_dtype(decl.dtype)
+        if len(dims) == 2:
+            return f"plgpu.SMEM({shape}, {dtype}, transforms=_mgpu_swizzled({dtype}, {block_keyword(dims[-1])}))"
+        return f"plgpu.SMEM({shape}, {dtype})"
+
+    def _spec(self, decl) -> str:
+        """The pipeline's block of an input along the swept dimension."""
+        fused, swept = self.fused, self.fused.sweep.dim
+        dims = [d for d in decl.dims if d not in fused.batch and d not in fused.parallel]
+        index_map = tuple_code(["i" if d == swept else "0" for d in dims])
+        transforms = ""
+        if len(dims) == 2:
+            dtype = jnp_dtype(decl.dtype)
+            transforms = f", transforms=_mgpu_swizzled({dtype}, {block_keyword(dims[-1])})"
+        return f"plgpu.BlockSpec({tuple_code([block_keyword(d) for d in dims])}, lambda i: {index_map}{transforms})"
+
+    def _pipeline(self, code, lowering, streamed) -> list[str]:
+        """The pass over the swept dimension's blocks: a pipeline carrying the running values;
+        a block the skip's condition rules out leaves them as they are."""
+        swept, namer = self.fused.sweep.dim, self.namer
+        steps, carried, step, compute = (namer.claim(x) for x in ("indices", "carry", "step", "compute"))
+        names = [r.name for r in code.running]
+        unpacked = ", ".join(names) + ("," if len(names) == 1 else "")
+        initial = []
+        for r in code.running:
+            if r.name in lowering.vector_axes:
+                (extent,) = [block_keyword(d) for d in r.dims]
+                initial.append(f"_mgpu_full({extent}, {r.initial}, {r.dtype}, {lowering.vector_axes[r.name]})")
+            else:
+                initial.append(f"plgpu.layout_cast(jnp.full({r.shape}, {r.initial}, {r.dtype}), plgpu.Layout.WGMMA)")
+        step_body = [f"{unpacked} = {carried}", *code.step, f"return {unpacked}"]
+        lines = [
+            f"def {step}({', '.join([steps, *(self.smem[d.name] for d in streamed), carried])}):",
+            f"    {self.starts[swept]} = {steps}[0] * {block_keyword(swept)}",
+        ]
+        if code.skip:
+            lines += [
+                f"    def {compute}():",
+                *(f"        {line}" for line in step_body),
+                "",
+                "    # A block where the `where` on positions below is false everywhere adds nothing: skipped.",
+                f"    return jax.lax.cond({code.skip}, {compute}, lambda: {carried})",
+            ]
+        else:
+            lines += [f"    {line}" for line in step_body]
+        return lines + [
+            "",
+            f"{unpacked} = plgpu.emit_pipeline(",
+            f"    {step},",
+            f"    grid=({self._count(swept)},),",
+            f"    in_specs=[{', '.join(self._spec(d) for d in streamed)}],",
+            f"    max_concurrent_steps={PIPELINE_STAGES},",
+            f"    init_carry=({', '.join(initial)},),",
+            f")({', '.join(self._at(d) for d in streamed)})",
+        ]
+
+    def _launcher(self, keywords, scratch_types) -> tuple[str, ...]:
+        """Blocks, the arrays padded, the kernel, its outputs sliced back to their layout."""
+        kernel, sizes = self.kernel, self.sizes
+        lines = [f"{block_keyword(d)} = {BLOCK}" for d in self.blocked]
+        for d in self.whole:
+            lines += [
+                f"{block_keyword(d)} = {sizes[d]} + -{sizes[d]} % {WHOLE_MULTIPLE}",
+                f"if {block_keyword(d)} > {WIDEST}:",
+                f'    raise ValueError(f\'{kernel.name}: gpu_backend="mosaic_gpu" holds {d} whole, up to {WIDEST};'
+                f' got {d}={{{sizes[d]}}} (use gpu_backend="triton")\')',
+            ]
+        lines += [f"{self.padded[d]} = {sizes[d]} + -{sizes[d]} % {block_keyword(d)}" for d in self.blocked]
+        for decl in kernel.inputs:  # from the public function's layout (size-1 axes) to its own
+            value = self.values[decl.name]
+            own, padded = (tuple_code([p.get(d, sizes[d]) for d in decl.dims]) for p in ({}, self.padded))
+            lines.append(f"{value} = _mgpu_pad({value}.reshape({own}), {padded})")
+        out_types = ", ".join(
+            f"jax.ShapeDtypeStruct({tuple_code([self.padded.get(d, sizes[d]) for d in o.dims])}, {jnp_dtype(o.dtype)})"
+            for o in kernel.outputs
+        )
+        lines += [
+            f"{', '.join(self.values[o.name] for o in kernel.outputs)}, = plgpu.kernel(",
+            f"    functools.partial({self.base.kernel_function}, {', '.join(f'{k}={k}' for k in keywords)}),",
+            f"    out_type=({out_types},),",
+            f"    scratch_types=[{', '.join(scratch_types)}],",
+            f"    grid=({' * '.join(self._count(d) for d in self.grid) or '1'},),",
+            "    grid_names=('programs',),",
+            "    interpret=interpret,",
+            f")({', '.join(self.values[d.name] for d in kernel.inputs)})",
+        ]
+        returned = [
+            f"{self.values[out.name]}[{', '.join(f':{sizes[d]}' for d in out.dims)}].reshape({plan.layout_shape})"
+            for out, plan in zip(kernel.outputs, self.lowered.outputs)
+        ]
+        return tuple([*lines, f"return {', '.join(returned)}"])
