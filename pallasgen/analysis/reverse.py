@@ -76,12 +76,13 @@ def derive(checked: CheckedKernel, saved_outputs=()) -> Derived | str:
 
 def not_generated_yet(checked: CheckedKernel) -> str | None:
     """What the kernel has that backward kernels are not generated for yet (None: they
-    are): a product (the derivations before this one take attention and plain products),
+    are): a product (the derivations before this one take attention, plain products and
+    fused kernels with one product),
     an input whose dimensions are in another order than the kernel's, or one broadcast
     over two blocked dimensions. (Reverse raises NotYet where a reduction's cotangent
     would need sums over two blocked dimensions first.)"""
     if checked.fused is not None:
-        return "a product fused with a reduction or a computed operand, other than attention's"
+        return "several products in one kernel, other than attention's"
     if checked.product is not None:
         return "a matrix product"
     layout = checked.space.layout
