@@ -11788,6 +11788,7 @@ def _matmul_softmax_backward_mosaic_gpu(y, dy, *, m, n, interpret):
     static_argnames=(
         "block_m",
         "block_k",
+        "block_n",
         "gpu_block_m",
         "gpu_block_k",
         "gpu_block_n",
@@ -11803,6 +11804,7 @@ def matmul_softmax_backward_x(
     *,
     block_m=None,
     block_k=None,
+    block_n=None,
     gpu_block_m=None,
     gpu_block_k=None,
     gpu_block_n=None,
@@ -11817,9 +11819,9 @@ def matmul_softmax_backward_x(
     Args:
       dacc: bf16[M, N].
       w: bf16[K, N].
-      block_m, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
+      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_softmax_backward_x_tpu_blocks),
-        else 128, 512.
+        else 128, 512, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
     those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, \"triton\" (the default) or \"mosaic_gpu\" (sm_90 and later;
@@ -11834,7 +11836,13 @@ def matmul_softmax_backward_x(
         "matmul_softmax_backward_x",
         {"dacc": (dacc, jnp.bfloat16, ("M", "N")), "w": (w, jnp.bfloat16, ("K", "N"))},
     )
-    _check_blocks("matmul_softmax_backward_x", block_m=block_m, block_k=block_k, may_be_none=True)
+    _check_blocks(
+        "matmul_softmax_backward_x",
+        block_m=block_m,
+        block_k=block_k,
+        block_n=block_n,
+        may_be_none=True,
+    )
     _check_blocks(
         "matmul_softmax_backward_x",
         gpu_block_m=gpu_block_m,
@@ -11851,7 +11859,13 @@ def matmul_softmax_backward_x(
         )
     return _on_platform(
         functools.partial(
-            _matmul_softmax_backward_x_tpu, m=m, k=k, n=n, block_m=block_m, block_k=block_k
+            _matmul_softmax_backward_x_tpu,
+            m=m,
+            k=k,
+            n=n,
+            block_m=block_m,
+            block_k=block_k,
+            block_n=block_n,
         ),
         _gpu_kernel(
             "matmul_softmax_backward_x",
@@ -11882,37 +11896,60 @@ def matmul_softmax_backward_x_reference(dacc, w):
     return dx
 
 
-def _matmul_softmax_backward_x_kernel(dacc_ref, w_ref, dx_ref):
+def _matmul_softmax_backward_x_kernel(dacc_ref, w_ref, dx_ref, acc_ref, *, n, block_n):
+    step = pl.program_id(2)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
     dacc, w = dacc_ref[...], w_ref[...]
+    if n % block_n:  # a ragged N: zero both operands past its end, so padding never reaches the sum
+        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
+        dacc = jnp.where(
+            step * block_n + jax.lax.broadcasted_iota(jnp.int32, dacc.shape, 1) < n,
+            dacc.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+        w = jnp.where(
+            step * block_n + jax.lax.broadcasted_iota(jnp.int32, w.shape, 1) < n,
+            w.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
     # Where K is 1, Mosaic cannot lower this product (or its epilogue): multiply and sum.
-    acc = (
+    acc_ref[...] += (
         jnp.sum(dacc.astype(jnp.float32) * w.astype(jnp.float32), axis=1, keepdims=True)
         if w.shape[0] == 1
         else jax.lax.dot_general(
             dacc, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
     )
-    dx_ref[...] = acc.astype(jnp.bfloat16)
+
+    @pl.when(step == pl.num_programs(2) - 1)
+    def _epilogue():
+        acc = acc_ref[...]
+        dx_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_m, block_k) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
+# TPU blocks (block_m, block_k, block_n) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (M, K, N) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning; else the chip's default. None: any other
+# chip, and CPU (the spec's blocks).
 _matmul_softmax_backward_x_tpu_blocks = {
-    None: {"default": (128, 512)},
-    "v5e": {"default": (512, 512)},
-    "v6e": {"default": (1024, 1024)},
+    None: {"default": (128, 512, 512)},
+    "v5e": {"default": (512, 512, 512)},
+    "v6e": {"default": (1024, 1024, 1024)},
 }
 
 
-def _matmul_softmax_backward_x_tpu(dacc, w, *, m, k, n, block_m, block_k, interpret):
+def _matmul_softmax_backward_x_tpu(dacc, w, *, m, k, n, block_m, block_k, block_n, interpret):
     """`matmul_softmax_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_k = _tpu_blocks(
-        _matmul_softmax_backward_x_tpu_blocks, (m, k, n), (block_m, block_k)
+    block_m, block_k, block_n = _tpu_blocks(
+        _matmul_softmax_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
     _check_tiling(
         "matmul_softmax_backward_x",
         block_m=(
@@ -11922,27 +11959,32 @@ def _matmul_softmax_backward_x_tpu(dacc, w, *, m, k, n, block_m, block_k, interp
             "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks per unit of N: 258.5 KiB = 2 buffers x (dacc 256 B + w
-    # 1.0 KiB + dx 128.0 KiB).
+    # VMEM at the default blocks: 2.0 MiB = 2 buffers x (dacc 128.0 KiB + w 512.0 KiB + dx
+    # 128.0 KiB) + f32 accumulator 256.0 KiB + f32 product step 256.0 KiB.
     return pl.pallas_call(
-        _matmul_softmax_backward_x_kernel,
-        # One step per block of M, block of K (N taken whole); steps are independent, so every
-        # axis is parallel.
-        grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
+        functools.partial(_matmul_softmax_backward_x_kernel, n=n, block_n=block_n),
+        # One step per block of M, block of K, block of N. Steps along M, K are independent
+        # (parallel); steps along N accumulate in order (arbitrary).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
             # dacc: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),
             # w: bf16[K, N], read transposed
-            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),
         ],
         # dx: bf16[M, K]
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+        # acc_ref: the f32 sum over N of one output tile
+        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(4 * block_m * n + 4 * block_k * n + 4 * block_m * block_k),
+            vmem_limit_bytes=_vmem_limit(
+                4 * block_m * block_n + 4 * block_k * block_n + 12 * block_m * block_k
+            ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * k * n, transcendentals=0, bytes_accessed=_nbytes(dacc, w) + m * k * 2

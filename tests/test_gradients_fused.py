@@ -34,7 +34,10 @@ from kernel_cases import (
     load_module,
     pallas_calls_and_primitives,
     take_gpu_branch,
+    unmasked_block_accesses,
 )
+from pallasgen.analysis.gradients import every_kernel
+from pallasgen.devices import compile_only
 from pallasgen.workspace.pipeline import check_source, generate
 
 # Ragged against every block: matmul_softmax's M = 128, K = 512 (N whole), rmsnorm_matmul's
@@ -205,7 +208,7 @@ def test_the_forward_saves_softmaxs_output_and_the_operand_is_recomputed():
 
 def test_the_backward_kernels_are_ordinary_kernels_with_the_forwards_blocks():
     """dacc is elementwise with a row sum over the whole N (M blocked as forward); dx, dw
-    are product kernels; rms_norm's derivative is elementwise over rows of a whole K, and
+    are product kernels (N blocked there: dx takes [M, N] by [K, N] blocks); rms_norm's derivative is elementwise over rows of a whole K, and
     dg a sum over M of its own."""
     kernels = {k.kernel.name: k for k in check_source(attention_spec(), "attention.pallas")}
     backward = {
@@ -214,12 +217,57 @@ def test_the_backward_kernels_are_ordinary_kernels_with_the_forwards_blocks():
     assert backward["matmul_softmax_backward"].product is None and backward["matmul_softmax_backward"].fused is None
     assert backward["matmul_softmax_backward"].blocks == {"M": 128}
     assert backward["matmul_softmax_backward_x"].product.k == "N"
+    # N, whole forward, is blocked as the forward's largest block where it is contracted
+    assert backward["matmul_softmax_backward_x"].blocks == {"M": 128, "K": 512, "N": 512}
     assert backward["matmul_softmax_backward_w"].product.k == "M"
     assert backward["rmsnorm_matmul_lhs"].blocks == backward["rmsnorm_matmul_lhs_backward"].blocks == {"M": 256}
     assert backward["rmsnorm_matmul_backward_lhs"].product.k == "N"
     assert backward["rmsnorm_matmul_backward_w"].product.k == "M"
     over_m = backward["rmsnorm_matmul_lhs_backward_over_m"].kernel
     assert [o.dims for o in over_m.outputs] == [("K",)]
+
+
+# --------------------------------------------------------------------------- compiled
+
+compiled = pytest.mark.skipif(
+    bool(compile_only.missing_compilers()), reason="needs libtpu (jax[tpu]) and triton: pip install -e '.[dev]'"
+)
+# Ragged in every dimension, K longer than rmsnorm_matmul's whole-K blocks of 128 lanes.
+COMPILE_SIZES = {"M": 1000, "K": 700, "N": 3000}
+
+
+def derived(name):
+    """The checked kernels derived for jax.grad of the bundled kernel `name`."""
+    kernels = check_source(attention_spec(), "attention.pallas")
+    (forward,) = [k for k in kernels if k.kernel.name == name]
+    return [k for k in every_kernel((forward,)) if k is not forward]
+
+
+DERIVED = [k.kernel.name for name in KERNELS for k in derived(name)]
+
+
+def abstract(name):
+    (checked,) = [k for forward in KERNELS for k in derived(forward) if k.kernel.name == name]
+    return [
+        jax.ShapeDtypeStruct(tuple(COMPILE_SIZES[d] for d in x.dims), DTYPES[x.dtype]) for x in checked.kernel.inputs
+    ]
+
+
+@compiled
+@pytest.mark.parametrize("name", DERIVED)
+@pytest.mark.parametrize("chip", ["v5e", "v6e"])
+def test_mosaic_compiles_the_derived_kernel(attention, name, chip):
+    function = functools.partial(getattr(attention, name), interpret=False)
+    assert "tpu_custom_call" in compile_only.compile_for_tpu(function, abstract(name), chip=chip).as_text()
+
+
+@compiled
+@pytest.mark.parametrize("name", DERIVED)
+def test_triton_compiles_the_derived_kernel_with_every_access_masked(attention, name):
+    function = functools.partial(getattr(attention, name), interpret=False)
+    for ttir in compile_only.triton_ir(function, abstract(name)):
+        assert not unmasked_block_accesses(ttir)
+        compile_only.compile_triton(ttir, capability=90)
 
 
 # --------------------------------------------------------------------------- f32 kernels of this file's own

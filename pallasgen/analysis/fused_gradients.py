@@ -201,12 +201,24 @@ def _reduced_epilogue(checked: CheckedKernel, namer: Namer) -> Derived | str:
             g = decl, Argument(dacc, "backward")
         steps.append(Step(derived_kernel, arguments, results))
     if g is not None:
-        steps += product_gradients._product_steps(kernel, product, g)
+        steps += product_gradients._product_steps(_blocked(kernel, product), product, g)
     back = {ir.Name(acc, product.node.position): product.node}
     residuals = [dataclasses.replace(r, value=reverse.substitute(r.value, back)) for r in derived.residuals]
     if any(Argument(acc, "residual") in step.arguments for step in steps):
         residuals.insert(0, Residual(acc, product.node))
     return Derived(tuple(steps), tuple(residuals), derived.recomputed)
+
+
+def _blocked(kernel: ir.Kernel, product) -> ir.Kernel:
+    """The kernel with a block for each dimension of the product that it takes whole (the
+    N a softmax reduces): its largest block rounded up to a lane tile, as product_gradients
+    blocks an output taken whole, so that the product kernels' blocks stay bounded where
+    that dimension is the one they contract (dx = dacc @ w.T)."""
+    largest = max((b.size for b in kernel.blocks), default=product_gradients.LANES)
+    size = -(-largest // product_gradients.LANES) * product_gradients.LANES
+    whole = [d for d in (product.m, product.n, product.k) if all(b.dim != d for b in kernel.blocks)]
+    added = tuple(ir.BlockSize(d, size, kernel.position, kernel.position) for d in whole)
+    return dataclasses.replace(kernel, blocks=kernel.blocks + added)
 
 
 def _prologue_steps(prologue: _Prologue, steps: list[Step], namer: Namer):
