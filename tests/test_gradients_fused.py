@@ -292,7 +292,35 @@ kernel rmsnorm_f32 {
     y = a @ w
     block M = 128, N = 128
 }
+
+kernel relu_scaled_f32 {
+    in  x: f32[M, K]
+    in  w: f32[K, N]
+    out y: f32[M, N]
+    y = relu((x * 2.0) @ w)
+    block M = 128, N = 128, K = 128
+}
+
+kernel log_softmax_f32 {
+    in  x: f32[M, K]
+    in  w: f32[K, N]
+    out y: f32[M, N]
+    out top: f32[M]
+    let s = x @ w
+    y = s - logsumexp(s, N)
+    top = max(s, N)
+    block M = 128
+}
 """
+# Each f32 kernel: its inputs' dimensions, and what its forward pass saves besides its
+# inputs: the accumulator where relu's derivative reads it (a product of a computed
+# operand, saved as the forward computes it), the row statistics of a reducing epilogue.
+F32_KERNELS = {
+    "softmax_f32": (["MK", "KN", "N"], ()),
+    "rmsnorm_f32": (["MK", "K", "KN"], ()),
+    "relu_scaled_f32": (["MK", "KN"], ("acc",)),
+    "log_softmax_f32": (["MK", "KN"], ("acc", "argmax_n", "logsumexp_n")),
+}
 
 
 @pytest.fixture(scope="module")
@@ -304,26 +332,33 @@ def f32_module(tmp_path_factory):
 
 def f32_inputs(kernel: str, sizes, seed: int):
     rng = np.random.default_rng(seed)
-    shapes = {"softmax_f32": ["MK", "KN", "N"], "rmsnorm_f32": ["MK", "K", "KN"]}[kernel]
+    shapes, _ = F32_KERNELS[kernel]
     return [jnp.asarray(rng.standard_normal([sizes[d] for d in dims]) * 0.5, jnp.float32) for dims in shapes]
 
 
-@pytest.mark.parametrize("kernel", ["softmax_f32", "rmsnorm_f32"])
+@pytest.mark.parametrize("kernel", list(F32_KERNELS))
 def test_check_grads_on_small_f32_inputs(f32_module, kernel):
     """Numerical derivatives of f32 versions (the bundled kernels are bf16): an epilogue
-    with a bias summed over M, an operand computed through lets."""
+    with a bias summed over M, an operand computed through lets, a computed operand with
+    an epilogue that reads the accumulator, an epilogue with residuals of its own."""
     arrays = f32_inputs(kernel, {"M": 5, "K": 6, "N": 7}, seed=3)
     check_grads(functools.partial(getattr(f32_module, kernel), interpret=True), arrays, order=1, modes=["rev"])
 
 
-@pytest.mark.parametrize("kernel", ["softmax_f32", "rmsnorm_f32"])
+@pytest.mark.parametrize("kernel", list(F32_KERNELS))
 def test_f32_kernels_match_the_vjp_of_their_references_at_ragged_sizes(f32_module, kernel):
     arrays = f32_inputs(kernel, {"M": 130, "K": 150, "N": 140}, seed=4)
-    dy = jnp.asarray(np.random.default_rng(5).standard_normal((130, 140)), jnp.float32)
+    outputs, reference = jax.vjp(getattr(f32_module, f"{kernel}_reference"), *arrays)
+    rng = np.random.default_rng(5)
+    dy = jax.tree.map(lambda o: jnp.asarray(rng.standard_normal(o.shape), o.dtype), outputs)
     _, vjp = jax.vjp(functools.partial(getattr(f32_module, kernel), interpret=True), *arrays)
-    _, reference = jax.vjp(getattr(f32_module, f"{kernel}_reference"), *arrays)
     for g, w in zip(vjp(dy), reference(dy), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_f32_kernels_save_what_their_backward_kernels_read():
+    kernels = check_source(F32_SPEC, "fused_f32.pallas")
+    assert {k.kernel.name: k.gradient.residuals for k in kernels} == {n: r for n, (_, r) in F32_KERNELS.items()}
 
 
 def test_a_computed_operand_whose_inputs_the_epilogue_reads_too_is_not_generated_yet():
