@@ -196,7 +196,7 @@ def test_the_forward_saves_softmaxs_output_and_the_operand_is_recomputed():
     kernels = {k.kernel.name: k for k in check_source(attention_spec(), "attention.pallas")}
     softmax, rms = kernels["matmul_softmax"].gradient, kernels["rmsnorm_matmul"].gradient
     assert softmax.residuals == rms.residuals == () and softmax.saving is None is rms.saving
-    (first, *_) = softmax.kernels
+    first, *_ = softmax.kernels
     assert [(a.name, a.source) for a in first.arguments] == [("y", "output"), ("y", "cotangent")]
     assert set(rms.recomputed) == {"h", "lhs", "mean_k"}
     recompute = rms.kernels[0]
@@ -211,9 +211,7 @@ def test_the_backward_kernels_are_ordinary_kernels_with_the_forwards_blocks():
     are product kernels (N blocked there: dx takes [M, N] by [K, N] blocks); rms_norm's derivative is elementwise over rows of a whole K, and
     dg a sum over M of its own."""
     kernels = {k.kernel.name: k for k in check_source(attention_spec(), "attention.pallas")}
-    backward = {
-        b.checked.kernel.name: b.checked for k in kernels.values() if k.gradient for b in k.gradient.kernels
-    }
+    backward = {b.checked.kernel.name: b.checked for k in kernels.values() if k.gradient for b in k.gradient.kernels}
     assert backward["matmul_softmax_backward"].product is None and backward["matmul_softmax_backward"].fused is None
     assert backward["matmul_softmax_backward"].blocks == {"M": 128}
     assert backward["matmul_softmax_backward_x"].product.k == "N"
