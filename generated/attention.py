@@ -14177,8 +14177,8 @@ def matmul_softmax(
     Returns:
       y: f32[M, N].
 
-    Gradients: not generated yet for a product fused with a reduction or a computed operand,
-    other than attention's: jax.grad of it raises NotImplementedError.
+    Gradients: jax.grad runs the generated backward kernels matmul_softmax_backward,
+    matmul_softmax_backward_x, matmul_softmax_backward_w (_matmul_softmax_vjp).
     """
     (x, w), sizes = _operands(
         "matmul_softmax", {"x": (x, jnp.bfloat16, ("M", "K")), "w": (w, jnp.bfloat16, ("K", "N"))}
@@ -14207,9 +14207,23 @@ def matmul_softmax(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _matmul_softmax_vjp,
+        functools.partial(_matmul_softmax_vjp, interpret=interpret),
         x,
         w,
+        saving=functools.partial(
+            _matmul_softmax_saving,
+            m=m,
+            n=n,
+            k=k,
+            block_m=block_m,
+            block_k=block_k,
+            gpu_block_m=gpu_block_m,
+            gpu_block_k=gpu_block_k,
+            gpu_warps=gpu_warps,
+            gpu_stages=gpu_stages,
+            gpu_backend=gpu_backend,
+            interpret=interpret,
+        ),
     )
 
 
@@ -14276,14 +14290,55 @@ def _matmul_softmax_forward(
     )
 
 
-def _matmul_softmax_vjp(saved, cotangents):
-    """`matmul_softmax` has no backward pass yet: none is generated for a product fused with a reduction or a computed operand, other than attention's."""
-    raise NotImplementedError(
-        "matmul_softmax is not differentiable yet: pallasgen generates no backward "
-        "kernels yet for a product fused with a reduction or a computed operand, "
-        "other than attention's; `grad none` in specs/attention.pallas says it is "
-        "never differentiated"
+def _matmul_softmax_saving(
+    x,
+    w,
+    *,
+    m,
+    n,
+    k,
+    block_m,
+    block_k,
+    gpu_block_m,
+    gpu_block_k,
+    gpu_warps,
+    gpu_stages,
+    gpu_backend,
+    interpret,
+):
+    """`matmul_softmax` forward under jax.grad: its outputs, and what its backward kernels read
+    (x, w, y).
+    """
+    y = _matmul_softmax_forward(
+        x,
+        w,
+        m=m,
+        n=n,
+        k=k,
+        block_m=block_m,
+        block_k=block_k,
+        gpu_block_m=gpu_block_m,
+        gpu_block_k=gpu_block_k,
+        gpu_warps=gpu_warps,
+        gpu_stages=gpu_stages,
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
+    return y, (x, w, y)
+
+
+def _matmul_softmax_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `matmul_softmax`'s inputs from those of its outputs, for jax.grad, by
+    the generated backward kernels matmul_softmax_backward, matmul_softmax_backward_x,
+    matmul_softmax_backward_w. The forward pass saves its inputs (x, w) and its outputs y
+    (read, not recomputed): the backward kernels recompute the values they need from them.
+    """
+    x, w, y = saved
+    dy = cotangents
+    dacc = matmul_softmax_backward(y, dy, interpret=interpret)
+    dx = matmul_softmax_backward_x(dacc, w, interpret=interpret)
+    dw = matmul_softmax_backward_w(x, dacc, interpret=interpret)
+    return dx, dw
 
 
 def _matmul_softmax_kernel(x_ref, w_ref, y_ref, acc_k_ref, *, m, n, k, block_m, block_k):
@@ -14659,6 +14714,1027 @@ def _matmul_softmax_mosaic_gpu(x, w, *, m, n, k, interpret):
     jax.jit,
     static_argnames=(
         "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def matmul_softmax_backward(
+    y,
+    dy,
+    *,
+    block_m=None,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `matmul_softmax`, generated from its spec: the cotangents dacc
+    of its inputs from dy, those of its outputs.
+
+    Args:
+      y: f32[M, N].
+      dy: f32[M, N].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_softmax_backward_tpu_blocks),
+        grown to large steps (_grown), else 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dacc: bf16[M, N].
+    """
+    (y, dy), sizes = _operands(
+        "matmul_softmax_backward",
+        {"y": (y, jnp.float32, ("M", "N")), "dy": (dy, jnp.float32, ("M", "N"))},
+    )
+    _check_blocks("matmul_softmax_backward", block_m=block_m, may_be_none=True)
+    _check_blocks("matmul_softmax_backward", gpu_block_m=gpu_block_m, may_be_none=True)
+    m = sizes["M"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            matmul_softmax_backward_reference, (((m, n), jnp.bfloat16),), y, dy
+        )
+    return _on_platform(
+        functools.partial(_matmul_softmax_backward_tpu, m=m, n=n, block_m=block_m),
+        _gpu_kernel(
+            "matmul_softmax_backward",
+            gpu_backend,
+            functools.partial(
+                _matmul_softmax_backward_gpu,
+                m=m,
+                n=n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_matmul_softmax_backward_mosaic_gpu, m=m, n=n),
+        ),
+        interpret,
+        y,
+        dy,
+    )
+
+
+def matmul_softmax_backward_reference(y, dy):
+    """`matmul_softmax_backward` in plain jax.numpy, to test the kernel against."""
+    dacc = (y * (dy - jnp.sum((dy * y), axis=1, keepdims=True, dtype=jnp.float32))).astype(
+        jnp.bfloat16
+    )
+    return dacc
+
+
+def _matmul_softmax_backward_kernel(y_ref, dy_ref, dacc_ref, *, m, n, block_m):
+    y = y_ref[...]
+    dy = dy_ref[...]
+    dacc_ref[...] = (y * (dy - jnp.sum((dy * y), axis=1, keepdims=True))).astype(jnp.bfloat16)
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_matmul_softmax_backward_tpu_blocks = {
+    None: {"default": (128,)},
+    "v5e": {"default": (128,)},
+    "v6e": {"default": (128,)},
+}
+
+
+def _matmul_softmax_backward_tpu(y, dy, *, m, n, block_m, interpret):
+    """`matmul_softmax_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _matmul_softmax_backward_tpu_blocks,
+        (m, n),
+        (block_m,),
+        grow=functools.partial(
+            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 24 * block_m * n)
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "matmul_softmax_backward",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks per unit of N: 3.0 KiB = 2 buffers x (y 512 B + dy 512 B
+    # + dacc 256 B) + sum's 32-bit copy of a block 512 B.
+    return pl.pallas_call(
+        functools.partial(_matmul_softmax_backward_kernel, m=m, n=n, block_m=block_m),
+        # One step per block of M (N taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # y: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            # dy: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        ],
+        # dacc: bf16[M, N]
+        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(24 * block_m * n),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=5 * m * n, transcendentals=0, bytes_accessed=_nbytes(y, dy) + m * n * 2
+        ),
+        interpret=interpret,
+        name="matmul_softmax_backward",
+    )(y, dy)
+
+
+def _matmul_softmax_backward_gpu_kernel(y_ref, dy_ref, dacc_ref, *, m, block_m, n, block_n):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = _inside(0, block_n, n)
+    inside = _mask((block_m, block_n), in_m, in_n)
+    y = _load(y_ref, inside)
+    dy = _load(dy_ref, inside)
+    _store(
+        dacc_ref,
+        (y * (dy - jnp.sum(_fill_past((dy * y), 0, n, 1, 0.0), axis=1, keepdims=True))).astype(
+            jnp.bfloat16
+        ),
+        inside,
+    )
+
+
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_matmul_softmax_backward_gpu_options = {None: (1, 4, 1)}
+
+
+def _matmul_softmax_backward_gpu(y, dy, *, m, n, block_m, num_warps, num_stages, interpret):
+    """`matmul_softmax_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _matmul_softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_n = pl.next_power_of_2(n)  # all of N in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _matmul_softmax_backward_gpu_kernel, m=m, block_m=block_m, n=n, block_n=block_n
+        ),
+        # One program per block of M; programs run concurrently. Each holds all of N (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # y: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+            # dy: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        ],
+        # dacc: bf16[M, N]
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="matmul_softmax_backward",
+    )(y, dy)
+
+
+def _matmul_softmax_backward_mosaic_gpu_kernel(
+    y_ref, dy_ref, dacc_ref, dacc_buffers, *, block_m, block_n, n
+):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, y_smem, dy_smem, carry):
+        (sum_n_running,) = carry
+        start = indices[0] * block_n
+        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        sum_n_block = dy * y
+        if n % block_n:  # a ragged N: its identity past the end
+            sum_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
+            )
+        sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
+        return (sum_n_running,)
+
+    (sum_n_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(y_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+    )(y_ref, dy_ref)
+    sum_n = sum_n_running
+
+    def write(indices, y_smem, dy_smem):
+        start = indices[0] * block_n
+        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        dacc_buffers[slot] = (y * (dy - _mgpu_spread(sum_n, (block_m, block_n), 0))).astype(
+            jnp.bfloat16
+        )
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            dacc_buffers.at[slot],
+            dacc_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)],
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(y_ref.shape[1] // block_n,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+        ],
+        max_concurrent_steps=2,
+    )(y_ref, dy_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _matmul_softmax_backward_mosaic_gpu(y, dy, *, m, n, interpret):
+    """`matmul_softmax_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    y = _mgpu_pad(y, (padded_m, padded_n))
+    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    (dacc,) = plgpu.kernel(
+        functools.partial(
+            _matmul_softmax_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (2, block_m, block_n),
+                jnp.bfloat16,
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            )
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(y, dy)
+    return dacc[:m, :n]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_k",
+        "block_n",
+        "gpu_block_m",
+        "gpu_block_k",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def matmul_softmax_backward_x(
+    dacc,
+    w,
+    *,
+    block_m=None,
+    block_k=None,
+    block_n=None,
+    gpu_block_m=None,
+    gpu_block_k=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `matmul_softmax`, generated from its spec: the cotangent dx of
+    its input x, from dacc, the cotangent of its product.
+
+    Args:
+      dacc: bf16[M, N].
+      w: bf16[K, N].
+      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_softmax_backward_x_tpu_blocks),
+        else 128, 512, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dx: bf16[M, K].
+    """
+    (dacc, w), sizes = _operands(
+        "matmul_softmax_backward_x",
+        {"dacc": (dacc, jnp.bfloat16, ("M", "N")), "w": (w, jnp.bfloat16, ("K", "N"))},
+    )
+    _check_blocks(
+        "matmul_softmax_backward_x",
+        block_m=block_m,
+        block_k=block_k,
+        block_n=block_n,
+        may_be_none=True,
+    )
+    _check_blocks(
+        "matmul_softmax_backward_x",
+        gpu_block_m=gpu_block_m,
+        gpu_block_k=gpu_block_k,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m = sizes["M"]
+    k = sizes["K"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            matmul_softmax_backward_x_reference, (((m, k), jnp.bfloat16),), dacc, w
+        )
+    return _on_platform(
+        functools.partial(
+            _matmul_softmax_backward_x_tpu,
+            m=m,
+            k=k,
+            n=n,
+            block_m=block_m,
+            block_k=block_k,
+            block_n=block_n,
+        ),
+        _gpu_kernel(
+            "matmul_softmax_backward_x",
+            gpu_backend,
+            functools.partial(
+                _matmul_softmax_backward_x_gpu,
+                m=m,
+                k=k,
+                n=n,
+                block_m=gpu_block_m,
+                block_k=gpu_block_k,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_matmul_softmax_backward_x_mosaic_gpu, m=m, k=k, n=n),
+        ),
+        interpret,
+        dacc,
+        w,
+    )
+
+
+def matmul_softmax_backward_x_reference(dacc, w):
+    """`matmul_softmax_backward_x` in plain jax.numpy, to test the kernel against."""
+    acc = jnp.einsum("mn,kn->mk", dacc, w, preferred_element_type=jnp.float32)
+    dx = acc.astype(jnp.bfloat16)
+    return dx
+
+
+def _matmul_softmax_backward_x_kernel(dacc_ref, w_ref, dx_ref, acc_ref, *, n, block_n):
+    step = pl.program_id(2)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    dacc, w = dacc_ref[...], w_ref[...]
+    if n % block_n:  # a ragged N: zero both operands past its end, so padding never reaches the sum
+        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
+        dacc = jnp.where(
+            step * block_n + jax.lax.broadcasted_iota(jnp.int32, dacc.shape, 1) < n,
+            dacc.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+        w = jnp.where(
+            step * block_n + jax.lax.broadcasted_iota(jnp.int32, w.shape, 1) < n,
+            w.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+    # Where K is 1, Mosaic cannot lower this product (or its epilogue): multiply and sum.
+    acc_ref[...] += (
+        jnp.sum(dacc.astype(jnp.float32) * w.astype(jnp.float32), axis=1, keepdims=True)
+        if w.shape[0] == 1
+        else jax.lax.dot_general(
+            dacc, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+    )
+
+    @pl.when(step == pl.num_programs(2) - 1)
+    def _epilogue():
+        acc = acc_ref[...]
+        dx_ref[...] = acc.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_m, block_k, block_n) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (M, K, N) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning; else the chip's default. None: any other
+# chip, and CPU (the spec's blocks).
+_matmul_softmax_backward_x_tpu_blocks = {
+    None: {"default": (128, 512, 512)},
+    "v5e": {"default": (512, 512, 512)},
+    "v6e": {"default": (1024, 1024, 1024)},
+}
+
+
+def _matmul_softmax_backward_x_tpu(dacc, w, *, m, k, n, block_m, block_k, block_n, interpret):
+    """`matmul_softmax_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_k, block_n = _tpu_blocks(
+        _matmul_softmax_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_k = min(block_k, k)  # a small K is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "matmul_softmax_backward_x",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 2.0 MiB = 2 buffers x (dacc 128.0 KiB + w 512.0 KiB + dx
+    # 128.0 KiB) + f32 accumulator 256.0 KiB + f32 product step 256.0 KiB.
+    return pl.pallas_call(
+        functools.partial(_matmul_softmax_backward_x_kernel, n=n, block_n=block_n),
+        # One step per block of M, block of K, block of N. Steps along M, K are independent
+        # (parallel); steps along N accumulate in order (arbitrary).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
+        in_specs=[
+            # dacc: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),
+            # w: bf16[K, N], read transposed
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),
+        ],
+        # dx: bf16[M, K]
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+        # acc_ref: the f32 sum over N of one output tile
+        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                4 * block_m * block_n + 4 * block_k * block_n + 12 * block_m * block_k
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * m * k * n, transcendentals=0, bytes_accessed=_nbytes(dacc, w) + m * k * 2
+        ),
+        interpret=interpret,
+        name="matmul_softmax_backward_x",
+    )(dacc, w)
+
+
+def _matmul_softmax_backward_x_gpu_kernel(
+    dacc_ref, w_ref, dx_ref, *, m, k, n, block_m, block_k, block_n
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_k = _inside(pl.program_id(1) * block_k, block_k, k)
+    inside = _mask((block_m, block_k), in_m, in_k)
+
+    def accumulate(step, acc):
+        start = step * block_n
+        in_n = _inside(start, block_n, n)  # zeros past a ragged N
+        dacc = _load(
+            dacc_ref.at[:, pl.ds(start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+        )
+        w = _load(
+            w_ref.at[:, pl.ds(start, block_n)], _mask((block_k, block_n), in_k, in_n), other=0
+        )
+        return acc + jax.lax.dot_general(
+            dacc, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+
+    acc = jax.lax.fori_loop(
+        0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32)
+    )
+    _store(dx_ref, acc.astype(jnp.bfloat16), inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_softmax_backward_x_gpu_options = {None: (128, 128, 32, 8, 3)}
+
+
+def _matmul_softmax_backward_x_gpu(
+    dacc, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
+):
+    """`matmul_softmax_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
+        _matmul_softmax_backward_x_gpu_options,
+        (m, k, n),
+        (block_m, block_k, block_n, num_warps, num_stages),
+    )
+    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
+    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
+    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
+    return pl.pallas_call(
+        functools.partial(
+            _matmul_softmax_backward_x_gpu_kernel,
+            m=m,
+            k=k,
+            n=n,
+            block_m=block_m,
+            block_k=block_k,
+            block_n=block_n,
+        ),
+        # One program per block of M, block of K; each loops over N itself (Triton has no
+        # scratch memory).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
+        in_specs=[
+            # dacc: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),
+            # w: bf16[K, N], read transposed
+            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),
+        ],
+        # dx: bf16[M, K]
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="matmul_softmax_backward_x",
+    )(dacc, w)
+
+
+def _matmul_softmax_backward_x_mosaic_gpu_kernel(
+    dacc_ref, w_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n
+):
+    program_m = jax.lax.axis_index("M")
+    program_k = jax.lax.axis_index("K")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, dacc_smem, w_smem):
+            plgpu.wgmma(acc_ref, dacc_smem, w_smem.T)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(dacc_ref.shape[-1] // block_n,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_m, block_n),
+                    lambda s: (program_m, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                ),
+                plgpu.BlockSpec(
+                    (block_k, block_n),
+                    lambda s: (program_k, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(dacc_ref, w_ref)
+        acc = acc_ref[...]
+        out_smem[...] = acc.astype(jnp.bfloat16)
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem,
+        dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _matmul_softmax_backward_x_mosaic_gpu(dacc, w, *, m, k, n, interpret):
+    """`matmul_softmax_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 128
+    block_k = 128
+    block_n = 64
+    padded_m = m + -m % block_m
+    padded_k = k + -k % block_k
+    padded_n = n + -n % block_n
+    dacc = _mgpu_pad(dacc, (padded_m, padded_n))
+    w = _mgpu_pad(w, (padded_k, padded_n))
+    (dx,) = plgpu.kernel(
+        functools.partial(
+            _matmul_softmax_backward_x_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_k=block_k,
+            block_n=block_n,
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_m, block_k), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_k)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(padded_m // block_m, padded_k // block_k),
+        grid_names=("M", "K"),
+        interpret=interpret,
+    )(dacc, w)
+    return dx[:m, :k]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_k",
+        "block_n",
+        "block_m",
+        "gpu_block_k",
+        "gpu_block_n",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def matmul_softmax_backward_w(
+    x,
+    dacc,
+    *,
+    block_k=None,
+    block_n=None,
+    block_m=None,
+    gpu_block_k=None,
+    gpu_block_n=None,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `matmul_softmax`, generated from its spec: the cotangent dw of
+    its input w, from dacc, the cotangent of its product.
+
+    Args:
+      x: bf16[M, K].
+      dacc: bf16[M, N].
+      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_softmax_backward_w_tpu_blocks),
+        else 512, 512, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dw: bf16[K, N].
+    """
+    (x, dacc), sizes = _operands(
+        "matmul_softmax_backward_w",
+        {"x": (x, jnp.bfloat16, ("M", "K")), "dacc": (dacc, jnp.bfloat16, ("M", "N"))},
+    )
+    _check_blocks(
+        "matmul_softmax_backward_w",
+        block_k=block_k,
+        block_n=block_n,
+        block_m=block_m,
+        may_be_none=True,
+    )
+    _check_blocks(
+        "matmul_softmax_backward_w",
+        gpu_block_k=gpu_block_k,
+        gpu_block_n=gpu_block_n,
+        gpu_block_m=gpu_block_m,
+        may_be_none=True,
+    )
+    k = sizes["K"]
+    n = sizes["N"]
+    m = sizes["M"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            matmul_softmax_backward_w_reference, (((k, n), jnp.bfloat16),), x, dacc
+        )
+    return _on_platform(
+        functools.partial(
+            _matmul_softmax_backward_w_tpu,
+            k=k,
+            n=n,
+            m=m,
+            block_k=block_k,
+            block_n=block_n,
+            block_m=block_m,
+        ),
+        _gpu_kernel(
+            "matmul_softmax_backward_w",
+            gpu_backend,
+            functools.partial(
+                _matmul_softmax_backward_w_gpu,
+                k=k,
+                n=n,
+                m=m,
+                block_k=gpu_block_k,
+                block_n=gpu_block_n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_matmul_softmax_backward_w_mosaic_gpu, k=k, n=n, m=m),
+        ),
+        interpret,
+        x,
+        dacc,
+    )
+
+
+def matmul_softmax_backward_w_reference(x, dacc):
+    """`matmul_softmax_backward_w` in plain jax.numpy, to test the kernel against."""
+    acc = jnp.einsum("mk,mn->kn", x, dacc, preferred_element_type=jnp.float32)
+    dw = acc.astype(jnp.bfloat16)
+    return dw
+
+
+def _matmul_softmax_backward_w_kernel(x_ref, dacc_ref, dw_ref, acc_ref, *, m, block_m):
+    step = pl.program_id(2)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    x, dacc = x_ref[...], dacc_ref[...]
+    if m % block_m:  # a ragged M: zero both operands past its end, so padding never reaches the sum
+        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
+        x = jnp.where(
+            step * block_m + jax.lax.broadcasted_iota(jnp.int32, x.shape, 0) < m,
+            x.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+        dacc = jnp.where(
+            step * block_m + jax.lax.broadcasted_iota(jnp.int32, dacc.shape, 0) < m,
+            dacc.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+    acc_ref[...] += jax.lax.dot_general(
+        x, dacc, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+    )
+
+    @pl.when(step == pl.num_programs(2) - 1)
+    def _epilogue():
+        acc = acc_ref[...]
+        dw_ref[...] = acc.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_k, block_n, block_m) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (K, N, M) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning; else the chip's default. None: any other
+# chip, and CPU (the spec's blocks).
+_matmul_softmax_backward_w_tpu_blocks = {
+    None: {"default": (512, 512, 128)},
+    "v5e": {"default": (512, 512, 512)},
+    "v6e": {"default": (1024, 1024, 1024)},
+}
+
+
+def _matmul_softmax_backward_w_tpu(x, dacc, *, k, n, m, block_k, block_n, block_m, interpret):
+    """`matmul_softmax_backward_w` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_k, block_n, block_m = _tpu_blocks(
+        _matmul_softmax_backward_w_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
+    )
+    block_k = min(block_k, k)  # a small K is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "matmul_softmax_backward_w",
+        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks: 3.5 MiB = 2 buffers x (x 128.0 KiB + dacc 128.0 KiB + dw
+    # 512.0 KiB) + f32 accumulator 1.0 MiB + f32 product step 1.0 MiB.
+    return pl.pallas_call(
+        functools.partial(_matmul_softmax_backward_w_kernel, m=m, block_m=block_m),
+        # One step per block of K, block of N, block of M. Steps along K, N are independent
+        # (parallel); steps along M accumulate in order (arbitrary).
+        grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
+        in_specs=[
+            # x: bf16[M, K], read transposed
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),
+            # dacc: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),
+        ],
+        # dw: bf16[K, N]
+        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((k, n), jnp.bfloat16),
+        # acc_ref: the f32 sum over M of one output tile
+        scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                4 * block_m * block_k + 4 * block_m * block_n + 12 * block_k * block_n
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * k * n * m, transcendentals=0, bytes_accessed=_nbytes(x, dacc) + k * n * 2
+        ),
+        interpret=interpret,
+        name="matmul_softmax_backward_w",
+    )(x, dacc)
+
+
+def _matmul_softmax_backward_w_gpu_kernel(
+    x_ref, dacc_ref, dw_ref, *, k, n, m, block_k, block_n, block_m
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_k = _inside(pl.program_id(0) * block_k, block_k, k)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    inside = _mask((block_k, block_n), in_k, in_n)
+
+    def accumulate(step, acc):
+        start = step * block_m
+        in_m = _inside(start, block_m, m)  # zeros past a ragged M
+        x = _load(
+            x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_k), in_m, in_k), other=0
+        )
+        dacc = _load(
+            dacc_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        )
+        return acc + jax.lax.dot_general(
+            x, dacc, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )
+
+    acc = jax.lax.fori_loop(
+        0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dw_ref.shape, jnp.float32)
+    )
+    _store(dw_ref, acc.astype(jnp.bfloat16), inside)
+
+
+# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (K, N, M) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_matmul_softmax_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
+
+
+def _matmul_softmax_backward_w_gpu(
+    x, dacc, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
+):
+    """`matmul_softmax_backward_w` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_k, block_n, block_m, num_warps, num_stages = _gpu_options(
+        _matmul_softmax_backward_w_gpu_options,
+        (k, n, m),
+        (block_k, block_n, block_m, num_warps, num_stages),
+    )
+    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
+    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
+    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
+    return pl.pallas_call(
+        functools.partial(
+            _matmul_softmax_backward_w_gpu_kernel,
+            k=k,
+            n=n,
+            m=m,
+            block_k=block_k,
+            block_n=block_n,
+            block_m=block_m,
+        ),
+        # One program per block of K, block of N; each loops over M itself (Triton has no
+        # scratch memory).
+        grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
+        in_specs=[
+            # x: bf16[M, K], read transposed
+            pl.BlockSpec((m, block_k), lambda i, j: (0, i)),
+            # dacc: bf16[M, N]
+            pl.BlockSpec((m, block_n), lambda i, j: (0, j)),
+        ],
+        # dw: bf16[K, N]
+        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((k, n), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="matmul_softmax_backward_w",
+    )(x, dacc)
+
+
+def _matmul_softmax_backward_w_mosaic_gpu_kernel(
+    x_ref, dacc_ref, dw_ref, out_smem, barrier, *, block_k, block_n, block_m
+):
+    program_k = jax.lax.axis_index("K")
+    program_n = jax.lax.axis_index("N")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, x_smem, dacc_smem):
+            plgpu.wgmma(acc_ref, x_smem, dacc_smem)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(x_ref.shape[-1] // block_m,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_k, block_m),
+                    lambda s: (program_k, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_m),
+                ),
+                plgpu.BlockSpec(
+                    (block_m, block_n),
+                    lambda s: (s, program_n),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(x_ref, dacc_ref)
+        acc = acc_ref[...]
+        out_smem[...] = acc.astype(jnp.bfloat16)
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem,
+        dw_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _matmul_softmax_backward_w_mosaic_gpu(x, dacc, *, k, n, m, interpret):
+    """`matmul_softmax_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_k = 128
+    block_n = 128
+    block_m = 64
+    padded_k = k + -k % block_k
+    padded_n = n + -n % block_n
+    padded_m = m + -m % block_m
+    x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
+    x = _mgpu_pad(x, (padded_k, padded_m))
+    dacc = _mgpu_pad(dacc, (padded_m, padded_n))
+    (dw,) = plgpu.kernel(
+        functools.partial(
+            _matmul_softmax_backward_w_mosaic_gpu_kernel,
+            block_k=block_k,
+            block_n=block_n,
+            block_m=block_m,
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_k, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(padded_k // block_k, padded_n // block_n),
+        grid_names=("K", "N"),
+        interpret=interpret,
+    )(x, dacc)
+    return dw[:k, :n]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
         "block_n",
         "gpu_block_m",
         "gpu_block_n",
@@ -14701,8 +15777,9 @@ def rmsnorm_matmul(
     Returns:
       y: bf16[M, N].
 
-    Gradients: not generated yet for a product fused with a reduction or a computed operand,
-    other than attention's: jax.grad of it raises NotImplementedError.
+    Gradients: jax.grad runs the generated backward kernels rmsnorm_matmul_lhs,
+    rmsnorm_matmul_backward_lhs, rmsnorm_matmul_backward_w, rmsnorm_matmul_lhs_backward,
+    rmsnorm_matmul_lhs_backward_over_m (_rmsnorm_matmul_vjp).
     """
     (x, g, w), sizes = _operands(
         "rmsnorm_matmul",
@@ -14736,7 +15813,7 @@ def rmsnorm_matmul(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        _rmsnorm_matmul_vjp,
+        functools.partial(_rmsnorm_matmul_vjp, interpret=interpret),
         x,
         g,
         w,
@@ -14817,14 +15894,22 @@ def _rmsnorm_matmul_forward(
     )
 
 
-def _rmsnorm_matmul_vjp(saved, cotangents):
-    """`rmsnorm_matmul` has no backward pass yet: none is generated for a product fused with a reduction or a computed operand, other than attention's."""
-    raise NotImplementedError(
-        "rmsnorm_matmul is not differentiable yet: pallasgen generates no backward "
-        "kernels yet for a product fused with a reduction or a computed operand, "
-        "other than attention's; `grad none` in specs/attention.pallas says it is "
-        "never differentiated"
-    )
+def _rmsnorm_matmul_vjp(saved, cotangents, *, interpret):
+    """The cotangents of `rmsnorm_matmul`'s inputs from those of its outputs, for jax.grad, by
+    the generated backward kernels rmsnorm_matmul_lhs, rmsnorm_matmul_backward_lhs,
+    rmsnorm_matmul_backward_w, rmsnorm_matmul_lhs_backward,
+    rmsnorm_matmul_lhs_backward_over_m. The forward pass saves its inputs (x, g, w) and
+    nothing else: the backward kernels recompute the values they need (h, lhs, mean_k) from
+    them.
+    """
+    x, g, w = saved
+    dy = cotangents
+    lhs, mean_k = rmsnorm_matmul_lhs(x, g, interpret=interpret)
+    dlhs = rmsnorm_matmul_backward_lhs(dy, w, interpret=interpret)
+    dw = rmsnorm_matmul_backward_w(lhs, dy, interpret=interpret)
+    dx = rmsnorm_matmul_lhs_backward(x, g, mean_k, dlhs, interpret=interpret)
+    dg = rmsnorm_matmul_lhs_backward_over_m(x, mean_k, dlhs, interpret=interpret)
+    return dx, dg, dw
 
 
 def _rmsnorm_matmul_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_m, block_n):
@@ -15159,3 +16244,1818 @@ def _rmsnorm_matmul_mosaic_gpu(x, g, w, *, m, n, k, interpret):
     lhs = lhs.reshape((m, k))
     y = __rmsnorm_matmul_2_mosaic_gpu(w, lhs, m=m, n=n, k=k, interpret=interpret)
     return y.reshape((m, n))
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def rmsnorm_matmul_lhs(
+    x,
+    g,
+    *,
+    block_m=None,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """Part of the backward pass of `rmsnorm_matmul`, generated from its spec: its product's
+    operand lhs, computed again from its inputs, and the row statistics its derivative reads.
+
+    Args:
+      x: bf16[M, K].
+      g: f32[K].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_lhs_tpu_blocks),
+        grown to large steps (_grown), else 256.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      lhs: bf16[M, K]; mean_k: f32[M].
+    """
+    (x, g), sizes = _operands(
+        "rmsnorm_matmul_lhs", {"x": (x, jnp.bfloat16, ("M", "K")), "g": (g, jnp.float32, ("K",))}
+    )
+    _check_blocks("rmsnorm_matmul_lhs", block_m=block_m, may_be_none=True)
+    _check_blocks("rmsnorm_matmul_lhs", gpu_block_m=gpu_block_m, may_be_none=True)
+    m = sizes["M"]
+    k = sizes["K"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            rmsnorm_matmul_lhs_reference, (((m, k), jnp.bfloat16), ((m,), jnp.float32)), x, g
+        )
+    g = g.reshape(1, k)  # g: f32[K], broadcast over M
+    lhs, mean_k = _on_platform(
+        functools.partial(_rmsnorm_matmul_lhs_tpu, m=m, k=k, block_m=block_m),
+        _gpu_kernel(
+            "rmsnorm_matmul_lhs",
+            gpu_backend,
+            functools.partial(
+                _rmsnorm_matmul_lhs_gpu,
+                m=m,
+                k=k,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_rmsnorm_matmul_lhs_mosaic_gpu, m=m, k=k),
+        ),
+        interpret,
+        x,
+        g,
+    )
+    mean_k = mean_k.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
+    return lhs, mean_k
+
+
+def rmsnorm_matmul_lhs_reference(x, g):
+    """`rmsnorm_matmul_lhs` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    k = x.shape[1]
+    g = g[None, :]
+    h = x.astype(jnp.float32)
+    mean_k = jnp.mean((h * h), axis=1, keepdims=True, dtype=jnp.float32)
+    lhs = (h * jax.lax.rsqrt(mean_k + 1e-06) * g).astype(jnp.bfloat16)
+    mean_k = mean_k.reshape((m,))
+    return lhs, mean_k
+
+
+def _rmsnorm_matmul_lhs_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, m, k, block_m):
+    x = x_ref[...]
+    g = g_ref[...]
+    h = x.astype(jnp.float32)
+    mean_k = jnp.sum((h * h), axis=1, keepdims=True) / k
+    mean_k_ref[...] = mean_k
+    lhs_ref[...] = (h * jax.lax.rsqrt(mean_k + 1e-06) * g).astype(jnp.bfloat16)
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, K) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_rmsnorm_matmul_lhs_tpu_blocks = {
+    None: {"default": (256,)},
+    "v5e": {"default": (256,)},
+    "v6e": {"default": (256,)},
+}
+
+
+def _rmsnorm_matmul_lhs_tpu(x, g, *, m, k, block_m, interpret):
+    """`rmsnorm_matmul_lhs` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _rmsnorm_matmul_lhs_tpu_blocks,
+        (m, k),
+        (block_m,),
+        grow=functools.partial(
+            _grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * k, 16 * block_m * k + 8 * k + 8 * block_m),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "rmsnorm_matmul_lhs",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks per unit of K: 6.0 KiB = 2 buffers x (x 512 B + g 4 B +
+    # lhs 512 B + mean_k 1.0 KiB) + mean's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB.
+    return pl.pallas_call(
+        functools.partial(_rmsnorm_matmul_lhs_kernel, m=m, k=k, block_m=block_m),
+        # One step per block of M (K taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, K]
+            pl.BlockSpec((block_m, k), lambda i: (i, 0)),
+            # g: f32[K], broadcast over M
+            pl.BlockSpec((1, k), lambda i: (0, 0)),
+        ],
+        out_specs=(
+            # lhs: bf16[M, K]
+            pl.BlockSpec((block_m, k), lambda i: (i, 0)),
+            # mean_k: f32[M], broadcast over K
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, k), jnp.bfloat16),  # lhs
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mean_k
+        ),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(16 * block_m * k + 8 * k + 8 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=7 * m * k,
+            transcendentals=m * k,
+            bytes_accessed=_nbytes(x, g) + m * k * 2 + m * k * 4,
+        ),
+        interpret=interpret,
+        name="rmsnorm_matmul_lhs",
+    )(x, g)
+
+
+def _rmsnorm_matmul_lhs_gpu_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, m, block_m, k, block_k):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_k = _inside(0, block_k, k)
+    inside = _mask((block_m, block_k), in_m, in_k)
+    x = _load(x_ref, inside)
+    g = _load(g_ref, _mask((1, block_k), None, in_k))
+    h = x.astype(jnp.float32)
+    mean_k = jnp.sum(_fill_past((h * h), 0, k, 1, 0.0), axis=1, keepdims=True) / k
+    _store(mean_k_ref, mean_k, _mask((block_m, 1), in_m, None))
+    _store(lhs_ref, (h * jax.lax.rsqrt(mean_k + 1e-06) * g).astype(jnp.bfloat16), inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_rmsnorm_matmul_lhs_gpu_options = {None: (1, 4, 1)}
+
+
+def _rmsnorm_matmul_lhs_gpu(x, g, *, m, k, block_m, num_warps, num_stages, interpret):
+    """`rmsnorm_matmul_lhs` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _rmsnorm_matmul_lhs_gpu_options, (m, k), (block_m, num_warps, num_stages)
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_k = pl.next_power_of_2(k)  # all of K in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _rmsnorm_matmul_lhs_gpu_kernel, m=m, block_m=block_m, k=k, block_k=block_k
+        ),
+        # One program per block of M; programs run concurrently. Each holds all of K (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, K]
+            pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),
+            # g: f32[K], broadcast over M
+            pl.BlockSpec((1, block_k), lambda i: (0, 0)),
+        ],
+        out_specs=(
+            # lhs: bf16[M, K]
+            pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),
+            # mean_k: f32[M], broadcast over K
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((m, k), jnp.bfloat16),  # lhs
+            jax.ShapeDtypeStruct((m, 1), jnp.float32),  # mean_k
+        ),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="rmsnorm_matmul_lhs",
+    )(x, g)
+
+
+def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
+    x_ref, g_ref, lhs_ref, mean_k_ref, mean_k_smem, lhs_buffers, *, block_m, block_k, k
+):
+    program_m = jax.lax.axis_index("M")
+
+    def reduce_1(indices, x_smem, carry):
+        (mean_k__running,) = carry
+        start = indices[0] * block_k
+        x = _mgpu_load(x_smem, (block_m, block_k), (0, 1))
+        h = x.astype(jnp.float32)
+        mean_k__block = h * h
+        if k % block_k:  # a ragged K: its identity past the end
+            mean_k__block = jnp.where(
+                _mgpu_positions(start, (block_m, block_k), 1) < k, mean_k__block, 0.0
+            )
+        mean_k__running = mean_k__running + jnp.sum(mean_k__block, axis=1)
+        return (mean_k__running,)
+
+    (mean_k__running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_k,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_k),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+            )
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+    )(x_ref)
+    mean_k_ = mean_k__running / k
+    mean_k = mean_k_
+    mean_k_smem[...] = mean_k
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(mean_k_smem, mean_k_ref.at[pl.ds(program_m * block_m, block_m)])
+
+    def write(indices, x_smem, g_smem):
+        start = indices[0] * block_k
+        x = _mgpu_load(x_smem, (block_m, block_k), (0, 1))
+        g = _mgpu_load(g_smem, (block_m, block_k), (1,))
+        h = x.astype(jnp.float32)
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        lhs_buffers[slot] = (
+            h * jax.lax.rsqrt(_mgpu_spread(mean_k, (block_m, block_k), 0) + 1e-06) * g
+        ).astype(jnp.bfloat16)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            lhs_buffers.at[slot],
+            lhs_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_k)],
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[1] // block_k,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_k),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+            ),
+            plgpu.BlockSpec((block_k,), lambda s: (s,)),
+        ],
+        max_concurrent_steps=2,
+    )(x_ref, g_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _rmsnorm_matmul_lhs_mosaic_gpu(x, g, *, m, k, interpret):
+    """`rmsnorm_matmul_lhs` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_k = 128
+    padded_m = m + -m % block_m
+    padded_k = k + -k % block_k
+    x = _mgpu_pad(x, (padded_m, padded_k))
+    g = g.reshape((k,))
+    g = _mgpu_pad(g, (padded_k,))
+    lhs, mean_k = plgpu.kernel(
+        functools.partial(
+            _rmsnorm_matmul_lhs_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, k=k
+        ),
+        out_type=(
+            jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),
+            jax.ShapeDtypeStruct((padded_m,), jnp.float32),
+        ),
+        scratch_types=[
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM(
+                (2, block_m, block_k),
+                jnp.bfloat16,
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+            ),
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x, g)
+    return lhs[:m, :k], mean_k[:m].reshape((m, 1))
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "block_k",
+        "block_n",
+        "gpu_block_m",
+        "gpu_block_k",
+        "gpu_block_n",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def rmsnorm_matmul_backward_lhs(
+    dy,
+    w,
+    *,
+    block_m=None,
+    block_k=None,
+    block_n=None,
+    gpu_block_m=None,
+    gpu_block_k=None,
+    gpu_block_n=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `rmsnorm_matmul`, generated from its spec: the cotangent dlhs of
+    its input lhs, from dy, the cotangent of its product.
+
+    Args:
+      dy: bf16[M, N].
+      w: bf16[K, N].
+      block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_backward_lhs_tpu_blocks),
+        else 256, 512, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dlhs: bf16[M, K].
+    """
+    (dy, w), sizes = _operands(
+        "rmsnorm_matmul_backward_lhs",
+        {"dy": (dy, jnp.bfloat16, ("M", "N")), "w": (w, jnp.bfloat16, ("K", "N"))},
+    )
+    _check_blocks(
+        "rmsnorm_matmul_backward_lhs",
+        block_m=block_m,
+        block_k=block_k,
+        block_n=block_n,
+        may_be_none=True,
+    )
+    _check_blocks(
+        "rmsnorm_matmul_backward_lhs",
+        gpu_block_m=gpu_block_m,
+        gpu_block_k=gpu_block_k,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m = sizes["M"]
+    k = sizes["K"]
+    n = sizes["N"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            rmsnorm_matmul_backward_lhs_reference, (((m, k), jnp.bfloat16),), dy, w
+        )
+    return _on_platform(
+        functools.partial(
+            _rmsnorm_matmul_backward_lhs_tpu,
+            m=m,
+            k=k,
+            n=n,
+            block_m=block_m,
+            block_k=block_k,
+            block_n=block_n,
+        ),
+        _gpu_kernel(
+            "rmsnorm_matmul_backward_lhs",
+            gpu_backend,
+            functools.partial(
+                _rmsnorm_matmul_backward_lhs_gpu,
+                m=m,
+                k=k,
+                n=n,
+                block_m=gpu_block_m,
+                block_k=gpu_block_k,
+                block_n=gpu_block_n,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_rmsnorm_matmul_backward_lhs_mosaic_gpu, m=m, k=k, n=n),
+        ),
+        interpret,
+        dy,
+        w,
+    )
+
+
+def rmsnorm_matmul_backward_lhs_reference(dy, w):
+    """`rmsnorm_matmul_backward_lhs` in plain jax.numpy, to test the kernel against."""
+    acc = jnp.einsum("mn,kn->mk", dy, w, preferred_element_type=jnp.float32)
+    dlhs = acc.astype(jnp.bfloat16)
+    return dlhs
+
+
+def _rmsnorm_matmul_backward_lhs_kernel(dy_ref, w_ref, dlhs_ref, acc_ref, *, n, block_n):
+    step = pl.program_id(2)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    dy, w = dy_ref[...], w_ref[...]
+    if n % block_n:  # a ragged N: zero both operands past its end, so padding never reaches the sum
+        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
+        dy = jnp.where(
+            step * block_n + jax.lax.broadcasted_iota(jnp.int32, dy.shape, 1) < n,
+            dy.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+        w = jnp.where(
+            step * block_n + jax.lax.broadcasted_iota(jnp.int32, w.shape, 1) < n,
+            w.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+    # Where K is 1, Mosaic cannot lower this product (or its epilogue): multiply and sum.
+    acc_ref[...] += (
+        jnp.sum(dy.astype(jnp.float32) * w.astype(jnp.float32), axis=1, keepdims=True)
+        if w.shape[0] == 1
+        else jax.lax.dot_general(
+            dy, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+    )
+
+    @pl.when(step == pl.num_programs(2) - 1)
+    def _epilogue():
+        acc = acc_ref[...]
+        dlhs_ref[...] = acc.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_m, block_k, block_n) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (M, K, N) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning; else the chip's default. None: any other
+# chip, and CPU (the spec's blocks).
+_rmsnorm_matmul_backward_lhs_tpu_blocks = {
+    None: {"default": (256, 512, 512)},
+    "v5e": {"default": (512, 512, 512)},
+    "v6e": {"default": (1024, 1024, 1024)},
+}
+
+
+def _rmsnorm_matmul_backward_lhs_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpret):
+    """`rmsnorm_matmul_backward_lhs` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_m, block_k, block_n = _tpu_blocks(
+        _rmsnorm_matmul_backward_lhs_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    block_k = min(block_k, k)  # a small K is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    _check_tiling(
+        "rmsnorm_matmul_backward_lhs",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+    )
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (dy 256.0 KiB + w 512.0 KiB + dlhs
+    # 256.0 KiB) + f32 accumulator 512.0 KiB + f32 product step 512.0 KiB.
+    return pl.pallas_call(
+        functools.partial(_rmsnorm_matmul_backward_lhs_kernel, n=n, block_n=block_n),
+        # One step per block of M, block of K, block of N. Steps along M, K are independent
+        # (parallel); steps along N accumulate in order (arbitrary).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
+        in_specs=[
+            # dy: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),
+            # w: bf16[K, N], read transposed
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),
+        ],
+        # dlhs: bf16[M, K]
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+        # acc_ref: the f32 sum over N of one output tile
+        scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                4 * block_m * block_n + 4 * block_k * block_n + 12 * block_m * block_k
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * m * k * n, transcendentals=0, bytes_accessed=_nbytes(dy, w) + m * k * 2
+        ),
+        interpret=interpret,
+        name="rmsnorm_matmul_backward_lhs",
+    )(dy, w)
+
+
+def _rmsnorm_matmul_backward_lhs_gpu_kernel(
+    dy_ref, w_ref, dlhs_ref, *, m, k, n, block_m, block_k, block_n
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_k = _inside(pl.program_id(1) * block_k, block_k, k)
+    inside = _mask((block_m, block_k), in_m, in_k)
+
+    def accumulate(step, acc):
+        start = step * block_n
+        in_n = _inside(start, block_n, n)  # zeros past a ragged N
+        dy = _load(
+            dy_ref.at[:, pl.ds(start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+        )
+        w = _load(
+            w_ref.at[:, pl.ds(start, block_n)], _mask((block_k, block_n), in_k, in_n), other=0
+        )
+        return acc + jax.lax.dot_general(
+            dy, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+
+    acc = jax.lax.fori_loop(
+        0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dlhs_ref.shape, jnp.float32)
+    )
+    _store(dlhs_ref, acc.astype(jnp.bfloat16), inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_rmsnorm_matmul_backward_lhs_gpu_options = {None: (128, 128, 32, 8, 3)}
+
+
+def _rmsnorm_matmul_backward_lhs_gpu(
+    dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
+):
+    """`rmsnorm_matmul_backward_lhs` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
+        _rmsnorm_matmul_backward_lhs_gpu_options,
+        (m, k, n),
+        (block_m, block_k, block_n, num_warps, num_stages),
+    )
+    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
+    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
+    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
+    return pl.pallas_call(
+        functools.partial(
+            _rmsnorm_matmul_backward_lhs_gpu_kernel,
+            m=m,
+            k=k,
+            n=n,
+            block_m=block_m,
+            block_k=block_k,
+            block_n=block_n,
+        ),
+        # One program per block of M, block of K; each loops over N itself (Triton has no
+        # scratch memory).
+        grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
+        in_specs=[
+            # dy: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),
+            # w: bf16[K, N], read transposed
+            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),
+        ],
+        # dlhs: bf16[M, K]
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="rmsnorm_matmul_backward_lhs",
+    )(dy, w)
+
+
+def _rmsnorm_matmul_backward_lhs_mosaic_gpu_kernel(
+    dy_ref, w_ref, dlhs_ref, out_smem, barrier, *, block_m, block_k, block_n
+):
+    program_m = jax.lax.axis_index("M")
+    program_k = jax.lax.axis_index("K")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, dy_smem, w_smem):
+            plgpu.wgmma(acc_ref, dy_smem, w_smem.T)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(dy_ref.shape[-1] // block_n,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_m, block_n),
+                    lambda s: (program_m, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                ),
+                plgpu.BlockSpec(
+                    (block_k, block_n),
+                    lambda s: (program_k, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(dy_ref, w_ref)
+        acc = acc_ref[...]
+        out_smem[...] = acc.astype(jnp.bfloat16)
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_m, block_k), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem,
+        dlhs_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(program_k * block_k, block_k)],
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _rmsnorm_matmul_backward_lhs_mosaic_gpu(dy, w, *, m, k, n, interpret):
+    """`rmsnorm_matmul_backward_lhs` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 128
+    block_k = 128
+    block_n = 64
+    padded_m = m + -m % block_m
+    padded_k = k + -k % block_k
+    padded_n = n + -n % block_n
+    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    w = _mgpu_pad(w, (padded_k, padded_n))
+    (dlhs,) = plgpu.kernel(
+        functools.partial(
+            _rmsnorm_matmul_backward_lhs_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_k=block_k,
+            block_n=block_n,
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_m, block_k), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_k)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(padded_m // block_m, padded_k // block_k),
+        grid_names=("M", "K"),
+        interpret=interpret,
+    )(dy, w)
+    return dlhs[:m, :k]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_k",
+        "block_n",
+        "block_m",
+        "gpu_block_k",
+        "gpu_block_n",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def rmsnorm_matmul_backward_w(
+    lhs,
+    dy,
+    *,
+    block_k=None,
+    block_n=None,
+    block_m=None,
+    gpu_block_k=None,
+    gpu_block_n=None,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `rmsnorm_matmul`, generated from its spec: the cotangent dw of
+    its input w, from dy, the cotangent of its product.
+
+    Args:
+      lhs: bf16[M, K].
+      dy: bf16[M, N].
+      block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_backward_w_tpu_blocks),
+        else 512, 512, 256.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dw: bf16[K, N].
+    """
+    (lhs, dy), sizes = _operands(
+        "rmsnorm_matmul_backward_w",
+        {"lhs": (lhs, jnp.bfloat16, ("M", "K")), "dy": (dy, jnp.bfloat16, ("M", "N"))},
+    )
+    _check_blocks(
+        "rmsnorm_matmul_backward_w",
+        block_k=block_k,
+        block_n=block_n,
+        block_m=block_m,
+        may_be_none=True,
+    )
+    _check_blocks(
+        "rmsnorm_matmul_backward_w",
+        gpu_block_k=gpu_block_k,
+        gpu_block_n=gpu_block_n,
+        gpu_block_m=gpu_block_m,
+        may_be_none=True,
+    )
+    k = sizes["K"]
+    n = sizes["N"]
+    m = sizes["M"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            rmsnorm_matmul_backward_w_reference, (((k, n), jnp.bfloat16),), lhs, dy
+        )
+    return _on_platform(
+        functools.partial(
+            _rmsnorm_matmul_backward_w_tpu,
+            k=k,
+            n=n,
+            m=m,
+            block_k=block_k,
+            block_n=block_n,
+            block_m=block_m,
+        ),
+        _gpu_kernel(
+            "rmsnorm_matmul_backward_w",
+            gpu_backend,
+            functools.partial(
+                _rmsnorm_matmul_backward_w_gpu,
+                k=k,
+                n=n,
+                m=m,
+                block_k=gpu_block_k,
+                block_n=gpu_block_n,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_rmsnorm_matmul_backward_w_mosaic_gpu, k=k, n=n, m=m),
+        ),
+        interpret,
+        lhs,
+        dy,
+    )
+
+
+def rmsnorm_matmul_backward_w_reference(lhs, dy):
+    """`rmsnorm_matmul_backward_w` in plain jax.numpy, to test the kernel against."""
+    acc = jnp.einsum("mk,mn->kn", lhs, dy, preferred_element_type=jnp.float32)
+    dw = acc.astype(jnp.bfloat16)
+    return dw
+
+
+def _rmsnorm_matmul_backward_w_kernel(lhs_ref, dy_ref, dw_ref, acc_ref, *, m, block_m):
+    step = pl.program_id(2)
+
+    @pl.when(step == 0)
+    def _zero():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    lhs, dy = lhs_ref[...], dy_ref[...]
+    if m % block_m:  # a ragged M: zero both operands past its end, so padding never reaches the sum
+        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
+        lhs = jnp.where(
+            step * block_m + jax.lax.broadcasted_iota(jnp.int32, lhs.shape, 0) < m,
+            lhs.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+        dy = jnp.where(
+            step * block_m + jax.lax.broadcasted_iota(jnp.int32, dy.shape, 0) < m,
+            dy.astype(jnp.float32),
+            0,
+        ).astype(jnp.bfloat16)
+    acc_ref[...] += jax.lax.dot_general(
+        lhs, dy, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+    )
+
+    @pl.when(step == pl.num_programs(2) - 1)
+    def _epilogue():
+        acc = acc_ref[...]
+        dw_ref[...] = acc.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_k, block_n, block_m) for a call that passes none, by chip: those
+# `pallasgen tune` found at the sizes (K, N, M) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning; else the chip's default. None: any other
+# chip, and CPU (the spec's blocks).
+_rmsnorm_matmul_backward_w_tpu_blocks = {
+    None: {"default": (512, 512, 256)},
+    "v5e": {"default": (512, 512, 512)},
+    "v6e": {"default": (1024, 1024, 1024)},
+}
+
+
+def _rmsnorm_matmul_backward_w_tpu(lhs, dy, *, k, n, m, block_k, block_n, block_m, interpret):
+    """`rmsnorm_matmul_backward_w` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    block_k, block_n, block_m = _tpu_blocks(
+        _rmsnorm_matmul_backward_w_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
+    )
+    block_k = min(block_k, k)  # a small K is one whole block
+    block_n = min(block_n, n)  # a small N is one whole block
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "rmsnorm_matmul_backward_w",
+        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
+        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks: 4.0 MiB = 2 buffers x (lhs 256.0 KiB + dy 256.0 KiB + dw
+    # 512.0 KiB) + f32 accumulator 1.0 MiB + f32 product step 1.0 MiB.
+    return pl.pallas_call(
+        functools.partial(_rmsnorm_matmul_backward_w_kernel, m=m, block_m=block_m),
+        # One step per block of K, block of N, block of M. Steps along K, N are independent
+        # (parallel); steps along M accumulate in order (arbitrary).
+        grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
+        in_specs=[
+            # lhs: bf16[M, K], read transposed
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),
+            # dy: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),
+        ],
+        # dw: bf16[K, N]
+        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((k, n), jnp.bfloat16),
+        # acc_ref: the f32 sum over M of one output tile
+        scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(
+                4 * block_m * block_k + 4 * block_m * block_n + 12 * block_k * block_n
+            ),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=2 * k * n * m, transcendentals=0, bytes_accessed=_nbytes(lhs, dy) + k * n * 2
+        ),
+        interpret=interpret,
+        name="rmsnorm_matmul_backward_w",
+    )(lhs, dy)
+
+
+def _rmsnorm_matmul_backward_w_gpu_kernel(
+    lhs_ref, dy_ref, dw_ref, *, k, n, m, block_k, block_n, block_m
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_k = _inside(pl.program_id(0) * block_k, block_k, k)
+    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    inside = _mask((block_k, block_n), in_k, in_n)
+
+    def accumulate(step, acc):
+        start = step * block_m
+        in_m = _inside(start, block_m, m)  # zeros past a ragged M
+        lhs = _load(
+            lhs_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_k), in_m, in_k), other=0
+        )
+        dy = _load(
+            dy_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        )
+        return acc + jax.lax.dot_general(
+            lhs, dy, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )
+
+    acc = jax.lax.fori_loop(
+        0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dw_ref.shape, jnp.float32)
+    )
+    _store(dw_ref, acc.astype(jnp.bfloat16), inside)
+
+
+# GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
+# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
+# timed best at the sizes (K, N, M) shown (the spec's .tuning.json file), the entry
+# nearest the call's sizes winning. None: any other GPU (the spec's).
+_rmsnorm_matmul_backward_w_gpu_options = {None: (128, 128, 32, 8, 3)}
+
+
+def _rmsnorm_matmul_backward_w_gpu(
+    lhs, dy, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
+):
+    """`rmsnorm_matmul_backward_w` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_k, block_n, block_m, num_warps, num_stages = _gpu_options(
+        _rmsnorm_matmul_backward_w_gpu_options,
+        (k, n, m),
+        (block_k, block_n, block_m, num_warps, num_stages),
+    )
+    block_k = max(16, min(block_k, pl.next_power_of_2(k)))  # a small K is one masked block
+    block_n = max(16, min(block_n, pl.next_power_of_2(n)))  # a small N is one masked block
+    block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
+    return pl.pallas_call(
+        functools.partial(
+            _rmsnorm_matmul_backward_w_gpu_kernel,
+            k=k,
+            n=n,
+            m=m,
+            block_k=block_k,
+            block_n=block_n,
+            block_m=block_m,
+        ),
+        # One program per block of K, block of N; each loops over M itself (Triton has no
+        # scratch memory).
+        grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
+        in_specs=[
+            # lhs: bf16[M, K], read transposed
+            pl.BlockSpec((m, block_k), lambda i, j: (0, i)),
+            # dy: bf16[M, N]
+            pl.BlockSpec((m, block_n), lambda i, j: (0, j)),
+        ],
+        # dw: bf16[K, N]
+        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((k, n), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="rmsnorm_matmul_backward_w",
+    )(lhs, dy)
+
+
+def _rmsnorm_matmul_backward_w_mosaic_gpu_kernel(
+    lhs_ref, dy_ref, dw_ref, out_smem, barrier, *, block_k, block_n, block_m
+):
+    program_k = jax.lax.axis_index("K")
+    program_n = jax.lax.axis_index("N")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, lhs_smem, dy_smem):
+            plgpu.wgmma(acc_ref, lhs_smem, dy_smem)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(lhs_ref.shape[-1] // block_m,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_k, block_m),
+                    lambda s: (program_k, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_m),
+                ),
+                plgpu.BlockSpec(
+                    (block_m, block_n),
+                    lambda s: (s, program_n),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                ),
+            ],
+            max_concurrent_steps=2,
+        )(lhs_ref, dy_ref)
+        acc = acc_ref[...]
+        out_smem[...] = acc.astype(jnp.bfloat16)
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem,
+        dw_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _rmsnorm_matmul_backward_w_mosaic_gpu(lhs, dy, *, k, n, m, interpret):
+    """`rmsnorm_matmul_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_k = 128
+    block_n = 128
+    block_m = 64
+    padded_k = k + -k % block_k
+    padded_n = n + -n % block_n
+    padded_m = m + -m % block_m
+    lhs = jnp.swapaxes(lhs, -1, -2)  # wgmma reads [M, K] tiles
+    lhs = _mgpu_pad(lhs, (padded_k, padded_m))
+    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    (dw,) = plgpu.kernel(
+        functools.partial(
+            _rmsnorm_matmul_backward_w_mosaic_gpu_kernel,
+            block_k=block_k,
+            block_n=block_n,
+            block_m=block_m,
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_k, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(padded_k // block_k, padded_n // block_n),
+        grid_names=("K", "N"),
+        interpret=interpret,
+    )(lhs, dy)
+    return dw[:k, :n]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def rmsnorm_matmul_lhs_backward(
+    x,
+    g,
+    mean_k,
+    dlhs,
+    *,
+    block_m=None,
+    gpu_block_m=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `rmsnorm_matmul_lhs`, generated from its spec: the cotangents dx
+    of its inputs from dlhs, those of its outputs.
+
+    Args:
+      x: bf16[M, K].
+      g: f32[K].
+      mean_k: f32[M].
+      dlhs: bf16[M, K].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_lhs_backward_tpu_blocks),
+        grown to large steps (_grown), else 256.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dx: bf16[M, K].
+    """
+    (x, g, mean_k, dlhs), sizes = _operands(
+        "rmsnorm_matmul_lhs_backward",
+        {
+            "x": (x, jnp.bfloat16, ("M", "K")),
+            "g": (g, jnp.float32, ("K",)),
+            "mean_k": (mean_k, jnp.float32, ("M",)),
+            "dlhs": (dlhs, jnp.bfloat16, ("M", "K")),
+        },
+    )
+    _check_blocks("rmsnorm_matmul_lhs_backward", block_m=block_m, may_be_none=True)
+    _check_blocks("rmsnorm_matmul_lhs_backward", gpu_block_m=gpu_block_m, may_be_none=True)
+    m = sizes["M"]
+    k = sizes["K"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            rmsnorm_matmul_lhs_backward_reference, (((m, k), jnp.bfloat16),), x, g, mean_k, dlhs
+        )
+    g = g.reshape(1, k)  # g: f32[K], broadcast over M
+    mean_k = mean_k.reshape(m, 1)  # mean_k: f32[M], broadcast over K
+    return _on_platform(
+        functools.partial(_rmsnorm_matmul_lhs_backward_tpu, m=m, k=k, block_m=block_m),
+        _gpu_kernel(
+            "rmsnorm_matmul_lhs_backward",
+            gpu_backend,
+            functools.partial(
+                _rmsnorm_matmul_lhs_backward_gpu,
+                m=m,
+                k=k,
+                block_m=gpu_block_m,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_rmsnorm_matmul_lhs_backward_mosaic_gpu, m=m, k=k),
+        ),
+        interpret,
+        x,
+        g,
+        mean_k,
+        dlhs,
+    )
+
+
+def rmsnorm_matmul_lhs_backward_reference(x, g, mean_k, dlhs):
+    """`rmsnorm_matmul_lhs_backward` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    k = x.shape[1]
+    g = g[None, :]
+    mean_k = mean_k[:, None]
+    h = x.astype(jnp.float32)
+    lhs_2 = mean_k + 1e-06
+    lhs_3 = jax.lax.rsqrt(lhs_2)
+    dlhs_1 = dlhs.astype(jnp.float32)
+    dlhs_2 = dlhs_1 * g
+    dlhs_3 = (
+        jnp.sum((dlhs_2 * h), axis=1, keepdims=True, dtype=jnp.float32)
+        * (-0.5 * (lhs_3 / lhs_2))
+        / k
+    )
+    dh = dlhs_2 * lhs_3 + dlhs_3 * h + dlhs_3 * h
+    dx = dh.astype(jnp.bfloat16)
+    return dx
+
+
+def _rmsnorm_matmul_lhs_backward_kernel(
+    x_ref, g_ref, mean_k_ref, dlhs_ref, dx_ref, *, m, k, block_m
+):
+    x = x_ref[...]
+    g = g_ref[...]
+    mean_k = mean_k_ref[...]
+    dlhs = dlhs_ref[...]
+    h = x.astype(jnp.float32)
+    lhs_2 = mean_k + 1e-06
+    lhs_3 = jax.lax.rsqrt(lhs_2)
+    dlhs_1 = dlhs.astype(jnp.float32)
+    dlhs_2 = dlhs_1 * g
+    dlhs_3 = jnp.sum((dlhs_2 * h), axis=1, keepdims=True) * (-0.5 * (lhs_3 / lhs_2)) / k
+    dh = dlhs_2 * lhs_3 + dlhs_3 * h + dlhs_3 * h
+    dx_ref[...] = dh.astype(jnp.bfloat16)
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, K) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_rmsnorm_matmul_lhs_backward_tpu_blocks = {
+    None: {"default": (256,)},
+    "v5e": {"default": (256,)},
+    "v6e": {"default": (256,)},
+}
+
+
+def _rmsnorm_matmul_lhs_backward_tpu(x, g, mean_k, dlhs, *, m, k, block_m, interpret):
+    """`rmsnorm_matmul_lhs_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _rmsnorm_matmul_lhs_backward_tpu_blocks,
+        (m, k),
+        (block_m,),
+        grow=functools.partial(
+            _grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * k, 32 * block_m * k + 8 * k + 20 * block_m),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "rmsnorm_matmul_lhs_backward",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks per unit of K: 13.0 KiB = 2 buffers x (x 512 B + g 4 B +
+    # mean_k 1.0 KiB + dlhs 512 B + dx 512 B) + sum's 32-bit copy of a block 1.0 KiB + let
+    # h 1.0 KiB + let lhs_2 1.0 KiB + let lhs_3 1.0 KiB + let dlhs_1 1.0 KiB + let dlhs_2
+    # 1.0 KiB + let dlhs_3 1.0 KiB + let dh 1.0 KiB.
+    return pl.pallas_call(
+        functools.partial(_rmsnorm_matmul_lhs_backward_kernel, m=m, k=k, block_m=block_m),
+        # One step per block of M (K taken whole); steps are independent, so every axis is
+        # parallel.
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, K]
+            pl.BlockSpec((block_m, k), lambda i: (i, 0)),
+            # g: f32[K], broadcast over M
+            pl.BlockSpec((1, k), lambda i: (0, 0)),
+            # mean_k: f32[M], broadcast over K
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # dlhs: bf16[M, K]
+            pl.BlockSpec((block_m, k), lambda i: (i, 0)),
+        ],
+        # dx: bf16[M, K]
+        out_specs=pl.BlockSpec((block_m, k), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(32 * block_m * k + 8 * k + 20 * block_m),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=18 * m * k,
+            transcendentals=m * k,
+            bytes_accessed=_nbytes(x, g, mean_k, dlhs) + m * k * 2,
+        ),
+        interpret=interpret,
+        name="rmsnorm_matmul_lhs_backward",
+    )(x, g, mean_k, dlhs)
+
+
+def _rmsnorm_matmul_lhs_backward_gpu_kernel(
+    x_ref, g_ref, mean_k_ref, dlhs_ref, dx_ref, *, m, block_m, k, block_k
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
+    in_k = _inside(0, block_k, k)
+    inside = _mask((block_m, block_k), in_m, in_k)
+    x = _load(x_ref, inside)
+    g = _load(g_ref, _mask((1, block_k), None, in_k))
+    mean_k = _load(mean_k_ref, _mask((block_m, 1), in_m, None))
+    dlhs = _load(dlhs_ref, inside)
+    h = x.astype(jnp.float32)
+    lhs_2 = mean_k + 1e-06
+    lhs_3 = jax.lax.rsqrt(lhs_2)
+    dlhs_1 = dlhs.astype(jnp.float32)
+    dlhs_2 = dlhs_1 * g
+    dlhs_3 = (
+        jnp.sum(_fill_past((dlhs_2 * h), 0, k, 1, 0.0), axis=1, keepdims=True)
+        * (-0.5 * (lhs_3 / lhs_2))
+        / k
+    )
+    dh = dlhs_2 * lhs_3 + dlhs_3 * h + dlhs_3 * h
+    _store(dx_ref, dh.astype(jnp.bfloat16), inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
+# (M, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_rmsnorm_matmul_lhs_backward_gpu_options = {None: (1, 4, 1)}
+
+
+def _rmsnorm_matmul_lhs_backward_gpu(
+    x, g, mean_k, dlhs, *, m, k, block_m, num_warps, num_stages, interpret
+):
+    """`rmsnorm_matmul_lhs_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, num_warps, num_stages = _gpu_options(
+        _rmsnorm_matmul_lhs_backward_gpu_options, (m, k), (block_m, num_warps, num_stages)
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_k = pl.next_power_of_2(k)  # all of K in one block, masked past its end
+    return pl.pallas_call(
+        functools.partial(
+            _rmsnorm_matmul_lhs_backward_gpu_kernel, m=m, block_m=block_m, k=k, block_k=block_k
+        ),
+        # One program per block of M; programs run concurrently. Each holds all of K (one
+        # block of the next power of two).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, K]
+            pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),
+            # g: f32[K], broadcast over M
+            pl.BlockSpec((1, block_k), lambda i: (0, 0)),
+            # mean_k: f32[M], broadcast over K
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # dlhs: bf16[M, K]
+            pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),
+        ],
+        # dx: bf16[M, K]
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="rmsnorm_matmul_lhs_backward",
+    )(x, g, mean_k, dlhs)
+
+
+def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
+    x_ref,
+    g_ref,
+    mean_k_ref,
+    dlhs_ref,
+    dx_ref,
+    barrier,
+    mean_k_smem,
+    dx_buffers,
+    *,
+    block_m,
+    block_k,
+    k,
+):
+    program_m = jax.lax.axis_index("M")
+    plgpu.copy_gmem_to_smem(
+        mean_k_ref.at[pl.ds(program_m * block_m, block_m)], mean_k_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+    mean_k = _mgpu_load_vector(mean_k_smem, 0)
+    lhs_2 = mean_k + 1e-06
+    lhs_3 = jax.lax.rsqrt(lhs_2)
+
+    def reduce_1(indices, x_smem, g_smem, dlhs_smem, carry):
+        (sum_k_running,) = carry
+        start = indices[0] * block_k
+        x = _mgpu_load(x_smem, (block_m, block_k), (0, 1))
+        g = _mgpu_load(g_smem, (block_m, block_k), (1,))
+        dlhs = _mgpu_load(dlhs_smem, (block_m, block_k), (0, 1))
+        h = x.astype(jnp.float32)
+        dlhs_1 = dlhs.astype(jnp.float32)
+        dlhs_2 = dlhs_1 * g
+        sum_k_block = dlhs_2 * h
+        if k % block_k:  # a ragged K: its identity past the end
+            sum_k_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_k), 1) < k, sum_k_block, 0.0
+            )
+        sum_k_running = sum_k_running + jnp.sum(sum_k_block, axis=1)
+        return (sum_k_running,)
+
+    (sum_k_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[1] // block_k,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_k),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+            ),
+            plgpu.BlockSpec((block_k,), lambda s: (s,)),
+            plgpu.BlockSpec(
+                (block_m, block_k),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+    )(x_ref, g_ref, dlhs_ref)
+    sum_k = sum_k_running
+    dlhs_3 = sum_k * (-0.5 * (lhs_3 / lhs_2)) / k
+
+    def write(indices, x_smem, g_smem, dlhs_smem):
+        start = indices[0] * block_k
+        x = _mgpu_load(x_smem, (block_m, block_k), (0, 1))
+        g = _mgpu_load(g_smem, (block_m, block_k), (1,))
+        dlhs = _mgpu_load(dlhs_smem, (block_m, block_k), (0, 1))
+        h = x.astype(jnp.float32)
+        dlhs_1 = dlhs.astype(jnp.float32)
+        dlhs_2 = dlhs_1 * g
+        dh = (
+            dlhs_2 * _mgpu_spread(lhs_3, (block_m, block_k), 0)
+            + _mgpu_spread(dlhs_3, (block_m, block_k), 0) * h
+            + _mgpu_spread(dlhs_3, (block_m, block_k), 0) * h
+        )
+        slot = indices[0] % 2
+        # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        dx_buffers[slot] = dh.astype(jnp.bfloat16)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            dx_buffers.at[slot],
+            dx_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_k)],
+        )
+
+    plgpu.emit_pipeline(
+        write,
+        grid=(x_ref.shape[1] // block_k,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_k),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+            ),
+            plgpu.BlockSpec((block_k,), lambda s: (s,)),
+            plgpu.BlockSpec(
+                (block_m, block_k),
+                lambda s: (program_m, s),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+            ),
+        ],
+        max_concurrent_steps=2,
+    )(x_ref, g_ref, dlhs_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _rmsnorm_matmul_lhs_backward_mosaic_gpu(x, g, mean_k, dlhs, *, m, k, interpret):
+    """`rmsnorm_matmul_lhs_backward` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_k = 128
+    padded_m = m + -m % block_m
+    padded_k = k + -k % block_k
+    x = _mgpu_pad(x, (padded_m, padded_k))
+    g = g.reshape((k,))
+    g = _mgpu_pad(g, (padded_k,))
+    mean_k = mean_k.reshape((m,))
+    mean_k = _mgpu_pad(mean_k, (padded_m,))
+    dlhs = _mgpu_pad(dlhs, (padded_m, padded_k))
+    (dx,) = plgpu.kernel(
+        functools.partial(
+            _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, k=k
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.Barrier(num_barriers=1),
+            plgpu.SMEM((block_m,), jnp.float32),
+            plgpu.SMEM(
+                (2, block_m, block_k),
+                jnp.bfloat16,
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+            ),
+        ],
+        grid=(padded_m // block_m,),
+        grid_names=("M",),
+        interpret=interpret,
+    )(x, g, mean_k, dlhs)
+    return dx[:m, :k]
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "block_m",
+        "gpu_block_m",
+        "gpu_block_k",
+        "gpu_warps",
+        "gpu_stages",
+        "gpu_backend",
+        "interpret",
+    ),
+)
+def rmsnorm_matmul_lhs_backward_over_m(
+    x,
+    mean_k,
+    dlhs,
+    *,
+    block_m=None,
+    gpu_block_m=None,
+    gpu_block_k=None,
+    gpu_warps=None,
+    gpu_stages=None,
+    gpu_backend="triton",
+    interpret=None,
+):
+    """The backward pass of `rmsnorm_matmul_lhs`, generated from its spec: the cotangents dg
+    of its inputs from dlhs, those of its outputs, summed over M (the inputs are broadcast over it).
+
+    Args:
+      x: bf16[M, K].
+      mean_k: f32[M].
+      dlhs: bf16[M, K].
+      block_m: TPU block sizes; a block never exceeds its dimension. Those not given
+        are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_lhs_backward_over_m_tpu_blocks),
+        grown to large steps (_grown), else 256.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
+        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
+        opt-in, not yet checked on hardware).
+      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
+        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+
+    Returns:
+      dg: f32[K].
+    """
+    (x, mean_k, dlhs), sizes = _operands(
+        "rmsnorm_matmul_lhs_backward_over_m",
+        {
+            "x": (x, jnp.bfloat16, ("M", "K")),
+            "mean_k": (mean_k, jnp.float32, ("M",)),
+            "dlhs": (dlhs, jnp.bfloat16, ("M", "K")),
+        },
+    )
+    _check_blocks("rmsnorm_matmul_lhs_backward_over_m", block_m=block_m, may_be_none=True)
+    _check_blocks(
+        "rmsnorm_matmul_lhs_backward_over_m",
+        gpu_block_m=gpu_block_m,
+        gpu_block_k=gpu_block_k,
+        may_be_none=True,
+    )
+    m = sizes["M"]
+    k = sizes["K"]
+    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
+        return _without_elements(
+            rmsnorm_matmul_lhs_backward_over_m_reference, (((k,), jnp.float32),), x, mean_k, dlhs
+        )
+    mean_k = mean_k.reshape(m, 1)  # mean_k: f32[M], broadcast over K
+    dg = _on_platform(
+        functools.partial(_rmsnorm_matmul_lhs_backward_over_m_tpu, m=m, k=k, block_m=block_m),
+        _gpu_kernel(
+            "rmsnorm_matmul_lhs_backward_over_m",
+            gpu_backend,
+            functools.partial(
+                _rmsnorm_matmul_lhs_backward_over_m_gpu,
+                m=m,
+                k=k,
+                block_m=gpu_block_m,
+                block_k=gpu_block_k,
+                num_warps=gpu_warps,
+                num_stages=gpu_stages,
+            ),
+            functools.partial(_rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu, m=m, k=k),
+        ),
+        interpret,
+        x,
+        mean_k,
+        dlhs,
+    )
+    dg = dg.reshape((k,))  # the kernel holds it with size 1 along the dimensions it lacks
+    return dg
+
+
+def rmsnorm_matmul_lhs_backward_over_m_reference(x, mean_k, dlhs):
+    """`rmsnorm_matmul_lhs_backward_over_m` in plain jax.numpy, to test the kernel against."""
+    m = x.shape[0]
+    k = x.shape[1]
+    mean_k = mean_k[:, None]
+    h = x.astype(jnp.float32)
+    lhs_1 = mean_k + 1e-06
+    lhs_2 = jax.lax.rsqrt(lhs_1)
+    lhs_3 = h * lhs_2
+    dlhs_1 = dlhs.astype(jnp.float32)
+    dg = jnp.sum((dlhs_1 * lhs_3), axis=0, keepdims=True, dtype=jnp.float32)
+    dg = dg.reshape((k,))
+    return dg
+
+
+def _rmsnorm_matmul_lhs_backward_over_m_kernel(
+    x_ref, mean_k_ref, dlhs_ref, dg_ref, sum_m_running_ref, *, m, k, block_m
+):
+    step = pl.program_id(0)
+
+    @pl.when(step == 0)
+    def _init():
+        sum_m_running_ref[...] = jnp.full(sum_m_running_ref.shape, 0.0, jnp.float32)
+
+    x = x_ref[...]
+    mean_k = mean_k_ref[...]
+    dlhs = dlhs_ref[...]
+    h = x.astype(jnp.float32)
+    lhs_1 = mean_k + 1e-06
+    lhs_2 = jax.lax.rsqrt(lhs_1)
+    lhs_3 = h * lhs_2
+    dlhs_1 = dlhs.astype(jnp.float32)
+    sum_m_block = dlhs_1 * lhs_3
+    if m % block_m:  # a ragged M: its identity past the end, never padding
+        sum_m_block = _fill_past(sum_m_block, step * block_m, m, 0, 0.0)
+    sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
+
+    @pl.when(step == pl.num_programs(0) - 1)
+    def _finish():
+        sum_m = sum_m_running_ref[...]
+        dg_ref[...] = sum_m
+
+
+# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
+# found at the sizes (M, K) shown (the spec's .tuning.json file), the entry nearest
+# the call's sizes winning; else the chip's default. None: any other chip, and CPU
+# (the spec's blocks).
+_rmsnorm_matmul_lhs_backward_over_m_tpu_blocks = {
+    None: {"default": (256,)},
+    "v5e": {"default": (256,)},
+    "v6e": {"default": (256,)},
+}
+
+
+def _rmsnorm_matmul_lhs_backward_over_m_tpu(x, mean_k, dlhs, *, m, k, block_m, interpret):
+    """`rmsnorm_matmul_lhs_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
+    (block_m,) = _tpu_blocks(
+        _rmsnorm_matmul_lhs_backward_over_m_tpu_blocks,
+        (m, k),
+        (block_m,),
+        grow=functools.partial(
+            _grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * k, 24 * block_m * k + 16 * block_m + 8 * k),
+        ),
+    )
+    block_m = min(block_m, m)  # a small M is one whole block
+    _check_tiling(
+        "rmsnorm_matmul_lhs_backward_over_m",
+        block_m=(
+            block_m,
+            m,
+            16,
+            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
+        ),
+    )
+    # VMEM at the default blocks per unit of K: 10.0 KiB = 2 buffers x (x 512 B + mean_k
+    # 1.0 KiB + dlhs 512 B + dg 4 B) + sum's 32-bit copy of a block 1.0 KiB + let h 1.0
+    # KiB + let lhs_1 1.0 KiB + let lhs_2 1.0 KiB + let lhs_3 1.0 KiB + let dlhs_1 1.0
+    # KiB.
+    return pl.pallas_call(
+        functools.partial(_rmsnorm_matmul_lhs_backward_over_m_kernel, m=m, k=k, block_m=block_m),
+        # One step per block of M (K taken whole). Steps along M accumulate in order
+        # (arbitrary).
+        grid=(pl.cdiv(m, block_m),),
+        in_specs=[
+            # x: bf16[M, K]
+            pl.BlockSpec((block_m, k), lambda i: (i, 0)),
+            # mean_k: f32[M], broadcast over K
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            # dlhs: bf16[M, K]
+            pl.BlockSpec((block_m, k), lambda i: (i, 0)),
+        ],
+        # dg: f32[K], broadcast over M
+        out_specs=pl.BlockSpec((1, k), lambda i: (0, 0)),
+        out_shape=jax.ShapeDtypeStruct((1, k), jnp.float32),
+        # sum_m_running_ref: the running sum over M of one block
+        scratch_shapes=[pltpu.VMEM((1, k), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("arbitrary",),
+            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
+            vmem_limit_bytes=_vmem_limit(24 * block_m * k + 16 * block_m + 8 * k),
+        ),
+        cost_estimate=pl.CostEstimate(
+            flops=6 * m * k,
+            transcendentals=m * k,
+            bytes_accessed=_nbytes(x, mean_k, dlhs) + m * k * 4,
+        ),
+        interpret=interpret,
+        name="rmsnorm_matmul_lhs_backward_over_m",
+    )(x, mean_k, dlhs)
+
+
+def _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel(
+    x_ref, mean_k_ref, dlhs_ref, dg_ref, *, m, k, block_m, block_k
+):
+    # Which positions of this program's blocks lie inside the arrays (None: no edge).
+    in_k = _inside(pl.program_id(0) * block_k, block_k, k)
+    inside = _mask((1, block_k), None, in_k)
+
+    def accumulate(index, running):
+        (sum_m_running,) = running
+        start = index * block_m
+        in_m = _inside(start, block_m, m)
+        x = _load(x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_k), in_m, in_k))
+        mean_k = _load(mean_k_ref.at[pl.ds(start, block_m), :], _mask((block_m, 1), in_m, None))
+        dlhs = _load(dlhs_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_k), in_m, in_k))
+        h = x.astype(jnp.float32)
+        lhs_1 = mean_k + 1e-06
+        lhs_2 = jax.lax.rsqrt(lhs_1)
+        lhs_3 = h * lhs_2
+        dlhs_1 = dlhs.astype(jnp.float32)
+        sum_m_block = dlhs_1 * lhs_3
+        if m % block_m:  # a ragged M: its identity past the end, never padding
+            sum_m_block = _fill_past(sum_m_block, start, m, 0, 0.0)
+        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
+        return (sum_m_running,)
+
+    (sum_m_running,) = jax.lax.fori_loop(
+        0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_k), 0.0, jnp.float32),)
+    )
+    sum_m = sum_m_running
+    _store(dg_ref, sum_m, inside)
+
+
+# GPU (Triton) blocks and launch options (block_m, block_k, num_warps, num_stages) for a
+# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
+# sizes (M, K) shown (the spec's .tuning.json file), the entry nearest the call's sizes
+# winning. None: any other GPU (the spec's).
+_rmsnorm_matmul_lhs_backward_over_m_gpu_options = {None: (64, 128, 4, 1)}
+
+
+def _rmsnorm_matmul_lhs_backward_over_m_gpu(
+    x, mean_k, dlhs, *, m, k, block_m, block_k, num_warps, num_stages, interpret
+):
+    """`rmsnorm_matmul_lhs_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
+    block_m, block_k, num_warps, num_stages = _gpu_options(
+        _rmsnorm_matmul_lhs_backward_over_m_gpu_options,
+        (m, k),
+        (block_m, block_k, num_warps, num_stages),
+    )
+    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
+    block_k = min(block_k, pl.next_power_of_2(k))  # a small K is one block
+    return pl.pallas_call(
+        functools.partial(
+            _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel,
+            m=m,
+            k=k,
+            block_m=block_m,
+            block_k=block_k,
+        ),
+        # One program per block of K; programs run concurrently. Each loops over M itself,
+        # accumulating in order.
+        grid=(pl.cdiv(k, block_k),),
+        in_specs=[
+            # x: bf16[M, K]
+            pl.BlockSpec((m, block_k), lambda i: (0, i)),
+            # mean_k: f32[M], broadcast over K
+            pl.BlockSpec((m, 1), lambda i: (0, 0)),
+            # dlhs: bf16[M, K]
+            pl.BlockSpec((m, block_k), lambda i: (0, i)),
+        ],
+        # dg: f32[K], broadcast over M
+        out_specs=pl.BlockSpec((1, block_k), lambda i: (0, i)),
+        out_shape=jax.ShapeDtypeStruct((1, k), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="rmsnorm_matmul_lhs_backward_over_m",
+    )(x, mean_k, dlhs)
+
+
+def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu_kernel(
+    x_ref, mean_k_ref, dlhs_ref, dg_ref, dg_smem, *, block_m, block_k, m
+):
+    program_k = jax.lax.axis_index("K")
+
+    def reduce_1(indices, x_smem, mean_k_smem, dlhs_smem, carry):
+        (sum_m_running,) = carry
+        start = indices[0] * block_m
+        x = _mgpu_load(x_smem, (block_m, block_k), (0, 1))
+        mean_k = _mgpu_load(mean_k_smem, (block_m, block_k), (0,))
+        dlhs = _mgpu_load(dlhs_smem, (block_m, block_k), (0, 1))
+        h = x.astype(jnp.float32)
+        lhs_1 = mean_k + 1e-06
+        lhs_2 = jax.lax.rsqrt(lhs_1)
+        lhs_3 = h * lhs_2
+        dlhs_1 = dlhs.astype(jnp.float32)
+        sum_m_block = dlhs_1 * lhs_3
+        if m % block_m:  # a ragged M: its identity past the end
+            sum_m_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_k), 0) < m, sum_m_block, 0.0
+            )
+        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
+        return (sum_m_running,)
+
+    (sum_m_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(x_ref.shape[0] // block_m,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_k),
+                lambda s: (s, program_k),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+            ),
+            plgpu.BlockSpec((block_m,), lambda s: (s,)),
+            plgpu.BlockSpec(
+                (block_m, block_k),
+                lambda s: (s, program_k),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_k, 0.0, jnp.float32, 1),),
+    )(x_ref, mean_k_ref, dlhs_ref)
+    sum_m = sum_m_running
+    dg = sum_m
+    dg_smem[...] = dg
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(dg_smem, dg_ref.at[pl.ds(program_k * block_k, block_k)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu(x, mean_k, dlhs, *, m, k, interpret):
+    """`rmsnorm_matmul_lhs_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_k = 128
+    padded_m = m + -m % block_m
+    padded_k = k + -k % block_k
+    x = _mgpu_pad(x, (padded_m, padded_k))
+    mean_k = mean_k.reshape((m,))
+    mean_k = _mgpu_pad(mean_k, (padded_m,))
+    dlhs = _mgpu_pad(dlhs, (padded_m, padded_k))
+    (dg,) = plgpu.kernel(
+        functools.partial(
+            _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_k=block_k,
+            m=m,
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_k,), jnp.float32),),
+        scratch_types=[plgpu.SMEM((block_k,), jnp.float32)],
+        grid=(padded_k // block_k,),
+        grid_names=("K",),
+        interpret=interpret,
+    )(x, mean_k, dlhs)
+    return dg[:k].reshape((1, k))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from pallasgen.analysis import attention_gradients, product_gradients, reverse
+from pallasgen.analysis import attention_gradients, fused_gradients, product_gradients, reverse
 from pallasgen.analysis.backward import Argument, Derived, Residual, is_float
 from pallasgen.analysis.checks import CheckedKernel, Diagnostics, check_kernel
 from pallasgen.frontend import ir
@@ -24,7 +24,7 @@ from pallasgen.frontend.errors import Diagnostic
 
 # Each takes a checked kernel and gives its `Derived` backward kernels, what it has that
 # none is generated for yet (a str), or None where it does not take that kernel.
-DERIVATIONS = (attention_gradients.derive, product_gradients.derive, reverse.derive)
+DERIVATIONS = (attention_gradients.derive, fused_gradients.derive, product_gradients.derive, reverse.derive)
 
 
 @dataclass(frozen=True)

@@ -50,14 +50,15 @@ class NotYet(Exception):
     """Raised with what a kernel has that its backward kernels are not generated for yet."""
 
 
-def derive(checked: CheckedKernel) -> Derived | str:
+def derive(checked: CheckedKernel, saved_outputs=()) -> Derived | str:
     """The backward kernels of a kernel without a matrix product, or what it has that
-    they are not generated for yet."""
+    they are not generated for yet; the rules read the outputs named in `saved_outputs`
+    as the forward pass saved them (see Reverse)."""
     not_yet = not_generated_yet(checked)
     if not_yet:
         return not_yet
     try:
-        reverse = Reverse(checked)
+        reverse = Reverse(checked, saved_outputs)
         groups: dict[str, list[ir.ArrayDecl]] = defaultdict(list)
         for decl in checked.kernel.inputs:
             if decl.name in reverse.contributions:
@@ -75,12 +76,13 @@ def derive(checked: CheckedKernel) -> Derived | str:
 
 def not_generated_yet(checked: CheckedKernel) -> str | None:
     """What the kernel has that backward kernels are not generated for yet (None: they
-    are): a product (the derivations before this one take attention and plain products),
+    are): a product (the derivations before this one take attention, plain products and
+    fused kernels with one product),
     an input whose dimensions are in another order than the kernel's, or one broadcast
     over two blocked dimensions. (Reverse raises NotYet where a reduction's cotangent
     would need sums over two blocked dimensions first.)"""
     if checked.fused is not None:
-        return "a product fused with a reduction or a computed operand, other than attention's"
+        return "several products in one kernel, other than attention's"
     if checked.product is not None:
         return "a matrix product"
     layout = checked.space.layout
@@ -106,7 +108,7 @@ class Reverse:
     so the sum can wait until a rule reduces or the input's cotangent is written.
     """
 
-    def __init__(self, checked: CheckedKernel):
+    def __init__(self, checked: CheckedKernel, saved_outputs=()):
         self.checked = checked
         kernel = checked.kernel
         self.types = checked.types
@@ -119,6 +121,7 @@ class Reverse:
         read = {n.id for s in kernel.body for n in ir.walk(s.value) if isinstance(n, ir.Name)}
         # outputs the backward kernels read as the forward pass saved them
         self.saved_outputs = {o.name for o in kernel.outputs if o.name in read or o.dims != self.layout}
+        self.saved_outputs |= set(saved_outputs)  # what a caller knows the forward pass saves
         forward = [*self.inputs, *self.lets, *(p.name for p in kernel.params), *checked.dims, *FUNCTIONS]
         self.namer = Namer([*forward, *self.saved_outputs])
         self.seeds = {o.name: self.namer.claim(f"d{o.name}") for o in kernel.outputs if is_float(o)}

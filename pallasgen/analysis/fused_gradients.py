@@ -1,0 +1,303 @@
+"""Backward kernels of a fused kernel with one matrix product, other than attention's: a
+product of a computed operand (`bf16(h * rsqrt(mean(h * h, K) + 1e-6) * g) @ w`), a
+product followed by reductions over its output's dimensions (`softmax(x @ w, N)`), or
+both. They are derived from the spec by splitting it in three parts, each an ordinary
+kernel whose backward kernels an existing derivation gives:
+
+- each computed operand's *prologue*, a kernel of the inputs it reads with the operand
+  as its output (elementwise, reductions over a dimension a block holds whole), which
+  reverse mode (analysis.reverse) differentiates: its backward kernels take the
+  operand's cotangent to the inputs' (NAME_lhs_backward, ..._over_m for a [K] scale);
+- the product, of the operands as inputs, with its epilogue: where that is elementwise,
+  analysis.product_gradients derives it as for any product kernel; where it reduces
+  (softmax), the epilogue, the product's value taken as an input `acc`, is a reduction
+  kernel that reverse mode differentiates to the product's cotangent `dacc`
+  (NAME_backward), and `dx = dacc @ w.T`, `dw = x.T @ dacc` are product kernels as
+  there (NAME_backward_x, NAME_backward_w).
+
+Saved or recomputed: the epilogue's derivative reads the kernel's outputs as the forward
+pass saved them (softmax's `y * (dy - sum(dy * y, N))` reads `y`; recomputing it would
+take the accumulator saved as well, as large as `y`). A computed operand and the row
+statistics its derivative reads are computed again by a kernel of their own before the
+others (NAME_lhs: it reads the operand's inputs once, as its derivative does anyway),
+not saved by the forward pass: that would add an output of fewer dimensions than the
+forward's grid (the operand [M, K] of a grid over M and N), written by every block of
+the dimension it lacks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from pallasgen.analysis import product_gradients, reverse
+from pallasgen.analysis.backward import Argument, Derived, Residual, Step
+from pallasgen.analysis.checks import CheckedKernel, check_kernel
+from pallasgen.analysis.infer import product_operand
+from pallasgen.analysis.names import Namer
+from pallasgen.analysis.product import analyze_product, find_products
+from pallasgen.frontend import ir
+
+
+@dataclass(frozen=True)
+class _Prologue:
+    """A computed operand of the product, as a kernel of its own (`checked`), whose one
+    output `name` is the operand's value."""
+
+    name: str  # the operand's value, as the backward kernels pass it
+    cotangent: str  # its cotangent, as they pass it
+    value: ir.Expr  # the operand, as the forward body computes it
+    checked: CheckedKernel
+
+
+def derive(checked: CheckedKernel) -> Derived | str | None:
+    """The backward kernels of a fused kernel with one product (None for any other
+    kernel), or what it has that they are not generated for yet."""
+    kernel = checked.kernel
+    products = find_products(kernel)
+    if checked.fused is None or len(products) != 1:
+        return None
+    node = products[0]
+    lets = [s for s in kernel.body if isinstance(s, ir.Let)]
+    forward = [*(d.name for d in kernel.inputs + kernel.outputs), *(p.name for p in kernel.params)]
+    namer = Namer([*forward, *checked.dims, *(s.name for s in lets)])
+    prologues = []
+    operands = []
+    for side_name, side in (("lhs", node.left), ("rhs", node.right)):
+        value, transposed = product_operand(side)
+        if isinstance(value, ir.Name) and value.id in {d.name for d in kernel.inputs}:
+            operands.append(side)
+            continue
+        if transposed:
+            return "a product of a transposed computed operand"
+        name = namer.claim(side_name)
+        prologue, problem = _prologue(checked, name, value, namer.claim(f"d{name}"))
+        if problem:
+            return problem
+        prologues.append(prologue)
+        operands.append(ir.Name(name, value.position))
+    product_kernel, problem = _product_kernel(checked, node, operands, prologues)
+    if problem:
+        return problem
+    derived = _product_derived(product_kernel, namer)
+    if isinstance(derived, str):
+        return derived
+    steps, residuals, recomputed = list(derived.steps), list(derived.residuals), list(derived.recomputed)
+    back = {ir.Name(p.name, p.value.position): p.value for p in prologues}  # the operands as the forward computes them
+    residuals = [dataclasses.replace(r, value=reverse.substitute(r.value, back)) for r in residuals]
+    for prologue in prologues:
+        found = _prologue_steps(prologue, steps, namer)
+        if isinstance(found, str):
+            return found
+        steps, more = found
+        recomputed.extend(more)
+    return Derived(tuple(steps), tuple(residuals), tuple(dict.fromkeys(recomputed)))
+
+
+def _prologue(checked: CheckedKernel, name: str, value: ir.Expr, cotangent: str):
+    """The kernel that computes the operand `value` from the inputs and lets it reads,
+    as its output `name`; or what makes it one that is not generated yet."""
+    kernel = checked.kernel
+    read = _names(value)
+    statements = []
+    for statement in reversed(kernel.body):
+        if isinstance(statement, ir.Let) and statement.name in read:
+            statements.insert(0, statement)
+            read |= _names(statement.value)
+    if any(isinstance(n, ir.Binary) and n.op == "@" for s in statements for n in ir.walk(s.value)):
+        return None, "a product of a product"
+    value_type = checked.types[value]
+    position = value.position
+    dims = value_type.dims
+    decl = ir.ArrayDecl(name, value_type.dtype.name, dims, position, position, (position,) * len(dims))
+    inputs = tuple(d for d in kernel.inputs if d.name in read)
+    used = {d for i in inputs for d in i.dims} | set(dims)
+    prologue = dataclasses.replace(
+        kernel,
+        name=f"{kernel.name}_{name}",
+        doc=(
+            f"Part of the backward pass of `{kernel.name}`, generated from its spec: its product's",
+            f"operand {name}, computed again from its inputs, and the row statistics its derivative reads.",
+        ),
+        inputs=inputs,
+        outputs=(decl,),
+        params=tuple(p for p in kernel.params if p.name in read),
+        body=(*statements, ir.Assign(name, value, position)),
+        blocks=tuple(b for b in kernel.blocks if b.dim in used),
+        accumulates=(),
+        gpu_blocks=tuple(b for b in kernel.gpu_blocks if b.dim in used),
+        grad_none=(),
+    )
+    prologue_checked, problems = check_kernel(prologue)
+    if problems:
+        return None, f"a computed operand that fails a check on its own ({problems[0].message})"
+    return _Prologue(name, cotangent, value, prologue_checked), None
+
+
+def _product_kernel(checked: CheckedKernel, node: ir.Binary, operands, prologues):
+    """The kernel with each computed operand an input, and without what only they read:
+    its product and epilogue; or what makes it one that is not generated yet."""
+    kernel = checked.kernel
+    product = dataclasses.replace(node, left=operands[0], right=operands[1])
+    body = [reverse.replaced(s, {node: product}) for s in kernel.body]
+    read = set()
+    for statement in reversed(body):
+        if isinstance(statement, ir.Assign) or statement.name in read:
+            read |= _names(statement.value)
+    body = [s for s in body if isinstance(s, ir.Assign) or s.name in read]
+    for prologue in prologues:
+        shared = {d.name for d in prologue.checked.kernel.inputs} | {
+            s.name for s in prologue.checked.kernel.body if isinstance(s, ir.Let)
+        }
+        if shared & read:
+            return None, "a computed operand of a product whose inputs the rest of the kernel reads too"
+    decls = tuple(p.checked.kernel.outputs[0] for p in prologues)
+    product_kernel = dataclasses.replace(
+        kernel,
+        inputs=(*decls, *(d for d in kernel.inputs if d.name in read)),
+        body=tuple(body),
+        grad_none=(),
+    )
+    product_checked, problems = check_kernel(product_kernel)
+    if problems:
+        return None, f"a product of computed operands that fails a check on its own ({problems[0].message})"
+    return product_checked, None
+
+
+def _product_derived(checked: CheckedKernel, namer: Namer) -> Derived | str:
+    """The backward kernels of the kernel of one product of inputs: analysis.
+    product_gradients' where its epilogue is elementwise, else `_reduced_epilogue`'s."""
+    if checked.fused is None:
+        return product_gradients.derive(checked)
+    return _reduced_epilogue(checked, namer)
+
+
+def _reduced_epilogue(checked: CheckedKernel, namer: Namer) -> Derived | str:
+    """The backward kernels of a product of inputs whose epilogue reduces: the epilogue's,
+    by reverse mode, with its outputs read as saved, giving the product's cotangent in
+    the operands' dtype; then one product kernel per operand."""
+    kernel = checked.kernel
+    product, problems = analyze_product(kernel)
+    if product is None:
+        return f"a product that fails a check on its own ({problems[0].message})"
+    acc = namer.claim("acc")
+    epilogue, problems = check_kernel(product_gradients._epilogue(kernel, product, acc))
+    if problems:
+        return f"an epilogue that fails a check ({problems[0].message})"
+    if epilogue.product is not None or epilogue.fused is not None:
+        return "a product in a product's epilogue"
+    derived = reverse.derive(epilogue, saved_outputs=[o.name for o in kernel.outputs])
+    if isinstance(derived, str):
+        return f"{derived} in the product's epilogue"
+    dacc = namer.claim("dacc")
+    steps, g = [], None
+    for step in derived.steps:
+        arguments = tuple(Argument(acc, "residual") if a == Argument(acc, "input") else a for a in step.arguments)
+        derived_kernel, results = step.kernel, step.results
+        if acc in results:  # the product's cotangent, in its operands' dtype for the products
+            index = results.index(acc)
+            derived_kernel, decl = product_gradients._in_dtype(derived_kernel, index, product.lhs.dtype.name)
+            results = (*results[:index], dacc, *results[index + 1 :])
+            g = decl, Argument(dacc, "backward")
+        steps.append(Step(derived_kernel, arguments, results))
+    if g is not None:
+        steps += product_gradients._product_steps(_blocked(kernel, product), product, g)
+    back = {ir.Name(acc, product.node.position): product.node}
+    residuals = [dataclasses.replace(r, value=reverse.substitute(r.value, back)) for r in derived.residuals]
+    if any(Argument(acc, "residual") in step.arguments for step in steps):
+        residuals.insert(0, Residual(acc, product.node))
+    return Derived(tuple(steps), tuple(residuals), derived.recomputed)
+
+
+def _blocked(kernel: ir.Kernel, product) -> ir.Kernel:
+    """The kernel with a block for each dimension of the product that it takes whole (the
+    N a softmax reduces): its largest block rounded up to a lane tile, as product_gradients
+    blocks an output taken whole, so that the product kernels' blocks stay bounded where
+    that dimension is the one they contract (dx = dacc @ w.T)."""
+    largest = max((b.size for b in kernel.blocks), default=product_gradients.LANES)
+    size = -(-largest // product_gradients.LANES) * product_gradients.LANES
+    whole = [d for d in (product.m, product.n, product.k) if all(b.dim != d for b in kernel.blocks)]
+    added = tuple(ir.BlockSize(d, size, kernel.position, kernel.position) for d in whole)
+    return dataclasses.replace(kernel, blocks=kernel.blocks + added)
+
+
+def _prologue_steps(prologue: _Prologue, steps: list[Step], namer: Namer):
+    """`steps` (the product's) reading the operand from a kernel that computes it again,
+    then the prologue's backward kernels, which take the operand's cotangent (the
+    product's steps' result) to the inputs'; and the forward values computed again. Or
+    what the prologue has that they are not generated for yet."""
+    derived = reverse.derive(prologue.checked)
+    if isinstance(derived, str):
+        return f"{derived} in a computed operand of a product"
+    kernel = prologue.checked.kernel
+    inputs = {d.name for d in kernel.inputs}
+    # the residuals of the prologue's reverse mode (its row statistics) and its own
+    # intermediates, passed between the backward kernels under names no forward array has
+    renamed = {r.name: namer.claim(r.name) for r in derived.residuals}
+    renamed |= {n: namer.claim(n) for s in derived.steps for n in s.results if n not in inputs}
+
+    def operand(argument: Argument) -> Argument:  # as the product's steps read it
+        if argument.name == prologue.name and argument.source == "input":
+            return Argument(prologue.name, "backward")
+        return argument
+
+    def passed(argument: Argument) -> Argument:  # as the prologue's backward kernels read it
+        if argument.name == prologue.name and argument.source == "cotangent":
+            return Argument(prologue.cotangent, "backward")
+        if argument.name == prologue.name and argument.source == "output":
+            return Argument(prologue.name, "backward")
+        if argument.source in ("residual", "backward"):
+            return Argument(renamed[argument.name], "backward")
+        return argument
+
+    product_steps = [
+        Step(
+            s.kernel,
+            tuple(operand(a) for a in s.arguments),
+            tuple(prologue.cotangent if r == prologue.name else r for r in s.results),
+        )
+        for s in steps
+    ]
+    backward = [
+        Step(s.kernel, tuple(passed(a) for a in s.arguments), tuple(renamed.get(r, r) for r in s.results))
+        for s in derived.steps
+    ]
+    read = {a for s in product_steps + backward for a in s.arguments}
+    wanted = [r for r in derived.residuals if Argument(renamed[r.name], "backward") in read]
+    recomputing = []
+    if wanted or Argument(prologue.name, "backward") in read:
+        recomputing = [_recomputing(prologue, wanted, renamed)]
+    recomputed = [s.name for s in kernel.body if isinstance(s, ir.Let)] if recomputing else []
+    recomputed += [prologue.name, *(r.name for r in wanted)] if recomputing else []
+    return [*recomputing, *product_steps, *backward], [*recomputed, *derived.recomputed]
+
+
+def _recomputing(prologue: _Prologue, residuals: list[Residual], renamed: dict[str, str]) -> Step:
+    """The prologue's kernel with the residuals its backward kernels read as outputs
+    after the operand: each assigned where the body computes it, read from there on by
+    its name (or computed last where the body does not compute it)."""
+    checked = prologue.checked
+    kernel = checked.kernel
+    body = list(kernel.body)
+    outputs = list(kernel.outputs)
+    for residual in residuals:
+        position = residual.value.position
+        value_type = checked.types.get(residual.value)
+        dtype = residual.dtype or value_type.dtype.name
+        dims = residual.dims if residual.dtype else value_type.dims
+        outputs.append(ir.ArrayDecl(residual.name, dtype, dims, position, position, (position,) * len(dims)))
+        at = next((i for i, s in enumerate(body) if residual.value in ir.walk(s.value)), None)
+        assign = ir.Assign(residual.name, residual.value, position)
+        if at is None:
+            body.append(assign)
+            continue
+        name = ir.Name(residual.name, position)
+        body[at:] = [reverse.replaced(s, {residual.value: name}) for s in body[at:]]
+        body.insert(at, assign)
+    recomputing = dataclasses.replace(kernel, outputs=tuple(outputs), body=tuple(body))
+    arguments = tuple(Argument(d.name, "input") for d in kernel.inputs)
+    return Step(recomputing, arguments, (prologue.name, *(renamed[r.name] for r in residuals)))
+
+
+def _names(node: ir.Expr) -> set[str]:
+    return {n.id for n in ir.walk(node) if isinstance(n, ir.Name)}
