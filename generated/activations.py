@@ -475,7 +475,7 @@ def leaky(
             slope=slope,
             interpret=interpret,
         ),
-        functools.partial(_leaky_vjp, slope=slope, interpret=interpret),
+        functools.partial(_leaky_vjp, slope=slope, gpu_backend=gpu_backend, interpret=interpret),
         x,
     )
 
@@ -526,14 +526,14 @@ def _leaky_forward(
     )
 
 
-def _leaky_vjp(saved, cotangents, *, slope, interpret):
+def _leaky_vjp(saved, cotangents, *, slope, gpu_backend, interpret):
     """The cotangents of `leaky`'s inputs from those of its outputs, for jax.grad, by the
     generated backward kernels leaky_backward. The forward pass saves its inputs (x) and
     nothing else: the backward kernels recompute the values they need (pos) from them.
     """
     (x,) = saved
     dy, _ = cotangents
-    dx = leaky_backward(x, dy, slope=slope, interpret=interpret)
+    dx = leaky_backward(x, dy, slope=slope, gpu_backend=gpu_backend, interpret=interpret)
     return (dx,)
 
 
@@ -1069,7 +1069,7 @@ def bias_gelu(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_bias_gelu_vjp, interpret=interpret),
+        functools.partial(_bias_gelu_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
         bias,
         scale,
@@ -1126,7 +1126,7 @@ def _bias_gelu_forward(
     )
 
 
-def _bias_gelu_vjp(saved, cotangents, *, interpret):
+def _bias_gelu_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `bias_gelu`'s inputs from those of its outputs, for jax.grad, by the
     generated backward kernels bias_gelu_backward, bias_gelu_backward_over_m,
     bias_gelu_backward_over_n. The forward pass saves its inputs (x, bias, scale) and
@@ -1134,9 +1134,13 @@ def _bias_gelu_vjp(saved, cotangents, *, interpret):
     """
     x, bias, scale = saved
     dy = cotangents
-    dx = bias_gelu_backward(x, bias, scale, dy, interpret=interpret)
-    dbias = bias_gelu_backward_over_m(x, bias, scale, dy, interpret=interpret)
-    dscale = bias_gelu_backward_over_n(x, bias, scale, dy, interpret=interpret)
+    dx = bias_gelu_backward(x, bias, scale, dy, gpu_backend=gpu_backend, interpret=interpret)
+    dbias = bias_gelu_backward_over_m(
+        x, bias, scale, dy, gpu_backend=gpu_backend, interpret=interpret
+    )
+    dscale = bias_gelu_backward_over_n(
+        x, bias, scale, dy, gpu_backend=gpu_backend, interpret=interpret
+    )
     return dx, dbias, dscale
 
 
@@ -2549,7 +2553,7 @@ def quantize_rows(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_quantize_rows_vjp, interpret=interpret),
+        functools.partial(_quantize_rows_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
         scale,
     )
@@ -2603,7 +2607,7 @@ def _quantize_rows_forward(
     )
 
 
-def _quantize_rows_vjp(saved, cotangents, *, interpret):
+def _quantize_rows_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `quantize_rows`'s inputs, for jax.grad: none (zeros, or float0 for
     integer inputs), since no float input reaches a float output.
     """

@@ -402,7 +402,7 @@ def add_vectors(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_add_vectors_vjp, interpret=interpret),
+        functools.partial(_add_vectors_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
         y,
     )
@@ -438,13 +438,13 @@ def _add_vectors_forward(
     )
 
 
-def _add_vectors_vjp(saved, cotangents, *, interpret):
+def _add_vectors_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `add_vectors`'s inputs from those of its outputs, for jax.grad, by the
     generated backward kernels add_vectors_backward. The forward pass saves its inputs (x,
     y) and nothing else: the backward kernels recompute the values they need from them.
     """
     dz = cotangents
-    dx, dy = add_vectors_backward(dz, interpret=interpret)
+    dx, dy = add_vectors_backward(dz, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dy
 
 

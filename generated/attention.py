@@ -578,7 +578,9 @@ def attention(
             scale=scale,
             interpret=interpret,
         ),
-        functools.partial(_attention_vjp, scale=scale, interpret=interpret),
+        functools.partial(
+            _attention_vjp, scale=scale, gpu_backend=gpu_backend, interpret=interpret
+        ),
         q,
         k,
         v,
@@ -743,7 +745,7 @@ def _attention_saving(
     return (o, lse), (q, k, v, o, lse)
 
 
-def _attention_vjp(saved, cotangents, *, scale, interpret):
+def _attention_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
     """The cotangents of `attention`'s inputs from those of its outputs, for jax.grad, by the
     generated backward kernels attention_backward_dq, attention_backward_dkdv. The forward
     pass saves its inputs (q, k, v) and its outputs o, lse (read, not recomputed): the
@@ -751,8 +753,12 @@ def _attention_vjp(saved, cotangents, *, scale, interpret):
     """
     q, k, v, o, lse = saved
     do, dlse = cotangents
-    dq, delta = attention_backward_dq(q, k, v, o, do, lse, dlse, scale=scale, interpret=interpret)
-    dk, dv = attention_backward_dkdv(q, k, v, do, lse, delta, scale=scale, interpret=interpret)
+    dq, delta = attention_backward_dq(
+        q, k, v, o, do, lse, dlse, scale=scale, gpu_backend=gpu_backend, interpret=interpret
+    )
+    dk, dv = attention_backward_dkdv(
+        q, k, v, do, lse, delta, scale=scale, gpu_backend=gpu_backend, interpret=interpret
+    )
     return dq, dk, dv
 
 
@@ -4943,7 +4949,9 @@ def attention_full(
             scale=scale,
             interpret=interpret,
         ),
-        functools.partial(_attention_full_vjp, scale=scale, interpret=interpret),
+        functools.partial(
+            _attention_full_vjp, scale=scale, gpu_backend=gpu_backend, interpret=interpret
+        ),
         q,
         k,
         v,
@@ -5105,7 +5113,7 @@ def _attention_full_saving(
     return o, (q, k, v, o, lse)
 
 
-def _attention_full_vjp(saved, cotangents, *, scale, interpret):
+def _attention_full_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
     """The cotangents of `attention_full`'s inputs from those of its outputs, for jax.grad, by
     the generated backward kernels attention_full_backward_dq, attention_full_backward_dkdv.
     The forward pass saves its inputs (q, k, v), its outputs o (read, not recomputed) and
@@ -5114,8 +5122,12 @@ def _attention_full_vjp(saved, cotangents, *, scale, interpret):
     """
     q, k, v, o, lse = saved
     do = cotangents
-    dq, delta = attention_full_backward_dq(q, k, v, o, do, lse, scale=scale, interpret=interpret)
-    dk, dv = attention_full_backward_dkdv(q, k, v, do, lse, delta, scale=scale, interpret=interpret)
+    dq, delta = attention_full_backward_dq(
+        q, k, v, o, do, lse, scale=scale, gpu_backend=gpu_backend, interpret=interpret
+    )
+    dk, dv = attention_full_backward_dkdv(
+        q, k, v, do, lse, delta, scale=scale, gpu_backend=gpu_backend, interpret=interpret
+    )
     return dq, dk, dv
 
 
@@ -7752,7 +7764,9 @@ def attention_bottom_right(
             scale=scale,
             interpret=interpret,
         ),
-        functools.partial(_attention_bottom_right_vjp, scale=scale, interpret=interpret),
+        functools.partial(
+            _attention_bottom_right_vjp, scale=scale, gpu_backend=gpu_backend, interpret=interpret
+        ),
         q,
         k,
         v,
@@ -7915,7 +7929,7 @@ def _attention_bottom_right_saving(
     return o, (q, k, v, o, lse)
 
 
-def _attention_bottom_right_vjp(saved, cotangents, *, scale, interpret):
+def _attention_bottom_right_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
     """The cotangents of `attention_bottom_right`'s inputs from those of its outputs, for
     jax.grad, by the generated backward kernels attention_bottom_right_backward_dq,
     attention_bottom_right_backward_dkdv. The forward pass saves its inputs (q, k, v), its
@@ -7926,10 +7940,10 @@ def _attention_bottom_right_vjp(saved, cotangents, *, scale, interpret):
     q, k, v, o, lse = saved
     do = cotangents
     dq, delta = attention_bottom_right_backward_dq(
-        q, k, v, o, do, lse, scale=scale, interpret=interpret
+        q, k, v, o, do, lse, scale=scale, gpu_backend=gpu_backend, interpret=interpret
     )
     dk, dv = attention_bottom_right_backward_dkdv(
-        q, k, v, do, lse, delta, scale=scale, interpret=interpret
+        q, k, v, do, lse, delta, scale=scale, gpu_backend=gpu_backend, interpret=interpret
     )
     return dq, dk, dv
 
@@ -11043,7 +11057,7 @@ def gqa(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_gqa_vjp, interpret=interpret),
+        functools.partial(_gqa_vjp, gpu_backend=gpu_backend, interpret=interpret),
         q,
         k,
         v,
@@ -11192,7 +11206,7 @@ def _gqa_saving(
     return o, (q, k, v, o, lse)
 
 
-def _gqa_vjp(saved, cotangents, *, interpret):
+def _gqa_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `gqa`'s inputs from those of its outputs, for jax.grad, by the
     generated backward kernels gqa_backward_dq, gqa_backward_dkdv, gqa_backward_over_r. The
     forward pass saves its inputs (q, k, v), its outputs o (read, not recomputed) and the
@@ -11201,9 +11215,11 @@ def _gqa_vjp(saved, cotangents, *, interpret):
     """
     q, k, v, o, lse = saved
     do = cotangents
-    dq, delta = gqa_backward_dq(q, k, v, o, do, lse, interpret=interpret)
-    dk_r, dv_r = gqa_backward_dkdv(q, k, v, do, lse, delta, interpret=interpret)
-    dk, dv = gqa_backward_over_r(dk_r, dv_r, interpret=interpret)
+    dq, delta = gqa_backward_dq(q, k, v, o, do, lse, gpu_backend=gpu_backend, interpret=interpret)
+    dk_r, dv_r = gqa_backward_dkdv(
+        q, k, v, do, lse, delta, gpu_backend=gpu_backend, interpret=interpret
+    )
+    dk, dv = gqa_backward_over_r(dk_r, dv_r, gpu_backend=gpu_backend, interpret=interpret)
     return dq, dk, dv
 
 
@@ -14207,7 +14223,7 @@ def matmul_softmax(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_matmul_softmax_vjp, interpret=interpret),
+        functools.partial(_matmul_softmax_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
         w,
         saving=functools.partial(
@@ -14327,7 +14343,7 @@ def _matmul_softmax_saving(
     return y, (x, w, y)
 
 
-def _matmul_softmax_vjp(saved, cotangents, *, interpret):
+def _matmul_softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `matmul_softmax`'s inputs from those of its outputs, for jax.grad, by
     the generated backward kernels matmul_softmax_backward, matmul_softmax_backward_x,
     matmul_softmax_backward_w. The forward pass saves its inputs (x, w) and its outputs y
@@ -14335,9 +14351,9 @@ def _matmul_softmax_vjp(saved, cotangents, *, interpret):
     """
     x, w, y = saved
     dy = cotangents
-    dacc = matmul_softmax_backward(y, dy, interpret=interpret)
-    dx = matmul_softmax_backward_x(dacc, w, interpret=interpret)
-    dw = matmul_softmax_backward_w(x, dacc, interpret=interpret)
+    dacc = matmul_softmax_backward(y, dy, gpu_backend=gpu_backend, interpret=interpret)
+    dx = matmul_softmax_backward_x(dacc, w, gpu_backend=gpu_backend, interpret=interpret)
+    dw = matmul_softmax_backward_w(x, dacc, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dw
 
 
@@ -15813,7 +15829,7 @@ def rmsnorm_matmul(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_rmsnorm_matmul_vjp, interpret=interpret),
+        functools.partial(_rmsnorm_matmul_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
         g,
         w,
@@ -15894,7 +15910,7 @@ def _rmsnorm_matmul_forward(
     )
 
 
-def _rmsnorm_matmul_vjp(saved, cotangents, *, interpret):
+def _rmsnorm_matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `rmsnorm_matmul`'s inputs from those of its outputs, for jax.grad, by
     the generated backward kernels rmsnorm_matmul_lhs, rmsnorm_matmul_backward_lhs,
     rmsnorm_matmul_backward_w, rmsnorm_matmul_lhs_backward,
@@ -15904,11 +15920,15 @@ def _rmsnorm_matmul_vjp(saved, cotangents, *, interpret):
     """
     x, g, w = saved
     dy = cotangents
-    lhs, mean_k = rmsnorm_matmul_lhs(x, g, interpret=interpret)
-    dlhs = rmsnorm_matmul_backward_lhs(dy, w, interpret=interpret)
-    dw = rmsnorm_matmul_backward_w(lhs, dy, interpret=interpret)
-    dx = rmsnorm_matmul_lhs_backward(x, g, mean_k, dlhs, interpret=interpret)
-    dg = rmsnorm_matmul_lhs_backward_over_m(x, mean_k, dlhs, interpret=interpret)
+    lhs, mean_k = rmsnorm_matmul_lhs(x, g, gpu_backend=gpu_backend, interpret=interpret)
+    dlhs = rmsnorm_matmul_backward_lhs(dy, w, gpu_backend=gpu_backend, interpret=interpret)
+    dw = rmsnorm_matmul_backward_w(lhs, dy, gpu_backend=gpu_backend, interpret=interpret)
+    dx = rmsnorm_matmul_lhs_backward(
+        x, g, mean_k, dlhs, gpu_backend=gpu_backend, interpret=interpret
+    )
+    dg = rmsnorm_matmul_lhs_backward_over_m(
+        x, mean_k, dlhs, gpu_backend=gpu_backend, interpret=interpret
+    )
     return dx, dg, dw
 
 

@@ -475,7 +475,7 @@ def giou(
             eps=eps,
             interpret=interpret,
         ),
-        functools.partial(_giou_vjp, eps=eps, interpret=interpret),
+        functools.partial(_giou_vjp, eps=eps, gpu_backend=gpu_backend, interpret=interpret),
         ax1,
         ay1,
         ax2,
@@ -554,7 +554,7 @@ def _giou_forward(
     )
 
 
-def _giou_vjp(saved, cotangents, *, eps, interpret):
+def _giou_vjp(saved, cotangents, *, eps, gpu_backend, interpret):
     """The cotangents of `giou`'s inputs from those of its outputs, for jax.grad, by the
     generated backward kernels giou_backward. The forward pass saves its inputs (ax1, ay1,
     ax2, ay2, bx1, by1, bx2, by2) and nothing else: the backward kernels recompute the
@@ -563,7 +563,18 @@ def _giou_vjp(saved, cotangents, *, eps, interpret):
     ax1, ay1, ax2, ay2, bx1, by1, bx2, by2 = saved
     dgiou = cotangents
     dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2 = giou_backward(
-        ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, eps=eps, interpret=interpret
+        ax1,
+        ay1,
+        ax2,
+        ay2,
+        bx1,
+        by1,
+        bx2,
+        by2,
+        dgiou,
+        eps=eps,
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     return dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2
 

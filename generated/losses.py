@@ -490,7 +490,7 @@ def cross_entropy(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_cross_entropy_vjp, interpret=interpret),
+        functools.partial(_cross_entropy_vjp, gpu_backend=gpu_backend, interpret=interpret),
         logits,
         label,
         saving=functools.partial(
@@ -599,7 +599,7 @@ def _cross_entropy_saving(
     return loss, (logits, label, logsumexp_v)
 
 
-def _cross_entropy_vjp(saved, cotangents, *, interpret):
+def _cross_entropy_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `cross_entropy`'s inputs from those of its outputs, for jax.grad, by
     the generated backward kernels cross_entropy_backward. The forward pass saves its inputs
     (logits, label) and the residuals logsumexp_v (forward values that cost more to
@@ -608,7 +608,9 @@ def _cross_entropy_vjp(saved, cotangents, *, interpret):
     """
     logits, label, logsumexp_v = saved
     dloss = cotangents
-    dlogits = cross_entropy_backward(logits, label, logsumexp_v, dloss, interpret=interpret)
+    dlogits = cross_entropy_backward(
+        logits, label, logsumexp_v, dloss, gpu_backend=gpu_backend, interpret=interpret
+    )
     return dlogits, None
 
 

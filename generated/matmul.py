@@ -477,7 +477,7 @@ def matmul(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_matmul_vjp, interpret=interpret),
+        functools.partial(_matmul_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
         y,
     )
@@ -535,7 +535,7 @@ def _matmul_forward(
     )
 
 
-def _matmul_vjp(saved, cotangents, *, interpret):
+def _matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `matmul`'s inputs from those of its outputs, for jax.grad, by the
     generated backward kernels matmul_backward_x, matmul_backward_y. The forward pass saves
     its inputs (x, y) and nothing else: the backward kernels recompute the values they need
@@ -543,8 +543,8 @@ def _matmul_vjp(saved, cotangents, *, interpret):
     """
     x, y = saved
     dz = cotangents
-    dx = matmul_backward_x(dz, y, interpret=interpret)
-    dy = matmul_backward_y(x, dz, interpret=interpret)
+    dx = matmul_backward_x(dz, y, gpu_backend=gpu_backend, interpret=interpret)
+    dy = matmul_backward_y(x, dz, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dy
 
 
@@ -1509,7 +1509,7 @@ def matmul_relu(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_matmul_relu_vjp, interpret=interpret),
+        functools.partial(_matmul_relu_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
         y,
         saving=functools.partial(
@@ -1621,7 +1621,7 @@ def _matmul_relu_saving(
     return z, (x, y, acc)
 
 
-def _matmul_relu_vjp(saved, cotangents, *, interpret):
+def _matmul_relu_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `matmul_relu`'s inputs from those of its outputs, for jax.grad, by the
     generated backward kernels matmul_relu_backward_epilogue, matmul_relu_backward_x,
     matmul_relu_backward_y. The forward pass saves its inputs (x, y) and the residuals acc
@@ -1630,9 +1630,9 @@ def _matmul_relu_vjp(saved, cotangents, *, interpret):
     """
     x, y, acc = saved
     dz = cotangents
-    dacc = matmul_relu_backward_epilogue(acc, dz, interpret=interpret)
-    dx = matmul_relu_backward_x(dacc, y, interpret=interpret)
-    dy = matmul_relu_backward_y(x, dacc, interpret=interpret)
+    dacc = matmul_relu_backward_epilogue(acc, dz, gpu_backend=gpu_backend, interpret=interpret)
+    dx = matmul_relu_backward_x(dacc, y, gpu_backend=gpu_backend, interpret=interpret)
+    dy = matmul_relu_backward_y(x, dacc, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dy
 
 
@@ -3302,7 +3302,7 @@ def matmul_bias_gelu(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_matmul_bias_gelu_vjp, interpret=interpret),
+        functools.partial(_matmul_bias_gelu_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
         y,
         bias,
@@ -3421,7 +3421,7 @@ def _matmul_bias_gelu_saving(
     return z, (x, y, bias, acc)
 
 
-def _matmul_bias_gelu_vjp(saved, cotangents, *, interpret):
+def _matmul_bias_gelu_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `matmul_bias_gelu`'s inputs from those of its outputs, for jax.grad,
     by the generated backward kernels matmul_bias_gelu_backward_epilogue,
     matmul_bias_gelu_backward_over_m, matmul_bias_gelu_backward_x,
@@ -3431,10 +3431,14 @@ def _matmul_bias_gelu_vjp(saved, cotangents, *, interpret):
     """
     x, y, bias, acc = saved
     dz = cotangents
-    dacc = matmul_bias_gelu_backward_epilogue(acc, bias, dz, interpret=interpret)
-    dbias = matmul_bias_gelu_backward_over_m(acc, bias, dz, interpret=interpret)
-    dx = matmul_bias_gelu_backward_x(dacc, y, interpret=interpret)
-    dy = matmul_bias_gelu_backward_y(x, dacc, interpret=interpret)
+    dacc = matmul_bias_gelu_backward_epilogue(
+        acc, bias, dz, gpu_backend=gpu_backend, interpret=interpret
+    )
+    dbias = matmul_bias_gelu_backward_over_m(
+        acc, bias, dz, gpu_backend=gpu_backend, interpret=interpret
+    )
+    dx = matmul_bias_gelu_backward_x(dacc, y, gpu_backend=gpu_backend, interpret=interpret)
+    dy = matmul_bias_gelu_backward_y(x, dacc, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dy, dbias
 
 
@@ -5623,7 +5627,7 @@ def matmul_int8(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_matmul_int8_vjp, interpret=interpret),
+        functools.partial(_matmul_int8_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
         y,
     )
@@ -5681,7 +5685,7 @@ def _matmul_int8_forward(
     )
 
 
-def _matmul_int8_vjp(saved, cotangents, *, interpret):
+def _matmul_int8_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `matmul_int8`'s inputs, for jax.grad: none (zeros, or float0 for
     integer inputs), since no float input reaches a float output.
     """
@@ -6005,7 +6009,7 @@ def batched_matmul(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_batched_matmul_vjp, interpret=interpret),
+        functools.partial(_batched_matmul_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
         y,
     )
@@ -6072,7 +6076,7 @@ def _batched_matmul_forward(
     )
 
 
-def _batched_matmul_vjp(saved, cotangents, *, interpret):
+def _batched_matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `batched_matmul`'s inputs from those of its outputs, for jax.grad, by
     the generated backward kernels batched_matmul_backward_epilogue,
     batched_matmul_backward_x, batched_matmul_backward_y. The forward pass saves its inputs
@@ -6080,9 +6084,9 @@ def _batched_matmul_vjp(saved, cotangents, *, interpret):
     """
     x, y = saved
     dz = cotangents
-    dacc = batched_matmul_backward_epilogue(dz, interpret=interpret)
-    dx = batched_matmul_backward_x(dacc, y, interpret=interpret)
-    dy = batched_matmul_backward_y(x, dacc, interpret=interpret)
+    dacc = batched_matmul_backward_epilogue(dz, gpu_backend=gpu_backend, interpret=interpret)
+    dx = batched_matmul_backward_x(dacc, y, gpu_backend=gpu_backend, interpret=interpret)
+    dy = batched_matmul_backward_y(x, dacc, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dy
 
 
@@ -7434,7 +7438,7 @@ def scores(
             scale=scale,
             interpret=interpret,
         ),
-        functools.partial(_scores_vjp, scale=scale, interpret=interpret),
+        functools.partial(_scores_vjp, scale=scale, gpu_backend=gpu_backend, interpret=interpret),
         q,
         k,
     )
@@ -7495,7 +7499,7 @@ def _scores_forward(
     )
 
 
-def _scores_vjp(saved, cotangents, *, scale, interpret):
+def _scores_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
     """The cotangents of `scores`'s inputs from those of its outputs, for jax.grad, by the
     generated backward kernels scores_backward_epilogue, scores_backward_q,
     scores_backward_k. The forward pass saves its inputs (q, k) and nothing else: the
@@ -7503,9 +7507,9 @@ def _scores_vjp(saved, cotangents, *, scale, interpret):
     """
     q, k = saved
     ds = cotangents
-    dacc = scores_backward_epilogue(ds, scale=scale, interpret=interpret)
-    dq = scores_backward_q(dacc, k, interpret=interpret)
-    dk = scores_backward_k(dacc, q, interpret=interpret)
+    dacc = scores_backward_epilogue(ds, scale=scale, gpu_backend=gpu_backend, interpret=interpret)
+    dq = scores_backward_q(dacc, k, gpu_backend=gpu_backend, interpret=interpret)
+    dk = scores_backward_k(dacc, q, gpu_backend=gpu_backend, interpret=interpret)
     return dq, dk
 
 
@@ -8816,7 +8820,7 @@ def linear(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_linear_vjp, interpret=interpret),
+        functools.partial(_linear_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
         w,
         bias,
@@ -8879,7 +8883,7 @@ def _linear_forward(
     )
 
 
-def _linear_vjp(saved, cotangents, *, interpret):
+def _linear_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `linear`'s inputs from those of its outputs, for jax.grad, by the
     generated backward kernels linear_backward_over_m, linear_backward_x, linear_backward_w.
     The forward pass saves its inputs (x, w, bias) and nothing else: the backward kernels
@@ -8887,9 +8891,9 @@ def _linear_vjp(saved, cotangents, *, interpret):
     """
     x, w, _ = saved
     dy = cotangents
-    dbias = linear_backward_over_m(dy, interpret=interpret)
-    dx = linear_backward_x(dy, w, interpret=interpret)
-    dw = linear_backward_w(dy, x, interpret=interpret)
+    dbias = linear_backward_over_m(dy, gpu_backend=gpu_backend, interpret=interpret)
+    dx = linear_backward_x(dy, w, gpu_backend=gpu_backend, interpret=interpret)
+    dw = linear_backward_w(dy, x, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dw, dbias
 
 

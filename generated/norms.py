@@ -476,7 +476,7 @@ def layer_norm(
             eps=eps,
             interpret=interpret,
         ),
-        functools.partial(_layer_norm_vjp, eps=eps, interpret=interpret),
+        functools.partial(_layer_norm_vjp, eps=eps, gpu_backend=gpu_backend, interpret=interpret),
         x,
         w,
         b,
@@ -564,7 +564,7 @@ def _layer_norm_saving(
     return (y, mu, rstd), (x, w, mu, rstd, mean_n)
 
 
-def _layer_norm_vjp(saved, cotangents, *, eps, interpret):
+def _layer_norm_vjp(saved, cotangents, *, eps, gpu_backend, interpret):
     """The cotangents of `layer_norm`'s inputs from those of its outputs, for jax.grad, by the
     generated backward kernels layer_norm_backward, layer_norm_backward_over_m. The forward
     pass saves its inputs (x, w, b), its outputs mu, rstd (read, not recomputed) and the
@@ -573,8 +573,22 @@ def _layer_norm_vjp(saved, cotangents, *, eps, interpret):
     """
     x, w, mu, rstd, mean_n = saved
     dy, dmu, drstd = cotangents
-    dx = layer_norm_backward(x, w, mu, rstd, mean_n, dy, dmu, drstd, eps=eps, interpret=interpret)
-    dw, db = layer_norm_backward_over_m(x, mu, rstd, dy, interpret=interpret)
+    dx = layer_norm_backward(
+        x,
+        w,
+        mu,
+        rstd,
+        mean_n,
+        dy,
+        dmu,
+        drstd,
+        eps=eps,
+        gpu_backend=gpu_backend,
+        interpret=interpret,
+    )
+    dw, db = layer_norm_backward_over_m(
+        x, mu, rstd, dy, gpu_backend=gpu_backend, interpret=interpret
+    )
     return dx, dw, db
 
 
@@ -2443,7 +2457,7 @@ def rms_norm(
             eps=eps,
             interpret=interpret,
         ),
-        functools.partial(_rms_norm_vjp, eps=eps, interpret=interpret),
+        functools.partial(_rms_norm_vjp, eps=eps, gpu_backend=gpu_backend, interpret=interpret),
         x,
         w,
         saving=functools.partial(
@@ -2518,7 +2532,7 @@ def _rms_norm_saving(
     return y, (x, w, mean_n)
 
 
-def _rms_norm_vjp(saved, cotangents, *, eps, interpret):
+def _rms_norm_vjp(saved, cotangents, *, eps, gpu_backend, interpret):
     """The cotangents of `rms_norm`'s inputs from those of its outputs, for jax.grad, by the
     generated backward kernels rms_norm_backward, rms_norm_backward_over_m. The forward pass
     saves its inputs (x, w) and the residuals mean_n (forward values that cost more to
@@ -2527,8 +2541,10 @@ def _rms_norm_vjp(saved, cotangents, *, eps, interpret):
     """
     x, w, mean_n = saved
     dy = cotangents
-    dx = rms_norm_backward(x, w, mean_n, dy, eps=eps, interpret=interpret)
-    dw = rms_norm_backward_over_m(x, mean_n, dy, eps=eps, interpret=interpret)
+    dx = rms_norm_backward(x, w, mean_n, dy, eps=eps, gpu_backend=gpu_backend, interpret=interpret)
+    dw = rms_norm_backward_over_m(
+        x, mean_n, dy, eps=eps, gpu_backend=gpu_backend, interpret=interpret
+    )
     return dx, dw
 
 

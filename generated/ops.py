@@ -496,7 +496,7 @@ def add_f32(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_add_f32_vjp, interpret=interpret),
+        functools.partial(_add_f32_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
         y,
     )
@@ -546,13 +546,13 @@ def _add_f32_forward(
     )
 
 
-def _add_f32_vjp(saved, cotangents, *, interpret):
+def _add_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `add_f32`'s inputs from those of its outputs, for jax.grad, by the
     generated backward kernels add_f32_backward. The forward pass saves its inputs (x, y)
     and nothing else: the backward kernels recompute the values they need from them.
     """
     dz = cotangents
-    dx, dy = add_f32_backward(dz, interpret=interpret)
+    dx, dy = add_f32_backward(dz, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dy
 
 
@@ -1057,7 +1057,7 @@ def mul_f32(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_mul_f32_vjp, interpret=interpret),
+        functools.partial(_mul_f32_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
         y,
     )
@@ -1107,14 +1107,14 @@ def _mul_f32_forward(
     )
 
 
-def _mul_f32_vjp(saved, cotangents, *, interpret):
+def _mul_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `mul_f32`'s inputs from those of its outputs, for jax.grad, by the
     generated backward kernels mul_f32_backward. The forward pass saves its inputs (x, y)
     and nothing else: the backward kernels recompute the values they need from them.
     """
     x, y = saved
     dz = cotangents
-    dx, dy = mul_f32_backward(x, y, dz, interpret=interpret)
+    dx, dy = mul_f32_backward(x, y, dz, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dy
 
 
@@ -1651,7 +1651,7 @@ def argmax_f32(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_argmax_f32_vjp, interpret=interpret),
+        functools.partial(_argmax_f32_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
     )
 
@@ -1691,7 +1691,7 @@ def _argmax_f32_forward(
     return i
 
 
-def _argmax_f32_vjp(saved, cotangents, *, interpret):
+def _argmax_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `argmax_f32`'s inputs, for jax.grad: none (zeros, or float0 for
     integer inputs), since no float input reaches a float output.
     """
@@ -1927,7 +1927,7 @@ def equal_count_f32(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_equal_count_f32_vjp, interpret=interpret),
+        functools.partial(_equal_count_f32_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
         y,
     )
@@ -1967,7 +1967,7 @@ def _equal_count_f32_forward(
     return n
 
 
-def _equal_count_f32_vjp(saved, cotangents, *, interpret):
+def _equal_count_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `equal_count_f32`'s inputs, for jax.grad: none (zeros, or float0 for
     integer inputs), since no float input reaches a float output.
     """
@@ -2240,7 +2240,7 @@ def add_i32(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_add_i32_vjp, interpret=interpret),
+        functools.partial(_add_i32_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
         y,
     )
@@ -2290,7 +2290,7 @@ def _add_i32_forward(
     )
 
 
-def _add_i32_vjp(saved, cotangents, *, interpret):
+def _add_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `add_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer
     inputs), since no float input reaches a float output.
     """
@@ -2536,7 +2536,7 @@ def mul_i32(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_mul_i32_vjp, interpret=interpret),
+        functools.partial(_mul_i32_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
         y,
     )
@@ -2586,7 +2586,7 @@ def _mul_i32_forward(
     )
 
 
-def _mul_i32_vjp(saved, cotangents, *, interpret):
+def _mul_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `mul_i32`'s inputs, for jax.grad: none (zeros, or float0 for integer
     inputs), since no float input reaches a float output.
     """
@@ -2822,7 +2822,7 @@ def argmax_i32(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_argmax_i32_vjp, interpret=interpret),
+        functools.partial(_argmax_i32_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
     )
 
@@ -2862,7 +2862,7 @@ def _argmax_i32_forward(
     return i
 
 
-def _argmax_i32_vjp(saved, cotangents, *, interpret):
+def _argmax_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `argmax_i32`'s inputs, for jax.grad: none (zeros, or float0 for
     integer inputs), since no float input reaches a float output.
     """
@@ -3098,7 +3098,7 @@ def equal_count_i32(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_equal_count_i32_vjp, interpret=interpret),
+        functools.partial(_equal_count_i32_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
         y,
     )
@@ -3138,7 +3138,7 @@ def _equal_count_i32_forward(
     return n
 
 
-def _equal_count_i32_vjp(saved, cotangents, *, interpret):
+def _equal_count_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `equal_count_i32`'s inputs, for jax.grad: none (zeros, or float0 for
     integer inputs), since no float input reaches a float output.
     """
@@ -3407,7 +3407,7 @@ def add_i8(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_add_i8_vjp, interpret=interpret),
+        functools.partial(_add_i8_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
         y,
     )
@@ -3457,7 +3457,7 @@ def _add_i8_forward(
     )
 
 
-def _add_i8_vjp(saved, cotangents, *, interpret):
+def _add_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `add_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer
     inputs), since no float input reaches a float output.
     """
@@ -3703,7 +3703,7 @@ def mul_i8(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_mul_i8_vjp, interpret=interpret),
+        functools.partial(_mul_i8_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
         y,
     )
@@ -3753,7 +3753,7 @@ def _mul_i8_forward(
     )
 
 
-def _mul_i8_vjp(saved, cotangents, *, interpret):
+def _mul_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `mul_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer
     inputs), since no float input reaches a float output.
     """
@@ -3989,7 +3989,7 @@ def argmax_i8(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_argmax_i8_vjp, interpret=interpret),
+        functools.partial(_argmax_i8_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
     )
 
@@ -4029,7 +4029,7 @@ def _argmax_i8_forward(
     return i
 
 
-def _argmax_i8_vjp(saved, cotangents, *, interpret):
+def _argmax_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `argmax_i8`'s inputs, for jax.grad: none (zeros, or float0 for integer
     inputs), since no float input reaches a float output.
     """
@@ -4269,7 +4269,7 @@ def equal_count_i8(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_equal_count_i8_vjp, interpret=interpret),
+        functools.partial(_equal_count_i8_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
         y,
     )
@@ -4309,7 +4309,7 @@ def _equal_count_i8_forward(
     return n
 
 
-def _equal_count_i8_vjp(saved, cotangents, *, interpret):
+def _equal_count_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `equal_count_i8`'s inputs, for jax.grad: none (zeros, or float0 for
     integer inputs), since no float input reaches a float output.
     """

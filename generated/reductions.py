@@ -505,7 +505,7 @@ def argmax_rows(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_argmax_rows_vjp, interpret=interpret),
+        functools.partial(_argmax_rows_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
     )
 
@@ -545,7 +545,7 @@ def _argmax_rows_forward(
     return i
 
 
-def _argmax_rows_vjp(saved, cotangents, *, interpret):
+def _argmax_rows_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `argmax_rows`'s inputs, for jax.grad: none (zeros, or float0 for
     integer inputs), since no float input reaches a float output.
     """
@@ -788,7 +788,7 @@ def argmax_blocked(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_argmax_blocked_vjp, interpret=interpret),
+        functools.partial(_argmax_blocked_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
     )
 
@@ -840,7 +840,7 @@ def _argmax_blocked_forward(
     return i
 
 
-def _argmax_blocked_vjp(saved, cotangents, *, interpret):
+def _argmax_blocked_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `argmax_blocked`'s inputs, for jax.grad: none (zeros, or float0 for
     integer inputs), since no float input reaches a float output.
     """
@@ -1127,7 +1127,7 @@ def argmin_rows(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_argmin_rows_vjp, interpret=interpret),
+        functools.partial(_argmin_rows_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
     )
 
@@ -1167,7 +1167,7 @@ def _argmin_rows_forward(
     return i
 
 
-def _argmin_rows_vjp(saved, cotangents, *, interpret):
+def _argmin_rows_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `argmin_rows`'s inputs, for jax.grad: none (zeros, or float0 for
     integer inputs), since no float input reaches a float output.
     """
@@ -1407,7 +1407,7 @@ def column_sums(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_column_sums_vjp, interpret=interpret),
+        functools.partial(_column_sums_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
     )
 
@@ -1459,14 +1459,14 @@ def _column_sums_forward(
     return s
 
 
-def _column_sums_vjp(saved, cotangents, *, interpret):
+def _column_sums_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `column_sums`'s inputs from those of its outputs, for jax.grad, by the
     generated backward kernels column_sums_backward. The forward pass saves its inputs (x)
     and nothing else: the backward kernels recompute the values they need from them.
     """
     (x,) = saved
     ds = cotangents
-    dx = column_sums_backward(x, ds, interpret=interpret)
+    dx = column_sums_backward(x, ds, gpu_backend=gpu_backend, interpret=interpret)
     return (dx,)
 
 
@@ -1984,7 +1984,7 @@ def quantize_rows_int8(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_quantize_rows_int8_vjp, interpret=interpret),
+        functools.partial(_quantize_rows_int8_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
         saving=functools.partial(
             _quantize_rows_int8_saving,
@@ -2055,7 +2055,7 @@ def _quantize_rows_int8_saving(
     return (q, scale), (x, max_n, argmax_n)
 
 
-def _quantize_rows_int8_vjp(saved, cotangents, *, interpret):
+def _quantize_rows_int8_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `quantize_rows_int8`'s inputs from those of its outputs, for jax.grad,
     by the generated backward kernels quantize_rows_int8_backward. The forward pass saves
     its inputs (x) and the residuals max_n, argmax_n (forward values that cost more to
@@ -2063,7 +2063,9 @@ def _quantize_rows_int8_vjp(saved, cotangents, *, interpret):
     """
     x, max_n, argmax_n = saved
     _, dscale = cotangents
-    dx = quantize_rows_int8_backward(x, max_n, argmax_n, dscale, interpret=interpret)
+    dx = quantize_rows_int8_backward(
+        x, max_n, argmax_n, dscale, gpu_backend=gpu_backend, interpret=interpret
+    )
     return (dx,)
 
 
@@ -3081,7 +3083,7 @@ def equal_count(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_equal_count_vjp, interpret=interpret),
+        functools.partial(_equal_count_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
         y,
     )
@@ -3121,7 +3123,7 @@ def _equal_count_forward(
     return n
 
 
-def _equal_count_vjp(saved, cotangents, *, interpret):
+def _equal_count_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `equal_count`'s inputs, for jax.grad: none (zeros, or float0 for
     integer inputs), since no float input reaches a float output.
     """

@@ -494,7 +494,7 @@ def softmax(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_softmax_vjp, interpret=interpret),
+        functools.partial(_softmax_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
         saving=functools.partial(
             _softmax_saving,
@@ -559,7 +559,7 @@ def _softmax_saving(
     return y, (x, sum_n, argmax_n, max_n)
 
 
-def _softmax_vjp(saved, cotangents, *, interpret):
+def _softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `softmax`'s inputs from those of its outputs, for jax.grad, by the
     generated backward kernels softmax_backward. The forward pass saves its inputs (x) and
     the residuals sum_n, argmax_n, max_n (forward values that cost more to recompute than to
@@ -567,7 +567,9 @@ def _softmax_vjp(saved, cotangents, *, interpret):
     """
     x, sum_n, argmax_n, max_n = saved
     dy = cotangents
-    dx = softmax_backward(x, sum_n, argmax_n, max_n, dy, interpret=interpret)
+    dx = softmax_backward(
+        x, sum_n, argmax_n, max_n, dy, gpu_backend=gpu_backend, interpret=interpret
+    )
     return (dx,)
 
 
@@ -1719,7 +1721,7 @@ def log_softmax(
             gpu_backend=gpu_backend,
             interpret=interpret,
         ),
-        functools.partial(_log_softmax_vjp, interpret=interpret),
+        functools.partial(_log_softmax_vjp, gpu_backend=gpu_backend, interpret=interpret),
         x,
         saving=functools.partial(
             _log_softmax_saving,
@@ -1783,7 +1785,7 @@ def _log_softmax_saving(
     return y, (x, logsumexp_n)
 
 
-def _log_softmax_vjp(saved, cotangents, *, interpret):
+def _log_softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `log_softmax`'s inputs from those of its outputs, for jax.grad, by the
     generated backward kernels log_softmax_backward. The forward pass saves its inputs (x)
     and the residuals logsumexp_n (forward values that cost more to recompute than to save):
@@ -1791,7 +1793,7 @@ def _log_softmax_vjp(saved, cotangents, *, interpret):
     """
     x, logsumexp_n = saved
     dy = cotangents
-    dx = log_softmax_backward(x, logsumexp_n, dy, interpret=interpret)
+    dx = log_softmax_backward(x, logsumexp_n, dy, gpu_backend=gpu_backend, interpret=interpret)
     return (dx,)
 
 

@@ -109,6 +109,25 @@ def test_kernel_lowers_to_mosaic_gpu_and_no_triton(module, kernel, size):
     assert not TRITON.search(text)
 
 
+@pytest.mark.parametrize(
+    "module, kernel", [("matmul", "matmul_bias_gelu"), ("norms", "layer_norm"), ("attention", "attention")]
+)
+def test_grad_with_mosaic_gpu_runs_its_backward_kernels_on_mosaic_gpu_too(module, kernel):
+    """`gpu_backend` reaches the kernels that jax.grad runs: the saving forward kernel and
+    every backward kernel lower to Mosaic GPU, none to Triton."""
+    generated = generated_module(module)
+    forward = getattr(generated, kernel)
+    args = [jax.ShapeDtypeStruct(shape, DTYPES[dtype]) for shape, dtype in _shapes(module, kernel, "ragged")]
+
+    def loss(*arrays, **keywords):
+        return sum(jnp.sum(jnp.asarray(out, jnp.float32)) for out in jax.tree.leaves(forward(*arrays, **keywords)))
+
+    floats = tuple(i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.floating))
+    text = _cuda_text(jax.grad(loss, argnums=floats), args, gpu_backend="mosaic_gpu")
+    assert len(MOSAIC_CALL.findall(text)) > 1, "the backward kernels are not on Mosaic GPU"
+    assert not TRITON.search(text)
+
+
 # Mosaic GPU's interpreter (plgpu.InterpretGPUParams, exported from jax 0.12) runs the
 # kernels on CPU with TMA's bounds and the shared memory simulated: numerics without a GPU.
 INTERPRETER = getattr(plgpu, "InterpretGPUParams", None)

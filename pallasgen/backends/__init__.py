@@ -86,8 +86,16 @@ def _plan_kernel(checked: CheckedKernel, module_names: frozenset[str], spec_path
     sizes = tuple(variable for variable, _ in plan.sizes)
     saving = checked.gradient.saving if checked.gradient else None
     saving_keywords = _signature(saving).static_argnames if saving else ()
+    passed_on = tuple(name for backend in BACKENDS for name in backend.backward_keywords())
     gradient = plan_gradient(
-        checked, lowered.values, sizes, plan.signature.static_argnames, spec_path, module_names, saving_keywords
+        checked,
+        lowered.values,
+        sizes,
+        plan.signature.static_argnames,
+        spec_path,
+        module_names,
+        saving_keywords,
+        passed_on,
     )
     if gradient is None:
         return plan

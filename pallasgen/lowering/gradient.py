@@ -72,12 +72,14 @@ def plan_gradient(
     spec_path: str,
     taken: frozenset[str],
     saving_keywords: tuple[str, ...] = (),
+    passed_on: tuple[str, ...] = (),
 ) -> GradientPlan | None:
     """The plan of a kernel's differentiation; None where it has no `gradient`.
 
     `values` are the Python names of its arrays, `sizes` the variables holding its
     dimensions' sizes and `keywords` its public keywords; `taken`: module-level names;
-    `saving_keywords`: the public keywords of NAME_with_residuals, if it has one.
+    `saving_keywords`: the public keywords of NAME_with_residuals, if it has one;
+    `passed_on`: keywords (beside `interpret`) that the backward kernels take from the call.
     """
     gradient: Gradient | None = checked.gradient
     if gradient is None:
@@ -88,7 +90,7 @@ def plan_gradient(
     bound = [*sizes, *keywords]
     refusal = _refusal(kernel.name, gradient, spec_path)
     params = list(dict.fromkeys(p for k in gradient.kernels for p in k.params))
-    vjp_keywords = [*params, "interpret"] if refusal is None else []
+    vjp_keywords = [*params, *passed_on, "interpret"] if refusal is None else []
     # The backward pass's own names: the arrays it unpacks and the cotangents, off the
     # backward kernels it calls and its parameters.
     namer = Namer(taken | {k.checked.kernel.name for k in gradient.kernels} | {"saved", "cotangents", *vjp_keywords})
@@ -110,7 +112,7 @@ def plan_gradient(
             BackwardCall(
                 ", ".join(results[r] if r in inputs else names[(r, "backward")] for r in backward.results),
                 backward.checked.kernel.name,
-                ", ".join([*arguments, *(f"{k}={k}" for k in (*backward.params, "interpret"))]),
+                ", ".join([*arguments, *(f"{k}={k}" for k in (*backward.params, *passed_on, "interpret"))]),
             )
         )
     saved_keys = [

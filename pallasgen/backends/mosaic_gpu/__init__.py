@@ -39,5 +39,9 @@ class MosaicGpuBackend(Backend):
         """Its blocks are fixed per kernel, not keywords: none to report."""
         return {}
 
+    def backward_keywords(self):
+        """The backward kernels of a kernel run on the GPU backend it runs on."""
+        return (BACKEND_KEYWORD,)
+
     def helper_values(self):
         return {"gpu_backends": GPU_BACKENDS}
