@@ -368,3 +368,17 @@ def test_a_computed_operand_whose_inputs_the_epilogue_reads_too_is_not_generated
     )
     (k,) = check_source(source, "k.pallas")
     assert k.gradient.not_yet == "a computed operand of a product whose inputs the rest of the kernel reads too"
+
+
+def test_a_product_reduced_over_a_dimension_the_kernel_sweeps_is_not_generated_yet():
+    """The log-sum-exp of scores over blocks of T: the backward kernels would read the
+    scores saved whole, which the forward, sweeping T, never holds. The kernel still
+    builds; jax.grad says why it has no backward kernels."""
+    source = (
+        "kernel k {\n    in  q: f32[S, D]\n    in  k: f32[T, D]\n    out y: f32[S]\n"
+        "    y = logsumexp(q @ k.T, T)\n    block S = 64, T = 64\n}\n"
+    )
+    (k,) = check_source(source, "k.pallas")
+    assert k.gradient.not_yet == (
+        "a product whose value is reduced over T, which the kernel sweeps (saving it would keep T whole)"
+    )

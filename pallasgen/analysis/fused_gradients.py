@@ -205,8 +205,16 @@ def _reduced_epilogue(checked: CheckedKernel, namer: Namer) -> Derived | str:
     back = {ir.Name(acc, product.node.position): product.node}
     residuals = [dataclasses.replace(r, value=reverse.substitute(r.value, back)) for r in derived.residuals]
     if any(Argument(acc, "residual") in step.arguments for step in steps):
+        swept = [b.dim for b in kernel.blocks if b.dim in _reduced_dims(epilogue)]
+        if swept:
+            return f"a product whose value is reduced over {swept[0]}, which the kernel sweeps (saving it would keep {swept[0]} whole)"
         residuals.insert(0, Residual(acc, product.node))
     return Derived(tuple(steps), tuple(residuals), derived.recomputed)
+
+
+def _reduced_dims(checked: CheckedKernel) -> set[str]:
+    """The dimensions that a kernel's reductions reduce."""
+    return {d.name for d in checked.space.dims if d.reductions}
 
 
 def _blocked(kernel: ir.Kernel, product) -> ir.Kernel:
