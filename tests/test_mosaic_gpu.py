@@ -266,12 +266,15 @@ REFUSALS = {
         "a reduction over R of an input without R",
     ),
     "softmax-call": ("in x: f32[M, N]\nout y: f32[M, N]\ny = softmax(x, N)", "softmax() is not on Mosaic GPU yet"),
-    "fused-f32-product": (
-        "in q: f32[S, D]\nin k: f32[T, D]\nout y: f32[S]\ny = logsumexp(q @ k.T, T)\nblock S = 64, T = 64",
+    # Two products (attention's form): the fused form, not kernels in turn.
+    "fused-f32-products": (
+        "in q: f32[S, D]\nin k, v: f32[T, D]\nout o: f32[S, D]\nlet s = q @ k.T\nlet p = exp(s - max(s, T))\n"
+        "o = (p @ v) / sum(p, T)\nblock S = 64, T = 64\ngrad none",
         "a fused product of f32",
     ),
     "fused-argmax-over-the-swept-dimension": (
-        "in q: bf16[S, D]\nin k: bf16[T, D]\nout i: i32[S]\ni = argmax(q @ k.T, T)\nblock S = 64, T = 64",
+        "in q: bf16[S, D]\nin k, v: bf16[T, D]\nout o: f32[S, D]\nout i: i32[S]\nlet s = q @ k.T\n"
+        "let p = exp(s - max(s, T))\no = (p @ v) / sum(p, T)\ni = argmax(s, T)\nblock S = 64, T = 64\ngrad none",
         "argmax() over the swept",
     ),
     "kept-index-in-reduction": (
@@ -397,6 +400,16 @@ TAKEN_SPECS = {
         "let s = where(index(S) >= index(T), q @ k.T, -inf)\ny = softmax(softmax(s, T) @ v, E)\n"
         "block S = 64, T = 64",
         {"S": 70, "T": 100, "D": 8, "E": 24},
+    ),
+    # One product reduced over blocks of T (f32 as TF32; bf16): kernels in turn, the
+    # scores written out between them.
+    "one-product-logsumexp-over-a-swept-dimension": (
+        "in q: f32[S, D]\nin k: f32[T, D]\nout y: f32[S]\ny = logsumexp(q @ k.T, T)\nblock S = 64, T = 64",
+        {"S": 70, "T": 100, "D": 24},
+    ),
+    "one-product-argmax-over-a-swept-dimension": (
+        "in q: bf16[S, D]\nin k: bf16[T, D]\nout i: i32[S]\ni = argmax(q @ k.T, T)\nblock S = 64, T = 64",
+        {"S": 70, "T": 100, "D": 24},
     ),
     # 8-bit values to scalars: products wrap in i8 before the i32 sum; a maximum in i8.
     "int8-scalar-reductions": (
