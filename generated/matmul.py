@@ -3477,8 +3477,8 @@ def _matmul_bias_gelu_with_residuals_kernel(
 # chip, and CPU (the spec's blocks).
 _matmul_bias_gelu_with_residuals_tpu_blocks = {
     None: {"default": (512, 1024, 1024)},
-    "v5e": {"default": (512, 1024, 1024)},
-    "v6e": {"default": (1024, 1024, 1024)},
+    "v5e": {"default": (512, 1024, 1024), (4096, 4096, 4096): (512, 512, 4096)},
+    "v6e": {"default": (1024, 1024, 1024), (4096, 4096, 4096): (1024, 512, 4096)},
 }
 
 
@@ -3826,8 +3826,8 @@ def _matmul_bias_gelu_backward_x_kernel(
 # (the spec's blocks).
 _matmul_bias_gelu_backward_x_tpu_blocks = {
     None: {"default": (512, 1024, 1024)},
-    "v5e": {"default": (512, 1024, 1024)},
-    "v6e": {"default": (512, 1024, 1024)},
+    "v5e": {"default": (512, 1024, 1024), (4096, 4096, 4096): (2048, 4096, 128)},
+    "v6e": {"default": (512, 1024, 1024), (4096, 4096, 4096): (1024, 4096, 256)},
 }
 
 
@@ -4243,8 +4243,8 @@ def _matmul_bias_gelu_backward_y_kernel(
 # (the spec's blocks).
 _matmul_bias_gelu_backward_y_tpu_blocks = {
     None: {"default": (1024, 1024, 512)},
-    "v5e": {"default": (1024, 1024, 512)},
-    "v6e": {"default": (1024, 1024, 512)},
+    "v5e": {"default": (1024, 1024, 512), (4096, 4096, 4096): (4096, 512, 1024)},
+    "v6e": {"default": (1024, 1024, 512), (4096, 4096, 4096): (4096, 512, 1024)},
 }
 
 
