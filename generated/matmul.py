@@ -3827,7 +3827,7 @@ def _matmul_bias_gelu_backward_x_kernel(
 _matmul_bias_gelu_backward_x_tpu_blocks = {
     None: {"default": (512, 1024, 1024)},
     "v5e": {"default": (512, 1024, 1024), (4096, 4096, 4096): (2048, 4096, 128)},
-    "v6e": {"default": (512, 1024, 1024), (4096, 4096, 4096): (1024, 4096, 256)},
+    "v6e": {"default": (512, 1024, 1024), (4096, 4096, 4096): (1024, 4096, 512)},
 }
 
 
