@@ -4299,24 +4299,24 @@ def _matmul_bias_gelu_backward_y_tpu(
             block_n=block_n,
             block_m=block_m,
         ),
-        # One step per block of K, block of N, block of M. Steps along K, N are independent
-        # (parallel); steps along M accumulate in order (arbitrary).
-        grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
+        # One step per block of N, block of K, block of M. Steps along N are independent
+        # (parallel); steps along K, M accumulate in order (arbitrary).
+        grid=(pl.cdiv(n, block_n), pl.cdiv(k, block_k), pl.cdiv(m, block_m)),
         in_specs=[
             # acc: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, i)),
             # bias: f32[N]
-            pl.BlockSpec((1, block_n), lambda i, j, k: (0, j)),
+            pl.BlockSpec((1, block_n), lambda i, j, k: (0, i)),
             # dz: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, i)),
             # x: bf16[M, K]
-            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, j)),
         ],
         out_specs=(
             # dy: bf16[K, N]
-            pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, i)),
             # dbias: f32[N]
-            pl.BlockSpec((1, block_n), lambda i, j, k: (0, j)),
+            pl.BlockSpec((1, block_n), lambda i, j, k: (0, i)),
         ),
         out_shape=(
             jax.ShapeDtypeStruct((k, n), jnp.bfloat16),  # dy
@@ -4329,7 +4329,7 @@ def _matmul_bias_gelu_backward_y_tpu(
             pltpu.VMEM((1, block_n), jnp.float32),
         ],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            dimension_semantics=("parallel", "arbitrary", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
                 8 * block_m * block_n
