@@ -105,18 +105,6 @@ def _mgpu_load(ref, shape, dims):
     return jax.lax.broadcast_in_dim(vector, shape, dims)
 
 
-def _mgpu_spread(vector, shape, dim):
-    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
-    broadcast over the block's other axis."""
-    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
-
-
-def _mgpu_load_vector(ref, dim):
-    """A vector along axis `dim` of a block, from shared memory, in the WGMMA layout's row
-    (0) or column (1) layout."""
-    return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dim))
-
-
 def _mgpu_full(size, value, dtype, dim):
     """A running value per position along axis `dim` of a block, `value` in each."""
     return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
@@ -1471,8 +1459,8 @@ def matmul_relu(
     Returns:
       z: f32[M, N].
 
-    Gradients: jax.grad runs the generated backward kernels matmul_relu_backward_epilogue,
-    matmul_relu_backward_x, matmul_relu_backward_y (_matmul_relu_vjp).
+    Gradients: jax.grad runs the generated backward kernels matmul_relu_backward_x,
+    matmul_relu_backward_y (_matmul_relu_vjp).
     """
     (x, y), sizes = _operands(
         "matmul_relu", {"x": (x, jnp.float32, ("M", "K")), "y": (y, jnp.float32, ("K", "N"))}
@@ -1623,16 +1611,14 @@ def _matmul_relu_saving(
 
 def _matmul_relu_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `matmul_relu`'s inputs from those of its outputs, for jax.grad, by the
-    generated backward kernels matmul_relu_backward_epilogue, matmul_relu_backward_x,
-    matmul_relu_backward_y. The forward pass saves its inputs (x, y) and the residuals acc
-    (forward values that cost more to recompute than to save): the backward kernels
-    recompute the values they need from them.
+    generated backward kernels matmul_relu_backward_x, matmul_relu_backward_y. The forward
+    pass saves its inputs (x, y) and the residuals acc (forward values that cost more to
+    recompute than to save): the backward kernels recompute the values they need from them.
     """
     x, y, acc = saved
     dz = cotangents
-    dacc = matmul_relu_backward_epilogue(acc, dz, gpu_backend=gpu_backend, interpret=interpret)
-    dx = matmul_relu_backward_x(dacc, y, gpu_backend=gpu_backend, interpret=interpret)
-    dy = matmul_relu_backward_y(x, dacc, gpu_backend=gpu_backend, interpret=interpret)
+    dx = matmul_relu_backward_x(acc, dz, y, gpu_backend=gpu_backend, interpret=interpret)
+    dy = matmul_relu_backward_y(acc, dz, x, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dy
 
 
@@ -2236,279 +2222,6 @@ def _matmul_relu_with_residuals_mosaic_gpu(x, y, *, m, n, k, interpret):
     jax.jit,
     static_argnames=(
         "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
-def matmul_relu_backward_epilogue(
-    acc,
-    dz,
-    *,
-    block_m=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `matmul_relu`, generated from its spec: the cotangents dacc
-    of its inputs from dz, those of its outputs.
-
-    Args:
-      acc: f32[M, N].
-      dz: f32[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_backward_epilogue_tpu_blocks),
-        grown to large steps (_grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
-
-    Returns:
-      dacc: f32[M, N].
-    """
-    (acc, dz), sizes = _operands(
-        "matmul_relu_backward_epilogue",
-        {"acc": (acc, jnp.float32, ("M", "N")), "dz": (dz, jnp.float32, ("M", "N"))},
-    )
-    _check_blocks(
-        "matmul_relu_backward_epilogue", block_m=block_m, block_n=block_n, may_be_none=True
-    )
-    _check_blocks(
-        "matmul_relu_backward_epilogue",
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m = sizes["M"]
-    n = sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
-            matmul_relu_backward_epilogue_reference, (((m, n), jnp.float32),), acc, dz
-        )
-    return _on_platform(
-        functools.partial(
-            _matmul_relu_backward_epilogue_tpu, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
-        _gpu_kernel(
-            "matmul_relu_backward_epilogue",
-            gpu_backend,
-            functools.partial(
-                _matmul_relu_backward_epilogue_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_matmul_relu_backward_epilogue_mosaic_gpu, m=m, n=n),
-        ),
-        interpret,
-        acc,
-        dz,
-    )
-
-
-def matmul_relu_backward_epilogue_reference(acc, dz):
-    """`matmul_relu_backward_epilogue` in plain jax.numpy, to test the kernel against."""
-    dacc = jnp.where(acc > 0, dz, 0)
-    return dacc
-
-
-def _matmul_relu_backward_epilogue_kernel(acc_ref, dz_ref, dacc_ref):
-    acc = acc_ref[...]
-    dz = dz_ref[...]
-    dacc_ref[...] = jnp.where(acc > 0, dz, 0)
-
-
-# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_matmul_relu_backward_epilogue_tpu_blocks = {
-    None: {"default": (256, 512)},
-    "v5e": {"default": (256, 512)},
-    "v6e": {"default": (256, 512)},
-}
-
-
-def _matmul_relu_backward_epilogue_tpu(acc, dz, *, m, n, block_m, block_n, interpret):
-    """`matmul_relu_backward_epilogue` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
-        _matmul_relu_backward_epilogue_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        grow=functools.partial(
-            _grown,
-            bounds=(m, n),
-            step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
-        "matmul_relu_backward_epilogue",
-        block_m=(
-            block_m,
-            m,
-            8,
-            "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB +
-    # dacc 512.0 KiB).
-    return pl.pallas_call(
-        _matmul_relu_backward_epilogue_kernel,
-        # One step per block of M, block of N; steps are independent, so every axis is
-        # parallel.
-        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            # acc: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # dz: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-        ],
-        # dacc: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_m * block_n),
-        ),
-        cost_estimate=pl.CostEstimate(
-            flops=2 * m * n, transcendentals=0, bytes_accessed=_nbytes(acc, dz) + m * n * 4
-        ),
-        interpret=interpret,
-        name="matmul_relu_backward_epilogue",
-    )(acc, dz)
-
-
-def _matmul_relu_backward_epilogue_gpu_kernel(acc_ref, dz_ref, dacc_ref, *, m, n, block_m, block_n):
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    acc = _load(acc_ref, inside)
-    dz = _load(dz_ref, inside)
-    _store(dacc_ref, jnp.where(acc > 0, dz, 0), inside)
-
-
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
-_matmul_relu_backward_epilogue_gpu_options = {None: (8, 128, 4, 1)}
-
-
-def _matmul_relu_backward_epilogue_gpu(
-    acc, dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret
-):
-    """`matmul_relu_backward_epilogue` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
-        _matmul_relu_backward_epilogue_gpu_options,
-        (m, n),
-        (block_m, block_n, num_warps, num_stages),
-    )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
-    return pl.pallas_call(
-        functools.partial(
-            _matmul_relu_backward_epilogue_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
-        # One program per block of M, block of N; programs run concurrently.
-        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            # acc: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # dz: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-        ],
-        # dacc: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="matmul_relu_backward_epilogue",
-    )(acc, dz)
-
-
-def _matmul_relu_backward_epilogue_mosaic_gpu_kernel(
-    acc_ref, dz_ref, dacc_ref, *, block_m, block_n
-):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
-
-    def step(_, acc_smem, dz_smem, dacc_smem):
-        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
-        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
-        dacc_smem[...] = jnp.where(acc > 0, dz, 0)
-
-    plgpu.emit_pipeline(
-        step,
-        grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
-            ),
-        ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
-    )(acc_ref, dz_ref, dacc_ref)
-
-
-def _matmul_relu_backward_epilogue_mosaic_gpu(acc, dz, *, m, n, interpret):
-    """`matmul_relu_backward_epilogue` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
-    padded_n = n + -n % block_n
-    acc = _mgpu_pad(acc, (padded_m, padded_n))
-    dz = _mgpu_pad(dz, (padded_m, padded_n))
-    (dacc,) = plgpu.kernel(
-        functools.partial(
-            _matmul_relu_backward_epilogue_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
-        ),
-        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
-        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
-        grid_names=("M", "N"),
-        interpret=interpret,
-    )(acc, dz)
-    return dacc[:m, :n]
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
         "block_k",
         "block_n",
         "gpu_block_m",
@@ -2521,7 +2234,8 @@ def _matmul_relu_backward_epilogue_mosaic_gpu(acc, dz, *, m, n, interpret):
     ),
 )
 def matmul_relu_backward_x(
-    dacc,
+    acc,
+    dz,
     y,
     *,
     block_m=None,
@@ -2535,15 +2249,16 @@ def matmul_relu_backward_x(
     gpu_backend="triton",
     interpret=None,
 ):
-    """The backward pass of `matmul_relu`, generated from its spec: the cotangent dx of
-    its input x, from dacc, the cotangent of its product.
+    """The backward pass of `matmul_relu`, generated from its spec: the cotangent dx of its input x,
+    from dacc, the cotangent of its product, computed here from the epilogue's derivative.
 
     Args:
-      dacc: f32[M, N].
+      acc: f32[M, N].
+      dz: f32[M, N].
       y: f32[K, N].
       block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_backward_x_tpu_blocks),
-        else 256, 512, 512.
+        are tuned for the TPU and sizes (_matmul_relu_backward_x_tpu_blocks), or grown to large steps
+        (_grown), else 256, 512, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
@@ -2554,9 +2269,13 @@ def matmul_relu_backward_x(
     Returns:
       dx: f32[M, K].
     """
-    (dacc, y), sizes = _operands(
+    (acc, dz, y), sizes = _operands(
         "matmul_relu_backward_x",
-        {"dacc": (dacc, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("K", "N"))},
+        {
+            "acc": (acc, jnp.float32, ("M", "N")),
+            "dz": (dz, jnp.float32, ("M", "N")),
+            "y": (y, jnp.float32, ("K", "N")),
+        },
     )
     _check_blocks(
         "matmul_relu_backward_x",
@@ -2577,7 +2296,7 @@ def matmul_relu_backward_x(
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(
-            matmul_relu_backward_x_reference, (((m, k), jnp.float32),), dacc, y
+            matmul_relu_backward_x_reference, (((m, k), jnp.float32),), acc, dz, y
         )
     return _on_platform(
         functools.partial(
@@ -2606,61 +2325,92 @@ def matmul_relu_backward_x(
             functools.partial(_matmul_relu_backward_x_mosaic_gpu, m=m, k=k, n=n),
         ),
         interpret,
-        dacc,
+        acc,
+        dz,
         y,
     )
 
 
-def matmul_relu_backward_x_reference(dacc, y):
+def matmul_relu_backward_x_reference(acc, dz, y):
     """`matmul_relu_backward_x` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("mn,kn->mk", dacc, y, preferred_element_type=jnp.float32)
-    dx = acc
+    m = acc.shape[0]
+    k = y.shape[0]
+    n = acc.shape[1]
+    acc = acc[:, None, :]
+    dz = dz[:, None, :]
+    y = y[None, :, :]
+    dacc = jnp.where(acc > 0, dz, 0)
+    dx = jnp.expand_dims(
+        jnp.einsum(
+            "mn,kn->mk",
+            jnp.squeeze(dacc, (1,)),
+            jnp.squeeze(y, (0,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (2,),
+    )
+    dx = dx.reshape((m, k))
     return dx
 
 
-def _matmul_relu_backward_x_kernel(dacc_ref, y_ref, dx_ref, acc_ref, *, n, block_n):
+def _matmul_relu_backward_x_kernel(
+    acc_ref, dz_ref, y_ref, dx_ref, acc_n_ref, *, m, k, n, block_m, block_k, block_n
+):
+    n_start = pl.program_id(2) * block_n
     step = pl.program_id(2)
 
     @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    def _init():
+        acc_n_ref[...] = jnp.full(acc_n_ref.shape, 0, jnp.float32)
 
-    dacc, y = dacc_ref[...], y_ref[...]
-    if n % block_n:  # a ragged N: zero both operands past its end, so padding never reaches the sum
-        dacc = jnp.where(
-            step * block_n + jax.lax.broadcasted_iota(jnp.int32, dacc.shape, 1) < n, dacc, 0
-        )
-        y = jnp.where(step * block_n + jax.lax.broadcasted_iota(jnp.int32, y.shape, 1) < n, y, 0)
-    # Where K is 1, Mosaic cannot lower this product (or its epilogue): multiply and sum.
-    acc_ref[...] += (
-        jnp.sum(dacc.astype(jnp.float32) * y.astype(jnp.float32), axis=1, keepdims=True)
-        if y.shape[0] == 1
-        else jax.lax.dot_general(
-            dacc, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+    acc = acc_ref[...]
+    dz = dz_ref[...]
+    y = y_ref[...]
+    dacc = jnp.where(acc > 0, dz, 0)
+    acc_n_lhs = dacc
+    acc_n_rhs = y
+    if n % block_n:  # a ragged N: both operands 0 past its end, never padding
+        acc_n_lhs = _fill_past(acc_n_lhs, n_start, n, 1, 0)
+        acc_n_rhs = _fill_past(acc_n_rhs, n_start, n, 1, 0)
+    acc_n_ref[...] = acc_n_ref[...] + jax.lax.dot_general(
+        acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
     )
 
     @pl.when(step == pl.num_programs(2) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        dx_ref[...] = acc
+    def _finish():
+        acc_n_ = acc_n_ref[...]
+        dx_ref[...] = acc_n_
 
 
 # TPU blocks (block_m, block_k, block_n) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (M, K, N) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
+# `pallasgen tune` found at the sizes (M, K, N) shown, the entry nearest the call's
+# sizes winning; else the spec's, grown on a known TPU. None: any other chip, and CPU
+# (the spec's blocks).
 _matmul_relu_backward_x_tpu_blocks = {
     None: {"default": (256, 512, 512)},
-    "v5e": {"default": (512, 512, 512)},
-    "v6e": {"default": (1024, 1024, 1024)},
+    "v5e": {"default": (256, 512, 512)},
+    "v6e": {"default": (256, 512, 512)},
 }
 
 
-def _matmul_relu_backward_x_tpu(dacc, y, *, m, k, n, block_m, block_k, block_n, interpret):
+def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
     """`matmul_relu_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_k, block_n = _tpu_blocks(
-        _matmul_relu_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
+        _matmul_relu_backward_x_tpu_blocks,
+        (m, k, n),
+        (block_m, block_k, block_n),
+        grow=functools.partial(
+            _grown,
+            bounds=(min(m, 1024), 512, min(n, 1024)),
+            step=lambda block_m, block_k, block_n: (
+                block_m * block_k * block_n,
+                8 * block_m * block_n
+                + 8 * block_m * block_n
+                + 8 * block_k * block_n
+                + 8 * block_m * block_k
+                + 4 * block_m * block_k,
+            ),
+        ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
@@ -2676,75 +2426,100 @@ def _matmul_relu_backward_x_tpu(dacc, y, *, m, k, n, block_m, block_k, block_n, 
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 5.0 MiB = 2 buffers x (dacc 512.0 KiB + y 1.0 MiB + dx
-    # 512.0 KiB) + f32 accumulator 512.0 KiB + f32 product step 512.0 KiB.
+    # VMEM at the default blocks: 5.5 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + y
+    # 1.0 MiB + dx 512.0 KiB) + acc_n_ref 512.0 KiB.
     return pl.pallas_call(
-        functools.partial(_matmul_relu_backward_x_kernel, n=n, block_n=block_n),
+        functools.partial(
+            _matmul_relu_backward_x_kernel,
+            m=m,
+            k=k,
+            n=n,
+            block_m=block_m,
+            block_k=block_k,
+            block_n=block_n,
+        ),
         # One step per block of M, block of K, block of N. Steps along M, K are independent
         # (parallel); steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # dacc: f32[M, N]
+            # acc: f32[M, N]
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),
-            # y: f32[K, N], read transposed
+            # dz: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),
+            # y: f32[K, N]
             pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),
         ],
         # dx: f32[M, K]
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.float32),
-        # acc_ref: the f32 sum over N of one output tile
+        # acc_n_ref: the product over N
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                8 * block_m * block_n + 8 * block_k * block_n + 16 * block_m * block_k
+                8 * block_m * block_n
+                + 8 * block_m * block_n
+                + 8 * block_k * block_n
+                + 8 * block_m * block_k
+                + 4 * block_m * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * k * n, transcendentals=0, bytes_accessed=_nbytes(dacc, y) + m * k * 4
+            flops=2 * m * k * n, transcendentals=0, bytes_accessed=_nbytes(acc, dz, y) + m * k * 4
         ),
         interpret=interpret,
         name="matmul_relu_backward_x",
-    )(dacc, y)
+    )(acc, dz, y)
 
 
 def _matmul_relu_backward_x_gpu_kernel(
-    dacc_ref, y_ref, dx_ref, *, m, k, n, block_m, block_k, block_n
+    acc_ref, dz_ref, y_ref, dx_ref, *, m, k, n, block_m, block_k, block_n
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = _inside(pl.program_id(0) * block_m, block_m, m)
     in_k = _inside(pl.program_id(1) * block_k, block_k, k)
-    inside = _mask((block_m, block_k), in_m, in_k)
 
-    def accumulate(step, acc):
-        start = step * block_n
-        in_n = _inside(start, block_n, n)  # zeros past a ragged N
-        dacc = _load(
-            dacc_ref.at[:, pl.ds(start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+    def accumulate(index, running):
+        n_start = index * block_n
+        in_n = _inside(n_start, block_n, n)
+        (acc_n,) = running
+        acc = _load(
+            acc_ref.at[:, pl.ds(n_start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+        )
+        dz = _load(
+            dz_ref.at[:, pl.ds(n_start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
         )
         y = _load(
-            y_ref.at[:, pl.ds(start, block_n)], _mask((block_k, block_n), in_k, in_n), other=0
+            y_ref.at[:, pl.ds(n_start, block_n)], _mask((block_k, block_n), in_k, in_n), other=0
         )
-        return acc + jax.lax.dot_general(
-            dacc, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        dacc = jnp.where(acc > 0, dz, 0)
+        acc_n_lhs = dacc
+        acc_n_rhs = y
+        if n % block_n:  # a ragged N: both operands 0 past its end, never padding
+            acc_n_lhs = _fill_past(acc_n_lhs, n_start, n, 1, 0)
+            acc_n_rhs = _fill_past(acc_n_rhs, n_start, n, 1, 0)
+        acc_n = acc_n + jax.lax.dot_general(
+            acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
+        return (acc_n,)
 
-    acc = jax.lax.fori_loop(
-        0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32)
+    (acc_n,) = jax.lax.fori_loop(
+        0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),)
     )
-    _store(dx_ref, acc, inside)
+    acc_n_ = acc_n
+    _store(dx_ref, acc_n_, _mask((block_m, block_k), in_m, in_k))
 
 
 # GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
 # timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
 # nearest the call's sizes winning. None: any other GPU (the spec's).
-_matmul_relu_backward_x_gpu_options = {None: (64, 64, 32, 4, 3)}
+_matmul_relu_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
 def _matmul_relu_backward_x_gpu(
-    dacc, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
+    acc, dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`matmul_relu_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
@@ -2765,38 +2540,99 @@ def _matmul_relu_backward_x_gpu(
             block_k=block_k,
             block_n=block_n,
         ),
-        # One program per block of M, block of K; each loops over N itself (Triton has no
-        # scratch memory).
+        # One program per block of M, block of K; programs run concurrently. Each loops over
+        # the blocks of N itself, carrying running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
-            # dacc: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),
-            # y: f32[K, N], read transposed
-            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),
+            # acc: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),
+            # dz: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),
+            # y: f32[K, N]
+            pl.BlockSpec((block_k, n), lambda i0, i1: (i1, 0)),
         ],
         # dx: f32[M, K]
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i0, i1: (i0, i1)),
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="matmul_relu_backward_x",
-    )(dacc, y)
+    )(acc, dz, y)
 
 
-def _matmul_relu_backward_x_mosaic_gpu_kernel(
-    dacc_ref, y_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n
+def __matmul_relu_backward_x_1_mosaic_gpu_kernel(acc_ref, dz_ref, lhs_ref, *, block_m, block_n):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, acc_smem, dz_smem, lhs_smem):
+        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
+        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        dacc = jnp.where(acc > 0, dz, 0)
+        lhs_smem[...] = dacc
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+    )(acc_ref, dz_ref, lhs_ref)
+
+
+def __matmul_relu_backward_x_1_mosaic_gpu(acc, dz, *, m, n, interpret):
+    """Stage 1 of `matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    acc = _mgpu_pad(acc, (padded_m, padded_n))
+    dz = _mgpu_pad(dz, (padded_m, padded_n))
+    (lhs,) = plgpu.kernel(
+        functools.partial(
+            __matmul_relu_backward_x_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
+        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(acc, dz)
+    return lhs[:m, :n]
+
+
+def __matmul_relu_backward_x_2_mosaic_gpu_kernel(
+    y_ref, lhs_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n
 ):
     program_m = jax.lax.axis_index("M")
     program_k = jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
-        def step(_, dacc_smem, y_smem):
-            plgpu.wgmma(acc_ref, dacc_smem, y_smem.T)
+        def step(_, lhs_smem, y_smem):
+            plgpu.wgmma(acc_ref, lhs_smem, y_smem.T)
             plgpu.wgmma_wait(0)
 
         plgpu.emit_pipeline(
             step,
-            grid=(dacc_ref.shape[-1] // block_n,),
+            grid=(lhs_ref.shape[-1] // block_n,),
             in_specs=[
                 plgpu.BlockSpec(
                     (block_m, block_n),
@@ -2810,7 +2646,7 @@ def _matmul_relu_backward_x_mosaic_gpu_kernel(
                 ),
             ],
             max_concurrent_steps=2,
-        )(dacc_ref, y_ref)
+        )(lhs_ref, y_ref)
         acc = acc_ref[...]
         out_smem[...] = acc
 
@@ -2823,8 +2659,8 @@ def _matmul_relu_backward_x_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _matmul_relu_backward_x_mosaic_gpu(dacc, y, *, m, k, n, interpret):
-    """`matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+def __matmul_relu_backward_x_2_mosaic_gpu(y, lhs, *, m, k, n, interpret):
+    """Stage 2 of `matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
@@ -2835,11 +2671,11 @@ def _matmul_relu_backward_x_mosaic_gpu(dacc, y, *, m, k, n, interpret):
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
-    dacc = _mgpu_pad(dacc, (padded_m, padded_n))
+    lhs = _mgpu_pad(lhs, (padded_m, padded_n))
     y = _mgpu_pad(y, (padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
-            _matmul_relu_backward_x_mosaic_gpu_kernel,
+            __matmul_relu_backward_x_2_mosaic_gpu_kernel,
             block_m=block_m,
             block_k=block_k,
             block_n=block_n,
@@ -2854,8 +2690,17 @@ def _matmul_relu_backward_x_mosaic_gpu(dacc, y, *, m, k, n, interpret):
         grid=(padded_m // block_m, padded_k // block_k),
         grid_names=("M", "K"),
         interpret=interpret,
-    )(dacc, y)
+    )(y, lhs)
     return dx[:m, :k]
+
+
+def _matmul_relu_backward_x_mosaic_gpu(acc, dz, y, *, m, k, n, interpret):
+    """`matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: its stages in turn, the arrays between them in global memory."""
+    lhs = __matmul_relu_backward_x_1_mosaic_gpu(acc, dz, m=m, n=n, interpret=interpret)
+    lhs = lhs.reshape((m, n))
+    dx = __matmul_relu_backward_x_2_mosaic_gpu(y, lhs, m=m, k=k, n=n, interpret=interpret)
+    return dx.reshape((m, k))
 
 
 @functools.partial(
@@ -2874,8 +2719,9 @@ def _matmul_relu_backward_x_mosaic_gpu(dacc, y, *, m, k, n, interpret):
     ),
 )
 def matmul_relu_backward_y(
+    acc,
+    dz,
     x,
-    dacc,
     *,
     block_k=None,
     block_n=None,
@@ -2888,28 +2734,35 @@ def matmul_relu_backward_y(
     gpu_backend="triton",
     interpret=None,
 ):
-    """The backward pass of `matmul_relu`, generated from its spec: the cotangent dy of
-    its input y, from dacc, the cotangent of its product.
+    """The backward pass of `matmul_relu`, generated from its spec: the cotangent dy of its input y,
+    from dacc, the cotangent of its product, computed here from the epilogue's derivative.
 
     Args:
+      acc: f32[M, N].
+      dz: f32[M, N].
       x: f32[M, K].
-      dacc: f32[M, N].
       block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_backward_y_tpu_blocks),
-        else 512, 512, 256.
+        are tuned for the TPU and sizes (_matmul_relu_backward_y_tpu_blocks), or grown to large steps
+        (_grown), else 512, 512, 256.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: a fused product of f32 and f32 is not on
+        Mosaic GPU yet (wgmma here: bf16 or f16 operands).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
     Returns:
       dy: f32[K, N].
     """
-    (x, dacc), sizes = _operands(
+    (acc, dz, x), sizes = _operands(
         "matmul_relu_backward_y",
-        {"x": (x, jnp.float32, ("M", "K")), "dacc": (dacc, jnp.float32, ("M", "N"))},
+        {
+            "acc": (acc, jnp.float32, ("M", "N")),
+            "dz": (dz, jnp.float32, ("M", "N")),
+            "x": (x, jnp.float32, ("M", "K")),
+        },
     )
     _check_blocks(
         "matmul_relu_backward_y",
@@ -2930,7 +2783,7 @@ def matmul_relu_backward_y(
     m = sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(
-            matmul_relu_backward_y_reference, (((k, n), jnp.float32),), x, dacc
+            matmul_relu_backward_y_reference, (((k, n), jnp.float32),), acc, dz, x
         )
     return _on_platform(
         functools.partial(
@@ -2956,59 +2809,95 @@ def matmul_relu_backward_y(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_matmul_relu_backward_y_mosaic_gpu, k=k, n=n, m=m),
+            None,
         ),
         interpret,
+        acc,
+        dz,
         x,
-        dacc,
     )
 
 
-def matmul_relu_backward_y_reference(x, dacc):
+def matmul_relu_backward_y_reference(acc, dz, x):
     """`matmul_relu_backward_y` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("mk,mn->kn", x, dacc, preferred_element_type=jnp.float32)
-    dy = acc
+    k = x.shape[1]
+    n = acc.shape[1]
+    m = acc.shape[0]
+    acc = jnp.transpose(acc, (1, 0))[None, :, :]
+    dz = jnp.transpose(dz, (1, 0))[None, :, :]
+    x = jnp.transpose(x, (1, 0))[:, None, :]
+    dacc = jnp.where(acc > 0, dz, 0)
+    dy = jnp.expand_dims(
+        jnp.einsum(
+            "km,nm->kn",
+            jnp.squeeze(x, (1,)),
+            jnp.squeeze(dacc, (0,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (2,),
+    )
+    dy = dy.reshape((k, n))
     return dy
 
 
-def _matmul_relu_backward_y_kernel(x_ref, dacc_ref, dy_ref, acc_ref, *, m, block_m):
+def _matmul_relu_backward_y_kernel(
+    acc_ref, dz_ref, x_ref, dy_ref, acc_m_ref, *, k, n, m, block_k, block_n, block_m
+):
+    m_start = pl.program_id(2) * block_m
     step = pl.program_id(2)
 
     @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    def _init():
+        acc_m_ref[...] = jnp.full(acc_m_ref.shape, 0, jnp.float32)
 
-    x, dacc = x_ref[...], dacc_ref[...]
-    if m % block_m:  # a ragged M: zero both operands past its end, so padding never reaches the sum
-        x = jnp.where(step * block_m + jax.lax.broadcasted_iota(jnp.int32, x.shape, 0) < m, x, 0)
-        dacc = jnp.where(
-            step * block_m + jax.lax.broadcasted_iota(jnp.int32, dacc.shape, 0) < m, dacc, 0
-        )
-    acc_ref[...] += jax.lax.dot_general(
-        x, dacc, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+    acc = acc_ref[...]
+    dz = dz_ref[...]
+    x = x_ref[...]
+    dacc = jnp.where(acc > 0, dz, 0)
+    acc_m_lhs = x
+    acc_m_rhs = dacc
+    if m % block_m:  # a ragged M: both operands 0 past its end, never padding
+        acc_m_lhs = _fill_past(acc_m_lhs, m_start, m, 0, 0)
+        acc_m_rhs = _fill_past(acc_m_rhs, m_start, m, 0, 0)
+    acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
+        acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
 
     @pl.when(step == pl.num_programs(2) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        dy_ref[...] = acc
+    def _finish():
+        acc_m_ = acc_m_ref[...]
+        dy_ref[...] = acc_m_
 
 
 # TPU blocks (block_k, block_n, block_m) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (K, N, M) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
+# `pallasgen tune` found at the sizes (K, N, M) shown, the entry nearest the call's
+# sizes winning; else the spec's, grown on a known TPU. None: any other chip, and CPU
+# (the spec's blocks).
 _matmul_relu_backward_y_tpu_blocks = {
     None: {"default": (512, 512, 256)},
-    "v5e": {"default": (512, 512, 512)},
-    "v6e": {"default": (1024, 1024, 1024)},
+    "v5e": {"default": (512, 512, 256)},
+    "v6e": {"default": (512, 512, 256)},
 }
 
 
-def _matmul_relu_backward_y_tpu(x, dacc, *, k, n, m, block_k, block_n, block_m, interpret):
+def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_m, interpret):
     """`matmul_relu_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_k, block_n, block_m = _tpu_blocks(
-        _matmul_relu_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
+        _matmul_relu_backward_y_tpu_blocks,
+        (k, n, m),
+        (block_k, block_n, block_m),
+        grow=functools.partial(
+            _grown,
+            bounds=(min(k, 1024), 512, min(m, 1024)),
+            step=lambda block_k, block_n, block_m: (
+                block_k * block_n * block_m,
+                8 * block_m * block_n
+                + 8 * block_m * block_n
+                + 8 * block_m * block_k
+                + 8 * block_k * block_n
+                + 4 * block_k * block_n,
+            ),
+        ),
     )
     block_k = min(block_k, k)  # a small K is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
@@ -3024,75 +2913,100 @@ def _matmul_relu_backward_y_tpu(x, dacc, *, k, n, m, block_k, block_n, block_m, 
             "M is the second-to-last dimension of a block of f32 values, so it is a multiple of 8",
         ),
     )
-    # VMEM at the default blocks: 6.0 MiB = 2 buffers x (x 512.0 KiB + dacc 512.0 KiB + dy
-    # 1.0 MiB) + f32 accumulator 1.0 MiB + f32 product step 1.0 MiB.
+    # VMEM at the default blocks: 6.0 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + x
+    # 512.0 KiB + dy 1.0 MiB) + acc_m_ref 1.0 MiB.
     return pl.pallas_call(
-        functools.partial(_matmul_relu_backward_y_kernel, m=m, block_m=block_m),
+        functools.partial(
+            _matmul_relu_backward_y_kernel,
+            k=k,
+            n=n,
+            m=m,
+            block_k=block_k,
+            block_n=block_n,
+            block_m=block_m,
+        ),
         # One step per block of K, block of N, block of M. Steps along K, N are independent
         # (parallel); steps along M accumulate in order (arbitrary).
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[
-            # x: f32[M, K], read transposed
-            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),
-            # dacc: f32[M, N]
+            # acc: f32[M, N]
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),
+            # dz: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),
+            # x: f32[M, K]
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),
         ],
         # dy: f32[K, N]
         out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.float32),
-        # acc_ref: the f32 sum over M of one output tile
+        # acc_m_ref: the product over M
         scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                8 * block_m * block_k + 8 * block_m * block_n + 16 * block_k * block_n
+                8 * block_m * block_n
+                + 8 * block_m * block_n
+                + 8 * block_m * block_k
+                + 8 * block_k * block_n
+                + 4 * block_k * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * k * n * m, transcendentals=0, bytes_accessed=_nbytes(x, dacc) + k * n * 4
+            flops=2 * k * n * m, transcendentals=0, bytes_accessed=_nbytes(acc, dz, x) + k * n * 4
         ),
         interpret=interpret,
         name="matmul_relu_backward_y",
-    )(x, dacc)
+    )(acc, dz, x)
 
 
 def _matmul_relu_backward_y_gpu_kernel(
-    x_ref, dacc_ref, dy_ref, *, k, n, m, block_k, block_n, block_m
+    acc_ref, dz_ref, x_ref, dy_ref, *, k, n, m, block_k, block_n, block_m
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = _inside(pl.program_id(0) * block_k, block_k, k)
     in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_k, block_n), in_k, in_n)
 
-    def accumulate(step, acc):
-        start = step * block_m
-        in_m = _inside(start, block_m, m)  # zeros past a ragged M
+    def accumulate(index, running):
+        m_start = index * block_m
+        in_m = _inside(m_start, block_m, m)
+        (acc_m,) = running
+        acc = _load(
+            acc_ref.at[pl.ds(m_start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        )
+        dz = _load(
+            dz_ref.at[pl.ds(m_start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        )
         x = _load(
-            x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_k), in_m, in_k), other=0
+            x_ref.at[pl.ds(m_start, block_m), :], _mask((block_m, block_k), in_m, in_k), other=0
         )
-        dacc = _load(
-            dacc_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        dacc = jnp.where(acc > 0, dz, 0)
+        acc_m_lhs = x
+        acc_m_rhs = dacc
+        if m % block_m:  # a ragged M: both operands 0 past its end, never padding
+            acc_m_lhs = _fill_past(acc_m_lhs, m_start, m, 0, 0)
+            acc_m_rhs = _fill_past(acc_m_rhs, m_start, m, 0, 0)
+        acc_m = acc_m + jax.lax.dot_general(
+            acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
         )
-        return acc + jax.lax.dot_general(
-            x, dacc, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        return (acc_m,)
 
-    acc = jax.lax.fori_loop(
-        0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dy_ref.shape, jnp.float32)
+    (acc_m,) = jax.lax.fori_loop(
+        0, pl.cdiv(m, block_m), accumulate, (jnp.full((block_k, block_n), 0, jnp.float32),)
     )
-    _store(dy_ref, acc, inside)
+    acc_m_ = acc_m
+    _store(dy_ref, acc_m_, _mask((block_k, block_n), in_k, in_n))
 
 
 # GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
 # timed best at the sizes (K, N, M) shown (the spec's .tuning.json file), the entry
 # nearest the call's sizes winning. None: any other GPU (the spec's).
-_matmul_relu_backward_y_gpu_options = {None: (64, 64, 32, 4, 3)}
+_matmul_relu_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
 def _matmul_relu_backward_y_gpu(
-    x, dacc, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
+    acc, dz, x, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`matmul_relu_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_k, block_n, block_m, num_warps, num_stages = _gpu_options(
@@ -3113,99 +3027,28 @@ def _matmul_relu_backward_y_gpu(
             block_n=block_n,
             block_m=block_m,
         ),
-        # One program per block of K, block of N; each loops over M itself (Triton has no
-        # scratch memory).
+        # One program per block of K, block of N; programs run concurrently. Each loops over
+        # the blocks of M itself, carrying running values.
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: f32[M, K], read transposed
-            pl.BlockSpec((m, block_k), lambda i, j: (0, i)),
-            # dacc: f32[M, N]
-            pl.BlockSpec((m, block_n), lambda i, j: (0, j)),
+            # acc: f32[M, N]
+            pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),
+            # dz: f32[M, N]
+            pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),
+            # x: f32[M, K]
+            pl.BlockSpec((m, block_k), lambda i0, i1: (0, i0)),
         ],
         # dy: f32[K, N]
-        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_k, block_n), lambda i0, i1: (i0, i1)),
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="matmul_relu_backward_y",
-    )(x, dacc)
+    )(acc, dz, x)
 
 
-def _matmul_relu_backward_y_mosaic_gpu_kernel(
-    x_ref, dacc_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m
-):
-    program_k = jax.lax.axis_index("K")
-    program_n = jax.lax.axis_index("N")
-
-    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
-        def step(_, x_smem, dacc_smem):
-            plgpu.wgmma(acc_ref, x_smem, dacc_smem.T)
-            plgpu.wgmma_wait(0)
-
-        plgpu.emit_pipeline(
-            step,
-            grid=(x_ref.shape[-1] // block_m,),
-            in_specs=[
-                plgpu.BlockSpec(
-                    (block_k, block_m),
-                    lambda s: (program_k, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_m),
-                ),
-                plgpu.BlockSpec(
-                    (block_n, block_m),
-                    lambda s: (program_n, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_m),
-                ),
-            ],
-            max_concurrent_steps=2,
-        )(x_ref, dacc_ref)
-        acc = acc_ref[...]
-        out_smem[...] = acc
-
-    pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
-    )
-    plgpu.wait_smem_to_gmem(0)
-
-
-def _matmul_relu_backward_y_mosaic_gpu(x, dacc, *, k, n, m, interpret):
-    """`matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_k = 128
-    block_n = 128
-    block_m = 32
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    padded_m = m + -m % block_m
-    x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
-    dacc = jnp.swapaxes(dacc, -1, -2)  # f32 wgmma reads [N, K] tiles
-    x = _mgpu_pad(x, (padded_k, padded_m))
-    dacc = _mgpu_pad(dacc, (padded_n, padded_m))
-    (dy,) = plgpu.kernel(
-        functools.partial(
-            _matmul_relu_backward_y_mosaic_gpu_kernel,
-            block_k=block_k,
-            block_n=block_n,
-            block_m=block_m,
-        ),
-        out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.float32),),
-        scratch_types=[
-            plgpu.SMEM(
-                (block_k, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
-            ),
-            plgpu.Barrier(num_barriers=1),
-        ],
-        grid=(padded_k // block_k, padded_n // block_n),
-        grid_names=("K", "N"),
-        interpret=interpret,
-    )(x, dacc)
-    return dy[:k, :n]
+# `matmul_relu_backward_y` has no Mosaic GPU kernel (a fused product of f32 and f32 is
+# not on Mosaic GPU yet (wgmma here: bf16 or f16 operands)): it runs on Triton.
 
 
 @functools.partial(
@@ -3258,9 +3101,8 @@ def matmul_bias_gelu(
     Returns:
       z: bf16[M, N].
 
-    Gradients: jax.grad runs the generated backward kernels
-    matmul_bias_gelu_backward_epilogue, matmul_bias_gelu_backward_over_m,
-    matmul_bias_gelu_backward_x, matmul_bias_gelu_backward_y (_matmul_bias_gelu_vjp).
+    Gradients: jax.grad runs the generated backward kernels matmul_bias_gelu_backward_x,
+    matmul_bias_gelu_backward_y (_matmul_bias_gelu_vjp).
     """
     (x, y, bias), sizes = _operands(
         "matmul_bias_gelu",
@@ -3423,22 +3265,17 @@ def _matmul_bias_gelu_saving(
 
 def _matmul_bias_gelu_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `matmul_bias_gelu`'s inputs from those of its outputs, for jax.grad,
-    by the generated backward kernels matmul_bias_gelu_backward_epilogue,
-    matmul_bias_gelu_backward_over_m, matmul_bias_gelu_backward_x,
+    by the generated backward kernels matmul_bias_gelu_backward_x,
     matmul_bias_gelu_backward_y. The forward pass saves its inputs (x, y, bias) and the
     residuals acc (forward values that cost more to recompute than to save): the backward
     kernels recompute the values they need from them.
     """
     x, y, bias, acc = saved
     dz = cotangents
-    dacc = matmul_bias_gelu_backward_epilogue(
-        acc, bias, dz, gpu_backend=gpu_backend, interpret=interpret
+    dx = matmul_bias_gelu_backward_x(acc, bias, dz, y, gpu_backend=gpu_backend, interpret=interpret)
+    dy, dbias = matmul_bias_gelu_backward_y(
+        acc, bias, dz, x, gpu_backend=gpu_backend, interpret=interpret
     )
-    dbias = matmul_bias_gelu_backward_over_m(
-        acc, bias, dz, gpu_backend=gpu_backend, interpret=interpret
-    )
-    dx = matmul_bias_gelu_backward_x(dacc, y, gpu_backend=gpu_backend, interpret=interpret)
-    dy = matmul_bias_gelu_backward_y(x, dacc, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dy, dbias
 
 
@@ -3858,8 +3695,8 @@ def _matmul_bias_gelu_with_residuals_kernel(
 # chip, and CPU (the spec's blocks).
 _matmul_bias_gelu_with_residuals_tpu_blocks = {
     None: {"default": (512, 1024, 1024)},
-    "v5e": {"default": (512, 1024, 1024)},
-    "v6e": {"default": (1024, 1024, 1024)},
+    "v5e": {"default": (512, 1024, 1024), (4096, 4096, 4096): (512, 512, 4096)},
+    "v6e": {"default": (1024, 1024, 1024), (4096, 4096, 4096): (1024, 512, 4096)},
 }
 
 
@@ -4122,713 +3959,6 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu(x, y, bias, *, m, n, k, interpre
     jax.jit,
     static_argnames=(
         "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
-def matmul_bias_gelu_backward_epilogue(
-    acc,
-    bias,
-    dz,
-    *,
-    block_m=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `matmul_bias_gelu`, generated from its spec: the cotangents dacc
-    of its inputs from dz, those of its outputs.
-
-    Args:
-      acc: f32[M, N].
-      bias: f32[N].
-      dz: bf16[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_backward_epilogue_tpu_blocks),
-        grown to large steps (_grown), else 512, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
-
-    Returns:
-      dacc: bf16[M, N].
-    """
-    (acc, bias, dz), sizes = _operands(
-        "matmul_bias_gelu_backward_epilogue",
-        {
-            "acc": (acc, jnp.float32, ("M", "N")),
-            "bias": (bias, jnp.float32, ("N",)),
-            "dz": (dz, jnp.bfloat16, ("M", "N")),
-        },
-    )
-    _check_blocks(
-        "matmul_bias_gelu_backward_epilogue", block_m=block_m, block_n=block_n, may_be_none=True
-    )
-    _check_blocks(
-        "matmul_bias_gelu_backward_epilogue",
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m = sizes["M"]
-    n = sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
-            matmul_bias_gelu_backward_epilogue_reference, (((m, n), jnp.bfloat16),), acc, bias, dz
-        )
-    bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
-    return _on_platform(
-        functools.partial(
-            _matmul_bias_gelu_backward_epilogue_tpu, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
-        _gpu_kernel(
-            "matmul_bias_gelu_backward_epilogue",
-            gpu_backend,
-            functools.partial(
-                _matmul_bias_gelu_backward_epilogue_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_matmul_bias_gelu_backward_epilogue_mosaic_gpu, m=m, n=n),
-        ),
-        interpret,
-        acc,
-        bias,
-        dz,
-    )
-
-
-def matmul_bias_gelu_backward_epilogue_reference(acc, bias, dz):
-    """`matmul_bias_gelu_backward_epilogue` in plain jax.numpy, to test the kernel against."""
-    bias = bias[None, :]
-    z_1 = acc + bias
-    z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
-    dz_1 = dz.astype(jnp.float32) * (
-        0.5 * (1 + z_2)
-        + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
-    )
-    dacc = dz_1.astype(jnp.bfloat16)
-    return dacc
-
-
-def _matmul_bias_gelu_backward_epilogue_kernel(acc_ref, bias_ref, dz_ref, dacc_ref):
-    acc = acc_ref[...]
-    bias = bias_ref[...]
-    dz = dz_ref[...]
-    z_1 = acc + bias
-    z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
-    dz_1 = dz.astype(jnp.float32) * (
-        0.5 * (1 + z_2)
-        + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
-    )
-    dacc_ref[...] = dz_1.astype(jnp.bfloat16)
-
-
-# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_matmul_bias_gelu_backward_epilogue_tpu_blocks = {
-    None: {"default": (512, 1024)},
-    "v5e": {"default": (512, 1024)},
-    "v6e": {"default": (512, 1024)},
-}
-
-
-def _matmul_bias_gelu_backward_epilogue_tpu(acc, bias, dz, *, m, n, block_m, block_n, interpret):
-    """`matmul_bias_gelu_backward_epilogue` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
-        _matmul_bias_gelu_backward_epilogue_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        grow=functools.partial(
-            _grown,
-            bounds=(m, n),
-            step=lambda block_m, block_n: (block_m * block_n, 28 * block_m * block_n + 8 * block_n),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
-        "matmul_bias_gelu_backward_epilogue",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz
-    # 1.0 MiB + dacc 1.0 MiB) + let z_1 2.0 MiB + let z_2 2.0 MiB + let dz_1 2.0 MiB.
-    return pl.pallas_call(
-        _matmul_bias_gelu_backward_epilogue_kernel,
-        # One step per block of M, block of N; steps are independent, so every axis is
-        # parallel.
-        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            # acc: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
-            # dz: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-        ],
-        # dacc: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(28 * block_m * block_n + 8 * block_n),
-        ),
-        cost_estimate=pl.CostEstimate(
-            flops=21 * m * n,
-            transcendentals=m * n,
-            bytes_accessed=_nbytes(acc, bias, dz) + m * n * 2,
-        ),
-        interpret=interpret,
-        name="matmul_bias_gelu_backward_epilogue",
-    )(acc, bias, dz)
-
-
-def _matmul_bias_gelu_backward_epilogue_gpu_kernel(
-    acc_ref, bias_ref, dz_ref, dacc_ref, *, m, n, block_m, block_n
-):
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    acc = _load(acc_ref, inside)
-    bias = _load(bias_ref, _mask((1, block_n), None, in_n))
-    dz = _load(dz_ref, inside)
-    z_1 = acc + bias
-    z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
-    dz_1 = dz.astype(jnp.float32) * (
-        0.5 * (1 + z_2)
-        + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
-    )
-    _store(dacc_ref, dz_1.astype(jnp.bfloat16), inside)
-
-
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
-_matmul_bias_gelu_backward_epilogue_gpu_options = {None: (8, 128, 4, 1)}
-
-
-def _matmul_bias_gelu_backward_epilogue_gpu(
-    acc, bias, dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret
-):
-    """`matmul_bias_gelu_backward_epilogue` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
-        _matmul_bias_gelu_backward_epilogue_gpu_options,
-        (m, n),
-        (block_m, block_n, num_warps, num_stages),
-    )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
-    return pl.pallas_call(
-        functools.partial(
-            _matmul_bias_gelu_backward_epilogue_gpu_kernel,
-            m=m,
-            n=n,
-            block_m=block_m,
-            block_n=block_n,
-        ),
-        # One program per block of M, block of N; programs run concurrently.
-        grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            # acc: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i, j: (0, j)),
-            # dz: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-        ],
-        # dacc: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
-        out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="matmul_bias_gelu_backward_epilogue",
-    )(acc, bias, dz)
-
-
-def _matmul_bias_gelu_backward_epilogue_mosaic_gpu_kernel(
-    acc_ref, bias_ref, dz_ref, dacc_ref, *, block_m, block_n
-):
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
-
-    def step(_, acc_smem, bias_smem, dz_smem, dacc_smem):
-        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
-        bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
-        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
-        z_1 = acc + bias
-        z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
-        dz_1 = dz.astype(jnp.float32) * (
-            0.5 * (1 + z_2)
-            + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
-        )
-        dacc_smem[...] = dz_1.astype(jnp.bfloat16)
-
-    plgpu.emit_pipeline(
-        step,
-        grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
-        ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
-            )
-        ],
-    )(acc_ref, bias_ref, dz_ref, dacc_ref)
-
-
-def _matmul_bias_gelu_backward_epilogue_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
-    """`matmul_bias_gelu_backward_epilogue` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
-    padded_n = n + -n % block_n
-    acc = _mgpu_pad(acc, (padded_m, padded_n))
-    bias = bias.reshape((n,))
-    bias = _mgpu_pad(bias, (padded_n,))
-    dz = _mgpu_pad(dz, (padded_m, padded_n))
-    (dacc,) = plgpu.kernel(
-        functools.partial(
-            _matmul_bias_gelu_backward_epilogue_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
-        ),
-        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
-        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
-        grid_names=("M", "N"),
-        interpret=interpret,
-    )(acc, bias, dz)
-    return dacc[:m, :n]
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
-def matmul_bias_gelu_backward_over_m(
-    acc,
-    bias,
-    dz,
-    *,
-    block_m=None,
-    block_n=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `matmul_bias_gelu`, generated from its spec: the cotangents dbias
-    of its inputs from dz, those of its outputs, summed over M (the inputs are broadcast over it).
-
-    Args:
-      acc: f32[M, N].
-      bias: f32[N].
-      dz: bf16[M, N].
-      block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_backward_over_m_tpu_blocks),
-        grown to large steps (_grown), else 512, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
-
-    Returns:
-      dbias: f32[N].
-    """
-    (acc, bias, dz), sizes = _operands(
-        "matmul_bias_gelu_backward_over_m",
-        {
-            "acc": (acc, jnp.float32, ("M", "N")),
-            "bias": (bias, jnp.float32, ("N",)),
-            "dz": (dz, jnp.bfloat16, ("M", "N")),
-        },
-    )
-    _check_blocks(
-        "matmul_bias_gelu_backward_over_m", block_m=block_m, block_n=block_n, may_be_none=True
-    )
-    _check_blocks(
-        "matmul_bias_gelu_backward_over_m",
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    m = sizes["M"]
-    n = sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
-            matmul_bias_gelu_backward_over_m_reference, (((n,), jnp.float32),), acc, bias, dz
-        )
-    bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
-    dbias = _on_platform(
-        functools.partial(
-            _matmul_bias_gelu_backward_over_m_tpu, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
-        _gpu_kernel(
-            "matmul_bias_gelu_backward_over_m",
-            gpu_backend,
-            functools.partial(
-                _matmul_bias_gelu_backward_over_m_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_matmul_bias_gelu_backward_over_m_mosaic_gpu, m=m, n=n),
-        ),
-        interpret,
-        acc,
-        bias,
-        dz,
-    )
-    dbias = dbias.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
-    return dbias
-
-
-def matmul_bias_gelu_backward_over_m_reference(acc, bias, dz):
-    """`matmul_bias_gelu_backward_over_m` in plain jax.numpy, to test the kernel against."""
-    m = acc.shape[0]
-    n = acc.shape[1]
-    bias = bias[None, :]
-    z_1 = acc + bias
-    z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
-    dz_1 = dz.astype(jnp.float32) * (
-        0.5 * (1 + z_2)
-        + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
-    )
-    dbias = jnp.sum(dz_1, axis=0, keepdims=True, dtype=jnp.float32)
-    dbias = dbias.reshape((n,))
-    return dbias
-
-
-def _matmul_bias_gelu_backward_over_m_kernel(
-    acc_ref, bias_ref, dz_ref, dbias_ref, sum_m_running_ref, *, m, n, block_m, block_n
-):
-    step = pl.program_id(1)
-
-    @pl.when(step == 0)
-    def _init():
-        sum_m_running_ref[...] = jnp.full(sum_m_running_ref.shape, 0.0, jnp.float32)
-
-    acc = acc_ref[...]
-    bias = bias_ref[...]
-    dz = dz_ref[...]
-    z_1 = acc + bias
-    z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
-    dz_1 = dz.astype(jnp.float32) * (
-        0.5 * (1 + z_2)
-        + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
-    )
-    sum_m_block = dz_1
-    if m % block_m:  # a ragged M: its identity past the end, never padding
-        sum_m_block = _fill_past(sum_m_block, step * block_m, m, 0, 0.0)
-    sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
-
-    @pl.when(step == pl.num_programs(1) - 1)
-    def _finish():
-        sum_m = sum_m_running_ref[...]
-        dbias_ref[...] = sum_m
-
-
-# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning; else the chip's default. None: any other chip, and
-# CPU (the spec's blocks).
-_matmul_bias_gelu_backward_over_m_tpu_blocks = {
-    None: {"default": (512, 1024)},
-    "v5e": {"default": (512, 1024)},
-    "v6e": {"default": (512, 1024)},
-}
-
-
-def _matmul_bias_gelu_backward_over_m_tpu(acc, bias, dz, *, m, n, block_m, block_n, interpret):
-    """`matmul_bias_gelu_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
-        _matmul_bias_gelu_backward_over_m_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        grow=functools.partial(
-            _grown,
-            bounds=(m, n),
-            step=lambda block_m, block_n: (
-                block_m * block_n,
-                28 * block_m * block_n + 16 * block_n,
-            ),
-        ),
-    )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
-        "matmul_bias_gelu_backward_over_m",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz
-    # 1.0 MiB + dbias 4.0 KiB) + sum's 32-bit copy of a block 2.0 MiB + let z_1 2.0 MiB +
-    # let z_2 2.0 MiB + let dz_1 2.0 MiB.
-    return pl.pallas_call(
-        functools.partial(
-            _matmul_bias_gelu_backward_over_m_kernel, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
-        # One step per block of N, block of M. Steps along N are independent (parallel); steps
-        # along M accumulate in order (arbitrary).
-        grid=(pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
-        in_specs=[
-            # acc: f32[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (j, i)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i, j: (0, i)),
-            # dz: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j: (j, i)),
-        ],
-        # dbias: f32[N], broadcast over M
-        out_specs=pl.BlockSpec((1, block_n), lambda i, j: (0, i)),
-        out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
-        # sum_m_running_ref: the running sum over M of one block
-        scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(28 * block_m * block_n + 16 * block_n),
-        ),
-        cost_estimate=pl.CostEstimate(
-            flops=21 * m * n,
-            transcendentals=m * n,
-            bytes_accessed=_nbytes(acc, bias, dz) + m * n * 4,
-        ),
-        interpret=interpret,
-        name="matmul_bias_gelu_backward_over_m",
-    )(acc, bias, dz)
-
-
-def _matmul_bias_gelu_backward_over_m_gpu_kernel(
-    acc_ref, bias_ref, dz_ref, dbias_ref, *, m, n, block_m, block_n
-):
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_n = _inside(pl.program_id(0) * block_n, block_n, n)
-    inside = _mask((1, block_n), None, in_n)
-    bias = _load(bias_ref, inside)
-
-    def accumulate(index, running):
-        (sum_m_running,) = running
-        start = index * block_m
-        in_m = _inside(start, block_m, m)
-        acc = _load(acc_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
-        dz = _load(dz_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
-        z_1 = acc + bias
-        z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
-        dz_1 = dz.astype(jnp.float32) * (
-            0.5 * (1 + z_2)
-            + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
-        )
-        sum_m_block = dz_1
-        if m % block_m:  # a ragged M: its identity past the end, never padding
-            sum_m_block = _fill_past(sum_m_block, start, m, 0, 0.0)
-        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
-        return (sum_m_running,)
-
-    (sum_m_running,) = jax.lax.fori_loop(
-        0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_n), 0.0, jnp.float32),)
-    )
-    sum_m = sum_m_running
-    _store(dbias_ref, sum_m, inside)
-
-
-# GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
-# call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
-# sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
-# winning. None: any other GPU (the spec's).
-_matmul_bias_gelu_backward_over_m_gpu_options = {None: (32, 128, 4, 1)}
-
-
-def _matmul_bias_gelu_backward_over_m_gpu(
-    acc, bias, dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret
-):
-    """`matmul_bias_gelu_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
-        _matmul_bias_gelu_backward_over_m_gpu_options,
-        (m, n),
-        (block_m, block_n, num_warps, num_stages),
-    )
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
-    return pl.pallas_call(
-        functools.partial(
-            _matmul_bias_gelu_backward_over_m_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n
-        ),
-        # One program per block of N; programs run concurrently. Each loops over M itself,
-        # accumulating in order.
-        grid=(pl.cdiv(n, block_n),),
-        in_specs=[
-            # acc: f32[M, N]
-            pl.BlockSpec((m, block_n), lambda i: (0, i)),
-            # bias: f32[N], broadcast over M
-            pl.BlockSpec((1, block_n), lambda i: (0, i)),
-            # dz: bf16[M, N]
-            pl.BlockSpec((m, block_n), lambda i: (0, i)),
-        ],
-        # dbias: f32[N], broadcast over M
-        out_specs=pl.BlockSpec((1, block_n), lambda i: (0, i)),
-        out_shape=jax.ShapeDtypeStruct((1, n), jnp.float32),
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="matmul_bias_gelu_backward_over_m",
-    )(acc, bias, dz)
-
-
-def _matmul_bias_gelu_backward_over_m_mosaic_gpu_kernel(
-    acc_ref, bias_ref, dz_ref, dbias_ref, barrier, bias_smem, dbias_smem, *, block_m, block_n, m
-):
-    program_n = jax.lax.axis_index("N")
-    plgpu.copy_gmem_to_smem(
-        bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
-    )
-    plgpu.barrier_wait(barrier.at[0])
-    bias = _mgpu_load_vector(bias_smem, 1)
-
-    def reduce_1(indices, acc_smem, dz_smem, carry):
-        (sum_m_running,) = carry
-        start = indices[0] * block_m
-        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
-        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
-        z_1 = acc + _mgpu_spread(bias, (block_m, block_n), 1)
-        z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
-        dz_1 = dz.astype(jnp.float32) * (
-            0.5 * (1 + z_2)
-            + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
-        )
-        sum_m_block = dz_1
-        if m % block_m:  # a ragged M: its identity past the end
-            sum_m_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
-            )
-        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
-        return (sum_m_running,)
-
-    (sum_m_running,) = plgpu.emit_pipeline(
-        reduce_1,
-        grid=(acc_ref.shape[0] // block_m,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (s, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
-            ),
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (s, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
-            ),
-        ],
-        max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_n, 0.0, jnp.float32, 1),),
-    )(acc_ref, dz_ref)
-    sum_m = sum_m_running
-    dbias = sum_m
-    dbias_smem[...] = dbias
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dbias_smem, dbias_ref.at[pl.ds(program_n * block_n, block_n)])
-    plgpu.wait_smem_to_gmem(0)
-
-
-def _matmul_bias_gelu_backward_over_m_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
-    """`matmul_bias_gelu_backward_over_m` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % block_m
-    padded_n = n + -n % block_n
-    acc = _mgpu_pad(acc, (padded_m, padded_n))
-    bias = bias.reshape((n,))
-    bias = _mgpu_pad(bias, (padded_n,))
-    dz = _mgpu_pad(dz, (padded_m, padded_n))
-    (dbias,) = plgpu.kernel(
-        functools.partial(
-            _matmul_bias_gelu_backward_over_m_mosaic_gpu_kernel,
-            block_m=block_m,
-            block_n=block_n,
-            m=m,
-        ),
-        out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
-        scratch_types=[
-            plgpu.Barrier(num_barriers=1),
-            plgpu.SMEM((block_n,), jnp.float32),
-            plgpu.SMEM((block_n,), jnp.float32),
-        ],
-        grid=(padded_n // block_n,),
-        grid_names=("N",),
-        interpret=interpret,
-    )(acc, bias, dz)
-    return dbias[:n].reshape((1, n))
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
         "block_k",
         "block_n",
         "gpu_block_m",
@@ -4841,7 +3971,9 @@ def _matmul_bias_gelu_backward_over_m_mosaic_gpu(acc, bias, dz, *, m, n, interpr
     ),
 )
 def matmul_bias_gelu_backward_x(
-    dacc,
+    acc,
+    bias,
+    dz,
     y,
     *,
     block_m=None,
@@ -4855,15 +3987,17 @@ def matmul_bias_gelu_backward_x(
     gpu_backend="triton",
     interpret=None,
 ):
-    """The backward pass of `matmul_bias_gelu`, generated from its spec: the cotangent dx of
-    its input x, from dacc, the cotangent of its product.
+    """The backward pass of `matmul_bias_gelu`, generated from its spec: the cotangent dx of its input x,
+    from dacc, the cotangent of its product, computed here from the epilogue's derivative.
 
     Args:
-      dacc: bf16[M, N].
+      acc: f32[M, N].
+      bias: f32[N].
+      dz: bf16[M, N].
       y: bf16[K, N].
       block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_backward_x_tpu_blocks),
-        else 512, 1024, 1024.
+        are tuned for the TPU and sizes (_matmul_bias_gelu_backward_x_tpu_blocks), or grown to large steps
+        (_grown), else 512, 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
@@ -4874,9 +4008,14 @@ def matmul_bias_gelu_backward_x(
     Returns:
       dx: bf16[M, K].
     """
-    (dacc, y), sizes = _operands(
+    (acc, bias, dz, y), sizes = _operands(
         "matmul_bias_gelu_backward_x",
-        {"dacc": (dacc, jnp.bfloat16, ("M", "N")), "y": (y, jnp.bfloat16, ("K", "N"))},
+        {
+            "acc": (acc, jnp.float32, ("M", "N")),
+            "bias": (bias, jnp.float32, ("N",)),
+            "dz": (dz, jnp.bfloat16, ("M", "N")),
+            "y": (y, jnp.bfloat16, ("K", "N")),
+        },
     )
     _check_blocks(
         "matmul_bias_gelu_backward_x",
@@ -4897,8 +4036,9 @@ def matmul_bias_gelu_backward_x(
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(
-            matmul_bias_gelu_backward_x_reference, (((m, k), jnp.bfloat16),), dacc, y
+            matmul_bias_gelu_backward_x_reference, (((m, k), jnp.bfloat16),), acc, bias, dz, y
         )
+    bias = bias.reshape((1, n))  # bias: f32[N]
     return _on_platform(
         functools.partial(
             _matmul_bias_gelu_backward_x_tpu,
@@ -4926,68 +4066,110 @@ def matmul_bias_gelu_backward_x(
             functools.partial(_matmul_bias_gelu_backward_x_mosaic_gpu, m=m, k=k, n=n),
         ),
         interpret,
-        dacc,
+        acc,
+        bias,
+        dz,
         y,
     )
 
 
-def matmul_bias_gelu_backward_x_reference(dacc, y):
+def matmul_bias_gelu_backward_x_reference(acc, bias, dz, y):
     """`matmul_bias_gelu_backward_x` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("mn,kn->mk", dacc, y, preferred_element_type=jnp.float32)
-    dx = acc.astype(jnp.bfloat16)
+    m = acc.shape[0]
+    k = y.shape[0]
+    n = acc.shape[1]
+    acc = acc[:, None, :]
+    bias = bias[None, None, :]
+    dz = dz[:, None, :]
+    y = y[None, :, :]
+    z_1 = acc + bias
+    z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
+    dz_1 = dz.astype(jnp.float32) * (
+        0.5 * (1 + z_2)
+        + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+    )
+    dacc = dz_1.astype(jnp.bfloat16)
+    dx = jnp.expand_dims(
+        jnp.einsum(
+            "mn,kn->mk",
+            jnp.squeeze(dacc, (1,)),
+            jnp.squeeze(y, (0,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (2,),
+    ).astype(jnp.bfloat16)
+    dx = dx.reshape((m, k))
     return dx
 
 
-def _matmul_bias_gelu_backward_x_kernel(dacc_ref, y_ref, dx_ref, acc_ref, *, n, block_n):
+def _matmul_bias_gelu_backward_x_kernel(
+    acc_ref, bias_ref, dz_ref, y_ref, dx_ref, acc_n_ref, *, m, k, n, block_m, block_k, block_n
+):
+    n_start = pl.program_id(2) * block_n
     step = pl.program_id(2)
 
     @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    def _init():
+        acc_n_ref[...] = jnp.full(acc_n_ref.shape, 0, jnp.float32)
 
-    dacc, y = dacc_ref[...], y_ref[...]
-    if n % block_n:  # a ragged N: zero both operands past its end, so padding never reaches the sum
-        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
-        dacc = jnp.where(
-            step * block_n + jax.lax.broadcasted_iota(jnp.int32, dacc.shape, 1) < n,
-            dacc.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-        y = jnp.where(
-            step * block_n + jax.lax.broadcasted_iota(jnp.int32, y.shape, 1) < n,
-            y.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-    # Where K is 1, Mosaic cannot lower this product (or its epilogue): multiply and sum.
-    acc_ref[...] += (
-        jnp.sum(dacc.astype(jnp.float32) * y.astype(jnp.float32), axis=1, keepdims=True)
-        if y.shape[0] == 1
-        else jax.lax.dot_general(
-            dacc, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+    acc = acc_ref[...]
+    bias = bias_ref[...]
+    dz = dz_ref[...]
+    y = y_ref[...]
+    z_1 = acc + bias
+    z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
+    dz_1 = dz.astype(jnp.float32) * (
+        0.5 * (1 + z_2)
+        + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+    )
+    dacc = dz_1.astype(jnp.bfloat16)
+    acc_n_lhs = dacc
+    acc_n_rhs = y
+    if n % block_n:  # a ragged N: both operands 0 past its end, never padding
+        acc_n_lhs = _fill_past(acc_n_lhs, n_start, n, 1, 0)
+        acc_n_rhs = _fill_past(acc_n_rhs, n_start, n, 1, 0)
+    acc_n_ref[...] = acc_n_ref[...] + jax.lax.dot_general(
+        acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
     )
 
     @pl.when(step == pl.num_programs(2) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        dx_ref[...] = acc.astype(jnp.bfloat16)
+    def _finish():
+        acc_n_ = acc_n_ref[...]
+        dx_ref[...] = acc_n_.astype(jnp.bfloat16)
 
 
 # TPU blocks (block_m, block_k, block_n) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (M, K, N) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
+# `pallasgen tune` found at the sizes (M, K, N) shown, the entry nearest the call's
+# sizes winning; else the spec's, grown on a known TPU. None: any other chip, and CPU
+# (the spec's blocks).
 _matmul_bias_gelu_backward_x_tpu_blocks = {
     None: {"default": (512, 1024, 1024)},
-    "v5e": {"default": (512, 1024, 1024)},
-    "v6e": {"default": (1024, 1024, 1024)},
+    "v5e": {"default": (512, 1024, 1024), (4096, 4096, 4096): (2048, 4096, 128)},
+    "v6e": {"default": (512, 1024, 1024), (4096, 4096, 4096): (1024, 4096, 512)},
 }
 
 
-def _matmul_bias_gelu_backward_x_tpu(dacc, y, *, m, k, n, block_m, block_k, block_n, interpret):
+def _matmul_bias_gelu_backward_x_tpu(
+    acc, bias, dz, y, *, m, k, n, block_m, block_k, block_n, interpret
+):
     """`matmul_bias_gelu_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_k, block_n = _tpu_blocks(
-        _matmul_bias_gelu_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
+        _matmul_bias_gelu_backward_x_tpu_blocks,
+        (m, k, n),
+        (block_m, block_k, block_n),
+        grow=functools.partial(
+            _grown,
+            bounds=(min(m, 1024), 1024, min(n, 1024)),
+            step=lambda block_m, block_k, block_n: (
+                block_m * block_k * block_n,
+                8 * block_m * block_n
+                + 8 * block_n
+                + 4 * block_m * block_n
+                + 4 * block_k * block_n
+                + 4 * block_m * block_k
+                + 4 * block_m * block_k,
+            ),
+        ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
@@ -5003,75 +4185,114 @@ def _matmul_bias_gelu_backward_x_tpu(dacc, y, *, m, k, n, block_m, block_k, bloc
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dacc 1.0 MiB + y 2.0 MiB + dx
-    # 1.0 MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB.
+    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz
+    # 1.0 MiB + y 2.0 MiB + dx 1.0 MiB) + acc_n_ref 2.0 MiB.
     return pl.pallas_call(
-        functools.partial(_matmul_bias_gelu_backward_x_kernel, n=n, block_n=block_n),
+        functools.partial(
+            _matmul_bias_gelu_backward_x_kernel,
+            m=m,
+            k=k,
+            n=n,
+            block_m=block_m,
+            block_k=block_k,
+            block_n=block_n,
+        ),
         # One step per block of M, block of K, block of N. Steps along M, K are independent
         # (parallel); steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # dacc: bf16[M, N]
+            # acc: f32[M, N]
             pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),
-            # y: bf16[K, N], read transposed
+            # bias: f32[N]
+            pl.BlockSpec((1, block_n), lambda i, j, k: (0, k)),
+            # dz: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),
+            # y: bf16[K, N]
             pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),
         ],
         # dx: bf16[M, K]
         out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
-        # acc_ref: the f32 sum over N of one output tile
+        # acc_n_ref: the product over N
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                4 * block_m * block_n + 4 * block_k * block_n + 12 * block_m * block_k
+                8 * block_m * block_n
+                + 8 * block_n
+                + 4 * block_m * block_n
+                + 4 * block_k * block_n
+                + 4 * block_m * block_k
+                + 4 * block_m * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * k * n, transcendentals=0, bytes_accessed=_nbytes(dacc, y) + m * k * 2
+            flops=2 * m * k * n,
+            transcendentals=m * n,
+            bytes_accessed=_nbytes(acc, bias, dz, y) + m * k * 2,
         ),
         interpret=interpret,
         name="matmul_bias_gelu_backward_x",
-    )(dacc, y)
+    )(acc, bias, dz, y)
 
 
 def _matmul_bias_gelu_backward_x_gpu_kernel(
-    dacc_ref, y_ref, dx_ref, *, m, k, n, block_m, block_k, block_n
+    acc_ref, bias_ref, dz_ref, y_ref, dx_ref, *, m, k, n, block_m, block_k, block_n
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = _inside(pl.program_id(0) * block_m, block_m, m)
     in_k = _inside(pl.program_id(1) * block_k, block_k, k)
-    inside = _mask((block_m, block_k), in_m, in_k)
 
-    def accumulate(step, acc):
-        start = step * block_n
-        in_n = _inside(start, block_n, n)  # zeros past a ragged N
-        dacc = _load(
-            dacc_ref.at[:, pl.ds(start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+    def accumulate(index, running):
+        n_start = index * block_n
+        in_n = _inside(n_start, block_n, n)
+        (acc_n,) = running
+        acc = _load(
+            acc_ref.at[:, pl.ds(n_start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+        )
+        bias = _load(
+            bias_ref.at[:, pl.ds(n_start, block_n)], _mask((1, block_n), None, in_n), other=0
+        )
+        dz = _load(
+            dz_ref.at[:, pl.ds(n_start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
         )
         y = _load(
-            y_ref.at[:, pl.ds(start, block_n)], _mask((block_k, block_n), in_k, in_n), other=0
+            y_ref.at[:, pl.ds(n_start, block_n)], _mask((block_k, block_n), in_k, in_n), other=0
         )
-        return acc + jax.lax.dot_general(
-            dacc, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        z_1 = acc + bias
+        z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
+        dz_1 = dz.astype(jnp.float32) * (
+            0.5 * (1 + z_2)
+            + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
         )
+        dacc = dz_1.astype(jnp.bfloat16)
+        acc_n_lhs = dacc
+        acc_n_rhs = y
+        if n % block_n:  # a ragged N: both operands 0 past its end, never padding
+            acc_n_lhs = _fill_past(acc_n_lhs, n_start, n, 1, 0)
+            acc_n_rhs = _fill_past(acc_n_rhs, n_start, n, 1, 0)
+        acc_n = acc_n + jax.lax.dot_general(
+            acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        )
+        return (acc_n,)
 
-    acc = jax.lax.fori_loop(
-        0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32)
+    (acc_n,) = jax.lax.fori_loop(
+        0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),)
     )
-    _store(dx_ref, acc.astype(jnp.bfloat16), inside)
+    acc_n_ = acc_n
+    _store(dx_ref, acc_n_.astype(jnp.bfloat16), _mask((block_m, block_k), in_m, in_k))
 
 
 # GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
 # timed best at the sizes (M, K, N) shown (the spec's .tuning.json file), the entry
 # nearest the call's sizes winning. None: any other GPU (the spec's).
-_matmul_bias_gelu_backward_x_gpu_options = {None: (128, 128, 32, 8, 3)}
+_matmul_bias_gelu_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
 def _matmul_bias_gelu_backward_x_gpu(
-    dacc, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
+    acc, bias, dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`matmul_bias_gelu_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
@@ -5092,38 +4313,113 @@ def _matmul_bias_gelu_backward_x_gpu(
             block_k=block_k,
             block_n=block_n,
         ),
-        # One program per block of M, block of K; each loops over N itself (Triton has no
-        # scratch memory).
+        # One program per block of M, block of K; programs run concurrently. Each loops over
+        # the blocks of N itself, carrying running values.
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
-            # dacc: bf16[M, N]
-            pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),
-            # y: bf16[K, N], read transposed
-            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),
+            # acc: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),
+            # bias: f32[N]
+            pl.BlockSpec((1, n), lambda i0, i1: (0, 0)),
+            # dz: bf16[M, N]
+            pl.BlockSpec((block_m, n), lambda i0, i1: (i0, 0)),
+            # y: bf16[K, N]
+            pl.BlockSpec((block_k, n), lambda i0, i1: (i1, 0)),
         ],
         # dx: bf16[M, K]
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i0, i1: (i0, i1)),
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="matmul_bias_gelu_backward_x",
-    )(dacc, y)
+    )(acc, bias, dz, y)
 
 
-def _matmul_bias_gelu_backward_x_mosaic_gpu_kernel(
-    dacc_ref, y_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n
+def __matmul_bias_gelu_backward_x_1_mosaic_gpu_kernel(
+    acc_ref, bias_ref, dz_ref, lhs_ref, *, block_m, block_n
+):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, acc_smem, bias_smem, dz_smem, lhs_smem):
+        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
+        bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
+        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        z_1 = acc + bias
+        z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
+        dz_1 = dz.astype(jnp.float32) * (
+            0.5 * (1 + z_2)
+            + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+        )
+        dacc = dz_1.astype(jnp.bfloat16)
+        lhs_smem[...] = dacc
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            )
+        ],
+    )(acc_ref, bias_ref, dz_ref, lhs_ref)
+
+
+def __matmul_bias_gelu_backward_x_1_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
+    """Stage 1 of `matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    acc = _mgpu_pad(acc, (padded_m, padded_n))
+    bias = bias.reshape((n,))
+    bias = _mgpu_pad(bias, (padded_n,))
+    dz = _mgpu_pad(dz, (padded_m, padded_n))
+    (lhs,) = plgpu.kernel(
+        functools.partial(
+            __matmul_bias_gelu_backward_x_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
+        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(acc, bias, dz)
+    return lhs[:m, :n]
+
+
+def __matmul_bias_gelu_backward_x_2_mosaic_gpu_kernel(
+    y_ref, lhs_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n
 ):
     program_m = jax.lax.axis_index("M")
     program_k = jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
-        def step(_, dacc_smem, y_smem):
-            plgpu.wgmma(acc_ref, dacc_smem, y_smem.T)
+        def step(_, lhs_smem, y_smem):
+            plgpu.wgmma(acc_ref, lhs_smem, y_smem.T)
             plgpu.wgmma_wait(0)
 
         plgpu.emit_pipeline(
             step,
-            grid=(dacc_ref.shape[-1] // block_n,),
+            grid=(lhs_ref.shape[-1] // block_n,),
             in_specs=[
                 plgpu.BlockSpec(
                     (block_m, block_n),
@@ -5137,7 +4433,7 @@ def _matmul_bias_gelu_backward_x_mosaic_gpu_kernel(
                 ),
             ],
             max_concurrent_steps=2,
-        )(dacc_ref, y_ref)
+        )(lhs_ref, y_ref)
         acc = acc_ref[...]
         out_smem[...] = acc.astype(jnp.bfloat16)
 
@@ -5150,8 +4446,8 @@ def _matmul_bias_gelu_backward_x_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _matmul_bias_gelu_backward_x_mosaic_gpu(dacc, y, *, m, k, n, interpret):
-    """`matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+def __matmul_bias_gelu_backward_x_2_mosaic_gpu(y, lhs, *, m, k, n, interpret):
+    """Stage 2 of `matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
@@ -5162,11 +4458,11 @@ def _matmul_bias_gelu_backward_x_mosaic_gpu(dacc, y, *, m, k, n, interpret):
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
-    dacc = _mgpu_pad(dacc, (padded_m, padded_n))
+    lhs = _mgpu_pad(lhs, (padded_m, padded_n))
     y = _mgpu_pad(y, (padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
-            _matmul_bias_gelu_backward_x_mosaic_gpu_kernel,
+            __matmul_bias_gelu_backward_x_2_mosaic_gpu_kernel,
             block_m=block_m,
             block_k=block_k,
             block_n=block_n,
@@ -5181,8 +4477,17 @@ def _matmul_bias_gelu_backward_x_mosaic_gpu(dacc, y, *, m, k, n, interpret):
         grid=(padded_m // block_m, padded_k // block_k),
         grid_names=("M", "K"),
         interpret=interpret,
-    )(dacc, y)
+    )(y, lhs)
     return dx[:m, :k]
+
+
+def _matmul_bias_gelu_backward_x_mosaic_gpu(acc, bias, dz, y, *, m, k, n, interpret):
+    """`matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: its stages in turn, the arrays between them in global memory."""
+    lhs = __matmul_bias_gelu_backward_x_1_mosaic_gpu(acc, bias, dz, m=m, n=n, interpret=interpret)
+    lhs = lhs.reshape((m, n))
+    dx = __matmul_bias_gelu_backward_x_2_mosaic_gpu(y, lhs, m=m, k=k, n=n, interpret=interpret)
+    return dx.reshape((m, k))
 
 
 @functools.partial(
@@ -5201,8 +4506,10 @@ def _matmul_bias_gelu_backward_x_mosaic_gpu(dacc, y, *, m, k, n, interpret):
     ),
 )
 def matmul_bias_gelu_backward_y(
+    acc,
+    bias,
+    dz,
     x,
-    dacc,
     *,
     block_k=None,
     block_n=None,
@@ -5215,28 +4522,37 @@ def matmul_bias_gelu_backward_y(
     gpu_backend="triton",
     interpret=None,
 ):
-    """The backward pass of `matmul_bias_gelu`, generated from its spec: the cotangent dy of
-    its input y, from dacc, the cotangent of its product.
+    """The backward pass of `matmul_bias_gelu`, generated from its spec: the cotangent dy of its input y,
+    from dacc, the cotangent of its product, computed here from the epilogue's derivative; and dbias, summed in the same pass.
 
     Args:
+      acc: f32[M, N].
+      bias: f32[N].
+      dz: bf16[M, N].
       x: bf16[M, K].
-      dacc: bf16[M, N].
       block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_backward_y_tpu_blocks),
-        else 1024, 1024, 512.
+        are tuned for the TPU and sizes (_matmul_bias_gelu_backward_y_tpu_blocks), or grown to large steps
+        (_grown), else 1024, 1024, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: a fused product whose left tile is contracted
+        along its rows is not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
     Returns:
-      dy: bf16[K, N].
+      dy: bf16[K, N]; dbias: f32[N].
     """
-    (x, dacc), sizes = _operands(
+    (acc, bias, dz, x), sizes = _operands(
         "matmul_bias_gelu_backward_y",
-        {"x": (x, jnp.bfloat16, ("M", "K")), "dacc": (dacc, jnp.bfloat16, ("M", "N"))},
+        {
+            "acc": (acc, jnp.float32, ("M", "N")),
+            "bias": (bias, jnp.float32, ("N",)),
+            "dz": (dz, jnp.bfloat16, ("M", "N")),
+            "x": (x, jnp.bfloat16, ("M", "K")),
+        },
     )
     _check_blocks(
         "matmul_bias_gelu_backward_y",
@@ -5257,9 +4573,15 @@ def matmul_bias_gelu_backward_y(
     m = sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(
-            matmul_bias_gelu_backward_y_reference, (((k, n), jnp.bfloat16),), x, dacc
+            matmul_bias_gelu_backward_y_reference,
+            (((k, n), jnp.bfloat16), ((n,), jnp.float32)),
+            acc,
+            bias,
+            dz,
+            x,
         )
-    return _on_platform(
+    bias = bias.reshape((1, n))  # bias: f32[N]
+    dy, dbias = _on_platform(
         functools.partial(
             _matmul_bias_gelu_backward_y_tpu,
             k=k,
@@ -5283,66 +4605,140 @@ def matmul_bias_gelu_backward_y(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_matmul_bias_gelu_backward_y_mosaic_gpu, k=k, n=n, m=m),
+            None,
         ),
         interpret,
+        acc,
+        bias,
+        dz,
         x,
-        dacc,
     )
+    dbias = dbias.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
+    return dy, dbias
 
 
-def matmul_bias_gelu_backward_y_reference(x, dacc):
+def matmul_bias_gelu_backward_y_reference(acc, bias, dz, x):
     """`matmul_bias_gelu_backward_y` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("mk,mn->kn", x, dacc, preferred_element_type=jnp.float32)
-    dy = acc.astype(jnp.bfloat16)
-    return dy
+    k = x.shape[1]
+    n = acc.shape[1]
+    m = acc.shape[0]
+    acc = jnp.transpose(acc, (1, 0))[None, :, :]
+    bias = bias[None, :, None]
+    dz = jnp.transpose(dz, (1, 0))[None, :, :]
+    x = jnp.transpose(x, (1, 0))[:, None, :]
+    z_1 = acc + bias
+    z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
+    dz_1 = dz.astype(jnp.float32) * (
+        0.5 * (1 + z_2)
+        + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+    )
+    dacc = dz_1.astype(jnp.bfloat16)
+    dy = jnp.expand_dims(
+        jnp.einsum(
+            "km,nm->kn",
+            jnp.squeeze(x, (1,)),
+            jnp.squeeze(dacc, (0,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (2,),
+    ).astype(jnp.bfloat16)
+    dbias = jnp.sum(dz_1, axis=2, keepdims=True, dtype=jnp.float32)
+    dy = dy.reshape((k, n))
+    dbias = dbias.reshape((n,))
+    return dy, dbias
 
 
-def _matmul_bias_gelu_backward_y_kernel(x_ref, dacc_ref, dy_ref, acc_ref, *, m, block_m):
+def _matmul_bias_gelu_backward_y_kernel(
+    acc_ref,
+    bias_ref,
+    dz_ref,
+    x_ref,
+    dy_ref,
+    dbias_ref,
+    acc_m_ref,
+    sum_m_ref,
+    *,
+    k,
+    n,
+    m,
+    block_k,
+    block_n,
+    block_m,
+):
+    m_start = pl.program_id(2) * block_m
     step = pl.program_id(2)
 
     @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    def _init():
+        acc_m_ref[...] = jnp.full(acc_m_ref.shape, 0, jnp.float32)
+        sum_m_ref[...] = jnp.full(sum_m_ref.shape, 0.0, jnp.float32)
 
-    x, dacc = x_ref[...], dacc_ref[...]
-    if m % block_m:  # a ragged M: zero both operands past its end, so padding never reaches the sum
-        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
-        x = jnp.where(
-            step * block_m + jax.lax.broadcasted_iota(jnp.int32, x.shape, 0) < m,
-            x.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-        dacc = jnp.where(
-            step * block_m + jax.lax.broadcasted_iota(jnp.int32, dacc.shape, 0) < m,
-            dacc.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-    acc_ref[...] += jax.lax.dot_general(
-        x, dacc, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+    bias = bias_ref[...]
+    acc = acc_ref[...]
+    dz = dz_ref[...]
+    x = x_ref[...]
+    z_1 = acc + bias
+    z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
+    dz_1 = dz.astype(jnp.float32) * (
+        0.5 * (1 + z_2)
+        + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
     )
+    dacc = dz_1.astype(jnp.bfloat16)
+    acc_m_lhs = x
+    acc_m_rhs = dacc
+    if m % block_m:  # a ragged M: both operands 0 past its end, never padding
+        acc_m_lhs = _fill_past(acc_m_lhs, m_start, m, 0, 0)
+        acc_m_rhs = _fill_past(acc_m_rhs, m_start, m, 0, 0)
+    acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
+        acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+    )
+    sum_m_block = dz_1
+    if m % block_m:  # a ragged M: 0.0 past its end, never padding
+        sum_m_block = _fill_past(sum_m_block, m_start, m, 0, 0.0)
+    sum_m_ref[...] = sum_m_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(2) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        dy_ref[...] = acc.astype(jnp.bfloat16)
+    def _finish():
+        acc_m_ = acc_m_ref[...]
+        sum_m_ = sum_m_ref[...]
+        dy_ref[...] = acc_m_.astype(jnp.bfloat16)
+        dbias_ref[...] = sum_m_
 
 
 # TPU blocks (block_k, block_n, block_m) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (K, N, M) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
+# `pallasgen tune` found at the sizes (K, N, M) shown, the entry nearest the call's
+# sizes winning; else the spec's, grown on a known TPU. None: any other chip, and CPU
+# (the spec's blocks).
 _matmul_bias_gelu_backward_y_tpu_blocks = {
     None: {"default": (1024, 1024, 512)},
-    "v5e": {"default": (1024, 1024, 512)},
-    "v6e": {"default": (1024, 1024, 1024)},
+    "v5e": {"default": (1024, 1024, 512), (4096, 4096, 4096): (4096, 512, 1024)},
+    "v6e": {"default": (1024, 1024, 512), (4096, 4096, 4096): (4096, 512, 1024)},
 }
 
 
-def _matmul_bias_gelu_backward_y_tpu(x, dacc, *, k, n, m, block_k, block_n, block_m, interpret):
+def _matmul_bias_gelu_backward_y_tpu(
+    acc, bias, dz, x, *, k, n, m, block_k, block_n, block_m, interpret
+):
     """`matmul_bias_gelu_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_k, block_n, block_m = _tpu_blocks(
-        _matmul_bias_gelu_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
+        _matmul_bias_gelu_backward_y_tpu_blocks,
+        (k, n, m),
+        (block_k, block_n, block_m),
+        grow=functools.partial(
+            _grown,
+            bounds=(min(k, 1024), 1024, min(m, 1024)),
+            step=lambda block_k, block_n, block_m: (
+                block_k * block_n * block_m,
+                8 * block_m * block_n
+                + 8 * block_n
+                + 4 * block_m * block_n
+                + 4 * block_m * block_k
+                + 4 * block_k * block_n
+                + 8 * block_n
+                + 4 * block_k * block_n
+                + 4 * block_n,
+            ),
+        ),
     )
     block_k = min(block_k, k)  # a small K is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
@@ -5358,75 +4754,135 @@ def _matmul_bias_gelu_backward_y_tpu(x, dacc, *, k, n, m, block_k, block_n, bloc
             "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
-    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (x 1.0 MiB + dacc 1.0 MiB + dy
-    # 2.0 MiB) + f32 accumulator 4.0 MiB + f32 product step 4.0 MiB.
+    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz
+    # 1.0 MiB + x 1.0 MiB + dy 2.0 MiB + dbias 4.0 KiB) + acc_m_ref 4.0 MiB + sum_m_ref
+    # 4.0 KiB.
     return pl.pallas_call(
-        functools.partial(_matmul_bias_gelu_backward_y_kernel, m=m, block_m=block_m),
-        # One step per block of K, block of N, block of M. Steps along K, N are independent
-        # (parallel); steps along M accumulate in order (arbitrary).
-        grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
+        functools.partial(
+            _matmul_bias_gelu_backward_y_kernel,
+            k=k,
+            n=n,
+            m=m,
+            block_k=block_k,
+            block_n=block_n,
+            block_m=block_m,
+        ),
+        # One step per block of N, block of K, block of M. Steps along N are independent
+        # (parallel); steps along K, M accumulate in order (arbitrary).
+        grid=(pl.cdiv(n, block_n), pl.cdiv(k, block_k), pl.cdiv(m, block_m)),
         in_specs=[
-            # x: bf16[M, K], read transposed
-            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),
-            # dacc: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),
+            # acc: f32[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, i)),
+            # bias: f32[N]
+            pl.BlockSpec((1, block_n), lambda i, j, k: (0, i)),
+            # dz: bf16[M, N]
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, i)),
+            # x: bf16[M, K]
+            pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, j)),
         ],
-        # dy: bf16[K, N]
-        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),
-        out_shape=jax.ShapeDtypeStruct((k, n), jnp.bfloat16),
-        # acc_ref: the f32 sum over M of one output tile
-        scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
+        out_specs=(
+            # dy: bf16[K, N]
+            pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, i)),
+            # dbias: f32[N]
+            pl.BlockSpec((1, block_n), lambda i, j, k: (0, i)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((k, n), jnp.bfloat16),  # dy
+            jax.ShapeDtypeStruct((1, n), jnp.float32),  # dbias
+        ),
+        scratch_shapes=[
+            # acc_m_ref: the product over M
+            pltpu.VMEM((block_k, block_n), jnp.float32),
+            # sum_m_ref: the running sum over M
+            pltpu.VMEM((1, block_n), jnp.float32),
+        ],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            dimension_semantics=("parallel", "arbitrary", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                4 * block_m * block_k + 4 * block_m * block_n + 12 * block_k * block_n
+                8 * block_m * block_n
+                + 8 * block_n
+                + 4 * block_m * block_n
+                + 4 * block_m * block_k
+                + 4 * block_k * block_n
+                + 8 * block_n
+                + 4 * block_k * block_n
+                + 4 * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * k * n * m, transcendentals=0, bytes_accessed=_nbytes(x, dacc) + k * n * 2
+            flops=2 * k * n * m,
+            transcendentals=n * m,
+            bytes_accessed=_nbytes(acc, bias, dz, x) + k * n * 2 + n * 4,
         ),
         interpret=interpret,
         name="matmul_bias_gelu_backward_y",
-    )(x, dacc)
+    )(acc, bias, dz, x)
 
 
 def _matmul_bias_gelu_backward_y_gpu_kernel(
-    x_ref, dacc_ref, dy_ref, *, k, n, m, block_k, block_n, block_m
+    acc_ref, bias_ref, dz_ref, x_ref, dy_ref, dbias_ref, *, k, n, m, block_k, block_n, block_m
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = _inside(pl.program_id(0) * block_k, block_k, k)
     in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_k, block_n), in_k, in_n)
+    bias = _load(bias_ref, _mask((1, block_n), None, in_n), other=0)
 
-    def accumulate(step, acc):
-        start = step * block_m
-        in_m = _inside(start, block_m, m)  # zeros past a ragged M
+    def accumulate(index, running):
+        m_start = index * block_m
+        in_m = _inside(m_start, block_m, m)
+        acc_m, sum_m = running
+        acc = _load(
+            acc_ref.at[pl.ds(m_start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        )
+        dz = _load(
+            dz_ref.at[pl.ds(m_start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        )
         x = _load(
-            x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_k), in_m, in_k), other=0
+            x_ref.at[pl.ds(m_start, block_m), :], _mask((block_m, block_k), in_m, in_k), other=0
         )
-        dacc = _load(
-            dacc_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        z_1 = acc + bias
+        z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
+        dz_1 = dz.astype(jnp.float32) * (
+            0.5 * (1 + z_2)
+            + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
         )
-        return acc + jax.lax.dot_general(
-            x, dacc, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        dacc = dz_1.astype(jnp.bfloat16)
+        acc_m_lhs = x
+        acc_m_rhs = dacc
+        if m % block_m:  # a ragged M: both operands 0 past its end, never padding
+            acc_m_lhs = _fill_past(acc_m_lhs, m_start, m, 0, 0)
+            acc_m_rhs = _fill_past(acc_m_rhs, m_start, m, 0, 0)
+        acc_m = acc_m + jax.lax.dot_general(
+            acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
         )
+        sum_m_block = dz_1
+        if m % block_m:  # a ragged M: 0.0 past its end, never padding
+            sum_m_block = _fill_past(sum_m_block, m_start, m, 0, 0.0)
+        sum_m = sum_m + jnp.sum(sum_m_block, axis=0, keepdims=True)
+        return acc_m, sum_m
 
-    acc = jax.lax.fori_loop(
-        0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dy_ref.shape, jnp.float32)
+    acc_m, sum_m = jax.lax.fori_loop(
+        0,
+        pl.cdiv(m, block_m),
+        accumulate,
+        (jnp.full((block_k, block_n), 0, jnp.float32), jnp.full((1, block_n), 0.0, jnp.float32)),
     )
-    _store(dy_ref, acc.astype(jnp.bfloat16), inside)
+    acc_m_ = acc_m
+    sum_m_ = sum_m
+    _store(dy_ref, acc_m_.astype(jnp.bfloat16), _mask((block_k, block_n), in_k, in_n))
+    _store(dbias_ref, sum_m_, _mask((1, block_n), None, in_n))
 
 
 # GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
 # timed best at the sizes (K, N, M) shown (the spec's .tuning.json file), the entry
 # nearest the call's sizes winning. None: any other GPU (the spec's).
-_matmul_bias_gelu_backward_y_gpu_options = {None: (128, 128, 32, 8, 3)}
+_matmul_bias_gelu_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
 def _matmul_bias_gelu_backward_y_gpu(
-    x, dacc, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
+    acc, bias, dz, x, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`matmul_bias_gelu_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_k, block_n, block_m, num_warps, num_stages = _gpu_options(
@@ -5447,98 +4903,37 @@ def _matmul_bias_gelu_backward_y_gpu(
             block_n=block_n,
             block_m=block_m,
         ),
-        # One program per block of K, block of N; each loops over M itself (Triton has no
-        # scratch memory).
+        # One program per block of K, block of N; programs run concurrently. Each loops over
+        # the blocks of M itself, carrying running values.
         grid=(pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: bf16[M, K], read transposed
-            pl.BlockSpec((m, block_k), lambda i, j: (0, i)),
-            # dacc: bf16[M, N]
-            pl.BlockSpec((m, block_n), lambda i, j: (0, j)),
+            # acc: f32[M, N]
+            pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),
+            # bias: f32[N]
+            pl.BlockSpec((1, block_n), lambda i0, i1: (0, i1)),
+            # dz: bf16[M, N]
+            pl.BlockSpec((m, block_n), lambda i0, i1: (0, i1)),
+            # x: bf16[M, K]
+            pl.BlockSpec((m, block_k), lambda i0, i1: (0, i0)),
         ],
-        # dy: bf16[K, N]
-        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j: (i, j)),
-        out_shape=jax.ShapeDtypeStruct((k, n), jnp.bfloat16),
+        out_specs=(
+            # dy: bf16[K, N]
+            pl.BlockSpec((block_k, block_n), lambda i0, i1: (i0, i1)),
+            # dbias: f32[N]
+            pl.BlockSpec((1, block_n), lambda i0, i1: (0, i1)),
+        ),
+        out_shape=(
+            jax.ShapeDtypeStruct((k, n), jnp.bfloat16),  # dy
+            jax.ShapeDtypeStruct((1, n), jnp.float32),  # dbias
+        ),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="matmul_bias_gelu_backward_y",
-    )(x, dacc)
+    )(acc, bias, dz, x)
 
 
-def _matmul_bias_gelu_backward_y_mosaic_gpu_kernel(
-    x_ref, dacc_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m
-):
-    program_k = jax.lax.axis_index("K")
-    program_n = jax.lax.axis_index("N")
-
-    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
-        def step(_, x_smem, dacc_smem):
-            plgpu.wgmma(acc_ref, x_smem, dacc_smem)
-            plgpu.wgmma_wait(0)
-
-        plgpu.emit_pipeline(
-            step,
-            grid=(x_ref.shape[-1] // block_m,),
-            in_specs=[
-                plgpu.BlockSpec(
-                    (block_k, block_m),
-                    lambda s: (program_k, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_m),
-                ),
-                plgpu.BlockSpec(
-                    (block_m, block_n),
-                    lambda s: (s, program_n),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
-            ],
-            max_concurrent_steps=2,
-        )(x_ref, dacc_ref)
-        acc = acc_ref[...]
-        out_smem[...] = acc.astype(jnp.bfloat16)
-
-    pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
-    )
-    plgpu.wait_smem_to_gmem(0)
-
-
-def _matmul_bias_gelu_backward_y_mosaic_gpu(x, dacc, *, k, n, m, interpret):
-    """`matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_k = 128
-    block_n = 128
-    block_m = 64
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    padded_m = m + -m % block_m
-    x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
-    x = _mgpu_pad(x, (padded_k, padded_m))
-    dacc = _mgpu_pad(dacc, (padded_m, padded_n))
-    (dy,) = plgpu.kernel(
-        functools.partial(
-            _matmul_bias_gelu_backward_y_mosaic_gpu_kernel,
-            block_k=block_k,
-            block_n=block_n,
-            block_m=block_m,
-        ),
-        out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
-        scratch_types=[
-            plgpu.SMEM(
-                (block_k, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
-            ),
-            plgpu.Barrier(num_barriers=1),
-        ],
-        grid=(padded_k // block_k, padded_n // block_n),
-        grid_names=("K", "N"),
-        interpret=interpret,
-    )(x, dacc)
-    return dy[:k, :n]
+# `matmul_bias_gelu_backward_y` has no Mosaic GPU kernel (a fused product whose left
+# tile is contracted along its rows is not on Mosaic GPU yet): it runs on Triton.
 
 
 @functools.partial(
@@ -5967,9 +5362,8 @@ def batched_matmul(
     Returns:
       z: f32[B, M, N].
 
-    Gradients: jax.grad runs the generated backward kernels
-    batched_matmul_backward_epilogue, batched_matmul_backward_x, batched_matmul_backward_y
-    (_batched_matmul_vjp).
+    Gradients: jax.grad runs the generated backward kernels batched_matmul_backward_x,
+    batched_matmul_backward_y (_batched_matmul_vjp).
     """
     (x, y), sizes = _operands(
         "batched_matmul",
@@ -6078,15 +5472,14 @@ def _batched_matmul_forward(
 
 def _batched_matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
     """The cotangents of `batched_matmul`'s inputs from those of its outputs, for jax.grad, by
-    the generated backward kernels batched_matmul_backward_epilogue,
-    batched_matmul_backward_x, batched_matmul_backward_y. The forward pass saves its inputs
-    (x, y) and nothing else: the backward kernels recompute the values they need from them.
+    the generated backward kernels batched_matmul_backward_x, batched_matmul_backward_y. The
+    forward pass saves its inputs (x, y) and nothing else: the backward kernels recompute
+    the values they need from them.
     """
     x, y = saved
     dz = cotangents
-    dacc = batched_matmul_backward_epilogue(dz, gpu_backend=gpu_backend, interpret=interpret)
-    dx = batched_matmul_backward_x(dacc, y, gpu_backend=gpu_backend, interpret=interpret)
-    dy = batched_matmul_backward_y(x, dacc, gpu_backend=gpu_backend, interpret=interpret)
+    dx = batched_matmul_backward_x(dz, y, gpu_backend=gpu_backend, interpret=interpret)
+    dy = batched_matmul_backward_y(dz, x, gpu_backend=gpu_backend, interpret=interpret)
     return dx, dy
 
 
@@ -6330,292 +5723,6 @@ def _batched_matmul_mosaic_gpu(x, y, *, b, m, n, k, interpret):
 @functools.partial(
     jax.jit,
     static_argnames=(
-        "block_b",
-        "block_m",
-        "block_n",
-        "gpu_block_b",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
-def batched_matmul_backward_epilogue(
-    dz,
-    *,
-    block_b=None,
-    block_m=None,
-    block_n=None,
-    gpu_block_b=None,
-    gpu_block_m=None,
-    gpu_block_n=None,
-    gpu_warps=None,
-    gpu_stages=None,
-    gpu_backend="triton",
-    interpret=None,
-):
-    """The backward pass of `batched_matmul`, generated from its spec: the cotangents dacc
-    of its inputs from dz, those of its outputs.
-
-    Args:
-      dz: f32[B, M, N].
-      block_b, block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_batched_matmul_backward_epilogue_tpu_blocks),
-        grown to large steps (_grown), else 1, 512, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
-
-    Returns:
-      dacc: bf16[B, M, N].
-    """
-    (dz,), sizes = _operands(
-        "batched_matmul_backward_epilogue", {"dz": (dz, jnp.float32, ("B", "M", "N"))}
-    )
-    _check_blocks(
-        "batched_matmul_backward_epilogue",
-        block_b=block_b,
-        block_m=block_m,
-        block_n=block_n,
-        may_be_none=True,
-    )
-    _check_blocks(
-        "batched_matmul_backward_epilogue",
-        gpu_block_b=gpu_block_b,
-        gpu_block_m=gpu_block_m,
-        gpu_block_n=gpu_block_n,
-        may_be_none=True,
-    )
-    b = sizes["B"]
-    m = sizes["M"]
-    n = sizes["N"]
-    if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
-            batched_matmul_backward_epilogue_reference, (((b, m, n), jnp.bfloat16),), dz
-        )
-    return _on_platform(
-        functools.partial(
-            _batched_matmul_backward_epilogue_tpu,
-            b=b,
-            m=m,
-            n=n,
-            block_b=block_b,
-            block_m=block_m,
-            block_n=block_n,
-        ),
-        _gpu_kernel(
-            "batched_matmul_backward_epilogue",
-            gpu_backend,
-            functools.partial(
-                _batched_matmul_backward_epilogue_gpu,
-                b=b,
-                m=m,
-                n=n,
-                block_b=gpu_block_b,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_batched_matmul_backward_epilogue_mosaic_gpu, b=b, m=m, n=n),
-        ),
-        interpret,
-        dz,
-    )
-
-
-def batched_matmul_backward_epilogue_reference(dz):
-    """`batched_matmul_backward_epilogue` in plain jax.numpy, to test the kernel against."""
-    dacc = dz.astype(jnp.bfloat16)
-    return dacc
-
-
-def _batched_matmul_backward_epilogue_kernel(dz_ref, dacc_ref):
-    dz = dz_ref[...]
-    dacc_ref[...] = dz.astype(jnp.bfloat16)
-
-
-# TPU blocks (block_b, block_m, block_n) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (B, M, N) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
-_batched_matmul_backward_epilogue_tpu_blocks = {
-    None: {"default": (1, 512, 1024)},
-    "v5e": {"default": (1, 512, 1024)},
-    "v6e": {"default": (1, 512, 1024)},
-}
-
-
-def _batched_matmul_backward_epilogue_tpu(dz, *, b, m, n, block_b, block_m, block_n, interpret):
-    """`batched_matmul_backward_epilogue` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_b, block_m, block_n = _tpu_blocks(
-        _batched_matmul_backward_epilogue_tpu_blocks,
-        (b, m, n),
-        (block_b, block_m, block_n),
-        grow=functools.partial(
-            _grown,
-            bounds=(b, m, n),
-            step=lambda block_b, block_m, block_n: (
-                block_b * block_m * block_n,
-                12 * block_b * block_m * block_n,
-            ),
-        ),
-    )
-    block_b = min(block_b, b)  # a small B is one whole block
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
-        "batched_matmul_backward_epilogue",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 6.0 MiB = 2 buffers x (dz 2.0 MiB + dacc 1.0 MiB).
-    return pl.pallas_call(
-        _batched_matmul_backward_epilogue_kernel,
-        # One step per block of B, block of M, block of N; steps are independent, so every
-        # axis is parallel.
-        grid=(pl.cdiv(b, block_b), pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            # dz: f32[B, M, N]
-            pl.BlockSpec((block_b, block_m, block_n), lambda i, j, k: (i, j, k))
-        ],
-        # dacc: bf16[B, M, N]
-        out_specs=pl.BlockSpec((block_b, block_m, block_n), lambda i, j, k: (i, j, k)),
-        out_shape=jax.ShapeDtypeStruct((b, m, n), jnp.bfloat16),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(12 * block_b * block_m * block_n),
-        ),
-        cost_estimate=pl.CostEstimate(
-            flops=b * m * n, transcendentals=0, bytes_accessed=_nbytes(dz) + b * m * n * 2
-        ),
-        interpret=interpret,
-        name="batched_matmul_backward_epilogue",
-    )(dz)
-
-
-def _batched_matmul_backward_epilogue_gpu_kernel(
-    dz_ref, dacc_ref, *, b, m, n, block_b, block_m, block_n
-):
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_b = _inside(pl.program_id(0) * block_b, block_b, b)
-    in_m = _inside(pl.program_id(1) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(2) * block_n, block_n, n)
-    inside = _mask((block_b, block_m, block_n), in_b, in_m, in_n)
-    dz = _load(dz_ref, inside)
-    _store(dacc_ref, dz.astype(jnp.bfloat16), inside)
-
-
-# GPU (Triton) blocks and launch options (block_b, block_m, block_n, num_warps,
-# num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
-# timed best at the sizes (B, M, N) shown (the spec's .tuning.json file), the entry
-# nearest the call's sizes winning. None: any other GPU (the spec's).
-_batched_matmul_backward_epilogue_gpu_options = {None: (1, 8, 128, 4, 1)}
-
-
-def _batched_matmul_backward_epilogue_gpu(
-    dz, *, b, m, n, block_b, block_m, block_n, num_warps, num_stages, interpret
-):
-    """`batched_matmul_backward_epilogue` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_b, block_m, block_n, num_warps, num_stages = _gpu_options(
-        _batched_matmul_backward_epilogue_gpu_options,
-        (b, m, n),
-        (block_b, block_m, block_n, num_warps, num_stages),
-    )
-    block_b = min(block_b, pl.next_power_of_2(b))  # a small B is one block
-    block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
-    block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
-    return pl.pallas_call(
-        functools.partial(
-            _batched_matmul_backward_epilogue_gpu_kernel,
-            b=b,
-            m=m,
-            n=n,
-            block_b=block_b,
-            block_m=block_m,
-            block_n=block_n,
-        ),
-        # One program per block of B, block of M, block of N; programs run concurrently.
-        grid=(pl.cdiv(b, block_b), pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
-        in_specs=[
-            # dz: f32[B, M, N]
-            pl.BlockSpec((block_b, block_m, block_n), lambda i, j, k: (i, j, k))
-        ],
-        # dacc: bf16[B, M, N]
-        out_specs=pl.BlockSpec((block_b, block_m, block_n), lambda i, j, k: (i, j, k)),
-        out_shape=jax.ShapeDtypeStruct((b, m, n), jnp.bfloat16),
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="batched_matmul_backward_epilogue",
-    )(dz)
-
-
-def _batched_matmul_backward_epilogue_mosaic_gpu_kernel(dz_ref, dacc_ref, *, block_m, block_n):
-    program_b = jax.lax.axis_index("B")
-    program_m = jax.lax.axis_index("M")
-    program_n = jax.lax.axis_index("N")
-
-    def step(_, dz_smem, dacc_smem):
-        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
-        dacc_smem[...] = dz.astype(jnp.bfloat16)
-
-    plgpu.emit_pipeline(
-        step,
-        grid=(1,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
-        out_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
-            )
-        ],
-    )(dz_ref.at[program_b], dacc_ref.at[program_b])
-
-
-def _batched_matmul_backward_epilogue_mosaic_gpu(dz, *, b, m, n, interpret):
-    """`batched_matmul_backward_epilogue` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_m = 64
-    block_n = 128
-    padded_m = m + -m % 8
-    padded_n = n + -n % block_n
-    dz = _mgpu_pad(dz, (b, padded_m, padded_n))
-    (dacc,) = plgpu.kernel(
-        functools.partial(
-            _batched_matmul_backward_epilogue_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
-        ),
-        out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_n), jnp.bfloat16),),
-        grid=(b, pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
-        grid_names=("B", "M", "N"),
-        interpret=interpret,
-    )(dz)
-    return dacc[:b, :m, :n]
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=(
         "block_m",
         "block_k",
         "block_n",
@@ -6629,7 +5736,7 @@ def _batched_matmul_backward_epilogue_mosaic_gpu(dz, *, b, m, n, interpret):
     ),
 )
 def batched_matmul_backward_x(
-    dacc,
+    dz,
     y,
     *,
     block_m=None,
@@ -6643,15 +5750,15 @@ def batched_matmul_backward_x(
     gpu_backend="triton",
     interpret=None,
 ):
-    """The backward pass of `batched_matmul`, generated from its spec: the cotangent dx of
-    its input x, from dacc, the cotangent of its product.
+    """The backward pass of `batched_matmul`, generated from its spec: the cotangent dx of its input x,
+    from dacc, the cotangent of its product, computed here from the epilogue's derivative.
 
     Args:
-      dacc: bf16[B, M, N].
+      dz: f32[B, M, N].
       y: bf16[B, K, N].
       block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_batched_matmul_backward_x_tpu_blocks),
-        else 512, 1024, 1024.
+        are tuned for the TPU and sizes (_batched_matmul_backward_x_tpu_blocks), or grown to large steps
+        (_grown), else 512, 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
@@ -6662,9 +5769,9 @@ def batched_matmul_backward_x(
     Returns:
       dx: bf16[B, M, K].
     """
-    (dacc, y), sizes = _operands(
+    (dz, y), sizes = _operands(
         "batched_matmul_backward_x",
-        {"dacc": (dacc, jnp.bfloat16, ("B", "M", "N")), "y": (y, jnp.bfloat16, ("B", "K", "N"))},
+        {"dz": (dz, jnp.float32, ("B", "M", "N")), "y": (y, jnp.bfloat16, ("B", "K", "N"))},
     )
     _check_blocks(
         "batched_matmul_backward_x",
@@ -6686,7 +5793,7 @@ def batched_matmul_backward_x(
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(
-            batched_matmul_backward_x_reference, (((b, m, k), jnp.bfloat16),), dacc, y
+            batched_matmul_backward_x_reference, (((b, m, k), jnp.bfloat16),), dz, y
         )
     return _on_platform(
         functools.partial(
@@ -6717,68 +5824,89 @@ def batched_matmul_backward_x(
             functools.partial(_batched_matmul_backward_x_mosaic_gpu, b=b, m=m, k=k, n=n),
         ),
         interpret,
-        dacc,
+        dz,
         y,
     )
 
 
-def batched_matmul_backward_x_reference(dacc, y):
+def batched_matmul_backward_x_reference(dz, y):
     """`batched_matmul_backward_x` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("bmn,bkn->bmk", dacc, y, preferred_element_type=jnp.float32)
-    dx = acc.astype(jnp.bfloat16)
+    b = dz.shape[0]
+    m = dz.shape[1]
+    k = y.shape[1]
+    n = dz.shape[2]
+    dz = dz[:, :, None, :]
+    y = y[:, None, :, :]
+    dacc = dz.astype(jnp.bfloat16)
+    dx = jnp.expand_dims(
+        jnp.einsum(
+            "bmn,bkn->bmk",
+            jnp.squeeze(dacc, (2,)),
+            jnp.squeeze(y, (1,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (3,),
+    ).astype(jnp.bfloat16)
+    dx = dx.reshape((b, m, k))
     return dx
 
 
-def _batched_matmul_backward_x_kernel(dacc_ref, y_ref, dx_ref, acc_ref, *, n, block_n):
+def _batched_matmul_backward_x_kernel(
+    dz_ref, y_ref, dx_ref, acc_n_ref, *, b, m, k, n, block_m, block_k, block_n
+):
+    n_start = pl.program_id(3) * block_n
     step = pl.program_id(3)
 
     @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    def _init():
+        acc_n_ref[...] = jnp.full(acc_n_ref.shape, 0, jnp.float32)
 
-    dacc, y = dacc_ref[...], y_ref[...]
-    if n % block_n:  # a ragged N: zero both operands past its end, so padding never reaches the sum
-        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
-        dacc = jnp.where(
-            step * block_n + jax.lax.broadcasted_iota(jnp.int32, dacc.shape, 1) < n,
-            dacc.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-        y = jnp.where(
-            step * block_n + jax.lax.broadcasted_iota(jnp.int32, y.shape, 1) < n,
-            y.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-    # Where K is 1, Mosaic cannot lower this product (or its epilogue): multiply and sum.
-    acc_ref[...] += (
-        jnp.sum(dacc.astype(jnp.float32) * y.astype(jnp.float32), axis=1, keepdims=True)
-        if y.shape[0] == 1
-        else jax.lax.dot_general(
-            dacc, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        )
+    dz = dz_ref[...]
+    y = y_ref[...]
+    dacc = dz.astype(jnp.bfloat16)
+    acc_n_lhs = dacc
+    acc_n_rhs = y
+    if n % block_n:  # a ragged N: both operands 0 past its end, never padding
+        acc_n_lhs = _fill_past(acc_n_lhs, n_start, n, 1, 0)
+        acc_n_rhs = _fill_past(acc_n_rhs, n_start, n, 1, 0)
+    acc_n_ref[...] = acc_n_ref[...] + jax.lax.dot_general(
+        acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
     )
 
     @pl.when(step == pl.num_programs(3) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        dx_ref[...] = acc.astype(jnp.bfloat16)
+    def _finish():
+        acc_n_ = acc_n_ref[...]
+        dx_ref[...] = acc_n_.astype(jnp.bfloat16)
 
 
 # TPU blocks (block_m, block_k, block_n) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (B, M, K, N) shown (the spec's .tuning.json
-# file), the entry nearest the call's sizes winning; else the chip's default. None:
-# any other chip, and CPU (the spec's blocks).
+# `pallasgen tune` found at the sizes (B, M, K, N) shown, the entry nearest the call's
+# sizes winning; else the spec's, grown on a known TPU. None: any other chip, and CPU
+# (the spec's blocks).
 _batched_matmul_backward_x_tpu_blocks = {
     None: {"default": (512, 1024, 1024)},
     "v5e": {"default": (512, 1024, 1024)},
-    "v6e": {"default": (1024, 1024, 1024)},
+    "v6e": {"default": (512, 1024, 1024)},
 }
 
 
-def _batched_matmul_backward_x_tpu(dacc, y, *, b, m, k, n, block_m, block_k, block_n, interpret):
+def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block_n, interpret):
     """`batched_matmul_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_k, block_n = _tpu_blocks(
-        _batched_matmul_backward_x_tpu_blocks, (b, m, k, n), (block_m, block_k, block_n)
+        _batched_matmul_backward_x_tpu_blocks,
+        (b, m, k, n),
+        (block_m, block_k, block_n),
+        grow=functools.partial(
+            _grown,
+            bounds=(min(m, 1024), 1024, min(n, 1024)),
+            step=lambda block_m, block_k, block_n: (
+                block_m * block_k * block_n,
+                8 * block_m * block_n
+                + 4 * block_k * block_n
+                + 4 * block_m * block_k
+                + 4 * block_m * block_k,
+            ),
+        ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
@@ -6794,80 +5922,97 @@ def _batched_matmul_backward_x_tpu(dacc, y, *, b, m, k, n, block_m, block_k, blo
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
     )
-    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dacc 1.0 MiB + y 2.0 MiB + dx
-    # 1.0 MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB.
+    # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dz 2.0 MiB + y 2.0 MiB + dx 1.0
+    # MiB) + acc_n_ref 2.0 MiB.
     return pl.pallas_call(
-        functools.partial(_batched_matmul_backward_x_kernel, n=n, block_n=block_n),
+        functools.partial(
+            _batched_matmul_backward_x_kernel,
+            b=b,
+            m=m,
+            k=k,
+            n=n,
+            block_m=block_m,
+            block_k=block_k,
+            block_n=block_n,
+        ),
         # One step per element of B, block of M, block of K, block of N. Steps along B, M, K
         # are independent (parallel); steps along N accumulate in order (arbitrary).
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # dacc: bf16[B, M, N]
+            # dz: f32[B, M, N]
             pl.BlockSpec((None, block_m, block_n), lambda b, i, j, k: (b, i, k)),
-            # y: bf16[B, K, N], read transposed
+            # y: bf16[B, K, N]
             pl.BlockSpec((None, block_k, block_n), lambda b, i, j, k: (b, j, k)),
         ],
         # dx: bf16[B, M, K]
         out_specs=pl.BlockSpec((None, block_m, block_k), lambda b, i, j, k: (b, i, j)),
         out_shape=jax.ShapeDtypeStruct((b, m, k), jnp.bfloat16),
-        # acc_ref: the f32 sum over N of one output tile
+        # acc_n_ref: the product over N
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                4 * block_m * block_n
+                8 * block_m * block_n
                 + 4 * block_k * block_n
                 + 4 * block_m * block_k
-                + 8 * block_m * block_k
+                + 4 * block_m * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * m * k * n,
             transcendentals=0,
-            bytes_accessed=_nbytes(dacc, y) + b * m * k * 2,
+            bytes_accessed=_nbytes(dz, y) + b * m * k * 2,
         ),
         interpret=interpret,
         name="batched_matmul_backward_x",
-    )(dacc, y)
+    )(dz, y)
 
 
 def _batched_matmul_backward_x_gpu_kernel(
-    dacc_ref, y_ref, dx_ref, *, m, k, n, block_m, block_k, block_n
+    dz_ref, y_ref, dx_ref, *, b, m, k, n, block_m, block_k, block_n
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = _inside(pl.program_id(1) * block_m, block_m, m)
     in_k = _inside(pl.program_id(2) * block_k, block_k, k)
-    inside = _mask((block_m, block_k), in_m, in_k)
 
-    def accumulate(step, acc):
-        start = step * block_n
-        in_n = _inside(start, block_n, n)  # zeros past a ragged N
-        dacc = _load(
-            dacc_ref.at[:, pl.ds(start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+    def accumulate(index, running):
+        n_start = index * block_n
+        in_n = _inside(n_start, block_n, n)
+        (acc_n,) = running
+        dz = _load(
+            dz_ref.at[:, pl.ds(n_start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
         )
         y = _load(
-            y_ref.at[:, pl.ds(start, block_n)], _mask((block_k, block_n), in_k, in_n), other=0
+            y_ref.at[:, pl.ds(n_start, block_n)], _mask((block_k, block_n), in_k, in_n), other=0
         )
-        return acc + jax.lax.dot_general(
-            dacc, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+        dacc = dz.astype(jnp.bfloat16)
+        acc_n_lhs = dacc
+        acc_n_rhs = y
+        if n % block_n:  # a ragged N: both operands 0 past its end, never padding
+            acc_n_lhs = _fill_past(acc_n_lhs, n_start, n, 1, 0)
+            acc_n_rhs = _fill_past(acc_n_rhs, n_start, n, 1, 0)
+        acc_n = acc_n + jax.lax.dot_general(
+            acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
+        return (acc_n,)
 
-    acc = jax.lax.fori_loop(
-        0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32)
+    (acc_n,) = jax.lax.fori_loop(
+        0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),)
     )
-    _store(dx_ref, acc.astype(jnp.bfloat16), inside)
+    acc_n_ = acc_n
+    _store(dx_ref, acc_n_.astype(jnp.bfloat16), _mask((block_m, block_k), in_m, in_k))
 
 
 # GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
 # timed best at the sizes (B, M, K, N) shown (the spec's .tuning.json file), the entry
 # nearest the call's sizes winning. None: any other GPU (the spec's).
-_batched_matmul_backward_x_gpu_options = {None: (128, 128, 32, 8, 3)}
+_batched_matmul_backward_x_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
 def _batched_matmul_backward_x_gpu(
-    dacc, y, *, b, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
+    dz, y, *, b, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`batched_matmul_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
@@ -6881,6 +6026,7 @@ def _batched_matmul_backward_x_gpu(
     return pl.pallas_call(
         functools.partial(
             _batched_matmul_backward_x_gpu_kernel,
+            b=b,
             m=m,
             k=k,
             n=n,
@@ -6888,39 +6034,92 @@ def _batched_matmul_backward_x_gpu(
             block_k=block_k,
             block_n=block_n,
         ),
-        # One program per element of B, block of M, block of K; each loops over N itself
-        # (Triton has no scratch memory).
+        # One program per element of B, block of M, block of K; programs run concurrently.
+        # Each loops over the blocks of N itself, carrying running values.
         grid=(b, pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
-            # dacc: bf16[B, M, N]
-            pl.BlockSpec((None, block_m, n), lambda b, i, j: (b, i, 0)),
-            # y: bf16[B, K, N], read transposed
-            pl.BlockSpec((None, block_k, n), lambda b, i, j: (b, j, 0)),
+            # dz: f32[B, M, N]
+            pl.BlockSpec((None, block_m, n), lambda b, i1, i2: (b, i1, 0)),
+            # y: bf16[B, K, N]
+            pl.BlockSpec((None, block_k, n), lambda b, i1, i2: (b, i2, 0)),
         ],
         # dx: bf16[B, M, K]
-        out_specs=pl.BlockSpec((None, block_m, block_k), lambda b, i, j: (b, i, j)),
+        out_specs=pl.BlockSpec((None, block_m, block_k), lambda b, i1, i2: (b, i1, i2)),
         out_shape=jax.ShapeDtypeStruct((b, m, k), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="batched_matmul_backward_x",
-    )(dacc, y)
+    )(dz, y)
 
 
-def _batched_matmul_backward_x_mosaic_gpu_kernel(
-    dacc_ref, y_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n
+def __batched_matmul_backward_x_1_mosaic_gpu_kernel(dz_ref, lhs_ref, *, block_m, block_n):
+    program_b = jax.lax.axis_index("B")
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, dz_smem, lhs_smem):
+        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        dacc = dz.astype(jnp.bfloat16)
+        lhs_smem[...] = dacc
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            )
+        ],
+    )(dz_ref.at[program_b], lhs_ref.at[program_b])
+
+
+def __batched_matmul_backward_x_1_mosaic_gpu(dz, *, b, m, n, interpret):
+    """Stage 1 of `batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    dz = _mgpu_pad(dz, (b, padded_m, padded_n))
+    (lhs,) = plgpu.kernel(
+        functools.partial(
+            __batched_matmul_backward_x_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
+        ),
+        out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_n), jnp.bfloat16),),
+        grid=(b, pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("B", "M", "N"),
+        interpret=interpret,
+    )(dz)
+    return lhs[:b, :m, :n]
+
+
+def __batched_matmul_backward_x_2_mosaic_gpu_kernel(
+    y_ref, lhs_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n
 ):
     program_b = jax.lax.axis_index("B")
     program_m = jax.lax.axis_index("M")
     program_k = jax.lax.axis_index("K")
 
     def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
-        def step(_, dacc_smem, y_smem):
-            plgpu.wgmma(acc_ref, dacc_smem, y_smem.T)
+        def step(_, lhs_smem, y_smem):
+            plgpu.wgmma(acc_ref, lhs_smem, y_smem.T)
             plgpu.wgmma_wait(0)
 
         plgpu.emit_pipeline(
             step,
-            grid=(dacc_ref.shape[-1] // block_n,),
+            grid=(lhs_ref.shape[-1] // block_n,),
             in_specs=[
                 plgpu.BlockSpec(
                     (block_m, block_n),
@@ -6934,7 +6133,7 @@ def _batched_matmul_backward_x_mosaic_gpu_kernel(
                 ),
             ],
             max_concurrent_steps=2,
-        )(dacc_ref.at[program_b], y_ref.at[program_b])
+        )(lhs_ref.at[program_b], y_ref.at[program_b])
         acc = acc_ref[...]
         out_smem[...] = acc.astype(jnp.bfloat16)
 
@@ -6949,8 +6148,8 @@ def _batched_matmul_backward_x_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _batched_matmul_backward_x_mosaic_gpu(dacc, y, *, b, m, k, n, interpret):
-    """`batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+def __batched_matmul_backward_x_2_mosaic_gpu(y, lhs, *, b, m, k, n, interpret):
+    """Stage 2 of `batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
@@ -6961,11 +6160,11 @@ def _batched_matmul_backward_x_mosaic_gpu(dacc, y, *, b, m, k, n, interpret):
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
-    dacc = _mgpu_pad(dacc, (b, padded_m, padded_n))
+    lhs = _mgpu_pad(lhs, (b, padded_m, padded_n))
     y = _mgpu_pad(y, (b, padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
-            _batched_matmul_backward_x_mosaic_gpu_kernel,
+            __batched_matmul_backward_x_2_mosaic_gpu_kernel,
             block_m=block_m,
             block_k=block_k,
             block_n=block_n,
@@ -6980,8 +6179,17 @@ def _batched_matmul_backward_x_mosaic_gpu(dacc, y, *, b, m, k, n, interpret):
         grid=(b, padded_m // block_m, padded_k // block_k),
         grid_names=("B", "M", "K"),
         interpret=interpret,
-    )(dacc, y)
+    )(y, lhs)
     return dx[:b, :m, :k]
+
+
+def _batched_matmul_backward_x_mosaic_gpu(dz, y, *, b, m, k, n, interpret):
+    """`batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: its stages in turn, the arrays between them in global memory."""
+    lhs = __batched_matmul_backward_x_1_mosaic_gpu(dz, b=b, m=m, n=n, interpret=interpret)
+    lhs = lhs.reshape((b, m, n))
+    dx = __batched_matmul_backward_x_2_mosaic_gpu(y, lhs, b=b, m=m, k=k, n=n, interpret=interpret)
+    return dx.reshape((b, m, k))
 
 
 @functools.partial(
@@ -7000,8 +6208,8 @@ def _batched_matmul_backward_x_mosaic_gpu(dacc, y, *, b, m, k, n, interpret):
     ),
 )
 def batched_matmul_backward_y(
+    dz,
     x,
-    dacc,
     *,
     block_k=None,
     block_n=None,
@@ -7014,28 +6222,30 @@ def batched_matmul_backward_y(
     gpu_backend="triton",
     interpret=None,
 ):
-    """The backward pass of `batched_matmul`, generated from its spec: the cotangent dy of
-    its input y, from dacc, the cotangent of its product.
+    """The backward pass of `batched_matmul`, generated from its spec: the cotangent dy of its input y,
+    from dacc, the cotangent of its product, computed here from the epilogue's derivative.
 
     Args:
+      dz: f32[B, M, N].
       x: bf16[B, M, K].
-      dacc: bf16[B, M, N].
       block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
-        are tuned for the TPU and sizes, or the TPU's defaults (_batched_matmul_backward_y_tpu_blocks),
-        else 1024, 1024, 512.
+        are tuned for the TPU and sizes (_batched_matmul_backward_y_tpu_blocks), or grown to large steps
+        (_grown), else 1024, 1024, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+        This kernel runs on Triton either way: a fused product whose left tile is contracted
+        along its rows is not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
     Returns:
       dy: bf16[B, K, N].
     """
-    (x, dacc), sizes = _operands(
+    (dz, x), sizes = _operands(
         "batched_matmul_backward_y",
-        {"x": (x, jnp.bfloat16, ("B", "M", "K")), "dacc": (dacc, jnp.bfloat16, ("B", "M", "N"))},
+        {"dz": (dz, jnp.float32, ("B", "M", "N")), "x": (x, jnp.bfloat16, ("B", "M", "K"))},
     )
     _check_blocks(
         "batched_matmul_backward_y",
@@ -7057,7 +6267,7 @@ def batched_matmul_backward_y(
     m = sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(
-            batched_matmul_backward_y_reference, (((b, k, n), jnp.bfloat16),), x, dacc
+            batched_matmul_backward_y_reference, (((b, k, n), jnp.bfloat16),), dz, x
         )
     return _on_platform(
         functools.partial(
@@ -7085,66 +6295,92 @@ def batched_matmul_backward_y(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_batched_matmul_backward_y_mosaic_gpu, b=b, k=k, n=n, m=m),
+            None,
         ),
         interpret,
+        dz,
         x,
-        dacc,
     )
 
 
-def batched_matmul_backward_y_reference(x, dacc):
+def batched_matmul_backward_y_reference(dz, x):
     """`batched_matmul_backward_y` in plain jax.numpy, to test the kernel against."""
-    acc = jnp.einsum("bmk,bmn->bkn", x, dacc, preferred_element_type=jnp.float32)
-    dy = acc.astype(jnp.bfloat16)
+    b = dz.shape[0]
+    k = x.shape[2]
+    n = dz.shape[2]
+    m = dz.shape[1]
+    dz = jnp.transpose(dz, (0, 2, 1))[:, None, :, :]
+    x = jnp.transpose(x, (0, 2, 1))[:, :, None, :]
+    dacc = dz.astype(jnp.bfloat16)
+    dy = jnp.expand_dims(
+        jnp.einsum(
+            "bkm,bnm->bkn",
+            jnp.squeeze(x, (2,)),
+            jnp.squeeze(dacc, (1,)),
+            preferred_element_type=jnp.float32,
+        ),
+        (3,),
+    ).astype(jnp.bfloat16)
+    dy = dy.reshape((b, k, n))
     return dy
 
 
-def _batched_matmul_backward_y_kernel(x_ref, dacc_ref, dy_ref, acc_ref, *, m, block_m):
+def _batched_matmul_backward_y_kernel(
+    dz_ref, x_ref, dy_ref, acc_m_ref, *, b, k, n, m, block_k, block_n, block_m
+):
+    m_start = pl.program_id(3) * block_m
     step = pl.program_id(3)
 
     @pl.when(step == 0)
-    def _zero():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    def _init():
+        acc_m_ref[...] = jnp.full(acc_m_ref.shape, 0, jnp.float32)
 
-    x, dacc = x_ref[...], dacc_ref[...]
-    if m % block_m:  # a ragged M: zero both operands past its end, so padding never reaches the sum
-        # Selected in 32 bits: Mosaic cannot select bf16 blocks of fewer than 5 rows.
-        x = jnp.where(
-            step * block_m + jax.lax.broadcasted_iota(jnp.int32, x.shape, 0) < m,
-            x.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-        dacc = jnp.where(
-            step * block_m + jax.lax.broadcasted_iota(jnp.int32, dacc.shape, 0) < m,
-            dacc.astype(jnp.float32),
-            0,
-        ).astype(jnp.bfloat16)
-    acc_ref[...] += jax.lax.dot_general(
-        x, dacc, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
+    dz = dz_ref[...]
+    x = x_ref[...]
+    dacc = dz.astype(jnp.bfloat16)
+    acc_m_lhs = x
+    acc_m_rhs = dacc
+    if m % block_m:  # a ragged M: both operands 0 past its end, never padding
+        acc_m_lhs = _fill_past(acc_m_lhs, m_start, m, 0, 0)
+        acc_m_rhs = _fill_past(acc_m_rhs, m_start, m, 0, 0)
+    acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
+        acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
 
     @pl.when(step == pl.num_programs(3) - 1)
-    def _epilogue():
-        acc = acc_ref[...]
-        dy_ref[...] = acc.astype(jnp.bfloat16)
+    def _finish():
+        acc_m_ = acc_m_ref[...]
+        dy_ref[...] = acc_m_.astype(jnp.bfloat16)
 
 
 # TPU blocks (block_k, block_n, block_m) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (B, K, N, M) shown (the spec's .tuning.json
-# file), the entry nearest the call's sizes winning; else the chip's default. None:
-# any other chip, and CPU (the spec's blocks).
+# `pallasgen tune` found at the sizes (B, K, N, M) shown, the entry nearest the call's
+# sizes winning; else the spec's, grown on a known TPU. None: any other chip, and CPU
+# (the spec's blocks).
 _batched_matmul_backward_y_tpu_blocks = {
     None: {"default": (1024, 1024, 512)},
     "v5e": {"default": (1024, 1024, 512)},
-    "v6e": {"default": (1024, 1024, 1024)},
+    "v6e": {"default": (1024, 1024, 512)},
 }
 
 
-def _batched_matmul_backward_y_tpu(x, dacc, *, b, k, n, m, block_k, block_n, block_m, interpret):
+def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block_m, interpret):
     """`batched_matmul_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_k, block_n, block_m = _tpu_blocks(
-        _batched_matmul_backward_y_tpu_blocks, (b, k, n, m), (block_k, block_n, block_m)
+        _batched_matmul_backward_y_tpu_blocks,
+        (b, k, n, m),
+        (block_k, block_n, block_m),
+        grow=functools.partial(
+            _grown,
+            bounds=(min(k, 1024), 1024, min(m, 1024)),
+            step=lambda block_k, block_n, block_m: (
+                block_k * block_n * block_m,
+                8 * block_m * block_n
+                + 4 * block_m * block_k
+                + 4 * block_k * block_n
+                + 4 * block_k * block_n,
+            ),
+        ),
     )
     block_k = min(block_k, k)  # a small K is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
@@ -7160,80 +6396,97 @@ def _batched_matmul_backward_y_tpu(x, dacc, *, b, k, n, m, block_k, block_n, blo
             "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
-    # VMEM at the default blocks: 16.0 MiB = 2 buffers x (x 1.0 MiB + dacc 1.0 MiB + dy
-    # 2.0 MiB) + f32 accumulator 4.0 MiB + f32 product step 4.0 MiB.
+    # VMEM at the default blocks: 14.0 MiB = 2 buffers x (dz 2.0 MiB + x 1.0 MiB + dy 2.0
+    # MiB) + acc_m_ref 4.0 MiB.
     return pl.pallas_call(
-        functools.partial(_batched_matmul_backward_y_kernel, m=m, block_m=block_m),
+        functools.partial(
+            _batched_matmul_backward_y_kernel,
+            b=b,
+            k=k,
+            n=n,
+            m=m,
+            block_k=block_k,
+            block_n=block_n,
+            block_m=block_m,
+        ),
         # One step per element of B, block of K, block of N, block of M. Steps along B, K, N
         # are independent (parallel); steps along M accumulate in order (arbitrary).
         grid=(b, pl.cdiv(k, block_k), pl.cdiv(n, block_n), pl.cdiv(m, block_m)),
         in_specs=[
-            # x: bf16[B, M, K], read transposed
-            pl.BlockSpec((None, block_m, block_k), lambda b, i, j, k: (b, k, i)),
-            # dacc: bf16[B, M, N]
+            # dz: f32[B, M, N]
             pl.BlockSpec((None, block_m, block_n), lambda b, i, j, k: (b, k, j)),
+            # x: bf16[B, M, K]
+            pl.BlockSpec((None, block_m, block_k), lambda b, i, j, k: (b, k, i)),
         ],
         # dy: bf16[B, K, N]
         out_specs=pl.BlockSpec((None, block_k, block_n), lambda b, i, j, k: (b, i, j)),
         out_shape=jax.ShapeDtypeStruct((b, k, n), jnp.bfloat16),
-        # acc_ref: the f32 sum over M of one output tile
+        # acc_m_ref: the product over M
         scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(
-                4 * block_m * block_k
-                + 4 * block_m * block_n
+                8 * block_m * block_n
+                + 4 * block_m * block_k
                 + 4 * block_k * block_n
-                + 8 * block_k * block_n
+                + 4 * block_k * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * k * n * m,
             transcendentals=0,
-            bytes_accessed=_nbytes(x, dacc) + b * k * n * 2,
+            bytes_accessed=_nbytes(dz, x) + b * k * n * 2,
         ),
         interpret=interpret,
         name="batched_matmul_backward_y",
-    )(x, dacc)
+    )(dz, x)
 
 
 def _batched_matmul_backward_y_gpu_kernel(
-    x_ref, dacc_ref, dy_ref, *, k, n, m, block_k, block_n, block_m
+    dz_ref, x_ref, dy_ref, *, b, k, n, m, block_k, block_n, block_m
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_k = _inside(pl.program_id(1) * block_k, block_k, k)
     in_n = _inside(pl.program_id(2) * block_n, block_n, n)
-    inside = _mask((block_k, block_n), in_k, in_n)
 
-    def accumulate(step, acc):
-        start = step * block_m
-        in_m = _inside(start, block_m, m)  # zeros past a ragged M
+    def accumulate(index, running):
+        m_start = index * block_m
+        in_m = _inside(m_start, block_m, m)
+        (acc_m,) = running
+        dz = _load(
+            dz_ref.at[pl.ds(m_start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        )
         x = _load(
-            x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_k), in_m, in_k), other=0
+            x_ref.at[pl.ds(m_start, block_m), :], _mask((block_m, block_k), in_m, in_k), other=0
         )
-        dacc = _load(
-            dacc_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        dacc = dz.astype(jnp.bfloat16)
+        acc_m_lhs = x
+        acc_m_rhs = dacc
+        if m % block_m:  # a ragged M: both operands 0 past its end, never padding
+            acc_m_lhs = _fill_past(acc_m_lhs, m_start, m, 0, 0)
+            acc_m_rhs = _fill_past(acc_m_rhs, m_start, m, 0, 0)
+        acc_m = acc_m + jax.lax.dot_general(
+            acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
         )
-        return acc + jax.lax.dot_general(
-            x, dacc, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
-        )
+        return (acc_m,)
 
-    acc = jax.lax.fori_loop(
-        0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dy_ref.shape, jnp.float32)
+    (acc_m,) = jax.lax.fori_loop(
+        0, pl.cdiv(m, block_m), accumulate, (jnp.full((block_k, block_n), 0, jnp.float32),)
     )
-    _store(dy_ref, acc.astype(jnp.bfloat16), inside)
+    acc_m_ = acc_m
+    _store(dy_ref, acc_m_.astype(jnp.bfloat16), _mask((block_k, block_n), in_k, in_n))
 
 
 # GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
 # num_stages) for a call that passes none, by device kind: those `pallasgen tune --gpu`
 # timed best at the sizes (B, K, N, M) shown (the spec's .tuning.json file), the entry
 # nearest the call's sizes winning. None: any other GPU (the spec's).
-_batched_matmul_backward_y_gpu_options = {None: (128, 128, 32, 8, 3)}
+_batched_matmul_backward_y_gpu_options = {None: (64, 64, 32, 4, 1)}
 
 
 def _batched_matmul_backward_y_gpu(
-    x, dacc, *, b, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
+    dz, x, *, b, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`batched_matmul_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_k, block_n, block_m, num_warps, num_stages = _gpu_options(
@@ -7247,6 +6500,7 @@ def _batched_matmul_backward_y_gpu(
     return pl.pallas_call(
         functools.partial(
             _batched_matmul_backward_y_gpu_kernel,
+            b=b,
             k=k,
             n=n,
             m=m,
@@ -7254,101 +6508,26 @@ def _batched_matmul_backward_y_gpu(
             block_n=block_n,
             block_m=block_m,
         ),
-        # One program per element of B, block of K, block of N; each loops over M itself
-        # (Triton has no scratch memory).
+        # One program per element of B, block of K, block of N; programs run concurrently.
+        # Each loops over the blocks of M itself, carrying running values.
         grid=(b, pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: bf16[B, M, K], read transposed
-            pl.BlockSpec((None, m, block_k), lambda b, i, j: (b, 0, i)),
-            # dacc: bf16[B, M, N]
-            pl.BlockSpec((None, m, block_n), lambda b, i, j: (b, 0, j)),
+            # dz: f32[B, M, N]
+            pl.BlockSpec((None, m, block_n), lambda b, i1, i2: (b, 0, i2)),
+            # x: bf16[B, M, K]
+            pl.BlockSpec((None, m, block_k), lambda b, i1, i2: (b, 0, i1)),
         ],
         # dy: bf16[B, K, N]
-        out_specs=pl.BlockSpec((None, block_k, block_n), lambda b, i, j: (b, i, j)),
+        out_specs=pl.BlockSpec((None, block_k, block_n), lambda b, i1, i2: (b, i1, i2)),
         out_shape=jax.ShapeDtypeStruct((b, k, n), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="batched_matmul_backward_y",
-    )(x, dacc)
+    )(dz, x)
 
 
-def _batched_matmul_backward_y_mosaic_gpu_kernel(
-    x_ref, dacc_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m
-):
-    program_b = jax.lax.axis_index("B")
-    program_k = jax.lax.axis_index("K")
-    program_n = jax.lax.axis_index("N")
-
-    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
-        def step(_, x_smem, dacc_smem):
-            plgpu.wgmma(acc_ref, x_smem, dacc_smem)
-            plgpu.wgmma_wait(0)
-
-        plgpu.emit_pipeline(
-            step,
-            grid=(x_ref.shape[-1] // block_m,),
-            in_specs=[
-                plgpu.BlockSpec(
-                    (block_k, block_m),
-                    lambda s: (program_k, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_m),
-                ),
-                plgpu.BlockSpec(
-                    (block_m, block_n),
-                    lambda s: (s, program_n),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
-                ),
-            ],
-            max_concurrent_steps=2,
-        )(x_ref.at[program_b], dacc_ref.at[program_b])
-        acc = acc_ref[...]
-        out_smem[...] = acc.astype(jnp.bfloat16)
-
-    pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        out_smem,
-        dy_ref.at[
-            program_b, pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)
-        ],
-    )
-    plgpu.wait_smem_to_gmem(0)
-
-
-def _batched_matmul_backward_y_mosaic_gpu(x, dacc, *, b, k, n, m, interpret):
-    """`batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
-
-    The operands are padded with zeros to what TMA copies (nothing when the sizes are
-    multiples of the blocks' tiles) and the outputs sliced back.
-    """
-    block_k = 128
-    block_n = 128
-    block_m = 64
-    padded_k = k + -k % block_k
-    padded_n = n + -n % block_n
-    padded_m = m + -m % block_m
-    x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
-    x = _mgpu_pad(x, (b, padded_k, padded_m))
-    dacc = _mgpu_pad(dacc, (b, padded_m, padded_n))
-    (dy,) = plgpu.kernel(
-        functools.partial(
-            _batched_matmul_backward_y_mosaic_gpu_kernel,
-            block_k=block_k,
-            block_n=block_n,
-            block_m=block_m,
-        ),
-        out_type=(jax.ShapeDtypeStruct((b, padded_k, padded_n), jnp.bfloat16),),
-        scratch_types=[
-            plgpu.SMEM(
-                (block_k, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
-            ),
-            plgpu.Barrier(num_barriers=1),
-        ],
-        grid=(b, padded_k // block_k, padded_n // block_n),
-        grid_names=("B", "K", "N"),
-        interpret=interpret,
-    )(x, dacc)
-    return dy[:b, :k, :n]
+# `batched_matmul_backward_y` has no Mosaic GPU kernel (a fused product whose left
+# tile is contracted along its rows is not on Mosaic GPU yet): it runs on Triton.
 
 
 @functools.partial(

@@ -472,33 +472,9 @@ def bias_gelu_backward_over_n_numpy(x, bias, scale, dy):
     return ((bias_gelu_dz(x, bias, scale, dy) * f64(x)).sum(axis=1),)
 
 
-def matmul_relu_backward_epilogue_numpy(acc, dz):
-    """The cotangent of the product in z = relu(acc): dz where acc > 0 (0 at 0, as JAX)."""
-    return (np.where(f64(acc) > 0, f64(dz), 0.0),)
-
-
-def matmul_bias_gelu_dacc(acc, bias, dz):
-    """The cotangent of the product in z = gelu(acc + bias): dz gelu'(acc + bias)."""
-    return f64(dz) * gelu_tanh_derivative_numpy(f64(acc) + f64(bias))
-
-
-def matmul_bias_gelu_backward_epilogue_numpy(acc, bias, dz):
-    return (matmul_bias_gelu_dacc(acc, bias, dz),)
-
-
-def matmul_bias_gelu_backward_over_m_numpy(acc, bias, dz):
-    """dbias: the product's cotangent summed over the rows (M), over which bias is broadcast."""
-    return (matmul_bias_gelu_dacc(acc, bias, dz).sum(axis=0),)
-
-
 def gqa_backward_over_r_numpy(dk_r, dv_r):
     """gqa's dk and dv: each query head's share summed over the R heads of its group."""
     return f64(dk_r).sum(axis=2), f64(dv_r).sum(axis=2)
-
-
-def cotangent_as_is_numpy(dz):
-    """The product's cotangent where the epilogue is the product itself (batched_matmul)."""
-    return (f64(dz),)
 
 
 def scores_backward_epilogue_numpy(ds, *, scale=0.125):
@@ -936,59 +912,8 @@ CASES = {
                 ),
             )
         ),
-        # The elementwise backward kernels of the products (product_gradients.py): the
-        # product's cotangent from its value (acc) and the output's cotangent.
-        KernelCase(
-            "matmul",
-            "matmul_relu_backward_epilogue",
-            (Operand("acc", "f32", ("M", "N")), Operand("dz", "f32", ("M", "N"))),
-            (Operand("dacc", "f32", ("M", "N")),),
-            with_cotangents(None, Operand("acc", "f32", ("M", "N")), Operand("dz", "f32", ("M", "N"))),
-            matmul_relu_backward_epilogue_numpy,
-            (F32_TOL,),
-            specials=False,
-        ),
-        *(
-            KernelCase(
-                "matmul",
-                name,
-                (Operand("acc", "f32", ("M", "N")), Operand("bias", "f32", ("N",)), Operand("dz", "bf16", ("M", "N"))),
-                (output,),
-                with_cotangents(
-                    None,
-                    Operand("acc", "f32", ("M", "N")),
-                    Operand("bias", "f32", ("N",)),
-                    Operand("dz", "bf16", ("M", "N")),
-                ),
-                expected,
-                (tolerance,),
-                specials=False,
-            )
-            for name, output, expected, tolerance in (
-                (
-                    "matmul_bias_gelu_backward_epilogue",
-                    Operand("dacc", "bf16", ("M", "N")),
-                    matmul_bias_gelu_backward_epilogue_numpy,
-                    GELU_DERIVATIVE_TOL,
-                ),
-                (
-                    "matmul_bias_gelu_backward_over_m",
-                    Operand("dbias", "f32", ("N",)),
-                    matmul_bias_gelu_backward_over_m_numpy,
-                    Tolerance(2e-5, 1e-4, sqrt_of="M"),
-                ),
-            )
-        ),
-        KernelCase(
-            "matmul",
-            "batched_matmul_backward_epilogue",
-            (Operand("dz", "f32", ("B", "M", "N")),),
-            (Operand("dacc", "bf16", ("B", "M", "N")),),
-            with_cotangents(None, Operand("dz", "f32", ("B", "M", "N"))),
-            cotangent_as_is_numpy,
-            (BF16_TOL,),
-            specials=False,
-        ),
+        # The elementwise backward kernels of the products that stay separate
+        # (product_gradients.py: scores' dk would need its computed tile transposed).
         KernelCase(
             "matmul",
             "scores_backward_epilogue",

@@ -1,7 +1,9 @@
 """`jax.grad` through the bundled product kernels (specs/matmul.pallas): their backward
-kernels, derived by analysis/product_gradients.py, are an elementwise kernel for the
-product's cotangent (the epilogue's derivative), a kernel per broadcast input's sum,
-and one product kernel per operand (dx = dacc @ y.T, dy = x.T @ dacc).
+kernels, derived by analysis/product_gradients.py, are one product kernel per operand
+(dx = dacc @ y.T, dy = x.T @ dacc), each computing the product's cotangent dacc (the
+epilogue's derivative) from what the forward saved, and the one that contracts M also
+summing a bias's cotangent over M; where the fused middle cannot lay that out (scores,
+linear), an elementwise kernel for dacc and a kernel per broadcast input's sum.
 
 Each kernel is differentiated on both paths (TPU and GPU kernels in interpret mode) at
 ragged sizes and compared with `jax.vjp` of its reference and with float64 NumPy
@@ -26,6 +28,7 @@ from kernel_cases import (
     kernels_in,
     take_gpu_branch,
 )
+from pallasgen.frontend import ir
 from pallasgen.workspace.pipeline import check_source
 
 RAGGED = {"B": 3, "M": 37, "N": 300, "K": 45, "S": 37, "T": 300, "D": 64}
@@ -173,8 +176,8 @@ def test_check_grads_on_small_f32_inputs(mm, kernel):
 
 def test_grad_runs_the_generated_backward_kernels_not_xlas_differentiation(mm):
     """matmul_bias_gelu under jax.grad: the forward kernel that also writes the product's
-    value (acc), the epilogue's derivative, the sum over M for the bias, and one product
-    per operand; no dot_general or tanh outside them."""
+    value (acc), and one product per operand, which compute the epilogue's derivative
+    (dy's also the sum over M for the bias); no dot_general or tanh outside them."""
     x, y = jax.ShapeDtypeStruct((40, 200), jnp.bfloat16), jax.ShapeDtypeStruct((200, 300), jnp.bfloat16)
     bias = jax.ShapeDtypeStruct((300,), jnp.float32)
 
@@ -186,13 +189,52 @@ def test_grad_runs_the_generated_backward_kernels_not_xlas_differentiation(mm):
     assert sorted(calls) == sorted(
         [
             "matmul_bias_gelu_with_residuals",
-            "matmul_bias_gelu_backward_epilogue",
-            "matmul_bias_gelu_backward_over_m",
             "matmul_bias_gelu_backward_x",
             "matmul_bias_gelu_backward_y",
         ]
     )
     assert not {"tanh", "dot_general"} & primitives
+
+
+def backward_kernels(forward: str) -> dict:
+    (checked,) = [k for k in check_source(open_spec(), "matmul.pallas") if k.kernel.name == forward]
+    return {b.checked.kernel.name.removeprefix(f"{forward}_backward_"): b for b in checked.gradient.kernels}
+
+
+@pytest.mark.parametrize("forward", ["matmul_relu", "matmul_bias_gelu", "batched_matmul"])
+def test_no_backward_kernel_writes_the_products_cotangent(forward):
+    """The epilogue's derivative (relu's mask, gelu's derivative, a conversion to bf16) is a
+    computed operand of both product kernels: a let dacc, computed from the saved acc and
+    the output's cotangent in each step, that the product reads; no elementwise kernel
+    writes it to memory."""
+    kernels = backward_kernels(forward)
+    assert sorted(kernels) == ["x", "y"]
+    for derived in kernels.values():
+        checked = derived.checked
+        lets = {s.name: s.value for s in checked.kernel.body if isinstance(s, ir.Let)}
+        product = next(n for n in checked.fused.products)
+        operands = {side.value.id if isinstance(side, ir.Attribute) else side.id for side in (product.left, product.right)}
+        assert "dacc" in operands and "dacc" in lets
+        assert all(a.source != "backward" for a in derived.arguments)
+        assert {a.source for a in derived.arguments} >= {"cotangent", "input"}
+
+
+def test_the_bias_cotangent_is_summed_in_the_pass_of_dy():
+    """dy = x.T @ dacc and dbias = sum(dacc, M) both sweep M: one kernel carries the
+    product and the sum (of gelu's derivative in f32, before dacc's rounding to bf16)."""
+    dy = backward_kernels("matmul_bias_gelu")["y"]
+    assert dy.results == ("y", "bias")
+    assert [o.name for o in dy.checked.kernel.outputs] == ["dy", "dbias"]
+    assert dy.checked.sweep.dim == "M"
+    assert sorted(c.kind for c in dy.checked.sweep.carries) == ["dot", "sum"]
+    assert [(a.name, a.source) for a in dy.arguments] == [("acc", "residual"), ("bias", "input"), ("z", "cotangent"), ("x", "input")]
+
+
+def test_a_computed_operand_the_fused_middle_cannot_lay_out_keeps_separate_kernels():
+    """scores' dk = dacc.T @ q and linear's dw = dy.T @ x would need a computed tile
+    transposed, which fused kernels do not lay out: their elementwise kernels stay."""
+    assert sorted(backward_kernels("scores")) == ["epilogue", "k", "q"]
+    assert sorted(backward_kernels("linear")) == ["over_m", "w", "x"]
 
 
 def test_a_plain_product_takes_the_outputs_cotangent_straight_to_the_products(mm):

@@ -20,5 +20,5 @@ def test_the_kernels_loss_is_differentiated_by_generated_backward_kernels():
     train_mlp = load_module(ROOT / "benchmarks" / "train_mlp.py", "_pallasgen_train_mlp")
     params, x, label = train_mlp.start(0)
     jaxpr = str(jax.make_jaxpr(jax.grad(train_mlp.model(kernels=True)))(params, x, label))
-    for backward in ("cross_entropy_backward", "linear_backward", "matmul_bias_gelu_backward_epilogue"):
+    for backward in ("cross_entropy_backward", "linear_backward", "matmul_bias_gelu_backward_y"):
         assert backward in jaxpr

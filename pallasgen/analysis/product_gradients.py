@@ -3,14 +3,22 @@
 
 The product's value, taken as an input `acc`, makes the epilogue an elementwise kernel,
 whose reverse mode (analysis.reverse) gives the cotangent of the product, `dacc`, in
-one elementwise backward kernel, NAME_backward_epilogue, in the operands' dtype (the
-products below take it to the MXU); an input broadcast over a dimension (a bias [N])
-gets its cotangent summed over it by a kernel of its own, NAME_backward_over_m, as
-reverse.derive sums it. Where the product's cotangent is an output's cotangent as it
-is (matmul, linear: `z = x @ y`), there is no epilogue kernel. Then each operand's
-cotangent is one product kernel, NAME_backward_x and NAME_backward_y:
-`dx = dacc @ y.T`, `dy = x.T @ dacc`, each operand read as it is stored (`w.T` in the
-forward, `w` here), with the forward's blocks by dimension name.
+the operands' dtype (the products below take it to the MXU); an input broadcast over a
+dimension (a bias [N]) gets its cotangent summed over it, as reverse.derive sums it.
+Where the product's cotangent is an output's cotangent as it is (matmul, linear:
+`z = x @ y`), it needs no computing. Then each operand's cotangent is one product
+kernel, NAME_backward_x and NAME_backward_y: `dx = dacc @ y.T`, `dy = x.T @ dacc`, each
+operand read as it is stored (`w.T` in the forward, `w` here), with the forward's
+blocks by dimension name.
+
+Fused, as XLA fuses them: each product kernel computes `dacc` from what the epilogue's
+derivative reads (a computed operand: no kernel writes dacc to memory), and the one
+whose contracted dimension a bias is summed over (dy = x.T @ dacc sweeps M, as
+dbias = sum(dacc, M) does) carries that sum beside the product, as a second output.
+Where the fused middle cannot lay a computed operand out (it would need its tile
+transposed: scores' dk = dacc.T @ q, linear's dw = dy.T @ x), the epilogue's derivative
+is an elementwise kernel of its own, NAME_backward_epilogue, and each sum one more,
+NAME_backward_over_m.
 
 What the forward pass saves: the product's value (the accumulator, as the residual
 `acc`, written by NAME_with_residuals) where the epilogue's derivative reads it (gelu,
@@ -55,7 +63,7 @@ def derive(checked: CheckedKernel) -> Derived | str | None:
     backward = reverse.Reverse(epilogue)
     steps, g = _epilogue_steps(kernel, product, backward, acc)
     if g is not None:
-        steps += _product_steps(kernel, product, g)
+        steps = _fused(steps, _product_steps(kernel, product, g), g, backward.checked.space.layout)
     residuals = ()
     if any(a == Argument(acc, "residual") for step in steps for a in step.arguments):
         residuals = (Residual(acc, product.node),)
@@ -202,6 +210,101 @@ def _product_steps(kernel: ir.Kernel, product: Product, g) -> list[Step]:
         )
         steps.append(Step(derived, arguments, (target.name,)))
     return steps
+
+
+def _fused(elementwise: list[Step], products: list[Step], g, layout) -> list[Step]:
+    """The product steps with the elementwise ones folded in: each computes the product's
+    cotangent from what the epilogue kernel reads (a computed operand; no kernel writes
+    it), and the one that contracts a dimension also gives the sums over it (a bias's
+    cotangent, summed over M in the same pass as dy = x.T @ dacc). An elementwise step
+    that gives more than the product's cotangent, a sum over a dimension no product
+    contracts, or a fused kernel that fails a check stays a kernel of its own."""
+    g_decl, g_argument = g
+    epilogue = next((s for s in elementwise if g_argument.source == "backward" and s.results == (g_decl.name,)), None)
+    if g_argument.source == "backward" and epilogue is None:
+        return [*elementwise, *products]
+    sums = {
+        step: "".join(d for d in layout if d not in step.kernel.outputs[0].dims)
+        for step in elementwise
+        if step is not epilogue
+    }
+    fused, folded = [], set()
+    for step in products:
+        inputs = {d for decl in step.kernel.inputs for d in decl.dims}
+        contracted = "".join(d for d in layout if d in inputs - set(step.kernel.outputs[0].dims))
+        parts = [s for s, dims in sums.items() if dims == contracted]
+        candidate = _fused_step(step, epilogue, parts, g_decl)
+        if candidate is None:
+            return [*elementwise, *products]
+        fused.append(candidate)
+        folded.update(parts)
+    return [*(s for s in elementwise if s in sums and s not in folded), *fused]
+
+
+def _fused_step(step: Step, epilogue: Step | None, sums: list[Step], g_decl: ir.ArrayDecl) -> Step | None:
+    """The product step computing its cotangent operand `g_decl` as `epilogue` does (if
+    given), with the sums' outputs beside its own; None where the parts' names clash or
+    the fused kernel fails a check."""
+    parts = [*([epilogue] if epilogue else []), *sums]
+    if not parts:
+        return step
+    product_kernel = step.kernel
+    (assign,) = product_kernel.body
+    lets: dict[str, ir.Let] = {}
+    for part in parts:
+        for statement in part.kernel.body:
+            if isinstance(statement, ir.Let) and lets.setdefault(statement.name, statement) != statement:
+                return None
+    body: list[ir.Statement] = list(lets.values())
+    if epilogue is not None:
+        computed = epilogue.kernel.body[-1]
+        body.append(ir.Let(g_decl.name, computed.value, computed.position))
+    sum_assigns = [s for part in sums for s in part.kernel.body if isinstance(s, ir.Assign)]
+    arrays: dict[str, tuple[ir.ArrayDecl, Argument]] = {}  # the parts' inputs, then the other operand
+    read = [pair for part in parts for pair in zip(part.kernel.inputs, part.arguments)]
+    read += [pair for pair in zip(product_kernel.inputs, step.arguments) if not epilogue or pair[0] != g_decl]
+    for decl, argument in read:
+        if arrays.setdefault(decl.name, (decl, argument)) != (decl, argument):
+            return None
+    outputs = (product_kernel.outputs[0], *(o for part in sums for o in part.kernel.outputs))
+    taken = [*arrays, *lets, *(o.name for o in outputs[1:]), g_decl.name]
+    if len({o.name for o in outputs}) < len(outputs) or outputs[0].name in taken or set(lets) & set(arrays):
+        return None
+    target = step.results[0]
+    doc = (
+        f"The backward pass of `{product_kernel.name.rsplit('_backward_', 1)[0]}`, generated from its spec: the"
+        f" cotangent {outputs[0].name} of its input {target},",
+        f"from {g_decl.name}, the cotangent of its product"
+        + (", computed here from the epilogue's derivative" if epilogue else "")
+        + (f"; and {', '.join(o.name for o in outputs[1:])}, summed in the same pass." if sums else "."),
+    )
+    params = {p.name: p for part in parts for p in part.kernel.params}
+    for product in _orientations(assign, g_decl.name):
+        fused = dataclasses.replace(
+            product_kernel,
+            doc=doc,
+            inputs=tuple(decl for decl, _ in arrays.values()),
+            outputs=outputs,
+            params=tuple(params.values()),
+            body=(*body, product, *sum_assigns),
+        )
+        if not check_kernel(fused)[1]:
+            results = (target, *(r for part in sums for r in part.results))
+            return Step(fused, tuple(argument for _, argument in arrays.values()), results)
+    return None
+
+
+def _orientations(assign: ir.Assign, name: str):
+    """The product `assign`, then it with the operand `name` transposed: a value the
+    kernel computes is laid out in the kernel's dimension order, which may be the other
+    way round from the array it stands for."""
+    yield assign
+    flip = {}
+    for side in (assign.value.left, assign.value.right):
+        value, transposed = (side.value, True) if isinstance(side, ir.Attribute) else (side, False)
+        if isinstance(value, ir.Name) and value.id == name:
+            flip[side] = value if transposed else ir.Attribute(value, "T", side.position, side.position)
+    yield reverse.replaced(assign, flip)
 
 
 def _blocks(kernel: ir.Kernel, dims: set[str], outputs: tuple[str, ...]) -> tuple[ir.BlockSize, ...]:

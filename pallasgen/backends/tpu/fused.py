@@ -1,6 +1,6 @@
 """The TPU plan of a fused kernel (analysis.fused): a grid of batch elements, blocks of
-the dimensions outputs keep (parallel) and, last, the steps of the swept dimension
-(arbitrary), whose running values live in VMEM scratch, set at the first step and read
+the dimensions outputs keep (parallel, unless an output lacks one) and, last, the steps
+of the swept dimension (arbitrary), whose running values live in VMEM scratch, set at the first step and read
 at the last (`pl.when`)."""
 
 from __future__ import annotations
@@ -49,10 +49,20 @@ COMMENT_WIDTH = 84
 
 
 def grid_dims(checked: CheckedKernel) -> list[str]:
-    """Batch dimensions, then the parallel blocks, then the swept dimension's steps."""
+    """Batch dimensions, then the parallel blocks, then the swept dimension's steps; those
+    of them that some output lacks (`in_every_output`) after the others, just before the
+    swept one: Mosaic wants the parallel axes to be a prefix of the grid."""
     fused = checked.fused
+    kept = [*fused.batch, *fused.parallel]
     swept = [fused.sweep.dim] if fused.sweep else []
-    return [*fused.batch, *fused.parallel, *swept]
+    return sorted(kept, key=lambda d: not in_every_output(checked.kernel, d)) + swept
+
+
+def in_every_output(kernel: ir.Kernel, dim: str) -> bool:
+    """Whether every output has `dim`: then its blocks are independent (parallel). The
+    blocks of one that an output lacks each write that output's same block, which the
+    cores of a multicore chip would race on (dy's K beside dbias [N]): they run in order."""
+    return all(dim in out.dims for out in kernel.outputs)
 
 
 def tunable_dims(checked: CheckedKernel) -> list[str]:
@@ -171,7 +181,7 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
         *(p.name for p in kernel.params),
     ]
     inputs = [values[d.name] for d in kernel.inputs]
-    semantics = tuple("arbitrary" if fused.sweep and d == fused.sweep.dim else "parallel" for d in grid)
+    semantics = tuple("parallel" if in_every_output(kernel, d) else "arbitrary" for d in grid)
     layouts = tile_layouts(kernel, fused)
     rules = [rule for d in tunable if (rule := tiling_rule(d, layouts))]
     live = None
