@@ -64,10 +64,10 @@ def _gpu_device_kind():
 
 
 def _gpu_options(table, sizes, given):
-    """The blocks and launch options of a GPU (Triton) call: those `given` (not None) as
-    they are, the others from `table`: for the GPU compiled for (see `_gpu_device_kind`),
-    the tuned entry whose sizes are nearest the call's (in powers of two), else the
-    spec's, `table[None]`."""
+    """The blocks and launch options of a GPU call (Triton's, or Mosaic GPU's blocks and
+    stages): those `given` (not None) as they are, the others from `table`: for the GPU
+    compiled for (see `_gpu_device_kind`), the tuned entry whose sizes are nearest the
+    call's (in powers of two), else the built-in ones, `table[None]`."""
 
     def distance(tuned_sizes):
         return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
@@ -78,6 +78,28 @@ def _gpu_options(table, sizes, given):
     tuned = table.get(kind) if kind is not None else None
     chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
     return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
+
+
+def _mgpu_check_choices(kernel, choices, accumulator, smem):
+    """Refuses Mosaic GPU blocks and stages it cannot run, before anything compiles:
+    `choices` maps each keyword to (value, its allowed values); `accumulator` and `smem`
+    are (what these values take, the most there is) of wgmma's accumulator (elements)
+    and of shared memory (bytes)."""
+    for keyword, (value, allowed) in choices.items():
+        if type(value) is not int or value not in allowed:
+            raise ValueError(
+                f"{kernel}: {keyword} must be one of {', '.join(map(str, allowed))} or None, got {value!r}"
+            )
+    if accumulator[0] > accumulator[1]:
+        raise ValueError(
+            f"{kernel}: a Mosaic GPU accumulator of {accumulator[0]} elements (mgpu_block_* of M times N)"
+            f" is more than one warpgroup's registers hold ({accumulator[1]})"
+        )
+    if smem[0] > smem[1]:
+        raise ValueError(
+            f"{kernel}: these Mosaic GPU blocks and stages take {smem[0] // 1024} KiB of shared memory,"
+            f" more than the {smem[1] // 1024} KiB of a block: choose smaller ones or fewer stages"
+        )
 
 
 def _mgpu_pad(array, shape):
@@ -11502,7 +11524,7 @@ def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stage
 
 
 def __matmul_softmax_1_mosaic_gpu_kernel(
-    x_ref, w_ref, acc_ref, out_smem, barrier, *, block_m, block_n, block_k
+    x_ref, w_ref, acc_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
 ):
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
@@ -11527,7 +11549,7 @@ def __matmul_softmax_1_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(x_ref, w_ref)
         acc_ = acc_ref_[...]
         out_smem[...] = acc_
@@ -11541,15 +11563,35 @@ def __matmul_softmax_1_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def __matmul_softmax_1_mosaic_gpu(x, w, *, m, n, k, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+__matmul_softmax_1_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def __matmul_softmax_1_mosaic_gpu(
+    x, w, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
+):
     """Stage 1 of `matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_n = 128
-    block_k = 64
+    block_m, block_n, block_k, stages = _gpu_options(
+        __matmul_softmax_1_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
+    )
+    _mgpu_check_choices(
+        "_matmul_softmax_1",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_k": (block_k, (64,)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_n, 16384),
+        (stages * (2 * block_m * block_k + 2 * block_n * block_k) + 4 * block_m * block_n, 232448),
+    )
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
@@ -11557,7 +11599,11 @@ def __matmul_softmax_1_mosaic_gpu(x, w, *, m, n, k, interpret):
     w = _mgpu_pad(w, (padded_k, padded_n))
     (acc,) = plgpu.kernel(
         functools.partial(
-            __matmul_softmax_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k
+            __matmul_softmax_1_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
@@ -12123,7 +12169,7 @@ def __rmsnorm_matmul_1_mosaic_gpu(x, g, *, m, k, interpret):
 
 
 def __rmsnorm_matmul_2_mosaic_gpu_kernel(
-    w_ref, lhs_ref, y_ref, out_smem, barrier, *, block_m, block_n, block_k
+    w_ref, lhs_ref, y_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
 ):
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
@@ -12148,7 +12194,7 @@ def __rmsnorm_matmul_2_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(lhs_ref, w_ref)
         acc = acc_ref[...]
         out_smem[...] = acc.astype(jnp.bfloat16)
@@ -12161,15 +12207,35 @@ def __rmsnorm_matmul_2_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def __rmsnorm_matmul_2_mosaic_gpu(w, lhs, *, m, n, k, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+__rmsnorm_matmul_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def __rmsnorm_matmul_2_mosaic_gpu(
+    w, lhs, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
+):
     """Stage 2 of `rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_n = 128
-    block_k = 64
+    block_m, block_n, block_k, stages = _gpu_options(
+        __rmsnorm_matmul_2_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
+    )
+    _mgpu_check_choices(
+        "_rmsnorm_matmul_2",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_k": (block_k, (64,)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_n, 16384),
+        (stages * (2 * block_m * block_k + 2 * block_n * block_k) + 2 * block_m * block_n, 232448),
+    )
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
@@ -12177,7 +12243,11 @@ def __rmsnorm_matmul_2_mosaic_gpu(w, lhs, *, m, n, k, interpret):
     w = _mgpu_pad(w, (padded_k, padded_n))
     (y,) = plgpu.kernel(
         functools.partial(
-            __rmsnorm_matmul_2_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k
+            __rmsnorm_matmul_2_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[

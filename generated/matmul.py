@@ -64,10 +64,10 @@ def _gpu_device_kind():
 
 
 def _gpu_options(table, sizes, given):
-    """The blocks and launch options of a GPU (Triton) call: those `given` (not None) as
-    they are, the others from `table`: for the GPU compiled for (see `_gpu_device_kind`),
-    the tuned entry whose sizes are nearest the call's (in powers of two), else the
-    spec's, `table[None]`."""
+    """The blocks and launch options of a GPU call (Triton's, or Mosaic GPU's blocks and
+    stages): those `given` (not None) as they are, the others from `table`: for the GPU
+    compiled for (see `_gpu_device_kind`), the tuned entry whose sizes are nearest the
+    call's (in powers of two), else the built-in ones, `table[None]`."""
 
     def distance(tuned_sizes):
         return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
@@ -78,6 +78,28 @@ def _gpu_options(table, sizes, given):
     tuned = table.get(kind) if kind is not None else None
     chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
     return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
+
+
+def _mgpu_check_choices(kernel, choices, accumulator, smem):
+    """Refuses Mosaic GPU blocks and stages it cannot run, before anything compiles:
+    `choices` maps each keyword to (value, its allowed values); `accumulator` and `smem`
+    are (what these values take, the most there is) of wgmma's accumulator (elements)
+    and of shared memory (bytes)."""
+    for keyword, (value, allowed) in choices.items():
+        if type(value) is not int or value not in allowed:
+            raise ValueError(
+                f"{kernel}: {keyword} must be one of {', '.join(map(str, allowed))} or None, got {value!r}"
+            )
+    if accumulator[0] > accumulator[1]:
+        raise ValueError(
+            f"{kernel}: a Mosaic GPU accumulator of {accumulator[0]} elements (mgpu_block_* of M times N)"
+            f" is more than one warpgroup's registers hold ({accumulator[1]})"
+        )
+    if smem[0] > smem[1]:
+        raise ValueError(
+            f"{kernel}: these Mosaic GPU blocks and stages take {smem[0] // 1024} KiB of shared memory,"
+            f" more than the {smem[1] // 1024} KiB of a block: choose smaller ones or fewer stages"
+        )
 
 
 def _mgpu_pad(array, shape):
@@ -405,6 +427,10 @@ def _fill_past(value, start, size, axis, identity):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_m",
+        "mgpu_block_n",
+        "mgpu_block_k",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -421,6 +447,10 @@ def matmul(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_m=None,
+    mgpu_block_n=None,
+    mgpu_block_k=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """The Pallas TPU quickstart's matmul: f32 blocks, K accumulated in VMEM.
@@ -435,6 +465,9 @@ def matmul(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -475,6 +508,10 @@ def matmul(
             gpu_warps=gpu_warps,
             gpu_stages=gpu_stages,
             gpu_backend=gpu_backend,
+            mgpu_block_m=mgpu_block_m,
+            mgpu_block_n=mgpu_block_n,
+            mgpu_block_k=mgpu_block_k,
+            mgpu_stages=mgpu_stages,
             interpret=interpret,
         ),
         functools.partial(_matmul_vjp, interpret=interpret),
@@ -506,6 +543,10 @@ def _matmul_forward(
     gpu_warps,
     gpu_stages,
     gpu_backend,
+    mgpu_block_m,
+    mgpu_block_n,
+    mgpu_block_k,
+    mgpu_stages,
     interpret,
 ):
     """`matmul` on its checked arrays: the forward pass that `jax.grad` differentiates."""
@@ -527,7 +568,16 @@ def _matmul_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_matmul_mosaic_gpu, m=m, n=n, k=k),
+            functools.partial(
+                _matmul_mosaic_gpu,
+                m=m,
+                n=n,
+                k=k,
+                block_m=mgpu_block_m,
+                block_n=mgpu_block_n,
+                block_k=mgpu_block_k,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         x,
@@ -688,7 +738,9 @@ def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stag
     )(x, y)
 
 
-def _matmul_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k):
+def _matmul_mosaic_gpu_kernel(
+    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
+):
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
 
@@ -712,7 +764,7 @@ def _matmul_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, block_m
                     transforms=_mgpu_swizzled(jnp.float32, block_k),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(x_ref, y_ref)
         acc = acc_ref[...]
         out_smem[...] = acc
@@ -725,15 +777,35 @@ def _matmul_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, block_m
     plgpu.wait_smem_to_gmem(0)
 
 
-def _matmul_mosaic_gpu(x, y, *, m, n, k, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_matmul_mosaic_gpu_options = {None: (128, 128, 32, 2)}
+
+
+def _matmul_mosaic_gpu(
+    x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
+):
     """`matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_n = 128
-    block_k = 32
+    block_m, block_n, block_k, stages = _gpu_options(
+        _matmul_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
+    )
+    _mgpu_check_choices(
+        "matmul",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_k": (block_k, (8, 16, 32)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_n, 16384),
+        (stages * (4 * block_m * block_k + 4 * block_n * block_k) + 4 * block_m * block_n, 232448),
+    )
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
@@ -742,7 +814,11 @@ def _matmul_mosaic_gpu(x, y, *, m, n, k, interpret):
     y = _mgpu_pad(y, (padded_n, padded_k))
     (z,) = plgpu.kernel(
         functools.partial(
-            _matmul_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k
+            _matmul_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
@@ -770,6 +846,10 @@ def _matmul_mosaic_gpu(x, y, *, m, n, k, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_m",
+        "mgpu_block_k",
+        "mgpu_block_n",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -786,6 +866,10 @@ def matmul_backward_x(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_m=None,
+    mgpu_block_k=None,
+    mgpu_block_n=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """The backward pass of `matmul`, generated from its spec: the cotangent dx of
@@ -801,6 +885,9 @@ def matmul_backward_x(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -844,7 +931,16 @@ def matmul_backward_x(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_matmul_backward_x_mosaic_gpu, m=m, k=k, n=n),
+            functools.partial(
+                _matmul_backward_x_mosaic_gpu,
+                m=m,
+                k=k,
+                n=n,
+                block_m=mgpu_block_m,
+                block_k=mgpu_block_k,
+                block_n=mgpu_block_n,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         dz,
@@ -1021,7 +1117,7 @@ def _matmul_backward_x_gpu(
 
 
 def _matmul_backward_x_mosaic_gpu_kernel(
-    dz_ref, y_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n
+    dz_ref, y_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
     program_m = jax.lax.axis_index("M")
     program_k = jax.lax.axis_index("K")
@@ -1046,7 +1142,7 @@ def _matmul_backward_x_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.float32, block_n),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(dz_ref, y_ref)
         acc = acc_ref[...]
         out_smem[...] = acc
@@ -1060,15 +1156,35 @@ def _matmul_backward_x_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _matmul_backward_x_mosaic_gpu(dz, y, *, m, k, n, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_matmul_backward_x_mosaic_gpu_options = {None: (128, 128, 32, 2)}
+
+
+def _matmul_backward_x_mosaic_gpu(
+    dz, y, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
+):
     """`matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_k = 128
-    block_n = 32
+    block_m, block_k, block_n, stages = _gpu_options(
+        _matmul_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
+    )
+    _mgpu_check_choices(
+        "matmul_backward_x",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_k": (block_k, (64, 128, 256)),
+            "mgpu_block_n": (block_n, (8, 16, 32)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_k, 16384),
+        (stages * (4 * block_m * block_n + 4 * block_k * block_n) + 4 * block_m * block_k, 232448),
+    )
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
@@ -1076,7 +1192,11 @@ def _matmul_backward_x_mosaic_gpu(dz, y, *, m, k, n, interpret):
     y = _mgpu_pad(y, (padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
-            _matmul_backward_x_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, block_n=block_n
+            _matmul_backward_x_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_k=block_k,
+            block_n=block_n,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.float32),),
         scratch_types=[
@@ -1104,6 +1224,10 @@ def _matmul_backward_x_mosaic_gpu(dz, y, *, m, k, n, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_k",
+        "mgpu_block_n",
+        "mgpu_block_m",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -1120,6 +1244,10 @@ def matmul_backward_y(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_k=None,
+    mgpu_block_n=None,
+    mgpu_block_m=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """The backward pass of `matmul`, generated from its spec: the cotangent dy of
@@ -1135,6 +1263,9 @@ def matmul_backward_y(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1178,7 +1309,16 @@ def matmul_backward_y(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_matmul_backward_y_mosaic_gpu, k=k, n=n, m=m),
+            functools.partial(
+                _matmul_backward_y_mosaic_gpu,
+                k=k,
+                n=n,
+                m=m,
+                block_k=mgpu_block_k,
+                block_n=mgpu_block_n,
+                block_m=mgpu_block_m,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         x,
@@ -1350,7 +1490,7 @@ def _matmul_backward_y_gpu(
 
 
 def _matmul_backward_y_mosaic_gpu_kernel(
-    x_ref, dz_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m
+    x_ref, dz_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
 ):
     program_k = jax.lax.axis_index("K")
     program_n = jax.lax.axis_index("N")
@@ -1375,7 +1515,7 @@ def _matmul_backward_y_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.float32, block_m),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(x_ref, dz_ref)
         acc = acc_ref[...]
         out_smem[...] = acc
@@ -1389,15 +1529,35 @@ def _matmul_backward_y_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _matmul_backward_y_mosaic_gpu(x, dz, *, k, n, m, interpret):
+# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_matmul_backward_y_mosaic_gpu_options = {None: (128, 128, 32, 2)}
+
+
+def _matmul_backward_y_mosaic_gpu(
+    x, dz, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
+):
     """`matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_k = 128
-    block_n = 128
-    block_m = 32
+    block_k, block_n, block_m, stages = _gpu_options(
+        _matmul_backward_y_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
+    )
+    _mgpu_check_choices(
+        "matmul_backward_y",
+        {
+            "mgpu_block_k": (block_k, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_m": (block_m, (8, 16, 32)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_k * block_n, 16384),
+        (stages * (4 * block_k * block_m + 4 * block_n * block_m) + 4 * block_k * block_n, 232448),
+    )
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
     padded_m = m + -m % block_m
@@ -1407,7 +1567,11 @@ def _matmul_backward_y_mosaic_gpu(x, dz, *, k, n, m, interpret):
     dz = _mgpu_pad(dz, (padded_n, padded_m))
     (dy,) = plgpu.kernel(
         functools.partial(
-            _matmul_backward_y_mosaic_gpu_kernel, block_k=block_k, block_n=block_n, block_m=block_m
+            _matmul_backward_y_mosaic_gpu_kernel,
+            block_k=block_k,
+            block_n=block_n,
+            block_m=block_m,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.float32),),
         scratch_types=[
@@ -1435,6 +1599,10 @@ def _matmul_backward_y_mosaic_gpu(x, dz, *, k, n, m, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_m",
+        "mgpu_block_n",
+        "mgpu_block_k",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -1451,6 +1619,10 @@ def matmul_relu(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_m=None,
+    mgpu_block_n=None,
+    mgpu_block_k=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """The quickstart's matmul with a fused activation.
@@ -1465,6 +1637,9 @@ def matmul_relu(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1507,6 +1682,10 @@ def matmul_relu(
             gpu_warps=gpu_warps,
             gpu_stages=gpu_stages,
             gpu_backend=gpu_backend,
+            mgpu_block_m=mgpu_block_m,
+            mgpu_block_n=mgpu_block_n,
+            mgpu_block_k=mgpu_block_k,
+            mgpu_stages=mgpu_stages,
             interpret=interpret,
         ),
         functools.partial(_matmul_relu_vjp, interpret=interpret),
@@ -1526,6 +1705,10 @@ def matmul_relu(
             gpu_warps=gpu_warps,
             gpu_stages=gpu_stages,
             gpu_backend=gpu_backend,
+            mgpu_block_m=mgpu_block_m,
+            mgpu_block_n=mgpu_block_n,
+            mgpu_block_k=mgpu_block_k,
+            mgpu_stages=mgpu_stages,
             interpret=interpret,
         ),
     )
@@ -1554,6 +1737,10 @@ def _matmul_relu_forward(
     gpu_warps,
     gpu_stages,
     gpu_backend,
+    mgpu_block_m,
+    mgpu_block_n,
+    mgpu_block_k,
+    mgpu_stages,
     interpret,
 ):
     """`matmul_relu` on its checked arrays: the forward pass that `jax.grad` differentiates."""
@@ -1575,7 +1762,16 @@ def _matmul_relu_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_matmul_relu_mosaic_gpu, m=m, n=n, k=k),
+            functools.partial(
+                _matmul_relu_mosaic_gpu,
+                m=m,
+                n=n,
+                k=k,
+                block_m=mgpu_block_m,
+                block_n=mgpu_block_n,
+                block_k=mgpu_block_k,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         x,
@@ -1599,6 +1795,10 @@ def _matmul_relu_saving(
     gpu_warps,
     gpu_stages,
     gpu_backend,
+    mgpu_block_m,
+    mgpu_block_n,
+    mgpu_block_k,
+    mgpu_stages,
     interpret,
 ):
     """`matmul_relu` forward under jax.grad, by matmul_relu_with_residuals: its outputs, and
@@ -1616,6 +1816,10 @@ def _matmul_relu_saving(
         gpu_warps=gpu_warps,
         gpu_stages=gpu_stages,
         gpu_backend=gpu_backend,
+        mgpu_block_m=mgpu_block_m,
+        mgpu_block_n=mgpu_block_n,
+        mgpu_block_k=mgpu_block_k,
+        mgpu_stages=mgpu_stages,
         interpret=interpret,
     )
     return z, (x, y, acc)
@@ -1783,7 +1987,7 @@ def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
 
 
 def _matmul_relu_mosaic_gpu_kernel(
-    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k
+    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
 ):
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
@@ -1808,7 +2012,7 @@ def _matmul_relu_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.float32, block_k),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(x_ref, y_ref)
         acc = acc_ref[...]
         out_smem[...] = jnp.maximum(acc, 0)
@@ -1821,15 +2025,35 @@ def _matmul_relu_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _matmul_relu_mosaic_gpu(x, y, *, m, n, k, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_matmul_relu_mosaic_gpu_options = {None: (128, 128, 32, 2)}
+
+
+def _matmul_relu_mosaic_gpu(
+    x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
+):
     """`matmul_relu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_n = 128
-    block_k = 32
+    block_m, block_n, block_k, stages = _gpu_options(
+        _matmul_relu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
+    )
+    _mgpu_check_choices(
+        "matmul_relu",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_k": (block_k, (8, 16, 32)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_n, 16384),
+        (stages * (4 * block_m * block_k + 4 * block_n * block_k) + 4 * block_m * block_n, 232448),
+    )
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
@@ -1838,7 +2062,11 @@ def _matmul_relu_mosaic_gpu(x, y, *, m, n, k, interpret):
     y = _mgpu_pad(y, (padded_n, padded_k))
     (z,) = plgpu.kernel(
         functools.partial(
-            _matmul_relu_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k
+            _matmul_relu_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
@@ -1866,6 +2094,10 @@ def _matmul_relu_mosaic_gpu(x, y, *, m, n, k, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_m",
+        "mgpu_block_n",
+        "mgpu_block_k",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -1882,6 +2114,10 @@ def matmul_relu_with_residuals(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_m=None,
+    mgpu_block_n=None,
+    mgpu_block_k=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """`matmul_relu` as `jax.grad` runs it forward: its outputs, then what its
@@ -1897,6 +2133,9 @@ def matmul_relu_with_residuals(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1955,7 +2194,16 @@ def matmul_relu_with_residuals(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_matmul_relu_with_residuals_mosaic_gpu, m=m, n=n, k=k),
+            functools.partial(
+                _matmul_relu_with_residuals_mosaic_gpu,
+                m=m,
+                n=n,
+                k=k,
+                block_m=mgpu_block_m,
+                block_n=mgpu_block_n,
+                block_k=mgpu_block_k,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         x,
@@ -2146,7 +2394,7 @@ def _matmul_relu_with_residuals_gpu(
 
 
 def _matmul_relu_with_residuals_mosaic_gpu_kernel(
-    x_ref, y_ref, z_ref, acc_ref, out_smem, acc_smem, barrier, *, block_m, block_n, block_k
+    x_ref, y_ref, z_ref, acc_ref, out_smem, acc_smem, barrier, *, block_m, block_n, block_k, stages
 ):
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
@@ -2171,7 +2419,7 @@ def _matmul_relu_with_residuals_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.float32, block_k),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(x_ref, y_ref)
         acc_ = acc_ref_[...]
         acc = acc_
@@ -2190,15 +2438,42 @@ def _matmul_relu_with_residuals_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _matmul_relu_with_residuals_mosaic_gpu(x, y, *, m, n, k, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_matmul_relu_with_residuals_mosaic_gpu_options = {None: (128, 128, 32, 2)}
+
+
+def _matmul_relu_with_residuals_mosaic_gpu(
+    x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
+):
     """`matmul_relu_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_n = 128
-    block_k = 32
+    block_m, block_n, block_k, stages = _gpu_options(
+        _matmul_relu_with_residuals_mosaic_gpu_options,
+        (m, n, k),
+        (block_m, block_n, block_k, stages),
+    )
+    _mgpu_check_choices(
+        "matmul_relu_with_residuals",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_k": (block_k, (8, 16, 32)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_n, 16384),
+        (
+            stages * (4 * block_m * block_k + 4 * block_n * block_k)
+            + 4 * block_m * block_n
+            + 4 * block_m * block_n,
+            232448,
+        ),
+    )
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
@@ -2211,6 +2486,7 @@ def _matmul_relu_with_residuals_mosaic_gpu(x, y, *, m, n, k, interpret):
             block_m=block_m,
             block_n=block_n,
             block_k=block_k,
+            stages=stages,
         ),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
@@ -2517,6 +2793,10 @@ def _matmul_relu_backward_epilogue_mosaic_gpu(acc, dz, *, m, n, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_m",
+        "mgpu_block_k",
+        "mgpu_block_n",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -2533,6 +2813,10 @@ def matmul_relu_backward_x(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_m=None,
+    mgpu_block_k=None,
+    mgpu_block_n=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """The backward pass of `matmul_relu`, generated from its spec: the cotangent dx of
@@ -2548,6 +2832,9 @@ def matmul_relu_backward_x(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -2603,7 +2890,16 @@ def matmul_relu_backward_x(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_matmul_relu_backward_x_mosaic_gpu, m=m, k=k, n=n),
+            functools.partial(
+                _matmul_relu_backward_x_mosaic_gpu,
+                m=m,
+                k=k,
+                n=n,
+                block_m=mgpu_block_m,
+                block_k=mgpu_block_k,
+                block_n=mgpu_block_n,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         dacc,
@@ -2784,7 +3080,7 @@ def _matmul_relu_backward_x_gpu(
 
 
 def _matmul_relu_backward_x_mosaic_gpu_kernel(
-    dacc_ref, y_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n
+    dacc_ref, y_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
     program_m = jax.lax.axis_index("M")
     program_k = jax.lax.axis_index("K")
@@ -2809,7 +3105,7 @@ def _matmul_relu_backward_x_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.float32, block_n),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(dacc_ref, y_ref)
         acc = acc_ref[...]
         out_smem[...] = acc
@@ -2823,15 +3119,35 @@ def _matmul_relu_backward_x_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _matmul_relu_backward_x_mosaic_gpu(dacc, y, *, m, k, n, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_matmul_relu_backward_x_mosaic_gpu_options = {None: (128, 128, 32, 2)}
+
+
+def _matmul_relu_backward_x_mosaic_gpu(
+    dacc, y, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
+):
     """`matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_k = 128
-    block_n = 32
+    block_m, block_k, block_n, stages = _gpu_options(
+        _matmul_relu_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
+    )
+    _mgpu_check_choices(
+        "matmul_relu_backward_x",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_k": (block_k, (64, 128, 256)),
+            "mgpu_block_n": (block_n, (8, 16, 32)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_k, 16384),
+        (stages * (4 * block_m * block_n + 4 * block_k * block_n) + 4 * block_m * block_k, 232448),
+    )
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
@@ -2843,6 +3159,7 @@ def _matmul_relu_backward_x_mosaic_gpu(dacc, y, *, m, k, n, interpret):
             block_m=block_m,
             block_k=block_k,
             block_n=block_n,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.float32),),
         scratch_types=[
@@ -2870,6 +3187,10 @@ def _matmul_relu_backward_x_mosaic_gpu(dacc, y, *, m, k, n, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_k",
+        "mgpu_block_n",
+        "mgpu_block_m",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -2886,6 +3207,10 @@ def matmul_relu_backward_y(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_k=None,
+    mgpu_block_n=None,
+    mgpu_block_m=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """The backward pass of `matmul_relu`, generated from its spec: the cotangent dy of
@@ -2901,6 +3226,9 @@ def matmul_relu_backward_y(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -2956,7 +3284,16 @@ def matmul_relu_backward_y(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_matmul_relu_backward_y_mosaic_gpu, k=k, n=n, m=m),
+            functools.partial(
+                _matmul_relu_backward_y_mosaic_gpu,
+                k=k,
+                n=n,
+                m=m,
+                block_k=mgpu_block_k,
+                block_n=mgpu_block_n,
+                block_m=mgpu_block_m,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         x,
@@ -3132,7 +3469,7 @@ def _matmul_relu_backward_y_gpu(
 
 
 def _matmul_relu_backward_y_mosaic_gpu_kernel(
-    x_ref, dacc_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m
+    x_ref, dacc_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
 ):
     program_k = jax.lax.axis_index("K")
     program_n = jax.lax.axis_index("N")
@@ -3157,7 +3494,7 @@ def _matmul_relu_backward_y_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.float32, block_m),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(x_ref, dacc_ref)
         acc = acc_ref[...]
         out_smem[...] = acc
@@ -3171,15 +3508,35 @@ def _matmul_relu_backward_y_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _matmul_relu_backward_y_mosaic_gpu(x, dacc, *, k, n, m, interpret):
+# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_matmul_relu_backward_y_mosaic_gpu_options = {None: (128, 128, 32, 2)}
+
+
+def _matmul_relu_backward_y_mosaic_gpu(
+    x, dacc, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
+):
     """`matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_k = 128
-    block_n = 128
-    block_m = 32
+    block_k, block_n, block_m, stages = _gpu_options(
+        _matmul_relu_backward_y_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
+    )
+    _mgpu_check_choices(
+        "matmul_relu_backward_y",
+        {
+            "mgpu_block_k": (block_k, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_m": (block_m, (8, 16, 32)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_k * block_n, 16384),
+        (stages * (4 * block_k * block_m + 4 * block_n * block_m) + 4 * block_k * block_n, 232448),
+    )
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
     padded_m = m + -m % block_m
@@ -3193,6 +3550,7 @@ def _matmul_relu_backward_y_mosaic_gpu(x, dacc, *, k, n, m, interpret):
             block_k=block_k,
             block_n=block_n,
             block_m=block_m,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.float32),),
         scratch_types=[
@@ -3220,6 +3578,10 @@ def _matmul_relu_backward_y_mosaic_gpu(x, dacc, *, k, n, m, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_m",
+        "mgpu_block_n",
+        "mgpu_block_k",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -3237,6 +3599,10 @@ def matmul_bias_gelu(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_m=None,
+    mgpu_block_n=None,
+    mgpu_block_k=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """bf16 matmul with f32 accumulation, bias and GELU fused into the epilogue.
@@ -3252,6 +3618,9 @@ def matmul_bias_gelu(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -3300,6 +3669,10 @@ def matmul_bias_gelu(
             gpu_warps=gpu_warps,
             gpu_stages=gpu_stages,
             gpu_backend=gpu_backend,
+            mgpu_block_m=mgpu_block_m,
+            mgpu_block_n=mgpu_block_n,
+            mgpu_block_k=mgpu_block_k,
+            mgpu_stages=mgpu_stages,
             interpret=interpret,
         ),
         functools.partial(_matmul_bias_gelu_vjp, interpret=interpret),
@@ -3320,6 +3693,10 @@ def matmul_bias_gelu(
             gpu_warps=gpu_warps,
             gpu_stages=gpu_stages,
             gpu_backend=gpu_backend,
+            mgpu_block_m=mgpu_block_m,
+            mgpu_block_n=mgpu_block_n,
+            mgpu_block_k=mgpu_block_k,
+            mgpu_stages=mgpu_stages,
             interpret=interpret,
         ),
     )
@@ -3350,6 +3727,10 @@ def _matmul_bias_gelu_forward(
     gpu_warps,
     gpu_stages,
     gpu_backend,
+    mgpu_block_m,
+    mgpu_block_n,
+    mgpu_block_k,
+    mgpu_stages,
     interpret,
 ):
     """`matmul_bias_gelu` on its checked arrays: the forward pass that `jax.grad` differentiates."""
@@ -3372,7 +3753,16 @@ def _matmul_bias_gelu_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_matmul_bias_gelu_mosaic_gpu, m=m, n=n, k=k),
+            functools.partial(
+                _matmul_bias_gelu_mosaic_gpu,
+                m=m,
+                n=n,
+                k=k,
+                block_m=mgpu_block_m,
+                block_n=mgpu_block_n,
+                block_k=mgpu_block_k,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         x,
@@ -3398,6 +3788,10 @@ def _matmul_bias_gelu_saving(
     gpu_warps,
     gpu_stages,
     gpu_backend,
+    mgpu_block_m,
+    mgpu_block_n,
+    mgpu_block_k,
+    mgpu_stages,
     interpret,
 ):
     """`matmul_bias_gelu` forward under jax.grad, by matmul_bias_gelu_with_residuals: its
@@ -3416,6 +3810,10 @@ def _matmul_bias_gelu_saving(
         gpu_warps=gpu_warps,
         gpu_stages=gpu_stages,
         gpu_backend=gpu_backend,
+        mgpu_block_m=mgpu_block_m,
+        mgpu_block_n=mgpu_block_n,
+        mgpu_block_k=mgpu_block_k,
+        mgpu_stages=mgpu_stages,
         interpret=interpret,
     )
     return z, (x, y, bias, acc)
@@ -3610,7 +4008,18 @@ def _matmul_bias_gelu_gpu(
 
 
 def _matmul_bias_gelu_mosaic_gpu_kernel(
-    x_ref, y_ref, bias_ref, z_ref, out_smem, barrier, bias_smem, *, block_m, block_n, block_k
+    x_ref,
+    y_ref,
+    bias_ref,
+    z_ref,
+    out_smem,
+    barrier,
+    bias_smem,
+    *,
+    block_m,
+    block_n,
+    block_k,
+    stages,
 ):
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
@@ -3635,7 +4044,7 @@ def _matmul_bias_gelu_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(x_ref, y_ref)
         plgpu.copy_gmem_to_smem(
             bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
@@ -3653,15 +4062,40 @@ def _matmul_bias_gelu_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _matmul_bias_gelu_mosaic_gpu(x, y, bias, *, m, n, k, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_matmul_bias_gelu_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _matmul_bias_gelu_mosaic_gpu(
+    x, y, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
+):
     """`matmul_bias_gelu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_n = 128
-    block_k = 64
+    block_m, block_n, block_k, stages = _gpu_options(
+        _matmul_bias_gelu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
+    )
+    _mgpu_check_choices(
+        "matmul_bias_gelu",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_k": (block_k, (64,)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_n, 16384),
+        (
+            stages * (2 * block_m * block_k + 2 * block_n * block_k)
+            + 2 * block_m * block_n
+            + 4 * block_n,
+            232448,
+        ),
+    )
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
@@ -3671,7 +4105,11 @@ def _matmul_bias_gelu_mosaic_gpu(x, y, bias, *, m, n, k, interpret):
     bias = _mgpu_pad(bias, (padded_n,))
     (z,) = plgpu.kernel(
         functools.partial(
-            _matmul_bias_gelu_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k
+            _matmul_bias_gelu_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
@@ -3700,6 +4138,10 @@ def _matmul_bias_gelu_mosaic_gpu(x, y, bias, *, m, n, k, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_m",
+        "mgpu_block_n",
+        "mgpu_block_k",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -3717,6 +4159,10 @@ def matmul_bias_gelu_with_residuals(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_m=None,
+    mgpu_block_n=None,
+    mgpu_block_k=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """`matmul_bias_gelu` as `jax.grad` runs it forward: its outputs, then what its
@@ -3733,6 +4179,9 @@ def matmul_bias_gelu_with_residuals(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -3797,7 +4246,16 @@ def matmul_bias_gelu_with_residuals(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_matmul_bias_gelu_with_residuals_mosaic_gpu, m=m, n=n, k=k),
+            functools.partial(
+                _matmul_bias_gelu_with_residuals_mosaic_gpu,
+                m=m,
+                n=n,
+                k=k,
+                block_m=mgpu_block_m,
+                block_n=mgpu_block_n,
+                block_k=mgpu_block_k,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         x,
@@ -4022,6 +4480,7 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
     block_m,
     block_n,
     block_k,
+    stages,
 ):
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
@@ -4046,7 +4505,7 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(x_ref, y_ref)
         plgpu.copy_gmem_to_smem(
             bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
@@ -4070,15 +4529,43 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _matmul_bias_gelu_with_residuals_mosaic_gpu(x, y, bias, *, m, n, k, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_matmul_bias_gelu_with_residuals_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _matmul_bias_gelu_with_residuals_mosaic_gpu(
+    x, y, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
+):
     """`matmul_bias_gelu_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_n = 128
-    block_k = 64
+    block_m, block_n, block_k, stages = _gpu_options(
+        _matmul_bias_gelu_with_residuals_mosaic_gpu_options,
+        (m, n, k),
+        (block_m, block_n, block_k, stages),
+    )
+    _mgpu_check_choices(
+        "matmul_bias_gelu_with_residuals",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_k": (block_k, (64,)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_n, 16384),
+        (
+            stages * (2 * block_m * block_k + 2 * block_n * block_k)
+            + 2 * block_m * block_n
+            + 4 * block_m * block_n
+            + 4 * block_n,
+            232448,
+        ),
+    )
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
@@ -4092,6 +4579,7 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu(x, y, bias, *, m, n, k, interpre
             block_m=block_m,
             block_n=block_n,
             block_k=block_k,
+            stages=stages,
         ),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),
@@ -4833,6 +5321,10 @@ def _matmul_bias_gelu_backward_over_m_mosaic_gpu(acc, bias, dz, *, m, n, interpr
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_m",
+        "mgpu_block_k",
+        "mgpu_block_n",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -4849,6 +5341,10 @@ def matmul_bias_gelu_backward_x(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_m=None,
+    mgpu_block_k=None,
+    mgpu_block_n=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """The backward pass of `matmul_bias_gelu`, generated from its spec: the cotangent dx of
@@ -4864,6 +5360,9 @@ def matmul_bias_gelu_backward_x(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -4919,7 +5418,16 @@ def matmul_bias_gelu_backward_x(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_matmul_bias_gelu_backward_x_mosaic_gpu, m=m, k=k, n=n),
+            functools.partial(
+                _matmul_bias_gelu_backward_x_mosaic_gpu,
+                m=m,
+                k=k,
+                n=n,
+                block_m=mgpu_block_m,
+                block_k=mgpu_block_k,
+                block_n=mgpu_block_n,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         dacc,
@@ -5107,7 +5615,7 @@ def _matmul_bias_gelu_backward_x_gpu(
 
 
 def _matmul_bias_gelu_backward_x_mosaic_gpu_kernel(
-    dacc_ref, y_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n
+    dacc_ref, y_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
     program_m = jax.lax.axis_index("M")
     program_k = jax.lax.axis_index("K")
@@ -5132,7 +5640,7 @@ def _matmul_bias_gelu_backward_x_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(dacc_ref, y_ref)
         acc = acc_ref[...]
         out_smem[...] = acc.astype(jnp.bfloat16)
@@ -5146,15 +5654,37 @@ def _matmul_bias_gelu_backward_x_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _matmul_bias_gelu_backward_x_mosaic_gpu(dacc, y, *, m, k, n, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_matmul_bias_gelu_backward_x_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _matmul_bias_gelu_backward_x_mosaic_gpu(
+    dacc, y, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
+):
     """`matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_k = 128
-    block_n = 64
+    block_m, block_k, block_n, stages = _gpu_options(
+        _matmul_bias_gelu_backward_x_mosaic_gpu_options,
+        (m, k, n),
+        (block_m, block_k, block_n, stages),
+    )
+    _mgpu_check_choices(
+        "matmul_bias_gelu_backward_x",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_k": (block_k, (64, 128, 256)),
+            "mgpu_block_n": (block_n, (16, 32, 64)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_k, 16384),
+        (stages * (2 * block_m * block_n + 2 * block_k * block_n) + 2 * block_m * block_k, 232448),
+    )
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
@@ -5166,6 +5696,7 @@ def _matmul_bias_gelu_backward_x_mosaic_gpu(dacc, y, *, m, k, n, interpret):
             block_m=block_m,
             block_k=block_k,
             block_n=block_n,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
@@ -5193,6 +5724,10 @@ def _matmul_bias_gelu_backward_x_mosaic_gpu(dacc, y, *, m, k, n, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_k",
+        "mgpu_block_n",
+        "mgpu_block_m",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -5209,6 +5744,10 @@ def matmul_bias_gelu_backward_y(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_k=None,
+    mgpu_block_n=None,
+    mgpu_block_m=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """The backward pass of `matmul_bias_gelu`, generated from its spec: the cotangent dy of
@@ -5224,6 +5763,9 @@ def matmul_bias_gelu_backward_y(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -5279,7 +5821,16 @@ def matmul_bias_gelu_backward_y(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_matmul_bias_gelu_backward_y_mosaic_gpu, k=k, n=n, m=m),
+            functools.partial(
+                _matmul_bias_gelu_backward_y_mosaic_gpu,
+                k=k,
+                n=n,
+                m=m,
+                block_k=mgpu_block_k,
+                block_n=mgpu_block_n,
+                block_m=mgpu_block_m,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         x,
@@ -5462,7 +6013,7 @@ def _matmul_bias_gelu_backward_y_gpu(
 
 
 def _matmul_bias_gelu_backward_y_mosaic_gpu_kernel(
-    x_ref, dacc_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m
+    x_ref, dacc_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
 ):
     program_k = jax.lax.axis_index("K")
     program_n = jax.lax.axis_index("N")
@@ -5487,7 +6038,7 @@ def _matmul_bias_gelu_backward_y_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(x_ref, dacc_ref)
         acc = acc_ref[...]
         out_smem[...] = acc.astype(jnp.bfloat16)
@@ -5501,15 +6052,37 @@ def _matmul_bias_gelu_backward_y_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _matmul_bias_gelu_backward_y_mosaic_gpu(x, dacc, *, k, n, m, interpret):
+# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_matmul_bias_gelu_backward_y_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _matmul_bias_gelu_backward_y_mosaic_gpu(
+    x, dacc, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
+):
     """`matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_k = 128
-    block_n = 128
-    block_m = 64
+    block_k, block_n, block_m, stages = _gpu_options(
+        _matmul_bias_gelu_backward_y_mosaic_gpu_options,
+        (k, n, m),
+        (block_k, block_n, block_m, stages),
+    )
+    _mgpu_check_choices(
+        "matmul_bias_gelu_backward_y",
+        {
+            "mgpu_block_k": (block_k, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_m": (block_m, (64,)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_k * block_n, 16384),
+        (stages * (2 * block_k * block_m + 2 * block_n * block_m) + 2 * block_k * block_n, 232448),
+    )
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
     padded_m = m + -m % block_m
@@ -5522,6 +6095,7 @@ def _matmul_bias_gelu_backward_y_mosaic_gpu(x, dacc, *, k, n, m, interpret):
             block_k=block_k,
             block_n=block_n,
             block_m=block_m,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
         scratch_types=[
@@ -5549,6 +6123,10 @@ def _matmul_bias_gelu_backward_y_mosaic_gpu(x, dacc, *, k, n, m, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_m",
+        "mgpu_block_n",
+        "mgpu_block_k",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -5565,6 +6143,10 @@ def matmul_int8(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_m=None,
+    mgpu_block_n=None,
+    mgpu_block_k=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """int8 x int8 -> int32, as in \"The Rise of Pallas\".
@@ -5579,6 +6161,9 @@ def matmul_int8(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -5621,6 +6206,10 @@ def matmul_int8(
             gpu_warps=gpu_warps,
             gpu_stages=gpu_stages,
             gpu_backend=gpu_backend,
+            mgpu_block_m=mgpu_block_m,
+            mgpu_block_n=mgpu_block_n,
+            mgpu_block_k=mgpu_block_k,
+            mgpu_stages=mgpu_stages,
             interpret=interpret,
         ),
         functools.partial(_matmul_int8_vjp, interpret=interpret),
@@ -5652,6 +6241,10 @@ def _matmul_int8_forward(
     gpu_warps,
     gpu_stages,
     gpu_backend,
+    mgpu_block_m,
+    mgpu_block_n,
+    mgpu_block_k,
+    mgpu_stages,
     interpret,
 ):
     """`matmul_int8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
@@ -5673,7 +6266,16 @@ def _matmul_int8_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_matmul_int8_mosaic_gpu, m=m, n=n, k=k),
+            functools.partial(
+                _matmul_int8_mosaic_gpu,
+                m=m,
+                n=n,
+                k=k,
+                block_m=mgpu_block_m,
+                block_n=mgpu_block_n,
+                block_k=mgpu_block_k,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         x,
@@ -5844,7 +6446,7 @@ def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
 
 
 def _matmul_int8_mosaic_gpu_kernel(
-    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k
+    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
 ):
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
@@ -5869,7 +6471,7 @@ def _matmul_int8_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.int8, block_k),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(x_ref, y_ref)
         acc = acc_ref[...]
         out_smem[...] = acc
@@ -5882,15 +6484,35 @@ def _matmul_int8_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _matmul_int8_mosaic_gpu(x, y, *, m, n, k, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_matmul_int8_mosaic_gpu_options = {None: (128, 128, 128, 2)}
+
+
+def _matmul_int8_mosaic_gpu(
+    x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
+):
     """`matmul_int8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_n = 128
-    block_k = 128
+    block_m, block_n, block_k, stages = _gpu_options(
+        _matmul_int8_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
+    )
+    _mgpu_check_choices(
+        "matmul_int8",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_k": (block_k, (32, 64, 128)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_n, 16384),
+        (stages * (1 * block_m * block_k + 1 * block_n * block_k) + 4 * block_m * block_n, 232448),
+    )
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
@@ -5899,7 +6521,11 @@ def _matmul_int8_mosaic_gpu(x, y, *, m, n, k, interpret):
     y = _mgpu_pad(y, (padded_n, padded_k))
     (z,) = plgpu.kernel(
         functools.partial(
-            _matmul_int8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k
+            _matmul_int8_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),),
         scratch_types=[
@@ -5927,6 +6553,10 @@ def _matmul_int8_mosaic_gpu(x, y, *, m, n, k, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_m",
+        "mgpu_block_n",
+        "mgpu_block_k",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -5943,6 +6573,10 @@ def batched_matmul(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_m=None,
+    mgpu_block_n=None,
+    mgpu_block_k=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """A batch of matmuls: one (M, N) tile of one batch element per step.
@@ -5957,6 +6591,9 @@ def batched_matmul(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -6003,6 +6640,10 @@ def batched_matmul(
             gpu_warps=gpu_warps,
             gpu_stages=gpu_stages,
             gpu_backend=gpu_backend,
+            mgpu_block_m=mgpu_block_m,
+            mgpu_block_n=mgpu_block_n,
+            mgpu_block_k=mgpu_block_k,
+            mgpu_stages=mgpu_stages,
             interpret=interpret,
         ),
         functools.partial(_batched_matmul_vjp, interpret=interpret),
@@ -6035,6 +6676,10 @@ def _batched_matmul_forward(
     gpu_warps,
     gpu_stages,
     gpu_backend,
+    mgpu_block_m,
+    mgpu_block_n,
+    mgpu_block_k,
+    mgpu_stages,
     interpret,
 ):
     """`batched_matmul` on its checked arrays: the forward pass that `jax.grad` differentiates."""
@@ -6064,7 +6709,17 @@ def _batched_matmul_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_batched_matmul_mosaic_gpu, b=b, m=m, n=n, k=k),
+            functools.partial(
+                _batched_matmul_mosaic_gpu,
+                b=b,
+                m=m,
+                n=n,
+                k=k,
+                block_m=mgpu_block_m,
+                block_n=mgpu_block_n,
+                block_k=mgpu_block_k,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         x,
@@ -6249,7 +6904,7 @@ def _batched_matmul_gpu(
 
 
 def _batched_matmul_mosaic_gpu_kernel(
-    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k
+    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
 ):
     program_b = jax.lax.axis_index("B")
     program_m = jax.lax.axis_index("M")
@@ -6275,7 +6930,7 @@ def _batched_matmul_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(x_ref.at[program_b], y_ref.at[program_b])
         acc = acc_ref[...]
         out_smem[...] = acc
@@ -6291,15 +6946,36 @@ def _batched_matmul_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _batched_matmul_mosaic_gpu(x, y, *, b, m, n, k, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (B, M, N, K) shown (the spec's .tuning.json
+# file), the entry nearest the call's sizes winning. None: any other GPU (the built-in
+# ones).
+_batched_matmul_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _batched_matmul_mosaic_gpu(
+    x, y, *, b, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
+):
     """`batched_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_n = 128
-    block_k = 64
+    block_m, block_n, block_k, stages = _gpu_options(
+        _batched_matmul_mosaic_gpu_options, (b, m, n, k), (block_m, block_n, block_k, stages)
+    )
+    _mgpu_check_choices(
+        "batched_matmul",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_k": (block_k, (64,)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_n, 16384),
+        (stages * (2 * block_m * block_k + 2 * block_n * block_k) + 4 * block_m * block_n, 232448),
+    )
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
@@ -6307,7 +6983,11 @@ def _batched_matmul_mosaic_gpu(x, y, *, b, m, n, k, interpret):
     y = _mgpu_pad(y, (b, padded_k, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(
-            _batched_matmul_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k
+            _batched_matmul_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_n), jnp.float32),),
         scratch_types=[
@@ -6621,6 +7301,10 @@ def _batched_matmul_backward_epilogue_mosaic_gpu(dz, *, b, m, n, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_m",
+        "mgpu_block_k",
+        "mgpu_block_n",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -6637,6 +7321,10 @@ def batched_matmul_backward_x(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_m=None,
+    mgpu_block_k=None,
+    mgpu_block_n=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """The backward pass of `batched_matmul`, generated from its spec: the cotangent dx of
@@ -6652,6 +7340,9 @@ def batched_matmul_backward_x(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -6710,7 +7401,17 @@ def batched_matmul_backward_x(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_batched_matmul_backward_x_mosaic_gpu, b=b, m=m, k=k, n=n),
+            functools.partial(
+                _batched_matmul_backward_x_mosaic_gpu,
+                b=b,
+                m=m,
+                k=k,
+                n=n,
+                block_m=mgpu_block_m,
+                block_k=mgpu_block_k,
+                block_n=mgpu_block_n,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         dacc,
@@ -6903,7 +7604,7 @@ def _batched_matmul_backward_x_gpu(
 
 
 def _batched_matmul_backward_x_mosaic_gpu_kernel(
-    dacc_ref, y_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n
+    dacc_ref, y_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
     program_b = jax.lax.axis_index("B")
     program_m = jax.lax.axis_index("M")
@@ -6929,7 +7630,7 @@ def _batched_matmul_backward_x_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(dacc_ref.at[program_b], y_ref.at[program_b])
         acc = acc_ref[...]
         out_smem[...] = acc.astype(jnp.bfloat16)
@@ -6945,15 +7646,38 @@ def _batched_matmul_backward_x_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _batched_matmul_backward_x_mosaic_gpu(dacc, y, *, b, m, k, n, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (B, M, K, N) shown (the spec's .tuning.json
+# file), the entry nearest the call's sizes winning. None: any other GPU (the built-in
+# ones).
+_batched_matmul_backward_x_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _batched_matmul_backward_x_mosaic_gpu(
+    dacc, y, *, b, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
+):
     """`batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_k = 128
-    block_n = 64
+    block_m, block_k, block_n, stages = _gpu_options(
+        _batched_matmul_backward_x_mosaic_gpu_options,
+        (b, m, k, n),
+        (block_m, block_k, block_n, stages),
+    )
+    _mgpu_check_choices(
+        "batched_matmul_backward_x",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_k": (block_k, (64, 128, 256)),
+            "mgpu_block_n": (block_n, (16, 32, 64)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_k, 16384),
+        (stages * (2 * block_m * block_n + 2 * block_k * block_n) + 2 * block_m * block_k, 232448),
+    )
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
@@ -6965,6 +7689,7 @@ def _batched_matmul_backward_x_mosaic_gpu(dacc, y, *, b, m, k, n, interpret):
             block_m=block_m,
             block_k=block_k,
             block_n=block_n,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
@@ -6992,6 +7717,10 @@ def _batched_matmul_backward_x_mosaic_gpu(dacc, y, *, b, m, k, n, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_k",
+        "mgpu_block_n",
+        "mgpu_block_m",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -7008,6 +7737,10 @@ def batched_matmul_backward_y(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_k=None,
+    mgpu_block_n=None,
+    mgpu_block_m=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """The backward pass of `batched_matmul`, generated from its spec: the cotangent dy of
@@ -7023,6 +7756,9 @@ def batched_matmul_backward_y(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -7081,7 +7817,17 @@ def batched_matmul_backward_y(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_batched_matmul_backward_y_mosaic_gpu, b=b, k=k, n=n, m=m),
+            functools.partial(
+                _batched_matmul_backward_y_mosaic_gpu,
+                b=b,
+                k=k,
+                n=n,
+                m=m,
+                block_k=mgpu_block_k,
+                block_n=mgpu_block_n,
+                block_m=mgpu_block_m,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         x,
@@ -7269,7 +8015,7 @@ def _batched_matmul_backward_y_gpu(
 
 
 def _batched_matmul_backward_y_mosaic_gpu_kernel(
-    x_ref, dacc_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m
+    x_ref, dacc_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
 ):
     program_b = jax.lax.axis_index("B")
     program_k = jax.lax.axis_index("K")
@@ -7295,7 +8041,7 @@ def _batched_matmul_backward_y_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(x_ref.at[program_b], dacc_ref.at[program_b])
         acc = acc_ref[...]
         out_smem[...] = acc.astype(jnp.bfloat16)
@@ -7311,15 +8057,38 @@ def _batched_matmul_backward_y_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _batched_matmul_backward_y_mosaic_gpu(x, dacc, *, b, k, n, m, interpret):
+# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (B, K, N, M) shown (the spec's .tuning.json
+# file), the entry nearest the call's sizes winning. None: any other GPU (the built-in
+# ones).
+_batched_matmul_backward_y_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _batched_matmul_backward_y_mosaic_gpu(
+    x, dacc, *, b, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
+):
     """`batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_k = 128
-    block_n = 128
-    block_m = 64
+    block_k, block_n, block_m, stages = _gpu_options(
+        _batched_matmul_backward_y_mosaic_gpu_options,
+        (b, k, n, m),
+        (block_k, block_n, block_m, stages),
+    )
+    _mgpu_check_choices(
+        "batched_matmul_backward_y",
+        {
+            "mgpu_block_k": (block_k, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_m": (block_m, (64,)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_k * block_n, 16384),
+        (stages * (2 * block_k * block_m + 2 * block_n * block_m) + 2 * block_k * block_n, 232448),
+    )
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
     padded_m = m + -m % block_m
@@ -7332,6 +8101,7 @@ def _batched_matmul_backward_y_mosaic_gpu(x, dacc, *, b, k, n, m, interpret):
             block_k=block_k,
             block_n=block_n,
             block_m=block_m,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_k, padded_n), jnp.bfloat16),),
         scratch_types=[
@@ -7358,6 +8128,10 @@ def _batched_matmul_backward_y_mosaic_gpu(x, dacc, *, b, k, n, m, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_s",
+        "mgpu_block_t",
+        "mgpu_block_d",
+        "mgpu_stages",
         "scale",
         "interpret",
     ),
@@ -7374,6 +8148,10 @@ def scores(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_s=None,
+    mgpu_block_t=None,
+    mgpu_block_d=None,
+    mgpu_stages=None,
     scale=0.125,
     interpret=None,
 ):
@@ -7389,6 +8167,9 @@ def scores(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -7431,6 +8212,10 @@ def scores(
             gpu_warps=gpu_warps,
             gpu_stages=gpu_stages,
             gpu_backend=gpu_backend,
+            mgpu_block_s=mgpu_block_s,
+            mgpu_block_t=mgpu_block_t,
+            mgpu_block_d=mgpu_block_d,
+            mgpu_stages=mgpu_stages,
             scale=scale,
             interpret=interpret,
         ),
@@ -7463,6 +8248,10 @@ def _scores_forward(
     gpu_warps,
     gpu_stages,
     gpu_backend,
+    mgpu_block_s,
+    mgpu_block_t,
+    mgpu_block_d,
+    mgpu_stages,
     scale,
     interpret,
 ):
@@ -7487,7 +8276,18 @@ def _scores_forward(
                 num_stages=gpu_stages,
                 scale=scale,
             ),
-            functools.partial(_scores_mosaic_gpu, b=b, s_=s_, t=t, d=d, scale=scale),
+            functools.partial(
+                _scores_mosaic_gpu,
+                b=b,
+                s_=s_,
+                t=t,
+                d=d,
+                scale=scale,
+                block_s=mgpu_block_s,
+                block_t=mgpu_block_t,
+                block_d=mgpu_block_d,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         q,
@@ -7647,7 +8447,7 @@ def _scores_gpu(
 
 
 def _scores_mosaic_gpu_kernel(
-    q_ref, k_ref, s_ref, out_smem, barrier, *, block_s, block_t, block_d, scale
+    q_ref, k_ref, s_ref, out_smem, barrier, *, block_s, block_t, block_d, stages, scale
 ):
     program_b = jax.lax.axis_index("B")
     program_s = jax.lax.axis_index("S")
@@ -7673,7 +8473,7 @@ def _scores_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(q_ref.at[program_b], k_ref.at[program_b])
         acc = acc_ref[...]
         out_smem[...] = acc * scale
@@ -7689,15 +8489,36 @@ def _scores_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _scores_mosaic_gpu(q, k, *, b, s_, t, d, scale, interpret):
+# Mosaic GPU blocks and pipeline stages (block_s, block_t, block_d, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (B, S, T, D) shown (the spec's .tuning.json
+# file), the entry nearest the call's sizes winning. None: any other GPU (the built-in
+# ones).
+_scores_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _scores_mosaic_gpu(
+    q, k, *, b, s_, t, d, scale, block_s=None, block_t=None, block_d=None, stages=None, interpret
+):
     """`scores` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_s = 128
-    block_t = 128
-    block_d = 64
+    block_s, block_t, block_d, stages = _gpu_options(
+        _scores_mosaic_gpu_options, (b, s_, t, d), (block_s, block_t, block_d, stages)
+    )
+    _mgpu_check_choices(
+        "scores",
+        {
+            "mgpu_block_s": (block_s, (64, 128)),
+            "mgpu_block_t": (block_t, (64, 128, 256)),
+            "mgpu_block_d": (block_d, (16, 32, 64)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_s * block_t, 16384),
+        (stages * (2 * block_s * block_d + 2 * block_t * block_d) + 4 * block_s * block_t, 232448),
+    )
     padded_s_ = s_ + -s_ % block_s
     padded_t = t + -t % block_t
     padded_d = d + -d % block_d
@@ -7709,6 +8530,7 @@ def _scores_mosaic_gpu(q, k, *, b, s_, t, d, scale, interpret):
             block_s=block_s,
             block_t=block_t,
             block_d=block_d,
+            stages=stages,
             scale=scale,
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_s_, padded_t), jnp.float32),),
@@ -8030,6 +8852,10 @@ def _scores_backward_epilogue_mosaic_gpu(ds, *, b, s, t, scale, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_s",
+        "mgpu_block_d",
+        "mgpu_block_t",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -8046,6 +8872,10 @@ def scores_backward_q(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_s=None,
+    mgpu_block_d=None,
+    mgpu_block_t=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """The backward pass of `scores`, generated from its spec: the cotangent dq of
@@ -8061,6 +8891,9 @@ def scores_backward_q(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -8113,7 +8946,17 @@ def scores_backward_q(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_scores_backward_q_mosaic_gpu, b=b, s=s, d=d, t=t),
+            functools.partial(
+                _scores_backward_q_mosaic_gpu,
+                b=b,
+                s=s,
+                d=d,
+                t=t,
+                block_s=mgpu_block_s,
+                block_d=mgpu_block_d,
+                block_t=mgpu_block_t,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         dacc,
@@ -8295,7 +9138,7 @@ def _scores_backward_q_gpu(
 
 
 def _scores_backward_q_mosaic_gpu_kernel(
-    dacc_ref, k_ref, dq_ref, out_smem, barrier, *, block_s, block_d, block_t
+    dacc_ref, k_ref, dq_ref, out_smem, barrier, *, block_s, block_d, block_t, stages
 ):
     program_b = jax.lax.axis_index("B")
     program_s = jax.lax.axis_index("S")
@@ -8321,7 +9164,7 @@ def _scores_backward_q_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(dacc_ref.at[program_b], k_ref.at[program_b])
         acc = acc_ref[...]
         out_smem[...] = acc.astype(jnp.bfloat16)
@@ -8337,15 +9180,36 @@ def _scores_backward_q_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _scores_backward_q_mosaic_gpu(dacc, k, *, b, s, d, t, interpret):
+# Mosaic GPU blocks and pipeline stages (block_s, block_d, block_t, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (B, S, D, T) shown (the spec's .tuning.json
+# file), the entry nearest the call's sizes winning. None: any other GPU (the built-in
+# ones).
+_scores_backward_q_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _scores_backward_q_mosaic_gpu(
+    dacc, k, *, b, s, d, t, block_s=None, block_d=None, block_t=None, stages=None, interpret
+):
     """`scores_backward_q` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_s = 128
-    block_d = 128
-    block_t = 64
+    block_s, block_d, block_t, stages = _gpu_options(
+        _scores_backward_q_mosaic_gpu_options, (b, s, d, t), (block_s, block_d, block_t, stages)
+    )
+    _mgpu_check_choices(
+        "scores_backward_q",
+        {
+            "mgpu_block_s": (block_s, (64, 128)),
+            "mgpu_block_d": (block_d, (64, 128, 256)),
+            "mgpu_block_t": (block_t, (64,)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_s * block_d, 16384),
+        (stages * (2 * block_s * block_t + 2 * block_d * block_t) + 2 * block_s * block_d, 232448),
+    )
     padded_s = s + -s % block_s
     padded_d = d + -d % block_d
     padded_t = t + -t % block_t
@@ -8353,7 +9217,11 @@ def _scores_backward_q_mosaic_gpu(dacc, k, *, b, s, d, t, interpret):
     k = _mgpu_pad(k, (b, padded_t, padded_d))
     (dq,) = plgpu.kernel(
         functools.partial(
-            _scores_backward_q_mosaic_gpu_kernel, block_s=block_s, block_d=block_d, block_t=block_t
+            _scores_backward_q_mosaic_gpu_kernel,
+            block_s=block_s,
+            block_d=block_d,
+            block_t=block_t,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_s, padded_d), jnp.bfloat16),),
         scratch_types=[
@@ -8381,6 +9249,10 @@ def _scores_backward_q_mosaic_gpu(dacc, k, *, b, s, d, t, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_t",
+        "mgpu_block_d",
+        "mgpu_block_s",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -8397,6 +9269,10 @@ def scores_backward_k(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_t=None,
+    mgpu_block_d=None,
+    mgpu_block_s=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """The backward pass of `scores`, generated from its spec: the cotangent dk of
@@ -8412,6 +9288,9 @@ def scores_backward_k(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -8464,7 +9343,17 @@ def scores_backward_k(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_scores_backward_k_mosaic_gpu, b=b, t=t, d=d, s=s),
+            functools.partial(
+                _scores_backward_k_mosaic_gpu,
+                b=b,
+                t=t,
+                d=d,
+                s=s,
+                block_t=mgpu_block_t,
+                block_d=mgpu_block_d,
+                block_s=mgpu_block_s,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         dacc,
@@ -8650,7 +9539,7 @@ def _scores_backward_k_gpu(
 
 
 def _scores_backward_k_mosaic_gpu_kernel(
-    dacc_ref, q_ref, dk_ref, out_smem, barrier, *, block_t, block_d, block_s
+    dacc_ref, q_ref, dk_ref, out_smem, barrier, *, block_t, block_d, block_s, stages
 ):
     program_b = jax.lax.axis_index("B")
     program_t = jax.lax.axis_index("T")
@@ -8676,7 +9565,7 @@ def _scores_backward_k_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(dacc_ref.at[program_b], q_ref.at[program_b])
         acc = acc_ref[...]
         out_smem[...] = acc.astype(jnp.bfloat16)
@@ -8692,15 +9581,36 @@ def _scores_backward_k_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _scores_backward_k_mosaic_gpu(dacc, q, *, b, t, d, s, interpret):
+# Mosaic GPU blocks and pipeline stages (block_t, block_d, block_s, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (B, T, D, S) shown (the spec's .tuning.json
+# file), the entry nearest the call's sizes winning. None: any other GPU (the built-in
+# ones).
+_scores_backward_k_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _scores_backward_k_mosaic_gpu(
+    dacc, q, *, b, t, d, s, block_t=None, block_d=None, block_s=None, stages=None, interpret
+):
     """`scores_backward_k` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_t = 128
-    block_d = 128
-    block_s = 64
+    block_t, block_d, block_s, stages = _gpu_options(
+        _scores_backward_k_mosaic_gpu_options, (b, t, d, s), (block_t, block_d, block_s, stages)
+    )
+    _mgpu_check_choices(
+        "scores_backward_k",
+        {
+            "mgpu_block_t": (block_t, (64, 128)),
+            "mgpu_block_d": (block_d, (64, 128, 256)),
+            "mgpu_block_s": (block_s, (64,)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_t * block_d, 16384),
+        (stages * (2 * block_t * block_s + 2 * block_d * block_s) + 2 * block_t * block_d, 232448),
+    )
     padded_t = t + -t % block_t
     padded_d = d + -d % block_d
     padded_s = s + -s % block_s
@@ -8709,7 +9619,11 @@ def _scores_backward_k_mosaic_gpu(dacc, q, *, b, t, d, s, interpret):
     q = _mgpu_pad(q, (b, padded_s, padded_d))
     (dk,) = plgpu.kernel(
         functools.partial(
-            _scores_backward_k_mosaic_gpu_kernel, block_t=block_t, block_d=block_d, block_s=block_s
+            _scores_backward_k_mosaic_gpu_kernel,
+            block_t=block_t,
+            block_d=block_d,
+            block_s=block_s,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_t, padded_d), jnp.bfloat16),),
         scratch_types=[
@@ -8737,6 +9651,10 @@ def _scores_backward_k_mosaic_gpu(dacc, q, *, b, t, d, s, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_m",
+        "mgpu_block_n",
+        "mgpu_block_k",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -8754,6 +9672,10 @@ def linear(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_m=None,
+    mgpu_block_n=None,
+    mgpu_block_k=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """A linear layer whose weight is stored transposed, [N, K], as PyTorch keeps it.
@@ -8769,6 +9691,9 @@ def linear(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -8814,6 +9739,10 @@ def linear(
             gpu_warps=gpu_warps,
             gpu_stages=gpu_stages,
             gpu_backend=gpu_backend,
+            mgpu_block_m=mgpu_block_m,
+            mgpu_block_n=mgpu_block_n,
+            mgpu_block_k=mgpu_block_k,
+            mgpu_stages=mgpu_stages,
             interpret=interpret,
         ),
         functools.partial(_linear_vjp, interpret=interpret),
@@ -8848,6 +9777,10 @@ def _linear_forward(
     gpu_warps,
     gpu_stages,
     gpu_backend,
+    mgpu_block_m,
+    mgpu_block_n,
+    mgpu_block_k,
+    mgpu_stages,
     interpret,
 ):
     """`linear` on its checked arrays: the forward pass that `jax.grad` differentiates."""
@@ -8870,7 +9803,16 @@ def _linear_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_linear_mosaic_gpu, m=m, n=n, k=k),
+            functools.partial(
+                _linear_mosaic_gpu,
+                m=m,
+                n=n,
+                k=k,
+                block_m=mgpu_block_m,
+                block_n=mgpu_block_n,
+                block_k=mgpu_block_k,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         x,
@@ -9060,7 +10002,18 @@ def _linear_gpu(
 
 
 def _linear_mosaic_gpu_kernel(
-    x_ref, w_ref, bias_ref, y_ref, out_smem, barrier, bias_smem, *, block_m, block_n, block_k
+    x_ref,
+    w_ref,
+    bias_ref,
+    y_ref,
+    out_smem,
+    barrier,
+    bias_smem,
+    *,
+    block_m,
+    block_n,
+    block_k,
+    stages,
 ):
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
@@ -9085,7 +10038,7 @@ def _linear_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(x_ref, w_ref)
         plgpu.copy_gmem_to_smem(
             bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
@@ -9103,15 +10056,40 @@ def _linear_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _linear_mosaic_gpu(x, w, bias, *, m, n, k, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_linear_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _linear_mosaic_gpu(
+    x, w, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
+):
     """`linear` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_n = 128
-    block_k = 64
+    block_m, block_n, block_k, stages = _gpu_options(
+        _linear_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
+    )
+    _mgpu_check_choices(
+        "linear",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_k": (block_k, (16, 32, 64)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_n, 16384),
+        (
+            stages * (2 * block_m * block_k + 2 * block_n * block_k)
+            + 2 * block_m * block_n
+            + 4 * block_n,
+            232448,
+        ),
+    )
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
@@ -9121,7 +10099,11 @@ def _linear_mosaic_gpu(x, w, bias, *, m, n, k, interpret):
     bias = _mgpu_pad(bias, (padded_n,))
     (y,) = plgpu.kernel(
         functools.partial(
-            _linear_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k
+            _linear_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
@@ -9442,6 +10424,10 @@ def _linear_backward_over_m_mosaic_gpu(dy, *, m, n, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_m",
+        "mgpu_block_k",
+        "mgpu_block_n",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -9458,6 +10444,10 @@ def linear_backward_x(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_m=None,
+    mgpu_block_k=None,
+    mgpu_block_n=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """The backward pass of `linear`, generated from its spec: the cotangent dx of
@@ -9473,6 +10463,9 @@ def linear_backward_x(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -9516,7 +10509,16 @@ def linear_backward_x(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_linear_backward_x_mosaic_gpu, m=m, k=k, n=n),
+            functools.partial(
+                _linear_backward_x_mosaic_gpu,
+                m=m,
+                k=k,
+                n=n,
+                block_m=mgpu_block_m,
+                block_k=mgpu_block_k,
+                block_n=mgpu_block_n,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         dy,
@@ -9693,7 +10695,7 @@ def _linear_backward_x_gpu(
 
 
 def _linear_backward_x_mosaic_gpu_kernel(
-    dy_ref, w_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n
+    dy_ref, w_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
     program_m = jax.lax.axis_index("M")
     program_k = jax.lax.axis_index("K")
@@ -9718,7 +10720,7 @@ def _linear_backward_x_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(dy_ref, w_ref)
         acc = acc_ref[...]
         out_smem[...] = acc.astype(jnp.bfloat16)
@@ -9732,15 +10734,35 @@ def _linear_backward_x_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _linear_backward_x_mosaic_gpu(dy, w, *, m, k, n, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_linear_backward_x_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _linear_backward_x_mosaic_gpu(
+    dy, w, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
+):
     """`linear_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_k = 128
-    block_n = 64
+    block_m, block_k, block_n, stages = _gpu_options(
+        _linear_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
+    )
+    _mgpu_check_choices(
+        "linear_backward_x",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_k": (block_k, (64, 128, 256)),
+            "mgpu_block_n": (block_n, (64,)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_k, 16384),
+        (stages * (2 * block_m * block_n + 2 * block_k * block_n) + 2 * block_m * block_k, 232448),
+    )
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
@@ -9748,7 +10770,11 @@ def _linear_backward_x_mosaic_gpu(dy, w, *, m, k, n, interpret):
     w = _mgpu_pad(w, (padded_n, padded_k))
     (dx,) = plgpu.kernel(
         functools.partial(
-            _linear_backward_x_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, block_n=block_n
+            _linear_backward_x_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_k=block_k,
+            block_n=block_n,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
@@ -9776,6 +10802,10 @@ def _linear_backward_x_mosaic_gpu(dy, w, *, m, k, n, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_n",
+        "mgpu_block_k",
+        "mgpu_block_m",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -9792,6 +10822,10 @@ def linear_backward_w(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_n=None,
+    mgpu_block_k=None,
+    mgpu_block_m=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """The backward pass of `linear`, generated from its spec: the cotangent dw of
@@ -9807,6 +10841,9 @@ def linear_backward_w(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -9850,7 +10887,16 @@ def linear_backward_w(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_linear_backward_w_mosaic_gpu, n=n, k=k, m=m),
+            functools.partial(
+                _linear_backward_w_mosaic_gpu,
+                n=n,
+                k=k,
+                m=m,
+                block_n=mgpu_block_n,
+                block_k=mgpu_block_k,
+                block_m=mgpu_block_m,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         dy,
@@ -10031,7 +11077,7 @@ def _linear_backward_w_gpu(
 
 
 def _linear_backward_w_mosaic_gpu_kernel(
-    dy_ref, x_ref, dw_ref, out_smem, barrier, *, block_n, block_k, block_m
+    dy_ref, x_ref, dw_ref, out_smem, barrier, *, block_n, block_k, block_m, stages
 ):
     program_n = jax.lax.axis_index("N")
     program_k = jax.lax.axis_index("K")
@@ -10056,7 +11102,7 @@ def _linear_backward_w_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(dy_ref, x_ref)
         acc = acc_ref[...]
         out_smem[...] = acc.astype(jnp.bfloat16)
@@ -10070,15 +11116,35 @@ def _linear_backward_w_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _linear_backward_w_mosaic_gpu(dy, x, *, n, k, m, interpret):
+# Mosaic GPU blocks and pipeline stages (block_n, block_k, block_m, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (N, K, M) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_linear_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _linear_backward_w_mosaic_gpu(
+    dy, x, *, n, k, m, block_n=None, block_k=None, block_m=None, stages=None, interpret
+):
     """`linear_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_n = 128
-    block_k = 128
-    block_m = 64
+    block_n, block_k, block_m, stages = _gpu_options(
+        _linear_backward_w_mosaic_gpu_options, (n, k, m), (block_n, block_k, block_m, stages)
+    )
+    _mgpu_check_choices(
+        "linear_backward_w",
+        {
+            "mgpu_block_n": (block_n, (64, 128)),
+            "mgpu_block_k": (block_k, (64, 128, 256)),
+            "mgpu_block_m": (block_m, (64,)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_n * block_k, 16384),
+        (stages * (2 * block_n * block_m + 2 * block_k * block_m) + 2 * block_n * block_k, 232448),
+    )
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
     padded_m = m + -m % block_m
@@ -10087,7 +11153,11 @@ def _linear_backward_w_mosaic_gpu(dy, x, *, n, k, m, interpret):
     x = _mgpu_pad(x, (padded_m, padded_k))
     (dw,) = plgpu.kernel(
         functools.partial(
-            _linear_backward_w_mosaic_gpu_kernel, block_n=block_n, block_k=block_k, block_m=block_m
+            _linear_backward_w_mosaic_gpu_kernel,
+            block_n=block_n,
+            block_k=block_k,
+            block_m=block_m,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_n, padded_k), jnp.bfloat16),),
         scratch_types=[
