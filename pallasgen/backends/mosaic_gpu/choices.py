@@ -14,6 +14,7 @@ from __future__ import annotations
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.names import block_keyword
+from pallasgen.analysis.product import Product
 from pallasgen.backends.mosaic_gpu.stages import stages
 from pallasgen.backends.mosaic_gpu.support import PRODUCT_TILE, WGMMA_DTYPES, refusal
 
@@ -34,16 +35,18 @@ def tunable(checked: CheckedKernel) -> bool:
 
 def block_choices(checked: CheckedKernel) -> dict[str, tuple[int, ...]]:
     """Each product dimension's blocks, in order: K's are rows of 32, 64 and 128 bytes
-    (the swizzles wgmma reads), or 128 alone where a 16-bit right operand comes N-minor
-    (not transposed): wgmma takes its swizzle (of N, 128 bytes) only if the left's matches."""
+    (the swizzles wgmma reads), or 128 alone where the right operand comes N-minor (not
+    `rhs_n_major`): wgmma takes its swizzle (of N, 128 bytes) only if the left's matches."""
     product = checked.product
     depth = WGMMA_DTYPES[product.lhs.dtype.name]  # elements of 128 bytes
-    n_minor = product.lhs.dtype.bits == 16 and not product.rhs.transposed
-    return {
-        product.m: BLOCKS_M,
-        product.n: BLOCKS_N,
-        product.k: (depth,) if n_minor else (depth // 4, depth // 2, depth),
-    }
+    depths = (depth // 4, depth // 2, depth) if rhs_n_major(product) else (depth,)
+    return {product.m: BLOCKS_M, product.n: BLOCKS_N, product.k: depths}
+
+
+def rhs_n_major(product: Product) -> bool:
+    """Whether the right operand's tiles come [N, K] (K-minor): wgmma reads a transposed
+    tile of 16-bit operands only, so the launcher swaps the others to this."""
+    return product.rhs.transposed or product.lhs.dtype.bits != 16
 
 
 def defaults(checked: CheckedKernel) -> dict[str, int]:

@@ -359,8 +359,7 @@ class _ProductPlanner(_Planner):
         batch = layout[:-2]
         m, n, k = product.m, product.n, product.k
         multiples = {d: block_keyword(d) for d in (m, n, k)}
-        # wgmma reads a transposed tile of 16-bit operands only: others come K-minor.
-        rhs_n_major = product.rhs.transposed or product.lhs.dtype.bits != 16
+        rhs_n_major = choices.rhs_n_major(product)
         program = {d: self.namer.claim(f"program_{d.lower()}") for d in layout}
         acc_ref, out_smem, barrier, step, scope, pipeline_stages = (
             self.namer.claim(x) for x in ("acc_ref", "out_smem", "barrier", "step", "accumulate", "stages")
