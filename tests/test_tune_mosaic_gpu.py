@@ -11,7 +11,10 @@ from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
+from jax.experimental.pallas import mosaic_gpu as plgpu
+from kernel_cases import take_gpu_branch
 from test_cli import pallasgen, project, write  # noqa: F401  (a fixture)
 from test_tune_gpu import H100, H200, MATMUL, checked, gpu_entry
 
@@ -195,3 +198,17 @@ def test_tune_gpu_for_mosaic_gpu_without_a_cuda_device_says_it_needs_one(project
 def test_gpu_backend_without_gpu_is_a_usage_error(project):  # noqa: F811
     result = pallasgen("tune", "specs/add_vectors.pallas", "--chip", "v5e", "--gpu-backend", "mosaic_gpu")
     assert result.exit_code == 2 and "--gpu-backend chooses what --gpu tunes" in result.stderr
+
+
+@pytest.mark.skipif(
+    not hasattr(plgpu, "InterpretGPUParams"), reason="Mosaic GPU's interpreter is public from jax 0.12"
+)
+@pytest.mark.parametrize("blocks", [(64, 256, 8, 3), (128, 64, 16, 1), (64, 64, 32, 6)])
+def test_a_product_with_other_blocks_and_stages_agrees_at_ragged_sizes(project, monkeypatch, blocks):  # noqa: F811
+    module = build(project)
+    take_gpu_branch(monkeypatch, module)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((200, 300), np.float32), rng.standard_normal((300, 260), np.float32)
+    keywords = dict(zip(("mgpu_block_m", "mgpu_block_n", "mgpu_block_k", "mgpu_stages"), blocks))
+    got = module.mm(x, y, gpu_backend="mosaic_gpu", interpret=plgpu.InterpretGPUParams(), **keywords)
+    np.testing.assert_allclose(np.asarray(got), x @ y, rtol=1e-4, atol=1e-3)
