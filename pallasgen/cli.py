@@ -572,10 +572,8 @@ def _tune_gpu(kernels, given: dict[str, int], budget: int, tuning, device: str, 
     if backend == "mosaic_gpu":
         for _, checked in kernels:
             if not choices.tunable(checked):
-                click.echo(
-                    f"pallasgen: note: {checked.kernel.name}: no Mosaic GPU blocks to tune (only a product it takes has them)",
-                    err=True,
-                )
+                why = "no Mosaic GPU blocks to tune (only a product it takes has them)"
+                click.echo(f"pallasgen: note: {checked.kernel.name}: {why}", err=True)
         kernels = [(module, checked) for module, checked in kernels if choices.tunable(checked)]
         if not kernels:
             _usage_error("none of these kernels has Mosaic GPU blocks to tune (only a product it takes has them)")

@@ -212,3 +212,12 @@ def test_a_product_with_other_blocks_and_stages_agrees_at_ragged_sizes(project, 
     keywords = dict(zip(("mgpu_block_m", "mgpu_block_n", "mgpu_block_k", "mgpu_stages"), blocks))
     got = module.mm(x, y, gpu_backend="mosaic_gpu", interpret=plgpu.InterpretGPUParams(), **keywords)
     np.testing.assert_allclose(np.asarray(got), x @ y, rtol=1e-4, atol=1e-3)
+
+
+def test_a_second_search_starts_from_the_entry_tuned_before_unless_it_no_longer_fits():
+    before = gpu_entry(checked(), H100, SIZES, {"M": 64, "N": 256, "K": 8}, {"stages": 3}).blocks
+    found = gpu_tune.tune_gpu(StandInTimer(), stand_in_module(), checked(), [], SIZES, 1, print, before, "mosaic_gpu")
+    assert dict(found.start.blocks) == {"mgpu_block_m": 64, "mgpu_block_n": 256, "mgpu_block_k": 8, "mgpu_stages": 3}
+    edited = gpu_entry(checked(), H100, SIZES, {"M": 64, "N": 256}, {"stages": 3}).blocks  # K's block missing
+    found = gpu_tune.tune_gpu(StandInTimer(), stand_in_module(), checked(), [], SIZES, 1, print, edited, "mosaic_gpu")
+    assert dict(found.start.blocks)["mgpu_block_k"] == 32  # the built-in start

@@ -67,7 +67,8 @@ def start_choices(
     the spec's (Mosaic GPU's built-in ones), each the nearest value the search tries."""
     if backend == "mosaic_gpu":
         built_in = mosaic_gpu.defaults(checked) | {mosaic_gpu.STAGES: mosaic_gpu.DEFAULT_STAGES}
-        values = dict(previous.blocks) | dict(previous.options) if previous is not None else built_in
+        fits = previous is not None and not mosaic_gpu.tuned_problem(checked, previous)  # a hand-edited one may not
+        values = dict(previous.blocks) | dict(previous.options) if fits else built_in
         wanted = {keyword: values[what] for keyword, what in mosaic_gpu.keywords(checked).items()}
         return {k: min(options[k], key=lambda v: abs(v - value)) for k, value in wanted.items()}
     settings = checked.settings["gpu"]
