@@ -87,9 +87,18 @@ FEATURES = {
         {"_mgpu_load_vector"},
         {"M": 10, "N": 37},
     ),
+    "mosaic-gpu-product": (
+        "in x: f32[M, K]\nin y: f32[K, N]\nout z: f32[M, N]\nz = x @ y",
+        {"_mgpu_check_choices"},
+        {"M": 20, "N": 30, "K": 40},
+    ),
 }
 # The inputs' dimensions of a feature whose kernel takes other than one x[M, N] (or x[N]).
-INPUTS = {"blocks-in-strips": (("S", "D"), ("T", "D")), "row-input-beside-a-reduction": (("M", "N"), ("M",))}
+INPUTS = {
+    "blocks-in-strips": (("S", "D"), ("T", "D")),
+    "row-input-beside-a-reduction": (("M", "N"), ("M",)),
+    "mosaic-gpu-product": (("M", "K"), ("K", "N")),
+}
 
 
 def feature_source(feature: str) -> str:

@@ -47,9 +47,7 @@ def stand_in_module():
 
 def test_the_search_walks_from_the_built_in_choices_to_the_fastest_on_mosaic_gpu():
     timer = StandInTimer()
-    found = gpu_tune.tune_gpu(
-        timer, stand_in_module(), checked(), [], SIZES, 64, lambda n: None, backend="mosaic_gpu"
-    )
+    found = gpu_tune.tune_gpu(timer, stand_in_module(), checked(), [], SIZES, 64, lambda n: None, backend="mosaic_gpu")
     assert dict(found.best.blocks) == BEST
     assert dict(found.start.blocks) == {"mgpu_block_m": 128, "mgpu_block_n": 128, "mgpu_block_k": 32, "mgpu_stages": 2}
     assert all(call["gpu_backend"] == "mosaic_gpu" for call in timer.calls)
@@ -77,9 +75,9 @@ def test_mosaic_gpu_entries_are_kept_apart_from_tritons():
     assert entry_for(read, mm, H100, SIZES, "gpu").blocks == triton.blocks
     assert entry_for(read, mm, H100, SIZES, "mosaic_gpu").blocks == mosaic.blocks
     item = json.loads(format_tuning(read))["kernels"]["mm"]["tuned_mosaic_gpu"][0]
-    assert item["device"] == H100 and item["blocks"] == {"M": 128, "N": 64, "K": 16} and item["options"] == {
-        "stages": 4
-    }
+    assert (
+        item["device"] == H100 and item["blocks"] == {"M": 128, "N": 64, "K": 16} and item["options"] == {"stages": 4}
+    )
 
 
 def build(project, *entries):  # noqa: F811
@@ -200,9 +198,7 @@ def test_gpu_backend_without_gpu_is_a_usage_error(project):  # noqa: F811
     assert result.exit_code == 2 and "--gpu-backend chooses what --gpu tunes" in result.stderr
 
 
-@pytest.mark.skipif(
-    not hasattr(plgpu, "InterpretGPUParams"), reason="Mosaic GPU's interpreter is public from jax 0.12"
-)
+@pytest.mark.skipif(not hasattr(plgpu, "InterpretGPUParams"), reason="Mosaic GPU's interpreter is public from jax 0.12")
 @pytest.mark.parametrize("blocks", [(64, 256, 8, 3), (128, 64, 16, 1), (64, 64, 32, 6)])
 def test_a_product_with_other_blocks_and_stages_agrees_at_ragged_sizes(project, monkeypatch, blocks):  # noqa: F811
     module = build(project)
