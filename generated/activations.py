@@ -64,10 +64,10 @@ def _gpu_device_kind():
 
 
 def _gpu_options(table, sizes, given):
-    """The blocks and launch options of a GPU (Triton) call: those `given` (not None) as
-    they are, the others from `table`: for the GPU compiled for (see `_gpu_device_kind`),
-    the tuned entry whose sizes are nearest the call's (in powers of two), else the
-    spec's, `table[None]`."""
+    """The blocks and launch options of a GPU call (Triton's, or Mosaic GPU's blocks and
+    stages): those `given` (not None) as they are, the others from `table`: for the GPU
+    compiled for (see `_gpu_device_kind`), the tuned entry whose sizes are nearest the
+    call's (in powers of two), else the built-in ones, `table[None]`."""
 
     def distance(tuned_sizes):
         return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))

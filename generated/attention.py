@@ -64,10 +64,10 @@ def _gpu_device_kind():
 
 
 def _gpu_options(table, sizes, given):
-    """The blocks and launch options of a GPU (Triton) call: those `given` (not None) as
-    they are, the others from `table`: for the GPU compiled for (see `_gpu_device_kind`),
-    the tuned entry whose sizes are nearest the call's (in powers of two), else the
-    spec's, `table[None]`."""
+    """The blocks and launch options of a GPU call (Triton's, or Mosaic GPU's blocks and
+    stages): those `given` (not None) as they are, the others from `table`: for the GPU
+    compiled for (see `_gpu_device_kind`), the tuned entry whose sizes are nearest the
+    call's (in powers of two), else the built-in ones, `table[None]`."""
 
     def distance(tuned_sizes):
         return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
@@ -78,6 +78,28 @@ def _gpu_options(table, sizes, given):
     tuned = table.get(kind) if kind is not None else None
     chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
     return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
+
+
+def _mgpu_check_choices(kernel, choices, accumulator, smem):
+    """Refuses Mosaic GPU blocks and stages it cannot run, before anything compiles:
+    `choices` maps each keyword to (value, its allowed values); `accumulator` and `smem`
+    are (what these values take, the most there is) of wgmma's accumulator (elements)
+    and of shared memory (bytes)."""
+    for keyword, (value, allowed) in choices.items():
+        if type(value) is not int or value not in allowed:
+            raise ValueError(
+                f"{kernel}: {keyword} must be one of {', '.join(map(str, allowed))} or None, got {value!r}"
+            )
+    if accumulator[0] > accumulator[1]:
+        raise ValueError(
+            f"{kernel}: a Mosaic GPU accumulator of {accumulator[0]} elements (mgpu_block_* of M times N)"
+            f" is more than one warpgroup's registers hold ({accumulator[1]})"
+        )
+    if smem[0] > smem[1]:
+        raise ValueError(
+            f"{kernel}: these Mosaic GPU blocks and stages take {smem[0] // 1024} KiB of shared memory,"
+            f" more than the {smem[1] // 1024} KiB of a block: choose smaller ones or fewer stages"
+        )
 
 
 def _mgpu_pad(array, shape):
@@ -14532,7 +14554,7 @@ def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stage
 
 
 def __matmul_softmax_1_mosaic_gpu_kernel(
-    x_ref, w_ref, acc_ref, out_smem, barrier, *, block_m, block_n, block_k
+    x_ref, w_ref, acc_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
 ):
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
@@ -14557,7 +14579,7 @@ def __matmul_softmax_1_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(x_ref, w_ref)
         acc_ = acc_ref_[...]
         out_smem[...] = acc_
@@ -14571,15 +14593,35 @@ def __matmul_softmax_1_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def __matmul_softmax_1_mosaic_gpu(x, w, *, m, n, k, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+__matmul_softmax_1_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def __matmul_softmax_1_mosaic_gpu(
+    x, w, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
+):
     """Stage 1 of `matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_n = 128
-    block_k = 64
+    block_m, block_n, block_k, stages = _gpu_options(
+        __matmul_softmax_1_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
+    )
+    _mgpu_check_choices(
+        "_matmul_softmax_1",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_k": (block_k, (64,)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_n, 16384),
+        (stages * (2 * block_m * block_k + 2 * block_n * block_k) + 4 * block_m * block_n, 232448),
+    )
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
@@ -14587,7 +14629,11 @@ def __matmul_softmax_1_mosaic_gpu(x, w, *, m, n, k, interpret):
     w = _mgpu_pad(w, (padded_k, padded_n))
     (acc,) = plgpu.kernel(
         functools.partial(
-            __matmul_softmax_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k
+            __matmul_softmax_1_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
@@ -15043,6 +15089,10 @@ def _matmul_softmax_backward_mosaic_gpu(y, dy, *, m, n, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_m",
+        "mgpu_block_k",
+        "mgpu_block_n",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -15059,6 +15109,10 @@ def matmul_softmax_backward_x(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_m=None,
+    mgpu_block_k=None,
+    mgpu_block_n=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """The backward pass of `matmul_softmax`, generated from its spec: the cotangent dx of
@@ -15074,6 +15128,9 @@ def matmul_softmax_backward_x(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -15129,7 +15186,16 @@ def matmul_softmax_backward_x(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_matmul_softmax_backward_x_mosaic_gpu, m=m, k=k, n=n),
+            functools.partial(
+                _matmul_softmax_backward_x_mosaic_gpu,
+                m=m,
+                k=k,
+                n=n,
+                block_m=mgpu_block_m,
+                block_k=mgpu_block_k,
+                block_n=mgpu_block_n,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         dacc,
@@ -15317,7 +15383,7 @@ def _matmul_softmax_backward_x_gpu(
 
 
 def _matmul_softmax_backward_x_mosaic_gpu_kernel(
-    dacc_ref, w_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n
+    dacc_ref, w_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
     program_m = jax.lax.axis_index("M")
     program_k = jax.lax.axis_index("K")
@@ -15342,7 +15408,7 @@ def _matmul_softmax_backward_x_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(dacc_ref, w_ref)
         acc = acc_ref[...]
         out_smem[...] = acc.astype(jnp.bfloat16)
@@ -15356,15 +15422,37 @@ def _matmul_softmax_backward_x_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _matmul_softmax_backward_x_mosaic_gpu(dacc, w, *, m, k, n, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_matmul_softmax_backward_x_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _matmul_softmax_backward_x_mosaic_gpu(
+    dacc, w, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
+):
     """`matmul_softmax_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_k = 128
-    block_n = 64
+    block_m, block_k, block_n, stages = _gpu_options(
+        _matmul_softmax_backward_x_mosaic_gpu_options,
+        (m, k, n),
+        (block_m, block_k, block_n, stages),
+    )
+    _mgpu_check_choices(
+        "matmul_softmax_backward_x",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_k": (block_k, (64, 128, 256)),
+            "mgpu_block_n": (block_n, (16, 32, 64)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_k, 16384),
+        (stages * (2 * block_m * block_n + 2 * block_k * block_n) + 2 * block_m * block_k, 232448),
+    )
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
@@ -15376,6 +15464,7 @@ def _matmul_softmax_backward_x_mosaic_gpu(dacc, w, *, m, k, n, interpret):
             block_m=block_m,
             block_k=block_k,
             block_n=block_n,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
@@ -15403,6 +15492,10 @@ def _matmul_softmax_backward_x_mosaic_gpu(dacc, w, *, m, k, n, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_k",
+        "mgpu_block_n",
+        "mgpu_block_m",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -15419,6 +15512,10 @@ def matmul_softmax_backward_w(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_k=None,
+    mgpu_block_n=None,
+    mgpu_block_m=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """The backward pass of `matmul_softmax`, generated from its spec: the cotangent dw of
@@ -15434,6 +15531,9 @@ def matmul_softmax_backward_w(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -15489,7 +15589,16 @@ def matmul_softmax_backward_w(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_matmul_softmax_backward_w_mosaic_gpu, k=k, n=n, m=m),
+            functools.partial(
+                _matmul_softmax_backward_w_mosaic_gpu,
+                k=k,
+                n=n,
+                m=m,
+                block_k=mgpu_block_k,
+                block_n=mgpu_block_n,
+                block_m=mgpu_block_m,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         x,
@@ -15672,7 +15781,7 @@ def _matmul_softmax_backward_w_gpu(
 
 
 def _matmul_softmax_backward_w_mosaic_gpu_kernel(
-    x_ref, dacc_ref, dw_ref, out_smem, barrier, *, block_k, block_n, block_m
+    x_ref, dacc_ref, dw_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
 ):
     program_k = jax.lax.axis_index("K")
     program_n = jax.lax.axis_index("N")
@@ -15697,7 +15806,7 @@ def _matmul_softmax_backward_w_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(x_ref, dacc_ref)
         acc = acc_ref[...]
         out_smem[...] = acc.astype(jnp.bfloat16)
@@ -15711,15 +15820,37 @@ def _matmul_softmax_backward_w_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _matmul_softmax_backward_w_mosaic_gpu(x, dacc, *, k, n, m, interpret):
+# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_matmul_softmax_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _matmul_softmax_backward_w_mosaic_gpu(
+    x, dacc, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
+):
     """`matmul_softmax_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_k = 128
-    block_n = 128
-    block_m = 64
+    block_k, block_n, block_m, stages = _gpu_options(
+        _matmul_softmax_backward_w_mosaic_gpu_options,
+        (k, n, m),
+        (block_k, block_n, block_m, stages),
+    )
+    _mgpu_check_choices(
+        "matmul_softmax_backward_w",
+        {
+            "mgpu_block_k": (block_k, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_m": (block_m, (64,)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_k * block_n, 16384),
+        (stages * (2 * block_k * block_m + 2 * block_n * block_m) + 2 * block_k * block_n, 232448),
+    )
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
     padded_m = m + -m % block_m
@@ -15732,6 +15863,7 @@ def _matmul_softmax_backward_w_mosaic_gpu(x, dacc, *, k, n, m, interpret):
             block_k=block_k,
             block_n=block_n,
             block_m=block_m,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
         scratch_types=[
@@ -16187,7 +16319,7 @@ def __rmsnorm_matmul_1_mosaic_gpu(x, g, *, m, k, interpret):
 
 
 def __rmsnorm_matmul_2_mosaic_gpu_kernel(
-    w_ref, lhs_ref, y_ref, out_smem, barrier, *, block_m, block_n, block_k
+    w_ref, lhs_ref, y_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
 ):
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
@@ -16212,7 +16344,7 @@ def __rmsnorm_matmul_2_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(lhs_ref, w_ref)
         acc = acc_ref[...]
         out_smem[...] = acc.astype(jnp.bfloat16)
@@ -16225,15 +16357,35 @@ def __rmsnorm_matmul_2_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def __rmsnorm_matmul_2_mosaic_gpu(w, lhs, *, m, n, k, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+__rmsnorm_matmul_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def __rmsnorm_matmul_2_mosaic_gpu(
+    w, lhs, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
+):
     """Stage 2 of `rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_n = 128
-    block_k = 64
+    block_m, block_n, block_k, stages = _gpu_options(
+        __rmsnorm_matmul_2_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
+    )
+    _mgpu_check_choices(
+        "_rmsnorm_matmul_2",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_k": (block_k, (64,)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_n, 16384),
+        (stages * (2 * block_m * block_k + 2 * block_n * block_k) + 2 * block_m * block_n, 232448),
+    )
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
@@ -16241,7 +16393,11 @@ def __rmsnorm_matmul_2_mosaic_gpu(w, lhs, *, m, n, k, interpret):
     w = _mgpu_pad(w, (padded_k, padded_n))
     (y,) = plgpu.kernel(
         functools.partial(
-            __rmsnorm_matmul_2_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k
+            __rmsnorm_matmul_2_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
@@ -16608,6 +16764,10 @@ def _rmsnorm_matmul_lhs_mosaic_gpu(x, g, *, m, k, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_m",
+        "mgpu_block_k",
+        "mgpu_block_n",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -16624,6 +16784,10 @@ def rmsnorm_matmul_backward_lhs(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_m=None,
+    mgpu_block_k=None,
+    mgpu_block_n=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """The backward pass of `rmsnorm_matmul`, generated from its spec: the cotangent dlhs of
@@ -16639,6 +16803,9 @@ def rmsnorm_matmul_backward_lhs(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -16694,7 +16861,16 @@ def rmsnorm_matmul_backward_lhs(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_rmsnorm_matmul_backward_lhs_mosaic_gpu, m=m, k=k, n=n),
+            functools.partial(
+                _rmsnorm_matmul_backward_lhs_mosaic_gpu,
+                m=m,
+                k=k,
+                n=n,
+                block_m=mgpu_block_m,
+                block_k=mgpu_block_k,
+                block_n=mgpu_block_n,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         dy,
@@ -16882,7 +17058,7 @@ def _rmsnorm_matmul_backward_lhs_gpu(
 
 
 def _rmsnorm_matmul_backward_lhs_mosaic_gpu_kernel(
-    dy_ref, w_ref, dlhs_ref, out_smem, barrier, *, block_m, block_k, block_n
+    dy_ref, w_ref, dlhs_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
     program_m = jax.lax.axis_index("M")
     program_k = jax.lax.axis_index("K")
@@ -16907,7 +17083,7 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(dy_ref, w_ref)
         acc = acc_ref[...]
         out_smem[...] = acc.astype(jnp.bfloat16)
@@ -16921,15 +17097,37 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _rmsnorm_matmul_backward_lhs_mosaic_gpu(dy, w, *, m, k, n, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_rmsnorm_matmul_backward_lhs_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _rmsnorm_matmul_backward_lhs_mosaic_gpu(
+    dy, w, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
+):
     """`rmsnorm_matmul_backward_lhs` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_k = 128
-    block_n = 64
+    block_m, block_k, block_n, stages = _gpu_options(
+        _rmsnorm_matmul_backward_lhs_mosaic_gpu_options,
+        (m, k, n),
+        (block_m, block_k, block_n, stages),
+    )
+    _mgpu_check_choices(
+        "rmsnorm_matmul_backward_lhs",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_k": (block_k, (64, 128, 256)),
+            "mgpu_block_n": (block_n, (16, 32, 64)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_k, 16384),
+        (stages * (2 * block_m * block_n + 2 * block_k * block_n) + 2 * block_m * block_k, 232448),
+    )
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
@@ -16941,6 +17139,7 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(dy, w, *, m, k, n, interpret):
             block_m=block_m,
             block_k=block_k,
             block_n=block_n,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
@@ -16968,6 +17167,10 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(dy, w, *, m, k, n, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_k",
+        "mgpu_block_n",
+        "mgpu_block_m",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -16984,6 +17187,10 @@ def rmsnorm_matmul_backward_w(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_k=None,
+    mgpu_block_n=None,
+    mgpu_block_m=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """The backward pass of `rmsnorm_matmul`, generated from its spec: the cotangent dw of
@@ -16999,6 +17206,9 @@ def rmsnorm_matmul_backward_w(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -17054,7 +17264,16 @@ def rmsnorm_matmul_backward_w(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_rmsnorm_matmul_backward_w_mosaic_gpu, k=k, n=n, m=m),
+            functools.partial(
+                _rmsnorm_matmul_backward_w_mosaic_gpu,
+                k=k,
+                n=n,
+                m=m,
+                block_k=mgpu_block_k,
+                block_n=mgpu_block_n,
+                block_m=mgpu_block_m,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         lhs,
@@ -17237,7 +17456,7 @@ def _rmsnorm_matmul_backward_w_gpu(
 
 
 def _rmsnorm_matmul_backward_w_mosaic_gpu_kernel(
-    lhs_ref, dy_ref, dw_ref, out_smem, barrier, *, block_k, block_n, block_m
+    lhs_ref, dy_ref, dw_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
 ):
     program_k = jax.lax.axis_index("K")
     program_n = jax.lax.axis_index("N")
@@ -17262,7 +17481,7 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(lhs_ref, dy_ref)
         acc = acc_ref[...]
         out_smem[...] = acc.astype(jnp.bfloat16)
@@ -17276,15 +17495,37 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _rmsnorm_matmul_backward_w_mosaic_gpu(lhs, dy, *, k, n, m, interpret):
+# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_rmsnorm_matmul_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _rmsnorm_matmul_backward_w_mosaic_gpu(
+    lhs, dy, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
+):
     """`rmsnorm_matmul_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_k = 128
-    block_n = 128
-    block_m = 64
+    block_k, block_n, block_m, stages = _gpu_options(
+        _rmsnorm_matmul_backward_w_mosaic_gpu_options,
+        (k, n, m),
+        (block_k, block_n, block_m, stages),
+    )
+    _mgpu_check_choices(
+        "rmsnorm_matmul_backward_w",
+        {
+            "mgpu_block_k": (block_k, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_m": (block_m, (64,)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_k * block_n, 16384),
+        (stages * (2 * block_k * block_m + 2 * block_n * block_m) + 2 * block_k * block_n, 232448),
+    )
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
     padded_m = m + -m % block_m
@@ -17297,6 +17538,7 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu(lhs, dy, *, k, n, m, interpret):
             block_k=block_k,
             block_n=block_n,
             block_m=block_m,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
         scratch_types=[

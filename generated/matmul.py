@@ -64,10 +64,10 @@ def _gpu_device_kind():
 
 
 def _gpu_options(table, sizes, given):
-    """The blocks and launch options of a GPU (Triton) call: those `given` (not None) as
-    they are, the others from `table`: for the GPU compiled for (see `_gpu_device_kind`),
-    the tuned entry whose sizes are nearest the call's (in powers of two), else the
-    spec's, `table[None]`."""
+    """The blocks and launch options of a GPU call (Triton's, or Mosaic GPU's blocks and
+    stages): those `given` (not None) as they are, the others from `table`: for the GPU
+    compiled for (see `_gpu_device_kind`), the tuned entry whose sizes are nearest the
+    call's (in powers of two), else the built-in ones, `table[None]`."""
 
     def distance(tuned_sizes):
         return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
@@ -78,6 +78,28 @@ def _gpu_options(table, sizes, given):
     tuned = table.get(kind) if kind is not None else None
     chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
     return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
+
+
+def _mgpu_check_choices(kernel, choices, accumulator, smem):
+    """Refuses Mosaic GPU blocks and stages it cannot run, before anything compiles:
+    `choices` maps each keyword to (value, its allowed values); `accumulator` and `smem`
+    are (what these values take, the most there is) of wgmma's accumulator (elements)
+    and of shared memory (bytes)."""
+    for keyword, (value, allowed) in choices.items():
+        if type(value) is not int or value not in allowed:
+            raise ValueError(
+                f"{kernel}: {keyword} must be one of {', '.join(map(str, allowed))} or None, got {value!r}"
+            )
+    if accumulator[0] > accumulator[1]:
+        raise ValueError(
+            f"{kernel}: a Mosaic GPU accumulator of {accumulator[0]} elements (mgpu_block_* of M times N)"
+            f" is more than one warpgroup's registers hold ({accumulator[1]})"
+        )
+    if smem[0] > smem[1]:
+        raise ValueError(
+            f"{kernel}: these Mosaic GPU blocks and stages take {smem[0] // 1024} KiB of shared memory,"
+            f" more than the {smem[1] // 1024} KiB of a block: choose smaller ones or fewer stages"
+        )
 
 
 def _mgpu_pad(array, shape):
@@ -393,6 +415,10 @@ def _fill_past(value, start, size, axis, identity):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_m",
+        "mgpu_block_n",
+        "mgpu_block_k",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -409,6 +435,10 @@ def matmul(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_m=None,
+    mgpu_block_n=None,
+    mgpu_block_k=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """The Pallas TPU quickstart's matmul: f32 blocks, K accumulated in VMEM.
@@ -423,6 +453,9 @@ def matmul(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -463,6 +496,10 @@ def matmul(
             gpu_warps=gpu_warps,
             gpu_stages=gpu_stages,
             gpu_backend=gpu_backend,
+            mgpu_block_m=mgpu_block_m,
+            mgpu_block_n=mgpu_block_n,
+            mgpu_block_k=mgpu_block_k,
+            mgpu_stages=mgpu_stages,
             interpret=interpret,
         ),
         functools.partial(_matmul_vjp, gpu_backend=gpu_backend, interpret=interpret),
@@ -494,6 +531,10 @@ def _matmul_forward(
     gpu_warps,
     gpu_stages,
     gpu_backend,
+    mgpu_block_m,
+    mgpu_block_n,
+    mgpu_block_k,
+    mgpu_stages,
     interpret,
 ):
     """`matmul` on its checked arrays: the forward pass that `jax.grad` differentiates."""
@@ -515,7 +556,16 @@ def _matmul_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_matmul_mosaic_gpu, m=m, n=n, k=k),
+            functools.partial(
+                _matmul_mosaic_gpu,
+                m=m,
+                n=n,
+                k=k,
+                block_m=mgpu_block_m,
+                block_n=mgpu_block_n,
+                block_k=mgpu_block_k,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         x,
@@ -676,7 +726,9 @@ def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stag
     )(x, y)
 
 
-def _matmul_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k):
+def _matmul_mosaic_gpu_kernel(
+    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
+):
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
 
@@ -700,7 +752,7 @@ def _matmul_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, block_m
                     transforms=_mgpu_swizzled(jnp.float32, block_k),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(x_ref, y_ref)
         acc = acc_ref[...]
         out_smem[...] = acc
@@ -713,15 +765,35 @@ def _matmul_mosaic_gpu_kernel(x_ref, y_ref, z_ref, out_smem, barrier, *, block_m
     plgpu.wait_smem_to_gmem(0)
 
 
-def _matmul_mosaic_gpu(x, y, *, m, n, k, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_matmul_mosaic_gpu_options = {None: (128, 128, 32, 2)}
+
+
+def _matmul_mosaic_gpu(
+    x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
+):
     """`matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_n = 128
-    block_k = 32
+    block_m, block_n, block_k, stages = _gpu_options(
+        _matmul_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
+    )
+    _mgpu_check_choices(
+        "matmul",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_k": (block_k, (8, 16, 32)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_n, 16384),
+        (stages * (4 * block_m * block_k + 4 * block_n * block_k) + 4 * block_m * block_n, 232448),
+    )
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
@@ -730,7 +802,11 @@ def _matmul_mosaic_gpu(x, y, *, m, n, k, interpret):
     y = _mgpu_pad(y, (padded_n, padded_k))
     (z,) = plgpu.kernel(
         functools.partial(
-            _matmul_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k
+            _matmul_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
@@ -758,6 +834,10 @@ def _matmul_mosaic_gpu(x, y, *, m, n, k, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_m",
+        "mgpu_block_k",
+        "mgpu_block_n",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -774,6 +854,10 @@ def matmul_backward_x(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_m=None,
+    mgpu_block_k=None,
+    mgpu_block_n=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """The backward pass of `matmul`, generated from its spec: the cotangent dx of
@@ -789,6 +873,9 @@ def matmul_backward_x(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -832,7 +919,16 @@ def matmul_backward_x(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_matmul_backward_x_mosaic_gpu, m=m, k=k, n=n),
+            functools.partial(
+                _matmul_backward_x_mosaic_gpu,
+                m=m,
+                k=k,
+                n=n,
+                block_m=mgpu_block_m,
+                block_k=mgpu_block_k,
+                block_n=mgpu_block_n,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         dz,
@@ -1009,7 +1105,7 @@ def _matmul_backward_x_gpu(
 
 
 def _matmul_backward_x_mosaic_gpu_kernel(
-    dz_ref, y_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n
+    dz_ref, y_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
     program_m = jax.lax.axis_index("M")
     program_k = jax.lax.axis_index("K")
@@ -1034,7 +1130,7 @@ def _matmul_backward_x_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.float32, block_n),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(dz_ref, y_ref)
         acc = acc_ref[...]
         out_smem[...] = acc
@@ -1048,15 +1144,35 @@ def _matmul_backward_x_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _matmul_backward_x_mosaic_gpu(dz, y, *, m, k, n, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_matmul_backward_x_mosaic_gpu_options = {None: (128, 128, 32, 2)}
+
+
+def _matmul_backward_x_mosaic_gpu(
+    dz, y, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
+):
     """`matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_k = 128
-    block_n = 32
+    block_m, block_k, block_n, stages = _gpu_options(
+        _matmul_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
+    )
+    _mgpu_check_choices(
+        "matmul_backward_x",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_k": (block_k, (64, 128, 256)),
+            "mgpu_block_n": (block_n, (8, 16, 32)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_k, 16384),
+        (stages * (4 * block_m * block_n + 4 * block_k * block_n) + 4 * block_m * block_k, 232448),
+    )
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
@@ -1064,7 +1180,11 @@ def _matmul_backward_x_mosaic_gpu(dz, y, *, m, k, n, interpret):
     y = _mgpu_pad(y, (padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
-            _matmul_backward_x_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, block_n=block_n
+            _matmul_backward_x_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_k=block_k,
+            block_n=block_n,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.float32),),
         scratch_types=[
@@ -1092,6 +1212,10 @@ def _matmul_backward_x_mosaic_gpu(dz, y, *, m, k, n, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_k",
+        "mgpu_block_n",
+        "mgpu_block_m",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -1108,6 +1232,10 @@ def matmul_backward_y(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_k=None,
+    mgpu_block_n=None,
+    mgpu_block_m=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """The backward pass of `matmul`, generated from its spec: the cotangent dy of
@@ -1123,6 +1251,9 @@ def matmul_backward_y(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1166,7 +1297,16 @@ def matmul_backward_y(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_matmul_backward_y_mosaic_gpu, k=k, n=n, m=m),
+            functools.partial(
+                _matmul_backward_y_mosaic_gpu,
+                k=k,
+                n=n,
+                m=m,
+                block_k=mgpu_block_k,
+                block_n=mgpu_block_n,
+                block_m=mgpu_block_m,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         x,
@@ -1338,7 +1478,7 @@ def _matmul_backward_y_gpu(
 
 
 def _matmul_backward_y_mosaic_gpu_kernel(
-    x_ref, dz_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m
+    x_ref, dz_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
 ):
     program_k = jax.lax.axis_index("K")
     program_n = jax.lax.axis_index("N")
@@ -1363,7 +1503,7 @@ def _matmul_backward_y_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.float32, block_m),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(x_ref, dz_ref)
         acc = acc_ref[...]
         out_smem[...] = acc
@@ -1377,15 +1517,35 @@ def _matmul_backward_y_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _matmul_backward_y_mosaic_gpu(x, dz, *, k, n, m, interpret):
+# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_matmul_backward_y_mosaic_gpu_options = {None: (128, 128, 32, 2)}
+
+
+def _matmul_backward_y_mosaic_gpu(
+    x, dz, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
+):
     """`matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_k = 128
-    block_n = 128
-    block_m = 32
+    block_k, block_n, block_m, stages = _gpu_options(
+        _matmul_backward_y_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
+    )
+    _mgpu_check_choices(
+        "matmul_backward_y",
+        {
+            "mgpu_block_k": (block_k, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_m": (block_m, (8, 16, 32)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_k * block_n, 16384),
+        (stages * (4 * block_k * block_m + 4 * block_n * block_m) + 4 * block_k * block_n, 232448),
+    )
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
     padded_m = m + -m % block_m
@@ -1395,7 +1555,11 @@ def _matmul_backward_y_mosaic_gpu(x, dz, *, k, n, m, interpret):
     dz = _mgpu_pad(dz, (padded_n, padded_m))
     (dy,) = plgpu.kernel(
         functools.partial(
-            _matmul_backward_y_mosaic_gpu_kernel, block_k=block_k, block_n=block_n, block_m=block_m
+            _matmul_backward_y_mosaic_gpu_kernel,
+            block_k=block_k,
+            block_n=block_n,
+            block_m=block_m,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.float32),),
         scratch_types=[
@@ -1423,6 +1587,10 @@ def _matmul_backward_y_mosaic_gpu(x, dz, *, k, n, m, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_m",
+        "mgpu_block_n",
+        "mgpu_block_k",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -1439,6 +1607,10 @@ def matmul_relu(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_m=None,
+    mgpu_block_n=None,
+    mgpu_block_k=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """The quickstart's matmul with a fused activation.
@@ -1453,6 +1625,9 @@ def matmul_relu(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1495,6 +1670,10 @@ def matmul_relu(
             gpu_warps=gpu_warps,
             gpu_stages=gpu_stages,
             gpu_backend=gpu_backend,
+            mgpu_block_m=mgpu_block_m,
+            mgpu_block_n=mgpu_block_n,
+            mgpu_block_k=mgpu_block_k,
+            mgpu_stages=mgpu_stages,
             interpret=interpret,
         ),
         functools.partial(_matmul_relu_vjp, gpu_backend=gpu_backend, interpret=interpret),
@@ -1514,6 +1693,10 @@ def matmul_relu(
             gpu_warps=gpu_warps,
             gpu_stages=gpu_stages,
             gpu_backend=gpu_backend,
+            mgpu_block_m=mgpu_block_m,
+            mgpu_block_n=mgpu_block_n,
+            mgpu_block_k=mgpu_block_k,
+            mgpu_stages=mgpu_stages,
             interpret=interpret,
         ),
     )
@@ -1542,6 +1725,10 @@ def _matmul_relu_forward(
     gpu_warps,
     gpu_stages,
     gpu_backend,
+    mgpu_block_m,
+    mgpu_block_n,
+    mgpu_block_k,
+    mgpu_stages,
     interpret,
 ):
     """`matmul_relu` on its checked arrays: the forward pass that `jax.grad` differentiates."""
@@ -1563,7 +1750,16 @@ def _matmul_relu_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_matmul_relu_mosaic_gpu, m=m, n=n, k=k),
+            functools.partial(
+                _matmul_relu_mosaic_gpu,
+                m=m,
+                n=n,
+                k=k,
+                block_m=mgpu_block_m,
+                block_n=mgpu_block_n,
+                block_k=mgpu_block_k,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         x,
@@ -1587,6 +1783,10 @@ def _matmul_relu_saving(
     gpu_warps,
     gpu_stages,
     gpu_backend,
+    mgpu_block_m,
+    mgpu_block_n,
+    mgpu_block_k,
+    mgpu_stages,
     interpret,
 ):
     """`matmul_relu` forward under jax.grad, by matmul_relu_with_residuals: its outputs, and
@@ -1604,6 +1804,10 @@ def _matmul_relu_saving(
         gpu_warps=gpu_warps,
         gpu_stages=gpu_stages,
         gpu_backend=gpu_backend,
+        mgpu_block_m=mgpu_block_m,
+        mgpu_block_n=mgpu_block_n,
+        mgpu_block_k=mgpu_block_k,
+        mgpu_stages=mgpu_stages,
         interpret=interpret,
     )
     return z, (x, y, acc)
@@ -1769,7 +1973,7 @@ def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
 
 
 def _matmul_relu_mosaic_gpu_kernel(
-    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k
+    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
 ):
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
@@ -1794,7 +1998,7 @@ def _matmul_relu_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.float32, block_k),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(x_ref, y_ref)
         acc = acc_ref[...]
         out_smem[...] = jnp.maximum(acc, 0)
@@ -1807,15 +2011,35 @@ def _matmul_relu_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _matmul_relu_mosaic_gpu(x, y, *, m, n, k, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_matmul_relu_mosaic_gpu_options = {None: (128, 128, 32, 2)}
+
+
+def _matmul_relu_mosaic_gpu(
+    x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
+):
     """`matmul_relu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_n = 128
-    block_k = 32
+    block_m, block_n, block_k, stages = _gpu_options(
+        _matmul_relu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
+    )
+    _mgpu_check_choices(
+        "matmul_relu",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_k": (block_k, (8, 16, 32)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_n, 16384),
+        (stages * (4 * block_m * block_k + 4 * block_n * block_k) + 4 * block_m * block_n, 232448),
+    )
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
@@ -1824,7 +2048,11 @@ def _matmul_relu_mosaic_gpu(x, y, *, m, n, k, interpret):
     y = _mgpu_pad(y, (padded_n, padded_k))
     (z,) = plgpu.kernel(
         functools.partial(
-            _matmul_relu_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k
+            _matmul_relu_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
@@ -1852,6 +2080,10 @@ def _matmul_relu_mosaic_gpu(x, y, *, m, n, k, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_m",
+        "mgpu_block_n",
+        "mgpu_block_k",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -1868,6 +2100,10 @@ def matmul_relu_with_residuals(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_m=None,
+    mgpu_block_n=None,
+    mgpu_block_k=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """`matmul_relu` as `jax.grad` runs it forward: its outputs, then what its
@@ -1883,6 +2119,9 @@ def matmul_relu_with_residuals(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -1941,7 +2180,16 @@ def matmul_relu_with_residuals(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_matmul_relu_with_residuals_mosaic_gpu, m=m, n=n, k=k),
+            functools.partial(
+                _matmul_relu_with_residuals_mosaic_gpu,
+                m=m,
+                n=n,
+                k=k,
+                block_m=mgpu_block_m,
+                block_n=mgpu_block_n,
+                block_k=mgpu_block_k,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         x,
@@ -2132,7 +2380,7 @@ def _matmul_relu_with_residuals_gpu(
 
 
 def _matmul_relu_with_residuals_mosaic_gpu_kernel(
-    x_ref, y_ref, z_ref, acc_ref, out_smem, acc_smem, barrier, *, block_m, block_n, block_k
+    x_ref, y_ref, z_ref, acc_ref, out_smem, acc_smem, barrier, *, block_m, block_n, block_k, stages
 ):
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
@@ -2157,7 +2405,7 @@ def _matmul_relu_with_residuals_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.float32, block_k),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(x_ref, y_ref)
         acc_ = acc_ref_[...]
         acc = acc_
@@ -2176,15 +2424,42 @@ def _matmul_relu_with_residuals_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _matmul_relu_with_residuals_mosaic_gpu(x, y, *, m, n, k, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_matmul_relu_with_residuals_mosaic_gpu_options = {None: (128, 128, 32, 2)}
+
+
+def _matmul_relu_with_residuals_mosaic_gpu(
+    x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
+):
     """`matmul_relu_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_n = 128
-    block_k = 32
+    block_m, block_n, block_k, stages = _gpu_options(
+        _matmul_relu_with_residuals_mosaic_gpu_options,
+        (m, n, k),
+        (block_m, block_n, block_k, stages),
+    )
+    _mgpu_check_choices(
+        "matmul_relu_with_residuals",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_k": (block_k, (8, 16, 32)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_n, 16384),
+        (
+            stages * (4 * block_m * block_k + 4 * block_n * block_k)
+            + 4 * block_m * block_n
+            + 4 * block_m * block_n,
+            232448,
+        ),
+    )
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
@@ -2197,6 +2472,7 @@ def _matmul_relu_with_residuals_mosaic_gpu(x, y, *, m, n, k, interpret):
             block_m=block_m,
             block_n=block_n,
             block_k=block_k,
+            stages=stages,
         ),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),
@@ -2620,7 +2896,7 @@ def __matmul_relu_backward_x_1_mosaic_gpu(acc, dz, *, m, n, interpret):
 
 
 def __matmul_relu_backward_x_2_mosaic_gpu_kernel(
-    y_ref, lhs_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n
+    y_ref, lhs_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
     program_m = jax.lax.axis_index("M")
     program_k = jax.lax.axis_index("K")
@@ -2645,7 +2921,7 @@ def __matmul_relu_backward_x_2_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.float32, block_n),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(lhs_ref, y_ref)
         acc = acc_ref[...]
         out_smem[...] = acc
@@ -2659,15 +2935,37 @@ def __matmul_relu_backward_x_2_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def __matmul_relu_backward_x_2_mosaic_gpu(y, lhs, *, m, k, n, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+__matmul_relu_backward_x_2_mosaic_gpu_options = {None: (128, 128, 32, 2)}
+
+
+def __matmul_relu_backward_x_2_mosaic_gpu(
+    y, lhs, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
+):
     """Stage 2 of `matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_k = 128
-    block_n = 32
+    block_m, block_k, block_n, stages = _gpu_options(
+        __matmul_relu_backward_x_2_mosaic_gpu_options,
+        (m, k, n),
+        (block_m, block_k, block_n, stages),
+    )
+    _mgpu_check_choices(
+        "_matmul_relu_backward_x_2",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_k": (block_k, (64, 128, 256)),
+            "mgpu_block_n": (block_n, (8, 16, 32)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_k, 16384),
+        (stages * (4 * block_m * block_n + 4 * block_k * block_n) + 4 * block_m * block_k, 232448),
+    )
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
@@ -2679,6 +2977,7 @@ def __matmul_relu_backward_x_2_mosaic_gpu(y, lhs, *, m, k, n, interpret):
             block_m=block_m,
             block_k=block_k,
             block_n=block_n,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.float32),),
         scratch_types=[
@@ -3063,6 +3362,10 @@ def _matmul_relu_backward_y_gpu(
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_m",
+        "mgpu_block_n",
+        "mgpu_block_k",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -3080,6 +3383,10 @@ def matmul_bias_gelu(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_m=None,
+    mgpu_block_n=None,
+    mgpu_block_k=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """bf16 matmul with f32 accumulation, bias and GELU fused into the epilogue.
@@ -3095,6 +3402,9 @@ def matmul_bias_gelu(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -3142,6 +3452,10 @@ def matmul_bias_gelu(
             gpu_warps=gpu_warps,
             gpu_stages=gpu_stages,
             gpu_backend=gpu_backend,
+            mgpu_block_m=mgpu_block_m,
+            mgpu_block_n=mgpu_block_n,
+            mgpu_block_k=mgpu_block_k,
+            mgpu_stages=mgpu_stages,
             interpret=interpret,
         ),
         functools.partial(_matmul_bias_gelu_vjp, gpu_backend=gpu_backend, interpret=interpret),
@@ -3162,6 +3476,10 @@ def matmul_bias_gelu(
             gpu_warps=gpu_warps,
             gpu_stages=gpu_stages,
             gpu_backend=gpu_backend,
+            mgpu_block_m=mgpu_block_m,
+            mgpu_block_n=mgpu_block_n,
+            mgpu_block_k=mgpu_block_k,
+            mgpu_stages=mgpu_stages,
             interpret=interpret,
         ),
     )
@@ -3192,6 +3510,10 @@ def _matmul_bias_gelu_forward(
     gpu_warps,
     gpu_stages,
     gpu_backend,
+    mgpu_block_m,
+    mgpu_block_n,
+    mgpu_block_k,
+    mgpu_stages,
     interpret,
 ):
     """`matmul_bias_gelu` on its checked arrays: the forward pass that `jax.grad` differentiates."""
@@ -3214,7 +3536,16 @@ def _matmul_bias_gelu_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_matmul_bias_gelu_mosaic_gpu, m=m, n=n, k=k),
+            functools.partial(
+                _matmul_bias_gelu_mosaic_gpu,
+                m=m,
+                n=n,
+                k=k,
+                block_m=mgpu_block_m,
+                block_n=mgpu_block_n,
+                block_k=mgpu_block_k,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         x,
@@ -3240,6 +3571,10 @@ def _matmul_bias_gelu_saving(
     gpu_warps,
     gpu_stages,
     gpu_backend,
+    mgpu_block_m,
+    mgpu_block_n,
+    mgpu_block_k,
+    mgpu_stages,
     interpret,
 ):
     """`matmul_bias_gelu` forward under jax.grad, by matmul_bias_gelu_with_residuals: its
@@ -3258,6 +3593,10 @@ def _matmul_bias_gelu_saving(
         gpu_warps=gpu_warps,
         gpu_stages=gpu_stages,
         gpu_backend=gpu_backend,
+        mgpu_block_m=mgpu_block_m,
+        mgpu_block_n=mgpu_block_n,
+        mgpu_block_k=mgpu_block_k,
+        mgpu_stages=mgpu_stages,
         interpret=interpret,
     )
     return z, (x, y, bias, acc)
@@ -3451,7 +3790,18 @@ def _matmul_bias_gelu_gpu(
 
 
 def _matmul_bias_gelu_mosaic_gpu_kernel(
-    x_ref, y_ref, bias_ref, z_ref, out_smem, barrier, bias_smem, *, block_m, block_n, block_k
+    x_ref,
+    y_ref,
+    bias_ref,
+    z_ref,
+    out_smem,
+    barrier,
+    bias_smem,
+    *,
+    block_m,
+    block_n,
+    block_k,
+    stages,
 ):
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
@@ -3476,7 +3826,7 @@ def _matmul_bias_gelu_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(x_ref, y_ref)
         plgpu.copy_gmem_to_smem(
             bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
@@ -3494,15 +3844,40 @@ def _matmul_bias_gelu_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _matmul_bias_gelu_mosaic_gpu(x, y, bias, *, m, n, k, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_matmul_bias_gelu_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _matmul_bias_gelu_mosaic_gpu(
+    x, y, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
+):
     """`matmul_bias_gelu` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_n = 128
-    block_k = 64
+    block_m, block_n, block_k, stages = _gpu_options(
+        _matmul_bias_gelu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
+    )
+    _mgpu_check_choices(
+        "matmul_bias_gelu",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_k": (block_k, (64,)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_n, 16384),
+        (
+            stages * (2 * block_m * block_k + 2 * block_n * block_k)
+            + 2 * block_m * block_n
+            + 4 * block_n,
+            232448,
+        ),
+    )
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
@@ -3512,7 +3887,11 @@ def _matmul_bias_gelu_mosaic_gpu(x, y, bias, *, m, n, k, interpret):
     bias = _mgpu_pad(bias, (padded_n,))
     (z,) = plgpu.kernel(
         functools.partial(
-            _matmul_bias_gelu_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k
+            _matmul_bias_gelu_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
@@ -3541,6 +3920,10 @@ def _matmul_bias_gelu_mosaic_gpu(x, y, bias, *, m, n, k, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_m",
+        "mgpu_block_n",
+        "mgpu_block_k",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -3558,6 +3941,10 @@ def matmul_bias_gelu_with_residuals(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_m=None,
+    mgpu_block_n=None,
+    mgpu_block_k=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """`matmul_bias_gelu` as `jax.grad` runs it forward: its outputs, then what its
@@ -3574,6 +3961,9 @@ def matmul_bias_gelu_with_residuals(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -3638,7 +4028,16 @@ def matmul_bias_gelu_with_residuals(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_matmul_bias_gelu_with_residuals_mosaic_gpu, m=m, n=n, k=k),
+            functools.partial(
+                _matmul_bias_gelu_with_residuals_mosaic_gpu,
+                m=m,
+                n=n,
+                k=k,
+                block_m=mgpu_block_m,
+                block_n=mgpu_block_n,
+                block_k=mgpu_block_k,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         x,
@@ -3863,6 +4262,7 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
     block_m,
     block_n,
     block_k,
+    stages,
 ):
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
@@ -3887,7 +4287,7 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(x_ref, y_ref)
         plgpu.copy_gmem_to_smem(
             bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
@@ -3911,15 +4311,43 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _matmul_bias_gelu_with_residuals_mosaic_gpu(x, y, bias, *, m, n, k, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_matmul_bias_gelu_with_residuals_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _matmul_bias_gelu_with_residuals_mosaic_gpu(
+    x, y, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
+):
     """`matmul_bias_gelu_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_n = 128
-    block_k = 64
+    block_m, block_n, block_k, stages = _gpu_options(
+        _matmul_bias_gelu_with_residuals_mosaic_gpu_options,
+        (m, n, k),
+        (block_m, block_n, block_k, stages),
+    )
+    _mgpu_check_choices(
+        "matmul_bias_gelu_with_residuals",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_k": (block_k, (64,)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_n, 16384),
+        (
+            stages * (2 * block_m * block_k + 2 * block_n * block_k)
+            + 2 * block_m * block_n
+            + 4 * block_m * block_n
+            + 4 * block_n,
+            232448,
+        ),
+    )
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
@@ -3933,6 +4361,7 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu(x, y, bias, *, m, n, k, interpre
             block_m=block_m,
             block_n=block_n,
             block_k=block_k,
+            stages=stages,
         ),
         out_type=(
             jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),
@@ -4407,7 +4836,7 @@ def __matmul_bias_gelu_backward_x_1_mosaic_gpu(acc, bias, dz, *, m, n, interpret
 
 
 def __matmul_bias_gelu_backward_x_2_mosaic_gpu_kernel(
-    y_ref, lhs_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n
+    y_ref, lhs_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
     program_m = jax.lax.axis_index("M")
     program_k = jax.lax.axis_index("K")
@@ -4432,7 +4861,7 @@ def __matmul_bias_gelu_backward_x_2_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(lhs_ref, y_ref)
         acc = acc_ref[...]
         out_smem[...] = acc.astype(jnp.bfloat16)
@@ -4446,15 +4875,37 @@ def __matmul_bias_gelu_backward_x_2_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def __matmul_bias_gelu_backward_x_2_mosaic_gpu(y, lhs, *, m, k, n, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+__matmul_bias_gelu_backward_x_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def __matmul_bias_gelu_backward_x_2_mosaic_gpu(
+    y, lhs, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
+):
     """Stage 2 of `matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_k = 128
-    block_n = 64
+    block_m, block_k, block_n, stages = _gpu_options(
+        __matmul_bias_gelu_backward_x_2_mosaic_gpu_options,
+        (m, k, n),
+        (block_m, block_k, block_n, stages),
+    )
+    _mgpu_check_choices(
+        "_matmul_bias_gelu_backward_x_2",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_k": (block_k, (64, 128, 256)),
+            "mgpu_block_n": (block_n, (16, 32, 64)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_k, 16384),
+        (stages * (2 * block_m * block_n + 2 * block_k * block_n) + 2 * block_m * block_k, 232448),
+    )
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
@@ -4466,6 +4917,7 @@ def __matmul_bias_gelu_backward_x_2_mosaic_gpu(y, lhs, *, m, k, n, interpret):
             block_m=block_m,
             block_k=block_k,
             block_n=block_n,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
@@ -4948,6 +5400,10 @@ def _matmul_bias_gelu_backward_y_gpu(
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_m",
+        "mgpu_block_n",
+        "mgpu_block_k",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -4964,6 +5420,10 @@ def matmul_int8(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_m=None,
+    mgpu_block_n=None,
+    mgpu_block_k=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """int8 x int8 -> int32, as in \"The Rise of Pallas\".
@@ -4978,6 +5438,9 @@ def matmul_int8(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -5020,6 +5483,10 @@ def matmul_int8(
             gpu_warps=gpu_warps,
             gpu_stages=gpu_stages,
             gpu_backend=gpu_backend,
+            mgpu_block_m=mgpu_block_m,
+            mgpu_block_n=mgpu_block_n,
+            mgpu_block_k=mgpu_block_k,
+            mgpu_stages=mgpu_stages,
             interpret=interpret,
         ),
         functools.partial(_matmul_int8_vjp, gpu_backend=gpu_backend, interpret=interpret),
@@ -5051,6 +5518,10 @@ def _matmul_int8_forward(
     gpu_warps,
     gpu_stages,
     gpu_backend,
+    mgpu_block_m,
+    mgpu_block_n,
+    mgpu_block_k,
+    mgpu_stages,
     interpret,
 ):
     """`matmul_int8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
@@ -5072,7 +5543,16 @@ def _matmul_int8_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_matmul_int8_mosaic_gpu, m=m, n=n, k=k),
+            functools.partial(
+                _matmul_int8_mosaic_gpu,
+                m=m,
+                n=n,
+                k=k,
+                block_m=mgpu_block_m,
+                block_n=mgpu_block_n,
+                block_k=mgpu_block_k,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         x,
@@ -5243,7 +5723,7 @@ def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num
 
 
 def _matmul_int8_mosaic_gpu_kernel(
-    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k
+    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
 ):
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
@@ -5268,7 +5748,7 @@ def _matmul_int8_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.int8, block_k),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(x_ref, y_ref)
         acc = acc_ref[...]
         out_smem[...] = acc
@@ -5281,15 +5761,35 @@ def _matmul_int8_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _matmul_int8_mosaic_gpu(x, y, *, m, n, k, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_matmul_int8_mosaic_gpu_options = {None: (128, 128, 128, 2)}
+
+
+def _matmul_int8_mosaic_gpu(
+    x, y, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
+):
     """`matmul_int8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_n = 128
-    block_k = 128
+    block_m, block_n, block_k, stages = _gpu_options(
+        _matmul_int8_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
+    )
+    _mgpu_check_choices(
+        "matmul_int8",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_k": (block_k, (32, 64, 128)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_n, 16384),
+        (stages * (1 * block_m * block_k + 1 * block_n * block_k) + 4 * block_m * block_n, 232448),
+    )
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
@@ -5298,7 +5798,11 @@ def _matmul_int8_mosaic_gpu(x, y, *, m, n, k, interpret):
     y = _mgpu_pad(y, (padded_n, padded_k))
     (z,) = plgpu.kernel(
         functools.partial(
-            _matmul_int8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k
+            _matmul_int8_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),),
         scratch_types=[
@@ -5326,6 +5830,10 @@ def _matmul_int8_mosaic_gpu(x, y, *, m, n, k, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_m",
+        "mgpu_block_n",
+        "mgpu_block_k",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -5342,6 +5850,10 @@ def batched_matmul(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_m=None,
+    mgpu_block_n=None,
+    mgpu_block_k=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """A batch of matmuls: one (M, N) tile of one batch element per step.
@@ -5356,6 +5868,9 @@ def batched_matmul(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -5401,6 +5916,10 @@ def batched_matmul(
             gpu_warps=gpu_warps,
             gpu_stages=gpu_stages,
             gpu_backend=gpu_backend,
+            mgpu_block_m=mgpu_block_m,
+            mgpu_block_n=mgpu_block_n,
+            mgpu_block_k=mgpu_block_k,
+            mgpu_stages=mgpu_stages,
             interpret=interpret,
         ),
         functools.partial(_batched_matmul_vjp, gpu_backend=gpu_backend, interpret=interpret),
@@ -5433,6 +5952,10 @@ def _batched_matmul_forward(
     gpu_warps,
     gpu_stages,
     gpu_backend,
+    mgpu_block_m,
+    mgpu_block_n,
+    mgpu_block_k,
+    mgpu_stages,
     interpret,
 ):
     """`batched_matmul` on its checked arrays: the forward pass that `jax.grad` differentiates."""
@@ -5462,7 +5985,17 @@ def _batched_matmul_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_batched_matmul_mosaic_gpu, b=b, m=m, n=n, k=k),
+            functools.partial(
+                _batched_matmul_mosaic_gpu,
+                b=b,
+                m=m,
+                n=n,
+                k=k,
+                block_m=mgpu_block_m,
+                block_n=mgpu_block_n,
+                block_k=mgpu_block_k,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         x,
@@ -5646,7 +6179,7 @@ def _batched_matmul_gpu(
 
 
 def _batched_matmul_mosaic_gpu_kernel(
-    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k
+    x_ref, y_ref, z_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
 ):
     program_b = jax.lax.axis_index("B")
     program_m = jax.lax.axis_index("M")
@@ -5672,7 +6205,7 @@ def _batched_matmul_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(x_ref.at[program_b], y_ref.at[program_b])
         acc = acc_ref[...]
         out_smem[...] = acc
@@ -5688,15 +6221,36 @@ def _batched_matmul_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _batched_matmul_mosaic_gpu(x, y, *, b, m, n, k, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (B, M, N, K) shown (the spec's .tuning.json
+# file), the entry nearest the call's sizes winning. None: any other GPU (the built-in
+# ones).
+_batched_matmul_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _batched_matmul_mosaic_gpu(
+    x, y, *, b, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
+):
     """`batched_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_n = 128
-    block_k = 64
+    block_m, block_n, block_k, stages = _gpu_options(
+        _batched_matmul_mosaic_gpu_options, (b, m, n, k), (block_m, block_n, block_k, stages)
+    )
+    _mgpu_check_choices(
+        "batched_matmul",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_k": (block_k, (64,)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_n, 16384),
+        (stages * (2 * block_m * block_k + 2 * block_n * block_k) + 4 * block_m * block_n, 232448),
+    )
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
@@ -5704,7 +6258,11 @@ def _batched_matmul_mosaic_gpu(x, y, *, b, m, n, k, interpret):
     y = _mgpu_pad(y, (b, padded_k, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(
-            _batched_matmul_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k
+            _batched_matmul_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_n), jnp.float32),),
         scratch_types=[
@@ -6106,7 +6664,7 @@ def __batched_matmul_backward_x_1_mosaic_gpu(dz, *, b, m, n, interpret):
 
 
 def __batched_matmul_backward_x_2_mosaic_gpu_kernel(
-    y_ref, lhs_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n
+    y_ref, lhs_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
     program_b = jax.lax.axis_index("B")
     program_m = jax.lax.axis_index("M")
@@ -6132,7 +6690,7 @@ def __batched_matmul_backward_x_2_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(lhs_ref.at[program_b], y_ref.at[program_b])
         acc = acc_ref[...]
         out_smem[...] = acc.astype(jnp.bfloat16)
@@ -6148,15 +6706,38 @@ def __batched_matmul_backward_x_2_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def __batched_matmul_backward_x_2_mosaic_gpu(y, lhs, *, b, m, k, n, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (B, M, K, N) shown (the spec's .tuning.json
+# file), the entry nearest the call's sizes winning. None: any other GPU (the built-in
+# ones).
+__batched_matmul_backward_x_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def __batched_matmul_backward_x_2_mosaic_gpu(
+    y, lhs, *, b, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
+):
     """Stage 2 of `batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_k = 128
-    block_n = 64
+    block_m, block_k, block_n, stages = _gpu_options(
+        __batched_matmul_backward_x_2_mosaic_gpu_options,
+        (b, m, k, n),
+        (block_m, block_k, block_n, stages),
+    )
+    _mgpu_check_choices(
+        "_batched_matmul_backward_x_2",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_k": (block_k, (64, 128, 256)),
+            "mgpu_block_n": (block_n, (16, 32, 64)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_k, 16384),
+        (stages * (2 * block_m * block_n + 2 * block_k * block_n) + 2 * block_m * block_k, 232448),
+    )
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
@@ -6168,6 +6749,7 @@ def __batched_matmul_backward_x_2_mosaic_gpu(y, lhs, *, b, m, k, n, interpret):
             block_m=block_m,
             block_k=block_k,
             block_n=block_n,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
@@ -6541,6 +7123,10 @@ def _batched_matmul_backward_y_gpu(
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_s",
+        "mgpu_block_t",
+        "mgpu_block_d",
+        "mgpu_stages",
         "scale",
         "interpret",
     ),
@@ -6557,6 +7143,10 @@ def scores(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_s=None,
+    mgpu_block_t=None,
+    mgpu_block_d=None,
+    mgpu_stages=None,
     scale=0.125,
     interpret=None,
 ):
@@ -6572,6 +7162,9 @@ def scores(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       scale: a static f32 (default 0.125).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
@@ -6614,6 +7207,10 @@ def scores(
             gpu_warps=gpu_warps,
             gpu_stages=gpu_stages,
             gpu_backend=gpu_backend,
+            mgpu_block_s=mgpu_block_s,
+            mgpu_block_t=mgpu_block_t,
+            mgpu_block_d=mgpu_block_d,
+            mgpu_stages=mgpu_stages,
             scale=scale,
             interpret=interpret,
         ),
@@ -6646,6 +7243,10 @@ def _scores_forward(
     gpu_warps,
     gpu_stages,
     gpu_backend,
+    mgpu_block_s,
+    mgpu_block_t,
+    mgpu_block_d,
+    mgpu_stages,
     scale,
     interpret,
 ):
@@ -6670,7 +7271,18 @@ def _scores_forward(
                 num_stages=gpu_stages,
                 scale=scale,
             ),
-            functools.partial(_scores_mosaic_gpu, b=b, s_=s_, t=t, d=d, scale=scale),
+            functools.partial(
+                _scores_mosaic_gpu,
+                b=b,
+                s_=s_,
+                t=t,
+                d=d,
+                scale=scale,
+                block_s=mgpu_block_s,
+                block_t=mgpu_block_t,
+                block_d=mgpu_block_d,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         q,
@@ -6830,7 +7442,7 @@ def _scores_gpu(
 
 
 def _scores_mosaic_gpu_kernel(
-    q_ref, k_ref, s_ref, out_smem, barrier, *, block_s, block_t, block_d, scale
+    q_ref, k_ref, s_ref, out_smem, barrier, *, block_s, block_t, block_d, stages, scale
 ):
     program_b = jax.lax.axis_index("B")
     program_s = jax.lax.axis_index("S")
@@ -6856,7 +7468,7 @@ def _scores_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(q_ref.at[program_b], k_ref.at[program_b])
         acc = acc_ref[...]
         out_smem[...] = acc * scale
@@ -6872,15 +7484,36 @@ def _scores_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _scores_mosaic_gpu(q, k, *, b, s_, t, d, scale, interpret):
+# Mosaic GPU blocks and pipeline stages (block_s, block_t, block_d, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (B, S, T, D) shown (the spec's .tuning.json
+# file), the entry nearest the call's sizes winning. None: any other GPU (the built-in
+# ones).
+_scores_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _scores_mosaic_gpu(
+    q, k, *, b, s_, t, d, scale, block_s=None, block_t=None, block_d=None, stages=None, interpret
+):
     """`scores` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_s = 128
-    block_t = 128
-    block_d = 64
+    block_s, block_t, block_d, stages = _gpu_options(
+        _scores_mosaic_gpu_options, (b, s_, t, d), (block_s, block_t, block_d, stages)
+    )
+    _mgpu_check_choices(
+        "scores",
+        {
+            "mgpu_block_s": (block_s, (64, 128)),
+            "mgpu_block_t": (block_t, (64, 128, 256)),
+            "mgpu_block_d": (block_d, (16, 32, 64)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_s * block_t, 16384),
+        (stages * (2 * block_s * block_d + 2 * block_t * block_d) + 4 * block_s * block_t, 232448),
+    )
     padded_s_ = s_ + -s_ % block_s
     padded_t = t + -t % block_t
     padded_d = d + -d % block_d
@@ -6892,6 +7525,7 @@ def _scores_mosaic_gpu(q, k, *, b, s_, t, d, scale, interpret):
             block_s=block_s,
             block_t=block_t,
             block_d=block_d,
+            stages=stages,
             scale=scale,
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_s_, padded_t), jnp.float32),),
@@ -7213,6 +7847,10 @@ def _scores_backward_epilogue_mosaic_gpu(ds, *, b, s, t, scale, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_s",
+        "mgpu_block_d",
+        "mgpu_block_t",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -7229,6 +7867,10 @@ def scores_backward_q(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_s=None,
+    mgpu_block_d=None,
+    mgpu_block_t=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """The backward pass of `scores`, generated from its spec: the cotangent dq of
@@ -7244,6 +7886,9 @@ def scores_backward_q(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -7296,7 +7941,17 @@ def scores_backward_q(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_scores_backward_q_mosaic_gpu, b=b, s=s, d=d, t=t),
+            functools.partial(
+                _scores_backward_q_mosaic_gpu,
+                b=b,
+                s=s,
+                d=d,
+                t=t,
+                block_s=mgpu_block_s,
+                block_d=mgpu_block_d,
+                block_t=mgpu_block_t,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         dacc,
@@ -7478,7 +8133,7 @@ def _scores_backward_q_gpu(
 
 
 def _scores_backward_q_mosaic_gpu_kernel(
-    dacc_ref, k_ref, dq_ref, out_smem, barrier, *, block_s, block_d, block_t
+    dacc_ref, k_ref, dq_ref, out_smem, barrier, *, block_s, block_d, block_t, stages
 ):
     program_b = jax.lax.axis_index("B")
     program_s = jax.lax.axis_index("S")
@@ -7504,7 +8159,7 @@ def _scores_backward_q_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(dacc_ref.at[program_b], k_ref.at[program_b])
         acc = acc_ref[...]
         out_smem[...] = acc.astype(jnp.bfloat16)
@@ -7520,15 +8175,36 @@ def _scores_backward_q_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _scores_backward_q_mosaic_gpu(dacc, k, *, b, s, d, t, interpret):
+# Mosaic GPU blocks and pipeline stages (block_s, block_d, block_t, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (B, S, D, T) shown (the spec's .tuning.json
+# file), the entry nearest the call's sizes winning. None: any other GPU (the built-in
+# ones).
+_scores_backward_q_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _scores_backward_q_mosaic_gpu(
+    dacc, k, *, b, s, d, t, block_s=None, block_d=None, block_t=None, stages=None, interpret
+):
     """`scores_backward_q` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_s = 128
-    block_d = 128
-    block_t = 64
+    block_s, block_d, block_t, stages = _gpu_options(
+        _scores_backward_q_mosaic_gpu_options, (b, s, d, t), (block_s, block_d, block_t, stages)
+    )
+    _mgpu_check_choices(
+        "scores_backward_q",
+        {
+            "mgpu_block_s": (block_s, (64, 128)),
+            "mgpu_block_d": (block_d, (64, 128, 256)),
+            "mgpu_block_t": (block_t, (64,)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_s * block_d, 16384),
+        (stages * (2 * block_s * block_t + 2 * block_d * block_t) + 2 * block_s * block_d, 232448),
+    )
     padded_s = s + -s % block_s
     padded_d = d + -d % block_d
     padded_t = t + -t % block_t
@@ -7536,7 +8212,11 @@ def _scores_backward_q_mosaic_gpu(dacc, k, *, b, s, d, t, interpret):
     k = _mgpu_pad(k, (b, padded_t, padded_d))
     (dq,) = plgpu.kernel(
         functools.partial(
-            _scores_backward_q_mosaic_gpu_kernel, block_s=block_s, block_d=block_d, block_t=block_t
+            _scores_backward_q_mosaic_gpu_kernel,
+            block_s=block_s,
+            block_d=block_d,
+            block_t=block_t,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_s, padded_d), jnp.bfloat16),),
         scratch_types=[
@@ -7564,6 +8244,10 @@ def _scores_backward_q_mosaic_gpu(dacc, k, *, b, s, d, t, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_t",
+        "mgpu_block_d",
+        "mgpu_block_s",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -7580,6 +8264,10 @@ def scores_backward_k(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_t=None,
+    mgpu_block_d=None,
+    mgpu_block_s=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """The backward pass of `scores`, generated from its spec: the cotangent dk of
@@ -7595,6 +8283,9 @@ def scores_backward_k(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -7647,7 +8338,17 @@ def scores_backward_k(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_scores_backward_k_mosaic_gpu, b=b, t=t, d=d, s=s),
+            functools.partial(
+                _scores_backward_k_mosaic_gpu,
+                b=b,
+                t=t,
+                d=d,
+                s=s,
+                block_t=mgpu_block_t,
+                block_d=mgpu_block_d,
+                block_s=mgpu_block_s,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         dacc,
@@ -7833,7 +8534,7 @@ def _scores_backward_k_gpu(
 
 
 def _scores_backward_k_mosaic_gpu_kernel(
-    dacc_ref, q_ref, dk_ref, out_smem, barrier, *, block_t, block_d, block_s
+    dacc_ref, q_ref, dk_ref, out_smem, barrier, *, block_t, block_d, block_s, stages
 ):
     program_b = jax.lax.axis_index("B")
     program_t = jax.lax.axis_index("T")
@@ -7859,7 +8560,7 @@ def _scores_backward_k_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(dacc_ref.at[program_b], q_ref.at[program_b])
         acc = acc_ref[...]
         out_smem[...] = acc.astype(jnp.bfloat16)
@@ -7875,15 +8576,36 @@ def _scores_backward_k_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _scores_backward_k_mosaic_gpu(dacc, q, *, b, t, d, s, interpret):
+# Mosaic GPU blocks and pipeline stages (block_t, block_d, block_s, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (B, T, D, S) shown (the spec's .tuning.json
+# file), the entry nearest the call's sizes winning. None: any other GPU (the built-in
+# ones).
+_scores_backward_k_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _scores_backward_k_mosaic_gpu(
+    dacc, q, *, b, t, d, s, block_t=None, block_d=None, block_s=None, stages=None, interpret
+):
     """`scores_backward_k` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_t = 128
-    block_d = 128
-    block_s = 64
+    block_t, block_d, block_s, stages = _gpu_options(
+        _scores_backward_k_mosaic_gpu_options, (b, t, d, s), (block_t, block_d, block_s, stages)
+    )
+    _mgpu_check_choices(
+        "scores_backward_k",
+        {
+            "mgpu_block_t": (block_t, (64, 128)),
+            "mgpu_block_d": (block_d, (64, 128, 256)),
+            "mgpu_block_s": (block_s, (64,)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_t * block_d, 16384),
+        (stages * (2 * block_t * block_s + 2 * block_d * block_s) + 2 * block_t * block_d, 232448),
+    )
     padded_t = t + -t % block_t
     padded_d = d + -d % block_d
     padded_s = s + -s % block_s
@@ -7892,7 +8614,11 @@ def _scores_backward_k_mosaic_gpu(dacc, q, *, b, t, d, s, interpret):
     q = _mgpu_pad(q, (b, padded_s, padded_d))
     (dk,) = plgpu.kernel(
         functools.partial(
-            _scores_backward_k_mosaic_gpu_kernel, block_t=block_t, block_d=block_d, block_s=block_s
+            _scores_backward_k_mosaic_gpu_kernel,
+            block_t=block_t,
+            block_d=block_d,
+            block_s=block_s,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_t, padded_d), jnp.bfloat16),),
         scratch_types=[
@@ -7920,6 +8646,10 @@ def _scores_backward_k_mosaic_gpu(dacc, q, *, b, t, d, s, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_m",
+        "mgpu_block_n",
+        "mgpu_block_k",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -7937,6 +8667,10 @@ def linear(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_m=None,
+    mgpu_block_n=None,
+    mgpu_block_k=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """A linear layer whose weight is stored transposed, [N, K], as PyTorch keeps it.
@@ -7952,6 +8686,9 @@ def linear(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -7997,6 +8734,10 @@ def linear(
             gpu_warps=gpu_warps,
             gpu_stages=gpu_stages,
             gpu_backend=gpu_backend,
+            mgpu_block_m=mgpu_block_m,
+            mgpu_block_n=mgpu_block_n,
+            mgpu_block_k=mgpu_block_k,
+            mgpu_stages=mgpu_stages,
             interpret=interpret,
         ),
         functools.partial(_linear_vjp, gpu_backend=gpu_backend, interpret=interpret),
@@ -8031,6 +8772,10 @@ def _linear_forward(
     gpu_warps,
     gpu_stages,
     gpu_backend,
+    mgpu_block_m,
+    mgpu_block_n,
+    mgpu_block_k,
+    mgpu_stages,
     interpret,
 ):
     """`linear` on its checked arrays: the forward pass that `jax.grad` differentiates."""
@@ -8053,7 +8798,16 @@ def _linear_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_linear_mosaic_gpu, m=m, n=n, k=k),
+            functools.partial(
+                _linear_mosaic_gpu,
+                m=m,
+                n=n,
+                k=k,
+                block_m=mgpu_block_m,
+                block_n=mgpu_block_n,
+                block_k=mgpu_block_k,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         x,
@@ -8243,7 +8997,18 @@ def _linear_gpu(
 
 
 def _linear_mosaic_gpu_kernel(
-    x_ref, w_ref, bias_ref, y_ref, out_smem, barrier, bias_smem, *, block_m, block_n, block_k
+    x_ref,
+    w_ref,
+    bias_ref,
+    y_ref,
+    out_smem,
+    barrier,
+    bias_smem,
+    *,
+    block_m,
+    block_n,
+    block_k,
+    stages,
 ):
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
@@ -8268,7 +9033,7 @@ def _linear_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(x_ref, w_ref)
         plgpu.copy_gmem_to_smem(
             bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
@@ -8286,15 +9051,40 @@ def _linear_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _linear_mosaic_gpu(x, w, bias, *, m, n, k, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_n, block_k, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_linear_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _linear_mosaic_gpu(
+    x, w, bias, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
+):
     """`linear` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_n = 128
-    block_k = 64
+    block_m, block_n, block_k, stages = _gpu_options(
+        _linear_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
+    )
+    _mgpu_check_choices(
+        "linear",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_k": (block_k, (16, 32, 64)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_n, 16384),
+        (
+            stages * (2 * block_m * block_k + 2 * block_n * block_k)
+            + 2 * block_m * block_n
+            + 4 * block_n,
+            232448,
+        ),
+    )
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
@@ -8304,7 +9094,11 @@ def _linear_mosaic_gpu(x, w, bias, *, m, n, k, interpret):
     bias = _mgpu_pad(bias, (padded_n,))
     (y,) = plgpu.kernel(
         functools.partial(
-            _linear_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, block_k=block_k
+            _linear_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
@@ -8625,6 +9419,10 @@ def _linear_backward_over_m_mosaic_gpu(dy, *, m, n, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_m",
+        "mgpu_block_k",
+        "mgpu_block_n",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -8641,6 +9439,10 @@ def linear_backward_x(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_m=None,
+    mgpu_block_k=None,
+    mgpu_block_n=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """The backward pass of `linear`, generated from its spec: the cotangent dx of
@@ -8656,6 +9458,9 @@ def linear_backward_x(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -8699,7 +9504,16 @@ def linear_backward_x(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_linear_backward_x_mosaic_gpu, m=m, k=k, n=n),
+            functools.partial(
+                _linear_backward_x_mosaic_gpu,
+                m=m,
+                k=k,
+                n=n,
+                block_m=mgpu_block_m,
+                block_k=mgpu_block_k,
+                block_n=mgpu_block_n,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         dy,
@@ -8876,7 +9690,7 @@ def _linear_backward_x_gpu(
 
 
 def _linear_backward_x_mosaic_gpu_kernel(
-    dy_ref, w_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n
+    dy_ref, w_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
     program_m = jax.lax.axis_index("M")
     program_k = jax.lax.axis_index("K")
@@ -8901,7 +9715,7 @@ def _linear_backward_x_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(dy_ref, w_ref)
         acc = acc_ref[...]
         out_smem[...] = acc.astype(jnp.bfloat16)
@@ -8915,15 +9729,35 @@ def _linear_backward_x_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _linear_backward_x_mosaic_gpu(dy, w, *, m, k, n, interpret):
+# Mosaic GPU blocks and pipeline stages (block_m, block_k, block_n, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_linear_backward_x_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _linear_backward_x_mosaic_gpu(
+    dy, w, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
+):
     """`linear_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m = 128
-    block_k = 128
-    block_n = 64
+    block_m, block_k, block_n, stages = _gpu_options(
+        _linear_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
+    )
+    _mgpu_check_choices(
+        "linear_backward_x",
+        {
+            "mgpu_block_m": (block_m, (64, 128)),
+            "mgpu_block_k": (block_k, (64, 128, 256)),
+            "mgpu_block_n": (block_n, (64,)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_m * block_k, 16384),
+        (stages * (2 * block_m * block_n + 2 * block_k * block_n) + 2 * block_m * block_k, 232448),
+    )
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
@@ -8931,7 +9765,11 @@ def _linear_backward_x_mosaic_gpu(dy, w, *, m, k, n, interpret):
     w = _mgpu_pad(w, (padded_n, padded_k))
     (dx,) = plgpu.kernel(
         functools.partial(
-            _linear_backward_x_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, block_n=block_n
+            _linear_backward_x_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_k=block_k,
+            block_n=block_n,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
@@ -8959,6 +9797,10 @@ def _linear_backward_x_mosaic_gpu(dy, w, *, m, k, n, interpret):
         "gpu_warps",
         "gpu_stages",
         "gpu_backend",
+        "mgpu_block_n",
+        "mgpu_block_k",
+        "mgpu_block_m",
+        "mgpu_stages",
         "interpret",
     ),
 )
@@ -8975,6 +9817,10 @@ def linear_backward_w(
     gpu_warps=None,
     gpu_stages=None,
     gpu_backend="triton",
+    mgpu_block_n=None,
+    mgpu_block_k=None,
+    mgpu_block_m=None,
+    mgpu_stages=None,
     interpret=None,
 ):
     """The backward pass of `linear`, generated from its spec: the cotangent dw of
@@ -8990,6 +9836,9 @@ def linear_backward_w(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
+        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
+        sizes, else the built-in ones.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -9033,7 +9882,16 @@ def linear_backward_w(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_linear_backward_w_mosaic_gpu, n=n, k=k, m=m),
+            functools.partial(
+                _linear_backward_w_mosaic_gpu,
+                n=n,
+                k=k,
+                m=m,
+                block_n=mgpu_block_n,
+                block_k=mgpu_block_k,
+                block_m=mgpu_block_m,
+                stages=mgpu_stages,
+            ),
         ),
         interpret,
         dy,
@@ -9214,7 +10072,7 @@ def _linear_backward_w_gpu(
 
 
 def _linear_backward_w_mosaic_gpu_kernel(
-    dy_ref, x_ref, dw_ref, out_smem, barrier, *, block_n, block_k, block_m
+    dy_ref, x_ref, dw_ref, out_smem, barrier, *, block_n, block_k, block_m, stages
 ):
     program_n = jax.lax.axis_index("N")
     program_k = jax.lax.axis_index("K")
@@ -9239,7 +10097,7 @@ def _linear_backward_w_mosaic_gpu_kernel(
                     transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
                 ),
             ],
-            max_concurrent_steps=2,
+            max_concurrent_steps=stages,
         )(dy_ref, x_ref)
         acc = acc_ref[...]
         out_smem[...] = acc.astype(jnp.bfloat16)
@@ -9253,15 +10111,35 @@ def _linear_backward_w_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _linear_backward_w_mosaic_gpu(dy, x, *, n, k, m, interpret):
+# Mosaic GPU blocks and pipeline stages (block_n, block_k, block_m, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (N, K, M) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+_linear_backward_w_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def _linear_backward_w_mosaic_gpu(
+    dy, x, *, n, k, m, block_n=None, block_k=None, block_m=None, stages=None, interpret
+):
     """`linear_backward_w` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_n = 128
-    block_k = 128
-    block_m = 64
+    block_n, block_k, block_m, stages = _gpu_options(
+        _linear_backward_w_mosaic_gpu_options, (n, k, m), (block_n, block_k, block_m, stages)
+    )
+    _mgpu_check_choices(
+        "linear_backward_w",
+        {
+            "mgpu_block_n": (block_n, (64, 128)),
+            "mgpu_block_k": (block_k, (64, 128, 256)),
+            "mgpu_block_m": (block_m, (64,)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_n * block_k, 16384),
+        (stages * (2 * block_n * block_m + 2 * block_k * block_m) + 2 * block_n * block_k, 232448),
+    )
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
     padded_m = m + -m % block_m
@@ -9270,7 +10148,11 @@ def _linear_backward_w_mosaic_gpu(dy, x, *, n, k, m, interpret):
     x = _mgpu_pad(x, (padded_m, padded_k))
     (dw,) = plgpu.kernel(
         functools.partial(
-            _linear_backward_w_mosaic_gpu_kernel, block_n=block_n, block_k=block_k, block_m=block_m
+            _linear_backward_w_mosaic_gpu_kernel,
+            block_n=block_n,
+            block_k=block_k,
+            block_m=block_m,
+            stages=stages,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_n, padded_k), jnp.bfloat16),),
         scratch_types=[

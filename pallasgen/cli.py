@@ -421,7 +421,14 @@ def _block_options(checked, blocks: dict[str, int]) -> dict[str, int]:
     type=click.Choice(backend_named("tpu").chip_names),
     help="The compile-only TPU to tune for.",
 )
-@click.option("--gpu", is_flag=True, help="Instead, time Triton's blocks and options on this machine's CUDA GPU.")
+@click.option("--gpu", is_flag=True, help="Instead, time the GPU blocks and options on this machine's CUDA GPU.")
+@click.option(
+    "--gpu-backend",
+    type=click.Choice(["triton", "mosaic_gpu"]),
+    default="triton",
+    show_default=True,
+    help="With --gpu: tune Triton's blocks, warps and stages, or Mosaic GPU's blocks and pipeline stages (products).",
+)
 @click.option(
     "--budget",
     default=16,
@@ -437,7 +444,13 @@ def _block_options(checked, blocks: dict[str, int]) -> dict[str, int]:
     help="Start the search with this block (repeatable); blocks tuned before are measured too.",
 )
 def tune(
-    target: str, sizes: tuple[str, ...], chip: str | None, gpu: bool, budget: int, blocks: tuple[str, ...]
+    target: str,
+    sizes: tuple[str, ...],
+    chip: str | None,
+    gpu: bool,
+    gpu_backend: str,
+    budget: int,
+    blocks: tuple[str, ...],
 ) -> None:
     """Search the TPU blocks that minimise the compiler's cycle estimate for SPEC's kernels
     (or SPEC:KERNEL) at the given sizes, and record the best in SPEC's tuning file
@@ -449,18 +462,22 @@ def tune(
 
     With --gpu, the Triton blocks, warps and stages are timed on this machine's CUDA GPU
     instead, and recorded for its kind of GPU: a call that passes none takes them there.
+    With --gpu --gpu-backend mosaic_gpu, Mosaic GPU's blocks and pipeline stages
+    (`mgpu_*`) of the products it takes, recorded apart from Triton's.
     """
     import tempfile
 
     from pallasgen.devices import estimate
     from pallasgen.devices.compile_only import CompileError
-    from pallasgen.devices.tune import MEASURE, tune as search, versions
-    from pallasgen.workspace.tuning import Entry, entry_for, format_tuning, read_tuning, tuning_path, with_entry
+    from pallasgen.devices.tune import MEASURE, tune as search
+    from pallasgen.workspace.tuning import entry_for, read_tuning, tuning_path, with_entry
 
     if (chip is None) == (not gpu):
         _usage_error("tune needs --chip (a compile-only TPU) or --gpu (this machine's CUDA GPU), one of them")
     if gpu and blocks:
         _usage_error("--block starts a TPU search; --gpu starts from the spec's GPU blocks")
+    if not gpu and gpu_backend != "triton":
+        _usage_error("--gpu-backend chooses what --gpu tunes")
     _require(f"pallasgen tune{' --gpu' if gpu else ''}", tpu=not gpu)
     device = _cuda_device_kind() if gpu else None
     given = _parse_sizes(sizes)
@@ -479,7 +496,7 @@ def tune(
         str(path), lambda: read_tuning(path.read_text(encoding="utf-8"), _display(path)) if path.is_file() else {}
     )
     if gpu:
-        _write_tuning(path, _tune_gpu(kernels, given, budget, tuning, device))
+        _write_tuning(path, _tune_gpu(kernels, given, budget, tuning, device, gpu_backend))
         return
     with tempfile.TemporaryDirectory(prefix="pallasgen-llo-") as profile_dir:
         estimator = estimate.Estimator(chip, Path(profile_dir))
@@ -508,14 +525,7 @@ def tune(
                 f" {_pairs(start.blocks)}"
                 f" {started}; {counted(len(found.trials), 'compile')}"
             )
-            measure = {
-                "by": MEASURE,
-                "kernel_cycles": best.cost,
-                "xla_cycles": found.xla_cost,
-                "ratio": None if best_ratio is None else round(best_ratio, 3),
-                "compiles": len(found.trials),
-            }
-            entry = Entry(TunedBlocks(chip, tuple(dims.items()), best.blocks), measure, versions())
+            entry = _tuned_entry(found, best_ratio, (MEASURE, "cycles", "compiles"), chip, dims, best.blocks)
             tuning = with_entry(tuning, checked, entry)
     _write_tuning(path, tuning)
 
@@ -530,19 +540,47 @@ def _cuda_device_kind() -> str:
         _usage_error(str(error))
 
 
-def _tune_gpu(kernels, given: dict[str, int], budget: int, tuning, device: str):
-    """`tune --gpu`: each kernel's fastest Triton blocks and options on the CUDA GPU of kind
-    `device`, recorded in `tuning` for that kind; returns the tuning."""
+def _tuned_entry(found, ratio, measure: tuple[str, str, str], chip: str, dims, blocks, options=()):
+    """The tuning entry that records a search's best (TPU or GPU): `measure` says by what
+    (MEASURE), in which unit ("cycles", "seconds") and what its trials were ("compiles",
+    "timings")."""
+    from pallasgen.devices.tune import versions
+    from pallasgen.workspace.tuning import Entry
+
+    by, unit, trials = measure
+    recorded = {
+        "by": by,
+        f"kernel_{unit}": found.best.cost,
+        f"xla_{unit}": found.xla_cost,
+        "ratio": None if ratio is None else round(ratio, 3),
+        trials: len(found.trials),
+    }
+    return Entry(TunedBlocks(chip, tuple(dims.items()), blocks, options), recorded, versions())
+
+
+def _tune_gpu(kernels, given: dict[str, int], budget: int, tuning, device: str, backend: str):
+    """`tune --gpu`: each kernel's fastest blocks and options on the CUDA GPU of kind
+    `device` for the GPU `backend` (Mosaic GPU: its products only, the others skipped
+    with a note), recorded in `tuning` for that kind and backend; returns the tuning."""
+    from pallasgen.backends.mosaic_gpu import choices
     from pallasgen.devices import bench
     from pallasgen.devices.compile_only import CompileError
     from pallasgen.devices.gpu_tune import MEASURE, REPEATS, entry_parts, tune_gpu
-    from pallasgen.devices.tune import versions
-    from pallasgen.workspace.tuning import Entry, entry_for, with_entry
+    from pallasgen.workspace.tuning import entry_for, with_entry
 
+    table = "mosaic_gpu" if backend == "mosaic_gpu" else "gpu"
+    if backend == "mosaic_gpu":
+        for _, checked in kernels:
+            if not choices.tunable(checked):
+                why = "no Mosaic GPU blocks to tune (only a product it takes has them)"
+                click.echo(f"pallasgen: note: {checked.kernel.name}: {why}", err=True)
+        kernels = [(module, checked) for module, checked in kernels if choices.tunable(checked)]
+        if not kernels:
+            _usage_error("none of these kernels has Mosaic GPU blocks to tune (only a product it takes has them)")
     for module, checked in kernels:
         dims = {d: given[d] for d in checked.dims}
         inputs = _within_memory(checked, dims, lambda: runner.random_inputs(checked, dims, 0))
-        previous = entry_for(tuning, checked, device, dims, gpu=True)
+        previous = entry_for(tuning, checked, device, dims, table)
         with click.progressbar(
             length=budget, label=f"Timing {checked.kernel.name} on {device}", file=sys.stderr
         ) as bar:
@@ -556,25 +594,19 @@ def _tune_gpu(kernels, given: dict[str, int], budget: int, tuning, device: str):
                     budget,
                     bar.update,
                     previous and previous.blocks,
+                    backend,
                 )
             except CompileError as error:
                 _usage_error(f"{checked.kernel.name}: {error}")
         best = found.best
-        blocks, options = entry_parts(checked, best.blocks)
+        blocks, options = entry_parts(checked, best.blocks, backend)
         ratio = found.xla_cost / best.cost if best.cost else None
         click.echo(
             f"{checked.kernel.name} on {device}: {', '.join(f'{k}={v}' for k, v in best.blocks)} {best.cost * 1e3:.3f} ms"
             f" (XLA {found.xla_cost * 1e3:.3f} ms, {ratio:.2f}x); {counted(len(found.trials), 'timing')}"
         )
-        measure = {
-            "by": MEASURE,
-            "kernel_seconds": best.cost,
-            "xla_seconds": found.xla_cost,
-            "ratio": None if ratio is None else round(ratio, 3),
-            "timings": len(found.trials),
-        }
-        entry = Entry(TunedBlocks(device, tuple(dims.items()), blocks, options), measure, versions())
-        tuning = with_entry(tuning, checked, entry, gpu=True)
+        entry = _tuned_entry(found, ratio, (MEASURE, "seconds", "timings"), device, dims, blocks, options)
+        tuning = with_entry(tuning, checked, entry, table)
     return tuning
 
 

@@ -213,7 +213,9 @@ def test_no_backward_kernel_writes_the_products_cotangent(forward):
         checked = derived.checked
         lets = {s.name: s.value for s in checked.kernel.body if isinstance(s, ir.Let)}
         product = next(n for n in checked.fused.products)
-        operands = {side.value.id if isinstance(side, ir.Attribute) else side.id for side in (product.left, product.right)}
+        operands = {
+            side.value.id if isinstance(side, ir.Attribute) else side.id for side in (product.left, product.right)
+        }
         assert "dacc" in operands and "dacc" in lets
         assert all(a.source != "backward" for a in derived.arguments)
         assert {a.source for a in derived.arguments} >= {"cotangent", "input"}
@@ -227,7 +229,12 @@ def test_the_bias_cotangent_is_summed_in_the_pass_of_dy():
     assert [o.name for o in dy.checked.kernel.outputs] == ["dy", "dbias"]
     assert dy.checked.sweep.dim == "M"
     assert sorted(c.kind for c in dy.checked.sweep.carries) == ["dot", "sum"]
-    assert [(a.name, a.source) for a in dy.arguments] == [("acc", "residual"), ("bias", "input"), ("z", "cotangent"), ("x", "input")]
+    assert [(a.name, a.source) for a in dy.arguments] == [
+        ("acc", "residual"),
+        ("bias", "input"),
+        ("z", "cotangent"),
+        ("x", "input"),
+    ]
 
 
 def test_a_computed_operand_the_fused_middle_cannot_lay_out_keeps_separate_kernels():

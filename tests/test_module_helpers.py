@@ -97,12 +97,18 @@ FEATURES = {
         {"_mgpu_dot", "_mgpu_fill_past", "_mgpu_vector_positions", "_mgpu_softmax"},
         {"S": 70, "T": 100, "D": 8, "E": 24},
     ),
+    "mosaic-gpu-product": (
+        "in x: f32[M, K]\nin y: f32[K, N]\nout z: f32[M, N]\nz = x @ y",
+        {"_mgpu_check_choices"},
+        {"M": 20, "N": 30, "K": 40},
+    ),
 }
 # The inputs' dimensions of a feature whose kernel takes other than one x[M, N] (or x[N]).
 INPUTS = {
     "blocks-in-strips": (("S", "D"), ("T", "D")),
     "row-input-beside-a-reduction": (("M", "N"), ("M",)),
     "fused-attention": (("S", "D"), ("T", "D"), ("T", "E")),
+    "mosaic-gpu-product": (("M", "K"), ("K", "N")),
 }
 BF16_INPUTS = {"fused-attention"}  # features whose inputs are bf16 (the others': f32)
 

@@ -102,13 +102,13 @@ def test_gpu_entries_are_kept_per_device_kind_and_size_bucket_beside_the_tpu_one
     tuning = with_entry({}, mm, tpu)
     first = gpu_entry(mm, H100, sizes, {"M": 64, "N": 64, "K": 32}, {"warps": 4, "stages": 3})
     other = gpu_entry(mm, H200, sizes, {"M": 32, "N": 64, "K": 32}, {"warps": 4, "stages": 2})
-    tuning = with_entry(with_entry(tuning, mm, first, gpu=True), mm, other, gpu=True)
+    tuning = with_entry(with_entry(tuning, mm, first, "gpu"), mm, other, "gpu")
     better = gpu_entry(mm, H100, {"M": 4000, "N": 4096, "K": 4096}, dict(M=128, N=64, K=32), {"warps": 8, "stages": 4})
-    tuning = with_entry(tuning, mm, better, gpu=True)
+    tuning = with_entry(tuning, mm, better, "gpu")
     read = read_tuning(format_tuning(tuning), "spec.tuning.json")
     assert read["mm"].entries == (tpu,)
     assert [e.blocks.chip for e in read["mm"].gpu_entries] == [H100, H200]
-    assert entry_for(read, mm, H100, sizes, gpu=True).blocks == better.blocks
+    assert entry_for(read, mm, H100, sizes, "gpu").blocks == better.blocks
     assert entry_for(read, mm, H100, sizes) is None  # a TPU lookup never finds a GPU entry
     item = json.loads(format_tuning(read))["kernels"]["mm"]["tuned_gpu"][0]
     assert item["device"] == H100 and item["options"] == {"warps": 8, "stages": 4}
@@ -124,7 +124,7 @@ def build_with_gpu_tuning(project, *entries) -> object:  # noqa: F811
     write(project / "specs" / "mm.pallas", MATMUL)
     tuning = {}
     for entry in entries:
-        tuning = with_entry(tuning, checked(), entry, gpu=True)
+        tuning = with_entry(tuning, checked(), entry, "gpu")
     write(project / "specs" / "mm.tuning.json", format_tuning(tuning))
     result = pallasgen("build")
     assert result.exit_code == 0, result.output

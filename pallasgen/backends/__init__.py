@@ -30,6 +30,7 @@ MODULE_HELPERS = frozenset(
     | {"_gpu_kernel", "_mgpu_pad", "_mgpu_swizzled", "_mgpu_load", "_mgpu_spread", "_mgpu_load_vector"}
     | {"_mgpu_full", "_mgpu_positions", "_mgpu_logsumexp_step", "_mgpu_argbest_step", "_mgpu_floor", "_mgpu_ceil"}
     | {"_mgpu_sqrt", "_mgpu_dot", "_mgpu_fill_past", "_mgpu_vector_positions", "_mgpu_softmax"}
+    | {"_mgpu_check_choices"}
     | {"_fill_past", "_rows_shape", "_as_rows", "_fill_past_rows"}
     | {
         "_round_half_even",

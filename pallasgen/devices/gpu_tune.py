@@ -1,5 +1,7 @@
 """`pallasgen tune --gpu`: the Triton blocks and launch options (warps, pipeline stages)
-that run a kernel fastest at given sizes, timed on the CUDA device that runs it.
+that run a kernel fastest at given sizes, timed on the CUDA device that runs it; or,
+with `backend="mosaic_gpu"`, Mosaic GPU's blocks and pipeline stages of a product
+(`backends.mosaic_gpu.choices`).
 
 The search starts from the spec's blocks and options (or those tuned before for this
 kind of GPU) and walks downhill as the TPU search does (`tune.descend`): each round
@@ -17,6 +19,7 @@ from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends import backend_named
 from pallasgen.backends.gpu.options import OPTIONS
+from pallasgen.backends.mosaic_gpu import choices as mosaic_gpu
 from pallasgen.devices.compile_only import CompileError
 from pallasgen.devices.tune import Tuned, best_of, descend
 
@@ -42,10 +45,13 @@ def cuda_device_kind() -> str:
     return devices[0].device_kind
 
 
-def choices(checked: CheckedKernel, sizes: dict[str, int]) -> dict[str, list[int]]:
+def choices(checked: CheckedKernel, sizes: dict[str, int], backend: str = "triton") -> dict[str, list[int]]:
     """Each public keyword the search sets, with its values in order: the GPU blocks
     (powers of two from the smallest the launcher takes up to the dimension's next power
-    of two, at most LARGEST_BLOCK), warps and stages (those the spec may set)."""
+    of two, at most LARGEST_BLOCK), warps and stages (those the spec may set); on Mosaic
+    GPU, those its `mgpu_*` keywords take."""
+    if backend == "mosaic_gpu":
+        return {keyword: list(values) for keyword, values in mosaic_gpu.allowed(checked).items()}
     found = {}
     for dim in backend_named("gpu").tunable_dims(checked):
         smallest = 16 if checked.product is not None or checked.fused is not None else 1
@@ -54,9 +60,17 @@ def choices(checked: CheckedKernel, sizes: dict[str, int]) -> dict[str, list[int
     return found | {keyword: list(allowed) for keyword, allowed in OPTIONS.values()}
 
 
-def start_choices(checked: CheckedKernel, options: dict[str, list[int]], previous=None) -> dict[str, int]:
+def start_choices(
+    checked: CheckedKernel, options: dict[str, list[int]], previous=None, backend: str = "triton"
+) -> dict[str, int]:
     """Where the search starts: the blocks and options tuned before (a `TunedBlocks`), else
-    the spec's, each the nearest value the search tries."""
+    the spec's (Mosaic GPU's built-in ones), each the nearest value the search tries."""
+    if backend == "mosaic_gpu":
+        built_in = mosaic_gpu.defaults(checked) | {mosaic_gpu.STAGES: mosaic_gpu.DEFAULT_STAGES}
+        fits = previous is not None and not mosaic_gpu.tuned_problem(checked, previous)  # a hand-edited one may not
+        values = dict(previous.blocks) | dict(previous.options) if fits else built_in
+        wanted = {keyword: values[what] for keyword, what in mosaic_gpu.keywords(checked).items()}
+        return {k: min(options[k], key=lambda v: abs(v - value)) for k, value in wanted.items()}
     settings = checked.settings["gpu"]
     if previous is not None:
         blocks, launch = dict(previous.blocks), dict(previous.options)
@@ -67,19 +81,26 @@ def start_choices(checked: CheckedKernel, options: dict[str, list[int]], previou
     return {k: min(options[k], key=lambda v: abs(v - value)) for k, value in wanted.items()}
 
 
-def entry_parts(checked: CheckedKernel, chosen: tuple[tuple[str, int], ...]):
+def entry_parts(checked: CheckedKernel, chosen: tuple[tuple[str, int], ...], backend: str = "triton"):
     """A trial's keywords as a tuning entry keeps them: (blocks by dimension, options by name)."""
     values = dict(chosen)
+    if backend == "mosaic_gpu":
+        named = {what: values[keyword] for keyword, what in mosaic_gpu.keywords(checked).items()}
+        stages = named.pop(mosaic_gpu.STAGES)
+        return tuple(named.items()), ((mosaic_gpu.STAGES, stages),)
     blocks = tuple((d, values[f"gpu_{block_keyword(d)}"]) for d in backend_named("gpu").tunable_dims(checked))
     options = tuple((name, values[keyword]) for name, (keyword, _) in OPTIONS.items())
     return blocks, options
 
 
-def tune_gpu(time_pair, module, checked: CheckedKernel, inputs, sizes, budget: int, progress, previous=None) -> Tuned:
-    """The fastest blocks and options for `checked` on `inputs` (at `sizes`), searched from
-    the `previous` ones (tuned before for this GPU and size bucket) if given, else the
-    spec's. `time_pair(first, second)` gives the median seconds of two calls, timed in
-    one run (`bench.time_pair`; a test passes its own)."""
+def tune_gpu(
+    time_pair, module, checked: CheckedKernel, inputs, sizes, budget: int, progress, previous=None, backend="triton"
+) -> Tuned:
+    """The fastest blocks and options for `checked` on `inputs` (at `sizes`) on the GPU
+    `backend` ("triton" or "mosaic_gpu"), searched from the `previous` ones (tuned before
+    for this GPU and size bucket) if given, else the spec's. `time_pair(first, second)`
+    gives the median seconds of two calls, timed in one run (`bench.time_pair`; a test
+    passes its own). Mosaic GPU's choices that cannot run (`choices.problem`) are not timed."""
     import jax
 
     kernel = getattr(module, checked.kernel.name)
@@ -88,14 +109,18 @@ def tune_gpu(time_pair, module, checked: CheckedKernel, inputs, sizes, budget: i
 
     def measure(chosen: dict[str, int]) -> float:
         try:
-            call = functools.partial(kernel, *inputs, gpu_backend="triton", **chosen)
+            call = functools.partial(kernel, *inputs, gpu_backend=backend, **chosen)
             seconds, xla = time_pair(call, functools.partial(reference, *inputs))
-        except Exception as error:  # noqa: BLE001  (a choice Triton cannot compile or run is rejected)
-            raise CompileError("triton", f"{type(error).__name__}: {error}") from None
+        except Exception as error:  # noqa: BLE001  (a choice the backend cannot compile or run is rejected)
+            raise CompileError(backend, f"{type(error).__name__}: {error}") from None
         xla_seconds.append(xla)
         return seconds
 
-    options = choices(checked, sizes)
-    start = start_choices(checked, options, previous)
-    trials = descend(options, start, measure, budget, progress)
-    return best_of(trials, start, min(xla_seconds, default=0.0), "triton")
+    def problem(chosen: dict[str, int]) -> str | None:
+        blocks, options = entry_parts(checked, tuple(chosen.items()), backend)
+        return mosaic_gpu.problem(checked, dict(blocks), dict(options)[mosaic_gpu.STAGES])
+
+    options = choices(checked, sizes, backend)
+    start = start_choices(checked, options, previous, backend)
+    trials = descend(options, start, measure, budget, progress, (), problem if backend == "mosaic_gpu" else None)
+    return best_of(trials, start, min(xla_seconds, default=0.0), backend)

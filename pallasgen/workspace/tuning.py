@@ -4,8 +4,9 @@ the spec as `NAME.tuning.json` and rendered into its generated module by `build`
 One entry per kernel, chip and size bucket (each size rounded to a power of two), with
 the kernel's fingerprint (so that `check` can say when the kernel changed since), the
 estimate or time that chose it and the versions it was tuned with. GPU entries
-(`pallasgen tune --gpu`: Triton's blocks, warps and stages, chosen by time on the
-device) are kept apart, under "tuned_gpu", one per device kind and size bucket.
+(`pallasgen tune --gpu`, chosen by time on the device) are kept apart, one per device
+kind and size bucket, in a list per GPU backend: "tuned_gpu" (Triton's blocks, warps and
+stages) and "tuned_mosaic_gpu" (Mosaic GPU's blocks and pipeline stages).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pallasgen.backends import backend_named
 from pallasgen.frontend.errors import Diagnostic, Position, SpecError
 
 SUFFIX = ".tuning.json"
+# Each backend's list of entries in a kernel's object, in KernelTuning's order.
+TABLES = {"tpu": "tuned", "gpu": "tuned_gpu", "mosaic_gpu": "tuned_mosaic_gpu"}
 ABOUT = "TPU blocks found by `pallasgen tune`; `pallasgen build` renders them into the generated module."
 
 
@@ -39,6 +42,11 @@ class KernelTuning:
     fingerprint: str
     entries: tuple[Entry, ...]
     gpu_entries: tuple[Entry, ...] = ()
+    mosaic_gpu_entries: tuple[Entry, ...] = ()
+
+    def tables(self) -> tuple[tuple[Entry, ...], ...]:
+        """Its entries for each backend of TABLES, in order."""
+        return self.entries, self.gpu_entries, self.mosaic_gpu_entries
 
 
 def tuning_path(spec: Path) -> Path:
@@ -63,20 +71,25 @@ def _kernel_tuning(name: str, value, text: str, path: str) -> KernelTuning:
 
     if not isinstance(value, dict) or not isinstance(value.get("fingerprint"), str):
         fail('expected an object with "fingerprint" and "tuned"')
-    if not isinstance(value.get("tuned"), list) or not isinstance(value.get("tuned_gpu", []), list):
-        fail('"tuned" (and "tuned_gpu") is not a list')
-    entries, gpu_entries = [], []
+    gpu_tables = [TABLES["gpu"], TABLES["mosaic_gpu"]]
+    if not isinstance(value.get("tuned"), list) or any(not isinstance(value.get(t, []), list) for t in gpu_tables):
+        fail(f'"tuned" (and {", ".join(map(json.dumps, gpu_tables))}) is not a list')
+    entries = []
     for item in value["tuned"]:
         try:
             entries.append(_entry(item, item["chip"], ()))
         except (KeyError, TypeError, AttributeError, ValueError):
             fail('each entry has "chip", "sizes" and "blocks" (dimension: positive integer)')
-    for item in value.get("tuned_gpu", []):
-        try:
-            gpu_entries.append(_entry(item, item["device"], _pairs(item["options"])))
-        except (KeyError, TypeError, AttributeError, ValueError):
-            fail('each GPU entry has "device", "sizes", "blocks" and "options" (name: positive integer)')
-    return KernelTuning(value["fingerprint"], tuple(entries), tuple(gpu_entries))
+    tables = [tuple(entries)]
+    for table in gpu_tables:
+        gpu_entries = []
+        for item in value.get(table, []):
+            try:
+                gpu_entries.append(_entry(item, item["device"], _pairs(item["options"])))
+            except (KeyError, TypeError, AttributeError, ValueError):
+                fail('each GPU entry has "device", "sizes", "blocks" and "options" (name: positive integer)')
+        tables.append(tuple(gpu_entries))
+    return KernelTuning(value["fingerprint"], *tables)
 
 
 def _entry(item: dict, chip, options: tuple[tuple[str, int], ...]) -> Entry:
@@ -123,14 +136,17 @@ def apply_tuning(
         if found.fingerprint != kernel_fingerprint(checked.kernel):
             stale.append(f"{checked.kernel.name!r} changed since it was tuned")
             return checked
-        for backend, entries in (("tpu", found.entries), ("gpu", found.gpu_entries)):
+        for backend, entries in zip(TABLES, found.tables()):
             for entry in entries:
                 problem = backend_named(backend).tuned_blocks_problem(checked, entry.blocks)
                 if problem:
                     position = _position_of(text, named)
                     raise SpecError(path, text, [Diagnostic(position, f"kernel {checked.kernel.name!r}: {problem}")])
         return dataclasses.replace(
-            checked, tuned=tuple(e.blocks for e in found.entries), gpu_tuned=tuple(e.blocks for e in found.gpu_entries)
+            checked,
+            tuned=tuple(e.blocks for e in found.entries),
+            gpu_tuned=tuple(e.blocks for e in found.gpu_entries),
+            mosaic_gpu_tuned=tuple(e.blocks for e in found.mosaic_gpu_entries),
         )
 
     tuned_kernels = []
@@ -158,30 +174,31 @@ def _nearest_power_of_two(size: int) -> int:
 
 
 def entry_for(
-    tuning: dict[str, KernelTuning], checked: CheckedKernel, chip: str, sizes: dict[str, int], gpu: bool = False
+    tuning: dict[str, KernelTuning], checked: CheckedKernel, chip: str, sizes: dict[str, int], backend: str = "tpu"
 ) -> Entry | None:
-    """The kernel's entry for `chip` (a GPU's device kind, with `gpu`) in the size bucket
-    of `sizes`, if it was tuned as it is now."""
-    entries = _current_entries(tuning, checked)[gpu]
+    """The kernel's entry for `chip` (a GPU's device kind, for a GPU `backend`) in the size
+    bucket of `sizes`, if it was tuned as it is now."""
+    entries = _current_entries(tuning, checked)[list(TABLES).index(backend)]
     return next((e for e in entries if _slot(e) == (chip, size_bucket(sizes))), None)
 
 
 def with_entry(
-    tuning: dict[str, KernelTuning], checked: CheckedKernel, entry: Entry, gpu: bool = False
+    tuning: dict[str, KernelTuning], checked: CheckedKernel, entry: Entry, backend: str = "tpu"
 ) -> dict[str, KernelTuning]:
-    """`tuning` with `entry` in place of the kernel's entry for the same chip (or GPU, with
-    `gpu`) and size bucket; a kernel tuned for an older version of itself starts afresh."""
-    tables = list(_current_entries(tuning, checked))
-    kept = tuple(e for e in tables[gpu] if _slot(e) != _slot(entry))
-    tables[gpu] = tuple(sorted((*kept, entry), key=lambda e: (e.blocks.chip, e.blocks.sizes)))
+    """`tuning` with `entry` in place of the kernel's entry for the same chip (or GPU, for a
+    GPU `backend`) and size bucket; a kernel tuned for an older version of itself starts afresh."""
+    tables, index = list(_current_entries(tuning, checked)), list(TABLES).index(backend)
+    kept = tuple(e for e in tables[index] if _slot(e) != _slot(entry))
+    tables[index] = tuple(sorted((*kept, entry), key=lambda e: (e.blocks.chip, e.blocks.sizes)))
     return {**tuning, checked.kernel.name: KernelTuning(kernel_fingerprint(checked.kernel), *tables)}
 
 
 def _current_entries(tuning: dict[str, KernelTuning], checked: CheckedKernel) -> tuple[tuple[Entry, ...], ...]:
-    """The kernel's TPU and GPU entries, if it was tuned as it is now (its fingerprint unchanged)."""
+    """The kernel's entries for each backend of TABLES, if it was tuned as it is now (its
+    fingerprint unchanged)."""
     kernel = tuning.get(checked.kernel.name)
     current = kernel and kernel.fingerprint == kernel_fingerprint(checked.kernel)
-    return (kernel.entries, kernel.gpu_entries) if current else ((), ())
+    return kernel.tables() if current else ((),) * len(TABLES)
 
 
 def _slot(entry: Entry) -> tuple[str, dict[str, int]]:
@@ -206,7 +223,11 @@ def format_tuning(tuning: dict[str, KernelTuning]) -> str:
                     }
                     for e in kernel.entries
                 ],
-                **({"tuned_gpu": [_gpu_item(e) for e in kernel.gpu_entries]} if kernel.gpu_entries else {}),
+                **{
+                    TABLES[backend]: [_gpu_item(e) for e in entries]
+                    for backend, entries in zip(TABLES, kernel.tables())
+                    if backend != "tpu" and entries
+                },
             }
             for name, kernel in sorted(tuning.items())
         },

@@ -5,6 +5,7 @@ does not take runs on Triton (`support.refusal` says why)."""
 from __future__ import annotations
 
 from pallasgen.backends.base import Backend
+from pallasgen.backends.mosaic_gpu import choices
 from pallasgen.backends.mosaic_gpu.plan import (
     BACKEND_KEYWORD,
     GPU_BACKENDS,
@@ -27,7 +28,14 @@ class MosaicGpuBackend(Backend):
         return keyword_group(checked)
 
     def reserved_names(self, checked):
-        return {BACKEND_KEYWORD}
+        return {BACKEND_KEYWORD, *(choices.keywords(checked) if choices.tunable(checked) else ())}
+
+    def tunable_dims(self, checked) -> list[str]:
+        """The dimensions whose blocks are keywords (`mgpu_block_*`), which tune --gpu searches."""
+        return list(choices.block_choices(checked)) if choices.tunable(checked) else []
+
+    def tuned_blocks_problem(self, checked, tuned) -> str | None:
+        return choices.tuned_problem(checked, tuned)
 
     def function_names(self, kernel):
         return kernel_function_name(kernel), launcher_name(kernel)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.names import block_keyword
+from pallasgen.backends.mosaic_gpu import choices
 from pallasgen.backends.mosaic_gpu.fused import FusedPlanner
 from pallasgen.backends.mosaic_gpu.sweeps import SweepPlanner, column_block
 from pallasgen.backends.mosaic_gpu.totals import TotalsPlanner
@@ -32,9 +33,7 @@ from pallasgen.backends.mosaic_gpu.outer import PIPELINE_STAGES as OUTER_STAGES,
 from pallasgen.backends.mosaic_gpu.stages import chained_body, stages
 from pallasgen.backends.mosaic_gpu.support import (
     EMITTER_OPTIONS,
-    PRODUCT_TILE,
     SMEM_BUDGET,
-    WGMMA_DTYPES,
     refusal,
     sized_dims,
 )
@@ -51,7 +50,6 @@ DEFAULT_GPU_BACKEND = "triton"  # until gpu_check.py passes on a Hopper GPU with
 TMA_MOST = 256  # elements a TMA copy takes along one dimension
 ELEMENTWISE_ROWS = 64  # the WGMMA layout's row tile
 ELEMENTWISE_COLUMNS = (128, 64, 32)  # the widest that fits SMEM_BUDGET is taken
-PIPELINE_STAGES = 2  # K blocks in flight
 
 
 @dataclass(frozen=True)
@@ -65,10 +63,13 @@ class MosaicGpuPlan:
     launcher_body: tuple[str, ...]
     dispatch: str  # the launcher bound for the public function, or None
     stages: tuple[MosaicGpuPlan, ...] = ()  # kernels it calls in turn (stages: one fused product)
+    table: tuple[str, ...] = ()  # a product's: the comment and table of its tuned blocks and stages
 
 
 def keyword_group(checked: CheckedKernel) -> KeywordGroup:
-    """The public `gpu_backend` keyword: which Pallas backend compiles for NVIDIA GPUs."""
+    """The public `gpu_backend` keyword: which Pallas backend compiles for NVIDIA GPUs;
+    and a product's `mgpu_block_*` and `mgpu_stages` (`choices`): None by default, chosen
+    at call time."""
     reason = refusal(checked)
     doc = [
         f"  {BACKEND_KEYWORD}: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;",
@@ -78,7 +79,14 @@ def keyword_group(checked: CheckedKernel) -> KeywordGroup:
         doc += textwrap.wrap(
             f"This kernel runs on Triton either way: {reason}.", 88, initial_indent="    ", subsequent_indent="    "
         )
-    return KeywordGroup((Keyword(BACKEND_KEYWORD, f'"{DEFAULT_GPU_BACKEND}"'),), tuple(doc))
+    tunable = tuple(Keyword(k, "None") for k in choices.keywords(checked)) if choices.tunable(checked) else ()
+    if tunable:
+        doc += [
+            "  mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:",
+            "    those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest",
+            "    sizes, else the built-in ones.",
+        ]
+    return KeywordGroup((Keyword(BACKEND_KEYWORD, f'"{DEFAULT_GPU_BACKEND}"'), *tunable), tuple(doc))
 
 
 def kernel_function_name(kernel: str) -> str:
@@ -192,13 +200,18 @@ class _Planner:
             types.append(f"jax.ShapeDtypeStruct({shape}, {jnp_dtype(out.dtype)})")
         return f"({', '.join(types)},)"
 
-    def finish(self, kernel_parameters, kernel_body, launcher_body) -> MosaicGpuPlan:
+    def finish(self, kernel_parameters, kernel_body, launcher_body, chosen=None, table=()) -> MosaicGpuPlan:
+        """The plan; `chosen`: the launcher's keyword for each public one it takes (None
+        by default: a stage of a fused kernel passes none)."""
         kernel, checked = self.kernel, self.checked
         params = [p.name for p in kernel.params]
+        chosen = chosen or {}
         launcher = parameter_list(
-            [self.values[d.name] for d in kernel.inputs], [self.sizes[d] for d in checked.dims] + params + ["interpret"]
+            [self.values[d.name] for d in kernel.inputs],
+            [self.sizes[d] for d in checked.dims] + params + [f"{c}=None" for c in chosen.values()] + ["interpret"],
         )
         bound = [f"{self.sizes[d]}={self.sizes[d]}" for d in checked.dims] + [f"{p}={p}" for p in params]
+        bound += [f"{local}={keyword}" for keyword, local in chosen.items()]
         return MosaicGpuPlan(
             (),
             launcher_name(kernel.name),
@@ -208,6 +221,7 @@ class _Planner:
             launcher,
             launcher_body,
             f"functools.partial({launcher_name(kernel.name)}, {', '.join(bound)})",
+            table=table,
         )
 
 
@@ -347,14 +361,11 @@ class _ProductPlanner(_Planner):
         layout = self.out_dims = tuple(kernel.outputs[0].dims)
         batch = layout[:-2]
         m, n, k = product.m, product.n, product.k
-        depth = WGMMA_DTYPES[product.lhs.dtype.name]
-        blocks = {m: PRODUCT_TILE, n: PRODUCT_TILE, k: depth}
         multiples = {d: block_keyword(d) for d in (m, n, k)}
-        # wgmma reads a transposed tile of 16-bit operands only: others come K-minor.
-        rhs_n_major = product.rhs.transposed or product.lhs.dtype.bits != 16
+        rhs_n_major = choices.rhs_n_major(product)
         program = {d: self.namer.claim(f"program_{d.lower()}") for d in layout}
-        acc_ref, out_smem, barrier, step, scope = (
-            self.namer.claim(x) for x in ("acc_ref", "out_smem", "barrier", "step", "accumulate")
+        acc_ref, out_smem, barrier, step, scope, pipeline_stages = (
+            self.namer.claim(x) for x in ("acc_ref", "out_smem", "barrier", "step", "accumulate", "stages")
         )
         lhs, rhs = product.lhs, product.rhs
         lhs_smem, rhs_smem = self.smem[lhs.name], self.smem[rhs.name]
@@ -411,7 +422,7 @@ class _ProductPlanner(_Planner):
             f"    {step},",
             f"    grid=({self.refs[lhs.name]}.shape[-1] // {block_keyword(k)},),",
             f"    in_specs=[{', '.join(specs)}],",
-            f"    max_concurrent_steps={PIPELINE_STAGES},",
+            f"    max_concurrent_steps={pipeline_stages},",
             f")({at_batch(self.refs[lhs.name])}, {at_batch(self.refs[rhs.name])})",
             *loads,
             *epilogue_body,
@@ -444,7 +455,7 @@ class _ProductPlanner(_Planner):
         ]
         kernel_parameters = parameter_list(
             [*refs, *tiles.values(), barrier, *(self.smem[d.name] for d in epilogue)],
-            [*(block_keyword(d) for d in (m, n, k)), *(p.name for p in kernel.params)],
+            [*(block_keyword(d) for d in (m, n, k)), pipeline_stages, *(p.name for p in kernel.params)],
         )
         reshapes = []
         lhs_value, rhs_value = self.values[lhs.name], self.values[rhs.name]
@@ -461,7 +472,7 @@ class _ProductPlanner(_Planner):
             if len(own[decl.name]) < len(layout):
                 reshapes.append(f"{value} = {value}.reshape({tuple_code([sizes[d] for d in own[decl.name]])})")
             reshapes.append(self.padding(value, own[decl.name], multiples))
-        keywords = [block_keyword(d) for d in (m, n, k)] + [p.name for p in kernel.params]
+        keywords = [*(block_keyword(d) for d in (m, n, k)), pipeline_stages, *(p.name for p in kernel.params)]
         grid = [*(sizes[d] for d in batch), *(f"{self.padded(d)} // {block_keyword(d)}" for d in (m, n))]
         call = [
             "plgpu.kernel(",
@@ -473,4 +484,59 @@ class _ProductPlanner(_Planner):
             "    interpret=interpret,",
             f")({', '.join(self.values[d.name] for d in kernel.inputs)})",
         ]
-        return self.finish(kernel_parameters, kernel_body, self.launcher(blocks, multiples, reshapes, call))
+        chosen = {
+            keyword: pipeline_stages if what == choices.STAGES else block_keyword(what)
+            for keyword, what in choices.keywords(checked).items()
+        }
+        launcher = self.launcher({}, multiples, reshapes, call)
+        return self.finish(
+            kernel_parameters, kernel_body, (*self.choose(chosen), *launcher), chosen, self.choices_table(chosen)
+        )
+
+    def choices_table(self, chosen: dict[str, str]) -> tuple[str, ...]:
+        """The module's table of blocks and stages by device kind (`_gpu_options` reads
+        it): the built-in ones, and those `pallasgen tune --gpu` recorded."""
+        checked, what = self.checked, choices.keywords(self.checked)
+        built_in = choices.defaults(checked) | {choices.STAGES: choices.DEFAULT_STAGES}
+        tuned: dict[str, dict] = {}
+        for entry in sorted(checked.mosaic_gpu_tuned, key=lambda t: (t.chip, t.sizes)):
+            values = dict(entry.blocks) | dict(entry.options)
+            key = tuple(dict(entry.sizes)[d] for d in checked.dims)
+            tuned.setdefault(entry.chip, {})[key] = tuple_code([str(values[w]) for w in what.values()])
+        comment = (
+            f"Mosaic GPU blocks and pipeline stages ({', '.join(chosen.values())}) for a call that passes none,"
+            f" by device kind: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best at the sizes"
+            f" ({', '.join(checked.dims)}) shown (the spec's .tuning.json file), the entry nearest the call's"
+            " sizes winning. None: any other GPU (the built-in ones)."
+        )
+        rows = [f"None: {tuple_code([str(built_in[w]) for w in what.values()])}"]
+        for kind, entries in tuned.items():
+            inner = ", ".join(f"{tuple_code(list(map(str, at)))}: {values}" for at, values in entries.items())
+            rows.append(f"{kind!r}: {{{inner}}}")
+        return (
+            *textwrap.wrap(comment, 86, initial_indent="# ", subsequent_indent="# "),
+            f"{self.table_name} = {{{', '.join(rows)}}}",
+        )
+
+    @property
+    def table_name(self) -> str:
+        return f"_{self.kernel.name}_mosaic_gpu_options"
+
+    def choose(self, chosen: dict[str, str]) -> list[str]:
+        """The launcher's first lines: its blocks and stages from the table where not
+        given, each checked (`_mgpu_check_choices`)."""
+        checked, product = self.checked, self.checked.product
+        allowed = choices.allowed(checked)
+        names = ", ".join(chosen.values())
+        block_names = {d: block_keyword(d) for d in choices.block_choices(checked)}
+        checks = ", ".join(f"{k!r}: ({local}, {allowed[k]!r})" for k, local in chosen.items())
+        smem = choices.smem_code(checked, block_names, chosen[choices.PREFIX + choices.STAGES])
+        return [
+            f"{names} = _gpu_options({self.table_name}, {tuple_code([self.sizes[d] for d in checked.dims])}, ({names}))",
+            f"_mgpu_check_choices(",
+            f"    {self.kernel.name!r},",
+            f"    {{{checks}}},",
+            f"    ({block_names[product.m]} * {block_names[product.n]}, {choices.ACCUMULATOR_MOST}),",
+            f"    ({smem}, {choices.SMEM_PER_BLOCK}),",
+            ")",
+        ]
