@@ -15185,7 +15185,7 @@ def _matmul_softmax_backward_x_kernel(dacc_ref, w_ref, dx_ref, acc_ref, *, n, bl
 # chip, and CPU (the spec's blocks).
 _matmul_softmax_backward_x_tpu_blocks = {
     None: {"default": (128, 512, 512)},
-    "v5e": {"default": (512, 512, 512)},
+    "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
     "v6e": {"default": (1024, 1024, 1024)},
 }
 
@@ -15540,7 +15540,7 @@ def _matmul_softmax_backward_w_kernel(x_ref, dacc_ref, dw_ref, acc_ref, *, m, bl
 # chip, and CPU (the spec's blocks).
 _matmul_softmax_backward_w_tpu_blocks = {
     None: {"default": (512, 512, 128)},
-    "v5e": {"default": (512, 512, 512)},
+    "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
     "v6e": {"default": (1024, 1024, 1024)},
 }
 
@@ -16750,7 +16750,7 @@ def _rmsnorm_matmul_backward_lhs_kernel(dy_ref, w_ref, dlhs_ref, acc_ref, *, n, 
 # chip, and CPU (the spec's blocks).
 _rmsnorm_matmul_backward_lhs_tpu_blocks = {
     None: {"default": (256, 512, 512)},
-    "v5e": {"default": (512, 512, 512)},
+    "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
     "v6e": {"default": (1024, 1024, 1024)},
 }
 
@@ -17105,7 +17105,7 @@ def _rmsnorm_matmul_backward_w_kernel(lhs_ref, dy_ref, dw_ref, acc_ref, *, m, bl
 # chip, and CPU (the spec's blocks).
 _rmsnorm_matmul_backward_w_tpu_blocks = {
     None: {"default": (512, 512, 256)},
-    "v5e": {"default": (512, 512, 512)},
+    "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
     "v6e": {"default": (1024, 1024, 1024)},
 }
 
