@@ -15186,7 +15186,7 @@ def _matmul_softmax_backward_x_kernel(dacc_ref, w_ref, dx_ref, acc_ref, *, n, bl
 _matmul_softmax_backward_x_tpu_blocks = {
     None: {"default": (128, 512, 512)},
     "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
-    "v6e": {"default": (1024, 1024, 1024)},
+    "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
 }
 
 
@@ -15541,7 +15541,7 @@ def _matmul_softmax_backward_w_kernel(x_ref, dacc_ref, dw_ref, acc_ref, *, m, bl
 _matmul_softmax_backward_w_tpu_blocks = {
     None: {"default": (512, 512, 128)},
     "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
-    "v6e": {"default": (1024, 1024, 1024)},
+    "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
 }
 
 
@@ -15952,8 +15952,8 @@ def _rmsnorm_matmul_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_m, bloc
 # spec's blocks).
 _rmsnorm_matmul_tpu_blocks = {
     None: {"default": (256, 512)},
-    "v5e": {"default": (256, 512)},
-    "v6e": {"default": (256, 512)},
+    "v5e": {"default": (256, 512), (1024, 1024, 1024): (256, 1024)},
+    "v6e": {"default": (256, 512), (1024, 1024, 1024): (512, 1024)},
 }
 
 
@@ -16369,8 +16369,8 @@ def _rmsnorm_matmul_lhs_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, m, k, block
 # (the spec's blocks).
 _rmsnorm_matmul_lhs_tpu_blocks = {
     None: {"default": (256,)},
-    "v5e": {"default": (256,)},
-    "v6e": {"default": (256,)},
+    "v5e": {"default": (256,), (1024, 1024): (512,)},
+    "v6e": {"default": (256,), (1024, 1024): (512,)},
 }
 
 
@@ -16751,7 +16751,7 @@ def _rmsnorm_matmul_backward_lhs_kernel(dy_ref, w_ref, dlhs_ref, acc_ref, *, n, 
 _rmsnorm_matmul_backward_lhs_tpu_blocks = {
     None: {"default": (256, 512, 512)},
     "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
-    "v6e": {"default": (1024, 1024, 1024)},
+    "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
 }
 
 
@@ -17106,7 +17106,7 @@ def _rmsnorm_matmul_backward_w_kernel(lhs_ref, dy_ref, dw_ref, acc_ref, *, m, bl
 _rmsnorm_matmul_backward_w_tpu_blocks = {
     None: {"default": (512, 512, 256)},
     "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
-    "v6e": {"default": (1024, 1024, 1024)},
+    "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
 }
 
 
@@ -17443,8 +17443,8 @@ def _rmsnorm_matmul_lhs_backward_kernel(
 # (the spec's blocks).
 _rmsnorm_matmul_lhs_backward_tpu_blocks = {
     None: {"default": (256,)},
-    "v5e": {"default": (256,)},
-    "v6e": {"default": (256,)},
+    "v5e": {"default": (256,), (1024, 1024): (256,)},
+    "v6e": {"default": (256,), (1024, 1024): (256,)},
 }
 
 
