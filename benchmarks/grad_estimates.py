@@ -34,6 +34,7 @@ def main() -> None:
     parser.add_argument("--side", choices=("pallasgen", "xla"), required=True)
     parser.add_argument("target", help="SPEC:KERNEL, e.g. attention:attention")
     parser.add_argument("sizes", help="DIM=SIZE,..., e.g. B=1,H=1,S=4096,T=4096,D=128")
+    parser.add_argument("--ops", action="store_true", help="also each compiled op's cycles")
     args = parser.parse_args()
     spec, name = args.target.split(":")
     sizes = {k: int(v) for k, v in (item.split("=") for item in args.sizes.split(","))}
@@ -47,7 +48,8 @@ def main() -> None:
     inputs = arguments(checked, sizes, estimator.sharding)
     cotangents = [struct(decl, sizes, estimator.sharding) for decl in float_outputs(checked)]
     ops, _ = estimator.op_cycles(with_backward(function, checked), [inputs, cotangents])
-    print(json.dumps({"chip": args.chip, "kernel": name, "sizes": sizes, "side": args.side, "cycles": sum(ops.values())}))
+    summary = {"chip": args.chip, "kernel": name, "sizes": sizes, "side": args.side, "cycles": sum(ops.values())}
+    print(json.dumps(summary | ({"ops": ops} if args.ops else {})))
 
 
 if __name__ == "__main__":

@@ -15251,8 +15251,8 @@ def _matmul_softmax_backward_x_kernel(dacc_ref, w_ref, dx_ref, acc_ref, *, n, bl
 # chip, and CPU (the spec's blocks).
 _matmul_softmax_backward_x_tpu_blocks = {
     None: {"default": (128, 512, 512)},
-    "v5e": {"default": (512, 512, 512)},
-    "v6e": {"default": (1024, 1024, 1024)},
+    "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
+    "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
 }
 
 
@@ -15649,8 +15649,8 @@ def _matmul_softmax_backward_w_kernel(x_ref, dacc_ref, dw_ref, acc_ref, *, m, bl
 # chip, and CPU (the spec's blocks).
 _matmul_softmax_backward_w_tpu_blocks = {
     None: {"default": (512, 512, 128)},
-    "v5e": {"default": (512, 512, 512)},
-    "v6e": {"default": (1024, 1024, 1024)},
+    "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
+    "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
 }
 
 
@@ -16084,8 +16084,8 @@ def _rmsnorm_matmul_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_m, bloc
 # spec's blocks).
 _rmsnorm_matmul_tpu_blocks = {
     None: {"default": (256, 512)},
-    "v5e": {"default": (256, 512)},
-    "v6e": {"default": (256, 512)},
+    "v5e": {"default": (256, 512), (1024, 1024, 1024): (256, 1024)},
+    "v6e": {"default": (256, 512), (1024, 1024, 1024): (512, 1024)},
 }
 
 
@@ -16525,8 +16525,8 @@ def _rmsnorm_matmul_lhs_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, m, k, block
 # (the spec's blocks).
 _rmsnorm_matmul_lhs_tpu_blocks = {
     None: {"default": (256,)},
-    "v5e": {"default": (256,)},
-    "v6e": {"default": (256,)},
+    "v5e": {"default": (256,), (1024, 1024): (512,)},
+    "v6e": {"default": (256,), (1024, 1024): (512,)},
 }
 
 
@@ -16926,8 +16926,8 @@ def _rmsnorm_matmul_backward_lhs_kernel(dy_ref, w_ref, dlhs_ref, acc_ref, *, n, 
 # chip, and CPU (the spec's blocks).
 _rmsnorm_matmul_backward_lhs_tpu_blocks = {
     None: {"default": (256, 512, 512)},
-    "v5e": {"default": (512, 512, 512)},
-    "v6e": {"default": (1024, 1024, 1024)},
+    "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
+    "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
 }
 
 
@@ -17324,8 +17324,8 @@ def _rmsnorm_matmul_backward_w_kernel(lhs_ref, dy_ref, dw_ref, acc_ref, *, m, bl
 # chip, and CPU (the spec's blocks).
 _rmsnorm_matmul_backward_w_tpu_blocks = {
     None: {"default": (512, 512, 256)},
-    "v5e": {"default": (512, 512, 512)},
-    "v6e": {"default": (1024, 1024, 1024)},
+    "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
+    "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
 }
 
 
@@ -17685,8 +17685,8 @@ def _rmsnorm_matmul_lhs_backward_kernel(
 # (the spec's blocks).
 _rmsnorm_matmul_lhs_backward_tpu_blocks = {
     None: {"default": (256,)},
-    "v5e": {"default": (256,)},
-    "v6e": {"default": (256,)},
+    "v5e": {"default": (256,), (1024, 1024): (256,)},
+    "v6e": {"default": (256,), (1024, 1024): (256,)},
 }
 
 
