@@ -127,6 +127,18 @@ def _mgpu_load(ref, shape, dims):
     return jax.lax.broadcast_in_dim(vector, shape, dims)
 
 
+def _mgpu_spread(vector, shape, dim):
+    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
+    broadcast over the block's other axis."""
+    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
+
+
+def _mgpu_load_vector(ref, dim):
+    """A vector along axis `dim` of a block, from shared memory, in the WGMMA layout's row
+    (0) or column (1) layout."""
+    return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dim))
+
+
 def _mgpu_full(size, value, dtype, dim):
     """A running value per position along axis `dim` of a block, `value` in each."""
     return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
@@ -3047,8 +3059,6 @@ def matmul_relu_backward_y(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: a fused product of f32 and f32 is not on
-        Mosaic GPU yet (wgmma here: bf16 or f16 operands).
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -3108,7 +3118,7 @@ def matmul_relu_backward_y(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_matmul_relu_backward_y_mosaic_gpu, k=k, n=n, m=m),
         ),
         interpret,
         acc,
@@ -3346,8 +3356,172 @@ def _matmul_relu_backward_y_gpu(
     )(acc, dz, x)
 
 
-# `matmul_relu_backward_y` has no Mosaic GPU kernel (a fused product of f32 and f32 is
-# not on Mosaic GPU yet (wgmma here: bf16 or f16 operands)): it runs on Triton.
+def __matmul_relu_backward_y_1_mosaic_gpu_kernel(acc_ref, dz_ref, rhs_ref, *, block_m, block_n):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, acc_smem, dz_smem, rhs_smem):
+        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
+        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        dacc = jnp.where(acc > 0, dz, 0)
+        rhs_smem[...] = dacc
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+    )(acc_ref, dz_ref, rhs_ref)
+
+
+def __matmul_relu_backward_y_1_mosaic_gpu(acc, dz, *, m, n, interpret):
+    """Stage 1 of `matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    acc = _mgpu_pad(acc, (padded_m, padded_n))
+    dz = _mgpu_pad(dz, (padded_m, padded_n))
+    (rhs,) = plgpu.kernel(
+        functools.partial(
+            __matmul_relu_backward_y_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
+        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(acc, dz)
+    return rhs[:m, :n]
+
+
+def __matmul_relu_backward_y_2_mosaic_gpu_kernel(
+    x_ref, rhs_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
+):
+    program_k = jax.lax.axis_index("K")
+    program_n = jax.lax.axis_index("N")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, x_smem, rhs_smem):
+            plgpu.wgmma(acc_ref, x_smem, rhs_smem.T)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(x_ref.shape[-1] // block_m,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_k, block_m),
+                    lambda s: (program_k, s),
+                    transforms=_mgpu_swizzled(jnp.float32, block_m),
+                ),
+                plgpu.BlockSpec(
+                    (block_n, block_m),
+                    lambda s: (program_n, s),
+                    transforms=_mgpu_swizzled(jnp.float32, block_m),
+                ),
+            ],
+            max_concurrent_steps=stages,
+        )(x_ref, rhs_ref)
+        acc = acc_ref[...]
+        out_smem[...] = acc
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem,
+        dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+__matmul_relu_backward_y_2_mosaic_gpu_options = {None: (128, 128, 32, 2)}
+
+
+def __matmul_relu_backward_y_2_mosaic_gpu(
+    x, rhs, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
+):
+    """Stage 2 of `matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_k, block_n, block_m, stages = _gpu_options(
+        __matmul_relu_backward_y_2_mosaic_gpu_options,
+        (k, n, m),
+        (block_k, block_n, block_m, stages),
+    )
+    _mgpu_check_choices(
+        "_matmul_relu_backward_y_2",
+        {
+            "mgpu_block_k": (block_k, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_m": (block_m, (8, 16, 32)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_k * block_n, 16384),
+        (stages * (4 * block_k * block_m + 4 * block_n * block_m) + 4 * block_k * block_n, 232448),
+    )
+    padded_k = k + -k % block_k
+    padded_n = n + -n % block_n
+    padded_m = m + -m % block_m
+    x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
+    rhs = jnp.swapaxes(rhs, -1, -2)  # f32 wgmma reads [N, K] tiles
+    x = _mgpu_pad(x, (padded_k, padded_m))
+    rhs = _mgpu_pad(rhs, (padded_n, padded_m))
+    (dy,) = plgpu.kernel(
+        functools.partial(
+            __matmul_relu_backward_y_2_mosaic_gpu_kernel,
+            block_k=block_k,
+            block_n=block_n,
+            block_m=block_m,
+            stages=stages,
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.float32),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_k, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(padded_k // block_k, padded_n // block_n),
+        grid_names=("K", "N"),
+        interpret=interpret,
+    )(x, rhs)
+    return dy[:k, :n]
+
+
+def _matmul_relu_backward_y_mosaic_gpu(acc, dz, x, *, k, n, m, interpret):
+    """`matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: its stages in turn, the arrays between them in global memory."""
+    rhs = __matmul_relu_backward_y_1_mosaic_gpu(acc, dz, m=m, n=n, interpret=interpret)
+    rhs = rhs.reshape((m, n))
+    dy = __matmul_relu_backward_y_2_mosaic_gpu(x, rhs, k=k, n=n, m=m, interpret=interpret)
+    return dy.reshape((k, n))
 
 
 @functools.partial(
@@ -4989,8 +5163,6 @@ def matmul_bias_gelu_backward_y(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: a fused product whose left tile is contracted
-        along its rows is not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -5057,7 +5229,7 @@ def matmul_bias_gelu_backward_y(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_matmul_bias_gelu_backward_y_mosaic_gpu, k=k, n=n, m=m),
         ),
         interpret,
         acc,
@@ -5384,8 +5556,270 @@ def _matmul_bias_gelu_backward_y_gpu(
     )(acc, bias, dz, x)
 
 
-# `matmul_bias_gelu_backward_y` has no Mosaic GPU kernel (a fused product whose left
-# tile is contracted along its rows is not on Mosaic GPU yet): it runs on Triton.
+def __matmul_bias_gelu_backward_y_1_mosaic_gpu_kernel(
+    acc_ref, bias_ref, dz_ref, dbias_ref, barrier, bias_smem, dbias_smem, *, block_m, block_n, m
+):
+    program_n = jax.lax.axis_index("N")
+    plgpu.copy_gmem_to_smem(
+        bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
+    )
+    plgpu.barrier_wait(barrier.at[0])
+    bias = _mgpu_load_vector(bias_smem, 1)
+
+    def reduce_1(indices, acc_smem, dz_smem, carry):
+        (sum_m_running,) = carry
+        start = indices[0] * block_m
+        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
+        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        z_1 = acc + _mgpu_spread(bias, (block_m, block_n), 1)
+        z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
+        dz_1 = dz.astype(jnp.float32) * (
+            0.5 * (1 + z_2)
+            + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+        )
+        sum_m_block = dz_1
+        if m % block_m:  # a ragged M: its identity past the end
+            sum_m_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
+            )
+        sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
+        return (sum_m_running,)
+
+    (sum_m_running,) = plgpu.emit_pipeline(
+        reduce_1,
+        grid=(acc_ref.shape[0] // block_m,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (s, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda s: (s, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+        ],
+        max_concurrent_steps=2,
+        init_carry=(_mgpu_full(block_n, 0.0, jnp.float32, 1),),
+    )(acc_ref, dz_ref)
+    sum_m = sum_m_running
+    dbias = sum_m
+    dbias_smem[...] = dbias
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(dbias_smem, dbias_ref.at[pl.ds(program_n * block_n, block_n)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def __matmul_bias_gelu_backward_y_1_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
+    """Stage 1 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % block_m
+    padded_n = n + -n % block_n
+    acc = _mgpu_pad(acc, (padded_m, padded_n))
+    bias = bias.reshape((n,))
+    bias = _mgpu_pad(bias, (padded_n,))
+    dz = _mgpu_pad(dz, (padded_m, padded_n))
+    (dbias,) = plgpu.kernel(
+        functools.partial(
+            __matmul_bias_gelu_backward_y_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
+        scratch_types=[
+            plgpu.Barrier(num_barriers=1),
+            plgpu.SMEM((block_n,), jnp.float32),
+            plgpu.SMEM((block_n,), jnp.float32),
+        ],
+        grid=(padded_n // block_n,),
+        grid_names=("N",),
+        interpret=interpret,
+    )(acc, bias, dz)
+    return dbias[:n].reshape((1, n))
+
+
+def __matmul_bias_gelu_backward_y_2_mosaic_gpu_kernel(
+    acc_ref, bias_ref, dz_ref, rhs_ref, *, block_m, block_n
+):
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, acc_smem, bias_smem, dz_smem, rhs_smem):
+        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
+        bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
+        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        z_1 = acc + bias
+        z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
+        dz_1 = dz.astype(jnp.float32) * (
+            0.5 * (1 + z_2)
+            + 0.5 * z_1 * (1 - z_2 * z_2) * (0.7978845608028654 * (1 + 0.134145 * z_1 * z_1))
+        )
+        dacc = dz_1.astype(jnp.bfloat16)
+        rhs_smem[...] = dacc
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            ),
+            plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            ),
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            )
+        ],
+    )(acc_ref, bias_ref, dz_ref, rhs_ref)
+
+
+def __matmul_bias_gelu_backward_y_2_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
+    """Stage 2 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    acc = _mgpu_pad(acc, (padded_m, padded_n))
+    bias = bias.reshape((n,))
+    bias = _mgpu_pad(bias, (padded_n,))
+    dz = _mgpu_pad(dz, (padded_m, padded_n))
+    (rhs,) = plgpu.kernel(
+        functools.partial(
+            __matmul_bias_gelu_backward_y_2_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
+        grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("M", "N"),
+        interpret=interpret,
+    )(acc, bias, dz)
+    return rhs[:m, :n]
+
+
+def __matmul_bias_gelu_backward_y_3_mosaic_gpu_kernel(
+    x_ref, rhs_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
+):
+    program_k = jax.lax.axis_index("K")
+    program_n = jax.lax.axis_index("N")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, x_smem, rhs_smem):
+            plgpu.wgmma(acc_ref, x_smem, rhs_smem)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(x_ref.shape[-1] // block_m,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_k, block_m),
+                    lambda s: (program_k, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_m),
+                ),
+                plgpu.BlockSpec(
+                    (block_m, block_n),
+                    lambda s: (s, program_n),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                ),
+            ],
+            max_concurrent_steps=stages,
+        )(x_ref, rhs_ref)
+        acc = acc_ref[...]
+        out_smem[...] = acc.astype(jnp.bfloat16)
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem,
+        dy_ref.at[pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)],
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json file),
+# the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
+__matmul_bias_gelu_backward_y_3_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def __matmul_bias_gelu_backward_y_3_mosaic_gpu(
+    x, rhs, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
+):
+    """Stage 3 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_k, block_n, block_m, stages = _gpu_options(
+        __matmul_bias_gelu_backward_y_3_mosaic_gpu_options,
+        (k, n, m),
+        (block_k, block_n, block_m, stages),
+    )
+    _mgpu_check_choices(
+        "_matmul_bias_gelu_backward_y_3",
+        {
+            "mgpu_block_k": (block_k, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_m": (block_m, (64,)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_k * block_n, 16384),
+        (stages * (2 * block_k * block_m + 2 * block_n * block_m) + 2 * block_k * block_n, 232448),
+    )
+    padded_k = k + -k % block_k
+    padded_n = n + -n % block_n
+    padded_m = m + -m % block_m
+    x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
+    x = _mgpu_pad(x, (padded_k, padded_m))
+    rhs = _mgpu_pad(rhs, (padded_m, padded_n))
+    (dy,) = plgpu.kernel(
+        functools.partial(
+            __matmul_bias_gelu_backward_y_3_mosaic_gpu_kernel,
+            block_k=block_k,
+            block_n=block_n,
+            block_m=block_m,
+            stages=stages,
+        ),
+        out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_k, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(padded_k // block_k, padded_n // block_n),
+        grid_names=("K", "N"),
+        interpret=interpret,
+    )(x, rhs)
+    return dy[:k, :n]
+
+
+def _matmul_bias_gelu_backward_y_mosaic_gpu(acc, bias, dz, x, *, k, n, m, interpret):
+    """`matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: its stages in turn, the arrays between them in global memory."""
+    dbias = __matmul_bias_gelu_backward_y_1_mosaic_gpu(acc, bias, dz, m=m, n=n, interpret=interpret)
+    rhs = __matmul_bias_gelu_backward_y_2_mosaic_gpu(acc, bias, dz, m=m, n=n, interpret=interpret)
+    rhs = rhs.reshape((m, n))
+    dy = __matmul_bias_gelu_backward_y_3_mosaic_gpu(x, rhs, k=k, n=n, m=m, interpret=interpret)
+    return dy.reshape((k, n)), dbias.reshape((1, n))
 
 
 @functools.partial(
@@ -6817,8 +7251,6 @@ def batched_matmul_backward_y(
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
         opt-in, not yet checked on hardware).
-        This kernel runs on Triton either way: a fused product whose left tile is contracted
-        along its rows is not on Mosaic GPU yet.
       interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
         True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
 
@@ -6877,7 +7309,7 @@ def batched_matmul_backward_y(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            None,
+            functools.partial(_batched_matmul_backward_y_mosaic_gpu, b=b, k=k, n=n, m=m),
         ),
         interpret,
         dz,
@@ -7108,8 +7540,169 @@ def _batched_matmul_backward_y_gpu(
     )(dz, x)
 
 
-# `batched_matmul_backward_y` has no Mosaic GPU kernel (a fused product whose left
-# tile is contracted along its rows is not on Mosaic GPU yet): it runs on Triton.
+def __batched_matmul_backward_y_1_mosaic_gpu_kernel(dz_ref, rhs_ref, *, block_m, block_n):
+    program_b = jax.lax.axis_index("B")
+    program_m = jax.lax.axis_index("M")
+    program_n = jax.lax.axis_index("N")
+
+    def step(_, dz_smem, rhs_smem):
+        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        dacc = dz.astype(jnp.bfloat16)
+        rhs_smem[...] = dacc
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(1,),
+        in_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.float32, block_n),
+            )
+        ],
+        out_specs=[
+            plgpu.BlockSpec(
+                (block_m, block_n),
+                lambda _: (program_m, program_n),
+                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+            )
+        ],
+    )(dz_ref.at[program_b], rhs_ref.at[program_b])
+
+
+def __batched_matmul_backward_y_1_mosaic_gpu(dz, *, b, m, n, interpret):
+    """Stage 1 of `batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_m = 64
+    block_n = 128
+    padded_m = m + -m % 8
+    padded_n = n + -n % block_n
+    dz = _mgpu_pad(dz, (b, padded_m, padded_n))
+    (rhs,) = plgpu.kernel(
+        functools.partial(
+            __batched_matmul_backward_y_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
+        ),
+        out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_n), jnp.bfloat16),),
+        grid=(b, pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
+        grid_names=("B", "M", "N"),
+        interpret=interpret,
+    )(dz)
+    return rhs[:b, :m, :n]
+
+
+def __batched_matmul_backward_y_2_mosaic_gpu_kernel(
+    x_ref, rhs_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
+):
+    program_b = jax.lax.axis_index("B")
+    program_k = jax.lax.axis_index("K")
+    program_n = jax.lax.axis_index("N")
+
+    def accumulate(acc_ref):  # the accumulator in registers, for this block's K steps and epilogue
+        def step(_, x_smem, rhs_smem):
+            plgpu.wgmma(acc_ref, x_smem, rhs_smem)
+            plgpu.wgmma_wait(0)
+
+        plgpu.emit_pipeline(
+            step,
+            grid=(x_ref.shape[-1] // block_m,),
+            in_specs=[
+                plgpu.BlockSpec(
+                    (block_k, block_m),
+                    lambda s: (program_k, s),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_m),
+                ),
+                plgpu.BlockSpec(
+                    (block_m, block_n),
+                    lambda s: (s, program_n),
+                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                ),
+            ],
+            max_concurrent_steps=stages,
+        )(x_ref.at[program_b], rhs_ref.at[program_b])
+        acc = acc_ref[...]
+        out_smem[...] = acc.astype(jnp.bfloat16)
+
+    pl.run_scoped(accumulate, plgpu.ACC((block_k, block_n), jnp.float32))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        out_smem,
+        dy_ref.at[
+            program_b, pl.ds(program_k * block_k, block_k), pl.ds(program_n * block_n, block_n)
+        ],
+    )
+    plgpu.wait_smem_to_gmem(0)
+
+
+# Mosaic GPU blocks and pipeline stages (block_k, block_n, block_m, stages) for a call
+# that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
+# mosaic_gpu` timed best at the sizes (B, K, N, M) shown (the spec's .tuning.json
+# file), the entry nearest the call's sizes winning. None: any other GPU (the built-in
+# ones).
+__batched_matmul_backward_y_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+
+
+def __batched_matmul_backward_y_2_mosaic_gpu(
+    x, rhs, *, b, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
+):
+    """Stage 2 of `batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
+
+    The operands are padded with zeros to what TMA copies (nothing when the sizes are
+    multiples of the blocks' tiles) and the outputs sliced back.
+    """
+    block_k, block_n, block_m, stages = _gpu_options(
+        __batched_matmul_backward_y_2_mosaic_gpu_options,
+        (b, k, n, m),
+        (block_k, block_n, block_m, stages),
+    )
+    _mgpu_check_choices(
+        "_batched_matmul_backward_y_2",
+        {
+            "mgpu_block_k": (block_k, (64, 128)),
+            "mgpu_block_n": (block_n, (64, 128, 256)),
+            "mgpu_block_m": (block_m, (64,)),
+            "mgpu_stages": (stages, (1, 2, 3, 4, 5, 6)),
+        },
+        (block_k * block_n, 16384),
+        (stages * (2 * block_k * block_m + 2 * block_n * block_m) + 2 * block_k * block_n, 232448),
+    )
+    padded_k = k + -k % block_k
+    padded_n = n + -n % block_n
+    padded_m = m + -m % block_m
+    x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
+    x = _mgpu_pad(x, (b, padded_k, padded_m))
+    rhs = _mgpu_pad(rhs, (b, padded_m, padded_n))
+    (dy,) = plgpu.kernel(
+        functools.partial(
+            __batched_matmul_backward_y_2_mosaic_gpu_kernel,
+            block_k=block_k,
+            block_n=block_n,
+            block_m=block_m,
+            stages=stages,
+        ),
+        out_type=(jax.ShapeDtypeStruct((b, padded_k, padded_n), jnp.bfloat16),),
+        scratch_types=[
+            plgpu.SMEM(
+                (block_k, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
+            ),
+            plgpu.Barrier(num_barriers=1),
+        ],
+        grid=(b, padded_k // block_k, padded_n // block_n),
+        grid_names=("B", "K", "N"),
+        interpret=interpret,
+    )(x, rhs)
+    return dy[:b, :k, :n]
+
+
+def _batched_matmul_backward_y_mosaic_gpu(dz, x, *, b, k, n, m, interpret):
+    """`batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
+    backend: its stages in turn, the arrays between them in global memory."""
+    rhs = __batched_matmul_backward_y_1_mosaic_gpu(dz, b=b, m=m, n=n, interpret=interpret)
+    rhs = rhs.reshape((b, m, n))
+    dy = __batched_matmul_backward_y_2_mosaic_gpu(x, rhs, b=b, k=k, n=n, m=m, interpret=interpret)
+    return dy.reshape((b, k, n))
 
 
 @functools.partial(

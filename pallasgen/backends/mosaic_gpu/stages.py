@@ -98,30 +98,67 @@ def _product_kernels(checked: CheckedKernel) -> list[ir.Kernel] | None:
     (product,) = products
     names = _Names(kernel)
     found: list[ir.Kernel] = []
+    apart = [o for o in kernel.outputs if not _reads(kernel, o.name, product)]
+    if apart:  # outputs the product does not reach (a bias's cotangent beside dy): a kernel first
+        found.append(_kernel(kernel, f"_{kernel.name}_1", kernel.inputs, apart, kernel.body, {}))
     sides = {}
     for side in ("left", "right"):
         value, transposed = product_operand(getattr(product, side))
         if isinstance(value, ir.Name) and value.id in {d.name for d in kernel.inputs}:
             continue
-        decl = names.array("lhs" if side == "left" else "rhs", checked.types[value], value.position)
-        found.append(
-            _kernel(kernel, f"_{kernel.name}_{len(found) + 1}", kernel.inputs, (decl,), kernel.body, {decl.name: value})
+        name = names.name("lhs" if side == "left" else "rhs")
+        stage, decl, transposed = _operand_kernel(
+            kernel, f"_{kernel.name}_{len(found) + 1}", name, checked.types[value], value, transposed
         )
+        found.append(stage)
         read = ir.Name(decl.name, value.position)
         sides[side] = ir.Attribute(read, "T", value.position, value.position) if transposed else read
         names.inputs.append(decl)
     rest = dataclasses.replace(product, **sides)
     body = tuple(dataclasses.replace(s, value=substitute(s.value, {product: rest})) for s in kernel.body)
     inputs = tuple(names.inputs)
-    final = _kernel(kernel, f"_{kernel.name}_{len(found) + 1}", inputs, kernel.outputs, body, {})
+    outputs = tuple(o for o in kernel.outputs if o not in apart)
+    final = _kernel(kernel, f"_{kernel.name}_{len(found) + 1}", inputs, outputs, body, {})
     if is_fused(final):  # the product's result is reduced: written out first
         decl = names.array("acc", checked.types[product], product.position)
         found.append(_kernel(kernel, f"_{kernel.name}_{len(found) + 1}", inputs, (decl,), (), {decl.name: rest}))
         read = ir.Name(decl.name, product.position)
         body = tuple(dataclasses.replace(s, value=_softmax_spelled(substitute(s.value, {rest: read}))) for s in body)
-        final = _kernel(kernel, f"_{kernel.name}_{len(found) + 1}", (*inputs, decl), kernel.outputs, body, {})
+        final = _kernel(kernel, f"_{kernel.name}_{len(found) + 1}", (*inputs, decl), outputs, body, {})
     found.append(final)
     return found
+
+
+def _operand_kernel(kernel: ir.Kernel, name: str, array: str, value_type, value: ir.Expr, transposed: bool):
+    """The stage that writes a computed operand, its array, and whether the product reads
+    that array transposed: in the order of the dimensions its inputs broadcast to (a
+    transposed operand's type lists them as the product reads them)."""
+    dims = tuple(value_type.dims)
+    orders = [(dims, transposed)]
+    if len(dims) >= 2:
+        orders.append(((*dims[:-2], dims[-1], dims[-2]), not transposed))
+    for order, reads_transposed in orders:
+        at = value.position
+        decl = ir.ArrayDecl(array, value_type.dtype.name, order, at, at, (at,) * len(order))
+        stage = _kernel(kernel, name, kernel.inputs, (decl,), kernel.body, {array: value})
+        if not check_kernel(stage)[1]:
+            break
+    return stage, decl, reads_transposed
+
+
+def _reads(kernel: ir.Kernel, output: str, node: ir.Expr) -> bool:
+    """Whether the statement assigning `output` reads `node`, itself or through lets."""
+    lets = {s.name: s.value for s in kernel.body if isinstance(s, ir.Let)}
+    pending = [s.value for s in kernel.body if isinstance(s, ir.Assign) and s.target == output]
+    seen: set[str] = set()
+    while pending:
+        for found in ir.walk(pending.pop()):
+            if found == node:
+                return True
+            if isinstance(found, ir.Name) and found.id in lets and found.id not in seen:
+                seen.add(found.id)
+                pending.append(lets[found.id])
+    return False
 
 
 class _Names:
@@ -132,11 +169,15 @@ class _Names:
         self.taken = {d.name for d in (*kernel.inputs, *kernel.outputs)} | {p.name for p in kernel.params}
         self.taken |= {s.name for s in kernel.body if isinstance(s, ir.Let)}
 
-    def array(self, wanted: str, value_type, position) -> ir.ArrayDecl:
+    def name(self, wanted: str) -> str:
         name = wanted
         while name in self.taken:
             name += "_"
         self.taken.add(name)
+        return name
+
+    def array(self, wanted: str, value_type, position) -> ir.ArrayDecl:
+        name = self.name(wanted)
         dims = tuple(value_type.dims)
         return ir.ArrayDecl(name, value_type.dtype.name, dims, position, position, (position,) * len(dims))
 
