@@ -21,6 +21,7 @@ from pallasgen.analysis.checks import CheckedKernel, check_kernel
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.fused import is_fused
 from pallasgen.analysis.infer import product_operand
+from pallasgen.analysis.names import Namer
 from pallasgen.analysis.reverse import substitute
 from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel
@@ -166,15 +167,12 @@ class _Names:
 
     def __init__(self, kernel: ir.Kernel):
         self.inputs = list(kernel.inputs)
-        self.taken = {d.name for d in (*kernel.inputs, *kernel.outputs)} | {p.name for p in kernel.params}
-        self.taken |= {s.name for s in kernel.body if isinstance(s, ir.Let)}
-
-    def name(self, wanted: str) -> str:
-        name = wanted
-        while name in self.taken:
-            name += "_"
-        self.taken.add(name)
-        return name
+        self.namer = Namer(
+            [d.name for d in (*kernel.inputs, *kernel.outputs)]
+            + [p.name for p in kernel.params]
+            + [s.name for s in kernel.body if isinstance(s, ir.Let)]
+        )
+        self.name = self.namer.claim
 
     def array(self, wanted: str, value_type, position) -> ir.ArrayDecl:
         name = self.name(wanted)
