@@ -674,6 +674,31 @@ def show(target: str, sizes: tuple[str, ...], out_file: Path | None, gpu: bool) 
     click.echo(_display(path))
 
 
+@main.command()
+@click.option(
+    "--out", required=True, type=click.Path(path_type=Path, file_okay=False), help="The folder to write the site to."
+)
+def playground(out: Path) -> None:
+    """Write a static site that builds specs in the browser (Pyodide), the project's specs as examples.
+
+    Serve it with any static server, e.g. `python -m http.server -d OUT`; it needs no
+    network once served. Building it fetches Pyodide with npm and the wheels the build
+    path needs with pip (both cached under the cache folder).
+    """
+    from pallasgen.playground.site import SiteError, build_site
+    from pallasgen.workspace.cache import cache_dir
+
+    try:
+        config = load_config(Path.cwd())
+    except ConfigError as error:
+        _usage_error(str(error))
+    try:
+        build_site(out, config.specs, cache_dir() / "playground")
+    except SiteError as error:
+        _usage_error(f"cannot build the playground: {error}")
+    click.echo(f"wrote {_display(out)}; serve it with `python -m http.server -d {_display(out)}`")
+
+
 def _one_kernel(target: str):
     """The checked kernel SPEC:KERNEL names; SPEC alone if it holds one kernel."""
     spec_path, _, wanted = target.partition(":")
