@@ -18,7 +18,14 @@ from pallasgen.workspace.tuning import tuning_path
 
 PYODIDE_VERSION = "0.27.7"
 # The files of the npm package that loadPyodide() reads.
-PYODIDE_FILES = ("pyodide.js", "pyodide.asm.js", "pyodide.asm.wasm", "python_stdlib.zip", "pyodide-lock.json", "package.json")
+PYODIDE_FILES = (
+    "pyodide.js",
+    "pyodide.asm.js",
+    "pyodide.asm.wasm",
+    "python_stdlib.zip",
+    "pyodide-lock.json",
+    "package.json",
+)
 PAGE_FILES = ("index.html", "playground.js", "worker.js")
 
 

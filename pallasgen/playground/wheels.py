@@ -79,7 +79,9 @@ def _pack(distribution: str, folders: dict, out: Path) -> Path:
         for relative, data in _package_files(folder):
             entries[f"{prefix}/{relative}"] = data
     entries[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n".encode()
-    entries[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: pallasgen playground\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    entries[f"{info}/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: pallasgen playground\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
     record = [f"{path},sha256={_digest(data)},{len(data)}" for path, data in entries.items()]
     entries[f"{info}/RECORD"] = ("\n".join(record + [f"{info}/RECORD,,"]) + "\n").encode()
     wheel = out / f"{name}-{version}-py3-none-any.whl"
