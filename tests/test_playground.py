@@ -46,6 +46,8 @@ CHROMIUM_FLAGS = (
     "--headless --no-sandbox --disable-gpu --disable-quic --no-first-run"
     " --disable-background-networking --disable-component-update --disable-sync"
 ).split()
+# No host but localhost resolves: the page must work with the network cut off.
+OFFLINE = ["--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]
 # Pyodide's first load is 5-20 s; a build of a spec under a few seconds.
 BROWSER_WAIT_S = 120
 
@@ -189,7 +191,8 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 @pytest.fixture(scope="session")
 def browser(tmp_path_factory):
-    """Headless Chromium from the system's packages; skips where it is absent."""
+    """Headless Chromium from the system's packages, which reaches no host but localhost;
+    skips where it is absent."""
     if not (CHROMIUM.is_file() and CHROMEDRIVER.is_file()):
         pytest.skip(f"{CHROMIUM} or {CHROMEDRIVER} is absent (Debian: apt-get install chromium chromium-driver)")
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the dev extra)")
@@ -197,7 +200,7 @@ def browser(tmp_path_factory):
 
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
-    for flag in [*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path_factory.mktemp('chromium')}", "--window-size=1200,800"]:
+    for flag in [*CHROMIUM_FLAGS, *OFFLINE, f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"]:
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
     yield driver
@@ -264,3 +267,15 @@ def test_in_a_browser_a_link_opens_with_the_spec_in_its_fragment(browser, served
     wait_for(browser, lambda: text_of(browser, "code") == expected, "the linked spec's module in pre#code")
     link = browser.find_element(By.ID, "link").get_attribute("href")
     assert link.endswith("#" + urlencode({"example": "add_vectors", "spec": linked}))
+
+
+def test_in_a_browser_a_link_followed_on_the_open_page_rebuilds_with_its_spec(browser, served):
+    from selenium.webdriver.common.by import By
+
+    open_page(browser, served)
+    wait_for(browser, lambda: text_of(browser, "status").startswith("Built"), "the first build")
+    linked = (ROOT / "specs" / "add_vectors.pallas").read_text().replace("add_vectors", "add_followed")
+    browser.get(served + "#" + urlencode({"example": "add_vectors", "spec": linked}))
+    expected = session.build("add_vectors", linked)["code"]
+    wait_for(browser, lambda: text_of(browser, "code") == expected, "the followed link's module in pre#code")
+    assert browser.find_element(By.ID, "spec").get_property("value") == linked

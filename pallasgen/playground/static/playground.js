@@ -47,12 +47,17 @@ worker.onmessage = ({ data }) => {
   status(`Built in ${Math.round(data.ms)} ms`, "done");
 };
 
-async function main() {
-  examples = (await (await fetch("site.json")).json()).examples;
-  for (const name of Object.keys(examples)) $("examples").append(new Option(name, name));
+// The example and spec a link names (the first example's spec if it names none).
+function openFragment() {
   const linked = fragment();
   if (linked.example in examples) $("examples").value = linked.example;
   $("spec").value = linked.spec ?? examples[$("examples").value].spec;
+}
+
+async function main() {
+  examples = (await (await fetch("site.json")).json()).examples;
+  for (const name of Object.keys(examples)) $("examples").append(new Option(name, name));
+  openFragment();
   $("examples").onchange = () => {
     $("spec").value = examples[$("examples").value].spec;
     $("kernel").replaceChildren();
@@ -63,6 +68,10 @@ async function main() {
     timer = setTimeout(rebuild, 300);
   };
   $("kernel").onchange = rebuild;
+  window.onhashchange = () => {
+    openFragment();
+    rebuild();
+  };
   rebuild();
 }
 
