@@ -87,9 +87,8 @@ def build(paths: tuple[Path, ...], out: Path | None, no_cache: bool, form: str) 
         verb = {"create": "wrote", "update": "updated", "remove": "removed stale"}[change.kind]
         _say(form, f"{verb} {_display(change.path)}")
     for stale in _stale_tunings(targets, form):
-        message = f"{stale.why}: its tuned blocks are left out; run `pallasgen tune` again"
-        finding = Finding("warning", message, stale.file, kind="stale-tuning", spec=stale.spec)
-        _report(form, finding, f"warning: {stale.file}: {message}", err=True)
+        finding = Finding("warning", stale.left_out, stale.file, kind="stale-tuning", spec=stale.spec)
+        _report(form, finding, f"warning: {stale.file}: {stale.left_out}", err=True)
     _say(form, f"pallasgen: {counted(len(targets), 'spec')}, {counted(len(changes), 'file')} changed")
 
 

@@ -60,7 +60,7 @@ def read(spec: Path) -> tuple[str, str | None]:
 def cli_build(tmp_path: Path, monkeypatch, name: str, source: str):
     """`pallasgen build` in a fresh project holding specs/NAME.pallas."""
     (tmp_path / "pyproject.toml").write_text('[tool.pallasgen]\nspecs = "specs"\nout = "generated"\n')
-    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs").mkdir(exist_ok=True)
     (tmp_path / "specs" / f"{name}.pallas").write_text(source, encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     return CliRunner().invoke(main, ["build", "--no-cache"])
@@ -83,6 +83,19 @@ def test_a_spec_error_reads_exactly_as_the_cli_prints_it(tmp_path, monkeypatch):
     assert built["diagnostics"] + "\n" == printed.output
     assert "specs/add_vectors.pallas:4:13: error: " in built["diagnostics"]
     assert built["diagnostics"].endswith("\n        z = x + w\n                ^")
+
+
+def test_an_edited_tuned_example_warns_of_its_stale_tuning_as_the_cli_does(tmp_path, monkeypatch):
+    source, tuning = read(ROOT / "specs" / "add_vectors.pallas")
+    edited = source.replace("z = x + y", "z = x * y")
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "add_vectors.tuning.json").write_text(tuning, encoding="utf-8")
+    printed = cli_build(tmp_path, monkeypatch, "add_vectors", edited)
+    assert printed.exit_code == 0
+    built = session.build("add_vectors", edited, tuning)
+    assert built["diagnostics"] + "\n" == printed.stderr
+    assert built["diagnostics"].startswith("warning: specs/add_vectors.tuning.json: 'add_vectors' changed since")
+    assert built["code"] == (tmp_path / "generated" / "add_vectors.py").read_text(encoding="utf-8")
 
 
 def test_the_tiling_is_the_svg_of_pallasgen_show(tmp_path, monkeypatch):

@@ -18,7 +18,7 @@ from pallasgen.frontend.errors import SpecError
 from pallasgen.show import tilemap
 from pallasgen.show.tilesvg import render_svg
 from pallasgen.workspace.pipeline import check_source
-from pallasgen.workspace.sync import SpecErrors, UsageError, collect_targets, generate_targets
+from pallasgen.workspace.sync import SpecErrors, UsageError, collect_targets, generate_targets, stale_tunings
 from pallasgen.workspace.tuning import tuning_path
 
 PYPROJECT = '[tool.pallasgen]\nspecs = "specs"\nout = "generated"\n'
@@ -26,7 +26,8 @@ PYPROJECT = '[tool.pallasgen]\nspecs = "specs"\nout = "generated"\n'
 
 def build(name: str, source: str, tuning: str | None = None) -> dict:
     """`pallasgen build` of `specs/NAME.pallas` holding `source` (and `tuning`, its tuning
-    file's text): {"code": the module or "", "diagnostics": what the CLI prints or ""}."""
+    file's text): {"code": the module or "", "diagnostics": the errors, or the warnings of
+    a stale tuning file, as the CLI prints them, or ""}."""
     with tempfile.TemporaryDirectory() as root:
         spec = Path(root, "specs", f"{name}.pallas")
         spec.parent.mkdir()
@@ -38,11 +39,12 @@ def build(name: str, source: str, tuning: str | None = None) -> dict:
         try:
             targets, _ = collect_targets([spec], Path(root, "generated"), display)
             (code,) = generate_targets(targets, display, use_cache=False).values()
+            stale = stale_tunings(targets, display)
         except SpecErrors as errors:
             return {"code": "", "diagnostics": str(errors)}
         except UsageError as error:
             return {"code": "", "diagnostics": f"pallasgen: error: {error}"}
-    return {"code": code, "diagnostics": ""}
+    return {"code": code, "diagnostics": "\n".join(f"warning: {s.file}: {s.left_out}" for s in stale)}
 
 
 def tiling(name: str, source: str, kernel: str | None = None) -> dict:

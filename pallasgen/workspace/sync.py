@@ -149,6 +149,11 @@ class StaleTuning:
     spec: str
     why: str
 
+    @property
+    def left_out(self) -> str:
+        """What `build` warns of it."""
+        return f"{self.why}: its tuned blocks are left out; run `pallasgen tune` again"
+
 
 def stale_tunings(targets: list[Target], display) -> list[StaleTuning]:
     """Each tuning file's entries for kernels that have changed or gone since they were tuned."""
