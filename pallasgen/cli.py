@@ -87,9 +87,8 @@ def build(paths: tuple[Path, ...], out: Path | None, no_cache: bool, form: str) 
         verb = {"create": "wrote", "update": "updated", "remove": "removed stale"}[change.kind]
         _say(form, f"{verb} {_display(change.path)}")
     for stale in _stale_tunings(targets, form):
-        message = f"{stale.why}: its tuned blocks are left out; run `pallasgen tune` again"
-        finding = Finding("warning", message, stale.file, kind="stale-tuning", spec=stale.spec)
-        _report(form, finding, f"warning: {stale.file}: {message}", err=True)
+        finding = Finding("warning", stale.left_out, stale.file, kind="stale-tuning", spec=stale.spec)
+        _report(form, finding, f"warning: {stale.file}: {stale.left_out}", err=True)
     _say(form, f"pallasgen: {counted(len(targets), 'spec')}, {counted(len(changes), 'file')} changed")
 
 
@@ -672,6 +671,31 @@ def show(target: str, sizes: tuple[str, ...], out_file: Path | None, gpu: bool) 
     except OSError as error:
         _usage_error(f"cannot write {_display(path)}: {error.strerror}")
     click.echo(_display(path))
+
+
+@main.command()
+@click.option(
+    "--out", required=True, type=click.Path(path_type=Path, file_okay=False), help="The folder to write the site to."
+)
+def playground(out: Path) -> None:
+    """Write a static site that builds specs in the browser (Pyodide), the project's specs as examples.
+
+    Serve it with any static server, e.g. `python -m http.server -d OUT`; it needs no
+    network once served. Building it fetches Pyodide with npm and the wheels the build
+    path needs with pip (both cached under the cache folder).
+    """
+    from pallasgen.playground.site import SiteError, build_site
+    from pallasgen.workspace.cache import cache_dir
+
+    try:
+        config = load_config(Path.cwd())
+    except ConfigError as error:
+        _usage_error(str(error))
+    try:
+        build_site(out, config.specs, cache_dir() / "playground")
+    except SiteError as error:
+        _usage_error(f"cannot build the playground: {error}")
+    click.echo(f"wrote {_display(out)}; serve it with `python -m http.server -d {_display(out)}`")
 
 
 def _one_kernel(target: str):

@@ -12,8 +12,20 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "pallasgen"
 
 # Lowest first: spec text -> IR -> checks and the iteration space -> shared lowering ->
-# each backend's plan -> rendering -> the workspace (build, check) -> what runs kernels.
-STAGES = ("frontend", "analysis", "lowering", "backends", "rendering", "workspace", "show", "devices", "cli")
+# each backend's plan -> rendering -> the workspace (build, check) -> show -> the playground (the build
+# path in a browser) -> what runs kernels.
+STAGES = (
+    "frontend",
+    "analysis",
+    "lowering",
+    "backends",
+    "rendering",
+    "workspace",
+    "show",
+    "playground",
+    "devices",
+    "cli",
+)
 BUILD_STAGES = STAGES[: STAGES.index("workspace") + 1]
 
 

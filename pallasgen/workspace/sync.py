@@ -10,9 +10,7 @@ import contextlib
 import difflib
 import keyword
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path, PurePosixPath
 from typing import Iterator
 
@@ -151,6 +149,11 @@ class StaleTuning:
     spec: str
     why: str
 
+    @property
+    def left_out(self) -> str:
+        """What `build` warns of it."""
+        return f"{self.why}: its tuned blocks are left out; run `pallasgen tune` again"
+
 
 def stale_tunings(targets: list[Target], display) -> list[StaleTuning]:
     """Each tuning file's entries for kernels that have changed or gone since they were tuned."""
@@ -169,6 +172,10 @@ def _generate_all(jobs: list[tuple[str, str, Tuning | None, str]]) -> Iterator[s
     if len(jobs) < PARALLEL_THRESHOLD or workers < 2:
         yield from map(_generate_one, jobs)
         return
+    # Imported here: Pyodide (the playground) has no processes, nor _multiprocessing.
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
     with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
         yield from pool.map(_generate_one, jobs, chunksize=max(1, len(jobs) // (4 * workers)))
 
