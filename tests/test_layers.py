@@ -80,3 +80,17 @@ def test_the_checker_flags_an_upward_import(tmp_path):
     bad.write_text("from pallasgen.backends.tpu.tiling import tiling_rule\n")
     (name,) = imports(bad)
     assert STAGES.index(stage_of(name)) > STAGES.index("analysis")
+
+
+def test_every_package_folder_is_in_the_distribution():
+    """pyproject.toml lists the packages a wheel holds (the templates too, a data
+    package): a folder of code left out works from a checkout only
+    (pallasgen.backends.mosaic_gpu once was)."""
+    import tomllib
+
+    listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {
+        ".".join(("pallasgen", *init.parent.relative_to(PACKAGE).parts)).rstrip(".")
+        for init in PACKAGE.rglob("__init__.py")
+    }
+    assert not folders - listed
