@@ -360,6 +360,23 @@ def rms_norm_full_backward_numpy(x, w, dy, *, eps=1e-6):
     return r * g - h * r**3 * (g * h).mean(axis=-1, keepdims=True), (f64(dy) * h * r).sum(axis=0)
 
 
+def rmsnorm_matmul_lhs_numpy(x, g):
+    """rmsnorm_matmul's operand, h r g with r = (mean(h^2, K) + 1e-6)^-1/2, and each row's
+    mean square: rms_norm over K."""
+    return rms_norm_with_residuals_numpy(x, g)
+
+
+def rmsnorm_matmul_inputs(rng, sizes):
+    """x bf16 [M, K] and g f32 [K]: rms_norm_inputs over K."""
+    return rms_norm_inputs(rng, {"M": sizes["M"], "N": sizes["K"]})
+
+
+def matmul_softmax_backward_numpy(y, dy):
+    """The cotangent of softmax's argument from its output y: y (dy - sum(dy y, N))."""
+    y, dy = f64(y), f64(dy)
+    return (y * (dy - (dy * y).sum(axis=-1, keepdims=True)),)
+
+
 def cross_entropy_with_residuals_numpy(logits, label):
     """(loss, lse): cross_entropy and each row's log-sum-exp, which its backward reads."""
     return (*cross_entropy_numpy(logits, label), logsumexp_numpy(f64(logits)))
@@ -414,6 +431,7 @@ SAVED_NAMES = {
     log_softmax_with_residuals_numpy: ("y", "logsumexp_n"),
     layer_norm_with_residuals_numpy: ("y", "mu", "rstd", "mean_n"),
     rms_norm_with_residuals_numpy: ("y", "mean_n"),
+    rmsnorm_matmul_lhs_numpy: ("lhs", "mean_k"),
     cross_entropy_with_residuals_numpy: ("loss", "logsumexp_v"),
     quantize_rows_int8_with_residuals_numpy: ("q", "scale", "max_n", "argmax_n"),
 }
@@ -1266,6 +1284,69 @@ CASES = {
             ),
             lambda x, mean_square, dy: rms_norm_full_backward_numpy(x, 1.0, dy)[1:],
             (Tolerance(1e-4, 1e-4, sqrt_of="M"),),
+            specials=False,
+        ),
+        # Derived for jax.grad of rmsnorm_matmul and matmul_softmax (specs/attention.pallas).
+        KernelCase(
+            "attention",
+            "rmsnorm_matmul_lhs",
+            (Operand("x", "bf16", ("M", "K")), Operand("g", "f32", ("K",))),
+            (Operand("lhs", "bf16", ("M", "K")), Operand("mean_k", "f32", ("M",))),
+            rmsnorm_matmul_inputs,
+            rmsnorm_matmul_lhs_numpy,
+            (BF16_TOL, Tolerance(2e-6, 1e-6, sqrt_of="K")),
+            specials=False,
+        ),
+        KernelCase(
+            "attention",
+            "rmsnorm_matmul_lhs_backward",
+            (
+                Operand("x", "bf16", ("M", "K")),
+                Operand("g", "f32", ("K",)),
+                Operand("mean_k", "f32", ("M",)),
+                Operand("dlhs", "bf16", ("M", "K")),
+            ),
+            (Operand("dx", "bf16", ("M", "K")),),
+            saved_inputs(
+                rmsnorm_matmul_inputs,
+                rmsnorm_matmul_lhs_numpy,
+                (Operand("mean_k", "f32", ("M",)),),
+                Operand("dlhs", "bf16", ("M", "K")),
+            ),
+            lambda x, g, mean_square, dlhs: rms_norm_full_backward_numpy(x, g, dlhs)[:1],
+            (Tolerance(2.0**-7, 1e-3, sqrt_of="K"),),
+            specials=False,
+        ),
+        KernelCase(
+            "attention",
+            "rmsnorm_matmul_lhs_backward_over_m",
+            (Operand("x", "bf16", ("M", "K")), Operand("mean_k", "f32", ("M",)), Operand("dlhs", "bf16", ("M", "K"))),
+            (Operand("dg", "f32", ("K",)),),
+            saved_inputs(
+                rmsnorm_matmul_inputs,
+                rmsnorm_matmul_lhs_numpy,
+                (Operand("mean_k", "f32", ("M",)),),
+                Operand("dlhs", "bf16", ("M", "K")),
+                inputs=(0,),
+            ),
+            lambda x, mean_square, dlhs: rms_norm_full_backward_numpy(x, 1.0, dlhs)[1:],
+            (Tolerance(1e-4, 1e-4, sqrt_of="M"),),
+            specials=False,
+        ),
+        KernelCase(
+            "attention",
+            "matmul_softmax_backward",
+            (Operand("y", "f32", ("M", "N")), Operand("dy", "f32", ("M", "N"))),
+            (Operand("dacc", "bf16", ("M", "N")),),
+            saved_inputs(
+                shifted_rows_inputs,
+                softmax_with_residuals_numpy,
+                (Operand("y", "f32", ("M", "N")),),
+                Operand("dy", "f32", ("M", "N")),
+                inputs=(),
+            ),
+            matmul_softmax_backward_numpy,
+            (Tolerance(2.0**-7, 1e-3, sqrt_of="N"),),
             specials=False,
         ),
         KernelCase(

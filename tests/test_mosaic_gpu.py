@@ -177,7 +177,7 @@ def test_mosaic_gpu_takes_backward_kernels_with_index_size_or_a_broadcast_vector
     assert {"cross_entropy_backward", "quantize_rows_int8_backward", "column_sums_backward"} <= taken
     assert {"layer_norm_backward", "rms_norm_backward"} <= taken
     assert {"matmul_relu_with_residuals", "matmul_bias_gelu_with_residuals"} <= taken
-    assert {"batched_matmul_backward_epilogue", "scores_backward_epilogue", "gqa_backward_over_r"} <= taken
+    assert {"scores_backward_epilogue", "gqa_backward_over_r"} <= taken
 
 
 def test_mosaic_gpu_takes_a_fused_product_as_kernels_in_turn():
@@ -277,6 +277,10 @@ REFUSALS = {
         "in q: bf16[S, D]\nin k, v: bf16[T, D]\nout o: f32[S, D]\nout i: i32[S]\nlet s = q @ k.T\n"
         "let p = exp(s - max(s, T))\no = (p @ v) / sum(p, T)\ni = argmax(s, T)\nblock S = 64, T = 64\ngrad none",
         "argmax() over the swept",
+    ),
+    "index-in-a-product-epilogue": (
+        "in x: bf16[M, K]\nin y: bf16[K, N]\nout z: f32[M, N]\nz = where(index(M) >= index(N), x @ y, 0.0)",
+        "index() in a product's epilogue",
     ),
     "kept-index-in-reduction": (
         "in x: f32[M, N]\nout y: f32[M]\ny = sum(x, N) + f32(index(M))",

@@ -169,6 +169,8 @@ def _reductions_in(*nodes: ir.Expr):
 
 
 def _node_problem(checked: CheckedKernel, node: ir.Expr, reduces: bool) -> str | None:
+    if isinstance(node, ir.Call) and node.func == "index" and checked.product is not None:
+        return "index() in a product's epilogue is not on Mosaic GPU yet"
     spelled = (
         node.func == "index" and (reduces or len(checked.space.layout) == 2) if isinstance(node, ir.Call) else False
     )
