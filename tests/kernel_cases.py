@@ -1649,6 +1649,23 @@ def unmasked_block_accesses(ttir) -> list[str]:
 ONE_ELEMENT = re.compile(r"tensor<(?:1x)+!tt\.ptr<")
 
 
+def assert_mosaic_compiles(function, args, chip: str) -> None:
+    """`function` (a kernel with interpret=False) compiles for a compile-only TPU `chip`
+    to a Mosaic kernel."""
+    from pallasgen.devices import compile_only
+
+    assert "tpu_custom_call" in compile_only.compile_for_tpu(function, args, chip=chip).as_text()
+
+
+def assert_triton_compiles_masked(function, args) -> None:
+    """Each Triton kernel of `function` masks every block access and compiles for sm_90."""
+    from pallasgen.devices import compile_only
+
+    for ttir in compile_only.triton_ir(function, args):
+        assert not unmasked_block_accesses(ttir)
+        compile_only.compile_triton(ttir, capability=90)
+
+
 # --------------------------------------------------------------------------- running
 
 

@@ -27,6 +27,8 @@ import pytest
 from jax.test_util import check_grads
 
 from kernel_cases import (
+    assert_mosaic_compiles,
+    assert_triton_compiles_masked,
     ROOT,
     f64,
     generated_module,
@@ -34,7 +36,6 @@ from kernel_cases import (
     load_module,
     pallas_calls_and_primitives,
     take_gpu_branch,
-    unmasked_block_accesses,
 )
 from pallasgen.analysis.gradients import every_kernel
 from pallasgen.devices import compile_only
@@ -255,17 +256,13 @@ def abstract(name):
 @pytest.mark.parametrize("name", DERIVED)
 @pytest.mark.parametrize("chip", ["v5e", "v6e"])
 def test_mosaic_compiles_the_derived_kernel(attention, name, chip):
-    function = functools.partial(getattr(attention, name), interpret=False)
-    assert "tpu_custom_call" in compile_only.compile_for_tpu(function, abstract(name), chip=chip).as_text()
+    assert_mosaic_compiles(functools.partial(getattr(attention, name), interpret=False), abstract(name), chip)
 
 
 @compiled
 @pytest.mark.parametrize("name", DERIVED)
 def test_triton_compiles_the_derived_kernel_with_every_access_masked(attention, name):
-    function = functools.partial(getattr(attention, name), interpret=False)
-    for ttir in compile_only.triton_ir(function, abstract(name)):
-        assert not unmasked_block_accesses(ttir)
-        compile_only.compile_triton(ttir, capability=90)
+    assert_triton_compiles_masked(functools.partial(getattr(attention, name), interpret=False), abstract(name))
 
 
 # --------------------------------------------------------------------------- f32 kernels of this file's own
