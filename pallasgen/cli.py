@@ -13,7 +13,7 @@ import click
 
 from pallasgen.analysis.names import block_keyword
 from pallasgen.analysis.tuning import TunedBlocks
-from pallasgen.analysis.gradients import every_kernel
+from pallasgen.gradients.derive import every_kernel
 from pallasgen.backends import backend_named
 from pallasgen.devices import runner
 from pallasgen.devices.extras import MissingExtra, require

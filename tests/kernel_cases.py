@@ -297,7 +297,7 @@ def equal_count_numpy(x, y):
     return (np.asarray(np.count_nonzero(exact(x) == exact(y)), np.int64),)
 
 
-# The reductions' backward kernels (analysis/reverse.py), by hand in float64: each
+# The reductions' backward kernels (gradients/reverse.py), by hand in float64: each
 # kernel's inputs' cotangents from its inputs and its outputs' cotangents. The forward
 # pass saves the reductions the backward kernels read (residuals: NAME_with_residuals).
 def softmax_residuals_numpy(x):
@@ -1490,7 +1490,7 @@ def spec_kernel(module_stem: str, kernel: str):
 def spec_kernels(module_stem: str):
     """The kernels of the spec a generated module's header names, each followed by its
     backward kernels."""
-    from pallasgen.analysis.gradients import every_kernel
+    from pallasgen.gradients.derive import every_kernel
     from pallasgen.workspace.pipeline import check_source
 
     header = (GENERATED / f"{module_stem}.py").read_text(encoding="utf-8").splitlines()[0]

@@ -11,7 +11,7 @@ from jax.experimental.pallas import tpu as pltpu
 from kernel_cases import ROOT, generated_module
 from test_matmul_kernels import race_detection, races_found
 
-from pallasgen.analysis.gradients import every_kernel
+from pallasgen.gradients.derive import every_kernel
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends import backend_named
 from pallasgen.devices import runner

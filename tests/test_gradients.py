@@ -37,7 +37,7 @@ from kernel_cases import (
 )
 from pallasgen.analysis.derivatives import OPERATOR_DERIVATIVES
 from pallasgen.analysis.functions import FUNCTIONS
-from pallasgen.analysis.gradients import every_kernel
+from pallasgen.gradients.derive import every_kernel
 from pallasgen.frontend import ir
 from pallasgen.frontend.errors import SpecError
 from pallasgen.workspace.pipeline import check_source, generate
@@ -516,7 +516,7 @@ def test_the_docstring_of_a_differentiable_kernel_names_its_backward_kernels():
 def test_a_check_that_a_backward_kernel_fails_is_reported_at_the_forward_statement(monkeypatch):
     """Backward kernels go through the same checks as any kernel: what one of them fails
     is a spec error at the forward statement its derived node comes from."""
-    from pallasgen.analysis import gradients
+    from pallasgen.gradients import derive as gradients
     from pallasgen.frontend.errors import Diagnostic
 
     def failing(kernel, backends):

@@ -1,5 +1,5 @@
 """`jax.grad` of the attention kernels (specs/attention.pallas) runs the FlashAttention-2
-backward pass derived from their specs (pallasgen/analysis/attention_gradients.py):
+backward pass derived from their specs (pallasgen/gradients/attention.py):
 `NAME_backward_dq` (dq, delta), `NAME_backward_dkdv` (dk, dv; summed over R by
 `gqa_backward_over_r`), recomputing the probabilities from the saved log-sum-exp.
 
@@ -30,7 +30,7 @@ from kernel_cases import (
     load_module,
     take_gpu_branch,
 )
-from pallasgen.analysis.gradients import every_kernel
+from pallasgen.gradients.derive import every_kernel
 from pallasgen.devices import compile_only
 from pallasgen.workspace.pipeline import check_source, generate
 from test_attention import attention_backward_numpy, attention_numpy, causal, f64

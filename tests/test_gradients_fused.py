@@ -1,7 +1,7 @@
 """`jax.grad` through the fused product kernels of specs/attention.pallas that are not
 attention: `matmul_softmax` (a softmax over N after the product) and `rmsnorm_matmul`
 (a product of a computed operand, the rms-normalised rows of x). Their backward
-kernels, derived by analysis/fused_gradients.py, are ordinary kernels:
+kernels, derived by gradients/fused.py, are ordinary kernels:
 
 - matmul_softmax: dacc = y * (dy - sum(dy * y, N)) from the saved output y, then
   dx = dacc @ w.T and dw = x.T @ dacc;
@@ -37,7 +37,7 @@ from kernel_cases import (
     pallas_calls_and_primitives,
     take_gpu_branch,
 )
-from pallasgen.analysis.gradients import every_kernel
+from pallasgen.gradients.derive import every_kernel
 from pallasgen.devices import compile_only
 from pallasgen.workspace.pipeline import check_source, generate
 

@@ -1,5 +1,5 @@
 """`jax.grad` through the bundled product kernels (specs/matmul.pallas): their backward
-kernels, derived by analysis/product_gradients.py, are one product kernel per operand
+kernels, derived by gradients/products.py, are one product kernel per operand
 (dx = dacc @ y.T, dy = x.T @ dacc), each computing the product's cotangent dacc (the
 epilogue's derivative) from what the forward saved, and the one that contracts M also
 summing a bias's cotangent over M; where the fused middle cannot lay that out (scores,

@@ -11,12 +11,14 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pallasgen"
 
-# Lowest first: spec text -> IR -> checks and the iteration space -> shared lowering ->
+# Lowest first: spec text -> IR -> checks and the iteration space -> backward kernels derived
+# as IR kernels -> shared lowering ->
 # each backend's plan -> rendering -> the workspace (build, check) -> show -> the playground (the build
 # path in a browser) -> what runs kernels.
 STAGES = (
     "frontend",
     "analysis",
+    "gradients",
     "lowering",
     "backends",
     "rendering",

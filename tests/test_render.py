@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pallasgen.analysis.gradients import every_kernel
+from pallasgen.gradients.derive import every_kernel
 from pallasgen.workspace.pipeline import check_source
 from pallasgen.backends import plan_module
 from pallasgen.rendering.render import format_code, helper_definitions, render_module, render_pieces

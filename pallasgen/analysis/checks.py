@@ -55,7 +55,7 @@ class CheckedKernel:
     gpu_tuned: tuple[TunedBlocks, ...] = ()  # the same for GPUs (pallasgen tune --gpu)
     fused: FusedKernel | None = None  # several products, computed operands: see analysis.fused
     sweep: Sweep | None = None  # what the kernel carries across its swept dimension: see analysis.carries
-    gradient: object = None  # how jax.grad differentiates it (analysis.gradients.Gradient); None: not yet
+    gradient: object = None  # how jax.grad differentiates it (gradients.derive.Gradient); None: not yet
     mosaic_gpu_tuned: tuple[TunedBlocks, ...] = ()  # Mosaic GPU's blocks and stages (tune --gpu --gpu-backend)
 
     @property

@@ -9,8 +9,8 @@ step (see `Carry`): a product's accumulator, a running sum or max, or, where a v
 uses a running max as `exp(x - max(x, T))`, a running sum or product of that value
 rescaled as the max grows (the online softmax of FlashAttention).
 
-This module decides, from the typed spec, what each value is in that pass (`Phase`),
-which carries a kernel needs and what cannot be swept in one pass (a spec error at the
+This module decides, from the typed spec, each value's tile axes (its frame), the
+swept dimension and which carries a kernel needs and what cannot be swept in one pass (a spec error at the
 line that needs it). It says nothing about how a backend places a carry.
 """
 

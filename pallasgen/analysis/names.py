@@ -5,7 +5,7 @@ from __future__ import annotations
 import keyword
 
 # Names the generated module itself defines or imports at module level.
-MODULE_NAMES = frozenset({"functools", "jax", "jnp", "np", "pl", "pltpu", "pltriton", "math", "warnings"})
+MODULE_NAMES = frozenset({"functools", "jax", "jnp", "np", "pl", "pltpu", "pltriton", "plgpu", "math", "warnings"})
 # Names the generated wrapper functions use for their own keywords and locals.
 WRAPPER_NAMES = frozenset({"interpret", "grid", "sizes", "kernel"})
 # Builtins the generated code calls (templates/*.j2); a spec name must never shadow one.

@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from pallasgen.analysis.checks import CheckedKernel
-from pallasgen.analysis.gradients import every_kernel
+from pallasgen.gradients.derive import every_kernel
 from pallasgen.backends.base import Backend
 from pallasgen.backends.gpu import GpuBackend
 from pallasgen.backends.mosaic_gpu import MosaicGpuBackend
@@ -54,7 +54,7 @@ class ModulePlan:
 
 
 def plan_module(spec_path: str, kernels: tuple[CheckedKernel, ...]) -> ModulePlan:
-    """The module's plan: each kernel, then its backward kernels (analysis.gradients)."""
+    """The module's plan: each kernel, then its backward kernels (gradients.derive)."""
     kernels = every_kernel(kernels)
     module_names = MODULE_HELPERS | {
         name

@@ -1,7 +1,7 @@
 """How a generated kernel is differentiated: its public function runs the forward kernel
 through `_differentiable` (a `jax.custom_vjp`; see templates/helpers.py.j2), whose
 backward pass is `_NAME_vjp`, which calls the kernel's backward kernels
-(analysis.gradients). Where they read the kernel's outputs or residuals, the forward
+(gradients.derive). Where they read the kernel's outputs or residuals, the forward
 pass under jax.grad is `_NAME_saving`, which runs the kernel (or NAME_with_residuals)
 and saves what they read. Keywords and params stay static: they are bound, not
 differentiated."""
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES
-from pallasgen.analysis.gradients import Gradient
+from pallasgen.gradients.derive import Gradient
 from pallasgen.analysis.names import Namer
 from pallasgen.lowering.parts import parameter_list, partial_call
 

@@ -1,4 +1,4 @@
-"""Pieces that the TPU and GPU halves of a kernel's plan share."""
+"""Pieces that every backend's plan of a kernel shares."""
 
 from __future__ import annotations
 

@@ -19,7 +19,6 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class Config:
-    root: Path  # the folder of the pyproject.toml, or the working directory
     specs: Path
     out: Path
 
@@ -28,7 +27,7 @@ def load_config(start: Path) -> Config:
     """The settings that apply in `start`: its nearest pyproject.toml's, or the defaults."""
     pyproject = find_pyproject(start.resolve())
     if pyproject is None:
-        return Config(start, start / DEFAULT_SPECS, start / DEFAULT_OUT)
+        return Config(start / DEFAULT_SPECS, start / DEFAULT_OUT)
     try:
         table = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("tool", {}).get("pallasgen", {})
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
@@ -40,7 +39,7 @@ def load_config(start: Path) -> Config:
         if not isinstance(value, str):
             raise ConfigError(f"{pyproject}: [tool.pallasgen] {key} must be a string")
         values[key] = root / value
-    return Config(root, values["specs"], values["out"])
+    return Config(values["specs"], values["out"])
 
 
 @cache

@@ -8,7 +8,7 @@ from pallasgen.frontend import parser
 
 from pallasgen.frontend import transform
 from pallasgen.analysis.checks import CheckedKernel, Diagnostics, check_spec
-from pallasgen.analysis.gradients import with_gradients
+from pallasgen.gradients.derive import with_gradients
 from pallasgen.frontend.errors import Diagnostic, Position, SpecError
 from pallasgen.backends import BACKENDS, plan_module
 from pallasgen.workspace.tuning import apply_tuning, read_tuning

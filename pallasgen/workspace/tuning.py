@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 from pallasgen.analysis.checks import CheckedKernel
-from pallasgen.analysis.gradients import every_kernel
+from pallasgen.gradients.derive import every_kernel
 from pallasgen.analysis.tuning import TunedBlocks, kernel_fingerprint
 from pallasgen.backends import backend_named
 from pallasgen.frontend.errors import Diagnostic, Position, SpecError

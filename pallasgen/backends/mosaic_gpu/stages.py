@@ -22,7 +22,7 @@ from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.fused import is_fused
 from pallasgen.analysis.infer import product_operand
 from pallasgen.analysis.names import Namer
-from pallasgen.analysis.reverse import substitute
+from pallasgen.gradients.reverse import substitute
 from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel
 from pallasgen.lowering.parts import tuple_code

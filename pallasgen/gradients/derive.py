@@ -2,7 +2,7 @@
 checked like any kernel, and the forward values its forward pass saves for them.
 
 A derivation (`DERIVATIONS`, the first that takes the kernel) gives the backward
-kernels as `ir.Kernel`s in call order (analysis.backward). Where they read forward
+kernels as `ir.Kernel`s in call order (gradients.backward). Where they read forward
 values that are neither inputs nor outputs (residuals: a product's accumulator, a
 row's log-sum-exp), the forward pass under `jax.grad` runs a second kernel derived
 here, `NAME_with_residuals`: the kernel with the residuals as extra outputs. Every
@@ -16,8 +16,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from pallasgen.analysis import attention_gradients, fused_gradients, product_gradients, reverse
-from pallasgen.analysis.backward import Argument, Derived, Residual, is_float
+from pallasgen.gradients import attention as attention_gradients, fused as fused_gradients, products as product_gradients, reverse
+from pallasgen.gradients.backward import Argument, Derived, Residual, is_float
 from pallasgen.analysis.checks import CheckedKernel, Diagnostics, check_kernel
 from pallasgen.frontend import ir
 from pallasgen.frontend.errors import Diagnostic
@@ -32,7 +32,7 @@ class BackwardKernel:
     checked: CheckedKernel
     arguments: tuple[Argument, ...]  # its inputs, in order
     params: tuple[str, ...]  # the forward params it reads
-    results: tuple[str, ...]  # what its outputs are, in order (analysis.backward.Step)
+    results: tuple[str, ...]  # what its outputs are, in order (gradients.backward.Step)
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class Gradient:
     @property
     def results(self) -> frozenset[str]:
         """What the backward kernels' outputs are: forward inputs' cotangents, and values
-        that later backward kernels read (analysis.backward.Step)."""
+        that later backward kernels read (gradients.backward.Step)."""
         return frozenset(name for k in self.kernels for name in k.results)
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
-from pallasgen.analysis.backward import Argument, Derived, Residual, Step, is_float
+from pallasgen.gradients.backward import Argument, Derived, Residual, Step, is_float
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.derivatives import Builder, operator_rule
 from pallasgen.analysis.functions import FUNCTIONS

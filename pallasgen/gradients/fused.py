@@ -6,10 +6,10 @@ kernel whose backward kernels an existing derivation gives:
 
 - each computed operand's *prologue*, a kernel of the inputs it reads with the operand
   as its output (elementwise, reductions over a dimension a block holds whole), which
-  reverse mode (analysis.reverse) differentiates: its backward kernels take the
+  reverse mode (gradients.reverse) differentiates: its backward kernels take the
   operand's cotangent to the inputs' (NAME_lhs_backward, ..._over_m for a [K] scale);
 - the product, of the operands as inputs, with its epilogue: where that is elementwise,
-  analysis.product_gradients derives it as for any product kernel; where it reduces
+  gradients.products derives it as for any product kernel; where it reduces
   (softmax), the epilogue, the product's value taken as an input `acc`, is a reduction
   kernel that reverse mode differentiates to the product's cotangent `dacc`
   (NAME_backward), and `dx = dacc @ w.T`, `dw = x.T @ dacc` are product kernels as
@@ -30,8 +30,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from pallasgen.analysis import product_gradients, reverse
-from pallasgen.analysis.backward import Argument, Derived, Residual, Step
+from pallasgen.gradients import products as product_gradients, reverse
+from pallasgen.gradients.backward import Argument, Derived, Residual, Step
 from pallasgen.analysis.checks import CheckedKernel, check_kernel
 from pallasgen.analysis.infer import product_operand
 from pallasgen.analysis.names import Namer

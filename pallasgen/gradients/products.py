@@ -2,7 +2,7 @@
 (`z = gelu(x @ y + bias)`), derived from its spec.
 
 The product's value, taken as an input `acc`, makes the epilogue an elementwise kernel,
-whose reverse mode (analysis.reverse) gives the cotangent of the product, `dacc`, in
+whose reverse mode (gradients.reverse) gives the cotangent of the product, `dacc`, in
 the operands' dtype (the products below take it to the MXU); an input broadcast over a
 dimension (a bias [N]) gets its cotangent summed over it, as reverse.derive sums it.
 Where the product's cotangent is an output's cotangent as it is (matmul, linear:
@@ -30,8 +30,8 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
-from pallasgen.analysis import reverse
-from pallasgen.analysis.backward import Argument, Derived, Residual, Step
+from pallasgen.gradients import reverse
+from pallasgen.gradients.backward import Argument, Derived, Residual, Step
 from pallasgen.analysis.checks import CheckedKernel, check_kernel
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.analysis.names import Namer

@@ -1,4 +1,4 @@
-"""What a derivation of a kernel's gradient gives (analysis.gradients checks it): the
+"""What a derivation of a kernel's gradient gives (gradients.derive checks it): the
 backward kernels as `ir.Kernel`s in call order, the arrays each takes, and the forward
 values that the forward pass saves for them (residuals)."""
 
@@ -8,9 +8,6 @@ from dataclasses import dataclass
 
 from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.frontend import ir
-
-SOURCES = ("input", "output", "residual", "cotangent", "backward")
-
 
 @dataclass(frozen=True)
 class Argument:
