@@ -570,13 +570,13 @@ def attention(
     _check_blocks("attention", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True)
     b = sizes["B"]
     h = sizes["H"]
-    s_ = sizes["S"]
+    size_s = sizes["S"]
     d = sizes["D"]
     t = sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(
             attention_reference,
-            (((b, h, s_, d), jnp.bfloat16), ((b, h, s_), jnp.float32)),
+            (((b, h, size_s, d), jnp.bfloat16), ((b, h, size_s), jnp.float32)),
             q,
             k,
             v,
@@ -587,7 +587,7 @@ def attention(
             _attention_forward,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -610,7 +610,7 @@ def attention(
             _attention_saving,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -630,14 +630,14 @@ def attention_reference(q, k, v, *, scale=0.125):
     """`attention` in plain jax.numpy, to test the kernel against."""
     b = q.shape[0]
     h = q.shape[1]
-    s_ = q.shape[2]
+    size_s = q.shape[2]
     d = q.shape[3]
     t = k.shape[2]
     q = q[:, :, :, :, None]
     k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
     v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
     s = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, 1, s_, 1, 1), 2)
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2)
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
         jnp.expand_dims(
             jnp.einsum(
@@ -665,8 +665,8 @@ def attention_reference(q, k, v, *, scale=0.125):
         / jnp.sum(p, axis=4, keepdims=True, dtype=jnp.float32)
     ).astype(jnp.bfloat16)
     lse = jax.nn.logsumexp(s, axis=4, keepdims=True)
-    o = o.reshape((b, h, s_, d))
-    lse = lse.reshape((b, h, s_))
+    o = o.reshape((b, h, size_s, d))
+    lse = lse.reshape((b, h, size_s))
     return o, lse
 
 
@@ -677,7 +677,7 @@ def _attention_forward(
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -693,7 +693,15 @@ def _attention_forward(
     """`attention` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     o, lse = _on_platform(
         functools.partial(
-            _attention_tpu, b=b, h=h, s_=s_, d=d, t=t, block_s=block_s, block_t=block_t, scale=scale
+            _attention_tpu,
+            b=b,
+            h=h,
+            size_s=size_s,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
+            scale=scale,
         ),
         _gpu_kernel(
             "attention",
@@ -702,7 +710,7 @@ def _attention_forward(
                 _attention_gpu,
                 b=b,
                 h=h,
-                s_=s_,
+                size_s=size_s,
                 d=d,
                 t=t,
                 block_s=gpu_block_s,
@@ -711,14 +719,18 @@ def _attention_forward(
                 num_stages=gpu_stages,
                 scale=scale,
             ),
-            functools.partial(_attention_mosaic_gpu, b=b, h=h, s_=s_, d=d, t=t, scale=scale),
+            functools.partial(
+                _attention_mosaic_gpu, b=b, h=h, size_s=size_s, d=d, t=t, scale=scale
+            ),
         ),
         interpret,
         q,
         k,
         v,
     )
-    lse = lse.reshape((b, h, s_))  # the kernel holds it with size 1 along the dimensions it lacks
+    lse = lse.reshape(
+        (b, h, size_s)
+    )  # the kernel holds it with size 1 along the dimensions it lacks
     return o, lse
 
 
@@ -729,7 +741,7 @@ def _attention_saving(
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -751,7 +763,7 @@ def _attention_saving(
         v,
         b=b,
         h=h,
-        s_=s_,
+        size_s=size_s,
         d=d,
         t=t,
         block_s=block_s,
@@ -796,7 +808,7 @@ def _attention_kernel(
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -900,11 +912,11 @@ def _attention_kernel(
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
-        max_t_ = max_t_ref[...]
-        acc_t_ = acc_t_ref[...]
-        sum_exp_t_ = sum_exp_t_ref[...]
-        o_ref[...] = (acc_t_ / sum_exp_t_).astype(jnp.bfloat16)
-        lse_ref[...] = _logsumexp_finish(max_t_, sum_exp_t_)
+        max_t = max_t_ref[...]
+        acc_t = acc_t_ref[...]
+        sum_exp_t = sum_exp_t_ref[...]
+        o_ref[...] = (acc_t / sum_exp_t).astype(jnp.bfloat16)
+        lse_ref[...] = _logsumexp_finish(max_t, sum_exp_t)
 
 
 # TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
@@ -918,15 +930,18 @@ _attention_tpu_blocks = {
 }
 
 
-def _attention_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, scale, interpret):
+def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
     """`attention` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = _tpu_blocks(
         _attention_tpu_blocks,
-        (b, h, s_, d, t),
+        (b, h, size_s, d, t),
         (block_s, block_t),
         grow=functools.partial(
             _grown,
-            bounds=(min(1 << (s_.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
+            bounds=(
+                min(1 << (size_s.bit_length() - 1), 4096),
+                min(1 << (t.bit_length() - 1), 4096),
+            ),
             step=lambda block_s, block_t: (
                 min(block_s, 256) * block_t,
                 4 * block_s * d
@@ -940,13 +955,13 @@ def _attention_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, scale, interpre
             ),
         ),
     )
-    block_s = min(block_s, s_)  # a small S is one whole block
+    block_s = min(block_s, size_s)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
     _check_tiling(
         "attention",
         block_s=(
             block_s,
-            s_,
+            size_s,
             16,
             "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
@@ -959,7 +974,7 @@ def _attention_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, scale, interpre
     )
     whole_strips, partial_strips = _strips(
         (block_s, block_t),
-        (pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         height=256,
         chunk=128,
         seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 >= t_start,
@@ -973,7 +988,7 @@ def _attention_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, scale, interpre
             _attention_kernel,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -985,7 +1000,7 @@ def _attention_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, scale, interpre
         # One step per element of B, element of H, block of S, block of T (D taken whole).
         # Steps along B, H, S are independent (parallel); steps along T accumulate in order
         # (arbitrary).
-        grid=(b, h, pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
@@ -1017,8 +1032,8 @@ def _attention_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, scale, interpre
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
         ),
         out_shape=(
-            jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),  # o
-            jax.ShapeDtypeStruct((b, h, s_, 1), jnp.float32),  # lse
+            jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # o
+            jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # lse
         ),
         scratch_shapes=[
             # max_t_ref: the running max over T
@@ -1035,9 +1050,9 @@ def _attention_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, scale, interpre
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * s_ * t * d + 2 * b * h * s_ * d * t,
-            transcendentals=b * h * s_ * t + b * h * s_,
-            bytes_accessed=_nbytes(q, k, v) + b * h * s_ * d * 2 + b * h * s_ * 4,
+            flops=2 * b * h * size_s * t * d + 2 * b * h * size_s * d * t,
+            transcendentals=b * h * size_s * t + b * h * size_s,
+            bytes_accessed=_nbytes(q, k, v) + b * h * size_s * d * 2 + b * h * size_s * 4,
         ),
         interpret=interpret,
         name="attention",
@@ -1045,10 +1060,10 @@ def _attention_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, scale, interpre
 
 
 def _attention_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, lse_ref, *, b, h, s_, d, t, block_s, block_t, block_d, scale
+    q_ref, k_ref, v_ref, o_ref, lse_ref, *, b, h, size_s, d, t, block_s, block_t, block_d, scale
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(2) * block_s, block_s, s_)
+    in_s = _inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = _inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
     q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
@@ -1114,11 +1129,8 @@ def _attention_gpu_kernel(
             jnp.full((block_s, 1), 0.0, jnp.float32),
         ),
     )
-    max_t_ = max_t
-    acc_t_ = acc_t
-    sum_exp_t_ = sum_exp_t
-    _store(o_ref, (acc_t_ / sum_exp_t_).astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
-    _store(lse_ref, _logsumexp_finish(max_t_, sum_exp_t_), _mask((block_s, 1), in_s, None))
+    _store(o_ref, (acc_t / sum_exp_t).astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+    _store(lse_ref, _logsumexp_finish(max_t, sum_exp_t), _mask((block_s, 1), in_s, None))
 
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
@@ -1129,13 +1141,13 @@ _attention_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_gpu(
-    q, k, v, *, b, h, s_, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
+    q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`attention` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_s, block_t, num_warps, num_stages = _gpu_options(
-        _attention_gpu_options, (b, h, s_, d, t), (block_s, block_t, num_warps, num_stages)
+        _attention_gpu_options, (b, h, size_s, d, t), (block_s, block_t, num_warps, num_stages)
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
@@ -1143,7 +1155,7 @@ def _attention_gpu(
             _attention_gpu_kernel,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -1154,7 +1166,7 @@ def _attention_gpu(
         # One program per element of B, element of H, block of S; programs run concurrently.
         # Each holds all of D (one block of the next power of two). Each loops over the blocks
         # of T itself, carrying running values.
-        grid=(b, h, pl.cdiv(s_, block_s)),
+        grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
@@ -1170,8 +1182,8 @@ def _attention_gpu(
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
         ),
         out_shape=(
-            jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),  # o
-            jax.ShapeDtypeStruct((b, h, s_, 1), jnp.float32),  # lse
+            jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # o
+            jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # lse
         ),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -1189,12 +1201,12 @@ def _attention_mosaic_gpu_kernel(
     o_smem,
     lse_smem,
     operand_smem,
-    operand_smem_,
+    operand_smem_2,
     barrier,
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -1203,8 +1215,8 @@ def _attention_mosaic_gpu_kernel(
     scale,
 ):
     program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(s_, block_s))
-    program = jax.lax.div(program, pl.cdiv(s_, block_s))
+    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
+    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
     h_index = jax.lax.rem(program, h)
     program = jax.lax.div(program, h)
     b_index = program
@@ -1247,7 +1259,7 @@ def _attention_mosaic_gpu_kernel(
                 operand,
                 v_smem,
                 split=jnp.bfloat16,
-                lhs_scratch=(operand_smem, operand_smem_),
+                lhs_scratch=(operand_smem, operand_smem_2),
             )
             sum_exp_t_block = p
             if t % block_t:  # a ragged T: 0.0 past its end, never padding
@@ -1280,18 +1292,15 @@ def _attention_mosaic_gpu_kernel(
             _mgpu_full(block_s, 0.0, jnp.float32, 0),
         ),
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
-    max_t_ = max_t
-    acc_t_ = acc_t
-    sum_exp_t_ = sum_exp_t
-    o_smem[...] = (acc_t_ / _mgpu_spread(sum_exp_t_, (block_s, block_d), 0)).astype(jnp.bfloat16)
-    lse_smem[...] = _logsumexp_finish(max_t_, sum_exp_t_)
+    o_smem[...] = (acc_t / _mgpu_spread(sum_exp_t, (block_s, block_d), 0)).astype(jnp.bfloat16)
+    lse_smem[...] = _logsumexp_finish(max_t, sum_exp_t)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
     plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
     plgpu.wait_smem_to_gmem(0)
 
 
-def _attention_mosaic_gpu(q, k, v, *, b, h, s_, d, t, scale, interpret):
+def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
     """`attention` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
@@ -1304,9 +1313,9 @@ def _attention_mosaic_gpu(q, k, v, *, b, h, s_, d, t, scale, interpret):
         raise ValueError(
             f'attention: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_s_ = s_ + -s_ % block_s
+    padded_size_s = size_s + -size_s % block_s
     padded_t = t + -t % block_t
-    q = _mgpu_pad(q.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    q = _mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     o, lse = plgpu.kernel(
@@ -1314,7 +1323,7 @@ def _attention_mosaic_gpu(q, k, v, *, b, h, s_, d, t, scale, interpret):
             _attention_mosaic_gpu_kernel,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -1323,8 +1332,8 @@ def _attention_mosaic_gpu(q, k, v, *, b, h, s_, d, t, scale, interpret):
             scale=scale,
         ),
         out_type=(
-            jax.ShapeDtypeStruct((b, h, padded_s_, block_d), jnp.bfloat16),
-            jax.ShapeDtypeStruct((b, h, padded_s_), jnp.float32),
+            jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),
+            jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
             plgpu.SMEM(
@@ -1342,11 +1351,13 @@ def _attention_mosaic_gpu(q, k, v, *, b, h, s_, d, t, scale, interpret):
             ),
             plgpu.Barrier(num_barriers=1),
         ],
-        grid=(b * h * pl.cdiv(s_, block_s),),
+        grid=(b * h * pl.cdiv(size_s, block_s),),
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v)
-    return o[:b, :h, :s_, :d].reshape((b, h, s_, d)), lse[:b, :h, :s_].reshape((b, h, s_, 1))
+    return o[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), lse[:b, :h, :size_s].reshape(
+        (b, h, size_s, 1)
+    )
 
 
 @functools.partial(
@@ -1425,13 +1436,13 @@ def attention_backward_dq(
     )
     b = sizes["B"]
     h = sizes["H"]
-    s_ = sizes["S"]
+    size_s = sizes["S"]
     d = sizes["D"]
     t = sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(
             attention_backward_dq_reference,
-            (((b, h, s_, d), jnp.bfloat16), ((b, h, s_), jnp.float32)),
+            (((b, h, size_s, d), jnp.bfloat16), ((b, h, size_s), jnp.float32)),
             q,
             k,
             v,
@@ -1441,14 +1452,14 @@ def attention_backward_dq(
             dlse,
             scale=scale,
         )
-    lse = lse.reshape((b, h, s_, 1))  # lse: f32[B, H, S]
-    dlse = dlse.reshape((b, h, s_, 1))  # dlse: f32[B, H, S]
+    lse = lse.reshape((b, h, size_s, 1))  # lse: f32[B, H, S]
+    dlse = dlse.reshape((b, h, size_s, 1))  # dlse: f32[B, H, S]
     dq, delta = _on_platform(
         functools.partial(
             _attention_backward_dq_tpu,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -1462,7 +1473,7 @@ def attention_backward_dq(
                 _attention_backward_dq_gpu,
                 b=b,
                 h=h,
-                s_=s_,
+                size_s=size_s,
                 d=d,
                 t=t,
                 block_s=gpu_block_s,
@@ -1472,7 +1483,7 @@ def attention_backward_dq(
                 scale=scale,
             ),
             functools.partial(
-                _attention_backward_dq_mosaic_gpu, b=b, h=h, s_=s_, d=d, t=t, scale=scale
+                _attention_backward_dq_mosaic_gpu, b=b, h=h, size_s=size_s, d=d, t=t, scale=scale
             ),
         ),
         interpret,
@@ -1485,7 +1496,7 @@ def attention_backward_dq(
         dlse,
     )
     delta = delta.reshape(
-        (b, h, s_)
+        (b, h, size_s)
     )  # the kernel holds it with size 1 along the dimensions it lacks
     return dq, delta
 
@@ -1494,7 +1505,7 @@ def attention_backward_dq_reference(q, k, v, o, do, lse, dlse, *, scale=0.125):
     """`attention_backward_dq` in plain jax.numpy, to test the kernel against."""
     b = q.shape[0]
     h = q.shape[1]
-    s_ = q.shape[2]
+    size_s = q.shape[2]
     d = q.shape[3]
     t = k.shape[2]
     q = q[:, :, :, :, None]
@@ -1505,7 +1516,7 @@ def attention_backward_dq_reference(q, k, v, o, do, lse, dlse, *, scale=0.125):
     lse = lse[:, :, :, None, None]
     dlse = dlse[:, :, :, None, None]
     s = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, 1, s_, 1, 1), 2)
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2)
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
         jnp.expand_dims(
             jnp.einsum(
@@ -1540,7 +1551,7 @@ def attention_backward_dq_reference(q, k, v, o, do, lse, dlse, *, scale=0.125):
     )
     ds = p * (dp - delta)
     ds_1 = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, 1, s_, 1, 1), 2)
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2)
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
         ds,
         0,
@@ -1554,8 +1565,8 @@ def attention_backward_dq_reference(q, k, v, o, do, lse, dlse, *, scale=0.125):
         ),
         (4,),
     ).astype(jnp.bfloat16)
-    dq = dq.reshape((b, h, s_, d))
-    delta = delta.reshape((b, h, s_))
+    dq = dq.reshape((b, h, size_s, d))
+    delta = delta.reshape((b, h, size_s))
     return dq, delta
 
 
@@ -1573,7 +1584,7 @@ def _attention_backward_dq_kernel(
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -1694,12 +1705,12 @@ def _attention_backward_dq_kernel(
         o = o_ref[...]
         do = do_ref[...]
         dlse = dlse_ref[...]
-        acc_t_ = acc_t_ref[...]
+        acc_t = acc_t_ref[...]
         delta = (
             jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True) - dlse
         )
         delta_ref[...] = delta
-        dq_ref[...] = acc_t_.astype(jnp.bfloat16)
+        dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
 # TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
@@ -1714,16 +1725,19 @@ _attention_backward_dq_tpu_blocks = {
 
 
 def _attention_backward_dq_tpu(
-    q, k, v, o, do, lse, dlse, *, b, h, s_, d, t, block_s, block_t, scale, interpret
+    q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret
 ):
     """`attention_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = _tpu_blocks(
         _attention_backward_dq_tpu_blocks,
-        (b, h, s_, d, t),
+        (b, h, size_s, d, t),
         (block_s, block_t),
         grow=functools.partial(
             _grown,
-            bounds=(min(1 << (s_.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
+            bounds=(
+                min(1 << (size_s.bit_length() - 1), 4096),
+                min(1 << (t.bit_length() - 1), 4096),
+            ),
             step=lambda block_s, block_t: (
                 min(block_s, 256) * block_t,
                 4 * block_s * d
@@ -1739,13 +1753,13 @@ def _attention_backward_dq_tpu(
             ),
         ),
     )
-    block_s = min(block_s, s_)  # a small S is one whole block
+    block_s = min(block_s, size_s)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
     _check_tiling(
         "attention_backward_dq",
         block_s=(
             block_s,
-            s_,
+            size_s,
             16,
             "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
@@ -1758,7 +1772,7 @@ def _attention_backward_dq_tpu(
     )
     whole_strips, partial_strips = _strips(
         (block_s, block_t),
-        (pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         height=256,
         chunk=128,
         seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 >= t_start,
@@ -1772,7 +1786,7 @@ def _attention_backward_dq_tpu(
             _attention_backward_dq_kernel,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -1784,7 +1798,7 @@ def _attention_backward_dq_tpu(
         # One step per element of B, element of H, block of S, block of T (D taken whole).
         # Steps along B, H, S are independent (parallel); steps along T accumulate in order
         # (arbitrary).
-        grid=(b, h, pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
@@ -1824,8 +1838,8 @@ def _attention_backward_dq_tpu(
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
         ),
         out_shape=(
-            jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),  # dq
-            jax.ShapeDtypeStruct((b, h, s_, 1), jnp.float32),  # delta
+            jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
+            jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # delta
         ),
         # acc_t_ref: the product over T
         scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],
@@ -1836,9 +1850,13 @@ def _attention_backward_dq_tpu(
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * s_ * t * d + 2 * b * h * s_ * t * d + 2 * b * h * s_ * d * t,
-            transcendentals=b * h * s_ * t,
-            bytes_accessed=_nbytes(q, k, v, o, do, lse, dlse) + b * h * s_ * d * 2 + b * h * s_ * 4,
+            flops=2 * b * h * size_s * t * d
+            + 2 * b * h * size_s * t * d
+            + 2 * b * h * size_s * d * t,
+            transcendentals=b * h * size_s * t,
+            bytes_accessed=_nbytes(q, k, v, o, do, lse, dlse)
+            + b * h * size_s * d * 2
+            + b * h * size_s * 4,
         ),
         interpret=interpret,
         name="attention_backward_dq",
@@ -1858,7 +1876,7 @@ def _attention_backward_dq_gpu_kernel(
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -1867,7 +1885,7 @@ def _attention_backward_dq_gpu_kernel(
     scale,
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(2) * block_s, block_s, s_)
+    in_s = _inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = _inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
     q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
@@ -1933,7 +1951,6 @@ def _attention_backward_dq_gpu_kernel(
     o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
     do = _load(do_ref, _mask((block_s, block_d), in_s, in_d), other=0)
     dlse = _load(dlse_ref, _mask((block_s, 1), in_s, None), other=0)
-    acc_t_ = acc_t
     delta = (
         jnp.sum(
             _fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
@@ -1943,7 +1960,7 @@ def _attention_backward_dq_gpu_kernel(
         - dlse
     )
     _store(delta_ref, delta, _mask((block_s, 1), in_s, None))
-    _store(dq_ref, acc_t_.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+    _store(dq_ref, acc_t.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
 
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
@@ -1964,7 +1981,7 @@ def _attention_backward_dq_gpu(
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -1977,10 +1994,10 @@ def _attention_backward_dq_gpu(
     """`attention_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_s, block_t, num_warps, num_stages = _gpu_options(
         _attention_backward_dq_gpu_options,
-        (b, h, s_, d, t),
+        (b, h, size_s, d, t),
         (block_s, block_t, num_warps, num_stages),
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
@@ -1988,7 +2005,7 @@ def _attention_backward_dq_gpu(
             _attention_backward_dq_gpu_kernel,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -1999,7 +2016,7 @@ def _attention_backward_dq_gpu(
         # One program per element of B, element of H, block of S; programs run concurrently.
         # Each holds all of D (one block of the next power of two). Each loops over the blocks
         # of T itself, carrying running values.
-        grid=(b, h, pl.cdiv(s_, block_s)),
+        grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
@@ -2023,8 +2040,8 @@ def _attention_backward_dq_gpu(
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
         ),
         out_shape=(
-            jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),  # dq
-            jax.ShapeDtypeStruct((b, h, s_, 1), jnp.float32),  # delta
+            jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
+            jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # delta
         ),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -2054,7 +2071,7 @@ def _attention_backward_dq_mosaic_gpu_kernel(
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -2063,8 +2080,8 @@ def _attention_backward_dq_mosaic_gpu_kernel(
     scale,
 ):
     program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(s_, block_s))
-    program = jax.lax.div(program, pl.cdiv(s_, block_s))
+    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
+    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
     h_index = jax.lax.rem(program, h)
     program = jax.lax.div(program, h)
     b_index = program
@@ -2155,7 +2172,6 @@ def _attention_backward_dq_mosaic_gpu_kernel(
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
     dlse = _mgpu_load_vector(dlse_smem, 0)
-    acc_t_ = acc_t
     delta = (
         jnp.sum(
             _mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
@@ -2163,7 +2179,7 @@ def _attention_backward_dq_mosaic_gpu_kernel(
         - dlse
     )
     delta_smem[...] = delta
-    dq_smem[...] = acc_t_.astype(jnp.bfloat16)
+    dq_smem[...] = acc_t.astype(jnp.bfloat16)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
     plgpu.copy_smem_to_gmem(delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
@@ -2171,7 +2187,7 @@ def _attention_backward_dq_mosaic_gpu_kernel(
 
 
 def _attention_backward_dq_mosaic_gpu(
-    q, k, v, o, do, lse, dlse, *, b, h, s_, d, t, scale, interpret
+    q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t, scale, interpret
 ):
     """`attention_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
@@ -2185,21 +2201,21 @@ def _attention_backward_dq_mosaic_gpu(
         raise ValueError(
             f'attention_backward_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_s_ = s_ + -s_ % block_s
+    padded_size_s = size_s + -size_s % block_s
     padded_t = t + -t % block_t
-    q = _mgpu_pad(q.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    q = _mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    o = _mgpu_pad(o.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
-    do = _mgpu_pad(do.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
-    lse = _mgpu_pad(lse.reshape((b, h, s_)), (b, h, padded_s_))
-    dlse = _mgpu_pad(dlse.reshape((b, h, s_)), (b, h, padded_s_))
+    o = _mgpu_pad(o.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    do = _mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    lse = _mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
+    dlse = _mgpu_pad(dlse.reshape((b, h, size_s)), (b, h, padded_size_s))
     dq, delta = plgpu.kernel(
         functools.partial(
             _attention_backward_dq_mosaic_gpu_kernel,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -2208,8 +2224,8 @@ def _attention_backward_dq_mosaic_gpu(
             scale=scale,
         ),
         out_type=(
-            jax.ShapeDtypeStruct((b, h, padded_s_, block_d), jnp.bfloat16),
-            jax.ShapeDtypeStruct((b, h, padded_s_), jnp.float32),
+            jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),
+            jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
             plgpu.SMEM(
@@ -2232,11 +2248,13 @@ def _attention_backward_dq_mosaic_gpu(
             ),
             plgpu.Barrier(num_barriers=5),
         ],
-        grid=(b * h * pl.cdiv(s_, block_s),),
+        grid=(b * h * pl.cdiv(size_s, block_s),),
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v, o, do, lse, dlse)
-    return dq[:b, :h, :s_, :d].reshape((b, h, s_, d)), delta[:b, :h, :s_].reshape((b, h, s_, 1))
+    return dq[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), delta[:b, :h, :size_s].reshape(
+        (b, h, size_s, 1)
+    )
 
 
 @functools.partial(
@@ -2317,7 +2335,7 @@ def attention_backward_dkdv(
     h = sizes["H"]
     t = sizes["T"]
     d = sizes["D"]
-    s_ = sizes["S"]
+    size_s = sizes["S"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(
             attention_backward_dkdv_reference,
@@ -2330,8 +2348,8 @@ def attention_backward_dkdv(
             delta,
             scale=scale,
         )
-    lse = lse.reshape((b, h, 1, s_))  # lse: f32[B, H, S]
-    delta = delta.reshape((b, h, 1, s_))  # delta: f32[B, H, S]
+    lse = lse.reshape((b, h, 1, size_s))  # lse: f32[B, H, S]
+    delta = delta.reshape((b, h, 1, size_s))  # delta: f32[B, H, S]
     return _on_platform(
         functools.partial(
             _attention_backward_dkdv_tpu,
@@ -2339,7 +2357,7 @@ def attention_backward_dkdv(
             h=h,
             t=t,
             d=d,
-            s_=s_,
+            size_s=size_s,
             block_t=block_t,
             block_s=block_s,
             scale=scale,
@@ -2353,7 +2371,7 @@ def attention_backward_dkdv(
                 h=h,
                 t=t,
                 d=d,
-                s_=s_,
+                size_s=size_s,
                 block_t=gpu_block_t,
                 block_s=gpu_block_s,
                 num_warps=gpu_warps,
@@ -2361,7 +2379,7 @@ def attention_backward_dkdv(
                 scale=scale,
             ),
             functools.partial(
-                _attention_backward_dkdv_mosaic_gpu, b=b, h=h, t=t, d=d, s_=s_, scale=scale
+                _attention_backward_dkdv_mosaic_gpu, b=b, h=h, t=t, d=d, size_s=size_s, scale=scale
             ),
         ),
         interpret,
@@ -2380,7 +2398,7 @@ def attention_backward_dkdv_reference(q, k, v, do, lse, delta, *, scale=0.125):
     h = q.shape[1]
     t = k.shape[2]
     d = q.shape[3]
-    s_ = q.shape[2]
+    size_s = q.shape[2]
     q = jnp.transpose(q, (0, 1, 3, 2))[:, :, None, :, :]
     k = k[:, :, :, :, None]
     v = v[:, :, :, :, None]
@@ -2388,7 +2406,7 @@ def attention_backward_dkdv_reference(q, k, v, do, lse, delta, *, scale=0.125):
     lse = lse[:, :, None, None, :]
     delta = delta[:, :, None, None, :]
     s = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, s_), 4)
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, size_s), 4)
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
         jnp.expand_dims(
             jnp.einsum(
@@ -2423,7 +2441,7 @@ def attention_backward_dkdv_reference(q, k, v, do, lse, delta, *, scale=0.125):
     )
     ds = p * (dp - delta)
     ds_1 = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, s_), 4)
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, size_s), 4)
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
         ds,
         0,
@@ -2452,13 +2470,13 @@ def _attention_backward_dkdv_kernel(
     dk_ref,
     dv_ref,
     acc_s_ref,
-    acc_s__ref,
+    acc_s_2_ref,
     *,
     b,
     h,
     t,
     d,
-    s_,
+    size_s,
     block_t,
     block_s,
     whole_strips,
@@ -2472,7 +2490,7 @@ def _attention_backward_dkdv_kernel(
     @pl.when(step == 0)
     def _init():
         acc_s_ref[...] = jnp.full(acc_s_ref.shape, 0, jnp.float32)
-        acc_s__ref[...] = jnp.full(acc_s__ref.shape, 0, jnp.float32)
+        acc_s_2_ref[...] = jnp.full(acc_s_2_ref.shape, 0, jnp.float32)
 
     def _strip(
         q_ref,
@@ -2482,7 +2500,7 @@ def _attention_backward_dkdv_kernel(
         lse_ref,
         delta_ref,
         acc_s_ref,
-        acc_s__ref,
+        acc_s_2_ref,
         t_start,
         s_start,
         strip_t,
@@ -2516,19 +2534,19 @@ def _attention_backward_dkdv_kernel(
         )
         acc_s_lhs = p.astype(jnp.bfloat16)
         acc_s_rhs = do
-        if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s_lhs = _fill_past(acc_s_lhs, s_start, s_, 1, 0)
-            acc_s_rhs = _fill_past(acc_s_rhs, s_start, s_, 0, 0)
+        if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
+            acc_s_lhs = _fill_past(acc_s_lhs, s_start, size_s, 1, 0)
+            acc_s_rhs = _fill_past(acc_s_rhs, s_start, size_s, 0, 0)
         acc_s_ref[...] = acc_s_ref[...] + jnp.dot(
             acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32
         )
-        acc_s__lhs = (ds_1 * scale).astype(jnp.bfloat16)
-        acc_s__rhs = q
-        if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s__lhs = _fill_past(acc_s__lhs, s_start, s_, 1, 0)
-            acc_s__rhs = _fill_past(acc_s__rhs, s_start, s_, 0, 0)
-        acc_s__ref[...] = acc_s__ref[...] + jnp.dot(
-            acc_s__lhs, acc_s__rhs, preferred_element_type=jnp.float32
+        acc_s_2_lhs = (ds_1 * scale).astype(jnp.bfloat16)
+        acc_s_2_rhs = q
+        if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
+            acc_s_2_lhs = _fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
+            acc_s_2_rhs = _fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
+        acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(
+            acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32
         )
 
     def _add(strips):
@@ -2544,7 +2562,7 @@ def _attention_backward_dkdv_kernel(
                     lse_ref,
                     delta_ref,
                     acc_s_ref,
-                    acc_s__ref,
+                    acc_s_2_ref,
                     t_start,
                     s_start,
                     block_t,
@@ -2559,7 +2577,7 @@ def _attention_backward_dkdv_kernel(
                     lse_ref.at[:, pl.ds(col, cols)],
                     delta_ref.at[:, pl.ds(col, cols)],
                     acc_s_ref.at[pl.ds(row, rows)],
-                    acc_s__ref.at[pl.ds(row, rows)],
+                    acc_s_2_ref.at[pl.ds(row, rows)],
                     t_start + row,
                     s_start + col,
                     rows,
@@ -2579,10 +2597,10 @@ def _attention_backward_dkdv_kernel(
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
-        acc_s__ = acc_s_ref[...]
-        acc_s___ = acc_s__ref[...]
-        dv_ref[...] = acc_s__.astype(jnp.bfloat16)
-        dk_ref[...] = acc_s___.astype(jnp.bfloat16)
+        acc_s = acc_s_ref[...]
+        acc_s_2 = acc_s_2_ref[...]
+        dv_ref[...] = acc_s.astype(jnp.bfloat16)
+        dk_ref[...] = acc_s_2.astype(jnp.bfloat16)
 
 
 # TPU blocks (block_t, block_s) for a call that passes none, by chip: those `pallasgen
@@ -2597,16 +2615,19 @@ _attention_backward_dkdv_tpu_blocks = {
 
 
 def _attention_backward_dkdv_tpu(
-    q, k, v, do, lse, delta, *, b, h, t, d, s_, block_t, block_s, scale, interpret
+    q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, scale, interpret
 ):
     """`attention_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_t, block_s = _tpu_blocks(
         _attention_backward_dkdv_tpu_blocks,
-        (b, h, t, d, s_),
+        (b, h, t, d, size_s),
         (block_t, block_s),
         grow=functools.partial(
             _grown,
-            bounds=(min(1 << (t.bit_length() - 1), 4096), min(1 << (s_.bit_length() - 1), 4096)),
+            bounds=(
+                min(1 << (t.bit_length() - 1), 4096),
+                min(1 << (size_s.bit_length() - 1), 4096),
+            ),
             step=lambda block_t, block_s: (
                 min(block_t, 256) * block_s,
                 4 * block_s * d
@@ -2623,7 +2644,7 @@ def _attention_backward_dkdv_tpu(
         ),
     )
     block_t = min(block_t, t)  # a small T is one whole block
-    block_s = min(block_s, s_)  # a small S is one whole block
+    block_s = min(block_s, size_s)  # a small S is one whole block
     _check_tiling(
         "attention_backward_dkdv",
         block_t=(
@@ -2634,14 +2655,14 @@ def _attention_backward_dkdv_tpu(
         ),
         block_s=(
             block_s,
-            s_,
+            size_s,
             128,
             "S is the last dimension of a block, so it is a multiple of 128",
         ),
     )
     whole_strips, partial_strips = _strips(
         (block_t, block_s),
-        (pl.cdiv(t, block_t), pl.cdiv(s_, block_s)),
+        (pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         height=256,
         chunk=128,
         seen=lambda t_start, s_start, block_t, block_s: s_start + block_s - 1 >= t_start,
@@ -2649,7 +2670,7 @@ def _attention_backward_dkdv_tpu(
     )
     # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B +
     # v 256 B + do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512
-    # B + acc_s__ref 512 B.
+    # B + acc_s_2_ref 512 B.
     return pl.pallas_call(
         functools.partial(
             _attention_backward_dkdv_kernel,
@@ -2657,7 +2678,7 @@ def _attention_backward_dkdv_tpu(
             h=h,
             t=t,
             d=d,
-            s_=s_,
+            size_s=size_s,
             block_t=block_t,
             block_s=block_s,
             whole_strips=whole_strips,
@@ -2667,7 +2688,7 @@ def _attention_backward_dkdv_tpu(
         # One step per element of B, element of H, block of T, block of S (D taken whole).
         # Steps along B, H, T are independent (parallel); steps along S accumulate in order
         # (arbitrary).
-        grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(s_, block_s)),
+        grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, H, S, D]; a skipped step's block is block 0, fetched at most once
             pl.BlockSpec(
@@ -2727,7 +2748,7 @@ def _attention_backward_dkdv_tpu(
         scratch_shapes=[
             # acc_s_ref: the product over S
             pltpu.VMEM((block_t, d), jnp.float32),
-            # acc_s__ref: the product over S
+            # acc_s_2_ref: the product over S
             pltpu.VMEM((block_t, d), jnp.float32),
         ],
         compiler_params=pltpu.CompilerParams(
@@ -2737,11 +2758,11 @@ def _attention_backward_dkdv_tpu(
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * t * s_ * d
-            + 2 * b * h * t * d * s_
-            + 2 * b * h * t * s_ * d
-            + 2 * b * h * t * d * s_,
-            transcendentals=b * h * t * s_,
+            flops=2 * b * h * t * size_s * d
+            + 2 * b * h * t * d * size_s
+            + 2 * b * h * t * size_s * d
+            + 2 * b * h * t * d * size_s,
+            transcendentals=b * h * t * size_s,
             bytes_accessed=_nbytes(q, k, v, do, lse, delta) + b * h * t * d * 2 + b * h * t * d * 2,
         ),
         interpret=interpret,
@@ -2763,7 +2784,7 @@ def _attention_backward_dkdv_gpu_kernel(
     h,
     t,
     d,
-    s_,
+    size_s,
     block_t,
     block_s,
     block_d,
@@ -2778,10 +2799,10 @@ def _attention_backward_dkdv_gpu_kernel(
 
     def accumulate(index, running):
         s_start = index * block_s
-        in_s = _inside(s_start, block_s, s_)
+        in_s = _inside(s_start, block_s, size_s)
 
         def step():
-            acc_s, acc_s_ = running
+            acc_s, acc_s_2 = running
             q = _load(
                 q_ref.at[pl.ds(s_start, block_s), :], _mask((block_s, block_d), in_s, in_d), other=0
             )
@@ -2818,34 +2839,34 @@ def _attention_backward_dkdv_gpu_kernel(
             )
             acc_s_lhs = p.astype(jnp.bfloat16)
             acc_s_rhs = do
-            if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
-                acc_s_lhs = _fill_past(acc_s_lhs, s_start, s_, 1, 0)
-                acc_s_rhs = _fill_past(acc_s_rhs, s_start, s_, 0, 0)
+            if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
+                acc_s_lhs = _fill_past(acc_s_lhs, s_start, size_s, 1, 0)
+                acc_s_rhs = _fill_past(acc_s_rhs, s_start, size_s, 0, 0)
             acc_s = acc_s + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
-            acc_s__lhs = (ds_1 * scale).astype(jnp.bfloat16)
-            acc_s__rhs = q
-            if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
-                acc_s__lhs = _fill_past(acc_s__lhs, s_start, s_, 1, 0)
-                acc_s__rhs = _fill_past(acc_s__rhs, s_start, s_, 0, 0)
-            acc_s_ = acc_s_ + jnp.dot(acc_s__lhs, acc_s__rhs, preferred_element_type=jnp.float32)
-            return acc_s, acc_s_
+            acc_s_2_lhs = (ds_1 * scale).astype(jnp.bfloat16)
+            acc_s_2_rhs = q
+            if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
+                acc_s_2_lhs = _fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
+                acc_s_2_rhs = _fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
+            acc_s_2 = acc_s_2 + jnp.dot(
+                acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32
+            )
+            return acc_s, acc_s_2
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
         return jax.lax.cond(s_start + block_s - 1 >= t_start, step, lambda: running)
 
-    acc_s, acc_s_ = jax.lax.fori_loop(
+    acc_s, acc_s_2 = jax.lax.fori_loop(
         0,
-        pl.cdiv(s_, block_s),
+        pl.cdiv(size_s, block_s),
         accumulate,
         (
             jnp.full((block_t, block_d), 0, jnp.float32),
             jnp.full((block_t, block_d), 0, jnp.float32),
         ),
     )
-    acc_s__ = acc_s
-    acc_s___ = acc_s_
-    _store(dv_ref, acc_s__.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
-    _store(dk_ref, acc_s___.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
+    _store(dv_ref, acc_s.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
+    _store(dk_ref, acc_s_2.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
 
 
 # GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
@@ -2867,7 +2888,7 @@ def _attention_backward_dkdv_gpu(
     h,
     t,
     d,
-    s_,
+    size_s,
     block_t,
     block_s,
     num_warps,
@@ -2878,11 +2899,11 @@ def _attention_backward_dkdv_gpu(
     """`attention_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_t, block_s, num_warps, num_stages = _gpu_options(
         _attention_backward_dkdv_gpu_options,
-        (b, h, t, d, s_),
+        (b, h, t, d, size_s),
         (block_t, block_s, num_warps, num_stages),
     )
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -2891,7 +2912,7 @@ def _attention_backward_dkdv_gpu(
             h=h,
             t=t,
             d=d,
-            s_=s_,
+            size_s=size_s,
             block_t=block_t,
             block_s=block_s,
             block_d=block_d,
@@ -2903,17 +2924,17 @@ def _attention_backward_dkdv_gpu(
         grid=(b, h, pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, s_, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i2: (b, h, 0, 0)),
             # k: bf16[B, H, T, D]
             pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
             # v: bf16[B, H, T, D]
             pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
             # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, s_, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i2: (b, h, 0, 0)),
             # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, s_), lambda b, h, i2: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i2: (b, h, 0, 0)),
             # delta: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, s_), lambda b, h, i2: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i2: (b, h, 0, 0)),
         ],
         out_specs=(
             # dk: bf16[B, H, T, D]
@@ -2945,14 +2966,14 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
     dk_smem,
     dv_smem,
     operand_smem,
-    operand_smem_,
+    operand_smem_2,
     barrier,
     *,
     b,
     h,
     t,
     d,
-    s_,
+    size_s,
     block_t,
     block_s,
     block_d,
@@ -2978,7 +2999,7 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
         s_start = indices[0] * block_s
 
         def compute():
-            acc_s, acc_s_ = carry
+            acc_s, acc_s_2 = carry
             lse = _mgpu_load_vector(lse_smem, 1)
             delta = _mgpu_load_vector(delta_smem, 1)
             s = jnp.where(
@@ -2997,25 +3018,25 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
                 0,
             )
             operand = p.astype(jnp.bfloat16)
-            if s_ % block_s:  # a ragged S: 0 past its end
-                operand = _mgpu_fill_past(operand, s_start, s_, 1, 0)
+            if size_s % block_s:  # a ragged S: 0 past its end
+                operand = _mgpu_fill_past(operand, s_start, size_s, 1, 0)
             acc_s = acc_s + _mgpu_dot(
                 (block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,)
             )
-            operand_ = (ds_1 * scale).astype(jnp.bfloat16)
-            if s_ % block_s:  # a ragged S: 0 past its end
-                operand_ = _mgpu_fill_past(operand_, s_start, s_, 1, 0)
-            acc_s_ = acc_s_ + _mgpu_dot(
-                (block_t, block_d), operand_, q_smem, lhs_scratch=(operand_smem_,)
+            operand_2 = (ds_1 * scale).astype(jnp.bfloat16)
+            if size_s % block_s:  # a ragged S: 0 past its end
+                operand_2 = _mgpu_fill_past(operand_2, s_start, size_s, 1, 0)
+            acc_s_2 = acc_s_2 + _mgpu_dot(
+                (block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,)
             )
-            return acc_s, acc_s_
+            return acc_s, acc_s_2
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
         return jax.lax.cond(s_start + block_s - 1 >= t_start, compute, lambda: carry)
 
-    acc_s, acc_s_ = plgpu.emit_pipeline(
+    acc_s, acc_s_2 = plgpu.emit_pipeline(
         step,
-        grid=(pl.cdiv(s_, block_s),),
+        grid=(pl.cdiv(size_s, block_s),),
         in_specs=[
             plgpu.BlockSpec(
                 (block_s, block_d),
@@ -3041,10 +3062,8 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
         lse_ref.at[b_index, h_index],
         delta_ref.at[b_index, h_index],
     )
-    acc_s__ = acc_s
-    acc_s___ = acc_s_
-    dv_smem[...] = acc_s__.astype(jnp.bfloat16)
-    dk_smem[...] = acc_s___.astype(jnp.bfloat16)
+    dv_smem[...] = acc_s.astype(jnp.bfloat16)
+    dk_smem[...] = acc_s_2.astype(jnp.bfloat16)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
     plgpu.copy_smem_to_gmem(dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
@@ -3052,7 +3071,7 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
 
 
 def _attention_backward_dkdv_mosaic_gpu(
-    q, k, v, do, lse, delta, *, b, h, t, d, s_, scale, interpret
+    q, k, v, do, lse, delta, *, b, h, t, d, size_s, scale, interpret
 ):
     """`attention_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
@@ -3067,13 +3086,13 @@ def _attention_backward_dkdv_mosaic_gpu(
             f'attention_backward_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
     padded_t = t + -t % block_t
-    padded_s_ = s_ + -s_ % block_s
-    q = _mgpu_pad(q.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    padded_size_s = size_s + -size_s % block_s
+    q = _mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    do = _mgpu_pad(do.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
-    lse = _mgpu_pad(lse.reshape((b, h, s_)), (b, h, padded_s_))
-    delta = _mgpu_pad(delta.reshape((b, h, s_)), (b, h, padded_s_))
+    do = _mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    lse = _mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
+    delta = _mgpu_pad(delta.reshape((b, h, size_s)), (b, h, padded_size_s))
     dk, dv = plgpu.kernel(
         functools.partial(
             _attention_backward_dkdv_mosaic_gpu_kernel,
@@ -3081,7 +3100,7 @@ def _attention_backward_dkdv_mosaic_gpu(
             h=h,
             t=t,
             d=d,
-            s_=s_,
+            size_s=size_s,
             block_t=block_t,
             block_s=block_s,
             block_d=block_d,
@@ -3196,13 +3215,13 @@ def attention_dq(
     )
     b = sizes["B"]
     h = sizes["H"]
-    s_ = sizes["S"]
+    size_s = sizes["S"]
     d = sizes["D"]
     t = sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(
             attention_dq_reference,
-            (((b, h, s_, d), jnp.bfloat16), ((b, h, s_), jnp.float32)),
+            (((b, h, size_s, d), jnp.bfloat16), ((b, h, size_s), jnp.float32)),
             q,
             k,
             v,
@@ -3216,7 +3235,7 @@ def attention_dq(
             _attention_dq_forward,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -3243,7 +3262,7 @@ def attention_dq_reference(q, k, v, o, do, lse, *, scale=0.125):
     """`attention_dq` in plain jax.numpy, to test the kernel against."""
     b = q.shape[0]
     h = q.shape[1]
-    s_ = q.shape[2]
+    size_s = q.shape[2]
     d = q.shape[3]
     t = k.shape[2]
     q = q[:, :, :, :, None]
@@ -3253,7 +3272,7 @@ def attention_dq_reference(q, k, v, o, do, lse, *, scale=0.125):
     do = do[:, :, :, :, None]
     lse = lse[:, :, :, None, None]
     s = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, 1, s_, 1, 1), 2)
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2)
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
         jnp.expand_dims(
             jnp.einsum(
@@ -3292,8 +3311,8 @@ def attention_dq_reference(q, k, v, o, do, lse, *, scale=0.125):
         )
         * scale
     ).astype(jnp.bfloat16)
-    dq = dq.reshape((b, h, s_, d))
-    delta = delta.reshape((b, h, s_))
+    dq = dq.reshape((b, h, size_s, d))
+    delta = delta.reshape((b, h, size_s))
     return dq, delta
 
 
@@ -3307,7 +3326,7 @@ def _attention_dq_forward(
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -3321,13 +3340,13 @@ def _attention_dq_forward(
     interpret,
 ):
     """`attention_dq` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    lse = lse.reshape((b, h, s_, 1))  # lse: f32[B, H, S]
+    lse = lse.reshape((b, h, size_s, 1))  # lse: f32[B, H, S]
     dq, delta = _on_platform(
         functools.partial(
             _attention_dq_tpu,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -3341,7 +3360,7 @@ def _attention_dq_forward(
                 _attention_dq_gpu,
                 b=b,
                 h=h,
-                s_=s_,
+                size_s=size_s,
                 d=d,
                 t=t,
                 block_s=gpu_block_s,
@@ -3350,7 +3369,9 @@ def _attention_dq_forward(
                 num_stages=gpu_stages,
                 scale=scale,
             ),
-            functools.partial(_attention_dq_mosaic_gpu, b=b, h=h, s_=s_, d=d, t=t, scale=scale),
+            functools.partial(
+                _attention_dq_mosaic_gpu, b=b, h=h, size_s=size_s, d=d, t=t, scale=scale
+            ),
         ),
         interpret,
         q,
@@ -3361,7 +3382,7 @@ def _attention_dq_forward(
         lse,
     )
     delta = delta.reshape(
-        (b, h, s_)
+        (b, h, size_s)
     )  # the kernel holds it with size 1 along the dimensions it lacks
     return dq, delta
 
@@ -3387,7 +3408,7 @@ def _attention_dq_kernel(
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -3484,10 +3505,10 @@ def _attention_dq_kernel(
     def _finish():
         o = o_ref[...]
         do = do_ref[...]
-        acc_t_ = acc_t_ref[...]
+        acc_t = acc_t_ref[...]
         delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
         delta_ref[...] = delta
-        dq_ref[...] = (acc_t_ * scale).astype(jnp.bfloat16)
+        dq_ref[...] = (acc_t * scale).astype(jnp.bfloat16)
 
 
 # TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
@@ -3501,15 +3522,20 @@ _attention_dq_tpu_blocks = {
 }
 
 
-def _attention_dq_tpu(q, k, v, o, do, lse, *, b, h, s_, d, t, block_s, block_t, scale, interpret):
+def _attention_dq_tpu(
+    q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret
+):
     """`attention_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = _tpu_blocks(
         _attention_dq_tpu_blocks,
-        (b, h, s_, d, t),
+        (b, h, size_s, d, t),
         (block_s, block_t),
         grow=functools.partial(
             _grown,
-            bounds=(min(1 << (s_.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
+            bounds=(
+                min(1 << (size_s.bit_length() - 1), 4096),
+                min(1 << (t.bit_length() - 1), 4096),
+            ),
             step=lambda block_s, block_t: (
                 min(block_s, 256) * block_t,
                 4 * block_s * d
@@ -3524,13 +3550,13 @@ def _attention_dq_tpu(q, k, v, o, do, lse, *, b, h, s_, d, t, block_s, block_t, 
             ),
         ),
     )
-    block_s = min(block_s, s_)  # a small S is one whole block
+    block_s = min(block_s, size_s)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
     _check_tiling(
         "attention_dq",
         block_s=(
             block_s,
-            s_,
+            size_s,
             16,
             "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
@@ -3543,7 +3569,7 @@ def _attention_dq_tpu(q, k, v, o, do, lse, *, b, h, s_, d, t, block_s, block_t, 
     )
     whole_strips, partial_strips = _strips(
         (block_s, block_t),
-        (pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         height=256,
         chunk=128,
         seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 >= t_start,
@@ -3557,7 +3583,7 @@ def _attention_dq_tpu(q, k, v, o, do, lse, *, b, h, s_, d, t, block_s, block_t, 
             _attention_dq_kernel,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -3569,7 +3595,7 @@ def _attention_dq_tpu(q, k, v, o, do, lse, *, b, h, s_, d, t, block_s, block_t, 
         # One step per element of B, element of H, block of S, block of T (D taken whole).
         # Steps along B, H, S are independent (parallel); steps along T accumulate in order
         # (arbitrary).
-        grid=(b, h, pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
@@ -3607,8 +3633,8 @@ def _attention_dq_tpu(q, k, v, o, do, lse, *, b, h, s_, d, t, block_s, block_t, 
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
         ),
         out_shape=(
-            jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),  # dq
-            jax.ShapeDtypeStruct((b, h, s_, 1), jnp.float32),  # delta
+            jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
+            jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # delta
         ),
         # acc_t_ref: the product over T
         scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],
@@ -3619,9 +3645,13 @@ def _attention_dq_tpu(q, k, v, o, do, lse, *, b, h, s_, d, t, block_s, block_t, 
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * s_ * t * d + 2 * b * h * s_ * t * d + 2 * b * h * s_ * d * t,
-            transcendentals=b * h * s_ * t,
-            bytes_accessed=_nbytes(q, k, v, o, do, lse) + b * h * s_ * d * 2 + b * h * s_ * 4,
+            flops=2 * b * h * size_s * t * d
+            + 2 * b * h * size_s * t * d
+            + 2 * b * h * size_s * d * t,
+            transcendentals=b * h * size_s * t,
+            bytes_accessed=_nbytes(q, k, v, o, do, lse)
+            + b * h * size_s * d * 2
+            + b * h * size_s * 4,
         ),
         interpret=interpret,
         name="attention_dq",
@@ -3640,7 +3670,7 @@ def _attention_dq_gpu_kernel(
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -3649,7 +3679,7 @@ def _attention_dq_gpu_kernel(
     scale,
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(2) * block_s, block_s, s_)
+    in_s = _inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = _inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
     q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
@@ -3703,14 +3733,13 @@ def _attention_dq_gpu_kernel(
     )
     o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
     do = _load(do_ref, _mask((block_s, block_d), in_s, in_d), other=0)
-    acc_t_ = acc_t
     delta = jnp.sum(
         _fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
         axis=1,
         keepdims=True,
     )
     _store(delta_ref, delta, _mask((block_s, 1), in_s, None))
-    _store(dq_ref, (acc_t_ * scale).astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+    _store(dq_ref, (acc_t * scale).astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
 
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
@@ -3730,7 +3759,7 @@ def _attention_dq_gpu(
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -3742,9 +3771,9 @@ def _attention_dq_gpu(
 ):
     """`attention_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_s, block_t, num_warps, num_stages = _gpu_options(
-        _attention_dq_gpu_options, (b, h, s_, d, t), (block_s, block_t, num_warps, num_stages)
+        _attention_dq_gpu_options, (b, h, size_s, d, t), (block_s, block_t, num_warps, num_stages)
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
@@ -3752,7 +3781,7 @@ def _attention_dq_gpu(
             _attention_dq_gpu_kernel,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -3763,7 +3792,7 @@ def _attention_dq_gpu(
         # One program per element of B, element of H, block of S; programs run concurrently.
         # Each holds all of D (one block of the next power of two). Each loops over the blocks
         # of T itself, carrying running values.
-        grid=(b, h, pl.cdiv(s_, block_s)),
+        grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
@@ -3785,8 +3814,8 @@ def _attention_dq_gpu(
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
         ),
         out_shape=(
-            jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),  # dq
-            jax.ShapeDtypeStruct((b, h, s_, 1), jnp.float32),  # delta
+            jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
+            jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # delta
         ),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -3814,7 +3843,7 @@ def _attention_dq_mosaic_gpu_kernel(
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -3823,8 +3852,8 @@ def _attention_dq_mosaic_gpu_kernel(
     scale,
 ):
     program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(s_, block_s))
-    program = jax.lax.div(program, pl.cdiv(s_, block_s))
+    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
+    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
     h_index = jax.lax.rem(program, h)
     program = jax.lax.div(program, h)
     b_index = program
@@ -3899,19 +3928,18 @@ def _attention_dq_mosaic_gpu_kernel(
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
-    acc_t_ = acc_t
     delta = jnp.sum(
         _mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
     )
     delta_smem[...] = delta
-    dq_smem[...] = (acc_t_ * scale).astype(jnp.bfloat16)
+    dq_smem[...] = (acc_t * scale).astype(jnp.bfloat16)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
     plgpu.copy_smem_to_gmem(delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
     plgpu.wait_smem_to_gmem(0)
 
 
-def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, s_, d, t, scale, interpret):
+def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret):
     """`attention_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
@@ -3924,20 +3952,20 @@ def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, s_, d, t, scale, inte
         raise ValueError(
             f'attention_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_s_ = s_ + -s_ % block_s
+    padded_size_s = size_s + -size_s % block_s
     padded_t = t + -t % block_t
-    q = _mgpu_pad(q.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    q = _mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    o = _mgpu_pad(o.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
-    do = _mgpu_pad(do.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
-    lse = _mgpu_pad(lse.reshape((b, h, s_)), (b, h, padded_s_))
+    o = _mgpu_pad(o.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    do = _mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    lse = _mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
     dq, delta = plgpu.kernel(
         functools.partial(
             _attention_dq_mosaic_gpu_kernel,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -3946,8 +3974,8 @@ def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, s_, d, t, scale, inte
             scale=scale,
         ),
         out_type=(
-            jax.ShapeDtypeStruct((b, h, padded_s_, block_d), jnp.bfloat16),
-            jax.ShapeDtypeStruct((b, h, padded_s_), jnp.float32),
+            jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),
+            jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
             plgpu.SMEM(
@@ -3969,11 +3997,13 @@ def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, s_, d, t, scale, inte
             ),
             plgpu.Barrier(num_barriers=4),
         ],
-        grid=(b * h * pl.cdiv(s_, block_s),),
+        grid=(b * h * pl.cdiv(size_s, block_s),),
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v, o, do, lse)
-    return dq[:b, :h, :s_, :d].reshape((b, h, s_, d)), delta[:b, :h, :s_].reshape((b, h, s_, 1))
+    return dq[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), delta[:b, :h, :size_s].reshape(
+        (b, h, size_s, 1)
+    )
 
 
 @functools.partial(
@@ -4241,7 +4271,7 @@ def _attention_dkdv_kernel(
     dk_ref,
     dv_ref,
     acc_s_ref,
-    acc_s__ref,
+    acc_s_2_ref,
     *,
     b,
     h,
@@ -4261,7 +4291,7 @@ def _attention_dkdv_kernel(
     @pl.when(step == 0)
     def _init():
         acc_s_ref[...] = jnp.full(acc_s_ref.shape, 0, jnp.float32)
-        acc_s__ref[...] = jnp.full(acc_s__ref.shape, 0, jnp.float32)
+        acc_s_2_ref[...] = jnp.full(acc_s_2_ref.shape, 0, jnp.float32)
 
     def _strip(
         q_ref,
@@ -4271,7 +4301,7 @@ def _attention_dkdv_kernel(
         lse_ref,
         delta_ref,
         acc_s_ref,
-        acc_s__ref,
+        acc_s_2_ref,
         t_start,
         s_start,
         strip_t,
@@ -4304,13 +4334,13 @@ def _attention_dkdv_kernel(
         acc_s_ref[...] = acc_s_ref[...] + jnp.dot(
             acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32
         )
-        acc_s__lhs = (pt * (dpt - delta)).astype(jnp.bfloat16)
-        acc_s__rhs = q
+        acc_s_2_lhs = (pt * (dpt - delta)).astype(jnp.bfloat16)
+        acc_s_2_rhs = q
         if s % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s__lhs = _fill_past(acc_s__lhs, s_start, s, 1, 0)
-            acc_s__rhs = _fill_past(acc_s__rhs, s_start, s, 0, 0)
-        acc_s__ref[...] = acc_s__ref[...] + jnp.dot(
-            acc_s__lhs, acc_s__rhs, preferred_element_type=jnp.float32
+            acc_s_2_lhs = _fill_past(acc_s_2_lhs, s_start, s, 1, 0)
+            acc_s_2_rhs = _fill_past(acc_s_2_rhs, s_start, s, 0, 0)
+        acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(
+            acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32
         )
 
     def _add(strips):
@@ -4326,7 +4356,7 @@ def _attention_dkdv_kernel(
                     lse_ref,
                     delta_ref,
                     acc_s_ref,
-                    acc_s__ref,
+                    acc_s_2_ref,
                     t_start,
                     s_start,
                     block_t,
@@ -4341,7 +4371,7 @@ def _attention_dkdv_kernel(
                     lse_ref.at[:, pl.ds(col, cols)],
                     delta_ref.at[:, pl.ds(col, cols)],
                     acc_s_ref.at[pl.ds(row, rows)],
-                    acc_s__ref.at[pl.ds(row, rows)],
+                    acc_s_2_ref.at[pl.ds(row, rows)],
                     t_start + row,
                     s_start + col,
                     rows,
@@ -4361,10 +4391,10 @@ def _attention_dkdv_kernel(
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
-        acc_s__ = acc_s_ref[...]
-        acc_s___ = acc_s__ref[...]
-        dv_ref[...] = acc_s__.astype(jnp.bfloat16)
-        dk_ref[...] = (acc_s___ * scale).astype(jnp.bfloat16)
+        acc_s = acc_s_ref[...]
+        acc_s_2 = acc_s_2_ref[...]
+        dv_ref[...] = acc_s.astype(jnp.bfloat16)
+        dk_ref[...] = (acc_s_2 * scale).astype(jnp.bfloat16)
 
 
 # TPU blocks (block_t, block_s) for a call that passes none, by chip: those `pallasgen
@@ -4426,7 +4456,7 @@ def _attention_dkdv_tpu(
     )
     # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B +
     # v 256 B + do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512
-    # B + acc_s__ref 512 B.
+    # B + acc_s_2_ref 512 B.
     return pl.pallas_call(
         functools.partial(
             _attention_dkdv_kernel,
@@ -4504,7 +4534,7 @@ def _attention_dkdv_tpu(
         scratch_shapes=[
             # acc_s_ref: the product over S
             pltpu.VMEM((block_t, d), jnp.float32),
-            # acc_s__ref: the product over S
+            # acc_s_2_ref: the product over S
             pltpu.VMEM((block_t, d), jnp.float32),
         ],
         compiler_params=pltpu.CompilerParams(
@@ -4558,7 +4588,7 @@ def _attention_dkdv_gpu_kernel(
         in_s = _inside(s_start, block_s, s)
 
         def step():
-            acc_s, acc_s_ = running
+            acc_s, acc_s_2 = running
             q = _load(
                 q_ref.at[pl.ds(s_start, block_s), :], _mask((block_s, block_d), in_s, in_d), other=0
             )
@@ -4592,18 +4622,20 @@ def _attention_dkdv_gpu_kernel(
                 acc_s_lhs = _fill_past(acc_s_lhs, s_start, s, 1, 0)
                 acc_s_rhs = _fill_past(acc_s_rhs, s_start, s, 0, 0)
             acc_s = acc_s + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
-            acc_s__lhs = (pt * (dpt - delta)).astype(jnp.bfloat16)
-            acc_s__rhs = q
+            acc_s_2_lhs = (pt * (dpt - delta)).astype(jnp.bfloat16)
+            acc_s_2_rhs = q
             if s % block_s:  # a ragged S: both operands 0 past its end, never padding
-                acc_s__lhs = _fill_past(acc_s__lhs, s_start, s, 1, 0)
-                acc_s__rhs = _fill_past(acc_s__rhs, s_start, s, 0, 0)
-            acc_s_ = acc_s_ + jnp.dot(acc_s__lhs, acc_s__rhs, preferred_element_type=jnp.float32)
-            return acc_s, acc_s_
+                acc_s_2_lhs = _fill_past(acc_s_2_lhs, s_start, s, 1, 0)
+                acc_s_2_rhs = _fill_past(acc_s_2_rhs, s_start, s, 0, 0)
+            acc_s_2 = acc_s_2 + jnp.dot(
+                acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32
+            )
+            return acc_s, acc_s_2
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
         return jax.lax.cond(s_start + block_s - 1 >= t_start, step, lambda: running)
 
-    acc_s, acc_s_ = jax.lax.fori_loop(
+    acc_s, acc_s_2 = jax.lax.fori_loop(
         0,
         pl.cdiv(s, block_s),
         accumulate,
@@ -4612,10 +4644,8 @@ def _attention_dkdv_gpu_kernel(
             jnp.full((block_t, block_d), 0, jnp.float32),
         ),
     )
-    acc_s__ = acc_s
-    acc_s___ = acc_s_
-    _store(dv_ref, acc_s__.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
-    _store(dk_ref, (acc_s___ * scale).astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
+    _store(dv_ref, acc_s.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
+    _store(dk_ref, (acc_s_2 * scale).astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
 
 
 # GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
@@ -4713,7 +4743,7 @@ def _attention_dkdv_mosaic_gpu_kernel(
     dk_smem,
     dv_smem,
     operand_smem,
-    operand_smem_,
+    operand_smem_2,
     barrier,
     *,
     b,
@@ -4746,7 +4776,7 @@ def _attention_dkdv_mosaic_gpu_kernel(
         s_start = indices[0] * block_s
 
         def compute():
-            acc_s, acc_s_ = carry
+            acc_s, acc_s_2 = carry
             lse = _mgpu_load_vector(lse_smem, 1)
             delta = _mgpu_load_vector(delta_smem, 1)
             st = jnp.where(
@@ -4763,20 +4793,20 @@ def _attention_dkdv_mosaic_gpu_kernel(
             acc_s = acc_s + _mgpu_dot(
                 (block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,)
             )
-            operand_ = (pt * (dpt - _mgpu_spread(delta, (block_t, block_s), 1))).astype(
+            operand_2 = (pt * (dpt - _mgpu_spread(delta, (block_t, block_s), 1))).astype(
                 jnp.bfloat16
             )
             if s % block_s:  # a ragged S: 0 past its end
-                operand_ = _mgpu_fill_past(operand_, s_start, s, 1, 0)
-            acc_s_ = acc_s_ + _mgpu_dot(
-                (block_t, block_d), operand_, q_smem, lhs_scratch=(operand_smem_,)
+                operand_2 = _mgpu_fill_past(operand_2, s_start, s, 1, 0)
+            acc_s_2 = acc_s_2 + _mgpu_dot(
+                (block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,)
             )
-            return acc_s, acc_s_
+            return acc_s, acc_s_2
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
         return jax.lax.cond(s_start + block_s - 1 >= t_start, compute, lambda: carry)
 
-    acc_s, acc_s_ = plgpu.emit_pipeline(
+    acc_s, acc_s_2 = plgpu.emit_pipeline(
         step,
         grid=(pl.cdiv(s, block_s),),
         in_specs=[
@@ -4804,10 +4834,8 @@ def _attention_dkdv_mosaic_gpu_kernel(
         lse_ref.at[b_index, h_index],
         delta_ref.at[b_index, h_index],
     )
-    acc_s__ = acc_s
-    acc_s___ = acc_s_
-    dv_smem[...] = acc_s__.astype(jnp.bfloat16)
-    dk_smem[...] = (acc_s___ * scale).astype(jnp.bfloat16)
+    dv_smem[...] = acc_s.astype(jnp.bfloat16)
+    dk_smem[...] = (acc_s_2 * scale).astype(jnp.bfloat16)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
     plgpu.copy_smem_to_gmem(dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
@@ -5218,9 +5246,9 @@ def _attention_full_kernel(
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
-        sum_exp_t_ = sum_exp_t_ref[...]
-        acc_t_ = acc_t_ref[...] / sum_exp_t_
-        o_ref[...] = acc_t_.astype(jnp.bfloat16)
+        sum_exp_t = sum_exp_t_ref[...]
+        acc_t = acc_t_ref[...] / sum_exp_t
+        o_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
 # TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
@@ -5392,9 +5420,8 @@ def _attention_full_gpu_kernel(
             jnp.full((block_s, block_d), 0, jnp.float32),
         ),
     )
-    sum_exp_t_ = sum_exp_t
-    acc_t_ = acc_t / sum_exp_t_
-    _store(o_ref, acc_t_.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+    acc_t_2 = acc_t / sum_exp_t
+    _store(o_ref, acc_t_2.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
 
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
@@ -5456,7 +5483,7 @@ def _attention_full_mosaic_gpu_kernel(
     q_smem,
     o_smem,
     operand_smem,
-    operand_smem_,
+    operand_smem_2,
     barrier,
     *,
     b,
@@ -5512,7 +5539,7 @@ def _attention_full_mosaic_gpu_kernel(
             operand,
             v_smem,
             split=jnp.bfloat16,
-            lhs_scratch=(operand_smem, operand_smem_),
+            lhs_scratch=(operand_smem, operand_smem_2),
         )
         return max_t, sum_exp_t, acc_t
 
@@ -5538,10 +5565,8 @@ def _attention_full_mosaic_gpu_kernel(
             plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
         ),
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
-    max_t_ = max_t
-    sum_exp_t_ = sum_exp_t
-    acc_t_ = acc_t / _mgpu_spread(sum_exp_t_, (block_s, block_d), 0)
-    o_smem[...] = acc_t_.astype(jnp.bfloat16)
+    acc_t_2 = acc_t / _mgpu_spread(sum_exp_t, (block_s, block_d), 0)
+    o_smem[...] = acc_t_2.astype(jnp.bfloat16)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
     plgpu.wait_smem_to_gmem(0)
@@ -5846,11 +5871,11 @@ def _attention_full_with_residuals_kernel(
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
-        max_t_ = max_t_ref[...]
-        sum_exp_t_ = sum_exp_t_ref[...]
-        acc_t_ = acc_t_ref[...] / sum_exp_t_
-        o_ref[...] = acc_t_.astype(jnp.bfloat16)
-        lse_ref[...] = _logsumexp_finish(max_t_, sum_exp_t_)
+        max_t = max_t_ref[...]
+        sum_exp_t = sum_exp_t_ref[...]
+        acc_t = acc_t_ref[...] / sum_exp_t
+        o_ref[...] = acc_t.astype(jnp.bfloat16)
+        lse_ref[...] = _logsumexp_finish(max_t, sum_exp_t)
 
 
 # TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
@@ -6034,11 +6059,9 @@ def _attention_full_with_residuals_gpu_kernel(
             jnp.full((block_s, block_d), 0, jnp.float32),
         ),
     )
-    max_t_ = max_t
-    sum_exp_t_ = sum_exp_t
-    acc_t_ = acc_t / sum_exp_t_
-    _store(o_ref, acc_t_.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
-    _store(lse_ref, _logsumexp_finish(max_t_, sum_exp_t_), _mask((block_s, 1), in_s, None))
+    acc_t_2 = acc_t / sum_exp_t
+    _store(o_ref, acc_t_2.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+    _store(lse_ref, _logsumexp_finish(max_t, sum_exp_t), _mask((block_s, 1), in_s, None))
 
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
@@ -6111,7 +6134,7 @@ def _attention_full_with_residuals_mosaic_gpu_kernel(
     o_smem,
     lse_smem,
     operand_smem,
-    operand_smem_,
+    operand_smem_2,
     barrier,
     *,
     b,
@@ -6167,7 +6190,7 @@ def _attention_full_with_residuals_mosaic_gpu_kernel(
             operand,
             v_smem,
             split=jnp.bfloat16,
-            lhs_scratch=(operand_smem, operand_smem_),
+            lhs_scratch=(operand_smem, operand_smem_2),
         )
         return max_t, sum_exp_t, acc_t
 
@@ -6193,11 +6216,9 @@ def _attention_full_with_residuals_mosaic_gpu_kernel(
             plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
         ),
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
-    max_t_ = max_t
-    sum_exp_t_ = sum_exp_t
-    acc_t_ = acc_t / _mgpu_spread(sum_exp_t_, (block_s, block_d), 0)
-    o_smem[...] = acc_t_.astype(jnp.bfloat16)
-    lse_smem[...] = _logsumexp_finish(max_t_, sum_exp_t_)
+    acc_t_2 = acc_t / _mgpu_spread(sum_exp_t, (block_s, block_d), 0)
+    o_smem[...] = acc_t_2.astype(jnp.bfloat16)
+    lse_smem[...] = _logsumexp_finish(max_t, sum_exp_t)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
     plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
@@ -6338,13 +6359,13 @@ def attention_full_backward_dq(
     )
     b = sizes["B"]
     h = sizes["H"]
-    s_ = sizes["S"]
+    size_s = sizes["S"]
     d = sizes["D"]
     t = sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(
             attention_full_backward_dq_reference,
-            (((b, h, s_, d), jnp.bfloat16), ((b, h, s_), jnp.float32)),
+            (((b, h, size_s, d), jnp.bfloat16), ((b, h, size_s), jnp.float32)),
             q,
             k,
             v,
@@ -6353,13 +6374,13 @@ def attention_full_backward_dq(
             lse,
             scale=scale,
         )
-    lse = lse.reshape((b, h, s_, 1))  # lse: f32[B, H, S]
+    lse = lse.reshape((b, h, size_s, 1))  # lse: f32[B, H, S]
     dq, delta = _on_platform(
         functools.partial(
             _attention_full_backward_dq_tpu,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -6373,7 +6394,7 @@ def attention_full_backward_dq(
                 _attention_full_backward_dq_gpu,
                 b=b,
                 h=h,
-                s_=s_,
+                size_s=size_s,
                 d=d,
                 t=t,
                 block_s=gpu_block_s,
@@ -6383,7 +6404,13 @@ def attention_full_backward_dq(
                 scale=scale,
             ),
             functools.partial(
-                _attention_full_backward_dq_mosaic_gpu, b=b, h=h, s_=s_, d=d, t=t, scale=scale
+                _attention_full_backward_dq_mosaic_gpu,
+                b=b,
+                h=h,
+                size_s=size_s,
+                d=d,
+                t=t,
+                scale=scale,
             ),
         ),
         interpret,
@@ -6395,7 +6422,7 @@ def attention_full_backward_dq(
         lse,
     )
     delta = delta.reshape(
-        (b, h, s_)
+        (b, h, size_s)
     )  # the kernel holds it with size 1 along the dimensions it lacks
     return dq, delta
 
@@ -6404,7 +6431,7 @@ def attention_full_backward_dq_reference(q, k, v, o, do, lse, *, scale=0.125):
     """`attention_full_backward_dq` in plain jax.numpy, to test the kernel against."""
     b = q.shape[0]
     h = q.shape[1]
-    s_ = q.shape[2]
+    size_s = q.shape[2]
     d = q.shape[3]
     t = k.shape[2]
     q = q[:, :, :, :, None]
@@ -6448,8 +6475,8 @@ def attention_full_backward_dq_reference(q, k, v, o, do, lse, *, scale=0.125):
         ),
         (4,),
     ).astype(jnp.bfloat16)
-    dq = dq.reshape((b, h, s_, d))
-    delta = delta.reshape((b, h, s_))
+    dq = dq.reshape((b, h, size_s, d))
+    delta = delta.reshape((b, h, size_s))
     return dq, delta
 
 
@@ -6466,7 +6493,7 @@ def _attention_full_backward_dq_kernel(
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -6507,10 +6534,10 @@ def _attention_full_backward_dq_kernel(
     def _finish():
         o = o_ref[...]
         do = do_ref[...]
-        acc_t_ = acc_t_ref[...]
+        acc_t = acc_t_ref[...]
         delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
         delta_ref[...] = delta
-        dq_ref[...] = acc_t_.astype(jnp.bfloat16)
+        dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
 # TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
@@ -6525,16 +6552,16 @@ _attention_full_backward_dq_tpu_blocks = {
 
 
 def _attention_full_backward_dq_tpu(
-    q, k, v, o, do, lse, *, b, h, s_, d, t, block_s, block_t, scale, interpret
+    q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret
 ):
     """`attention_full_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = _tpu_blocks(
         _attention_full_backward_dq_tpu_blocks,
-        (b, h, s_, d, t),
+        (b, h, size_s, d, t),
         (block_s, block_t),
         grow=functools.partial(
             _grown,
-            bounds=(min(s_, 1024), min(t, 1024)),
+            bounds=(min(size_s, 1024), min(t, 1024)),
             step=lambda block_s, block_t: (
                 block_s * block_t,
                 4 * block_s * d
@@ -6549,13 +6576,13 @@ def _attention_full_backward_dq_tpu(
             ),
         ),
     )
-    block_s = min(block_s, s_)  # a small S is one whole block
+    block_s = min(block_s, size_s)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
     _check_tiling(
         "attention_full_backward_dq",
         block_s=(
             block_s,
-            s_,
+            size_s,
             16,
             "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
@@ -6574,7 +6601,7 @@ def _attention_full_backward_dq_tpu(
             _attention_full_backward_dq_kernel,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -6584,7 +6611,7 @@ def _attention_full_backward_dq_tpu(
         # One step per element of B, element of H, block of S, block of T (D taken whole).
         # Steps along B, H, S are independent (parallel); steps along T accumulate in order
         # (arbitrary).
-        grid=(b, h, pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
@@ -6606,8 +6633,8 @@ def _attention_full_backward_dq_tpu(
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
         ),
         out_shape=(
-            jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),  # dq
-            jax.ShapeDtypeStruct((b, h, s_, 1), jnp.float32),  # delta
+            jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
+            jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # delta
         ),
         # acc_t_ref: the product over T
         scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],
@@ -6627,9 +6654,13 @@ def _attention_full_backward_dq_tpu(
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * s_ * t * d + 2 * b * h * s_ * t * d + 2 * b * h * s_ * d * t,
-            transcendentals=b * h * s_ * t,
-            bytes_accessed=_nbytes(q, k, v, o, do, lse) + b * h * s_ * d * 2 + b * h * s_ * 4,
+            flops=2 * b * h * size_s * t * d
+            + 2 * b * h * size_s * t * d
+            + 2 * b * h * size_s * d * t,
+            transcendentals=b * h * size_s * t,
+            bytes_accessed=_nbytes(q, k, v, o, do, lse)
+            + b * h * size_s * d * 2
+            + b * h * size_s * 4,
         ),
         interpret=interpret,
         name="attention_full_backward_dq",
@@ -6648,7 +6679,7 @@ def _attention_full_backward_dq_gpu_kernel(
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -6657,7 +6688,7 @@ def _attention_full_backward_dq_gpu_kernel(
     scale,
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(2) * block_s, block_s, s_)
+    in_s = _inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = _inside(0, block_d, d)
     q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
     o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
@@ -6701,14 +6732,13 @@ def _attention_full_backward_dq_gpu_kernel(
     )
     o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
     do = _load(do_ref, _mask((block_s, block_d), in_s, in_d), other=0)
-    acc_t_ = acc_t
     delta = jnp.sum(
         _fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
         axis=1,
         keepdims=True,
     )
     _store(delta_ref, delta, _mask((block_s, 1), in_s, None))
-    _store(dq_ref, acc_t_.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+    _store(dq_ref, acc_t.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
 
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
@@ -6728,7 +6758,7 @@ def _attention_full_backward_dq_gpu(
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -6741,10 +6771,10 @@ def _attention_full_backward_dq_gpu(
     """`attention_full_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_s, block_t, num_warps, num_stages = _gpu_options(
         _attention_full_backward_dq_gpu_options,
-        (b, h, s_, d, t),
+        (b, h, size_s, d, t),
         (block_s, block_t, num_warps, num_stages),
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
@@ -6752,7 +6782,7 @@ def _attention_full_backward_dq_gpu(
             _attention_full_backward_dq_gpu_kernel,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -6763,7 +6793,7 @@ def _attention_full_backward_dq_gpu(
         # One program per element of B, element of H, block of S; programs run concurrently.
         # Each holds all of D (one block of the next power of two). Each loops over the blocks
         # of T itself, carrying running values.
-        grid=(b, h, pl.cdiv(s_, block_s)),
+        grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
@@ -6785,8 +6815,8 @@ def _attention_full_backward_dq_gpu(
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
         ),
         out_shape=(
-            jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),  # dq
-            jax.ShapeDtypeStruct((b, h, s_, 1), jnp.float32),  # delta
+            jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
+            jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # delta
         ),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -6814,7 +6844,7 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -6823,8 +6853,8 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
     scale,
 ):
     program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(s_, block_s))
-    program = jax.lax.div(program, pl.cdiv(s_, block_s))
+    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
+    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
     h_index = jax.lax.rem(program, h)
     program = jax.lax.div(program, h)
     b_index = program
@@ -6887,12 +6917,11 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
-    acc_t_ = acc_t
     delta = jnp.sum(
         _mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
     )
     delta_smem[...] = delta
-    dq_smem[...] = acc_t_.astype(jnp.bfloat16)
+    dq_smem[...] = acc_t.astype(jnp.bfloat16)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
     plgpu.copy_smem_to_gmem(delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
@@ -6900,7 +6929,7 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
 
 
 def _attention_full_backward_dq_mosaic_gpu(
-    q, k, v, o, do, lse, *, b, h, s_, d, t, scale, interpret
+    q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret
 ):
     """`attention_full_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
@@ -6914,20 +6943,20 @@ def _attention_full_backward_dq_mosaic_gpu(
         raise ValueError(
             f'attention_full_backward_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_s_ = s_ + -s_ % block_s
+    padded_size_s = size_s + -size_s % block_s
     padded_t = t + -t % block_t
-    q = _mgpu_pad(q.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    q = _mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    o = _mgpu_pad(o.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
-    do = _mgpu_pad(do.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
-    lse = _mgpu_pad(lse.reshape((b, h, s_)), (b, h, padded_s_))
+    o = _mgpu_pad(o.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    do = _mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    lse = _mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
     dq, delta = plgpu.kernel(
         functools.partial(
             _attention_full_backward_dq_mosaic_gpu_kernel,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -6936,8 +6965,8 @@ def _attention_full_backward_dq_mosaic_gpu(
             scale=scale,
         ),
         out_type=(
-            jax.ShapeDtypeStruct((b, h, padded_s_, block_d), jnp.bfloat16),
-            jax.ShapeDtypeStruct((b, h, padded_s_), jnp.float32),
+            jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),
+            jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
             plgpu.SMEM(
@@ -6959,11 +6988,13 @@ def _attention_full_backward_dq_mosaic_gpu(
             ),
             plgpu.Barrier(num_barriers=4),
         ],
-        grid=(b * h * pl.cdiv(s_, block_s),),
+        grid=(b * h * pl.cdiv(size_s, block_s),),
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v, o, do, lse)
-    return dq[:b, :h, :s_, :d].reshape((b, h, s_, d)), delta[:b, :h, :s_].reshape((b, h, s_, 1))
+    return dq[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), delta[:b, :h, :size_s].reshape(
+        (b, h, size_s, 1)
+    )
 
 
 @functools.partial(
@@ -7046,7 +7077,7 @@ def attention_full_backward_dkdv(
     h = sizes["H"]
     t = sizes["T"]
     d = sizes["D"]
-    s_ = sizes["S"]
+    size_s = sizes["S"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(
             attention_full_backward_dkdv_reference,
@@ -7059,8 +7090,8 @@ def attention_full_backward_dkdv(
             delta,
             scale=scale,
         )
-    lse = lse.reshape((b, h, 1, s_))  # lse: f32[B, H, S]
-    delta = delta.reshape((b, h, 1, s_))  # delta: f32[B, H, S]
+    lse = lse.reshape((b, h, 1, size_s))  # lse: f32[B, H, S]
+    delta = delta.reshape((b, h, 1, size_s))  # delta: f32[B, H, S]
     return _on_platform(
         functools.partial(
             _attention_full_backward_dkdv_tpu,
@@ -7068,7 +7099,7 @@ def attention_full_backward_dkdv(
             h=h,
             t=t,
             d=d,
-            s_=s_,
+            size_s=size_s,
             block_t=block_t,
             block_s=block_s,
             scale=scale,
@@ -7082,7 +7113,7 @@ def attention_full_backward_dkdv(
                 h=h,
                 t=t,
                 d=d,
-                s_=s_,
+                size_s=size_s,
                 block_t=gpu_block_t,
                 block_s=gpu_block_s,
                 num_warps=gpu_warps,
@@ -7090,7 +7121,13 @@ def attention_full_backward_dkdv(
                 scale=scale,
             ),
             functools.partial(
-                _attention_full_backward_dkdv_mosaic_gpu, b=b, h=h, t=t, d=d, s_=s_, scale=scale
+                _attention_full_backward_dkdv_mosaic_gpu,
+                b=b,
+                h=h,
+                t=t,
+                d=d,
+                size_s=size_s,
+                scale=scale,
             ),
         ),
         interpret,
@@ -7109,7 +7146,7 @@ def attention_full_backward_dkdv_reference(q, k, v, do, lse, delta, *, scale=0.1
     h = q.shape[1]
     t = k.shape[2]
     d = q.shape[3]
-    s_ = q.shape[2]
+    size_s = q.shape[2]
     q = jnp.transpose(q, (0, 1, 3, 2))[:, :, None, :, :]
     k = k[:, :, :, :, None]
     v = v[:, :, :, :, None]
@@ -7172,13 +7209,13 @@ def _attention_full_backward_dkdv_kernel(
     dk_ref,
     dv_ref,
     acc_s_ref,
-    acc_s__ref,
+    acc_s_2_ref,
     *,
     b,
     h,
     t,
     d,
-    s_,
+    size_s,
     block_t,
     block_s,
     scale,
@@ -7189,7 +7226,7 @@ def _attention_full_backward_dkdv_kernel(
     @pl.when(step == 0)
     def _init():
         acc_s_ref[...] = jnp.full(acc_s_ref.shape, 0, jnp.float32)
-        acc_s__ref[...] = jnp.full(acc_s__ref.shape, 0, jnp.float32)
+        acc_s_2_ref[...] = jnp.full(acc_s_2_ref.shape, 0, jnp.float32)
 
     k = k_ref[...]
     v = v_ref[...]
@@ -7206,27 +7243,27 @@ def _attention_full_backward_dkdv_kernel(
     ds = p * (dp - delta)
     acc_s_lhs = p.astype(jnp.bfloat16)
     acc_s_rhs = do
-    if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
-        acc_s_lhs = _fill_past(acc_s_lhs, s_start, s_, 1, 0)
-        acc_s_rhs = _fill_past(acc_s_rhs, s_start, s_, 0, 0)
+    if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
+        acc_s_lhs = _fill_past(acc_s_lhs, s_start, size_s, 1, 0)
+        acc_s_rhs = _fill_past(acc_s_rhs, s_start, size_s, 0, 0)
     acc_s_ref[...] = acc_s_ref[...] + jnp.dot(
         acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32
     )
-    acc_s__lhs = (ds * scale).astype(jnp.bfloat16)
-    acc_s__rhs = q
-    if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
-        acc_s__lhs = _fill_past(acc_s__lhs, s_start, s_, 1, 0)
-        acc_s__rhs = _fill_past(acc_s__rhs, s_start, s_, 0, 0)
-    acc_s__ref[...] = acc_s__ref[...] + jnp.dot(
-        acc_s__lhs, acc_s__rhs, preferred_element_type=jnp.float32
+    acc_s_2_lhs = (ds * scale).astype(jnp.bfloat16)
+    acc_s_2_rhs = q
+    if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
+        acc_s_2_lhs = _fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
+        acc_s_2_rhs = _fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
+    acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(
+        acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32
     )
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
-        acc_s__ = acc_s_ref[...]
-        acc_s___ = acc_s__ref[...]
-        dv_ref[...] = acc_s__.astype(jnp.bfloat16)
-        dk_ref[...] = acc_s___.astype(jnp.bfloat16)
+        acc_s = acc_s_ref[...]
+        acc_s_2 = acc_s_2_ref[...]
+        dv_ref[...] = acc_s.astype(jnp.bfloat16)
+        dk_ref[...] = acc_s_2.astype(jnp.bfloat16)
 
 
 # TPU blocks (block_t, block_s) for a call that passes none, by chip: those `pallasgen
@@ -7241,16 +7278,16 @@ _attention_full_backward_dkdv_tpu_blocks = {
 
 
 def _attention_full_backward_dkdv_tpu(
-    q, k, v, do, lse, delta, *, b, h, t, d, s_, block_t, block_s, scale, interpret
+    q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, scale, interpret
 ):
     """`attention_full_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_t, block_s = _tpu_blocks(
         _attention_full_backward_dkdv_tpu_blocks,
-        (b, h, t, d, s_),
+        (b, h, t, d, size_s),
         (block_t, block_s),
         grow=functools.partial(
             _grown,
-            bounds=(min(t, 1024), min(s_, 1024)),
+            bounds=(min(t, 1024), min(size_s, 1024)),
             step=lambda block_t, block_s: (
                 block_t * block_s,
                 4 * block_s * d
@@ -7267,7 +7304,7 @@ def _attention_full_backward_dkdv_tpu(
         ),
     )
     block_t = min(block_t, t)  # a small T is one whole block
-    block_s = min(block_s, s_)  # a small S is one whole block
+    block_s = min(block_s, size_s)  # a small S is one whole block
     _check_tiling(
         "attention_full_backward_dkdv",
         block_t=(
@@ -7278,14 +7315,14 @@ def _attention_full_backward_dkdv_tpu(
         ),
         block_s=(
             block_s,
-            s_,
+            size_s,
             128,
             "S is the last dimension of a block, so it is a multiple of 128",
         ),
     )
     # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B +
     # v 256 B + do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512
-    # B + acc_s__ref 512 B.
+    # B + acc_s_2_ref 512 B.
     return pl.pallas_call(
         functools.partial(
             _attention_full_backward_dkdv_kernel,
@@ -7293,7 +7330,7 @@ def _attention_full_backward_dkdv_tpu(
             h=h,
             t=t,
             d=d,
-            s_=s_,
+            size_s=size_s,
             block_t=block_t,
             block_s=block_s,
             scale=scale,
@@ -7301,7 +7338,7 @@ def _attention_full_backward_dkdv_tpu(
         # One step per element of B, element of H, block of T, block of S (D taken whole).
         # Steps along B, H, T are independent (parallel); steps along S accumulate in order
         # (arbitrary).
-        grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(s_, block_s)),
+        grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, j, 0)),
@@ -7329,7 +7366,7 @@ def _attention_full_backward_dkdv_tpu(
         scratch_shapes=[
             # acc_s_ref: the product over S
             pltpu.VMEM((block_t, d), jnp.float32),
-            # acc_s__ref: the product over S
+            # acc_s_2_ref: the product over S
             pltpu.VMEM((block_t, d), jnp.float32),
         ],
         compiler_params=pltpu.CompilerParams(
@@ -7349,11 +7386,11 @@ def _attention_full_backward_dkdv_tpu(
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * t * s_ * d
-            + 2 * b * h * t * d * s_
-            + 2 * b * h * t * s_ * d
-            + 2 * b * h * t * d * s_,
-            transcendentals=b * h * t * s_,
+            flops=2 * b * h * t * size_s * d
+            + 2 * b * h * t * d * size_s
+            + 2 * b * h * t * size_s * d
+            + 2 * b * h * t * d * size_s,
+            transcendentals=b * h * t * size_s,
             bytes_accessed=_nbytes(q, k, v, do, lse, delta) + b * h * t * d * 2 + b * h * t * d * 2,
         ),
         interpret=interpret,
@@ -7375,7 +7412,7 @@ def _attention_full_backward_dkdv_gpu_kernel(
     h,
     t,
     d,
-    s_,
+    size_s,
     block_t,
     block_s,
     block_d,
@@ -7389,8 +7426,8 @@ def _attention_full_backward_dkdv_gpu_kernel(
 
     def accumulate(index, running):
         s_start = index * block_s
-        in_s = _inside(s_start, block_s, s_)
-        acc_s, acc_s_ = running
+        in_s = _inside(s_start, block_s, size_s)
+        acc_s, acc_s_2 = running
         q = _load(
             q_ref.at[pl.ds(s_start, block_s), :], _mask((block_s, block_d), in_s, in_d), other=0
         )
@@ -7414,31 +7451,29 @@ def _attention_full_backward_dkdv_gpu_kernel(
         ds = p * (dp - delta)
         acc_s_lhs = p.astype(jnp.bfloat16)
         acc_s_rhs = do
-        if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s_lhs = _fill_past(acc_s_lhs, s_start, s_, 1, 0)
-            acc_s_rhs = _fill_past(acc_s_rhs, s_start, s_, 0, 0)
+        if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
+            acc_s_lhs = _fill_past(acc_s_lhs, s_start, size_s, 1, 0)
+            acc_s_rhs = _fill_past(acc_s_rhs, s_start, size_s, 0, 0)
         acc_s = acc_s + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
-        acc_s__lhs = (ds * scale).astype(jnp.bfloat16)
-        acc_s__rhs = q
-        if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s__lhs = _fill_past(acc_s__lhs, s_start, s_, 1, 0)
-            acc_s__rhs = _fill_past(acc_s__rhs, s_start, s_, 0, 0)
-        acc_s_ = acc_s_ + jnp.dot(acc_s__lhs, acc_s__rhs, preferred_element_type=jnp.float32)
-        return acc_s, acc_s_
+        acc_s_2_lhs = (ds * scale).astype(jnp.bfloat16)
+        acc_s_2_rhs = q
+        if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
+            acc_s_2_lhs = _fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
+            acc_s_2_rhs = _fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
+        acc_s_2 = acc_s_2 + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
+        return acc_s, acc_s_2
 
-    acc_s, acc_s_ = jax.lax.fori_loop(
+    acc_s, acc_s_2 = jax.lax.fori_loop(
         0,
-        pl.cdiv(s_, block_s),
+        pl.cdiv(size_s, block_s),
         accumulate,
         (
             jnp.full((block_t, block_d), 0, jnp.float32),
             jnp.full((block_t, block_d), 0, jnp.float32),
         ),
     )
-    acc_s__ = acc_s
-    acc_s___ = acc_s_
-    _store(dv_ref, acc_s__.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
-    _store(dk_ref, acc_s___.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
+    _store(dv_ref, acc_s.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
+    _store(dk_ref, acc_s_2.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
 
 
 # GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
@@ -7460,7 +7495,7 @@ def _attention_full_backward_dkdv_gpu(
     h,
     t,
     d,
-    s_,
+    size_s,
     block_t,
     block_s,
     num_warps,
@@ -7471,11 +7506,11 @@ def _attention_full_backward_dkdv_gpu(
     """`attention_full_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_t, block_s, num_warps, num_stages = _gpu_options(
         _attention_full_backward_dkdv_gpu_options,
-        (b, h, t, d, s_),
+        (b, h, t, d, size_s),
         (block_t, block_s, num_warps, num_stages),
     )
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -7484,7 +7519,7 @@ def _attention_full_backward_dkdv_gpu(
             h=h,
             t=t,
             d=d,
-            s_=s_,
+            size_s=size_s,
             block_t=block_t,
             block_s=block_s,
             block_d=block_d,
@@ -7496,17 +7531,17 @@ def _attention_full_backward_dkdv_gpu(
         grid=(b, h, pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, s_, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i2: (b, h, 0, 0)),
             # k: bf16[B, H, T, D]
             pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
             # v: bf16[B, H, T, D]
             pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
             # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, s_, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i2: (b, h, 0, 0)),
             # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, s_), lambda b, h, i2: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i2: (b, h, 0, 0)),
             # delta: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, s_), lambda b, h, i2: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i2: (b, h, 0, 0)),
         ],
         out_specs=(
             # dk: bf16[B, H, T, D]
@@ -7538,14 +7573,14 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
     dk_smem,
     dv_smem,
     operand_smem,
-    operand_smem_,
+    operand_smem_2,
     barrier,
     *,
     b,
     h,
     t,
     d,
-    s_,
+    size_s,
     block_t,
     block_s,
     block_d,
@@ -7569,7 +7604,7 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
 
     def step(indices, q_smem, do_smem, lse_smem, delta_smem, carry):
         s_start = indices[0] * block_s
-        acc_s, acc_s_ = carry
+        acc_s, acc_s_2 = carry
         lse = _mgpu_load_vector(lse_smem, 1)
         delta = _mgpu_load_vector(delta_smem, 1)
         s = _mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * scale
@@ -7577,20 +7612,20 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
         dp = _mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
         ds = p * (dp - _mgpu_spread(delta, (block_t, block_s), 1))
         operand = p.astype(jnp.bfloat16)
-        if s_ % block_s:  # a ragged S: 0 past its end
-            operand = _mgpu_fill_past(operand, s_start, s_, 1, 0)
+        if size_s % block_s:  # a ragged S: 0 past its end
+            operand = _mgpu_fill_past(operand, s_start, size_s, 1, 0)
         acc_s = acc_s + _mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,))
-        operand_ = (ds * scale).astype(jnp.bfloat16)
-        if s_ % block_s:  # a ragged S: 0 past its end
-            operand_ = _mgpu_fill_past(operand_, s_start, s_, 1, 0)
-        acc_s_ = acc_s_ + _mgpu_dot(
-            (block_t, block_d), operand_, q_smem, lhs_scratch=(operand_smem_,)
+        operand_2 = (ds * scale).astype(jnp.bfloat16)
+        if size_s % block_s:  # a ragged S: 0 past its end
+            operand_2 = _mgpu_fill_past(operand_2, s_start, size_s, 1, 0)
+        acc_s_2 = acc_s_2 + _mgpu_dot(
+            (block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,)
         )
-        return acc_s, acc_s_
+        return acc_s, acc_s_2
 
-    acc_s, acc_s_ = plgpu.emit_pipeline(
+    acc_s, acc_s_2 = plgpu.emit_pipeline(
         step,
-        grid=(pl.cdiv(s_, block_s),),
+        grid=(pl.cdiv(size_s, block_s),),
         in_specs=[
             plgpu.BlockSpec(
                 (block_s, block_d),
@@ -7616,10 +7651,8 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
         lse_ref.at[b_index, h_index],
         delta_ref.at[b_index, h_index],
     )
-    acc_s__ = acc_s
-    acc_s___ = acc_s_
-    dv_smem[...] = acc_s__.astype(jnp.bfloat16)
-    dk_smem[...] = acc_s___.astype(jnp.bfloat16)
+    dv_smem[...] = acc_s.astype(jnp.bfloat16)
+    dk_smem[...] = acc_s_2.astype(jnp.bfloat16)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
     plgpu.copy_smem_to_gmem(dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
@@ -7627,7 +7660,7 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
 
 
 def _attention_full_backward_dkdv_mosaic_gpu(
-    q, k, v, do, lse, delta, *, b, h, t, d, s_, scale, interpret
+    q, k, v, do, lse, delta, *, b, h, t, d, size_s, scale, interpret
 ):
     """`attention_full_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
@@ -7642,13 +7675,13 @@ def _attention_full_backward_dkdv_mosaic_gpu(
             f'attention_full_backward_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
     padded_t = t + -t % block_t
-    padded_s_ = s_ + -s_ % block_s
-    q = _mgpu_pad(q.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    padded_size_s = size_s + -size_s % block_s
+    q = _mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    do = _mgpu_pad(do.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
-    lse = _mgpu_pad(lse.reshape((b, h, s_)), (b, h, padded_s_))
-    delta = _mgpu_pad(delta.reshape((b, h, s_)), (b, h, padded_s_))
+    do = _mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    lse = _mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
+    delta = _mgpu_pad(delta.reshape((b, h, size_s)), (b, h, padded_size_s))
     dk, dv = plgpu.kernel(
         functools.partial(
             _attention_full_backward_dkdv_mosaic_gpu_kernel,
@@ -7656,7 +7689,7 @@ def _attention_full_backward_dkdv_mosaic_gpu(
             h=h,
             t=t,
             d=d,
-            s_=s_,
+            size_s=size_s,
             block_t=block_t,
             block_s=block_s,
             block_d=block_d,
@@ -7761,19 +7794,24 @@ def attention_bottom_right(
     )
     b = sizes["B"]
     h = sizes["H"]
-    s_ = sizes["S"]
+    size_s = sizes["S"]
     d = sizes["D"]
     t = sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(
-            attention_bottom_right_reference, (((b, h, s_, d), jnp.bfloat16),), q, k, v, scale=scale
+            attention_bottom_right_reference,
+            (((b, h, size_s, d), jnp.bfloat16),),
+            q,
+            k,
+            v,
+            scale=scale,
         )
     return _differentiable(
         functools.partial(
             _attention_bottom_right_forward,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -7796,7 +7834,7 @@ def attention_bottom_right(
             _attention_bottom_right_saving,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -7816,14 +7854,14 @@ def attention_bottom_right_reference(q, k, v, *, scale=0.125):
     """`attention_bottom_right` in plain jax.numpy, to test the kernel against."""
     b = q.shape[0]
     h = q.shape[1]
-    s_ = q.shape[2]
+    size_s = q.shape[2]
     d = q.shape[3]
     t = k.shape[2]
     q = q[:, :, :, :, None]
     k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
     v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
     s = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, 1, s_, 1, 1), 2) + t - s_
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2) + t - size_s
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
         jnp.expand_dims(
             jnp.einsum(
@@ -7846,7 +7884,7 @@ def attention_bottom_right_reference(q, k, v, *, scale=0.125):
         ),
         (4,),
     ).astype(jnp.bfloat16)
-    o = o.reshape((b, h, s_, d))
+    o = o.reshape((b, h, size_s, d))
     return o
 
 
@@ -7857,7 +7895,7 @@ def _attention_bottom_right_forward(
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -7876,7 +7914,7 @@ def _attention_bottom_right_forward(
             _attention_bottom_right_tpu,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -7890,7 +7928,7 @@ def _attention_bottom_right_forward(
                 _attention_bottom_right_gpu,
                 b=b,
                 h=h,
-                s_=s_,
+                size_s=size_s,
                 d=d,
                 t=t,
                 block_s=gpu_block_s,
@@ -7900,7 +7938,7 @@ def _attention_bottom_right_forward(
                 scale=scale,
             ),
             functools.partial(
-                _attention_bottom_right_mosaic_gpu, b=b, h=h, s_=s_, d=d, t=t, scale=scale
+                _attention_bottom_right_mosaic_gpu, b=b, h=h, size_s=size_s, d=d, t=t, scale=scale
             ),
         ),
         interpret,
@@ -7917,7 +7955,7 @@ def _attention_bottom_right_saving(
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -7981,7 +8019,7 @@ def _attention_bottom_right_kernel(
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -8009,7 +8047,7 @@ def _attention_bottom_right_kernel(
         k = k_ref[...]
         v = v_ref[...]
         s = jnp.where(
-            s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0) + t - s_
+            s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0) + t - size_s
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * scale,
@@ -8075,22 +8113,22 @@ def _attention_bottom_right_kernel(
     # A block where the `where` on positions in the strip's body holds everywhere takes every
     # column in each strip; one where it holds in part, in each strip only the columns where
     # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
-    @pl.when(s_start + t - s_ >= t_start + block_t - 1)
+    @pl.when(s_start + t - size_s >= t_start + block_t - 1)
     def _whole_block():
         _add(whole_strips)
 
     @pl.when(
-        (s_start + block_s - 1 + t - s_ >= t_start)
-        & jnp.logical_not(s_start + t - s_ >= t_start + block_t - 1)
+        (s_start + block_s - 1 + t - size_s >= t_start)
+        & jnp.logical_not(s_start + t - size_s >= t_start + block_t - 1)
     )
     def _partial_block():
         _add(partial_strips)
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
-        sum_exp_t_ = sum_exp_t_ref[...]
-        acc_t_ = acc_t_ref[...] / sum_exp_t_
-        o_ref[...] = acc_t_.astype(jnp.bfloat16)
+        sum_exp_t = sum_exp_t_ref[...]
+        acc_t = acc_t_ref[...] / sum_exp_t
+        o_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
 # TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
@@ -8104,15 +8142,18 @@ _attention_bottom_right_tpu_blocks = {
 }
 
 
-def _attention_bottom_right_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, scale, interpret):
+def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
     """`attention_bottom_right` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = _tpu_blocks(
         _attention_bottom_right_tpu_blocks,
-        (b, h, s_, d, t),
+        (b, h, size_s, d, t),
         (block_s, block_t),
         grow=functools.partial(
             _grown,
-            bounds=(min(1 << (s_.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
+            bounds=(
+                min(1 << (size_s.bit_length() - 1), 4096),
+                min(1 << (t.bit_length() - 1), 4096),
+            ),
             step=lambda block_s, block_t: (
                 min(block_s, 256) * block_t,
                 4 * block_s * d
@@ -8125,13 +8166,13 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, sc
             ),
         ),
     )
-    block_s = min(block_s, s_)  # a small S is one whole block
+    block_s = min(block_s, size_s)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
     _check_tiling(
         "attention_bottom_right",
         block_s=(
             block_s,
-            s_,
+            size_s,
             16,
             "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
@@ -8144,11 +8185,13 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, sc
     )
     whole_strips, partial_strips = _strips(
         (block_s, block_t),
-        (pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         height=256,
         chunk=128,
-        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - s_ >= t_start,
-        whole=lambda s_start, t_start, block_s, block_t: s_start + t - s_ >= t_start + block_t - 1,
+        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - size_s
+        >= t_start,
+        whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s
+        >= t_start + block_t - 1,
     )
     # VMEM at the default blocks per unit of D: 3.5 KiB = 2 buffers x (q 256 B + k 256 B +
     # v 256 B + o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
@@ -8157,7 +8200,7 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, sc
             _attention_bottom_right_kernel,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -8169,7 +8212,7 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, sc
         # One step per element of B, element of H, block of S, block of T (D taken whole).
         # Steps along B, H, S are independent (parallel); steps along T accumulate in order
         # (arbitrary).
-        grid=(b, h, pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
@@ -8179,7 +8222,7 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, sc
                 lambda b, h, i, j: (
                     b,
                     h,
-                    jnp.where(i * block_s + block_s - 1 + t - s_ >= j * block_t, j, 0),
+                    jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0),
                     0,
                 ),
             ),
@@ -8189,14 +8232,14 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, sc
                 lambda b, h, i, j: (
                     b,
                     h,
-                    jnp.where(i * block_s + block_s - 1 + t - s_ >= j * block_t, j, 0),
+                    jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0),
                     0,
                 ),
             ),
         ],
         # o: bf16[B, H, S, D]
         out_specs=pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-        out_shape=jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),
+        out_shape=jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),
         scratch_shapes=[
             # max_t_ref: the running max over T
             pltpu.VMEM((block_s, 1), jnp.float32),
@@ -8212,9 +8255,9 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, sc
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * s_ * t * d + 2 * b * h * s_ * d * t,
-            transcendentals=b * h * s_ * t,
-            bytes_accessed=_nbytes(q, k, v) + b * h * s_ * d * 2,
+            flops=2 * b * h * size_s * t * d + 2 * b * h * size_s * d * t,
+            transcendentals=b * h * size_s * t,
+            bytes_accessed=_nbytes(q, k, v) + b * h * size_s * d * 2,
         ),
         interpret=interpret,
         name="attention_bottom_right",
@@ -8222,10 +8265,10 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, s_, d, t, block_s, block_t, sc
 
 
 def _attention_bottom_right_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, *, b, h, s_, d, t, block_s, block_t, block_d, scale
+    q_ref, k_ref, v_ref, o_ref, *, b, h, size_s, d, t, block_s, block_t, block_d, scale
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(2) * block_s, block_s, s_)
+    in_s = _inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = _inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
     q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
@@ -8243,7 +8286,7 @@ def _attention_bottom_right_gpu_kernel(
                 v_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
             )
             s = jnp.where(
-                s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - s_
+                s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - size_s
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
                 jax.lax.dot_general(
                     q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
@@ -8279,7 +8322,7 @@ def _attention_bottom_right_gpu_kernel(
             return max_t, sum_exp_t, acc_t
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
-        return jax.lax.cond(s_start + block_s - 1 + t - s_ >= t_start, step, lambda: running)
+        return jax.lax.cond(s_start + block_s - 1 + t - size_s >= t_start, step, lambda: running)
 
     max_t, sum_exp_t, acc_t = jax.lax.fori_loop(
         0,
@@ -8291,9 +8334,8 @@ def _attention_bottom_right_gpu_kernel(
             jnp.full((block_s, block_d), 0, jnp.float32),
         ),
     )
-    sum_exp_t_ = sum_exp_t
-    acc_t_ = acc_t / sum_exp_t_
-    _store(o_ref, acc_t_.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+    acc_t_2 = acc_t / sum_exp_t
+    _store(o_ref, acc_t_2.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
 
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
@@ -8304,15 +8346,15 @@ _attention_bottom_right_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_bottom_right_gpu(
-    q, k, v, *, b, h, s_, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
+    q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`attention_bottom_right` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_s, block_t, num_warps, num_stages = _gpu_options(
         _attention_bottom_right_gpu_options,
-        (b, h, s_, d, t),
+        (b, h, size_s, d, t),
         (block_s, block_t, num_warps, num_stages),
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
@@ -8320,7 +8362,7 @@ def _attention_bottom_right_gpu(
             _attention_bottom_right_gpu_kernel,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -8331,7 +8373,7 @@ def _attention_bottom_right_gpu(
         # One program per element of B, element of H, block of S; programs run concurrently.
         # Each holds all of D (one block of the next power of two). Each loops over the blocks
         # of T itself, carrying running values.
-        grid=(b, h, pl.cdiv(s_, block_s)),
+        grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
@@ -8342,7 +8384,7 @@ def _attention_bottom_right_gpu(
         ],
         # o: bf16[B, H, S, D]
         out_specs=pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
-        out_shape=jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),
+        out_shape=jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="attention_bottom_right",
@@ -8357,12 +8399,12 @@ def _attention_bottom_right_mosaic_gpu_kernel(
     q_smem,
     o_smem,
     operand_smem,
-    operand_smem_,
+    operand_smem_2,
     barrier,
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -8371,8 +8413,8 @@ def _attention_bottom_right_mosaic_gpu_kernel(
     scale,
 ):
     program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(s_, block_s))
-    program = jax.lax.div(program, pl.cdiv(s_, block_s))
+    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
+    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
     h_index = jax.lax.rem(program, h)
     program = jax.lax.div(program, h)
     b_index = program
@@ -8389,7 +8431,7 @@ def _attention_bottom_right_mosaic_gpu_kernel(
             max_t, sum_exp_t, acc_t = carry
             s = jnp.where(
                 _mgpu_spread(
-                    _mgpu_vector_positions(s_start, block_s, 0) + t - s_, (block_s, block_t), 0
+                    _mgpu_vector_positions(s_start, block_s, 0) + t - size_s, (block_s, block_t), 0
                 )
                 >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
                 _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
@@ -8421,12 +8463,12 @@ def _attention_bottom_right_mosaic_gpu_kernel(
                 operand,
                 v_smem,
                 split=jnp.bfloat16,
-                lhs_scratch=(operand_smem, operand_smem_),
+                lhs_scratch=(operand_smem, operand_smem_2),
             )
             return max_t, sum_exp_t, acc_t
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
-        return jax.lax.cond(s_start + block_s - 1 + t - s_ >= t_start, compute, lambda: carry)
+        return jax.lax.cond(s_start + block_s - 1 + t - size_s >= t_start, compute, lambda: carry)
 
     max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
         step,
@@ -8450,16 +8492,14 @@ def _attention_bottom_right_mosaic_gpu_kernel(
             plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
         ),
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
-    max_t_ = max_t
-    sum_exp_t_ = sum_exp_t
-    acc_t_ = acc_t / _mgpu_spread(sum_exp_t_, (block_s, block_d), 0)
-    o_smem[...] = acc_t_.astype(jnp.bfloat16)
+    acc_t_2 = acc_t / _mgpu_spread(sum_exp_t, (block_s, block_d), 0)
+    o_smem[...] = acc_t_2.astype(jnp.bfloat16)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
     plgpu.wait_smem_to_gmem(0)
 
 
-def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, s_, d, t, scale, interpret):
+def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
     """`attention_bottom_right` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
@@ -8472,9 +8512,9 @@ def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, s_, d, t, scale, interp
         raise ValueError(
             f'attention_bottom_right: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_s_ = s_ + -s_ % block_s
+    padded_size_s = size_s + -size_s % block_s
     padded_t = t + -t % block_t
-    q = _mgpu_pad(q.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    q = _mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     (o,) = plgpu.kernel(
@@ -8482,7 +8522,7 @@ def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, s_, d, t, scale, interp
             _attention_bottom_right_mosaic_gpu_kernel,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -8490,7 +8530,7 @@ def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, s_, d, t, scale, interp
             block_d=block_d,
             scale=scale,
         ),
-        out_type=(jax.ShapeDtypeStruct((b, h, padded_s_, block_d), jnp.bfloat16),),
+        out_type=(jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
                 (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
@@ -8506,11 +8546,11 @@ def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, s_, d, t, scale, interp
             ),
             plgpu.Barrier(num_barriers=1),
         ],
-        grid=(b * h * pl.cdiv(s_, block_s),),
+        grid=(b * h * pl.cdiv(size_s, block_s),),
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v)
-    return o[:b, :h, :s_, :d].reshape((b, h, s_, d))
+    return o[:b, :h, :size_s, :d].reshape((b, h, size_s, d))
 
 
 @functools.partial(
@@ -8582,13 +8622,13 @@ def attention_bottom_right_with_residuals(
     )
     b = sizes["B"]
     h = sizes["H"]
-    s_ = sizes["S"]
+    size_s = sizes["S"]
     d = sizes["D"]
     t = sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(
             attention_bottom_right_with_residuals_reference,
-            (((b, h, s_, d), jnp.bfloat16), ((b, h, s_), jnp.float32)),
+            (((b, h, size_s, d), jnp.bfloat16), ((b, h, size_s), jnp.float32)),
             q,
             k,
             v,
@@ -8599,7 +8639,7 @@ def attention_bottom_right_with_residuals(
             _attention_bottom_right_with_residuals_tpu,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -8613,7 +8653,7 @@ def attention_bottom_right_with_residuals(
                 _attention_bottom_right_with_residuals_gpu,
                 b=b,
                 h=h,
-                s_=s_,
+                size_s=size_s,
                 d=d,
                 t=t,
                 block_s=gpu_block_s,
@@ -8626,7 +8666,7 @@ def attention_bottom_right_with_residuals(
                 _attention_bottom_right_with_residuals_mosaic_gpu,
                 b=b,
                 h=h,
-                s_=s_,
+                size_s=size_s,
                 d=d,
                 t=t,
                 scale=scale,
@@ -8637,7 +8677,9 @@ def attention_bottom_right_with_residuals(
         k,
         v,
     )
-    lse = lse.reshape((b, h, s_))  # the kernel holds it with size 1 along the dimensions it lacks
+    lse = lse.reshape(
+        (b, h, size_s)
+    )  # the kernel holds it with size 1 along the dimensions it lacks
     return o, lse
 
 
@@ -8645,14 +8687,14 @@ def attention_bottom_right_with_residuals_reference(q, k, v, *, scale=0.125):
     """`attention_bottom_right_with_residuals` in plain jax.numpy, to test the kernel against."""
     b = q.shape[0]
     h = q.shape[1]
-    s_ = q.shape[2]
+    size_s = q.shape[2]
     d = q.shape[3]
     t = k.shape[2]
     q = q[:, :, :, :, None]
     k = jnp.transpose(k, (0, 1, 3, 2))[:, :, None, :, :]
     v = jnp.transpose(v, (0, 1, 3, 2))[:, :, None, :, :]
     s = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, 1, s_, 1, 1), 2) + t - s_
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2) + t - size_s
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
         jnp.expand_dims(
             jnp.einsum(
@@ -8676,8 +8718,8 @@ def attention_bottom_right_with_residuals_reference(q, k, v, *, scale=0.125):
         (4,),
     ).astype(jnp.bfloat16)
     lse = jax.nn.logsumexp(s, axis=4, keepdims=True)
-    o = o.reshape((b, h, s_, d))
-    lse = lse.reshape((b, h, s_))
+    o = o.reshape((b, h, size_s, d))
+    lse = lse.reshape((b, h, size_s))
     return o, lse
 
 
@@ -8693,7 +8735,7 @@ def _attention_bottom_right_with_residuals_kernel(
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -8721,7 +8763,7 @@ def _attention_bottom_right_with_residuals_kernel(
         k = k_ref[...]
         v = v_ref[...]
         s = jnp.where(
-            s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0) + t - s_
+            s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0) + t - size_s
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * scale,
@@ -8787,24 +8829,24 @@ def _attention_bottom_right_with_residuals_kernel(
     # A block where the `where` on positions in the strip's body holds everywhere takes every
     # column in each strip; one where it holds in part, in each strip only the columns where
     # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
-    @pl.when(s_start + t - s_ >= t_start + block_t - 1)
+    @pl.when(s_start + t - size_s >= t_start + block_t - 1)
     def _whole_block():
         _add(whole_strips)
 
     @pl.when(
-        (s_start + block_s - 1 + t - s_ >= t_start)
-        & jnp.logical_not(s_start + t - s_ >= t_start + block_t - 1)
+        (s_start + block_s - 1 + t - size_s >= t_start)
+        & jnp.logical_not(s_start + t - size_s >= t_start + block_t - 1)
     )
     def _partial_block():
         _add(partial_strips)
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
-        max_t_ = max_t_ref[...]
-        sum_exp_t_ = sum_exp_t_ref[...]
-        acc_t_ = acc_t_ref[...] / sum_exp_t_
-        o_ref[...] = acc_t_.astype(jnp.bfloat16)
-        lse_ref[...] = _logsumexp_finish(max_t_, sum_exp_t_)
+        max_t = max_t_ref[...]
+        sum_exp_t = sum_exp_t_ref[...]
+        acc_t = acc_t_ref[...] / sum_exp_t
+        o_ref[...] = acc_t.astype(jnp.bfloat16)
+        lse_ref[...] = _logsumexp_finish(max_t, sum_exp_t)
 
 
 # TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
@@ -8819,16 +8861,19 @@ _attention_bottom_right_with_residuals_tpu_blocks = {
 
 
 def _attention_bottom_right_with_residuals_tpu(
-    q, k, v, *, b, h, s_, d, t, block_s, block_t, scale, interpret
+    q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret
 ):
     """`attention_bottom_right_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = _tpu_blocks(
         _attention_bottom_right_with_residuals_tpu_blocks,
-        (b, h, s_, d, t),
+        (b, h, size_s, d, t),
         (block_s, block_t),
         grow=functools.partial(
             _grown,
-            bounds=(min(1 << (s_.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
+            bounds=(
+                min(1 << (size_s.bit_length() - 1), 4096),
+                min(1 << (t.bit_length() - 1), 4096),
+            ),
             step=lambda block_s, block_t: (
                 min(block_s, 256) * block_t,
                 4 * block_s * d
@@ -8842,13 +8887,13 @@ def _attention_bottom_right_with_residuals_tpu(
             ),
         ),
     )
-    block_s = min(block_s, s_)  # a small S is one whole block
+    block_s = min(block_s, size_s)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
     _check_tiling(
         "attention_bottom_right_with_residuals",
         block_s=(
             block_s,
-            s_,
+            size_s,
             16,
             "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
@@ -8861,11 +8906,13 @@ def _attention_bottom_right_with_residuals_tpu(
     )
     whole_strips, partial_strips = _strips(
         (block_s, block_t),
-        (pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         height=256,
         chunk=128,
-        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - s_ >= t_start,
-        whole=lambda s_start, t_start, block_s, block_t: s_start + t - s_ >= t_start + block_t - 1,
+        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - size_s
+        >= t_start,
+        whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s
+        >= t_start + block_t - 1,
     )
     # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B +
     # v 256 B + o 256 B + lse 512 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref
@@ -8875,7 +8922,7 @@ def _attention_bottom_right_with_residuals_tpu(
             _attention_bottom_right_with_residuals_kernel,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -8887,7 +8934,7 @@ def _attention_bottom_right_with_residuals_tpu(
         # One step per element of B, element of H, block of S, block of T (D taken whole).
         # Steps along B, H, S are independent (parallel); steps along T accumulate in order
         # (arbitrary).
-        grid=(b, h, pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
@@ -8897,7 +8944,7 @@ def _attention_bottom_right_with_residuals_tpu(
                 lambda b, h, i, j: (
                     b,
                     h,
-                    jnp.where(i * block_s + block_s - 1 + t - s_ >= j * block_t, j, 0),
+                    jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0),
                     0,
                 ),
             ),
@@ -8907,7 +8954,7 @@ def _attention_bottom_right_with_residuals_tpu(
                 lambda b, h, i, j: (
                     b,
                     h,
-                    jnp.where(i * block_s + block_s - 1 + t - s_ >= j * block_t, j, 0),
+                    jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0),
                     0,
                 ),
             ),
@@ -8919,8 +8966,8 @@ def _attention_bottom_right_with_residuals_tpu(
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
         ),
         out_shape=(
-            jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),  # o
-            jax.ShapeDtypeStruct((b, h, s_, 1), jnp.float32),  # lse
+            jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # o
+            jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # lse
         ),
         scratch_shapes=[
             # max_t_ref: the running max over T
@@ -8937,9 +8984,9 @@ def _attention_bottom_right_with_residuals_tpu(
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * s_ * t * d + 2 * b * h * s_ * d * t,
-            transcendentals=b * h * s_ * t + b * h * s_,
-            bytes_accessed=_nbytes(q, k, v) + b * h * s_ * d * 2 + b * h * s_ * 4,
+            flops=2 * b * h * size_s * t * d + 2 * b * h * size_s * d * t,
+            transcendentals=b * h * size_s * t + b * h * size_s,
+            bytes_accessed=_nbytes(q, k, v) + b * h * size_s * d * 2 + b * h * size_s * 4,
         ),
         interpret=interpret,
         name="attention_bottom_right_with_residuals",
@@ -8947,10 +8994,10 @@ def _attention_bottom_right_with_residuals_tpu(
 
 
 def _attention_bottom_right_with_residuals_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, lse_ref, *, b, h, s_, d, t, block_s, block_t, block_d, scale
+    q_ref, k_ref, v_ref, o_ref, lse_ref, *, b, h, size_s, d, t, block_s, block_t, block_d, scale
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(2) * block_s, block_s, s_)
+    in_s = _inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = _inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
     q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
@@ -8968,7 +9015,7 @@ def _attention_bottom_right_with_residuals_gpu_kernel(
                 v_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
             )
             s = jnp.where(
-                s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - s_
+                s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - size_s
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
                 jax.lax.dot_general(
                     q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
@@ -9004,7 +9051,7 @@ def _attention_bottom_right_with_residuals_gpu_kernel(
             return max_t, sum_exp_t, acc_t
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
-        return jax.lax.cond(s_start + block_s - 1 + t - s_ >= t_start, step, lambda: running)
+        return jax.lax.cond(s_start + block_s - 1 + t - size_s >= t_start, step, lambda: running)
 
     max_t, sum_exp_t, acc_t = jax.lax.fori_loop(
         0,
@@ -9016,11 +9063,9 @@ def _attention_bottom_right_with_residuals_gpu_kernel(
             jnp.full((block_s, block_d), 0, jnp.float32),
         ),
     )
-    max_t_ = max_t
-    sum_exp_t_ = sum_exp_t
-    acc_t_ = acc_t / sum_exp_t_
-    _store(o_ref, acc_t_.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
-    _store(lse_ref, _logsumexp_finish(max_t_, sum_exp_t_), _mask((block_s, 1), in_s, None))
+    acc_t_2 = acc_t / sum_exp_t
+    _store(o_ref, acc_t_2.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+    _store(lse_ref, _logsumexp_finish(max_t, sum_exp_t), _mask((block_s, 1), in_s, None))
 
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
@@ -9031,15 +9076,15 @@ _attention_bottom_right_with_residuals_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _attention_bottom_right_with_residuals_gpu(
-    q, k, v, *, b, h, s_, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
+    q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`attention_bottom_right_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_s, block_t, num_warps, num_stages = _gpu_options(
         _attention_bottom_right_with_residuals_gpu_options,
-        (b, h, s_, d, t),
+        (b, h, size_s, d, t),
         (block_s, block_t, num_warps, num_stages),
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
@@ -9047,7 +9092,7 @@ def _attention_bottom_right_with_residuals_gpu(
             _attention_bottom_right_with_residuals_gpu_kernel,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -9058,7 +9103,7 @@ def _attention_bottom_right_with_residuals_gpu(
         # One program per element of B, element of H, block of S; programs run concurrently.
         # Each holds all of D (one block of the next power of two). Each loops over the blocks
         # of T itself, carrying running values.
-        grid=(b, h, pl.cdiv(s_, block_s)),
+        grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
@@ -9074,8 +9119,8 @@ def _attention_bottom_right_with_residuals_gpu(
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
         ),
         out_shape=(
-            jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),  # o
-            jax.ShapeDtypeStruct((b, h, s_, 1), jnp.float32),  # lse
+            jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # o
+            jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # lse
         ),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -9093,12 +9138,12 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
     o_smem,
     lse_smem,
     operand_smem,
-    operand_smem_,
+    operand_smem_2,
     barrier,
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -9107,8 +9152,8 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
     scale,
 ):
     program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(s_, block_s))
-    program = jax.lax.div(program, pl.cdiv(s_, block_s))
+    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
+    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
     h_index = jax.lax.rem(program, h)
     program = jax.lax.div(program, h)
     b_index = program
@@ -9125,7 +9170,7 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
             max_t, sum_exp_t, acc_t = carry
             s = jnp.where(
                 _mgpu_spread(
-                    _mgpu_vector_positions(s_start, block_s, 0) + t - s_, (block_s, block_t), 0
+                    _mgpu_vector_positions(s_start, block_s, 0) + t - size_s, (block_s, block_t), 0
                 )
                 >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
                 _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
@@ -9157,12 +9202,12 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
                 operand,
                 v_smem,
                 split=jnp.bfloat16,
-                lhs_scratch=(operand_smem, operand_smem_),
+                lhs_scratch=(operand_smem, operand_smem_2),
             )
             return max_t, sum_exp_t, acc_t
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
-        return jax.lax.cond(s_start + block_s - 1 + t - s_ >= t_start, compute, lambda: carry)
+        return jax.lax.cond(s_start + block_s - 1 + t - size_s >= t_start, compute, lambda: carry)
 
     max_t, sum_exp_t, acc_t = plgpu.emit_pipeline(
         step,
@@ -9186,18 +9231,18 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
             plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
         ),
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
-    max_t_ = max_t
-    sum_exp_t_ = sum_exp_t
-    acc_t_ = acc_t / _mgpu_spread(sum_exp_t_, (block_s, block_d), 0)
-    o_smem[...] = acc_t_.astype(jnp.bfloat16)
-    lse_smem[...] = _logsumexp_finish(max_t_, sum_exp_t_)
+    acc_t_2 = acc_t / _mgpu_spread(sum_exp_t, (block_s, block_d), 0)
+    o_smem[...] = acc_t_2.astype(jnp.bfloat16)
+    lse_smem[...] = _logsumexp_finish(max_t, sum_exp_t)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
     plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
     plgpu.wait_smem_to_gmem(0)
 
 
-def _attention_bottom_right_with_residuals_mosaic_gpu(q, k, v, *, b, h, s_, d, t, scale, interpret):
+def _attention_bottom_right_with_residuals_mosaic_gpu(
+    q, k, v, *, b, h, size_s, d, t, scale, interpret
+):
     """`attention_bottom_right_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
@@ -9210,9 +9255,9 @@ def _attention_bottom_right_with_residuals_mosaic_gpu(q, k, v, *, b, h, s_, d, t
         raise ValueError(
             f'attention_bottom_right_with_residuals: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_s_ = s_ + -s_ % block_s
+    padded_size_s = size_s + -size_s % block_s
     padded_t = t + -t % block_t
-    q = _mgpu_pad(q.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    q = _mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     o, lse = plgpu.kernel(
@@ -9220,7 +9265,7 @@ def _attention_bottom_right_with_residuals_mosaic_gpu(q, k, v, *, b, h, s_, d, t
             _attention_bottom_right_with_residuals_mosaic_gpu_kernel,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -9229,8 +9274,8 @@ def _attention_bottom_right_with_residuals_mosaic_gpu(q, k, v, *, b, h, s_, d, t
             scale=scale,
         ),
         out_type=(
-            jax.ShapeDtypeStruct((b, h, padded_s_, block_d), jnp.bfloat16),
-            jax.ShapeDtypeStruct((b, h, padded_s_), jnp.float32),
+            jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),
+            jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
             plgpu.SMEM(
@@ -9248,11 +9293,13 @@ def _attention_bottom_right_with_residuals_mosaic_gpu(q, k, v, *, b, h, s_, d, t
             ),
             plgpu.Barrier(num_barriers=1),
         ],
-        grid=(b * h * pl.cdiv(s_, block_s),),
+        grid=(b * h * pl.cdiv(size_s, block_s),),
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v)
-    return o[:b, :h, :s_, :d].reshape((b, h, s_, d)), lse[:b, :h, :s_].reshape((b, h, s_, 1))
+    return o[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), lse[:b, :h, :size_s].reshape(
+        (b, h, size_s, 1)
+    )
 
 
 @functools.partial(
@@ -9333,13 +9380,13 @@ def attention_bottom_right_backward_dq(
     )
     b = sizes["B"]
     h = sizes["H"]
-    s_ = sizes["S"]
+    size_s = sizes["S"]
     d = sizes["D"]
     t = sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(
             attention_bottom_right_backward_dq_reference,
-            (((b, h, s_, d), jnp.bfloat16), ((b, h, s_), jnp.float32)),
+            (((b, h, size_s, d), jnp.bfloat16), ((b, h, size_s), jnp.float32)),
             q,
             k,
             v,
@@ -9348,13 +9395,13 @@ def attention_bottom_right_backward_dq(
             lse,
             scale=scale,
         )
-    lse = lse.reshape((b, h, s_, 1))  # lse: f32[B, H, S]
+    lse = lse.reshape((b, h, size_s, 1))  # lse: f32[B, H, S]
     dq, delta = _on_platform(
         functools.partial(
             _attention_bottom_right_backward_dq_tpu,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -9368,7 +9415,7 @@ def attention_bottom_right_backward_dq(
                 _attention_bottom_right_backward_dq_gpu,
                 b=b,
                 h=h,
-                s_=s_,
+                size_s=size_s,
                 d=d,
                 t=t,
                 block_s=gpu_block_s,
@@ -9381,7 +9428,7 @@ def attention_bottom_right_backward_dq(
                 _attention_bottom_right_backward_dq_mosaic_gpu,
                 b=b,
                 h=h,
-                s_=s_,
+                size_s=size_s,
                 d=d,
                 t=t,
                 scale=scale,
@@ -9396,7 +9443,7 @@ def attention_bottom_right_backward_dq(
         lse,
     )
     delta = delta.reshape(
-        (b, h, s_)
+        (b, h, size_s)
     )  # the kernel holds it with size 1 along the dimensions it lacks
     return dq, delta
 
@@ -9405,7 +9452,7 @@ def attention_bottom_right_backward_dq_reference(q, k, v, o, do, lse, *, scale=0
     """`attention_bottom_right_backward_dq` in plain jax.numpy, to test the kernel against."""
     b = q.shape[0]
     h = q.shape[1]
-    s_ = q.shape[2]
+    size_s = q.shape[2]
     d = q.shape[3]
     t = k.shape[2]
     q = q[:, :, :, :, None]
@@ -9415,7 +9462,7 @@ def attention_bottom_right_backward_dq_reference(q, k, v, o, do, lse, *, scale=0
     do = do[:, :, :, :, None]
     lse = lse[:, :, :, None, None]
     s = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, 1, s_, 1, 1), 2) + t - s_
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2) + t - size_s
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
         jnp.expand_dims(
             jnp.einsum(
@@ -9444,7 +9491,7 @@ def attention_bottom_right_backward_dq_reference(q, k, v, o, do, lse, *, scale=0
     )
     ds = p * (dp - delta)
     ds_1 = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, 1, s_, 1, 1), 2) + t - s_
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, size_s, 1, 1), 2) + t - size_s
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, t), 4),
         ds,
         0,
@@ -9458,8 +9505,8 @@ def attention_bottom_right_backward_dq_reference(q, k, v, o, do, lse, *, scale=0
         ),
         (4,),
     ).astype(jnp.bfloat16)
-    dq = dq.reshape((b, h, s_, d))
-    delta = delta.reshape((b, h, s_))
+    dq = dq.reshape((b, h, size_s, d))
+    delta = delta.reshape((b, h, size_s))
     return dq, delta
 
 
@@ -9476,7 +9523,7 @@ def _attention_bottom_right_backward_dq_kernel(
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -9505,7 +9552,7 @@ def _attention_bottom_right_backward_dq_kernel(
         k = k_ref[...]
         v = v_ref[...]
         s = jnp.where(
-            s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0) + t - s_
+            s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0) + t - size_s
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * scale,
@@ -9518,7 +9565,7 @@ def _attention_bottom_right_backward_dq_kernel(
         delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
         ds = p * (dp - delta)
         ds_1 = jnp.where(
-            s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0) + t - s_
+            s_start + jax.lax.broadcasted_iota(jnp.int32, (strip_s, 1), 0) + t - size_s
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_t), 1),
             ds,
             0,
@@ -9568,13 +9615,13 @@ def _attention_bottom_right_backward_dq_kernel(
     # A block where the `where` on positions in the strip's body holds everywhere takes every
     # column in each strip; one where it holds in part, in each strip only the columns where
     # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
-    @pl.when(s_start + t - s_ >= t_start + block_t - 1)
+    @pl.when(s_start + t - size_s >= t_start + block_t - 1)
     def _whole_block():
         _add(whole_strips)
 
     @pl.when(
-        (s_start + block_s - 1 + t - s_ >= t_start)
-        & jnp.logical_not(s_start + t - s_ >= t_start + block_t - 1)
+        (s_start + block_s - 1 + t - size_s >= t_start)
+        & jnp.logical_not(s_start + t - size_s >= t_start + block_t - 1)
     )
     def _partial_block():
         _add(partial_strips)
@@ -9583,10 +9630,10 @@ def _attention_bottom_right_backward_dq_kernel(
     def _finish():
         o = o_ref[...]
         do = do_ref[...]
-        acc_t_ = acc_t_ref[...]
+        acc_t = acc_t_ref[...]
         delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
         delta_ref[...] = delta
-        dq_ref[...] = acc_t_.astype(jnp.bfloat16)
+        dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
 # TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
@@ -9601,16 +9648,19 @@ _attention_bottom_right_backward_dq_tpu_blocks = {
 
 
 def _attention_bottom_right_backward_dq_tpu(
-    q, k, v, o, do, lse, *, b, h, s_, d, t, block_s, block_t, scale, interpret
+    q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret
 ):
     """`attention_bottom_right_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = _tpu_blocks(
         _attention_bottom_right_backward_dq_tpu_blocks,
-        (b, h, s_, d, t),
+        (b, h, size_s, d, t),
         (block_s, block_t),
         grow=functools.partial(
             _grown,
-            bounds=(min(1 << (s_.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
+            bounds=(
+                min(1 << (size_s.bit_length() - 1), 4096),
+                min(1 << (t.bit_length() - 1), 4096),
+            ),
             step=lambda block_s, block_t: (
                 min(block_s, 256) * block_t,
                 4 * block_s * d
@@ -9625,13 +9675,13 @@ def _attention_bottom_right_backward_dq_tpu(
             ),
         ),
     )
-    block_s = min(block_s, s_)  # a small S is one whole block
+    block_s = min(block_s, size_s)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
     _check_tiling(
         "attention_bottom_right_backward_dq",
         block_s=(
             block_s,
-            s_,
+            size_s,
             16,
             "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
@@ -9644,11 +9694,13 @@ def _attention_bottom_right_backward_dq_tpu(
     )
     whole_strips, partial_strips = _strips(
         (block_s, block_t),
-        (pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         height=256,
         chunk=128,
-        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - s_ >= t_start,
-        whole=lambda s_start, t_start, block_s, block_t: s_start + t - s_ >= t_start + block_t - 1,
+        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - size_s
+        >= t_start,
+        whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s
+        >= t_start + block_t - 1,
     )
     # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B +
     # v 256 B + o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512
@@ -9658,7 +9710,7 @@ def _attention_bottom_right_backward_dq_tpu(
             _attention_bottom_right_backward_dq_kernel,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -9670,7 +9722,7 @@ def _attention_bottom_right_backward_dq_tpu(
         # One step per element of B, element of H, block of S, block of T (D taken whole).
         # Steps along B, H, S are independent (parallel); steps along T accumulate in order
         # (arbitrary).
-        grid=(b, h, pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
@@ -9680,7 +9732,7 @@ def _attention_bottom_right_backward_dq_tpu(
                 lambda b, h, i, j: (
                     b,
                     h,
-                    jnp.where(i * block_s + block_s - 1 + t - s_ >= j * block_t, j, 0),
+                    jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0),
                     0,
                 ),
             ),
@@ -9690,7 +9742,7 @@ def _attention_bottom_right_backward_dq_tpu(
                 lambda b, h, i, j: (
                     b,
                     h,
-                    jnp.where(i * block_s + block_s - 1 + t - s_ >= j * block_t, j, 0),
+                    jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0),
                     0,
                 ),
             ),
@@ -9708,8 +9760,8 @@ def _attention_bottom_right_backward_dq_tpu(
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i, j: (b, h, i, 0)),
         ),
         out_shape=(
-            jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),  # dq
-            jax.ShapeDtypeStruct((b, h, s_, 1), jnp.float32),  # delta
+            jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
+            jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # delta
         ),
         # acc_t_ref: the product over T
         scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],
@@ -9720,9 +9772,13 @@ def _attention_bottom_right_backward_dq_tpu(
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * s_ * t * d + 2 * b * h * s_ * t * d + 2 * b * h * s_ * d * t,
-            transcendentals=b * h * s_ * t,
-            bytes_accessed=_nbytes(q, k, v, o, do, lse) + b * h * s_ * d * 2 + b * h * s_ * 4,
+            flops=2 * b * h * size_s * t * d
+            + 2 * b * h * size_s * t * d
+            + 2 * b * h * size_s * d * t,
+            transcendentals=b * h * size_s * t,
+            bytes_accessed=_nbytes(q, k, v, o, do, lse)
+            + b * h * size_s * d * 2
+            + b * h * size_s * 4,
         ),
         interpret=interpret,
         name="attention_bottom_right_backward_dq",
@@ -9741,7 +9797,7 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -9750,7 +9806,7 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
     scale,
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(2) * block_s, block_s, s_)
+    in_s = _inside(pl.program_id(2) * block_s, block_s, size_s)
     in_d = _inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
     q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
@@ -9771,7 +9827,7 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
                 v_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
             )
             s = jnp.where(
-                s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - s_
+                s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - size_s
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
                 jax.lax.dot_general(
                     q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
@@ -9790,7 +9846,7 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
             )
             ds = p * (dp - delta)
             ds_1 = jnp.where(
-                s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - s_
+                s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - size_s
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_t), 1),
                 ds,
                 0,
@@ -9804,21 +9860,20 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
             return (acc_t,)
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
-        return jax.lax.cond(s_start + block_s - 1 + t - s_ >= t_start, step, lambda: running)
+        return jax.lax.cond(s_start + block_s - 1 + t - size_s >= t_start, step, lambda: running)
 
     (acc_t,) = jax.lax.fori_loop(
         0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
     )
     o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
     do = _load(do_ref, _mask((block_s, block_d), in_s, in_d), other=0)
-    acc_t_ = acc_t
     delta = jnp.sum(
         _fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
         axis=1,
         keepdims=True,
     )
     _store(delta_ref, delta, _mask((block_s, 1), in_s, None))
-    _store(dq_ref, acc_t_.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+    _store(dq_ref, acc_t.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
 
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
@@ -9838,7 +9893,7 @@ def _attention_bottom_right_backward_dq_gpu(
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -9851,10 +9906,10 @@ def _attention_bottom_right_backward_dq_gpu(
     """`attention_bottom_right_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_s, block_t, num_warps, num_stages = _gpu_options(
         _attention_bottom_right_backward_dq_gpu_options,
-        (b, h, s_, d, t),
+        (b, h, size_s, d, t),
         (block_s, block_t, num_warps, num_stages),
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
@@ -9862,7 +9917,7 @@ def _attention_bottom_right_backward_dq_gpu(
             _attention_bottom_right_backward_dq_gpu_kernel,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -9873,7 +9928,7 @@ def _attention_bottom_right_backward_dq_gpu(
         # One program per element of B, element of H, block of S; programs run concurrently.
         # Each holds all of D (one block of the next power of two). Each loops over the blocks
         # of T itself, carrying running values.
-        grid=(b, h, pl.cdiv(s_, block_s)),
+        grid=(b, h, pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, block_d), lambda b, h, i2: (b, h, i2, 0)),
@@ -9895,8 +9950,8 @@ def _attention_bottom_right_backward_dq_gpu(
             pl.BlockSpec((None, None, block_s, 1), lambda b, h, i2: (b, h, i2, 0)),
         ),
         out_shape=(
-            jax.ShapeDtypeStruct((b, h, s_, d), jnp.bfloat16),  # dq
-            jax.ShapeDtypeStruct((b, h, s_, 1), jnp.float32),  # delta
+            jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
+            jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # delta
         ),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -9924,7 +9979,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
     *,
     b,
     h,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -9933,8 +9988,8 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
     scale,
 ):
     program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(s_, block_s))
-    program = jax.lax.div(program, pl.cdiv(s_, block_s))
+    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
+    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
     h_index = jax.lax.rem(program, h)
     program = jax.lax.div(program, h)
     b_index = program
@@ -9966,7 +10021,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
             (acc_t,) = carry
             s = jnp.where(
                 _mgpu_spread(
-                    _mgpu_vector_positions(s_start, block_s, 0) + t - s_, (block_s, block_t), 0
+                    _mgpu_vector_positions(s_start, block_s, 0) + t - size_s, (block_s, block_t), 0
                 )
                 >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
                 _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
@@ -9981,7 +10036,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
             ds = p * (dp - _mgpu_spread(delta, (block_s, block_t), 0))
             ds_1 = jnp.where(
                 _mgpu_spread(
-                    _mgpu_vector_positions(s_start, block_s, 0) + t - s_, (block_s, block_t), 0
+                    _mgpu_vector_positions(s_start, block_s, 0) + t - size_s, (block_s, block_t), 0
                 )
                 >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
                 ds,
@@ -9996,7 +10051,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
             return (acc_t,)
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
-        return jax.lax.cond(s_start + block_s - 1 + t - s_ >= t_start, compute, lambda: carry)
+        return jax.lax.cond(s_start + block_s - 1 + t - size_s >= t_start, compute, lambda: carry)
 
     (acc_t,) = plgpu.emit_pipeline(
         step,
@@ -10020,12 +10075,11 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
-    acc_t_ = acc_t
     delta = jnp.sum(
         _mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
     )
     delta_smem[...] = delta
-    dq_smem[...] = acc_t_.astype(jnp.bfloat16)
+    dq_smem[...] = acc_t.astype(jnp.bfloat16)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
     plgpu.copy_smem_to_gmem(delta_smem, delta_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
@@ -10033,7 +10087,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
 
 
 def _attention_bottom_right_backward_dq_mosaic_gpu(
-    q, k, v, o, do, lse, *, b, h, s_, d, t, scale, interpret
+    q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, interpret
 ):
     """`attention_bottom_right_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
@@ -10047,20 +10101,20 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(
         raise ValueError(
             f'attention_bottom_right_backward_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_s_ = s_ + -s_ % block_s
+    padded_size_s = size_s + -size_s % block_s
     padded_t = t + -t % block_t
-    q = _mgpu_pad(q.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    q = _mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    o = _mgpu_pad(o.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
-    do = _mgpu_pad(do.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
-    lse = _mgpu_pad(lse.reshape((b, h, s_)), (b, h, padded_s_))
+    o = _mgpu_pad(o.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    do = _mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    lse = _mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
     dq, delta = plgpu.kernel(
         functools.partial(
             _attention_bottom_right_backward_dq_mosaic_gpu_kernel,
             b=b,
             h=h,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -10069,8 +10123,8 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(
             scale=scale,
         ),
         out_type=(
-            jax.ShapeDtypeStruct((b, h, padded_s_, block_d), jnp.bfloat16),
-            jax.ShapeDtypeStruct((b, h, padded_s_), jnp.float32),
+            jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),
+            jax.ShapeDtypeStruct((b, h, padded_size_s), jnp.float32),
         ),
         scratch_types=[
             plgpu.SMEM(
@@ -10092,11 +10146,13 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(
             ),
             plgpu.Barrier(num_barriers=4),
         ],
-        grid=(b * h * pl.cdiv(s_, block_s),),
+        grid=(b * h * pl.cdiv(size_s, block_s),),
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v, o, do, lse)
-    return dq[:b, :h, :s_, :d].reshape((b, h, s_, d)), delta[:b, :h, :s_].reshape((b, h, s_, 1))
+    return dq[:b, :h, :size_s, :d].reshape((b, h, size_s, d)), delta[:b, :h, :size_s].reshape(
+        (b, h, size_s, 1)
+    )
 
 
 @functools.partial(
@@ -10179,7 +10235,7 @@ def attention_bottom_right_backward_dkdv(
     h = sizes["H"]
     t = sizes["T"]
     d = sizes["D"]
-    s_ = sizes["S"]
+    size_s = sizes["S"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(
             attention_bottom_right_backward_dkdv_reference,
@@ -10192,8 +10248,8 @@ def attention_bottom_right_backward_dkdv(
             delta,
             scale=scale,
         )
-    lse = lse.reshape((b, h, 1, s_))  # lse: f32[B, H, S]
-    delta = delta.reshape((b, h, 1, s_))  # delta: f32[B, H, S]
+    lse = lse.reshape((b, h, 1, size_s))  # lse: f32[B, H, S]
+    delta = delta.reshape((b, h, 1, size_s))  # delta: f32[B, H, S]
     return _on_platform(
         functools.partial(
             _attention_bottom_right_backward_dkdv_tpu,
@@ -10201,7 +10257,7 @@ def attention_bottom_right_backward_dkdv(
             h=h,
             t=t,
             d=d,
-            s_=s_,
+            size_s=size_s,
             block_t=block_t,
             block_s=block_s,
             scale=scale,
@@ -10215,7 +10271,7 @@ def attention_bottom_right_backward_dkdv(
                 h=h,
                 t=t,
                 d=d,
-                s_=s_,
+                size_s=size_s,
                 block_t=gpu_block_t,
                 block_s=gpu_block_s,
                 num_warps=gpu_warps,
@@ -10228,7 +10284,7 @@ def attention_bottom_right_backward_dkdv(
                 h=h,
                 t=t,
                 d=d,
-                s_=s_,
+                size_s=size_s,
                 scale=scale,
             ),
         ),
@@ -10248,7 +10304,7 @@ def attention_bottom_right_backward_dkdv_reference(q, k, v, do, lse, delta, *, s
     h = q.shape[1]
     t = k.shape[2]
     d = q.shape[3]
-    s_ = q.shape[2]
+    size_s = q.shape[2]
     q = jnp.transpose(q, (0, 1, 3, 2))[:, :, None, :, :]
     k = k[:, :, :, :, None]
     v = v[:, :, :, :, None]
@@ -10256,7 +10312,7 @@ def attention_bottom_right_backward_dkdv_reference(q, k, v, do, lse, delta, *, s
     lse = lse[:, :, None, None, :]
     delta = delta[:, :, None, None, :]
     s = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, s_), 4) + t - s_
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, size_s), 4) + t - size_s
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
         jnp.expand_dims(
             jnp.einsum(
@@ -10291,7 +10347,7 @@ def attention_bottom_right_backward_dkdv_reference(q, k, v, do, lse, delta, *, s
     )
     ds = p * (dp - delta)
     ds_1 = jnp.where(
-        jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, s_), 4) + t - s_
+        jax.lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, size_s), 4) + t - size_s
         >= jax.lax.broadcasted_iota(jnp.int32, (1, 1, t, 1, 1), 2),
         ds,
         0,
@@ -10320,13 +10376,13 @@ def _attention_bottom_right_backward_dkdv_kernel(
     dk_ref,
     dv_ref,
     acc_s_ref,
-    acc_s__ref,
+    acc_s_2_ref,
     *,
     b,
     h,
     t,
     d,
-    s_,
+    size_s,
     block_t,
     block_s,
     whole_strips,
@@ -10340,7 +10396,7 @@ def _attention_bottom_right_backward_dkdv_kernel(
     @pl.when(step == 0)
     def _init():
         acc_s_ref[...] = jnp.full(acc_s_ref.shape, 0, jnp.float32)
-        acc_s__ref[...] = jnp.full(acc_s__ref.shape, 0, jnp.float32)
+        acc_s_2_ref[...] = jnp.full(acc_s_2_ref.shape, 0, jnp.float32)
 
     def _strip(
         q_ref,
@@ -10350,7 +10406,7 @@ def _attention_bottom_right_backward_dkdv_kernel(
         lse_ref,
         delta_ref,
         acc_s_ref,
-        acc_s__ref,
+        acc_s_2_ref,
         t_start,
         s_start,
         strip_t,
@@ -10365,7 +10421,7 @@ def _attention_bottom_right_backward_dkdv_kernel(
         lse = lse_ref[...]
         delta = delta_ref[...]
         s = jnp.where(
-            s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1) + t - s_
+            s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1) + t - size_s
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (strip_t, 1), 0),
             jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * scale,
@@ -10377,26 +10433,26 @@ def _attention_bottom_right_backward_dkdv_kernel(
         )
         ds = p * (dp - delta)
         ds_1 = jnp.where(
-            s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1) + t - s_
+            s_start + jax.lax.broadcasted_iota(jnp.int32, (1, strip_s), 1) + t - size_s
             >= t_start + jax.lax.broadcasted_iota(jnp.int32, (strip_t, 1), 0),
             ds,
             0,
         )
         acc_s_lhs = p.astype(jnp.bfloat16)
         acc_s_rhs = do
-        if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s_lhs = _fill_past(acc_s_lhs, s_start, s_, 1, 0)
-            acc_s_rhs = _fill_past(acc_s_rhs, s_start, s_, 0, 0)
+        if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
+            acc_s_lhs = _fill_past(acc_s_lhs, s_start, size_s, 1, 0)
+            acc_s_rhs = _fill_past(acc_s_rhs, s_start, size_s, 0, 0)
         acc_s_ref[...] = acc_s_ref[...] + jnp.dot(
             acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32
         )
-        acc_s__lhs = (ds_1 * scale).astype(jnp.bfloat16)
-        acc_s__rhs = q
-        if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s__lhs = _fill_past(acc_s__lhs, s_start, s_, 1, 0)
-            acc_s__rhs = _fill_past(acc_s__rhs, s_start, s_, 0, 0)
-        acc_s__ref[...] = acc_s__ref[...] + jnp.dot(
-            acc_s__lhs, acc_s__rhs, preferred_element_type=jnp.float32
+        acc_s_2_lhs = (ds_1 * scale).astype(jnp.bfloat16)
+        acc_s_2_rhs = q
+        if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
+            acc_s_2_lhs = _fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
+            acc_s_2_rhs = _fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
+        acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(
+            acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32
         )
 
     def _add(strips):
@@ -10412,7 +10468,7 @@ def _attention_bottom_right_backward_dkdv_kernel(
                     lse_ref,
                     delta_ref,
                     acc_s_ref,
-                    acc_s__ref,
+                    acc_s_2_ref,
                     t_start,
                     s_start,
                     block_t,
@@ -10427,7 +10483,7 @@ def _attention_bottom_right_backward_dkdv_kernel(
                     lse_ref.at[:, pl.ds(col, cols)],
                     delta_ref.at[:, pl.ds(col, cols)],
                     acc_s_ref.at[pl.ds(row, rows)],
-                    acc_s__ref.at[pl.ds(row, rows)],
+                    acc_s_2_ref.at[pl.ds(row, rows)],
                     t_start + row,
                     s_start + col,
                     rows,
@@ -10437,23 +10493,23 @@ def _attention_bottom_right_backward_dkdv_kernel(
     # A block where the `where` on positions in the strip's body holds everywhere takes every
     # column in each strip; one where it holds in part, in each strip only the columns where
     # it may hold for some row of the strip; one where it holds nowhere adds nothing: skipped.
-    @pl.when(s_start + t - s_ >= t_start + block_t - 1)
+    @pl.when(s_start + t - size_s >= t_start + block_t - 1)
     def _whole_block():
         _add(whole_strips)
 
     @pl.when(
-        (s_start + block_s - 1 + t - s_ >= t_start)
-        & jnp.logical_not(s_start + t - s_ >= t_start + block_t - 1)
+        (s_start + block_s - 1 + t - size_s >= t_start)
+        & jnp.logical_not(s_start + t - size_s >= t_start + block_t - 1)
     )
     def _partial_block():
         _add(partial_strips)
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
-        acc_s__ = acc_s_ref[...]
-        acc_s___ = acc_s__ref[...]
-        dv_ref[...] = acc_s__.astype(jnp.bfloat16)
-        dk_ref[...] = acc_s___.astype(jnp.bfloat16)
+        acc_s = acc_s_ref[...]
+        acc_s_2 = acc_s_2_ref[...]
+        dv_ref[...] = acc_s.astype(jnp.bfloat16)
+        dk_ref[...] = acc_s_2.astype(jnp.bfloat16)
 
 
 # TPU blocks (block_t, block_s) for a call that passes none, by chip: those `pallasgen
@@ -10468,16 +10524,19 @@ _attention_bottom_right_backward_dkdv_tpu_blocks = {
 
 
 def _attention_bottom_right_backward_dkdv_tpu(
-    q, k, v, do, lse, delta, *, b, h, t, d, s_, block_t, block_s, scale, interpret
+    q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, scale, interpret
 ):
     """`attention_bottom_right_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_t, block_s = _tpu_blocks(
         _attention_bottom_right_backward_dkdv_tpu_blocks,
-        (b, h, t, d, s_),
+        (b, h, t, d, size_s),
         (block_t, block_s),
         grow=functools.partial(
             _grown,
-            bounds=(min(1 << (t.bit_length() - 1), 4096), min(1 << (s_.bit_length() - 1), 4096)),
+            bounds=(
+                min(1 << (t.bit_length() - 1), 4096),
+                min(1 << (size_s.bit_length() - 1), 4096),
+            ),
             step=lambda block_t, block_s: (
                 min(block_t, 256) * block_s,
                 4 * block_s * d
@@ -10494,7 +10553,7 @@ def _attention_bottom_right_backward_dkdv_tpu(
         ),
     )
     block_t = min(block_t, t)  # a small T is one whole block
-    block_s = min(block_s, s_)  # a small S is one whole block
+    block_s = min(block_s, size_s)  # a small S is one whole block
     _check_tiling(
         "attention_bottom_right_backward_dkdv",
         block_t=(
@@ -10505,22 +10564,24 @@ def _attention_bottom_right_backward_dkdv_tpu(
         ),
         block_s=(
             block_s,
-            s_,
+            size_s,
             128,
             "S is the last dimension of a block, so it is a multiple of 128",
         ),
     )
     whole_strips, partial_strips = _strips(
         (block_t, block_s),
-        (pl.cdiv(t, block_t), pl.cdiv(s_, block_s)),
+        (pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         height=256,
         chunk=128,
-        seen=lambda t_start, s_start, block_t, block_s: s_start + block_s - 1 + t - s_ >= t_start,
-        whole=lambda t_start, s_start, block_t, block_s: s_start + t - s_ >= t_start + block_t - 1,
+        seen=lambda t_start, s_start, block_t, block_s: s_start + block_s - 1 + t - size_s
+        >= t_start,
+        whole=lambda t_start, s_start, block_t, block_s: s_start + t - size_s
+        >= t_start + block_t - 1,
     )
     # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B +
     # v 256 B + do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512
-    # B + acc_s__ref 512 B.
+    # B + acc_s_2_ref 512 B.
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_backward_dkdv_kernel,
@@ -10528,7 +10589,7 @@ def _attention_bottom_right_backward_dkdv_tpu(
             h=h,
             t=t,
             d=d,
-            s_=s_,
+            size_s=size_s,
             block_t=block_t,
             block_s=block_s,
             whole_strips=whole_strips,
@@ -10538,7 +10599,7 @@ def _attention_bottom_right_backward_dkdv_tpu(
         # One step per element of B, element of H, block of T, block of S (D taken whole).
         # Steps along B, H, T are independent (parallel); steps along S accumulate in order
         # (arbitrary).
-        grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(s_, block_s)),
+        grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, H, S, D]; a skipped step's block is block 0, fetched at most once
             pl.BlockSpec(
@@ -10546,7 +10607,7 @@ def _attention_bottom_right_backward_dkdv_tpu(
                 lambda b, h, i, j: (
                     b,
                     h,
-                    jnp.where(j * block_s + block_s - 1 + t - s_ >= i * block_t, j, 0),
+                    jnp.where(j * block_s + block_s - 1 + t - size_s >= i * block_t, j, 0),
                     0,
                 ),
             ),
@@ -10560,7 +10621,7 @@ def _attention_bottom_right_backward_dkdv_tpu(
                 lambda b, h, i, j: (
                     b,
                     h,
-                    jnp.where(j * block_s + block_s - 1 + t - s_ >= i * block_t, j, 0),
+                    jnp.where(j * block_s + block_s - 1 + t - size_s >= i * block_t, j, 0),
                     0,
                 ),
             ),
@@ -10571,7 +10632,7 @@ def _attention_bottom_right_backward_dkdv_tpu(
                     b,
                     h,
                     0,
-                    jnp.where(j * block_s + block_s - 1 + t - s_ >= i * block_t, j, 0),
+                    jnp.where(j * block_s + block_s - 1 + t - size_s >= i * block_t, j, 0),
                 ),
             ),
             # delta: f32[B, H, S]; a skipped step's block is block 0, fetched at most once
@@ -10581,7 +10642,7 @@ def _attention_bottom_right_backward_dkdv_tpu(
                     b,
                     h,
                     0,
-                    jnp.where(j * block_s + block_s - 1 + t - s_ >= i * block_t, j, 0),
+                    jnp.where(j * block_s + block_s - 1 + t - size_s >= i * block_t, j, 0),
                 ),
             ),
         ],
@@ -10598,7 +10659,7 @@ def _attention_bottom_right_backward_dkdv_tpu(
         scratch_shapes=[
             # acc_s_ref: the product over S
             pltpu.VMEM((block_t, d), jnp.float32),
-            # acc_s__ref: the product over S
+            # acc_s_2_ref: the product over S
             pltpu.VMEM((block_t, d), jnp.float32),
         ],
         compiler_params=pltpu.CompilerParams(
@@ -10608,11 +10669,11 @@ def _attention_bottom_right_backward_dkdv_tpu(
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * t * s_ * d
-            + 2 * b * h * t * d * s_
-            + 2 * b * h * t * s_ * d
-            + 2 * b * h * t * d * s_,
-            transcendentals=b * h * t * s_,
+            flops=2 * b * h * t * size_s * d
+            + 2 * b * h * t * d * size_s
+            + 2 * b * h * t * size_s * d
+            + 2 * b * h * t * d * size_s,
+            transcendentals=b * h * t * size_s,
             bytes_accessed=_nbytes(q, k, v, do, lse, delta) + b * h * t * d * 2 + b * h * t * d * 2,
         ),
         interpret=interpret,
@@ -10634,7 +10695,7 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
     h,
     t,
     d,
-    s_,
+    size_s,
     block_t,
     block_s,
     block_d,
@@ -10649,10 +10710,10 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
 
     def accumulate(index, running):
         s_start = index * block_s
-        in_s = _inside(s_start, block_s, s_)
+        in_s = _inside(s_start, block_s, size_s)
 
         def step():
-            acc_s, acc_s_ = running
+            acc_s, acc_s_2 = running
             q = _load(
                 q_ref.at[pl.ds(s_start, block_s), :], _mask((block_s, block_d), in_s, in_d), other=0
             )
@@ -10668,7 +10729,7 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
                 delta_ref.at[:, pl.ds(s_start, block_s)], _mask((1, block_s), None, in_s), other=0
             )
             s = jnp.where(
-                s_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_s), 1) + t - s_
+                s_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_s), 1) + t - size_s
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (block_t, 1), 0),
                 jax.lax.dot_general(
                     k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
@@ -10682,41 +10743,41 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
             )
             ds = p * (dp - delta)
             ds_1 = jnp.where(
-                s_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_s), 1) + t - s_
+                s_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_s), 1) + t - size_s
                 >= t_start + jax.lax.broadcasted_iota(jnp.int32, (block_t, 1), 0),
                 ds,
                 0,
             )
             acc_s_lhs = p.astype(jnp.bfloat16)
             acc_s_rhs = do
-            if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
-                acc_s_lhs = _fill_past(acc_s_lhs, s_start, s_, 1, 0)
-                acc_s_rhs = _fill_past(acc_s_rhs, s_start, s_, 0, 0)
+            if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
+                acc_s_lhs = _fill_past(acc_s_lhs, s_start, size_s, 1, 0)
+                acc_s_rhs = _fill_past(acc_s_rhs, s_start, size_s, 0, 0)
             acc_s = acc_s + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
-            acc_s__lhs = (ds_1 * scale).astype(jnp.bfloat16)
-            acc_s__rhs = q
-            if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
-                acc_s__lhs = _fill_past(acc_s__lhs, s_start, s_, 1, 0)
-                acc_s__rhs = _fill_past(acc_s__rhs, s_start, s_, 0, 0)
-            acc_s_ = acc_s_ + jnp.dot(acc_s__lhs, acc_s__rhs, preferred_element_type=jnp.float32)
-            return acc_s, acc_s_
+            acc_s_2_lhs = (ds_1 * scale).astype(jnp.bfloat16)
+            acc_s_2_rhs = q
+            if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
+                acc_s_2_lhs = _fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
+                acc_s_2_rhs = _fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
+            acc_s_2 = acc_s_2 + jnp.dot(
+                acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32
+            )
+            return acc_s, acc_s_2
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
-        return jax.lax.cond(s_start + block_s - 1 + t - s_ >= t_start, step, lambda: running)
+        return jax.lax.cond(s_start + block_s - 1 + t - size_s >= t_start, step, lambda: running)
 
-    acc_s, acc_s_ = jax.lax.fori_loop(
+    acc_s, acc_s_2 = jax.lax.fori_loop(
         0,
-        pl.cdiv(s_, block_s),
+        pl.cdiv(size_s, block_s),
         accumulate,
         (
             jnp.full((block_t, block_d), 0, jnp.float32),
             jnp.full((block_t, block_d), 0, jnp.float32),
         ),
     )
-    acc_s__ = acc_s
-    acc_s___ = acc_s_
-    _store(dv_ref, acc_s__.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
-    _store(dk_ref, acc_s___.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
+    _store(dv_ref, acc_s.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
+    _store(dk_ref, acc_s_2.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
 
 
 # GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
@@ -10738,7 +10799,7 @@ def _attention_bottom_right_backward_dkdv_gpu(
     h,
     t,
     d,
-    s_,
+    size_s,
     block_t,
     block_s,
     num_warps,
@@ -10749,11 +10810,11 @@ def _attention_bottom_right_backward_dkdv_gpu(
     """`attention_bottom_right_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_t, block_s, num_warps, num_stages = _gpu_options(
         _attention_bottom_right_backward_dkdv_gpu_options,
-        (b, h, t, d, s_),
+        (b, h, t, d, size_s),
         (block_t, block_s, num_warps, num_stages),
     )
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -10762,7 +10823,7 @@ def _attention_bottom_right_backward_dkdv_gpu(
             h=h,
             t=t,
             d=d,
-            s_=s_,
+            size_s=size_s,
             block_t=block_t,
             block_s=block_s,
             block_d=block_d,
@@ -10774,17 +10835,17 @@ def _attention_bottom_right_backward_dkdv_gpu(
         grid=(b, h, pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, s_, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i2: (b, h, 0, 0)),
             # k: bf16[B, H, T, D]
             pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
             # v: bf16[B, H, T, D]
             pl.BlockSpec((None, None, block_t, block_d), lambda b, h, i2: (b, h, i2, 0)),
             # do: bf16[B, H, S, D]
-            pl.BlockSpec((None, None, s_, block_d), lambda b, h, i2: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, size_s, block_d), lambda b, h, i2: (b, h, 0, 0)),
             # lse: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, s_), lambda b, h, i2: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i2: (b, h, 0, 0)),
             # delta: f32[B, H, S]
-            pl.BlockSpec((None, None, 1, s_), lambda b, h, i2: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, 1, size_s), lambda b, h, i2: (b, h, 0, 0)),
         ],
         out_specs=(
             # dk: bf16[B, H, T, D]
@@ -10816,14 +10877,14 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
     dk_smem,
     dv_smem,
     operand_smem,
-    operand_smem_,
+    operand_smem_2,
     barrier,
     *,
     b,
     h,
     t,
     d,
-    s_,
+    size_s,
     block_t,
     block_s,
     block_d,
@@ -10849,12 +10910,12 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
         s_start = indices[0] * block_s
 
         def compute():
-            acc_s, acc_s_ = carry
+            acc_s, acc_s_2 = carry
             lse = _mgpu_load_vector(lse_smem, 1)
             delta = _mgpu_load_vector(delta_smem, 1)
             s = jnp.where(
                 _mgpu_spread(
-                    _mgpu_vector_positions(s_start, block_s, 1) + t - s_, (block_t, block_s), 1
+                    _mgpu_vector_positions(s_start, block_s, 1) + t - size_s, (block_t, block_s), 1
                 )
                 >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0),
                 _mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * scale,
@@ -10865,32 +10926,32 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
             ds = p * (dp - _mgpu_spread(delta, (block_t, block_s), 1))
             ds_1 = jnp.where(
                 _mgpu_spread(
-                    _mgpu_vector_positions(s_start, block_s, 1) + t - s_, (block_t, block_s), 1
+                    _mgpu_vector_positions(s_start, block_s, 1) + t - size_s, (block_t, block_s), 1
                 )
                 >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0),
                 ds,
                 0,
             )
             operand = p.astype(jnp.bfloat16)
-            if s_ % block_s:  # a ragged S: 0 past its end
-                operand = _mgpu_fill_past(operand, s_start, s_, 1, 0)
+            if size_s % block_s:  # a ragged S: 0 past its end
+                operand = _mgpu_fill_past(operand, s_start, size_s, 1, 0)
             acc_s = acc_s + _mgpu_dot(
                 (block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,)
             )
-            operand_ = (ds_1 * scale).astype(jnp.bfloat16)
-            if s_ % block_s:  # a ragged S: 0 past its end
-                operand_ = _mgpu_fill_past(operand_, s_start, s_, 1, 0)
-            acc_s_ = acc_s_ + _mgpu_dot(
-                (block_t, block_d), operand_, q_smem, lhs_scratch=(operand_smem_,)
+            operand_2 = (ds_1 * scale).astype(jnp.bfloat16)
+            if size_s % block_s:  # a ragged S: 0 past its end
+                operand_2 = _mgpu_fill_past(operand_2, s_start, size_s, 1, 0)
+            acc_s_2 = acc_s_2 + _mgpu_dot(
+                (block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,)
             )
-            return acc_s, acc_s_
+            return acc_s, acc_s_2
 
         # A block where the `where` on positions below is false everywhere adds nothing: skipped.
-        return jax.lax.cond(s_start + block_s - 1 + t - s_ >= t_start, compute, lambda: carry)
+        return jax.lax.cond(s_start + block_s - 1 + t - size_s >= t_start, compute, lambda: carry)
 
-    acc_s, acc_s_ = plgpu.emit_pipeline(
+    acc_s, acc_s_2 = plgpu.emit_pipeline(
         step,
-        grid=(pl.cdiv(s_, block_s),),
+        grid=(pl.cdiv(size_s, block_s),),
         in_specs=[
             plgpu.BlockSpec(
                 (block_s, block_d),
@@ -10916,10 +10977,8 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
         lse_ref.at[b_index, h_index],
         delta_ref.at[b_index, h_index],
     )
-    acc_s__ = acc_s
-    acc_s___ = acc_s_
-    dv_smem[...] = acc_s__.astype(jnp.bfloat16)
-    dk_smem[...] = acc_s___.astype(jnp.bfloat16)
+    dv_smem[...] = acc_s.astype(jnp.bfloat16)
+    dk_smem[...] = acc_s_2.astype(jnp.bfloat16)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(dk_smem, dk_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
     plgpu.copy_smem_to_gmem(dv_smem, dv_ref.at[b_index, h_index, pl.ds(t_start, block_t)])
@@ -10927,7 +10986,7 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
 
 
 def _attention_bottom_right_backward_dkdv_mosaic_gpu(
-    q, k, v, do, lse, delta, *, b, h, t, d, s_, scale, interpret
+    q, k, v, do, lse, delta, *, b, h, t, d, size_s, scale, interpret
 ):
     """`attention_bottom_right_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
@@ -10942,13 +11001,13 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(
             f'attention_bottom_right_backward_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
     padded_t = t + -t % block_t
-    padded_s_ = s_ + -s_ % block_s
-    q = _mgpu_pad(q.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
+    padded_size_s = size_s + -size_s % block_s
+    q = _mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
     k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    do = _mgpu_pad(do.reshape((b, h, s_, d)), (b, h, padded_s_, block_d))
-    lse = _mgpu_pad(lse.reshape((b, h, s_)), (b, h, padded_s_))
-    delta = _mgpu_pad(delta.reshape((b, h, s_)), (b, h, padded_s_))
+    do = _mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    lse = _mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
+    delta = _mgpu_pad(delta.reshape((b, h, size_s)), (b, h, padded_size_s))
     dk, dv = plgpu.kernel(
         functools.partial(
             _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel,
@@ -10956,7 +11015,7 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(
             h=h,
             t=t,
             d=d,
-            s_=s_,
+            size_s=size_s,
             block_t=block_t,
             block_s=block_s,
             block_d=block_d,
@@ -11056,18 +11115,18 @@ def gqa(
     b = sizes["B"]
     g = sizes["G"]
     r = sizes["R"]
-    s_ = sizes["S"]
+    size_s = sizes["S"]
     d = sizes["D"]
     t = sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(gqa_reference, (((b, g, r, s_, d), jnp.bfloat16),), q, k, v)
+        return _without_elements(gqa_reference, (((b, g, r, size_s, d), jnp.bfloat16),), q, k, v)
     return _differentiable(
         functools.partial(
             _gqa_forward,
             b=b,
             g=g,
             r=r,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -11088,7 +11147,7 @@ def gqa(
             b=b,
             g=g,
             r=r,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -11108,7 +11167,7 @@ def gqa_reference(q, k, v):
     b = q.shape[0]
     g = q.shape[1]
     r = q.shape[2]
-    s_ = q.shape[3]
+    size_s = q.shape[3]
     d = q.shape[4]
     t = k.shape[2]
     q = q[:, :, :, :, :, None]
@@ -11135,7 +11194,7 @@ def gqa_reference(q, k, v):
         ),
         (5,),
     ).astype(jnp.bfloat16)
-    o = o.reshape((b, g, r, s_, d))
+    o = o.reshape((b, g, r, size_s, d))
     return o
 
 
@@ -11147,7 +11206,7 @@ def _gqa_forward(
     b,
     g,
     r,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -11162,7 +11221,7 @@ def _gqa_forward(
     """`gqa` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return _on_platform(
         functools.partial(
-            _gqa_tpu, b=b, g=g, r=r, s_=s_, d=d, t=t, block_s=block_s, block_t=block_t
+            _gqa_tpu, b=b, g=g, r=r, size_s=size_s, d=d, t=t, block_s=block_s, block_t=block_t
         ),
         _gpu_kernel(
             "gqa",
@@ -11172,7 +11231,7 @@ def _gqa_forward(
                 b=b,
                 g=g,
                 r=r,
-                s_=s_,
+                size_s=size_s,
                 d=d,
                 t=t,
                 block_s=gpu_block_s,
@@ -11180,7 +11239,7 @@ def _gqa_forward(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_gqa_mosaic_gpu, b=b, g=g, r=r, s_=s_, d=d, t=t),
+            functools.partial(_gqa_mosaic_gpu, b=b, g=g, r=r, size_s=size_s, d=d, t=t),
         ),
         interpret,
         q,
@@ -11197,7 +11256,7 @@ def _gqa_saving(
     b,
     g,
     r,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -11257,7 +11316,7 @@ def _gqa_kernel(
     b,
     g,
     r,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -11307,9 +11366,9 @@ def _gqa_kernel(
 
     @pl.when(step == pl.num_programs(4) - 1)
     def _finish():
-        sum_exp_t_ = sum_exp_t_ref[...]
-        acc_t_ = acc_t_ref[...] / sum_exp_t_
-        o_ref[...] = acc_t_.astype(jnp.bfloat16)
+        sum_exp_t = sum_exp_t_ref[...]
+        acc_t = acc_t_ref[...] / sum_exp_t
+        o_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
 # TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
@@ -11323,15 +11382,15 @@ _gqa_tpu_blocks = {
 }
 
 
-def _gqa_tpu(q, k, v, *, b, g, r, s_, d, t, block_s, block_t, interpret):
+def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
     """`gqa` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = _tpu_blocks(
         _gqa_tpu_blocks,
-        (b, g, r, s_, d, t),
+        (b, g, r, size_s, d, t),
         (block_s, block_t),
         grow=functools.partial(
             _grown,
-            bounds=(min(s_, 1024), min(t, 1024)),
+            bounds=(min(size_s, 1024), min(t, 1024)),
             step=lambda block_s, block_t: (
                 block_s * block_t,
                 4 * block_s * d
@@ -11344,13 +11403,13 @@ def _gqa_tpu(q, k, v, *, b, g, r, s_, d, t, block_s, block_t, interpret):
             ),
         ),
     )
-    block_s = min(block_s, s_)  # a small S is one whole block
+    block_s = min(block_s, size_s)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
     _check_tiling(
         "gqa",
         block_s=(
             block_s,
-            s_,
+            size_s,
             16,
             "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
@@ -11365,12 +11424,12 @@ def _gqa_tpu(q, k, v, *, b, g, r, s_, d, t, block_s, block_t, interpret):
     # v 512 B + o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
     return pl.pallas_call(
         functools.partial(
-            _gqa_kernel, b=b, g=g, r=r, s_=s_, d=d, t=t, block_s=block_s, block_t=block_t
+            _gqa_kernel, b=b, g=g, r=r, size_s=size_s, d=d, t=t, block_s=block_s, block_t=block_t
         ),
         # One step per element of B, element of G, element of R, block of S, block of T (D
         # taken whole). Steps along B, G, R, S are independent (parallel); steps along T
         # accumulate in order (arbitrary).
-        grid=(b, g, r, pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        grid=(b, g, r, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
@@ -11383,7 +11442,7 @@ def _gqa_tpu(q, k, v, *, b, g, r, s_, d, t, block_s, block_t, interpret):
         out_specs=pl.BlockSpec(
             (None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)
         ),
-        out_shape=jax.ShapeDtypeStruct((b, g, r, s_, d), jnp.bfloat16),
+        out_shape=jax.ShapeDtypeStruct((b, g, r, size_s, d), jnp.bfloat16),
         scratch_shapes=[
             # max_t_ref: the running max over T
             pltpu.VMEM((block_s, 1), jnp.float32),
@@ -11406,18 +11465,20 @@ def _gqa_tpu(q, k, v, *, b, g, r, s_, d, t, block_s, block_t, interpret):
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * g * r * s_ * t * d + 2 * b * g * r * s_ * d * t,
-            transcendentals=b * g * r * s_ * t,
-            bytes_accessed=_nbytes(q, k, v) + b * g * r * s_ * d * 2,
+            flops=2 * b * g * r * size_s * t * d + 2 * b * g * r * size_s * d * t,
+            transcendentals=b * g * r * size_s * t,
+            bytes_accessed=_nbytes(q, k, v) + b * g * r * size_s * d * 2,
         ),
         interpret=interpret,
         name="gqa",
     )(q, k, v)
 
 
-def _gqa_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, b, g, r, s_, d, t, block_s, block_t, block_d):
+def _gqa_gpu_kernel(
+    q_ref, k_ref, v_ref, o_ref, *, b, g, r, size_s, d, t, block_s, block_t, block_d
+):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(3) * block_s, block_s, s_)
+    in_s = _inside(pl.program_id(3) * block_s, block_s, size_s)
     in_d = _inside(0, block_d, d)
     q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
 
@@ -11470,9 +11531,8 @@ def _gqa_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, b, g, r, s_, d, t, block_s, b
             jnp.full((block_s, block_d), 0, jnp.float32),
         ),
     )
-    sum_exp_t_ = sum_exp_t
-    acc_t_ = acc_t / sum_exp_t_
-    _store(o_ref, acc_t_.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+    acc_t_2 = acc_t / sum_exp_t
+    _store(o_ref, acc_t_2.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
 
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
@@ -11482,12 +11542,12 @@ def _gqa_gpu_kernel(q_ref, k_ref, v_ref, o_ref, *, b, g, r, s_, d, t, block_s, b
 _gqa_gpu_options = {None: (64, 64, 4, 1)}
 
 
-def _gqa_gpu(q, k, v, *, b, g, r, s_, d, t, block_s, block_t, num_warps, num_stages, interpret):
+def _gqa_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num_stages, interpret):
     """`gqa` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_s, block_t, num_warps, num_stages = _gpu_options(
-        _gqa_gpu_options, (b, g, r, s_, d, t), (block_s, block_t, num_warps, num_stages)
+        _gqa_gpu_options, (b, g, r, size_s, d, t), (block_s, block_t, num_warps, num_stages)
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
@@ -11496,7 +11556,7 @@ def _gqa_gpu(q, k, v, *, b, g, r, s_, d, t, block_s, block_t, num_warps, num_sta
             b=b,
             g=g,
             r=r,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -11506,7 +11566,7 @@ def _gqa_gpu(q, k, v, *, b, g, r, s_, d, t, block_s, block_t, num_warps, num_sta
         # One program per element of B, element of G, element of R, block of S; programs run
         # concurrently. Each holds all of D (one block of the next power of two). Each loops
         # over the blocks of T itself, carrying running values.
-        grid=(b, g, r, pl.cdiv(s_, block_s)),
+        grid=(b, g, r, pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
             pl.BlockSpec(
@@ -11521,7 +11581,7 @@ def _gqa_gpu(q, k, v, *, b, g, r, s_, d, t, block_s, block_t, num_warps, num_sta
         out_specs=pl.BlockSpec(
             (None, None, None, block_s, block_d), lambda b, g, r, i3: (b, g, r, i3, 0)
         ),
-        out_shape=jax.ShapeDtypeStruct((b, g, r, s_, d), jnp.bfloat16),
+        out_shape=jax.ShapeDtypeStruct((b, g, r, size_s, d), jnp.bfloat16),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="gqa",
@@ -11536,13 +11596,13 @@ def _gqa_mosaic_gpu_kernel(
     q_smem,
     o_smem,
     operand_smem,
-    operand_smem_,
+    operand_smem_2,
     barrier,
     *,
     b,
     g,
     r,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -11550,8 +11610,8 @@ def _gqa_mosaic_gpu_kernel(
     block_d,
 ):
     program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(s_, block_s))
-    program = jax.lax.div(program, pl.cdiv(s_, block_s))
+    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
+    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
     r_index = jax.lax.rem(program, r)
     program = jax.lax.div(program, r)
     g_index = jax.lax.rem(program, g)
@@ -11593,7 +11653,7 @@ def _gqa_mosaic_gpu_kernel(
             operand,
             v_smem,
             split=jnp.bfloat16,
-            lhs_scratch=(operand_smem, operand_smem_),
+            lhs_scratch=(operand_smem, operand_smem_2),
         )
         return max_t, sum_exp_t, acc_t
 
@@ -11619,16 +11679,14 @@ def _gqa_mosaic_gpu_kernel(
             plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
         ),
     )(k_ref.at[b_index, g_index], v_ref.at[b_index, g_index])
-    max_t_ = max_t
-    sum_exp_t_ = sum_exp_t
-    acc_t_ = acc_t / _mgpu_spread(sum_exp_t_, (block_s, block_d), 0)
-    o_smem[...] = acc_t_.astype(jnp.bfloat16)
+    acc_t_2 = acc_t / _mgpu_spread(sum_exp_t, (block_s, block_d), 0)
+    o_smem[...] = acc_t_2.astype(jnp.bfloat16)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)])
     plgpu.wait_smem_to_gmem(0)
 
 
-def _gqa_mosaic_gpu(q, k, v, *, b, g, r, s_, d, t, interpret):
+def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
     """`gqa` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
@@ -11641,9 +11699,9 @@ def _gqa_mosaic_gpu(q, k, v, *, b, g, r, s_, d, t, interpret):
         raise ValueError(
             f'gqa: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_s_ = s_ + -s_ % block_s
+    padded_size_s = size_s + -size_s % block_s
     padded_t = t + -t % block_t
-    q = _mgpu_pad(q.reshape((b, g, r, s_, d)), (b, g, r, padded_s_, block_d))
+    q = _mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
     k = _mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
     v = _mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
     (o,) = plgpu.kernel(
@@ -11652,14 +11710,14 @@ def _gqa_mosaic_gpu(q, k, v, *, b, g, r, s_, d, t, interpret):
             b=b,
             g=g,
             r=r,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
             block_t=block_t,
             block_d=block_d,
         ),
-        out_type=(jax.ShapeDtypeStruct((b, g, r, padded_s_, block_d), jnp.bfloat16),),
+        out_type=(jax.ShapeDtypeStruct((b, g, r, padded_size_s, block_d), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
                 (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
@@ -11675,11 +11733,11 @@ def _gqa_mosaic_gpu(q, k, v, *, b, g, r, s_, d, t, interpret):
             ),
             plgpu.Barrier(num_barriers=1),
         ],
-        grid=(b * g * r * pl.cdiv(s_, block_s),),
+        grid=(b * g * r * pl.cdiv(size_s, block_s),),
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v)
-    return o[:b, :g, :r, :s_, :d].reshape((b, g, r, s_, d))
+    return o[:b, :g, :r, :size_s, :d].reshape((b, g, r, size_s, d))
 
 
 @functools.partial(
@@ -11744,13 +11802,13 @@ def gqa_with_residuals(
     b = sizes["B"]
     g = sizes["G"]
     r = sizes["R"]
-    s_ = sizes["S"]
+    size_s = sizes["S"]
     d = sizes["D"]
     t = sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(
             gqa_with_residuals_reference,
-            (((b, g, r, s_, d), jnp.bfloat16), ((b, g, r, s_), jnp.float32)),
+            (((b, g, r, size_s, d), jnp.bfloat16), ((b, g, r, size_s), jnp.float32)),
             q,
             k,
             v,
@@ -11761,7 +11819,7 @@ def gqa_with_residuals(
             b=b,
             g=g,
             r=r,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -11775,7 +11833,7 @@ def gqa_with_residuals(
                 b=b,
                 g=g,
                 r=r,
-                s_=s_,
+                size_s=size_s,
                 d=d,
                 t=t,
                 block_s=gpu_block_s,
@@ -11783,7 +11841,9 @@ def gqa_with_residuals(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_gqa_with_residuals_mosaic_gpu, b=b, g=g, r=r, s_=s_, d=d, t=t),
+            functools.partial(
+                _gqa_with_residuals_mosaic_gpu, b=b, g=g, r=r, size_s=size_s, d=d, t=t
+            ),
         ),
         interpret,
         q,
@@ -11791,7 +11851,7 @@ def gqa_with_residuals(
         v,
     )
     lse = lse.reshape(
-        (b, g, r, s_)
+        (b, g, r, size_s)
     )  # the kernel holds it with size 1 along the dimensions it lacks
     return o, lse
 
@@ -11801,7 +11861,7 @@ def gqa_with_residuals_reference(q, k, v):
     b = q.shape[0]
     g = q.shape[1]
     r = q.shape[2]
-    s_ = q.shape[3]
+    size_s = q.shape[3]
     d = q.shape[4]
     t = k.shape[2]
     q = q[:, :, :, :, :, None]
@@ -11829,8 +11889,8 @@ def gqa_with_residuals_reference(q, k, v):
         (5,),
     ).astype(jnp.bfloat16)
     lse = jax.nn.logsumexp(s, axis=5, keepdims=True)
-    o = o.reshape((b, g, r, s_, d))
-    lse = lse.reshape((b, g, r, s_))
+    o = o.reshape((b, g, r, size_s, d))
+    lse = lse.reshape((b, g, r, size_s))
     return o, lse
 
 
@@ -11847,7 +11907,7 @@ def _gqa_with_residuals_kernel(
     b,
     g,
     r,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -11897,11 +11957,11 @@ def _gqa_with_residuals_kernel(
 
     @pl.when(step == pl.num_programs(4) - 1)
     def _finish():
-        max_t_ = max_t_ref[...]
-        sum_exp_t_ = sum_exp_t_ref[...]
-        acc_t_ = acc_t_ref[...] / sum_exp_t_
-        o_ref[...] = acc_t_.astype(jnp.bfloat16)
-        lse_ref[...] = _logsumexp_finish(max_t_, sum_exp_t_)
+        max_t = max_t_ref[...]
+        sum_exp_t = sum_exp_t_ref[...]
+        acc_t = acc_t_ref[...] / sum_exp_t
+        o_ref[...] = acc_t.astype(jnp.bfloat16)
+        lse_ref[...] = _logsumexp_finish(max_t, sum_exp_t)
 
 
 # TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
@@ -11915,15 +11975,15 @@ _gqa_with_residuals_tpu_blocks = {
 }
 
 
-def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, s_, d, t, block_s, block_t, interpret):
+def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
     """`gqa_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = _tpu_blocks(
         _gqa_with_residuals_tpu_blocks,
-        (b, g, r, s_, d, t),
+        (b, g, r, size_s, d, t),
         (block_s, block_t),
         grow=functools.partial(
             _grown,
-            bounds=(min(s_, 1024), min(t, 1024)),
+            bounds=(min(size_s, 1024), min(t, 1024)),
             step=lambda block_s, block_t: (
                 block_s * block_t,
                 4 * block_s * d
@@ -11937,13 +11997,13 @@ def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, s_, d, t, block_s, block_t, int
             ),
         ),
     )
-    block_s = min(block_s, s_)  # a small S is one whole block
+    block_s = min(block_s, size_s)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
     _check_tiling(
         "gqa_with_residuals",
         block_s=(
             block_s,
-            s_,
+            size_s,
             16,
             "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
@@ -11963,7 +12023,7 @@ def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, s_, d, t, block_s, block_t, int
             b=b,
             g=g,
             r=r,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -11972,7 +12032,7 @@ def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, s_, d, t, block_s, block_t, int
         # One step per element of B, element of G, element of R, block of S, block of T (D
         # taken whole). Steps along B, G, R, S are independent (parallel); steps along T
         # accumulate in order (arbitrary).
-        grid=(b, g, r, pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        grid=(b, g, r, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
@@ -11988,8 +12048,8 @@ def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, s_, d, t, block_s, block_t, int
             pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i, j: (b, g, r, i, 0)),
         ),
         out_shape=(
-            jax.ShapeDtypeStruct((b, g, r, s_, d), jnp.bfloat16),  # o
-            jax.ShapeDtypeStruct((b, g, r, s_, 1), jnp.float32),  # lse
+            jax.ShapeDtypeStruct((b, g, r, size_s, d), jnp.bfloat16),  # o
+            jax.ShapeDtypeStruct((b, g, r, size_s, 1), jnp.float32),  # lse
         ),
         scratch_shapes=[
             # max_t_ref: the running max over T
@@ -12014,9 +12074,9 @@ def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, s_, d, t, block_s, block_t, int
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * g * r * s_ * t * d + 2 * b * g * r * s_ * d * t,
-            transcendentals=b * g * r * s_ * t + b * g * r * s_,
-            bytes_accessed=_nbytes(q, k, v) + b * g * r * s_ * d * 2 + b * g * r * s_ * 4,
+            flops=2 * b * g * r * size_s * t * d + 2 * b * g * r * size_s * d * t,
+            transcendentals=b * g * r * size_s * t + b * g * r * size_s,
+            bytes_accessed=_nbytes(q, k, v) + b * g * r * size_s * d * 2 + b * g * r * size_s * 4,
         ),
         interpret=interpret,
         name="gqa_with_residuals",
@@ -12024,10 +12084,10 @@ def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, s_, d, t, block_s, block_t, int
 
 
 def _gqa_with_residuals_gpu_kernel(
-    q_ref, k_ref, v_ref, o_ref, lse_ref, *, b, g, r, s_, d, t, block_s, block_t, block_d
+    q_ref, k_ref, v_ref, o_ref, lse_ref, *, b, g, r, size_s, d, t, block_s, block_t, block_d
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(3) * block_s, block_s, s_)
+    in_s = _inside(pl.program_id(3) * block_s, block_s, size_s)
     in_d = _inside(0, block_d, d)
     q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
 
@@ -12080,11 +12140,9 @@ def _gqa_with_residuals_gpu_kernel(
             jnp.full((block_s, block_d), 0, jnp.float32),
         ),
     )
-    max_t_ = max_t
-    sum_exp_t_ = sum_exp_t
-    acc_t_ = acc_t / sum_exp_t_
-    _store(o_ref, acc_t_.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
-    _store(lse_ref, _logsumexp_finish(max_t_, sum_exp_t_), _mask((block_s, 1), in_s, None))
+    acc_t_2 = acc_t / sum_exp_t
+    _store(o_ref, acc_t_2.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+    _store(lse_ref, _logsumexp_finish(max_t, sum_exp_t), _mask((block_s, 1), in_s, None))
 
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
@@ -12095,15 +12153,15 @@ _gqa_with_residuals_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _gqa_with_residuals_gpu(
-    q, k, v, *, b, g, r, s_, d, t, block_s, block_t, num_warps, num_stages, interpret
+    q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num_stages, interpret
 ):
     """`gqa_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_s, block_t, num_warps, num_stages = _gpu_options(
         _gqa_with_residuals_gpu_options,
-        (b, g, r, s_, d, t),
+        (b, g, r, size_s, d, t),
         (block_s, block_t, num_warps, num_stages),
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
@@ -12112,7 +12170,7 @@ def _gqa_with_residuals_gpu(
             b=b,
             g=g,
             r=r,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -12122,7 +12180,7 @@ def _gqa_with_residuals_gpu(
         # One program per element of B, element of G, element of R, block of S; programs run
         # concurrently. Each holds all of D (one block of the next power of two). Each loops
         # over the blocks of T itself, carrying running values.
-        grid=(b, g, r, pl.cdiv(s_, block_s)),
+        grid=(b, g, r, pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
             pl.BlockSpec(
@@ -12142,8 +12200,8 @@ def _gqa_with_residuals_gpu(
             pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i3: (b, g, r, i3, 0)),
         ),
         out_shape=(
-            jax.ShapeDtypeStruct((b, g, r, s_, d), jnp.bfloat16),  # o
-            jax.ShapeDtypeStruct((b, g, r, s_, 1), jnp.float32),  # lse
+            jax.ShapeDtypeStruct((b, g, r, size_s, d), jnp.bfloat16),  # o
+            jax.ShapeDtypeStruct((b, g, r, size_s, 1), jnp.float32),  # lse
         ),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -12161,13 +12219,13 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
     o_smem,
     lse_smem,
     operand_smem,
-    operand_smem_,
+    operand_smem_2,
     barrier,
     *,
     b,
     g,
     r,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -12175,8 +12233,8 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
     block_d,
 ):
     program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(s_, block_s))
-    program = jax.lax.div(program, pl.cdiv(s_, block_s))
+    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
+    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
     r_index = jax.lax.rem(program, r)
     program = jax.lax.div(program, r)
     g_index = jax.lax.rem(program, g)
@@ -12218,7 +12276,7 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
             operand,
             v_smem,
             split=jnp.bfloat16,
-            lhs_scratch=(operand_smem, operand_smem_),
+            lhs_scratch=(operand_smem, operand_smem_2),
         )
         return max_t, sum_exp_t, acc_t
 
@@ -12244,11 +12302,9 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
             plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
         ),
     )(k_ref.at[b_index, g_index], v_ref.at[b_index, g_index])
-    max_t_ = max_t
-    sum_exp_t_ = sum_exp_t
-    acc_t_ = acc_t / _mgpu_spread(sum_exp_t_, (block_s, block_d), 0)
-    o_smem[...] = acc_t_.astype(jnp.bfloat16)
-    lse_smem[...] = _logsumexp_finish(max_t_, sum_exp_t_)
+    acc_t_2 = acc_t / _mgpu_spread(sum_exp_t, (block_s, block_d), 0)
+    o_smem[...] = acc_t_2.astype(jnp.bfloat16)
+    lse_smem[...] = _logsumexp_finish(max_t, sum_exp_t)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)])
     plgpu.copy_smem_to_gmem(
@@ -12257,7 +12313,7 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, s_, d, t, interpret):
+def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
     """`gqa_with_residuals` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
@@ -12270,9 +12326,9 @@ def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, s_, d, t, interpret):
         raise ValueError(
             f'gqa_with_residuals: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_s_ = s_ + -s_ % block_s
+    padded_size_s = size_s + -size_s % block_s
     padded_t = t + -t % block_t
-    q = _mgpu_pad(q.reshape((b, g, r, s_, d)), (b, g, r, padded_s_, block_d))
+    q = _mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
     k = _mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
     v = _mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
     o, lse = plgpu.kernel(
@@ -12281,7 +12337,7 @@ def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, s_, d, t, interpret):
             b=b,
             g=g,
             r=r,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -12289,8 +12345,8 @@ def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, s_, d, t, interpret):
             block_d=block_d,
         ),
         out_type=(
-            jax.ShapeDtypeStruct((b, g, r, padded_s_, block_d), jnp.bfloat16),
-            jax.ShapeDtypeStruct((b, g, r, padded_s_), jnp.float32),
+            jax.ShapeDtypeStruct((b, g, r, padded_size_s, block_d), jnp.bfloat16),
+            jax.ShapeDtypeStruct((b, g, r, padded_size_s), jnp.float32),
         ),
         scratch_types=[
             plgpu.SMEM(
@@ -12308,13 +12364,13 @@ def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, s_, d, t, interpret):
             ),
             plgpu.Barrier(num_barriers=1),
         ],
-        grid=(b * g * r * pl.cdiv(s_, block_s),),
+        grid=(b * g * r * pl.cdiv(size_s, block_s),),
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v)
-    return o[:b, :g, :r, :s_, :d].reshape((b, g, r, s_, d)), lse[:b, :g, :r, :s_].reshape(
-        (b, g, r, s_, 1)
-    )
+    return o[:b, :g, :r, :size_s, :d].reshape((b, g, r, size_s, d)), lse[
+        :b, :g, :r, :size_s
+    ].reshape((b, g, r, size_s, 1))
 
 
 @functools.partial(
@@ -12388,13 +12444,13 @@ def gqa_backward_dq(
     b = sizes["B"]
     g = sizes["G"]
     r = sizes["R"]
-    s_ = sizes["S"]
+    size_s = sizes["S"]
     d = sizes["D"]
     t = sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(
             gqa_backward_dq_reference,
-            (((b, g, r, s_, d), jnp.bfloat16), ((b, g, r, s_), jnp.float32)),
+            (((b, g, r, size_s, d), jnp.bfloat16), ((b, g, r, size_s), jnp.float32)),
             q,
             k,
             v,
@@ -12402,10 +12458,18 @@ def gqa_backward_dq(
             do,
             lse,
         )
-    lse = lse.reshape((b, g, r, s_, 1))  # lse: f32[B, G, R, S]
+    lse = lse.reshape((b, g, r, size_s, 1))  # lse: f32[B, G, R, S]
     dq, delta = _on_platform(
         functools.partial(
-            _gqa_backward_dq_tpu, b=b, g=g, r=r, s_=s_, d=d, t=t, block_s=block_s, block_t=block_t
+            _gqa_backward_dq_tpu,
+            b=b,
+            g=g,
+            r=r,
+            size_s=size_s,
+            d=d,
+            t=t,
+            block_s=block_s,
+            block_t=block_t,
         ),
         _gpu_kernel(
             "gqa_backward_dq",
@@ -12415,7 +12479,7 @@ def gqa_backward_dq(
                 b=b,
                 g=g,
                 r=r,
-                s_=s_,
+                size_s=size_s,
                 d=d,
                 t=t,
                 block_s=gpu_block_s,
@@ -12423,7 +12487,7 @@ def gqa_backward_dq(
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_gqa_backward_dq_mosaic_gpu, b=b, g=g, r=r, s_=s_, d=d, t=t),
+            functools.partial(_gqa_backward_dq_mosaic_gpu, b=b, g=g, r=r, size_s=size_s, d=d, t=t),
         ),
         interpret,
         q,
@@ -12434,7 +12498,7 @@ def gqa_backward_dq(
         lse,
     )
     delta = delta.reshape(
-        (b, g, r, s_)
+        (b, g, r, size_s)
     )  # the kernel holds it with size 1 along the dimensions it lacks
     return dq, delta
 
@@ -12444,7 +12508,7 @@ def gqa_backward_dq_reference(q, k, v, o, do, lse):
     b = q.shape[0]
     g = q.shape[1]
     r = q.shape[2]
-    s_ = q.shape[3]
+    size_s = q.shape[3]
     d = q.shape[4]
     t = k.shape[2]
     q = q[:, :, :, :, :, None]
@@ -12488,8 +12552,8 @@ def gqa_backward_dq_reference(q, k, v, o, do, lse):
         ),
         (5,),
     ).astype(jnp.bfloat16)
-    dq = dq.reshape((b, g, r, s_, d))
-    delta = delta.reshape((b, g, r, s_))
+    dq = dq.reshape((b, g, r, size_s, d))
+    delta = delta.reshape((b, g, r, size_s))
     return dq, delta
 
 
@@ -12507,7 +12571,7 @@ def _gqa_backward_dq_kernel(
     b,
     g,
     r,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -12547,10 +12611,10 @@ def _gqa_backward_dq_kernel(
     def _finish():
         o = o_ref[...]
         do = do_ref[...]
-        acc_t_ = acc_t_ref[...]
+        acc_t = acc_t_ref[...]
         delta = jnp.sum((do.astype(jnp.float32) * o.astype(jnp.float32)), axis=1, keepdims=True)
         delta_ref[...] = delta
-        dq_ref[...] = acc_t_.astype(jnp.bfloat16)
+        dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
 # TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
@@ -12564,15 +12628,17 @@ _gqa_backward_dq_tpu_blocks = {
 }
 
 
-def _gqa_backward_dq_tpu(q, k, v, o, do, lse, *, b, g, r, s_, d, t, block_s, block_t, interpret):
+def _gqa_backward_dq_tpu(
+    q, k, v, o, do, lse, *, b, g, r, size_s, d, t, block_s, block_t, interpret
+):
     """`gqa_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = _tpu_blocks(
         _gqa_backward_dq_tpu_blocks,
-        (b, g, r, s_, d, t),
+        (b, g, r, size_s, d, t),
         (block_s, block_t),
         grow=functools.partial(
             _grown,
-            bounds=(min(s_, 1024), min(t, 1024)),
+            bounds=(min(size_s, 1024), min(t, 1024)),
             step=lambda block_s, block_t: (
                 block_s * block_t,
                 4 * block_s * d
@@ -12587,13 +12653,13 @@ def _gqa_backward_dq_tpu(q, k, v, o, do, lse, *, b, g, r, s_, d, t, block_s, blo
             ),
         ),
     )
-    block_s = min(block_s, s_)  # a small S is one whole block
+    block_s = min(block_s, size_s)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
     _check_tiling(
         "gqa_backward_dq",
         block_s=(
             block_s,
-            s_,
+            size_s,
             16,
             "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
@@ -12613,7 +12679,7 @@ def _gqa_backward_dq_tpu(q, k, v, o, do, lse, *, b, g, r, s_, d, t, block_s, blo
             b=b,
             g=g,
             r=r,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -12622,7 +12688,7 @@ def _gqa_backward_dq_tpu(q, k, v, o, do, lse, *, b, g, r, s_, d, t, block_s, blo
         # One step per element of B, element of G, element of R, block of S, block of T (D
         # taken whole). Steps along B, G, R, S are independent (parallel); steps along T
         # accumulate in order (arbitrary).
-        grid=(b, g, r, pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        grid=(b, g, r, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, i, 0)),
@@ -12644,8 +12710,8 @@ def _gqa_backward_dq_tpu(q, k, v, o, do, lse, *, b, g, r, s_, d, t, block_s, blo
             pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i, j: (b, g, r, i, 0)),
         ),
         out_shape=(
-            jax.ShapeDtypeStruct((b, g, r, s_, d), jnp.bfloat16),  # dq
-            jax.ShapeDtypeStruct((b, g, r, s_, 1), jnp.float32),  # delta
+            jax.ShapeDtypeStruct((b, g, r, size_s, d), jnp.bfloat16),  # dq
+            jax.ShapeDtypeStruct((b, g, r, size_s, 1), jnp.float32),  # delta
         ),
         # acc_t_ref: the product over T
         scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],
@@ -12665,13 +12731,13 @@ def _gqa_backward_dq_tpu(q, k, v, o, do, lse, *, b, g, r, s_, d, t, block_s, blo
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * g * r * s_ * t * d
-            + 2 * b * g * r * s_ * t * d
-            + 2 * b * g * r * s_ * d * t,
-            transcendentals=b * g * r * s_ * t,
+            flops=2 * b * g * r * size_s * t * d
+            + 2 * b * g * r * size_s * t * d
+            + 2 * b * g * r * size_s * d * t,
+            transcendentals=b * g * r * size_s * t,
             bytes_accessed=_nbytes(q, k, v, o, do, lse)
-            + b * g * r * s_ * d * 2
-            + b * g * r * s_ * 4,
+            + b * g * r * size_s * d * 2
+            + b * g * r * size_s * 4,
         ),
         interpret=interpret,
         name="gqa_backward_dq",
@@ -12691,7 +12757,7 @@ def _gqa_backward_dq_gpu_kernel(
     b,
     g,
     r,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -12699,7 +12765,7 @@ def _gqa_backward_dq_gpu_kernel(
     block_d,
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(3) * block_s, block_s, s_)
+    in_s = _inside(pl.program_id(3) * block_s, block_s, size_s)
     in_d = _inside(0, block_d, d)
     q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
     o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
@@ -12743,14 +12809,13 @@ def _gqa_backward_dq_gpu_kernel(
     )
     o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
     do = _load(do_ref, _mask((block_s, block_d), in_s, in_d), other=0)
-    acc_t_ = acc_t
     delta = jnp.sum(
         _fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
         axis=1,
         keepdims=True,
     )
     _store(delta_ref, delta, _mask((block_s, 1), in_s, None))
-    _store(dq_ref, acc_t_.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+    _store(dq_ref, acc_t.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
 
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
@@ -12761,13 +12826,32 @@ _gqa_backward_dq_gpu_options = {None: (64, 64, 4, 1)}
 
 
 def _gqa_backward_dq_gpu(
-    q, k, v, o, do, lse, *, b, g, r, s_, d, t, block_s, block_t, num_warps, num_stages, interpret
+    q,
+    k,
+    v,
+    o,
+    do,
+    lse,
+    *,
+    b,
+    g,
+    r,
+    size_s,
+    d,
+    t,
+    block_s,
+    block_t,
+    num_warps,
+    num_stages,
+    interpret,
 ):
     """`gqa_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_s, block_t, num_warps, num_stages = _gpu_options(
-        _gqa_backward_dq_gpu_options, (b, g, r, s_, d, t), (block_s, block_t, num_warps, num_stages)
+        _gqa_backward_dq_gpu_options,
+        (b, g, r, size_s, d, t),
+        (block_s, block_t, num_warps, num_stages),
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
@@ -12776,7 +12860,7 @@ def _gqa_backward_dq_gpu(
             b=b,
             g=g,
             r=r,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -12786,7 +12870,7 @@ def _gqa_backward_dq_gpu(
         # One program per element of B, element of G, element of R, block of S; programs run
         # concurrently. Each holds all of D (one block of the next power of two). Each loops
         # over the blocks of T itself, carrying running values.
-        grid=(b, g, r, pl.cdiv(s_, block_s)),
+        grid=(b, g, r, pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
             pl.BlockSpec(
@@ -12816,8 +12900,8 @@ def _gqa_backward_dq_gpu(
             pl.BlockSpec((None, None, None, block_s, 1), lambda b, g, r, i3: (b, g, r, i3, 0)),
         ),
         out_shape=(
-            jax.ShapeDtypeStruct((b, g, r, s_, d), jnp.bfloat16),  # dq
-            jax.ShapeDtypeStruct((b, g, r, s_, 1), jnp.float32),  # delta
+            jax.ShapeDtypeStruct((b, g, r, size_s, d), jnp.bfloat16),  # dq
+            jax.ShapeDtypeStruct((b, g, r, size_s, 1), jnp.float32),  # delta
         ),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
@@ -12846,7 +12930,7 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
     b,
     g,
     r,
-    s_,
+    size_s,
     d,
     t,
     block_s,
@@ -12854,8 +12938,8 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
     block_d,
 ):
     program = jax.lax.axis_index("programs")
-    s_block = jax.lax.rem(program, pl.cdiv(s_, block_s))
-    program = jax.lax.div(program, pl.cdiv(s_, block_s))
+    s_block = jax.lax.rem(program, pl.cdiv(size_s, block_s))
+    program = jax.lax.div(program, pl.cdiv(size_s, block_s))
     r_index = jax.lax.rem(program, r)
     program = jax.lax.div(program, r)
     g_index = jax.lax.rem(program, g)
@@ -12920,12 +13004,11 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
     )(k_ref.at[b_index, g_index], v_ref.at[b_index, g_index])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
-    acc_t_ = acc_t
     delta = jnp.sum(
         _mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
     )
     delta_smem[...] = delta
-    dq_smem[...] = acc_t_.astype(jnp.bfloat16)
+    dq_smem[...] = acc_t.astype(jnp.bfloat16)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)])
     plgpu.copy_smem_to_gmem(
@@ -12934,7 +13017,7 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, s_, d, t, interpret):
+def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, interpret):
     """`gqa_backward_dq` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
@@ -12947,21 +13030,21 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, s_, d, t, inter
         raise ValueError(
             f'gqa_backward_dq: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
-    padded_s_ = s_ + -s_ % block_s
+    padded_size_s = size_s + -size_s % block_s
     padded_t = t + -t % block_t
-    q = _mgpu_pad(q.reshape((b, g, r, s_, d)), (b, g, r, padded_s_, block_d))
+    q = _mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
     k = _mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
     v = _mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
-    o = _mgpu_pad(o.reshape((b, g, r, s_, d)), (b, g, r, padded_s_, block_d))
-    do = _mgpu_pad(do.reshape((b, g, r, s_, d)), (b, g, r, padded_s_, block_d))
-    lse = _mgpu_pad(lse.reshape((b, g, r, s_)), (b, g, r, padded_s_))
+    o = _mgpu_pad(o.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
+    do = _mgpu_pad(do.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
+    lse = _mgpu_pad(lse.reshape((b, g, r, size_s)), (b, g, r, padded_size_s))
     dq, delta = plgpu.kernel(
         functools.partial(
             _gqa_backward_dq_mosaic_gpu_kernel,
             b=b,
             g=g,
             r=r,
-            s_=s_,
+            size_s=size_s,
             d=d,
             t=t,
             block_s=block_s,
@@ -12969,8 +13052,8 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, s_, d, t, inter
             block_d=block_d,
         ),
         out_type=(
-            jax.ShapeDtypeStruct((b, g, r, padded_s_, block_d), jnp.bfloat16),
-            jax.ShapeDtypeStruct((b, g, r, padded_s_), jnp.float32),
+            jax.ShapeDtypeStruct((b, g, r, padded_size_s, block_d), jnp.bfloat16),
+            jax.ShapeDtypeStruct((b, g, r, padded_size_s), jnp.float32),
         ),
         scratch_types=[
             plgpu.SMEM(
@@ -12992,13 +13075,13 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, s_, d, t, inter
             ),
             plgpu.Barrier(num_barriers=4),
         ],
-        grid=(b * g * r * pl.cdiv(s_, block_s),),
+        grid=(b * g * r * pl.cdiv(size_s, block_s),),
         grid_names=("programs",),
         interpret=interpret,
     )(q, k, v, o, do, lse)
-    return dq[:b, :g, :r, :s_, :d].reshape((b, g, r, s_, d)), delta[:b, :g, :r, :s_].reshape(
-        (b, g, r, s_, 1)
-    )
+    return dq[:b, :g, :r, :size_s, :d].reshape((b, g, r, size_s, d)), delta[
+        :b, :g, :r, :size_s
+    ].reshape((b, g, r, size_s, 1))
 
 
 @functools.partial(
@@ -13074,7 +13157,7 @@ def gqa_backward_dkdv(
     r = sizes["R"]
     t = sizes["T"]
     d = sizes["D"]
-    s_ = sizes["S"]
+    size_s = sizes["S"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(
             gqa_backward_dkdv_reference,
@@ -13086,11 +13169,19 @@ def gqa_backward_dkdv(
             lse,
             delta,
         )
-    lse = lse.reshape((b, g, r, 1, s_))  # lse: f32[B, G, R, S]
-    delta = delta.reshape((b, g, r, 1, s_))  # delta: f32[B, G, R, S]
+    lse = lse.reshape((b, g, r, 1, size_s))  # lse: f32[B, G, R, S]
+    delta = delta.reshape((b, g, r, 1, size_s))  # delta: f32[B, G, R, S]
     return _on_platform(
         functools.partial(
-            _gqa_backward_dkdv_tpu, b=b, g=g, r=r, t=t, d=d, s_=s_, block_t=block_t, block_s=block_s
+            _gqa_backward_dkdv_tpu,
+            b=b,
+            g=g,
+            r=r,
+            t=t,
+            d=d,
+            size_s=size_s,
+            block_t=block_t,
+            block_s=block_s,
         ),
         _gpu_kernel(
             "gqa_backward_dkdv",
@@ -13102,13 +13193,15 @@ def gqa_backward_dkdv(
                 r=r,
                 t=t,
                 d=d,
-                s_=s_,
+                size_s=size_s,
                 block_t=gpu_block_t,
                 block_s=gpu_block_s,
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_gqa_backward_dkdv_mosaic_gpu, b=b, g=g, r=r, t=t, d=d, s_=s_),
+            functools.partial(
+                _gqa_backward_dkdv_mosaic_gpu, b=b, g=g, r=r, t=t, d=d, size_s=size_s
+            ),
         ),
         interpret,
         q,
@@ -13127,7 +13220,7 @@ def gqa_backward_dkdv_reference(q, k, v, do, lse, delta):
     r = q.shape[2]
     t = k.shape[2]
     d = q.shape[4]
-    s_ = q.shape[3]
+    size_s = q.shape[3]
     q = jnp.transpose(q, (0, 1, 2, 4, 3))[:, :, :, None, :, :]
     k = k[:, :, None, :, :, None]
     v = v[:, :, None, :, :, None]
@@ -13190,14 +13283,14 @@ def _gqa_backward_dkdv_kernel(
     dk_r_ref,
     dv_r_ref,
     acc_s_ref,
-    acc_s__ref,
+    acc_s_2_ref,
     *,
     b,
     g,
     r,
     t,
     d,
-    s_,
+    size_s,
     block_t,
     block_s,
 ):
@@ -13207,7 +13300,7 @@ def _gqa_backward_dkdv_kernel(
     @pl.when(step == 0)
     def _init():
         acc_s_ref[...] = jnp.full(acc_s_ref.shape, 0, jnp.float32)
-        acc_s__ref[...] = jnp.full(acc_s__ref.shape, 0, jnp.float32)
+        acc_s_2_ref[...] = jnp.full(acc_s_2_ref.shape, 0, jnp.float32)
 
     k = k_ref[...]
     v = v_ref[...]
@@ -13224,27 +13317,27 @@ def _gqa_backward_dkdv_kernel(
     ds = p * (dp - delta)
     acc_s_lhs = p.astype(jnp.bfloat16)
     acc_s_rhs = do
-    if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
-        acc_s_lhs = _fill_past(acc_s_lhs, s_start, s_, 1, 0)
-        acc_s_rhs = _fill_past(acc_s_rhs, s_start, s_, 0, 0)
+    if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
+        acc_s_lhs = _fill_past(acc_s_lhs, s_start, size_s, 1, 0)
+        acc_s_rhs = _fill_past(acc_s_rhs, s_start, size_s, 0, 0)
     acc_s_ref[...] = acc_s_ref[...] + jnp.dot(
         acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32
     )
-    acc_s__lhs = (ds * 0.088388).astype(jnp.bfloat16)
-    acc_s__rhs = q
-    if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
-        acc_s__lhs = _fill_past(acc_s__lhs, s_start, s_, 1, 0)
-        acc_s__rhs = _fill_past(acc_s__rhs, s_start, s_, 0, 0)
-    acc_s__ref[...] = acc_s__ref[...] + jnp.dot(
-        acc_s__lhs, acc_s__rhs, preferred_element_type=jnp.float32
+    acc_s_2_lhs = (ds * 0.088388).astype(jnp.bfloat16)
+    acc_s_2_rhs = q
+    if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
+        acc_s_2_lhs = _fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
+        acc_s_2_rhs = _fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
+    acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(
+        acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32
     )
 
     @pl.when(step == pl.num_programs(4) - 1)
     def _finish():
-        acc_s__ = acc_s_ref[...]
-        acc_s___ = acc_s__ref[...]
-        dv_r_ref[...] = acc_s__
-        dk_r_ref[...] = acc_s___
+        acc_s = acc_s_ref[...]
+        acc_s_2 = acc_s_2_ref[...]
+        dv_r_ref[...] = acc_s
+        dk_r_ref[...] = acc_s_2
 
 
 # TPU blocks (block_t, block_s) for a call that passes none, by chip: those `pallasgen
@@ -13259,16 +13352,16 @@ _gqa_backward_dkdv_tpu_blocks = {
 
 
 def _gqa_backward_dkdv_tpu(
-    q, k, v, do, lse, delta, *, b, g, r, t, d, s_, block_t, block_s, interpret
+    q, k, v, do, lse, delta, *, b, g, r, t, d, size_s, block_t, block_s, interpret
 ):
     """`gqa_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_t, block_s = _tpu_blocks(
         _gqa_backward_dkdv_tpu_blocks,
-        (b, g, r, t, d, s_),
+        (b, g, r, t, d, size_s),
         (block_t, block_s),
         grow=functools.partial(
             _grown,
-            bounds=(min(t, 1024), min(s_, 1024)),
+            bounds=(min(t, 1024), min(size_s, 1024)),
             step=lambda block_t, block_s: (
                 block_t * block_s,
                 4 * block_s * d
@@ -13285,7 +13378,7 @@ def _gqa_backward_dkdv_tpu(
         ),
     )
     block_t = min(block_t, t)  # a small T is one whole block
-    block_s = min(block_s, s_)  # a small S is one whole block
+    block_s = min(block_s, size_s)  # a small S is one whole block
     _check_tiling(
         "gqa_backward_dkdv",
         block_t=(
@@ -13296,14 +13389,14 @@ def _gqa_backward_dkdv_tpu(
         ),
         block_s=(
             block_s,
-            s_,
+            size_s,
             128,
             "S is the last dimension of a block, so it is a multiple of 128",
         ),
     )
     # VMEM at the default blocks per unit of D: 11.0 KiB = 2 buffers x (q 256 B + k 512 B
     # + v 512 B + do 256 B + lse 512 B + delta 512 B + dk_r 1.0 KiB + dv_r 1.0 KiB) +
-    # acc_s_ref 1.0 KiB + acc_s__ref 1.0 KiB.
+    # acc_s_ref 1.0 KiB + acc_s_2_ref 1.0 KiB.
     return pl.pallas_call(
         functools.partial(
             _gqa_backward_dkdv_kernel,
@@ -13312,14 +13405,14 @@ def _gqa_backward_dkdv_tpu(
             r=r,
             t=t,
             d=d,
-            s_=s_,
+            size_s=size_s,
             block_t=block_t,
             block_s=block_s,
         ),
         # One step per element of B, element of G, element of R, block of T, block of S (D
         # taken whole). Steps along B, G, R, T are independent (parallel); steps along S
         # accumulate in order (arbitrary).
-        grid=(b, g, r, pl.cdiv(t, block_t), pl.cdiv(s_, block_s)),
+        grid=(b, g, r, pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
             pl.BlockSpec((None, None, None, block_s, d), lambda b, g, r, i, j: (b, g, r, j, 0)),
@@ -13347,7 +13440,7 @@ def _gqa_backward_dkdv_tpu(
         scratch_shapes=[
             # acc_s_ref: the product over S
             pltpu.VMEM((block_t, d), jnp.float32),
-            # acc_s__ref: the product over S
+            # acc_s_2_ref: the product over S
             pltpu.VMEM((block_t, d), jnp.float32),
         ],
         compiler_params=pltpu.CompilerParams(
@@ -13367,11 +13460,11 @@ def _gqa_backward_dkdv_tpu(
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * g * r * t * s_ * d
-            + 2 * b * g * r * t * d * s_
-            + 2 * b * g * r * t * s_ * d
-            + 2 * b * g * r * t * d * s_,
-            transcendentals=b * g * r * t * s_,
+            flops=2 * b * g * r * t * size_s * d
+            + 2 * b * g * r * t * d * size_s
+            + 2 * b * g * r * t * size_s * d
+            + 2 * b * g * r * t * d * size_s,
+            transcendentals=b * g * r * t * size_s,
             bytes_accessed=_nbytes(q, k, v, do, lse, delta)
             + b * g * r * t * d * 4
             + b * g * r * t * d * 4,
@@ -13396,7 +13489,7 @@ def _gqa_backward_dkdv_gpu_kernel(
     r,
     t,
     d,
-    s_,
+    size_s,
     block_t,
     block_s,
     block_d,
@@ -13409,8 +13502,8 @@ def _gqa_backward_dkdv_gpu_kernel(
 
     def accumulate(index, running):
         s_start = index * block_s
-        in_s = _inside(s_start, block_s, s_)
-        acc_s, acc_s_ = running
+        in_s = _inside(s_start, block_s, size_s)
+        acc_s, acc_s_2 = running
         q = _load(
             q_ref.at[pl.ds(s_start, block_s), :], _mask((block_s, block_d), in_s, in_d), other=0
         )
@@ -13434,31 +13527,29 @@ def _gqa_backward_dkdv_gpu_kernel(
         ds = p * (dp - delta)
         acc_s_lhs = p.astype(jnp.bfloat16)
         acc_s_rhs = do
-        if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s_lhs = _fill_past(acc_s_lhs, s_start, s_, 1, 0)
-            acc_s_rhs = _fill_past(acc_s_rhs, s_start, s_, 0, 0)
+        if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
+            acc_s_lhs = _fill_past(acc_s_lhs, s_start, size_s, 1, 0)
+            acc_s_rhs = _fill_past(acc_s_rhs, s_start, size_s, 0, 0)
         acc_s = acc_s + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
-        acc_s__lhs = (ds * 0.088388).astype(jnp.bfloat16)
-        acc_s__rhs = q
-        if s_ % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s__lhs = _fill_past(acc_s__lhs, s_start, s_, 1, 0)
-            acc_s__rhs = _fill_past(acc_s__rhs, s_start, s_, 0, 0)
-        acc_s_ = acc_s_ + jnp.dot(acc_s__lhs, acc_s__rhs, preferred_element_type=jnp.float32)
-        return acc_s, acc_s_
+        acc_s_2_lhs = (ds * 0.088388).astype(jnp.bfloat16)
+        acc_s_2_rhs = q
+        if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
+            acc_s_2_lhs = _fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
+            acc_s_2_rhs = _fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
+        acc_s_2 = acc_s_2 + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
+        return acc_s, acc_s_2
 
-    acc_s, acc_s_ = jax.lax.fori_loop(
+    acc_s, acc_s_2 = jax.lax.fori_loop(
         0,
-        pl.cdiv(s_, block_s),
+        pl.cdiv(size_s, block_s),
         accumulate,
         (
             jnp.full((block_t, block_d), 0, jnp.float32),
             jnp.full((block_t, block_d), 0, jnp.float32),
         ),
     )
-    acc_s__ = acc_s
-    acc_s___ = acc_s_
-    _store(dv_r_ref, acc_s__, _mask((block_t, block_d), in_t, in_d))
-    _store(dk_r_ref, acc_s___, _mask((block_t, block_d), in_t, in_d))
+    _store(dv_r_ref, acc_s, _mask((block_t, block_d), in_t, in_d))
+    _store(dk_r_ref, acc_s_2, _mask((block_t, block_d), in_t, in_d))
 
 
 # GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
@@ -13481,7 +13572,7 @@ def _gqa_backward_dkdv_gpu(
     r,
     t,
     d,
-    s_,
+    size_s,
     block_t,
     block_s,
     num_warps,
@@ -13491,11 +13582,11 @@ def _gqa_backward_dkdv_gpu(
     """`gqa_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_t, block_s, num_warps, num_stages = _gpu_options(
         _gqa_backward_dkdv_gpu_options,
-        (b, g, r, t, d, s_),
+        (b, g, r, t, d, size_s),
         (block_t, block_s, num_warps, num_stages),
     )
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
-    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_d = pl.next_power_of_2(d)  # all of D in one block, masked past its end
     return pl.pallas_call(
         functools.partial(
@@ -13505,7 +13596,7 @@ def _gqa_backward_dkdv_gpu(
             r=r,
             t=t,
             d=d,
-            s_=s_,
+            size_s=size_s,
             block_t=block_t,
             block_s=block_s,
             block_d=block_d,
@@ -13516,17 +13607,17 @@ def _gqa_backward_dkdv_gpu(
         grid=(b, g, r, pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
-            pl.BlockSpec((None, None, None, s_, block_d), lambda b, g, r, i3: (b, g, r, 0, 0)),
+            pl.BlockSpec((None, None, None, size_s, block_d), lambda b, g, r, i3: (b, g, r, 0, 0)),
             # k: bf16[B, G, T, D]
             pl.BlockSpec((None, None, block_t, block_d), lambda b, g, r, i3: (b, g, i3, 0)),
             # v: bf16[B, G, T, D]
             pl.BlockSpec((None, None, block_t, block_d), lambda b, g, r, i3: (b, g, i3, 0)),
             # do: bf16[B, G, R, S, D]
-            pl.BlockSpec((None, None, None, s_, block_d), lambda b, g, r, i3: (b, g, r, 0, 0)),
+            pl.BlockSpec((None, None, None, size_s, block_d), lambda b, g, r, i3: (b, g, r, 0, 0)),
             # lse: f32[B, G, R, S]
-            pl.BlockSpec((None, None, None, 1, s_), lambda b, g, r, i3: (b, g, r, 0, 0)),
+            pl.BlockSpec((None, None, None, 1, size_s), lambda b, g, r, i3: (b, g, r, 0, 0)),
             # delta: f32[B, G, R, S]
-            pl.BlockSpec((None, None, None, 1, s_), lambda b, g, r, i3: (b, g, r, 0, 0)),
+            pl.BlockSpec((None, None, None, 1, size_s), lambda b, g, r, i3: (b, g, r, 0, 0)),
         ],
         out_specs=(
             # dk_r: f32[B, G, R, T, D]
@@ -13562,7 +13653,7 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
     dk_r_smem,
     dv_r_smem,
     operand_smem,
-    operand_smem_,
+    operand_smem_2,
     barrier,
     *,
     b,
@@ -13570,7 +13661,7 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
     r,
     t,
     d,
-    s_,
+    size_s,
     block_t,
     block_s,
     block_d,
@@ -13595,7 +13686,7 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
 
     def step(indices, q_smem, do_smem, lse_smem, delta_smem, carry):
         s_start = indices[0] * block_s
-        acc_s, acc_s_ = carry
+        acc_s, acc_s_2 = carry
         lse = _mgpu_load_vector(lse_smem, 1)
         delta = _mgpu_load_vector(delta_smem, 1)
         s = _mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * 0.088388
@@ -13603,20 +13694,20 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
         dp = _mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
         ds = p * (dp - _mgpu_spread(delta, (block_t, block_s), 1))
         operand = p.astype(jnp.bfloat16)
-        if s_ % block_s:  # a ragged S: 0 past its end
-            operand = _mgpu_fill_past(operand, s_start, s_, 1, 0)
+        if size_s % block_s:  # a ragged S: 0 past its end
+            operand = _mgpu_fill_past(operand, s_start, size_s, 1, 0)
         acc_s = acc_s + _mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,))
-        operand_ = (ds * 0.088388).astype(jnp.bfloat16)
-        if s_ % block_s:  # a ragged S: 0 past its end
-            operand_ = _mgpu_fill_past(operand_, s_start, s_, 1, 0)
-        acc_s_ = acc_s_ + _mgpu_dot(
-            (block_t, block_d), operand_, q_smem, lhs_scratch=(operand_smem_,)
+        operand_2 = (ds * 0.088388).astype(jnp.bfloat16)
+        if size_s % block_s:  # a ragged S: 0 past its end
+            operand_2 = _mgpu_fill_past(operand_2, s_start, size_s, 1, 0)
+        acc_s_2 = acc_s_2 + _mgpu_dot(
+            (block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,)
         )
-        return acc_s, acc_s_
+        return acc_s, acc_s_2
 
-    acc_s, acc_s_ = plgpu.emit_pipeline(
+    acc_s, acc_s_2 = plgpu.emit_pipeline(
         step,
-        grid=(pl.cdiv(s_, block_s),),
+        grid=(pl.cdiv(size_s, block_s),),
         in_specs=[
             plgpu.BlockSpec(
                 (block_s, block_d),
@@ -13642,10 +13733,8 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
         lse_ref.at[b_index, g_index, r_index],
         delta_ref.at[b_index, g_index, r_index],
     )
-    acc_s__ = acc_s
-    acc_s___ = acc_s_
-    dv_r_smem[...] = acc_s__
-    dk_r_smem[...] = acc_s___
+    dv_r_smem[...] = acc_s
+    dk_r_smem[...] = acc_s_2
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(
         dk_r_smem, dk_r_ref.at[b_index, g_index, r_index, pl.ds(t_start, block_t)]
@@ -13656,7 +13745,7 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, s_, interpret):
+def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, size_s, interpret):
     """`gqa_backward_dkdv` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
@@ -13670,13 +13759,13 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, s_,
             f'gqa_backward_dkdv: gpu_backend="mosaic_gpu" holds D whole, up to 256; got D={d} (use gpu_backend="triton")'
         )
     padded_t = t + -t % block_t
-    padded_s_ = s_ + -s_ % block_s
-    q = _mgpu_pad(q.reshape((b, g, r, s_, d)), (b, g, r, padded_s_, block_d))
+    padded_size_s = size_s + -size_s % block_s
+    q = _mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
     k = _mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
     v = _mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
-    do = _mgpu_pad(do.reshape((b, g, r, s_, d)), (b, g, r, padded_s_, block_d))
-    lse = _mgpu_pad(lse.reshape((b, g, r, s_)), (b, g, r, padded_s_))
-    delta = _mgpu_pad(delta.reshape((b, g, r, s_)), (b, g, r, padded_s_))
+    do = _mgpu_pad(do.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
+    lse = _mgpu_pad(lse.reshape((b, g, r, size_s)), (b, g, r, padded_size_s))
+    delta = _mgpu_pad(delta.reshape((b, g, r, size_s)), (b, g, r, padded_size_s))
     dk_r, dv_r = plgpu.kernel(
         functools.partial(
             _gqa_backward_dkdv_mosaic_gpu_kernel,
@@ -13685,7 +13774,7 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, s_,
             r=r,
             t=t,
             d=d,
-            s_=s_,
+            size_s=size_s,
             block_t=block_t,
             block_s=block_s,
             block_d=block_d,
@@ -14090,14 +14179,14 @@ def _gqa_backward_over_r_mosaic_gpu_kernel(
     program_d = jax.lax.axis_index("D")
 
     def reduce(_, dk_r_smem, dv_r_smem, carry):
-        sum_running, sum_running_ = carry
+        sum_running, sum_running_2 = carry
         dk_r = _mgpu_load(dk_r_smem, (block_t, block_d), (0, 1))
         dv_r = _mgpu_load(dv_r_smem, (block_t, block_d), (0, 1))
         sum_running = sum_running + dk_r
-        sum_running_ = sum_running_ + dv_r
-        return (sum_running, sum_running_)
+        sum_running_2 = sum_running_2 + dv_r
+        return (sum_running, sum_running_2)
 
-    sum_running, sum_running_ = plgpu.emit_pipeline(
+    sum_running, sum_running_2 = plgpu.emit_pipeline(
         reduce,
         grid=(r,),
         in_specs=[
@@ -14119,11 +14208,11 @@ def _gqa_backward_over_r_mosaic_gpu_kernel(
         ),
     )(dk_r_ref.at[program_b, program_g], dv_r_ref.at[program_b, program_g])
     sum_r = sum_running
-    sum_r_ = sum_running_
+    sum_over_r = sum_running_2
 
     def write(_, dk_smem, dv_smem):
         dk_smem[...] = sum_r.astype(jnp.bfloat16)
-        dv_smem[...] = sum_r_.astype(jnp.bfloat16)
+        dv_smem[...] = sum_over_r.astype(jnp.bfloat16)
 
     plgpu.emit_pipeline(
         write,
@@ -14400,8 +14489,8 @@ def _matmul_softmax_kernel(x_ref, w_ref, y_ref, acc_k_ref, *, m, n, k, block_m, 
 
     @pl.when(step == pl.num_programs(1) - 1)
     def _finish():
-        acc_k_ = acc_k_ref[...]
-        y_ref[...] = _softmax(acc_k_, 1)
+        acc_k = acc_k_ref[...]
+        y_ref[...] = _softmax(acc_k, 1)
 
 
 # TPU blocks (block_m, block_k) for a call that passes none, by chip: those `pallasgen
@@ -14501,10 +14590,9 @@ def _matmul_softmax_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, k, block_m, block_k
     (acc_k,) = jax.lax.fori_loop(
         0, pl.cdiv(k, block_k), accumulate, (jnp.full((block_m, block_n), 0, jnp.float32),)
     )
-    acc_k_ = acc_k
     _store(
         y_ref,
-        _softmax(_fill_past(acc_k_, 0, n, 1, -jnp.inf), 1),
+        _softmax(_fill_past(acc_k, 0, n, 1, -jnp.inf), 1),
         _mask((block_m, block_n), in_m, in_n),
     )
 
@@ -14553,15 +14641,17 @@ def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stage
     )(x, w)
 
 
-def __matmul_softmax_1_mosaic_gpu_kernel(
+def _matmul_softmax_stage_1_mosaic_gpu_kernel(
     x_ref, w_ref, acc_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
 ):
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
 
-    def accumulate(acc_ref_):  # the accumulator in registers, for this block's K steps and epilogue
+    def accumulate(
+        product_ref,
+    ):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, w_smem):
-            plgpu.wgmma(acc_ref_, x_smem, w_smem)
+            plgpu.wgmma(product_ref, x_smem, w_smem)
             plgpu.wgmma_wait(0)
 
         plgpu.emit_pipeline(
@@ -14581,8 +14671,8 @@ def __matmul_softmax_1_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(x_ref, w_ref)
-        acc_ = acc_ref_[...]
-        out_smem[...] = acc_
+        product = product_ref[...]
+        out_smem[...] = product
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
     plgpu.commit_smem()
@@ -14597,10 +14687,10 @@ def __matmul_softmax_1_mosaic_gpu_kernel(
 # that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
 # mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
 # the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
-__matmul_softmax_1_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+_matmul_softmax_stage_1_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
-def __matmul_softmax_1_mosaic_gpu(
+def _matmul_softmax_stage_1_mosaic_gpu(
     x, w, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
     """Stage 1 of `matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
@@ -14609,10 +14699,10 @@ def __matmul_softmax_1_mosaic_gpu(
     multiples of the blocks' tiles) and the outputs sliced back.
     """
     block_m, block_n, block_k, stages = _gpu_options(
-        __matmul_softmax_1_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
+        _matmul_softmax_stage_1_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
     _mgpu_check_choices(
-        "_matmul_softmax_1",
+        "matmul_softmax_stage_1",
         {
             "mgpu_block_m": (block_m, (64, 128)),
             "mgpu_block_n": (block_n, (64, 128, 256)),
@@ -14629,7 +14719,7 @@ def __matmul_softmax_1_mosaic_gpu(
     w = _mgpu_pad(w, (padded_k, padded_n))
     (acc,) = plgpu.kernel(
         functools.partial(
-            __matmul_softmax_1_mosaic_gpu_kernel,
+            _matmul_softmax_stage_1_mosaic_gpu_kernel,
             block_m=block_m,
             block_n=block_n,
             block_k=block_k,
@@ -14649,7 +14739,7 @@ def __matmul_softmax_1_mosaic_gpu(
     return acc[:m, :n]
 
 
-def __matmul_softmax_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, block_m, block_n, n):
+def _matmul_softmax_stage_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, block_m, block_n, n):
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, acc_smem, carry):
@@ -14735,7 +14825,7 @@ def __matmul_softmax_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, block_m, 
     plgpu.wait_smem_to_gmem(0)
 
 
-def __matmul_softmax_2_mosaic_gpu(acc, *, m, n, interpret):
+def _matmul_softmax_stage_2_mosaic_gpu(acc, *, m, n, interpret):
     """Stage 2 of `matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
@@ -14748,7 +14838,7 @@ def __matmul_softmax_2_mosaic_gpu(acc, *, m, n, interpret):
     acc = _mgpu_pad(acc, (padded_m, padded_n))
     (y,) = plgpu.kernel(
         functools.partial(
-            __matmul_softmax_2_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
+            _matmul_softmax_stage_2_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
@@ -14766,9 +14856,9 @@ def __matmul_softmax_2_mosaic_gpu(acc, *, m, n, interpret):
 def _matmul_softmax_mosaic_gpu(x, w, *, m, n, k, interpret):
     """`matmul_softmax` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: its stages in turn, the arrays between them in global memory."""
-    acc = __matmul_softmax_1_mosaic_gpu(x, w, m=m, n=n, k=k, interpret=interpret)
+    acc = _matmul_softmax_stage_1_mosaic_gpu(x, w, m=m, n=n, k=k, interpret=interpret)
     acc = acc.reshape((m, n))
-    y = __matmul_softmax_2_mosaic_gpu(acc, m=m, n=n, interpret=interpret)
+    y = _matmul_softmax_stage_2_mosaic_gpu(acc, m=m, n=n, interpret=interpret)
     return y.reshape((m, n))
 
 
@@ -16220,7 +16310,7 @@ def _rmsnorm_matmul_gpu(x, g, w, *, m, n, k, block_m, block_n, num_warps, num_st
     )(x, g, w)
 
 
-def __rmsnorm_matmul_1_mosaic_gpu_kernel(
+def _rmsnorm_matmul_stage_1_mosaic_gpu_kernel(
     x_ref, g_ref, lhs_ref, lhs_buffers, *, block_m, block_k, k
 ):
     program_m = jax.lax.axis_index("M")
@@ -16286,7 +16376,7 @@ def __rmsnorm_matmul_1_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def __rmsnorm_matmul_1_mosaic_gpu(x, g, *, m, k, interpret):
+def _rmsnorm_matmul_stage_1_mosaic_gpu(x, g, *, m, k, interpret):
     """Stage 1 of `rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
@@ -16301,7 +16391,7 @@ def __rmsnorm_matmul_1_mosaic_gpu(x, g, *, m, k, interpret):
     g = _mgpu_pad(g, (padded_k,))
     (lhs,) = plgpu.kernel(
         functools.partial(
-            __rmsnorm_matmul_1_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, k=k
+            _rmsnorm_matmul_stage_1_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, k=k
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
@@ -16318,7 +16408,7 @@ def __rmsnorm_matmul_1_mosaic_gpu(x, g, *, m, k, interpret):
     return lhs[:m, :k]
 
 
-def __rmsnorm_matmul_2_mosaic_gpu_kernel(
+def _rmsnorm_matmul_stage_2_mosaic_gpu_kernel(
     w_ref, lhs_ref, y_ref, out_smem, barrier, *, block_m, block_n, block_k, stages
 ):
     program_m = jax.lax.axis_index("M")
@@ -16361,10 +16451,10 @@ def __rmsnorm_matmul_2_mosaic_gpu_kernel(
 # that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
 # mosaic_gpu` timed best at the sizes (M, N, K) shown (the spec's .tuning.json file),
 # the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
-__rmsnorm_matmul_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+_rmsnorm_matmul_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
-def __rmsnorm_matmul_2_mosaic_gpu(
+def _rmsnorm_matmul_stage_2_mosaic_gpu(
     w, lhs, *, m, n, k, block_m=None, block_n=None, block_k=None, stages=None, interpret
 ):
     """Stage 2 of `rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
@@ -16373,10 +16463,10 @@ def __rmsnorm_matmul_2_mosaic_gpu(
     multiples of the blocks' tiles) and the outputs sliced back.
     """
     block_m, block_n, block_k, stages = _gpu_options(
-        __rmsnorm_matmul_2_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
+        _rmsnorm_matmul_stage_2_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
     _mgpu_check_choices(
-        "_rmsnorm_matmul_2",
+        "rmsnorm_matmul_stage_2",
         {
             "mgpu_block_m": (block_m, (64, 128)),
             "mgpu_block_n": (block_n, (64, 128, 256)),
@@ -16393,7 +16483,7 @@ def __rmsnorm_matmul_2_mosaic_gpu(
     w = _mgpu_pad(w, (padded_k, padded_n))
     (y,) = plgpu.kernel(
         functools.partial(
-            __rmsnorm_matmul_2_mosaic_gpu_kernel,
+            _rmsnorm_matmul_stage_2_mosaic_gpu_kernel,
             block_m=block_m,
             block_n=block_n,
             block_k=block_k,
@@ -16416,9 +16506,9 @@ def __rmsnorm_matmul_2_mosaic_gpu(
 def _rmsnorm_matmul_mosaic_gpu(x, g, w, *, m, n, k, interpret):
     """`rmsnorm_matmul` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: its stages in turn, the arrays between them in global memory."""
-    lhs = __rmsnorm_matmul_1_mosaic_gpu(x, g, m=m, k=k, interpret=interpret)
+    lhs = _rmsnorm_matmul_stage_1_mosaic_gpu(x, g, m=m, k=k, interpret=interpret)
     lhs = lhs.reshape((m, k))
-    y = __rmsnorm_matmul_2_mosaic_gpu(w, lhs, m=m, n=n, k=k, interpret=interpret)
+    y = _rmsnorm_matmul_stage_2_mosaic_gpu(w, lhs, m=m, n=n, k=k, interpret=interpret)
     return y.reshape((m, n))
 
 
@@ -16652,19 +16742,19 @@ def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
-        (mean_k__running,) = carry
+        (mean_over_k_running,) = carry
         start = indices[0] * block_k
         x = _mgpu_load(x_smem, (block_m, block_k), (0, 1))
         h = x.astype(jnp.float32)
-        mean_k__block = h * h
+        mean_over_k_block = h * h
         if k % block_k:  # a ragged K: its identity past the end
-            mean_k__block = jnp.where(
-                _mgpu_positions(start, (block_m, block_k), 1) < k, mean_k__block, 0.0
+            mean_over_k_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_k), 1) < k, mean_over_k_block, 0.0
             )
-        mean_k__running = mean_k__running + jnp.sum(mean_k__block, axis=1)
-        return (mean_k__running,)
+        mean_over_k_running = mean_over_k_running + jnp.sum(mean_over_k_block, axis=1)
+        return (mean_over_k_running,)
 
-    (mean_k__running,) = plgpu.emit_pipeline(
+    (mean_over_k_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_k,),
         in_specs=[
@@ -16677,8 +16767,8 @@ def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
         max_concurrent_steps=2,
         init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
-    mean_k_ = mean_k__running / k
-    mean_k = mean_k_
+    mean_over_k = mean_over_k_running / k
+    mean_k = mean_over_k
     mean_k_smem[...] = mean_k
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(mean_k_smem, mean_k_ref.at[pl.ds(program_m * block_m, block_m)])

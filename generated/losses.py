@@ -1025,8 +1025,8 @@ def _cross_entropy_with_residuals_kernel(
     label_ref,
     loss_ref,
     logsumexp_v_ref,
-    logsumexp_v__max_ref,
-    logsumexp_v__sum_ref,
+    logsumexp_over_v_max_ref,
+    logsumexp_over_v_sum_ref,
     sum_v_running_ref,
     *,
     m,
@@ -1038,18 +1038,20 @@ def _cross_entropy_with_residuals_kernel(
 
     @pl.when(step == 0)
     def _init():
-        logsumexp_v__max_ref[...] = jnp.full(logsumexp_v__max_ref.shape, -jnp.inf, jnp.float32)
-        logsumexp_v__sum_ref[...] = jnp.full(logsumexp_v__sum_ref.shape, 0.0, jnp.float32)
+        logsumexp_over_v_max_ref[...] = jnp.full(
+            logsumexp_over_v_max_ref.shape, -jnp.inf, jnp.float32
+        )
+        logsumexp_over_v_sum_ref[...] = jnp.full(logsumexp_over_v_sum_ref.shape, 0.0, jnp.float32)
         sum_v_running_ref[...] = jnp.full(sum_v_running_ref.shape, 0.0, jnp.float32)
 
     logits = logits_ref[...]
     label = label_ref[...]
     z = logits.astype(jnp.float32)
-    logsumexp_v__block = z
+    logsumexp_over_v_block = z
     if v % block_v:  # a ragged V: its identity past the end, never padding
-        logsumexp_v__block = _fill_past(logsumexp_v__block, step * block_v, v, 1, -jnp.inf)
-    logsumexp_v__max_ref[...], logsumexp_v__sum_ref[...] = _logsumexp_step(
-        logsumexp_v__max_ref[...], logsumexp_v__sum_ref[...], logsumexp_v__block, 1
+        logsumexp_over_v_block = _fill_past(logsumexp_over_v_block, step * block_v, v, 1, -jnp.inf)
+    logsumexp_over_v_max_ref[...], logsumexp_over_v_sum_ref[...] = _logsumexp_step(
+        logsumexp_over_v_max_ref[...], logsumexp_over_v_sum_ref[...], logsumexp_over_v_block, 1
     )
     sum_v_block = jnp.where(
         pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label,
@@ -1062,9 +1064,11 @@ def _cross_entropy_with_residuals_kernel(
 
     @pl.when(step == pl.num_programs(1) - 1)
     def _finish():
-        logsumexp_v_ = _logsumexp_finish(logsumexp_v__max_ref[...], logsumexp_v__sum_ref[...])
+        logsumexp_over_v = _logsumexp_finish(
+            logsumexp_over_v_max_ref[...], logsumexp_over_v_sum_ref[...]
+        )
         sum_v = sum_v_running_ref[...]
-        logsumexp_v = logsumexp_v_
+        logsumexp_v = logsumexp_over_v
         logsumexp_v_ref[...] = logsumexp_v
         loss_ref[...] = logsumexp_v - sum_v
 
@@ -1134,9 +1138,9 @@ def _cross_entropy_with_residuals_tpu(logits, label, *, m, v, block_m, block_v, 
             jax.ShapeDtypeStruct((m, 1), jnp.float32),  # logsumexp_v
         ),
         scratch_shapes=[
-            # logsumexp_v__max_ref: the running logsumexp over V of one block
+            # logsumexp_over_v_max_ref: the running logsumexp over V of one block
             pltpu.VMEM((block_m, 1), jnp.float32),
-            # logsumexp_v__sum_ref: the running logsumexp over V of one block
+            # logsumexp_over_v_sum_ref: the running logsumexp over V of one block
             pltpu.VMEM((block_m, 1), jnp.float32),
             # sum_v_running_ref: the running sum over V of one block
             pltpu.VMEM((block_m, 1), jnp.float32),
@@ -1165,18 +1169,18 @@ def _cross_entropy_with_residuals_gpu_kernel(
     label = _load(label_ref, inside)
 
     def accumulate(index, running):
-        logsumexp_v__max, logsumexp_v__sum, sum_v_running = running
+        logsumexp_over_v_max, logsumexp_over_v_sum, sum_v_running = running
         start = index * block_v
         in_v = _inside(start, block_v, v)
         logits = _load(
             logits_ref.at[:, pl.ds(start, block_v)], _mask((block_m, block_v), in_m, in_v)
         )
         z = logits.astype(jnp.float32)
-        logsumexp_v__block = z
+        logsumexp_over_v_block = z
         if v % block_v:  # a ragged V: its identity past the end, never padding
-            logsumexp_v__block = _fill_past(logsumexp_v__block, start, v, 1, -jnp.inf)
-        logsumexp_v__max, logsumexp_v__sum = _logsumexp_step(
-            logsumexp_v__max, logsumexp_v__sum, logsumexp_v__block, 1
+            logsumexp_over_v_block = _fill_past(logsumexp_over_v_block, start, v, 1, -jnp.inf)
+        logsumexp_over_v_max, logsumexp_over_v_sum = _logsumexp_step(
+            logsumexp_over_v_max, logsumexp_over_v_sum, logsumexp_over_v_block, 1
         )
         sum_v_block = jnp.where(
             start + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0
@@ -1184,9 +1188,9 @@ def _cross_entropy_with_residuals_gpu_kernel(
         if v % block_v:  # a ragged V: its identity past the end, never padding
             sum_v_block = _fill_past(sum_v_block, start, v, 1, 0.0)
         sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1, keepdims=True)
-        return logsumexp_v__max, logsumexp_v__sum, sum_v_running
+        return logsumexp_over_v_max, logsumexp_over_v_sum, sum_v_running
 
-    logsumexp_v__max, logsumexp_v__sum, sum_v_running = jax.lax.fori_loop(
+    logsumexp_over_v_max, logsumexp_over_v_sum, sum_v_running = jax.lax.fori_loop(
         0,
         pl.cdiv(v, block_v),
         accumulate,
@@ -1196,9 +1200,9 @@ def _cross_entropy_with_residuals_gpu_kernel(
             jnp.full((block_m, 1), 0.0, jnp.float32),
         ),
     )
-    logsumexp_v_ = _logsumexp_finish(logsumexp_v__max, logsumexp_v__sum)
+    logsumexp_over_v = _logsumexp_finish(logsumexp_over_v_max, logsumexp_over_v_sum)
     sum_v = sum_v_running
-    logsumexp_v = logsumexp_v_
+    logsumexp_v = logsumexp_over_v
     _store(logsumexp_v_ref, logsumexp_v, inside)
     _store(loss_ref, logsumexp_v - sum_v, inside)
 
@@ -1270,17 +1274,17 @@ def _cross_entropy_with_residuals_mosaic_gpu_kernel(
     label = _mgpu_load_vector(label_smem, 0)
 
     def reduce_1(indices, logits_smem, carry):
-        logsumexp_v__running, logsumexp_v__index, sum_v_running = carry
+        logsumexp_over_v_running, logsumexp_over_v_index, sum_v_running = carry
         start = indices[0] * block_v
         logits = _mgpu_load(logits_smem, (block_m, block_v), (0, 1))
         z = logits.astype(jnp.float32)
-        logsumexp_v__block = z
+        logsumexp_over_v_block = z
         if v % block_v:  # a ragged V: its identity past the end
-            logsumexp_v__block = jnp.where(
-                _mgpu_positions(start, (block_m, block_v), 1) < v, logsumexp_v__block, -jnp.inf
+            logsumexp_over_v_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_v), 1) < v, logsumexp_over_v_block, -jnp.inf
             )
-        logsumexp_v__running, logsumexp_v__index = _mgpu_logsumexp_step(
-            logsumexp_v__running, logsumexp_v__index, logsumexp_v__block, 1
+        logsumexp_over_v_running, logsumexp_over_v_index = _mgpu_logsumexp_step(
+            logsumexp_over_v_running, logsumexp_over_v_index, logsumexp_over_v_block, 1
         )
         sum_v_block = jnp.where(
             _mgpu_positions(start, (block_m, block_v), 1)
@@ -1293,9 +1297,9 @@ def _cross_entropy_with_residuals_mosaic_gpu_kernel(
                 _mgpu_positions(start, (block_m, block_v), 1) < v, sum_v_block, 0.0
             )
         sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1)
-        return (logsumexp_v__running, logsumexp_v__index, sum_v_running)
+        return (logsumexp_over_v_running, logsumexp_over_v_index, sum_v_running)
 
-    logsumexp_v__running, logsumexp_v__index, sum_v_running = plgpu.emit_pipeline(
+    logsumexp_over_v_running, logsumexp_over_v_index, sum_v_running = plgpu.emit_pipeline(
         reduce_1,
         grid=(logits_ref.shape[1] // block_v,),
         in_specs=[
@@ -1312,9 +1316,9 @@ def _cross_entropy_with_residuals_mosaic_gpu_kernel(
             _mgpu_full(block_m, 0.0, jnp.float32, 0),
         ),
     )(logits_ref)
-    logsumexp_v_ = _logsumexp_finish(logsumexp_v__running, logsumexp_v__index)
+    logsumexp_over_v = _logsumexp_finish(logsumexp_over_v_running, logsumexp_over_v_index)
     sum_v = sum_v_running
-    logsumexp_v = logsumexp_v_
+    logsumexp_v = logsumexp_over_v
     loss = logsumexp_v - sum_v
     loss_smem[...] = loss
     logsumexp_v_smem[...] = logsumexp_v

@@ -2211,29 +2211,29 @@ def matmul_relu_with_residuals(
 
 def matmul_relu_with_residuals_reference(x, y):
     """`matmul_relu_with_residuals` in plain jax.numpy, to test the kernel against."""
-    acc_ = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
-    acc = acc_
+    product = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
+    acc = product
     z = jax.nn.relu(acc)
     return z, acc
 
 
-def _matmul_relu_with_residuals_kernel(x_ref, y_ref, z_ref, acc_ref, acc_ref_, *, k, block_k):
+def _matmul_relu_with_residuals_kernel(x_ref, y_ref, z_ref, acc_ref, product_ref, *, k, block_k):
     step = pl.program_id(2)
 
     @pl.when(step == 0)
     def _zero():
-        acc_ref_[...] = jnp.zeros_like(acc_ref_)
+        product_ref[...] = jnp.zeros_like(product_ref)
 
     x, y = x_ref[...], y_ref[...]
     if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
         x = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) < k, x, 0)
         y = jnp.where(step * block_k + jax.lax.broadcasted_iota(jnp.int32, y.shape, 0) < k, y, 0)
-    acc_ref_[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
+    product_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _epilogue():
-        acc_ = acc_ref_[...]
-        acc = acc_
+        product = product_ref[...]
+        acc = product
         acc_ref[...] = acc
         z_ref[...] = jax.nn.relu(acc)
 
@@ -2291,7 +2291,7 @@ def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k,
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # z
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # acc
         ),
-        # acc_ref_: the f32 sum over K of one output tile
+        # product_ref: the f32 sum over K of one output tile
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
@@ -2318,7 +2318,7 @@ def _matmul_relu_with_residuals_gpu_kernel(
     in_n = _inside(pl.program_id(1) * block_n, block_n, n)
     inside = _mask((block_m, block_n), in_m, in_n)
 
-    def accumulate(step, acc_):
+    def accumulate(step, product):
         start = step * block_k
         in_k = _inside(start, block_k, k)  # zeros past a ragged K
         x = _load(
@@ -2327,12 +2327,12 @@ def _matmul_relu_with_residuals_gpu_kernel(
         y = _load(
             y_ref.at[pl.ds(start, block_k), :], _mask((block_k, block_n), in_k, in_n), other=0
         )
-        return acc_ + jnp.dot(x, y, preferred_element_type=jnp.float32)
+        return product + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
-    acc_ = jax.lax.fori_loop(
+    product = jax.lax.fori_loop(
         0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32)
     )
-    acc = acc_
+    acc = product
     _store(acc_ref, acc, inside)
     _store(z_ref, jax.nn.relu(acc), inside)
 
@@ -2397,9 +2397,11 @@ def _matmul_relu_with_residuals_mosaic_gpu_kernel(
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
 
-    def accumulate(acc_ref_):  # the accumulator in registers, for this block's K steps and epilogue
+    def accumulate(
+        product_ref,
+    ):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, y_smem):
-            plgpu.wgmma(acc_ref_, x_smem, y_smem.T)
+            plgpu.wgmma(product_ref, x_smem, y_smem.T)
             plgpu.wgmma_wait(0)
 
         plgpu.emit_pipeline(
@@ -2419,8 +2421,8 @@ def _matmul_relu_with_residuals_mosaic_gpu_kernel(
             ],
             max_concurrent_steps=stages,
         )(x_ref, y_ref)
-        acc_ = acc_ref_[...]
-        acc = acc_
+        product = product_ref[...]
+        acc = product
         acc_smem[...] = acc
         out_smem[...] = jnp.maximum(acc, 0)
 
@@ -2666,8 +2668,8 @@ def _matmul_relu_backward_x_kernel(
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
-        acc_n_ = acc_n_ref[...]
-        dx_ref[...] = acc_n_
+        acc_n = acc_n_ref[...]
+        dx_ref[...] = acc_n
 
 
 # TPU blocks (block_m, block_k, block_n) for a call that passes none, by chip: those
@@ -2795,8 +2797,7 @@ def _matmul_relu_backward_x_gpu_kernel(
     (acc_n,) = jax.lax.fori_loop(
         0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),)
     )
-    acc_n_ = acc_n
-    _store(dx_ref, acc_n_, _mask((block_m, block_k), in_m, in_k))
+    _store(dx_ref, acc_n, _mask((block_m, block_k), in_m, in_k))
 
 
 # GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
@@ -2848,7 +2849,9 @@ def _matmul_relu_backward_x_gpu(
     )(acc, dz, y)
 
 
-def __matmul_relu_backward_x_1_mosaic_gpu_kernel(acc_ref, dz_ref, lhs_ref, *, block_m, block_n):
+def _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel(
+    acc_ref, dz_ref, lhs_ref, *, block_m, block_n
+):
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
 
@@ -2883,7 +2886,7 @@ def __matmul_relu_backward_x_1_mosaic_gpu_kernel(acc_ref, dz_ref, lhs_ref, *, bl
     )(acc_ref, dz_ref, lhs_ref)
 
 
-def __matmul_relu_backward_x_1_mosaic_gpu(acc, dz, *, m, n, interpret):
+def _matmul_relu_backward_x_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
     """Stage 1 of `matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
@@ -2897,7 +2900,7 @@ def __matmul_relu_backward_x_1_mosaic_gpu(acc, dz, *, m, n, interpret):
     dz = _mgpu_pad(dz, (padded_m, padded_n))
     (lhs,) = plgpu.kernel(
         functools.partial(
-            __matmul_relu_backward_x_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
+            _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
@@ -2907,7 +2910,7 @@ def __matmul_relu_backward_x_1_mosaic_gpu(acc, dz, *, m, n, interpret):
     return lhs[:m, :n]
 
 
-def __matmul_relu_backward_x_2_mosaic_gpu_kernel(
+def _matmul_relu_backward_x_stage_2_mosaic_gpu_kernel(
     y_ref, lhs_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
     program_m = jax.lax.axis_index("M")
@@ -2951,10 +2954,10 @@ def __matmul_relu_backward_x_2_mosaic_gpu_kernel(
 # that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
 # mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json file),
 # the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
-__matmul_relu_backward_x_2_mosaic_gpu_options = {None: (128, 128, 32, 2)}
+_matmul_relu_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
-def __matmul_relu_backward_x_2_mosaic_gpu(
+def _matmul_relu_backward_x_stage_2_mosaic_gpu(
     y, lhs, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
     """Stage 2 of `matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
@@ -2963,12 +2966,12 @@ def __matmul_relu_backward_x_2_mosaic_gpu(
     multiples of the blocks' tiles) and the outputs sliced back.
     """
     block_m, block_k, block_n, stages = _gpu_options(
-        __matmul_relu_backward_x_2_mosaic_gpu_options,
+        _matmul_relu_backward_x_stage_2_mosaic_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, stages),
     )
     _mgpu_check_choices(
-        "_matmul_relu_backward_x_2",
+        "matmul_relu_backward_x_stage_2",
         {
             "mgpu_block_m": (block_m, (64, 128)),
             "mgpu_block_k": (block_k, (64, 128, 256)),
@@ -2985,7 +2988,7 @@ def __matmul_relu_backward_x_2_mosaic_gpu(
     y = _mgpu_pad(y, (padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
-            __matmul_relu_backward_x_2_mosaic_gpu_kernel,
+            _matmul_relu_backward_x_stage_2_mosaic_gpu_kernel,
             block_m=block_m,
             block_k=block_k,
             block_n=block_n,
@@ -3008,9 +3011,9 @@ def __matmul_relu_backward_x_2_mosaic_gpu(
 def _matmul_relu_backward_x_mosaic_gpu(acc, dz, y, *, m, k, n, interpret):
     """`matmul_relu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: its stages in turn, the arrays between them in global memory."""
-    lhs = __matmul_relu_backward_x_1_mosaic_gpu(acc, dz, m=m, n=n, interpret=interpret)
+    lhs = _matmul_relu_backward_x_stage_1_mosaic_gpu(acc, dz, m=m, n=n, interpret=interpret)
     lhs = lhs.reshape((m, n))
-    dx = __matmul_relu_backward_x_2_mosaic_gpu(y, lhs, m=m, k=k, n=n, interpret=interpret)
+    dx = _matmul_relu_backward_x_stage_2_mosaic_gpu(y, lhs, m=m, k=k, n=n, interpret=interpret)
     return dx.reshape((m, k))
 
 
@@ -3174,8 +3177,8 @@ def _matmul_relu_backward_y_kernel(
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
-        acc_m_ = acc_m_ref[...]
-        dy_ref[...] = acc_m_
+        acc_m = acc_m_ref[...]
+        dy_ref[...] = acc_m
 
 
 # TPU blocks (block_k, block_n, block_m) for a call that passes none, by chip: those
@@ -3303,8 +3306,7 @@ def _matmul_relu_backward_y_gpu_kernel(
     (acc_m,) = jax.lax.fori_loop(
         0, pl.cdiv(m, block_m), accumulate, (jnp.full((block_k, block_n), 0, jnp.float32),)
     )
-    acc_m_ = acc_m
-    _store(dy_ref, acc_m_, _mask((block_k, block_n), in_k, in_n))
+    _store(dy_ref, acc_m, _mask((block_k, block_n), in_k, in_n))
 
 
 # GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
@@ -3356,7 +3358,9 @@ def _matmul_relu_backward_y_gpu(
     )(acc, dz, x)
 
 
-def __matmul_relu_backward_y_1_mosaic_gpu_kernel(acc_ref, dz_ref, rhs_ref, *, block_m, block_n):
+def _matmul_relu_backward_y_stage_1_mosaic_gpu_kernel(
+    acc_ref, dz_ref, rhs_ref, *, block_m, block_n
+):
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
 
@@ -3391,7 +3395,7 @@ def __matmul_relu_backward_y_1_mosaic_gpu_kernel(acc_ref, dz_ref, rhs_ref, *, bl
     )(acc_ref, dz_ref, rhs_ref)
 
 
-def __matmul_relu_backward_y_1_mosaic_gpu(acc, dz, *, m, n, interpret):
+def _matmul_relu_backward_y_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
     """Stage 1 of `matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
@@ -3405,7 +3409,7 @@ def __matmul_relu_backward_y_1_mosaic_gpu(acc, dz, *, m, n, interpret):
     dz = _mgpu_pad(dz, (padded_m, padded_n))
     (rhs,) = plgpu.kernel(
         functools.partial(
-            __matmul_relu_backward_y_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
+            _matmul_relu_backward_y_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
@@ -3415,7 +3419,7 @@ def __matmul_relu_backward_y_1_mosaic_gpu(acc, dz, *, m, n, interpret):
     return rhs[:m, :n]
 
 
-def __matmul_relu_backward_y_2_mosaic_gpu_kernel(
+def _matmul_relu_backward_y_stage_2_mosaic_gpu_kernel(
     x_ref, rhs_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
 ):
     program_k = jax.lax.axis_index("K")
@@ -3459,10 +3463,10 @@ def __matmul_relu_backward_y_2_mosaic_gpu_kernel(
 # that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
 # mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json file),
 # the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
-__matmul_relu_backward_y_2_mosaic_gpu_options = {None: (128, 128, 32, 2)}
+_matmul_relu_backward_y_stage_2_mosaic_gpu_options = {None: (128, 128, 32, 2)}
 
 
-def __matmul_relu_backward_y_2_mosaic_gpu(
+def _matmul_relu_backward_y_stage_2_mosaic_gpu(
     x, rhs, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
     """Stage 2 of `matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
@@ -3471,12 +3475,12 @@ def __matmul_relu_backward_y_2_mosaic_gpu(
     multiples of the blocks' tiles) and the outputs sliced back.
     """
     block_k, block_n, block_m, stages = _gpu_options(
-        __matmul_relu_backward_y_2_mosaic_gpu_options,
+        _matmul_relu_backward_y_stage_2_mosaic_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, stages),
     )
     _mgpu_check_choices(
-        "_matmul_relu_backward_y_2",
+        "matmul_relu_backward_y_stage_2",
         {
             "mgpu_block_k": (block_k, (64, 128)),
             "mgpu_block_n": (block_n, (64, 128, 256)),
@@ -3495,7 +3499,7 @@ def __matmul_relu_backward_y_2_mosaic_gpu(
     rhs = _mgpu_pad(rhs, (padded_n, padded_m))
     (dy,) = plgpu.kernel(
         functools.partial(
-            __matmul_relu_backward_y_2_mosaic_gpu_kernel,
+            _matmul_relu_backward_y_stage_2_mosaic_gpu_kernel,
             block_k=block_k,
             block_n=block_n,
             block_m=block_m,
@@ -3518,9 +3522,9 @@ def __matmul_relu_backward_y_2_mosaic_gpu(
 def _matmul_relu_backward_y_mosaic_gpu(acc, dz, x, *, k, n, m, interpret):
     """`matmul_relu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: its stages in turn, the arrays between them in global memory."""
-    rhs = __matmul_relu_backward_y_1_mosaic_gpu(acc, dz, m=m, n=n, interpret=interpret)
+    rhs = _matmul_relu_backward_y_stage_1_mosaic_gpu(acc, dz, m=m, n=n, interpret=interpret)
     rhs = rhs.reshape((m, n))
-    dy = __matmul_relu_backward_y_2_mosaic_gpu(x, rhs, k=k, n=n, m=m, interpret=interpret)
+    dy = _matmul_relu_backward_y_stage_2_mosaic_gpu(x, rhs, k=k, n=n, m=m, interpret=interpret)
     return dy.reshape((k, n))
 
 
@@ -4223,20 +4227,20 @@ def matmul_bias_gelu_with_residuals(
 def matmul_bias_gelu_with_residuals_reference(x, y, bias):
     """`matmul_bias_gelu_with_residuals` in plain jax.numpy, to test the kernel against."""
     bias = bias[None, :]
-    acc_ = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
-    acc = acc_
+    product = jnp.einsum("mk,kn->mn", x, y, preferred_element_type=jnp.float32)
+    acc = product
     z = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
     return z, acc
 
 
 def _matmul_bias_gelu_with_residuals_kernel(
-    x_ref, y_ref, bias_ref, z_ref, acc_ref, acc_ref_, *, k, block_k
+    x_ref, y_ref, bias_ref, z_ref, acc_ref, product_ref, *, k, block_k
 ):
     step = pl.program_id(2)
 
     @pl.when(step == 0)
     def _zero():
-        acc_ref_[...] = jnp.zeros_like(acc_ref_)
+        product_ref[...] = jnp.zeros_like(product_ref)
 
     x, y = x_ref[...], y_ref[...]
     if k % block_k:  # a ragged K: zero both operands past its end, so padding never reaches the sum
@@ -4251,13 +4255,13 @@ def _matmul_bias_gelu_with_residuals_kernel(
             y.astype(jnp.float32),
             0,
         ).astype(jnp.bfloat16)
-    acc_ref_[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
+    product_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _epilogue():
-        acc_ = acc_ref_[...]
+        product = product_ref[...]
         bias = bias_ref[...]
-        acc = acc_
+        acc = product
         acc_ref[...] = acc
         z_ref[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
@@ -4319,7 +4323,7 @@ def _matmul_bias_gelu_with_residuals_tpu(
             jax.ShapeDtypeStruct((m, n), jnp.bfloat16),  # z
             jax.ShapeDtypeStruct((m, n), jnp.float32),  # acc
         ),
-        # acc_ref_: the f32 sum over K of one output tile
+        # product_ref: the f32 sum over K of one output tile
         scratch_shapes=[pltpu.VMEM((block_m, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
@@ -4346,7 +4350,7 @@ def _matmul_bias_gelu_with_residuals_gpu_kernel(
     in_n = _inside(pl.program_id(1) * block_n, block_n, n)
     inside = _mask((block_m, block_n), in_m, in_n)
 
-    def accumulate(step, acc_):
+    def accumulate(step, product):
         start = step * block_k
         in_k = _inside(start, block_k, k)  # zeros past a ragged K
         x = _load(
@@ -4355,13 +4359,13 @@ def _matmul_bias_gelu_with_residuals_gpu_kernel(
         y = _load(
             y_ref.at[pl.ds(start, block_k), :], _mask((block_k, block_n), in_k, in_n), other=0
         )
-        return acc_ + jnp.dot(x, y, preferred_element_type=jnp.float32)
+        return product + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
-    acc_ = jax.lax.fori_loop(
+    product = jax.lax.fori_loop(
         0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32)
     )
     bias = _load(bias_ref, _mask((1, block_n), None, in_n))
-    acc = acc_
+    acc = product
     _store(acc_ref, acc, inside)
     _store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
 
@@ -4441,9 +4445,11 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
 
-    def accumulate(acc_ref_):  # the accumulator in registers, for this block's K steps and epilogue
+    def accumulate(
+        product_ref,
+    ):  # the accumulator in registers, for this block's K steps and epilogue
         def step(_, x_smem, y_smem):
-            plgpu.wgmma(acc_ref_, x_smem, y_smem)
+            plgpu.wgmma(product_ref, x_smem, y_smem)
             plgpu.wgmma_wait(0)
 
         plgpu.emit_pipeline(
@@ -4467,9 +4473,9 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
             bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
         )
         plgpu.barrier_wait(barrier.at[0])
-        acc_ = acc_ref_[...]
+        product = product_ref[...]
         bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
-        acc = acc_
+        acc = product
         acc_smem[...] = acc
         out_smem[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
@@ -4737,8 +4743,8 @@ def _matmul_bias_gelu_backward_x_kernel(
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
-        acc_n_ = acc_n_ref[...]
-        dx_ref[...] = acc_n_.astype(jnp.bfloat16)
+        acc_n = acc_n_ref[...]
+        dx_ref[...] = acc_n.astype(jnp.bfloat16)
 
 
 # TPU blocks (block_m, block_k, block_n) for a call that passes none, by chip: those
@@ -4883,8 +4889,7 @@ def _matmul_bias_gelu_backward_x_gpu_kernel(
     (acc_n,) = jax.lax.fori_loop(
         0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),)
     )
-    acc_n_ = acc_n
-    _store(dx_ref, acc_n_.astype(jnp.bfloat16), _mask((block_m, block_k), in_m, in_k))
+    _store(dx_ref, acc_n.astype(jnp.bfloat16), _mask((block_m, block_k), in_m, in_k))
 
 
 # GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
@@ -4938,7 +4943,7 @@ def _matmul_bias_gelu_backward_x_gpu(
     )(acc, bias, dz, y)
 
 
-def __matmul_bias_gelu_backward_x_1_mosaic_gpu_kernel(
+def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel(
     acc_ref, bias_ref, dz_ref, lhs_ref, *, block_m, block_n
 ):
     program_m = jax.lax.axis_index("M")
@@ -4983,7 +4988,7 @@ def __matmul_bias_gelu_backward_x_1_mosaic_gpu_kernel(
     )(acc_ref, bias_ref, dz_ref, lhs_ref)
 
 
-def __matmul_bias_gelu_backward_x_1_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
+def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
     """Stage 1 of `matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
@@ -4999,7 +5004,7 @@ def __matmul_bias_gelu_backward_x_1_mosaic_gpu(acc, bias, dz, *, m, n, interpret
     dz = _mgpu_pad(dz, (padded_m, padded_n))
     (lhs,) = plgpu.kernel(
         functools.partial(
-            __matmul_bias_gelu_backward_x_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
+            _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
@@ -5009,7 +5014,7 @@ def __matmul_bias_gelu_backward_x_1_mosaic_gpu(acc, bias, dz, *, m, n, interpret
     return lhs[:m, :n]
 
 
-def __matmul_bias_gelu_backward_x_2_mosaic_gpu_kernel(
+def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_kernel(
     y_ref, lhs_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
     program_m = jax.lax.axis_index("M")
@@ -5053,10 +5058,10 @@ def __matmul_bias_gelu_backward_x_2_mosaic_gpu_kernel(
 # that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
 # mosaic_gpu` timed best at the sizes (M, K, N) shown (the spec's .tuning.json file),
 # the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
-__matmul_bias_gelu_backward_x_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+_matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
-def __matmul_bias_gelu_backward_x_2_mosaic_gpu(
+def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(
     y, lhs, *, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
     """Stage 2 of `matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
@@ -5065,12 +5070,12 @@ def __matmul_bias_gelu_backward_x_2_mosaic_gpu(
     multiples of the blocks' tiles) and the outputs sliced back.
     """
     block_m, block_k, block_n, stages = _gpu_options(
-        __matmul_bias_gelu_backward_x_2_mosaic_gpu_options,
+        _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, stages),
     )
     _mgpu_check_choices(
-        "_matmul_bias_gelu_backward_x_2",
+        "matmul_bias_gelu_backward_x_stage_2",
         {
             "mgpu_block_m": (block_m, (64, 128)),
             "mgpu_block_k": (block_k, (64, 128, 256)),
@@ -5087,7 +5092,7 @@ def __matmul_bias_gelu_backward_x_2_mosaic_gpu(
     y = _mgpu_pad(y, (padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
-            __matmul_bias_gelu_backward_x_2_mosaic_gpu_kernel,
+            _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_kernel,
             block_m=block_m,
             block_k=block_k,
             block_n=block_n,
@@ -5110,9 +5115,11 @@ def __matmul_bias_gelu_backward_x_2_mosaic_gpu(
 def _matmul_bias_gelu_backward_x_mosaic_gpu(acc, bias, dz, y, *, m, k, n, interpret):
     """`matmul_bias_gelu_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: its stages in turn, the arrays between them in global memory."""
-    lhs = __matmul_bias_gelu_backward_x_1_mosaic_gpu(acc, bias, dz, m=m, n=n, interpret=interpret)
+    lhs = _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu(
+        acc, bias, dz, m=m, n=n, interpret=interpret
+    )
     lhs = lhs.reshape((m, n))
-    dx = __matmul_bias_gelu_backward_x_2_mosaic_gpu(y, lhs, m=m, k=k, n=n, interpret=interpret)
+    dx = _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(y, lhs, m=m, k=k, n=n, interpret=interpret)
     return dx.reshape((m, k))
 
 
@@ -5323,10 +5330,10 @@ def _matmul_bias_gelu_backward_y_kernel(
 
     @pl.when(step == pl.num_programs(2) - 1)
     def _finish():
-        acc_m_ = acc_m_ref[...]
-        sum_m_ = sum_m_ref[...]
-        dy_ref[...] = acc_m_.astype(jnp.bfloat16)
-        dbias_ref[...] = sum_m_
+        acc_m = acc_m_ref[...]
+        sum_m = sum_m_ref[...]
+        dy_ref[...] = acc_m.astype(jnp.bfloat16)
+        dbias_ref[...] = sum_m
 
 
 # TPU blocks (block_k, block_n, block_m) for a call that passes none, by chip: those
@@ -5492,10 +5499,8 @@ def _matmul_bias_gelu_backward_y_gpu_kernel(
         accumulate,
         (jnp.full((block_k, block_n), 0, jnp.float32), jnp.full((1, block_n), 0.0, jnp.float32)),
     )
-    acc_m_ = acc_m
-    sum_m_ = sum_m
-    _store(dy_ref, acc_m_.astype(jnp.bfloat16), _mask((block_k, block_n), in_k, in_n))
-    _store(dbias_ref, sum_m_, _mask((1, block_n), None, in_n))
+    _store(dy_ref, acc_m.astype(jnp.bfloat16), _mask((block_k, block_n), in_k, in_n))
+    _store(dbias_ref, sum_m, _mask((1, block_n), None, in_n))
 
 
 # GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
@@ -5556,7 +5561,7 @@ def _matmul_bias_gelu_backward_y_gpu(
     )(acc, bias, dz, x)
 
 
-def __matmul_bias_gelu_backward_y_1_mosaic_gpu_kernel(
+def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel(
     acc_ref, bias_ref, dz_ref, dbias_ref, barrier, bias_smem, dbias_smem, *, block_m, block_n, m
 ):
     program_n = jax.lax.axis_index("N")
@@ -5611,7 +5616,7 @@ def __matmul_bias_gelu_backward_y_1_mosaic_gpu_kernel(
     plgpu.wait_smem_to_gmem(0)
 
 
-def __matmul_bias_gelu_backward_y_1_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
+def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
     """Stage 1 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
@@ -5627,7 +5632,10 @@ def __matmul_bias_gelu_backward_y_1_mosaic_gpu(acc, bias, dz, *, m, n, interpret
     dz = _mgpu_pad(dz, (padded_m, padded_n))
     (dbias,) = plgpu.kernel(
         functools.partial(
-            __matmul_bias_gelu_backward_y_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m
+            _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel,
+            block_m=block_m,
+            block_n=block_n,
+            m=m,
         ),
         out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
         scratch_types=[
@@ -5642,7 +5650,7 @@ def __matmul_bias_gelu_backward_y_1_mosaic_gpu(acc, bias, dz, *, m, n, interpret
     return dbias[:n].reshape((1, n))
 
 
-def __matmul_bias_gelu_backward_y_2_mosaic_gpu_kernel(
+def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu_kernel(
     acc_ref, bias_ref, dz_ref, rhs_ref, *, block_m, block_n
 ):
     program_m = jax.lax.axis_index("M")
@@ -5687,7 +5695,7 @@ def __matmul_bias_gelu_backward_y_2_mosaic_gpu_kernel(
     )(acc_ref, bias_ref, dz_ref, rhs_ref)
 
 
-def __matmul_bias_gelu_backward_y_2_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
+def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu(acc, bias, dz, *, m, n, interpret):
     """Stage 2 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
@@ -5703,7 +5711,7 @@ def __matmul_bias_gelu_backward_y_2_mosaic_gpu(acc, bias, dz, *, m, n, interpret
     dz = _mgpu_pad(dz, (padded_m, padded_n))
     (rhs,) = plgpu.kernel(
         functools.partial(
-            __matmul_bias_gelu_backward_y_2_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
+            _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
         ),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         grid=(pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
@@ -5713,7 +5721,7 @@ def __matmul_bias_gelu_backward_y_2_mosaic_gpu(acc, bias, dz, *, m, n, interpret
     return rhs[:m, :n]
 
 
-def __matmul_bias_gelu_backward_y_3_mosaic_gpu_kernel(
+def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_kernel(
     x_ref, rhs_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
 ):
     program_k = jax.lax.axis_index("K")
@@ -5757,10 +5765,10 @@ def __matmul_bias_gelu_backward_y_3_mosaic_gpu_kernel(
 # that passes none, by device kind: those `pallasgen tune --gpu --gpu-backend
 # mosaic_gpu` timed best at the sizes (K, N, M) shown (the spec's .tuning.json file),
 # the entry nearest the call's sizes winning. None: any other GPU (the built-in ones).
-__matmul_bias_gelu_backward_y_3_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+_matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
-def __matmul_bias_gelu_backward_y_3_mosaic_gpu(
+def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(
     x, rhs, *, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
     """Stage 3 of `matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
@@ -5769,12 +5777,12 @@ def __matmul_bias_gelu_backward_y_3_mosaic_gpu(
     multiples of the blocks' tiles) and the outputs sliced back.
     """
     block_k, block_n, block_m, stages = _gpu_options(
-        __matmul_bias_gelu_backward_y_3_mosaic_gpu_options,
+        _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, stages),
     )
     _mgpu_check_choices(
-        "_matmul_bias_gelu_backward_y_3",
+        "matmul_bias_gelu_backward_y_stage_3",
         {
             "mgpu_block_k": (block_k, (64, 128)),
             "mgpu_block_n": (block_n, (64, 128, 256)),
@@ -5792,7 +5800,7 @@ def __matmul_bias_gelu_backward_y_3_mosaic_gpu(
     rhs = _mgpu_pad(rhs, (padded_m, padded_n))
     (dy,) = plgpu.kernel(
         functools.partial(
-            __matmul_bias_gelu_backward_y_3_mosaic_gpu_kernel,
+            _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_kernel,
             block_k=block_k,
             block_n=block_n,
             block_m=block_m,
@@ -5815,10 +5823,14 @@ def __matmul_bias_gelu_backward_y_3_mosaic_gpu(
 def _matmul_bias_gelu_backward_y_mosaic_gpu(acc, bias, dz, x, *, k, n, m, interpret):
     """`matmul_bias_gelu_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: its stages in turn, the arrays between them in global memory."""
-    dbias = __matmul_bias_gelu_backward_y_1_mosaic_gpu(acc, bias, dz, m=m, n=n, interpret=interpret)
-    rhs = __matmul_bias_gelu_backward_y_2_mosaic_gpu(acc, bias, dz, m=m, n=n, interpret=interpret)
+    dbias = _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu(
+        acc, bias, dz, m=m, n=n, interpret=interpret
+    )
+    rhs = _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu(
+        acc, bias, dz, m=m, n=n, interpret=interpret
+    )
     rhs = rhs.reshape((m, n))
-    dy = __matmul_bias_gelu_backward_y_3_mosaic_gpu(x, rhs, k=k, n=n, m=m, interpret=interpret)
+    dy = _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(x, rhs, k=k, n=n, m=m, interpret=interpret)
     return dy.reshape((k, n)), dbias.reshape((1, n))
 
 
@@ -6867,8 +6879,8 @@ def _batched_matmul_backward_x_kernel(
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
-        acc_n_ = acc_n_ref[...]
-        dx_ref[...] = acc_n_.astype(jnp.bfloat16)
+        acc_n = acc_n_ref[...]
+        dx_ref[...] = acc_n.astype(jnp.bfloat16)
 
 
 # TPU blocks (block_m, block_k, block_n) for a call that passes none, by chip: those
@@ -6992,8 +7004,7 @@ def _batched_matmul_backward_x_gpu_kernel(
     (acc_n,) = jax.lax.fori_loop(
         0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),)
     )
-    acc_n_ = acc_n
-    _store(dx_ref, acc_n_.astype(jnp.bfloat16), _mask((block_m, block_k), in_m, in_k))
+    _store(dx_ref, acc_n.astype(jnp.bfloat16), _mask((block_m, block_k), in_m, in_k))
 
 
 # GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
@@ -7044,7 +7055,7 @@ def _batched_matmul_backward_x_gpu(
     )(dz, y)
 
 
-def __batched_matmul_backward_x_1_mosaic_gpu_kernel(dz_ref, lhs_ref, *, block_m, block_n):
+def _batched_matmul_backward_x_stage_1_mosaic_gpu_kernel(dz_ref, lhs_ref, *, block_m, block_n):
     program_b = jax.lax.axis_index("B")
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
@@ -7074,7 +7085,7 @@ def __batched_matmul_backward_x_1_mosaic_gpu_kernel(dz_ref, lhs_ref, *, block_m,
     )(dz_ref.at[program_b], lhs_ref.at[program_b])
 
 
-def __batched_matmul_backward_x_1_mosaic_gpu(dz, *, b, m, n, interpret):
+def _batched_matmul_backward_x_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
     """Stage 1 of `batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
@@ -7087,7 +7098,7 @@ def __batched_matmul_backward_x_1_mosaic_gpu(dz, *, b, m, n, interpret):
     dz = _mgpu_pad(dz, (b, padded_m, padded_n))
     (lhs,) = plgpu.kernel(
         functools.partial(
-            __batched_matmul_backward_x_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
+            _batched_matmul_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_n), jnp.bfloat16),),
         grid=(b, pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
@@ -7097,7 +7108,7 @@ def __batched_matmul_backward_x_1_mosaic_gpu(dz, *, b, m, n, interpret):
     return lhs[:b, :m, :n]
 
 
-def __batched_matmul_backward_x_2_mosaic_gpu_kernel(
+def _batched_matmul_backward_x_stage_2_mosaic_gpu_kernel(
     y_ref, lhs_ref, dx_ref, out_smem, barrier, *, block_m, block_k, block_n, stages
 ):
     program_b = jax.lax.axis_index("B")
@@ -7145,10 +7156,10 @@ def __batched_matmul_backward_x_2_mosaic_gpu_kernel(
 # mosaic_gpu` timed best at the sizes (B, M, K, N) shown (the spec's .tuning.json
 # file), the entry nearest the call's sizes winning. None: any other GPU (the built-in
 # ones).
-__batched_matmul_backward_x_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+_batched_matmul_backward_x_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
-def __batched_matmul_backward_x_2_mosaic_gpu(
+def _batched_matmul_backward_x_stage_2_mosaic_gpu(
     y, lhs, *, b, m, k, n, block_m=None, block_k=None, block_n=None, stages=None, interpret
 ):
     """Stage 2 of `batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
@@ -7157,12 +7168,12 @@ def __batched_matmul_backward_x_2_mosaic_gpu(
     multiples of the blocks' tiles) and the outputs sliced back.
     """
     block_m, block_k, block_n, stages = _gpu_options(
-        __batched_matmul_backward_x_2_mosaic_gpu_options,
+        _batched_matmul_backward_x_stage_2_mosaic_gpu_options,
         (b, m, k, n),
         (block_m, block_k, block_n, stages),
     )
     _mgpu_check_choices(
-        "_batched_matmul_backward_x_2",
+        "batched_matmul_backward_x_stage_2",
         {
             "mgpu_block_m": (block_m, (64, 128)),
             "mgpu_block_k": (block_k, (64, 128, 256)),
@@ -7179,7 +7190,7 @@ def __batched_matmul_backward_x_2_mosaic_gpu(
     y = _mgpu_pad(y, (b, padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
-            __batched_matmul_backward_x_2_mosaic_gpu_kernel,
+            _batched_matmul_backward_x_stage_2_mosaic_gpu_kernel,
             block_m=block_m,
             block_k=block_k,
             block_n=block_n,
@@ -7202,9 +7213,11 @@ def __batched_matmul_backward_x_2_mosaic_gpu(
 def _batched_matmul_backward_x_mosaic_gpu(dz, y, *, b, m, k, n, interpret):
     """`batched_matmul_backward_x` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: its stages in turn, the arrays between them in global memory."""
-    lhs = __batched_matmul_backward_x_1_mosaic_gpu(dz, b=b, m=m, n=n, interpret=interpret)
+    lhs = _batched_matmul_backward_x_stage_1_mosaic_gpu(dz, b=b, m=m, n=n, interpret=interpret)
     lhs = lhs.reshape((b, m, n))
-    dx = __batched_matmul_backward_x_2_mosaic_gpu(y, lhs, b=b, m=m, k=k, n=n, interpret=interpret)
+    dx = _batched_matmul_backward_x_stage_2_mosaic_gpu(
+        y, lhs, b=b, m=m, k=k, n=n, interpret=interpret
+    )
     return dx.reshape((b, m, k))
 
 
@@ -7363,8 +7376,8 @@ def _batched_matmul_backward_y_kernel(
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
-        acc_m_ = acc_m_ref[...]
-        dy_ref[...] = acc_m_.astype(jnp.bfloat16)
+        acc_m = acc_m_ref[...]
+        dy_ref[...] = acc_m.astype(jnp.bfloat16)
 
 
 # TPU blocks (block_k, block_n, block_m) for a call that passes none, by chip: those
@@ -7488,8 +7501,7 @@ def _batched_matmul_backward_y_gpu_kernel(
     (acc_m,) = jax.lax.fori_loop(
         0, pl.cdiv(m, block_m), accumulate, (jnp.full((block_k, block_n), 0, jnp.float32),)
     )
-    acc_m_ = acc_m
-    _store(dy_ref, acc_m_.astype(jnp.bfloat16), _mask((block_k, block_n), in_k, in_n))
+    _store(dy_ref, acc_m.astype(jnp.bfloat16), _mask((block_k, block_n), in_k, in_n))
 
 
 # GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
@@ -7540,7 +7552,7 @@ def _batched_matmul_backward_y_gpu(
     )(dz, x)
 
 
-def __batched_matmul_backward_y_1_mosaic_gpu_kernel(dz_ref, rhs_ref, *, block_m, block_n):
+def _batched_matmul_backward_y_stage_1_mosaic_gpu_kernel(dz_ref, rhs_ref, *, block_m, block_n):
     program_b = jax.lax.axis_index("B")
     program_m = jax.lax.axis_index("M")
     program_n = jax.lax.axis_index("N")
@@ -7570,7 +7582,7 @@ def __batched_matmul_backward_y_1_mosaic_gpu_kernel(dz_ref, rhs_ref, *, block_m,
     )(dz_ref.at[program_b], rhs_ref.at[program_b])
 
 
-def __batched_matmul_backward_y_1_mosaic_gpu(dz, *, b, m, n, interpret):
+def _batched_matmul_backward_y_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
     """Stage 1 of `batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
@@ -7583,7 +7595,7 @@ def __batched_matmul_backward_y_1_mosaic_gpu(dz, *, b, m, n, interpret):
     dz = _mgpu_pad(dz, (b, padded_m, padded_n))
     (rhs,) = plgpu.kernel(
         functools.partial(
-            __batched_matmul_backward_y_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
+            _batched_matmul_backward_y_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
         ),
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_n), jnp.bfloat16),),
         grid=(b, pl.cdiv(padded_m, block_m), pl.cdiv(padded_n, block_n)),
@@ -7593,7 +7605,7 @@ def __batched_matmul_backward_y_1_mosaic_gpu(dz, *, b, m, n, interpret):
     return rhs[:b, :m, :n]
 
 
-def __batched_matmul_backward_y_2_mosaic_gpu_kernel(
+def _batched_matmul_backward_y_stage_2_mosaic_gpu_kernel(
     x_ref, rhs_ref, dy_ref, out_smem, barrier, *, block_k, block_n, block_m, stages
 ):
     program_b = jax.lax.axis_index("B")
@@ -7641,10 +7653,10 @@ def __batched_matmul_backward_y_2_mosaic_gpu_kernel(
 # mosaic_gpu` timed best at the sizes (B, K, N, M) shown (the spec's .tuning.json
 # file), the entry nearest the call's sizes winning. None: any other GPU (the built-in
 # ones).
-__batched_matmul_backward_y_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
+_batched_matmul_backward_y_stage_2_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
-def __batched_matmul_backward_y_2_mosaic_gpu(
+def _batched_matmul_backward_y_stage_2_mosaic_gpu(
     x, rhs, *, b, k, n, m, block_k=None, block_n=None, block_m=None, stages=None, interpret
 ):
     """Stage 2 of `batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
@@ -7653,12 +7665,12 @@ def __batched_matmul_backward_y_2_mosaic_gpu(
     multiples of the blocks' tiles) and the outputs sliced back.
     """
     block_k, block_n, block_m, stages = _gpu_options(
-        __batched_matmul_backward_y_2_mosaic_gpu_options,
+        _batched_matmul_backward_y_stage_2_mosaic_gpu_options,
         (b, k, n, m),
         (block_k, block_n, block_m, stages),
     )
     _mgpu_check_choices(
-        "_batched_matmul_backward_y_2",
+        "batched_matmul_backward_y_stage_2",
         {
             "mgpu_block_k": (block_k, (64, 128)),
             "mgpu_block_n": (block_n, (64, 128, 256)),
@@ -7676,7 +7688,7 @@ def __batched_matmul_backward_y_2_mosaic_gpu(
     rhs = _mgpu_pad(rhs, (b, padded_m, padded_n))
     (dy,) = plgpu.kernel(
         functools.partial(
-            __batched_matmul_backward_y_2_mosaic_gpu_kernel,
+            _batched_matmul_backward_y_stage_2_mosaic_gpu_kernel,
             block_k=block_k,
             block_n=block_n,
             block_m=block_m,
@@ -7699,9 +7711,11 @@ def __batched_matmul_backward_y_2_mosaic_gpu(
 def _batched_matmul_backward_y_mosaic_gpu(dz, x, *, b, k, n, m, interpret):
     """`batched_matmul_backward_y` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU
     backend: its stages in turn, the arrays between them in global memory."""
-    rhs = __batched_matmul_backward_y_1_mosaic_gpu(dz, b=b, m=m, n=n, interpret=interpret)
+    rhs = _batched_matmul_backward_y_stage_1_mosaic_gpu(dz, b=b, m=m, n=n, interpret=interpret)
     rhs = rhs.reshape((b, m, n))
-    dy = __batched_matmul_backward_y_2_mosaic_gpu(x, rhs, b=b, k=k, n=n, m=m, interpret=interpret)
+    dy = _batched_matmul_backward_y_stage_2_mosaic_gpu(
+        x, rhs, b=b, k=k, n=n, m=m, interpret=interpret
+    )
     return dy.reshape((b, k, n))
 
 
@@ -7780,16 +7794,18 @@ def scores(
         may_be_none=True,
     )
     b = sizes["B"]
-    s_ = sizes["S"]
+    size_s = sizes["S"]
     t = sizes["T"]
     d = sizes["D"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(scores_reference, (((b, s_, t), jnp.float32),), q, k, scale=scale)
+        return _without_elements(
+            scores_reference, (((b, size_s, t), jnp.float32),), q, k, scale=scale
+        )
     return _differentiable(
         functools.partial(
             _scores_forward,
             b=b,
-            s_=s_,
+            size_s=size_s,
             t=t,
             d=d,
             block_s=block_s,
@@ -7825,7 +7841,7 @@ def _scores_forward(
     k,
     *,
     b,
-    s_,
+    size_s,
     t,
     d,
     block_s,
@@ -7846,7 +7862,7 @@ def _scores_forward(
     """`scores` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return _on_platform(
         functools.partial(
-            _scores_tpu, b=b, s_=s_, t=t, d=d, block_s=block_s, block_t=block_t, scale=scale
+            _scores_tpu, b=b, size_s=size_s, t=t, d=d, block_s=block_s, block_t=block_t, scale=scale
         ),
         _gpu_kernel(
             "scores",
@@ -7854,7 +7870,7 @@ def _scores_forward(
             functools.partial(
                 _scores_gpu,
                 b=b,
-                s_=s_,
+                size_s=size_s,
                 t=t,
                 d=d,
                 block_s=gpu_block_s,
@@ -7867,7 +7883,7 @@ def _scores_forward(
             functools.partial(
                 _scores_mosaic_gpu,
                 b=b,
-                s_=s_,
+                size_s=size_s,
                 t=t,
                 d=d,
                 scale=scale,
@@ -7919,16 +7935,16 @@ _scores_tpu_blocks = {
 }
 
 
-def _scores_tpu(q, k, *, b, s_, t, d, block_s, block_t, scale, interpret):
+def _scores_tpu(q, k, *, b, size_s, t, d, block_s, block_t, scale, interpret):
     """`scores` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = _tpu_blocks(_scores_tpu_blocks, (b, s_, t, d), (block_s, block_t))
-    block_s = min(block_s, s_)  # a small S is one whole block
+    block_s, block_t = _tpu_blocks(_scores_tpu_blocks, (b, size_s, t, d), (block_s, block_t))
+    block_s = min(block_s, size_s)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
     _check_tiling(
         "scores",
         block_s=(
             block_s,
-            s_,
+            size_s,
             16,
             "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
@@ -7940,7 +7956,7 @@ def _scores_tpu(q, k, *, b, s_, t, d, block_s, block_t, scale, interpret):
         functools.partial(_scores_kernel, scale=scale),
         # One step per element of B, block of S, block of T (D taken whole); steps are
         # independent, so every axis is parallel.
-        grid=(b, pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        grid=(b, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, S, D]
             pl.BlockSpec((None, block_s, d), lambda b, i, j: (b, i, 0)),
@@ -7949,25 +7965,25 @@ def _scores_tpu(q, k, *, b, s_, t, d, block_s, block_t, scale, interpret):
         ],
         # s: f32[B, S, T]
         out_specs=pl.BlockSpec((None, block_s, block_t), lambda b, i, j: (b, i, j)),
-        out_shape=jax.ShapeDtypeStruct((b, s_, t), jnp.float32),
+        out_shape=jax.ShapeDtypeStruct((b, size_s, t), jnp.float32),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=_vmem_limit(4 * block_s * d + 4 * block_t * d + 8 * block_s * block_t),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * s_ * t * d + b * s_ * t,
+            flops=2 * b * size_s * t * d + b * size_s * t,
             transcendentals=0,
-            bytes_accessed=_nbytes(q, k) + b * s_ * t * 4,
+            bytes_accessed=_nbytes(q, k) + b * size_s * t * 4,
         ),
         interpret=interpret,
         name="scores",
     )(q, k)
 
 
-def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, s_, t, d, block_s, block_t, block_d, scale):
+def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, size_s, t, d, block_s, block_t, block_d, scale):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(1) * block_s, block_s, s_)
+    in_s = _inside(pl.program_id(1) * block_s, block_s, size_s)
     in_t = _inside(pl.program_id(2) * block_t, block_t, t)
     inside = _mask((block_s, block_t), in_s, in_t)
 
@@ -7996,19 +8012,19 @@ _scores_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 
 def _scores_gpu(
-    q, k, *, b, s_, t, d, block_s, block_t, block_d, num_warps, num_stages, scale, interpret
+    q, k, *, b, size_s, t, d, block_s, block_t, block_d, num_warps, num_stages, scale, interpret
 ):
     """`scores` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_s, block_t, block_d, num_warps, num_stages = _gpu_options(
-        _scores_gpu_options, (b, s_, t, d), (block_s, block_t, block_d, num_warps, num_stages)
+        _scores_gpu_options, (b, size_s, t, d), (block_s, block_t, block_d, num_warps, num_stages)
     )
-    block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
+    block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
     block_d = max(16, min(block_d, pl.next_power_of_2(d)))  # a small D is one masked block
     return pl.pallas_call(
         functools.partial(
             _scores_gpu_kernel,
-            s_=s_,
+            size_s=size_s,
             t=t,
             d=d,
             block_s=block_s,
@@ -8018,7 +8034,7 @@ def _scores_gpu(
         ),
         # One program per element of B, block of S, block of T; each loops over D itself
         # (Triton has no scratch memory).
-        grid=(b, pl.cdiv(s_, block_s), pl.cdiv(t, block_t)),
+        grid=(b, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, S, D]
             pl.BlockSpec((None, block_s, d), lambda b, i, j: (b, i, 0)),
@@ -8027,7 +8043,7 @@ def _scores_gpu(
         ],
         # s: f32[B, S, T]
         out_specs=pl.BlockSpec((None, block_s, block_t), lambda b, i, j: (b, i, j)),
-        out_shape=jax.ShapeDtypeStruct((b, s_, t), jnp.float32),
+        out_shape=jax.ShapeDtypeStruct((b, size_s, t), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="scores",
@@ -8086,7 +8102,19 @@ _scores_mosaic_gpu_options = {None: (128, 128, 64, 2)}
 
 
 def _scores_mosaic_gpu(
-    q, k, *, b, s_, t, d, scale, block_s=None, block_t=None, block_d=None, stages=None, interpret
+    q,
+    k,
+    *,
+    b,
+    size_s,
+    t,
+    d,
+    scale,
+    block_s=None,
+    block_t=None,
+    block_d=None,
+    stages=None,
+    interpret,
 ):
     """`scores` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
@@ -8094,7 +8122,7 @@ def _scores_mosaic_gpu(
     multiples of the blocks' tiles) and the outputs sliced back.
     """
     block_s, block_t, block_d, stages = _gpu_options(
-        _scores_mosaic_gpu_options, (b, s_, t, d), (block_s, block_t, block_d, stages)
+        _scores_mosaic_gpu_options, (b, size_s, t, d), (block_s, block_t, block_d, stages)
     )
     _mgpu_check_choices(
         "scores",
@@ -8107,10 +8135,10 @@ def _scores_mosaic_gpu(
         (block_s * block_t, 16384),
         (stages * (2 * block_s * block_d + 2 * block_t * block_d) + 4 * block_s * block_t, 232448),
     )
-    padded_s_ = s_ + -s_ % block_s
+    padded_size_s = size_s + -size_s % block_s
     padded_t = t + -t % block_t
     padded_d = d + -d % block_d
-    q = _mgpu_pad(q, (b, padded_s_, padded_d))
+    q = _mgpu_pad(q, (b, padded_size_s, padded_d))
     k = _mgpu_pad(k, (b, padded_t, padded_d))
     (s,) = plgpu.kernel(
         functools.partial(
@@ -8121,18 +8149,18 @@ def _scores_mosaic_gpu(
             stages=stages,
             scale=scale,
         ),
-        out_type=(jax.ShapeDtypeStruct((b, padded_s_, padded_t), jnp.float32),),
+        out_type=(jax.ShapeDtypeStruct((b, padded_size_s, padded_t), jnp.float32),),
         scratch_types=[
             plgpu.SMEM(
                 (block_s, block_t), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_t)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
-        grid=(b, padded_s_ // block_s, padded_t // block_t),
+        grid=(b, padded_size_s // block_s, padded_t // block_t),
         grid_names=("B", "S", "T"),
         interpret=interpret,
     )(q, k)
-    return s[:b, :s_, :t]
+    return s[:b, :size_s, :t]
 
 
 @functools.partial(

@@ -799,20 +799,20 @@ def _layer_norm_mosaic_gpu_kernel(
     mu = mean_n
 
     def reduce_2(indices, x_smem, carry):
-        (mean_n__running,) = carry
+        (mean_over_n_running,) = carry
         start = indices[0] * block_n
         x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
         d = h - _mgpu_spread(mu, (block_m, block_n), 0)
-        mean_n__block = d * d
+        mean_over_n_block = d * d
         if n % block_n:  # a ragged N: its identity past the end
-            mean_n__block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, mean_n__block, 0.0
+            mean_over_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, mean_over_n_block, 0.0
             )
-        mean_n__running = mean_n__running + jnp.sum(mean_n__block, axis=1)
-        return (mean_n__running,)
+        mean_over_n_running = mean_over_n_running + jnp.sum(mean_over_n_block, axis=1)
+        return (mean_over_n_running,)
 
-    (mean_n__running,) = plgpu.emit_pipeline(
+    (mean_over_n_running,) = plgpu.emit_pipeline(
         reduce_2,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
@@ -825,8 +825,8 @@ def _layer_norm_mosaic_gpu_kernel(
         max_concurrent_steps=2,
         init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
-    mean_n_ = mean_n__running / n
-    rstd = jax.lax.rsqrt(mean_n_ + eps)
+    mean_over_n = mean_over_n_running / n
+    rstd = jax.lax.rsqrt(mean_over_n + eps)
     mu_smem[...] = mu
     rstd_smem[...] = rstd
     plgpu.commit_smem()
@@ -1219,19 +1219,19 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
-        (mean_n__running,) = carry
+        (mean_over_n_running,) = carry
         start = indices[0] * block_n
         x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
-        mean_n__block = h
+        mean_over_n_block = h
         if n % block_n:  # a ragged N: its identity past the end
-            mean_n__block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, mean_n__block, 0.0
+            mean_over_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, mean_over_n_block, 0.0
             )
-        mean_n__running = mean_n__running + jnp.sum(mean_n__block, axis=1)
-        return (mean_n__running,)
+        mean_over_n_running = mean_over_n_running + jnp.sum(mean_over_n_block, axis=1)
+        return (mean_over_n_running,)
 
-    (mean_n__running,) = plgpu.emit_pipeline(
+    (mean_over_n_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
@@ -1244,24 +1244,24 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
         max_concurrent_steps=2,
         init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
-    mean_n_ = mean_n__running / n
-    mu = mean_n_
+    mean_over_n = mean_over_n_running / n
+    mu = mean_over_n
 
     def reduce_2(indices, x_smem, carry):
-        (mean_n___running,) = carry
+        (mean_n_2_running,) = carry
         start = indices[0] * block_n
         x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
         d = h - _mgpu_spread(mu, (block_m, block_n), 0)
-        mean_n___block = d * d
+        mean_n_2_block = d * d
         if n % block_n:  # a ragged N: its identity past the end
-            mean_n___block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, mean_n___block, 0.0
+            mean_n_2_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_2_block, 0.0
             )
-        mean_n___running = mean_n___running + jnp.sum(mean_n___block, axis=1)
-        return (mean_n___running,)
+        mean_n_2_running = mean_n_2_running + jnp.sum(mean_n_2_block, axis=1)
+        return (mean_n_2_running,)
 
-    (mean_n___running,) = plgpu.emit_pipeline(
+    (mean_n_2_running,) = plgpu.emit_pipeline(
         reduce_2,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
@@ -1274,8 +1274,8 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
         max_concurrent_steps=2,
         init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
-    mean_n__ = mean_n___running / n
-    mean_n = mean_n__
+    mean_n_2 = mean_n_2_running / n
+    mean_n = mean_n_2
     rstd = jax.lax.rsqrt(mean_n + eps)
     mu_smem[...] = mu
     rstd_smem[...] = rstd
@@ -1502,11 +1502,11 @@ def layer_norm_backward_reference(x, w, mu, rstd, mean_n, dy, dmu, drstd, *, eps
     rstd_1 = mean_n + eps
     dy_1 = dy.astype(jnp.float32)
     dy_2 = dy_1 * w
-    drstd_ = drstd + jnp.sum((dy_2 * d), axis=1, keepdims=True, dtype=jnp.float32)
-    drstd_1 = drstd_ * (-0.5 * (rstd / rstd_1)) / n
+    drstd_total = drstd + jnp.sum((dy_2 * d), axis=1, keepdims=True, dtype=jnp.float32)
+    drstd_1 = drstd_total * (-0.5 * (rstd / rstd_1)) / n
     dd = dy_2 * rstd + drstd_1 * d + drstd_1 * d
-    dmu_ = dmu + jnp.sum((-dd), axis=1, keepdims=True, dtype=jnp.float32)
-    dh = dd + dmu_ / n
+    dmu_total = dmu + jnp.sum((-dd), axis=1, keepdims=True, dtype=jnp.float32)
+    dh = dd + dmu_total / n
     dx = dh.astype(jnp.bfloat16)
     return dx
 
@@ -1540,11 +1540,11 @@ def _layer_norm_backward_kernel(
     rstd_1 = mean_n + eps
     dy_1 = dy.astype(jnp.float32)
     dy_2 = dy_1 * w
-    drstd_ = drstd + jnp.sum((dy_2 * d), axis=1, keepdims=True)
-    drstd_1 = drstd_ * (-0.5 * (rstd / rstd_1)) / n
+    drstd_total = drstd + jnp.sum((dy_2 * d), axis=1, keepdims=True)
+    drstd_1 = drstd_total * (-0.5 * (rstd / rstd_1)) / n
     dd = dy_2 * rstd + drstd_1 * d + drstd_1 * d
-    dmu_ = dmu + jnp.sum((-dd), axis=1, keepdims=True)
-    dh = dd + dmu_ / n
+    dmu_total = dmu + jnp.sum((-dd), axis=1, keepdims=True)
+    dh = dd + dmu_total / n
     dx_ref[...] = dh.astype(jnp.bfloat16)
 
 
@@ -1586,8 +1586,8 @@ def _layer_norm_backward_tpu(
     # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 32 B + w 4 B + mu
     # 64 B + rstd 64 B + mean_n 64 B + dy 32 B + dmu 64 B + drstd 64 B + dx 32 B) + sum's
     # 32-bit copy of a block 64 B + sum's 32-bit copy of a block 64 B + let h 64 B + let d
-    # 64 B + let rstd_1 64 B + let dy_1 64 B + let dy_2 64 B + let drstd_ 64 B + let
-    # drstd_1 64 B + let dd 64 B + let dmu_ 64 B + let dh 64 B.
+    # 64 B + let rstd_1 64 B + let dy_1 64 B + let dy_2 64 B + let drstd_total 64 B + let
+    # drstd_1 64 B + let dd 64 B + let dmu_total 64 B + let dh 64 B.
     return pl.pallas_call(
         functools.partial(_layer_norm_backward_kernel, m=m, n=n, block_m=block_m, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is
@@ -1663,11 +1663,11 @@ def _layer_norm_backward_gpu_kernel(
     rstd_1 = mean_n + eps
     dy_1 = dy.astype(jnp.float32)
     dy_2 = dy_1 * w
-    drstd_ = drstd + jnp.sum(_fill_past((dy_2 * d), 0, n, 1, 0.0), axis=1, keepdims=True)
-    drstd_1 = drstd_ * (-0.5 * (rstd / rstd_1)) / n
+    drstd_total = drstd + jnp.sum(_fill_past((dy_2 * d), 0, n, 1, 0.0), axis=1, keepdims=True)
+    drstd_1 = drstd_total * (-0.5 * (rstd / rstd_1)) / n
     dd = dy_2 * rstd + drstd_1 * d + drstd_1 * d
-    dmu_ = dmu + jnp.sum(_fill_past((-dd), 0, n, 1, 0.0), axis=1, keepdims=True)
-    dh = dd + dmu_ / n
+    dmu_total = dmu + jnp.sum(_fill_past((-dd), 0, n, 1, 0.0), axis=1, keepdims=True)
+    dh = dd + dmu_total / n
     _store(dx_ref, dh.astype(jnp.bfloat16), inside)
 
 
@@ -1808,11 +1808,11 @@ def _layer_norm_backward_mosaic_gpu_kernel(
         init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref, w_ref, dy_ref)
     sum_n = sum_n_running
-    drstd_ = drstd + sum_n
-    drstd_1 = drstd_ * (-0.5 * (rstd / rstd_1)) / n
+    drstd_total = drstd + sum_n
+    drstd_1 = drstd_total * (-0.5 * (rstd / rstd_1)) / n
 
     def reduce_2(indices, x_smem, w_smem, dy_smem, carry):
-        (sum_n__running,) = carry
+        (sum_over_n_running,) = carry
         start = indices[0] * block_n
         x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
         w = _mgpu_load(w_smem, (block_m, block_n), (1,))
@@ -1826,15 +1826,15 @@ def _layer_norm_backward_mosaic_gpu_kernel(
             + _mgpu_spread(drstd_1, (block_m, block_n), 0) * d
             + _mgpu_spread(drstd_1, (block_m, block_n), 0) * d
         )
-        sum_n__block = -dd
+        sum_over_n_block = -dd
         if n % block_n:  # a ragged N: its identity past the end
-            sum_n__block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_n__block, 0.0
+            sum_over_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_over_n_block, 0.0
             )
-        sum_n__running = sum_n__running + jnp.sum(sum_n__block, axis=1)
-        return (sum_n__running,)
+        sum_over_n_running = sum_over_n_running + jnp.sum(sum_over_n_block, axis=1)
+        return (sum_over_n_running,)
 
-    (sum_n__running,) = plgpu.emit_pipeline(
+    (sum_over_n_running,) = plgpu.emit_pipeline(
         reduce_2,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
@@ -1853,8 +1853,8 @@ def _layer_norm_backward_mosaic_gpu_kernel(
         max_concurrent_steps=2,
         init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref, w_ref, dy_ref)
-    sum_n_ = sum_n__running
-    dmu_ = dmu + sum_n_
+    sum_over_n = sum_over_n_running
+    dmu_total = dmu + sum_over_n
 
     def write(indices, x_smem, w_smem, dy_smem):
         start = indices[0] * block_n
@@ -1870,7 +1870,7 @@ def _layer_norm_backward_mosaic_gpu_kernel(
             + _mgpu_spread(drstd_1, (block_m, block_n), 0) * d
             + _mgpu_spread(drstd_1, (block_m, block_n), 0) * d
         )
-        dh = dd + _mgpu_spread(dmu_, (block_m, block_n), 0) / n
+        dh = dd + _mgpu_spread(dmu_total, (block_m, block_n), 0) / n
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
@@ -2081,7 +2081,7 @@ def _layer_norm_backward_over_m_kernel(
     dw_ref,
     db_ref,
     sum_m_running_ref,
-    sum_m__running_ref,
+    sum_over_m_running_ref,
     *,
     m,
     n,
@@ -2092,7 +2092,7 @@ def _layer_norm_backward_over_m_kernel(
     @pl.when(step == 0)
     def _init():
         sum_m_running_ref[...] = jnp.full(sum_m_running_ref.shape, 0.0, jnp.float32)
-        sum_m__running_ref[...] = jnp.full(sum_m__running_ref.shape, 0.0, jnp.float32)
+        sum_over_m_running_ref[...] = jnp.full(sum_over_m_running_ref.shape, 0.0, jnp.float32)
 
     x = x_ref[...]
     mu = mu_ref[...]
@@ -2106,17 +2106,19 @@ def _layer_norm_backward_over_m_kernel(
     if m % block_m:  # a ragged M: its identity past the end, never padding
         sum_m_block = _fill_past(sum_m_block, step * block_m, m, 0, 0.0)
     sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
-    sum_m__block = dy_1
+    sum_over_m_block = dy_1
     if m % block_m:  # a ragged M: its identity past the end, never padding
-        sum_m__block = _fill_past(sum_m__block, step * block_m, m, 0, 0.0)
-    sum_m__running_ref[...] = sum_m__running_ref[...] + jnp.sum(sum_m__block, axis=0, keepdims=True)
+        sum_over_m_block = _fill_past(sum_over_m_block, step * block_m, m, 0, 0.0)
+    sum_over_m_running_ref[...] = sum_over_m_running_ref[...] + jnp.sum(
+        sum_over_m_block, axis=0, keepdims=True
+    )
 
     @pl.when(step == pl.num_programs(0) - 1)
     def _finish():
         sum_m = sum_m_running_ref[...]
-        sum_m_ = sum_m__running_ref[...]
+        sum_over_m = sum_over_m_running_ref[...]
         dw_ref[...] = sum_m
-        db_ref[...] = sum_m_
+        db_ref[...] = sum_over_m
 
 
 # TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
@@ -2184,7 +2186,7 @@ def _layer_norm_backward_over_m_tpu(x, mu, rstd, dy, *, m, n, block_m, interpret
         scratch_shapes=[
             # sum_m_running_ref: the running sum over M of one block
             pltpu.VMEM((1, n), jnp.float32),
-            # sum_m__running_ref: the running sum over M of one block
+            # sum_over_m_running_ref: the running sum over M of one block
             pltpu.VMEM((1, n), jnp.float32),
         ],
         compiler_params=pltpu.CompilerParams(
@@ -2210,7 +2212,7 @@ def _layer_norm_backward_over_m_gpu_kernel(
     inside = _mask((1, block_n), None, in_n)
 
     def accumulate(index, running):
-        sum_m_running, sum_m__running = running
+        sum_m_running, sum_over_m_running = running
         start = index * block_m
         in_m = _inside(start, block_m, m)
         x = _load(x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
@@ -2225,22 +2227,22 @@ def _layer_norm_backward_over_m_gpu_kernel(
         if m % block_m:  # a ragged M: its identity past the end, never padding
             sum_m_block = _fill_past(sum_m_block, start, m, 0, 0.0)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
-        sum_m__block = dy_1
+        sum_over_m_block = dy_1
         if m % block_m:  # a ragged M: its identity past the end, never padding
-            sum_m__block = _fill_past(sum_m__block, start, m, 0, 0.0)
-        sum_m__running = sum_m__running + jnp.sum(sum_m__block, axis=0, keepdims=True)
-        return sum_m_running, sum_m__running
+            sum_over_m_block = _fill_past(sum_over_m_block, start, m, 0, 0.0)
+        sum_over_m_running = sum_over_m_running + jnp.sum(sum_over_m_block, axis=0, keepdims=True)
+        return sum_m_running, sum_over_m_running
 
-    sum_m_running, sum_m__running = jax.lax.fori_loop(
+    sum_m_running, sum_over_m_running = jax.lax.fori_loop(
         0,
         pl.cdiv(m, block_m),
         accumulate,
         (jnp.full((1, block_n), 0.0, jnp.float32), jnp.full((1, block_n), 0.0, jnp.float32)),
     )
     sum_m = sum_m_running
-    sum_m_ = sum_m__running
+    sum_over_m = sum_over_m_running
     _store(dw_ref, sum_m, inside)
-    _store(db_ref, sum_m_, inside)
+    _store(db_ref, sum_over_m, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -2298,7 +2300,7 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
     program_n = jax.lax.axis_index("N")
 
     def reduce_1(indices, x_smem, mu_smem, rstd_smem, dy_smem, carry):
-        sum_m_running, sum_m__running = carry
+        sum_m_running, sum_over_m_running = carry
         start = indices[0] * block_m
         x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
         mu = _mgpu_load(mu_smem, (block_m, block_n), (0,))
@@ -2314,15 +2316,15 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
                 _mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
             )
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
-        sum_m__block = dy_1
+        sum_over_m_block = dy_1
         if m % block_m:  # a ragged M: its identity past the end
-            sum_m__block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 0) < m, sum_m__block, 0.0
+            sum_over_m_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 0) < m, sum_over_m_block, 0.0
             )
-        sum_m__running = sum_m__running + jnp.sum(sum_m__block, axis=0)
-        return (sum_m_running, sum_m__running)
+        sum_over_m_running = sum_over_m_running + jnp.sum(sum_over_m_block, axis=0)
+        return (sum_m_running, sum_over_m_running)
 
-    sum_m_running, sum_m__running = plgpu.emit_pipeline(
+    sum_m_running, sum_over_m_running = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[0] // block_m,),
         in_specs=[
@@ -2346,9 +2348,9 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
         ),
     )(x_ref, mu_ref, rstd_ref, dy_ref)
     sum_m = sum_m_running
-    sum_m_ = sum_m__running
+    sum_over_m = sum_over_m_running
     dw = sum_m
-    db = sum_m_
+    db = sum_over_m
     dw_smem[...] = dw
     db_smem[...] = db
     plgpu.commit_smem()
@@ -3010,19 +3012,19 @@ def _rms_norm_with_residuals_mosaic_gpu_kernel(
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
-        (mean_n__running,) = carry
+        (mean_over_n_running,) = carry
         start = indices[0] * block_n
         x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
-        mean_n__block = h * h
+        mean_over_n_block = h * h
         if n % block_n:  # a ragged N: its identity past the end
-            mean_n__block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, mean_n__block, 0.0
+            mean_over_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, mean_over_n_block, 0.0
             )
-        mean_n__running = mean_n__running + jnp.sum(mean_n__block, axis=1)
-        return (mean_n__running,)
+        mean_over_n_running = mean_over_n_running + jnp.sum(mean_over_n_block, axis=1)
+        return (mean_over_n_running,)
 
-    (mean_n__running,) = plgpu.emit_pipeline(
+    (mean_over_n_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
@@ -3035,8 +3037,8 @@ def _rms_norm_with_residuals_mosaic_gpu_kernel(
         max_concurrent_steps=2,
         init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
-    mean_n_ = mean_n__running / n
-    mean_n = mean_n_
+    mean_over_n = mean_over_n_running / n
+    mean_n = mean_over_n
     mean_n_smem[...] = mean_n
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(mean_n_smem, mean_n_ref.at[pl.ds(program_m * block_m, block_m)])

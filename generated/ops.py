@@ -1913,13 +1913,13 @@ def equal_count_f32(
     )
     _check_blocks("equal_count_f32", block_n=block_n, may_be_none=True)
     _check_blocks("equal_count_f32", gpu_block_n=gpu_block_n, may_be_none=True)
-    n_ = sizes["N"]
+    size_n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(equal_count_f32_reference, (((), jnp.int32),), x, y)
     return _differentiable(
         functools.partial(
             _equal_count_f32_forward,
-            n_=n_,
+            size_n=size_n,
             block_n=block_n,
             gpu_block_n=gpu_block_n,
             gpu_warps=gpu_warps,
@@ -1935,29 +1935,29 @@ def equal_count_f32(
 
 def equal_count_f32_reference(x, y):
     """`equal_count_f32` in plain jax.numpy, to test the kernel against."""
-    n_ = x.shape[0]
+    size_n = x.shape[0]
     n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
     n = n.reshape(())
     return n
 
 
 def _equal_count_f32_forward(
-    x, y, *, n_, block_n, gpu_block_n, gpu_warps, gpu_stages, gpu_backend, interpret
+    x, y, *, size_n, block_n, gpu_block_n, gpu_warps, gpu_stages, gpu_backend, interpret
 ):
     """`equal_count_f32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     n = _on_platform(
-        functools.partial(_equal_count_f32_tpu, n_=n_, block_n=block_n),
+        functools.partial(_equal_count_f32_tpu, size_n=size_n, block_n=block_n),
         _gpu_kernel(
             "equal_count_f32",
             gpu_backend,
             functools.partial(
                 _equal_count_f32_gpu,
-                n_=n_,
+                size_n=size_n,
                 block_n=gpu_block_n,
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_equal_count_f32_mosaic_gpu, n_=n_),
+            functools.partial(_equal_count_f32_mosaic_gpu, size_n=size_n),
         ),
         interpret,
         x,
@@ -1974,7 +1974,7 @@ def _equal_count_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
     return None, None
 
 
-def _equal_count_f32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block_n):
+def _equal_count_f32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, block_n):
     step = pl.program_id(0)
 
     @pl.when(step == 0)
@@ -1984,8 +1984,8 @@ def _equal_count_f32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block
     x = _as_rows(x_ref[...])
     y = _as_rows(y_ref[...])
     sum_n_block = (x == y).astype(jnp.int32)
-    if n_ % block_n:  # a ragged N: its identity past the end, never padding
-        sum_n_block = _fill_past_rows(sum_n_block, step * block_n, n_, 0)
+    if size_n % block_n:  # a ragged N: its identity past the end, never padding
+        sum_n_block = _fill_past_rows(sum_n_block, step * block_n, size_n, 0)
     sum_n_running_ref[...] = sum_n_running_ref[...] + sum_n_block
 
     @pl.when(step == pl.num_programs(0) - 1)
@@ -2005,22 +2005,22 @@ _equal_count_f32_tpu_blocks = {
 }
 
 
-def _equal_count_f32_tpu(x, y, *, n_, block_n, interpret):
+def _equal_count_f32_tpu(x, y, *, size_n, block_n, interpret):
     """`equal_count_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_n,) = _tpu_blocks(
         _equal_count_f32_tpu_blocks,
-        (n_,),
+        (size_n,),
         (block_n,),
         grow=functools.partial(
-            _grown, bounds=(n_,), step=lambda block_n: (block_n, 24 * block_n + 8)
+            _grown, bounds=(size_n,), step=lambda block_n: (block_n, 24 * block_n + 8)
         ),
     )
-    block_n = min(block_n, n_)  # a small N is one whole block
+    block_n = min(block_n, size_n)  # a small N is one whole block
     _check_tiling(
         "equal_count_f32",
         block_n=(
             block_n,
-            n_,
+            size_n,
             1024,
             "N is the dimension of a one-dimensional f32 array, so it is a multiple of 1024 or a power of two of at least 128",
             128,
@@ -2029,9 +2029,9 @@ def _equal_count_f32_tpu(x, y, *, n_, block_n, interpret):
     # VMEM at the default blocks: 96.0 KiB = 2 buffers x (x 16.0 KiB + y 16.0 KiB + n 4 B)
     # + sum's 32-bit copy of a block 16.0 KiB + sum's running values 16.0 KiB.
     return pl.pallas_call(
-        functools.partial(_equal_count_f32_kernel, n_=n_, block_n=block_n),
+        functools.partial(_equal_count_f32_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
-        grid=(pl.cdiv(n_, block_n),),
+        grid=(pl.cdiv(size_n, block_n),),
         in_specs=[
             # x: f32[N]
             pl.BlockSpec((block_n,), lambda i: (i,)),
@@ -2049,31 +2049,31 @@ def _equal_count_f32_tpu(x, y, *, n_, block_n, interpret):
             vmem_limit_bytes=_vmem_limit(24 * block_n + 8),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=3 * n_, transcendentals=0, bytes_accessed=_nbytes(x, y) + n_ * 4
+            flops=3 * size_n, transcendentals=0, bytes_accessed=_nbytes(x, y) + size_n * 4
         ),
         interpret=interpret,
         name="equal_count_f32",
     )(x, y)
 
 
-def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
+def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     inside = None
 
     def accumulate(index, running):
         (sum_n_running,) = running
         start = index * block_n
-        in_n = _inside(start, block_n, n_)
+        in_n = _inside(start, block_n, size_n)
         x = _load(x_ref.at[pl.ds(start, block_n)], _mask((block_n,), in_n))
         y = _load(y_ref.at[pl.ds(start, block_n)], _mask((block_n,), in_n))
         sum_n_block = (x == y).astype(jnp.int32)
-        if n_ % block_n:  # a ragged N: its identity past the end, never padding
-            sum_n_block = _fill_past(sum_n_block, start, n_, 0, 0)
+        if size_n % block_n:  # a ragged N: its identity past the end, never padding
+            sum_n_block = _fill_past(sum_n_block, start, size_n, 0, 0)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
         return (sum_n_running,)
 
     (sum_n_running,) = jax.lax.fori_loop(
-        0, pl.cdiv(n_, block_n), accumulate, (jnp.full((1,), 0, jnp.int32),)
+        0, pl.cdiv(size_n, block_n), accumulate, (jnp.full((1,), 0, jnp.int32),)
     )
     sum_n = sum_n_running
     n_ref[...] = sum_n
@@ -2086,22 +2086,22 @@ def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
 _equal_count_f32_gpu_options = {None: (1024, 4, 1)}
 
 
-def _equal_count_f32_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
+def _equal_count_f32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
     """`equal_count_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_n, num_warps, num_stages = _gpu_options(
-        _equal_count_f32_gpu_options, (n_,), (block_n, num_warps, num_stages)
+        _equal_count_f32_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
-    block_n = min(block_n, pl.next_power_of_2(n_))  # a small N is one block
+    block_n = min(block_n, pl.next_power_of_2(size_n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_equal_count_f32_gpu_kernel, n_=n_, block_n=block_n),
+        functools.partial(_equal_count_f32_gpu_kernel, size_n=size_n, block_n=block_n),
         # One program per call; programs run concurrently. Each loops over N itself,
         # accumulating in order.
         grid=(),
         in_specs=[
             # x: f32[N]
-            pl.BlockSpec((n_,), lambda: (0,)),
+            pl.BlockSpec((size_n,), lambda: (0,)),
             # y: f32[N]
-            pl.BlockSpec((n_,), lambda: (0,)),
+            pl.BlockSpec((size_n,), lambda: (0,)),
         ],
         # n: i32[], broadcast over N
         out_specs=pl.BlockSpec((1,), lambda: (0,)),
@@ -2112,7 +2112,9 @@ def _equal_count_f32_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret)
     )(x, y)
 
 
-def _equal_count_f32_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, *, block_n, n_):
+def _equal_count_f32_mosaic_gpu_kernel(
+    x_ref, y_ref, sum_partials_ref, sum_smem, *, block_n, size_n
+):
     program = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem):
@@ -2122,8 +2124,8 @@ def _equal_count_f32_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem,
             0, (64, block_n), 1
         )
         sum_block = (x == y).astype(jnp.int32)
-        if n_ % (64 * block_n):  # a ragged N: its identity past the end
-            sum_block = jnp.where(positions < n_, sum_block, 0)
+        if size_n % (64 * block_n):  # a ragged N: its identity past the end
+            sum_block = jnp.where(positions < size_n, sum_block, 0)
         sum_smem[...] = jnp.sum(sum_block, axis=1)
 
     plgpu.emit_pipeline(
@@ -2147,21 +2149,21 @@ def _equal_count_f32_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem,
     plgpu.wait_smem_to_gmem(0)
 
 
-def _equal_count_f32_mosaic_gpu(x, y, *, n_, interpret):
+def _equal_count_f32_mosaic_gpu(x, y, *, size_n, interpret):
     """`equal_count_f32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
     block_n = 128
-    padded_n_ = n_ + -n_ % (64 * block_n)
-    x = _mgpu_pad(x, (padded_n_,)).reshape(-1, block_n)
-    y = _mgpu_pad(y, (padded_n_,)).reshape(-1, block_n)
+    padded_size_n = size_n + -size_n % (64 * block_n)
+    x = _mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
+    y = _mgpu_pad(y, (padded_size_n,)).reshape(-1, block_n)
     (sum_partials,) = plgpu.kernel(
-        functools.partial(_equal_count_f32_mosaic_gpu_kernel, block_n=block_n, n_=n_),
-        out_type=(jax.ShapeDtypeStruct((padded_n_ // block_n,), jnp.int32),),
+        functools.partial(_equal_count_f32_mosaic_gpu_kernel, block_n=block_n, size_n=size_n),
+        out_type=(jax.ShapeDtypeStruct((padded_size_n // block_n,), jnp.int32),),
         scratch_types=[plgpu.SMEM((64,), jnp.int32)],
-        grid=(padded_n_ // (64 * block_n),),
+        grid=(padded_size_n // (64 * block_n),),
         grid_names=("N",),
         interpret=interpret,
     )(x, y)
@@ -3084,13 +3086,13 @@ def equal_count_i32(
     )
     _check_blocks("equal_count_i32", block_n=block_n, may_be_none=True)
     _check_blocks("equal_count_i32", gpu_block_n=gpu_block_n, may_be_none=True)
-    n_ = sizes["N"]
+    size_n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(equal_count_i32_reference, (((), jnp.int32),), x, y)
     return _differentiable(
         functools.partial(
             _equal_count_i32_forward,
-            n_=n_,
+            size_n=size_n,
             block_n=block_n,
             gpu_block_n=gpu_block_n,
             gpu_warps=gpu_warps,
@@ -3106,29 +3108,29 @@ def equal_count_i32(
 
 def equal_count_i32_reference(x, y):
     """`equal_count_i32` in plain jax.numpy, to test the kernel against."""
-    n_ = x.shape[0]
+    size_n = x.shape[0]
     n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
     n = n.reshape(())
     return n
 
 
 def _equal_count_i32_forward(
-    x, y, *, n_, block_n, gpu_block_n, gpu_warps, gpu_stages, gpu_backend, interpret
+    x, y, *, size_n, block_n, gpu_block_n, gpu_warps, gpu_stages, gpu_backend, interpret
 ):
     """`equal_count_i32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     n = _on_platform(
-        functools.partial(_equal_count_i32_tpu, n_=n_, block_n=block_n),
+        functools.partial(_equal_count_i32_tpu, size_n=size_n, block_n=block_n),
         _gpu_kernel(
             "equal_count_i32",
             gpu_backend,
             functools.partial(
                 _equal_count_i32_gpu,
-                n_=n_,
+                size_n=size_n,
                 block_n=gpu_block_n,
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_equal_count_i32_mosaic_gpu, n_=n_),
+            functools.partial(_equal_count_i32_mosaic_gpu, size_n=size_n),
         ),
         interpret,
         x,
@@ -3145,7 +3147,7 @@ def _equal_count_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
     return None, None
 
 
-def _equal_count_i32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block_n):
+def _equal_count_i32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, block_n):
     step = pl.program_id(0)
 
     @pl.when(step == 0)
@@ -3155,8 +3157,8 @@ def _equal_count_i32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block
     x = _as_rows(x_ref[...])
     y = _as_rows(y_ref[...])
     sum_n_block = (x == y).astype(jnp.int32)
-    if n_ % block_n:  # a ragged N: its identity past the end, never padding
-        sum_n_block = _fill_past_rows(sum_n_block, step * block_n, n_, 0)
+    if size_n % block_n:  # a ragged N: its identity past the end, never padding
+        sum_n_block = _fill_past_rows(sum_n_block, step * block_n, size_n, 0)
     sum_n_running_ref[...] = sum_n_running_ref[...] + sum_n_block
 
     @pl.when(step == pl.num_programs(0) - 1)
@@ -3176,22 +3178,22 @@ _equal_count_i32_tpu_blocks = {
 }
 
 
-def _equal_count_i32_tpu(x, y, *, n_, block_n, interpret):
+def _equal_count_i32_tpu(x, y, *, size_n, block_n, interpret):
     """`equal_count_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_n,) = _tpu_blocks(
         _equal_count_i32_tpu_blocks,
-        (n_,),
+        (size_n,),
         (block_n,),
         grow=functools.partial(
-            _grown, bounds=(n_,), step=lambda block_n: (block_n, 24 * block_n + 8)
+            _grown, bounds=(size_n,), step=lambda block_n: (block_n, 24 * block_n + 8)
         ),
     )
-    block_n = min(block_n, n_)  # a small N is one whole block
+    block_n = min(block_n, size_n)  # a small N is one whole block
     _check_tiling(
         "equal_count_i32",
         block_n=(
             block_n,
-            n_,
+            size_n,
             1024,
             "N is the dimension of a one-dimensional i32 array, so it is a multiple of 1024 or a power of two of at least 128",
             128,
@@ -3200,9 +3202,9 @@ def _equal_count_i32_tpu(x, y, *, n_, block_n, interpret):
     # VMEM at the default blocks: 96.0 KiB = 2 buffers x (x 16.0 KiB + y 16.0 KiB + n 4 B)
     # + sum's 32-bit copy of a block 16.0 KiB + sum's running values 16.0 KiB.
     return pl.pallas_call(
-        functools.partial(_equal_count_i32_kernel, n_=n_, block_n=block_n),
+        functools.partial(_equal_count_i32_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
-        grid=(pl.cdiv(n_, block_n),),
+        grid=(pl.cdiv(size_n, block_n),),
         in_specs=[
             # x: i32[N]
             pl.BlockSpec((block_n,), lambda i: (i,)),
@@ -3220,31 +3222,31 @@ def _equal_count_i32_tpu(x, y, *, n_, block_n, interpret):
             vmem_limit_bytes=_vmem_limit(24 * block_n + 8),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=3 * n_, transcendentals=0, bytes_accessed=_nbytes(x, y) + n_ * 4
+            flops=3 * size_n, transcendentals=0, bytes_accessed=_nbytes(x, y) + size_n * 4
         ),
         interpret=interpret,
         name="equal_count_i32",
     )(x, y)
 
 
-def _equal_count_i32_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
+def _equal_count_i32_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     inside = None
 
     def accumulate(index, running):
         (sum_n_running,) = running
         start = index * block_n
-        in_n = _inside(start, block_n, n_)
+        in_n = _inside(start, block_n, size_n)
         x = _load(x_ref.at[pl.ds(start, block_n)], _mask((block_n,), in_n))
         y = _load(y_ref.at[pl.ds(start, block_n)], _mask((block_n,), in_n))
         sum_n_block = (x == y).astype(jnp.int32)
-        if n_ % block_n:  # a ragged N: its identity past the end, never padding
-            sum_n_block = _fill_past(sum_n_block, start, n_, 0, 0)
+        if size_n % block_n:  # a ragged N: its identity past the end, never padding
+            sum_n_block = _fill_past(sum_n_block, start, size_n, 0, 0)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
         return (sum_n_running,)
 
     (sum_n_running,) = jax.lax.fori_loop(
-        0, pl.cdiv(n_, block_n), accumulate, (jnp.full((1,), 0, jnp.int32),)
+        0, pl.cdiv(size_n, block_n), accumulate, (jnp.full((1,), 0, jnp.int32),)
     )
     sum_n = sum_n_running
     n_ref[...] = sum_n
@@ -3257,22 +3259,22 @@ def _equal_count_i32_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
 _equal_count_i32_gpu_options = {None: (1024, 4, 1)}
 
 
-def _equal_count_i32_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
+def _equal_count_i32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
     """`equal_count_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_n, num_warps, num_stages = _gpu_options(
-        _equal_count_i32_gpu_options, (n_,), (block_n, num_warps, num_stages)
+        _equal_count_i32_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
-    block_n = min(block_n, pl.next_power_of_2(n_))  # a small N is one block
+    block_n = min(block_n, pl.next_power_of_2(size_n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_equal_count_i32_gpu_kernel, n_=n_, block_n=block_n),
+        functools.partial(_equal_count_i32_gpu_kernel, size_n=size_n, block_n=block_n),
         # One program per call; programs run concurrently. Each loops over N itself,
         # accumulating in order.
         grid=(),
         in_specs=[
             # x: i32[N]
-            pl.BlockSpec((n_,), lambda: (0,)),
+            pl.BlockSpec((size_n,), lambda: (0,)),
             # y: i32[N]
-            pl.BlockSpec((n_,), lambda: (0,)),
+            pl.BlockSpec((size_n,), lambda: (0,)),
         ],
         # n: i32[], broadcast over N
         out_specs=pl.BlockSpec((1,), lambda: (0,)),
@@ -3283,7 +3285,9 @@ def _equal_count_i32_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret)
     )(x, y)
 
 
-def _equal_count_i32_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, *, block_n, n_):
+def _equal_count_i32_mosaic_gpu_kernel(
+    x_ref, y_ref, sum_partials_ref, sum_smem, *, block_n, size_n
+):
     program = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem):
@@ -3293,8 +3297,8 @@ def _equal_count_i32_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem,
             0, (64, block_n), 1
         )
         sum_block = (x == y).astype(jnp.int32)
-        if n_ % (64 * block_n):  # a ragged N: its identity past the end
-            sum_block = jnp.where(positions < n_, sum_block, 0)
+        if size_n % (64 * block_n):  # a ragged N: its identity past the end
+            sum_block = jnp.where(positions < size_n, sum_block, 0)
         sum_smem[...] = jnp.sum(sum_block, axis=1)
 
     plgpu.emit_pipeline(
@@ -3314,21 +3318,21 @@ def _equal_count_i32_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem,
     plgpu.wait_smem_to_gmem(0)
 
 
-def _equal_count_i32_mosaic_gpu(x, y, *, n_, interpret):
+def _equal_count_i32_mosaic_gpu(x, y, *, size_n, interpret):
     """`equal_count_i32` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
     block_n = 128
-    padded_n_ = n_ + -n_ % (64 * block_n)
-    x = _mgpu_pad(x, (padded_n_,)).reshape(-1, block_n)
-    y = _mgpu_pad(y, (padded_n_,)).reshape(-1, block_n)
+    padded_size_n = size_n + -size_n % (64 * block_n)
+    x = _mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
+    y = _mgpu_pad(y, (padded_size_n,)).reshape(-1, block_n)
     (sum_partials,) = plgpu.kernel(
-        functools.partial(_equal_count_i32_mosaic_gpu_kernel, block_n=block_n, n_=n_),
-        out_type=(jax.ShapeDtypeStruct((padded_n_ // block_n,), jnp.int32),),
+        functools.partial(_equal_count_i32_mosaic_gpu_kernel, block_n=block_n, size_n=size_n),
+        out_type=(jax.ShapeDtypeStruct((padded_size_n // block_n,), jnp.int32),),
         scratch_types=[plgpu.SMEM((64,), jnp.int32)],
-        grid=(padded_n_ // (64 * block_n),),
+        grid=(padded_size_n // (64 * block_n),),
         grid_names=("N",),
         interpret=interpret,
     )(x, y)
@@ -4255,13 +4259,13 @@ def equal_count_i8(
     )
     _check_blocks("equal_count_i8", block_n=block_n, may_be_none=True)
     _check_blocks("equal_count_i8", gpu_block_n=gpu_block_n, may_be_none=True)
-    n_ = sizes["N"]
+    size_n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(equal_count_i8_reference, (((), jnp.int32),), x, y)
     return _differentiable(
         functools.partial(
             _equal_count_i8_forward,
-            n_=n_,
+            size_n=size_n,
             block_n=block_n,
             gpu_block_n=gpu_block_n,
             gpu_warps=gpu_warps,
@@ -4277,29 +4281,29 @@ def equal_count_i8(
 
 def equal_count_i8_reference(x, y):
     """`equal_count_i8` in plain jax.numpy, to test the kernel against."""
-    n_ = x.shape[0]
+    size_n = x.shape[0]
     n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
     n = n.reshape(())
     return n
 
 
 def _equal_count_i8_forward(
-    x, y, *, n_, block_n, gpu_block_n, gpu_warps, gpu_stages, gpu_backend, interpret
+    x, y, *, size_n, block_n, gpu_block_n, gpu_warps, gpu_stages, gpu_backend, interpret
 ):
     """`equal_count_i8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     n = _on_platform(
-        functools.partial(_equal_count_i8_tpu, n_=n_, block_n=block_n),
+        functools.partial(_equal_count_i8_tpu, size_n=size_n, block_n=block_n),
         _gpu_kernel(
             "equal_count_i8",
             gpu_backend,
             functools.partial(
                 _equal_count_i8_gpu,
-                n_=n_,
+                size_n=size_n,
                 block_n=gpu_block_n,
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_equal_count_i8_mosaic_gpu, n_=n_),
+            functools.partial(_equal_count_i8_mosaic_gpu, size_n=size_n),
         ),
         interpret,
         x,
@@ -4316,7 +4320,7 @@ def _equal_count_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
     return None, None
 
 
-def _equal_count_i8_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block_n):
+def _equal_count_i8_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, block_n):
     step = pl.program_id(0)
 
     @pl.when(step == 0)
@@ -4326,8 +4330,8 @@ def _equal_count_i8_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block_
     x = _as_rows(x_ref[...])
     y = _as_rows(y_ref[...])
     sum_n_block = (x.astype(jnp.int32) == y.astype(jnp.int32)).astype(jnp.int32)
-    if n_ % block_n:  # a ragged N: its identity past the end, never padding
-        sum_n_block = _fill_past_rows(sum_n_block, step * block_n, n_, 0)
+    if size_n % block_n:  # a ragged N: its identity past the end, never padding
+        sum_n_block = _fill_past_rows(sum_n_block, step * block_n, size_n, 0)
     sum_n_running_ref[...] = sum_n_running_ref[...] + sum_n_block
 
     @pl.when(step == pl.num_programs(0) - 1)
@@ -4347,22 +4351,22 @@ _equal_count_i8_tpu_blocks = {
 }
 
 
-def _equal_count_i8_tpu(x, y, *, n_, block_n, interpret):
+def _equal_count_i8_tpu(x, y, *, size_n, block_n, interpret):
     """`equal_count_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_n,) = _tpu_blocks(
         _equal_count_i8_tpu_blocks,
-        (n_,),
+        (size_n,),
         (block_n,),
         grow=functools.partial(
-            _grown, bounds=(n_,), step=lambda block_n: (block_n, 12 * block_n + 8)
+            _grown, bounds=(size_n,), step=lambda block_n: (block_n, 12 * block_n + 8)
         ),
     )
-    block_n = min(block_n, n_)  # a small N is one whole block
+    block_n = min(block_n, size_n)  # a small N is one whole block
     _check_tiling(
         "equal_count_i8",
         block_n=(
             block_n,
-            n_,
+            size_n,
             1024,
             "N is the dimension of a one-dimensional i8 array, so it is a multiple of 1024 or a power of two of at least 512",
             512,
@@ -4371,9 +4375,9 @@ def _equal_count_i8_tpu(x, y, *, n_, block_n, interpret):
     # VMEM at the default blocks: 48.0 KiB = 2 buffers x (x 4.0 KiB + y 4.0 KiB + n 4 B) +
     # sum's 32-bit copy of a block 16.0 KiB + sum's running values 16.0 KiB.
     return pl.pallas_call(
-        functools.partial(_equal_count_i8_kernel, n_=n_, block_n=block_n),
+        functools.partial(_equal_count_i8_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
-        grid=(pl.cdiv(n_, block_n),),
+        grid=(pl.cdiv(size_n, block_n),),
         in_specs=[
             # x: i8[N]
             pl.BlockSpec((block_n,), lambda i: (i,)),
@@ -4391,31 +4395,31 @@ def _equal_count_i8_tpu(x, y, *, n_, block_n, interpret):
             vmem_limit_bytes=_vmem_limit(12 * block_n + 8),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=3 * n_, transcendentals=0, bytes_accessed=_nbytes(x, y) + n_ * 4
+            flops=3 * size_n, transcendentals=0, bytes_accessed=_nbytes(x, y) + size_n * 4
         ),
         interpret=interpret,
         name="equal_count_i8",
     )(x, y)
 
 
-def _equal_count_i8_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
+def _equal_count_i8_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     inside = None
 
     def accumulate(index, running):
         (sum_n_running,) = running
         start = index * block_n
-        in_n = _inside(start, block_n, n_)
+        in_n = _inside(start, block_n, size_n)
         x = _load(x_ref.at[pl.ds(start, block_n)], _mask((block_n,), in_n))
         y = _load(y_ref.at[pl.ds(start, block_n)], _mask((block_n,), in_n))
         sum_n_block = (x == y).astype(jnp.int32)
-        if n_ % block_n:  # a ragged N: its identity past the end, never padding
-            sum_n_block = _fill_past(sum_n_block, start, n_, 0, 0)
+        if size_n % block_n:  # a ragged N: its identity past the end, never padding
+            sum_n_block = _fill_past(sum_n_block, start, size_n, 0, 0)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
         return (sum_n_running,)
 
     (sum_n_running,) = jax.lax.fori_loop(
-        0, pl.cdiv(n_, block_n), accumulate, (jnp.full((1,), 0, jnp.int32),)
+        0, pl.cdiv(size_n, block_n), accumulate, (jnp.full((1,), 0, jnp.int32),)
     )
     sum_n = sum_n_running
     n_ref[...] = sum_n
@@ -4428,22 +4432,22 @@ def _equal_count_i8_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
 _equal_count_i8_gpu_options = {None: (1024, 4, 1)}
 
 
-def _equal_count_i8_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
+def _equal_count_i8_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
     """`equal_count_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_n, num_warps, num_stages = _gpu_options(
-        _equal_count_i8_gpu_options, (n_,), (block_n, num_warps, num_stages)
+        _equal_count_i8_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
-    block_n = min(block_n, pl.next_power_of_2(n_))  # a small N is one block
+    block_n = min(block_n, pl.next_power_of_2(size_n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_equal_count_i8_gpu_kernel, n_=n_, block_n=block_n),
+        functools.partial(_equal_count_i8_gpu_kernel, size_n=size_n, block_n=block_n),
         # One program per call; programs run concurrently. Each loops over N itself,
         # accumulating in order.
         grid=(),
         in_specs=[
             # x: i8[N]
-            pl.BlockSpec((n_,), lambda: (0,)),
+            pl.BlockSpec((size_n,), lambda: (0,)),
             # y: i8[N]
-            pl.BlockSpec((n_,), lambda: (0,)),
+            pl.BlockSpec((size_n,), lambda: (0,)),
         ],
         # n: i32[], broadcast over N
         out_specs=pl.BlockSpec((1,), lambda: (0,)),
@@ -4454,7 +4458,7 @@ def _equal_count_i8_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
     )(x, y)
 
 
-def _equal_count_i8_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, *, block_n, n_):
+def _equal_count_i8_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, *, block_n, size_n):
     program = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem):
@@ -4464,8 +4468,8 @@ def _equal_count_i8_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, 
             0, (64, block_n), 1
         )
         sum_block = (x.astype(jnp.int32) == y.astype(jnp.int32)).astype(jnp.int32)
-        if n_ % (64 * block_n):  # a ragged N: its identity past the end
-            sum_block = jnp.where(positions < n_, sum_block, 0)
+        if size_n % (64 * block_n):  # a ragged N: its identity past the end
+            sum_block = jnp.where(positions < size_n, sum_block, 0)
         sum_smem[...] = jnp.sum(sum_block, axis=1)
 
     plgpu.emit_pipeline(
@@ -4485,21 +4489,21 @@ def _equal_count_i8_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, 
     plgpu.wait_smem_to_gmem(0)
 
 
-def _equal_count_i8_mosaic_gpu(x, y, *, n_, interpret):
+def _equal_count_i8_mosaic_gpu(x, y, *, size_n, interpret):
     """`equal_count_i8` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
     block_n = 128
-    padded_n_ = n_ + -n_ % (64 * block_n)
-    x = _mgpu_pad(x, (padded_n_,)).reshape(-1, block_n)
-    y = _mgpu_pad(y, (padded_n_,)).reshape(-1, block_n)
+    padded_size_n = size_n + -size_n % (64 * block_n)
+    x = _mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
+    y = _mgpu_pad(y, (padded_size_n,)).reshape(-1, block_n)
     (sum_partials,) = plgpu.kernel(
-        functools.partial(_equal_count_i8_mosaic_gpu_kernel, block_n=block_n, n_=n_),
-        out_type=(jax.ShapeDtypeStruct((padded_n_ // block_n,), jnp.int32),),
+        functools.partial(_equal_count_i8_mosaic_gpu_kernel, block_n=block_n, size_n=size_n),
+        out_type=(jax.ShapeDtypeStruct((padded_size_n // block_n,), jnp.int32),),
         scratch_types=[plgpu.SMEM((64,), jnp.int32)],
-        grid=(padded_n_ // (64 * block_n),),
+        grid=(padded_size_n // (64 * block_n),),
         grid_names=("N",),
         interpret=interpret,
     )(x, y)

@@ -2562,26 +2562,26 @@ def _quantize_rows_int8_with_residuals_mosaic_gpu_kernel(
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
-        max_n__running, argmax_n__running, argmax_n__index = carry
+        max_over_n_running, argmax_over_n_running, argmax_over_n_index = carry
         start = indices[0] * block_n
         x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        max_n__block = jnp.abs(x)
+        max_over_n_block = jnp.abs(x)
         if n % block_n:  # a ragged N: its identity past the end
-            max_n__block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, max_n__block, -jnp.inf
+            max_over_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, max_over_n_block, -jnp.inf
             )
-        max_n__running = jnp.maximum(max_n__running, jnp.max(max_n__block, axis=1))
-        argmax_n__block = jnp.abs(x)
+        max_over_n_running = jnp.maximum(max_over_n_running, jnp.max(max_over_n_block, axis=1))
+        argmax_over_n_block = jnp.abs(x)
         if n % block_n:  # a ragged N: its identity past the end
-            argmax_n__block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n__block, -jnp.inf
+            argmax_over_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, argmax_over_n_block, -jnp.inf
             )
-        argmax_n__running, argmax_n__index = _mgpu_argbest_step(
-            argmax_n__running, argmax_n__index, argmax_n__block, start, 1, largest=True
+        argmax_over_n_running, argmax_over_n_index = _mgpu_argbest_step(
+            argmax_over_n_running, argmax_over_n_index, argmax_over_n_block, start, 1, largest=True
         )
-        return (max_n__running, argmax_n__running, argmax_n__index)
+        return (max_over_n_running, argmax_over_n_running, argmax_over_n_index)
 
-    max_n__running, argmax_n__running, argmax_n__index = plgpu.emit_pipeline(
+    max_over_n_running, argmax_over_n_running, argmax_over_n_index = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
@@ -2598,12 +2598,12 @@ def _quantize_rows_int8_with_residuals_mosaic_gpu_kernel(
             _mgpu_full(block_m, 0, jnp.int32, 0),
         ),
     )(x_ref)
-    max_n_ = max_n__running
-    argmax_n_ = argmax_n__index
-    max_n = max_n_
+    max_over_n = max_over_n_running
+    argmax_over_n = argmax_over_n_index
+    max_n = max_over_n
     s = jnp.maximum(max_n, 1e-30) / 127
     scale = s
-    argmax_n = argmax_n_
+    argmax_n = argmax_over_n
     scale_smem[...] = scale
     max_n_smem[...] = max_n
     argmax_n_smem[...] = argmax_n
@@ -3069,13 +3069,13 @@ def equal_count(
     )
     _check_blocks("equal_count", block_n=block_n, may_be_none=True)
     _check_blocks("equal_count", gpu_block_n=gpu_block_n, may_be_none=True)
-    n_ = sizes["N"]
+    size_n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return _without_elements(equal_count_reference, (((), jnp.int32),), x, y)
     return _differentiable(
         functools.partial(
             _equal_count_forward,
-            n_=n_,
+            size_n=size_n,
             block_n=block_n,
             gpu_block_n=gpu_block_n,
             gpu_warps=gpu_warps,
@@ -3091,29 +3091,29 @@ def equal_count(
 
 def equal_count_reference(x, y):
     """`equal_count` in plain jax.numpy, to test the kernel against."""
-    n_ = x.shape[0]
+    size_n = x.shape[0]
     n = jnp.sum((x == y).astype(jnp.int32), axis=0, keepdims=True, dtype=jnp.int32)
     n = n.reshape(())
     return n
 
 
 def _equal_count_forward(
-    x, y, *, n_, block_n, gpu_block_n, gpu_warps, gpu_stages, gpu_backend, interpret
+    x, y, *, size_n, block_n, gpu_block_n, gpu_warps, gpu_stages, gpu_backend, interpret
 ):
     """`equal_count` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     n = _on_platform(
-        functools.partial(_equal_count_tpu, n_=n_, block_n=block_n),
+        functools.partial(_equal_count_tpu, size_n=size_n, block_n=block_n),
         _gpu_kernel(
             "equal_count",
             gpu_backend,
             functools.partial(
                 _equal_count_gpu,
-                n_=n_,
+                size_n=size_n,
                 block_n=gpu_block_n,
                 num_warps=gpu_warps,
                 num_stages=gpu_stages,
             ),
-            functools.partial(_equal_count_mosaic_gpu, n_=n_),
+            functools.partial(_equal_count_mosaic_gpu, size_n=size_n),
         ),
         interpret,
         x,
@@ -3130,7 +3130,7 @@ def _equal_count_vjp(saved, cotangents, *, gpu_backend, interpret):
     return None, None
 
 
-def _equal_count_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block_n):
+def _equal_count_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, block_n):
     step = pl.program_id(0)
 
     @pl.when(step == 0)
@@ -3140,8 +3140,8 @@ def _equal_count_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block_n):
     x = _as_rows(x_ref[...])
     y = _as_rows(y_ref[...])
     sum_n_block = (x == y).astype(jnp.int32)
-    if n_ % block_n:  # a ragged N: its identity past the end, never padding
-        sum_n_block = _fill_past_rows(sum_n_block, step * block_n, n_, 0)
+    if size_n % block_n:  # a ragged N: its identity past the end, never padding
+        sum_n_block = _fill_past_rows(sum_n_block, step * block_n, size_n, 0)
     sum_n_running_ref[...] = sum_n_running_ref[...] + sum_n_block
 
     @pl.when(step == pl.num_programs(0) - 1)
@@ -3161,22 +3161,22 @@ _equal_count_tpu_blocks = {
 }
 
 
-def _equal_count_tpu(x, y, *, n_, block_n, interpret):
+def _equal_count_tpu(x, y, *, size_n, block_n, interpret):
     """`equal_count` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     (block_n,) = _tpu_blocks(
         _equal_count_tpu_blocks,
-        (n_,),
+        (size_n,),
         (block_n,),
         grow=functools.partial(
-            _grown, bounds=(n_,), step=lambda block_n: (block_n, 24 * block_n + 8)
+            _grown, bounds=(size_n,), step=lambda block_n: (block_n, 24 * block_n + 8)
         ),
     )
-    block_n = min(block_n, n_)  # a small N is one whole block
+    block_n = min(block_n, size_n)  # a small N is one whole block
     _check_tiling(
         "equal_count",
         block_n=(
             block_n,
-            n_,
+            size_n,
             1024,
             "N is the dimension of a one-dimensional i32 array, so it is a multiple of 1024 or a power of two of at least 128",
             128,
@@ -3185,9 +3185,9 @@ def _equal_count_tpu(x, y, *, n_, block_n, interpret):
     # VMEM at the default blocks: 24.0 KiB = 2 buffers x (x 4.0 KiB + y 4.0 KiB + n 4 B) +
     # sum's 32-bit copy of a block 4.0 KiB + sum's running values 4.0 KiB.
     return pl.pallas_call(
-        functools.partial(_equal_count_kernel, n_=n_, block_n=block_n),
+        functools.partial(_equal_count_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
-        grid=(pl.cdiv(n_, block_n),),
+        grid=(pl.cdiv(size_n, block_n),),
         in_specs=[
             # x: i32[N]
             pl.BlockSpec((block_n,), lambda i: (i,)),
@@ -3205,31 +3205,31 @@ def _equal_count_tpu(x, y, *, n_, block_n, interpret):
             vmem_limit_bytes=_vmem_limit(24 * block_n + 8),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=3 * n_, transcendentals=0, bytes_accessed=_nbytes(x, y) + n_ * 4
+            flops=3 * size_n, transcendentals=0, bytes_accessed=_nbytes(x, y) + size_n * 4
         ),
         interpret=interpret,
         name="equal_count",
     )(x, y)
 
 
-def _equal_count_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
+def _equal_count_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     inside = None
 
     def accumulate(index, running):
         (sum_n_running,) = running
         start = index * block_n
-        in_n = _inside(start, block_n, n_)
+        in_n = _inside(start, block_n, size_n)
         x = _load(x_ref.at[pl.ds(start, block_n)], _mask((block_n,), in_n))
         y = _load(y_ref.at[pl.ds(start, block_n)], _mask((block_n,), in_n))
         sum_n_block = (x == y).astype(jnp.int32)
-        if n_ % block_n:  # a ragged N: its identity past the end, never padding
-            sum_n_block = _fill_past(sum_n_block, start, n_, 0, 0)
+        if size_n % block_n:  # a ragged N: its identity past the end, never padding
+            sum_n_block = _fill_past(sum_n_block, start, size_n, 0, 0)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
         return (sum_n_running,)
 
     (sum_n_running,) = jax.lax.fori_loop(
-        0, pl.cdiv(n_, block_n), accumulate, (jnp.full((1,), 0, jnp.int32),)
+        0, pl.cdiv(size_n, block_n), accumulate, (jnp.full((1,), 0, jnp.int32),)
     )
     sum_n = sum_n_running
     n_ref[...] = sum_n
@@ -3242,22 +3242,22 @@ def _equal_count_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
 _equal_count_gpu_options = {None: (1024, 4, 1)}
 
 
-def _equal_count_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
+def _equal_count_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
     """`equal_count` on an NVIDIA GPU, through Pallas's Triton backend."""
     block_n, num_warps, num_stages = _gpu_options(
-        _equal_count_gpu_options, (n_,), (block_n, num_warps, num_stages)
+        _equal_count_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
-    block_n = min(block_n, pl.next_power_of_2(n_))  # a small N is one block
+    block_n = min(block_n, pl.next_power_of_2(size_n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_equal_count_gpu_kernel, n_=n_, block_n=block_n),
+        functools.partial(_equal_count_gpu_kernel, size_n=size_n, block_n=block_n),
         # One program per call; programs run concurrently. Each loops over N itself,
         # accumulating in order.
         grid=(),
         in_specs=[
             # x: i32[N]
-            pl.BlockSpec((n_,), lambda: (0,)),
+            pl.BlockSpec((size_n,), lambda: (0,)),
             # y: i32[N]
-            pl.BlockSpec((n_,), lambda: (0,)),
+            pl.BlockSpec((size_n,), lambda: (0,)),
         ],
         # n: i32[], broadcast over N
         out_specs=pl.BlockSpec((1,), lambda: (0,)),
@@ -3268,7 +3268,7 @@ def _equal_count_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
     )(x, y)
 
 
-def _equal_count_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, *, block_n, n_):
+def _equal_count_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, *, block_n, size_n):
     program = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem):
@@ -3278,8 +3278,8 @@ def _equal_count_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, *, 
             0, (64, block_n), 1
         )
         sum_block = (x == y).astype(jnp.int32)
-        if n_ % (64 * block_n):  # a ragged N: its identity past the end
-            sum_block = jnp.where(positions < n_, sum_block, 0)
+        if size_n % (64 * block_n):  # a ragged N: its identity past the end
+            sum_block = jnp.where(positions < size_n, sum_block, 0)
         sum_smem[...] = jnp.sum(sum_block, axis=1)
 
     plgpu.emit_pipeline(
@@ -3299,21 +3299,21 @@ def _equal_count_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, *, 
     plgpu.wait_smem_to_gmem(0)
 
 
-def _equal_count_mosaic_gpu(x, y, *, n_, interpret):
+def _equal_count_mosaic_gpu(x, y, *, size_n, interpret):
     """`equal_count` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
     block_n = 128
-    padded_n_ = n_ + -n_ % (64 * block_n)
-    x = _mgpu_pad(x, (padded_n_,)).reshape(-1, block_n)
-    y = _mgpu_pad(y, (padded_n_,)).reshape(-1, block_n)
+    padded_size_n = size_n + -size_n % (64 * block_n)
+    x = _mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
+    y = _mgpu_pad(y, (padded_size_n,)).reshape(-1, block_n)
     (sum_partials,) = plgpu.kernel(
-        functools.partial(_equal_count_mosaic_gpu_kernel, block_n=block_n, n_=n_),
-        out_type=(jax.ShapeDtypeStruct((padded_n_ // block_n,), jnp.int32),),
+        functools.partial(_equal_count_mosaic_gpu_kernel, block_n=block_n, size_n=size_n),
+        out_type=(jax.ShapeDtypeStruct((padded_size_n // block_n,), jnp.int32),),
         scratch_types=[plgpu.SMEM((64,), jnp.int32)],
-        grid=(padded_n_ // (64 * block_n),),
+        grid=(padded_size_n // (64 * block_n),),
         grid_names=("N",),
         interpret=interpret,
     )(x, y)

@@ -1051,26 +1051,26 @@ def _softmax_with_residuals_mosaic_gpu_kernel(
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
-        max_n__running, argmax_n__running, argmax_n__index = carry
+        max_over_n_running, argmax_over_n_running, argmax_over_n_index = carry
         start = indices[0] * block_n
         x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        max_n__block = x
+        max_over_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
-            max_n__block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, max_n__block, -jnp.inf
+            max_over_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, max_over_n_block, -jnp.inf
             )
-        max_n__running = jnp.maximum(max_n__running, jnp.max(max_n__block, axis=1))
-        argmax_n__block = x
+        max_over_n_running = jnp.maximum(max_over_n_running, jnp.max(max_over_n_block, axis=1))
+        argmax_over_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
-            argmax_n__block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n__block, -jnp.inf
+            argmax_over_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, argmax_over_n_block, -jnp.inf
             )
-        argmax_n__running, argmax_n__index = _mgpu_argbest_step(
-            argmax_n__running, argmax_n__index, argmax_n__block, start, 1, largest=True
+        argmax_over_n_running, argmax_over_n_index = _mgpu_argbest_step(
+            argmax_over_n_running, argmax_over_n_index, argmax_over_n_block, start, 1, largest=True
         )
-        return (max_n__running, argmax_n__running, argmax_n__index)
+        return (max_over_n_running, argmax_over_n_running, argmax_over_n_index)
 
-    max_n__running, argmax_n__running, argmax_n__index = plgpu.emit_pipeline(
+    max_over_n_running, argmax_over_n_running, argmax_over_n_index = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
@@ -1087,25 +1087,25 @@ def _softmax_with_residuals_mosaic_gpu_kernel(
             _mgpu_full(block_m, 0, jnp.int32, 0),
         ),
     )(x_ref)
-    max_n_ = max_n__running
-    argmax_n_ = argmax_n__index
-    max_n = max_n_
-    argmax_n = argmax_n_
+    max_over_n = max_over_n_running
+    argmax_over_n = argmax_over_n_index
+    max_n = max_over_n
+    argmax_n = argmax_over_n
 
     def reduce_2(indices, x_smem, carry):
-        (sum_n__running,) = carry
+        (sum_over_n_running,) = carry
         start = indices[0] * block_n
         x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
         e = jnp.exp(x - _mgpu_spread(max_n, (block_m, block_n), 0))
-        sum_n__block = e
+        sum_over_n_block = e
         if n % block_n:  # a ragged N: its identity past the end
-            sum_n__block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_n__block, 0.0
+            sum_over_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_over_n_block, 0.0
             )
-        sum_n__running = sum_n__running + jnp.sum(sum_n__block, axis=1)
-        return (sum_n__running,)
+        sum_over_n_running = sum_over_n_running + jnp.sum(sum_over_n_block, axis=1)
+        return (sum_over_n_running,)
 
-    (sum_n__running,) = plgpu.emit_pipeline(
+    (sum_over_n_running,) = plgpu.emit_pipeline(
         reduce_2,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
@@ -1118,8 +1118,8 @@ def _softmax_with_residuals_mosaic_gpu_kernel(
         max_concurrent_steps=2,
         init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
-    sum_n_ = sum_n__running
-    sum_n = sum_n_
+    sum_over_n = sum_over_n_running
+    sum_n = sum_over_n
     sum_n_smem[...] = sum_n
     argmax_n_smem[...] = argmax_n
     max_n_smem[...] = max_n
@@ -1500,12 +1500,12 @@ def _softmax_backward_mosaic_gpu_kernel(
     max_n = _mgpu_load_vector(max_n_smem, 0)
 
     def reduce_1(indices, x_smem, dy_smem, carry):
-        (sum_n__running,) = carry
+        (sum_over_n_running,) = carry
         start = indices[0] * block_n
         x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
         dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         e = jnp.exp(x - _mgpu_spread(max_n, (block_m, block_n), 0))
-        sum_n__block = (
+        sum_over_n_block = (
             -dy
             * e
             / (
@@ -1514,13 +1514,13 @@ def _softmax_backward_mosaic_gpu_kernel(
             )
         )
         if n % block_n:  # a ragged N: its identity past the end
-            sum_n__block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_n__block, 0.0
+            sum_over_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_over_n_block, 0.0
             )
-        sum_n__running = sum_n__running + jnp.sum(sum_n__block, axis=1)
-        return (sum_n__running,)
+        sum_over_n_running = sum_over_n_running + jnp.sum(sum_over_n_block, axis=1)
+        return (sum_over_n_running,)
 
-    (sum_n__running,) = plgpu.emit_pipeline(
+    (sum_over_n_running,) = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
@@ -1538,27 +1538,27 @@ def _softmax_backward_mosaic_gpu_kernel(
         max_concurrent_steps=2,
         init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref, dy_ref)
-    sum_n_ = sum_n__running
+    sum_over_n = sum_over_n_running
 
     def reduce_2(indices, x_smem, dy_smem, carry):
-        (sum_n___running,) = carry
+        (sum_n_2_running,) = carry
         start = indices[0] * block_n
         x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
         dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         e = jnp.exp(x - _mgpu_spread(max_n, (block_m, block_n), 0))
         de = dy / _mgpu_spread(sum_n, (block_m, block_n), 0) + _mgpu_spread(
-            sum_n_, (block_m, block_n), 0
+            sum_over_n, (block_m, block_n), 0
         )
         de_1 = de * e
-        sum_n___block = -de_1
+        sum_n_2_block = -de_1
         if n % block_n:  # a ragged N: its identity past the end
-            sum_n___block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_n___block, 0.0
+            sum_n_2_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_2_block, 0.0
             )
-        sum_n___running = sum_n___running + jnp.sum(sum_n___block, axis=1)
-        return (sum_n___running,)
+        sum_n_2_running = sum_n_2_running + jnp.sum(sum_n_2_block, axis=1)
+        return (sum_n_2_running,)
 
-    (sum_n___running,) = plgpu.emit_pipeline(
+    (sum_n_2_running,) = plgpu.emit_pipeline(
         reduce_2,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
@@ -1576,7 +1576,7 @@ def _softmax_backward_mosaic_gpu_kernel(
         max_concurrent_steps=2,
         init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref, dy_ref)
-    sum_n__ = sum_n___running
+    sum_n_2 = sum_n_2_running
 
     def write(indices, x_smem, dy_smem):
         start = indices[0] * block_n
@@ -1584,7 +1584,7 @@ def _softmax_backward_mosaic_gpu_kernel(
         dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         e = jnp.exp(x - _mgpu_spread(max_n, (block_m, block_n), 0))
         de = dy / _mgpu_spread(sum_n, (block_m, block_n), 0) + _mgpu_spread(
-            sum_n_, (block_m, block_n), 0
+            sum_over_n, (block_m, block_n), 0
         )
         de_1 = de * e
         slot = indices[0] % 2
@@ -1593,7 +1593,7 @@ def _softmax_backward_mosaic_gpu_kernel(
         dx_buffers[slot] = de_1 + jnp.where(
             _mgpu_positions(start, (block_m, block_n), 1)
             == _mgpu_spread(argmax_n, (block_m, block_n), 0),
-            _mgpu_spread(sum_n__, (block_m, block_n), 0),
+            _mgpu_spread(sum_n_2, (block_m, block_n), 0),
             0,
         )
         plgpu.commit_smem()
@@ -2203,20 +2203,20 @@ def _log_softmax_with_residuals_mosaic_gpu_kernel(
     program_m = jax.lax.axis_index("M")
 
     def reduce_1(indices, x_smem, carry):
-        logsumexp_n__running, logsumexp_n__index = carry
+        logsumexp_over_n_running, logsumexp_over_n_index = carry
         start = indices[0] * block_n
         x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        logsumexp_n__block = x
+        logsumexp_over_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
-            logsumexp_n__block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, logsumexp_n__block, -jnp.inf
+            logsumexp_over_n_block = jnp.where(
+                _mgpu_positions(start, (block_m, block_n), 1) < n, logsumexp_over_n_block, -jnp.inf
             )
-        logsumexp_n__running, logsumexp_n__index = _mgpu_logsumexp_step(
-            logsumexp_n__running, logsumexp_n__index, logsumexp_n__block, 1
+        logsumexp_over_n_running, logsumexp_over_n_index = _mgpu_logsumexp_step(
+            logsumexp_over_n_running, logsumexp_over_n_index, logsumexp_over_n_block, 1
         )
-        return (logsumexp_n__running, logsumexp_n__index)
+        return (logsumexp_over_n_running, logsumexp_over_n_index)
 
-    logsumexp_n__running, logsumexp_n__index = plgpu.emit_pipeline(
+    logsumexp_over_n_running, logsumexp_over_n_index = plgpu.emit_pipeline(
         reduce_1,
         grid=(x_ref.shape[1] // block_n,),
         in_specs=[
@@ -2232,8 +2232,8 @@ def _log_softmax_with_residuals_mosaic_gpu_kernel(
             _mgpu_full(block_m, 0.0, jnp.float32, 0),
         ),
     )(x_ref)
-    logsumexp_n_ = _logsumexp_finish(logsumexp_n__running, logsumexp_n__index)
-    logsumexp_n = logsumexp_n_
+    logsumexp_over_n = _logsumexp_finish(logsumexp_over_n_running, logsumexp_over_n_index)
+    logsumexp_n = logsumexp_over_n
     logsumexp_n_smem[...] = logsumexp_n
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(

@@ -21,12 +21,33 @@ def block_keyword(dim: str) -> str:
 
 
 class Namer:
-    """Hands out Python identifiers, unique within one scope, avoiding `taken`."""
+    """Hands out Python identifiers, unique within one scope, avoiding `taken`.
+
+    The spec's own names (`claim_spec`) keep their spelling wherever it is free: a public
+    argument reads as the spec wrote it, and only a name that truly collides (`pl`, a
+    keyword, a generated function's name) is marked with a trailing `_`. The generator's
+    own names (`claim`) yield to them: where the wanted name is taken they take an
+    alternative that says their role (`size_s` beside a spec's `s`), else a number
+    (`acc_s_2`), never a trailing `_`.
+    """
 
     def __init__(self, taken=()):
         self._taken = set(RESERVED) | set(taken)
 
-    def claim(self, wanted: str) -> str:
+    def claim(self, wanted: str, *alternatives: str) -> str:
+        """A generated name: `wanted`, else the first of `alternatives` that is free, else
+        `wanted` numbered from 2."""
+        number = 1
+        name = next((n for n in (wanted, *alternatives) if n not in self._taken), None)
+        while name is None or name in self._taken:
+            number += 1
+            name = f"{wanted}_{number}"
+        self._taken.add(name)
+        return name
+
+    def claim_spec(self, wanted: str) -> str:
+        """A name the spec wrote (or a derived kernel's, named as a spec would): as spelled,
+        else with `_` appended until it is free."""
         name = wanted
         while name in self._taken:
             name += "_"

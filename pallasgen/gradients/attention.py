@@ -202,10 +202,10 @@ class _Derivation:
         self.namer = Namer(self.taken)
         self.n = {"s": form.score.id} if isinstance(form.score, ir.Name) else {}
         for name in ("s", "p", "o", "do", "lse", "dlse", "delta", "dq", "dk", "dv", "dp", "ds"):
-            self.n.setdefault(name, self.namer.claim(name))
+            self.n.setdefault(name, self.namer.claim_spec(name))
         self.taken.extend(self.n.values())
         forward_names = [*(d.name for d in (*kernel.inputs, *kernel.outputs)), *self.lets, *read, *checked.dims]
-        self.residual_name = Namer([*forward_names, *FUNCTIONS]).claim("lse")
+        self.residual_name = Namer([*forward_names, *FUNCTIONS]).claim_spec("lse")
         self.position = form.assign.position
         self.b = Builder(self.position, lambda expr: expr)  # what it builds is read once
         self.bound: list[ir.Let] = []
@@ -313,7 +313,7 @@ class _Derivation:
             outs = (self.decl(k, self.n["dk"]), self.decl(v, self.n["dv"]))
         else:  # one per element of the broadcast dimension, in f32 until they are summed
             dims, suffix = (*q.dims[:-2], *k.dims[-2:]), broadcast.lower()
-            names = (self.namer.claim(f"{self.n['dk']}_{suffix}"), self.namer.claim(f"{self.n['dv']}_{suffix}"))
+            names = (self.namer.claim_spec(f"{self.n['dk']}_{suffix}"), self.namer.claim_spec(f"{self.n['dv']}_{suffix}"))
             outs = tuple(self.decl(d, name, "f32", dims) for d, name in zip((k, v), names))
         at = self.position
         transposed = ir.Binary(
@@ -390,7 +390,7 @@ class _Derivation:
         g_holder = ir.Name("\0g", position)
 
         def bind(expr: ir.Expr) -> ir.Expr:
-            name = self.bound_names.claim(f"{self.n['ds']}_{len(self.bound) + 1}")
+            name = self.bound_names.claim_spec(f"{self.n['ds']}_{len(self.bound) + 1}")
             self.bound.append(ir.Let(name, substitute(expr, {g_holder: g}), position))
             return ir.Name(name, position)
 

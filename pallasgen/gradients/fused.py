@@ -70,8 +70,8 @@ def derive(checked: CheckedKernel) -> Derived | str | None:
             continue
         if transposed:
             return "a product of a transposed computed operand"
-        name = namer.claim(side_name)
-        prologue, problem = _prologue(checked, name, value, namer.claim(f"d{name}"))
+        name = namer.claim_spec(side_name)
+        prologue, problem = _prologue(checked, name, value, namer.claim_spec(f"d{name}"))
         if problem:
             return problem
         prologues.append(prologue)
@@ -180,7 +180,7 @@ def _reduced_epilogue(checked: CheckedKernel, namer: Namer) -> Derived | str:
     product, problems = analyze_product(kernel)
     if product is None:
         return f"a product that fails a check on its own ({problems[0].message})"
-    acc = namer.claim("acc")
+    acc = namer.claim_spec("acc")
     epilogue, problems = check_kernel(product_gradients._epilogue(kernel, product, acc))
     if problems:
         return f"an epilogue that fails a check ({problems[0].message})"
@@ -189,7 +189,7 @@ def _reduced_epilogue(checked: CheckedKernel, namer: Namer) -> Derived | str:
     derived = reverse.derive(epilogue, saved_outputs=[o.name for o in kernel.outputs])
     if isinstance(derived, str):
         return f"{derived} in the product's epilogue"
-    dacc = namer.claim("dacc")
+    dacc = namer.claim_spec("dacc")
     steps, g = [], None
     for step in derived.steps:
         arguments = tuple(Argument(acc, "residual") if a == Argument(acc, "input") else a for a in step.arguments)
@@ -241,8 +241,8 @@ def _prologue_steps(prologue: _Prologue, steps: list[Step], namer: Namer):
     inputs = {d.name for d in kernel.inputs}
     # the residuals of the prologue's reverse mode (its row statistics) and its own
     # intermediates, passed between the backward kernels under names no forward array has
-    renamed = {r.name: namer.claim(r.name) for r in derived.residuals}
-    renamed |= {n: namer.claim(n) for s in derived.steps for n in s.results if n not in inputs}
+    renamed = {r.name: namer.claim_spec(r.name) for r in derived.residuals}
+    renamed |= {n: namer.claim_spec(n) for s in derived.steps for n in s.results if n not in inputs}
 
     def operand(argument: Argument) -> Argument:  # as the product's steps read it
         if argument.name == prologue.name and argument.source == "input":

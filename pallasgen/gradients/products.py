@@ -53,7 +53,7 @@ def derive(checked: CheckedKernel) -> Derived | str | None:
         return not_yet
     kernel = checked.kernel
     forward = [*(d.name for d in kernel.inputs + kernel.outputs), *(p.name for p in kernel.params), *checked.dims]
-    acc = Namer([*forward, *(s.name for s in kernel.body if isinstance(s, ir.Let))]).claim("acc")
+    acc = Namer([*forward, *(s.name for s in kernel.body if isinstance(s, ir.Let))]).claim_spec("acc")
     epilogue, problems = check_kernel(_epilogue(kernel, product, acc))
     if problems:  # what the forward's checks pass, its epilogue passes: never expected
         return f"an epilogue that fails a check ({problems[0].message})"
@@ -189,7 +189,7 @@ def _product_steps(kernel: ir.Kernel, product: Product, g) -> list[Step]:
             continue
         body, read = _product(target, (g_decl, other), contracted, product.node)
         arguments = tuple(g_argument if decl is g_decl else Argument(decl.name, "input") for decl in read)
-        out = dataclasses.replace(target, name=Namer([d.name for d in read]).claim(f"d{target.name}"))
+        out = dataclasses.replace(target, name=Namer([d.name for d in read]).claim_spec(f"d{target.name}"))
         dims = {*target.dims, contracted}
         doc = (
             f"The backward pass of `{kernel.name}`, generated from its spec: the cotangent {out.name} of",

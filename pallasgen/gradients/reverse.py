@@ -124,7 +124,7 @@ class Reverse:
         self.saved_outputs |= set(saved_outputs)  # what a caller knows the forward pass saves
         forward = [*self.inputs, *self.lets, *(p.name for p in kernel.params), *checked.dims, *FUNCTIONS]
         self.namer = Namer([*forward, *self.saved_outputs])
-        self.seeds = {o.name: self.namer.claim(f"d{o.name}") for o in kernel.outputs if is_float(o)}
+        self.seeds = {o.name: self.namer.claim_spec(f"d{o.name}") for o in kernel.outputs if is_float(o)}
         self.dims_of: dict[str, tuple[str, ...]] = {
             **{d.name: d.dims for d in (*kernel.inputs, *kernel.outputs)},
             **{s.name: self.types[s.value].dims for s in self.lets.values()},
@@ -162,7 +162,7 @@ class Reverse:
         for group in by_summed.values():
             total = sum_of(group)
             if not isinstance(total, ir.Name) and (isinstance(statement, ir.Let) or len(group) > 1):
-                name = self.namer.claim(f"d{self.naming}")
+                name = self.namer.claim(f"d{self.naming}", f"d{self.naming}_total")
                 self._let(name, total, statement.position)
                 total = ir.Name(name, statement.position)
             self._backprop(statement.value, total)
@@ -228,7 +228,7 @@ class Reverse:
         if len(extra) > 1:
             raise NotYet(f"a cotangent summed over two blocked dimensions before {node.func}()")
         value_type, position = self.types[node], node.position
-        name = self.namer.claim(f"d{self.naming}_over_{extra[0].lower()}")
+        name = self.namer.claim_spec(f"d{self.naming}_over_{extra[0].lower()}")
         decl = ir.ArrayDecl(
             name, value_type.dtype.name, value_type.dims, position, position, (position,) * len(value_type.dims)
         )
@@ -262,7 +262,7 @@ class Reverse:
         value of the body, or `new`, one the body does not compute."""
         if node not in self.saved:
             func, dim = node.func, node.args[1].id
-            name = self.namer.claim(f"{func}_{dim.lower()}")
+            name = self.namer.claim_spec(f"{func}_{dim.lower()}")
             dtype, dims = self._reduction_type(node) if new else ("", ())
             self.saved[node] = Residual(name, node, dtype, dims)
             self.dims_of[name] = dims if new else self.types[node].dims
@@ -280,7 +280,7 @@ class Reverse:
         """A name for a value of the statement being differentiated: `h_1`, or `dh_1` for a cotangent."""
         prefix = f"d{self.naming}" if cotangent else self.naming
         self.counts[prefix] += 1
-        name = self.namer.claim(f"{prefix}_{self.counts[prefix]}")
+        name = self.namer.claim_spec(f"{prefix}_{self.counts[prefix]}")
         self.temporaries[name] = (prefix, self.counts[prefix])
         return name
 
@@ -299,7 +299,7 @@ class Reverse:
         if self._saved_reduction(node):
             return ir.Name(self._residual(node), node.position)
         if node not in self.bound:
-            self.bound[node] = self.namer.claim(outputs[node]) if node in outputs else self._claim_temporary()
+            self.bound[node] = self.namer.claim_spec(outputs[node]) if node in outputs else self._claim_temporary()
             self.dims_of[self.bound[node]] = self.types[node].dims
         return ir.Name(self.bound[node], node.position)
 
@@ -361,7 +361,7 @@ class Reverse:
         outs = []
         assigns = []
         for decl in decls:
-            out = self.namer.claim(f"d{decl.name}")
+            out = self.namer.claim_spec(f"d{decl.name}")
             outs.append(dataclasses.replace(decl, name=out))
             terms = self.contributions[decl.name]
             with_dim = [t for t in terms if summed and summed in self.dims(t)]

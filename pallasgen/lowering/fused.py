@@ -372,7 +372,13 @@ class FusedLowering:
             for op, factor in carry.factors:
                 factor_code = finals[factor.key] if isinstance(factor, Carry) else None
                 value = f"{value} {op} {factor_code}" if factor_code else value
-            name = self.namer.claim(names[carry.key][0].removesuffix("_ref"))
+            stem = names[carry.key][0].removesuffix("_ref")
+            # A scratch Ref's value keeps the name its Ref was named after (claimed for it).
+            single_ref = isinstance(self.placement, RefPlacement) and len(names[carry.key]) == 1
+            if value == stem and all(isinstance(f, Carry) for _, f in carry.factors):
+                finals[carry.key] = stem  # a carried value that is final as it is: no copy
+                continue
+            name = stem if single_ref else self.namer.claim(stem)
             lines.append(f"{name} = {value}")
             finals[carry.key] = name
         overrides: dict = {}

@@ -96,15 +96,15 @@ def plan_gradient(
     namer = Namer(taken | {k.checked.kernel.name for k in gradient.kernels} | {"saved", "cotangents", *vjp_keywords})
     read = {(a.name, a.source) for k in gradient.kernels for a in k.arguments}
     names = {
-        **{(d.name, "input"): namer.claim(values[d.name]) for d in kernel.inputs},
-        **{(o.name, "output"): namer.claim(values[o.name]) for o in kernel.outputs if (o.name, "output") in read},
-        **{(r, "residual"): namer.claim(r) for r in gradient.residuals},
-        **{(o.name, "cotangent"): namer.claim(f"d{values[o.name]}") for o in kernel.outputs},
+        **{(d.name, "input"): namer.claim_spec(values[d.name]) for d in kernel.inputs},
+        **{(o.name, "output"): namer.claim_spec(values[o.name]) for o in kernel.outputs if (o.name, "output") in read},
+        **{(r, "residual"): namer.claim_spec(r) for r in gradient.residuals},
+        **{(o.name, "cotangent"): namer.claim_spec(f"d{values[o.name]}") for o in kernel.outputs},
     }
     inputs = {d.name for d in kernel.inputs}
-    results = {d.name: namer.claim(f"d{values[d.name]}") for d in kernel.inputs if d.name in gradient.results}
+    results = {d.name: namer.claim_spec(f"d{values[d.name]}") for d in kernel.inputs if d.name in gradient.results}
     for backward in gradient.kernels:
-        names.update({(r, "backward"): namer.claim(r) for r in backward.results if r not in inputs})
+        names.update({(r, "backward"): namer.claim_spec(r) for r in backward.results if r not in inputs})
     calls = []
     for backward in gradient.kernels:
         arguments = [names[(a.name, a.source)] for a in backward.arguments]
@@ -124,7 +124,7 @@ def plan_gradient(
     if any(source in ("output", "residual") for _, source in read):
         kept = [names[key] for key in saved_keys if key in read]
         forward_names = Namer(taken | set(values.values()) | set(bound))
-        residuals = {r: forward_names.claim(r) for r in gradient.residuals}
+        residuals = {r: forward_names.claim_spec(r) for r in gradient.residuals}
         in_forward = {
             **{(d, s): values[d] for d, s in saved_keys if s != "residual"},
             **{(r, "residual"): n for r, n in residuals.items()},

@@ -87,10 +87,11 @@ def lower_kernel(checked: CheckedKernel, taken: frozenset[str]) -> LoweredKernel
     kernel, dims, product = checked.kernel, checked.dims, checked.product
     out_dims = checked.space.layout
     namer = Namer(taken | {p.name for p in kernel.params})
-    values = {name: namer.claim(name) for name in _value_names(kernel)}
-    sizes = {dim: namer.claim(dim.lower()) for dim in dims}
+    values = {name: namer.claim_spec(name) for name in _value_names(kernel)}
+    # The generator's names yield to the spec's: a size beside a spec's `s` is `size_s`.
+    sizes = {dim: namer.claim(dim.lower(), f"size_{dim.lower()}") for dim in dims}
     refs = {d.name: namer.claim(values[d.name] + "_ref") for d in kernel.inputs + kernel.outputs}
-    accumulator = namer.claim("acc") if product else ""
+    accumulator = namer.claim("acc", "product") if product else ""
     operands = {o.name: o for o in product.operands} if product else {}
 
     def array_plan(decl: ir.ArrayDecl) -> ArrayPlan:

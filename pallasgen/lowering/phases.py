@@ -68,7 +68,7 @@ def stepped_reductions(
     found = []
     for node in sweep.reductions:
         kind, dtype = node.func, emitter.kernel_dtype(node.args[0])
-        result = namer.claim(f"{kind}_{dim.lower()}")
+        result = namer.claim(f"{kind}_{dim.lower()}", f"{kind}_over_{dim.lower()}")
         names = [namer.claim(f"{result}_{part}{suffix}") for part in (p or "running" for p in running_parts(kind))]
         accs = accumulators(kind, dtype, names)
         values = [f"{acc.name}[...]" if in_refs else acc.name for acc in accs]

@@ -289,6 +289,9 @@ class _Lowering(FusedLowering):
             for op, factor in carry.factors:
                 if isinstance(factor, Carry):
                     value = f"{value} {op} {self._fitted(finals[factor.key], self.carry_axes(factor), carry)}"
+            if value == read[0] and all(isinstance(f, Carry) for _, f in carry.factors):
+                finals[carry.key] = value  # a carried value that is final as it is: no copy
+                continue
             finals[carry.key] = self.namer.claim(read[0])
             lines.append(f"{finals[carry.key]} = {value}")
         overrides: dict = {}

@@ -66,7 +66,10 @@ class OuterPlanner:
         smem = base.smem
         reduce_step, write_step, carry = (self.namer.claim(x) for x in ("reduce", "write", "carry"))
         running = {n: self.namer.claim(f"{n.func}_running") for n in self.reductions}
-        results = {n: self.namer.claim(f"{n.func}_{reduced.lower()}") for n in self.reductions}
+        results = {
+            n: self.namer.claim(f"{n.func}_{reduced.lower()}", f"{n.func}_over_{reduced.lower()}")
+            for n in self.reductions
+        }
 
         def own(decl):
             return [d for d in layout_of(decl, layout, None) if d]

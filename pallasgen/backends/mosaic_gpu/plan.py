@@ -365,7 +365,8 @@ class _ProductPlanner(_Planner):
         rhs_n_major = choices.rhs_n_major(product)
         program = {d: self.namer.claim(f"program_{d.lower()}") for d in layout}
         acc_ref, out_smem, barrier, step, scope, pipeline_stages = (
-            self.namer.claim(x) for x in ("acc_ref", "out_smem", "barrier", "step", "accumulate", "stages")
+            self.namer.claim(x)
+            for x in (f"{self.lowered.accumulator}_ref", "out_smem", "barrier", "step", "accumulate", "stages")
         )
         lhs, rhs = product.lhs, product.rhs
         lhs_smem, rhs_smem = self.smem[lhs.name], self.smem[rhs.name]

@@ -56,6 +56,12 @@ def stages(checked: CheckedKernel) -> tuple[Stage, ...] | None:
     return tuple(result)
 
 
+def _stage_name(kernel: ir.Kernel, number: int) -> str:
+    """The name of a kernel's stage: its functions are named as a kernel's, after it
+    (`_matmul_softmax_stage_1_mosaic_gpu_kernel`)."""
+    return f"{kernel.name}_stage_{number}"
+
+
 def _reductions(body) -> list[ir.Call]:
     return [n for n in ir.walk(*(s.value for s in body)) if isinstance(n, ir.Call) and FUNCTIONS[n.func].reducer]
 
@@ -80,12 +86,12 @@ def _scalar_kernels(checked: CheckedKernel) -> list[ir.Kernel]:
         if not inner:
             break
         decls = [names.array(f"{c.func}_{c.args[1].id.lower()}", checked.types[c], c.position) for c in inner]
-        name = f"_{kernel.name}_{len(found) + 1}"
+        name = _stage_name(kernel, len(found) + 1)
         found.append(_kernel(kernel, name, tuple(names.inputs), decls, body, {d.name: c for d, c in zip(decls, inner)}))
         mapping = {c: ir.Name(d.name, c.position) for d, c in zip(decls, inner)}
         body = tuple(dataclasses.replace(s, value=substitute(s.value, mapping)) for s in body)
         names.inputs += decls
-    found.append(_kernel(kernel, f"_{kernel.name}_{len(found) + 1}", tuple(names.inputs), kernel.outputs, body, {}))
+    found.append(_kernel(kernel, _stage_name(kernel, len(found) + 1), tuple(names.inputs), kernel.outputs, body, {}))
     return found
 
 
@@ -101,7 +107,7 @@ def _product_kernels(checked: CheckedKernel) -> list[ir.Kernel] | None:
     found: list[ir.Kernel] = []
     apart = [o for o in kernel.outputs if not _reads(kernel, o.name, product)]
     if apart:  # outputs the product does not reach (a bias's cotangent beside dy): a kernel first
-        found.append(_kernel(kernel, f"_{kernel.name}_1", kernel.inputs, apart, kernel.body, {}))
+        found.append(_kernel(kernel, _stage_name(kernel, 1), kernel.inputs, apart, kernel.body, {}))
     sides = {}
     for side in ("left", "right"):
         value, transposed = product_operand(getattr(product, side))
@@ -109,7 +115,7 @@ def _product_kernels(checked: CheckedKernel) -> list[ir.Kernel] | None:
             continue
         name = names.name("lhs" if side == "left" else "rhs")
         stage, decl, transposed = _operand_kernel(
-            kernel, f"_{kernel.name}_{len(found) + 1}", name, checked.types[value], value, transposed
+            kernel, _stage_name(kernel, len(found) + 1), name, checked.types[value], value, transposed
         )
         found.append(stage)
         read = ir.Name(decl.name, value.position)
@@ -119,13 +125,13 @@ def _product_kernels(checked: CheckedKernel) -> list[ir.Kernel] | None:
     body = tuple(dataclasses.replace(s, value=substitute(s.value, {product: rest})) for s in kernel.body)
     inputs = tuple(names.inputs)
     outputs = tuple(o for o in kernel.outputs if o not in apart)
-    final = _kernel(kernel, f"_{kernel.name}_{len(found) + 1}", inputs, outputs, body, {})
+    final = _kernel(kernel, _stage_name(kernel, len(found) + 1), inputs, outputs, body, {})
     if is_fused(final):  # the product's result is reduced: written out first
         decl = names.array("acc", checked.types[product], product.position)
-        found.append(_kernel(kernel, f"_{kernel.name}_{len(found) + 1}", inputs, (decl,), (), {decl.name: rest}))
+        found.append(_kernel(kernel, _stage_name(kernel, len(found) + 1), inputs, (decl,), (), {decl.name: rest}))
         read = ir.Name(decl.name, product.position)
         body = tuple(dataclasses.replace(s, value=_softmax_spelled(substitute(s.value, {rest: read}))) for s in body)
-        final = _kernel(kernel, f"_{kernel.name}_{len(found) + 1}", (*inputs, decl), outputs, body, {})
+        final = _kernel(kernel, _stage_name(kernel, len(found) + 1), (*inputs, decl), outputs, body, {})
     found.append(final)
     return found
 

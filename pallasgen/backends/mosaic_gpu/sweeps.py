@@ -114,7 +114,12 @@ class SweepPlanner:
         self.arrays = {d.name: d for d in (*self.kernel.inputs, *self.kernel.outputs)}
         self.shape = tuple_code([block_keyword(self.rows), block_keyword(self.columns)])
         self.start, self.indices, self.carry = (self.namer.claim(x) for x in ("start", "indices", "carry"))
-        self.results = {node: self.namer.claim(f"{node.func}_{reduced_dim(node).lower()}") for node in self.passes}
+        self.results = {
+            node: self.namer.claim(
+                f"{node.func}_{reduced_dim(node).lower()}", f"{node.func}_over_{reduced_dim(node).lower()}"
+            )
+            for node in self.passes
+        }
 
     def is_kept(self, name: str) -> bool:
         """Whether a value (input, let or output) is a vector of the kept dimension: it

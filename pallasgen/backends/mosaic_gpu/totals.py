@@ -62,7 +62,10 @@ class TotalsPlanner:
             self.partial_refs[n] = [self.namer.claim(f"{n.func}{p}_partials_ref") for p in parts]
             self.partial_smem[n] = [self.namer.claim(f"{n.func}{p}_smem") for p in parts]
         self.blocks = {n: self.namer.claim(f"{n.func}_block") for n in self.reductions}
-        self.results = {n: self.namer.claim(f"{n.func}_{self.dim.lower()}") for n in self.reductions}
+        self.results = {
+            n: self.namer.claim(f"{n.func}_{self.dim.lower()}", f"{n.func}_over_{self.dim.lower()}")
+            for n in self.reductions
+        }
 
     def plan(self):
         kernel, base, dim, sizes = self.kernel, self.base, self.dim, self.sizes

@@ -275,7 +275,7 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
         step = namer.claim("step") if k_blocked else ""
         product_lines = _product_lines(product, values, refs, sizes, block_keyword(product.k), step, k_blocked)
         if k_blocked:
-            acc_ref = namer.claim("acc_ref")
+            acc_ref = namer.claim(f"{accumulator_name}_ref")
             scratch = (
                 f"pltpu.VMEM(({block_of[product.m]}, {block_of[product.n]}), {jnp_dtype(product.accumulator.name)})"
             )
