@@ -556,6 +556,7 @@ def _add_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
     return dx, dy
 
 
+# Also `add_i32`'s: the same code, written once.
 def _add_f32_kernel(x_ref, y_ref, z_ref):
     x = x_ref[...]
     y = y_ref[...]
@@ -626,6 +627,7 @@ def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     )(x, y)
 
 
+# Also `add_i32`'s and `add_i8`'s: the same code, written once.
 def _add_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = _inside(pl.program_id(0) * block_m, block_m, m)
@@ -1118,6 +1120,7 @@ def _mul_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
     return dx, dy
 
 
+# Also `mul_i32`'s: the same code, written once.
 def _mul_f32_kernel(x_ref, y_ref, z_ref):
     x = x_ref[...]
     y = y_ref[...]
@@ -1188,6 +1191,7 @@ def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     )(x, y)
 
 
+# Also `mul_i32`'s and `mul_i8`'s: the same code, written once.
 def _mul_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     in_m = _inside(pl.program_id(0) * block_m, block_m, m)
@@ -1698,6 +1702,7 @@ def _argmax_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
     return (None,)
 
 
+# Also `argmax_i32`'s: the same code, written once.
 def _argmax_f32_kernel(x_ref, i_ref, *, m, n, block_m):
     x = x_ref[...]
     i_ref[...] = _argbest(x, 1, largest=True)
@@ -1974,6 +1979,7 @@ def _equal_count_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
     return None, None
 
 
+# Also `equal_count_i32`'s: the same code, written once.
 def _equal_count_f32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, block_n):
     step = pl.program_id(0)
 
@@ -2056,6 +2062,7 @@ def _equal_count_f32_tpu(x, y, *, size_n, block_n, interpret):
     )(x, y)
 
 
+# Also `equal_count_i32`'s and `equal_count_i8`'s: the same code, written once.
 def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
     inside = None
@@ -2299,12 +2306,6 @@ def _add_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
     return None, None
 
 
-def _add_i32_kernel(x_ref, y_ref, z_ref):
-    x = x_ref[...]
-    y = y_ref[...]
-    z_ref[...] = x + y
-
-
 # TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
 # tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
 # nearest the call's sizes winning; else the chip's default. None: any other chip, and
@@ -2343,7 +2344,7 @@ def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z
     # 512.0 KiB).
     return pl.pallas_call(
-        _add_i32_kernel,
+        _add_f32_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is
         # parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
@@ -2369,16 +2370,6 @@ def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     )(x, y)
 
 
-def _add_i32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    y = _load(y_ref, inside)
-    _store(z_ref, x + y, inside)
-
-
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
@@ -2394,7 +2385,7 @@ def _add_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_add_i32_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_add_f32_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
@@ -2595,12 +2586,6 @@ def _mul_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
     return None, None
 
 
-def _mul_i32_kernel(x_ref, y_ref, z_ref):
-    x = x_ref[...]
-    y = y_ref[...]
-    z_ref[...] = x * y
-
-
 # TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
 # tune` found at the sizes (M, N) shown (the spec's .tuning.json file), the entry
 # nearest the call's sizes winning; else the chip's default. None: any other chip, and
@@ -2639,7 +2624,7 @@ def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z
     # 512.0 KiB).
     return pl.pallas_call(
-        _mul_i32_kernel,
+        _mul_f32_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is
         # parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
@@ -2665,16 +2650,6 @@ def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     )(x, y)
 
 
-def _mul_i32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    y = _load(y_ref, inside)
-    _store(z_ref, x * y, inside)
-
-
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
@@ -2690,7 +2665,7 @@ def _mul_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpr
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_mul_i32_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_mul_f32_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
@@ -2871,11 +2846,6 @@ def _argmax_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
     return (None,)
 
 
-def _argmax_i32_kernel(x_ref, i_ref, *, m, n, block_m):
-    x = x_ref[...]
-    i_ref[...] = _argbest(x, 1, largest=True)
-
-
 # TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
 # found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
 # the call's sizes winning; else the chip's default. None: any other chip, and CPU
@@ -2910,7 +2880,7 @@ def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
     # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) +
     # argmax's 32-bit copy of a block 32 B.
     return pl.pallas_call(
-        functools.partial(_argmax_i32_kernel, m=m, n=n, block_m=block_m),
+        functools.partial(_argmax_f32_kernel, m=m, n=n, block_m=block_m),
         # One step per block of M (N taken whole); steps are independent, so every axis is
         # parallel.
         grid=(pl.cdiv(m, block_m),),
@@ -3147,26 +3117,6 @@ def _equal_count_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
     return None, None
 
 
-def _equal_count_i32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, block_n):
-    step = pl.program_id(0)
-
-    @pl.when(step == 0)
-    def _init():
-        sum_n_running_ref[...] = jnp.full(sum_n_running_ref.shape, 0, jnp.int32)
-
-    x = _as_rows(x_ref[...])
-    y = _as_rows(y_ref[...])
-    sum_n_block = (x == y).astype(jnp.int32)
-    if size_n % block_n:  # a ragged N: its identity past the end, never padding
-        sum_n_block = _fill_past_rows(sum_n_block, step * block_n, size_n, 0)
-    sum_n_running_ref[...] = sum_n_running_ref[...] + sum_n_block
-
-    @pl.when(step == pl.num_programs(0) - 1)
-    def _finish():
-        sum_n = jnp.sum(sum_n_running_ref[...], keepdims=True).reshape(1)
-        n_ref[...] = sum_n
-
-
 # TPU blocks (block_n,) for a call that passes none, by chip: those `pallasgen tune`
 # found at the sizes (N,) shown (the spec's .tuning.json file), the entry nearest the
 # call's sizes winning; else the chip's default. None: any other chip, and CPU (the
@@ -3202,7 +3152,7 @@ def _equal_count_i32_tpu(x, y, *, size_n, block_n, interpret):
     # VMEM at the default blocks: 96.0 KiB = 2 buffers x (x 16.0 KiB + y 16.0 KiB + n 4 B)
     # + sum's 32-bit copy of a block 16.0 KiB + sum's running values 16.0 KiB.
     return pl.pallas_call(
-        functools.partial(_equal_count_i32_kernel, size_n=size_n, block_n=block_n),
+        functools.partial(_equal_count_f32_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(size_n, block_n),),
         in_specs=[
@@ -3229,29 +3179,6 @@ def _equal_count_i32_tpu(x, y, *, size_n, block_n, interpret):
     )(x, y)
 
 
-def _equal_count_i32_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    inside = None
-
-    def accumulate(index, running):
-        (sum_n_running,) = running
-        start = index * block_n
-        in_n = _inside(start, block_n, size_n)
-        x = _load(x_ref.at[pl.ds(start, block_n)], _mask((block_n,), in_n))
-        y = _load(y_ref.at[pl.ds(start, block_n)], _mask((block_n,), in_n))
-        sum_n_block = (x == y).astype(jnp.int32)
-        if size_n % block_n:  # a ragged N: its identity past the end, never padding
-            sum_n_block = _fill_past(sum_n_block, start, size_n, 0, 0)
-        sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
-        return (sum_n_running,)
-
-    (sum_n_running,) = jax.lax.fori_loop(
-        0, pl.cdiv(size_n, block_n), accumulate, (jnp.full((1,), 0, jnp.int32),)
-    )
-    sum_n = sum_n_running
-    n_ref[...] = sum_n
-
-
 # GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
@@ -3266,7 +3193,7 @@ def _equal_count_i32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interp
     )
     block_n = min(block_n, pl.next_power_of_2(size_n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_equal_count_i32_gpu_kernel, size_n=size_n, block_n=block_n),
+        functools.partial(_equal_count_f32_gpu_kernel, size_n=size_n, block_n=block_n),
         # One program per call; programs run concurrently. Each loops over N itself,
         # accumulating in order.
         grid=(),
@@ -3538,16 +3465,6 @@ def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
     )(x, y)
 
 
-def _add_i8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    y = _load(y_ref, inside)
-    _store(z_ref, x + y, inside)
-
-
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
@@ -3563,7 +3480,7 @@ def _add_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpre
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_add_i8_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_add_f32_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
@@ -3834,16 +3751,6 @@ def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
     )(x, y)
 
 
-def _mul_i8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    y = _load(y_ref, inside)
-    _store(z_ref, x * y, inside)
-
-
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
 # call that passes none, by device kind: those `pallasgen tune --gpu` timed best at the
 # sizes (M, N) shown (the spec's .tuning.json file), the entry nearest the call's sizes
@@ -3859,7 +3766,7 @@ def _mul_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpre
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_mul_i8_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
+        functools.partial(_mul_f32_gpu_kernel, m=m, n=n, block_m=block_m, block_n=block_n),
         # One program per block of M, block of N; programs run concurrently.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
@@ -4402,29 +4309,6 @@ def _equal_count_i8_tpu(x, y, *, size_n, block_n, interpret):
     )(x, y)
 
 
-def _equal_count_i8_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
-    # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    inside = None
-
-    def accumulate(index, running):
-        (sum_n_running,) = running
-        start = index * block_n
-        in_n = _inside(start, block_n, size_n)
-        x = _load(x_ref.at[pl.ds(start, block_n)], _mask((block_n,), in_n))
-        y = _load(y_ref.at[pl.ds(start, block_n)], _mask((block_n,), in_n))
-        sum_n_block = (x == y).astype(jnp.int32)
-        if size_n % block_n:  # a ragged N: its identity past the end, never padding
-            sum_n_block = _fill_past(sum_n_block, start, size_n, 0, 0)
-        sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
-        return (sum_n_running,)
-
-    (sum_n_running,) = jax.lax.fori_loop(
-        0, pl.cdiv(size_n, block_n), accumulate, (jnp.full((1,), 0, jnp.int32),)
-    )
-    sum_n = sum_n_running
-    n_ref[...] = sum_n
-
-
 # GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
 # that passes none, by device kind: those `pallasgen tune --gpu` timed best at the sizes
 # (N) shown (the spec's .tuning.json file), the entry nearest the call's sizes winning.
@@ -4439,7 +4323,7 @@ def _equal_count_i8_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpr
     )
     block_n = min(block_n, pl.next_power_of_2(size_n))  # a small N is one block
     return pl.pallas_call(
-        functools.partial(_equal_count_i8_gpu_kernel, size_n=size_n, block_n=block_n),
+        functools.partial(_equal_count_f32_gpu_kernel, size_n=size_n, block_n=block_n),
         # One program per call; programs run concurrently. Each loops over N itself,
         # accumulating in order.
         grid=(),

@@ -656,6 +656,7 @@ def _argmax_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     )(x)
 
 
+# Also `argmax_blocked`'s: the same code, written once.
 def _argmax_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     program_m = jax.lax.axis_index("M")
 
@@ -1004,47 +1005,6 @@ def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, int
     )(x)
 
 
-def _argmax_blocked_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
-    program_m = jax.lax.axis_index("M")
-
-    def reduce_1(indices, x_smem, carry):
-        argmax_n_running, argmax_n_index = carry
-        start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        argmax_n_block = x
-        if n % block_n:  # a ragged N: its identity past the end
-            argmax_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -jnp.inf
-            )
-        argmax_n_running, argmax_n_index = _mgpu_argbest_step(
-            argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
-        )
-        return (argmax_n_running, argmax_n_index)
-
-    argmax_n_running, argmax_n_index = plgpu.emit_pipeline(
-        reduce_1,
-        grid=(x_ref.shape[1] // block_n,),
-        in_specs=[
-            plgpu.BlockSpec(
-                (block_m, block_n),
-                lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
-            )
-        ],
-        max_concurrent_steps=2,
-        init_carry=(
-            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
-            _mgpu_full(block_m, 0, jnp.int32, 0),
-        ),
-    )(x_ref)
-    argmax_n = argmax_n_index
-    i = argmax_n
-    i_smem[...] = i
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(i_smem, i_ref.at[pl.ds(program_m * block_m, block_m)])
-    plgpu.wait_smem_to_gmem(0)
-
-
 def _argmax_blocked_mosaic_gpu(x, *, m, n, interpret):
     """`argmax_blocked` on an NVIDIA GPU from Hopper on, through Pallas's Mosaic GPU backend.
 
@@ -1057,7 +1017,7 @@ def _argmax_blocked_mosaic_gpu(x, *, m, n, interpret):
     padded_n = n + -n % block_n
     x = _mgpu_pad(x, (padded_m, padded_n))
     (i,) = plgpu.kernel(
-        functools.partial(_argmax_blocked_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
+        functools.partial(_argmax_rows_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
         scratch_types=[plgpu.SMEM((block_m,), jnp.int32)],
         grid=(padded_m // block_m,),

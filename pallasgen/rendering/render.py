@@ -12,6 +12,7 @@ import jinja2
 
 from pallasgen.backends import ModulePlan
 from pallasgen.frontend.text import escape_text
+from pallasgen.rendering.shared import share_identical_functions
 
 BLACK_MODE = black.Mode(
     line_length=100,
@@ -62,9 +63,10 @@ def _pieces(plan: ModulePlan) -> tuple[str, list[str], list[str]]:
     header = environment.get_template("header.py.j2").render(module=plan)
     kernels = []
     for kernel in plan.kernels:
-        kernels.append(environment.get_template("public.py.j2").render(k=kernel))
+        kernels.append((kernel.name, environment.get_template("public.py.j2").render(k=kernel)))
         for name, template in zip(kernel.backends, plan.templates):
-            kernels.append(environment.get_template(template).render(k=kernel, p=kernel.backends[name]))
+            kernels.append((kernel.name, environment.get_template(template).render(k=kernel, p=kernel.backends[name])))
+    kernels = share_identical_functions(kernels)
     imports, helpers = helper_definitions(plan.helpers)
     called = _called_helpers(helpers, set().union(*(_names(ast.parse(piece)) for piece in kernels)))
     return header, [imports, *(helper.source for name, helper in helpers.items() if name in called)], kernels

@@ -1,0 +1,95 @@
+"""Identical functions written once: where two kernels' private functions have the same
+code (`add_f32` and `add_i32` take the same TPU kernel: a Ref's dtype is not in its code),
+the module keeps the first and the other's callers call it.
+
+Two top-level functions are identical when their parameters, docstrings and bodies are
+the same Python (compared as ASTs, so formatting does not count), whatever their names.
+Only private functions without decorators are shared: public functions are the module's
+API. Sharing one may make its callers identical in turn (two launchers that differed
+only in the kernel they call): those are shared as well, until no two are the same.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import tokenize
+
+
+def share_identical_functions(pieces: list[tuple[str, str]]) -> list[str]:
+    """The pieces' code (each `(owner, source)`: the kernel it is written for, and its
+    unformatted source) with each private function identical to an earlier one left out
+    and its uses calling that one; a piece left empty is left out too."""
+    owners = [owner for owner, _ in pieces]
+    sources = [source for _, source in pieces]
+    sharers: dict[str, list[str]] = {}  # a kept function -> the kernels whose copy it replaces
+    while True:
+        kept: dict[str, str] = {}  # a function's code -> the first function with it
+        renamed: dict[str, str] = {}
+        dropped: list[list[ast.FunctionDef]] = []
+        for owner, source in zip(owners, sources):
+            dropped.append([])
+            for node in ast.parse(source).body:
+                if not _shareable(node):
+                    continue
+                first = kept.setdefault(_code(node), node.name)
+                if first != node.name:
+                    renamed[node.name] = first
+                    dropped[-1].append(node)
+                    sharers.setdefault(first, [])
+                    sharers[first] += [o for o in [owner, *sharers.pop(node.name, [])] if o not in sharers[first]]
+        if not renamed:
+            break
+        sources = [_rename(_without(source, nodes), renamed) for source, nodes in zip(sources, dropped)]
+    sources = [_noted(source, sharers) for source in sources]
+    return [source for source in sources if source.strip()]
+
+
+def _shareable(node: ast.stmt) -> bool:
+    return isinstance(node, ast.FunctionDef) and node.name.startswith("_") and not node.decorator_list
+
+
+def _code(node: ast.FunctionDef) -> str:
+    """The function as Python, less its name."""
+    return (
+        ast.dump(ast.Module([*node.body], type_ignores=[])) + ast.dump(node.args) + ast.dump(node.returns or ast.Pass())
+    )
+
+
+def _without(source: str, nodes: list[ast.FunctionDef]) -> str:
+    """`source` less the lines of `nodes` (top-level definitions) and the comment lines
+    right above each."""
+    lines = source.splitlines(keepends=True)
+    for node in sorted(nodes, key=lambda n: n.lineno, reverse=True):
+        start = node.lineno - 1
+        while start > 0 and lines[start - 1].lstrip().startswith("#"):
+            start -= 1
+        del lines[start : node.end_lineno]
+    return "".join(lines)
+
+
+def _rename(source: str, renamed: dict[str, str]) -> str:
+    """`source` with each name in `renamed` (as code names it, not in strings or comments)
+    replaced."""
+    lines = source.splitlines(keepends=True)
+    tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.NAME]
+    for token in reversed([t for t in tokens if t.string in renamed]):
+        row, column = token.start
+        line = lines[row - 1]
+        lines[row - 1] = line[:column] + renamed[token.string] + line[column + len(token.string) :]
+    return "".join(lines)
+
+
+def _noted(source: str, sharers: dict[str, list[str]]) -> str:
+    """A comment above each function that others' code calls in place of their own copy."""
+    lines = source.splitlines(keepends=True)
+    for node in sorted(ast.parse(source).body, key=lambda n: n.lineno, reverse=True):
+        if isinstance(node, ast.FunctionDef) and node.name in sharers:
+            note = f"# Also {_listed(sharers[node.name])}: the same code, written once.\n"
+            lines.insert(node.lineno - 1, note)
+    return "".join(lines)
+
+
+def _listed(names: list[str]) -> str:
+    quoted = [f"`{name}`'s" for name in names]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
