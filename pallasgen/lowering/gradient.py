@@ -99,10 +99,10 @@ def plan_gradient(
         **{(d.name, "input"): namer.claim_spec(values[d.name]) for d in kernel.inputs},
         **{(o.name, "output"): namer.claim_spec(values[o.name]) for o in kernel.outputs if (o.name, "output") in read},
         **{(r, "residual"): namer.claim_spec(r) for r in gradient.residuals},
-        **{(o.name, "cotangent"): namer.claim_spec(f"d{values[o.name]}") for o in kernel.outputs},
+        **{(o.name, "cotangent"): namer.claim(f"d{o.name}") for o in kernel.outputs},
     }
     inputs = {d.name for d in kernel.inputs}
-    results = {d.name: namer.claim_spec(f"d{values[d.name]}") for d in kernel.inputs if d.name in gradient.results}
+    results = {d.name: namer.claim(f"d{d.name}") for d in kernel.inputs if d.name in gradient.results}
     for backward in gradient.kernels:
         names.update({(r, "backward"): namer.claim_spec(r) for r in backward.results if r not in inputs})
     calls = []
