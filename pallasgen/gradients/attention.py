@@ -313,7 +313,10 @@ class _Derivation:
             outs = (self.decl(k, self.n["dk"]), self.decl(v, self.n["dv"]))
         else:  # one per element of the broadcast dimension, in f32 until they are summed
             dims, suffix = (*q.dims[:-2], *k.dims[-2:]), broadcast.lower()
-            names = (self.namer.claim_spec(f"{self.n['dk']}_{suffix}"), self.namer.claim_spec(f"{self.n['dv']}_{suffix}"))
+            names = (
+                self.namer.claim_spec(f"{self.n['dk']}_{suffix}"),
+                self.namer.claim_spec(f"{self.n['dv']}_{suffix}"),
+            )
             outs = tuple(self.decl(d, name, "f32", dims) for d, name in zip((k, v), names))
         at = self.position
         transposed = ir.Binary(
