@@ -327,7 +327,7 @@ def pallas_call_keywords(function: ast.FunctionDef) -> dict[str, ast.expr]:
 
 
 def launcher_variables(checked, function: ast.FunctionDef) -> dict[str, str]:
-    """The dimension each size variable (`m`, or `s_` where `s` is taken) and block
+    """The dimension each size variable (`m`, or `size_s` where a spec name takes `s`) and block
     variable (`block_m`) of a launcher holds: its first keywords are the sizes, in order."""
     sizes = [a.arg for a in function.args.kwonlyargs[: len(checked.dims)]]
     return dict(zip(sizes, checked.dims)) | {f"block_{d.lower()}": d for d in checked.dims}
