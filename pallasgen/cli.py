@@ -769,7 +769,7 @@ def _kernels(targets: tuple[str, ...], out: Path | None, given: dict[str, int]) 
 
         spec, kernels, modules = _checked_kernels(spec_path, check)
         matching = _named(kernels, spec_path, wanted)
-        for change in plan_changes([spec], modules, set(), out_dir):
+        for change in [c for c in plan_changes([spec], modules, set(), out_dir) if c.path == spec.output]:
             state = "missing" if change.kind == "create" else "stale"
             click.echo(
                 f"generated in memory: {_display(spec.output)} is {state}; run `pallasgen build` to write it",

@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Iterator
 
 from pallasgen.workspace import cache
-from pallasgen.workspace.atomic import write_atomically
+from pallasgen.workspace.atomic import temporary_of, write_atomically
 from pallasgen.workspace.config import spec_label
 from pallasgen.frontend.errors import SpecError
 from pallasgen.workspace.pipeline import Tuning, decode, generate, tuned_kernels
@@ -48,7 +48,7 @@ class Change:
     path: Path
     old: str | None
     new: str | None
-    spec_label: str
+    spec_label: str | None  # None for a temporary file an interrupted build left
 
 
 def collect_targets(paths: list[Path], out_dir: Path, display=str) -> tuple[list[Target], set[str]]:
@@ -208,6 +208,10 @@ def plan_changes(targets: list[Target], modules: dict[Path, str], owned: set[str
         label = generated_from(path)
         if path not in produced and label is not None and str(PurePosixPath(label).parent) in owned:
             changes.append(Change("remove", path, _read_text(path), None, label))
+    # A build killed while writing a module leaves its temporary file: stale too.
+    for path in sorted(out_dir.resolve().glob(".*.tmp")) if out_dir.is_dir() else []:
+        if path.is_file() and (temporary_of(path) or "").endswith(".py"):
+            changes.append(Change("remove", path, None, None, None))
     return changes
 
 
@@ -229,7 +233,7 @@ def apply(changes: list[Change]) -> None:
     """Writes each new or changed file atomically and removes stale ones."""
     for change in changes:
         if change.kind == "remove":
-            change.path.unlink()
+            change.path.unlink(missing_ok=True)
         else:
             write_atomically(change.path, change.new)
 
