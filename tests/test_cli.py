@@ -460,6 +460,14 @@ def test_builds_with_different_hash_seeds_and_working_directories_are_byte_ident
         pytest.param("specs/my-kernel.pallas", [], "must be a Python module name, e.g. my_kernel.pallas", id="dash"),
         pytest.param("specs/2d.pallas", [], "must be a Python module name", id="leading-digit"),
         pytest.param("specs/class.pallas", [], "must be a Python module name", id="python-keyword"),
+        pytest.param("specs/jax.pallas", [], "jax.pallas: generated/jax.py would shadow the module jax", id="jax"),
+        pytest.param("specs/numpy.pallas", [], "would shadow the module numpy", id="numpy"),
+        pytest.param("specs/pallasgen.pallas", [], "would shadow the module pallasgen", id="pallasgen"),
+        pytest.param(
+            "specs/\uff4a\uff41\uff58.pallas", [], "Python reads the name \uff4a\uff41\uff58 as jax", id="fullwidth-jax"
+        ),
+        pytest.param("specs/\ufb01lter.pallas", [], "Python reads the name \ufb01lter as filter", id="ligature"),
+        pytest.param("specs/__init__.pallas", [], "must be a Python module name", id="package-init"),
         pytest.param("empty/.keep", ["empty"], "no spec files in empty", id="empty-folder"),
         pytest.param("other/add_vectors.pallas", ["specs", "other"], "would both generate", id="same-module-twice"),
     ],

@@ -10,6 +10,7 @@ import contextlib
 import difflib
 import keyword
 import os
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Iterator
@@ -72,17 +73,40 @@ def collect_targets(paths: list[Path], out_dir: Path, display=str) -> tuple[list
             raise UsageError(f"{path}: no such file or folder")
     targets: dict[Path, Target] = {}
     for spec in sorted(set(s.resolve() for s in specs)):
-        if not spec.stem.isidentifier() or keyword.iskeyword(spec.stem):
-            raise UsageError(
-                f"{display(spec)}: the file name must be a Python module name, e.g. {_identifier(spec.stem)}.pallas"
-            )
         output = out_dir.resolve() / f"{spec.stem}.py"
+        problem = module_name_problem(spec.stem, display(output))
+        if problem:
+            raise UsageError(f"{display(spec)}: {problem}")
         if output in targets:
             raise UsageError(
                 f"{display(spec)} and {display(targets[output].spec)} would both generate {display(output)}"
             )
         targets[output] = Target(spec, spec_label(spec), output)
     return list(targets.values()), owned
+
+
+# Modules that generated code imports, directly or through jax: a generated module of the
+# same name would shadow it wherever the output folder is on sys.path.
+IMPORTED_MODULES = frozenset(
+    ("functools", "jax", "jaxlib", "ml_dtypes", "numpy", "opt_einsum", "pallasgen", "scipy", "triton", "warnings")
+)
+
+
+def module_name_problem(stem: str, output: str) -> str | None:
+    """Why a spec's file name cannot name its module as Python would import it, or None.
+
+    Python NFKC-normalizes identifiers, so `ｊａｘ` (fullwidth) in an import statement
+    means `jax`; the name must already be in that form, an identifier, not a keyword,
+    and not the name of a module the generated code imports.
+    """
+    normalized = unicodedata.normalize("NFKC", stem)
+    if normalized != stem and normalized.isidentifier():
+        return f"Python reads the name {stem} as {normalized}, so `import {stem}` would not import {output}; rename it {_identifier(normalized)}.pallas"
+    if not stem.isidentifier() or keyword.iskeyword(stem) or stem in ("__init__", "__main__"):
+        return f"the file name must be a Python module name, e.g. {_identifier(stem.strip('_') or stem)}.pallas"
+    if stem in IMPORTED_MODULES:
+        return f"{output} would shadow the module {stem}, which generated code imports; rename it, e.g. {stem}_kernels.pallas"
+    return None
 
 
 # Fewer uncached specs than this are generated in-process: a worker pool costs more.
@@ -259,6 +283,6 @@ def _read_text(path: Path) -> str | None:
 
 def _identifier(stem: str) -> str:
     cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in stem)
-    if keyword.iskeyword(cleaned):
+    if keyword.iskeyword(cleaned) or cleaned in IMPORTED_MODULES:
         return f"{cleaned}_"
     return cleaned if cleaned.isidentifier() else f"_{cleaned}"
