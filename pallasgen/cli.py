@@ -19,7 +19,7 @@ from pallasgen.devices import runner
 from pallasgen.devices.extras import MissingExtra, require
 from pallasgen.show import tilemap
 from pallasgen.workspace.atomic import write_atomically
-from pallasgen.workspace.config import ConfigError, load_config
+from pallasgen.workspace.config import ConfigError, load_config, no_spec_folder
 from pallasgen.frontend.errors import SpecError
 from pallasgen.frontend.text import counted
 from pallasgen.workspace.pipeline import check_source, decode
@@ -845,6 +845,8 @@ def _prepare(paths: tuple[Path, ...], out: Path | None, no_cache: bool, form: st
         out_dir = out if out is not None else config.out
         if out_dir.exists() and not out_dir.is_dir():
             raise UsageError(f"--out {_display(out_dir)}: not a folder")
+        if not paths and not config.specs.exists():
+            raise UsageError(no_spec_folder(config, _display))
         targets, owned = collect_targets(list(paths) or [config.specs], out_dir, _display)
         if not targets:
             raise UsageError(f"no spec files in {', '.join(map(str, paths or [config.specs]))}")

@@ -496,6 +496,20 @@ def test_a_spec_that_cannot_be_read_is_a_usage_error(project, monkeypatch):
     assert not (project / "generated").exists()
 
 
+@pytest.mark.parametrize("pyproject", [None, "[project]\nname = 'x'\n"], ids=["no-pyproject", "no-table"])
+@pytest.mark.parametrize("command", ["build", "check"])
+def test_without_a_spec_folder_the_error_says_how_to_configure_one(tmp_path, monkeypatch, command, pyproject):
+    monkeypatch.chdir(tmp_path)
+    if pyproject:
+        write(tmp_path / "pyproject.toml", pyproject)
+    result = pallasgen(command)
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("pallasgen: error: no spec folder specs ")
+    assert "[tool.pallasgen]" in line and 'specs = "' in line
+    assert ("no pyproject.toml" in line) == (pyproject is None)
+
+
 def test_paths_outside_the_working_directory_print_absolute(project, tmp_path):
     elsewhere = write(tmp_path / "elsewhere" / "add_vectors.pallas", ADD_VECTORS)
     result = pallasgen("build", str(elsewhere), "--out", str(tmp_path / "elsewhere_out"))
