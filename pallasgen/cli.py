@@ -44,6 +44,9 @@ DRIFT = 1
 @click.version_option(package_name="pallasgen", prog_name="pallasgen", message="%(prog)s %(version)s")
 def main() -> None:
     """Generate JAX Pallas kernels from spec files."""
+    from pallasgen.devices.compile_only import quiet_libtpu_without_tpu
+
+    quiet_libtpu_without_tpu()  # before any command imports jax
 
 
 _paths = click.argument("paths", nargs=-1, type=click.Path(path_type=Path))

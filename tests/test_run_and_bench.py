@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import math
 import shutil
 from pathlib import Path
@@ -348,3 +349,46 @@ def test_a_kernel_derived_for_jax_grad_can_be_named_as_a_target(project):
     missing = invoke("bench", "specs/activations.pallas:nothing")
     assert missing.exit_code == 2
     assert "its kernels: leaky, bias_gelu, quantize_rows; derived for jax.grad: leaky_backward," in missing.output
+
+
+def test_commands_print_nothing_from_libtpu_on_a_machine_without_a_tpu(tmp_path):
+    import importlib.util
+    import subprocess
+    import sys
+
+    from pallasgen.devices.compile_only import tpu_present
+
+    if importlib.util.find_spec("libtpu") is None or tpu_present():
+        pytest.skip("needs libtpu installed on a machine without a TPU")
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "JAX_PLATFORMS"))}
+    result = subprocess.run(
+        [sys.executable, "-m", "pallasgen", "run", "specs/add_vectors.pallas", "--size", "N=1000", "--no-grad"],
+        cwd=root,
+        env={**env, "PALLASGEN_CACHE_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "host bounds" not in result.stderr and "worker hostname" not in result.stderr, result.stderr
+
+
+def test_libtpu_is_left_alone_where_a_tpu_or_tpu_settings_are(tmp_path, monkeypatch):
+    from pallasgen.devices import compile_only
+
+    for name in list(os.environ):
+        if name.startswith("TPU_"):
+            monkeypatch.delenv(name)
+    device = tmp_path / "sys" / "bus" / "pci" / "devices" / "0000:00:04.0"
+    device.mkdir(parents=True)
+    (device / "vendor").write_text("0x1ae0\n")
+    assert compile_only.quiet_libtpu_without_tpu(str(tmp_path)) == {}
+    assert not any(name.startswith("TPU_") for name in os.environ)
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "host-a,host-b")
+    assert compile_only.quiet_libtpu_without_tpu(str(tmp_path / "none")) == {}
+    monkeypatch.delenv("TPU_WORKER_HOSTNAMES")
+    for name in compile_only.QUIET_LIBTPU_ENV:
+        monkeypatch.setenv(name, "")  # so that monkeypatch restores (removes) them afterwards
+        monkeypatch.delenv(name)
+    assert compile_only.quiet_libtpu_without_tpu(str(tmp_path / "none")) == compile_only.QUIET_LIBTPU_ENV
