@@ -309,7 +309,7 @@ def bench(
                 "sizes": t.sizes,
                 "kernel_seconds": t.kernel_seconds,
                 "xla_seconds": t.xla_seconds,
-                "ratio_to_xla": t.ratio,
+                "speedup_over_xla": t.ratio,
                 "flops": t.flops,
                 "bytes": t.bytes_moved,
             }
@@ -343,7 +343,7 @@ def _sweep(kernels, given: dict[str, int], seed: int, repeats: int, device: str)
         chosen = ", ".join(f"{k}={v}" for k, v in options.items())
         click.echo(
             f"{checked.kernel.name} [{shape}] on {device}: best of {len(candidates)} is {chosen}:"
-            f" {seconds * 1e3:.3f} ms, {xla_seconds / seconds:.2f}x XLA"
+            f" {seconds * 1e3:.3f} ms, speedup over XLA {xla_seconds / seconds:.2f}x"
         )
     _say_if_interpreted()
 
@@ -373,7 +373,7 @@ def _estimate(kernels, given: dict[str, int], blocks: dict[str, int], chip: str,
     failed = False
     with tempfile.TemporaryDirectory(prefix="pallasgen-llo-") as profile_dir:
         estimator = estimate.Estimator(chip, Path(profile_dir))
-        click.echo(f"TPU {chip}, {estimate.LABEL}")
+        click.echo(f"TPU {chip}, {estimate.LABEL}; speedup over XLA = XLA cycles / kernel cycles (above 1: faster)")
         for module, checked in kernels:
             dims = runner.sizes_for(checked, given)
             limit = vmem_mib * 1024 * 1024 if vmem_mib else None
@@ -394,7 +394,7 @@ def _estimate(kernels, given: dict[str, int], blocks: dict[str, int], chip: str,
                     "kernel_cycles": result.kernel_cycles,
                     "mosaic_cycles": result.mosaic_cycles,
                     "xla_cycles": result.xla_cycles,
-                    "ratio_kernel_to_xla": result.ratio,
+                    "speedup_over_xla": result.speedup,
                     "percent_of_peak": percent,
                     "peak": peak,
                 }
@@ -516,13 +516,13 @@ def tune(
             best, start = found.best, found.start
             best_ratio = estimate.ratio(best.cost, found.xla_cost)
             started = (
-                f"{estimate.describe_ratio(estimate.ratio(start.cost, found.xla_cost))}"
+                f"{estimate.describe_speedup(start.cost, found.xla_cost)}"
                 if start.cost
                 else f"rejected: {start.error}"
             )
             click.echo(
                 f"{checked.kernel.name} on {chip} ({estimate.LABEL}): {_pairs(best.blocks)} {best.cost:,} cycles,"
-                f" {estimate.describe_ratio(best_ratio)} (XLA {found.xla_cost:,});"
+                f" {estimate.describe_speedup(best.cost, found.xla_cost)} (XLA {found.xla_cost:,});"
                 f" from {'the given' if given_start else 'the blocks tuned before' if previous else 'the untuned'}"
                 f" {_pairs(start.blocks)}"
                 f" {started}; {counted(len(found.trials), 'compile')}"
@@ -605,7 +605,7 @@ def _tune_gpu(kernels, given: dict[str, int], budget: int, tuning, device: str, 
         ratio = found.xla_cost / best.cost if best.cost else None
         click.echo(
             f"{checked.kernel.name} on {device}: {', '.join(f'{k}={v}' for k, v in best.blocks)} {best.cost * 1e3:.3f} ms"
-            f" (XLA {found.xla_cost * 1e3:.3f} ms, {ratio:.2f}x); {counted(len(found.trials), 'timing')}"
+            f" (XLA {found.xla_cost * 1e3:.3f} ms, speedup over XLA {ratio:.2f}x); {counted(len(found.trials), 'timing')}"
         )
         entry = _tuned_entry(found, ratio, (MEASURE, "seconds", "timings"), device, dims, blocks, options)
         tuning = with_entry(tuning, checked, entry, table)
