@@ -34,6 +34,7 @@ from pallasgen.workspace.sync import (
     plan_changes,
     stale_tunings,
     unified_diff,
+    vmem_warnings,
 )
 
 SPEC_OR_USAGE_ERROR = 2
@@ -92,6 +93,10 @@ def build(paths: tuple[Path, ...], out: Path | None, no_cache: bool, form: str) 
     for stale in _stale_tunings(targets, form):
         finding = Finding("warning", stale.left_out, stale.file, kind="stale-tuning", spec=stale.spec)
         _report(form, finding, f"warning: {stale.file}: {stale.left_out}", err=True)
+    for warning in vmem_warnings(targets, _display):
+        where = f"{warning.file}:{warning.position.line}:{warning.position.column}"
+        finding = Finding("warning", warning.message, warning.file, warning.position, kind="vmem")
+        _report(form, finding, f"warning: {where}: {warning.message}", err=True)
     _say(form, f"pallasgen: {counted(len(targets), 'spec')}, {counted(len(changes), 'file')} changed")
 
 
@@ -516,9 +521,7 @@ def tune(
             best, start = found.best, found.start
             best_ratio = estimate.ratio(best.cost, found.xla_cost)
             started = (
-                f"{estimate.describe_speedup(start.cost, found.xla_cost)}"
-                if start.cost
-                else f"rejected: {start.error}"
+                f"{estimate.describe_speedup(start.cost, found.xla_cost)}" if start.cost else f"rejected: {start.error}"
             )
             click.echo(
                 f"{checked.kernel.name} on {chip} ({estimate.LABEL}): {_pairs(best.blocks)} {best.cost:,} cycles,"

@@ -7,6 +7,7 @@ Exit codes: 0 success, 1 `check` found drift, 2 a spec or usage error.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -394,6 +395,33 @@ def test_temporary_files_of_an_interrupted_build_are_drift_and_build_removes_the
     assert "removed stale generated/.add_vectors.py.k3x_9qzp.tmp" in result.stdout
     assert not left.exists() and not gone.exists() and other.exists()
     assert pallasgen("check").exit_code == 0
+
+
+WIDE_ROWS = """\
+kernel wide_rows {
+    in  x: f32[M, N]
+    in  y: f32[M, N]
+    out z: f32[M, N]
+    z = x + y
+    block M = 16384
+}
+"""
+
+
+def test_blocks_that_cannot_fit_vmem_at_realistic_sizes_build_with_a_warning(project):
+    write(project / "specs" / "wide.pallas", WIDE_ROWS)
+    result = pallasgen("build")
+    assert result.exit_code == 0, result.output
+    assert (project / "generated" / "wide.py").exists()
+    (line,) = [line for line in result.stderr.splitlines() if "VMEM" in line]
+    assert line.startswith("warning: specs/wide.pallas:6:11: wide_rows: its default blocks need 192.0 MiB of VMEM")
+    assert "with N taken whole at 512" in line and "a TPU v5e's or v6e's 128.0 MiB" in line
+    result = pallasgen("build", "--format", "json")
+    (record,) = [json.loads(line) for line in result.stdout.splitlines() if "VMEM" in line]
+    assert (record["severity"], record["file"], record["line"], record["kind"]) == (
+        "warning", "specs/wide.pallas", 6, "vmem"
+    )
+    assert "VMEM" not in pallasgen("build", "specs/add_vectors.pallas").stderr
 
 
 def test_check_quiet_prints_only_the_summary(project):

@@ -18,8 +18,8 @@ from typing import Iterator
 from pallasgen.workspace import cache
 from pallasgen.workspace.atomic import temporary_of, write_atomically
 from pallasgen.workspace.config import spec_label
-from pallasgen.frontend.errors import SpecError
-from pallasgen.workspace.pipeline import Tuning, decode, generate, tuned_kernels
+from pallasgen.frontend.errors import Position, SpecError
+from pallasgen.workspace.pipeline import Tuning, check_source, decode, generate, tuned_kernels
 from pallasgen.workspace.tuning import tuning_path
 
 # First lines of generated files as (prefix, suffix) around the spec's label: today's,
@@ -187,6 +187,36 @@ def stale_tunings(targets: list[Target], display) -> list[StaleTuning]:
         if tuning is not None:
             spec = display(target.spec)
             found += [StaleTuning(tuning.path, spec, why) for why in tuned_kernels(source, spec, tuning)[1]]
+    return found
+
+
+@dataclass(frozen=True)
+class VmemWarning:
+    """A kernel whose default TPU blocks cannot fit VMEM at realistic sizes."""
+
+    file: str  # the spec, as messages name it
+    position: Position
+    message: str
+
+
+def vmem_warnings(targets: list[Target], display) -> list[VmemWarning]:
+    """Each spec kernel whose default blocks on a TPU v5e or v6e cannot fit its VMEM once
+    the dimensions taken whole have realistic sizes (chips.REALISTIC_WHOLE_SIZE)."""
+    from pallasgen.backends import backend_named
+    from pallasgen.backends.tpu.chips import default_blocks_vmem_warning
+
+    tpu = backend_named("tpu")
+    found = []
+    for target in targets:
+        source, _ = read_inputs(target, display)
+        spec = display(target.spec)
+        for checked in check_source(source, spec):
+            message = default_blocks_vmem_warning(checked, tpu.tunable_dims(checked), tpu.vmem_bytes)
+            if message:
+                kernel = checked.kernel
+                found.append(
+                    VmemWarning(spec, kernel.blocks[0].position if kernel.blocks else kernel.position, message)
+                )
     return found
 
 
