@@ -419,7 +419,10 @@ def test_blocks_that_cannot_fit_vmem_at_realistic_sizes_build_with_a_warning(pro
     result = pallasgen("build", "--format", "json")
     (record,) = [json.loads(line) for line in result.stdout.splitlines() if "VMEM" in line]
     assert (record["severity"], record["file"], record["line"], record["kind"]) == (
-        "warning", "specs/wide.pallas", 6, "vmem"
+        "warning",
+        "specs/wide.pallas",
+        6,
+        "vmem",
     )
     assert "VMEM" not in pallasgen("build", "specs/add_vectors.pallas").stderr
 

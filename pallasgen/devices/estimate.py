@@ -46,7 +46,6 @@ class Estimate:
         XLA's compile wrote no cycles (seen for some int8 products and batched scores)."""
         return ratio(self.kernel_cycles, self.xla_cycles)
 
-
     @property
     def speedup(self) -> float | None:
         """XLA's cycles over the kernel's, as every command prints it: above 1 the kernel

@@ -32,8 +32,8 @@ def no_spec_folder(config: Config, display=str) -> str:
         else f"from {display(config.pyproject)}; set it there"
     )
     return (
-        f"no spec folder {display(config.specs)} ({where} with [tool.pallasgen] specs = \"FOLDER\" and"
-        f" out = \"FOLDER\"), or name spec files or folders on the command line"
+        f'no spec folder {display(config.specs)} ({where} with [tool.pallasgen] specs = "FOLDER" and'
+        f' out = "FOLDER"), or name spec files or folders on the command line'
     )
 
 
