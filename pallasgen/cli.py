@@ -19,7 +19,7 @@ from pallasgen.devices import runner
 from pallasgen.devices.extras import MissingExtra, require
 from pallasgen.show import tilemap
 from pallasgen.workspace.atomic import write_atomically
-from pallasgen.workspace.config import ConfigError, load_config
+from pallasgen.workspace.config import ConfigError, load_config, no_spec_folder
 from pallasgen.frontend.errors import SpecError
 from pallasgen.frontend.text import counted
 from pallasgen.workspace.pipeline import check_source, decode
@@ -34,6 +34,7 @@ from pallasgen.workspace.sync import (
     plan_changes,
     stale_tunings,
     unified_diff,
+    vmem_warnings,
 )
 
 SPEC_OR_USAGE_ERROR = 2
@@ -44,6 +45,9 @@ DRIFT = 1
 @click.version_option(package_name="pallasgen", prog_name="pallasgen", message="%(prog)s %(version)s")
 def main() -> None:
     """Generate JAX Pallas kernels from spec files."""
+    from pallasgen.devices.compile_only import quiet_libtpu_without_tpu
+
+    quiet_libtpu_without_tpu()  # before any command imports jax
 
 
 _paths = click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
@@ -89,6 +93,10 @@ def build(paths: tuple[Path, ...], out: Path | None, no_cache: bool, form: str) 
     for stale in _stale_tunings(targets, form):
         finding = Finding("warning", stale.left_out, stale.file, kind="stale-tuning", spec=stale.spec)
         _report(form, finding, f"warning: {stale.file}: {stale.left_out}", err=True)
+    for warning in vmem_warnings(targets, _display):
+        where = f"{warning.file}:{warning.position.line}:{warning.position.column}"
+        finding = Finding("warning", warning.message, warning.file, warning.position, kind="vmem")
+        _report(form, finding, f"warning: {where}: {warning.message}", err=True)
     _say(form, f"pallasgen: {counted(len(targets), 'spec')}, {counted(len(changes), 'file')} changed")
 
 
@@ -306,7 +314,7 @@ def bench(
                 "sizes": t.sizes,
                 "kernel_seconds": t.kernel_seconds,
                 "xla_seconds": t.xla_seconds,
-                "ratio_to_xla": t.ratio,
+                "speedup_over_xla": t.ratio,
                 "flops": t.flops,
                 "bytes": t.bytes_moved,
             }
@@ -340,7 +348,7 @@ def _sweep(kernels, given: dict[str, int], seed: int, repeats: int, device: str)
         chosen = ", ".join(f"{k}={v}" for k, v in options.items())
         click.echo(
             f"{checked.kernel.name} [{shape}] on {device}: best of {len(candidates)} is {chosen}:"
-            f" {seconds * 1e3:.3f} ms, {xla_seconds / seconds:.2f}x XLA"
+            f" {seconds * 1e3:.3f} ms, speedup over XLA {xla_seconds / seconds:.2f}x"
         )
     _say_if_interpreted()
 
@@ -370,7 +378,7 @@ def _estimate(kernels, given: dict[str, int], blocks: dict[str, int], chip: str,
     failed = False
     with tempfile.TemporaryDirectory(prefix="pallasgen-llo-") as profile_dir:
         estimator = estimate.Estimator(chip, Path(profile_dir))
-        click.echo(f"TPU {chip}, {estimate.LABEL}")
+        click.echo(f"TPU {chip}, {estimate.LABEL}; speedup over XLA = XLA cycles / kernel cycles (above 1: faster)")
         for module, checked in kernels:
             dims = runner.sizes_for(checked, given)
             limit = vmem_mib * 1024 * 1024 if vmem_mib else None
@@ -391,7 +399,7 @@ def _estimate(kernels, given: dict[str, int], blocks: dict[str, int], chip: str,
                     "kernel_cycles": result.kernel_cycles,
                     "mosaic_cycles": result.mosaic_cycles,
                     "xla_cycles": result.xla_cycles,
-                    "ratio_kernel_to_xla": result.ratio,
+                    "speedup_over_xla": result.speedup,
                     "percent_of_peak": percent,
                     "peak": peak,
                 }
@@ -513,13 +521,11 @@ def tune(
             best, start = found.best, found.start
             best_ratio = estimate.ratio(best.cost, found.xla_cost)
             started = (
-                f"{estimate.describe_ratio(estimate.ratio(start.cost, found.xla_cost))}"
-                if start.cost
-                else f"rejected: {start.error}"
+                f"{estimate.describe_speedup(start.cost, found.xla_cost)}" if start.cost else f"rejected: {start.error}"
             )
             click.echo(
                 f"{checked.kernel.name} on {chip} ({estimate.LABEL}): {_pairs(best.blocks)} {best.cost:,} cycles,"
-                f" {estimate.describe_ratio(best_ratio)} (XLA {found.xla_cost:,});"
+                f" {estimate.describe_speedup(best.cost, found.xla_cost)} (XLA {found.xla_cost:,});"
                 f" from {'the given' if given_start else 'the blocks tuned before' if previous else 'the untuned'}"
                 f" {_pairs(start.blocks)}"
                 f" {started}; {counted(len(found.trials), 'compile')}"
@@ -602,7 +608,7 @@ def _tune_gpu(kernels, given: dict[str, int], budget: int, tuning, device: str, 
         ratio = found.xla_cost / best.cost if best.cost else None
         click.echo(
             f"{checked.kernel.name} on {device}: {', '.join(f'{k}={v}' for k, v in best.blocks)} {best.cost * 1e3:.3f} ms"
-            f" (XLA {found.xla_cost * 1e3:.3f} ms, {ratio:.2f}x); {counted(len(found.trials), 'timing')}"
+            f" (XLA {found.xla_cost * 1e3:.3f} ms, speedup over XLA {ratio:.2f}x); {counted(len(found.trials), 'timing')}"
         )
         entry = _tuned_entry(found, ratio, (MEASURE, "seconds", "timings"), device, dims, blocks, options)
         tuning = with_entry(tuning, checked, entry, table)
@@ -769,7 +775,7 @@ def _kernels(targets: tuple[str, ...], out: Path | None, given: dict[str, int]) 
 
         spec, kernels, modules = _checked_kernels(spec_path, check)
         matching = _named(kernels, spec_path, wanted)
-        for change in plan_changes([spec], modules, set(), out_dir):
+        for change in [c for c in plan_changes([spec], modules, set(), out_dir) if c.path == spec.output]:
             state = "missing" if change.kind == "create" else "stale"
             click.echo(
                 f"generated in memory: {_display(spec.output)} is {state}; run `pallasgen build` to write it",
@@ -845,6 +851,8 @@ def _prepare(paths: tuple[Path, ...], out: Path | None, no_cache: bool, form: st
         out_dir = out if out is not None else config.out
         if out_dir.exists() and not out_dir.is_dir():
             raise UsageError(f"--out {_display(out_dir)}: not a folder")
+        if not paths and not config.specs.exists():
+            raise UsageError(no_spec_folder(config, _display))
         targets, owned = collect_targets(list(paths) or [config.specs], out_dir, _display)
         if not targets:
             raise UsageError(f"no spec files in {', '.join(map(str, paths or [config.specs]))}")

@@ -77,3 +77,33 @@ def test_the_key_covers_the_spec_label_and_generator():
     assert cache.key(SPEC + "\n", "specs/add.pallas") != base
     assert cache.key(SPEC, "other/add.pallas") != base
     assert len(cache.generator_fingerprint()) == 64
+
+
+def _entry(root):
+    (entry,) = (root / "cache").iterdir()
+    return entry
+
+
+def test_a_tampered_cache_entry_is_ignored_and_rebuilt(tmp_path, monkeypatch):
+    root = project(tmp_path, monkeypatch)
+    assert CliRunner().invoke(main, ["build"]).exit_code == 0
+    good = (root / "generated" / "add.py").read_text()
+    entry = _entry(root)
+    entry.write_text(entry.read_text().replace("x + y", "x - y"))
+    (root / "generated" / "add.py").write_text(good.replace("x + y", "x - y"))
+    result = CliRunner().invoke(main, ["check"])
+    assert result.exit_code == 1, result.output  # the tampered entry is not trusted
+    assert CliRunner().invoke(main, ["build"]).exit_code == 0
+    assert (root / "generated" / "add.py").read_text() == good
+    assert cache.load(entry.stem) == good  # rebuilt in the cache too
+
+
+def test_a_truncated_cache_entry_is_ignored_and_rebuilt(tmp_path, monkeypatch):
+    root = project(tmp_path, monkeypatch)
+    assert CliRunner().invoke(main, ["build"]).exit_code == 0
+    good = (root / "generated" / "add.py").read_text()
+    entry = _entry(root)
+    entry.write_bytes(entry.read_bytes()[: len(entry.read_bytes()) // 2])
+    (root / "generated" / "add.py").unlink()
+    assert CliRunner().invoke(main, ["build"]).exit_code == 0
+    assert (root / "generated" / "add.py").read_text() == good

@@ -58,7 +58,8 @@ def test_bench_chip_compiles_the_kernel_and_xla_and_reads_their_cycles(project, 
     assert record["blocks"] == {"block_n": 8192}
     assert record["kernel_cycles"] == record["mosaic_cycles"] > 0  # nothing but the Mosaic call
     assert record["xla_cycles"] > 0
-    assert record["ratio_kernel_to_xla"] == record["kernel_cycles"] / record["xla_cycles"]
+    assert record["speedup_over_xla"] == record["xla_cycles"] / record["kernel_cycles"]
+    assert "speedup over XLA" in result.stdout and "kernel/XLA" not in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -126,3 +127,30 @@ def test_blocks_grown_to_28_mib_are_estimated_with_a_limit_of_twice_that(project
     assert result.returncode == 0, result.stdout[-2000:]
     assert "bias_gelu_backward [M=4096, N=4096]: kernel " in result.stdout
     assert "bias_gelu_backward_over_m [M=4096, N=4096]: kernel " in result.stdout
+
+
+def test_the_line_says_speedup_over_xla_higher_is_better():
+    from pallasgen.devices.estimate import describe
+
+    assert estimate().speedup == 0.8
+    assert "speedup over XLA 0.80x" in describe(estimate())
+
+
+def test_a_kernel_estimated_at_0_cycles_is_said_without_dividing_by_it():
+    from pallasgen.devices.estimate import describe
+
+    line = describe(estimate(kernel_cycles=0, mosaic_cycles=0, bytes_moved=4096))
+    assert "kernel 0 cycles" in line and "no kernel estimate to compare" in line
+    assert percent_of_peak(estimate(kernel_cycles=0, bytes_moved=4096)) is None
+    assert estimate(kernel_cycles=0).speedup is None
+
+
+def test_a_percent_of_peak_past_100_is_flagged_as_past_the_physical_limit():
+    from pallasgen.devices.estimate import describe
+
+    v5e = chip_named("v5e")
+    three_hbm = 3.11 * 1000 * v5e.hbm_bytes / v5e.clock_hz
+    line = describe(estimate(bytes_moved=three_hbm))
+    assert "311% of HBM peak" in line
+    assert "past the physical limit" in line and "not a bound" in line
+    assert "physical limit" not in describe(estimate(bytes_moved=three_hbm / 4))

@@ -112,14 +112,17 @@ def decls(checked):
 def test_every_bundled_kernel_draws_each_array_in_its_blocks(name, gpu):
     checked = kernel(name)
     sizes = sizes_for(checked, {}, gpu)
-    root = picture(checked, gpu=gpu)
+    tiles = kernel_tiles(checked, sizes, gpu)
+    root = ET.fromstring(render_svg(tiles))
     assert root.tag == f"{SVG}svg"
     groups = arrays(root)
     assert sorted(groups) == sorted(d.name for d in decls(checked))
     for decl in decls(checked):
         group = groups[decl.name]
         assert len(rects(group, "block")) == expected_blocks(checked, decl, sizes, gpu), decl.name
-        assert len(rects(group, "highlight")) == 1, decl.name
+        # A skipped step (causal attention past the diagonal) reads no block of k and v.
+        skips = next(a.skips for a in tiles.arrays if a.name == decl.name)
+        assert len(rects(group, "highlight")) == (0 if tiles.step_skipped and skips else 1), decl.name
         assert len(rects(group, "ragged")) == expected_ragged(checked, decl, sizes, gpu), decl.name
 
 
@@ -528,3 +531,29 @@ def test_a_spec_error_exits_2_with_its_position(tmp_path, monkeypatch):
     assert result.exit_code == 2
     assert result.stderr.startswith("broken.pallas:4:13: error: unknown name 'yy'")
     assert not Path("broken.svg").exists()
+
+
+def test_a_causal_step_past_the_diagonal_is_marked_skipped_and_draws_no_reads():
+    """attention's k and v index maps send a skipped step to block 0, which it never
+    fetches anew: the picture neither highlights a block of them nor says it reads one."""
+    root = picture(kernel("attention"), {"B": 1, "H": 1, "S": 384, "T": 384, "D": 64})
+    lines = texts(root)
+    step = "step (b, h, i, j) = (0, 0, 0, 1)"
+    assert any(line.startswith(f"{step} is skipped") for line in lines), lines
+    for name in ("k", "v"):
+        group = arrays(root)[name]
+        assert rects(group, "highlight") == [], name
+        group_lines = texts(group)
+        assert f"{step} is skipped: it reads no block of {name}" in group_lines, name
+        assert not any(line.startswith(f"{step} reads") for line in group_lines), name
+        # Along T in row i = 0, steps j = 1 and 2 are past the diagonal: marked skipped.
+        badges = [c for c in group.iter(f"{SVG}circle") if "badge" in c.get("class", "").split()]
+        assert [("skipped" in c.get("class").split()) for c in badges] == [False, True, True], name
+    assert rects(arrays(root)["q"], "highlight")  # q's block stays resident, as drawn
+
+
+def test_a_live_causal_step_still_draws_its_reads():
+    root = picture(kernel("attention"), {"B": 1, "H": 1, "S": 384, "T": 128, "D": 64})  # step j = 0
+    lines = texts(root)
+    assert not any("is skipped" in line for line in lines)
+    assert rects(arrays(root)["k"], "highlight")

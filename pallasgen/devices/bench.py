@@ -146,7 +146,7 @@ def time_pair(first, second, repeats: int) -> tuple[float, float]:
 
 
 def describe(timing: Timing, device_kind: str) -> str:
-    """One line: time, throughput, ratio to XLA and percent of peak where known."""
+    """One line: time, throughput, speedup over XLA (XLA's time / the kernel's) and percent of peak where known."""
     peak = peak_for(device_kind)
     shape = ", ".join(f"{d}={n}" for d, n in timing.sizes.items())
     parts = [f"{timing.kernel} [{shape}]: {timing.kernel_seconds * 1e3:.3f} ms (XLA {timing.xla_seconds * 1e3:.3f} ms)"]
@@ -156,7 +156,7 @@ def describe(timing: Timing, device_kind: str) -> str:
     elif timing.bytes_moved:  # 0: a forward plus backward pass, whose work is not counted
         gbps = timing.bytes_moved / timing.kernel_seconds / 1e9
         parts.append(f"{gbps:.1f} GB/s" + (f" ({100 * gbps / peak[1]:.0f}% of peak)" if peak else ""))
-    parts.append(f"{timing.ratio:.2f}x XLA")
+    parts.append(f"speedup over XLA {timing.ratio:.2f}x")
     return ", ".join(parts)
 
 

@@ -66,6 +66,42 @@ def set_libtpu_environment() -> dict[str, str]:
     return added
 
 
+# What keeps libtpu quiet where there is no TPU: jax loads it to look for one, and
+# without these it prints "Failed to find host bounds" and "unexpected worker hostname"
+# (it cannot reach a TPU metadata server). They do not make jax pick a TPU.
+QUIET_LIBTPU_ENV = {
+    "TPU_SKIP_MDS_QUERY": "1",
+    "TPU_ACCELERATOR_TYPE": "v5litepod-1",
+    "TPU_WORKER_HOSTNAMES": "localhost",
+    "TPU_WORKER_ID": "0",
+}
+
+GOOGLE_PCI_VENDOR = "0x1ae0"  # a TPU's PCI vendor, as jax's cloud_tpu_init checks it
+
+
+def tpu_present(root: str = "/") -> bool:
+    """Whether this machine has a TPU: a Google PCI device, or a TPU's device files."""
+    import glob
+
+    for vendor in glob.glob(os.path.join(root, "sys/bus/pci/devices/*/vendor")):
+        try:
+            with open(vendor, encoding="ascii") as file:
+                if file.read().strip() == GOOGLE_PCI_VENDOR:
+                    return True
+        except OSError:
+            continue
+    return bool(glob.glob(os.path.join(root, "dev/accel*")) or glob.glob(os.path.join(root, "dev/vfio/[0-9]*")))
+
+
+def quiet_libtpu_without_tpu(root: str = "/") -> dict[str, str]:
+    """Where there is no TPU and no TPU_* variable is set, puts QUIET_LIBTPU_ENV into
+    os.environ; returns what was added. Call it before jax first looks for devices."""
+    if any(name.startswith("TPU_") for name in os.environ) or tpu_present(root):
+        return {}
+    os.environ.update(QUIET_LIBTPU_ENV)
+    return dict(QUIET_LIBTPU_ENV)
+
+
 def missing_compilers() -> list[str]:
     """Why the compilers cannot run here: one line per missing piece (empty: all there)."""
     import importlib.util

@@ -46,13 +46,29 @@ class Estimate:
         XLA's compile wrote no cycles (seen for some int8 products and batched scores)."""
         return ratio(self.kernel_cycles, self.xla_cycles)
 
+    @property
+    def speedup(self) -> float | None:
+        """XLA's cycles over the kernel's, as every command prints it: above 1 the kernel
+        is estimated faster. None when either has no cycles."""
+        return speedup(self.kernel_cycles, self.xla_cycles)
+
 
 def ratio(kernel_cycles: int, xla_cycles: int) -> float | None:
+    """Kernel cycles over XLA's (as tuning files record it); None without XLA cycles."""
     return kernel_cycles / xla_cycles if xla_cycles else None
 
 
-def describe_ratio(value: float | None) -> str:
-    return "no XLA estimate to compare with" if value is None else f"kernel/XLA {value:.2f}x"
+def speedup(kernel_cycles: int, xla_cycles: int) -> float | None:
+    return xla_cycles / kernel_cycles if kernel_cycles and xla_cycles else None
+
+
+def describe_speedup(kernel_cycles: int, xla_cycles: int) -> str:
+    """`speedup over XLA 1.25x` (XLA cycles / kernel cycles: above 1 the kernel is estimated faster)."""
+    if not xla_cycles:
+        return "no XLA estimate to compare with"
+    if not kernel_cycles:
+        return "no kernel estimate to compare (0 cycles)"
+    return f"speedup over XLA {speedup(kernel_cycles, xla_cycles):.2f}x"
 
 
 def percent_of_peak(estimate: Estimate) -> tuple[float, str] | None:
@@ -60,6 +76,8 @@ def percent_of_peak(estimate: Estimate) -> tuple[float, str] | None:
     peak; None for a forward plus backward pass, whose work is not counted."""
     if estimate.grad:
         return None
+    if not estimate.kernel_cycles:
+        return None  # libtpu estimated nothing: no rate to compare with a peak
     chip = backend_named("tpu").chip(estimate.chip)
     seconds = estimate.kernel_cycles / chip.clock_hz
     if estimate.flops:
@@ -194,14 +212,19 @@ class _WithVmemLimit:
 
 
 def describe(estimate: Estimate) -> str:
-    """One line: cycles of the kernel and of XLA, their ratio and the percent of peak."""
+    """One line: cycles of the kernel and of XLA, the speedup over XLA and the percent of
+    peak; a percent past 100 is flagged: the cost model then undercounts, so it bounds nothing."""
     shape = ", ".join(f"{d}={n}" for d, n in estimate.sizes.items())
     what = f"{estimate.kernel} forward+backward" if estimate.grad else estimate.kernel
     peak = percent_of_peak(estimate)
+    clock = f" at {backend_named('tpu').chip(estimate.chip).clock_hz / 1e9:g} GHz"
+    of_peak = ""
+    if peak:
+        of_peak = f", {peak[0]:.0f}% of {peak[1]}{clock}"
+        if peak[0] > 100:
+            of_peak += " (past the physical limit: the estimate undercounts, so it is not a bound)"
     return (
         f"{what} [{shape}]: kernel {estimate.kernel_cycles:,} cycles"
         f" (Mosaic calls {estimate.mosaic_cycles:,}), XLA {estimate.xla_cycles:,} cycles,"
-        f" {describe_ratio(estimate.ratio)}"
-        + (f", {peak[0]:.0f}% of {peak[1]}" if peak else "")
-        + f" at {backend_named('tpu').chip(estimate.chip).clock_hz / 1e9:g} GHz"
+        f" {describe_speedup(estimate.kernel_cycles, estimate.xla_cycles)}" + of_peak
     )

@@ -9,6 +9,8 @@ its scratch accumulators and the parts of its VMEM.
 
 from __future__ import annotations
 
+import ast
+import operator
 from dataclasses import dataclass
 from math import prod
 
@@ -60,6 +62,7 @@ class ArrayTiles:
     block_bytes: int  # one block (TPU) or one load of a program (GPU)
     accumulated: str | None  # the dimension it is read along step by step (TPU) or in a loop (GPU)
     transposed: bool  # an operand the product reads transposed (`k.T`)
+    skips: bool = False  # a skipped step fetches no new block of it (its index map keeps block 0)
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,12 @@ class KernelTiles:
     vmem_formula: str
     vmem_limit: int  # TPU: the most VMEM a launcher asks for
     gpu_options: dict[str, int]
+    # A kernel that skips steps (causal attention past the diagonal): the condition under
+    # which a step computes (as the index maps write it), whether the highlighted step is
+    # skipped, and which steps along the accumulated dimension are, at its other indices.
+    live: str | None = None
+    step_skipped: bool = False
+    skipped: tuple[int, ...] = ()
 
 
 def default_sizes(checked: CheckedKernel, gpu: bool) -> dict[str, int]:
@@ -165,8 +174,17 @@ def kernel_tiles(checked: CheckedKernel, sizes: dict[str, int], gpu: bool) -> Ke
             block_bytes=block_bytes,
             accumulated=along if along in decl.dims and decl in kernel.inputs else None,
             transposed=decl.name in transposed,
+            skips=any(a.live for a in blocks_of.axes),
         )
 
+    live = next((a.live for array in tiling.arrays for a in array.axes if a.live), None)
+    skipped: tuple[int, ...] = ()
+    step_skipped = False
+    if live is not None and accumulated is not None:
+        values = {**_block_and_size_names(checked, sizes, blocks), **{g.index: chosen[g.dim] for g in tiling.grid}}
+        along = next(g.index for g in tiling.grid if g.dim == accumulated)
+        skipped = tuple(n for n in range(steps[accumulated]) if _evaluate(live, {**values, along: n}) is False)
+        step_skipped = chosen[accumulated] in skipped
     accumulator = None if gpu else plan.accumulator
     return KernelTiles(
         kernel=kernel.name,
@@ -184,6 +202,9 @@ def kernel_tiles(checked: CheckedKernel, sizes: dict[str, int], gpu: bool) -> Ke
         vmem_formula=vmem.formula(exact) if vmem else "",
         vmem_limit=vmem.limit if vmem else 0,
         gpu_options=dict(checked.settings["gpu"].options) if gpu else {},
+        live=live,
+        step_skipped=step_skipped,
+        skipped=skipped,
     )
 
 
@@ -208,3 +229,54 @@ def _highlighted_step(grid, steps, out_dims, accumulated) -> dict[str, int]:
     rows = out_dims[-2] if len(out_dims) >= 2 else out_dims[-1] if out_dims else None
     moved = {rows if rows in parallel else (parallel[0] if parallel else None), accumulated}
     return {d: min(1, steps[d] - 1) if d in moved else 0 for d in dims}
+
+
+def _block_and_size_names(checked: CheckedKernel, sizes: dict[str, int], blocks: dict[str, int]) -> dict[str, int]:
+    """The values of the names an index map's condition reads besides the grid indices:
+    `block_<dim>`, and each size by its variable (the dimension in lower case, with the
+    underscores the generated code adds where the name is taken)."""
+    from pallasgen.analysis.names import block_keyword
+
+    names = {block_keyword(d): b for d, b in blocks.items()}
+    for dim in checked.dims:
+        for underscores in range(4):
+            names.setdefault(dim.lower() + "_" * underscores, sizes[dim])
+    return names
+
+
+_OPERATORS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.GtE: operator.ge,
+    ast.Gt: operator.gt,
+    ast.LtE: operator.le,
+    ast.Lt: operator.lt,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+}
+
+
+def _evaluate(code: str, names: dict[str, int]):
+    """An index map's integer arithmetic and comparisons at known values; None where it
+    reads anything else."""
+
+    def value(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name) and node.id in names:
+            return names[node.id]
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -value(node.operand)
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+            return _OPERATORS[type(node.op)](value(node.left), value(node.right))
+        if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _OPERATORS:
+            return _OPERATORS[type(node.ops[0])](value(node.left), value(node.comparators[0]))
+        raise ValueError(code)
+
+    try:
+        return value(ast.parse(code, mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError):
+        return None

@@ -150,6 +150,15 @@ def _header_lines(tiles: KernelTiles) -> list[tuple[str, str, str]]:
     blocks_line = "; ".join(filter(None, [f"blocks {blocks}" if blocks else "", _whole(whole)]))
     lines = [(f"{tiles.kernel}: {target} tiling at {sizes}", "title", ""), (blocks_line, "line", "")]
     lines += [(line, "line", "") for line in _grid_lines(tiles)]
+    if tiles.step_skipped:
+        skips = ", ".join(a.name for a in tiles.arrays if a.skips)
+        lines.append(
+            (
+                f"{_step_text(tiles)} is skipped ({tiles.live} is false): it computes nothing and reads no block of {skips}",
+                "line skipped",
+                "",
+            )
+        )
     if tiles.gpu:
         options = ", ".join(f"num_{name} = {value}" for name, value in tiles.gpu_options.items())
         lines.append((f"Triton options: {options}", "line", ""))
@@ -207,6 +216,10 @@ def _step_text(tiles: KernelTiles) -> str:
 
 def _legend(tiles: KernelTiles, x: float, y: float) -> _Drawing:
     entries = [("highlight", f"the blocks that {_step_text(tiles)} reads and writes")]
+    if tiles.live:
+        entries.append(
+            ("skipped", f"a skipped step: {tiles.live} is false, so it computes nothing and fetches no block")
+        )
     stepped = tiles.accumulated or tiles.looped
     if any(a.ragged for array in tiles.arrays for a in array.axes):
         stepped_ragged = any(a.ragged and a.dim == stepped for array in tiles.arrays for a in array.axes)
@@ -225,6 +238,8 @@ def _legend(tiles: KernelTiles, x: float, y: float) -> _Drawing:
         top = y + n * TEXT_LINE
         if kind == "badge":
             elements += _badge(x + 9, top + 6, 0)
+        elif kind == "skipped":
+            elements += _badge(x + 9, top + 6, 0, skipped=True)
         else:
             elements.append(_rect(x, top, 18, 12, kind))
         elements.append(_text(x + 26, top + 10, words, "line"))
@@ -292,9 +307,11 @@ def _panel(tiles: KernelTiles, array: ArrayTiles, scale: dict[str, float]) -> _D
     real_w = col_spans[-1][0] + col_spans[-1][2]
     real_h = row_spans[-1][0] + row_spans[-1][2]
     elements.append(_rect(left, top, real_w, real_h, "outline"))
-    elements.append(_rect(*_highlight_box(rows, cols, scale, left, top), "highlight"))
+    if not (tiles.step_skipped and array.skips):
+        elements.append(_rect(*_highlight_box(rows, cols, scale, left, top), "highlight"))
     if array.accumulated:
-        elements += _accumulated_path(array, rows, cols, scale, left, top)
+        skipped = tiles.skipped if array.skips else ()
+        elements += _accumulated_path(array, rows, cols, scale, left, top, skipped)
     notes = _notes(tiles, array)
     # A column of few blocks is shorter than its rotated label.
     label = _width(_axis_title(rows), "tick") if rows is not None and rows.dim is not None else 0
@@ -355,9 +372,10 @@ def _highlight_box(rows, cols, scale, left, top) -> tuple[float, float, float, f
     return left + x, top + y, w, h
 
 
-def _accumulated_path(array: ArrayTiles, rows, cols, scale, left, top) -> list[str]:
+def _accumulated_path(array: ArrayTiles, rows, cols, scale, left, top, skipped=()) -> list[str]:
     """Numbered badges on the accumulated dimension's blocks, in the highlighted row or
-    column, joined by an arrow in the order the steps (or a program's loop) take them."""
+    column, joined by an arrow in the order the steps (or a program's loop) take them;
+    the steps in `skipped` are marked as such (grey, dashed)."""
     along_cols = cols is not None and cols.dim == array.accumulated
     k_axis, other = (cols, rows) if along_cols else (rows, cols)
     start, length = _chosen_span(other, scale)
@@ -372,14 +390,20 @@ def _accumulated_path(array: ArrayTiles, rows, cols, scale, left, top) -> list[s
         (x1, y1), (x2, y2) = point(centres[0]), point(centres[-1] - 11)
         elements.append(f'<line x1="{_n(x1)}" y1="{_n(y1)}" x2="{_n(x2)}" y2="{_n(y2)}" class="arrow"/>')
     for number, centre in enumerate(centres):
-        elements += _badge(*point(centre), number)
+        elements += _badge(*point(centre), number, number in skipped)
     return elements
 
 
-def _badge(x: float, y: float, number: int) -> list[str]:
+# A skipped step's badge; styled inline, so that pictures without one keep their stylesheet.
+SKIPPED_BADGE = ' style="fill: #eee; stroke: #999; stroke-dasharray: 2 2"'
+SKIPPED_NUMBER = ' style="fill: #999"'
+
+
+def _badge(x: float, y: float, number: int, skipped: bool = False) -> list[str]:
+    kind, circle, text = (" skipped", SKIPPED_BADGE, SKIPPED_NUMBER) if skipped else ("", "", "")
     return [
-        f'<circle cx="{_n(x)}" cy="{_n(y)}" r="8" class="badge"/>',
-        f'<text x="{_n(x)}" y="{_n(y + 3.5)}" class="badge-number" text-anchor="middle">{number}</text>',
+        f'<circle cx="{_n(x)}" cy="{_n(y)}" r="8" class="badge{kind}"{circle}/>',
+        f'<text x="{_n(x)}" y="{_n(y + 3.5)}" class="badge-number{kind}" text-anchor="middle"{text}>{number}</text>',
     ]
 
 
@@ -391,7 +415,13 @@ def _notes(tiles: KernelTiles, array: ArrayTiles) -> list[tuple[str, str]]:
     chosen = ", ".join(str(a.chosen) for a in array.axes)
     verb = "writes" if array.is_output else "reads"
     notes = [(f"block ({shape}), index map ({grid_indices}) -> ({index})", "")]
-    notes.append((f"{_step_text(tiles)} {verb} block ({chosen})", ""))
+    if tiles.step_skipped and array.skips:
+        notes.append((f"{_step_text(tiles)} is skipped: it reads no block of {array.name}", ""))
+    else:
+        notes.append((f"{_step_text(tiles)} {verb} block ({chosen})", ""))
+    if array.skips:
+        skipped = ", ".join(map(str, tiles.skipped)) or "none"
+        notes.append((f"skipped steps ({tiles.live} false) fetch no block of it; along this row: {skipped}", ""))
     size = format_bytes(array.block_bytes)
     bytes_attrs = f' data-bytes="{array.block_bytes}"'
     if tiles.gpu:

@@ -3,6 +3,9 @@
 The key hashes everything that decides a module's text: the spec's bytes and label,
 its tuning file, pallasgen's own code and templates, and the versions of black,
 Jinja2 and Lark. A hit therefore gives exactly what generating would; deleting the cache is always safe.
+
+Each entry's first line is the SHA-256 of the text below it: an entry that was edited,
+truncated or half-written does not match it and is ignored (and rebuilt), never used.
 """
 
 from __future__ import annotations
@@ -55,15 +58,27 @@ def key(source: str, label: str, tuning: str = "") -> str:
 
 
 def load(cache_key: str) -> str | None:
+    """The module stored under `cache_key`; None if there is none or it fails its hash."""
     try:
-        return (cache_dir() / f"{cache_key}.py").read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        data = (cache_dir() / f"{cache_key}.py").read_bytes()
+    except OSError:
         return None
+    recorded, newline, body = data.partition(b"\n")
+    if not newline or recorded != _digest(body).encode():
+        return None
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _digest(body: bytes) -> str:
+    return "# sha256:" + hashlib.sha256(body).hexdigest()
 
 
 def store(cache_key: str, text: str) -> None:
     """Saves a module; a cache that cannot be written is simply not used."""
     try:
-        write_atomically(cache_dir() / f"{cache_key}.py", text)
+        write_atomically(cache_dir() / f"{cache_key}.py", f"{_digest(text.encode())}\n{text}")
     except OSError:
         pass

@@ -21,6 +21,20 @@ class ConfigError(Exception):
 class Config:
     specs: Path
     out: Path
+    pyproject: Path | None = None  # where they were read from; None for the defaults
+
+
+def no_spec_folder(config: Config, display=str) -> str:
+    """The error for a configured (or default) spec folder that does not exist: how to configure one."""
+    where = (
+        "no pyproject.toml here or above, so the default; create one"
+        if config.pyproject is None
+        else f"from {display(config.pyproject)}; set it there"
+    )
+    return (
+        f'no spec folder {display(config.specs)} ({where} with [tool.pallasgen] specs = "FOLDER" and'
+        f' out = "FOLDER"), or name spec files or folders on the command line'
+    )
 
 
 def load_config(start: Path) -> Config:
@@ -39,7 +53,7 @@ def load_config(start: Path) -> Config:
         if not isinstance(value, str):
             raise ConfigError(f"{pyproject}: [tool.pallasgen] {key} must be a string")
         values[key] = root / value
-    return Config(values["specs"], values["out"])
+    return Config(values["specs"], values["out"], pyproject)
 
 
 @cache

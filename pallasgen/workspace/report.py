@@ -38,6 +38,8 @@ def drift_description(change: Change) -> str:
     """What is out of date about a generated file, after its path."""
     if change.kind == "create":
         return f"missing; {change.spec_label} generates it"
+    if change.kind == "remove" and change.spec_label is None:
+        return "a temporary file left by an interrupted build"
     if change.kind == "remove":
         return f"stale; its spec {change.spec_label} no longer exists"
     return f"differs from what {change.spec_label} generates"

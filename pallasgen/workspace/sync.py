@@ -10,15 +10,16 @@ import contextlib
 import difflib
 import keyword
 import os
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Iterator
 
 from pallasgen.workspace import cache
-from pallasgen.workspace.atomic import write_atomically
+from pallasgen.workspace.atomic import temporary_of, write_atomically
 from pallasgen.workspace.config import spec_label
-from pallasgen.frontend.errors import SpecError
-from pallasgen.workspace.pipeline import Tuning, decode, generate, tuned_kernels
+from pallasgen.frontend.errors import Position, SpecError
+from pallasgen.workspace.pipeline import Tuning, check_source, decode, generate, tuned_kernels
 from pallasgen.workspace.tuning import tuning_path
 
 # First lines of generated files as (prefix, suffix) around the spec's label: today's,
@@ -48,7 +49,7 @@ class Change:
     path: Path
     old: str | None
     new: str | None
-    spec_label: str
+    spec_label: str | None  # None for a temporary file an interrupted build left
 
 
 def collect_targets(paths: list[Path], out_dir: Path, display=str) -> tuple[list[Target], set[str]]:
@@ -72,17 +73,40 @@ def collect_targets(paths: list[Path], out_dir: Path, display=str) -> tuple[list
             raise UsageError(f"{path}: no such file or folder")
     targets: dict[Path, Target] = {}
     for spec in sorted(set(s.resolve() for s in specs)):
-        if not spec.stem.isidentifier() or keyword.iskeyword(spec.stem):
-            raise UsageError(
-                f"{display(spec)}: the file name must be a Python module name, e.g. {_identifier(spec.stem)}.pallas"
-            )
         output = out_dir.resolve() / f"{spec.stem}.py"
+        problem = module_name_problem(spec.stem, display(output))
+        if problem:
+            raise UsageError(f"{display(spec)}: {problem}")
         if output in targets:
             raise UsageError(
                 f"{display(spec)} and {display(targets[output].spec)} would both generate {display(output)}"
             )
         targets[output] = Target(spec, spec_label(spec), output)
     return list(targets.values()), owned
+
+
+# Modules that generated code imports, directly or through jax: a generated module of the
+# same name would shadow it wherever the output folder is on sys.path.
+IMPORTED_MODULES = frozenset(
+    ("functools", "jax", "jaxlib", "ml_dtypes", "numpy", "opt_einsum", "pallasgen", "scipy", "triton", "warnings")
+)
+
+
+def module_name_problem(stem: str, output: str) -> str | None:
+    """Why a spec's file name cannot name its module as Python would import it, or None.
+
+    Python NFKC-normalizes identifiers, so `ｊａｘ` (fullwidth) in an import statement
+    means `jax`; the name must already be in that form, an identifier, not a keyword,
+    and not the name of a module the generated code imports.
+    """
+    normalized = unicodedata.normalize("NFKC", stem)
+    if normalized != stem and normalized.isidentifier():
+        return f"Python reads the name {stem} as {normalized}, so `import {stem}` would not import {output}; rename it {_identifier(normalized)}.pallas"
+    if not stem.isidentifier() or keyword.iskeyword(stem) or stem in ("__init__", "__main__"):
+        return f"the file name must be a Python module name, e.g. {_identifier(stem.strip('_') or stem)}.pallas"
+    if stem in IMPORTED_MODULES:
+        return f"{output} would shadow the module {stem}, which generated code imports; rename it, e.g. {stem}_kernels.pallas"
+    return None
 
 
 # Fewer uncached specs than this are generated in-process: a worker pool costs more.
@@ -166,6 +190,36 @@ def stale_tunings(targets: list[Target], display) -> list[StaleTuning]:
     return found
 
 
+@dataclass(frozen=True)
+class VmemWarning:
+    """A kernel whose default TPU blocks cannot fit VMEM at realistic sizes."""
+
+    file: str  # the spec, as messages name it
+    position: Position
+    message: str
+
+
+def vmem_warnings(targets: list[Target], display) -> list[VmemWarning]:
+    """Each spec kernel whose default blocks on a TPU v5e or v6e cannot fit its VMEM once
+    the dimensions taken whole have realistic sizes (chips.REALISTIC_WHOLE_SIZE)."""
+    from pallasgen.backends import backend_named
+    from pallasgen.backends.tpu.chips import default_blocks_vmem_warning
+
+    tpu = backend_named("tpu")
+    found = []
+    for target in targets:
+        source, _ = read_inputs(target, display)
+        spec = display(target.spec)
+        for checked in check_source(source, spec):
+            message = default_blocks_vmem_warning(checked, tpu.tunable_dims(checked), tpu.vmem_bytes)
+            if message:
+                kernel = checked.kernel
+                found.append(
+                    VmemWarning(spec, kernel.blocks[0].position if kernel.blocks else kernel.position, message)
+                )
+    return found
+
+
 def _generate_all(jobs: list[tuple[str, str, Tuning | None, str]]) -> Iterator[str | SpecError]:
     """Each job's result, in order, as it is ready."""
     workers = min(len(jobs), os.cpu_count() or 1)
@@ -208,6 +262,10 @@ def plan_changes(targets: list[Target], modules: dict[Path, str], owned: set[str
         label = generated_from(path)
         if path not in produced and label is not None and str(PurePosixPath(label).parent) in owned:
             changes.append(Change("remove", path, _read_text(path), None, label))
+    # A build killed while writing a module leaves its temporary file: stale too.
+    for path in sorted(out_dir.resolve().glob(".*.tmp")) if out_dir.is_dir() else []:
+        if path.is_file() and (temporary_of(path) or "").endswith(".py"):
+            changes.append(Change("remove", path, None, None, None))
     return changes
 
 
@@ -229,7 +287,7 @@ def apply(changes: list[Change]) -> None:
     """Writes each new or changed file atomically and removes stale ones."""
     for change in changes:
         if change.kind == "remove":
-            change.path.unlink()
+            change.path.unlink(missing_ok=True)
         else:
             write_atomically(change.path, change.new)
 
@@ -255,6 +313,6 @@ def _read_text(path: Path) -> str | None:
 
 def _identifier(stem: str) -> str:
     cleaned = "".join(c if c.isalnum() or c == "_" else "_" for c in stem)
-    if keyword.iskeyword(cleaned):
+    if keyword.iskeyword(cleaned) or cleaned in IMPORTED_MODULES:
         return f"{cleaned}_"
     return cleaned if cleaned.isidentifier() else f"_{cleaned}"

@@ -8,7 +8,13 @@ from dataclasses import dataclass
 
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.tuning import TunedBlocks
-from pallasgen.backends.tpu.tiling import tiling_problem, vmem_bytes
+from pallasgen.backends.tpu.tiling import (
+    VMEM_CAPACITY_BYTES,
+    VMEM_LIMIT_BYTES,
+    format_bytes,
+    tiling_problem,
+    vmem_bytes,
+)
 
 MIB = 1024 * 1024
 # A kernel without a matrix product, on a known chip it has no tuned entry for, grows
@@ -140,3 +146,26 @@ def _vmem(checked: CheckedKernel, blocks: dict[str, int]) -> int:
 
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
+
+
+# The size a dimension taken whole (not blocked) is assumed to have when `build` warns of
+# default blocks that cannot fit VMEM: the VMEM count takes it as 1 otherwise, and a
+# spec's blocks then pass its checks yet run out of VMEM at realistic sizes.
+REALISTIC_WHOLE_SIZE = 512
+
+
+def default_blocks_vmem_warning(checked: CheckedKernel, tunable: list[str], vmem_of) -> str | None:
+    """Why the blocks a call with none takes on a v5e or v6e (the chip's default) cannot
+    fit a core's VMEM once each dimension taken whole has REALISTIC_WHOLE_SIZE elements,
+    or None; `vmem_of(checked, blocks)` counts the bytes."""
+    whole = {d: REALISTIC_WHOLE_SIZE for d in checked.dims if d not in checked.blocks}
+    needed, chip = max((vmem_of(checked, {**whole, **chip_blocks(checked, tunable, c)}), c.name) for c in CHIPS)
+    if needed <= VMEM_LIMIT_BYTES:
+        return None
+    at = f" with {', '.join(whole)} taken whole at {REALISTIC_WHOLE_SIZE}" if whole else ""
+    return (
+        f"{checked.kernel.name}: its default blocks need {format_bytes(needed)} of VMEM{at} ({chip}), more than the"
+        f" {format_bytes(VMEM_LIMIT_BYTES)} a kernel may ask of a TPU v5e's or v6e's"
+        f" {format_bytes(VMEM_CAPACITY_BYTES)}: Mosaic will run out of VMEM; use smaller blocks"
+        + (" or block those dimensions" if whole else "")
+    )

@@ -4,6 +4,9 @@ importScripts("pyodide/pyodide.js");
 
 const here = (path) => new URL(path, self.location).href;
 let ready = null;
+let pending = null; // the newest request not yet built: it supersedes any before it
+let running = false;
+let builds = 0; // requests built, for the page (superseded ones are dropped unbuilt)
 
 async function start() {
   const site = await (await fetch(here("site.json"))).json();
@@ -22,16 +25,35 @@ async function start() {
   return pyodide.pyimport("pallasgen.playground.session");
 }
 
-self.onmessage = async (event) => {
-  const { id, name, source, tuning, kernel } = event.data;
+async function build({ id, name, source, tuning, kernel }) {
   try {
     ready = ready || start();
     const session = await ready;
+    if (pending !== null) return; // superseded while Pyodide loaded
     const started = performance.now();
+    builds += 1;
     const built = session.build(name, source, tuning).toJs({ dict_converter: Object.fromEntries });
     const shown = session.tiling(name, source, kernel).toJs({ dict_converter: Object.fromEntries });
-    self.postMessage({ type: "result", id, ...built, ...shown, ms: performance.now() - started });
+    self.postMessage({ type: "result", id, builds, ...built, ...shown, ms: performance.now() - started });
   } catch (error) {
-    self.postMessage({ type: "failure", id, text: String(error) });
+    self.postMessage({ type: "failure", id, builds, text: String(error) });
+  }
+}
+
+// A build blocks this thread, so requests sent meanwhile wait in its queue: after each
+// build, yield to let them all arrive, then build only the newest (latest wins).
+self.onmessage = async (event) => {
+  pending = event.data;
+  if (running) return;
+  running = true;
+  try {
+    while (pending !== null) {
+      const request = pending;
+      pending = null;
+      await build(request);
+      await new Promise((resolve) => setTimeout(resolve, 0));
+    }
+  } finally {
+    running = false;
   }
 };
