@@ -4,415 +4,20 @@
 
 Each kernel `NAME(...)` comes with `NAME_reference(...)`, the same computation in
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
-Pallas interpret mode unless `interpret` says otherwise.
+Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
+the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 """
 
 import functools
-import warnings
 
 import jax
-import jax.extend.core
-import jax.interpreters.batching
-import jax.interpreters.mlir
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
-try:
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-except ImportError:  # jax 0.10.2 imports it only with absl-py (pallasgen's jax extra brings it)
-    plgpu = None
-
-# jax 0.11+ warns at every Triton lowering that Pallas's Triton backend is deprecated. The
-# GPU kernels here use it knowingly until they move to Mosaic GPU: silence that one warning.
-warnings.filterwarnings(
-    "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
-)
-
-
-def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
-    """The GPU kernel that `gpu_backend` names: Triton's, or Mosaic GPU's where the kernel
-    has one (`mosaic_gpu` None: it has not, and runs on Triton)."""
-    if gpu_backend not in ("triton", "mosaic_gpu"):
-        raise ValueError(
-            f'{kernel}: gpu_backend must be "triton" or "mosaic_gpu", got {gpu_backend!r}'
-        )
-    if gpu_backend == "triton" or mosaic_gpu is None:
-        return triton
-
-    def on_mosaic_gpu(*arrays, **keywords):  # called only where the module lowers for CUDA
-        if plgpu is None:
-            raise ImportError(
-                f'{kernel}: gpu_backend="mosaic_gpu" needs absl-py on jax 0.10.2 (pip install absl-py)'
-            )
-        return mosaic_gpu(*arrays, **keywords)
-
-    return on_mosaic_gpu
-
-
-def _gpu_device_kind():
-    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
-    default device's if it is a GPU, else the first GPU's (None without one)."""
-    device = jax.config.jax_default_device
-    if getattr(device, "platform", None) == "gpu":
-        return device.device_kind
-    try:
-        return jax.devices("gpu")[0].device_kind
-    except RuntimeError:  # no GPU backend
-        return None
-
-
-def _gpu_options(table, sizes, given):
-    """The blocks and launch options of a GPU call (Triton's, or Mosaic GPU's blocks and
-    stages): those `given` (not None) as they are, the others from `table`: for the GPU
-    compiled for (see `_gpu_device_kind`), the tuned entry whose sizes are nearest the
-    call's (in powers of two), else the built-in ones, `table[None]`."""
-
-    def distance(tuned_sizes):
-        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
-
-    if None not in given:
-        return given
-    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
-    tuned = table.get(kind) if kind is not None else None
-    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
-    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
-
-
-def _mgpu_check_choices(kernel, choices, accumulator, smem):
-    """Refuses Mosaic GPU blocks and stages it cannot run, before anything compiles:
-    `choices` maps each keyword to (value, its allowed values); `accumulator` and `smem`
-    are (what these values take, the most there is) of wgmma's accumulator (elements)
-    and of shared memory (bytes)."""
-    for keyword, (value, allowed) in choices.items():
-        if type(value) is not int or value not in allowed:
-            raise ValueError(
-                f"{kernel}: {keyword} must be one of {', '.join(map(str, allowed))} or None, got {value!r}"
-            )
-    if accumulator[0] > accumulator[1]:
-        raise ValueError(
-            f"{kernel}: a Mosaic GPU accumulator of {accumulator[0]} elements (mgpu_block_* of M times N)"
-            f" is more than one warpgroup's registers hold ({accumulator[1]})"
-        )
-    if smem[0] > smem[1]:
-        raise ValueError(
-            f"{kernel}: these Mosaic GPU blocks and stages take {smem[0] // 1024} KiB of shared memory,"
-            f" more than the {smem[1] // 1024} KiB of a block: choose smaller ones or fewer stages"
-        )
-
-
-def _mgpu_pad(array, shape):
-    """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
-    if array.shape == shape:
-        return array
-    return jnp.pad(array, [(0, padded - size) for size, padded in zip(array.shape, shape)])
-
-
-def _mgpu_swizzled(dtype, columns):
-    """The shared-memory tiling and swizzle of a 2-D block `columns` wide, as wgmma and
-    the WGMMA register layout read it."""
-    swizzle = plgpu.find_swizzle(columns * jnp.dtype(dtype).itemsize * 8)
-    return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(
-        swizzle
-    )
-
-
-def _mgpu_load(ref, shape, dims):
-    """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
-    along `dims` (its position in `shape`) in the layout's row or column, broadcast."""
-    if len(dims) == len(shape):
-        return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
-    vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
-    return jax.lax.broadcast_in_dim(vector, shape, dims)
-
-
-def _mgpu_spread(vector, shape, dim):
-    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
-    broadcast over the block's other axis."""
-    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
-
-
-def _mgpu_load_vector(ref, dim):
-    """A vector along axis `dim` of a block, from shared memory, in the WGMMA layout's row
-    (0) or column (1) layout."""
-    return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dim))
-
-
-def _mgpu_full(size, value, dtype, dim):
-    """A running value per position along axis `dim` of a block, `value` in each."""
-    return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
-
-
-def _mgpu_positions(start, shape, axis):
-    """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
-    return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
-
-
-def _on_platform(tpu, gpu, interpret, *arrays):
-    """Runs the kernel built for the platform being compiled for.
-
-    The choice follows the lowering platform, not the host, so ahead-of-time compiles
-    and exports (for one platform, or for several at once) get the right kernel: Mosaic
-    on TPU, Triton on NVIDIA GPUs, and
-    elsewhere (CPU) the TPU kernel in interpret mode, or compiled if `interpret` is
-    False. A true `interpret` (or `pltpu.InterpretParams`) interprets the TPU kernel
-    on every platform.
-    """
-    if interpret:
-        return tpu(*arrays, interpret=interpret)
-    return _platform_dependent(
-        arrays,
-        tpu=functools.partial(tpu, interpret=False),
-        cuda=functools.partial(gpu, interpret=False),
-        default=functools.partial(tpu, interpret=interpret is None),
-    )
-
-
-def _platform_dependent(arrays, **kernels):
-    """`jax.lax.platform_dependent(*arrays, tpu=..., cuda=..., default=...)`, except that
-    each platform lowers only its own kernel.
-
-    `jax.lax.platform_dependent` lowers every branch for every platform that a module is
-    lowered for, and a Mosaic kernel does not lower for CUDA, nor a Triton kernel for
-    TPU: `jax.export.export(NAME, platforms=("tpu", "cuda"))` would fail. Here each
-    platform has its own lowering rule (see `_platform_dependent_primitive`), so the
-    exported module holds the Mosaic kernel for TPU and the Triton kernel for CUDA.
-    Tracing the default kernel gives the outputs' shapes and runs its call-time checks.
-    """
-    outputs, tree = jax.tree.flatten(jax.eval_shape(kernels["default"], *arrays))
-    results = _platform_dependent_p.bind(*arrays, outputs=tuple(outputs), **kernels)
-    return jax.tree.unflatten(tree, results)
-
-
-def _platform_dependent_primitive():
-    """The primitive behind `_platform_dependent`, with one lowering rule per platform.
-
-    Its parameters: `tpu`, `cuda` and `default`, the kernel for each platform (a
-    function of the arrays that returns a pytree of arrays), and `outputs`, the
-    jax.ShapeDtypeStruct of each leaf of that pytree.
-    """
-    primitive = jax.extend.core.Primitive("platform_dependent_kernel")
-    primitive.multiple_results = True
-
-    def abstract_eval(*arrays, outputs, **kernels):
-        return [jax.core.ShapedArray(output.shape, output.dtype) for output in outputs]
-
-    def lowering(platform):
-        def kernel_leaves(*arrays, outputs, **kernels):
-            return jax.tree.leaves(kernels[platform](*arrays))
-
-        return jax.interpreters.mlir.lower_fun(kernel_leaves, multiple_results=True)
-
-    def run_outside_jit(*arrays, outputs, **kernels):  # as under `jax.disable_jit()`
-        return jax.tree.leaves(jax.lax.platform_dependent(*arrays, **kernels))
-
-    def vmapped(arrays, axes, *, outputs, **kernels):
-        kernels = {name: jax.vmap(kernel, in_axes=axes) for name, kernel in kernels.items()}
-        results = jax.tree.leaves(_platform_dependent(arrays, **kernels))
-        return results, [0] * len(results)
-
-    primitive.def_abstract_eval(abstract_eval)
-    primitive.def_impl(run_outside_jit)
-    jax.interpreters.mlir.register_lowering(primitive, lowering("tpu"), platform="tpu")
-    jax.interpreters.mlir.register_lowering(primitive, lowering("cuda"), platform="cuda")
-    jax.interpreters.mlir.register_lowering(primitive, lowering("default"))  # any other platform
-    jax.interpreters.batching.primitive_batchers[primitive] = vmapped
-    return primitive
-
-
-_platform_dependent_p = _platform_dependent_primitive()
-
-
-def _differentiable(forward, backward, *arrays, saving=None):
-    """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
-    from what the forward pass saves (the arrays; or, given `saving`, what it returns
-    beside the outputs) and the cotangents of the outputs, it gives one cotangent per
-    array, or None for none (float0 for an integer array)."""
-    call = jax.custom_vjp(forward)
-    call.defvjp(saving or (lambda *arrays: (forward(*arrays), arrays)), backward)
-    return call(*arrays)
-
-
-def _operands(kernel, operands):
-    """The operands as arrays, each checked for its dtype and rank, and the size of each
-    named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
-    arrays, sizes = [], {}
-    for name, (value, dtype, dims) in operands.items():
-        try:
-            array = jnp.asarray(value)
-        except (TypeError, ValueError) as error:
-            raise TypeError(
-                f"{kernel}: {name} is not an array, nor converts to one ({error})"
-            ) from None
-        if array.dtype != dtype:
-            raise TypeError(f"{kernel}: {name} must be {jnp.dtype(dtype).name}, got {array.dtype}")
-        if array.ndim != len(dims):
-            raise ValueError(
-                f"{kernel}: {name} must have dimensions [{', '.join(dims)}], got shape {array.shape}"
-            )
-        for dim, size in zip(dims, array.shape):
-            if sizes.setdefault(dim, size) != size:
-                raise ValueError(
-                    f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
-                )
-        arrays.append(array)
-    return arrays, sizes
-
-
-def _check_blocks(kernel, may_be_none=False, **blocks):
-    """Refuses a block keyword whose value is not a positive int. None, where a block
-    `may_be_none`, leaves the choice of the block to the kernel."""
-    for keyword, block in blocks.items():
-        if block is None and may_be_none:
-            continue
-        if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
-            expected = "a positive int or None" if may_be_none else "a positive int"
-            raise ValueError(f"{kernel}: {keyword} must be {expected}, got {block!r}")
-
-
-def _without_elements(reference, outputs, *arrays, **params):
-    """The result of a call where a dimension has size 0, as jax.numpy gives it: empty
-    arrays of the `outputs`' (shape, dtype), or, where an output still has elements (it
-    reduces over the empty dimension), what the reference computes."""
-    if any(0 not in shape for shape, _ in outputs):
-        return reference(*arrays, **params)
-    empty = tuple(jnp.zeros(shape, dtype) for shape, dtype in outputs)
-    return empty if len(empty) > 1 else empty[0]
-
-
-def _check_tiling(kernel, **blocks):
-    """Refuses TPU blocks that Mosaic cannot tile, before anything compiles.
-
-    Each keyword maps to (block, size, multiple, rule[, smallest power of two]): a block
-    is legal when it covers its whole dimension, is a multiple of `multiple`, or (for
-    one-dimensional arrays) a power of two of at least the smallest one given.
-    """
-    for keyword, (block, size, multiple, rule, *smallest) in blocks.items():
-        if block == size or block % multiple == 0:
-            continue
-        if smallest and block >= smallest[0] and block & (block - 1) == 0:
-            continue
-        raise ValueError(
-            f"{kernel}: {keyword}={block} breaks the TPU tiling rule: {rule}; use"
-            f" {-(-block // multiple) * multiple} or a block of the whole dimension ({size})"
-        )
-
-
-def _tpu_chip():
-    """The TPU generation being compiled for, as tuning tables name it, or None.
-
-    It is the default device's: a TPU's, or under `jax.default_device(...)` that of a
-    compile-only TPU topology (ahead-of-time compiles on a host without a TPU).
-    """
-    device = jax.config.jax_default_device
-    if not hasattr(device, "device_kind"):
-        device = jax.devices(device)[0]
-    return {"TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}.get(
-        device.device_kind
-    )
-
-
-def _tpu_blocks(table, sizes, given, grow=None):
-    """The blocks of a TPU call: those `given` (not None) as they are, the others from
-    `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
-    are nearest the call's (in powers of two), else the chip's default. Any other
-    chip, and CPU, takes `table[None]`, the spec's blocks.
-
-    A kernel without a matrix product passes `grow` (see `_grown`), which grows a
-    chip's default blocks not given to large steps.
-    """
-
-    def distance(tuned_sizes):
-        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
-
-    if None not in given:
-        return given
-    chip = _tpu_chip()
-    known = chip is not None and chip in table
-    entries = table[chip if known else None]
-    tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
-    chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
-    blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
-    if grow is not None and known and not tuned:
-        blocks = grow(blocks, [block is None for block in given])
-    return tuple(blocks)
-
-
-def _grown(blocks, free, bounds, step):
-    """`blocks` with the `free` ones doubled in turn, the last first, while smaller than
-    their dimension (`bounds`) and while a grid step (`step(*blocks)`: its elements and
-    VMEM bytes) stays within 2**20 elements and 32 MiB. A step costs a fixed ~600
-    cycles, so a memory-bound kernel wants few, large steps; doubling keeps a block legal.
-    """
-    grew = True
-    while grew:
-        grew = False
-        for i in reversed(range(len(blocks))):
-            if not free[i] or blocks[i] >= bounds[i]:
-                continue
-            trial = [*blocks[:i], 2 * blocks[i], *blocks[i + 1 :]]
-            elements, vmem = step(*trial)
-            if elements <= 2**20 and vmem <= 32 * 2**20:
-                blocks, grew = trial, True
-    return blocks
-
-
-def _vmem_limit(needed):
-    """The scoped VMEM limit for TPU blocks that need `needed` bytes.
-
-    None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
-    blocks would fail to compile, so they ask for twice what they need, at most 100 MiB of
-    the 128 MiB a v5e or v6e core has. Not more: compiled for libtpu's cost estimate, blocks
-    of 28 MiB that asked for 100 MiB ran out of VMEM (the ask counted beside the use).
-    """
-    return None if needed <= 16 * 2**20 else min(2 * needed, 100 * 2**20)
-
-
-def _inside(start, block, size):
-    """Which of `block` positions from `start` lie inside a dimension of `size`.
-
-    None when blocks tile the dimension exactly: aligned sizes load and store unmasked.
-    """
-    if size % block == 0:
-        return None
-    return start + jnp.arange(block) < size
-
-
-def _mask(shape, *inside):
-    """A block's mask from one `_inside` per axis (None: that axis never overhangs)."""
-    mask = None
-    for axis, along in enumerate(inside):
-        if along is not None:
-            along = jax.lax.broadcast_in_dim(along, shape, (axis,))
-            mask = along if mask is None else mask & along
-    return mask
-
-
-def _load(ref, mask, other=None):
-    """A GPU block, masked where `mask` says (None: the block fits, so a plain load)."""
-    if mask is None:
-        return ref[...]
-    return pltriton.load(ref, mask=mask, other=other)
-
-
-def _store(ref, value, mask):
-    """Stores a GPU block, masked where `mask` says (None: the block fits)."""
-    if mask is None:
-        ref[...] = value
-    else:
-        pltriton.store(ref, value, mask=mask)
-
-
-def _nbytes(*arrays):
-    """Bytes of the given arrays, for the kernel's cost estimate."""
-    return sum(array.size * array.dtype.itemsize for array in arrays)
-
-
-def _fill_past(value, start, size, axis, identity):
-    """`value` with `identity` at the positions along `axis` (from `start`) past `size`."""
-    positions = start + jax.lax.broadcasted_iota(jnp.int32, value.shape, axis)
-    return jnp.where(positions < size, value, identity)
+from pallasgen.runtime import support as rt
+from pallasgen.runtime.support import plgpu
 
 
 @functools.partial(
@@ -477,11 +82,11 @@ def matmul(
     Gradients: jax.grad runs the generated backward kernels matmul_backward_x,
     matmul_backward_y (_matmul_vjp).
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "matmul", {"x": (x, jnp.float32, ("M", "K")), "y": (y, jnp.float32, ("K", "N"))}
     )
-    _check_blocks("matmul", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True)
-    _check_blocks(
+    rt.check_blocks("matmul", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True)
+    rt.check_blocks(
         "matmul",
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
@@ -492,8 +97,8 @@ def matmul(
     n = sizes["N"]
     k = sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(matmul_reference, (((m, n), jnp.float32),), x, y)
-    return _differentiable(
+        return rt.without_elements(matmul_reference, (((m, n), jnp.float32),), x, y)
+    return rt.differentiable(
         functools.partial(
             _matmul_forward,
             m=m,
@@ -550,11 +155,11 @@ def _matmul_forward(
     interpret,
 ):
     """`matmul` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
+    return rt.on_platform(
         functools.partial(
             _matmul_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
         ),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "matmul",
             gpu_backend,
             functools.partial(
@@ -630,13 +235,13 @@ _matmul_tpu_blocks = {
 
 def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     """`matmul` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = _tpu_blocks(
+    block_m, block_n, block_k = rt.tpu_blocks(
         _matmul_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul",
         block_m=(
             block_m,
@@ -668,12 +273,12 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_k + 8 * block_k * block_n + 16 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 4
+            flops=2 * m * n * k, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n * 4
         ),
         interpret=interpret,
         name="matmul",
@@ -682,23 +287,23 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
 
 def _matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_k):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
 
     def accumulate(step, acc):
         start = step * block_k
-        in_k = _inside(start, block_k, k)  # zeros past a ragged K
-        x = _load(
-            x_ref.at[:, pl.ds(start, block_k)], _mask((block_m, block_k), in_m, in_k), other=0
+        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
+        x = rt.load(
+            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
-        y = _load(
-            y_ref.at[pl.ds(start, block_k), :], _mask((block_k, block_n), in_k, in_n), other=0
+        y = rt.load(
+            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
         )
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
-    _store(z_ref, acc, inside)
+    rt.store(z_ref, acc, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
@@ -710,7 +315,7 @@ _matmul_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     """`matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
         _matmul_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
     )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
@@ -756,12 +361,12 @@ def _matmul_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_k),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
                 ),
                 plgpu.BlockSpec(
                     (block_n, block_k),
                     lambda s: (program_n, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -792,10 +397,10 @@ def _matmul_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_n, block_k, stages = _gpu_options(
+    block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "matmul",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -810,8 +415,8 @@ def _matmul_mosaic_gpu(
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
-    x = _mgpu_pad(x, (padded_m, padded_k))
-    y = _mgpu_pad(y, (padded_n, padded_k))
+    x = rt.mgpu_pad(x, (padded_m, padded_k))
+    y = rt.mgpu_pad(y, (padded_n, padded_k))
     (z,) = plgpu.kernel(
         functools.partial(
             _matmul_mosaic_gpu_kernel,
@@ -823,7 +428,7 @@ def _matmul_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -894,14 +499,14 @@ def matmul_backward_x(
     Returns:
       dx: f32[M, K].
     """
-    (dz, y), sizes = _operands(
+    (dz, y), sizes = rt.operands(
         "matmul_backward_x",
         {"dz": (dz, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("K", "N"))},
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_backward_x", block_m=block_m, block_k=block_k, block_n=block_n, may_be_none=True
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_backward_x",
         gpu_block_m=gpu_block_m,
         gpu_block_k=gpu_block_k,
@@ -912,12 +517,12 @@ def matmul_backward_x(
     k = sizes["K"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(matmul_backward_x_reference, (((m, k), jnp.float32),), dz, y)
-    return _on_platform(
+        return rt.without_elements(matmul_backward_x_reference, (((m, k), jnp.float32),), dz, y)
+    return rt.on_platform(
         functools.partial(
             _matmul_backward_x_tpu, m=m, k=k, n=n, block_m=block_m, block_k=block_k, block_n=block_n
         ),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "matmul_backward_x",
             gpu_backend,
             functools.partial(
@@ -994,13 +599,13 @@ _matmul_backward_x_tpu_blocks = {
 
 def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
     """`matmul_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_k, block_n = _tpu_blocks(
+    block_m, block_k, block_n = rt.tpu_blocks(
         _matmul_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul_backward_x",
         block_m=(
             block_m,
@@ -1032,12 +637,12 @@ def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpr
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_n + 8 * block_k * block_n + 16 * block_m * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * k * n, transcendentals=0, bytes_accessed=_nbytes(dz, y) + m * k * 4
+            flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dz, y) + m * k * 4
         ),
         interpret=interpret,
         name="matmul_backward_x",
@@ -1046,18 +651,18 @@ def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpr
 
 def _matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_m, block_k, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_k = _inside(pl.program_id(1) * block_k, block_k, k)
-    inside = _mask((block_m, block_k), in_m, in_k)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
+    inside = rt.mask((block_m, block_k), in_m, in_k)
 
     def accumulate(step, acc):
         start = step * block_n
-        in_n = _inside(start, block_n, n)  # zeros past a ragged N
-        dz = _load(
-            dz_ref.at[:, pl.ds(start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+        in_n = rt.inside(start, block_n, n)  # zeros past a ragged N
+        dz = rt.load(
+            dz_ref.at[:, pl.ds(start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        y = _load(
-            y_ref.at[:, pl.ds(start, block_n)], _mask((block_k, block_n), in_k, in_n), other=0
+        y = rt.load(
+            y_ref.at[:, pl.ds(start, block_n)], rt.mask((block_k, block_n), in_k, in_n), other=0
         )
         return acc + jax.lax.dot_general(
             dz, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
@@ -1066,7 +671,7 @@ def _matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_m, bl
     acc = jax.lax.fori_loop(
         0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32)
     )
-    _store(dx_ref, acc, inside)
+    rt.store(dx_ref, acc, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
@@ -1080,7 +685,7 @@ def _matmul_backward_x_gpu(
     dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`matmul_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_k, block_n, num_warps, num_stages = rt.gpu_options(
         _matmul_backward_x_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, num_warps, num_stages),
@@ -1134,12 +739,12 @@ def _matmul_backward_x_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_n),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_n),
                 ),
                 plgpu.BlockSpec(
                     (block_k, block_n),
                     lambda s: (program_k, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_n),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -1171,10 +776,10 @@ def _matmul_backward_x_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_k, block_n, stages = _gpu_options(
+    block_m, block_k, block_n, stages = rt.gpu_options(
         _matmul_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "matmul_backward_x",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -1188,8 +793,8 @@ def _matmul_backward_x_mosaic_gpu(
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
-    dz = _mgpu_pad(dz, (padded_m, padded_n))
-    y = _mgpu_pad(y, (padded_k, padded_n))
+    dz = rt.mgpu_pad(dz, (padded_m, padded_n))
+    y = rt.mgpu_pad(y, (padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             _matmul_backward_x_mosaic_gpu_kernel,
@@ -1201,7 +806,7 @@ def _matmul_backward_x_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.float32),),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_k), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_k)
+                (block_m, block_k), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_k)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -1272,14 +877,14 @@ def matmul_backward_y(
     Returns:
       dy: f32[K, N].
     """
-    (x, dz), sizes = _operands(
+    (x, dz), sizes = rt.operands(
         "matmul_backward_y",
         {"x": (x, jnp.float32, ("M", "K")), "dz": (dz, jnp.float32, ("M", "N"))},
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_backward_y", block_k=block_k, block_n=block_n, block_m=block_m, may_be_none=True
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_backward_y",
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
@@ -1290,12 +895,12 @@ def matmul_backward_y(
     n = sizes["N"]
     m = sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(matmul_backward_y_reference, (((k, n), jnp.float32),), x, dz)
-    return _on_platform(
+        return rt.without_elements(matmul_backward_y_reference, (((k, n), jnp.float32),), x, dz)
+    return rt.on_platform(
         functools.partial(
             _matmul_backward_y_tpu, k=k, n=n, m=m, block_k=block_k, block_n=block_n, block_m=block_m
         ),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "matmul_backward_y",
             gpu_backend,
             functools.partial(
@@ -1367,13 +972,13 @@ _matmul_backward_y_tpu_blocks = {
 
 def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpret):
     """`matmul_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_k, block_n, block_m = _tpu_blocks(
+    block_k, block_n, block_m = rt.tpu_blocks(
         _matmul_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
     block_k = min(block_k, k)  # a small K is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul_backward_y",
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
@@ -1405,12 +1010,12 @@ def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpr
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_k + 8 * block_m * block_n + 16 * block_k * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * k * n * m, transcendentals=0, bytes_accessed=_nbytes(x, dz) + k * n * 4
+            flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(x, dz) + k * n * 4
         ),
         interpret=interpret,
         name="matmul_backward_y",
@@ -1419,18 +1024,18 @@ def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpr
 
 def _matmul_backward_y_gpu_kernel(x_ref, dz_ref, dy_ref, *, k, n, m, block_k, block_n, block_m):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_k = _inside(pl.program_id(0) * block_k, block_k, k)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_k, block_n), in_k, in_n)
+    in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_k, block_n), in_k, in_n)
 
     def accumulate(step, acc):
         start = step * block_m
-        in_m = _inside(start, block_m, m)  # zeros past a ragged M
-        x = _load(
-            x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_k), in_m, in_k), other=0
+        in_m = rt.inside(start, block_m, m)  # zeros past a ragged M
+        x = rt.load(
+            x_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
-        dz = _load(
-            dz_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        dz = rt.load(
+            dz_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
         return acc + jax.lax.dot_general(
             x, dz, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
@@ -1439,7 +1044,7 @@ def _matmul_backward_y_gpu_kernel(x_ref, dz_ref, dy_ref, *, k, n, m, block_k, bl
     acc = jax.lax.fori_loop(
         0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dy_ref.shape, jnp.float32)
     )
-    _store(dy_ref, acc, inside)
+    rt.store(dy_ref, acc, inside)
 
 
 # GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
@@ -1453,7 +1058,7 @@ def _matmul_backward_y_gpu(
     x, dz, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`matmul_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_k, block_n, block_m, num_warps, num_stages = _gpu_options(
+    block_k, block_n, block_m, num_warps, num_stages = rt.gpu_options(
         _matmul_backward_y_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, num_warps, num_stages),
@@ -1507,12 +1112,12 @@ def _matmul_backward_y_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_k, block_m),
                     lambda s: (program_k, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_m),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_m),
                 ),
                 plgpu.BlockSpec(
                     (block_n, block_m),
                     lambda s: (program_n, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_m),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_m),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -1544,10 +1149,10 @@ def _matmul_backward_y_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_k, block_n, block_m, stages = _gpu_options(
+    block_k, block_n, block_m, stages = rt.gpu_options(
         _matmul_backward_y_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "matmul_backward_y",
         {
             "mgpu_block_k": (block_k, (64, 128)),
@@ -1563,8 +1168,8 @@ def _matmul_backward_y_mosaic_gpu(
     padded_m = m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
     dz = jnp.swapaxes(dz, -1, -2)  # f32 wgmma reads [N, K] tiles
-    x = _mgpu_pad(x, (padded_k, padded_m))
-    dz = _mgpu_pad(dz, (padded_n, padded_m))
+    x = rt.mgpu_pad(x, (padded_k, padded_m))
+    dz = rt.mgpu_pad(dz, (padded_n, padded_m))
     (dy,) = plgpu.kernel(
         functools.partial(
             _matmul_backward_y_mosaic_gpu_kernel,
@@ -1576,7 +1181,7 @@ def _matmul_backward_y_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.float32),),
         scratch_types=[
             plgpu.SMEM(
-                (block_k, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+                (block_k, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -1649,13 +1254,13 @@ def matmul_relu(
     Gradients: jax.grad runs the generated backward kernels matmul_relu_backward_x,
     matmul_relu_backward_y (_matmul_relu_vjp).
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "matmul_relu", {"x": (x, jnp.float32, ("M", "K")), "y": (y, jnp.float32, ("K", "N"))}
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_relu", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_relu",
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
@@ -1666,8 +1271,8 @@ def matmul_relu(
     n = sizes["N"]
     k = sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(matmul_relu_reference, (((m, n), jnp.float32),), x, y)
-    return _differentiable(
+        return rt.without_elements(matmul_relu_reference, (((m, n), jnp.float32),), x, y)
+    return rt.differentiable(
         functools.partial(
             _matmul_relu_forward,
             m=m,
@@ -1744,11 +1349,11 @@ def _matmul_relu_forward(
     interpret,
 ):
     """`matmul_relu` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
+    return rt.on_platform(
         functools.partial(
             _matmul_relu_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
         ),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "matmul_relu",
             gpu_backend,
             functools.partial(
@@ -1870,13 +1475,13 @@ _matmul_relu_tpu_blocks = {
 
 def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     """`matmul_relu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = _tpu_blocks(
+    block_m, block_n, block_k = rt.tpu_blocks(
         _matmul_relu_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul_relu",
         block_m=(
             block_m,
@@ -1908,12 +1513,14 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_k + 8 * block_k * block_n + 16 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k + m * n, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 4
+            flops=2 * m * n * k + m * n,
+            transcendentals=0,
+            bytes_accessed=rt.nbytes(x, y) + m * n * 4,
         ),
         interpret=interpret,
         name="matmul_relu",
@@ -1922,23 +1529,23 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
 
 def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_k):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
 
     def accumulate(step, acc):
         start = step * block_k
-        in_k = _inside(start, block_k, k)  # zeros past a ragged K
-        x = _load(
-            x_ref.at[:, pl.ds(start, block_k)], _mask((block_m, block_k), in_m, in_k), other=0
+        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
+        x = rt.load(
+            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
-        y = _load(
-            y_ref.at[pl.ds(start, block_k), :], _mask((block_k, block_n), in_k, in_n), other=0
+        y = rt.load(
+            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
         )
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
-    _store(z_ref, jax.nn.relu(acc), inside)
+    rt.store(z_ref, jax.nn.relu(acc), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
@@ -1950,7 +1557,7 @@ _matmul_relu_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     """`matmul_relu` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
         _matmul_relu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
     )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
@@ -2002,12 +1609,12 @@ def _matmul_relu_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_k),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
                 ),
                 plgpu.BlockSpec(
                     (block_n, block_k),
                     lambda s: (program_n, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -2038,10 +1645,10 @@ def _matmul_relu_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_n, block_k, stages = _gpu_options(
+    block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_relu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "matmul_relu",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -2056,8 +1663,8 @@ def _matmul_relu_mosaic_gpu(
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
-    x = _mgpu_pad(x, (padded_m, padded_k))
-    y = _mgpu_pad(y, (padded_n, padded_k))
+    x = rt.mgpu_pad(x, (padded_m, padded_k))
+    y = rt.mgpu_pad(y, (padded_n, padded_k))
     (z,) = plgpu.kernel(
         functools.partial(
             _matmul_relu_mosaic_gpu_kernel,
@@ -2069,7 +1676,7 @@ def _matmul_relu_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -2140,18 +1747,18 @@ def matmul_relu_with_residuals(
     Returns:
       z: f32[M, N]; acc: f32[M, N].
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "matmul_relu_with_residuals",
         {"x": (x, jnp.float32, ("M", "K")), "y": (y, jnp.float32, ("K", "N"))},
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_relu_with_residuals",
         block_m=block_m,
         block_n=block_n,
         block_k=block_k,
         may_be_none=True,
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_relu_with_residuals",
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
@@ -2162,13 +1769,13 @@ def matmul_relu_with_residuals(
     n = sizes["N"]
     k = sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             matmul_relu_with_residuals_reference,
             (((m, n), jnp.float32), ((m, n), jnp.float32)),
             x,
             y,
         )
-    return _on_platform(
+    return rt.on_platform(
         functools.partial(
             _matmul_relu_with_residuals_tpu,
             m=m,
@@ -2178,7 +1785,7 @@ def matmul_relu_with_residuals(
             block_n=block_n,
             block_k=block_k,
         ),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "matmul_relu_with_residuals",
             gpu_backend,
             functools.partial(
@@ -2251,13 +1858,13 @@ _matmul_relu_with_residuals_tpu_blocks = {
 
 def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     """`matmul_relu_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = _tpu_blocks(
+    block_m, block_n, block_k = rt.tpu_blocks(
         _matmul_relu_with_residuals_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul_relu_with_residuals",
         block_m=(
             block_m,
@@ -2296,14 +1903,14 @@ def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k,
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_k + 8 * block_k * block_n + 24 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k + m * n,
             transcendentals=0,
-            bytes_accessed=_nbytes(x, y) + m * n * 4 + m * n * 4,
+            bytes_accessed=rt.nbytes(x, y) + m * n * 4 + m * n * 4,
         ),
         interpret=interpret,
         name="matmul_relu_with_residuals",
@@ -2314,18 +1921,18 @@ def _matmul_relu_with_residuals_gpu_kernel(
     x_ref, y_ref, z_ref, acc_ref, *, m, n, k, block_m, block_n, block_k
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
 
     def accumulate(step, acc_):
         start = step * block_k
-        in_k = _inside(start, block_k, k)  # zeros past a ragged K
-        x = _load(
-            x_ref.at[:, pl.ds(start, block_k)], _mask((block_m, block_k), in_m, in_k), other=0
+        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
+        x = rt.load(
+            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
-        y = _load(
-            y_ref.at[pl.ds(start, block_k), :], _mask((block_k, block_n), in_k, in_n), other=0
+        y = rt.load(
+            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
         )
         return acc_ + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
@@ -2333,8 +1940,8 @@ def _matmul_relu_with_residuals_gpu_kernel(
         0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32)
     )
     acc = acc_
-    _store(acc_ref, acc, inside)
-    _store(z_ref, jax.nn.relu(acc), inside)
+    rt.store(acc_ref, acc, inside)
+    rt.store(z_ref, jax.nn.relu(acc), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
@@ -2348,7 +1955,7 @@ def _matmul_relu_with_residuals_gpu(
     x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`matmul_relu_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
         _matmul_relu_with_residuals_gpu_options,
         (m, n, k),
         (block_m, block_n, block_k, num_warps, num_stages),
@@ -2409,12 +2016,12 @@ def _matmul_relu_with_residuals_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_k),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
                 ),
                 plgpu.BlockSpec(
                     (block_n, block_k),
                     lambda s: (program_n, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -2451,12 +2058,12 @@ def _matmul_relu_with_residuals_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_n, block_k, stages = _gpu_options(
+    block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_relu_with_residuals_mosaic_gpu_options,
         (m, n, k),
         (block_m, block_n, block_k, stages),
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "matmul_relu_with_residuals",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -2476,8 +2083,8 @@ def _matmul_relu_with_residuals_mosaic_gpu(
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
-    x = _mgpu_pad(x, (padded_m, padded_k))
-    y = _mgpu_pad(y, (padded_n, padded_k))
+    x = rt.mgpu_pad(x, (padded_m, padded_k))
+    y = rt.mgpu_pad(y, (padded_n, padded_k))
     z, acc = plgpu.kernel(
         functools.partial(
             _matmul_relu_with_residuals_mosaic_gpu_kernel,
@@ -2492,10 +2099,10 @@ def _matmul_relu_with_residuals_mosaic_gpu(
         ),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
             ),
             plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -2546,7 +2153,7 @@ def matmul_relu_backward_x(
       y: f32[K, N].
       block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_matmul_relu_backward_x_tpu_blocks), or grown to large steps
-        (_grown), else 256, 512, 512.
+        (rt.grown), else 256, 512, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
@@ -2557,7 +2164,7 @@ def matmul_relu_backward_x(
     Returns:
       dx: f32[M, K].
     """
-    (acc, dz, y), sizes = _operands(
+    (acc, dz, y), sizes = rt.operands(
         "matmul_relu_backward_x",
         {
             "acc": (acc, jnp.float32, ("M", "N")),
@@ -2565,14 +2172,14 @@ def matmul_relu_backward_x(
             "y": (y, jnp.float32, ("K", "N")),
         },
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_relu_backward_x",
         block_m=block_m,
         block_k=block_k,
         block_n=block_n,
         may_be_none=True,
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_relu_backward_x",
         gpu_block_m=gpu_block_m,
         gpu_block_k=gpu_block_k,
@@ -2583,10 +2190,10 @@ def matmul_relu_backward_x(
     k = sizes["K"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             matmul_relu_backward_x_reference, (((m, k), jnp.float32),), acc, dz, y
         )
-    return _on_platform(
+    return rt.on_platform(
         functools.partial(
             _matmul_relu_backward_x_tpu,
             m=m,
@@ -2596,7 +2203,7 @@ def matmul_relu_backward_x(
             block_k=block_k,
             block_n=block_n,
         ),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "matmul_relu_backward_x",
             gpu_backend,
             functools.partial(
@@ -2658,8 +2265,8 @@ def _matmul_relu_backward_x_kernel(
     acc_n_lhs = dacc
     acc_n_rhs = y
     if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-        acc_n_lhs = _fill_past(acc_n_lhs, n_start, n, 1, 0)
-        acc_n_rhs = _fill_past(acc_n_rhs, n_start, n, 1, 0)
+        acc_n_lhs = rt.fill_past(acc_n_lhs, n_start, n, 1, 0)
+        acc_n_rhs = rt.fill_past(acc_n_rhs, n_start, n, 1, 0)
     acc_n_ref[...] = acc_n_ref[...] + jax.lax.dot_general(
         acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -2683,12 +2290,12 @@ _matmul_relu_backward_x_tpu_blocks = {
 
 def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
     """`matmul_relu_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_k, block_n = _tpu_blocks(
+    block_m, block_k, block_n = rt.tpu_blocks(
         _matmul_relu_backward_x_tpu_blocks,
         (m, k, n),
         (block_m, block_k, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(min(m, 1024), 512, min(n, 1024)),
             step=lambda block_m, block_k, block_n: (
                 block_m * block_k * block_n,
@@ -2703,7 +2310,7 @@ def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_
     block_m = min(block_m, m)  # a small M is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul_relu_backward_x",
         block_m=(
             block_m,
@@ -2745,7 +2352,7 @@ def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_n
                 + 8 * block_m * block_n
                 + 8 * block_k * block_n
@@ -2754,7 +2361,7 @@ def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * k * n, transcendentals=0, bytes_accessed=_nbytes(acc, dz, y) + m * k * 4
+            flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(acc, dz, y) + m * k * 4
         ),
         interpret=interpret,
         name="matmul_relu_backward_x",
@@ -2765,28 +2372,28 @@ def _matmul_relu_backward_x_gpu_kernel(
     acc_ref, dz_ref, y_ref, dx_ref, *, m, k, n, block_m, block_k, block_n
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_k = _inside(pl.program_id(1) * block_k, block_k, k)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
 
     def accumulate(index, running):
         n_start = index * block_n
-        in_n = _inside(n_start, block_n, n)
+        in_n = rt.inside(n_start, block_n, n)
         (acc_n,) = running
-        acc = _load(
-            acc_ref.at[:, pl.ds(n_start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+        acc = rt.load(
+            acc_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        dz = _load(
-            dz_ref.at[:, pl.ds(n_start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+        dz = rt.load(
+            dz_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        y = _load(
-            y_ref.at[:, pl.ds(n_start, block_n)], _mask((block_k, block_n), in_k, in_n), other=0
+        y = rt.load(
+            y_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_k, block_n), in_k, in_n), other=0
         )
         dacc = jnp.where(acc > 0, dz, 0)
         acc_n_lhs = dacc
         acc_n_rhs = y
         if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-            acc_n_lhs = _fill_past(acc_n_lhs, n_start, n, 1, 0)
-            acc_n_rhs = _fill_past(acc_n_rhs, n_start, n, 1, 0)
+            acc_n_lhs = rt.fill_past(acc_n_lhs, n_start, n, 1, 0)
+            acc_n_rhs = rt.fill_past(acc_n_rhs, n_start, n, 1, 0)
         acc_n = acc_n + jax.lax.dot_general(
             acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -2796,7 +2403,7 @@ def _matmul_relu_backward_x_gpu_kernel(
         0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),)
     )
     acc_n_ = acc_n
-    _store(dx_ref, acc_n_, _mask((block_m, block_k), in_m, in_k))
+    rt.store(dx_ref, acc_n_, rt.mask((block_m, block_k), in_m, in_k))
 
 
 # GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
@@ -2810,7 +2417,7 @@ def _matmul_relu_backward_x_gpu(
     acc, dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`matmul_relu_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_k, block_n, num_warps, num_stages = rt.gpu_options(
         _matmul_relu_backward_x_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, num_warps, num_stages),
@@ -2853,8 +2460,8 @@ def __matmul_relu_backward_x_1_mosaic_gpu_kernel(acc_ref, dz_ref, lhs_ref, *, bl
     program_n = jax.lax.axis_index("N")
 
     def step(_, acc_smem, dz_smem, lhs_smem):
-        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
-        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
+        dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
         dacc = jnp.where(acc > 0, dz, 0)
         lhs_smem[...] = dacc
 
@@ -2865,19 +2472,19 @@ def __matmul_relu_backward_x_1_mosaic_gpu_kernel(acc_ref, dz_ref, lhs_ref, *, bl
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
     )(acc_ref, dz_ref, lhs_ref)
@@ -2893,8 +2500,8 @@ def __matmul_relu_backward_x_1_mosaic_gpu(acc, dz, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    acc = _mgpu_pad(acc, (padded_m, padded_n))
-    dz = _mgpu_pad(dz, (padded_m, padded_n))
+    acc = rt.mgpu_pad(acc, (padded_m, padded_n))
+    dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     (lhs,) = plgpu.kernel(
         functools.partial(
             __matmul_relu_backward_x_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
@@ -2925,12 +2532,12 @@ def __matmul_relu_backward_x_2_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_n),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_n),
                 ),
                 plgpu.BlockSpec(
                     (block_k, block_n),
                     lambda s: (program_k, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_n),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -2962,12 +2569,12 @@ def __matmul_relu_backward_x_2_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_k, block_n, stages = _gpu_options(
+    block_m, block_k, block_n, stages = rt.gpu_options(
         __matmul_relu_backward_x_2_mosaic_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, stages),
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "_matmul_relu_backward_x_2",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -2981,8 +2588,8 @@ def __matmul_relu_backward_x_2_mosaic_gpu(
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
-    lhs = _mgpu_pad(lhs, (padded_m, padded_n))
-    y = _mgpu_pad(y, (padded_k, padded_n))
+    lhs = rt.mgpu_pad(lhs, (padded_m, padded_n))
+    y = rt.mgpu_pad(y, (padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             __matmul_relu_backward_x_2_mosaic_gpu_kernel,
@@ -2994,7 +2601,7 @@ def __matmul_relu_backward_x_2_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.float32),),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_k), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_k)
+                (block_m, block_k), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_k)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -3054,7 +2661,7 @@ def matmul_relu_backward_y(
       x: f32[M, K].
       block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_matmul_relu_backward_y_tpu_blocks), or grown to large steps
-        (_grown), else 512, 512, 256.
+        (rt.grown), else 512, 512, 256.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
@@ -3065,7 +2672,7 @@ def matmul_relu_backward_y(
     Returns:
       dy: f32[K, N].
     """
-    (acc, dz, x), sizes = _operands(
+    (acc, dz, x), sizes = rt.operands(
         "matmul_relu_backward_y",
         {
             "acc": (acc, jnp.float32, ("M", "N")),
@@ -3073,14 +2680,14 @@ def matmul_relu_backward_y(
             "x": (x, jnp.float32, ("M", "K")),
         },
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_relu_backward_y",
         block_k=block_k,
         block_n=block_n,
         block_m=block_m,
         may_be_none=True,
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_relu_backward_y",
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
@@ -3091,10 +2698,10 @@ def matmul_relu_backward_y(
     n = sizes["N"]
     m = sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             matmul_relu_backward_y_reference, (((k, n), jnp.float32),), acc, dz, x
         )
-    return _on_platform(
+    return rt.on_platform(
         functools.partial(
             _matmul_relu_backward_y_tpu,
             k=k,
@@ -3104,7 +2711,7 @@ def matmul_relu_backward_y(
             block_n=block_n,
             block_m=block_m,
         ),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "matmul_relu_backward_y",
             gpu_backend,
             functools.partial(
@@ -3166,8 +2773,8 @@ def _matmul_relu_backward_y_kernel(
     acc_m_lhs = x
     acc_m_rhs = dacc
     if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-        acc_m_lhs = _fill_past(acc_m_lhs, m_start, m, 0, 0)
-        acc_m_rhs = _fill_past(acc_m_rhs, m_start, m, 0, 0)
+        acc_m_lhs = rt.fill_past(acc_m_lhs, m_start, m, 0, 0)
+        acc_m_rhs = rt.fill_past(acc_m_rhs, m_start, m, 0, 0)
     acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
         acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -3191,12 +2798,12 @@ _matmul_relu_backward_y_tpu_blocks = {
 
 def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_m, interpret):
     """`matmul_relu_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_k, block_n, block_m = _tpu_blocks(
+    block_k, block_n, block_m = rt.tpu_blocks(
         _matmul_relu_backward_y_tpu_blocks,
         (k, n, m),
         (block_k, block_n, block_m),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(min(k, 1024), 512, min(m, 1024)),
             step=lambda block_k, block_n, block_m: (
                 block_k * block_n * block_m,
@@ -3211,7 +2818,7 @@ def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_
     block_k = min(block_k, k)  # a small K is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul_relu_backward_y",
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
@@ -3253,7 +2860,7 @@ def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_n
                 + 8 * block_m * block_n
                 + 8 * block_m * block_k
@@ -3262,7 +2869,7 @@ def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * k * n * m, transcendentals=0, bytes_accessed=_nbytes(acc, dz, x) + k * n * 4
+            flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(acc, dz, x) + k * n * 4
         ),
         interpret=interpret,
         name="matmul_relu_backward_y",
@@ -3273,28 +2880,28 @@ def _matmul_relu_backward_y_gpu_kernel(
     acc_ref, dz_ref, x_ref, dy_ref, *, k, n, m, block_k, block_n, block_m
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_k = _inside(pl.program_id(0) * block_k, block_k, k)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
 
     def accumulate(index, running):
         m_start = index * block_m
-        in_m = _inside(m_start, block_m, m)
+        in_m = rt.inside(m_start, block_m, m)
         (acc_m,) = running
-        acc = _load(
-            acc_ref.at[pl.ds(m_start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        acc = rt.load(
+            acc_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        dz = _load(
-            dz_ref.at[pl.ds(m_start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        dz = rt.load(
+            dz_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        x = _load(
-            x_ref.at[pl.ds(m_start, block_m), :], _mask((block_m, block_k), in_m, in_k), other=0
+        x = rt.load(
+            x_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
         dacc = jnp.where(acc > 0, dz, 0)
         acc_m_lhs = x
         acc_m_rhs = dacc
         if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-            acc_m_lhs = _fill_past(acc_m_lhs, m_start, m, 0, 0)
-            acc_m_rhs = _fill_past(acc_m_rhs, m_start, m, 0, 0)
+            acc_m_lhs = rt.fill_past(acc_m_lhs, m_start, m, 0, 0)
+            acc_m_rhs = rt.fill_past(acc_m_rhs, m_start, m, 0, 0)
         acc_m = acc_m + jax.lax.dot_general(
             acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -3304,7 +2911,7 @@ def _matmul_relu_backward_y_gpu_kernel(
         0, pl.cdiv(m, block_m), accumulate, (jnp.full((block_k, block_n), 0, jnp.float32),)
     )
     acc_m_ = acc_m
-    _store(dy_ref, acc_m_, _mask((block_k, block_n), in_k, in_n))
+    rt.store(dy_ref, acc_m_, rt.mask((block_k, block_n), in_k, in_n))
 
 
 # GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
@@ -3318,7 +2925,7 @@ def _matmul_relu_backward_y_gpu(
     acc, dz, x, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`matmul_relu_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_k, block_n, block_m, num_warps, num_stages = _gpu_options(
+    block_k, block_n, block_m, num_warps, num_stages = rt.gpu_options(
         _matmul_relu_backward_y_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, num_warps, num_stages),
@@ -3361,8 +2968,8 @@ def __matmul_relu_backward_y_1_mosaic_gpu_kernel(acc_ref, dz_ref, rhs_ref, *, bl
     program_n = jax.lax.axis_index("N")
 
     def step(_, acc_smem, dz_smem, rhs_smem):
-        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
-        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
+        dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
         dacc = jnp.where(acc > 0, dz, 0)
         rhs_smem[...] = dacc
 
@@ -3373,19 +2980,19 @@ def __matmul_relu_backward_y_1_mosaic_gpu_kernel(acc_ref, dz_ref, rhs_ref, *, bl
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
     )(acc_ref, dz_ref, rhs_ref)
@@ -3401,8 +3008,8 @@ def __matmul_relu_backward_y_1_mosaic_gpu(acc, dz, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    acc = _mgpu_pad(acc, (padded_m, padded_n))
-    dz = _mgpu_pad(dz, (padded_m, padded_n))
+    acc = rt.mgpu_pad(acc, (padded_m, padded_n))
+    dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     (rhs,) = plgpu.kernel(
         functools.partial(
             __matmul_relu_backward_y_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
@@ -3433,12 +3040,12 @@ def __matmul_relu_backward_y_2_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_k, block_m),
                     lambda s: (program_k, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_m),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_m),
                 ),
                 plgpu.BlockSpec(
                     (block_n, block_m),
                     lambda s: (program_n, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_m),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_m),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -3470,12 +3077,12 @@ def __matmul_relu_backward_y_2_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_k, block_n, block_m, stages = _gpu_options(
+    block_k, block_n, block_m, stages = rt.gpu_options(
         __matmul_relu_backward_y_2_mosaic_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, stages),
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "_matmul_relu_backward_y_2",
         {
             "mgpu_block_k": (block_k, (64, 128)),
@@ -3491,8 +3098,8 @@ def __matmul_relu_backward_y_2_mosaic_gpu(
     padded_m = m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
     rhs = jnp.swapaxes(rhs, -1, -2)  # f32 wgmma reads [N, K] tiles
-    x = _mgpu_pad(x, (padded_k, padded_m))
-    rhs = _mgpu_pad(rhs, (padded_n, padded_m))
+    x = rt.mgpu_pad(x, (padded_k, padded_m))
+    rhs = rt.mgpu_pad(rhs, (padded_n, padded_m))
     (dy,) = plgpu.kernel(
         functools.partial(
             __matmul_relu_backward_y_2_mosaic_gpu_kernel,
@@ -3504,7 +3111,7 @@ def __matmul_relu_backward_y_2_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.float32),),
         scratch_types=[
             plgpu.SMEM(
-                (block_k, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+                (block_k, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -3588,7 +3195,7 @@ def matmul_bias_gelu(
     Gradients: jax.grad runs the generated backward kernels matmul_bias_gelu_backward_x,
     matmul_bias_gelu_backward_y (_matmul_bias_gelu_vjp).
     """
-    (x, y, bias), sizes = _operands(
+    (x, y, bias), sizes = rt.operands(
         "matmul_bias_gelu",
         {
             "x": (x, jnp.bfloat16, ("M", "K")),
@@ -3596,10 +3203,10 @@ def matmul_bias_gelu(
             "bias": (bias, jnp.float32, ("N",)),
         },
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_bias_gelu", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_bias_gelu",
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
@@ -3610,8 +3217,10 @@ def matmul_bias_gelu(
     n = sizes["N"]
     k = sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(matmul_bias_gelu_reference, (((m, n), jnp.bfloat16),), x, y, bias)
-    return _differentiable(
+        return rt.without_elements(
+            matmul_bias_gelu_reference, (((m, n), jnp.bfloat16),), x, y, bias
+        )
+    return rt.differentiable(
         functools.partial(
             _matmul_bias_gelu_forward,
             m=m,
@@ -3692,11 +3301,11 @@ def _matmul_bias_gelu_forward(
 ):
     """`matmul_bias_gelu` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
-    return _on_platform(
+    return rt.on_platform(
         functools.partial(
             _matmul_bias_gelu_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
         ),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "matmul_bias_gelu",
             gpu_backend,
             functools.partial(
@@ -3838,13 +3447,13 @@ _matmul_bias_gelu_tpu_blocks = {
 
 def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, interpret):
     """`matmul_bias_gelu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = _tpu_blocks(
+    block_m, block_n, block_k = rt.tpu_blocks(
         _matmul_bias_gelu_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul_bias_gelu",
         block_m=(
             block_m,
@@ -3878,14 +3487,14 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, int
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_k + 4 * block_k * block_n + 8 * block_n + 12 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k + m * n,
             transcendentals=m * n,
-            bytes_accessed=_nbytes(x, y, bias) + m * n * 2,
+            bytes_accessed=rt.nbytes(x, y, bias) + m * n * 2,
         ),
         interpret=interpret,
         name="matmul_bias_gelu",
@@ -3896,24 +3505,24 @@ def _matmul_bias_gelu_gpu_kernel(
     x_ref, y_ref, bias_ref, z_ref, *, m, n, k, block_m, block_n, block_k
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
 
     def accumulate(step, acc):
         start = step * block_k
-        in_k = _inside(start, block_k, k)  # zeros past a ragged K
-        x = _load(
-            x_ref.at[:, pl.ds(start, block_k)], _mask((block_m, block_k), in_m, in_k), other=0
+        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
+        x = rt.load(
+            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
-        y = _load(
-            y_ref.at[pl.ds(start, block_k), :], _mask((block_k, block_n), in_k, in_n), other=0
+        y = rt.load(
+            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
         )
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
-    bias = _load(bias_ref, _mask((1, block_n), None, in_n))
-    _store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
+    bias = rt.load(bias_ref, rt.mask((1, block_n), None, in_n))
+    rt.store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
@@ -3927,7 +3536,7 @@ def _matmul_bias_gelu_gpu(
     x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`matmul_bias_gelu` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
         _matmul_bias_gelu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
     )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
@@ -3992,12 +3601,12 @@ def _matmul_bias_gelu_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_k),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
                 ),
                 plgpu.BlockSpec(
                     (block_k, block_n),
                     lambda s: (s, program_n),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -4007,7 +3616,7 @@ def _matmul_bias_gelu_mosaic_gpu_kernel(
         )
         plgpu.barrier_wait(barrier.at[0])
         acc = acc_ref[...]
-        bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
+        bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
         out_smem[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
@@ -4033,10 +3642,10 @@ def _matmul_bias_gelu_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_n, block_k, stages = _gpu_options(
+    block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_bias_gelu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "matmul_bias_gelu",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -4055,10 +3664,10 @@ def _matmul_bias_gelu_mosaic_gpu(
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
-    x = _mgpu_pad(x, (padded_m, padded_k))
-    y = _mgpu_pad(y, (padded_k, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_k))
+    y = rt.mgpu_pad(y, (padded_k, padded_n))
     bias = bias.reshape((n,))
-    bias = _mgpu_pad(bias, (padded_n,))
+    bias = rt.mgpu_pad(bias, (padded_n,))
     (z,) = plgpu.kernel(
         functools.partial(
             _matmul_bias_gelu_mosaic_gpu_kernel,
@@ -4070,7 +3679,7 @@ def _matmul_bias_gelu_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
+                (block_m, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_n,), jnp.float32),
@@ -4144,7 +3753,7 @@ def matmul_bias_gelu_with_residuals(
     Returns:
       z: bf16[M, N]; acc: f32[M, N].
     """
-    (x, y, bias), sizes = _operands(
+    (x, y, bias), sizes = rt.operands(
         "matmul_bias_gelu_with_residuals",
         {
             "x": (x, jnp.bfloat16, ("M", "K")),
@@ -4152,14 +3761,14 @@ def matmul_bias_gelu_with_residuals(
             "bias": (bias, jnp.float32, ("N",)),
         },
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_bias_gelu_with_residuals",
         block_m=block_m,
         block_n=block_n,
         block_k=block_k,
         may_be_none=True,
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_bias_gelu_with_residuals",
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
@@ -4170,7 +3779,7 @@ def matmul_bias_gelu_with_residuals(
     n = sizes["N"]
     k = sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             matmul_bias_gelu_with_residuals_reference,
             (((m, n), jnp.bfloat16), ((m, n), jnp.float32)),
             x,
@@ -4178,7 +3787,7 @@ def matmul_bias_gelu_with_residuals(
             bias,
         )
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
-    return _on_platform(
+    return rt.on_platform(
         functools.partial(
             _matmul_bias_gelu_with_residuals_tpu,
             m=m,
@@ -4188,7 +3797,7 @@ def matmul_bias_gelu_with_residuals(
             block_n=block_n,
             block_k=block_k,
         ),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "matmul_bias_gelu_with_residuals",
             gpu_backend,
             functools.partial(
@@ -4277,13 +3886,13 @@ def _matmul_bias_gelu_with_residuals_tpu(
     x, y, bias, *, m, n, k, block_m, block_n, block_k, interpret
 ):
     """`matmul_bias_gelu_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = _tpu_blocks(
+    block_m, block_n, block_k = rt.tpu_blocks(
         _matmul_bias_gelu_with_residuals_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul_bias_gelu_with_residuals",
         block_m=(
             block_m,
@@ -4324,14 +3933,14 @@ def _matmul_bias_gelu_with_residuals_tpu(
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_k + 4 * block_k * block_n + 8 * block_n + 20 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k + m * n,
             transcendentals=m * n,
-            bytes_accessed=_nbytes(x, y, bias) + m * n * 2 + m * n * 4,
+            bytes_accessed=rt.nbytes(x, y, bias) + m * n * 2 + m * n * 4,
         ),
         interpret=interpret,
         name="matmul_bias_gelu_with_residuals",
@@ -4342,28 +3951,28 @@ def _matmul_bias_gelu_with_residuals_gpu_kernel(
     x_ref, y_ref, bias_ref, z_ref, acc_ref, *, m, n, k, block_m, block_n, block_k
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
 
     def accumulate(step, acc_):
         start = step * block_k
-        in_k = _inside(start, block_k, k)  # zeros past a ragged K
-        x = _load(
-            x_ref.at[:, pl.ds(start, block_k)], _mask((block_m, block_k), in_m, in_k), other=0
+        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
+        x = rt.load(
+            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
-        y = _load(
-            y_ref.at[pl.ds(start, block_k), :], _mask((block_k, block_n), in_k, in_n), other=0
+        y = rt.load(
+            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
         )
         return acc_ + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc_ = jax.lax.fori_loop(
         0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32)
     )
-    bias = _load(bias_ref, _mask((1, block_n), None, in_n))
+    bias = rt.load(bias_ref, rt.mask((1, block_n), None, in_n))
     acc = acc_
-    _store(acc_ref, acc, inside)
-    _store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
+    rt.store(acc_ref, acc, inside)
+    rt.store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
@@ -4377,7 +3986,7 @@ def _matmul_bias_gelu_with_residuals_gpu(
     x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`matmul_bias_gelu_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
         _matmul_bias_gelu_with_residuals_gpu_options,
         (m, n, k),
         (block_m, block_n, block_k, num_warps, num_stages),
@@ -4453,12 +4062,12 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_k),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
                 ),
                 plgpu.BlockSpec(
                     (block_k, block_n),
                     lambda s: (s, program_n),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -4468,7 +4077,7 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
         )
         plgpu.barrier_wait(barrier.at[0])
         acc_ = acc_ref_[...]
-        bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
+        bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
         acc = acc_
         acc_smem[...] = acc
         out_smem[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
@@ -4500,12 +4109,12 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_n, block_k, stages = _gpu_options(
+    block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_bias_gelu_with_residuals_mosaic_gpu_options,
         (m, n, k),
         (block_m, block_n, block_k, stages),
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "matmul_bias_gelu_with_residuals",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -4525,10 +4134,10 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu(
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
-    x = _mgpu_pad(x, (padded_m, padded_k))
-    y = _mgpu_pad(y, (padded_k, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_k))
+    y = rt.mgpu_pad(y, (padded_k, padded_n))
     bias = bias.reshape((n,))
-    bias = _mgpu_pad(bias, (padded_n,))
+    bias = rt.mgpu_pad(bias, (padded_n,))
     z, acc = plgpu.kernel(
         functools.partial(
             _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel,
@@ -4543,10 +4152,10 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu(
         ),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
+                (block_m, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
             ),
             plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_n,), jnp.float32),
@@ -4600,7 +4209,7 @@ def matmul_bias_gelu_backward_x(
       y: bf16[K, N].
       block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_matmul_bias_gelu_backward_x_tpu_blocks), or grown to large steps
-        (_grown), else 512, 1024, 1024.
+        (rt.grown), else 512, 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
@@ -4611,7 +4220,7 @@ def matmul_bias_gelu_backward_x(
     Returns:
       dx: bf16[M, K].
     """
-    (acc, bias, dz, y), sizes = _operands(
+    (acc, bias, dz, y), sizes = rt.operands(
         "matmul_bias_gelu_backward_x",
         {
             "acc": (acc, jnp.float32, ("M", "N")),
@@ -4620,14 +4229,14 @@ def matmul_bias_gelu_backward_x(
             "y": (y, jnp.bfloat16, ("K", "N")),
         },
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_bias_gelu_backward_x",
         block_m=block_m,
         block_k=block_k,
         block_n=block_n,
         may_be_none=True,
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_bias_gelu_backward_x",
         gpu_block_m=gpu_block_m,
         gpu_block_k=gpu_block_k,
@@ -4638,11 +4247,11 @@ def matmul_bias_gelu_backward_x(
     k = sizes["K"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             matmul_bias_gelu_backward_x_reference, (((m, k), jnp.bfloat16),), acc, bias, dz, y
         )
     bias = bias.reshape((1, n))  # bias: f32[N]
-    return _on_platform(
+    return rt.on_platform(
         functools.partial(
             _matmul_bias_gelu_backward_x_tpu,
             m=m,
@@ -4652,7 +4261,7 @@ def matmul_bias_gelu_backward_x(
             block_k=block_k,
             block_n=block_n,
         ),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "matmul_bias_gelu_backward_x",
             gpu_backend,
             functools.partial(
@@ -4729,8 +4338,8 @@ def _matmul_bias_gelu_backward_x_kernel(
     acc_n_lhs = dacc
     acc_n_rhs = y
     if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-        acc_n_lhs = _fill_past(acc_n_lhs, n_start, n, 1, 0)
-        acc_n_rhs = _fill_past(acc_n_rhs, n_start, n, 1, 0)
+        acc_n_lhs = rt.fill_past(acc_n_lhs, n_start, n, 1, 0)
+        acc_n_rhs = rt.fill_past(acc_n_rhs, n_start, n, 1, 0)
     acc_n_ref[...] = acc_n_ref[...] + jax.lax.dot_general(
         acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -4756,12 +4365,12 @@ def _matmul_bias_gelu_backward_x_tpu(
     acc, bias, dz, y, *, m, k, n, block_m, block_k, block_n, interpret
 ):
     """`matmul_bias_gelu_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_k, block_n = _tpu_blocks(
+    block_m, block_k, block_n = rt.tpu_blocks(
         _matmul_bias_gelu_backward_x_tpu_blocks,
         (m, k, n),
         (block_m, block_k, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(min(m, 1024), 1024, min(n, 1024)),
             step=lambda block_m, block_k, block_n: (
                 block_m * block_k * block_n,
@@ -4777,7 +4386,7 @@ def _matmul_bias_gelu_backward_x_tpu(
     block_m = min(block_m, m)  # a small M is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul_bias_gelu_backward_x",
         block_m=(
             block_m,
@@ -4821,7 +4430,7 @@ def _matmul_bias_gelu_backward_x_tpu(
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_n
                 + 8 * block_n
                 + 4 * block_m * block_n
@@ -4833,7 +4442,7 @@ def _matmul_bias_gelu_backward_x_tpu(
         cost_estimate=pl.CostEstimate(
             flops=2 * m * k * n,
             transcendentals=m * n,
-            bytes_accessed=_nbytes(acc, bias, dz, y) + m * k * 2,
+            bytes_accessed=rt.nbytes(acc, bias, dz, y) + m * k * 2,
         ),
         interpret=interpret,
         name="matmul_bias_gelu_backward_x",
@@ -4844,24 +4453,24 @@ def _matmul_bias_gelu_backward_x_gpu_kernel(
     acc_ref, bias_ref, dz_ref, y_ref, dx_ref, *, m, k, n, block_m, block_k, block_n
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_k = _inside(pl.program_id(1) * block_k, block_k, k)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
 
     def accumulate(index, running):
         n_start = index * block_n
-        in_n = _inside(n_start, block_n, n)
+        in_n = rt.inside(n_start, block_n, n)
         (acc_n,) = running
-        acc = _load(
-            acc_ref.at[:, pl.ds(n_start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+        acc = rt.load(
+            acc_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        bias = _load(
-            bias_ref.at[:, pl.ds(n_start, block_n)], _mask((1, block_n), None, in_n), other=0
+        bias = rt.load(
+            bias_ref.at[:, pl.ds(n_start, block_n)], rt.mask((1, block_n), None, in_n), other=0
         )
-        dz = _load(
-            dz_ref.at[:, pl.ds(n_start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+        dz = rt.load(
+            dz_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        y = _load(
-            y_ref.at[:, pl.ds(n_start, block_n)], _mask((block_k, block_n), in_k, in_n), other=0
+        y = rt.load(
+            y_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_k, block_n), in_k, in_n), other=0
         )
         z_1 = acc + bias
         z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
@@ -4873,8 +4482,8 @@ def _matmul_bias_gelu_backward_x_gpu_kernel(
         acc_n_lhs = dacc
         acc_n_rhs = y
         if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-            acc_n_lhs = _fill_past(acc_n_lhs, n_start, n, 1, 0)
-            acc_n_rhs = _fill_past(acc_n_rhs, n_start, n, 1, 0)
+            acc_n_lhs = rt.fill_past(acc_n_lhs, n_start, n, 1, 0)
+            acc_n_rhs = rt.fill_past(acc_n_rhs, n_start, n, 1, 0)
         acc_n = acc_n + jax.lax.dot_general(
             acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -4884,7 +4493,7 @@ def _matmul_bias_gelu_backward_x_gpu_kernel(
         0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),)
     )
     acc_n_ = acc_n
-    _store(dx_ref, acc_n_.astype(jnp.bfloat16), _mask((block_m, block_k), in_m, in_k))
+    rt.store(dx_ref, acc_n_.astype(jnp.bfloat16), rt.mask((block_m, block_k), in_m, in_k))
 
 
 # GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
@@ -4898,7 +4507,7 @@ def _matmul_bias_gelu_backward_x_gpu(
     acc, bias, dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`matmul_bias_gelu_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_k, block_n, num_warps, num_stages = rt.gpu_options(
         _matmul_bias_gelu_backward_x_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, num_warps, num_stages),
@@ -4945,9 +4554,9 @@ def __matmul_bias_gelu_backward_x_1_mosaic_gpu_kernel(
     program_n = jax.lax.axis_index("N")
 
     def step(_, acc_smem, bias_smem, dz_smem, lhs_smem):
-        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
-        bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
-        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
+        bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
+        dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
         z_1 = acc + bias
         z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
         dz_1 = dz.astype(jnp.float32) * (
@@ -4964,20 +4573,20 @@ def __matmul_bias_gelu_backward_x_1_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             )
         ],
     )(acc_ref, bias_ref, dz_ref, lhs_ref)
@@ -4993,10 +4602,10 @@ def __matmul_bias_gelu_backward_x_1_mosaic_gpu(acc, bias, dz, *, m, n, interpret
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    acc = _mgpu_pad(acc, (padded_m, padded_n))
+    acc = rt.mgpu_pad(acc, (padded_m, padded_n))
     bias = bias.reshape((n,))
-    bias = _mgpu_pad(bias, (padded_n,))
-    dz = _mgpu_pad(dz, (padded_m, padded_n))
+    bias = rt.mgpu_pad(bias, (padded_n,))
+    dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     (lhs,) = plgpu.kernel(
         functools.partial(
             __matmul_bias_gelu_backward_x_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
@@ -5027,12 +4636,12 @@ def __matmul_bias_gelu_backward_x_2_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_n),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
                 plgpu.BlockSpec(
                     (block_k, block_n),
                     lambda s: (program_k, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -5064,12 +4673,12 @@ def __matmul_bias_gelu_backward_x_2_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_k, block_n, stages = _gpu_options(
+    block_m, block_k, block_n, stages = rt.gpu_options(
         __matmul_bias_gelu_backward_x_2_mosaic_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, stages),
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "_matmul_bias_gelu_backward_x_2",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -5083,8 +4692,8 @@ def __matmul_bias_gelu_backward_x_2_mosaic_gpu(
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
-    lhs = _mgpu_pad(lhs, (padded_m, padded_n))
-    y = _mgpu_pad(y, (padded_k, padded_n))
+    lhs = rt.mgpu_pad(lhs, (padded_m, padded_n))
+    y = rt.mgpu_pad(y, (padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             __matmul_bias_gelu_backward_x_2_mosaic_gpu_kernel,
@@ -5096,7 +4705,7 @@ def __matmul_bias_gelu_backward_x_2_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_k), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_k)
+                (block_m, block_k), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -5158,7 +4767,7 @@ def matmul_bias_gelu_backward_y(
       x: bf16[M, K].
       block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_matmul_bias_gelu_backward_y_tpu_blocks), or grown to large steps
-        (_grown), else 1024, 1024, 512.
+        (rt.grown), else 1024, 1024, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
@@ -5169,7 +4778,7 @@ def matmul_bias_gelu_backward_y(
     Returns:
       dy: bf16[K, N]; dbias: f32[N].
     """
-    (acc, bias, dz, x), sizes = _operands(
+    (acc, bias, dz, x), sizes = rt.operands(
         "matmul_bias_gelu_backward_y",
         {
             "acc": (acc, jnp.float32, ("M", "N")),
@@ -5178,14 +4787,14 @@ def matmul_bias_gelu_backward_y(
             "x": (x, jnp.bfloat16, ("M", "K")),
         },
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_bias_gelu_backward_y",
         block_k=block_k,
         block_n=block_n,
         block_m=block_m,
         may_be_none=True,
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_bias_gelu_backward_y",
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
@@ -5196,7 +4805,7 @@ def matmul_bias_gelu_backward_y(
     n = sizes["N"]
     m = sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             matmul_bias_gelu_backward_y_reference,
             (((k, n), jnp.bfloat16), ((n,), jnp.float32)),
             acc,
@@ -5205,7 +4814,7 @@ def matmul_bias_gelu_backward_y(
             x,
         )
     bias = bias.reshape((1, n))  # bias: f32[N]
-    dy, dbias = _on_platform(
+    dy, dbias = rt.on_platform(
         functools.partial(
             _matmul_bias_gelu_backward_y_tpu,
             k=k,
@@ -5215,7 +4824,7 @@ def matmul_bias_gelu_backward_y(
             block_n=block_n,
             block_m=block_m,
         ),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "matmul_bias_gelu_backward_y",
             gpu_backend,
             functools.partial(
@@ -5311,14 +4920,14 @@ def _matmul_bias_gelu_backward_y_kernel(
     acc_m_lhs = x
     acc_m_rhs = dacc
     if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-        acc_m_lhs = _fill_past(acc_m_lhs, m_start, m, 0, 0)
-        acc_m_rhs = _fill_past(acc_m_rhs, m_start, m, 0, 0)
+        acc_m_lhs = rt.fill_past(acc_m_lhs, m_start, m, 0, 0)
+        acc_m_rhs = rt.fill_past(acc_m_rhs, m_start, m, 0, 0)
     acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
         acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
     sum_m_block = dz_1
     if m % block_m:  # a ragged M: 0.0 past its end, never padding
-        sum_m_block = _fill_past(sum_m_block, m_start, m, 0, 0.0)
+        sum_m_block = rt.fill_past(sum_m_block, m_start, m, 0, 0.0)
     sum_m_ref[...] = sum_m_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(2) - 1)
@@ -5344,12 +4953,12 @@ def _matmul_bias_gelu_backward_y_tpu(
     acc, bias, dz, x, *, k, n, m, block_k, block_n, block_m, interpret
 ):
     """`matmul_bias_gelu_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_k, block_n, block_m = _tpu_blocks(
+    block_k, block_n, block_m = rt.tpu_blocks(
         _matmul_bias_gelu_backward_y_tpu_blocks,
         (k, n, m),
         (block_k, block_n, block_m),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(min(k, 1024), 1024, min(m, 1024)),
             step=lambda block_k, block_n, block_m: (
                 block_k * block_n * block_m,
@@ -5367,7 +4976,7 @@ def _matmul_bias_gelu_backward_y_tpu(
     block_k = min(block_k, k)  # a small K is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul_bias_gelu_backward_y",
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
@@ -5423,7 +5032,7 @@ def _matmul_bias_gelu_backward_y_tpu(
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_n
                 + 8 * block_n
                 + 4 * block_m * block_n
@@ -5437,7 +5046,7 @@ def _matmul_bias_gelu_backward_y_tpu(
         cost_estimate=pl.CostEstimate(
             flops=2 * k * n * m,
             transcendentals=n * m,
-            bytes_accessed=_nbytes(acc, bias, dz, x) + k * n * 2 + n * 4,
+            bytes_accessed=rt.nbytes(acc, bias, dz, x) + k * n * 2 + n * 4,
         ),
         interpret=interpret,
         name="matmul_bias_gelu_backward_y",
@@ -5448,22 +5057,22 @@ def _matmul_bias_gelu_backward_y_gpu_kernel(
     acc_ref, bias_ref, dz_ref, x_ref, dy_ref, dbias_ref, *, k, n, m, block_k, block_n, block_m
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_k = _inside(pl.program_id(0) * block_k, block_k, k)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    bias = _load(bias_ref, _mask((1, block_n), None, in_n), other=0)
+    in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    bias = rt.load(bias_ref, rt.mask((1, block_n), None, in_n), other=0)
 
     def accumulate(index, running):
         m_start = index * block_m
-        in_m = _inside(m_start, block_m, m)
+        in_m = rt.inside(m_start, block_m, m)
         acc_m, sum_m = running
-        acc = _load(
-            acc_ref.at[pl.ds(m_start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        acc = rt.load(
+            acc_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        dz = _load(
-            dz_ref.at[pl.ds(m_start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        dz = rt.load(
+            dz_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        x = _load(
-            x_ref.at[pl.ds(m_start, block_m), :], _mask((block_m, block_k), in_m, in_k), other=0
+        x = rt.load(
+            x_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
         z_1 = acc + bias
         z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
@@ -5475,14 +5084,14 @@ def _matmul_bias_gelu_backward_y_gpu_kernel(
         acc_m_lhs = x
         acc_m_rhs = dacc
         if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-            acc_m_lhs = _fill_past(acc_m_lhs, m_start, m, 0, 0)
-            acc_m_rhs = _fill_past(acc_m_rhs, m_start, m, 0, 0)
+            acc_m_lhs = rt.fill_past(acc_m_lhs, m_start, m, 0, 0)
+            acc_m_rhs = rt.fill_past(acc_m_rhs, m_start, m, 0, 0)
         acc_m = acc_m + jax.lax.dot_general(
             acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
         )
         sum_m_block = dz_1
         if m % block_m:  # a ragged M: 0.0 past its end, never padding
-            sum_m_block = _fill_past(sum_m_block, m_start, m, 0, 0.0)
+            sum_m_block = rt.fill_past(sum_m_block, m_start, m, 0, 0.0)
         sum_m = sum_m + jnp.sum(sum_m_block, axis=0, keepdims=True)
         return acc_m, sum_m
 
@@ -5494,8 +5103,8 @@ def _matmul_bias_gelu_backward_y_gpu_kernel(
     )
     acc_m_ = acc_m
     sum_m_ = sum_m
-    _store(dy_ref, acc_m_.astype(jnp.bfloat16), _mask((block_k, block_n), in_k, in_n))
-    _store(dbias_ref, sum_m_, _mask((1, block_n), None, in_n))
+    rt.store(dy_ref, acc_m_.astype(jnp.bfloat16), rt.mask((block_k, block_n), in_k, in_n))
+    rt.store(dbias_ref, sum_m_, rt.mask((1, block_n), None, in_n))
 
 
 # GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
@@ -5509,7 +5118,7 @@ def _matmul_bias_gelu_backward_y_gpu(
     acc, bias, dz, x, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`matmul_bias_gelu_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_k, block_n, block_m, num_warps, num_stages = _gpu_options(
+    block_k, block_n, block_m, num_warps, num_stages = rt.gpu_options(
         _matmul_bias_gelu_backward_y_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, num_warps, num_stages),
@@ -5564,14 +5173,14 @@ def __matmul_bias_gelu_backward_y_1_mosaic_gpu_kernel(
         bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
     )
     plgpu.barrier_wait(barrier.at[0])
-    bias = _mgpu_load_vector(bias_smem, 1)
+    bias = rt.mgpu_load_vector(bias_smem, 1)
 
     def reduce_1(indices, acc_smem, dz_smem, carry):
         (sum_m_running,) = carry
         start = indices[0] * block_m
-        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
-        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
-        z_1 = acc + _mgpu_spread(bias, (block_m, block_n), 1)
+        acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
+        dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        z_1 = acc + rt.mgpu_spread(bias, (block_m, block_n), 1)
         z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
         dz_1 = dz.astype(jnp.float32) * (
             0.5 * (1 + z_2)
@@ -5580,7 +5189,7 @@ def __matmul_bias_gelu_backward_y_1_mosaic_gpu_kernel(
         sum_m_block = dz_1
         if m % block_m:  # a ragged M: its identity past the end
             sum_m_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
             )
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
@@ -5592,16 +5201,16 @@ def __matmul_bias_gelu_backward_y_1_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (s, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (s, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_n, 0.0, jnp.float32, 1),),
+        init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),
     )(acc_ref, dz_ref)
     sum_m = sum_m_running
     dbias = sum_m
@@ -5621,10 +5230,10 @@ def __matmul_bias_gelu_backward_y_1_mosaic_gpu(acc, bias, dz, *, m, n, interpret
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    acc = _mgpu_pad(acc, (padded_m, padded_n))
+    acc = rt.mgpu_pad(acc, (padded_m, padded_n))
     bias = bias.reshape((n,))
-    bias = _mgpu_pad(bias, (padded_n,))
-    dz = _mgpu_pad(dz, (padded_m, padded_n))
+    bias = rt.mgpu_pad(bias, (padded_n,))
+    dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     (dbias,) = plgpu.kernel(
         functools.partial(
             __matmul_bias_gelu_backward_y_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m
@@ -5649,9 +5258,9 @@ def __matmul_bias_gelu_backward_y_2_mosaic_gpu_kernel(
     program_n = jax.lax.axis_index("N")
 
     def step(_, acc_smem, bias_smem, dz_smem, rhs_smem):
-        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
-        bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
-        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
+        bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
+        dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
         z_1 = acc + bias
         z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
         dz_1 = dz.astype(jnp.float32) * (
@@ -5668,20 +5277,20 @@ def __matmul_bias_gelu_backward_y_2_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             )
         ],
     )(acc_ref, bias_ref, dz_ref, rhs_ref)
@@ -5697,10 +5306,10 @@ def __matmul_bias_gelu_backward_y_2_mosaic_gpu(acc, bias, dz, *, m, n, interpret
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    acc = _mgpu_pad(acc, (padded_m, padded_n))
+    acc = rt.mgpu_pad(acc, (padded_m, padded_n))
     bias = bias.reshape((n,))
-    bias = _mgpu_pad(bias, (padded_n,))
-    dz = _mgpu_pad(dz, (padded_m, padded_n))
+    bias = rt.mgpu_pad(bias, (padded_n,))
+    dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     (rhs,) = plgpu.kernel(
         functools.partial(
             __matmul_bias_gelu_backward_y_2_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
@@ -5731,12 +5340,12 @@ def __matmul_bias_gelu_backward_y_3_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_k, block_m),
                     lambda s: (program_k, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_m),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_m),
                 ),
                 plgpu.BlockSpec(
                     (block_m, block_n),
                     lambda s: (s, program_n),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -5768,12 +5377,12 @@ def __matmul_bias_gelu_backward_y_3_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_k, block_n, block_m, stages = _gpu_options(
+    block_k, block_n, block_m, stages = rt.gpu_options(
         __matmul_bias_gelu_backward_y_3_mosaic_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, stages),
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "_matmul_bias_gelu_backward_y_3",
         {
             "mgpu_block_k": (block_k, (64, 128)),
@@ -5788,8 +5397,8 @@ def __matmul_bias_gelu_backward_y_3_mosaic_gpu(
     padded_n = n + -n % block_n
     padded_m = m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
-    x = _mgpu_pad(x, (padded_k, padded_m))
-    rhs = _mgpu_pad(rhs, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_k, padded_m))
+    rhs = rt.mgpu_pad(rhs, (padded_m, padded_n))
     (dy,) = plgpu.kernel(
         functools.partial(
             __matmul_bias_gelu_backward_y_3_mosaic_gpu_kernel,
@@ -5801,7 +5410,7 @@ def __matmul_bias_gelu_backward_y_3_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_k, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
+                (block_k, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -5884,13 +5493,13 @@ def matmul_int8(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "matmul_int8", {"x": (x, jnp.int8, ("M", "K")), "y": (y, jnp.int8, ("K", "N"))}
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_int8", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_int8",
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
@@ -5901,8 +5510,8 @@ def matmul_int8(
     n = sizes["N"]
     k = sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(matmul_int8_reference, (((m, n), jnp.int32),), x, y)
-    return _differentiable(
+        return rt.without_elements(matmul_int8_reference, (((m, n), jnp.int32),), x, y)
+    return rt.differentiable(
         functools.partial(
             _matmul_int8_forward,
             m=m,
@@ -5959,11 +5568,11 @@ def _matmul_int8_forward(
     interpret,
 ):
     """`matmul_int8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
+    return rt.on_platform(
         functools.partial(
             _matmul_int8_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
         ),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "matmul_int8",
             gpu_backend,
             functools.partial(
@@ -6042,13 +5651,13 @@ _matmul_int8_tpu_blocks = {
 
 def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     """`matmul_int8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = _tpu_blocks(
+    block_m, block_n, block_k = rt.tpu_blocks(
         _matmul_int8_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul_int8",
         block_m=(
             block_m,
@@ -6080,12 +5689,12 @@ def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 2 * block_m * block_k + 2 * block_k * block_n + 16 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 4
+            flops=2 * m * n * k, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n * 4
         ),
         interpret=interpret,
         name="matmul_int8",
@@ -6094,23 +5703,23 @@ def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
 
 def _matmul_int8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_k):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
 
     def accumulate(step, acc):
         start = step * block_k
-        in_k = _inside(start, block_k, k)  # zeros past a ragged K
-        x = _load(
-            x_ref.at[:, pl.ds(start, block_k)], _mask((block_m, block_k), in_m, in_k), other=0
+        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
+        x = rt.load(
+            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
-        y = _load(
-            y_ref.at[pl.ds(start, block_k), :], _mask((block_k, block_n), in_k, in_n), other=0
+        y = rt.load(
+            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
         )
         return acc + jnp.dot(x, y, preferred_element_type=jnp.int32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.int32))
-    _store(z_ref, acc, inside)
+    rt.store(z_ref, acc, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
@@ -6122,7 +5731,7 @@ _matmul_int8_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     """`matmul_int8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
         _matmul_int8_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
     )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
@@ -6174,12 +5783,12 @@ def _matmul_int8_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_k),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.int8, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.int8, block_k),
                 ),
                 plgpu.BlockSpec(
                     (block_n, block_k),
                     lambda s: (program_n, s),
-                    transforms=_mgpu_swizzled(jnp.int8, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.int8, block_k),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -6210,10 +5819,10 @@ def _matmul_int8_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_n, block_k, stages = _gpu_options(
+    block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_int8_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "matmul_int8",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -6228,8 +5837,8 @@ def _matmul_int8_mosaic_gpu(
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # i8 wgmma reads [N, K] tiles
-    x = _mgpu_pad(x, (padded_m, padded_k))
-    y = _mgpu_pad(y, (padded_n, padded_k))
+    x = rt.mgpu_pad(x, (padded_m, padded_k))
+    y = rt.mgpu_pad(y, (padded_n, padded_k))
     (z,) = plgpu.kernel(
         functools.partial(
             _matmul_int8_mosaic_gpu_kernel,
@@ -6241,7 +5850,7 @@ def _matmul_int8_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_n), jnp.int32, transforms=_mgpu_swizzled(jnp.int32, block_n)
+                (block_m, block_n), jnp.int32, transforms=rt.mgpu_swizzled(jnp.int32, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -6314,14 +5923,14 @@ def batched_matmul(
     Gradients: jax.grad runs the generated backward kernels batched_matmul_backward_x,
     batched_matmul_backward_y (_batched_matmul_vjp).
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "batched_matmul",
         {"x": (x, jnp.bfloat16, ("B", "M", "K")), "y": (y, jnp.bfloat16, ("B", "K", "N"))},
     )
-    _check_blocks(
+    rt.check_blocks(
         "batched_matmul", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True
     )
-    _check_blocks(
+    rt.check_blocks(
         "batched_matmul",
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
@@ -6333,8 +5942,8 @@ def batched_matmul(
     n = sizes["N"]
     k = sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(batched_matmul_reference, (((b, m, n), jnp.float32),), x, y)
-    return _differentiable(
+        return rt.without_elements(batched_matmul_reference, (((b, m, n), jnp.float32),), x, y)
+    return rt.differentiable(
         functools.partial(
             _batched_matmul_forward,
             b=b,
@@ -6393,7 +6002,7 @@ def _batched_matmul_forward(
     interpret,
 ):
     """`batched_matmul` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
+    return rt.on_platform(
         functools.partial(
             _batched_matmul_tpu,
             b=b,
@@ -6404,7 +6013,7 @@ def _batched_matmul_forward(
             block_n=block_n,
             block_k=block_k,
         ),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "batched_matmul",
             gpu_backend,
             functools.partial(
@@ -6491,13 +6100,13 @@ _batched_matmul_tpu_blocks = {
 
 def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpret):
     """`batched_matmul` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = _tpu_blocks(
+    block_m, block_n, block_k = rt.tpu_blocks(
         _batched_matmul_tpu_blocks, (b, m, n, k), (block_m, block_n, block_k)
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "batched_matmul",
         block_m=(
             block_m,
@@ -6529,7 +6138,7 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_k
                 + 4 * block_k * block_n
                 + 8 * block_m * block_n
@@ -6537,7 +6146,9 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * m * n * k, transcendentals=0, bytes_accessed=_nbytes(x, y) + b * m * n * 4
+            flops=2 * b * m * n * k,
+            transcendentals=0,
+            bytes_accessed=rt.nbytes(x, y) + b * m * n * 4,
         ),
         interpret=interpret,
         name="batched_matmul",
@@ -6546,23 +6157,23 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
 
 def _batched_matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_k):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(1) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(2) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
+    in_m = rt.inside(pl.program_id(1) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(2) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
 
     def accumulate(step, acc):
         start = step * block_k
-        in_k = _inside(start, block_k, k)  # zeros past a ragged K
-        x = _load(
-            x_ref.at[:, pl.ds(start, block_k)], _mask((block_m, block_k), in_m, in_k), other=0
+        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
+        x = rt.load(
+            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
-        y = _load(
-            y_ref.at[pl.ds(start, block_k), :], _mask((block_k, block_n), in_k, in_n), other=0
+        y = rt.load(
+            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
         )
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
-    _store(z_ref, acc, inside)
+    rt.store(z_ref, acc, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
@@ -6576,7 +6187,7 @@ def _batched_matmul_gpu(
     x, y, *, b, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`batched_matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
         _batched_matmul_gpu_options,
         (b, m, n, k),
         (block_m, block_n, block_k, num_warps, num_stages),
@@ -6631,12 +6242,12 @@ def _batched_matmul_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_k),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
                 ),
                 plgpu.BlockSpec(
                     (block_k, block_n),
                     lambda s: (s, program_n),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -6671,10 +6282,10 @@ def _batched_matmul_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_n, block_k, stages = _gpu_options(
+    block_m, block_n, block_k, stages = rt.gpu_options(
         _batched_matmul_mosaic_gpu_options, (b, m, n, k), (block_m, block_n, block_k, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "batched_matmul",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -6688,8 +6299,8 @@ def _batched_matmul_mosaic_gpu(
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
-    x = _mgpu_pad(x, (b, padded_m, padded_k))
-    y = _mgpu_pad(y, (b, padded_k, padded_n))
+    x = rt.mgpu_pad(x, (b, padded_m, padded_k))
+    y = rt.mgpu_pad(y, (b, padded_k, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(
             _batched_matmul_mosaic_gpu_kernel,
@@ -6701,7 +6312,7 @@ def _batched_matmul_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_n), jnp.float32),),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -6750,7 +6361,7 @@ def batched_matmul_backward_x(
       y: bf16[B, K, N].
       block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_batched_matmul_backward_x_tpu_blocks), or grown to large steps
-        (_grown), else 512, 1024, 1024.
+        (rt.grown), else 512, 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
@@ -6761,18 +6372,18 @@ def batched_matmul_backward_x(
     Returns:
       dx: bf16[B, M, K].
     """
-    (dz, y), sizes = _operands(
+    (dz, y), sizes = rt.operands(
         "batched_matmul_backward_x",
         {"dz": (dz, jnp.float32, ("B", "M", "N")), "y": (y, jnp.bfloat16, ("B", "K", "N"))},
     )
-    _check_blocks(
+    rt.check_blocks(
         "batched_matmul_backward_x",
         block_m=block_m,
         block_k=block_k,
         block_n=block_n,
         may_be_none=True,
     )
-    _check_blocks(
+    rt.check_blocks(
         "batched_matmul_backward_x",
         gpu_block_m=gpu_block_m,
         gpu_block_k=gpu_block_k,
@@ -6784,10 +6395,10 @@ def batched_matmul_backward_x(
     k = sizes["K"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             batched_matmul_backward_x_reference, (((b, m, k), jnp.bfloat16),), dz, y
         )
-    return _on_platform(
+    return rt.on_platform(
         functools.partial(
             _batched_matmul_backward_x_tpu,
             b=b,
@@ -6798,7 +6409,7 @@ def batched_matmul_backward_x(
             block_k=block_k,
             block_n=block_n,
         ),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "batched_matmul_backward_x",
             gpu_backend,
             functools.partial(
@@ -6859,8 +6470,8 @@ def _batched_matmul_backward_x_kernel(
     acc_n_lhs = dacc
     acc_n_rhs = y
     if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-        acc_n_lhs = _fill_past(acc_n_lhs, n_start, n, 1, 0)
-        acc_n_rhs = _fill_past(acc_n_rhs, n_start, n, 1, 0)
+        acc_n_lhs = rt.fill_past(acc_n_lhs, n_start, n, 1, 0)
+        acc_n_rhs = rt.fill_past(acc_n_rhs, n_start, n, 1, 0)
     acc_n_ref[...] = acc_n_ref[...] + jax.lax.dot_general(
         acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -6884,12 +6495,12 @@ _batched_matmul_backward_x_tpu_blocks = {
 
 def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block_n, interpret):
     """`batched_matmul_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_k, block_n = _tpu_blocks(
+    block_m, block_k, block_n = rt.tpu_blocks(
         _batched_matmul_backward_x_tpu_blocks,
         (b, m, k, n),
         (block_m, block_k, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(min(m, 1024), 1024, min(n, 1024)),
             step=lambda block_m, block_k, block_n: (
                 block_m * block_k * block_n,
@@ -6903,7 +6514,7 @@ def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block
     block_m = min(block_m, m)  # a small M is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "batched_matmul_backward_x",
         block_m=(
             block_m,
@@ -6944,7 +6555,7 @@ def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_n
                 + 4 * block_k * block_n
                 + 4 * block_m * block_k
@@ -6954,7 +6565,7 @@ def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block
         cost_estimate=pl.CostEstimate(
             flops=2 * b * m * k * n,
             transcendentals=0,
-            bytes_accessed=_nbytes(dz, y) + b * m * k * 2,
+            bytes_accessed=rt.nbytes(dz, y) + b * m * k * 2,
         ),
         interpret=interpret,
         name="batched_matmul_backward_x",
@@ -6965,25 +6576,25 @@ def _batched_matmul_backward_x_gpu_kernel(
     dz_ref, y_ref, dx_ref, *, b, m, k, n, block_m, block_k, block_n
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(1) * block_m, block_m, m)
-    in_k = _inside(pl.program_id(2) * block_k, block_k, k)
+    in_m = rt.inside(pl.program_id(1) * block_m, block_m, m)
+    in_k = rt.inside(pl.program_id(2) * block_k, block_k, k)
 
     def accumulate(index, running):
         n_start = index * block_n
-        in_n = _inside(n_start, block_n, n)
+        in_n = rt.inside(n_start, block_n, n)
         (acc_n,) = running
-        dz = _load(
-            dz_ref.at[:, pl.ds(n_start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+        dz = rt.load(
+            dz_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        y = _load(
-            y_ref.at[:, pl.ds(n_start, block_n)], _mask((block_k, block_n), in_k, in_n), other=0
+        y = rt.load(
+            y_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_k, block_n), in_k, in_n), other=0
         )
         dacc = dz.astype(jnp.bfloat16)
         acc_n_lhs = dacc
         acc_n_rhs = y
         if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-            acc_n_lhs = _fill_past(acc_n_lhs, n_start, n, 1, 0)
-            acc_n_rhs = _fill_past(acc_n_rhs, n_start, n, 1, 0)
+            acc_n_lhs = rt.fill_past(acc_n_lhs, n_start, n, 1, 0)
+            acc_n_rhs = rt.fill_past(acc_n_rhs, n_start, n, 1, 0)
         acc_n = acc_n + jax.lax.dot_general(
             acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -6993,7 +6604,7 @@ def _batched_matmul_backward_x_gpu_kernel(
         0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),)
     )
     acc_n_ = acc_n
-    _store(dx_ref, acc_n_.astype(jnp.bfloat16), _mask((block_m, block_k), in_m, in_k))
+    rt.store(dx_ref, acc_n_.astype(jnp.bfloat16), rt.mask((block_m, block_k), in_m, in_k))
 
 
 # GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
@@ -7007,7 +6618,7 @@ def _batched_matmul_backward_x_gpu(
     dz, y, *, b, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`batched_matmul_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_k, block_n, num_warps, num_stages = rt.gpu_options(
         _batched_matmul_backward_x_gpu_options,
         (b, m, k, n),
         (block_m, block_k, block_n, num_warps, num_stages),
@@ -7050,7 +6661,7 @@ def __batched_matmul_backward_x_1_mosaic_gpu_kernel(dz_ref, lhs_ref, *, block_m,
     program_n = jax.lax.axis_index("N")
 
     def step(_, dz_smem, lhs_smem):
-        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
         dacc = dz.astype(jnp.bfloat16)
         lhs_smem[...] = dacc
 
@@ -7061,14 +6672,14 @@ def __batched_matmul_backward_x_1_mosaic_gpu_kernel(dz_ref, lhs_ref, *, block_m,
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             )
         ],
     )(dz_ref.at[program_b], lhs_ref.at[program_b])
@@ -7084,7 +6695,7 @@ def __batched_matmul_backward_x_1_mosaic_gpu(dz, *, b, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    dz = _mgpu_pad(dz, (b, padded_m, padded_n))
+    dz = rt.mgpu_pad(dz, (b, padded_m, padded_n))
     (lhs,) = plgpu.kernel(
         functools.partial(
             __batched_matmul_backward_x_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
@@ -7116,12 +6727,12 @@ def __batched_matmul_backward_x_2_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_n),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
                 plgpu.BlockSpec(
                     (block_k, block_n),
                     lambda s: (program_k, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -7156,12 +6767,12 @@ def __batched_matmul_backward_x_2_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_k, block_n, stages = _gpu_options(
+    block_m, block_k, block_n, stages = rt.gpu_options(
         __batched_matmul_backward_x_2_mosaic_gpu_options,
         (b, m, k, n),
         (block_m, block_k, block_n, stages),
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "_batched_matmul_backward_x_2",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -7175,8 +6786,8 @@ def __batched_matmul_backward_x_2_mosaic_gpu(
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
-    lhs = _mgpu_pad(lhs, (b, padded_m, padded_n))
-    y = _mgpu_pad(y, (b, padded_k, padded_n))
+    lhs = rt.mgpu_pad(lhs, (b, padded_m, padded_n))
+    y = rt.mgpu_pad(y, (b, padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             __batched_matmul_backward_x_2_mosaic_gpu_kernel,
@@ -7188,7 +6799,7 @@ def __batched_matmul_backward_x_2_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_k), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_k)
+                (block_m, block_k), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -7246,7 +6857,7 @@ def batched_matmul_backward_y(
       x: bf16[B, M, K].
       block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_batched_matmul_backward_y_tpu_blocks), or grown to large steps
-        (_grown), else 1024, 1024, 512.
+        (rt.grown), else 1024, 1024, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
@@ -7257,18 +6868,18 @@ def batched_matmul_backward_y(
     Returns:
       dy: bf16[B, K, N].
     """
-    (dz, x), sizes = _operands(
+    (dz, x), sizes = rt.operands(
         "batched_matmul_backward_y",
         {"dz": (dz, jnp.float32, ("B", "M", "N")), "x": (x, jnp.bfloat16, ("B", "M", "K"))},
     )
-    _check_blocks(
+    rt.check_blocks(
         "batched_matmul_backward_y",
         block_k=block_k,
         block_n=block_n,
         block_m=block_m,
         may_be_none=True,
     )
-    _check_blocks(
+    rt.check_blocks(
         "batched_matmul_backward_y",
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
@@ -7280,10 +6891,10 @@ def batched_matmul_backward_y(
     n = sizes["N"]
     m = sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             batched_matmul_backward_y_reference, (((b, k, n), jnp.bfloat16),), dz, x
         )
-    return _on_platform(
+    return rt.on_platform(
         functools.partial(
             _batched_matmul_backward_y_tpu,
             b=b,
@@ -7294,7 +6905,7 @@ def batched_matmul_backward_y(
             block_n=block_n,
             block_m=block_m,
         ),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "batched_matmul_backward_y",
             gpu_backend,
             functools.partial(
@@ -7355,8 +6966,8 @@ def _batched_matmul_backward_y_kernel(
     acc_m_lhs = x
     acc_m_rhs = dacc
     if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-        acc_m_lhs = _fill_past(acc_m_lhs, m_start, m, 0, 0)
-        acc_m_rhs = _fill_past(acc_m_rhs, m_start, m, 0, 0)
+        acc_m_lhs = rt.fill_past(acc_m_lhs, m_start, m, 0, 0)
+        acc_m_rhs = rt.fill_past(acc_m_rhs, m_start, m, 0, 0)
     acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
         acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -7380,12 +6991,12 @@ _batched_matmul_backward_y_tpu_blocks = {
 
 def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block_m, interpret):
     """`batched_matmul_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_k, block_n, block_m = _tpu_blocks(
+    block_k, block_n, block_m = rt.tpu_blocks(
         _batched_matmul_backward_y_tpu_blocks,
         (b, k, n, m),
         (block_k, block_n, block_m),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(min(k, 1024), 1024, min(m, 1024)),
             step=lambda block_k, block_n, block_m: (
                 block_k * block_n * block_m,
@@ -7399,7 +7010,7 @@ def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block
     block_k = min(block_k, k)  # a small K is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "batched_matmul_backward_y",
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
@@ -7440,7 +7051,7 @@ def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_n
                 + 4 * block_m * block_k
                 + 4 * block_k * block_n
@@ -7450,7 +7061,7 @@ def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block
         cost_estimate=pl.CostEstimate(
             flops=2 * b * k * n * m,
             transcendentals=0,
-            bytes_accessed=_nbytes(dz, x) + b * k * n * 2,
+            bytes_accessed=rt.nbytes(dz, x) + b * k * n * 2,
         ),
         interpret=interpret,
         name="batched_matmul_backward_y",
@@ -7461,25 +7072,25 @@ def _batched_matmul_backward_y_gpu_kernel(
     dz_ref, x_ref, dy_ref, *, b, k, n, m, block_k, block_n, block_m
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_k = _inside(pl.program_id(1) * block_k, block_k, k)
-    in_n = _inside(pl.program_id(2) * block_n, block_n, n)
+    in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
+    in_n = rt.inside(pl.program_id(2) * block_n, block_n, n)
 
     def accumulate(index, running):
         m_start = index * block_m
-        in_m = _inside(m_start, block_m, m)
+        in_m = rt.inside(m_start, block_m, m)
         (acc_m,) = running
-        dz = _load(
-            dz_ref.at[pl.ds(m_start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        dz = rt.load(
+            dz_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        x = _load(
-            x_ref.at[pl.ds(m_start, block_m), :], _mask((block_m, block_k), in_m, in_k), other=0
+        x = rt.load(
+            x_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
         dacc = dz.astype(jnp.bfloat16)
         acc_m_lhs = x
         acc_m_rhs = dacc
         if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-            acc_m_lhs = _fill_past(acc_m_lhs, m_start, m, 0, 0)
-            acc_m_rhs = _fill_past(acc_m_rhs, m_start, m, 0, 0)
+            acc_m_lhs = rt.fill_past(acc_m_lhs, m_start, m, 0, 0)
+            acc_m_rhs = rt.fill_past(acc_m_rhs, m_start, m, 0, 0)
         acc_m = acc_m + jax.lax.dot_general(
             acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -7489,7 +7100,7 @@ def _batched_matmul_backward_y_gpu_kernel(
         0, pl.cdiv(m, block_m), accumulate, (jnp.full((block_k, block_n), 0, jnp.float32),)
     )
     acc_m_ = acc_m
-    _store(dy_ref, acc_m_.astype(jnp.bfloat16), _mask((block_k, block_n), in_k, in_n))
+    rt.store(dy_ref, acc_m_.astype(jnp.bfloat16), rt.mask((block_k, block_n), in_k, in_n))
 
 
 # GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
@@ -7503,7 +7114,7 @@ def _batched_matmul_backward_y_gpu(
     dz, x, *, b, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`batched_matmul_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_k, block_n, block_m, num_warps, num_stages = _gpu_options(
+    block_k, block_n, block_m, num_warps, num_stages = rt.gpu_options(
         _batched_matmul_backward_y_gpu_options,
         (b, k, n, m),
         (block_k, block_n, block_m, num_warps, num_stages),
@@ -7546,7 +7157,7 @@ def __batched_matmul_backward_y_1_mosaic_gpu_kernel(dz_ref, rhs_ref, *, block_m,
     program_n = jax.lax.axis_index("N")
 
     def step(_, dz_smem, rhs_smem):
-        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
         dacc = dz.astype(jnp.bfloat16)
         rhs_smem[...] = dacc
 
@@ -7557,14 +7168,14 @@ def __batched_matmul_backward_y_1_mosaic_gpu_kernel(dz_ref, rhs_ref, *, block_m,
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             )
         ],
     )(dz_ref.at[program_b], rhs_ref.at[program_b])
@@ -7580,7 +7191,7 @@ def __batched_matmul_backward_y_1_mosaic_gpu(dz, *, b, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    dz = _mgpu_pad(dz, (b, padded_m, padded_n))
+    dz = rt.mgpu_pad(dz, (b, padded_m, padded_n))
     (rhs,) = plgpu.kernel(
         functools.partial(
             __batched_matmul_backward_y_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
@@ -7612,12 +7223,12 @@ def __batched_matmul_backward_y_2_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_k, block_m),
                     lambda s: (program_k, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_m),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_m),
                 ),
                 plgpu.BlockSpec(
                     (block_m, block_n),
                     lambda s: (s, program_n),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -7652,12 +7263,12 @@ def __batched_matmul_backward_y_2_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_k, block_n, block_m, stages = _gpu_options(
+    block_k, block_n, block_m, stages = rt.gpu_options(
         __batched_matmul_backward_y_2_mosaic_gpu_options,
         (b, k, n, m),
         (block_k, block_n, block_m, stages),
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "_batched_matmul_backward_y_2",
         {
             "mgpu_block_k": (block_k, (64, 128)),
@@ -7672,8 +7283,8 @@ def __batched_matmul_backward_y_2_mosaic_gpu(
     padded_n = n + -n % block_n
     padded_m = m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
-    x = _mgpu_pad(x, (b, padded_k, padded_m))
-    rhs = _mgpu_pad(rhs, (b, padded_m, padded_n))
+    x = rt.mgpu_pad(x, (b, padded_k, padded_m))
+    rhs = rt.mgpu_pad(rhs, (b, padded_m, padded_n))
     (dy,) = plgpu.kernel(
         functools.partial(
             __batched_matmul_backward_y_2_mosaic_gpu_kernel,
@@ -7685,7 +7296,7 @@ def __batched_matmul_backward_y_2_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((b, padded_k, padded_n), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_k, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
+                (block_k, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -7768,11 +7379,11 @@ def scores(
     Gradients: jax.grad runs the generated backward kernels scores_backward_epilogue,
     scores_backward_q, scores_backward_k (_scores_vjp).
     """
-    (q, k), sizes = _operands(
+    (q, k), sizes = rt.operands(
         "scores", {"q": (q, jnp.bfloat16, ("B", "S", "D")), "k": (k, jnp.bfloat16, ("B", "T", "D"))}
     )
-    _check_blocks("scores", block_s=block_s, block_t=block_t, may_be_none=True)
-    _check_blocks(
+    rt.check_blocks("scores", block_s=block_s, block_t=block_t, may_be_none=True)
+    rt.check_blocks(
         "scores",
         gpu_block_s=gpu_block_s,
         gpu_block_t=gpu_block_t,
@@ -7784,8 +7395,10 @@ def scores(
     t = sizes["T"]
     d = sizes["D"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(scores_reference, (((b, s_, t), jnp.float32),), q, k, scale=scale)
-    return _differentiable(
+        return rt.without_elements(
+            scores_reference, (((b, s_, t), jnp.float32),), q, k, scale=scale
+        )
+    return rt.differentiable(
         functools.partial(
             _scores_forward,
             b=b,
@@ -7844,11 +7457,11 @@ def _scores_forward(
     interpret,
 ):
     """`scores` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
+    return rt.on_platform(
         functools.partial(
             _scores_tpu, b=b, s_=s_, t=t, d=d, block_s=block_s, block_t=block_t, scale=scale
         ),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "scores",
             gpu_backend,
             functools.partial(
@@ -7921,10 +7534,10 @@ _scores_tpu_blocks = {
 
 def _scores_tpu(q, k, *, b, s_, t, d, block_s, block_t, scale, interpret):
     """`scores` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = _tpu_blocks(_scores_tpu_blocks, (b, s_, t, d), (block_s, block_t))
+    block_s, block_t = rt.tpu_blocks(_scores_tpu_blocks, (b, s_, t, d), (block_s, block_t))
     block_s = min(block_s, s_)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "scores",
         block_s=(
             block_s,
@@ -7953,12 +7566,14 @@ def _scores_tpu(q, k, *, b, s_, t, d, block_s, block_t, scale, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(4 * block_s * d + 4 * block_t * d + 8 * block_s * block_t),
+            vmem_limit_bytes=rt.vmem_limit(
+                4 * block_s * d + 4 * block_t * d + 8 * block_s * block_t
+            ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * s_ * t * d + b * s_ * t,
             transcendentals=0,
-            bytes_accessed=_nbytes(q, k) + b * s_ * t * 4,
+            bytes_accessed=rt.nbytes(q, k) + b * s_ * t * 4,
         ),
         interpret=interpret,
         name="scores",
@@ -7967,25 +7582,25 @@ def _scores_tpu(q, k, *, b, s_, t, d, block_s, block_t, scale, interpret):
 
 def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, s_, t, d, block_s, block_t, block_d, scale):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(1) * block_s, block_s, s_)
-    in_t = _inside(pl.program_id(2) * block_t, block_t, t)
-    inside = _mask((block_s, block_t), in_s, in_t)
+    in_s = rt.inside(pl.program_id(1) * block_s, block_s, s_)
+    in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
+    inside = rt.mask((block_s, block_t), in_s, in_t)
 
     def accumulate(step, acc):
         start = step * block_d
-        in_d = _inside(start, block_d, d)  # zeros past a ragged D
-        q = _load(
-            q_ref.at[:, pl.ds(start, block_d)], _mask((block_s, block_d), in_s, in_d), other=0
+        in_d = rt.inside(start, block_d, d)  # zeros past a ragged D
+        q = rt.load(
+            q_ref.at[:, pl.ds(start, block_d)], rt.mask((block_s, block_d), in_s, in_d), other=0
         )
-        k = _load(
-            k_ref.at[:, pl.ds(start, block_d)], _mask((block_t, block_d), in_t, in_d), other=0
+        k = rt.load(
+            k_ref.at[:, pl.ds(start, block_d)], rt.mask((block_t, block_d), in_t, in_d), other=0
         )
         return acc + jax.lax.dot_general(
             q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
 
     acc = jax.lax.fori_loop(0, pl.cdiv(d, block_d), accumulate, jnp.zeros(s_ref.shape, jnp.float32))
-    _store(s_ref, acc * scale, inside)
+    rt.store(s_ref, acc * scale, inside)
 
 
 # GPU (Triton) blocks and launch options (block_s, block_t, block_d, num_warps,
@@ -7999,7 +7614,7 @@ def _scores_gpu(
     q, k, *, b, s_, t, d, block_s, block_t, block_d, num_warps, num_stages, scale, interpret
 ):
     """`scores` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, block_d, num_warps, num_stages = _gpu_options(
+    block_s, block_t, block_d, num_warps, num_stages = rt.gpu_options(
         _scores_gpu_options, (b, s_, t, d), (block_s, block_t, block_d, num_warps, num_stages)
     )
     block_s = max(16, min(block_s, pl.next_power_of_2(s_)))  # a small S is one masked block
@@ -8053,12 +7668,12 @@ def _scores_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_s, block_d),
                     lambda s: (program_s, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
                 ),
                 plgpu.BlockSpec(
                     (block_t, block_d),
                     lambda s: (program_t, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -8093,10 +7708,10 @@ def _scores_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_s, block_t, block_d, stages = _gpu_options(
+    block_s, block_t, block_d, stages = rt.gpu_options(
         _scores_mosaic_gpu_options, (b, s_, t, d), (block_s, block_t, block_d, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "scores",
         {
             "mgpu_block_s": (block_s, (64, 128)),
@@ -8110,8 +7725,8 @@ def _scores_mosaic_gpu(
     padded_s_ = s_ + -s_ % block_s
     padded_t = t + -t % block_t
     padded_d = d + -d % block_d
-    q = _mgpu_pad(q, (b, padded_s_, padded_d))
-    k = _mgpu_pad(k, (b, padded_t, padded_d))
+    q = rt.mgpu_pad(q, (b, padded_s_, padded_d))
+    k = rt.mgpu_pad(k, (b, padded_t, padded_d))
     (s,) = plgpu.kernel(
         functools.partial(
             _scores_mosaic_gpu_kernel,
@@ -8124,7 +7739,7 @@ def _scores_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((b, padded_s_, padded_t), jnp.float32),),
         scratch_types=[
             plgpu.SMEM(
-                (block_s, block_t), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_t)
+                (block_s, block_t), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_t)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -8173,7 +7788,7 @@ def scores_backward_epilogue(
       ds: f32[B, S, T].
       block_b, block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_epilogue_tpu_blocks),
-        grown to large steps (_grown), else 1, 128, 128.
+        grown to large steps (rt.grown), else 1, 128, 128.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
@@ -8185,15 +7800,17 @@ def scores_backward_epilogue(
     Returns:
       dacc: bf16[B, S, T].
     """
-    (ds,), sizes = _operands("scores_backward_epilogue", {"ds": (ds, jnp.float32, ("B", "S", "T"))})
-    _check_blocks(
+    (ds,), sizes = rt.operands(
+        "scores_backward_epilogue", {"ds": (ds, jnp.float32, ("B", "S", "T"))}
+    )
+    rt.check_blocks(
         "scores_backward_epilogue",
         block_b=block_b,
         block_s=block_s,
         block_t=block_t,
         may_be_none=True,
     )
-    _check_blocks(
+    rt.check_blocks(
         "scores_backward_epilogue",
         gpu_block_b=gpu_block_b,
         gpu_block_s=gpu_block_s,
@@ -8204,10 +7821,10 @@ def scores_backward_epilogue(
     s = sizes["S"]
     t = sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             scores_backward_epilogue_reference, (((b, s, t), jnp.bfloat16),), ds, scale=scale
         )
-    return _on_platform(
+    return rt.on_platform(
         functools.partial(
             _scores_backward_epilogue_tpu,
             b=b,
@@ -8218,7 +7835,7 @@ def scores_backward_epilogue(
             block_t=block_t,
             scale=scale,
         ),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "scores_backward_epilogue",
             gpu_backend,
             functools.partial(
@@ -8264,12 +7881,12 @@ _scores_backward_epilogue_tpu_blocks = {
 
 def _scores_backward_epilogue_tpu(ds, *, b, s, t, block_b, block_s, block_t, scale, interpret):
     """`scores_backward_epilogue` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_b, block_s, block_t = _tpu_blocks(
+    block_b, block_s, block_t = rt.tpu_blocks(
         _scores_backward_epilogue_tpu_blocks,
         (b, s, t),
         (block_b, block_s, block_t),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(b, s, t),
             step=lambda block_b, block_s, block_t: (
                 block_b * block_s * block_t,
@@ -8280,7 +7897,7 @@ def _scores_backward_epilogue_tpu(ds, *, b, s, t, block_b, block_s, block_t, sca
     block_b = min(block_b, b)  # a small B is one whole block
     block_s = min(block_s, s)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "scores_backward_epilogue",
         block_s=(
             block_s,
@@ -8306,10 +7923,10 @@ def _scores_backward_epilogue_tpu(ds, *, b, s, t, block_b, block_s, block_t, sca
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(12 * block_b * block_s * block_t),
+            vmem_limit_bytes=rt.vmem_limit(12 * block_b * block_s * block_t),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * s * t, transcendentals=0, bytes_accessed=_nbytes(ds) + b * s * t * 2
+            flops=2 * b * s * t, transcendentals=0, bytes_accessed=rt.nbytes(ds) + b * s * t * 2
         ),
         interpret=interpret,
         name="scores_backward_epilogue",
@@ -8320,12 +7937,12 @@ def _scores_backward_epilogue_gpu_kernel(
     ds_ref, dacc_ref, *, b, s, t, block_b, block_s, block_t, scale
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_b = _inside(pl.program_id(0) * block_b, block_b, b)
-    in_s = _inside(pl.program_id(1) * block_s, block_s, s)
-    in_t = _inside(pl.program_id(2) * block_t, block_t, t)
-    inside = _mask((block_b, block_s, block_t), in_b, in_s, in_t)
-    ds = _load(ds_ref, inside)
-    _store(dacc_ref, (ds * scale).astype(jnp.bfloat16), inside)
+    in_b = rt.inside(pl.program_id(0) * block_b, block_b, b)
+    in_s = rt.inside(pl.program_id(1) * block_s, block_s, s)
+    in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
+    inside = rt.mask((block_b, block_s, block_t), in_b, in_s, in_t)
+    ds = rt.load(ds_ref, inside)
+    rt.store(dacc_ref, (ds * scale).astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_b, block_s, block_t, num_warps,
@@ -8339,7 +7956,7 @@ def _scores_backward_epilogue_gpu(
     ds, *, b, s, t, block_b, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`scores_backward_epilogue` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_b, block_s, block_t, num_warps, num_stages = _gpu_options(
+    block_b, block_s, block_t, num_warps, num_stages = rt.gpu_options(
         _scores_backward_epilogue_gpu_options,
         (b, s, t),
         (block_b, block_s, block_t, num_warps, num_stages),
@@ -8379,7 +7996,7 @@ def _scores_backward_epilogue_mosaic_gpu_kernel(ds_ref, dacc_ref, *, block_s, bl
     program_t = jax.lax.axis_index("T")
 
     def step(_, ds_smem, dacc_smem):
-        ds = _mgpu_load(ds_smem, (block_s, block_t), (0, 1))
+        ds = rt.mgpu_load(ds_smem, (block_s, block_t), (0, 1))
         dacc_smem[...] = (ds * scale).astype(jnp.bfloat16)
 
     plgpu.emit_pipeline(
@@ -8389,14 +8006,14 @@ def _scores_backward_epilogue_mosaic_gpu_kernel(ds_ref, dacc_ref, *, block_s, bl
             plgpu.BlockSpec(
                 (block_s, block_t),
                 lambda _: (program_s, program_t),
-                transforms=_mgpu_swizzled(jnp.float32, block_t),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_t),
             )
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_s, block_t),
                 lambda _: (program_s, program_t),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_t),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t),
             )
         ],
     )(ds_ref.at[program_b], dacc_ref.at[program_b])
@@ -8412,7 +8029,7 @@ def _scores_backward_epilogue_mosaic_gpu(ds, *, b, s, t, scale, interpret):
     block_t = 128
     padded_s = s + -s % 8
     padded_t = t + -t % block_t
-    ds = _mgpu_pad(ds, (b, padded_s, padded_t))
+    ds = rt.mgpu_pad(ds, (b, padded_s, padded_t))
     (dacc,) = plgpu.kernel(
         functools.partial(
             _scores_backward_epilogue_mosaic_gpu_kernel,
@@ -8488,14 +8105,14 @@ def scores_backward_q(
     Returns:
       dq: bf16[B, S, D].
     """
-    (dacc, k), sizes = _operands(
+    (dacc, k), sizes = rt.operands(
         "scores_backward_q",
         {"dacc": (dacc, jnp.bfloat16, ("B", "S", "T")), "k": (k, jnp.bfloat16, ("B", "T", "D"))},
     )
-    _check_blocks(
+    rt.check_blocks(
         "scores_backward_q", block_s=block_s, block_d=block_d, block_t=block_t, may_be_none=True
     )
-    _check_blocks(
+    rt.check_blocks(
         "scores_backward_q",
         gpu_block_s=gpu_block_s,
         gpu_block_d=gpu_block_d,
@@ -8507,8 +8124,10 @@ def scores_backward_q(
     d = sizes["D"]
     t = sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(scores_backward_q_reference, (((b, s, d), jnp.bfloat16),), dacc, k)
-    return _on_platform(
+        return rt.without_elements(
+            scores_backward_q_reference, (((b, s, d), jnp.bfloat16),), dacc, k
+        )
+    return rt.on_platform(
         functools.partial(
             _scores_backward_q_tpu,
             b=b,
@@ -8519,7 +8138,7 @@ def scores_backward_q(
             block_d=block_d,
             block_t=block_t,
         ),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "scores_backward_q",
             gpu_backend,
             functools.partial(
@@ -8600,13 +8219,13 @@ _scores_backward_q_tpu_blocks = {
 
 def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, interpret):
     """`scores_backward_q` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_d, block_t = _tpu_blocks(
+    block_s, block_d, block_t = rt.tpu_blocks(
         _scores_backward_q_tpu_blocks, (b, s, d, t), (block_s, block_d, block_t)
     )
     block_s = min(block_s, s)  # a small S is one whole block
     block_d = min(block_d, d)  # a small D is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "scores_backward_q",
         block_s=(
             block_s,
@@ -8638,7 +8257,7 @@ def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, in
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_s * block_t
                 + 4 * block_t * block_d
                 + 4 * block_s * block_d
@@ -8648,7 +8267,7 @@ def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, in
         cost_estimate=pl.CostEstimate(
             flops=2 * b * s * d * t,
             transcendentals=0,
-            bytes_accessed=_nbytes(dacc, k) + b * s * d * 2,
+            bytes_accessed=rt.nbytes(dacc, k) + b * s * d * 2,
         ),
         interpret=interpret,
         name="scores_backward_q",
@@ -8657,25 +8276,25 @@ def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, in
 
 def _scores_backward_q_gpu_kernel(dacc_ref, k_ref, dq_ref, *, s, d, t, block_s, block_d, block_t):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(1) * block_s, block_s, s)
-    in_d = _inside(pl.program_id(2) * block_d, block_d, d)
-    inside = _mask((block_s, block_d), in_s, in_d)
+    in_s = rt.inside(pl.program_id(1) * block_s, block_s, s)
+    in_d = rt.inside(pl.program_id(2) * block_d, block_d, d)
+    inside = rt.mask((block_s, block_d), in_s, in_d)
 
     def accumulate(step, acc):
         start = step * block_t
-        in_t = _inside(start, block_t, t)  # zeros past a ragged T
-        dacc = _load(
-            dacc_ref.at[:, pl.ds(start, block_t)], _mask((block_s, block_t), in_s, in_t), other=0
+        in_t = rt.inside(start, block_t, t)  # zeros past a ragged T
+        dacc = rt.load(
+            dacc_ref.at[:, pl.ds(start, block_t)], rt.mask((block_s, block_t), in_s, in_t), other=0
         )
-        k = _load(
-            k_ref.at[pl.ds(start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+        k = rt.load(
+            k_ref.at[pl.ds(start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
         )
         return acc + jnp.dot(dacc, k, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(
         0, pl.cdiv(t, block_t), accumulate, jnp.zeros(dq_ref.shape, jnp.float32)
     )
-    _store(dq_ref, acc.astype(jnp.bfloat16), inside)
+    rt.store(dq_ref, acc.astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_s, block_d, block_t, num_warps,
@@ -8689,7 +8308,7 @@ def _scores_backward_q_gpu(
     dacc, k, *, b, s, d, t, block_s, block_d, block_t, num_warps, num_stages, interpret
 ):
     """`scores_backward_q` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_d, block_t, num_warps, num_stages = _gpu_options(
+    block_s, block_d, block_t, num_warps, num_stages = rt.gpu_options(
         _scores_backward_q_gpu_options,
         (b, s, d, t),
         (block_s, block_d, block_t, num_warps, num_stages),
@@ -8744,12 +8363,12 @@ def _scores_backward_q_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_s, block_t),
                     lambda s: (program_s, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_t),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t),
                 ),
                 plgpu.BlockSpec(
                     (block_t, block_d),
                     lambda s: (s, program_d),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -8784,10 +8403,10 @@ def _scores_backward_q_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_s, block_d, block_t, stages = _gpu_options(
+    block_s, block_d, block_t, stages = rt.gpu_options(
         _scores_backward_q_mosaic_gpu_options, (b, s, d, t), (block_s, block_d, block_t, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "scores_backward_q",
         {
             "mgpu_block_s": (block_s, (64, 128)),
@@ -8801,8 +8420,8 @@ def _scores_backward_q_mosaic_gpu(
     padded_s = s + -s % block_s
     padded_d = d + -d % block_d
     padded_t = t + -t % block_t
-    dacc = _mgpu_pad(dacc, (b, padded_s, padded_t))
-    k = _mgpu_pad(k, (b, padded_t, padded_d))
+    dacc = rt.mgpu_pad(dacc, (b, padded_s, padded_t))
+    k = rt.mgpu_pad(k, (b, padded_t, padded_d))
     (dq,) = plgpu.kernel(
         functools.partial(
             _scores_backward_q_mosaic_gpu_kernel,
@@ -8814,7 +8433,7 @@ def _scores_backward_q_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((b, padded_s, padded_d), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -8885,14 +8504,14 @@ def scores_backward_k(
     Returns:
       dk: bf16[B, T, D].
     """
-    (dacc, q), sizes = _operands(
+    (dacc, q), sizes = rt.operands(
         "scores_backward_k",
         {"dacc": (dacc, jnp.bfloat16, ("B", "S", "T")), "q": (q, jnp.bfloat16, ("B", "S", "D"))},
     )
-    _check_blocks(
+    rt.check_blocks(
         "scores_backward_k", block_t=block_t, block_d=block_d, block_s=block_s, may_be_none=True
     )
-    _check_blocks(
+    rt.check_blocks(
         "scores_backward_k",
         gpu_block_t=gpu_block_t,
         gpu_block_d=gpu_block_d,
@@ -8904,8 +8523,10 @@ def scores_backward_k(
     d = sizes["D"]
     s = sizes["S"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(scores_backward_k_reference, (((b, t, d), jnp.bfloat16),), dacc, q)
-    return _on_platform(
+        return rt.without_elements(
+            scores_backward_k_reference, (((b, t, d), jnp.bfloat16),), dacc, q
+        )
+    return rt.on_platform(
         functools.partial(
             _scores_backward_k_tpu,
             b=b,
@@ -8916,7 +8537,7 @@ def scores_backward_k(
             block_d=block_d,
             block_s=block_s,
         ),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "scores_backward_k",
             gpu_backend,
             functools.partial(
@@ -8999,13 +8620,13 @@ _scores_backward_k_tpu_blocks = {
 
 def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, interpret):
     """`scores_backward_k` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_t, block_d, block_s = _tpu_blocks(
+    block_t, block_d, block_s = rt.tpu_blocks(
         _scores_backward_k_tpu_blocks, (b, t, d, s), (block_t, block_d, block_s)
     )
     block_t = min(block_t, t)  # a small T is one whole block
     block_d = min(block_d, d)  # a small D is one whole block
     block_s = min(block_s, s)  # a small S is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "scores_backward_k",
         block_t=(block_t, t, 128, "T is the last dimension of a block, so it is a multiple of 128"),
         block_d=(block_d, d, 128, "D is the last dimension of a block, so it is a multiple of 128"),
@@ -9037,7 +8658,7 @@ def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, in
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_s * block_t
                 + 4 * block_s * block_d
                 + 4 * block_t * block_d
@@ -9047,7 +8668,7 @@ def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, in
         cost_estimate=pl.CostEstimate(
             flops=2 * b * t * d * s,
             transcendentals=0,
-            bytes_accessed=_nbytes(dacc, q) + b * t * d * 2,
+            bytes_accessed=rt.nbytes(dacc, q) + b * t * d * 2,
         ),
         interpret=interpret,
         name="scores_backward_k",
@@ -9056,18 +8677,18 @@ def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, in
 
 def _scores_backward_k_gpu_kernel(dacc_ref, q_ref, dk_ref, *, t, d, s, block_t, block_d, block_s):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_t = _inside(pl.program_id(1) * block_t, block_t, t)
-    in_d = _inside(pl.program_id(2) * block_d, block_d, d)
-    inside = _mask((block_t, block_d), in_t, in_d)
+    in_t = rt.inside(pl.program_id(1) * block_t, block_t, t)
+    in_d = rt.inside(pl.program_id(2) * block_d, block_d, d)
+    inside = rt.mask((block_t, block_d), in_t, in_d)
 
     def accumulate(step, acc):
         start = step * block_s
-        in_s = _inside(start, block_s, s)  # zeros past a ragged S
-        dacc = _load(
-            dacc_ref.at[pl.ds(start, block_s), :], _mask((block_s, block_t), in_s, in_t), other=0
+        in_s = rt.inside(start, block_s, s)  # zeros past a ragged S
+        dacc = rt.load(
+            dacc_ref.at[pl.ds(start, block_s), :], rt.mask((block_s, block_t), in_s, in_t), other=0
         )
-        q = _load(
-            q_ref.at[pl.ds(start, block_s), :], _mask((block_s, block_d), in_s, in_d), other=0
+        q = rt.load(
+            q_ref.at[pl.ds(start, block_s), :], rt.mask((block_s, block_d), in_s, in_d), other=0
         )
         return acc + jax.lax.dot_general(
             dacc, q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
@@ -9076,7 +8697,7 @@ def _scores_backward_k_gpu_kernel(dacc_ref, q_ref, dk_ref, *, t, d, s, block_t, 
     acc = jax.lax.fori_loop(
         0, pl.cdiv(s, block_s), accumulate, jnp.zeros(dk_ref.shape, jnp.float32)
     )
-    _store(dk_ref, acc.astype(jnp.bfloat16), inside)
+    rt.store(dk_ref, acc.astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_t, block_d, block_s, num_warps,
@@ -9090,7 +8711,7 @@ def _scores_backward_k_gpu(
     dacc, q, *, b, t, d, s, block_t, block_d, block_s, num_warps, num_stages, interpret
 ):
     """`scores_backward_k` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_t, block_d, block_s, num_warps, num_stages = _gpu_options(
+    block_t, block_d, block_s, num_warps, num_stages = rt.gpu_options(
         _scores_backward_k_gpu_options,
         (b, t, d, s),
         (block_t, block_d, block_s, num_warps, num_stages),
@@ -9145,12 +8766,12 @@ def _scores_backward_k_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_t, block_s),
                     lambda s: (program_t, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_s),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s),
                 ),
                 plgpu.BlockSpec(
                     (block_s, block_d),
                     lambda s: (s, program_d),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -9185,10 +8806,10 @@ def _scores_backward_k_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_t, block_d, block_s, stages = _gpu_options(
+    block_t, block_d, block_s, stages = rt.gpu_options(
         _scores_backward_k_mosaic_gpu_options, (b, t, d, s), (block_t, block_d, block_s, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "scores_backward_k",
         {
             "mgpu_block_t": (block_t, (64, 128)),
@@ -9203,8 +8824,8 @@ def _scores_backward_k_mosaic_gpu(
     padded_d = d + -d % block_d
     padded_s = s + -s % block_s
     dacc = jnp.swapaxes(dacc, -1, -2)  # wgmma reads [M, K] tiles
-    dacc = _mgpu_pad(dacc, (b, padded_t, padded_s))
-    q = _mgpu_pad(q, (b, padded_s, padded_d))
+    dacc = rt.mgpu_pad(dacc, (b, padded_t, padded_s))
+    q = rt.mgpu_pad(q, (b, padded_s, padded_d))
     (dk,) = plgpu.kernel(
         functools.partial(
             _scores_backward_k_mosaic_gpu_kernel,
@@ -9216,7 +8837,7 @@ def _scores_backward_k_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((b, padded_t, padded_d), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -9291,7 +8912,7 @@ def linear(
     Gradients: jax.grad runs the generated backward kernels linear_backward_over_m,
     linear_backward_x, linear_backward_w (_linear_vjp).
     """
-    (x, w, bias), sizes = _operands(
+    (x, w, bias), sizes = rt.operands(
         "linear",
         {
             "x": (x, jnp.bfloat16, ("M", "K")),
@@ -9299,8 +8920,8 @@ def linear(
             "bias": (bias, jnp.float32, ("N",)),
         },
     )
-    _check_blocks("linear", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True)
-    _check_blocks(
+    rt.check_blocks("linear", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True)
+    rt.check_blocks(
         "linear",
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
@@ -9311,8 +8932,8 @@ def linear(
     n = sizes["N"]
     k = sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(linear_reference, (((m, n), jnp.bfloat16),), x, w, bias)
-    return _differentiable(
+        return rt.without_elements(linear_reference, (((m, n), jnp.bfloat16),), x, w, bias)
+    return rt.differentiable(
         functools.partial(
             _linear_forward,
             m=m,
@@ -9373,11 +8994,11 @@ def _linear_forward(
 ):
     """`linear` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
-    return _on_platform(
+    return rt.on_platform(
         functools.partial(
             _linear_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
         ),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "linear",
             gpu_backend,
             functools.partial(
@@ -9470,13 +9091,13 @@ _linear_tpu_blocks = {
 
 def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
     """`linear` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = _tpu_blocks(
+    block_m, block_n, block_k = rt.tpu_blocks(
         _linear_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "linear",
         block_m=(
             block_m,
@@ -9510,14 +9131,14 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_k + 4 * block_n * block_k + 8 * block_n + 12 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k + m * n,
             transcendentals=0,
-            bytes_accessed=_nbytes(x, w, bias) + m * n * 2,
+            bytes_accessed=rt.nbytes(x, w, bias) + m * n * 2,
         ),
         interpret=interpret,
         name="linear",
@@ -9526,26 +9147,26 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
 
 def _linear_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *, m, n, k, block_m, block_n, block_k):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
 
     def accumulate(step, acc):
         start = step * block_k
-        in_k = _inside(start, block_k, k)  # zeros past a ragged K
-        x = _load(
-            x_ref.at[:, pl.ds(start, block_k)], _mask((block_m, block_k), in_m, in_k), other=0
+        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
+        x = rt.load(
+            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
-        w = _load(
-            w_ref.at[:, pl.ds(start, block_k)], _mask((block_n, block_k), in_n, in_k), other=0
+        w = rt.load(
+            w_ref.at[:, pl.ds(start, block_k)], rt.mask((block_n, block_k), in_n, in_k), other=0
         )
         return acc + jax.lax.dot_general(
             x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(y_ref.shape, jnp.float32))
-    bias = _load(bias_ref, _mask((1, block_n), None, in_n))
-    _store(y_ref, (acc + bias).astype(jnp.bfloat16), inside)
+    bias = rt.load(bias_ref, rt.mask((1, block_n), None, in_n))
+    rt.store(y_ref, (acc + bias).astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
@@ -9559,7 +9180,7 @@ def _linear_gpu(
     x, w, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`linear` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
         _linear_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
     )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
@@ -9618,12 +9239,12 @@ def _linear_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_k),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
                 ),
                 plgpu.BlockSpec(
                     (block_n, block_k),
                     lambda s: (program_n, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -9633,7 +9254,7 @@ def _linear_mosaic_gpu_kernel(
         )
         plgpu.barrier_wait(barrier.at[0])
         acc = acc_ref[...]
-        bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
+        bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
         out_smem[...] = (acc + bias).astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
@@ -9659,10 +9280,10 @@ def _linear_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_n, block_k, stages = _gpu_options(
+    block_m, block_n, block_k, stages = rt.gpu_options(
         _linear_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "linear",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -9681,10 +9302,10 @@ def _linear_mosaic_gpu(
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
-    x = _mgpu_pad(x, (padded_m, padded_k))
-    w = _mgpu_pad(w, (padded_n, padded_k))
+    x = rt.mgpu_pad(x, (padded_m, padded_k))
+    w = rt.mgpu_pad(w, (padded_n, padded_k))
     bias = bias.reshape((n,))
-    bias = _mgpu_pad(bias, (padded_n,))
+    bias = rt.mgpu_pad(bias, (padded_n,))
     (y,) = plgpu.kernel(
         functools.partial(
             _linear_mosaic_gpu_kernel,
@@ -9696,7 +9317,7 @@ def _linear_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
+                (block_m, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_n,), jnp.float32),
@@ -9740,7 +9361,7 @@ def linear_backward_over_m(
       dy: bf16[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_linear_backward_over_m_tpu_blocks),
-        grown to large steps (_grown), else 1024, 1024.
+        grown to large steps (rt.grown), else 1024, 1024.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
@@ -9751,18 +9372,18 @@ def linear_backward_over_m(
     Returns:
       dbias: f32[N].
     """
-    (dy,), sizes = _operands("linear_backward_over_m", {"dy": (dy, jnp.bfloat16, ("M", "N"))})
-    _check_blocks("linear_backward_over_m", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks(
+    (dy,), sizes = rt.operands("linear_backward_over_m", {"dy": (dy, jnp.bfloat16, ("M", "N"))})
+    rt.check_blocks("linear_backward_over_m", block_m=block_m, block_n=block_n, may_be_none=True)
+    rt.check_blocks(
         "linear_backward_over_m", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
     )
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(linear_backward_over_m_reference, (((n,), jnp.float32),), dy)
-    dbias = _on_platform(
+        return rt.without_elements(linear_backward_over_m_reference, (((n,), jnp.float32),), dy)
+    dbias = rt.on_platform(
         functools.partial(_linear_backward_over_m_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "linear_backward_over_m",
             gpu_backend,
             functools.partial(
@@ -9804,7 +9425,7 @@ def _linear_backward_over_m_kernel(dy_ref, dbias_ref, sum_m_running_ref, *, m, n
     dy_1 = dy.astype(jnp.float32)
     sum_m_block = dy_1
     if m % block_m:  # a ragged M: its identity past the end, never padding
-        sum_m_block = _fill_past(sum_m_block, step * block_m, m, 0, 0.0)
+        sum_m_block = rt.fill_past(sum_m_block, step * block_m, m, 0, 0.0)
     sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(1) - 1)
@@ -9826,19 +9447,19 @@ _linear_backward_over_m_tpu_blocks = {
 
 def _linear_backward_over_m_tpu(dy, *, m, n, block_m, block_n, interpret):
     """`linear_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _linear_backward_over_m_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "linear_backward_over_m",
         block_m=(
             block_m,
@@ -9869,10 +9490,10 @@ def _linear_backward_over_m_tpu(dy, *, m, n, block_m, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(12 * block_m * block_n + 8 * block_n),
+            vmem_limit_bytes=rt.vmem_limit(12 * block_m * block_n + 8 * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n, transcendentals=0, bytes_accessed=_nbytes(dy) + m * n * 4
+            flops=2 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(dy) + m * n * 4
         ),
         interpret=interpret,
         name="linear_backward_over_m",
@@ -9881,18 +9502,18 @@ def _linear_backward_over_m_tpu(dy, *, m, n, block_m, block_n, interpret):
 
 def _linear_backward_over_m_gpu_kernel(dy_ref, dbias_ref, *, m, n, block_m, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_n = _inside(pl.program_id(0) * block_n, block_n, n)
-    inside = _mask((1, block_n), None, in_n)
+    in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
+    inside = rt.mask((1, block_n), None, in_n)
 
     def accumulate(index, running):
         (sum_m_running,) = running
         start = index * block_m
-        in_m = _inside(start, block_m, m)
-        dy = _load(dy_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
+        in_m = rt.inside(start, block_m, m)
+        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n))
         dy_1 = dy.astype(jnp.float32)
         sum_m_block = dy_1
         if m % block_m:  # a ragged M: its identity past the end, never padding
-            sum_m_block = _fill_past(sum_m_block, start, m, 0, 0.0)
+            sum_m_block = rt.fill_past(sum_m_block, start, m, 0, 0.0)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
         return (sum_m_running,)
 
@@ -9900,7 +9521,7 @@ def _linear_backward_over_m_gpu_kernel(dy_ref, dbias_ref, *, m, n, block_m, bloc
         0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_n), 0.0, jnp.float32),)
     )
     sum_m = sum_m_running
-    _store(dbias_ref, sum_m, inside)
+    rt.store(dbias_ref, sum_m, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -9912,7 +9533,7 @@ _linear_backward_over_m_gpu_options = {None: (32, 128, 4, 1)}
 
 def _linear_backward_over_m_gpu(dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`linear_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _linear_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -9945,12 +9566,12 @@ def _linear_backward_over_m_mosaic_gpu_kernel(
     def reduce_1(indices, dy_smem, carry):
         (sum_m_running,) = carry
         start = indices[0] * block_m
-        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         dy_1 = dy.astype(jnp.float32)
         sum_m_block = dy_1
         if m % block_m:  # a ragged M: its identity past the end
             sum_m_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
             )
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
@@ -9962,11 +9583,11 @@ def _linear_backward_over_m_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (s, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             )
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_n, 0.0, jnp.float32, 1),),
+        init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),
     )(dy_ref)
     sum_m = sum_m_running
     dbias = sum_m
@@ -9986,7 +9607,7 @@ def _linear_backward_over_m_mosaic_gpu(dy, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dbias,) = plgpu.kernel(
         functools.partial(
             _linear_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m
@@ -10060,14 +9681,14 @@ def linear_backward_x(
     Returns:
       dx: bf16[M, K].
     """
-    (dy, w), sizes = _operands(
+    (dy, w), sizes = rt.operands(
         "linear_backward_x",
         {"dy": (dy, jnp.bfloat16, ("M", "N")), "w": (w, jnp.bfloat16, ("N", "K"))},
     )
-    _check_blocks(
+    rt.check_blocks(
         "linear_backward_x", block_m=block_m, block_k=block_k, block_n=block_n, may_be_none=True
     )
-    _check_blocks(
+    rt.check_blocks(
         "linear_backward_x",
         gpu_block_m=gpu_block_m,
         gpu_block_k=gpu_block_k,
@@ -10078,12 +9699,12 @@ def linear_backward_x(
     k = sizes["K"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(linear_backward_x_reference, (((m, k), jnp.bfloat16),), dy, w)
-    return _on_platform(
+        return rt.without_elements(linear_backward_x_reference, (((m, k), jnp.bfloat16),), dy, w)
+    return rt.on_platform(
         functools.partial(
             _linear_backward_x_tpu, m=m, k=k, n=n, block_m=block_m, block_k=block_k, block_n=block_n
         ),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "linear_backward_x",
             gpu_backend,
             functools.partial(
@@ -10162,13 +9783,13 @@ _linear_backward_x_tpu_blocks = {
 
 def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpret):
     """`linear_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_k, block_n = _tpu_blocks(
+    block_m, block_k, block_n = rt.tpu_blocks(
         _linear_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "linear_backward_x",
         block_m=(
             block_m,
@@ -10200,12 +9821,12 @@ def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpr
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_n + 4 * block_n * block_k + 12 * block_m * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * k * n, transcendentals=0, bytes_accessed=_nbytes(dy, w) + m * k * 2
+            flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dy, w) + m * k * 2
         ),
         interpret=interpret,
         name="linear_backward_x",
@@ -10214,25 +9835,25 @@ def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpr
 
 def _linear_backward_x_gpu_kernel(dy_ref, w_ref, dx_ref, *, m, k, n, block_m, block_k, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_k = _inside(pl.program_id(1) * block_k, block_k, k)
-    inside = _mask((block_m, block_k), in_m, in_k)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
+    inside = rt.mask((block_m, block_k), in_m, in_k)
 
     def accumulate(step, acc):
         start = step * block_n
-        in_n = _inside(start, block_n, n)  # zeros past a ragged N
-        dy = _load(
-            dy_ref.at[:, pl.ds(start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+        in_n = rt.inside(start, block_n, n)  # zeros past a ragged N
+        dy = rt.load(
+            dy_ref.at[:, pl.ds(start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        w = _load(
-            w_ref.at[pl.ds(start, block_n), :], _mask((block_n, block_k), in_n, in_k), other=0
+        w = rt.load(
+            w_ref.at[pl.ds(start, block_n), :], rt.mask((block_n, block_k), in_n, in_k), other=0
         )
         return acc + jnp.dot(dy, w, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(
         0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32)
     )
-    _store(dx_ref, acc.astype(jnp.bfloat16), inside)
+    rt.store(dx_ref, acc.astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
@@ -10246,7 +9867,7 @@ def _linear_backward_x_gpu(
     dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`linear_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_k, block_n, num_warps, num_stages = rt.gpu_options(
         _linear_backward_x_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, num_warps, num_stages),
@@ -10300,12 +9921,12 @@ def _linear_backward_x_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_n),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
                 plgpu.BlockSpec(
                     (block_n, block_k),
                     lambda s: (s, program_k),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -10337,10 +9958,10 @@ def _linear_backward_x_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_k, block_n, stages = _gpu_options(
+    block_m, block_k, block_n, stages = rt.gpu_options(
         _linear_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "linear_backward_x",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -10354,8 +9975,8 @@ def _linear_backward_x_mosaic_gpu(
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
-    dy = _mgpu_pad(dy, (padded_m, padded_n))
-    w = _mgpu_pad(w, (padded_n, padded_k))
+    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
+    w = rt.mgpu_pad(w, (padded_n, padded_k))
     (dx,) = plgpu.kernel(
         functools.partial(
             _linear_backward_x_mosaic_gpu_kernel,
@@ -10367,7 +9988,7 @@ def _linear_backward_x_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_k), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_k)
+                (block_m, block_k), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -10438,14 +10059,14 @@ def linear_backward_w(
     Returns:
       dw: bf16[N, K].
     """
-    (dy, x), sizes = _operands(
+    (dy, x), sizes = rt.operands(
         "linear_backward_w",
         {"dy": (dy, jnp.bfloat16, ("M", "N")), "x": (x, jnp.bfloat16, ("M", "K"))},
     )
-    _check_blocks(
+    rt.check_blocks(
         "linear_backward_w", block_n=block_n, block_k=block_k, block_m=block_m, may_be_none=True
     )
-    _check_blocks(
+    rt.check_blocks(
         "linear_backward_w",
         gpu_block_n=gpu_block_n,
         gpu_block_k=gpu_block_k,
@@ -10456,12 +10077,12 @@ def linear_backward_w(
     k = sizes["K"]
     m = sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(linear_backward_w_reference, (((n, k), jnp.bfloat16),), dy, x)
-    return _on_platform(
+        return rt.without_elements(linear_backward_w_reference, (((n, k), jnp.bfloat16),), dy, x)
+    return rt.on_platform(
         functools.partial(
             _linear_backward_w_tpu, n=n, k=k, m=m, block_n=block_n, block_k=block_k, block_m=block_m
         ),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "linear_backward_w",
             gpu_backend,
             functools.partial(
@@ -10542,13 +10163,13 @@ _linear_backward_w_tpu_blocks = {
 
 def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpret):
     """`linear_backward_w` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_n, block_k, block_m = _tpu_blocks(
+    block_n, block_k, block_m = rt.tpu_blocks(
         _linear_backward_w_tpu_blocks, (n, k, m), (block_n, block_k, block_m)
     )
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "linear_backward_w",
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
@@ -10580,12 +10201,12 @@ def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpr
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_n + 4 * block_m * block_k + 12 * block_n * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * n * k * m, transcendentals=0, bytes_accessed=_nbytes(dy, x) + n * k * 2
+            flops=2 * n * k * m, transcendentals=0, bytes_accessed=rt.nbytes(dy, x) + n * k * 2
         ),
         interpret=interpret,
         name="linear_backward_w",
@@ -10594,18 +10215,18 @@ def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpr
 
 def _linear_backward_w_gpu_kernel(dy_ref, x_ref, dw_ref, *, n, k, m, block_n, block_k, block_m):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_n = _inside(pl.program_id(0) * block_n, block_n, n)
-    in_k = _inside(pl.program_id(1) * block_k, block_k, k)
-    inside = _mask((block_n, block_k), in_n, in_k)
+    in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
+    in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
+    inside = rt.mask((block_n, block_k), in_n, in_k)
 
     def accumulate(step, acc):
         start = step * block_m
-        in_m = _inside(start, block_m, m)  # zeros past a ragged M
-        dy = _load(
-            dy_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        in_m = rt.inside(start, block_m, m)  # zeros past a ragged M
+        dy = rt.load(
+            dy_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        x = _load(
-            x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_k), in_m, in_k), other=0
+        x = rt.load(
+            x_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
         return acc + jax.lax.dot_general(
             dy, x, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
@@ -10614,7 +10235,7 @@ def _linear_backward_w_gpu_kernel(dy_ref, x_ref, dw_ref, *, n, k, m, block_n, bl
     acc = jax.lax.fori_loop(
         0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dw_ref.shape, jnp.float32)
     )
-    _store(dw_ref, acc.astype(jnp.bfloat16), inside)
+    rt.store(dw_ref, acc.astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_n, block_k, block_m, num_warps,
@@ -10628,7 +10249,7 @@ def _linear_backward_w_gpu(
     dy, x, *, n, k, m, block_n, block_k, block_m, num_warps, num_stages, interpret
 ):
     """`linear_backward_w` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, block_k, block_m, num_warps, num_stages = _gpu_options(
+    block_n, block_k, block_m, num_warps, num_stages = rt.gpu_options(
         _linear_backward_w_gpu_options,
         (n, k, m),
         (block_n, block_k, block_m, num_warps, num_stages),
@@ -10682,12 +10303,12 @@ def _linear_backward_w_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_n, block_m),
                     lambda s: (program_n, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_m),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_m),
                 ),
                 plgpu.BlockSpec(
                     (block_m, block_k),
                     lambda s: (s, program_k),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -10719,10 +10340,10 @@ def _linear_backward_w_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_n, block_k, block_m, stages = _gpu_options(
+    block_n, block_k, block_m, stages = rt.gpu_options(
         _linear_backward_w_mosaic_gpu_options, (n, k, m), (block_n, block_k, block_m, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "linear_backward_w",
         {
             "mgpu_block_n": (block_n, (64, 128)),
@@ -10737,8 +10358,8 @@ def _linear_backward_w_mosaic_gpu(
     padded_k = k + -k % block_k
     padded_m = m + -m % block_m
     dy = jnp.swapaxes(dy, -1, -2)  # wgmma reads [M, K] tiles
-    dy = _mgpu_pad(dy, (padded_n, padded_m))
-    x = _mgpu_pad(x, (padded_m, padded_k))
+    dy = rt.mgpu_pad(dy, (padded_n, padded_m))
+    x = rt.mgpu_pad(x, (padded_m, padded_k))
     (dw,) = plgpu.kernel(
         functools.partial(
             _linear_backward_w_mosaic_gpu_kernel,
@@ -10750,7 +10371,7 @@ def _linear_backward_w_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_n, padded_k), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_n, block_k), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_k)
+                (block_n, block_k), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k)
             ),
             plgpu.Barrier(num_barriers=1),
         ],

@@ -4,427 +4,20 @@
 
 Each kernel `NAME(...)` comes with `NAME_reference(...)`, the same computation in
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
-Pallas interpret mode unless `interpret` says otherwise.
+Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
+the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 """
 
 import functools
-import warnings
 
 import jax
-import jax.extend.core
-import jax.interpreters.batching
-import jax.interpreters.mlir
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
-try:
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-except ImportError:  # jax 0.10.2 imports it only with absl-py (pallasgen's jax extra brings it)
-    plgpu = None
-
-# jax 0.11+ warns at every Triton lowering that Pallas's Triton backend is deprecated. The
-# GPU kernels here use it knowingly until they move to Mosaic GPU: silence that one warning.
-warnings.filterwarnings(
-    "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
-)
-
-
-def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
-    """The GPU kernel that `gpu_backend` names: Triton's, or Mosaic GPU's where the kernel
-    has one (`mosaic_gpu` None: it has not, and runs on Triton)."""
-    if gpu_backend not in ("triton", "mosaic_gpu"):
-        raise ValueError(
-            f'{kernel}: gpu_backend must be "triton" or "mosaic_gpu", got {gpu_backend!r}'
-        )
-    if gpu_backend == "triton" or mosaic_gpu is None:
-        return triton
-
-    def on_mosaic_gpu(*arrays, **keywords):  # called only where the module lowers for CUDA
-        if plgpu is None:
-            raise ImportError(
-                f'{kernel}: gpu_backend="mosaic_gpu" needs absl-py on jax 0.10.2 (pip install absl-py)'
-            )
-        return mosaic_gpu(*arrays, **keywords)
-
-    return on_mosaic_gpu
-
-
-def _gpu_device_kind():
-    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
-    default device's if it is a GPU, else the first GPU's (None without one)."""
-    device = jax.config.jax_default_device
-    if getattr(device, "platform", None) == "gpu":
-        return device.device_kind
-    try:
-        return jax.devices("gpu")[0].device_kind
-    except RuntimeError:  # no GPU backend
-        return None
-
-
-def _gpu_options(table, sizes, given):
-    """The blocks and launch options of a GPU call (Triton's, or Mosaic GPU's blocks and
-    stages): those `given` (not None) as they are, the others from `table`: for the GPU
-    compiled for (see `_gpu_device_kind`), the tuned entry whose sizes are nearest the
-    call's (in powers of two), else the built-in ones, `table[None]`."""
-
-    def distance(tuned_sizes):
-        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
-
-    if None not in given:
-        return given
-    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
-    tuned = table.get(kind) if kind is not None else None
-    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
-    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
-
-
-def _mgpu_pad(array, shape):
-    """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
-    if array.shape == shape:
-        return array
-    return jnp.pad(array, [(0, padded - size) for size, padded in zip(array.shape, shape)])
-
-
-def _mgpu_swizzled(dtype, columns):
-    """The shared-memory tiling and swizzle of a 2-D block `columns` wide, as wgmma and
-    the WGMMA register layout read it."""
-    swizzle = plgpu.find_swizzle(columns * jnp.dtype(dtype).itemsize * 8)
-    return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(
-        swizzle
-    )
-
-
-def _mgpu_load(ref, shape, dims):
-    """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
-    along `dims` (its position in `shape`) in the layout's row or column, broadcast."""
-    if len(dims) == len(shape):
-        return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
-    vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
-    return jax.lax.broadcast_in_dim(vector, shape, dims)
-
-
-def _mgpu_spread(vector, shape, dim):
-    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
-    broadcast over the block's other axis."""
-    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
-
-
-def _mgpu_full(size, value, dtype, dim):
-    """A running value per position along axis `dim` of a block, `value` in each."""
-    return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
-
-
-def _mgpu_positions(start, shape, axis):
-    """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
-    return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
-
-
-def _mgpu_argbest_step(best, index, x, start, axis, largest):
-    """The running (value, first index) of the largest (or smallest) value along `axis`
-    after one more block `x` whose positions there start at `start`."""
-    block_best = jnp.max(x, axis=axis) if largest else jnp.min(x, axis=axis)
-    hits = jnp.where(
-        x == _mgpu_spread(block_best, x.shape, 1 - axis),
-        _mgpu_positions(start, x.shape, axis),
-        2147483647,
-    )
-    better = block_best > best if largest else block_best < best  # ties keep the earlier index
-    return jnp.where(better, block_best, best), jnp.where(better, jnp.min(hits, axis=axis), index)
-
-
-def _on_platform(tpu, gpu, interpret, *arrays):
-    """Runs the kernel built for the platform being compiled for.
-
-    The choice follows the lowering platform, not the host, so ahead-of-time compiles
-    and exports (for one platform, or for several at once) get the right kernel: Mosaic
-    on TPU, Triton on NVIDIA GPUs, and
-    elsewhere (CPU) the TPU kernel in interpret mode, or compiled if `interpret` is
-    False. A true `interpret` (or `pltpu.InterpretParams`) interprets the TPU kernel
-    on every platform.
-    """
-    if interpret:
-        return tpu(*arrays, interpret=interpret)
-    return _platform_dependent(
-        arrays,
-        tpu=functools.partial(tpu, interpret=False),
-        cuda=functools.partial(gpu, interpret=False),
-        default=functools.partial(tpu, interpret=interpret is None),
-    )
-
-
-def _platform_dependent(arrays, **kernels):
-    """`jax.lax.platform_dependent(*arrays, tpu=..., cuda=..., default=...)`, except that
-    each platform lowers only its own kernel.
-
-    `jax.lax.platform_dependent` lowers every branch for every platform that a module is
-    lowered for, and a Mosaic kernel does not lower for CUDA, nor a Triton kernel for
-    TPU: `jax.export.export(NAME, platforms=("tpu", "cuda"))` would fail. Here each
-    platform has its own lowering rule (see `_platform_dependent_primitive`), so the
-    exported module holds the Mosaic kernel for TPU and the Triton kernel for CUDA.
-    Tracing the default kernel gives the outputs' shapes and runs its call-time checks.
-    """
-    outputs, tree = jax.tree.flatten(jax.eval_shape(kernels["default"], *arrays))
-    results = _platform_dependent_p.bind(*arrays, outputs=tuple(outputs), **kernels)
-    return jax.tree.unflatten(tree, results)
-
-
-def _platform_dependent_primitive():
-    """The primitive behind `_platform_dependent`, with one lowering rule per platform.
-
-    Its parameters: `tpu`, `cuda` and `default`, the kernel for each platform (a
-    function of the arrays that returns a pytree of arrays), and `outputs`, the
-    jax.ShapeDtypeStruct of each leaf of that pytree.
-    """
-    primitive = jax.extend.core.Primitive("platform_dependent_kernel")
-    primitive.multiple_results = True
-
-    def abstract_eval(*arrays, outputs, **kernels):
-        return [jax.core.ShapedArray(output.shape, output.dtype) for output in outputs]
-
-    def lowering(platform):
-        def kernel_leaves(*arrays, outputs, **kernels):
-            return jax.tree.leaves(kernels[platform](*arrays))
-
-        return jax.interpreters.mlir.lower_fun(kernel_leaves, multiple_results=True)
-
-    def run_outside_jit(*arrays, outputs, **kernels):  # as under `jax.disable_jit()`
-        return jax.tree.leaves(jax.lax.platform_dependent(*arrays, **kernels))
-
-    def vmapped(arrays, axes, *, outputs, **kernels):
-        kernels = {name: jax.vmap(kernel, in_axes=axes) for name, kernel in kernels.items()}
-        results = jax.tree.leaves(_platform_dependent(arrays, **kernels))
-        return results, [0] * len(results)
-
-    primitive.def_abstract_eval(abstract_eval)
-    primitive.def_impl(run_outside_jit)
-    jax.interpreters.mlir.register_lowering(primitive, lowering("tpu"), platform="tpu")
-    jax.interpreters.mlir.register_lowering(primitive, lowering("cuda"), platform="cuda")
-    jax.interpreters.mlir.register_lowering(primitive, lowering("default"))  # any other platform
-    jax.interpreters.batching.primitive_batchers[primitive] = vmapped
-    return primitive
-
-
-_platform_dependent_p = _platform_dependent_primitive()
-
-
-def _differentiable(forward, backward, *arrays, saving=None):
-    """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
-    from what the forward pass saves (the arrays; or, given `saving`, what it returns
-    beside the outputs) and the cotangents of the outputs, it gives one cotangent per
-    array, or None for none (float0 for an integer array)."""
-    call = jax.custom_vjp(forward)
-    call.defvjp(saving or (lambda *arrays: (forward(*arrays), arrays)), backward)
-    return call(*arrays)
-
-
-def _operands(kernel, operands):
-    """The operands as arrays, each checked for its dtype and rank, and the size of each
-    named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
-    arrays, sizes = [], {}
-    for name, (value, dtype, dims) in operands.items():
-        try:
-            array = jnp.asarray(value)
-        except (TypeError, ValueError) as error:
-            raise TypeError(
-                f"{kernel}: {name} is not an array, nor converts to one ({error})"
-            ) from None
-        if array.dtype != dtype:
-            raise TypeError(f"{kernel}: {name} must be {jnp.dtype(dtype).name}, got {array.dtype}")
-        if array.ndim != len(dims):
-            raise ValueError(
-                f"{kernel}: {name} must have dimensions [{', '.join(dims)}], got shape {array.shape}"
-            )
-        for dim, size in zip(dims, array.shape):
-            if sizes.setdefault(dim, size) != size:
-                raise ValueError(
-                    f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
-                )
-        arrays.append(array)
-    return arrays, sizes
-
-
-def _check_blocks(kernel, may_be_none=False, **blocks):
-    """Refuses a block keyword whose value is not a positive int. None, where a block
-    `may_be_none`, leaves the choice of the block to the kernel."""
-    for keyword, block in blocks.items():
-        if block is None and may_be_none:
-            continue
-        if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
-            expected = "a positive int or None" if may_be_none else "a positive int"
-            raise ValueError(f"{kernel}: {keyword} must be {expected}, got {block!r}")
-
-
-def _without_elements(reference, outputs, *arrays, **params):
-    """The result of a call where a dimension has size 0, as jax.numpy gives it: empty
-    arrays of the `outputs`' (shape, dtype), or, where an output still has elements (it
-    reduces over the empty dimension), what the reference computes."""
-    if any(0 not in shape for shape, _ in outputs):
-        return reference(*arrays, **params)
-    empty = tuple(jnp.zeros(shape, dtype) for shape, dtype in outputs)
-    return empty if len(empty) > 1 else empty[0]
-
-
-def _check_tiling(kernel, **blocks):
-    """Refuses TPU blocks that Mosaic cannot tile, before anything compiles.
-
-    Each keyword maps to (block, size, multiple, rule[, smallest power of two]): a block
-    is legal when it covers its whole dimension, is a multiple of `multiple`, or (for
-    one-dimensional arrays) a power of two of at least the smallest one given.
-    """
-    for keyword, (block, size, multiple, rule, *smallest) in blocks.items():
-        if block == size or block % multiple == 0:
-            continue
-        if smallest and block >= smallest[0] and block & (block - 1) == 0:
-            continue
-        raise ValueError(
-            f"{kernel}: {keyword}={block} breaks the TPU tiling rule: {rule}; use"
-            f" {-(-block // multiple) * multiple} or a block of the whole dimension ({size})"
-        )
-
-
-def _tpu_chip():
-    """The TPU generation being compiled for, as tuning tables name it, or None.
-
-    It is the default device's: a TPU's, or under `jax.default_device(...)` that of a
-    compile-only TPU topology (ahead-of-time compiles on a host without a TPU).
-    """
-    device = jax.config.jax_default_device
-    if not hasattr(device, "device_kind"):
-        device = jax.devices(device)[0]
-    return {"TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}.get(
-        device.device_kind
-    )
-
-
-def _tpu_blocks(table, sizes, given, grow=None):
-    """The blocks of a TPU call: those `given` (not None) as they are, the others from
-    `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
-    are nearest the call's (in powers of two), else the chip's default. Any other
-    chip, and CPU, takes `table[None]`, the spec's blocks.
-
-    A kernel without a matrix product passes `grow` (see `_grown`), which grows a
-    chip's default blocks not given to large steps.
-    """
-
-    def distance(tuned_sizes):
-        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
-
-    if None not in given:
-        return given
-    chip = _tpu_chip()
-    known = chip is not None and chip in table
-    entries = table[chip if known else None]
-    tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
-    chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
-    blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
-    if grow is not None and known and not tuned:
-        blocks = grow(blocks, [block is None for block in given])
-    return tuple(blocks)
-
-
-def _grown(blocks, free, bounds, step):
-    """`blocks` with the `free` ones doubled in turn, the last first, while smaller than
-    their dimension (`bounds`) and while a grid step (`step(*blocks)`: its elements and
-    VMEM bytes) stays within 2**20 elements and 32 MiB. A step costs a fixed ~600
-    cycles, so a memory-bound kernel wants few, large steps; doubling keeps a block legal.
-    """
-    grew = True
-    while grew:
-        grew = False
-        for i in reversed(range(len(blocks))):
-            if not free[i] or blocks[i] >= bounds[i]:
-                continue
-            trial = [*blocks[:i], 2 * blocks[i], *blocks[i + 1 :]]
-            elements, vmem = step(*trial)
-            if elements <= 2**20 and vmem <= 32 * 2**20:
-                blocks, grew = trial, True
-    return blocks
-
-
-def _vmem_limit(needed):
-    """The scoped VMEM limit for TPU blocks that need `needed` bytes.
-
-    None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
-    blocks would fail to compile, so they ask for twice what they need, at most 100 MiB of
-    the 128 MiB a v5e or v6e core has. Not more: compiled for libtpu's cost estimate, blocks
-    of 28 MiB that asked for 100 MiB ran out of VMEM (the ask counted beside the use).
-    """
-    return None if needed <= 16 * 2**20 else min(2 * needed, 100 * 2**20)
-
-
-def _inside(start, block, size):
-    """Which of `block` positions from `start` lie inside a dimension of `size`.
-
-    None when blocks tile the dimension exactly: aligned sizes load and store unmasked.
-    """
-    if size % block == 0:
-        return None
-    return start + jnp.arange(block) < size
-
-
-def _mask(shape, *inside):
-    """A block's mask from one `_inside` per axis (None: that axis never overhangs)."""
-    mask = None
-    for axis, along in enumerate(inside):
-        if along is not None:
-            along = jax.lax.broadcast_in_dim(along, shape, (axis,))
-            mask = along if mask is None else mask & along
-    return mask
-
-
-def _load(ref, mask, other=None):
-    """A GPU block, masked where `mask` says (None: the block fits, so a plain load)."""
-    if mask is None:
-        return ref[...]
-    return pltriton.load(ref, mask=mask, other=other)
-
-
-def _store(ref, value, mask):
-    """Stores a GPU block, masked where `mask` says (None: the block fits)."""
-    if mask is None:
-        ref[...] = value
-    else:
-        pltriton.store(ref, value, mask=mask)
-
-
-def _nbytes(*arrays):
-    """Bytes of the given arrays, for the kernel's cost estimate."""
-    return sum(array.size * array.dtype.itemsize for array in arrays)
-
-
-def _fill_past(value, start, size, axis, identity):
-    """`value` with `identity` at the positions along `axis` (from `start`) past `size`."""
-    positions = start + jax.lax.broadcasted_iota(jnp.int32, value.shape, axis)
-    return jnp.where(positions < size, value, identity)
-
-
-def _rows_shape(block):
-    """How a TPU kernel holds a one-dimensional block of `block` positions: as rows of 128
-    lanes when they divide it (Mosaic handles one long row poorly), else as it is."""
-    return (block // 128, 128) if block % 128 == 0 else (block,)
-
-
-def _as_rows(value):
-    """A one-dimensional block as `_rows_shape` holds it."""
-    return value.reshape(_rows_shape(value.shape[0]))
-
-
-def _fill_past_rows(value, start, size, identity):
-    """`value`, a block held as `_as_rows` holds it from position `start`, with
-    `identity` at the positions past `size`."""
-    positions = jax.lax.broadcasted_iota(jnp.int32, value.shape, value.ndim - 1)
-    if value.ndim == 2:
-        positions += value.shape[1] * jax.lax.broadcasted_iota(jnp.int32, value.shape, 0)
-    return jnp.where(start + positions < size, value, identity)
-
-
-def _argbest(x, axis, largest):
-    """The first index of the largest (or smallest) value along `axis`, kept as size 1."""
-    best = jnp.max(x, axis=axis, keepdims=True) if largest else jnp.min(x, axis=axis, keepdims=True)
-    positions = jax.lax.broadcasted_iota(jnp.int32, x.shape, axis)
-    return jnp.min(jnp.where(x == best, positions, x.shape[axis]), axis=axis, keepdims=True)
+from pallasgen.runtime import support as rt
+from pallasgen.runtime.support import plgpu
 
 
 @functools.partial(
@@ -460,7 +53,7 @@ def add_f32(
       y: f32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_f32_tpu_blocks),
-        grown to large steps (_grown), else 256, 512.
+        grown to large steps (rt.grown), else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
@@ -473,16 +66,16 @@ def add_f32(
 
     Gradients: jax.grad runs the generated backward kernels add_f32_backward (_add_f32_vjp).
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "add_f32", {"x": (x, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("M", "N"))}
     )
-    _check_blocks("add_f32", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("add_f32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
+    rt.check_blocks("add_f32", block_m=block_m, block_n=block_n, may_be_none=True)
+    rt.check_blocks("add_f32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(add_f32_reference, (((m, n), jnp.float32),), x, y)
-    return _differentiable(
+        return rt.without_elements(add_f32_reference, (((m, n), jnp.float32),), x, y)
+    return rt.differentiable(
         functools.partial(
             _add_f32_forward,
             m=m,
@@ -524,9 +117,9 @@ def _add_f32_forward(
     interpret,
 ):
     """`add_f32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
+    return rt.on_platform(
         functools.partial(_add_f32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "add_f32",
             gpu_backend,
             functools.partial(
@@ -575,19 +168,19 @@ _add_f32_tpu_blocks = {
 
 def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`add_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _add_f32_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "add_f32",
         block_m=(
             block_m,
@@ -616,10 +209,10 @@ def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_m * block_n),
+            vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n * 4
         ),
         interpret=interpret,
         name="add_f32",
@@ -628,12 +221,12 @@ def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
 
 def _add_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    y = _load(y_ref, inside)
-    _store(z_ref, x + y, inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    y = rt.load(y_ref, inside)
+    rt.store(z_ref, x + y, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -645,7 +238,7 @@ _add_f32_gpu_options = {None: (8, 128, 4, 1)}
 
 def _add_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`add_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _add_f32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -674,8 +267,8 @@ def _add_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     program_n = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, z_smem):
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        y = rt.mgpu_load(y_smem, (block_m, block_n), (0, 1))
         z_smem[...] = x + y
 
     plgpu.emit_pipeline(
@@ -685,19 +278,19 @@ def _add_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
     )(x_ref, y_ref, z_ref)
@@ -713,8 +306,8 @@ def _add_f32_mosaic_gpu(x, y, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
-    y = _mgpu_pad(y, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
+    y = rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_add_f32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
@@ -757,7 +350,7 @@ def add_f32_backward(
       dz: f32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_f32_backward_tpu_blocks),
-        grown to large steps (_grown), else 256, 512.
+        grown to large steps (rt.grown), else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
@@ -768,20 +361,20 @@ def add_f32_backward(
     Returns:
       dx: f32[M, N]; dy: f32[M, N].
     """
-    (dz,), sizes = _operands("add_f32_backward", {"dz": (dz, jnp.float32, ("M", "N"))})
-    _check_blocks("add_f32_backward", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks(
+    (dz,), sizes = rt.operands("add_f32_backward", {"dz": (dz, jnp.float32, ("M", "N"))})
+    rt.check_blocks("add_f32_backward", block_m=block_m, block_n=block_n, may_be_none=True)
+    rt.check_blocks(
         "add_f32_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
     )
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             add_f32_backward_reference, (((m, n), jnp.float32), ((m, n), jnp.float32)), dz
         )
-    return _on_platform(
+    return rt.on_platform(
         functools.partial(_add_f32_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "add_f32_backward",
             gpu_backend,
             functools.partial(
@@ -826,19 +419,19 @@ _add_f32_backward_tpu_blocks = {
 
 def _add_f32_backward_tpu(dz, *, m, n, block_m, block_n, interpret):
     """`add_f32_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _add_f32_backward_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "add_f32_backward",
         block_m=(
             block_m,
@@ -872,10 +465,10 @@ def _add_f32_backward_tpu(dz, *, m, n, block_m, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_m * block_n),
+            vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=0, transcendentals=0, bytes_accessed=_nbytes(dz) + m * n * 4 + m * n * 4
+            flops=0, transcendentals=0, bytes_accessed=rt.nbytes(dz) + m * n * 4 + m * n * 4
         ),
         interpret=interpret,
         name="add_f32_backward",
@@ -884,12 +477,12 @@ def _add_f32_backward_tpu(dz, *, m, n, block_m, block_n, interpret):
 
 def _add_f32_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, m, n, block_m, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    dz = _load(dz_ref, inside)
-    _store(dx_ref, dz, inside)
-    _store(dy_ref, dz, inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    dz = rt.load(dz_ref, inside)
+    rt.store(dx_ref, dz, inside)
+    rt.store(dy_ref, dz, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -901,7 +494,7 @@ _add_f32_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 def _add_f32_backward_gpu(dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`add_f32_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _add_f32_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -935,7 +528,7 @@ def _add_f32_backward_mosaic_gpu_kernel(dz_ref, dx_ref, dy_ref, *, block_m, bloc
     program_n = jax.lax.axis_index("N")
 
     def step(_, dz_smem, dx_smem, dy_smem):
-        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
         dx_smem[...] = dz
         dy_smem[...] = dz
 
@@ -946,19 +539,19 @@ def _add_f32_backward_mosaic_gpu_kernel(dz_ref, dx_ref, dy_ref, *, block_m, bloc
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
     )(dz_ref, dx_ref, dy_ref)
@@ -974,7 +567,7 @@ def _add_f32_backward_mosaic_gpu(dz, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    dz = _mgpu_pad(dz, (padded_m, padded_n))
+    dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     dx, dy = plgpu.kernel(
         functools.partial(_add_f32_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(
@@ -1021,7 +614,7 @@ def mul_f32(
       y: f32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_mul_f32_tpu_blocks),
-        grown to large steps (_grown), else 256, 512.
+        grown to large steps (rt.grown), else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
@@ -1034,16 +627,16 @@ def mul_f32(
 
     Gradients: jax.grad runs the generated backward kernels mul_f32_backward (_mul_f32_vjp).
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "mul_f32", {"x": (x, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("M", "N"))}
     )
-    _check_blocks("mul_f32", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("mul_f32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
+    rt.check_blocks("mul_f32", block_m=block_m, block_n=block_n, may_be_none=True)
+    rt.check_blocks("mul_f32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(mul_f32_reference, (((m, n), jnp.float32),), x, y)
-    return _differentiable(
+        return rt.without_elements(mul_f32_reference, (((m, n), jnp.float32),), x, y)
+    return rt.differentiable(
         functools.partial(
             _mul_f32_forward,
             m=m,
@@ -1085,9 +678,9 @@ def _mul_f32_forward(
     interpret,
 ):
     """`mul_f32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
+    return rt.on_platform(
         functools.partial(_mul_f32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "mul_f32",
             gpu_backend,
             functools.partial(
@@ -1137,19 +730,19 @@ _mul_f32_tpu_blocks = {
 
 def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`mul_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _mul_f32_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "mul_f32",
         block_m=(
             block_m,
@@ -1178,10 +771,10 @@ def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_m * block_n),
+            vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n * 4
         ),
         interpret=interpret,
         name="mul_f32",
@@ -1190,12 +783,12 @@ def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
 
 def _mul_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    y = _load(y_ref, inside)
-    _store(z_ref, x * y, inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    y = rt.load(y_ref, inside)
+    rt.store(z_ref, x * y, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -1207,7 +800,7 @@ _mul_f32_gpu_options = {None: (8, 128, 4, 1)}
 
 def _mul_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`mul_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _mul_f32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -1236,8 +829,8 @@ def _mul_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     program_n = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, z_smem):
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        y = rt.mgpu_load(y_smem, (block_m, block_n), (0, 1))
         z_smem[...] = x * y
 
     plgpu.emit_pipeline(
@@ -1247,19 +840,19 @@ def _mul_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
     )(x_ref, y_ref, z_ref)
@@ -1275,8 +868,8 @@ def _mul_f32_mosaic_gpu(x, y, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
-    y = _mgpu_pad(y, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
+    y = rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_mul_f32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
@@ -1323,7 +916,7 @@ def mul_f32_backward(
       dz: f32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_mul_f32_backward_tpu_blocks),
-        grown to large steps (_grown), else 256, 512.
+        grown to large steps (rt.grown), else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
@@ -1334,7 +927,7 @@ def mul_f32_backward(
     Returns:
       dx: f32[M, N]; dy: f32[M, N].
     """
-    (x, y, dz), sizes = _operands(
+    (x, y, dz), sizes = rt.operands(
         "mul_f32_backward",
         {
             "x": (x, jnp.float32, ("M", "N")),
@@ -1342,19 +935,19 @@ def mul_f32_backward(
             "dz": (dz, jnp.float32, ("M", "N")),
         },
     )
-    _check_blocks("mul_f32_backward", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks(
+    rt.check_blocks("mul_f32_backward", block_m=block_m, block_n=block_n, may_be_none=True)
+    rt.check_blocks(
         "mul_f32_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
     )
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             mul_f32_backward_reference, (((m, n), jnp.float32), ((m, n), jnp.float32)), x, y, dz
         )
-    return _on_platform(
+    return rt.on_platform(
         functools.partial(_mul_f32_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "mul_f32_backward",
             gpu_backend,
             functools.partial(
@@ -1403,19 +996,19 @@ _mul_f32_backward_tpu_blocks = {
 
 def _mul_f32_backward_tpu(x, y, dz, *, m, n, block_m, block_n, interpret):
     """`mul_f32_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _mul_f32_backward_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (block_m * block_n, 40 * block_m * block_n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "mul_f32_backward",
         block_m=(
             block_m,
@@ -1453,12 +1046,12 @@ def _mul_f32_backward_tpu(x, y, dz, *, m, n, block_m, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(40 * block_m * block_n),
+            vmem_limit_bytes=rt.vmem_limit(40 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n,
             transcendentals=0,
-            bytes_accessed=_nbytes(x, y, dz) + m * n * 4 + m * n * 4,
+            bytes_accessed=rt.nbytes(x, y, dz) + m * n * 4 + m * n * 4,
         ),
         interpret=interpret,
         name="mul_f32_backward",
@@ -1467,14 +1060,14 @@ def _mul_f32_backward_tpu(x, y, dz, *, m, n, block_m, block_n, interpret):
 
 def _mul_f32_backward_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, m, n, block_m, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    y = _load(y_ref, inside)
-    dz = _load(dz_ref, inside)
-    _store(dx_ref, dz * y, inside)
-    _store(dy_ref, dz * x, inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    y = rt.load(y_ref, inside)
+    dz = rt.load(dz_ref, inside)
+    rt.store(dx_ref, dz * y, inside)
+    rt.store(dy_ref, dz * x, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -1486,7 +1079,7 @@ _mul_f32_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 def _mul_f32_backward_gpu(x, y, dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`mul_f32_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _mul_f32_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -1524,9 +1117,9 @@ def _mul_f32_backward_mosaic_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *,
     program_n = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, dz_smem, dx_smem, dy_smem):
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
-        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        y = rt.mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
         dx_smem[...] = dz * y
         dy_smem[...] = dz * x
 
@@ -1537,29 +1130,29 @@ def _mul_f32_backward_mosaic_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *,
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
     )(x_ref, y_ref, dz_ref, dx_ref, dy_ref)
@@ -1575,9 +1168,9 @@ def _mul_f32_backward_mosaic_gpu(x, y, dz, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
-    y = _mgpu_pad(y, (padded_m, padded_n))
-    dz = _mgpu_pad(dz, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
+    y = rt.mgpu_pad(y, (padded_m, padded_n))
+    dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     dx, dy = plgpu.kernel(
         functools.partial(_mul_f32_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(
@@ -1618,7 +1211,7 @@ def argmax_f32(
       x: f32[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_f32_tpu_blocks),
-        grown to large steps (_grown), else 8.
+        grown to large steps (rt.grown), else 8.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
@@ -1632,14 +1225,14 @@ def argmax_f32(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x,), sizes = _operands("argmax_f32", {"x": (x, jnp.float32, ("M", "N"))})
-    _check_blocks("argmax_f32", block_m=block_m, may_be_none=True)
-    _check_blocks("argmax_f32", gpu_block_m=gpu_block_m, may_be_none=True)
+    (x,), sizes = rt.operands("argmax_f32", {"x": (x, jnp.float32, ("M", "N"))})
+    rt.check_blocks("argmax_f32", block_m=block_m, may_be_none=True)
+    rt.check_blocks("argmax_f32", gpu_block_m=gpu_block_m, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(argmax_f32_reference, (((m,), jnp.int32),), x)
-    return _differentiable(
+        return rt.without_elements(argmax_f32_reference, (((m,), jnp.int32),), x)
+    return rt.differentiable(
         functools.partial(
             _argmax_f32_forward,
             m=m,
@@ -1669,9 +1262,9 @@ def _argmax_f32_forward(
     x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
 ):
     """`argmax_f32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    i = _on_platform(
+    i = rt.on_platform(
         functools.partial(_argmax_f32_tpu, m=m, n=n, block_m=block_m),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "argmax_f32",
             gpu_backend,
             functools.partial(
@@ -1700,7 +1293,7 @@ def _argmax_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 def _argmax_f32_kernel(x_ref, i_ref, *, m, n, block_m):
     x = x_ref[...]
-    i_ref[...] = _argbest(x, 1, largest=True)
+    i_ref[...] = rt.argbest(x, 1, largest=True)
 
 
 # TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
@@ -1716,16 +1309,18 @@ _argmax_f32_tpu_blocks = {
 
 def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
     """`argmax_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _argmax_f32_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m)
+            rt.grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "argmax_f32",
         block_m=(
             block_m,
@@ -1751,10 +1346,10 @@ def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(12 * block_m * n + 8 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(12 * block_m * n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + m * n * 4
         ),
         interpret=interpret,
         name="argmax_f32",
@@ -1763,11 +1358,11 @@ def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
 
 def _argmax_f32_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(0, block_n, n)
-    inside = _mask((block_m, 1), in_m, None)
-    x = _load(x_ref, _mask((block_m, block_n), in_m, in_n))
-    _store(i_ref, _argbest(_fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, 1), in_m, None)
+    x = rt.load(x_ref, rt.mask((block_m, block_n), in_m, in_n))
+    rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
@@ -1779,7 +1374,7 @@ _argmax_f32_gpu_options = {None: (1, 4, 1)}
 
 def _argmax_f32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmax_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = _gpu_options(
+    block_m, num_warps, num_stages = rt.gpu_options(
         _argmax_f32_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -1808,13 +1403,13 @@ def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     def reduce_1(indices, x_smem, carry):
         argmax_n_running, argmax_n_index = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         argmax_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
             argmax_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -jnp.inf
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -jnp.inf
             )
-        argmax_n_running, argmax_n_index = _mgpu_argbest_step(
+        argmax_n_running, argmax_n_index = rt.mgpu_argbest_step(
             argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
         )
         return (argmax_n_running, argmax_n_index)
@@ -1826,13 +1421,13 @@ def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
-            _mgpu_full(block_m, 0, jnp.int32, 0),
+            rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            rt.mgpu_full(block_m, 0, jnp.int32, 0),
         ),
     )(x_ref)
     argmax_n = argmax_n_index
@@ -1853,7 +1448,7 @@ def _argmax_f32_mosaic_gpu(x, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     (i,) = plgpu.kernel(
         functools.partial(_argmax_f32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
@@ -1894,7 +1489,7 @@ def equal_count_f32(
       y: f32[N].
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_f32_tpu_blocks),
-        grown to large steps (_grown), else 4096.
+        grown to large steps (rt.grown), else 4096.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
@@ -1908,15 +1503,15 @@ def equal_count_f32(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "equal_count_f32", {"x": (x, jnp.float32, ("N",)), "y": (y, jnp.float32, ("N",))}
     )
-    _check_blocks("equal_count_f32", block_n=block_n, may_be_none=True)
-    _check_blocks("equal_count_f32", gpu_block_n=gpu_block_n, may_be_none=True)
+    rt.check_blocks("equal_count_f32", block_n=block_n, may_be_none=True)
+    rt.check_blocks("equal_count_f32", gpu_block_n=gpu_block_n, may_be_none=True)
     n_ = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(equal_count_f32_reference, (((), jnp.int32),), x, y)
-    return _differentiable(
+        return rt.without_elements(equal_count_f32_reference, (((), jnp.int32),), x, y)
+    return rt.differentiable(
         functools.partial(
             _equal_count_f32_forward,
             n_=n_,
@@ -1945,9 +1540,9 @@ def _equal_count_f32_forward(
     x, y, *, n_, block_n, gpu_block_n, gpu_warps, gpu_stages, gpu_backend, interpret
 ):
     """`equal_count_f32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    n = _on_platform(
+    n = rt.on_platform(
         functools.partial(_equal_count_f32_tpu, n_=n_, block_n=block_n),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "equal_count_f32",
             gpu_backend,
             functools.partial(
@@ -1981,11 +1576,11 @@ def _equal_count_f32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block
     def _init():
         sum_n_running_ref[...] = jnp.full(sum_n_running_ref.shape, 0, jnp.int32)
 
-    x = _as_rows(x_ref[...])
-    y = _as_rows(y_ref[...])
+    x = rt.as_rows(x_ref[...])
+    y = rt.as_rows(y_ref[...])
     sum_n_block = (x == y).astype(jnp.int32)
     if n_ % block_n:  # a ragged N: its identity past the end, never padding
-        sum_n_block = _fill_past_rows(sum_n_block, step * block_n, n_, 0)
+        sum_n_block = rt.fill_past_rows(sum_n_block, step * block_n, n_, 0)
     sum_n_running_ref[...] = sum_n_running_ref[...] + sum_n_block
 
     @pl.when(step == pl.num_programs(0) - 1)
@@ -2007,16 +1602,16 @@ _equal_count_f32_tpu_blocks = {
 
 def _equal_count_f32_tpu(x, y, *, n_, block_n, interpret):
     """`equal_count_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_n,) = _tpu_blocks(
+    (block_n,) = rt.tpu_blocks(
         _equal_count_f32_tpu_blocks,
         (n_,),
         (block_n,),
         grow=functools.partial(
-            _grown, bounds=(n_,), step=lambda block_n: (block_n, 24 * block_n + 8)
+            rt.grown, bounds=(n_,), step=lambda block_n: (block_n, 24 * block_n + 8)
         ),
     )
     block_n = min(block_n, n_)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "equal_count_f32",
         block_n=(
             block_n,
@@ -2042,14 +1637,14 @@ def _equal_count_f32_tpu(x, y, *, n_, block_n, interpret):
         out_specs=pl.BlockSpec((1,), lambda i: (0,)),
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
-        scratch_shapes=[pltpu.VMEM(_rows_shape(block_n), jnp.int32)],
+        scratch_shapes=[pltpu.VMEM(rt.rows_shape(block_n), jnp.int32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_n + 8),
+            vmem_limit_bytes=rt.vmem_limit(24 * block_n + 8),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=3 * n_, transcendentals=0, bytes_accessed=_nbytes(x, y) + n_ * 4
+            flops=3 * n_, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + n_ * 4
         ),
         interpret=interpret,
         name="equal_count_f32",
@@ -2063,12 +1658,12 @@ def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
     def accumulate(index, running):
         (sum_n_running,) = running
         start = index * block_n
-        in_n = _inside(start, block_n, n_)
-        x = _load(x_ref.at[pl.ds(start, block_n)], _mask((block_n,), in_n))
-        y = _load(y_ref.at[pl.ds(start, block_n)], _mask((block_n,), in_n))
+        in_n = rt.inside(start, block_n, n_)
+        x = rt.load(x_ref.at[pl.ds(start, block_n)], rt.mask((block_n,), in_n))
+        y = rt.load(y_ref.at[pl.ds(start, block_n)], rt.mask((block_n,), in_n))
         sum_n_block = (x == y).astype(jnp.int32)
         if n_ % block_n:  # a ragged N: its identity past the end, never padding
-            sum_n_block = _fill_past(sum_n_block, start, n_, 0, 0)
+            sum_n_block = rt.fill_past(sum_n_block, start, n_, 0, 0)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
         return (sum_n_running,)
 
@@ -2088,7 +1683,7 @@ _equal_count_f32_gpu_options = {None: (1024, 4, 1)}
 
 def _equal_count_f32_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
     """`equal_count_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, num_warps, num_stages = _gpu_options(
+    block_n, num_warps, num_stages = rt.gpu_options(
         _equal_count_f32_gpu_options, (n_,), (block_n, num_warps, num_stages)
     )
     block_n = min(block_n, pl.next_power_of_2(n_))  # a small N is one block
@@ -2116,9 +1711,9 @@ def _equal_count_f32_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem,
     program = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem):
-        x = _mgpu_load(x_smem, (64, block_n), (0, 1))
-        y = _mgpu_load(y_smem, (64, block_n), (0, 1))
-        positions = _mgpu_positions(program * 64, (64, block_n), 0) * block_n + _mgpu_positions(
+        x = rt.mgpu_load(x_smem, (64, block_n), (0, 1))
+        y = rt.mgpu_load(y_smem, (64, block_n), (0, 1))
+        positions = rt.mgpu_positions(program * 64, (64, block_n), 0) * block_n + rt.mgpu_positions(
             0, (64, block_n), 1
         )
         sum_block = (x == y).astype(jnp.int32)
@@ -2133,12 +1728,12 @@ def _equal_count_f32_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem,
             plgpu.BlockSpec(
                 (64, block_n),
                 lambda _: (program, 0),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (64, block_n),
                 lambda _: (program, 0),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
     )(x_ref, y_ref)
@@ -2155,8 +1750,8 @@ def _equal_count_f32_mosaic_gpu(x, y, *, n_, interpret):
     """
     block_n = 128
     padded_n_ = n_ + -n_ % (64 * block_n)
-    x = _mgpu_pad(x, (padded_n_,)).reshape(-1, block_n)
-    y = _mgpu_pad(y, (padded_n_,)).reshape(-1, block_n)
+    x = rt.mgpu_pad(x, (padded_n_,)).reshape(-1, block_n)
+    y = rt.mgpu_pad(y, (padded_n_,)).reshape(-1, block_n)
     (sum_partials,) = plgpu.kernel(
         functools.partial(_equal_count_f32_mosaic_gpu_kernel, block_n=block_n, n_=n_),
         out_type=(jax.ShapeDtypeStruct((padded_n_ // block_n,), jnp.int32),),
@@ -2203,7 +1798,7 @@ def add_i32(
       y: i32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_i32_tpu_blocks),
-        grown to large steps (_grown), else 256, 512.
+        grown to large steps (rt.grown), else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
@@ -2217,16 +1812,16 @@ def add_i32(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "add_i32", {"x": (x, jnp.int32, ("M", "N")), "y": (y, jnp.int32, ("M", "N"))}
     )
-    _check_blocks("add_i32", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("add_i32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
+    rt.check_blocks("add_i32", block_m=block_m, block_n=block_n, may_be_none=True)
+    rt.check_blocks("add_i32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(add_i32_reference, (((m, n), jnp.int32),), x, y)
-    return _differentiable(
+        return rt.without_elements(add_i32_reference, (((m, n), jnp.int32),), x, y)
+    return rt.differentiable(
         functools.partial(
             _add_i32_forward,
             m=m,
@@ -2268,9 +1863,9 @@ def _add_i32_forward(
     interpret,
 ):
     """`add_i32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
+    return rt.on_platform(
         functools.partial(_add_i32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "add_i32",
             gpu_backend,
             functools.partial(
@@ -2316,19 +1911,19 @@ _add_i32_tpu_blocks = {
 
 def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`add_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _add_i32_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "add_i32",
         block_m=(
             block_m,
@@ -2357,10 +1952,10 @@ def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_m * block_n),
+            vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n * 4
         ),
         interpret=interpret,
         name="add_i32",
@@ -2369,12 +1964,12 @@ def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
 
 def _add_i32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    y = _load(y_ref, inside)
-    _store(z_ref, x + y, inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    y = rt.load(y_ref, inside)
+    rt.store(z_ref, x + y, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -2386,7 +1981,7 @@ _add_i32_gpu_options = {None: (8, 128, 4, 1)}
 
 def _add_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`add_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _add_i32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -2415,8 +2010,8 @@ def _add_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     program_n = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, z_smem):
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        y = rt.mgpu_load(y_smem, (block_m, block_n), (0, 1))
         z_smem[...] = x + y
 
     plgpu.emit_pipeline(
@@ -2426,19 +2021,19 @@ def _add_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.int32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.int32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
             ),
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.int32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
             )
         ],
     )(x_ref, y_ref, z_ref)
@@ -2454,8 +2049,8 @@ def _add_i32_mosaic_gpu(x, y, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
-    y = _mgpu_pad(y, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
+    y = rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_add_i32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),),
@@ -2499,7 +2094,7 @@ def mul_i32(
       y: i32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_mul_i32_tpu_blocks),
-        grown to large steps (_grown), else 256, 512.
+        grown to large steps (rt.grown), else 256, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
@@ -2513,16 +2108,16 @@ def mul_i32(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "mul_i32", {"x": (x, jnp.int32, ("M", "N")), "y": (y, jnp.int32, ("M", "N"))}
     )
-    _check_blocks("mul_i32", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("mul_i32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
+    rt.check_blocks("mul_i32", block_m=block_m, block_n=block_n, may_be_none=True)
+    rt.check_blocks("mul_i32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(mul_i32_reference, (((m, n), jnp.int32),), x, y)
-    return _differentiable(
+        return rt.without_elements(mul_i32_reference, (((m, n), jnp.int32),), x, y)
+    return rt.differentiable(
         functools.partial(
             _mul_i32_forward,
             m=m,
@@ -2564,9 +2159,9 @@ def _mul_i32_forward(
     interpret,
 ):
     """`mul_i32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
+    return rt.on_platform(
         functools.partial(_mul_i32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "mul_i32",
             gpu_backend,
             functools.partial(
@@ -2612,19 +2207,19 @@ _mul_i32_tpu_blocks = {
 
 def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`mul_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _mul_i32_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "mul_i32",
         block_m=(
             block_m,
@@ -2653,10 +2248,10 @@ def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_m * block_n),
+            vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n * 4
         ),
         interpret=interpret,
         name="mul_i32",
@@ -2665,12 +2260,12 @@ def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
 
 def _mul_i32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    y = _load(y_ref, inside)
-    _store(z_ref, x * y, inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    y = rt.load(y_ref, inside)
+    rt.store(z_ref, x * y, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -2682,7 +2277,7 @@ _mul_i32_gpu_options = {None: (8, 128, 4, 1)}
 
 def _mul_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`mul_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _mul_i32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -2711,8 +2306,8 @@ def _mul_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     program_n = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, z_smem):
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        y = rt.mgpu_load(y_smem, (block_m, block_n), (0, 1))
         z_smem[...] = x * y
 
     plgpu.emit_pipeline(
@@ -2722,19 +2317,19 @@ def _mul_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.int32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.int32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
             ),
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.int32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
             )
         ],
     )(x_ref, y_ref, z_ref)
@@ -2750,8 +2345,8 @@ def _mul_i32_mosaic_gpu(x, y, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
-    y = _mgpu_pad(y, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
+    y = rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_mul_i32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),),
@@ -2789,7 +2384,7 @@ def argmax_i32(
       x: i32[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_i32_tpu_blocks),
-        grown to large steps (_grown), else 8.
+        grown to large steps (rt.grown), else 8.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
@@ -2803,14 +2398,14 @@ def argmax_i32(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x,), sizes = _operands("argmax_i32", {"x": (x, jnp.int32, ("M", "N"))})
-    _check_blocks("argmax_i32", block_m=block_m, may_be_none=True)
-    _check_blocks("argmax_i32", gpu_block_m=gpu_block_m, may_be_none=True)
+    (x,), sizes = rt.operands("argmax_i32", {"x": (x, jnp.int32, ("M", "N"))})
+    rt.check_blocks("argmax_i32", block_m=block_m, may_be_none=True)
+    rt.check_blocks("argmax_i32", gpu_block_m=gpu_block_m, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(argmax_i32_reference, (((m,), jnp.int32),), x)
-    return _differentiable(
+        return rt.without_elements(argmax_i32_reference, (((m,), jnp.int32),), x)
+    return rt.differentiable(
         functools.partial(
             _argmax_i32_forward,
             m=m,
@@ -2840,9 +2435,9 @@ def _argmax_i32_forward(
     x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
 ):
     """`argmax_i32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    i = _on_platform(
+    i = rt.on_platform(
         functools.partial(_argmax_i32_tpu, m=m, n=n, block_m=block_m),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "argmax_i32",
             gpu_backend,
             functools.partial(
@@ -2871,7 +2466,7 @@ def _argmax_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 def _argmax_i32_kernel(x_ref, i_ref, *, m, n, block_m):
     x = x_ref[...]
-    i_ref[...] = _argbest(x, 1, largest=True)
+    i_ref[...] = rt.argbest(x, 1, largest=True)
 
 
 # TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
@@ -2887,16 +2482,18 @@ _argmax_i32_tpu_blocks = {
 
 def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
     """`argmax_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _argmax_i32_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m)
+            rt.grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "argmax_i32",
         block_m=(
             block_m,
@@ -2922,10 +2519,10 @@ def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(12 * block_m * n + 8 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(12 * block_m * n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + m * n * 4
         ),
         interpret=interpret,
         name="argmax_i32",
@@ -2934,11 +2531,11 @@ def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
 
 def _argmax_i32_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(0, block_n, n)
-    inside = _mask((block_m, 1), in_m, None)
-    x = _load(x_ref, _mask((block_m, block_n), in_m, in_n))
-    _store(i_ref, _argbest(_fill_past(x, 0, n, 1, -2147483648), 1, largest=True), inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, 1), in_m, None)
+    x = rt.load(x_ref, rt.mask((block_m, block_n), in_m, in_n))
+    rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -2147483648), 1, largest=True), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
@@ -2950,7 +2547,7 @@ _argmax_i32_gpu_options = {None: (1, 4, 1)}
 
 def _argmax_i32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmax_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = _gpu_options(
+    block_m, num_warps, num_stages = rt.gpu_options(
         _argmax_i32_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -2979,13 +2576,13 @@ def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     def reduce_1(indices, x_smem, carry):
         argmax_n_running, argmax_n_index = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         argmax_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
             argmax_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -2147483648
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -2147483648
             )
-        argmax_n_running, argmax_n_index = _mgpu_argbest_step(
+        argmax_n_running, argmax_n_index = rt.mgpu_argbest_step(
             argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
         )
         return (argmax_n_running, argmax_n_index)
@@ -2997,13 +2594,13 @@ def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.int32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
             )
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full(block_m, -2147483648, jnp.int32, 0),
-            _mgpu_full(block_m, 0, jnp.int32, 0),
+            rt.mgpu_full(block_m, -2147483648, jnp.int32, 0),
+            rt.mgpu_full(block_m, 0, jnp.int32, 0),
         ),
     )(x_ref)
     argmax_n = argmax_n_index
@@ -3024,7 +2621,7 @@ def _argmax_i32_mosaic_gpu(x, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     (i,) = plgpu.kernel(
         functools.partial(_argmax_i32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
@@ -3065,7 +2662,7 @@ def equal_count_i32(
       y: i32[N].
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_i32_tpu_blocks),
-        grown to large steps (_grown), else 4096.
+        grown to large steps (rt.grown), else 4096.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
@@ -3079,15 +2676,15 @@ def equal_count_i32(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "equal_count_i32", {"x": (x, jnp.int32, ("N",)), "y": (y, jnp.int32, ("N",))}
     )
-    _check_blocks("equal_count_i32", block_n=block_n, may_be_none=True)
-    _check_blocks("equal_count_i32", gpu_block_n=gpu_block_n, may_be_none=True)
+    rt.check_blocks("equal_count_i32", block_n=block_n, may_be_none=True)
+    rt.check_blocks("equal_count_i32", gpu_block_n=gpu_block_n, may_be_none=True)
     n_ = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(equal_count_i32_reference, (((), jnp.int32),), x, y)
-    return _differentiable(
+        return rt.without_elements(equal_count_i32_reference, (((), jnp.int32),), x, y)
+    return rt.differentiable(
         functools.partial(
             _equal_count_i32_forward,
             n_=n_,
@@ -3116,9 +2713,9 @@ def _equal_count_i32_forward(
     x, y, *, n_, block_n, gpu_block_n, gpu_warps, gpu_stages, gpu_backend, interpret
 ):
     """`equal_count_i32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    n = _on_platform(
+    n = rt.on_platform(
         functools.partial(_equal_count_i32_tpu, n_=n_, block_n=block_n),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "equal_count_i32",
             gpu_backend,
             functools.partial(
@@ -3152,11 +2749,11 @@ def _equal_count_i32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block
     def _init():
         sum_n_running_ref[...] = jnp.full(sum_n_running_ref.shape, 0, jnp.int32)
 
-    x = _as_rows(x_ref[...])
-    y = _as_rows(y_ref[...])
+    x = rt.as_rows(x_ref[...])
+    y = rt.as_rows(y_ref[...])
     sum_n_block = (x == y).astype(jnp.int32)
     if n_ % block_n:  # a ragged N: its identity past the end, never padding
-        sum_n_block = _fill_past_rows(sum_n_block, step * block_n, n_, 0)
+        sum_n_block = rt.fill_past_rows(sum_n_block, step * block_n, n_, 0)
     sum_n_running_ref[...] = sum_n_running_ref[...] + sum_n_block
 
     @pl.when(step == pl.num_programs(0) - 1)
@@ -3178,16 +2775,16 @@ _equal_count_i32_tpu_blocks = {
 
 def _equal_count_i32_tpu(x, y, *, n_, block_n, interpret):
     """`equal_count_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_n,) = _tpu_blocks(
+    (block_n,) = rt.tpu_blocks(
         _equal_count_i32_tpu_blocks,
         (n_,),
         (block_n,),
         grow=functools.partial(
-            _grown, bounds=(n_,), step=lambda block_n: (block_n, 24 * block_n + 8)
+            rt.grown, bounds=(n_,), step=lambda block_n: (block_n, 24 * block_n + 8)
         ),
     )
     block_n = min(block_n, n_)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "equal_count_i32",
         block_n=(
             block_n,
@@ -3213,14 +2810,14 @@ def _equal_count_i32_tpu(x, y, *, n_, block_n, interpret):
         out_specs=pl.BlockSpec((1,), lambda i: (0,)),
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
-        scratch_shapes=[pltpu.VMEM(_rows_shape(block_n), jnp.int32)],
+        scratch_shapes=[pltpu.VMEM(rt.rows_shape(block_n), jnp.int32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_n + 8),
+            vmem_limit_bytes=rt.vmem_limit(24 * block_n + 8),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=3 * n_, transcendentals=0, bytes_accessed=_nbytes(x, y) + n_ * 4
+            flops=3 * n_, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + n_ * 4
         ),
         interpret=interpret,
         name="equal_count_i32",
@@ -3234,12 +2831,12 @@ def _equal_count_i32_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
     def accumulate(index, running):
         (sum_n_running,) = running
         start = index * block_n
-        in_n = _inside(start, block_n, n_)
-        x = _load(x_ref.at[pl.ds(start, block_n)], _mask((block_n,), in_n))
-        y = _load(y_ref.at[pl.ds(start, block_n)], _mask((block_n,), in_n))
+        in_n = rt.inside(start, block_n, n_)
+        x = rt.load(x_ref.at[pl.ds(start, block_n)], rt.mask((block_n,), in_n))
+        y = rt.load(y_ref.at[pl.ds(start, block_n)], rt.mask((block_n,), in_n))
         sum_n_block = (x == y).astype(jnp.int32)
         if n_ % block_n:  # a ragged N: its identity past the end, never padding
-            sum_n_block = _fill_past(sum_n_block, start, n_, 0, 0)
+            sum_n_block = rt.fill_past(sum_n_block, start, n_, 0, 0)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
         return (sum_n_running,)
 
@@ -3259,7 +2856,7 @@ _equal_count_i32_gpu_options = {None: (1024, 4, 1)}
 
 def _equal_count_i32_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
     """`equal_count_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, num_warps, num_stages = _gpu_options(
+    block_n, num_warps, num_stages = rt.gpu_options(
         _equal_count_i32_gpu_options, (n_,), (block_n, num_warps, num_stages)
     )
     block_n = min(block_n, pl.next_power_of_2(n_))  # a small N is one block
@@ -3287,9 +2884,9 @@ def _equal_count_i32_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem,
     program = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem):
-        x = _mgpu_load(x_smem, (64, block_n), (0, 1))
-        y = _mgpu_load(y_smem, (64, block_n), (0, 1))
-        positions = _mgpu_positions(program * 64, (64, block_n), 0) * block_n + _mgpu_positions(
+        x = rt.mgpu_load(x_smem, (64, block_n), (0, 1))
+        y = rt.mgpu_load(y_smem, (64, block_n), (0, 1))
+        positions = rt.mgpu_positions(program * 64, (64, block_n), 0) * block_n + rt.mgpu_positions(
             0, (64, block_n), 1
         )
         sum_block = (x == y).astype(jnp.int32)
@@ -3302,10 +2899,14 @@ def _equal_count_i32_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem,
         grid=(1,),
         in_specs=[
             plgpu.BlockSpec(
-                (64, block_n), lambda _: (program, 0), transforms=_mgpu_swizzled(jnp.int32, block_n)
+                (64, block_n),
+                lambda _: (program, 0),
+                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
             ),
             plgpu.BlockSpec(
-                (64, block_n), lambda _: (program, 0), transforms=_mgpu_swizzled(jnp.int32, block_n)
+                (64, block_n),
+                lambda _: (program, 0),
+                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
             ),
         ],
     )(x_ref, y_ref)
@@ -3322,8 +2923,8 @@ def _equal_count_i32_mosaic_gpu(x, y, *, n_, interpret):
     """
     block_n = 128
     padded_n_ = n_ + -n_ % (64 * block_n)
-    x = _mgpu_pad(x, (padded_n_,)).reshape(-1, block_n)
-    y = _mgpu_pad(y, (padded_n_,)).reshape(-1, block_n)
+    x = rt.mgpu_pad(x, (padded_n_,)).reshape(-1, block_n)
+    y = rt.mgpu_pad(y, (padded_n_,)).reshape(-1, block_n)
     (sum_partials,) = plgpu.kernel(
         functools.partial(_equal_count_i32_mosaic_gpu_kernel, block_n=block_n, n_=n_),
         out_type=(jax.ShapeDtypeStruct((padded_n_ // block_n,), jnp.int32),),
@@ -3370,7 +2971,7 @@ def add_i8(
       y: i8[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_i8_tpu_blocks),
-        grown to large steps (_grown), else 1024, 512.
+        grown to large steps (rt.grown), else 1024, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
@@ -3384,16 +2985,16 @@ def add_i8(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "add_i8", {"x": (x, jnp.int8, ("M", "N")), "y": (y, jnp.int8, ("M", "N"))}
     )
-    _check_blocks("add_i8", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("add_i8", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
+    rt.check_blocks("add_i8", block_m=block_m, block_n=block_n, may_be_none=True)
+    rt.check_blocks("add_i8", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(add_i8_reference, (((m, n), jnp.int8),), x, y)
-    return _differentiable(
+        return rt.without_elements(add_i8_reference, (((m, n), jnp.int8),), x, y)
+    return rt.differentiable(
         functools.partial(
             _add_i8_forward,
             m=m,
@@ -3435,9 +3036,9 @@ def _add_i8_forward(
     interpret,
 ):
     """`add_i8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
+    return rt.on_platform(
         functools.partial(_add_i8_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "add_i8",
             gpu_backend,
             functools.partial(
@@ -3483,19 +3084,19 @@ _add_i8_tpu_blocks = {
 
 def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`add_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _add_i8_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (block_m * block_n, 6 * block_m * block_n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "add_i8",
         block_m=(
             block_m,
@@ -3524,10 +3125,10 @@ def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(6 * block_m * block_n),
+            vmem_limit_bytes=rt.vmem_limit(6 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 1
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n * 1
         ),
         interpret=interpret,
         name="add_i8",
@@ -3536,12 +3137,12 @@ def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
 
 def _add_i8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    y = _load(y_ref, inside)
-    _store(z_ref, x + y, inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    y = rt.load(y_ref, inside)
+    rt.store(z_ref, x + y, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -3553,7 +3154,7 @@ _add_i8_gpu_options = {None: (8, 128, 4, 1)}
 
 def _add_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`add_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _add_i8_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -3582,8 +3183,8 @@ def _add_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     program_n = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, z_smem):
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        y = rt.mgpu_load(y_smem, (block_m, block_n), (0, 1))
         z_smem[...] = (x.astype(jnp.int32) + y.astype(jnp.int32)).astype(jnp.int8)
 
     plgpu.emit_pipeline(
@@ -3593,19 +3194,19 @@ def _add_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.int8, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.int8, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
             ),
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.int8, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
             )
         ],
     )(x_ref, y_ref, z_ref)
@@ -3621,8 +3222,8 @@ def _add_i8_mosaic_gpu(x, y, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
-    y = _mgpu_pad(y, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
+    y = rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_add_i8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),),
@@ -3666,7 +3267,7 @@ def mul_i8(
       y: i8[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_mul_i8_tpu_blocks),
-        grown to large steps (_grown), else 1024, 512.
+        grown to large steps (rt.grown), else 1024, 512.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
@@ -3680,16 +3281,16 @@ def mul_i8(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "mul_i8", {"x": (x, jnp.int8, ("M", "N")), "y": (y, jnp.int8, ("M", "N"))}
     )
-    _check_blocks("mul_i8", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("mul_i8", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
+    rt.check_blocks("mul_i8", block_m=block_m, block_n=block_n, may_be_none=True)
+    rt.check_blocks("mul_i8", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(mul_i8_reference, (((m, n), jnp.int8),), x, y)
-    return _differentiable(
+        return rt.without_elements(mul_i8_reference, (((m, n), jnp.int8),), x, y)
+    return rt.differentiable(
         functools.partial(
             _mul_i8_forward,
             m=m,
@@ -3731,9 +3332,9 @@ def _mul_i8_forward(
     interpret,
 ):
     """`mul_i8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
+    return rt.on_platform(
         functools.partial(_mul_i8_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "mul_i8",
             gpu_backend,
             functools.partial(
@@ -3779,19 +3380,19 @@ _mul_i8_tpu_blocks = {
 
 def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`mul_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _mul_i8_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (block_m * block_n, 6 * block_m * block_n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "mul_i8",
         block_m=(
             block_m,
@@ -3820,10 +3421,10 @@ def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(6 * block_m * block_n),
+            vmem_limit_bytes=rt.vmem_limit(6 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 1
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n * 1
         ),
         interpret=interpret,
         name="mul_i8",
@@ -3832,12 +3433,12 @@ def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
 
 def _mul_i8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    y = _load(y_ref, inside)
-    _store(z_ref, x * y, inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    y = rt.load(y_ref, inside)
+    rt.store(z_ref, x * y, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -3849,7 +3450,7 @@ _mul_i8_gpu_options = {None: (8, 128, 4, 1)}
 
 def _mul_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`mul_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _mul_i8_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -3878,8 +3479,8 @@ def _mul_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     program_n = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, z_smem):
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        y = rt.mgpu_load(y_smem, (block_m, block_n), (0, 1))
         z_smem[...] = (x.astype(jnp.int32) * y.astype(jnp.int32)).astype(jnp.int8)
 
     plgpu.emit_pipeline(
@@ -3889,19 +3490,19 @@ def _mul_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.int8, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.int8, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
             ),
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.int8, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
             )
         ],
     )(x_ref, y_ref, z_ref)
@@ -3917,8 +3518,8 @@ def _mul_i8_mosaic_gpu(x, y, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
-    y = _mgpu_pad(y, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
+    y = rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_mul_i8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),),
@@ -3956,7 +3557,7 @@ def argmax_i8(
       x: i8[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_i8_tpu_blocks),
-        grown to large steps (_grown), else 32.
+        grown to large steps (rt.grown), else 32.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
@@ -3970,14 +3571,14 @@ def argmax_i8(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x,), sizes = _operands("argmax_i8", {"x": (x, jnp.int8, ("M", "N"))})
-    _check_blocks("argmax_i8", block_m=block_m, may_be_none=True)
-    _check_blocks("argmax_i8", gpu_block_m=gpu_block_m, may_be_none=True)
+    (x,), sizes = rt.operands("argmax_i8", {"x": (x, jnp.int8, ("M", "N"))})
+    rt.check_blocks("argmax_i8", block_m=block_m, may_be_none=True)
+    rt.check_blocks("argmax_i8", gpu_block_m=gpu_block_m, may_be_none=True)
     m = sizes["M"]
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(argmax_i8_reference, (((m,), jnp.int32),), x)
-    return _differentiable(
+        return rt.without_elements(argmax_i8_reference, (((m,), jnp.int32),), x)
+    return rt.differentiable(
         functools.partial(
             _argmax_i8_forward,
             m=m,
@@ -4007,9 +3608,9 @@ def _argmax_i8_forward(
     x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
 ):
     """`argmax_i8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    i = _on_platform(
+    i = rt.on_platform(
         functools.partial(_argmax_i8_tpu, m=m, n=n, block_m=block_m),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "argmax_i8",
             gpu_backend,
             functools.partial(
@@ -4038,7 +3639,7 @@ def _argmax_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 def _argmax_i8_kernel(x_ref, i_ref, *, m, n, block_m):
     x = x_ref[...]
-    i_ref[...] = _argbest(x.astype(jnp.int32), 1, largest=True)
+    i_ref[...] = rt.argbest(x.astype(jnp.int32), 1, largest=True)
 
 
 # TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
@@ -4054,16 +3655,16 @@ _argmax_i8_tpu_blocks = {
 
 def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
     """`argmax_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _argmax_i8_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 6 * block_m * n + 8 * block_m)
+            rt.grown, bounds=(m,), step=lambda block_m: (block_m * n, 6 * block_m * n + 8 * block_m)
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "argmax_i8",
         block_m=(
             block_m,
@@ -4089,10 +3690,10 @@ def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(6 * block_m * n + 8 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(6 * block_m * n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + m * n * 4
         ),
         interpret=interpret,
         name="argmax_i8",
@@ -4101,13 +3702,13 @@ def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
 
 def _argmax_i8_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(0, block_n, n)
-    inside = _mask((block_m, 1), in_m, None)
-    x = _load(x_ref, _mask((block_m, block_n), in_m, in_n))
-    _store(
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, 1), in_m, None)
+    x = rt.load(x_ref, rt.mask((block_m, block_n), in_m, in_n))
+    rt.store(
         i_ref,
-        _argbest(_fill_past(x.astype(jnp.int32), 0, n, 1, -2147483648), 1, largest=True),
+        rt.argbest(rt.fill_past(x.astype(jnp.int32), 0, n, 1, -2147483648), 1, largest=True),
         inside,
     )
 
@@ -4121,7 +3722,7 @@ _argmax_i8_gpu_options = {None: (1, 4, 1)}
 
 def _argmax_i8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmax_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = _gpu_options(
+    block_m, num_warps, num_stages = rt.gpu_options(
         _argmax_i8_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -4150,13 +3751,13 @@ def _argmax_i8_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     def reduce_1(indices, x_smem, carry):
         argmax_n_running, argmax_n_index = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         argmax_n_block = x.astype(jnp.int32)
         if n % block_n:  # a ragged N: its identity past the end
             argmax_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -2147483648
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -2147483648
             )
-        argmax_n_running, argmax_n_index = _mgpu_argbest_step(
+        argmax_n_running, argmax_n_index = rt.mgpu_argbest_step(
             argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
         )
         return (argmax_n_running, argmax_n_index)
@@ -4168,13 +3769,13 @@ def _argmax_i8_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.int8, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
             )
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full(block_m, -2147483648, jnp.int32, 0),
-            _mgpu_full(block_m, 0, jnp.int32, 0),
+            rt.mgpu_full(block_m, -2147483648, jnp.int32, 0),
+            rt.mgpu_full(block_m, 0, jnp.int32, 0),
         ),
     )(x_ref)
     argmax_n = argmax_n_index
@@ -4195,7 +3796,7 @@ def _argmax_i8_mosaic_gpu(x, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     (i,) = plgpu.kernel(
         functools.partial(_argmax_i8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
@@ -4236,7 +3837,7 @@ def equal_count_i8(
       y: i8[N].
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_i8_tpu_blocks),
-        grown to large steps (_grown), else 4096.
+        grown to large steps (rt.grown), else 4096.
       gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
         those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
       gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
@@ -4250,15 +3851,15 @@ def equal_count_i8(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "equal_count_i8", {"x": (x, jnp.int8, ("N",)), "y": (y, jnp.int8, ("N",))}
     )
-    _check_blocks("equal_count_i8", block_n=block_n, may_be_none=True)
-    _check_blocks("equal_count_i8", gpu_block_n=gpu_block_n, may_be_none=True)
+    rt.check_blocks("equal_count_i8", block_n=block_n, may_be_none=True)
+    rt.check_blocks("equal_count_i8", gpu_block_n=gpu_block_n, may_be_none=True)
     n_ = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(equal_count_i8_reference, (((), jnp.int32),), x, y)
-    return _differentiable(
+        return rt.without_elements(equal_count_i8_reference, (((), jnp.int32),), x, y)
+    return rt.differentiable(
         functools.partial(
             _equal_count_i8_forward,
             n_=n_,
@@ -4287,9 +3888,9 @@ def _equal_count_i8_forward(
     x, y, *, n_, block_n, gpu_block_n, gpu_warps, gpu_stages, gpu_backend, interpret
 ):
     """`equal_count_i8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    n = _on_platform(
+    n = rt.on_platform(
         functools.partial(_equal_count_i8_tpu, n_=n_, block_n=block_n),
-        _gpu_kernel(
+        rt.gpu_kernel(
             "equal_count_i8",
             gpu_backend,
             functools.partial(
@@ -4323,11 +3924,11 @@ def _equal_count_i8_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, n_, block_
     def _init():
         sum_n_running_ref[...] = jnp.full(sum_n_running_ref.shape, 0, jnp.int32)
 
-    x = _as_rows(x_ref[...])
-    y = _as_rows(y_ref[...])
+    x = rt.as_rows(x_ref[...])
+    y = rt.as_rows(y_ref[...])
     sum_n_block = (x.astype(jnp.int32) == y.astype(jnp.int32)).astype(jnp.int32)
     if n_ % block_n:  # a ragged N: its identity past the end, never padding
-        sum_n_block = _fill_past_rows(sum_n_block, step * block_n, n_, 0)
+        sum_n_block = rt.fill_past_rows(sum_n_block, step * block_n, n_, 0)
     sum_n_running_ref[...] = sum_n_running_ref[...] + sum_n_block
 
     @pl.when(step == pl.num_programs(0) - 1)
@@ -4349,16 +3950,16 @@ _equal_count_i8_tpu_blocks = {
 
 def _equal_count_i8_tpu(x, y, *, n_, block_n, interpret):
     """`equal_count_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_n,) = _tpu_blocks(
+    (block_n,) = rt.tpu_blocks(
         _equal_count_i8_tpu_blocks,
         (n_,),
         (block_n,),
         grow=functools.partial(
-            _grown, bounds=(n_,), step=lambda block_n: (block_n, 12 * block_n + 8)
+            rt.grown, bounds=(n_,), step=lambda block_n: (block_n, 12 * block_n + 8)
         ),
     )
     block_n = min(block_n, n_)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "equal_count_i8",
         block_n=(
             block_n,
@@ -4384,14 +3985,14 @@ def _equal_count_i8_tpu(x, y, *, n_, block_n, interpret):
         out_specs=pl.BlockSpec((1,), lambda i: (0,)),
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
-        scratch_shapes=[pltpu.VMEM(_rows_shape(block_n), jnp.int32)],
+        scratch_shapes=[pltpu.VMEM(rt.rows_shape(block_n), jnp.int32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(12 * block_n + 8),
+            vmem_limit_bytes=rt.vmem_limit(12 * block_n + 8),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=3 * n_, transcendentals=0, bytes_accessed=_nbytes(x, y) + n_ * 4
+            flops=3 * n_, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + n_ * 4
         ),
         interpret=interpret,
         name="equal_count_i8",
@@ -4405,12 +4006,12 @@ def _equal_count_i8_gpu_kernel(x_ref, y_ref, n_ref, *, n_, block_n):
     def accumulate(index, running):
         (sum_n_running,) = running
         start = index * block_n
-        in_n = _inside(start, block_n, n_)
-        x = _load(x_ref.at[pl.ds(start, block_n)], _mask((block_n,), in_n))
-        y = _load(y_ref.at[pl.ds(start, block_n)], _mask((block_n,), in_n))
+        in_n = rt.inside(start, block_n, n_)
+        x = rt.load(x_ref.at[pl.ds(start, block_n)], rt.mask((block_n,), in_n))
+        y = rt.load(y_ref.at[pl.ds(start, block_n)], rt.mask((block_n,), in_n))
         sum_n_block = (x == y).astype(jnp.int32)
         if n_ % block_n:  # a ragged N: its identity past the end, never padding
-            sum_n_block = _fill_past(sum_n_block, start, n_, 0, 0)
+            sum_n_block = rt.fill_past(sum_n_block, start, n_, 0, 0)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
         return (sum_n_running,)
 
@@ -4430,7 +4031,7 @@ _equal_count_i8_gpu_options = {None: (1024, 4, 1)}
 
 def _equal_count_i8_gpu(x, y, *, n_, block_n, num_warps, num_stages, interpret):
     """`equal_count_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, num_warps, num_stages = _gpu_options(
+    block_n, num_warps, num_stages = rt.gpu_options(
         _equal_count_i8_gpu_options, (n_,), (block_n, num_warps, num_stages)
     )
     block_n = min(block_n, pl.next_power_of_2(n_))  # a small N is one block
@@ -4458,9 +4059,9 @@ def _equal_count_i8_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, 
     program = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem):
-        x = _mgpu_load(x_smem, (64, block_n), (0, 1))
-        y = _mgpu_load(y_smem, (64, block_n), (0, 1))
-        positions = _mgpu_positions(program * 64, (64, block_n), 0) * block_n + _mgpu_positions(
+        x = rt.mgpu_load(x_smem, (64, block_n), (0, 1))
+        y = rt.mgpu_load(y_smem, (64, block_n), (0, 1))
+        positions = rt.mgpu_positions(program * 64, (64, block_n), 0) * block_n + rt.mgpu_positions(
             0, (64, block_n), 1
         )
         sum_block = (x.astype(jnp.int32) == y.astype(jnp.int32)).astype(jnp.int32)
@@ -4473,10 +4074,14 @@ def _equal_count_i8_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, 
         grid=(1,),
         in_specs=[
             plgpu.BlockSpec(
-                (64, block_n), lambda _: (program, 0), transforms=_mgpu_swizzled(jnp.int8, block_n)
+                (64, block_n),
+                lambda _: (program, 0),
+                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
             ),
             plgpu.BlockSpec(
-                (64, block_n), lambda _: (program, 0), transforms=_mgpu_swizzled(jnp.int8, block_n)
+                (64, block_n),
+                lambda _: (program, 0),
+                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
             ),
         ],
     )(x_ref, y_ref)
@@ -4493,8 +4098,8 @@ def _equal_count_i8_mosaic_gpu(x, y, *, n_, interpret):
     """
     block_n = 128
     padded_n_ = n_ + -n_ % (64 * block_n)
-    x = _mgpu_pad(x, (padded_n_,)).reshape(-1, block_n)
-    y = _mgpu_pad(y, (padded_n_,)).reshape(-1, block_n)
+    x = rt.mgpu_pad(x, (padded_n_,)).reshape(-1, block_n)
+    y = rt.mgpu_pad(y, (padded_n_,)).reshape(-1, block_n)
     (sum_partials,) = plgpu.kernel(
         functools.partial(_equal_count_i8_mosaic_gpu_kernel, block_n=block_n, n_=n_),
         out_type=(jax.ShapeDtypeStruct((padded_n_ // block_n,), jnp.int32),),
