@@ -20,20 +20,7 @@ from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "slope",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def leaky(
     x,
     *,
@@ -56,13 +43,10 @@ def leaky(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_leaky_tpu_blocks),
         grown to large steps (rt.grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       slope: a static f32 (default 0.01).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: f32[M, N]; mask: i32[M, N].
@@ -70,10 +54,15 @@ def leaky(
     Gradients: jax.grad runs the generated backward kernels leaky_backward (_leaky_vjp).
     """
     (x,), sizes = rt.operands("leaky", {"x": (x, jnp.float32, ("M", "N"))})
-    rt.check_blocks("leaky", block_m=block_m, block_n=block_n, may_be_none=True)
-    rt.check_blocks("leaky", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "leaky",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             leaky_reference, (((m, n), jnp.float32), ((m, n), jnp.int32)), x, slope=slope
@@ -123,24 +112,22 @@ def _leaky_forward(
 ):
     """`leaky` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return rt.on_platform(
-        functools.partial(_leaky_tpu, m=m, n=n, block_m=block_m, block_n=block_n, slope=slope),
-        rt.gpu_kernel(
-            "leaky",
-            gpu_backend,
-            functools.partial(
-                _leaky_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                slope=slope,
-            ),
-            functools.partial(_leaky_mosaic_gpu, m=m, n=n, slope=slope),
+        "leaky",
+        (x,),
+        tpu=functools.partial(_leaky_tpu, m=m, n=n, block_m=block_m, block_n=block_n, slope=slope),
+        triton=functools.partial(
+            _leaky_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            slope=slope,
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_leaky_mosaic_gpu, m=m, n=n, slope=slope),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -341,20 +328,7 @@ def _leaky_mosaic_gpu(x, *, m, n, slope, interpret):
     return y[:m, :n], mask[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "slope",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def leaky_backward(
     x,
     dy,
@@ -378,13 +352,10 @@ def leaky_backward(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_leaky_backward_tpu_blocks),
         grown to large steps (rt.grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       slope: a static f32 (default 0.01).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: f32[M, N].
@@ -392,38 +363,38 @@ def leaky_backward(
     (x, dy), sizes = rt.operands(
         "leaky_backward", {"x": (x, jnp.float32, ("M", "N")), "dy": (dy, jnp.float32, ("M", "N"))}
     )
-    rt.check_blocks("leaky_backward", block_m=block_m, block_n=block_n, may_be_none=True)
     rt.check_blocks(
-        "leaky_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+        "leaky_backward",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             leaky_backward_reference, (((m, n), jnp.float32),), x, dy, slope=slope
         )
     return rt.on_platform(
-        functools.partial(
+        "leaky_backward",
+        (x, dy),
+        tpu=functools.partial(
             _leaky_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n, slope=slope
         ),
-        rt.gpu_kernel(
-            "leaky_backward",
-            gpu_backend,
-            functools.partial(
-                _leaky_backward_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                slope=slope,
-            ),
-            functools.partial(_leaky_backward_mosaic_gpu, m=m, n=n, slope=slope),
+        triton=functools.partial(
+            _leaky_backward_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            slope=slope,
         ),
-        interpret,
-        x,
-        dy,
+        mosaic_gpu=functools.partial(_leaky_backward_mosaic_gpu, m=m, n=n, slope=slope),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -610,19 +581,7 @@ def _leaky_backward_mosaic_gpu(x, dy, *, m, n, slope, interpret):
     return dx[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def bias_gelu(
     x,
     bias,
@@ -646,12 +605,9 @@ def bias_gelu(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_tpu_blocks),
         grown to large steps (rt.grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: bf16[M, N].
@@ -667,10 +623,15 @@ def bias_gelu(
             "scale": (scale, jnp.float32, ("M",)),
         },
     )
-    rt.check_blocks("bias_gelu", block_m=block_m, block_n=block_n, may_be_none=True)
-    rt.check_blocks("bias_gelu", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "bias_gelu",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(bias_gelu_reference, (((m, n), jnp.bfloat16),), x, bias, scale)
     return rt.differentiable(
@@ -722,25 +683,21 @@ def _bias_gelu_forward(
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
     scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
     return rt.on_platform(
-        functools.partial(_bias_gelu_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        rt.gpu_kernel(
-            "bias_gelu",
-            gpu_backend,
-            functools.partial(
-                _bias_gelu_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_bias_gelu_mosaic_gpu, m=m, n=n),
+        "bias_gelu",
+        (x, bias, scale),
+        tpu=functools.partial(_bias_gelu_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _bias_gelu_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        bias,
-        scale,
+        mosaic_gpu=functools.partial(_bias_gelu_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -951,19 +908,7 @@ def _bias_gelu_mosaic_gpu(x, bias, scale, *, m, n, interpret):
     return y[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def bias_gelu_backward(
     x,
     bias,
@@ -990,12 +935,9 @@ def bias_gelu_backward(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_tpu_blocks),
         grown to large steps (rt.grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: bf16[M, N].
@@ -1009,12 +951,15 @@ def bias_gelu_backward(
             "dy": (dy, jnp.bfloat16, ("M", "N")),
         },
     )
-    rt.check_blocks("bias_gelu_backward", block_m=block_m, block_n=block_n, may_be_none=True)
     rt.check_blocks(
-        "bias_gelu_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+        "bias_gelu_backward",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             bias_gelu_backward_reference, (((m, n), jnp.bfloat16),), x, bias, scale, dy
@@ -1022,26 +967,21 @@ def bias_gelu_backward(
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
     scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
     return rt.on_platform(
-        functools.partial(_bias_gelu_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        rt.gpu_kernel(
-            "bias_gelu_backward",
-            gpu_backend,
-            functools.partial(
-                _bias_gelu_backward_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_bias_gelu_backward_mosaic_gpu, m=m, n=n),
+        "bias_gelu_backward",
+        (x, bias, scale, dy),
+        tpu=functools.partial(_bias_gelu_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _bias_gelu_backward_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        bias,
-        scale,
-        dy,
+        mosaic_gpu=functools.partial(_bias_gelu_backward_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -1284,19 +1224,7 @@ def _bias_gelu_backward_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
     return dx[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def bias_gelu_backward_over_m(
     x,
     bias,
@@ -1323,12 +1251,9 @@ def bias_gelu_backward_over_m(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_over_m_tpu_blocks),
         grown to large steps (rt.grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dbias: f32[N].
@@ -1342,15 +1267,15 @@ def bias_gelu_backward_over_m(
             "dy": (dy, jnp.bfloat16, ("M", "N")),
         },
     )
-    rt.check_blocks("bias_gelu_backward_over_m", block_m=block_m, block_n=block_n, may_be_none=True)
     rt.check_blocks(
         "bias_gelu_backward_over_m",
+        block_m=block_m,
+        block_n=block_n,
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             bias_gelu_backward_over_m_reference, (((n,), jnp.float32),), x, bias, scale, dy
@@ -1358,28 +1283,23 @@ def bias_gelu_backward_over_m(
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
     scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
     dbias = rt.on_platform(
-        functools.partial(
+        "bias_gelu_backward_over_m",
+        (x, bias, scale, dy),
+        tpu=functools.partial(
             _bias_gelu_backward_over_m_tpu, m=m, n=n, block_m=block_m, block_n=block_n
         ),
-        rt.gpu_kernel(
-            "bias_gelu_backward_over_m",
-            gpu_backend,
-            functools.partial(
-                _bias_gelu_backward_over_m_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_bias_gelu_backward_over_m_mosaic_gpu, m=m, n=n),
+        triton=functools.partial(
+            _bias_gelu_backward_over_m_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        bias,
-        scale,
-        dy,
+        mosaic_gpu=functools.partial(_bias_gelu_backward_over_m_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     dbias = dbias.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
     return dbias
@@ -1691,19 +1611,7 @@ def _bias_gelu_backward_over_m_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret
     return dbias[:n].reshape((1, n))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def bias_gelu_backward_over_n(
     x,
     bias,
@@ -1730,12 +1638,9 @@ def bias_gelu_backward_over_n(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_over_n_tpu_blocks),
         grown to large steps (rt.grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dscale: f32[M].
@@ -1749,15 +1654,15 @@ def bias_gelu_backward_over_n(
             "dy": (dy, jnp.bfloat16, ("M", "N")),
         },
     )
-    rt.check_blocks("bias_gelu_backward_over_n", block_m=block_m, block_n=block_n, may_be_none=True)
     rt.check_blocks(
         "bias_gelu_backward_over_n",
+        block_m=block_m,
+        block_n=block_n,
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             bias_gelu_backward_over_n_reference, (((m,), jnp.float32),), x, bias, scale, dy
@@ -1765,28 +1670,23 @@ def bias_gelu_backward_over_n(
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
     scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
     dscale = rt.on_platform(
-        functools.partial(
+        "bias_gelu_backward_over_n",
+        (x, bias, scale, dy),
+        tpu=functools.partial(
             _bias_gelu_backward_over_n_tpu, m=m, n=n, block_m=block_m, block_n=block_n
         ),
-        rt.gpu_kernel(
-            "bias_gelu_backward_over_n",
-            gpu_backend,
-            functools.partial(
-                _bias_gelu_backward_over_n_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_bias_gelu_backward_over_n_mosaic_gpu, m=m, n=n),
+        triton=functools.partial(
+            _bias_gelu_backward_over_n_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        bias,
-        scale,
-        dy,
+        mosaic_gpu=functools.partial(_bias_gelu_backward_over_n_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     dscale = dscale.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     return dscale
@@ -2098,19 +1998,7 @@ def _bias_gelu_backward_over_n_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret
     return dscale[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def quantize_rows(
     x,
     scale,
@@ -2133,12 +2021,9 @@ def quantize_rows(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_tpu_blocks),
         grown to large steps (rt.grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       q: i8[M, N].
@@ -2149,12 +2034,15 @@ def quantize_rows(
     (x, scale), sizes = rt.operands(
         "quantize_rows", {"x": (x, jnp.float32, ("M", "N")), "scale": (scale, jnp.float32, ("M",))}
     )
-    rt.check_blocks("quantize_rows", block_m=block_m, block_n=block_n, may_be_none=True)
     rt.check_blocks(
-        "quantize_rows", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+        "quantize_rows",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(quantize_rows_reference, (((m, n), jnp.int8),), x, scale)
     return rt.differentiable(
@@ -2204,24 +2092,21 @@ def _quantize_rows_forward(
     """`quantize_rows` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
     return rt.on_platform(
-        functools.partial(_quantize_rows_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        rt.gpu_kernel(
-            "quantize_rows",
-            gpu_backend,
-            functools.partial(
-                _quantize_rows_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_quantize_rows_mosaic_gpu, m=m, n=n),
+        "quantize_rows",
+        (x, scale),
+        tpu=functools.partial(_quantize_rows_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _quantize_rows_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        scale,
+        mosaic_gpu=functools.partial(_quantize_rows_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 

@@ -20,17 +20,7 @@ from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_n",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def add_vectors(
     x,
     y,
@@ -50,12 +40,9 @@ def add_vectors(
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_vectors_tpu_blocks),
         grown to large steps (rt.grown), else 1048576.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: f32[N].
@@ -66,8 +53,7 @@ def add_vectors(
     (x, y), sizes = rt.operands(
         "add_vectors", {"x": (x, jnp.float32, ("N",)), "y": (y, jnp.float32, ("N",))}
     )
-    rt.check_blocks("add_vectors", block_n=block_n, may_be_none=True)
-    rt.check_blocks("add_vectors", gpu_block_n=gpu_block_n, may_be_none=True)
+    rt.check_blocks("add_vectors", block_n=block_n, gpu_block_n=gpu_block_n, may_be_none=True)
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(add_vectors_reference, (((n,), jnp.float32),), x, y)
@@ -99,22 +85,15 @@ def _add_vectors_forward(
 ):
     """`add_vectors` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return rt.on_platform(
-        functools.partial(_add_vectors_tpu, n=n, block_n=block_n),
-        rt.gpu_kernel(
-            "add_vectors",
-            gpu_backend,
-            functools.partial(
-                _add_vectors_gpu,
-                n=n,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_add_vectors_mosaic_gpu, n=n),
+        "add_vectors",
+        (x, y),
+        tpu=functools.partial(_add_vectors_tpu, n=n, block_n=block_n),
+        triton=functools.partial(
+            _add_vectors_gpu, n=n, block_n=gpu_block_n, num_warps=gpu_warps, num_stages=gpu_stages
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(_add_vectors_mosaic_gpu, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -269,17 +248,7 @@ def _add_vectors_mosaic_gpu(x, y, *, n, interpret):
     return z[:n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_n",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def add_vectors_backward(
     dz,
     *,
@@ -298,40 +267,36 @@ def add_vectors_backward(
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_vectors_backward_tpu_blocks),
         grown to large steps (rt.grown), else 1048576.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: f32[N]; dy: f32[N].
     """
     (dz,), sizes = rt.operands("add_vectors_backward", {"dz": (dz, jnp.float32, ("N",))})
-    rt.check_blocks("add_vectors_backward", block_n=block_n, may_be_none=True)
-    rt.check_blocks("add_vectors_backward", gpu_block_n=gpu_block_n, may_be_none=True)
+    rt.check_blocks(
+        "add_vectors_backward", block_n=block_n, gpu_block_n=gpu_block_n, may_be_none=True
+    )
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             add_vectors_backward_reference, (((n,), jnp.float32), ((n,), jnp.float32)), dz
         )
     return rt.on_platform(
-        functools.partial(_add_vectors_backward_tpu, n=n, block_n=block_n),
-        rt.gpu_kernel(
-            "add_vectors_backward",
-            gpu_backend,
-            functools.partial(
-                _add_vectors_backward_gpu,
-                n=n,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_add_vectors_backward_mosaic_gpu, n=n),
+        "add_vectors_backward",
+        (dz,),
+        tpu=functools.partial(_add_vectors_backward_tpu, n=n, block_n=block_n),
+        triton=functools.partial(
+            _add_vectors_backward_gpu,
+            n=n,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        dz,
+        mosaic_gpu=functools.partial(_add_vectors_backward_mosaic_gpu, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 

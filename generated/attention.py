@@ -20,20 +20,7 @@ from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def attention(
     q,
     k,
@@ -58,13 +45,10 @@ def attention(
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       o: bf16[B, H, S, D]; lse: f32[B, H, S].
@@ -80,13 +64,15 @@ def attention(
             "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
         },
     )
-    rt.check_blocks("attention", block_s=block_s, block_t=block_t, may_be_none=True)
-    rt.check_blocks("attention", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True)
-    b = sizes["B"]
-    h = sizes["H"]
-    s_ = sizes["S"]
-    d = sizes["D"]
-    t = sizes["T"]
+    rt.check_blocks(
+        "attention",
+        block_s=block_s,
+        block_t=block_t,
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        may_be_none=True,
+    )
+    b, h, s_, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             attention_reference,
@@ -206,31 +192,27 @@ def _attention_forward(
 ):
     """`attention` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     o, lse = rt.on_platform(
-        functools.partial(
+        "attention",
+        (q, k, v),
+        tpu=functools.partial(
             _attention_tpu, b=b, h=h, s_=s_, d=d, t=t, block_s=block_s, block_t=block_t, scale=scale
         ),
-        rt.gpu_kernel(
-            "attention",
-            gpu_backend,
-            functools.partial(
-                _attention_gpu,
-                b=b,
-                h=h,
-                s_=s_,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(_attention_mosaic_gpu, b=b, h=h, s_=s_, d=d, t=t, scale=scale),
+        triton=functools.partial(
+            _attention_gpu,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
-        v,
+        mosaic_gpu=functools.partial(_attention_mosaic_gpu, b=b, h=h, s_=s_, d=d, t=t, scale=scale),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     lse = lse.reshape((b, h, s_))  # the kernel holds it with size 1 along the dimensions it lacks
     return o, lse
@@ -871,20 +853,7 @@ def _attention_mosaic_gpu(q, k, v, *, b, h, s_, d, t, scale, interpret):
     return o[:b, :h, :s_, :d].reshape((b, h, s_, d)), lse[:b, :h, :s_].reshape((b, h, s_, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def attention_backward_dq(
     q,
     k,
@@ -918,13 +887,10 @@ def attention_backward_dq(
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_backward_dq_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dq: bf16[B, H, S, D]; delta: f32[B, H, S].
@@ -941,15 +907,15 @@ def attention_backward_dq(
             "dlse": (dlse, jnp.float32, ("B", "H", "S")),
         },
     )
-    rt.check_blocks("attention_backward_dq", block_s=block_s, block_t=block_t, may_be_none=True)
     rt.check_blocks(
-        "attention_backward_dq", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True
+        "attention_backward_dq",
+        block_s=block_s,
+        block_t=block_t,
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        may_be_none=True,
     )
-    b = sizes["B"]
-    h = sizes["H"]
-    s_ = sizes["S"]
-    d = sizes["D"]
-    t = sizes["T"]
+    b, h, s_, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             attention_backward_dq_reference,
@@ -966,7 +932,9 @@ def attention_backward_dq(
     lse = lse.reshape((b, h, s_, 1))  # lse: f32[B, H, S]
     dlse = dlse.reshape((b, h, s_, 1))  # dlse: f32[B, H, S]
     dq, delta = rt.on_platform(
-        functools.partial(
+        "attention_backward_dq",
+        (q, k, v, o, do, lse, dlse),
+        tpu=functools.partial(
             _attention_backward_dq_tpu,
             b=b,
             h=h,
@@ -977,34 +945,24 @@ def attention_backward_dq(
             block_t=block_t,
             scale=scale,
         ),
-        rt.gpu_kernel(
-            "attention_backward_dq",
-            gpu_backend,
-            functools.partial(
-                _attention_backward_dq_gpu,
-                b=b,
-                h=h,
-                s_=s_,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(
-                _attention_backward_dq_mosaic_gpu, b=b, h=h, s_=s_, d=d, t=t, scale=scale
-            ),
+        triton=functools.partial(
+            _attention_backward_dq_gpu,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
-        v,
-        o,
-        do,
-        lse,
-        dlse,
+        mosaic_gpu=functools.partial(
+            _attention_backward_dq_mosaic_gpu, b=b, h=h, s_=s_, d=d, t=t, scale=scale
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     delta = delta.reshape(
         (b, h, s_)
@@ -1774,20 +1732,7 @@ def _attention_backward_dq_mosaic_gpu(
     return dq[:b, :h, :s_, :d].reshape((b, h, s_, d)), delta[:b, :h, :s_].reshape((b, h, s_, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_t",
-        "block_s",
-        "gpu_block_t",
-        "gpu_block_s",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def attention_backward_dkdv(
     q,
     k,
@@ -1819,13 +1764,10 @@ def attention_backward_dkdv(
       block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_backward_dkdv_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
@@ -1841,18 +1783,15 @@ def attention_backward_dkdv(
             "delta": (delta, jnp.float32, ("B", "H", "S")),
         },
     )
-    rt.check_blocks("attention_backward_dkdv", block_t=block_t, block_s=block_s, may_be_none=True)
     rt.check_blocks(
         "attention_backward_dkdv",
+        block_t=block_t,
+        block_s=block_s,
         gpu_block_t=gpu_block_t,
         gpu_block_s=gpu_block_s,
         may_be_none=True,
     )
-    b = sizes["B"]
-    h = sizes["H"]
-    t = sizes["T"]
-    d = sizes["D"]
-    s_ = sizes["S"]
+    b, h, t, d, s_ = sizes["B"], sizes["H"], sizes["T"], sizes["D"], sizes["S"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             attention_backward_dkdv_reference,
@@ -1868,7 +1807,9 @@ def attention_backward_dkdv(
     lse = lse.reshape((b, h, 1, s_))  # lse: f32[B, H, S]
     delta = delta.reshape((b, h, 1, s_))  # delta: f32[B, H, S]
     return rt.on_platform(
-        functools.partial(
+        "attention_backward_dkdv",
+        (q, k, v, do, lse, delta),
+        tpu=functools.partial(
             _attention_backward_dkdv_tpu,
             b=b,
             h=h,
@@ -1879,33 +1820,24 @@ def attention_backward_dkdv(
             block_s=block_s,
             scale=scale,
         ),
-        rt.gpu_kernel(
-            "attention_backward_dkdv",
-            gpu_backend,
-            functools.partial(
-                _attention_backward_dkdv_gpu,
-                b=b,
-                h=h,
-                t=t,
-                d=d,
-                s_=s_,
-                block_t=gpu_block_t,
-                block_s=gpu_block_s,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(
-                _attention_backward_dkdv_mosaic_gpu, b=b, h=h, t=t, d=d, s_=s_, scale=scale
-            ),
+        triton=functools.partial(
+            _attention_backward_dkdv_gpu,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            s_=s_,
+            block_t=gpu_block_t,
+            block_s=gpu_block_s,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
+        mosaic_gpu=functools.partial(
+            _attention_backward_dkdv_mosaic_gpu, b=b, h=h, t=t, d=d, s_=s_, scale=scale
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -2662,20 +2594,7 @@ def _attention_backward_dkdv_mosaic_gpu(
     return dk[:b, :h, :t, :d].reshape((b, h, t, d)), dv[:b, :h, :t, :d].reshape((b, h, t, d))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def attention_dq(
     q,
     k,
@@ -2709,13 +2628,10 @@ def attention_dq(
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_dq_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dq: bf16[B, H, S, D]; delta: f32[B, H, S].
@@ -2733,15 +2649,15 @@ def attention_dq(
             "lse": (lse, jnp.float32, ("B", "H", "S")),
         },
     )
-    rt.check_blocks("attention_dq", block_s=block_s, block_t=block_t, may_be_none=True)
     rt.check_blocks(
-        "attention_dq", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True
+        "attention_dq",
+        block_s=block_s,
+        block_t=block_t,
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        may_be_none=True,
     )
-    b = sizes["B"]
-    h = sizes["H"]
-    s_ = sizes["S"]
-    d = sizes["D"]
-    t = sizes["T"]
+    b, h, s_, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             attention_dq_reference,
@@ -2866,7 +2782,9 @@ def _attention_dq_forward(
     """`attention_dq` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     lse = lse.reshape((b, h, s_, 1))  # lse: f32[B, H, S]
     dq, delta = rt.on_platform(
-        functools.partial(
+        "attention_dq",
+        (q, k, v, o, do, lse),
+        tpu=functools.partial(
             _attention_dq_tpu,
             b=b,
             h=h,
@@ -2877,31 +2795,24 @@ def _attention_dq_forward(
             block_t=block_t,
             scale=scale,
         ),
-        rt.gpu_kernel(
-            "attention_dq",
-            gpu_backend,
-            functools.partial(
-                _attention_dq_gpu,
-                b=b,
-                h=h,
-                s_=s_,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(_attention_dq_mosaic_gpu, b=b, h=h, s_=s_, d=d, t=t, scale=scale),
+        triton=functools.partial(
+            _attention_dq_gpu,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
-        v,
-        o,
-        do,
-        lse,
+        mosaic_gpu=functools.partial(
+            _attention_dq_mosaic_gpu, b=b, h=h, s_=s_, d=d, t=t, scale=scale
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     delta = delta.reshape(
         (b, h, s_)
@@ -3525,20 +3436,7 @@ def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, s_, d, t, scale, inte
     return dq[:b, :h, :s_, :d].reshape((b, h, s_, d)), delta[:b, :h, :s_].reshape((b, h, s_, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_t",
-        "block_s",
-        "gpu_block_t",
-        "gpu_block_s",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def attention_dkdv(
     q,
     k,
@@ -3569,13 +3467,10 @@ def attention_dkdv(
       block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_dkdv_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
@@ -3593,15 +3488,15 @@ def attention_dkdv(
             "delta": (delta, jnp.float32, ("B", "H", "S")),
         },
     )
-    rt.check_blocks("attention_dkdv", block_t=block_t, block_s=block_s, may_be_none=True)
     rt.check_blocks(
-        "attention_dkdv", gpu_block_t=gpu_block_t, gpu_block_s=gpu_block_s, may_be_none=True
+        "attention_dkdv",
+        block_t=block_t,
+        block_s=block_s,
+        gpu_block_t=gpu_block_t,
+        gpu_block_s=gpu_block_s,
+        may_be_none=True,
     )
-    b = sizes["B"]
-    h = sizes["H"]
-    t = sizes["T"]
-    d = sizes["D"]
-    s = sizes["S"]
+    b, h, t, d, s = sizes["B"], sizes["H"], sizes["T"], sizes["D"], sizes["S"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             attention_dkdv_reference,
@@ -3733,7 +3628,9 @@ def _attention_dkdv_forward(
     lse = lse.reshape((b, h, 1, s))  # lse: f32[B, H, S]
     delta = delta.reshape((b, h, 1, s))  # delta: f32[B, H, S]
     return rt.on_platform(
-        functools.partial(
+        "attention_dkdv",
+        (q, k, v, do, lse, delta),
+        tpu=functools.partial(
             _attention_dkdv_tpu,
             b=b,
             h=h,
@@ -3744,31 +3641,24 @@ def _attention_dkdv_forward(
             block_s=block_s,
             scale=scale,
         ),
-        rt.gpu_kernel(
-            "attention_dkdv",
-            gpu_backend,
-            functools.partial(
-                _attention_dkdv_gpu,
-                b=b,
-                h=h,
-                t=t,
-                d=d,
-                s=s,
-                block_t=gpu_block_t,
-                block_s=gpu_block_s,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(_attention_dkdv_mosaic_gpu, b=b, h=h, t=t, d=d, s=s, scale=scale),
+        triton=functools.partial(
+            _attention_dkdv_gpu,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            s=s,
+            block_t=gpu_block_t,
+            block_s=gpu_block_s,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
+        mosaic_gpu=functools.partial(
+            _attention_dkdv_mosaic_gpu, b=b, h=h, t=t, d=d, s=s, scale=scale
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -4437,20 +4327,7 @@ def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale,
     return dk[:b, :h, :t, :d].reshape((b, h, t, d)), dv[:b, :h, :t, :d].reshape((b, h, t, d))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def attention_full(
     q,
     k,
@@ -4475,13 +4352,10 @@ def attention_full(
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_full_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       o: bf16[B, H, S, D].
@@ -4497,15 +4371,15 @@ def attention_full(
             "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
         },
     )
-    rt.check_blocks("attention_full", block_s=block_s, block_t=block_t, may_be_none=True)
     rt.check_blocks(
-        "attention_full", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True
+        "attention_full",
+        block_s=block_s,
+        block_t=block_t,
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        may_be_none=True,
     )
-    b = sizes["B"]
-    h = sizes["H"]
-    s = sizes["S"]
-    d = sizes["D"]
-    t = sizes["T"]
+    b, h, s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             attention_full_reference, (((b, h, s, d), jnp.bfloat16),), q, k, v, scale=scale
@@ -4616,7 +4490,9 @@ def _attention_full_forward(
 ):
     """`attention_full` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return rt.on_platform(
-        functools.partial(
+        "attention_full",
+        (q, k, v),
+        tpu=functools.partial(
             _attention_full_tpu,
             b=b,
             h=h,
@@ -4627,28 +4503,24 @@ def _attention_full_forward(
             block_t=block_t,
             scale=scale,
         ),
-        rt.gpu_kernel(
-            "attention_full",
-            gpu_backend,
-            functools.partial(
-                _attention_full_gpu,
-                b=b,
-                h=h,
-                s=s,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(_attention_full_mosaic_gpu, b=b, h=h, s=s, d=d, t=t, scale=scale),
+        triton=functools.partial(
+            _attention_full_gpu,
+            b=b,
+            h=h,
+            s=s,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
-        v,
+        mosaic_gpu=functools.partial(
+            _attention_full_mosaic_gpu, b=b, h=h, s=s, d=d, t=t, scale=scale
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -5158,20 +5030,7 @@ def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
     return o[:b, :h, :s, :d].reshape((b, h, s, d))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def attention_full_with_residuals(
     q,
     k,
@@ -5197,13 +5056,10 @@ def attention_full_with_residuals(
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_full_with_residuals_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       o: bf16[B, H, S, D]; lse: f32[B, H, S].
@@ -5217,19 +5073,14 @@ def attention_full_with_residuals(
         },
     )
     rt.check_blocks(
-        "attention_full_with_residuals", block_s=block_s, block_t=block_t, may_be_none=True
-    )
-    rt.check_blocks(
         "attention_full_with_residuals",
+        block_s=block_s,
+        block_t=block_t,
         gpu_block_s=gpu_block_s,
         gpu_block_t=gpu_block_t,
         may_be_none=True,
     )
-    b = sizes["B"]
-    h = sizes["H"]
-    s = sizes["S"]
-    d = sizes["D"]
-    t = sizes["T"]
+    b, h, s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             attention_full_with_residuals_reference,
@@ -5240,7 +5091,9 @@ def attention_full_with_residuals(
             scale=scale,
         )
     o, lse = rt.on_platform(
-        functools.partial(
+        "attention_full_with_residuals",
+        (q, k, v),
+        tpu=functools.partial(
             _attention_full_with_residuals_tpu,
             b=b,
             h=h,
@@ -5251,30 +5104,24 @@ def attention_full_with_residuals(
             block_t=block_t,
             scale=scale,
         ),
-        rt.gpu_kernel(
-            "attention_full_with_residuals",
-            gpu_backend,
-            functools.partial(
-                _attention_full_with_residuals_gpu,
-                b=b,
-                h=h,
-                s=s,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(
-                _attention_full_with_residuals_mosaic_gpu, b=b, h=h, s=s, d=d, t=t, scale=scale
-            ),
+        triton=functools.partial(
+            _attention_full_with_residuals_gpu,
+            b=b,
+            h=h,
+            s=s,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
-        v,
+        mosaic_gpu=functools.partial(
+            _attention_full_with_residuals_mosaic_gpu, b=b, h=h, s=s, d=d, t=t, scale=scale
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     lse = lse.reshape((b, h, s))  # the kernel holds it with size 1 along the dimensions it lacks
     return o, lse
@@ -5819,20 +5666,7 @@ def _attention_full_with_residuals_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, 
     return o[:b, :h, :s, :d].reshape((b, h, s, d)), lse[:b, :h, :s].reshape((b, h, s, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def attention_full_backward_dq(
     q,
     k,
@@ -5864,13 +5698,10 @@ def attention_full_backward_dq(
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_full_backward_dq_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dq: bf16[B, H, S, D]; delta: f32[B, H, S].
@@ -5887,19 +5718,14 @@ def attention_full_backward_dq(
         },
     )
     rt.check_blocks(
-        "attention_full_backward_dq", block_s=block_s, block_t=block_t, may_be_none=True
-    )
-    rt.check_blocks(
         "attention_full_backward_dq",
+        block_s=block_s,
+        block_t=block_t,
         gpu_block_s=gpu_block_s,
         gpu_block_t=gpu_block_t,
         may_be_none=True,
     )
-    b = sizes["B"]
-    h = sizes["H"]
-    s_ = sizes["S"]
-    d = sizes["D"]
-    t = sizes["T"]
+    b, h, s_, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             attention_full_backward_dq_reference,
@@ -5914,7 +5740,9 @@ def attention_full_backward_dq(
         )
     lse = lse.reshape((b, h, s_, 1))  # lse: f32[B, H, S]
     dq, delta = rt.on_platform(
-        functools.partial(
+        "attention_full_backward_dq",
+        (q, k, v, o, do, lse),
+        tpu=functools.partial(
             _attention_full_backward_dq_tpu,
             b=b,
             h=h,
@@ -5925,33 +5753,24 @@ def attention_full_backward_dq(
             block_t=block_t,
             scale=scale,
         ),
-        rt.gpu_kernel(
-            "attention_full_backward_dq",
-            gpu_backend,
-            functools.partial(
-                _attention_full_backward_dq_gpu,
-                b=b,
-                h=h,
-                s_=s_,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(
-                _attention_full_backward_dq_mosaic_gpu, b=b, h=h, s_=s_, d=d, t=t, scale=scale
-            ),
+        triton=functools.partial(
+            _attention_full_backward_dq_gpu,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
-        v,
-        o,
-        do,
-        lse,
+        mosaic_gpu=functools.partial(
+            _attention_full_backward_dq_mosaic_gpu, b=b, h=h, s_=s_, d=d, t=t, scale=scale
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     delta = delta.reshape(
         (b, h, s_)
@@ -6528,20 +6347,7 @@ def _attention_full_backward_dq_mosaic_gpu(
     return dq[:b, :h, :s_, :d].reshape((b, h, s_, d)), delta[:b, :h, :s_].reshape((b, h, s_, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_t",
-        "block_s",
-        "gpu_block_t",
-        "gpu_block_s",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def attention_full_backward_dkdv(
     q,
     k,
@@ -6573,13 +6379,10 @@ def attention_full_backward_dkdv(
       block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_full_backward_dkdv_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
@@ -6596,19 +6399,14 @@ def attention_full_backward_dkdv(
         },
     )
     rt.check_blocks(
-        "attention_full_backward_dkdv", block_t=block_t, block_s=block_s, may_be_none=True
-    )
-    rt.check_blocks(
         "attention_full_backward_dkdv",
+        block_t=block_t,
+        block_s=block_s,
         gpu_block_t=gpu_block_t,
         gpu_block_s=gpu_block_s,
         may_be_none=True,
     )
-    b = sizes["B"]
-    h = sizes["H"]
-    t = sizes["T"]
-    d = sizes["D"]
-    s_ = sizes["S"]
+    b, h, t, d, s_ = sizes["B"], sizes["H"], sizes["T"], sizes["D"], sizes["S"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             attention_full_backward_dkdv_reference,
@@ -6624,7 +6422,9 @@ def attention_full_backward_dkdv(
     lse = lse.reshape((b, h, 1, s_))  # lse: f32[B, H, S]
     delta = delta.reshape((b, h, 1, s_))  # delta: f32[B, H, S]
     return rt.on_platform(
-        functools.partial(
+        "attention_full_backward_dkdv",
+        (q, k, v, do, lse, delta),
+        tpu=functools.partial(
             _attention_full_backward_dkdv_tpu,
             b=b,
             h=h,
@@ -6635,33 +6435,24 @@ def attention_full_backward_dkdv(
             block_s=block_s,
             scale=scale,
         ),
-        rt.gpu_kernel(
-            "attention_full_backward_dkdv",
-            gpu_backend,
-            functools.partial(
-                _attention_full_backward_dkdv_gpu,
-                b=b,
-                h=h,
-                t=t,
-                d=d,
-                s_=s_,
-                block_t=gpu_block_t,
-                block_s=gpu_block_s,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(
-                _attention_full_backward_dkdv_mosaic_gpu, b=b, h=h, t=t, d=d, s_=s_, scale=scale
-            ),
+        triton=functools.partial(
+            _attention_full_backward_dkdv_gpu,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            s_=s_,
+            block_t=gpu_block_t,
+            block_s=gpu_block_s,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
+        mosaic_gpu=functools.partial(
+            _attention_full_backward_dkdv_mosaic_gpu, b=b, h=h, t=t, d=d, s_=s_, scale=scale
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -7260,20 +7051,7 @@ def _attention_full_backward_dkdv_mosaic_gpu(
     return dk[:b, :h, :t, :d].reshape((b, h, t, d)), dv[:b, :h, :t, :d].reshape((b, h, t, d))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def attention_bottom_right(
     q,
     k,
@@ -7298,13 +7076,10 @@ def attention_bottom_right(
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_bottom_right_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       o: bf16[B, H, S, D].
@@ -7321,15 +7096,15 @@ def attention_bottom_right(
             "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
         },
     )
-    rt.check_blocks("attention_bottom_right", block_s=block_s, block_t=block_t, may_be_none=True)
     rt.check_blocks(
-        "attention_bottom_right", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True
+        "attention_bottom_right",
+        block_s=block_s,
+        block_t=block_t,
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        may_be_none=True,
     )
-    b = sizes["B"]
-    h = sizes["H"]
-    s_ = sizes["S"]
-    d = sizes["D"]
-    t = sizes["T"]
+    b, h, s_, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             attention_bottom_right_reference, (((b, h, s_, d), jnp.bfloat16),), q, k, v, scale=scale
@@ -7438,7 +7213,9 @@ def _attention_bottom_right_forward(
 ):
     """`attention_bottom_right` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return rt.on_platform(
-        functools.partial(
+        "attention_bottom_right",
+        (q, k, v),
+        tpu=functools.partial(
             _attention_bottom_right_tpu,
             b=b,
             h=h,
@@ -7449,30 +7226,24 @@ def _attention_bottom_right_forward(
             block_t=block_t,
             scale=scale,
         ),
-        rt.gpu_kernel(
-            "attention_bottom_right",
-            gpu_backend,
-            functools.partial(
-                _attention_bottom_right_gpu,
-                b=b,
-                h=h,
-                s_=s_,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(
-                _attention_bottom_right_mosaic_gpu, b=b, h=h, s_=s_, d=d, t=t, scale=scale
-            ),
+        triton=functools.partial(
+            _attention_bottom_right_gpu,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
-        v,
+        mosaic_gpu=functools.partial(
+            _attention_bottom_right_mosaic_gpu, b=b, h=h, s_=s_, d=d, t=t, scale=scale
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -8085,20 +7856,7 @@ def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, s_, d, t, scale, interp
     return o[:b, :h, :s_, :d].reshape((b, h, s_, d))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def attention_bottom_right_with_residuals(
     q,
     k,
@@ -8124,13 +7882,10 @@ def attention_bottom_right_with_residuals(
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_bottom_right_with_residuals_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       o: bf16[B, H, S, D]; lse: f32[B, H, S].
@@ -8144,19 +7899,14 @@ def attention_bottom_right_with_residuals(
         },
     )
     rt.check_blocks(
-        "attention_bottom_right_with_residuals", block_s=block_s, block_t=block_t, may_be_none=True
-    )
-    rt.check_blocks(
         "attention_bottom_right_with_residuals",
+        block_s=block_s,
+        block_t=block_t,
         gpu_block_s=gpu_block_s,
         gpu_block_t=gpu_block_t,
         may_be_none=True,
     )
-    b = sizes["B"]
-    h = sizes["H"]
-    s_ = sizes["S"]
-    d = sizes["D"]
-    t = sizes["T"]
+    b, h, s_, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             attention_bottom_right_with_residuals_reference,
@@ -8167,7 +7917,9 @@ def attention_bottom_right_with_residuals(
             scale=scale,
         )
     o, lse = rt.on_platform(
-        functools.partial(
+        "attention_bottom_right_with_residuals",
+        (q, k, v),
+        tpu=functools.partial(
             _attention_bottom_right_with_residuals_tpu,
             b=b,
             h=h,
@@ -8178,36 +7930,30 @@ def attention_bottom_right_with_residuals(
             block_t=block_t,
             scale=scale,
         ),
-        rt.gpu_kernel(
-            "attention_bottom_right_with_residuals",
-            gpu_backend,
-            functools.partial(
-                _attention_bottom_right_with_residuals_gpu,
-                b=b,
-                h=h,
-                s_=s_,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(
-                _attention_bottom_right_with_residuals_mosaic_gpu,
-                b=b,
-                h=h,
-                s_=s_,
-                d=d,
-                t=t,
-                scale=scale,
-            ),
+        triton=functools.partial(
+            _attention_bottom_right_with_residuals_gpu,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
-        v,
+        mosaic_gpu=functools.partial(
+            _attention_bottom_right_with_residuals_mosaic_gpu,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            scale=scale,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     lse = lse.reshape((b, h, s_))  # the kernel holds it with size 1 along the dimensions it lacks
     return o, lse
@@ -8833,20 +8579,7 @@ def _attention_bottom_right_with_residuals_mosaic_gpu(q, k, v, *, b, h, s_, d, t
     return o[:b, :h, :s_, :d].reshape((b, h, s_, d)), lse[:b, :h, :s_].reshape((b, h, s_, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def attention_bottom_right_backward_dq(
     q,
     k,
@@ -8878,13 +8611,10 @@ def attention_bottom_right_backward_dq(
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_bottom_right_backward_dq_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dq: bf16[B, H, S, D]; delta: f32[B, H, S].
@@ -8901,19 +8631,14 @@ def attention_bottom_right_backward_dq(
         },
     )
     rt.check_blocks(
-        "attention_bottom_right_backward_dq", block_s=block_s, block_t=block_t, may_be_none=True
-    )
-    rt.check_blocks(
         "attention_bottom_right_backward_dq",
+        block_s=block_s,
+        block_t=block_t,
         gpu_block_s=gpu_block_s,
         gpu_block_t=gpu_block_t,
         may_be_none=True,
     )
-    b = sizes["B"]
-    h = sizes["H"]
-    s_ = sizes["S"]
-    d = sizes["D"]
-    t = sizes["T"]
+    b, h, s_, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             attention_bottom_right_backward_dq_reference,
@@ -8928,7 +8653,9 @@ def attention_bottom_right_backward_dq(
         )
     lse = lse.reshape((b, h, s_, 1))  # lse: f32[B, H, S]
     dq, delta = rt.on_platform(
-        functools.partial(
+        "attention_bottom_right_backward_dq",
+        (q, k, v, o, do, lse),
+        tpu=functools.partial(
             _attention_bottom_right_backward_dq_tpu,
             b=b,
             h=h,
@@ -8939,39 +8666,24 @@ def attention_bottom_right_backward_dq(
             block_t=block_t,
             scale=scale,
         ),
-        rt.gpu_kernel(
-            "attention_bottom_right_backward_dq",
-            gpu_backend,
-            functools.partial(
-                _attention_bottom_right_backward_dq_gpu,
-                b=b,
-                h=h,
-                s_=s_,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(
-                _attention_bottom_right_backward_dq_mosaic_gpu,
-                b=b,
-                h=h,
-                s_=s_,
-                d=d,
-                t=t,
-                scale=scale,
-            ),
+        triton=functools.partial(
+            _attention_bottom_right_backward_dq_gpu,
+            b=b,
+            h=h,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
-        v,
-        o,
-        do,
-        lse,
+        mosaic_gpu=functools.partial(
+            _attention_bottom_right_backward_dq_mosaic_gpu, b=b, h=h, s_=s_, d=d, t=t, scale=scale
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     delta = delta.reshape(
         (b, h, s_)
@@ -9685,20 +9397,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(
     return dq[:b, :h, :s_, :d].reshape((b, h, s_, d)), delta[:b, :h, :s_].reshape((b, h, s_, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_t",
-        "block_s",
-        "gpu_block_t",
-        "gpu_block_s",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def attention_bottom_right_backward_dkdv(
     q,
     k,
@@ -9730,13 +9429,10 @@ def attention_bottom_right_backward_dkdv(
       block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_bottom_right_backward_dkdv_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
@@ -9753,19 +9449,14 @@ def attention_bottom_right_backward_dkdv(
         },
     )
     rt.check_blocks(
-        "attention_bottom_right_backward_dkdv", block_t=block_t, block_s=block_s, may_be_none=True
-    )
-    rt.check_blocks(
         "attention_bottom_right_backward_dkdv",
+        block_t=block_t,
+        block_s=block_s,
         gpu_block_t=gpu_block_t,
         gpu_block_s=gpu_block_s,
         may_be_none=True,
     )
-    b = sizes["B"]
-    h = sizes["H"]
-    t = sizes["T"]
-    d = sizes["D"]
-    s_ = sizes["S"]
+    b, h, t, d, s_ = sizes["B"], sizes["H"], sizes["T"], sizes["D"], sizes["S"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             attention_bottom_right_backward_dkdv_reference,
@@ -9781,7 +9472,9 @@ def attention_bottom_right_backward_dkdv(
     lse = lse.reshape((b, h, 1, s_))  # lse: f32[B, H, S]
     delta = delta.reshape((b, h, 1, s_))  # delta: f32[B, H, S]
     return rt.on_platform(
-        functools.partial(
+        "attention_bottom_right_backward_dkdv",
+        (q, k, v, do, lse, delta),
+        tpu=functools.partial(
             _attention_bottom_right_backward_dkdv_tpu,
             b=b,
             h=h,
@@ -9792,39 +9485,24 @@ def attention_bottom_right_backward_dkdv(
             block_s=block_s,
             scale=scale,
         ),
-        rt.gpu_kernel(
-            "attention_bottom_right_backward_dkdv",
-            gpu_backend,
-            functools.partial(
-                _attention_bottom_right_backward_dkdv_gpu,
-                b=b,
-                h=h,
-                t=t,
-                d=d,
-                s_=s_,
-                block_t=gpu_block_t,
-                block_s=gpu_block_s,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(
-                _attention_bottom_right_backward_dkdv_mosaic_gpu,
-                b=b,
-                h=h,
-                t=t,
-                d=d,
-                s_=s_,
-                scale=scale,
-            ),
+        triton=functools.partial(
+            _attention_bottom_right_backward_dkdv_gpu,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            s_=s_,
+            block_t=gpu_block_t,
+            block_s=gpu_block_s,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
+        mosaic_gpu=functools.partial(
+            _attention_bottom_right_backward_dkdv_mosaic_gpu, b=b, h=h, t=t, d=d, s_=s_, scale=scale
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -10588,19 +10266,7 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(
     return dk[:b, :h, :t, :d].reshape((b, h, t, d)), dv[:b, :h, :t, :d].reshape((b, h, t, d))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def gqa(
     q,
     k,
@@ -10624,12 +10290,9 @@ def gqa(
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_gqa_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       o: bf16[B, G, R, S, D].
@@ -10645,14 +10308,15 @@ def gqa(
             "v": (v, jnp.bfloat16, ("B", "G", "T", "D")),
         },
     )
-    rt.check_blocks("gqa", block_s=block_s, block_t=block_t, may_be_none=True)
-    rt.check_blocks("gqa", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True)
-    b = sizes["B"]
-    g = sizes["G"]
-    r = sizes["R"]
-    s_ = sizes["S"]
-    d = sizes["D"]
-    t = sizes["T"]
+    rt.check_blocks(
+        "gqa",
+        block_s=block_s,
+        block_t=block_t,
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        may_be_none=True,
+    )
+    b, g, r, s_, d, t = sizes["B"], sizes["G"], sizes["R"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(gqa_reference, (((b, g, r, s_, d), jnp.bfloat16),), q, k, v)
     return rt.differentiable(
@@ -10755,31 +10419,27 @@ def _gqa_forward(
 ):
     """`gqa` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return rt.on_platform(
-        functools.partial(
+        "gqa",
+        (q, k, v),
+        tpu=functools.partial(
             _gqa_tpu, b=b, g=g, r=r, s_=s_, d=d, t=t, block_s=block_s, block_t=block_t
         ),
-        rt.gpu_kernel(
-            "gqa",
-            gpu_backend,
-            functools.partial(
-                _gqa_gpu,
-                b=b,
-                g=g,
-                r=r,
-                s_=s_,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_gqa_mosaic_gpu, b=b, g=g, r=r, s_=s_, d=d, t=t),
+        triton=functools.partial(
+            _gqa_gpu,
+            b=b,
+            g=g,
+            r=r,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        q,
-        k,
-        v,
+        mosaic_gpu=functools.partial(_gqa_mosaic_gpu, b=b, g=g, r=r, s_=s_, d=d, t=t),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -11276,19 +10936,7 @@ def _gqa_mosaic_gpu(q, k, v, *, b, g, r, s_, d, t, interpret):
     return o[:b, :g, :r, :s_, :d].reshape((b, g, r, s_, d))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def gqa_with_residuals(
     q,
     k,
@@ -11313,12 +10961,9 @@ def gqa_with_residuals(
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_gqa_with_residuals_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       o: bf16[B, G, R, S, D]; lse: f32[B, G, R, S].
@@ -11331,16 +10976,15 @@ def gqa_with_residuals(
             "v": (v, jnp.bfloat16, ("B", "G", "T", "D")),
         },
     )
-    rt.check_blocks("gqa_with_residuals", block_s=block_s, block_t=block_t, may_be_none=True)
     rt.check_blocks(
-        "gqa_with_residuals", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True
+        "gqa_with_residuals",
+        block_s=block_s,
+        block_t=block_t,
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        may_be_none=True,
     )
-    b = sizes["B"]
-    g = sizes["G"]
-    r = sizes["R"]
-    s_ = sizes["S"]
-    d = sizes["D"]
-    t = sizes["T"]
+    b, g, r, s_, d, t = sizes["B"], sizes["G"], sizes["R"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             gqa_with_residuals_reference,
@@ -11350,7 +10994,9 @@ def gqa_with_residuals(
             v,
         )
     o, lse = rt.on_platform(
-        functools.partial(
+        "gqa_with_residuals",
+        (q, k, v),
+        tpu=functools.partial(
             _gqa_with_residuals_tpu,
             b=b,
             g=g,
@@ -11361,28 +11007,24 @@ def gqa_with_residuals(
             block_s=block_s,
             block_t=block_t,
         ),
-        rt.gpu_kernel(
-            "gqa_with_residuals",
-            gpu_backend,
-            functools.partial(
-                _gqa_with_residuals_gpu,
-                b=b,
-                g=g,
-                r=r,
-                s_=s_,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_gqa_with_residuals_mosaic_gpu, b=b, g=g, r=r, s_=s_, d=d, t=t),
+        triton=functools.partial(
+            _gqa_with_residuals_gpu,
+            b=b,
+            g=g,
+            r=r,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        q,
-        k,
-        v,
+        mosaic_gpu=functools.partial(
+            _gqa_with_residuals_mosaic_gpu, b=b, g=g, r=r, s_=s_, d=d, t=t
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     lse = lse.reshape(
         (b, g, r, s_)
@@ -11911,19 +11553,7 @@ def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, s_, d, t, interpret):
     )
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def gqa_backward_dq(
     q,
     k,
@@ -11954,12 +11584,9 @@ def gqa_backward_dq(
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_gqa_backward_dq_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dq: bf16[B, G, R, S, D]; delta: f32[B, G, R, S].
@@ -11975,16 +11602,15 @@ def gqa_backward_dq(
             "lse": (lse, jnp.float32, ("B", "G", "R", "S")),
         },
     )
-    rt.check_blocks("gqa_backward_dq", block_s=block_s, block_t=block_t, may_be_none=True)
     rt.check_blocks(
-        "gqa_backward_dq", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True
+        "gqa_backward_dq",
+        block_s=block_s,
+        block_t=block_t,
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        may_be_none=True,
     )
-    b = sizes["B"]
-    g = sizes["G"]
-    r = sizes["R"]
-    s_ = sizes["S"]
-    d = sizes["D"]
-    t = sizes["T"]
+    b, g, r, s_, d, t = sizes["B"], sizes["G"], sizes["R"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             gqa_backward_dq_reference,
@@ -11998,34 +11624,27 @@ def gqa_backward_dq(
         )
     lse = lse.reshape((b, g, r, s_, 1))  # lse: f32[B, G, R, S]
     dq, delta = rt.on_platform(
-        functools.partial(
+        "gqa_backward_dq",
+        (q, k, v, o, do, lse),
+        tpu=functools.partial(
             _gqa_backward_dq_tpu, b=b, g=g, r=r, s_=s_, d=d, t=t, block_s=block_s, block_t=block_t
         ),
-        rt.gpu_kernel(
-            "gqa_backward_dq",
-            gpu_backend,
-            functools.partial(
-                _gqa_backward_dq_gpu,
-                b=b,
-                g=g,
-                r=r,
-                s_=s_,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_gqa_backward_dq_mosaic_gpu, b=b, g=g, r=r, s_=s_, d=d, t=t),
+        triton=functools.partial(
+            _gqa_backward_dq_gpu,
+            b=b,
+            g=g,
+            r=r,
+            s_=s_,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        q,
-        k,
-        v,
-        o,
-        do,
-        lse,
+        mosaic_gpu=functools.partial(_gqa_backward_dq_mosaic_gpu, b=b, g=g, r=r, s_=s_, d=d, t=t),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     delta = delta.reshape(
         (b, g, r, s_)
@@ -12598,19 +12217,7 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, s_, d, t, inter
     )
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_t",
-        "block_s",
-        "gpu_block_t",
-        "gpu_block_s",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def gqa_backward_dkdv(
     q,
     k,
@@ -12641,12 +12248,9 @@ def gqa_backward_dkdv(
       block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_gqa_backward_dkdv_tpu_blocks), or grown to large steps
         (rt.grown), else 256, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dk_r: f32[B, G, R, T, D]; dv_r: f32[B, G, R, T, D].
@@ -12662,16 +12266,15 @@ def gqa_backward_dkdv(
             "delta": (delta, jnp.float32, ("B", "G", "R", "S")),
         },
     )
-    rt.check_blocks("gqa_backward_dkdv", block_t=block_t, block_s=block_s, may_be_none=True)
     rt.check_blocks(
-        "gqa_backward_dkdv", gpu_block_t=gpu_block_t, gpu_block_s=gpu_block_s, may_be_none=True
+        "gqa_backward_dkdv",
+        block_t=block_t,
+        block_s=block_s,
+        gpu_block_t=gpu_block_t,
+        gpu_block_s=gpu_block_s,
+        may_be_none=True,
     )
-    b = sizes["B"]
-    g = sizes["G"]
-    r = sizes["R"]
-    t = sizes["T"]
-    d = sizes["D"]
-    s_ = sizes["S"]
+    b, g, r, t, d, s_ = sizes["B"], sizes["G"], sizes["R"], sizes["T"], sizes["D"], sizes["S"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             gqa_backward_dkdv_reference,
@@ -12686,34 +12289,27 @@ def gqa_backward_dkdv(
     lse = lse.reshape((b, g, r, 1, s_))  # lse: f32[B, G, R, S]
     delta = delta.reshape((b, g, r, 1, s_))  # delta: f32[B, G, R, S]
     return rt.on_platform(
-        functools.partial(
+        "gqa_backward_dkdv",
+        (q, k, v, do, lse, delta),
+        tpu=functools.partial(
             _gqa_backward_dkdv_tpu, b=b, g=g, r=r, t=t, d=d, s_=s_, block_t=block_t, block_s=block_s
         ),
-        rt.gpu_kernel(
-            "gqa_backward_dkdv",
-            gpu_backend,
-            functools.partial(
-                _gqa_backward_dkdv_gpu,
-                b=b,
-                g=g,
-                r=r,
-                t=t,
-                d=d,
-                s_=s_,
-                block_t=gpu_block_t,
-                block_s=gpu_block_s,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_gqa_backward_dkdv_mosaic_gpu, b=b, g=g, r=r, t=t, d=d, s_=s_),
+        triton=functools.partial(
+            _gqa_backward_dkdv_gpu,
+            b=b,
+            g=g,
+            r=r,
+            t=t,
+            d=d,
+            s_=s_,
+            block_t=gpu_block_t,
+            block_s=gpu_block_s,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
+        mosaic_gpu=functools.partial(_gqa_backward_dkdv_mosaic_gpu, b=b, g=g, r=r, t=t, d=d, s_=s_),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -13323,22 +12919,7 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, s_,
     )
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_b",
-        "block_g",
-        "block_t",
-        "gpu_block_b",
-        "gpu_block_g",
-        "gpu_block_t",
-        "gpu_block_d",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def gqa_backward_over_r(
     dk_r,
     dv_r,
@@ -13364,12 +12945,9 @@ def gqa_backward_over_r(
       block_b, block_g, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_gqa_backward_over_r_tpu_blocks),
         grown to large steps (rt.grown), else 1, 1, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dk: bf16[B, G, T, D]; dv: bf16[B, G, T, D].
@@ -13382,21 +12960,17 @@ def gqa_backward_over_r(
         },
     )
     rt.check_blocks(
-        "gqa_backward_over_r", block_b=block_b, block_g=block_g, block_t=block_t, may_be_none=True
-    )
-    rt.check_blocks(
         "gqa_backward_over_r",
+        block_b=block_b,
+        block_g=block_g,
+        block_t=block_t,
         gpu_block_b=gpu_block_b,
         gpu_block_g=gpu_block_g,
         gpu_block_t=gpu_block_t,
         gpu_block_d=gpu_block_d,
         may_be_none=True,
     )
-    b = sizes["B"]
-    g = sizes["G"]
-    r = sizes["R"]
-    t = sizes["T"]
-    d = sizes["D"]
+    b, g, r, t, d = sizes["B"], sizes["G"], sizes["R"], sizes["T"], sizes["D"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             gqa_backward_over_r_reference,
@@ -13405,7 +12979,9 @@ def gqa_backward_over_r(
             dv_r,
         )
     dk, dv = rt.on_platform(
-        functools.partial(
+        "gqa_backward_over_r",
+        (dk_r, dv_r),
+        tpu=functools.partial(
             _gqa_backward_over_r_tpu,
             b=b,
             g=g,
@@ -13416,28 +12992,23 @@ def gqa_backward_over_r(
             block_g=block_g,
             block_t=block_t,
         ),
-        rt.gpu_kernel(
-            "gqa_backward_over_r",
-            gpu_backend,
-            functools.partial(
-                _gqa_backward_over_r_gpu,
-                b=b,
-                g=g,
-                r=r,
-                t=t,
-                d=d,
-                block_b=gpu_block_b,
-                block_g=gpu_block_g,
-                block_t=gpu_block_t,
-                block_d=gpu_block_d,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_gqa_backward_over_r_mosaic_gpu, b=b, g=g, r=r, t=t, d=d),
+        triton=functools.partial(
+            _gqa_backward_over_r_gpu,
+            b=b,
+            g=g,
+            r=r,
+            t=t,
+            d=d,
+            block_b=gpu_block_b,
+            block_g=gpu_block_g,
+            block_t=gpu_block_t,
+            block_d=gpu_block_d,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        dk_r,
-        dv_r,
+        mosaic_gpu=functools.partial(_gqa_backward_over_r_mosaic_gpu, b=b, g=g, r=r, t=t, d=d),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     dk = dk.reshape((b, g, t, d))  # the kernel holds it with size 1 along the dimensions it lacks
     dv = dv.reshape((b, g, t, d))  # the kernel holds it with size 1 along the dimensions it lacks
@@ -13772,19 +13343,7 @@ def _gqa_backward_over_r_mosaic_gpu(dk_r, dv_r, *, b, g, r, t, d, interpret):
     return dk[:b, :g, :t, :d].reshape((b, g, 1, t, d)), dv[:b, :g, :t, :d].reshape((b, g, 1, t, d))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_k",
-        "gpu_block_m",
-        "gpu_block_k",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_softmax(
     x,
     w,
@@ -13806,12 +13365,9 @@ def matmul_softmax(
       block_m, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_matmul_softmax_tpu_blocks), or grown to large steps
         (rt.grown), else 128, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: f32[M, N].
@@ -13822,13 +13378,15 @@ def matmul_softmax(
     (x, w), sizes = rt.operands(
         "matmul_softmax", {"x": (x, jnp.bfloat16, ("M", "K")), "w": (w, jnp.bfloat16, ("K", "N"))}
     )
-    rt.check_blocks("matmul_softmax", block_m=block_m, block_k=block_k, may_be_none=True)
     rt.check_blocks(
-        "matmul_softmax", gpu_block_m=gpu_block_m, gpu_block_k=gpu_block_k, may_be_none=True
+        "matmul_softmax",
+        block_m=block_m,
+        block_k=block_k,
+        gpu_block_m=gpu_block_m,
+        gpu_block_k=gpu_block_k,
+        may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
-    k = sizes["K"]
+    m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(matmul_softmax_reference, (((m, n), jnp.float32),), x, w)
     return rt.differentiable(
@@ -13907,25 +13465,22 @@ def _matmul_softmax_forward(
 ):
     """`matmul_softmax` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return rt.on_platform(
-        functools.partial(_matmul_softmax_tpu, m=m, n=n, k=k, block_m=block_m, block_k=block_k),
-        rt.gpu_kernel(
-            "matmul_softmax",
-            gpu_backend,
-            functools.partial(
-                _matmul_softmax_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=gpu_block_m,
-                block_k=gpu_block_k,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_matmul_softmax_mosaic_gpu, m=m, n=n, k=k),
+        "matmul_softmax",
+        (x, w),
+        tpu=functools.partial(_matmul_softmax_tpu, m=m, n=n, k=k, block_m=block_m, block_k=block_k),
+        triton=functools.partial(
+            _matmul_softmax_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        w,
+        mosaic_gpu=functools.partial(_matmul_softmax_mosaic_gpu, m=m, n=n, k=k),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -14375,17 +13930,7 @@ def _matmul_softmax_mosaic_gpu(x, w, *, m, n, k, interpret):
     return y.reshape((m, n))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_softmax_backward(
     y,
     dy,
@@ -14406,12 +13951,9 @@ def matmul_softmax_backward(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_softmax_backward_tpu_blocks),
         grown to large steps (rt.grown), else 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dacc: bf16[M, N].
@@ -14420,32 +13962,29 @@ def matmul_softmax_backward(
         "matmul_softmax_backward",
         {"y": (y, jnp.float32, ("M", "N")), "dy": (dy, jnp.float32, ("M", "N"))},
     )
-    rt.check_blocks("matmul_softmax_backward", block_m=block_m, may_be_none=True)
-    rt.check_blocks("matmul_softmax_backward", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "matmul_softmax_backward", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             matmul_softmax_backward_reference, (((m, n), jnp.bfloat16),), y, dy
         )
     return rt.on_platform(
-        functools.partial(_matmul_softmax_backward_tpu, m=m, n=n, block_m=block_m),
-        rt.gpu_kernel(
-            "matmul_softmax_backward",
-            gpu_backend,
-            functools.partial(
-                _matmul_softmax_backward_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_matmul_softmax_backward_mosaic_gpu, m=m, n=n),
+        "matmul_softmax_backward",
+        (y, dy),
+        tpu=functools.partial(_matmul_softmax_backward_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _matmul_softmax_backward_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        y,
-        dy,
+        mosaic_gpu=functools.partial(_matmul_softmax_backward_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -14680,25 +14219,7 @@ def _matmul_softmax_backward_mosaic_gpu(y, dy, *, m, n, interpret):
     return dacc[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_k",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_k",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_m",
-        "mgpu_block_k",
-        "mgpu_block_n",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_softmax_backward_x(
     dacc,
     w,
@@ -14727,15 +14248,10 @@ def matmul_softmax_backward_x(
       block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_softmax_backward_x_tpu_blocks),
         else 128, 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: bf16[M, K].
@@ -14749,24 +14265,20 @@ def matmul_softmax_backward_x(
         block_m=block_m,
         block_k=block_k,
         block_n=block_n,
-        may_be_none=True,
-    )
-    rt.check_blocks(
-        "matmul_softmax_backward_x",
         gpu_block_m=gpu_block_m,
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         may_be_none=True,
     )
-    m = sizes["M"]
-    k = sizes["K"]
-    n = sizes["N"]
+    m, k, n = sizes["M"], sizes["K"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             matmul_softmax_backward_x_reference, (((m, k), jnp.bfloat16),), dacc, w
         )
     return rt.on_platform(
-        functools.partial(
+        "matmul_softmax_backward_x",
+        (dacc, w),
+        tpu=functools.partial(
             _matmul_softmax_backward_x_tpu,
             m=m,
             k=k,
@@ -14775,34 +14287,29 @@ def matmul_softmax_backward_x(
             block_k=block_k,
             block_n=block_n,
         ),
-        rt.gpu_kernel(
-            "matmul_softmax_backward_x",
-            gpu_backend,
-            functools.partial(
-                _matmul_softmax_backward_x_gpu,
-                m=m,
-                k=k,
-                n=n,
-                block_m=gpu_block_m,
-                block_k=gpu_block_k,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _matmul_softmax_backward_x_mosaic_gpu,
-                m=m,
-                k=k,
-                n=n,
-                block_m=mgpu_block_m,
-                block_k=mgpu_block_k,
-                block_n=mgpu_block_n,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _matmul_softmax_backward_x_gpu,
+            m=m,
+            k=k,
+            n=n,
+            block_m=gpu_block_m,
+            block_k=gpu_block_k,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        dacc,
-        w,
+        mosaic_gpu=functools.partial(
+            _matmul_softmax_backward_x_mosaic_gpu,
+            m=m,
+            k=k,
+            n=n,
+            block_m=mgpu_block_m,
+            block_k=mgpu_block_k,
+            block_n=mgpu_block_n,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -15083,25 +14590,7 @@ def _matmul_softmax_backward_x_mosaic_gpu(
     return dx[:m, :k]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_k",
-        "block_n",
-        "block_m",
-        "gpu_block_k",
-        "gpu_block_n",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_k",
-        "mgpu_block_n",
-        "mgpu_block_m",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_softmax_backward_w(
     x,
     dacc,
@@ -15130,15 +14619,10 @@ def matmul_softmax_backward_w(
       block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_softmax_backward_w_tpu_blocks),
         else 512, 512, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dw: bf16[K, N].
@@ -15152,24 +14636,20 @@ def matmul_softmax_backward_w(
         block_k=block_k,
         block_n=block_n,
         block_m=block_m,
-        may_be_none=True,
-    )
-    rt.check_blocks(
-        "matmul_softmax_backward_w",
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         gpu_block_m=gpu_block_m,
         may_be_none=True,
     )
-    k = sizes["K"]
-    n = sizes["N"]
-    m = sizes["M"]
+    k, n, m = sizes["K"], sizes["N"], sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             matmul_softmax_backward_w_reference, (((k, n), jnp.bfloat16),), x, dacc
         )
     return rt.on_platform(
-        functools.partial(
+        "matmul_softmax_backward_w",
+        (x, dacc),
+        tpu=functools.partial(
             _matmul_softmax_backward_w_tpu,
             k=k,
             n=n,
@@ -15178,34 +14658,29 @@ def matmul_softmax_backward_w(
             block_n=block_n,
             block_m=block_m,
         ),
-        rt.gpu_kernel(
-            "matmul_softmax_backward_w",
-            gpu_backend,
-            functools.partial(
-                _matmul_softmax_backward_w_gpu,
-                k=k,
-                n=n,
-                m=m,
-                block_k=gpu_block_k,
-                block_n=gpu_block_n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _matmul_softmax_backward_w_mosaic_gpu,
-                k=k,
-                n=n,
-                m=m,
-                block_k=mgpu_block_k,
-                block_n=mgpu_block_n,
-                block_m=mgpu_block_m,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _matmul_softmax_backward_w_gpu,
+            k=k,
+            n=n,
+            m=m,
+            block_k=gpu_block_k,
+            block_n=gpu_block_n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        dacc,
+        mosaic_gpu=functools.partial(
+            _matmul_softmax_backward_w_mosaic_gpu,
+            k=k,
+            n=n,
+            m=m,
+            block_k=mgpu_block_k,
+            block_n=mgpu_block_n,
+            block_m=mgpu_block_m,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -15482,19 +14957,7 @@ def _matmul_softmax_backward_w_mosaic_gpu(
     return dw[:k, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def rmsnorm_matmul(
     x,
     g,
@@ -15518,12 +14981,9 @@ def rmsnorm_matmul(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_rmsnorm_matmul_tpu_blocks), or grown to large steps
         (rt.grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: bf16[M, N].
@@ -15540,13 +15000,15 @@ def rmsnorm_matmul(
             "w": (w, jnp.bfloat16, ("K", "N")),
         },
     )
-    rt.check_blocks("rmsnorm_matmul", block_m=block_m, block_n=block_n, may_be_none=True)
     rt.check_blocks(
-        "rmsnorm_matmul", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+        "rmsnorm_matmul",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
-    k = sizes["K"]
+    m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(rmsnorm_matmul_reference, (((m, n), jnp.bfloat16),), x, g, w)
     return rt.differentiable(
@@ -15622,26 +15084,22 @@ def _rmsnorm_matmul_forward(
     """`rmsnorm_matmul` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     g = g.reshape((1, k))  # g: f32[K]
     return rt.on_platform(
-        functools.partial(_rmsnorm_matmul_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n),
-        rt.gpu_kernel(
-            "rmsnorm_matmul",
-            gpu_backend,
-            functools.partial(
-                _rmsnorm_matmul_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_rmsnorm_matmul_mosaic_gpu, m=m, n=n, k=k),
+        "rmsnorm_matmul",
+        (x, g, w),
+        tpu=functools.partial(_rmsnorm_matmul_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _rmsnorm_matmul_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        g,
-        w,
+        mosaic_gpu=functools.partial(_rmsnorm_matmul_mosaic_gpu, m=m, n=n, k=k),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -16025,17 +15483,7 @@ def _rmsnorm_matmul_mosaic_gpu(x, g, w, *, m, n, k, interpret):
     return y.reshape((m, n))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def rmsnorm_matmul_lhs(
     x,
     g,
@@ -16056,12 +15504,9 @@ def rmsnorm_matmul_lhs(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_lhs_tpu_blocks),
         grown to large steps (rt.grown), else 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       lhs: bf16[M, K]; mean_k: f32[M].
@@ -16069,33 +15514,30 @@ def rmsnorm_matmul_lhs(
     (x, g), sizes = rt.operands(
         "rmsnorm_matmul_lhs", {"x": (x, jnp.bfloat16, ("M", "K")), "g": (g, jnp.float32, ("K",))}
     )
-    rt.check_blocks("rmsnorm_matmul_lhs", block_m=block_m, may_be_none=True)
-    rt.check_blocks("rmsnorm_matmul_lhs", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    k = sizes["K"]
+    rt.check_blocks(
+        "rmsnorm_matmul_lhs", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
+    )
+    m, k = sizes["M"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             rmsnorm_matmul_lhs_reference, (((m, k), jnp.bfloat16), ((m,), jnp.float32)), x, g
         )
     g = g.reshape(1, k)  # g: f32[K], broadcast over M
     lhs, mean_k = rt.on_platform(
-        functools.partial(_rmsnorm_matmul_lhs_tpu, m=m, k=k, block_m=block_m),
-        rt.gpu_kernel(
-            "rmsnorm_matmul_lhs",
-            gpu_backend,
-            functools.partial(
-                _rmsnorm_matmul_lhs_gpu,
-                m=m,
-                k=k,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_rmsnorm_matmul_lhs_mosaic_gpu, m=m, k=k),
+        "rmsnorm_matmul_lhs",
+        (x, g),
+        tpu=functools.partial(_rmsnorm_matmul_lhs_tpu, m=m, k=k, block_m=block_m),
+        triton=functools.partial(
+            _rmsnorm_matmul_lhs_gpu,
+            m=m,
+            k=k,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        g,
+        mosaic_gpu=functools.partial(_rmsnorm_matmul_lhs_mosaic_gpu, m=m, k=k),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     mean_k = mean_k.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     return lhs, mean_k
@@ -16355,25 +15797,7 @@ def _rmsnorm_matmul_lhs_mosaic_gpu(x, g, *, m, k, interpret):
     return lhs[:m, :k], mean_k[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_k",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_k",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_m",
-        "mgpu_block_k",
-        "mgpu_block_n",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def rmsnorm_matmul_backward_lhs(
     dy,
     w,
@@ -16402,15 +15826,10 @@ def rmsnorm_matmul_backward_lhs(
       block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_backward_lhs_tpu_blocks),
         else 256, 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dlhs: bf16[M, K].
@@ -16424,24 +15843,20 @@ def rmsnorm_matmul_backward_lhs(
         block_m=block_m,
         block_k=block_k,
         block_n=block_n,
-        may_be_none=True,
-    )
-    rt.check_blocks(
-        "rmsnorm_matmul_backward_lhs",
         gpu_block_m=gpu_block_m,
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         may_be_none=True,
     )
-    m = sizes["M"]
-    k = sizes["K"]
-    n = sizes["N"]
+    m, k, n = sizes["M"], sizes["K"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             rmsnorm_matmul_backward_lhs_reference, (((m, k), jnp.bfloat16),), dy, w
         )
     return rt.on_platform(
-        functools.partial(
+        "rmsnorm_matmul_backward_lhs",
+        (dy, w),
+        tpu=functools.partial(
             _rmsnorm_matmul_backward_lhs_tpu,
             m=m,
             k=k,
@@ -16450,34 +15865,29 @@ def rmsnorm_matmul_backward_lhs(
             block_k=block_k,
             block_n=block_n,
         ),
-        rt.gpu_kernel(
-            "rmsnorm_matmul_backward_lhs",
-            gpu_backend,
-            functools.partial(
-                _rmsnorm_matmul_backward_lhs_gpu,
-                m=m,
-                k=k,
-                n=n,
-                block_m=gpu_block_m,
-                block_k=gpu_block_k,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _rmsnorm_matmul_backward_lhs_mosaic_gpu,
-                m=m,
-                k=k,
-                n=n,
-                block_m=mgpu_block_m,
-                block_k=mgpu_block_k,
-                block_n=mgpu_block_n,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _rmsnorm_matmul_backward_lhs_gpu,
+            m=m,
+            k=k,
+            n=n,
+            block_m=gpu_block_m,
+            block_k=gpu_block_k,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        dy,
-        w,
+        mosaic_gpu=functools.partial(
+            _rmsnorm_matmul_backward_lhs_mosaic_gpu,
+            m=m,
+            k=k,
+            n=n,
+            block_m=mgpu_block_m,
+            block_k=mgpu_block_k,
+            block_n=mgpu_block_n,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -16758,25 +16168,7 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(
     return dlhs[:m, :k]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_k",
-        "block_n",
-        "block_m",
-        "gpu_block_k",
-        "gpu_block_n",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_k",
-        "mgpu_block_n",
-        "mgpu_block_m",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def rmsnorm_matmul_backward_w(
     lhs,
     dy,
@@ -16805,15 +16197,10 @@ def rmsnorm_matmul_backward_w(
       block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_backward_w_tpu_blocks),
         else 512, 512, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dw: bf16[K, N].
@@ -16827,24 +16214,20 @@ def rmsnorm_matmul_backward_w(
         block_k=block_k,
         block_n=block_n,
         block_m=block_m,
-        may_be_none=True,
-    )
-    rt.check_blocks(
-        "rmsnorm_matmul_backward_w",
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         gpu_block_m=gpu_block_m,
         may_be_none=True,
     )
-    k = sizes["K"]
-    n = sizes["N"]
-    m = sizes["M"]
+    k, n, m = sizes["K"], sizes["N"], sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             rmsnorm_matmul_backward_w_reference, (((k, n), jnp.bfloat16),), lhs, dy
         )
     return rt.on_platform(
-        functools.partial(
+        "rmsnorm_matmul_backward_w",
+        (lhs, dy),
+        tpu=functools.partial(
             _rmsnorm_matmul_backward_w_tpu,
             k=k,
             n=n,
@@ -16853,34 +16236,29 @@ def rmsnorm_matmul_backward_w(
             block_n=block_n,
             block_m=block_m,
         ),
-        rt.gpu_kernel(
-            "rmsnorm_matmul_backward_w",
-            gpu_backend,
-            functools.partial(
-                _rmsnorm_matmul_backward_w_gpu,
-                k=k,
-                n=n,
-                m=m,
-                block_k=gpu_block_k,
-                block_n=gpu_block_n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _rmsnorm_matmul_backward_w_mosaic_gpu,
-                k=k,
-                n=n,
-                m=m,
-                block_k=mgpu_block_k,
-                block_n=mgpu_block_n,
-                block_m=mgpu_block_m,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _rmsnorm_matmul_backward_w_gpu,
+            k=k,
+            n=n,
+            m=m,
+            block_k=gpu_block_k,
+            block_n=gpu_block_n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        lhs,
-        dy,
+        mosaic_gpu=functools.partial(
+            _rmsnorm_matmul_backward_w_mosaic_gpu,
+            k=k,
+            n=n,
+            m=m,
+            block_k=mgpu_block_k,
+            block_n=mgpu_block_n,
+            block_m=mgpu_block_m,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -17157,17 +16535,7 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu(
     return dw[:k, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def rmsnorm_matmul_lhs_backward(
     x,
     g,
@@ -17192,12 +16560,9 @@ def rmsnorm_matmul_lhs_backward(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_lhs_backward_tpu_blocks),
         grown to large steps (rt.grown), else 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: bf16[M, K].
@@ -17211,10 +16576,10 @@ def rmsnorm_matmul_lhs_backward(
             "dlhs": (dlhs, jnp.bfloat16, ("M", "K")),
         },
     )
-    rt.check_blocks("rmsnorm_matmul_lhs_backward", block_m=block_m, may_be_none=True)
-    rt.check_blocks("rmsnorm_matmul_lhs_backward", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    k = sizes["K"]
+    rt.check_blocks(
+        "rmsnorm_matmul_lhs_backward", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
+    )
+    m, k = sizes["M"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             rmsnorm_matmul_lhs_backward_reference, (((m, k), jnp.bfloat16),), x, g, mean_k, dlhs
@@ -17222,25 +16587,20 @@ def rmsnorm_matmul_lhs_backward(
     g = g.reshape(1, k)  # g: f32[K], broadcast over M
     mean_k = mean_k.reshape(m, 1)  # mean_k: f32[M], broadcast over K
     return rt.on_platform(
-        functools.partial(_rmsnorm_matmul_lhs_backward_tpu, m=m, k=k, block_m=block_m),
-        rt.gpu_kernel(
-            "rmsnorm_matmul_lhs_backward",
-            gpu_backend,
-            functools.partial(
-                _rmsnorm_matmul_lhs_backward_gpu,
-                m=m,
-                k=k,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_rmsnorm_matmul_lhs_backward_mosaic_gpu, m=m, k=k),
+        "rmsnorm_matmul_lhs_backward",
+        (x, g, mean_k, dlhs),
+        tpu=functools.partial(_rmsnorm_matmul_lhs_backward_tpu, m=m, k=k, block_m=block_m),
+        triton=functools.partial(
+            _rmsnorm_matmul_lhs_backward_gpu,
+            m=m,
+            k=k,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        g,
-        mean_k,
-        dlhs,
+        mosaic_gpu=functools.partial(_rmsnorm_matmul_lhs_backward_mosaic_gpu, m=m, k=k),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -17562,18 +16922,7 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu(x, g, mean_k, dlhs, *, m, k, interpr
     return dx[:m, :k]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_block_k",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def rmsnorm_matmul_lhs_backward_over_m(
     x,
     mean_k,
@@ -17597,12 +16946,9 @@ def rmsnorm_matmul_lhs_backward_over_m(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_lhs_backward_over_m_tpu_blocks),
         grown to large steps (rt.grown), else 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dg: f32[K].
@@ -17615,40 +16961,35 @@ def rmsnorm_matmul_lhs_backward_over_m(
             "dlhs": (dlhs, jnp.bfloat16, ("M", "K")),
         },
     )
-    rt.check_blocks("rmsnorm_matmul_lhs_backward_over_m", block_m=block_m, may_be_none=True)
     rt.check_blocks(
         "rmsnorm_matmul_lhs_backward_over_m",
+        block_m=block_m,
         gpu_block_m=gpu_block_m,
         gpu_block_k=gpu_block_k,
         may_be_none=True,
     )
-    m = sizes["M"]
-    k = sizes["K"]
+    m, k = sizes["M"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             rmsnorm_matmul_lhs_backward_over_m_reference, (((k,), jnp.float32),), x, mean_k, dlhs
         )
     mean_k = mean_k.reshape(m, 1)  # mean_k: f32[M], broadcast over K
     dg = rt.on_platform(
-        functools.partial(_rmsnorm_matmul_lhs_backward_over_m_tpu, m=m, k=k, block_m=block_m),
-        rt.gpu_kernel(
-            "rmsnorm_matmul_lhs_backward_over_m",
-            gpu_backend,
-            functools.partial(
-                _rmsnorm_matmul_lhs_backward_over_m_gpu,
-                m=m,
-                k=k,
-                block_m=gpu_block_m,
-                block_k=gpu_block_k,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu, m=m, k=k),
+        "rmsnorm_matmul_lhs_backward_over_m",
+        (x, mean_k, dlhs),
+        tpu=functools.partial(_rmsnorm_matmul_lhs_backward_over_m_tpu, m=m, k=k, block_m=block_m),
+        triton=functools.partial(
+            _rmsnorm_matmul_lhs_backward_over_m_gpu,
+            m=m,
+            k=k,
+            block_m=gpu_block_m,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        mean_k,
-        dlhs,
+        mosaic_gpu=functools.partial(_rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu, m=m, k=k),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     dg = dg.reshape((k,))  # the kernel holds it with size 1 along the dimensions it lacks
     return dg

@@ -20,20 +20,7 @@ from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_b",
-        "block_n",
-        "gpu_block_b",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "eps",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def giou(
     ax1,
     ay1,
@@ -71,13 +58,10 @@ def giou(
       block_b, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_giou_tpu_blocks),
         grown to large steps (rt.grown), else 256, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       eps: a static f32 (default 1e-07).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       giou: f32[B, N].
@@ -97,10 +81,15 @@ def giou(
             "by2": (by2, jnp.float32, ("B", "N")),
         },
     )
-    rt.check_blocks("giou", block_b=block_b, block_n=block_n, may_be_none=True)
-    rt.check_blocks("giou", gpu_block_b=gpu_block_b, gpu_block_n=gpu_block_n, may_be_none=True)
-    b = sizes["B"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "giou",
+        block_b=block_b,
+        block_n=block_n,
+        gpu_block_b=gpu_block_b,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    b, n = sizes["B"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             giou_reference,
@@ -181,31 +170,22 @@ def _giou_forward(
 ):
     """`giou` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return rt.on_platform(
-        functools.partial(_giou_tpu, b=b, n=n, block_b=block_b, block_n=block_n, eps=eps),
-        rt.gpu_kernel(
-            "giou",
-            gpu_backend,
-            functools.partial(
-                _giou_gpu,
-                b=b,
-                n=n,
-                block_b=gpu_block_b,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                eps=eps,
-            ),
-            functools.partial(_giou_mosaic_gpu, b=b, n=n, eps=eps),
+        "giou",
+        (ax1, ay1, ax2, ay2, bx1, by1, bx2, by2),
+        tpu=functools.partial(_giou_tpu, b=b, n=n, block_b=block_b, block_n=block_n, eps=eps),
+        triton=functools.partial(
+            _giou_gpu,
+            b=b,
+            n=n,
+            block_b=gpu_block_b,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            eps=eps,
         ),
-        interpret,
-        ax1,
-        ay1,
-        ax2,
-        ay2,
-        bx1,
-        by1,
-        bx2,
-        by2,
+        mosaic_gpu=functools.partial(_giou_mosaic_gpu, b=b, n=n, eps=eps),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -564,20 +544,7 @@ def _giou_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, eps, inter
     return giou[:b, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_b",
-        "block_n",
-        "gpu_block_b",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "eps",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def giou_backward(
     ax1,
     ay1,
@@ -615,13 +582,10 @@ def giou_backward(
       block_b, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_giou_backward_tpu_blocks),
         grown to large steps (rt.grown), else 256, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       eps: a static f32 (default 1e-07).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dax1: f32[B, N]; day1: f32[B, N]; dax2: f32[B, N]; day2: f32[B, N]; dbx1: f32[B, N]; dby1: f32[B, N]; dbx2: f32[B, N]; dby2: f32[B, N].
@@ -640,12 +604,15 @@ def giou_backward(
             "dgiou": (dgiou, jnp.float32, ("B", "N")),
         },
     )
-    rt.check_blocks("giou_backward", block_b=block_b, block_n=block_n, may_be_none=True)
     rt.check_blocks(
-        "giou_backward", gpu_block_b=gpu_block_b, gpu_block_n=gpu_block_n, may_be_none=True
+        "giou_backward",
+        block_b=block_b,
+        block_n=block_n,
+        gpu_block_b=gpu_block_b,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
-    b = sizes["B"]
-    n = sizes["N"]
+    b, n = sizes["B"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             giou_backward_reference,
@@ -671,32 +638,24 @@ def giou_backward(
             eps=eps,
         )
     return rt.on_platform(
-        functools.partial(_giou_backward_tpu, b=b, n=n, block_b=block_b, block_n=block_n, eps=eps),
-        rt.gpu_kernel(
-            "giou_backward",
-            gpu_backend,
-            functools.partial(
-                _giou_backward_gpu,
-                b=b,
-                n=n,
-                block_b=gpu_block_b,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                eps=eps,
-            ),
-            functools.partial(_giou_backward_mosaic_gpu, b=b, n=n, eps=eps),
+        "giou_backward",
+        (ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou),
+        tpu=functools.partial(
+            _giou_backward_tpu, b=b, n=n, block_b=block_b, block_n=block_n, eps=eps
         ),
-        interpret,
-        ax1,
-        ay1,
-        ax2,
-        ay2,
-        bx1,
-        by1,
-        bx2,
-        by2,
-        dgiou,
+        triton=functools.partial(
+            _giou_backward_gpu,
+            b=b,
+            n=n,
+            block_b=gpu_block_b,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            eps=eps,
+        ),
+        mosaic_gpu=functools.partial(_giou_backward_mosaic_gpu, b=b, n=n, eps=eps),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 

@@ -20,19 +20,7 @@ from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_v",
-        "gpu_block_m",
-        "gpu_block_v",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def cross_entropy(
     logits,
     label,
@@ -55,12 +43,9 @@ def cross_entropy(
       block_m, block_v: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_cross_entropy_tpu_blocks),
         grown to large steps (rt.grown), else 16, 2048.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       loss: f32[M].
@@ -72,12 +57,15 @@ def cross_entropy(
         "cross_entropy",
         {"logits": (logits, jnp.bfloat16, ("M", "V")), "label": (label, jnp.int32, ("M",))},
     )
-    rt.check_blocks("cross_entropy", block_m=block_m, block_v=block_v, may_be_none=True)
     rt.check_blocks(
-        "cross_entropy", gpu_block_m=gpu_block_m, gpu_block_v=gpu_block_v, may_be_none=True
+        "cross_entropy",
+        block_m=block_m,
+        block_v=block_v,
+        gpu_block_m=gpu_block_m,
+        gpu_block_v=gpu_block_v,
+        may_be_none=True,
     )
-    m = sizes["M"]
-    v = sizes["V"]
+    m, v = sizes["M"], sizes["V"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(cross_entropy_reference, (((m,), jnp.float32),), logits, label)
     return rt.differentiable(
@@ -147,24 +135,21 @@ def _cross_entropy_forward(
     """`cross_entropy` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     label = label.reshape(m, 1)  # label: i32[M], broadcast over V
     loss = rt.on_platform(
-        functools.partial(_cross_entropy_tpu, m=m, v=v, block_m=block_m, block_v=block_v),
-        rt.gpu_kernel(
-            "cross_entropy",
-            gpu_backend,
-            functools.partial(
-                _cross_entropy_gpu,
-                m=m,
-                v=v,
-                block_m=gpu_block_m,
-                block_v=gpu_block_v,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_cross_entropy_mosaic_gpu, m=m, v=v),
+        "cross_entropy",
+        (logits, label),
+        tpu=functools.partial(_cross_entropy_tpu, m=m, v=v, block_m=block_m, block_v=block_v),
+        triton=functools.partial(
+            _cross_entropy_gpu,
+            m=m,
+            v=v,
+            block_m=gpu_block_m,
+            block_v=gpu_block_v,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        logits,
-        label,
+        mosaic_gpu=functools.partial(_cross_entropy_mosaic_gpu, m=m, v=v),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     loss = loss.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     return loss
@@ -509,19 +494,7 @@ def _cross_entropy_mosaic_gpu(logits, label, *, m, v, interpret):
     return loss[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_v",
-        "gpu_block_m",
-        "gpu_block_v",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def cross_entropy_with_residuals(
     logits,
     label,
@@ -544,12 +517,9 @@ def cross_entropy_with_residuals(
       block_m, block_v: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_cross_entropy_with_residuals_tpu_blocks),
         grown to large steps (rt.grown), else 16, 2048.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       loss: f32[M]; logsumexp_v: f32[M].
@@ -559,16 +529,14 @@ def cross_entropy_with_residuals(
         {"logits": (logits, jnp.bfloat16, ("M", "V")), "label": (label, jnp.int32, ("M",))},
     )
     rt.check_blocks(
-        "cross_entropy_with_residuals", block_m=block_m, block_v=block_v, may_be_none=True
-    )
-    rt.check_blocks(
         "cross_entropy_with_residuals",
+        block_m=block_m,
+        block_v=block_v,
         gpu_block_m=gpu_block_m,
         gpu_block_v=gpu_block_v,
         may_be_none=True,
     )
-    m = sizes["M"]
-    v = sizes["V"]
+    m, v = sizes["M"], sizes["V"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             cross_entropy_with_residuals_reference,
@@ -578,26 +546,23 @@ def cross_entropy_with_residuals(
         )
     label = label.reshape(m, 1)  # label: i32[M], broadcast over V
     loss, logsumexp_v = rt.on_platform(
-        functools.partial(
+        "cross_entropy_with_residuals",
+        (logits, label),
+        tpu=functools.partial(
             _cross_entropy_with_residuals_tpu, m=m, v=v, block_m=block_m, block_v=block_v
         ),
-        rt.gpu_kernel(
-            "cross_entropy_with_residuals",
-            gpu_backend,
-            functools.partial(
-                _cross_entropy_with_residuals_gpu,
-                m=m,
-                v=v,
-                block_m=gpu_block_m,
-                block_v=gpu_block_v,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_cross_entropy_with_residuals_mosaic_gpu, m=m, v=v),
+        triton=functools.partial(
+            _cross_entropy_with_residuals_gpu,
+            m=m,
+            v=v,
+            block_m=gpu_block_m,
+            block_v=gpu_block_v,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        logits,
-        label,
+        mosaic_gpu=functools.partial(_cross_entropy_with_residuals_mosaic_gpu, m=m, v=v),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     loss = loss.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     logsumexp_v = logsumexp_v.reshape(
@@ -964,19 +929,7 @@ def _cross_entropy_with_residuals_mosaic_gpu(logits, label, *, m, v, interpret):
     return loss[:m].reshape((m, 1)), logsumexp_v[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_v",
-        "gpu_block_m",
-        "gpu_block_v",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def cross_entropy_backward(
     logits,
     label,
@@ -1003,12 +956,9 @@ def cross_entropy_backward(
       block_m, block_v: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_cross_entropy_backward_tpu_blocks),
         grown to large steps (rt.grown), else 16, 2048.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dlogits: bf16[M, V].
@@ -1022,12 +972,15 @@ def cross_entropy_backward(
             "dloss": (dloss, jnp.float32, ("M",)),
         },
     )
-    rt.check_blocks("cross_entropy_backward", block_m=block_m, block_v=block_v, may_be_none=True)
     rt.check_blocks(
-        "cross_entropy_backward", gpu_block_m=gpu_block_m, gpu_block_v=gpu_block_v, may_be_none=True
+        "cross_entropy_backward",
+        block_m=block_m,
+        block_v=block_v,
+        gpu_block_m=gpu_block_m,
+        gpu_block_v=gpu_block_v,
+        may_be_none=True,
     )
-    m = sizes["M"]
-    v = sizes["V"]
+    m, v = sizes["M"], sizes["V"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             cross_entropy_backward_reference,
@@ -1041,26 +994,23 @@ def cross_entropy_backward(
     logsumexp_v = logsumexp_v.reshape(m, 1)  # logsumexp_v: f32[M], broadcast over V
     dloss = dloss.reshape(m, 1)  # dloss: f32[M], broadcast over V
     return rt.on_platform(
-        functools.partial(_cross_entropy_backward_tpu, m=m, v=v, block_m=block_m, block_v=block_v),
-        rt.gpu_kernel(
-            "cross_entropy_backward",
-            gpu_backend,
-            functools.partial(
-                _cross_entropy_backward_gpu,
-                m=m,
-                v=v,
-                block_m=gpu_block_m,
-                block_v=gpu_block_v,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_cross_entropy_backward_mosaic_gpu, m=m, v=v),
+        "cross_entropy_backward",
+        (logits, label, logsumexp_v, dloss),
+        tpu=functools.partial(
+            _cross_entropy_backward_tpu, m=m, v=v, block_m=block_m, block_v=block_v
         ),
-        interpret,
-        logits,
-        label,
-        logsumexp_v,
-        dloss,
+        triton=functools.partial(
+            _cross_entropy_backward_gpu,
+            m=m,
+            v=v,
+            block_m=gpu_block_m,
+            block_v=gpu_block_v,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+        ),
+        mosaic_gpu=functools.partial(_cross_entropy_backward_mosaic_gpu, m=m, v=v),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 

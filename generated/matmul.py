@@ -20,25 +20,7 @@ from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "block_k",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_block_k",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_m",
-        "mgpu_block_n",
-        "mgpu_block_k",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul(
     x,
     y,
@@ -66,15 +48,10 @@ def matmul(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_tpu_blocks),
         else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: f32[M, N].
@@ -85,17 +62,17 @@ def matmul(
     (x, y), sizes = rt.operands(
         "matmul", {"x": (x, jnp.float32, ("M", "K")), "y": (y, jnp.float32, ("K", "N"))}
     )
-    rt.check_blocks("matmul", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True)
     rt.check_blocks(
         "matmul",
+        block_m=block_m,
+        block_n=block_n,
+        block_k=block_k,
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         gpu_block_k=gpu_block_k,
         may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
-    k = sizes["K"]
+    m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(matmul_reference, (((m, n), jnp.float32),), x, y)
     return rt.differentiable(
@@ -156,37 +133,34 @@ def _matmul_forward(
 ):
     """`matmul` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return rt.on_platform(
-        functools.partial(
+        "matmul",
+        (x, y),
+        tpu=functools.partial(
             _matmul_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
         ),
-        rt.gpu_kernel(
-            "matmul",
-            gpu_backend,
-            functools.partial(
-                _matmul_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                block_k=gpu_block_k,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _matmul_mosaic_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=mgpu_block_m,
-                block_n=mgpu_block_n,
-                block_k=mgpu_block_k,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _matmul_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(
+            _matmul_mosaic_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=mgpu_block_m,
+            block_n=mgpu_block_n,
+            block_k=mgpu_block_k,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -439,25 +413,7 @@ def _matmul_mosaic_gpu(
     return z[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_k",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_k",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_m",
-        "mgpu_block_k",
-        "mgpu_block_n",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_backward_x(
     dz,
     y,
@@ -486,15 +442,10 @@ def matmul_backward_x(
       block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_backward_x_tpu_blocks),
         else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: f32[M, K].
@@ -504,52 +455,47 @@ def matmul_backward_x(
         {"dz": (dz, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("K", "N"))},
     )
     rt.check_blocks(
-        "matmul_backward_x", block_m=block_m, block_k=block_k, block_n=block_n, may_be_none=True
-    )
-    rt.check_blocks(
         "matmul_backward_x",
+        block_m=block_m,
+        block_k=block_k,
+        block_n=block_n,
         gpu_block_m=gpu_block_m,
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         may_be_none=True,
     )
-    m = sizes["M"]
-    k = sizes["K"]
-    n = sizes["N"]
+    m, k, n = sizes["M"], sizes["K"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(matmul_backward_x_reference, (((m, k), jnp.float32),), dz, y)
     return rt.on_platform(
-        functools.partial(
+        "matmul_backward_x",
+        (dz, y),
+        tpu=functools.partial(
             _matmul_backward_x_tpu, m=m, k=k, n=n, block_m=block_m, block_k=block_k, block_n=block_n
         ),
-        rt.gpu_kernel(
-            "matmul_backward_x",
-            gpu_backend,
-            functools.partial(
-                _matmul_backward_x_gpu,
-                m=m,
-                k=k,
-                n=n,
-                block_m=gpu_block_m,
-                block_k=gpu_block_k,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _matmul_backward_x_mosaic_gpu,
-                m=m,
-                k=k,
-                n=n,
-                block_m=mgpu_block_m,
-                block_k=mgpu_block_k,
-                block_n=mgpu_block_n,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _matmul_backward_x_gpu,
+            m=m,
+            k=k,
+            n=n,
+            block_m=gpu_block_m,
+            block_k=gpu_block_k,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        dz,
-        y,
+        mosaic_gpu=functools.partial(
+            _matmul_backward_x_mosaic_gpu,
+            m=m,
+            k=k,
+            n=n,
+            block_m=mgpu_block_m,
+            block_k=mgpu_block_k,
+            block_n=mgpu_block_n,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -817,25 +763,7 @@ def _matmul_backward_x_mosaic_gpu(
     return dx[:m, :k]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_k",
-        "block_n",
-        "block_m",
-        "gpu_block_k",
-        "gpu_block_n",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_k",
-        "mgpu_block_n",
-        "mgpu_block_m",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_backward_y(
     x,
     dz,
@@ -864,15 +792,10 @@ def matmul_backward_y(
       block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_backward_y_tpu_blocks),
         else 1024, 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dy: f32[K, N].
@@ -882,52 +805,47 @@ def matmul_backward_y(
         {"x": (x, jnp.float32, ("M", "K")), "dz": (dz, jnp.float32, ("M", "N"))},
     )
     rt.check_blocks(
-        "matmul_backward_y", block_k=block_k, block_n=block_n, block_m=block_m, may_be_none=True
-    )
-    rt.check_blocks(
         "matmul_backward_y",
+        block_k=block_k,
+        block_n=block_n,
+        block_m=block_m,
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         gpu_block_m=gpu_block_m,
         may_be_none=True,
     )
-    k = sizes["K"]
-    n = sizes["N"]
-    m = sizes["M"]
+    k, n, m = sizes["K"], sizes["N"], sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(matmul_backward_y_reference, (((k, n), jnp.float32),), x, dz)
     return rt.on_platform(
-        functools.partial(
+        "matmul_backward_y",
+        (x, dz),
+        tpu=functools.partial(
             _matmul_backward_y_tpu, k=k, n=n, m=m, block_k=block_k, block_n=block_n, block_m=block_m
         ),
-        rt.gpu_kernel(
-            "matmul_backward_y",
-            gpu_backend,
-            functools.partial(
-                _matmul_backward_y_gpu,
-                k=k,
-                n=n,
-                m=m,
-                block_k=gpu_block_k,
-                block_n=gpu_block_n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _matmul_backward_y_mosaic_gpu,
-                k=k,
-                n=n,
-                m=m,
-                block_k=mgpu_block_k,
-                block_n=mgpu_block_n,
-                block_m=mgpu_block_m,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _matmul_backward_y_gpu,
+            k=k,
+            n=n,
+            m=m,
+            block_k=gpu_block_k,
+            block_n=gpu_block_n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        dz,
+        mosaic_gpu=functools.partial(
+            _matmul_backward_y_mosaic_gpu,
+            k=k,
+            n=n,
+            m=m,
+            block_k=mgpu_block_k,
+            block_n=mgpu_block_n,
+            block_m=mgpu_block_m,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -1192,25 +1110,7 @@ def _matmul_backward_y_mosaic_gpu(
     return dy[:k, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "block_k",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_block_k",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_m",
-        "mgpu_block_n",
-        "mgpu_block_k",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_relu(
     x,
     y,
@@ -1238,15 +1138,10 @@ def matmul_relu(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_tpu_blocks),
         else 256, 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: f32[M, N].
@@ -1258,18 +1153,16 @@ def matmul_relu(
         "matmul_relu", {"x": (x, jnp.float32, ("M", "K")), "y": (y, jnp.float32, ("K", "N"))}
     )
     rt.check_blocks(
-        "matmul_relu", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True
-    )
-    rt.check_blocks(
         "matmul_relu",
+        block_m=block_m,
+        block_n=block_n,
+        block_k=block_k,
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         gpu_block_k=gpu_block_k,
         may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
-    k = sizes["K"]
+    m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(matmul_relu_reference, (((m, n), jnp.float32),), x, y)
     return rt.differentiable(
@@ -1350,37 +1243,34 @@ def _matmul_relu_forward(
 ):
     """`matmul_relu` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return rt.on_platform(
-        functools.partial(
+        "matmul_relu",
+        (x, y),
+        tpu=functools.partial(
             _matmul_relu_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
         ),
-        rt.gpu_kernel(
-            "matmul_relu",
-            gpu_backend,
-            functools.partial(
-                _matmul_relu_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                block_k=gpu_block_k,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _matmul_relu_mosaic_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=mgpu_block_m,
-                block_n=mgpu_block_n,
-                block_k=mgpu_block_k,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _matmul_relu_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(
+            _matmul_relu_mosaic_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=mgpu_block_m,
+            block_n=mgpu_block_n,
+            block_k=mgpu_block_k,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -1687,25 +1577,7 @@ def _matmul_relu_mosaic_gpu(
     return z[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "block_k",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_block_k",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_m",
-        "mgpu_block_n",
-        "mgpu_block_k",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_relu_with_residuals(
     x,
     y,
@@ -1734,15 +1606,10 @@ def matmul_relu_with_residuals(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_with_residuals_tpu_blocks),
         else 256, 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: f32[M, N]; acc: f32[M, N].
@@ -1756,18 +1623,12 @@ def matmul_relu_with_residuals(
         block_m=block_m,
         block_n=block_n,
         block_k=block_k,
-        may_be_none=True,
-    )
-    rt.check_blocks(
-        "matmul_relu_with_residuals",
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         gpu_block_k=gpu_block_k,
         may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
-    k = sizes["K"]
+    m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             matmul_relu_with_residuals_reference,
@@ -1776,7 +1637,9 @@ def matmul_relu_with_residuals(
             y,
         )
     return rt.on_platform(
-        functools.partial(
+        "matmul_relu_with_residuals",
+        (x, y),
+        tpu=functools.partial(
             _matmul_relu_with_residuals_tpu,
             m=m,
             n=n,
@@ -1785,34 +1648,29 @@ def matmul_relu_with_residuals(
             block_n=block_n,
             block_k=block_k,
         ),
-        rt.gpu_kernel(
-            "matmul_relu_with_residuals",
-            gpu_backend,
-            functools.partial(
-                _matmul_relu_with_residuals_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                block_k=gpu_block_k,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _matmul_relu_with_residuals_mosaic_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=mgpu_block_m,
-                block_n=mgpu_block_n,
-                block_k=mgpu_block_k,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _matmul_relu_with_residuals_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(
+            _matmul_relu_with_residuals_mosaic_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=mgpu_block_m,
+            block_n=mgpu_block_n,
+            block_k=mgpu_block_k,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -2113,21 +1971,7 @@ def _matmul_relu_with_residuals_mosaic_gpu(
     return z[:m, :n], acc[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_k",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_k",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_relu_backward_x(
     acc,
     dz,
@@ -2154,12 +1998,9 @@ def matmul_relu_backward_x(
       block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_matmul_relu_backward_x_tpu_blocks), or grown to large steps
         (rt.grown), else 256, 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: f32[M, K].
@@ -2177,24 +2018,20 @@ def matmul_relu_backward_x(
         block_m=block_m,
         block_k=block_k,
         block_n=block_n,
-        may_be_none=True,
-    )
-    rt.check_blocks(
-        "matmul_relu_backward_x",
         gpu_block_m=gpu_block_m,
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         may_be_none=True,
     )
-    m = sizes["M"]
-    k = sizes["K"]
-    n = sizes["N"]
+    m, k, n = sizes["M"], sizes["K"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             matmul_relu_backward_x_reference, (((m, k), jnp.float32),), acc, dz, y
         )
     return rt.on_platform(
-        functools.partial(
+        "matmul_relu_backward_x",
+        (acc, dz, y),
+        tpu=functools.partial(
             _matmul_relu_backward_x_tpu,
             m=m,
             k=k,
@@ -2203,26 +2040,20 @@ def matmul_relu_backward_x(
             block_k=block_k,
             block_n=block_n,
         ),
-        rt.gpu_kernel(
-            "matmul_relu_backward_x",
-            gpu_backend,
-            functools.partial(
-                _matmul_relu_backward_x_gpu,
-                m=m,
-                k=k,
-                n=n,
-                block_m=gpu_block_m,
-                block_k=gpu_block_k,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_matmul_relu_backward_x_mosaic_gpu, m=m, k=k, n=n),
+        triton=functools.partial(
+            _matmul_relu_backward_x_gpu,
+            m=m,
+            k=k,
+            n=n,
+            block_m=gpu_block_m,
+            block_k=gpu_block_k,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        acc,
-        dz,
-        y,
+        mosaic_gpu=functools.partial(_matmul_relu_backward_x_mosaic_gpu, m=m, k=k, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -2621,21 +2452,7 @@ def _matmul_relu_backward_x_mosaic_gpu(acc, dz, y, *, m, k, n, interpret):
     return dx.reshape((m, k))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_k",
-        "block_n",
-        "block_m",
-        "gpu_block_k",
-        "gpu_block_n",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_relu_backward_y(
     acc,
     dz,
@@ -2662,12 +2479,9 @@ def matmul_relu_backward_y(
       block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_matmul_relu_backward_y_tpu_blocks), or grown to large steps
         (rt.grown), else 512, 512, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dy: f32[K, N].
@@ -2685,24 +2499,20 @@ def matmul_relu_backward_y(
         block_k=block_k,
         block_n=block_n,
         block_m=block_m,
-        may_be_none=True,
-    )
-    rt.check_blocks(
-        "matmul_relu_backward_y",
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         gpu_block_m=gpu_block_m,
         may_be_none=True,
     )
-    k = sizes["K"]
-    n = sizes["N"]
-    m = sizes["M"]
+    k, n, m = sizes["K"], sizes["N"], sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             matmul_relu_backward_y_reference, (((k, n), jnp.float32),), acc, dz, x
         )
     return rt.on_platform(
-        functools.partial(
+        "matmul_relu_backward_y",
+        (acc, dz, x),
+        tpu=functools.partial(
             _matmul_relu_backward_y_tpu,
             k=k,
             n=n,
@@ -2711,26 +2521,20 @@ def matmul_relu_backward_y(
             block_n=block_n,
             block_m=block_m,
         ),
-        rt.gpu_kernel(
-            "matmul_relu_backward_y",
-            gpu_backend,
-            functools.partial(
-                _matmul_relu_backward_y_gpu,
-                k=k,
-                n=n,
-                m=m,
-                block_k=gpu_block_k,
-                block_n=gpu_block_n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_matmul_relu_backward_y_mosaic_gpu, k=k, n=n, m=m),
+        triton=functools.partial(
+            _matmul_relu_backward_y_gpu,
+            k=k,
+            n=n,
+            m=m,
+            block_k=gpu_block_k,
+            block_n=gpu_block_n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        acc,
-        dz,
-        x,
+        mosaic_gpu=functools.partial(_matmul_relu_backward_y_mosaic_gpu, k=k, n=n, m=m),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -3131,25 +2935,7 @@ def _matmul_relu_backward_y_mosaic_gpu(acc, dz, x, *, k, n, m, interpret):
     return dy.reshape((k, n))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "block_k",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_block_k",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_m",
-        "mgpu_block_n",
-        "mgpu_block_k",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_bias_gelu(
     x,
     y,
@@ -3179,15 +2965,10 @@ def matmul_bias_gelu(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_tpu_blocks),
         else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: bf16[M, N].
@@ -3204,18 +2985,16 @@ def matmul_bias_gelu(
         },
     )
     rt.check_blocks(
-        "matmul_bias_gelu", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True
-    )
-    rt.check_blocks(
         "matmul_bias_gelu",
+        block_m=block_m,
+        block_n=block_n,
+        block_k=block_k,
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         gpu_block_k=gpu_block_k,
         may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
-    k = sizes["K"]
+    m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             matmul_bias_gelu_reference, (((m, n), jnp.bfloat16),), x, y, bias
@@ -3302,38 +3081,34 @@ def _matmul_bias_gelu_forward(
     """`matmul_bias_gelu` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
     return rt.on_platform(
-        functools.partial(
+        "matmul_bias_gelu",
+        (x, y, bias),
+        tpu=functools.partial(
             _matmul_bias_gelu_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
         ),
-        rt.gpu_kernel(
-            "matmul_bias_gelu",
-            gpu_backend,
-            functools.partial(
-                _matmul_bias_gelu_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                block_k=gpu_block_k,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _matmul_bias_gelu_mosaic_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=mgpu_block_m,
-                block_n=mgpu_block_n,
-                block_k=mgpu_block_k,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _matmul_bias_gelu_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
-        bias,
+        mosaic_gpu=functools.partial(
+            _matmul_bias_gelu_mosaic_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=mgpu_block_m,
+            block_n=mgpu_block_n,
+            block_k=mgpu_block_k,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -3691,25 +3466,7 @@ def _matmul_bias_gelu_mosaic_gpu(
     return z[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "block_k",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_block_k",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_m",
-        "mgpu_block_n",
-        "mgpu_block_k",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_bias_gelu_with_residuals(
     x,
     y,
@@ -3740,15 +3497,10 @@ def matmul_bias_gelu_with_residuals(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_with_residuals_tpu_blocks),
         else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: bf16[M, N]; acc: f32[M, N].
@@ -3766,18 +3518,12 @@ def matmul_bias_gelu_with_residuals(
         block_m=block_m,
         block_n=block_n,
         block_k=block_k,
-        may_be_none=True,
-    )
-    rt.check_blocks(
-        "matmul_bias_gelu_with_residuals",
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         gpu_block_k=gpu_block_k,
         may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
-    k = sizes["K"]
+    m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             matmul_bias_gelu_with_residuals_reference,
@@ -3788,7 +3534,9 @@ def matmul_bias_gelu_with_residuals(
         )
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
     return rt.on_platform(
-        functools.partial(
+        "matmul_bias_gelu_with_residuals",
+        (x, y, bias),
+        tpu=functools.partial(
             _matmul_bias_gelu_with_residuals_tpu,
             m=m,
             n=n,
@@ -3797,35 +3545,29 @@ def matmul_bias_gelu_with_residuals(
             block_n=block_n,
             block_k=block_k,
         ),
-        rt.gpu_kernel(
-            "matmul_bias_gelu_with_residuals",
-            gpu_backend,
-            functools.partial(
-                _matmul_bias_gelu_with_residuals_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                block_k=gpu_block_k,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _matmul_bias_gelu_with_residuals_mosaic_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=mgpu_block_m,
-                block_n=mgpu_block_n,
-                block_k=mgpu_block_k,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _matmul_bias_gelu_with_residuals_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
-        bias,
+        mosaic_gpu=functools.partial(
+            _matmul_bias_gelu_with_residuals_mosaic_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=mgpu_block_m,
+            block_n=mgpu_block_n,
+            block_k=mgpu_block_k,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -4167,21 +3909,7 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu(
     return z[:m, :n], acc[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_k",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_k",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_bias_gelu_backward_x(
     acc,
     bias,
@@ -4210,12 +3938,9 @@ def matmul_bias_gelu_backward_x(
       block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_matmul_bias_gelu_backward_x_tpu_blocks), or grown to large steps
         (rt.grown), else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: bf16[M, K].
@@ -4234,25 +3959,21 @@ def matmul_bias_gelu_backward_x(
         block_m=block_m,
         block_k=block_k,
         block_n=block_n,
-        may_be_none=True,
-    )
-    rt.check_blocks(
-        "matmul_bias_gelu_backward_x",
         gpu_block_m=gpu_block_m,
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         may_be_none=True,
     )
-    m = sizes["M"]
-    k = sizes["K"]
-    n = sizes["N"]
+    m, k, n = sizes["M"], sizes["K"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             matmul_bias_gelu_backward_x_reference, (((m, k), jnp.bfloat16),), acc, bias, dz, y
         )
     bias = bias.reshape((1, n))  # bias: f32[N]
     return rt.on_platform(
-        functools.partial(
+        "matmul_bias_gelu_backward_x",
+        (acc, bias, dz, y),
+        tpu=functools.partial(
             _matmul_bias_gelu_backward_x_tpu,
             m=m,
             k=k,
@@ -4261,27 +3982,20 @@ def matmul_bias_gelu_backward_x(
             block_k=block_k,
             block_n=block_n,
         ),
-        rt.gpu_kernel(
-            "matmul_bias_gelu_backward_x",
-            gpu_backend,
-            functools.partial(
-                _matmul_bias_gelu_backward_x_gpu,
-                m=m,
-                k=k,
-                n=n,
-                block_m=gpu_block_m,
-                block_k=gpu_block_k,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_matmul_bias_gelu_backward_x_mosaic_gpu, m=m, k=k, n=n),
+        triton=functools.partial(
+            _matmul_bias_gelu_backward_x_gpu,
+            m=m,
+            k=k,
+            n=n,
+            block_m=gpu_block_m,
+            block_k=gpu_block_k,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        acc,
-        bias,
-        dz,
-        y,
+        mosaic_gpu=functools.partial(_matmul_bias_gelu_backward_x_mosaic_gpu, m=m, k=k, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -4725,21 +4439,7 @@ def _matmul_bias_gelu_backward_x_mosaic_gpu(acc, bias, dz, y, *, m, k, n, interp
     return dx.reshape((m, k))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_k",
-        "block_n",
-        "block_m",
-        "gpu_block_k",
-        "gpu_block_n",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_bias_gelu_backward_y(
     acc,
     bias,
@@ -4768,12 +4468,9 @@ def matmul_bias_gelu_backward_y(
       block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_matmul_bias_gelu_backward_y_tpu_blocks), or grown to large steps
         (rt.grown), else 1024, 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dy: bf16[K, N]; dbias: f32[N].
@@ -4792,18 +4489,12 @@ def matmul_bias_gelu_backward_y(
         block_k=block_k,
         block_n=block_n,
         block_m=block_m,
-        may_be_none=True,
-    )
-    rt.check_blocks(
-        "matmul_bias_gelu_backward_y",
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         gpu_block_m=gpu_block_m,
         may_be_none=True,
     )
-    k = sizes["K"]
-    n = sizes["N"]
-    m = sizes["M"]
+    k, n, m = sizes["K"], sizes["N"], sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             matmul_bias_gelu_backward_y_reference,
@@ -4815,7 +4506,9 @@ def matmul_bias_gelu_backward_y(
         )
     bias = bias.reshape((1, n))  # bias: f32[N]
     dy, dbias = rt.on_platform(
-        functools.partial(
+        "matmul_bias_gelu_backward_y",
+        (acc, bias, dz, x),
+        tpu=functools.partial(
             _matmul_bias_gelu_backward_y_tpu,
             k=k,
             n=n,
@@ -4824,27 +4517,20 @@ def matmul_bias_gelu_backward_y(
             block_n=block_n,
             block_m=block_m,
         ),
-        rt.gpu_kernel(
-            "matmul_bias_gelu_backward_y",
-            gpu_backend,
-            functools.partial(
-                _matmul_bias_gelu_backward_y_gpu,
-                k=k,
-                n=n,
-                m=m,
-                block_k=gpu_block_k,
-                block_n=gpu_block_n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_matmul_bias_gelu_backward_y_mosaic_gpu, k=k, n=n, m=m),
+        triton=functools.partial(
+            _matmul_bias_gelu_backward_y_gpu,
+            k=k,
+            n=n,
+            m=m,
+            block_k=gpu_block_k,
+            block_n=gpu_block_n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        acc,
-        bias,
-        dz,
-        x,
+        mosaic_gpu=functools.partial(_matmul_bias_gelu_backward_y_mosaic_gpu, k=k, n=n, m=m),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     dbias = dbias.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
     return dy, dbias
@@ -5431,25 +5117,7 @@ def _matmul_bias_gelu_backward_y_mosaic_gpu(acc, bias, dz, x, *, k, n, m, interp
     return dy.reshape((k, n)), dbias.reshape((1, n))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "block_k",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_block_k",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_m",
-        "mgpu_block_n",
-        "mgpu_block_k",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_int8(
     x,
     y,
@@ -5477,15 +5145,10 @@ def matmul_int8(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_int8_tpu_blocks),
         else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: i32[M, N].
@@ -5497,18 +5160,16 @@ def matmul_int8(
         "matmul_int8", {"x": (x, jnp.int8, ("M", "K")), "y": (y, jnp.int8, ("K", "N"))}
     )
     rt.check_blocks(
-        "matmul_int8", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True
-    )
-    rt.check_blocks(
         "matmul_int8",
+        block_m=block_m,
+        block_n=block_n,
+        block_k=block_k,
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         gpu_block_k=gpu_block_k,
         may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
-    k = sizes["K"]
+    m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(matmul_int8_reference, (((m, n), jnp.int32),), x, y)
     return rt.differentiable(
@@ -5569,37 +5230,34 @@ def _matmul_int8_forward(
 ):
     """`matmul_int8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return rt.on_platform(
-        functools.partial(
+        "matmul_int8",
+        (x, y),
+        tpu=functools.partial(
             _matmul_int8_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
         ),
-        rt.gpu_kernel(
-            "matmul_int8",
-            gpu_backend,
-            functools.partial(
-                _matmul_int8_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                block_k=gpu_block_k,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _matmul_int8_mosaic_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=mgpu_block_m,
-                block_n=mgpu_block_n,
-                block_k=mgpu_block_k,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _matmul_int8_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(
+            _matmul_int8_mosaic_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=mgpu_block_m,
+            block_n=mgpu_block_n,
+            block_k=mgpu_block_k,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -5861,25 +5519,7 @@ def _matmul_int8_mosaic_gpu(
     return z[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "block_k",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_block_k",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_m",
-        "mgpu_block_n",
-        "mgpu_block_k",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def batched_matmul(
     x,
     y,
@@ -5907,15 +5547,10 @@ def batched_matmul(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_batched_matmul_tpu_blocks),
         else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: f32[B, M, N].
@@ -5928,19 +5563,16 @@ def batched_matmul(
         {"x": (x, jnp.bfloat16, ("B", "M", "K")), "y": (y, jnp.bfloat16, ("B", "K", "N"))},
     )
     rt.check_blocks(
-        "batched_matmul", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True
-    )
-    rt.check_blocks(
         "batched_matmul",
+        block_m=block_m,
+        block_n=block_n,
+        block_k=block_k,
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         gpu_block_k=gpu_block_k,
         may_be_none=True,
     )
-    b = sizes["B"]
-    m = sizes["M"]
-    n = sizes["N"]
-    k = sizes["K"]
+    b, m, n, k = sizes["B"], sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(batched_matmul_reference, (((b, m, n), jnp.float32),), x, y)
     return rt.differentiable(
@@ -6003,7 +5635,9 @@ def _batched_matmul_forward(
 ):
     """`batched_matmul` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return rt.on_platform(
-        functools.partial(
+        "batched_matmul",
+        (x, y),
+        tpu=functools.partial(
             _batched_matmul_tpu,
             b=b,
             m=m,
@@ -6013,36 +5647,31 @@ def _batched_matmul_forward(
             block_n=block_n,
             block_k=block_k,
         ),
-        rt.gpu_kernel(
-            "batched_matmul",
-            gpu_backend,
-            functools.partial(
-                _batched_matmul_gpu,
-                b=b,
-                m=m,
-                n=n,
-                k=k,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                block_k=gpu_block_k,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _batched_matmul_mosaic_gpu,
-                b=b,
-                m=m,
-                n=n,
-                k=k,
-                block_m=mgpu_block_m,
-                block_n=mgpu_block_n,
-                block_k=mgpu_block_k,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _batched_matmul_gpu,
+            b=b,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(
+            _batched_matmul_mosaic_gpu,
+            b=b,
+            m=m,
+            n=n,
+            k=k,
+            block_m=mgpu_block_m,
+            block_n=mgpu_block_n,
+            block_k=mgpu_block_k,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -6323,21 +5952,7 @@ def _batched_matmul_mosaic_gpu(
     return z[:b, :m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_k",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_k",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def batched_matmul_backward_x(
     dz,
     y,
@@ -6362,12 +5977,9 @@ def batched_matmul_backward_x(
       block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_batched_matmul_backward_x_tpu_blocks), or grown to large steps
         (rt.grown), else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: bf16[B, M, K].
@@ -6381,25 +5993,20 @@ def batched_matmul_backward_x(
         block_m=block_m,
         block_k=block_k,
         block_n=block_n,
-        may_be_none=True,
-    )
-    rt.check_blocks(
-        "batched_matmul_backward_x",
         gpu_block_m=gpu_block_m,
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         may_be_none=True,
     )
-    b = sizes["B"]
-    m = sizes["M"]
-    k = sizes["K"]
-    n = sizes["N"]
+    b, m, k, n = sizes["B"], sizes["M"], sizes["K"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             batched_matmul_backward_x_reference, (((b, m, k), jnp.bfloat16),), dz, y
         )
     return rt.on_platform(
-        functools.partial(
+        "batched_matmul_backward_x",
+        (dz, y),
+        tpu=functools.partial(
             _batched_matmul_backward_x_tpu,
             b=b,
             m=m,
@@ -6409,26 +6016,21 @@ def batched_matmul_backward_x(
             block_k=block_k,
             block_n=block_n,
         ),
-        rt.gpu_kernel(
-            "batched_matmul_backward_x",
-            gpu_backend,
-            functools.partial(
-                _batched_matmul_backward_x_gpu,
-                b=b,
-                m=m,
-                k=k,
-                n=n,
-                block_m=gpu_block_m,
-                block_k=gpu_block_k,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_batched_matmul_backward_x_mosaic_gpu, b=b, m=m, k=k, n=n),
+        triton=functools.partial(
+            _batched_matmul_backward_x_gpu,
+            b=b,
+            m=m,
+            k=k,
+            n=n,
+            block_m=gpu_block_m,
+            block_k=gpu_block_k,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        dz,
-        y,
+        mosaic_gpu=functools.partial(_batched_matmul_backward_x_mosaic_gpu, b=b, m=m, k=k, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -6819,21 +6421,7 @@ def _batched_matmul_backward_x_mosaic_gpu(dz, y, *, b, m, k, n, interpret):
     return dx.reshape((b, m, k))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_k",
-        "block_n",
-        "block_m",
-        "gpu_block_k",
-        "gpu_block_n",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def batched_matmul_backward_y(
     dz,
     x,
@@ -6858,12 +6446,9 @@ def batched_matmul_backward_y(
       block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_batched_matmul_backward_y_tpu_blocks), or grown to large steps
         (rt.grown), else 1024, 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dy: bf16[B, K, N].
@@ -6877,25 +6462,20 @@ def batched_matmul_backward_y(
         block_k=block_k,
         block_n=block_n,
         block_m=block_m,
-        may_be_none=True,
-    )
-    rt.check_blocks(
-        "batched_matmul_backward_y",
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         gpu_block_m=gpu_block_m,
         may_be_none=True,
     )
-    b = sizes["B"]
-    k = sizes["K"]
-    n = sizes["N"]
-    m = sizes["M"]
+    b, k, n, m = sizes["B"], sizes["K"], sizes["N"], sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             batched_matmul_backward_y_reference, (((b, k, n), jnp.bfloat16),), dz, x
         )
     return rt.on_platform(
-        functools.partial(
+        "batched_matmul_backward_y",
+        (dz, x),
+        tpu=functools.partial(
             _batched_matmul_backward_y_tpu,
             b=b,
             k=k,
@@ -6905,26 +6485,21 @@ def batched_matmul_backward_y(
             block_n=block_n,
             block_m=block_m,
         ),
-        rt.gpu_kernel(
-            "batched_matmul_backward_y",
-            gpu_backend,
-            functools.partial(
-                _batched_matmul_backward_y_gpu,
-                b=b,
-                k=k,
-                n=n,
-                m=m,
-                block_k=gpu_block_k,
-                block_n=gpu_block_n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_batched_matmul_backward_y_mosaic_gpu, b=b, k=k, n=n, m=m),
+        triton=functools.partial(
+            _batched_matmul_backward_y_gpu,
+            b=b,
+            k=k,
+            n=n,
+            m=m,
+            block_k=gpu_block_k,
+            block_n=gpu_block_n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        dz,
-        x,
+        mosaic_gpu=functools.partial(_batched_matmul_backward_y_mosaic_gpu, b=b, k=k, n=n, m=m),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -7316,25 +6891,7 @@ def _batched_matmul_backward_y_mosaic_gpu(dz, x, *, b, k, n, m, interpret):
     return dy.reshape((b, k, n))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_block_d",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_s",
-        "mgpu_block_t",
-        "mgpu_block_d",
-        "mgpu_stages",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def scores(
     q,
     k,
@@ -7362,16 +6919,11 @@ def scores(
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_scores_tpu_blocks),
         else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       s: f32[B, S, T].
@@ -7382,18 +6934,16 @@ def scores(
     (q, k), sizes = rt.operands(
         "scores", {"q": (q, jnp.bfloat16, ("B", "S", "D")), "k": (k, jnp.bfloat16, ("B", "T", "D"))}
     )
-    rt.check_blocks("scores", block_s=block_s, block_t=block_t, may_be_none=True)
     rt.check_blocks(
         "scores",
+        block_s=block_s,
+        block_t=block_t,
         gpu_block_s=gpu_block_s,
         gpu_block_t=gpu_block_t,
         gpu_block_d=gpu_block_d,
         may_be_none=True,
     )
-    b = sizes["B"]
-    s_ = sizes["S"]
-    t = sizes["T"]
-    d = sizes["D"]
+    b, s_, t, d = sizes["B"], sizes["S"], sizes["T"], sizes["D"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             scores_reference, (((b, s_, t), jnp.float32),), q, k, scale=scale
@@ -7458,41 +7008,38 @@ def _scores_forward(
 ):
     """`scores` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return rt.on_platform(
-        functools.partial(
+        "scores",
+        (q, k),
+        tpu=functools.partial(
             _scores_tpu, b=b, s_=s_, t=t, d=d, block_s=block_s, block_t=block_t, scale=scale
         ),
-        rt.gpu_kernel(
-            "scores",
-            gpu_backend,
-            functools.partial(
-                _scores_gpu,
-                b=b,
-                s_=s_,
-                t=t,
-                d=d,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                block_d=gpu_block_d,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(
-                _scores_mosaic_gpu,
-                b=b,
-                s_=s_,
-                t=t,
-                d=d,
-                scale=scale,
-                block_s=mgpu_block_s,
-                block_t=mgpu_block_t,
-                block_d=mgpu_block_d,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _scores_gpu,
+            b=b,
+            s_=s_,
+            t=t,
+            d=d,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            block_d=gpu_block_d,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
+        mosaic_gpu=functools.partial(
+            _scores_mosaic_gpu,
+            b=b,
+            s_=s_,
+            t=t,
+            d=d,
+            scale=scale,
+            block_s=mgpu_block_s,
+            block_t=mgpu_block_t,
+            block_d=mgpu_block_d,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -7750,22 +7297,7 @@ def _scores_mosaic_gpu(
     return s[:b, :s_, :t]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_b",
-        "block_s",
-        "block_t",
-        "gpu_block_b",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def scores_backward_epilogue(
     ds,
     *,
@@ -7789,13 +7321,10 @@ def scores_backward_epilogue(
       block_b, block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_epilogue_tpu_blocks),
         grown to large steps (rt.grown), else 1, 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dacc: bf16[B, S, T].
@@ -7808,24 +7337,20 @@ def scores_backward_epilogue(
         block_b=block_b,
         block_s=block_s,
         block_t=block_t,
-        may_be_none=True,
-    )
-    rt.check_blocks(
-        "scores_backward_epilogue",
         gpu_block_b=gpu_block_b,
         gpu_block_s=gpu_block_s,
         gpu_block_t=gpu_block_t,
         may_be_none=True,
     )
-    b = sizes["B"]
-    s = sizes["S"]
-    t = sizes["T"]
+    b, s, t = sizes["B"], sizes["S"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             scores_backward_epilogue_reference, (((b, s, t), jnp.bfloat16),), ds, scale=scale
         )
     return rt.on_platform(
-        functools.partial(
+        "scores_backward_epilogue",
+        (ds,),
+        tpu=functools.partial(
             _scores_backward_epilogue_tpu,
             b=b,
             s=s,
@@ -7835,25 +7360,23 @@ def scores_backward_epilogue(
             block_t=block_t,
             scale=scale,
         ),
-        rt.gpu_kernel(
-            "scores_backward_epilogue",
-            gpu_backend,
-            functools.partial(
-                _scores_backward_epilogue_gpu,
-                b=b,
-                s=s,
-                t=t,
-                block_b=gpu_block_b,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(_scores_backward_epilogue_mosaic_gpu, b=b, s=s, t=t, scale=scale),
+        triton=functools.partial(
+            _scores_backward_epilogue_gpu,
+            b=b,
+            s=s,
+            t=t,
+            block_b=gpu_block_b,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        ds,
+        mosaic_gpu=functools.partial(
+            _scores_backward_epilogue_mosaic_gpu, b=b, s=s, t=t, scale=scale
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -8045,25 +7568,7 @@ def _scores_backward_epilogue_mosaic_gpu(ds, *, b, s, t, scale, interpret):
     return dacc[:b, :s, :t]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_d",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_d",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_s",
-        "mgpu_block_d",
-        "mgpu_block_t",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def scores_backward_q(
     dacc,
     k,
@@ -8092,15 +7597,10 @@ def scores_backward_q(
       block_s, block_d, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_q_tpu_blocks),
         else 128, 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dq: bf16[B, S, D].
@@ -8110,25 +7610,24 @@ def scores_backward_q(
         {"dacc": (dacc, jnp.bfloat16, ("B", "S", "T")), "k": (k, jnp.bfloat16, ("B", "T", "D"))},
     )
     rt.check_blocks(
-        "scores_backward_q", block_s=block_s, block_d=block_d, block_t=block_t, may_be_none=True
-    )
-    rt.check_blocks(
         "scores_backward_q",
+        block_s=block_s,
+        block_d=block_d,
+        block_t=block_t,
         gpu_block_s=gpu_block_s,
         gpu_block_d=gpu_block_d,
         gpu_block_t=gpu_block_t,
         may_be_none=True,
     )
-    b = sizes["B"]
-    s = sizes["S"]
-    d = sizes["D"]
-    t = sizes["T"]
+    b, s, d, t = sizes["B"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             scores_backward_q_reference, (((b, s, d), jnp.bfloat16),), dacc, k
         )
     return rt.on_platform(
-        functools.partial(
+        "scores_backward_q",
+        (dacc, k),
+        tpu=functools.partial(
             _scores_backward_q_tpu,
             b=b,
             s=s,
@@ -8138,36 +7637,31 @@ def scores_backward_q(
             block_d=block_d,
             block_t=block_t,
         ),
-        rt.gpu_kernel(
-            "scores_backward_q",
-            gpu_backend,
-            functools.partial(
-                _scores_backward_q_gpu,
-                b=b,
-                s=s,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_d=gpu_block_d,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _scores_backward_q_mosaic_gpu,
-                b=b,
-                s=s,
-                d=d,
-                t=t,
-                block_s=mgpu_block_s,
-                block_d=mgpu_block_d,
-                block_t=mgpu_block_t,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _scores_backward_q_gpu,
+            b=b,
+            s=s,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_d=gpu_block_d,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        dacc,
-        k,
+        mosaic_gpu=functools.partial(
+            _scores_backward_q_mosaic_gpu,
+            b=b,
+            s=s,
+            d=d,
+            t=t,
+            block_s=mgpu_block_s,
+            block_d=mgpu_block_d,
+            block_t=mgpu_block_t,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -8444,25 +7938,7 @@ def _scores_backward_q_mosaic_gpu(
     return dq[:b, :s, :d]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_t",
-        "block_d",
-        "block_s",
-        "gpu_block_t",
-        "gpu_block_d",
-        "gpu_block_s",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_t",
-        "mgpu_block_d",
-        "mgpu_block_s",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def scores_backward_k(
     dacc,
     q,
@@ -8491,15 +7967,10 @@ def scores_backward_k(
       block_t, block_d, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_k_tpu_blocks),
         else 128, 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dk: bf16[B, T, D].
@@ -8509,25 +7980,24 @@ def scores_backward_k(
         {"dacc": (dacc, jnp.bfloat16, ("B", "S", "T")), "q": (q, jnp.bfloat16, ("B", "S", "D"))},
     )
     rt.check_blocks(
-        "scores_backward_k", block_t=block_t, block_d=block_d, block_s=block_s, may_be_none=True
-    )
-    rt.check_blocks(
         "scores_backward_k",
+        block_t=block_t,
+        block_d=block_d,
+        block_s=block_s,
         gpu_block_t=gpu_block_t,
         gpu_block_d=gpu_block_d,
         gpu_block_s=gpu_block_s,
         may_be_none=True,
     )
-    b = sizes["B"]
-    t = sizes["T"]
-    d = sizes["D"]
-    s = sizes["S"]
+    b, t, d, s = sizes["B"], sizes["T"], sizes["D"], sizes["S"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             scores_backward_k_reference, (((b, t, d), jnp.bfloat16),), dacc, q
         )
     return rt.on_platform(
-        functools.partial(
+        "scores_backward_k",
+        (dacc, q),
+        tpu=functools.partial(
             _scores_backward_k_tpu,
             b=b,
             t=t,
@@ -8537,36 +8007,31 @@ def scores_backward_k(
             block_d=block_d,
             block_s=block_s,
         ),
-        rt.gpu_kernel(
-            "scores_backward_k",
-            gpu_backend,
-            functools.partial(
-                _scores_backward_k_gpu,
-                b=b,
-                t=t,
-                d=d,
-                s=s,
-                block_t=gpu_block_t,
-                block_d=gpu_block_d,
-                block_s=gpu_block_s,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _scores_backward_k_mosaic_gpu,
-                b=b,
-                t=t,
-                d=d,
-                s=s,
-                block_t=mgpu_block_t,
-                block_d=mgpu_block_d,
-                block_s=mgpu_block_s,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _scores_backward_k_gpu,
+            b=b,
+            t=t,
+            d=d,
+            s=s,
+            block_t=gpu_block_t,
+            block_d=gpu_block_d,
+            block_s=gpu_block_s,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        dacc,
-        q,
+        mosaic_gpu=functools.partial(
+            _scores_backward_k_mosaic_gpu,
+            b=b,
+            t=t,
+            d=d,
+            s=s,
+            block_t=mgpu_block_t,
+            block_d=mgpu_block_d,
+            block_s=mgpu_block_s,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -8848,25 +8313,7 @@ def _scores_backward_k_mosaic_gpu(
     return dk[:b, :t, :d]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "block_k",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_block_k",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_m",
-        "mgpu_block_n",
-        "mgpu_block_k",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def linear(
     x,
     w,
@@ -8896,15 +8343,10 @@ def linear(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_linear_tpu_blocks),
         else 1024, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: bf16[M, N].
@@ -8920,17 +8362,17 @@ def linear(
             "bias": (bias, jnp.float32, ("N",)),
         },
     )
-    rt.check_blocks("linear", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True)
     rt.check_blocks(
         "linear",
+        block_m=block_m,
+        block_n=block_n,
+        block_k=block_k,
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         gpu_block_k=gpu_block_k,
         may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
-    k = sizes["K"]
+    m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(linear_reference, (((m, n), jnp.bfloat16),), x, w, bias)
     return rt.differentiable(
@@ -8995,38 +8437,34 @@ def _linear_forward(
     """`linear` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
     return rt.on_platform(
-        functools.partial(
+        "linear",
+        (x, w, bias),
+        tpu=functools.partial(
             _linear_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
         ),
-        rt.gpu_kernel(
-            "linear",
-            gpu_backend,
-            functools.partial(
-                _linear_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                block_k=gpu_block_k,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _linear_mosaic_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=mgpu_block_m,
-                block_n=mgpu_block_n,
-                block_k=mgpu_block_k,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _linear_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        w,
-        bias,
+        mosaic_gpu=functools.partial(
+            _linear_mosaic_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=mgpu_block_m,
+            block_n=mgpu_block_n,
+            block_k=mgpu_block_k,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -9329,19 +8767,7 @@ def _linear_mosaic_gpu(
     return y[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def linear_backward_over_m(
     dy,
     *,
@@ -9362,43 +8788,43 @@ def linear_backward_over_m(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_linear_backward_over_m_tpu_blocks),
         grown to large steps (rt.grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dbias: f32[N].
     """
     (dy,), sizes = rt.operands("linear_backward_over_m", {"dy": (dy, jnp.bfloat16, ("M", "N"))})
-    rt.check_blocks("linear_backward_over_m", block_m=block_m, block_n=block_n, may_be_none=True)
     rt.check_blocks(
-        "linear_backward_over_m", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+        "linear_backward_over_m",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(linear_backward_over_m_reference, (((n,), jnp.float32),), dy)
     dbias = rt.on_platform(
-        functools.partial(_linear_backward_over_m_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        rt.gpu_kernel(
-            "linear_backward_over_m",
-            gpu_backend,
-            functools.partial(
-                _linear_backward_over_m_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_linear_backward_over_m_mosaic_gpu, m=m, n=n),
+        "linear_backward_over_m",
+        (dy,),
+        tpu=functools.partial(
+            _linear_backward_over_m_tpu, m=m, n=n, block_m=block_m, block_n=block_n
         ),
-        interpret,
-        dy,
+        triton=functools.partial(
+            _linear_backward_over_m_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+        ),
+        mosaic_gpu=functools.partial(_linear_backward_over_m_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     dbias = dbias.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
     return dbias
@@ -9621,25 +9047,7 @@ def _linear_backward_over_m_mosaic_gpu(dy, *, m, n, interpret):
     return dbias[:n].reshape((1, n))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_k",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_k",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_m",
-        "mgpu_block_k",
-        "mgpu_block_n",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def linear_backward_x(
     dy,
     w,
@@ -9668,15 +9076,10 @@ def linear_backward_x(
       block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_linear_backward_x_tpu_blocks),
         else 1024, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: bf16[M, K].
@@ -9686,52 +9089,47 @@ def linear_backward_x(
         {"dy": (dy, jnp.bfloat16, ("M", "N")), "w": (w, jnp.bfloat16, ("N", "K"))},
     )
     rt.check_blocks(
-        "linear_backward_x", block_m=block_m, block_k=block_k, block_n=block_n, may_be_none=True
-    )
-    rt.check_blocks(
         "linear_backward_x",
+        block_m=block_m,
+        block_k=block_k,
+        block_n=block_n,
         gpu_block_m=gpu_block_m,
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         may_be_none=True,
     )
-    m = sizes["M"]
-    k = sizes["K"]
-    n = sizes["N"]
+    m, k, n = sizes["M"], sizes["K"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(linear_backward_x_reference, (((m, k), jnp.bfloat16),), dy, w)
     return rt.on_platform(
-        functools.partial(
+        "linear_backward_x",
+        (dy, w),
+        tpu=functools.partial(
             _linear_backward_x_tpu, m=m, k=k, n=n, block_m=block_m, block_k=block_k, block_n=block_n
         ),
-        rt.gpu_kernel(
-            "linear_backward_x",
-            gpu_backend,
-            functools.partial(
-                _linear_backward_x_gpu,
-                m=m,
-                k=k,
-                n=n,
-                block_m=gpu_block_m,
-                block_k=gpu_block_k,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _linear_backward_x_mosaic_gpu,
-                m=m,
-                k=k,
-                n=n,
-                block_m=mgpu_block_m,
-                block_k=mgpu_block_k,
-                block_n=mgpu_block_n,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _linear_backward_x_gpu,
+            m=m,
+            k=k,
+            n=n,
+            block_m=gpu_block_m,
+            block_k=gpu_block_k,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        dy,
-        w,
+        mosaic_gpu=functools.partial(
+            _linear_backward_x_mosaic_gpu,
+            m=m,
+            k=k,
+            n=n,
+            block_m=mgpu_block_m,
+            block_k=mgpu_block_k,
+            block_n=mgpu_block_n,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -9999,25 +9397,7 @@ def _linear_backward_x_mosaic_gpu(
     return dx[:m, :k]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_n",
-        "block_k",
-        "block_m",
-        "gpu_block_n",
-        "gpu_block_k",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_n",
-        "mgpu_block_k",
-        "mgpu_block_m",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def linear_backward_w(
     dy,
     x,
@@ -10046,15 +9426,10 @@ def linear_backward_w(
       block_n, block_k, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_linear_backward_w_tpu_blocks),
         else 1024, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dw: bf16[N, K].
@@ -10064,52 +9439,47 @@ def linear_backward_w(
         {"dy": (dy, jnp.bfloat16, ("M", "N")), "x": (x, jnp.bfloat16, ("M", "K"))},
     )
     rt.check_blocks(
-        "linear_backward_w", block_n=block_n, block_k=block_k, block_m=block_m, may_be_none=True
-    )
-    rt.check_blocks(
         "linear_backward_w",
+        block_n=block_n,
+        block_k=block_k,
+        block_m=block_m,
         gpu_block_n=gpu_block_n,
         gpu_block_k=gpu_block_k,
         gpu_block_m=gpu_block_m,
         may_be_none=True,
     )
-    n = sizes["N"]
-    k = sizes["K"]
-    m = sizes["M"]
+    n, k, m = sizes["N"], sizes["K"], sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(linear_backward_w_reference, (((n, k), jnp.bfloat16),), dy, x)
     return rt.on_platform(
-        functools.partial(
+        "linear_backward_w",
+        (dy, x),
+        tpu=functools.partial(
             _linear_backward_w_tpu, n=n, k=k, m=m, block_n=block_n, block_k=block_k, block_m=block_m
         ),
-        rt.gpu_kernel(
-            "linear_backward_w",
-            gpu_backend,
-            functools.partial(
-                _linear_backward_w_gpu,
-                n=n,
-                k=k,
-                m=m,
-                block_n=gpu_block_n,
-                block_k=gpu_block_k,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _linear_backward_w_mosaic_gpu,
-                n=n,
-                k=k,
-                m=m,
-                block_n=mgpu_block_n,
-                block_k=mgpu_block_k,
-                block_m=mgpu_block_m,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _linear_backward_w_gpu,
+            n=n,
+            k=k,
+            m=m,
+            block_n=gpu_block_n,
+            block_k=gpu_block_k,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        dy,
-        x,
+        mosaic_gpu=functools.partial(
+            _linear_backward_w_mosaic_gpu,
+            n=n,
+            k=k,
+            m=m,
+            block_n=mgpu_block_n,
+            block_k=mgpu_block_k,
+            block_m=mgpu_block_m,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 

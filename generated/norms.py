@@ -20,18 +20,7 @@ from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "eps",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def layer_norm(
     x,
     w,
@@ -55,13 +44,10 @@ def layer_norm(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_tpu_blocks),
         grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       eps: a static f32 (default 1e-05).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: bf16[M, N]; mu: f32[M]; rstd: f32[M].
@@ -77,10 +63,8 @@ def layer_norm(
             "b": (b, jnp.float32, ("N",)),
         },
     )
-    rt.check_blocks("layer_norm", block_m=block_m, may_be_none=True)
-    rt.check_blocks("layer_norm", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks("layer_norm", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             layer_norm_reference,
@@ -145,25 +129,21 @@ def _layer_norm_forward(
     w = w.reshape(1, n)  # w: f32[N], broadcast over M
     b = b.reshape(1, n)  # b: f32[N], broadcast over M
     y, mu, rstd = rt.on_platform(
-        functools.partial(_layer_norm_tpu, m=m, n=n, block_m=block_m, eps=eps),
-        rt.gpu_kernel(
-            "layer_norm",
-            gpu_backend,
-            functools.partial(
-                _layer_norm_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                eps=eps,
-            ),
-            functools.partial(_layer_norm_mosaic_gpu, m=m, n=n, eps=eps),
+        "layer_norm",
+        (x, w, b),
+        tpu=functools.partial(_layer_norm_tpu, m=m, n=n, block_m=block_m, eps=eps),
+        triton=functools.partial(
+            _layer_norm_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            eps=eps,
         ),
-        interpret,
-        x,
-        w,
-        b,
+        mosaic_gpu=functools.partial(_layer_norm_mosaic_gpu, m=m, n=n, eps=eps),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     mu = mu.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     rstd = rstd.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
@@ -535,18 +515,7 @@ def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
     return y[:m, :n], mu[:m].reshape((m, 1)), rstd[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "eps",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def layer_norm_with_residuals(
     x,
     w,
@@ -570,13 +539,10 @@ def layer_norm_with_residuals(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_with_residuals_tpu_blocks),
         grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       eps: a static f32 (default 1e-05).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: bf16[M, N]; mu: f32[M]; rstd: f32[M]; mean_n: f32[M].
@@ -589,10 +555,10 @@ def layer_norm_with_residuals(
             "b": (b, jnp.float32, ("N",)),
         },
     )
-    rt.check_blocks("layer_norm_with_residuals", block_m=block_m, may_be_none=True)
-    rt.check_blocks("layer_norm_with_residuals", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "layer_norm_with_residuals", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             layer_norm_with_residuals_reference,
@@ -605,25 +571,21 @@ def layer_norm_with_residuals(
     w = w.reshape(1, n)  # w: f32[N], broadcast over M
     b = b.reshape(1, n)  # b: f32[N], broadcast over M
     y, mu, rstd, mean_n = rt.on_platform(
-        functools.partial(_layer_norm_with_residuals_tpu, m=m, n=n, block_m=block_m, eps=eps),
-        rt.gpu_kernel(
-            "layer_norm_with_residuals",
-            gpu_backend,
-            functools.partial(
-                _layer_norm_with_residuals_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                eps=eps,
-            ),
-            functools.partial(_layer_norm_with_residuals_mosaic_gpu, m=m, n=n, eps=eps),
+        "layer_norm_with_residuals",
+        (x, w, b),
+        tpu=functools.partial(_layer_norm_with_residuals_tpu, m=m, n=n, block_m=block_m, eps=eps),
+        triton=functools.partial(
+            _layer_norm_with_residuals_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            eps=eps,
         ),
-        interpret,
-        x,
-        w,
-        b,
+        mosaic_gpu=functools.partial(_layer_norm_with_residuals_mosaic_gpu, m=m, n=n, eps=eps),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     mu = mu.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     rstd = rstd.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
@@ -993,18 +955,7 @@ def _layer_norm_with_residuals_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
     return y[:m, :n], mu[:m].reshape((m, 1)), rstd[:m].reshape((m, 1)), mean_n[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "eps",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def layer_norm_backward(
     x,
     w,
@@ -1038,13 +989,10 @@ def layer_norm_backward(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_backward_tpu_blocks),
         grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       eps: a static f32 (default 1e-05).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: bf16[M, N].
@@ -1062,10 +1010,10 @@ def layer_norm_backward(
             "drstd": (drstd, jnp.float32, ("M",)),
         },
     )
-    rt.check_blocks("layer_norm_backward", block_m=block_m, may_be_none=True)
-    rt.check_blocks("layer_norm_backward", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "layer_norm_backward", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             layer_norm_backward_reference,
@@ -1087,30 +1035,21 @@ def layer_norm_backward(
     dmu = dmu.reshape(m, 1)  # dmu: f32[M], broadcast over N
     drstd = drstd.reshape(m, 1)  # drstd: f32[M], broadcast over N
     return rt.on_platform(
-        functools.partial(_layer_norm_backward_tpu, m=m, n=n, block_m=block_m, eps=eps),
-        rt.gpu_kernel(
-            "layer_norm_backward",
-            gpu_backend,
-            functools.partial(
-                _layer_norm_backward_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                eps=eps,
-            ),
-            functools.partial(_layer_norm_backward_mosaic_gpu, m=m, n=n, eps=eps),
+        "layer_norm_backward",
+        (x, w, mu, rstd, mean_n, dy, dmu, drstd),
+        tpu=functools.partial(_layer_norm_backward_tpu, m=m, n=n, block_m=block_m, eps=eps),
+        triton=functools.partial(
+            _layer_norm_backward_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            eps=eps,
         ),
-        interpret,
-        x,
-        w,
-        mu,
-        rstd,
-        mean_n,
-        dy,
-        dmu,
-        drstd,
+        mosaic_gpu=functools.partial(_layer_norm_backward_mosaic_gpu, m=m, n=n, eps=eps),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -1580,18 +1519,7 @@ def _layer_norm_backward_mosaic_gpu(
     return dx[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def layer_norm_backward_over_m(
     x,
     mu,
@@ -1617,12 +1545,9 @@ def layer_norm_backward_over_m(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_backward_over_m_tpu_blocks),
         grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dw: f32[N]; db: f32[N].
@@ -1636,15 +1561,14 @@ def layer_norm_backward_over_m(
             "dy": (dy, jnp.bfloat16, ("M", "N")),
         },
     )
-    rt.check_blocks("layer_norm_backward_over_m", block_m=block_m, may_be_none=True)
     rt.check_blocks(
         "layer_norm_backward_over_m",
+        block_m=block_m,
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             layer_norm_backward_over_m_reference,
@@ -1657,26 +1581,21 @@ def layer_norm_backward_over_m(
     mu = mu.reshape(m, 1)  # mu: f32[M], broadcast over N
     rstd = rstd.reshape(m, 1)  # rstd: f32[M], broadcast over N
     dw, db = rt.on_platform(
-        functools.partial(_layer_norm_backward_over_m_tpu, m=m, n=n, block_m=block_m),
-        rt.gpu_kernel(
-            "layer_norm_backward_over_m",
-            gpu_backend,
-            functools.partial(
-                _layer_norm_backward_over_m_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_layer_norm_backward_over_m_mosaic_gpu, m=m, n=n),
+        "layer_norm_backward_over_m",
+        (x, mu, rstd, dy),
+        tpu=functools.partial(_layer_norm_backward_over_m_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _layer_norm_backward_over_m_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        mu,
-        rstd,
-        dy,
+        mosaic_gpu=functools.partial(_layer_norm_backward_over_m_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     dw = dw.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
     db = db.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
@@ -2016,18 +1935,7 @@ def _layer_norm_backward_over_m_mosaic_gpu(x, mu, rstd, dy, *, m, n, interpret):
     return dw[:n].reshape((1, n)), db[:n].reshape((1, n))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "eps",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def rms_norm(
     x,
     w,
@@ -2048,13 +1956,10 @@ def rms_norm(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_tpu_blocks),
         grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       eps: a static f32 (default 1e-06).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: bf16[M, N].
@@ -2065,10 +1970,8 @@ def rms_norm(
     (x, w), sizes = rt.operands(
         "rms_norm", {"x": (x, jnp.bfloat16, ("M", "N")), "w": (w, jnp.float32, ("N",))}
     )
-    rt.check_blocks("rms_norm", block_m=block_m, may_be_none=True)
-    rt.check_blocks("rms_norm", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks("rms_norm", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(rms_norm_reference, (((m, n), jnp.bfloat16),), x, w, eps=eps)
     return rt.differentiable(
@@ -2118,24 +2021,21 @@ def _rms_norm_forward(
     """`rms_norm` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     w = w.reshape(1, n)  # w: f32[N], broadcast over M
     return rt.on_platform(
-        functools.partial(_rms_norm_tpu, m=m, n=n, block_m=block_m, eps=eps),
-        rt.gpu_kernel(
-            "rms_norm",
-            gpu_backend,
-            functools.partial(
-                _rms_norm_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                eps=eps,
-            ),
-            functools.partial(_rms_norm_mosaic_gpu, m=m, n=n, eps=eps),
+        "rms_norm",
+        (x, w),
+        tpu=functools.partial(_rms_norm_tpu, m=m, n=n, block_m=block_m, eps=eps),
+        triton=functools.partial(
+            _rms_norm_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            eps=eps,
         ),
-        interpret,
-        x,
-        w,
+        mosaic_gpu=functools.partial(_rms_norm_mosaic_gpu, m=m, n=n, eps=eps),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -2396,18 +2296,7 @@ def _rms_norm_mosaic_gpu(x, w, *, m, n, eps, interpret):
     return y[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "eps",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def rms_norm_with_residuals(
     x,
     w,
@@ -2429,13 +2318,10 @@ def rms_norm_with_residuals(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_with_residuals_tpu_blocks),
         grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       eps: a static f32 (default 1e-06).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: bf16[M, N]; mean_n: f32[M].
@@ -2444,10 +2330,10 @@ def rms_norm_with_residuals(
         "rms_norm_with_residuals",
         {"x": (x, jnp.bfloat16, ("M", "N")), "w": (w, jnp.float32, ("N",))},
     )
-    rt.check_blocks("rms_norm_with_residuals", block_m=block_m, may_be_none=True)
-    rt.check_blocks("rms_norm_with_residuals", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "rms_norm_with_residuals", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             rms_norm_with_residuals_reference,
@@ -2458,24 +2344,21 @@ def rms_norm_with_residuals(
         )
     w = w.reshape(1, n)  # w: f32[N], broadcast over M
     y, mean_n = rt.on_platform(
-        functools.partial(_rms_norm_with_residuals_tpu, m=m, n=n, block_m=block_m, eps=eps),
-        rt.gpu_kernel(
-            "rms_norm_with_residuals",
-            gpu_backend,
-            functools.partial(
-                _rms_norm_with_residuals_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                eps=eps,
-            ),
-            functools.partial(_rms_norm_with_residuals_mosaic_gpu, m=m, n=n, eps=eps),
+        "rms_norm_with_residuals",
+        (x, w),
+        tpu=functools.partial(_rms_norm_with_residuals_tpu, m=m, n=n, block_m=block_m, eps=eps),
+        triton=functools.partial(
+            _rms_norm_with_residuals_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            eps=eps,
         ),
-        interpret,
-        x,
-        w,
+        mosaic_gpu=functools.partial(_rms_norm_with_residuals_mosaic_gpu, m=m, n=n, eps=eps),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     mean_n = mean_n.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     return y, mean_n
@@ -2740,18 +2623,7 @@ def _rms_norm_with_residuals_mosaic_gpu(x, w, *, m, n, eps, interpret):
     return y[:m, :n], mean_n[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "eps",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def rms_norm_backward(
     x,
     w,
@@ -2777,13 +2649,10 @@ def rms_norm_backward(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_backward_tpu_blocks),
         grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       eps: a static f32 (default 1e-06).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: bf16[M, N].
@@ -2797,10 +2666,8 @@ def rms_norm_backward(
             "dy": (dy, jnp.bfloat16, ("M", "N")),
         },
     )
-    rt.check_blocks("rms_norm_backward", block_m=block_m, may_be_none=True)
-    rt.check_blocks("rms_norm_backward", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks("rms_norm_backward", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             rms_norm_backward_reference, (((m, n), jnp.bfloat16),), x, w, mean_n, dy, eps=eps
@@ -2808,26 +2675,21 @@ def rms_norm_backward(
     w = w.reshape(1, n)  # w: f32[N], broadcast over M
     mean_n = mean_n.reshape(m, 1)  # mean_n: f32[M], broadcast over N
     return rt.on_platform(
-        functools.partial(_rms_norm_backward_tpu, m=m, n=n, block_m=block_m, eps=eps),
-        rt.gpu_kernel(
-            "rms_norm_backward",
-            gpu_backend,
-            functools.partial(
-                _rms_norm_backward_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                eps=eps,
-            ),
-            functools.partial(_rms_norm_backward_mosaic_gpu, m=m, n=n, eps=eps),
+        "rms_norm_backward",
+        (x, w, mean_n, dy),
+        tpu=functools.partial(_rms_norm_backward_tpu, m=m, n=n, block_m=block_m, eps=eps),
+        triton=functools.partial(
+            _rms_norm_backward_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            eps=eps,
         ),
-        interpret,
-        x,
-        w,
-        mean_n,
-        dy,
+        mosaic_gpu=functools.partial(_rms_norm_backward_mosaic_gpu, m=m, n=n, eps=eps),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -3144,19 +3006,7 @@ def _rms_norm_backward_mosaic_gpu(x, w, mean_n, dy, *, m, n, eps, interpret):
     return dx[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "eps",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def rms_norm_backward_over_m(
     x,
     mean_n,
@@ -3181,13 +3031,10 @@ def rms_norm_backward_over_m(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_backward_over_m_tpu_blocks),
         grown to large steps (rt.grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       eps: a static f32 (default 1e-06).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dw: f32[N].
@@ -3200,41 +3047,36 @@ def rms_norm_backward_over_m(
             "dy": (dy, jnp.bfloat16, ("M", "N")),
         },
     )
-    rt.check_blocks("rms_norm_backward_over_m", block_m=block_m, may_be_none=True)
     rt.check_blocks(
         "rms_norm_backward_over_m",
+        block_m=block_m,
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             rms_norm_backward_over_m_reference, (((n,), jnp.float32),), x, mean_n, dy, eps=eps
         )
     mean_n = mean_n.reshape(m, 1)  # mean_n: f32[M], broadcast over N
     dw = rt.on_platform(
-        functools.partial(_rms_norm_backward_over_m_tpu, m=m, n=n, block_m=block_m, eps=eps),
-        rt.gpu_kernel(
-            "rms_norm_backward_over_m",
-            gpu_backend,
-            functools.partial(
-                _rms_norm_backward_over_m_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                eps=eps,
-            ),
-            functools.partial(_rms_norm_backward_over_m_mosaic_gpu, m=m, n=n, eps=eps),
+        "rms_norm_backward_over_m",
+        (x, mean_n, dy),
+        tpu=functools.partial(_rms_norm_backward_over_m_tpu, m=m, n=n, block_m=block_m, eps=eps),
+        triton=functools.partial(
+            _rms_norm_backward_over_m_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            eps=eps,
         ),
-        interpret,
-        x,
-        mean_n,
-        dy,
+        mosaic_gpu=functools.partial(_rms_norm_backward_over_m_mosaic_gpu, m=m, n=n, eps=eps),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     dw = dw.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
     return dw

@@ -20,19 +20,7 @@ from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def add_f32(
     x,
     y,
@@ -54,12 +42,9 @@ def add_f32(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_f32_tpu_blocks),
         grown to large steps (rt.grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: f32[M, N].
@@ -69,10 +54,15 @@ def add_f32(
     (x, y), sizes = rt.operands(
         "add_f32", {"x": (x, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("M", "N"))}
     )
-    rt.check_blocks("add_f32", block_m=block_m, block_n=block_n, may_be_none=True)
-    rt.check_blocks("add_f32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "add_f32",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(add_f32_reference, (((m, n), jnp.float32),), x, y)
     return rt.differentiable(
@@ -118,24 +108,21 @@ def _add_f32_forward(
 ):
     """`add_f32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return rt.on_platform(
-        functools.partial(_add_f32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        rt.gpu_kernel(
-            "add_f32",
-            gpu_backend,
-            functools.partial(
-                _add_f32_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_add_f32_mosaic_gpu, m=m, n=n),
+        "add_f32",
+        (x, y),
+        tpu=functools.partial(_add_f32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _add_f32_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(_add_f32_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -318,19 +305,7 @@ def _add_f32_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def add_f32_backward(
     dz,
     *,
@@ -351,45 +326,43 @@ def add_f32_backward(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_f32_backward_tpu_blocks),
         grown to large steps (rt.grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: f32[M, N]; dy: f32[M, N].
     """
     (dz,), sizes = rt.operands("add_f32_backward", {"dz": (dz, jnp.float32, ("M", "N"))})
-    rt.check_blocks("add_f32_backward", block_m=block_m, block_n=block_n, may_be_none=True)
     rt.check_blocks(
-        "add_f32_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+        "add_f32_backward",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             add_f32_backward_reference, (((m, n), jnp.float32), ((m, n), jnp.float32)), dz
         )
     return rt.on_platform(
-        functools.partial(_add_f32_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        rt.gpu_kernel(
-            "add_f32_backward",
-            gpu_backend,
-            functools.partial(
-                _add_f32_backward_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_add_f32_backward_mosaic_gpu, m=m, n=n),
+        "add_f32_backward",
+        (dz,),
+        tpu=functools.partial(_add_f32_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _add_f32_backward_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        dz,
+        mosaic_gpu=functools.partial(_add_f32_backward_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -581,19 +554,7 @@ def _add_f32_backward_mosaic_gpu(dz, *, m, n, interpret):
     return dx[:m, :n], dy[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def mul_f32(
     x,
     y,
@@ -615,12 +576,9 @@ def mul_f32(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_mul_f32_tpu_blocks),
         grown to large steps (rt.grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: f32[M, N].
@@ -630,10 +588,15 @@ def mul_f32(
     (x, y), sizes = rt.operands(
         "mul_f32", {"x": (x, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("M", "N"))}
     )
-    rt.check_blocks("mul_f32", block_m=block_m, block_n=block_n, may_be_none=True)
-    rt.check_blocks("mul_f32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "mul_f32",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(mul_f32_reference, (((m, n), jnp.float32),), x, y)
     return rt.differentiable(
@@ -679,24 +642,21 @@ def _mul_f32_forward(
 ):
     """`mul_f32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return rt.on_platform(
-        functools.partial(_mul_f32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        rt.gpu_kernel(
-            "mul_f32",
-            gpu_backend,
-            functools.partial(
-                _mul_f32_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_mul_f32_mosaic_gpu, m=m, n=n),
+        "mul_f32",
+        (x, y),
+        tpu=functools.partial(_mul_f32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _mul_f32_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(_mul_f32_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -880,19 +840,7 @@ def _mul_f32_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def mul_f32_backward(
     x,
     y,
@@ -917,12 +865,9 @@ def mul_f32_backward(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_mul_f32_backward_tpu_blocks),
         grown to large steps (rt.grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: f32[M, N]; dy: f32[M, N].
@@ -935,36 +880,35 @@ def mul_f32_backward(
             "dz": (dz, jnp.float32, ("M", "N")),
         },
     )
-    rt.check_blocks("mul_f32_backward", block_m=block_m, block_n=block_n, may_be_none=True)
     rt.check_blocks(
-        "mul_f32_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+        "mul_f32_backward",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             mul_f32_backward_reference, (((m, n), jnp.float32), ((m, n), jnp.float32)), x, y, dz
         )
     return rt.on_platform(
-        functools.partial(_mul_f32_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        rt.gpu_kernel(
-            "mul_f32_backward",
-            gpu_backend,
-            functools.partial(
-                _mul_f32_backward_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_mul_f32_backward_mosaic_gpu, m=m, n=n),
+        "mul_f32_backward",
+        (x, y, dz),
+        tpu=functools.partial(_mul_f32_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _mul_f32_backward_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
-        dz,
+        mosaic_gpu=functools.partial(_mul_f32_backward_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -1184,17 +1128,7 @@ def _mul_f32_backward_mosaic_gpu(x, y, dz, *, m, n, interpret):
     return dx[:m, :n], dy[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def argmax_f32(
     x,
     *,
@@ -1212,12 +1146,9 @@ def argmax_f32(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_f32_tpu_blocks),
         grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       i: i32[M].
@@ -1226,10 +1157,8 @@ def argmax_f32(
     reaches a float output.
     """
     (x,), sizes = rt.operands("argmax_f32", {"x": (x, jnp.float32, ("M", "N"))})
-    rt.check_blocks("argmax_f32", block_m=block_m, may_be_none=True)
-    rt.check_blocks("argmax_f32", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks("argmax_f32", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(argmax_f32_reference, (((m,), jnp.int32),), x)
     return rt.differentiable(
@@ -1263,22 +1192,20 @@ def _argmax_f32_forward(
 ):
     """`argmax_f32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     i = rt.on_platform(
-        functools.partial(_argmax_f32_tpu, m=m, n=n, block_m=block_m),
-        rt.gpu_kernel(
-            "argmax_f32",
-            gpu_backend,
-            functools.partial(
-                _argmax_f32_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_argmax_f32_mosaic_gpu, m=m, n=n),
+        "argmax_f32",
+        (x,),
+        tpu=functools.partial(_argmax_f32_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _argmax_f32_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_argmax_f32_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     i = i.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     return i
@@ -1460,17 +1387,7 @@ def _argmax_f32_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_n",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def equal_count_f32(
     x,
     y,
@@ -1490,12 +1407,9 @@ def equal_count_f32(
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_f32_tpu_blocks),
         grown to large steps (rt.grown), else 4096.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       n: i32[].
@@ -1506,8 +1420,7 @@ def equal_count_f32(
     (x, y), sizes = rt.operands(
         "equal_count_f32", {"x": (x, jnp.float32, ("N",)), "y": (y, jnp.float32, ("N",))}
     )
-    rt.check_blocks("equal_count_f32", block_n=block_n, may_be_none=True)
-    rt.check_blocks("equal_count_f32", gpu_block_n=gpu_block_n, may_be_none=True)
+    rt.check_blocks("equal_count_f32", block_n=block_n, gpu_block_n=gpu_block_n, may_be_none=True)
     n_ = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(equal_count_f32_reference, (((), jnp.int32),), x, y)
@@ -1541,22 +1454,19 @@ def _equal_count_f32_forward(
 ):
     """`equal_count_f32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     n = rt.on_platform(
-        functools.partial(_equal_count_f32_tpu, n_=n_, block_n=block_n),
-        rt.gpu_kernel(
-            "equal_count_f32",
-            gpu_backend,
-            functools.partial(
-                _equal_count_f32_gpu,
-                n_=n_,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_equal_count_f32_mosaic_gpu, n_=n_),
+        "equal_count_f32",
+        (x, y),
+        tpu=functools.partial(_equal_count_f32_tpu, n_=n_, block_n=block_n),
+        triton=functools.partial(
+            _equal_count_f32_gpu,
+            n_=n_,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(_equal_count_f32_mosaic_gpu, n_=n_),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     n = n.reshape(())  # the kernel holds it with size 1 along the dimensions it lacks
     return n
@@ -1765,19 +1675,7 @@ def _equal_count_f32_mosaic_gpu(x, y, *, n_, interpret):
     return jnp.asarray(n, jnp.int32).reshape((1,))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def add_i32(
     x,
     y,
@@ -1799,12 +1697,9 @@ def add_i32(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_i32_tpu_blocks),
         grown to large steps (rt.grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: i32[M, N].
@@ -1815,10 +1710,15 @@ def add_i32(
     (x, y), sizes = rt.operands(
         "add_i32", {"x": (x, jnp.int32, ("M", "N")), "y": (y, jnp.int32, ("M", "N"))}
     )
-    rt.check_blocks("add_i32", block_m=block_m, block_n=block_n, may_be_none=True)
-    rt.check_blocks("add_i32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "add_i32",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(add_i32_reference, (((m, n), jnp.int32),), x, y)
     return rt.differentiable(
@@ -1864,24 +1764,21 @@ def _add_i32_forward(
 ):
     """`add_i32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return rt.on_platform(
-        functools.partial(_add_i32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        rt.gpu_kernel(
-            "add_i32",
-            gpu_backend,
-            functools.partial(
-                _add_i32_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_add_i32_mosaic_gpu, m=m, n=n),
+        "add_i32",
+        (x, y),
+        tpu=functools.partial(_add_i32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _add_i32_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(_add_i32_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -2061,19 +1958,7 @@ def _add_i32_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def mul_i32(
     x,
     y,
@@ -2095,12 +1980,9 @@ def mul_i32(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_mul_i32_tpu_blocks),
         grown to large steps (rt.grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: i32[M, N].
@@ -2111,10 +1993,15 @@ def mul_i32(
     (x, y), sizes = rt.operands(
         "mul_i32", {"x": (x, jnp.int32, ("M", "N")), "y": (y, jnp.int32, ("M", "N"))}
     )
-    rt.check_blocks("mul_i32", block_m=block_m, block_n=block_n, may_be_none=True)
-    rt.check_blocks("mul_i32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "mul_i32",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(mul_i32_reference, (((m, n), jnp.int32),), x, y)
     return rt.differentiable(
@@ -2160,24 +2047,21 @@ def _mul_i32_forward(
 ):
     """`mul_i32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return rt.on_platform(
-        functools.partial(_mul_i32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        rt.gpu_kernel(
-            "mul_i32",
-            gpu_backend,
-            functools.partial(
-                _mul_i32_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_mul_i32_mosaic_gpu, m=m, n=n),
+        "mul_i32",
+        (x, y),
+        tpu=functools.partial(_mul_i32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _mul_i32_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(_mul_i32_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -2357,17 +2241,7 @@ def _mul_i32_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def argmax_i32(
     x,
     *,
@@ -2385,12 +2259,9 @@ def argmax_i32(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_i32_tpu_blocks),
         grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       i: i32[M].
@@ -2399,10 +2270,8 @@ def argmax_i32(
     reaches a float output.
     """
     (x,), sizes = rt.operands("argmax_i32", {"x": (x, jnp.int32, ("M", "N"))})
-    rt.check_blocks("argmax_i32", block_m=block_m, may_be_none=True)
-    rt.check_blocks("argmax_i32", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks("argmax_i32", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(argmax_i32_reference, (((m,), jnp.int32),), x)
     return rt.differentiable(
@@ -2436,22 +2305,20 @@ def _argmax_i32_forward(
 ):
     """`argmax_i32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     i = rt.on_platform(
-        functools.partial(_argmax_i32_tpu, m=m, n=n, block_m=block_m),
-        rt.gpu_kernel(
-            "argmax_i32",
-            gpu_backend,
-            functools.partial(
-                _argmax_i32_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_argmax_i32_mosaic_gpu, m=m, n=n),
+        "argmax_i32",
+        (x,),
+        tpu=functools.partial(_argmax_i32_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _argmax_i32_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_argmax_i32_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     i = i.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     return i
@@ -2633,17 +2500,7 @@ def _argmax_i32_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_n",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def equal_count_i32(
     x,
     y,
@@ -2663,12 +2520,9 @@ def equal_count_i32(
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_i32_tpu_blocks),
         grown to large steps (rt.grown), else 4096.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       n: i32[].
@@ -2679,8 +2533,7 @@ def equal_count_i32(
     (x, y), sizes = rt.operands(
         "equal_count_i32", {"x": (x, jnp.int32, ("N",)), "y": (y, jnp.int32, ("N",))}
     )
-    rt.check_blocks("equal_count_i32", block_n=block_n, may_be_none=True)
-    rt.check_blocks("equal_count_i32", gpu_block_n=gpu_block_n, may_be_none=True)
+    rt.check_blocks("equal_count_i32", block_n=block_n, gpu_block_n=gpu_block_n, may_be_none=True)
     n_ = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(equal_count_i32_reference, (((), jnp.int32),), x, y)
@@ -2714,22 +2567,19 @@ def _equal_count_i32_forward(
 ):
     """`equal_count_i32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     n = rt.on_platform(
-        functools.partial(_equal_count_i32_tpu, n_=n_, block_n=block_n),
-        rt.gpu_kernel(
-            "equal_count_i32",
-            gpu_backend,
-            functools.partial(
-                _equal_count_i32_gpu,
-                n_=n_,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_equal_count_i32_mosaic_gpu, n_=n_),
+        "equal_count_i32",
+        (x, y),
+        tpu=functools.partial(_equal_count_i32_tpu, n_=n_, block_n=block_n),
+        triton=functools.partial(
+            _equal_count_i32_gpu,
+            n_=n_,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(_equal_count_i32_mosaic_gpu, n_=n_),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     n = n.reshape(())  # the kernel holds it with size 1 along the dimensions it lacks
     return n
@@ -2938,19 +2788,7 @@ def _equal_count_i32_mosaic_gpu(x, y, *, n_, interpret):
     return jnp.asarray(n, jnp.int32).reshape((1,))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def add_i8(
     x,
     y,
@@ -2972,12 +2810,9 @@ def add_i8(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_i8_tpu_blocks),
         grown to large steps (rt.grown), else 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: i8[M, N].
@@ -2988,10 +2823,15 @@ def add_i8(
     (x, y), sizes = rt.operands(
         "add_i8", {"x": (x, jnp.int8, ("M", "N")), "y": (y, jnp.int8, ("M", "N"))}
     )
-    rt.check_blocks("add_i8", block_m=block_m, block_n=block_n, may_be_none=True)
-    rt.check_blocks("add_i8", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "add_i8",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(add_i8_reference, (((m, n), jnp.int8),), x, y)
     return rt.differentiable(
@@ -3037,24 +2877,21 @@ def _add_i8_forward(
 ):
     """`add_i8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return rt.on_platform(
-        functools.partial(_add_i8_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        rt.gpu_kernel(
-            "add_i8",
-            gpu_backend,
-            functools.partial(
-                _add_i8_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_add_i8_mosaic_gpu, m=m, n=n),
+        "add_i8",
+        (x, y),
+        tpu=functools.partial(_add_i8_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _add_i8_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(_add_i8_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -3234,19 +3071,7 @@ def _add_i8_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def mul_i8(
     x,
     y,
@@ -3268,12 +3093,9 @@ def mul_i8(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_mul_i8_tpu_blocks),
         grown to large steps (rt.grown), else 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: i8[M, N].
@@ -3284,10 +3106,15 @@ def mul_i8(
     (x, y), sizes = rt.operands(
         "mul_i8", {"x": (x, jnp.int8, ("M", "N")), "y": (y, jnp.int8, ("M", "N"))}
     )
-    rt.check_blocks("mul_i8", block_m=block_m, block_n=block_n, may_be_none=True)
-    rt.check_blocks("mul_i8", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "mul_i8",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(mul_i8_reference, (((m, n), jnp.int8),), x, y)
     return rt.differentiable(
@@ -3333,24 +3160,21 @@ def _mul_i8_forward(
 ):
     """`mul_i8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return rt.on_platform(
-        functools.partial(_mul_i8_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        rt.gpu_kernel(
-            "mul_i8",
-            gpu_backend,
-            functools.partial(
-                _mul_i8_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_mul_i8_mosaic_gpu, m=m, n=n),
+        "mul_i8",
+        (x, y),
+        tpu=functools.partial(_mul_i8_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _mul_i8_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(_mul_i8_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -3530,17 +3354,7 @@ def _mul_i8_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def argmax_i8(
     x,
     *,
@@ -3558,12 +3372,9 @@ def argmax_i8(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_i8_tpu_blocks),
         grown to large steps (rt.grown), else 32.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       i: i32[M].
@@ -3572,10 +3383,8 @@ def argmax_i8(
     reaches a float output.
     """
     (x,), sizes = rt.operands("argmax_i8", {"x": (x, jnp.int8, ("M", "N"))})
-    rt.check_blocks("argmax_i8", block_m=block_m, may_be_none=True)
-    rt.check_blocks("argmax_i8", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks("argmax_i8", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(argmax_i8_reference, (((m,), jnp.int32),), x)
     return rt.differentiable(
@@ -3609,22 +3418,20 @@ def _argmax_i8_forward(
 ):
     """`argmax_i8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     i = rt.on_platform(
-        functools.partial(_argmax_i8_tpu, m=m, n=n, block_m=block_m),
-        rt.gpu_kernel(
-            "argmax_i8",
-            gpu_backend,
-            functools.partial(
-                _argmax_i8_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_argmax_i8_mosaic_gpu, m=m, n=n),
+        "argmax_i8",
+        (x,),
+        tpu=functools.partial(_argmax_i8_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _argmax_i8_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_argmax_i8_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     i = i.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     return i
@@ -3808,17 +3615,7 @@ def _argmax_i8_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_n",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def equal_count_i8(
     x,
     y,
@@ -3838,12 +3635,9 @@ def equal_count_i8(
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_i8_tpu_blocks),
         grown to large steps (rt.grown), else 4096.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       n: i32[].
@@ -3854,8 +3648,7 @@ def equal_count_i8(
     (x, y), sizes = rt.operands(
         "equal_count_i8", {"x": (x, jnp.int8, ("N",)), "y": (y, jnp.int8, ("N",))}
     )
-    rt.check_blocks("equal_count_i8", block_n=block_n, may_be_none=True)
-    rt.check_blocks("equal_count_i8", gpu_block_n=gpu_block_n, may_be_none=True)
+    rt.check_blocks("equal_count_i8", block_n=block_n, gpu_block_n=gpu_block_n, may_be_none=True)
     n_ = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(equal_count_i8_reference, (((), jnp.int32),), x, y)
@@ -3889,22 +3682,19 @@ def _equal_count_i8_forward(
 ):
     """`equal_count_i8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     n = rt.on_platform(
-        functools.partial(_equal_count_i8_tpu, n_=n_, block_n=block_n),
-        rt.gpu_kernel(
-            "equal_count_i8",
-            gpu_backend,
-            functools.partial(
-                _equal_count_i8_gpu,
-                n_=n_,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_equal_count_i8_mosaic_gpu, n_=n_),
+        "equal_count_i8",
+        (x, y),
+        tpu=functools.partial(_equal_count_i8_tpu, n_=n_, block_n=block_n),
+        triton=functools.partial(
+            _equal_count_i8_gpu,
+            n_=n_,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(_equal_count_i8_mosaic_gpu, n_=n_),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     n = n.reshape(())  # the kernel holds it with size 1 along the dimensions it lacks
     return n

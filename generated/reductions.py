@@ -20,17 +20,7 @@ from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def argmax_rows(
     x,
     *,
@@ -48,12 +38,9 @@ def argmax_rows(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_rows_tpu_blocks),
         grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       i: i32[M].
@@ -62,10 +49,8 @@ def argmax_rows(
     reaches a float output.
     """
     (x,), sizes = rt.operands("argmax_rows", {"x": (x, jnp.float32, ("M", "N"))})
-    rt.check_blocks("argmax_rows", block_m=block_m, may_be_none=True)
-    rt.check_blocks("argmax_rows", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks("argmax_rows", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(argmax_rows_reference, (((m,), jnp.int32),), x)
     return rt.differentiable(
@@ -99,22 +84,20 @@ def _argmax_rows_forward(
 ):
     """`argmax_rows` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     i = rt.on_platform(
-        functools.partial(_argmax_rows_tpu, m=m, n=n, block_m=block_m),
-        rt.gpu_kernel(
-            "argmax_rows",
-            gpu_backend,
-            functools.partial(
-                _argmax_rows_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_argmax_rows_mosaic_gpu, m=m, n=n),
+        "argmax_rows",
+        (x,),
+        tpu=functools.partial(_argmax_rows_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _argmax_rows_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_argmax_rows_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     i = i.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     return i
@@ -296,19 +279,7 @@ def _argmax_rows_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def argmax_blocked(
     x,
     *,
@@ -329,12 +300,9 @@ def argmax_blocked(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_blocked_tpu_blocks),
         grown to large steps (rt.grown), else 8, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       i: i32[M].
@@ -343,12 +311,15 @@ def argmax_blocked(
     reaches a float output.
     """
     (x,), sizes = rt.operands("argmax_blocked", {"x": (x, jnp.float32, ("M", "N"))})
-    rt.check_blocks("argmax_blocked", block_m=block_m, block_n=block_n, may_be_none=True)
     rt.check_blocks(
-        "argmax_blocked", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+        "argmax_blocked",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(argmax_blocked_reference, (((m,), jnp.int32),), x)
     return rt.differentiable(
@@ -395,23 +366,21 @@ def _argmax_blocked_forward(
 ):
     """`argmax_blocked` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     i = rt.on_platform(
-        functools.partial(_argmax_blocked_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        rt.gpu_kernel(
-            "argmax_blocked",
-            gpu_backend,
-            functools.partial(
-                _argmax_blocked_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_argmax_blocked_mosaic_gpu, m=m, n=n),
+        "argmax_blocked",
+        (x,),
+        tpu=functools.partial(_argmax_blocked_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _argmax_blocked_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_argmax_blocked_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     i = i.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     return i
@@ -644,17 +613,7 @@ def _argmax_blocked_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def argmin_rows(
     x,
     *,
@@ -672,12 +631,9 @@ def argmin_rows(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmin_rows_tpu_blocks),
         grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       i: i32[M].
@@ -686,10 +642,8 @@ def argmin_rows(
     reaches a float output.
     """
     (x,), sizes = rt.operands("argmin_rows", {"x": (x, jnp.float32, ("M", "N"))})
-    rt.check_blocks("argmin_rows", block_m=block_m, may_be_none=True)
-    rt.check_blocks("argmin_rows", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks("argmin_rows", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(argmin_rows_reference, (((m,), jnp.int32),), x)
     return rt.differentiable(
@@ -723,22 +677,20 @@ def _argmin_rows_forward(
 ):
     """`argmin_rows` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     i = rt.on_platform(
-        functools.partial(_argmin_rows_tpu, m=m, n=n, block_m=block_m),
-        rt.gpu_kernel(
-            "argmin_rows",
-            gpu_backend,
-            functools.partial(
-                _argmin_rows_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_argmin_rows_mosaic_gpu, m=m, n=n),
+        "argmin_rows",
+        (x,),
+        tpu=functools.partial(_argmin_rows_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _argmin_rows_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_argmin_rows_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     i = i.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     return i
@@ -920,19 +872,7 @@ def _argmin_rows_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def column_sums(
     x,
     *,
@@ -952,12 +892,9 @@ def column_sums(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_column_sums_tpu_blocks),
         grown to large steps (rt.grown), else 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       s: f32[N].
@@ -966,12 +903,15 @@ def column_sums(
     (_column_sums_vjp).
     """
     (x,), sizes = rt.operands("column_sums", {"x": (x, jnp.float32, ("M", "N"))})
-    rt.check_blocks("column_sums", block_m=block_m, block_n=block_n, may_be_none=True)
     rt.check_blocks(
-        "column_sums", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+        "column_sums",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(column_sums_reference, (((n,), jnp.float32),), x)
     return rt.differentiable(
@@ -1018,23 +958,21 @@ def _column_sums_forward(
 ):
     """`column_sums` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     s = rt.on_platform(
-        functools.partial(_column_sums_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        rt.gpu_kernel(
-            "column_sums",
-            gpu_backend,
-            functools.partial(
-                _column_sums_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_column_sums_mosaic_gpu, m=m, n=n),
+        "column_sums",
+        (x,),
+        tpu=functools.partial(_column_sums_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _column_sums_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_column_sums_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     s = s.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
     return s
@@ -1247,19 +1185,7 @@ def _column_sums_mosaic_gpu(x, *, m, n, interpret):
     return s[:n].reshape((1, n))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def column_sums_backward(
     x,
     ds,
@@ -1282,12 +1208,9 @@ def column_sums_backward(
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_column_sums_backward_tpu_blocks),
         grown to large steps (rt.grown), else 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: f32[M, N].
@@ -1295,34 +1218,36 @@ def column_sums_backward(
     (x, ds), sizes = rt.operands(
         "column_sums_backward", {"x": (x, jnp.float32, ("M", "N")), "ds": (ds, jnp.float32, ("N",))}
     )
-    rt.check_blocks("column_sums_backward", block_m=block_m, block_n=block_n, may_be_none=True)
     rt.check_blocks(
-        "column_sums_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+        "column_sums_backward",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(column_sums_backward_reference, (((m, n), jnp.float32),), x, ds)
     ds = ds.reshape(1, n)  # ds: f32[N], broadcast over M
     return rt.on_platform(
-        functools.partial(_column_sums_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        rt.gpu_kernel(
-            "column_sums_backward",
-            gpu_backend,
-            functools.partial(
-                _column_sums_backward_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_column_sums_backward_mosaic_gpu, m=m, n=n),
+        "column_sums_backward",
+        (x, ds),
+        tpu=functools.partial(
+            _column_sums_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n
         ),
-        interpret,
-        x,
-        ds,
+        triton=functools.partial(
+            _column_sums_backward_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+        ),
+        mosaic_gpu=functools.partial(_column_sums_backward_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -1502,17 +1427,7 @@ def _column_sums_backward_mosaic_gpu(x, ds, *, m, n, interpret):
     return dx[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def quantize_rows_int8(
     x,
     *,
@@ -1531,12 +1446,9 @@ def quantize_rows_int8(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_tpu_blocks),
         grown to large steps (rt.grown), else 32.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       q: i8[M, N]; scale: f32[M].
@@ -1545,10 +1457,10 @@ def quantize_rows_int8(
     (_quantize_rows_int8_vjp).
     """
     (x,), sizes = rt.operands("quantize_rows_int8", {"x": (x, jnp.float32, ("M", "N"))})
-    rt.check_blocks("quantize_rows_int8", block_m=block_m, may_be_none=True)
-    rt.check_blocks("quantize_rows_int8", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "quantize_rows_int8", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             quantize_rows_int8_reference, (((m, n), jnp.int8), ((m,), jnp.float32)), x
@@ -1597,22 +1509,20 @@ def _quantize_rows_int8_forward(
 ):
     """`quantize_rows_int8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     q, scale = rt.on_platform(
-        functools.partial(_quantize_rows_int8_tpu, m=m, n=n, block_m=block_m),
-        rt.gpu_kernel(
-            "quantize_rows_int8",
-            gpu_backend,
-            functools.partial(
-                _quantize_rows_int8_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_quantize_rows_int8_mosaic_gpu, m=m, n=n),
+        "quantize_rows_int8",
+        (x,),
+        tpu=functools.partial(_quantize_rows_int8_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _quantize_rows_int8_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_quantize_rows_int8_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     scale = scale.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     return q, scale
@@ -1877,17 +1787,7 @@ def _quantize_rows_int8_mosaic_gpu(x, *, m, n, interpret):
     return q[:m, :n], scale[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def quantize_rows_int8_with_residuals(
     x,
     *,
@@ -1906,12 +1806,9 @@ def quantize_rows_int8_with_residuals(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_with_residuals_tpu_blocks),
         grown to large steps (rt.grown), else 32.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       q: i8[M, N]; scale: f32[M]; max_n: f32[M]; argmax_n: i32[M].
@@ -1919,10 +1816,13 @@ def quantize_rows_int8_with_residuals(
     (x,), sizes = rt.operands(
         "quantize_rows_int8_with_residuals", {"x": (x, jnp.float32, ("M", "N"))}
     )
-    rt.check_blocks("quantize_rows_int8_with_residuals", block_m=block_m, may_be_none=True)
-    rt.check_blocks("quantize_rows_int8_with_residuals", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "quantize_rows_int8_with_residuals",
+        block_m=block_m,
+        gpu_block_m=gpu_block_m,
+        may_be_none=True,
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             quantize_rows_int8_with_residuals_reference,
@@ -1930,22 +1830,20 @@ def quantize_rows_int8_with_residuals(
             x,
         )
     q, scale, max_n, argmax_n = rt.on_platform(
-        functools.partial(_quantize_rows_int8_with_residuals_tpu, m=m, n=n, block_m=block_m),
-        rt.gpu_kernel(
-            "quantize_rows_int8_with_residuals",
-            gpu_backend,
-            functools.partial(
-                _quantize_rows_int8_with_residuals_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_quantize_rows_int8_with_residuals_mosaic_gpu, m=m, n=n),
+        "quantize_rows_int8_with_residuals",
+        (x,),
+        tpu=functools.partial(_quantize_rows_int8_with_residuals_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _quantize_rows_int8_with_residuals_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_quantize_rows_int8_with_residuals_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     scale = scale.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     max_n = max_n.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
@@ -2268,18 +2166,7 @@ def _quantize_rows_int8_with_residuals_mosaic_gpu(x, *, m, n, interpret):
     )
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def quantize_rows_int8_backward(
     x,
     max_n,
@@ -2305,12 +2192,9 @@ def quantize_rows_int8_backward(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_backward_tpu_blocks),
         grown to large steps (rt.grown), else 32.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: f32[M, N].
@@ -2324,15 +2208,14 @@ def quantize_rows_int8_backward(
             "dscale": (dscale, jnp.float32, ("M",)),
         },
     )
-    rt.check_blocks("quantize_rows_int8_backward", block_m=block_m, may_be_none=True)
     rt.check_blocks(
         "quantize_rows_int8_backward",
+        block_m=block_m,
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             quantize_rows_int8_backward_reference,
@@ -2346,26 +2229,21 @@ def quantize_rows_int8_backward(
     argmax_n = argmax_n.reshape(m, 1)  # argmax_n: i32[M], broadcast over N
     dscale = dscale.reshape(m, 1)  # dscale: f32[M], broadcast over N
     return rt.on_platform(
-        functools.partial(_quantize_rows_int8_backward_tpu, m=m, n=n, block_m=block_m),
-        rt.gpu_kernel(
-            "quantize_rows_int8_backward",
-            gpu_backend,
-            functools.partial(
-                _quantize_rows_int8_backward_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_quantize_rows_int8_backward_mosaic_gpu, m=m, n=n),
+        "quantize_rows_int8_backward",
+        (x, max_n, argmax_n, dscale),
+        tpu=functools.partial(_quantize_rows_int8_backward_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _quantize_rows_int8_backward_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        max_n,
-        argmax_n,
-        dscale,
+        mosaic_gpu=functools.partial(_quantize_rows_int8_backward_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -2608,17 +2486,7 @@ def _quantize_rows_int8_backward_mosaic_gpu(x, max_n, argmax_n, dscale, *, m, n,
     return dx[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_n",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def equal_count(
     x,
     y,
@@ -2638,12 +2506,9 @@ def equal_count(
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_tpu_blocks),
         grown to large steps (rt.grown), else 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       n: i32[].
@@ -2654,8 +2519,7 @@ def equal_count(
     (x, y), sizes = rt.operands(
         "equal_count", {"x": (x, jnp.int32, ("N",)), "y": (y, jnp.int32, ("N",))}
     )
-    rt.check_blocks("equal_count", block_n=block_n, may_be_none=True)
-    rt.check_blocks("equal_count", gpu_block_n=gpu_block_n, may_be_none=True)
+    rt.check_blocks("equal_count", block_n=block_n, gpu_block_n=gpu_block_n, may_be_none=True)
     n_ = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(equal_count_reference, (((), jnp.int32),), x, y)
@@ -2689,22 +2553,15 @@ def _equal_count_forward(
 ):
     """`equal_count` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     n = rt.on_platform(
-        functools.partial(_equal_count_tpu, n_=n_, block_n=block_n),
-        rt.gpu_kernel(
-            "equal_count",
-            gpu_backend,
-            functools.partial(
-                _equal_count_gpu,
-                n_=n_,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_equal_count_mosaic_gpu, n_=n_),
+        "equal_count",
+        (x, y),
+        tpu=functools.partial(_equal_count_tpu, n_=n_, block_n=block_n),
+        triton=functools.partial(
+            _equal_count_gpu, n_=n_, block_n=gpu_block_n, num_warps=gpu_warps, num_stages=gpu_stages
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(_equal_count_mosaic_gpu, n_=n_),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     n = n.reshape(())  # the kernel holds it with size 1 along the dimensions it lacks
     return n

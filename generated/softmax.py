@@ -20,17 +20,7 @@ from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def softmax(
     x,
     *,
@@ -48,12 +38,9 @@ def softmax(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_softmax_tpu_blocks),
         grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: f32[M, N].
@@ -61,10 +48,8 @@ def softmax(
     Gradients: jax.grad runs the generated backward kernels softmax_backward (_softmax_vjp).
     """
     (x,), sizes = rt.operands("softmax", {"x": (x, jnp.float32, ("M", "N"))})
-    rt.check_blocks("softmax", block_m=block_m, may_be_none=True)
-    rt.check_blocks("softmax", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks("softmax", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(softmax_reference, (((m, n), jnp.float32),), x)
     return rt.differentiable(
@@ -107,22 +92,15 @@ def _softmax_forward(
 ):
     """`softmax` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return rt.on_platform(
-        functools.partial(_softmax_tpu, m=m, n=n, block_m=block_m),
-        rt.gpu_kernel(
-            "softmax",
-            gpu_backend,
-            functools.partial(
-                _softmax_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_softmax_mosaic_gpu, m=m, n=n),
+        "softmax",
+        (x,),
+        tpu=functools.partial(_softmax_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _softmax_gpu, m=m, n=n, block_m=gpu_block_m, num_warps=gpu_warps, num_stages=gpu_stages
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_softmax_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -374,17 +352,7 @@ def _softmax_mosaic_gpu(x, *, m, n, interpret):
     return y[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def softmax_with_residuals(
     x,
     *,
@@ -403,21 +371,18 @@ def softmax_with_residuals(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_softmax_with_residuals_tpu_blocks),
         grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: f32[M, N]; sum_n: f32[M]; argmax_n: i32[M]; max_n: f32[M].
     """
     (x,), sizes = rt.operands("softmax_with_residuals", {"x": (x, jnp.float32, ("M", "N"))})
-    rt.check_blocks("softmax_with_residuals", block_m=block_m, may_be_none=True)
-    rt.check_blocks("softmax_with_residuals", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "softmax_with_residuals", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             softmax_with_residuals_reference,
@@ -425,22 +390,20 @@ def softmax_with_residuals(
             x,
         )
     y, sum_n, argmax_n, max_n = rt.on_platform(
-        functools.partial(_softmax_with_residuals_tpu, m=m, n=n, block_m=block_m),
-        rt.gpu_kernel(
-            "softmax_with_residuals",
-            gpu_backend,
-            functools.partial(
-                _softmax_with_residuals_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_softmax_with_residuals_mosaic_gpu, m=m, n=n),
+        "softmax_with_residuals",
+        (x,),
+        tpu=functools.partial(_softmax_with_residuals_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _softmax_with_residuals_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_softmax_with_residuals_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     sum_n = sum_n.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     argmax_n = argmax_n.reshape(
@@ -788,17 +751,7 @@ def _softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
     )
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def softmax_backward(
     x,
     sum_n,
@@ -825,12 +778,9 @@ def softmax_backward(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_softmax_backward_tpu_blocks),
         grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: f32[M, N].
@@ -845,10 +795,8 @@ def softmax_backward(
             "dy": (dy, jnp.float32, ("M", "N")),
         },
     )
-    rt.check_blocks("softmax_backward", block_m=block_m, may_be_none=True)
-    rt.check_blocks("softmax_backward", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks("softmax_backward", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             softmax_backward_reference, (((m, n), jnp.float32),), x, sum_n, argmax_n, max_n, dy
@@ -857,26 +805,20 @@ def softmax_backward(
     argmax_n = argmax_n.reshape(m, 1)  # argmax_n: i32[M], broadcast over N
     max_n = max_n.reshape(m, 1)  # max_n: f32[M], broadcast over N
     return rt.on_platform(
-        functools.partial(_softmax_backward_tpu, m=m, n=n, block_m=block_m),
-        rt.gpu_kernel(
-            "softmax_backward",
-            gpu_backend,
-            functools.partial(
-                _softmax_backward_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_softmax_backward_mosaic_gpu, m=m, n=n),
+        "softmax_backward",
+        (x, sum_n, argmax_n, max_n, dy),
+        tpu=functools.partial(_softmax_backward_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _softmax_backward_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        sum_n,
-        argmax_n,
-        max_n,
-        dy,
+        mosaic_gpu=functools.partial(_softmax_backward_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -1256,17 +1198,7 @@ def _softmax_backward_mosaic_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, interpr
     return dx[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def log_softmax(
     x,
     *,
@@ -1284,12 +1216,9 @@ def log_softmax(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_tpu_blocks),
         grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: f32[M, N].
@@ -1298,10 +1227,8 @@ def log_softmax(
     (_log_softmax_vjp).
     """
     (x,), sizes = rt.operands("log_softmax", {"x": (x, jnp.float32, ("M", "N"))})
-    rt.check_blocks("log_softmax", block_m=block_m, may_be_none=True)
-    rt.check_blocks("log_softmax", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks("log_softmax", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(log_softmax_reference, (((m, n), jnp.float32),), x)
     return rt.differentiable(
@@ -1343,22 +1270,20 @@ def _log_softmax_forward(
 ):
     """`log_softmax` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     return rt.on_platform(
-        functools.partial(_log_softmax_tpu, m=m, n=n, block_m=block_m),
-        rt.gpu_kernel(
-            "log_softmax",
-            gpu_backend,
-            functools.partial(
-                _log_softmax_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_log_softmax_mosaic_gpu, m=m, n=n),
+        "log_softmax",
+        (x,),
+        tpu=functools.partial(_log_softmax_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _log_softmax_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_log_softmax_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -1586,17 +1511,7 @@ def _log_softmax_mosaic_gpu(x, *, m, n, interpret):
     return y[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def log_softmax_with_residuals(
     x,
     *,
@@ -1615,42 +1530,37 @@ def log_softmax_with_residuals(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_with_residuals_tpu_blocks),
         grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: f32[M, N]; logsumexp_n: f32[M].
     """
     (x,), sizes = rt.operands("log_softmax_with_residuals", {"x": (x, jnp.float32, ("M", "N"))})
-    rt.check_blocks("log_softmax_with_residuals", block_m=block_m, may_be_none=True)
-    rt.check_blocks("log_softmax_with_residuals", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "log_softmax_with_residuals", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             log_softmax_with_residuals_reference, (((m, n), jnp.float32), ((m,), jnp.float32)), x
         )
     y, logsumexp_n = rt.on_platform(
-        functools.partial(_log_softmax_with_residuals_tpu, m=m, n=n, block_m=block_m),
-        rt.gpu_kernel(
-            "log_softmax_with_residuals",
-            gpu_backend,
-            functools.partial(
-                _log_softmax_with_residuals_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_log_softmax_with_residuals_mosaic_gpu, m=m, n=n),
+        "log_softmax_with_residuals",
+        (x,),
+        tpu=functools.partial(_log_softmax_with_residuals_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _log_softmax_with_residuals_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_log_softmax_with_residuals_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     logsumexp_n = logsumexp_n.reshape(
         (m,)
@@ -1900,17 +1810,7 @@ def _log_softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
     return y[:m, :n], logsumexp_n[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def log_softmax_backward(
     x,
     logsumexp_n,
@@ -1933,12 +1833,9 @@ def log_softmax_backward(
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_backward_tpu_blocks),
         grown to large steps (rt.grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: f32[M, N].
@@ -1951,34 +1848,30 @@ def log_softmax_backward(
             "dy": (dy, jnp.float32, ("M", "N")),
         },
     )
-    rt.check_blocks("log_softmax_backward", block_m=block_m, may_be_none=True)
-    rt.check_blocks("log_softmax_backward", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "log_softmax_backward", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
             log_softmax_backward_reference, (((m, n), jnp.float32),), x, logsumexp_n, dy
         )
     logsumexp_n = logsumexp_n.reshape(m, 1)  # logsumexp_n: f32[M], broadcast over N
     return rt.on_platform(
-        functools.partial(_log_softmax_backward_tpu, m=m, n=n, block_m=block_m),
-        rt.gpu_kernel(
-            "log_softmax_backward",
-            gpu_backend,
-            functools.partial(
-                _log_softmax_backward_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_log_softmax_backward_mosaic_gpu, m=m, n=n),
+        "log_softmax_backward",
+        (x, logsumexp_n, dy),
+        tpu=functools.partial(_log_softmax_backward_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _log_softmax_backward_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        logsumexp_n,
-        dy,
+        mosaic_gpu=functools.partial(_log_softmax_backward_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 

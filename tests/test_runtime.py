@@ -23,7 +23,7 @@ from kernel_cases import GENERATED, load_module, take_gpu_branch
 from pallasgen.runtime import support
 from pallasgen.workspace.pipeline import generate
 
-PLATFORM = {"on_platform", "gpu_kernel"}
+PLATFORM = {"jit_with_static_keywords", "on_platform", "gpu_kernel"}
 
 # A kernel `k` with one feature: its spec body, the helpers that feature needs, and the
 # sizes of a call (a ragged last block wherever there are blocks).

@@ -16,8 +16,11 @@ Keywords every generated function takes beside its arrays and params:
   two). None: those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes,
   else the spec's.
 - `gpu_backend`: on NVIDIA GPUs, "triton" (the default) or "mosaic_gpu" (sm_90 and
-  later; opt-in, not yet checked on hardware), with `mgpu_*` keywords where a kernel
-  has Mosaic GPU blocks to choose.
+  later; opt-in, not yet checked on hardware). A kernel that Mosaic GPU does not take
+  runs on Triton either way (its docstring says why).
+- `mgpu_block_*`, `mgpu_stages` (products): Mosaic GPU's blocks (wgmma tiles) and K
+  pipeline depth. None: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed
+  best on the GPU at the nearest sizes, else the built-in ones.
 - `interpret`: None compiles on TPU and GPU and interprets elsewhere; False always
   compiles; True or a `pltpu.InterpretParams` interprets the TPU kernel on any platform.
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import warnings
 
 import jax
@@ -268,8 +272,10 @@ def mgpu_argbest_step(best, index, x, start, axis, largest):
     return jnp.where(better, block_best, best), jnp.where(better, jnp.min(hits, axis=axis), index)
 
 
-def on_platform(tpu, gpu, interpret, *arrays):
-    """Runs the kernel built for the platform being compiled for.
+def on_platform(kernel, arrays, *, tpu, triton, mosaic_gpu, gpu_backend, interpret):
+    """Runs `kernel` on `arrays` as built for the platform being compiled for: `tpu`,
+    else on NVIDIA GPUs the kernel that `gpu_backend` names (`gpu_kernel`: `triton`, or
+    `mosaic_gpu` where it is not None). Each takes the arrays and `interpret`.
 
     The choice follows the lowering platform, not the host, so ahead-of-time compiles
     and exports (for one platform, or for several at once) get the right kernel: Mosaic
@@ -278,6 +284,7 @@ def on_platform(tpu, gpu, interpret, *arrays):
     False. A true `interpret` (or `pltpu.InterpretParams`) interprets the TPU kernel
     on every platform.
     """
+    gpu = gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu)
     if interpret:
         return tpu(*arrays, interpret=interpret)
     return platform_dependent(
@@ -286,6 +293,17 @@ def on_platform(tpu, gpu, interpret, *arrays):
         cuda=functools.partial(gpu, interpret=False),
         default=functools.partial(tpu, interpret=interpret is None),
     )
+
+
+def jit_with_static_keywords(function):
+    """`jax.jit(function)` with every keyword-only parameter static: a generated
+    function's block sizes, launch options, params and `interpret`."""
+    keywords = [
+        parameter.name
+        for parameter in inspect.signature(function).parameters.values()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    return jax.jit(function, static_argnames=keywords)
 
 
 def platform_dependent(arrays, **kernels):

@@ -37,10 +37,7 @@ from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.reductions import KernelSpelling
 from pallasgen.lowering.signature import Keyword, KeywordGroup
 
-GPU_DOC = (
-    "  gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:",
-    "    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.",
-)
+GPU_DOC = ("  gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).",)
 
 
 @dataclass(frozen=True)

@@ -73,8 +73,7 @@ def keyword_group(checked: CheckedKernel) -> KeywordGroup:
     at call time."""
     reason = refusal(checked)
     doc = [
-        f"  {BACKEND_KEYWORD}: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;",
-        "    opt-in, not yet checked on hardware).",
+        f"  {BACKEND_KEYWORD}: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).",
     ]
     if reason:
         doc += textwrap.wrap(
@@ -83,9 +82,7 @@ def keyword_group(checked: CheckedKernel) -> KeywordGroup:
     tunable = tuple(Keyword(k, "None") for k in choices.keywords(checked)) if choices.tunable(checked) else ()
     if tunable:
         doc += [
-            "  mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:",
-            "    those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest",
-            "    sizes, else the built-in ones.",
+            "  mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.",
         ]
     return KeywordGroup((Keyword(BACKEND_KEYWORD, f'"{DEFAULT_GPU_BACKEND}"'), *tunable), tuple(doc))
 
