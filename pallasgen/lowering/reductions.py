@@ -5,7 +5,7 @@ reduction keeps the axis it removes (size 1) and its result broadcasts by positi
 
 In the reference they are plain jax.numpy. In kernels they compute in f32 (floats)
 or i32 (integers and bools), which Mosaic and Triton both reduce, and use the
-module's helpers for argmax/argmin (first index on ties) and logsumexp. A reduced
+runtime's functions for argmax/argmin (first index on ties) and logsumexp. A reduced
 dimension that is blocked is reduced step by step into accumulators: `Accumulator`s,
 combined by `combine_code` and read back by `finish_code`. What each kind does is read
 from its record in the one table of reductions (`analysis.functions.Reducer`).
