@@ -27,7 +27,7 @@ def test_piecewise_formatting_equals_formatting_the_whole_module(name, plan):
 
 
 def test_the_launchers_vmem_at_the_default_blocks_is_the_spec_checks_count():
-    """`vmem_limit_bytes=_vmem_limit(...)` reads the call-time blocks; at the defaults (with
+    """`vmem_limit_bytes=rt.vmem_limit(...)` reads the call-time blocks; at the defaults (with
     dimensions taken whole counted as 1, as `vmem_bytes` does) it is the same count."""
     from pallasgen.backends.tpu.tiling import vmem_bytes
 

@@ -281,7 +281,7 @@ def checked_spec(spec: str, kernel: str):
     return next(c for c in check_source(path.read_text(), path.name) if c.kernel.name == kernel)
 
 
-def test_only_a_module_with_a_kernel_that_grows_its_blocks_has_the_growth_helper():
+def test_only_a_module_with_a_kernel_that_grows_its_blocks_calls_the_runtimes_growth():
     # A plain product's kernels (its backward kernels are products too) never grow.
     spec = (
         "kernel mm {\n    in  x: f32[M, K]\n    in  y: f32[K, N]\n    out z: f32[M, N]\n    z = x @ y\n"
@@ -289,8 +289,8 @@ def test_only_a_module_with_a_kernel_that_grows_its_blocks_has_the_growth_helper
     )
     matmul = generate(spec, "mm.pallas", "mm.pallas")
     softmax = (GENERATED / "softmax.py").read_text()
-    assert "def _grown(" not in matmul and "grow=functools" not in matmul
-    assert "def _grown(" in softmax and "grow=functools.partial(" in softmax
+    assert "rt.grown" not in matmul and "grow=functools" not in matmul
+    assert "rt.grown" in softmax and "grow=functools.partial(" in softmax
 
 
 def test_block_choices_are_the_tiling_multiple_times_powers_of_two_then_the_whole_dimension():
