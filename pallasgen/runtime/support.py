@@ -279,9 +279,8 @@ def on_platform(kernel, arrays, *, tpu, triton, mosaic_gpu, gpu_backend, interpr
 
     The choice follows the lowering platform, not the host, so ahead-of-time compiles
     and exports (for one platform, or for several at once) get the right kernel: Mosaic
-    on TPU, Triton on NVIDIA GPUs, and
-    elsewhere (CPU) the TPU kernel in interpret mode, or compiled if `interpret` is
-    False. A true `interpret` (or `pltpu.InterpretParams`) interprets the TPU kernel
+    on TPU, Triton (or Mosaic GPU) on NVIDIA GPUs, and elsewhere (CPU) the TPU kernel in
+    interpret mode, or compiled if `interpret` is False. A true `interpret` (or `pltpu.InterpretParams`) interprets the TPU kernel
     on every platform.
     """
     gpu = gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu)
