@@ -4,418 +4,23 @@
 
 Each kernel `NAME(...)` comes with `NAME_reference(...)`, the same computation in
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
-Pallas interpret mode unless `interpret` says otherwise.
+Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
+the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 """
 
 import functools
-import warnings
 
 import jax
-import jax.extend.core
-import jax.interpreters.batching
-import jax.interpreters.mlir
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
-try:
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-except ImportError:  # jax 0.10.2 imports it only with absl-py (pallasgen's jax extra brings it)
-    plgpu = None
+from pallasgen.runtime import support as rt
+from pallasgen.runtime.support import plgpu
 
-# jax 0.11+ warns at every Triton lowering that Pallas's Triton backend is deprecated. The
-# GPU kernels here use it knowingly until they move to Mosaic GPU: silence that one warning.
-warnings.filterwarnings(
-    "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
-)
 
-
-def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
-    """The GPU kernel that `gpu_backend` names: Triton's, or Mosaic GPU's where the kernel
-    has one (`mosaic_gpu` None: it has not, and runs on Triton)."""
-    if gpu_backend not in ("triton", "mosaic_gpu"):
-        raise ValueError(
-            f'{kernel}: gpu_backend must be "triton" or "mosaic_gpu", got {gpu_backend!r}'
-        )
-    if gpu_backend == "triton" or mosaic_gpu is None:
-        return triton
-
-    def on_mosaic_gpu(*arrays, **keywords):  # called only where the module lowers for CUDA
-        if plgpu is None:
-            raise ImportError(
-                f'{kernel}: gpu_backend="mosaic_gpu" needs absl-py on jax 0.10.2 (pip install absl-py)'
-            )
-        return mosaic_gpu(*arrays, **keywords)
-
-    return on_mosaic_gpu
-
-
-def _gpu_device_kind():
-    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
-    default device's if it is a GPU, else the first GPU's (None without one)."""
-    device = jax.config.jax_default_device
-    if getattr(device, "platform", None) == "gpu":
-        return device.device_kind
-    try:
-        return jax.devices("gpu")[0].device_kind
-    except RuntimeError:  # no GPU backend
-        return None
-
-
-def _gpu_options(table, sizes, given):
-    """The blocks and launch options of a GPU call (Triton's, or Mosaic GPU's blocks and
-    stages): those `given` (not None) as they are, the others from `table`: for the GPU
-    compiled for (see `_gpu_device_kind`), the tuned entry whose sizes are nearest the
-    call's (in powers of two), else the built-in ones, `table[None]`."""
-
-    def distance(tuned_sizes):
-        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
-
-    if None not in given:
-        return given
-    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
-    tuned = table.get(kind) if kind is not None else None
-    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
-    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
-
-
-def _mgpu_pad(array, shape):
-    """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
-    if array.shape == shape:
-        return array
-    return jnp.pad(array, [(0, padded - size) for size, padded in zip(array.shape, shape)])
-
-
-def _mgpu_swizzled(dtype, columns):
-    """The shared-memory tiling and swizzle of a 2-D block `columns` wide, as wgmma and
-    the WGMMA register layout read it."""
-    swizzle = plgpu.find_swizzle(columns * jnp.dtype(dtype).itemsize * 8)
-    return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(
-        swizzle
-    )
-
-
-def _mgpu_load(ref, shape, dims):
-    """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
-    along `dims` (its position in `shape`) in the layout's row or column, broadcast."""
-    if len(dims) == len(shape):
-        return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
-    vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
-    return jax.lax.broadcast_in_dim(vector, shape, dims)
-
-
-def _mgpu_spread(vector, shape, dim):
-    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
-    broadcast over the block's other axis."""
-    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
-
-
-def _mgpu_load_vector(ref, dim):
-    """A vector along axis `dim` of a block, from shared memory, in the WGMMA layout's row
-    (0) or column (1) layout."""
-    return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dim))
-
-
-def _mgpu_full(size, value, dtype, dim):
-    """A running value per position along axis `dim` of a block, `value` in each."""
-    return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
-
-
-def _mgpu_positions(start, shape, axis):
-    """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
-    return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
-
-
-def _mgpu_floor(x):
-    """floor(x), which Mosaic GPU does not lower, exactly: x rounded to a whole number,
-    less one where that rounded up (integers are whole already)."""
-    if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
-        return x
-    rounded = jnp.round(x)
-    return jnp.where(rounded > x, rounded - 1, rounded)
-
-
-def _on_platform(tpu, gpu, interpret, *arrays):
-    """Runs the kernel built for the platform being compiled for.
-
-    The choice follows the lowering platform, not the host, so ahead-of-time compiles
-    and exports (for one platform, or for several at once) get the right kernel: Mosaic
-    on TPU, Triton on NVIDIA GPUs, and
-    elsewhere (CPU) the TPU kernel in interpret mode, or compiled if `interpret` is
-    False. A true `interpret` (or `pltpu.InterpretParams`) interprets the TPU kernel
-    on every platform.
-    """
-    if interpret:
-        return tpu(*arrays, interpret=interpret)
-    return _platform_dependent(
-        arrays,
-        tpu=functools.partial(tpu, interpret=False),
-        cuda=functools.partial(gpu, interpret=False),
-        default=functools.partial(tpu, interpret=interpret is None),
-    )
-
-
-def _platform_dependent(arrays, **kernels):
-    """`jax.lax.platform_dependent(*arrays, tpu=..., cuda=..., default=...)`, except that
-    each platform lowers only its own kernel.
-
-    `jax.lax.platform_dependent` lowers every branch for every platform that a module is
-    lowered for, and a Mosaic kernel does not lower for CUDA, nor a Triton kernel for
-    TPU: `jax.export.export(NAME, platforms=("tpu", "cuda"))` would fail. Here each
-    platform has its own lowering rule (see `_platform_dependent_primitive`), so the
-    exported module holds the Mosaic kernel for TPU and the Triton kernel for CUDA.
-    Tracing the default kernel gives the outputs' shapes and runs its call-time checks.
-    """
-    outputs, tree = jax.tree.flatten(jax.eval_shape(kernels["default"], *arrays))
-    results = _platform_dependent_p.bind(*arrays, outputs=tuple(outputs), **kernels)
-    return jax.tree.unflatten(tree, results)
-
-
-def _platform_dependent_primitive():
-    """The primitive behind `_platform_dependent`, with one lowering rule per platform.
-
-    Its parameters: `tpu`, `cuda` and `default`, the kernel for each platform (a
-    function of the arrays that returns a pytree of arrays), and `outputs`, the
-    jax.ShapeDtypeStruct of each leaf of that pytree.
-    """
-    primitive = jax.extend.core.Primitive("platform_dependent_kernel")
-    primitive.multiple_results = True
-
-    def abstract_eval(*arrays, outputs, **kernels):
-        return [jax.core.ShapedArray(output.shape, output.dtype) for output in outputs]
-
-    def lowering(platform):
-        def kernel_leaves(*arrays, outputs, **kernels):
-            return jax.tree.leaves(kernels[platform](*arrays))
-
-        return jax.interpreters.mlir.lower_fun(kernel_leaves, multiple_results=True)
-
-    def run_outside_jit(*arrays, outputs, **kernels):  # as under `jax.disable_jit()`
-        return jax.tree.leaves(jax.lax.platform_dependent(*arrays, **kernels))
-
-    def vmapped(arrays, axes, *, outputs, **kernels):
-        kernels = {name: jax.vmap(kernel, in_axes=axes) for name, kernel in kernels.items()}
-        results = jax.tree.leaves(_platform_dependent(arrays, **kernels))
-        return results, [0] * len(results)
-
-    primitive.def_abstract_eval(abstract_eval)
-    primitive.def_impl(run_outside_jit)
-    jax.interpreters.mlir.register_lowering(primitive, lowering("tpu"), platform="tpu")
-    jax.interpreters.mlir.register_lowering(primitive, lowering("cuda"), platform="cuda")
-    jax.interpreters.mlir.register_lowering(primitive, lowering("default"))  # any other platform
-    jax.interpreters.batching.primitive_batchers[primitive] = vmapped
-    return primitive
-
-
-_platform_dependent_p = _platform_dependent_primitive()
-
-
-def _differentiable(forward, backward, *arrays, saving=None):
-    """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
-    from what the forward pass saves (the arrays; or, given `saving`, what it returns
-    beside the outputs) and the cotangents of the outputs, it gives one cotangent per
-    array, or None for none (float0 for an integer array)."""
-    call = jax.custom_vjp(forward)
-    call.defvjp(saving or (lambda *arrays: (forward(*arrays), arrays)), backward)
-    return call(*arrays)
-
-
-def _operands(kernel, operands):
-    """The operands as arrays, each checked for its dtype and rank, and the size of each
-    named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
-    arrays, sizes = [], {}
-    for name, (value, dtype, dims) in operands.items():
-        try:
-            array = jnp.asarray(value)
-        except (TypeError, ValueError) as error:
-            raise TypeError(
-                f"{kernel}: {name} is not an array, nor converts to one ({error})"
-            ) from None
-        if array.dtype != dtype:
-            raise TypeError(f"{kernel}: {name} must be {jnp.dtype(dtype).name}, got {array.dtype}")
-        if array.ndim != len(dims):
-            raise ValueError(
-                f"{kernel}: {name} must have dimensions [{', '.join(dims)}], got shape {array.shape}"
-            )
-        for dim, size in zip(dims, array.shape):
-            if sizes.setdefault(dim, size) != size:
-                raise ValueError(
-                    f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
-                )
-        arrays.append(array)
-    return arrays, sizes
-
-
-def _check_blocks(kernel, may_be_none=False, **blocks):
-    """Refuses a block keyword whose value is not a positive int. None, where a block
-    `may_be_none`, leaves the choice of the block to the kernel."""
-    for keyword, block in blocks.items():
-        if block is None and may_be_none:
-            continue
-        if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
-            expected = "a positive int or None" if may_be_none else "a positive int"
-            raise ValueError(f"{kernel}: {keyword} must be {expected}, got {block!r}")
-
-
-def _without_elements(reference, outputs, *arrays, **params):
-    """The result of a call where a dimension has size 0, as jax.numpy gives it: empty
-    arrays of the `outputs`' (shape, dtype), or, where an output still has elements (it
-    reduces over the empty dimension), what the reference computes."""
-    if any(0 not in shape for shape, _ in outputs):
-        return reference(*arrays, **params)
-    empty = tuple(jnp.zeros(shape, dtype) for shape, dtype in outputs)
-    return empty if len(empty) > 1 else empty[0]
-
-
-def _check_tiling(kernel, **blocks):
-    """Refuses TPU blocks that Mosaic cannot tile, before anything compiles.
-
-    Each keyword maps to (block, size, multiple, rule[, smallest power of two]): a block
-    is legal when it covers its whole dimension, is a multiple of `multiple`, or (for
-    one-dimensional arrays) a power of two of at least the smallest one given.
-    """
-    for keyword, (block, size, multiple, rule, *smallest) in blocks.items():
-        if block == size or block % multiple == 0:
-            continue
-        if smallest and block >= smallest[0] and block & (block - 1) == 0:
-            continue
-        raise ValueError(
-            f"{kernel}: {keyword}={block} breaks the TPU tiling rule: {rule}; use"
-            f" {-(-block // multiple) * multiple} or a block of the whole dimension ({size})"
-        )
-
-
-def _tpu_chip():
-    """The TPU generation being compiled for, as tuning tables name it, or None.
-
-    It is the default device's: a TPU's, or under `jax.default_device(...)` that of a
-    compile-only TPU topology (ahead-of-time compiles on a host without a TPU).
-    """
-    device = jax.config.jax_default_device
-    if not hasattr(device, "device_kind"):
-        device = jax.devices(device)[0]
-    return {"TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}.get(
-        device.device_kind
-    )
-
-
-def _tpu_blocks(table, sizes, given, grow=None):
-    """The blocks of a TPU call: those `given` (not None) as they are, the others from
-    `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
-    are nearest the call's (in powers of two), else the chip's default. Any other
-    chip, and CPU, takes `table[None]`, the spec's blocks.
-
-    A kernel without a matrix product passes `grow` (see `_grown`), which grows a
-    chip's default blocks not given to large steps.
-    """
-
-    def distance(tuned_sizes):
-        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
-
-    if None not in given:
-        return given
-    chip = _tpu_chip()
-    known = chip is not None and chip in table
-    entries = table[chip if known else None]
-    tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
-    chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
-    blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
-    if grow is not None and known and not tuned:
-        blocks = grow(blocks, [block is None for block in given])
-    return tuple(blocks)
-
-
-def _grown(blocks, free, bounds, step):
-    """`blocks` with the `free` ones doubled in turn, the last first, while smaller than
-    their dimension (`bounds`) and while a grid step (`step(*blocks)`: its elements and
-    VMEM bytes) stays within 2**20 elements and 32 MiB. A step costs a fixed ~600
-    cycles, so a memory-bound kernel wants few, large steps; doubling keeps a block legal.
-    """
-    grew = True
-    while grew:
-        grew = False
-        for i in reversed(range(len(blocks))):
-            if not free[i] or blocks[i] >= bounds[i]:
-                continue
-            trial = [*blocks[:i], 2 * blocks[i], *blocks[i + 1 :]]
-            elements, vmem = step(*trial)
-            if elements <= 2**20 and vmem <= 32 * 2**20:
-                blocks, grew = trial, True
-    return blocks
-
-
-def _vmem_limit(needed):
-    """The scoped VMEM limit for TPU blocks that need `needed` bytes.
-
-    None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
-    blocks would fail to compile, so they ask for twice what they need, at most 100 MiB of
-    the 128 MiB a v5e or v6e core has. Not more: compiled for libtpu's cost estimate, blocks
-    of 28 MiB that asked for 100 MiB ran out of VMEM (the ask counted beside the use).
-    """
-    return None if needed <= 16 * 2**20 else min(2 * needed, 100 * 2**20)
-
-
-def _inside(start, block, size):
-    """Which of `block` positions from `start` lie inside a dimension of `size`.
-
-    None when blocks tile the dimension exactly: aligned sizes load and store unmasked.
-    """
-    if size % block == 0:
-        return None
-    return start + jnp.arange(block) < size
-
-
-def _mask(shape, *inside):
-    """A block's mask from one `_inside` per axis (None: that axis never overhangs)."""
-    mask = None
-    for axis, along in enumerate(inside):
-        if along is not None:
-            along = jax.lax.broadcast_in_dim(along, shape, (axis,))
-            mask = along if mask is None else mask & along
-    return mask
-
-
-def _load(ref, mask, other=None):
-    """A GPU block, masked where `mask` says (None: the block fits, so a plain load)."""
-    if mask is None:
-        return ref[...]
-    return pltriton.load(ref, mask=mask, other=other)
-
-
-def _store(ref, value, mask):
-    """Stores a GPU block, masked where `mask` says (None: the block fits)."""
-    if mask is None:
-        ref[...] = value
-    else:
-        pltriton.store(ref, value, mask=mask)
-
-
-def _nbytes(*arrays):
-    """Bytes of the given arrays, for the kernel's cost estimate."""
-    return sum(array.size * array.dtype.itemsize for array in arrays)
-
-
-def _fill_past(value, start, size, axis, identity):
-    """`value` with `identity` at the positions along `axis` (from `start`) past `size`."""
-    positions = start + jax.lax.broadcasted_iota(jnp.int32, value.shape, axis)
-    return jnp.where(positions < size, value, identity)
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "slope",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def leaky(
     x,
     *,
@@ -437,30 +42,32 @@ def leaky(
       x: f32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_leaky_tpu_blocks),
-        grown to large steps (_grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+        grown to large steps (rt.grown), else 1024, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       slope: a static f32 (default 0.01).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: f32[M, N]; mask: i32[M, N].
 
     Gradients: jax.grad runs the generated backward kernels leaky_backward (_leaky_vjp).
     """
-    (x,), sizes = _operands("leaky", {"x": (x, jnp.float32, ("M", "N"))})
-    _check_blocks("leaky", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("leaky", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    (x,), sizes = rt.operands("leaky", {"x": (x, jnp.float32, ("M", "N"))})
+    rt.check_blocks(
+        "leaky",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             leaky_reference, (((m, n), jnp.float32), ((m, n), jnp.int32)), x, slope=slope
         )
-    return _differentiable(
+    return rt.differentiable(
         functools.partial(
             _leaky_forward,
             m=m,
@@ -504,25 +111,23 @@ def _leaky_forward(
     interpret,
 ):
     """`leaky` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
-        functools.partial(_leaky_tpu, m=m, n=n, block_m=block_m, block_n=block_n, slope=slope),
-        _gpu_kernel(
-            "leaky",
-            gpu_backend,
-            functools.partial(
-                _leaky_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                slope=slope,
-            ),
-            functools.partial(_leaky_mosaic_gpu, m=m, n=n, slope=slope),
+    return rt.on_platform(
+        "leaky",
+        (x,),
+        tpu=functools.partial(_leaky_tpu, m=m, n=n, block_m=block_m, block_n=block_n, slope=slope),
+        triton=functools.partial(
+            _leaky_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            slope=slope,
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_leaky_mosaic_gpu, m=m, n=n, slope=slope),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -557,19 +162,19 @@ _leaky_tpu_blocks = {
 
 def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
     """`leaky` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _leaky_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (block_m * block_n, 28 * block_m * block_n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "leaky",
         block_m=(
             block_m,
@@ -603,10 +208,10 @@ def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(28 * block_m * block_n),
+            vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=4 * m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 4 + m * n * 4
+            flops=4 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + m * n * 4 + m * n * 4
         ),
         interpret=interpret,
         name="leaky",
@@ -615,13 +220,13 @@ def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
 
 def _leaky_gpu_kernel(x_ref, y_ref, mask_ref, *, m, n, block_m, block_n, slope):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
     pos = x > 0
-    _store(y_ref, jnp.where(pos, x, x * slope), inside)
-    _store(mask_ref, pos.astype(jnp.int32), inside)
+    rt.store(y_ref, jnp.where(pos, x, x * slope), inside)
+    rt.store(mask_ref, pos.astype(jnp.int32), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -633,7 +238,7 @@ _leaky_gpu_options = {None: (8, 128, 4, 1)}
 
 def _leaky_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, slope, interpret):
     """`leaky` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _leaky_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -669,7 +274,7 @@ def _leaky_mosaic_gpu_kernel(x_ref, y_ref, mask_ref, *, block_m, block_n, slope)
     program_n = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, mask_smem):
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         pos = x > 0
         y_smem[...] = jnp.where(pos, x, x * slope)
         mask_smem[...] = pos.astype(jnp.int32)
@@ -681,19 +286,19 @@ def _leaky_mosaic_gpu_kernel(x_ref, y_ref, mask_ref, *, block_m, block_n, slope)
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.int32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
             ),
         ],
     )(x_ref, y_ref, mask_ref)
@@ -709,7 +314,7 @@ def _leaky_mosaic_gpu(x, *, m, n, slope, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     y, mask = plgpu.kernel(
         functools.partial(_leaky_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, slope=slope),
         out_type=(
@@ -723,20 +328,7 @@ def _leaky_mosaic_gpu(x, *, m, n, slope, interpret):
     return y[:m, :n], mask[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "slope",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def leaky_backward(
     x,
     dy,
@@ -759,53 +351,50 @@ def leaky_backward(
       dy: f32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_leaky_backward_tpu_blocks),
-        grown to large steps (_grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+        grown to large steps (rt.grown), else 1024, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       slope: a static f32 (default 0.01).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: f32[M, N].
     """
-    (x, dy), sizes = _operands(
+    (x, dy), sizes = rt.operands(
         "leaky_backward", {"x": (x, jnp.float32, ("M", "N")), "dy": (dy, jnp.float32, ("M", "N"))}
     )
-    _check_blocks("leaky_backward", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks(
-        "leaky_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+    rt.check_blocks(
+        "leaky_backward",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             leaky_backward_reference, (((m, n), jnp.float32),), x, dy, slope=slope
         )
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "leaky_backward",
+        (x, dy),
+        tpu=functools.partial(
             _leaky_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n, slope=slope
         ),
-        _gpu_kernel(
-            "leaky_backward",
-            gpu_backend,
-            functools.partial(
-                _leaky_backward_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                slope=slope,
-            ),
-            functools.partial(_leaky_backward_mosaic_gpu, m=m, n=n, slope=slope),
+        triton=functools.partial(
+            _leaky_backward_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            slope=slope,
         ),
-        interpret,
-        x,
-        dy,
+        mosaic_gpu=functools.partial(_leaky_backward_mosaic_gpu, m=m, n=n, slope=slope),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -836,19 +425,19 @@ _leaky_backward_tpu_blocks = {
 
 def _leaky_backward_tpu(x, dy, *, m, n, block_m, block_n, slope, interpret):
     """`leaky_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _leaky_backward_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (block_m * block_n, 28 * block_m * block_n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "leaky_backward",
         block_m=(
             block_m,
@@ -877,10 +466,10 @@ def _leaky_backward_tpu(x, dy, *, m, n, block_m, block_n, slope, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(28 * block_m * block_n),
+            vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=5 * m * n, transcendentals=0, bytes_accessed=_nbytes(x, dy) + m * n * 4
+            flops=5 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, dy) + m * n * 4
         ),
         interpret=interpret,
         name="leaky_backward",
@@ -889,13 +478,13 @@ def _leaky_backward_tpu(x, dy, *, m, n, block_m, block_n, slope, interpret):
 
 def _leaky_backward_gpu_kernel(x_ref, dy_ref, dx_ref, *, m, n, block_m, block_n, slope):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    dy = _load(dy_ref, inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    dy = rt.load(dy_ref, inside)
     pos = x > 0
-    _store(dx_ref, jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope, inside)
+    rt.store(dx_ref, jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -907,7 +496,7 @@ _leaky_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 def _leaky_backward_gpu(x, dy, *, m, n, block_m, block_n, num_warps, num_stages, slope, interpret):
     """`leaky_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _leaky_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -938,8 +527,8 @@ def _leaky_backward_mosaic_gpu_kernel(x_ref, dy_ref, dx_ref, *, block_m, block_n
     program_n = jax.lax.axis_index("N")
 
     def step(_, x_smem, dy_smem, dx_smem):
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         pos = x > 0
         dx_smem[...] = jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope
 
@@ -950,19 +539,19 @@ def _leaky_backward_mosaic_gpu_kernel(x_ref, dy_ref, dx_ref, *, block_m, block_n
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
     )(x_ref, dy_ref, dx_ref)
@@ -978,8 +567,8 @@ def _leaky_backward_mosaic_gpu(x, dy, *, m, n, slope, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
-    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
+    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             _leaky_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, slope=slope
@@ -992,19 +581,7 @@ def _leaky_backward_mosaic_gpu(x, dy, *, m, n, slope, interpret):
     return dx[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def bias_gelu(
     x,
     bias,
@@ -1027,13 +604,10 @@ def bias_gelu(
       scale: f32[M].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_tpu_blocks),
-        grown to large steps (_grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 1024, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: bf16[M, N].
@@ -1041,7 +615,7 @@ def bias_gelu(
     Gradients: jax.grad runs the generated backward kernels bias_gelu_backward,
     bias_gelu_backward_over_m, bias_gelu_backward_over_n (_bias_gelu_vjp).
     """
-    (x, bias, scale), sizes = _operands(
+    (x, bias, scale), sizes = rt.operands(
         "bias_gelu",
         {
             "x": (x, jnp.bfloat16, ("M", "N")),
@@ -1049,13 +623,18 @@ def bias_gelu(
             "scale": (scale, jnp.float32, ("M",)),
         },
     )
-    _check_blocks("bias_gelu", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("bias_gelu", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "bias_gelu",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(bias_gelu_reference, (((m, n), jnp.bfloat16),), x, bias, scale)
-    return _differentiable(
+        return rt.without_elements(bias_gelu_reference, (((m, n), jnp.bfloat16),), x, bias, scale)
+    return rt.differentiable(
         functools.partial(
             _bias_gelu_forward,
             m=m,
@@ -1103,26 +682,22 @@ def _bias_gelu_forward(
     """`bias_gelu` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
     scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
-    return _on_platform(
-        functools.partial(_bias_gelu_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        _gpu_kernel(
-            "bias_gelu",
-            gpu_backend,
-            functools.partial(
-                _bias_gelu_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_bias_gelu_mosaic_gpu, m=m, n=n),
+    return rt.on_platform(
+        "bias_gelu",
+        (x, bias, scale),
+        tpu=functools.partial(_bias_gelu_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _bias_gelu_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        bias,
-        scale,
+        mosaic_gpu=functools.partial(_bias_gelu_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -1166,12 +741,12 @@ _bias_gelu_tpu_blocks = {
 
 def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
     """`bias_gelu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _bias_gelu_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (
                 block_m * block_n,
@@ -1181,7 +756,7 @@ def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "bias_gelu",
         block_m=(
             block_m,
@@ -1212,12 +787,12 @@ def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(8 * block_m * block_n + 8 * block_n + 8 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(8 * block_m * block_n + 8 * block_n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=3 * m * n,
             transcendentals=m * n,
-            bytes_accessed=_nbytes(x, bias, scale) + m * n * 2,
+            bytes_accessed=rt.nbytes(x, bias, scale) + m * n * 2,
         ),
         interpret=interpret,
         name="bias_gelu",
@@ -1226,13 +801,13 @@ def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
 
 def _bias_gelu_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, m, n, block_m, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    bias = _load(bias_ref, _mask((1, block_n), None, in_n))
-    scale = _load(scale_ref, _mask((block_m, 1), in_m, None))
-    _store(
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    bias = rt.load(bias_ref, rt.mask((1, block_n), None, in_n))
+    scale = rt.load(scale_ref, rt.mask((block_m, 1), in_m, None))
+    rt.store(
         y_ref,
         jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(jnp.bfloat16),
         inside,
@@ -1248,7 +823,7 @@ _bias_gelu_gpu_options = {None: (8, 128, 4, 1)}
 
 def _bias_gelu_gpu(x, bias, scale, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`bias_gelu` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _bias_gelu_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -1279,9 +854,9 @@ def _bias_gelu_mosaic_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, block_m, 
     program_n = jax.lax.axis_index("N")
 
     def step(_, x_smem, bias_smem, scale_smem, y_smem):
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
-        scale = _mgpu_load(scale_smem, (block_m, block_n), (0,))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
+        scale = rt.mgpu_load(scale_smem, (block_m, block_n), (0,))
         y_smem[...] = jax.nn.gelu(x.astype(jnp.float32) * scale + bias, approximate=True).astype(
             jnp.bfloat16
         )
@@ -1293,7 +868,7 @@ def _bias_gelu_mosaic_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, block_m, 
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
             plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
@@ -1302,7 +877,7 @@ def _bias_gelu_mosaic_gpu_kernel(x_ref, bias_ref, scale_ref, y_ref, *, block_m, 
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             )
         ],
     )(x_ref, bias_ref, scale_ref, y_ref)
@@ -1318,11 +893,11 @@ def _bias_gelu_mosaic_gpu(x, bias, scale, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     bias = bias.reshape((n,))
-    bias = _mgpu_pad(bias, (padded_n,))
+    bias = rt.mgpu_pad(bias, (padded_n,))
     scale = scale.reshape((m,))
-    scale = _mgpu_pad(scale, (padded_m,))
+    scale = rt.mgpu_pad(scale, (padded_m,))
     (y,) = plgpu.kernel(
         functools.partial(_bias_gelu_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
@@ -1333,19 +908,7 @@ def _bias_gelu_mosaic_gpu(x, bias, scale, *, m, n, interpret):
     return y[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def bias_gelu_backward(
     x,
     bias,
@@ -1371,18 +934,15 @@ def bias_gelu_backward(
       dy: bf16[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_tpu_blocks),
-        grown to large steps (_grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 1024, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: bf16[M, N].
     """
-    (x, bias, scale, dy), sizes = _operands(
+    (x, bias, scale, dy), sizes = rt.operands(
         "bias_gelu_backward",
         {
             "x": (x, jnp.bfloat16, ("M", "N")),
@@ -1391,39 +951,37 @@ def bias_gelu_backward(
             "dy": (dy, jnp.bfloat16, ("M", "N")),
         },
     )
-    _check_blocks("bias_gelu_backward", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks(
-        "bias_gelu_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+    rt.check_blocks(
+        "bias_gelu_backward",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             bias_gelu_backward_reference, (((m, n), jnp.bfloat16),), x, bias, scale, dy
         )
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
     scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
-    return _on_platform(
-        functools.partial(_bias_gelu_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        _gpu_kernel(
-            "bias_gelu_backward",
-            gpu_backend,
-            functools.partial(
-                _bias_gelu_backward_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_bias_gelu_backward_mosaic_gpu, m=m, n=n),
+    return rt.on_platform(
+        "bias_gelu_backward",
+        (x, bias, scale, dy),
+        tpu=functools.partial(_bias_gelu_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _bias_gelu_backward_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        bias,
-        scale,
-        dy,
+        mosaic_gpu=functools.partial(_bias_gelu_backward_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -1470,12 +1028,12 @@ _bias_gelu_backward_tpu_blocks = {
 
 def _bias_gelu_backward_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
     """`bias_gelu_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _bias_gelu_backward_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (
                 block_m * block_n,
@@ -1485,7 +1043,7 @@ def _bias_gelu_backward_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, inter
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "bias_gelu_backward",
         block_m=(
             block_m,
@@ -1519,12 +1077,12 @@ def _bias_gelu_backward_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, inter
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(28 * block_m * block_n + 8 * block_n + 8 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n + 8 * block_n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=24 * m * n,
             transcendentals=m * n,
-            bytes_accessed=_nbytes(x, bias, scale, dy) + m * n * 2,
+            bytes_accessed=rt.nbytes(x, bias, scale, dy) + m * n * 2,
         ),
         interpret=interpret,
         name="bias_gelu_backward",
@@ -1535,13 +1093,13 @@ def _bias_gelu_backward_gpu_kernel(
     x_ref, bias_ref, scale_ref, dy_ref, dx_ref, *, m, n, block_m, block_n
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    bias = _load(bias_ref, _mask((1, block_n), None, in_n))
-    scale = _load(scale_ref, _mask((block_m, 1), in_m, None))
-    dy = _load(dy_ref, inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    bias = rt.load(bias_ref, rt.mask((1, block_n), None, in_n))
+    scale = rt.load(scale_ref, rt.mask((block_m, 1), in_m, None))
+    dy = rt.load(dy_ref, inside)
     y_1 = x.astype(jnp.float32)
     y_2 = y_1 * scale + bias
     y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
@@ -1549,7 +1107,7 @@ def _bias_gelu_backward_gpu_kernel(
         0.5 * (1 + y_3)
         + 0.5 * y_2 * (1 - y_3 * y_3) * (0.7978845608028654 * (1 + 0.134145 * y_2 * y_2))
     )
-    _store(dx_ref, (dy_1 * scale).astype(jnp.bfloat16), inside)
+    rt.store(dx_ref, (dy_1 * scale).astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -1563,7 +1121,7 @@ def _bias_gelu_backward_gpu(
     x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
     """`bias_gelu_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _bias_gelu_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -1600,10 +1158,10 @@ def _bias_gelu_backward_mosaic_gpu_kernel(
     program_n = jax.lax.axis_index("N")
 
     def step(_, x_smem, bias_smem, scale_smem, dy_smem, dx_smem):
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
-        scale = _mgpu_load(scale_smem, (block_m, block_n), (0,))
-        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
+        scale = rt.mgpu_load(scale_smem, (block_m, block_n), (0,))
+        dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         y_1 = x.astype(jnp.float32)
         y_2 = y_1 * scale + bias
         y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
@@ -1620,21 +1178,21 @@ def _bias_gelu_backward_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
             plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             )
         ],
     )(x_ref, bias_ref, scale_ref, dy_ref, dx_ref)
@@ -1650,12 +1208,12 @@ def _bias_gelu_backward_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     bias = bias.reshape((n,))
-    bias = _mgpu_pad(bias, (padded_n,))
+    bias = rt.mgpu_pad(bias, (padded_n,))
     scale = scale.reshape((m,))
-    scale = _mgpu_pad(scale, (padded_m,))
-    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    scale = rt.mgpu_pad(scale, (padded_m,))
+    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(_bias_gelu_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
@@ -1666,19 +1224,7 @@ def _bias_gelu_backward_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret):
     return dx[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def bias_gelu_backward_over_m(
     x,
     bias,
@@ -1704,18 +1250,15 @@ def bias_gelu_backward_over_m(
       dy: bf16[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_over_m_tpu_blocks),
-        grown to large steps (_grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 1024, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dbias: f32[N].
     """
-    (x, bias, scale, dy), sizes = _operands(
+    (x, bias, scale, dy), sizes = rt.operands(
         "bias_gelu_backward_over_m",
         {
             "x": (x, jnp.bfloat16, ("M", "N")),
@@ -1724,44 +1267,39 @@ def bias_gelu_backward_over_m(
             "dy": (dy, jnp.bfloat16, ("M", "N")),
         },
     )
-    _check_blocks("bias_gelu_backward_over_m", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks(
+    rt.check_blocks(
         "bias_gelu_backward_over_m",
+        block_m=block_m,
+        block_n=block_n,
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             bias_gelu_backward_over_m_reference, (((n,), jnp.float32),), x, bias, scale, dy
         )
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
     scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
-    dbias = _on_platform(
-        functools.partial(
+    dbias = rt.on_platform(
+        "bias_gelu_backward_over_m",
+        (x, bias, scale, dy),
+        tpu=functools.partial(
             _bias_gelu_backward_over_m_tpu, m=m, n=n, block_m=block_m, block_n=block_n
         ),
-        _gpu_kernel(
-            "bias_gelu_backward_over_m",
-            gpu_backend,
-            functools.partial(
-                _bias_gelu_backward_over_m_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_bias_gelu_backward_over_m_mosaic_gpu, m=m, n=n),
+        triton=functools.partial(
+            _bias_gelu_backward_over_m_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        bias,
-        scale,
-        dy,
+        mosaic_gpu=functools.partial(_bias_gelu_backward_over_m_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     dbias = dbias.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
     return dbias
@@ -1807,7 +1345,7 @@ def _bias_gelu_backward_over_m_kernel(
     )
     sum_m_block = dy_1
     if m % block_m:  # a ragged M: its identity past the end, never padding
-        sum_m_block = _fill_past(sum_m_block, step * block_m, m, 0, 0.0)
+        sum_m_block = rt.fill_past(sum_m_block, step * block_m, m, 0, 0.0)
     sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(1) - 1)
@@ -1829,12 +1367,12 @@ _bias_gelu_backward_over_m_tpu_blocks = {
 
 def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
     """`bias_gelu_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _bias_gelu_backward_over_m_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (
                 block_m * block_n,
@@ -1844,7 +1382,7 @@ def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "bias_gelu_backward_over_m",
         block_m=(
             block_m,
@@ -1882,12 +1420,12 @@ def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(28 * block_m * block_n + 16 * block_n + 8 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n + 16 * block_n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=23 * m * n,
             transcendentals=m * n,
-            bytes_accessed=_nbytes(x, bias, scale, dy) + m * n * 4,
+            bytes_accessed=rt.nbytes(x, bias, scale, dy) + m * n * 4,
         ),
         interpret=interpret,
         name="bias_gelu_backward_over_m",
@@ -1898,17 +1436,17 @@ def _bias_gelu_backward_over_m_gpu_kernel(
     x_ref, bias_ref, scale_ref, dy_ref, dbias_ref, *, m, n, block_m, block_n
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_n = _inside(pl.program_id(0) * block_n, block_n, n)
-    inside = _mask((1, block_n), None, in_n)
-    bias = _load(bias_ref, inside)
+    in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
+    inside = rt.mask((1, block_n), None, in_n)
+    bias = rt.load(bias_ref, inside)
 
     def accumulate(index, running):
         (sum_m_running,) = running
         start = index * block_m
-        in_m = _inside(start, block_m, m)
-        x = _load(x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
-        scale = _load(scale_ref.at[pl.ds(start, block_m), :], _mask((block_m, 1), in_m, None))
-        dy = _load(dy_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
+        in_m = rt.inside(start, block_m, m)
+        x = rt.load(x_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n))
+        scale = rt.load(scale_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, 1), in_m, None))
+        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n))
         y_1 = x.astype(jnp.float32)
         y_2 = y_1 * scale + bias
         y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
@@ -1918,7 +1456,7 @@ def _bias_gelu_backward_over_m_gpu_kernel(
         )
         sum_m_block = dy_1
         if m % block_m:  # a ragged M: its identity past the end, never padding
-            sum_m_block = _fill_past(sum_m_block, start, m, 0, 0.0)
+            sum_m_block = rt.fill_past(sum_m_block, start, m, 0, 0.0)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
         return (sum_m_running,)
 
@@ -1926,7 +1464,7 @@ def _bias_gelu_backward_over_m_gpu_kernel(
         0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_n), 0.0, jnp.float32),)
     )
     sum_m = sum_m_running
-    _store(dbias_ref, sum_m, inside)
+    rt.store(dbias_ref, sum_m, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -1940,7 +1478,7 @@ def _bias_gelu_backward_over_m_gpu(
     x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
     """`bias_gelu_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _bias_gelu_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -1990,16 +1528,16 @@ def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
         bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
     )
     plgpu.barrier_wait(barrier.at[0])
-    bias = _mgpu_load_vector(bias_smem, 1)
+    bias = rt.mgpu_load_vector(bias_smem, 1)
 
     def reduce_1(indices, x_smem, scale_smem, dy_smem, carry):
         (sum_m_running,) = carry
         start = indices[0] * block_m
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        scale = _mgpu_load(scale_smem, (block_m, block_n), (0,))
-        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        scale = rt.mgpu_load(scale_smem, (block_m, block_n), (0,))
+        dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         y_1 = x.astype(jnp.float32)
-        y_2 = y_1 * scale + _mgpu_spread(bias, (block_m, block_n), 1)
+        y_2 = y_1 * scale + rt.mgpu_spread(bias, (block_m, block_n), 1)
         y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
         dy_1 = dy.astype(jnp.float32) * (
             0.5 * (1 + y_3)
@@ -2008,7 +1546,7 @@ def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
         sum_m_block = dy_1
         if m % block_m:  # a ragged M: its identity past the end
             sum_m_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
             )
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
@@ -2020,17 +1558,17 @@ def _bias_gelu_backward_over_m_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (s, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
             plgpu.BlockSpec((block_m,), lambda s: (s,)),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (s, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_n, 0.0, jnp.float32, 1),),
+        init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),
     )(x_ref, scale_ref, dy_ref)
     sum_m = sum_m_running
     dbias = sum_m
@@ -2050,12 +1588,12 @@ def _bias_gelu_backward_over_m_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     bias = bias.reshape((n,))
-    bias = _mgpu_pad(bias, (padded_n,))
+    bias = rt.mgpu_pad(bias, (padded_n,))
     scale = scale.reshape((m,))
-    scale = _mgpu_pad(scale, (padded_m,))
-    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    scale = rt.mgpu_pad(scale, (padded_m,))
+    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dbias,) = plgpu.kernel(
         functools.partial(
             _bias_gelu_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m
@@ -2073,19 +1611,7 @@ def _bias_gelu_backward_over_m_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret
     return dbias[:n].reshape((1, n))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def bias_gelu_backward_over_n(
     x,
     bias,
@@ -2111,18 +1637,15 @@ def bias_gelu_backward_over_n(
       dy: bf16[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_bias_gelu_backward_over_n_tpu_blocks),
-        grown to large steps (_grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 1024, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dscale: f32[M].
     """
-    (x, bias, scale, dy), sizes = _operands(
+    (x, bias, scale, dy), sizes = rt.operands(
         "bias_gelu_backward_over_n",
         {
             "x": (x, jnp.bfloat16, ("M", "N")),
@@ -2131,44 +1654,39 @@ def bias_gelu_backward_over_n(
             "dy": (dy, jnp.bfloat16, ("M", "N")),
         },
     )
-    _check_blocks("bias_gelu_backward_over_n", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks(
+    rt.check_blocks(
         "bias_gelu_backward_over_n",
+        block_m=block_m,
+        block_n=block_n,
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             bias_gelu_backward_over_n_reference, (((m,), jnp.float32),), x, bias, scale, dy
         )
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
     scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
-    dscale = _on_platform(
-        functools.partial(
+    dscale = rt.on_platform(
+        "bias_gelu_backward_over_n",
+        (x, bias, scale, dy),
+        tpu=functools.partial(
             _bias_gelu_backward_over_n_tpu, m=m, n=n, block_m=block_m, block_n=block_n
         ),
-        _gpu_kernel(
-            "bias_gelu_backward_over_n",
-            gpu_backend,
-            functools.partial(
-                _bias_gelu_backward_over_n_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_bias_gelu_backward_over_n_mosaic_gpu, m=m, n=n),
+        triton=functools.partial(
+            _bias_gelu_backward_over_n_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        bias,
-        scale,
-        dy,
+        mosaic_gpu=functools.partial(_bias_gelu_backward_over_n_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     dscale = dscale.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     return dscale
@@ -2214,7 +1732,7 @@ def _bias_gelu_backward_over_n_kernel(
     )
     sum_n_block = dy_1 * y_1
     if n % block_n:  # a ragged N: its identity past the end, never padding
-        sum_n_block = _fill_past(sum_n_block, step * block_n, n, 1, 0.0)
+        sum_n_block = rt.fill_past(sum_n_block, step * block_n, n, 1, 0.0)
     sum_n_running_ref[...] = sum_n_running_ref[...] + jnp.sum(sum_n_block, axis=1, keepdims=True)
 
     @pl.when(step == pl.num_programs(1) - 1)
@@ -2236,12 +1754,12 @@ _bias_gelu_backward_over_n_tpu_blocks = {
 
 def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
     """`bias_gelu_backward_over_n` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _bias_gelu_backward_over_n_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (
                 block_m * block_n,
@@ -2251,7 +1769,7 @@ def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "bias_gelu_backward_over_n",
         block_m=(
             block_m,
@@ -2289,12 +1807,12 @@ def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(28 * block_m * block_n + 8 * block_n + 16 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(28 * block_m * block_n + 8 * block_n + 16 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=24 * m * n,
             transcendentals=m * n,
-            bytes_accessed=_nbytes(x, bias, scale, dy) + m * n * 4,
+            bytes_accessed=rt.nbytes(x, bias, scale, dy) + m * n * 4,
         ),
         interpret=interpret,
         name="bias_gelu_backward_over_n",
@@ -2305,17 +1823,17 @@ def _bias_gelu_backward_over_n_gpu_kernel(
     x_ref, bias_ref, scale_ref, dy_ref, dscale_ref, *, m, n, block_m, block_n
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    inside = _mask((block_m, 1), in_m, None)
-    scale = _load(scale_ref, inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    inside = rt.mask((block_m, 1), in_m, None)
+    scale = rt.load(scale_ref, inside)
 
     def accumulate(index, running):
         (sum_n_running,) = running
         start = index * block_n
-        in_n = _inside(start, block_n, n)
-        x = _load(x_ref.at[:, pl.ds(start, block_n)], _mask((block_m, block_n), in_m, in_n))
-        bias = _load(bias_ref.at[:, pl.ds(start, block_n)], _mask((1, block_n), None, in_n))
-        dy = _load(dy_ref.at[:, pl.ds(start, block_n)], _mask((block_m, block_n), in_m, in_n))
+        in_n = rt.inside(start, block_n, n)
+        x = rt.load(x_ref.at[:, pl.ds(start, block_n)], rt.mask((block_m, block_n), in_m, in_n))
+        bias = rt.load(bias_ref.at[:, pl.ds(start, block_n)], rt.mask((1, block_n), None, in_n))
+        dy = rt.load(dy_ref.at[:, pl.ds(start, block_n)], rt.mask((block_m, block_n), in_m, in_n))
         y_1 = x.astype(jnp.float32)
         y_2 = y_1 * scale + bias
         y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
@@ -2325,7 +1843,7 @@ def _bias_gelu_backward_over_n_gpu_kernel(
         )
         sum_n_block = dy_1 * y_1
         if n % block_n:  # a ragged N: its identity past the end, never padding
-            sum_n_block = _fill_past(sum_n_block, start, n, 1, 0.0)
+            sum_n_block = rt.fill_past(sum_n_block, start, n, 1, 0.0)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1, keepdims=True)
         return (sum_n_running,)
 
@@ -2333,7 +1851,7 @@ def _bias_gelu_backward_over_n_gpu_kernel(
         0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, 1), 0.0, jnp.float32),)
     )
     sum_n = sum_n_running
-    _store(dscale_ref, sum_n, inside)
+    rt.store(dscale_ref, sum_n, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -2347,7 +1865,7 @@ def _bias_gelu_backward_over_n_gpu(
     x, bias, scale, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
     """`bias_gelu_backward_over_n` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _bias_gelu_backward_over_n_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -2397,16 +1915,16 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
         scale_ref.at[pl.ds(program_m * block_m, block_m)], scale_smem, barrier.at[0]
     )
     plgpu.barrier_wait(barrier.at[0])
-    scale = _mgpu_load_vector(scale_smem, 0)
+    scale = rt.mgpu_load_vector(scale_smem, 0)
 
     def reduce_1(indices, x_smem, bias_smem, dy_smem, carry):
         (sum_n_running,) = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
-        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
+        dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         y_1 = x.astype(jnp.float32)
-        y_2 = y_1 * _mgpu_spread(scale, (block_m, block_n), 0) + bias
+        y_2 = y_1 * rt.mgpu_spread(scale, (block_m, block_n), 0) + bias
         y_3 = jnp.tanh(0.7978845608028654 * (y_2 + 0.044715 * y_2 * y_2 * y_2))
         dy_1 = dy.astype(jnp.float32) * (
             0.5 * (1 + y_3)
@@ -2415,7 +1933,7 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
         sum_n_block = dy_1 * y_1
         if n % block_n:  # a ragged N: its identity past the end
             sum_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
             )
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
@@ -2427,17 +1945,17 @@ def _bias_gelu_backward_over_n_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref, bias_ref, dy_ref)
     sum_n = sum_n_running
     dscale = sum_n
@@ -2457,12 +1975,12 @@ def _bias_gelu_backward_over_n_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     bias = bias.reshape((n,))
-    bias = _mgpu_pad(bias, (padded_n,))
+    bias = rt.mgpu_pad(bias, (padded_n,))
     scale = scale.reshape((m,))
-    scale = _mgpu_pad(scale, (padded_m,))
-    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    scale = rt.mgpu_pad(scale, (padded_m,))
+    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dscale,) = plgpu.kernel(
         functools.partial(
             _bias_gelu_backward_over_n_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
@@ -2480,19 +1998,7 @@ def _bias_gelu_backward_over_n_mosaic_gpu(x, bias, scale, dy, *, m, n, interpret
     return dscale[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def quantize_rows(
     x,
     scale,
@@ -2514,13 +2020,10 @@ def quantize_rows(
       scale: f32[M].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_tpu_blocks),
-        grown to large steps (_grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 1024, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       q: i8[M, N].
@@ -2528,18 +2031,21 @@ def quantize_rows(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x, scale), sizes = _operands(
+    (x, scale), sizes = rt.operands(
         "quantize_rows", {"x": (x, jnp.float32, ("M", "N")), "scale": (scale, jnp.float32, ("M",))}
     )
-    _check_blocks("quantize_rows", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks(
-        "quantize_rows", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+    rt.check_blocks(
+        "quantize_rows",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(quantize_rows_reference, (((m, n), jnp.int8),), x, scale)
-    return _differentiable(
+        return rt.without_elements(quantize_rows_reference, (((m, n), jnp.int8),), x, scale)
+    return rt.differentiable(
         functools.partial(
             _quantize_rows_forward,
             m=m,
@@ -2585,25 +2091,22 @@ def _quantize_rows_forward(
 ):
     """`quantize_rows` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
-    return _on_platform(
-        functools.partial(_quantize_rows_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        _gpu_kernel(
-            "quantize_rows",
-            gpu_backend,
-            functools.partial(
-                _quantize_rows_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_quantize_rows_mosaic_gpu, m=m, n=n),
+    return rt.on_platform(
+        "quantize_rows",
+        (x, scale),
+        tpu=functools.partial(_quantize_rows_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _quantize_rows_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        scale,
+        mosaic_gpu=functools.partial(_quantize_rows_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -2635,19 +2138,19 @@ _quantize_rows_tpu_blocks = {
 
 def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
     """`quantize_rows` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _quantize_rows_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (block_m * block_n, 18 * block_m * block_n + 8 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "quantize_rows",
         block_m=(
             block_m,
@@ -2676,10 +2179,10 @@ def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(18 * block_m * block_n + 8 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(18 * block_m * block_n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=8 * m * n, transcendentals=0, bytes_accessed=_nbytes(x, scale) + m * n * 1
+            flops=8 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, scale) + m * n * 1
         ),
         interpret=interpret,
         name="quantize_rows",
@@ -2688,14 +2191,14 @@ def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
 
 def _quantize_rows_gpu_kernel(x_ref, scale_ref, q_ref, *, m, n, block_m, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    scale = _load(scale_ref, _mask((block_m, 1), in_m, None))
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    scale = rt.load(scale_ref, rt.mask((block_m, 1), in_m, None))
     scaled = x / scale
     rounded = jnp.clip(jnp.floor(scaled + 0.5), -128.0, 127.0)
-    _store(q_ref, jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8), inside)
+    rt.store(q_ref, jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -2707,7 +2210,7 @@ _quantize_rows_gpu_options = {None: (8, 128, 4, 1)}
 
 def _quantize_rows_gpu(x, scale, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`quantize_rows` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _quantize_rows_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -2736,10 +2239,10 @@ def _quantize_rows_mosaic_gpu_kernel(x_ref, scale_ref, q_ref, *, block_m, block_
     program_n = jax.lax.axis_index("N")
 
     def step(_, x_smem, scale_smem, q_smem):
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        scale = _mgpu_load(scale_smem, (block_m, block_n), (0,))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        scale = rt.mgpu_load(scale_smem, (block_m, block_n), (0,))
         scaled = x / scale
-        rounded = jnp.clip(_mgpu_floor(scaled + 0.5), -128.0, 127.0)
+        rounded = jnp.clip(rt.mgpu_floor(scaled + 0.5), -128.0, 127.0)
         q_smem[...] = jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8)
 
     plgpu.emit_pipeline(
@@ -2749,7 +2252,7 @@ def _quantize_rows_mosaic_gpu_kernel(x_ref, scale_ref, q_ref, *, block_m, block_
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
         ],
@@ -2757,7 +2260,7 @@ def _quantize_rows_mosaic_gpu_kernel(x_ref, scale_ref, q_ref, *, block_m, block_
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.int8, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
             )
         ],
     )(x_ref, scale_ref, q_ref)
@@ -2773,9 +2276,9 @@ def _quantize_rows_mosaic_gpu(x, scale, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     scale = scale.reshape((m,))
-    scale = _mgpu_pad(scale, (padded_m,))
+    scale = rt.mgpu_pad(scale, (padded_m,))
     (q,) = plgpu.kernel(
         functools.partial(_quantize_rows_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),),

@@ -4,353 +4,23 @@
 
 Each kernel `NAME(...)` comes with `NAME_reference(...)`, the same computation in
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
-Pallas interpret mode unless `interpret` says otherwise.
+Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
+the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 """
 
 import functools
-import warnings
 
 import jax
-import jax.extend.core
-import jax.interpreters.batching
-import jax.interpreters.mlir
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
-try:
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-except ImportError:  # jax 0.10.2 imports it only with absl-py (pallasgen's jax extra brings it)
-    plgpu = None
+from pallasgen.runtime import support as rt
+from pallasgen.runtime.support import plgpu
 
-# jax 0.11+ warns at every Triton lowering that Pallas's Triton backend is deprecated. The
-# GPU kernels here use it knowingly until they move to Mosaic GPU: silence that one warning.
-warnings.filterwarnings(
-    "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
-)
 
-
-def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
-    """The GPU kernel that `gpu_backend` names: Triton's, or Mosaic GPU's where the kernel
-    has one (`mosaic_gpu` None: it has not, and runs on Triton)."""
-    if gpu_backend not in ("triton", "mosaic_gpu"):
-        raise ValueError(
-            f'{kernel}: gpu_backend must be "triton" or "mosaic_gpu", got {gpu_backend!r}'
-        )
-    if gpu_backend == "triton" or mosaic_gpu is None:
-        return triton
-
-    def on_mosaic_gpu(*arrays, **keywords):  # called only where the module lowers for CUDA
-        if plgpu is None:
-            raise ImportError(
-                f'{kernel}: gpu_backend="mosaic_gpu" needs absl-py on jax 0.10.2 (pip install absl-py)'
-            )
-        return mosaic_gpu(*arrays, **keywords)
-
-    return on_mosaic_gpu
-
-
-def _gpu_device_kind():
-    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
-    default device's if it is a GPU, else the first GPU's (None without one)."""
-    device = jax.config.jax_default_device
-    if getattr(device, "platform", None) == "gpu":
-        return device.device_kind
-    try:
-        return jax.devices("gpu")[0].device_kind
-    except RuntimeError:  # no GPU backend
-        return None
-
-
-def _gpu_options(table, sizes, given):
-    """The blocks and launch options of a GPU call (Triton's, or Mosaic GPU's blocks and
-    stages): those `given` (not None) as they are, the others from `table`: for the GPU
-    compiled for (see `_gpu_device_kind`), the tuned entry whose sizes are nearest the
-    call's (in powers of two), else the built-in ones, `table[None]`."""
-
-    def distance(tuned_sizes):
-        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
-
-    if None not in given:
-        return given
-    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
-    tuned = table.get(kind) if kind is not None else None
-    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
-    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
-
-
-def _on_platform(tpu, gpu, interpret, *arrays):
-    """Runs the kernel built for the platform being compiled for.
-
-    The choice follows the lowering platform, not the host, so ahead-of-time compiles
-    and exports (for one platform, or for several at once) get the right kernel: Mosaic
-    on TPU, Triton on NVIDIA GPUs, and
-    elsewhere (CPU) the TPU kernel in interpret mode, or compiled if `interpret` is
-    False. A true `interpret` (or `pltpu.InterpretParams`) interprets the TPU kernel
-    on every platform.
-    """
-    if interpret:
-        return tpu(*arrays, interpret=interpret)
-    return _platform_dependent(
-        arrays,
-        tpu=functools.partial(tpu, interpret=False),
-        cuda=functools.partial(gpu, interpret=False),
-        default=functools.partial(tpu, interpret=interpret is None),
-    )
-
-
-def _platform_dependent(arrays, **kernels):
-    """`jax.lax.platform_dependent(*arrays, tpu=..., cuda=..., default=...)`, except that
-    each platform lowers only its own kernel.
-
-    `jax.lax.platform_dependent` lowers every branch for every platform that a module is
-    lowered for, and a Mosaic kernel does not lower for CUDA, nor a Triton kernel for
-    TPU: `jax.export.export(NAME, platforms=("tpu", "cuda"))` would fail. Here each
-    platform has its own lowering rule (see `_platform_dependent_primitive`), so the
-    exported module holds the Mosaic kernel for TPU and the Triton kernel for CUDA.
-    Tracing the default kernel gives the outputs' shapes and runs its call-time checks.
-    """
-    outputs, tree = jax.tree.flatten(jax.eval_shape(kernels["default"], *arrays))
-    results = _platform_dependent_p.bind(*arrays, outputs=tuple(outputs), **kernels)
-    return jax.tree.unflatten(tree, results)
-
-
-def _platform_dependent_primitive():
-    """The primitive behind `_platform_dependent`, with one lowering rule per platform.
-
-    Its parameters: `tpu`, `cuda` and `default`, the kernel for each platform (a
-    function of the arrays that returns a pytree of arrays), and `outputs`, the
-    jax.ShapeDtypeStruct of each leaf of that pytree.
-    """
-    primitive = jax.extend.core.Primitive("platform_dependent_kernel")
-    primitive.multiple_results = True
-
-    def abstract_eval(*arrays, outputs, **kernels):
-        return [jax.core.ShapedArray(output.shape, output.dtype) for output in outputs]
-
-    def lowering(platform):
-        def kernel_leaves(*arrays, outputs, **kernels):
-            return jax.tree.leaves(kernels[platform](*arrays))
-
-        return jax.interpreters.mlir.lower_fun(kernel_leaves, multiple_results=True)
-
-    def run_outside_jit(*arrays, outputs, **kernels):  # as under `jax.disable_jit()`
-        return jax.tree.leaves(jax.lax.platform_dependent(*arrays, **kernels))
-
-    def vmapped(arrays, axes, *, outputs, **kernels):
-        kernels = {name: jax.vmap(kernel, in_axes=axes) for name, kernel in kernels.items()}
-        results = jax.tree.leaves(_platform_dependent(arrays, **kernels))
-        return results, [0] * len(results)
-
-    primitive.def_abstract_eval(abstract_eval)
-    primitive.def_impl(run_outside_jit)
-    jax.interpreters.mlir.register_lowering(primitive, lowering("tpu"), platform="tpu")
-    jax.interpreters.mlir.register_lowering(primitive, lowering("cuda"), platform="cuda")
-    jax.interpreters.mlir.register_lowering(primitive, lowering("default"))  # any other platform
-    jax.interpreters.batching.primitive_batchers[primitive] = vmapped
-    return primitive
-
-
-_platform_dependent_p = _platform_dependent_primitive()
-
-
-def _differentiable(forward, backward, *arrays, saving=None):
-    """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
-    from what the forward pass saves (the arrays; or, given `saving`, what it returns
-    beside the outputs) and the cotangents of the outputs, it gives one cotangent per
-    array, or None for none (float0 for an integer array)."""
-    call = jax.custom_vjp(forward)
-    call.defvjp(saving or (lambda *arrays: (forward(*arrays), arrays)), backward)
-    return call(*arrays)
-
-
-def _operands(kernel, operands):
-    """The operands as arrays, each checked for its dtype and rank, and the size of each
-    named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
-    arrays, sizes = [], {}
-    for name, (value, dtype, dims) in operands.items():
-        try:
-            array = jnp.asarray(value)
-        except (TypeError, ValueError) as error:
-            raise TypeError(
-                f"{kernel}: {name} is not an array, nor converts to one ({error})"
-            ) from None
-        if array.dtype != dtype:
-            raise TypeError(f"{kernel}: {name} must be {jnp.dtype(dtype).name}, got {array.dtype}")
-        if array.ndim != len(dims):
-            raise ValueError(
-                f"{kernel}: {name} must have dimensions [{', '.join(dims)}], got shape {array.shape}"
-            )
-        for dim, size in zip(dims, array.shape):
-            if sizes.setdefault(dim, size) != size:
-                raise ValueError(
-                    f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
-                )
-        arrays.append(array)
-    return arrays, sizes
-
-
-def _check_blocks(kernel, may_be_none=False, **blocks):
-    """Refuses a block keyword whose value is not a positive int. None, where a block
-    `may_be_none`, leaves the choice of the block to the kernel."""
-    for keyword, block in blocks.items():
-        if block is None and may_be_none:
-            continue
-        if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
-            expected = "a positive int or None" if may_be_none else "a positive int"
-            raise ValueError(f"{kernel}: {keyword} must be {expected}, got {block!r}")
-
-
-def _without_elements(reference, outputs, *arrays, **params):
-    """The result of a call where a dimension has size 0, as jax.numpy gives it: empty
-    arrays of the `outputs`' (shape, dtype), or, where an output still has elements (it
-    reduces over the empty dimension), what the reference computes."""
-    if any(0 not in shape for shape, _ in outputs):
-        return reference(*arrays, **params)
-    empty = tuple(jnp.zeros(shape, dtype) for shape, dtype in outputs)
-    return empty if len(empty) > 1 else empty[0]
-
-
-def _check_tiling(kernel, **blocks):
-    """Refuses TPU blocks that Mosaic cannot tile, before anything compiles.
-
-    Each keyword maps to (block, size, multiple, rule[, smallest power of two]): a block
-    is legal when it covers its whole dimension, is a multiple of `multiple`, or (for
-    one-dimensional arrays) a power of two of at least the smallest one given.
-    """
-    for keyword, (block, size, multiple, rule, *smallest) in blocks.items():
-        if block == size or block % multiple == 0:
-            continue
-        if smallest and block >= smallest[0] and block & (block - 1) == 0:
-            continue
-        raise ValueError(
-            f"{kernel}: {keyword}={block} breaks the TPU tiling rule: {rule}; use"
-            f" {-(-block // multiple) * multiple} or a block of the whole dimension ({size})"
-        )
-
-
-def _tpu_chip():
-    """The TPU generation being compiled for, as tuning tables name it, or None.
-
-    It is the default device's: a TPU's, or under `jax.default_device(...)` that of a
-    compile-only TPU topology (ahead-of-time compiles on a host without a TPU).
-    """
-    device = jax.config.jax_default_device
-    if not hasattr(device, "device_kind"):
-        device = jax.devices(device)[0]
-    return {"TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}.get(
-        device.device_kind
-    )
-
-
-def _tpu_blocks(table, sizes, given, grow=None):
-    """The blocks of a TPU call: those `given` (not None) as they are, the others from
-    `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
-    are nearest the call's (in powers of two), else the chip's default. Any other
-    chip, and CPU, takes `table[None]`, the spec's blocks.
-
-    A kernel without a matrix product passes `grow` (see `_grown`), which grows a
-    chip's default blocks not given to large steps.
-    """
-
-    def distance(tuned_sizes):
-        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
-
-    if None not in given:
-        return given
-    chip = _tpu_chip()
-    known = chip is not None and chip in table
-    entries = table[chip if known else None]
-    tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
-    chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
-    blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
-    if grow is not None and known and not tuned:
-        blocks = grow(blocks, [block is None for block in given])
-    return tuple(blocks)
-
-
-def _grown(blocks, free, bounds, step):
-    """`blocks` with the `free` ones doubled in turn, the last first, while smaller than
-    their dimension (`bounds`) and while a grid step (`step(*blocks)`: its elements and
-    VMEM bytes) stays within 2**20 elements and 32 MiB. A step costs a fixed ~600
-    cycles, so a memory-bound kernel wants few, large steps; doubling keeps a block legal.
-    """
-    grew = True
-    while grew:
-        grew = False
-        for i in reversed(range(len(blocks))):
-            if not free[i] or blocks[i] >= bounds[i]:
-                continue
-            trial = [*blocks[:i], 2 * blocks[i], *blocks[i + 1 :]]
-            elements, vmem = step(*trial)
-            if elements <= 2**20 and vmem <= 32 * 2**20:
-                blocks, grew = trial, True
-    return blocks
-
-
-def _vmem_limit(needed):
-    """The scoped VMEM limit for TPU blocks that need `needed` bytes.
-
-    None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
-    blocks would fail to compile, so they ask for twice what they need, at most 100 MiB of
-    the 128 MiB a v5e or v6e core has. Not more: compiled for libtpu's cost estimate, blocks
-    of 28 MiB that asked for 100 MiB ran out of VMEM (the ask counted beside the use).
-    """
-    return None if needed <= 16 * 2**20 else min(2 * needed, 100 * 2**20)
-
-
-def _inside(start, block, size):
-    """Which of `block` positions from `start` lie inside a dimension of `size`.
-
-    None when blocks tile the dimension exactly: aligned sizes load and store unmasked.
-    """
-    if size % block == 0:
-        return None
-    return start + jnp.arange(block) < size
-
-
-def _mask(shape, *inside):
-    """A block's mask from one `_inside` per axis (None: that axis never overhangs)."""
-    mask = None
-    for axis, along in enumerate(inside):
-        if along is not None:
-            along = jax.lax.broadcast_in_dim(along, shape, (axis,))
-            mask = along if mask is None else mask & along
-    return mask
-
-
-def _load(ref, mask, other=None):
-    """A GPU block, masked where `mask` says (None: the block fits, so a plain load)."""
-    if mask is None:
-        return ref[...]
-    return pltriton.load(ref, mask=mask, other=other)
-
-
-def _store(ref, value, mask):
-    """Stores a GPU block, masked where `mask` says (None: the block fits)."""
-    if mask is None:
-        ref[...] = value
-    else:
-        pltriton.store(ref, value, mask=mask)
-
-
-def _nbytes(*arrays):
-    """Bytes of the given arrays, for the kernel's cost estimate."""
-    return sum(array.size * array.dtype.itemsize for array in arrays)
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_n",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def add_vectors(
     x,
     y,
@@ -369,13 +39,10 @@ def add_vectors(
       y: f32[N].
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_vectors_tpu_blocks),
-        grown to large steps (_grown), else 1048576.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 1048576.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: f32[N].
@@ -383,15 +50,14 @@ def add_vectors(
     Gradients: jax.grad runs the generated backward kernels add_vectors_backward
     (_add_vectors_vjp).
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "add_vectors", {"x": (x, jnp.float32, ("N",)), "y": (y, jnp.float32, ("N",))}
     )
-    _check_blocks("add_vectors", block_n=block_n, may_be_none=True)
-    _check_blocks("add_vectors", gpu_block_n=gpu_block_n, may_be_none=True)
+    rt.check_blocks("add_vectors", block_n=block_n, gpu_block_n=gpu_block_n, may_be_none=True)
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(add_vectors_reference, (((n,), jnp.float32),), x, y)
-    return _differentiable(
+        return rt.without_elements(add_vectors_reference, (((n,), jnp.float32),), x, y)
+    return rt.differentiable(
         functools.partial(
             _add_vectors_forward,
             n=n,
@@ -418,23 +84,16 @@ def _add_vectors_forward(
     x, y, *, n, block_n, gpu_block_n, gpu_warps, gpu_stages, gpu_backend, interpret
 ):
     """`add_vectors` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
-        functools.partial(_add_vectors_tpu, n=n, block_n=block_n),
-        _gpu_kernel(
-            "add_vectors",
-            gpu_backend,
-            functools.partial(
-                _add_vectors_gpu,
-                n=n,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_add_vectors_mosaic_gpu, n=n),
+    return rt.on_platform(
+        "add_vectors",
+        (x, y),
+        tpu=functools.partial(_add_vectors_tpu, n=n, block_n=block_n),
+        triton=functools.partial(
+            _add_vectors_gpu, n=n, block_n=gpu_block_n, num_warps=gpu_warps, num_stages=gpu_stages
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(_add_vectors_mosaic_gpu, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -467,14 +126,14 @@ _add_vectors_tpu_blocks = {
 
 def _add_vectors_tpu(x, y, *, n, block_n, interpret):
     """`add_vectors` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_n,) = _tpu_blocks(
+    (block_n,) = rt.tpu_blocks(
         _add_vectors_tpu_blocks,
         (n,),
         (block_n,),
-        grow=functools.partial(_grown, bounds=(n,), step=lambda block_n: (block_n, 24 * block_n)),
+        grow=functools.partial(rt.grown, bounds=(n,), step=lambda block_n: (block_n, 24 * block_n)),
     )
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "add_vectors",
         block_n=(
             block_n,
@@ -502,10 +161,10 @@ def _add_vectors_tpu(x, y, *, n, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_n),
+            vmem_limit_bytes=rt.vmem_limit(24 * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=n, transcendentals=0, bytes_accessed=_nbytes(x, y) + n * 4
+            flops=n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + n * 4
         ),
         interpret=interpret,
         name="add_vectors",
@@ -514,11 +173,11 @@ def _add_vectors_tpu(x, y, *, n, block_n, interpret):
 
 def _add_vectors_gpu_kernel(x_ref, y_ref, z_ref, *, n, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_n = _inside(pl.program_id(0) * block_n, block_n, n)
-    inside = _mask((block_n,), in_n)
-    x = _load(x_ref, inside)
-    y = _load(y_ref, inside)
-    _store(z_ref, x + y, inside)
+    in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
+    inside = rt.mask((block_n,), in_n)
+    x = rt.load(x_ref, inside)
+    y = rt.load(y_ref, inside)
+    rt.store(z_ref, x + y, inside)
 
 
 # GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
@@ -530,7 +189,7 @@ _add_vectors_gpu_options = {None: (1024, 4, 1)}
 
 def _add_vectors_gpu(x, y, *, n, block_n, num_warps, num_stages, interpret):
     """`add_vectors` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, num_warps, num_stages = _gpu_options(
+    block_n, num_warps, num_stages = rt.gpu_options(
         _add_vectors_gpu_options, (n,), (block_n, num_warps, num_stages)
     )
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block
@@ -589,17 +248,7 @@ def _add_vectors_mosaic_gpu(x, y, *, n, interpret):
     return z[:n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_n",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def add_vectors_backward(
     dz,
     *,
@@ -617,41 +266,37 @@ def add_vectors_backward(
       dz: f32[N].
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_vectors_backward_tpu_blocks),
-        grown to large steps (_grown), else 1048576.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 1048576.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: f32[N]; dy: f32[N].
     """
-    (dz,), sizes = _operands("add_vectors_backward", {"dz": (dz, jnp.float32, ("N",))})
-    _check_blocks("add_vectors_backward", block_n=block_n, may_be_none=True)
-    _check_blocks("add_vectors_backward", gpu_block_n=gpu_block_n, may_be_none=True)
+    (dz,), sizes = rt.operands("add_vectors_backward", {"dz": (dz, jnp.float32, ("N",))})
+    rt.check_blocks(
+        "add_vectors_backward", block_n=block_n, gpu_block_n=gpu_block_n, may_be_none=True
+    )
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             add_vectors_backward_reference, (((n,), jnp.float32), ((n,), jnp.float32)), dz
         )
-    return _on_platform(
-        functools.partial(_add_vectors_backward_tpu, n=n, block_n=block_n),
-        _gpu_kernel(
-            "add_vectors_backward",
-            gpu_backend,
-            functools.partial(
-                _add_vectors_backward_gpu,
-                n=n,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_add_vectors_backward_mosaic_gpu, n=n),
+    return rt.on_platform(
+        "add_vectors_backward",
+        (dz,),
+        tpu=functools.partial(_add_vectors_backward_tpu, n=n, block_n=block_n),
+        triton=functools.partial(
+            _add_vectors_backward_gpu,
+            n=n,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        dz,
+        mosaic_gpu=functools.partial(_add_vectors_backward_mosaic_gpu, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -681,14 +326,14 @@ _add_vectors_backward_tpu_blocks = {
 
 def _add_vectors_backward_tpu(dz, *, n, block_n, interpret):
     """`add_vectors_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_n,) = _tpu_blocks(
+    (block_n,) = rt.tpu_blocks(
         _add_vectors_backward_tpu_blocks,
         (n,),
         (block_n,),
-        grow=functools.partial(_grown, bounds=(n,), step=lambda block_n: (block_n, 24 * block_n)),
+        grow=functools.partial(rt.grown, bounds=(n,), step=lambda block_n: (block_n, 24 * block_n)),
     )
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "add_vectors_backward",
         block_n=(
             block_n,
@@ -721,10 +366,10 @@ def _add_vectors_backward_tpu(dz, *, n, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_n),
+            vmem_limit_bytes=rt.vmem_limit(24 * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=0, transcendentals=0, bytes_accessed=_nbytes(dz) + n * 4 + n * 4
+            flops=0, transcendentals=0, bytes_accessed=rt.nbytes(dz) + n * 4 + n * 4
         ),
         interpret=interpret,
         name="add_vectors_backward",
@@ -733,11 +378,11 @@ def _add_vectors_backward_tpu(dz, *, n, block_n, interpret):
 
 def _add_vectors_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, n, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_n = _inside(pl.program_id(0) * block_n, block_n, n)
-    inside = _mask((block_n,), in_n)
-    dz = _load(dz_ref, inside)
-    _store(dx_ref, dz, inside)
-    _store(dy_ref, dz, inside)
+    in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
+    inside = rt.mask((block_n,), in_n)
+    dz = rt.load(dz_ref, inside)
+    rt.store(dx_ref, dz, inside)
+    rt.store(dy_ref, dz, inside)
 
 
 # GPU (Triton) blocks and launch options (block_n, num_warps, num_stages) for a call
@@ -749,7 +394,7 @@ _add_vectors_backward_gpu_options = {None: (1024, 4, 1)}
 
 def _add_vectors_backward_gpu(dz, *, n, block_n, num_warps, num_stages, interpret):
     """`add_vectors_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, num_warps, num_stages = _gpu_options(
+    block_n, num_warps, num_stages = rt.gpu_options(
         _add_vectors_backward_gpu_options, (n,), (block_n, num_warps, num_stages)
     )
     block_n = min(block_n, pl.next_power_of_2(n))  # a small N is one block

@@ -4,522 +4,23 @@
 
 Each kernel `NAME(...)` comes with `NAME_reference(...)`, the same computation in
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
-Pallas interpret mode unless `interpret` says otherwise.
+Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
+the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 """
 
 import functools
-import warnings
 
 import jax
-import jax.extend.core
-import jax.interpreters.batching
-import jax.interpreters.mlir
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
-try:
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-except ImportError:  # jax 0.10.2 imports it only with absl-py (pallasgen's jax extra brings it)
-    plgpu = None
+from pallasgen.runtime import support as rt
+from pallasgen.runtime.support import plgpu
 
-# jax 0.11+ warns at every Triton lowering that Pallas's Triton backend is deprecated. The
-# GPU kernels here use it knowingly until they move to Mosaic GPU: silence that one warning.
-warnings.filterwarnings(
-    "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
-)
 
-
-def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
-    """The GPU kernel that `gpu_backend` names: Triton's, or Mosaic GPU's where the kernel
-    has one (`mosaic_gpu` None: it has not, and runs on Triton)."""
-    if gpu_backend not in ("triton", "mosaic_gpu"):
-        raise ValueError(
-            f'{kernel}: gpu_backend must be "triton" or "mosaic_gpu", got {gpu_backend!r}'
-        )
-    if gpu_backend == "triton" or mosaic_gpu is None:
-        return triton
-
-    def on_mosaic_gpu(*arrays, **keywords):  # called only where the module lowers for CUDA
-        if plgpu is None:
-            raise ImportError(
-                f'{kernel}: gpu_backend="mosaic_gpu" needs absl-py on jax 0.10.2 (pip install absl-py)'
-            )
-        return mosaic_gpu(*arrays, **keywords)
-
-    return on_mosaic_gpu
-
-
-def _gpu_device_kind():
-    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
-    default device's if it is a GPU, else the first GPU's (None without one)."""
-    device = jax.config.jax_default_device
-    if getattr(device, "platform", None) == "gpu":
-        return device.device_kind
-    try:
-        return jax.devices("gpu")[0].device_kind
-    except RuntimeError:  # no GPU backend
-        return None
-
-
-def _gpu_options(table, sizes, given):
-    """The blocks and launch options of a GPU call (Triton's, or Mosaic GPU's blocks and
-    stages): those `given` (not None) as they are, the others from `table`: for the GPU
-    compiled for (see `_gpu_device_kind`), the tuned entry whose sizes are nearest the
-    call's (in powers of two), else the built-in ones, `table[None]`."""
-
-    def distance(tuned_sizes):
-        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
-
-    if None not in given:
-        return given
-    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
-    tuned = table.get(kind) if kind is not None else None
-    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
-    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
-
-
-def _mgpu_check_choices(kernel, choices, accumulator, smem):
-    """Refuses Mosaic GPU blocks and stages it cannot run, before anything compiles:
-    `choices` maps each keyword to (value, its allowed values); `accumulator` and `smem`
-    are (what these values take, the most there is) of wgmma's accumulator (elements)
-    and of shared memory (bytes)."""
-    for keyword, (value, allowed) in choices.items():
-        if type(value) is not int or value not in allowed:
-            raise ValueError(
-                f"{kernel}: {keyword} must be one of {', '.join(map(str, allowed))} or None, got {value!r}"
-            )
-    if accumulator[0] > accumulator[1]:
-        raise ValueError(
-            f"{kernel}: a Mosaic GPU accumulator of {accumulator[0]} elements (mgpu_block_* of M times N)"
-            f" is more than one warpgroup's registers hold ({accumulator[1]})"
-        )
-    if smem[0] > smem[1]:
-        raise ValueError(
-            f"{kernel}: these Mosaic GPU blocks and stages take {smem[0] // 1024} KiB of shared memory,"
-            f" more than the {smem[1] // 1024} KiB of a block: choose smaller ones or fewer stages"
-        )
-
-
-def _mgpu_pad(array, shape):
-    """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
-    if array.shape == shape:
-        return array
-    return jnp.pad(array, [(0, padded - size) for size, padded in zip(array.shape, shape)])
-
-
-def _mgpu_swizzled(dtype, columns):
-    """The shared-memory tiling and swizzle of a 2-D block `columns` wide, as wgmma and
-    the WGMMA register layout read it."""
-    swizzle = plgpu.find_swizzle(columns * jnp.dtype(dtype).itemsize * 8)
-    return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(
-        swizzle
-    )
-
-
-def _mgpu_load(ref, shape, dims):
-    """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
-    along `dims` (its position in `shape`) in the layout's row or column, broadcast."""
-    if len(dims) == len(shape):
-        return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
-    vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
-    return jax.lax.broadcast_in_dim(vector, shape, dims)
-
-
-def _mgpu_spread(vector, shape, dim):
-    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
-    broadcast over the block's other axis."""
-    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
-
-
-def _mgpu_load_vector(ref, dim):
-    """A vector along axis `dim` of a block, from shared memory, in the WGMMA layout's row
-    (0) or column (1) layout."""
-    return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dim))
-
-
-def _mgpu_full(size, value, dtype, dim):
-    """A running value per position along axis `dim` of a block, `value` in each."""
-    return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
-
-
-def _mgpu_positions(start, shape, axis):
-    """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
-    return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
-
-
-def _mgpu_vector_positions(start, size, axis):
-    """The positions of a block along `axis` of a tile, from `start`: a vector in the
-    WGMMA layout's row (0) or column (1) layout."""
-    layout = plgpu.Layout.WGMMA.reduce(1 - axis)
-    return start + plgpu.broadcasted_iota(jnp.int32, (size,), 0, layout=layout)
-
-
-def _mgpu_fill_past(value, start, size, axis, identity):
-    """`value` (a tile, or a vector along `axis` of one) with `identity` at the
-    positions along `axis` (from `start`) past `size`."""
-    if value.ndim == 1:
-        positions = _mgpu_vector_positions(start, value.shape[0], axis)
-    else:
-        positions = _mgpu_positions(start, value.shape, axis)
-    return jnp.where(positions < size, value, identity)
-
-
-def _mgpu_dot(shape, lhs, rhs, split=None, lhs_scratch=None, rhs_scratch=None, transposed=False):
-    """lhs @ rhs by wgmma, in an f32 accumulator of `shape`. Each operand is a tile in
-    shared memory, or a value written to its scratch tile there first (`lhs_scratch`:
-    one per part); an f32 `lhs` meeting a 16-bit `rhs` is `split` into two of that dtype
-    (its high part and the rest). `transposed`: `rhs` holds [N, K]."""
-    parts = [lhs]
-    if split is not None:
-        high = lhs.astype(split)
-        parts = [high, (lhs - high.astype(jnp.float32)).astype(split)]
-    if lhs_scratch is not None:
-        for part, ref in zip(parts, lhs_scratch):
-            ref[...] = part
-        parts = lhs_scratch
-    if rhs_scratch is not None:
-        rhs_scratch[...] = rhs
-        rhs = rhs_scratch
-    if lhs_scratch is not None or rhs_scratch is not None:
-        plgpu.commit_smem()
-    if transposed:
-        rhs = rhs.T
-
-    def accumulate(acc_ref):
-        for part in parts:
-            plgpu.wgmma(acc_ref, part, rhs)
-        return acc_ref[...]
-
-    return pl.run_scoped(accumulate, plgpu.ACC(shape, jnp.float32))
-
-
-def _on_platform(tpu, gpu, interpret, *arrays):
-    """Runs the kernel built for the platform being compiled for.
-
-    The choice follows the lowering platform, not the host, so ahead-of-time compiles
-    and exports (for one platform, or for several at once) get the right kernel: Mosaic
-    on TPU, Triton on NVIDIA GPUs, and
-    elsewhere (CPU) the TPU kernel in interpret mode, or compiled if `interpret` is
-    False. A true `interpret` (or `pltpu.InterpretParams`) interprets the TPU kernel
-    on every platform.
-    """
-    if interpret:
-        return tpu(*arrays, interpret=interpret)
-    return _platform_dependent(
-        arrays,
-        tpu=functools.partial(tpu, interpret=False),
-        cuda=functools.partial(gpu, interpret=False),
-        default=functools.partial(tpu, interpret=interpret is None),
-    )
-
-
-def _platform_dependent(arrays, **kernels):
-    """`jax.lax.platform_dependent(*arrays, tpu=..., cuda=..., default=...)`, except that
-    each platform lowers only its own kernel.
-
-    `jax.lax.platform_dependent` lowers every branch for every platform that a module is
-    lowered for, and a Mosaic kernel does not lower for CUDA, nor a Triton kernel for
-    TPU: `jax.export.export(NAME, platforms=("tpu", "cuda"))` would fail. Here each
-    platform has its own lowering rule (see `_platform_dependent_primitive`), so the
-    exported module holds the Mosaic kernel for TPU and the Triton kernel for CUDA.
-    Tracing the default kernel gives the outputs' shapes and runs its call-time checks.
-    """
-    outputs, tree = jax.tree.flatten(jax.eval_shape(kernels["default"], *arrays))
-    results = _platform_dependent_p.bind(*arrays, outputs=tuple(outputs), **kernels)
-    return jax.tree.unflatten(tree, results)
-
-
-def _platform_dependent_primitive():
-    """The primitive behind `_platform_dependent`, with one lowering rule per platform.
-
-    Its parameters: `tpu`, `cuda` and `default`, the kernel for each platform (a
-    function of the arrays that returns a pytree of arrays), and `outputs`, the
-    jax.ShapeDtypeStruct of each leaf of that pytree.
-    """
-    primitive = jax.extend.core.Primitive("platform_dependent_kernel")
-    primitive.multiple_results = True
-
-    def abstract_eval(*arrays, outputs, **kernels):
-        return [jax.core.ShapedArray(output.shape, output.dtype) for output in outputs]
-
-    def lowering(platform):
-        def kernel_leaves(*arrays, outputs, **kernels):
-            return jax.tree.leaves(kernels[platform](*arrays))
-
-        return jax.interpreters.mlir.lower_fun(kernel_leaves, multiple_results=True)
-
-    def run_outside_jit(*arrays, outputs, **kernels):  # as under `jax.disable_jit()`
-        return jax.tree.leaves(jax.lax.platform_dependent(*arrays, **kernels))
-
-    def vmapped(arrays, axes, *, outputs, **kernels):
-        kernels = {name: jax.vmap(kernel, in_axes=axes) for name, kernel in kernels.items()}
-        results = jax.tree.leaves(_platform_dependent(arrays, **kernels))
-        return results, [0] * len(results)
-
-    primitive.def_abstract_eval(abstract_eval)
-    primitive.def_impl(run_outside_jit)
-    jax.interpreters.mlir.register_lowering(primitive, lowering("tpu"), platform="tpu")
-    jax.interpreters.mlir.register_lowering(primitive, lowering("cuda"), platform="cuda")
-    jax.interpreters.mlir.register_lowering(primitive, lowering("default"))  # any other platform
-    jax.interpreters.batching.primitive_batchers[primitive] = vmapped
-    return primitive
-
-
-_platform_dependent_p = _platform_dependent_primitive()
-
-
-def _differentiable(forward, backward, *arrays, saving=None):
-    """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
-    from what the forward pass saves (the arrays; or, given `saving`, what it returns
-    beside the outputs) and the cotangents of the outputs, it gives one cotangent per
-    array, or None for none (float0 for an integer array)."""
-    call = jax.custom_vjp(forward)
-    call.defvjp(saving or (lambda *arrays: (forward(*arrays), arrays)), backward)
-    return call(*arrays)
-
-
-def _operands(kernel, operands):
-    """The operands as arrays, each checked for its dtype and rank, and the size of each
-    named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
-    arrays, sizes = [], {}
-    for name, (value, dtype, dims) in operands.items():
-        try:
-            array = jnp.asarray(value)
-        except (TypeError, ValueError) as error:
-            raise TypeError(
-                f"{kernel}: {name} is not an array, nor converts to one ({error})"
-            ) from None
-        if array.dtype != dtype:
-            raise TypeError(f"{kernel}: {name} must be {jnp.dtype(dtype).name}, got {array.dtype}")
-        if array.ndim != len(dims):
-            raise ValueError(
-                f"{kernel}: {name} must have dimensions [{', '.join(dims)}], got shape {array.shape}"
-            )
-        for dim, size in zip(dims, array.shape):
-            if sizes.setdefault(dim, size) != size:
-                raise ValueError(
-                    f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
-                )
-        arrays.append(array)
-    return arrays, sizes
-
-
-def _check_blocks(kernel, may_be_none=False, **blocks):
-    """Refuses a block keyword whose value is not a positive int. None, where a block
-    `may_be_none`, leaves the choice of the block to the kernel."""
-    for keyword, block in blocks.items():
-        if block is None and may_be_none:
-            continue
-        if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
-            expected = "a positive int or None" if may_be_none else "a positive int"
-            raise ValueError(f"{kernel}: {keyword} must be {expected}, got {block!r}")
-
-
-def _without_elements(reference, outputs, *arrays, **params):
-    """The result of a call where a dimension has size 0, as jax.numpy gives it: empty
-    arrays of the `outputs`' (shape, dtype), or, where an output still has elements (it
-    reduces over the empty dimension), what the reference computes."""
-    if any(0 not in shape for shape, _ in outputs):
-        return reference(*arrays, **params)
-    empty = tuple(jnp.zeros(shape, dtype) for shape, dtype in outputs)
-    return empty if len(empty) > 1 else empty[0]
-
-
-def _check_tiling(kernel, **blocks):
-    """Refuses TPU blocks that Mosaic cannot tile, before anything compiles.
-
-    Each keyword maps to (block, size, multiple, rule[, smallest power of two]): a block
-    is legal when it covers its whole dimension, is a multiple of `multiple`, or (for
-    one-dimensional arrays) a power of two of at least the smallest one given.
-    """
-    for keyword, (block, size, multiple, rule, *smallest) in blocks.items():
-        if block == size or block % multiple == 0:
-            continue
-        if smallest and block >= smallest[0] and block & (block - 1) == 0:
-            continue
-        raise ValueError(
-            f"{kernel}: {keyword}={block} breaks the TPU tiling rule: {rule}; use"
-            f" {-(-block // multiple) * multiple} or a block of the whole dimension ({size})"
-        )
-
-
-def _tpu_chip():
-    """The TPU generation being compiled for, as tuning tables name it, or None.
-
-    It is the default device's: a TPU's, or under `jax.default_device(...)` that of a
-    compile-only TPU topology (ahead-of-time compiles on a host without a TPU).
-    """
-    device = jax.config.jax_default_device
-    if not hasattr(device, "device_kind"):
-        device = jax.devices(device)[0]
-    return {"TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}.get(
-        device.device_kind
-    )
-
-
-def _tpu_blocks(table, sizes, given, grow=None):
-    """The blocks of a TPU call: those `given` (not None) as they are, the others from
-    `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
-    are nearest the call's (in powers of two), else the chip's default. Any other
-    chip, and CPU, takes `table[None]`, the spec's blocks.
-
-    A kernel without a matrix product passes `grow` (see `_grown`), which grows a
-    chip's default blocks not given to large steps.
-    """
-
-    def distance(tuned_sizes):
-        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
-
-    if None not in given:
-        return given
-    chip = _tpu_chip()
-    known = chip is not None and chip in table
-    entries = table[chip if known else None]
-    tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
-    chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
-    blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
-    if grow is not None and known and not tuned:
-        blocks = grow(blocks, [block is None for block in given])
-    return tuple(blocks)
-
-
-def _grown(blocks, free, bounds, step):
-    """`blocks` with the `free` ones doubled in turn, the last first, while smaller than
-    their dimension (`bounds`) and while a grid step (`step(*blocks)`: its elements and
-    VMEM bytes) stays within 2**20 elements and 32 MiB. A step costs a fixed ~600
-    cycles, so a memory-bound kernel wants few, large steps; doubling keeps a block legal.
-    """
-    grew = True
-    while grew:
-        grew = False
-        for i in reversed(range(len(blocks))):
-            if not free[i] or blocks[i] >= bounds[i]:
-                continue
-            trial = [*blocks[:i], 2 * blocks[i], *blocks[i + 1 :]]
-            elements, vmem = step(*trial)
-            if elements <= 2**20 and vmem <= 32 * 2**20:
-                blocks, grew = trial, True
-    return blocks
-
-
-def _strips(blocks, counts, height, chunk, seen, whole):
-    """How a step computes its block of (rows, columns) `blocks`: in strips of `height`
-    rows (one strip where `height` does not divide the block), each
-    ((row, rows), (col, cols)): where its rows and columns start in the block and how many.
-
-    Returns the strips of a block where `whole(row_start, col_start, rows, cols)` says a
-    condition holds at every position, each with every column; and those of a block of
-    the grid (`counts` blocks) where it holds only in part: each strip with the columns,
-    in runs of `chunk`, where `seen` says it may hold in some such block, and no strip
-    that sees none. Traced once per call, with Python ints.
-    """
-    (block_rows, block_cols), (row_blocks, col_blocks) = blocks, counts
-    height = height if block_rows % height == 0 else block_rows
-    chunk = chunk if block_cols % chunk == 0 else block_cols
-    partial = [
-        (i * block_rows, j * block_cols)
-        for i in range(row_blocks)
-        for j in range(col_blocks)
-        if seen(i * block_rows, j * block_cols, block_rows, block_cols)
-        and not whole(i * block_rows, j * block_cols, block_rows, block_cols)
-    ]
-    whole_strips, partial_strips = [], []
-    for row in range(0, block_rows, height):
-        whole_strips.append(((row, height), (0, block_cols)))
-        cols = [
-            col
-            for col in range(0, block_cols, chunk)
-            if any(seen(start + row, first + col, height, chunk) for start, first in partial)
-        ]
-        if cols:
-            partial_strips.append(((row, height), (cols[0], cols[-1] + chunk - cols[0])))
-    return tuple(whole_strips), tuple(partial_strips)
-
-
-def _vmem_limit(needed):
-    """The scoped VMEM limit for TPU blocks that need `needed` bytes.
-
-    None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
-    blocks would fail to compile, so they ask for twice what they need, at most 100 MiB of
-    the 128 MiB a v5e or v6e core has. Not more: compiled for libtpu's cost estimate, blocks
-    of 28 MiB that asked for 100 MiB ran out of VMEM (the ask counted beside the use).
-    """
-    return None if needed <= 16 * 2**20 else min(2 * needed, 100 * 2**20)
-
-
-def _inside(start, block, size):
-    """Which of `block` positions from `start` lie inside a dimension of `size`.
-
-    None when blocks tile the dimension exactly: aligned sizes load and store unmasked.
-    """
-    if size % block == 0:
-        return None
-    return start + jnp.arange(block) < size
-
-
-def _mask(shape, *inside):
-    """A block's mask from one `_inside` per axis (None: that axis never overhangs)."""
-    mask = None
-    for axis, along in enumerate(inside):
-        if along is not None:
-            along = jax.lax.broadcast_in_dim(along, shape, (axis,))
-            mask = along if mask is None else mask & along
-    return mask
-
-
-def _load(ref, mask, other=None):
-    """A GPU block, masked where `mask` says (None: the block fits, so a plain load)."""
-    if mask is None:
-        return ref[...]
-    return pltriton.load(ref, mask=mask, other=other)
-
-
-def _store(ref, value, mask):
-    """Stores a GPU block, masked where `mask` says (None: the block fits)."""
-    if mask is None:
-        ref[...] = value
-    else:
-        pltriton.store(ref, value, mask=mask)
-
-
-def _nbytes(*arrays):
-    """Bytes of the given arrays, for the kernel's cost estimate."""
-    return sum(array.size * array.dtype.itemsize for array in arrays)
-
-
-def _fill_past(value, start, size, axis, identity):
-    """`value` with `identity` at the positions along `axis` (from `start`) past `size`."""
-    positions = start + jax.lax.broadcasted_iota(jnp.int32, value.shape, axis)
-    return jnp.where(positions < size, value, identity)
-
-
-def _logsumexp_finish(top, total):
-    """log-sum-exp from its running (max, sum)."""
-    return jnp.where(top > -jnp.inf, top, 0.0) + jnp.log(total)
-
-
-def _softmax(x, axis):
-    """exp(x - max) / sum(exp(x - max)) along `axis`; a row of -inf gives NaN, as jax.nn.softmax."""
-    e = jnp.exp(x - jnp.max(x, axis=axis, keepdims=True))
-    return e / jnp.sum(e, axis=axis, keepdims=True)
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def attention(
     q,
     k,
@@ -543,14 +44,11 @@ def attention(
       v: bf16[B, H, T, D].
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_tpu_blocks), or grown to large steps
-        (_grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+        (rt.grown), else 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       o: bf16[B, H, S, D]; lse: f32[B, H, S].
@@ -558,7 +56,7 @@ def attention(
     Gradients: jax.grad runs the generated backward kernels attention_backward_dq,
     attention_backward_dkdv (_attention_vjp).
     """
-    (q, k, v), sizes = _operands(
+    (q, k, v), sizes = rt.operands(
         "attention",
         {
             "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
@@ -566,15 +64,17 @@ def attention(
             "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
         },
     )
-    _check_blocks("attention", block_s=block_s, block_t=block_t, may_be_none=True)
-    _check_blocks("attention", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True)
-    b = sizes["B"]
-    h = sizes["H"]
-    size_s = sizes["S"]
-    d = sizes["D"]
-    t = sizes["T"]
+    rt.check_blocks(
+        "attention",
+        block_s=block_s,
+        block_t=block_t,
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        may_be_none=True,
+    )
+    b, h, size_s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             attention_reference,
             (((b, h, size_s, d), jnp.bfloat16), ((b, h, size_s), jnp.float32)),
             q,
@@ -582,7 +82,7 @@ def attention(
             v,
             scale=scale,
         )
-    return _differentiable(
+    return rt.differentiable(
         functools.partial(
             _attention_forward,
             b=b,
@@ -691,8 +191,10 @@ def _attention_forward(
     interpret,
 ):
     """`attention` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    o, lse = _on_platform(
-        functools.partial(
+    o, lse = rt.on_platform(
+        "attention",
+        (q, k, v),
+        tpu=functools.partial(
             _attention_tpu,
             b=b,
             h=h,
@@ -703,30 +205,24 @@ def _attention_forward(
             block_t=block_t,
             scale=scale,
         ),
-        _gpu_kernel(
-            "attention",
-            gpu_backend,
-            functools.partial(
-                _attention_gpu,
-                b=b,
-                h=h,
-                size_s=size_s,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(
-                _attention_mosaic_gpu, b=b, h=h, size_s=size_s, d=d, t=t, scale=scale
-            ),
+        triton=functools.partial(
+            _attention_gpu,
+            b=b,
+            h=h,
+            size_s=size_s,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
-        v,
+        mosaic_gpu=functools.partial(
+            _attention_mosaic_gpu, b=b, h=h, size_s=size_s, d=d, t=t, scale=scale
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     lse = lse.reshape(
         (b, h, size_s)
@@ -844,7 +340,7 @@ def _attention_kernel(
         )
         max_t_block = s
         if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = _fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+            max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t_ref[...]
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
         max_t_shift = jnp.where(
@@ -856,14 +352,14 @@ def _attention_kernel(
         acc_t_lhs = p
         acc_t_rhs = v.astype(jnp.float32)
         if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
         acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(
             acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
         )
         sum_exp_t_block = p
         if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = _fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+            sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
         sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(
             sum_exp_t_block, axis=1, keepdims=True
         )
@@ -916,7 +412,7 @@ def _attention_kernel(
         acc_t = acc_t_ref[...]
         sum_exp_t = sum_exp_t_ref[...]
         o_ref[...] = (acc_t / sum_exp_t).astype(jnp.bfloat16)
-        lse_ref[...] = _logsumexp_finish(max_t, sum_exp_t)
+        lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
 # TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
@@ -932,12 +428,12 @@ _attention_tpu_blocks = {
 
 def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
     """`attention` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = _tpu_blocks(
+    block_s, block_t = rt.tpu_blocks(
         _attention_tpu_blocks,
         (b, h, size_s, d, t),
         (block_s, block_t),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(
                 min(1 << (size_s.bit_length() - 1), 4096),
                 min(1 << (t.bit_length() - 1), 4096),
@@ -957,7 +453,7 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
     )
     block_s = min(block_s, size_s)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "attention",
         block_s=(
             block_s,
@@ -972,7 +468,7 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
             "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
-    whole_strips, partial_strips = _strips(
+    whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         height=256,
@@ -1052,7 +548,7 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
         cost_estimate=pl.CostEstimate(
             flops=2 * b * h * size_s * t * d + 2 * b * h * size_s * d * t,
             transcendentals=b * h * size_s * t + b * h * size_s,
-            bytes_accessed=_nbytes(q, k, v) + b * h * size_s * d * 2 + b * h * size_s * 4,
+            bytes_accessed=rt.nbytes(q, k, v) + b * h * size_s * d * 2 + b * h * size_s * 4,
         ),
         interpret=interpret,
         name="attention",
@@ -1063,22 +559,26 @@ def _attention_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, lse_ref, *, b, h, size_s, d, t, block_s, block_t, block_d, scale
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(2) * block_s, block_s, size_s)
-    in_d = _inside(0, block_d, d)
+    in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
+    in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
-    q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
-        in_t = _inside(t_start, block_t, t)
+        in_t = rt.inside(t_start, block_t, t)
 
         def step():
             max_t, acc_t, sum_exp_t = running
-            k = _load(
-                k_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+            k = rt.load(
+                k_ref.at[pl.ds(t_start, block_t), :],
+                rt.mask((block_t, block_d), in_t, in_d),
+                other=0,
             )
-            v = _load(
-                v_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+            v = rt.load(
+                v_ref.at[pl.ds(t_start, block_t), :],
+                rt.mask((block_t, block_d), in_t, in_d),
+                other=0,
             )
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0)
@@ -1091,7 +591,7 @@ def _attention_gpu_kernel(
             )
             max_t_block = s
             if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-                max_t_block = _fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+                max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
             max_t_shift = jnp.where(
@@ -1105,14 +605,14 @@ def _attention_gpu_kernel(
             acc_t_lhs = p
             acc_t_rhs = v.astype(jnp.float32)
             if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-                acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
-                acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+                acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+                acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
             acc_t = max_t_rescale * acc_t + jnp.dot(
                 acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
             )
             sum_exp_t_block = p
             if t % block_t:  # a ragged T: 0.0 past its end, never padding
-                sum_exp_t_block = _fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+                sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
             sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
             return max_t, acc_t, sum_exp_t
 
@@ -1129,8 +629,10 @@ def _attention_gpu_kernel(
             jnp.full((block_s, 1), 0.0, jnp.float32),
         ),
     )
-    _store(o_ref, (acc_t / sum_exp_t).astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
-    _store(lse_ref, _logsumexp_finish(max_t, sum_exp_t), _mask((block_s, 1), in_s, None))
+    rt.store(
+        o_ref, (acc_t / sum_exp_t).astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d)
+    )
+    rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), rt.mask((block_s, 1), in_s, None))
 
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
@@ -1144,7 +646,7 @@ def _attention_gpu(
     q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`attention` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = _gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.gpu_options(
         _attention_gpu_options, (b, h, size_s, d, t), (block_s, block_t, num_warps, num_stages)
     )
     block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
@@ -1232,20 +734,22 @@ def _attention_mosaic_gpu_kernel(
         def compute():
             max_t, acc_t, sum_exp_t = carry
             s = jnp.where(
-                _mgpu_spread(_mgpu_vector_positions(s_start, block_s, 0), (block_s, block_t), 0)
-                >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
-                _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
+                rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 0), (block_s, block_t), 0)
+                >= rt.mgpu_spread(
+                    rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1
+                ),
+                rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
                 -jnp.inf,
             )
             max_t_block = s
             if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-                max_t_block = _mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+                max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
             max_t_shift_vector = jnp.where(
                 max_t_new > -jnp.inf, max_t_new, 0.0
             )  # a row of -inf so far subtracts 0
-            max_t_shift = _mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
+            max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
             max_t_rescale = jnp.exp(
                 max_t_previous - max_t_shift_vector
             )  # what the terms so far are worth now
@@ -1253,8 +757,8 @@ def _attention_mosaic_gpu_kernel(
             p = jnp.exp(s - max_t_shift)
             operand = p
             if t % block_t:  # a ragged T: 0 past its end
-                operand = _mgpu_fill_past(operand, t_start, t, 1, 0)
-            acc_t = _mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + _mgpu_dot(
+                operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
+            acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
                 (block_s, block_d),
                 operand,
                 v_smem,
@@ -1263,7 +767,7 @@ def _attention_mosaic_gpu_kernel(
             )
             sum_exp_t_block = p
             if t % block_t:  # a ragged T: 0.0 past its end, never padding
-                sum_exp_t_block = _mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+                sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
             sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
             return max_t, acc_t, sum_exp_t
 
@@ -1277,23 +781,23 @@ def _attention_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_t, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
             plgpu.BlockSpec(
                 (block_t, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
+            rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
             plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
-            _mgpu_full(block_s, 0.0, jnp.float32, 0),
+            rt.mgpu_full(block_s, 0.0, jnp.float32, 0),
         ),
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
-    o_smem[...] = (acc_t / _mgpu_spread(sum_exp_t, (block_s, block_d), 0)).astype(jnp.bfloat16)
-    lse_smem[...] = _logsumexp_finish(max_t, sum_exp_t)
+    o_smem[...] = (acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)).astype(jnp.bfloat16)
+    lse_smem[...] = rt.logsumexp_finish(max_t, sum_exp_t)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
     plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
@@ -1315,9 +819,9 @@ def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
         )
     padded_size_s = size_s + -size_s % block_s
     padded_t = t + -t % block_t
-    q = _mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     o, lse = plgpu.kernel(
         functools.partial(
             _attention_mosaic_gpu_kernel,
@@ -1337,17 +841,17 @@ def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
         ),
         scratch_types=[
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM((block_s,), jnp.float32),
             plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
             ),
             plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -1360,20 +864,7 @@ def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
     )
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def attention_backward_dq(
     q,
     k,
@@ -1406,19 +897,16 @@ def attention_backward_dq(
       dlse: f32[B, H, S].
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_backward_dq_tpu_blocks), or grown to large steps
-        (_grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+        (rt.grown), else 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dq: bf16[B, H, S, D]; delta: f32[B, H, S].
     """
-    (q, k, v, o, do, lse, dlse), sizes = _operands(
+    (q, k, v, o, do, lse, dlse), sizes = rt.operands(
         "attention_backward_dq",
         {
             "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
@@ -1430,17 +918,17 @@ def attention_backward_dq(
             "dlse": (dlse, jnp.float32, ("B", "H", "S")),
         },
     )
-    _check_blocks("attention_backward_dq", block_s=block_s, block_t=block_t, may_be_none=True)
-    _check_blocks(
-        "attention_backward_dq", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True
+    rt.check_blocks(
+        "attention_backward_dq",
+        block_s=block_s,
+        block_t=block_t,
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        may_be_none=True,
     )
-    b = sizes["B"]
-    h = sizes["H"]
-    size_s = sizes["S"]
-    d = sizes["D"]
-    t = sizes["T"]
+    b, h, size_s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             attention_backward_dq_reference,
             (((b, h, size_s, d), jnp.bfloat16), ((b, h, size_s), jnp.float32)),
             q,
@@ -1454,8 +942,10 @@ def attention_backward_dq(
         )
     lse = lse.reshape((b, h, size_s, 1))  # lse: f32[B, H, S]
     dlse = dlse.reshape((b, h, size_s, 1))  # dlse: f32[B, H, S]
-    dq, delta = _on_platform(
-        functools.partial(
+    dq, delta = rt.on_platform(
+        "attention_backward_dq",
+        (q, k, v, o, do, lse, dlse),
+        tpu=functools.partial(
             _attention_backward_dq_tpu,
             b=b,
             h=h,
@@ -1466,34 +956,24 @@ def attention_backward_dq(
             block_t=block_t,
             scale=scale,
         ),
-        _gpu_kernel(
-            "attention_backward_dq",
-            gpu_backend,
-            functools.partial(
-                _attention_backward_dq_gpu,
-                b=b,
-                h=h,
-                size_s=size_s,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(
-                _attention_backward_dq_mosaic_gpu, b=b, h=h, size_s=size_s, d=d, t=t, scale=scale
-            ),
+        triton=functools.partial(
+            _attention_backward_dq_gpu,
+            b=b,
+            h=h,
+            size_s=size_s,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
-        v,
-        o,
-        do,
-        lse,
-        dlse,
+        mosaic_gpu=functools.partial(
+            _attention_backward_dq_mosaic_gpu, b=b, h=h, size_s=size_s, d=d, t=t, scale=scale
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     delta = delta.reshape(
         (b, h, size_s)
@@ -1648,8 +1128,8 @@ def _attention_backward_dq_kernel(
         acc_t_lhs = (ds_1 * scale).astype(jnp.bfloat16)
         acc_t_rhs = k
         if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
         acc_t_ref[...] = acc_t_ref[...] + jnp.dot(
             acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
         )
@@ -1728,12 +1208,12 @@ def _attention_backward_dq_tpu(
     q, k, v, o, do, lse, dlse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret
 ):
     """`attention_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = _tpu_blocks(
+    block_s, block_t = rt.tpu_blocks(
         _attention_backward_dq_tpu_blocks,
         (b, h, size_s, d, t),
         (block_s, block_t),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(
                 min(1 << (size_s.bit_length() - 1), 4096),
                 min(1 << (t.bit_length() - 1), 4096),
@@ -1755,7 +1235,7 @@ def _attention_backward_dq_tpu(
     )
     block_s = min(block_s, size_s)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "attention_backward_dq",
         block_s=(
             block_s,
@@ -1770,7 +1250,7 @@ def _attention_backward_dq_tpu(
             "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
-    whole_strips, partial_strips = _strips(
+    whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         height=256,
@@ -1854,7 +1334,7 @@ def _attention_backward_dq_tpu(
             + 2 * b * h * size_s * t * d
             + 2 * b * h * size_s * d * t,
             transcendentals=b * h * size_s * t,
-            bytes_accessed=_nbytes(q, k, v, o, do, lse, dlse)
+            bytes_accessed=rt.nbytes(q, k, v, o, do, lse, dlse)
             + b * h * size_s * d * 2
             + b * h * size_s * 4,
         ),
@@ -1885,26 +1365,30 @@ def _attention_backward_dq_gpu_kernel(
     scale,
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(2) * block_s, block_s, size_s)
-    in_d = _inside(0, block_d, d)
+    in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
+    in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
-    q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
-    o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
-    do = _load(do_ref, _mask((block_s, block_d), in_s, in_d), other=0)
-    lse = _load(lse_ref, _mask((block_s, 1), in_s, None), other=0)
-    dlse = _load(dlse_ref, _mask((block_s, 1), in_s, None), other=0)
+    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    lse = rt.load(lse_ref, rt.mask((block_s, 1), in_s, None), other=0)
+    dlse = rt.load(dlse_ref, rt.mask((block_s, 1), in_s, None), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
-        in_t = _inside(t_start, block_t, t)
+        in_t = rt.inside(t_start, block_t, t)
 
         def step():
             (acc_t,) = running
-            k = _load(
-                k_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+            k = rt.load(
+                k_ref.at[pl.ds(t_start, block_t), :],
+                rt.mask((block_t, block_d), in_t, in_d),
+                other=0,
             )
-            v = _load(
-                v_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+            v = rt.load(
+                v_ref.at[pl.ds(t_start, block_t), :],
+                rt.mask((block_t, block_d), in_t, in_d),
+                other=0,
             )
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0)
@@ -1921,7 +1405,7 @@ def _attention_backward_dq_gpu_kernel(
             )
             delta = (
                 jnp.sum(
-                    _fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+                    rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
                     axis=1,
                     keepdims=True,
                 )
@@ -1937,8 +1421,8 @@ def _attention_backward_dq_gpu_kernel(
             acc_t_lhs = (ds_1 * scale).astype(jnp.bfloat16)
             acc_t_rhs = k
             if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-                acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
-                acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+                acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+                acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
             acc_t = acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
             return (acc_t,)
 
@@ -1948,19 +1432,19 @@ def _attention_backward_dq_gpu_kernel(
     (acc_t,) = jax.lax.fori_loop(
         0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
     )
-    o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
-    do = _load(do_ref, _mask((block_s, block_d), in_s, in_d), other=0)
-    dlse = _load(dlse_ref, _mask((block_s, 1), in_s, None), other=0)
+    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    dlse = rt.load(dlse_ref, rt.mask((block_s, 1), in_s, None), other=0)
     delta = (
         jnp.sum(
-            _fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+            rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
             axis=1,
             keepdims=True,
         )
         - dlse
     )
-    _store(delta_ref, delta, _mask((block_s, 1), in_s, None))
-    _store(dq_ref, acc_t.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+    rt.store(delta_ref, delta, rt.mask((block_s, 1), in_s, None))
+    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
 
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
@@ -1992,7 +1476,7 @@ def _attention_backward_dq_gpu(
     interpret,
 ):
     """`attention_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = _gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.gpu_options(
         _attention_backward_dq_gpu_options,
         (b, h, size_s, d, t),
         (block_s, block_t, num_warps, num_stages),
@@ -2108,8 +1592,8 @@ def _attention_backward_dq_mosaic_gpu_kernel(
     plgpu.barrier_wait(barrier.at[4])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
-    lse = _mgpu_load_vector(lse_smem, 0)
-    dlse = _mgpu_load_vector(dlse_smem, 0)
+    lse = rt.mgpu_load_vector(lse_smem, 0)
+    dlse = rt.mgpu_load_vector(dlse_smem, 0)
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -2117,31 +1601,37 @@ def _attention_backward_dq_mosaic_gpu_kernel(
         def compute():
             (acc_t,) = carry
             s = jnp.where(
-                _mgpu_spread(_mgpu_vector_positions(s_start, block_s, 0), (block_s, block_t), 0)
-                >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
-                _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
+                rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 0), (block_s, block_t), 0)
+                >= rt.mgpu_spread(
+                    rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1
+                ),
+                rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
                 -jnp.inf,
             )
-            p = jnp.exp(s - _mgpu_spread(lse, (block_s, block_t), 0))
-            dp = _mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
+            p = jnp.exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
+            dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
             delta = (
                 jnp.sum(
-                    _mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+                    rt.mgpu_fill_past(
+                        (do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0
+                    ),
                     axis=1,
                 )
                 - dlse
             )
-            ds = p * (dp - _mgpu_spread(delta, (block_s, block_t), 0))
+            ds = p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))
             ds_1 = jnp.where(
-                _mgpu_spread(_mgpu_vector_positions(s_start, block_s, 0), (block_s, block_t), 0)
-                >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
+                rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 0), (block_s, block_t), 0)
+                >= rt.mgpu_spread(
+                    rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1
+                ),
                 ds,
                 0,
             )
             operand = (ds_1 * scale).astype(jnp.bfloat16)
             if t % block_t:  # a ragged T: 0 past its end
-                operand = _mgpu_fill_past(operand, t_start, t, 1, 0)
-            acc_t = acc_t + _mgpu_dot(
+                operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
+            acc_t = acc_t + rt.mgpu_dot(
                 (block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,)
             )
             return (acc_t,)
@@ -2156,12 +1646,12 @@ def _attention_backward_dq_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_t, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
             plgpu.BlockSpec(
                 (block_t, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
         ],
         max_concurrent_steps=2,
@@ -2171,10 +1661,11 @@ def _attention_backward_dq_mosaic_gpu_kernel(
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
-    dlse = _mgpu_load_vector(dlse_smem, 0)
+    dlse = rt.mgpu_load_vector(dlse_smem, 0)
     delta = (
         jnp.sum(
-            _mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
+            rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+            axis=1,
         )
         - dlse
     )
@@ -2203,13 +1694,13 @@ def _attention_backward_dq_mosaic_gpu(
         )
     padded_size_s = size_s + -size_s % block_s
     padded_t = t + -t % block_t
-    q = _mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    o = _mgpu_pad(o.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    do = _mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    lse = _mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
-    dlse = _mgpu_pad(dlse.reshape((b, h, size_s)), (b, h, padded_size_s))
+    q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    o = rt.mgpu_pad(o.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    do = rt.mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    lse = rt.mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
+    dlse = rt.mgpu_pad(dlse.reshape((b, h, size_s)), (b, h, padded_size_s))
     dq, delta = plgpu.kernel(
         functools.partial(
             _attention_backward_dq_mosaic_gpu_kernel,
@@ -2229,22 +1720,22 @@ def _attention_backward_dq_mosaic_gpu(
         ),
         scratch_types=[
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM((block_s,), jnp.float32),
+            plgpu.SMEM((block_s,), jnp.float32),
             plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM((block_s,), jnp.float32),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
             ),
             plgpu.Barrier(num_barriers=5),
         ],
@@ -2257,20 +1748,7 @@ def _attention_backward_dq_mosaic_gpu(
     )
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_t",
-        "block_s",
-        "gpu_block_t",
-        "gpu_block_s",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def attention_backward_dkdv(
     q,
     k,
@@ -2301,19 +1779,16 @@ def attention_backward_dkdv(
       delta: f32[B, H, S].
       block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_backward_dkdv_tpu_blocks), or grown to large steps
-        (_grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+        (rt.grown), else 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
     """
-    (q, k, v, do, lse, delta), sizes = _operands(
+    (q, k, v, do, lse, delta), sizes = rt.operands(
         "attention_backward_dkdv",
         {
             "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
@@ -2324,20 +1799,17 @@ def attention_backward_dkdv(
             "delta": (delta, jnp.float32, ("B", "H", "S")),
         },
     )
-    _check_blocks("attention_backward_dkdv", block_t=block_t, block_s=block_s, may_be_none=True)
-    _check_blocks(
+    rt.check_blocks(
         "attention_backward_dkdv",
+        block_t=block_t,
+        block_s=block_s,
         gpu_block_t=gpu_block_t,
         gpu_block_s=gpu_block_s,
         may_be_none=True,
     )
-    b = sizes["B"]
-    h = sizes["H"]
-    t = sizes["T"]
-    d = sizes["D"]
-    size_s = sizes["S"]
+    b, h, t, d, size_s = sizes["B"], sizes["H"], sizes["T"], sizes["D"], sizes["S"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             attention_backward_dkdv_reference,
             (((b, h, t, d), jnp.bfloat16), ((b, h, t, d), jnp.bfloat16)),
             q,
@@ -2350,8 +1822,10 @@ def attention_backward_dkdv(
         )
     lse = lse.reshape((b, h, 1, size_s))  # lse: f32[B, H, S]
     delta = delta.reshape((b, h, 1, size_s))  # delta: f32[B, H, S]
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "attention_backward_dkdv",
+        (q, k, v, do, lse, delta),
+        tpu=functools.partial(
             _attention_backward_dkdv_tpu,
             b=b,
             h=h,
@@ -2362,33 +1836,24 @@ def attention_backward_dkdv(
             block_s=block_s,
             scale=scale,
         ),
-        _gpu_kernel(
-            "attention_backward_dkdv",
-            gpu_backend,
-            functools.partial(
-                _attention_backward_dkdv_gpu,
-                b=b,
-                h=h,
-                t=t,
-                d=d,
-                size_s=size_s,
-                block_t=gpu_block_t,
-                block_s=gpu_block_s,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(
-                _attention_backward_dkdv_mosaic_gpu, b=b, h=h, t=t, d=d, size_s=size_s, scale=scale
-            ),
+        triton=functools.partial(
+            _attention_backward_dkdv_gpu,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            size_s=size_s,
+            block_t=gpu_block_t,
+            block_s=gpu_block_s,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
+        mosaic_gpu=functools.partial(
+            _attention_backward_dkdv_mosaic_gpu, b=b, h=h, t=t, d=d, size_s=size_s, scale=scale
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -2535,16 +2000,16 @@ def _attention_backward_dkdv_kernel(
         acc_s_lhs = p.astype(jnp.bfloat16)
         acc_s_rhs = do
         if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s_lhs = _fill_past(acc_s_lhs, s_start, size_s, 1, 0)
-            acc_s_rhs = _fill_past(acc_s_rhs, s_start, size_s, 0, 0)
+            acc_s_lhs = rt.fill_past(acc_s_lhs, s_start, size_s, 1, 0)
+            acc_s_rhs = rt.fill_past(acc_s_rhs, s_start, size_s, 0, 0)
         acc_s_ref[...] = acc_s_ref[...] + jnp.dot(
             acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32
         )
         acc_s_2_lhs = (ds_1 * scale).astype(jnp.bfloat16)
         acc_s_2_rhs = q
         if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s_2_lhs = _fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
-            acc_s_2_rhs = _fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
+            acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
+            acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
         acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(
             acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32
         )
@@ -2618,12 +2083,12 @@ def _attention_backward_dkdv_tpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, scale, interpret
 ):
     """`attention_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_t, block_s = _tpu_blocks(
+    block_t, block_s = rt.tpu_blocks(
         _attention_backward_dkdv_tpu_blocks,
         (b, h, t, d, size_s),
         (block_t, block_s),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(
                 min(1 << (t.bit_length() - 1), 4096),
                 min(1 << (size_s.bit_length() - 1), 4096),
@@ -2645,7 +2110,7 @@ def _attention_backward_dkdv_tpu(
     )
     block_t = min(block_t, t)  # a small T is one whole block
     block_s = min(block_s, size_s)  # a small S is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "attention_backward_dkdv",
         block_t=(
             block_t,
@@ -2660,7 +2125,7 @@ def _attention_backward_dkdv_tpu(
             "S is the last dimension of a block, so it is a multiple of 128",
         ),
     )
-    whole_strips, partial_strips = _strips(
+    whole_strips, partial_strips = rt.strips(
         (block_t, block_s),
         (pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         height=256,
@@ -2763,7 +2228,9 @@ def _attention_backward_dkdv_tpu(
             + 2 * b * h * t * size_s * d
             + 2 * b * h * t * d * size_s,
             transcendentals=b * h * t * size_s,
-            bytes_accessed=_nbytes(q, k, v, do, lse, delta) + b * h * t * d * 2 + b * h * t * d * 2,
+            bytes_accessed=rt.nbytes(q, k, v, do, lse, delta)
+            + b * h * t * d * 2
+            + b * h * t * d * 2,
         ),
         interpret=interpret,
         name="attention_backward_dkdv",
@@ -2791,31 +2258,33 @@ def _attention_backward_dkdv_gpu_kernel(
     scale,
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_t = _inside(pl.program_id(2) * block_t, block_t, t)
-    in_d = _inside(0, block_d, d)
+    in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
+    in_d = rt.inside(0, block_d, d)
     t_start = pl.program_id(2) * block_t
-    k = _load(k_ref, _mask((block_t, block_d), in_t, in_d), other=0)
-    v = _load(v_ref, _mask((block_t, block_d), in_t, in_d), other=0)
+    k = rt.load(k_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
+    v = rt.load(v_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
 
     def accumulate(index, running):
         s_start = index * block_s
-        in_s = _inside(s_start, block_s, size_s)
+        in_s = rt.inside(s_start, block_s, size_s)
 
         def step():
             acc_s, acc_s_2 = running
-            q = _load(
-                q_ref.at[pl.ds(s_start, block_s), :], _mask((block_s, block_d), in_s, in_d), other=0
-            )
-            do = _load(
-                do_ref.at[pl.ds(s_start, block_s), :],
-                _mask((block_s, block_d), in_s, in_d),
+            q = rt.load(
+                q_ref.at[pl.ds(s_start, block_s), :],
+                rt.mask((block_s, block_d), in_s, in_d),
                 other=0,
             )
-            lse = _load(
-                lse_ref.at[:, pl.ds(s_start, block_s)], _mask((1, block_s), None, in_s), other=0
+            do = rt.load(
+                do_ref.at[pl.ds(s_start, block_s), :],
+                rt.mask((block_s, block_d), in_s, in_d),
+                other=0,
             )
-            delta = _load(
-                delta_ref.at[:, pl.ds(s_start, block_s)], _mask((1, block_s), None, in_s), other=0
+            lse = rt.load(
+                lse_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
+            )
+            delta = rt.load(
+                delta_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
             )
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_s), 1)
@@ -2840,14 +2309,14 @@ def _attention_backward_dkdv_gpu_kernel(
             acc_s_lhs = p.astype(jnp.bfloat16)
             acc_s_rhs = do
             if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-                acc_s_lhs = _fill_past(acc_s_lhs, s_start, size_s, 1, 0)
-                acc_s_rhs = _fill_past(acc_s_rhs, s_start, size_s, 0, 0)
+                acc_s_lhs = rt.fill_past(acc_s_lhs, s_start, size_s, 1, 0)
+                acc_s_rhs = rt.fill_past(acc_s_rhs, s_start, size_s, 0, 0)
             acc_s = acc_s + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
             acc_s_2_lhs = (ds_1 * scale).astype(jnp.bfloat16)
             acc_s_2_rhs = q
             if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-                acc_s_2_lhs = _fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
-                acc_s_2_rhs = _fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
+                acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
+                acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
             acc_s_2 = acc_s_2 + jnp.dot(
                 acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32
             )
@@ -2865,8 +2334,8 @@ def _attention_backward_dkdv_gpu_kernel(
             jnp.full((block_t, block_d), 0, jnp.float32),
         ),
     )
-    _store(dv_ref, acc_s.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
-    _store(dk_ref, acc_s_2.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
+    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), rt.mask((block_t, block_d), in_t, in_d))
+    rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), rt.mask((block_t, block_d), in_t, in_d))
 
 
 # GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
@@ -2897,7 +2366,7 @@ def _attention_backward_dkdv_gpu(
     interpret,
 ):
     """`attention_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_t, block_s, num_warps, num_stages = _gpu_options(
+    block_t, block_s, num_warps, num_stages = rt.gpu_options(
         _attention_backward_dkdv_gpu_options,
         (b, h, t, d, size_s),
         (block_t, block_s, num_warps, num_stages),
@@ -3000,33 +2469,37 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
 
         def compute():
             acc_s, acc_s_2 = carry
-            lse = _mgpu_load_vector(lse_smem, 1)
-            delta = _mgpu_load_vector(delta_smem, 1)
+            lse = rt.mgpu_load_vector(lse_smem, 1)
+            delta = rt.mgpu_load_vector(delta_smem, 1)
             s = jnp.where(
-                _mgpu_spread(_mgpu_vector_positions(s_start, block_s, 1), (block_t, block_s), 1)
-                >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0),
-                _mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * scale,
+                rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 1), (block_t, block_s), 1)
+                >= rt.mgpu_spread(
+                    rt.mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0
+                ),
+                rt.mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * scale,
                 -jnp.inf,
             )
-            p = jnp.exp(s - _mgpu_spread(lse, (block_t, block_s), 1))
-            dp = _mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
-            ds = p * (dp - _mgpu_spread(delta, (block_t, block_s), 1))
+            p = jnp.exp(s - rt.mgpu_spread(lse, (block_t, block_s), 1))
+            dp = rt.mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
+            ds = p * (dp - rt.mgpu_spread(delta, (block_t, block_s), 1))
             ds_1 = jnp.where(
-                _mgpu_spread(_mgpu_vector_positions(s_start, block_s, 1), (block_t, block_s), 1)
-                >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0),
+                rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 1), (block_t, block_s), 1)
+                >= rt.mgpu_spread(
+                    rt.mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0
+                ),
                 ds,
                 0,
             )
             operand = p.astype(jnp.bfloat16)
             if size_s % block_s:  # a ragged S: 0 past its end
-                operand = _mgpu_fill_past(operand, s_start, size_s, 1, 0)
-            acc_s = acc_s + _mgpu_dot(
+                operand = rt.mgpu_fill_past(operand, s_start, size_s, 1, 0)
+            acc_s = acc_s + rt.mgpu_dot(
                 (block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,)
             )
             operand_2 = (ds_1 * scale).astype(jnp.bfloat16)
             if size_s % block_s:  # a ragged S: 0 past its end
-                operand_2 = _mgpu_fill_past(operand_2, s_start, size_s, 1, 0)
-            acc_s_2 = acc_s_2 + _mgpu_dot(
+                operand_2 = rt.mgpu_fill_past(operand_2, s_start, size_s, 1, 0)
+            acc_s_2 = acc_s_2 + rt.mgpu_dot(
                 (block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,)
             )
             return acc_s, acc_s_2
@@ -3041,12 +2514,12 @@ def _attention_backward_dkdv_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_s, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
             plgpu.BlockSpec(
                 (block_s, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
@@ -3087,12 +2560,12 @@ def _attention_backward_dkdv_mosaic_gpu(
         )
     padded_t = t + -t % block_t
     padded_size_s = size_s + -size_s % block_s
-    q = _mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    do = _mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    lse = _mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
-    delta = _mgpu_pad(delta.reshape((b, h, size_s)), (b, h, padded_size_s))
+    q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    do = rt.mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    lse = rt.mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
+    delta = rt.mgpu_pad(delta.reshape((b, h, size_s)), (b, h, padded_size_s))
     dk, dv = plgpu.kernel(
         functools.partial(
             _attention_backward_dkdv_mosaic_gpu_kernel,
@@ -3112,22 +2585,22 @@ def _attention_backward_dkdv_mosaic_gpu(
         ),
         scratch_types=[
             plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_s)
+                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
             ),
             plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_s)
+                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
             ),
             plgpu.Barrier(num_barriers=2),
         ],
@@ -3138,20 +2611,7 @@ def _attention_backward_dkdv_mosaic_gpu(
     return dk[:b, :h, :t, :d].reshape((b, h, t, d)), dv[:b, :h, :t, :d].reshape((b, h, t, d))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def attention_dq(
     q,
     k,
@@ -3184,21 +2644,18 @@ def attention_dq(
       lse: f32[B, H, S].
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_dq_tpu_blocks), or grown to large steps
-        (_grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+        (rt.grown), else 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dq: bf16[B, H, S, D]; delta: f32[B, H, S].
 
     Gradients: none; its spec says `grad none`, and jax.grad of it raises a TypeError.
     """
-    (q, k, v, o, do, lse), sizes = _operands(
+    (q, k, v, o, do, lse), sizes = rt.operands(
         "attention_dq",
         {
             "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
@@ -3209,17 +2666,17 @@ def attention_dq(
             "lse": (lse, jnp.float32, ("B", "H", "S")),
         },
     )
-    _check_blocks("attention_dq", block_s=block_s, block_t=block_t, may_be_none=True)
-    _check_blocks(
-        "attention_dq", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True
+    rt.check_blocks(
+        "attention_dq",
+        block_s=block_s,
+        block_t=block_t,
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        may_be_none=True,
     )
-    b = sizes["B"]
-    h = sizes["H"]
-    size_s = sizes["S"]
-    d = sizes["D"]
-    t = sizes["T"]
+    b, h, size_s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             attention_dq_reference,
             (((b, h, size_s, d), jnp.bfloat16), ((b, h, size_s), jnp.float32)),
             q,
@@ -3230,7 +2687,7 @@ def attention_dq(
             lse,
             scale=scale,
         )
-    return _differentiable(
+    return rt.differentiable(
         functools.partial(
             _attention_dq_forward,
             b=b,
@@ -3341,8 +2798,10 @@ def _attention_dq_forward(
 ):
     """`attention_dq` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     lse = lse.reshape((b, h, size_s, 1))  # lse: f32[B, H, S]
-    dq, delta = _on_platform(
-        functools.partial(
+    dq, delta = rt.on_platform(
+        "attention_dq",
+        (q, k, v, o, do, lse),
+        tpu=functools.partial(
             _attention_dq_tpu,
             b=b,
             h=h,
@@ -3353,33 +2812,24 @@ def _attention_dq_forward(
             block_t=block_t,
             scale=scale,
         ),
-        _gpu_kernel(
-            "attention_dq",
-            gpu_backend,
-            functools.partial(
-                _attention_dq_gpu,
-                b=b,
-                h=h,
-                size_s=size_s,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(
-                _attention_dq_mosaic_gpu, b=b, h=h, size_s=size_s, d=d, t=t, scale=scale
-            ),
+        triton=functools.partial(
+            _attention_dq_gpu,
+            b=b,
+            h=h,
+            size_s=size_s,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
-        v,
-        o,
-        do,
-        lse,
+        mosaic_gpu=functools.partial(
+            _attention_dq_mosaic_gpu, b=b, h=h, size_s=size_s, d=d, t=t, scale=scale
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     delta = delta.reshape(
         (b, h, size_s)
@@ -3451,8 +2901,8 @@ def _attention_dq_kernel(
         acc_t_lhs = (p * (dp - delta)).astype(jnp.bfloat16)
         acc_t_rhs = k
         if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
         acc_t_ref[...] = acc_t_ref[...] + jnp.dot(
             acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
         )
@@ -3526,12 +2976,12 @@ def _attention_dq_tpu(
     q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret
 ):
     """`attention_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = _tpu_blocks(
+    block_s, block_t = rt.tpu_blocks(
         _attention_dq_tpu_blocks,
         (b, h, size_s, d, t),
         (block_s, block_t),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(
                 min(1 << (size_s.bit_length() - 1), 4096),
                 min(1 << (t.bit_length() - 1), 4096),
@@ -3552,7 +3002,7 @@ def _attention_dq_tpu(
     )
     block_s = min(block_s, size_s)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "attention_dq",
         block_s=(
             block_s,
@@ -3567,7 +3017,7 @@ def _attention_dq_tpu(
             "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
-    whole_strips, partial_strips = _strips(
+    whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         height=256,
@@ -3649,7 +3099,7 @@ def _attention_dq_tpu(
             + 2 * b * h * size_s * t * d
             + 2 * b * h * size_s * d * t,
             transcendentals=b * h * size_s * t,
-            bytes_accessed=_nbytes(q, k, v, o, do, lse)
+            bytes_accessed=rt.nbytes(q, k, v, o, do, lse)
             + b * h * size_s * d * 2
             + b * h * size_s * 4,
         ),
@@ -3679,25 +3129,29 @@ def _attention_dq_gpu_kernel(
     scale,
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(2) * block_s, block_s, size_s)
-    in_d = _inside(0, block_d, d)
+    in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
+    in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
-    q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
-    o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
-    do = _load(do_ref, _mask((block_s, block_d), in_s, in_d), other=0)
-    lse = _load(lse_ref, _mask((block_s, 1), in_s, None), other=0)
+    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    lse = rt.load(lse_ref, rt.mask((block_s, 1), in_s, None), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
-        in_t = _inside(t_start, block_t, t)
+        in_t = rt.inside(t_start, block_t, t)
 
         def step():
             (acc_t,) = running
-            k = _load(
-                k_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+            k = rt.load(
+                k_ref.at[pl.ds(t_start, block_t), :],
+                rt.mask((block_t, block_d), in_t, in_d),
+                other=0,
             )
-            v = _load(
-                v_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+            v = rt.load(
+                v_ref.at[pl.ds(t_start, block_t), :],
+                rt.mask((block_t, block_d), in_t, in_d),
+                other=0,
             )
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0)
@@ -3713,15 +3167,15 @@ def _attention_dq_gpu_kernel(
                 do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
             )
             delta = jnp.sum(
-                _fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+                rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
                 axis=1,
                 keepdims=True,
             )
             acc_t_lhs = (p * (dp - delta)).astype(jnp.bfloat16)
             acc_t_rhs = k
             if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-                acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
-                acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+                acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+                acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
             acc_t = acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
             return (acc_t,)
 
@@ -3731,15 +3185,15 @@ def _attention_dq_gpu_kernel(
     (acc_t,) = jax.lax.fori_loop(
         0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
     )
-    o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
-    do = _load(do_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
     delta = jnp.sum(
-        _fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+        rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
         axis=1,
         keepdims=True,
     )
-    _store(delta_ref, delta, _mask((block_s, 1), in_s, None))
-    _store(dq_ref, (acc_t * scale).astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+    rt.store(delta_ref, delta, rt.mask((block_s, 1), in_s, None))
+    rt.store(dq_ref, (acc_t * scale).astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
 
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
@@ -3770,7 +3224,7 @@ def _attention_dq_gpu(
     interpret,
 ):
     """`attention_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = _gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.gpu_options(
         _attention_dq_gpu_options, (b, h, size_s, d, t), (block_s, block_t, num_warps, num_stages)
     )
     block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
@@ -3876,7 +3330,7 @@ def _attention_dq_mosaic_gpu_kernel(
     plgpu.barrier_wait(barrier.at[3])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
-    lse = _mgpu_load_vector(lse_smem, 0)
+    lse = rt.mgpu_load_vector(lse_smem, 0)
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -3884,21 +3338,23 @@ def _attention_dq_mosaic_gpu_kernel(
         def compute():
             (acc_t,) = carry
             s = jnp.where(
-                _mgpu_spread(_mgpu_vector_positions(s_start, block_s, 0), (block_s, block_t), 0)
-                >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
-                _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
+                rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 0), (block_s, block_t), 0)
+                >= rt.mgpu_spread(
+                    rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1
+                ),
+                rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
                 -jnp.inf,
             )
-            p = jnp.exp(s - _mgpu_spread(lse, (block_s, block_t), 0))
-            dp = _mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
+            p = jnp.exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
+            dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
             delta = jnp.sum(
-                _mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+                rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
                 axis=1,
             )
-            operand = (p * (dp - _mgpu_spread(delta, (block_s, block_t), 0))).astype(jnp.bfloat16)
+            operand = (p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))).astype(jnp.bfloat16)
             if t % block_t:  # a ragged T: 0 past its end
-                operand = _mgpu_fill_past(operand, t_start, t, 1, 0)
-            acc_t = acc_t + _mgpu_dot(
+                operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
+            acc_t = acc_t + rt.mgpu_dot(
                 (block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,)
             )
             return (acc_t,)
@@ -3913,12 +3369,12 @@ def _attention_dq_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_t, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
             plgpu.BlockSpec(
                 (block_t, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
         ],
         max_concurrent_steps=2,
@@ -3929,7 +3385,7 @@ def _attention_dq_mosaic_gpu_kernel(
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
     delta = jnp.sum(
-        _mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
+        rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
     )
     delta_smem[...] = delta
     dq_smem[...] = (acc_t * scale).astype(jnp.bfloat16)
@@ -3954,12 +3410,12 @@ def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, 
         )
     padded_size_s = size_s + -size_s % block_s
     padded_t = t + -t % block_t
-    q = _mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    o = _mgpu_pad(o.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    do = _mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    lse = _mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
+    q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    o = rt.mgpu_pad(o.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    do = rt.mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    lse = rt.mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
     dq, delta = plgpu.kernel(
         functools.partial(
             _attention_dq_mosaic_gpu_kernel,
@@ -3979,21 +3435,21 @@ def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, 
         ),
         scratch_types=[
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM((block_s,), jnp.float32),
             plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM((block_s,), jnp.float32),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
             ),
             plgpu.Barrier(num_barriers=4),
         ],
@@ -4006,20 +3462,7 @@ def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, 
     )
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_t",
-        "block_s",
-        "gpu_block_t",
-        "gpu_block_s",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def attention_dkdv(
     q,
     k,
@@ -4049,21 +3492,18 @@ def attention_dkdv(
       delta: f32[B, H, S].
       block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_dkdv_tpu_blocks), or grown to large steps
-        (_grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+        (rt.grown), else 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
 
     Gradients: none; its spec says `grad none`, and jax.grad of it raises a TypeError.
     """
-    (q, k, v, do, lse, delta), sizes = _operands(
+    (q, k, v, do, lse, delta), sizes = rt.operands(
         "attention_dkdv",
         {
             "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
@@ -4074,17 +3514,17 @@ def attention_dkdv(
             "delta": (delta, jnp.float32, ("B", "H", "S")),
         },
     )
-    _check_blocks("attention_dkdv", block_t=block_t, block_s=block_s, may_be_none=True)
-    _check_blocks(
-        "attention_dkdv", gpu_block_t=gpu_block_t, gpu_block_s=gpu_block_s, may_be_none=True
+    rt.check_blocks(
+        "attention_dkdv",
+        block_t=block_t,
+        block_s=block_s,
+        gpu_block_t=gpu_block_t,
+        gpu_block_s=gpu_block_s,
+        may_be_none=True,
     )
-    b = sizes["B"]
-    h = sizes["H"]
-    t = sizes["T"]
-    d = sizes["D"]
-    s = sizes["S"]
+    b, h, t, d, s = sizes["B"], sizes["H"], sizes["T"], sizes["D"], sizes["S"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             attention_dkdv_reference,
             (((b, h, t, d), jnp.bfloat16), ((b, h, t, d), jnp.bfloat16)),
             q,
@@ -4095,7 +3535,7 @@ def attention_dkdv(
             delta,
             scale=scale,
         )
-    return _differentiable(
+    return rt.differentiable(
         functools.partial(
             _attention_dkdv_forward,
             b=b,
@@ -4213,8 +3653,10 @@ def _attention_dkdv_forward(
     """`attention_dkdv` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     lse = lse.reshape((b, h, 1, s))  # lse: f32[B, H, S]
     delta = delta.reshape((b, h, 1, s))  # delta: f32[B, H, S]
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "attention_dkdv",
+        (q, k, v, do, lse, delta),
+        tpu=functools.partial(
             _attention_dkdv_tpu,
             b=b,
             h=h,
@@ -4225,31 +3667,24 @@ def _attention_dkdv_forward(
             block_s=block_s,
             scale=scale,
         ),
-        _gpu_kernel(
-            "attention_dkdv",
-            gpu_backend,
-            functools.partial(
-                _attention_dkdv_gpu,
-                b=b,
-                h=h,
-                t=t,
-                d=d,
-                s=s,
-                block_t=gpu_block_t,
-                block_s=gpu_block_s,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(_attention_dkdv_mosaic_gpu, b=b, h=h, t=t, d=d, s=s, scale=scale),
+        triton=functools.partial(
+            _attention_dkdv_gpu,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            s=s,
+            block_t=gpu_block_t,
+            block_s=gpu_block_s,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
+        mosaic_gpu=functools.partial(
+            _attention_dkdv_mosaic_gpu, b=b, h=h, t=t, d=d, s=s, scale=scale
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -4329,16 +3764,16 @@ def _attention_dkdv_kernel(
         acc_s_lhs = pt.astype(jnp.bfloat16)
         acc_s_rhs = do
         if s % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s_lhs = _fill_past(acc_s_lhs, s_start, s, 1, 0)
-            acc_s_rhs = _fill_past(acc_s_rhs, s_start, s, 0, 0)
+            acc_s_lhs = rt.fill_past(acc_s_lhs, s_start, s, 1, 0)
+            acc_s_rhs = rt.fill_past(acc_s_rhs, s_start, s, 0, 0)
         acc_s_ref[...] = acc_s_ref[...] + jnp.dot(
             acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32
         )
         acc_s_2_lhs = (pt * (dpt - delta)).astype(jnp.bfloat16)
         acc_s_2_rhs = q
         if s % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s_2_lhs = _fill_past(acc_s_2_lhs, s_start, s, 1, 0)
-            acc_s_2_rhs = _fill_past(acc_s_2_rhs, s_start, s, 0, 0)
+            acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, s, 1, 0)
+            acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, s, 0, 0)
         acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(
             acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32
         )
@@ -4412,12 +3847,12 @@ def _attention_dkdv_tpu(
     q, k, v, do, lse, delta, *, b, h, t, d, s, block_t, block_s, scale, interpret
 ):
     """`attention_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_t, block_s = _tpu_blocks(
+    block_t, block_s = rt.tpu_blocks(
         _attention_dkdv_tpu_blocks,
         (b, h, t, d, s),
         (block_t, block_s),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(min(1 << (t.bit_length() - 1), 4096), min(1 << (s.bit_length() - 1), 4096)),
             step=lambda block_t, block_s: (
                 min(block_t, 256) * block_s,
@@ -4436,7 +3871,7 @@ def _attention_dkdv_tpu(
     )
     block_t = min(block_t, t)  # a small T is one whole block
     block_s = min(block_s, s)  # a small S is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "attention_dkdv",
         block_t=(
             block_t,
@@ -4446,7 +3881,7 @@ def _attention_dkdv_tpu(
         ),
         block_s=(block_s, s, 128, "S is the last dimension of a block, so it is a multiple of 128"),
     )
-    whole_strips, partial_strips = _strips(
+    whole_strips, partial_strips = rt.strips(
         (block_t, block_s),
         (pl.cdiv(t, block_t), pl.cdiv(s, block_s)),
         height=256,
@@ -4549,7 +3984,9 @@ def _attention_dkdv_tpu(
             + 2 * b * h * t * s * d
             + 2 * b * h * t * d * s,
             transcendentals=b * h * t * s,
-            bytes_accessed=_nbytes(q, k, v, do, lse, delta) + b * h * t * d * 2 + b * h * t * d * 2,
+            bytes_accessed=rt.nbytes(q, k, v, do, lse, delta)
+            + b * h * t * d * 2
+            + b * h * t * d * 2,
         ),
         interpret=interpret,
         name="attention_dkdv",
@@ -4577,31 +4014,33 @@ def _attention_dkdv_gpu_kernel(
     scale,
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_t = _inside(pl.program_id(2) * block_t, block_t, t)
-    in_d = _inside(0, block_d, d)
+    in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
+    in_d = rt.inside(0, block_d, d)
     t_start = pl.program_id(2) * block_t
-    k = _load(k_ref, _mask((block_t, block_d), in_t, in_d), other=0)
-    v = _load(v_ref, _mask((block_t, block_d), in_t, in_d), other=0)
+    k = rt.load(k_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
+    v = rt.load(v_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
 
     def accumulate(index, running):
         s_start = index * block_s
-        in_s = _inside(s_start, block_s, s)
+        in_s = rt.inside(s_start, block_s, s)
 
         def step():
             acc_s, acc_s_2 = running
-            q = _load(
-                q_ref.at[pl.ds(s_start, block_s), :], _mask((block_s, block_d), in_s, in_d), other=0
-            )
-            do = _load(
-                do_ref.at[pl.ds(s_start, block_s), :],
-                _mask((block_s, block_d), in_s, in_d),
+            q = rt.load(
+                q_ref.at[pl.ds(s_start, block_s), :],
+                rt.mask((block_s, block_d), in_s, in_d),
                 other=0,
             )
-            lse = _load(
-                lse_ref.at[:, pl.ds(s_start, block_s)], _mask((1, block_s), None, in_s), other=0
+            do = rt.load(
+                do_ref.at[pl.ds(s_start, block_s), :],
+                rt.mask((block_s, block_d), in_s, in_d),
+                other=0,
             )
-            delta = _load(
-                delta_ref.at[:, pl.ds(s_start, block_s)], _mask((1, block_s), None, in_s), other=0
+            lse = rt.load(
+                lse_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
+            )
+            delta = rt.load(
+                delta_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
             )
             st = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_s), 1)
@@ -4619,14 +4058,14 @@ def _attention_dkdv_gpu_kernel(
             acc_s_lhs = pt.astype(jnp.bfloat16)
             acc_s_rhs = do
             if s % block_s:  # a ragged S: both operands 0 past its end, never padding
-                acc_s_lhs = _fill_past(acc_s_lhs, s_start, s, 1, 0)
-                acc_s_rhs = _fill_past(acc_s_rhs, s_start, s, 0, 0)
+                acc_s_lhs = rt.fill_past(acc_s_lhs, s_start, s, 1, 0)
+                acc_s_rhs = rt.fill_past(acc_s_rhs, s_start, s, 0, 0)
             acc_s = acc_s + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
             acc_s_2_lhs = (pt * (dpt - delta)).astype(jnp.bfloat16)
             acc_s_2_rhs = q
             if s % block_s:  # a ragged S: both operands 0 past its end, never padding
-                acc_s_2_lhs = _fill_past(acc_s_2_lhs, s_start, s, 1, 0)
-                acc_s_2_rhs = _fill_past(acc_s_2_rhs, s_start, s, 0, 0)
+                acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, s, 1, 0)
+                acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, s, 0, 0)
             acc_s_2 = acc_s_2 + jnp.dot(
                 acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32
             )
@@ -4644,8 +4083,10 @@ def _attention_dkdv_gpu_kernel(
             jnp.full((block_t, block_d), 0, jnp.float32),
         ),
     )
-    _store(dv_ref, acc_s.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
-    _store(dk_ref, (acc_s_2 * scale).astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
+    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), rt.mask((block_t, block_d), in_t, in_d))
+    rt.store(
+        dk_ref, (acc_s_2 * scale).astype(jnp.bfloat16), rt.mask((block_t, block_d), in_t, in_d)
+    )
 
 
 # GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
@@ -4676,7 +4117,7 @@ def _attention_dkdv_gpu(
     interpret,
 ):
     """`attention_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_t, block_s, num_warps, num_stages = _gpu_options(
+    block_t, block_s, num_warps, num_stages = rt.gpu_options(
         _attention_dkdv_gpu_options, (b, h, t, d, s), (block_t, block_s, num_warps, num_stages)
     )
     block_t = max(16, min(block_t, pl.next_power_of_2(t)))  # a small T is one masked block
@@ -4777,28 +4218,30 @@ def _attention_dkdv_mosaic_gpu_kernel(
 
         def compute():
             acc_s, acc_s_2 = carry
-            lse = _mgpu_load_vector(lse_smem, 1)
-            delta = _mgpu_load_vector(delta_smem, 1)
+            lse = rt.mgpu_load_vector(lse_smem, 1)
+            delta = rt.mgpu_load_vector(delta_smem, 1)
             st = jnp.where(
-                _mgpu_spread(_mgpu_vector_positions(s_start, block_s, 1), (block_t, block_s), 1)
-                >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0),
-                _mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * scale,
+                rt.mgpu_spread(rt.mgpu_vector_positions(s_start, block_s, 1), (block_t, block_s), 1)
+                >= rt.mgpu_spread(
+                    rt.mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0
+                ),
+                rt.mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * scale,
                 -jnp.inf,
             )
-            pt = jnp.exp(st - _mgpu_spread(lse, (block_t, block_s), 1))
-            dpt = _mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
+            pt = jnp.exp(st - rt.mgpu_spread(lse, (block_t, block_s), 1))
+            dpt = rt.mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
             operand = pt.astype(jnp.bfloat16)
             if s % block_s:  # a ragged S: 0 past its end
-                operand = _mgpu_fill_past(operand, s_start, s, 1, 0)
-            acc_s = acc_s + _mgpu_dot(
+                operand = rt.mgpu_fill_past(operand, s_start, s, 1, 0)
+            acc_s = acc_s + rt.mgpu_dot(
                 (block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,)
             )
-            operand_2 = (pt * (dpt - _mgpu_spread(delta, (block_t, block_s), 1))).astype(
+            operand_2 = (pt * (dpt - rt.mgpu_spread(delta, (block_t, block_s), 1))).astype(
                 jnp.bfloat16
             )
             if s % block_s:  # a ragged S: 0 past its end
-                operand_2 = _mgpu_fill_past(operand_2, s_start, s, 1, 0)
-            acc_s_2 = acc_s_2 + _mgpu_dot(
+                operand_2 = rt.mgpu_fill_past(operand_2, s_start, s, 1, 0)
+            acc_s_2 = acc_s_2 + rt.mgpu_dot(
                 (block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,)
             )
             return acc_s, acc_s_2
@@ -4813,12 +4256,12 @@ def _attention_dkdv_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_s, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
             plgpu.BlockSpec(
                 (block_s, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
@@ -4857,12 +4300,12 @@ def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale,
         )
     padded_t = t + -t % block_t
     padded_s = s + -s % block_s
-    q = _mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
-    k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    do = _mgpu_pad(do.reshape((b, h, s, d)), (b, h, padded_s, block_d))
-    lse = _mgpu_pad(lse.reshape((b, h, s)), (b, h, padded_s))
-    delta = _mgpu_pad(delta.reshape((b, h, s)), (b, h, padded_s))
+    q = rt.mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
+    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    do = rt.mgpu_pad(do.reshape((b, h, s, d)), (b, h, padded_s, block_d))
+    lse = rt.mgpu_pad(lse.reshape((b, h, s)), (b, h, padded_s))
+    delta = rt.mgpu_pad(delta.reshape((b, h, s)), (b, h, padded_s))
     dk, dv = plgpu.kernel(
         functools.partial(
             _attention_dkdv_mosaic_gpu_kernel,
@@ -4882,22 +4325,22 @@ def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale,
         ),
         scratch_types=[
             plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_s)
+                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
             ),
             plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_s)
+                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
             ),
             plgpu.Barrier(num_barriers=2),
         ],
@@ -4908,20 +4351,7 @@ def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale,
     return dk[:b, :h, :t, :d].reshape((b, h, t, d)), dv[:b, :h, :t, :d].reshape((b, h, t, d))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def attention_full(
     q,
     k,
@@ -4945,14 +4375,11 @@ def attention_full(
       v: bf16[B, H, T, D].
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_full_tpu_blocks), or grown to large steps
-        (_grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+        (rt.grown), else 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       o: bf16[B, H, S, D].
@@ -4960,7 +4387,7 @@ def attention_full(
     Gradients: jax.grad runs the generated backward kernels attention_full_backward_dq,
     attention_full_backward_dkdv (_attention_full_vjp).
     """
-    (q, k, v), sizes = _operands(
+    (q, k, v), sizes = rt.operands(
         "attention_full",
         {
             "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
@@ -4968,20 +4395,20 @@ def attention_full(
             "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
         },
     )
-    _check_blocks("attention_full", block_s=block_s, block_t=block_t, may_be_none=True)
-    _check_blocks(
-        "attention_full", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True
+    rt.check_blocks(
+        "attention_full",
+        block_s=block_s,
+        block_t=block_t,
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        may_be_none=True,
     )
-    b = sizes["B"]
-    h = sizes["H"]
-    s = sizes["S"]
-    d = sizes["D"]
-    t = sizes["T"]
+    b, h, s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             attention_full_reference, (((b, h, s, d), jnp.bfloat16),), q, k, v, scale=scale
         )
-    return _differentiable(
+    return rt.differentiable(
         functools.partial(
             _attention_full_forward,
             b=b,
@@ -5086,8 +4513,10 @@ def _attention_full_forward(
     interpret,
 ):
     """`attention_full` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "attention_full",
+        (q, k, v),
+        tpu=functools.partial(
             _attention_full_tpu,
             b=b,
             h=h,
@@ -5098,28 +4527,24 @@ def _attention_full_forward(
             block_t=block_t,
             scale=scale,
         ),
-        _gpu_kernel(
-            "attention_full",
-            gpu_backend,
-            functools.partial(
-                _attention_full_gpu,
-                b=b,
-                h=h,
-                s=s,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(_attention_full_mosaic_gpu, b=b, h=h, s=s, d=d, t=t, scale=scale),
+        triton=functools.partial(
+            _attention_full_gpu,
+            b=b,
+            h=h,
+            s=s,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
-        v,
+        mosaic_gpu=functools.partial(
+            _attention_full_mosaic_gpu, b=b, h=h, s=s, d=d, t=t, scale=scale
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -5216,7 +4641,7 @@ def _attention_full_kernel(
         * scale
     )
     if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-        max_t_block = _fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+        max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
     max_t_previous = max_t_ref[...]
     max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
     max_t_shift = jnp.where(
@@ -5231,15 +4656,15 @@ def _attention_full_kernel(
     )
     sum_exp_t_block = sum_exp_t_terms
     if t % block_t:  # a ragged T: 0.0 past its end, never padding
-        sum_exp_t_block = _fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+        sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
     sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(
         sum_exp_t_block, axis=1, keepdims=True
     )
     acc_t_lhs = sum_exp_t_terms
     acc_t_rhs = v.astype(jnp.float32)
     if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-        acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
-        acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+        acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+        acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
     acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(
         acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
     )
@@ -5264,12 +4689,12 @@ _attention_full_tpu_blocks = {
 
 def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, interpret):
     """`attention_full` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = _tpu_blocks(
+    block_s, block_t = rt.tpu_blocks(
         _attention_full_tpu_blocks,
         (b, h, s, d, t),
         (block_s, block_t),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(min(s, 1024), min(t, 1024)),
             step=lambda block_s, block_t: (
                 block_s * block_t,
@@ -5285,7 +4710,7 @@ def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, inte
     )
     block_s = min(block_s, s)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "attention_full",
         block_s=(
             block_s,
@@ -5340,7 +4765,7 @@ def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, inte
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_s * d
                 + 4 * block_t * d
                 + 4 * block_t * d
@@ -5353,7 +4778,7 @@ def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, inte
         cost_estimate=pl.CostEstimate(
             flops=2 * b * h * s * d * t + 2 * b * h * s * t * d,
             transcendentals=b * h * s * t,
-            bytes_accessed=_nbytes(q, k, v) + b * h * s * d * 2,
+            bytes_accessed=rt.nbytes(q, k, v) + b * h * s * d * 2,
         ),
         interpret=interpret,
         name="attention_full",
@@ -5364,26 +4789,26 @@ def _attention_full_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, *, b, h, s, d, t, block_s, block_t, block_d, scale
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(2) * block_s, block_s, s)
-    in_d = _inside(0, block_d, d)
-    q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    in_s = rt.inside(pl.program_id(2) * block_s, block_s, s)
+    in_d = rt.inside(0, block_d, d)
+    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
-        in_t = _inside(t_start, block_t, t)
+        in_t = rt.inside(t_start, block_t, t)
         max_t, sum_exp_t, acc_t = running
-        k = _load(
-            k_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+        k = rt.load(
+            k_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
         )
-        v = _load(
-            v_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+        v = rt.load(
+            v_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
         )
         max_t_block = (
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * scale
         )
         if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = _fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+            max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
         max_t_shift = jnp.where(
@@ -5398,13 +4823,13 @@ def _attention_full_gpu_kernel(
         )
         sum_exp_t_block = sum_exp_t_terms
         if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = _fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+            sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
         sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
         acc_t_lhs = sum_exp_t_terms
         acc_t_rhs = v.astype(jnp.float32)
         if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
         acc_t = max_t_rescale * acc_t + jnp.dot(
             acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
         )
@@ -5421,7 +4846,7 @@ def _attention_full_gpu_kernel(
         ),
     )
     acc_t_2 = acc_t / sum_exp_t
-    _store(o_ref, acc_t_2.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
 
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
@@ -5435,7 +4860,7 @@ def _attention_full_gpu(
     q, k, v, *, b, h, s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`attention_full` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = _gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.gpu_options(
         _attention_full_gpu_options, (b, h, s, d, t), (block_s, block_t, num_warps, num_stages)
     )
     block_s = max(16, min(block_s, pl.next_power_of_2(s)))  # a small S is one masked block
@@ -5511,30 +4936,30 @@ def _attention_full_mosaic_gpu_kernel(
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
         max_t, sum_exp_t, acc_t = carry
-        max_t_block = _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale
+        max_t_block = rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale
         if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = _mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+            max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
         max_t_shift_vector = jnp.where(
             max_t_new > -jnp.inf, max_t_new, 0.0
         )  # a row of -inf so far subtracts 0
-        max_t_shift = _mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
+        max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
         max_t_rescale = jnp.exp(
             max_t_previous - max_t_shift_vector
         )  # what the terms so far are worth now
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(
-            _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale - max_t_shift
+            rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale - max_t_shift
         )
         sum_exp_t_block = sum_exp_t_terms
         if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = _mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+            sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
         sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
         operand = sum_exp_t_terms
         if t % block_t:  # a ragged T: 0 past its end
-            operand = _mgpu_fill_past(operand, t_start, t, 1, 0)
-        acc_t = _mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + _mgpu_dot(
+            operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
+        acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
             (block_s, block_d),
             operand,
             v_smem,
@@ -5550,22 +4975,22 @@ def _attention_full_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_t, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
             plgpu.BlockSpec(
                 (block_t, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
-            _mgpu_full(block_s, 0.0, jnp.float32, 0),
+            rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
+            rt.mgpu_full(block_s, 0.0, jnp.float32, 0),
             plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
         ),
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
-    acc_t_2 = acc_t / _mgpu_spread(sum_exp_t, (block_s, block_d), 0)
+    acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
     o_smem[...] = acc_t_2.astype(jnp.bfloat16)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
@@ -5587,9 +5012,9 @@ def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
         )
     padded_s = s + -s % block_s
     padded_t = t + -t % block_t
-    q = _mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
-    k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    q = rt.mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
+    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     (o,) = plgpu.kernel(
         functools.partial(
             _attention_full_mosaic_gpu_kernel,
@@ -5606,16 +5031,16 @@ def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
         out_type=(jax.ShapeDtypeStruct((b, h, padded_s, block_d), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
             ),
             plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -5626,20 +5051,7 @@ def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
     return o[:b, :h, :s, :d].reshape((b, h, s, d))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def attention_full_with_residuals(
     q,
     k,
@@ -5664,19 +5076,16 @@ def attention_full_with_residuals(
       v: bf16[B, H, T, D].
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_full_with_residuals_tpu_blocks), or grown to large steps
-        (_grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+        (rt.grown), else 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       o: bf16[B, H, S, D]; lse: f32[B, H, S].
     """
-    (q, k, v), sizes = _operands(
+    (q, k, v), sizes = rt.operands(
         "attention_full_with_residuals",
         {
             "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
@@ -5684,22 +5093,17 @@ def attention_full_with_residuals(
             "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
         },
     )
-    _check_blocks(
-        "attention_full_with_residuals", block_s=block_s, block_t=block_t, may_be_none=True
-    )
-    _check_blocks(
+    rt.check_blocks(
         "attention_full_with_residuals",
+        block_s=block_s,
+        block_t=block_t,
         gpu_block_s=gpu_block_s,
         gpu_block_t=gpu_block_t,
         may_be_none=True,
     )
-    b = sizes["B"]
-    h = sizes["H"]
-    s = sizes["S"]
-    d = sizes["D"]
-    t = sizes["T"]
+    b, h, s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             attention_full_with_residuals_reference,
             (((b, h, s, d), jnp.bfloat16), ((b, h, s), jnp.float32)),
             q,
@@ -5707,8 +5111,10 @@ def attention_full_with_residuals(
             v,
             scale=scale,
         )
-    o, lse = _on_platform(
-        functools.partial(
+    o, lse = rt.on_platform(
+        "attention_full_with_residuals",
+        (q, k, v),
+        tpu=functools.partial(
             _attention_full_with_residuals_tpu,
             b=b,
             h=h,
@@ -5719,30 +5125,24 @@ def attention_full_with_residuals(
             block_t=block_t,
             scale=scale,
         ),
-        _gpu_kernel(
-            "attention_full_with_residuals",
-            gpu_backend,
-            functools.partial(
-                _attention_full_with_residuals_gpu,
-                b=b,
-                h=h,
-                s=s,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(
-                _attention_full_with_residuals_mosaic_gpu, b=b, h=h, s=s, d=d, t=t, scale=scale
-            ),
+        triton=functools.partial(
+            _attention_full_with_residuals_gpu,
+            b=b,
+            h=h,
+            s=s,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
-        v,
+        mosaic_gpu=functools.partial(
+            _attention_full_with_residuals_mosaic_gpu, b=b, h=h, s=s, d=d, t=t, scale=scale
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     lse = lse.reshape((b, h, s))  # the kernel holds it with size 1 along the dimensions it lacks
     return o, lse
@@ -5841,7 +5241,7 @@ def _attention_full_with_residuals_kernel(
         * scale
     )
     if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-        max_t_block = _fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+        max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
     max_t_previous = max_t_ref[...]
     max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
     max_t_shift = jnp.where(
@@ -5856,15 +5256,15 @@ def _attention_full_with_residuals_kernel(
     )
     sum_exp_t_block = sum_exp_t_terms
     if t % block_t:  # a ragged T: 0.0 past its end, never padding
-        sum_exp_t_block = _fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+        sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
     sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(
         sum_exp_t_block, axis=1, keepdims=True
     )
     acc_t_lhs = sum_exp_t_terms
     acc_t_rhs = v.astype(jnp.float32)
     if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-        acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
-        acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+        acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+        acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
     acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(
         acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
     )
@@ -5875,7 +5275,7 @@ def _attention_full_with_residuals_kernel(
         sum_exp_t = sum_exp_t_ref[...]
         acc_t = acc_t_ref[...] / sum_exp_t
         o_ref[...] = acc_t.astype(jnp.bfloat16)
-        lse_ref[...] = _logsumexp_finish(max_t, sum_exp_t)
+        lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
 # TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
@@ -5893,12 +5293,12 @@ def _attention_full_with_residuals_tpu(
     q, k, v, *, b, h, s, d, t, block_s, block_t, scale, interpret
 ):
     """`attention_full_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = _tpu_blocks(
+    block_s, block_t = rt.tpu_blocks(
         _attention_full_with_residuals_tpu_blocks,
         (b, h, s, d, t),
         (block_s, block_t),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(min(s, 1024), min(t, 1024)),
             step=lambda block_s, block_t: (
                 block_s * block_t,
@@ -5915,7 +5315,7 @@ def _attention_full_with_residuals_tpu(
     )
     block_s = min(block_s, s)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "attention_full_with_residuals",
         block_s=(
             block_s,
@@ -5978,7 +5378,7 @@ def _attention_full_with_residuals_tpu(
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_s * d
                 + 4 * block_t * d
                 + 4 * block_t * d
@@ -5992,7 +5392,7 @@ def _attention_full_with_residuals_tpu(
         cost_estimate=pl.CostEstimate(
             flops=2 * b * h * s * d * t + 2 * b * h * s * t * d + 2 * b * h * s * t * d,
             transcendentals=b * h * s * t + b * h * s,
-            bytes_accessed=_nbytes(q, k, v) + b * h * s * d * 2 + b * h * s * 4,
+            bytes_accessed=rt.nbytes(q, k, v) + b * h * s * d * 2 + b * h * s * 4,
         ),
         interpret=interpret,
         name="attention_full_with_residuals",
@@ -6003,26 +5403,26 @@ def _attention_full_with_residuals_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, lse_ref, *, b, h, s, d, t, block_s, block_t, block_d, scale
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(2) * block_s, block_s, s)
-    in_d = _inside(0, block_d, d)
-    q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    in_s = rt.inside(pl.program_id(2) * block_s, block_s, s)
+    in_d = rt.inside(0, block_d, d)
+    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
-        in_t = _inside(t_start, block_t, t)
+        in_t = rt.inside(t_start, block_t, t)
         max_t, sum_exp_t, acc_t = running
-        k = _load(
-            k_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+        k = rt.load(
+            k_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
         )
-        v = _load(
-            v_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+        v = rt.load(
+            v_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
         )
         max_t_block = (
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
             * scale
         )
         if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = _fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+            max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
         max_t_shift = jnp.where(
@@ -6037,13 +5437,13 @@ def _attention_full_with_residuals_gpu_kernel(
         )
         sum_exp_t_block = sum_exp_t_terms
         if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = _fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+            sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
         sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
         acc_t_lhs = sum_exp_t_terms
         acc_t_rhs = v.astype(jnp.float32)
         if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
         acc_t = max_t_rescale * acc_t + jnp.dot(
             acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
         )
@@ -6060,8 +5460,8 @@ def _attention_full_with_residuals_gpu_kernel(
         ),
     )
     acc_t_2 = acc_t / sum_exp_t
-    _store(o_ref, acc_t_2.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
-    _store(lse_ref, _logsumexp_finish(max_t, sum_exp_t), _mask((block_s, 1), in_s, None))
+    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
+    rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), rt.mask((block_s, 1), in_s, None))
 
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
@@ -6075,7 +5475,7 @@ def _attention_full_with_residuals_gpu(
     q, k, v, *, b, h, s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`attention_full_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = _gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.gpu_options(
         _attention_full_with_residuals_gpu_options,
         (b, h, s, d, t),
         (block_s, block_t, num_warps, num_stages),
@@ -6162,30 +5562,30 @@ def _attention_full_with_residuals_mosaic_gpu_kernel(
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
         max_t, sum_exp_t, acc_t = carry
-        max_t_block = _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale
+        max_t_block = rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale
         if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = _mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+            max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
         max_t_shift_vector = jnp.where(
             max_t_new > -jnp.inf, max_t_new, 0.0
         )  # a row of -inf so far subtracts 0
-        max_t_shift = _mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
+        max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
         max_t_rescale = jnp.exp(
             max_t_previous - max_t_shift_vector
         )  # what the terms so far are worth now
         max_t = max_t_new
         sum_exp_t_terms = jnp.exp(
-            _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale - max_t_shift
+            rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale - max_t_shift
         )
         sum_exp_t_block = sum_exp_t_terms
         if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = _mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+            sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
         sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
         operand = sum_exp_t_terms
         if t % block_t:  # a ragged T: 0 past its end
-            operand = _mgpu_fill_past(operand, t_start, t, 1, 0)
-        acc_t = _mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + _mgpu_dot(
+            operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
+        acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
             (block_s, block_d),
             operand,
             v_smem,
@@ -6201,24 +5601,24 @@ def _attention_full_with_residuals_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_t, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
             plgpu.BlockSpec(
                 (block_t, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
-            _mgpu_full(block_s, 0.0, jnp.float32, 0),
+            rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
+            rt.mgpu_full(block_s, 0.0, jnp.float32, 0),
             plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
         ),
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
-    acc_t_2 = acc_t / _mgpu_spread(sum_exp_t, (block_s, block_d), 0)
+    acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
     o_smem[...] = acc_t_2.astype(jnp.bfloat16)
-    lse_smem[...] = _logsumexp_finish(max_t, sum_exp_t)
+    lse_smem[...] = rt.logsumexp_finish(max_t, sum_exp_t)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
     plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
@@ -6240,9 +5640,9 @@ def _attention_full_with_residuals_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, 
         )
     padded_s = s + -s % block_s
     padded_t = t + -t % block_t
-    q = _mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
-    k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    q = rt.mgpu_pad(q.reshape((b, h, s, d)), (b, h, padded_s, block_d))
+    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     o, lse = plgpu.kernel(
         functools.partial(
             _attention_full_with_residuals_mosaic_gpu_kernel,
@@ -6262,17 +5662,17 @@ def _attention_full_with_residuals_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, 
         ),
         scratch_types=[
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM((block_s,), jnp.float32),
             plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
             ),
             plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -6283,20 +5683,7 @@ def _attention_full_with_residuals_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, 
     return o[:b, :h, :s, :d].reshape((b, h, s, d)), lse[:b, :h, :s].reshape((b, h, s, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def attention_full_backward_dq(
     q,
     k,
@@ -6327,19 +5714,16 @@ def attention_full_backward_dq(
       lse: f32[B, H, S].
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_full_backward_dq_tpu_blocks), or grown to large steps
-        (_grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+        (rt.grown), else 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dq: bf16[B, H, S, D]; delta: f32[B, H, S].
     """
-    (q, k, v, o, do, lse), sizes = _operands(
+    (q, k, v, o, do, lse), sizes = rt.operands(
         "attention_full_backward_dq",
         {
             "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
@@ -6350,20 +5734,17 @@ def attention_full_backward_dq(
             "lse": (lse, jnp.float32, ("B", "H", "S")),
         },
     )
-    _check_blocks("attention_full_backward_dq", block_s=block_s, block_t=block_t, may_be_none=True)
-    _check_blocks(
+    rt.check_blocks(
         "attention_full_backward_dq",
+        block_s=block_s,
+        block_t=block_t,
         gpu_block_s=gpu_block_s,
         gpu_block_t=gpu_block_t,
         may_be_none=True,
     )
-    b = sizes["B"]
-    h = sizes["H"]
-    size_s = sizes["S"]
-    d = sizes["D"]
-    t = sizes["T"]
+    b, h, size_s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             attention_full_backward_dq_reference,
             (((b, h, size_s, d), jnp.bfloat16), ((b, h, size_s), jnp.float32)),
             q,
@@ -6375,8 +5756,10 @@ def attention_full_backward_dq(
             scale=scale,
         )
     lse = lse.reshape((b, h, size_s, 1))  # lse: f32[B, H, S]
-    dq, delta = _on_platform(
-        functools.partial(
+    dq, delta = rt.on_platform(
+        "attention_full_backward_dq",
+        (q, k, v, o, do, lse),
+        tpu=functools.partial(
             _attention_full_backward_dq_tpu,
             b=b,
             h=h,
@@ -6387,39 +5770,24 @@ def attention_full_backward_dq(
             block_t=block_t,
             scale=scale,
         ),
-        _gpu_kernel(
-            "attention_full_backward_dq",
-            gpu_backend,
-            functools.partial(
-                _attention_full_backward_dq_gpu,
-                b=b,
-                h=h,
-                size_s=size_s,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(
-                _attention_full_backward_dq_mosaic_gpu,
-                b=b,
-                h=h,
-                size_s=size_s,
-                d=d,
-                t=t,
-                scale=scale,
-            ),
+        triton=functools.partial(
+            _attention_full_backward_dq_gpu,
+            b=b,
+            h=h,
+            size_s=size_s,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
-        v,
-        o,
-        do,
-        lse,
+        mosaic_gpu=functools.partial(
+            _attention_full_backward_dq_mosaic_gpu, b=b, h=h, size_s=size_s, d=d, t=t, scale=scale
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     delta = delta.reshape(
         (b, h, size_s)
@@ -6524,8 +5892,8 @@ def _attention_full_backward_dq_kernel(
     acc_t_lhs = (ds * scale).astype(jnp.bfloat16)
     acc_t_rhs = k
     if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-        acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
-        acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+        acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+        acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
     acc_t_ref[...] = acc_t_ref[...] + jnp.dot(
         acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
     )
@@ -6555,12 +5923,12 @@ def _attention_full_backward_dq_tpu(
     q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret
 ):
     """`attention_full_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = _tpu_blocks(
+    block_s, block_t = rt.tpu_blocks(
         _attention_full_backward_dq_tpu_blocks,
         (b, h, size_s, d, t),
         (block_s, block_t),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(min(size_s, 1024), min(t, 1024)),
             step=lambda block_s, block_t: (
                 block_s * block_t,
@@ -6578,7 +5946,7 @@ def _attention_full_backward_dq_tpu(
     )
     block_s = min(block_s, size_s)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "attention_full_backward_dq",
         block_s=(
             block_s,
@@ -6641,7 +6009,7 @@ def _attention_full_backward_dq_tpu(
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_s * d
                 + 4 * block_t * d
                 + 4 * block_t * d
@@ -6658,7 +6026,7 @@ def _attention_full_backward_dq_tpu(
             + 2 * b * h * size_s * t * d
             + 2 * b * h * size_s * d * t,
             transcendentals=b * h * size_s * t,
-            bytes_accessed=_nbytes(q, k, v, o, do, lse)
+            bytes_accessed=rt.nbytes(q, k, v, o, do, lse)
             + b * h * size_s * d * 2
             + b * h * size_s * 4,
         ),
@@ -6688,22 +6056,22 @@ def _attention_full_backward_dq_gpu_kernel(
     scale,
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(2) * block_s, block_s, size_s)
-    in_d = _inside(0, block_d, d)
-    q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
-    o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
-    do = _load(do_ref, _mask((block_s, block_d), in_s, in_d), other=0)
-    lse = _load(lse_ref, _mask((block_s, 1), in_s, None), other=0)
+    in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
+    in_d = rt.inside(0, block_d, d)
+    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    lse = rt.load(lse_ref, rt.mask((block_s, 1), in_s, None), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
-        in_t = _inside(t_start, block_t, t)
+        in_t = rt.inside(t_start, block_t, t)
         (acc_t,) = running
-        k = _load(
-            k_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+        k = rt.load(
+            k_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
         )
-        v = _load(
-            v_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+        v = rt.load(
+            v_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
         )
         s = (
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
@@ -6714,7 +6082,7 @@ def _attention_full_backward_dq_gpu_kernel(
             do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
         delta = jnp.sum(
-            _fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+            rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
             axis=1,
             keepdims=True,
         )
@@ -6722,23 +6090,23 @@ def _attention_full_backward_dq_gpu_kernel(
         acc_t_lhs = (ds * scale).astype(jnp.bfloat16)
         acc_t_rhs = k
         if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
         acc_t = acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
         return (acc_t,)
 
     (acc_t,) = jax.lax.fori_loop(
         0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
     )
-    o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
-    do = _load(do_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
     delta = jnp.sum(
-        _fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+        rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
         axis=1,
         keepdims=True,
     )
-    _store(delta_ref, delta, _mask((block_s, 1), in_s, None))
-    _store(dq_ref, acc_t.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+    rt.store(delta_ref, delta, rt.mask((block_s, 1), in_s, None))
+    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
 
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
@@ -6769,7 +6137,7 @@ def _attention_full_backward_dq_gpu(
     interpret,
 ):
     """`attention_full_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = _gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.gpu_options(
         _attention_full_backward_dq_gpu_options,
         (b, h, size_s, d, t),
         (block_s, block_t, num_warps, num_stages),
@@ -6877,22 +6245,25 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
     plgpu.barrier_wait(barrier.at[3])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
-    lse = _mgpu_load_vector(lse_smem, 0)
+    lse = rt.mgpu_load_vector(lse_smem, 0)
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
         (acc_t,) = carry
-        s = _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale
-        p = jnp.exp(s - _mgpu_spread(lse, (block_s, block_t), 0))
-        dp = _mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
+        s = rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale
+        p = jnp.exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
+        dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
         delta = jnp.sum(
-            _mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
+            rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+            axis=1,
         )
-        ds = p * (dp - _mgpu_spread(delta, (block_s, block_t), 0))
+        ds = p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))
         operand = (ds * scale).astype(jnp.bfloat16)
         if t % block_t:  # a ragged T: 0 past its end
-            operand = _mgpu_fill_past(operand, t_start, t, 1, 0)
-        acc_t = acc_t + _mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
+            operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
+        acc_t = acc_t + rt.mgpu_dot(
+            (block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,)
+        )
         return (acc_t,)
 
     (acc_t,) = plgpu.emit_pipeline(
@@ -6902,12 +6273,12 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_t, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
             plgpu.BlockSpec(
                 (block_t, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
         ],
         max_concurrent_steps=2,
@@ -6918,7 +6289,7 @@ def _attention_full_backward_dq_mosaic_gpu_kernel(
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
     delta = jnp.sum(
-        _mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
+        rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
     )
     delta_smem[...] = delta
     dq_smem[...] = acc_t.astype(jnp.bfloat16)
@@ -6945,12 +6316,12 @@ def _attention_full_backward_dq_mosaic_gpu(
         )
     padded_size_s = size_s + -size_s % block_s
     padded_t = t + -t % block_t
-    q = _mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    o = _mgpu_pad(o.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    do = _mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    lse = _mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
+    q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    o = rt.mgpu_pad(o.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    do = rt.mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    lse = rt.mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
     dq, delta = plgpu.kernel(
         functools.partial(
             _attention_full_backward_dq_mosaic_gpu_kernel,
@@ -6970,21 +6341,21 @@ def _attention_full_backward_dq_mosaic_gpu(
         ),
         scratch_types=[
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM((block_s,), jnp.float32),
             plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM((block_s,), jnp.float32),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
             ),
             plgpu.Barrier(num_barriers=4),
         ],
@@ -6997,20 +6368,7 @@ def _attention_full_backward_dq_mosaic_gpu(
     )
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_t",
-        "block_s",
-        "gpu_block_t",
-        "gpu_block_s",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def attention_full_backward_dkdv(
     q,
     k,
@@ -7041,19 +6399,16 @@ def attention_full_backward_dkdv(
       delta: f32[B, H, S].
       block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_full_backward_dkdv_tpu_blocks), or grown to large steps
-        (_grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+        (rt.grown), else 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
     """
-    (q, k, v, do, lse, delta), sizes = _operands(
+    (q, k, v, do, lse, delta), sizes = rt.operands(
         "attention_full_backward_dkdv",
         {
             "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
@@ -7064,22 +6419,17 @@ def attention_full_backward_dkdv(
             "delta": (delta, jnp.float32, ("B", "H", "S")),
         },
     )
-    _check_blocks(
-        "attention_full_backward_dkdv", block_t=block_t, block_s=block_s, may_be_none=True
-    )
-    _check_blocks(
+    rt.check_blocks(
         "attention_full_backward_dkdv",
+        block_t=block_t,
+        block_s=block_s,
         gpu_block_t=gpu_block_t,
         gpu_block_s=gpu_block_s,
         may_be_none=True,
     )
-    b = sizes["B"]
-    h = sizes["H"]
-    t = sizes["T"]
-    d = sizes["D"]
-    size_s = sizes["S"]
+    b, h, t, d, size_s = sizes["B"], sizes["H"], sizes["T"], sizes["D"], sizes["S"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             attention_full_backward_dkdv_reference,
             (((b, h, t, d), jnp.bfloat16), ((b, h, t, d), jnp.bfloat16)),
             q,
@@ -7092,8 +6442,10 @@ def attention_full_backward_dkdv(
         )
     lse = lse.reshape((b, h, 1, size_s))  # lse: f32[B, H, S]
     delta = delta.reshape((b, h, 1, size_s))  # delta: f32[B, H, S]
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "attention_full_backward_dkdv",
+        (q, k, v, do, lse, delta),
+        tpu=functools.partial(
             _attention_full_backward_dkdv_tpu,
             b=b,
             h=h,
@@ -7104,39 +6456,24 @@ def attention_full_backward_dkdv(
             block_s=block_s,
             scale=scale,
         ),
-        _gpu_kernel(
-            "attention_full_backward_dkdv",
-            gpu_backend,
-            functools.partial(
-                _attention_full_backward_dkdv_gpu,
-                b=b,
-                h=h,
-                t=t,
-                d=d,
-                size_s=size_s,
-                block_t=gpu_block_t,
-                block_s=gpu_block_s,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(
-                _attention_full_backward_dkdv_mosaic_gpu,
-                b=b,
-                h=h,
-                t=t,
-                d=d,
-                size_s=size_s,
-                scale=scale,
-            ),
+        triton=functools.partial(
+            _attention_full_backward_dkdv_gpu,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            size_s=size_s,
+            block_t=gpu_block_t,
+            block_s=gpu_block_s,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
+        mosaic_gpu=functools.partial(
+            _attention_full_backward_dkdv_mosaic_gpu, b=b, h=h, t=t, d=d, size_s=size_s, scale=scale
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -7244,16 +6581,16 @@ def _attention_full_backward_dkdv_kernel(
     acc_s_lhs = p.astype(jnp.bfloat16)
     acc_s_rhs = do
     if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-        acc_s_lhs = _fill_past(acc_s_lhs, s_start, size_s, 1, 0)
-        acc_s_rhs = _fill_past(acc_s_rhs, s_start, size_s, 0, 0)
+        acc_s_lhs = rt.fill_past(acc_s_lhs, s_start, size_s, 1, 0)
+        acc_s_rhs = rt.fill_past(acc_s_rhs, s_start, size_s, 0, 0)
     acc_s_ref[...] = acc_s_ref[...] + jnp.dot(
         acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32
     )
     acc_s_2_lhs = (ds * scale).astype(jnp.bfloat16)
     acc_s_2_rhs = q
     if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-        acc_s_2_lhs = _fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
-        acc_s_2_rhs = _fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
+        acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
+        acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
     acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(
         acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32
     )
@@ -7281,12 +6618,12 @@ def _attention_full_backward_dkdv_tpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, scale, interpret
 ):
     """`attention_full_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_t, block_s = _tpu_blocks(
+    block_t, block_s = rt.tpu_blocks(
         _attention_full_backward_dkdv_tpu_blocks,
         (b, h, t, d, size_s),
         (block_t, block_s),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(min(t, 1024), min(size_s, 1024)),
             step=lambda block_t, block_s: (
                 block_t * block_s,
@@ -7305,7 +6642,7 @@ def _attention_full_backward_dkdv_tpu(
     )
     block_t = min(block_t, t)  # a small T is one whole block
     block_s = min(block_s, size_s)  # a small S is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "attention_full_backward_dkdv",
         block_t=(
             block_t,
@@ -7372,7 +6709,7 @@ def _attention_full_backward_dkdv_tpu(
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_s * d
                 + 4 * block_t * d
                 + 4 * block_t * d
@@ -7391,7 +6728,9 @@ def _attention_full_backward_dkdv_tpu(
             + 2 * b * h * t * size_s * d
             + 2 * b * h * t * d * size_s,
             transcendentals=b * h * t * size_s,
-            bytes_accessed=_nbytes(q, k, v, do, lse, delta) + b * h * t * d * 2 + b * h * t * d * 2,
+            bytes_accessed=rt.nbytes(q, k, v, do, lse, delta)
+            + b * h * t * d * 2
+            + b * h * t * d * 2,
         ),
         interpret=interpret,
         name="attention_full_backward_dkdv",
@@ -7419,26 +6758,26 @@ def _attention_full_backward_dkdv_gpu_kernel(
     scale,
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_t = _inside(pl.program_id(2) * block_t, block_t, t)
-    in_d = _inside(0, block_d, d)
-    k = _load(k_ref, _mask((block_t, block_d), in_t, in_d), other=0)
-    v = _load(v_ref, _mask((block_t, block_d), in_t, in_d), other=0)
+    in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
+    in_d = rt.inside(0, block_d, d)
+    k = rt.load(k_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
+    v = rt.load(v_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
 
     def accumulate(index, running):
         s_start = index * block_s
-        in_s = _inside(s_start, block_s, size_s)
+        in_s = rt.inside(s_start, block_s, size_s)
         acc_s, acc_s_2 = running
-        q = _load(
-            q_ref.at[pl.ds(s_start, block_s), :], _mask((block_s, block_d), in_s, in_d), other=0
+        q = rt.load(
+            q_ref.at[pl.ds(s_start, block_s), :], rt.mask((block_s, block_d), in_s, in_d), other=0
         )
-        do = _load(
-            do_ref.at[pl.ds(s_start, block_s), :], _mask((block_s, block_d), in_s, in_d), other=0
+        do = rt.load(
+            do_ref.at[pl.ds(s_start, block_s), :], rt.mask((block_s, block_d), in_s, in_d), other=0
         )
-        lse = _load(
-            lse_ref.at[:, pl.ds(s_start, block_s)], _mask((1, block_s), None, in_s), other=0
+        lse = rt.load(
+            lse_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
         )
-        delta = _load(
-            delta_ref.at[:, pl.ds(s_start, block_s)], _mask((1, block_s), None, in_s), other=0
+        delta = rt.load(
+            delta_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
         )
         s = (
             jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
@@ -7452,14 +6791,14 @@ def _attention_full_backward_dkdv_gpu_kernel(
         acc_s_lhs = p.astype(jnp.bfloat16)
         acc_s_rhs = do
         if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s_lhs = _fill_past(acc_s_lhs, s_start, size_s, 1, 0)
-            acc_s_rhs = _fill_past(acc_s_rhs, s_start, size_s, 0, 0)
+            acc_s_lhs = rt.fill_past(acc_s_lhs, s_start, size_s, 1, 0)
+            acc_s_rhs = rt.fill_past(acc_s_rhs, s_start, size_s, 0, 0)
         acc_s = acc_s + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
         acc_s_2_lhs = (ds * scale).astype(jnp.bfloat16)
         acc_s_2_rhs = q
         if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s_2_lhs = _fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
-            acc_s_2_rhs = _fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
+            acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
+            acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
         acc_s_2 = acc_s_2 + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
         return acc_s, acc_s_2
 
@@ -7472,8 +6811,8 @@ def _attention_full_backward_dkdv_gpu_kernel(
             jnp.full((block_t, block_d), 0, jnp.float32),
         ),
     )
-    _store(dv_ref, acc_s.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
-    _store(dk_ref, acc_s_2.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
+    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), rt.mask((block_t, block_d), in_t, in_d))
+    rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), rt.mask((block_t, block_d), in_t, in_d))
 
 
 # GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
@@ -7504,7 +6843,7 @@ def _attention_full_backward_dkdv_gpu(
     interpret,
 ):
     """`attention_full_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_t, block_s, num_warps, num_stages = _gpu_options(
+    block_t, block_s, num_warps, num_stages = rt.gpu_options(
         _attention_full_backward_dkdv_gpu_options,
         (b, h, t, d, size_s),
         (block_t, block_s, num_warps, num_stages),
@@ -7605,20 +6944,22 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
     def step(indices, q_smem, do_smem, lse_smem, delta_smem, carry):
         s_start = indices[0] * block_s
         acc_s, acc_s_2 = carry
-        lse = _mgpu_load_vector(lse_smem, 1)
-        delta = _mgpu_load_vector(delta_smem, 1)
-        s = _mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * scale
-        p = jnp.exp(s - _mgpu_spread(lse, (block_t, block_s), 1))
-        dp = _mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
-        ds = p * (dp - _mgpu_spread(delta, (block_t, block_s), 1))
+        lse = rt.mgpu_load_vector(lse_smem, 1)
+        delta = rt.mgpu_load_vector(delta_smem, 1)
+        s = rt.mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * scale
+        p = jnp.exp(s - rt.mgpu_spread(lse, (block_t, block_s), 1))
+        dp = rt.mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
+        ds = p * (dp - rt.mgpu_spread(delta, (block_t, block_s), 1))
         operand = p.astype(jnp.bfloat16)
         if size_s % block_s:  # a ragged S: 0 past its end
-            operand = _mgpu_fill_past(operand, s_start, size_s, 1, 0)
-        acc_s = acc_s + _mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,))
+            operand = rt.mgpu_fill_past(operand, s_start, size_s, 1, 0)
+        acc_s = acc_s + rt.mgpu_dot(
+            (block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,)
+        )
         operand_2 = (ds * scale).astype(jnp.bfloat16)
         if size_s % block_s:  # a ragged S: 0 past its end
-            operand_2 = _mgpu_fill_past(operand_2, s_start, size_s, 1, 0)
-        acc_s_2 = acc_s_2 + _mgpu_dot(
+            operand_2 = rt.mgpu_fill_past(operand_2, s_start, size_s, 1, 0)
+        acc_s_2 = acc_s_2 + rt.mgpu_dot(
             (block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,)
         )
         return acc_s, acc_s_2
@@ -7630,12 +6971,12 @@ def _attention_full_backward_dkdv_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_s, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
             plgpu.BlockSpec(
                 (block_s, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
@@ -7676,12 +7017,12 @@ def _attention_full_backward_dkdv_mosaic_gpu(
         )
     padded_t = t + -t % block_t
     padded_size_s = size_s + -size_s % block_s
-    q = _mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    do = _mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    lse = _mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
-    delta = _mgpu_pad(delta.reshape((b, h, size_s)), (b, h, padded_size_s))
+    q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    do = rt.mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    lse = rt.mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
+    delta = rt.mgpu_pad(delta.reshape((b, h, size_s)), (b, h, padded_size_s))
     dk, dv = plgpu.kernel(
         functools.partial(
             _attention_full_backward_dkdv_mosaic_gpu_kernel,
@@ -7701,22 +7042,22 @@ def _attention_full_backward_dkdv_mosaic_gpu(
         ),
         scratch_types=[
             plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_s)
+                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
             ),
             plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_s)
+                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
             ),
             plgpu.Barrier(num_barriers=2),
         ],
@@ -7727,20 +7068,7 @@ def _attention_full_backward_dkdv_mosaic_gpu(
     return dk[:b, :h, :t, :d].reshape((b, h, t, d)), dv[:b, :h, :t, :d].reshape((b, h, t, d))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def attention_bottom_right(
     q,
     k,
@@ -7764,14 +7092,11 @@ def attention_bottom_right(
       v: bf16[B, H, T, D].
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_bottom_right_tpu_blocks), or grown to large steps
-        (_grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+        (rt.grown), else 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       o: bf16[B, H, S, D].
@@ -7780,7 +7105,7 @@ def attention_bottom_right(
     attention_bottom_right_backward_dq, attention_bottom_right_backward_dkdv
     (_attention_bottom_right_vjp).
     """
-    (q, k, v), sizes = _operands(
+    (q, k, v), sizes = rt.operands(
         "attention_bottom_right",
         {
             "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
@@ -7788,17 +7113,17 @@ def attention_bottom_right(
             "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
         },
     )
-    _check_blocks("attention_bottom_right", block_s=block_s, block_t=block_t, may_be_none=True)
-    _check_blocks(
-        "attention_bottom_right", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True
+    rt.check_blocks(
+        "attention_bottom_right",
+        block_s=block_s,
+        block_t=block_t,
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        may_be_none=True,
     )
-    b = sizes["B"]
-    h = sizes["H"]
-    size_s = sizes["S"]
-    d = sizes["D"]
-    t = sizes["T"]
+    b, h, size_s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             attention_bottom_right_reference,
             (((b, h, size_s, d), jnp.bfloat16),),
             q,
@@ -7806,7 +7131,7 @@ def attention_bottom_right(
             v,
             scale=scale,
         )
-    return _differentiable(
+    return rt.differentiable(
         functools.partial(
             _attention_bottom_right_forward,
             b=b,
@@ -7909,8 +7234,10 @@ def _attention_bottom_right_forward(
     interpret,
 ):
     """`attention_bottom_right` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "attention_bottom_right",
+        (q, k, v),
+        tpu=functools.partial(
             _attention_bottom_right_tpu,
             b=b,
             h=h,
@@ -7921,30 +7248,24 @@ def _attention_bottom_right_forward(
             block_t=block_t,
             scale=scale,
         ),
-        _gpu_kernel(
-            "attention_bottom_right",
-            gpu_backend,
-            functools.partial(
-                _attention_bottom_right_gpu,
-                b=b,
-                h=h,
-                size_s=size_s,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(
-                _attention_bottom_right_mosaic_gpu, b=b, h=h, size_s=size_s, d=d, t=t, scale=scale
-            ),
+        triton=functools.partial(
+            _attention_bottom_right_gpu,
+            b=b,
+            h=h,
+            size_s=size_s,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
-        v,
+        mosaic_gpu=functools.partial(
+            _attention_bottom_right_mosaic_gpu, b=b, h=h, size_s=size_s, d=d, t=t, scale=scale
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -8055,7 +7376,7 @@ def _attention_bottom_right_kernel(
         )
         max_t_block = s
         if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = _fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+            max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t_ref[...]
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
         max_t_shift = jnp.where(
@@ -8066,15 +7387,15 @@ def _attention_bottom_right_kernel(
         sum_exp_t_terms = jnp.exp(s - max_t_shift)
         sum_exp_t_block = sum_exp_t_terms
         if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = _fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+            sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
         sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(
             sum_exp_t_block, axis=1, keepdims=True
         )
         acc_t_lhs = sum_exp_t_terms
         acc_t_rhs = v.astype(jnp.float32)
         if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
         acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(
             acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
         )
@@ -8144,12 +7465,12 @@ _attention_bottom_right_tpu_blocks = {
 
 def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
     """`attention_bottom_right` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = _tpu_blocks(
+    block_s, block_t = rt.tpu_blocks(
         _attention_bottom_right_tpu_blocks,
         (b, h, size_s, d, t),
         (block_s, block_t),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(
                 min(1 << (size_s.bit_length() - 1), 4096),
                 min(1 << (t.bit_length() - 1), 4096),
@@ -8168,7 +7489,7 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t
     )
     block_s = min(block_s, size_s)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "attention_bottom_right",
         block_s=(
             block_s,
@@ -8183,7 +7504,7 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t
             "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
-    whole_strips, partial_strips = _strips(
+    whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         height=256,
@@ -8257,7 +7578,7 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t
         cost_estimate=pl.CostEstimate(
             flops=2 * b * h * size_s * t * d + 2 * b * h * size_s * d * t,
             transcendentals=b * h * size_s * t,
-            bytes_accessed=_nbytes(q, k, v) + b * h * size_s * d * 2,
+            bytes_accessed=rt.nbytes(q, k, v) + b * h * size_s * d * 2,
         ),
         interpret=interpret,
         name="attention_bottom_right",
@@ -8268,22 +7589,26 @@ def _attention_bottom_right_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, *, b, h, size_s, d, t, block_s, block_t, block_d, scale
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(2) * block_s, block_s, size_s)
-    in_d = _inside(0, block_d, d)
+    in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
+    in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
-    q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
-        in_t = _inside(t_start, block_t, t)
+        in_t = rt.inside(t_start, block_t, t)
 
         def step():
             max_t, sum_exp_t, acc_t = running
-            k = _load(
-                k_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+            k = rt.load(
+                k_ref.at[pl.ds(t_start, block_t), :],
+                rt.mask((block_t, block_d), in_t, in_d),
+                other=0,
             )
-            v = _load(
-                v_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+            v = rt.load(
+                v_ref.at[pl.ds(t_start, block_t), :],
+                rt.mask((block_t, block_d), in_t, in_d),
+                other=0,
             )
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - size_s
@@ -8296,7 +7621,7 @@ def _attention_bottom_right_gpu_kernel(
             )
             max_t_block = s
             if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-                max_t_block = _fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+                max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
             max_t_shift = jnp.where(
@@ -8309,13 +7634,13 @@ def _attention_bottom_right_gpu_kernel(
             sum_exp_t_terms = jnp.exp(s - max_t_shift)
             sum_exp_t_block = sum_exp_t_terms
             if t % block_t:  # a ragged T: 0.0 past its end, never padding
-                sum_exp_t_block = _fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+                sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
             sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
             acc_t_lhs = sum_exp_t_terms
             acc_t_rhs = v.astype(jnp.float32)
             if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-                acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
-                acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+                acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+                acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
             acc_t = max_t_rescale * acc_t + jnp.dot(
                 acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
             )
@@ -8335,7 +7660,7 @@ def _attention_bottom_right_gpu_kernel(
         ),
     )
     acc_t_2 = acc_t / sum_exp_t
-    _store(o_ref, acc_t_2.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
 
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
@@ -8349,7 +7674,7 @@ def _attention_bottom_right_gpu(
     q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`attention_bottom_right` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = _gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.gpu_options(
         _attention_bottom_right_gpu_options,
         (b, h, size_s, d, t),
         (block_s, block_t, num_warps, num_stages),
@@ -8430,22 +7755,26 @@ def _attention_bottom_right_mosaic_gpu_kernel(
         def compute():
             max_t, sum_exp_t, acc_t = carry
             s = jnp.where(
-                _mgpu_spread(
-                    _mgpu_vector_positions(s_start, block_s, 0) + t - size_s, (block_s, block_t), 0
+                rt.mgpu_spread(
+                    rt.mgpu_vector_positions(s_start, block_s, 0) + t - size_s,
+                    (block_s, block_t),
+                    0,
                 )
-                >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
-                _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
+                >= rt.mgpu_spread(
+                    rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1
+                ),
+                rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
                 -jnp.inf,
             )
             max_t_block = s
             if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-                max_t_block = _mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+                max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
             max_t_shift_vector = jnp.where(
                 max_t_new > -jnp.inf, max_t_new, 0.0
             )  # a row of -inf so far subtracts 0
-            max_t_shift = _mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
+            max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
             max_t_rescale = jnp.exp(
                 max_t_previous - max_t_shift_vector
             )  # what the terms so far are worth now
@@ -8453,12 +7782,12 @@ def _attention_bottom_right_mosaic_gpu_kernel(
             sum_exp_t_terms = jnp.exp(s - max_t_shift)
             sum_exp_t_block = sum_exp_t_terms
             if t % block_t:  # a ragged T: 0.0 past its end, never padding
-                sum_exp_t_block = _mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+                sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
             sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
             operand = sum_exp_t_terms
             if t % block_t:  # a ragged T: 0 past its end
-                operand = _mgpu_fill_past(operand, t_start, t, 1, 0)
-            acc_t = _mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + _mgpu_dot(
+                operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
+            acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
                 (block_s, block_d),
                 operand,
                 v_smem,
@@ -8477,22 +7806,22 @@ def _attention_bottom_right_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_t, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
             plgpu.BlockSpec(
                 (block_t, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
-            _mgpu_full(block_s, 0.0, jnp.float32, 0),
+            rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
+            rt.mgpu_full(block_s, 0.0, jnp.float32, 0),
             plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
         ),
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
-    acc_t_2 = acc_t / _mgpu_spread(sum_exp_t, (block_s, block_d), 0)
+    acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
     o_smem[...] = acc_t_2.astype(jnp.bfloat16)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
@@ -8514,9 +7843,9 @@ def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, in
         )
     padded_size_s = size_s + -size_s % block_s
     padded_t = t + -t % block_t
-    q = _mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     (o,) = plgpu.kernel(
         functools.partial(
             _attention_bottom_right_mosaic_gpu_kernel,
@@ -8533,16 +7862,16 @@ def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, in
         out_type=(jax.ShapeDtypeStruct((b, h, padded_size_s, block_d), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
             ),
             plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -8553,20 +7882,7 @@ def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, in
     return o[:b, :h, :size_s, :d].reshape((b, h, size_s, d))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def attention_bottom_right_with_residuals(
     q,
     k,
@@ -8591,19 +7907,16 @@ def attention_bottom_right_with_residuals(
       v: bf16[B, H, T, D].
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_bottom_right_with_residuals_tpu_blocks), or grown to large steps
-        (_grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+        (rt.grown), else 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       o: bf16[B, H, S, D]; lse: f32[B, H, S].
     """
-    (q, k, v), sizes = _operands(
+    (q, k, v), sizes = rt.operands(
         "attention_bottom_right_with_residuals",
         {
             "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
@@ -8611,22 +7924,17 @@ def attention_bottom_right_with_residuals(
             "v": (v, jnp.bfloat16, ("B", "H", "T", "D")),
         },
     )
-    _check_blocks(
-        "attention_bottom_right_with_residuals", block_s=block_s, block_t=block_t, may_be_none=True
-    )
-    _check_blocks(
+    rt.check_blocks(
         "attention_bottom_right_with_residuals",
+        block_s=block_s,
+        block_t=block_t,
         gpu_block_s=gpu_block_s,
         gpu_block_t=gpu_block_t,
         may_be_none=True,
     )
-    b = sizes["B"]
-    h = sizes["H"]
-    size_s = sizes["S"]
-    d = sizes["D"]
-    t = sizes["T"]
+    b, h, size_s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             attention_bottom_right_with_residuals_reference,
             (((b, h, size_s, d), jnp.bfloat16), ((b, h, size_s), jnp.float32)),
             q,
@@ -8634,8 +7942,10 @@ def attention_bottom_right_with_residuals(
             v,
             scale=scale,
         )
-    o, lse = _on_platform(
-        functools.partial(
+    o, lse = rt.on_platform(
+        "attention_bottom_right_with_residuals",
+        (q, k, v),
+        tpu=functools.partial(
             _attention_bottom_right_with_residuals_tpu,
             b=b,
             h=h,
@@ -8646,36 +7956,30 @@ def attention_bottom_right_with_residuals(
             block_t=block_t,
             scale=scale,
         ),
-        _gpu_kernel(
-            "attention_bottom_right_with_residuals",
-            gpu_backend,
-            functools.partial(
-                _attention_bottom_right_with_residuals_gpu,
-                b=b,
-                h=h,
-                size_s=size_s,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(
-                _attention_bottom_right_with_residuals_mosaic_gpu,
-                b=b,
-                h=h,
-                size_s=size_s,
-                d=d,
-                t=t,
-                scale=scale,
-            ),
+        triton=functools.partial(
+            _attention_bottom_right_with_residuals_gpu,
+            b=b,
+            h=h,
+            size_s=size_s,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
-        v,
+        mosaic_gpu=functools.partial(
+            _attention_bottom_right_with_residuals_mosaic_gpu,
+            b=b,
+            h=h,
+            size_s=size_s,
+            d=d,
+            t=t,
+            scale=scale,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     lse = lse.reshape(
         (b, h, size_s)
@@ -8771,7 +8075,7 @@ def _attention_bottom_right_with_residuals_kernel(
         )
         max_t_block = s
         if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = _fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+            max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t_ref[...]
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
         max_t_shift = jnp.where(
@@ -8782,15 +8086,15 @@ def _attention_bottom_right_with_residuals_kernel(
         sum_exp_t_terms = jnp.exp(s - max_t_shift)
         sum_exp_t_block = sum_exp_t_terms
         if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = _fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+            sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
         sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(
             sum_exp_t_block, axis=1, keepdims=True
         )
         acc_t_lhs = sum_exp_t_terms
         acc_t_rhs = v.astype(jnp.float32)
         if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
         acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(
             acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
         )
@@ -8846,7 +8150,7 @@ def _attention_bottom_right_with_residuals_kernel(
         sum_exp_t = sum_exp_t_ref[...]
         acc_t = acc_t_ref[...] / sum_exp_t
         o_ref[...] = acc_t.astype(jnp.bfloat16)
-        lse_ref[...] = _logsumexp_finish(max_t, sum_exp_t)
+        lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
 # TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
@@ -8864,12 +8168,12 @@ def _attention_bottom_right_with_residuals_tpu(
     q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret
 ):
     """`attention_bottom_right_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = _tpu_blocks(
+    block_s, block_t = rt.tpu_blocks(
         _attention_bottom_right_with_residuals_tpu_blocks,
         (b, h, size_s, d, t),
         (block_s, block_t),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(
                 min(1 << (size_s.bit_length() - 1), 4096),
                 min(1 << (t.bit_length() - 1), 4096),
@@ -8889,7 +8193,7 @@ def _attention_bottom_right_with_residuals_tpu(
     )
     block_s = min(block_s, size_s)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "attention_bottom_right_with_residuals",
         block_s=(
             block_s,
@@ -8904,7 +8208,7 @@ def _attention_bottom_right_with_residuals_tpu(
             "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
-    whole_strips, partial_strips = _strips(
+    whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         height=256,
@@ -8986,7 +8290,7 @@ def _attention_bottom_right_with_residuals_tpu(
         cost_estimate=pl.CostEstimate(
             flops=2 * b * h * size_s * t * d + 2 * b * h * size_s * d * t,
             transcendentals=b * h * size_s * t + b * h * size_s,
-            bytes_accessed=_nbytes(q, k, v) + b * h * size_s * d * 2 + b * h * size_s * 4,
+            bytes_accessed=rt.nbytes(q, k, v) + b * h * size_s * d * 2 + b * h * size_s * 4,
         ),
         interpret=interpret,
         name="attention_bottom_right_with_residuals",
@@ -8997,22 +8301,26 @@ def _attention_bottom_right_with_residuals_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, lse_ref, *, b, h, size_s, d, t, block_s, block_t, block_d, scale
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(2) * block_s, block_s, size_s)
-    in_d = _inside(0, block_d, d)
+    in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
+    in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
-    q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
-        in_t = _inside(t_start, block_t, t)
+        in_t = rt.inside(t_start, block_t, t)
 
         def step():
             max_t, sum_exp_t, acc_t = running
-            k = _load(
-                k_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+            k = rt.load(
+                k_ref.at[pl.ds(t_start, block_t), :],
+                rt.mask((block_t, block_d), in_t, in_d),
+                other=0,
             )
-            v = _load(
-                v_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+            v = rt.load(
+                v_ref.at[pl.ds(t_start, block_t), :],
+                rt.mask((block_t, block_d), in_t, in_d),
+                other=0,
             )
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - size_s
@@ -9025,7 +8333,7 @@ def _attention_bottom_right_with_residuals_gpu_kernel(
             )
             max_t_block = s
             if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-                max_t_block = _fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+                max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
             max_t_shift = jnp.where(
@@ -9038,13 +8346,13 @@ def _attention_bottom_right_with_residuals_gpu_kernel(
             sum_exp_t_terms = jnp.exp(s - max_t_shift)
             sum_exp_t_block = sum_exp_t_terms
             if t % block_t:  # a ragged T: 0.0 past its end, never padding
-                sum_exp_t_block = _fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+                sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
             sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
             acc_t_lhs = sum_exp_t_terms
             acc_t_rhs = v.astype(jnp.float32)
             if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-                acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
-                acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+                acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+                acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
             acc_t = max_t_rescale * acc_t + jnp.dot(
                 acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
             )
@@ -9064,8 +8372,8 @@ def _attention_bottom_right_with_residuals_gpu_kernel(
         ),
     )
     acc_t_2 = acc_t / sum_exp_t
-    _store(o_ref, acc_t_2.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
-    _store(lse_ref, _logsumexp_finish(max_t, sum_exp_t), _mask((block_s, 1), in_s, None))
+    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
+    rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), rt.mask((block_s, 1), in_s, None))
 
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
@@ -9079,7 +8387,7 @@ def _attention_bottom_right_with_residuals_gpu(
     q, k, v, *, b, h, size_s, d, t, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`attention_bottom_right_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = _gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.gpu_options(
         _attention_bottom_right_with_residuals_gpu_options,
         (b, h, size_s, d, t),
         (block_s, block_t, num_warps, num_stages),
@@ -9169,22 +8477,26 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
         def compute():
             max_t, sum_exp_t, acc_t = carry
             s = jnp.where(
-                _mgpu_spread(
-                    _mgpu_vector_positions(s_start, block_s, 0) + t - size_s, (block_s, block_t), 0
+                rt.mgpu_spread(
+                    rt.mgpu_vector_positions(s_start, block_s, 0) + t - size_s,
+                    (block_s, block_t),
+                    0,
                 )
-                >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
-                _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
+                >= rt.mgpu_spread(
+                    rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1
+                ),
+                rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
                 -jnp.inf,
             )
             max_t_block = s
             if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-                max_t_block = _mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+                max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
             max_t_previous = max_t
             max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
             max_t_shift_vector = jnp.where(
                 max_t_new > -jnp.inf, max_t_new, 0.0
             )  # a row of -inf so far subtracts 0
-            max_t_shift = _mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
+            max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
             max_t_rescale = jnp.exp(
                 max_t_previous - max_t_shift_vector
             )  # what the terms so far are worth now
@@ -9192,12 +8504,12 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
             sum_exp_t_terms = jnp.exp(s - max_t_shift)
             sum_exp_t_block = sum_exp_t_terms
             if t % block_t:  # a ragged T: 0.0 past its end, never padding
-                sum_exp_t_block = _mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+                sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
             sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
             operand = sum_exp_t_terms
             if t % block_t:  # a ragged T: 0 past its end
-                operand = _mgpu_fill_past(operand, t_start, t, 1, 0)
-            acc_t = _mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + _mgpu_dot(
+                operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
+            acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
                 (block_s, block_d),
                 operand,
                 v_smem,
@@ -9216,24 +8528,24 @@ def _attention_bottom_right_with_residuals_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_t, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
             plgpu.BlockSpec(
                 (block_t, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
-            _mgpu_full(block_s, 0.0, jnp.float32, 0),
+            rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
+            rt.mgpu_full(block_s, 0.0, jnp.float32, 0),
             plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
         ),
     )(k_ref.at[b_index, h_index], v_ref.at[b_index, h_index])
-    acc_t_2 = acc_t / _mgpu_spread(sum_exp_t, (block_s, block_d), 0)
+    acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
     o_smem[...] = acc_t_2.astype(jnp.bfloat16)
-    lse_smem[...] = _logsumexp_finish(max_t, sum_exp_t)
+    lse_smem[...] = rt.logsumexp_finish(max_t, sum_exp_t)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
     plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b_index, h_index, pl.ds(s_start, block_s)])
@@ -9257,9 +8569,9 @@ def _attention_bottom_right_with_residuals_mosaic_gpu(
         )
     padded_size_s = size_s + -size_s % block_s
     padded_t = t + -t % block_t
-    q = _mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
     o, lse = plgpu.kernel(
         functools.partial(
             _attention_bottom_right_with_residuals_mosaic_gpu_kernel,
@@ -9279,17 +8591,17 @@ def _attention_bottom_right_with_residuals_mosaic_gpu(
         ),
         scratch_types=[
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM((block_s,), jnp.float32),
             plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
             ),
             plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -9302,20 +8614,7 @@ def _attention_bottom_right_with_residuals_mosaic_gpu(
     )
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def attention_bottom_right_backward_dq(
     q,
     k,
@@ -9346,19 +8645,16 @@ def attention_bottom_right_backward_dq(
       lse: f32[B, H, S].
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_bottom_right_backward_dq_tpu_blocks), or grown to large steps
-        (_grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+        (rt.grown), else 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dq: bf16[B, H, S, D]; delta: f32[B, H, S].
     """
-    (q, k, v, o, do, lse), sizes = _operands(
+    (q, k, v, o, do, lse), sizes = rt.operands(
         "attention_bottom_right_backward_dq",
         {
             "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
@@ -9369,22 +8665,17 @@ def attention_bottom_right_backward_dq(
             "lse": (lse, jnp.float32, ("B", "H", "S")),
         },
     )
-    _check_blocks(
-        "attention_bottom_right_backward_dq", block_s=block_s, block_t=block_t, may_be_none=True
-    )
-    _check_blocks(
+    rt.check_blocks(
         "attention_bottom_right_backward_dq",
+        block_s=block_s,
+        block_t=block_t,
         gpu_block_s=gpu_block_s,
         gpu_block_t=gpu_block_t,
         may_be_none=True,
     )
-    b = sizes["B"]
-    h = sizes["H"]
-    size_s = sizes["S"]
-    d = sizes["D"]
-    t = sizes["T"]
+    b, h, size_s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             attention_bottom_right_backward_dq_reference,
             (((b, h, size_s, d), jnp.bfloat16), ((b, h, size_s), jnp.float32)),
             q,
@@ -9396,8 +8687,10 @@ def attention_bottom_right_backward_dq(
             scale=scale,
         )
     lse = lse.reshape((b, h, size_s, 1))  # lse: f32[B, H, S]
-    dq, delta = _on_platform(
-        functools.partial(
+    dq, delta = rt.on_platform(
+        "attention_bottom_right_backward_dq",
+        (q, k, v, o, do, lse),
+        tpu=functools.partial(
             _attention_bottom_right_backward_dq_tpu,
             b=b,
             h=h,
@@ -9408,39 +8701,30 @@ def attention_bottom_right_backward_dq(
             block_t=block_t,
             scale=scale,
         ),
-        _gpu_kernel(
-            "attention_bottom_right_backward_dq",
-            gpu_backend,
-            functools.partial(
-                _attention_bottom_right_backward_dq_gpu,
-                b=b,
-                h=h,
-                size_s=size_s,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(
-                _attention_bottom_right_backward_dq_mosaic_gpu,
-                b=b,
-                h=h,
-                size_s=size_s,
-                d=d,
-                t=t,
-                scale=scale,
-            ),
+        triton=functools.partial(
+            _attention_bottom_right_backward_dq_gpu,
+            b=b,
+            h=h,
+            size_s=size_s,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
-        v,
-        o,
-        do,
-        lse,
+        mosaic_gpu=functools.partial(
+            _attention_bottom_right_backward_dq_mosaic_gpu,
+            b=b,
+            h=h,
+            size_s=size_s,
+            d=d,
+            t=t,
+            scale=scale,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     delta = delta.reshape(
         (b, h, size_s)
@@ -9573,8 +8857,8 @@ def _attention_bottom_right_backward_dq_kernel(
         acc_t_lhs = (ds_1 * scale).astype(jnp.bfloat16)
         acc_t_rhs = k
         if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
         acc_t_ref[...] = acc_t_ref[...] + jnp.dot(
             acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
         )
@@ -9651,12 +8935,12 @@ def _attention_bottom_right_backward_dq_tpu(
     q, k, v, o, do, lse, *, b, h, size_s, d, t, block_s, block_t, scale, interpret
 ):
     """`attention_bottom_right_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = _tpu_blocks(
+    block_s, block_t = rt.tpu_blocks(
         _attention_bottom_right_backward_dq_tpu_blocks,
         (b, h, size_s, d, t),
         (block_s, block_t),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(
                 min(1 << (size_s.bit_length() - 1), 4096),
                 min(1 << (t.bit_length() - 1), 4096),
@@ -9677,7 +8961,7 @@ def _attention_bottom_right_backward_dq_tpu(
     )
     block_s = min(block_s, size_s)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "attention_bottom_right_backward_dq",
         block_s=(
             block_s,
@@ -9692,7 +8976,7 @@ def _attention_bottom_right_backward_dq_tpu(
             "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
         ),
     )
-    whole_strips, partial_strips = _strips(
+    whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         height=256,
@@ -9776,7 +9060,7 @@ def _attention_bottom_right_backward_dq_tpu(
             + 2 * b * h * size_s * t * d
             + 2 * b * h * size_s * d * t,
             transcendentals=b * h * size_s * t,
-            bytes_accessed=_nbytes(q, k, v, o, do, lse)
+            bytes_accessed=rt.nbytes(q, k, v, o, do, lse)
             + b * h * size_s * d * 2
             + b * h * size_s * 4,
         ),
@@ -9806,25 +9090,29 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
     scale,
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(2) * block_s, block_s, size_s)
-    in_d = _inside(0, block_d, d)
+    in_s = rt.inside(pl.program_id(2) * block_s, block_s, size_s)
+    in_d = rt.inside(0, block_d, d)
     s_start = pl.program_id(2) * block_s
-    q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
-    o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
-    do = _load(do_ref, _mask((block_s, block_d), in_s, in_d), other=0)
-    lse = _load(lse_ref, _mask((block_s, 1), in_s, None), other=0)
+    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    lse = rt.load(lse_ref, rt.mask((block_s, 1), in_s, None), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
-        in_t = _inside(t_start, block_t, t)
+        in_t = rt.inside(t_start, block_t, t)
 
         def step():
             (acc_t,) = running
-            k = _load(
-                k_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+            k = rt.load(
+                k_ref.at[pl.ds(t_start, block_t), :],
+                rt.mask((block_t, block_d), in_t, in_d),
+                other=0,
             )
-            v = _load(
-                v_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+            v = rt.load(
+                v_ref.at[pl.ds(t_start, block_t), :],
+                rt.mask((block_t, block_d), in_t, in_d),
+                other=0,
             )
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (block_s, 1), 0) + t - size_s
@@ -9840,7 +9128,7 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
                 do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
             )
             delta = jnp.sum(
-                _fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+                rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
                 axis=1,
                 keepdims=True,
             )
@@ -9854,8 +9142,8 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
             acc_t_lhs = (ds_1 * scale).astype(jnp.bfloat16)
             acc_t_rhs = k
             if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-                acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
-                acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+                acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+                acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
             acc_t = acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
             return (acc_t,)
 
@@ -9865,15 +9153,15 @@ def _attention_bottom_right_backward_dq_gpu_kernel(
     (acc_t,) = jax.lax.fori_loop(
         0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
     )
-    o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
-    do = _load(do_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
     delta = jnp.sum(
-        _fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+        rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
         axis=1,
         keepdims=True,
     )
-    _store(delta_ref, delta, _mask((block_s, 1), in_s, None))
-    _store(dq_ref, acc_t.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+    rt.store(delta_ref, delta, rt.mask((block_s, 1), in_s, None))
+    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
 
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
@@ -9904,7 +9192,7 @@ def _attention_bottom_right_backward_dq_gpu(
     interpret,
 ):
     """`attention_bottom_right_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = _gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.gpu_options(
         _attention_bottom_right_backward_dq_gpu_options,
         (b, h, size_s, d, t),
         (block_s, block_t, num_warps, num_stages),
@@ -10012,7 +9300,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
     plgpu.barrier_wait(barrier.at[3])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
-    lse = _mgpu_load_vector(lse_smem, 0)
+    lse = rt.mgpu_load_vector(lse_smem, 0)
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
@@ -10020,32 +9308,40 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
         def compute():
             (acc_t,) = carry
             s = jnp.where(
-                _mgpu_spread(
-                    _mgpu_vector_positions(s_start, block_s, 0) + t - size_s, (block_s, block_t), 0
+                rt.mgpu_spread(
+                    rt.mgpu_vector_positions(s_start, block_s, 0) + t - size_s,
+                    (block_s, block_t),
+                    0,
                 )
-                >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
-                _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
+                >= rt.mgpu_spread(
+                    rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1
+                ),
+                rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * scale,
                 -jnp.inf,
             )
-            p = jnp.exp(s - _mgpu_spread(lse, (block_s, block_t), 0))
-            dp = _mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
+            p = jnp.exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
+            dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
             delta = jnp.sum(
-                _mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+                rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
                 axis=1,
             )
-            ds = p * (dp - _mgpu_spread(delta, (block_s, block_t), 0))
+            ds = p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))
             ds_1 = jnp.where(
-                _mgpu_spread(
-                    _mgpu_vector_positions(s_start, block_s, 0) + t - size_s, (block_s, block_t), 0
+                rt.mgpu_spread(
+                    rt.mgpu_vector_positions(s_start, block_s, 0) + t - size_s,
+                    (block_s, block_t),
+                    0,
                 )
-                >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1),
+                >= rt.mgpu_spread(
+                    rt.mgpu_vector_positions(t_start, block_t, 1), (block_s, block_t), 1
+                ),
                 ds,
                 0,
             )
             operand = (ds_1 * scale).astype(jnp.bfloat16)
             if t % block_t:  # a ragged T: 0 past its end
-                operand = _mgpu_fill_past(operand, t_start, t, 1, 0)
-            acc_t = acc_t + _mgpu_dot(
+                operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
+            acc_t = acc_t + rt.mgpu_dot(
                 (block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,)
             )
             return (acc_t,)
@@ -10060,12 +9356,12 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_t, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
             plgpu.BlockSpec(
                 (block_t, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
         ],
         max_concurrent_steps=2,
@@ -10076,7 +9372,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu_kernel(
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
     delta = jnp.sum(
-        _mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
+        rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
     )
     delta_smem[...] = delta
     dq_smem[...] = acc_t.astype(jnp.bfloat16)
@@ -10103,12 +9399,12 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(
         )
     padded_size_s = size_s + -size_s % block_s
     padded_t = t + -t % block_t
-    q = _mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    o = _mgpu_pad(o.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    do = _mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    lse = _mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
+    q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    o = rt.mgpu_pad(o.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    do = rt.mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    lse = rt.mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
     dq, delta = plgpu.kernel(
         functools.partial(
             _attention_bottom_right_backward_dq_mosaic_gpu_kernel,
@@ -10128,21 +9424,21 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(
         ),
         scratch_types=[
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM((block_s,), jnp.float32),
             plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM((block_s,), jnp.float32),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
             ),
             plgpu.Barrier(num_barriers=4),
         ],
@@ -10155,20 +9451,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(
     )
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_t",
-        "block_s",
-        "gpu_block_t",
-        "gpu_block_s",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def attention_bottom_right_backward_dkdv(
     q,
     k,
@@ -10199,19 +9482,16 @@ def attention_bottom_right_backward_dkdv(
       delta: f32[B, H, S].
       block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_attention_bottom_right_backward_dkdv_tpu_blocks), or grown to large steps
-        (_grown), else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+        (rt.grown), else 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dk: bf16[B, H, T, D]; dv: bf16[B, H, T, D].
     """
-    (q, k, v, do, lse, delta), sizes = _operands(
+    (q, k, v, do, lse, delta), sizes = rt.operands(
         "attention_bottom_right_backward_dkdv",
         {
             "q": (q, jnp.bfloat16, ("B", "H", "S", "D")),
@@ -10222,22 +9502,17 @@ def attention_bottom_right_backward_dkdv(
             "delta": (delta, jnp.float32, ("B", "H", "S")),
         },
     )
-    _check_blocks(
-        "attention_bottom_right_backward_dkdv", block_t=block_t, block_s=block_s, may_be_none=True
-    )
-    _check_blocks(
+    rt.check_blocks(
         "attention_bottom_right_backward_dkdv",
+        block_t=block_t,
+        block_s=block_s,
         gpu_block_t=gpu_block_t,
         gpu_block_s=gpu_block_s,
         may_be_none=True,
     )
-    b = sizes["B"]
-    h = sizes["H"]
-    t = sizes["T"]
-    d = sizes["D"]
-    size_s = sizes["S"]
+    b, h, t, d, size_s = sizes["B"], sizes["H"], sizes["T"], sizes["D"], sizes["S"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             attention_bottom_right_backward_dkdv_reference,
             (((b, h, t, d), jnp.bfloat16), ((b, h, t, d), jnp.bfloat16)),
             q,
@@ -10250,8 +9525,10 @@ def attention_bottom_right_backward_dkdv(
         )
     lse = lse.reshape((b, h, 1, size_s))  # lse: f32[B, H, S]
     delta = delta.reshape((b, h, 1, size_s))  # delta: f32[B, H, S]
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "attention_bottom_right_backward_dkdv",
+        (q, k, v, do, lse, delta),
+        tpu=functools.partial(
             _attention_bottom_right_backward_dkdv_tpu,
             b=b,
             h=h,
@@ -10262,39 +9539,30 @@ def attention_bottom_right_backward_dkdv(
             block_s=block_s,
             scale=scale,
         ),
-        _gpu_kernel(
-            "attention_bottom_right_backward_dkdv",
-            gpu_backend,
-            functools.partial(
-                _attention_bottom_right_backward_dkdv_gpu,
-                b=b,
-                h=h,
-                t=t,
-                d=d,
-                size_s=size_s,
-                block_t=gpu_block_t,
-                block_s=gpu_block_s,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(
-                _attention_bottom_right_backward_dkdv_mosaic_gpu,
-                b=b,
-                h=h,
-                t=t,
-                d=d,
-                size_s=size_s,
-                scale=scale,
-            ),
+        triton=functools.partial(
+            _attention_bottom_right_backward_dkdv_gpu,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            size_s=size_s,
+            block_t=gpu_block_t,
+            block_s=gpu_block_s,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
+        mosaic_gpu=functools.partial(
+            _attention_bottom_right_backward_dkdv_mosaic_gpu,
+            b=b,
+            h=h,
+            t=t,
+            d=d,
+            size_s=size_s,
+            scale=scale,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -10441,16 +9709,16 @@ def _attention_bottom_right_backward_dkdv_kernel(
         acc_s_lhs = p.astype(jnp.bfloat16)
         acc_s_rhs = do
         if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s_lhs = _fill_past(acc_s_lhs, s_start, size_s, 1, 0)
-            acc_s_rhs = _fill_past(acc_s_rhs, s_start, size_s, 0, 0)
+            acc_s_lhs = rt.fill_past(acc_s_lhs, s_start, size_s, 1, 0)
+            acc_s_rhs = rt.fill_past(acc_s_rhs, s_start, size_s, 0, 0)
         acc_s_ref[...] = acc_s_ref[...] + jnp.dot(
             acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32
         )
         acc_s_2_lhs = (ds_1 * scale).astype(jnp.bfloat16)
         acc_s_2_rhs = q
         if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s_2_lhs = _fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
-            acc_s_2_rhs = _fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
+            acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
+            acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
         acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(
             acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32
         )
@@ -10527,12 +9795,12 @@ def _attention_bottom_right_backward_dkdv_tpu(
     q, k, v, do, lse, delta, *, b, h, t, d, size_s, block_t, block_s, scale, interpret
 ):
     """`attention_bottom_right_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_t, block_s = _tpu_blocks(
+    block_t, block_s = rt.tpu_blocks(
         _attention_bottom_right_backward_dkdv_tpu_blocks,
         (b, h, t, d, size_s),
         (block_t, block_s),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(
                 min(1 << (t.bit_length() - 1), 4096),
                 min(1 << (size_s.bit_length() - 1), 4096),
@@ -10554,7 +9822,7 @@ def _attention_bottom_right_backward_dkdv_tpu(
     )
     block_t = min(block_t, t)  # a small T is one whole block
     block_s = min(block_s, size_s)  # a small S is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "attention_bottom_right_backward_dkdv",
         block_t=(
             block_t,
@@ -10569,7 +9837,7 @@ def _attention_bottom_right_backward_dkdv_tpu(
             "S is the last dimension of a block, so it is a multiple of 128",
         ),
     )
-    whole_strips, partial_strips = _strips(
+    whole_strips, partial_strips = rt.strips(
         (block_t, block_s),
         (pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         height=256,
@@ -10674,7 +9942,9 @@ def _attention_bottom_right_backward_dkdv_tpu(
             + 2 * b * h * t * size_s * d
             + 2 * b * h * t * d * size_s,
             transcendentals=b * h * t * size_s,
-            bytes_accessed=_nbytes(q, k, v, do, lse, delta) + b * h * t * d * 2 + b * h * t * d * 2,
+            bytes_accessed=rt.nbytes(q, k, v, do, lse, delta)
+            + b * h * t * d * 2
+            + b * h * t * d * 2,
         ),
         interpret=interpret,
         name="attention_bottom_right_backward_dkdv",
@@ -10702,31 +9972,33 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
     scale,
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_t = _inside(pl.program_id(2) * block_t, block_t, t)
-    in_d = _inside(0, block_d, d)
+    in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
+    in_d = rt.inside(0, block_d, d)
     t_start = pl.program_id(2) * block_t
-    k = _load(k_ref, _mask((block_t, block_d), in_t, in_d), other=0)
-    v = _load(v_ref, _mask((block_t, block_d), in_t, in_d), other=0)
+    k = rt.load(k_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
+    v = rt.load(v_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
 
     def accumulate(index, running):
         s_start = index * block_s
-        in_s = _inside(s_start, block_s, size_s)
+        in_s = rt.inside(s_start, block_s, size_s)
 
         def step():
             acc_s, acc_s_2 = running
-            q = _load(
-                q_ref.at[pl.ds(s_start, block_s), :], _mask((block_s, block_d), in_s, in_d), other=0
-            )
-            do = _load(
-                do_ref.at[pl.ds(s_start, block_s), :],
-                _mask((block_s, block_d), in_s, in_d),
+            q = rt.load(
+                q_ref.at[pl.ds(s_start, block_s), :],
+                rt.mask((block_s, block_d), in_s, in_d),
                 other=0,
             )
-            lse = _load(
-                lse_ref.at[:, pl.ds(s_start, block_s)], _mask((1, block_s), None, in_s), other=0
+            do = rt.load(
+                do_ref.at[pl.ds(s_start, block_s), :],
+                rt.mask((block_s, block_d), in_s, in_d),
+                other=0,
             )
-            delta = _load(
-                delta_ref.at[:, pl.ds(s_start, block_s)], _mask((1, block_s), None, in_s), other=0
+            lse = rt.load(
+                lse_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
+            )
+            delta = rt.load(
+                delta_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
             )
             s = jnp.where(
                 s_start + jax.lax.broadcasted_iota(jnp.int32, (1, block_s), 1) + t - size_s
@@ -10751,14 +10023,14 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
             acc_s_lhs = p.astype(jnp.bfloat16)
             acc_s_rhs = do
             if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-                acc_s_lhs = _fill_past(acc_s_lhs, s_start, size_s, 1, 0)
-                acc_s_rhs = _fill_past(acc_s_rhs, s_start, size_s, 0, 0)
+                acc_s_lhs = rt.fill_past(acc_s_lhs, s_start, size_s, 1, 0)
+                acc_s_rhs = rt.fill_past(acc_s_rhs, s_start, size_s, 0, 0)
             acc_s = acc_s + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
             acc_s_2_lhs = (ds_1 * scale).astype(jnp.bfloat16)
             acc_s_2_rhs = q
             if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-                acc_s_2_lhs = _fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
-                acc_s_2_rhs = _fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
+                acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
+                acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
             acc_s_2 = acc_s_2 + jnp.dot(
                 acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32
             )
@@ -10776,8 +10048,8 @@ def _attention_bottom_right_backward_dkdv_gpu_kernel(
             jnp.full((block_t, block_d), 0, jnp.float32),
         ),
     )
-    _store(dv_ref, acc_s.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
-    _store(dk_ref, acc_s_2.astype(jnp.bfloat16), _mask((block_t, block_d), in_t, in_d))
+    rt.store(dv_ref, acc_s.astype(jnp.bfloat16), rt.mask((block_t, block_d), in_t, in_d))
+    rt.store(dk_ref, acc_s_2.astype(jnp.bfloat16), rt.mask((block_t, block_d), in_t, in_d))
 
 
 # GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
@@ -10808,7 +10080,7 @@ def _attention_bottom_right_backward_dkdv_gpu(
     interpret,
 ):
     """`attention_bottom_right_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_t, block_s, num_warps, num_stages = _gpu_options(
+    block_t, block_s, num_warps, num_stages = rt.gpu_options(
         _attention_bottom_right_backward_dkdv_gpu_options,
         (b, h, t, d, size_s),
         (block_t, block_s, num_warps, num_stages),
@@ -10911,37 +10183,45 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
 
         def compute():
             acc_s, acc_s_2 = carry
-            lse = _mgpu_load_vector(lse_smem, 1)
-            delta = _mgpu_load_vector(delta_smem, 1)
+            lse = rt.mgpu_load_vector(lse_smem, 1)
+            delta = rt.mgpu_load_vector(delta_smem, 1)
             s = jnp.where(
-                _mgpu_spread(
-                    _mgpu_vector_positions(s_start, block_s, 1) + t - size_s, (block_t, block_s), 1
+                rt.mgpu_spread(
+                    rt.mgpu_vector_positions(s_start, block_s, 1) + t - size_s,
+                    (block_t, block_s),
+                    1,
                 )
-                >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0),
-                _mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * scale,
+                >= rt.mgpu_spread(
+                    rt.mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0
+                ),
+                rt.mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * scale,
                 -jnp.inf,
             )
-            p = jnp.exp(s - _mgpu_spread(lse, (block_t, block_s), 1))
-            dp = _mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
-            ds = p * (dp - _mgpu_spread(delta, (block_t, block_s), 1))
+            p = jnp.exp(s - rt.mgpu_spread(lse, (block_t, block_s), 1))
+            dp = rt.mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
+            ds = p * (dp - rt.mgpu_spread(delta, (block_t, block_s), 1))
             ds_1 = jnp.where(
-                _mgpu_spread(
-                    _mgpu_vector_positions(s_start, block_s, 1) + t - size_s, (block_t, block_s), 1
+                rt.mgpu_spread(
+                    rt.mgpu_vector_positions(s_start, block_s, 1) + t - size_s,
+                    (block_t, block_s),
+                    1,
                 )
-                >= _mgpu_spread(_mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0),
+                >= rt.mgpu_spread(
+                    rt.mgpu_vector_positions(t_start, block_t, 0), (block_t, block_s), 0
+                ),
                 ds,
                 0,
             )
             operand = p.astype(jnp.bfloat16)
             if size_s % block_s:  # a ragged S: 0 past its end
-                operand = _mgpu_fill_past(operand, s_start, size_s, 1, 0)
-            acc_s = acc_s + _mgpu_dot(
+                operand = rt.mgpu_fill_past(operand, s_start, size_s, 1, 0)
+            acc_s = acc_s + rt.mgpu_dot(
                 (block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,)
             )
             operand_2 = (ds_1 * scale).astype(jnp.bfloat16)
             if size_s % block_s:  # a ragged S: 0 past its end
-                operand_2 = _mgpu_fill_past(operand_2, s_start, size_s, 1, 0)
-            acc_s_2 = acc_s_2 + _mgpu_dot(
+                operand_2 = rt.mgpu_fill_past(operand_2, s_start, size_s, 1, 0)
+            acc_s_2 = acc_s_2 + rt.mgpu_dot(
                 (block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,)
             )
             return acc_s, acc_s_2
@@ -10956,12 +10236,12 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_s, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
             plgpu.BlockSpec(
                 (block_s, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
@@ -11002,12 +10282,12 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(
         )
     padded_t = t + -t % block_t
     padded_size_s = size_s + -size_s % block_s
-    q = _mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    k = _mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    v = _mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
-    do = _mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
-    lse = _mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
-    delta = _mgpu_pad(delta.reshape((b, h, size_s)), (b, h, padded_size_s))
+    q = rt.mgpu_pad(q.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    k = rt.mgpu_pad(k.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    v = rt.mgpu_pad(v.reshape((b, h, t, d)), (b, h, padded_t, block_d))
+    do = rt.mgpu_pad(do.reshape((b, h, size_s, d)), (b, h, padded_size_s, block_d))
+    lse = rt.mgpu_pad(lse.reshape((b, h, size_s)), (b, h, padded_size_s))
+    delta = rt.mgpu_pad(delta.reshape((b, h, size_s)), (b, h, padded_size_s))
     dk, dv = plgpu.kernel(
         functools.partial(
             _attention_bottom_right_backward_dkdv_mosaic_gpu_kernel,
@@ -11027,22 +10307,22 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(
         ),
         scratch_types=[
             plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_s)
+                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
             ),
             plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_s)
+                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
             ),
             plgpu.Barrier(num_barriers=2),
         ],
@@ -11053,19 +10333,7 @@ def _attention_bottom_right_backward_dkdv_mosaic_gpu(
     return dk[:b, :h, :t, :d].reshape((b, h, t, d)), dv[:b, :h, :t, :d].reshape((b, h, t, d))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def gqa(
     q,
     k,
@@ -11088,13 +10356,10 @@ def gqa(
       v: bf16[B, G, T, D].
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_gqa_tpu_blocks), or grown to large steps
-        (_grown), else 128, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        (rt.grown), else 128, 256.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       o: bf16[B, G, R, S, D].
@@ -11102,7 +10367,7 @@ def gqa(
     Gradients: jax.grad runs the generated backward kernels gqa_backward_dq,
     gqa_backward_dkdv, gqa_backward_over_r (_gqa_vjp).
     """
-    (q, k, v), sizes = _operands(
+    (q, k, v), sizes = rt.operands(
         "gqa",
         {
             "q": (q, jnp.bfloat16, ("B", "G", "R", "S", "D")),
@@ -11110,17 +10375,18 @@ def gqa(
             "v": (v, jnp.bfloat16, ("B", "G", "T", "D")),
         },
     )
-    _check_blocks("gqa", block_s=block_s, block_t=block_t, may_be_none=True)
-    _check_blocks("gqa", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True)
-    b = sizes["B"]
-    g = sizes["G"]
-    r = sizes["R"]
-    size_s = sizes["S"]
-    d = sizes["D"]
-    t = sizes["T"]
+    rt.check_blocks(
+        "gqa",
+        block_s=block_s,
+        block_t=block_t,
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        may_be_none=True,
+    )
+    b, g, r, size_s, d, t = sizes["B"], sizes["G"], sizes["R"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(gqa_reference, (((b, g, r, size_s, d), jnp.bfloat16),), q, k, v)
-    return _differentiable(
+        return rt.without_elements(gqa_reference, (((b, g, r, size_s, d), jnp.bfloat16),), q, k, v)
+    return rt.differentiable(
         functools.partial(
             _gqa_forward,
             b=b,
@@ -11219,32 +10485,28 @@ def _gqa_forward(
     interpret,
 ):
     """`gqa` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "gqa",
+        (q, k, v),
+        tpu=functools.partial(
             _gqa_tpu, b=b, g=g, r=r, size_s=size_s, d=d, t=t, block_s=block_s, block_t=block_t
         ),
-        _gpu_kernel(
-            "gqa",
-            gpu_backend,
-            functools.partial(
-                _gqa_gpu,
-                b=b,
-                g=g,
-                r=r,
-                size_s=size_s,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_gqa_mosaic_gpu, b=b, g=g, r=r, size_s=size_s, d=d, t=t),
+        triton=functools.partial(
+            _gqa_gpu,
+            b=b,
+            g=g,
+            r=r,
+            size_s=size_s,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        q,
-        k,
-        v,
+        mosaic_gpu=functools.partial(_gqa_mosaic_gpu, b=b, g=g, r=r, size_s=size_s, d=d, t=t),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -11340,7 +10602,7 @@ def _gqa_kernel(
     )
     max_t_block = s
     if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-        max_t_block = _fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+        max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
     max_t_previous = max_t_ref[...]
     max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
     max_t_shift = jnp.where(
@@ -11351,15 +10613,15 @@ def _gqa_kernel(
     sum_exp_t_terms = jnp.exp(s - max_t_shift)
     sum_exp_t_block = sum_exp_t_terms
     if t % block_t:  # a ragged T: 0.0 past its end, never padding
-        sum_exp_t_block = _fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+        sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
     sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(
         sum_exp_t_block, axis=1, keepdims=True
     )
     acc_t_lhs = sum_exp_t_terms
     acc_t_rhs = v.astype(jnp.float32)
     if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-        acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
-        acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+        acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+        acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
     acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(
         acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
     )
@@ -11384,12 +10646,12 @@ _gqa_tpu_blocks = {
 
 def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
     """`gqa` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = _tpu_blocks(
+    block_s, block_t = rt.tpu_blocks(
         _gqa_tpu_blocks,
         (b, g, r, size_s, d, t),
         (block_s, block_t),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(min(size_s, 1024), min(t, 1024)),
             step=lambda block_s, block_t: (
                 block_s * block_t,
@@ -11405,7 +10667,7 @@ def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
     )
     block_s = min(block_s, size_s)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "gqa",
         block_s=(
             block_s,
@@ -11454,7 +10716,7 @@ def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_s * d
                 + 4 * block_t * d
                 + 4 * block_t * d
@@ -11467,7 +10729,7 @@ def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
         cost_estimate=pl.CostEstimate(
             flops=2 * b * g * r * size_s * t * d + 2 * b * g * r * size_s * d * t,
             transcendentals=b * g * r * size_s * t,
-            bytes_accessed=_nbytes(q, k, v) + b * g * r * size_s * d * 2,
+            bytes_accessed=rt.nbytes(q, k, v) + b * g * r * size_s * d * 2,
         ),
         interpret=interpret,
         name="gqa",
@@ -11478,19 +10740,19 @@ def _gqa_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, *, b, g, r, size_s, d, t, block_s, block_t, block_d
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(3) * block_s, block_s, size_s)
-    in_d = _inside(0, block_d, d)
-    q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    in_s = rt.inside(pl.program_id(3) * block_s, block_s, size_s)
+    in_d = rt.inside(0, block_d, d)
+    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
-        in_t = _inside(t_start, block_t, t)
+        in_t = rt.inside(t_start, block_t, t)
         max_t, sum_exp_t, acc_t = running
-        k = _load(
-            k_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+        k = rt.load(
+            k_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
         )
-        v = _load(
-            v_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+        v = rt.load(
+            v_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
         )
         s = (
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
@@ -11498,7 +10760,7 @@ def _gqa_gpu_kernel(
         )
         max_t_block = s
         if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = _fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+            max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
         max_t_shift = jnp.where(
@@ -11509,13 +10771,13 @@ def _gqa_gpu_kernel(
         sum_exp_t_terms = jnp.exp(s - max_t_shift)
         sum_exp_t_block = sum_exp_t_terms
         if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = _fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+            sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
         sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
         acc_t_lhs = sum_exp_t_terms
         acc_t_rhs = v.astype(jnp.float32)
         if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
         acc_t = max_t_rescale * acc_t + jnp.dot(
             acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
         )
@@ -11532,7 +10794,7 @@ def _gqa_gpu_kernel(
         ),
     )
     acc_t_2 = acc_t / sum_exp_t
-    _store(o_ref, acc_t_2.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
 
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
@@ -11544,7 +10806,7 @@ _gqa_gpu_options = {None: (64, 64, 4, 1)}
 
 def _gqa_gpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num_stages, interpret):
     """`gqa` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = _gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.gpu_options(
         _gqa_gpu_options, (b, g, r, size_s, d, t), (block_s, block_t, num_warps, num_stages)
     )
     block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
@@ -11626,16 +10888,16 @@ def _gqa_mosaic_gpu_kernel(
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
         max_t, sum_exp_t, acc_t = carry
-        s = _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * 0.088388
+        s = rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * 0.088388
         max_t_block = s
         if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = _mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+            max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
         max_t_shift_vector = jnp.where(
             max_t_new > -jnp.inf, max_t_new, 0.0
         )  # a row of -inf so far subtracts 0
-        max_t_shift = _mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
+        max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
         max_t_rescale = jnp.exp(
             max_t_previous - max_t_shift_vector
         )  # what the terms so far are worth now
@@ -11643,12 +10905,12 @@ def _gqa_mosaic_gpu_kernel(
         sum_exp_t_terms = jnp.exp(s - max_t_shift)
         sum_exp_t_block = sum_exp_t_terms
         if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = _mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+            sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
         sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
         operand = sum_exp_t_terms
         if t % block_t:  # a ragged T: 0 past its end
-            operand = _mgpu_fill_past(operand, t_start, t, 1, 0)
-        acc_t = _mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + _mgpu_dot(
+            operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
+        acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
             (block_s, block_d),
             operand,
             v_smem,
@@ -11664,22 +10926,22 @@ def _gqa_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_t, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
             plgpu.BlockSpec(
                 (block_t, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
-            _mgpu_full(block_s, 0.0, jnp.float32, 0),
+            rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
+            rt.mgpu_full(block_s, 0.0, jnp.float32, 0),
             plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
         ),
     )(k_ref.at[b_index, g_index], v_ref.at[b_index, g_index])
-    acc_t_2 = acc_t / _mgpu_spread(sum_exp_t, (block_s, block_d), 0)
+    acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
     o_smem[...] = acc_t_2.astype(jnp.bfloat16)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)])
@@ -11701,9 +10963,9 @@ def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
         )
     padded_size_s = size_s + -size_s % block_s
     padded_t = t + -t % block_t
-    q = _mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
-    k = _mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
-    v = _mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
+    q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
+    k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
+    v = rt.mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
     (o,) = plgpu.kernel(
         functools.partial(
             _gqa_mosaic_gpu_kernel,
@@ -11720,16 +10982,16 @@ def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
         out_type=(jax.ShapeDtypeStruct((b, g, r, padded_size_s, block_d), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
             ),
             plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -11740,19 +11002,7 @@ def _gqa_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret):
     return o[:b, :g, :r, :size_s, :d].reshape((b, g, r, size_s, d))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def gqa_with_residuals(
     q,
     k,
@@ -11776,18 +11026,15 @@ def gqa_with_residuals(
       v: bf16[B, G, T, D].
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_gqa_with_residuals_tpu_blocks), or grown to large steps
-        (_grown), else 128, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        (rt.grown), else 128, 256.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       o: bf16[B, G, R, S, D]; lse: f32[B, G, R, S].
     """
-    (q, k, v), sizes = _operands(
+    (q, k, v), sizes = rt.operands(
         "gqa_with_residuals",
         {
             "q": (q, jnp.bfloat16, ("B", "G", "R", "S", "D")),
@@ -11795,26 +11042,27 @@ def gqa_with_residuals(
             "v": (v, jnp.bfloat16, ("B", "G", "T", "D")),
         },
     )
-    _check_blocks("gqa_with_residuals", block_s=block_s, block_t=block_t, may_be_none=True)
-    _check_blocks(
-        "gqa_with_residuals", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True
+    rt.check_blocks(
+        "gqa_with_residuals",
+        block_s=block_s,
+        block_t=block_t,
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        may_be_none=True,
     )
-    b = sizes["B"]
-    g = sizes["G"]
-    r = sizes["R"]
-    size_s = sizes["S"]
-    d = sizes["D"]
-    t = sizes["T"]
+    b, g, r, size_s, d, t = sizes["B"], sizes["G"], sizes["R"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             gqa_with_residuals_reference,
             (((b, g, r, size_s, d), jnp.bfloat16), ((b, g, r, size_s), jnp.float32)),
             q,
             k,
             v,
         )
-    o, lse = _on_platform(
-        functools.partial(
+    o, lse = rt.on_platform(
+        "gqa_with_residuals",
+        (q, k, v),
+        tpu=functools.partial(
             _gqa_with_residuals_tpu,
             b=b,
             g=g,
@@ -11825,30 +11073,24 @@ def gqa_with_residuals(
             block_s=block_s,
             block_t=block_t,
         ),
-        _gpu_kernel(
-            "gqa_with_residuals",
-            gpu_backend,
-            functools.partial(
-                _gqa_with_residuals_gpu,
-                b=b,
-                g=g,
-                r=r,
-                size_s=size_s,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _gqa_with_residuals_mosaic_gpu, b=b, g=g, r=r, size_s=size_s, d=d, t=t
-            ),
+        triton=functools.partial(
+            _gqa_with_residuals_gpu,
+            b=b,
+            g=g,
+            r=r,
+            size_s=size_s,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        q,
-        k,
-        v,
+        mosaic_gpu=functools.partial(
+            _gqa_with_residuals_mosaic_gpu, b=b, g=g, r=r, size_s=size_s, d=d, t=t
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     lse = lse.reshape(
         (b, g, r, size_s)
@@ -11931,7 +11173,7 @@ def _gqa_with_residuals_kernel(
     )
     max_t_block = s
     if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-        max_t_block = _fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+        max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
     max_t_previous = max_t_ref[...]
     max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
     max_t_shift = jnp.where(
@@ -11942,15 +11184,15 @@ def _gqa_with_residuals_kernel(
     sum_exp_t_terms = jnp.exp(s - max_t_shift)
     sum_exp_t_block = sum_exp_t_terms
     if t % block_t:  # a ragged T: 0.0 past its end, never padding
-        sum_exp_t_block = _fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+        sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
     sum_exp_t_ref[...] = max_t_rescale * sum_exp_t_ref[...] + jnp.sum(
         sum_exp_t_block, axis=1, keepdims=True
     )
     acc_t_lhs = sum_exp_t_terms
     acc_t_rhs = v.astype(jnp.float32)
     if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-        acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
-        acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+        acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+        acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
     acc_t_ref[...] = max_t_rescale * acc_t_ref[...] + jnp.dot(
         acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
     )
@@ -11961,7 +11203,7 @@ def _gqa_with_residuals_kernel(
         sum_exp_t = sum_exp_t_ref[...]
         acc_t = acc_t_ref[...] / sum_exp_t
         o_ref[...] = acc_t.astype(jnp.bfloat16)
-        lse_ref[...] = _logsumexp_finish(max_t, sum_exp_t)
+        lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
 # TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
@@ -11977,12 +11219,12 @@ _gqa_with_residuals_tpu_blocks = {
 
 def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
     """`gqa_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = _tpu_blocks(
+    block_s, block_t = rt.tpu_blocks(
         _gqa_with_residuals_tpu_blocks,
         (b, g, r, size_s, d, t),
         (block_s, block_t),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(min(size_s, 1024), min(t, 1024)),
             step=lambda block_s, block_t: (
                 block_s * block_t,
@@ -11999,7 +11241,7 @@ def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t,
     )
     block_s = min(block_s, size_s)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "gqa_with_residuals",
         block_s=(
             block_s,
@@ -12062,7 +11304,7 @@ def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t,
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_s * d
                 + 4 * block_t * d
                 + 4 * block_t * d
@@ -12076,7 +11318,7 @@ def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t,
         cost_estimate=pl.CostEstimate(
             flops=2 * b * g * r * size_s * t * d + 2 * b * g * r * size_s * d * t,
             transcendentals=b * g * r * size_s * t + b * g * r * size_s,
-            bytes_accessed=_nbytes(q, k, v) + b * g * r * size_s * d * 2 + b * g * r * size_s * 4,
+            bytes_accessed=rt.nbytes(q, k, v) + b * g * r * size_s * d * 2 + b * g * r * size_s * 4,
         ),
         interpret=interpret,
         name="gqa_with_residuals",
@@ -12087,19 +11329,19 @@ def _gqa_with_residuals_gpu_kernel(
     q_ref, k_ref, v_ref, o_ref, lse_ref, *, b, g, r, size_s, d, t, block_s, block_t, block_d
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(3) * block_s, block_s, size_s)
-    in_d = _inside(0, block_d, d)
-    q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    in_s = rt.inside(pl.program_id(3) * block_s, block_s, size_s)
+    in_d = rt.inside(0, block_d, d)
+    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
-        in_t = _inside(t_start, block_t, t)
+        in_t = rt.inside(t_start, block_t, t)
         max_t, sum_exp_t, acc_t = running
-        k = _load(
-            k_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+        k = rt.load(
+            k_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
         )
-        v = _load(
-            v_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+        v = rt.load(
+            v_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
         )
         s = (
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
@@ -12107,7 +11349,7 @@ def _gqa_with_residuals_gpu_kernel(
         )
         max_t_block = s
         if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = _fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+            max_t_block = rt.fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1, keepdims=True))
         max_t_shift = jnp.where(
@@ -12118,13 +11360,13 @@ def _gqa_with_residuals_gpu_kernel(
         sum_exp_t_terms = jnp.exp(s - max_t_shift)
         sum_exp_t_block = sum_exp_t_terms
         if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = _fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+            sum_exp_t_block = rt.fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
         sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1, keepdims=True)
         acc_t_lhs = sum_exp_t_terms
         acc_t_rhs = v.astype(jnp.float32)
         if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
         acc_t = max_t_rescale * acc_t + jnp.dot(
             acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
         )
@@ -12141,8 +11383,8 @@ def _gqa_with_residuals_gpu_kernel(
         ),
     )
     acc_t_2 = acc_t / sum_exp_t
-    _store(o_ref, acc_t_2.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
-    _store(lse_ref, _logsumexp_finish(max_t, sum_exp_t), _mask((block_s, 1), in_s, None))
+    rt.store(o_ref, acc_t_2.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
+    rt.store(lse_ref, rt.logsumexp_finish(max_t, sum_exp_t), rt.mask((block_s, 1), in_s, None))
 
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
@@ -12156,7 +11398,7 @@ def _gqa_with_residuals_gpu(
     q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, num_warps, num_stages, interpret
 ):
     """`gqa_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = _gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.gpu_options(
         _gqa_with_residuals_gpu_options,
         (b, g, r, size_s, d, t),
         (block_s, block_t, num_warps, num_stages),
@@ -12249,16 +11491,16 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
         max_t, sum_exp_t, acc_t = carry
-        s = _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * 0.088388
+        s = rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * 0.088388
         max_t_block = s
         if t % block_t:  # a ragged T: -jnp.inf past its end, never padding
-            max_t_block = _mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
+            max_t_block = rt.mgpu_fill_past(max_t_block, t_start, t, 1, -jnp.inf)
         max_t_previous = max_t
         max_t_new = jnp.maximum(max_t_previous, jnp.max(max_t_block, axis=1))
         max_t_shift_vector = jnp.where(
             max_t_new > -jnp.inf, max_t_new, 0.0
         )  # a row of -inf so far subtracts 0
-        max_t_shift = _mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
+        max_t_shift = rt.mgpu_spread(max_t_shift_vector, max_t_block.shape, 0)
         max_t_rescale = jnp.exp(
             max_t_previous - max_t_shift_vector
         )  # what the terms so far are worth now
@@ -12266,12 +11508,12 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
         sum_exp_t_terms = jnp.exp(s - max_t_shift)
         sum_exp_t_block = sum_exp_t_terms
         if t % block_t:  # a ragged T: 0.0 past its end, never padding
-            sum_exp_t_block = _mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
+            sum_exp_t_block = rt.mgpu_fill_past(sum_exp_t_block, t_start, t, 1, 0.0)
         sum_exp_t = max_t_rescale * sum_exp_t + jnp.sum(sum_exp_t_block, axis=1)
         operand = sum_exp_t_terms
         if t % block_t:  # a ragged T: 0 past its end
-            operand = _mgpu_fill_past(operand, t_start, t, 1, 0)
-        acc_t = _mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + _mgpu_dot(
+            operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
+        acc_t = rt.mgpu_spread(max_t_rescale, acc_t.shape, 0) * acc_t + rt.mgpu_dot(
             (block_s, block_d),
             operand,
             v_smem,
@@ -12287,24 +11529,24 @@ def _gqa_with_residuals_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_t, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
             plgpu.BlockSpec(
                 (block_t, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
-            _mgpu_full(block_s, 0.0, jnp.float32, 0),
+            rt.mgpu_full(block_s, -jnp.inf, jnp.float32, 0),
+            rt.mgpu_full(block_s, 0.0, jnp.float32, 0),
             plgpu.layout_cast(jnp.full((block_s, block_d), 0, jnp.float32), plgpu.Layout.WGMMA),
         ),
     )(k_ref.at[b_index, g_index], v_ref.at[b_index, g_index])
-    acc_t_2 = acc_t / _mgpu_spread(sum_exp_t, (block_s, block_d), 0)
+    acc_t_2 = acc_t / rt.mgpu_spread(sum_exp_t, (block_s, block_d), 0)
     o_smem[...] = acc_t_2.astype(jnp.bfloat16)
-    lse_smem[...] = _logsumexp_finish(max_t, sum_exp_t)
+    lse_smem[...] = rt.logsumexp_finish(max_t, sum_exp_t)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b_index, g_index, r_index, pl.ds(s_start, block_s)])
     plgpu.copy_smem_to_gmem(
@@ -12328,9 +11570,9 @@ def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret)
         )
     padded_size_s = size_s + -size_s % block_s
     padded_t = t + -t % block_t
-    q = _mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
-    k = _mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
-    v = _mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
+    q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
+    k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
+    v = rt.mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
     o, lse = plgpu.kernel(
         functools.partial(
             _gqa_with_residuals_mosaic_gpu_kernel,
@@ -12350,17 +11592,17 @@ def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret)
         ),
         scratch_types=[
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM((block_s,), jnp.float32),
             plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
             ),
             plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -12373,19 +11615,7 @@ def _gqa_with_residuals_mosaic_gpu(q, k, v, *, b, g, r, size_s, d, t, interpret)
     ].reshape((b, g, r, size_s, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def gqa_backward_dq(
     q,
     k,
@@ -12415,18 +11645,15 @@ def gqa_backward_dq(
       lse: f32[B, G, R, S].
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_gqa_backward_dq_tpu_blocks), or grown to large steps
-        (_grown), else 128, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        (rt.grown), else 128, 256.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dq: bf16[B, G, R, S, D]; delta: f32[B, G, R, S].
     """
-    (q, k, v, o, do, lse), sizes = _operands(
+    (q, k, v, o, do, lse), sizes = rt.operands(
         "gqa_backward_dq",
         {
             "q": (q, jnp.bfloat16, ("B", "G", "R", "S", "D")),
@@ -12437,18 +11664,17 @@ def gqa_backward_dq(
             "lse": (lse, jnp.float32, ("B", "G", "R", "S")),
         },
     )
-    _check_blocks("gqa_backward_dq", block_s=block_s, block_t=block_t, may_be_none=True)
-    _check_blocks(
-        "gqa_backward_dq", gpu_block_s=gpu_block_s, gpu_block_t=gpu_block_t, may_be_none=True
+    rt.check_blocks(
+        "gqa_backward_dq",
+        block_s=block_s,
+        block_t=block_t,
+        gpu_block_s=gpu_block_s,
+        gpu_block_t=gpu_block_t,
+        may_be_none=True,
     )
-    b = sizes["B"]
-    g = sizes["G"]
-    r = sizes["R"]
-    size_s = sizes["S"]
-    d = sizes["D"]
-    t = sizes["T"]
+    b, g, r, size_s, d, t = sizes["B"], sizes["G"], sizes["R"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             gqa_backward_dq_reference,
             (((b, g, r, size_s, d), jnp.bfloat16), ((b, g, r, size_s), jnp.float32)),
             q,
@@ -12459,8 +11685,10 @@ def gqa_backward_dq(
             lse,
         )
     lse = lse.reshape((b, g, r, size_s, 1))  # lse: f32[B, G, R, S]
-    dq, delta = _on_platform(
-        functools.partial(
+    dq, delta = rt.on_platform(
+        "gqa_backward_dq",
+        (q, k, v, o, do, lse),
+        tpu=functools.partial(
             _gqa_backward_dq_tpu,
             b=b,
             g=g,
@@ -12471,31 +11699,24 @@ def gqa_backward_dq(
             block_s=block_s,
             block_t=block_t,
         ),
-        _gpu_kernel(
-            "gqa_backward_dq",
-            gpu_backend,
-            functools.partial(
-                _gqa_backward_dq_gpu,
-                b=b,
-                g=g,
-                r=r,
-                size_s=size_s,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_gqa_backward_dq_mosaic_gpu, b=b, g=g, r=r, size_s=size_s, d=d, t=t),
+        triton=functools.partial(
+            _gqa_backward_dq_gpu,
+            b=b,
+            g=g,
+            r=r,
+            size_s=size_s,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        q,
-        k,
-        v,
-        o,
-        do,
-        lse,
+        mosaic_gpu=functools.partial(
+            _gqa_backward_dq_mosaic_gpu, b=b, g=g, r=r, size_s=size_s, d=d, t=t
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     delta = delta.reshape(
         (b, g, r, size_s)
@@ -12601,8 +11822,8 @@ def _gqa_backward_dq_kernel(
     acc_t_lhs = (ds * 0.088388).astype(jnp.bfloat16)
     acc_t_rhs = k
     if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-        acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
-        acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+        acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+        acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
     acc_t_ref[...] = acc_t_ref[...] + jnp.dot(
         acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32
     )
@@ -12632,12 +11853,12 @@ def _gqa_backward_dq_tpu(
     q, k, v, o, do, lse, *, b, g, r, size_s, d, t, block_s, block_t, interpret
 ):
     """`gqa_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = _tpu_blocks(
+    block_s, block_t = rt.tpu_blocks(
         _gqa_backward_dq_tpu_blocks,
         (b, g, r, size_s, d, t),
         (block_s, block_t),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(min(size_s, 1024), min(t, 1024)),
             step=lambda block_s, block_t: (
                 block_s * block_t,
@@ -12655,7 +11876,7 @@ def _gqa_backward_dq_tpu(
     )
     block_s = min(block_s, size_s)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "gqa_backward_dq",
         block_s=(
             block_s,
@@ -12718,7 +11939,7 @@ def _gqa_backward_dq_tpu(
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_s * d
                 + 4 * block_t * d
                 + 4 * block_t * d
@@ -12735,7 +11956,7 @@ def _gqa_backward_dq_tpu(
             + 2 * b * g * r * size_s * t * d
             + 2 * b * g * r * size_s * d * t,
             transcendentals=b * g * r * size_s * t,
-            bytes_accessed=_nbytes(q, k, v, o, do, lse)
+            bytes_accessed=rt.nbytes(q, k, v, o, do, lse)
             + b * g * r * size_s * d * 2
             + b * g * r * size_s * 4,
         ),
@@ -12765,22 +11986,22 @@ def _gqa_backward_dq_gpu_kernel(
     block_d,
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(3) * block_s, block_s, size_s)
-    in_d = _inside(0, block_d, d)
-    q = _load(q_ref, _mask((block_s, block_d), in_s, in_d), other=0)
-    o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
-    do = _load(do_ref, _mask((block_s, block_d), in_s, in_d), other=0)
-    lse = _load(lse_ref, _mask((block_s, 1), in_s, None), other=0)
+    in_s = rt.inside(pl.program_id(3) * block_s, block_s, size_s)
+    in_d = rt.inside(0, block_d, d)
+    q = rt.load(q_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    lse = rt.load(lse_ref, rt.mask((block_s, 1), in_s, None), other=0)
 
     def accumulate(index, running):
         t_start = index * block_t
-        in_t = _inside(t_start, block_t, t)
+        in_t = rt.inside(t_start, block_t, t)
         (acc_t,) = running
-        k = _load(
-            k_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+        k = rt.load(
+            k_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
         )
-        v = _load(
-            v_ref.at[pl.ds(t_start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+        v = rt.load(
+            v_ref.at[pl.ds(t_start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
         )
         s = (
             jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
@@ -12791,7 +12012,7 @@ def _gqa_backward_dq_gpu_kernel(
             do, v, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
         delta = jnp.sum(
-            _fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+            rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
             axis=1,
             keepdims=True,
         )
@@ -12799,23 +12020,23 @@ def _gqa_backward_dq_gpu_kernel(
         acc_t_lhs = (ds * 0.088388).astype(jnp.bfloat16)
         acc_t_rhs = k
         if t % block_t:  # a ragged T: both operands 0 past its end, never padding
-            acc_t_lhs = _fill_past(acc_t_lhs, t_start, t, 1, 0)
-            acc_t_rhs = _fill_past(acc_t_rhs, t_start, t, 0, 0)
+            acc_t_lhs = rt.fill_past(acc_t_lhs, t_start, t, 1, 0)
+            acc_t_rhs = rt.fill_past(acc_t_rhs, t_start, t, 0, 0)
         acc_t = acc_t + jnp.dot(acc_t_lhs, acc_t_rhs, preferred_element_type=jnp.float32)
         return (acc_t,)
 
     (acc_t,) = jax.lax.fori_loop(
         0, pl.cdiv(t, block_t), accumulate, (jnp.full((block_s, block_d), 0, jnp.float32),)
     )
-    o = _load(o_ref, _mask((block_s, block_d), in_s, in_d), other=0)
-    do = _load(do_ref, _mask((block_s, block_d), in_s, in_d), other=0)
+    o = rt.load(o_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
+    do = rt.load(do_ref, rt.mask((block_s, block_d), in_s, in_d), other=0)
     delta = jnp.sum(
-        _fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+        rt.fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
         axis=1,
         keepdims=True,
     )
-    _store(delta_ref, delta, _mask((block_s, 1), in_s, None))
-    _store(dq_ref, acc_t.astype(jnp.bfloat16), _mask((block_s, block_d), in_s, in_d))
+    rt.store(delta_ref, delta, rt.mask((block_s, 1), in_s, None))
+    rt.store(dq_ref, acc_t.astype(jnp.bfloat16), rt.mask((block_s, block_d), in_s, in_d))
 
 
 # GPU (Triton) blocks and launch options (block_s, block_t, num_warps, num_stages) for a
@@ -12846,7 +12067,7 @@ def _gqa_backward_dq_gpu(
     interpret,
 ):
     """`gqa_backward_dq` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, num_warps, num_stages = _gpu_options(
+    block_s, block_t, num_warps, num_stages = rt.gpu_options(
         _gqa_backward_dq_gpu_options,
         (b, g, r, size_s, d, t),
         (block_s, block_t, num_warps, num_stages),
@@ -12964,22 +12185,25 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
     plgpu.barrier_wait(barrier.at[3])
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
-    lse = _mgpu_load_vector(lse_smem, 0)
+    lse = rt.mgpu_load_vector(lse_smem, 0)
 
     def step(indices, k_smem, v_smem, carry):
         t_start = indices[0] * block_t
         (acc_t,) = carry
-        s = _mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * 0.088388
-        p = jnp.exp(s - _mgpu_spread(lse, (block_s, block_t), 0))
-        dp = _mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
+        s = rt.mgpu_dot((block_s, block_t), q_smem, k_smem, transposed=True) * 0.088388
+        p = jnp.exp(s - rt.mgpu_spread(lse, (block_s, block_t), 0))
+        dp = rt.mgpu_dot((block_s, block_t), do_smem, v_smem, transposed=True)
         delta = jnp.sum(
-            _mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
+            rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0),
+            axis=1,
         )
-        ds = p * (dp - _mgpu_spread(delta, (block_s, block_t), 0))
+        ds = p * (dp - rt.mgpu_spread(delta, (block_s, block_t), 0))
         operand = (ds * 0.088388).astype(jnp.bfloat16)
         if t % block_t:  # a ragged T: 0 past its end
-            operand = _mgpu_fill_past(operand, t_start, t, 1, 0)
-        acc_t = acc_t + _mgpu_dot((block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,))
+            operand = rt.mgpu_fill_past(operand, t_start, t, 1, 0)
+        acc_t = acc_t + rt.mgpu_dot(
+            (block_s, block_d), operand, k_smem, lhs_scratch=(operand_smem,)
+        )
         return (acc_t,)
 
     (acc_t,) = plgpu.emit_pipeline(
@@ -12989,12 +12213,12 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_t, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
             plgpu.BlockSpec(
                 (block_t, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
         ],
         max_concurrent_steps=2,
@@ -13005,7 +12229,7 @@ def _gqa_backward_dq_mosaic_gpu_kernel(
     o = plgpu.layout_cast(o_smem[...], plgpu.Layout.WGMMA)
     do = plgpu.layout_cast(do_smem[...], plgpu.Layout.WGMMA)
     delta = jnp.sum(
-        _mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
+        rt.mgpu_fill_past((do.astype(jnp.float32) * o.astype(jnp.float32)), 0, d, 1, 0.0), axis=1
     )
     delta_smem[...] = delta
     dq_smem[...] = acc_t.astype(jnp.bfloat16)
@@ -13032,12 +12256,12 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, i
         )
     padded_size_s = size_s + -size_s % block_s
     padded_t = t + -t % block_t
-    q = _mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
-    k = _mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
-    v = _mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
-    o = _mgpu_pad(o.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
-    do = _mgpu_pad(do.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
-    lse = _mgpu_pad(lse.reshape((b, g, r, size_s)), (b, g, r, padded_size_s))
+    q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
+    k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
+    v = rt.mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
+    o = rt.mgpu_pad(o.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
+    do = rt.mgpu_pad(do.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
+    lse = rt.mgpu_pad(lse.reshape((b, g, r, size_s)), (b, g, r, padded_size_s))
     dq, delta = plgpu.kernel(
         functools.partial(
             _gqa_backward_dq_mosaic_gpu_kernel,
@@ -13057,21 +12281,21 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, i
         ),
         scratch_types=[
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
-            ),
-            plgpu.SMEM((block_s,), jnp.float32),
-            plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM((block_s,), jnp.float32),
             plgpu.SMEM(
-                (block_s, block_t), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_t)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
+            ),
+            plgpu.SMEM((block_s,), jnp.float32),
+            plgpu.SMEM(
+                (block_s, block_t), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t)
             ),
             plgpu.Barrier(num_barriers=4),
         ],
@@ -13084,19 +12308,7 @@ def _gqa_backward_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, g, r, size_s, d, t, i
     ].reshape((b, g, r, size_s, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_t",
-        "block_s",
-        "gpu_block_t",
-        "gpu_block_s",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def gqa_backward_dkdv(
     q,
     k,
@@ -13126,18 +12338,15 @@ def gqa_backward_dkdv(
       delta: f32[B, G, R, S].
       block_t, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_gqa_backward_dkdv_tpu_blocks), or grown to large steps
-        (_grown), else 256, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        (rt.grown), else 256, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dk_r: f32[B, G, R, T, D]; dv_r: f32[B, G, R, T, D].
     """
-    (q, k, v, do, lse, delta), sizes = _operands(
+    (q, k, v, do, lse, delta), sizes = rt.operands(
         "gqa_backward_dkdv",
         {
             "q": (q, jnp.bfloat16, ("B", "G", "R", "S", "D")),
@@ -13148,18 +12357,17 @@ def gqa_backward_dkdv(
             "delta": (delta, jnp.float32, ("B", "G", "R", "S")),
         },
     )
-    _check_blocks("gqa_backward_dkdv", block_t=block_t, block_s=block_s, may_be_none=True)
-    _check_blocks(
-        "gqa_backward_dkdv", gpu_block_t=gpu_block_t, gpu_block_s=gpu_block_s, may_be_none=True
+    rt.check_blocks(
+        "gqa_backward_dkdv",
+        block_t=block_t,
+        block_s=block_s,
+        gpu_block_t=gpu_block_t,
+        gpu_block_s=gpu_block_s,
+        may_be_none=True,
     )
-    b = sizes["B"]
-    g = sizes["G"]
-    r = sizes["R"]
-    t = sizes["T"]
-    d = sizes["D"]
-    size_s = sizes["S"]
+    b, g, r, t, d, size_s = sizes["B"], sizes["G"], sizes["R"], sizes["T"], sizes["D"], sizes["S"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             gqa_backward_dkdv_reference,
             (((b, g, r, t, d), jnp.float32), ((b, g, r, t, d), jnp.float32)),
             q,
@@ -13171,8 +12379,10 @@ def gqa_backward_dkdv(
         )
     lse = lse.reshape((b, g, r, 1, size_s))  # lse: f32[B, G, R, S]
     delta = delta.reshape((b, g, r, 1, size_s))  # delta: f32[B, G, R, S]
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "gqa_backward_dkdv",
+        (q, k, v, do, lse, delta),
+        tpu=functools.partial(
             _gqa_backward_dkdv_tpu,
             b=b,
             g=g,
@@ -13183,33 +12393,24 @@ def gqa_backward_dkdv(
             block_t=block_t,
             block_s=block_s,
         ),
-        _gpu_kernel(
-            "gqa_backward_dkdv",
-            gpu_backend,
-            functools.partial(
-                _gqa_backward_dkdv_gpu,
-                b=b,
-                g=g,
-                r=r,
-                t=t,
-                d=d,
-                size_s=size_s,
-                block_t=gpu_block_t,
-                block_s=gpu_block_s,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _gqa_backward_dkdv_mosaic_gpu, b=b, g=g, r=r, t=t, d=d, size_s=size_s
-            ),
+        triton=functools.partial(
+            _gqa_backward_dkdv_gpu,
+            b=b,
+            g=g,
+            r=r,
+            t=t,
+            d=d,
+            size_s=size_s,
+            block_t=gpu_block_t,
+            block_s=gpu_block_s,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
+        mosaic_gpu=functools.partial(
+            _gqa_backward_dkdv_mosaic_gpu, b=b, g=g, r=r, t=t, d=d, size_s=size_s
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -13318,16 +12519,16 @@ def _gqa_backward_dkdv_kernel(
     acc_s_lhs = p.astype(jnp.bfloat16)
     acc_s_rhs = do
     if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-        acc_s_lhs = _fill_past(acc_s_lhs, s_start, size_s, 1, 0)
-        acc_s_rhs = _fill_past(acc_s_rhs, s_start, size_s, 0, 0)
+        acc_s_lhs = rt.fill_past(acc_s_lhs, s_start, size_s, 1, 0)
+        acc_s_rhs = rt.fill_past(acc_s_rhs, s_start, size_s, 0, 0)
     acc_s_ref[...] = acc_s_ref[...] + jnp.dot(
         acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32
     )
     acc_s_2_lhs = (ds * 0.088388).astype(jnp.bfloat16)
     acc_s_2_rhs = q
     if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-        acc_s_2_lhs = _fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
-        acc_s_2_rhs = _fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
+        acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
+        acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
     acc_s_2_ref[...] = acc_s_2_ref[...] + jnp.dot(
         acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32
     )
@@ -13355,12 +12556,12 @@ def _gqa_backward_dkdv_tpu(
     q, k, v, do, lse, delta, *, b, g, r, t, d, size_s, block_t, block_s, interpret
 ):
     """`gqa_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_t, block_s = _tpu_blocks(
+    block_t, block_s = rt.tpu_blocks(
         _gqa_backward_dkdv_tpu_blocks,
         (b, g, r, t, d, size_s),
         (block_t, block_s),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(min(t, 1024), min(size_s, 1024)),
             step=lambda block_t, block_s: (
                 block_t * block_s,
@@ -13379,7 +12580,7 @@ def _gqa_backward_dkdv_tpu(
     )
     block_t = min(block_t, t)  # a small T is one whole block
     block_s = min(block_s, size_s)  # a small S is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "gqa_backward_dkdv",
         block_t=(
             block_t,
@@ -13446,7 +12647,7 @@ def _gqa_backward_dkdv_tpu(
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_s * d
                 + 4 * block_t * d
                 + 4 * block_t * d
@@ -13465,7 +12666,7 @@ def _gqa_backward_dkdv_tpu(
             + 2 * b * g * r * t * size_s * d
             + 2 * b * g * r * t * d * size_s,
             transcendentals=b * g * r * t * size_s,
-            bytes_accessed=_nbytes(q, k, v, do, lse, delta)
+            bytes_accessed=rt.nbytes(q, k, v, do, lse, delta)
             + b * g * r * t * d * 4
             + b * g * r * t * d * 4,
         ),
@@ -13495,26 +12696,26 @@ def _gqa_backward_dkdv_gpu_kernel(
     block_d,
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_t = _inside(pl.program_id(3) * block_t, block_t, t)
-    in_d = _inside(0, block_d, d)
-    k = _load(k_ref, _mask((block_t, block_d), in_t, in_d), other=0)
-    v = _load(v_ref, _mask((block_t, block_d), in_t, in_d), other=0)
+    in_t = rt.inside(pl.program_id(3) * block_t, block_t, t)
+    in_d = rt.inside(0, block_d, d)
+    k = rt.load(k_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
+    v = rt.load(v_ref, rt.mask((block_t, block_d), in_t, in_d), other=0)
 
     def accumulate(index, running):
         s_start = index * block_s
-        in_s = _inside(s_start, block_s, size_s)
+        in_s = rt.inside(s_start, block_s, size_s)
         acc_s, acc_s_2 = running
-        q = _load(
-            q_ref.at[pl.ds(s_start, block_s), :], _mask((block_s, block_d), in_s, in_d), other=0
+        q = rt.load(
+            q_ref.at[pl.ds(s_start, block_s), :], rt.mask((block_s, block_d), in_s, in_d), other=0
         )
-        do = _load(
-            do_ref.at[pl.ds(s_start, block_s), :], _mask((block_s, block_d), in_s, in_d), other=0
+        do = rt.load(
+            do_ref.at[pl.ds(s_start, block_s), :], rt.mask((block_s, block_d), in_s, in_d), other=0
         )
-        lse = _load(
-            lse_ref.at[:, pl.ds(s_start, block_s)], _mask((1, block_s), None, in_s), other=0
+        lse = rt.load(
+            lse_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
         )
-        delta = _load(
-            delta_ref.at[:, pl.ds(s_start, block_s)], _mask((1, block_s), None, in_s), other=0
+        delta = rt.load(
+            delta_ref.at[:, pl.ds(s_start, block_s)], rt.mask((1, block_s), None, in_s), other=0
         )
         s = (
             jax.lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
@@ -13528,14 +12729,14 @@ def _gqa_backward_dkdv_gpu_kernel(
         acc_s_lhs = p.astype(jnp.bfloat16)
         acc_s_rhs = do
         if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s_lhs = _fill_past(acc_s_lhs, s_start, size_s, 1, 0)
-            acc_s_rhs = _fill_past(acc_s_rhs, s_start, size_s, 0, 0)
+            acc_s_lhs = rt.fill_past(acc_s_lhs, s_start, size_s, 1, 0)
+            acc_s_rhs = rt.fill_past(acc_s_rhs, s_start, size_s, 0, 0)
         acc_s = acc_s + jnp.dot(acc_s_lhs, acc_s_rhs, preferred_element_type=jnp.float32)
         acc_s_2_lhs = (ds * 0.088388).astype(jnp.bfloat16)
         acc_s_2_rhs = q
         if size_s % block_s:  # a ragged S: both operands 0 past its end, never padding
-            acc_s_2_lhs = _fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
-            acc_s_2_rhs = _fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
+            acc_s_2_lhs = rt.fill_past(acc_s_2_lhs, s_start, size_s, 1, 0)
+            acc_s_2_rhs = rt.fill_past(acc_s_2_rhs, s_start, size_s, 0, 0)
         acc_s_2 = acc_s_2 + jnp.dot(acc_s_2_lhs, acc_s_2_rhs, preferred_element_type=jnp.float32)
         return acc_s, acc_s_2
 
@@ -13548,8 +12749,8 @@ def _gqa_backward_dkdv_gpu_kernel(
             jnp.full((block_t, block_d), 0, jnp.float32),
         ),
     )
-    _store(dv_r_ref, acc_s, _mask((block_t, block_d), in_t, in_d))
-    _store(dk_r_ref, acc_s_2, _mask((block_t, block_d), in_t, in_d))
+    rt.store(dv_r_ref, acc_s, rt.mask((block_t, block_d), in_t, in_d))
+    rt.store(dk_r_ref, acc_s_2, rt.mask((block_t, block_d), in_t, in_d))
 
 
 # GPU (Triton) blocks and launch options (block_t, block_s, num_warps, num_stages) for a
@@ -13580,7 +12781,7 @@ def _gqa_backward_dkdv_gpu(
     interpret,
 ):
     """`gqa_backward_dkdv` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_t, block_s, num_warps, num_stages = _gpu_options(
+    block_t, block_s, num_warps, num_stages = rt.gpu_options(
         _gqa_backward_dkdv_gpu_options,
         (b, g, r, t, d, size_s),
         (block_t, block_s, num_warps, num_stages),
@@ -13687,20 +12888,22 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
     def step(indices, q_smem, do_smem, lse_smem, delta_smem, carry):
         s_start = indices[0] * block_s
         acc_s, acc_s_2 = carry
-        lse = _mgpu_load_vector(lse_smem, 1)
-        delta = _mgpu_load_vector(delta_smem, 1)
-        s = _mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * 0.088388
-        p = jnp.exp(s - _mgpu_spread(lse, (block_t, block_s), 1))
-        dp = _mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
-        ds = p * (dp - _mgpu_spread(delta, (block_t, block_s), 1))
+        lse = rt.mgpu_load_vector(lse_smem, 1)
+        delta = rt.mgpu_load_vector(delta_smem, 1)
+        s = rt.mgpu_dot((block_t, block_s), k_smem, q_smem, transposed=True) * 0.088388
+        p = jnp.exp(s - rt.mgpu_spread(lse, (block_t, block_s), 1))
+        dp = rt.mgpu_dot((block_t, block_s), v_smem, do_smem, transposed=True)
+        ds = p * (dp - rt.mgpu_spread(delta, (block_t, block_s), 1))
         operand = p.astype(jnp.bfloat16)
         if size_s % block_s:  # a ragged S: 0 past its end
-            operand = _mgpu_fill_past(operand, s_start, size_s, 1, 0)
-        acc_s = acc_s + _mgpu_dot((block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,))
+            operand = rt.mgpu_fill_past(operand, s_start, size_s, 1, 0)
+        acc_s = acc_s + rt.mgpu_dot(
+            (block_t, block_d), operand, do_smem, lhs_scratch=(operand_smem,)
+        )
         operand_2 = (ds * 0.088388).astype(jnp.bfloat16)
         if size_s % block_s:  # a ragged S: 0 past its end
-            operand_2 = _mgpu_fill_past(operand_2, s_start, size_s, 1, 0)
-        acc_s_2 = acc_s_2 + _mgpu_dot(
+            operand_2 = rt.mgpu_fill_past(operand_2, s_start, size_s, 1, 0)
+        acc_s_2 = acc_s_2 + rt.mgpu_dot(
             (block_t, block_d), operand_2, q_smem, lhs_scratch=(operand_smem_2,)
         )
         return acc_s, acc_s_2
@@ -13712,12 +12915,12 @@ def _gqa_backward_dkdv_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_s, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
             plgpu.BlockSpec(
                 (block_s, block_d),
                 lambda i: (i, 0),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
             plgpu.BlockSpec((block_s,), lambda i: (i,)),
@@ -13760,12 +12963,12 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, siz
         )
     padded_t = t + -t % block_t
     padded_size_s = size_s + -size_s % block_s
-    q = _mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
-    k = _mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
-    v = _mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
-    do = _mgpu_pad(do.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
-    lse = _mgpu_pad(lse.reshape((b, g, r, size_s)), (b, g, r, padded_size_s))
-    delta = _mgpu_pad(delta.reshape((b, g, r, size_s)), (b, g, r, padded_size_s))
+    q = rt.mgpu_pad(q.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
+    k = rt.mgpu_pad(k.reshape((b, g, t, d)), (b, g, padded_t, block_d))
+    v = rt.mgpu_pad(v.reshape((b, g, t, d)), (b, g, padded_t, block_d))
+    do = rt.mgpu_pad(do.reshape((b, g, r, size_s, d)), (b, g, r, padded_size_s, block_d))
+    lse = rt.mgpu_pad(lse.reshape((b, g, r, size_s)), (b, g, r, padded_size_s))
+    delta = rt.mgpu_pad(delta.reshape((b, g, r, size_s)), (b, g, r, padded_size_s))
     dk_r, dv_r = plgpu.kernel(
         functools.partial(
             _gqa_backward_dkdv_mosaic_gpu_kernel,
@@ -13785,22 +12988,22 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, siz
         ),
         scratch_types=[
             plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.SMEM(
-                (block_t, block_d), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_d)
+                (block_t, block_d), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_d)
             ),
             plgpu.SMEM(
-                (block_t, block_d), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_d)
+                (block_t, block_d), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_d)
             ),
             plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_s)
+                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
             ),
             plgpu.SMEM(
-                (block_t, block_s), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_s)
+                (block_t, block_s), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s)
             ),
             plgpu.Barrier(num_barriers=2),
         ],
@@ -13813,22 +13016,7 @@ def _gqa_backward_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, g, r, t, d, siz
     )
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_b",
-        "block_g",
-        "block_t",
-        "gpu_block_b",
-        "gpu_block_g",
-        "gpu_block_t",
-        "gpu_block_d",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def gqa_backward_over_r(
     dk_r,
     dv_r,
@@ -13853,49 +13041,44 @@ def gqa_backward_over_r(
       dv_r: f32[B, G, R, T, D].
       block_b, block_g, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_gqa_backward_over_r_tpu_blocks),
-        grown to large steps (_grown), else 1, 1, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 1, 1, 256.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dk: bf16[B, G, T, D]; dv: bf16[B, G, T, D].
     """
-    (dk_r, dv_r), sizes = _operands(
+    (dk_r, dv_r), sizes = rt.operands(
         "gqa_backward_over_r",
         {
             "dk_r": (dk_r, jnp.float32, ("B", "G", "R", "T", "D")),
             "dv_r": (dv_r, jnp.float32, ("B", "G", "R", "T", "D")),
         },
     )
-    _check_blocks(
-        "gqa_backward_over_r", block_b=block_b, block_g=block_g, block_t=block_t, may_be_none=True
-    )
-    _check_blocks(
+    rt.check_blocks(
         "gqa_backward_over_r",
+        block_b=block_b,
+        block_g=block_g,
+        block_t=block_t,
         gpu_block_b=gpu_block_b,
         gpu_block_g=gpu_block_g,
         gpu_block_t=gpu_block_t,
         gpu_block_d=gpu_block_d,
         may_be_none=True,
     )
-    b = sizes["B"]
-    g = sizes["G"]
-    r = sizes["R"]
-    t = sizes["T"]
-    d = sizes["D"]
+    b, g, r, t, d = sizes["B"], sizes["G"], sizes["R"], sizes["T"], sizes["D"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             gqa_backward_over_r_reference,
             (((b, g, t, d), jnp.bfloat16), ((b, g, t, d), jnp.bfloat16)),
             dk_r,
             dv_r,
         )
-    dk, dv = _on_platform(
-        functools.partial(
+    dk, dv = rt.on_platform(
+        "gqa_backward_over_r",
+        (dk_r, dv_r),
+        tpu=functools.partial(
             _gqa_backward_over_r_tpu,
             b=b,
             g=g,
@@ -13906,28 +13089,23 @@ def gqa_backward_over_r(
             block_g=block_g,
             block_t=block_t,
         ),
-        _gpu_kernel(
-            "gqa_backward_over_r",
-            gpu_backend,
-            functools.partial(
-                _gqa_backward_over_r_gpu,
-                b=b,
-                g=g,
-                r=r,
-                t=t,
-                d=d,
-                block_b=gpu_block_b,
-                block_g=gpu_block_g,
-                block_t=gpu_block_t,
-                block_d=gpu_block_d,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_gqa_backward_over_r_mosaic_gpu, b=b, g=g, r=r, t=t, d=d),
+        triton=functools.partial(
+            _gqa_backward_over_r_gpu,
+            b=b,
+            g=g,
+            r=r,
+            t=t,
+            d=d,
+            block_b=gpu_block_b,
+            block_g=gpu_block_g,
+            block_t=gpu_block_t,
+            block_d=gpu_block_d,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        dk_r,
-        dv_r,
+        mosaic_gpu=functools.partial(_gqa_backward_over_r_mosaic_gpu, b=b, g=g, r=r, t=t, d=d),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     dk = dk.reshape((b, g, t, d))  # the kernel holds it with size 1 along the dimensions it lacks
     dv = dv.reshape((b, g, t, d))  # the kernel holds it with size 1 along the dimensions it lacks
@@ -13970,12 +13148,12 @@ _gqa_backward_over_r_tpu_blocks = {
 
 def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, block_t, interpret):
     """`gqa_backward_over_r` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_b, block_g, block_t = _tpu_blocks(
+    block_b, block_g, block_t = rt.tpu_blocks(
         _gqa_backward_over_r_tpu_blocks,
         (b, g, r, t, d),
         (block_b, block_g, block_t),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(b, g, t),
             step=lambda block_b, block_g, block_t: (
                 block_b * block_g * r * block_t * d,
@@ -13986,7 +13164,7 @@ def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, blo
     block_b = min(block_b, b)  # a small B is one whole block
     block_g = min(block_g, g)  # a small G is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "gqa_backward_over_r",
         block_t=(
             block_t,
@@ -14032,14 +13210,14 @@ def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, blo
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 24 * block_b * block_g * r * block_t * d + 8 * block_b * block_g * block_t * d
             ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * g * r * t * d,
             transcendentals=0,
-            bytes_accessed=_nbytes(dk_r, dv_r) + b * g * r * t * d * 2 + b * g * r * t * d * 2,
+            bytes_accessed=rt.nbytes(dk_r, dv_r) + b * g * r * t * d * 2 + b * g * r * t * d * 2,
         ),
         interpret=interpret,
         name="gqa_backward_over_r",
@@ -14064,26 +13242,28 @@ def _gqa_backward_over_r_gpu_kernel(
     block_r,
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_b = _inside(pl.program_id(0) * block_b, block_b, b)
-    in_g = _inside(pl.program_id(1) * block_g, block_g, g)
-    in_t = _inside(pl.program_id(2) * block_t, block_t, t)
-    in_d = _inside(pl.program_id(3) * block_d, block_d, d)
-    in_r = _inside(0, block_r, r)
-    inside = _mask((block_b, block_g, 1, block_t, block_d), in_b, in_g, None, in_t, in_d)
-    dk_r = _load(
-        dk_r_ref, _mask((block_b, block_g, block_r, block_t, block_d), in_b, in_g, in_r, in_t, in_d)
+    in_b = rt.inside(pl.program_id(0) * block_b, block_b, b)
+    in_g = rt.inside(pl.program_id(1) * block_g, block_g, g)
+    in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
+    in_d = rt.inside(pl.program_id(3) * block_d, block_d, d)
+    in_r = rt.inside(0, block_r, r)
+    inside = rt.mask((block_b, block_g, 1, block_t, block_d), in_b, in_g, None, in_t, in_d)
+    dk_r = rt.load(
+        dk_r_ref,
+        rt.mask((block_b, block_g, block_r, block_t, block_d), in_b, in_g, in_r, in_t, in_d),
     )
-    dv_r = _load(
-        dv_r_ref, _mask((block_b, block_g, block_r, block_t, block_d), in_b, in_g, in_r, in_t, in_d)
+    dv_r = rt.load(
+        dv_r_ref,
+        rt.mask((block_b, block_g, block_r, block_t, block_d), in_b, in_g, in_r, in_t, in_d),
     )
-    _store(
+    rt.store(
         dk_ref,
-        jnp.sum(_fill_past(dk_r, 0, r, 2, 0.0), axis=2, keepdims=True).astype(jnp.bfloat16),
+        jnp.sum(rt.fill_past(dk_r, 0, r, 2, 0.0), axis=2, keepdims=True).astype(jnp.bfloat16),
         inside,
     )
-    _store(
+    rt.store(
         dv_ref,
-        jnp.sum(_fill_past(dv_r, 0, r, 2, 0.0), axis=2, keepdims=True).astype(jnp.bfloat16),
+        jnp.sum(rt.fill_past(dv_r, 0, r, 2, 0.0), axis=2, keepdims=True).astype(jnp.bfloat16),
         inside,
     )
 
@@ -14113,7 +13293,7 @@ def _gqa_backward_over_r_gpu(
     interpret,
 ):
     """`gqa_backward_over_r` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_b, block_g, block_t, block_d, num_warps, num_stages = _gpu_options(
+    block_b, block_g, block_t, block_d, num_warps, num_stages = rt.gpu_options(
         _gqa_backward_over_r_gpu_options,
         (b, g, r, t, d),
         (block_b, block_g, block_t, block_d, num_warps, num_stages),
@@ -14180,8 +13360,8 @@ def _gqa_backward_over_r_mosaic_gpu_kernel(
 
     def reduce(_, dk_r_smem, dv_r_smem, carry):
         sum_running, sum_running_2 = carry
-        dk_r = _mgpu_load(dk_r_smem, (block_t, block_d), (0, 1))
-        dv_r = _mgpu_load(dv_r_smem, (block_t, block_d), (0, 1))
+        dk_r = rt.mgpu_load(dk_r_smem, (block_t, block_d), (0, 1))
+        dv_r = rt.mgpu_load(dv_r_smem, (block_t, block_d), (0, 1))
         sum_running = sum_running + dk_r
         sum_running_2 = sum_running_2 + dv_r
         return (sum_running, sum_running_2)
@@ -14193,12 +13373,12 @@ def _gqa_backward_over_r_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (None, block_t, block_d),
                 lambda s: (s, program_t, program_d),
-                transforms=_mgpu_swizzled(jnp.float32, block_d),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_d),
             ),
             plgpu.BlockSpec(
                 (None, block_t, block_d),
                 lambda s: (s, program_t, program_d),
-                transforms=_mgpu_swizzled(jnp.float32, block_d),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_d),
             ),
         ],
         max_concurrent_steps=2,
@@ -14222,12 +13402,12 @@ def _gqa_backward_over_r_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_t, block_d),
                 lambda s: (program_t, program_d),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
             plgpu.BlockSpec(
                 (block_t, block_d),
                 lambda s: (program_t, program_d),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
             ),
         ],
     )(dk_ref.at[program_b, program_g], dv_ref.at[program_b, program_g])
@@ -14243,8 +13423,8 @@ def _gqa_backward_over_r_mosaic_gpu(dk_r, dv_r, *, b, g, r, t, d, interpret):
     block_d = 128
     padded_t = t + -t % 8
     padded_d = d + -d % block_d
-    dk_r = _mgpu_pad(dk_r, (b, g, r, padded_t, padded_d))
-    dv_r = _mgpu_pad(dv_r, (b, g, r, padded_t, padded_d))
+    dk_r = rt.mgpu_pad(dk_r, (b, g, r, padded_t, padded_d))
+    dv_r = rt.mgpu_pad(dv_r, (b, g, r, padded_t, padded_d))
     dk, dv = plgpu.kernel(
         functools.partial(
             _gqa_backward_over_r_mosaic_gpu_kernel, block_t=block_t, block_d=block_d, r=r
@@ -14260,19 +13440,7 @@ def _gqa_backward_over_r_mosaic_gpu(dk_r, dv_r, *, b, g, r, t, d, interpret):
     return dk[:b, :g, :t, :d].reshape((b, g, 1, t, d)), dv[:b, :g, :t, :d].reshape((b, g, 1, t, d))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_k",
-        "gpu_block_m",
-        "gpu_block_k",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_softmax(
     x,
     w,
@@ -14293,13 +13461,10 @@ def matmul_softmax(
       w: bf16[K, N].
       block_m, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_matmul_softmax_tpu_blocks), or grown to large steps
-        (_grown), else 128, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        (rt.grown), else 128, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: f32[M, N].
@@ -14307,19 +13472,21 @@ def matmul_softmax(
     Gradients: jax.grad runs the generated backward kernels matmul_softmax_backward,
     matmul_softmax_backward_x, matmul_softmax_backward_w (_matmul_softmax_vjp).
     """
-    (x, w), sizes = _operands(
+    (x, w), sizes = rt.operands(
         "matmul_softmax", {"x": (x, jnp.bfloat16, ("M", "K")), "w": (w, jnp.bfloat16, ("K", "N"))}
     )
-    _check_blocks("matmul_softmax", block_m=block_m, block_k=block_k, may_be_none=True)
-    _check_blocks(
-        "matmul_softmax", gpu_block_m=gpu_block_m, gpu_block_k=gpu_block_k, may_be_none=True
+    rt.check_blocks(
+        "matmul_softmax",
+        block_m=block_m,
+        block_k=block_k,
+        gpu_block_m=gpu_block_m,
+        gpu_block_k=gpu_block_k,
+        may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
-    k = sizes["K"]
+    m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(matmul_softmax_reference, (((m, n), jnp.float32),), x, w)
-    return _differentiable(
+        return rt.without_elements(matmul_softmax_reference, (((m, n), jnp.float32),), x, w)
+    return rt.differentiable(
         functools.partial(
             _matmul_softmax_forward,
             m=m,
@@ -14394,26 +13561,23 @@ def _matmul_softmax_forward(
     interpret,
 ):
     """`matmul_softmax` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
-        functools.partial(_matmul_softmax_tpu, m=m, n=n, k=k, block_m=block_m, block_k=block_k),
-        _gpu_kernel(
-            "matmul_softmax",
-            gpu_backend,
-            functools.partial(
-                _matmul_softmax_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=gpu_block_m,
-                block_k=gpu_block_k,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_matmul_softmax_mosaic_gpu, m=m, n=n, k=k),
+    return rt.on_platform(
+        "matmul_softmax",
+        (x, w),
+        tpu=functools.partial(_matmul_softmax_tpu, m=m, n=n, k=k, block_m=block_m, block_k=block_k),
+        triton=functools.partial(
+            _matmul_softmax_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        w,
+        mosaic_gpu=functools.partial(_matmul_softmax_mosaic_gpu, m=m, n=n, k=k),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -14481,8 +13645,8 @@ def _matmul_softmax_kernel(x_ref, w_ref, y_ref, acc_k_ref, *, m, n, k, block_m, 
     acc_k_lhs = x
     acc_k_rhs = w
     if k % block_k:  # a ragged K: both operands 0 past its end, never padding
-        acc_k_lhs = _fill_past(acc_k_lhs, k_start, k, 1, 0)
-        acc_k_rhs = _fill_past(acc_k_rhs, k_start, k, 0, 0)
+        acc_k_lhs = rt.fill_past(acc_k_lhs, k_start, k, 1, 0)
+        acc_k_rhs = rt.fill_past(acc_k_rhs, k_start, k, 0, 0)
     acc_k_ref[...] = acc_k_ref[...] + jnp.dot(
         acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32
     )
@@ -14490,7 +13654,7 @@ def _matmul_softmax_kernel(x_ref, w_ref, y_ref, acc_k_ref, *, m, n, k, block_m, 
     @pl.when(step == pl.num_programs(1) - 1)
     def _finish():
         acc_k = acc_k_ref[...]
-        y_ref[...] = _softmax(acc_k, 1)
+        y_ref[...] = rt.softmax(acc_k, 1)
 
 
 # TPU blocks (block_m, block_k) for a call that passes none, by chip: those `pallasgen
@@ -14506,12 +13670,12 @@ _matmul_softmax_tpu_blocks = {
 
 def _matmul_softmax_tpu(x, w, *, m, n, k, block_m, block_k, interpret):
     """`matmul_softmax` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_k = _tpu_blocks(
+    block_m, block_k = rt.tpu_blocks(
         _matmul_softmax_tpu_blocks,
         (m, n, k),
         (block_m, block_k),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(min(m, 1024), min(k, 1024)),
             step=lambda block_m, block_k: (
                 block_m * block_k,
@@ -14521,7 +13685,7 @@ def _matmul_softmax_tpu(x, w, *, m, n, k, block_m, block_k, interpret):
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul_softmax",
         block_m=(
             block_m,
@@ -14552,12 +13716,12 @@ def _matmul_softmax_tpu(x, w, *, m, n, k, block_m, block_k, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_k + 4 * block_k * n + 8 * block_m * n + 4 * block_m * n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k, transcendentals=m * n, bytes_accessed=_nbytes(x, w) + m * n * 4
+            flops=2 * m * n * k, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w) + m * n * 4
         ),
         interpret=interpret,
         name="matmul_softmax",
@@ -14566,34 +13730,34 @@ def _matmul_softmax_tpu(x, w, *, m, n, k, block_m, block_k, interpret):
 
 def _matmul_softmax_gpu_kernel(x_ref, w_ref, y_ref, *, m, n, k, block_m, block_k, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(0, block_n, n)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
 
     def accumulate(index, running):
         k_start = index * block_k
-        in_k = _inside(k_start, block_k, k)
+        in_k = rt.inside(k_start, block_k, k)
         (acc_k,) = running
-        x = _load(
-            x_ref.at[:, pl.ds(k_start, block_k)], _mask((block_m, block_k), in_m, in_k), other=0
+        x = rt.load(
+            x_ref.at[:, pl.ds(k_start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
-        w = _load(
-            w_ref.at[pl.ds(k_start, block_k), :], _mask((block_k, block_n), in_k, in_n), other=0
+        w = rt.load(
+            w_ref.at[pl.ds(k_start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
         )
         acc_k_lhs = x
         acc_k_rhs = w
         if k % block_k:  # a ragged K: both operands 0 past its end, never padding
-            acc_k_lhs = _fill_past(acc_k_lhs, k_start, k, 1, 0)
-            acc_k_rhs = _fill_past(acc_k_rhs, k_start, k, 0, 0)
+            acc_k_lhs = rt.fill_past(acc_k_lhs, k_start, k, 1, 0)
+            acc_k_rhs = rt.fill_past(acc_k_rhs, k_start, k, 0, 0)
         acc_k = acc_k + jnp.dot(acc_k_lhs, acc_k_rhs, preferred_element_type=jnp.float32)
         return (acc_k,)
 
     (acc_k,) = jax.lax.fori_loop(
         0, pl.cdiv(k, block_k), accumulate, (jnp.full((block_m, block_n), 0, jnp.float32),)
     )
-    _store(
+    rt.store(
         y_ref,
-        _softmax(_fill_past(acc_k, 0, n, 1, -jnp.inf), 1),
-        _mask((block_m, block_n), in_m, in_n),
+        rt.softmax(rt.fill_past(acc_k, 0, n, 1, -jnp.inf), 1),
+        rt.mask((block_m, block_n), in_m, in_n),
     )
 
 
@@ -14606,7 +13770,7 @@ _matmul_softmax_gpu_options = {None: (64, 64, 4, 1)}
 
 def _matmul_softmax_gpu(x, w, *, m, n, k, block_m, block_k, num_warps, num_stages, interpret):
     """`matmul_softmax` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, num_warps, num_stages = _gpu_options(
+    block_m, block_k, num_warps, num_stages = rt.gpu_options(
         _matmul_softmax_gpu_options, (m, n, k), (block_m, block_k, num_warps, num_stages)
     )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
@@ -14661,12 +13825,12 @@ def _matmul_softmax_stage_1_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_k),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
                 ),
                 plgpu.BlockSpec(
                     (block_k, block_n),
                     lambda s: (s, program_n),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -14698,10 +13862,10 @@ def _matmul_softmax_stage_1_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_n, block_k, stages = _gpu_options(
+    block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_softmax_stage_1_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "matmul_softmax_stage_1",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -14715,8 +13879,8 @@ def _matmul_softmax_stage_1_mosaic_gpu(
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
-    x = _mgpu_pad(x, (padded_m, padded_k))
-    w = _mgpu_pad(w, (padded_k, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_k))
+    w = rt.mgpu_pad(w, (padded_k, padded_n))
     (acc,) = plgpu.kernel(
         functools.partial(
             _matmul_softmax_stage_1_mosaic_gpu_kernel,
@@ -14728,7 +13892,7 @@ def _matmul_softmax_stage_1_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -14745,11 +13909,11 @@ def _matmul_softmax_stage_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, bloc
     def reduce_1(indices, acc_smem, carry):
         (max_n_running,) = carry
         start = indices[0] * block_n
-        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
+        acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
         max_n_block = acc
         if n % block_n:  # a ragged N: its identity past the end
             max_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, max_n_block, -jnp.inf
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, max_n_block, -jnp.inf
             )
         max_n_running = jnp.maximum(max_n_running, jnp.max(max_n_block, axis=1))
         return (max_n_running,)
@@ -14761,22 +13925,22 @@ def _matmul_softmax_stage_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, bloc
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_m, -jnp.inf, jnp.float32, 0),),
+        init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),),
     )(acc_ref)
     max_n = max_n_running
 
     def reduce_2(indices, acc_smem, carry):
         (sum_n_running,) = carry
         start = indices[0] * block_n
-        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
-        sum_n_block = jnp.exp(acc - _mgpu_spread(max_n, (block_m, block_n), 0))
+        acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
+        sum_n_block = jnp.exp(acc - rt.mgpu_spread(max_n, (block_m, block_n), 0))
         if n % block_n:  # a ragged N: its identity past the end
             sum_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
             )
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
@@ -14788,23 +13952,23 @@ def _matmul_softmax_stage_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, bloc
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(acc_ref)
     sum_n = sum_n_running
 
     def write(indices, acc_smem):
         start = indices[0] * block_n
-        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
+        acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = jnp.exp(acc - _mgpu_spread(max_n, (block_m, block_n), 0)) / _mgpu_spread(
-            sum_n, (block_m, block_n), 0
-        )
+        y_buffers[slot] = jnp.exp(
+            acc - rt.mgpu_spread(max_n, (block_m, block_n), 0)
+        ) / rt.mgpu_spread(sum_n, (block_m, block_n), 0)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
             y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
@@ -14817,7 +13981,7 @@ def _matmul_softmax_stage_2_mosaic_gpu_kernel(acc_ref, y_ref, y_buffers, *, bloc
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         max_concurrent_steps=2,
@@ -14835,7 +13999,7 @@ def _matmul_softmax_stage_2_mosaic_gpu(acc, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    acc = _mgpu_pad(acc, (padded_m, padded_n))
+    acc = rt.mgpu_pad(acc, (padded_m, padded_n))
     (y,) = plgpu.kernel(
         functools.partial(
             _matmul_softmax_stage_2_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
@@ -14843,7 +14007,9 @@ def _matmul_softmax_stage_2_mosaic_gpu(acc, *, m, n, interpret):
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
             plgpu.SMEM(
-                (2, block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+                (2, block_m, block_n),
+                jnp.float32,
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         grid=(padded_m // block_m,),
@@ -14862,17 +14028,7 @@ def _matmul_softmax_mosaic_gpu(x, w, *, m, n, k, interpret):
     return y.reshape((m, n))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_softmax_backward(
     y,
     dy,
@@ -14892,47 +14048,41 @@ def matmul_softmax_backward(
       dy: f32[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_softmax_backward_tpu_blocks),
-        grown to large steps (_grown), else 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dacc: bf16[M, N].
     """
-    (y, dy), sizes = _operands(
+    (y, dy), sizes = rt.operands(
         "matmul_softmax_backward",
         {"y": (y, jnp.float32, ("M", "N")), "dy": (dy, jnp.float32, ("M", "N"))},
     )
-    _check_blocks("matmul_softmax_backward", block_m=block_m, may_be_none=True)
-    _check_blocks("matmul_softmax_backward", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "matmul_softmax_backward", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             matmul_softmax_backward_reference, (((m, n), jnp.bfloat16),), y, dy
         )
-    return _on_platform(
-        functools.partial(_matmul_softmax_backward_tpu, m=m, n=n, block_m=block_m),
-        _gpu_kernel(
-            "matmul_softmax_backward",
-            gpu_backend,
-            functools.partial(
-                _matmul_softmax_backward_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_matmul_softmax_backward_mosaic_gpu, m=m, n=n),
+    return rt.on_platform(
+        "matmul_softmax_backward",
+        (y, dy),
+        tpu=functools.partial(_matmul_softmax_backward_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _matmul_softmax_backward_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        y,
-        dy,
+        mosaic_gpu=functools.partial(_matmul_softmax_backward_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -14963,16 +14113,16 @@ _matmul_softmax_backward_tpu_blocks = {
 
 def _matmul_softmax_backward_tpu(y, dy, *, m, n, block_m, interpret):
     """`matmul_softmax_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _matmul_softmax_backward_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 24 * block_m * n)
+            rt.grown, bounds=(m,), step=lambda block_m: (block_m * n, 24 * block_m * n)
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul_softmax_backward",
         block_m=(
             block_m,
@@ -15000,10 +14150,10 @@ def _matmul_softmax_backward_tpu(y, dy, *, m, n, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_m * n),
+            vmem_limit_bytes=rt.vmem_limit(24 * block_m * n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=5 * m * n, transcendentals=0, bytes_accessed=_nbytes(y, dy) + m * n * 2
+            flops=5 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(y, dy) + m * n * 2
         ),
         interpret=interpret,
         name="matmul_softmax_backward",
@@ -15012,14 +14162,14 @@ def _matmul_softmax_backward_tpu(y, dy, *, m, n, block_m, interpret):
 
 def _matmul_softmax_backward_gpu_kernel(y_ref, dy_ref, dacc_ref, *, m, block_m, n, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(0, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    y = _load(y_ref, inside)
-    dy = _load(dy_ref, inside)
-    _store(
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    y = rt.load(y_ref, inside)
+    dy = rt.load(dy_ref, inside)
+    rt.store(
         dacc_ref,
-        (y * (dy - jnp.sum(_fill_past((dy * y), 0, n, 1, 0.0), axis=1, keepdims=True))).astype(
+        (y * (dy - jnp.sum(rt.fill_past((dy * y), 0, n, 1, 0.0), axis=1, keepdims=True))).astype(
             jnp.bfloat16
         ),
         inside,
@@ -15035,7 +14185,7 @@ _matmul_softmax_backward_gpu_options = {None: (1, 4, 1)}
 
 def _matmul_softmax_backward_gpu(y, dy, *, m, n, block_m, num_warps, num_stages, interpret):
     """`matmul_softmax_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = _gpu_options(
+    block_m, num_warps, num_stages = rt.gpu_options(
         _matmul_softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -15070,12 +14220,12 @@ def _matmul_softmax_backward_mosaic_gpu_kernel(
     def reduce_1(indices, y_smem, dy_smem, carry):
         (sum_n_running,) = carry
         start = indices[0] * block_n
-        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
-        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        y = rt.mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         sum_n_block = dy * y
         if n % block_n:  # a ragged N: its identity past the end
             sum_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
             )
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
@@ -15087,27 +14237,27 @@ def _matmul_softmax_backward_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(y_ref, dy_ref)
     sum_n = sum_n_running
 
     def write(indices, y_smem, dy_smem):
         start = indices[0] * block_n
-        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
-        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        y = rt.mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        dacc_buffers[slot] = (y * (dy - _mgpu_spread(sum_n, (block_m, block_n), 0))).astype(
+        dacc_buffers[slot] = (y * (dy - rt.mgpu_spread(sum_n, (block_m, block_n), 0))).astype(
             jnp.bfloat16
         )
         plgpu.commit_smem()
@@ -15123,12 +14273,12 @@ def _matmul_softmax_backward_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
         max_concurrent_steps=2,
@@ -15146,8 +14296,8 @@ def _matmul_softmax_backward_mosaic_gpu(y, dy, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    y = _mgpu_pad(y, (padded_m, padded_n))
-    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    y = rt.mgpu_pad(y, (padded_m, padded_n))
+    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dacc,) = plgpu.kernel(
         functools.partial(
             _matmul_softmax_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
@@ -15157,7 +14307,7 @@ def _matmul_softmax_backward_mosaic_gpu(y, dy, *, m, n, interpret):
             plgpu.SMEM(
                 (2, block_m, block_n),
                 jnp.bfloat16,
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             )
         ],
         grid=(padded_m // block_m,),
@@ -15167,25 +14317,7 @@ def _matmul_softmax_backward_mosaic_gpu(y, dy, *, m, n, interpret):
     return dacc[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_k",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_k",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_m",
-        "mgpu_block_k",
-        "mgpu_block_n",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_softmax_backward_x(
     dacc,
     w,
@@ -15214,46 +14346,37 @@ def matmul_softmax_backward_x(
       block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_softmax_backward_x_tpu_blocks),
         else 128, 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: bf16[M, K].
     """
-    (dacc, w), sizes = _operands(
+    (dacc, w), sizes = rt.operands(
         "matmul_softmax_backward_x",
         {"dacc": (dacc, jnp.bfloat16, ("M", "N")), "w": (w, jnp.bfloat16, ("K", "N"))},
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_softmax_backward_x",
         block_m=block_m,
         block_k=block_k,
         block_n=block_n,
-        may_be_none=True,
-    )
-    _check_blocks(
-        "matmul_softmax_backward_x",
         gpu_block_m=gpu_block_m,
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         may_be_none=True,
     )
-    m = sizes["M"]
-    k = sizes["K"]
-    n = sizes["N"]
+    m, k, n = sizes["M"], sizes["K"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             matmul_softmax_backward_x_reference, (((m, k), jnp.bfloat16),), dacc, w
         )
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "matmul_softmax_backward_x",
+        (dacc, w),
+        tpu=functools.partial(
             _matmul_softmax_backward_x_tpu,
             m=m,
             k=k,
@@ -15262,34 +14385,29 @@ def matmul_softmax_backward_x(
             block_k=block_k,
             block_n=block_n,
         ),
-        _gpu_kernel(
-            "matmul_softmax_backward_x",
-            gpu_backend,
-            functools.partial(
-                _matmul_softmax_backward_x_gpu,
-                m=m,
-                k=k,
-                n=n,
-                block_m=gpu_block_m,
-                block_k=gpu_block_k,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _matmul_softmax_backward_x_mosaic_gpu,
-                m=m,
-                k=k,
-                n=n,
-                block_m=mgpu_block_m,
-                block_k=mgpu_block_k,
-                block_n=mgpu_block_n,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _matmul_softmax_backward_x_gpu,
+            m=m,
+            k=k,
+            n=n,
+            block_m=gpu_block_m,
+            block_k=gpu_block_k,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        dacc,
-        w,
+        mosaic_gpu=functools.partial(
+            _matmul_softmax_backward_x_mosaic_gpu,
+            m=m,
+            k=k,
+            n=n,
+            block_m=mgpu_block_m,
+            block_k=mgpu_block_k,
+            block_n=mgpu_block_n,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -15348,13 +14466,13 @@ _matmul_softmax_backward_x_tpu_blocks = {
 
 def _matmul_softmax_backward_x_tpu(dacc, w, *, m, k, n, block_m, block_k, block_n, interpret):
     """`matmul_softmax_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_k, block_n = _tpu_blocks(
+    block_m, block_k, block_n = rt.tpu_blocks(
         _matmul_softmax_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul_softmax_backward_x",
         block_m=(
             block_m,
@@ -15386,12 +14504,12 @@ def _matmul_softmax_backward_x_tpu(dacc, w, *, m, k, n, block_m, block_k, block_
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_n + 4 * block_k * block_n + 12 * block_m * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * k * n, transcendentals=0, bytes_accessed=_nbytes(dacc, w) + m * k * 2
+            flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dacc, w) + m * k * 2
         ),
         interpret=interpret,
         name="matmul_softmax_backward_x",
@@ -15402,18 +14520,18 @@ def _matmul_softmax_backward_x_gpu_kernel(
     dacc_ref, w_ref, dx_ref, *, m, k, n, block_m, block_k, block_n
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_k = _inside(pl.program_id(1) * block_k, block_k, k)
-    inside = _mask((block_m, block_k), in_m, in_k)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
+    inside = rt.mask((block_m, block_k), in_m, in_k)
 
     def accumulate(step, acc):
         start = step * block_n
-        in_n = _inside(start, block_n, n)  # zeros past a ragged N
-        dacc = _load(
-            dacc_ref.at[:, pl.ds(start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+        in_n = rt.inside(start, block_n, n)  # zeros past a ragged N
+        dacc = rt.load(
+            dacc_ref.at[:, pl.ds(start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        w = _load(
-            w_ref.at[:, pl.ds(start, block_n)], _mask((block_k, block_n), in_k, in_n), other=0
+        w = rt.load(
+            w_ref.at[:, pl.ds(start, block_n)], rt.mask((block_k, block_n), in_k, in_n), other=0
         )
         return acc + jax.lax.dot_general(
             dacc, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
@@ -15422,7 +14540,7 @@ def _matmul_softmax_backward_x_gpu_kernel(
     acc = jax.lax.fori_loop(
         0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32)
     )
-    _store(dx_ref, acc.astype(jnp.bfloat16), inside)
+    rt.store(dx_ref, acc.astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
@@ -15436,7 +14554,7 @@ def _matmul_softmax_backward_x_gpu(
     dacc, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`matmul_softmax_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_k, block_n, num_warps, num_stages = rt.gpu_options(
         _matmul_softmax_backward_x_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, num_warps, num_stages),
@@ -15490,12 +14608,12 @@ def _matmul_softmax_backward_x_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_n),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
                 plgpu.BlockSpec(
                     (block_k, block_n),
                     lambda s: (program_k, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -15527,12 +14645,12 @@ def _matmul_softmax_backward_x_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_k, block_n, stages = _gpu_options(
+    block_m, block_k, block_n, stages = rt.gpu_options(
         _matmul_softmax_backward_x_mosaic_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, stages),
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "matmul_softmax_backward_x",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -15546,8 +14664,8 @@ def _matmul_softmax_backward_x_mosaic_gpu(
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
-    dacc = _mgpu_pad(dacc, (padded_m, padded_n))
-    w = _mgpu_pad(w, (padded_k, padded_n))
+    dacc = rt.mgpu_pad(dacc, (padded_m, padded_n))
+    w = rt.mgpu_pad(w, (padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             _matmul_softmax_backward_x_mosaic_gpu_kernel,
@@ -15559,7 +14677,7 @@ def _matmul_softmax_backward_x_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_k), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_k)
+                (block_m, block_k), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -15570,25 +14688,7 @@ def _matmul_softmax_backward_x_mosaic_gpu(
     return dx[:m, :k]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_k",
-        "block_n",
-        "block_m",
-        "gpu_block_k",
-        "gpu_block_n",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_k",
-        "mgpu_block_n",
-        "mgpu_block_m",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_softmax_backward_w(
     x,
     dacc,
@@ -15617,46 +14717,37 @@ def matmul_softmax_backward_w(
       block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_softmax_backward_w_tpu_blocks),
         else 512, 512, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dw: bf16[K, N].
     """
-    (x, dacc), sizes = _operands(
+    (x, dacc), sizes = rt.operands(
         "matmul_softmax_backward_w",
         {"x": (x, jnp.bfloat16, ("M", "K")), "dacc": (dacc, jnp.bfloat16, ("M", "N"))},
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_softmax_backward_w",
         block_k=block_k,
         block_n=block_n,
         block_m=block_m,
-        may_be_none=True,
-    )
-    _check_blocks(
-        "matmul_softmax_backward_w",
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         gpu_block_m=gpu_block_m,
         may_be_none=True,
     )
-    k = sizes["K"]
-    n = sizes["N"]
-    m = sizes["M"]
+    k, n, m = sizes["K"], sizes["N"], sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             matmul_softmax_backward_w_reference, (((k, n), jnp.bfloat16),), x, dacc
         )
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "matmul_softmax_backward_w",
+        (x, dacc),
+        tpu=functools.partial(
             _matmul_softmax_backward_w_tpu,
             k=k,
             n=n,
@@ -15665,34 +14756,29 @@ def matmul_softmax_backward_w(
             block_n=block_n,
             block_m=block_m,
         ),
-        _gpu_kernel(
-            "matmul_softmax_backward_w",
-            gpu_backend,
-            functools.partial(
-                _matmul_softmax_backward_w_gpu,
-                k=k,
-                n=n,
-                m=m,
-                block_k=gpu_block_k,
-                block_n=gpu_block_n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _matmul_softmax_backward_w_mosaic_gpu,
-                k=k,
-                n=n,
-                m=m,
-                block_k=mgpu_block_k,
-                block_n=mgpu_block_n,
-                block_m=mgpu_block_m,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _matmul_softmax_backward_w_gpu,
+            k=k,
+            n=n,
+            m=m,
+            block_k=gpu_block_k,
+            block_n=gpu_block_n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        dacc,
+        mosaic_gpu=functools.partial(
+            _matmul_softmax_backward_w_mosaic_gpu,
+            k=k,
+            n=n,
+            m=m,
+            block_k=mgpu_block_k,
+            block_n=mgpu_block_n,
+            block_m=mgpu_block_m,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -15746,13 +14832,13 @@ _matmul_softmax_backward_w_tpu_blocks = {
 
 def _matmul_softmax_backward_w_tpu(x, dacc, *, k, n, m, block_k, block_n, block_m, interpret):
     """`matmul_softmax_backward_w` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_k, block_n, block_m = _tpu_blocks(
+    block_k, block_n, block_m = rt.tpu_blocks(
         _matmul_softmax_backward_w_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
     block_k = min(block_k, k)  # a small K is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul_softmax_backward_w",
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
@@ -15784,12 +14870,12 @@ def _matmul_softmax_backward_w_tpu(x, dacc, *, k, n, m, block_k, block_n, block_
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_k + 4 * block_m * block_n + 12 * block_k * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * k * n * m, transcendentals=0, bytes_accessed=_nbytes(x, dacc) + k * n * 2
+            flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(x, dacc) + k * n * 2
         ),
         interpret=interpret,
         name="matmul_softmax_backward_w",
@@ -15800,18 +14886,18 @@ def _matmul_softmax_backward_w_gpu_kernel(
     x_ref, dacc_ref, dw_ref, *, k, n, m, block_k, block_n, block_m
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_k = _inside(pl.program_id(0) * block_k, block_k, k)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_k, block_n), in_k, in_n)
+    in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_k, block_n), in_k, in_n)
 
     def accumulate(step, acc):
         start = step * block_m
-        in_m = _inside(start, block_m, m)  # zeros past a ragged M
-        x = _load(
-            x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_k), in_m, in_k), other=0
+        in_m = rt.inside(start, block_m, m)  # zeros past a ragged M
+        x = rt.load(
+            x_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
-        dacc = _load(
-            dacc_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        dacc = rt.load(
+            dacc_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
         return acc + jax.lax.dot_general(
             x, dacc, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
@@ -15820,7 +14906,7 @@ def _matmul_softmax_backward_w_gpu_kernel(
     acc = jax.lax.fori_loop(
         0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dw_ref.shape, jnp.float32)
     )
-    _store(dw_ref, acc.astype(jnp.bfloat16), inside)
+    rt.store(dw_ref, acc.astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
@@ -15834,7 +14920,7 @@ def _matmul_softmax_backward_w_gpu(
     x, dacc, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`matmul_softmax_backward_w` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_k, block_n, block_m, num_warps, num_stages = _gpu_options(
+    block_k, block_n, block_m, num_warps, num_stages = rt.gpu_options(
         _matmul_softmax_backward_w_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, num_warps, num_stages),
@@ -15888,12 +14974,12 @@ def _matmul_softmax_backward_w_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_k, block_m),
                     lambda s: (program_k, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_m),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_m),
                 ),
                 plgpu.BlockSpec(
                     (block_m, block_n),
                     lambda s: (s, program_n),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -15925,12 +15011,12 @@ def _matmul_softmax_backward_w_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_k, block_n, block_m, stages = _gpu_options(
+    block_k, block_n, block_m, stages = rt.gpu_options(
         _matmul_softmax_backward_w_mosaic_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, stages),
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "matmul_softmax_backward_w",
         {
             "mgpu_block_k": (block_k, (64, 128)),
@@ -15945,8 +15031,8 @@ def _matmul_softmax_backward_w_mosaic_gpu(
     padded_n = n + -n % block_n
     padded_m = m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
-    x = _mgpu_pad(x, (padded_k, padded_m))
-    dacc = _mgpu_pad(dacc, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_k, padded_m))
+    dacc = rt.mgpu_pad(dacc, (padded_m, padded_n))
     (dw,) = plgpu.kernel(
         functools.partial(
             _matmul_softmax_backward_w_mosaic_gpu_kernel,
@@ -15958,7 +15044,7 @@ def _matmul_softmax_backward_w_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_k, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
+                (block_k, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -15969,19 +15055,7 @@ def _matmul_softmax_backward_w_mosaic_gpu(
     return dw[:k, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def rmsnorm_matmul(
     x,
     g,
@@ -16004,13 +15078,10 @@ def rmsnorm_matmul(
       w: bf16[K, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_rmsnorm_matmul_tpu_blocks), or grown to large steps
-        (_grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        (rt.grown), else 256, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: bf16[M, N].
@@ -16019,7 +15090,7 @@ def rmsnorm_matmul(
     rmsnorm_matmul_backward_lhs, rmsnorm_matmul_backward_w, rmsnorm_matmul_lhs_backward,
     rmsnorm_matmul_lhs_backward_over_m (_rmsnorm_matmul_vjp).
     """
-    (x, g, w), sizes = _operands(
+    (x, g, w), sizes = rt.operands(
         "rmsnorm_matmul",
         {
             "x": (x, jnp.bfloat16, ("M", "K")),
@@ -16027,16 +15098,18 @@ def rmsnorm_matmul(
             "w": (w, jnp.bfloat16, ("K", "N")),
         },
     )
-    _check_blocks("rmsnorm_matmul", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks(
-        "rmsnorm_matmul", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+    rt.check_blocks(
+        "rmsnorm_matmul",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
-    k = sizes["K"]
+    m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(rmsnorm_matmul_reference, (((m, n), jnp.bfloat16),), x, g, w)
-    return _differentiable(
+        return rt.without_elements(rmsnorm_matmul_reference, (((m, n), jnp.bfloat16),), x, g, w)
+    return rt.differentiable(
         functools.partial(
             _rmsnorm_matmul_forward,
             m=m,
@@ -16108,27 +15181,23 @@ def _rmsnorm_matmul_forward(
 ):
     """`rmsnorm_matmul` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     g = g.reshape((1, k))  # g: f32[K]
-    return _on_platform(
-        functools.partial(_rmsnorm_matmul_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n),
-        _gpu_kernel(
-            "rmsnorm_matmul",
-            gpu_backend,
-            functools.partial(
-                _rmsnorm_matmul_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_rmsnorm_matmul_mosaic_gpu, m=m, n=n, k=k),
+    return rt.on_platform(
+        "rmsnorm_matmul",
+        (x, g, w),
+        tpu=functools.partial(_rmsnorm_matmul_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _rmsnorm_matmul_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        g,
-        w,
+        mosaic_gpu=functools.partial(_rmsnorm_matmul_mosaic_gpu, m=m, n=n, k=k),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -16181,12 +15250,12 @@ _rmsnorm_matmul_tpu_blocks = {
 
 def _rmsnorm_matmul_tpu(x, g, w, *, m, n, k, block_m, block_n, interpret):
     """`rmsnorm_matmul` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _rmsnorm_matmul_tpu_blocks,
         (m, n, k),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(min(m, 1024), 512),
             step=lambda block_m, block_n: (
                 block_m * block_n,
@@ -16196,7 +15265,7 @@ def _rmsnorm_matmul_tpu(x, g, w, *, m, n, k, block_m, block_n, interpret):
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "rmsnorm_matmul",
         block_m=(
             block_m,
@@ -16227,12 +15296,12 @@ def _rmsnorm_matmul_tpu(x, g, w, *, m, n, k, block_m, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * k + 8 * k + 4 * k * block_n + 4 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k, transcendentals=m, bytes_accessed=_nbytes(x, g, w) + m * n * 2
+            flops=2 * m * n * k, transcendentals=m, bytes_accessed=rt.nbytes(x, g, w) + m * n * 2
         ),
         interpret=interpret,
         name="rmsnorm_matmul",
@@ -16241,27 +15310,27 @@ def _rmsnorm_matmul_tpu(x, g, w, *, m, n, k, block_m, block_n, interpret):
 
 def _rmsnorm_matmul_gpu_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_m, block_n, block_k):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    in_k = _inside(0, block_k, k)
-    x = _load(x_ref, _mask((block_m, block_k), in_m, in_k), other=0)
-    g = _load(g_ref, _mask((1, block_k), None, in_k), other=0)
-    w = _load(w_ref, _mask((block_k, block_n), in_k, in_n), other=0)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    in_k = rt.inside(0, block_k, k)
+    x = rt.load(x_ref, rt.mask((block_m, block_k), in_m, in_k), other=0)
+    g = rt.load(g_ref, rt.mask((1, block_k), None, in_k), other=0)
+    w = rt.load(w_ref, rt.mask((block_k, block_n), in_k, in_n), other=0)
     h = x.astype(jnp.float32)
-    _store(
+    rt.store(
         y_ref,
         jnp.dot(
             (
                 h
                 * jax.lax.rsqrt(
-                    jnp.sum(_fill_past((h * h), 0, k, 1, 0.0), axis=1, keepdims=True) / k + 1e-06
+                    jnp.sum(rt.fill_past((h * h), 0, k, 1, 0.0), axis=1, keepdims=True) / k + 1e-06
                 )
                 * g
             ).astype(jnp.bfloat16),
             w,
             preferred_element_type=jnp.float32,
         ).astype(jnp.bfloat16),
-        _mask((block_m, block_n), in_m, in_n),
+        rt.mask((block_m, block_n), in_m, in_n),
     )
 
 
@@ -16274,7 +15343,7 @@ _rmsnorm_matmul_gpu_options = {None: (64, 64, 4, 1)}
 
 def _rmsnorm_matmul_gpu(x, g, w, *, m, n, k, block_m, block_n, num_warps, num_stages, interpret):
     """`rmsnorm_matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _rmsnorm_matmul_gpu_options, (m, n, k), (block_m, block_n, num_warps, num_stages)
     )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
@@ -16318,12 +15387,12 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu_kernel(
     def reduce_1(indices, x_smem, carry):
         (mean_k_running,) = carry
         start = indices[0] * block_k
-        x = _mgpu_load(x_smem, (block_m, block_k), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_k), (0, 1))
         h = x.astype(jnp.float32)
         mean_k_block = h * h
         if k % block_k:  # a ragged K: its identity past the end
             mean_k_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_k), 1) < k, mean_k_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_k), 1) < k, mean_k_block, 0.0
             )
         mean_k_running = mean_k_running + jnp.sum(mean_k_block, axis=1)
         return (mean_k_running,)
@@ -16335,24 +15404,24 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_k),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
             )
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
     mean_k = mean_k_running / k
 
     def write(indices, x_smem, g_smem):
         start = indices[0] * block_k
-        x = _mgpu_load(x_smem, (block_m, block_k), (0, 1))
-        g = _mgpu_load(g_smem, (block_m, block_k), (1,))
+        x = rt.mgpu_load(x_smem, (block_m, block_k), (0, 1))
+        g = rt.mgpu_load(g_smem, (block_m, block_k), (1,))
         h = x.astype(jnp.float32)
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
         lhs_buffers[slot] = (
-            h * jax.lax.rsqrt(_mgpu_spread(mean_k, (block_m, block_k), 0) + 1e-06) * g
+            h * jax.lax.rsqrt(rt.mgpu_spread(mean_k, (block_m, block_k), 0) + 1e-06) * g
         ).astype(jnp.bfloat16)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
@@ -16367,7 +15436,7 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_k),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
             ),
             plgpu.BlockSpec((block_k,), lambda s: (s,)),
         ],
@@ -16386,9 +15455,9 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu(x, g, *, m, k, interpret):
     block_k = 128
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
-    x = _mgpu_pad(x, (padded_m, padded_k))
+    x = rt.mgpu_pad(x, (padded_m, padded_k))
     g = g.reshape((k,))
-    g = _mgpu_pad(g, (padded_k,))
+    g = rt.mgpu_pad(g, (padded_k,))
     (lhs,) = plgpu.kernel(
         functools.partial(
             _rmsnorm_matmul_stage_1_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, k=k
@@ -16398,7 +15467,7 @@ def _rmsnorm_matmul_stage_1_mosaic_gpu(x, g, *, m, k, interpret):
             plgpu.SMEM(
                 (2, block_m, block_k),
                 jnp.bfloat16,
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
             )
         ],
         grid=(padded_m // block_m,),
@@ -16426,12 +15495,12 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_k),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
                 ),
                 plgpu.BlockSpec(
                     (block_k, block_n),
                     lambda s: (s, program_n),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -16462,10 +15531,10 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_n, block_k, stages = _gpu_options(
+    block_m, block_n, block_k, stages = rt.gpu_options(
         _rmsnorm_matmul_stage_2_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "rmsnorm_matmul_stage_2",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -16479,8 +15548,8 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu(
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
-    lhs = _mgpu_pad(lhs, (padded_m, padded_k))
-    w = _mgpu_pad(w, (padded_k, padded_n))
+    lhs = rt.mgpu_pad(lhs, (padded_m, padded_k))
+    w = rt.mgpu_pad(w, (padded_k, padded_n))
     (y,) = plgpu.kernel(
         functools.partial(
             _rmsnorm_matmul_stage_2_mosaic_gpu_kernel,
@@ -16492,7 +15561,7 @@ def _rmsnorm_matmul_stage_2_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
+                (block_m, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -16512,17 +15581,7 @@ def _rmsnorm_matmul_mosaic_gpu(x, g, w, *, m, n, k, interpret):
     return y.reshape((m, n))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def rmsnorm_matmul_lhs(
     x,
     g,
@@ -16542,47 +15601,41 @@ def rmsnorm_matmul_lhs(
       g: f32[K].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_lhs_tpu_blocks),
-        grown to large steps (_grown), else 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 256.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       lhs: bf16[M, K]; mean_k: f32[M].
     """
-    (x, g), sizes = _operands(
+    (x, g), sizes = rt.operands(
         "rmsnorm_matmul_lhs", {"x": (x, jnp.bfloat16, ("M", "K")), "g": (g, jnp.float32, ("K",))}
     )
-    _check_blocks("rmsnorm_matmul_lhs", block_m=block_m, may_be_none=True)
-    _check_blocks("rmsnorm_matmul_lhs", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    k = sizes["K"]
+    rt.check_blocks(
+        "rmsnorm_matmul_lhs", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
+    )
+    m, k = sizes["M"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             rmsnorm_matmul_lhs_reference, (((m, k), jnp.bfloat16), ((m,), jnp.float32)), x, g
         )
     g = g.reshape(1, k)  # g: f32[K], broadcast over M
-    lhs, mean_k = _on_platform(
-        functools.partial(_rmsnorm_matmul_lhs_tpu, m=m, k=k, block_m=block_m),
-        _gpu_kernel(
-            "rmsnorm_matmul_lhs",
-            gpu_backend,
-            functools.partial(
-                _rmsnorm_matmul_lhs_gpu,
-                m=m,
-                k=k,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_rmsnorm_matmul_lhs_mosaic_gpu, m=m, k=k),
+    lhs, mean_k = rt.on_platform(
+        "rmsnorm_matmul_lhs",
+        (x, g),
+        tpu=functools.partial(_rmsnorm_matmul_lhs_tpu, m=m, k=k, block_m=block_m),
+        triton=functools.partial(
+            _rmsnorm_matmul_lhs_gpu,
+            m=m,
+            k=k,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        g,
+        mosaic_gpu=functools.partial(_rmsnorm_matmul_lhs_mosaic_gpu, m=m, k=k),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     mean_k = mean_k.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     return lhs, mean_k
@@ -16622,18 +15675,18 @@ _rmsnorm_matmul_lhs_tpu_blocks = {
 
 def _rmsnorm_matmul_lhs_tpu(x, g, *, m, k, block_m, interpret):
     """`rmsnorm_matmul_lhs` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _rmsnorm_matmul_lhs_tpu_blocks,
         (m, k),
         (block_m,),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m,),
             step=lambda block_m: (block_m * k, 16 * block_m * k + 8 * k + 8 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "rmsnorm_matmul_lhs",
         block_m=(
             block_m,
@@ -16668,12 +15721,12 @@ def _rmsnorm_matmul_lhs_tpu(x, g, *, m, k, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(16 * block_m * k + 8 * k + 8 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(16 * block_m * k + 8 * k + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=7 * m * k,
             transcendentals=m * k,
-            bytes_accessed=_nbytes(x, g) + m * k * 2 + m * k * 4,
+            bytes_accessed=rt.nbytes(x, g) + m * k * 2 + m * k * 4,
         ),
         interpret=interpret,
         name="rmsnorm_matmul_lhs",
@@ -16682,15 +15735,15 @@ def _rmsnorm_matmul_lhs_tpu(x, g, *, m, k, block_m, interpret):
 
 def _rmsnorm_matmul_lhs_gpu_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, m, block_m, k, block_k):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_k = _inside(0, block_k, k)
-    inside = _mask((block_m, block_k), in_m, in_k)
-    x = _load(x_ref, inside)
-    g = _load(g_ref, _mask((1, block_k), None, in_k))
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_k = rt.inside(0, block_k, k)
+    inside = rt.mask((block_m, block_k), in_m, in_k)
+    x = rt.load(x_ref, inside)
+    g = rt.load(g_ref, rt.mask((1, block_k), None, in_k))
     h = x.astype(jnp.float32)
-    mean_k = jnp.sum(_fill_past((h * h), 0, k, 1, 0.0), axis=1, keepdims=True) / k
-    _store(mean_k_ref, mean_k, _mask((block_m, 1), in_m, None))
-    _store(lhs_ref, (h * jax.lax.rsqrt(mean_k + 1e-06) * g).astype(jnp.bfloat16), inside)
+    mean_k = jnp.sum(rt.fill_past((h * h), 0, k, 1, 0.0), axis=1, keepdims=True) / k
+    rt.store(mean_k_ref, mean_k, rt.mask((block_m, 1), in_m, None))
+    rt.store(lhs_ref, (h * jax.lax.rsqrt(mean_k + 1e-06) * g).astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
@@ -16702,7 +15755,7 @@ _rmsnorm_matmul_lhs_gpu_options = {None: (1, 4, 1)}
 
 def _rmsnorm_matmul_lhs_gpu(x, g, *, m, k, block_m, num_warps, num_stages, interpret):
     """`rmsnorm_matmul_lhs` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = _gpu_options(
+    block_m, num_warps, num_stages = rt.gpu_options(
         _rmsnorm_matmul_lhs_gpu_options, (m, k), (block_m, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -16744,12 +15797,12 @@ def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
     def reduce_1(indices, x_smem, carry):
         (mean_over_k_running,) = carry
         start = indices[0] * block_k
-        x = _mgpu_load(x_smem, (block_m, block_k), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_k), (0, 1))
         h = x.astype(jnp.float32)
         mean_over_k_block = h * h
         if k % block_k:  # a ragged K: its identity past the end
             mean_over_k_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_k), 1) < k, mean_over_k_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_k), 1) < k, mean_over_k_block, 0.0
             )
         mean_over_k_running = mean_over_k_running + jnp.sum(mean_over_k_block, axis=1)
         return (mean_over_k_running,)
@@ -16761,11 +15814,11 @@ def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_k),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
             )
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
     mean_over_k = mean_over_k_running / k
     mean_k = mean_over_k
@@ -16775,14 +15828,14 @@ def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
 
     def write(indices, x_smem, g_smem):
         start = indices[0] * block_k
-        x = _mgpu_load(x_smem, (block_m, block_k), (0, 1))
-        g = _mgpu_load(g_smem, (block_m, block_k), (1,))
+        x = rt.mgpu_load(x_smem, (block_m, block_k), (0, 1))
+        g = rt.mgpu_load(g_smem, (block_m, block_k), (1,))
         h = x.astype(jnp.float32)
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
         lhs_buffers[slot] = (
-            h * jax.lax.rsqrt(_mgpu_spread(mean_k, (block_m, block_k), 0) + 1e-06) * g
+            h * jax.lax.rsqrt(rt.mgpu_spread(mean_k, (block_m, block_k), 0) + 1e-06) * g
         ).astype(jnp.bfloat16)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
@@ -16797,7 +15850,7 @@ def _rmsnorm_matmul_lhs_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_k),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
             ),
             plgpu.BlockSpec((block_k,), lambda s: (s,)),
         ],
@@ -16816,9 +15869,9 @@ def _rmsnorm_matmul_lhs_mosaic_gpu(x, g, *, m, k, interpret):
     block_k = 128
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
-    x = _mgpu_pad(x, (padded_m, padded_k))
+    x = rt.mgpu_pad(x, (padded_m, padded_k))
     g = g.reshape((k,))
-    g = _mgpu_pad(g, (padded_k,))
+    g = rt.mgpu_pad(g, (padded_k,))
     lhs, mean_k = plgpu.kernel(
         functools.partial(
             _rmsnorm_matmul_lhs_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, k=k
@@ -16832,7 +15885,7 @@ def _rmsnorm_matmul_lhs_mosaic_gpu(x, g, *, m, k, interpret):
             plgpu.SMEM(
                 (2, block_m, block_k),
                 jnp.bfloat16,
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
             ),
         ],
         grid=(padded_m // block_m,),
@@ -16842,25 +15895,7 @@ def _rmsnorm_matmul_lhs_mosaic_gpu(x, g, *, m, k, interpret):
     return lhs[:m, :k], mean_k[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_k",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_k",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_m",
-        "mgpu_block_k",
-        "mgpu_block_n",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def rmsnorm_matmul_backward_lhs(
     dy,
     w,
@@ -16889,46 +15924,37 @@ def rmsnorm_matmul_backward_lhs(
       block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_backward_lhs_tpu_blocks),
         else 256, 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dlhs: bf16[M, K].
     """
-    (dy, w), sizes = _operands(
+    (dy, w), sizes = rt.operands(
         "rmsnorm_matmul_backward_lhs",
         {"dy": (dy, jnp.bfloat16, ("M", "N")), "w": (w, jnp.bfloat16, ("K", "N"))},
     )
-    _check_blocks(
+    rt.check_blocks(
         "rmsnorm_matmul_backward_lhs",
         block_m=block_m,
         block_k=block_k,
         block_n=block_n,
-        may_be_none=True,
-    )
-    _check_blocks(
-        "rmsnorm_matmul_backward_lhs",
         gpu_block_m=gpu_block_m,
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         may_be_none=True,
     )
-    m = sizes["M"]
-    k = sizes["K"]
-    n = sizes["N"]
+    m, k, n = sizes["M"], sizes["K"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             rmsnorm_matmul_backward_lhs_reference, (((m, k), jnp.bfloat16),), dy, w
         )
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "rmsnorm_matmul_backward_lhs",
+        (dy, w),
+        tpu=functools.partial(
             _rmsnorm_matmul_backward_lhs_tpu,
             m=m,
             k=k,
@@ -16937,34 +15963,29 @@ def rmsnorm_matmul_backward_lhs(
             block_k=block_k,
             block_n=block_n,
         ),
-        _gpu_kernel(
-            "rmsnorm_matmul_backward_lhs",
-            gpu_backend,
-            functools.partial(
-                _rmsnorm_matmul_backward_lhs_gpu,
-                m=m,
-                k=k,
-                n=n,
-                block_m=gpu_block_m,
-                block_k=gpu_block_k,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _rmsnorm_matmul_backward_lhs_mosaic_gpu,
-                m=m,
-                k=k,
-                n=n,
-                block_m=mgpu_block_m,
-                block_k=mgpu_block_k,
-                block_n=mgpu_block_n,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _rmsnorm_matmul_backward_lhs_gpu,
+            m=m,
+            k=k,
+            n=n,
+            block_m=gpu_block_m,
+            block_k=gpu_block_k,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        dy,
-        w,
+        mosaic_gpu=functools.partial(
+            _rmsnorm_matmul_backward_lhs_mosaic_gpu,
+            m=m,
+            k=k,
+            n=n,
+            block_m=mgpu_block_m,
+            block_k=mgpu_block_k,
+            block_n=mgpu_block_n,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -17023,13 +16044,13 @@ _rmsnorm_matmul_backward_lhs_tpu_blocks = {
 
 def _rmsnorm_matmul_backward_lhs_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpret):
     """`rmsnorm_matmul_backward_lhs` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_k, block_n = _tpu_blocks(
+    block_m, block_k, block_n = rt.tpu_blocks(
         _rmsnorm_matmul_backward_lhs_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "rmsnorm_matmul_backward_lhs",
         block_m=(
             block_m,
@@ -17061,12 +16082,12 @@ def _rmsnorm_matmul_backward_lhs_tpu(dy, w, *, m, k, n, block_m, block_k, block_
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_n + 4 * block_k * block_n + 12 * block_m * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * k * n, transcendentals=0, bytes_accessed=_nbytes(dy, w) + m * k * 2
+            flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dy, w) + m * k * 2
         ),
         interpret=interpret,
         name="rmsnorm_matmul_backward_lhs",
@@ -17077,18 +16098,18 @@ def _rmsnorm_matmul_backward_lhs_gpu_kernel(
     dy_ref, w_ref, dlhs_ref, *, m, k, n, block_m, block_k, block_n
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_k = _inside(pl.program_id(1) * block_k, block_k, k)
-    inside = _mask((block_m, block_k), in_m, in_k)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
+    inside = rt.mask((block_m, block_k), in_m, in_k)
 
     def accumulate(step, acc):
         start = step * block_n
-        in_n = _inside(start, block_n, n)  # zeros past a ragged N
-        dy = _load(
-            dy_ref.at[:, pl.ds(start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+        in_n = rt.inside(start, block_n, n)  # zeros past a ragged N
+        dy = rt.load(
+            dy_ref.at[:, pl.ds(start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        w = _load(
-            w_ref.at[:, pl.ds(start, block_n)], _mask((block_k, block_n), in_k, in_n), other=0
+        w = rt.load(
+            w_ref.at[:, pl.ds(start, block_n)], rt.mask((block_k, block_n), in_k, in_n), other=0
         )
         return acc + jax.lax.dot_general(
             dy, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
@@ -17097,7 +16118,7 @@ def _rmsnorm_matmul_backward_lhs_gpu_kernel(
     acc = jax.lax.fori_loop(
         0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dlhs_ref.shape, jnp.float32)
     )
-    _store(dlhs_ref, acc.astype(jnp.bfloat16), inside)
+    rt.store(dlhs_ref, acc.astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
@@ -17111,7 +16132,7 @@ def _rmsnorm_matmul_backward_lhs_gpu(
     dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`rmsnorm_matmul_backward_lhs` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_k, block_n, num_warps, num_stages = rt.gpu_options(
         _rmsnorm_matmul_backward_lhs_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, num_warps, num_stages),
@@ -17165,12 +16186,12 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_n),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
                 plgpu.BlockSpec(
                     (block_k, block_n),
                     lambda s: (program_k, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -17202,12 +16223,12 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_k, block_n, stages = _gpu_options(
+    block_m, block_k, block_n, stages = rt.gpu_options(
         _rmsnorm_matmul_backward_lhs_mosaic_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, stages),
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "rmsnorm_matmul_backward_lhs",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -17221,8 +16242,8 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
-    dy = _mgpu_pad(dy, (padded_m, padded_n))
-    w = _mgpu_pad(w, (padded_k, padded_n))
+    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
+    w = rt.mgpu_pad(w, (padded_k, padded_n))
     (dlhs,) = plgpu.kernel(
         functools.partial(
             _rmsnorm_matmul_backward_lhs_mosaic_gpu_kernel,
@@ -17234,7 +16255,7 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_k), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_k)
+                (block_m, block_k), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -17245,25 +16266,7 @@ def _rmsnorm_matmul_backward_lhs_mosaic_gpu(
     return dlhs[:m, :k]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_k",
-        "block_n",
-        "block_m",
-        "gpu_block_k",
-        "gpu_block_n",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_k",
-        "mgpu_block_n",
-        "mgpu_block_m",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def rmsnorm_matmul_backward_w(
     lhs,
     dy,
@@ -17292,46 +16295,37 @@ def rmsnorm_matmul_backward_w(
       block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_backward_w_tpu_blocks),
         else 512, 512, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dw: bf16[K, N].
     """
-    (lhs, dy), sizes = _operands(
+    (lhs, dy), sizes = rt.operands(
         "rmsnorm_matmul_backward_w",
         {"lhs": (lhs, jnp.bfloat16, ("M", "K")), "dy": (dy, jnp.bfloat16, ("M", "N"))},
     )
-    _check_blocks(
+    rt.check_blocks(
         "rmsnorm_matmul_backward_w",
         block_k=block_k,
         block_n=block_n,
         block_m=block_m,
-        may_be_none=True,
-    )
-    _check_blocks(
-        "rmsnorm_matmul_backward_w",
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         gpu_block_m=gpu_block_m,
         may_be_none=True,
     )
-    k = sizes["K"]
-    n = sizes["N"]
-    m = sizes["M"]
+    k, n, m = sizes["K"], sizes["N"], sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             rmsnorm_matmul_backward_w_reference, (((k, n), jnp.bfloat16),), lhs, dy
         )
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "rmsnorm_matmul_backward_w",
+        (lhs, dy),
+        tpu=functools.partial(
             _rmsnorm_matmul_backward_w_tpu,
             k=k,
             n=n,
@@ -17340,34 +16334,29 @@ def rmsnorm_matmul_backward_w(
             block_n=block_n,
             block_m=block_m,
         ),
-        _gpu_kernel(
-            "rmsnorm_matmul_backward_w",
-            gpu_backend,
-            functools.partial(
-                _rmsnorm_matmul_backward_w_gpu,
-                k=k,
-                n=n,
-                m=m,
-                block_k=gpu_block_k,
-                block_n=gpu_block_n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _rmsnorm_matmul_backward_w_mosaic_gpu,
-                k=k,
-                n=n,
-                m=m,
-                block_k=mgpu_block_k,
-                block_n=mgpu_block_n,
-                block_m=mgpu_block_m,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _rmsnorm_matmul_backward_w_gpu,
+            k=k,
+            n=n,
+            m=m,
+            block_k=gpu_block_k,
+            block_n=gpu_block_n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        lhs,
-        dy,
+        mosaic_gpu=functools.partial(
+            _rmsnorm_matmul_backward_w_mosaic_gpu,
+            k=k,
+            n=n,
+            m=m,
+            block_k=mgpu_block_k,
+            block_n=mgpu_block_n,
+            block_m=mgpu_block_m,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -17421,13 +16410,13 @@ _rmsnorm_matmul_backward_w_tpu_blocks = {
 
 def _rmsnorm_matmul_backward_w_tpu(lhs, dy, *, k, n, m, block_k, block_n, block_m, interpret):
     """`rmsnorm_matmul_backward_w` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_k, block_n, block_m = _tpu_blocks(
+    block_k, block_n, block_m = rt.tpu_blocks(
         _rmsnorm_matmul_backward_w_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
     block_k = min(block_k, k)  # a small K is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "rmsnorm_matmul_backward_w",
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
@@ -17459,12 +16448,12 @@ def _rmsnorm_matmul_backward_w_tpu(lhs, dy, *, k, n, m, block_k, block_n, block_
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_k + 4 * block_m * block_n + 12 * block_k * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * k * n * m, transcendentals=0, bytes_accessed=_nbytes(lhs, dy) + k * n * 2
+            flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(lhs, dy) + k * n * 2
         ),
         interpret=interpret,
         name="rmsnorm_matmul_backward_w",
@@ -17475,18 +16464,18 @@ def _rmsnorm_matmul_backward_w_gpu_kernel(
     lhs_ref, dy_ref, dw_ref, *, k, n, m, block_k, block_n, block_m
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_k = _inside(pl.program_id(0) * block_k, block_k, k)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_k, block_n), in_k, in_n)
+    in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_k, block_n), in_k, in_n)
 
     def accumulate(step, acc):
         start = step * block_m
-        in_m = _inside(start, block_m, m)  # zeros past a ragged M
-        lhs = _load(
-            lhs_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_k), in_m, in_k), other=0
+        in_m = rt.inside(start, block_m, m)  # zeros past a ragged M
+        lhs = rt.load(
+            lhs_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
-        dy = _load(
-            dy_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        dy = rt.load(
+            dy_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
         return acc + jax.lax.dot_general(
             lhs, dy, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
@@ -17495,7 +16484,7 @@ def _rmsnorm_matmul_backward_w_gpu_kernel(
     acc = jax.lax.fori_loop(
         0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dw_ref.shape, jnp.float32)
     )
-    _store(dw_ref, acc.astype(jnp.bfloat16), inside)
+    rt.store(dw_ref, acc.astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
@@ -17509,7 +16498,7 @@ def _rmsnorm_matmul_backward_w_gpu(
     lhs, dy, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`rmsnorm_matmul_backward_w` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_k, block_n, block_m, num_warps, num_stages = _gpu_options(
+    block_k, block_n, block_m, num_warps, num_stages = rt.gpu_options(
         _rmsnorm_matmul_backward_w_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, num_warps, num_stages),
@@ -17563,12 +16552,12 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_k, block_m),
                     lambda s: (program_k, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_m),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_m),
                 ),
                 plgpu.BlockSpec(
                     (block_m, block_n),
                     lambda s: (s, program_n),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -17600,12 +16589,12 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_k, block_n, block_m, stages = _gpu_options(
+    block_k, block_n, block_m, stages = rt.gpu_options(
         _rmsnorm_matmul_backward_w_mosaic_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, stages),
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "rmsnorm_matmul_backward_w",
         {
             "mgpu_block_k": (block_k, (64, 128)),
@@ -17620,8 +16609,8 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu(
     padded_n = n + -n % block_n
     padded_m = m + -m % block_m
     lhs = jnp.swapaxes(lhs, -1, -2)  # wgmma reads [M, K] tiles
-    lhs = _mgpu_pad(lhs, (padded_k, padded_m))
-    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    lhs = rt.mgpu_pad(lhs, (padded_k, padded_m))
+    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dw,) = plgpu.kernel(
         functools.partial(
             _rmsnorm_matmul_backward_w_mosaic_gpu_kernel,
@@ -17633,7 +16622,7 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_k, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
+                (block_k, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -17644,17 +16633,7 @@ def _rmsnorm_matmul_backward_w_mosaic_gpu(
     return dw[:k, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def rmsnorm_matmul_lhs_backward(
     x,
     g,
@@ -17678,18 +16657,15 @@ def rmsnorm_matmul_lhs_backward(
       dlhs: bf16[M, K].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_lhs_backward_tpu_blocks),
-        grown to large steps (_grown), else 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 256.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: bf16[M, K].
     """
-    (x, g, mean_k, dlhs), sizes = _operands(
+    (x, g, mean_k, dlhs), sizes = rt.operands(
         "rmsnorm_matmul_lhs_backward",
         {
             "x": (x, jnp.bfloat16, ("M", "K")),
@@ -17698,36 +16674,31 @@ def rmsnorm_matmul_lhs_backward(
             "dlhs": (dlhs, jnp.bfloat16, ("M", "K")),
         },
     )
-    _check_blocks("rmsnorm_matmul_lhs_backward", block_m=block_m, may_be_none=True)
-    _check_blocks("rmsnorm_matmul_lhs_backward", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    k = sizes["K"]
+    rt.check_blocks(
+        "rmsnorm_matmul_lhs_backward", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
+    )
+    m, k = sizes["M"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             rmsnorm_matmul_lhs_backward_reference, (((m, k), jnp.bfloat16),), x, g, mean_k, dlhs
         )
     g = g.reshape(1, k)  # g: f32[K], broadcast over M
     mean_k = mean_k.reshape(m, 1)  # mean_k: f32[M], broadcast over K
-    return _on_platform(
-        functools.partial(_rmsnorm_matmul_lhs_backward_tpu, m=m, k=k, block_m=block_m),
-        _gpu_kernel(
-            "rmsnorm_matmul_lhs_backward",
-            gpu_backend,
-            functools.partial(
-                _rmsnorm_matmul_lhs_backward_gpu,
-                m=m,
-                k=k,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_rmsnorm_matmul_lhs_backward_mosaic_gpu, m=m, k=k),
+    return rt.on_platform(
+        "rmsnorm_matmul_lhs_backward",
+        (x, g, mean_k, dlhs),
+        tpu=functools.partial(_rmsnorm_matmul_lhs_backward_tpu, m=m, k=k, block_m=block_m),
+        triton=functools.partial(
+            _rmsnorm_matmul_lhs_backward_gpu,
+            m=m,
+            k=k,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        g,
-        mean_k,
-        dlhs,
+        mosaic_gpu=functools.partial(_rmsnorm_matmul_lhs_backward_mosaic_gpu, m=m, k=k),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -17782,18 +16753,18 @@ _rmsnorm_matmul_lhs_backward_tpu_blocks = {
 
 def _rmsnorm_matmul_lhs_backward_tpu(x, g, mean_k, dlhs, *, m, k, block_m, interpret):
     """`rmsnorm_matmul_lhs_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _rmsnorm_matmul_lhs_backward_tpu_blocks,
         (m, k),
         (block_m,),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m,),
             step=lambda block_m: (block_m * k, 32 * block_m * k + 8 * k + 20 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "rmsnorm_matmul_lhs_backward",
         block_m=(
             block_m,
@@ -17827,12 +16798,12 @@ def _rmsnorm_matmul_lhs_backward_tpu(x, g, mean_k, dlhs, *, m, k, block_m, inter
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(32 * block_m * k + 8 * k + 20 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(32 * block_m * k + 8 * k + 20 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=18 * m * k,
             transcendentals=m * k,
-            bytes_accessed=_nbytes(x, g, mean_k, dlhs) + m * k * 2,
+            bytes_accessed=rt.nbytes(x, g, mean_k, dlhs) + m * k * 2,
         ),
         interpret=interpret,
         name="rmsnorm_matmul_lhs_backward",
@@ -17843,25 +16814,25 @@ def _rmsnorm_matmul_lhs_backward_gpu_kernel(
     x_ref, g_ref, mean_k_ref, dlhs_ref, dx_ref, *, m, block_m, k, block_k
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_k = _inside(0, block_k, k)
-    inside = _mask((block_m, block_k), in_m, in_k)
-    x = _load(x_ref, inside)
-    g = _load(g_ref, _mask((1, block_k), None, in_k))
-    mean_k = _load(mean_k_ref, _mask((block_m, 1), in_m, None))
-    dlhs = _load(dlhs_ref, inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_k = rt.inside(0, block_k, k)
+    inside = rt.mask((block_m, block_k), in_m, in_k)
+    x = rt.load(x_ref, inside)
+    g = rt.load(g_ref, rt.mask((1, block_k), None, in_k))
+    mean_k = rt.load(mean_k_ref, rt.mask((block_m, 1), in_m, None))
+    dlhs = rt.load(dlhs_ref, inside)
     h = x.astype(jnp.float32)
     lhs_2 = mean_k + 1e-06
     lhs_3 = jax.lax.rsqrt(lhs_2)
     dlhs_1 = dlhs.astype(jnp.float32)
     dlhs_2 = dlhs_1 * g
     dlhs_3 = (
-        jnp.sum(_fill_past((dlhs_2 * h), 0, k, 1, 0.0), axis=1, keepdims=True)
+        jnp.sum(rt.fill_past((dlhs_2 * h), 0, k, 1, 0.0), axis=1, keepdims=True)
         * (-0.5 * (lhs_3 / lhs_2))
         / k
     )
     dh = dlhs_2 * lhs_3 + dlhs_3 * h + dlhs_3 * h
-    _store(dx_ref, dh.astype(jnp.bfloat16), inside)
+    rt.store(dx_ref, dh.astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
@@ -17875,7 +16846,7 @@ def _rmsnorm_matmul_lhs_backward_gpu(
     x, g, mean_k, dlhs, *, m, k, block_m, num_warps, num_stages, interpret
 ):
     """`rmsnorm_matmul_lhs_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = _gpu_options(
+    block_m, num_warps, num_stages = rt.gpu_options(
         _rmsnorm_matmul_lhs_backward_gpu_options, (m, k), (block_m, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -17925,23 +16896,23 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
         mean_k_ref.at[pl.ds(program_m * block_m, block_m)], mean_k_smem, barrier.at[0]
     )
     plgpu.barrier_wait(barrier.at[0])
-    mean_k = _mgpu_load_vector(mean_k_smem, 0)
+    mean_k = rt.mgpu_load_vector(mean_k_smem, 0)
     lhs_2 = mean_k + 1e-06
     lhs_3 = jax.lax.rsqrt(lhs_2)
 
     def reduce_1(indices, x_smem, g_smem, dlhs_smem, carry):
         (sum_k_running,) = carry
         start = indices[0] * block_k
-        x = _mgpu_load(x_smem, (block_m, block_k), (0, 1))
-        g = _mgpu_load(g_smem, (block_m, block_k), (1,))
-        dlhs = _mgpu_load(dlhs_smem, (block_m, block_k), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_k), (0, 1))
+        g = rt.mgpu_load(g_smem, (block_m, block_k), (1,))
+        dlhs = rt.mgpu_load(dlhs_smem, (block_m, block_k), (0, 1))
         h = x.astype(jnp.float32)
         dlhs_1 = dlhs.astype(jnp.float32)
         dlhs_2 = dlhs_1 * g
         sum_k_block = dlhs_2 * h
         if k % block_k:  # a ragged K: its identity past the end
             sum_k_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_k), 1) < k, sum_k_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_k), 1) < k, sum_k_block, 0.0
             )
         sum_k_running = sum_k_running + jnp.sum(sum_k_block, axis=1)
         return (sum_k_running,)
@@ -17953,33 +16924,33 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_k),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
             ),
             plgpu.BlockSpec((block_k,), lambda s: (s,)),
             plgpu.BlockSpec(
                 (block_m, block_k),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
             ),
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref, g_ref, dlhs_ref)
     sum_k = sum_k_running
     dlhs_3 = sum_k * (-0.5 * (lhs_3 / lhs_2)) / k
 
     def write(indices, x_smem, g_smem, dlhs_smem):
         start = indices[0] * block_k
-        x = _mgpu_load(x_smem, (block_m, block_k), (0, 1))
-        g = _mgpu_load(g_smem, (block_m, block_k), (1,))
-        dlhs = _mgpu_load(dlhs_smem, (block_m, block_k), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_k), (0, 1))
+        g = rt.mgpu_load(g_smem, (block_m, block_k), (1,))
+        dlhs = rt.mgpu_load(dlhs_smem, (block_m, block_k), (0, 1))
         h = x.astype(jnp.float32)
         dlhs_1 = dlhs.astype(jnp.float32)
         dlhs_2 = dlhs_1 * g
         dh = (
-            dlhs_2 * _mgpu_spread(lhs_3, (block_m, block_k), 0)
-            + _mgpu_spread(dlhs_3, (block_m, block_k), 0) * h
-            + _mgpu_spread(dlhs_3, (block_m, block_k), 0) * h
+            dlhs_2 * rt.mgpu_spread(lhs_3, (block_m, block_k), 0)
+            + rt.mgpu_spread(dlhs_3, (block_m, block_k), 0) * h
+            + rt.mgpu_spread(dlhs_3, (block_m, block_k), 0) * h
         )
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
@@ -17998,13 +16969,13 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_k),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
             ),
             plgpu.BlockSpec((block_k,), lambda s: (s,)),
             plgpu.BlockSpec(
                 (block_m, block_k),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
             ),
         ],
         max_concurrent_steps=2,
@@ -18022,12 +16993,12 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu(x, g, mean_k, dlhs, *, m, k, interpr
     block_k = 128
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
-    x = _mgpu_pad(x, (padded_m, padded_k))
+    x = rt.mgpu_pad(x, (padded_m, padded_k))
     g = g.reshape((k,))
-    g = _mgpu_pad(g, (padded_k,))
+    g = rt.mgpu_pad(g, (padded_k,))
     mean_k = mean_k.reshape((m,))
-    mean_k = _mgpu_pad(mean_k, (padded_m,))
-    dlhs = _mgpu_pad(dlhs, (padded_m, padded_k))
+    mean_k = rt.mgpu_pad(mean_k, (padded_m,))
+    dlhs = rt.mgpu_pad(dlhs, (padded_m, padded_k))
     (dx,) = plgpu.kernel(
         functools.partial(
             _rmsnorm_matmul_lhs_backward_mosaic_gpu_kernel, block_m=block_m, block_k=block_k, k=k
@@ -18039,7 +17010,7 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu(x, g, mean_k, dlhs, *, m, k, interpr
             plgpu.SMEM(
                 (2, block_m, block_k),
                 jnp.bfloat16,
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
             ),
         ],
         grid=(padded_m // block_m,),
@@ -18049,18 +17020,7 @@ def _rmsnorm_matmul_lhs_backward_mosaic_gpu(x, g, mean_k, dlhs, *, m, k, interpr
     return dx[:m, :k]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_block_k",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def rmsnorm_matmul_lhs_backward_over_m(
     x,
     mean_k,
@@ -18083,18 +17043,15 @@ def rmsnorm_matmul_lhs_backward_over_m(
       dlhs: bf16[M, K].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_rmsnorm_matmul_lhs_backward_over_m_tpu_blocks),
-        grown to large steps (_grown), else 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 256.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dg: f32[K].
     """
-    (x, mean_k, dlhs), sizes = _operands(
+    (x, mean_k, dlhs), sizes = rt.operands(
         "rmsnorm_matmul_lhs_backward_over_m",
         {
             "x": (x, jnp.bfloat16, ("M", "K")),
@@ -18102,40 +17059,35 @@ def rmsnorm_matmul_lhs_backward_over_m(
             "dlhs": (dlhs, jnp.bfloat16, ("M", "K")),
         },
     )
-    _check_blocks("rmsnorm_matmul_lhs_backward_over_m", block_m=block_m, may_be_none=True)
-    _check_blocks(
+    rt.check_blocks(
         "rmsnorm_matmul_lhs_backward_over_m",
+        block_m=block_m,
         gpu_block_m=gpu_block_m,
         gpu_block_k=gpu_block_k,
         may_be_none=True,
     )
-    m = sizes["M"]
-    k = sizes["K"]
+    m, k = sizes["M"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             rmsnorm_matmul_lhs_backward_over_m_reference, (((k,), jnp.float32),), x, mean_k, dlhs
         )
     mean_k = mean_k.reshape(m, 1)  # mean_k: f32[M], broadcast over K
-    dg = _on_platform(
-        functools.partial(_rmsnorm_matmul_lhs_backward_over_m_tpu, m=m, k=k, block_m=block_m),
-        _gpu_kernel(
-            "rmsnorm_matmul_lhs_backward_over_m",
-            gpu_backend,
-            functools.partial(
-                _rmsnorm_matmul_lhs_backward_over_m_gpu,
-                m=m,
-                k=k,
-                block_m=gpu_block_m,
-                block_k=gpu_block_k,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu, m=m, k=k),
+    dg = rt.on_platform(
+        "rmsnorm_matmul_lhs_backward_over_m",
+        (x, mean_k, dlhs),
+        tpu=functools.partial(_rmsnorm_matmul_lhs_backward_over_m_tpu, m=m, k=k, block_m=block_m),
+        triton=functools.partial(
+            _rmsnorm_matmul_lhs_backward_over_m_gpu,
+            m=m,
+            k=k,
+            block_m=gpu_block_m,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        mean_k,
-        dlhs,
+        mosaic_gpu=functools.partial(_rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu, m=m, k=k),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     dg = dg.reshape((k,))  # the kernel holds it with size 1 along the dimensions it lacks
     return dg
@@ -18175,7 +17127,7 @@ def _rmsnorm_matmul_lhs_backward_over_m_kernel(
     dlhs_1 = dlhs.astype(jnp.float32)
     sum_m_block = dlhs_1 * lhs_3
     if m % block_m:  # a ragged M: its identity past the end, never padding
-        sum_m_block = _fill_past(sum_m_block, step * block_m, m, 0, 0.0)
+        sum_m_block = rt.fill_past(sum_m_block, step * block_m, m, 0, 0.0)
     sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(0) - 1)
@@ -18197,18 +17149,18 @@ _rmsnorm_matmul_lhs_backward_over_m_tpu_blocks = {
 
 def _rmsnorm_matmul_lhs_backward_over_m_tpu(x, mean_k, dlhs, *, m, k, block_m, interpret):
     """`rmsnorm_matmul_lhs_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _rmsnorm_matmul_lhs_backward_over_m_tpu_blocks,
         (m, k),
         (block_m,),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m,),
             step=lambda block_m: (block_m * k, 24 * block_m * k + 16 * block_m + 8 * k),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "rmsnorm_matmul_lhs_backward_over_m",
         block_m=(
             block_m,
@@ -18242,12 +17194,12 @@ def _rmsnorm_matmul_lhs_backward_over_m_tpu(x, mean_k, dlhs, *, m, k, block_m, i
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_m * k + 16 * block_m + 8 * k),
+            vmem_limit_bytes=rt.vmem_limit(24 * block_m * k + 16 * block_m + 8 * k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=6 * m * k,
             transcendentals=m * k,
-            bytes_accessed=_nbytes(x, mean_k, dlhs) + m * k * 4,
+            bytes_accessed=rt.nbytes(x, mean_k, dlhs) + m * k * 4,
         ),
         interpret=interpret,
         name="rmsnorm_matmul_lhs_backward_over_m",
@@ -18258,16 +17210,18 @@ def _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel(
     x_ref, mean_k_ref, dlhs_ref, dg_ref, *, m, k, block_m, block_k
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_k = _inside(pl.program_id(0) * block_k, block_k, k)
-    inside = _mask((1, block_k), None, in_k)
+    in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
+    inside = rt.mask((1, block_k), None, in_k)
 
     def accumulate(index, running):
         (sum_m_running,) = running
         start = index * block_m
-        in_m = _inside(start, block_m, m)
-        x = _load(x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_k), in_m, in_k))
-        mean_k = _load(mean_k_ref.at[pl.ds(start, block_m), :], _mask((block_m, 1), in_m, None))
-        dlhs = _load(dlhs_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_k), in_m, in_k))
+        in_m = rt.inside(start, block_m, m)
+        x = rt.load(x_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_k), in_m, in_k))
+        mean_k = rt.load(mean_k_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, 1), in_m, None))
+        dlhs = rt.load(
+            dlhs_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_k), in_m, in_k)
+        )
         h = x.astype(jnp.float32)
         lhs_1 = mean_k + 1e-06
         lhs_2 = jax.lax.rsqrt(lhs_1)
@@ -18275,7 +17229,7 @@ def _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel(
         dlhs_1 = dlhs.astype(jnp.float32)
         sum_m_block = dlhs_1 * lhs_3
         if m % block_m:  # a ragged M: its identity past the end, never padding
-            sum_m_block = _fill_past(sum_m_block, start, m, 0, 0.0)
+            sum_m_block = rt.fill_past(sum_m_block, start, m, 0, 0.0)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
         return (sum_m_running,)
 
@@ -18283,7 +17237,7 @@ def _rmsnorm_matmul_lhs_backward_over_m_gpu_kernel(
         0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_k), 0.0, jnp.float32),)
     )
     sum_m = sum_m_running
-    _store(dg_ref, sum_m, inside)
+    rt.store(dg_ref, sum_m, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_k, num_warps, num_stages) for a
@@ -18297,7 +17251,7 @@ def _rmsnorm_matmul_lhs_backward_over_m_gpu(
     x, mean_k, dlhs, *, m, k, block_m, block_k, num_warps, num_stages, interpret
 ):
     """`rmsnorm_matmul_lhs_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, num_warps, num_stages = _gpu_options(
+    block_m, block_k, num_warps, num_stages = rt.gpu_options(
         _rmsnorm_matmul_lhs_backward_over_m_gpu_options,
         (m, k),
         (block_m, block_k, num_warps, num_stages),
@@ -18340,9 +17294,9 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu_kernel(
     def reduce_1(indices, x_smem, mean_k_smem, dlhs_smem, carry):
         (sum_m_running,) = carry
         start = indices[0] * block_m
-        x = _mgpu_load(x_smem, (block_m, block_k), (0, 1))
-        mean_k = _mgpu_load(mean_k_smem, (block_m, block_k), (0,))
-        dlhs = _mgpu_load(dlhs_smem, (block_m, block_k), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_k), (0, 1))
+        mean_k = rt.mgpu_load(mean_k_smem, (block_m, block_k), (0,))
+        dlhs = rt.mgpu_load(dlhs_smem, (block_m, block_k), (0, 1))
         h = x.astype(jnp.float32)
         lhs_1 = mean_k + 1e-06
         lhs_2 = jax.lax.rsqrt(lhs_1)
@@ -18351,7 +17305,7 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu_kernel(
         sum_m_block = dlhs_1 * lhs_3
         if m % block_m:  # a ragged M: its identity past the end
             sum_m_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_k), 0) < m, sum_m_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_k), 0) < m, sum_m_block, 0.0
             )
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
@@ -18363,17 +17317,17 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_k),
                 lambda s: (s, program_k),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
             ),
             plgpu.BlockSpec((block_m,), lambda s: (s,)),
             plgpu.BlockSpec(
                 (block_m, block_k),
                 lambda s: (s, program_k),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
             ),
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_k, 0.0, jnp.float32, 1),),
+        init_carry=(rt.mgpu_full(block_k, 0.0, jnp.float32, 1),),
     )(x_ref, mean_k_ref, dlhs_ref)
     sum_m = sum_m_running
     dg = sum_m
@@ -18393,10 +17347,10 @@ def _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu(x, mean_k, dlhs, *, m, k, int
     block_k = 128
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
-    x = _mgpu_pad(x, (padded_m, padded_k))
+    x = rt.mgpu_pad(x, (padded_m, padded_k))
     mean_k = mean_k.reshape((m,))
-    mean_k = _mgpu_pad(mean_k, (padded_m,))
-    dlhs = _mgpu_pad(dlhs, (padded_m, padded_k))
+    mean_k = rt.mgpu_pad(mean_k, (padded_m,))
+    dlhs = rt.mgpu_pad(dlhs, (padded_m, padded_k))
     (dg,) = plgpu.kernel(
         functools.partial(
             _rmsnorm_matmul_lhs_backward_over_m_mosaic_gpu_kernel,

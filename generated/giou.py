@@ -4,381 +4,23 @@
 
 Each kernel `NAME(...)` comes with `NAME_reference(...)`, the same computation in
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
-Pallas interpret mode unless `interpret` says otherwise.
+Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
+the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 """
 
 import functools
-import warnings
 
 import jax
-import jax.extend.core
-import jax.interpreters.batching
-import jax.interpreters.mlir
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
-try:
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-except ImportError:  # jax 0.10.2 imports it only with absl-py (pallasgen's jax extra brings it)
-    plgpu = None
+from pallasgen.runtime import support as rt
+from pallasgen.runtime.support import plgpu
 
-# jax 0.11+ warns at every Triton lowering that Pallas's Triton backend is deprecated. The
-# GPU kernels here use it knowingly until they move to Mosaic GPU: silence that one warning.
-warnings.filterwarnings(
-    "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
-)
 
-
-def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
-    """The GPU kernel that `gpu_backend` names: Triton's, or Mosaic GPU's where the kernel
-    has one (`mosaic_gpu` None: it has not, and runs on Triton)."""
-    if gpu_backend not in ("triton", "mosaic_gpu"):
-        raise ValueError(
-            f'{kernel}: gpu_backend must be "triton" or "mosaic_gpu", got {gpu_backend!r}'
-        )
-    if gpu_backend == "triton" or mosaic_gpu is None:
-        return triton
-
-    def on_mosaic_gpu(*arrays, **keywords):  # called only where the module lowers for CUDA
-        if plgpu is None:
-            raise ImportError(
-                f'{kernel}: gpu_backend="mosaic_gpu" needs absl-py on jax 0.10.2 (pip install absl-py)'
-            )
-        return mosaic_gpu(*arrays, **keywords)
-
-    return on_mosaic_gpu
-
-
-def _gpu_device_kind():
-    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
-    default device's if it is a GPU, else the first GPU's (None without one)."""
-    device = jax.config.jax_default_device
-    if getattr(device, "platform", None) == "gpu":
-        return device.device_kind
-    try:
-        return jax.devices("gpu")[0].device_kind
-    except RuntimeError:  # no GPU backend
-        return None
-
-
-def _gpu_options(table, sizes, given):
-    """The blocks and launch options of a GPU call (Triton's, or Mosaic GPU's blocks and
-    stages): those `given` (not None) as they are, the others from `table`: for the GPU
-    compiled for (see `_gpu_device_kind`), the tuned entry whose sizes are nearest the
-    call's (in powers of two), else the built-in ones, `table[None]`."""
-
-    def distance(tuned_sizes):
-        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
-
-    if None not in given:
-        return given
-    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
-    tuned = table.get(kind) if kind is not None else None
-    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
-    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
-
-
-def _mgpu_pad(array, shape):
-    """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
-    if array.shape == shape:
-        return array
-    return jnp.pad(array, [(0, padded - size) for size, padded in zip(array.shape, shape)])
-
-
-def _mgpu_swizzled(dtype, columns):
-    """The shared-memory tiling and swizzle of a 2-D block `columns` wide, as wgmma and
-    the WGMMA register layout read it."""
-    swizzle = plgpu.find_swizzle(columns * jnp.dtype(dtype).itemsize * 8)
-    return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(
-        swizzle
-    )
-
-
-def _mgpu_load(ref, shape, dims):
-    """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
-    along `dims` (its position in `shape`) in the layout's row or column, broadcast."""
-    if len(dims) == len(shape):
-        return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
-    vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
-    return jax.lax.broadcast_in_dim(vector, shape, dims)
-
-
-def _on_platform(tpu, gpu, interpret, *arrays):
-    """Runs the kernel built for the platform being compiled for.
-
-    The choice follows the lowering platform, not the host, so ahead-of-time compiles
-    and exports (for one platform, or for several at once) get the right kernel: Mosaic
-    on TPU, Triton on NVIDIA GPUs, and
-    elsewhere (CPU) the TPU kernel in interpret mode, or compiled if `interpret` is
-    False. A true `interpret` (or `pltpu.InterpretParams`) interprets the TPU kernel
-    on every platform.
-    """
-    if interpret:
-        return tpu(*arrays, interpret=interpret)
-    return _platform_dependent(
-        arrays,
-        tpu=functools.partial(tpu, interpret=False),
-        cuda=functools.partial(gpu, interpret=False),
-        default=functools.partial(tpu, interpret=interpret is None),
-    )
-
-
-def _platform_dependent(arrays, **kernels):
-    """`jax.lax.platform_dependent(*arrays, tpu=..., cuda=..., default=...)`, except that
-    each platform lowers only its own kernel.
-
-    `jax.lax.platform_dependent` lowers every branch for every platform that a module is
-    lowered for, and a Mosaic kernel does not lower for CUDA, nor a Triton kernel for
-    TPU: `jax.export.export(NAME, platforms=("tpu", "cuda"))` would fail. Here each
-    platform has its own lowering rule (see `_platform_dependent_primitive`), so the
-    exported module holds the Mosaic kernel for TPU and the Triton kernel for CUDA.
-    Tracing the default kernel gives the outputs' shapes and runs its call-time checks.
-    """
-    outputs, tree = jax.tree.flatten(jax.eval_shape(kernels["default"], *arrays))
-    results = _platform_dependent_p.bind(*arrays, outputs=tuple(outputs), **kernels)
-    return jax.tree.unflatten(tree, results)
-
-
-def _platform_dependent_primitive():
-    """The primitive behind `_platform_dependent`, with one lowering rule per platform.
-
-    Its parameters: `tpu`, `cuda` and `default`, the kernel for each platform (a
-    function of the arrays that returns a pytree of arrays), and `outputs`, the
-    jax.ShapeDtypeStruct of each leaf of that pytree.
-    """
-    primitive = jax.extend.core.Primitive("platform_dependent_kernel")
-    primitive.multiple_results = True
-
-    def abstract_eval(*arrays, outputs, **kernels):
-        return [jax.core.ShapedArray(output.shape, output.dtype) for output in outputs]
-
-    def lowering(platform):
-        def kernel_leaves(*arrays, outputs, **kernels):
-            return jax.tree.leaves(kernels[platform](*arrays))
-
-        return jax.interpreters.mlir.lower_fun(kernel_leaves, multiple_results=True)
-
-    def run_outside_jit(*arrays, outputs, **kernels):  # as under `jax.disable_jit()`
-        return jax.tree.leaves(jax.lax.platform_dependent(*arrays, **kernels))
-
-    def vmapped(arrays, axes, *, outputs, **kernels):
-        kernels = {name: jax.vmap(kernel, in_axes=axes) for name, kernel in kernels.items()}
-        results = jax.tree.leaves(_platform_dependent(arrays, **kernels))
-        return results, [0] * len(results)
-
-    primitive.def_abstract_eval(abstract_eval)
-    primitive.def_impl(run_outside_jit)
-    jax.interpreters.mlir.register_lowering(primitive, lowering("tpu"), platform="tpu")
-    jax.interpreters.mlir.register_lowering(primitive, lowering("cuda"), platform="cuda")
-    jax.interpreters.mlir.register_lowering(primitive, lowering("default"))  # any other platform
-    jax.interpreters.batching.primitive_batchers[primitive] = vmapped
-    return primitive
-
-
-_platform_dependent_p = _platform_dependent_primitive()
-
-
-def _differentiable(forward, backward, *arrays, saving=None):
-    """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
-    from what the forward pass saves (the arrays; or, given `saving`, what it returns
-    beside the outputs) and the cotangents of the outputs, it gives one cotangent per
-    array, or None for none (float0 for an integer array)."""
-    call = jax.custom_vjp(forward)
-    call.defvjp(saving or (lambda *arrays: (forward(*arrays), arrays)), backward)
-    return call(*arrays)
-
-
-def _operands(kernel, operands):
-    """The operands as arrays, each checked for its dtype and rank, and the size of each
-    named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
-    arrays, sizes = [], {}
-    for name, (value, dtype, dims) in operands.items():
-        try:
-            array = jnp.asarray(value)
-        except (TypeError, ValueError) as error:
-            raise TypeError(
-                f"{kernel}: {name} is not an array, nor converts to one ({error})"
-            ) from None
-        if array.dtype != dtype:
-            raise TypeError(f"{kernel}: {name} must be {jnp.dtype(dtype).name}, got {array.dtype}")
-        if array.ndim != len(dims):
-            raise ValueError(
-                f"{kernel}: {name} must have dimensions [{', '.join(dims)}], got shape {array.shape}"
-            )
-        for dim, size in zip(dims, array.shape):
-            if sizes.setdefault(dim, size) != size:
-                raise ValueError(
-                    f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
-                )
-        arrays.append(array)
-    return arrays, sizes
-
-
-def _check_blocks(kernel, may_be_none=False, **blocks):
-    """Refuses a block keyword whose value is not a positive int. None, where a block
-    `may_be_none`, leaves the choice of the block to the kernel."""
-    for keyword, block in blocks.items():
-        if block is None and may_be_none:
-            continue
-        if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
-            expected = "a positive int or None" if may_be_none else "a positive int"
-            raise ValueError(f"{kernel}: {keyword} must be {expected}, got {block!r}")
-
-
-def _without_elements(reference, outputs, *arrays, **params):
-    """The result of a call where a dimension has size 0, as jax.numpy gives it: empty
-    arrays of the `outputs`' (shape, dtype), or, where an output still has elements (it
-    reduces over the empty dimension), what the reference computes."""
-    if any(0 not in shape for shape, _ in outputs):
-        return reference(*arrays, **params)
-    empty = tuple(jnp.zeros(shape, dtype) for shape, dtype in outputs)
-    return empty if len(empty) > 1 else empty[0]
-
-
-def _check_tiling(kernel, **blocks):
-    """Refuses TPU blocks that Mosaic cannot tile, before anything compiles.
-
-    Each keyword maps to (block, size, multiple, rule[, smallest power of two]): a block
-    is legal when it covers its whole dimension, is a multiple of `multiple`, or (for
-    one-dimensional arrays) a power of two of at least the smallest one given.
-    """
-    for keyword, (block, size, multiple, rule, *smallest) in blocks.items():
-        if block == size or block % multiple == 0:
-            continue
-        if smallest and block >= smallest[0] and block & (block - 1) == 0:
-            continue
-        raise ValueError(
-            f"{kernel}: {keyword}={block} breaks the TPU tiling rule: {rule}; use"
-            f" {-(-block // multiple) * multiple} or a block of the whole dimension ({size})"
-        )
-
-
-def _tpu_chip():
-    """The TPU generation being compiled for, as tuning tables name it, or None.
-
-    It is the default device's: a TPU's, or under `jax.default_device(...)` that of a
-    compile-only TPU topology (ahead-of-time compiles on a host without a TPU).
-    """
-    device = jax.config.jax_default_device
-    if not hasattr(device, "device_kind"):
-        device = jax.devices(device)[0]
-    return {"TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}.get(
-        device.device_kind
-    )
-
-
-def _tpu_blocks(table, sizes, given, grow=None):
-    """The blocks of a TPU call: those `given` (not None) as they are, the others from
-    `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
-    are nearest the call's (in powers of two), else the chip's default. Any other
-    chip, and CPU, takes `table[None]`, the spec's blocks.
-
-    A kernel without a matrix product passes `grow` (see `_grown`), which grows a
-    chip's default blocks not given to large steps.
-    """
-
-    def distance(tuned_sizes):
-        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
-
-    if None not in given:
-        return given
-    chip = _tpu_chip()
-    known = chip is not None and chip in table
-    entries = table[chip if known else None]
-    tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
-    chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
-    blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
-    if grow is not None and known and not tuned:
-        blocks = grow(blocks, [block is None for block in given])
-    return tuple(blocks)
-
-
-def _grown(blocks, free, bounds, step):
-    """`blocks` with the `free` ones doubled in turn, the last first, while smaller than
-    their dimension (`bounds`) and while a grid step (`step(*blocks)`: its elements and
-    VMEM bytes) stays within 2**20 elements and 32 MiB. A step costs a fixed ~600
-    cycles, so a memory-bound kernel wants few, large steps; doubling keeps a block legal.
-    """
-    grew = True
-    while grew:
-        grew = False
-        for i in reversed(range(len(blocks))):
-            if not free[i] or blocks[i] >= bounds[i]:
-                continue
-            trial = [*blocks[:i], 2 * blocks[i], *blocks[i + 1 :]]
-            elements, vmem = step(*trial)
-            if elements <= 2**20 and vmem <= 32 * 2**20:
-                blocks, grew = trial, True
-    return blocks
-
-
-def _vmem_limit(needed):
-    """The scoped VMEM limit for TPU blocks that need `needed` bytes.
-
-    None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
-    blocks would fail to compile, so they ask for twice what they need, at most 100 MiB of
-    the 128 MiB a v5e or v6e core has. Not more: compiled for libtpu's cost estimate, blocks
-    of 28 MiB that asked for 100 MiB ran out of VMEM (the ask counted beside the use).
-    """
-    return None if needed <= 16 * 2**20 else min(2 * needed, 100 * 2**20)
-
-
-def _inside(start, block, size):
-    """Which of `block` positions from `start` lie inside a dimension of `size`.
-
-    None when blocks tile the dimension exactly: aligned sizes load and store unmasked.
-    """
-    if size % block == 0:
-        return None
-    return start + jnp.arange(block) < size
-
-
-def _mask(shape, *inside):
-    """A block's mask from one `_inside` per axis (None: that axis never overhangs)."""
-    mask = None
-    for axis, along in enumerate(inside):
-        if along is not None:
-            along = jax.lax.broadcast_in_dim(along, shape, (axis,))
-            mask = along if mask is None else mask & along
-    return mask
-
-
-def _load(ref, mask, other=None):
-    """A GPU block, masked where `mask` says (None: the block fits, so a plain load)."""
-    if mask is None:
-        return ref[...]
-    return pltriton.load(ref, mask=mask, other=other)
-
-
-def _store(ref, value, mask):
-    """Stores a GPU block, masked where `mask` says (None: the block fits)."""
-    if mask is None:
-        ref[...] = value
-    else:
-        pltriton.store(ref, value, mask=mask)
-
-
-def _nbytes(*arrays):
-    """Bytes of the given arrays, for the kernel's cost estimate."""
-    return sum(array.size * array.dtype.itemsize for array in arrays)
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_b",
-        "block_n",
-        "gpu_block_b",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "eps",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def giou(
     ax1,
     ay1,
@@ -415,21 +57,18 @@ def giou(
       by2: f32[B, N].
       block_b, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_giou_tpu_blocks),
-        grown to large steps (_grown), else 256, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+        grown to large steps (rt.grown), else 256, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       eps: a static f32 (default 1e-07).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       giou: f32[B, N].
 
     Gradients: jax.grad runs the generated backward kernels giou_backward (_giou_vjp).
     """
-    (ax1, ay1, ax2, ay2, bx1, by1, bx2, by2), sizes = _operands(
+    (ax1, ay1, ax2, ay2, bx1, by1, bx2, by2), sizes = rt.operands(
         "giou",
         {
             "ax1": (ax1, jnp.float32, ("B", "N")),
@@ -442,12 +81,17 @@ def giou(
             "by2": (by2, jnp.float32, ("B", "N")),
         },
     )
-    _check_blocks("giou", block_b=block_b, block_n=block_n, may_be_none=True)
-    _check_blocks("giou", gpu_block_b=gpu_block_b, gpu_block_n=gpu_block_n, may_be_none=True)
-    b = sizes["B"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "giou",
+        block_b=block_b,
+        block_n=block_n,
+        gpu_block_b=gpu_block_b,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    b, n = sizes["B"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             giou_reference,
             (((b, n), jnp.float32),),
             ax1,
@@ -460,7 +104,7 @@ def giou(
             by2,
             eps=eps,
         )
-    return _differentiable(
+    return rt.differentiable(
         functools.partial(
             _giou_forward,
             b=b,
@@ -525,32 +169,23 @@ def _giou_forward(
     interpret,
 ):
     """`giou` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
-        functools.partial(_giou_tpu, b=b, n=n, block_b=block_b, block_n=block_n, eps=eps),
-        _gpu_kernel(
-            "giou",
-            gpu_backend,
-            functools.partial(
-                _giou_gpu,
-                b=b,
-                n=n,
-                block_b=gpu_block_b,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                eps=eps,
-            ),
-            functools.partial(_giou_mosaic_gpu, b=b, n=n, eps=eps),
+    return rt.on_platform(
+        "giou",
+        (ax1, ay1, ax2, ay2, bx1, by1, bx2, by2),
+        tpu=functools.partial(_giou_tpu, b=b, n=n, block_b=block_b, block_n=block_n, eps=eps),
+        triton=functools.partial(
+            _giou_gpu,
+            b=b,
+            n=n,
+            block_b=gpu_block_b,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            eps=eps,
         ),
-        interpret,
-        ax1,
-        ay1,
-        ax2,
-        ay2,
-        bx1,
-        by1,
-        bx2,
-        by2,
+        mosaic_gpu=functools.partial(_giou_mosaic_gpu, b=b, n=n, eps=eps),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -615,19 +250,19 @@ _giou_tpu_blocks = {
 
 def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n, eps, interpret):
     """`giou` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_b, block_n = _tpu_blocks(
+    block_b, block_n = rt.tpu_blocks(
         _giou_tpu_blocks,
         (b, n),
         (block_b, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(b, n),
             step=lambda block_b, block_n: (block_b * block_n, 100 * block_b * block_n),
         ),
     )
     block_b = min(block_b, b)  # a small B is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "giou",
         block_b=(
             block_b,
@@ -670,12 +305,12 @@ def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n,
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(100 * block_b * block_n),
+            vmem_limit_bytes=rt.vmem_limit(100 * block_b * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=30 * b * n,
             transcendentals=0,
-            bytes_accessed=_nbytes(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2) + b * n * 4,
+            bytes_accessed=rt.nbytes(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2) + b * n * 4,
         ),
         interpret=interpret,
         name="giou",
@@ -700,17 +335,17 @@ def _giou_gpu_kernel(
     eps,
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_b = _inside(pl.program_id(0) * block_b, block_b, b)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_b, block_n), in_b, in_n)
-    ax1 = _load(ax1_ref, inside)
-    ay1 = _load(ay1_ref, inside)
-    ax2 = _load(ax2_ref, inside)
-    ay2 = _load(ay2_ref, inside)
-    bx1 = _load(bx1_ref, inside)
-    by1 = _load(by1_ref, inside)
-    bx2 = _load(bx2_ref, inside)
-    by2 = _load(by2_ref, inside)
+    in_b = rt.inside(pl.program_id(0) * block_b, block_b, b)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_b, block_n), in_b, in_n)
+    ax1 = rt.load(ax1_ref, inside)
+    ay1 = rt.load(ay1_ref, inside)
+    ax2 = rt.load(ax2_ref, inside)
+    ay2 = rt.load(ay2_ref, inside)
+    bx1 = rt.load(bx1_ref, inside)
+    by1 = rt.load(by1_ref, inside)
+    bx2 = rt.load(bx2_ref, inside)
+    by2 = rt.load(by2_ref, inside)
     area_a = (ax2 - ax1) * (ay2 - ay1)
     area_b = (bx2 - bx1) * (by2 - by1)
     inter_w = jnp.maximum(jnp.minimum(ax2, bx2) - jnp.maximum(ax1, bx1), 0.0)
@@ -720,7 +355,7 @@ def _giou_gpu_kernel(
     hull = (jnp.maximum(ax2, bx2) - jnp.minimum(ax1, bx1)) * (
         jnp.maximum(ay2, by2) - jnp.minimum(ay1, by1)
     )
-    _store(giou_ref, inter / (union + eps) - (hull - union) / (hull + eps), inside)
+    rt.store(giou_ref, inter / (union + eps) - (hull - union) / (hull + eps), inside)
 
 
 # GPU (Triton) blocks and launch options (block_b, block_n, num_warps, num_stages) for a
@@ -750,7 +385,7 @@ def _giou_gpu(
     interpret,
 ):
     """`giou` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_b, block_n, num_warps, num_stages = _gpu_options(
+    block_b, block_n, num_warps, num_stages = rt.gpu_options(
         _giou_gpu_options, (b, n), (block_b, block_n, num_warps, num_stages)
     )
     block_b = min(block_b, pl.next_power_of_2(b))  # a small B is one block
@@ -807,14 +442,14 @@ def _giou_mosaic_gpu_kernel(
     def step(
         _, ax1_smem, ay1_smem, ax2_smem, ay2_smem, bx1_smem, by1_smem, bx2_smem, by2_smem, giou_smem
     ):
-        ax1 = _mgpu_load(ax1_smem, (block_b, block_n), (0, 1))
-        ay1 = _mgpu_load(ay1_smem, (block_b, block_n), (0, 1))
-        ax2 = _mgpu_load(ax2_smem, (block_b, block_n), (0, 1))
-        ay2 = _mgpu_load(ay2_smem, (block_b, block_n), (0, 1))
-        bx1 = _mgpu_load(bx1_smem, (block_b, block_n), (0, 1))
-        by1 = _mgpu_load(by1_smem, (block_b, block_n), (0, 1))
-        bx2 = _mgpu_load(bx2_smem, (block_b, block_n), (0, 1))
-        by2 = _mgpu_load(by2_smem, (block_b, block_n), (0, 1))
+        ax1 = rt.mgpu_load(ax1_smem, (block_b, block_n), (0, 1))
+        ay1 = rt.mgpu_load(ay1_smem, (block_b, block_n), (0, 1))
+        ax2 = rt.mgpu_load(ax2_smem, (block_b, block_n), (0, 1))
+        ay2 = rt.mgpu_load(ay2_smem, (block_b, block_n), (0, 1))
+        bx1 = rt.mgpu_load(bx1_smem, (block_b, block_n), (0, 1))
+        by1 = rt.mgpu_load(by1_smem, (block_b, block_n), (0, 1))
+        bx2 = rt.mgpu_load(bx2_smem, (block_b, block_n), (0, 1))
+        by2 = rt.mgpu_load(by2_smem, (block_b, block_n), (0, 1))
         area_a = (ax2 - ax1) * (ay2 - ay1)
         area_b = (bx2 - bx1) * (by2 - by1)
         inter_w = jnp.maximum(jnp.minimum(ax2, bx2) - jnp.maximum(ax1, bx1), 0.0)
@@ -833,49 +468,49 @@ def _giou_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_b, block_n),
                 lambda _: (program_b, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_b, block_n),
                 lambda _: (program_b, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_b, block_n),
                 lambda _: (program_b, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_b, block_n),
                 lambda _: (program_b, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_b, block_n),
                 lambda _: (program_b, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_b, block_n),
                 lambda _: (program_b, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_b, block_n),
                 lambda _: (program_b, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_b, block_n),
                 lambda _: (program_b, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_b, block_n),
                 lambda _: (program_b, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
     )(ax1_ref, ay1_ref, ax2_ref, ay2_ref, bx1_ref, by1_ref, bx2_ref, by2_ref, giou_ref)
@@ -891,14 +526,14 @@ def _giou_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, eps, inter
     block_n = 64
     padded_b = b + -b % 8
     padded_n = n + -n % block_n
-    ax1 = _mgpu_pad(ax1, (padded_b, padded_n))
-    ay1 = _mgpu_pad(ay1, (padded_b, padded_n))
-    ax2 = _mgpu_pad(ax2, (padded_b, padded_n))
-    ay2 = _mgpu_pad(ay2, (padded_b, padded_n))
-    bx1 = _mgpu_pad(bx1, (padded_b, padded_n))
-    by1 = _mgpu_pad(by1, (padded_b, padded_n))
-    bx2 = _mgpu_pad(bx2, (padded_b, padded_n))
-    by2 = _mgpu_pad(by2, (padded_b, padded_n))
+    ax1 = rt.mgpu_pad(ax1, (padded_b, padded_n))
+    ay1 = rt.mgpu_pad(ay1, (padded_b, padded_n))
+    ax2 = rt.mgpu_pad(ax2, (padded_b, padded_n))
+    ay2 = rt.mgpu_pad(ay2, (padded_b, padded_n))
+    bx1 = rt.mgpu_pad(bx1, (padded_b, padded_n))
+    by1 = rt.mgpu_pad(by1, (padded_b, padded_n))
+    bx2 = rt.mgpu_pad(bx2, (padded_b, padded_n))
+    by2 = rt.mgpu_pad(by2, (padded_b, padded_n))
     (giou,) = plgpu.kernel(
         functools.partial(_giou_mosaic_gpu_kernel, block_b=block_b, block_n=block_n, eps=eps),
         out_type=(jax.ShapeDtypeStruct((padded_b, padded_n), jnp.float32),),
@@ -909,20 +544,7 @@ def _giou_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, eps, inter
     return giou[:b, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_b",
-        "block_n",
-        "gpu_block_b",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "eps",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def giou_backward(
     ax1,
     ay1,
@@ -959,19 +581,16 @@ def giou_backward(
       dgiou: f32[B, N].
       block_b, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_giou_backward_tpu_blocks),
-        grown to large steps (_grown), else 256, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+        grown to large steps (rt.grown), else 256, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       eps: a static f32 (default 1e-07).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dax1: f32[B, N]; day1: f32[B, N]; dax2: f32[B, N]; day2: f32[B, N]; dbx1: f32[B, N]; dby1: f32[B, N]; dbx2: f32[B, N]; dby2: f32[B, N].
     """
-    (ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou), sizes = _operands(
+    (ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou), sizes = rt.operands(
         "giou_backward",
         {
             "ax1": (ax1, jnp.float32, ("B", "N")),
@@ -985,14 +604,17 @@ def giou_backward(
             "dgiou": (dgiou, jnp.float32, ("B", "N")),
         },
     )
-    _check_blocks("giou_backward", block_b=block_b, block_n=block_n, may_be_none=True)
-    _check_blocks(
-        "giou_backward", gpu_block_b=gpu_block_b, gpu_block_n=gpu_block_n, may_be_none=True
+    rt.check_blocks(
+        "giou_backward",
+        block_b=block_b,
+        block_n=block_n,
+        gpu_block_b=gpu_block_b,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
-    b = sizes["B"]
-    n = sizes["N"]
+    b, n = sizes["B"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             giou_backward_reference,
             (
                 ((b, n), jnp.float32),
@@ -1015,33 +637,25 @@ def giou_backward(
             dgiou,
             eps=eps,
         )
-    return _on_platform(
-        functools.partial(_giou_backward_tpu, b=b, n=n, block_b=block_b, block_n=block_n, eps=eps),
-        _gpu_kernel(
-            "giou_backward",
-            gpu_backend,
-            functools.partial(
-                _giou_backward_gpu,
-                b=b,
-                n=n,
-                block_b=gpu_block_b,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                eps=eps,
-            ),
-            functools.partial(_giou_backward_mosaic_gpu, b=b, n=n, eps=eps),
+    return rt.on_platform(
+        "giou_backward",
+        (ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou),
+        tpu=functools.partial(
+            _giou_backward_tpu, b=b, n=n, block_b=block_b, block_n=block_n, eps=eps
         ),
-        interpret,
-        ax1,
-        ay1,
-        ax2,
-        ay2,
-        bx1,
-        by1,
-        bx2,
-        by2,
-        dgiou,
+        triton=functools.partial(
+            _giou_backward_gpu,
+            b=b,
+            n=n,
+            block_b=gpu_block_b,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            eps=eps,
+        ),
+        mosaic_gpu=functools.partial(_giou_backward_mosaic_gpu, b=b, n=n, eps=eps),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -1275,19 +889,19 @@ def _giou_backward_tpu(
     ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, b, n, block_b, block_n, eps, interpret
 ):
     """`giou_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_b, block_n = _tpu_blocks(
+    block_b, block_n = rt.tpu_blocks(
         _giou_backward_tpu_blocks,
         (b, n),
         (block_b, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(b, n),
             step=lambda block_b, block_n: (block_b * block_n, 316 * block_b * block_n),
         ),
     )
     block_b = min(block_b, b)  # a small B is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "giou_backward",
         block_b=(
             block_b,
@@ -1369,12 +983,12 @@ def _giou_backward_tpu(
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(316 * block_b * block_n),
+            vmem_limit_bytes=rt.vmem_limit(316 * block_b * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=165 * b * n,
             transcendentals=0,
-            bytes_accessed=_nbytes(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou)
+            bytes_accessed=rt.nbytes(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou)
             + b * n * 4
             + b * n * 4
             + b * n * 4
@@ -1415,18 +1029,18 @@ def _giou_backward_gpu_kernel(
     eps,
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_b = _inside(pl.program_id(0) * block_b, block_b, b)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_b, block_n), in_b, in_n)
-    ax1 = _load(ax1_ref, inside)
-    ay1 = _load(ay1_ref, inside)
-    ax2 = _load(ax2_ref, inside)
-    ay2 = _load(ay2_ref, inside)
-    bx1 = _load(bx1_ref, inside)
-    by1 = _load(by1_ref, inside)
-    bx2 = _load(bx2_ref, inside)
-    by2 = _load(by2_ref, inside)
-    dgiou = _load(dgiou_ref, inside)
+    in_b = rt.inside(pl.program_id(0) * block_b, block_b, b)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_b, block_n), in_b, in_n)
+    ax1 = rt.load(ax1_ref, inside)
+    ay1 = rt.load(ay1_ref, inside)
+    ax2 = rt.load(ax2_ref, inside)
+    ay2 = rt.load(ay2_ref, inside)
+    bx1 = rt.load(bx1_ref, inside)
+    by1 = rt.load(by1_ref, inside)
+    bx2 = rt.load(bx2_ref, inside)
+    by2 = rt.load(by2_ref, inside)
+    dgiou = rt.load(dgiou_ref, inside)
     area_a_1 = ax2 - ax1
     area_a_2 = ay2 - ay1
     area_a = area_a_1 * area_a_2
@@ -1476,56 +1090,56 @@ def _giou_backward_gpu_kernel(
     darea_b_2 = dunion * area_b_1
     darea_a_1 = dunion * area_a_2
     darea_a_2 = dunion * area_a_1
-    _store(
+    rt.store(
         dax1_ref,
         jnp.where(ax1 == hull_2, jnp.where(bx1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
         + jnp.where(ax1 == inter_w_2, jnp.where(bx1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0)
         + -darea_a_1,
         inside,
     )
-    _store(
+    rt.store(
         day1_ref,
         jnp.where(ay1 == hull_5, jnp.where(by1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
         + jnp.where(ay1 == inter_h_2, jnp.where(by1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0)
         + -darea_a_2,
         inside,
     )
-    _store(
+    rt.store(
         dax2_ref,
         jnp.where(ax2 == hull_1, jnp.where(bx2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
         + jnp.where(ax2 == inter_w_1, jnp.where(bx2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0)
         + darea_a_1,
         inside,
     )
-    _store(
+    rt.store(
         day2_ref,
         jnp.where(ay2 == hull_4, jnp.where(by2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
         + jnp.where(ay2 == inter_h_1, jnp.where(by2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0)
         + darea_a_2,
         inside,
     )
-    _store(
+    rt.store(
         dbx1_ref,
         jnp.where(bx1 == hull_2, jnp.where(ax1 == hull_2, 0.5 * dhull_2, dhull_2), 0)
         + jnp.where(bx1 == inter_w_2, jnp.where(ax1 == inter_w_2, 0.5 * dinter_w_2, dinter_w_2), 0)
         + -darea_b_1,
         inside,
     )
-    _store(
+    rt.store(
         dby1_ref,
         jnp.where(by1 == hull_5, jnp.where(ay1 == hull_5, 0.5 * dhull_4, dhull_4), 0)
         + jnp.where(by1 == inter_h_2, jnp.where(ay1 == inter_h_2, 0.5 * dinter_h_2, dinter_h_2), 0)
         + -darea_b_2,
         inside,
     )
-    _store(
+    rt.store(
         dbx2_ref,
         jnp.where(bx2 == hull_1, jnp.where(ax2 == hull_1, 0.5 * dhull_1, dhull_1), 0)
         + jnp.where(bx2 == inter_w_1, jnp.where(ax2 == inter_w_1, 0.5 * dinter_w_1, dinter_w_1), 0)
         + darea_b_1,
         inside,
     )
-    _store(
+    rt.store(
         dby2_ref,
         jnp.where(by2 == hull_4, jnp.where(ay2 == hull_4, 0.5 * dhull_3, dhull_3), 0)
         + jnp.where(by2 == inter_h_1, jnp.where(ay2 == inter_h_1, 0.5 * dinter_h_1, dinter_h_1), 0)
@@ -1562,7 +1176,7 @@ def _giou_backward_gpu(
     interpret,
 ):
     """`giou_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_b, block_n, num_warps, num_stages = _gpu_options(
+    block_b, block_n, num_warps, num_stages = rt.gpu_options(
         _giou_backward_gpu_options, (b, n), (block_b, block_n, num_warps, num_stages)
     )
     block_b = min(block_b, pl.next_power_of_2(b))  # a small B is one block
@@ -1673,15 +1287,15 @@ def _giou_backward_mosaic_gpu_kernel(
         dbx2_smem,
         dby2_smem,
     ):
-        ax1 = _mgpu_load(ax1_smem, (block_b, block_n), (0, 1))
-        ay1 = _mgpu_load(ay1_smem, (block_b, block_n), (0, 1))
-        ax2 = _mgpu_load(ax2_smem, (block_b, block_n), (0, 1))
-        ay2 = _mgpu_load(ay2_smem, (block_b, block_n), (0, 1))
-        bx1 = _mgpu_load(bx1_smem, (block_b, block_n), (0, 1))
-        by1 = _mgpu_load(by1_smem, (block_b, block_n), (0, 1))
-        bx2 = _mgpu_load(bx2_smem, (block_b, block_n), (0, 1))
-        by2 = _mgpu_load(by2_smem, (block_b, block_n), (0, 1))
-        dgiou = _mgpu_load(dgiou_smem, (block_b, block_n), (0, 1))
+        ax1 = rt.mgpu_load(ax1_smem, (block_b, block_n), (0, 1))
+        ay1 = rt.mgpu_load(ay1_smem, (block_b, block_n), (0, 1))
+        ax2 = rt.mgpu_load(ax2_smem, (block_b, block_n), (0, 1))
+        ay2 = rt.mgpu_load(ay2_smem, (block_b, block_n), (0, 1))
+        bx1 = rt.mgpu_load(bx1_smem, (block_b, block_n), (0, 1))
+        by1 = rt.mgpu_load(by1_smem, (block_b, block_n), (0, 1))
+        bx2 = rt.mgpu_load(bx2_smem, (block_b, block_n), (0, 1))
+        by2 = rt.mgpu_load(by2_smem, (block_b, block_n), (0, 1))
+        dgiou = rt.mgpu_load(dgiou_smem, (block_b, block_n), (0, 1))
         area_a_1 = ax2 - ax1
         area_a_2 = ay2 - ay1
         area_a = area_a_1 * area_a_2
@@ -1795,89 +1409,89 @@ def _giou_backward_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_b, block_n),
                 lambda _: (program_b, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_b, block_n),
                 lambda _: (program_b, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_b, block_n),
                 lambda _: (program_b, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_b, block_n),
                 lambda _: (program_b, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_b, block_n),
                 lambda _: (program_b, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_b, block_n),
                 lambda _: (program_b, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_b, block_n),
                 lambda _: (program_b, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_b, block_n),
                 lambda _: (program_b, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_b, block_n),
                 lambda _: (program_b, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_b, block_n),
                 lambda _: (program_b, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_b, block_n),
                 lambda _: (program_b, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_b, block_n),
                 lambda _: (program_b, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_b, block_n),
                 lambda _: (program_b, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_b, block_n),
                 lambda _: (program_b, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_b, block_n),
                 lambda _: (program_b, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_b, block_n),
                 lambda _: (program_b, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_b, block_n),
                 lambda _: (program_b, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
     )(
@@ -1913,15 +1527,15 @@ def _giou_backward_mosaic_gpu(
     block_n = 32
     padded_b = b + -b % 8
     padded_n = n + -n % block_n
-    ax1 = _mgpu_pad(ax1, (padded_b, padded_n))
-    ay1 = _mgpu_pad(ay1, (padded_b, padded_n))
-    ax2 = _mgpu_pad(ax2, (padded_b, padded_n))
-    ay2 = _mgpu_pad(ay2, (padded_b, padded_n))
-    bx1 = _mgpu_pad(bx1, (padded_b, padded_n))
-    by1 = _mgpu_pad(by1, (padded_b, padded_n))
-    bx2 = _mgpu_pad(bx2, (padded_b, padded_n))
-    by2 = _mgpu_pad(by2, (padded_b, padded_n))
-    dgiou = _mgpu_pad(dgiou, (padded_b, padded_n))
+    ax1 = rt.mgpu_pad(ax1, (padded_b, padded_n))
+    ay1 = rt.mgpu_pad(ay1, (padded_b, padded_n))
+    ax2 = rt.mgpu_pad(ax2, (padded_b, padded_n))
+    ay2 = rt.mgpu_pad(ay2, (padded_b, padded_n))
+    bx1 = rt.mgpu_pad(bx1, (padded_b, padded_n))
+    by1 = rt.mgpu_pad(by1, (padded_b, padded_n))
+    bx2 = rt.mgpu_pad(bx2, (padded_b, padded_n))
+    by2 = rt.mgpu_pad(by2, (padded_b, padded_n))
+    dgiou = rt.mgpu_pad(dgiou, (padded_b, padded_n))
     dax1, day1, dax2, day2, dbx1, dby1, dbx2, dby2 = plgpu.kernel(
         functools.partial(
             _giou_backward_mosaic_gpu_kernel, block_b=block_b, block_n=block_n, eps=eps

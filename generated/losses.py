@@ -4,431 +4,23 @@
 
 Each kernel `NAME(...)` comes with `NAME_reference(...)`, the same computation in
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
-Pallas interpret mode unless `interpret` says otherwise.
+Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
+the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 """
 
 import functools
-import warnings
 
 import jax
-import jax.extend.core
-import jax.interpreters.batching
-import jax.interpreters.mlir
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
-try:
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-except ImportError:  # jax 0.10.2 imports it only with absl-py (pallasgen's jax extra brings it)
-    plgpu = None
+from pallasgen.runtime import support as rt
+from pallasgen.runtime.support import plgpu
 
-# jax 0.11+ warns at every Triton lowering that Pallas's Triton backend is deprecated. The
-# GPU kernels here use it knowingly until they move to Mosaic GPU: silence that one warning.
-warnings.filterwarnings(
-    "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
-)
 
-
-def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
-    """The GPU kernel that `gpu_backend` names: Triton's, or Mosaic GPU's where the kernel
-    has one (`mosaic_gpu` None: it has not, and runs on Triton)."""
-    if gpu_backend not in ("triton", "mosaic_gpu"):
-        raise ValueError(
-            f'{kernel}: gpu_backend must be "triton" or "mosaic_gpu", got {gpu_backend!r}'
-        )
-    if gpu_backend == "triton" or mosaic_gpu is None:
-        return triton
-
-    def on_mosaic_gpu(*arrays, **keywords):  # called only where the module lowers for CUDA
-        if plgpu is None:
-            raise ImportError(
-                f'{kernel}: gpu_backend="mosaic_gpu" needs absl-py on jax 0.10.2 (pip install absl-py)'
-            )
-        return mosaic_gpu(*arrays, **keywords)
-
-    return on_mosaic_gpu
-
-
-def _gpu_device_kind():
-    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
-    default device's if it is a GPU, else the first GPU's (None without one)."""
-    device = jax.config.jax_default_device
-    if getattr(device, "platform", None) == "gpu":
-        return device.device_kind
-    try:
-        return jax.devices("gpu")[0].device_kind
-    except RuntimeError:  # no GPU backend
-        return None
-
-
-def _gpu_options(table, sizes, given):
-    """The blocks and launch options of a GPU call (Triton's, or Mosaic GPU's blocks and
-    stages): those `given` (not None) as they are, the others from `table`: for the GPU
-    compiled for (see `_gpu_device_kind`), the tuned entry whose sizes are nearest the
-    call's (in powers of two), else the built-in ones, `table[None]`."""
-
-    def distance(tuned_sizes):
-        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
-
-    if None not in given:
-        return given
-    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
-    tuned = table.get(kind) if kind is not None else None
-    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
-    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
-
-
-def _mgpu_pad(array, shape):
-    """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
-    if array.shape == shape:
-        return array
-    return jnp.pad(array, [(0, padded - size) for size, padded in zip(array.shape, shape)])
-
-
-def _mgpu_swizzled(dtype, columns):
-    """The shared-memory tiling and swizzle of a 2-D block `columns` wide, as wgmma and
-    the WGMMA register layout read it."""
-    swizzle = plgpu.find_swizzle(columns * jnp.dtype(dtype).itemsize * 8)
-    return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(
-        swizzle
-    )
-
-
-def _mgpu_load(ref, shape, dims):
-    """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
-    along `dims` (its position in `shape`) in the layout's row or column, broadcast."""
-    if len(dims) == len(shape):
-        return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
-    vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
-    return jax.lax.broadcast_in_dim(vector, shape, dims)
-
-
-def _mgpu_spread(vector, shape, dim):
-    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
-    broadcast over the block's other axis."""
-    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
-
-
-def _mgpu_load_vector(ref, dim):
-    """A vector along axis `dim` of a block, from shared memory, in the WGMMA layout's row
-    (0) or column (1) layout."""
-    return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dim))
-
-
-def _mgpu_full(size, value, dtype, dim):
-    """A running value per position along axis `dim` of a block, `value` in each."""
-    return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
-
-
-def _mgpu_positions(start, shape, axis):
-    """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
-    return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
-
-
-def _mgpu_logsumexp_step(top, total, x, axis):
-    """The running (max, sum of exp(x - max)) after one more block `x`, reduced over `axis`."""
-    new_top = jnp.maximum(top, jnp.max(x, axis=axis))
-    shift = jnp.where(new_top > -jnp.inf, new_top, 0.0)
-    total = total * jnp.exp(top - shift) + jnp.sum(
-        jnp.exp(x - _mgpu_spread(shift, x.shape, 1 - axis)), axis=axis
-    )
-    return new_top, total
-
-
-def _on_platform(tpu, gpu, interpret, *arrays):
-    """Runs the kernel built for the platform being compiled for.
-
-    The choice follows the lowering platform, not the host, so ahead-of-time compiles
-    and exports (for one platform, or for several at once) get the right kernel: Mosaic
-    on TPU, Triton on NVIDIA GPUs, and
-    elsewhere (CPU) the TPU kernel in interpret mode, or compiled if `interpret` is
-    False. A true `interpret` (or `pltpu.InterpretParams`) interprets the TPU kernel
-    on every platform.
-    """
-    if interpret:
-        return tpu(*arrays, interpret=interpret)
-    return _platform_dependent(
-        arrays,
-        tpu=functools.partial(tpu, interpret=False),
-        cuda=functools.partial(gpu, interpret=False),
-        default=functools.partial(tpu, interpret=interpret is None),
-    )
-
-
-def _platform_dependent(arrays, **kernels):
-    """`jax.lax.platform_dependent(*arrays, tpu=..., cuda=..., default=...)`, except that
-    each platform lowers only its own kernel.
-
-    `jax.lax.platform_dependent` lowers every branch for every platform that a module is
-    lowered for, and a Mosaic kernel does not lower for CUDA, nor a Triton kernel for
-    TPU: `jax.export.export(NAME, platforms=("tpu", "cuda"))` would fail. Here each
-    platform has its own lowering rule (see `_platform_dependent_primitive`), so the
-    exported module holds the Mosaic kernel for TPU and the Triton kernel for CUDA.
-    Tracing the default kernel gives the outputs' shapes and runs its call-time checks.
-    """
-    outputs, tree = jax.tree.flatten(jax.eval_shape(kernels["default"], *arrays))
-    results = _platform_dependent_p.bind(*arrays, outputs=tuple(outputs), **kernels)
-    return jax.tree.unflatten(tree, results)
-
-
-def _platform_dependent_primitive():
-    """The primitive behind `_platform_dependent`, with one lowering rule per platform.
-
-    Its parameters: `tpu`, `cuda` and `default`, the kernel for each platform (a
-    function of the arrays that returns a pytree of arrays), and `outputs`, the
-    jax.ShapeDtypeStruct of each leaf of that pytree.
-    """
-    primitive = jax.extend.core.Primitive("platform_dependent_kernel")
-    primitive.multiple_results = True
-
-    def abstract_eval(*arrays, outputs, **kernels):
-        return [jax.core.ShapedArray(output.shape, output.dtype) for output in outputs]
-
-    def lowering(platform):
-        def kernel_leaves(*arrays, outputs, **kernels):
-            return jax.tree.leaves(kernels[platform](*arrays))
-
-        return jax.interpreters.mlir.lower_fun(kernel_leaves, multiple_results=True)
-
-    def run_outside_jit(*arrays, outputs, **kernels):  # as under `jax.disable_jit()`
-        return jax.tree.leaves(jax.lax.platform_dependent(*arrays, **kernels))
-
-    def vmapped(arrays, axes, *, outputs, **kernels):
-        kernels = {name: jax.vmap(kernel, in_axes=axes) for name, kernel in kernels.items()}
-        results = jax.tree.leaves(_platform_dependent(arrays, **kernels))
-        return results, [0] * len(results)
-
-    primitive.def_abstract_eval(abstract_eval)
-    primitive.def_impl(run_outside_jit)
-    jax.interpreters.mlir.register_lowering(primitive, lowering("tpu"), platform="tpu")
-    jax.interpreters.mlir.register_lowering(primitive, lowering("cuda"), platform="cuda")
-    jax.interpreters.mlir.register_lowering(primitive, lowering("default"))  # any other platform
-    jax.interpreters.batching.primitive_batchers[primitive] = vmapped
-    return primitive
-
-
-_platform_dependent_p = _platform_dependent_primitive()
-
-
-def _differentiable(forward, backward, *arrays, saving=None):
-    """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
-    from what the forward pass saves (the arrays; or, given `saving`, what it returns
-    beside the outputs) and the cotangents of the outputs, it gives one cotangent per
-    array, or None for none (float0 for an integer array)."""
-    call = jax.custom_vjp(forward)
-    call.defvjp(saving or (lambda *arrays: (forward(*arrays), arrays)), backward)
-    return call(*arrays)
-
-
-def _operands(kernel, operands):
-    """The operands as arrays, each checked for its dtype and rank, and the size of each
-    named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
-    arrays, sizes = [], {}
-    for name, (value, dtype, dims) in operands.items():
-        try:
-            array = jnp.asarray(value)
-        except (TypeError, ValueError) as error:
-            raise TypeError(
-                f"{kernel}: {name} is not an array, nor converts to one ({error})"
-            ) from None
-        if array.dtype != dtype:
-            raise TypeError(f"{kernel}: {name} must be {jnp.dtype(dtype).name}, got {array.dtype}")
-        if array.ndim != len(dims):
-            raise ValueError(
-                f"{kernel}: {name} must have dimensions [{', '.join(dims)}], got shape {array.shape}"
-            )
-        for dim, size in zip(dims, array.shape):
-            if sizes.setdefault(dim, size) != size:
-                raise ValueError(
-                    f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
-                )
-        arrays.append(array)
-    return arrays, sizes
-
-
-def _check_blocks(kernel, may_be_none=False, **blocks):
-    """Refuses a block keyword whose value is not a positive int. None, where a block
-    `may_be_none`, leaves the choice of the block to the kernel."""
-    for keyword, block in blocks.items():
-        if block is None and may_be_none:
-            continue
-        if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
-            expected = "a positive int or None" if may_be_none else "a positive int"
-            raise ValueError(f"{kernel}: {keyword} must be {expected}, got {block!r}")
-
-
-def _without_elements(reference, outputs, *arrays, **params):
-    """The result of a call where a dimension has size 0, as jax.numpy gives it: empty
-    arrays of the `outputs`' (shape, dtype), or, where an output still has elements (it
-    reduces over the empty dimension), what the reference computes."""
-    if any(0 not in shape for shape, _ in outputs):
-        return reference(*arrays, **params)
-    empty = tuple(jnp.zeros(shape, dtype) for shape, dtype in outputs)
-    return empty if len(empty) > 1 else empty[0]
-
-
-def _check_tiling(kernel, **blocks):
-    """Refuses TPU blocks that Mosaic cannot tile, before anything compiles.
-
-    Each keyword maps to (block, size, multiple, rule[, smallest power of two]): a block
-    is legal when it covers its whole dimension, is a multiple of `multiple`, or (for
-    one-dimensional arrays) a power of two of at least the smallest one given.
-    """
-    for keyword, (block, size, multiple, rule, *smallest) in blocks.items():
-        if block == size or block % multiple == 0:
-            continue
-        if smallest and block >= smallest[0] and block & (block - 1) == 0:
-            continue
-        raise ValueError(
-            f"{kernel}: {keyword}={block} breaks the TPU tiling rule: {rule}; use"
-            f" {-(-block // multiple) * multiple} or a block of the whole dimension ({size})"
-        )
-
-
-def _tpu_chip():
-    """The TPU generation being compiled for, as tuning tables name it, or None.
-
-    It is the default device's: a TPU's, or under `jax.default_device(...)` that of a
-    compile-only TPU topology (ahead-of-time compiles on a host without a TPU).
-    """
-    device = jax.config.jax_default_device
-    if not hasattr(device, "device_kind"):
-        device = jax.devices(device)[0]
-    return {"TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}.get(
-        device.device_kind
-    )
-
-
-def _tpu_blocks(table, sizes, given, grow=None):
-    """The blocks of a TPU call: those `given` (not None) as they are, the others from
-    `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
-    are nearest the call's (in powers of two), else the chip's default. Any other
-    chip, and CPU, takes `table[None]`, the spec's blocks.
-
-    A kernel without a matrix product passes `grow` (see `_grown`), which grows a
-    chip's default blocks not given to large steps.
-    """
-
-    def distance(tuned_sizes):
-        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
-
-    if None not in given:
-        return given
-    chip = _tpu_chip()
-    known = chip is not None and chip in table
-    entries = table[chip if known else None]
-    tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
-    chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
-    blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
-    if grow is not None and known and not tuned:
-        blocks = grow(blocks, [block is None for block in given])
-    return tuple(blocks)
-
-
-def _grown(blocks, free, bounds, step):
-    """`blocks` with the `free` ones doubled in turn, the last first, while smaller than
-    their dimension (`bounds`) and while a grid step (`step(*blocks)`: its elements and
-    VMEM bytes) stays within 2**20 elements and 32 MiB. A step costs a fixed ~600
-    cycles, so a memory-bound kernel wants few, large steps; doubling keeps a block legal.
-    """
-    grew = True
-    while grew:
-        grew = False
-        for i in reversed(range(len(blocks))):
-            if not free[i] or blocks[i] >= bounds[i]:
-                continue
-            trial = [*blocks[:i], 2 * blocks[i], *blocks[i + 1 :]]
-            elements, vmem = step(*trial)
-            if elements <= 2**20 and vmem <= 32 * 2**20:
-                blocks, grew = trial, True
-    return blocks
-
-
-def _vmem_limit(needed):
-    """The scoped VMEM limit for TPU blocks that need `needed` bytes.
-
-    None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
-    blocks would fail to compile, so they ask for twice what they need, at most 100 MiB of
-    the 128 MiB a v5e or v6e core has. Not more: compiled for libtpu's cost estimate, blocks
-    of 28 MiB that asked for 100 MiB ran out of VMEM (the ask counted beside the use).
-    """
-    return None if needed <= 16 * 2**20 else min(2 * needed, 100 * 2**20)
-
-
-def _inside(start, block, size):
-    """Which of `block` positions from `start` lie inside a dimension of `size`.
-
-    None when blocks tile the dimension exactly: aligned sizes load and store unmasked.
-    """
-    if size % block == 0:
-        return None
-    return start + jnp.arange(block) < size
-
-
-def _mask(shape, *inside):
-    """A block's mask from one `_inside` per axis (None: that axis never overhangs)."""
-    mask = None
-    for axis, along in enumerate(inside):
-        if along is not None:
-            along = jax.lax.broadcast_in_dim(along, shape, (axis,))
-            mask = along if mask is None else mask & along
-    return mask
-
-
-def _load(ref, mask, other=None):
-    """A GPU block, masked where `mask` says (None: the block fits, so a plain load)."""
-    if mask is None:
-        return ref[...]
-    return pltriton.load(ref, mask=mask, other=other)
-
-
-def _store(ref, value, mask):
-    """Stores a GPU block, masked where `mask` says (None: the block fits)."""
-    if mask is None:
-        ref[...] = value
-    else:
-        pltriton.store(ref, value, mask=mask)
-
-
-def _nbytes(*arrays):
-    """Bytes of the given arrays, for the kernel's cost estimate."""
-    return sum(array.size * array.dtype.itemsize for array in arrays)
-
-
-def _fill_past(value, start, size, axis, identity):
-    """`value` with `identity` at the positions along `axis` (from `start`) past `size`."""
-    positions = start + jax.lax.broadcasted_iota(jnp.int32, value.shape, axis)
-    return jnp.where(positions < size, value, identity)
-
-
-def _logsumexp_step(top, total, x, axis):
-    """The running (max, sum of exp(x - max)) after one more block `x`."""
-    new_top = jnp.maximum(top, jnp.max(x, axis=axis, keepdims=True))
-    shift = jnp.where(new_top > -jnp.inf, new_top, 0.0)
-    total = total * jnp.exp(top - shift) + jnp.sum(jnp.exp(x - shift), axis=axis, keepdims=True)
-    return new_top, total
-
-
-def _logsumexp_finish(top, total):
-    """log-sum-exp from its running (max, sum)."""
-    return jnp.where(top > -jnp.inf, top, 0.0) + jnp.log(total)
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_v",
-        "gpu_block_m",
-        "gpu_block_v",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def cross_entropy(
     logits,
     label,
@@ -450,13 +42,10 @@ def cross_entropy(
       label: i32[M].
       block_m, block_v: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_cross_entropy_tpu_blocks),
-        grown to large steps (_grown), else 16, 2048.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 16, 2048.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       loss: f32[M].
@@ -464,19 +53,22 @@ def cross_entropy(
     Gradients: jax.grad runs the generated backward kernels cross_entropy_backward
     (_cross_entropy_vjp).
     """
-    (logits, label), sizes = _operands(
+    (logits, label), sizes = rt.operands(
         "cross_entropy",
         {"logits": (logits, jnp.bfloat16, ("M", "V")), "label": (label, jnp.int32, ("M",))},
     )
-    _check_blocks("cross_entropy", block_m=block_m, block_v=block_v, may_be_none=True)
-    _check_blocks(
-        "cross_entropy", gpu_block_m=gpu_block_m, gpu_block_v=gpu_block_v, may_be_none=True
+    rt.check_blocks(
+        "cross_entropy",
+        block_m=block_m,
+        block_v=block_v,
+        gpu_block_m=gpu_block_m,
+        gpu_block_v=gpu_block_v,
+        may_be_none=True,
     )
-    m = sizes["M"]
-    v = sizes["V"]
+    m, v = sizes["M"], sizes["V"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(cross_entropy_reference, (((m,), jnp.float32),), logits, label)
-    return _differentiable(
+        return rt.without_elements(cross_entropy_reference, (((m,), jnp.float32),), logits, label)
+    return rt.differentiable(
         functools.partial(
             _cross_entropy_forward,
             m=m,
@@ -542,25 +134,22 @@ def _cross_entropy_forward(
 ):
     """`cross_entropy` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     label = label.reshape(m, 1)  # label: i32[M], broadcast over V
-    loss = _on_platform(
-        functools.partial(_cross_entropy_tpu, m=m, v=v, block_m=block_m, block_v=block_v),
-        _gpu_kernel(
-            "cross_entropy",
-            gpu_backend,
-            functools.partial(
-                _cross_entropy_gpu,
-                m=m,
-                v=v,
-                block_m=gpu_block_m,
-                block_v=gpu_block_v,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_cross_entropy_mosaic_gpu, m=m, v=v),
+    loss = rt.on_platform(
+        "cross_entropy",
+        (logits, label),
+        tpu=functools.partial(_cross_entropy_tpu, m=m, v=v, block_m=block_m, block_v=block_v),
+        triton=functools.partial(
+            _cross_entropy_gpu,
+            m=m,
+            v=v,
+            block_m=gpu_block_m,
+            block_v=gpu_block_v,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        logits,
-        label,
+        mosaic_gpu=functools.partial(_cross_entropy_mosaic_gpu, m=m, v=v),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     loss = loss.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     return loss
@@ -640,8 +229,8 @@ def _cross_entropy_kernel(
     z = logits.astype(jnp.float32)
     logsumexp_v_block = z
     if v % block_v:  # a ragged V: its identity past the end, never padding
-        logsumexp_v_block = _fill_past(logsumexp_v_block, step * block_v, v, 1, -jnp.inf)
-    logsumexp_v_max_ref[...], logsumexp_v_sum_ref[...] = _logsumexp_step(
+        logsumexp_v_block = rt.fill_past(logsumexp_v_block, step * block_v, v, 1, -jnp.inf)
+    logsumexp_v_max_ref[...], logsumexp_v_sum_ref[...] = rt.logsumexp_step(
         logsumexp_v_max_ref[...], logsumexp_v_sum_ref[...], logsumexp_v_block, 1
     )
     sum_v_block = jnp.where(
@@ -650,12 +239,12 @@ def _cross_entropy_kernel(
         0,
     )
     if v % block_v:  # a ragged V: its identity past the end, never padding
-        sum_v_block = _fill_past(sum_v_block, step * block_v, v, 1, 0.0)
+        sum_v_block = rt.fill_past(sum_v_block, step * block_v, v, 1, 0.0)
     sum_v_running_ref[...] = sum_v_running_ref[...] + jnp.sum(sum_v_block, axis=1, keepdims=True)
 
     @pl.when(step == pl.num_programs(1) - 1)
     def _finish():
-        logsumexp_v = _logsumexp_finish(logsumexp_v_max_ref[...], logsumexp_v_sum_ref[...])
+        logsumexp_v = rt.logsumexp_finish(logsumexp_v_max_ref[...], logsumexp_v_sum_ref[...])
         sum_v = sum_v_running_ref[...]
         loss_ref[...] = logsumexp_v - sum_v
 
@@ -673,12 +262,12 @@ _cross_entropy_tpu_blocks = {
 
 def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, interpret):
     """`cross_entropy` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_v = _tpu_blocks(
+    block_m, block_v = rt.tpu_blocks(
         _cross_entropy_tpu_blocks,
         (m, v),
         (block_m, block_v),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, v),
             step=lambda block_m, block_v: (
                 block_m * block_v,
@@ -688,7 +277,7 @@ def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, interpret):
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_v = min(block_v, v)  # a small V is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "cross_entropy",
         block_m=(
             block_m,
@@ -726,12 +315,12 @@ def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(16 * block_m * block_v + 16 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(16 * block_m * block_v + 16 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=6 * m * v,
             transcendentals=m * v,
-            bytes_accessed=_nbytes(logits, label) + m * v * 4,
+            bytes_accessed=rt.nbytes(logits, label) + m * v * 4,
         ),
         interpret=interpret,
         name="cross_entropy",
@@ -740,29 +329,29 @@ def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, interpret):
 
 def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, *, m, v, block_m, block_v):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    inside = _mask((block_m, 1), in_m, None)
-    label = _load(label_ref, inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    inside = rt.mask((block_m, 1), in_m, None)
+    label = rt.load(label_ref, inside)
 
     def accumulate(index, running):
         logsumexp_v_max, logsumexp_v_sum, sum_v_running = running
         start = index * block_v
-        in_v = _inside(start, block_v, v)
-        logits = _load(
-            logits_ref.at[:, pl.ds(start, block_v)], _mask((block_m, block_v), in_m, in_v)
+        in_v = rt.inside(start, block_v, v)
+        logits = rt.load(
+            logits_ref.at[:, pl.ds(start, block_v)], rt.mask((block_m, block_v), in_m, in_v)
         )
         z = logits.astype(jnp.float32)
         logsumexp_v_block = z
         if v % block_v:  # a ragged V: its identity past the end, never padding
-            logsumexp_v_block = _fill_past(logsumexp_v_block, start, v, 1, -jnp.inf)
-        logsumexp_v_max, logsumexp_v_sum = _logsumexp_step(
+            logsumexp_v_block = rt.fill_past(logsumexp_v_block, start, v, 1, -jnp.inf)
+        logsumexp_v_max, logsumexp_v_sum = rt.logsumexp_step(
             logsumexp_v_max, logsumexp_v_sum, logsumexp_v_block, 1
         )
         sum_v_block = jnp.where(
             start + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0
         )
         if v % block_v:  # a ragged V: its identity past the end, never padding
-            sum_v_block = _fill_past(sum_v_block, start, v, 1, 0.0)
+            sum_v_block = rt.fill_past(sum_v_block, start, v, 1, 0.0)
         sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1, keepdims=True)
         return logsumexp_v_max, logsumexp_v_sum, sum_v_running
 
@@ -776,9 +365,9 @@ def _cross_entropy_gpu_kernel(logits_ref, label_ref, loss_ref, *, m, v, block_m,
             jnp.full((block_m, 1), 0.0, jnp.float32),
         ),
     )
-    logsumexp_v = _logsumexp_finish(logsumexp_v_max, logsumexp_v_sum)
+    logsumexp_v = rt.logsumexp_finish(logsumexp_v_max, logsumexp_v_sum)
     sum_v = sum_v_running
-    _store(loss_ref, logsumexp_v - sum_v, inside)
+    rt.store(loss_ref, logsumexp_v - sum_v, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a
@@ -790,7 +379,7 @@ _cross_entropy_gpu_options = {None: (1, 1024, 4, 1)}
 
 def _cross_entropy_gpu(logits, label, *, m, v, block_m, block_v, num_warps, num_stages, interpret):
     """`cross_entropy` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_v, num_warps, num_stages = _gpu_options(
+    block_m, block_v, num_warps, num_stages = rt.gpu_options(
         _cross_entropy_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -823,30 +412,30 @@ def _cross_entropy_mosaic_gpu_kernel(
         label_ref.at[pl.ds(program_m * block_m, block_m)], label_smem, barrier.at[0]
     )
     plgpu.barrier_wait(barrier.at[0])
-    label = _mgpu_load_vector(label_smem, 0)
+    label = rt.mgpu_load_vector(label_smem, 0)
 
     def reduce_1(indices, logits_smem, carry):
         logsumexp_v_running, logsumexp_v_index, sum_v_running = carry
         start = indices[0] * block_v
-        logits = _mgpu_load(logits_smem, (block_m, block_v), (0, 1))
+        logits = rt.mgpu_load(logits_smem, (block_m, block_v), (0, 1))
         z = logits.astype(jnp.float32)
         logsumexp_v_block = z
         if v % block_v:  # a ragged V: its identity past the end
             logsumexp_v_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_v), 1) < v, logsumexp_v_block, -jnp.inf
+                rt.mgpu_positions(start, (block_m, block_v), 1) < v, logsumexp_v_block, -jnp.inf
             )
-        logsumexp_v_running, logsumexp_v_index = _mgpu_logsumexp_step(
+        logsumexp_v_running, logsumexp_v_index = rt.mgpu_logsumexp_step(
             logsumexp_v_running, logsumexp_v_index, logsumexp_v_block, 1
         )
         sum_v_block = jnp.where(
-            _mgpu_positions(start, (block_m, block_v), 1)
-            == _mgpu_spread(label, (block_m, block_v), 0),
+            rt.mgpu_positions(start, (block_m, block_v), 1)
+            == rt.mgpu_spread(label, (block_m, block_v), 0),
             z,
             0,
         )
         if v % block_v:  # a ragged V: its identity past the end
             sum_v_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_v), 1) < v, sum_v_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_v), 1) < v, sum_v_block, 0.0
             )
         sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1)
         return (logsumexp_v_running, logsumexp_v_index, sum_v_running)
@@ -858,17 +447,17 @@ def _cross_entropy_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_v),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_v),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_v),
             )
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
-            _mgpu_full(block_m, 0.0, jnp.float32, 0),
-            _mgpu_full(block_m, 0.0, jnp.float32, 0),
+            rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
+            rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
         ),
     )(logits_ref)
-    logsumexp_v = _logsumexp_finish(logsumexp_v_running, logsumexp_v_index)
+    logsumexp_v = rt.logsumexp_finish(logsumexp_v_running, logsumexp_v_index)
     sum_v = sum_v_running
     loss = logsumexp_v - sum_v
     loss_smem[...] = loss
@@ -887,9 +476,9 @@ def _cross_entropy_mosaic_gpu(logits, label, *, m, v, interpret):
     block_v = 128
     padded_m = m + -m % block_m
     padded_v = v + -v % block_v
-    logits = _mgpu_pad(logits, (padded_m, padded_v))
+    logits = rt.mgpu_pad(logits, (padded_m, padded_v))
     label = label.reshape((m,))
-    label = _mgpu_pad(label, (padded_m,))
+    label = rt.mgpu_pad(label, (padded_m,))
     (loss,) = plgpu.kernel(
         functools.partial(_cross_entropy_mosaic_gpu_kernel, block_m=block_m, block_v=block_v, v=v),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.float32),),
@@ -905,19 +494,7 @@ def _cross_entropy_mosaic_gpu(logits, label, *, m, v, interpret):
     return loss[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_v",
-        "gpu_block_m",
-        "gpu_block_v",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def cross_entropy_with_residuals(
     logits,
     label,
@@ -939,61 +516,53 @@ def cross_entropy_with_residuals(
       label: i32[M].
       block_m, block_v: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_cross_entropy_with_residuals_tpu_blocks),
-        grown to large steps (_grown), else 16, 2048.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 16, 2048.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       loss: f32[M]; logsumexp_v: f32[M].
     """
-    (logits, label), sizes = _operands(
+    (logits, label), sizes = rt.operands(
         "cross_entropy_with_residuals",
         {"logits": (logits, jnp.bfloat16, ("M", "V")), "label": (label, jnp.int32, ("M",))},
     )
-    _check_blocks(
-        "cross_entropy_with_residuals", block_m=block_m, block_v=block_v, may_be_none=True
-    )
-    _check_blocks(
+    rt.check_blocks(
         "cross_entropy_with_residuals",
+        block_m=block_m,
+        block_v=block_v,
         gpu_block_m=gpu_block_m,
         gpu_block_v=gpu_block_v,
         may_be_none=True,
     )
-    m = sizes["M"]
-    v = sizes["V"]
+    m, v = sizes["M"], sizes["V"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             cross_entropy_with_residuals_reference,
             (((m,), jnp.float32), ((m,), jnp.float32)),
             logits,
             label,
         )
     label = label.reshape(m, 1)  # label: i32[M], broadcast over V
-    loss, logsumexp_v = _on_platform(
-        functools.partial(
+    loss, logsumexp_v = rt.on_platform(
+        "cross_entropy_with_residuals",
+        (logits, label),
+        tpu=functools.partial(
             _cross_entropy_with_residuals_tpu, m=m, v=v, block_m=block_m, block_v=block_v
         ),
-        _gpu_kernel(
-            "cross_entropy_with_residuals",
-            gpu_backend,
-            functools.partial(
-                _cross_entropy_with_residuals_gpu,
-                m=m,
-                v=v,
-                block_m=gpu_block_m,
-                block_v=gpu_block_v,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_cross_entropy_with_residuals_mosaic_gpu, m=m, v=v),
+        triton=functools.partial(
+            _cross_entropy_with_residuals_gpu,
+            m=m,
+            v=v,
+            block_m=gpu_block_m,
+            block_v=gpu_block_v,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        logits,
-        label,
+        mosaic_gpu=functools.partial(_cross_entropy_with_residuals_mosaic_gpu, m=m, v=v),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     loss = loss.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     logsumexp_v = logsumexp_v.reshape(
@@ -1049,8 +618,10 @@ def _cross_entropy_with_residuals_kernel(
     z = logits.astype(jnp.float32)
     logsumexp_over_v_block = z
     if v % block_v:  # a ragged V: its identity past the end, never padding
-        logsumexp_over_v_block = _fill_past(logsumexp_over_v_block, step * block_v, v, 1, -jnp.inf)
-    logsumexp_over_v_max_ref[...], logsumexp_over_v_sum_ref[...] = _logsumexp_step(
+        logsumexp_over_v_block = rt.fill_past(
+            logsumexp_over_v_block, step * block_v, v, 1, -jnp.inf
+        )
+    logsumexp_over_v_max_ref[...], logsumexp_over_v_sum_ref[...] = rt.logsumexp_step(
         logsumexp_over_v_max_ref[...], logsumexp_over_v_sum_ref[...], logsumexp_over_v_block, 1
     )
     sum_v_block = jnp.where(
@@ -1059,12 +630,12 @@ def _cross_entropy_with_residuals_kernel(
         0,
     )
     if v % block_v:  # a ragged V: its identity past the end, never padding
-        sum_v_block = _fill_past(sum_v_block, step * block_v, v, 1, 0.0)
+        sum_v_block = rt.fill_past(sum_v_block, step * block_v, v, 1, 0.0)
     sum_v_running_ref[...] = sum_v_running_ref[...] + jnp.sum(sum_v_block, axis=1, keepdims=True)
 
     @pl.when(step == pl.num_programs(1) - 1)
     def _finish():
-        logsumexp_over_v = _logsumexp_finish(
+        logsumexp_over_v = rt.logsumexp_finish(
             logsumexp_over_v_max_ref[...], logsumexp_over_v_sum_ref[...]
         )
         sum_v = sum_v_running_ref[...]
@@ -1086,12 +657,12 @@ _cross_entropy_with_residuals_tpu_blocks = {
 
 def _cross_entropy_with_residuals_tpu(logits, label, *, m, v, block_m, block_v, interpret):
     """`cross_entropy_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_v = _tpu_blocks(
+    block_m, block_v = rt.tpu_blocks(
         _cross_entropy_with_residuals_tpu_blocks,
         (m, v),
         (block_m, block_v),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, v),
             step=lambda block_m, block_v: (
                 block_m * block_v,
@@ -1101,7 +672,7 @@ def _cross_entropy_with_residuals_tpu(logits, label, *, m, v, block_m, block_v, 
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_v = min(block_v, v)  # a small V is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "cross_entropy_with_residuals",
         block_m=(
             block_m,
@@ -1148,12 +719,12 @@ def _cross_entropy_with_residuals_tpu(logits, label, *, m, v, block_m, block_v, 
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(16 * block_m * block_v + 24 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(16 * block_m * block_v + 24 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=6 * m * v,
             transcendentals=m * v,
-            bytes_accessed=_nbytes(logits, label) + m * v * 4 + m * v * 4,
+            bytes_accessed=rt.nbytes(logits, label) + m * v * 4 + m * v * 4,
         ),
         interpret=interpret,
         name="cross_entropy_with_residuals",
@@ -1164,29 +735,29 @@ def _cross_entropy_with_residuals_gpu_kernel(
     logits_ref, label_ref, loss_ref, logsumexp_v_ref, *, m, v, block_m, block_v
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    inside = _mask((block_m, 1), in_m, None)
-    label = _load(label_ref, inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    inside = rt.mask((block_m, 1), in_m, None)
+    label = rt.load(label_ref, inside)
 
     def accumulate(index, running):
         logsumexp_over_v_max, logsumexp_over_v_sum, sum_v_running = running
         start = index * block_v
-        in_v = _inside(start, block_v, v)
-        logits = _load(
-            logits_ref.at[:, pl.ds(start, block_v)], _mask((block_m, block_v), in_m, in_v)
+        in_v = rt.inside(start, block_v, v)
+        logits = rt.load(
+            logits_ref.at[:, pl.ds(start, block_v)], rt.mask((block_m, block_v), in_m, in_v)
         )
         z = logits.astype(jnp.float32)
         logsumexp_over_v_block = z
         if v % block_v:  # a ragged V: its identity past the end, never padding
-            logsumexp_over_v_block = _fill_past(logsumexp_over_v_block, start, v, 1, -jnp.inf)
-        logsumexp_over_v_max, logsumexp_over_v_sum = _logsumexp_step(
+            logsumexp_over_v_block = rt.fill_past(logsumexp_over_v_block, start, v, 1, -jnp.inf)
+        logsumexp_over_v_max, logsumexp_over_v_sum = rt.logsumexp_step(
             logsumexp_over_v_max, logsumexp_over_v_sum, logsumexp_over_v_block, 1
         )
         sum_v_block = jnp.where(
             start + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label, z, 0
         )
         if v % block_v:  # a ragged V: its identity past the end, never padding
-            sum_v_block = _fill_past(sum_v_block, start, v, 1, 0.0)
+            sum_v_block = rt.fill_past(sum_v_block, start, v, 1, 0.0)
         sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1, keepdims=True)
         return logsumexp_over_v_max, logsumexp_over_v_sum, sum_v_running
 
@@ -1200,11 +771,11 @@ def _cross_entropy_with_residuals_gpu_kernel(
             jnp.full((block_m, 1), 0.0, jnp.float32),
         ),
     )
-    logsumexp_over_v = _logsumexp_finish(logsumexp_over_v_max, logsumexp_over_v_sum)
+    logsumexp_over_v = rt.logsumexp_finish(logsumexp_over_v_max, logsumexp_over_v_sum)
     sum_v = sum_v_running
     logsumexp_v = logsumexp_over_v
-    _store(logsumexp_v_ref, logsumexp_v, inside)
-    _store(loss_ref, logsumexp_v - sum_v, inside)
+    rt.store(logsumexp_v_ref, logsumexp_v, inside)
+    rt.store(loss_ref, logsumexp_v - sum_v, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a
@@ -1218,7 +789,7 @@ def _cross_entropy_with_residuals_gpu(
     logits, label, *, m, v, block_m, block_v, num_warps, num_stages, interpret
 ):
     """`cross_entropy_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_v, num_warps, num_stages = _gpu_options(
+    block_m, block_v, num_warps, num_stages = rt.gpu_options(
         _cross_entropy_with_residuals_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -1271,30 +842,32 @@ def _cross_entropy_with_residuals_mosaic_gpu_kernel(
         label_ref.at[pl.ds(program_m * block_m, block_m)], label_smem, barrier.at[0]
     )
     plgpu.barrier_wait(barrier.at[0])
-    label = _mgpu_load_vector(label_smem, 0)
+    label = rt.mgpu_load_vector(label_smem, 0)
 
     def reduce_1(indices, logits_smem, carry):
         logsumexp_over_v_running, logsumexp_over_v_index, sum_v_running = carry
         start = indices[0] * block_v
-        logits = _mgpu_load(logits_smem, (block_m, block_v), (0, 1))
+        logits = rt.mgpu_load(logits_smem, (block_m, block_v), (0, 1))
         z = logits.astype(jnp.float32)
         logsumexp_over_v_block = z
         if v % block_v:  # a ragged V: its identity past the end
             logsumexp_over_v_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_v), 1) < v, logsumexp_over_v_block, -jnp.inf
+                rt.mgpu_positions(start, (block_m, block_v), 1) < v,
+                logsumexp_over_v_block,
+                -jnp.inf,
             )
-        logsumexp_over_v_running, logsumexp_over_v_index = _mgpu_logsumexp_step(
+        logsumexp_over_v_running, logsumexp_over_v_index = rt.mgpu_logsumexp_step(
             logsumexp_over_v_running, logsumexp_over_v_index, logsumexp_over_v_block, 1
         )
         sum_v_block = jnp.where(
-            _mgpu_positions(start, (block_m, block_v), 1)
-            == _mgpu_spread(label, (block_m, block_v), 0),
+            rt.mgpu_positions(start, (block_m, block_v), 1)
+            == rt.mgpu_spread(label, (block_m, block_v), 0),
             z,
             0,
         )
         if v % block_v:  # a ragged V: its identity past the end
             sum_v_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_v), 1) < v, sum_v_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_v), 1) < v, sum_v_block, 0.0
             )
         sum_v_running = sum_v_running + jnp.sum(sum_v_block, axis=1)
         return (logsumexp_over_v_running, logsumexp_over_v_index, sum_v_running)
@@ -1306,17 +879,17 @@ def _cross_entropy_with_residuals_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_v),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_v),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_v),
             )
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
-            _mgpu_full(block_m, 0.0, jnp.float32, 0),
-            _mgpu_full(block_m, 0.0, jnp.float32, 0),
+            rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
+            rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
         ),
     )(logits_ref)
-    logsumexp_over_v = _logsumexp_finish(logsumexp_over_v_running, logsumexp_over_v_index)
+    logsumexp_over_v = rt.logsumexp_finish(logsumexp_over_v_running, logsumexp_over_v_index)
     sum_v = sum_v_running
     logsumexp_v = logsumexp_over_v
     loss = logsumexp_v - sum_v
@@ -1340,9 +913,9 @@ def _cross_entropy_with_residuals_mosaic_gpu(logits, label, *, m, v, interpret):
     block_v = 128
     padded_m = m + -m % block_m
     padded_v = v + -v % block_v
-    logits = _mgpu_pad(logits, (padded_m, padded_v))
+    logits = rt.mgpu_pad(logits, (padded_m, padded_v))
     label = label.reshape((m,))
-    label = _mgpu_pad(label, (padded_m,))
+    label = rt.mgpu_pad(label, (padded_m,))
     loss, logsumexp_v = plgpu.kernel(
         functools.partial(
             _cross_entropy_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_v=block_v, v=v
@@ -1364,19 +937,7 @@ def _cross_entropy_with_residuals_mosaic_gpu(logits, label, *, m, v, interpret):
     return loss[:m].reshape((m, 1)), logsumexp_v[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_v",
-        "gpu_block_m",
-        "gpu_block_v",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def cross_entropy_backward(
     logits,
     label,
@@ -1402,18 +963,15 @@ def cross_entropy_backward(
       dloss: f32[M].
       block_m, block_v: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_cross_entropy_backward_tpu_blocks),
-        grown to large steps (_grown), else 16, 2048.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 16, 2048.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dlogits: bf16[M, V].
     """
-    (logits, label, logsumexp_v, dloss), sizes = _operands(
+    (logits, label, logsumexp_v, dloss), sizes = rt.operands(
         "cross_entropy_backward",
         {
             "logits": (logits, jnp.bfloat16, ("M", "V")),
@@ -1422,14 +980,17 @@ def cross_entropy_backward(
             "dloss": (dloss, jnp.float32, ("M",)),
         },
     )
-    _check_blocks("cross_entropy_backward", block_m=block_m, block_v=block_v, may_be_none=True)
-    _check_blocks(
-        "cross_entropy_backward", gpu_block_m=gpu_block_m, gpu_block_v=gpu_block_v, may_be_none=True
+    rt.check_blocks(
+        "cross_entropy_backward",
+        block_m=block_m,
+        block_v=block_v,
+        gpu_block_m=gpu_block_m,
+        gpu_block_v=gpu_block_v,
+        may_be_none=True,
     )
-    m = sizes["M"]
-    v = sizes["V"]
+    m, v = sizes["M"], sizes["V"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             cross_entropy_backward_reference,
             (((m, v), jnp.bfloat16),),
             logits,
@@ -1440,27 +1001,24 @@ def cross_entropy_backward(
     label = label.reshape(m, 1)  # label: i32[M], broadcast over V
     logsumexp_v = logsumexp_v.reshape(m, 1)  # logsumexp_v: f32[M], broadcast over V
     dloss = dloss.reshape(m, 1)  # dloss: f32[M], broadcast over V
-    return _on_platform(
-        functools.partial(_cross_entropy_backward_tpu, m=m, v=v, block_m=block_m, block_v=block_v),
-        _gpu_kernel(
-            "cross_entropy_backward",
-            gpu_backend,
-            functools.partial(
-                _cross_entropy_backward_gpu,
-                m=m,
-                v=v,
-                block_m=gpu_block_m,
-                block_v=gpu_block_v,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_cross_entropy_backward_mosaic_gpu, m=m, v=v),
+    return rt.on_platform(
+        "cross_entropy_backward",
+        (logits, label, logsumexp_v, dloss),
+        tpu=functools.partial(
+            _cross_entropy_backward_tpu, m=m, v=v, block_m=block_m, block_v=block_v
         ),
-        interpret,
-        logits,
-        label,
-        logsumexp_v,
-        dloss,
+        triton=functools.partial(
+            _cross_entropy_backward_gpu,
+            m=m,
+            v=v,
+            block_m=gpu_block_m,
+            block_v=gpu_block_v,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+        ),
+        mosaic_gpu=functools.partial(_cross_entropy_backward_mosaic_gpu, m=m, v=v),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -1508,12 +1066,12 @@ def _cross_entropy_backward_tpu(
     logits, label, logsumexp_v, dloss, *, m, v, block_m, block_v, interpret
 ):
     """`cross_entropy_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_v = _tpu_blocks(
+    block_m, block_v = rt.tpu_blocks(
         _cross_entropy_backward_tpu_blocks,
         (m, v),
         (block_m, block_v),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, v),
             step=lambda block_m, block_v: (
                 block_m * block_v,
@@ -1523,7 +1081,7 @@ def _cross_entropy_backward_tpu(
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_v = min(block_v, v)  # a small V is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "cross_entropy_backward",
         block_m=(
             block_m,
@@ -1559,12 +1117,12 @@ def _cross_entropy_backward_tpu(
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(20 * block_m * block_v + 24 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(20 * block_m * block_v + 24 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=9 * m * v,
             transcendentals=m * v,
-            bytes_accessed=_nbytes(logits, label, logsumexp_v, dloss) + m * v * 2,
+            bytes_accessed=rt.nbytes(logits, label, logsumexp_v, dloss) + m * v * 2,
         ),
         interpret=interpret,
         name="cross_entropy_backward",
@@ -1575,19 +1133,19 @@ def _cross_entropy_backward_gpu_kernel(
     logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref, *, m, v, block_m, block_v
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_v = _inside(pl.program_id(1) * block_v, block_v, v)
-    inside = _mask((block_m, block_v), in_m, in_v)
-    logits = _load(logits_ref, inside)
-    label = _load(label_ref, _mask((block_m, 1), in_m, None))
-    logsumexp_v = _load(logsumexp_v_ref, _mask((block_m, 1), in_m, None))
-    dloss = _load(dloss_ref, _mask((block_m, 1), in_m, None))
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_v = rt.inside(pl.program_id(1) * block_v, block_v, v)
+    inside = rt.mask((block_m, block_v), in_m, in_v)
+    logits = rt.load(logits_ref, inside)
+    label = rt.load(label_ref, rt.mask((block_m, 1), in_m, None))
+    logsumexp_v = rt.load(logsumexp_v_ref, rt.mask((block_m, 1), in_m, None))
+    dloss = rt.load(dloss_ref, rt.mask((block_m, 1), in_m, None))
     z = logits.astype(jnp.float32)
     loss_1 = (
         pl.program_id(1) * block_v + jax.lax.broadcasted_iota(jnp.int32, (1, block_v), 1) == label
     )
     dz = dloss * jnp.exp(z - logsumexp_v) + jnp.where(loss_1, -dloss, 0)
-    _store(dlogits_ref, dz.astype(jnp.bfloat16), inside)
+    rt.store(dlogits_ref, dz.astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_v, num_warps, num_stages) for a
@@ -1601,7 +1159,7 @@ def _cross_entropy_backward_gpu(
     logits, label, logsumexp_v, dloss, *, m, v, block_m, block_v, num_warps, num_stages, interpret
 ):
     """`cross_entropy_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_v, num_warps, num_stages = _gpu_options(
+    block_m, block_v, num_warps, num_stages = rt.gpu_options(
         _cross_entropy_backward_gpu_options, (m, v), (block_m, block_v, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -1638,12 +1196,12 @@ def _cross_entropy_backward_mosaic_gpu_kernel(
     program_v = jax.lax.axis_index("V")
 
     def step(_, logits_smem, label_smem, logsumexp_v_smem, dloss_smem, dlogits_smem):
-        logits = _mgpu_load(logits_smem, (block_m, block_v), (0, 1))
-        label = _mgpu_load(label_smem, (block_m, block_v), (0,))
-        logsumexp_v = _mgpu_load(logsumexp_v_smem, (block_m, block_v), (0,))
-        dloss = _mgpu_load(dloss_smem, (block_m, block_v), (0,))
+        logits = rt.mgpu_load(logits_smem, (block_m, block_v), (0, 1))
+        label = rt.mgpu_load(label_smem, (block_m, block_v), (0,))
+        logsumexp_v = rt.mgpu_load(logsumexp_v_smem, (block_m, block_v), (0,))
+        dloss = rt.mgpu_load(dloss_smem, (block_m, block_v), (0,))
         z = logits.astype(jnp.float32)
-        loss_1 = _mgpu_positions(program_v * block_v, (block_m, block_v), 1) == label
+        loss_1 = rt.mgpu_positions(program_v * block_v, (block_m, block_v), 1) == label
         dz = dloss * jnp.exp(z - logsumexp_v) + jnp.where(loss_1, -dloss, 0)
         dlogits_smem[...] = dz.astype(jnp.bfloat16)
 
@@ -1654,7 +1212,7 @@ def _cross_entropy_backward_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_v),
                 lambda _: (program_m, program_v),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_v),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_v),
             ),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
@@ -1664,7 +1222,7 @@ def _cross_entropy_backward_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_v),
                 lambda _: (program_m, program_v),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_v),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_v),
             )
         ],
     )(logits_ref, label_ref, logsumexp_v_ref, dloss_ref, dlogits_ref)
@@ -1680,13 +1238,13 @@ def _cross_entropy_backward_mosaic_gpu(logits, label, logsumexp_v, dloss, *, m, 
     block_v = 128
     padded_m = m + -m % 8
     padded_v = v + -v % block_v
-    logits = _mgpu_pad(logits, (padded_m, padded_v))
+    logits = rt.mgpu_pad(logits, (padded_m, padded_v))
     label = label.reshape((m,))
-    label = _mgpu_pad(label, (padded_m,))
+    label = rt.mgpu_pad(label, (padded_m,))
     logsumexp_v = logsumexp_v.reshape((m,))
-    logsumexp_v = _mgpu_pad(logsumexp_v, (padded_m,))
+    logsumexp_v = rt.mgpu_pad(logsumexp_v, (padded_m,))
     dloss = dloss.reshape((m,))
-    dloss = _mgpu_pad(dloss, (padded_m,))
+    dloss = rt.mgpu_pad(dloss, (padded_m,))
     (dlogits,) = plgpu.kernel(
         functools.partial(
             _cross_entropy_backward_mosaic_gpu_kernel, block_m=block_m, block_v=block_v

@@ -4,436 +4,23 @@
 
 Each kernel `NAME(...)` comes with `NAME_reference(...)`, the same computation in
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
-Pallas interpret mode unless `interpret` says otherwise.
+Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
+the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 """
 
 import functools
-import warnings
 
 import jax
-import jax.extend.core
-import jax.interpreters.batching
-import jax.interpreters.mlir
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
-try:
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-except ImportError:  # jax 0.10.2 imports it only with absl-py (pallasgen's jax extra brings it)
-    plgpu = None
+from pallasgen.runtime import support as rt
+from pallasgen.runtime.support import plgpu
 
-# jax 0.11+ warns at every Triton lowering that Pallas's Triton backend is deprecated. The
-# GPU kernels here use it knowingly until they move to Mosaic GPU: silence that one warning.
-warnings.filterwarnings(
-    "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
-)
 
-
-def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
-    """The GPU kernel that `gpu_backend` names: Triton's, or Mosaic GPU's where the kernel
-    has one (`mosaic_gpu` None: it has not, and runs on Triton)."""
-    if gpu_backend not in ("triton", "mosaic_gpu"):
-        raise ValueError(
-            f'{kernel}: gpu_backend must be "triton" or "mosaic_gpu", got {gpu_backend!r}'
-        )
-    if gpu_backend == "triton" or mosaic_gpu is None:
-        return triton
-
-    def on_mosaic_gpu(*arrays, **keywords):  # called only where the module lowers for CUDA
-        if plgpu is None:
-            raise ImportError(
-                f'{kernel}: gpu_backend="mosaic_gpu" needs absl-py on jax 0.10.2 (pip install absl-py)'
-            )
-        return mosaic_gpu(*arrays, **keywords)
-
-    return on_mosaic_gpu
-
-
-def _gpu_device_kind():
-    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
-    default device's if it is a GPU, else the first GPU's (None without one)."""
-    device = jax.config.jax_default_device
-    if getattr(device, "platform", None) == "gpu":
-        return device.device_kind
-    try:
-        return jax.devices("gpu")[0].device_kind
-    except RuntimeError:  # no GPU backend
-        return None
-
-
-def _gpu_options(table, sizes, given):
-    """The blocks and launch options of a GPU call (Triton's, or Mosaic GPU's blocks and
-    stages): those `given` (not None) as they are, the others from `table`: for the GPU
-    compiled for (see `_gpu_device_kind`), the tuned entry whose sizes are nearest the
-    call's (in powers of two), else the built-in ones, `table[None]`."""
-
-    def distance(tuned_sizes):
-        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
-
-    if None not in given:
-        return given
-    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
-    tuned = table.get(kind) if kind is not None else None
-    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
-    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
-
-
-def _mgpu_check_choices(kernel, choices, accumulator, smem):
-    """Refuses Mosaic GPU blocks and stages it cannot run, before anything compiles:
-    `choices` maps each keyword to (value, its allowed values); `accumulator` and `smem`
-    are (what these values take, the most there is) of wgmma's accumulator (elements)
-    and of shared memory (bytes)."""
-    for keyword, (value, allowed) in choices.items():
-        if type(value) is not int or value not in allowed:
-            raise ValueError(
-                f"{kernel}: {keyword} must be one of {', '.join(map(str, allowed))} or None, got {value!r}"
-            )
-    if accumulator[0] > accumulator[1]:
-        raise ValueError(
-            f"{kernel}: a Mosaic GPU accumulator of {accumulator[0]} elements (mgpu_block_* of M times N)"
-            f" is more than one warpgroup's registers hold ({accumulator[1]})"
-        )
-    if smem[0] > smem[1]:
-        raise ValueError(
-            f"{kernel}: these Mosaic GPU blocks and stages take {smem[0] // 1024} KiB of shared memory,"
-            f" more than the {smem[1] // 1024} KiB of a block: choose smaller ones or fewer stages"
-        )
-
-
-def _mgpu_pad(array, shape):
-    """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
-    if array.shape == shape:
-        return array
-    return jnp.pad(array, [(0, padded - size) for size, padded in zip(array.shape, shape)])
-
-
-def _mgpu_swizzled(dtype, columns):
-    """The shared-memory tiling and swizzle of a 2-D block `columns` wide, as wgmma and
-    the WGMMA register layout read it."""
-    swizzle = plgpu.find_swizzle(columns * jnp.dtype(dtype).itemsize * 8)
-    return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(
-        swizzle
-    )
-
-
-def _mgpu_load(ref, shape, dims):
-    """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
-    along `dims` (its position in `shape`) in the layout's row or column, broadcast."""
-    if len(dims) == len(shape):
-        return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
-    vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
-    return jax.lax.broadcast_in_dim(vector, shape, dims)
-
-
-def _mgpu_spread(vector, shape, dim):
-    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
-    broadcast over the block's other axis."""
-    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
-
-
-def _mgpu_load_vector(ref, dim):
-    """A vector along axis `dim` of a block, from shared memory, in the WGMMA layout's row
-    (0) or column (1) layout."""
-    return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dim))
-
-
-def _mgpu_full(size, value, dtype, dim):
-    """A running value per position along axis `dim` of a block, `value` in each."""
-    return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
-
-
-def _mgpu_positions(start, shape, axis):
-    """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
-    return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
-
-
-def _on_platform(tpu, gpu, interpret, *arrays):
-    """Runs the kernel built for the platform being compiled for.
-
-    The choice follows the lowering platform, not the host, so ahead-of-time compiles
-    and exports (for one platform, or for several at once) get the right kernel: Mosaic
-    on TPU, Triton on NVIDIA GPUs, and
-    elsewhere (CPU) the TPU kernel in interpret mode, or compiled if `interpret` is
-    False. A true `interpret` (or `pltpu.InterpretParams`) interprets the TPU kernel
-    on every platform.
-    """
-    if interpret:
-        return tpu(*arrays, interpret=interpret)
-    return _platform_dependent(
-        arrays,
-        tpu=functools.partial(tpu, interpret=False),
-        cuda=functools.partial(gpu, interpret=False),
-        default=functools.partial(tpu, interpret=interpret is None),
-    )
-
-
-def _platform_dependent(arrays, **kernels):
-    """`jax.lax.platform_dependent(*arrays, tpu=..., cuda=..., default=...)`, except that
-    each platform lowers only its own kernel.
-
-    `jax.lax.platform_dependent` lowers every branch for every platform that a module is
-    lowered for, and a Mosaic kernel does not lower for CUDA, nor a Triton kernel for
-    TPU: `jax.export.export(NAME, platforms=("tpu", "cuda"))` would fail. Here each
-    platform has its own lowering rule (see `_platform_dependent_primitive`), so the
-    exported module holds the Mosaic kernel for TPU and the Triton kernel for CUDA.
-    Tracing the default kernel gives the outputs' shapes and runs its call-time checks.
-    """
-    outputs, tree = jax.tree.flatten(jax.eval_shape(kernels["default"], *arrays))
-    results = _platform_dependent_p.bind(*arrays, outputs=tuple(outputs), **kernels)
-    return jax.tree.unflatten(tree, results)
-
-
-def _platform_dependent_primitive():
-    """The primitive behind `_platform_dependent`, with one lowering rule per platform.
-
-    Its parameters: `tpu`, `cuda` and `default`, the kernel for each platform (a
-    function of the arrays that returns a pytree of arrays), and `outputs`, the
-    jax.ShapeDtypeStruct of each leaf of that pytree.
-    """
-    primitive = jax.extend.core.Primitive("platform_dependent_kernel")
-    primitive.multiple_results = True
-
-    def abstract_eval(*arrays, outputs, **kernels):
-        return [jax.core.ShapedArray(output.shape, output.dtype) for output in outputs]
-
-    def lowering(platform):
-        def kernel_leaves(*arrays, outputs, **kernels):
-            return jax.tree.leaves(kernels[platform](*arrays))
-
-        return jax.interpreters.mlir.lower_fun(kernel_leaves, multiple_results=True)
-
-    def run_outside_jit(*arrays, outputs, **kernels):  # as under `jax.disable_jit()`
-        return jax.tree.leaves(jax.lax.platform_dependent(*arrays, **kernels))
-
-    def vmapped(arrays, axes, *, outputs, **kernels):
-        kernels = {name: jax.vmap(kernel, in_axes=axes) for name, kernel in kernels.items()}
-        results = jax.tree.leaves(_platform_dependent(arrays, **kernels))
-        return results, [0] * len(results)
-
-    primitive.def_abstract_eval(abstract_eval)
-    primitive.def_impl(run_outside_jit)
-    jax.interpreters.mlir.register_lowering(primitive, lowering("tpu"), platform="tpu")
-    jax.interpreters.mlir.register_lowering(primitive, lowering("cuda"), platform="cuda")
-    jax.interpreters.mlir.register_lowering(primitive, lowering("default"))  # any other platform
-    jax.interpreters.batching.primitive_batchers[primitive] = vmapped
-    return primitive
-
-
-_platform_dependent_p = _platform_dependent_primitive()
-
-
-def _differentiable(forward, backward, *arrays, saving=None):
-    """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
-    from what the forward pass saves (the arrays; or, given `saving`, what it returns
-    beside the outputs) and the cotangents of the outputs, it gives one cotangent per
-    array, or None for none (float0 for an integer array)."""
-    call = jax.custom_vjp(forward)
-    call.defvjp(saving or (lambda *arrays: (forward(*arrays), arrays)), backward)
-    return call(*arrays)
-
-
-def _operands(kernel, operands):
-    """The operands as arrays, each checked for its dtype and rank, and the size of each
-    named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
-    arrays, sizes = [], {}
-    for name, (value, dtype, dims) in operands.items():
-        try:
-            array = jnp.asarray(value)
-        except (TypeError, ValueError) as error:
-            raise TypeError(
-                f"{kernel}: {name} is not an array, nor converts to one ({error})"
-            ) from None
-        if array.dtype != dtype:
-            raise TypeError(f"{kernel}: {name} must be {jnp.dtype(dtype).name}, got {array.dtype}")
-        if array.ndim != len(dims):
-            raise ValueError(
-                f"{kernel}: {name} must have dimensions [{', '.join(dims)}], got shape {array.shape}"
-            )
-        for dim, size in zip(dims, array.shape):
-            if sizes.setdefault(dim, size) != size:
-                raise ValueError(
-                    f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
-                )
-        arrays.append(array)
-    return arrays, sizes
-
-
-def _check_blocks(kernel, may_be_none=False, **blocks):
-    """Refuses a block keyword whose value is not a positive int. None, where a block
-    `may_be_none`, leaves the choice of the block to the kernel."""
-    for keyword, block in blocks.items():
-        if block is None and may_be_none:
-            continue
-        if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
-            expected = "a positive int or None" if may_be_none else "a positive int"
-            raise ValueError(f"{kernel}: {keyword} must be {expected}, got {block!r}")
-
-
-def _without_elements(reference, outputs, *arrays, **params):
-    """The result of a call where a dimension has size 0, as jax.numpy gives it: empty
-    arrays of the `outputs`' (shape, dtype), or, where an output still has elements (it
-    reduces over the empty dimension), what the reference computes."""
-    if any(0 not in shape for shape, _ in outputs):
-        return reference(*arrays, **params)
-    empty = tuple(jnp.zeros(shape, dtype) for shape, dtype in outputs)
-    return empty if len(empty) > 1 else empty[0]
-
-
-def _check_tiling(kernel, **blocks):
-    """Refuses TPU blocks that Mosaic cannot tile, before anything compiles.
-
-    Each keyword maps to (block, size, multiple, rule[, smallest power of two]): a block
-    is legal when it covers its whole dimension, is a multiple of `multiple`, or (for
-    one-dimensional arrays) a power of two of at least the smallest one given.
-    """
-    for keyword, (block, size, multiple, rule, *smallest) in blocks.items():
-        if block == size or block % multiple == 0:
-            continue
-        if smallest and block >= smallest[0] and block & (block - 1) == 0:
-            continue
-        raise ValueError(
-            f"{kernel}: {keyword}={block} breaks the TPU tiling rule: {rule}; use"
-            f" {-(-block // multiple) * multiple} or a block of the whole dimension ({size})"
-        )
-
-
-def _tpu_chip():
-    """The TPU generation being compiled for, as tuning tables name it, or None.
-
-    It is the default device's: a TPU's, or under `jax.default_device(...)` that of a
-    compile-only TPU topology (ahead-of-time compiles on a host without a TPU).
-    """
-    device = jax.config.jax_default_device
-    if not hasattr(device, "device_kind"):
-        device = jax.devices(device)[0]
-    return {"TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}.get(
-        device.device_kind
-    )
-
-
-def _tpu_blocks(table, sizes, given, grow=None):
-    """The blocks of a TPU call: those `given` (not None) as they are, the others from
-    `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
-    are nearest the call's (in powers of two), else the chip's default. Any other
-    chip, and CPU, takes `table[None]`, the spec's blocks.
-
-    A kernel without a matrix product passes `grow` (see `_grown`), which grows a
-    chip's default blocks not given to large steps.
-    """
-
-    def distance(tuned_sizes):
-        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
-
-    if None not in given:
-        return given
-    chip = _tpu_chip()
-    known = chip is not None and chip in table
-    entries = table[chip if known else None]
-    tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
-    chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
-    blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
-    if grow is not None and known and not tuned:
-        blocks = grow(blocks, [block is None for block in given])
-    return tuple(blocks)
-
-
-def _grown(blocks, free, bounds, step):
-    """`blocks` with the `free` ones doubled in turn, the last first, while smaller than
-    their dimension (`bounds`) and while a grid step (`step(*blocks)`: its elements and
-    VMEM bytes) stays within 2**20 elements and 32 MiB. A step costs a fixed ~600
-    cycles, so a memory-bound kernel wants few, large steps; doubling keeps a block legal.
-    """
-    grew = True
-    while grew:
-        grew = False
-        for i in reversed(range(len(blocks))):
-            if not free[i] or blocks[i] >= bounds[i]:
-                continue
-            trial = [*blocks[:i], 2 * blocks[i], *blocks[i + 1 :]]
-            elements, vmem = step(*trial)
-            if elements <= 2**20 and vmem <= 32 * 2**20:
-                blocks, grew = trial, True
-    return blocks
-
-
-def _vmem_limit(needed):
-    """The scoped VMEM limit for TPU blocks that need `needed` bytes.
-
-    None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
-    blocks would fail to compile, so they ask for twice what they need, at most 100 MiB of
-    the 128 MiB a v5e or v6e core has. Not more: compiled for libtpu's cost estimate, blocks
-    of 28 MiB that asked for 100 MiB ran out of VMEM (the ask counted beside the use).
-    """
-    return None if needed <= 16 * 2**20 else min(2 * needed, 100 * 2**20)
-
-
-def _inside(start, block, size):
-    """Which of `block` positions from `start` lie inside a dimension of `size`.
-
-    None when blocks tile the dimension exactly: aligned sizes load and store unmasked.
-    """
-    if size % block == 0:
-        return None
-    return start + jnp.arange(block) < size
-
-
-def _mask(shape, *inside):
-    """A block's mask from one `_inside` per axis (None: that axis never overhangs)."""
-    mask = None
-    for axis, along in enumerate(inside):
-        if along is not None:
-            along = jax.lax.broadcast_in_dim(along, shape, (axis,))
-            mask = along if mask is None else mask & along
-    return mask
-
-
-def _load(ref, mask, other=None):
-    """A GPU block, masked where `mask` says (None: the block fits, so a plain load)."""
-    if mask is None:
-        return ref[...]
-    return pltriton.load(ref, mask=mask, other=other)
-
-
-def _store(ref, value, mask):
-    """Stores a GPU block, masked where `mask` says (None: the block fits)."""
-    if mask is None:
-        ref[...] = value
-    else:
-        pltriton.store(ref, value, mask=mask)
-
-
-def _nbytes(*arrays):
-    """Bytes of the given arrays, for the kernel's cost estimate."""
-    return sum(array.size * array.dtype.itemsize for array in arrays)
-
-
-def _fill_past(value, start, size, axis, identity):
-    """`value` with `identity` at the positions along `axis` (from `start`) past `size`."""
-    positions = start + jax.lax.broadcasted_iota(jnp.int32, value.shape, axis)
-    return jnp.where(positions < size, value, identity)
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "block_k",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_block_k",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_m",
-        "mgpu_block_n",
-        "mgpu_block_k",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul(
     x,
     y,
@@ -461,15 +48,10 @@ def matmul(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_tpu_blocks),
         else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: f32[M, N].
@@ -477,23 +59,23 @@ def matmul(
     Gradients: jax.grad runs the generated backward kernels matmul_backward_x,
     matmul_backward_y (_matmul_vjp).
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "matmul", {"x": (x, jnp.float32, ("M", "K")), "y": (y, jnp.float32, ("K", "N"))}
     )
-    _check_blocks("matmul", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True)
-    _check_blocks(
+    rt.check_blocks(
         "matmul",
+        block_m=block_m,
+        block_n=block_n,
+        block_k=block_k,
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         gpu_block_k=gpu_block_k,
         may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
-    k = sizes["K"]
+    m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(matmul_reference, (((m, n), jnp.float32),), x, y)
-    return _differentiable(
+        return rt.without_elements(matmul_reference, (((m, n), jnp.float32),), x, y)
+    return rt.differentiable(
         functools.partial(
             _matmul_forward,
             m=m,
@@ -550,38 +132,35 @@ def _matmul_forward(
     interpret,
 ):
     """`matmul` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "matmul",
+        (x, y),
+        tpu=functools.partial(
             _matmul_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
         ),
-        _gpu_kernel(
-            "matmul",
-            gpu_backend,
-            functools.partial(
-                _matmul_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                block_k=gpu_block_k,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _matmul_mosaic_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=mgpu_block_m,
-                block_n=mgpu_block_n,
-                block_k=mgpu_block_k,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _matmul_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(
+            _matmul_mosaic_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=mgpu_block_m,
+            block_n=mgpu_block_n,
+            block_k=mgpu_block_k,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -630,13 +209,13 @@ _matmul_tpu_blocks = {
 
 def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     """`matmul` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = _tpu_blocks(
+    block_m, block_n, block_k = rt.tpu_blocks(
         _matmul_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul",
         block_m=(
             block_m,
@@ -668,12 +247,12 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_k + 8 * block_k * block_n + 16 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 4
+            flops=2 * m * n * k, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n * 4
         ),
         interpret=interpret,
         name="matmul",
@@ -682,23 +261,23 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
 
 def _matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_k):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
 
     def accumulate(step, acc):
         start = step * block_k
-        in_k = _inside(start, block_k, k)  # zeros past a ragged K
-        x = _load(
-            x_ref.at[:, pl.ds(start, block_k)], _mask((block_m, block_k), in_m, in_k), other=0
+        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
+        x = rt.load(
+            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
-        y = _load(
-            y_ref.at[pl.ds(start, block_k), :], _mask((block_k, block_n), in_k, in_n), other=0
+        y = rt.load(
+            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
         )
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
-    _store(z_ref, acc, inside)
+    rt.store(z_ref, acc, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
@@ -710,7 +289,7 @@ _matmul_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 def _matmul_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     """`matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
         _matmul_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
     )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
@@ -756,12 +335,12 @@ def _matmul_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_k),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
                 ),
                 plgpu.BlockSpec(
                     (block_n, block_k),
                     lambda s: (program_n, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -792,10 +371,10 @@ def _matmul_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_n, block_k, stages = _gpu_options(
+    block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "matmul",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -810,8 +389,8 @@ def _matmul_mosaic_gpu(
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
-    x = _mgpu_pad(x, (padded_m, padded_k))
-    y = _mgpu_pad(y, (padded_n, padded_k))
+    x = rt.mgpu_pad(x, (padded_m, padded_k))
+    y = rt.mgpu_pad(y, (padded_n, padded_k))
     (z,) = plgpu.kernel(
         functools.partial(
             _matmul_mosaic_gpu_kernel,
@@ -823,7 +402,7 @@ def _matmul_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -834,25 +413,7 @@ def _matmul_mosaic_gpu(
     return z[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_k",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_k",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_m",
-        "mgpu_block_k",
-        "mgpu_block_n",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_backward_x(
     dz,
     y,
@@ -881,70 +442,60 @@ def matmul_backward_x(
       block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_backward_x_tpu_blocks),
         else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: f32[M, K].
     """
-    (dz, y), sizes = _operands(
+    (dz, y), sizes = rt.operands(
         "matmul_backward_x",
         {"dz": (dz, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("K", "N"))},
     )
-    _check_blocks(
-        "matmul_backward_x", block_m=block_m, block_k=block_k, block_n=block_n, may_be_none=True
-    )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_backward_x",
+        block_m=block_m,
+        block_k=block_k,
+        block_n=block_n,
         gpu_block_m=gpu_block_m,
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         may_be_none=True,
     )
-    m = sizes["M"]
-    k = sizes["K"]
-    n = sizes["N"]
+    m, k, n = sizes["M"], sizes["K"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(matmul_backward_x_reference, (((m, k), jnp.float32),), dz, y)
-    return _on_platform(
-        functools.partial(
+        return rt.without_elements(matmul_backward_x_reference, (((m, k), jnp.float32),), dz, y)
+    return rt.on_platform(
+        "matmul_backward_x",
+        (dz, y),
+        tpu=functools.partial(
             _matmul_backward_x_tpu, m=m, k=k, n=n, block_m=block_m, block_k=block_k, block_n=block_n
         ),
-        _gpu_kernel(
-            "matmul_backward_x",
-            gpu_backend,
-            functools.partial(
-                _matmul_backward_x_gpu,
-                m=m,
-                k=k,
-                n=n,
-                block_m=gpu_block_m,
-                block_k=gpu_block_k,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _matmul_backward_x_mosaic_gpu,
-                m=m,
-                k=k,
-                n=n,
-                block_m=mgpu_block_m,
-                block_k=mgpu_block_k,
-                block_n=mgpu_block_n,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _matmul_backward_x_gpu,
+            m=m,
+            k=k,
+            n=n,
+            block_m=gpu_block_m,
+            block_k=gpu_block_k,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        dz,
-        y,
+        mosaic_gpu=functools.partial(
+            _matmul_backward_x_mosaic_gpu,
+            m=m,
+            k=k,
+            n=n,
+            block_m=mgpu_block_m,
+            block_k=mgpu_block_k,
+            block_n=mgpu_block_n,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -994,13 +545,13 @@ _matmul_backward_x_tpu_blocks = {
 
 def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
     """`matmul_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_k, block_n = _tpu_blocks(
+    block_m, block_k, block_n = rt.tpu_blocks(
         _matmul_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul_backward_x",
         block_m=(
             block_m,
@@ -1032,12 +583,12 @@ def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpr
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_n + 8 * block_k * block_n + 16 * block_m * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * k * n, transcendentals=0, bytes_accessed=_nbytes(dz, y) + m * k * 4
+            flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dz, y) + m * k * 4
         ),
         interpret=interpret,
         name="matmul_backward_x",
@@ -1046,18 +597,18 @@ def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpr
 
 def _matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_m, block_k, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_k = _inside(pl.program_id(1) * block_k, block_k, k)
-    inside = _mask((block_m, block_k), in_m, in_k)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
+    inside = rt.mask((block_m, block_k), in_m, in_k)
 
     def accumulate(step, acc):
         start = step * block_n
-        in_n = _inside(start, block_n, n)  # zeros past a ragged N
-        dz = _load(
-            dz_ref.at[:, pl.ds(start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+        in_n = rt.inside(start, block_n, n)  # zeros past a ragged N
+        dz = rt.load(
+            dz_ref.at[:, pl.ds(start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        y = _load(
-            y_ref.at[:, pl.ds(start, block_n)], _mask((block_k, block_n), in_k, in_n), other=0
+        y = rt.load(
+            y_ref.at[:, pl.ds(start, block_n)], rt.mask((block_k, block_n), in_k, in_n), other=0
         )
         return acc + jax.lax.dot_general(
             dz, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
@@ -1066,7 +617,7 @@ def _matmul_backward_x_gpu_kernel(dz_ref, y_ref, dx_ref, *, m, k, n, block_m, bl
     acc = jax.lax.fori_loop(
         0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32)
     )
-    _store(dx_ref, acc, inside)
+    rt.store(dx_ref, acc, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
@@ -1080,7 +631,7 @@ def _matmul_backward_x_gpu(
     dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`matmul_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_k, block_n, num_warps, num_stages = rt.gpu_options(
         _matmul_backward_x_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, num_warps, num_stages),
@@ -1134,12 +685,12 @@ def _matmul_backward_x_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_n),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_n),
                 ),
                 plgpu.BlockSpec(
                     (block_k, block_n),
                     lambda s: (program_k, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_n),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -1171,10 +722,10 @@ def _matmul_backward_x_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_k, block_n, stages = _gpu_options(
+    block_m, block_k, block_n, stages = rt.gpu_options(
         _matmul_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "matmul_backward_x",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -1188,8 +739,8 @@ def _matmul_backward_x_mosaic_gpu(
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
-    dz = _mgpu_pad(dz, (padded_m, padded_n))
-    y = _mgpu_pad(y, (padded_k, padded_n))
+    dz = rt.mgpu_pad(dz, (padded_m, padded_n))
+    y = rt.mgpu_pad(y, (padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             _matmul_backward_x_mosaic_gpu_kernel,
@@ -1201,7 +752,7 @@ def _matmul_backward_x_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.float32),),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_k), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_k)
+                (block_m, block_k), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_k)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -1212,25 +763,7 @@ def _matmul_backward_x_mosaic_gpu(
     return dx[:m, :k]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_k",
-        "block_n",
-        "block_m",
-        "gpu_block_k",
-        "gpu_block_n",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_k",
-        "mgpu_block_n",
-        "mgpu_block_m",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_backward_y(
     x,
     dz,
@@ -1259,70 +792,60 @@ def matmul_backward_y(
       block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_backward_y_tpu_blocks),
         else 1024, 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dy: f32[K, N].
     """
-    (x, dz), sizes = _operands(
+    (x, dz), sizes = rt.operands(
         "matmul_backward_y",
         {"x": (x, jnp.float32, ("M", "K")), "dz": (dz, jnp.float32, ("M", "N"))},
     )
-    _check_blocks(
-        "matmul_backward_y", block_k=block_k, block_n=block_n, block_m=block_m, may_be_none=True
-    )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_backward_y",
+        block_k=block_k,
+        block_n=block_n,
+        block_m=block_m,
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         gpu_block_m=gpu_block_m,
         may_be_none=True,
     )
-    k = sizes["K"]
-    n = sizes["N"]
-    m = sizes["M"]
+    k, n, m = sizes["K"], sizes["N"], sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(matmul_backward_y_reference, (((k, n), jnp.float32),), x, dz)
-    return _on_platform(
-        functools.partial(
+        return rt.without_elements(matmul_backward_y_reference, (((k, n), jnp.float32),), x, dz)
+    return rt.on_platform(
+        "matmul_backward_y",
+        (x, dz),
+        tpu=functools.partial(
             _matmul_backward_y_tpu, k=k, n=n, m=m, block_k=block_k, block_n=block_n, block_m=block_m
         ),
-        _gpu_kernel(
-            "matmul_backward_y",
-            gpu_backend,
-            functools.partial(
-                _matmul_backward_y_gpu,
-                k=k,
-                n=n,
-                m=m,
-                block_k=gpu_block_k,
-                block_n=gpu_block_n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _matmul_backward_y_mosaic_gpu,
-                k=k,
-                n=n,
-                m=m,
-                block_k=mgpu_block_k,
-                block_n=mgpu_block_n,
-                block_m=mgpu_block_m,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _matmul_backward_y_gpu,
+            k=k,
+            n=n,
+            m=m,
+            block_k=gpu_block_k,
+            block_n=gpu_block_n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        dz,
+        mosaic_gpu=functools.partial(
+            _matmul_backward_y_mosaic_gpu,
+            k=k,
+            n=n,
+            m=m,
+            block_k=mgpu_block_k,
+            block_n=mgpu_block_n,
+            block_m=mgpu_block_m,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -1367,13 +890,13 @@ _matmul_backward_y_tpu_blocks = {
 
 def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpret):
     """`matmul_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_k, block_n, block_m = _tpu_blocks(
+    block_k, block_n, block_m = rt.tpu_blocks(
         _matmul_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
     block_k = min(block_k, k)  # a small K is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul_backward_y",
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
@@ -1405,12 +928,12 @@ def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpr
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_k + 8 * block_m * block_n + 16 * block_k * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * k * n * m, transcendentals=0, bytes_accessed=_nbytes(x, dz) + k * n * 4
+            flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(x, dz) + k * n * 4
         ),
         interpret=interpret,
         name="matmul_backward_y",
@@ -1419,18 +942,18 @@ def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpr
 
 def _matmul_backward_y_gpu_kernel(x_ref, dz_ref, dy_ref, *, k, n, m, block_k, block_n, block_m):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_k = _inside(pl.program_id(0) * block_k, block_k, k)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_k, block_n), in_k, in_n)
+    in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_k, block_n), in_k, in_n)
 
     def accumulate(step, acc):
         start = step * block_m
-        in_m = _inside(start, block_m, m)  # zeros past a ragged M
-        x = _load(
-            x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_k), in_m, in_k), other=0
+        in_m = rt.inside(start, block_m, m)  # zeros past a ragged M
+        x = rt.load(
+            x_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
-        dz = _load(
-            dz_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        dz = rt.load(
+            dz_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
         return acc + jax.lax.dot_general(
             x, dz, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
@@ -1439,7 +962,7 @@ def _matmul_backward_y_gpu_kernel(x_ref, dz_ref, dy_ref, *, k, n, m, block_k, bl
     acc = jax.lax.fori_loop(
         0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dy_ref.shape, jnp.float32)
     )
-    _store(dy_ref, acc, inside)
+    rt.store(dy_ref, acc, inside)
 
 
 # GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
@@ -1453,7 +976,7 @@ def _matmul_backward_y_gpu(
     x, dz, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`matmul_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_k, block_n, block_m, num_warps, num_stages = _gpu_options(
+    block_k, block_n, block_m, num_warps, num_stages = rt.gpu_options(
         _matmul_backward_y_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, num_warps, num_stages),
@@ -1507,12 +1030,12 @@ def _matmul_backward_y_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_k, block_m),
                     lambda s: (program_k, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_m),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_m),
                 ),
                 plgpu.BlockSpec(
                     (block_n, block_m),
                     lambda s: (program_n, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_m),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_m),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -1544,10 +1067,10 @@ def _matmul_backward_y_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_k, block_n, block_m, stages = _gpu_options(
+    block_k, block_n, block_m, stages = rt.gpu_options(
         _matmul_backward_y_mosaic_gpu_options, (k, n, m), (block_k, block_n, block_m, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "matmul_backward_y",
         {
             "mgpu_block_k": (block_k, (64, 128)),
@@ -1563,8 +1086,8 @@ def _matmul_backward_y_mosaic_gpu(
     padded_m = m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
     dz = jnp.swapaxes(dz, -1, -2)  # f32 wgmma reads [N, K] tiles
-    x = _mgpu_pad(x, (padded_k, padded_m))
-    dz = _mgpu_pad(dz, (padded_n, padded_m))
+    x = rt.mgpu_pad(x, (padded_k, padded_m))
+    dz = rt.mgpu_pad(dz, (padded_n, padded_m))
     (dy,) = plgpu.kernel(
         functools.partial(
             _matmul_backward_y_mosaic_gpu_kernel,
@@ -1576,7 +1099,7 @@ def _matmul_backward_y_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.float32),),
         scratch_types=[
             plgpu.SMEM(
-                (block_k, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+                (block_k, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -1587,25 +1110,7 @@ def _matmul_backward_y_mosaic_gpu(
     return dy[:k, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "block_k",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_block_k",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_m",
-        "mgpu_block_n",
-        "mgpu_block_k",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_relu(
     x,
     y,
@@ -1633,15 +1138,10 @@ def matmul_relu(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_tpu_blocks),
         else 256, 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: f32[M, N].
@@ -1649,25 +1149,23 @@ def matmul_relu(
     Gradients: jax.grad runs the generated backward kernels matmul_relu_backward_x,
     matmul_relu_backward_y (_matmul_relu_vjp).
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "matmul_relu", {"x": (x, jnp.float32, ("M", "K")), "y": (y, jnp.float32, ("K", "N"))}
     )
-    _check_blocks(
-        "matmul_relu", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True
-    )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_relu",
+        block_m=block_m,
+        block_n=block_n,
+        block_k=block_k,
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         gpu_block_k=gpu_block_k,
         may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
-    k = sizes["K"]
+    m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(matmul_relu_reference, (((m, n), jnp.float32),), x, y)
-    return _differentiable(
+        return rt.without_elements(matmul_relu_reference, (((m, n), jnp.float32),), x, y)
+    return rt.differentiable(
         functools.partial(
             _matmul_relu_forward,
             m=m,
@@ -1744,38 +1242,35 @@ def _matmul_relu_forward(
     interpret,
 ):
     """`matmul_relu` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "matmul_relu",
+        (x, y),
+        tpu=functools.partial(
             _matmul_relu_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
         ),
-        _gpu_kernel(
-            "matmul_relu",
-            gpu_backend,
-            functools.partial(
-                _matmul_relu_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                block_k=gpu_block_k,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _matmul_relu_mosaic_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=mgpu_block_m,
-                block_n=mgpu_block_n,
-                block_k=mgpu_block_k,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _matmul_relu_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(
+            _matmul_relu_mosaic_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=mgpu_block_m,
+            block_n=mgpu_block_n,
+            block_k=mgpu_block_k,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -1870,13 +1365,13 @@ _matmul_relu_tpu_blocks = {
 
 def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     """`matmul_relu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = _tpu_blocks(
+    block_m, block_n, block_k = rt.tpu_blocks(
         _matmul_relu_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul_relu",
         block_m=(
             block_m,
@@ -1908,12 +1403,14 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_k + 8 * block_k * block_n + 16 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k + m * n, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 4
+            flops=2 * m * n * k + m * n,
+            transcendentals=0,
+            bytes_accessed=rt.nbytes(x, y) + m * n * 4,
         ),
         interpret=interpret,
         name="matmul_relu",
@@ -1922,23 +1419,23 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
 
 def _matmul_relu_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_k):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
 
     def accumulate(step, acc):
         start = step * block_k
-        in_k = _inside(start, block_k, k)  # zeros past a ragged K
-        x = _load(
-            x_ref.at[:, pl.ds(start, block_k)], _mask((block_m, block_k), in_m, in_k), other=0
+        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
+        x = rt.load(
+            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
-        y = _load(
-            y_ref.at[pl.ds(start, block_k), :], _mask((block_k, block_n), in_k, in_n), other=0
+        y = rt.load(
+            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
         )
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
-    _store(z_ref, jax.nn.relu(acc), inside)
+    rt.store(z_ref, jax.nn.relu(acc), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
@@ -1950,7 +1447,7 @@ _matmul_relu_gpu_options = {None: (64, 64, 32, 4, 3)}
 
 def _matmul_relu_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     """`matmul_relu` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
         _matmul_relu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
     )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
@@ -2002,12 +1499,12 @@ def _matmul_relu_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_k),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
                 ),
                 plgpu.BlockSpec(
                     (block_n, block_k),
                     lambda s: (program_n, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -2038,10 +1535,10 @@ def _matmul_relu_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_n, block_k, stages = _gpu_options(
+    block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_relu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "matmul_relu",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -2056,8 +1553,8 @@ def _matmul_relu_mosaic_gpu(
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
-    x = _mgpu_pad(x, (padded_m, padded_k))
-    y = _mgpu_pad(y, (padded_n, padded_k))
+    x = rt.mgpu_pad(x, (padded_m, padded_k))
+    y = rt.mgpu_pad(y, (padded_n, padded_k))
     (z,) = plgpu.kernel(
         functools.partial(
             _matmul_relu_mosaic_gpu_kernel,
@@ -2069,7 +1566,7 @@ def _matmul_relu_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -2080,25 +1577,7 @@ def _matmul_relu_mosaic_gpu(
     return z[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "block_k",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_block_k",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_m",
-        "mgpu_block_n",
-        "mgpu_block_k",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_relu_with_residuals(
     x,
     y,
@@ -2127,49 +1606,40 @@ def matmul_relu_with_residuals(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_relu_with_residuals_tpu_blocks),
         else 256, 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: f32[M, N]; acc: f32[M, N].
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "matmul_relu_with_residuals",
         {"x": (x, jnp.float32, ("M", "K")), "y": (y, jnp.float32, ("K", "N"))},
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_relu_with_residuals",
         block_m=block_m,
         block_n=block_n,
         block_k=block_k,
-        may_be_none=True,
-    )
-    _check_blocks(
-        "matmul_relu_with_residuals",
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         gpu_block_k=gpu_block_k,
         may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
-    k = sizes["K"]
+    m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             matmul_relu_with_residuals_reference,
             (((m, n), jnp.float32), ((m, n), jnp.float32)),
             x,
             y,
         )
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "matmul_relu_with_residuals",
+        (x, y),
+        tpu=functools.partial(
             _matmul_relu_with_residuals_tpu,
             m=m,
             n=n,
@@ -2178,34 +1648,29 @@ def matmul_relu_with_residuals(
             block_n=block_n,
             block_k=block_k,
         ),
-        _gpu_kernel(
-            "matmul_relu_with_residuals",
-            gpu_backend,
-            functools.partial(
-                _matmul_relu_with_residuals_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                block_k=gpu_block_k,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _matmul_relu_with_residuals_mosaic_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=mgpu_block_m,
-                block_n=mgpu_block_n,
-                block_k=mgpu_block_k,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _matmul_relu_with_residuals_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(
+            _matmul_relu_with_residuals_mosaic_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=mgpu_block_m,
+            block_n=mgpu_block_n,
+            block_k=mgpu_block_k,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -2251,13 +1716,13 @@ _matmul_relu_with_residuals_tpu_blocks = {
 
 def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     """`matmul_relu_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = _tpu_blocks(
+    block_m, block_n, block_k = rt.tpu_blocks(
         _matmul_relu_with_residuals_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul_relu_with_residuals",
         block_m=(
             block_m,
@@ -2296,14 +1761,14 @@ def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k,
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_k + 8 * block_k * block_n + 24 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k + m * n,
             transcendentals=0,
-            bytes_accessed=_nbytes(x, y) + m * n * 4 + m * n * 4,
+            bytes_accessed=rt.nbytes(x, y) + m * n * 4 + m * n * 4,
         ),
         interpret=interpret,
         name="matmul_relu_with_residuals",
@@ -2314,18 +1779,18 @@ def _matmul_relu_with_residuals_gpu_kernel(
     x_ref, y_ref, z_ref, acc_ref, *, m, n, k, block_m, block_n, block_k
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
 
     def accumulate(step, product):
         start = step * block_k
-        in_k = _inside(start, block_k, k)  # zeros past a ragged K
-        x = _load(
-            x_ref.at[:, pl.ds(start, block_k)], _mask((block_m, block_k), in_m, in_k), other=0
+        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
+        x = rt.load(
+            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
-        y = _load(
-            y_ref.at[pl.ds(start, block_k), :], _mask((block_k, block_n), in_k, in_n), other=0
+        y = rt.load(
+            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
         )
         return product + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
@@ -2333,8 +1798,8 @@ def _matmul_relu_with_residuals_gpu_kernel(
         0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32)
     )
     acc = product
-    _store(acc_ref, acc, inside)
-    _store(z_ref, jax.nn.relu(acc), inside)
+    rt.store(acc_ref, acc, inside)
+    rt.store(z_ref, jax.nn.relu(acc), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
@@ -2348,7 +1813,7 @@ def _matmul_relu_with_residuals_gpu(
     x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`matmul_relu_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
         _matmul_relu_with_residuals_gpu_options,
         (m, n, k),
         (block_m, block_n, block_k, num_warps, num_stages),
@@ -2411,12 +1876,12 @@ def _matmul_relu_with_residuals_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_k),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
                 ),
                 plgpu.BlockSpec(
                     (block_n, block_k),
                     lambda s: (program_n, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_k),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -2453,12 +1918,12 @@ def _matmul_relu_with_residuals_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_n, block_k, stages = _gpu_options(
+    block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_relu_with_residuals_mosaic_gpu_options,
         (m, n, k),
         (block_m, block_n, block_k, stages),
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "matmul_relu_with_residuals",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -2478,8 +1943,8 @@ def _matmul_relu_with_residuals_mosaic_gpu(
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # f32 wgmma reads [N, K] tiles
-    x = _mgpu_pad(x, (padded_m, padded_k))
-    y = _mgpu_pad(y, (padded_n, padded_k))
+    x = rt.mgpu_pad(x, (padded_m, padded_k))
+    y = rt.mgpu_pad(y, (padded_n, padded_k))
     z, acc = plgpu.kernel(
         functools.partial(
             _matmul_relu_with_residuals_mosaic_gpu_kernel,
@@ -2494,10 +1959,10 @@ def _matmul_relu_with_residuals_mosaic_gpu(
         ),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
             ),
             plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -2508,21 +1973,7 @@ def _matmul_relu_with_residuals_mosaic_gpu(
     return z[:m, :n], acc[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_k",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_k",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_relu_backward_x(
     acc,
     dz,
@@ -2548,18 +1999,15 @@ def matmul_relu_backward_x(
       y: f32[K, N].
       block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_matmul_relu_backward_x_tpu_blocks), or grown to large steps
-        (_grown), else 256, 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        (rt.grown), else 256, 512, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: f32[M, K].
     """
-    (acc, dz, y), sizes = _operands(
+    (acc, dz, y), sizes = rt.operands(
         "matmul_relu_backward_x",
         {
             "acc": (acc, jnp.float32, ("M", "N")),
@@ -2567,29 +2015,25 @@ def matmul_relu_backward_x(
             "y": (y, jnp.float32, ("K", "N")),
         },
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_relu_backward_x",
         block_m=block_m,
         block_k=block_k,
         block_n=block_n,
-        may_be_none=True,
-    )
-    _check_blocks(
-        "matmul_relu_backward_x",
         gpu_block_m=gpu_block_m,
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         may_be_none=True,
     )
-    m = sizes["M"]
-    k = sizes["K"]
-    n = sizes["N"]
+    m, k, n = sizes["M"], sizes["K"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             matmul_relu_backward_x_reference, (((m, k), jnp.float32),), acc, dz, y
         )
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "matmul_relu_backward_x",
+        (acc, dz, y),
+        tpu=functools.partial(
             _matmul_relu_backward_x_tpu,
             m=m,
             k=k,
@@ -2598,26 +2042,20 @@ def matmul_relu_backward_x(
             block_k=block_k,
             block_n=block_n,
         ),
-        _gpu_kernel(
-            "matmul_relu_backward_x",
-            gpu_backend,
-            functools.partial(
-                _matmul_relu_backward_x_gpu,
-                m=m,
-                k=k,
-                n=n,
-                block_m=gpu_block_m,
-                block_k=gpu_block_k,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_matmul_relu_backward_x_mosaic_gpu, m=m, k=k, n=n),
+        triton=functools.partial(
+            _matmul_relu_backward_x_gpu,
+            m=m,
+            k=k,
+            n=n,
+            block_m=gpu_block_m,
+            block_k=gpu_block_k,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        acc,
-        dz,
-        y,
+        mosaic_gpu=functools.partial(_matmul_relu_backward_x_mosaic_gpu, m=m, k=k, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -2660,8 +2098,8 @@ def _matmul_relu_backward_x_kernel(
     acc_n_lhs = dacc
     acc_n_rhs = y
     if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-        acc_n_lhs = _fill_past(acc_n_lhs, n_start, n, 1, 0)
-        acc_n_rhs = _fill_past(acc_n_rhs, n_start, n, 1, 0)
+        acc_n_lhs = rt.fill_past(acc_n_lhs, n_start, n, 1, 0)
+        acc_n_rhs = rt.fill_past(acc_n_rhs, n_start, n, 1, 0)
     acc_n_ref[...] = acc_n_ref[...] + jax.lax.dot_general(
         acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -2685,12 +2123,12 @@ _matmul_relu_backward_x_tpu_blocks = {
 
 def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
     """`matmul_relu_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_k, block_n = _tpu_blocks(
+    block_m, block_k, block_n = rt.tpu_blocks(
         _matmul_relu_backward_x_tpu_blocks,
         (m, k, n),
         (block_m, block_k, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(min(m, 1024), 512, min(n, 1024)),
             step=lambda block_m, block_k, block_n: (
                 block_m * block_k * block_n,
@@ -2705,7 +2143,7 @@ def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_
     block_m = min(block_m, m)  # a small M is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul_relu_backward_x",
         block_m=(
             block_m,
@@ -2747,7 +2185,7 @@ def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_n
                 + 8 * block_m * block_n
                 + 8 * block_k * block_n
@@ -2756,7 +2194,7 @@ def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * k * n, transcendentals=0, bytes_accessed=_nbytes(acc, dz, y) + m * k * 4
+            flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(acc, dz, y) + m * k * 4
         ),
         interpret=interpret,
         name="matmul_relu_backward_x",
@@ -2767,28 +2205,28 @@ def _matmul_relu_backward_x_gpu_kernel(
     acc_ref, dz_ref, y_ref, dx_ref, *, m, k, n, block_m, block_k, block_n
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_k = _inside(pl.program_id(1) * block_k, block_k, k)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
 
     def accumulate(index, running):
         n_start = index * block_n
-        in_n = _inside(n_start, block_n, n)
+        in_n = rt.inside(n_start, block_n, n)
         (acc_n,) = running
-        acc = _load(
-            acc_ref.at[:, pl.ds(n_start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+        acc = rt.load(
+            acc_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        dz = _load(
-            dz_ref.at[:, pl.ds(n_start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+        dz = rt.load(
+            dz_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        y = _load(
-            y_ref.at[:, pl.ds(n_start, block_n)], _mask((block_k, block_n), in_k, in_n), other=0
+        y = rt.load(
+            y_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_k, block_n), in_k, in_n), other=0
         )
         dacc = jnp.where(acc > 0, dz, 0)
         acc_n_lhs = dacc
         acc_n_rhs = y
         if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-            acc_n_lhs = _fill_past(acc_n_lhs, n_start, n, 1, 0)
-            acc_n_rhs = _fill_past(acc_n_rhs, n_start, n, 1, 0)
+            acc_n_lhs = rt.fill_past(acc_n_lhs, n_start, n, 1, 0)
+            acc_n_rhs = rt.fill_past(acc_n_rhs, n_start, n, 1, 0)
         acc_n = acc_n + jax.lax.dot_general(
             acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -2797,7 +2235,7 @@ def _matmul_relu_backward_x_gpu_kernel(
     (acc_n,) = jax.lax.fori_loop(
         0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),)
     )
-    _store(dx_ref, acc_n, _mask((block_m, block_k), in_m, in_k))
+    rt.store(dx_ref, acc_n, rt.mask((block_m, block_k), in_m, in_k))
 
 
 # GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
@@ -2811,7 +2249,7 @@ def _matmul_relu_backward_x_gpu(
     acc, dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`matmul_relu_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_k, block_n, num_warps, num_stages = rt.gpu_options(
         _matmul_relu_backward_x_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, num_warps, num_stages),
@@ -2856,8 +2294,8 @@ def _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel(
     program_n = jax.lax.axis_index("N")
 
     def step(_, acc_smem, dz_smem, lhs_smem):
-        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
-        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
+        dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
         dacc = jnp.where(acc > 0, dz, 0)
         lhs_smem[...] = dacc
 
@@ -2868,19 +2306,19 @@ def _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
     )(acc_ref, dz_ref, lhs_ref)
@@ -2896,8 +2334,8 @@ def _matmul_relu_backward_x_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    acc = _mgpu_pad(acc, (padded_m, padded_n))
-    dz = _mgpu_pad(dz, (padded_m, padded_n))
+    acc = rt.mgpu_pad(acc, (padded_m, padded_n))
+    dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     (lhs,) = plgpu.kernel(
         functools.partial(
             _matmul_relu_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
@@ -2928,12 +2366,12 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_n),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_n),
                 ),
                 plgpu.BlockSpec(
                     (block_k, block_n),
                     lambda s: (program_k, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_n),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -2965,12 +2403,12 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_k, block_n, stages = _gpu_options(
+    block_m, block_k, block_n, stages = rt.gpu_options(
         _matmul_relu_backward_x_stage_2_mosaic_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, stages),
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "matmul_relu_backward_x_stage_2",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -2984,8 +2422,8 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu(
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
-    lhs = _mgpu_pad(lhs, (padded_m, padded_n))
-    y = _mgpu_pad(y, (padded_k, padded_n))
+    lhs = rt.mgpu_pad(lhs, (padded_m, padded_n))
+    y = rt.mgpu_pad(y, (padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             _matmul_relu_backward_x_stage_2_mosaic_gpu_kernel,
@@ -2997,7 +2435,7 @@ def _matmul_relu_backward_x_stage_2_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.float32),),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_k), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_k)
+                (block_m, block_k), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_k)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -3017,21 +2455,7 @@ def _matmul_relu_backward_x_mosaic_gpu(acc, dz, y, *, m, k, n, interpret):
     return dx.reshape((m, k))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_k",
-        "block_n",
-        "block_m",
-        "gpu_block_k",
-        "gpu_block_n",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_relu_backward_y(
     acc,
     dz,
@@ -3057,18 +2481,15 @@ def matmul_relu_backward_y(
       x: f32[M, K].
       block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_matmul_relu_backward_y_tpu_blocks), or grown to large steps
-        (_grown), else 512, 512, 256.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        (rt.grown), else 512, 512, 256.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dy: f32[K, N].
     """
-    (acc, dz, x), sizes = _operands(
+    (acc, dz, x), sizes = rt.operands(
         "matmul_relu_backward_y",
         {
             "acc": (acc, jnp.float32, ("M", "N")),
@@ -3076,29 +2497,25 @@ def matmul_relu_backward_y(
             "x": (x, jnp.float32, ("M", "K")),
         },
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_relu_backward_y",
         block_k=block_k,
         block_n=block_n,
         block_m=block_m,
-        may_be_none=True,
-    )
-    _check_blocks(
-        "matmul_relu_backward_y",
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         gpu_block_m=gpu_block_m,
         may_be_none=True,
     )
-    k = sizes["K"]
-    n = sizes["N"]
-    m = sizes["M"]
+    k, n, m = sizes["K"], sizes["N"], sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             matmul_relu_backward_y_reference, (((k, n), jnp.float32),), acc, dz, x
         )
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "matmul_relu_backward_y",
+        (acc, dz, x),
+        tpu=functools.partial(
             _matmul_relu_backward_y_tpu,
             k=k,
             n=n,
@@ -3107,26 +2524,20 @@ def matmul_relu_backward_y(
             block_n=block_n,
             block_m=block_m,
         ),
-        _gpu_kernel(
-            "matmul_relu_backward_y",
-            gpu_backend,
-            functools.partial(
-                _matmul_relu_backward_y_gpu,
-                k=k,
-                n=n,
-                m=m,
-                block_k=gpu_block_k,
-                block_n=gpu_block_n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_matmul_relu_backward_y_mosaic_gpu, k=k, n=n, m=m),
+        triton=functools.partial(
+            _matmul_relu_backward_y_gpu,
+            k=k,
+            n=n,
+            m=m,
+            block_k=gpu_block_k,
+            block_n=gpu_block_n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        acc,
-        dz,
-        x,
+        mosaic_gpu=functools.partial(_matmul_relu_backward_y_mosaic_gpu, k=k, n=n, m=m),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -3169,8 +2580,8 @@ def _matmul_relu_backward_y_kernel(
     acc_m_lhs = x
     acc_m_rhs = dacc
     if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-        acc_m_lhs = _fill_past(acc_m_lhs, m_start, m, 0, 0)
-        acc_m_rhs = _fill_past(acc_m_rhs, m_start, m, 0, 0)
+        acc_m_lhs = rt.fill_past(acc_m_lhs, m_start, m, 0, 0)
+        acc_m_rhs = rt.fill_past(acc_m_rhs, m_start, m, 0, 0)
     acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
         acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -3194,12 +2605,12 @@ _matmul_relu_backward_y_tpu_blocks = {
 
 def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_m, interpret):
     """`matmul_relu_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_k, block_n, block_m = _tpu_blocks(
+    block_k, block_n, block_m = rt.tpu_blocks(
         _matmul_relu_backward_y_tpu_blocks,
         (k, n, m),
         (block_k, block_n, block_m),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(min(k, 1024), 512, min(m, 1024)),
             step=lambda block_k, block_n, block_m: (
                 block_k * block_n * block_m,
@@ -3214,7 +2625,7 @@ def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_
     block_k = min(block_k, k)  # a small K is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul_relu_backward_y",
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
@@ -3256,7 +2667,7 @@ def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_n
                 + 8 * block_m * block_n
                 + 8 * block_m * block_k
@@ -3265,7 +2676,7 @@ def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * k * n * m, transcendentals=0, bytes_accessed=_nbytes(acc, dz, x) + k * n * 4
+            flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(acc, dz, x) + k * n * 4
         ),
         interpret=interpret,
         name="matmul_relu_backward_y",
@@ -3276,28 +2687,28 @@ def _matmul_relu_backward_y_gpu_kernel(
     acc_ref, dz_ref, x_ref, dy_ref, *, k, n, m, block_k, block_n, block_m
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_k = _inside(pl.program_id(0) * block_k, block_k, k)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
+    in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
 
     def accumulate(index, running):
         m_start = index * block_m
-        in_m = _inside(m_start, block_m, m)
+        in_m = rt.inside(m_start, block_m, m)
         (acc_m,) = running
-        acc = _load(
-            acc_ref.at[pl.ds(m_start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        acc = rt.load(
+            acc_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        dz = _load(
-            dz_ref.at[pl.ds(m_start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        dz = rt.load(
+            dz_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        x = _load(
-            x_ref.at[pl.ds(m_start, block_m), :], _mask((block_m, block_k), in_m, in_k), other=0
+        x = rt.load(
+            x_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
         dacc = jnp.where(acc > 0, dz, 0)
         acc_m_lhs = x
         acc_m_rhs = dacc
         if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-            acc_m_lhs = _fill_past(acc_m_lhs, m_start, m, 0, 0)
-            acc_m_rhs = _fill_past(acc_m_rhs, m_start, m, 0, 0)
+            acc_m_lhs = rt.fill_past(acc_m_lhs, m_start, m, 0, 0)
+            acc_m_rhs = rt.fill_past(acc_m_rhs, m_start, m, 0, 0)
         acc_m = acc_m + jax.lax.dot_general(
             acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -3306,7 +2717,7 @@ def _matmul_relu_backward_y_gpu_kernel(
     (acc_m,) = jax.lax.fori_loop(
         0, pl.cdiv(m, block_m), accumulate, (jnp.full((block_k, block_n), 0, jnp.float32),)
     )
-    _store(dy_ref, acc_m, _mask((block_k, block_n), in_k, in_n))
+    rt.store(dy_ref, acc_m, rt.mask((block_k, block_n), in_k, in_n))
 
 
 # GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
@@ -3320,7 +2731,7 @@ def _matmul_relu_backward_y_gpu(
     acc, dz, x, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`matmul_relu_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_k, block_n, block_m, num_warps, num_stages = _gpu_options(
+    block_k, block_n, block_m, num_warps, num_stages = rt.gpu_options(
         _matmul_relu_backward_y_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, num_warps, num_stages),
@@ -3365,8 +2776,8 @@ def _matmul_relu_backward_y_stage_1_mosaic_gpu_kernel(
     program_n = jax.lax.axis_index("N")
 
     def step(_, acc_smem, dz_smem, rhs_smem):
-        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
-        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
+        dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
         dacc = jnp.where(acc > 0, dz, 0)
         rhs_smem[...] = dacc
 
@@ -3377,19 +2788,19 @@ def _matmul_relu_backward_y_stage_1_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
     )(acc_ref, dz_ref, rhs_ref)
@@ -3405,8 +2816,8 @@ def _matmul_relu_backward_y_stage_1_mosaic_gpu(acc, dz, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    acc = _mgpu_pad(acc, (padded_m, padded_n))
-    dz = _mgpu_pad(dz, (padded_m, padded_n))
+    acc = rt.mgpu_pad(acc, (padded_m, padded_n))
+    dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     (rhs,) = plgpu.kernel(
         functools.partial(
             _matmul_relu_backward_y_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
@@ -3437,12 +2848,12 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_k, block_m),
                     lambda s: (program_k, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_m),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_m),
                 ),
                 plgpu.BlockSpec(
                     (block_n, block_m),
                     lambda s: (program_n, s),
-                    transforms=_mgpu_swizzled(jnp.float32, block_m),
+                    transforms=rt.mgpu_swizzled(jnp.float32, block_m),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -3474,12 +2885,12 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_k, block_n, block_m, stages = _gpu_options(
+    block_k, block_n, block_m, stages = rt.gpu_options(
         _matmul_relu_backward_y_stage_2_mosaic_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, stages),
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "matmul_relu_backward_y_stage_2",
         {
             "mgpu_block_k": (block_k, (64, 128)),
@@ -3495,8 +2906,8 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu(
     padded_m = m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
     rhs = jnp.swapaxes(rhs, -1, -2)  # f32 wgmma reads [N, K] tiles
-    x = _mgpu_pad(x, (padded_k, padded_m))
-    rhs = _mgpu_pad(rhs, (padded_n, padded_m))
+    x = rt.mgpu_pad(x, (padded_k, padded_m))
+    rhs = rt.mgpu_pad(rhs, (padded_n, padded_m))
     (dy,) = plgpu.kernel(
         functools.partial(
             _matmul_relu_backward_y_stage_2_mosaic_gpu_kernel,
@@ -3508,7 +2919,7 @@ def _matmul_relu_backward_y_stage_2_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.float32),),
         scratch_types=[
             plgpu.SMEM(
-                (block_k, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+                (block_k, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -3528,25 +2939,7 @@ def _matmul_relu_backward_y_mosaic_gpu(acc, dz, x, *, k, n, m, interpret):
     return dy.reshape((k, n))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "block_k",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_block_k",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_m",
-        "mgpu_block_n",
-        "mgpu_block_k",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_bias_gelu(
     x,
     y,
@@ -3576,15 +2969,10 @@ def matmul_bias_gelu(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_tpu_blocks),
         else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: bf16[M, N].
@@ -3592,7 +2980,7 @@ def matmul_bias_gelu(
     Gradients: jax.grad runs the generated backward kernels matmul_bias_gelu_backward_x,
     matmul_bias_gelu_backward_y (_matmul_bias_gelu_vjp).
     """
-    (x, y, bias), sizes = _operands(
+    (x, y, bias), sizes = rt.operands(
         "matmul_bias_gelu",
         {
             "x": (x, jnp.bfloat16, ("M", "K")),
@@ -3600,22 +2988,22 @@ def matmul_bias_gelu(
             "bias": (bias, jnp.float32, ("N",)),
         },
     )
-    _check_blocks(
-        "matmul_bias_gelu", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True
-    )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_bias_gelu",
+        block_m=block_m,
+        block_n=block_n,
+        block_k=block_k,
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         gpu_block_k=gpu_block_k,
         may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
-    k = sizes["K"]
+    m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(matmul_bias_gelu_reference, (((m, n), jnp.bfloat16),), x, y, bias)
-    return _differentiable(
+        return rt.without_elements(
+            matmul_bias_gelu_reference, (((m, n), jnp.bfloat16),), x, y, bias
+        )
+    return rt.differentiable(
         functools.partial(
             _matmul_bias_gelu_forward,
             m=m,
@@ -3696,39 +3084,35 @@ def _matmul_bias_gelu_forward(
 ):
     """`matmul_bias_gelu` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "matmul_bias_gelu",
+        (x, y, bias),
+        tpu=functools.partial(
             _matmul_bias_gelu_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
         ),
-        _gpu_kernel(
-            "matmul_bias_gelu",
-            gpu_backend,
-            functools.partial(
-                _matmul_bias_gelu_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                block_k=gpu_block_k,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _matmul_bias_gelu_mosaic_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=mgpu_block_m,
-                block_n=mgpu_block_n,
-                block_k=mgpu_block_k,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _matmul_bias_gelu_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
-        bias,
+        mosaic_gpu=functools.partial(
+            _matmul_bias_gelu_mosaic_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=mgpu_block_m,
+            block_n=mgpu_block_n,
+            block_k=mgpu_block_k,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -3842,13 +3226,13 @@ _matmul_bias_gelu_tpu_blocks = {
 
 def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, interpret):
     """`matmul_bias_gelu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = _tpu_blocks(
+    block_m, block_n, block_k = rt.tpu_blocks(
         _matmul_bias_gelu_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul_bias_gelu",
         block_m=(
             block_m,
@@ -3882,14 +3266,14 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, int
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_k + 4 * block_k * block_n + 8 * block_n + 12 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k + m * n,
             transcendentals=m * n,
-            bytes_accessed=_nbytes(x, y, bias) + m * n * 2,
+            bytes_accessed=rt.nbytes(x, y, bias) + m * n * 2,
         ),
         interpret=interpret,
         name="matmul_bias_gelu",
@@ -3900,24 +3284,24 @@ def _matmul_bias_gelu_gpu_kernel(
     x_ref, y_ref, bias_ref, z_ref, *, m, n, k, block_m, block_n, block_k
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
 
     def accumulate(step, acc):
         start = step * block_k
-        in_k = _inside(start, block_k, k)  # zeros past a ragged K
-        x = _load(
-            x_ref.at[:, pl.ds(start, block_k)], _mask((block_m, block_k), in_m, in_k), other=0
+        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
+        x = rt.load(
+            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
-        y = _load(
-            y_ref.at[pl.ds(start, block_k), :], _mask((block_k, block_n), in_k, in_n), other=0
+        y = rt.load(
+            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
         )
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
-    bias = _load(bias_ref, _mask((1, block_n), None, in_n))
-    _store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
+    bias = rt.load(bias_ref, rt.mask((1, block_n), None, in_n))
+    rt.store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
@@ -3931,7 +3315,7 @@ def _matmul_bias_gelu_gpu(
     x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`matmul_bias_gelu` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
         _matmul_bias_gelu_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
     )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
@@ -3996,12 +3380,12 @@ def _matmul_bias_gelu_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_k),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
                 ),
                 plgpu.BlockSpec(
                     (block_k, block_n),
                     lambda s: (s, program_n),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -4011,7 +3395,7 @@ def _matmul_bias_gelu_mosaic_gpu_kernel(
         )
         plgpu.barrier_wait(barrier.at[0])
         acc = acc_ref[...]
-        bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
+        bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
         out_smem[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
@@ -4037,10 +3421,10 @@ def _matmul_bias_gelu_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_n, block_k, stages = _gpu_options(
+    block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_bias_gelu_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "matmul_bias_gelu",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -4059,10 +3443,10 @@ def _matmul_bias_gelu_mosaic_gpu(
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
-    x = _mgpu_pad(x, (padded_m, padded_k))
-    y = _mgpu_pad(y, (padded_k, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_k))
+    y = rt.mgpu_pad(y, (padded_k, padded_n))
     bias = bias.reshape((n,))
-    bias = _mgpu_pad(bias, (padded_n,))
+    bias = rt.mgpu_pad(bias, (padded_n,))
     (z,) = plgpu.kernel(
         functools.partial(
             _matmul_bias_gelu_mosaic_gpu_kernel,
@@ -4074,7 +3458,7 @@ def _matmul_bias_gelu_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
+                (block_m, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_n,), jnp.float32),
@@ -4086,25 +3470,7 @@ def _matmul_bias_gelu_mosaic_gpu(
     return z[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "block_k",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_block_k",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_m",
-        "mgpu_block_n",
-        "mgpu_block_k",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_bias_gelu_with_residuals(
     x,
     y,
@@ -4135,20 +3501,15 @@ def matmul_bias_gelu_with_residuals(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_bias_gelu_with_residuals_tpu_blocks),
         else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: bf16[M, N]; acc: f32[M, N].
     """
-    (x, y, bias), sizes = _operands(
+    (x, y, bias), sizes = rt.operands(
         "matmul_bias_gelu_with_residuals",
         {
             "x": (x, jnp.bfloat16, ("M", "K")),
@@ -4156,25 +3517,19 @@ def matmul_bias_gelu_with_residuals(
             "bias": (bias, jnp.float32, ("N",)),
         },
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_bias_gelu_with_residuals",
         block_m=block_m,
         block_n=block_n,
         block_k=block_k,
-        may_be_none=True,
-    )
-    _check_blocks(
-        "matmul_bias_gelu_with_residuals",
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         gpu_block_k=gpu_block_k,
         may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
-    k = sizes["K"]
+    m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             matmul_bias_gelu_with_residuals_reference,
             (((m, n), jnp.bfloat16), ((m, n), jnp.float32)),
             x,
@@ -4182,8 +3537,10 @@ def matmul_bias_gelu_with_residuals(
             bias,
         )
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "matmul_bias_gelu_with_residuals",
+        (x, y, bias),
+        tpu=functools.partial(
             _matmul_bias_gelu_with_residuals_tpu,
             m=m,
             n=n,
@@ -4192,35 +3549,29 @@ def matmul_bias_gelu_with_residuals(
             block_n=block_n,
             block_k=block_k,
         ),
-        _gpu_kernel(
-            "matmul_bias_gelu_with_residuals",
-            gpu_backend,
-            functools.partial(
-                _matmul_bias_gelu_with_residuals_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                block_k=gpu_block_k,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _matmul_bias_gelu_with_residuals_mosaic_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=mgpu_block_m,
-                block_n=mgpu_block_n,
-                block_k=mgpu_block_k,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _matmul_bias_gelu_with_residuals_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
-        bias,
+        mosaic_gpu=functools.partial(
+            _matmul_bias_gelu_with_residuals_mosaic_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=mgpu_block_m,
+            block_n=mgpu_block_n,
+            block_k=mgpu_block_k,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -4281,13 +3632,13 @@ def _matmul_bias_gelu_with_residuals_tpu(
     x, y, bias, *, m, n, k, block_m, block_n, block_k, interpret
 ):
     """`matmul_bias_gelu_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = _tpu_blocks(
+    block_m, block_n, block_k = rt.tpu_blocks(
         _matmul_bias_gelu_with_residuals_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul_bias_gelu_with_residuals",
         block_m=(
             block_m,
@@ -4328,14 +3679,14 @@ def _matmul_bias_gelu_with_residuals_tpu(
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_k + 4 * block_k * block_n + 8 * block_n + 20 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k + m * n,
             transcendentals=m * n,
-            bytes_accessed=_nbytes(x, y, bias) + m * n * 2 + m * n * 4,
+            bytes_accessed=rt.nbytes(x, y, bias) + m * n * 2 + m * n * 4,
         ),
         interpret=interpret,
         name="matmul_bias_gelu_with_residuals",
@@ -4346,28 +3697,28 @@ def _matmul_bias_gelu_with_residuals_gpu_kernel(
     x_ref, y_ref, bias_ref, z_ref, acc_ref, *, m, n, k, block_m, block_n, block_k
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
 
     def accumulate(step, product):
         start = step * block_k
-        in_k = _inside(start, block_k, k)  # zeros past a ragged K
-        x = _load(
-            x_ref.at[:, pl.ds(start, block_k)], _mask((block_m, block_k), in_m, in_k), other=0
+        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
+        x = rt.load(
+            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
-        y = _load(
-            y_ref.at[pl.ds(start, block_k), :], _mask((block_k, block_n), in_k, in_n), other=0
+        y = rt.load(
+            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
         )
         return product + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     product = jax.lax.fori_loop(
         0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32)
     )
-    bias = _load(bias_ref, _mask((1, block_n), None, in_n))
+    bias = rt.load(bias_ref, rt.mask((1, block_n), None, in_n))
     acc = product
-    _store(acc_ref, acc, inside)
-    _store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
+    rt.store(acc_ref, acc, inside)
+    rt.store(z_ref, jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
@@ -4381,7 +3732,7 @@ def _matmul_bias_gelu_with_residuals_gpu(
     x, y, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`matmul_bias_gelu_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
         _matmul_bias_gelu_with_residuals_gpu_options,
         (m, n, k),
         (block_m, block_n, block_k, num_warps, num_stages),
@@ -4459,12 +3810,12 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_k),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
                 ),
                 plgpu.BlockSpec(
                     (block_k, block_n),
                     lambda s: (s, program_n),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -4474,7 +3825,7 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel(
         )
         plgpu.barrier_wait(barrier.at[0])
         product = product_ref[...]
-        bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
+        bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
         acc = product
         acc_smem[...] = acc
         out_smem[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
@@ -4506,12 +3857,12 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_n, block_k, stages = _gpu_options(
+    block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_bias_gelu_with_residuals_mosaic_gpu_options,
         (m, n, k),
         (block_m, block_n, block_k, stages),
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "matmul_bias_gelu_with_residuals",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -4531,10 +3882,10 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu(
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
-    x = _mgpu_pad(x, (padded_m, padded_k))
-    y = _mgpu_pad(y, (padded_k, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_k))
+    y = rt.mgpu_pad(y, (padded_k, padded_n))
     bias = bias.reshape((n,))
-    bias = _mgpu_pad(bias, (padded_n,))
+    bias = rt.mgpu_pad(bias, (padded_n,))
     z, acc = plgpu.kernel(
         functools.partial(
             _matmul_bias_gelu_with_residuals_mosaic_gpu_kernel,
@@ -4549,10 +3900,10 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu(
         ),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
+                (block_m, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
             ),
             plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_n,), jnp.float32),
@@ -4564,21 +3915,7 @@ def _matmul_bias_gelu_with_residuals_mosaic_gpu(
     return z[:m, :n], acc[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_k",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_k",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_bias_gelu_backward_x(
     acc,
     bias,
@@ -4606,18 +3943,15 @@ def matmul_bias_gelu_backward_x(
       y: bf16[K, N].
       block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_matmul_bias_gelu_backward_x_tpu_blocks), or grown to large steps
-        (_grown), else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        (rt.grown), else 512, 1024, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: bf16[M, K].
     """
-    (acc, bias, dz, y), sizes = _operands(
+    (acc, bias, dz, y), sizes = rt.operands(
         "matmul_bias_gelu_backward_x",
         {
             "acc": (acc, jnp.float32, ("M", "N")),
@@ -4626,30 +3960,26 @@ def matmul_bias_gelu_backward_x(
             "y": (y, jnp.bfloat16, ("K", "N")),
         },
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_bias_gelu_backward_x",
         block_m=block_m,
         block_k=block_k,
         block_n=block_n,
-        may_be_none=True,
-    )
-    _check_blocks(
-        "matmul_bias_gelu_backward_x",
         gpu_block_m=gpu_block_m,
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         may_be_none=True,
     )
-    m = sizes["M"]
-    k = sizes["K"]
-    n = sizes["N"]
+    m, k, n = sizes["M"], sizes["K"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             matmul_bias_gelu_backward_x_reference, (((m, k), jnp.bfloat16),), acc, bias, dz, y
         )
     bias = bias.reshape((1, n))  # bias: f32[N]
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "matmul_bias_gelu_backward_x",
+        (acc, bias, dz, y),
+        tpu=functools.partial(
             _matmul_bias_gelu_backward_x_tpu,
             m=m,
             k=k,
@@ -4658,27 +3988,20 @@ def matmul_bias_gelu_backward_x(
             block_k=block_k,
             block_n=block_n,
         ),
-        _gpu_kernel(
-            "matmul_bias_gelu_backward_x",
-            gpu_backend,
-            functools.partial(
-                _matmul_bias_gelu_backward_x_gpu,
-                m=m,
-                k=k,
-                n=n,
-                block_m=gpu_block_m,
-                block_k=gpu_block_k,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_matmul_bias_gelu_backward_x_mosaic_gpu, m=m, k=k, n=n),
+        triton=functools.partial(
+            _matmul_bias_gelu_backward_x_gpu,
+            m=m,
+            k=k,
+            n=n,
+            block_m=gpu_block_m,
+            block_k=gpu_block_k,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        acc,
-        bias,
-        dz,
-        y,
+        mosaic_gpu=functools.partial(_matmul_bias_gelu_backward_x_mosaic_gpu, m=m, k=k, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -4735,8 +4058,8 @@ def _matmul_bias_gelu_backward_x_kernel(
     acc_n_lhs = dacc
     acc_n_rhs = y
     if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-        acc_n_lhs = _fill_past(acc_n_lhs, n_start, n, 1, 0)
-        acc_n_rhs = _fill_past(acc_n_rhs, n_start, n, 1, 0)
+        acc_n_lhs = rt.fill_past(acc_n_lhs, n_start, n, 1, 0)
+        acc_n_rhs = rt.fill_past(acc_n_rhs, n_start, n, 1, 0)
     acc_n_ref[...] = acc_n_ref[...] + jax.lax.dot_general(
         acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -4762,12 +4085,12 @@ def _matmul_bias_gelu_backward_x_tpu(
     acc, bias, dz, y, *, m, k, n, block_m, block_k, block_n, interpret
 ):
     """`matmul_bias_gelu_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_k, block_n = _tpu_blocks(
+    block_m, block_k, block_n = rt.tpu_blocks(
         _matmul_bias_gelu_backward_x_tpu_blocks,
         (m, k, n),
         (block_m, block_k, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(min(m, 1024), 1024, min(n, 1024)),
             step=lambda block_m, block_k, block_n: (
                 block_m * block_k * block_n,
@@ -4783,7 +4106,7 @@ def _matmul_bias_gelu_backward_x_tpu(
     block_m = min(block_m, m)  # a small M is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul_bias_gelu_backward_x",
         block_m=(
             block_m,
@@ -4827,7 +4150,7 @@ def _matmul_bias_gelu_backward_x_tpu(
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_n
                 + 8 * block_n
                 + 4 * block_m * block_n
@@ -4839,7 +4162,7 @@ def _matmul_bias_gelu_backward_x_tpu(
         cost_estimate=pl.CostEstimate(
             flops=2 * m * k * n,
             transcendentals=m * n,
-            bytes_accessed=_nbytes(acc, bias, dz, y) + m * k * 2,
+            bytes_accessed=rt.nbytes(acc, bias, dz, y) + m * k * 2,
         ),
         interpret=interpret,
         name="matmul_bias_gelu_backward_x",
@@ -4850,24 +4173,24 @@ def _matmul_bias_gelu_backward_x_gpu_kernel(
     acc_ref, bias_ref, dz_ref, y_ref, dx_ref, *, m, k, n, block_m, block_k, block_n
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_k = _inside(pl.program_id(1) * block_k, block_k, k)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
 
     def accumulate(index, running):
         n_start = index * block_n
-        in_n = _inside(n_start, block_n, n)
+        in_n = rt.inside(n_start, block_n, n)
         (acc_n,) = running
-        acc = _load(
-            acc_ref.at[:, pl.ds(n_start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+        acc = rt.load(
+            acc_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        bias = _load(
-            bias_ref.at[:, pl.ds(n_start, block_n)], _mask((1, block_n), None, in_n), other=0
+        bias = rt.load(
+            bias_ref.at[:, pl.ds(n_start, block_n)], rt.mask((1, block_n), None, in_n), other=0
         )
-        dz = _load(
-            dz_ref.at[:, pl.ds(n_start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+        dz = rt.load(
+            dz_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        y = _load(
-            y_ref.at[:, pl.ds(n_start, block_n)], _mask((block_k, block_n), in_k, in_n), other=0
+        y = rt.load(
+            y_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_k, block_n), in_k, in_n), other=0
         )
         z_1 = acc + bias
         z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
@@ -4879,8 +4202,8 @@ def _matmul_bias_gelu_backward_x_gpu_kernel(
         acc_n_lhs = dacc
         acc_n_rhs = y
         if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-            acc_n_lhs = _fill_past(acc_n_lhs, n_start, n, 1, 0)
-            acc_n_rhs = _fill_past(acc_n_rhs, n_start, n, 1, 0)
+            acc_n_lhs = rt.fill_past(acc_n_lhs, n_start, n, 1, 0)
+            acc_n_rhs = rt.fill_past(acc_n_rhs, n_start, n, 1, 0)
         acc_n = acc_n + jax.lax.dot_general(
             acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -4889,7 +4212,7 @@ def _matmul_bias_gelu_backward_x_gpu_kernel(
     (acc_n,) = jax.lax.fori_loop(
         0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),)
     )
-    _store(dx_ref, acc_n.astype(jnp.bfloat16), _mask((block_m, block_k), in_m, in_k))
+    rt.store(dx_ref, acc_n.astype(jnp.bfloat16), rt.mask((block_m, block_k), in_m, in_k))
 
 
 # GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
@@ -4903,7 +4226,7 @@ def _matmul_bias_gelu_backward_x_gpu(
     acc, bias, dz, y, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`matmul_bias_gelu_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_k, block_n, num_warps, num_stages = rt.gpu_options(
         _matmul_bias_gelu_backward_x_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, num_warps, num_stages),
@@ -4950,9 +4273,9 @@ def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel(
     program_n = jax.lax.axis_index("N")
 
     def step(_, acc_smem, bias_smem, dz_smem, lhs_smem):
-        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
-        bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
-        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
+        bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
+        dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
         z_1 = acc + bias
         z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
         dz_1 = dz.astype(jnp.float32) * (
@@ -4969,20 +4292,20 @@ def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             )
         ],
     )(acc_ref, bias_ref, dz_ref, lhs_ref)
@@ -4998,10 +4321,10 @@ def _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, inte
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    acc = _mgpu_pad(acc, (padded_m, padded_n))
+    acc = rt.mgpu_pad(acc, (padded_m, padded_n))
     bias = bias.reshape((n,))
-    bias = _mgpu_pad(bias, (padded_n,))
-    dz = _mgpu_pad(dz, (padded_m, padded_n))
+    bias = rt.mgpu_pad(bias, (padded_n,))
+    dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     (lhs,) = plgpu.kernel(
         functools.partial(
             _matmul_bias_gelu_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
@@ -5032,12 +4355,12 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_n),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
                 plgpu.BlockSpec(
                     (block_k, block_n),
                     lambda s: (program_k, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -5069,12 +4392,12 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_k, block_n, stages = _gpu_options(
+    block_m, block_k, block_n, stages = rt.gpu_options(
         _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, stages),
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "matmul_bias_gelu_backward_x_stage_2",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -5088,8 +4411,8 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
-    lhs = _mgpu_pad(lhs, (padded_m, padded_n))
-    y = _mgpu_pad(y, (padded_k, padded_n))
+    lhs = rt.mgpu_pad(lhs, (padded_m, padded_n))
+    y = rt.mgpu_pad(y, (padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu_kernel,
@@ -5101,7 +4424,7 @@ def _matmul_bias_gelu_backward_x_stage_2_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_k), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_k)
+                (block_m, block_k), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -5123,21 +4446,7 @@ def _matmul_bias_gelu_backward_x_mosaic_gpu(acc, bias, dz, y, *, m, k, n, interp
     return dx.reshape((m, k))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_k",
-        "block_n",
-        "block_m",
-        "gpu_block_k",
-        "gpu_block_n",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_bias_gelu_backward_y(
     acc,
     bias,
@@ -5165,18 +4474,15 @@ def matmul_bias_gelu_backward_y(
       x: bf16[M, K].
       block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_matmul_bias_gelu_backward_y_tpu_blocks), or grown to large steps
-        (_grown), else 1024, 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        (rt.grown), else 1024, 1024, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dy: bf16[K, N]; dbias: f32[N].
     """
-    (acc, bias, dz, x), sizes = _operands(
+    (acc, bias, dz, x), sizes = rt.operands(
         "matmul_bias_gelu_backward_y",
         {
             "acc": (acc, jnp.float32, ("M", "N")),
@@ -5185,25 +4491,19 @@ def matmul_bias_gelu_backward_y(
             "x": (x, jnp.bfloat16, ("M", "K")),
         },
     )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_bias_gelu_backward_y",
         block_k=block_k,
         block_n=block_n,
         block_m=block_m,
-        may_be_none=True,
-    )
-    _check_blocks(
-        "matmul_bias_gelu_backward_y",
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         gpu_block_m=gpu_block_m,
         may_be_none=True,
     )
-    k = sizes["K"]
-    n = sizes["N"]
-    m = sizes["M"]
+    k, n, m = sizes["K"], sizes["N"], sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             matmul_bias_gelu_backward_y_reference,
             (((k, n), jnp.bfloat16), ((n,), jnp.float32)),
             acc,
@@ -5212,8 +4512,10 @@ def matmul_bias_gelu_backward_y(
             x,
         )
     bias = bias.reshape((1, n))  # bias: f32[N]
-    dy, dbias = _on_platform(
-        functools.partial(
+    dy, dbias = rt.on_platform(
+        "matmul_bias_gelu_backward_y",
+        (acc, bias, dz, x),
+        tpu=functools.partial(
             _matmul_bias_gelu_backward_y_tpu,
             k=k,
             n=n,
@@ -5222,27 +4524,20 @@ def matmul_bias_gelu_backward_y(
             block_n=block_n,
             block_m=block_m,
         ),
-        _gpu_kernel(
-            "matmul_bias_gelu_backward_y",
-            gpu_backend,
-            functools.partial(
-                _matmul_bias_gelu_backward_y_gpu,
-                k=k,
-                n=n,
-                m=m,
-                block_k=gpu_block_k,
-                block_n=gpu_block_n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_matmul_bias_gelu_backward_y_mosaic_gpu, k=k, n=n, m=m),
+        triton=functools.partial(
+            _matmul_bias_gelu_backward_y_gpu,
+            k=k,
+            n=n,
+            m=m,
+            block_k=gpu_block_k,
+            block_n=gpu_block_n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        acc,
-        bias,
-        dz,
-        x,
+        mosaic_gpu=functools.partial(_matmul_bias_gelu_backward_y_mosaic_gpu, k=k, n=n, m=m),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     dbias = dbias.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
     return dy, dbias
@@ -5318,14 +4613,14 @@ def _matmul_bias_gelu_backward_y_kernel(
     acc_m_lhs = x
     acc_m_rhs = dacc
     if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-        acc_m_lhs = _fill_past(acc_m_lhs, m_start, m, 0, 0)
-        acc_m_rhs = _fill_past(acc_m_rhs, m_start, m, 0, 0)
+        acc_m_lhs = rt.fill_past(acc_m_lhs, m_start, m, 0, 0)
+        acc_m_rhs = rt.fill_past(acc_m_rhs, m_start, m, 0, 0)
     acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
         acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
     sum_m_block = dz_1
     if m % block_m:  # a ragged M: 0.0 past its end, never padding
-        sum_m_block = _fill_past(sum_m_block, m_start, m, 0, 0.0)
+        sum_m_block = rt.fill_past(sum_m_block, m_start, m, 0, 0.0)
     sum_m_ref[...] = sum_m_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(2) - 1)
@@ -5351,12 +4646,12 @@ def _matmul_bias_gelu_backward_y_tpu(
     acc, bias, dz, x, *, k, n, m, block_k, block_n, block_m, interpret
 ):
     """`matmul_bias_gelu_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_k, block_n, block_m = _tpu_blocks(
+    block_k, block_n, block_m = rt.tpu_blocks(
         _matmul_bias_gelu_backward_y_tpu_blocks,
         (k, n, m),
         (block_k, block_n, block_m),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(min(k, 1024), 1024, min(m, 1024)),
             step=lambda block_k, block_n, block_m: (
                 block_k * block_n * block_m,
@@ -5374,7 +4669,7 @@ def _matmul_bias_gelu_backward_y_tpu(
     block_k = min(block_k, k)  # a small K is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul_bias_gelu_backward_y",
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
@@ -5430,7 +4725,7 @@ def _matmul_bias_gelu_backward_y_tpu(
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_n
                 + 8 * block_n
                 + 4 * block_m * block_n
@@ -5444,7 +4739,7 @@ def _matmul_bias_gelu_backward_y_tpu(
         cost_estimate=pl.CostEstimate(
             flops=2 * k * n * m,
             transcendentals=n * m,
-            bytes_accessed=_nbytes(acc, bias, dz, x) + k * n * 2 + n * 4,
+            bytes_accessed=rt.nbytes(acc, bias, dz, x) + k * n * 2 + n * 4,
         ),
         interpret=interpret,
         name="matmul_bias_gelu_backward_y",
@@ -5455,22 +4750,22 @@ def _matmul_bias_gelu_backward_y_gpu_kernel(
     acc_ref, bias_ref, dz_ref, x_ref, dy_ref, dbias_ref, *, k, n, m, block_k, block_n, block_m
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_k = _inside(pl.program_id(0) * block_k, block_k, k)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    bias = _load(bias_ref, _mask((1, block_n), None, in_n), other=0)
+    in_k = rt.inside(pl.program_id(0) * block_k, block_k, k)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    bias = rt.load(bias_ref, rt.mask((1, block_n), None, in_n), other=0)
 
     def accumulate(index, running):
         m_start = index * block_m
-        in_m = _inside(m_start, block_m, m)
+        in_m = rt.inside(m_start, block_m, m)
         acc_m, sum_m = running
-        acc = _load(
-            acc_ref.at[pl.ds(m_start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        acc = rt.load(
+            acc_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        dz = _load(
-            dz_ref.at[pl.ds(m_start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        dz = rt.load(
+            dz_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        x = _load(
-            x_ref.at[pl.ds(m_start, block_m), :], _mask((block_m, block_k), in_m, in_k), other=0
+        x = rt.load(
+            x_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
         z_1 = acc + bias
         z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
@@ -5482,14 +4777,14 @@ def _matmul_bias_gelu_backward_y_gpu_kernel(
         acc_m_lhs = x
         acc_m_rhs = dacc
         if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-            acc_m_lhs = _fill_past(acc_m_lhs, m_start, m, 0, 0)
-            acc_m_rhs = _fill_past(acc_m_rhs, m_start, m, 0, 0)
+            acc_m_lhs = rt.fill_past(acc_m_lhs, m_start, m, 0, 0)
+            acc_m_rhs = rt.fill_past(acc_m_rhs, m_start, m, 0, 0)
         acc_m = acc_m + jax.lax.dot_general(
             acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
         )
         sum_m_block = dz_1
         if m % block_m:  # a ragged M: 0.0 past its end, never padding
-            sum_m_block = _fill_past(sum_m_block, m_start, m, 0, 0.0)
+            sum_m_block = rt.fill_past(sum_m_block, m_start, m, 0, 0.0)
         sum_m = sum_m + jnp.sum(sum_m_block, axis=0, keepdims=True)
         return acc_m, sum_m
 
@@ -5499,8 +4794,8 @@ def _matmul_bias_gelu_backward_y_gpu_kernel(
         accumulate,
         (jnp.full((block_k, block_n), 0, jnp.float32), jnp.full((1, block_n), 0.0, jnp.float32)),
     )
-    _store(dy_ref, acc_m.astype(jnp.bfloat16), _mask((block_k, block_n), in_k, in_n))
-    _store(dbias_ref, sum_m, _mask((1, block_n), None, in_n))
+    rt.store(dy_ref, acc_m.astype(jnp.bfloat16), rt.mask((block_k, block_n), in_k, in_n))
+    rt.store(dbias_ref, sum_m, rt.mask((1, block_n), None, in_n))
 
 
 # GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
@@ -5514,7 +4809,7 @@ def _matmul_bias_gelu_backward_y_gpu(
     acc, bias, dz, x, *, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`matmul_bias_gelu_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_k, block_n, block_m, num_warps, num_stages = _gpu_options(
+    block_k, block_n, block_m, num_warps, num_stages = rt.gpu_options(
         _matmul_bias_gelu_backward_y_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, num_warps, num_stages),
@@ -5569,14 +4864,14 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel(
         bias_ref.at[pl.ds(program_n * block_n, block_n)], bias_smem, barrier.at[0]
     )
     plgpu.barrier_wait(barrier.at[0])
-    bias = _mgpu_load_vector(bias_smem, 1)
+    bias = rt.mgpu_load_vector(bias_smem, 1)
 
     def reduce_1(indices, acc_smem, dz_smem, carry):
         (sum_m_running,) = carry
         start = indices[0] * block_m
-        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
-        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
-        z_1 = acc + _mgpu_spread(bias, (block_m, block_n), 1)
+        acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
+        dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        z_1 = acc + rt.mgpu_spread(bias, (block_m, block_n), 1)
         z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
         dz_1 = dz.astype(jnp.float32) * (
             0.5 * (1 + z_2)
@@ -5585,7 +4880,7 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel(
         sum_m_block = dz_1
         if m % block_m:  # a ragged M: its identity past the end
             sum_m_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
             )
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
@@ -5597,16 +4892,16 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (s, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (s, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_n, 0.0, jnp.float32, 1),),
+        init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),
     )(acc_ref, dz_ref)
     sum_m = sum_m_running
     dbias = sum_m
@@ -5626,10 +4921,10 @@ def _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu(acc, bias, dz, *, m, n, inte
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    acc = _mgpu_pad(acc, (padded_m, padded_n))
+    acc = rt.mgpu_pad(acc, (padded_m, padded_n))
     bias = bias.reshape((n,))
-    bias = _mgpu_pad(bias, (padded_n,))
-    dz = _mgpu_pad(dz, (padded_m, padded_n))
+    bias = rt.mgpu_pad(bias, (padded_n,))
+    dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     (dbias,) = plgpu.kernel(
         functools.partial(
             _matmul_bias_gelu_backward_y_stage_1_mosaic_gpu_kernel,
@@ -5657,9 +4952,9 @@ def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu_kernel(
     program_n = jax.lax.axis_index("N")
 
     def step(_, acc_smem, bias_smem, dz_smem, rhs_smem):
-        acc = _mgpu_load(acc_smem, (block_m, block_n), (0, 1))
-        bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
-        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        acc = rt.mgpu_load(acc_smem, (block_m, block_n), (0, 1))
+        bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
+        dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
         z_1 = acc + bias
         z_2 = jnp.tanh(0.7978845608028654 * (z_1 + 0.044715 * z_1 * z_1 * z_1))
         dz_1 = dz.astype(jnp.float32) * (
@@ -5676,20 +4971,20 @@ def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             )
         ],
     )(acc_ref, bias_ref, dz_ref, rhs_ref)
@@ -5705,10 +5000,10 @@ def _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu(acc, bias, dz, *, m, n, inte
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    acc = _mgpu_pad(acc, (padded_m, padded_n))
+    acc = rt.mgpu_pad(acc, (padded_m, padded_n))
     bias = bias.reshape((n,))
-    bias = _mgpu_pad(bias, (padded_n,))
-    dz = _mgpu_pad(dz, (padded_m, padded_n))
+    bias = rt.mgpu_pad(bias, (padded_n,))
+    dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     (rhs,) = plgpu.kernel(
         functools.partial(
             _matmul_bias_gelu_backward_y_stage_2_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
@@ -5739,12 +5034,12 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_k, block_m),
                     lambda s: (program_k, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_m),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_m),
                 ),
                 plgpu.BlockSpec(
                     (block_m, block_n),
                     lambda s: (s, program_n),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -5776,12 +5071,12 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_k, block_n, block_m, stages = _gpu_options(
+    block_k, block_n, block_m, stages = rt.gpu_options(
         _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_options,
         (k, n, m),
         (block_k, block_n, block_m, stages),
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "matmul_bias_gelu_backward_y_stage_3",
         {
             "mgpu_block_k": (block_k, (64, 128)),
@@ -5796,8 +5091,8 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(
     padded_n = n + -n % block_n
     padded_m = m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
-    x = _mgpu_pad(x, (padded_k, padded_m))
-    rhs = _mgpu_pad(rhs, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_k, padded_m))
+    rhs = rt.mgpu_pad(rhs, (padded_m, padded_n))
     (dy,) = plgpu.kernel(
         functools.partial(
             _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu_kernel,
@@ -5809,7 +5104,7 @@ def _matmul_bias_gelu_backward_y_stage_3_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_k, padded_n), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_k, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
+                (block_k, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -5834,25 +5129,7 @@ def _matmul_bias_gelu_backward_y_mosaic_gpu(acc, bias, dz, x, *, k, n, m, interp
     return dy.reshape((k, n)), dbias.reshape((1, n))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "block_k",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_block_k",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_m",
-        "mgpu_block_n",
-        "mgpu_block_k",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def matmul_int8(
     x,
     y,
@@ -5880,15 +5157,10 @@ def matmul_int8(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_matmul_int8_tpu_blocks),
         else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: i32[M, N].
@@ -5896,25 +5168,23 @@ def matmul_int8(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "matmul_int8", {"x": (x, jnp.int8, ("M", "K")), "y": (y, jnp.int8, ("K", "N"))}
     )
-    _check_blocks(
-        "matmul_int8", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True
-    )
-    _check_blocks(
+    rt.check_blocks(
         "matmul_int8",
+        block_m=block_m,
+        block_n=block_n,
+        block_k=block_k,
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         gpu_block_k=gpu_block_k,
         may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
-    k = sizes["K"]
+    m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(matmul_int8_reference, (((m, n), jnp.int32),), x, y)
-    return _differentiable(
+        return rt.without_elements(matmul_int8_reference, (((m, n), jnp.int32),), x, y)
+    return rt.differentiable(
         functools.partial(
             _matmul_int8_forward,
             m=m,
@@ -5971,38 +5241,35 @@ def _matmul_int8_forward(
     interpret,
 ):
     """`matmul_int8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "matmul_int8",
+        (x, y),
+        tpu=functools.partial(
             _matmul_int8_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
         ),
-        _gpu_kernel(
-            "matmul_int8",
-            gpu_backend,
-            functools.partial(
-                _matmul_int8_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                block_k=gpu_block_k,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _matmul_int8_mosaic_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=mgpu_block_m,
-                block_n=mgpu_block_n,
-                block_k=mgpu_block_k,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _matmul_int8_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(
+            _matmul_int8_mosaic_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=mgpu_block_m,
+            block_n=mgpu_block_n,
+            block_k=mgpu_block_k,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -6054,13 +5321,13 @@ _matmul_int8_tpu_blocks = {
 
 def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     """`matmul_int8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = _tpu_blocks(
+    block_m, block_n, block_k = rt.tpu_blocks(
         _matmul_int8_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "matmul_int8",
         block_m=(
             block_m,
@@ -6092,12 +5359,12 @@ def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 2 * block_m * block_k + 2 * block_k * block_n + 16 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 4
+            flops=2 * m * n * k, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n * 4
         ),
         interpret=interpret,
         name="matmul_int8",
@@ -6106,23 +5373,23 @@ def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
 
 def _matmul_int8_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_k):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
 
     def accumulate(step, acc):
         start = step * block_k
-        in_k = _inside(start, block_k, k)  # zeros past a ragged K
-        x = _load(
-            x_ref.at[:, pl.ds(start, block_k)], _mask((block_m, block_k), in_m, in_k), other=0
+        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
+        x = rt.load(
+            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
-        y = _load(
-            y_ref.at[pl.ds(start, block_k), :], _mask((block_k, block_n), in_k, in_n), other=0
+        y = rt.load(
+            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
         )
         return acc + jnp.dot(x, y, preferred_element_type=jnp.int32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.int32))
-    _store(z_ref, acc, inside)
+    rt.store(z_ref, acc, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
@@ -6134,7 +5401,7 @@ _matmul_int8_gpu_options = {None: (128, 128, 64, 8, 3)}
 
 def _matmul_int8_gpu(x, y, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret):
     """`matmul_int8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
         _matmul_int8_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
     )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
@@ -6186,12 +5453,12 @@ def _matmul_int8_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_k),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.int8, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.int8, block_k),
                 ),
                 plgpu.BlockSpec(
                     (block_n, block_k),
                     lambda s: (program_n, s),
-                    transforms=_mgpu_swizzled(jnp.int8, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.int8, block_k),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -6222,10 +5489,10 @@ def _matmul_int8_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_n, block_k, stages = _gpu_options(
+    block_m, block_n, block_k, stages = rt.gpu_options(
         _matmul_int8_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "matmul_int8",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -6240,8 +5507,8 @@ def _matmul_int8_mosaic_gpu(
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
     y = jnp.swapaxes(y, -1, -2)  # i8 wgmma reads [N, K] tiles
-    x = _mgpu_pad(x, (padded_m, padded_k))
-    y = _mgpu_pad(y, (padded_n, padded_k))
+    x = rt.mgpu_pad(x, (padded_m, padded_k))
+    y = rt.mgpu_pad(y, (padded_n, padded_k))
     (z,) = plgpu.kernel(
         functools.partial(
             _matmul_int8_mosaic_gpu_kernel,
@@ -6253,7 +5520,7 @@ def _matmul_int8_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_n), jnp.int32, transforms=_mgpu_swizzled(jnp.int32, block_n)
+                (block_m, block_n), jnp.int32, transforms=rt.mgpu_swizzled(jnp.int32, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -6264,25 +5531,7 @@ def _matmul_int8_mosaic_gpu(
     return z[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "block_k",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_block_k",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_m",
-        "mgpu_block_n",
-        "mgpu_block_k",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def batched_matmul(
     x,
     y,
@@ -6310,15 +5559,10 @@ def batched_matmul(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_batched_matmul_tpu_blocks),
         else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: f32[B, M, N].
@@ -6326,27 +5570,24 @@ def batched_matmul(
     Gradients: jax.grad runs the generated backward kernels batched_matmul_backward_x,
     batched_matmul_backward_y (_batched_matmul_vjp).
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "batched_matmul",
         {"x": (x, jnp.bfloat16, ("B", "M", "K")), "y": (y, jnp.bfloat16, ("B", "K", "N"))},
     )
-    _check_blocks(
-        "batched_matmul", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True
-    )
-    _check_blocks(
+    rt.check_blocks(
         "batched_matmul",
+        block_m=block_m,
+        block_n=block_n,
+        block_k=block_k,
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         gpu_block_k=gpu_block_k,
         may_be_none=True,
     )
-    b = sizes["B"]
-    m = sizes["M"]
-    n = sizes["N"]
-    k = sizes["K"]
+    b, m, n, k = sizes["B"], sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(batched_matmul_reference, (((b, m, n), jnp.float32),), x, y)
-    return _differentiable(
+        return rt.without_elements(batched_matmul_reference, (((b, m, n), jnp.float32),), x, y)
+    return rt.differentiable(
         functools.partial(
             _batched_matmul_forward,
             b=b,
@@ -6405,8 +5646,10 @@ def _batched_matmul_forward(
     interpret,
 ):
     """`batched_matmul` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "batched_matmul",
+        (x, y),
+        tpu=functools.partial(
             _batched_matmul_tpu,
             b=b,
             m=m,
@@ -6416,36 +5659,31 @@ def _batched_matmul_forward(
             block_n=block_n,
             block_k=block_k,
         ),
-        _gpu_kernel(
-            "batched_matmul",
-            gpu_backend,
-            functools.partial(
-                _batched_matmul_gpu,
-                b=b,
-                m=m,
-                n=n,
-                k=k,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                block_k=gpu_block_k,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _batched_matmul_mosaic_gpu,
-                b=b,
-                m=m,
-                n=n,
-                k=k,
-                block_m=mgpu_block_m,
-                block_n=mgpu_block_n,
-                block_k=mgpu_block_k,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _batched_matmul_gpu,
+            b=b,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(
+            _batched_matmul_mosaic_gpu,
+            b=b,
+            m=m,
+            n=n,
+            k=k,
+            block_m=mgpu_block_m,
+            block_n=mgpu_block_n,
+            block_k=mgpu_block_k,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -6503,13 +5741,13 @@ _batched_matmul_tpu_blocks = {
 
 def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpret):
     """`batched_matmul` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = _tpu_blocks(
+    block_m, block_n, block_k = rt.tpu_blocks(
         _batched_matmul_tpu_blocks, (b, m, n, k), (block_m, block_n, block_k)
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "batched_matmul",
         block_m=(
             block_m,
@@ -6541,7 +5779,7 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_k
                 + 4 * block_k * block_n
                 + 8 * block_m * block_n
@@ -6549,7 +5787,9 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * m * n * k, transcendentals=0, bytes_accessed=_nbytes(x, y) + b * m * n * 4
+            flops=2 * b * m * n * k,
+            transcendentals=0,
+            bytes_accessed=rt.nbytes(x, y) + b * m * n * 4,
         ),
         interpret=interpret,
         name="batched_matmul",
@@ -6558,23 +5798,23 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
 
 def _batched_matmul_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, k, block_m, block_n, block_k):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(1) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(2) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
+    in_m = rt.inside(pl.program_id(1) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(2) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
 
     def accumulate(step, acc):
         start = step * block_k
-        in_k = _inside(start, block_k, k)  # zeros past a ragged K
-        x = _load(
-            x_ref.at[:, pl.ds(start, block_k)], _mask((block_m, block_k), in_m, in_k), other=0
+        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
+        x = rt.load(
+            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
-        y = _load(
-            y_ref.at[pl.ds(start, block_k), :], _mask((block_k, block_n), in_k, in_n), other=0
+        y = rt.load(
+            y_ref.at[pl.ds(start, block_k), :], rt.mask((block_k, block_n), in_k, in_n), other=0
         )
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(z_ref.shape, jnp.float32))
-    _store(z_ref, acc, inside)
+    rt.store(z_ref, acc, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
@@ -6588,7 +5828,7 @@ def _batched_matmul_gpu(
     x, y, *, b, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`batched_matmul` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
         _batched_matmul_gpu_options,
         (b, m, n, k),
         (block_m, block_n, block_k, num_warps, num_stages),
@@ -6643,12 +5883,12 @@ def _batched_matmul_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_k),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
                 ),
                 plgpu.BlockSpec(
                     (block_k, block_n),
                     lambda s: (s, program_n),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -6683,10 +5923,10 @@ def _batched_matmul_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_n, block_k, stages = _gpu_options(
+    block_m, block_n, block_k, stages = rt.gpu_options(
         _batched_matmul_mosaic_gpu_options, (b, m, n, k), (block_m, block_n, block_k, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "batched_matmul",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -6700,8 +5940,8 @@ def _batched_matmul_mosaic_gpu(
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
-    x = _mgpu_pad(x, (b, padded_m, padded_k))
-    y = _mgpu_pad(y, (b, padded_k, padded_n))
+    x = rt.mgpu_pad(x, (b, padded_m, padded_k))
+    y = rt.mgpu_pad(y, (b, padded_k, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(
             _batched_matmul_mosaic_gpu_kernel,
@@ -6713,7 +5953,7 @@ def _batched_matmul_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_n), jnp.float32),),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+                (block_m, block_n), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -6724,21 +5964,7 @@ def _batched_matmul_mosaic_gpu(
     return z[:b, :m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_k",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_k",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def batched_matmul_backward_x(
     dz,
     y,
@@ -6762,45 +5988,37 @@ def batched_matmul_backward_x(
       y: bf16[B, K, N].
       block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_batched_matmul_backward_x_tpu_blocks), or grown to large steps
-        (_grown), else 512, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        (rt.grown), else 512, 1024, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: bf16[B, M, K].
     """
-    (dz, y), sizes = _operands(
+    (dz, y), sizes = rt.operands(
         "batched_matmul_backward_x",
         {"dz": (dz, jnp.float32, ("B", "M", "N")), "y": (y, jnp.bfloat16, ("B", "K", "N"))},
     )
-    _check_blocks(
+    rt.check_blocks(
         "batched_matmul_backward_x",
         block_m=block_m,
         block_k=block_k,
         block_n=block_n,
-        may_be_none=True,
-    )
-    _check_blocks(
-        "batched_matmul_backward_x",
         gpu_block_m=gpu_block_m,
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         may_be_none=True,
     )
-    b = sizes["B"]
-    m = sizes["M"]
-    k = sizes["K"]
-    n = sizes["N"]
+    b, m, k, n = sizes["B"], sizes["M"], sizes["K"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             batched_matmul_backward_x_reference, (((b, m, k), jnp.bfloat16),), dz, y
         )
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "batched_matmul_backward_x",
+        (dz, y),
+        tpu=functools.partial(
             _batched_matmul_backward_x_tpu,
             b=b,
             m=m,
@@ -6810,26 +6028,21 @@ def batched_matmul_backward_x(
             block_k=block_k,
             block_n=block_n,
         ),
-        _gpu_kernel(
-            "batched_matmul_backward_x",
-            gpu_backend,
-            functools.partial(
-                _batched_matmul_backward_x_gpu,
-                b=b,
-                m=m,
-                k=k,
-                n=n,
-                block_m=gpu_block_m,
-                block_k=gpu_block_k,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_batched_matmul_backward_x_mosaic_gpu, b=b, m=m, k=k, n=n),
+        triton=functools.partial(
+            _batched_matmul_backward_x_gpu,
+            b=b,
+            m=m,
+            k=k,
+            n=n,
+            block_m=gpu_block_m,
+            block_k=gpu_block_k,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        dz,
-        y,
+        mosaic_gpu=functools.partial(_batched_matmul_backward_x_mosaic_gpu, b=b, m=m, k=k, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -6871,8 +6084,8 @@ def _batched_matmul_backward_x_kernel(
     acc_n_lhs = dacc
     acc_n_rhs = y
     if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-        acc_n_lhs = _fill_past(acc_n_lhs, n_start, n, 1, 0)
-        acc_n_rhs = _fill_past(acc_n_rhs, n_start, n, 1, 0)
+        acc_n_lhs = rt.fill_past(acc_n_lhs, n_start, n, 1, 0)
+        acc_n_rhs = rt.fill_past(acc_n_rhs, n_start, n, 1, 0)
     acc_n_ref[...] = acc_n_ref[...] + jax.lax.dot_general(
         acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -6896,12 +6109,12 @@ _batched_matmul_backward_x_tpu_blocks = {
 
 def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block_n, interpret):
     """`batched_matmul_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_k, block_n = _tpu_blocks(
+    block_m, block_k, block_n = rt.tpu_blocks(
         _batched_matmul_backward_x_tpu_blocks,
         (b, m, k, n),
         (block_m, block_k, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(min(m, 1024), 1024, min(n, 1024)),
             step=lambda block_m, block_k, block_n: (
                 block_m * block_k * block_n,
@@ -6915,7 +6128,7 @@ def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block
     block_m = min(block_m, m)  # a small M is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "batched_matmul_backward_x",
         block_m=(
             block_m,
@@ -6956,7 +6169,7 @@ def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_n
                 + 4 * block_k * block_n
                 + 4 * block_m * block_k
@@ -6966,7 +6179,7 @@ def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block
         cost_estimate=pl.CostEstimate(
             flops=2 * b * m * k * n,
             transcendentals=0,
-            bytes_accessed=_nbytes(dz, y) + b * m * k * 2,
+            bytes_accessed=rt.nbytes(dz, y) + b * m * k * 2,
         ),
         interpret=interpret,
         name="batched_matmul_backward_x",
@@ -6977,25 +6190,25 @@ def _batched_matmul_backward_x_gpu_kernel(
     dz_ref, y_ref, dx_ref, *, b, m, k, n, block_m, block_k, block_n
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(1) * block_m, block_m, m)
-    in_k = _inside(pl.program_id(2) * block_k, block_k, k)
+    in_m = rt.inside(pl.program_id(1) * block_m, block_m, m)
+    in_k = rt.inside(pl.program_id(2) * block_k, block_k, k)
 
     def accumulate(index, running):
         n_start = index * block_n
-        in_n = _inside(n_start, block_n, n)
+        in_n = rt.inside(n_start, block_n, n)
         (acc_n,) = running
-        dz = _load(
-            dz_ref.at[:, pl.ds(n_start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+        dz = rt.load(
+            dz_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        y = _load(
-            y_ref.at[:, pl.ds(n_start, block_n)], _mask((block_k, block_n), in_k, in_n), other=0
+        y = rt.load(
+            y_ref.at[:, pl.ds(n_start, block_n)], rt.mask((block_k, block_n), in_k, in_n), other=0
         )
         dacc = dz.astype(jnp.bfloat16)
         acc_n_lhs = dacc
         acc_n_rhs = y
         if n % block_n:  # a ragged N: both operands 0 past its end, never padding
-            acc_n_lhs = _fill_past(acc_n_lhs, n_start, n, 1, 0)
-            acc_n_rhs = _fill_past(acc_n_rhs, n_start, n, 1, 0)
+            acc_n_lhs = rt.fill_past(acc_n_lhs, n_start, n, 1, 0)
+            acc_n_rhs = rt.fill_past(acc_n_rhs, n_start, n, 1, 0)
         acc_n = acc_n + jax.lax.dot_general(
             acc_n_lhs, acc_n_rhs, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -7004,7 +6217,7 @@ def _batched_matmul_backward_x_gpu_kernel(
     (acc_n,) = jax.lax.fori_loop(
         0, pl.cdiv(n, block_n), accumulate, (jnp.full((block_m, block_k), 0, jnp.float32),)
     )
-    _store(dx_ref, acc_n.astype(jnp.bfloat16), _mask((block_m, block_k), in_m, in_k))
+    rt.store(dx_ref, acc_n.astype(jnp.bfloat16), rt.mask((block_m, block_k), in_m, in_k))
 
 
 # GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
@@ -7018,7 +6231,7 @@ def _batched_matmul_backward_x_gpu(
     dz, y, *, b, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`batched_matmul_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_k, block_n, num_warps, num_stages = rt.gpu_options(
         _batched_matmul_backward_x_gpu_options,
         (b, m, k, n),
         (block_m, block_k, block_n, num_warps, num_stages),
@@ -7061,7 +6274,7 @@ def _batched_matmul_backward_x_stage_1_mosaic_gpu_kernel(dz_ref, lhs_ref, *, blo
     program_n = jax.lax.axis_index("N")
 
     def step(_, dz_smem, lhs_smem):
-        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
         dacc = dz.astype(jnp.bfloat16)
         lhs_smem[...] = dacc
 
@@ -7072,14 +6285,14 @@ def _batched_matmul_backward_x_stage_1_mosaic_gpu_kernel(dz_ref, lhs_ref, *, blo
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             )
         ],
     )(dz_ref.at[program_b], lhs_ref.at[program_b])
@@ -7095,7 +6308,7 @@ def _batched_matmul_backward_x_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    dz = _mgpu_pad(dz, (b, padded_m, padded_n))
+    dz = rt.mgpu_pad(dz, (b, padded_m, padded_n))
     (lhs,) = plgpu.kernel(
         functools.partial(
             _batched_matmul_backward_x_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
@@ -7127,12 +6340,12 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_n),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
                 plgpu.BlockSpec(
                     (block_k, block_n),
                     lambda s: (program_k, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -7167,12 +6380,12 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_k, block_n, stages = _gpu_options(
+    block_m, block_k, block_n, stages = rt.gpu_options(
         _batched_matmul_backward_x_stage_2_mosaic_gpu_options,
         (b, m, k, n),
         (block_m, block_k, block_n, stages),
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "batched_matmul_backward_x_stage_2",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -7186,8 +6399,8 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu(
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
-    lhs = _mgpu_pad(lhs, (b, padded_m, padded_n))
-    y = _mgpu_pad(y, (b, padded_k, padded_n))
+    lhs = rt.mgpu_pad(lhs, (b, padded_m, padded_n))
+    y = rt.mgpu_pad(y, (b, padded_k, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             _batched_matmul_backward_x_stage_2_mosaic_gpu_kernel,
@@ -7199,7 +6412,7 @@ def _batched_matmul_backward_x_stage_2_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((b, padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_k), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_k)
+                (block_m, block_k), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -7221,21 +6434,7 @@ def _batched_matmul_backward_x_mosaic_gpu(dz, y, *, b, m, k, n, interpret):
     return dx.reshape((b, m, k))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_k",
-        "block_n",
-        "block_m",
-        "gpu_block_k",
-        "gpu_block_n",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def batched_matmul_backward_y(
     dz,
     x,
@@ -7259,45 +6458,37 @@ def batched_matmul_backward_y(
       x: bf16[B, M, K].
       block_k, block_n, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes (_batched_matmul_backward_y_tpu_blocks), or grown to large steps
-        (_grown), else 1024, 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        (rt.grown), else 1024, 1024, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dy: bf16[B, K, N].
     """
-    (dz, x), sizes = _operands(
+    (dz, x), sizes = rt.operands(
         "batched_matmul_backward_y",
         {"dz": (dz, jnp.float32, ("B", "M", "N")), "x": (x, jnp.bfloat16, ("B", "M", "K"))},
     )
-    _check_blocks(
+    rt.check_blocks(
         "batched_matmul_backward_y",
         block_k=block_k,
         block_n=block_n,
         block_m=block_m,
-        may_be_none=True,
-    )
-    _check_blocks(
-        "batched_matmul_backward_y",
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         gpu_block_m=gpu_block_m,
         may_be_none=True,
     )
-    b = sizes["B"]
-    k = sizes["K"]
-    n = sizes["N"]
-    m = sizes["M"]
+    b, k, n, m = sizes["B"], sizes["K"], sizes["N"], sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             batched_matmul_backward_y_reference, (((b, k, n), jnp.bfloat16),), dz, x
         )
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "batched_matmul_backward_y",
+        (dz, x),
+        tpu=functools.partial(
             _batched_matmul_backward_y_tpu,
             b=b,
             k=k,
@@ -7307,26 +6498,21 @@ def batched_matmul_backward_y(
             block_n=block_n,
             block_m=block_m,
         ),
-        _gpu_kernel(
-            "batched_matmul_backward_y",
-            gpu_backend,
-            functools.partial(
-                _batched_matmul_backward_y_gpu,
-                b=b,
-                k=k,
-                n=n,
-                m=m,
-                block_k=gpu_block_k,
-                block_n=gpu_block_n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_batched_matmul_backward_y_mosaic_gpu, b=b, k=k, n=n, m=m),
+        triton=functools.partial(
+            _batched_matmul_backward_y_gpu,
+            b=b,
+            k=k,
+            n=n,
+            m=m,
+            block_k=gpu_block_k,
+            block_n=gpu_block_n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        dz,
-        x,
+        mosaic_gpu=functools.partial(_batched_matmul_backward_y_mosaic_gpu, b=b, k=k, n=n, m=m),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -7368,8 +6554,8 @@ def _batched_matmul_backward_y_kernel(
     acc_m_lhs = x
     acc_m_rhs = dacc
     if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-        acc_m_lhs = _fill_past(acc_m_lhs, m_start, m, 0, 0)
-        acc_m_rhs = _fill_past(acc_m_rhs, m_start, m, 0, 0)
+        acc_m_lhs = rt.fill_past(acc_m_lhs, m_start, m, 0, 0)
+        acc_m_rhs = rt.fill_past(acc_m_rhs, m_start, m, 0, 0)
     acc_m_ref[...] = acc_m_ref[...] + jax.lax.dot_general(
         acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
     )
@@ -7393,12 +6579,12 @@ _batched_matmul_backward_y_tpu_blocks = {
 
 def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block_m, interpret):
     """`batched_matmul_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_k, block_n, block_m = _tpu_blocks(
+    block_k, block_n, block_m = rt.tpu_blocks(
         _batched_matmul_backward_y_tpu_blocks,
         (b, k, n, m),
         (block_k, block_n, block_m),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(min(k, 1024), 1024, min(m, 1024)),
             step=lambda block_k, block_n, block_m: (
                 block_k * block_n * block_m,
@@ -7412,7 +6598,7 @@ def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block
     block_k = min(block_k, k)  # a small K is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "batched_matmul_backward_y",
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
@@ -7453,7 +6639,7 @@ def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 8 * block_m * block_n
                 + 4 * block_m * block_k
                 + 4 * block_k * block_n
@@ -7463,7 +6649,7 @@ def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block
         cost_estimate=pl.CostEstimate(
             flops=2 * b * k * n * m,
             transcendentals=0,
-            bytes_accessed=_nbytes(dz, x) + b * k * n * 2,
+            bytes_accessed=rt.nbytes(dz, x) + b * k * n * 2,
         ),
         interpret=interpret,
         name="batched_matmul_backward_y",
@@ -7474,25 +6660,25 @@ def _batched_matmul_backward_y_gpu_kernel(
     dz_ref, x_ref, dy_ref, *, b, k, n, m, block_k, block_n, block_m
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_k = _inside(pl.program_id(1) * block_k, block_k, k)
-    in_n = _inside(pl.program_id(2) * block_n, block_n, n)
+    in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
+    in_n = rt.inside(pl.program_id(2) * block_n, block_n, n)
 
     def accumulate(index, running):
         m_start = index * block_m
-        in_m = _inside(m_start, block_m, m)
+        in_m = rt.inside(m_start, block_m, m)
         (acc_m,) = running
-        dz = _load(
-            dz_ref.at[pl.ds(m_start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        dz = rt.load(
+            dz_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        x = _load(
-            x_ref.at[pl.ds(m_start, block_m), :], _mask((block_m, block_k), in_m, in_k), other=0
+        x = rt.load(
+            x_ref.at[pl.ds(m_start, block_m), :], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
         dacc = dz.astype(jnp.bfloat16)
         acc_m_lhs = x
         acc_m_rhs = dacc
         if m % block_m:  # a ragged M: both operands 0 past its end, never padding
-            acc_m_lhs = _fill_past(acc_m_lhs, m_start, m, 0, 0)
-            acc_m_rhs = _fill_past(acc_m_rhs, m_start, m, 0, 0)
+            acc_m_lhs = rt.fill_past(acc_m_lhs, m_start, m, 0, 0)
+            acc_m_rhs = rt.fill_past(acc_m_rhs, m_start, m, 0, 0)
         acc_m = acc_m + jax.lax.dot_general(
             acc_m_lhs, acc_m_rhs, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
         )
@@ -7501,7 +6687,7 @@ def _batched_matmul_backward_y_gpu_kernel(
     (acc_m,) = jax.lax.fori_loop(
         0, pl.cdiv(m, block_m), accumulate, (jnp.full((block_k, block_n), 0, jnp.float32),)
     )
-    _store(dy_ref, acc_m.astype(jnp.bfloat16), _mask((block_k, block_n), in_k, in_n))
+    rt.store(dy_ref, acc_m.astype(jnp.bfloat16), rt.mask((block_k, block_n), in_k, in_n))
 
 
 # GPU (Triton) blocks and launch options (block_k, block_n, block_m, num_warps,
@@ -7515,7 +6701,7 @@ def _batched_matmul_backward_y_gpu(
     dz, x, *, b, k, n, m, block_k, block_n, block_m, num_warps, num_stages, interpret
 ):
     """`batched_matmul_backward_y` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_k, block_n, block_m, num_warps, num_stages = _gpu_options(
+    block_k, block_n, block_m, num_warps, num_stages = rt.gpu_options(
         _batched_matmul_backward_y_gpu_options,
         (b, k, n, m),
         (block_k, block_n, block_m, num_warps, num_stages),
@@ -7558,7 +6744,7 @@ def _batched_matmul_backward_y_stage_1_mosaic_gpu_kernel(dz_ref, rhs_ref, *, blo
     program_n = jax.lax.axis_index("N")
 
     def step(_, dz_smem, rhs_smem):
-        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
         dacc = dz.astype(jnp.bfloat16)
         rhs_smem[...] = dacc
 
@@ -7569,14 +6755,14 @@ def _batched_matmul_backward_y_stage_1_mosaic_gpu_kernel(dz_ref, rhs_ref, *, blo
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             )
         ],
     )(dz_ref.at[program_b], rhs_ref.at[program_b])
@@ -7592,7 +6778,7 @@ def _batched_matmul_backward_y_stage_1_mosaic_gpu(dz, *, b, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    dz = _mgpu_pad(dz, (b, padded_m, padded_n))
+    dz = rt.mgpu_pad(dz, (b, padded_m, padded_n))
     (rhs,) = plgpu.kernel(
         functools.partial(
             _batched_matmul_backward_y_stage_1_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
@@ -7624,12 +6810,12 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_k, block_m),
                     lambda s: (program_k, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_m),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_m),
                 ),
                 plgpu.BlockSpec(
                     (block_m, block_n),
                     lambda s: (s, program_n),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -7664,12 +6850,12 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_k, block_n, block_m, stages = _gpu_options(
+    block_k, block_n, block_m, stages = rt.gpu_options(
         _batched_matmul_backward_y_stage_2_mosaic_gpu_options,
         (b, k, n, m),
         (block_k, block_n, block_m, stages),
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "batched_matmul_backward_y_stage_2",
         {
             "mgpu_block_k": (block_k, (64, 128)),
@@ -7684,8 +6870,8 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu(
     padded_n = n + -n % block_n
     padded_m = m + -m % block_m
     x = jnp.swapaxes(x, -1, -2)  # wgmma reads [M, K] tiles
-    x = _mgpu_pad(x, (b, padded_k, padded_m))
-    rhs = _mgpu_pad(rhs, (b, padded_m, padded_n))
+    x = rt.mgpu_pad(x, (b, padded_k, padded_m))
+    rhs = rt.mgpu_pad(rhs, (b, padded_m, padded_n))
     (dy,) = plgpu.kernel(
         functools.partial(
             _batched_matmul_backward_y_stage_2_mosaic_gpu_kernel,
@@ -7697,7 +6883,7 @@ def _batched_matmul_backward_y_stage_2_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((b, padded_k, padded_n), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_k, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
+                (block_k, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -7719,25 +6905,7 @@ def _batched_matmul_backward_y_mosaic_gpu(dz, x, *, b, k, n, m, interpret):
     return dy.reshape((b, k, n))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_block_d",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_s",
-        "mgpu_block_t",
-        "mgpu_block_d",
-        "mgpu_stages",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def scores(
     q,
     k,
@@ -7765,16 +6933,11 @@ def scores(
       block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_scores_tpu_blocks),
         else 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       s: f32[B, S, T].
@@ -7782,26 +6945,24 @@ def scores(
     Gradients: jax.grad runs the generated backward kernels scores_backward_epilogue,
     scores_backward_q, scores_backward_k (_scores_vjp).
     """
-    (q, k), sizes = _operands(
+    (q, k), sizes = rt.operands(
         "scores", {"q": (q, jnp.bfloat16, ("B", "S", "D")), "k": (k, jnp.bfloat16, ("B", "T", "D"))}
     )
-    _check_blocks("scores", block_s=block_s, block_t=block_t, may_be_none=True)
-    _check_blocks(
+    rt.check_blocks(
         "scores",
+        block_s=block_s,
+        block_t=block_t,
         gpu_block_s=gpu_block_s,
         gpu_block_t=gpu_block_t,
         gpu_block_d=gpu_block_d,
         may_be_none=True,
     )
-    b = sizes["B"]
-    size_s = sizes["S"]
-    t = sizes["T"]
-    d = sizes["D"]
+    b, size_s, t, d = sizes["B"], sizes["S"], sizes["T"], sizes["D"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             scores_reference, (((b, size_s, t), jnp.float32),), q, k, scale=scale
         )
-    return _differentiable(
+    return rt.differentiable(
         functools.partial(
             _scores_forward,
             b=b,
@@ -7860,42 +7021,39 @@ def _scores_forward(
     interpret,
 ):
     """`scores` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "scores",
+        (q, k),
+        tpu=functools.partial(
             _scores_tpu, b=b, size_s=size_s, t=t, d=d, block_s=block_s, block_t=block_t, scale=scale
         ),
-        _gpu_kernel(
-            "scores",
-            gpu_backend,
-            functools.partial(
-                _scores_gpu,
-                b=b,
-                size_s=size_s,
-                t=t,
-                d=d,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                block_d=gpu_block_d,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(
-                _scores_mosaic_gpu,
-                b=b,
-                size_s=size_s,
-                t=t,
-                d=d,
-                scale=scale,
-                block_s=mgpu_block_s,
-                block_t=mgpu_block_t,
-                block_d=mgpu_block_d,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _scores_gpu,
+            b=b,
+            size_s=size_s,
+            t=t,
+            d=d,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            block_d=gpu_block_d,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        q,
-        k,
+        mosaic_gpu=functools.partial(
+            _scores_mosaic_gpu,
+            b=b,
+            size_s=size_s,
+            t=t,
+            d=d,
+            scale=scale,
+            block_s=mgpu_block_s,
+            block_t=mgpu_block_t,
+            block_d=mgpu_block_d,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -7937,10 +7095,10 @@ _scores_tpu_blocks = {
 
 def _scores_tpu(q, k, *, b, size_s, t, d, block_s, block_t, scale, interpret):
     """`scores` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = _tpu_blocks(_scores_tpu_blocks, (b, size_s, t, d), (block_s, block_t))
+    block_s, block_t = rt.tpu_blocks(_scores_tpu_blocks, (b, size_s, t, d), (block_s, block_t))
     block_s = min(block_s, size_s)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "scores",
         block_s=(
             block_s,
@@ -7969,12 +7127,14 @@ def _scores_tpu(q, k, *, b, size_s, t, d, block_s, block_t, scale, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(4 * block_s * d + 4 * block_t * d + 8 * block_s * block_t),
+            vmem_limit_bytes=rt.vmem_limit(
+                4 * block_s * d + 4 * block_t * d + 8 * block_s * block_t
+            ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * b * size_s * t * d + b * size_s * t,
             transcendentals=0,
-            bytes_accessed=_nbytes(q, k) + b * size_s * t * 4,
+            bytes_accessed=rt.nbytes(q, k) + b * size_s * t * 4,
         ),
         interpret=interpret,
         name="scores",
@@ -7983,25 +7143,25 @@ def _scores_tpu(q, k, *, b, size_s, t, d, block_s, block_t, scale, interpret):
 
 def _scores_gpu_kernel(q_ref, k_ref, s_ref, *, size_s, t, d, block_s, block_t, block_d, scale):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(1) * block_s, block_s, size_s)
-    in_t = _inside(pl.program_id(2) * block_t, block_t, t)
-    inside = _mask((block_s, block_t), in_s, in_t)
+    in_s = rt.inside(pl.program_id(1) * block_s, block_s, size_s)
+    in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
+    inside = rt.mask((block_s, block_t), in_s, in_t)
 
     def accumulate(step, acc):
         start = step * block_d
-        in_d = _inside(start, block_d, d)  # zeros past a ragged D
-        q = _load(
-            q_ref.at[:, pl.ds(start, block_d)], _mask((block_s, block_d), in_s, in_d), other=0
+        in_d = rt.inside(start, block_d, d)  # zeros past a ragged D
+        q = rt.load(
+            q_ref.at[:, pl.ds(start, block_d)], rt.mask((block_s, block_d), in_s, in_d), other=0
         )
-        k = _load(
-            k_ref.at[:, pl.ds(start, block_d)], _mask((block_t, block_d), in_t, in_d), other=0
+        k = rt.load(
+            k_ref.at[:, pl.ds(start, block_d)], rt.mask((block_t, block_d), in_t, in_d), other=0
         )
         return acc + jax.lax.dot_general(
             q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
 
     acc = jax.lax.fori_loop(0, pl.cdiv(d, block_d), accumulate, jnp.zeros(s_ref.shape, jnp.float32))
-    _store(s_ref, acc * scale, inside)
+    rt.store(s_ref, acc * scale, inside)
 
 
 # GPU (Triton) blocks and launch options (block_s, block_t, block_d, num_warps,
@@ -8015,7 +7175,7 @@ def _scores_gpu(
     q, k, *, b, size_s, t, d, block_s, block_t, block_d, num_warps, num_stages, scale, interpret
 ):
     """`scores` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_t, block_d, num_warps, num_stages = _gpu_options(
+    block_s, block_t, block_d, num_warps, num_stages = rt.gpu_options(
         _scores_gpu_options, (b, size_s, t, d), (block_s, block_t, block_d, num_warps, num_stages)
     )
     block_s = max(16, min(block_s, pl.next_power_of_2(size_s)))  # a small S is one masked block
@@ -8069,12 +7229,12 @@ def _scores_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_s, block_d),
                     lambda s: (program_s, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
                 ),
                 plgpu.BlockSpec(
                     (block_t, block_d),
                     lambda s: (program_t, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -8121,10 +7281,10 @@ def _scores_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_s, block_t, block_d, stages = _gpu_options(
+    block_s, block_t, block_d, stages = rt.gpu_options(
         _scores_mosaic_gpu_options, (b, size_s, t, d), (block_s, block_t, block_d, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "scores",
         {
             "mgpu_block_s": (block_s, (64, 128)),
@@ -8138,8 +7298,8 @@ def _scores_mosaic_gpu(
     padded_size_s = size_s + -size_s % block_s
     padded_t = t + -t % block_t
     padded_d = d + -d % block_d
-    q = _mgpu_pad(q, (b, padded_size_s, padded_d))
-    k = _mgpu_pad(k, (b, padded_t, padded_d))
+    q = rt.mgpu_pad(q, (b, padded_size_s, padded_d))
+    k = rt.mgpu_pad(k, (b, padded_t, padded_d))
     (s,) = plgpu.kernel(
         functools.partial(
             _scores_mosaic_gpu_kernel,
@@ -8152,7 +7312,7 @@ def _scores_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((b, padded_size_s, padded_t), jnp.float32),),
         scratch_types=[
             plgpu.SMEM(
-                (block_s, block_t), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_t)
+                (block_s, block_t), jnp.float32, transforms=rt.mgpu_swizzled(jnp.float32, block_t)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -8163,22 +7323,7 @@ def _scores_mosaic_gpu(
     return s[:b, :size_s, :t]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_b",
-        "block_s",
-        "block_t",
-        "gpu_block_b",
-        "gpu_block_s",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "scale",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def scores_backward_epilogue(
     ds,
     *,
@@ -8201,42 +7346,37 @@ def scores_backward_epilogue(
       ds: f32[B, S, T].
       block_b, block_s, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_epilogue_tpu_blocks),
-        grown to large steps (_grown), else 1, 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+        grown to large steps (rt.grown), else 1, 128, 128.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       scale: a static f32 (default 0.125).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dacc: bf16[B, S, T].
     """
-    (ds,), sizes = _operands("scores_backward_epilogue", {"ds": (ds, jnp.float32, ("B", "S", "T"))})
-    _check_blocks(
+    (ds,), sizes = rt.operands(
+        "scores_backward_epilogue", {"ds": (ds, jnp.float32, ("B", "S", "T"))}
+    )
+    rt.check_blocks(
         "scores_backward_epilogue",
         block_b=block_b,
         block_s=block_s,
         block_t=block_t,
-        may_be_none=True,
-    )
-    _check_blocks(
-        "scores_backward_epilogue",
         gpu_block_b=gpu_block_b,
         gpu_block_s=gpu_block_s,
         gpu_block_t=gpu_block_t,
         may_be_none=True,
     )
-    b = sizes["B"]
-    s = sizes["S"]
-    t = sizes["T"]
+    b, s, t = sizes["B"], sizes["S"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             scores_backward_epilogue_reference, (((b, s, t), jnp.bfloat16),), ds, scale=scale
         )
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "scores_backward_epilogue",
+        (ds,),
+        tpu=functools.partial(
             _scores_backward_epilogue_tpu,
             b=b,
             s=s,
@@ -8246,25 +7386,23 @@ def scores_backward_epilogue(
             block_t=block_t,
             scale=scale,
         ),
-        _gpu_kernel(
-            "scores_backward_epilogue",
-            gpu_backend,
-            functools.partial(
-                _scores_backward_epilogue_gpu,
-                b=b,
-                s=s,
-                t=t,
-                block_b=gpu_block_b,
-                block_s=gpu_block_s,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                scale=scale,
-            ),
-            functools.partial(_scores_backward_epilogue_mosaic_gpu, b=b, s=s, t=t, scale=scale),
+        triton=functools.partial(
+            _scores_backward_epilogue_gpu,
+            b=b,
+            s=s,
+            t=t,
+            block_b=gpu_block_b,
+            block_s=gpu_block_s,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            scale=scale,
         ),
-        interpret,
-        ds,
+        mosaic_gpu=functools.partial(
+            _scores_backward_epilogue_mosaic_gpu, b=b, s=s, t=t, scale=scale
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -8292,12 +7430,12 @@ _scores_backward_epilogue_tpu_blocks = {
 
 def _scores_backward_epilogue_tpu(ds, *, b, s, t, block_b, block_s, block_t, scale, interpret):
     """`scores_backward_epilogue` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_b, block_s, block_t = _tpu_blocks(
+    block_b, block_s, block_t = rt.tpu_blocks(
         _scores_backward_epilogue_tpu_blocks,
         (b, s, t),
         (block_b, block_s, block_t),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(b, s, t),
             step=lambda block_b, block_s, block_t: (
                 block_b * block_s * block_t,
@@ -8308,7 +7446,7 @@ def _scores_backward_epilogue_tpu(ds, *, b, s, t, block_b, block_s, block_t, sca
     block_b = min(block_b, b)  # a small B is one whole block
     block_s = min(block_s, s)  # a small S is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "scores_backward_epilogue",
         block_s=(
             block_s,
@@ -8334,10 +7472,10 @@ def _scores_backward_epilogue_tpu(ds, *, b, s, t, block_b, block_s, block_t, sca
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(12 * block_b * block_s * block_t),
+            vmem_limit_bytes=rt.vmem_limit(12 * block_b * block_s * block_t),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * s * t, transcendentals=0, bytes_accessed=_nbytes(ds) + b * s * t * 2
+            flops=2 * b * s * t, transcendentals=0, bytes_accessed=rt.nbytes(ds) + b * s * t * 2
         ),
         interpret=interpret,
         name="scores_backward_epilogue",
@@ -8348,12 +7486,12 @@ def _scores_backward_epilogue_gpu_kernel(
     ds_ref, dacc_ref, *, b, s, t, block_b, block_s, block_t, scale
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_b = _inside(pl.program_id(0) * block_b, block_b, b)
-    in_s = _inside(pl.program_id(1) * block_s, block_s, s)
-    in_t = _inside(pl.program_id(2) * block_t, block_t, t)
-    inside = _mask((block_b, block_s, block_t), in_b, in_s, in_t)
-    ds = _load(ds_ref, inside)
-    _store(dacc_ref, (ds * scale).astype(jnp.bfloat16), inside)
+    in_b = rt.inside(pl.program_id(0) * block_b, block_b, b)
+    in_s = rt.inside(pl.program_id(1) * block_s, block_s, s)
+    in_t = rt.inside(pl.program_id(2) * block_t, block_t, t)
+    inside = rt.mask((block_b, block_s, block_t), in_b, in_s, in_t)
+    ds = rt.load(ds_ref, inside)
+    rt.store(dacc_ref, (ds * scale).astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_b, block_s, block_t, num_warps,
@@ -8367,7 +7505,7 @@ def _scores_backward_epilogue_gpu(
     ds, *, b, s, t, block_b, block_s, block_t, num_warps, num_stages, scale, interpret
 ):
     """`scores_backward_epilogue` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_b, block_s, block_t, num_warps, num_stages = _gpu_options(
+    block_b, block_s, block_t, num_warps, num_stages = rt.gpu_options(
         _scores_backward_epilogue_gpu_options,
         (b, s, t),
         (block_b, block_s, block_t, num_warps, num_stages),
@@ -8407,7 +7545,7 @@ def _scores_backward_epilogue_mosaic_gpu_kernel(ds_ref, dacc_ref, *, block_s, bl
     program_t = jax.lax.axis_index("T")
 
     def step(_, ds_smem, dacc_smem):
-        ds = _mgpu_load(ds_smem, (block_s, block_t), (0, 1))
+        ds = rt.mgpu_load(ds_smem, (block_s, block_t), (0, 1))
         dacc_smem[...] = (ds * scale).astype(jnp.bfloat16)
 
     plgpu.emit_pipeline(
@@ -8417,14 +7555,14 @@ def _scores_backward_epilogue_mosaic_gpu_kernel(ds_ref, dacc_ref, *, block_s, bl
             plgpu.BlockSpec(
                 (block_s, block_t),
                 lambda _: (program_s, program_t),
-                transforms=_mgpu_swizzled(jnp.float32, block_t),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_t),
             )
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_s, block_t),
                 lambda _: (program_s, program_t),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_t),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t),
             )
         ],
     )(ds_ref.at[program_b], dacc_ref.at[program_b])
@@ -8440,7 +7578,7 @@ def _scores_backward_epilogue_mosaic_gpu(ds, *, b, s, t, scale, interpret):
     block_t = 128
     padded_s = s + -s % 8
     padded_t = t + -t % block_t
-    ds = _mgpu_pad(ds, (b, padded_s, padded_t))
+    ds = rt.mgpu_pad(ds, (b, padded_s, padded_t))
     (dacc,) = plgpu.kernel(
         functools.partial(
             _scores_backward_epilogue_mosaic_gpu_kernel,
@@ -8456,25 +7594,7 @@ def _scores_backward_epilogue_mosaic_gpu(ds, *, b, s, t, scale, interpret):
     return dacc[:b, :s, :t]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_s",
-        "block_d",
-        "block_t",
-        "gpu_block_s",
-        "gpu_block_d",
-        "gpu_block_t",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_s",
-        "mgpu_block_d",
-        "mgpu_block_t",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def scores_backward_q(
     dacc,
     k,
@@ -8503,41 +7623,37 @@ def scores_backward_q(
       block_s, block_d, block_t: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_q_tpu_blocks),
         else 128, 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dq: bf16[B, S, D].
     """
-    (dacc, k), sizes = _operands(
+    (dacc, k), sizes = rt.operands(
         "scores_backward_q",
         {"dacc": (dacc, jnp.bfloat16, ("B", "S", "T")), "k": (k, jnp.bfloat16, ("B", "T", "D"))},
     )
-    _check_blocks(
-        "scores_backward_q", block_s=block_s, block_d=block_d, block_t=block_t, may_be_none=True
-    )
-    _check_blocks(
+    rt.check_blocks(
         "scores_backward_q",
+        block_s=block_s,
+        block_d=block_d,
+        block_t=block_t,
         gpu_block_s=gpu_block_s,
         gpu_block_d=gpu_block_d,
         gpu_block_t=gpu_block_t,
         may_be_none=True,
     )
-    b = sizes["B"]
-    s = sizes["S"]
-    d = sizes["D"]
-    t = sizes["T"]
+    b, s, d, t = sizes["B"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(scores_backward_q_reference, (((b, s, d), jnp.bfloat16),), dacc, k)
-    return _on_platform(
-        functools.partial(
+        return rt.without_elements(
+            scores_backward_q_reference, (((b, s, d), jnp.bfloat16),), dacc, k
+        )
+    return rt.on_platform(
+        "scores_backward_q",
+        (dacc, k),
+        tpu=functools.partial(
             _scores_backward_q_tpu,
             b=b,
             s=s,
@@ -8547,36 +7663,31 @@ def scores_backward_q(
             block_d=block_d,
             block_t=block_t,
         ),
-        _gpu_kernel(
-            "scores_backward_q",
-            gpu_backend,
-            functools.partial(
-                _scores_backward_q_gpu,
-                b=b,
-                s=s,
-                d=d,
-                t=t,
-                block_s=gpu_block_s,
-                block_d=gpu_block_d,
-                block_t=gpu_block_t,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _scores_backward_q_mosaic_gpu,
-                b=b,
-                s=s,
-                d=d,
-                t=t,
-                block_s=mgpu_block_s,
-                block_d=mgpu_block_d,
-                block_t=mgpu_block_t,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _scores_backward_q_gpu,
+            b=b,
+            s=s,
+            d=d,
+            t=t,
+            block_s=gpu_block_s,
+            block_d=gpu_block_d,
+            block_t=gpu_block_t,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        dacc,
-        k,
+        mosaic_gpu=functools.partial(
+            _scores_backward_q_mosaic_gpu,
+            b=b,
+            s=s,
+            d=d,
+            t=t,
+            block_s=mgpu_block_s,
+            block_d=mgpu_block_d,
+            block_t=mgpu_block_t,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -8628,13 +7739,13 @@ _scores_backward_q_tpu_blocks = {
 
 def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, interpret):
     """`scores_backward_q` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_d, block_t = _tpu_blocks(
+    block_s, block_d, block_t = rt.tpu_blocks(
         _scores_backward_q_tpu_blocks, (b, s, d, t), (block_s, block_d, block_t)
     )
     block_s = min(block_s, s)  # a small S is one whole block
     block_d = min(block_d, d)  # a small D is one whole block
     block_t = min(block_t, t)  # a small T is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "scores_backward_q",
         block_s=(
             block_s,
@@ -8666,7 +7777,7 @@ def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, in
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_s * block_t
                 + 4 * block_t * block_d
                 + 4 * block_s * block_d
@@ -8676,7 +7787,7 @@ def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, in
         cost_estimate=pl.CostEstimate(
             flops=2 * b * s * d * t,
             transcendentals=0,
-            bytes_accessed=_nbytes(dacc, k) + b * s * d * 2,
+            bytes_accessed=rt.nbytes(dacc, k) + b * s * d * 2,
         ),
         interpret=interpret,
         name="scores_backward_q",
@@ -8685,25 +7796,25 @@ def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, in
 
 def _scores_backward_q_gpu_kernel(dacc_ref, k_ref, dq_ref, *, s, d, t, block_s, block_d, block_t):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_s = _inside(pl.program_id(1) * block_s, block_s, s)
-    in_d = _inside(pl.program_id(2) * block_d, block_d, d)
-    inside = _mask((block_s, block_d), in_s, in_d)
+    in_s = rt.inside(pl.program_id(1) * block_s, block_s, s)
+    in_d = rt.inside(pl.program_id(2) * block_d, block_d, d)
+    inside = rt.mask((block_s, block_d), in_s, in_d)
 
     def accumulate(step, acc):
         start = step * block_t
-        in_t = _inside(start, block_t, t)  # zeros past a ragged T
-        dacc = _load(
-            dacc_ref.at[:, pl.ds(start, block_t)], _mask((block_s, block_t), in_s, in_t), other=0
+        in_t = rt.inside(start, block_t, t)  # zeros past a ragged T
+        dacc = rt.load(
+            dacc_ref.at[:, pl.ds(start, block_t)], rt.mask((block_s, block_t), in_s, in_t), other=0
         )
-        k = _load(
-            k_ref.at[pl.ds(start, block_t), :], _mask((block_t, block_d), in_t, in_d), other=0
+        k = rt.load(
+            k_ref.at[pl.ds(start, block_t), :], rt.mask((block_t, block_d), in_t, in_d), other=0
         )
         return acc + jnp.dot(dacc, k, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(
         0, pl.cdiv(t, block_t), accumulate, jnp.zeros(dq_ref.shape, jnp.float32)
     )
-    _store(dq_ref, acc.astype(jnp.bfloat16), inside)
+    rt.store(dq_ref, acc.astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_s, block_d, block_t, num_warps,
@@ -8717,7 +7828,7 @@ def _scores_backward_q_gpu(
     dacc, k, *, b, s, d, t, block_s, block_d, block_t, num_warps, num_stages, interpret
 ):
     """`scores_backward_q` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_s, block_d, block_t, num_warps, num_stages = _gpu_options(
+    block_s, block_d, block_t, num_warps, num_stages = rt.gpu_options(
         _scores_backward_q_gpu_options,
         (b, s, d, t),
         (block_s, block_d, block_t, num_warps, num_stages),
@@ -8772,12 +7883,12 @@ def _scores_backward_q_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_s, block_t),
                     lambda s: (program_s, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_t),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_t),
                 ),
                 plgpu.BlockSpec(
                     (block_t, block_d),
                     lambda s: (s, program_d),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -8812,10 +7923,10 @@ def _scores_backward_q_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_s, block_d, block_t, stages = _gpu_options(
+    block_s, block_d, block_t, stages = rt.gpu_options(
         _scores_backward_q_mosaic_gpu_options, (b, s, d, t), (block_s, block_d, block_t, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "scores_backward_q",
         {
             "mgpu_block_s": (block_s, (64, 128)),
@@ -8829,8 +7940,8 @@ def _scores_backward_q_mosaic_gpu(
     padded_s = s + -s % block_s
     padded_d = d + -d % block_d
     padded_t = t + -t % block_t
-    dacc = _mgpu_pad(dacc, (b, padded_s, padded_t))
-    k = _mgpu_pad(k, (b, padded_t, padded_d))
+    dacc = rt.mgpu_pad(dacc, (b, padded_s, padded_t))
+    k = rt.mgpu_pad(k, (b, padded_t, padded_d))
     (dq,) = plgpu.kernel(
         functools.partial(
             _scores_backward_q_mosaic_gpu_kernel,
@@ -8842,7 +7953,7 @@ def _scores_backward_q_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((b, padded_s, padded_d), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_s, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_s, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -8853,25 +7964,7 @@ def _scores_backward_q_mosaic_gpu(
     return dq[:b, :s, :d]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_t",
-        "block_d",
-        "block_s",
-        "gpu_block_t",
-        "gpu_block_d",
-        "gpu_block_s",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_t",
-        "mgpu_block_d",
-        "mgpu_block_s",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def scores_backward_k(
     dacc,
     q,
@@ -8900,41 +7993,37 @@ def scores_backward_k(
       block_t, block_d, block_s: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_scores_backward_k_tpu_blocks),
         else 128, 128, 128.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dk: bf16[B, T, D].
     """
-    (dacc, q), sizes = _operands(
+    (dacc, q), sizes = rt.operands(
         "scores_backward_k",
         {"dacc": (dacc, jnp.bfloat16, ("B", "S", "T")), "q": (q, jnp.bfloat16, ("B", "S", "D"))},
     )
-    _check_blocks(
-        "scores_backward_k", block_t=block_t, block_d=block_d, block_s=block_s, may_be_none=True
-    )
-    _check_blocks(
+    rt.check_blocks(
         "scores_backward_k",
+        block_t=block_t,
+        block_d=block_d,
+        block_s=block_s,
         gpu_block_t=gpu_block_t,
         gpu_block_d=gpu_block_d,
         gpu_block_s=gpu_block_s,
         may_be_none=True,
     )
-    b = sizes["B"]
-    t = sizes["T"]
-    d = sizes["D"]
-    s = sizes["S"]
+    b, t, d, s = sizes["B"], sizes["T"], sizes["D"], sizes["S"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(scores_backward_k_reference, (((b, t, d), jnp.bfloat16),), dacc, q)
-    return _on_platform(
-        functools.partial(
+        return rt.without_elements(
+            scores_backward_k_reference, (((b, t, d), jnp.bfloat16),), dacc, q
+        )
+    return rt.on_platform(
+        "scores_backward_k",
+        (dacc, q),
+        tpu=functools.partial(
             _scores_backward_k_tpu,
             b=b,
             t=t,
@@ -8944,36 +8033,31 @@ def scores_backward_k(
             block_d=block_d,
             block_s=block_s,
         ),
-        _gpu_kernel(
-            "scores_backward_k",
-            gpu_backend,
-            functools.partial(
-                _scores_backward_k_gpu,
-                b=b,
-                t=t,
-                d=d,
-                s=s,
-                block_t=gpu_block_t,
-                block_d=gpu_block_d,
-                block_s=gpu_block_s,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _scores_backward_k_mosaic_gpu,
-                b=b,
-                t=t,
-                d=d,
-                s=s,
-                block_t=mgpu_block_t,
-                block_d=mgpu_block_d,
-                block_s=mgpu_block_s,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _scores_backward_k_gpu,
+            b=b,
+            t=t,
+            d=d,
+            s=s,
+            block_t=gpu_block_t,
+            block_d=gpu_block_d,
+            block_s=gpu_block_s,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        dacc,
-        q,
+        mosaic_gpu=functools.partial(
+            _scores_backward_k_mosaic_gpu,
+            b=b,
+            t=t,
+            d=d,
+            s=s,
+            block_t=mgpu_block_t,
+            block_d=mgpu_block_d,
+            block_s=mgpu_block_s,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -9027,13 +8111,13 @@ _scores_backward_k_tpu_blocks = {
 
 def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, interpret):
     """`scores_backward_k` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_t, block_d, block_s = _tpu_blocks(
+    block_t, block_d, block_s = rt.tpu_blocks(
         _scores_backward_k_tpu_blocks, (b, t, d, s), (block_t, block_d, block_s)
     )
     block_t = min(block_t, t)  # a small T is one whole block
     block_d = min(block_d, d)  # a small D is one whole block
     block_s = min(block_s, s)  # a small S is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "scores_backward_k",
         block_t=(block_t, t, 128, "T is the last dimension of a block, so it is a multiple of 128"),
         block_d=(block_d, d, 128, "D is the last dimension of a block, so it is a multiple of 128"),
@@ -9065,7 +8149,7 @@ def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, in
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_s * block_t
                 + 4 * block_s * block_d
                 + 4 * block_t * block_d
@@ -9075,7 +8159,7 @@ def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, in
         cost_estimate=pl.CostEstimate(
             flops=2 * b * t * d * s,
             transcendentals=0,
-            bytes_accessed=_nbytes(dacc, q) + b * t * d * 2,
+            bytes_accessed=rt.nbytes(dacc, q) + b * t * d * 2,
         ),
         interpret=interpret,
         name="scores_backward_k",
@@ -9084,18 +8168,18 @@ def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, in
 
 def _scores_backward_k_gpu_kernel(dacc_ref, q_ref, dk_ref, *, t, d, s, block_t, block_d, block_s):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_t = _inside(pl.program_id(1) * block_t, block_t, t)
-    in_d = _inside(pl.program_id(2) * block_d, block_d, d)
-    inside = _mask((block_t, block_d), in_t, in_d)
+    in_t = rt.inside(pl.program_id(1) * block_t, block_t, t)
+    in_d = rt.inside(pl.program_id(2) * block_d, block_d, d)
+    inside = rt.mask((block_t, block_d), in_t, in_d)
 
     def accumulate(step, acc):
         start = step * block_s
-        in_s = _inside(start, block_s, s)  # zeros past a ragged S
-        dacc = _load(
-            dacc_ref.at[pl.ds(start, block_s), :], _mask((block_s, block_t), in_s, in_t), other=0
+        in_s = rt.inside(start, block_s, s)  # zeros past a ragged S
+        dacc = rt.load(
+            dacc_ref.at[pl.ds(start, block_s), :], rt.mask((block_s, block_t), in_s, in_t), other=0
         )
-        q = _load(
-            q_ref.at[pl.ds(start, block_s), :], _mask((block_s, block_d), in_s, in_d), other=0
+        q = rt.load(
+            q_ref.at[pl.ds(start, block_s), :], rt.mask((block_s, block_d), in_s, in_d), other=0
         )
         return acc + jax.lax.dot_general(
             dacc, q, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
@@ -9104,7 +8188,7 @@ def _scores_backward_k_gpu_kernel(dacc_ref, q_ref, dk_ref, *, t, d, s, block_t, 
     acc = jax.lax.fori_loop(
         0, pl.cdiv(s, block_s), accumulate, jnp.zeros(dk_ref.shape, jnp.float32)
     )
-    _store(dk_ref, acc.astype(jnp.bfloat16), inside)
+    rt.store(dk_ref, acc.astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_t, block_d, block_s, num_warps,
@@ -9118,7 +8202,7 @@ def _scores_backward_k_gpu(
     dacc, q, *, b, t, d, s, block_t, block_d, block_s, num_warps, num_stages, interpret
 ):
     """`scores_backward_k` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_t, block_d, block_s, num_warps, num_stages = _gpu_options(
+    block_t, block_d, block_s, num_warps, num_stages = rt.gpu_options(
         _scores_backward_k_gpu_options,
         (b, t, d, s),
         (block_t, block_d, block_s, num_warps, num_stages),
@@ -9173,12 +8257,12 @@ def _scores_backward_k_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_t, block_s),
                     lambda s: (program_t, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_s),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_s),
                 ),
                 plgpu.BlockSpec(
                     (block_s, block_d),
                     lambda s: (s, program_d),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_d),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -9213,10 +8297,10 @@ def _scores_backward_k_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_t, block_d, block_s, stages = _gpu_options(
+    block_t, block_d, block_s, stages = rt.gpu_options(
         _scores_backward_k_mosaic_gpu_options, (b, t, d, s), (block_t, block_d, block_s, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "scores_backward_k",
         {
             "mgpu_block_t": (block_t, (64, 128)),
@@ -9231,8 +8315,8 @@ def _scores_backward_k_mosaic_gpu(
     padded_d = d + -d % block_d
     padded_s = s + -s % block_s
     dacc = jnp.swapaxes(dacc, -1, -2)  # wgmma reads [M, K] tiles
-    dacc = _mgpu_pad(dacc, (b, padded_t, padded_s))
-    q = _mgpu_pad(q, (b, padded_s, padded_d))
+    dacc = rt.mgpu_pad(dacc, (b, padded_t, padded_s))
+    q = rt.mgpu_pad(q, (b, padded_s, padded_d))
     (dk,) = plgpu.kernel(
         functools.partial(
             _scores_backward_k_mosaic_gpu_kernel,
@@ -9244,7 +8328,7 @@ def _scores_backward_k_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((b, padded_t, padded_d), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_t, block_d), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_d)
+                (block_t, block_d), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_d)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -9255,25 +8339,7 @@ def _scores_backward_k_mosaic_gpu(
     return dk[:b, :t, :d]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "block_k",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_block_k",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_m",
-        "mgpu_block_n",
-        "mgpu_block_k",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def linear(
     x,
     w,
@@ -9303,15 +8369,10 @@ def linear(
       block_m, block_n, block_k: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_linear_tpu_blocks),
         else 1024, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: bf16[M, N].
@@ -9319,7 +8380,7 @@ def linear(
     Gradients: jax.grad runs the generated backward kernels linear_backward_over_m,
     linear_backward_x, linear_backward_w (_linear_vjp).
     """
-    (x, w, bias), sizes = _operands(
+    (x, w, bias), sizes = rt.operands(
         "linear",
         {
             "x": (x, jnp.bfloat16, ("M", "K")),
@@ -9327,20 +8388,20 @@ def linear(
             "bias": (bias, jnp.float32, ("N",)),
         },
     )
-    _check_blocks("linear", block_m=block_m, block_n=block_n, block_k=block_k, may_be_none=True)
-    _check_blocks(
+    rt.check_blocks(
         "linear",
+        block_m=block_m,
+        block_n=block_n,
+        block_k=block_k,
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         gpu_block_k=gpu_block_k,
         may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
-    k = sizes["K"]
+    m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(linear_reference, (((m, n), jnp.bfloat16),), x, w, bias)
-    return _differentiable(
+        return rt.without_elements(linear_reference, (((m, n), jnp.bfloat16),), x, w, bias)
+    return rt.differentiable(
         functools.partial(
             _linear_forward,
             m=m,
@@ -9401,39 +8462,35 @@ def _linear_forward(
 ):
     """`linear` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
-    return _on_platform(
-        functools.partial(
+    return rt.on_platform(
+        "linear",
+        (x, w, bias),
+        tpu=functools.partial(
             _linear_tpu, m=m, n=n, k=k, block_m=block_m, block_n=block_n, block_k=block_k
         ),
-        _gpu_kernel(
-            "linear",
-            gpu_backend,
-            functools.partial(
-                _linear_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                block_k=gpu_block_k,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _linear_mosaic_gpu,
-                m=m,
-                n=n,
-                k=k,
-                block_m=mgpu_block_m,
-                block_n=mgpu_block_n,
-                block_k=mgpu_block_k,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _linear_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            block_k=gpu_block_k,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        w,
-        bias,
+        mosaic_gpu=functools.partial(
+            _linear_mosaic_gpu,
+            m=m,
+            n=n,
+            k=k,
+            block_m=mgpu_block_m,
+            block_n=mgpu_block_n,
+            block_k=mgpu_block_k,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -9498,13 +8555,13 @@ _linear_tpu_blocks = {
 
 def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
     """`linear` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n, block_k = _tpu_blocks(
+    block_m, block_n, block_k = rt.tpu_blocks(
         _linear_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "linear",
         block_m=(
             block_m,
@@ -9538,14 +8595,14 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_k + 4 * block_n * block_k + 8 * block_n + 12 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n * k + m * n,
             transcendentals=0,
-            bytes_accessed=_nbytes(x, w, bias) + m * n * 2,
+            bytes_accessed=rt.nbytes(x, w, bias) + m * n * 2,
         ),
         interpret=interpret,
         name="linear",
@@ -9554,26 +8611,26 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
 
 def _linear_gpu_kernel(x_ref, w_ref, bias_ref, y_ref, *, m, n, k, block_m, block_n, block_k):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
 
     def accumulate(step, acc):
         start = step * block_k
-        in_k = _inside(start, block_k, k)  # zeros past a ragged K
-        x = _load(
-            x_ref.at[:, pl.ds(start, block_k)], _mask((block_m, block_k), in_m, in_k), other=0
+        in_k = rt.inside(start, block_k, k)  # zeros past a ragged K
+        x = rt.load(
+            x_ref.at[:, pl.ds(start, block_k)], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
-        w = _load(
-            w_ref.at[:, pl.ds(start, block_k)], _mask((block_n, block_k), in_n, in_k), other=0
+        w = rt.load(
+            w_ref.at[:, pl.ds(start, block_k)], rt.mask((block_n, block_k), in_n, in_k), other=0
         )
         return acc + jax.lax.dot_general(
             x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
         )
 
     acc = jax.lax.fori_loop(0, pl.cdiv(k, block_k), accumulate, jnp.zeros(y_ref.shape, jnp.float32))
-    bias = _load(bias_ref, _mask((1, block_n), None, in_n))
-    _store(y_ref, (acc + bias).astype(jnp.bfloat16), inside)
+    bias = rt.load(bias_ref, rt.mask((1, block_n), None, in_n))
+    rt.store(y_ref, (acc + bias).astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, block_k, num_warps,
@@ -9587,7 +8644,7 @@ def _linear_gpu(
     x, w, bias, *, m, n, k, block_m, block_n, block_k, num_warps, num_stages, interpret
 ):
     """`linear` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, block_k, num_warps, num_stages = _gpu_options(
+    block_m, block_n, block_k, num_warps, num_stages = rt.gpu_options(
         _linear_gpu_options, (m, n, k), (block_m, block_n, block_k, num_warps, num_stages)
     )
     block_m = max(16, min(block_m, pl.next_power_of_2(m)))  # a small M is one masked block
@@ -9646,12 +8703,12 @@ def _linear_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_k),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
                 ),
                 plgpu.BlockSpec(
                     (block_n, block_k),
                     lambda s: (program_n, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -9661,7 +8718,7 @@ def _linear_mosaic_gpu_kernel(
         )
         plgpu.barrier_wait(barrier.at[0])
         acc = acc_ref[...]
-        bias = _mgpu_load(bias_smem, (block_m, block_n), (1,))
+        bias = rt.mgpu_load(bias_smem, (block_m, block_n), (1,))
         out_smem[...] = (acc + bias).astype(jnp.bfloat16)
 
     pl.run_scoped(accumulate, plgpu.ACC((block_m, block_n), jnp.float32))
@@ -9687,10 +8744,10 @@ def _linear_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_n, block_k, stages = _gpu_options(
+    block_m, block_n, block_k, stages = rt.gpu_options(
         _linear_mosaic_gpu_options, (m, n, k), (block_m, block_n, block_k, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "linear",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -9709,10 +8766,10 @@ def _linear_mosaic_gpu(
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
     padded_k = k + -k % block_k
-    x = _mgpu_pad(x, (padded_m, padded_k))
-    w = _mgpu_pad(w, (padded_n, padded_k))
+    x = rt.mgpu_pad(x, (padded_m, padded_k))
+    w = rt.mgpu_pad(w, (padded_n, padded_k))
     bias = bias.reshape((n,))
-    bias = _mgpu_pad(bias, (padded_n,))
+    bias = rt.mgpu_pad(bias, (padded_n,))
     (y,) = plgpu.kernel(
         functools.partial(
             _linear_mosaic_gpu_kernel,
@@ -9724,7 +8781,7 @@ def _linear_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_n), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_n)
+                (block_m, block_n), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n)
             ),
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_n,), jnp.float32),
@@ -9736,19 +8793,7 @@ def _linear_mosaic_gpu(
     return y[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def linear_backward_over_m(
     dy,
     *,
@@ -9768,44 +8813,44 @@ def linear_backward_over_m(
       dy: bf16[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_linear_backward_over_m_tpu_blocks),
-        grown to large steps (_grown), else 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 1024, 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dbias: f32[N].
     """
-    (dy,), sizes = _operands("linear_backward_over_m", {"dy": (dy, jnp.bfloat16, ("M", "N"))})
-    _check_blocks("linear_backward_over_m", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks(
-        "linear_backward_over_m", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+    (dy,), sizes = rt.operands("linear_backward_over_m", {"dy": (dy, jnp.bfloat16, ("M", "N"))})
+    rt.check_blocks(
+        "linear_backward_over_m",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(linear_backward_over_m_reference, (((n,), jnp.float32),), dy)
-    dbias = _on_platform(
-        functools.partial(_linear_backward_over_m_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        _gpu_kernel(
-            "linear_backward_over_m",
-            gpu_backend,
-            functools.partial(
-                _linear_backward_over_m_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_linear_backward_over_m_mosaic_gpu, m=m, n=n),
+        return rt.without_elements(linear_backward_over_m_reference, (((n,), jnp.float32),), dy)
+    dbias = rt.on_platform(
+        "linear_backward_over_m",
+        (dy,),
+        tpu=functools.partial(
+            _linear_backward_over_m_tpu, m=m, n=n, block_m=block_m, block_n=block_n
         ),
-        interpret,
-        dy,
+        triton=functools.partial(
+            _linear_backward_over_m_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+        ),
+        mosaic_gpu=functools.partial(_linear_backward_over_m_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     dbias = dbias.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
     return dbias
@@ -9832,7 +8877,7 @@ def _linear_backward_over_m_kernel(dy_ref, dbias_ref, sum_m_running_ref, *, m, n
     dy_1 = dy.astype(jnp.float32)
     sum_m_block = dy_1
     if m % block_m:  # a ragged M: its identity past the end, never padding
-        sum_m_block = _fill_past(sum_m_block, step * block_m, m, 0, 0.0)
+        sum_m_block = rt.fill_past(sum_m_block, step * block_m, m, 0, 0.0)
     sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(1) - 1)
@@ -9854,19 +8899,19 @@ _linear_backward_over_m_tpu_blocks = {
 
 def _linear_backward_over_m_tpu(dy, *, m, n, block_m, block_n, interpret):
     """`linear_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _linear_backward_over_m_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "linear_backward_over_m",
         block_m=(
             block_m,
@@ -9897,10 +8942,10 @@ def _linear_backward_over_m_tpu(dy, *, m, n, block_m, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(12 * block_m * block_n + 8 * block_n),
+            vmem_limit_bytes=rt.vmem_limit(12 * block_m * block_n + 8 * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n, transcendentals=0, bytes_accessed=_nbytes(dy) + m * n * 4
+            flops=2 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(dy) + m * n * 4
         ),
         interpret=interpret,
         name="linear_backward_over_m",
@@ -9909,18 +8954,18 @@ def _linear_backward_over_m_tpu(dy, *, m, n, block_m, block_n, interpret):
 
 def _linear_backward_over_m_gpu_kernel(dy_ref, dbias_ref, *, m, n, block_m, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_n = _inside(pl.program_id(0) * block_n, block_n, n)
-    inside = _mask((1, block_n), None, in_n)
+    in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
+    inside = rt.mask((1, block_n), None, in_n)
 
     def accumulate(index, running):
         (sum_m_running,) = running
         start = index * block_m
-        in_m = _inside(start, block_m, m)
-        dy = _load(dy_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
+        in_m = rt.inside(start, block_m, m)
+        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n))
         dy_1 = dy.astype(jnp.float32)
         sum_m_block = dy_1
         if m % block_m:  # a ragged M: its identity past the end, never padding
-            sum_m_block = _fill_past(sum_m_block, start, m, 0, 0.0)
+            sum_m_block = rt.fill_past(sum_m_block, start, m, 0, 0.0)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
         return (sum_m_running,)
 
@@ -9928,7 +8973,7 @@ def _linear_backward_over_m_gpu_kernel(dy_ref, dbias_ref, *, m, n, block_m, bloc
         0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_n), 0.0, jnp.float32),)
     )
     sum_m = sum_m_running
-    _store(dbias_ref, sum_m, inside)
+    rt.store(dbias_ref, sum_m, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -9940,7 +8985,7 @@ _linear_backward_over_m_gpu_options = {None: (32, 128, 4, 1)}
 
 def _linear_backward_over_m_gpu(dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`linear_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _linear_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -9973,12 +9018,12 @@ def _linear_backward_over_m_mosaic_gpu_kernel(
     def reduce_1(indices, dy_smem, carry):
         (sum_m_running,) = carry
         start = indices[0] * block_m
-        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         dy_1 = dy.astype(jnp.float32)
         sum_m_block = dy_1
         if m % block_m:  # a ragged M: its identity past the end
             sum_m_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
             )
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
@@ -9990,11 +9035,11 @@ def _linear_backward_over_m_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (s, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             )
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_n, 0.0, jnp.float32, 1),),
+        init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),
     )(dy_ref)
     sum_m = sum_m_running
     dbias = sum_m
@@ -10014,7 +9059,7 @@ def _linear_backward_over_m_mosaic_gpu(dy, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dbias,) = plgpu.kernel(
         functools.partial(
             _linear_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m
@@ -10028,25 +9073,7 @@ def _linear_backward_over_m_mosaic_gpu(dy, *, m, n, interpret):
     return dbias[:n].reshape((1, n))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_k",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_k",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_m",
-        "mgpu_block_k",
-        "mgpu_block_n",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def linear_backward_x(
     dy,
     w,
@@ -10075,70 +9102,60 @@ def linear_backward_x(
       block_m, block_k, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_linear_backward_x_tpu_blocks),
         else 1024, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: bf16[M, K].
     """
-    (dy, w), sizes = _operands(
+    (dy, w), sizes = rt.operands(
         "linear_backward_x",
         {"dy": (dy, jnp.bfloat16, ("M", "N")), "w": (w, jnp.bfloat16, ("N", "K"))},
     )
-    _check_blocks(
-        "linear_backward_x", block_m=block_m, block_k=block_k, block_n=block_n, may_be_none=True
-    )
-    _check_blocks(
+    rt.check_blocks(
         "linear_backward_x",
+        block_m=block_m,
+        block_k=block_k,
+        block_n=block_n,
         gpu_block_m=gpu_block_m,
         gpu_block_k=gpu_block_k,
         gpu_block_n=gpu_block_n,
         may_be_none=True,
     )
-    m = sizes["M"]
-    k = sizes["K"]
-    n = sizes["N"]
+    m, k, n = sizes["M"], sizes["K"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(linear_backward_x_reference, (((m, k), jnp.bfloat16),), dy, w)
-    return _on_platform(
-        functools.partial(
+        return rt.without_elements(linear_backward_x_reference, (((m, k), jnp.bfloat16),), dy, w)
+    return rt.on_platform(
+        "linear_backward_x",
+        (dy, w),
+        tpu=functools.partial(
             _linear_backward_x_tpu, m=m, k=k, n=n, block_m=block_m, block_k=block_k, block_n=block_n
         ),
-        _gpu_kernel(
-            "linear_backward_x",
-            gpu_backend,
-            functools.partial(
-                _linear_backward_x_gpu,
-                m=m,
-                k=k,
-                n=n,
-                block_m=gpu_block_m,
-                block_k=gpu_block_k,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _linear_backward_x_mosaic_gpu,
-                m=m,
-                k=k,
-                n=n,
-                block_m=mgpu_block_m,
-                block_k=mgpu_block_k,
-                block_n=mgpu_block_n,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _linear_backward_x_gpu,
+            m=m,
+            k=k,
+            n=n,
+            block_m=gpu_block_m,
+            block_k=gpu_block_k,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        dy,
-        w,
+        mosaic_gpu=functools.partial(
+            _linear_backward_x_mosaic_gpu,
+            m=m,
+            k=k,
+            n=n,
+            block_m=mgpu_block_m,
+            block_k=mgpu_block_k,
+            block_n=mgpu_block_n,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -10190,13 +9207,13 @@ _linear_backward_x_tpu_blocks = {
 
 def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpret):
     """`linear_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_k, block_n = _tpu_blocks(
+    block_m, block_k, block_n = rt.tpu_blocks(
         _linear_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "linear_backward_x",
         block_m=(
             block_m,
@@ -10228,12 +9245,12 @@ def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpr
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_n + 4 * block_n * block_k + 12 * block_m * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * k * n, transcendentals=0, bytes_accessed=_nbytes(dy, w) + m * k * 2
+            flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dy, w) + m * k * 2
         ),
         interpret=interpret,
         name="linear_backward_x",
@@ -10242,25 +9259,25 @@ def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpr
 
 def _linear_backward_x_gpu_kernel(dy_ref, w_ref, dx_ref, *, m, k, n, block_m, block_k, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_k = _inside(pl.program_id(1) * block_k, block_k, k)
-    inside = _mask((block_m, block_k), in_m, in_k)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
+    inside = rt.mask((block_m, block_k), in_m, in_k)
 
     def accumulate(step, acc):
         start = step * block_n
-        in_n = _inside(start, block_n, n)  # zeros past a ragged N
-        dy = _load(
-            dy_ref.at[:, pl.ds(start, block_n)], _mask((block_m, block_n), in_m, in_n), other=0
+        in_n = rt.inside(start, block_n, n)  # zeros past a ragged N
+        dy = rt.load(
+            dy_ref.at[:, pl.ds(start, block_n)], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        w = _load(
-            w_ref.at[pl.ds(start, block_n), :], _mask((block_n, block_k), in_n, in_k), other=0
+        w = rt.load(
+            w_ref.at[pl.ds(start, block_n), :], rt.mask((block_n, block_k), in_n, in_k), other=0
         )
         return acc + jnp.dot(dy, w, preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(
         0, pl.cdiv(n, block_n), accumulate, jnp.zeros(dx_ref.shape, jnp.float32)
     )
-    _store(dx_ref, acc.astype(jnp.bfloat16), inside)
+    rt.store(dx_ref, acc.astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_k, block_n, num_warps,
@@ -10274,7 +9291,7 @@ def _linear_backward_x_gpu(
     dy, w, *, m, k, n, block_m, block_k, block_n, num_warps, num_stages, interpret
 ):
     """`linear_backward_x` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_k, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_k, block_n, num_warps, num_stages = rt.gpu_options(
         _linear_backward_x_gpu_options,
         (m, k, n),
         (block_m, block_k, block_n, num_warps, num_stages),
@@ -10328,12 +9345,12 @@ def _linear_backward_x_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_m, block_n),
                     lambda s: (program_m, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
                 ),
                 plgpu.BlockSpec(
                     (block_n, block_k),
                     lambda s: (s, program_k),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -10365,10 +9382,10 @@ def _linear_backward_x_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_m, block_k, block_n, stages = _gpu_options(
+    block_m, block_k, block_n, stages = rt.gpu_options(
         _linear_backward_x_mosaic_gpu_options, (m, k, n), (block_m, block_k, block_n, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "linear_backward_x",
         {
             "mgpu_block_m": (block_m, (64, 128)),
@@ -10382,8 +9399,8 @@ def _linear_backward_x_mosaic_gpu(
     padded_m = m + -m % block_m
     padded_k = k + -k % block_k
     padded_n = n + -n % block_n
-    dy = _mgpu_pad(dy, (padded_m, padded_n))
-    w = _mgpu_pad(w, (padded_n, padded_k))
+    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
+    w = rt.mgpu_pad(w, (padded_n, padded_k))
     (dx,) = plgpu.kernel(
         functools.partial(
             _linear_backward_x_mosaic_gpu_kernel,
@@ -10395,7 +9412,7 @@ def _linear_backward_x_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_k), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_m, block_k), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_k)
+                (block_m, block_k), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k)
             ),
             plgpu.Barrier(num_barriers=1),
         ],
@@ -10406,25 +9423,7 @@ def _linear_backward_x_mosaic_gpu(
     return dx[:m, :k]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_n",
-        "block_k",
-        "block_m",
-        "gpu_block_n",
-        "gpu_block_k",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "mgpu_block_n",
-        "mgpu_block_k",
-        "mgpu_block_m",
-        "mgpu_stages",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def linear_backward_w(
     dy,
     x,
@@ -10453,70 +9452,60 @@ def linear_backward_w(
       block_n, block_k, block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_linear_backward_w_tpu_blocks),
         else 1024, 1024, 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:
-        those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest
-        sizes, else the built-in ones.
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dw: bf16[N, K].
     """
-    (dy, x), sizes = _operands(
+    (dy, x), sizes = rt.operands(
         "linear_backward_w",
         {"dy": (dy, jnp.bfloat16, ("M", "N")), "x": (x, jnp.bfloat16, ("M", "K"))},
     )
-    _check_blocks(
-        "linear_backward_w", block_n=block_n, block_k=block_k, block_m=block_m, may_be_none=True
-    )
-    _check_blocks(
+    rt.check_blocks(
         "linear_backward_w",
+        block_n=block_n,
+        block_k=block_k,
+        block_m=block_m,
         gpu_block_n=gpu_block_n,
         gpu_block_k=gpu_block_k,
         gpu_block_m=gpu_block_m,
         may_be_none=True,
     )
-    n = sizes["N"]
-    k = sizes["K"]
-    m = sizes["M"]
+    n, k, m = sizes["N"], sizes["K"], sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(linear_backward_w_reference, (((n, k), jnp.bfloat16),), dy, x)
-    return _on_platform(
-        functools.partial(
+        return rt.without_elements(linear_backward_w_reference, (((n, k), jnp.bfloat16),), dy, x)
+    return rt.on_platform(
+        "linear_backward_w",
+        (dy, x),
+        tpu=functools.partial(
             _linear_backward_w_tpu, n=n, k=k, m=m, block_n=block_n, block_k=block_k, block_m=block_m
         ),
-        _gpu_kernel(
-            "linear_backward_w",
-            gpu_backend,
-            functools.partial(
-                _linear_backward_w_gpu,
-                n=n,
-                k=k,
-                m=m,
-                block_n=gpu_block_n,
-                block_k=gpu_block_k,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(
-                _linear_backward_w_mosaic_gpu,
-                n=n,
-                k=k,
-                m=m,
-                block_n=mgpu_block_n,
-                block_k=mgpu_block_k,
-                block_m=mgpu_block_m,
-                stages=mgpu_stages,
-            ),
+        triton=functools.partial(
+            _linear_backward_w_gpu,
+            n=n,
+            k=k,
+            m=m,
+            block_n=gpu_block_n,
+            block_k=gpu_block_k,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        dy,
-        x,
+        mosaic_gpu=functools.partial(
+            _linear_backward_w_mosaic_gpu,
+            n=n,
+            k=k,
+            m=m,
+            block_n=mgpu_block_n,
+            block_k=mgpu_block_k,
+            block_m=mgpu_block_m,
+            stages=mgpu_stages,
+        ),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -10570,13 +9559,13 @@ _linear_backward_w_tpu_blocks = {
 
 def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpret):
     """`linear_backward_w` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_n, block_k, block_m = _tpu_blocks(
+    block_n, block_k, block_m = rt.tpu_blocks(
         _linear_backward_w_tpu_blocks, (n, k, m), (block_n, block_k, block_m)
     )
     block_n = min(block_n, n)  # a small N is one whole block
     block_k = min(block_k, k)  # a small K is one whole block
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "linear_backward_w",
         block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
         block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
@@ -10608,12 +9597,12 @@ def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpr
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(
+            vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_n + 4 * block_m * block_k + 12 * block_n * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * n * k * m, transcendentals=0, bytes_accessed=_nbytes(dy, x) + n * k * 2
+            flops=2 * n * k * m, transcendentals=0, bytes_accessed=rt.nbytes(dy, x) + n * k * 2
         ),
         interpret=interpret,
         name="linear_backward_w",
@@ -10622,18 +9611,18 @@ def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpr
 
 def _linear_backward_w_gpu_kernel(dy_ref, x_ref, dw_ref, *, n, k, m, block_n, block_k, block_m):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_n = _inside(pl.program_id(0) * block_n, block_n, n)
-    in_k = _inside(pl.program_id(1) * block_k, block_k, k)
-    inside = _mask((block_n, block_k), in_n, in_k)
+    in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
+    in_k = rt.inside(pl.program_id(1) * block_k, block_k, k)
+    inside = rt.mask((block_n, block_k), in_n, in_k)
 
     def accumulate(step, acc):
         start = step * block_m
-        in_m = _inside(start, block_m, m)  # zeros past a ragged M
-        dy = _load(
-            dy_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n), other=0
+        in_m = rt.inside(start, block_m, m)  # zeros past a ragged M
+        dy = rt.load(
+            dy_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n), other=0
         )
-        x = _load(
-            x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_k), in_m, in_k), other=0
+        x = rt.load(
+            x_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_k), in_m, in_k), other=0
         )
         return acc + jax.lax.dot_general(
             dy, x, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
@@ -10642,7 +9631,7 @@ def _linear_backward_w_gpu_kernel(dy_ref, x_ref, dw_ref, *, n, k, m, block_n, bl
     acc = jax.lax.fori_loop(
         0, pl.cdiv(m, block_m), accumulate, jnp.zeros(dw_ref.shape, jnp.float32)
     )
-    _store(dw_ref, acc.astype(jnp.bfloat16), inside)
+    rt.store(dw_ref, acc.astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_n, block_k, block_m, num_warps,
@@ -10656,7 +9645,7 @@ def _linear_backward_w_gpu(
     dy, x, *, n, k, m, block_n, block_k, block_m, num_warps, num_stages, interpret
 ):
     """`linear_backward_w` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, block_k, block_m, num_warps, num_stages = _gpu_options(
+    block_n, block_k, block_m, num_warps, num_stages = rt.gpu_options(
         _linear_backward_w_gpu_options,
         (n, k, m),
         (block_n, block_k, block_m, num_warps, num_stages),
@@ -10710,12 +9699,12 @@ def _linear_backward_w_mosaic_gpu_kernel(
                 plgpu.BlockSpec(
                     (block_n, block_m),
                     lambda s: (program_n, s),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_m),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_m),
                 ),
                 plgpu.BlockSpec(
                     (block_m, block_k),
                     lambda s: (s, program_k),
-                    transforms=_mgpu_swizzled(jnp.bfloat16, block_k),
+                    transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k),
                 ),
             ],
             max_concurrent_steps=stages,
@@ -10747,10 +9736,10 @@ def _linear_backward_w_mosaic_gpu(
     The operands are padded with zeros to what TMA copies (nothing when the sizes are
     multiples of the blocks' tiles) and the outputs sliced back.
     """
-    block_n, block_k, block_m, stages = _gpu_options(
+    block_n, block_k, block_m, stages = rt.gpu_options(
         _linear_backward_w_mosaic_gpu_options, (n, k, m), (block_n, block_k, block_m, stages)
     )
-    _mgpu_check_choices(
+    rt.mgpu_check_choices(
         "linear_backward_w",
         {
             "mgpu_block_n": (block_n, (64, 128)),
@@ -10765,8 +9754,8 @@ def _linear_backward_w_mosaic_gpu(
     padded_k = k + -k % block_k
     padded_m = m + -m % block_m
     dy = jnp.swapaxes(dy, -1, -2)  # wgmma reads [M, K] tiles
-    dy = _mgpu_pad(dy, (padded_n, padded_m))
-    x = _mgpu_pad(x, (padded_m, padded_k))
+    dy = rt.mgpu_pad(dy, (padded_n, padded_m))
+    x = rt.mgpu_pad(x, (padded_m, padded_k))
     (dw,) = plgpu.kernel(
         functools.partial(
             _linear_backward_w_mosaic_gpu_kernel,
@@ -10778,7 +9767,7 @@ def _linear_backward_w_mosaic_gpu(
         out_type=(jax.ShapeDtypeStruct((padded_n, padded_k), jnp.bfloat16),),
         scratch_types=[
             plgpu.SMEM(
-                (block_n, block_k), jnp.bfloat16, transforms=_mgpu_swizzled(jnp.bfloat16, block_k)
+                (block_n, block_k), jnp.bfloat16, transforms=rt.mgpu_swizzled(jnp.bfloat16, block_k)
             ),
             plgpu.Barrier(num_barriers=1),
         ],

@@ -4,407 +4,23 @@
 
 Each kernel `NAME(...)` comes with `NAME_reference(...)`, the same computation in
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
-Pallas interpret mode unless `interpret` says otherwise.
+Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
+the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 """
 
 import functools
-import warnings
 
 import jax
-import jax.extend.core
-import jax.interpreters.batching
-import jax.interpreters.mlir
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
-try:
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-except ImportError:  # jax 0.10.2 imports it only with absl-py (pallasgen's jax extra brings it)
-    plgpu = None
+from pallasgen.runtime import support as rt
+from pallasgen.runtime.support import plgpu
 
-# jax 0.11+ warns at every Triton lowering that Pallas's Triton backend is deprecated. The
-# GPU kernels here use it knowingly until they move to Mosaic GPU: silence that one warning.
-warnings.filterwarnings(
-    "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
-)
 
-
-def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
-    """The GPU kernel that `gpu_backend` names: Triton's, or Mosaic GPU's where the kernel
-    has one (`mosaic_gpu` None: it has not, and runs on Triton)."""
-    if gpu_backend not in ("triton", "mosaic_gpu"):
-        raise ValueError(
-            f'{kernel}: gpu_backend must be "triton" or "mosaic_gpu", got {gpu_backend!r}'
-        )
-    if gpu_backend == "triton" or mosaic_gpu is None:
-        return triton
-
-    def on_mosaic_gpu(*arrays, **keywords):  # called only where the module lowers for CUDA
-        if plgpu is None:
-            raise ImportError(
-                f'{kernel}: gpu_backend="mosaic_gpu" needs absl-py on jax 0.10.2 (pip install absl-py)'
-            )
-        return mosaic_gpu(*arrays, **keywords)
-
-    return on_mosaic_gpu
-
-
-def _gpu_device_kind():
-    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
-    default device's if it is a GPU, else the first GPU's (None without one)."""
-    device = jax.config.jax_default_device
-    if getattr(device, "platform", None) == "gpu":
-        return device.device_kind
-    try:
-        return jax.devices("gpu")[0].device_kind
-    except RuntimeError:  # no GPU backend
-        return None
-
-
-def _gpu_options(table, sizes, given):
-    """The blocks and launch options of a GPU call (Triton's, or Mosaic GPU's blocks and
-    stages): those `given` (not None) as they are, the others from `table`: for the GPU
-    compiled for (see `_gpu_device_kind`), the tuned entry whose sizes are nearest the
-    call's (in powers of two), else the built-in ones, `table[None]`."""
-
-    def distance(tuned_sizes):
-        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
-
-    if None not in given:
-        return given
-    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
-    tuned = table.get(kind) if kind is not None else None
-    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
-    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
-
-
-def _mgpu_pad(array, shape):
-    """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
-    if array.shape == shape:
-        return array
-    return jnp.pad(array, [(0, padded - size) for size, padded in zip(array.shape, shape)])
-
-
-def _mgpu_swizzled(dtype, columns):
-    """The shared-memory tiling and swizzle of a 2-D block `columns` wide, as wgmma and
-    the WGMMA register layout read it."""
-    swizzle = plgpu.find_swizzle(columns * jnp.dtype(dtype).itemsize * 8)
-    return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(
-        swizzle
-    )
-
-
-def _mgpu_load(ref, shape, dims):
-    """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
-    along `dims` (its position in `shape`) in the layout's row or column, broadcast."""
-    if len(dims) == len(shape):
-        return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
-    vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
-    return jax.lax.broadcast_in_dim(vector, shape, dims)
-
-
-def _mgpu_spread(vector, shape, dim):
-    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
-    broadcast over the block's other axis."""
-    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
-
-
-def _mgpu_load_vector(ref, dim):
-    """A vector along axis `dim` of a block, from shared memory, in the WGMMA layout's row
-    (0) or column (1) layout."""
-    return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dim))
-
-
-def _mgpu_full(size, value, dtype, dim):
-    """A running value per position along axis `dim` of a block, `value` in each."""
-    return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
-
-
-def _mgpu_positions(start, shape, axis):
-    """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
-    return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
-
-
-def _on_platform(tpu, gpu, interpret, *arrays):
-    """Runs the kernel built for the platform being compiled for.
-
-    The choice follows the lowering platform, not the host, so ahead-of-time compiles
-    and exports (for one platform, or for several at once) get the right kernel: Mosaic
-    on TPU, Triton on NVIDIA GPUs, and
-    elsewhere (CPU) the TPU kernel in interpret mode, or compiled if `interpret` is
-    False. A true `interpret` (or `pltpu.InterpretParams`) interprets the TPU kernel
-    on every platform.
-    """
-    if interpret:
-        return tpu(*arrays, interpret=interpret)
-    return _platform_dependent(
-        arrays,
-        tpu=functools.partial(tpu, interpret=False),
-        cuda=functools.partial(gpu, interpret=False),
-        default=functools.partial(tpu, interpret=interpret is None),
-    )
-
-
-def _platform_dependent(arrays, **kernels):
-    """`jax.lax.platform_dependent(*arrays, tpu=..., cuda=..., default=...)`, except that
-    each platform lowers only its own kernel.
-
-    `jax.lax.platform_dependent` lowers every branch for every platform that a module is
-    lowered for, and a Mosaic kernel does not lower for CUDA, nor a Triton kernel for
-    TPU: `jax.export.export(NAME, platforms=("tpu", "cuda"))` would fail. Here each
-    platform has its own lowering rule (see `_platform_dependent_primitive`), so the
-    exported module holds the Mosaic kernel for TPU and the Triton kernel for CUDA.
-    Tracing the default kernel gives the outputs' shapes and runs its call-time checks.
-    """
-    outputs, tree = jax.tree.flatten(jax.eval_shape(kernels["default"], *arrays))
-    results = _platform_dependent_p.bind(*arrays, outputs=tuple(outputs), **kernels)
-    return jax.tree.unflatten(tree, results)
-
-
-def _platform_dependent_primitive():
-    """The primitive behind `_platform_dependent`, with one lowering rule per platform.
-
-    Its parameters: `tpu`, `cuda` and `default`, the kernel for each platform (a
-    function of the arrays that returns a pytree of arrays), and `outputs`, the
-    jax.ShapeDtypeStruct of each leaf of that pytree.
-    """
-    primitive = jax.extend.core.Primitive("platform_dependent_kernel")
-    primitive.multiple_results = True
-
-    def abstract_eval(*arrays, outputs, **kernels):
-        return [jax.core.ShapedArray(output.shape, output.dtype) for output in outputs]
-
-    def lowering(platform):
-        def kernel_leaves(*arrays, outputs, **kernels):
-            return jax.tree.leaves(kernels[platform](*arrays))
-
-        return jax.interpreters.mlir.lower_fun(kernel_leaves, multiple_results=True)
-
-    def run_outside_jit(*arrays, outputs, **kernels):  # as under `jax.disable_jit()`
-        return jax.tree.leaves(jax.lax.platform_dependent(*arrays, **kernels))
-
-    def vmapped(arrays, axes, *, outputs, **kernels):
-        kernels = {name: jax.vmap(kernel, in_axes=axes) for name, kernel in kernels.items()}
-        results = jax.tree.leaves(_platform_dependent(arrays, **kernels))
-        return results, [0] * len(results)
-
-    primitive.def_abstract_eval(abstract_eval)
-    primitive.def_impl(run_outside_jit)
-    jax.interpreters.mlir.register_lowering(primitive, lowering("tpu"), platform="tpu")
-    jax.interpreters.mlir.register_lowering(primitive, lowering("cuda"), platform="cuda")
-    jax.interpreters.mlir.register_lowering(primitive, lowering("default"))  # any other platform
-    jax.interpreters.batching.primitive_batchers[primitive] = vmapped
-    return primitive
-
-
-_platform_dependent_p = _platform_dependent_primitive()
-
-
-def _differentiable(forward, backward, *arrays, saving=None):
-    """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
-    from what the forward pass saves (the arrays; or, given `saving`, what it returns
-    beside the outputs) and the cotangents of the outputs, it gives one cotangent per
-    array, or None for none (float0 for an integer array)."""
-    call = jax.custom_vjp(forward)
-    call.defvjp(saving or (lambda *arrays: (forward(*arrays), arrays)), backward)
-    return call(*arrays)
-
-
-def _operands(kernel, operands):
-    """The operands as arrays, each checked for its dtype and rank, and the size of each
-    named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
-    arrays, sizes = [], {}
-    for name, (value, dtype, dims) in operands.items():
-        try:
-            array = jnp.asarray(value)
-        except (TypeError, ValueError) as error:
-            raise TypeError(
-                f"{kernel}: {name} is not an array, nor converts to one ({error})"
-            ) from None
-        if array.dtype != dtype:
-            raise TypeError(f"{kernel}: {name} must be {jnp.dtype(dtype).name}, got {array.dtype}")
-        if array.ndim != len(dims):
-            raise ValueError(
-                f"{kernel}: {name} must have dimensions [{', '.join(dims)}], got shape {array.shape}"
-            )
-        for dim, size in zip(dims, array.shape):
-            if sizes.setdefault(dim, size) != size:
-                raise ValueError(
-                    f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
-                )
-        arrays.append(array)
-    return arrays, sizes
-
-
-def _check_blocks(kernel, may_be_none=False, **blocks):
-    """Refuses a block keyword whose value is not a positive int. None, where a block
-    `may_be_none`, leaves the choice of the block to the kernel."""
-    for keyword, block in blocks.items():
-        if block is None and may_be_none:
-            continue
-        if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
-            expected = "a positive int or None" if may_be_none else "a positive int"
-            raise ValueError(f"{kernel}: {keyword} must be {expected}, got {block!r}")
-
-
-def _without_elements(reference, outputs, *arrays, **params):
-    """The result of a call where a dimension has size 0, as jax.numpy gives it: empty
-    arrays of the `outputs`' (shape, dtype), or, where an output still has elements (it
-    reduces over the empty dimension), what the reference computes."""
-    if any(0 not in shape for shape, _ in outputs):
-        return reference(*arrays, **params)
-    empty = tuple(jnp.zeros(shape, dtype) for shape, dtype in outputs)
-    return empty if len(empty) > 1 else empty[0]
-
-
-def _check_tiling(kernel, **blocks):
-    """Refuses TPU blocks that Mosaic cannot tile, before anything compiles.
-
-    Each keyword maps to (block, size, multiple, rule[, smallest power of two]): a block
-    is legal when it covers its whole dimension, is a multiple of `multiple`, or (for
-    one-dimensional arrays) a power of two of at least the smallest one given.
-    """
-    for keyword, (block, size, multiple, rule, *smallest) in blocks.items():
-        if block == size or block % multiple == 0:
-            continue
-        if smallest and block >= smallest[0] and block & (block - 1) == 0:
-            continue
-        raise ValueError(
-            f"{kernel}: {keyword}={block} breaks the TPU tiling rule: {rule}; use"
-            f" {-(-block // multiple) * multiple} or a block of the whole dimension ({size})"
-        )
-
-
-def _tpu_chip():
-    """The TPU generation being compiled for, as tuning tables name it, or None.
-
-    It is the default device's: a TPU's, or under `jax.default_device(...)` that of a
-    compile-only TPU topology (ahead-of-time compiles on a host without a TPU).
-    """
-    device = jax.config.jax_default_device
-    if not hasattr(device, "device_kind"):
-        device = jax.devices(device)[0]
-    return {"TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}.get(
-        device.device_kind
-    )
-
-
-def _tpu_blocks(table, sizes, given, grow=None):
-    """The blocks of a TPU call: those `given` (not None) as they are, the others from
-    `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
-    are nearest the call's (in powers of two), else the chip's default. Any other
-    chip, and CPU, takes `table[None]`, the spec's blocks.
-
-    A kernel without a matrix product passes `grow` (see `_grown`), which grows a
-    chip's default blocks not given to large steps.
-    """
-
-    def distance(tuned_sizes):
-        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
-
-    if None not in given:
-        return given
-    chip = _tpu_chip()
-    known = chip is not None and chip in table
-    entries = table[chip if known else None]
-    tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
-    chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
-    blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
-    if grow is not None and known and not tuned:
-        blocks = grow(blocks, [block is None for block in given])
-    return tuple(blocks)
-
-
-def _grown(blocks, free, bounds, step):
-    """`blocks` with the `free` ones doubled in turn, the last first, while smaller than
-    their dimension (`bounds`) and while a grid step (`step(*blocks)`: its elements and
-    VMEM bytes) stays within 2**20 elements and 32 MiB. A step costs a fixed ~600
-    cycles, so a memory-bound kernel wants few, large steps; doubling keeps a block legal.
-    """
-    grew = True
-    while grew:
-        grew = False
-        for i in reversed(range(len(blocks))):
-            if not free[i] or blocks[i] >= bounds[i]:
-                continue
-            trial = [*blocks[:i], 2 * blocks[i], *blocks[i + 1 :]]
-            elements, vmem = step(*trial)
-            if elements <= 2**20 and vmem <= 32 * 2**20:
-                blocks, grew = trial, True
-    return blocks
-
-
-def _vmem_limit(needed):
-    """The scoped VMEM limit for TPU blocks that need `needed` bytes.
-
-    None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
-    blocks would fail to compile, so they ask for twice what they need, at most 100 MiB of
-    the 128 MiB a v5e or v6e core has. Not more: compiled for libtpu's cost estimate, blocks
-    of 28 MiB that asked for 100 MiB ran out of VMEM (the ask counted beside the use).
-    """
-    return None if needed <= 16 * 2**20 else min(2 * needed, 100 * 2**20)
-
-
-def _inside(start, block, size):
-    """Which of `block` positions from `start` lie inside a dimension of `size`.
-
-    None when blocks tile the dimension exactly: aligned sizes load and store unmasked.
-    """
-    if size % block == 0:
-        return None
-    return start + jnp.arange(block) < size
-
-
-def _mask(shape, *inside):
-    """A block's mask from one `_inside` per axis (None: that axis never overhangs)."""
-    mask = None
-    for axis, along in enumerate(inside):
-        if along is not None:
-            along = jax.lax.broadcast_in_dim(along, shape, (axis,))
-            mask = along if mask is None else mask & along
-    return mask
-
-
-def _load(ref, mask, other=None):
-    """A GPU block, masked where `mask` says (None: the block fits, so a plain load)."""
-    if mask is None:
-        return ref[...]
-    return pltriton.load(ref, mask=mask, other=other)
-
-
-def _store(ref, value, mask):
-    """Stores a GPU block, masked where `mask` says (None: the block fits)."""
-    if mask is None:
-        ref[...] = value
-    else:
-        pltriton.store(ref, value, mask=mask)
-
-
-def _nbytes(*arrays):
-    """Bytes of the given arrays, for the kernel's cost estimate."""
-    return sum(array.size * array.dtype.itemsize for array in arrays)
-
-
-def _fill_past(value, start, size, axis, identity):
-    """`value` with `identity` at the positions along `axis` (from `start`) past `size`."""
-    positions = start + jax.lax.broadcasted_iota(jnp.int32, value.shape, axis)
-    return jnp.where(positions < size, value, identity)
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "eps",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def layer_norm(
     x,
     w,
@@ -427,14 +43,11 @@ def layer_norm(
       b: f32[N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_tpu_blocks),
-        grown to large steps (_grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+        grown to large steps (rt.grown), else 16.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       eps: a static f32 (default 1e-05).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: bf16[M, N]; mu: f32[M]; rstd: f32[M].
@@ -442,7 +55,7 @@ def layer_norm(
     Gradients: jax.grad runs the generated backward kernels layer_norm_backward,
     layer_norm_backward_over_m (_layer_norm_vjp).
     """
-    (x, w, b), sizes = _operands(
+    (x, w, b), sizes = rt.operands(
         "layer_norm",
         {
             "x": (x, jnp.bfloat16, ("M", "N")),
@@ -450,12 +63,10 @@ def layer_norm(
             "b": (b, jnp.float32, ("N",)),
         },
     )
-    _check_blocks("layer_norm", block_m=block_m, may_be_none=True)
-    _check_blocks("layer_norm", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks("layer_norm", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             layer_norm_reference,
             (((m, n), jnp.bfloat16), ((m,), jnp.float32), ((m,), jnp.float32)),
             x,
@@ -463,7 +74,7 @@ def layer_norm(
             b,
             eps=eps,
         )
-    return _differentiable(
+    return rt.differentiable(
         functools.partial(
             _layer_norm_forward,
             m=m,
@@ -517,26 +128,22 @@ def _layer_norm_forward(
     """`layer_norm` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     w = w.reshape(1, n)  # w: f32[N], broadcast over M
     b = b.reshape(1, n)  # b: f32[N], broadcast over M
-    y, mu, rstd = _on_platform(
-        functools.partial(_layer_norm_tpu, m=m, n=n, block_m=block_m, eps=eps),
-        _gpu_kernel(
-            "layer_norm",
-            gpu_backend,
-            functools.partial(
-                _layer_norm_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                eps=eps,
-            ),
-            functools.partial(_layer_norm_mosaic_gpu, m=m, n=n, eps=eps),
+    y, mu, rstd = rt.on_platform(
+        "layer_norm",
+        (x, w, b),
+        tpu=functools.partial(_layer_norm_tpu, m=m, n=n, block_m=block_m, eps=eps),
+        triton=functools.partial(
+            _layer_norm_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            eps=eps,
         ),
-        interpret,
-        x,
-        w,
-        b,
+        mosaic_gpu=functools.partial(_layer_norm_mosaic_gpu, m=m, n=n, eps=eps),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     mu = mu.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     rstd = rstd.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
@@ -618,18 +225,18 @@ _layer_norm_tpu_blocks = {
 
 def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
     """`layer_norm` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _layer_norm_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m,),
             step=lambda block_m: (block_m * n, 24 * block_m * n + 16 * n + 16 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "layer_norm",
         block_m=(
             block_m,
@@ -670,12 +277,12 @@ def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_m * n + 16 * n + 16 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(24 * block_m * n + 16 * n + 16 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=9 * m * n,
             transcendentals=m * n,
-            bytes_accessed=_nbytes(x, w, b) + m * n * 2 + m * n * 4 + m * n * 4,
+            bytes_accessed=rt.nbytes(x, w, b) + m * n * 2 + m * n * 4 + m * n * 4,
         ),
         interpret=interpret,
         name="layer_norm",
@@ -686,21 +293,21 @@ def _layer_norm_gpu_kernel(
     x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, m, block_m, n, block_n, eps
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(0, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    w = _load(w_ref, _mask((1, block_n), None, in_n))
-    b = _load(b_ref, _mask((1, block_n), None, in_n))
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    w = rt.load(w_ref, rt.mask((1, block_n), None, in_n))
+    b = rt.load(b_ref, rt.mask((1, block_n), None, in_n))
     h = x.astype(jnp.float32)
-    mu = jnp.sum(_fill_past(h, 0, n, 1, 0.0), axis=1, keepdims=True) / n
-    _store(mu_ref, mu, _mask((block_m, 1), in_m, None))
+    mu = jnp.sum(rt.fill_past(h, 0, n, 1, 0.0), axis=1, keepdims=True) / n
+    rt.store(mu_ref, mu, rt.mask((block_m, 1), in_m, None))
     d = h - mu
     rstd = jax.lax.rsqrt(
-        jnp.sum(_fill_past((d * d), 0, n, 1, 0.0), axis=1, keepdims=True) / n + eps
+        jnp.sum(rt.fill_past((d * d), 0, n, 1, 0.0), axis=1, keepdims=True) / n + eps
     )
-    _store(rstd_ref, rstd, _mask((block_m, 1), in_m, None))
-    _store(y_ref, (d * rstd * w + b).astype(jnp.bfloat16), inside)
+    rt.store(rstd_ref, rstd, rt.mask((block_m, 1), in_m, None))
+    rt.store(y_ref, (d * rstd * w + b).astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
@@ -712,7 +319,7 @@ _layer_norm_gpu_options = {None: (1, 4, 1)}
 
 def _layer_norm_gpu(x, w, b, *, m, n, block_m, num_warps, num_stages, eps, interpret):
     """`layer_norm` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = _gpu_options(
+    block_m, num_warps, num_stages = rt.gpu_options(
         _layer_norm_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -772,12 +379,12 @@ def _layer_norm_mosaic_gpu_kernel(
     def reduce_1(indices, x_smem, carry):
         (mean_n_running,) = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
         mean_n_block = h
         if n % block_n:  # a ragged N: its identity past the end
             mean_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_block, 0.0
             )
         mean_n_running = mean_n_running + jnp.sum(mean_n_block, axis=1)
         return (mean_n_running,)
@@ -789,11 +396,11 @@ def _layer_norm_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             )
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
     mean_n = mean_n_running / n
     mu = mean_n
@@ -801,13 +408,13 @@ def _layer_norm_mosaic_gpu_kernel(
     def reduce_2(indices, x_smem, carry):
         (mean_over_n_running,) = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
-        d = h - _mgpu_spread(mu, (block_m, block_n), 0)
+        d = h - rt.mgpu_spread(mu, (block_m, block_n), 0)
         mean_over_n_block = d * d
         if n % block_n:  # a ragged N: its identity past the end
             mean_over_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, mean_over_n_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_over_n_block, 0.0
             )
         mean_over_n_running = mean_over_n_running + jnp.sum(mean_over_n_block, axis=1)
         return (mean_over_n_running,)
@@ -819,11 +426,11 @@ def _layer_norm_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             )
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
     mean_over_n = mean_over_n_running / n
     rstd = jax.lax.rsqrt(mean_over_n + eps)
@@ -835,15 +442,15 @@ def _layer_norm_mosaic_gpu_kernel(
 
     def write(indices, x_smem, w_smem, b_smem):
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        w = _mgpu_load(w_smem, (block_m, block_n), (1,))
-        b = _mgpu_load(b_smem, (block_m, block_n), (1,))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        w = rt.mgpu_load(w_smem, (block_m, block_n), (1,))
+        b = rt.mgpu_load(b_smem, (block_m, block_n), (1,))
         h = x.astype(jnp.float32)
-        d = h - _mgpu_spread(mu, (block_m, block_n), 0)
+        d = h - rt.mgpu_spread(mu, (block_m, block_n), 0)
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = (d * _mgpu_spread(rstd, (block_m, block_n), 0) * w + b).astype(
+        y_buffers[slot] = (d * rt.mgpu_spread(rstd, (block_m, block_n), 0) * w + b).astype(
             jnp.bfloat16
         )
         plgpu.commit_smem()
@@ -858,7 +465,7 @@ def _layer_norm_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
@@ -878,11 +485,11 @@ def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     w = w.reshape((n,))
-    w = _mgpu_pad(w, (padded_n,))
+    w = rt.mgpu_pad(w, (padded_n,))
     b = b.reshape((n,))
-    b = _mgpu_pad(b, (padded_n,))
+    b = rt.mgpu_pad(b, (padded_n,))
     y, mu, rstd = plgpu.kernel(
         functools.partial(
             _layer_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
@@ -898,7 +505,7 @@ def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
             plgpu.SMEM(
                 (2, block_m, block_n),
                 jnp.bfloat16,
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
         ],
         grid=(padded_m // block_m,),
@@ -908,18 +515,7 @@ def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
     return y[:m, :n], mu[:m].reshape((m, 1)), rstd[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "eps",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def layer_norm_with_residuals(
     x,
     w,
@@ -942,19 +538,16 @@ def layer_norm_with_residuals(
       b: f32[N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_with_residuals_tpu_blocks),
-        grown to large steps (_grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+        grown to large steps (rt.grown), else 16.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       eps: a static f32 (default 1e-05).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: bf16[M, N]; mu: f32[M]; rstd: f32[M]; mean_n: f32[M].
     """
-    (x, w, b), sizes = _operands(
+    (x, w, b), sizes = rt.operands(
         "layer_norm_with_residuals",
         {
             "x": (x, jnp.bfloat16, ("M", "N")),
@@ -962,12 +555,12 @@ def layer_norm_with_residuals(
             "b": (b, jnp.float32, ("N",)),
         },
     )
-    _check_blocks("layer_norm_with_residuals", block_m=block_m, may_be_none=True)
-    _check_blocks("layer_norm_with_residuals", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "layer_norm_with_residuals", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             layer_norm_with_residuals_reference,
             (((m, n), jnp.bfloat16), ((m,), jnp.float32), ((m,), jnp.float32), ((m,), jnp.float32)),
             x,
@@ -977,26 +570,22 @@ def layer_norm_with_residuals(
         )
     w = w.reshape(1, n)  # w: f32[N], broadcast over M
     b = b.reshape(1, n)  # b: f32[N], broadcast over M
-    y, mu, rstd, mean_n = _on_platform(
-        functools.partial(_layer_norm_with_residuals_tpu, m=m, n=n, block_m=block_m, eps=eps),
-        _gpu_kernel(
-            "layer_norm_with_residuals",
-            gpu_backend,
-            functools.partial(
-                _layer_norm_with_residuals_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                eps=eps,
-            ),
-            functools.partial(_layer_norm_with_residuals_mosaic_gpu, m=m, n=n, eps=eps),
+    y, mu, rstd, mean_n = rt.on_platform(
+        "layer_norm_with_residuals",
+        (x, w, b),
+        tpu=functools.partial(_layer_norm_with_residuals_tpu, m=m, n=n, block_m=block_m, eps=eps),
+        triton=functools.partial(
+            _layer_norm_with_residuals_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            eps=eps,
         ),
-        interpret,
-        x,
-        w,
-        b,
+        mosaic_gpu=functools.partial(_layer_norm_with_residuals_mosaic_gpu, m=m, n=n, eps=eps),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     mu = mu.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     rstd = rstd.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
@@ -1052,18 +641,18 @@ _layer_norm_with_residuals_tpu_blocks = {
 
 def _layer_norm_with_residuals_tpu(x, w, b, *, m, n, block_m, eps, interpret):
     """`layer_norm_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _layer_norm_with_residuals_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m,),
             step=lambda block_m: (block_m * n, 24 * block_m * n + 16 * n + 24 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "layer_norm_with_residuals",
         block_m=(
             block_m,
@@ -1107,12 +696,12 @@ def _layer_norm_with_residuals_tpu(x, w, b, *, m, n, block_m, eps, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_m * n + 16 * n + 24 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(24 * block_m * n + 16 * n + 24 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=9 * m * n,
             transcendentals=m * n,
-            bytes_accessed=_nbytes(x, w, b) + m * n * 2 + m * n * 4 + m * n * 4 + m * n * 4,
+            bytes_accessed=rt.nbytes(x, w, b) + m * n * 2 + m * n * 4 + m * n * 4 + m * n * 4,
         ),
         interpret=interpret,
         name="layer_norm_with_residuals",
@@ -1123,21 +712,21 @@ def _layer_norm_with_residuals_gpu_kernel(
     x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, mean_n_ref, *, m, block_m, n, block_n, eps
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(0, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    w = _load(w_ref, _mask((1, block_n), None, in_n))
-    b = _load(b_ref, _mask((1, block_n), None, in_n))
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    w = rt.load(w_ref, rt.mask((1, block_n), None, in_n))
+    b = rt.load(b_ref, rt.mask((1, block_n), None, in_n))
     h = x.astype(jnp.float32)
-    mu = jnp.sum(_fill_past(h, 0, n, 1, 0.0), axis=1, keepdims=True) / n
-    _store(mu_ref, mu, _mask((block_m, 1), in_m, None))
+    mu = jnp.sum(rt.fill_past(h, 0, n, 1, 0.0), axis=1, keepdims=True) / n
+    rt.store(mu_ref, mu, rt.mask((block_m, 1), in_m, None))
     d = h - mu
-    mean_n = jnp.sum(_fill_past((d * d), 0, n, 1, 0.0), axis=1, keepdims=True) / n
-    _store(mean_n_ref, mean_n, _mask((block_m, 1), in_m, None))
+    mean_n = jnp.sum(rt.fill_past((d * d), 0, n, 1, 0.0), axis=1, keepdims=True) / n
+    rt.store(mean_n_ref, mean_n, rt.mask((block_m, 1), in_m, None))
     rstd = jax.lax.rsqrt(mean_n + eps)
-    _store(rstd_ref, rstd, _mask((block_m, 1), in_m, None))
-    _store(y_ref, (d * rstd * w + b).astype(jnp.bfloat16), inside)
+    rt.store(rstd_ref, rstd, rt.mask((block_m, 1), in_m, None))
+    rt.store(y_ref, (d * rstd * w + b).astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
@@ -1151,7 +740,7 @@ def _layer_norm_with_residuals_gpu(
     x, w, b, *, m, n, block_m, num_warps, num_stages, eps, interpret
 ):
     """`layer_norm_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = _gpu_options(
+    block_m, num_warps, num_stages = rt.gpu_options(
         _layer_norm_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -1221,12 +810,12 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
     def reduce_1(indices, x_smem, carry):
         (mean_over_n_running,) = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
         mean_over_n_block = h
         if n % block_n:  # a ragged N: its identity past the end
             mean_over_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, mean_over_n_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_over_n_block, 0.0
             )
         mean_over_n_running = mean_over_n_running + jnp.sum(mean_over_n_block, axis=1)
         return (mean_over_n_running,)
@@ -1238,11 +827,11 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             )
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
     mean_over_n = mean_over_n_running / n
     mu = mean_over_n
@@ -1250,13 +839,13 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
     def reduce_2(indices, x_smem, carry):
         (mean_n_2_running,) = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
-        d = h - _mgpu_spread(mu, (block_m, block_n), 0)
+        d = h - rt.mgpu_spread(mu, (block_m, block_n), 0)
         mean_n_2_block = d * d
         if n % block_n:  # a ragged N: its identity past the end
             mean_n_2_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_2_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_2_block, 0.0
             )
         mean_n_2_running = mean_n_2_running + jnp.sum(mean_n_2_block, axis=1)
         return (mean_n_2_running,)
@@ -1268,11 +857,11 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             )
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
     mean_n_2 = mean_n_2_running / n
     mean_n = mean_n_2
@@ -1287,15 +876,15 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
 
     def write(indices, x_smem, w_smem, b_smem):
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        w = _mgpu_load(w_smem, (block_m, block_n), (1,))
-        b = _mgpu_load(b_smem, (block_m, block_n), (1,))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        w = rt.mgpu_load(w_smem, (block_m, block_n), (1,))
+        b = rt.mgpu_load(b_smem, (block_m, block_n), (1,))
         h = x.astype(jnp.float32)
-        d = h - _mgpu_spread(mu, (block_m, block_n), 0)
+        d = h - rt.mgpu_spread(mu, (block_m, block_n), 0)
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = (d * _mgpu_spread(rstd, (block_m, block_n), 0) * w + b).astype(
+        y_buffers[slot] = (d * rt.mgpu_spread(rstd, (block_m, block_n), 0) * w + b).astype(
             jnp.bfloat16
         )
         plgpu.commit_smem()
@@ -1310,7 +899,7 @@ def _layer_norm_with_residuals_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
@@ -1330,11 +919,11 @@ def _layer_norm_with_residuals_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     w = w.reshape((n,))
-    w = _mgpu_pad(w, (padded_n,))
+    w = rt.mgpu_pad(w, (padded_n,))
     b = b.reshape((n,))
-    b = _mgpu_pad(b, (padded_n,))
+    b = rt.mgpu_pad(b, (padded_n,))
     y, mu, rstd, mean_n = plgpu.kernel(
         functools.partial(
             _layer_norm_with_residuals_mosaic_gpu_kernel,
@@ -1356,7 +945,7 @@ def _layer_norm_with_residuals_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
             plgpu.SMEM(
                 (2, block_m, block_n),
                 jnp.bfloat16,
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
         ],
         grid=(padded_m // block_m,),
@@ -1366,18 +955,7 @@ def _layer_norm_with_residuals_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
     return y[:m, :n], mu[:m].reshape((m, 1)), rstd[:m].reshape((m, 1)), mean_n[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "eps",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def layer_norm_backward(
     x,
     w,
@@ -1410,19 +988,16 @@ def layer_norm_backward(
       drstd: f32[M].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_backward_tpu_blocks),
-        grown to large steps (_grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+        grown to large steps (rt.grown), else 16.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       eps: a static f32 (default 1e-05).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: bf16[M, N].
     """
-    (x, w, mu, rstd, mean_n, dy, dmu, drstd), sizes = _operands(
+    (x, w, mu, rstd, mean_n, dy, dmu, drstd), sizes = rt.operands(
         "layer_norm_backward",
         {
             "x": (x, jnp.bfloat16, ("M", "N")),
@@ -1435,12 +1010,12 @@ def layer_norm_backward(
             "drstd": (drstd, jnp.float32, ("M",)),
         },
     )
-    _check_blocks("layer_norm_backward", block_m=block_m, may_be_none=True)
-    _check_blocks("layer_norm_backward", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "layer_norm_backward", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             layer_norm_backward_reference,
             (((m, n), jnp.bfloat16),),
             x,
@@ -1459,31 +1034,22 @@ def layer_norm_backward(
     mean_n = mean_n.reshape(m, 1)  # mean_n: f32[M], broadcast over N
     dmu = dmu.reshape(m, 1)  # dmu: f32[M], broadcast over N
     drstd = drstd.reshape(m, 1)  # drstd: f32[M], broadcast over N
-    return _on_platform(
-        functools.partial(_layer_norm_backward_tpu, m=m, n=n, block_m=block_m, eps=eps),
-        _gpu_kernel(
-            "layer_norm_backward",
-            gpu_backend,
-            functools.partial(
-                _layer_norm_backward_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                eps=eps,
-            ),
-            functools.partial(_layer_norm_backward_mosaic_gpu, m=m, n=n, eps=eps),
+    return rt.on_platform(
+        "layer_norm_backward",
+        (x, w, mu, rstd, mean_n, dy, dmu, drstd),
+        tpu=functools.partial(_layer_norm_backward_tpu, m=m, n=n, block_m=block_m, eps=eps),
+        triton=functools.partial(
+            _layer_norm_backward_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            eps=eps,
         ),
-        interpret,
-        x,
-        w,
-        mu,
-        rstd,
-        mean_n,
-        dy,
-        dmu,
-        drstd,
+        mosaic_gpu=functools.partial(_layer_norm_backward_mosaic_gpu, m=m, n=n, eps=eps),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -1563,18 +1129,18 @@ def _layer_norm_backward_tpu(
     x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, block_m, eps, interpret
 ):
     """`layer_norm_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _layer_norm_backward_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m,),
             step=lambda block_m: (block_m * n, 44 * block_m * n + 8 * n + 56 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "layer_norm_backward",
         block_m=(
             block_m,
@@ -1617,12 +1183,12 @@ def _layer_norm_backward_tpu(
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(44 * block_m * n + 8 * n + 56 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(44 * block_m * n + 8 * n + 56 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=26 * m * n,
             transcendentals=0,
-            bytes_accessed=_nbytes(x, w, mu, rstd, mean_n, dy, dmu, drstd) + m * n * 2,
+            bytes_accessed=rt.nbytes(x, w, mu, rstd, mean_n, dy, dmu, drstd) + m * n * 2,
         ),
         interpret=interpret,
         name="layer_norm_backward",
@@ -1647,28 +1213,28 @@ def _layer_norm_backward_gpu_kernel(
     eps,
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(0, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    w = _load(w_ref, _mask((1, block_n), None, in_n))
-    mu = _load(mu_ref, _mask((block_m, 1), in_m, None))
-    rstd = _load(rstd_ref, _mask((block_m, 1), in_m, None))
-    mean_n = _load(mean_n_ref, _mask((block_m, 1), in_m, None))
-    dy = _load(dy_ref, inside)
-    dmu = _load(dmu_ref, _mask((block_m, 1), in_m, None))
-    drstd = _load(drstd_ref, _mask((block_m, 1), in_m, None))
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    w = rt.load(w_ref, rt.mask((1, block_n), None, in_n))
+    mu = rt.load(mu_ref, rt.mask((block_m, 1), in_m, None))
+    rstd = rt.load(rstd_ref, rt.mask((block_m, 1), in_m, None))
+    mean_n = rt.load(mean_n_ref, rt.mask((block_m, 1), in_m, None))
+    dy = rt.load(dy_ref, inside)
+    dmu = rt.load(dmu_ref, rt.mask((block_m, 1), in_m, None))
+    drstd = rt.load(drstd_ref, rt.mask((block_m, 1), in_m, None))
     h = x.astype(jnp.float32)
     d = h - mu
     rstd_1 = mean_n + eps
     dy_1 = dy.astype(jnp.float32)
     dy_2 = dy_1 * w
-    drstd_total = drstd + jnp.sum(_fill_past((dy_2 * d), 0, n, 1, 0.0), axis=1, keepdims=True)
+    drstd_total = drstd + jnp.sum(rt.fill_past((dy_2 * d), 0, n, 1, 0.0), axis=1, keepdims=True)
     drstd_1 = drstd_total * (-0.5 * (rstd / rstd_1)) / n
     dd = dy_2 * rstd + drstd_1 * d + drstd_1 * d
-    dmu_total = dmu + jnp.sum(_fill_past((-dd), 0, n, 1, 0.0), axis=1, keepdims=True)
+    dmu_total = dmu + jnp.sum(rt.fill_past((-dd), 0, n, 1, 0.0), axis=1, keepdims=True)
     dh = dd + dmu_total / n
-    _store(dx_ref, dh.astype(jnp.bfloat16), inside)
+    rt.store(dx_ref, dh.astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
@@ -1682,7 +1248,7 @@ def _layer_norm_backward_gpu(
     x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, block_m, num_warps, num_stages, eps, interpret
 ):
     """`layer_norm_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = _gpu_options(
+    block_m, num_warps, num_stages = rt.gpu_options(
         _layer_norm_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -1747,43 +1313,43 @@ def _layer_norm_backward_mosaic_gpu_kernel(
     program_m = jax.lax.axis_index("M")
     plgpu.copy_gmem_to_smem(mu_ref.at[pl.ds(program_m * block_m, block_m)], mu_smem, barrier.at[0])
     plgpu.barrier_wait(barrier.at[0])
-    mu = _mgpu_load_vector(mu_smem, 0)
+    mu = rt.mgpu_load_vector(mu_smem, 0)
     plgpu.copy_gmem_to_smem(
         rstd_ref.at[pl.ds(program_m * block_m, block_m)], rstd_smem, barrier.at[1]
     )
     plgpu.barrier_wait(barrier.at[1])
-    rstd = _mgpu_load_vector(rstd_smem, 0)
+    rstd = rt.mgpu_load_vector(rstd_smem, 0)
     plgpu.copy_gmem_to_smem(
         mean_n_ref.at[pl.ds(program_m * block_m, block_m)], mean_n_smem, barrier.at[2]
     )
     plgpu.barrier_wait(barrier.at[2])
-    mean_n = _mgpu_load_vector(mean_n_smem, 0)
+    mean_n = rt.mgpu_load_vector(mean_n_smem, 0)
     plgpu.copy_gmem_to_smem(
         dmu_ref.at[pl.ds(program_m * block_m, block_m)], dmu_smem, barrier.at[3]
     )
     plgpu.barrier_wait(barrier.at[3])
-    dmu = _mgpu_load_vector(dmu_smem, 0)
+    dmu = rt.mgpu_load_vector(dmu_smem, 0)
     plgpu.copy_gmem_to_smem(
         drstd_ref.at[pl.ds(program_m * block_m, block_m)], drstd_smem, barrier.at[4]
     )
     plgpu.barrier_wait(barrier.at[4])
-    drstd = _mgpu_load_vector(drstd_smem, 0)
+    drstd = rt.mgpu_load_vector(drstd_smem, 0)
     rstd_1 = mean_n + eps
 
     def reduce_1(indices, x_smem, w_smem, dy_smem, carry):
         (sum_n_running,) = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        w = _mgpu_load(w_smem, (block_m, block_n), (1,))
-        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        w = rt.mgpu_load(w_smem, (block_m, block_n), (1,))
+        dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
-        d = h - _mgpu_spread(mu, (block_m, block_n), 0)
+        d = h - rt.mgpu_spread(mu, (block_m, block_n), 0)
         dy_1 = dy.astype(jnp.float32)
         dy_2 = dy_1 * w
         sum_n_block = dy_2 * d
         if n % block_n:  # a ragged N: its identity past the end
             sum_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
             )
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
@@ -1795,17 +1361,17 @@ def _layer_norm_backward_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref, w_ref, dy_ref)
     sum_n = sum_n_running
     drstd_total = drstd + sum_n
@@ -1814,22 +1380,22 @@ def _layer_norm_backward_mosaic_gpu_kernel(
     def reduce_2(indices, x_smem, w_smem, dy_smem, carry):
         (sum_over_n_running,) = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        w = _mgpu_load(w_smem, (block_m, block_n), (1,))
-        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        w = rt.mgpu_load(w_smem, (block_m, block_n), (1,))
+        dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
-        d = h - _mgpu_spread(mu, (block_m, block_n), 0)
+        d = h - rt.mgpu_spread(mu, (block_m, block_n), 0)
         dy_1 = dy.astype(jnp.float32)
         dy_2 = dy_1 * w
         dd = (
-            dy_2 * _mgpu_spread(rstd, (block_m, block_n), 0)
-            + _mgpu_spread(drstd_1, (block_m, block_n), 0) * d
-            + _mgpu_spread(drstd_1, (block_m, block_n), 0) * d
+            dy_2 * rt.mgpu_spread(rstd, (block_m, block_n), 0)
+            + rt.mgpu_spread(drstd_1, (block_m, block_n), 0) * d
+            + rt.mgpu_spread(drstd_1, (block_m, block_n), 0) * d
         )
         sum_over_n_block = -dd
         if n % block_n:  # a ragged N: its identity past the end
             sum_over_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_over_n_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_over_n_block, 0.0
             )
         sum_over_n_running = sum_over_n_running + jnp.sum(sum_over_n_block, axis=1)
         return (sum_over_n_running,)
@@ -1841,36 +1407,36 @@ def _layer_norm_backward_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref, w_ref, dy_ref)
     sum_over_n = sum_over_n_running
     dmu_total = dmu + sum_over_n
 
     def write(indices, x_smem, w_smem, dy_smem):
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        w = _mgpu_load(w_smem, (block_m, block_n), (1,))
-        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        w = rt.mgpu_load(w_smem, (block_m, block_n), (1,))
+        dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
-        d = h - _mgpu_spread(mu, (block_m, block_n), 0)
+        d = h - rt.mgpu_spread(mu, (block_m, block_n), 0)
         dy_1 = dy.astype(jnp.float32)
         dy_2 = dy_1 * w
         dd = (
-            dy_2 * _mgpu_spread(rstd, (block_m, block_n), 0)
-            + _mgpu_spread(drstd_1, (block_m, block_n), 0) * d
-            + _mgpu_spread(drstd_1, (block_m, block_n), 0) * d
+            dy_2 * rt.mgpu_spread(rstd, (block_m, block_n), 0)
+            + rt.mgpu_spread(drstd_1, (block_m, block_n), 0) * d
+            + rt.mgpu_spread(drstd_1, (block_m, block_n), 0) * d
         )
-        dh = dd + _mgpu_spread(dmu_total, (block_m, block_n), 0) / n
+        dh = dd + rt.mgpu_spread(dmu_total, (block_m, block_n), 0) / n
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
@@ -1888,13 +1454,13 @@ def _layer_norm_backward_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
         ],
         max_concurrent_steps=2,
@@ -1914,20 +1480,20 @@ def _layer_norm_backward_mosaic_gpu(
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     w = w.reshape((n,))
-    w = _mgpu_pad(w, (padded_n,))
+    w = rt.mgpu_pad(w, (padded_n,))
     mu = mu.reshape((m,))
-    mu = _mgpu_pad(mu, (padded_m,))
+    mu = rt.mgpu_pad(mu, (padded_m,))
     rstd = rstd.reshape((m,))
-    rstd = _mgpu_pad(rstd, (padded_m,))
+    rstd = rt.mgpu_pad(rstd, (padded_m,))
     mean_n = mean_n.reshape((m,))
-    mean_n = _mgpu_pad(mean_n, (padded_m,))
-    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    mean_n = rt.mgpu_pad(mean_n, (padded_m,))
+    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     dmu = dmu.reshape((m,))
-    dmu = _mgpu_pad(dmu, (padded_m,))
+    dmu = rt.mgpu_pad(dmu, (padded_m,))
     drstd = drstd.reshape((m,))
-    drstd = _mgpu_pad(drstd, (padded_m,))
+    drstd = rt.mgpu_pad(drstd, (padded_m,))
     (dx,) = plgpu.kernel(
         functools.partial(
             _layer_norm_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
@@ -1943,7 +1509,7 @@ def _layer_norm_backward_mosaic_gpu(
             plgpu.SMEM(
                 (2, block_m, block_n),
                 jnp.bfloat16,
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
         ],
         grid=(padded_m // block_m,),
@@ -1953,18 +1519,7 @@ def _layer_norm_backward_mosaic_gpu(
     return dx[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def layer_norm_backward_over_m(
     x,
     mu,
@@ -1989,18 +1544,15 @@ def layer_norm_backward_over_m(
       dy: bf16[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_layer_norm_backward_over_m_tpu_blocks),
-        grown to large steps (_grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 16.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dw: f32[N]; db: f32[N].
     """
-    (x, mu, rstd, dy), sizes = _operands(
+    (x, mu, rstd, dy), sizes = rt.operands(
         "layer_norm_backward_over_m",
         {
             "x": (x, jnp.bfloat16, ("M", "N")),
@@ -2009,17 +1561,16 @@ def layer_norm_backward_over_m(
             "dy": (dy, jnp.bfloat16, ("M", "N")),
         },
     )
-    _check_blocks("layer_norm_backward_over_m", block_m=block_m, may_be_none=True)
-    _check_blocks(
+    rt.check_blocks(
         "layer_norm_backward_over_m",
+        block_m=block_m,
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             layer_norm_backward_over_m_reference,
             (((n,), jnp.float32), ((n,), jnp.float32)),
             x,
@@ -2029,27 +1580,22 @@ def layer_norm_backward_over_m(
         )
     mu = mu.reshape(m, 1)  # mu: f32[M], broadcast over N
     rstd = rstd.reshape(m, 1)  # rstd: f32[M], broadcast over N
-    dw, db = _on_platform(
-        functools.partial(_layer_norm_backward_over_m_tpu, m=m, n=n, block_m=block_m),
-        _gpu_kernel(
-            "layer_norm_backward_over_m",
-            gpu_backend,
-            functools.partial(
-                _layer_norm_backward_over_m_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_layer_norm_backward_over_m_mosaic_gpu, m=m, n=n),
+    dw, db = rt.on_platform(
+        "layer_norm_backward_over_m",
+        (x, mu, rstd, dy),
+        tpu=functools.partial(_layer_norm_backward_over_m_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _layer_norm_backward_over_m_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        mu,
-        rstd,
-        dy,
+        mosaic_gpu=functools.partial(_layer_norm_backward_over_m_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     dw = dw.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
     db = db.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
@@ -2104,11 +1650,11 @@ def _layer_norm_backward_over_m_kernel(
     dy_1 = dy.astype(jnp.float32)
     sum_m_block = dy_1 * y_1
     if m % block_m:  # a ragged M: its identity past the end, never padding
-        sum_m_block = _fill_past(sum_m_block, step * block_m, m, 0, 0.0)
+        sum_m_block = rt.fill_past(sum_m_block, step * block_m, m, 0, 0.0)
     sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
     sum_over_m_block = dy_1
     if m % block_m:  # a ragged M: its identity past the end, never padding
-        sum_over_m_block = _fill_past(sum_over_m_block, step * block_m, m, 0, 0.0)
+        sum_over_m_block = rt.fill_past(sum_over_m_block, step * block_m, m, 0, 0.0)
     sum_over_m_running_ref[...] = sum_over_m_running_ref[...] + jnp.sum(
         sum_over_m_block, axis=0, keepdims=True
     )
@@ -2134,18 +1680,18 @@ _layer_norm_backward_over_m_tpu_blocks = {
 
 def _layer_norm_backward_over_m_tpu(x, mu, rstd, dy, *, m, n, block_m, interpret):
     """`layer_norm_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _layer_norm_backward_over_m_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m,),
             step=lambda block_m: (block_m * n, 32 * block_m * n + 16 * block_m + 16 * n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "layer_norm_backward_over_m",
         block_m=(
             block_m,
@@ -2192,12 +1738,12 @@ def _layer_norm_backward_over_m_tpu(x, mu, rstd, dy, *, m, n, block_m, interpret
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(32 * block_m * n + 16 * block_m + 16 * n),
+            vmem_limit_bytes=rt.vmem_limit(32 * block_m * n + 16 * block_m + 16 * n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=7 * m * n,
             transcendentals=0,
-            bytes_accessed=_nbytes(x, mu, rstd, dy) + m * n * 4 + m * n * 4,
+            bytes_accessed=rt.nbytes(x, mu, rstd, dy) + m * n * 4 + m * n * 4,
         ),
         interpret=interpret,
         name="layer_norm_backward_over_m",
@@ -2208,28 +1754,28 @@ def _layer_norm_backward_over_m_gpu_kernel(
     x_ref, mu_ref, rstd_ref, dy_ref, dw_ref, db_ref, *, m, n, block_m, block_n
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_n = _inside(pl.program_id(0) * block_n, block_n, n)
-    inside = _mask((1, block_n), None, in_n)
+    in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
+    inside = rt.mask((1, block_n), None, in_n)
 
     def accumulate(index, running):
         sum_m_running, sum_over_m_running = running
         start = index * block_m
-        in_m = _inside(start, block_m, m)
-        x = _load(x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
-        mu = _load(mu_ref.at[pl.ds(start, block_m), :], _mask((block_m, 1), in_m, None))
-        rstd = _load(rstd_ref.at[pl.ds(start, block_m), :], _mask((block_m, 1), in_m, None))
-        dy = _load(dy_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
+        in_m = rt.inside(start, block_m, m)
+        x = rt.load(x_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n))
+        mu = rt.load(mu_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, 1), in_m, None))
+        rstd = rt.load(rstd_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, 1), in_m, None))
+        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n))
         h = x.astype(jnp.float32)
         d = h - mu
         y_1 = d * rstd
         dy_1 = dy.astype(jnp.float32)
         sum_m_block = dy_1 * y_1
         if m % block_m:  # a ragged M: its identity past the end, never padding
-            sum_m_block = _fill_past(sum_m_block, start, m, 0, 0.0)
+            sum_m_block = rt.fill_past(sum_m_block, start, m, 0, 0.0)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
         sum_over_m_block = dy_1
         if m % block_m:  # a ragged M: its identity past the end, never padding
-            sum_over_m_block = _fill_past(sum_over_m_block, start, m, 0, 0.0)
+            sum_over_m_block = rt.fill_past(sum_over_m_block, start, m, 0, 0.0)
         sum_over_m_running = sum_over_m_running + jnp.sum(sum_over_m_block, axis=0, keepdims=True)
         return sum_m_running, sum_over_m_running
 
@@ -2241,8 +1787,8 @@ def _layer_norm_backward_over_m_gpu_kernel(
     )
     sum_m = sum_m_running
     sum_over_m = sum_over_m_running
-    _store(dw_ref, sum_m, inside)
-    _store(db_ref, sum_over_m, inside)
+    rt.store(dw_ref, sum_m, inside)
+    rt.store(db_ref, sum_over_m, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -2256,7 +1802,7 @@ def _layer_norm_backward_over_m_gpu(
     x, mu, rstd, dy, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
     """`layer_norm_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _layer_norm_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -2302,10 +1848,10 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
     def reduce_1(indices, x_smem, mu_smem, rstd_smem, dy_smem, carry):
         sum_m_running, sum_over_m_running = carry
         start = indices[0] * block_m
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        mu = _mgpu_load(mu_smem, (block_m, block_n), (0,))
-        rstd = _mgpu_load(rstd_smem, (block_m, block_n), (0,))
-        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        mu = rt.mgpu_load(mu_smem, (block_m, block_n), (0,))
+        rstd = rt.mgpu_load(rstd_smem, (block_m, block_n), (0,))
+        dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
         d = h - mu
         y_1 = d * rstd
@@ -2313,13 +1859,13 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
         sum_m_block = dy_1 * y_1
         if m % block_m:  # a ragged M: its identity past the end
             sum_m_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
             )
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         sum_over_m_block = dy_1
         if m % block_m:  # a ragged M: its identity past the end
             sum_over_m_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 0) < m, sum_over_m_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_over_m_block, 0.0
             )
         sum_over_m_running = sum_over_m_running + jnp.sum(sum_over_m_block, axis=0)
         return (sum_m_running, sum_over_m_running)
@@ -2331,20 +1877,20 @@ def _layer_norm_backward_over_m_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (s, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
             plgpu.BlockSpec((block_m,), lambda s: (s,)),
             plgpu.BlockSpec((block_m,), lambda s: (s,)),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (s, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full(block_n, 0.0, jnp.float32, 1),
-            _mgpu_full(block_n, 0.0, jnp.float32, 1),
+            rt.mgpu_full(block_n, 0.0, jnp.float32, 1),
+            rt.mgpu_full(block_n, 0.0, jnp.float32, 1),
         ),
     )(x_ref, mu_ref, rstd_ref, dy_ref)
     sum_m = sum_m_running
@@ -2369,12 +1915,12 @@ def _layer_norm_backward_over_m_mosaic_gpu(x, mu, rstd, dy, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     mu = mu.reshape((m,))
-    mu = _mgpu_pad(mu, (padded_m,))
+    mu = rt.mgpu_pad(mu, (padded_m,))
     rstd = rstd.reshape((m,))
-    rstd = _mgpu_pad(rstd, (padded_m,))
-    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    rstd = rt.mgpu_pad(rstd, (padded_m,))
+    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     dw, db = plgpu.kernel(
         functools.partial(
             _layer_norm_backward_over_m_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m
@@ -2391,18 +1937,7 @@ def _layer_norm_backward_over_m_mosaic_gpu(x, mu, rstd, dy, *, m, n, interpret):
     return dw[:n].reshape((1, n)), db[:n].reshape((1, n))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "eps",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def rms_norm(
     x,
     w,
@@ -2422,14 +1957,11 @@ def rms_norm(
       w: f32[N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_tpu_blocks),
-        grown to large steps (_grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+        grown to large steps (rt.grown), else 16.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       eps: a static f32 (default 1e-06).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: bf16[M, N].
@@ -2437,16 +1969,14 @@ def rms_norm(
     Gradients: jax.grad runs the generated backward kernels rms_norm_backward,
     rms_norm_backward_over_m (_rms_norm_vjp).
     """
-    (x, w), sizes = _operands(
+    (x, w), sizes = rt.operands(
         "rms_norm", {"x": (x, jnp.bfloat16, ("M", "N")), "w": (w, jnp.float32, ("N",))}
     )
-    _check_blocks("rms_norm", block_m=block_m, may_be_none=True)
-    _check_blocks("rms_norm", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks("rms_norm", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(rms_norm_reference, (((m, n), jnp.bfloat16),), x, w, eps=eps)
-    return _differentiable(
+        return rt.without_elements(rms_norm_reference, (((m, n), jnp.bfloat16),), x, w, eps=eps)
+    return rt.differentiable(
         functools.partial(
             _rms_norm_forward,
             m=m,
@@ -2492,25 +2022,22 @@ def _rms_norm_forward(
 ):
     """`rms_norm` on its checked arrays: the forward pass that `jax.grad` differentiates."""
     w = w.reshape(1, n)  # w: f32[N], broadcast over M
-    return _on_platform(
-        functools.partial(_rms_norm_tpu, m=m, n=n, block_m=block_m, eps=eps),
-        _gpu_kernel(
-            "rms_norm",
-            gpu_backend,
-            functools.partial(
-                _rms_norm_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                eps=eps,
-            ),
-            functools.partial(_rms_norm_mosaic_gpu, m=m, n=n, eps=eps),
+    return rt.on_platform(
+        "rms_norm",
+        (x, w),
+        tpu=functools.partial(_rms_norm_tpu, m=m, n=n, block_m=block_m, eps=eps),
+        triton=functools.partial(
+            _rms_norm_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            eps=eps,
         ),
-        interpret,
-        x,
-        w,
+        mosaic_gpu=functools.partial(_rms_norm_mosaic_gpu, m=m, n=n, eps=eps),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -2572,16 +2099,16 @@ _rms_norm_tpu_blocks = {
 
 def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
     """`rms_norm` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _rms_norm_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 16 * block_m * n + 8 * n)
+            rt.grown, bounds=(m,), step=lambda block_m: (block_m * n, 16 * block_m * n + 8 * n)
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "rms_norm",
         block_m=(
             block_m,
@@ -2609,10 +2136,10 @@ def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(16 * block_m * n + 8 * n),
+            vmem_limit_bytes=rt.vmem_limit(16 * block_m * n + 8 * n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=6 * m * n, transcendentals=m * n, bytes_accessed=_nbytes(x, w) + m * n * 2
+            flops=6 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w) + m * n * 2
         ),
         interpret=interpret,
         name="rms_norm",
@@ -2621,18 +2148,18 @@ def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
 
 def _rms_norm_gpu_kernel(x_ref, w_ref, y_ref, *, m, block_m, n, block_n, eps):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(0, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    w = _load(w_ref, _mask((1, block_n), None, in_n))
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    w = rt.load(w_ref, rt.mask((1, block_n), None, in_n))
     h = x.astype(jnp.float32)
-    _store(
+    rt.store(
         y_ref,
         (
             h
             * jax.lax.rsqrt(
-                jnp.sum(_fill_past((h * h), 0, n, 1, 0.0), axis=1, keepdims=True) / n + eps
+                jnp.sum(rt.fill_past((h * h), 0, n, 1, 0.0), axis=1, keepdims=True) / n + eps
             )
             * w
         ).astype(jnp.bfloat16),
@@ -2649,7 +2176,7 @@ _rms_norm_gpu_options = {None: (1, 4, 1)}
 
 def _rms_norm_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret):
     """`rms_norm` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = _gpu_options(
+    block_m, num_warps, num_stages = rt.gpu_options(
         _rms_norm_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -2682,12 +2209,12 @@ def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, y_buffers, *, block_m, bloc
     def reduce_1(indices, x_smem, carry):
         (mean_n_running,) = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
         mean_n_block = h * h
         if n % block_n:  # a ragged N: its identity past the end
             mean_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_n_block, 0.0
             )
         mean_n_running = mean_n_running + jnp.sum(mean_n_block, axis=1)
         return (mean_n_running,)
@@ -2699,24 +2226,24 @@ def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, y_buffers, *, block_m, bloc
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             )
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
     mean_n = mean_n_running / n
 
     def write(indices, x_smem, w_smem):
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        w = _mgpu_load(w_smem, (block_m, block_n), (1,))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        w = rt.mgpu_load(w_smem, (block_m, block_n), (1,))
         h = x.astype(jnp.float32)
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
         y_buffers[slot] = (
-            h * jax.lax.rsqrt(_mgpu_spread(mean_n, (block_m, block_n), 0) + eps) * w
+            h * jax.lax.rsqrt(rt.mgpu_spread(mean_n, (block_m, block_n), 0) + eps) * w
         ).astype(jnp.bfloat16)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
@@ -2730,7 +2257,7 @@ def _rms_norm_mosaic_gpu_kernel(x_ref, w_ref, y_ref, y_buffers, *, block_m, bloc
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
         ],
@@ -2749,9 +2276,9 @@ def _rms_norm_mosaic_gpu(x, w, *, m, n, eps, interpret):
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     w = w.reshape((n,))
-    w = _mgpu_pad(w, (padded_n,))
+    w = rt.mgpu_pad(w, (padded_n,))
     (y,) = plgpu.kernel(
         functools.partial(
             _rms_norm_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
@@ -2761,7 +2288,7 @@ def _rms_norm_mosaic_gpu(x, w, *, m, n, eps, interpret):
             plgpu.SMEM(
                 (2, block_m, block_n),
                 jnp.bfloat16,
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             )
         ],
         grid=(padded_m // block_m,),
@@ -2771,18 +2298,7 @@ def _rms_norm_mosaic_gpu(x, w, *, m, n, eps, interpret):
     return y[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "eps",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def rms_norm_with_residuals(
     x,
     w,
@@ -2803,28 +2319,25 @@ def rms_norm_with_residuals(
       w: f32[N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_with_residuals_tpu_blocks),
-        grown to large steps (_grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+        grown to large steps (rt.grown), else 16.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       eps: a static f32 (default 1e-06).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: bf16[M, N]; mean_n: f32[M].
     """
-    (x, w), sizes = _operands(
+    (x, w), sizes = rt.operands(
         "rms_norm_with_residuals",
         {"x": (x, jnp.bfloat16, ("M", "N")), "w": (w, jnp.float32, ("N",))},
     )
-    _check_blocks("rms_norm_with_residuals", block_m=block_m, may_be_none=True)
-    _check_blocks("rms_norm_with_residuals", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "rms_norm_with_residuals", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             rms_norm_with_residuals_reference,
             (((m, n), jnp.bfloat16), ((m,), jnp.float32)),
             x,
@@ -2832,25 +2345,22 @@ def rms_norm_with_residuals(
             eps=eps,
         )
     w = w.reshape(1, n)  # w: f32[N], broadcast over M
-    y, mean_n = _on_platform(
-        functools.partial(_rms_norm_with_residuals_tpu, m=m, n=n, block_m=block_m, eps=eps),
-        _gpu_kernel(
-            "rms_norm_with_residuals",
-            gpu_backend,
-            functools.partial(
-                _rms_norm_with_residuals_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                eps=eps,
-            ),
-            functools.partial(_rms_norm_with_residuals_mosaic_gpu, m=m, n=n, eps=eps),
+    y, mean_n = rt.on_platform(
+        "rms_norm_with_residuals",
+        (x, w),
+        tpu=functools.partial(_rms_norm_with_residuals_tpu, m=m, n=n, block_m=block_m, eps=eps),
+        triton=functools.partial(
+            _rms_norm_with_residuals_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            eps=eps,
         ),
-        interpret,
-        x,
-        w,
+        mosaic_gpu=functools.partial(_rms_norm_with_residuals_mosaic_gpu, m=m, n=n, eps=eps),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     mean_n = mean_n.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     return y, mean_n
@@ -2890,18 +2400,18 @@ _rms_norm_with_residuals_tpu_blocks = {
 
 def _rms_norm_with_residuals_tpu(x, w, *, m, n, block_m, eps, interpret):
     """`rms_norm_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _rms_norm_with_residuals_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m,),
             step=lambda block_m: (block_m * n, 16 * block_m * n + 8 * n + 8 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "rms_norm_with_residuals",
         block_m=(
             block_m,
@@ -2936,12 +2446,12 @@ def _rms_norm_with_residuals_tpu(x, w, *, m, n, block_m, eps, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(16 * block_m * n + 8 * n + 8 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(16 * block_m * n + 8 * n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=6 * m * n,
             transcendentals=m * n,
-            bytes_accessed=_nbytes(x, w) + m * n * 2 + m * n * 4,
+            bytes_accessed=rt.nbytes(x, w) + m * n * 2 + m * n * 4,
         ),
         interpret=interpret,
         name="rms_norm_with_residuals",
@@ -2952,15 +2462,15 @@ def _rms_norm_with_residuals_gpu_kernel(
     x_ref, w_ref, y_ref, mean_n_ref, *, m, block_m, n, block_n, eps
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(0, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    w = _load(w_ref, _mask((1, block_n), None, in_n))
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    w = rt.load(w_ref, rt.mask((1, block_n), None, in_n))
     h = x.astype(jnp.float32)
-    mean_n = jnp.sum(_fill_past((h * h), 0, n, 1, 0.0), axis=1, keepdims=True) / n
-    _store(mean_n_ref, mean_n, _mask((block_m, 1), in_m, None))
-    _store(y_ref, (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16), inside)
+    mean_n = jnp.sum(rt.fill_past((h * h), 0, n, 1, 0.0), axis=1, keepdims=True) / n
+    rt.store(mean_n_ref, mean_n, rt.mask((block_m, 1), in_m, None))
+    rt.store(y_ref, (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
@@ -2972,7 +2482,7 @@ _rms_norm_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 def _rms_norm_with_residuals_gpu(x, w, *, m, n, block_m, num_warps, num_stages, eps, interpret):
     """`rms_norm_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = _gpu_options(
+    block_m, num_warps, num_stages = rt.gpu_options(
         _rms_norm_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -3014,12 +2524,12 @@ def _rms_norm_with_residuals_mosaic_gpu_kernel(
     def reduce_1(indices, x_smem, carry):
         (mean_over_n_running,) = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
         mean_over_n_block = h * h
         if n % block_n:  # a ragged N: its identity past the end
             mean_over_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, mean_over_n_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, mean_over_n_block, 0.0
             )
         mean_over_n_running = mean_over_n_running + jnp.sum(mean_over_n_block, axis=1)
         return (mean_over_n_running,)
@@ -3031,11 +2541,11 @@ def _rms_norm_with_residuals_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             )
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
     mean_over_n = mean_over_n_running / n
     mean_n = mean_over_n
@@ -3045,14 +2555,14 @@ def _rms_norm_with_residuals_mosaic_gpu_kernel(
 
     def write(indices, x_smem, w_smem):
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        w = _mgpu_load(w_smem, (block_m, block_n), (1,))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        w = rt.mgpu_load(w_smem, (block_m, block_n), (1,))
         h = x.astype(jnp.float32)
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
         y_buffers[slot] = (
-            h * jax.lax.rsqrt(_mgpu_spread(mean_n, (block_m, block_n), 0) + eps) * w
+            h * jax.lax.rsqrt(rt.mgpu_spread(mean_n, (block_m, block_n), 0) + eps) * w
         ).astype(jnp.bfloat16)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
@@ -3066,7 +2576,7 @@ def _rms_norm_with_residuals_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
         ],
@@ -3085,9 +2595,9 @@ def _rms_norm_with_residuals_mosaic_gpu(x, w, *, m, n, eps, interpret):
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     w = w.reshape((n,))
-    w = _mgpu_pad(w, (padded_n,))
+    w = rt.mgpu_pad(w, (padded_n,))
     y, mean_n = plgpu.kernel(
         functools.partial(
             _rms_norm_with_residuals_mosaic_gpu_kernel,
@@ -3105,7 +2615,7 @@ def _rms_norm_with_residuals_mosaic_gpu(x, w, *, m, n, eps, interpret):
             plgpu.SMEM(
                 (2, block_m, block_n),
                 jnp.bfloat16,
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
         ],
         grid=(padded_m // block_m,),
@@ -3115,18 +2625,7 @@ def _rms_norm_with_residuals_mosaic_gpu(x, w, *, m, n, eps, interpret):
     return y[:m, :n], mean_n[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "eps",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def rms_norm_backward(
     x,
     w,
@@ -3151,19 +2650,16 @@ def rms_norm_backward(
       dy: bf16[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_backward_tpu_blocks),
-        grown to large steps (_grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+        grown to large steps (rt.grown), else 16.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       eps: a static f32 (default 1e-06).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: bf16[M, N].
     """
-    (x, w, mean_n, dy), sizes = _operands(
+    (x, w, mean_n, dy), sizes = rt.operands(
         "rms_norm_backward",
         {
             "x": (x, jnp.bfloat16, ("M", "N")),
@@ -3172,37 +2668,30 @@ def rms_norm_backward(
             "dy": (dy, jnp.bfloat16, ("M", "N")),
         },
     )
-    _check_blocks("rms_norm_backward", block_m=block_m, may_be_none=True)
-    _check_blocks("rms_norm_backward", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks("rms_norm_backward", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             rms_norm_backward_reference, (((m, n), jnp.bfloat16),), x, w, mean_n, dy, eps=eps
         )
     w = w.reshape(1, n)  # w: f32[N], broadcast over M
     mean_n = mean_n.reshape(m, 1)  # mean_n: f32[M], broadcast over N
-    return _on_platform(
-        functools.partial(_rms_norm_backward_tpu, m=m, n=n, block_m=block_m, eps=eps),
-        _gpu_kernel(
-            "rms_norm_backward",
-            gpu_backend,
-            functools.partial(
-                _rms_norm_backward_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                eps=eps,
-            ),
-            functools.partial(_rms_norm_backward_mosaic_gpu, m=m, n=n, eps=eps),
+    return rt.on_platform(
+        "rms_norm_backward",
+        (x, w, mean_n, dy),
+        tpu=functools.partial(_rms_norm_backward_tpu, m=m, n=n, block_m=block_m, eps=eps),
+        triton=functools.partial(
+            _rms_norm_backward_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            eps=eps,
         ),
-        interpret,
-        x,
-        w,
-        mean_n,
-        dy,
+        mosaic_gpu=functools.partial(_rms_norm_backward_mosaic_gpu, m=m, n=n, eps=eps),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -3251,18 +2740,18 @@ _rms_norm_backward_tpu_blocks = {
 
 def _rms_norm_backward_tpu(x, w, mean_n, dy, *, m, n, block_m, eps, interpret):
     """`rms_norm_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _rms_norm_backward_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m,),
             step=lambda block_m: (block_m * n, 32 * block_m * n + 8 * n + 20 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "rms_norm_backward",
         block_m=(
             block_m,
@@ -3296,12 +2785,12 @@ def _rms_norm_backward_tpu(x, w, mean_n, dy, *, m, n, block_m, eps, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(32 * block_m * n + 8 * n + 20 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(32 * block_m * n + 8 * n + 20 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=18 * m * n,
             transcendentals=m * n,
-            bytes_accessed=_nbytes(x, w, mean_n, dy) + m * n * 2,
+            bytes_accessed=rt.nbytes(x, w, mean_n, dy) + m * n * 2,
         ),
         interpret=interpret,
         name="rms_norm_backward",
@@ -3312,25 +2801,25 @@ def _rms_norm_backward_gpu_kernel(
     x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, m, block_m, n, block_n, eps
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(0, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    w = _load(w_ref, _mask((1, block_n), None, in_n))
-    mean_n = _load(mean_n_ref, _mask((block_m, 1), in_m, None))
-    dy = _load(dy_ref, inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    w = rt.load(w_ref, rt.mask((1, block_n), None, in_n))
+    mean_n = rt.load(mean_n_ref, rt.mask((block_m, 1), in_m, None))
+    dy = rt.load(dy_ref, inside)
     h = x.astype(jnp.float32)
     y_2 = mean_n + eps
     y_3 = jax.lax.rsqrt(y_2)
     dy_1 = dy.astype(jnp.float32)
     dy_2 = dy_1 * w
     dy_3 = (
-        jnp.sum(_fill_past((dy_2 * h), 0, n, 1, 0.0), axis=1, keepdims=True)
+        jnp.sum(rt.fill_past((dy_2 * h), 0, n, 1, 0.0), axis=1, keepdims=True)
         * (-0.5 * (y_3 / y_2))
         / n
     )
     dh = dy_2 * y_3 + dy_3 * h + dy_3 * h
-    _store(dx_ref, dh.astype(jnp.bfloat16), inside)
+    rt.store(dx_ref, dh.astype(jnp.bfloat16), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
@@ -3344,7 +2833,7 @@ def _rms_norm_backward_gpu(
     x, w, mean_n, dy, *, m, n, block_m, num_warps, num_stages, eps, interpret
 ):
     """`rms_norm_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = _gpu_options(
+    block_m, num_warps, num_stages = rt.gpu_options(
         _rms_norm_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -3395,23 +2884,23 @@ def _rms_norm_backward_mosaic_gpu_kernel(
         mean_n_ref.at[pl.ds(program_m * block_m, block_m)], mean_n_smem, barrier.at[0]
     )
     plgpu.barrier_wait(barrier.at[0])
-    mean_n = _mgpu_load_vector(mean_n_smem, 0)
+    mean_n = rt.mgpu_load_vector(mean_n_smem, 0)
     y_2 = mean_n + eps
     y_3 = jax.lax.rsqrt(y_2)
 
     def reduce_1(indices, x_smem, w_smem, dy_smem, carry):
         (sum_n_running,) = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        w = _mgpu_load(w_smem, (block_m, block_n), (1,))
-        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        w = rt.mgpu_load(w_smem, (block_m, block_n), (1,))
+        dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
         dy_1 = dy.astype(jnp.float32)
         dy_2 = dy_1 * w
         sum_n_block = dy_2 * h
         if n % block_n:  # a ragged N: its identity past the end
             sum_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
             )
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
@@ -3423,33 +2912,33 @@ def _rms_norm_backward_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref, w_ref, dy_ref)
     sum_n = sum_n_running
     dy_3 = sum_n * (-0.5 * (y_3 / y_2)) / n
 
     def write(indices, x_smem, w_smem, dy_smem):
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        w = _mgpu_load(w_smem, (block_m, block_n), (1,))
-        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        w = rt.mgpu_load(w_smem, (block_m, block_n), (1,))
+        dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
         dy_1 = dy.astype(jnp.float32)
         dy_2 = dy_1 * w
         dh = (
-            dy_2 * _mgpu_spread(y_3, (block_m, block_n), 0)
-            + _mgpu_spread(dy_3, (block_m, block_n), 0) * h
-            + _mgpu_spread(dy_3, (block_m, block_n), 0) * h
+            dy_2 * rt.mgpu_spread(y_3, (block_m, block_n), 0)
+            + rt.mgpu_spread(dy_3, (block_m, block_n), 0) * h
+            + rt.mgpu_spread(dy_3, (block_m, block_n), 0) * h
         )
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
@@ -3468,13 +2957,13 @@ def _rms_norm_backward_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
             plgpu.BlockSpec((block_n,), lambda s: (s,)),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
         ],
         max_concurrent_steps=2,
@@ -3492,12 +2981,12 @@ def _rms_norm_backward_mosaic_gpu(x, w, mean_n, dy, *, m, n, eps, interpret):
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     w = w.reshape((n,))
-    w = _mgpu_pad(w, (padded_n,))
+    w = rt.mgpu_pad(w, (padded_n,))
     mean_n = mean_n.reshape((m,))
-    mean_n = _mgpu_pad(mean_n, (padded_m,))
-    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    mean_n = rt.mgpu_pad(mean_n, (padded_m,))
+    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             _rms_norm_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n, eps=eps
@@ -3509,7 +2998,7 @@ def _rms_norm_backward_mosaic_gpu(x, w, mean_n, dy, *, m, n, eps, interpret):
             plgpu.SMEM(
                 (2, block_m, block_n),
                 jnp.bfloat16,
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
         ],
         grid=(padded_m // block_m,),
@@ -3519,19 +3008,7 @@ def _rms_norm_backward_mosaic_gpu(x, w, mean_n, dy, *, m, n, eps, interpret):
     return dx[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "eps",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def rms_norm_backward_over_m(
     x,
     mean_n,
@@ -3555,19 +3032,16 @@ def rms_norm_backward_over_m(
       dy: bf16[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_rms_norm_backward_over_m_tpu_blocks),
-        grown to large steps (_grown), else 16.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
+        grown to large steps (rt.grown), else 16.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
       eps: a static f32 (default 1e-06).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dw: f32[N].
     """
-    (x, mean_n, dy), sizes = _operands(
+    (x, mean_n, dy), sizes = rt.operands(
         "rms_norm_backward_over_m",
         {
             "x": (x, jnp.bfloat16, ("M", "N")),
@@ -3575,41 +3049,36 @@ def rms_norm_backward_over_m(
             "dy": (dy, jnp.bfloat16, ("M", "N")),
         },
     )
-    _check_blocks("rms_norm_backward_over_m", block_m=block_m, may_be_none=True)
-    _check_blocks(
+    rt.check_blocks(
         "rms_norm_backward_over_m",
+        block_m=block_m,
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             rms_norm_backward_over_m_reference, (((n,), jnp.float32),), x, mean_n, dy, eps=eps
         )
     mean_n = mean_n.reshape(m, 1)  # mean_n: f32[M], broadcast over N
-    dw = _on_platform(
-        functools.partial(_rms_norm_backward_over_m_tpu, m=m, n=n, block_m=block_m, eps=eps),
-        _gpu_kernel(
-            "rms_norm_backward_over_m",
-            gpu_backend,
-            functools.partial(
-                _rms_norm_backward_over_m_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-                eps=eps,
-            ),
-            functools.partial(_rms_norm_backward_over_m_mosaic_gpu, m=m, n=n, eps=eps),
+    dw = rt.on_platform(
+        "rms_norm_backward_over_m",
+        (x, mean_n, dy),
+        tpu=functools.partial(_rms_norm_backward_over_m_tpu, m=m, n=n, block_m=block_m, eps=eps),
+        triton=functools.partial(
+            _rms_norm_backward_over_m_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+            eps=eps,
         ),
-        interpret,
-        x,
-        mean_n,
-        dy,
+        mosaic_gpu=functools.partial(_rms_norm_backward_over_m_mosaic_gpu, m=m, n=n, eps=eps),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     dw = dw.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
     return dw
@@ -3649,7 +3118,7 @@ def _rms_norm_backward_over_m_kernel(
     dy_1 = dy.astype(jnp.float32)
     sum_m_block = dy_1 * y_3
     if m % block_m:  # a ragged M: its identity past the end, never padding
-        sum_m_block = _fill_past(sum_m_block, step * block_m, m, 0, 0.0)
+        sum_m_block = rt.fill_past(sum_m_block, step * block_m, m, 0, 0.0)
     sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(0) - 1)
@@ -3671,18 +3140,18 @@ _rms_norm_backward_over_m_tpu_blocks = {
 
 def _rms_norm_backward_over_m_tpu(x, mean_n, dy, *, m, n, block_m, eps, interpret):
     """`rms_norm_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _rms_norm_backward_over_m_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m,),
             step=lambda block_m: (block_m * n, 24 * block_m * n + 16 * block_m + 8 * n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "rms_norm_backward_over_m",
         block_m=(
             block_m,
@@ -3715,12 +3184,12 @@ def _rms_norm_backward_over_m_tpu(x, mean_n, dy, *, m, n, block_m, eps, interpre
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_m * n + 16 * block_m + 8 * n),
+            vmem_limit_bytes=rt.vmem_limit(24 * block_m * n + 16 * block_m + 8 * n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=6 * m * n,
             transcendentals=m * n,
-            bytes_accessed=_nbytes(x, mean_n, dy) + m * n * 4,
+            bytes_accessed=rt.nbytes(x, mean_n, dy) + m * n * 4,
         ),
         interpret=interpret,
         name="rms_norm_backward_over_m",
@@ -3731,16 +3200,16 @@ def _rms_norm_backward_over_m_gpu_kernel(
     x_ref, mean_n_ref, dy_ref, dw_ref, *, m, n, block_m, block_n, eps
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_n = _inside(pl.program_id(0) * block_n, block_n, n)
-    inside = _mask((1, block_n), None, in_n)
+    in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
+    inside = rt.mask((1, block_n), None, in_n)
 
     def accumulate(index, running):
         (sum_m_running,) = running
         start = index * block_m
-        in_m = _inside(start, block_m, m)
-        x = _load(x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
-        mean_n = _load(mean_n_ref.at[pl.ds(start, block_m), :], _mask((block_m, 1), in_m, None))
-        dy = _load(dy_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
+        in_m = rt.inside(start, block_m, m)
+        x = rt.load(x_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n))
+        mean_n = rt.load(mean_n_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, 1), in_m, None))
+        dy = rt.load(dy_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n))
         h = x.astype(jnp.float32)
         y_1 = mean_n + eps
         y_2 = jax.lax.rsqrt(y_1)
@@ -3748,7 +3217,7 @@ def _rms_norm_backward_over_m_gpu_kernel(
         dy_1 = dy.astype(jnp.float32)
         sum_m_block = dy_1 * y_3
         if m % block_m:  # a ragged M: its identity past the end, never padding
-            sum_m_block = _fill_past(sum_m_block, start, m, 0, 0.0)
+            sum_m_block = rt.fill_past(sum_m_block, start, m, 0, 0.0)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
         return (sum_m_running,)
 
@@ -3756,7 +3225,7 @@ def _rms_norm_backward_over_m_gpu_kernel(
         0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_n), 0.0, jnp.float32),)
     )
     sum_m = sum_m_running
-    _store(dw_ref, sum_m, inside)
+    rt.store(dw_ref, sum_m, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -3770,7 +3239,7 @@ def _rms_norm_backward_over_m_gpu(
     x, mean_n, dy, *, m, n, block_m, block_n, num_warps, num_stages, eps, interpret
 ):
     """`rms_norm_backward_over_m` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _rms_norm_backward_over_m_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -3812,9 +3281,9 @@ def _rms_norm_backward_over_m_mosaic_gpu_kernel(
     def reduce_1(indices, x_smem, mean_n_smem, dy_smem, carry):
         (sum_m_running,) = carry
         start = indices[0] * block_m
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        mean_n = _mgpu_load(mean_n_smem, (block_m, block_n), (0,))
-        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        mean_n = rt.mgpu_load(mean_n_smem, (block_m, block_n), (0,))
+        dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         h = x.astype(jnp.float32)
         y_1 = mean_n + eps
         y_2 = jax.lax.rsqrt(y_1)
@@ -3823,7 +3292,7 @@ def _rms_norm_backward_over_m_mosaic_gpu_kernel(
         sum_m_block = dy_1 * y_3
         if m % block_m:  # a ragged M: its identity past the end
             sum_m_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
             )
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
@@ -3835,17 +3304,17 @@ def _rms_norm_backward_over_m_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (s, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
             plgpu.BlockSpec((block_m,), lambda s: (s,)),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (s, program_n),
-                transforms=_mgpu_swizzled(jnp.bfloat16, block_n),
+                transforms=rt.mgpu_swizzled(jnp.bfloat16, block_n),
             ),
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_n, 0.0, jnp.float32, 1),),
+        init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),
     )(x_ref, mean_n_ref, dy_ref)
     sum_m = sum_m_running
     dw = sum_m
@@ -3865,10 +3334,10 @@ def _rms_norm_backward_over_m_mosaic_gpu(x, mean_n, dy, *, m, n, eps, interpret)
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     mean_n = mean_n.reshape((m,))
-    mean_n = _mgpu_pad(mean_n, (padded_m,))
-    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    mean_n = rt.mgpu_pad(mean_n, (padded_m,))
+    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dw,) = plgpu.kernel(
         functools.partial(
             _rms_norm_backward_over_m_mosaic_gpu_kernel,

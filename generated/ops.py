@@ -4,442 +4,23 @@
 
 Each kernel `NAME(...)` comes with `NAME_reference(...)`, the same computation in
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
-Pallas interpret mode unless `interpret` says otherwise.
+Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
+the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 """
 
 import functools
-import warnings
 
 import jax
-import jax.extend.core
-import jax.interpreters.batching
-import jax.interpreters.mlir
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
-try:
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-except ImportError:  # jax 0.10.2 imports it only with absl-py (pallasgen's jax extra brings it)
-    plgpu = None
+from pallasgen.runtime import support as rt
+from pallasgen.runtime.support import plgpu
 
-# jax 0.11+ warns at every Triton lowering that Pallas's Triton backend is deprecated. The
-# GPU kernels here use it knowingly until they move to Mosaic GPU: silence that one warning.
-warnings.filterwarnings(
-    "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
-)
 
-
-def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
-    """The GPU kernel that `gpu_backend` names: Triton's, or Mosaic GPU's where the kernel
-    has one (`mosaic_gpu` None: it has not, and runs on Triton)."""
-    if gpu_backend not in ("triton", "mosaic_gpu"):
-        raise ValueError(
-            f'{kernel}: gpu_backend must be "triton" or "mosaic_gpu", got {gpu_backend!r}'
-        )
-    if gpu_backend == "triton" or mosaic_gpu is None:
-        return triton
-
-    def on_mosaic_gpu(*arrays, **keywords):  # called only where the module lowers for CUDA
-        if plgpu is None:
-            raise ImportError(
-                f'{kernel}: gpu_backend="mosaic_gpu" needs absl-py on jax 0.10.2 (pip install absl-py)'
-            )
-        return mosaic_gpu(*arrays, **keywords)
-
-    return on_mosaic_gpu
-
-
-def _gpu_device_kind():
-    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
-    default device's if it is a GPU, else the first GPU's (None without one)."""
-    device = jax.config.jax_default_device
-    if getattr(device, "platform", None) == "gpu":
-        return device.device_kind
-    try:
-        return jax.devices("gpu")[0].device_kind
-    except RuntimeError:  # no GPU backend
-        return None
-
-
-def _gpu_options(table, sizes, given):
-    """The blocks and launch options of a GPU call (Triton's, or Mosaic GPU's blocks and
-    stages): those `given` (not None) as they are, the others from `table`: for the GPU
-    compiled for (see `_gpu_device_kind`), the tuned entry whose sizes are nearest the
-    call's (in powers of two), else the built-in ones, `table[None]`."""
-
-    def distance(tuned_sizes):
-        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
-
-    if None not in given:
-        return given
-    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
-    tuned = table.get(kind) if kind is not None else None
-    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
-    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
-
-
-def _mgpu_pad(array, shape):
-    """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
-    if array.shape == shape:
-        return array
-    return jnp.pad(array, [(0, padded - size) for size, padded in zip(array.shape, shape)])
-
-
-def _mgpu_swizzled(dtype, columns):
-    """The shared-memory tiling and swizzle of a 2-D block `columns` wide, as wgmma and
-    the WGMMA register layout read it."""
-    swizzle = plgpu.find_swizzle(columns * jnp.dtype(dtype).itemsize * 8)
-    return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(
-        swizzle
-    )
-
-
-def _mgpu_load(ref, shape, dims):
-    """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
-    along `dims` (its position in `shape`) in the layout's row or column, broadcast."""
-    if len(dims) == len(shape):
-        return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
-    vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
-    return jax.lax.broadcast_in_dim(vector, shape, dims)
-
-
-def _mgpu_spread(vector, shape, dim):
-    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
-    broadcast over the block's other axis."""
-    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
-
-
-def _mgpu_full(size, value, dtype, dim):
-    """A running value per position along axis `dim` of a block, `value` in each."""
-    return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
-
-
-def _mgpu_positions(start, shape, axis):
-    """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
-    return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
-
-
-def _mgpu_argbest_step(best, index, x, start, axis, largest):
-    """The running (value, first index) of the largest (or smallest) value along `axis`
-    after one more block `x` whose positions there start at `start`."""
-    block_best = jnp.max(x, axis=axis) if largest else jnp.min(x, axis=axis)
-    hits = jnp.where(
-        x == _mgpu_spread(block_best, x.shape, 1 - axis),
-        _mgpu_positions(start, x.shape, axis),
-        2147483647,
-    )
-    better = block_best > best if largest else block_best < best  # ties keep the earlier index
-    return jnp.where(better, block_best, best), jnp.where(better, jnp.min(hits, axis=axis), index)
-
-
-def _on_platform(tpu, gpu, interpret, *arrays):
-    """Runs the kernel built for the platform being compiled for.
-
-    The choice follows the lowering platform, not the host, so ahead-of-time compiles
-    and exports (for one platform, or for several at once) get the right kernel: Mosaic
-    on TPU, Triton on NVIDIA GPUs, and
-    elsewhere (CPU) the TPU kernel in interpret mode, or compiled if `interpret` is
-    False. A true `interpret` (or `pltpu.InterpretParams`) interprets the TPU kernel
-    on every platform.
-    """
-    if interpret:
-        return tpu(*arrays, interpret=interpret)
-    return _platform_dependent(
-        arrays,
-        tpu=functools.partial(tpu, interpret=False),
-        cuda=functools.partial(gpu, interpret=False),
-        default=functools.partial(tpu, interpret=interpret is None),
-    )
-
-
-def _platform_dependent(arrays, **kernels):
-    """`jax.lax.platform_dependent(*arrays, tpu=..., cuda=..., default=...)`, except that
-    each platform lowers only its own kernel.
-
-    `jax.lax.platform_dependent` lowers every branch for every platform that a module is
-    lowered for, and a Mosaic kernel does not lower for CUDA, nor a Triton kernel for
-    TPU: `jax.export.export(NAME, platforms=("tpu", "cuda"))` would fail. Here each
-    platform has its own lowering rule (see `_platform_dependent_primitive`), so the
-    exported module holds the Mosaic kernel for TPU and the Triton kernel for CUDA.
-    Tracing the default kernel gives the outputs' shapes and runs its call-time checks.
-    """
-    outputs, tree = jax.tree.flatten(jax.eval_shape(kernels["default"], *arrays))
-    results = _platform_dependent_p.bind(*arrays, outputs=tuple(outputs), **kernels)
-    return jax.tree.unflatten(tree, results)
-
-
-def _platform_dependent_primitive():
-    """The primitive behind `_platform_dependent`, with one lowering rule per platform.
-
-    Its parameters: `tpu`, `cuda` and `default`, the kernel for each platform (a
-    function of the arrays that returns a pytree of arrays), and `outputs`, the
-    jax.ShapeDtypeStruct of each leaf of that pytree.
-    """
-    primitive = jax.extend.core.Primitive("platform_dependent_kernel")
-    primitive.multiple_results = True
-
-    def abstract_eval(*arrays, outputs, **kernels):
-        return [jax.core.ShapedArray(output.shape, output.dtype) for output in outputs]
-
-    def lowering(platform):
-        def kernel_leaves(*arrays, outputs, **kernels):
-            return jax.tree.leaves(kernels[platform](*arrays))
-
-        return jax.interpreters.mlir.lower_fun(kernel_leaves, multiple_results=True)
-
-    def run_outside_jit(*arrays, outputs, **kernels):  # as under `jax.disable_jit()`
-        return jax.tree.leaves(jax.lax.platform_dependent(*arrays, **kernels))
-
-    def vmapped(arrays, axes, *, outputs, **kernels):
-        kernels = {name: jax.vmap(kernel, in_axes=axes) for name, kernel in kernels.items()}
-        results = jax.tree.leaves(_platform_dependent(arrays, **kernels))
-        return results, [0] * len(results)
-
-    primitive.def_abstract_eval(abstract_eval)
-    primitive.def_impl(run_outside_jit)
-    jax.interpreters.mlir.register_lowering(primitive, lowering("tpu"), platform="tpu")
-    jax.interpreters.mlir.register_lowering(primitive, lowering("cuda"), platform="cuda")
-    jax.interpreters.mlir.register_lowering(primitive, lowering("default"))  # any other platform
-    jax.interpreters.batching.primitive_batchers[primitive] = vmapped
-    return primitive
-
-
-_platform_dependent_p = _platform_dependent_primitive()
-
-
-def _differentiable(forward, backward, *arrays, saving=None):
-    """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
-    from what the forward pass saves (the arrays; or, given `saving`, what it returns
-    beside the outputs) and the cotangents of the outputs, it gives one cotangent per
-    array, or None for none (float0 for an integer array)."""
-    call = jax.custom_vjp(forward)
-    call.defvjp(saving or (lambda *arrays: (forward(*arrays), arrays)), backward)
-    return call(*arrays)
-
-
-def _operands(kernel, operands):
-    """The operands as arrays, each checked for its dtype and rank, and the size of each
-    named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
-    arrays, sizes = [], {}
-    for name, (value, dtype, dims) in operands.items():
-        try:
-            array = jnp.asarray(value)
-        except (TypeError, ValueError) as error:
-            raise TypeError(
-                f"{kernel}: {name} is not an array, nor converts to one ({error})"
-            ) from None
-        if array.dtype != dtype:
-            raise TypeError(f"{kernel}: {name} must be {jnp.dtype(dtype).name}, got {array.dtype}")
-        if array.ndim != len(dims):
-            raise ValueError(
-                f"{kernel}: {name} must have dimensions [{', '.join(dims)}], got shape {array.shape}"
-            )
-        for dim, size in zip(dims, array.shape):
-            if sizes.setdefault(dim, size) != size:
-                raise ValueError(
-                    f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
-                )
-        arrays.append(array)
-    return arrays, sizes
-
-
-def _check_blocks(kernel, may_be_none=False, **blocks):
-    """Refuses a block keyword whose value is not a positive int. None, where a block
-    `may_be_none`, leaves the choice of the block to the kernel."""
-    for keyword, block in blocks.items():
-        if block is None and may_be_none:
-            continue
-        if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
-            expected = "a positive int or None" if may_be_none else "a positive int"
-            raise ValueError(f"{kernel}: {keyword} must be {expected}, got {block!r}")
-
-
-def _without_elements(reference, outputs, *arrays, **params):
-    """The result of a call where a dimension has size 0, as jax.numpy gives it: empty
-    arrays of the `outputs`' (shape, dtype), or, where an output still has elements (it
-    reduces over the empty dimension), what the reference computes."""
-    if any(0 not in shape for shape, _ in outputs):
-        return reference(*arrays, **params)
-    empty = tuple(jnp.zeros(shape, dtype) for shape, dtype in outputs)
-    return empty if len(empty) > 1 else empty[0]
-
-
-def _check_tiling(kernel, **blocks):
-    """Refuses TPU blocks that Mosaic cannot tile, before anything compiles.
-
-    Each keyword maps to (block, size, multiple, rule[, smallest power of two]): a block
-    is legal when it covers its whole dimension, is a multiple of `multiple`, or (for
-    one-dimensional arrays) a power of two of at least the smallest one given.
-    """
-    for keyword, (block, size, multiple, rule, *smallest) in blocks.items():
-        if block == size or block % multiple == 0:
-            continue
-        if smallest and block >= smallest[0] and block & (block - 1) == 0:
-            continue
-        raise ValueError(
-            f"{kernel}: {keyword}={block} breaks the TPU tiling rule: {rule}; use"
-            f" {-(-block // multiple) * multiple} or a block of the whole dimension ({size})"
-        )
-
-
-def _tpu_chip():
-    """The TPU generation being compiled for, as tuning tables name it, or None.
-
-    It is the default device's: a TPU's, or under `jax.default_device(...)` that of a
-    compile-only TPU topology (ahead-of-time compiles on a host without a TPU).
-    """
-    device = jax.config.jax_default_device
-    if not hasattr(device, "device_kind"):
-        device = jax.devices(device)[0]
-    return {"TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}.get(
-        device.device_kind
-    )
-
-
-def _tpu_blocks(table, sizes, given, grow=None):
-    """The blocks of a TPU call: those `given` (not None) as they are, the others from
-    `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
-    are nearest the call's (in powers of two), else the chip's default. Any other
-    chip, and CPU, takes `table[None]`, the spec's blocks.
-
-    A kernel without a matrix product passes `grow` (see `_grown`), which grows a
-    chip's default blocks not given to large steps.
-    """
-
-    def distance(tuned_sizes):
-        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
-
-    if None not in given:
-        return given
-    chip = _tpu_chip()
-    known = chip is not None and chip in table
-    entries = table[chip if known else None]
-    tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
-    chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
-    blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
-    if grow is not None and known and not tuned:
-        blocks = grow(blocks, [block is None for block in given])
-    return tuple(blocks)
-
-
-def _grown(blocks, free, bounds, step):
-    """`blocks` with the `free` ones doubled in turn, the last first, while smaller than
-    their dimension (`bounds`) and while a grid step (`step(*blocks)`: its elements and
-    VMEM bytes) stays within 2**20 elements and 32 MiB. A step costs a fixed ~600
-    cycles, so a memory-bound kernel wants few, large steps; doubling keeps a block legal.
-    """
-    grew = True
-    while grew:
-        grew = False
-        for i in reversed(range(len(blocks))):
-            if not free[i] or blocks[i] >= bounds[i]:
-                continue
-            trial = [*blocks[:i], 2 * blocks[i], *blocks[i + 1 :]]
-            elements, vmem = step(*trial)
-            if elements <= 2**20 and vmem <= 32 * 2**20:
-                blocks, grew = trial, True
-    return blocks
-
-
-def _vmem_limit(needed):
-    """The scoped VMEM limit for TPU blocks that need `needed` bytes.
-
-    None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
-    blocks would fail to compile, so they ask for twice what they need, at most 100 MiB of
-    the 128 MiB a v5e or v6e core has. Not more: compiled for libtpu's cost estimate, blocks
-    of 28 MiB that asked for 100 MiB ran out of VMEM (the ask counted beside the use).
-    """
-    return None if needed <= 16 * 2**20 else min(2 * needed, 100 * 2**20)
-
-
-def _inside(start, block, size):
-    """Which of `block` positions from `start` lie inside a dimension of `size`.
-
-    None when blocks tile the dimension exactly: aligned sizes load and store unmasked.
-    """
-    if size % block == 0:
-        return None
-    return start + jnp.arange(block) < size
-
-
-def _mask(shape, *inside):
-    """A block's mask from one `_inside` per axis (None: that axis never overhangs)."""
-    mask = None
-    for axis, along in enumerate(inside):
-        if along is not None:
-            along = jax.lax.broadcast_in_dim(along, shape, (axis,))
-            mask = along if mask is None else mask & along
-    return mask
-
-
-def _load(ref, mask, other=None):
-    """A GPU block, masked where `mask` says (None: the block fits, so a plain load)."""
-    if mask is None:
-        return ref[...]
-    return pltriton.load(ref, mask=mask, other=other)
-
-
-def _store(ref, value, mask):
-    """Stores a GPU block, masked where `mask` says (None: the block fits)."""
-    if mask is None:
-        ref[...] = value
-    else:
-        pltriton.store(ref, value, mask=mask)
-
-
-def _nbytes(*arrays):
-    """Bytes of the given arrays, for the kernel's cost estimate."""
-    return sum(array.size * array.dtype.itemsize for array in arrays)
-
-
-def _fill_past(value, start, size, axis, identity):
-    """`value` with `identity` at the positions along `axis` (from `start`) past `size`."""
-    positions = start + jax.lax.broadcasted_iota(jnp.int32, value.shape, axis)
-    return jnp.where(positions < size, value, identity)
-
-
-def _rows_shape(block):
-    """How a TPU kernel holds a one-dimensional block of `block` positions: as rows of 128
-    lanes when they divide it (Mosaic handles one long row poorly), else as it is."""
-    return (block // 128, 128) if block % 128 == 0 else (block,)
-
-
-def _as_rows(value):
-    """A one-dimensional block as `_rows_shape` holds it."""
-    return value.reshape(_rows_shape(value.shape[0]))
-
-
-def _fill_past_rows(value, start, size, identity):
-    """`value`, a block held as `_as_rows` holds it from position `start`, with
-    `identity` at the positions past `size`."""
-    positions = jax.lax.broadcasted_iota(jnp.int32, value.shape, value.ndim - 1)
-    if value.ndim == 2:
-        positions += value.shape[1] * jax.lax.broadcasted_iota(jnp.int32, value.shape, 0)
-    return jnp.where(start + positions < size, value, identity)
-
-
-def _argbest(x, axis, largest):
-    """The first index of the largest (or smallest) value along `axis`, kept as size 1."""
-    best = jnp.max(x, axis=axis, keepdims=True) if largest else jnp.min(x, axis=axis, keepdims=True)
-    positions = jax.lax.broadcasted_iota(jnp.int32, x.shape, axis)
-    return jnp.min(jnp.where(x == best, positions, x.shape[axis]), axis=axis, keepdims=True)
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def add_f32(
     x,
     y,
@@ -460,29 +41,31 @@ def add_f32(
       y: f32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_f32_tpu_blocks),
-        grown to large steps (_grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 256, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: f32[M, N].
 
     Gradients: jax.grad runs the generated backward kernels add_f32_backward (_add_f32_vjp).
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "add_f32", {"x": (x, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("M", "N"))}
     )
-    _check_blocks("add_f32", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("add_f32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "add_f32",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(add_f32_reference, (((m, n), jnp.float32),), x, y)
-    return _differentiable(
+        return rt.without_elements(add_f32_reference, (((m, n), jnp.float32),), x, y)
+    return rt.differentiable(
         functools.partial(
             _add_f32_forward,
             m=m,
@@ -524,25 +107,22 @@ def _add_f32_forward(
     interpret,
 ):
     """`add_f32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
-        functools.partial(_add_f32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        _gpu_kernel(
-            "add_f32",
-            gpu_backend,
-            functools.partial(
-                _add_f32_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_add_f32_mosaic_gpu, m=m, n=n),
+    return rt.on_platform(
+        "add_f32",
+        (x, y),
+        tpu=functools.partial(_add_f32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _add_f32_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(_add_f32_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -576,19 +156,19 @@ _add_f32_tpu_blocks = {
 
 def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`add_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _add_f32_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "add_f32",
         block_m=(
             block_m,
@@ -617,10 +197,10 @@ def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_m * block_n),
+            vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n * 4
         ),
         interpret=interpret,
         name="add_f32",
@@ -630,12 +210,12 @@ def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
 # Also `add_i32`'s and `add_i8`'s: the same code, written once.
 def _add_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    y = _load(y_ref, inside)
-    _store(z_ref, x + y, inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    y = rt.load(y_ref, inside)
+    rt.store(z_ref, x + y, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -647,7 +227,7 @@ _add_f32_gpu_options = {None: (8, 128, 4, 1)}
 
 def _add_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`add_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _add_f32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -676,8 +256,8 @@ def _add_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     program_n = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, z_smem):
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        y = rt.mgpu_load(y_smem, (block_m, block_n), (0, 1))
         z_smem[...] = x + y
 
     plgpu.emit_pipeline(
@@ -687,19 +267,19 @@ def _add_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
     )(x_ref, y_ref, z_ref)
@@ -715,8 +295,8 @@ def _add_f32_mosaic_gpu(x, y, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
-    y = _mgpu_pad(y, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
+    y = rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_add_f32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
@@ -727,19 +307,7 @@ def _add_f32_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def add_f32_backward(
     dz,
     *,
@@ -759,46 +327,44 @@ def add_f32_backward(
       dz: f32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_f32_backward_tpu_blocks),
-        grown to large steps (_grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 256, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: f32[M, N]; dy: f32[M, N].
     """
-    (dz,), sizes = _operands("add_f32_backward", {"dz": (dz, jnp.float32, ("M", "N"))})
-    _check_blocks("add_f32_backward", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks(
-        "add_f32_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+    (dz,), sizes = rt.operands("add_f32_backward", {"dz": (dz, jnp.float32, ("M", "N"))})
+    rt.check_blocks(
+        "add_f32_backward",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             add_f32_backward_reference, (((m, n), jnp.float32), ((m, n), jnp.float32)), dz
         )
-    return _on_platform(
-        functools.partial(_add_f32_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        _gpu_kernel(
-            "add_f32_backward",
-            gpu_backend,
-            functools.partial(
-                _add_f32_backward_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_add_f32_backward_mosaic_gpu, m=m, n=n),
+    return rt.on_platform(
+        "add_f32_backward",
+        (dz,),
+        tpu=functools.partial(_add_f32_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _add_f32_backward_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        dz,
+        mosaic_gpu=functools.partial(_add_f32_backward_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -828,19 +394,19 @@ _add_f32_backward_tpu_blocks = {
 
 def _add_f32_backward_tpu(dz, *, m, n, block_m, block_n, interpret):
     """`add_f32_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _add_f32_backward_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "add_f32_backward",
         block_m=(
             block_m,
@@ -874,10 +440,10 @@ def _add_f32_backward_tpu(dz, *, m, n, block_m, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_m * block_n),
+            vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=0, transcendentals=0, bytes_accessed=_nbytes(dz) + m * n * 4 + m * n * 4
+            flops=0, transcendentals=0, bytes_accessed=rt.nbytes(dz) + m * n * 4 + m * n * 4
         ),
         interpret=interpret,
         name="add_f32_backward",
@@ -886,12 +452,12 @@ def _add_f32_backward_tpu(dz, *, m, n, block_m, block_n, interpret):
 
 def _add_f32_backward_gpu_kernel(dz_ref, dx_ref, dy_ref, *, m, n, block_m, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    dz = _load(dz_ref, inside)
-    _store(dx_ref, dz, inside)
-    _store(dy_ref, dz, inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    dz = rt.load(dz_ref, inside)
+    rt.store(dx_ref, dz, inside)
+    rt.store(dy_ref, dz, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -903,7 +469,7 @@ _add_f32_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 def _add_f32_backward_gpu(dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`add_f32_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _add_f32_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -937,7 +503,7 @@ def _add_f32_backward_mosaic_gpu_kernel(dz_ref, dx_ref, dy_ref, *, block_m, bloc
     program_n = jax.lax.axis_index("N")
 
     def step(_, dz_smem, dx_smem, dy_smem):
-        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
         dx_smem[...] = dz
         dy_smem[...] = dz
 
@@ -948,19 +514,19 @@ def _add_f32_backward_mosaic_gpu_kernel(dz_ref, dx_ref, dy_ref, *, block_m, bloc
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
     )(dz_ref, dx_ref, dy_ref)
@@ -976,7 +542,7 @@ def _add_f32_backward_mosaic_gpu(dz, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    dz = _mgpu_pad(dz, (padded_m, padded_n))
+    dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     dx, dy = plgpu.kernel(
         functools.partial(_add_f32_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(
@@ -990,19 +556,7 @@ def _add_f32_backward_mosaic_gpu(dz, *, m, n, interpret):
     return dx[:m, :n], dy[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def mul_f32(
     x,
     y,
@@ -1023,29 +577,31 @@ def mul_f32(
       y: f32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_mul_f32_tpu_blocks),
-        grown to large steps (_grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 256, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: f32[M, N].
 
     Gradients: jax.grad runs the generated backward kernels mul_f32_backward (_mul_f32_vjp).
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "mul_f32", {"x": (x, jnp.float32, ("M", "N")), "y": (y, jnp.float32, ("M", "N"))}
     )
-    _check_blocks("mul_f32", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("mul_f32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "mul_f32",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(mul_f32_reference, (((m, n), jnp.float32),), x, y)
-    return _differentiable(
+        return rt.without_elements(mul_f32_reference, (((m, n), jnp.float32),), x, y)
+    return rt.differentiable(
         functools.partial(
             _mul_f32_forward,
             m=m,
@@ -1087,25 +643,22 @@ def _mul_f32_forward(
     interpret,
 ):
     """`mul_f32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
-        functools.partial(_mul_f32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        _gpu_kernel(
-            "mul_f32",
-            gpu_backend,
-            functools.partial(
-                _mul_f32_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_mul_f32_mosaic_gpu, m=m, n=n),
+    return rt.on_platform(
+        "mul_f32",
+        (x, y),
+        tpu=functools.partial(_mul_f32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _mul_f32_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(_mul_f32_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -1140,19 +693,19 @@ _mul_f32_tpu_blocks = {
 
 def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`mul_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _mul_f32_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "mul_f32",
         block_m=(
             block_m,
@@ -1181,10 +734,10 @@ def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_m * block_n),
+            vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n * 4
         ),
         interpret=interpret,
         name="mul_f32",
@@ -1194,12 +747,12 @@ def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
 # Also `mul_i32`'s and `mul_i8`'s: the same code, written once.
 def _mul_f32_gpu_kernel(x_ref, y_ref, z_ref, *, m, n, block_m, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    y = _load(y_ref, inside)
-    _store(z_ref, x * y, inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    y = rt.load(y_ref, inside)
+    rt.store(z_ref, x * y, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -1211,7 +764,7 @@ _mul_f32_gpu_options = {None: (8, 128, 4, 1)}
 
 def _mul_f32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`mul_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _mul_f32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -1240,8 +793,8 @@ def _mul_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     program_n = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, z_smem):
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        y = rt.mgpu_load(y_smem, (block_m, block_n), (0, 1))
         z_smem[...] = x * y
 
     plgpu.emit_pipeline(
@@ -1251,19 +804,19 @@ def _mul_f32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
     )(x_ref, y_ref, z_ref)
@@ -1279,8 +832,8 @@ def _mul_f32_mosaic_gpu(x, y, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
-    y = _mgpu_pad(y, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
+    y = rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_mul_f32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
@@ -1291,19 +844,7 @@ def _mul_f32_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def mul_f32_backward(
     x,
     y,
@@ -1327,18 +868,15 @@ def mul_f32_backward(
       dz: f32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_mul_f32_backward_tpu_blocks),
-        grown to large steps (_grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 256, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: f32[M, N]; dy: f32[M, N].
     """
-    (x, y, dz), sizes = _operands(
+    (x, y, dz), sizes = rt.operands(
         "mul_f32_backward",
         {
             "x": (x, jnp.float32, ("M", "N")),
@@ -1346,36 +884,35 @@ def mul_f32_backward(
             "dz": (dz, jnp.float32, ("M", "N")),
         },
     )
-    _check_blocks("mul_f32_backward", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks(
-        "mul_f32_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+    rt.check_blocks(
+        "mul_f32_backward",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             mul_f32_backward_reference, (((m, n), jnp.float32), ((m, n), jnp.float32)), x, y, dz
         )
-    return _on_platform(
-        functools.partial(_mul_f32_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        _gpu_kernel(
-            "mul_f32_backward",
-            gpu_backend,
-            functools.partial(
-                _mul_f32_backward_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_mul_f32_backward_mosaic_gpu, m=m, n=n),
+    return rt.on_platform(
+        "mul_f32_backward",
+        (x, y, dz),
+        tpu=functools.partial(_mul_f32_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _mul_f32_backward_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
-        dz,
+        mosaic_gpu=functools.partial(_mul_f32_backward_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -1407,19 +944,19 @@ _mul_f32_backward_tpu_blocks = {
 
 def _mul_f32_backward_tpu(x, y, dz, *, m, n, block_m, block_n, interpret):
     """`mul_f32_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _mul_f32_backward_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (block_m * block_n, 40 * block_m * block_n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "mul_f32_backward",
         block_m=(
             block_m,
@@ -1457,12 +994,12 @@ def _mul_f32_backward_tpu(x, y, dz, *, m, n, block_m, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(40 * block_m * block_n),
+            vmem_limit_bytes=rt.vmem_limit(40 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
             flops=2 * m * n,
             transcendentals=0,
-            bytes_accessed=_nbytes(x, y, dz) + m * n * 4 + m * n * 4,
+            bytes_accessed=rt.nbytes(x, y, dz) + m * n * 4 + m * n * 4,
         ),
         interpret=interpret,
         name="mul_f32_backward",
@@ -1471,14 +1008,14 @@ def _mul_f32_backward_tpu(x, y, dz, *, m, n, block_m, block_n, interpret):
 
 def _mul_f32_backward_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, m, n, block_m, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    y = _load(y_ref, inside)
-    dz = _load(dz_ref, inside)
-    _store(dx_ref, dz * y, inside)
-    _store(dy_ref, dz * x, inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    y = rt.load(y_ref, inside)
+    dz = rt.load(dz_ref, inside)
+    rt.store(dx_ref, dz * y, inside)
+    rt.store(dy_ref, dz * x, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -1490,7 +1027,7 @@ _mul_f32_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 def _mul_f32_backward_gpu(x, y, dz, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`mul_f32_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _mul_f32_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -1528,9 +1065,9 @@ def _mul_f32_backward_mosaic_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *,
     program_n = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, dz_smem, dx_smem, dy_smem):
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
-        dz = _mgpu_load(dz_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        y = rt.mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        dz = rt.mgpu_load(dz_smem, (block_m, block_n), (0, 1))
         dx_smem[...] = dz * y
         dy_smem[...] = dz * x
 
@@ -1541,29 +1078,29 @@ def _mul_f32_backward_mosaic_gpu_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *,
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
     )(x_ref, y_ref, dz_ref, dx_ref, dy_ref)
@@ -1579,9 +1116,9 @@ def _mul_f32_backward_mosaic_gpu(x, y, dz, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
-    y = _mgpu_pad(y, (padded_m, padded_n))
-    dz = _mgpu_pad(dz, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
+    y = rt.mgpu_pad(y, (padded_m, padded_n))
+    dz = rt.mgpu_pad(dz, (padded_m, padded_n))
     dx, dy = plgpu.kernel(
         functools.partial(_mul_f32_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(
@@ -1595,17 +1132,7 @@ def _mul_f32_backward_mosaic_gpu(x, y, dz, *, m, n, interpret):
     return dx[:m, :n], dy[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def argmax_f32(
     x,
     *,
@@ -1622,13 +1149,10 @@ def argmax_f32(
       x: f32[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_f32_tpu_blocks),
-        grown to large steps (_grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 8.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       i: i32[M].
@@ -1636,14 +1160,12 @@ def argmax_f32(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x,), sizes = _operands("argmax_f32", {"x": (x, jnp.float32, ("M", "N"))})
-    _check_blocks("argmax_f32", block_m=block_m, may_be_none=True)
-    _check_blocks("argmax_f32", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    (x,), sizes = rt.operands("argmax_f32", {"x": (x, jnp.float32, ("M", "N"))})
+    rt.check_blocks("argmax_f32", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(argmax_f32_reference, (((m,), jnp.int32),), x)
-    return _differentiable(
+        return rt.without_elements(argmax_f32_reference, (((m,), jnp.int32),), x)
+    return rt.differentiable(
         functools.partial(
             _argmax_f32_forward,
             m=m,
@@ -1673,23 +1195,21 @@ def _argmax_f32_forward(
     x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
 ):
     """`argmax_f32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    i = _on_platform(
-        functools.partial(_argmax_f32_tpu, m=m, n=n, block_m=block_m),
-        _gpu_kernel(
-            "argmax_f32",
-            gpu_backend,
-            functools.partial(
-                _argmax_f32_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_argmax_f32_mosaic_gpu, m=m, n=n),
+    i = rt.on_platform(
+        "argmax_f32",
+        (x,),
+        tpu=functools.partial(_argmax_f32_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _argmax_f32_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_argmax_f32_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     i = i.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     return i
@@ -1705,7 +1225,7 @@ def _argmax_f32_vjp(saved, cotangents, *, gpu_backend, interpret):
 # Also `argmax_i32`'s: the same code, written once.
 def _argmax_f32_kernel(x_ref, i_ref, *, m, n, block_m):
     x = x_ref[...]
-    i_ref[...] = _argbest(x, 1, largest=True)
+    i_ref[...] = rt.argbest(x, 1, largest=True)
 
 
 # TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
@@ -1721,16 +1241,18 @@ _argmax_f32_tpu_blocks = {
 
 def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
     """`argmax_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _argmax_f32_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m)
+            rt.grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "argmax_f32",
         block_m=(
             block_m,
@@ -1756,10 +1278,10 @@ def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(12 * block_m * n + 8 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(12 * block_m * n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + m * n * 4
         ),
         interpret=interpret,
         name="argmax_f32",
@@ -1768,11 +1290,11 @@ def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
 
 def _argmax_f32_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(0, block_n, n)
-    inside = _mask((block_m, 1), in_m, None)
-    x = _load(x_ref, _mask((block_m, block_n), in_m, in_n))
-    _store(i_ref, _argbest(_fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, 1), in_m, None)
+    x = rt.load(x_ref, rt.mask((block_m, block_n), in_m, in_n))
+    rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
@@ -1784,7 +1306,7 @@ _argmax_f32_gpu_options = {None: (1, 4, 1)}
 
 def _argmax_f32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmax_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = _gpu_options(
+    block_m, num_warps, num_stages = rt.gpu_options(
         _argmax_f32_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -1813,13 +1335,13 @@ def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     def reduce_1(indices, x_smem, carry):
         argmax_n_running, argmax_n_index = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         argmax_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
             argmax_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -jnp.inf
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -jnp.inf
             )
-        argmax_n_running, argmax_n_index = _mgpu_argbest_step(
+        argmax_n_running, argmax_n_index = rt.mgpu_argbest_step(
             argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
         )
         return (argmax_n_running, argmax_n_index)
@@ -1831,13 +1353,13 @@ def _argmax_f32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
-            _mgpu_full(block_m, 0, jnp.int32, 0),
+            rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            rt.mgpu_full(block_m, 0, jnp.int32, 0),
         ),
     )(x_ref)
     argmax_n = argmax_n_index
@@ -1858,7 +1380,7 @@ def _argmax_f32_mosaic_gpu(x, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     (i,) = plgpu.kernel(
         functools.partial(_argmax_f32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
@@ -1870,17 +1392,7 @@ def _argmax_f32_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_n",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def equal_count_f32(
     x,
     y,
@@ -1899,13 +1411,10 @@ def equal_count_f32(
       y: f32[N].
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_f32_tpu_blocks),
-        grown to large steps (_grown), else 4096.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 4096.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       n: i32[].
@@ -1913,15 +1422,14 @@ def equal_count_f32(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "equal_count_f32", {"x": (x, jnp.float32, ("N",)), "y": (y, jnp.float32, ("N",))}
     )
-    _check_blocks("equal_count_f32", block_n=block_n, may_be_none=True)
-    _check_blocks("equal_count_f32", gpu_block_n=gpu_block_n, may_be_none=True)
+    rt.check_blocks("equal_count_f32", block_n=block_n, gpu_block_n=gpu_block_n, may_be_none=True)
     size_n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(equal_count_f32_reference, (((), jnp.int32),), x, y)
-    return _differentiable(
+        return rt.without_elements(equal_count_f32_reference, (((), jnp.int32),), x, y)
+    return rt.differentiable(
         functools.partial(
             _equal_count_f32_forward,
             size_n=size_n,
@@ -1950,23 +1458,20 @@ def _equal_count_f32_forward(
     x, y, *, size_n, block_n, gpu_block_n, gpu_warps, gpu_stages, gpu_backend, interpret
 ):
     """`equal_count_f32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    n = _on_platform(
-        functools.partial(_equal_count_f32_tpu, size_n=size_n, block_n=block_n),
-        _gpu_kernel(
-            "equal_count_f32",
-            gpu_backend,
-            functools.partial(
-                _equal_count_f32_gpu,
-                size_n=size_n,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_equal_count_f32_mosaic_gpu, size_n=size_n),
+    n = rt.on_platform(
+        "equal_count_f32",
+        (x, y),
+        tpu=functools.partial(_equal_count_f32_tpu, size_n=size_n, block_n=block_n),
+        triton=functools.partial(
+            _equal_count_f32_gpu,
+            size_n=size_n,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(_equal_count_f32_mosaic_gpu, size_n=size_n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     n = n.reshape(())  # the kernel holds it with size 1 along the dimensions it lacks
     return n
@@ -1987,11 +1492,11 @@ def _equal_count_f32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, b
     def _init():
         sum_n_running_ref[...] = jnp.full(sum_n_running_ref.shape, 0, jnp.int32)
 
-    x = _as_rows(x_ref[...])
-    y = _as_rows(y_ref[...])
+    x = rt.as_rows(x_ref[...])
+    y = rt.as_rows(y_ref[...])
     sum_n_block = (x == y).astype(jnp.int32)
     if size_n % block_n:  # a ragged N: its identity past the end, never padding
-        sum_n_block = _fill_past_rows(sum_n_block, step * block_n, size_n, 0)
+        sum_n_block = rt.fill_past_rows(sum_n_block, step * block_n, size_n, 0)
     sum_n_running_ref[...] = sum_n_running_ref[...] + sum_n_block
 
     @pl.when(step == pl.num_programs(0) - 1)
@@ -2013,16 +1518,16 @@ _equal_count_f32_tpu_blocks = {
 
 def _equal_count_f32_tpu(x, y, *, size_n, block_n, interpret):
     """`equal_count_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_n,) = _tpu_blocks(
+    (block_n,) = rt.tpu_blocks(
         _equal_count_f32_tpu_blocks,
         (size_n,),
         (block_n,),
         grow=functools.partial(
-            _grown, bounds=(size_n,), step=lambda block_n: (block_n, 24 * block_n + 8)
+            rt.grown, bounds=(size_n,), step=lambda block_n: (block_n, 24 * block_n + 8)
         ),
     )
     block_n = min(block_n, size_n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "equal_count_f32",
         block_n=(
             block_n,
@@ -2048,14 +1553,14 @@ def _equal_count_f32_tpu(x, y, *, size_n, block_n, interpret):
         out_specs=pl.BlockSpec((1,), lambda i: (0,)),
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
-        scratch_shapes=[pltpu.VMEM(_rows_shape(block_n), jnp.int32)],
+        scratch_shapes=[pltpu.VMEM(rt.rows_shape(block_n), jnp.int32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_n + 8),
+            vmem_limit_bytes=rt.vmem_limit(24 * block_n + 8),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=3 * size_n, transcendentals=0, bytes_accessed=_nbytes(x, y) + size_n * 4
+            flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + size_n * 4
         ),
         interpret=interpret,
         name="equal_count_f32",
@@ -2070,12 +1575,12 @@ def _equal_count_f32_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
     def accumulate(index, running):
         (sum_n_running,) = running
         start = index * block_n
-        in_n = _inside(start, block_n, size_n)
-        x = _load(x_ref.at[pl.ds(start, block_n)], _mask((block_n,), in_n))
-        y = _load(y_ref.at[pl.ds(start, block_n)], _mask((block_n,), in_n))
+        in_n = rt.inside(start, block_n, size_n)
+        x = rt.load(x_ref.at[pl.ds(start, block_n)], rt.mask((block_n,), in_n))
+        y = rt.load(y_ref.at[pl.ds(start, block_n)], rt.mask((block_n,), in_n))
         sum_n_block = (x == y).astype(jnp.int32)
         if size_n % block_n:  # a ragged N: its identity past the end, never padding
-            sum_n_block = _fill_past(sum_n_block, start, size_n, 0, 0)
+            sum_n_block = rt.fill_past(sum_n_block, start, size_n, 0, 0)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
         return (sum_n_running,)
 
@@ -2095,7 +1600,7 @@ _equal_count_f32_gpu_options = {None: (1024, 4, 1)}
 
 def _equal_count_f32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
     """`equal_count_f32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, num_warps, num_stages = _gpu_options(
+    block_n, num_warps, num_stages = rt.gpu_options(
         _equal_count_f32_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
     block_n = min(block_n, pl.next_power_of_2(size_n))  # a small N is one block
@@ -2125,9 +1630,9 @@ def _equal_count_f32_mosaic_gpu_kernel(
     program = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem):
-        x = _mgpu_load(x_smem, (64, block_n), (0, 1))
-        y = _mgpu_load(y_smem, (64, block_n), (0, 1))
-        positions = _mgpu_positions(program * 64, (64, block_n), 0) * block_n + _mgpu_positions(
+        x = rt.mgpu_load(x_smem, (64, block_n), (0, 1))
+        y = rt.mgpu_load(y_smem, (64, block_n), (0, 1))
+        positions = rt.mgpu_positions(program * 64, (64, block_n), 0) * block_n + rt.mgpu_positions(
             0, (64, block_n), 1
         )
         sum_block = (x == y).astype(jnp.int32)
@@ -2142,12 +1647,12 @@ def _equal_count_f32_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (64, block_n),
                 lambda _: (program, 0),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (64, block_n),
                 lambda _: (program, 0),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
     )(x_ref, y_ref)
@@ -2164,8 +1669,8 @@ def _equal_count_f32_mosaic_gpu(x, y, *, size_n, interpret):
     """
     block_n = 128
     padded_size_n = size_n + -size_n % (64 * block_n)
-    x = _mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
-    y = _mgpu_pad(y, (padded_size_n,)).reshape(-1, block_n)
+    x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
+    y = rt.mgpu_pad(y, (padded_size_n,)).reshape(-1, block_n)
     (sum_partials,) = plgpu.kernel(
         functools.partial(_equal_count_f32_mosaic_gpu_kernel, block_n=block_n, size_n=size_n),
         out_type=(jax.ShapeDtypeStruct((padded_size_n // block_n,), jnp.int32),),
@@ -2179,19 +1684,7 @@ def _equal_count_f32_mosaic_gpu(x, y, *, size_n, interpret):
     return jnp.asarray(n, jnp.int32).reshape((1,))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def add_i32(
     x,
     y,
@@ -2212,13 +1705,10 @@ def add_i32(
       y: i32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_i32_tpu_blocks),
-        grown to large steps (_grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 256, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: i32[M, N].
@@ -2226,16 +1716,21 @@ def add_i32(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "add_i32", {"x": (x, jnp.int32, ("M", "N")), "y": (y, jnp.int32, ("M", "N"))}
     )
-    _check_blocks("add_i32", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("add_i32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "add_i32",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(add_i32_reference, (((m, n), jnp.int32),), x, y)
-    return _differentiable(
+        return rt.without_elements(add_i32_reference, (((m, n), jnp.int32),), x, y)
+    return rt.differentiable(
         functools.partial(
             _add_i32_forward,
             m=m,
@@ -2277,25 +1772,22 @@ def _add_i32_forward(
     interpret,
 ):
     """`add_i32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
-        functools.partial(_add_i32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        _gpu_kernel(
-            "add_i32",
-            gpu_backend,
-            functools.partial(
-                _add_i32_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_add_i32_mosaic_gpu, m=m, n=n),
+    return rt.on_platform(
+        "add_i32",
+        (x, y),
+        tpu=functools.partial(_add_i32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _add_i32_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(_add_i32_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -2319,19 +1811,19 @@ _add_i32_tpu_blocks = {
 
 def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`add_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _add_i32_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "add_i32",
         block_m=(
             block_m,
@@ -2360,10 +1852,10 @@ def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_m * block_n),
+            vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n * 4
         ),
         interpret=interpret,
         name="add_i32",
@@ -2379,7 +1871,7 @@ _add_i32_gpu_options = {None: (8, 128, 4, 1)}
 
 def _add_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`add_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _add_i32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -2408,8 +1900,8 @@ def _add_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     program_n = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, z_smem):
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        y = rt.mgpu_load(y_smem, (block_m, block_n), (0, 1))
         z_smem[...] = x + y
 
     plgpu.emit_pipeline(
@@ -2419,19 +1911,19 @@ def _add_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.int32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.int32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
             ),
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.int32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
             )
         ],
     )(x_ref, y_ref, z_ref)
@@ -2447,8 +1939,8 @@ def _add_i32_mosaic_gpu(x, y, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
-    y = _mgpu_pad(y, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
+    y = rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_add_i32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),),
@@ -2459,19 +1951,7 @@ def _add_i32_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def mul_i32(
     x,
     y,
@@ -2492,13 +1972,10 @@ def mul_i32(
       y: i32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_mul_i32_tpu_blocks),
-        grown to large steps (_grown), else 256, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 256, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: i32[M, N].
@@ -2506,16 +1983,21 @@ def mul_i32(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "mul_i32", {"x": (x, jnp.int32, ("M", "N")), "y": (y, jnp.int32, ("M", "N"))}
     )
-    _check_blocks("mul_i32", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("mul_i32", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "mul_i32",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(mul_i32_reference, (((m, n), jnp.int32),), x, y)
-    return _differentiable(
+        return rt.without_elements(mul_i32_reference, (((m, n), jnp.int32),), x, y)
+    return rt.differentiable(
         functools.partial(
             _mul_i32_forward,
             m=m,
@@ -2557,25 +2039,22 @@ def _mul_i32_forward(
     interpret,
 ):
     """`mul_i32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
-        functools.partial(_mul_i32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        _gpu_kernel(
-            "mul_i32",
-            gpu_backend,
-            functools.partial(
-                _mul_i32_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_mul_i32_mosaic_gpu, m=m, n=n),
+    return rt.on_platform(
+        "mul_i32",
+        (x, y),
+        tpu=functools.partial(_mul_i32_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _mul_i32_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(_mul_i32_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -2599,19 +2078,19 @@ _mul_i32_tpu_blocks = {
 
 def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`mul_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _mul_i32_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "mul_i32",
         block_m=(
             block_m,
@@ -2640,10 +2119,10 @@ def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_m * block_n),
+            vmem_limit_bytes=rt.vmem_limit(24 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n * 4
         ),
         interpret=interpret,
         name="mul_i32",
@@ -2659,7 +2138,7 @@ _mul_i32_gpu_options = {None: (8, 128, 4, 1)}
 
 def _mul_i32_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`mul_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _mul_i32_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -2688,8 +2167,8 @@ def _mul_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     program_n = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, z_smem):
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        y = rt.mgpu_load(y_smem, (block_m, block_n), (0, 1))
         z_smem[...] = x * y
 
     plgpu.emit_pipeline(
@@ -2699,19 +2178,19 @@ def _mul_i32_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.int32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.int32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
             ),
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.int32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
             )
         ],
     )(x_ref, y_ref, z_ref)
@@ -2727,8 +2206,8 @@ def _mul_i32_mosaic_gpu(x, y, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
-    y = _mgpu_pad(y, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
+    y = rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_mul_i32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int32),),
@@ -2739,17 +2218,7 @@ def _mul_i32_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def argmax_i32(
     x,
     *,
@@ -2766,13 +2235,10 @@ def argmax_i32(
       x: i32[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_i32_tpu_blocks),
-        grown to large steps (_grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 8.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       i: i32[M].
@@ -2780,14 +2246,12 @@ def argmax_i32(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x,), sizes = _operands("argmax_i32", {"x": (x, jnp.int32, ("M", "N"))})
-    _check_blocks("argmax_i32", block_m=block_m, may_be_none=True)
-    _check_blocks("argmax_i32", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    (x,), sizes = rt.operands("argmax_i32", {"x": (x, jnp.int32, ("M", "N"))})
+    rt.check_blocks("argmax_i32", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(argmax_i32_reference, (((m,), jnp.int32),), x)
-    return _differentiable(
+        return rt.without_elements(argmax_i32_reference, (((m,), jnp.int32),), x)
+    return rt.differentiable(
         functools.partial(
             _argmax_i32_forward,
             m=m,
@@ -2817,23 +2281,21 @@ def _argmax_i32_forward(
     x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
 ):
     """`argmax_i32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    i = _on_platform(
-        functools.partial(_argmax_i32_tpu, m=m, n=n, block_m=block_m),
-        _gpu_kernel(
-            "argmax_i32",
-            gpu_backend,
-            functools.partial(
-                _argmax_i32_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_argmax_i32_mosaic_gpu, m=m, n=n),
+    i = rt.on_platform(
+        "argmax_i32",
+        (x,),
+        tpu=functools.partial(_argmax_i32_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _argmax_i32_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_argmax_i32_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     i = i.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     return i
@@ -2859,16 +2321,18 @@ _argmax_i32_tpu_blocks = {
 
 def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
     """`argmax_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _argmax_i32_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m)
+            rt.grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "argmax_i32",
         block_m=(
             block_m,
@@ -2894,10 +2358,10 @@ def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(12 * block_m * n + 8 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(12 * block_m * n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + m * n * 4
         ),
         interpret=interpret,
         name="argmax_i32",
@@ -2906,11 +2370,11 @@ def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
 
 def _argmax_i32_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(0, block_n, n)
-    inside = _mask((block_m, 1), in_m, None)
-    x = _load(x_ref, _mask((block_m, block_n), in_m, in_n))
-    _store(i_ref, _argbest(_fill_past(x, 0, n, 1, -2147483648), 1, largest=True), inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, 1), in_m, None)
+    x = rt.load(x_ref, rt.mask((block_m, block_n), in_m, in_n))
+    rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -2147483648), 1, largest=True), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
@@ -2922,7 +2386,7 @@ _argmax_i32_gpu_options = {None: (1, 4, 1)}
 
 def _argmax_i32_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmax_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = _gpu_options(
+    block_m, num_warps, num_stages = rt.gpu_options(
         _argmax_i32_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -2951,13 +2415,13 @@ def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     def reduce_1(indices, x_smem, carry):
         argmax_n_running, argmax_n_index = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         argmax_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
             argmax_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -2147483648
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -2147483648
             )
-        argmax_n_running, argmax_n_index = _mgpu_argbest_step(
+        argmax_n_running, argmax_n_index = rt.mgpu_argbest_step(
             argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
         )
         return (argmax_n_running, argmax_n_index)
@@ -2969,13 +2433,13 @@ def _argmax_i32_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.int32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
             )
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full(block_m, -2147483648, jnp.int32, 0),
-            _mgpu_full(block_m, 0, jnp.int32, 0),
+            rt.mgpu_full(block_m, -2147483648, jnp.int32, 0),
+            rt.mgpu_full(block_m, 0, jnp.int32, 0),
         ),
     )(x_ref)
     argmax_n = argmax_n_index
@@ -2996,7 +2460,7 @@ def _argmax_i32_mosaic_gpu(x, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     (i,) = plgpu.kernel(
         functools.partial(_argmax_i32_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
@@ -3008,17 +2472,7 @@ def _argmax_i32_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_n",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def equal_count_i32(
     x,
     y,
@@ -3037,13 +2491,10 @@ def equal_count_i32(
       y: i32[N].
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_i32_tpu_blocks),
-        grown to large steps (_grown), else 4096.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 4096.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       n: i32[].
@@ -3051,15 +2502,14 @@ def equal_count_i32(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "equal_count_i32", {"x": (x, jnp.int32, ("N",)), "y": (y, jnp.int32, ("N",))}
     )
-    _check_blocks("equal_count_i32", block_n=block_n, may_be_none=True)
-    _check_blocks("equal_count_i32", gpu_block_n=gpu_block_n, may_be_none=True)
+    rt.check_blocks("equal_count_i32", block_n=block_n, gpu_block_n=gpu_block_n, may_be_none=True)
     size_n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(equal_count_i32_reference, (((), jnp.int32),), x, y)
-    return _differentiable(
+        return rt.without_elements(equal_count_i32_reference, (((), jnp.int32),), x, y)
+    return rt.differentiable(
         functools.partial(
             _equal_count_i32_forward,
             size_n=size_n,
@@ -3088,23 +2538,20 @@ def _equal_count_i32_forward(
     x, y, *, size_n, block_n, gpu_block_n, gpu_warps, gpu_stages, gpu_backend, interpret
 ):
     """`equal_count_i32` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    n = _on_platform(
-        functools.partial(_equal_count_i32_tpu, size_n=size_n, block_n=block_n),
-        _gpu_kernel(
-            "equal_count_i32",
-            gpu_backend,
-            functools.partial(
-                _equal_count_i32_gpu,
-                size_n=size_n,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_equal_count_i32_mosaic_gpu, size_n=size_n),
+    n = rt.on_platform(
+        "equal_count_i32",
+        (x, y),
+        tpu=functools.partial(_equal_count_i32_tpu, size_n=size_n, block_n=block_n),
+        triton=functools.partial(
+            _equal_count_i32_gpu,
+            size_n=size_n,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(_equal_count_i32_mosaic_gpu, size_n=size_n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     n = n.reshape(())  # the kernel holds it with size 1 along the dimensions it lacks
     return n
@@ -3130,16 +2577,16 @@ _equal_count_i32_tpu_blocks = {
 
 def _equal_count_i32_tpu(x, y, *, size_n, block_n, interpret):
     """`equal_count_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_n,) = _tpu_blocks(
+    (block_n,) = rt.tpu_blocks(
         _equal_count_i32_tpu_blocks,
         (size_n,),
         (block_n,),
         grow=functools.partial(
-            _grown, bounds=(size_n,), step=lambda block_n: (block_n, 24 * block_n + 8)
+            rt.grown, bounds=(size_n,), step=lambda block_n: (block_n, 24 * block_n + 8)
         ),
     )
     block_n = min(block_n, size_n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "equal_count_i32",
         block_n=(
             block_n,
@@ -3165,14 +2612,14 @@ def _equal_count_i32_tpu(x, y, *, size_n, block_n, interpret):
         out_specs=pl.BlockSpec((1,), lambda i: (0,)),
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
-        scratch_shapes=[pltpu.VMEM(_rows_shape(block_n), jnp.int32)],
+        scratch_shapes=[pltpu.VMEM(rt.rows_shape(block_n), jnp.int32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_n + 8),
+            vmem_limit_bytes=rt.vmem_limit(24 * block_n + 8),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=3 * size_n, transcendentals=0, bytes_accessed=_nbytes(x, y) + size_n * 4
+            flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + size_n * 4
         ),
         interpret=interpret,
         name="equal_count_i32",
@@ -3188,7 +2635,7 @@ _equal_count_i32_gpu_options = {None: (1024, 4, 1)}
 
 def _equal_count_i32_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
     """`equal_count_i32` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, num_warps, num_stages = _gpu_options(
+    block_n, num_warps, num_stages = rt.gpu_options(
         _equal_count_i32_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
     block_n = min(block_n, pl.next_power_of_2(size_n))  # a small N is one block
@@ -3218,9 +2665,9 @@ def _equal_count_i32_mosaic_gpu_kernel(
     program = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem):
-        x = _mgpu_load(x_smem, (64, block_n), (0, 1))
-        y = _mgpu_load(y_smem, (64, block_n), (0, 1))
-        positions = _mgpu_positions(program * 64, (64, block_n), 0) * block_n + _mgpu_positions(
+        x = rt.mgpu_load(x_smem, (64, block_n), (0, 1))
+        y = rt.mgpu_load(y_smem, (64, block_n), (0, 1))
+        positions = rt.mgpu_positions(program * 64, (64, block_n), 0) * block_n + rt.mgpu_positions(
             0, (64, block_n), 1
         )
         sum_block = (x == y).astype(jnp.int32)
@@ -3233,10 +2680,14 @@ def _equal_count_i32_mosaic_gpu_kernel(
         grid=(1,),
         in_specs=[
             plgpu.BlockSpec(
-                (64, block_n), lambda _: (program, 0), transforms=_mgpu_swizzled(jnp.int32, block_n)
+                (64, block_n),
+                lambda _: (program, 0),
+                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
             ),
             plgpu.BlockSpec(
-                (64, block_n), lambda _: (program, 0), transforms=_mgpu_swizzled(jnp.int32, block_n)
+                (64, block_n),
+                lambda _: (program, 0),
+                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
             ),
         ],
     )(x_ref, y_ref)
@@ -3253,8 +2704,8 @@ def _equal_count_i32_mosaic_gpu(x, y, *, size_n, interpret):
     """
     block_n = 128
     padded_size_n = size_n + -size_n % (64 * block_n)
-    x = _mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
-    y = _mgpu_pad(y, (padded_size_n,)).reshape(-1, block_n)
+    x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
+    y = rt.mgpu_pad(y, (padded_size_n,)).reshape(-1, block_n)
     (sum_partials,) = plgpu.kernel(
         functools.partial(_equal_count_i32_mosaic_gpu_kernel, block_n=block_n, size_n=size_n),
         out_type=(jax.ShapeDtypeStruct((padded_size_n // block_n,), jnp.int32),),
@@ -3268,19 +2719,7 @@ def _equal_count_i32_mosaic_gpu(x, y, *, size_n, interpret):
     return jnp.asarray(n, jnp.int32).reshape((1,))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def add_i8(
     x,
     y,
@@ -3301,13 +2740,10 @@ def add_i8(
       y: i8[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_add_i8_tpu_blocks),
-        grown to large steps (_grown), else 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 1024, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: i8[M, N].
@@ -3315,16 +2751,21 @@ def add_i8(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "add_i8", {"x": (x, jnp.int8, ("M", "N")), "y": (y, jnp.int8, ("M", "N"))}
     )
-    _check_blocks("add_i8", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("add_i8", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "add_i8",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(add_i8_reference, (((m, n), jnp.int8),), x, y)
-    return _differentiable(
+        return rt.without_elements(add_i8_reference, (((m, n), jnp.int8),), x, y)
+    return rt.differentiable(
         functools.partial(
             _add_i8_forward,
             m=m,
@@ -3366,25 +2807,22 @@ def _add_i8_forward(
     interpret,
 ):
     """`add_i8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
-        functools.partial(_add_i8_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        _gpu_kernel(
-            "add_i8",
-            gpu_backend,
-            functools.partial(
-                _add_i8_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_add_i8_mosaic_gpu, m=m, n=n),
+    return rt.on_platform(
+        "add_i8",
+        (x, y),
+        tpu=functools.partial(_add_i8_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _add_i8_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(_add_i8_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -3414,19 +2852,19 @@ _add_i8_tpu_blocks = {
 
 def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`add_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _add_i8_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (block_m * block_n, 6 * block_m * block_n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "add_i8",
         block_m=(
             block_m,
@@ -3455,10 +2893,10 @@ def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(6 * block_m * block_n),
+            vmem_limit_bytes=rt.vmem_limit(6 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 1
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n * 1
         ),
         interpret=interpret,
         name="add_i8",
@@ -3474,7 +2912,7 @@ _add_i8_gpu_options = {None: (8, 128, 4, 1)}
 
 def _add_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`add_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _add_i8_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -3503,8 +2941,8 @@ def _add_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     program_n = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, z_smem):
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        y = rt.mgpu_load(y_smem, (block_m, block_n), (0, 1))
         z_smem[...] = (x.astype(jnp.int32) + y.astype(jnp.int32)).astype(jnp.int8)
 
     plgpu.emit_pipeline(
@@ -3514,19 +2952,19 @@ def _add_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.int8, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.int8, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
             ),
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.int8, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
             )
         ],
     )(x_ref, y_ref, z_ref)
@@ -3542,8 +2980,8 @@ def _add_i8_mosaic_gpu(x, y, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
-    y = _mgpu_pad(y, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
+    y = rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_add_i8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),),
@@ -3554,19 +2992,7 @@ def _add_i8_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def mul_i8(
     x,
     y,
@@ -3587,13 +3013,10 @@ def mul_i8(
       y: i8[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_mul_i8_tpu_blocks),
-        grown to large steps (_grown), else 1024, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 1024, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       z: i8[M, N].
@@ -3601,16 +3024,21 @@ def mul_i8(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "mul_i8", {"x": (x, jnp.int8, ("M", "N")), "y": (y, jnp.int8, ("M", "N"))}
     )
-    _check_blocks("mul_i8", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("mul_i8", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "mul_i8",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(mul_i8_reference, (((m, n), jnp.int8),), x, y)
-    return _differentiable(
+        return rt.without_elements(mul_i8_reference, (((m, n), jnp.int8),), x, y)
+    return rt.differentiable(
         functools.partial(
             _mul_i8_forward,
             m=m,
@@ -3652,25 +3080,22 @@ def _mul_i8_forward(
     interpret,
 ):
     """`mul_i8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
-        functools.partial(_mul_i8_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        _gpu_kernel(
-            "mul_i8",
-            gpu_backend,
-            functools.partial(
-                _mul_i8_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_mul_i8_mosaic_gpu, m=m, n=n),
+    return rt.on_platform(
+        "mul_i8",
+        (x, y),
+        tpu=functools.partial(_mul_i8_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _mul_i8_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(_mul_i8_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -3700,19 +3125,19 @@ _mul_i8_tpu_blocks = {
 
 def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`mul_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _mul_i8_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (block_m * block_n, 6 * block_m * block_n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "mul_i8",
         block_m=(
             block_m,
@@ -3741,10 +3166,10 @@ def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(6 * block_m * block_n),
+            vmem_limit_bytes=rt.vmem_limit(6 * block_m * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x, y) + m * n * 1
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + m * n * 1
         ),
         interpret=interpret,
         name="mul_i8",
@@ -3760,7 +3185,7 @@ _mul_i8_gpu_options = {None: (8, 128, 4, 1)}
 
 def _mul_i8_gpu(x, y, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`mul_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _mul_i8_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -3789,8 +3214,8 @@ def _mul_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
     program_n = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem, z_smem):
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        y = _mgpu_load(y_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        y = rt.mgpu_load(y_smem, (block_m, block_n), (0, 1))
         z_smem[...] = (x.astype(jnp.int32) * y.astype(jnp.int32)).astype(jnp.int8)
 
     plgpu.emit_pipeline(
@@ -3800,19 +3225,19 @@ def _mul_i8_mosaic_gpu_kernel(x_ref, y_ref, z_ref, *, block_m, block_n):
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.int8, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.int8, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
             ),
         ],
         out_specs=[
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.int8, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
             )
         ],
     )(x_ref, y_ref, z_ref)
@@ -3828,8 +3253,8 @@ def _mul_i8_mosaic_gpu(x, y, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
-    y = _mgpu_pad(y, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
+    y = rt.mgpu_pad(y, (padded_m, padded_n))
     (z,) = plgpu.kernel(
         functools.partial(_mul_i8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.int8),),
@@ -3840,17 +3265,7 @@ def _mul_i8_mosaic_gpu(x, y, *, m, n, interpret):
     return z[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def argmax_i8(
     x,
     *,
@@ -3867,13 +3282,10 @@ def argmax_i8(
       x: i8[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_i8_tpu_blocks),
-        grown to large steps (_grown), else 32.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 32.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       i: i32[M].
@@ -3881,14 +3293,12 @@ def argmax_i8(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x,), sizes = _operands("argmax_i8", {"x": (x, jnp.int8, ("M", "N"))})
-    _check_blocks("argmax_i8", block_m=block_m, may_be_none=True)
-    _check_blocks("argmax_i8", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    (x,), sizes = rt.operands("argmax_i8", {"x": (x, jnp.int8, ("M", "N"))})
+    rt.check_blocks("argmax_i8", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(argmax_i8_reference, (((m,), jnp.int32),), x)
-    return _differentiable(
+        return rt.without_elements(argmax_i8_reference, (((m,), jnp.int32),), x)
+    return rt.differentiable(
         functools.partial(
             _argmax_i8_forward,
             m=m,
@@ -3918,23 +3328,21 @@ def _argmax_i8_forward(
     x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
 ):
     """`argmax_i8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    i = _on_platform(
-        functools.partial(_argmax_i8_tpu, m=m, n=n, block_m=block_m),
-        _gpu_kernel(
-            "argmax_i8",
-            gpu_backend,
-            functools.partial(
-                _argmax_i8_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_argmax_i8_mosaic_gpu, m=m, n=n),
+    i = rt.on_platform(
+        "argmax_i8",
+        (x,),
+        tpu=functools.partial(_argmax_i8_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _argmax_i8_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_argmax_i8_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     i = i.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     return i
@@ -3949,7 +3357,7 @@ def _argmax_i8_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 def _argmax_i8_kernel(x_ref, i_ref, *, m, n, block_m):
     x = x_ref[...]
-    i_ref[...] = _argbest(x.astype(jnp.int32), 1, largest=True)
+    i_ref[...] = rt.argbest(x.astype(jnp.int32), 1, largest=True)
 
 
 # TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
@@ -3965,16 +3373,16 @@ _argmax_i8_tpu_blocks = {
 
 def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
     """`argmax_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _argmax_i8_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 6 * block_m * n + 8 * block_m)
+            rt.grown, bounds=(m,), step=lambda block_m: (block_m * n, 6 * block_m * n + 8 * block_m)
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "argmax_i8",
         block_m=(
             block_m,
@@ -4000,10 +3408,10 @@ def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(6 * block_m * n + 8 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(6 * block_m * n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + m * n * 4
         ),
         interpret=interpret,
         name="argmax_i8",
@@ -4012,13 +3420,13 @@ def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
 
 def _argmax_i8_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(0, block_n, n)
-    inside = _mask((block_m, 1), in_m, None)
-    x = _load(x_ref, _mask((block_m, block_n), in_m, in_n))
-    _store(
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, 1), in_m, None)
+    x = rt.load(x_ref, rt.mask((block_m, block_n), in_m, in_n))
+    rt.store(
         i_ref,
-        _argbest(_fill_past(x.astype(jnp.int32), 0, n, 1, -2147483648), 1, largest=True),
+        rt.argbest(rt.fill_past(x.astype(jnp.int32), 0, n, 1, -2147483648), 1, largest=True),
         inside,
     )
 
@@ -4032,7 +3440,7 @@ _argmax_i8_gpu_options = {None: (1, 4, 1)}
 
 def _argmax_i8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmax_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = _gpu_options(
+    block_m, num_warps, num_stages = rt.gpu_options(
         _argmax_i8_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -4061,13 +3469,13 @@ def _argmax_i8_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
     def reduce_1(indices, x_smem, carry):
         argmax_n_running, argmax_n_index = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         argmax_n_block = x.astype(jnp.int32)
         if n % block_n:  # a ragged N: its identity past the end
             argmax_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -2147483648
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -2147483648
             )
-        argmax_n_running, argmax_n_index = _mgpu_argbest_step(
+        argmax_n_running, argmax_n_index = rt.mgpu_argbest_step(
             argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
         )
         return (argmax_n_running, argmax_n_index)
@@ -4079,13 +3487,13 @@ def _argmax_i8_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n):
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.int8, block_n),
+                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
             )
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full(block_m, -2147483648, jnp.int32, 0),
-            _mgpu_full(block_m, 0, jnp.int32, 0),
+            rt.mgpu_full(block_m, -2147483648, jnp.int32, 0),
+            rt.mgpu_full(block_m, 0, jnp.int32, 0),
         ),
     )(x_ref)
     argmax_n = argmax_n_index
@@ -4106,7 +3514,7 @@ def _argmax_i8_mosaic_gpu(x, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     (i,) = plgpu.kernel(
         functools.partial(_argmax_i8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
@@ -4118,17 +3526,7 @@ def _argmax_i8_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_n",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def equal_count_i8(
     x,
     y,
@@ -4147,13 +3545,10 @@ def equal_count_i8(
       y: i8[N].
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_i8_tpu_blocks),
-        grown to large steps (_grown), else 4096.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 4096.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       n: i32[].
@@ -4161,15 +3556,14 @@ def equal_count_i8(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "equal_count_i8", {"x": (x, jnp.int8, ("N",)), "y": (y, jnp.int8, ("N",))}
     )
-    _check_blocks("equal_count_i8", block_n=block_n, may_be_none=True)
-    _check_blocks("equal_count_i8", gpu_block_n=gpu_block_n, may_be_none=True)
+    rt.check_blocks("equal_count_i8", block_n=block_n, gpu_block_n=gpu_block_n, may_be_none=True)
     size_n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(equal_count_i8_reference, (((), jnp.int32),), x, y)
-    return _differentiable(
+        return rt.without_elements(equal_count_i8_reference, (((), jnp.int32),), x, y)
+    return rt.differentiable(
         functools.partial(
             _equal_count_i8_forward,
             size_n=size_n,
@@ -4198,23 +3592,20 @@ def _equal_count_i8_forward(
     x, y, *, size_n, block_n, gpu_block_n, gpu_warps, gpu_stages, gpu_backend, interpret
 ):
     """`equal_count_i8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    n = _on_platform(
-        functools.partial(_equal_count_i8_tpu, size_n=size_n, block_n=block_n),
-        _gpu_kernel(
-            "equal_count_i8",
-            gpu_backend,
-            functools.partial(
-                _equal_count_i8_gpu,
-                size_n=size_n,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_equal_count_i8_mosaic_gpu, size_n=size_n),
+    n = rt.on_platform(
+        "equal_count_i8",
+        (x, y),
+        tpu=functools.partial(_equal_count_i8_tpu, size_n=size_n, block_n=block_n),
+        triton=functools.partial(
+            _equal_count_i8_gpu,
+            size_n=size_n,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(_equal_count_i8_mosaic_gpu, size_n=size_n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     n = n.reshape(())  # the kernel holds it with size 1 along the dimensions it lacks
     return n
@@ -4234,11 +3625,11 @@ def _equal_count_i8_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, bl
     def _init():
         sum_n_running_ref[...] = jnp.full(sum_n_running_ref.shape, 0, jnp.int32)
 
-    x = _as_rows(x_ref[...])
-    y = _as_rows(y_ref[...])
+    x = rt.as_rows(x_ref[...])
+    y = rt.as_rows(y_ref[...])
     sum_n_block = (x.astype(jnp.int32) == y.astype(jnp.int32)).astype(jnp.int32)
     if size_n % block_n:  # a ragged N: its identity past the end, never padding
-        sum_n_block = _fill_past_rows(sum_n_block, step * block_n, size_n, 0)
+        sum_n_block = rt.fill_past_rows(sum_n_block, step * block_n, size_n, 0)
     sum_n_running_ref[...] = sum_n_running_ref[...] + sum_n_block
 
     @pl.when(step == pl.num_programs(0) - 1)
@@ -4260,16 +3651,16 @@ _equal_count_i8_tpu_blocks = {
 
 def _equal_count_i8_tpu(x, y, *, size_n, block_n, interpret):
     """`equal_count_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_n,) = _tpu_blocks(
+    (block_n,) = rt.tpu_blocks(
         _equal_count_i8_tpu_blocks,
         (size_n,),
         (block_n,),
         grow=functools.partial(
-            _grown, bounds=(size_n,), step=lambda block_n: (block_n, 12 * block_n + 8)
+            rt.grown, bounds=(size_n,), step=lambda block_n: (block_n, 12 * block_n + 8)
         ),
     )
     block_n = min(block_n, size_n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "equal_count_i8",
         block_n=(
             block_n,
@@ -4295,14 +3686,14 @@ def _equal_count_i8_tpu(x, y, *, size_n, block_n, interpret):
         out_specs=pl.BlockSpec((1,), lambda i: (0,)),
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
-        scratch_shapes=[pltpu.VMEM(_rows_shape(block_n), jnp.int32)],
+        scratch_shapes=[pltpu.VMEM(rt.rows_shape(block_n), jnp.int32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(12 * block_n + 8),
+            vmem_limit_bytes=rt.vmem_limit(12 * block_n + 8),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=3 * size_n, transcendentals=0, bytes_accessed=_nbytes(x, y) + size_n * 4
+            flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + size_n * 4
         ),
         interpret=interpret,
         name="equal_count_i8",
@@ -4318,7 +3709,7 @@ _equal_count_i8_gpu_options = {None: (1024, 4, 1)}
 
 def _equal_count_i8_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
     """`equal_count_i8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, num_warps, num_stages = _gpu_options(
+    block_n, num_warps, num_stages = rt.gpu_options(
         _equal_count_i8_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
     block_n = min(block_n, pl.next_power_of_2(size_n))  # a small N is one block
@@ -4346,9 +3737,9 @@ def _equal_count_i8_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, 
     program = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem):
-        x = _mgpu_load(x_smem, (64, block_n), (0, 1))
-        y = _mgpu_load(y_smem, (64, block_n), (0, 1))
-        positions = _mgpu_positions(program * 64, (64, block_n), 0) * block_n + _mgpu_positions(
+        x = rt.mgpu_load(x_smem, (64, block_n), (0, 1))
+        y = rt.mgpu_load(y_smem, (64, block_n), (0, 1))
+        positions = rt.mgpu_positions(program * 64, (64, block_n), 0) * block_n + rt.mgpu_positions(
             0, (64, block_n), 1
         )
         sum_block = (x.astype(jnp.int32) == y.astype(jnp.int32)).astype(jnp.int32)
@@ -4361,10 +3752,14 @@ def _equal_count_i8_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, 
         grid=(1,),
         in_specs=[
             plgpu.BlockSpec(
-                (64, block_n), lambda _: (program, 0), transforms=_mgpu_swizzled(jnp.int8, block_n)
+                (64, block_n),
+                lambda _: (program, 0),
+                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
             ),
             plgpu.BlockSpec(
-                (64, block_n), lambda _: (program, 0), transforms=_mgpu_swizzled(jnp.int8, block_n)
+                (64, block_n),
+                lambda _: (program, 0),
+                transforms=rt.mgpu_swizzled(jnp.int8, block_n),
             ),
         ],
     )(x_ref, y_ref)
@@ -4381,8 +3776,8 @@ def _equal_count_i8_mosaic_gpu(x, y, *, size_n, interpret):
     """
     block_n = 128
     padded_size_n = size_n + -size_n % (64 * block_n)
-    x = _mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
-    y = _mgpu_pad(y, (padded_size_n,)).reshape(-1, block_n)
+    x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
+    y = rt.mgpu_pad(y, (padded_size_n,)).reshape(-1, block_n)
     (sum_partials,) = plgpu.kernel(
         functools.partial(_equal_count_i8_mosaic_gpu_kernel, block_n=block_n, size_n=size_n),
         out_type=(jax.ShapeDtypeStruct((padded_size_n // block_n,), jnp.int32),),

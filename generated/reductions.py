@@ -4,458 +4,23 @@
 
 Each kernel `NAME(...)` comes with `NAME_reference(...)`, the same computation in
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
-Pallas interpret mode unless `interpret` says otherwise.
+Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
+the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 """
 
 import functools
-import warnings
 
 import jax
-import jax.extend.core
-import jax.interpreters.batching
-import jax.interpreters.mlir
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
-try:
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-except ImportError:  # jax 0.10.2 imports it only with absl-py (pallasgen's jax extra brings it)
-    plgpu = None
+from pallasgen.runtime import support as rt
+from pallasgen.runtime.support import plgpu
 
-# jax 0.11+ warns at every Triton lowering that Pallas's Triton backend is deprecated. The
-# GPU kernels here use it knowingly until they move to Mosaic GPU: silence that one warning.
-warnings.filterwarnings(
-    "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
-)
 
-
-def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
-    """The GPU kernel that `gpu_backend` names: Triton's, or Mosaic GPU's where the kernel
-    has one (`mosaic_gpu` None: it has not, and runs on Triton)."""
-    if gpu_backend not in ("triton", "mosaic_gpu"):
-        raise ValueError(
-            f'{kernel}: gpu_backend must be "triton" or "mosaic_gpu", got {gpu_backend!r}'
-        )
-    if gpu_backend == "triton" or mosaic_gpu is None:
-        return triton
-
-    def on_mosaic_gpu(*arrays, **keywords):  # called only where the module lowers for CUDA
-        if plgpu is None:
-            raise ImportError(
-                f'{kernel}: gpu_backend="mosaic_gpu" needs absl-py on jax 0.10.2 (pip install absl-py)'
-            )
-        return mosaic_gpu(*arrays, **keywords)
-
-    return on_mosaic_gpu
-
-
-def _gpu_device_kind():
-    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
-    default device's if it is a GPU, else the first GPU's (None without one)."""
-    device = jax.config.jax_default_device
-    if getattr(device, "platform", None) == "gpu":
-        return device.device_kind
-    try:
-        return jax.devices("gpu")[0].device_kind
-    except RuntimeError:  # no GPU backend
-        return None
-
-
-def _gpu_options(table, sizes, given):
-    """The blocks and launch options of a GPU call (Triton's, or Mosaic GPU's blocks and
-    stages): those `given` (not None) as they are, the others from `table`: for the GPU
-    compiled for (see `_gpu_device_kind`), the tuned entry whose sizes are nearest the
-    call's (in powers of two), else the built-in ones, `table[None]`."""
-
-    def distance(tuned_sizes):
-        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
-
-    if None not in given:
-        return given
-    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
-    tuned = table.get(kind) if kind is not None else None
-    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
-    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
-
-
-def _mgpu_pad(array, shape):
-    """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
-    if array.shape == shape:
-        return array
-    return jnp.pad(array, [(0, padded - size) for size, padded in zip(array.shape, shape)])
-
-
-def _mgpu_swizzled(dtype, columns):
-    """The shared-memory tiling and swizzle of a 2-D block `columns` wide, as wgmma and
-    the WGMMA register layout read it."""
-    swizzle = plgpu.find_swizzle(columns * jnp.dtype(dtype).itemsize * 8)
-    return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(
-        swizzle
-    )
-
-
-def _mgpu_load(ref, shape, dims):
-    """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
-    along `dims` (its position in `shape`) in the layout's row or column, broadcast."""
-    if len(dims) == len(shape):
-        return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
-    vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
-    return jax.lax.broadcast_in_dim(vector, shape, dims)
-
-
-def _mgpu_spread(vector, shape, dim):
-    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
-    broadcast over the block's other axis."""
-    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
-
-
-def _mgpu_full(size, value, dtype, dim):
-    """A running value per position along axis `dim` of a block, `value` in each."""
-    return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
-
-
-def _mgpu_positions(start, shape, axis):
-    """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
-    return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
-
-
-def _mgpu_argbest_step(best, index, x, start, axis, largest):
-    """The running (value, first index) of the largest (or smallest) value along `axis`
-    after one more block `x` whose positions there start at `start`."""
-    block_best = jnp.max(x, axis=axis) if largest else jnp.min(x, axis=axis)
-    hits = jnp.where(
-        x == _mgpu_spread(block_best, x.shape, 1 - axis),
-        _mgpu_positions(start, x.shape, axis),
-        2147483647,
-    )
-    better = block_best > best if largest else block_best < best  # ties keep the earlier index
-    return jnp.where(better, block_best, best), jnp.where(better, jnp.min(hits, axis=axis), index)
-
-
-def _on_platform(tpu, gpu, interpret, *arrays):
-    """Runs the kernel built for the platform being compiled for.
-
-    The choice follows the lowering platform, not the host, so ahead-of-time compiles
-    and exports (for one platform, or for several at once) get the right kernel: Mosaic
-    on TPU, Triton on NVIDIA GPUs, and
-    elsewhere (CPU) the TPU kernel in interpret mode, or compiled if `interpret` is
-    False. A true `interpret` (or `pltpu.InterpretParams`) interprets the TPU kernel
-    on every platform.
-    """
-    if interpret:
-        return tpu(*arrays, interpret=interpret)
-    return _platform_dependent(
-        arrays,
-        tpu=functools.partial(tpu, interpret=False),
-        cuda=functools.partial(gpu, interpret=False),
-        default=functools.partial(tpu, interpret=interpret is None),
-    )
-
-
-def _platform_dependent(arrays, **kernels):
-    """`jax.lax.platform_dependent(*arrays, tpu=..., cuda=..., default=...)`, except that
-    each platform lowers only its own kernel.
-
-    `jax.lax.platform_dependent` lowers every branch for every platform that a module is
-    lowered for, and a Mosaic kernel does not lower for CUDA, nor a Triton kernel for
-    TPU: `jax.export.export(NAME, platforms=("tpu", "cuda"))` would fail. Here each
-    platform has its own lowering rule (see `_platform_dependent_primitive`), so the
-    exported module holds the Mosaic kernel for TPU and the Triton kernel for CUDA.
-    Tracing the default kernel gives the outputs' shapes and runs its call-time checks.
-    """
-    outputs, tree = jax.tree.flatten(jax.eval_shape(kernels["default"], *arrays))
-    results = _platform_dependent_p.bind(*arrays, outputs=tuple(outputs), **kernels)
-    return jax.tree.unflatten(tree, results)
-
-
-def _platform_dependent_primitive():
-    """The primitive behind `_platform_dependent`, with one lowering rule per platform.
-
-    Its parameters: `tpu`, `cuda` and `default`, the kernel for each platform (a
-    function of the arrays that returns a pytree of arrays), and `outputs`, the
-    jax.ShapeDtypeStruct of each leaf of that pytree.
-    """
-    primitive = jax.extend.core.Primitive("platform_dependent_kernel")
-    primitive.multiple_results = True
-
-    def abstract_eval(*arrays, outputs, **kernels):
-        return [jax.core.ShapedArray(output.shape, output.dtype) for output in outputs]
-
-    def lowering(platform):
-        def kernel_leaves(*arrays, outputs, **kernels):
-            return jax.tree.leaves(kernels[platform](*arrays))
-
-        return jax.interpreters.mlir.lower_fun(kernel_leaves, multiple_results=True)
-
-    def run_outside_jit(*arrays, outputs, **kernels):  # as under `jax.disable_jit()`
-        return jax.tree.leaves(jax.lax.platform_dependent(*arrays, **kernels))
-
-    def vmapped(arrays, axes, *, outputs, **kernels):
-        kernels = {name: jax.vmap(kernel, in_axes=axes) for name, kernel in kernels.items()}
-        results = jax.tree.leaves(_platform_dependent(arrays, **kernels))
-        return results, [0] * len(results)
-
-    primitive.def_abstract_eval(abstract_eval)
-    primitive.def_impl(run_outside_jit)
-    jax.interpreters.mlir.register_lowering(primitive, lowering("tpu"), platform="tpu")
-    jax.interpreters.mlir.register_lowering(primitive, lowering("cuda"), platform="cuda")
-    jax.interpreters.mlir.register_lowering(primitive, lowering("default"))  # any other platform
-    jax.interpreters.batching.primitive_batchers[primitive] = vmapped
-    return primitive
-
-
-_platform_dependent_p = _platform_dependent_primitive()
-
-
-def _differentiable(forward, backward, *arrays, saving=None):
-    """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
-    from what the forward pass saves (the arrays; or, given `saving`, what it returns
-    beside the outputs) and the cotangents of the outputs, it gives one cotangent per
-    array, or None for none (float0 for an integer array)."""
-    call = jax.custom_vjp(forward)
-    call.defvjp(saving or (lambda *arrays: (forward(*arrays), arrays)), backward)
-    return call(*arrays)
-
-
-def _operands(kernel, operands):
-    """The operands as arrays, each checked for its dtype and rank, and the size of each
-    named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
-    arrays, sizes = [], {}
-    for name, (value, dtype, dims) in operands.items():
-        try:
-            array = jnp.asarray(value)
-        except (TypeError, ValueError) as error:
-            raise TypeError(
-                f"{kernel}: {name} is not an array, nor converts to one ({error})"
-            ) from None
-        if array.dtype != dtype:
-            raise TypeError(f"{kernel}: {name} must be {jnp.dtype(dtype).name}, got {array.dtype}")
-        if array.ndim != len(dims):
-            raise ValueError(
-                f"{kernel}: {name} must have dimensions [{', '.join(dims)}], got shape {array.shape}"
-            )
-        for dim, size in zip(dims, array.shape):
-            if sizes.setdefault(dim, size) != size:
-                raise ValueError(
-                    f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
-                )
-        arrays.append(array)
-    return arrays, sizes
-
-
-def _check_blocks(kernel, may_be_none=False, **blocks):
-    """Refuses a block keyword whose value is not a positive int. None, where a block
-    `may_be_none`, leaves the choice of the block to the kernel."""
-    for keyword, block in blocks.items():
-        if block is None and may_be_none:
-            continue
-        if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
-            expected = "a positive int or None" if may_be_none else "a positive int"
-            raise ValueError(f"{kernel}: {keyword} must be {expected}, got {block!r}")
-
-
-def _without_elements(reference, outputs, *arrays, **params):
-    """The result of a call where a dimension has size 0, as jax.numpy gives it: empty
-    arrays of the `outputs`' (shape, dtype), or, where an output still has elements (it
-    reduces over the empty dimension), what the reference computes."""
-    if any(0 not in shape for shape, _ in outputs):
-        return reference(*arrays, **params)
-    empty = tuple(jnp.zeros(shape, dtype) for shape, dtype in outputs)
-    return empty if len(empty) > 1 else empty[0]
-
-
-def _check_tiling(kernel, **blocks):
-    """Refuses TPU blocks that Mosaic cannot tile, before anything compiles.
-
-    Each keyword maps to (block, size, multiple, rule[, smallest power of two]): a block
-    is legal when it covers its whole dimension, is a multiple of `multiple`, or (for
-    one-dimensional arrays) a power of two of at least the smallest one given.
-    """
-    for keyword, (block, size, multiple, rule, *smallest) in blocks.items():
-        if block == size or block % multiple == 0:
-            continue
-        if smallest and block >= smallest[0] and block & (block - 1) == 0:
-            continue
-        raise ValueError(
-            f"{kernel}: {keyword}={block} breaks the TPU tiling rule: {rule}; use"
-            f" {-(-block // multiple) * multiple} or a block of the whole dimension ({size})"
-        )
-
-
-def _tpu_chip():
-    """The TPU generation being compiled for, as tuning tables name it, or None.
-
-    It is the default device's: a TPU's, or under `jax.default_device(...)` that of a
-    compile-only TPU topology (ahead-of-time compiles on a host without a TPU).
-    """
-    device = jax.config.jax_default_device
-    if not hasattr(device, "device_kind"):
-        device = jax.devices(device)[0]
-    return {"TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}.get(
-        device.device_kind
-    )
-
-
-def _tpu_blocks(table, sizes, given, grow=None):
-    """The blocks of a TPU call: those `given` (not None) as they are, the others from
-    `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
-    are nearest the call's (in powers of two), else the chip's default. Any other
-    chip, and CPU, takes `table[None]`, the spec's blocks.
-
-    A kernel without a matrix product passes `grow` (see `_grown`), which grows a
-    chip's default blocks not given to large steps.
-    """
-
-    def distance(tuned_sizes):
-        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
-
-    if None not in given:
-        return given
-    chip = _tpu_chip()
-    known = chip is not None and chip in table
-    entries = table[chip if known else None]
-    tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
-    chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
-    blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
-    if grow is not None and known and not tuned:
-        blocks = grow(blocks, [block is None for block in given])
-    return tuple(blocks)
-
-
-def _grown(blocks, free, bounds, step):
-    """`blocks` with the `free` ones doubled in turn, the last first, while smaller than
-    their dimension (`bounds`) and while a grid step (`step(*blocks)`: its elements and
-    VMEM bytes) stays within 2**20 elements and 32 MiB. A step costs a fixed ~600
-    cycles, so a memory-bound kernel wants few, large steps; doubling keeps a block legal.
-    """
-    grew = True
-    while grew:
-        grew = False
-        for i in reversed(range(len(blocks))):
-            if not free[i] or blocks[i] >= bounds[i]:
-                continue
-            trial = [*blocks[:i], 2 * blocks[i], *blocks[i + 1 :]]
-            elements, vmem = step(*trial)
-            if elements <= 2**20 and vmem <= 32 * 2**20:
-                blocks, grew = trial, True
-    return blocks
-
-
-def _vmem_limit(needed):
-    """The scoped VMEM limit for TPU blocks that need `needed` bytes.
-
-    None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
-    blocks would fail to compile, so they ask for twice what they need, at most 100 MiB of
-    the 128 MiB a v5e or v6e core has. Not more: compiled for libtpu's cost estimate, blocks
-    of 28 MiB that asked for 100 MiB ran out of VMEM (the ask counted beside the use).
-    """
-    return None if needed <= 16 * 2**20 else min(2 * needed, 100 * 2**20)
-
-
-def _inside(start, block, size):
-    """Which of `block` positions from `start` lie inside a dimension of `size`.
-
-    None when blocks tile the dimension exactly: aligned sizes load and store unmasked.
-    """
-    if size % block == 0:
-        return None
-    return start + jnp.arange(block) < size
-
-
-def _mask(shape, *inside):
-    """A block's mask from one `_inside` per axis (None: that axis never overhangs)."""
-    mask = None
-    for axis, along in enumerate(inside):
-        if along is not None:
-            along = jax.lax.broadcast_in_dim(along, shape, (axis,))
-            mask = along if mask is None else mask & along
-    return mask
-
-
-def _load(ref, mask, other=None):
-    """A GPU block, masked where `mask` says (None: the block fits, so a plain load)."""
-    if mask is None:
-        return ref[...]
-    return pltriton.load(ref, mask=mask, other=other)
-
-
-def _store(ref, value, mask):
-    """Stores a GPU block, masked where `mask` says (None: the block fits)."""
-    if mask is None:
-        ref[...] = value
-    else:
-        pltriton.store(ref, value, mask=mask)
-
-
-def _nbytes(*arrays):
-    """Bytes of the given arrays, for the kernel's cost estimate."""
-    return sum(array.size * array.dtype.itemsize for array in arrays)
-
-
-def _fill_past(value, start, size, axis, identity):
-    """`value` with `identity` at the positions along `axis` (from `start`) past `size`."""
-    positions = start + jax.lax.broadcasted_iota(jnp.int32, value.shape, axis)
-    return jnp.where(positions < size, value, identity)
-
-
-def _rows_shape(block):
-    """How a TPU kernel holds a one-dimensional block of `block` positions: as rows of 128
-    lanes when they divide it (Mosaic handles one long row poorly), else as it is."""
-    return (block // 128, 128) if block % 128 == 0 else (block,)
-
-
-def _as_rows(value):
-    """A one-dimensional block as `_rows_shape` holds it."""
-    return value.reshape(_rows_shape(value.shape[0]))
-
-
-def _fill_past_rows(value, start, size, identity):
-    """`value`, a block held as `_as_rows` holds it from position `start`, with
-    `identity` at the positions past `size`."""
-    positions = jax.lax.broadcasted_iota(jnp.int32, value.shape, value.ndim - 1)
-    if value.ndim == 2:
-        positions += value.shape[1] * jax.lax.broadcasted_iota(jnp.int32, value.shape, 0)
-    return jnp.where(start + positions < size, value, identity)
-
-
-def _round_half_even(x):
-    """`jnp.round` (half to even) for the GPU, whose Triton lowering has no round."""
-    nearest = jnp.floor(x + 0.5)
-    tie_to_odd = (nearest - x == 0.5) & (jnp.floor(nearest * 0.5) * 2 != nearest)
-    nearest = jnp.where(tie_to_odd, nearest - 1, nearest)
-    return jnp.where(jnp.abs(x) < 2.0**23, nearest, x)  # larger floats are whole already
-
-
-def _argbest(x, axis, largest):
-    """The first index of the largest (or smallest) value along `axis`, kept as size 1."""
-    best = jnp.max(x, axis=axis, keepdims=True) if largest else jnp.min(x, axis=axis, keepdims=True)
-    positions = jax.lax.broadcasted_iota(jnp.int32, x.shape, axis)
-    return jnp.min(jnp.where(x == best, positions, x.shape[axis]), axis=axis, keepdims=True)
-
-
-def _argbest_step(best, index, x, start, axis, largest):
-    """The running (value, first index) after one more block `x` starting at `start`."""
-    block_best = (
-        jnp.max(x, axis=axis, keepdims=True) if largest else jnp.min(x, axis=axis, keepdims=True)
-    )
-    block_index = start + _argbest(x, axis, largest)
-    better = block_best > best if largest else block_best < best  # ties keep the earlier index
-    return jnp.where(better, block_best, best), jnp.where(better, block_index, index)
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def argmax_rows(
     x,
     *,
@@ -472,13 +37,10 @@ def argmax_rows(
       x: f32[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_rows_tpu_blocks),
-        grown to large steps (_grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 8.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       i: i32[M].
@@ -486,14 +48,12 @@ def argmax_rows(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x,), sizes = _operands("argmax_rows", {"x": (x, jnp.float32, ("M", "N"))})
-    _check_blocks("argmax_rows", block_m=block_m, may_be_none=True)
-    _check_blocks("argmax_rows", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    (x,), sizes = rt.operands("argmax_rows", {"x": (x, jnp.float32, ("M", "N"))})
+    rt.check_blocks("argmax_rows", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(argmax_rows_reference, (((m,), jnp.int32),), x)
-    return _differentiable(
+        return rt.without_elements(argmax_rows_reference, (((m,), jnp.int32),), x)
+    return rt.differentiable(
         functools.partial(
             _argmax_rows_forward,
             m=m,
@@ -523,23 +83,21 @@ def _argmax_rows_forward(
     x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
 ):
     """`argmax_rows` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    i = _on_platform(
-        functools.partial(_argmax_rows_tpu, m=m, n=n, block_m=block_m),
-        _gpu_kernel(
-            "argmax_rows",
-            gpu_backend,
-            functools.partial(
-                _argmax_rows_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_argmax_rows_mosaic_gpu, m=m, n=n),
+    i = rt.on_platform(
+        "argmax_rows",
+        (x,),
+        tpu=functools.partial(_argmax_rows_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _argmax_rows_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_argmax_rows_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     i = i.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     return i
@@ -554,7 +112,7 @@ def _argmax_rows_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 def _argmax_rows_kernel(x_ref, i_ref, *, m, n, block_m):
     x = x_ref[...]
-    i_ref[...] = _argbest(x, 1, largest=True)
+    i_ref[...] = rt.argbest(x, 1, largest=True)
 
 
 # TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
@@ -570,16 +128,18 @@ _argmax_rows_tpu_blocks = {
 
 def _argmax_rows_tpu(x, *, m, n, block_m, interpret):
     """`argmax_rows` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _argmax_rows_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m)
+            rt.grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "argmax_rows",
         block_m=(
             block_m,
@@ -605,10 +165,10 @@ def _argmax_rows_tpu(x, *, m, n, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(12 * block_m * n + 8 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(12 * block_m * n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + m * n * 4
         ),
         interpret=interpret,
         name="argmax_rows",
@@ -617,11 +177,11 @@ def _argmax_rows_tpu(x, *, m, n, block_m, interpret):
 
 def _argmax_rows_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(0, block_n, n)
-    inside = _mask((block_m, 1), in_m, None)
-    x = _load(x_ref, _mask((block_m, block_n), in_m, in_n))
-    _store(i_ref, _argbest(_fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, 1), in_m, None)
+    x = rt.load(x_ref, rt.mask((block_m, block_n), in_m, in_n))
+    rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
@@ -633,7 +193,7 @@ _argmax_rows_gpu_options = {None: (1, 4, 1)}
 
 def _argmax_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmax_rows` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = _gpu_options(
+    block_m, num_warps, num_stages = rt.gpu_options(
         _argmax_rows_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -663,13 +223,13 @@ def _argmax_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
     def reduce_1(indices, x_smem, carry):
         argmax_n_running, argmax_n_index = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         argmax_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
             argmax_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -jnp.inf
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_n_block, -jnp.inf
             )
-        argmax_n_running, argmax_n_index = _mgpu_argbest_step(
+        argmax_n_running, argmax_n_index = rt.mgpu_argbest_step(
             argmax_n_running, argmax_n_index, argmax_n_block, start, 1, largest=True
         )
         return (argmax_n_running, argmax_n_index)
@@ -681,13 +241,13 @@ def _argmax_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
-            _mgpu_full(block_m, 0, jnp.int32, 0),
+            rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            rt.mgpu_full(block_m, 0, jnp.int32, 0),
         ),
     )(x_ref)
     argmax_n = argmax_n_index
@@ -708,7 +268,7 @@ def _argmax_rows_mosaic_gpu(x, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     (i,) = plgpu.kernel(
         functools.partial(_argmax_rows_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
@@ -720,19 +280,7 @@ def _argmax_rows_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def argmax_blocked(
     x,
     *,
@@ -752,13 +300,10 @@ def argmax_blocked(
       x: f32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmax_blocked_tpu_blocks),
-        grown to large steps (_grown), else 8, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 8, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       i: i32[M].
@@ -766,16 +311,19 @@ def argmax_blocked(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x,), sizes = _operands("argmax_blocked", {"x": (x, jnp.float32, ("M", "N"))})
-    _check_blocks("argmax_blocked", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks(
-        "argmax_blocked", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+    (x,), sizes = rt.operands("argmax_blocked", {"x": (x, jnp.float32, ("M", "N"))})
+    rt.check_blocks(
+        "argmax_blocked",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(argmax_blocked_reference, (((m,), jnp.int32),), x)
-    return _differentiable(
+        return rt.without_elements(argmax_blocked_reference, (((m,), jnp.int32),), x)
+    return rt.differentiable(
         functools.partial(
             _argmax_blocked_forward,
             m=m,
@@ -818,24 +366,22 @@ def _argmax_blocked_forward(
     interpret,
 ):
     """`argmax_blocked` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    i = _on_platform(
-        functools.partial(_argmax_blocked_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        _gpu_kernel(
-            "argmax_blocked",
-            gpu_backend,
-            functools.partial(
-                _argmax_blocked_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_argmax_blocked_mosaic_gpu, m=m, n=n),
+    i = rt.on_platform(
+        "argmax_blocked",
+        (x,),
+        tpu=functools.partial(_argmax_blocked_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _argmax_blocked_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_argmax_blocked_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     i = i.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     return i
@@ -861,8 +407,8 @@ def _argmax_blocked_kernel(
     x = x_ref[...]
     argmax_n_block = x
     if n % block_n:  # a ragged N: its identity past the end, never padding
-        argmax_n_block = _fill_past(argmax_n_block, step * block_n, n, 1, -jnp.inf)
-    argmax_n_max_ref[...], argmax_n_index_ref[...] = _argbest_step(
+        argmax_n_block = rt.fill_past(argmax_n_block, step * block_n, n, 1, -jnp.inf)
+    argmax_n_max_ref[...], argmax_n_index_ref[...] = rt.argbest_step(
         argmax_n_max_ref[...],
         argmax_n_index_ref[...],
         argmax_n_block,
@@ -890,19 +436,19 @@ _argmax_blocked_tpu_blocks = {
 
 def _argmax_blocked_tpu(x, *, m, n, block_m, block_n, interpret):
     """`argmax_blocked` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _argmax_blocked_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "argmax_blocked",
         block_m=(
             block_m,
@@ -935,10 +481,10 @@ def _argmax_blocked_tpu(x, *, m, n, block_m, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(12 * block_m * block_n + 8 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(12 * block_m * block_n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + m * n * 4
         ),
         interpret=interpret,
         name="argmax_blocked",
@@ -947,18 +493,18 @@ def _argmax_blocked_tpu(x, *, m, n, block_m, block_n, interpret):
 
 def _argmax_blocked_gpu_kernel(x_ref, i_ref, *, m, n, block_m, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    inside = _mask((block_m, 1), in_m, None)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    inside = rt.mask((block_m, 1), in_m, None)
 
     def accumulate(index, running):
         argmax_n_max, argmax_n_index = running
         start = index * block_n
-        in_n = _inside(start, block_n, n)
-        x = _load(x_ref.at[:, pl.ds(start, block_n)], _mask((block_m, block_n), in_m, in_n))
+        in_n = rt.inside(start, block_n, n)
+        x = rt.load(x_ref.at[:, pl.ds(start, block_n)], rt.mask((block_m, block_n), in_m, in_n))
         argmax_n_block = x
         if n % block_n:  # a ragged N: its identity past the end, never padding
-            argmax_n_block = _fill_past(argmax_n_block, start, n, 1, -jnp.inf)
-        argmax_n_max, argmax_n_index = _argbest_step(
+            argmax_n_block = rt.fill_past(argmax_n_block, start, n, 1, -jnp.inf)
+        argmax_n_max, argmax_n_index = rt.argbest_step(
             argmax_n_max, argmax_n_index, argmax_n_block, start, 1, largest=True
         )
         return argmax_n_max, argmax_n_index
@@ -970,7 +516,7 @@ def _argmax_blocked_gpu_kernel(x_ref, i_ref, *, m, n, block_m, block_n):
         (jnp.full((block_m, 1), -jnp.inf, jnp.float32), jnp.full((block_m, 1), 0, jnp.int32)),
     )
     argmax_n = argmax_n_index
-    _store(i_ref, argmax_n, inside)
+    rt.store(i_ref, argmax_n, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -982,7 +528,7 @@ _argmax_blocked_gpu_options = {None: (1, 1024, 4, 1)}
 
 def _argmax_blocked_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`argmax_blocked` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _argmax_blocked_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -1015,7 +561,7 @@ def _argmax_blocked_mosaic_gpu(x, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     (i,) = plgpu.kernel(
         functools.partial(_argmax_rows_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
@@ -1027,17 +573,7 @@ def _argmax_blocked_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def argmin_rows(
     x,
     *,
@@ -1054,13 +590,10 @@ def argmin_rows(
       x: f32[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_argmin_rows_tpu_blocks),
-        grown to large steps (_grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 8.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       i: i32[M].
@@ -1068,14 +601,12 @@ def argmin_rows(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x,), sizes = _operands("argmin_rows", {"x": (x, jnp.float32, ("M", "N"))})
-    _check_blocks("argmin_rows", block_m=block_m, may_be_none=True)
-    _check_blocks("argmin_rows", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    (x,), sizes = rt.operands("argmin_rows", {"x": (x, jnp.float32, ("M", "N"))})
+    rt.check_blocks("argmin_rows", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(argmin_rows_reference, (((m,), jnp.int32),), x)
-    return _differentiable(
+        return rt.without_elements(argmin_rows_reference, (((m,), jnp.int32),), x)
+    return rt.differentiable(
         functools.partial(
             _argmin_rows_forward,
             m=m,
@@ -1105,23 +636,21 @@ def _argmin_rows_forward(
     x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
 ):
     """`argmin_rows` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    i = _on_platform(
-        functools.partial(_argmin_rows_tpu, m=m, n=n, block_m=block_m),
-        _gpu_kernel(
-            "argmin_rows",
-            gpu_backend,
-            functools.partial(
-                _argmin_rows_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_argmin_rows_mosaic_gpu, m=m, n=n),
+    i = rt.on_platform(
+        "argmin_rows",
+        (x,),
+        tpu=functools.partial(_argmin_rows_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _argmin_rows_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_argmin_rows_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     i = i.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     return i
@@ -1136,7 +665,7 @@ def _argmin_rows_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 def _argmin_rows_kernel(x_ref, i_ref, *, m, n, block_m):
     x = x_ref[...]
-    i_ref[...] = _argbest(x, 1, largest=False)
+    i_ref[...] = rt.argbest(x, 1, largest=False)
 
 
 # TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
@@ -1152,16 +681,18 @@ _argmin_rows_tpu_blocks = {
 
 def _argmin_rows_tpu(x, *, m, n, block_m, interpret):
     """`argmin_rows` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _argmin_rows_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m)
+            rt.grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "argmin_rows",
         block_m=(
             block_m,
@@ -1187,10 +718,10 @@ def _argmin_rows_tpu(x, *, m, n, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(12 * block_m * n + 8 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(12 * block_m * n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + m * n * 4
         ),
         interpret=interpret,
         name="argmin_rows",
@@ -1199,11 +730,11 @@ def _argmin_rows_tpu(x, *, m, n, block_m, interpret):
 
 def _argmin_rows_gpu_kernel(x_ref, i_ref, *, m, block_m, n, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(0, block_n, n)
-    inside = _mask((block_m, 1), in_m, None)
-    x = _load(x_ref, _mask((block_m, block_n), in_m, in_n))
-    _store(i_ref, _argbest(_fill_past(x, 0, n, 1, jnp.inf), 1, largest=False), inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, 1), in_m, None)
+    x = rt.load(x_ref, rt.mask((block_m, block_n), in_m, in_n))
+    rt.store(i_ref, rt.argbest(rt.fill_past(x, 0, n, 1, jnp.inf), 1, largest=False), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
@@ -1215,7 +746,7 @@ _argmin_rows_gpu_options = {None: (1, 4, 1)}
 
 def _argmin_rows_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`argmin_rows` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = _gpu_options(
+    block_m, num_warps, num_stages = rt.gpu_options(
         _argmin_rows_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -1244,13 +775,13 @@ def _argmin_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
     def reduce_1(indices, x_smem, carry):
         argmin_n_running, argmin_n_index = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         argmin_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
             argmin_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, argmin_n_block, jnp.inf
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmin_n_block, jnp.inf
             )
-        argmin_n_running, argmin_n_index = _mgpu_argbest_step(
+        argmin_n_running, argmin_n_index = rt.mgpu_argbest_step(
             argmin_n_running, argmin_n_index, argmin_n_block, start, 1, largest=False
         )
         return (argmin_n_running, argmin_n_index)
@@ -1262,13 +793,13 @@ def _argmin_rows_mosaic_gpu_kernel(x_ref, i_ref, i_smem, *, block_m, block_n, n)
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full(block_m, jnp.inf, jnp.float32, 0),
-            _mgpu_full(block_m, 0, jnp.int32, 0),
+            rt.mgpu_full(block_m, jnp.inf, jnp.float32, 0),
+            rt.mgpu_full(block_m, 0, jnp.int32, 0),
         ),
     )(x_ref)
     argmin_n = argmin_n_index
@@ -1289,7 +820,7 @@ def _argmin_rows_mosaic_gpu(x, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     (i,) = plgpu.kernel(
         functools.partial(_argmin_rows_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m,), jnp.int32),),
@@ -1301,19 +832,7 @@ def _argmin_rows_mosaic_gpu(x, *, m, n, interpret):
     return i[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def column_sums(
     x,
     *,
@@ -1332,13 +851,10 @@ def column_sums(
       x: f32[M, N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_column_sums_tpu_blocks),
-        grown to large steps (_grown), else 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 512, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       s: f32[N].
@@ -1346,14 +862,19 @@ def column_sums(
     Gradients: jax.grad runs the generated backward kernels column_sums_backward
     (_column_sums_vjp).
     """
-    (x,), sizes = _operands("column_sums", {"x": (x, jnp.float32, ("M", "N"))})
-    _check_blocks("column_sums", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks("column_sums", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    (x,), sizes = rt.operands("column_sums", {"x": (x, jnp.float32, ("M", "N"))})
+    rt.check_blocks(
+        "column_sums",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(column_sums_reference, (((n,), jnp.float32),), x)
-    return _differentiable(
+        return rt.without_elements(column_sums_reference, (((n,), jnp.float32),), x)
+    return rt.differentiable(
         functools.partial(
             _column_sums_forward,
             m=m,
@@ -1396,24 +917,22 @@ def _column_sums_forward(
     interpret,
 ):
     """`column_sums` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    s = _on_platform(
-        functools.partial(_column_sums_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        _gpu_kernel(
-            "column_sums",
-            gpu_backend,
-            functools.partial(
-                _column_sums_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_column_sums_mosaic_gpu, m=m, n=n),
+    s = rt.on_platform(
+        "column_sums",
+        (x,),
+        tpu=functools.partial(_column_sums_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
+        triton=functools.partial(
+            _column_sums_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_column_sums_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     s = s.reshape((n,))  # the kernel holds it with size 1 along the dimensions it lacks
     return s
@@ -1440,7 +959,7 @@ def _column_sums_kernel(x_ref, s_ref, sum_m_running_ref, *, m, n, block_m, block
     x = x_ref[...]
     sum_m_block = x
     if m % block_m:  # a ragged M: its identity past the end, never padding
-        sum_m_block = _fill_past(sum_m_block, step * block_m, m, 0, 0.0)
+        sum_m_block = rt.fill_past(sum_m_block, step * block_m, m, 0, 0.0)
     sum_m_running_ref[...] = sum_m_running_ref[...] + jnp.sum(sum_m_block, axis=0, keepdims=True)
 
     @pl.when(step == pl.num_programs(1) - 1)
@@ -1462,19 +981,19 @@ _column_sums_tpu_blocks = {
 
 def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
     """`column_sums` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _column_sums_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "column_sums",
         block_m=(
             block_m,
@@ -1503,10 +1022,10 @@ def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(12 * block_m * block_n + 8 * block_n),
+            vmem_limit_bytes=rt.vmem_limit(12 * block_m * block_n + 8 * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 4
+            flops=m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + m * n * 4
         ),
         interpret=interpret,
         name="column_sums",
@@ -1515,17 +1034,17 @@ def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
 
 def _column_sums_gpu_kernel(x_ref, s_ref, *, m, n, block_m, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_n = _inside(pl.program_id(0) * block_n, block_n, n)
-    inside = _mask((1, block_n), None, in_n)
+    in_n = rt.inside(pl.program_id(0) * block_n, block_n, n)
+    inside = rt.mask((1, block_n), None, in_n)
 
     def accumulate(index, running):
         (sum_m_running,) = running
         start = index * block_m
-        in_m = _inside(start, block_m, m)
-        x = _load(x_ref.at[pl.ds(start, block_m), :], _mask((block_m, block_n), in_m, in_n))
+        in_m = rt.inside(start, block_m, m)
+        x = rt.load(x_ref.at[pl.ds(start, block_m), :], rt.mask((block_m, block_n), in_m, in_n))
         sum_m_block = x
         if m % block_m:  # a ragged M: its identity past the end, never padding
-            sum_m_block = _fill_past(sum_m_block, start, m, 0, 0.0)
+            sum_m_block = rt.fill_past(sum_m_block, start, m, 0, 0.0)
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0, keepdims=True)
         return (sum_m_running,)
 
@@ -1533,7 +1052,7 @@ def _column_sums_gpu_kernel(x_ref, s_ref, *, m, n, block_m, block_n):
         0, pl.cdiv(m, block_m), accumulate, (jnp.full((1, block_n), 0.0, jnp.float32),)
     )
     sum_m = sum_m_running
-    _store(s_ref, sum_m, inside)
+    rt.store(s_ref, sum_m, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -1545,7 +1064,7 @@ _column_sums_gpu_options = {None: (64, 128, 4, 1)}
 
 def _column_sums_gpu(x, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`column_sums` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _column_sums_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -1574,11 +1093,11 @@ def _column_sums_mosaic_gpu_kernel(x_ref, s_ref, s_smem, *, block_m, block_n, m)
     def reduce_1(indices, x_smem, carry):
         (sum_m_running,) = carry
         start = indices[0] * block_m
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         sum_m_block = x
         if m % block_m:  # a ragged M: its identity past the end
             sum_m_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_n), 0) < m, sum_m_block, 0.0
             )
         sum_m_running = sum_m_running + jnp.sum(sum_m_block, axis=0)
         return (sum_m_running,)
@@ -1590,11 +1109,11 @@ def _column_sums_mosaic_gpu_kernel(x_ref, s_ref, s_smem, *, block_m, block_n, m)
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (s, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_n, 0.0, jnp.float32, 1),),
+        init_carry=(rt.mgpu_full(block_n, 0.0, jnp.float32, 1),),
     )(x_ref)
     sum_m = sum_m_running
     s = sum_m
@@ -1614,7 +1133,7 @@ def _column_sums_mosaic_gpu(x, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     (s,) = plgpu.kernel(
         functools.partial(_column_sums_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, m=m),
         out_type=(jax.ShapeDtypeStruct((padded_n,), jnp.float32),),
@@ -1626,19 +1145,7 @@ def _column_sums_mosaic_gpu(x, *, m, n, interpret):
     return s[:n].reshape((1, n))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "block_n",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def column_sums_backward(
     x,
     ds,
@@ -1660,48 +1167,47 @@ def column_sums_backward(
       ds: f32[N].
       block_m, block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_column_sums_backward_tpu_blocks),
-        grown to large steps (_grown), else 512, 512.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 512, 512.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: f32[M, N].
     """
-    (x, ds), sizes = _operands(
+    (x, ds), sizes = rt.operands(
         "column_sums_backward", {"x": (x, jnp.float32, ("M", "N")), "ds": (ds, jnp.float32, ("N",))}
     )
-    _check_blocks("column_sums_backward", block_m=block_m, block_n=block_n, may_be_none=True)
-    _check_blocks(
-        "column_sums_backward", gpu_block_m=gpu_block_m, gpu_block_n=gpu_block_n, may_be_none=True
+    rt.check_blocks(
+        "column_sums_backward",
+        block_m=block_m,
+        block_n=block_n,
+        gpu_block_m=gpu_block_m,
+        gpu_block_n=gpu_block_n,
+        may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(column_sums_backward_reference, (((m, n), jnp.float32),), x, ds)
+        return rt.without_elements(column_sums_backward_reference, (((m, n), jnp.float32),), x, ds)
     ds = ds.reshape(1, n)  # ds: f32[N], broadcast over M
-    return _on_platform(
-        functools.partial(_column_sums_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n),
-        _gpu_kernel(
-            "column_sums_backward",
-            gpu_backend,
-            functools.partial(
-                _column_sums_backward_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_column_sums_backward_mosaic_gpu, m=m, n=n),
+    return rt.on_platform(
+        "column_sums_backward",
+        (x, ds),
+        tpu=functools.partial(
+            _column_sums_backward_tpu, m=m, n=n, block_m=block_m, block_n=block_n
         ),
-        interpret,
-        x,
-        ds,
+        triton=functools.partial(
+            _column_sums_backward_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
+        ),
+        mosaic_gpu=functools.partial(_column_sums_backward_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -1732,19 +1238,19 @@ _column_sums_backward_tpu_blocks = {
 
 def _column_sums_backward_tpu(x, ds, *, m, n, block_m, block_n, interpret):
     """`column_sums_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = _tpu_blocks(
+    block_m, block_n = rt.tpu_blocks(
         _column_sums_backward_tpu_blocks,
         (m, n),
         (block_m, block_n),
         grow=functools.partial(
-            _grown,
+            rt.grown,
             bounds=(m, n),
             step=lambda block_m, block_n: (block_m * block_n, 16 * block_m * block_n + 8 * block_n),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
     block_n = min(block_n, n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "column_sums_backward",
         block_m=(
             block_m,
@@ -1773,10 +1279,10 @@ def _column_sums_backward_tpu(x, ds, *, m, n, block_m, block_n, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(16 * block_m * block_n + 8 * block_n),
+            vmem_limit_bytes=rt.vmem_limit(16 * block_m * block_n + 8 * block_n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=0, transcendentals=0, bytes_accessed=_nbytes(x, ds) + m * n * 4
+            flops=0, transcendentals=0, bytes_accessed=rt.nbytes(x, ds) + m * n * 4
         ),
         interpret=interpret,
         name="column_sums_backward",
@@ -1785,11 +1291,11 @@ def _column_sums_backward_tpu(x, ds, *, m, n, block_m, block_n, interpret):
 
 def _column_sums_backward_gpu_kernel(x_ref, ds_ref, dx_ref, *, m, n, block_m, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    ds = _load(ds_ref, _mask((1, block_n), None, in_n))
-    _store(dx_ref, jnp.broadcast_to(ds, dx_ref.shape), inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    ds = rt.load(ds_ref, rt.mask((1, block_n), None, in_n))
+    rt.store(dx_ref, jnp.broadcast_to(ds, dx_ref.shape), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -1801,7 +1307,7 @@ _column_sums_backward_gpu_options = {None: (8, 128, 4, 1)}
 
 def _column_sums_backward_gpu(x, ds, *, m, n, block_m, block_n, num_warps, num_stages, interpret):
     """`column_sums_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _column_sums_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -1832,7 +1338,7 @@ def _column_sums_backward_mosaic_gpu_kernel(x_ref, ds_ref, dx_ref, *, block_m, b
     program_n = jax.lax.axis_index("N")
 
     def step(_, x_smem, ds_smem, dx_smem):
-        ds = _mgpu_load(ds_smem, (block_m, block_n), (1,))
+        ds = rt.mgpu_load(ds_smem, (block_m, block_n), (1,))
         dx_smem[...] = jnp.broadcast_to(ds, (block_m, block_n))
 
     plgpu.emit_pipeline(
@@ -1842,7 +1348,7 @@ def _column_sums_backward_mosaic_gpu_kernel(x_ref, ds_ref, dx_ref, *, block_m, b
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec((block_n,), lambda _: (program_n,)),
         ],
@@ -1850,7 +1356,7 @@ def _column_sums_backward_mosaic_gpu_kernel(x_ref, ds_ref, dx_ref, *, block_m, b
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
     )(x_ref, ds_ref, dx_ref)
@@ -1866,9 +1372,9 @@ def _column_sums_backward_mosaic_gpu(x, ds, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     ds = ds.reshape((n,))
-    ds = _mgpu_pad(ds, (padded_n,))
+    ds = rt.mgpu_pad(ds, (padded_n,))
     (dx,) = plgpu.kernel(
         functools.partial(
             _column_sums_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
@@ -1881,17 +1387,7 @@ def _column_sums_backward_mosaic_gpu(x, ds, *, m, n, interpret):
     return dx[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def quantize_rows_int8(
     x,
     *,
@@ -1909,13 +1405,10 @@ def quantize_rows_int8(
       x: f32[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_tpu_blocks),
-        grown to large steps (_grown), else 32.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 32.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       q: i8[M, N]; scale: f32[M].
@@ -1923,16 +1416,16 @@ def quantize_rows_int8(
     Gradients: jax.grad runs the generated backward kernels quantize_rows_int8_backward
     (_quantize_rows_int8_vjp).
     """
-    (x,), sizes = _operands("quantize_rows_int8", {"x": (x, jnp.float32, ("M", "N"))})
-    _check_blocks("quantize_rows_int8", block_m=block_m, may_be_none=True)
-    _check_blocks("quantize_rows_int8", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    (x,), sizes = rt.operands("quantize_rows_int8", {"x": (x, jnp.float32, ("M", "N"))})
+    rt.check_blocks(
+        "quantize_rows_int8", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             quantize_rows_int8_reference, (((m, n), jnp.int8), ((m,), jnp.float32)), x
         )
-    return _differentiable(
+    return rt.differentiable(
         functools.partial(
             _quantize_rows_int8_forward,
             m=m,
@@ -1975,23 +1468,21 @@ def _quantize_rows_int8_forward(
     x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
 ):
     """`quantize_rows_int8` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    q, scale = _on_platform(
-        functools.partial(_quantize_rows_int8_tpu, m=m, n=n, block_m=block_m),
-        _gpu_kernel(
-            "quantize_rows_int8",
-            gpu_backend,
-            functools.partial(
-                _quantize_rows_int8_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_quantize_rows_int8_mosaic_gpu, m=m, n=n),
+    q, scale = rt.on_platform(
+        "quantize_rows_int8",
+        (x,),
+        tpu=functools.partial(_quantize_rows_int8_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _quantize_rows_int8_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_quantize_rows_int8_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     scale = scale.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     return q, scale
@@ -2049,16 +1540,18 @@ _quantize_rows_int8_tpu_blocks = {
 
 def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
     """`quantize_rows_int8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _quantize_rows_int8_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 14 * block_m * n + 12 * block_m)
+            rt.grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 14 * block_m * n + 12 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "quantize_rows_int8",
         block_m=(
             block_m,
@@ -2091,10 +1584,10 @@ def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(14 * block_m * n + 12 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(14 * block_m * n + 12 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=7 * m * n, transcendentals=0, bytes_accessed=_nbytes(x) + m * n * 1 + m * n * 4
+            flops=7 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(x) + m * n * 1 + m * n * 4
         ),
         interpret=interpret,
         name="quantize_rows_int8",
@@ -2103,18 +1596,18 @@ def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
 
 def _quantize_rows_int8_gpu_kernel(x_ref, q_ref, scale_ref, *, m, block_m, n, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(0, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
     s = (
         jnp.maximum(
-            jnp.max(_fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), axis=1, keepdims=True), 1e-30
+            jnp.max(rt.fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), axis=1, keepdims=True), 1e-30
         )
         / 127
     )
-    _store(q_ref, _round_half_even(x / s).astype(jnp.int8), inside)
-    _store(scale_ref, s, _mask((block_m, 1), in_m, None))
+    rt.store(q_ref, rt.round_half_even(x / s).astype(jnp.int8), inside)
+    rt.store(scale_ref, s, rt.mask((block_m, 1), in_m, None))
 
 
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
@@ -2126,7 +1619,7 @@ _quantize_rows_int8_gpu_options = {None: (1, 4, 1)}
 
 def _quantize_rows_int8_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`quantize_rows_int8` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = _gpu_options(
+    block_m, num_warps, num_stages = rt.gpu_options(
         _quantize_rows_int8_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -2166,11 +1659,11 @@ def _quantize_rows_int8_mosaic_gpu_kernel(
     def reduce_1(indices, x_smem, carry):
         (max_n_running,) = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         max_n_block = jnp.abs(x)
         if n % block_n:  # a ragged N: its identity past the end
             max_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, max_n_block, -jnp.inf
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, max_n_block, -jnp.inf
             )
         max_n_running = jnp.maximum(max_n_running, jnp.max(max_n_block, axis=1))
         return (max_n_running,)
@@ -2182,11 +1675,11 @@ def _quantize_rows_int8_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_m, -jnp.inf, jnp.float32, 0),),
+        init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),),
     )(x_ref)
     max_n = max_n_running
     s = jnp.maximum(max_n, 1e-30) / 127
@@ -2197,11 +1690,11 @@ def _quantize_rows_int8_mosaic_gpu_kernel(
 
     def write(indices, x_smem):
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        q_buffers[slot] = jnp.round(x / _mgpu_spread(s, (block_m, block_n), 0)).astype(jnp.int8)
+        q_buffers[slot] = jnp.round(x / rt.mgpu_spread(s, (block_m, block_n), 0)).astype(jnp.int8)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
             q_buffers.at[slot], q_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
@@ -2214,7 +1707,7 @@ def _quantize_rows_int8_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         max_concurrent_steps=2,
@@ -2232,7 +1725,7 @@ def _quantize_rows_int8_mosaic_gpu(x, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     q, scale = plgpu.kernel(
         functools.partial(
             _quantize_rows_int8_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
@@ -2244,7 +1737,7 @@ def _quantize_rows_int8_mosaic_gpu(x, *, m, n, interpret):
         scratch_types=[
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM(
-                (2, block_m, block_n), jnp.int8, transforms=_mgpu_swizzled(jnp.int8, block_n)
+                (2, block_m, block_n), jnp.int8, transforms=rt.mgpu_swizzled(jnp.int8, block_n)
             ),
         ],
         grid=(padded_m // block_m,),
@@ -2254,17 +1747,7 @@ def _quantize_rows_int8_mosaic_gpu(x, *, m, n, interpret):
     return q[:m, :n], scale[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def quantize_rows_int8_with_residuals(
     x,
     *,
@@ -2282,47 +1765,45 @@ def quantize_rows_int8_with_residuals(
       x: f32[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_with_residuals_tpu_blocks),
-        grown to large steps (_grown), else 32.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 32.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       q: i8[M, N]; scale: f32[M]; max_n: f32[M]; argmax_n: i32[M].
     """
-    (x,), sizes = _operands(
+    (x,), sizes = rt.operands(
         "quantize_rows_int8_with_residuals", {"x": (x, jnp.float32, ("M", "N"))}
     )
-    _check_blocks("quantize_rows_int8_with_residuals", block_m=block_m, may_be_none=True)
-    _check_blocks("quantize_rows_int8_with_residuals", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "quantize_rows_int8_with_residuals",
+        block_m=block_m,
+        gpu_block_m=gpu_block_m,
+        may_be_none=True,
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             quantize_rows_int8_with_residuals_reference,
             (((m, n), jnp.int8), ((m,), jnp.float32), ((m,), jnp.float32), ((m,), jnp.int32)),
             x,
         )
-    q, scale, max_n, argmax_n = _on_platform(
-        functools.partial(_quantize_rows_int8_with_residuals_tpu, m=m, n=n, block_m=block_m),
-        _gpu_kernel(
-            "quantize_rows_int8_with_residuals",
-            gpu_backend,
-            functools.partial(
-                _quantize_rows_int8_with_residuals_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_quantize_rows_int8_with_residuals_mosaic_gpu, m=m, n=n),
+    q, scale, max_n, argmax_n = rt.on_platform(
+        "quantize_rows_int8_with_residuals",
+        (x,),
+        tpu=functools.partial(_quantize_rows_int8_with_residuals_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _quantize_rows_int8_with_residuals_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_quantize_rows_int8_with_residuals_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     scale = scale.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     max_n = max_n.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
@@ -2356,7 +1837,7 @@ def _quantize_rows_int8_with_residuals_kernel(
     s = jnp.maximum(max_n, 1e-30) / 127
     q_ref[...] = jnp.round(x / s).astype(jnp.int8)
     scale_ref[...] = s
-    argmax_n_ref[...] = _argbest(jnp.abs(x), 1, largest=True)
+    argmax_n_ref[...] = rt.argbest(jnp.abs(x), 1, largest=True)
 
 
 # TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
@@ -2372,16 +1853,18 @@ _quantize_rows_int8_with_residuals_tpu_blocks = {
 
 def _quantize_rows_int8_with_residuals_tpu(x, *, m, n, block_m, interpret):
     """`quantize_rows_int8_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _quantize_rows_int8_with_residuals_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 18 * block_m * n + 28 * block_m)
+            rt.grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 18 * block_m * n + 28 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "quantize_rows_int8_with_residuals",
         block_m=(
             block_m,
@@ -2421,12 +1904,12 @@ def _quantize_rows_int8_with_residuals_tpu(x, *, m, n, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(18 * block_m * n + 28 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(18 * block_m * n + 28 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=9 * m * n,
             transcendentals=0,
-            bytes_accessed=_nbytes(x) + m * n * 1 + m * n * 4 + m * n * 4 + m * n * 4,
+            bytes_accessed=rt.nbytes(x) + m * n * 1 + m * n * 4 + m * n * 4 + m * n * 4,
         ),
         interpret=interpret,
         name="quantize_rows_int8_with_residuals",
@@ -2437,19 +1920,19 @@ def _quantize_rows_int8_with_residuals_gpu_kernel(
     x_ref, q_ref, scale_ref, max_n_ref, argmax_n_ref, *, m, block_m, n, block_n
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(0, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    max_n = jnp.max(_fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), axis=1, keepdims=True)
-    _store(max_n_ref, max_n, _mask((block_m, 1), in_m, None))
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    max_n = jnp.max(rt.fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), axis=1, keepdims=True)
+    rt.store(max_n_ref, max_n, rt.mask((block_m, 1), in_m, None))
     s = jnp.maximum(max_n, 1e-30) / 127
-    _store(q_ref, _round_half_even(x / s).astype(jnp.int8), inside)
-    _store(scale_ref, s, _mask((block_m, 1), in_m, None))
-    _store(
+    rt.store(q_ref, rt.round_half_even(x / s).astype(jnp.int8), inside)
+    rt.store(scale_ref, s, rt.mask((block_m, 1), in_m, None))
+    rt.store(
         argmax_n_ref,
-        _argbest(_fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), 1, largest=True),
-        _mask((block_m, 1), in_m, None),
+        rt.argbest(rt.fill_past(jnp.abs(x), 0, n, 1, -jnp.inf), 1, largest=True),
+        rt.mask((block_m, 1), in_m, None),
     )
 
 
@@ -2462,7 +1945,7 @@ _quantize_rows_int8_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 def _quantize_rows_int8_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`quantize_rows_int8_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = _gpu_options(
+    block_m, num_warps, num_stages = rt.gpu_options(
         _quantize_rows_int8_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -2524,19 +2007,19 @@ def _quantize_rows_int8_with_residuals_mosaic_gpu_kernel(
     def reduce_1(indices, x_smem, carry):
         max_over_n_running, argmax_over_n_running, argmax_over_n_index = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         max_over_n_block = jnp.abs(x)
         if n % block_n:  # a ragged N: its identity past the end
             max_over_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, max_over_n_block, -jnp.inf
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, max_over_n_block, -jnp.inf
             )
         max_over_n_running = jnp.maximum(max_over_n_running, jnp.max(max_over_n_block, axis=1))
         argmax_over_n_block = jnp.abs(x)
         if n % block_n:  # a ragged N: its identity past the end
             argmax_over_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, argmax_over_n_block, -jnp.inf
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_over_n_block, -jnp.inf
             )
-        argmax_over_n_running, argmax_over_n_index = _mgpu_argbest_step(
+        argmax_over_n_running, argmax_over_n_index = rt.mgpu_argbest_step(
             argmax_over_n_running, argmax_over_n_index, argmax_over_n_block, start, 1, largest=True
         )
         return (max_over_n_running, argmax_over_n_running, argmax_over_n_index)
@@ -2548,14 +2031,14 @@ def _quantize_rows_int8_with_residuals_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
-            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
-            _mgpu_full(block_m, 0, jnp.int32, 0),
+            rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            rt.mgpu_full(block_m, 0, jnp.int32, 0),
         ),
     )(x_ref)
     max_over_n = max_over_n_running
@@ -2574,11 +2057,11 @@ def _quantize_rows_int8_with_residuals_mosaic_gpu_kernel(
 
     def write(indices, x_smem):
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        q_buffers[slot] = jnp.round(x / _mgpu_spread(s, (block_m, block_n), 0)).astype(jnp.int8)
+        q_buffers[slot] = jnp.round(x / rt.mgpu_spread(s, (block_m, block_n), 0)).astype(jnp.int8)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
             q_buffers.at[slot], q_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
@@ -2591,7 +2074,7 @@ def _quantize_rows_int8_with_residuals_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         max_concurrent_steps=2,
@@ -2609,7 +2092,7 @@ def _quantize_rows_int8_with_residuals_mosaic_gpu(x, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     q, scale, max_n, argmax_n = plgpu.kernel(
         functools.partial(
             _quantize_rows_int8_with_residuals_mosaic_gpu_kernel,
@@ -2628,7 +2111,7 @@ def _quantize_rows_int8_with_residuals_mosaic_gpu(x, *, m, n, interpret):
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM((block_m,), jnp.int32),
             plgpu.SMEM(
-                (2, block_m, block_n), jnp.int8, transforms=_mgpu_swizzled(jnp.int8, block_n)
+                (2, block_m, block_n), jnp.int8, transforms=rt.mgpu_swizzled(jnp.int8, block_n)
             ),
         ],
         grid=(padded_m // block_m,),
@@ -2643,18 +2126,7 @@ def _quantize_rows_int8_with_residuals_mosaic_gpu(x, *, m, n, interpret):
     )
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def quantize_rows_int8_backward(
     x,
     max_n,
@@ -2679,18 +2151,15 @@ def quantize_rows_int8_backward(
       dscale: f32[M].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_quantize_rows_int8_backward_tpu_blocks),
-        grown to large steps (_grown), else 32.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 32.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: f32[M, N].
     """
-    (x, max_n, argmax_n, dscale), sizes = _operands(
+    (x, max_n, argmax_n, dscale), sizes = rt.operands(
         "quantize_rows_int8_backward",
         {
             "x": (x, jnp.float32, ("M", "N")),
@@ -2699,17 +2168,16 @@ def quantize_rows_int8_backward(
             "dscale": (dscale, jnp.float32, ("M",)),
         },
     )
-    _check_blocks("quantize_rows_int8_backward", block_m=block_m, may_be_none=True)
-    _check_blocks(
+    rt.check_blocks(
         "quantize_rows_int8_backward",
+        block_m=block_m,
         gpu_block_m=gpu_block_m,
         gpu_block_n=gpu_block_n,
         may_be_none=True,
     )
-    m = sizes["M"]
-    n = sizes["N"]
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             quantize_rows_int8_backward_reference,
             (((m, n), jnp.float32),),
             x,
@@ -2720,27 +2188,22 @@ def quantize_rows_int8_backward(
     max_n = max_n.reshape(m, 1)  # max_n: f32[M], broadcast over N
     argmax_n = argmax_n.reshape(m, 1)  # argmax_n: i32[M], broadcast over N
     dscale = dscale.reshape(m, 1)  # dscale: f32[M], broadcast over N
-    return _on_platform(
-        functools.partial(_quantize_rows_int8_backward_tpu, m=m, n=n, block_m=block_m),
-        _gpu_kernel(
-            "quantize_rows_int8_backward",
-            gpu_backend,
-            functools.partial(
-                _quantize_rows_int8_backward_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_quantize_rows_int8_backward_mosaic_gpu, m=m, n=n),
+    return rt.on_platform(
+        "quantize_rows_int8_backward",
+        (x, max_n, argmax_n, dscale),
+        tpu=functools.partial(_quantize_rows_int8_backward_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _quantize_rows_int8_backward_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        max_n,
-        argmax_n,
-        dscale,
+        mosaic_gpu=functools.partial(_quantize_rows_int8_backward_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -2792,16 +2255,18 @@ _quantize_rows_int8_backward_tpu_blocks = {
 
 def _quantize_rows_int8_backward_tpu(x, max_n, argmax_n, dscale, *, m, n, block_m, interpret):
     """`quantize_rows_int8_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _quantize_rows_int8_backward_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 20 * block_m * n + 32 * block_m)
+            rt.grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 20 * block_m * n + 32 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "quantize_rows_int8_backward",
         block_m=(
             block_m,
@@ -2834,12 +2299,12 @@ def _quantize_rows_int8_backward_tpu(x, max_n, argmax_n, dscale, *, m, n, block_
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(20 * block_m * n + 32 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(20 * block_m * n + 32 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=13 * m * n,
             transcendentals=0,
-            bytes_accessed=_nbytes(x, max_n, argmax_n, dscale) + m * n * 4,
+            bytes_accessed=rt.nbytes(x, max_n, argmax_n, dscale) + m * n * 4,
         ),
         interpret=interpret,
         name="quantize_rows_int8_backward",
@@ -2850,13 +2315,13 @@ def _quantize_rows_int8_backward_gpu_kernel(
     x_ref, max_n_ref, argmax_n_ref, dscale_ref, dx_ref, *, m, n, block_m, block_n
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(pl.program_id(1) * block_n, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    max_n = _load(max_n_ref, _mask((block_m, 1), in_m, None))
-    argmax_n = _load(argmax_n_ref, _mask((block_m, 1), in_m, None))
-    dscale = _load(dscale_ref, _mask((block_m, 1), in_m, None))
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(pl.program_id(1) * block_n, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    max_n = rt.load(max_n_ref, rt.mask((block_m, 1), in_m, None))
+    argmax_n = rt.load(argmax_n_ref, rt.mask((block_m, 1), in_m, None))
+    dscale = rt.load(dscale_ref, rt.mask((block_m, 1), in_m, None))
     s_1 = jnp.maximum(max_n, 1e-30)
     ds_1 = dscale / 127
     ds_2 = jnp.where(
@@ -2865,7 +2330,7 @@ def _quantize_rows_int8_backward_gpu_kernel(
         jnp.where(max_n == s_1, jnp.where(1e-30 == s_1, 0.5 * ds_1, ds_1), 0),
         0,
     )
-    _store(dx_ref, jnp.where(x >= 0, ds_2, -ds_2), inside)
+    rt.store(dx_ref, jnp.where(x >= 0, ds_2, -ds_2), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, block_n, num_warps, num_stages) for a
@@ -2879,7 +2344,7 @@ def _quantize_rows_int8_backward_gpu(
     x, max_n, argmax_n, dscale, *, m, n, block_m, block_n, num_warps, num_stages, interpret
 ):
     """`quantize_rows_int8_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, block_n, num_warps, num_stages = _gpu_options(
+    block_m, block_n, num_warps, num_stages = rt.gpu_options(
         _quantize_rows_int8_backward_gpu_options, (m, n), (block_m, block_n, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -2916,14 +2381,14 @@ def _quantize_rows_int8_backward_mosaic_gpu_kernel(
     program_n = jax.lax.axis_index("N")
 
     def step(_, x_smem, max_n_smem, argmax_n_smem, dscale_smem, dx_smem):
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        max_n = _mgpu_load(max_n_smem, (block_m, block_n), (0,))
-        argmax_n = _mgpu_load(argmax_n_smem, (block_m, block_n), (0,))
-        dscale = _mgpu_load(dscale_smem, (block_m, block_n), (0,))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        max_n = rt.mgpu_load(max_n_smem, (block_m, block_n), (0,))
+        argmax_n = rt.mgpu_load(argmax_n_smem, (block_m, block_n), (0,))
+        dscale = rt.mgpu_load(dscale_smem, (block_m, block_n), (0,))
         s_1 = jnp.maximum(max_n, 1e-30)
         ds_1 = dscale / 127
         ds_2 = jnp.where(
-            _mgpu_positions(program_n * block_n, (block_m, block_n), 1) == argmax_n,
+            rt.mgpu_positions(program_n * block_n, (block_m, block_n), 1) == argmax_n,
             jnp.where(max_n == s_1, jnp.where(1e-30 == s_1, 0.5 * ds_1, ds_1), 0),
             0,
         )
@@ -2936,7 +2401,7 @@ def _quantize_rows_int8_backward_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
             plgpu.BlockSpec((block_m,), lambda _: (program_m,)),
@@ -2946,7 +2411,7 @@ def _quantize_rows_int8_backward_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda _: (program_m, program_n),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
     )(x_ref, max_n_ref, argmax_n_ref, dscale_ref, dx_ref)
@@ -2962,13 +2427,13 @@ def _quantize_rows_int8_backward_mosaic_gpu(x, max_n, argmax_n, dscale, *, m, n,
     block_n = 128
     padded_m = m + -m % 8
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     max_n = max_n.reshape((m,))
-    max_n = _mgpu_pad(max_n, (padded_m,))
+    max_n = rt.mgpu_pad(max_n, (padded_m,))
     argmax_n = argmax_n.reshape((m,))
-    argmax_n = _mgpu_pad(argmax_n, (padded_m,))
+    argmax_n = rt.mgpu_pad(argmax_n, (padded_m,))
     dscale = dscale.reshape((m,))
-    dscale = _mgpu_pad(dscale, (padded_m,))
+    dscale = rt.mgpu_pad(dscale, (padded_m,))
     (dx,) = plgpu.kernel(
         functools.partial(
             _quantize_rows_int8_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n
@@ -2981,17 +2446,7 @@ def _quantize_rows_int8_backward_mosaic_gpu(x, max_n, argmax_n, dscale, *, m, n,
     return dx[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_n",
-        "gpu_block_n",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def equal_count(
     x,
     y,
@@ -3010,13 +2465,10 @@ def equal_count(
       y: i32[N].
       block_n: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_equal_count_tpu_blocks),
-        grown to large steps (_grown), else 1024.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 1024.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       n: i32[].
@@ -3024,15 +2476,14 @@ def equal_count(
     Gradients: zeros (float0 for integer inputs), with no backward kernel: no float input
     reaches a float output.
     """
-    (x, y), sizes = _operands(
+    (x, y), sizes = rt.operands(
         "equal_count", {"x": (x, jnp.int32, ("N",)), "y": (y, jnp.int32, ("N",))}
     )
-    _check_blocks("equal_count", block_n=block_n, may_be_none=True)
-    _check_blocks("equal_count", gpu_block_n=gpu_block_n, may_be_none=True)
+    rt.check_blocks("equal_count", block_n=block_n, gpu_block_n=gpu_block_n, may_be_none=True)
     size_n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(equal_count_reference, (((), jnp.int32),), x, y)
-    return _differentiable(
+        return rt.without_elements(equal_count_reference, (((), jnp.int32),), x, y)
+    return rt.differentiable(
         functools.partial(
             _equal_count_forward,
             size_n=size_n,
@@ -3061,23 +2512,20 @@ def _equal_count_forward(
     x, y, *, size_n, block_n, gpu_block_n, gpu_warps, gpu_stages, gpu_backend, interpret
 ):
     """`equal_count` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    n = _on_platform(
-        functools.partial(_equal_count_tpu, size_n=size_n, block_n=block_n),
-        _gpu_kernel(
-            "equal_count",
-            gpu_backend,
-            functools.partial(
-                _equal_count_gpu,
-                size_n=size_n,
-                block_n=gpu_block_n,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_equal_count_mosaic_gpu, size_n=size_n),
+    n = rt.on_platform(
+        "equal_count",
+        (x, y),
+        tpu=functools.partial(_equal_count_tpu, size_n=size_n, block_n=block_n),
+        triton=functools.partial(
+            _equal_count_gpu,
+            size_n=size_n,
+            block_n=gpu_block_n,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        y,
+        mosaic_gpu=functools.partial(_equal_count_mosaic_gpu, size_n=size_n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     n = n.reshape(())  # the kernel holds it with size 1 along the dimensions it lacks
     return n
@@ -3097,11 +2545,11 @@ def _equal_count_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, block
     def _init():
         sum_n_running_ref[...] = jnp.full(sum_n_running_ref.shape, 0, jnp.int32)
 
-    x = _as_rows(x_ref[...])
-    y = _as_rows(y_ref[...])
+    x = rt.as_rows(x_ref[...])
+    y = rt.as_rows(y_ref[...])
     sum_n_block = (x == y).astype(jnp.int32)
     if size_n % block_n:  # a ragged N: its identity past the end, never padding
-        sum_n_block = _fill_past_rows(sum_n_block, step * block_n, size_n, 0)
+        sum_n_block = rt.fill_past_rows(sum_n_block, step * block_n, size_n, 0)
     sum_n_running_ref[...] = sum_n_running_ref[...] + sum_n_block
 
     @pl.when(step == pl.num_programs(0) - 1)
@@ -3123,16 +2571,16 @@ _equal_count_tpu_blocks = {
 
 def _equal_count_tpu(x, y, *, size_n, block_n, interpret):
     """`equal_count` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_n,) = _tpu_blocks(
+    (block_n,) = rt.tpu_blocks(
         _equal_count_tpu_blocks,
         (size_n,),
         (block_n,),
         grow=functools.partial(
-            _grown, bounds=(size_n,), step=lambda block_n: (block_n, 24 * block_n + 8)
+            rt.grown, bounds=(size_n,), step=lambda block_n: (block_n, 24 * block_n + 8)
         ),
     )
     block_n = min(block_n, size_n)  # a small N is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "equal_count",
         block_n=(
             block_n,
@@ -3158,14 +2606,14 @@ def _equal_count_tpu(x, y, *, size_n, block_n, interpret):
         out_specs=pl.BlockSpec((1,), lambda i: (0,)),
         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
         # sum_n_running_ref: the running sum over N at each position of a block (reduced at the last step)
-        scratch_shapes=[pltpu.VMEM(_rows_shape(block_n), jnp.int32)],
+        scratch_shapes=[pltpu.VMEM(rt.rows_shape(block_n), jnp.int32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(24 * block_n + 8),
+            vmem_limit_bytes=rt.vmem_limit(24 * block_n + 8),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=3 * size_n, transcendentals=0, bytes_accessed=_nbytes(x, y) + size_n * 4
+            flops=3 * size_n, transcendentals=0, bytes_accessed=rt.nbytes(x, y) + size_n * 4
         ),
         interpret=interpret,
         name="equal_count",
@@ -3179,12 +2627,12 @@ def _equal_count_gpu_kernel(x_ref, y_ref, n_ref, *, size_n, block_n):
     def accumulate(index, running):
         (sum_n_running,) = running
         start = index * block_n
-        in_n = _inside(start, block_n, size_n)
-        x = _load(x_ref.at[pl.ds(start, block_n)], _mask((block_n,), in_n))
-        y = _load(y_ref.at[pl.ds(start, block_n)], _mask((block_n,), in_n))
+        in_n = rt.inside(start, block_n, size_n)
+        x = rt.load(x_ref.at[pl.ds(start, block_n)], rt.mask((block_n,), in_n))
+        y = rt.load(y_ref.at[pl.ds(start, block_n)], rt.mask((block_n,), in_n))
         sum_n_block = (x == y).astype(jnp.int32)
         if size_n % block_n:  # a ragged N: its identity past the end, never padding
-            sum_n_block = _fill_past(sum_n_block, start, size_n, 0, 0)
+            sum_n_block = rt.fill_past(sum_n_block, start, size_n, 0, 0)
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=0, keepdims=True)
         return (sum_n_running,)
 
@@ -3204,7 +2652,7 @@ _equal_count_gpu_options = {None: (1024, 4, 1)}
 
 def _equal_count_gpu(x, y, *, size_n, block_n, num_warps, num_stages, interpret):
     """`equal_count` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_n, num_warps, num_stages = _gpu_options(
+    block_n, num_warps, num_stages = rt.gpu_options(
         _equal_count_gpu_options, (size_n,), (block_n, num_warps, num_stages)
     )
     block_n = min(block_n, pl.next_power_of_2(size_n))  # a small N is one block
@@ -3232,9 +2680,9 @@ def _equal_count_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, *, 
     program = jax.lax.axis_index("N")
 
     def step(_, x_smem, y_smem):
-        x = _mgpu_load(x_smem, (64, block_n), (0, 1))
-        y = _mgpu_load(y_smem, (64, block_n), (0, 1))
-        positions = _mgpu_positions(program * 64, (64, block_n), 0) * block_n + _mgpu_positions(
+        x = rt.mgpu_load(x_smem, (64, block_n), (0, 1))
+        y = rt.mgpu_load(y_smem, (64, block_n), (0, 1))
+        positions = rt.mgpu_positions(program * 64, (64, block_n), 0) * block_n + rt.mgpu_positions(
             0, (64, block_n), 1
         )
         sum_block = (x == y).astype(jnp.int32)
@@ -3247,10 +2695,14 @@ def _equal_count_mosaic_gpu_kernel(x_ref, y_ref, sum_partials_ref, sum_smem, *, 
         grid=(1,),
         in_specs=[
             plgpu.BlockSpec(
-                (64, block_n), lambda _: (program, 0), transforms=_mgpu_swizzled(jnp.int32, block_n)
+                (64, block_n),
+                lambda _: (program, 0),
+                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
             ),
             plgpu.BlockSpec(
-                (64, block_n), lambda _: (program, 0), transforms=_mgpu_swizzled(jnp.int32, block_n)
+                (64, block_n),
+                lambda _: (program, 0),
+                transforms=rt.mgpu_swizzled(jnp.int32, block_n),
             ),
         ],
     )(x_ref, y_ref)
@@ -3267,8 +2719,8 @@ def _equal_count_mosaic_gpu(x, y, *, size_n, interpret):
     """
     block_n = 128
     padded_size_n = size_n + -size_n % (64 * block_n)
-    x = _mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
-    y = _mgpu_pad(y, (padded_size_n,)).reshape(-1, block_n)
+    x = rt.mgpu_pad(x, (padded_size_n,)).reshape(-1, block_n)
+    y = rt.mgpu_pad(y, (padded_size_n,)).reshape(-1, block_n)
     (sum_partials,) = plgpu.kernel(
         functools.partial(_equal_count_mosaic_gpu_kernel, block_n=block_n, size_n=size_n),
         out_type=(jax.ShapeDtypeStruct((padded_size_n // block_n,), jnp.int32),),

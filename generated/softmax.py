@@ -4,448 +4,23 @@
 
 Each kernel `NAME(...)` comes with `NAME_reference(...)`, the same computation in
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
-Pallas interpret mode unless `interpret` says otherwise.
+Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
+the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).
 """
 
 import functools
-import warnings
 
 import jax
-import jax.extend.core
-import jax.interpreters.batching
-import jax.interpreters.mlir
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
-try:
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-except ImportError:  # jax 0.10.2 imports it only with absl-py (pallasgen's jax extra brings it)
-    plgpu = None
+from pallasgen.runtime import support as rt
+from pallasgen.runtime.support import plgpu
 
-# jax 0.11+ warns at every Triton lowering that Pallas's Triton backend is deprecated. The
-# GPU kernels here use it knowingly until they move to Mosaic GPU: silence that one warning.
-warnings.filterwarnings(
-    "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
-)
 
-
-def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
-    """The GPU kernel that `gpu_backend` names: Triton's, or Mosaic GPU's where the kernel
-    has one (`mosaic_gpu` None: it has not, and runs on Triton)."""
-    if gpu_backend not in ("triton", "mosaic_gpu"):
-        raise ValueError(
-            f'{kernel}: gpu_backend must be "triton" or "mosaic_gpu", got {gpu_backend!r}'
-        )
-    if gpu_backend == "triton" or mosaic_gpu is None:
-        return triton
-
-    def on_mosaic_gpu(*arrays, **keywords):  # called only where the module lowers for CUDA
-        if plgpu is None:
-            raise ImportError(
-                f'{kernel}: gpu_backend="mosaic_gpu" needs absl-py on jax 0.10.2 (pip install absl-py)'
-            )
-        return mosaic_gpu(*arrays, **keywords)
-
-    return on_mosaic_gpu
-
-
-def _gpu_device_kind():
-    """The kind of the GPU being compiled for, as tuning tables name it, or None: the
-    default device's if it is a GPU, else the first GPU's (None without one)."""
-    device = jax.config.jax_default_device
-    if getattr(device, "platform", None) == "gpu":
-        return device.device_kind
-    try:
-        return jax.devices("gpu")[0].device_kind
-    except RuntimeError:  # no GPU backend
-        return None
-
-
-def _gpu_options(table, sizes, given):
-    """The blocks and launch options of a GPU call (Triton's, or Mosaic GPU's blocks and
-    stages): those `given` (not None) as they are, the others from `table`: for the GPU
-    compiled for (see `_gpu_device_kind`), the tuned entry whose sizes are nearest the
-    call's (in powers of two), else the built-in ones, `table[None]`."""
-
-    def distance(tuned_sizes):
-        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
-
-    if None not in given:
-        return given
-    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
-    tuned = table.get(kind) if kind is not None else None
-    chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
-    return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
-
-
-def _mgpu_pad(array, shape):
-    """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
-    if array.shape == shape:
-        return array
-    return jnp.pad(array, [(0, padded - size) for size, padded in zip(array.shape, shape)])
-
-
-def _mgpu_swizzled(dtype, columns):
-    """The shared-memory tiling and swizzle of a 2-D block `columns` wide, as wgmma and
-    the WGMMA register layout read it."""
-    swizzle = plgpu.find_swizzle(columns * jnp.dtype(dtype).itemsize * 8)
-    return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(
-        swizzle
-    )
-
-
-def _mgpu_load(ref, shape, dims):
-    """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
-    along `dims` (its position in `shape`) in the layout's row or column, broadcast."""
-    if len(dims) == len(shape):
-        return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA)
-    vector = plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dims[0]))
-    return jax.lax.broadcast_in_dim(vector, shape, dims)
-
-
-def _mgpu_spread(vector, shape, dim):
-    """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
-    broadcast over the block's other axis."""
-    return jax.lax.broadcast_in_dim(vector, shape, (dim,))
-
-
-def _mgpu_load_vector(ref, dim):
-    """A vector along axis `dim` of a block, from shared memory, in the WGMMA layout's row
-    (0) or column (1) layout."""
-    return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dim))
-
-
-def _mgpu_full(size, value, dtype, dim):
-    """A running value per position along axis `dim` of a block, `value` in each."""
-    return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
-
-
-def _mgpu_positions(start, shape, axis):
-    """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
-    return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
-
-
-def _mgpu_logsumexp_step(top, total, x, axis):
-    """The running (max, sum of exp(x - max)) after one more block `x`, reduced over `axis`."""
-    new_top = jnp.maximum(top, jnp.max(x, axis=axis))
-    shift = jnp.where(new_top > -jnp.inf, new_top, 0.0)
-    total = total * jnp.exp(top - shift) + jnp.sum(
-        jnp.exp(x - _mgpu_spread(shift, x.shape, 1 - axis)), axis=axis
-    )
-    return new_top, total
-
-
-def _mgpu_argbest_step(best, index, x, start, axis, largest):
-    """The running (value, first index) of the largest (or smallest) value along `axis`
-    after one more block `x` whose positions there start at `start`."""
-    block_best = jnp.max(x, axis=axis) if largest else jnp.min(x, axis=axis)
-    hits = jnp.where(
-        x == _mgpu_spread(block_best, x.shape, 1 - axis),
-        _mgpu_positions(start, x.shape, axis),
-        2147483647,
-    )
-    better = block_best > best if largest else block_best < best  # ties keep the earlier index
-    return jnp.where(better, block_best, best), jnp.where(better, jnp.min(hits, axis=axis), index)
-
-
-def _on_platform(tpu, gpu, interpret, *arrays):
-    """Runs the kernel built for the platform being compiled for.
-
-    The choice follows the lowering platform, not the host, so ahead-of-time compiles
-    and exports (for one platform, or for several at once) get the right kernel: Mosaic
-    on TPU, Triton on NVIDIA GPUs, and
-    elsewhere (CPU) the TPU kernel in interpret mode, or compiled if `interpret` is
-    False. A true `interpret` (or `pltpu.InterpretParams`) interprets the TPU kernel
-    on every platform.
-    """
-    if interpret:
-        return tpu(*arrays, interpret=interpret)
-    return _platform_dependent(
-        arrays,
-        tpu=functools.partial(tpu, interpret=False),
-        cuda=functools.partial(gpu, interpret=False),
-        default=functools.partial(tpu, interpret=interpret is None),
-    )
-
-
-def _platform_dependent(arrays, **kernels):
-    """`jax.lax.platform_dependent(*arrays, tpu=..., cuda=..., default=...)`, except that
-    each platform lowers only its own kernel.
-
-    `jax.lax.platform_dependent` lowers every branch for every platform that a module is
-    lowered for, and a Mosaic kernel does not lower for CUDA, nor a Triton kernel for
-    TPU: `jax.export.export(NAME, platforms=("tpu", "cuda"))` would fail. Here each
-    platform has its own lowering rule (see `_platform_dependent_primitive`), so the
-    exported module holds the Mosaic kernel for TPU and the Triton kernel for CUDA.
-    Tracing the default kernel gives the outputs' shapes and runs its call-time checks.
-    """
-    outputs, tree = jax.tree.flatten(jax.eval_shape(kernels["default"], *arrays))
-    results = _platform_dependent_p.bind(*arrays, outputs=tuple(outputs), **kernels)
-    return jax.tree.unflatten(tree, results)
-
-
-def _platform_dependent_primitive():
-    """The primitive behind `_platform_dependent`, with one lowering rule per platform.
-
-    Its parameters: `tpu`, `cuda` and `default`, the kernel for each platform (a
-    function of the arrays that returns a pytree of arrays), and `outputs`, the
-    jax.ShapeDtypeStruct of each leaf of that pytree.
-    """
-    primitive = jax.extend.core.Primitive("platform_dependent_kernel")
-    primitive.multiple_results = True
-
-    def abstract_eval(*arrays, outputs, **kernels):
-        return [jax.core.ShapedArray(output.shape, output.dtype) for output in outputs]
-
-    def lowering(platform):
-        def kernel_leaves(*arrays, outputs, **kernels):
-            return jax.tree.leaves(kernels[platform](*arrays))
-
-        return jax.interpreters.mlir.lower_fun(kernel_leaves, multiple_results=True)
-
-    def run_outside_jit(*arrays, outputs, **kernels):  # as under `jax.disable_jit()`
-        return jax.tree.leaves(jax.lax.platform_dependent(*arrays, **kernels))
-
-    def vmapped(arrays, axes, *, outputs, **kernels):
-        kernels = {name: jax.vmap(kernel, in_axes=axes) for name, kernel in kernels.items()}
-        results = jax.tree.leaves(_platform_dependent(arrays, **kernels))
-        return results, [0] * len(results)
-
-    primitive.def_abstract_eval(abstract_eval)
-    primitive.def_impl(run_outside_jit)
-    jax.interpreters.mlir.register_lowering(primitive, lowering("tpu"), platform="tpu")
-    jax.interpreters.mlir.register_lowering(primitive, lowering("cuda"), platform="cuda")
-    jax.interpreters.mlir.register_lowering(primitive, lowering("default"))  # any other platform
-    jax.interpreters.batching.primitive_batchers[primitive] = vmapped
-    return primitive
-
-
-_platform_dependent_p = _platform_dependent_primitive()
-
-
-def _differentiable(forward, backward, *arrays, saving=None):
-    """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
-    from what the forward pass saves (the arrays; or, given `saving`, what it returns
-    beside the outputs) and the cotangents of the outputs, it gives one cotangent per
-    array, or None for none (float0 for an integer array)."""
-    call = jax.custom_vjp(forward)
-    call.defvjp(saving or (lambda *arrays: (forward(*arrays), arrays)), backward)
-    return call(*arrays)
-
-
-def _operands(kernel, operands):
-    """The operands as arrays, each checked for its dtype and rank, and the size of each
-    named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
-    arrays, sizes = [], {}
-    for name, (value, dtype, dims) in operands.items():
-        try:
-            array = jnp.asarray(value)
-        except (TypeError, ValueError) as error:
-            raise TypeError(
-                f"{kernel}: {name} is not an array, nor converts to one ({error})"
-            ) from None
-        if array.dtype != dtype:
-            raise TypeError(f"{kernel}: {name} must be {jnp.dtype(dtype).name}, got {array.dtype}")
-        if array.ndim != len(dims):
-            raise ValueError(
-                f"{kernel}: {name} must have dimensions [{', '.join(dims)}], got shape {array.shape}"
-            )
-        for dim, size in zip(dims, array.shape):
-            if sizes.setdefault(dim, size) != size:
-                raise ValueError(
-                    f"{kernel}: {name} has {dim}={size} but another operand has {dim}={sizes[dim]}"
-                )
-        arrays.append(array)
-    return arrays, sizes
-
-
-def _check_blocks(kernel, may_be_none=False, **blocks):
-    """Refuses a block keyword whose value is not a positive int. None, where a block
-    `may_be_none`, leaves the choice of the block to the kernel."""
-    for keyword, block in blocks.items():
-        if block is None and may_be_none:
-            continue
-        if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
-            expected = "a positive int or None" if may_be_none else "a positive int"
-            raise ValueError(f"{kernel}: {keyword} must be {expected}, got {block!r}")
-
-
-def _without_elements(reference, outputs, *arrays, **params):
-    """The result of a call where a dimension has size 0, as jax.numpy gives it: empty
-    arrays of the `outputs`' (shape, dtype), or, where an output still has elements (it
-    reduces over the empty dimension), what the reference computes."""
-    if any(0 not in shape for shape, _ in outputs):
-        return reference(*arrays, **params)
-    empty = tuple(jnp.zeros(shape, dtype) for shape, dtype in outputs)
-    return empty if len(empty) > 1 else empty[0]
-
-
-def _check_tiling(kernel, **blocks):
-    """Refuses TPU blocks that Mosaic cannot tile, before anything compiles.
-
-    Each keyword maps to (block, size, multiple, rule[, smallest power of two]): a block
-    is legal when it covers its whole dimension, is a multiple of `multiple`, or (for
-    one-dimensional arrays) a power of two of at least the smallest one given.
-    """
-    for keyword, (block, size, multiple, rule, *smallest) in blocks.items():
-        if block == size or block % multiple == 0:
-            continue
-        if smallest and block >= smallest[0] and block & (block - 1) == 0:
-            continue
-        raise ValueError(
-            f"{kernel}: {keyword}={block} breaks the TPU tiling rule: {rule}; use"
-            f" {-(-block // multiple) * multiple} or a block of the whole dimension ({size})"
-        )
-
-
-def _tpu_chip():
-    """The TPU generation being compiled for, as tuning tables name it, or None.
-
-    It is the default device's: a TPU's, or under `jax.default_device(...)` that of a
-    compile-only TPU topology (ahead-of-time compiles on a host without a TPU).
-    """
-    device = jax.config.jax_default_device
-    if not hasattr(device, "device_kind"):
-        device = jax.devices(device)[0]
-    return {"TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}.get(
-        device.device_kind
-    )
-
-
-def _tpu_blocks(table, sizes, given, grow=None):
-    """The blocks of a TPU call: those `given` (not None) as they are, the others from
-    `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
-    are nearest the call's (in powers of two), else the chip's default. Any other
-    chip, and CPU, takes `table[None]`, the spec's blocks.
-
-    A kernel without a matrix product passes `grow` (see `_grown`), which grows a
-    chip's default blocks not given to large steps.
-    """
-
-    def distance(tuned_sizes):
-        return sum(abs(a.bit_length() - b.bit_length()) for a, b in zip(tuned_sizes, sizes))
-
-    if None not in given:
-        return given
-    chip = _tpu_chip()
-    known = chip is not None and chip in table
-    entries = table[chip if known else None]
-    tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
-    chosen = entries[min(tuned, key=distance)] if tuned else entries["default"]
-    blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
-    if grow is not None and known and not tuned:
-        blocks = grow(blocks, [block is None for block in given])
-    return tuple(blocks)
-
-
-def _grown(blocks, free, bounds, step):
-    """`blocks` with the `free` ones doubled in turn, the last first, while smaller than
-    their dimension (`bounds`) and while a grid step (`step(*blocks)`: its elements and
-    VMEM bytes) stays within 2**20 elements and 32 MiB. A step costs a fixed ~600
-    cycles, so a memory-bound kernel wants few, large steps; doubling keeps a block legal.
-    """
-    grew = True
-    while grew:
-        grew = False
-        for i in reversed(range(len(blocks))):
-            if not free[i] or blocks[i] >= bounds[i]:
-                continue
-            trial = [*blocks[:i], 2 * blocks[i], *blocks[i + 1 :]]
-            elements, vmem = step(*trial)
-            if elements <= 2**20 and vmem <= 32 * 2**20:
-                blocks, grew = trial, True
-    return blocks
-
-
-def _vmem_limit(needed):
-    """The scoped VMEM limit for TPU blocks that need `needed` bytes.
-
-    None (Mosaic's default of 16 MiB on a TPU v5e) while they fit in it. Larger
-    blocks would fail to compile, so they ask for twice what they need, at most 100 MiB of
-    the 128 MiB a v5e or v6e core has. Not more: compiled for libtpu's cost estimate, blocks
-    of 28 MiB that asked for 100 MiB ran out of VMEM (the ask counted beside the use).
-    """
-    return None if needed <= 16 * 2**20 else min(2 * needed, 100 * 2**20)
-
-
-def _inside(start, block, size):
-    """Which of `block` positions from `start` lie inside a dimension of `size`.
-
-    None when blocks tile the dimension exactly: aligned sizes load and store unmasked.
-    """
-    if size % block == 0:
-        return None
-    return start + jnp.arange(block) < size
-
-
-def _mask(shape, *inside):
-    """A block's mask from one `_inside` per axis (None: that axis never overhangs)."""
-    mask = None
-    for axis, along in enumerate(inside):
-        if along is not None:
-            along = jax.lax.broadcast_in_dim(along, shape, (axis,))
-            mask = along if mask is None else mask & along
-    return mask
-
-
-def _load(ref, mask, other=None):
-    """A GPU block, masked where `mask` says (None: the block fits, so a plain load)."""
-    if mask is None:
-        return ref[...]
-    return pltriton.load(ref, mask=mask, other=other)
-
-
-def _store(ref, value, mask):
-    """Stores a GPU block, masked where `mask` says (None: the block fits)."""
-    if mask is None:
-        ref[...] = value
-    else:
-        pltriton.store(ref, value, mask=mask)
-
-
-def _nbytes(*arrays):
-    """Bytes of the given arrays, for the kernel's cost estimate."""
-    return sum(array.size * array.dtype.itemsize for array in arrays)
-
-
-def _fill_past(value, start, size, axis, identity):
-    """`value` with `identity` at the positions along `axis` (from `start`) past `size`."""
-    positions = start + jax.lax.broadcasted_iota(jnp.int32, value.shape, axis)
-    return jnp.where(positions < size, value, identity)
-
-
-def _argbest(x, axis, largest):
-    """The first index of the largest (or smallest) value along `axis`, kept as size 1."""
-    best = jnp.max(x, axis=axis, keepdims=True) if largest else jnp.min(x, axis=axis, keepdims=True)
-    positions = jax.lax.broadcasted_iota(jnp.int32, x.shape, axis)
-    return jnp.min(jnp.where(x == best, positions, x.shape[axis]), axis=axis, keepdims=True)
-
-
-def _logsumexp(x, axis):
-    """log(sum(exp(x))) along `axis`, kept as size 1, without overflow."""
-    top = jnp.max(x, axis=axis, keepdims=True)
-    top = jnp.where(top > -jnp.inf, top, 0.0)  # a row of -inf sums to 0, its log -inf
-    return top + jnp.log(jnp.sum(jnp.exp(x - top), axis=axis, keepdims=True))
-
-
-def _logsumexp_finish(top, total):
-    """log-sum-exp from its running (max, sum)."""
-    return jnp.where(top > -jnp.inf, top, 0.0) + jnp.log(total)
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def softmax(
     x,
     *,
@@ -462,27 +37,22 @@ def softmax(
       x: f32[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_softmax_tpu_blocks),
-        grown to large steps (_grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 8.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: f32[M, N].
 
     Gradients: jax.grad runs the generated backward kernels softmax_backward (_softmax_vjp).
     """
-    (x,), sizes = _operands("softmax", {"x": (x, jnp.float32, ("M", "N"))})
-    _check_blocks("softmax", block_m=block_m, may_be_none=True)
-    _check_blocks("softmax", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    (x,), sizes = rt.operands("softmax", {"x": (x, jnp.float32, ("M", "N"))})
+    rt.check_blocks("softmax", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(softmax_reference, (((m, n), jnp.float32),), x)
-    return _differentiable(
+        return rt.without_elements(softmax_reference, (((m, n), jnp.float32),), x)
+    return rt.differentiable(
         functools.partial(
             _softmax_forward,
             m=m,
@@ -521,23 +91,16 @@ def _softmax_forward(
     x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
 ):
     """`softmax` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
-        functools.partial(_softmax_tpu, m=m, n=n, block_m=block_m),
-        _gpu_kernel(
-            "softmax",
-            gpu_backend,
-            functools.partial(
-                _softmax_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_softmax_mosaic_gpu, m=m, n=n),
+    return rt.on_platform(
+        "softmax",
+        (x,),
+        tpu=functools.partial(_softmax_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _softmax_gpu, m=m, n=n, block_m=gpu_block_m, num_warps=gpu_warps, num_stages=gpu_stages
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_softmax_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -588,16 +151,16 @@ _softmax_tpu_blocks = {None: {"default": (8,)}, "v5e": {"default": (8,)}, "v6e":
 
 def _softmax_tpu(x, *, m, n, block_m, interpret):
     """`softmax` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _softmax_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 28 * block_m * n)
+            rt.grown, bounds=(m,), step=lambda block_m: (block_m * n, 28 * block_m * n)
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "softmax",
         block_m=(
             block_m,
@@ -623,10 +186,10 @@ def _softmax_tpu(x, *, m, n, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(28 * block_m * n),
+            vmem_limit_bytes=rt.vmem_limit(28 * block_m * n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=4 * m * n, transcendentals=m * n, bytes_accessed=_nbytes(x) + m * n * 4
+            flops=4 * m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + m * n * 4
         ),
         interpret=interpret,
         name="softmax",
@@ -635,12 +198,12 @@ def _softmax_tpu(x, *, m, n, block_m, interpret):
 
 def _softmax_gpu_kernel(x_ref, y_ref, *, m, block_m, n, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(0, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    e = jnp.exp(x - jnp.max(_fill_past(x, 0, n, 1, -jnp.inf), axis=1, keepdims=True))
-    _store(y_ref, e / jnp.sum(_fill_past(e, 0, n, 1, 0.0), axis=1, keepdims=True), inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    e = jnp.exp(x - jnp.max(rt.fill_past(x, 0, n, 1, -jnp.inf), axis=1, keepdims=True))
+    rt.store(y_ref, e / jnp.sum(rt.fill_past(e, 0, n, 1, 0.0), axis=1, keepdims=True), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
@@ -652,7 +215,7 @@ _softmax_gpu_options = {None: (1, 4, 1)}
 
 def _softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`softmax` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = _gpu_options(
+    block_m, num_warps, num_stages = rt.gpu_options(
         _softmax_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -681,11 +244,11 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
     def reduce_1(indices, x_smem, carry):
         (max_n_running,) = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         max_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
             max_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, max_n_block, -jnp.inf
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, max_n_block, -jnp.inf
             )
         max_n_running = jnp.maximum(max_n_running, jnp.max(max_n_block, axis=1))
         return (max_n_running,)
@@ -697,23 +260,23 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_m, -jnp.inf, jnp.float32, 0),),
+        init_carry=(rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),),
     )(x_ref)
     max_n = max_n_running
 
     def reduce_2(indices, x_smem, carry):
         (sum_n_running,) = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        e = jnp.exp(x - _mgpu_spread(max_n, (block_m, block_n), 0))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
         sum_n_block = e
         if n % block_n:  # a ragged N: its identity past the end
             sum_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
             )
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
@@ -725,22 +288,22 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
     sum_n = sum_n_running
 
     def write(indices, x_smem):
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        e = jnp.exp(x - _mgpu_spread(max_n, (block_m, block_n), 0))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = e / _mgpu_spread(sum_n, (block_m, block_n), 0)
+        y_buffers[slot] = e / rt.mgpu_spread(sum_n, (block_m, block_n), 0)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
             y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
@@ -753,7 +316,7 @@ def _softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n, n):
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         max_concurrent_steps=2,
@@ -771,13 +334,15 @@ def _softmax_mosaic_gpu(x, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     (y,) = plgpu.kernel(
         functools.partial(_softmax_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
             plgpu.SMEM(
-                (2, block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+                (2, block_m, block_n),
+                jnp.float32,
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         grid=(padded_m // block_m,),
@@ -787,17 +352,7 @@ def _softmax_mosaic_gpu(x, *, m, n, interpret):
     return y[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def softmax_with_residuals(
     x,
     *,
@@ -815,45 +370,40 @@ def softmax_with_residuals(
       x: f32[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_softmax_with_residuals_tpu_blocks),
-        grown to large steps (_grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 8.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: f32[M, N]; sum_n: f32[M]; argmax_n: i32[M]; max_n: f32[M].
     """
-    (x,), sizes = _operands("softmax_with_residuals", {"x": (x, jnp.float32, ("M", "N"))})
-    _check_blocks("softmax_with_residuals", block_m=block_m, may_be_none=True)
-    _check_blocks("softmax_with_residuals", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    (x,), sizes = rt.operands("softmax_with_residuals", {"x": (x, jnp.float32, ("M", "N"))})
+    rt.check_blocks(
+        "softmax_with_residuals", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             softmax_with_residuals_reference,
             (((m, n), jnp.float32), ((m,), jnp.float32), ((m,), jnp.int32), ((m,), jnp.float32)),
             x,
         )
-    y, sum_n, argmax_n, max_n = _on_platform(
-        functools.partial(_softmax_with_residuals_tpu, m=m, n=n, block_m=block_m),
-        _gpu_kernel(
-            "softmax_with_residuals",
-            gpu_backend,
-            functools.partial(
-                _softmax_with_residuals_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_softmax_with_residuals_mosaic_gpu, m=m, n=n),
+    y, sum_n, argmax_n, max_n = rt.on_platform(
+        "softmax_with_residuals",
+        (x,),
+        tpu=functools.partial(_softmax_with_residuals_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _softmax_with_residuals_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_softmax_with_residuals_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     sum_n = sum_n.reshape((m,))  # the kernel holds it with size 1 along the dimensions it lacks
     argmax_n = argmax_n.reshape(
@@ -888,7 +438,7 @@ def _softmax_with_residuals_kernel(
     sum_n = jnp.sum(e, axis=1, keepdims=True)
     sum_n_ref[...] = sum_n
     y_ref[...] = e / sum_n
-    argmax_n_ref[...] = _argbest(x, 1, largest=True)
+    argmax_n_ref[...] = rt.argbest(x, 1, largest=True)
 
 
 # TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
@@ -904,16 +454,18 @@ _softmax_with_residuals_tpu_blocks = {
 
 def _softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
     """`softmax_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _softmax_with_residuals_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 32 * block_m * n + 24 * block_m)
+            rt.grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 32 * block_m * n + 24 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "softmax_with_residuals",
         block_m=(
             block_m,
@@ -953,12 +505,12 @@ def _softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(32 * block_m * n + 24 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(32 * block_m * n + 24 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=5 * m * n,
             transcendentals=m * n,
-            bytes_accessed=_nbytes(x) + m * n * 4 + m * n * 4 + m * n * 4 + m * n * 4,
+            bytes_accessed=rt.nbytes(x) + m * n * 4 + m * n * 4 + m * n * 4 + m * n * 4,
         ),
         interpret=interpret,
         name="softmax_with_residuals",
@@ -969,20 +521,20 @@ def _softmax_with_residuals_gpu_kernel(
     x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_ref, *, m, block_m, n, block_n
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(0, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    max_n = jnp.max(_fill_past(x, 0, n, 1, -jnp.inf), axis=1, keepdims=True)
-    _store(max_n_ref, max_n, _mask((block_m, 1), in_m, None))
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    max_n = jnp.max(rt.fill_past(x, 0, n, 1, -jnp.inf), axis=1, keepdims=True)
+    rt.store(max_n_ref, max_n, rt.mask((block_m, 1), in_m, None))
     e = jnp.exp(x - max_n)
-    sum_n = jnp.sum(_fill_past(e, 0, n, 1, 0.0), axis=1, keepdims=True)
-    _store(sum_n_ref, sum_n, _mask((block_m, 1), in_m, None))
-    _store(y_ref, e / sum_n, inside)
-    _store(
+    sum_n = jnp.sum(rt.fill_past(e, 0, n, 1, 0.0), axis=1, keepdims=True)
+    rt.store(sum_n_ref, sum_n, rt.mask((block_m, 1), in_m, None))
+    rt.store(y_ref, e / sum_n, inside)
+    rt.store(
         argmax_n_ref,
-        _argbest(_fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True),
-        _mask((block_m, 1), in_m, None),
+        rt.argbest(rt.fill_past(x, 0, n, 1, -jnp.inf), 1, largest=True),
+        rt.mask((block_m, 1), in_m, None),
     )
 
 
@@ -995,7 +547,7 @@ _softmax_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 def _softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`softmax_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = _gpu_options(
+    block_m, num_warps, num_stages = rt.gpu_options(
         _softmax_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -1053,19 +605,19 @@ def _softmax_with_residuals_mosaic_gpu_kernel(
     def reduce_1(indices, x_smem, carry):
         max_over_n_running, argmax_over_n_running, argmax_over_n_index = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         max_over_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
             max_over_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, max_over_n_block, -jnp.inf
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, max_over_n_block, -jnp.inf
             )
         max_over_n_running = jnp.maximum(max_over_n_running, jnp.max(max_over_n_block, axis=1))
         argmax_over_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
             argmax_over_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, argmax_over_n_block, -jnp.inf
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, argmax_over_n_block, -jnp.inf
             )
-        argmax_over_n_running, argmax_over_n_index = _mgpu_argbest_step(
+        argmax_over_n_running, argmax_over_n_index = rt.mgpu_argbest_step(
             argmax_over_n_running, argmax_over_n_index, argmax_over_n_block, start, 1, largest=True
         )
         return (max_over_n_running, argmax_over_n_running, argmax_over_n_index)
@@ -1077,14 +629,14 @@ def _softmax_with_residuals_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
-            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
-            _mgpu_full(block_m, 0, jnp.int32, 0),
+            rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            rt.mgpu_full(block_m, 0, jnp.int32, 0),
         ),
     )(x_ref)
     max_over_n = max_over_n_running
@@ -1095,12 +647,12 @@ def _softmax_with_residuals_mosaic_gpu_kernel(
     def reduce_2(indices, x_smem, carry):
         (sum_over_n_running,) = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        e = jnp.exp(x - _mgpu_spread(max_n, (block_m, block_n), 0))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
         sum_over_n_block = e
         if n % block_n:  # a ragged N: its identity past the end
             sum_over_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_over_n_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_over_n_block, 0.0
             )
         sum_over_n_running = sum_over_n_running + jnp.sum(sum_over_n_block, axis=1)
         return (sum_over_n_running,)
@@ -1112,11 +664,11 @@ def _softmax_with_residuals_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref)
     sum_over_n = sum_over_n_running
     sum_n = sum_over_n
@@ -1130,12 +682,12 @@ def _softmax_with_residuals_mosaic_gpu_kernel(
 
     def write(indices, x_smem):
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        e = jnp.exp(x - _mgpu_spread(max_n, (block_m, block_n), 0))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = e / _mgpu_spread(sum_n, (block_m, block_n), 0)
+        y_buffers[slot] = e / rt.mgpu_spread(sum_n, (block_m, block_n), 0)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
             y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
@@ -1148,7 +700,7 @@ def _softmax_with_residuals_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         max_concurrent_steps=2,
@@ -1166,7 +718,7 @@ def _softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     y, sum_n, argmax_n, max_n = plgpu.kernel(
         functools.partial(
             _softmax_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
@@ -1182,7 +734,9 @@ def _softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
             plgpu.SMEM((block_m,), jnp.int32),
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM(
-                (2, block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+                (2, block_m, block_n),
+                jnp.float32,
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
         grid=(padded_m // block_m,),
@@ -1197,17 +751,7 @@ def _softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
     )
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def softmax_backward(
     x,
     sum_n,
@@ -1233,18 +777,15 @@ def softmax_backward(
       dy: f32[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_softmax_backward_tpu_blocks),
-        grown to large steps (_grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 8.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: f32[M, N].
     """
-    (x, sum_n, argmax_n, max_n, dy), sizes = _operands(
+    (x, sum_n, argmax_n, max_n, dy), sizes = rt.operands(
         "softmax_backward",
         {
             "x": (x, jnp.float32, ("M", "N")),
@@ -1254,38 +795,30 @@ def softmax_backward(
             "dy": (dy, jnp.float32, ("M", "N")),
         },
     )
-    _check_blocks("softmax_backward", block_m=block_m, may_be_none=True)
-    _check_blocks("softmax_backward", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks("softmax_backward", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             softmax_backward_reference, (((m, n), jnp.float32),), x, sum_n, argmax_n, max_n, dy
         )
     sum_n = sum_n.reshape(m, 1)  # sum_n: f32[M], broadcast over N
     argmax_n = argmax_n.reshape(m, 1)  # argmax_n: i32[M], broadcast over N
     max_n = max_n.reshape(m, 1)  # max_n: f32[M], broadcast over N
-    return _on_platform(
-        functools.partial(_softmax_backward_tpu, m=m, n=n, block_m=block_m),
-        _gpu_kernel(
-            "softmax_backward",
-            gpu_backend,
-            functools.partial(
-                _softmax_backward_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_softmax_backward_mosaic_gpu, m=m, n=n),
+    return rt.on_platform(
+        "softmax_backward",
+        (x, sum_n, argmax_n, max_n, dy),
+        tpu=functools.partial(_softmax_backward_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _softmax_backward_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        sum_n,
-        argmax_n,
-        max_n,
-        dy,
+        mosaic_gpu=functools.partial(_softmax_backward_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -1338,16 +871,18 @@ _softmax_backward_tpu_blocks = {
 
 def _softmax_backward_tpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, interpret):
     """`softmax_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _softmax_backward_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 44 * block_m * n + 24 * block_m)
+            rt.grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 44 * block_m * n + 24 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "softmax_backward",
         block_m=(
             block_m,
@@ -1382,12 +917,12 @@ def _softmax_backward_tpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, inter
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(44 * block_m * n + 24 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(44 * block_m * n + 24 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=15 * m * n,
             transcendentals=m * n,
-            bytes_accessed=_nbytes(x, sum_n, argmax_n, max_n, dy) + m * n * 4,
+            bytes_accessed=rt.nbytes(x, sum_n, argmax_n, max_n, dy) + m * n * 4,
         ),
         interpret=interpret,
         name="softmax_backward",
@@ -1398,25 +933,25 @@ def _softmax_backward_gpu_kernel(
     x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_ref, dx_ref, *, m, block_m, n, block_n
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(0, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    sum_n = _load(sum_n_ref, _mask((block_m, 1), in_m, None))
-    argmax_n = _load(argmax_n_ref, _mask((block_m, 1), in_m, None))
-    max_n = _load(max_n_ref, _mask((block_m, 1), in_m, None))
-    dy = _load(dy_ref, inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    sum_n = rt.load(sum_n_ref, rt.mask((block_m, 1), in_m, None))
+    argmax_n = rt.load(argmax_n_ref, rt.mask((block_m, 1), in_m, None))
+    max_n = rt.load(max_n_ref, rt.mask((block_m, 1), in_m, None))
+    dy = rt.load(dy_ref, inside)
     e = jnp.exp(x - max_n)
     de = dy / sum_n + jnp.sum(
-        _fill_past((-dy * e / (sum_n * sum_n)), 0, n, 1, 0.0), axis=1, keepdims=True
+        rt.fill_past((-dy * e / (sum_n * sum_n)), 0, n, 1, 0.0), axis=1, keepdims=True
     )
     de_1 = de * e
-    _store(
+    rt.store(
         dx_ref,
         de_1
         + jnp.where(
             jax.lax.broadcasted_iota(jnp.int32, (1, block_n), 1) == argmax_n,
-            jnp.sum(_fill_past((-de_1), 0, n, 1, 0.0), axis=1, keepdims=True),
+            jnp.sum(rt.fill_past((-de_1), 0, n, 1, 0.0), axis=1, keepdims=True),
             0,
         ),
         inside,
@@ -1434,7 +969,7 @@ def _softmax_backward_gpu(
     x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, num_warps, num_stages, interpret
 ):
     """`softmax_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = _gpu_options(
+    block_m, num_warps, num_stages = rt.gpu_options(
         _softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -1487,35 +1022,35 @@ def _softmax_backward_mosaic_gpu_kernel(
         sum_n_ref.at[pl.ds(program_m * block_m, block_m)], sum_n_smem, barrier.at[0]
     )
     plgpu.barrier_wait(barrier.at[0])
-    sum_n = _mgpu_load_vector(sum_n_smem, 0)
+    sum_n = rt.mgpu_load_vector(sum_n_smem, 0)
     plgpu.copy_gmem_to_smem(
         argmax_n_ref.at[pl.ds(program_m * block_m, block_m)], argmax_n_smem, barrier.at[1]
     )
     plgpu.barrier_wait(barrier.at[1])
-    argmax_n = _mgpu_load_vector(argmax_n_smem, 0)
+    argmax_n = rt.mgpu_load_vector(argmax_n_smem, 0)
     plgpu.copy_gmem_to_smem(
         max_n_ref.at[pl.ds(program_m * block_m, block_m)], max_n_smem, barrier.at[2]
     )
     plgpu.barrier_wait(barrier.at[2])
-    max_n = _mgpu_load_vector(max_n_smem, 0)
+    max_n = rt.mgpu_load_vector(max_n_smem, 0)
 
     def reduce_1(indices, x_smem, dy_smem, carry):
         (sum_over_n_running,) = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
-        e = jnp.exp(x - _mgpu_spread(max_n, (block_m, block_n), 0))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
         sum_over_n_block = (
             -dy
             * e
             / (
-                _mgpu_spread(sum_n, (block_m, block_n), 0)
-                * _mgpu_spread(sum_n, (block_m, block_n), 0)
+                rt.mgpu_spread(sum_n, (block_m, block_n), 0)
+                * rt.mgpu_spread(sum_n, (block_m, block_n), 0)
             )
         )
         if n % block_n:  # a ragged N: its identity past the end
             sum_over_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_over_n_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_over_n_block, 0.0
             )
         sum_over_n_running = sum_over_n_running + jnp.sum(sum_over_n_block, axis=1)
         return (sum_over_n_running,)
@@ -1527,33 +1062,33 @@ def _softmax_backward_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref, dy_ref)
     sum_over_n = sum_over_n_running
 
     def reduce_2(indices, x_smem, dy_smem, carry):
         (sum_n_2_running,) = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
-        e = jnp.exp(x - _mgpu_spread(max_n, (block_m, block_n), 0))
-        de = dy / _mgpu_spread(sum_n, (block_m, block_n), 0) + _mgpu_spread(
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
+        de = dy / rt.mgpu_spread(sum_n, (block_m, block_n), 0) + rt.mgpu_spread(
             sum_over_n, (block_m, block_n), 0
         )
         de_1 = de * e
         sum_n_2_block = -de_1
         if n % block_n:  # a ragged N: its identity past the end
             sum_n_2_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_2_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_2_block, 0.0
             )
         sum_n_2_running = sum_n_2_running + jnp.sum(sum_n_2_block, axis=1)
         return (sum_n_2_running,)
@@ -1565,25 +1100,25 @@ def _softmax_backward_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(x_ref, dy_ref)
     sum_n_2 = sum_n_2_running
 
     def write(indices, x_smem, dy_smem):
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
-        e = jnp.exp(x - _mgpu_spread(max_n, (block_m, block_n), 0))
-        de = dy / _mgpu_spread(sum_n, (block_m, block_n), 0) + _mgpu_spread(
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        e = jnp.exp(x - rt.mgpu_spread(max_n, (block_m, block_n), 0))
+        de = dy / rt.mgpu_spread(sum_n, (block_m, block_n), 0) + rt.mgpu_spread(
             sum_over_n, (block_m, block_n), 0
         )
         de_1 = de * e
@@ -1591,9 +1126,9 @@ def _softmax_backward_mosaic_gpu_kernel(
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
         dx_buffers[slot] = de_1 + jnp.where(
-            _mgpu_positions(start, (block_m, block_n), 1)
-            == _mgpu_spread(argmax_n, (block_m, block_n), 0),
-            _mgpu_spread(sum_n_2, (block_m, block_n), 0),
+            rt.mgpu_positions(start, (block_m, block_n), 1)
+            == rt.mgpu_spread(argmax_n, (block_m, block_n), 0),
+            rt.mgpu_spread(sum_n_2, (block_m, block_n), 0),
             0,
         )
         plgpu.commit_smem()
@@ -1609,12 +1144,12 @@ def _softmax_backward_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
         max_concurrent_steps=2,
@@ -1632,14 +1167,14 @@ def _softmax_backward_mosaic_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, interpr
     block_n = 64
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     sum_n = sum_n.reshape((m,))
-    sum_n = _mgpu_pad(sum_n, (padded_m,))
+    sum_n = rt.mgpu_pad(sum_n, (padded_m,))
     argmax_n = argmax_n.reshape((m,))
-    argmax_n = _mgpu_pad(argmax_n, (padded_m,))
+    argmax_n = rt.mgpu_pad(argmax_n, (padded_m,))
     max_n = max_n.reshape((m,))
-    max_n = _mgpu_pad(max_n, (padded_m,))
-    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    max_n = rt.mgpu_pad(max_n, (padded_m,))
+    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             _softmax_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
@@ -1651,7 +1186,9 @@ def _softmax_backward_mosaic_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, interpr
             plgpu.SMEM((block_m,), jnp.int32),
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM(
-                (2, block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+                (2, block_m, block_n),
+                jnp.float32,
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
         grid=(padded_m // block_m,),
@@ -1661,17 +1198,7 @@ def _softmax_backward_mosaic_gpu(x, sum_n, argmax_n, max_n, dy, *, m, n, interpr
     return dx[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def log_softmax(
     x,
     *,
@@ -1688,13 +1215,10 @@ def log_softmax(
       x: f32[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_tpu_blocks),
-        grown to large steps (_grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 8.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: f32[M, N].
@@ -1702,14 +1226,12 @@ def log_softmax(
     Gradients: jax.grad runs the generated backward kernels log_softmax_backward
     (_log_softmax_vjp).
     """
-    (x,), sizes = _operands("log_softmax", {"x": (x, jnp.float32, ("M", "N"))})
-    _check_blocks("log_softmax", block_m=block_m, may_be_none=True)
-    _check_blocks("log_softmax", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    (x,), sizes = rt.operands("log_softmax", {"x": (x, jnp.float32, ("M", "N"))})
+    rt.check_blocks("log_softmax", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(log_softmax_reference, (((m, n), jnp.float32),), x)
-    return _differentiable(
+        return rt.without_elements(log_softmax_reference, (((m, n), jnp.float32),), x)
+    return rt.differentiable(
         functools.partial(
             _log_softmax_forward,
             m=m,
@@ -1747,23 +1269,21 @@ def _log_softmax_forward(
     x, *, m, n, block_m, gpu_block_m, gpu_warps, gpu_stages, gpu_backend, interpret
 ):
     """`log_softmax` on its checked arrays: the forward pass that `jax.grad` differentiates."""
-    return _on_platform(
-        functools.partial(_log_softmax_tpu, m=m, n=n, block_m=block_m),
-        _gpu_kernel(
-            "log_softmax",
-            gpu_backend,
-            functools.partial(
-                _log_softmax_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_log_softmax_mosaic_gpu, m=m, n=n),
+    return rt.on_platform(
+        "log_softmax",
+        (x,),
+        tpu=functools.partial(_log_softmax_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _log_softmax_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_log_softmax_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -1799,7 +1319,7 @@ def _log_softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
 
 def _log_softmax_kernel(x_ref, y_ref, *, m, n, block_m):
     x = x_ref[...]
-    y_ref[...] = x - _logsumexp(x, 1)
+    y_ref[...] = x - rt.logsumexp(x, 1)
 
 
 # TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
@@ -1815,16 +1335,16 @@ _log_softmax_tpu_blocks = {
 
 def _log_softmax_tpu(x, *, m, n, block_m, interpret):
     """`log_softmax` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _log_softmax_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 20 * block_m * n)
+            rt.grown, bounds=(m,), step=lambda block_m: (block_m * n, 20 * block_m * n)
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "log_softmax",
         block_m=(
             block_m,
@@ -1850,10 +1370,10 @@ def _log_softmax_tpu(x, *, m, n, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(20 * block_m * n),
+            vmem_limit_bytes=rt.vmem_limit(20 * block_m * n),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=m * n, bytes_accessed=_nbytes(x) + m * n * 4
+            flops=m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + m * n * 4
         ),
         interpret=interpret,
         name="log_softmax",
@@ -1862,11 +1382,11 @@ def _log_softmax_tpu(x, *, m, n, block_m, interpret):
 
 def _log_softmax_gpu_kernel(x_ref, y_ref, *, m, block_m, n, block_n):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(0, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    _store(y_ref, x - _logsumexp(_fill_past(x, 0, n, 1, -jnp.inf), 1), inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    rt.store(y_ref, x - rt.logsumexp(rt.fill_past(x, 0, n, 1, -jnp.inf), 1), inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
@@ -1878,7 +1398,7 @@ _log_softmax_gpu_options = {None: (1, 4, 1)}
 
 def _log_softmax_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`log_softmax` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = _gpu_options(
+    block_m, num_warps, num_stages = rt.gpu_options(
         _log_softmax_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -1907,13 +1427,13 @@ def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n,
     def reduce_1(indices, x_smem, carry):
         logsumexp_n_running, logsumexp_n_index = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         logsumexp_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
             logsumexp_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, logsumexp_n_block, -jnp.inf
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, logsumexp_n_block, -jnp.inf
             )
-        logsumexp_n_running, logsumexp_n_index = _mgpu_logsumexp_step(
+        logsumexp_n_running, logsumexp_n_index = rt.mgpu_logsumexp_step(
             logsumexp_n_running, logsumexp_n_index, logsumexp_n_block, 1
         )
         return (logsumexp_n_running, logsumexp_n_index)
@@ -1925,24 +1445,24 @@ def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n,
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
-            _mgpu_full(block_m, 0.0, jnp.float32, 0),
+            rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
         ),
     )(x_ref)
-    logsumexp_n = _logsumexp_finish(logsumexp_n_running, logsumexp_n_index)
+    logsumexp_n = rt.logsumexp_finish(logsumexp_n_running, logsumexp_n_index)
 
     def write(indices, x_smem):
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = x - _mgpu_spread(logsumexp_n, (block_m, block_n), 0)
+        y_buffers[slot] = x - rt.mgpu_spread(logsumexp_n, (block_m, block_n), 0)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
             y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
@@ -1955,7 +1475,7 @@ def _log_softmax_mosaic_gpu_kernel(x_ref, y_ref, y_buffers, *, block_m, block_n,
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         max_concurrent_steps=2,
@@ -1973,13 +1493,15 @@ def _log_softmax_mosaic_gpu(x, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     (y,) = plgpu.kernel(
         functools.partial(_log_softmax_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n),
         out_type=(jax.ShapeDtypeStruct((padded_m, padded_n), jnp.float32),),
         scratch_types=[
             plgpu.SMEM(
-                (2, block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+                (2, block_m, block_n),
+                jnp.float32,
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         grid=(padded_m // block_m,),
@@ -1989,17 +1511,7 @@ def _log_softmax_mosaic_gpu(x, *, m, n, interpret):
     return y[:m, :n]
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def log_softmax_with_residuals(
     x,
     *,
@@ -2017,43 +1529,38 @@ def log_softmax_with_residuals(
       x: f32[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_with_residuals_tpu_blocks),
-        grown to large steps (_grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 8.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       y: f32[M, N]; logsumexp_n: f32[M].
     """
-    (x,), sizes = _operands("log_softmax_with_residuals", {"x": (x, jnp.float32, ("M", "N"))})
-    _check_blocks("log_softmax_with_residuals", block_m=block_m, may_be_none=True)
-    _check_blocks("log_softmax_with_residuals", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    (x,), sizes = rt.operands("log_softmax_with_residuals", {"x": (x, jnp.float32, ("M", "N"))})
+    rt.check_blocks(
+        "log_softmax_with_residuals", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             log_softmax_with_residuals_reference, (((m, n), jnp.float32), ((m,), jnp.float32)), x
         )
-    y, logsumexp_n = _on_platform(
-        functools.partial(_log_softmax_with_residuals_tpu, m=m, n=n, block_m=block_m),
-        _gpu_kernel(
-            "log_softmax_with_residuals",
-            gpu_backend,
-            functools.partial(
-                _log_softmax_with_residuals_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_log_softmax_with_residuals_mosaic_gpu, m=m, n=n),
+    y, logsumexp_n = rt.on_platform(
+        "log_softmax_with_residuals",
+        (x,),
+        tpu=functools.partial(_log_softmax_with_residuals_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _log_softmax_with_residuals_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
+        mosaic_gpu=functools.partial(_log_softmax_with_residuals_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
     logsumexp_n = logsumexp_n.reshape(
         (m,)
@@ -2073,7 +1580,7 @@ def log_softmax_with_residuals_reference(x):
 
 def _log_softmax_with_residuals_kernel(x_ref, y_ref, logsumexp_n_ref, *, m, n, block_m):
     x = x_ref[...]
-    logsumexp_n = _logsumexp(x, 1)
+    logsumexp_n = rt.logsumexp(x, 1)
     logsumexp_n_ref[...] = logsumexp_n
     y_ref[...] = x - logsumexp_n
 
@@ -2091,16 +1598,18 @@ _log_softmax_with_residuals_tpu_blocks = {
 
 def _log_softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
     """`log_softmax_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _log_softmax_with_residuals_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 20 * block_m * n + 8 * block_m)
+            rt.grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 20 * block_m * n + 8 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "log_softmax_with_residuals",
         block_m=(
             block_m,
@@ -2133,10 +1642,10 @@ def _log_softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(20 * block_m * n + 8 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(20 * block_m * n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=m * n, transcendentals=m * n, bytes_accessed=_nbytes(x) + m * n * 4 + m * n * 4
+            flops=m * n, transcendentals=m * n, bytes_accessed=rt.nbytes(x) + m * n * 4 + m * n * 4
         ),
         interpret=interpret,
         name="log_softmax_with_residuals",
@@ -2147,13 +1656,13 @@ def _log_softmax_with_residuals_gpu_kernel(
     x_ref, y_ref, logsumexp_n_ref, *, m, block_m, n, block_n
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(0, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    logsumexp_n = _logsumexp(_fill_past(x, 0, n, 1, -jnp.inf), 1)
-    _store(logsumexp_n_ref, logsumexp_n, _mask((block_m, 1), in_m, None))
-    _store(y_ref, x - logsumexp_n, inside)
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    logsumexp_n = rt.logsumexp(rt.fill_past(x, 0, n, 1, -jnp.inf), 1)
+    rt.store(logsumexp_n_ref, logsumexp_n, rt.mask((block_m, 1), in_m, None))
+    rt.store(y_ref, x - logsumexp_n, inside)
 
 
 # GPU (Triton) blocks and launch options (block_m, num_warps, num_stages) for a call
@@ -2165,7 +1674,7 @@ _log_softmax_with_residuals_gpu_options = {None: (1, 4, 1)}
 
 def _log_softmax_with_residuals_gpu(x, *, m, n, block_m, num_warps, num_stages, interpret):
     """`log_softmax_with_residuals` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = _gpu_options(
+    block_m, num_warps, num_stages = rt.gpu_options(
         _log_softmax_with_residuals_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -2205,13 +1714,15 @@ def _log_softmax_with_residuals_mosaic_gpu_kernel(
     def reduce_1(indices, x_smem, carry):
         logsumexp_over_n_running, logsumexp_over_n_index = carry
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         logsumexp_over_n_block = x
         if n % block_n:  # a ragged N: its identity past the end
             logsumexp_over_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, logsumexp_over_n_block, -jnp.inf
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n,
+                logsumexp_over_n_block,
+                -jnp.inf,
             )
-        logsumexp_over_n_running, logsumexp_over_n_index = _mgpu_logsumexp_step(
+        logsumexp_over_n_running, logsumexp_over_n_index = rt.mgpu_logsumexp_step(
             logsumexp_over_n_running, logsumexp_over_n_index, logsumexp_over_n_block, 1
         )
         return (logsumexp_over_n_running, logsumexp_over_n_index)
@@ -2223,16 +1734,16 @@ def _log_softmax_with_residuals_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         max_concurrent_steps=2,
         init_carry=(
-            _mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
-            _mgpu_full(block_m, 0.0, jnp.float32, 0),
+            rt.mgpu_full(block_m, -jnp.inf, jnp.float32, 0),
+            rt.mgpu_full(block_m, 0.0, jnp.float32, 0),
         ),
     )(x_ref)
-    logsumexp_over_n = _logsumexp_finish(logsumexp_over_n_running, logsumexp_over_n_index)
+    logsumexp_over_n = rt.logsumexp_finish(logsumexp_over_n_running, logsumexp_over_n_index)
     logsumexp_n = logsumexp_over_n
     logsumexp_n_smem[...] = logsumexp_n
     plgpu.commit_smem()
@@ -2242,11 +1753,11 @@ def _log_softmax_with_residuals_mosaic_gpu_kernel(
 
     def write(indices, x_smem):
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        y_buffers[slot] = x - _mgpu_spread(logsumexp_n, (block_m, block_n), 0)
+        y_buffers[slot] = x - rt.mgpu_spread(logsumexp_n, (block_m, block_n), 0)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
             y_buffers.at[slot], y_ref.at[pl.ds(program_m * block_m, block_m), pl.ds(start, block_n)]
@@ -2259,7 +1770,7 @@ def _log_softmax_with_residuals_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         max_concurrent_steps=2,
@@ -2277,7 +1788,7 @@ def _log_softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
     block_n = 128
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     y, logsumexp_n = plgpu.kernel(
         functools.partial(
             _log_softmax_with_residuals_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
@@ -2289,7 +1800,9 @@ def _log_softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
         scratch_types=[
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM(
-                (2, block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+                (2, block_m, block_n),
+                jnp.float32,
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
         grid=(padded_m // block_m,),
@@ -2299,17 +1812,7 @@ def _log_softmax_with_residuals_mosaic_gpu(x, *, m, n, interpret):
     return y[:m, :n], logsumexp_n[:m].reshape((m, 1))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "block_m",
-        "gpu_block_m",
-        "gpu_warps",
-        "gpu_stages",
-        "gpu_backend",
-        "interpret",
-    ),
-)
+@rt.jit_with_static_keywords
 def log_softmax_backward(
     x,
     logsumexp_n,
@@ -2331,18 +1834,15 @@ def log_softmax_backward(
       dy: f32[M, N].
       block_m: TPU block sizes; a block never exceeds its dimension. Those not given
         are tuned for the TPU and sizes, or the TPU's defaults (_log_softmax_backward_tpu_blocks),
-        grown to large steps (_grown), else 8.
-      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:
-        those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.
-      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;
-        opt-in, not yet checked on hardware).
-      interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;
-        True or a pltpu.InterpretParams interprets the TPU kernel on any platform.
+        grown to large steps (rt.grown), else 8.
+      gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).
+      gpu_backend: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).
+      interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).
 
     Returns:
       dx: f32[M, N].
     """
-    (x, logsumexp_n, dy), sizes = _operands(
+    (x, logsumexp_n, dy), sizes = rt.operands(
         "log_softmax_backward",
         {
             "x": (x, jnp.float32, ("M", "N")),
@@ -2350,34 +1850,30 @@ def log_softmax_backward(
             "dy": (dy, jnp.float32, ("M", "N")),
         },
     )
-    _check_blocks("log_softmax_backward", block_m=block_m, may_be_none=True)
-    _check_blocks("log_softmax_backward", gpu_block_m=gpu_block_m, may_be_none=True)
-    m = sizes["M"]
-    n = sizes["N"]
+    rt.check_blocks(
+        "log_softmax_backward", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True
+    )
+    m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return _without_elements(
+        return rt.without_elements(
             log_softmax_backward_reference, (((m, n), jnp.float32),), x, logsumexp_n, dy
         )
     logsumexp_n = logsumexp_n.reshape(m, 1)  # logsumexp_n: f32[M], broadcast over N
-    return _on_platform(
-        functools.partial(_log_softmax_backward_tpu, m=m, n=n, block_m=block_m),
-        _gpu_kernel(
-            "log_softmax_backward",
-            gpu_backend,
-            functools.partial(
-                _log_softmax_backward_gpu,
-                m=m,
-                n=n,
-                block_m=gpu_block_m,
-                num_warps=gpu_warps,
-                num_stages=gpu_stages,
-            ),
-            functools.partial(_log_softmax_backward_mosaic_gpu, m=m, n=n),
+    return rt.on_platform(
+        "log_softmax_backward",
+        (x, logsumexp_n, dy),
+        tpu=functools.partial(_log_softmax_backward_tpu, m=m, n=n, block_m=block_m),
+        triton=functools.partial(
+            _log_softmax_backward_gpu,
+            m=m,
+            n=n,
+            block_m=gpu_block_m,
+            num_warps=gpu_warps,
+            num_stages=gpu_stages,
         ),
-        interpret,
-        x,
-        logsumexp_n,
-        dy,
+        mosaic_gpu=functools.partial(_log_softmax_backward_mosaic_gpu, m=m, n=n),
+        gpu_backend=gpu_backend,
+        interpret=interpret,
     )
 
 
@@ -2408,16 +1904,18 @@ _log_softmax_backward_tpu_blocks = {
 
 def _log_softmax_backward_tpu(x, logsumexp_n, dy, *, m, n, block_m, interpret):
     """`log_softmax_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = _tpu_blocks(
+    (block_m,) = rt.tpu_blocks(
         _log_softmax_backward_tpu_blocks,
         (m, n),
         (block_m,),
         grow=functools.partial(
-            _grown, bounds=(m,), step=lambda block_m: (block_m * n, 28 * block_m * n + 8 * block_m)
+            rt.grown,
+            bounds=(m,),
+            step=lambda block_m: (block_m * n, 28 * block_m * n + 8 * block_m),
         ),
     )
     block_m = min(block_m, m)  # a small M is one whole block
-    _check_tiling(
+    rt.check_tiling(
         "log_softmax_backward",
         block_m=(
             block_m,
@@ -2447,12 +1945,12 @@ def _log_softmax_backward_tpu(x, logsumexp_n, dy, *, m, n, block_m, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
             # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=_vmem_limit(28 * block_m * n + 8 * block_m),
+            vmem_limit_bytes=rt.vmem_limit(28 * block_m * n + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=5 * m * n,
             transcendentals=m * n,
-            bytes_accessed=_nbytes(x, logsumexp_n, dy) + m * n * 4,
+            bytes_accessed=rt.nbytes(x, logsumexp_n, dy) + m * n * 4,
         ),
         interpret=interpret,
         name="log_softmax_backward",
@@ -2463,16 +1961,16 @@ def _log_softmax_backward_gpu_kernel(
     x_ref, logsumexp_n_ref, dy_ref, dx_ref, *, m, block_m, n, block_n
 ):
     # Which positions of this program's blocks lie inside the arrays (None: no edge).
-    in_m = _inside(pl.program_id(0) * block_m, block_m, m)
-    in_n = _inside(0, block_n, n)
-    inside = _mask((block_m, block_n), in_m, in_n)
-    x = _load(x_ref, inside)
-    logsumexp_n = _load(logsumexp_n_ref, _mask((block_m, 1), in_m, None))
-    dy = _load(dy_ref, inside)
-    _store(
+    in_m = rt.inside(pl.program_id(0) * block_m, block_m, m)
+    in_n = rt.inside(0, block_n, n)
+    inside = rt.mask((block_m, block_n), in_m, in_n)
+    x = rt.load(x_ref, inside)
+    logsumexp_n = rt.load(logsumexp_n_ref, rt.mask((block_m, 1), in_m, None))
+    dy = rt.load(dy_ref, inside)
+    rt.store(
         dx_ref,
         dy
-        + jnp.sum(_fill_past((-dy), 0, n, 1, 0.0), axis=1, keepdims=True)
+        + jnp.sum(rt.fill_past((-dy), 0, n, 1, 0.0), axis=1, keepdims=True)
         * jnp.exp(x - logsumexp_n),
         inside,
     )
@@ -2489,7 +1987,7 @@ def _log_softmax_backward_gpu(
     x, logsumexp_n, dy, *, m, n, block_m, num_warps, num_stages, interpret
 ):
     """`log_softmax_backward` on an NVIDIA GPU, through Pallas's Triton backend."""
-    block_m, num_warps, num_stages = _gpu_options(
+    block_m, num_warps, num_stages = rt.gpu_options(
         _log_softmax_backward_gpu_options, (m, n), (block_m, num_warps, num_stages)
     )
     block_m = min(block_m, pl.next_power_of_2(m))  # a small M is one block
@@ -2536,16 +2034,16 @@ def _log_softmax_backward_mosaic_gpu_kernel(
         logsumexp_n_ref.at[pl.ds(program_m * block_m, block_m)], logsumexp_n_smem, barrier.at[0]
     )
     plgpu.barrier_wait(barrier.at[0])
-    logsumexp_n = _mgpu_load_vector(logsumexp_n_smem, 0)
+    logsumexp_n = rt.mgpu_load_vector(logsumexp_n_smem, 0)
 
     def reduce_1(indices, dy_smem, carry):
         (sum_n_running,) = carry
         start = indices[0] * block_n
-        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         sum_n_block = -dy
         if n % block_n:  # a ragged N: its identity past the end
             sum_n_block = jnp.where(
-                _mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
+                rt.mgpu_positions(start, (block_m, block_n), 1) < n, sum_n_block, 0.0
             )
         sum_n_running = sum_n_running + jnp.sum(sum_n_block, axis=1)
         return (sum_n_running,)
@@ -2557,23 +2055,23 @@ def _log_softmax_backward_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             )
         ],
         max_concurrent_steps=2,
-        init_carry=(_mgpu_full(block_m, 0.0, jnp.float32, 0),),
+        init_carry=(rt.mgpu_full(block_m, 0.0, jnp.float32, 0),),
     )(dy_ref)
     sum_n = sum_n_running
 
     def write(indices, x_smem, dy_smem):
         start = indices[0] * block_n
-        x = _mgpu_load(x_smem, (block_m, block_n), (0, 1))
-        dy = _mgpu_load(dy_smem, (block_m, block_n), (0, 1))
+        x = rt.mgpu_load(x_smem, (block_m, block_n), (0, 1))
+        dy = rt.mgpu_load(dy_smem, (block_m, block_n), (0, 1))
         slot = indices[0] % 2
         # This slot's copy out, two blocks ago, has read it: the last block's may be in flight.
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        dx_buffers[slot] = dy + _mgpu_spread(sum_n, (block_m, block_n), 0) * jnp.exp(
-            x - _mgpu_spread(logsumexp_n, (block_m, block_n), 0)
+        dx_buffers[slot] = dy + rt.mgpu_spread(sum_n, (block_m, block_n), 0) * jnp.exp(
+            x - rt.mgpu_spread(logsumexp_n, (block_m, block_n), 0)
         )
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(
@@ -2588,12 +2086,12 @@ def _log_softmax_backward_mosaic_gpu_kernel(
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
             plgpu.BlockSpec(
                 (block_m, block_n),
                 lambda s: (program_m, s),
-                transforms=_mgpu_swizzled(jnp.float32, block_n),
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
         max_concurrent_steps=2,
@@ -2611,10 +2109,10 @@ def _log_softmax_backward_mosaic_gpu(x, logsumexp_n, dy, *, m, n, interpret):
     block_n = 64
     padded_m = m + -m % block_m
     padded_n = n + -n % block_n
-    x = _mgpu_pad(x, (padded_m, padded_n))
+    x = rt.mgpu_pad(x, (padded_m, padded_n))
     logsumexp_n = logsumexp_n.reshape((m,))
-    logsumexp_n = _mgpu_pad(logsumexp_n, (padded_m,))
-    dy = _mgpu_pad(dy, (padded_m, padded_n))
+    logsumexp_n = rt.mgpu_pad(logsumexp_n, (padded_m,))
+    dy = rt.mgpu_pad(dy, (padded_m, padded_n))
     (dx,) = plgpu.kernel(
         functools.partial(
             _log_softmax_backward_mosaic_gpu_kernel, block_m=block_m, block_n=block_n, n=n
@@ -2624,7 +2122,9 @@ def _log_softmax_backward_mosaic_gpu(x, logsumexp_n, dy, *, m, n, interpret):
             plgpu.Barrier(num_barriers=1),
             plgpu.SMEM((block_m,), jnp.float32),
             plgpu.SMEM(
-                (2, block_m, block_n), jnp.float32, transforms=_mgpu_swizzled(jnp.float32, block_n)
+                (2, block_m, block_n),
+                jnp.float32,
+                transforms=rt.mgpu_swizzled(jnp.float32, block_n),
             ),
         ],
         grid=(padded_m // block_m,),

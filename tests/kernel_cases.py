@@ -60,7 +60,10 @@ def take_gpu_branch(monkeypatch, module: ModuleType) -> None:
     """Make a generated module's dispatch run the Triton kernel, passing `interpret` on,
     so that the GPU path runs in interpret mode on CPU. (The real dispatch follows the
     lowering platform: see test_dispatch.py.)"""
-    monkeypatch.setattr(module, "_on_platform", lambda tpu, gpu, interpret, *arrays: gpu(*arrays, interpret=interpret))
+    def on_gpu(kernel, arrays, *, tpu, triton, mosaic_gpu, gpu_backend, interpret):
+        return module.rt.gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu)(*arrays, interpret=interpret)
+
+    monkeypatch.setattr(module.rt, "on_platform", on_gpu)
 
 
 def kernels_in(module: ModuleType) -> list[str]:

@@ -215,7 +215,7 @@ def test_mosaic_compiles_int8_with_32_row_blocks(module, kernel, block_m):
 def test_blocks_beyond_the_scoped_default_compile_with_a_raised_limit(chip):
     """bias_gelu blocks of 1024x2048 need 16.1 MiB, more than Mosaic's 16 MiB default
     (E1001 CompileTimeScopedVmemOom without a limit): the launcher raises the limit."""
-    launcher = generated_module("activations")._vmem_limit
+    launcher = generated_module("activations").rt.vmem_limit  # the runtime the module calls
     needed = 8 * 1024 * 2048 + 8 * 2048 + 8 * 1024
     assert launcher(needed) == 2 * needed
     assert launcher(16 * 2**20) is None

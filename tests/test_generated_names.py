@@ -54,8 +54,10 @@ def test_no_generated_name_is_marked_to_dodge_a_collision(path):
 
 
 def _function_code(node: ast.FunctionDef) -> str:
-    return ast.dump(node.args) + ast.dump(ast.Module(node.body, type_ignores=[])) + str(
-        [ast.dump(d) for d in node.decorator_list]
+    return (
+        ast.dump(node.args)
+        + ast.dump(ast.Module(node.body, type_ignores=[]))
+        + str([ast.dump(d) for d in node.decorator_list])
     )
 
 
@@ -81,7 +83,11 @@ def test_kernels_of_the_same_code_share_one_function():
 def test_a_size_yields_to_the_spec_name_it_would_take():
     """attention.pallas has a dimension S and a value `s`: the size is `size_s`."""
     source = (ROOT / "generated" / "attention.py").read_text(encoding="utf-8")
-    assert 'size_s = sizes["S"]' in source and "let s = where(" in (ROOT / "specs" / "attention.pallas").read_text()
+    assert "let s = where(" in (ROOT / "specs" / "attention.pallas").read_text()
+    reads = re.findall(r"^ +(\w+(?:, \w+)*) = (sizes\[.*)$", source, re.M)
+    assert ("size_s", 'sizes["S"]') in {
+        pair for names, sizes in reads for pair in zip(names.split(", "), sizes.split(", "))
+    }
     assert re.search(r"^def _attention_tpu\(q, k, v, \*, b, h, size_s, d, t,", source, re.M)
 
 

@@ -1,6 +1,8 @@
 """The package's folders are its stages, in the order data flows through them: a
 module imports only from its own stage or lower ones, and the build path (every
-stage up to the workspace) never imports jax."""
+stage from the frontend up to the workspace) never imports jax. The runtime, which
+generated modules import, is the lowest stage: it needs nothing else of pallasgen, and
+the build path reads only its jax-free constants."""
 
 from __future__ import annotations
 
@@ -11,11 +13,13 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pallasgen"
 
-# Lowest first: spec text -> IR -> checks and the iteration space -> backward kernels derived
+# Lowest first: the runtime generated modules run on (its constants shared with the
+# generator) -> spec text -> IR -> checks and the iteration space -> backward kernels derived
 # as IR kernels -> shared lowering ->
 # each backend's plan -> rendering -> the workspace (build, check) -> show -> the playground (the build
 # path in a browser) -> what runs kernels.
 STAGES = (
+    "runtime",
     "frontend",
     "analysis",
     "gradients",
@@ -28,12 +32,16 @@ STAGES = (
     "devices",
     "cli",
 )
-BUILD_STAGES = STAGES[: STAGES.index("workspace") + 1]
+BUILD_STAGES = STAGES[STAGES.index("frontend") : STAGES.index("workspace") + 1]
+# What the build path may import of the runtime: the facts it shares with the generator.
+JAX_FREE_RUNTIME = ("pallasgen.runtime", "pallasgen.runtime.constants")
 
 
 def stage_of(module: str) -> str:
-    """`pallasgen.analysis.checks` -> analysis; `pallasgen.cli` -> cli."""
-    return module.split(".")[1]
+    """`pallasgen.analysis.checks` -> analysis; `pallasgen.cli` -> cli, and so is
+    `pallasgen.__main__` (`python -m pallasgen`, the command)."""
+    stage = module.split(".")[1]
+    return "cli" if stage == "__main__" else stage
 
 
 def modules() -> list[tuple[str, Path]]:
@@ -74,6 +82,23 @@ def test_a_module_imports_only_its_own_or_lower_stages(module, path):
 )
 def test_the_build_path_never_imports_jax(module, path):
     assert not [name for name in imports(path) if name.split(".")[0] in ("jax", "jaxlib")]
+
+
+@pytest.mark.parametrize(
+    "module, path",
+    [(name, path) for name, path in modules() if stage_of(name) in BUILD_STAGES],
+    ids=[name for name, _ in modules() if stage_of(name) in BUILD_STAGES],
+)
+def test_the_build_path_imports_only_the_jax_free_part_of_the_runtime(module, path):
+    runtime = [name for name in imports(path) if name == "pallasgen.runtime" or name.startswith("pallasgen.runtime.")]
+    assert set(runtime) <= set(JAX_FREE_RUNTIME)
+
+
+@pytest.mark.parametrize("module", JAX_FREE_RUNTIME)
+def test_the_runtimes_constants_import_no_jax_nor_the_rest_of_pallasgen(module):
+    (path,) = [path for name, path in modules() if name == module]
+    assert not [name for name in imports(path) if name.split(".")[0] in ("jax", "jaxlib")]
+    assert {name for name in imports(path) if name.startswith("pallasgen")} <= set(JAX_FREE_RUNTIME)
 
 
 def test_the_checker_flags_an_upward_import(tmp_path):

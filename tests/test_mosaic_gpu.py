@@ -220,7 +220,7 @@ def test_without_mosaic_gpu_importable_only_a_cuda_lowering_asks_for_absl(monkey
     """jax 0.10.2 imports Mosaic GPU only with absl-py: the module still imports and runs
     elsewhere, and lowering for CUDA says what to install."""
     module = generated_module("add_vectors")
-    monkeypatch.setattr(module, "plgpu", None)
+    monkeypatch.setattr(module.rt, "plgpu", None)  # the runtime checks it
     x = jnp.arange(4, dtype=jnp.float32)
     np.testing.assert_array_equal(module.add_vectors(x, x, gpu_backend="mosaic_gpu"), 2 * x)
     with pytest.raises(ImportError, match=r'add_vectors: gpu_backend="mosaic_gpu" needs absl-py'):

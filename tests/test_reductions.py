@@ -364,8 +364,8 @@ def test_a_reduction_to_a_scalar_keeps_a_running_value_per_position_of_its_block
     assert not accumulates_elementwise(column_sums.kernel, "M")  # N stays: a row of sums per block
     assert not accumulates_elementwise(argmax.kernel, "N")  # a row reduction
     generated = (Path(__file__).resolve().parents[1] / "generated" / "reductions.py").read_text()
-    assert "x = _as_rows(x_ref[...])" in generated  # equal_count
-    assert "scratch_shapes=[pltpu.VMEM(_rows_shape(block_n), jnp.int32)]" in generated  # equal_count
+    assert "x = rt.as_rows(x_ref[...])" in generated  # equal_count
+    assert "scratch_shapes=[pltpu.VMEM(rt.rows_shape(block_n), jnp.int32)]" in generated  # equal_count
     assert "scratch_shapes=[pltpu.VMEM((1, block_n), jnp.float32)]" in generated  # column_sums
 
 
@@ -406,7 +406,7 @@ def test_every_elementwise_reducer_to_a_scalar_matches_numpy_over_ragged_steps(s
     were read."""
     path = tmp_path / "vector_reductions.py"
     path.write_text(generate(VECTOR_REDUCTIONS, "vector_reductions.pallas", "specs/vector_reductions.pallas"))
-    assert "pltpu.VMEM(_rows_shape(block_n), jnp.float32)" in path.read_text()
+    assert "pltpu.VMEM(rt.rows_shape(block_n), jnp.float32)" in path.read_text()
     module = load_generated(path)
     rng = np.random.default_rng(3)
     x = rng.standard_normal(size).astype(np.float32)

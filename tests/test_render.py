@@ -10,7 +10,7 @@ import pytest
 from pallasgen.gradients.derive import every_kernel
 from pallasgen.workspace.pipeline import check_source
 from pallasgen.backends import plan_module
-from pallasgen.rendering.render import format_code, helper_definitions, render_module, render_pieces
+from pallasgen.rendering.render import format_code, render_module, render_pieces
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,7 +27,7 @@ def test_piecewise_formatting_equals_formatting_the_whole_module(name, plan):
 
 
 def test_the_launchers_vmem_at_the_default_blocks_is_the_spec_checks_count():
-    """`vmem_limit_bytes=_vmem_limit(...)` reads the call-time blocks; at the defaults (with
+    """`vmem_limit_bytes=rt.vmem_limit(...)` reads the call-time blocks; at the defaults (with
     dimensions taken whole counted as 1, as `vmem_bytes` does) it is the same count."""
     from pallasgen.backends.tpu.tiling import vmem_bytes
 
@@ -45,10 +45,19 @@ def test_the_launchers_vmem_at_the_default_blocks_is_the_spec_checks_count():
             assert eval(tpu.vmem_needed, {}, {**names, **whole}) == expected, (spec.name, checked.kernel.name)
 
 
-def test_the_reserved_helper_names_are_exactly_what_the_helpers_template_defines():
-    """Spec names are kept off every module-level helper: the list in pallasgen.backends
-    must follow templates/helpers.py.j2 (each module defines those it calls)."""
-    from pallasgen.backends import BACKENDS, MODULE_HELPERS
+def test_every_name_a_module_imports_is_kept_off_spec_names():
+    """A spec's names never shadow what the module imports (`rt`, the runtime, among them):
+    the reserved list in pallasgen.analysis.names follows templates/header.py.j2."""
+    import ast
 
-    values = {name: value for backend in BACKENDS for name, value in backend.helper_values().items()}
-    assert set(helper_definitions(values)[1]) == MODULE_HELPERS
+    from pallasgen.analysis.names import MODULE_NAMES
+
+    name, plan = next(plans())
+    header = ast.parse(format_code(render_pieces(plan)[0]))
+    imported = {
+        alias.asname or alias.name.split(".")[0]
+        for node in header.body
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
+    assert imported and imported <= MODULE_NAMES

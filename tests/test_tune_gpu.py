@@ -141,8 +141,8 @@ def test_a_call_without_gpu_blocks_takes_the_nearest_entry_tuned_for_its_gpu(pro
     assert table[None] == (64, 64, 32, 4, 3)
 
     def chosen(kind, sizes, given=(None,) * 5):
-        monkeypatch.setattr(module, "_gpu_device_kind", lambda: kind)
-        return module._gpu_options(table, sizes, given)
+        monkeypatch.setattr(module.rt, "gpu_device_kind", lambda: kind)
+        return module.rt.gpu_options(table, sizes, given)
 
     assert chosen(H100, (4096, 8192, 4096)) == (128, 64, 32, 8, 4)
     assert chosen(H100, (300, 200, 256)) == (32, 32, 16, 2, 2)
@@ -158,10 +158,10 @@ def test_the_tuned_choice_reaches_the_triton_launch_and_the_kernel_still_compute
     entry = gpu_entry(mm, H100, dict(M=32, N=32, K=64), dict(M=16, N=32, K=16), {"warps": 2, "stages": 1})
     module = build_with_gpu_tuning(project, entry)
     take_gpu_branch(monkeypatch, module)
-    monkeypatch.setattr(module, "_gpu_device_kind", lambda: H100)
+    monkeypatch.setattr(module.rt, "gpu_device_kind", lambda: H100)
     launched = []
-    choose = module._gpu_options
-    monkeypatch.setattr(module, "_gpu_options", lambda *args: launched.append(choose(*args)) or launched[-1])
+    choose = module.rt.gpu_options
+    monkeypatch.setattr(module.rt, "gpu_options", lambda *args: launched.append(choose(*args)) or launched[-1])
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((32, 64), np.float32), rng.standard_normal((64, 32), np.float32)
     np.testing.assert_allclose(np.asarray(module.mm(x, y, interpret=True)), x @ y, rtol=1e-4, atol=1e-4)

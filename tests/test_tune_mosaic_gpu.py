@@ -100,8 +100,8 @@ def test_a_call_without_mgpu_keywords_takes_the_nearest_entry_tuned_for_its_gpu(
     assert table[None] == (128, 128, 32, 2)
 
     def chosen(kind, sizes, given=(None,) * 4):
-        monkeypatch.setattr(module, "_gpu_device_kind", lambda: kind)
-        return module._gpu_options(table, sizes, given)
+        monkeypatch.setattr(module.rt, "gpu_device_kind", lambda: kind)
+        return module.rt.gpu_options(table, sizes, given)
 
     assert chosen(H100, (4096, 8192, 4096)) == (128, 64, 16, 4)
     assert chosen(H100, (300, 200, 256)) == (64, 64, 8, 1)

@@ -185,8 +185,8 @@ def test_a_call_without_blocks_takes_the_nearest_tuned_entry_for_its_chip_else_t
     table, spec = module._mm_tpu_blocks, (128, 128, 128)
 
     def blocks(chip, sizes, given=(None, None, None)):
-        monkeypatch.setattr(module, "_tpu_chip", lambda: chip)
-        return module._tpu_blocks(table, sizes, given)
+        monkeypatch.setattr(module.rt, "tpu_chip", lambda: chip)
+        return module.rt.tpu_blocks(table, sizes, given)
 
     assert blocks("v6e", (4096, 4096, 4096)) == (512, 1024, 2048)
     assert blocks("v6e", (8192, 2048, 4096)) == (512, 1024, 2048)  # the nearest (only) bucket
@@ -204,7 +204,7 @@ def test_the_chosen_blocks_reach_the_kernels_grid_and_it_still_computes_right(pr
     assert pallasgen("build").exit_code == 0
     path = project / "generated" / "mm.py"
     module = load_module(path.read_text(), path)
-    monkeypatch.setattr(module, "_tpu_chip", lambda: "v6e")
+    monkeypatch.setattr(module.rt, "tpu_chip", lambda: "v6e")
     x = jax.random.normal(jax.random.key(0), (256, 512), jnp.bfloat16)
     y = jax.random.normal(jax.random.key(1), (512, 256), jnp.bfloat16)
     jaxpr = str(jax.make_jaxpr(lambda x, y: module.mm(x, y, interpret=True))(x, y))
@@ -231,10 +231,11 @@ def grid(module_name: str, kernel: str, chip, *shapes, **blocks) -> tuple[int, .
     """The TPU grid a bundled kernel's call takes on `chip` (None: CPU), inputs of `shapes`."""
     path = GENERATED / f"{module_name}.py"
     module = load_module(path.read_text(), path)
-    module._tpu_chip = lambda: chip
     dtypes = {"softmax": [jnp.float32], "cross_entropy": [jnp.bfloat16, jnp.int32], "giou": [jnp.float32] * 8}
     args = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in zip(shapes, dtypes[kernel])]
-    jaxpr = str(jax.make_jaxpr(lambda *a: getattr(module, kernel)(*a, interpret=True, **blocks))(*args))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(module.rt, "tpu_chip", lambda: chip)
+        jaxpr = str(jax.make_jaxpr(lambda *a: getattr(module, kernel)(*a, interpret=True, **blocks))(*args))
     return tuple(map(int, re.search(r"grid=\(([\d, ]*)\)", jaxpr.replace(" ", "")).group(1).strip(",").split(",")))
 
 
@@ -280,7 +281,7 @@ def checked_spec(spec: str, kernel: str):
     return next(c for c in check_source(path.read_text(), path.name) if c.kernel.name == kernel)
 
 
-def test_only_a_module_with_a_kernel_that_grows_its_blocks_has_the_growth_helper():
+def test_only_a_module_with_a_kernel_that_grows_its_blocks_calls_the_runtimes_growth():
     # A plain product's kernels (its backward kernels are products too) never grow.
     spec = (
         "kernel mm {\n    in  x: f32[M, K]\n    in  y: f32[K, N]\n    out z: f32[M, N]\n    z = x @ y\n"
@@ -288,8 +289,8 @@ def test_only_a_module_with_a_kernel_that_grows_its_blocks_has_the_growth_helper
     )
     matmul = generate(spec, "mm.pallas", "mm.pallas")
     softmax = (GENERATED / "softmax.py").read_text()
-    assert "def _grown(" not in matmul and "grow=functools" not in matmul
-    assert "def _grown(" in softmax and "grow=functools.partial(" in softmax
+    assert "rt.grown" not in matmul and "grow=functools" not in matmul
+    assert "rt.grown" in softmax and "grow=functools.partial(" in softmax
 
 
 def test_block_choices_are_the_tiling_multiple_times_powers_of_two_then_the_whole_dimension():

@@ -125,9 +125,9 @@ def _arg_best(name: str, best: str, start: str, largest: bool) -> Reducer:
         start,
         f"jnp.{name}({{value}}, axis={{axis}}, keepdims=True).astype(jnp.int32)",
         running=(Running(best, start), Running("index", "zero", dtype="i32")),
-        step=f"_argbest_step({{0}}, {{1}}, {{value}}, {{start}}, {{axis}}, largest={largest})",
+        step=f"rt.argbest_step({{0}}, {{1}}, {{value}}, {{start}}, {{axis}}, largest={largest})",
         finish="{1}",
-        whole=f"_argbest({{value}}, {{axis}}, largest={largest})",
+        whole=f"rt.argbest({{value}}, {{axis}}, largest={largest})",
     )
 
 
@@ -232,9 +232,9 @@ FUNCTIONS: dict[str, Function] = {
                 "lowest",
                 "jax.nn.logsumexp({wide_value}, axis={axis}, keepdims=True)",
                 running=(Running("max", "lowest"), Running("sum", "zero")),
-                step="_logsumexp_step({0}, {1}, {value}, {axis})",
-                finish="_logsumexp_finish({0}, {1})",
-                whole="_logsumexp({value}, {axis})",
+                step="rt.logsumexp_step({0}, {1}, {value}, {axis})",
+                finish="rt.logsumexp_finish({0}, {1})",
+                whole="rt.logsumexp({value}, {axis})",
             ),
             d.logsumexp,
             transcendental=True,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import keyword
 
-# Names the generated module itself defines or imports at module level.
-MODULE_NAMES = frozenset({"functools", "jax", "jnp", "np", "pl", "pltpu", "pltriton", "plgpu", "math", "warnings"})
+# Names the generated module itself defines or imports at module level (`rt`: pallasgen's
+# runtime, pallasgen/runtime/support.py).
+MODULE_NAMES = frozenset({"functools", "jax", "jnp", "np", "pl", "pltpu", "pltriton", "plgpu", "math", "warnings", "rt"})
 # Names the generated wrapper functions use for their own keywords and locals.
 WRAPPER_NAMES = frozenset({"interpret", "grid", "sizes", "kernel"})
 # Builtins the generated code calls (templates/*.j2); a spec name must never shadow one.

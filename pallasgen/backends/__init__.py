@@ -19,54 +19,26 @@ from pallasgen.lowering.signature import Signature, signature
 
 BACKENDS: tuple[Backend, ...] = (TpuBackend(), GpuBackend(), MosaicGpuBackend())
 
-# Names the generated module may define for its helpers (templates/helpers.py.j2; a
-# module defines those its code calls).
-MODULE_HELPERS = frozenset(
-    {"_on_platform", "_operands", "_check_blocks", "_without_elements", "_check_tiling", "_nbytes"}
-    | {"_inside", "_mask", "_load", "_store"}
-    | {"_platform_dependent", "_platform_dependent_p", "_platform_dependent_primitive", "_vmem_limit"}
-    | {"_tpu_chip", "_tpu_blocks", "_grown", "_strips"}
-    | {"_gpu_options", "_gpu_device_kind"}
-    | {"_gpu_kernel", "_mgpu_pad", "_mgpu_swizzled", "_mgpu_load", "_mgpu_spread", "_mgpu_load_vector"}
-    | {"_mgpu_full", "_mgpu_positions", "_mgpu_logsumexp_step", "_mgpu_argbest_step", "_mgpu_floor", "_mgpu_ceil"}
-    | {"_mgpu_sqrt", "_mgpu_dot", "_mgpu_fill_past", "_mgpu_vector_positions", "_mgpu_softmax"}
-    | {"_mgpu_check_choices"}
-    | {"_fill_past", "_rows_shape", "_as_rows", "_fill_past_rows"}
-    | {
-        "_round_half_even",
-        "_argbest",
-        "_argbest_step",
-        "_logsumexp",
-        "_logsumexp_step",
-        "_logsumexp_finish",
-        "_softmax",
-    }
-    | {"_differentiable"}
-)
-
-
 @dataclass(frozen=True)
 class ModulePlan:
     spec_path: str
     kernels: tuple[KernelPlan, ...]
     templates: tuple[str, ...]  # each backend's, rendered per kernel after the public function
-    helpers: dict[str, object]  # what the shared helpers (helpers.py.j2) are rendered with
 
 
 def plan_module(spec_path: str, kernels: tuple[CheckedKernel, ...]) -> ModulePlan:
     """The module's plan: each kernel, then its backward kernels (gradients.derive)."""
     kernels = every_kernel(kernels)
-    module_names = MODULE_HELPERS | {
+    module_names = frozenset({
         name
         for k in kernels
         for name in (
             *(name for backend in BACKENDS for name in backend.function_names(k.kernel.name)),
             *gradient_function_names(k.kernel.name),
         )
-    }
+    })
     plans = tuple(_plan_kernel(k, module_names, spec_path) for k in kernels)
-    helpers = {name: value for backend in BACKENDS for name, value in backend.helper_values().items()}
-    return ModulePlan(spec_path, plans, _templates(), helpers)
+    return ModulePlan(spec_path, plans, _templates())
 
 
 def backend_named(name: str) -> Backend:

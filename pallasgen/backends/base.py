@@ -113,10 +113,6 @@ class Backend(ABC):
         """The block of each dimension that `plan.tiling` gives a block ("block" extent), as
         its launcher clamps the default at these sizes."""
 
-    def helper_values(self) -> dict[str, object]:
-        """Values the module's shared helpers (helpers.py.j2) take from this backend."""
-        return {}
-
     def backward_keywords(self) -> tuple[str, ...]:
         """Keywords of every public function of its that choose how a kernel runs, not
         what it computes: `jax.grad` passes them on to the backward kernels."""

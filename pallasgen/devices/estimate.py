@@ -181,7 +181,7 @@ def struct(decl, sizes: dict[str, int], sharding=None):
 @contextlib.contextmanager
 def _scoped_vmem_limit(module, limit_bytes):
     """Compiles `module`'s kernels with `vmem_limit_bytes`, in place of the limit the
-    generated launcher chooses (`_vmem_limit`)."""
+    generated launcher chooses (`rt.vmem_limit`)."""
     if limit_bytes is None:
         yield
         return

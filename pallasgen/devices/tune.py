@@ -54,21 +54,22 @@ def start_blocks(module, checked: CheckedKernel, chip: str, sizes: dict[str, int
     """The blocks a call that passes none takes at `sizes` on `chip` (the chip's default,
     grown for a kernel without a product, or a tuned entry), each the nearest choice to
     it (a block clamped to a small dimension is that dimension). They are what the
-    generated `module` itself chooses (its `_tpu_blocks`, traced, not compiled)."""
+    generated `module` itself chooses (the runtime's `tpu_blocks`, traced, not compiled)."""
     import jax
 
     tunable = backend_named("tpu").tunable_dims(checked)
     if not tunable:
         return {}  # every dimension whole: nothing to choose
     chosen = []
-    choose, original_chip = module._tpu_blocks, module._tpu_chip
-    module._tpu_blocks = lambda *args, **keywords: chosen.append(choose(*args, **keywords)) or chosen[-1]
-    module._tpu_chip = lambda: chip
+    runtime = module.rt  # pallasgen.runtime.support, which the module's launchers call
+    choose, original_chip = runtime.tpu_blocks, runtime.tpu_chip
+    runtime.tpu_blocks = lambda *args, **keywords: chosen.append(choose(*args, **keywords)) or chosen[-1]
+    runtime.tpu_chip = lambda: chip
     try:
         kernel = functools.partial(getattr(module, checked.kernel.name), interpret=True)
         jax.eval_shape(kernel, *arguments(checked, sizes))
     finally:
-        module._tpu_blocks, module._tpu_chip = choose, original_chip
+        runtime.tpu_blocks, runtime.tpu_chip = choose, original_chip
         jax.clear_caches()  # nothing traced with the stand-in chip stays
     call = dict(zip(tunable, chosen[-1]))
     return {d: min(block_choices(checked, d, sizes[d]), key=lambda b: abs(b - block)) for d, block in call.items()}

@@ -85,7 +85,7 @@ class FrameSpelling:
     def __init__(self, fused: FusedKernel, sizes, extents, starts, padded=frozenset(), round_helper=False):
         self.frame, self.sizes, self.extents, self.starts, self.padded = fused.frame, sizes, extents, starts, padded
         self.batch, self.row = fused.batch, fused.row
-        self.round_helper = round_helper  # Triton has no round: the module's _round_half_even
+        self.round_helper = round_helper  # Triton has no round: the runtime's round_half_even
 
     def axis(self, node: ir.Expr, dim: str) -> int:
         return self.frame[node].index(dim)
@@ -109,7 +109,7 @@ class FrameSpelling:
         return self.sizes[dim]
 
     def rounded(self, value: str) -> str:
-        return f"_round_half_even({value})" if self.round_helper else f"jnp.round({value})"
+        return f"rt.round_half_even({value})" if self.round_helper else f"jnp.round({value})"
 
 
 def dot_code(product, lhs: str, rhs: str, accumulate: str) -> str:
@@ -294,7 +294,7 @@ class FusedLowering:
         return [
             f"{name} = {value}",
             f"if {self.ragged}:  # a ragged {dim}: {fill} past its end, never padding",
-            f"    {name} = _fill_past({name}, {self.start}, {size}, {axis}, {fill})",
+            f"    {name} = rt.fill_past({name}, {self.start}, {size}, {axis}, {fill})",
         ]
 
     def _max_step(self, carry: Carry, names, emitter, shift, rescale) -> list[str]:
@@ -333,8 +333,8 @@ class FusedLowering:
             lines = self._masked(left, lhs, product.lhs, "0")[:1] + self._masked(right, rhs, product.rhs, "0")[:1]
             lines += [
                 f"if {self.ragged}:  # a ragged {dim}: both operands 0 past its end, never padding",
-                f"    {left} = _fill_past({left}, {self.start}, {self.lowered.sizes[dim]}, {product.lhs_contracts}, 0)",
-                f"    {right} = _fill_past({right}, {self.start}, {self.lowered.sizes[dim]}, {product.rhs_contracts}, 0)",
+                f"    {left} = rt.fill_past({left}, {self.start}, {self.lowered.sizes[dim]}, {product.lhs_contracts}, 0)",
+                f"    {right} = rt.fill_past({right}, {self.start}, {self.lowered.sizes[dim]}, {product.rhs_contracts}, 0)",
             ]
             term = dot_code(product, left, right, self._accumulate(carry.node))
             kept = f"{scale} * {read[0]}" if scale else read[0]
@@ -385,7 +385,7 @@ class FusedLowering:
         for node, carry in sweep.results.items():
             if isinstance(node, ir.Call) and node.func == "logsumexp":
                 top = finals[("max", carry.key[1])]
-                overrides[node] = f"_logsumexp_finish({top}, {finals[carry.key]})"
+                overrides[node] = f"rt.logsumexp_finish({top}, {finals[carry.key]})"
             else:
                 overrides[node] = finals[carry.key]
         emitter = self.emitter_for(overrides)

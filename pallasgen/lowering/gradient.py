@@ -1,5 +1,5 @@
 """How a generated kernel is differentiated: its public function runs the forward kernel
-through `_differentiable` (a `jax.custom_vjp`; see templates/helpers.py.j2), whose
+through `rt.differentiable` (a `jax.custom_vjp`; see pallasgen/runtime/support.py), whose
 backward pass is `_NAME_vjp`, which calls the kernel's backward kernels
 (gradients.derive). Where they read the kernel's outputs or residuals, the forward
 pass under jax.grad is `_NAME_saving`, which runs the kernel (or NAME_with_residuals)

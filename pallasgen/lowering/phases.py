@@ -61,7 +61,7 @@ def stepped_reductions(
     """The reductions over `sweep.dim`, one block per step from position `start`. The
     running values are scratch Refs (`in_refs`, TPU: `name_ref[...]`) or values a loop
     carries (GPU); `elementwise`: block-shaped, reduced at the last step; `rows`: those
-    blocks are one-dimensional, held as rows of 128 lanes (`_as_rows`)."""
+    blocks are one-dimensional, held as rows of 128 lanes (`rt.as_rows`)."""
     checked, sizes, dim = lowered.checked, lowered.sizes, sweep.dim
     axis = checked.space.layout.index(dim)
     suffix = "_ref" if in_refs else ""
@@ -90,5 +90,5 @@ def stepped_reductions(
 def _filled(value: str, start: str, size: str, axis: int, identity: str, rows: bool) -> str:
     """`value` with `identity` at its positions past `size`."""
     if rows:
-        return f"_fill_past_rows({value}, {start}, {size}, {identity})"
-    return f"_fill_past({value}, {start}, {size}, {axis}, {identity})"
+        return f"rt.fill_past_rows({value}, {start}, {size}, {identity})"
+    return f"rt.fill_past({value}, {start}, {size}, {axis}, {identity})"

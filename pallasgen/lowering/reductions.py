@@ -5,7 +5,7 @@ reduction keeps the axis it removes (size 1) and its result broadcasts by positi
 
 In the reference they are plain jax.numpy. In kernels they compute in f32 (floats)
 or i32 (integers and bools), which Mosaic and Triton both reduce, and use the
-module's helpers for argmax/argmin (first index on ties) and logsumexp. A reduced
+runtime's functions for argmax/argmin (first index on ties) and logsumexp. A reduced
 dimension that is blocked is reduced step by step into accumulators: `Accumulator`s,
 combined by `combine_code` and read back by `finish_code`. What each kind does is read
 from its record in the one table of reductions (`analysis.functions.Reducer`).
@@ -64,7 +64,7 @@ def kernel_reduction(kind: str, value: str, axis: int, dtype: DType, size: str, 
     and a `padded` block holds more positions than that (filled with the identity)."""
     computed = _as(value, dtype, _computed(kind, dtype))
     if padded:
-        computed = f"_fill_past({computed}, 0, {size}, {axis}, {identity(kind, dtype)})"
+        computed = f"rt.fill_past({computed}, 0, {size}, {axis}, {identity(kind, dtype)})"
     reducer = _reducer(kind)
     if reducer.merge:
         return finish_code(kind, [block_reduction(kind, computed, axis)], dtype, size)
@@ -72,12 +72,12 @@ def kernel_reduction(kind: str, value: str, axis: int, dtype: DType, size: str, 
 
 
 def kernel_softmax(value: str, axis: int, dtype: DType, size: str, padded: bool = False) -> str:
-    """softmax over a whole `axis` inside a kernel, in f32 (`_softmax`); a `padded` block's
+    """softmax over a whole `axis` inside a kernel, in f32 (`rt.softmax`); a `padded` block's
     positions past `size` are -inf first, so they take no share."""
     computed = _as(value, dtype, F32)
     if padded:
-        computed = f"_fill_past({computed}, 0, {size}, {axis}, -jnp.inf)"
-    return f"_softmax({computed}, {axis})"
+        computed = f"rt.fill_past({computed}, 0, {size}, {axis}, -jnp.inf)"
+    return f"rt.softmax({computed}, {axis})"
 
 
 def reference_positions(axis: int, rank: int, size: str) -> str:
@@ -104,7 +104,7 @@ def block_reduction(kind: str, value: str, axis: int) -> str:
 
 
 def rows_reduction(kind: str, value: str) -> str:
-    """Block-shaped running values held as rows (`_as_rows`) reduced to one position, for a
+    """Block-shaped running values held as rows (`rt.as_rows`) reduced to one position, for a
     reduction that `merges`."""
     return f"jnp.{_reducer(kind).block}({value}, keepdims=True).reshape(1)"
 
@@ -203,10 +203,10 @@ class KernelSpelling:
 
     def __init__(self, layout, sizes, extents, starts, padded=frozenset(), round_helper=False):
         self.layout, self.sizes, self.extents, self.starts, self.padded = layout, sizes, extents, starts, padded
-        self.round_helper = round_helper  # Triton has no round: the module's _round_half_even
+        self.round_helper = round_helper  # Triton has no round: the runtime's round_half_even
 
     def rounded(self, value: str) -> str:
-        return f"_round_half_even({value})" if self.round_helper else f"jnp.round({value})"
+        return f"rt.round_half_even({value})" if self.round_helper else f"jnp.round({value})"
 
     def starting(self, dim: str, start: str) -> KernelSpelling:
         """The same spelling, with blocks of `dim` starting at `start`."""

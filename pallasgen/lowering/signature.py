@@ -9,10 +9,8 @@ from dataclasses import dataclass
 from pallasgen.frontend import ir
 from pallasgen.lowering.parts import parameter_list
 
-INTERPRET_DOC = (
-    "  interpret: None compiles on TPU and GPU and interprets elsewhere; False always compiles;",
-    "    True or a pltpu.InterpretParams interprets the TPU kernel on any platform.",
-)
+# The keywords every kernel takes are documented once, in the runtime's docstring.
+INTERPRET_DOC = ("  interpret: None interprets only off TPU and GPU (see pallasgen.runtime.support).",)
 
 
 @dataclass(frozen=True)

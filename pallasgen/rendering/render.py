@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ast
-from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
 
@@ -40,25 +38,22 @@ def _environment() -> jinja2.Environment:
 def render_module(plan: ModulePlan) -> str:
     """The generated module's source, black-formatted.
 
-    Black formats each top-level piece on its own, and each shared helper once per
-    process: the result is the text black gives the whole module, in a fraction of
-    the time (tests check the equality).
+    Black formats each top-level piece on its own: the result is the text black gives
+    the whole module, in a fraction of the time (tests check the equality).
     """
-    header, helpers, kernels = _pieces(plan)
-    pieces = [format_code(header), *map(_format_once, helpers), *map(format_code, kernels)]
-    # Black leaves one blank line after the module docstring and two between definitions.
-    return pieces[0] + "\n" + "\n\n".join(pieces[1:])
+    header, kernels = _pieces(plan)
+    # Black leaves two blank lines after the imports and between definitions.
+    return "\n\n".join(map(format_code, [header, *kernels]))
 
 
 def render_pieces(plan: ModulePlan) -> list[str]:
-    """The unformatted module: its header, the helpers it calls, and its kernels' pieces."""
-    header, helpers, kernels = _pieces(plan)
-    return [header, *helpers, *kernels]
+    """The unformatted module: its header (docstring and imports) and its kernels' pieces."""
+    header, kernels = _pieces(plan)
+    return [header, *kernels]
 
 
-def _pieces(plan: ModulePlan) -> tuple[str, list[str], list[str]]:
-    """The header; the imports and the shared helpers that the kernels call, directly or
-    through other helpers; and one piece per kernel and per backend's functions of it."""
+def _pieces(plan: ModulePlan) -> tuple[str, list[str]]:
+    """The header, and one piece per kernel and per backend's functions of it."""
     environment = _environment()
     header = environment.get_template("header.py.j2").render(module=plan)
     kernels = []
@@ -66,60 +61,11 @@ def _pieces(plan: ModulePlan) -> tuple[str, list[str], list[str]]:
         kernels.append((kernel.name, environment.get_template("public.py.j2").render(k=kernel)))
         for name, template in zip(kernel.backends, plan.templates):
             kernels.append((kernel.name, environment.get_template(template).render(k=kernel, p=kernel.backends[name])))
-    kernels = share_identical_functions(kernels)
-    imports, helpers = helper_definitions(plan.helpers)
-    called = _called_helpers(helpers, set().union(*(_names(ast.parse(piece)) for piece in kernels)))
-    return header, [imports, *(helper.source for name, helper in helpers.items() if name in called)], kernels
-
-
-@dataclass(frozen=True)
-class Helper:
-    source: str  # its definition, unformatted
-    calls: frozenset[str]  # the names in its code: the helpers it calls among them
-
-
-def helper_definitions(values: dict[str, object]) -> tuple[str, dict[str, Helper]]:
-    """templates/helpers.py.j2 rendered with `values`, cut at its top-level statements:
-    the imports (and settings) every module needs, then each helper by the name it
-    defines, in the template's order."""
-    source = _environment().get_template("helpers.py.j2").render(**values)
-    lines = source.splitlines()
-    imports, helpers, start = [], {}, 0
-    for node in ast.parse(source).body:
-        text = "\n".join(lines[start : node.end_lineno])
-        start = node.end_lineno
-        if isinstance(node, (ast.FunctionDef, ast.Assign)):
-            (name,) = [node.name] if isinstance(node, ast.FunctionDef) else [t.id for t in node.targets]
-            helpers[name] = Helper(text.strip("\n") + "\n", frozenset(_names(node)))
-        else:
-            imports.append(text)
-    return "\n".join(imports) + "\n", helpers
-
-
-def _called_helpers(helpers: dict[str, Helper], names: set[str]) -> set[str]:
-    """The helpers among `names`, and those they call in turn."""
-    called, pending = set(), list(names)
-    while pending:
-        name = pending.pop()
-        if name in helpers and name not in called:
-            called.add(name)
-            pending.extend(helpers[name].calls)
-    return called
-
-
-def _names(tree: ast.AST) -> set[str]:
-    """The names that code reads or binds (not those in strings: docstrings and comments
-    may mention a helper without calling it)."""
-    return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    return header, share_identical_functions(kernels)
 
 
 def format_code(source: str) -> str:
     return black.format_str(source, mode=BLACK_MODE)
-
-
-@cache
-def _format_once(source: str) -> str:
-    return format_code(source)
 
 
 def python_literal(value) -> str:

@@ -83,8 +83,8 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
     }
     starts = {d: namer.claim(f"{d.lower()}_start") for d in grid}
     prologue = [f"{starts[d]} = {first[d]}" for d in grid]
-    masks = [f"{inside[d]} = _inside({first[d]}, {block_keyword(d)}, {sizes[d]})" for d in grid if d not in fused.batch]
-    masks += [f"{inside[d]} = _inside(0, {block_keyword(d)}, {sizes[d]})" for d in whole]
+    masks = [f"{inside[d]} = rt.inside({first[d]}, {block_keyword(d)}, {sizes[d]})" for d in grid if d not in fused.batch]
+    masks += [f"{inside[d]} = rt.inside(0, {block_keyword(d)}, {sizes[d]})" for d in whole]
     sweep_start = namer.claim(f"{swept.lower()}_start") if swept else None
     if swept:
         starts[swept] = sweep_start
@@ -117,19 +117,19 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         if not any(visible):
             return None
         shape = tuple_code([block_keyword(d) if d else "1" for d in visible])
-        return f"_mask({shape}, {', '.join(inside[d] if d else 'None' for d in visible)})"
+        return f"rt.mask({shape}, {', '.join(inside[d] if d else 'None' for d in visible)})"
 
     def load(decl: ir.ArrayDecl) -> str:
         if swept in decl.dims:
             indexer = ", ".join(
                 f"pl.ds({sweep_start}, {block_keyword(swept)})" if d == swept else ":" for d in axes(decl)
             )
-            return f"_load({refs[decl.name]}.at[{indexer}], {mask(decl)}, other=0)"
-        return f"_load({refs[decl.name]}, {mask(decl)}, other=0)" if mask(decl) else f"{refs[decl.name]}[...]"
+            return f"rt.load({refs[decl.name]}.at[{indexer}], {mask(decl)}, other=0)"
+        return f"rt.load({refs[decl.name]}, {mask(decl)}, other=0)" if mask(decl) else f"{refs[decl.name]}[...]"
 
     def store(decl: ir.ArrayDecl, value: str) -> str:
         return (
-            f"_store({refs[decl.name]}, {value}, {mask(decl)})" if mask(decl) else f"{refs[decl.name]}[...] = {value}"
+            f"rt.store({refs[decl.name]}, {value}, {mask(decl)})" if mask(decl) else f"{refs[decl.name]}[...] = {value}"
         )
 
     def emitter_for(overrides):
@@ -187,7 +187,7 @@ def _loop(code, namer, dim, start, sizes, inside) -> list[str]:
     body = [
         f"def {function}({index}, running):",
         f"    {start} = {index} * {block}",
-        f"    {inside[dim]} = _inside({start}, {block}, {sizes[dim]})",
+        f"    {inside[dim]} = rt.inside({start}, {block}, {sizes[dim]})",
     ]
     if code.skip:
         body += [

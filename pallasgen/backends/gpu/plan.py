@@ -4,7 +4,7 @@ Triton has no scratch memory and runs grid programs concurrently, so a product
 loops over its contracted dimension inside one program; every block is a power of
 two. Pallas's Triton backend does not mask a block that overhangs its array (a
 BlockSpec is pointer arithmetic), so every load and store that can overhang is
-masked here: `_inside` per dimension, None where the blocks tile it exactly.
+masked here: `rt.inside` per dimension, None where the blocks tile it exactly.
 """
 
 from __future__ import annotations
@@ -37,10 +37,7 @@ from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.reductions import KernelSpelling
 from pallasgen.lowering.signature import Keyword, KeywordGroup
 
-GPU_DOC = (
-    "  gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two); None:",
-    "    those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes, else the spec's.",
-)
+GPU_DOC = ("  gpu_block_*, gpu_warps, gpu_stages: the same on NVIDIA GPUs (Triton; powers of two).",)
 
 
 @dataclass(frozen=True)
@@ -67,7 +64,7 @@ class GpuPlan:
     whole_blocks: tuple[tuple[str, str, str], ...]  # (local, size, dim) of dimensions held whole
     options: tuple[tuple[str, str, int], ...]  # (public keyword, GPU function keyword, default)
     tuned: tuple[tuple[str, dict], ...]  # (device kind, {sizes: blocks and options}) from tune --gpu
-    chosen: str  # the launcher's blocks and options, as `_gpu_options` fills them in
+    chosen: str  # the launcher's blocks and options, as `rt.gpu_options` fills them in
     call_sizes: str  # the launcher's sizes, in the tuned entries' order
     options_comment: tuple[str, ...]  # what the table of tuned entries holds
     grid: str
@@ -86,7 +83,7 @@ class GpuPlan:
 
 def keyword_group(checked: CheckedKernel) -> KeywordGroup:
     """The public `gpu_block_*`, `gpu_warps` and `gpu_stages` keywords: None by default,
-    chosen at call time (`_gpu_options`)."""
+    chosen at call time (`rt.gpu_options`)."""
     blocks = tuple(Keyword(f"gpu_{block_keyword(d)}", "None") for d in tunable_gpu_dims(checked))
     options = tuple(Keyword(keyword, "None") for keyword, _ in OPTIONS.values())
     return KeywordGroup((*blocks, *options), GPU_DOC)
@@ -210,23 +207,23 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         if whole and axes == visible(kernel.outputs[0]):
             return whole_mask
         shape = tuple_code([block_keyword(d) if d else "1" for d in axes])
-        return f"_mask({shape}, {', '.join(inside[d] if d else 'None' for d in axes)})"
+        return f"rt.mask({shape}, {', '.join(inside[d] if d else 'None' for d in axes)})"
 
     def load(decl: ir.ArrayDecl) -> str:
         axes_mask = mask(visible(decl))
-        return f"_load({refs[decl.name]}, {axes_mask})" if axes_mask else f"{refs[decl.name]}[...]"
+        return f"rt.load({refs[decl.name]}, {axes_mask})" if axes_mask else f"{refs[decl.name]}[...]"
 
     def store(decl: ir.ArrayDecl, value: str) -> str:
         axes_mask = mask(visible(decl))
-        return f"_store({refs[decl.name]}, {value}, {axes_mask})" if axes_mask else f"{refs[decl.name]}[...] = {value}"
+        return f"rt.store({refs[decl.name]}, {value}, {axes_mask})" if axes_mask else f"{refs[decl.name]}[...] = {value}"
 
     out_axes = visible(kernel.outputs[0])
     masks = [
-        f"{inside[d]} = _inside(pl.program_id({grid_dims.index(d)}) * {block_keyword(d)}, {block_keyword(d)}, {sizes[d]})"
+        f"{inside[d]} = rt.inside(pl.program_id({grid_dims.index(d)}) * {block_keyword(d)}, {block_keyword(d)}, {sizes[d]})"
         for d in grid_dims
         if d not in squeezed
     ]
-    masks += [f"{inside[d]} = _inside(0, {block_keyword(d)}, {sizes[d]})" for d in whole]
+    masks += [f"{inside[d]} = rt.inside(0, {block_keyword(d)}, {sizes[d]})" for d in whole]
     masks.append(f"{whole_mask} = {mask(out_axes, whole=False)}")
     spelling = KernelSpelling(
         tuple(d for d in out_dims if d not in squeezed),
@@ -327,8 +324,8 @@ def _reduction_loop(lowered: LoweredKernel, namer, dim: str, spelling, load, sto
         axes = visible(decl)
         indexer = ", ".join(f"pl.ds({start}, {block})" if d == dim else ":" for d in axes)
         shape = tuple_code([block_keyword(d) if d else "1" for d in axes])
-        masked = f"_mask({shape}, {', '.join(inside[d] if d else 'None' for d in axes)})"
-        return f"_load({refs[decl.name]}.at[{indexer}], {masked})"
+        masked = f"rt.mask({shape}, {', '.join(inside[d] if d else 'None' for d in axes)})"
+        return f"rt.load({refs[decl.name]}.at[{indexer}], {masked})"
 
     reductions = stepped_reductions(lowered, namer, sweep, emitter, start, block, in_refs=False)
     shape = tuple_code(["1" if d == dim else block_keyword(d) for d in layout])
@@ -343,7 +340,7 @@ def _reduction_loop(lowered: LoweredKernel, namer, dim: str, spelling, load, sto
         f"def {function}({index}, running):",
         f"    {carried} = running",
         f"    {start} = {index} * {block}",
-        f"    {inside[dim]} = _inside({start}, {block}, {sizes[dim]})",
+        f"    {inside[dim]} = rt.inside({start}, {block}, {sizes[dim]})",
         *(
             f"    {values[d.name]} = {sliced_load(d)}"
             for d in kernel.inputs
@@ -398,14 +395,14 @@ def _product_loop(
             else f"{refs[operand.name]}.at[:, pl.ds({start}, {block_k})]"
         )
         shape = tuple_code([block_keyword(d) for d in axes])
-        mask = f"_mask({shape}, {', '.join(inside[d] for d in axes)})"
-        loads.append(f"{values[operand.name]} = _load({view}, {mask}, other=0)")
+        mask = f"rt.mask({shape}, {', '.join(inside[d] for d in axes)})"
+        loads.append(f"{values[operand.name]} = rt.load({view}, {mask}, other=0)")
     accumulate = jnp_dtype(product.accumulator.name)
     lhs, rhs = (values[o.name] for o in product.operands)
     return [
         f"def {function}({step}, {accumulator}):",
         f"    {start} = {step} * {block_k}",
-        f"    {in_k} = _inside({start}, {block_k}, {k})  # zeros past a ragged {product.k}",
+        f"    {in_k} = rt.inside({start}, {block_k}, {k})  # zeros past a ragged {product.k}",
         *(f"    {line}" for line in loads),
         f"    return {accumulator} + {dot_code(product, lhs, rhs)}",
         "",

@@ -8,7 +8,6 @@ from pallasgen.backends.base import Backend
 from pallasgen.backends.mosaic_gpu import choices
 from pallasgen.backends.mosaic_gpu.plan import (
     BACKEND_KEYWORD,
-    GPU_BACKENDS,
     kernel_function_name,
     keyword_group,
     launcher_name,
@@ -50,6 +49,3 @@ class MosaicGpuBackend(Backend):
     def backward_keywords(self):
         """The backward kernels of a kernel run on the GPU backend it runs on."""
         return (BACKEND_KEYWORD,)
-
-    def helper_values(self):
-        return {"gpu_backends": GPU_BACKENDS}

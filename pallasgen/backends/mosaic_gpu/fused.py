@@ -65,7 +65,7 @@ class _Spelling(FrameSpelling):
         if computed.name != dtype.name:
             value = f"{value}.astype({jnp_dtype(computed.name)})"
         if dim in self.padded:
-            value = f"_mgpu_fill_past({value}, 0, {self.sizes[dim]}, {axis}, {identity(node.func, dtype)})"
+            value = f"rt.mgpu_fill_past({value}, 0, {self.sizes[dim]}, {axis}, {identity(node.func, dtype)})"
         block = f"jnp.{FUNCTIONS[node.func].reducer.block}({value}, axis={axis})"
         return finish_code(node.func, [block], dtype, self.sizes[dim])
 
@@ -74,14 +74,14 @@ class _Spelling(FrameSpelling):
         axis = self.axis(node.args[0], dim)
         value = value if dtype.name == "f32" else f"{value}.astype(jnp.float32)"
         if dim in self.padded:
-            value = f"_mgpu_fill_past({value}, 0, {self.sizes[dim]}, {axis}, -jnp.inf)"
-        return f"_mgpu_softmax({value}, {axis})"
+            value = f"rt.mgpu_fill_past({value}, 0, {self.sizes[dim]}, {axis}, -jnp.inf)"
+        return f"rt.mgpu_softmax({value}, {axis})"
 
     def positions(self, dim: str) -> str:
         if dim in self.batch:
             return self.starts[dim]
         axis = 0 if self.row == dim else 1
-        return f"_mgpu_vector_positions({self.starts.get(dim, '0')}, {self.extents[dim]}, {axis})"
+        return f"rt.mgpu_vector_positions({self.starts.get(dim, '0')}, {self.extents[dim]}, {axis})"
 
     def rounded(self, value: str) -> str:
         return f"jnp.round({value})"
@@ -89,7 +89,7 @@ class _Spelling(FrameSpelling):
 
 class _SpreadingEmitter(Emitter):
     """Expressions on tiles and vectors: a vector operand of a tile's operation is
-    spread over the tile (`_mgpu_spread`), as broadcasting would a size-1 axis."""
+    spread over the tile (`rt.mgpu_spread`), as broadcasting would a size-1 axis."""
 
     def __init__(self, *args, frame, extents, tiles, **options):
         super().__init__(*args, **options)
@@ -99,7 +99,7 @@ class _SpreadingEmitter(Emitter):
     def _emit(self, node: ir.Expr):
         code, level = super()._emit(node)
         if node in self._spread:
-            return f"_mgpu_spread({code}, {self._spread[node]})", _ATOM
+            return f"rt.mgpu_spread({code}, {self._spread[node]})", _ATOM
         return code, level
 
     def _emit_node(self, node: ir.Expr):
@@ -113,7 +113,7 @@ class _SpreadingEmitter(Emitter):
 
 
 def spread_code(vector_axes, tile_axes, extents) -> str | None:
-    """`shape, axis` of `_mgpu_spread` for a vector laid out along `vector_axes` that meets
+    """`shape, axis` of `rt.mgpu_spread` for a vector laid out along `vector_axes` that meets
     a tile along `tile_axes`; None if it is no vector of that tile."""
     if not vector_axes or None in tile_axes or [a is None for a in vector_axes].count(True) != 1:
         return None
@@ -144,7 +144,7 @@ class _Lowering(FusedLowering):
         return code
 
     def product(self, node: ir.Binary, emitter, masked: bool) -> tuple[list[str], str]:
-        """The lines before a product and its code (`_mgpu_dot`); `masked`: computed
+        """The lines before a product and its code (`rt.mgpu_dot`); `masked`: computed
         operands take 0 past the swept dimension's end on a ragged last block."""
         product = self.fused.products[node]
         dtype, split = product_dtypes(self.checked, node)
@@ -159,7 +159,7 @@ class _Lowering(FusedLowering):
                 lines += [
                     f"{name} = {code}",
                     f"if {self.ragged}:  # a ragged {self.fused.sweep.dim}: 0 past its end",
-                    f"    {name} = _mgpu_fill_past({name}, {self.start}, {self.lowered.sizes[self.fused.sweep.dim]}, {contracts}, 0)",
+                    f"    {name} = rt.mgpu_fill_past({name}, {self.start}, {self.lowered.sizes[self.fused.sweep.dim]}, {contracts}, 0)",
                 ]
                 code = name
             operands.append(code)
@@ -174,7 +174,7 @@ class _Lowering(FusedLowering):
         if product.rhs_contracts == 1:
             keywords.append("transposed=True")
         shape = self._shape(node)
-        code = f"_mgpu_dot({shape}, {', '.join(operands)}{''.join(', ' + k for k in keywords)})"
+        code = f"rt.mgpu_dot({shape}, {', '.join(operands)}{''.join(', ' + k for k in keywords)})"
         result = self.types[node].dtype.name
         return lines, code if result == "f32" else f"{code}.astype({jnp_dtype(result)})"
 
@@ -220,7 +220,7 @@ class _Lowering(FusedLowering):
         return [
             f"{name} = {value}",
             f"if {self.ragged}:  # a ragged {dim}: {fill} past its end, never padding",
-            f"    {name} = _mgpu_fill_past({name}, {self.start}, {self.lowered.sizes[dim]}, {self._axis(node, dim)}, {fill})",
+            f"    {name} = rt.mgpu_fill_past({name}, {self.start}, {self.lowered.sizes[dim]}, {self._axis(node, dim)}, {fill})",
         ]
 
     def _max_step(self, carry: Carry, names, emitter, shift, rescale) -> list[str]:
@@ -241,7 +241,7 @@ class _Lowering(FusedLowering):
             f"{previous} = {name}",
             f"{new} = jnp.maximum({previous}, {top})",
             f"{vector} = jnp.where({new} > -jnp.inf, {new}, 0.0)  # a row of -inf so far subtracts 0",
-            f"{shift} = _mgpu_spread({vector}, {block}.shape, {1 - axis})",
+            f"{shift} = rt.mgpu_spread({vector}, {block}.shape, {1 - axis})",
             f"{rescale} = jnp.exp({previous} - {vector})  # what the terms so far are worth now",
             f"{name} = {new}",
         ]
@@ -254,7 +254,7 @@ class _Lowering(FusedLowering):
             kept = name
             if scale:
                 axes = self.fused.frame[carry.node]
-                kept = f"_mgpu_spread({scale}, {name}.shape, {self._scale_axis(carry, axes)}) * {name}"
+                kept = f"rt.mgpu_spread({scale}, {name}.shape, {self._scale_axis(carry, axes)}) * {name}"
             return lines + [f"{name} = {kept} + {term}"]
         axis = self._axis(carry.value, dim)
         block = self.namer.claim(f"{name}_block")
@@ -297,7 +297,7 @@ class _Lowering(FusedLowering):
         overrides: dict = {}
         for node, carry in sweep.results.items():
             if isinstance(node, ir.Call) and node.func == "logsumexp":
-                overrides[node] = f"_logsumexp_finish({finals[('max', carry.key[1])]}, {finals[carry.key]})"
+                overrides[node] = f"rt.logsumexp_finish({finals[('max', carry.key[1])]}, {finals[carry.key]})"
             else:
                 overrides[node] = finals[carry.key]
         emitter = self.emitter_for(overrides)
@@ -316,7 +316,7 @@ class _Lowering(FusedLowering):
         """A factor's value as it multiplies or divides a carry: spread if it is a vector of
         the carry's tile."""
         spread = spread_code(axes, self.carry_axes(carry), self.extents)
-        return f"_mgpu_spread({code}, {spread})" if spread else code
+        return f"rt.mgpu_spread({code}, {spread})" if spread else code
 
 
 class FusedPlanner:
@@ -350,7 +350,7 @@ class FusedPlanner:
         shape = tuple_code([block_keyword(a) for a in axes])
         dtype = jnp_dtype(dtype)
         self.scratches.append(
-            (name, f"plgpu.SMEM({shape}, {dtype}, transforms=_mgpu_swizzled({dtype}, {block_keyword(axes[-1])}))")
+            (name, f"plgpu.SMEM({shape}, {dtype}, transforms=rt.mgpu_swizzled({dtype}, {block_keyword(axes[-1])}))")
         )
         return name
 
@@ -394,7 +394,7 @@ class FusedPlanner:
             axes = [a for a in array_axes(decl, fused) if a not in fused.batch]
             if None not in axes:
                 return f"plgpu.layout_cast({self.smem[decl.name]}[...], plgpu.Layout.WGMMA)"
-            return f"_mgpu_load_vector({self.smem[decl.name]}, {axes.index(next(a for a in axes if a))})"
+            return f"rt.mgpu_load_vector({self.smem[decl.name]}, {axes.index(next(a for a in axes if a))})"
 
         def store(decl, value):
             return f"{self.smem[decl.name]}[...] = {value}"
@@ -455,7 +455,7 @@ class FusedPlanner:
         shape = tuple_code([block_keyword(d) for d in dims])
         dtype = jnp_dtype(decl.dtype)
         if len(dims) == 2:
-            return f"plgpu.SMEM({shape}, {dtype}, transforms=_mgpu_swizzled({dtype}, {block_keyword(dims[-1])}))"
+            return f"plgpu.SMEM({shape}, {dtype}, transforms=rt.mgpu_swizzled({dtype}, {block_keyword(dims[-1])}))"
         return f"plgpu.SMEM({shape}, {dtype})"
 
     def _spec(self, decl) -> str:
@@ -466,7 +466,7 @@ class FusedPlanner:
         transforms = ""
         if len(dims) == 2:
             dtype = jnp_dtype(decl.dtype)
-            transforms = f", transforms=_mgpu_swizzled({dtype}, {block_keyword(dims[-1])})"
+            transforms = f", transforms=rt.mgpu_swizzled({dtype}, {block_keyword(dims[-1])})"
         return f"plgpu.BlockSpec({tuple_code([block_keyword(d) for d in dims])}, lambda i: {index_map}{transforms})"
 
     def _pipeline(self, code, lowering, streamed) -> list[str]:
@@ -480,7 +480,7 @@ class FusedPlanner:
         for r in code.running:
             if r.name in lowering.vector_axes:
                 (extent,) = [block_keyword(d) for d in r.dims]
-                initial.append(f"_mgpu_full({extent}, {r.initial}, {r.dtype}, {lowering.vector_axes[r.name]})")
+                initial.append(f"rt.mgpu_full({extent}, {r.initial}, {r.dtype}, {lowering.vector_axes[r.name]})")
             else:
                 initial.append(f"plgpu.layout_cast(jnp.full({r.shape}, {r.initial}, {r.dtype}), plgpu.Layout.WGMMA)")
         step_body = [f"{unpacked} = {carried}", *code.step, f"return {unpacked}"]
@@ -524,7 +524,7 @@ class FusedPlanner:
         for decl in kernel.inputs:  # from the public function's layout (size-1 axes) to its own
             value = self.values[decl.name]
             own, padded = (tuple_code([p.get(d, sizes[d]) for d in decl.dims]) for p in ({}, self.padded))
-            lines.append(f"{value} = _mgpu_pad({value}.reshape({own}), {padded})")
+            lines.append(f"{value} = rt.mgpu_pad({value}.reshape({own}), {padded})")
         out_types = ", ".join(
             f"jax.ShapeDtypeStruct({tuple_code([self.padded.get(d, sizes[d]) for d in o.dims])}, {jnp_dtype(o.dtype)})"
             for o in kernel.outputs

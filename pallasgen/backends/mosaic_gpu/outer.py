@@ -84,7 +84,7 @@ class OuterPlanner:
             index = tuple_code(["s" if d == reduced else program[d] for d in dims])
             planar = [d for d in dims if d in plane]
             swizzle = (
-                f", transforms=_mgpu_swizzled({jnp_dtype(decl.dtype)}, {block_keyword(plane[1])})"
+                f", transforms=rt.mgpu_swizzled({jnp_dtype(decl.dtype)}, {block_keyword(plane[1])})"
                 if len(planar) == 2
                 else ""
             )
@@ -94,7 +94,7 @@ class OuterPlanner:
             lines = []
             for decl in decls:
                 positions = tuple_code([str(plane.index(d)) for d in own(decl) if d in plane])
-                lines.append(f"{self.values[decl.name]} = _mgpu_load({smem[decl.name]}, {shape}, {positions})")
+                lines.append(f"{self.values[decl.name]} = rt.mgpu_load({smem[decl.name]}, {shape}, {positions})")
             return lines
 
         emitter = Emitter(self.lowered.names, self.checked.types, {}, spelling=_Spelling(sizes), **EMITTER_OPTIONS)

@@ -42,10 +42,11 @@ from pallasgen.lowering.kernel import LoweredKernel, lower_kernel
 from pallasgen.lowering.parts import body_statements, layout_of, load_statements, parameter_list, tuple_code
 from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.signature import Keyword, KeywordGroup
+from pallasgen.runtime.constants import GPU_BACKENDS  # the values `gpu_backend` takes
+
 
 BACKEND_KEYWORD = "gpu_backend"
-GPU_BACKENDS = ("triton", "mosaic_gpu")  # the values `gpu_backend` takes
-DEFAULT_GPU_BACKEND = "triton"  # until gpu_check.py passes on a Hopper GPU with Mosaic GPU
+DEFAULT_GPU_BACKEND = GPU_BACKENDS[0]  # until gpu_check.py passes on a Hopper GPU with Mosaic GPU
 
 TMA_MOST = 256  # elements a TMA copy takes along one dimension
 ELEMENTWISE_ROWS = 64  # the WGMMA layout's row tile
@@ -72,8 +73,7 @@ def keyword_group(checked: CheckedKernel) -> KeywordGroup:
     at call time."""
     reason = refusal(checked)
     doc = [
-        f"  {BACKEND_KEYWORD}: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90 and later;",
-        "    opt-in, not yet checked on hardware).",
+        f"  {BACKEND_KEYWORD}: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).",
     ]
     if reason:
         doc += textwrap.wrap(
@@ -82,9 +82,7 @@ def keyword_group(checked: CheckedKernel) -> KeywordGroup:
     tunable = tuple(Keyword(k, "None") for k in choices.keywords(checked)) if choices.tunable(checked) else ()
     if tunable:
         doc += [
-            "  mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth; None:",
-            "    those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed best on the GPU at the nearest",
-            "    sizes, else the built-in ones.",
+            "  mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.",
         ]
     return KeywordGroup((Keyword(BACKEND_KEYWORD, f'"{DEFAULT_GPU_BACKEND}"'), *tunable), tuple(doc))
 
@@ -190,7 +188,7 @@ class _Planner:
         return tuple(lines)
 
     def padding(self, value: str, dims, multiples: dict[str, str]) -> str:
-        return f"{value} = _mgpu_pad({value}, {tuple_code([self.padded(d) if d in multiples else self.sizes[d] for d in dims])})"
+        return f"{value} = rt.mgpu_pad({value}, {tuple_code([self.padded(d) if d in multiples else self.sizes[d] for d in dims])})"
 
     def out_types(self, padded_dims) -> str:
         """The kernel's `out_type`: each output's shape, padded along `padded_dims`."""
@@ -256,7 +254,7 @@ class _ElementwisePlanner(_Planner):
             shape = tuple_code([block_keyword(d) for d in dims])
             index = tuple_code([program[d] for d in dims])
             swizzle = (
-                f", transforms=_mgpu_swizzled({jnp_dtype(decl.dtype)}, {block_keyword(minor)})"
+                f", transforms=rt.mgpu_swizzled({jnp_dtype(decl.dtype)}, {block_keyword(minor)})"
                 if len(dims) == 2
                 else ""
             )
@@ -266,7 +264,7 @@ class _ElementwisePlanner(_Planner):
             if len(layout) == 1:
                 return f"{self.smem[decl.name]}[...]"
             positions = tuple_code([str(plane.index(d)) for d in plane_dims(decl)])
-            return f"_mgpu_load({self.smem[decl.name]}, {shape}, {positions})"
+            return f"rt.mgpu_load({self.smem[decl.name]}, {shape}, {positions})"
 
         def store(decl: ir.ArrayDecl, value: str) -> str:
             return f"{self.smem[decl.name]}[...] = {value}"
@@ -343,7 +341,7 @@ class _BlockSpelling:
 
     def positions(self, dim: str) -> str:
         start, shape, axis = self.blocks[dim]
-        return f"_mgpu_positions({start}, {shape}, {axis})"
+        return f"rt.mgpu_positions({start}, {shape}, {axis})"
 
     def size(self, dim: str) -> str:
         return self.sizes[dim]
@@ -378,7 +376,7 @@ class _ProductPlanner(_Planner):
             return f"{ref}.at[{', '.join(program[d] for d in batch)}]" if batch else ref
 
         def swizzled(dtype: str, minor: str) -> str:
-            return f"_mgpu_swizzled({jnp_dtype(dtype)}, {block_keyword(minor)})"
+            return f"rt.mgpu_swizzled({jnp_dtype(dtype)}, {block_keyword(minor)})"
 
         def tile(dims) -> str:
             return ", ".join(f"pl.ds({program[d]} * {block_keyword(d)}, {block_keyword(d)})" for d in dims)
@@ -402,7 +400,7 @@ class _ProductPlanner(_Planner):
 
         def load(decl: ir.ArrayDecl) -> str:
             positions = tuple_code([str((m, n).index(d)) for d in own[decl.name]])
-            return f"_mgpu_load({self.smem[decl.name]}, {tile_shape}, {positions})"
+            return f"rt.mgpu_load({self.smem[decl.name]}, {tile_shape}, {positions})"
 
         def store(decl: ir.ArrayDecl, value: str) -> str:
             return f"{tiles[decl.name]}[...] = {value}"
@@ -495,7 +493,7 @@ class _ProductPlanner(_Planner):
         )
 
     def choices_table(self, chosen: dict[str, str]) -> tuple[str, ...]:
-        """The module's table of blocks and stages by device kind (`_gpu_options` reads
+        """The module's table of blocks and stages by device kind (`rt.gpu_options` reads
         it): the built-in ones, and those `pallasgen tune --gpu` recorded."""
         checked, what = self.checked, choices.keywords(self.checked)
         built_in = choices.defaults(checked) | {choices.STAGES: choices.DEFAULT_STAGES}
@@ -525,7 +523,7 @@ class _ProductPlanner(_Planner):
 
     def choose(self, chosen: dict[str, str]) -> list[str]:
         """The launcher's first lines: its blocks and stages from the table where not
-        given, each checked (`_mgpu_check_choices`)."""
+        given, each checked (`rt.mgpu_check_choices`)."""
         checked, product = self.checked, self.checked.product
         allowed = choices.allowed(checked)
         names = ", ".join(chosen.values())
@@ -533,8 +531,8 @@ class _ProductPlanner(_Planner):
         checks = ", ".join(f"{k!r}: ({local}, {allowed[k]!r})" for k, local in chosen.items())
         smem = choices.smem_code(checked, block_names, chosen[choices.PREFIX + choices.STAGES])
         return [
-            f"{names} = _gpu_options({self.table_name}, {tuple_code([self.sizes[d] for d in checked.dims])}, ({names}))",
-            f"_mgpu_check_choices(",
+            f"{names} = rt.gpu_options({self.table_name}, {tuple_code([self.sizes[d] for d in checked.dims])}, ({names}))",
+            f"rt.mgpu_check_choices(",
             f"    {self.kernel.name!r},",
             f"    {{{checks}}},",
             f"    ({block_names[product.m]} * {block_names[product.n]}, {choices.ACCUMULATOR_MOST}),",

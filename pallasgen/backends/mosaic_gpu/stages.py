@@ -222,7 +222,7 @@ def _is_product(node: ir.Expr) -> bool:
 
 def _softmax_spelled(node: ir.Expr) -> ir.Expr:
     """`node` with each softmax(x, D) written as the reductions it is (as the reference's
-    `_softmax`): exp(x - max(x, D)) / sum(exp(x - max(x, D)), D)."""
+    `rt.softmax`): exp(x - max(x, D)) / sum(exp(x - max(x, D)), D)."""
     calls = [n for n in ir.walk(node) if isinstance(n, ir.Call) and n.func == "softmax"]
     if not calls:
         return node

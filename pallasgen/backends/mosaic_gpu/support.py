@@ -25,9 +25,9 @@ UNLOWERED_FUNCTIONS = {
 # round (helpers: exact); sqrt has none on jax 0.10.2, and is computed from rsqrt.
 SPELLINGS = {
     "relu": "jnp.maximum({}, 0)",
-    "floor": "_mgpu_floor({})",
-    "ceil": "_mgpu_ceil({})",
-    "sqrt": "_mgpu_sqrt({})",
+    "floor": "rt.mgpu_floor({})",
+    "ceil": "rt.mgpu_ceil({})",
+    "sqrt": "rt.mgpu_sqrt({})",
 }
 
 # The options of a Mosaic GPU kernel's emitter (lowering.pyexpr.Emitter): Mosaic GPU has

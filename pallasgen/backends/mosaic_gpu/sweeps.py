@@ -80,7 +80,7 @@ class _Spelling:
         self.sizes, self.start, self.shape, self.axis = sizes, start, shape, axis
 
     def positions(self, dim: str) -> str:
-        return f"_mgpu_positions({self.start}, {self.shape}, {self.axis})"
+        return f"rt.mgpu_positions({self.start}, {self.shape}, {self.axis})"
 
     def size(self, dim: str) -> str:
         return self.sizes[dim]
@@ -129,7 +129,7 @@ class SweepPlanner:
 
     def spread(self, vector: str) -> str:
         """A vector of the kept dimension broadcast over a block."""
-        return f"_mgpu_spread({vector}, {self.shape}, {1 - self.axis})"
+        return f"rt.mgpu_spread({vector}, {self.shape}, {1 - self.axis})"
 
     def emitter(self, in_block: bool) -> Emitter:
         """Expressions in a block of a pass (`in_block`: vectors of the kept dimension
@@ -184,7 +184,7 @@ class SweepPlanner:
             body += [
                 f"plgpu.copy_gmem_to_smem({self.refs[decl.name]}.at[{kept_at}], {smem[decl.name]}, {barrier}.at[{number}])",
                 f"plgpu.barrier_wait({barrier}.at[{number}])",
-                f"{self.values[decl.name]} = _mgpu_load_vector({smem[decl.name]}, {1 - self.axis})",
+                f"{self.values[decl.name]} = rt.mgpu_load_vector({smem[decl.name]}, {1 - self.axis})",
             ]
         body += self._kept_statements(0)
         for number in range(1, self.levels.count + 1):
@@ -208,7 +208,7 @@ class SweepPlanner:
         ]
         scratch += [
             f"plgpu.SMEM((2, {block_keyword(rows)}, {block_keyword(cols)}), {jnp_dtype(d.dtype)}, "
-            f"transforms=_mgpu_swizzled({jnp_dtype(d.dtype)}, {block_keyword(cols)}))"
+            f"transforms=rt.mgpu_swizzled({jnp_dtype(d.dtype)}, {block_keyword(cols)}))"
             for d in block_outputs
         ]
         refs = [self.refs[d.name] for d in (*kernel.inputs, *kernel.outputs)]
@@ -248,7 +248,7 @@ class SweepPlanner:
     def _block_spec(self, decl: ir.ArrayDecl, program: str) -> str:
         cols = block_keyword(self.columns)
         if len(decl.dims) == 2:
-            transforms = f"_mgpu_swizzled({jnp_dtype(decl.dtype)}, {cols})"
+            transforms = f"rt.mgpu_swizzled({jnp_dtype(decl.dtype)}, {cols})"
             index = f"({program}, s)" if self.axis == 1 else f"(s, {program})"
             return f"plgpu.BlockSpec(({block_keyword(self.rows)}, {cols}), lambda s: {index}, transforms={transforms})"
         return f"plgpu.BlockSpec(({block_keyword(self.swept)},), lambda s: (s,))"
@@ -256,7 +256,7 @@ class SweepPlanner:
     def _block_loads(self, inputs) -> list[str]:
         positions = {d.name: "(0, 1)" if len(d.dims) == 2 else f"({self.axis},)" for d in inputs}
         return [
-            f"{self.values[d.name]} = _mgpu_load({self.base.smem[d.name]}, {self.shape}, {positions[d.name]})"
+            f"{self.values[d.name]} = rt.mgpu_load({self.base.smem[d.name]}, {self.shape}, {positions[d.name]})"
             for d in inputs
         ]
 
@@ -279,7 +279,7 @@ class SweepPlanner:
         emitter = self.emitter(in_block=True)
         size = self.sizes[self.swept]
         running, initial, update, results = [], [], [], []
-        positions = f"_mgpu_positions({self.start}, {self.shape}, {self.axis})"
+        positions = f"rt.mgpu_positions({self.start}, {self.shape}, {self.axis})"
         for node in nodes:
             kind, dtype = node.func, emitter.kernel_dtype(node.args[0])
             computed = compute_dtype(kind, dtype)
@@ -288,7 +288,7 @@ class SweepPlanner:
             names = [a.name for a in accs]
             running += names
             initial += [
-                f"_mgpu_full({block_keyword(self.kept)}, {a.initial}, {a.dtype}, {1 - self.axis})" for a in accs
+                f"rt.mgpu_full({block_keyword(self.kept)}, {a.initial}, {a.dtype}, {1 - self.axis})" for a in accs
             ]
             block = f"{result}_block"
             update += [
@@ -320,9 +320,9 @@ class SweepPlanner:
         if reducer.merge:
             return reducer.merge.format(running[0], f"jnp.{reducer.block}({block}, axis={axis})")
         if kind == "logsumexp":
-            return f"_mgpu_logsumexp_step({running[0]}, {running[1]}, {block}, {axis})"
+            return f"rt.mgpu_logsumexp_step({running[0]}, {running[1]}, {block}, {axis})"
         largest = kind == "argmax"
-        return f"_mgpu_argbest_step({running[0]}, {running[1]}, {block}, {self.start}, {axis}, largest={largest})"
+        return f"rt.mgpu_argbest_step({running[0]}, {running[1]}, {block}, {self.start}, {axis}, largest={largest})"
 
     def _kept_statements(self, number: int) -> list[str]:
         """The lets and outputs of the kept dimension alone that can be computed once pass

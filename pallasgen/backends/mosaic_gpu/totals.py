@@ -82,16 +82,16 @@ class TotalsPlanner:
         barrier = self.namer.claim("barrier")
         smem = [base.smem[d.name] for d in inputs]
         body = [
-            f"{self.values[d.name]} = _mgpu_load({base.smem[d.name]}, {shape}, (0, 1))"
+            f"{self.values[d.name]} = rt.mgpu_load({base.smem[d.name]}, {shape}, (0, 1))"
             for d in inputs
             if d.name in used
         ]
         body += [
-            f"{self.values[d.name]} = _mgpu_spread(_mgpu_load_vector({base.smem[d.name]}, 0), {shape}, 0)"
+            f"{self.values[d.name]} = rt.mgpu_spread(rt.mgpu_load_vector({base.smem[d.name]}, 0), {shape}, 0)"
             for d in scalars
         ]
         body.append(
-            f"{positions} = _mgpu_positions({program} * {ROWS}, {shape}, 0) * {columns} + _mgpu_positions(0, {shape}, 1)"
+            f"{positions} = rt.mgpu_positions({program} * {ROWS}, {shape}, 0) * {columns} + rt.mgpu_positions(0, {shape}, 1)"
         )
         for node in self.reductions:
             kind, dtype = node.func, emitter.kernel_dtype(node.args[0])
@@ -103,7 +103,7 @@ class TotalsPlanner:
                 *self._partial_lines(node, block, shape, positions),
             ]
         specs = ", ".join(
-            f"plgpu.BlockSpec({shape}, lambda _: ({program}, 0), transforms=_mgpu_swizzled({jnp_dtype(d.dtype)}, {columns}))"
+            f"plgpu.BlockSpec({shape}, lambda _: ({program}, 0), transforms=rt.mgpu_swizzled({jnp_dtype(d.dtype)}, {columns}))"
             for d in inputs
         )
         kernel_body = [
@@ -143,7 +143,7 @@ class TotalsPlanner:
             f"{columns} = {self._columns(inputs)}",
             f"{padded} = {sizes[dim]} + -{sizes[dim]} % ({ROWS} * {columns})",
             *(
-                f"{self.values[d.name]} = _mgpu_pad({self.values[d.name]}, ({padded},)).reshape(-1, {columns})"
+                f"{self.values[d.name]} = rt.mgpu_pad({self.values[d.name]}, ({padded},)).reshape(-1, {columns})"
                 for d in inputs
             ),
             *(f"{rows[d.name]} = jnp.broadcast_to(jnp.reshape({self.values[d.name]}, ()), ({ROWS},))" for d in scalars),
@@ -200,13 +200,13 @@ class TotalsPlanner:
                 f"{top} = jnp.max({block}, axis=1)",
                 f"{smem[0]}[...] = {top}",
                 f"{top} = jnp.where({top} > -jnp.inf, {top}, 0.0)",
-                f"{smem[1]}[...] = jnp.sum(jnp.exp({block} - _mgpu_spread({top}, {shape}, 0)), axis=1)",
+                f"{smem[1]}[...] = jnp.sum(jnp.exp({block} - rt.mgpu_spread({top}, {shape}, 0)), axis=1)",
             ]
         best = "max" if kind == "argmax" else "min"  # each row's best value, and its first position
         return [
             f"{top} = jnp.{best}({block}, axis=1)",
             f"{smem[0]}[...] = {top}",
-            f"{smem[1]}[...] = jnp.min(jnp.where({block} == _mgpu_spread({top}, {shape}, 0), {positions}, 2147483647), axis=1)",
+            f"{smem[1]}[...] = jnp.min(jnp.where({block} == rt.mgpu_spread({top}, {shape}, 0), {positions}, 2147483647), axis=1)",
         ]
 
     def _combined(self, node: ir.Call, dtype) -> str:

@@ -16,9 +16,6 @@ from pallasgen.backends.tpu.fused import (
 from pallasgen.backends.tpu.fused import tunable_dims as fused_tunable_dims
 from pallasgen.backends.tpu.chips import (
     CHIP_NAMES,
-    CHIPS,
-    STEP_ELEMENTS,
-    STEP_VMEM_BYTES,
     chip_named,
     tuned_blocks_problem,
 )
@@ -32,7 +29,6 @@ from pallasgen.backends.tpu.plan import (
 )
 from pallasgen.backends.tpu.tiling import (
     SCOPED_VMEM_BYTES,
-    VMEM_LIMIT_BYTES,
     array_layouts,
     tiling_problem,
     tiling_rule,
@@ -113,12 +109,3 @@ class TpuBackend(Backend):
             self.layouts(checked),
             lambda blocks: self.vmem_problem(checked, blocks),
         )
-
-    def helper_values(self):
-        return {
-            "scoped_vmem_mib": SCOPED_VMEM_BYTES >> 20,
-            "vmem_limit_mib": VMEM_LIMIT_BYTES >> 20,
-            "tpu_chips": {kind: chip.name for chip in CHIPS for kind in chip.device_kinds},
-            "step_elements_log2": STEP_ELEMENTS.bit_length() - 1,
-            "step_vmem_mib": STEP_VMEM_BYTES >> 20,
-        }

@@ -8,22 +8,14 @@ from dataclasses import dataclass
 
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.tuning import TunedBlocks
-from pallasgen.backends.tpu.tiling import (
-    VMEM_CAPACITY_BYTES,
+from pallasgen.backends.tpu.tiling import VMEM_CAPACITY_BYTES, format_bytes, tiling_problem, vmem_bytes
+from pallasgen.runtime.constants import (  # noqa: F401
+    MIB,
+    STEP_ELEMENTS,
+    STEP_VMEM_BYTES,
+    TPU_DEVICE_KINDS,
     VMEM_LIMIT_BYTES,
-    format_bytes,
-    tiling_problem,
-    vmem_bytes,
 )
-
-MIB = 1024 * 1024
-# A kernel without a matrix product, on a known chip it has no tuned entry for, grows
-# its blocks at call time to about this many elements a grid step, within this much
-# VMEM: every step costs a fixed ~600 cycles, so small steps leave a memory-bound kernel
-# far behind XLA (softmax at 8192^2 with 8-row blocks: 0.98x XLA's estimate on v6e,
-# 0.39x with 128 rows; benchmarks/RESULTS_TPU_ESTIMATES.md).
-STEP_ELEMENTS = 1 << 20
-STEP_VMEM_BYTES = 32 * MIB
 
 
 @dataclass(frozen=True)
@@ -46,7 +38,7 @@ class TpuChip:
 CHIPS = (
     TpuChip(
         "v5e",
-        ("TPU v5 lite", "TPU v5e"),
+        TPU_DEVICE_KINDS["v5e"],
         "v5e:1x1",
         mxu=128,
         product_block=512,
@@ -58,7 +50,7 @@ CHIPS = (
     ),
     TpuChip(
         "v6e",
-        ("TPU v6 lite", "TPU v6e"),
+        TPU_DEVICE_KINDS["v6e"],
         "v6e:1x1",
         mxu=256,
         product_block=1024,
@@ -100,14 +92,14 @@ def chip_blocks(checked: CheckedKernel, tunable: list[str], chip: TpuChip) -> di
 
 
 # A fused kernel's tiles' rows and its swept dimension grow at call time up to this block
-# (`_grown`, bounded by a step's elements and VMEM): each step costs a fixed ~600 cycles
+# (the runtime's `grown`, bounded by a step's elements and VMEM): each step costs a fixed ~600 cycles
 # and small score tiles leave the MXU idle. Causal attention at 4096^2 was estimated at
 # 2.2M cycles on v5e with blocks of 256, 0.93M with 512, 0.58M with 1024
 # (benchmarks/RESULTS_TPU_ESTIMATES.md).
 FUSED_BLOCK = 1024
 # A fused kernel that skips blocks computes each step in strips of STRIP_ROWS rows, a strip
 # of a block seen only in part taking the columns, in runs of STRIP_COLS (a lane tile),
-# that some row of it may see (the `_strips` helper); its blocks grow up to STRIPED_BLOCK.
+# that some row of it may see (the runtime's `strips`); its blocks grow up to STRIPED_BLOCK.
 # Causal attention at S = T = 4096, estimated on v5e: 538,585 cycles in blocks of 1024,
 # 423,325 in one block of 4096 in strips (benchmarks/RESULTS_TPU_ESTIMATES.md, session 7).
 STRIP_ROWS = 256

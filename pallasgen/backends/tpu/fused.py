@@ -263,8 +263,8 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
 
 def _block_table(checked: CheckedKernel, tunable, sizes, vmem_needed: str, striped=False) -> BlockTable | None:
     """The spec's blocks, and each chip's tuned entries, for a call that passes none; on a
-    known chip, untuned, its tiles' rows and swept dimension grow (`_grown`) up to
-    FUSED_BLOCK while a step stays within the elements and VMEM `_grown` allows. A kernel
+    known chip, untuned, its tiles' rows and swept dimension grow (`rt.grown`) up to
+    FUSED_BLOCK while a step stays within the elements and VMEM `rt.grown` allows. A kernel
     computed in strips grows up to STRIPED_BLOCK, and a power of two within its dimension,
     while a strip of its step stays within them."""
     if not tunable:
@@ -300,13 +300,13 @@ def _block_table(checked: CheckedKernel, tunable, sizes, vmem_needed: str, strip
         f"min({block_keyword(d)}, {STRIP_ROWS})" if striped and d == fused.row else block_keyword(d) for d in tunable
     )
     step = f"lambda {', '.join(block_keyword(d) for d in tunable)}: ({elements}, {vmem_needed})"
-    grow = f"grow=functools.partial(_grown, bounds={tuple_code(bounds)}, step={step})"
-    choice = f"{keywords} = _tpu_blocks({name}, {tuple_code([sizes[d] for d in checked.dims])}, {keywords}, {grow})"
+    grow = f"grow=functools.partial(rt.grown, bounds={tuple_code(bounds)}, step={step})"
+    choice = f"{keywords} = rt.tpu_blocks({name}, {tuple_code([sizes[d] for d in checked.dims])}, {keywords}, {grow})"
     return BlockTable(name, _wrap(comment), tuple(chips), choice)
 
 
 def striped(checked: CheckedKernel) -> bool:
-    """Whether a kernel computes each step in strips of rows (see the `_strips` helper):
+    """Whether a kernel computes each step in strips of rows (see the `rt.strips` helper):
     it skips blocks by a condition on the positions of its rows and swept dimension only,
     both blocked, and its last step reads no position."""
     fused = checked.fused
@@ -361,7 +361,7 @@ def _strips_plan(checked, namer, refs, running, starts, strip_extents, lowering,
         whole=whole,
         keywords=keywords,
         choice=(
-            f"{', '.join(keywords)} = _strips({blocks}, {counts}, height={STRIP_ROWS}, chunk={STRIP_COLS},"
+            f"{', '.join(keywords)} = rt.strips({blocks}, {counts}, height={STRIP_ROWS}, chunk={STRIP_COLS},"
             f" seen=lambda {positions}: {lowering.live_block(starts)}, whole=lambda {positions}: {whole})"
         ),
         vmem_limit_mib=STRIPED_VMEM_LIMIT_BYTES >> 20,
@@ -452,7 +452,7 @@ def _cost_estimate(checked: CheckedKernel, values, sizes) -> str:
     )
     return (
         f"pl.CostEstimate(flops={' + '.join(flops) or '0'}, transcendentals={' + '.join(transcendentals) or '0'},"
-        f" bytes_accessed=_nbytes({inputs}) + {outputs})"
+        f" bytes_accessed=rt.nbytes({inputs}) + {outputs})"
     )
 
 
@@ -468,6 +468,6 @@ def fused_keyword_group(checked: CheckedKernel) -> KeywordGroup:
         tunable_dims(checked),
         lambda defaults: (
             f"    are tuned for the TPU and sizes ({table}), or grown to large steps",
-            f"    (_grown), else {defaults}.",
+            f"    (rt.grown), else {defaults}.",
         ),
     )

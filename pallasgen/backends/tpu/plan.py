@@ -77,7 +77,7 @@ class AccumulatorPlan:
 @dataclass(frozen=True)
 class StripsPlan:
     """A step of a kernel that skips blocks, computed in strips of its block's rows (see
-    the `_strips` helper): one function of a strip, called on views of the refs."""
+    the `rt.strips` helper): one function of a strip, called on views of the refs."""
 
     function: str  # the strip's function: the step's body, its refs and positions a strip's
     parameters: str
@@ -92,7 +92,7 @@ class StripsPlan:
 
 @dataclass(frozen=True)
 class BlockTable:
-    """The blocks a call that passes none takes, by chip (see `_tpu_blocks`)."""
+    """The blocks a call that passes none takes, by chip (see `rt.tpu_blocks`)."""
 
     name: str  # the module-level dict
     comment: tuple[str, ...]
@@ -137,7 +137,7 @@ def tunable_dims(checked: CheckedKernel) -> list[str]:
 
 def grows_blocks(checked: CheckedKernel) -> bool:
     """Whether a call with no `block_*` grows the chip's default blocks to large steps
-    (`_grown`): a kernel without a matrix product that has blocks to grow."""
+    (`rt.grown`): a kernel without a matrix product that has blocks to grow."""
     return checked.product is None and bool(tunable_dims(checked))
 
 
@@ -149,7 +149,7 @@ def keyword_group(checked: CheckedKernel) -> KeywordGroup:
         tunable_dims(checked),
         lambda defaults: (
             f"    are tuned for the TPU and sizes, or the TPU's defaults ({table}),",
-            f"    {'grown to large steps (_grown), ' if grows_blocks(checked) else ''}else {defaults}.",
+            f"    {'grown to large steps (rt.grown), ' if grows_blocks(checked) else ''}else {defaults}.",
         ),
     )
 
@@ -174,7 +174,7 @@ def _block_table(
     checked: CheckedKernel, tunable: list[str], sizes: dict[str, str], block_of: dict[str, str], vmem_needed: str
 ) -> BlockTable | None:
     """Each chip's default blocks, then the blocks tuned for it at given sizes; a kernel
-    without a product also passes its blocks' bounds and a step's size (see `_tpu_blocks`)."""
+    without a product also passes its blocks' bounds and a step's size (see `rt.tpu_blocks`)."""
     if not tunable:
         return None
     dims = checked.dims
@@ -201,9 +201,9 @@ def _block_table(
         elements = " * ".join(block_of[d] for d in dims)
         step = f"lambda {', '.join(block_keyword(d) for d in tunable)}: ({elements}, {vmem_needed})"
         arguments.append(
-            f"grow=functools.partial(_grown, bounds={tuple_code([sizes[d] for d in tunable])}, step={step})"
+            f"grow=functools.partial(rt.grown, bounds={tuple_code([sizes[d] for d in tunable])}, step={step})"
         )
-    choice = f"{keywords} = _tpu_blocks({', '.join(arguments)})"
+    choice = f"{keywords} = rt.tpu_blocks({', '.join(arguments)})"
     return BlockTable(name, _wrap(comment), tuple(chips), choice)
 
 
@@ -392,7 +392,7 @@ def _stepped(lowered: LoweredKernel, namer, dim: str, blocked, block_of, spellin
         lowered, namer, sweep, emitter, f"{step} * {block_keyword(dim)}", block_keyword(dim), True, elementwise, rows
     )
     if rows:
-        shape = f"_rows_shape({block_of[dim]})"
+        shape = f"rt.rows_shape({block_of[dim]})"
     else:
         shape = tuple_code([block_of[d] if elementwise or d != dim else "1" for d in checked.space.layout])
     accs = [(r.node.func, acc) for r in reductions for acc in r.accumulators]
@@ -423,9 +423,9 @@ def _stepped(lowered: LoweredKernel, namer, dim: str, blocked, block_of, spellin
 
 def _rows_load(refs):
     """Loads of a kernel whose only dimension is held as rows (`holds_rows`): a block of
-    it as `_as_rows` holds it, a scalar as it is."""
+    it as `rt.as_rows` holds it, a scalar as it is."""
     plain = ref_load(refs)
-    return lambda decl: f"_as_rows({plain(decl)})" if decl.dims else plain(decl)
+    return lambda decl: f"rt.as_rows({plain(decl)})" if decl.dims else plain(decl)
 
 
 def tiling_check(kernel: str, rules: list[TilingRule], sizes) -> tuple[str, ...]:
@@ -437,7 +437,7 @@ def tiling_check(kernel: str, rules: list[TilingRule], sizes) -> tuple[str, ...]
         fields = [block_keyword(rule.dim), sizes[rule.dim], str(rule.multiple), repr(rule.describe())]
         fields += [str(rule.smallest_power_of_two)] if rule.smallest_power_of_two else []
         items.append(f"{block_keyword(rule.dim)}=({', '.join(fields)})")
-    return (f"_check_tiling({repr(kernel)}, {', '.join(items)})",)
+    return (f"rt.check_tiling({repr(kernel)}, {', '.join(items)})",)
 
 
 def _tpu_return(lowered: LoweredKernel) -> str:
@@ -498,7 +498,7 @@ def _cost_estimate(checked: CheckedKernel, values, sizes) -> str:
     outputs = " + ".join(f"{elements} * {DTYPES[d.dtype].bytes}" for d in kernel.outputs)
     return (
         f"pl.CostEstimate(flops={flops}, transcendentals={''.join(_times(transcendental, elements)) or '0'},"
-        f" bytes_accessed=_nbytes({inputs}) + {outputs})"
+        f" bytes_accessed=rt.nbytes({inputs}) + {outputs})"
     )
 
 

@@ -12,13 +12,11 @@ from pallasgen.lowering.parts import layout_of
 from pallasgen.lowering.reductions import merges
 from pallasgen.analysis.product import Product
 
-# Scoped VMEM that Mosaic grants a kernel by default on the smallest current TPU (v5e).
-SCOPED_VMEM_BYTES = 16 * 1024 * 1024
-# VMEM of a TPU v5e or v6e core, and the most of it a generated launcher asks for when its
-# blocks need more than the scoped default: the rest is headroom for Mosaic's own scratch
-# and for the intermediates that `vmem_bytes` does not count.
+from pallasgen.runtime.constants import SCOPED_VMEM_BYTES, VMEM_LIMIT_BYTES  # noqa: F401
+
+# VMEM of a TPU v5e or v6e core (the runtime's constants hold the scoped default and the
+# most a launcher asks for).
 VMEM_CAPACITY_BYTES = 128 * 1024 * 1024
-VMEM_LIMIT_BYTES = 100 * 1024 * 1024
 SUBLANES, LANES = 8, 128
 
 Layout = tuple[tuple[str | None, ...], DType]
@@ -109,7 +107,7 @@ def accumulates_elementwise(kernel: ir.Kernel, dim: str) -> bool:
 
 def holds_rows(kernel: ir.Kernel, dim: str) -> bool:
     """Whether the TPU kernel holds its one-dimensional blocks of `dim` as rows of 128
-    lanes (`_as_rows`): when it keeps block-shaped running values and never asks for
+    lanes (`rt.as_rows`): when it keeps block-shaped running values and never asks for
     positions (`index()`). Mosaic handles a long single row poorly: a block of 2^20 int8
     comparisons to a count was estimated at 256,176 cycles as one row and 52,931 as rows
     on v5e (XLA: 72,571), and 5% to 7% fewer for int32."""

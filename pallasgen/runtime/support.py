@@ -1,4 +1,39 @@
+"""The code that every generated module shares, imported there as `rt`.
+
+A generated function checks its call (`operands`, `check_blocks`), answers a call with
+an empty dimension (`without_elements`), and runs the kernel built for the platform it
+is compiled for (`on_platform`): Mosaic on TPU, Triton or Mosaic GPU on NVIDIA GPUs
+(`gpu_kernel`), the TPU kernel interpreted elsewhere. Its TPU and GPU launchers choose
+blocks at call time (`tpu_blocks`, `gpu_options`), and its kernel bodies call the small
+functions below (masks, running reductions, Mosaic GPU layouts).
+
+Keywords every generated function takes beside its arrays and params:
+
+- `block_*`: TPU block sizes; a block never exceeds its dimension. None: the blocks
+  tuned for the TPU compiled for and the call's sizes (`pallasgen tune`), else the
+  chip's defaults, else the spec's.
+- `gpu_block_*`, `gpu_warps`, `gpu_stages`: the same on NVIDIA GPUs (Triton; powers of
+  two). None: those `pallasgen tune --gpu` timed best on the GPU at the nearest sizes,
+  else the spec's.
+- `gpu_backend`: on NVIDIA GPUs, "triton" (the default) or "mosaic_gpu" (sm_90 and
+  later; opt-in, not yet checked on hardware). A kernel that Mosaic GPU does not take
+  runs on Triton either way (its docstring says why).
+- `mgpu_block_*`, `mgpu_stages` (products): Mosaic GPU's blocks (wgmma tiles) and K
+  pipeline depth. None: those `pallasgen tune --gpu --gpu-backend mosaic_gpu` timed
+  best on the GPU at the nearest sizes, else the built-in ones.
+- `interpret`: None compiles on TPU and GPU and interprets elsewhere; False always
+  compiles; True or a `pltpu.InterpretParams` interprets the TPU kernel on any platform.
+
+Importing this module changes no process-wide state: the warning filter that silences
+the Triton backend's deprecation applies only while a kernel lowers for CUDA, and the
+primitive behind `platform_dependent` is registered with jax on first use.
+"""
+
+from __future__ import annotations
+
+import contextlib
 import functools
+import inspect
 import warnings
 
 import jax
@@ -7,24 +42,32 @@ import jax.interpreters.batching
 import jax.interpreters.mlir
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
+
+from pallasgen.runtime.constants import (
+    GPU_BACKENDS,
+    SCOPED_VMEM_BYTES,
+    STEP_ELEMENTS,
+    STEP_VMEM_BYTES,
+    TPU_DEVICE_KINDS,
+    VMEM_LIMIT_BYTES,
+)
 
 try:
     from jax.experimental.pallas import mosaic_gpu as plgpu
 except ImportError:  # jax 0.10.2 imports it only with absl-py (pallasgen's jax extra brings it)
     plgpu = None
 
-# jax 0.11+ warns at every Triton lowering that Pallas's Triton backend is deprecated. The
-# GPU kernels here use it knowingly until they move to Mosaic GPU: silence that one warning.
-warnings.filterwarnings("ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning)
+# The TPU generation of each `Device.device_kind`, as tuning tables name it.
+TPU_CHIPS = {kind: chip for chip, kinds in TPU_DEVICE_KINDS.items() for kind in kinds}
 
 
-def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
+def gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
     """The GPU kernel that `gpu_backend` names: Triton's, or Mosaic GPU's where the kernel
     has one (`mosaic_gpu` None: it has not, and runs on Triton)."""
-    if gpu_backend not in {{ gpu_backends | pyrepr }}:
-        raise ValueError(f'{kernel}: gpu_backend must be {{ gpu_backends | map("pyrepr") | join(" or ") }}, got {gpu_backend!r}')
+    if gpu_backend not in GPU_BACKENDS:
+        choices = " or ".join(f'"{name}"' for name in GPU_BACKENDS)
+        raise ValueError(f"{kernel}: gpu_backend must be {choices}, got {gpu_backend!r}")
     if gpu_backend == "triton" or mosaic_gpu is None:
         return triton
 
@@ -36,7 +79,7 @@ def _gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu):
     return on_mosaic_gpu
 
 
-def _gpu_device_kind():
+def gpu_device_kind():
     """The kind of the GPU being compiled for, as tuning tables name it, or None: the
     default device's if it is a GPU, else the first GPU's (None without one)."""
     device = jax.config.jax_default_device
@@ -48,10 +91,10 @@ def _gpu_device_kind():
         return None
 
 
-def _gpu_options(table, sizes, given):
+def gpu_options(table, sizes, given):
     """The blocks and launch options of a GPU call (Triton's, or Mosaic GPU's blocks and
     stages): those `given` (not None) as they are, the others from `table`: for the GPU
-    compiled for (see `_gpu_device_kind`), the tuned entry whose sizes are nearest the
+    compiled for (see `gpu_device_kind`), the tuned entry whose sizes are nearest the
     call's (in powers of two), else the built-in ones, `table[None]`."""
 
     def distance(tuned_sizes):
@@ -59,13 +102,13 @@ def _gpu_options(table, sizes, given):
 
     if None not in given:
         return given
-    kind = _gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
+    kind = gpu_device_kind() if len(table) > 1 else None  # table[None] alone: nothing tuned
     tuned = table.get(kind) if kind is not None else None
     chosen = tuned[min(tuned, key=distance)] if tuned else table[None]
     return tuple(value if value is not None else choice for value, choice in zip(given, chosen))
 
 
-def _mgpu_check_choices(kernel, choices, accumulator, smem):
+def mgpu_check_choices(kernel, choices, accumulator, smem):
     """Refuses Mosaic GPU blocks and stages it cannot run, before anything compiles:
     `choices` maps each keyword to (value, its allowed values); `accumulator` and `smem`
     are (what these values take, the most there is) of wgmma's accumulator (elements)
@@ -87,21 +130,21 @@ def _mgpu_check_choices(kernel, choices, accumulator, smem):
         )
 
 
-def _mgpu_pad(array, shape):
+def mgpu_pad(array, shape):
     """`array` padded with zeros at the end of each axis to `shape` (itself if it has it)."""
     if array.shape == shape:
         return array
     return jnp.pad(array, [(0, padded - size) for size, padded in zip(array.shape, shape)])
 
 
-def _mgpu_swizzled(dtype, columns):
+def mgpu_swizzled(dtype, columns):
     """The shared-memory tiling and swizzle of a 2-D block `columns` wide, as wgmma and
     the WGMMA register layout read it."""
     swizzle = plgpu.find_swizzle(columns * jnp.dtype(dtype).itemsize * 8)
     return plgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(swizzle)
 
 
-def _mgpu_load(ref, shape, dims):
+def mgpu_load(ref, shape, dims):
     """A block in the WGMMA register layout, of `shape`: a 2-D block as it is, a vector
     along `dims` (its position in `shape`) in the layout's row or column, broadcast."""
     if len(dims) == len(shape):
@@ -110,53 +153,53 @@ def _mgpu_load(ref, shape, dims):
     return jax.lax.broadcast_in_dim(vector, shape, dims)
 
 
-def _mgpu_spread(vector, shape, dim):
+def mgpu_spread(vector, shape, dim):
     """A vector along axis `dim` of a block (the WGMMA layout's row or column layout)
     broadcast over the block's other axis."""
     return jax.lax.broadcast_in_dim(vector, shape, (dim,))
 
 
-def _mgpu_load_vector(ref, dim):
+def mgpu_load_vector(ref, dim):
     """A vector along axis `dim` of a block, from shared memory, in the WGMMA layout's row
     (0) or column (1) layout."""
     return plgpu.layout_cast(ref[...], plgpu.Layout.WGMMA.reduce(1 - dim))
 
 
-def _mgpu_full(size, value, dtype, dim):
+def mgpu_full(size, value, dtype, dim):
     """A running value per position along axis `dim` of a block, `value` in each."""
     return plgpu.layout_cast(jnp.full((size,), value, dtype), plgpu.Layout.WGMMA.reduce(1 - dim))
 
 
-def _mgpu_positions(start, shape, axis):
+def mgpu_positions(start, shape, axis):
     """The positions of a block along `axis`, from `start`, in the WGMMA layout."""
     return start + plgpu.broadcasted_iota(jnp.int32, shape, axis, layout=plgpu.Layout.WGMMA)
 
 
-def _mgpu_vector_positions(start, size, axis):
+def mgpu_vector_positions(start, size, axis):
     """The positions of a block along `axis` of a tile, from `start`: a vector in the
     WGMMA layout's row (0) or column (1) layout."""
     layout = plgpu.Layout.WGMMA.reduce(1 - axis)
     return start + plgpu.broadcasted_iota(jnp.int32, (size,), 0, layout=layout)
 
 
-def _mgpu_fill_past(value, start, size, axis, identity):
+def mgpu_fill_past(value, start, size, axis, identity):
     """`value` (a tile, or a vector along `axis` of one) with `identity` at the
     positions along `axis` (from `start`) past `size`."""
     if value.ndim == 1:
-        positions = _mgpu_vector_positions(start, value.shape[0], axis)
+        positions = mgpu_vector_positions(start, value.shape[0], axis)
     else:
-        positions = _mgpu_positions(start, value.shape, axis)
+        positions = mgpu_positions(start, value.shape, axis)
     return jnp.where(positions < size, value, identity)
 
 
-def _mgpu_softmax(x, axis):
+def mgpu_softmax(x, axis):
     """softmax of a tile along `axis` (in f32), its row (or column) max and sum spread back."""
     top = jnp.max(x, axis=axis)
-    e = jnp.exp(x - _mgpu_spread(jnp.where(top > -jnp.inf, top, 0.0), x.shape, 1 - axis))
-    return e / _mgpu_spread(jnp.sum(e, axis=axis), x.shape, 1 - axis)
+    e = jnp.exp(x - mgpu_spread(jnp.where(top > -jnp.inf, top, 0.0), x.shape, 1 - axis))
+    return e / mgpu_spread(jnp.sum(e, axis=axis), x.shape, 1 - axis)
 
 
-def _mgpu_dot(shape, lhs, rhs, split=None, lhs_scratch=None, rhs_scratch=None, transposed=False):
+def mgpu_dot(shape, lhs, rhs, split=None, lhs_scratch=None, rhs_scratch=None, transposed=False):
     """lhs @ rhs by wgmma, in an f32 accumulator of `shape`. Each operand is a tile in
     shared memory, or a value written to its scratch tile there first (`lhs_scratch`:
     one per part); an f32 `lhs` meeting a 16-bit `rhs` is `split` into two of that dtype
@@ -185,7 +228,7 @@ def _mgpu_dot(shape, lhs, rhs, split=None, lhs_scratch=None, rhs_scratch=None, t
     return pl.run_scoped(accumulate, plgpu.ACC(shape, jnp.float32))
 
 
-def _mgpu_floor(x):
+def mgpu_floor(x):
     """floor(x), which Mosaic GPU does not lower, exactly: x rounded to a whole number,
     less one where that rounded up (integers are whole already)."""
     if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
@@ -194,12 +237,12 @@ def _mgpu_floor(x):
     return jnp.where(rounded > x, rounded - 1, rounded)
 
 
-def _mgpu_ceil(x):
+def mgpu_ceil(x):
     """ceil(x), which Mosaic GPU does not lower, exactly (signed zeros too): -floor(-x)."""
-    return -_mgpu_floor(-x) if jnp.issubdtype(jnp.result_type(x), jnp.floating) else x
+    return -mgpu_floor(-x) if jnp.issubdtype(jnp.result_type(x), jnp.floating) else x
 
 
-def _mgpu_sqrt(x):
+def mgpu_sqrt(x):
     """sqrt(x), which Mosaic GPU does not lower on jax 0.10.2, from rsqrt: x * rsqrt(x)
     and one Newton step (within an ulp; its residual 1/2 - r*y/2 cannot overflow), in
     f32 (16-bit floats rounded once, back); 0 (of either sign) and inf are themselves,
@@ -212,36 +255,38 @@ def _mgpu_sqrt(x):
     return jnp.where(wide == 0, wide, jnp.where(wide == jnp.inf, wide, y)).astype(dtype)
 
 
-def _mgpu_logsumexp_step(top, total, x, axis):
+def mgpu_logsumexp_step(top, total, x, axis):
     """The running (max, sum of exp(x - max)) after one more block `x`, reduced over `axis`."""
     new_top = jnp.maximum(top, jnp.max(x, axis=axis))
     shift = jnp.where(new_top > -jnp.inf, new_top, 0.0)
-    total = total * jnp.exp(top - shift) + jnp.sum(jnp.exp(x - _mgpu_spread(shift, x.shape, 1 - axis)), axis=axis)
+    total = total * jnp.exp(top - shift) + jnp.sum(jnp.exp(x - mgpu_spread(shift, x.shape, 1 - axis)), axis=axis)
     return new_top, total
 
 
-def _mgpu_argbest_step(best, index, x, start, axis, largest):
+def mgpu_argbest_step(best, index, x, start, axis, largest):
     """The running (value, first index) of the largest (or smallest) value along `axis`
     after one more block `x` whose positions there start at `start`."""
     block_best = jnp.max(x, axis=axis) if largest else jnp.min(x, axis=axis)
-    hits = jnp.where(x == _mgpu_spread(block_best, x.shape, 1 - axis), _mgpu_positions(start, x.shape, axis), 2147483647)
+    hits = jnp.where(x == mgpu_spread(block_best, x.shape, 1 - axis), mgpu_positions(start, x.shape, axis), 2147483647)
     better = block_best > best if largest else block_best < best  # ties keep the earlier index
     return jnp.where(better, block_best, best), jnp.where(better, jnp.min(hits, axis=axis), index)
 
 
-def _on_platform(tpu, gpu, interpret, *arrays):
-    """Runs the kernel built for the platform being compiled for.
+def on_platform(kernel, arrays, *, tpu, triton, mosaic_gpu, gpu_backend, interpret):
+    """Runs `kernel` on `arrays` as built for the platform being compiled for: `tpu`,
+    else on NVIDIA GPUs the kernel that `gpu_backend` names (`gpu_kernel`: `triton`, or
+    `mosaic_gpu` where it is not None). Each takes the arrays and `interpret`.
 
     The choice follows the lowering platform, not the host, so ahead-of-time compiles
     and exports (for one platform, or for several at once) get the right kernel: Mosaic
-    on TPU, Triton on NVIDIA GPUs, and
-    elsewhere (CPU) the TPU kernel in interpret mode, or compiled if `interpret` is
-    False. A true `interpret` (or `pltpu.InterpretParams`) interprets the TPU kernel
+    on TPU, Triton (or Mosaic GPU) on NVIDIA GPUs, and elsewhere (CPU) the TPU kernel in
+    interpret mode, or compiled if `interpret` is False. A true `interpret` (or `pltpu.InterpretParams`) interprets the TPU kernel
     on every platform.
     """
+    gpu = gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu)
     if interpret:
         return tpu(*arrays, interpret=interpret)
-    return _platform_dependent(
+    return platform_dependent(
         arrays,
         tpu=functools.partial(tpu, interpret=False),
         cuda=functools.partial(gpu, interpret=False),
@@ -249,7 +294,18 @@ def _on_platform(tpu, gpu, interpret, *arrays):
     )
 
 
-def _platform_dependent(arrays, **kernels):
+def jit_with_static_keywords(function):
+    """`jax.jit(function)` with every keyword-only parameter static: a generated
+    function's block sizes, launch options, params and `interpret`."""
+    keywords = [
+        parameter.name
+        for parameter in inspect.signature(function).parameters.values()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    return jax.jit(function, static_argnames=keywords)
+
+
+def platform_dependent(arrays, **kernels):
     """`jax.lax.platform_dependent(*arrays, tpu=..., cuda=..., default=...)`, except that
     each platform lowers only its own kernel.
 
@@ -261,12 +317,28 @@ def _platform_dependent(arrays, **kernels):
     Tracing the default kernel gives the outputs' shapes and runs its call-time checks.
     """
     outputs, tree = jax.tree.flatten(jax.eval_shape(kernels["default"], *arrays))
-    results = _platform_dependent_p.bind(*arrays, outputs=tuple(outputs), **kernels)
+    results = _platform_dependent_primitive().bind(*arrays, outputs=tuple(outputs), **kernels)
     return jax.tree.unflatten(tree, results)
 
 
+# jax 0.11+ warns at every Triton lowering that Pallas's Triton backend is deprecated. The
+# GPU kernels use it knowingly until they move to Mosaic GPU: that one warning is silenced
+# while a kernel lowers for CUDA, and nowhere else (importing a generated module sets no
+# warning filter).
+TRITON_DEPRECATION = "The Pallas Triton backend is deprecated"
+
+
+@contextlib.contextmanager
+def _triton_deprecation_ignored():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=TRITON_DEPRECATION, category=DeprecationWarning)
+        yield
+
+
+@functools.cache
 def _platform_dependent_primitive():
-    """The primitive behind `_platform_dependent`, with one lowering rule per platform.
+    """The primitive behind `platform_dependent`, with one lowering rule per platform,
+    created and registered with jax on first use (once per process).
 
     Its parameters: `tpu`, `cuda` and `default`, the kernel for each platform (a
     function of the arrays that returns a pytree of arrays), and `outputs`, the
@@ -282,14 +354,23 @@ def _platform_dependent_primitive():
         def kernel_leaves(*arrays, outputs, **kernels):
             return jax.tree.leaves(kernels[platform](*arrays))
 
-        return jax.interpreters.mlir.lower_fun(kernel_leaves, multiple_results=True)
+        rule = jax.interpreters.mlir.lower_fun(kernel_leaves, multiple_results=True)
+        if platform != "cuda":
+            return rule
+
+        def quietly(*args, **params):
+            with _triton_deprecation_ignored():
+                return rule(*args, **params)
+
+        return quietly
 
     def run_outside_jit(*arrays, outputs, **kernels):  # as under `jax.disable_jit()`
-        return jax.tree.leaves(jax.lax.platform_dependent(*arrays, **kernels))
+        with _triton_deprecation_ignored():
+            return jax.tree.leaves(jax.lax.platform_dependent(*arrays, **kernels))
 
     def vmapped(arrays, axes, *, outputs, **kernels):
         kernels = {name: jax.vmap(kernel, in_axes=axes) for name, kernel in kernels.items()}
-        results = jax.tree.leaves(_platform_dependent(arrays, **kernels))
+        results = jax.tree.leaves(platform_dependent(arrays, **kernels))
         return results, [0] * len(results)
 
     primitive.def_abstract_eval(abstract_eval)
@@ -301,10 +382,7 @@ def _platform_dependent_primitive():
     return primitive
 
 
-_platform_dependent_p = _platform_dependent_primitive()
-
-
-def _differentiable(forward, backward, *arrays, saving=None):
+def differentiable(forward, backward, *arrays, saving=None):
     """`forward(*arrays)`, which `jax.grad` differentiates by `backward(saved, cotangents)`:
     from what the forward pass saves (the arrays; or, given `saving`, what it returns
     beside the outputs) and the cotangents of the outputs, it gives one cotangent per
@@ -314,7 +392,7 @@ def _differentiable(forward, backward, *arrays, saving=None):
     return call(*arrays)
 
 
-def _operands(kernel, operands):
+def operands(kernel, operands):
     """The operands as arrays, each checked for its dtype and rank, and the size of each
     named dimension. Lists, tuples and scalars convert as `jnp.asarray` converts them."""
     arrays, sizes = [], {}
@@ -334,7 +412,7 @@ def _operands(kernel, operands):
     return arrays, sizes
 
 
-def _check_blocks(kernel, may_be_none=False, **blocks):
+def check_blocks(kernel, may_be_none=False, **blocks):
     """Refuses a block keyword whose value is not a positive int. None, where a block
     `may_be_none`, leaves the choice of the block to the kernel."""
     for keyword, block in blocks.items():
@@ -345,7 +423,7 @@ def _check_blocks(kernel, may_be_none=False, **blocks):
             raise ValueError(f"{kernel}: {keyword} must be {expected}, got {block!r}")
 
 
-def _without_elements(reference, outputs, *arrays, **params):
+def without_elements(reference, outputs, *arrays, **params):
     """The result of a call where a dimension has size 0, as jax.numpy gives it: empty
     arrays of the `outputs`' (shape, dtype), or, where an output still has elements (it
     reduces over the empty dimension), what the reference computes."""
@@ -355,7 +433,7 @@ def _without_elements(reference, outputs, *arrays, **params):
     return empty if len(empty) > 1 else empty[0]
 
 
-def _check_tiling(kernel, **blocks):
+def check_tiling(kernel, **blocks):
     """Refuses TPU blocks that Mosaic cannot tile, before anything compiles.
 
     Each keyword maps to (block, size, multiple, rule[, smallest power of two]): a block
@@ -373,7 +451,7 @@ def _check_tiling(kernel, **blocks):
         )
 
 
-def _tpu_chip():
+def tpu_chip():
     """The TPU generation being compiled for, as tuning tables name it, or None.
 
     It is the default device's: a TPU's, or under `jax.default_device(...)` that of a
@@ -382,16 +460,16 @@ def _tpu_chip():
     device = jax.config.jax_default_device
     if not hasattr(device, "device_kind"):
         device = jax.devices(device)[0]
-    return {{ tpu_chips | pyrepr }}.get(device.device_kind)
+    return TPU_CHIPS.get(device.device_kind)
 
 
-def _tpu_blocks(table, sizes, given, grow=None):
+def tpu_blocks(table, sizes, given, grow=None):
     """The blocks of a TPU call: those `given` (not None) as they are, the others from
-    `table` for the chip compiled for (see `_tpu_chip`): the tuned entry whose sizes
+    `table` for the chip compiled for (see `tpu_chip`): the tuned entry whose sizes
     are nearest the call's (in powers of two), else the chip's default. Any other
     chip, and CPU, takes `table[None]`, the spec's blocks.
 
-    A kernel without a matrix product passes `grow` (see `_grown`), which grows a
+    A kernel without a matrix product passes `grow` (see `grown`), which grows a
     chip's default blocks not given to large steps.
     """
 
@@ -400,7 +478,7 @@ def _tpu_blocks(table, sizes, given, grow=None):
 
     if None not in given:
         return given
-    chip = _tpu_chip()
+    chip = tpu_chip()
     known = chip is not None and chip in table
     entries = table[chip if known else None]
     tuned = [tuned_sizes for tuned_sizes in entries if tuned_sizes != "default"]
@@ -411,10 +489,10 @@ def _tpu_blocks(table, sizes, given, grow=None):
     return tuple(blocks)
 
 
-def _grown(blocks, free, bounds, step):
+def grown(blocks, free, bounds, step):
     """`blocks` with the `free` ones doubled in turn, the last first, while smaller than
     their dimension (`bounds`) and while a grid step (`step(*blocks)`: its elements and
-    VMEM bytes) stays within 2**{{ step_elements_log2 }} elements and {{ step_vmem_mib }} MiB. A step costs a fixed ~600
+    VMEM bytes) stays within STEP_ELEMENTS elements and STEP_VMEM_BYTES. A step costs a fixed ~600
     cycles, so a memory-bound kernel wants few, large steps; doubling keeps a block legal.
     """
     grew = True
@@ -425,12 +503,12 @@ def _grown(blocks, free, bounds, step):
                 continue
             trial = [*blocks[:i], 2 * blocks[i], *blocks[i + 1 :]]
             elements, vmem = step(*trial)
-            if elements <= 2**{{ step_elements_log2 }} and vmem <= {{ step_vmem_mib }} * 2**20:
+            if elements <= STEP_ELEMENTS and vmem <= STEP_VMEM_BYTES:
                 blocks, grew = trial, True
     return blocks
 
 
-def _strips(blocks, counts, height, chunk, seen, whole):
+def strips(blocks, counts, height, chunk, seen, whole):
     """How a step computes its block of (rows, columns) `blocks`: in strips of `height`
     rows (one strip where `height` does not divide the block), each
     ((row, rows), (col, cols)): where its rows and columns start in the block and how many.
@@ -464,18 +542,18 @@ def _strips(blocks, counts, height, chunk, seen, whole):
     return tuple(whole_strips), tuple(partial_strips)
 
 
-def _vmem_limit(needed):
+def vmem_limit(needed):
     """The scoped VMEM limit for TPU blocks that need `needed` bytes.
 
-    None (Mosaic's default of {{ scoped_vmem_mib }} MiB on a TPU v5e) while they fit in it. Larger
-    blocks would fail to compile, so they ask for twice what they need, at most {{ vmem_limit_mib }} MiB of
+    None (Mosaic's default, SCOPED_VMEM_BYTES, on a TPU v5e) while they fit in it. Larger
+    blocks would fail to compile, so they ask for twice what they need, at most VMEM_LIMIT_BYTES of
     the 128 MiB a v5e or v6e core has. Not more: compiled for libtpu's cost estimate, blocks
     of 28 MiB that asked for 100 MiB ran out of VMEM (the ask counted beside the use).
     """
-    return None if needed <= {{ scoped_vmem_mib }} * 2**20 else min(2 * needed, {{ vmem_limit_mib }} * 2**20)
+    return None if needed <= SCOPED_VMEM_BYTES else min(2 * needed, VMEM_LIMIT_BYTES)
 
 
-def _inside(start, block, size):
+def inside(start, block, size):
     """Which of `block` positions from `start` lie inside a dimension of `size`.
 
     None when blocks tile the dimension exactly: aligned sizes load and store unmasked.
@@ -485,8 +563,8 @@ def _inside(start, block, size):
     return start + jnp.arange(block) < size
 
 
-def _mask(shape, *inside):
-    """A block's mask from one `_inside` per axis (None: that axis never overhangs)."""
+def mask(shape, *inside):
+    """A block's mask from one `inside` per axis (None: that axis never overhangs)."""
     mask = None
     for axis, along in enumerate(inside):
         if along is not None:
@@ -495,14 +573,14 @@ def _mask(shape, *inside):
     return mask
 
 
-def _load(ref, mask, other=None):
+def load(ref, mask, other=None):
     """A GPU block, masked where `mask` says (None: the block fits, so a plain load)."""
     if mask is None:
         return ref[...]
     return pltriton.load(ref, mask=mask, other=other)
 
 
-def _store(ref, value, mask):
+def store(ref, value, mask):
     """Stores a GPU block, masked where `mask` says (None: the block fits)."""
     if mask is None:
         ref[...] = value
@@ -510,30 +588,30 @@ def _store(ref, value, mask):
         pltriton.store(ref, value, mask=mask)
 
 
-def _nbytes(*arrays):
+def nbytes(*arrays):
     """Bytes of the given arrays, for the kernel's cost estimate."""
     return sum(array.size * array.dtype.itemsize for array in arrays)
 
 
-def _fill_past(value, start, size, axis, identity):
+def fill_past(value, start, size, axis, identity):
     """`value` with `identity` at the positions along `axis` (from `start`) past `size`."""
     positions = start + jax.lax.broadcasted_iota(jnp.int32, value.shape, axis)
     return jnp.where(positions < size, value, identity)
 
 
-def _rows_shape(block):
+def rows_shape(block):
     """How a TPU kernel holds a one-dimensional block of `block` positions: as rows of 128
     lanes when they divide it (Mosaic handles one long row poorly), else as it is."""
     return (block // 128, 128) if block % 128 == 0 else (block,)
 
 
-def _as_rows(value):
-    """A one-dimensional block as `_rows_shape` holds it."""
-    return value.reshape(_rows_shape(value.shape[0]))
+def as_rows(value):
+    """A one-dimensional block as `rows_shape` holds it."""
+    return value.reshape(rows_shape(value.shape[0]))
 
 
-def _fill_past_rows(value, start, size, identity):
-    """`value`, a block held as `_as_rows` holds it from position `start`, with
+def fill_past_rows(value, start, size, identity):
+    """`value`, a block held as `as_rows` holds it from position `start`, with
     `identity` at the positions past `size`."""
     positions = jax.lax.broadcasted_iota(jnp.int32, value.shape, value.ndim - 1)
     if value.ndim == 2:
@@ -541,7 +619,7 @@ def _fill_past_rows(value, start, size, identity):
     return jnp.where(start + positions < size, value, identity)
 
 
-def _round_half_even(x):
+def round_half_even(x):
     """`jnp.round` (half to even) for the GPU, whose Triton lowering has no round."""
     nearest = jnp.floor(x + 0.5)
     tie_to_odd = (nearest - x == 0.5) & (jnp.floor(nearest * 0.5) * 2 != nearest)
@@ -549,29 +627,29 @@ def _round_half_even(x):
     return jnp.where(jnp.abs(x) < 2.0**23, nearest, x)  # larger floats are whole already
 
 
-def _argbest(x, axis, largest):
+def argbest(x, axis, largest):
     """The first index of the largest (or smallest) value along `axis`, kept as size 1."""
     best = jnp.max(x, axis=axis, keepdims=True) if largest else jnp.min(x, axis=axis, keepdims=True)
     positions = jax.lax.broadcasted_iota(jnp.int32, x.shape, axis)
     return jnp.min(jnp.where(x == best, positions, x.shape[axis]), axis=axis, keepdims=True)
 
 
-def _argbest_step(best, index, x, start, axis, largest):
+def argbest_step(best, index, x, start, axis, largest):
     """The running (value, first index) after one more block `x` starting at `start`."""
     block_best = jnp.max(x, axis=axis, keepdims=True) if largest else jnp.min(x, axis=axis, keepdims=True)
-    block_index = start + _argbest(x, axis, largest)
+    block_index = start + argbest(x, axis, largest)
     better = block_best > best if largest else block_best < best  # ties keep the earlier index
     return jnp.where(better, block_best, best), jnp.where(better, block_index, index)
 
 
-def _logsumexp(x, axis):
+def logsumexp(x, axis):
     """log(sum(exp(x))) along `axis`, kept as size 1, without overflow."""
     top = jnp.max(x, axis=axis, keepdims=True)
     top = jnp.where(top > -jnp.inf, top, 0.0)  # a row of -inf sums to 0, its log -inf
     return top + jnp.log(jnp.sum(jnp.exp(x - top), axis=axis, keepdims=True))
 
 
-def _logsumexp_step(top, total, x, axis):
+def logsumexp_step(top, total, x, axis):
     """The running (max, sum of exp(x - max)) after one more block `x`."""
     new_top = jnp.maximum(top, jnp.max(x, axis=axis, keepdims=True))
     shift = jnp.where(new_top > -jnp.inf, new_top, 0.0)
@@ -579,12 +657,12 @@ def _logsumexp_step(top, total, x, axis):
     return new_top, total
 
 
-def _logsumexp_finish(top, total):
+def logsumexp_finish(top, total):
     """log-sum-exp from its running (max, sum)."""
     return jnp.where(top > -jnp.inf, top, 0.0) + jnp.log(total)
 
 
-def _softmax(x, axis):
+def softmax(x, axis):
     """exp(x - max) / sum(exp(x - max)) along `axis`; a row of -inf gives NaN, as jax.nn.softmax."""
     e = jnp.exp(x - jnp.max(x, axis=axis, keepdims=True))
     return e / jnp.sum(e, axis=axis, keepdims=True)

@@ -1,0 +1,32 @@
+"""Facts that the generator and the runtime share. The build path imports this module,
+so it imports no jax (tests/test_layers.py)."""
+
+from __future__ import annotations
+
+MIB = 1024 * 1024
+
+# The values a generated function's `gpu_backend` keyword takes; the first is the default
+# until benchmarks/gpu_check.py passes on a Hopper GPU with Mosaic GPU.
+GPU_BACKENDS = ("triton", "mosaic_gpu")
+
+# jax's `Device.device_kind` of each TPU generation, by the name that `--chip`, tuning
+# files and generated tables give it.
+TPU_DEVICE_KINDS = {
+    "v5e": ("TPU v5 lite", "TPU v5e"),
+    "v6e": ("TPU v6 lite", "TPU v6e"),
+}
+
+# Scoped VMEM that Mosaic grants a kernel by default on the smallest current TPU (v5e).
+SCOPED_VMEM_BYTES = 16 * MIB
+# VMEM of a TPU v5e or v6e core is 128 MiB; the most of it a generated launcher asks for
+# when its blocks need more than the scoped default: the rest is headroom for Mosaic's own
+# scratch and for the intermediates that the generator's VMEM count leaves out.
+VMEM_LIMIT_BYTES = 100 * MIB
+
+# A kernel without a matrix product, on a known chip it has no tuned entry for, grows
+# its blocks at call time to about this many elements a grid step, within this much
+# VMEM: every step costs a fixed ~600 cycles, so small steps leave a memory-bound kernel
+# far behind XLA (softmax at 8192^2 with 8-row blocks: 0.98x XLA's estimate on v6e,
+# 0.39x with 128 rows; benchmarks/RESULTS_TPU_ESTIMATES.md).
+STEP_ELEMENTS = 1 << 20
+STEP_VMEM_BYTES = 32 * MIB

@@ -1,0 +1,373 @@
+"""pallasgen's runtime (pallasgen/runtime/support.py), the code generated modules share:
+each feature below calls its own runtime functions (as `rt.NAME`), a module with only
+that feature runs on the CPU (the TPU kernel interpreted) and on the GPU path (the
+Triton kernel interpreted), every runtime function is called by some module, and the
+functions behave as their docstrings say. Importing a module changes no process-wide
+state: no warning filter, no primitive registered before a kernel runs."""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import subprocess
+import sys
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernel_cases import GENERATED, load_module, take_gpu_branch
+from pallasgen.runtime import support
+from pallasgen.workspace.pipeline import generate
+
+PLATFORM = {"jit_with_static_keywords", "on_platform", "gpu_kernel"}
+
+# A kernel `k` with one feature: its spec body, the helpers that feature needs, and the
+# sizes of a call (a ragged last block wherever there are blocks).
+FEATURES = {
+    "whole-arrays": (
+        "in x: f32[M, N]\nout y: f32[M, N]\ny = x * 2.0",
+        PLATFORM
+        | {"operands", "without_elements", "vmem_limit", "nbytes", "inside", "mask", "load", "store"}
+        | {"mgpu_pad", "mgpu_swizzled", "mgpu_load", "gpu_options", "gpu_device_kind"},
+        {"M": 5, "N": 7},
+    ),
+    "call-time-blocks": (
+        "in x: f32[M, N]\nout y: f32[M, N]\ny = x * 2.0\nblock M = 8, N = 128",
+        {"check_blocks", "tpu_blocks", "tpu_chip", "grown", "check_tiling"},
+        {"M": 20, "N": 300},
+    ),
+    "round": ("in x: f32[N]\nout y: f32[N]\ny = round(x)", {"round_half_even"}, {"N": 300}),
+    "floor-and-ceil": (
+        "in x: f32[N]\nout y: f32[N]\ny = floor(x) - ceil(x)",
+        {"mgpu_floor", "mgpu_ceil"},
+        {"N": 300},
+    ),
+    "sqrt": ("in x: f32[N]\nout y: f32[N]\ny = sqrt(x)", {"mgpu_sqrt"}, {"N": 300}),
+    "gradient": ("in x: f32[N]\nout y: f32[N]\ny = x * x", {"differentiable"}, {"N": 300}),
+    "argmax": (
+        "in x: f32[M, N]\nout i: i32[M]\ni = argmax(x, N)\nblock M = 8",
+        {"argbest", "fill_past"} | {"mgpu_argbest_step", "mgpu_spread", "mgpu_positions", "mgpu_full"},
+        {"M": 10, "N": 37},
+    ),
+    "argmax-over-steps": (
+        "in x: f32[M, N]\nout i: i32[M]\ni = argmax(x, N)\nblock M = 8, N = 128",
+        {"argbest_step"},
+        {"M": 10, "N": 300},
+    ),
+    "logsumexp": (
+        "in x: f32[M, N]\nout y: f32[M]\ny = logsumexp(x, N)\nblock M = 8",
+        {"logsumexp", "mgpu_logsumexp_step"},
+        {"M": 10, "N": 37},
+    ),
+    "logsumexp-over-steps": (
+        "in x: f32[M, N]\nout y: f32[M]\ny = logsumexp(x, N)\nblock M = 8, N = 128",
+        {"logsumexp_step", "logsumexp_finish"},
+        {"M": 10, "N": 300},
+    ),
+    "softmax": (
+        "in x: f32[M, N]\nout y: f32[M, N]\ny = softmax(x, N)\nblock M = 8",
+        {"softmax"},
+        {"M": 10, "N": 37},
+    ),
+    "vector-sum-over-steps": (
+        "in x: f32[N]\nout s: f32[]\ns = sum(x, N)\nblock N = 1024",
+        {"rows_shape", "as_rows", "fill_past_rows"},
+        {"N": 3000},
+    ),
+    "blocks-in-strips": (
+        "in q: f32[S, D]\nin k: f32[T, D]\nout y: f32[S]\n"
+        "y = logsumexp(where(index(S) >= index(T), q @ k.T, -inf), T)\nblock S = 16, T = 128",
+        {"strips"},
+        {"S": 40, "T": 300, "D": 8},
+    ),
+    "row-input-beside-a-reduction": (
+        "in x: f32[M, N]\nin s: f32[M]\nout y: f32[M]\ny = sum(x, N) * s",
+        {"mgpu_load_vector"},
+        {"M": 10, "N": 37},
+    ),
+    # Attention on Mosaic GPU: computed operands of products, an f32 one split, a causal
+    # mask of positions, a ragged T, a softmax over a dimension held whole.
+    "fused-attention": (
+        "in q: bf16[S, D]\nin k: bf16[T, D]\nin v: bf16[T, E]\nout y: f32[S, E]\n"
+        "let s = where(index(S) >= index(T), q @ k.T, -inf)\n"
+        "y = softmax(softmax(s, T) @ v, E)\nblock S = 64, T = 64",
+        {"mgpu_dot", "mgpu_fill_past", "mgpu_vector_positions", "mgpu_softmax"},
+        {"S": 70, "T": 100, "D": 8, "E": 24},
+    ),
+    "mosaic-gpu-product": (
+        "in x: f32[M, K]\nin y: f32[K, N]\nout z: f32[M, N]\nz = x @ y",
+        {"mgpu_check_choices"},
+        {"M": 20, "N": 30, "K": 40},
+    ),
+}
+# The inputs' dimensions of a feature whose kernel takes other than one x[M, N] (or x[N]).
+INPUTS = {
+    "blocks-in-strips": (("S", "D"), ("T", "D")),
+    "row-input-beside-a-reduction": (("M", "N"), ("M",)),
+    "fused-attention": (("S", "D"), ("T", "D"), ("T", "E")),
+    "mosaic-gpu-product": (("M", "K"), ("K", "N")),
+}
+BF16_INPUTS = {"fused-attention"}  # features whose inputs are bf16 (the others': f32)
+
+
+def feature_source(feature: str) -> str:
+    body = FEATURES[feature][0].replace("\n", "\n    ")
+    return generate(f"kernel k {{\n    {body}\n}}\n", "feature.pallas", "feature.pallas")
+
+
+def runtime_calls(source: str) -> set[str]:
+    """The runtime functions a module's code calls: each `rt.NAME` it reads."""
+    return {
+        node.attr
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "rt"
+    }
+
+
+def runtime_functions() -> set[str]:
+    """The runtime's public functions."""
+    return {
+        name
+        for name, value in vars(support).items()
+        if inspect.isfunction(value) and value.__module__ == support.__name__ and not name.startswith("_")
+    }
+
+
+def reached_from(names: set[str]) -> set[str]:
+    """`names`, and the runtime functions their code calls in turn."""
+    tree = ast.parse(inspect.getsource(support))
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    reached, pending = set(), set(names)
+    while pending:
+        name = pending.pop()
+        if name in functions and name not in reached:
+            reached.add(name)
+            pending |= {n.id for n in ast.walk(functions[name]) if isinstance(n, ast.Name)}
+    return reached
+
+
+def module_sources() -> list:
+    """Each bundled module, and each feature's."""
+    bundled = [pytest.param(path.read_text(), id=path.stem) for path in sorted(GENERATED.glob("*.py"))]
+    return bundled + [pytest.param(feature_source(feature), id=feature) for feature in FEATURES]
+
+
+def test_the_features_call_every_runtime_function_between_them():
+    called = set().union(*(needed for _, needed, _ in FEATURES.values()))
+    assert reached_from(called) & runtime_functions() == runtime_functions()
+
+
+@pytest.mark.parametrize("feature", FEATURES)
+def test_a_module_with_one_feature_runs_on_the_cpu_and_on_the_gpu_path(feature, tmp_path, monkeypatch):
+    source = feature_source(feature)
+    _, needed, sizes = FEATURES[feature]
+    assert needed <= reached_from(runtime_calls(source))
+    path = tmp_path / f"{feature.replace('-', '_')}.py"
+    path.write_text(source)
+    module = load_module(path, f"_feature_{path.stem}")
+    rng = np.random.default_rng(0)
+    inputs = INPUTS.get(feature, [tuple(d for d in ("M", "N") if d in sizes)])
+    xs = [rng.standard_normal(tuple(sizes[d] for d in dims)).astype(np.float32) * 4 for dims in inputs]
+    if feature in BF16_INPUTS:
+        xs = [jnp.asarray(x, jnp.bfloat16) for x in xs]
+    want = np.asarray(module.k_reference(*xs))
+    np.testing.assert_allclose(np.asarray(module.k(*xs)), want, rtol=1e-5, atol=1e-5)
+    take_gpu_branch(monkeypatch, module)
+    np.testing.assert_allclose(np.asarray(module.k(*xs, interpret=True)), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("source", module_sources())
+def test_every_runtime_function_a_module_calls_exists(source):
+    """Also the GPU kernels' calls, which no CPU run of the module reaches."""
+    assert runtime_calls(source) <= runtime_functions() | {"plgpu"}
+
+
+@pytest.mark.parametrize("source", module_sources())
+def test_a_module_defines_no_copy_of_the_runtime(source):
+    tree = ast.parse(source)
+    defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+    assert not defined & {f"_{name}" for name in runtime_functions()}  # as modules once defined them
+    assert "filterwarnings" not in source
+
+
+IMPORT_CHECK = """
+import sys, warnings
+import jax.extend.core, jax.numpy  # what jax and numpy themselves set, before the count
+from jax.experimental.pallas import tpu, triton
+try:
+    from jax.experimental.pallas import mosaic_gpu
+except ImportError:
+    pass
+before = list(warnings.filters)
+sys.path.insert(0, sys.argv[1])
+import add_vectors, softmax
+from pallasgen.runtime import support
+assert warnings.filters == before, "importing a generated module changed the warning filters"
+assert support._platform_dependent_primitive.cache_info().currsize == 0, "a primitive registered at import"
+import jax.numpy as jnp
+x = jnp.ones(4, jnp.float32)
+add_vectors.add_vectors(x, x)
+softmax.softmax(jnp.ones((8, 128), jnp.float32))
+assert support._platform_dependent_primitive.cache_info().currsize == 1, "one primitive for every module"
+assert warnings.filters == before
+"""
+
+
+def test_importing_a_module_changes_no_process_wide_state():
+    """No warning filter is set, and the dispatch's primitive is registered with jax on
+    the first call (once, for every module), not at import; a fresh interpreter shows it."""
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORT_CHECK, str(GENERATED)], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_a_cuda_lowering_silences_the_triton_deprecation_and_nothing_else():
+    """A kernel whose CUDA lowering warns as jax 0.11+'s Triton backend does exports for
+    CUDA with warnings as errors; the warning still shows outside the lowering."""
+
+    def warns_like_triton(x):
+        warnings.warn(f"{support.TRITON_DEPRECATION} and will be removed", DeprecationWarning)
+        return x + 1
+
+    def call(x):
+        return support.platform_dependent((x,), tpu=lambda x: x + 1, cuda=warns_like_triton, default=lambda x: x + 1)
+
+    x = jax.ShapeDtypeStruct((4,), jnp.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        text = jax.export.export(jax.jit(call), platforms=["cuda"])(x).mlir_module()
+    assert "func" in text
+    with pytest.warns(DeprecationWarning, match=support.TRITON_DEPRECATION):
+        warns_like_triton(1)
+
+
+def test_a_bundled_kernels_triton_lowering_warns_of_nothing():
+    module = load_module(GENERATED / "add_vectors.py", "_runtime_add_vectors")
+    x = jax.ShapeDtypeStruct((300,), jnp.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jax.jit(module.add_vectors).trace(x, x).lower(lowering_platforms=("cuda",))
+
+
+def test_operands_converts_checks_and_names_each_size():
+    arrays, sizes = support.operands(
+        "k", {"x": ([[1.0, 2.0]], jnp.float32, ("M", "N")), "b": (np.zeros(2, np.float32), jnp.float32, ("N",))}
+    )
+    assert [a.shape for a in arrays] == [(1, 2), (2,)] and sizes == {"M": 1, "N": 2}
+    with pytest.raises(TypeError, match="k: x must be float32, got int32"):
+        support.operands("k", {"x": (np.zeros(2, np.int32), jnp.float32, ("N",))})
+    with pytest.raises(ValueError, match=r"k: x must have dimensions \[M, N\], got shape \(2,\)"):
+        support.operands("k", {"x": (np.zeros(2, np.float32), jnp.float32, ("M", "N"))})
+    with pytest.raises(ValueError, match="k: b has N=3 but another operand has N=2"):
+        support.operands(
+            "k",
+            {"x": (np.zeros(2, np.float32), jnp.float32, ("N",)), "b": (np.zeros(3, np.float32), jnp.float32, ("N",))},
+        )
+    with pytest.raises(TypeError, match="k: x is not an array"):
+        support.operands("k", {"x": (object(), jnp.float32, ("N",))})
+
+
+def test_check_blocks_takes_positive_ints_and_none_where_allowed():
+    support.check_blocks("k", block_m=8, block_n=None, may_be_none=True)
+    for bad in (0, -1, True, 2.0, "8"):
+        with pytest.raises(ValueError, match="k: block_m must be a positive int or None"):
+            support.check_blocks("k", block_m=bad, may_be_none=True)
+    with pytest.raises(ValueError, match="k: block_m must be a positive int, got None"):
+        support.check_blocks("k", block_m=None)
+
+
+def test_without_elements_gives_empty_outputs_or_what_the_reference_reduces_to():
+    empty = support.without_elements(None, (((0, 3), jnp.float32),), None)
+    assert empty.shape == (0, 3) and empty.dtype == jnp.float32
+    total = support.without_elements(lambda x: x.sum(axis=0), (((3,), jnp.float32),), jnp.zeros((0, 3)))
+    np.testing.assert_array_equal(total, np.zeros(3))
+
+
+def test_the_tpu_limits_come_from_the_constants_the_generator_reads():
+    from pallasgen.runtime.constants import SCOPED_VMEM_BYTES, VMEM_LIMIT_BYTES
+
+    assert support.vmem_limit(SCOPED_VMEM_BYTES) is None
+    assert support.vmem_limit(SCOPED_VMEM_BYTES + 1) == 2 * SCOPED_VMEM_BYTES + 2
+    assert support.vmem_limit(90 * 2**20) == VMEM_LIMIT_BYTES
+
+
+def test_check_tiling_names_the_rule_and_a_legal_block():
+    support.check_tiling(
+        "k", block_m=(16, 100, 8, "rule"), block_n=(100, 100, 128, "rule"), block_x=(256, 5000, 1024, "rule", 128)
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"k: block_m=12 breaks the TPU tiling rule: rows; use 16 or a block of the whole dimension \(100\)",
+    ):
+        support.check_tiling("k", block_m=(12, 100, 8, "rows"))
+
+
+def test_tpu_blocks_take_the_nearest_tuned_entry_of_the_chip_else_its_default(monkeypatch):
+    table = {
+        None: {"default": (8, 128)},
+        "v6e": {"default": (16, 256), (1024, 1024): (64, 512)},
+        "v5e": {"default": (32, 128)},
+    }
+    monkeypatch.setattr(support, "tpu_chip", lambda: "v6e")
+    assert support.tpu_blocks(table, (2048, 1024), (None, None)) == (64, 512)
+    assert support.tpu_blocks(table, (2048, 1024), (8, None)) == (8, 512)  # a given block wins
+    monkeypatch.setattr(support, "tpu_chip", lambda: "v5e")
+    grow = functools.partial(support.grown, bounds=(4096, 4096), step=lambda m, n: (m * n, 4 * m * n))
+    assert support.tpu_blocks(table, (4096, 4096), (None, None), grow=grow) == (512, 2048)  # 2**20 elements, the last grown first
+    monkeypatch.setattr(support, "tpu_chip", lambda: None)
+    assert support.tpu_blocks(table, (4096, 4096), (None, None), grow=grow) == (8, 128)  # CPU: the spec's
+
+
+def test_gpu_options_take_the_nearest_tuned_entry_of_the_device_kind(monkeypatch):
+    table = {None: (64, 4, 3), "H100": {(1024,): (128, 8, 4), (64,): (16, 2, 1)}}
+    monkeypatch.setattr(support, "gpu_device_kind", lambda: "H100")
+    assert support.gpu_options(table, (2000,), (None, None, None)) == (128, 8, 4)
+    assert support.gpu_options(table, (50,), (None, 4, None)) == (16, 4, 1)
+    monkeypatch.setattr(support, "gpu_device_kind", lambda: None)
+    assert support.gpu_options(table, (2000,), (None, None, None)) == (64, 4, 3)
+
+
+def test_gpu_kernel_names_the_backends_it_takes():
+    assert support.gpu_kernel("k", "triton", "triton kernel", None) == "triton kernel"
+    assert support.gpu_kernel("k", "mosaic_gpu", "triton kernel", None) == "triton kernel"  # none of its own
+    with pytest.raises(ValueError, match='k: gpu_backend must be "triton" or "mosaic_gpu", got \'cuda\''):
+        support.gpu_kernel("k", "cuda", None, None)
+
+
+def test_the_exact_rounding_functions_agree_with_jax_numpy():
+    x = jnp.asarray([-2.5, -1.5, -0.5, -0.0, 0.0, 0.5, 1.5, 2.5, 3.7, -3.7, 2.0**24 + 2, jnp.inf], jnp.float32)
+    np.testing.assert_array_equal(support.round_half_even(x), jnp.round(x))
+    np.testing.assert_array_equal(support.mgpu_floor(x), jnp.floor(x))
+    np.testing.assert_array_equal(support.mgpu_ceil(x), jnp.ceil(x))
+    assert np.signbit(support.mgpu_ceil(jnp.float32(-0.5)))
+    y = jnp.asarray([0.0, -0.0, 2.0, 1e-30, 3e38, jnp.inf], jnp.float32)
+    np.testing.assert_allclose(support.mgpu_sqrt(y), jnp.sqrt(y), rtol=2e-7)
+    assert np.isnan(support.mgpu_sqrt(jnp.float32(-1.0)))
+
+
+def test_running_reductions_agree_with_the_whole_ones():
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((3, 10)), jnp.float32)
+    top, total = jnp.full((3, 1), -jnp.inf), jnp.zeros((3, 1))
+    best, index = jnp.full((3, 1), -jnp.inf), jnp.zeros((3, 1), jnp.int32)
+    for start in range(0, 10, 4):
+        block = x[:, start : start + 4]
+        top, total = support.logsumexp_step(top, total, block, 1)
+        best, index = support.argbest_step(best, index, block, start, 1, True)
+    np.testing.assert_allclose(support.logsumexp_finish(top, total), support.logsumexp(x, 1), rtol=1e-6)
+    np.testing.assert_allclose(support.logsumexp(x, 1)[:, 0], jax.nn.logsumexp(x, axis=1), rtol=1e-6)
+    np.testing.assert_array_equal(index[:, 0], jnp.argmax(x, axis=1))
+    np.testing.assert_allclose(support.softmax(x, 1), jax.nn.softmax(x, axis=1), rtol=1e-6)
+
+
+def test_masks_cover_the_positions_inside_and_none_where_blocks_fit():
+    assert support.inside(0, 8, 16) is None
+    np.testing.assert_array_equal(support.inside(8, 8, 12), [True] * 4 + [False] * 4)
+    mask = support.mask((2, 8), None, support.inside(8, 8, 12))
+    assert mask.shape == (2, 8) and int(mask.sum()) == 8
+    filled = support.fill_past(jnp.ones((2, 8)), 8, 12, 1, 0.0)
+    np.testing.assert_array_equal(filled.sum(axis=1), [4, 4])
