@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling
-from pallasgen.backends.gpu.options import OPTIONS, is_power_of_two
+from pallasgen.backends.gpu.options import OPTIONS, gpu_block_keyword, is_power_of_two
 from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel
 from pallasgen.lowering.parts import (
@@ -31,7 +31,7 @@ from pallasgen.lowering.parts import (
     tuple_code,
 )
 from pallasgen.analysis.names import Namer
-from pallasgen.analysis.product import Product
+from pallasgen.analysis.product import Product, batch_dims
 from pallasgen.lowering.phases import indexed_dims, stepped_reductions, stepped_sweep
 from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.reductions import KernelSpelling
@@ -87,7 +87,7 @@ class GpuPlan:
 def keyword_group(checked: CheckedKernel) -> KeywordGroup:
     """The public `gpu_block_*`, `gpu_warps` and `gpu_stages` keywords: None by default,
     chosen at call time (`_gpu_options`)."""
-    blocks = tuple(Keyword(f"gpu_{block_keyword(d)}", "None") for d in tunable_gpu_dims(checked))
+    blocks = tuple(Keyword(gpu_block_keyword(d), "None") for d in tunable_gpu_dims(checked))
     options = tuple(Keyword(keyword, "None") for keyword, _ in OPTIONS.values())
     return KeywordGroup((*blocks, *options), GPU_DOC)
 
@@ -131,9 +131,8 @@ def tuned_problem(checked: CheckedKernel, tunable: list[str], tuned) -> str | No
 
 
 def _squeezed(checked: CheckedKernel) -> set[str]:
-    out_dims = checked.kernel.outputs[0].dims
     gpu_blocks = checked.settings["gpu"].blocks
-    return {d for d in out_dims[:-2] if gpu_blocks.get(d) == 1} if checked.product else set()
+    return {d for d in batch_dims(checked.product) if gpu_blocks.get(d) == 1} if checked.product else set()
 
 
 def tunable_gpu_dims(checked: CheckedKernel) -> list[str]:
@@ -255,7 +254,7 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         kernel_function=kernel_function_name(kernel.name),
         blocks=tuple(
             GpuBlockPlan(
-                f"gpu_{block_keyword(d)}",
+                gpu_block_keyword(d),
                 block_keyword(d),
                 settings.blocks[d],
                 sizes[d],
@@ -300,7 +299,7 @@ def dispatch_arguments(checked: CheckedKernel, sizes, tunable) -> str:
     """The keywords the public function binds for the GPU launcher."""
     return ", ".join(
         [f"{sizes[d]}={sizes[d]}" for d in checked.dims]
-        + [f"{block_keyword(d)}=gpu_{block_keyword(d)}" for d in tunable]
+        + [f"{block_keyword(d)}={gpu_block_keyword(d)}" for d in tunable]
         + [f"num_{name}={keyword}" for name, (keyword, _) in OPTIONS.items()]
         + [f"{p.name}={p.name}" for p in checked.kernel.params]
     )

@@ -13,7 +13,7 @@ from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES, tpu_dtype
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
-from pallasgen.analysis.product import Product
+from pallasgen.analysis.product import Product, batch_dims
 from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling
 from pallasgen.backends.tpu.chips import CHIPS, chip_blocks
 from pallasgen.backends.tpu.tiling import (
@@ -208,8 +208,7 @@ def _block_table(
 
 
 def _squeezed(checked: CheckedKernel) -> set[str]:
-    out_dims = checked.kernel.outputs[0].dims
-    return {d for d in out_dims[:-2] if checked.blocks.get(d) == 1} if checked.product else set()
+    return {d for d in batch_dims(checked.product) if checked.blocks.get(d) == 1} if checked.product else set()
 
 
 def kernel_function_name(kernel: str) -> str:
