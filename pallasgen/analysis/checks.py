@@ -51,16 +51,19 @@ class CheckedKernel:
     blocks: dict[str, int]  # blocked dims -> default block size (the `block` statement)
     product: Product | None
     settings: dict[str, object] = field(hash=False)  # each backend's own, by backend name
-    tuned: tuple[TunedBlocks, ...] = ()  # from the spec's tuning file (pallasgen tune)
-    gpu_tuned: tuple[TunedBlocks, ...] = ()  # the same for GPUs (pallasgen tune --gpu)
+    # From the spec's tuning file (pallasgen tune): each backend's tuned blocks, by backend name.
+    tuned: dict[str, tuple[TunedBlocks, ...]] = field(default_factory=dict, hash=False)
     fused: FusedKernel | None = None  # several products, computed operands: see analysis.fused
     sweep: Sweep | None = None  # what the kernel carries across its swept dimension: see analysis.carries
     gradient: object = None  # how jax.grad differentiates it (gradients.derive.Gradient); None: not yet
-    mosaic_gpu_tuned: tuple[TunedBlocks, ...] = ()  # Mosaic GPU's blocks and stages (tune --gpu --gpu-backend)
 
     @property
     def dims(self) -> tuple[str, ...]:
         return self.space.names
+
+    def tuned_for(self, backend: str) -> tuple[TunedBlocks, ...]:
+        """The blocks tuned for one backend (by its name), on each chip or GPU and size bucket."""
+        return self.tuned.get(backend, ())
 
 
 def check_spec(spec: ir.Spec, backends=()) -> tuple[CheckedKernel, ...]:

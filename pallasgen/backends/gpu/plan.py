@@ -96,7 +96,7 @@ def tuned_fields(checked: CheckedKernel, sizes: dict[str, str], tunable: list[st
     """The GpuPlan fields of the call-time choice of blocks and options: the entries
     `pallasgen tune --gpu` recorded, by device kind, and the launcher's names."""
     tuned: dict[str, dict] = {}
-    for entry in sorted(checked.gpu_tuned, key=lambda t: (t.chip, t.sizes)):
+    for entry in sorted(checked.tuned_for("gpu"), key=lambda t: (t.chip, t.sizes)):
         at, blocks, options = dict(entry.sizes), dict(entry.blocks), dict(entry.options)
         key = tuple(at[d] for d in checked.dims)
         tuned.setdefault(entry.chip, {})[key] = (*(blocks[d] for d in tunable), *(options[o] for o in OPTIONS))

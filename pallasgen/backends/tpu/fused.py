@@ -274,7 +274,7 @@ def _block_table(checked: CheckedKernel, tunable, sizes, vmem_needed: str, strip
     chips = [("None", (('"default"', spec),))]
     for chip in CHIPS:
         entries = [('"default"', spec)]
-        for tuned in sorted((t for t in checked.tuned if t.chip == chip.name), key=lambda t: t.sizes):
+        for tuned in sorted((t for t in checked.tuned_for("tpu") if t.chip == chip.name), key=lambda t: t.sizes):
             tuned_sizes, tuned_blocks = dict(tuned.sizes), dict(tuned.blocks)
             entries.append(
                 (

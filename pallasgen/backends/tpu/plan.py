@@ -183,7 +183,7 @@ def _block_table(
     for chip in CHIPS:
         default = chip_blocks(checked, tunable, chip)
         entries = [('"default"', tuple_code([str(default[d]) for d in tunable]))]
-        for tuned in sorted((t for t in checked.tuned if t.chip == chip.name), key=lambda t: t.sizes):
+        for tuned in sorted((t for t in checked.tuned_for("tpu") if t.chip == chip.name), key=lambda t: t.sizes):
             tuned_sizes, tuned_blocks = dict(tuned.sizes), dict(tuned.blocks)
             entries.append(
                 (tuple_code([str(tuned_sizes[d]) for d in dims]), tuple_code([str(tuned_blocks[d]) for d in tunable]))
