@@ -20,6 +20,7 @@ from pallasgen.analysis.names import RESERVED, block_keyword
 from pallasgen.analysis.product import (
     Product,
     analyze_product,
+    batch_dims,
     find_products,
     operand_names,
     product_dims,
@@ -60,6 +61,14 @@ class CheckedKernel:
     @property
     def dims(self) -> tuple[str, ...]:
         return self.space.names
+
+    @property
+    def batch(self) -> tuple[str, ...]:
+        """The dimensions it steps one element at a time (blocked by 1, squeezed out of its
+        tiles): a product's batch dimensions, or a fused kernel's."""
+        if self.fused is not None:
+            return self.fused.batch
+        return batch_dims(self.product) if self.product is not None else ()
 
     def tuned_for(self, backend: str) -> tuple[TunedBlocks, ...]:
         """The blocks tuned for one backend (by its name), on each chip or GPU and size bucket."""

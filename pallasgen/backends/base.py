@@ -148,7 +148,8 @@ class Backend(ABC):
         return []
 
     def default_blocks(self, checked: CheckedKernel) -> dict[str, int]:
-        """The block of each of `tunable_dims` that a call passing none takes where the
+        """The block of each dimension it blocks (of `tunable_dims`, and 1 of a batch
+        dimension stepped one element at a time) that a call passing none takes where the
         device does not choose otherwise (a TPU chip's default, a tuned entry)."""
         return {}
 

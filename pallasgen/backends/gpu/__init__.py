@@ -49,8 +49,7 @@ class GpuBackend(Backend):
 
     def default_blocks(self, checked):
         """The spec's GPU blocks, else Triton's defaults (a tuned entry's on its GPU)."""
-        blocks = checked.settings["gpu"].blocks
-        return {d: blocks[d] for d in self.tunable_dims(checked)}
+        return dict(checked.settings["gpu"].blocks)
 
     def default_options(self, checked):
         return dict(checked.settings["gpu"].options)

@@ -34,7 +34,7 @@ DEFAULT_BLOCK = 64  # rows of queries, keys per loop step: FlashAttention's tile
 
 
 def tunable_dims(checked: CheckedKernel) -> list[str]:
-    return [d for d in checked.dims if d in checked.blocks and d not in checked.fused.batch]
+    return [d for d in checked.dims if d in checked.blocks and d not in checked.batch]
 
 
 def whole_dims(checked: CheckedKernel) -> list[str]:

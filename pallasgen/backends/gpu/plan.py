@@ -31,7 +31,7 @@ from pallasgen.lowering.parts import (
     tuple_code,
 )
 from pallasgen.analysis.names import Namer
-from pallasgen.analysis.product import Product, batch_dims
+from pallasgen.analysis.product import Product
 from pallasgen.lowering.phases import indexed_dims, stepped_reductions, stepped_sweep
 from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.reductions import KernelSpelling
@@ -131,8 +131,7 @@ def tuned_problem(checked: CheckedKernel, tunable: list[str], tuned) -> str | No
 
 
 def _squeezed(checked: CheckedKernel) -> set[str]:
-    gpu_blocks = checked.settings["gpu"].blocks
-    return {d for d in batch_dims(checked.product) if gpu_blocks.get(d) == 1} if checked.product else set()
+    return set(checked.batch)
 
 
 def tunable_gpu_dims(checked: CheckedKernel) -> list[str]:

@@ -13,7 +13,6 @@ from pallasgen.backends.tpu.fused import (
     plan_fused_tpu,
     tile_layouts,
 )
-from pallasgen.backends.tpu.fused import tunable_dims as fused_tunable_dims
 from pallasgen.backends.tpu.chips import (
     CHIP_NAMES,
     CHIPS,
@@ -77,11 +76,11 @@ class TpuBackend(Backend):
 
     def tunable_dims(self, checked) -> list[str]:
         """The dimensions whose blocks are `block_*` keywords."""
-        return fused_tunable_dims(checked) if checked.fused else tunable_dims(checked)
+        return tunable_dims(checked)
 
     def default_blocks(self, checked):
         """The spec's blocks (a call on a known chip takes the chip's or tuned ones instead)."""
-        return {d: checked.blocks[d] for d in self.tunable_dims(checked)}
+        return dict(checked.blocks)
 
     def layouts(self, checked):
         """Each array's block as Mosaic tiles it: what the tiling rule reads."""

@@ -13,7 +13,7 @@ from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES, tpu_dtype
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.names import block_keyword
-from pallasgen.analysis.product import Product, batch_dims
+from pallasgen.analysis.product import Product
 from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling
 from pallasgen.backends.tpu.chips import CHIPS, chip_blocks
 from pallasgen.backends.tpu.tiling import (
@@ -130,9 +130,9 @@ class TpuPlan:
 
 
 def tunable_dims(checked: CheckedKernel) -> list[str]:
-    """The blocked dimensions whose blocks are keywords: all but a product's batch
-    dimensions, which take one element per step and vanish from the kernel's tiles."""
-    return [d for d in checked.dims if d in checked.blocks and d not in _squeezed(checked)]
+    """The blocked dimensions whose blocks are keywords, of any kernel (fused or not): all
+    but its batch dimensions, which take one element per step and vanish from its tiles."""
+    return [d for d in checked.dims if d in checked.blocks and d not in checked.batch]
 
 
 def grows_blocks(checked: CheckedKernel) -> bool:
@@ -208,7 +208,7 @@ def _block_table(
 
 
 def _squeezed(checked: CheckedKernel) -> set[str]:
-    return {d for d in batch_dims(checked.product) if checked.blocks.get(d) == 1} if checked.product else set()
+    return set(checked.batch)
 
 
 def kernel_function_name(kernel: str) -> str:
