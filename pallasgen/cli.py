@@ -560,10 +560,10 @@ def _tune_gpu(kernels, given: dict[str, int], budget: int, tuning, device: str, 
     with a note), recorded in `tuning` for that kind and backend; returns the tuning."""
     from pallasgen.devices import bench
     from pallasgen.devices.compile_only import CompileError
-    from pallasgen.devices.gpu_tune import MEASURE, REPEATS, entry_parts, tune_gpu
+    from pallasgen.devices.gpu_tune import MEASURE, REPEATS, entry_parts, gpu_backend_named, tune_gpu
     from pallasgen.workspace.tuning import entry_for, with_entry
 
-    table = "mosaic_gpu" if backend == "mosaic_gpu" else "gpu"
+    table = gpu_backend_named(backend).name  # the backend whose tuned entries these are
     if backend == "mosaic_gpu":
         mosaic_gpu = backend_named("mosaic_gpu")
         for _, checked in kernels:

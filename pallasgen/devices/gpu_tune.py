@@ -41,7 +41,7 @@ def cuda_device_kind() -> str:
     return devices[0].device_kind
 
 
-def _backend(backend: str) -> Backend:
+def gpu_backend_named(backend: str) -> Backend:
     """The backend that a `gpu_backend` value names ("triton" is the GPU backend's)."""
     return backend_named("gpu" if backend == "triton" else backend)
 
@@ -50,7 +50,9 @@ def choices(checked: CheckedKernel, sizes: dict[str, int], backend: str = "trito
     """Each public keyword the search sets, with its values in order (the backend's
     `tuning_space`): on Triton, the GPU blocks, warps and stages; on Mosaic GPU, those
     its `mgpu_*` keywords take."""
-    return {keyword: list(values) for keyword, values in _backend(backend).tuning_space(checked, sizes).items()}
+    return {
+        keyword: list(values) for keyword, values in gpu_backend_named(backend).tuning_space(checked, sizes).items()
+    }
 
 
 def start_choices(
@@ -59,12 +61,12 @@ def start_choices(
     """Where the search starts: the blocks and options tuned before (a `TunedBlocks`)
     where they fit the kernel, else the spec's (Mosaic GPU's built-in ones), each the
     nearest value the search tries."""
-    return _backend(backend).tuning_start(checked, options, previous)
+    return gpu_backend_named(backend).tuning_start(checked, options, previous)
 
 
 def entry_parts(checked: CheckedKernel, chosen: tuple[tuple[str, int], ...], backend: str = "triton"):
     """A trial's keywords as a tuning entry keeps them: (blocks by dimension, options by name)."""
-    return _backend(backend).tuned_parts(checked, dict(chosen))
+    return gpu_backend_named(backend).tuned_parts(checked, dict(chosen))
 
 
 def tune_gpu(
@@ -93,6 +95,12 @@ def tune_gpu(
     options = choices(checked, sizes, backend)
     start = start_choices(checked, options, previous, backend)
     trials = descend(
-        options, start, measure, budget, progress, (), lambda chosen: _backend(backend).tuning_problem(checked, chosen)
+        options,
+        start,
+        measure,
+        budget,
+        progress,
+        (),
+        lambda chosen: gpu_backend_named(backend).tuning_problem(checked, chosen),
     )
     return best_of(trials, start, min(xla_seconds, default=0.0), backend)

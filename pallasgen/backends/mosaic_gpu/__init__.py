@@ -4,7 +4,6 @@ does not take runs on Triton (`support.refusal` says why)."""
 
 from __future__ import annotations
 
-from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.base import Backend
 from pallasgen.backends.mosaic_gpu import choices
 from pallasgen.backends.mosaic_gpu.plan import (
@@ -36,7 +35,7 @@ class MosaicGpuBackend(Backend):
         return list(choices.block_choices(checked)) if choices.tunable(checked) else []
 
     def block_keyword(self, dim):
-        return choices.PREFIX + block_keyword(dim)
+        return choices.mgpu_block_keyword(dim)
 
     def default_blocks(self, checked):
         """Its built-in blocks of a product's M, N and K."""
