@@ -94,13 +94,6 @@ def tune_gpu(
 
     options = choices(checked, sizes, backend)
     start = start_choices(checked, options, previous, backend)
-    trials = descend(
-        options,
-        start,
-        measure,
-        budget,
-        progress,
-        (),
-        lambda chosen: gpu_backend_named(backend).tuning_problem(checked, chosen),
-    )
+    searched = gpu_backend_named(backend)
+    trials = descend(options, start, measure, budget, progress, (), lambda c: searched.tuning_problem(checked, c))
     return best_of(trials, start, min(xla_seconds, default=0.0), backend)

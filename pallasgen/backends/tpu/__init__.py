@@ -115,6 +115,7 @@ class TpuBackend(Backend):
         """VMEM of the blocks (dimensions taken whole count as 1); a fused kernel's, its
         arrays' double-buffered blocks (its running values and working tiles are small
         beside them at the blocks a search tries)."""
+        blocks = {**checked.blocks, **blocks}
         if checked.fused:
             return fused_array_bytes(checked.kernel, checked.fused, blocks)
         return vmem_bytes(checked.kernel, blocks, checked.product)
