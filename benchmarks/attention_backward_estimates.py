@@ -19,7 +19,7 @@ from pathlib import Path
 
 from attention_estimates import bf16_arrays, generated_attention, parse_sizes, plain_attention
 
-from pallasgen.backends.tpu.chips import CHIP_NAMES, chip_named
+from pallasgen.backends import backend_named
 from pallasgen.devices.estimate import Estimator
 
 SCALE = 0.125
@@ -50,7 +50,7 @@ def handwritten_forward_and_backward(module):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--chip", choices=CHIP_NAMES, default="v5e")
+    parser.add_argument("--chip", choices=backend_named("tpu").chip_names, default="v5e")
     parser.add_argument("--sizes", default="B=1,H=8,S=4096,T=4096,D=128")
     parser.add_argument("--which", default="pallasgen,xla,jax_flash_attention", help="the candidates to estimate")
     args = parser.parse_args()
@@ -85,7 +85,7 @@ def main() -> None:
     # causal mask: the forward's 2 (q k^T, p v), dq's 3 (q k^T, do v^T, ds k) and dkdv's
     # 4 (k q^T, v do^T, p^T do, ds^T q). Each backward kernel recomputes the scores.
     flops = 9 * 2 * b * h * s * t * d // 2
-    chip = chip_named(args.chip)
+    chip = backend_named("tpu").chip(args.chip)
     floor = flops / chip.bf16_flops * chip.clock_hz
     if any(name not in cycles for name in ("pallasgen", "xla", "jax_flash_attention")):
         return

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from attention_estimates import bf16_arrays, generated_attention, parse_sizes
 
-from pallasgen.backends.tpu.chips import CHIP_NAMES
+from pallasgen.backends import backend_named
 from pallasgen.devices.estimate import Estimator
 
 BLOCK = 1024
@@ -287,7 +287,7 @@ def causal_attention(grid, body, blocks_taken, block=BLOCK, interpret=False):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--chip", choices=CHIP_NAMES, default="v5e")
+    parser.add_argument("--chip", choices=backend_named("tpu").chip_names, default="v5e")
     parser.add_argument("--sizes", default="B=1,H=8,S=4096,T=4096,D=128")
     parser.add_argument("variants", nargs="*", help=f"default: all of {', '.join(VARIANTS)}")
     args = parser.parse_args()

@@ -18,7 +18,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from pallasgen.backends.tpu.chips import CHIP_NAMES, chip_named
+from pallasgen.backends import backend_named
 from pallasgen.devices.estimate import Estimator
 from pallasgen.devices.runner import load_module
 
@@ -60,7 +60,7 @@ def bf16_arrays(estimator, shapes):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--chip", choices=CHIP_NAMES, default="v5e")
+    parser.add_argument("--chip", choices=backend_named("tpu").chip_names, default="v5e")
     parser.add_argument("--sizes", default="B=1,H=8,S=4096,T=4096,D=128")
     parser.add_argument("--blocks", default="", help="block_s=...,block_t=... for pallasgen's kernels")
     args = parser.parse_args()
@@ -91,7 +91,7 @@ def main() -> None:
                 cycles[name] = sum(ops.values())
                 print(json.dumps({"chip": args.chip, "causal": causal, "which": name, "cycles": cycles[name], **sizes}))
             flops = 4 * b * h * s * t * d // (2 if causal else 1)
-            chip = chip_named(args.chip)
+            chip = backend_named("tpu").chip(args.chip)
             floor = flops / chip.bf16_flops * chip.clock_hz
             rows.append((causal, cycles, floor))
     print(

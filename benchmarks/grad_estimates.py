@@ -19,7 +19,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from pallasgen.backends.tpu.chips import CHIP_NAMES
+from pallasgen.backends import backend_named
 from pallasgen.devices.bench import float_outputs, with_backward
 from pallasgen.devices.estimate import Estimator, arguments, struct
 from pallasgen.devices.runner import load_module
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--chip", choices=CHIP_NAMES, required=True)
+    parser.add_argument("--chip", choices=backend_named("tpu").chip_names, required=True)
     parser.add_argument("--side", choices=("pallasgen", "xla"), required=True)
     parser.add_argument("target", help="SPEC:KERNEL, e.g. attention:attention")
     parser.add_argument("sizes", help="DIM=SIZE,..., e.g. B=1,H=1,S=4096,T=4096,D=128")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from attention_estimates import parse_sizes
 
-from pallasgen.backends.tpu.chips import CHIP_NAMES
+from pallasgen.backends import backend_named
 from pallasgen.devices.estimate import Estimator, arguments
 from pallasgen.devices.runner import load_module
 from pallasgen.workspace.pipeline import check_source
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--chip", choices=CHIP_NAMES, default="v5e")
+    parser.add_argument("--chip", choices=backend_named("tpu").chip_names, default="v5e")
     parser.add_argument("--kernel", default="matmul_bias_gelu")
     parser.add_argument("--sizes", default="M=4096,N=4096,K=4096")
     args = parser.parse_args()

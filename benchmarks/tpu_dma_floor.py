@@ -17,8 +17,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from pallasgen.backends.tpu.chips import CHIP_NAMES
-from pallasgen.backends.tpu.plan import kernel_function_name
+from pallasgen.backends import backend_named
 from pallasgen.devices.estimate import Estimator, ratio
 from pallasgen.devices.runner import load_module
 from pallasgen.workspace.pipeline import check_source
@@ -38,7 +37,7 @@ def only_stores(inputs: int, outputs: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--chip", choices=CHIP_NAMES, required=True)
+    parser.add_argument("--chip", choices=backend_named("tpu").chip_names, required=True)
     parser.add_argument("target", help="SPEC:KERNEL, e.g. ops:add_f32")
     parser.add_argument("sizes", help="DIM=N,... e.g. M=8192,N=8192")
     parser.add_argument("blocks", nargs="?", default="", help="block_m=128,... (default: what a call takes)")
@@ -53,7 +52,11 @@ def main() -> None:
     module = load_module(path.read_text(encoding="utf-8"), path)
     sizes, options = pairs(args.sizes), pairs(args.blocks)
     kernel = estimator.estimate(module, checked, sizes, options)
-    setattr(module, kernel_function_name(name), only_stores(len(checked.kernel.inputs), len(checked.kernel.outputs)))
+    setattr(
+        module,
+        backend_named("tpu").function_names(name)[0],
+        only_stores(len(checked.kernel.inputs), len(checked.kernel.outputs)),
+    )
     jax.clear_caches()  # the launcher is jitted: retrace it with the new body
     floor = estimator.estimate(module, checked, sizes, options)
     print(

@@ -17,11 +17,10 @@ import json
 import tempfile
 from pathlib import Path
 
-from pallasgen.backends.tpu.chips import CHIP_NAMES
+from pallasgen.backends import backend_named
 from pallasgen.devices.estimate import Estimator, percent_of_peak
 from pallasgen.workspace.pipeline import check_source
 from pallasgen.devices.runner import load_module
-from pallasgen.backends.tpu.tiling import vmem_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_OF = {
@@ -63,7 +62,7 @@ def measure(estimator: Estimator, name: str, sizes: dict[str, int], options: dic
     percent, peak = percent_of_peak(estimate)
     return {
         "chip": estimator.chip, "kernel": name, "sizes": sizes, "blocks": blocks, "vmem_limit_mib": vmem_mib,
-        "vmem_mib": round(vmem_bytes(checked.kernel, blocks, checked.product) / 2**20, 2),
+        "vmem_mib": round(backend_named("tpu").memory_bytes(checked, blocks) / 2**20, 2),
         "kernel_cycles": estimate.kernel_cycles, "mosaic_cycles": estimate.mosaic_cycles,
         "xla_cycles": estimate.xla_cycles, "ratio": estimate.ratio and round(estimate.ratio, 3), "percent": round(percent, 1), "peak": peak,
     }
@@ -71,7 +70,7 @@ def measure(estimator: Estimator, name: str, sizes: dict[str, int], options: dic
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--chip", choices=CHIP_NAMES, required=True)
+    parser.add_argument("--chip", choices=backend_named("tpu").chip_names, required=True)
     parser.add_argument("--vmem-mib", type=int, help="vmem_limit_bytes for the kernel, in MiB")
     parser.add_argument("what", nargs="+", help="`defaults`, or `try KERNEL SIZES [BLOCKS ...]`")
     args = parser.parse_args()

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import click
 
-from pallasgen.analysis.names import block_keyword
 from pallasgen.analysis.tuning import TunedBlocks
 from pallasgen.gradients.derive import every_kernel
 from pallasgen.backends import backend_named
@@ -413,9 +412,7 @@ def _estimate(kernels, given: dict[str, int], blocks: dict[str, int], chip: str,
 
 def _block_options(checked, blocks: dict[str, int]) -> dict[str, int]:
     """The `block_*` keywords among --block that this kernel has (a kernel without a dim ignores it)."""
-    from pallasgen.analysis.names import block_keyword
-
-    return {block_keyword(d): n for d, n in blocks.items() if d in checked.blocks}
+    return {backend_named("tpu").block_keyword(d): n for d, n in blocks.items() if d in checked.blocks}
 
 
 @main.command()
@@ -567,19 +564,19 @@ def _tune_gpu(kernels, given: dict[str, int], budget: int, tuning, device: str, 
     """`tune --gpu`: each kernel's fastest blocks and options on the CUDA GPU of kind
     `device` for the GPU `backend` (Mosaic GPU: its products only, the others skipped
     with a note), recorded in `tuning` for that kind and backend; returns the tuning."""
-    from pallasgen.backends.mosaic_gpu import choices
     from pallasgen.devices import bench
     from pallasgen.devices.compile_only import CompileError
-    from pallasgen.devices.gpu_tune import MEASURE, REPEATS, entry_parts, tune_gpu
+    from pallasgen.devices.gpu_tune import MEASURE, REPEATS, entry_parts, gpu_backend_named, tune_gpu
     from pallasgen.workspace.tuning import entry_for, with_entry
 
-    table = "mosaic_gpu" if backend == "mosaic_gpu" else "gpu"
+    table = gpu_backend_named(backend).name  # the backend whose tuned entries these are
     if backend == "mosaic_gpu":
+        mosaic_gpu = backend_named("mosaic_gpu")
         for _, checked in kernels:
-            if not choices.tunable(checked):
+            if not mosaic_gpu.tunable_dims(checked):
                 why = "no Mosaic GPU blocks to tune (only a product it takes has them)"
                 click.echo(f"pallasgen: note: {checked.kernel.name}: {why}", err=True)
-        kernels = [(module, checked) for module, checked in kernels if choices.tunable(checked)]
+        kernels = [(module, checked) for module, checked in kernels if mosaic_gpu.tunable_dims(checked)]
         if not kernels:
             _usage_error("none of these kernels has Mosaic GPU blocks to tune (only a product it takes has them)")
     for module, checked in kernels:
@@ -642,7 +639,8 @@ def _check_start(checked, sizes: dict[str, int], starts: dict[str, int]) -> None
 
 
 def _pairs(blocks) -> str:
-    return ", ".join(f"{block_keyword(d)}={b}" for d, b in blocks) or "(every dimension whole)"
+    """TPU blocks as the keywords that set them."""
+    return ", ".join(f"{backend_named('tpu').block_keyword(d)}={b}" for d, b in blocks) or "(every dimension whole)"
 
 
 @main.command(help=f"""Draw a kernel's arrays cut into blocks, its grid and its edge blocks as an SVG picture.

@@ -36,7 +36,7 @@ def small_blocks_and_sizes(checked) -> tuple[dict[str, int], dict[str, int]]:
     tpu = backend_named("tpu")
     blocks = {}
     for dim in tpu.tunable_dims(checked):
-        blocks[dim] = next(b for b in SMALLEST_BLOCKS if not tpu.tiling_problem(checked, dim, b))
+        blocks[dim] = next(b for b in SMALLEST_BLOCKS if not tpu.block_problem(checked, dim, b))
     sizes = {dim: 2 * blocks[dim] + 3 if dim in blocks else 2 * checked.blocks.get(dim, 20) for dim in checked.dims}
     return blocks, sizes
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pallasgen"
+BENCHMARKS = PACKAGE.parent / "benchmarks"
 
 # Lowest first: the runtime generated modules run on (its constants shared with the
 # generator) -> spec text -> IR -> checks and the iteration space -> backward kernels derived
@@ -107,6 +108,66 @@ def test_the_checker_flags_an_upward_import(tmp_path):
     bad.write_text("from pallasgen.backends.tpu.tiling import tiling_rule\n")
     (name,) = imports(bad)
     assert STAGES.index(stage_of(name)) > STAGES.index("analysis")
+
+
+# What code outside pallasgen/backends/ may import of the backends: their dispatch and
+# interface; a backend's own modules (pallasgen.backends.tpu.tiling) are its own business.
+BACKEND_INTERFACE = ("pallasgen.backends", "pallasgen.backends.base")
+
+
+def imported_modules(path: Path) -> list[str]:
+    """`imports`, and each name that a `from M import name` takes that is itself a module
+    (`from pallasgen.backends import tpu`)."""
+    names = imports(path)
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            names += [
+                f"{node.module}.{alias.name}" for alias in node.names if _is_module(f"{node.module}.{alias.name}")
+            ]
+    return names
+
+
+def _is_module(name: str) -> bool:
+    path = PACKAGE.parent.joinpath(*name.split("."))
+    return path.is_dir() or path.with_suffix(".py").is_file()
+
+
+def backend_internals(names: list[str]) -> list[str]:
+    """The modules among `names` that are a backend's own, not its interface."""
+    return [name for name in names if name.startswith("pallasgen.backends.") and name not in BACKEND_INTERFACE]
+
+
+def outside_backends() -> list[tuple[str, Path]]:
+    """Every module of pallasgen/ outside pallasgen/backends/, and every benchmark script."""
+    inside = [(name, path) for name, path in modules() if stage_of(name) != "backends"]
+    return inside + [(f"benchmarks.{path.stem}", path) for path in sorted(BENCHMARKS.glob("*.py"))]
+
+
+@pytest.mark.parametrize("module, path", outside_backends(), ids=[name for name, _ in outside_backends()])
+def test_code_outside_the_backends_reaches_them_only_through_their_interface(module, path):
+    """A backend is one folder behind one interface (`backends.base.Backend`): callers
+    go through `pallasgen.backends` (`BACKENDS`, `backend_named`), never a backend's modules."""
+    internals = backend_internals(imported_modules(path))
+    assert not internals, f"{module} imports a backend's own modules: {internals}; use pallasgen.backends"
+
+
+def test_the_checker_flags_an_import_of_a_backends_internals(tmp_path):
+    """The rule catches what it is meant to: a caller importing a backend's module, by
+    either form of import, while the interface passes."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from pallasgen.backends.mosaic_gpu import choices\n"
+        "import pallasgen.backends.tpu.tiling\n"
+        "from pallasgen.backends import gpu\n"
+        "from pallasgen.backends import backend_named, base\n"
+        "from pallasgen.backends.base import Backend\n"
+    )
+    assert sorted(backend_internals(imported_modules(bad))) == [
+        "pallasgen.backends.gpu",
+        "pallasgen.backends.mosaic_gpu",
+        "pallasgen.backends.mosaic_gpu.choices",
+        "pallasgen.backends.tpu.tiling",
+    ]
 
 
 def test_every_package_folder_is_in_the_distribution():

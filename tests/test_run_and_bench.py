@@ -296,7 +296,7 @@ def test_sweep_candidates_obey_the_tiling_rules(spec):
                 **{d: candidate[f"block_{d.lower()}"] for d in checked.blocks if f"block_{d.lower()}" in candidate},
             }
             assert not any(tiling_problem(d, size, layouts) for d, size in blocks.items())
-            assert backend.vmem_bytes(checked, blocks) <= SCOPED_VMEM_BYTES
+            assert backend.memory_bytes(checked, blocks) <= SCOPED_VMEM_BYTES
         for candidate in sweep_candidates(checked, "gpu"):
             assert all(is_power_of_two(v) for k, v in candidate.items() if k.startswith("gpu_block_"))
 

@@ -106,8 +106,8 @@ def test_gpu_entries_are_kept_per_device_kind_and_size_bucket_beside_the_tpu_one
     better = gpu_entry(mm, H100, {"M": 4000, "N": 4096, "K": 4096}, dict(M=128, N=64, K=32), {"warps": 8, "stages": 4})
     tuning = with_entry(tuning, mm, better, "gpu")
     read = read_tuning(format_tuning(tuning), "spec.tuning.json")
-    assert read["mm"].entries == (tpu,)
-    assert [e.blocks.chip for e in read["mm"].gpu_entries] == [H100, H200]
+    assert read["mm"].entries("tpu") == (tpu,)
+    assert [e.blocks.chip for e in read["mm"].entries("gpu")] == [H100, H200]
     assert entry_for(read, mm, H100, sizes, "gpu").blocks == better.blocks
     assert entry_for(read, mm, H100, sizes) is None  # a TPU lookup never finds a GPU entry
     item = json.loads(format_tuning(read))["kernels"]["mm"]["tuned_gpu"][0]

@@ -80,7 +80,7 @@ def test_a_new_entry_replaces_the_one_of_its_chip_and_bucket_and_keeps_the_other
         ("v5e", {"N": 1 << 20}, {"N": 8192}),
     )
     (tuned,) = read_tuning(text, "t.json").values()
-    assert [(e.blocks.chip, dict(e.blocks.sizes), dict(e.blocks.blocks)) for e in tuned.entries] == [
+    assert [(e.blocks.chip, dict(e.blocks.sizes), dict(e.blocks.blocks)) for e in tuned.entries("tpu")] == [
         ("v5e", {"N": 4000}, {"N": 4096}),
         ("v5e", {"N": 1 << 20}, {"N": 8192}),
         ("v6e", {"N": 4096}, {"N": 2048}),

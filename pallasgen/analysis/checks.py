@@ -20,6 +20,7 @@ from pallasgen.analysis.names import RESERVED, block_keyword
 from pallasgen.analysis.product import (
     Product,
     analyze_product,
+    batch_dims,
     find_products,
     operand_names,
     product_dims,
@@ -51,16 +52,27 @@ class CheckedKernel:
     blocks: dict[str, int]  # blocked dims -> default block size (the `block` statement)
     product: Product | None
     settings: dict[str, object] = field(hash=False)  # each backend's own, by backend name
-    tuned: tuple[TunedBlocks, ...] = ()  # from the spec's tuning file (pallasgen tune)
-    gpu_tuned: tuple[TunedBlocks, ...] = ()  # the same for GPUs (pallasgen tune --gpu)
+    # From the spec's tuning file (pallasgen tune): each backend's tuned blocks, by backend name.
+    tuned: dict[str, tuple[TunedBlocks, ...]] = field(default_factory=dict, hash=False)
     fused: FusedKernel | None = None  # several products, computed operands: see analysis.fused
     sweep: Sweep | None = None  # what the kernel carries across its swept dimension: see analysis.carries
     gradient: object = None  # how jax.grad differentiates it (gradients.derive.Gradient); None: not yet
-    mosaic_gpu_tuned: tuple[TunedBlocks, ...] = ()  # Mosaic GPU's blocks and stages (tune --gpu --gpu-backend)
 
     @property
     def dims(self) -> tuple[str, ...]:
         return self.space.names
+
+    @property
+    def batch(self) -> tuple[str, ...]:
+        """The dimensions it steps one element at a time (blocked by 1, squeezed out of its
+        tiles): a product's batch dimensions, or a fused kernel's."""
+        if self.fused is not None:
+            return self.fused.batch
+        return batch_dims(self.product) if self.product is not None else ()
+
+    def tuned_for(self, backend: str) -> tuple[TunedBlocks, ...]:
+        """The blocks tuned for one backend (by its name), on each chip or GPU and size bucket."""
+        return self.tuned.get(backend, ())
 
 
 def check_spec(spec: ir.Spec, backends=()) -> tuple[CheckedKernel, ...]:

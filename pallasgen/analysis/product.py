@@ -114,11 +114,17 @@ def operand_names(kernel: ir.Kernel) -> set[str]:
     return {node.id for node in ir.walk(*sides) if isinstance(node, ir.Name)}
 
 
-def product_dims(product: Product) -> tuple[str, ...]:
-    """The dimensions of the product's value: batch dimensions from both sides, then M and N."""
+def batch_dims(product: Product) -> tuple[str, ...]:
+    """The product's batch dimensions: the left operand's, then the right's it lacks
+    (the output holds them, in its own order, before M and N: `product_fits`)."""
     batch = list(product.lhs.dims[:-2])
     batch += [d for d in product.rhs.dims[:-2] if d not in batch]
-    return (*batch, product.m, product.n)
+    return tuple(batch)
+
+
+def product_dims(product: Product) -> tuple[str, ...]:
+    """The dimensions of the product's value: batch dimensions from both sides, then M and N."""
+    return (*batch_dims(product), product.m, product.n)
 
 
 def product_fits(product: Product, output_dims: tuple[str, ...]) -> bool:

@@ -12,7 +12,6 @@ from pallasgen.backends.base import Backend
 from pallasgen.backends.gpu import GpuBackend
 from pallasgen.backends.mosaic_gpu import MosaicGpuBackend
 from pallasgen.backends.tpu import TpuBackend
-from pallasgen.backends.tpu.tiling import format_bytes  # noqa: F401  (how every backend words a size in bytes)
 from pallasgen.lowering.gradient import gradient_function_names, plan_gradient
 from pallasgen.lowering.kernel import KernelPlan, lower_kernel, plan_kernel
 from pallasgen.lowering.signature import Signature, signature

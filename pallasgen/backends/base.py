@@ -1,7 +1,13 @@
 """The interface every backend implements: its own spec checks and settings, the
 public keywords it adds, the names its generated code takes, its plan of a kernel,
-and the template that renders that plan; and the `Tiling` every plan carries: how it
-cuts the arrays into blocks and walks them, as plain data."""
+and the template that renders that plan; what tuning, benchmarks and pictures ask of
+its blocks (which are keywords, their defaults, the search space of `pallasgen tune`,
+the memory they take); and the `Tiling` every plan carries: how it cuts the arrays into
+blocks and walks them, as plain data.
+
+Code outside `pallasgen/backends/` reaches a backend only through this interface (and
+`pallasgen.backends`' `BACKENDS` and `backend_named`), never through a backend's own
+modules (tests/test_layers.py checks)."""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.names import block_keyword
 from pallasgen.analysis.product import Product
 from pallasgen.analysis.space import IterationSpace
+from pallasgen.analysis.tuning import TunedBlocks
 from pallasgen.frontend import ir
 from pallasgen.frontend.errors import Diagnostic
 from pallasgen.lowering.kernel import LoweredKernel
@@ -77,6 +84,11 @@ class Tiling:
 class Backend(ABC):
     name: str  # "tpu": the key of its settings and plan
     template: str  # renders the plan: the kernel function, then its launcher
+    chip_names: tuple[str, ...] = ()  # the compile-only chips `--chip` names (the TPU's)
+
+    def chip(self, name: str):
+        """The chip `--chip NAME` names (its topology, clock and peaks)."""
+        raise KeyError(f"{self.name} has no compile-only chips")
 
     @abstractmethod
     def check(
@@ -117,3 +129,82 @@ class Backend(ABC):
         """Keywords of every public function of its that choose how a kernel runs, not
         what it computes: `jax.grad` passes them on to the backward kernels."""
         return ()
+
+    # What tuning, benchmarks and pictures ask of its blocks. A search's choices are
+    # named: each sets a block ("block", dimension) or an option ("option", name), as a
+    # tuning file's entry keeps them (`TunedBlocks.blocks`, `.options`).
+
+    def block_keyword(self, dim: str) -> str:
+        """The public keyword that sets the block of `dim` on this backend."""
+        return block_keyword(dim)
+
+    def tunable_dims(self, checked: CheckedKernel) -> list[str]:
+        """The dimensions whose blocks are public keywords (`block_keyword`): those a call,
+        and `pallasgen tune`, may choose."""
+        return []
+
+    def default_blocks(self, checked: CheckedKernel) -> dict[str, int]:
+        """The block of each dimension it blocks (of `tunable_dims`, and 1 of a batch
+        dimension stepped one element at a time) that a call passing none takes where the
+        device does not choose otherwise (a TPU chip's default, a tuned entry)."""
+        return {}
+
+    def default_options(self, checked: CheckedKernel) -> dict[str, int]:
+        """The options (pipeline stages, warps) a call passing none takes, by name."""
+        return {}
+
+    def tuned_blocks_problem(self, checked: CheckedKernel, tuned: TunedBlocks) -> str | None:
+        """Why a tuning file's entry for this backend does not fit the kernel, or None."""
+        return f"blocks tuned for {self.name}, which takes none"
+
+    def tuning_choices(self, checked: CheckedKernel) -> dict[str, tuple[str, str]]:
+        """Each choice `pallasgen tune` makes, by its name in the search, with what it
+        sets: ("block", dimension) or ("option", name)."""
+        return {}
+
+    def tuning_space(self, checked: CheckedKernel, sizes: dict[str, int]) -> dict[str, tuple[int, ...]]:
+        """The values of each of `tuning_choices` that a search at `sizes` tries, in order."""
+        return {}
+
+    def tuning_problem(self, checked: CheckedKernel, chosen: dict[str, int]) -> str | None:
+        """Why a set of choices (by `tuning_choices` name) cannot run, beyond each value
+        being one of `tuning_space`'s (it overflows memory), or None: a search skips it."""
+        return None
+
+    def tuned_parts(
+        self, checked: CheckedKernel, chosen: dict[str, int]
+    ) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]:
+        """A search's choices as a tuning entry keeps them: (blocks by dimension, options by name)."""
+        parts = {"block": [], "option": []}
+        for name, (kind, what) in self.tuning_choices(checked).items():
+            parts[kind].append((what, chosen[name]))
+        return tuple(parts["block"]), tuple(parts["option"])
+
+    def tuning_start(
+        self, checked: CheckedKernel, space: dict[str, tuple[int, ...]], previous: TunedBlocks | None = None
+    ) -> dict[str, int]:
+        """Where a search over `space` starts: the choices of `previous` (an entry tuned
+        before) where it fits the kernel, else the defaults, each the nearest value tried."""
+        if previous is not None and not self.tuned_blocks_problem(checked, previous):
+            values = {"block": dict(previous.blocks), "option": dict(previous.options)}
+        else:
+            values = {"block": self.default_blocks(checked), "option": self.default_options(checked)}
+        wanted = {name: values[kind][what] for name, (kind, what) in self.tuning_choices(checked).items()}
+        return {name: min(space[name], key=lambda v: abs(v - value)) for name, value in wanted.items()}
+
+    def block_problem(self, checked: CheckedKernel, dim: str, block: int) -> str | None:
+        """Why blocking `dim` by `block` breaks this backend's rule for this kernel (the
+        TPU's tiling rule), or None."""
+        return None
+
+    # The memory a program's blocks take: the TPU's VMEM, Mosaic GPU's shared memory.
+    memory_budget: int | None = None  # what blocks may take without asking for more; None: not counted
+
+    def memory_bytes(self, checked: CheckedKernel, blocks: dict[str, int]) -> int | None:
+        """The memory that a program with these blocks (over the defaults) holds; None: not counted."""
+        return None
+
+    def build_warnings(self, checked: CheckedKernel) -> list[str]:
+        """What `pallasgen build` warns of in a kernel on this backend, a message each: its
+        default blocks cannot fit the memory a program may take at realistic sizes."""
+        return []

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES
-from pallasgen.analysis.names import block_keyword
 from pallasgen.backends import backend_named
 
 # Block sizes and launch options a sweep tries, per backend.
@@ -169,17 +168,18 @@ def sweep_candidates(checked: CheckedKernel, backend: str) -> list[dict[str, int
     candidates = []
     for sizes in itertools.product(TPU_CANDIDATES, repeat=len(tunable)):
         blocks = {**checked.blocks, **dict(zip(tunable, sizes))}
-        if any(tpu.tiling_problem(checked, d, blocks[d]) for d in tunable):
+        if any(tpu.block_problem(checked, d, blocks[d]) for d in tunable):
             continue
-        if tpu.vmem_bytes(checked, blocks) > tpu.scoped_vmem_bytes:
+        if tpu.memory_bytes(checked, blocks) > tpu.memory_budget:
             continue
-        candidates.append({block_keyword(d): blocks[d] for d in tunable})
+        candidates.append({tpu.block_keyword(d): blocks[d] for d in tunable})
     return candidates
 
 
 def _gpu_candidates(checked: CheckedKernel) -> list[dict[str, int]]:
     product, layout = checked.product, checked.space.layout
-    tunable = checked.settings["gpu"].blocks  # reduced dimensions held whole have no GPU block
+    gpu = backend_named("gpu")
+    tunable = gpu.tunable_dims(checked)  # reduced dimensions held whole have no GPU block
     if checked.fused is not None:  # its tiles' rows, swept and parallel dimensions
         axes = {d: GPU_PRODUCT_TILES for d in tunable if d not in checked.fused.batch}
     elif product is not None:
@@ -193,7 +193,7 @@ def _gpu_candidates(checked: CheckedKernel) -> list[dict[str, int]]:
     candidates = []
     for sizes in itertools.product(*axes.values(), GPU_WARPS, stages):
         *blocks, warps, stage_count = sizes
-        keywords = {f"gpu_{block_keyword(d)}": b for d, b in zip(axes, blocks)}
+        keywords = {gpu.block_keyword(d): b for d, b in zip(axes, blocks)}
         candidates.append({**keywords, "gpu_warps": warps, "gpu_stages": stage_count})
     return candidates
 

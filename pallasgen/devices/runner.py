@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES
+from pallasgen.analysis.product import batch_dims
 
 # Default sizes of the dimensions `--size` does not give (see `sizes_for`).
 ELEMENTS_PER_ARRAY = 2**20
@@ -78,7 +79,7 @@ def sizes_for(checked: CheckedKernel, given: dict[str, int]) -> dict[str, int]:
     elements, its largest defaulted dimension is halved.
     """
     kernel = checked.kernel
-    batch = set(kernel.outputs[0].dims[:-2]) if checked.product else set()
+    batch = set(batch_dims(checked.product)) if checked.product else set()
 
     def default(dim: str) -> int:
         if dim in batch:

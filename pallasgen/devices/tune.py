@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from importlib import metadata
 
 from pallasgen.analysis.checks import CheckedKernel
-from pallasgen.analysis.names import block_keyword
 from pallasgen.backends import backend_named
 from pallasgen.devices.compile_only import CompileError
 from pallasgen.devices.estimate import arguments
@@ -40,14 +39,9 @@ class Tuned:
 
 
 def block_choices(checked: CheckedKernel, dim: str, size: int) -> list[int]:
-    """The blocks of `dim` worth trying at `size`: the tiling rule's multiple times each
-    power of two below the size, then the whole dimension."""
-    rule = backend_named("tpu").tiling_rule(checked, dim)
-    choices, block = [], max(rule.multiple, rule.smallest_power_of_two or 0) if rule else 1
-    while block < size:
-        choices.append(block)
-        block *= 2
-    return [*choices, size]
+    """The blocks of `dim` worth trying at `size` (the TPU backend's `tuning_space`: the
+    tiling rule's multiple times each power of two below the size, then the whole dimension)."""
+    return list(backend_named("tpu").tuning_space(checked, {dim: size})[dim])
 
 
 def start_blocks(module, checked: CheckedKernel, chip: str, sizes: dict[str, int]) -> dict[str, int]:
@@ -80,9 +74,9 @@ def search(
 ):
     """Steepest descent from `start` over the TPU's `block_choices`, among the blocks that
     fit VMEM (see `descend`)."""
-    choices = {d: block_choices(checked, d, sizes[d]) for d in start}
     tpu = backend_named("tpu")
-    return descend(choices, start, measure, budget, progress, first, lambda blocks: tpu.vmem_problem(checked, blocks))
+    choices = {d: list(values) for d, values in tpu.tuning_space(checked, {d: sizes[d] for d in start}).items()}
+    return descend(choices, start, measure, budget, progress, first, lambda blocks: tpu.tuning_problem(checked, blocks))
 
 
 def descend(
@@ -142,7 +136,8 @@ def tune(
     xla_cycles = []
 
     def measure(blocks: dict[str, int]) -> int:
-        estimate = estimator.estimate(module, checked, sizes, {block_keyword(d): b for d, b in blocks.items()})
+        keywords = {backend_named("tpu").block_keyword(d): b for d, b in blocks.items()}
+        estimate = estimator.estimate(module, checked, sizes, keywords)
         xla_cycles.append(estimate.xla_cycles)
         return estimate.kernel_cycles
 

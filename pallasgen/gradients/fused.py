@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pallasgen.gradients import products as product_gradients, reverse
 from pallasgen.gradients.backward import Argument, Derived, Residual, Step
 from pallasgen.analysis.checks import CheckedKernel, check_kernel
+from pallasgen.analysis.hardware import TPU_LANES, lane_tiles
 from pallasgen.analysis.infer import product_operand
 from pallasgen.analysis.names import Namer
 from pallasgen.analysis.product import analyze_product, find_products
@@ -222,8 +223,7 @@ def _blocked(kernel: ir.Kernel, product) -> ir.Kernel:
     N a softmax reduces): its largest block rounded up to a lane tile, as product_gradients
     blocks an output taken whole, so that the product kernels' blocks stay bounded where
     that dimension is the one they contract (dx = dacc @ w.T)."""
-    largest = max((b.size for b in kernel.blocks), default=product_gradients.LANES)
-    size = -(-largest // product_gradients.LANES) * product_gradients.LANES
+    size = lane_tiles(max((b.size for b in kernel.blocks), default=TPU_LANES))
     whole = [d for d in (product.m, product.n, product.k) if all(b.dim != d for b in kernel.blocks)]
     added = tuple(ir.BlockSize(d, size, kernel.position, kernel.position) for d in whole)
     return dataclasses.replace(kernel, blocks=kernel.blocks + added)

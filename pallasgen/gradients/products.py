@@ -34,12 +34,10 @@ from pallasgen.gradients import reverse
 from pallasgen.gradients.backward import Argument, Derived, Residual, Step
 from pallasgen.analysis.checks import CheckedKernel, check_kernel
 from pallasgen.analysis.dtypes import DTYPES
+from pallasgen.analysis.hardware import GPU_BACKWARD_DEPTH, TPU_LANES, lane_tiles
 from pallasgen.analysis.names import Namer
 from pallasgen.analysis.product import Product, product_dims
 from pallasgen.frontend import ir
-
-LANES = 128  # a TPU lane tile: a block that is a multiple of it is legal in any position
-GPU_DEPTH = 32  # the GPU block of what a backward kernel sums over (see _gpu_blocks)
 
 
 def derive(checked: CheckedKernel) -> Derived | str | None:
@@ -313,22 +311,22 @@ def _blocks(kernel: ir.Kernel, dims: set[str], outputs: tuple[str, ...]) -> tupl
     to a lane tile, so that the backward's output and accumulator blocks stay bounded (a
     D of 64 is still one block)."""
     blocks = [b for b in kernel.blocks if b.dim in dims]
-    largest = max((b.size for b in kernel.blocks), default=LANES)
+    largest = max((b.size for b in kernel.blocks), default=TPU_LANES)
     for dim in outputs:
         if all(b.dim != dim for b in kernel.blocks):
-            blocks.append(ir.BlockSize(dim, -(-largest // LANES) * LANES, kernel.position, kernel.position))
+            blocks.append(ir.BlockSize(dim, lane_tiles(largest), kernel.position, kernel.position))
     return tuple(blocks)
 
 
 def _gpu_blocks(kernel: ir.Kernel, dims: set[str], shallower: str) -> tuple[ir.BlockSize, ...]:
-    """The forward's GPU blocks of `dims`, and GPU_DEPTH for the dimension `shallower`
+    """The forward's GPU blocks of `dims`, and GPU_BACKWARD_DEPTH for the dimension `shallower`
     (a product's contracted one, a sum's) where the forward has none: at Triton's
     defaults (64 of a 16-bit product's contracted dimension, 64 rows of a sum), sm_90's
     ptxas spilled 4 to 8 bytes of registers in dx = dacc @ y.T at 8 rows, and in
     matmul_bias_gelu's sum of gelu's derivative over M (tests/test_compiled.py)."""
     blocks = [b for b in kernel.gpu_blocks if b.dim in dims]
     if all(b.dim != shallower for b in blocks):
-        blocks.append(ir.BlockSize(shallower, GPU_DEPTH, kernel.position, kernel.position))
+        blocks.append(ir.BlockSize(shallower, GPU_BACKWARD_DEPTH, kernel.position, kernel.position))
     return tuple(blocks)
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.fused import array_axes
 from pallasgen.analysis.names import Namer
+from pallasgen.analysis.product import product_dims
 from pallasgen.frontend import ir
 from pallasgen.lowering.gradient import GradientPlan
 from pallasgen.lowering.parts import array_comment, body_statements, layout_of, parameter_list, tuple_code
@@ -263,8 +264,7 @@ def _einsum(product, values) -> str:
     letters = _einsum_letters([*product.lhs.dims, *product.rhs.dims])
     lhs = "".join(letters[d] for d in product.lhs.dims)
     rhs = "".join(letters[d] for d in product.rhs.dims)
-    batch = [d for d in product.lhs.dims[:-2]] + [d for d in product.rhs.dims[:-2] if d not in product.lhs.dims]
-    out = "".join(letters[d] for d in (*batch, product.m, product.n))
+    out = "".join(letters[d] for d in product_dims(product))
     accumulate = jnp_dtype(product.accumulator.name)
     a, b = (values[o.name] for o in product.operands)
     return f'jnp.einsum("{lhs},{rhs}->{out}", {a}, {b}, preferred_element_type={accumulate})'

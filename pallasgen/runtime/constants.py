@@ -1,5 +1,5 @@
-"""Facts that the generator and the runtime share. The build path imports this module,
-so it imports no jax (tests/test_layers.py)."""
+"""Facts and rules that the generator and the runtime share. The build path imports this
+module, so it imports no jax (tests/test_layers.py)."""
 
 from __future__ import annotations
 
@@ -30,3 +30,13 @@ VMEM_LIMIT_BYTES = 100 * MIB
 # 0.39x with 128 rows; benchmarks/RESULTS_TPU_ESTIMATES.md).
 STEP_ELEMENTS = 1 << 20
 STEP_VMEM_BYTES = 32 * MIB
+
+
+def tiles_on_tpu(block: int, multiple: int, smallest_power_of_two: int | None = None, size: int | None = None) -> bool:
+    """Whether Mosaic can tile a block of `block` elements: a multiple of `multiple`, or
+    (for a one-dimensional array) a power of two of at least `smallest_power_of_two`, or
+    the whole dimension (`size`, where known). The generator checks spec blocks by it, and
+    a generated launcher the blocks of a call."""
+    if block == size or block % multiple == 0:
+        return True
+    return bool(smallest_power_of_two) and block >= smallest_power_of_two and block & (block - 1) == 0

@@ -51,6 +51,7 @@ from pallasgen.runtime.constants import (
     STEP_VMEM_BYTES,
     TPU_DEVICE_KINDS,
     VMEM_LIMIT_BYTES,
+    tiles_on_tpu,
 )
 
 try:
@@ -441,9 +442,7 @@ def check_tiling(kernel, **blocks):
     one-dimensional arrays) a power of two of at least the smallest one given.
     """
     for keyword, (block, size, multiple, rule, *smallest) in blocks.items():
-        if block == size or block % multiple == 0:
-            continue
-        if smallest and block >= smallest[0] and block & (block - 1) == 0:
+        if tiles_on_tpu(block, multiple, *smallest, size=size):
             continue
         raise ValueError(
             f"{kernel}: {keyword}={block} breaks the TPU tiling rule: {rule}; use"

@@ -102,7 +102,7 @@ class KernelTiles:
 def default_sizes(checked: CheckedKernel, gpu: bool) -> dict[str, int]:
     """Sizes that show a ragged edge: two and a half blocks of each blocked dimension,
     three of a dimension blocked by one, and a small size for one taken whole."""
-    blocks = checked.settings["gpu"].blocks if gpu else checked.blocks
+    blocks = backend_named("gpu" if gpu else "tpu").default_blocks(checked)
     return {d: (3 if blocks[d] == 1 else blocks[d] * 5 // 2) if d in blocks else WHOLE_SIZE for d in checked.dims}
 
 
@@ -201,7 +201,7 @@ def kernel_tiles(checked: CheckedKernel, sizes: dict[str, int], gpu: bool) -> Ke
         vmem_bytes=vmem.total(exact) if vmem else 0,
         vmem_formula=vmem.formula(exact) if vmem else "",
         vmem_limit=vmem.limit if vmem else 0,
-        gpu_options=dict(checked.settings["gpu"].options) if gpu else {},
+        gpu_options=backend.default_options(checked) if gpu else {},
         live=live,
         step_skipped=step_skipped,
         skipped=skipped,

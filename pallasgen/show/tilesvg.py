@@ -11,7 +11,7 @@ from __future__ import annotations
 from math import inf, prod
 from xml.sax.saxutils import escape, quoteattr
 
-from pallasgen.backends import format_bytes
+from pallasgen.frontend.text import format_bytes
 from pallasgen.show.tilemap import ArrayTiles, Axis, KernelTiles
 
 MARGIN = 24

@@ -202,21 +202,16 @@ class VmemWarning:
 def vmem_warnings(targets: list[Target], display) -> list[VmemWarning]:
     """Each spec kernel whose default blocks on a TPU v5e or v6e cannot fit its VMEM once
     the dimensions taken whole have realistic sizes (chips.REALISTIC_WHOLE_SIZE)."""
-    from pallasgen.backends import backend_named
-    from pallasgen.backends.tpu.chips import default_blocks_vmem_warning
+    from pallasgen.backends import BACKENDS
 
-    tpu = backend_named("tpu")
     found = []
     for target in targets:
         source, _ = read_inputs(target, display)
         spec = display(target.spec)
         for checked in check_source(source, spec):
-            message = default_blocks_vmem_warning(checked, tpu.tunable_dims(checked), tpu.vmem_bytes)
-            if message:
-                kernel = checked.kernel
-                found.append(
-                    VmemWarning(spec, kernel.blocks[0].position if kernel.blocks else kernel.position, message)
-                )
+            kernel = checked.kernel
+            position = kernel.blocks[0].position if kernel.blocks else kernel.position
+            found += [VmemWarning(spec, position, m) for backend in BACKENDS for m in backend.build_warnings(checked)]
     return found
 
 

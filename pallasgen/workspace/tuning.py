@@ -3,10 +3,11 @@ the spec as `NAME.tuning.json` and rendered into its generated module by `build`
 
 One entry per kernel, chip and size bucket (each size rounded to a power of two), with
 the kernel's fingerprint (so that `check` can say when the kernel changed since), the
-estimate or time that chose it and the versions it was tuned with. GPU entries
-(`pallasgen tune --gpu`, chosen by time on the device) are kept apart, one per device
-kind and size bucket, in a list per GPU backend: "tuned_gpu" (Triton's blocks, warps and
-stages) and "tuned_mosaic_gpu" (Mosaic GPU's blocks and pipeline stages).
+estimate or time that chose it and the versions it was tuned with, in a list per
+backend (`TABLES`): "tuned" the TPU's (by chip); GPU entries (`pallasgen tune --gpu`,
+chosen by time on the device) one per device kind and size bucket, "tuned_gpu" (Triton's
+blocks, warps and stages) and "tuned_mosaic_gpu" (Mosaic GPU's blocks and pipeline
+stages). In memory, a kernel's entries are one table keyed by backend name.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from pathlib import Path
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.gradients.derive import every_kernel
 from pallasgen.analysis.tuning import TunedBlocks, kernel_fingerprint
-from pallasgen.backends import backend_named
+from pallasgen.backends import BACKENDS, backend_named
 from pallasgen.frontend.errors import Diagnostic, Position, SpecError
 
 SUFFIX = ".tuning.json"
-# Each backend's list of entries in a kernel's object, in KernelTuning's order.
-TABLES = {"tpu": "tuned", "gpu": "tuned_gpu", "mosaic_gpu": "tuned_mosaic_gpu"}
+# Each backend's list of entries in a kernel's object in the file, by backend name: the
+# TPU's "tuned" (entries by "chip"), any other's "tuned_<name>" (by "device", with "options").
+TABLES = {b.name: "tuned" if b.name == "tpu" else f"tuned_{b.name}" for b in BACKENDS}
 ABOUT = "TPU blocks found by `pallasgen tune`; `pallasgen build` renders them into the generated module."
 
 
@@ -40,13 +42,10 @@ class Entry:
 @dataclasses.dataclass(frozen=True)
 class KernelTuning:
     fingerprint: str
-    entries: tuple[Entry, ...]
-    gpu_entries: tuple[Entry, ...] = ()
-    mosaic_gpu_entries: tuple[Entry, ...] = ()
+    tables: dict[str, tuple[Entry, ...]]  # each backend's entries, by backend name (those of TABLES)
 
-    def tables(self) -> tuple[tuple[Entry, ...], ...]:
-        """Its entries for each backend of TABLES, in order."""
-        return self.entries, self.gpu_entries, self.mosaic_gpu_entries
+    def entries(self, backend: str) -> tuple[Entry, ...]:
+        return self.tables.get(backend, ())
 
 
 def tuning_path(spec: Path) -> Path:
@@ -71,25 +70,25 @@ def _kernel_tuning(name: str, value, text: str, path: str) -> KernelTuning:
 
     if not isinstance(value, dict) or not isinstance(value.get("fingerprint"), str):
         fail('expected an object with "fingerprint" and "tuned"')
-    gpu_tables = [TABLES["gpu"], TABLES["mosaic_gpu"]]
+    gpu_tables = [table for backend, table in TABLES.items() if backend != "tpu"]
     if not isinstance(value.get("tuned"), list) or any(not isinstance(value.get(t, []), list) for t in gpu_tables):
         fail(f'"tuned" (and {", ".join(map(json.dumps, gpu_tables))}) is not a list')
-    entries = []
-    for item in value["tuned"]:
-        try:
-            entries.append(_entry(item, item["chip"], ()))
-        except (KeyError, TypeError, AttributeError, ValueError):
-            fail('each entry has "chip", "sizes" and "blocks" (dimension: positive integer)')
-    tables = [tuple(entries)]
-    for table in gpu_tables:
-        gpu_entries = []
+    tables = {}
+    for backend, table in TABLES.items():
+        entries = []
         for item in value.get(table, []):
             try:
-                gpu_entries.append(_entry(item, item["device"], _pairs(item["options"])))
+                if backend == "tpu":
+                    entries.append(_entry(item, item["chip"], ()))
+                else:
+                    entries.append(_entry(item, item["device"], _pairs(item["options"])))
             except (KeyError, TypeError, AttributeError, ValueError):
+                if backend == "tpu":
+                    fail('each entry has "chip", "sizes" and "blocks" (dimension: positive integer)')
                 fail('each GPU entry has "device", "sizes", "blocks" and "options" (name: positive integer)')
-        tables.append(tuple(gpu_entries))
-    return KernelTuning(value["fingerprint"], *tables)
+        if entries:
+            tables[backend] = tuple(entries)
+    return KernelTuning(value["fingerprint"], tables)
 
 
 def _entry(item: dict, chip, options: tuple[tuple[str, int], ...]) -> Entry:
@@ -136,18 +135,14 @@ def apply_tuning(
         if found.fingerprint != kernel_fingerprint(checked.kernel):
             stale.append(f"{checked.kernel.name!r} changed since it was tuned")
             return checked
-        for backend, entries in zip(TABLES, found.tables()):
+        for backend, entries in found.tables.items():
             for entry in entries:
                 problem = backend_named(backend).tuned_blocks_problem(checked, entry.blocks)
                 if problem:
                     position = _position_of(text, named)
                     raise SpecError(path, text, [Diagnostic(position, f"kernel {checked.kernel.name!r}: {problem}")])
-        return dataclasses.replace(
-            checked,
-            tuned=tuple(e.blocks for e in found.entries),
-            gpu_tuned=tuple(e.blocks for e in found.gpu_entries),
-            mosaic_gpu_tuned=tuple(e.blocks for e in found.mosaic_gpu_entries),
-        )
+        tuned = {backend: tuple(e.blocks for e in entries) for backend, entries in found.tables.items()}
+        return dataclasses.replace(checked, tuned=tuned)
 
     tuned_kernels = []
     for checked in kernels:
@@ -178,7 +173,7 @@ def entry_for(
 ) -> Entry | None:
     """The kernel's entry for `chip` (a GPU's device kind, for a GPU `backend`) in the size
     bucket of `sizes`, if it was tuned as it is now."""
-    entries = _current_entries(tuning, checked)[list(TABLES).index(backend)]
+    entries = _current_entries(tuning, checked).get(backend, ())
     return next((e for e in entries if _slot(e) == (chip, size_bucket(sizes))), None)
 
 
@@ -187,18 +182,17 @@ def with_entry(
 ) -> dict[str, KernelTuning]:
     """`tuning` with `entry` in place of the kernel's entry for the same chip (or GPU, for a
     GPU `backend`) and size bucket; a kernel tuned for an older version of itself starts afresh."""
-    tables, index = list(_current_entries(tuning, checked)), list(TABLES).index(backend)
-    kept = tuple(e for e in tables[index] if _slot(e) != _slot(entry))
-    tables[index] = tuple(sorted((*kept, entry), key=lambda e: (e.blocks.chip, e.blocks.sizes)))
-    return {**tuning, checked.kernel.name: KernelTuning(kernel_fingerprint(checked.kernel), *tables)}
+    tables = dict(_current_entries(tuning, checked))
+    kept = tuple(e for e in tables.get(backend, ()) if _slot(e) != _slot(entry))
+    tables[backend] = tuple(sorted((*kept, entry), key=lambda e: (e.blocks.chip, e.blocks.sizes)))
+    return {**tuning, checked.kernel.name: KernelTuning(kernel_fingerprint(checked.kernel), tables)}
 
 
-def _current_entries(tuning: dict[str, KernelTuning], checked: CheckedKernel) -> tuple[tuple[Entry, ...], ...]:
-    """The kernel's entries for each backend of TABLES, if it was tuned as it is now (its
-    fingerprint unchanged)."""
+def _current_entries(tuning: dict[str, KernelTuning], checked: CheckedKernel) -> dict[str, tuple[Entry, ...]]:
+    """The kernel's entries, by backend, if it was tuned as it is now (its fingerprint unchanged)."""
     kernel = tuning.get(checked.kernel.name)
     current = kernel and kernel.fingerprint == kernel_fingerprint(checked.kernel)
-    return kernel.tables() if current else ((),) * len(TABLES)
+    return kernel.tables if current else {}
 
 
 def _slot(entry: Entry) -> tuple[str, dict[str, int]]:
@@ -221,12 +215,12 @@ def format_tuning(tuning: dict[str, KernelTuning]) -> str:
                         "measure": e.measure,
                         "versions": e.versions,
                     }
-                    for e in kernel.entries
+                    for e in kernel.entries("tpu")
                 ],
                 **{
-                    TABLES[backend]: [_gpu_item(e) for e in entries]
-                    for backend, entries in zip(TABLES, kernel.tables())
-                    if backend != "tpu" and entries
+                    table: [_gpu_item(e) for e in kernel.entries(backend)]
+                    for backend, table in TABLES.items()
+                    if backend != "tpu" and kernel.entries(backend)
                 },
             }
             for name, kernel in sorted(tuning.items())

@@ -6,11 +6,13 @@ from dataclasses import replace
 
 from pallasgen.backends.base import Backend
 from pallasgen.backends.gpu.checks import check_gpu
-from pallasgen.backends.gpu.options import GPU_FUNCTION_LOCALS, gpu_keywords
+from pallasgen.backends.gpu.options import GPU_FUNCTION_LOCALS, OPTIONS, gpu_block_keyword, gpu_keywords
+from pallasgen.backends.gpu.options import tuned_block_choices
 from pallasgen.backends.gpu.fused import fused_gpu_blocks, fused_keyword_group, gpu_blocks, plan_fused_gpu
 from pallasgen.backends.gpu.plan import (
     kernel_function_name,
     keyword_group,
+    SMALLEST_DOT_TILE,
     launcher_name,
     plan_gpu,
     tunable_gpu_dims,
@@ -42,8 +44,31 @@ class GpuBackend(Backend):
         """The dimensions whose blocks are keywords (`gpu_block_*`), which tune --gpu searches."""
         return list(gpu_blocks(checked)) if checked.fused else tunable_gpu_dims(checked)
 
+    def block_keyword(self, dim):
+        return gpu_block_keyword(dim)
+
+    def default_blocks(self, checked):
+        """The spec's GPU blocks, else Triton's defaults (a tuned entry's on its GPU)."""
+        return dict(checked.settings["gpu"].blocks)
+
+    def default_options(self, checked):
+        return dict(checked.settings["gpu"].options)
+
     def tuned_blocks_problem(self, checked, tuned) -> str | None:
         return tuned_problem(checked, self.tunable_dims(checked), tuned)
+
+    def tuning_choices(self, checked):
+        """The `gpu_block_*` keywords, then `gpu_warps` and `gpu_stages`."""
+        blocks = {gpu_block_keyword(d): ("block", d) for d in self.tunable_dims(checked)}
+        return blocks | {keyword: ("option", name) for name, (keyword, _) in OPTIONS.items()}
+
+    def tuning_space(self, checked, sizes):
+        """Powers of two from the smallest block the launcher takes (a dot tile's, in a
+        product) up to each dimension's next power of two, and the warps and stages a spec
+        may set."""
+        smallest = SMALLEST_DOT_TILE if checked.product is not None or checked.fused is not None else 1
+        blocks = {gpu_block_keyword(d): tuned_block_choices(sizes[d], smallest) for d in self.tunable_dims(checked)}
+        return blocks | {keyword: allowed for keyword, allowed in OPTIONS.values()}
 
     def plan(self, lowered):
         return plan_fused_gpu(lowered) if lowered.checked.fused else plan_gpu(lowered)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from pallasgen.analysis.checks import MAX_BLOCK, block_items, reserved_param_problems
 from pallasgen.analysis.dtypes import DTYPES
-from pallasgen.analysis.product import Product
+from pallasgen.analysis.product import Product, batch_dims
 from pallasgen.analysis.space import IterationSpace
 from pallasgen.backends.gpu.options import (
     GPU_FUNCTION_LOCALS,
@@ -36,7 +36,7 @@ def check_gpu(
 ) -> tuple[GpuSettings, list[Diagnostic]]:
     """`gpu block` sizes are powers of two (Triton's rule) and `gpu` options are known;
     defaults complete them once the kernel has no `earlier` errors."""
-    batch = set(kernel.outputs[0].dims[:-2]) if product is not None and kernel.outputs else set()
+    batch = set(batch_dims(product)) if product is not None and kernel.outputs else set()
 
     def gpu_size_problem(item: ir.BlockSize) -> str | None:
         if isinstance(item.size, float) or not is_power_of_two(item.size) or item.size > MAX_BLOCK:

@@ -12,7 +12,7 @@ from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.fused import array_axes
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling
-from pallasgen.backends.gpu.options import OPTIONS
+from pallasgen.backends.gpu.options import OPTIONS, gpu_block_keyword
 from pallasgen.backends.gpu.plan import (
     GPU_DOC,
     SMALLEST_DOT_TILE,
@@ -34,7 +34,7 @@ DEFAULT_BLOCK = 64  # rows of queries, keys per loop step: FlashAttention's tile
 
 
 def tunable_dims(checked: CheckedKernel) -> list[str]:
-    return [d for d in checked.dims if d in checked.blocks and d not in checked.fused.batch]
+    return [d for d in checked.dims if d in checked.blocks and d not in checked.batch]
 
 
 def whole_dims(checked: CheckedKernel) -> list[str]:
@@ -60,7 +60,7 @@ def gpu_blocks(checked: CheckedKernel) -> dict[str, int]:
 
 
 def fused_keyword_group(checked: CheckedKernel) -> KeywordGroup:
-    blocks = tuple(Keyword(f"gpu_{block_keyword(d)}", "None") for d in gpu_blocks(checked))
+    blocks = tuple(Keyword(gpu_block_keyword(d), "None") for d in gpu_blocks(checked))
     options = tuple(Keyword(keyword, "None") for keyword, _ in OPTIONS.values())
     return KeywordGroup((*blocks, *options), GPU_DOC)
 
@@ -154,7 +154,7 @@ def plan_fused_gpu(lowered: LoweredKernel) -> GpuPlan:
         function=launcher_name(kernel.name),
         kernel_function=kernel_function_name(kernel.name),
         blocks=tuple(
-            GpuBlockPlan(f"gpu_{block_keyword(d)}", block_keyword(d), defaults[d], sizes[d], d, SMALLEST_DOT_TILE)
+            GpuBlockPlan(gpu_block_keyword(d), block_keyword(d), defaults[d], sizes[d], d, SMALLEST_DOT_TILE)
             for d in tunable
         ),
         whole_blocks=tuple((block_keyword(d), sizes[d], d) for d in whole),

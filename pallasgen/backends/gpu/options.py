@@ -16,10 +16,24 @@ OPTIONS = {
 # Keywords of the generated GPU function that spec names must not take.
 GPU_FUNCTION_LOCALS = ("num_warps", "num_stages")
 
+LARGEST_TUNED_BLOCK = 1024  # Triton holds a block in registers: larger ones spill
+
+
+def gpu_block_keyword(dim: str) -> str:
+    """The public keyword of a GPU (Triton) block: gpu_block_<dim>."""
+    return f"gpu_{block_keyword(dim)}"
+
 
 def gpu_keywords(dims) -> set[str]:
     """The public keywords the GPU path adds: gpu_block_<dim>, gpu_warps, gpu_stages."""
-    return {f"gpu_{block_keyword(d)}" for d in dims} | {keyword for keyword, _ in OPTIONS.values()}
+    return {gpu_block_keyword(d) for d in dims} | {keyword for keyword, _ in OPTIONS.values()}
+
+
+def tuned_block_choices(size: int, smallest: int) -> tuple[int, ...]:
+    """The blocks `pallasgen tune --gpu` tries of a dimension of `size`: powers of two from
+    `smallest` up to the size's next power of two, at most LARGEST_TUNED_BLOCK."""
+    largest = max(smallest, min(LARGEST_TUNED_BLOCK, 1 << (size - 1).bit_length()))
+    return tuple(1 << n for n in range(smallest.bit_length() - 1, largest.bit_length()))
 
 
 def default_blocks(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling
-from pallasgen.backends.gpu.options import OPTIONS, is_power_of_two
+from pallasgen.backends.gpu.options import OPTIONS, gpu_block_keyword, is_power_of_two
 from pallasgen.frontend import ir
 from pallasgen.lowering.kernel import LoweredKernel
 from pallasgen.lowering.parts import (
@@ -84,7 +84,7 @@ class GpuPlan:
 def keyword_group(checked: CheckedKernel) -> KeywordGroup:
     """The public `gpu_block_*`, `gpu_warps` and `gpu_stages` keywords: None by default,
     chosen at call time (`rt.gpu_options`)."""
-    blocks = tuple(Keyword(f"gpu_{block_keyword(d)}", "None") for d in tunable_gpu_dims(checked))
+    blocks = tuple(Keyword(gpu_block_keyword(d), "None") for d in tunable_gpu_dims(checked))
     options = tuple(Keyword(keyword, "None") for keyword, _ in OPTIONS.values())
     return KeywordGroup((*blocks, *options), GPU_DOC)
 
@@ -93,7 +93,7 @@ def tuned_fields(checked: CheckedKernel, sizes: dict[str, str], tunable: list[st
     """The GpuPlan fields of the call-time choice of blocks and options: the entries
     `pallasgen tune --gpu` recorded, by device kind, and the launcher's names."""
     tuned: dict[str, dict] = {}
-    for entry in sorted(checked.gpu_tuned, key=lambda t: (t.chip, t.sizes)):
+    for entry in sorted(checked.tuned_for("gpu"), key=lambda t: (t.chip, t.sizes)):
         at, blocks, options = dict(entry.sizes), dict(entry.blocks), dict(entry.options)
         key = tuple(at[d] for d in checked.dims)
         tuned.setdefault(entry.chip, {})[key] = (*(blocks[d] for d in tunable), *(options[o] for o in OPTIONS))
@@ -128,9 +128,7 @@ def tuned_problem(checked: CheckedKernel, tunable: list[str], tuned) -> str | No
 
 
 def _squeezed(checked: CheckedKernel) -> set[str]:
-    out_dims = checked.kernel.outputs[0].dims
-    gpu_blocks = checked.settings["gpu"].blocks
-    return {d for d in out_dims[:-2] if gpu_blocks.get(d) == 1} if checked.product else set()
+    return set(checked.batch)
 
 
 def tunable_gpu_dims(checked: CheckedKernel) -> list[str]:
@@ -252,7 +250,7 @@ def plan_gpu(lowered: LoweredKernel) -> GpuPlan:
         kernel_function=kernel_function_name(kernel.name),
         blocks=tuple(
             GpuBlockPlan(
-                f"gpu_{block_keyword(d)}",
+                gpu_block_keyword(d),
                 block_keyword(d),
                 settings.blocks[d],
                 sizes[d],
@@ -297,7 +295,7 @@ def dispatch_arguments(checked: CheckedKernel, sizes, tunable) -> str:
     """The keywords the public function binds for the GPU launcher."""
     return ", ".join(
         [f"{sizes[d]}={sizes[d]}" for d in checked.dims]
-        + [f"{block_keyword(d)}=gpu_{block_keyword(d)}" for d in tunable]
+        + [f"{block_keyword(d)}={gpu_block_keyword(d)}" for d in tunable]
         + [f"num_{name}={keyword}" for name, (keyword, _) in OPTIONS.items()]
         + [f"{p.name}={p.name}" for p in checked.kernel.params]
     )

@@ -33,8 +33,43 @@ class MosaicGpuBackend(Backend):
         """The dimensions whose blocks are keywords (`mgpu_block_*`), which tune --gpu searches."""
         return list(choices.block_choices(checked)) if choices.tunable(checked) else []
 
+    def block_keyword(self, dim):
+        return choices.mgpu_block_keyword(dim)
+
+    def default_blocks(self, checked):
+        """Its built-in blocks of a product's M, N and K."""
+        return choices.defaults(checked) if choices.tunable(checked) else {}
+
+    def default_options(self, checked):
+        return {choices.STAGES: choices.DEFAULT_STAGES} if choices.tunable(checked) else {}
+
     def tuned_blocks_problem(self, checked, tuned) -> str | None:
         return choices.tuned_problem(checked, tuned)
+
+    def tuning_choices(self, checked):
+        """The `mgpu_block_*` keywords and `mgpu_stages`, of a product it takes."""
+        if not choices.tunable(checked):
+            return {}
+        return {
+            k: ("option" if what == choices.STAGES else "block", what) for k, what in choices.keywords(checked).items()
+        }
+
+    def tuning_space(self, checked, sizes):
+        """The values its keywords take (wgmma tiles, pipeline depths), whatever the sizes."""
+        return choices.allowed(checked) if choices.tunable(checked) else {}
+
+    def tuning_problem(self, checked, chosen):
+        """Why blocks and stages overflow a warpgroup's registers or a block's shared memory."""
+        blocks, options = self.tuned_parts(checked, chosen)
+        return choices.problem(checked, dict(blocks), dict(options)[choices.STAGES])
+
+    memory_budget = choices.SMEM_PER_BLOCK
+
+    def memory_bytes(self, checked, blocks):
+        """Shared memory of a program with these blocks (over the defaults) and the default stages."""
+        if not choices.tunable(checked):
+            return None
+        return choices.smem_bytes(checked, {**choices.defaults(checked), **blocks}, choices.DEFAULT_STAGES)
 
     def function_names(self, kernel):
         return kernel_function_name(kernel), launcher_name(kernel)

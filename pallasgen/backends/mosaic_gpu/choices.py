@@ -55,9 +55,14 @@ def defaults(checked: CheckedKernel) -> dict[str, int]:
     return {product.m: PRODUCT_TILE, product.n: PRODUCT_TILE, product.k: WGMMA_DTYPES[product.lhs.dtype.name]}
 
 
+def mgpu_block_keyword(dim: str) -> str:
+    """The public keyword of a Mosaic GPU block: mgpu_block_<dim>."""
+    return PREFIX + block_keyword(dim)
+
+
 def keywords(checked: CheckedKernel) -> dict[str, str]:
     """The public keywords, each with what it chooses (a dimension, or STAGES)."""
-    found = {f"{PREFIX}{block_keyword(d)}": d for d in block_choices(checked)}
+    found = {mgpu_block_keyword(d): d for d in block_choices(checked)}
     return found | {PREFIX + STAGES: STAGES} if found else {}
 
 

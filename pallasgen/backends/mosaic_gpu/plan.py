@@ -498,7 +498,7 @@ class _ProductPlanner(_Planner):
         checked, what = self.checked, choices.keywords(self.checked)
         built_in = choices.defaults(checked) | {choices.STAGES: choices.DEFAULT_STAGES}
         tuned: dict[str, dict] = {}
-        for entry in sorted(checked.mosaic_gpu_tuned, key=lambda t: (t.chip, t.sizes)):
+        for entry in sorted(checked.tuned_for("mosaic_gpu"), key=lambda t: (t.chip, t.sizes)):
             values = dict(entry.blocks) | dict(entry.options)
             key = tuple(dict(entry.sizes)[d] for d in checked.dims)
             tuned.setdefault(entry.chip, {})[key] = tuple_code([str(values[w]) for w in what.values()])

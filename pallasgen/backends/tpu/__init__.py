@@ -13,10 +13,10 @@ from pallasgen.backends.tpu.fused import (
     plan_fused_tpu,
     tile_layouts,
 )
-from pallasgen.backends.tpu.fused import tunable_dims as fused_tunable_dims
 from pallasgen.backends.tpu.chips import (
     CHIP_NAMES,
     chip_named,
+    default_blocks_vmem_warning,
     tuned_blocks_problem,
 )
 from pallasgen.backends.tpu.plan import (
@@ -30,6 +30,7 @@ from pallasgen.backends.tpu.plan import (
 from pallasgen.backends.tpu.tiling import (
     SCOPED_VMEM_BYTES,
     array_layouts,
+    block_choices,
     tiling_problem,
     tiling_rule,
     vmem_bytes,
@@ -41,15 +42,9 @@ class TpuBackend(Backend):
     name = "tpu"
     template = "tpu.py.j2"
     chip_names = CHIP_NAMES  # the compile-only chips `--chip` names
-    scoped_vmem_bytes = SCOPED_VMEM_BYTES  # what Mosaic grants blocks without asking for more
 
     def chip(self, name: str):
-        """The chip `--chip NAME` names (its topology, clock and peaks)."""
         return chip_named(name)
-
-    def tiling_problem(self, checked, dim: str, block: int) -> str | None:
-        """Why blocking `dim` by `block` breaks Mosaic's tiling rule for this kernel, or None."""
-        return tiling_problem(dim, block, self.layouts(checked))
 
     def check(self, kernel, space, product, blocks, earlier, fused=None):
         if fused is not None or earlier and is_fused(kernel):
@@ -71,11 +66,18 @@ class TpuBackend(Backend):
     def blocks_at(self, plan, sizes):
         return {b.dim: min(b.default, sizes[b.dim]) for b in plan.blocks}  # a small dimension is one whole block
 
-    # What tuning and benchmarks ask of the TPU's blocks, for any kernel (fused or not).
+    # What tuning and benchmarks ask of the TPU's blocks, for any kernel (fused or not):
+    # a search's choices are named by their dimensions.
+
+    memory_budget = SCOPED_VMEM_BYTES
 
     def tunable_dims(self, checked) -> list[str]:
         """The dimensions whose blocks are `block_*` keywords."""
-        return fused_tunable_dims(checked) if checked.fused else tunable_dims(checked)
+        return tunable_dims(checked)
+
+    def default_blocks(self, checked):
+        """The spec's blocks (a call on a known chip takes the chip's or tuned ones instead)."""
+        return dict(checked.blocks)
 
     def layouts(self, checked):
         """Each array's block as Mosaic tiles it: what the tiling rule reads."""
@@ -83,23 +85,41 @@ class TpuBackend(Backend):
             return tile_layouts(checked.kernel, checked.fused)
         return array_layouts(checked.kernel, checked.space.layout, checked.product)
 
-    def tiling_rule(self, checked, dim):
-        return tiling_rule(dim, self.layouts(checked))
+    def block_problem(self, checked, dim, block):
+        """Why blocking `dim` by `block` breaks Mosaic's tiling rule for this kernel, or None."""
+        return tiling_problem(dim, block, self.layouts(checked))
 
-    def vmem_bytes(self, checked, blocks) -> int:
-        """VMEM of the blocks (dimensions taken whole count as 1); a fused kernel's, its
-        arrays' double-buffered blocks (its running values and working tiles are small
-        beside them at the blocks a search tries)."""
-        if checked.fused:
-            return fused_array_bytes(checked.kernel, checked.fused, blocks)
-        return vmem_bytes(checked.kernel, blocks, checked.product)
+    def tuning_choices(self, checked):
+        return {d: ("block", d) for d in self.tunable_dims(checked)}
 
-    def vmem_problem(self, checked, blocks) -> str | None:
+    def tuning_space(self, checked, sizes):
+        """The blocks of each tunable dimension that `sizes` gives worth trying: the tiling
+        rule's multiple times each power of two below the size, then the whole dimension."""
+        return {
+            d: block_choices(tiling_rule(d, self.layouts(checked)), sizes[d])
+            for d in self.tunable_dims(checked)
+            if d in sizes
+        }
+
+    def tuning_problem(self, checked, chosen):
         """Why blocks (over the spec's) overflow VMEM, or None; a fused kernel's running
         values and working tiles are left to the compiler."""
         if checked.fused:
             return None
-        return vmem_problem(checked.kernel, {**checked.blocks, **blocks}, checked.product)
+        return vmem_problem(checked.kernel, {**checked.blocks, **chosen}, checked.product)
+
+    def memory_bytes(self, checked, blocks) -> int:
+        """VMEM of the blocks (dimensions taken whole count as 1); a fused kernel's, its
+        arrays' double-buffered blocks (its running values and working tiles are small
+        beside them at the blocks a search tries)."""
+        blocks = {**checked.blocks, **blocks}
+        if checked.fused:
+            return fused_array_bytes(checked.kernel, checked.fused, blocks)
+        return vmem_bytes(checked.kernel, blocks, checked.product)
+
+    def build_warnings(self, checked) -> list[str]:
+        message = default_blocks_vmem_warning(checked, self.tunable_dims(checked), self.memory_bytes)
+        return [message] if message else []
 
     def tuned_blocks_problem(self, checked, tuned) -> str | None:
         return tuned_blocks_problem(
@@ -107,5 +127,5 @@ class TpuBackend(Backend):
             self.tunable_dims(checked),
             tuned,
             self.layouts(checked),
-            lambda blocks: self.vmem_problem(checked, blocks),
+            lambda blocks: self.tuning_problem(checked, blocks),
         )

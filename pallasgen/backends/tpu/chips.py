@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.tuning import TunedBlocks
-from pallasgen.backends.tpu.tiling import VMEM_CAPACITY_BYTES, format_bytes, tiling_problem, vmem_bytes
+from pallasgen.backends.tpu.tiling import VMEM_CAPACITY_BYTES, tiling_problem, vmem_bytes
+from pallasgen.frontend.text import format_bytes
 from pallasgen.runtime.constants import (  # noqa: F401
     MIB,
     STEP_ELEMENTS,

@@ -25,6 +25,7 @@ from pallasgen.backends.tpu.plan import (
     kernel_function_name,
     launcher_name,
     tiling_check,
+    tunable_dims,
     vmem_comment,
 )
 from pallasgen.backends.base import ArrayBlocks, BlockAxis, GridAxis, Tiling
@@ -63,11 +64,6 @@ def in_every_output(kernel: ir.Kernel, dim: str) -> bool:
     blocks of one that an output lacks each write that output's same block, which the
     cores of a multicore chip would race on (dy's K beside dbias [N]): they run in order."""
     return all(dim in out.dims for out in kernel.outputs)
-
-
-def tunable_dims(checked: CheckedKernel) -> list[str]:
-    """Blocked dimensions with a `block_*` keyword: all but the batch ones."""
-    return [d for d in checked.dims if d in checked.blocks and d not in checked.fused.batch]
 
 
 def tile_layouts(kernel: ir.Kernel, fused) -> list[tuple[tuple[str, ...], object]]:
@@ -274,7 +270,7 @@ def _block_table(checked: CheckedKernel, tunable, sizes, vmem_needed: str, strip
     chips = [("None", (('"default"', spec),))]
     for chip in CHIPS:
         entries = [('"default"', spec)]
-        for tuned in sorted((t for t in checked.tuned if t.chip == chip.name), key=lambda t: t.sizes):
+        for tuned in sorted((t for t in checked.tuned_for("tpu") if t.chip == chip.name), key=lambda t: t.sizes):
             tuned_sizes, tuned_blocks = dict(tuned.sizes), dict(tuned.blocks)
             entries.append(
                 (

@@ -130,9 +130,9 @@ class TpuPlan:
 
 
 def tunable_dims(checked: CheckedKernel) -> list[str]:
-    """The blocked dimensions whose blocks are keywords: all but a product's batch
-    dimensions, which take one element per step and vanish from the kernel's tiles."""
-    return [d for d in checked.dims if d in checked.blocks and d not in _squeezed(checked)]
+    """The blocked dimensions whose blocks are keywords, of any kernel (fused or not): all
+    but its batch dimensions, which take one element per step and vanish from its tiles."""
+    return [d for d in checked.dims if d in checked.blocks and d not in checked.batch]
 
 
 def grows_blocks(checked: CheckedKernel) -> bool:
@@ -183,7 +183,7 @@ def _block_table(
     for chip in CHIPS:
         default = chip_blocks(checked, tunable, chip)
         entries = [('"default"', tuple_code([str(default[d]) for d in tunable]))]
-        for tuned in sorted((t for t in checked.tuned if t.chip == chip.name), key=lambda t: t.sizes):
+        for tuned in sorted((t for t in checked.tuned_for("tpu") if t.chip == chip.name), key=lambda t: t.sizes):
             tuned_sizes, tuned_blocks = dict(tuned.sizes), dict(tuned.blocks)
             entries.append(
                 (tuple_code([str(tuned_sizes[d]) for d in dims]), tuple_code([str(tuned_blocks[d]) for d in tunable]))
@@ -208,8 +208,7 @@ def _block_table(
 
 
 def _squeezed(checked: CheckedKernel) -> set[str]:
-    out_dims = checked.kernel.outputs[0].dims
-    return {d for d in out_dims[:-2] if checked.blocks.get(d) == 1} if checked.product else set()
+    return set(checked.batch)
 
 
 def kernel_function_name(kernel: str) -> str:

@@ -6,18 +6,20 @@ from dataclasses import dataclass
 from math import prod
 
 from pallasgen.frontend import ir
+from pallasgen.frontend.text import format_bytes
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.dtypes import DTYPES, DType, tpu_dtype
+from pallasgen.analysis.hardware import TPU_LANES, TPU_SUBLANES
 from pallasgen.lowering.parts import layout_of
 from pallasgen.lowering.reductions import merges
 from pallasgen.analysis.product import Product
 
-from pallasgen.runtime.constants import SCOPED_VMEM_BYTES, VMEM_LIMIT_BYTES  # noqa: F401
+from pallasgen.runtime.constants import SCOPED_VMEM_BYTES, VMEM_LIMIT_BYTES, tiles_on_tpu  # noqa: F401
 
 # VMEM of a TPU v5e or v6e core (the runtime's constants hold the scoped default and the
 # most a launcher asks for).
 VMEM_CAPACITY_BYTES = 128 * 1024 * 1024
-SUBLANES, LANES = 8, 128
+SUBLANES, LANES = TPU_SUBLANES, TPU_LANES
 
 Layout = tuple[tuple[str | None, ...], DType]
 
@@ -55,9 +57,7 @@ class TilingRule:
         return f"{self.why}, so it is a multiple of {self.multiple}"
 
     def allows(self, size: int) -> bool:
-        if size % self.multiple == 0:
-            return True
-        return bool(self.smallest_power_of_two) and size >= self.smallest_power_of_two and size & (size - 1) == 0
+        return tiles_on_tpu(size, self.multiple, self.smallest_power_of_two)
 
 
 def tiling_bits(dtype: DType) -> int:
@@ -85,6 +85,17 @@ def tiling_rule(dim: str, layouts: list[Layout]) -> TilingRule | None:
             why = f"{dim} is the second-to-last dimension of a block of {dtype.name} values"
             rules.append(TilingRule(dim, SUBLANES * (32 // bits), why))
     return max(rules, key=lambda rule: (rule.multiple, rule.smallest_power_of_two or 0), default=None)
+
+
+def block_choices(rule: TilingRule | None, size: int) -> tuple[int, ...]:
+    """The blocks worth trying of a dimension of `size` that `rule` tiles (None: any
+    block): the rule's multiple times each power of two below the size, then the whole
+    dimension."""
+    choices, block = [], max(rule.multiple, rule.smallest_power_of_two or 0) if rule else 1
+    while block < size:
+        choices.append(block)
+        block *= 2
+    return (*choices, size)
 
 
 def tiling_problem(dim: str, size: int, layouts: list[Layout]) -> str | None:
@@ -243,14 +254,6 @@ def vmem_problem(kernel: ir.Kernel, blocks: dict[str, int], product: Product | N
         f" {format_bytes(VMEM_LIMIT_BYTES)} a kernel may ask of a TPU v5e's or v6e's"
         f" {format_bytes(VMEM_CAPACITY_BYTES)}; use smaller blocks"
     )
-
-
-def format_bytes(count: int) -> str:
-    if count >= 1024 * 1024:
-        return f"{count / (1024 * 1024):.1f} MiB"
-    if count >= 1024:
-        return f"{count / 1024:.1f} KiB"
-    return f"{count} B"
 
 
 def _round_up(value: int, multiple: int) -> int:
