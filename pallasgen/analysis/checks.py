@@ -70,6 +70,8 @@ def check_spec(spec: ir.Spec, backends=()) -> tuple[CheckedKernel, ...]:
     checked = []
     for kernel in spec.kernels:
         result, problems = check_kernel(kernel, backends)
+        if not problems:  # the backends' keywords are known only for a kernel that checks
+            problems = backend_keyword_problems(result, backends)
         found.extend(problems)
         checked.append(result)
     if found:
@@ -189,6 +191,16 @@ def check_declarations(kernel: ir.Kernel) -> list[Diagnostic]:
         if item.name == "inf":
             found.append(Diagnostic(item.position, "'inf' is the infinity literal; it cannot name a value"))
     return found
+
+
+def backend_keyword_problems(checked: CheckedKernel, backends) -> list[Diagnostic]:
+    """Params that would take a keyword a backend adds to the public function
+    (`gpu_backend`, `mgpu_stages`, ...) or a name its generated code uses."""
+    taken = set()
+    for backend in backends:
+        taken.update(k.name for k in backend.keywords(checked).keywords)
+        taken.update(backend.reserved_names(checked))
+    return reserved_param_problems(checked.kernel, taken)
 
 
 def reserved_param_problems(kernel: ir.Kernel, reserved) -> list[Diagnostic]:

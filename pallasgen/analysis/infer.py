@@ -409,7 +409,8 @@ def literal_problem(value: int | float, text: str, dtype: DType) -> str | None:
         low, high = (0, 1) if dtype == BOOL else dtype.int_range()
         if isinstance(value, int) and not low <= value <= high:
             return f"{text} does not fit in {dtype.name} ({low} to {high})"
-    elif abs(value) > FLOAT_MAX[dtype.name] and abs(value) != float("inf"):  # inf is every float's
+    elif abs(value) > FLOAT_MAX[dtype.name] and (abs(value) != float("inf") or text.lstrip("-") != "inf"):
+        # inf, spelled so, is every float's; 1e400 reads as inf too, and is too large
         return f"{text} is too large for {dtype.name} (largest {FLOAT_MAX[dtype.name]:g})"
     return None
 

@@ -1,0 +1,44 @@
+"""An accepted spec always works (issue 30): what a fuzzer found, each case as it was
+found. A spec mistake is a diagnostic; a spec that builds gives a module that imports
+and whose kernels agree with their references."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from kernel_cases import load_module
+from pallasgen.frontend.errors import SpecError
+from pallasgen.workspace.pipeline import generate
+
+
+def build(source: str) -> str:
+    return generate(source, "spec.pallas", "specs/spec.pallas")
+
+
+def spec_error(source: str) -> SpecError:
+    with pytest.raises(SpecError) as caught:
+        build(source)
+    return caught.value
+
+
+def module_of(source: str, tmp_path, name: str = "robust"):
+    path = tmp_path / f"{name}.py"
+    path.write_text(build(source))
+    return load_module(path, f"_robust_{name}")
+
+
+def elementwise(body: str, dtype: str = "f32", extra: str = "") -> str:
+    return f"kernel k {{\n    in  x: {dtype}[N]\n    out z: {dtype}[N]\n{extra}    {body}\n    block N = 128\n}}\n"
+
+
+# ------------------------------------------------------------------ accepted, then broken
+
+
+def test_a_float_param_given_as_a_whole_number_defaults_to_a_float(tmp_path):
+    module = module_of(elementwise("z = x * p", extra="    param p: f32 = 9999999999\n"), tmp_path)
+    x = np.arange(4, dtype=np.float32)
+    np.testing.assert_allclose(np.asarray(module.k(x)), x * np.float32(9999999999), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(module.k_reference(x)), x * np.float32(9999999999), rtol=1e-6)
