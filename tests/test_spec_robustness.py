@@ -42,3 +42,20 @@ def test_a_float_param_given_as_a_whole_number_defaults_to_a_float(tmp_path):
     x = np.arange(4, dtype=np.float32)
     np.testing.assert_allclose(np.asarray(module.k(x)), x * np.float32(9999999999), rtol=1e-6)
     np.testing.assert_allclose(np.asarray(module.k_reference(x)), x * np.float32(9999999999), rtol=1e-6)
+
+
+BITS = 2**32
+POWERS = {
+    "z = x + abs(2) ** abs(1000000000)": lambda v: v + pow(2, 1000000000, BITS),
+    "z = x ** abs(1000000000)": lambda v: pow(v, 1000000000, BITS),
+    "z = x ** 1000000001 + 3 ** abs(100)": lambda v: pow(v, 1000000001, BITS) + pow(3, 100, BITS),
+}
+
+
+@pytest.mark.parametrize("body", POWERS)
+def test_an_integer_power_wraps_in_the_kernel_as_in_its_reference(tmp_path, body):
+    module = module_of(elementwise(body, "i32"), tmp_path)
+    x = np.arange(-3, 5, dtype=np.int32)
+    want = np.asarray(module.k_reference(x))
+    np.testing.assert_array_equal(np.asarray(module.k(x)), want)
+    np.testing.assert_array_equal(want.astype(np.int64) % BITS, [POWERS[body](int(v)) % BITS for v in x])

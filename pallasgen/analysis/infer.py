@@ -284,7 +284,12 @@ class _Inference:
             return None
         dims = merge_dims(self.dims, *args)
         if function.typing == "cast":
-            return ValueType(DTYPES[node.func], dims)
+            target = DTYPES[node.func]
+            value = constant_value(node.args[0])
+            if target.is_integer and type(value) is int and (problem := literal_problem(value, str(value), target)):
+                self.found.append(Diagnostic(node.position, problem))  # jnp.int8(300) raises
+                return None
+            return ValueType(target, dims)
         if function.typing == "where":
             condition, a, b = args
             if condition.dtype != BOOL:
@@ -385,6 +390,8 @@ class _Inference:
             self._literal_fits(node, node.value, node.text, other)
         elif isinstance(node, ir.Unary) and node.op == "-" and isinstance(node.operand, ir.Number):
             self._literal_fits(node, -node.operand.value, "-" + node.operand.text, other)
+        elif isinstance(node, (ir.Unary, ir.Binary)) and isinstance(value := constant_value(node), int):
+            self._literal_fits(node, value, "this constant", other)  # `x + 2 ** 31`, `x + ~(2 ** 31)`
 
     def _literal_fits(self, node: ir.Expr, value, text: str, context: ValueType) -> None:
         if context.weak:
@@ -452,6 +459,9 @@ def constant_value(node: ir.Expr) -> int | float | None:
     if isinstance(node, ir.Unary) and node.op == "-":
         value = constant_value(node.operand)
         return None if value is None else -value
+    if isinstance(node, ir.Unary) and node.op == "~":
+        value = constant_value(node.operand)
+        return ~value if type(value) is int else None
     if isinstance(node, ir.Binary) and node.op in _PYTHON_OPS:
         left, right = constant_value(node.left), constant_value(node.right)
         if left is None or right is None:
