@@ -114,15 +114,15 @@ def check_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, list[Di
     unplaced = declared_dims(kernel) - set(space.names)
     blocks, problems = block_items(kernel.blocks, space.names, "block", block_size_problem, unplaced)
     found.extend(problems)
+    types, type_problems = infer_body(kernel, space.names, product)
     if not space_problems:  # else which dimensions an output keeps is in doubt
-        blocks, problems = reduction_blocks(kernel, space, blocks)
+        blocks, problems = reduction_blocks(kernel, space, blocks, types)
         found.extend(problems)
     settings = {}
     for backend in backends:
         settings[backend.name], problems = backend.check(kernel, space, product, blocks, found)
         found.extend(problems)
-    types, problems = infer_body(kernel, space.names, product)
-    found.extend(problems)
+    found.extend(type_problems)
     sweep = None if found else plain_sweep(kernel, space, product, blocks)
     return CheckedKernel(kernel, space, sizes, types, blocks, product, settings, sweep=sweep), found
 
@@ -338,17 +338,22 @@ def _product_misfit(product: Product, dims: tuple[str, ...]) -> Diagnostic:
 
 
 def reduction_blocks(
-    kernel: ir.Kernel, space: IterationSpace, blocks: dict[str, int]
+    kernel: ir.Kernel, space: IterationSpace, blocks: dict[str, int], types=None
 ) -> tuple[dict[str, int], list[Diagnostic]]:
     """The blocks without those of reduced dimensions that must be left unblocked, and
     why: a reduced dimension is blocked only where no output keeps it, one such
-    dimension per kernel, and no reduction over it needs another reduction over it first."""
+    dimension per kernel, and no reduction over it needs another reduction over it first.
+    A reduction that `types` (the body's types, where given) lacks is wrong, and
+    reported: it says nothing of its dimension."""
     found = []
     refused = set()
     items = {item.dim: item for item in kernel.blocks}
     stepped = []
     for dim in space.dims:
         if dim.name not in blocks or not dim.reductions or dim.reductions[0].kind == "dot":
+            continue
+        if types is not None and any(r.node not in types for r in dim.reductions):
+            refused.add(dim.name)
             continue
         call = dim.reductions[0].node
         where = f"{call.func}(..., {dim.name}) at line {call.position.line}"
