@@ -134,6 +134,7 @@ def check_fused_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, l
     for check in (check_declarations, check_dtypes, check_params):
         found.extend(check(kernel))
     found.extend(check_accumulate(kernel, None))
+    found.extend(repeated_dims(kernel))
     dims = _fused_dims(kernel)
     space = IterationSpace(tuple(Dimension(d, kept=any(d in out.dims for out in kernel.outputs)) for d in dims))
     sizes: dict[str, tuple[str, int]] = {}
@@ -257,13 +258,7 @@ def derive_space(
     kernel: ir.Kernel, product: Product | None
 ) -> tuple[IterationSpace, dict[str, tuple[str, int]], list[Diagnostic]]:
     """The iteration space, where each size comes from, and the dimension rules."""
-    found = []
-    for decl in kernel.inputs + kernel.outputs:
-        seen = set()
-        for dim, position in zip(decl.dims, decl.dim_positions):
-            if dim in seen:
-                found.append(Diagnostic(position, f"dimension {dim} appears twice in '{decl.name}'"))
-            seen.add(dim)
+    found = repeated_dims(kernel)
     if not kernel.outputs:
         return IterationSpace(()), {}, found
     first = kernel.outputs[0]
@@ -294,6 +289,17 @@ def derive_space(
                 Diagnostic(first.position, f"dimensions {other} and {dim} would share the keyword {block_keyword(dim)}")
             )
     return _space(kernel, dims, product), sizes, found
+
+
+def repeated_dims(kernel: ir.Kernel) -> list[Diagnostic]:
+    found = []
+    for decl in kernel.inputs + kernel.outputs:
+        seen = set()
+        for dim, position in zip(decl.dims, decl.dim_positions):
+            if dim in seen:
+                found.append(Diagnostic(position, f"dimension {dim} appears twice in '{decl.name}'"))
+            seen.add(dim)
+    return found
 
 
 def _product_dims(kernel: ir.Kernel, product: Product, unsized: set[str]) -> tuple[tuple[str, ...], list[Diagnostic]]:

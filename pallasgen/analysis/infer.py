@@ -249,6 +249,17 @@ class _Inference:
                 )
             )
             return None
+        kept = [*dict.fromkeys([*matrices[0][:-2], *matrices[1][:-2]]), m, n]  # batch dimensions are shared
+        if len(set(kept)) < len(kept) or k in kept:
+            twice = next(d for d in [k, *kept] if d == k and k in kept or kept.count(d) > 1)
+            self.found.append(
+                Diagnostic(
+                    node.op_position,
+                    f"this product's result would have dimension {twice} twice ({', '.join([*kept, k])} with {k}"
+                    " contracted); an array names each dimension once",
+                )
+            )
+            return None
         left, right = types
         if left.dtype.is_float != right.dtype.is_float:
             self.found.append(
