@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from kernel_cases import load_module
+from kernel_cases import load_module, take_gpu_branch
 from pallasgen.frontend.errors import SpecError
 from pallasgen.workspace.pipeline import generate
 
@@ -59,3 +59,15 @@ def test_an_integer_power_wraps_in_the_kernel_as_in_its_reference(tmp_path, body
     want = np.asarray(module.k_reference(x))
     np.testing.assert_array_equal(np.asarray(module.k(x)), want)
     np.testing.assert_array_equal(want.astype(np.int64) % BITS, [POWERS[body](int(v)) % BITS for v in x])
+
+
+def test_a_kernel_of_eleven_dimensions_builds_and_runs(tmp_path, monkeypatch):
+    dims = ", ".join(f"D{n}" for n in range(11))
+    blocks = ", ".join(f"D{n} = 1" for n in range(9))
+    source = f"kernel k {{\n    in  x: f32[{dims}]\n    out z: f32[{dims}]\n    z = x + 1\n    block {blocks}\n}}\n"
+    module = module_of(source, tmp_path)
+    x = np.arange(2**10, dtype=np.float32).reshape((2,) * 9 + (1, 2))
+    np.testing.assert_array_equal(np.asarray(module.k(x)), x + 1)
+    np.testing.assert_array_equal(np.asarray(module.k_reference(x)), x + 1)
+    take_gpu_branch(monkeypatch, module)  # the GPU grid names every index too
+    np.testing.assert_array_equal(np.asarray(module.k(x, interpret=True)), x + 1)
