@@ -30,8 +30,8 @@ def module_of(source: str, tmp_path, name: str = "robust"):
     return load_module(path, f"_robust_{name}")
 
 
-def elementwise(body: str, dtype: str = "f32", extra: str = "") -> str:
-    return f"kernel k {{\n    in  x: {dtype}[N]\n    out z: {dtype}[N]\n{extra}    {body}\n    block N = 128\n}}\n"
+def elementwise(body: str, dtype: str = "f32", extra: str = "", block: int = 128) -> str:
+    return f"kernel k {{\n    in  x: {dtype}[N]\n    out z: {dtype}[N]\n{extra}    {body}\n    block N = {block}\n}}\n"
 
 
 # ------------------------------------------------------------------ accepted, then broken
@@ -71,3 +71,19 @@ def test_a_kernel_of_eleven_dimensions_builds_and_runs(tmp_path, monkeypatch):
     np.testing.assert_array_equal(np.asarray(module.k_reference(x)), x + 1)
     take_gpu_branch(monkeypatch, module)  # the GPU grid names every index too
     np.testing.assert_array_equal(np.asarray(module.k(x, interpret=True)), x + 1)
+
+
+# ------------------------------------------------------------------ wrong answers
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_round_of_a_narrow_float_on_the_gpu_path_rounds_as_jnp_round(tmp_path, monkeypatch, dtype):
+    import jax.numpy as jnp
+
+    module = module_of(elementwise("z = round(x)", dtype, block=1024), tmp_path, f"round_{dtype}")
+    values = [135.0, 134.0, 133.0, 2.5, 3.5, -2.5, -135.0, 0.5, 1.5, 255.0, 256.0, 1000.0, 2047.0, -2045.0]
+    x = jnp.asarray(values, dtype={"bf16": jnp.bfloat16, "f16": jnp.float16}[dtype])
+    want = np.asarray(jnp.round(x), np.float32)
+    np.testing.assert_array_equal(np.asarray(module.k(x), np.float32), want)  # the TPU path
+    take_gpu_branch(monkeypatch, module)
+    np.testing.assert_array_equal(np.asarray(module.k(x, interpret=True), np.float32), want)

@@ -143,8 +143,13 @@ class Emitter:
         if function.typing == "size":
             return self.spelling.size(node.args[0].id)
         if node.func == "round" and self.spelling is not None:
-            if not self.types[node.args[0]].dtype.is_float:
+            dtype = self.types[node.args[0]].dtype
+            if not dtype.is_float:
                 return self.emit(node.args[0])  # integers are already whole
+            if dtype.bits < 32 and getattr(self.spelling, "round_helper", False):
+                # The helper's floor(x + 0.5) in bf16 would round x + 0.5 itself (135.5 to 136).
+                wide = f"{self._wrap(node.args[0], _ATOM)}.astype(jnp.float32)"
+                return f"{self.spelling.rounded(wide)}.astype({jnp_dtype(dtype.name)})"
             return self.spelling.rounded(self.emit(node.args[0]))
         if function.typing == "cast":
             return self._cast_code(node.args[0], node.func)[0]
