@@ -87,3 +87,48 @@ def test_round_of_a_narrow_float_on_the_gpu_path_rounds_as_jnp_round(tmp_path, m
     np.testing.assert_array_equal(np.asarray(module.k(x), np.float32), want)  # the TPU path
     take_gpu_branch(monkeypatch, module)
     np.testing.assert_array_equal(np.asarray(module.k(x, interpret=True), np.float32), want)
+
+
+# ------------------------------------------------------------------ diagnostics, not tracebacks
+
+
+def chained(count: int, outputs: bool = False) -> str:
+    """`count` statements, each computing on the one before it."""
+    if outputs:
+        declared = "".join(f"    out a{n}: f32[N]\n" for n in range(count))
+        body = "    a0 = x\n" + "".join(f"    a{n} = a{n - 1} * x\n" for n in range(1, count))
+        return f"kernel k {{\n    in  x: f32[N]\n{declared}{body}}}\n"
+    body = "    let a0 = x\n" + "".join(f"    let a{n} = a{n - 1} * x\n" for n in range(1, count))
+    return f"kernel k {{\n    in  x: f32[N]\n    out z: f32[N]\n{body}    z = a{count - 1}\n}}\n"
+
+
+@pytest.mark.parametrize("outputs", [False, True], ids=["lets", "outputs"])
+def test_statements_chained_past_the_limit_are_a_diagnostic_at_the_first_too_deep(outputs):
+    from pallasgen.frontend.transform import MAX_EXPRESSION_DEPTH
+
+    error = spec_error(chained(400, outputs))
+    (diagnostic,) = error.diagnostics
+    assert f"more than {MAX_EXPRESSION_DEPTH} levels" in diagnostic.message
+    assert "lets and outputs it reads" in diagnostic.message
+    first_too_deep = MAX_EXPRESSION_DEPTH  # a0 is 1 level, a1 two, ...
+    line = (3 + 400 if outputs else 4) + first_too_deep
+    assert diagnostic.position.line == line, error.render()
+
+
+def test_statements_chained_up_to_the_limit_build():
+    from pallasgen.frontend.transform import MAX_EXPRESSION_DEPTH
+
+    build(chained(MAX_EXPRESSION_DEPTH - 1))
+
+
+def test_a_spec_deeper_than_python_allows_is_a_diagnostic_not_a_recursion_error():
+    import sys
+
+    source = chained(60)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(120)  # as if the spec were deeper than the passes can go
+    try:
+        error = spec_error(source)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert "too deep" in error.diagnostics[0].message
