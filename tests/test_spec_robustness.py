@@ -132,3 +132,12 @@ def test_a_spec_deeper_than_python_allows_is_a_diagnostic_not_a_recursion_error(
     finally:
         sys.setrecursionlimit(limit)
     assert "too deep" in error.diagnostics[0].message
+
+
+@pytest.mark.parametrize("where", ["z = x + {}", "param p: i32 = {}\n    z = x"])
+def test_a_number_of_thousands_of_digits_is_a_diagnostic(where):
+    number = "1" * 5000
+    error = spec_error(elementwise(where.format(number), "i32"))
+    (diagnostic,) = error.diagnostics
+    assert "5000 digits" in diagnostic.message
+    assert len(error.render()) < 2000  # the number is not printed whole

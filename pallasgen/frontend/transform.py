@@ -22,6 +22,7 @@ def to_ir(tree: Tree, source: str) -> ir.Spec:
     """Builds the IR; comment lines right above a kernel become its docstring."""
     _check_depth(tree)
     _check_names(tree)
+    _check_numbers(tree)
     _check_grad(tree)
     kernels = _ToIR().transform(tree).children
     for kernel in kernels:
@@ -75,6 +76,19 @@ def _check_names(tree: Tree) -> None:
     for token in tree.scan_values(lambda v: isinstance(v, Token) and v.type == "NAME"):
         if not token.isidentifier():
             raise TransformDiagnostic(Diagnostic(_token_position(token), f"'{token}' is not a valid name"))
+
+
+MAX_INTEGER_DIGITS = 100  # far past every dtype (u64 has 20), and short of Python's int() limit
+
+
+def _check_numbers(tree: Tree) -> None:
+    """Refuses a whole number of more digits than any dtype holds (Python would not even read
+    one of more than 4300 digits)."""
+    for token in tree.scan_values(lambda v: isinstance(v, Token) and v.type == "NUMBER"):
+        if not any(c in token for c in ".eE") and len(token) > MAX_INTEGER_DIGITS:
+            raise TransformDiagnostic(
+                Diagnostic(_token_position(token), f"a whole number of {len(token)} digits is too large for any dtype")
+            )
 
 
 def _check_grad(tree: Tree) -> None:
