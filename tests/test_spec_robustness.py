@@ -141,3 +141,28 @@ def test_a_number_of_thousands_of_digits_is_a_diagnostic(where):
     (diagnostic,) = error.diagnostics
     assert "5000 digits" in diagnostic.message
     assert len(error.render()) < 2000  # the number is not printed whole
+
+
+def test_thousands_of_unknown_names_are_reported_quickly(monkeypatch):
+    from pallasgen.analysis import infer
+    from pallasgen.frontend import errors
+
+    calls = []
+    original = errors.did_you_mean
+    monkeypatch.setattr(infer, "did_you_mean", lambda *a: calls.append(a) or original(*a))
+    count = 3000
+    body = "".join(f"    let v{n} = x + u{n}\n" for n in range(count))
+    start = time.process_time()
+    error = spec_error(f"kernel k {{\n    in  x: f32[N]\n    out z: f32[N]\n{body}    z = x\n}}\n")
+    assert len(error.diagnostics) == count
+    assert len(calls) <= errors.MAX_REPORTED  # a hint only for the errors shown
+    assert time.process_time() - start < 30
+
+
+def test_a_huge_name_is_shown_clipped_and_quickly():
+    name = "a" * 1_000_000
+    start = time.process_time()
+    rendered = spec_error(elementwise(f"z = x + {name}b")).render()
+    assert len(rendered) < 1000, rendered[:2000]
+    assert "^" in rendered.splitlines()[2]
+    assert time.process_time() - start < 10

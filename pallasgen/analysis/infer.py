@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pallasgen.frontend import ir
 from pallasgen.analysis.dtypes import BOOL, DTYPES, F32, FLOAT_MAX, I32, DType
-from pallasgen.frontend.errors import Diagnostic, did_you_mean
+from pallasgen.frontend.errors import MAX_REPORTED, Diagnostic, did_you_mean
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.product import OPERAND_DTYPES, Product, product_dims, product_fits
 from pallasgen.analysis.space import declared_dims
@@ -48,6 +48,8 @@ class _Inference:
         self.assigned = {s.target for s in kernel.body if isinstance(s, ir.Assign)}  # by any statement
         self.stored: set[str] = set()  # outputs assigned by the statements typed so far
         self.unknown: set[str] = set()  # names and dimensions reported unknown: once each
+        self.statement_names = {getattr(s, "name", getattr(s, "target", None)) for s in kernel.body}
+        self.hints_left = MAX_REPORTED  # "did you mean" for as many errors as a spec error shows
         # A name declared twice is an error at its second declaration: the first holds.
         for decl in kernel.inputs:
             self.scope.setdefault(decl.name, self._declared(decl))
@@ -129,16 +131,22 @@ class _Inference:
             return value
         if node.id in self.unknown or (node.id in self.outputs and node.id not in self.assigned):
             return None  # reported already, or its declaration is: "output ... is never assigned"
-        later = [s for s in self.kernel.body if getattr(s, "name", getattr(s, "target", None)) == node.id]
-        if later:
+        if node.id in self.statement_names:  # not in scope yet: assigned later
             self.found.append(Diagnostic(node.position, f"'{node.id}' is used before it is assigned"))
         elif node.id in FUNCTIONS:
             self.found.append(Diagnostic(node.position, f"'{node.id}' is a function; call it: {node.id}(...)"))
         else:
             self.unknown.add(node.id)
-            known = [*self.scope, *(o for o in self.outputs)]
-            self.found.append(Diagnostic(node.position, f"unknown name '{node.id}'{did_you_mean(node.id, known)}"))
+            self.found.append(Diagnostic(node.position, f"unknown name '{node.id}'{self._hint(node.id)}"))
         return None
+
+    def _hint(self, name: str) -> str:
+        """A "did you mean" for an unknown name, for the first few only: it compares the
+        name with every name in scope, and thousands of unknown names would take minutes."""
+        if self.hints_left <= 0:
+            return ""
+        self.hints_left -= 1
+        return did_you_mean(name, [*self.scope, *self.outputs])
 
     def _number(self, node: ir.Number) -> ValueType | None:
         if isinstance(node.value, float):

@@ -12,6 +12,7 @@ from pallasgen.frontend.text import counted
 MAX_REPORTED = 20
 MAX_SHOWN = 160  # characters of a source line a diagnostic shows, at most
 SHOWN_BEFORE = 60  # of which, before the caret
+MAX_CANDIDATES = 200  # names a "did you mean" compares, at most
 MAX_WORD = 80  # characters of a word of a message (a name, say), at most
 
 
@@ -92,6 +93,14 @@ def _shown(char: str) -> str:
 
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str:
-    """A ` (did you mean 'x'?)` suffix naming the closest candidate, or ''."""
-    close = difflib.get_close_matches(name, sorted(set(candidates)), n=1, cutoff=0.6)
+    """A ` (did you mean 'x'?)` suffix naming the closest candidate, or ''. Among many
+    candidates, only those of about the name's length that share its first or last
+    letter are compared, and none for a very long name, so that it stays quick."""
+    if len(name) > MAX_WORD:
+        return ""
+    names = sorted(set(candidates))
+    if len(names) > MAX_CANDIDATES:
+        names = [c for c in names if abs(len(c) - len(name)) <= 2 and (c[:1] == name[:1] or c[-1:] == name[-1:])]
+        names = names[:MAX_CANDIDATES]
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
