@@ -280,15 +280,20 @@ class _Inference:
     def _call(self, node: ir.Call) -> ValueType | None:
         function = FUNCTIONS.get(node.func)
         if function is None:
-            self.found.append(
-                Diagnostic(node.func_position, f"unknown function '{node.func}'{did_you_mean(node.func, FUNCTIONS)}")
-            )
+            hint = did_you_mean(node.func, FUNCTIONS) or f"; the functions are {', '.join(sorted(FUNCTIONS))}"
+            self.found.append(Diagnostic(node.func_position, f"unknown function '{node.func}'{hint}"))
             return None
         arity = function.arity
         if len(node.args) != arity:
+            example = ""
+            if function.typing in ("reduce", "softmax") and len(node.args) == 1 and self.dims:
+                reduced = [d for d in self.dims if d not in self.output_dims] or self.dims[-1:]
+                argument = node.args[0].id if isinstance(node.args[0], ir.Name) else "x"
+                example = f": the value and the dimension it reduces, as in {node.func}({argument}, {reduced[0]})"
             self.found.append(
                 Diagnostic(
-                    node.position, f"{node.func}() takes {arity} argument{'s' * (arity > 1)}, got {len(node.args)}"
+                    node.position,
+                    f"{node.func}() takes {arity} argument{'s' * (arity > 1)}, got {len(node.args)}{example}",
                 )
             )
             return None
