@@ -129,7 +129,6 @@ def _keyword_argument(text: str, token: Token) -> str | None:
     return f"{call[1]}({call[2]}{value[1]})"
 
 
-
 def _misspelled_keyword(error: UnexpectedInput, text: str) -> Diagnostic | None:
     """A statement that opens with a misspelled keyword: `inn x: f32[N]` reads as an
     assignment to `inn` without its `=`, so the error comes at the second word."""
