@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import types
 from pathlib import Path
 
 import numpy as np
@@ -107,8 +108,10 @@ def build(source: str) -> str | None:
 
 
 def assert_compiles(module_text: str | None) -> None:
+    """A module, where the spec built, imports: compiling alone misses a default that
+    fails as the module runs (`p=inf`)."""
     if module_text is not None:
-        compile(module_text, "generated.py", "exec")
+        exec(compile(module_text, "generated.py", "exec"), types.ModuleType("fuzzed").__dict__)
 
 
 @FUZZ
@@ -117,13 +120,103 @@ def test_token_soup_gives_a_module_or_a_spec_error(tokens):
     assert_compiles(build(" ".join(tokens)))
 
 
-@FUZZ
+# Each mutation case builds a whole bundled spec (gradients and all), the costly kind:
+# half the budget each for text and for byte mutations.
+MUTATE = settings(FUZZ, max_examples=max(1, EXAMPLES // 2))
+
+
+@MUTATE
 @given(st.sampled_from(SPECS), st.randoms(use_true_random=False), st.integers(1, 4))
 def test_mutated_bundled_specs_give_a_module_or_a_spec_error(spec, rng, mutations):
     text = spec.read_text()
     for _ in range(mutations):
         text = mutate(text, rng)
     assert_compiles(build(text))
+
+
+@MUTATE
+@given(st.sampled_from(SPECS), st.randoms(use_true_random=False), st.integers(1, 3))
+def test_byte_mutated_bundled_specs_give_a_module_or_a_spec_error(spec, rng, mutations):
+    data = bytearray(spec.read_bytes())
+    for _ in range(mutations):
+        at = rng.randrange(len(data) + 1)
+        choice = rng.randrange(3)
+        if choice == 0 and at < len(data):
+            data[at] = rng.randrange(256)
+        elif choice == 1:
+            data[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 4)))
+        else:
+            del data[at : at + rng.randint(1, 8)]
+    try:
+        text = decode(bytes(data), "fuzz.pallas")
+    except SpecError as error:
+        assert "not UTF-8" in error.render()
+        return
+    assert_compiles(build(text))
+
+
+# ---------------------------------------------------------------- structural cases: what a fuzzer found
+
+KERNEL_NAMES = ["k", "k_reference", "k_backward", "k_backward_reference", "k_with_residuals", "jnp", "k2"]
+PARAM_NAMES = ["p", "gpu_backend", "mgpu_stages", "mgpu_block_m", "block_d0", "interpret", "x", "inf", "gpu_warps"]
+PARAM_DTYPES = ["f32", "bf16", "i32", "i8", "u8", "bool"]
+NUMBERS = ["2", "0.5", "-1", "300", "9999999999", "1e400", "1e-50", "2147483648", "1" * 120]
+EXPRESSIONS = [
+    "x + {n}",
+    "x * p",
+    "x + i8({n})",
+    "x + ~({n})",
+    "x + ~(2 ** 31)",
+    "x + 2 ** 31",
+    "x + abs(2) ** abs(1000000000)",
+    "x ** abs(7)",
+    "round(x)",
+    "sum(x)",
+    "sum(x, {d})",
+    "max(x, 0)",
+    "mean(x, axis={d})",
+    "x[...]",
+    "frobnicate(x)",
+    "(x @ x) @ (x @ x).T",
+    "x @ x.T",
+    "exp(x) / sum(exp(x), {d})",
+    "where(x > {n}, x, {n})",
+    "x + " + "9" * 5000,
+]
+
+
+@st.composite
+def structural_specs(draw):
+    """A kernel (or two) built from parts: any number of dimensions, params named like
+    keywords, literals in and out of range, chains of lets, and the fuzzer's findings."""
+    count = draw(st.sampled_from([1, 2, 3, 11, 12]))
+    dims = [f"D{n}" for n in range(count)]
+    dtype = draw(st.sampled_from(["f32", "bf16", "i32", "i8"]))
+    out_dims = dims if draw(st.booleans()) else dims[:-1]
+    lines = [f"    in  x: {dtype}[{', '.join(dims)}]", f"    out z: {dtype}[{', '.join(out_dims)}]"]
+    params = draw(st.lists(st.tuples(st.sampled_from(PARAM_NAMES), st.sampled_from(PARAM_DTYPES)), max_size=2))
+    for name, param_dtype in params:
+        lines.append(f"    param {name}: {param_dtype} = {draw(st.sampled_from(NUMBERS))}")
+    value = draw(st.sampled_from(EXPRESSIONS)).format(n=draw(st.sampled_from(NUMBERS)), d=draw(st.sampled_from(dims)))
+    chain = draw(st.sampled_from([0, 0, 1, 3, 250]))
+    if chain:
+        lines.append(f"    let a0 = {value}")
+        lines += [f"    let a{n} = a{n - 1} * 2" for n in range(1, chain)]
+        value = f"a{chain - 1}"
+    lines.append(f"    z = {value}")
+    if draw(st.booleans()):
+        lines.append(f"    block {', '.join(f'{d} = {draw(st.sampled_from([1, 8, 128, 1024]))}' for d in dims)}")
+    kernel = "kernel k {\n" + "\n".join(lines) + "\n}\n"
+    second = draw(st.sampled_from([None, *KERNEL_NAMES[1:]]))
+    if second:
+        kernel += f"\nkernel {second} {{\n    in  x: f32[N]\n    out z: f32[N]\n    z = x * 2\n}}\n"
+    return kernel
+
+
+@FUZZ
+@given(structural_specs())
+def test_structural_specs_give_a_module_or_a_spec_error(source):
+    assert_compiles(build(source))
 
 
 def mutate(text: str, rng: random.Random) -> str:

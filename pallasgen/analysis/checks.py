@@ -82,6 +82,8 @@ def check_spec(spec: ir.Spec, backends=()) -> tuple[CheckedKernel, ...]:
     checked = []
     for kernel in spec.kernels:
         result, problems = check_kernel(kernel, backends)
+        if not problems:  # the backends' keywords are known only for a kernel that checks
+            problems = backend_keyword_problems(result, backends)
         found.extend(problems)
         checked.append(result)
     if found:
@@ -124,15 +126,15 @@ def check_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, list[Di
     unplaced = declared_dims(kernel) - set(space.names)
     blocks, problems = block_items(kernel.blocks, space.names, "block", block_size_problem, unplaced)
     found.extend(problems)
+    types, type_problems = infer_body(kernel, space.names, product)
     if not space_problems:  # else which dimensions an output keeps is in doubt
-        blocks, problems = reduction_blocks(kernel, space, blocks)
+        blocks, problems = reduction_blocks(kernel, space, blocks, types)
         found.extend(problems)
     settings = {}
     for backend in backends:
         settings[backend.name], problems = backend.check(kernel, space, product, blocks, found)
         found.extend(problems)
-    types, problems = infer_body(kernel, space.names, product)
-    found.extend(problems)
+    found.extend(type_problems)
     sweep = None if found else plain_sweep(kernel, space, product, blocks)
     return CheckedKernel(kernel, space, sizes, types, blocks, product, settings, sweep=sweep), found
 
@@ -144,6 +146,7 @@ def check_fused_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, l
     for check in (check_declarations, check_dtypes, check_params):
         found.extend(check(kernel))
     found.extend(check_accumulate(kernel, None))
+    found.extend(repeated_dims(kernel))
     dims = _fused_dims(kernel)
     space = IterationSpace(tuple(Dimension(d, kept=any(d in out.dims for out in kernel.outputs)) for d in dims))
     sizes: dict[str, tuple[str, int]] = {}
@@ -203,6 +206,16 @@ def check_declarations(kernel: ir.Kernel) -> list[Diagnostic]:
     return found
 
 
+def backend_keyword_problems(checked: CheckedKernel, backends) -> list[Diagnostic]:
+    """Params that would take a keyword a backend adds to the public function
+    (`gpu_backend`, `mgpu_stages`, ...) or a name its generated code uses."""
+    taken = set()
+    for backend in backends:
+        taken.update(k.name for k in backend.keywords(checked).keywords)
+        taken.update(backend.reserved_names(checked))
+    return reserved_param_problems(checked.kernel, taken)
+
+
 def reserved_param_problems(kernel: ir.Kernel, reserved) -> list[Diagnostic]:
     """Params that would take a name the generated code uses (`reserved`)."""
     return [
@@ -257,13 +270,7 @@ def derive_space(
     kernel: ir.Kernel, product: Product | None
 ) -> tuple[IterationSpace, dict[str, tuple[str, int]], list[Diagnostic]]:
     """The iteration space, where each size comes from, and the dimension rules."""
-    found = []
-    for decl in kernel.inputs + kernel.outputs:
-        seen = set()
-        for dim, position in zip(decl.dims, decl.dim_positions):
-            if dim in seen:
-                found.append(Diagnostic(position, f"dimension {dim} appears twice in '{decl.name}'"))
-            seen.add(dim)
+    found = repeated_dims(kernel)
     if not kernel.outputs:
         return IterationSpace(()), {}, found
     first = kernel.outputs[0]
@@ -294,6 +301,17 @@ def derive_space(
                 Diagnostic(first.position, f"dimensions {other} and {dim} would share the keyword {block_keyword(dim)}")
             )
     return _space(kernel, dims, product), sizes, found
+
+
+def repeated_dims(kernel: ir.Kernel) -> list[Diagnostic]:
+    found = []
+    for decl in kernel.inputs + kernel.outputs:
+        seen = set()
+        for dim, position in zip(decl.dims, decl.dim_positions):
+            if dim in seen:
+                found.append(Diagnostic(position, f"dimension {dim} appears twice in '{decl.name}'"))
+            seen.add(dim)
+    return found
 
 
 def _product_dims(kernel: ir.Kernel, product: Product, unsized: set[str]) -> tuple[tuple[str, ...], list[Diagnostic]]:
@@ -338,17 +356,22 @@ def _product_misfit(product: Product, dims: tuple[str, ...]) -> Diagnostic:
 
 
 def reduction_blocks(
-    kernel: ir.Kernel, space: IterationSpace, blocks: dict[str, int]
+    kernel: ir.Kernel, space: IterationSpace, blocks: dict[str, int], types=None
 ) -> tuple[dict[str, int], list[Diagnostic]]:
     """The blocks without those of reduced dimensions that must be left unblocked, and
     why: a reduced dimension is blocked only where no output keeps it, one such
-    dimension per kernel, and no reduction over it needs another reduction over it first."""
+    dimension per kernel, and no reduction over it needs another reduction over it first.
+    A reduction that `types` (the body's types, where given) lacks is wrong, and
+    reported: it says nothing of its dimension."""
     found = []
     refused = set()
     items = {item.dim: item for item in kernel.blocks}
     stepped = []
     for dim in space.dims:
         if dim.name not in blocks or not dim.reductions or dim.reductions[0].kind == "dot":
+            continue
+        if types is not None and any(r.node not in types for r in dim.reductions):
+            refused.add(dim.name)
             continue
         call = dim.reductions[0].node
         where = f"{call.func}(..., {dim.name}) at line {call.position.line}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pallasgen.frontend import ir
 from pallasgen.analysis.dtypes import BOOL, DTYPES, F32, FLOAT_MAX, I32, DType
-from pallasgen.frontend.errors import Diagnostic, did_you_mean
+from pallasgen.frontend.errors import MAX_REPORTED, Diagnostic, did_you_mean
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.product import OPERAND_DTYPES, Product, product_dims, product_fits
 from pallasgen.analysis.space import declared_dims
@@ -48,6 +48,8 @@ class _Inference:
         self.assigned = {s.target for s in kernel.body if isinstance(s, ir.Assign)}  # by any statement
         self.stored: set[str] = set()  # outputs assigned by the statements typed so far
         self.unknown: set[str] = set()  # names and dimensions reported unknown: once each
+        self.statement_names = {getattr(s, "name", getattr(s, "target", None)) for s in kernel.body}
+        self.hints_left = MAX_REPORTED  # "did you mean" for as many errors as a spec error shows
         # A name declared twice is an error at its second declaration: the first holds.
         for decl in kernel.inputs:
             self.scope.setdefault(decl.name, self._declared(decl))
@@ -129,16 +131,22 @@ class _Inference:
             return value
         if node.id in self.unknown or (node.id in self.outputs and node.id not in self.assigned):
             return None  # reported already, or its declaration is: "output ... is never assigned"
-        later = [s for s in self.kernel.body if getattr(s, "name", getattr(s, "target", None)) == node.id]
-        if later:
+        if node.id in self.statement_names:  # not in scope yet: assigned later
             self.found.append(Diagnostic(node.position, f"'{node.id}' is used before it is assigned"))
         elif node.id in FUNCTIONS:
             self.found.append(Diagnostic(node.position, f"'{node.id}' is a function; call it: {node.id}(...)"))
         else:
             self.unknown.add(node.id)
-            known = [*self.scope, *(o for o in self.outputs)]
-            self.found.append(Diagnostic(node.position, f"unknown name '{node.id}'{did_you_mean(node.id, known)}"))
+            self.found.append(Diagnostic(node.position, f"unknown name '{node.id}'{self._hint(node.id)}"))
         return None
+
+    def _hint(self, name: str) -> str:
+        """A "did you mean" for an unknown name, for the first few only: it compares the
+        name with every name in scope, and thousands of unknown names would take minutes."""
+        if self.hints_left <= 0:
+            return ""
+        self.hints_left -= 1
+        return did_you_mean(name, [*self.scope, *self.outputs])
 
     def _number(self, node: ir.Number) -> ValueType | None:
         if isinstance(node.value, float):
@@ -249,6 +257,17 @@ class _Inference:
                 )
             )
             return None
+        kept = [*dict.fromkeys([*matrices[0][:-2], *matrices[1][:-2]]), m, n]  # batch dimensions are shared
+        if len(set(kept)) < len(kept) or k in kept:
+            twice = next(d for d in [k, *kept] if d == k and k in kept or kept.count(d) > 1)
+            self.found.append(
+                Diagnostic(
+                    node.op_position,
+                    f"this product's result would have dimension {twice} twice ({', '.join([*kept, k])} with {k}"
+                    " contracted); an array names each dimension once",
+                )
+            )
+            return None
         left, right = types
         if left.dtype.is_float != right.dtype.is_float:
             self.found.append(
@@ -261,15 +280,20 @@ class _Inference:
     def _call(self, node: ir.Call) -> ValueType | None:
         function = FUNCTIONS.get(node.func)
         if function is None:
-            self.found.append(
-                Diagnostic(node.func_position, f"unknown function '{node.func}'{did_you_mean(node.func, FUNCTIONS)}")
-            )
+            hint = did_you_mean(node.func, FUNCTIONS) or f"; the functions are {', '.join(sorted(FUNCTIONS))}"
+            self.found.append(Diagnostic(node.func_position, f"unknown function '{node.func}'{hint}"))
             return None
         arity = function.arity
         if len(node.args) != arity:
+            example = ""
+            if function.typing in ("reduce", "softmax") and len(node.args) == 1 and self.dims:
+                reduced = [d for d in self.dims if d not in self.output_dims] or self.dims[-1:]
+                argument = node.args[0].id if isinstance(node.args[0], ir.Name) else "x"
+                example = f": the value and the dimension it reduces, as in {node.func}({argument}, {reduced[0]})"
             self.found.append(
                 Diagnostic(
-                    node.position, f"{node.func}() takes {arity} argument{'s' * (arity > 1)}, got {len(node.args)}"
+                    node.position,
+                    f"{node.func}() takes {arity} argument{'s' * (arity > 1)}, got {len(node.args)}{example}",
                 )
             )
             return None
@@ -284,7 +308,12 @@ class _Inference:
             return None
         dims = merge_dims(self.dims, *args)
         if function.typing == "cast":
-            return ValueType(DTYPES[node.func], dims)
+            target = DTYPES[node.func]
+            value = constant_value(node.args[0])
+            if target.is_integer and type(value) is int and (problem := literal_problem(value, str(value), target)):
+                self.found.append(Diagnostic(node.position, problem))  # jnp.int8(300) raises
+                return None
+            return ValueType(target, dims)
         if function.typing == "where":
             condition, a, b = args
             if condition.dtype != BOOL:
@@ -385,6 +414,8 @@ class _Inference:
             self._literal_fits(node, node.value, node.text, other)
         elif isinstance(node, ir.Unary) and node.op == "-" and isinstance(node.operand, ir.Number):
             self._literal_fits(node, -node.operand.value, "-" + node.operand.text, other)
+        elif isinstance(node, (ir.Unary, ir.Binary)) and isinstance(value := constant_value(node), int):
+            self._literal_fits(node, value, "this constant", other)  # `x + 2 ** 31`, `x + ~(2 ** 31)`
 
     def _literal_fits(self, node: ir.Expr, value, text: str, context: ValueType) -> None:
         if context.weak:
@@ -409,7 +440,8 @@ def literal_problem(value: int | float, text: str, dtype: DType) -> str | None:
         low, high = (0, 1) if dtype == BOOL else dtype.int_range()
         if isinstance(value, int) and not low <= value <= high:
             return f"{text} does not fit in {dtype.name} ({low} to {high})"
-    elif abs(value) > FLOAT_MAX[dtype.name] and abs(value) != float("inf"):  # inf is every float's
+    elif abs(value) > FLOAT_MAX[dtype.name] and (abs(value) != float("inf") or text.lstrip("-") != "inf"):
+        # inf, spelled so, is every float's; 1e400 reads as inf too, and is too large
         return f"{text} is too large for {dtype.name} (largest {FLOAT_MAX[dtype.name]:g})"
     return None
 
@@ -451,6 +483,9 @@ def constant_value(node: ir.Expr) -> int | float | None:
     if isinstance(node, ir.Unary) and node.op == "-":
         value = constant_value(node.operand)
         return None if value is None else -value
+    if isinstance(node, ir.Unary) and node.op == "~":
+        value = constant_value(node.operand)
+        return ~value if type(value) is int else None
     if isinstance(node, ir.Binary) and node.op in _PYTHON_OPS:
         left, right = constant_value(node.left), constant_value(node.right)
         if left is None or right is None:

@@ -108,7 +108,25 @@ def _diagnose(error: UnexpectedInput, text: str) -> Diagnostic:
         return Diagnostic(position, f"'{token.value}' is a reserved word and cannot be used as a name")
     if token.type == "COMPARE_OP" and "COMPARE_OP" not in error.expected and "PIPE" in error.expected:
         return Diagnostic(position, "comparisons cannot be chained; combine them with & and parentheses")
+    if token.value == "[" and "PLUS" in error.expected:  # after a value: `x[...]`, `x[i]`
+        return Diagnostic(
+            position,
+            "unexpected '[': a spec reads arrays whole, without indexing; write the name alone (x, not x[...]),"
+            " and choose blocks with a block statement",
+        )
+    if token.value == "=" and (keyword := _keyword_argument(text, token)):
+        return Diagnostic(position, f"unexpected '=': functions take no keyword arguments; write {keyword}")
     return Diagnostic(position, f"unexpected '{token.value}', expected {expected}")
+
+
+def _keyword_argument(text: str, token: Token) -> str | None:
+    """The call `mean(x, axis=N)` at `token` (its `=`) rewritten without the keyword: `mean(x, N)`."""
+    line = text.split("\n")[token.line - 1]
+    call = re.search(r"(\w+)\s*\(([^()]*?)\w+\s*$", line[: token.column - 1])
+    value = re.match(r"\s*([^,()=]*?)\s*[,)]", line[token.column :])
+    if not call or not value or not value[1]:
+        return None
+    return f"{call[1]}({call[2]}{value[1]})"
 
 
 def _misspelled_keyword(error: UnexpectedInput, text: str) -> Diagnostic | None:

@@ -22,8 +22,11 @@ def to_ir(tree: Tree, source: str) -> ir.Spec:
     """Builds the IR; comment lines right above a kernel become its docstring."""
     _check_depth(tree)
     _check_names(tree)
+    _check_numbers(tree)
     _check_grad(tree)
     kernels = _ToIR().transform(tree).children
+    for kernel in kernels:
+        _check_chained_depth(kernel)
     lines = source.split("\n")
     return ir.Spec(tuple(_with_doc(kernel, lines) for kernel in kernels))
 
@@ -43,11 +46,49 @@ def _check_depth(tree: Tree) -> None:
         stack.extend((child, depth + 1) for child in node.children if isinstance(child, Tree))
 
 
+def _check_chained_depth(kernel: ir.Kernel) -> None:
+    """Refuses a value nested too deep once the lets and outputs it reads are counted in:
+    later passes (gradients, say) put them together into one expression."""
+    depths: dict[str, int] = {}
+    for statement in kernel.body:
+        deepest, stack = 0, [(statement.value, 1)]
+        while stack:
+            node, depth = stack.pop()
+            if isinstance(node, ir.Name):
+                depth += depths.get(node.id, 1) - 1
+            deepest = max(deepest, depth)
+            children = [getattr(node, a) for a in ("operand", "left", "right", "value") if hasattr(node, a)]
+            stack.extend((child, depth + 1) for child in [*children, *getattr(node, "args", ())])
+        name = statement.name if isinstance(statement, ir.Let) else statement.target
+        if deepest > MAX_EXPRESSION_DEPTH:
+            raise TransformDiagnostic(
+                Diagnostic(
+                    statement.position,
+                    f"'{name}' is computed through more than {MAX_EXPRESSION_DEPTH} levels of operations, counting"
+                    " the lets and outputs it reads; split the kernel in two",
+                )
+            )
+        depths.setdefault(name, deepest)
+
+
 def _check_names(tree: Tree) -> None:
     """Refuses a name that is no Python identifier once normalized (such as one starting with ²)."""
     for token in tree.scan_values(lambda v: isinstance(v, Token) and v.type == "NAME"):
         if not token.isidentifier():
             raise TransformDiagnostic(Diagnostic(_token_position(token), f"'{token}' is not a valid name"))
+
+
+MAX_INTEGER_DIGITS = 100  # far past every dtype (u64 has 20), and short of Python's int() limit
+
+
+def _check_numbers(tree: Tree) -> None:
+    """Refuses a whole number of more digits than any dtype holds (Python would not even read
+    one of more than 4300 digits)."""
+    for token in tree.scan_values(lambda v: isinstance(v, Token) and v.type == "NUMBER"):
+        if not any(c in token for c in ".eE") and len(token) > MAX_INTEGER_DIGITS:
+            raise TransformDiagnostic(
+                Diagnostic(_token_position(token), f"a whole number of {len(token)} digits is too large for any dtype")
+            )
 
 
 def _check_grad(tree: Tree) -> None:

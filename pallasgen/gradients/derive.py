@@ -96,7 +96,12 @@ def differentiate(checked: CheckedKernel, backends, taken: dict[str, ir.Kernel])
     derived_kernels = [step.kernel for step in derived.steps]
     if derived.residuals:
         derived_kernels.insert(0, _saving_kernel(checked, derived.residuals))
-    found = [_name_taken(kernel.name, k.name, taken) for k in derived_kernels if k.name in taken]
+    found = [
+        _name_taken(kernel.name, name, taken)
+        for k in derived_kernels
+        for name in (k.name, f"{k.name}_reference")  # a derived kernel's public function and its reference
+        if name in taken
+    ]
     if found:
         return Gradient(), found
     checked_kernels = {}
@@ -127,9 +132,10 @@ def differentiate(checked: CheckedKernel, backends, taken: dict[str, ir.Kernel])
 
 
 def _name_taken(forward: str, name: str, taken: dict[str, ir.Kernel]) -> Diagnostic:
+    what = "function" if name.endswith("_reference") else "kernel"
     return Diagnostic(
         taken[name].position,
-        f"'{name}' is the name of a kernel derived from '{forward}' for jax.grad;"
+        f"'{name}' is the name of a {what} derived from '{forward}' for jax.grad;"
         f" rename this kernel, or say `grad none` in '{forward}'",
     )
 

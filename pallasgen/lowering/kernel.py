@@ -14,7 +14,7 @@ from pallasgen.lowering.gradient import GradientPlan
 from pallasgen.lowering.parts import array_comment, body_statements, layout_of, parameter_list, tuple_code
 from pallasgen.lowering.pyexpr import Emitter, jnp_dtype
 from pallasgen.lowering.reductions import ReferenceSpelling
-from pallasgen.lowering.signature import KeywordGroup, Signature, signature
+from pallasgen.lowering.signature import KeywordGroup, Signature, param_default, signature
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,7 @@ def plan_kernel(lowered: LoweredKernel, groups: list[KeywordGroup], backends: di
         signature=public,
         sizes=tuple((sizes[d], d) for d in checked.dims),
         reference_parameters=parameter_list(
-            [values[d.name] for d in kernel.inputs], [f"{p.name}={p.value!r}" for p in kernel.params]
+            [values[d.name] for d in kernel.inputs], [f"{p.name}={param_default(p)}" for p in kernel.params]
         ),
         reference_arguments=", ".join(
             [values[d.name] for d in kernel.inputs] + [f"{p.name}={p.name}" for p in kernel.params]

@@ -29,8 +29,11 @@ def array_positions(decl: ir.ArrayDecl, out_dims, product: Product | None) -> li
 
 def grid_names(grid_dims, product: Product | None) -> dict[str, str]:
     """Names of the grid indices in index maps: i, j, k for a product's M, N, K, b for batch."""
-    if product is None:
-        return dict(zip(grid_dims, ELEMENTWISE_GRID_NAMES))
+    if product is None:  # past the letters, numbered: i10, i11, ...
+        return {
+            d: ELEMENTWISE_GRID_NAMES[n] if n < len(ELEMENTWISE_GRID_NAMES) else f"i{n}"
+            for n, d in enumerate(grid_dims)
+        }
     roles = {product.m: "i", product.n: "j", product.k: "k"}
     batch = [d for d in grid_dims if d not in roles]
     batch_names = ["b"] if len(batch) == 1 else [f"b{n}" for n in range(len(batch))]

@@ -112,6 +112,8 @@ class Emitter:
             return f"{node.op}{self._wrap(node.operand, _UNARY)}", _UNARY
         if isinstance(node, ir.Binary):
             level = _BINARY_PRECEDENCE[node.op]
+            if node.op == "**" and (power := self._integer_power(node)) is not None:
+                return power
             if node.op == "**":  # right-associative; binds tighter than a unary minus on its left
                 left, right = self._wrap(node.left, _POWER + 1), self._wrap(node.right, _UNARY)
             else:
@@ -141,8 +143,13 @@ class Emitter:
         if function.typing == "size":
             return self.spelling.size(node.args[0].id)
         if node.func == "round" and self.spelling is not None:
-            if not self.types[node.args[0]].dtype.is_float:
+            dtype = self.types[node.args[0]].dtype
+            if not dtype.is_float:
                 return self.emit(node.args[0])  # integers are already whole
+            if dtype.bits < 32 and getattr(self.spelling, "round_helper", False):
+                # The helper's floor(x + 0.5) in bf16 would round x + 0.5 itself (135.5 to 136).
+                wide = f"{self._wrap(node.args[0], _ATOM)}.astype(jnp.float32)"
+                return f"{self.spelling.rounded(wide)}.astype({jnp_dtype(dtype.name)})"
             return self.spelling.rounded(self.emit(node.args[0]))
         if function.typing == "cast":
             return self._cast_code(node.args[0], node.func)[0]
@@ -249,6 +256,8 @@ class Emitter:
                 if fold is None:
                     return None
                 value = fold(*values)
+            elif isinstance(node, ir.Binary) and node.op == "**" and _whole_power(*values):
+                value = pow(*values, 2**64)  # wrapped below, as the dtype wraps; quick for any exponent
             elif isinstance(node, ir.Binary):
                 value = _PYTHON_OPERATORS[node.op](*values)
             else:
@@ -262,6 +271,19 @@ class Emitter:
             return (int(value) - low) % (high - low + 1) + low
         except (ArithmeticError, TypeError, ValueError):  # a complex power is a TypeError here
             return None
+
+    def _integer_power(self, node: ir.Binary) -> tuple[str, int] | None:
+        """An integer power whose exponent is a constant, with the exponent folded (or the
+        whole power, where the base is one too): a traced exponent (`jnp.abs(9)`) makes
+        the power `lax.pow`, which a Pallas kernel computes otherwise than XLA does, where a
+        Python one makes it `lax.integer_pow`, exact and wrapping in both."""
+        if not self.types[node].dtype.is_integer or isinstance(self._folded(node.right), bool):
+            return None
+        if not isinstance(exponent := self._folded(node.right), int):
+            return None
+        if (value := self._folded(node)) is not None:
+            return _python_literal(value)
+        return f"{self._wrap(node.left, _POWER + 1)} ** {_python_literal(exponent)[0]}", _POWER
 
     def _through_function(self, node: ir.Expr) -> bool:
         """Whether computing the value calls a function, directly or through lets."""
@@ -400,6 +422,11 @@ _PYTHON_OPERATORS = {
     ">": operator.gt,
     ">=": operator.ge,
 }
+
+
+def _whole_power(base, exponent) -> bool:
+    """Whether `base ** exponent` is an integer power that folds modulo 2**64."""
+    return type(base) is int and type(exponent) is int and exponent >= 0
 
 
 def _python_literal(value: bool | int | float) -> tuple[str, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pallasgen.analysis.dtypes import DTYPES
 from pallasgen.frontend import ir
 from pallasgen.lowering.parts import parameter_list
 
@@ -57,8 +58,17 @@ class Signature:
 def signature(arrays: list[str], backend_groups: list[KeywordGroup], params: tuple[ir.Param, ...]) -> Signature:
     """The public signature: arrays, each backend's keyword groups, params, `interpret`."""
     param_group = KeywordGroup(
-        tuple(Keyword(p.name, repr(p.value)) for p in params),
-        tuple(f"  {p.name}: a static {p.dtype} (default {p.value!r})." for p in params),
+        tuple(Keyword(p.name, param_default(p)) for p in params),
+        tuple(f"  {p.name}: a static {p.dtype} (default {param_default(p)})." for p in params),
     )
     interpret = KeywordGroup((Keyword("interpret", "None"),), INTERPRET_DOC)
     return Signature(tuple(arrays), (*backend_groups, param_group, interpret))
+
+
+def param_default(param: ir.Param) -> str:
+    """A param's default as Python source: a float param's is a float even where the spec
+    writes a whole number (`= 9999999999`), which as a Python int would overflow int32."""
+    dtype = DTYPES.get(param.dtype)
+    if dtype is not None and dtype.is_float and isinstance(param.value, int):
+        return repr(float(param.value))
+    return repr(param.value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from pallasgen.frontend import parser
@@ -18,7 +19,22 @@ from pallasgen.rendering.render import render_module
 def generate(source: str, path: str, spec_path: str, tuning: Tuning | None = None) -> str:
     """The generated module for a spec's text and its tuning file's (if it has one);
     raises `SpecError` naming `path`, or the tuning file's path."""
-    return render_module(plan_module(spec_path, tuned_kernels(source, path, tuning)[0]))
+    with too_deep_is_a_spec_error(source, path):
+        return render_module(plan_module(spec_path, tuned_kernels(source, path, tuning)[0]))
+
+
+@contextmanager
+def too_deep_is_a_spec_error(source: str, path: str):
+    """A spec nested deeper than the passes' recursion goes is a spec error (transform
+    refuses the deep specs it can see; this is the net under it)."""
+    try:
+        yield
+    except RecursionError:
+        message = (
+            "this spec is nested too deep for pallasgen to build; split its longest expressions with let,"
+            " or its kernels in two"
+        )
+        raise SpecError(path, source, [Diagnostic(Position.point(1, 1), message)]) from None
 
 
 @dataclass(frozen=True)
@@ -41,9 +57,10 @@ def check_source(source: str, path: str) -> tuple[CheckedKernel, ...]:
     """Parses and checks a spec, and derives each kernel's backward kernels (checked as
     any kernel is); raises `SpecError` with every problem found."""
     try:
-        tree = parser.parse(source)
-        spec = transform.to_ir(tree, source)
-        return with_gradients(check_spec(spec, BACKENDS), BACKENDS)
+        with too_deep_is_a_spec_error(source, path):
+            tree = parser.parse(source)
+            spec = transform.to_ir(tree, source)
+            return with_gradients(check_spec(spec, BACKENDS), BACKENDS)
     except parser.SyntaxDiagnostics as error:
         raise SpecError(path, source, error.diagnostics) from None
     except transform.TransformDiagnostic as error:

@@ -5,6 +5,8 @@ at the last (`pl.when`)."""
 
 from __future__ import annotations
 
+import itertools
+
 import re
 import textwrap
 
@@ -366,7 +368,7 @@ def _strips_plan(checked, namer, refs, running, starts, strip_extents, lowering,
 
 def _index_names(grid, fused) -> dict[str, str]:
     names = {}
-    roles = iter("ijk")
+    roles = itertools.chain("ijk", (f"i{n}" for n in itertools.count(3)))
     for dim in grid:
         wanted = dim.lower() if dim in fused.batch else next(roles)
         while wanted in names.values():

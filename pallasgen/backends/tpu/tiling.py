@@ -210,10 +210,12 @@ def _let_dims(kernel: ir.Kernel, product: Product | None) -> dict[str, tuple[str
             return known.get(node.id, set())
         if isinstance(node, ir.Call) and node.func in FUNCTIONS:
             function = FUNCTIONS[node.func]
-            if function.typing == "reduce":
-                return dims_of(node.args[0]) - {node.args[1].id}
+            # A call with the wrong arguments (`sum(x)`, `max(x, 0)`) is reported elsewhere.
+            named = [arg.id if isinstance(arg, ir.Name) else None for arg in node.args]
+            if function.typing == "reduce" and len(node.args) == 2:
+                return dims_of(node.args[0]) - {named[1]}
             if function.typing in ("index", "size"):
-                return {node.args[0].id} if function.typing == "index" else set()
+                return set(named[:1]) - {None} if function.typing == "index" else set()
         children = [getattr(node, a) for a in ("operand", "left", "right", "value") if hasattr(node, a)]
         found = set().union(*map(dims_of, [*children, *getattr(node, "args", ())]))
         if product is not None and node == product.node:
