@@ -33,7 +33,6 @@ def forbid_formatting(monkeypatch):
         raise AssertionError("black ran although the cache holds this module")
 
     monkeypatch.setattr(render, "format_code", fail)
-    render._format_once.cache_clear()
 
 
 def test_an_unchanged_spec_is_served_from_the_cache(tmp_path, monkeypatch):
