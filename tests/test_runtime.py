@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax._src.mesh import AbstractDevice
 
 from kernel_cases import GENERATED, load_module, take_gpu_branch
 from pallasgen.runtime import support
@@ -249,9 +250,13 @@ def test_a_cuda_lowering_silences_the_triton_deprecation_and_nothing_else():
 def test_a_bundled_kernels_triton_lowering_warns_of_nothing():
     module = load_module(GENERATED / "add_vectors.py", "_runtime_add_vectors")
     x = jax.ShapeDtypeStruct((300,), jnp.float32)
-    with warnings.catch_warnings():
+    device = AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=132, platform="gpu")
+    with warnings.catch_warnings(), jax.sharding.use_abstract_mesh(
+        jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
+    ):
         warnings.simplefilter("error")
-        jax.jit(module.add_vectors).trace(x, x).lower(lowering_platforms=("cuda",))
+        lowered = jax.jit(module.add_vectors).trace(x, x).lower(lowering_platforms=("cuda",))
+    assert "triton" in lowered.as_text().lower()
 
 
 def test_operands_converts_checks_and_names_each_size():
