@@ -276,3 +276,11 @@ def test_commands_for_an_untargeted_backend_say_so(tmp_path, monkeypatch):
     result = CliRunner().invoke(main, ["show", "specs/kernels.pallas:matmul", "--gpu"])
     assert result.exit_code == 2
     assert "needs the 'triton' target" in result.output and "targets are 'tpu'" in result.output
+
+
+def test_show_draws_a_tpu_only_projects_tiling(tmp_path, monkeypatch):
+    root = make_project(tmp_path, '["tpu"]')
+    monkeypatch.chdir(root)
+    result = CliRunner().invoke(main, ["show", "specs/kernels.pallas:matmul", "--out", "m.svg"])
+    assert result.exit_code == 0, result.output
+    assert (root / "m.svg").read_text().startswith("<svg")

@@ -58,8 +58,11 @@ def backend_named(name: str) -> Backend:
     return next(backend for backend in BACKENDS if backend.name == name)
 
 
-def plan_backends(checked: CheckedKernel, targets: tuple[str, ...] = TARGETS) -> dict[str, object]:
-    """Each targeted backend's plan of one kernel, by backend name, as a module of it alone has it."""
+def plan_backends(checked: CheckedKernel, targets: tuple[str, ...] | None = None) -> dict[str, object]:
+    """Each targeted backend's plan of one kernel, by backend name, as a module of it alone
+    has it; `targets` None: those it was checked for."""
+    if targets is None:
+        targets = tuple(backend.target for backend in BACKENDS if backend.name in checked.settings)
     return plan_module("", (checked,), targets).kernels[0].backends
 
 
