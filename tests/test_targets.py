@@ -284,3 +284,28 @@ def test_show_draws_a_tpu_only_projects_tiling(tmp_path, monkeypatch):
     result = CliRunner().invoke(main, ["show", "specs/kernels.pallas:matmul", "--out", "m.svg"])
     assert result.exit_code == 0, result.output
     assert (root / "m.svg").read_text().startswith("<svg")
+
+
+REFUSED = """kernel remainder {
+    in  x: f32[N]
+    in  y: f32[N]
+    out z: f32[N]
+    z = x % y
+}
+"""
+
+
+def test_a_kernel_mosaic_gpu_refuses_has_no_kernel_without_triton(tmp_path):
+    alone = generate(REFUSED, "r.pallas", "specs/r.pallas", targets=("mosaic_gpu",))
+    words = " ".join(alone.replace("#", " ").split())
+    assert "runs on Triton" not in words and "without the triton target, it has no GPU kernel" in words
+    assert "This kernel has no GPU kernel (the module has no Triton kernels)" in words
+    both = generate(REFUSED, "r.pallas", "specs/r.pallas", targets=("triton", "mosaic_gpu"))
+    words = " ".join(both.replace("#", " ").split())
+    assert "it runs on Triton." in words and "This kernel runs on Triton either way" in words
+    path = tmp_path / "refused_alone.py"
+    path.write_text(alone)
+    module = load(path, "targets_refused_alone")
+    x = jnp.ones(8, jnp.float32)
+    with pytest.raises(NotImplementedError, match=r"remainder: no kernel for any platform \(Mosaic GPU does not take"):
+        module.remainder(x, x)

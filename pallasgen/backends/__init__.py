@@ -77,7 +77,7 @@ def _plan_kernel(
     public_keywords = {k.name for group in groups for k in group.keywords}
     reserved = {name for backend in backends for name in backend.reserved_names(checked)}
     lowered = lower_kernel(checked, frozenset(module_names | public_keywords | reserved))
-    plan = plan_kernel(lowered, groups, {backend.name: backend.plan(lowered) for backend in backends})
+    plan = plan_kernel(lowered, groups, {backend.name: backend.plan(lowered, targets) for backend in backends})
     sizes = tuple(variable for variable, _ in plan.sizes)
     saving = checked.gradient.saving if checked.gradient else None
     saving_keywords = _signature(saving, backends, targets).static_argnames if saving else ()

@@ -120,8 +120,8 @@ class Backend(ABC):
         """The module-level functions it generates for a kernel: its kernel and launcher."""
 
     @abstractmethod
-    def plan(self, lowered: LoweredKernel) -> object:
-        """Its plan of a kernel: plain data for its template."""
+    def plan(self, lowered: LoweredKernel, targets: tuple[str, ...] = TARGETS) -> object:
+        """Its plan of a kernel, in a module generated for `targets`: plain data for its template."""
 
     @abstractmethod
     def blocks_at(self, plan, sizes: dict[str, int]) -> dict[str, int]:

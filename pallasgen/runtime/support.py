@@ -326,7 +326,9 @@ def on_platform(
     if triton is _NOT_GENERATED and mosaic_gpu is _NOT_GENERATED:
         gpu = missing("NVIDIA GPUs")
     elif triton is _NOT_GENERATED:
-        gpu = mosaic_gpu if mosaic_gpu is not None else missing("NVIDIA GPUs", " (Mosaic GPU does not take it)")
+        if mosaic_gpu is None:  # Mosaic GPU does not take it: there is no kernel to run anywhere
+            missing("any platform", " (Mosaic GPU does not take it; its docstring says why)")()
+        gpu = mosaic_gpu
     elif mosaic_gpu is _NOT_GENERATED:
         gpu = triton
     else:
@@ -343,7 +345,7 @@ def on_platform(
         cuda=functools.partial(gpu, interpret=False),
         default=functools.partial(interpreted, interpret=interpret is None),
         # Mosaic GPU's kernel alone: it gives the shapes (the default one refuses).
-        traced=functools.partial(mosaic_gpu, interpret=False) if targets == ["mosaic_gpu"] and mosaic_gpu else None,
+        traced=functools.partial(mosaic_gpu, interpret=False) if targets == ["mosaic_gpu"] else None,
     )
 
 

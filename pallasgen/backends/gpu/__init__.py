@@ -72,7 +72,7 @@ class GpuBackend(Backend):
         blocks = {gpu_block_keyword(d): tuned_block_choices(sizes[d], smallest) for d in self.tunable_dims(checked)}
         return blocks | {keyword: allowed for keyword, allowed in OPTIONS.values()}
 
-    def plan(self, lowered):
+    def plan(self, lowered, targets=TARGETS):
         return plan_fused_gpu(lowered) if lowered.checked.fused else plan_gpu(lowered)
 
     def blocks_at(self, plan, sizes):

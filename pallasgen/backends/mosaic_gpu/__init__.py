@@ -76,8 +76,8 @@ class MosaicGpuBackend(Backend):
     def function_names(self, kernel):
         return kernel_function_name(kernel), launcher_name(kernel)
 
-    def plan(self, lowered):
-        return plan_mosaic_gpu(lowered)
+    def plan(self, lowered, targets=TARGETS):
+        return plan_mosaic_gpu(lowered, "triton" in targets)
 
     def blocks_at(self, plan, sizes):
         """Its blocks are fixed per kernel, not keywords: none to report."""

@@ -100,12 +100,15 @@ def launcher_name(kernel: str) -> str:
     return f"_{kernel}_mosaic_gpu"
 
 
-def plan_mosaic_gpu(lowered: LoweredKernel) -> MosaicGpuPlan:
+def plan_mosaic_gpu(lowered: LoweredKernel, with_triton: bool = True) -> MosaicGpuPlan:
+    """Its plan of a kernel; a kernel it does not take runs on Triton (`with_triton`: the
+    module has Triton kernels), else on no GPU."""
     checked = lowered.checked
     name = checked.kernel.name
     reason = refusal(checked)
     if reason:
-        refused = f"`{name}` has no Mosaic GPU kernel ({reason}): it runs on Triton."
+        instead = "it runs on Triton" if with_triton else "without the triton target, it has no GPU kernel"
+        refused = f"`{name}` has no Mosaic GPU kernel ({reason}): {instead}."
         comment = tuple(textwrap.wrap(refused, 86, initial_indent="# ", subsequent_indent="# "))
         return MosaicGpuPlan(comment, launcher_name(name), kernel_function_name(name), "", (), "", (), "None")
     if stages(checked):  # a fused kernel of one product, or nested reductions: kernels in turn

@@ -62,7 +62,7 @@ class TpuBackend(Backend):
     def function_names(self, kernel):
         return kernel_function_name(kernel), block_table_name(kernel), launcher_name(kernel)
 
-    def plan(self, lowered):
+    def plan(self, lowered, targets=TARGETS):
         return plan_fused_tpu(lowered) if lowered.checked.fused else plan_tpu(lowered)
 
     def blocks_at(self, plan, sizes):
