@@ -82,6 +82,7 @@ def build(paths: tuple[Path, ...], out: Path | None, no_cache: bool, form: str) 
     nothing is written and the exit code is 2.
     """
     targets, modules, changes = _prepare(paths, out, no_cache, form)
+    backend_targets = _config(form).targets
     try:
         apply(changes)
     except OSError as error:
@@ -89,10 +90,10 @@ def build(paths: tuple[Path, ...], out: Path | None, no_cache: bool, form: str) 
     for change in changes:
         verb = {"create": "wrote", "update": "updated", "remove": "removed stale"}[change.kind]
         _say(form, f"{verb} {_display(change.path)}")
-    for stale in _stale_tunings(targets, form):
+    for stale in _stale_tunings(targets, form, backend_targets):
         finding = Finding("warning", stale.left_out, stale.file, kind="stale-tuning", spec=stale.spec)
         _report(form, finding, f"warning: {stale.file}: {stale.left_out}", err=True)
-    for warning in vmem_warnings(targets, _display):
+    for warning in vmem_warnings(targets, _display, backend_targets):
         where = f"{warning.file}:{warning.position.line}:{warning.position.column}"
         finding = Finding("warning", warning.message, warning.file, warning.position, kind="vmem")
         _report(form, finding, f"warning: {where}: {warning.message}", err=True)
@@ -122,7 +123,7 @@ def check(paths: tuple[Path, ...], out: Path | None, quiet: bool, no_cache: bool
             f" {counts['create']} missing, {counts['remove']} stale); run `pallasgen build`",
         )
         sys.exit(DRIFT)
-    stale = _stale_tunings(targets, form)
+    stale = _stale_tunings(targets, form, _config(form).targets)
     for tuning in stale:
         message = f"{tuning.why}; run `pallasgen tune` again, or remove its entry"
         finding = Finding("error", message, tuning.file, kind="stale-tuning", spec=tuning.spec)
@@ -148,9 +149,9 @@ def _say(form: str, text: str, nl: bool = True) -> None:
     click.echo(text, nl=nl, err=form != "text")
 
 
-def _stale_tunings(targets, form: str) -> list[StaleTuning]:
+def _stale_tunings(targets, form: str, backend_targets: tuple[str, ...]) -> list[StaleTuning]:
     try:
-        return stale_tunings(targets, _display)
+        return stale_tunings(targets, _display, backend_targets)
     except UsageError as error:
         _usage_error(str(error), form)
 
@@ -263,6 +264,8 @@ def bench(
     reference.
     """
     _require(f"pallasgen bench{' --chip' if chip else ''}", tpu=chip is not None)
+    if chip is not None or blocks:
+        _require_target("tpu", "bench --chip" if chip is not None else "bench --block")
     given = _parse_sizes(sizes)
     if sweep and grad:
         _usage_error("--sweep tries forward blocks; it cannot be combined with --grad")
@@ -332,6 +335,7 @@ def _sweep(kernels, given: dict[str, int], seed: int, repeats: int, device: str)
     from pallasgen.devices import bench as benchmark
 
     backend = "gpu" if jax.default_backend() == "gpu" else "tpu"
+    _require_target("triton" if backend == "gpu" else "tpu", "bench --sweep here")
     for module, checked in kernels:
         dims = runner.sizes_for(checked, given)
         inputs = _within_memory(checked, dims, lambda: runner.random_inputs(checked, dims, seed))
@@ -482,6 +486,7 @@ def tune(
         _usage_error("--block starts a TPU search; --gpu starts from the spec's GPU blocks")
     if not gpu and gpu_backend != "triton":
         _usage_error("--gpu-backend chooses what --gpu tunes")
+    _require_target(gpu_backend if gpu else "tpu", f"tune --gpu --gpu-backend {gpu_backend}" if gpu else "tune --chip")
     _require(f"pallasgen tune{' --gpu' if gpu else ''}", tpu=not gpu)
     device = _cuda_device_kind() if gpu else None
     given = _parse_sizes(sizes)
@@ -663,6 +668,7 @@ def _pairs(blocks) -> str:
 def show(target: str, sizes: tuple[str, ...], out_file: Path | None, gpu: bool) -> None:
     from pallasgen.show.tilesvg import render_svg
 
+    _require_target("triton" if gpu else "tpu", "show --gpu" if gpu else "show (without --gpu)")
     checked = _one_kernel(target)
     try:
         tiles = tilemap.kernel_tiles(checked, tilemap.sizes_for(checked, _parse_sizes(sizes), gpu), gpu)
@@ -705,13 +711,32 @@ def playground(out: Path) -> None:
 def _one_kernel(target: str):
     """The checked kernel SPEC:KERNEL names; SPEC alone if it holds one kernel."""
     spec_path, _, wanted = target.partition(":")
+    targets = _config().targets
     kernels = _checked_kernels(
-        spec_path, lambda: check_source(decode(Path(spec_path).read_bytes(), spec_path), spec_path)
+        spec_path, lambda: check_source(decode(Path(spec_path).read_bytes(), spec_path), spec_path, targets)
     )
     if not wanted and len(kernels) > 1:
         names = ", ".join(k.kernel.name for k in kernels)
         _usage_error(f"{spec_path} has {len(kernels)} kernels; name one as {spec_path}:KERNEL: {names}")
     return _named(kernels, spec_path, wanted)[0]
+
+
+def _config(form: str = "text"):
+    """The project's configuration here; a bad one is a usage error."""
+    try:
+        return load_config(Path.cwd())
+    except ConfigError as error:
+        _usage_error(str(error), form)
+
+
+def _require_target(target: str, what: str) -> None:
+    """A usage error if the project does not generate its kernels for `target`."""
+    targets = _config().targets
+    if target not in targets:
+        _usage_error(
+            f"{what} needs the {target!r} target, and this project's [tool.pallasgen] targets are"
+            f" {', '.join(map(repr, targets))}"
+        )
 
 
 def _checked_kernels(spec_path: str, check):
@@ -767,8 +792,8 @@ def _kernels(targets: tuple[str, ...], out: Path | None, given: dict[str, int]) 
             (spec,), _ = collect_targets([Path(spec_path)], out_dir, _display)
             return (
                 spec,
-                check_source(decode(spec.spec.read_bytes(), spec_path), spec_path),
-                generate_targets([spec], _display),
+                check_source(decode(spec.spec.read_bytes(), spec_path), spec_path, config.targets),
+                generate_targets([spec], _display, backend_targets=config.targets),
             )
 
         spec, kernels, modules = _checked_kernels(spec_path, check)
@@ -856,7 +881,9 @@ def _prepare(paths: tuple[Path, ...], out: Path | None, no_cache: bool, form: st
             raise UsageError(f"no spec files in {', '.join(map(str, paths or [config.specs]))}")
         progress = _Progress() if _stderr_is_terminal() else None
         try:
-            modules = generate_targets(targets, _display, use_cache=not no_cache, progress=progress)
+            modules = generate_targets(
+                targets, _display, use_cache=not no_cache, progress=progress, backend_targets=config.targets
+            )
         finally:
             if progress is not None:
                 progress.wipe()

@@ -1,5 +1,6 @@
 """The backends, one folder each behind one interface (`base.Backend`), and the one
-dispatch over them: every kernel is checked, planned and rendered for each."""
+dispatch over them: every kernel is checked, planned and rendered for each backend a
+project targets (`[tool.pallasgen] targets`, by `Backend.target`; default all)."""
 
 from __future__ import annotations
 
@@ -15,50 +16,72 @@ from pallasgen.backends.tpu import TpuBackend
 from pallasgen.lowering.gradient import gradient_function_names, plan_gradient
 from pallasgen.lowering.kernel import KernelPlan, lower_kernel, plan_kernel
 from pallasgen.lowering.signature import Signature, signature
+from pallasgen.runtime.constants import TARGETS
 
 BACKENDS: tuple[Backend, ...] = (TpuBackend(), GpuBackend(), MosaicGpuBackend())
+assert tuple(backend.target for backend in BACKENDS) == TARGETS
+
+
+def targeted(targets: tuple[str, ...] = TARGETS) -> tuple[Backend, ...]:
+    """The backends of `targets` (their `Backend.target`s), in BACKENDS' order."""
+    unknown = set(targets) - set(TARGETS)
+    if unknown:
+        raise ValueError(f"unknown targets {sorted(unknown)}; the targets are {', '.join(TARGETS)}")
+    return tuple(backend for backend in BACKENDS if backend.target in targets)
 
 @dataclass(frozen=True)
 class ModulePlan:
     spec_path: str
     kernels: tuple[KernelPlan, ...]
     templates: tuple[str, ...]  # each backend's, rendered per kernel after the public function
+    targets: tuple[str, ...] = TARGETS  # those it is generated for
 
 
-def plan_module(spec_path: str, kernels: tuple[CheckedKernel, ...]) -> ModulePlan:
-    """The module's plan: each kernel, then its backward kernels (gradients.derive)."""
+def plan_module(spec_path: str, kernels: tuple[CheckedKernel, ...], targets: tuple[str, ...] = TARGETS) -> ModulePlan:
+    """The module's plan for `targets`: each kernel, then its backward kernels (gradients.derive)."""
+    backends = targeted(targets)
+    targets = tuple(backend.target for backend in backends)
     kernels = every_kernel(kernels)
     module_names = frozenset({
         name
         for k in kernels
         for name in (
-            *(name for backend in BACKENDS for name in backend.function_names(k.kernel.name)),
+            *(name for backend in backends for name in backend.function_names(k.kernel.name)),
             *gradient_function_names(k.kernel.name),
         )
     })
-    plans = tuple(_plan_kernel(k, module_names, spec_path) for k in kernels)
-    return ModulePlan(spec_path, plans, _templates())
+    plans = tuple(_plan_kernel(k, module_names, spec_path, backends, targets) for k in kernels)
+    return ModulePlan(spec_path, plans, tuple(backend.template for backend in backends), targets)
 
 
 def backend_named(name: str) -> Backend:
     return next(backend for backend in BACKENDS if backend.name == name)
 
 
-def plan_backends(checked: CheckedKernel) -> dict[str, object]:
-    """Each backend's plan of one kernel, by backend name, as a module of it alone has it."""
-    return plan_module("", (checked,)).kernels[0].backends
+def plan_backends(checked: CheckedKernel, targets: tuple[str, ...] | None = None) -> dict[str, object]:
+    """Each targeted backend's plan of one kernel, by backend name, as a module of it alone
+    has it; `targets` None: those it was checked for."""
+    if targets is None:
+        targets = tuple(backend.target for backend in BACKENDS if backend.name in checked.settings)
+    return plan_module("", (checked,), targets).kernels[0].backends
 
 
-def _plan_kernel(checked: CheckedKernel, module_names: frozenset[str], spec_path: str) -> KernelPlan:
-    groups = [backend.keywords(checked) for backend in BACKENDS]
+def _plan_kernel(
+    checked: CheckedKernel,
+    module_names: frozenset[str],
+    spec_path: str,
+    backends: tuple[Backend, ...],
+    targets: tuple[str, ...],
+) -> KernelPlan:
+    groups = [backend.keywords(checked, targets) for backend in backends]
     public_keywords = {k.name for group in groups for k in group.keywords}
-    reserved = {name for backend in BACKENDS for name in backend.reserved_names(checked)}
+    reserved = {name for backend in backends for name in backend.reserved_names(checked)}
     lowered = lower_kernel(checked, frozenset(module_names | public_keywords | reserved))
-    plan = plan_kernel(lowered, groups, {backend.name: backend.plan(lowered) for backend in BACKENDS})
+    plan = plan_kernel(lowered, groups, {backend.name: backend.plan(lowered, targets) for backend in backends})
     sizes = tuple(variable for variable, _ in plan.sizes)
     saving = checked.gradient.saving if checked.gradient else None
-    saving_keywords = _signature(saving).static_argnames if saving else ()
-    passed_on = tuple(name for backend in BACKENDS for name in backend.backward_keywords())
+    saving_keywords = _signature(saving, backends, targets).static_argnames if saving else ()
+    passed_on = tuple(name for backend in backends for name in backend.backward_keywords(targets))
     gradient = plan_gradient(
         checked,
         lowered.values,
@@ -74,10 +97,6 @@ def _plan_kernel(checked: CheckedKernel, module_names: frozenset[str], spec_path
     return dataclasses.replace(plan, gradient=gradient, doc=(*plan.doc, *gradient.public_doc))
 
 
-def _signature(checked: CheckedKernel) -> Signature:
+def _signature(checked: CheckedKernel, backends: tuple[Backend, ...], targets: tuple[str, ...]) -> Signature:
     """A kernel's public signature (its arrays left out)."""
-    return signature([], [backend.keywords(checked) for backend in BACKENDS], checked.kernel.params)
-
-
-def _templates() -> tuple[str, ...]:
-    return tuple(backend.template for backend in BACKENDS)
+    return signature([], [backend.keywords(checked, targets) for backend in backends], checked.kernel.params)

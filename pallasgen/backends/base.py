@@ -24,6 +24,7 @@ from pallasgen.frontend.errors import Diagnostic
 from pallasgen.lowering.kernel import LoweredKernel
 from pallasgen.lowering.parts import tuple_code
 from pallasgen.lowering.signature import KeywordGroup
+from pallasgen.runtime.constants import TARGETS
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class Tiling:
 
 class Backend(ABC):
     name: str  # "tpu": the key of its settings and plan
+    target: str  # what `[tool.pallasgen] targets` calls it (runtime.constants.TARGETS): "triton" for "gpu"
     template: str  # renders the plan: the kernel function, then its launcher
     chip_names: tuple[str, ...] = ()  # the compile-only chips `--chip` names (the TPU's)
 
@@ -105,8 +107,9 @@ class Backend(ABC):
         fused kernel's analysis (analysis.fused), when it is one."""
 
     @abstractmethod
-    def keywords(self, checked: CheckedKernel) -> KeywordGroup:
-        """The keywords it adds to the public function, and their docstring lines."""
+    def keywords(self, checked: CheckedKernel, targets: tuple[str, ...] = TARGETS) -> KeywordGroup:
+        """The keywords it adds to the public function, and their docstring lines, in a
+        module generated for `targets` (a keyword choosing between backends needs both)."""
 
     @abstractmethod
     def reserved_names(self, checked: CheckedKernel) -> set[str]:
@@ -117,17 +120,18 @@ class Backend(ABC):
         """The module-level functions it generates for a kernel: its kernel and launcher."""
 
     @abstractmethod
-    def plan(self, lowered: LoweredKernel) -> object:
-        """Its plan of a kernel: plain data for its template."""
+    def plan(self, lowered: LoweredKernel, targets: tuple[str, ...] = TARGETS) -> object:
+        """Its plan of a kernel, in a module generated for `targets`: plain data for its template."""
 
     @abstractmethod
     def blocks_at(self, plan, sizes: dict[str, int]) -> dict[str, int]:
         """The block of each dimension that `plan.tiling` gives a block ("block" extent), as
         its launcher clamps the default at these sizes."""
 
-    def backward_keywords(self) -> tuple[str, ...]:
+    def backward_keywords(self, targets: tuple[str, ...] = TARGETS) -> tuple[str, ...]:
         """Keywords of every public function of its that choose how a kernel runs, not
-        what it computes: `jax.grad` passes them on to the backward kernels."""
+        what it computes: `jax.grad` passes them on to the backward kernels (of those
+        `keywords` adds in a module generated for `targets`)."""
         return ()
 
     # What tuning, benchmarks and pictures ask of its blocks. A search's choices are

@@ -9,6 +9,11 @@ MIB = 1024 * 1024
 # until benchmarks/gpu_check.py passes on a Hopper GPU with Mosaic GPU.
 GPU_BACKENDS = ("triton", "mosaic_gpu")
 
+# What a project may generate its kernels for (`[tool.pallasgen] targets`, default all):
+# Mosaic on TPU, Triton and Mosaic GPU on NVIDIA GPUs. Each backend names its own
+# (`Backend.target`).
+TARGETS = ("tpu", *GPU_BACKENDS)
+
 # jax's `Device.device_kind` of each TPU generation, by the name that `--chip`, tuning
 # files and generated tables give it.
 TPU_DEVICE_KINDS = {

@@ -24,6 +24,10 @@ Keywords every generated function takes beside its arrays and params:
 - `interpret`: None compiles on TPU and GPU and interprets elsewhere; False always
   compiles; True or a `pltpu.InterpretParams` interprets the TPU kernel on any platform.
 
+A module generated for some targets only (`[tool.pallasgen] targets`) has only their
+keywords (`gpu_backend` only with both GPU targets) and kernels; without "tpu", the
+Triton kernel is the one interpreted, and with neither, nothing is (`on_platform`).
+
 Importing this module changes no process-wide state: the warning filter that silences
 the Triton backend's deprecation applies only while a kernel lowers for CUDA, and the
 primitive behind `platform_dependent` is registered with jax on first use.
@@ -273,7 +277,24 @@ def mgpu_argbest_step(best, index, x, start, axis, largest):
     return jnp.where(better, block_best, best), jnp.where(better, jnp.min(hits, axis=axis), index)
 
 
-def on_platform(kernel, arrays, *, tpu, triton, mosaic_gpu, gpu_backend, interpret):
+class NotGenerated(NotImplementedError):
+    """A kernel called on a platform that its module has no kernel for: the project's
+    `[tool.pallasgen] targets` left that platform's backend out."""
+
+
+_NOT_GENERATED = object()  # a backend's kernel that the module was not generated with
+
+
+def on_platform(
+    kernel,
+    arrays,
+    *,
+    tpu=_NOT_GENERATED,
+    triton=_NOT_GENERATED,
+    mosaic_gpu=_NOT_GENERATED,
+    gpu_backend=None,
+    interpret,
+):
     """Runs `kernel` on `arrays` as built for the platform being compiled for: `tpu`,
     else on NVIDIA GPUs the kernel that `gpu_backend` names (`gpu_kernel`: `triton`, or
     `mosaic_gpu` where it is not None). Each takes the arrays and `interpret`.
@@ -283,15 +304,48 @@ def on_platform(kernel, arrays, *, tpu, triton, mosaic_gpu, gpu_backend, interpr
     on TPU, Triton (or Mosaic GPU) on NVIDIA GPUs, and elsewhere (CPU) the TPU kernel in
     interpret mode, or compiled if `interpret` is False. A true `interpret` (or `pltpu.InterpretParams`) interprets the TPU kernel
     on every platform.
+
+    A module generated for some targets only (`[tool.pallasgen] targets`) passes only
+    their kernels: without `tpu`, the Triton kernel is the one interpreted (on CPU, or
+    with a true `interpret`); without `gpu_backend`, the GPU kernel is the one there is.
+    A platform with no kernel raises `NotGenerated`, naming the kernel and its targets.
     """
-    gpu = gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu)
+    given = {"tpu": tpu, "triton": triton, "mosaic_gpu": mosaic_gpu}
+    targets = [name for name, function in given.items() if function is not _NOT_GENERATED]
+
+    def missing(platform, why=""):
+        def refuse(*arrays, **keywords):
+            raise NotGenerated(
+                f"{kernel}: no kernel for {platform}{why}: its module was generated for"
+                f" {', '.join(targets)} only ([tool.pallasgen] targets in pyproject.toml);"
+                " add the target there and run `pallasgen build`"
+            )
+
+        return refuse
+
+    if triton is _NOT_GENERATED and mosaic_gpu is _NOT_GENERATED:
+        gpu = missing("NVIDIA GPUs")
+    elif triton is _NOT_GENERATED:
+        if mosaic_gpu is None:  # Mosaic GPU does not take it: there is no kernel to run anywhere
+            missing("any platform", " (Mosaic GPU does not take it; its docstring says why)")()
+        gpu = mosaic_gpu
+    elif mosaic_gpu is _NOT_GENERATED:
+        gpu = triton
+    else:
+        gpu = gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu)
+    # What runs interpreted: the TPU kernel, else Triton's (Mosaic GPU has no interpret mode).
+    interpreted = next((given[name] for name in ("tpu", "triton") if name in targets), None)
+    if interpreted is None:
+        interpreted = missing("CPU or interpret mode", " (Mosaic GPU kernels are not interpreted)")
     if interpret:
-        return tpu(*arrays, interpret=interpret)
+        return interpreted(*arrays, interpret=interpret)
     return platform_dependent(
         arrays,
-        tpu=functools.partial(tpu, interpret=False),
+        tpu=functools.partial(tpu if "tpu" in targets else missing("TPU"), interpret=False),
         cuda=functools.partial(gpu, interpret=False),
-        default=functools.partial(tpu, interpret=interpret is None),
+        default=functools.partial(interpreted, interpret=interpret is None),
+        # Mosaic GPU's kernel alone: it gives the shapes (the default one refuses).
+        traced=functools.partial(mosaic_gpu, interpret=False) if targets == ["mosaic_gpu"] else None,
     )
 
 
@@ -306,7 +360,7 @@ def jit_with_static_keywords(function):
     return jax.jit(function, static_argnames=keywords)
 
 
-def platform_dependent(arrays, **kernels):
+def platform_dependent(arrays, traced=None, **kernels):
     """`jax.lax.platform_dependent(*arrays, tpu=..., cuda=..., default=...)`, except that
     each platform lowers only its own kernel.
 
@@ -315,9 +369,10 @@ def platform_dependent(arrays, **kernels):
     TPU: `jax.export.export(NAME, platforms=("tpu", "cuda"))` would fail. Here each
     platform has its own lowering rule (see `_platform_dependent_primitive`), so the
     exported module holds the Mosaic kernel for TPU and the Triton kernel for CUDA.
-    Tracing the default kernel gives the outputs' shapes and runs its call-time checks.
+    Tracing the default kernel (or `traced`, where given) gives the outputs' shapes and
+    runs its call-time checks.
     """
-    outputs, tree = jax.tree.flatten(jax.eval_shape(kernels["default"], *arrays))
+    outputs, tree = jax.tree.flatten(jax.eval_shape(traced or kernels["default"], *arrays))
     results = _platform_dependent_primitive().bind(*arrays, outputs=tuple(outputs), **kernels)
     return jax.tree.unflatten(tree, results)
 

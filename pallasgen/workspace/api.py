@@ -42,7 +42,7 @@ def _plan(paths, project, out, use_cache: bool) -> list[Change]:
     targets, owned = collect_targets(given, out_dir, _relative_to(root))
     if not targets:
         raise UsageError(f"no spec files in {', '.join(map(str, given))}")
-    modules = generate_targets(targets, _relative_to(root), use_cache=use_cache)
+    modules = generate_targets(targets, _relative_to(root), use_cache=use_cache, backend_targets=config.targets)
     return plan_changes(targets, modules, owned, out_dir)
 
 

@@ -1,7 +1,7 @@
 """A content-addressed cache of generated modules, so unchanged specs skip black.
 
 The key hashes everything that decides a module's text: the spec's bytes and label,
-its tuning file, pallasgen's own code and templates, and the versions of black,
+its tuning file, the targets it is generated for, pallasgen's own code and templates, and the versions of black,
 Jinja2 and Lark. A hit therefore gives exactly what generating would; deleting the cache is always safe.
 
 Each entry's first line is the SHA-256 of the text below it: an entry that was edited,
@@ -17,6 +17,7 @@ from importlib import metadata
 from importlib.resources import files
 from pathlib import Path
 
+from pallasgen.runtime.constants import TARGETS
 from pallasgen.workspace.atomic import write_atomically
 
 ENVIRONMENT_VARIABLE = "PALLASGEN_CACHE_DIR"
@@ -51,9 +52,9 @@ def _source_files(folder, prefix: str = ""):
             yield prefix + resource.name, resource.read_bytes()
 
 
-def key(source: str, label: str, tuning: str = "") -> str:
-    """The cache key of a spec's module: its text, label and tuning file's text."""
-    material = f"{generator_fingerprint()}\0{label}\0{source}\0{tuning}".encode()
+def key(source: str, label: str, tuning: str = "", targets: tuple[str, ...] = TARGETS) -> str:
+    """The cache key of a spec's module: its text, label, tuning file's text and targets."""
+    material = f"{generator_fingerprint()}\0{label}\0{source}\0{tuning}\0{','.join(targets)}".encode()
     return hashlib.sha256(material).hexdigest()
 
 

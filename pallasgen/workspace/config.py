@@ -8,6 +8,7 @@ from functools import cache
 from pathlib import Path
 
 from pallasgen.frontend.text import escape_text
+from pallasgen.runtime.constants import TARGETS
 
 DEFAULT_SPECS = "specs"
 DEFAULT_OUT = "generated"
@@ -22,6 +23,7 @@ class Config:
     specs: Path
     out: Path
     pyproject: Path | None = None  # where they were read from; None for the defaults
+    targets: tuple[str, ...] = TARGETS  # what the kernels are generated for, in TARGETS' order
 
 
 def no_spec_folder(config: Config, display=str) -> str:
@@ -53,7 +55,21 @@ def load_config(start: Path) -> Config:
         if not isinstance(value, str):
             raise ConfigError(f"{pyproject}: [tool.pallasgen] {key} must be a string")
         values[key] = root / value
-    return Config(values["specs"], values["out"], pyproject)
+    return Config(values["specs"], values["out"], pyproject, read_targets(table.get("targets", list(TARGETS)), pyproject))
+
+
+def read_targets(value, pyproject: Path) -> tuple[str, ...]:
+    """`[tool.pallasgen] targets`: a non-empty list of distinct names of TARGETS, in TARGETS' order."""
+    allowed = ", ".join(f'"{name}"' for name in TARGETS)
+    problem = f"{pyproject}: [tool.pallasgen] targets must be a non-empty list of distinct names among {allowed}"
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{problem}, got {value!r}")
+    for name in value:
+        if name not in TARGETS:
+            raise ConfigError(f"{problem}; {name!r} is not one")
+        if value.count(name) > 1:
+            raise ConfigError(f"{problem}; {name!r} is named twice")
+    return tuple(name for name in TARGETS if name in value)
 
 
 @cache

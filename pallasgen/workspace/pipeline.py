@@ -11,16 +11,20 @@ from pallasgen.frontend import transform
 from pallasgen.analysis.checks import CheckedKernel, Diagnostics, check_spec
 from pallasgen.gradients.derive import with_gradients
 from pallasgen.frontend.errors import Diagnostic, Position, SpecError
-from pallasgen.backends import BACKENDS, plan_module
+from pallasgen.backends import plan_module, targeted
+from pallasgen.runtime.constants import TARGETS
 from pallasgen.workspace.tuning import apply_tuning, read_tuning
 from pallasgen.rendering.render import render_module
 
 
-def generate(source: str, path: str, spec_path: str, tuning: Tuning | None = None) -> str:
-    """The generated module for a spec's text and its tuning file's (if it has one);
-    raises `SpecError` naming `path`, or the tuning file's path."""
+def generate(
+    source: str, path: str, spec_path: str, tuning: Tuning | None = None, targets: tuple[str, ...] = TARGETS
+) -> str:
+    """The generated module for a spec's text and its tuning file's (if it has one), for
+    `targets` (`[tool.pallasgen] targets`); raises `SpecError` naming `path`, or the
+    tuning file's path."""
     with too_deep_is_a_spec_error(source, path):
-        return render_module(plan_module(spec_path, tuned_kernels(source, path, tuning)[0]))
+        return render_module(plan_module(spec_path, tuned_kernels(source, path, tuning, targets)[0], targets))
 
 
 @contextmanager
@@ -45,22 +49,26 @@ class Tuning:
     path: str  # as messages name it
 
 
-def tuned_kernels(source: str, path: str, tuning: Tuning | None) -> tuple[tuple[CheckedKernel, ...], list[str]]:
+def tuned_kernels(
+    source: str, path: str, tuning: Tuning | None, targets: tuple[str, ...] = TARGETS
+) -> tuple[tuple[CheckedKernel, ...], list[str]]:
     """The checked kernels with their tuned blocks, and why the tuning file is stale, if it is."""
-    kernels = check_source(source, path)
+    kernels = check_source(source, path, targets)
     if tuning is None:
         return kernels, []
     return apply_tuning(kernels, read_tuning(tuning.text, tuning.path), tuning.text, tuning.path)
 
 
-def check_source(source: str, path: str) -> tuple[CheckedKernel, ...]:
-    """Parses and checks a spec, and derives each kernel's backward kernels (checked as
-    any kernel is); raises `SpecError` with every problem found."""
+def check_source(source: str, path: str, targets: tuple[str, ...] = TARGETS) -> tuple[CheckedKernel, ...]:
+    """Parses and checks a spec for `targets` (the checks of the backends it targets), and
+    derives each kernel's backward kernels (checked as any kernel is); raises `SpecError`
+    with every problem found."""
     try:
         with too_deep_is_a_spec_error(source, path):
             tree = parser.parse(source)
             spec = transform.to_ir(tree, source)
-            return with_gradients(check_spec(spec, BACKENDS), BACKENDS)
+            backends = targeted(targets)
+            return with_gradients(check_spec(spec, backends), backends)
     except parser.SyntaxDiagnostics as error:
         raise SpecError(path, source, error.diagnostics) from None
     except transform.TransformDiagnostic as error:

@@ -21,6 +21,7 @@ from pallasgen.workspace.config import spec_label
 from pallasgen.frontend.errors import Position, SpecError
 from pallasgen.workspace.pipeline import Tuning, check_source, decode, generate, tuned_kernels
 from pallasgen.workspace.tuning import tuning_path
+from pallasgen.runtime.constants import TARGETS
 
 # First lines of generated files as (prefix, suffix) around the spec's label: today's,
 # in the form tools recognise as generated code, then older ones, still recognised so
@@ -113,9 +114,12 @@ def module_name_problem(stem: str, output: str) -> str | None:
 PARALLEL_THRESHOLD = 8
 
 
-def generate_targets(targets: list[Target], display, use_cache: bool = True, progress=None) -> dict[Path, str]:
-    """Every target's module text; raises `SpecErrors` with every failing spec's errors,
-    `UsageError` for a spec that cannot be read.
+def generate_targets(
+    targets: list[Target], display, use_cache: bool = True, progress=None, backend_targets: tuple[str, ...] = TARGETS
+) -> dict[Path, str]:
+    """Every target's module text, generated for `backend_targets` (`[tool.pallasgen]
+    targets`); raises `SpecErrors` with every failing spec's errors, `UsageError` for a
+    spec that cannot be read.
 
     Unchanged specs come from the cache; the others are generated on every core, with
     `progress(number, total, spec)` called as the wait for each begins.
@@ -123,20 +127,20 @@ def generate_targets(targets: list[Target], display, use_cache: bool = True, pro
     modules: dict[Path, str] = {}
     errors: list[SpecError] = []
     pending: list[tuple[Target, str]] = []  # (target, cache key)
-    jobs: list[tuple[str, str, Tuning | None, str]] = []  # what `generate` takes for each
+    jobs: list[tuple[str, str, Tuning | None, str, tuple[str, ...]]] = []  # what `generate` takes for each
     for target in targets:
         try:
             source, tuning = read_inputs(target, display)
         except SpecError as error:
             errors.append(error)
             continue
-        key = cache.key(source, target.label, tuning.text if tuning else "")
+        key = cache.key(source, target.label, tuning.text if tuning else "", backend_targets)
         cached = cache.load(key) if use_cache else None
         if cached is not None:
             modules[target.output] = cached
         else:
             pending.append((target, key))
-            jobs.append((source, display(target.spec), tuning, target.label))
+            jobs.append((source, display(target.spec), tuning, target.label, backend_targets))
     with contextlib.closing(_generate_all(jobs)) as results:  # closing it shuts the worker pool down
         for number, (target, key) in enumerate(pending, 1):
             if progress is not None:
@@ -179,14 +183,15 @@ class StaleTuning:
         return f"{self.why}: its tuned blocks are left out; run `pallasgen tune` again"
 
 
-def stale_tunings(targets: list[Target], display) -> list[StaleTuning]:
+def stale_tunings(targets: list[Target], display, backend_targets: tuple[str, ...] = TARGETS) -> list[StaleTuning]:
     """Each tuning file's entries for kernels that have changed or gone since they were tuned."""
     found = []
     for target in targets:
         source, tuning = read_inputs(target, display)
         if tuning is not None:
             spec = display(target.spec)
-            found += [StaleTuning(tuning.path, spec, why) for why in tuned_kernels(source, spec, tuning)[1]]
+            stale = tuned_kernels(source, spec, tuning, backend_targets)[1]
+            found += [StaleTuning(tuning.path, spec, why) for why in stale]
     return found
 
 
@@ -199,23 +204,25 @@ class VmemWarning:
     message: str
 
 
-def vmem_warnings(targets: list[Target], display) -> list[VmemWarning]:
+def vmem_warnings(targets: list[Target], display, backend_targets: tuple[str, ...] = TARGETS) -> list[VmemWarning]:
     """Each spec kernel whose default blocks on a TPU v5e or v6e cannot fit its VMEM once
-    the dimensions taken whole have realistic sizes (chips.REALISTIC_WHOLE_SIZE)."""
-    from pallasgen.backends import BACKENDS
+    the dimensions taken whole have realistic sizes (chips.REALISTIC_WHOLE_SIZE); only
+    the targeted backends warn."""
+    from pallasgen.backends import targeted
 
     found = []
     for target in targets:
         source, _ = read_inputs(target, display)
         spec = display(target.spec)
-        for checked in check_source(source, spec):
+        for checked in check_source(source, spec, backend_targets):
             kernel = checked.kernel
             position = kernel.blocks[0].position if kernel.blocks else kernel.position
-            found += [VmemWarning(spec, position, m) for backend in BACKENDS for m in backend.build_warnings(checked)]
+            warnings = [m for backend in targeted(backend_targets) for m in backend.build_warnings(checked)]
+            found += [VmemWarning(spec, position, m) for m in warnings]
     return found
 
 
-def _generate_all(jobs: list[tuple[str, str, Tuning | None, str]]) -> Iterator[str | SpecError]:
+def _generate_all(jobs: list[tuple[str, str, Tuning | None, str, tuple[str, ...]]]) -> Iterator[str | SpecError]:
     """Each job's result, in order, as it is ready."""
     workers = min(len(jobs), os.cpu_count() or 1)
     if len(jobs) < PARALLEL_THRESHOLD or workers < 2:
@@ -229,10 +236,10 @@ def _generate_all(jobs: list[tuple[str, str, Tuning | None, str]]) -> Iterator[s
         yield from pool.map(_generate_one, jobs, chunksize=max(1, len(jobs) // (4 * workers)))
 
 
-def _generate_one(job: tuple[str, str, Tuning | None, str]) -> str | SpecError:
-    source, path, tuning, label = job
+def _generate_one(job: tuple[str, str, Tuning | None, str, tuple[str, ...]]) -> str | SpecError:
+    source, path, tuning, label, backend_targets = job
     try:
-        return generate(source, path, label, tuning)
+        return generate(source, path, label, tuning, backend_targets)
     except SpecError as error:
         return error
 

@@ -135,13 +135,15 @@ def apply_tuning(
         if found.fingerprint != kernel_fingerprint(checked.kernel):
             stale.append(f"{checked.kernel.name!r} changed since it was tuned")
             return checked
-        for backend, entries in found.tables.items():
+        # Entries for a backend the project does not target (no settings) are left out.
+        tables = {backend: entries for backend, entries in found.tables.items() if backend in checked.settings}
+        for backend, entries in tables.items():
             for entry in entries:
                 problem = backend_named(backend).tuned_blocks_problem(checked, entry.blocks)
                 if problem:
                     position = _position_of(text, named)
                     raise SpecError(path, text, [Diagnostic(position, f"kernel {checked.kernel.name!r}: {problem}")])
-        tuned = {backend: tuple(e.blocks for e in entries) for backend, entries in found.tables.items()}
+        tuned = {backend: tuple(e.blocks for e in entries) for backend, entries in tables.items()}
         return dataclasses.replace(checked, tuned=tuned)
 
     tuned_kernels = []

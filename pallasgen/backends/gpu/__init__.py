@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pallasgen.backends.base import Backend
+from pallasgen.runtime.constants import TARGETS
 from pallasgen.backends.gpu.checks import check_gpu
 from pallasgen.backends.gpu.options import GPU_FUNCTION_LOCALS, OPTIONS, gpu_block_keyword, gpu_keywords
 from pallasgen.backends.gpu.options import tuned_block_choices
@@ -22,6 +23,7 @@ from pallasgen.backends.gpu.plan import (
 
 class GpuBackend(Backend):
     name = "gpu"
+    target = "triton"
     template = "gpu.py.j2"
 
     def check(self, kernel, space, product, blocks, earlier, fused=None):
@@ -31,7 +33,7 @@ class GpuBackend(Backend):
         given = {item.dim: item.size for item in kernel.gpu_blocks}
         return replace(settings, blocks=fused_gpu_blocks(kernel, blocks, fused, given)), problems
 
-    def keywords(self, checked):
+    def keywords(self, checked, targets=TARGETS):
         return fused_keyword_group(checked) if checked.fused else keyword_group(checked)
 
     def reserved_names(self, checked):
@@ -70,7 +72,7 @@ class GpuBackend(Backend):
         blocks = {gpu_block_keyword(d): tuned_block_choices(sizes[d], smallest) for d in self.tunable_dims(checked)}
         return blocks | {keyword: allowed for keyword, allowed in OPTIONS.values()}
 
-    def plan(self, lowered):
+    def plan(self, lowered, targets=TARGETS):
         return plan_fused_gpu(lowered) if lowered.checked.fused else plan_gpu(lowered)
 
     def blocks_at(self, plan, sizes):

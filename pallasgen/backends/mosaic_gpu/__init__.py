@@ -5,6 +5,7 @@ does not take runs on Triton (`support.refusal` says why)."""
 from __future__ import annotations
 
 from pallasgen.backends.base import Backend
+from pallasgen.runtime.constants import TARGETS
 from pallasgen.backends.mosaic_gpu import choices
 from pallasgen.backends.mosaic_gpu.plan import (
     BACKEND_KEYWORD,
@@ -17,14 +18,15 @@ from pallasgen.backends.mosaic_gpu.plan import (
 
 class MosaicGpuBackend(Backend):
     name = "mosaic_gpu"
+    target = "mosaic_gpu"
     template = "mosaic_gpu.py.j2"
 
     def check(self, kernel, space, product, blocks, earlier, fused=None):
         """No spec is an error here: a kernel Mosaic GPU does not take keeps Triton."""
         return None, []
 
-    def keywords(self, checked):
-        return keyword_group(checked)
+    def keywords(self, checked, targets=TARGETS):
+        return keyword_group(checked, "triton" in targets)
 
     def reserved_names(self, checked):
         return {BACKEND_KEYWORD, *(choices.keywords(checked) if choices.tunable(checked) else ())}
@@ -74,13 +76,14 @@ class MosaicGpuBackend(Backend):
     def function_names(self, kernel):
         return kernel_function_name(kernel), launcher_name(kernel)
 
-    def plan(self, lowered):
-        return plan_mosaic_gpu(lowered)
+    def plan(self, lowered, targets=TARGETS):
+        return plan_mosaic_gpu(lowered, "triton" in targets)
 
     def blocks_at(self, plan, sizes):
         """Its blocks are fixed per kernel, not keywords: none to report."""
         return {}
 
-    def backward_keywords(self):
-        """The backward kernels of a kernel run on the GPU backend it runs on."""
-        return (BACKEND_KEYWORD,)
+    def backward_keywords(self, targets=TARGETS):
+        """The backward kernels of a kernel run on the GPU backend it runs on (a choice
+        only where Triton is targeted too)."""
+        return (BACKEND_KEYWORD,) if "triton" in targets else ()

@@ -67,24 +67,29 @@ class MosaicGpuPlan:
     table: tuple[str, ...] = ()  # a product's: the comment and table of its tuned blocks and stages
 
 
-def keyword_group(checked: CheckedKernel) -> KeywordGroup:
-    """The public `gpu_backend` keyword: which Pallas backend compiles for NVIDIA GPUs;
-    and a product's `mgpu_block_*` and `mgpu_stages` (`choices`): None by default, chosen
-    at call time."""
+def keyword_group(checked: CheckedKernel, with_triton: bool = True) -> KeywordGroup:
+    """The public `gpu_backend` keyword: which Pallas backend compiles for NVIDIA GPUs
+    (only `with_triton`, in a module that has Triton kernels too); and a product's
+    `mgpu_block_*` and `mgpu_stages` (`choices`): None by default, chosen at call time."""
     reason = refusal(checked)
-    doc = [
-        f"  {BACKEND_KEYWORD}: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in).",
-    ]
+    doc = []
+    if with_triton:
+        doc += [f"  {BACKEND_KEYWORD}: on NVIDIA GPUs, 'triton' (the default) or 'mosaic_gpu' (sm_90+, opt-in)."]
     if reason:
-        doc += textwrap.wrap(
-            f"This kernel runs on Triton either way: {reason}.", 88, initial_indent="    ", subsequent_indent="    "
+        said = (
+            f"This kernel runs on Triton either way: {reason}."
+            if with_triton
+            else f"This kernel has no GPU kernel (the module has no Triton kernels): {reason}."
         )
+        first = "    " if with_triton else "  "  # under gpu_backend's line, or a line of its own
+        doc += textwrap.wrap(said, 88, initial_indent=first, subsequent_indent="    ")
     tunable = tuple(Keyword(k, "None") for k in choices.keywords(checked)) if choices.tunable(checked) else ()
     if tunable:
         doc += [
             "  mgpu_block_*, mgpu_stages: Mosaic GPU's blocks (wgmma tiles) and K pipeline depth.",
         ]
-    return KeywordGroup((Keyword(BACKEND_KEYWORD, f'"{DEFAULT_GPU_BACKEND}"'), *tunable), tuple(doc))
+    chooser = (Keyword(BACKEND_KEYWORD, f'"{DEFAULT_GPU_BACKEND}"'),) if with_triton else ()
+    return KeywordGroup((*chooser, *tunable), tuple(doc))
 
 
 def kernel_function_name(kernel: str) -> str:
@@ -95,12 +100,15 @@ def launcher_name(kernel: str) -> str:
     return f"_{kernel}_mosaic_gpu"
 
 
-def plan_mosaic_gpu(lowered: LoweredKernel) -> MosaicGpuPlan:
+def plan_mosaic_gpu(lowered: LoweredKernel, with_triton: bool = True) -> MosaicGpuPlan:
+    """Its plan of a kernel; a kernel it does not take runs on Triton (`with_triton`: the
+    module has Triton kernels), else on no GPU."""
     checked = lowered.checked
     name = checked.kernel.name
     reason = refusal(checked)
     if reason:
-        refused = f"`{name}` has no Mosaic GPU kernel ({reason}): it runs on Triton."
+        instead = "it runs on Triton" if with_triton else "without the triton target, it has no GPU kernel"
+        refused = f"`{name}` has no Mosaic GPU kernel ({reason}): {instead}."
         comment = tuple(textwrap.wrap(refused, 86, initial_indent="# ", subsequent_indent="# "))
         return MosaicGpuPlan(comment, launcher_name(name), kernel_function_name(name), "", (), "", (), "None")
     if stages(checked):  # a fused kernel of one product, or nested reductions: kernels in turn

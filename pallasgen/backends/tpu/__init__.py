@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.base import Backend
+from pallasgen.runtime.constants import TARGETS
 from pallasgen.analysis.fused import is_fused
 from pallasgen.backends.tpu.checks import check_tpu
 from pallasgen.backends.tpu.fused import (
@@ -40,6 +41,7 @@ from pallasgen.backends.tpu.tiling import (
 
 class TpuBackend(Backend):
     name = "tpu"
+    target = "tpu"
     template = "tpu.py.j2"
     chip_names = CHIP_NAMES  # the compile-only chips `--chip` names
 
@@ -51,7 +53,7 @@ class TpuBackend(Backend):
             return None, check_fused_tpu(kernel, fused, blocks)
         return None, check_tpu(kernel, space, product, blocks)
 
-    def keywords(self, checked):
+    def keywords(self, checked, targets=TARGETS):
         return fused_keyword_group(checked) if checked.fused else keyword_group(checked)
 
     def reserved_names(self, checked):
@@ -60,7 +62,7 @@ class TpuBackend(Backend):
     def function_names(self, kernel):
         return kernel_function_name(kernel), block_table_name(kernel), launcher_name(kernel)
 
-    def plan(self, lowered):
+    def plan(self, lowered, targets=TARGETS):
         return plan_fused_tpu(lowered) if lowered.checked.fused else plan_tpu(lowered)
 
     def blocks_at(self, plan, sizes):
