@@ -282,9 +282,11 @@ def test_check_blocks_takes_positive_ints_and_none_where_allowed():
 
 
 def test_without_elements_gives_empty_outputs_or_what_the_reference_reduces_to():
-    empty = support.without_elements(None, (((0, 3), jnp.float32),), None)
+    empty = support.without_elements("k", {"M": 0, "N": 3}, None, (((0, 3), jnp.float32),), None)
     assert empty.shape == (0, 3) and empty.dtype == jnp.float32
-    total = support.without_elements(lambda x: x.sum(axis=0), (((3,), jnp.float32),), jnp.zeros((0, 3)))
+    total = support.without_elements(
+        "k", {"M": 0, "N": 3}, lambda x: x.sum(axis=0), (((3,), jnp.float32),), jnp.zeros((0, 3))
+    )
     np.testing.assert_array_equal(total, np.zeros(3))
 
 
