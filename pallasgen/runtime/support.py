@@ -313,8 +313,8 @@ def jit_with_static_keywords(function=None, *, params=None):
     keyword is fixed when the call is traced); a param a real number of its kind (a float
     param's int becomes a float), the launch options and `interpret` values they take
     (`check_keywords`). An argument that jax cannot take as an array is named. The
-    result is jitted as `jax.jit` jits it: `trace`, `lower` and `eval_shape` are jax's
-    (`jax.export.export` takes it), without these checks.
+    result is jitted as `jax.jit` jits it: `trace`, `lower`, `eval_shape` and
+    `clear_cache` are jax's (`jax.export.export` takes it), without these checks.
     """
     if function is None:
         return functools.partial(jit_with_static_keywords, params=params)
@@ -335,7 +335,8 @@ def jit_with_static_keywords(function=None, *, params=None):
             _refuse_non_arrays(kernel, [*zip(arrays, args), *((n, options[n]) for n in arrays if n in options)])
             raise
 
-    call.trace, call.lower, call.eval_shape = jitted.trace, jitted.lower, jitted.eval_shape
+    for attribute in ("trace", "lower", "eval_shape", "clear_cache"):
+        setattr(call, attribute, getattr(jitted, attribute))
     return call
 
 
