@@ -366,6 +366,23 @@ def test_running_reductions_agree_with_the_whole_ones():
     np.testing.assert_allclose(support.softmax(x, 1), jax.nn.softmax(x, axis=1), rtol=1e-6)
 
 
+def test_logsumexp_of_rows_holding_inf_or_nan_is_jax_numpys():
+    """+inf in a row makes its log-sum-exp +inf, a row of -inf -inf, a NaN NaN: whole, and
+    from the running steps (the finish decides, once per row)."""
+    x = np.random.default_rng(1).standard_normal((5, 10)).astype(np.float32)
+    x[0, 3] = np.inf
+    x[1, :] = -np.inf
+    x[2, 4] = np.nan
+    x[3, 1], x[3, 8] = np.inf, -np.inf
+    x = jnp.asarray(x)
+    want = jax.nn.logsumexp(x, axis=1, keepdims=True)
+    top, total = jnp.full((5, 1), -jnp.inf), jnp.zeros((5, 1))
+    for start in range(0, 10, 4):
+        top, total = support.logsumexp_step(top, total, x[:, start : start + 4], 1)
+    np.testing.assert_array_equal(support.logsumexp_finish(top, total), want)
+    np.testing.assert_array_equal(support.logsumexp(x, 1), want)
+
+
 def test_masks_cover_the_positions_inside_and_none_where_blocks_fit():
     assert support.inside(0, 8, 16) is None
     np.testing.assert_array_equal(support.inside(8, 8, 12), [True] * 4 + [False] * 4)

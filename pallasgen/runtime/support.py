@@ -747,10 +747,10 @@ def argbest_step(best, index, x, start, axis, largest):
 
 
 def logsumexp(x, axis):
-    """log(sum(exp(x))) along `axis`, kept as size 1, without overflow."""
+    """log(sum(exp(x))) along `axis`, kept as size 1, without overflow (see `logsumexp_finish`)."""
     top = jnp.max(x, axis=axis, keepdims=True)
-    top = jnp.where(top > -jnp.inf, top, 0.0)  # a row of -inf sums to 0, its log -inf
-    return top + jnp.log(jnp.sum(jnp.exp(x - top), axis=axis, keepdims=True))
+    shift = jnp.where(top > -jnp.inf, top, 0.0)  # a row of -inf sums to 0, its log -inf
+    return logsumexp_finish(top, jnp.sum(jnp.exp(x - shift), axis=axis, keepdims=True))
 
 
 def logsumexp_step(top, total, x, axis):
@@ -762,8 +762,10 @@ def logsumexp_step(top, total, x, axis):
 
 
 def logsumexp_finish(top, total):
-    """log-sum-exp from its running (max, sum)."""
-    return jnp.where(top > -jnp.inf, top, 0.0) + jnp.log(total)
+    """log-sum-exp from its running (max, sum), as jax.nn.logsumexp gives it: a row whose
+    max is +inf or -inf has that for its log-sum-exp (its sum is NaN, or 0), a row with a
+    NaN NaN. Decided here, once per row, so that the running steps do no extra work."""
+    return jnp.where((top > -jnp.inf) & (top < jnp.inf), top + jnp.log(total), top)
 
 
 def softmax(x, axis):
