@@ -524,7 +524,7 @@ def without_elements(kernel, sizes, reference, outputs, /, *arrays, **params):
     """The result of a call where a dimension has size 0 (`sizes`: each dimension's), as
     jax.numpy gives it: empty arrays of the `outputs`' (shape, dtype), or, where an output
     still has elements (it reduces over the empty dimension), what the reference
-    computes. A reduction that has no value over nothing (max, min) is a ValueError
+    computes. A reduction that has no value over nothing (max, argmax...) is a ValueError
     naming the kernel and the empty dimensions, as the reference's own error would not."""
     if any(0 not in shape for shape, _ in outputs):
         try:
@@ -533,7 +533,7 @@ def without_elements(kernel, sizes, reference, outputs, /, *arrays, **params):
             empty = ", ".join(f"{dim}=0" for dim, size in sizes.items() if size == 0)
             raise ValueError(
                 f"{kernel}: {empty} leaves a reduction with nothing to reduce and no value for that"
-                f" (max or min of nothing), so outputs of other dimensions have none: {error}"
+                f" (max, min, argmax or argmin of nothing), so outputs of other dimensions have none: {error}"
             ) from None
     empty = tuple(jnp.zeros(shape, dtype) for shape, dtype in outputs)
     return empty if len(empty) > 1 else empty[0]
