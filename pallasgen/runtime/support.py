@@ -318,26 +318,45 @@ def jit_with_static_keywords(function=None, *, params=None):
     """
     if function is None:
         return functools.partial(jit_with_static_keywords, params=params)
-    kernel = function.__name__
-    parameters = inspect.signature(function).parameters.values()
-    keywords = [parameter.name for parameter in parameters if parameter.kind is inspect.Parameter.KEYWORD_ONLY]
-    arrays = [parameter.name for parameter in parameters if parameter.kind is not inspect.Parameter.KEYWORD_ONLY]
-    params = dict(params or {})
-    jitted = jax.jit(function, static_argnames=keywords)
+    return _CheckedJit(function, params or {})
 
-    @functools.wraps(function)
-    def call(*args, **options):
+
+class _CheckedJit:
+    """A generated function, jitted, whose calls `jit_with_static_keywords` checks. Its
+    `trace`, `lower`, `eval_shape` and `clear_cache` are methods, not attributes: a
+    function that wraps it (`jax.vmap`) copies its attributes, and a copied `trace` would
+    trace this function rather than the wrapper."""
+
+    def __init__(self, function, params):
+        functools.update_wrapper(self, function)
+        parameters = inspect.signature(function).parameters.values()
+        keyword_only = inspect.Parameter.KEYWORD_ONLY
+        keywords = [parameter.name for parameter in parameters if parameter.kind is keyword_only]
+        self._arrays = [parameter.name for parameter in parameters if parameter.kind is not keyword_only]
+        self._params = dict(params)
+        self._jitted = jax.jit(function, static_argnames=keywords)
+
+    def __call__(self, *args, **options):
         if options:
-            options = check_keywords(kernel, params, options)
+            options = check_keywords(self.__name__, self._params, options)
         try:
-            return jitted(*args, **options)
+            return self._jitted(*args, **options)
         except (TypeError, ValueError):
-            _refuse_non_arrays(kernel, [*zip(arrays, args), *((n, options[n]) for n in arrays if n in options)])
+            given = [*zip(self._arrays, args), *((name, options[name]) for name in self._arrays if name in options)]
+            _refuse_non_arrays(self.__name__, given)
             raise
 
-    for attribute in ("trace", "lower", "eval_shape", "clear_cache"):
-        setattr(call, attribute, getattr(jitted, attribute))
-    return call
+    def trace(self, *args, **keywords):
+        return self._jitted.trace(*args, **keywords)
+
+    def lower(self, *args, **keywords):
+        return self._jitted.lower(*args, **keywords)
+
+    def eval_shape(self, *args, **keywords):
+        return self._jitted.eval_shape(*args, **keywords)
+
+    def clear_cache(self):
+        return self._jitted.clear_cache()
 
 
 def check_keywords(kernel, params, options):
