@@ -312,7 +312,7 @@ def jit_with_static_keywords(function=None, *, params=None):
     it passes must be a Python value (a traced value or a jax array is refused: a static
     keyword is fixed when the call is traced); a param a real number of its kind (a float
     param's int becomes a float), the launch options and `interpret` values they take
-    (`check_keywords`). An argument that jax cannot take as an array is named. The
+    (`_check_keywords`). An argument that jax cannot take as an array is named. The
     result is jitted as `jax.jit` jits it: `trace`, `lower`, `eval_shape` and
     `clear_cache` are jax's (`jax.export.export` takes it), without these checks.
     """
@@ -338,7 +338,7 @@ class _CheckedJit:
 
     def __call__(self, *args, **options):
         if options:
-            options = check_keywords(self.__name__, self._params, options)
+            options = _check_keywords(self.__name__, self._params, options)
         try:
             return self._jitted(*args, **options)
         except (TypeError, ValueError):
@@ -359,7 +359,7 @@ class _CheckedJit:
         return self._jitted.clear_cache()
 
 
-def check_keywords(kernel, params, options):
+def _check_keywords(kernel, params, options):
     """The keywords of a call (`options`), checked as `jit_with_static_keywords` says:
     `params` maps each param to its dtype. Block sizes are checked by `check_blocks`."""
     checked = dict(options)
