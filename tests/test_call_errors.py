@@ -158,7 +158,9 @@ def test_a_param_that_is_not_a_number_of_its_kind_is_a_type_error_naming_it(atte
         attention.attention(q, q, q, scale=value)
 
 
-@pytest.mark.parametrize("value", [1, 0.5, np.float32(0.5), np.int64(2)], ids=["int", "float", "np.float32", "np.int64"])
+@pytest.mark.parametrize(
+    "value", [1, 0.5, np.float32(0.5), np.int64(2)], ids=["int", "float", "np.float32", "np.int64"]
+)
 def test_a_param_takes_any_real_python_or_numpy_number(attention, value):
     q = bf16(1, 1, 8, 16)
     o, lse = attention.attention(q, q, q, scale=value)

@@ -23,6 +23,11 @@ Keywords every generated function takes beside its arrays and params:
   best on the GPU at the nearest sizes, else the built-in ones.
 - `interpret`: None compiles on TPU and GPU and interprets elsewhere; False always
   compiles; True or a `pltpu.InterpretParams` interprets the TPU kernel on any platform.
+- each param of the spec: a static Python (or NumPy) number of the param's kind.
+
+`jit_with_static_keywords` checks these on every platform before jax sees the call:
+none is a traced value, and a call that jax could not take fails with a TypeError or
+ValueError that names the kernel.
 
 Importing this module changes no process-wide state: the warning filter that silences
 the Triton backend's deprecation applies only while a kernel lowers for CUDA, and the
@@ -375,11 +380,15 @@ def _check_keywords(kernel, params, options):
             checked[name] = _checked_param(kernel, name, value, jnp.dtype(params[name]))
         elif name == "interpret":
             if not (value is None or value is True or value is False or isinstance(value, _INTERPRET_PARAMS)):
-                raise ValueError(f"{kernel}: interpret must be None, True, False or a pltpu.InterpretParams, got {value!r}")
+                raise ValueError(
+                    f"{kernel}: interpret must be None, True, False or a pltpu.InterpretParams, got {value!r}"
+                )
         elif name in _LAUNCH_OPTIONS:
             allowed = _LAUNCH_OPTIONS[name]
             if value is not None and (type(value) is not int or value not in allowed):
-                raise ValueError(f"{kernel}: {name} must be one of {', '.join(map(str, allowed))} or None, got {value!r}")
+                raise ValueError(
+                    f"{kernel}: {name} must be one of {', '.join(map(str, allowed))} or None, got {value!r}"
+                )
         else:
             try:
                 hash(value)
