@@ -20,7 +20,7 @@ from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
 
 
-@rt.jit_with_static_keywords
+@rt.jit_with_static_keywords(params={"slope": jnp.float32})
 def leaky(
     x,
     *,
@@ -65,7 +65,12 @@ def leaky(
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            leaky_reference, (((m, n), jnp.float32), ((m, n), jnp.int32)), x, slope=slope
+            "leaky",
+            sizes,
+            leaky_reference,
+            (((m, n), jnp.float32), ((m, n), jnp.int32)),
+            x,
+            slope=slope,
         )
     return rt.differentiable(
         functools.partial(
@@ -328,7 +333,7 @@ def _leaky_mosaic_gpu(x, *, m, n, slope, interpret):
     return y[:m, :n], mask[:m, :n]
 
 
-@rt.jit_with_static_keywords
+@rt.jit_with_static_keywords(params={"slope": jnp.float32})
 def leaky_backward(
     x,
     dy,
@@ -374,7 +379,13 @@ def leaky_backward(
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            leaky_backward_reference, (((m, n), jnp.float32),), x, dy, slope=slope
+            "leaky_backward",
+            sizes,
+            leaky_backward_reference,
+            (((m, n), jnp.float32),),
+            x,
+            dy,
+            slope=slope,
         )
     return rt.on_platform(
         "leaky_backward",
@@ -633,7 +644,9 @@ def bias_gelu(
     )
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(bias_gelu_reference, (((m, n), jnp.bfloat16),), x, bias, scale)
+        return rt.without_elements(
+            "bias_gelu", sizes, bias_gelu_reference, (((m, n), jnp.bfloat16),), x, bias, scale
+        )
     return rt.differentiable(
         functools.partial(
             _bias_gelu_forward,
@@ -962,7 +975,14 @@ def bias_gelu_backward(
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            bias_gelu_backward_reference, (((m, n), jnp.bfloat16),), x, bias, scale, dy
+            "bias_gelu_backward",
+            sizes,
+            bias_gelu_backward_reference,
+            (((m, n), jnp.bfloat16),),
+            x,
+            bias,
+            scale,
+            dy,
         )
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
     scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
@@ -1278,7 +1298,14 @@ def bias_gelu_backward_over_m(
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            bias_gelu_backward_over_m_reference, (((n,), jnp.float32),), x, bias, scale, dy
+            "bias_gelu_backward_over_m",
+            sizes,
+            bias_gelu_backward_over_m_reference,
+            (((n,), jnp.float32),),
+            x,
+            bias,
+            scale,
+            dy,
         )
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
     scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
@@ -1665,7 +1692,14 @@ def bias_gelu_backward_over_n(
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            bias_gelu_backward_over_n_reference, (((m,), jnp.float32),), x, bias, scale, dy
+            "bias_gelu_backward_over_n",
+            sizes,
+            bias_gelu_backward_over_n_reference,
+            (((m,), jnp.float32),),
+            x,
+            bias,
+            scale,
+            dy,
         )
     bias = bias.reshape(1, n)  # bias: f32[N], broadcast over M
     scale = scale.reshape(m, 1)  # scale: f32[M], broadcast over N
@@ -2044,7 +2078,9 @@ def quantize_rows(
     )
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(quantize_rows_reference, (((m, n), jnp.int8),), x, scale)
+        return rt.without_elements(
+            "quantize_rows", sizes, quantize_rows_reference, (((m, n), jnp.int8),), x, scale
+        )
     return rt.differentiable(
         functools.partial(
             _quantize_rows_forward,

@@ -56,7 +56,9 @@ def add_vectors(
     rt.check_blocks("add_vectors", block_n=block_n, gpu_block_n=gpu_block_n, may_be_none=True)
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(add_vectors_reference, (((n,), jnp.float32),), x, y)
+        return rt.without_elements(
+            "add_vectors", sizes, add_vectors_reference, (((n,), jnp.float32),), x, y
+        )
     return rt.differentiable(
         functools.partial(
             _add_vectors_forward,
@@ -281,7 +283,11 @@ def add_vectors_backward(
     n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            add_vectors_backward_reference, (((n,), jnp.float32), ((n,), jnp.float32)), dz
+            "add_vectors_backward",
+            sizes,
+            add_vectors_backward_reference,
+            (((n,), jnp.float32), ((n,), jnp.float32)),
+            dz,
         )
     return rt.on_platform(
         "add_vectors_backward",

@@ -20,7 +20,7 @@ from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
 
 
-@rt.jit_with_static_keywords
+@rt.jit_with_static_keywords(params={"scale": jnp.float32})
 def attention(
     q,
     k,
@@ -75,6 +75,8 @@ def attention(
     b, h, size_s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "attention",
+            sizes,
             attention_reference,
             (((b, h, size_s, d), jnp.bfloat16), ((b, h, size_s), jnp.float32)),
             q,
@@ -864,7 +866,7 @@ def _attention_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, interpret):
     )
 
 
-@rt.jit_with_static_keywords
+@rt.jit_with_static_keywords(params={"scale": jnp.float32})
 def attention_backward_dq(
     q,
     k,
@@ -929,6 +931,8 @@ def attention_backward_dq(
     b, h, size_s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "attention_backward_dq",
+            sizes,
             attention_backward_dq_reference,
             (((b, h, size_s, d), jnp.bfloat16), ((b, h, size_s), jnp.float32)),
             q,
@@ -1748,7 +1752,7 @@ def _attention_backward_dq_mosaic_gpu(
     )
 
 
-@rt.jit_with_static_keywords
+@rt.jit_with_static_keywords(params={"scale": jnp.float32})
 def attention_backward_dkdv(
     q,
     k,
@@ -1810,6 +1814,8 @@ def attention_backward_dkdv(
     b, h, t, d, size_s = sizes["B"], sizes["H"], sizes["T"], sizes["D"], sizes["S"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "attention_backward_dkdv",
+            sizes,
             attention_backward_dkdv_reference,
             (((b, h, t, d), jnp.bfloat16), ((b, h, t, d), jnp.bfloat16)),
             q,
@@ -2611,7 +2617,7 @@ def _attention_backward_dkdv_mosaic_gpu(
     return dk[:b, :h, :t, :d].reshape((b, h, t, d)), dv[:b, :h, :t, :d].reshape((b, h, t, d))
 
 
-@rt.jit_with_static_keywords
+@rt.jit_with_static_keywords(params={"scale": jnp.float32})
 def attention_dq(
     q,
     k,
@@ -2677,6 +2683,8 @@ def attention_dq(
     b, h, size_s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "attention_dq",
+            sizes,
             attention_dq_reference,
             (((b, h, size_s, d), jnp.bfloat16), ((b, h, size_s), jnp.float32)),
             q,
@@ -3462,7 +3470,7 @@ def _attention_dq_mosaic_gpu(q, k, v, o, do, lse, *, b, h, size_s, d, t, scale, 
     )
 
 
-@rt.jit_with_static_keywords
+@rt.jit_with_static_keywords(params={"scale": jnp.float32})
 def attention_dkdv(
     q,
     k,
@@ -3525,6 +3533,8 @@ def attention_dkdv(
     b, h, t, d, s = sizes["B"], sizes["H"], sizes["T"], sizes["D"], sizes["S"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "attention_dkdv",
+            sizes,
             attention_dkdv_reference,
             (((b, h, t, d), jnp.bfloat16), ((b, h, t, d), jnp.bfloat16)),
             q,
@@ -4351,7 +4361,7 @@ def _attention_dkdv_mosaic_gpu(q, k, v, do, lse, delta, *, b, h, t, d, s, scale,
     return dk[:b, :h, :t, :d].reshape((b, h, t, d)), dv[:b, :h, :t, :d].reshape((b, h, t, d))
 
 
-@rt.jit_with_static_keywords
+@rt.jit_with_static_keywords(params={"scale": jnp.float32})
 def attention_full(
     q,
     k,
@@ -4406,7 +4416,14 @@ def attention_full(
     b, h, s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            attention_full_reference, (((b, h, s, d), jnp.bfloat16),), q, k, v, scale=scale
+            "attention_full",
+            sizes,
+            attention_full_reference,
+            (((b, h, s, d), jnp.bfloat16),),
+            q,
+            k,
+            v,
+            scale=scale,
         )
     return rt.differentiable(
         functools.partial(
@@ -5051,7 +5068,7 @@ def _attention_full_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, interpret):
     return o[:b, :h, :s, :d].reshape((b, h, s, d))
 
 
-@rt.jit_with_static_keywords
+@rt.jit_with_static_keywords(params={"scale": jnp.float32})
 def attention_full_with_residuals(
     q,
     k,
@@ -5104,6 +5121,8 @@ def attention_full_with_residuals(
     b, h, s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "attention_full_with_residuals",
+            sizes,
             attention_full_with_residuals_reference,
             (((b, h, s, d), jnp.bfloat16), ((b, h, s), jnp.float32)),
             q,
@@ -5683,7 +5702,7 @@ def _attention_full_with_residuals_mosaic_gpu(q, k, v, *, b, h, s, d, t, scale, 
     return o[:b, :h, :s, :d].reshape((b, h, s, d)), lse[:b, :h, :s].reshape((b, h, s, 1))
 
 
-@rt.jit_with_static_keywords
+@rt.jit_with_static_keywords(params={"scale": jnp.float32})
 def attention_full_backward_dq(
     q,
     k,
@@ -5745,6 +5764,8 @@ def attention_full_backward_dq(
     b, h, size_s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "attention_full_backward_dq",
+            sizes,
             attention_full_backward_dq_reference,
             (((b, h, size_s, d), jnp.bfloat16), ((b, h, size_s), jnp.float32)),
             q,
@@ -6368,7 +6389,7 @@ def _attention_full_backward_dq_mosaic_gpu(
     )
 
 
-@rt.jit_with_static_keywords
+@rt.jit_with_static_keywords(params={"scale": jnp.float32})
 def attention_full_backward_dkdv(
     q,
     k,
@@ -6430,6 +6451,8 @@ def attention_full_backward_dkdv(
     b, h, t, d, size_s = sizes["B"], sizes["H"], sizes["T"], sizes["D"], sizes["S"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "attention_full_backward_dkdv",
+            sizes,
             attention_full_backward_dkdv_reference,
             (((b, h, t, d), jnp.bfloat16), ((b, h, t, d), jnp.bfloat16)),
             q,
@@ -7068,7 +7091,7 @@ def _attention_full_backward_dkdv_mosaic_gpu(
     return dk[:b, :h, :t, :d].reshape((b, h, t, d)), dv[:b, :h, :t, :d].reshape((b, h, t, d))
 
 
-@rt.jit_with_static_keywords
+@rt.jit_with_static_keywords(params={"scale": jnp.float32})
 def attention_bottom_right(
     q,
     k,
@@ -7124,6 +7147,8 @@ def attention_bottom_right(
     b, h, size_s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "attention_bottom_right",
+            sizes,
             attention_bottom_right_reference,
             (((b, h, size_s, d), jnp.bfloat16),),
             q,
@@ -7882,7 +7907,7 @@ def _attention_bottom_right_mosaic_gpu(q, k, v, *, b, h, size_s, d, t, scale, in
     return o[:b, :h, :size_s, :d].reshape((b, h, size_s, d))
 
 
-@rt.jit_with_static_keywords
+@rt.jit_with_static_keywords(params={"scale": jnp.float32})
 def attention_bottom_right_with_residuals(
     q,
     k,
@@ -7935,6 +7960,8 @@ def attention_bottom_right_with_residuals(
     b, h, size_s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "attention_bottom_right_with_residuals",
+            sizes,
             attention_bottom_right_with_residuals_reference,
             (((b, h, size_s, d), jnp.bfloat16), ((b, h, size_s), jnp.float32)),
             q,
@@ -8614,7 +8641,7 @@ def _attention_bottom_right_with_residuals_mosaic_gpu(
     )
 
 
-@rt.jit_with_static_keywords
+@rt.jit_with_static_keywords(params={"scale": jnp.float32})
 def attention_bottom_right_backward_dq(
     q,
     k,
@@ -8676,6 +8703,8 @@ def attention_bottom_right_backward_dq(
     b, h, size_s, d, t = sizes["B"], sizes["H"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "attention_bottom_right_backward_dq",
+            sizes,
             attention_bottom_right_backward_dq_reference,
             (((b, h, size_s, d), jnp.bfloat16), ((b, h, size_s), jnp.float32)),
             q,
@@ -9451,7 +9480,7 @@ def _attention_bottom_right_backward_dq_mosaic_gpu(
     )
 
 
-@rt.jit_with_static_keywords
+@rt.jit_with_static_keywords(params={"scale": jnp.float32})
 def attention_bottom_right_backward_dkdv(
     q,
     k,
@@ -9513,6 +9542,8 @@ def attention_bottom_right_backward_dkdv(
     b, h, t, d, size_s = sizes["B"], sizes["H"], sizes["T"], sizes["D"], sizes["S"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "attention_bottom_right_backward_dkdv",
+            sizes,
             attention_bottom_right_backward_dkdv_reference,
             (((b, h, t, d), jnp.bfloat16), ((b, h, t, d), jnp.bfloat16)),
             q,
@@ -10385,7 +10416,9 @@ def gqa(
     )
     b, g, r, size_s, d, t = sizes["B"], sizes["G"], sizes["R"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(gqa_reference, (((b, g, r, size_s, d), jnp.bfloat16),), q, k, v)
+        return rt.without_elements(
+            "gqa", sizes, gqa_reference, (((b, g, r, size_s, d), jnp.bfloat16),), q, k, v
+        )
     return rt.differentiable(
         functools.partial(
             _gqa_forward,
@@ -11053,6 +11086,8 @@ def gqa_with_residuals(
     b, g, r, size_s, d, t = sizes["B"], sizes["G"], sizes["R"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "gqa_with_residuals",
+            sizes,
             gqa_with_residuals_reference,
             (((b, g, r, size_s, d), jnp.bfloat16), ((b, g, r, size_s), jnp.float32)),
             q,
@@ -11675,6 +11710,8 @@ def gqa_backward_dq(
     b, g, r, size_s, d, t = sizes["B"], sizes["G"], sizes["R"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "gqa_backward_dq",
+            sizes,
             gqa_backward_dq_reference,
             (((b, g, r, size_s, d), jnp.bfloat16), ((b, g, r, size_s), jnp.float32)),
             q,
@@ -12368,6 +12405,8 @@ def gqa_backward_dkdv(
     b, g, r, t, d, size_s = sizes["B"], sizes["G"], sizes["R"], sizes["T"], sizes["D"], sizes["S"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "gqa_backward_dkdv",
+            sizes,
             gqa_backward_dkdv_reference,
             (((b, g, r, t, d), jnp.float32), ((b, g, r, t, d), jnp.float32)),
             q,
@@ -13070,6 +13109,8 @@ def gqa_backward_over_r(
     b, g, r, t, d = sizes["B"], sizes["G"], sizes["R"], sizes["T"], sizes["D"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "gqa_backward_over_r",
+            sizes,
             gqa_backward_over_r_reference,
             (((b, g, t, d), jnp.bfloat16), ((b, g, t, d), jnp.bfloat16)),
             dk_r,
@@ -13485,7 +13526,9 @@ def matmul_softmax(
     )
     m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(matmul_softmax_reference, (((m, n), jnp.float32),), x, w)
+        return rt.without_elements(
+            "matmul_softmax", sizes, matmul_softmax_reference, (((m, n), jnp.float32),), x, w
+        )
     return rt.differentiable(
         functools.partial(
             _matmul_softmax_forward,
@@ -14066,7 +14109,12 @@ def matmul_softmax_backward(
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            matmul_softmax_backward_reference, (((m, n), jnp.bfloat16),), y, dy
+            "matmul_softmax_backward",
+            sizes,
+            matmul_softmax_backward_reference,
+            (((m, n), jnp.bfloat16),),
+            y,
+            dy,
         )
     return rt.on_platform(
         "matmul_softmax_backward",
@@ -14371,7 +14419,12 @@ def matmul_softmax_backward_x(
     m, k, n = sizes["M"], sizes["K"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            matmul_softmax_backward_x_reference, (((m, k), jnp.bfloat16),), dacc, w
+            "matmul_softmax_backward_x",
+            sizes,
+            matmul_softmax_backward_x_reference,
+            (((m, k), jnp.bfloat16),),
+            dacc,
+            w,
         )
     return rt.on_platform(
         "matmul_softmax_backward_x",
@@ -14742,7 +14795,12 @@ def matmul_softmax_backward_w(
     k, n, m = sizes["K"], sizes["N"], sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            matmul_softmax_backward_w_reference, (((k, n), jnp.bfloat16),), x, dacc
+            "matmul_softmax_backward_w",
+            sizes,
+            matmul_softmax_backward_w_reference,
+            (((k, n), jnp.bfloat16),),
+            x,
+            dacc,
         )
     return rt.on_platform(
         "matmul_softmax_backward_w",
@@ -15108,7 +15166,9 @@ def rmsnorm_matmul(
     )
     m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(rmsnorm_matmul_reference, (((m, n), jnp.bfloat16),), x, g, w)
+        return rt.without_elements(
+            "rmsnorm_matmul", sizes, rmsnorm_matmul_reference, (((m, n), jnp.bfloat16),), x, g, w
+        )
     return rt.differentiable(
         functools.partial(
             _rmsnorm_matmul_forward,
@@ -15618,7 +15678,12 @@ def rmsnorm_matmul_lhs(
     m, k = sizes["M"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            rmsnorm_matmul_lhs_reference, (((m, k), jnp.bfloat16), ((m,), jnp.float32)), x, g
+            "rmsnorm_matmul_lhs",
+            sizes,
+            rmsnorm_matmul_lhs_reference,
+            (((m, k), jnp.bfloat16), ((m,), jnp.float32)),
+            x,
+            g,
         )
     g = g.reshape(1, k)  # g: f32[K], broadcast over M
     lhs, mean_k = rt.on_platform(
@@ -15949,7 +16014,12 @@ def rmsnorm_matmul_backward_lhs(
     m, k, n = sizes["M"], sizes["K"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            rmsnorm_matmul_backward_lhs_reference, (((m, k), jnp.bfloat16),), dy, w
+            "rmsnorm_matmul_backward_lhs",
+            sizes,
+            rmsnorm_matmul_backward_lhs_reference,
+            (((m, k), jnp.bfloat16),),
+            dy,
+            w,
         )
     return rt.on_platform(
         "rmsnorm_matmul_backward_lhs",
@@ -16320,7 +16390,12 @@ def rmsnorm_matmul_backward_w(
     k, n, m = sizes["K"], sizes["N"], sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            rmsnorm_matmul_backward_w_reference, (((k, n), jnp.bfloat16),), lhs, dy
+            "rmsnorm_matmul_backward_w",
+            sizes,
+            rmsnorm_matmul_backward_w_reference,
+            (((k, n), jnp.bfloat16),),
+            lhs,
+            dy,
         )
     return rt.on_platform(
         "rmsnorm_matmul_backward_w",
@@ -16680,7 +16755,14 @@ def rmsnorm_matmul_lhs_backward(
     m, k = sizes["M"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            rmsnorm_matmul_lhs_backward_reference, (((m, k), jnp.bfloat16),), x, g, mean_k, dlhs
+            "rmsnorm_matmul_lhs_backward",
+            sizes,
+            rmsnorm_matmul_lhs_backward_reference,
+            (((m, k), jnp.bfloat16),),
+            x,
+            g,
+            mean_k,
+            dlhs,
         )
     g = g.reshape(1, k)  # g: f32[K], broadcast over M
     mean_k = mean_k.reshape(m, 1)  # mean_k: f32[M], broadcast over K
@@ -17069,7 +17151,13 @@ def rmsnorm_matmul_lhs_backward_over_m(
     m, k = sizes["M"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            rmsnorm_matmul_lhs_backward_over_m_reference, (((k,), jnp.float32),), x, mean_k, dlhs
+            "rmsnorm_matmul_lhs_backward_over_m",
+            sizes,
+            rmsnorm_matmul_lhs_backward_over_m_reference,
+            (((k,), jnp.float32),),
+            x,
+            mean_k,
+            dlhs,
         )
     mean_k = mean_k.reshape(m, 1)  # mean_k: f32[M], broadcast over K
     dg = rt.on_platform(

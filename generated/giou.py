@@ -20,7 +20,7 @@ from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
 
 
-@rt.jit_with_static_keywords
+@rt.jit_with_static_keywords(params={"eps": jnp.float32})
 def giou(
     ax1,
     ay1,
@@ -92,6 +92,8 @@ def giou(
     b, n = sizes["B"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "giou",
+            sizes,
             giou_reference,
             (((b, n), jnp.float32),),
             ax1,
@@ -544,7 +546,7 @@ def _giou_mosaic_gpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, eps, inter
     return giou[:b, :n]
 
 
-@rt.jit_with_static_keywords
+@rt.jit_with_static_keywords(params={"eps": jnp.float32})
 def giou_backward(
     ax1,
     ay1,
@@ -615,6 +617,8 @@ def giou_backward(
     b, n = sizes["B"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "giou_backward",
+            sizes,
             giou_backward_reference,
             (
                 ((b, n), jnp.float32),

@@ -67,7 +67,9 @@ def cross_entropy(
     )
     m, v = sizes["M"], sizes["V"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(cross_entropy_reference, (((m,), jnp.float32),), logits, label)
+        return rt.without_elements(
+            "cross_entropy", sizes, cross_entropy_reference, (((m,), jnp.float32),), logits, label
+        )
     return rt.differentiable(
         functools.partial(
             _cross_entropy_forward,
@@ -539,6 +541,8 @@ def cross_entropy_with_residuals(
     m, v = sizes["M"], sizes["V"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "cross_entropy_with_residuals",
+            sizes,
             cross_entropy_with_residuals_reference,
             (((m,), jnp.float32), ((m,), jnp.float32)),
             logits,
@@ -991,6 +995,8 @@ def cross_entropy_backward(
     m, v = sizes["M"], sizes["V"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "cross_entropy_backward",
+            sizes,
             cross_entropy_backward_reference,
             (((m, v), jnp.bfloat16),),
             logits,

@@ -74,7 +74,9 @@ def matmul(
     )
     m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(matmul_reference, (((m, n), jnp.float32),), x, y)
+        return rt.without_elements(
+            "matmul", sizes, matmul_reference, (((m, n), jnp.float32),), x, y
+        )
     return rt.differentiable(
         functools.partial(
             _matmul_forward,
@@ -466,7 +468,9 @@ def matmul_backward_x(
     )
     m, k, n = sizes["M"], sizes["K"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(matmul_backward_x_reference, (((m, k), jnp.float32),), dz, y)
+        return rt.without_elements(
+            "matmul_backward_x", sizes, matmul_backward_x_reference, (((m, k), jnp.float32),), dz, y
+        )
     return rt.on_platform(
         "matmul_backward_x",
         (dz, y),
@@ -816,7 +820,9 @@ def matmul_backward_y(
     )
     k, n, m = sizes["K"], sizes["N"], sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(matmul_backward_y_reference, (((k, n), jnp.float32),), x, dz)
+        return rt.without_elements(
+            "matmul_backward_y", sizes, matmul_backward_y_reference, (((k, n), jnp.float32),), x, dz
+        )
     return rt.on_platform(
         "matmul_backward_y",
         (x, dz),
@@ -1164,7 +1170,9 @@ def matmul_relu(
     )
     m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(matmul_relu_reference, (((m, n), jnp.float32),), x, y)
+        return rt.without_elements(
+            "matmul_relu", sizes, matmul_relu_reference, (((m, n), jnp.float32),), x, y
+        )
     return rt.differentiable(
         functools.partial(
             _matmul_relu_forward,
@@ -1631,6 +1639,8 @@ def matmul_relu_with_residuals(
     m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "matmul_relu_with_residuals",
+            sizes,
             matmul_relu_with_residuals_reference,
             (((m, n), jnp.float32), ((m, n), jnp.float32)),
             x,
@@ -2028,7 +2038,13 @@ def matmul_relu_backward_x(
     m, k, n = sizes["M"], sizes["K"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            matmul_relu_backward_x_reference, (((m, k), jnp.float32),), acc, dz, y
+            "matmul_relu_backward_x",
+            sizes,
+            matmul_relu_backward_x_reference,
+            (((m, k), jnp.float32),),
+            acc,
+            dz,
+            y,
         )
     return rt.on_platform(
         "matmul_relu_backward_x",
@@ -2510,7 +2526,13 @@ def matmul_relu_backward_y(
     k, n, m = sizes["K"], sizes["N"], sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            matmul_relu_backward_y_reference, (((k, n), jnp.float32),), acc, dz, x
+            "matmul_relu_backward_y",
+            sizes,
+            matmul_relu_backward_y_reference,
+            (((k, n), jnp.float32),),
+            acc,
+            dz,
+            x,
         )
     return rt.on_platform(
         "matmul_relu_backward_y",
@@ -3001,7 +3023,13 @@ def matmul_bias_gelu(
     m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            matmul_bias_gelu_reference, (((m, n), jnp.bfloat16),), x, y, bias
+            "matmul_bias_gelu",
+            sizes,
+            matmul_bias_gelu_reference,
+            (((m, n), jnp.bfloat16),),
+            x,
+            y,
+            bias,
         )
     return rt.differentiable(
         functools.partial(
@@ -3530,6 +3558,8 @@ def matmul_bias_gelu_with_residuals(
     m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "matmul_bias_gelu_with_residuals",
+            sizes,
             matmul_bias_gelu_with_residuals_reference,
             (((m, n), jnp.bfloat16), ((m, n), jnp.float32)),
             x,
@@ -3973,7 +4003,14 @@ def matmul_bias_gelu_backward_x(
     m, k, n = sizes["M"], sizes["K"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            matmul_bias_gelu_backward_x_reference, (((m, k), jnp.bfloat16),), acc, bias, dz, y
+            "matmul_bias_gelu_backward_x",
+            sizes,
+            matmul_bias_gelu_backward_x_reference,
+            (((m, k), jnp.bfloat16),),
+            acc,
+            bias,
+            dz,
+            y,
         )
     bias = bias.reshape((1, n))  # bias: f32[N]
     return rt.on_platform(
@@ -4504,6 +4541,8 @@ def matmul_bias_gelu_backward_y(
     k, n, m = sizes["K"], sizes["N"], sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "matmul_bias_gelu_backward_y",
+            sizes,
             matmul_bias_gelu_backward_y_reference,
             (((k, n), jnp.bfloat16), ((n,), jnp.float32)),
             acc,
@@ -5183,7 +5222,9 @@ def matmul_int8(
     )
     m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(matmul_int8_reference, (((m, n), jnp.int32),), x, y)
+        return rt.without_elements(
+            "matmul_int8", sizes, matmul_int8_reference, (((m, n), jnp.int32),), x, y
+        )
     return rt.differentiable(
         functools.partial(
             _matmul_int8_forward,
@@ -5586,7 +5627,9 @@ def batched_matmul(
     )
     b, m, n, k = sizes["B"], sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(batched_matmul_reference, (((b, m, n), jnp.float32),), x, y)
+        return rt.without_elements(
+            "batched_matmul", sizes, batched_matmul_reference, (((b, m, n), jnp.float32),), x, y
+        )
     return rt.differentiable(
         functools.partial(
             _batched_matmul_forward,
@@ -6013,7 +6056,12 @@ def batched_matmul_backward_x(
     b, m, k, n = sizes["B"], sizes["M"], sizes["K"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            batched_matmul_backward_x_reference, (((b, m, k), jnp.bfloat16),), dz, y
+            "batched_matmul_backward_x",
+            sizes,
+            batched_matmul_backward_x_reference,
+            (((b, m, k), jnp.bfloat16),),
+            dz,
+            y,
         )
     return rt.on_platform(
         "batched_matmul_backward_x",
@@ -6483,7 +6531,12 @@ def batched_matmul_backward_y(
     b, k, n, m = sizes["B"], sizes["K"], sizes["N"], sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            batched_matmul_backward_y_reference, (((b, k, n), jnp.bfloat16),), dz, x
+            "batched_matmul_backward_y",
+            sizes,
+            batched_matmul_backward_y_reference,
+            (((b, k, n), jnp.bfloat16),),
+            dz,
+            x,
         )
     return rt.on_platform(
         "batched_matmul_backward_y",
@@ -6905,7 +6958,7 @@ def _batched_matmul_backward_y_mosaic_gpu(dz, x, *, b, k, n, m, interpret):
     return dy.reshape((b, k, n))
 
 
-@rt.jit_with_static_keywords
+@rt.jit_with_static_keywords(params={"scale": jnp.float32})
 def scores(
     q,
     k,
@@ -6960,7 +7013,7 @@ def scores(
     b, size_s, t, d = sizes["B"], sizes["S"], sizes["T"], sizes["D"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            scores_reference, (((b, size_s, t), jnp.float32),), q, k, scale=scale
+            "scores", sizes, scores_reference, (((b, size_s, t), jnp.float32),), q, k, scale=scale
         )
     return rt.differentiable(
         functools.partial(
@@ -7323,7 +7376,7 @@ def _scores_mosaic_gpu(
     return s[:b, :size_s, :t]
 
 
-@rt.jit_with_static_keywords
+@rt.jit_with_static_keywords(params={"scale": jnp.float32})
 def scores_backward_epilogue(
     ds,
     *,
@@ -7371,7 +7424,12 @@ def scores_backward_epilogue(
     b, s, t = sizes["B"], sizes["S"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            scores_backward_epilogue_reference, (((b, s, t), jnp.bfloat16),), ds, scale=scale
+            "scores_backward_epilogue",
+            sizes,
+            scores_backward_epilogue_reference,
+            (((b, s, t), jnp.bfloat16),),
+            ds,
+            scale=scale,
         )
     return rt.on_platform(
         "scores_backward_epilogue",
@@ -7648,7 +7706,12 @@ def scores_backward_q(
     b, s, d, t = sizes["B"], sizes["S"], sizes["D"], sizes["T"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            scores_backward_q_reference, (((b, s, d), jnp.bfloat16),), dacc, k
+            "scores_backward_q",
+            sizes,
+            scores_backward_q_reference,
+            (((b, s, d), jnp.bfloat16),),
+            dacc,
+            k,
         )
     return rt.on_platform(
         "scores_backward_q",
@@ -8018,7 +8081,12 @@ def scores_backward_k(
     b, t, d, s = sizes["B"], sizes["T"], sizes["D"], sizes["S"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            scores_backward_k_reference, (((b, t, d), jnp.bfloat16),), dacc, q
+            "scores_backward_k",
+            sizes,
+            scores_backward_k_reference,
+            (((b, t, d), jnp.bfloat16),),
+            dacc,
+            q,
         )
     return rt.on_platform(
         "scores_backward_k",
@@ -8400,7 +8468,9 @@ def linear(
     )
     m, n, k = sizes["M"], sizes["N"], sizes["K"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(linear_reference, (((m, n), jnp.bfloat16),), x, w, bias)
+        return rt.without_elements(
+            "linear", sizes, linear_reference, (((m, n), jnp.bfloat16),), x, w, bias
+        )
     return rt.differentiable(
         functools.partial(
             _linear_forward,
@@ -8832,7 +8902,13 @@ def linear_backward_over_m(
     )
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(linear_backward_over_m_reference, (((n,), jnp.float32),), dy)
+        return rt.without_elements(
+            "linear_backward_over_m",
+            sizes,
+            linear_backward_over_m_reference,
+            (((n,), jnp.float32),),
+            dy,
+        )
     dbias = rt.on_platform(
         "linear_backward_over_m",
         (dy,),
@@ -9126,7 +9202,14 @@ def linear_backward_x(
     )
     m, k, n = sizes["M"], sizes["K"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(linear_backward_x_reference, (((m, k), jnp.bfloat16),), dy, w)
+        return rt.without_elements(
+            "linear_backward_x",
+            sizes,
+            linear_backward_x_reference,
+            (((m, k), jnp.bfloat16),),
+            dy,
+            w,
+        )
     return rt.on_platform(
         "linear_backward_x",
         (dy, w),
@@ -9476,7 +9559,14 @@ def linear_backward_w(
     )
     n, k, m = sizes["N"], sizes["K"], sizes["M"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(linear_backward_w_reference, (((n, k), jnp.bfloat16),), dy, x)
+        return rt.without_elements(
+            "linear_backward_w",
+            sizes,
+            linear_backward_w_reference,
+            (((n, k), jnp.bfloat16),),
+            dy,
+            x,
+        )
     return rt.on_platform(
         "linear_backward_w",
         (dy, x),

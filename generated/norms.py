@@ -20,7 +20,7 @@ from pallasgen.runtime import support as rt
 from pallasgen.runtime.support import plgpu
 
 
-@rt.jit_with_static_keywords
+@rt.jit_with_static_keywords(params={"eps": jnp.float32})
 def layer_norm(
     x,
     w,
@@ -67,6 +67,8 @@ def layer_norm(
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "layer_norm",
+            sizes,
             layer_norm_reference,
             (((m, n), jnp.bfloat16), ((m,), jnp.float32), ((m,), jnp.float32)),
             x,
@@ -515,7 +517,7 @@ def _layer_norm_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
     return y[:m, :n], mu[:m].reshape((m, 1)), rstd[:m].reshape((m, 1))
 
 
-@rt.jit_with_static_keywords
+@rt.jit_with_static_keywords(params={"eps": jnp.float32})
 def layer_norm_with_residuals(
     x,
     w,
@@ -561,6 +563,8 @@ def layer_norm_with_residuals(
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "layer_norm_with_residuals",
+            sizes,
             layer_norm_with_residuals_reference,
             (((m, n), jnp.bfloat16), ((m,), jnp.float32), ((m,), jnp.float32), ((m,), jnp.float32)),
             x,
@@ -955,7 +959,7 @@ def _layer_norm_with_residuals_mosaic_gpu(x, w, b, *, m, n, eps, interpret):
     return y[:m, :n], mu[:m].reshape((m, 1)), rstd[:m].reshape((m, 1)), mean_n[:m].reshape((m, 1))
 
 
-@rt.jit_with_static_keywords
+@rt.jit_with_static_keywords(params={"eps": jnp.float32})
 def layer_norm_backward(
     x,
     w,
@@ -1016,6 +1020,8 @@ def layer_norm_backward(
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "layer_norm_backward",
+            sizes,
             layer_norm_backward_reference,
             (((m, n), jnp.bfloat16),),
             x,
@@ -1571,6 +1577,8 @@ def layer_norm_backward_over_m(
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "layer_norm_backward_over_m",
+            sizes,
             layer_norm_backward_over_m_reference,
             (((n,), jnp.float32), ((n,), jnp.float32)),
             x,
@@ -1937,7 +1945,7 @@ def _layer_norm_backward_over_m_mosaic_gpu(x, mu, rstd, dy, *, m, n, interpret):
     return dw[:n].reshape((1, n)), db[:n].reshape((1, n))
 
 
-@rt.jit_with_static_keywords
+@rt.jit_with_static_keywords(params={"eps": jnp.float32})
 def rms_norm(
     x,
     w,
@@ -1975,7 +1983,9 @@ def rms_norm(
     rt.check_blocks("rms_norm", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(rms_norm_reference, (((m, n), jnp.bfloat16),), x, w, eps=eps)
+        return rt.without_elements(
+            "rms_norm", sizes, rms_norm_reference, (((m, n), jnp.bfloat16),), x, w, eps=eps
+        )
     return rt.differentiable(
         functools.partial(
             _rms_norm_forward,
@@ -2298,7 +2308,7 @@ def _rms_norm_mosaic_gpu(x, w, *, m, n, eps, interpret):
     return y[:m, :n]
 
 
-@rt.jit_with_static_keywords
+@rt.jit_with_static_keywords(params={"eps": jnp.float32})
 def rms_norm_with_residuals(
     x,
     w,
@@ -2338,6 +2348,8 @@ def rms_norm_with_residuals(
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "rms_norm_with_residuals",
+            sizes,
             rms_norm_with_residuals_reference,
             (((m, n), jnp.bfloat16), ((m,), jnp.float32)),
             x,
@@ -2625,7 +2637,7 @@ def _rms_norm_with_residuals_mosaic_gpu(x, w, *, m, n, eps, interpret):
     return y[:m, :n], mean_n[:m].reshape((m, 1))
 
 
-@rt.jit_with_static_keywords
+@rt.jit_with_static_keywords(params={"eps": jnp.float32})
 def rms_norm_backward(
     x,
     w,
@@ -2672,7 +2684,15 @@ def rms_norm_backward(
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            rms_norm_backward_reference, (((m, n), jnp.bfloat16),), x, w, mean_n, dy, eps=eps
+            "rms_norm_backward",
+            sizes,
+            rms_norm_backward_reference,
+            (((m, n), jnp.bfloat16),),
+            x,
+            w,
+            mean_n,
+            dy,
+            eps=eps,
         )
     w = w.reshape(1, n)  # w: f32[N], broadcast over M
     mean_n = mean_n.reshape(m, 1)  # mean_n: f32[M], broadcast over N
@@ -3008,7 +3028,7 @@ def _rms_norm_backward_mosaic_gpu(x, w, mean_n, dy, *, m, n, eps, interpret):
     return dx[:m, :n]
 
 
-@rt.jit_with_static_keywords
+@rt.jit_with_static_keywords(params={"eps": jnp.float32})
 def rms_norm_backward_over_m(
     x,
     mean_n,
@@ -3059,7 +3079,14 @@ def rms_norm_backward_over_m(
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            rms_norm_backward_over_m_reference, (((n,), jnp.float32),), x, mean_n, dy, eps=eps
+            "rms_norm_backward_over_m",
+            sizes,
+            rms_norm_backward_over_m_reference,
+            (((n,), jnp.float32),),
+            x,
+            mean_n,
+            dy,
+            eps=eps,
         )
     mean_n = mean_n.reshape(m, 1)  # mean_n: f32[M], broadcast over N
     dw = rt.on_platform(

@@ -64,7 +64,9 @@ def add_f32(
     )
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(add_f32_reference, (((m, n), jnp.float32),), x, y)
+        return rt.without_elements(
+            "add_f32", sizes, add_f32_reference, (((m, n), jnp.float32),), x, y
+        )
     return rt.differentiable(
         functools.partial(
             _add_f32_forward,
@@ -347,7 +349,11 @@ def add_f32_backward(
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            add_f32_backward_reference, (((m, n), jnp.float32), ((m, n), jnp.float32)), dz
+            "add_f32_backward",
+            sizes,
+            add_f32_backward_reference,
+            (((m, n), jnp.float32), ((m, n), jnp.float32)),
+            dz,
         )
     return rt.on_platform(
         "add_f32_backward",
@@ -600,7 +606,9 @@ def mul_f32(
     )
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(mul_f32_reference, (((m, n), jnp.float32),), x, y)
+        return rt.without_elements(
+            "mul_f32", sizes, mul_f32_reference, (((m, n), jnp.float32),), x, y
+        )
     return rt.differentiable(
         functools.partial(
             _mul_f32_forward,
@@ -895,7 +903,13 @@ def mul_f32_backward(
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            mul_f32_backward_reference, (((m, n), jnp.float32), ((m, n), jnp.float32)), x, y, dz
+            "mul_f32_backward",
+            sizes,
+            mul_f32_backward_reference,
+            (((m, n), jnp.float32), ((m, n), jnp.float32)),
+            x,
+            y,
+            dz,
         )
     return rt.on_platform(
         "mul_f32_backward",
@@ -1164,7 +1178,9 @@ def argmax_f32(
     rt.check_blocks("argmax_f32", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(argmax_f32_reference, (((m,), jnp.int32),), x)
+        return rt.without_elements(
+            "argmax_f32", sizes, argmax_f32_reference, (((m,), jnp.int32),), x
+        )
     return rt.differentiable(
         functools.partial(
             _argmax_f32_forward,
@@ -1428,7 +1444,9 @@ def equal_count_f32(
     rt.check_blocks("equal_count_f32", block_n=block_n, gpu_block_n=gpu_block_n, may_be_none=True)
     size_n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(equal_count_f32_reference, (((), jnp.int32),), x, y)
+        return rt.without_elements(
+            "equal_count_f32", sizes, equal_count_f32_reference, (((), jnp.int32),), x, y
+        )
     return rt.differentiable(
         functools.partial(
             _equal_count_f32_forward,
@@ -1729,7 +1747,9 @@ def add_i32(
     )
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(add_i32_reference, (((m, n), jnp.int32),), x, y)
+        return rt.without_elements(
+            "add_i32", sizes, add_i32_reference, (((m, n), jnp.int32),), x, y
+        )
     return rt.differentiable(
         functools.partial(
             _add_i32_forward,
@@ -1996,7 +2016,9 @@ def mul_i32(
     )
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(mul_i32_reference, (((m, n), jnp.int32),), x, y)
+        return rt.without_elements(
+            "mul_i32", sizes, mul_i32_reference, (((m, n), jnp.int32),), x, y
+        )
     return rt.differentiable(
         functools.partial(
             _mul_i32_forward,
@@ -2250,7 +2272,9 @@ def argmax_i32(
     rt.check_blocks("argmax_i32", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(argmax_i32_reference, (((m,), jnp.int32),), x)
+        return rt.without_elements(
+            "argmax_i32", sizes, argmax_i32_reference, (((m,), jnp.int32),), x
+        )
     return rt.differentiable(
         functools.partial(
             _argmax_i32_forward,
@@ -2508,7 +2532,9 @@ def equal_count_i32(
     rt.check_blocks("equal_count_i32", block_n=block_n, gpu_block_n=gpu_block_n, may_be_none=True)
     size_n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(equal_count_i32_reference, (((), jnp.int32),), x, y)
+        return rt.without_elements(
+            "equal_count_i32", sizes, equal_count_i32_reference, (((), jnp.int32),), x, y
+        )
     return rt.differentiable(
         functools.partial(
             _equal_count_i32_forward,
@@ -2764,7 +2790,7 @@ def add_i8(
     )
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(add_i8_reference, (((m, n), jnp.int8),), x, y)
+        return rt.without_elements("add_i8", sizes, add_i8_reference, (((m, n), jnp.int8),), x, y)
     return rt.differentiable(
         functools.partial(
             _add_i8_forward,
@@ -3037,7 +3063,7 @@ def mul_i8(
     )
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(mul_i8_reference, (((m, n), jnp.int8),), x, y)
+        return rt.without_elements("mul_i8", sizes, mul_i8_reference, (((m, n), jnp.int8),), x, y)
     return rt.differentiable(
         functools.partial(
             _mul_i8_forward,
@@ -3297,7 +3323,7 @@ def argmax_i8(
     rt.check_blocks("argmax_i8", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(argmax_i8_reference, (((m,), jnp.int32),), x)
+        return rt.without_elements("argmax_i8", sizes, argmax_i8_reference, (((m,), jnp.int32),), x)
     return rt.differentiable(
         functools.partial(
             _argmax_i8_forward,
@@ -3562,7 +3588,9 @@ def equal_count_i8(
     rt.check_blocks("equal_count_i8", block_n=block_n, gpu_block_n=gpu_block_n, may_be_none=True)
     size_n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(equal_count_i8_reference, (((), jnp.int32),), x, y)
+        return rt.without_elements(
+            "equal_count_i8", sizes, equal_count_i8_reference, (((), jnp.int32),), x, y
+        )
     return rt.differentiable(
         functools.partial(
             _equal_count_i8_forward,

@@ -52,7 +52,9 @@ def argmax_rows(
     rt.check_blocks("argmax_rows", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(argmax_rows_reference, (((m,), jnp.int32),), x)
+        return rt.without_elements(
+            "argmax_rows", sizes, argmax_rows_reference, (((m,), jnp.int32),), x
+        )
     return rt.differentiable(
         functools.partial(
             _argmax_rows_forward,
@@ -322,7 +324,9 @@ def argmax_blocked(
     )
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(argmax_blocked_reference, (((m,), jnp.int32),), x)
+        return rt.without_elements(
+            "argmax_blocked", sizes, argmax_blocked_reference, (((m,), jnp.int32),), x
+        )
     return rt.differentiable(
         functools.partial(
             _argmax_blocked_forward,
@@ -605,7 +609,9 @@ def argmin_rows(
     rt.check_blocks("argmin_rows", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(argmin_rows_reference, (((m,), jnp.int32),), x)
+        return rt.without_elements(
+            "argmin_rows", sizes, argmin_rows_reference, (((m,), jnp.int32),), x
+        )
     return rt.differentiable(
         functools.partial(
             _argmin_rows_forward,
@@ -873,7 +879,9 @@ def column_sums(
     )
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(column_sums_reference, (((n,), jnp.float32),), x)
+        return rt.without_elements(
+            "column_sums", sizes, column_sums_reference, (((n,), jnp.float32),), x
+        )
     return rt.differentiable(
         functools.partial(
             _column_sums_forward,
@@ -1188,7 +1196,14 @@ def column_sums_backward(
     )
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(column_sums_backward_reference, (((m, n), jnp.float32),), x, ds)
+        return rt.without_elements(
+            "column_sums_backward",
+            sizes,
+            column_sums_backward_reference,
+            (((m, n), jnp.float32),),
+            x,
+            ds,
+        )
     ds = ds.reshape(1, n)  # ds: f32[N], broadcast over M
     return rt.on_platform(
         "column_sums_backward",
@@ -1423,7 +1438,11 @@ def quantize_rows_int8(
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            quantize_rows_int8_reference, (((m, n), jnp.int8), ((m,), jnp.float32)), x
+            "quantize_rows_int8",
+            sizes,
+            quantize_rows_int8_reference,
+            (((m, n), jnp.int8), ((m,), jnp.float32)),
+            x,
         )
     return rt.differentiable(
         functools.partial(
@@ -1785,6 +1804,8 @@ def quantize_rows_int8_with_residuals(
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "quantize_rows_int8_with_residuals",
+            sizes,
             quantize_rows_int8_with_residuals_reference,
             (((m, n), jnp.int8), ((m,), jnp.float32), ((m,), jnp.float32), ((m,), jnp.int32)),
             x,
@@ -2178,6 +2199,8 @@ def quantize_rows_int8_backward(
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "quantize_rows_int8_backward",
+            sizes,
             quantize_rows_int8_backward_reference,
             (((m, n), jnp.float32),),
             x,
@@ -2482,7 +2505,9 @@ def equal_count(
     rt.check_blocks("equal_count", block_n=block_n, gpu_block_n=gpu_block_n, may_be_none=True)
     size_n = sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(equal_count_reference, (((), jnp.int32),), x, y)
+        return rt.without_elements(
+            "equal_count", sizes, equal_count_reference, (((), jnp.int32),), x, y
+        )
     return rt.differentiable(
         functools.partial(
             _equal_count_forward,

@@ -51,7 +51,7 @@ def softmax(
     rt.check_blocks("softmax", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(softmax_reference, (((m, n), jnp.float32),), x)
+        return rt.without_elements("softmax", sizes, softmax_reference, (((m, n), jnp.float32),), x)
     return rt.differentiable(
         functools.partial(
             _softmax_forward,
@@ -385,6 +385,8 @@ def softmax_with_residuals(
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
+            "softmax_with_residuals",
+            sizes,
             softmax_with_residuals_reference,
             (((m, n), jnp.float32), ((m,), jnp.float32), ((m,), jnp.int32), ((m,), jnp.float32)),
             x,
@@ -799,7 +801,15 @@ def softmax_backward(
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            softmax_backward_reference, (((m, n), jnp.float32),), x, sum_n, argmax_n, max_n, dy
+            "softmax_backward",
+            sizes,
+            softmax_backward_reference,
+            (((m, n), jnp.float32),),
+            x,
+            sum_n,
+            argmax_n,
+            max_n,
+            dy,
         )
     sum_n = sum_n.reshape(m, 1)  # sum_n: f32[M], broadcast over N
     argmax_n = argmax_n.reshape(m, 1)  # argmax_n: i32[M], broadcast over N
@@ -1230,7 +1240,9 @@ def log_softmax(
     rt.check_blocks("log_softmax", block_m=block_m, gpu_block_m=gpu_block_m, may_be_none=True)
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
-        return rt.without_elements(log_softmax_reference, (((m, n), jnp.float32),), x)
+        return rt.without_elements(
+            "log_softmax", sizes, log_softmax_reference, (((m, n), jnp.float32),), x
+        )
     return rt.differentiable(
         functools.partial(
             _log_softmax_forward,
@@ -1544,7 +1556,11 @@ def log_softmax_with_residuals(
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            log_softmax_with_residuals_reference, (((m, n), jnp.float32), ((m,), jnp.float32)), x
+            "log_softmax_with_residuals",
+            sizes,
+            log_softmax_with_residuals_reference,
+            (((m, n), jnp.float32), ((m,), jnp.float32)),
+            x,
         )
     y, logsumexp_n = rt.on_platform(
         "log_softmax_with_residuals",
@@ -1856,7 +1872,13 @@ def log_softmax_backward(
     m, n = sizes["M"], sizes["N"]
     if 0 in sizes.values():  # a dimension of size 0: nothing for a kernel to compute
         return rt.without_elements(
-            log_softmax_backward_reference, (((m, n), jnp.float32),), x, logsumexp_n, dy
+            "log_softmax_backward",
+            sizes,
+            log_softmax_backward_reference,
+            (((m, n), jnp.float32),),
+            x,
+            logsumexp_n,
+            dy,
         )
     logsumexp_n = logsumexp_n.reshape(m, 1)  # logsumexp_n: f32[M], broadcast over N
     return rt.on_platform(

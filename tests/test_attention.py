@@ -518,3 +518,23 @@ def test_a_mean_of_integers_beside_a_product_sums_in_f32_as_the_reference(tmp_pa
     top, m = module.scores_and_mean_count(q, k, c, interpret=True)
     np.testing.assert_allclose(f64(top), (f64(q) @ f64(k).T).max(1), rtol=1e-5)
     np.testing.assert_allclose(f64(m), c.astype(np.int64).mean(1), rtol=1e-6)
+
+
+@pytest.mark.parametrize("path", ["tpu", "gpu"])
+def test_inf_in_a_query_gives_the_references_lse(attention, path, monkeypatch):
+    """A query whose scores hold +inf: its lse is +inf (jax.nn.logsumexp's), not NaN; its
+    row of o is NaN in both."""
+    if path == "gpu":
+        take_gpu_branch(monkeypatch, attention)
+        attention.attention.clear_cache()
+    q, k, v = inputs("attention", np.random.default_rng(5), s=200, t=300, d=64)
+    q = np.asarray(q).copy()
+    q[0, 0, 150, 0] = np.inf
+    k = np.abs(np.asarray(k))  # every score of that query +inf, none NaN
+    got_o, got_lse = attention.attention(q, k, v, interpret=True if path == "gpu" else None)
+    want_o, want_lse = attention.attention_reference(q, k, v)
+    assert np.isinf(np.asarray(want_lse)[0, 0, 150])
+    np.testing.assert_allclose(np.asarray(got_lse), np.asarray(want_lse), rtol=2e-2, atol=2e-2)
+    assert np.array_equal(np.isnan(f64(got_o)), np.isnan(f64(want_o)))
+    if path == "gpu":
+        attention.attention.clear_cache()

@@ -131,3 +131,94 @@ def test_a_scalar_for_an_array_names_the_dimensions():
 def test_what_does_not_convert_to_an_array_is_a_type_error_naming_the_argument(value):
     with pytest.raises(TypeError, match=r"(?m)^add_vectors: y is not an array, nor converts to one \("):
         generated_module("add_vectors").add_vectors([1.0, 2.0], value)
+
+
+# --------------------------------------------------------------------------- params and launch keywords
+#
+# A param is static: a Python number of the param's kind, fixed when the call is traced.
+# Anything else, and a traced value, is refused before jax sees it, naming the kernel.
+
+
+@pytest.fixture(scope="module")
+def attention():
+    return generated_module("attention")
+
+
+def bf16(*shape):
+    import ml_dtypes
+
+    return f32(*shape).astype(ml_dtypes.bfloat16)
+
+
+@pytest.mark.parametrize("value", [None, "abc", True, [0.5], 1 + 2j], ids=["None", "str", "bool", "list", "complex"])
+def test_a_param_that_is_not_a_number_of_its_kind_is_a_type_error_naming_it(attention, value):
+    q = bf16(1, 1, 8, 16)
+    message = f"attention: scale must be a Python number (float32), got {value!r}"
+    with pytest.raises(TypeError, match=f"(?m)^{re.escape(message)}$"):
+        attention.attention(q, q, q, scale=value)
+
+
+@pytest.mark.parametrize(
+    "value", [1, 0.5, np.float32(0.5), np.int64(2)], ids=["int", "float", "np.float32", "np.int64"]
+)
+def test_a_param_takes_any_real_python_or_numpy_number(attention, value):
+    q = bf16(1, 1, 8, 16)
+    o, lse = attention.attention(q, q, q, scale=value)
+    want_o, want_lse = attention.attention_reference(q, q, q, scale=value)
+    np.testing.assert_allclose(np.asarray(lse), np.asarray(want_lse), rtol=1e-2)
+
+
+def test_a_traced_param_is_refused_as_static(attention):
+    import jax
+
+    q = bf16(1, 1, 8, 16)
+    with pytest.raises(TypeError, match=r"(?m)^attention: scale is static and must be a Python number, got a traced"):
+        jax.jit(lambda s: attention.attention(q, q, q, scale=s))(0.5)
+
+
+def test_a_jax_array_for_a_block_is_refused_as_static():
+    import jax.numpy as jnp
+
+    with pytest.raises(TypeError, match=r"(?m)^softmax: block_m is static and must be a Python number, got a jax"):
+        generated_module("softmax").softmax(f32(8, 8), block_m=jnp.int32(8))
+
+
+@pytest.mark.parametrize("value", ["abc", object()], ids=["str", "object"])
+def test_an_array_argument_that_jax_cannot_take_names_the_argument(value):
+    with pytest.raises(TypeError, match=r"(?m)^softmax: x is not an array, nor converts to one \("):
+        generated_module("softmax").softmax(value)
+
+
+@pytest.mark.parametrize(
+    ("keyword", "value", "expected"),
+    [
+        ("gpu_warps", -1, "one of 1, 2, 4, 8, 16, 32 or None"),
+        ("gpu_warps", 3, "one of 1, 2, 4, 8, 16, 32 or None"),
+        ("gpu_warps", 4.0, "one of 1, 2, 4, 8, 16, 32 or None"),
+        ("gpu_stages", "x", "one of 1, 2, 3, 4, 5, 6, 7, 8 or None"),
+        ("gpu_stages", True, "one of 1, 2, 3, 4, 5, 6, 7, 8 or None"),
+        ("interpret", "yes", "None, True, False or a pltpu.InterpretParams"),
+        ("interpret", 1, "None, True, False or a pltpu.InterpretParams"),
+    ],
+)
+def test_launch_keywords_are_checked_on_every_platform(keyword, value, expected):
+    message = f"softmax: {keyword} must be {expected}, got {value!r}"
+    with pytest.raises(ValueError, match=f"(?m)^{re.escape(message)}$"):
+        generated_module("softmax").softmax(f32(8, 8), **{keyword: value})
+
+
+def test_interpret_takes_interpret_params():
+    from jax.experimental.pallas import tpu as pltpu
+
+    module = generated_module("softmax")
+    x = f32(8, 8)
+    np.testing.assert_allclose(
+        module.softmax(x, interpret=pltpu.InterpretParams()), module.softmax_reference(x), rtol=1e-6
+    )
+
+
+def test_attention_over_no_keys_is_a_clear_error():
+    """Every query's max over T=0 is undefined (the reference fails too): a clear error."""
+    q, k = bf16(1, 1, 8, 16), bf16(1, 1, 0, 16)
+    with pytest.raises(ValueError, match=r"(?m)^attention: T=0 leaves "):
+        generated_module("attention").attention(q, k, k)

@@ -9,6 +9,7 @@ CI runs a small budget. A long run is a documented command:
 from __future__ import annotations
 
 import os
+import re
 import random
 import types
 from pathlib import Path
@@ -312,3 +313,98 @@ def test_generated_elementwise_specs_run_and_match_their_reference(tmp_path_fact
     integer_output = "out r: i" in spec
     atol = (1.0 if integer_output else 0.1) if uses_bf16 else 1e-5
     np.testing.assert_allclose(got, want, rtol=5e-2 if uses_bf16 else 1e-5, atol=atol, equal_nan=True)
+
+
+# ---------------------------------------------------------------- mutated specs that build must be callable
+
+CALLED_SPECS = int(os.environ.get("PALLASGEN_FUZZ_CALLED", "10"))  # about 30 s of CPU
+
+
+def bundled_kernel_texts() -> list[str]:
+    """Each kernel of the bundled specs, with its comment lines: one to mutate at a time
+    (a whole spec, gradients and all, costs seconds to build)."""
+    pattern = re.compile(r"(?ms)^(?:#[^\n]*\n)*kernel .*?^\}[^\n]*\n")
+    return [match.group(0) for spec in SPECS for match in pattern.finditer(spec.read_text())]
+
+
+def tolerance(dtype) -> float:
+    """How far a kernel may be from its reference: interpret mode and XLA round 16-bit
+    intermediates at different points (a few steps of bf16), and an integer computed from
+    floats may round one step apart."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iub":
+        return 1.0
+    return 1e-4 if dtype.itemsize >= 4 else 2**-5
+
+
+def check_call(module, kernel, arrays) -> str | None:
+    """None where the kernel gives its reference's answer (or refuses the call with an error
+    that names it), else what went wrong."""
+    import jax
+
+    try:
+        want = jax.tree.leaves(getattr(module, f"{kernel}_reference")(*arrays))
+    except Exception:  # noqa: BLE001 - a reference that fails leaves the kernel free to refuse
+        want = None
+    try:
+        got = jax.tree.leaves(getattr(module, kernel)(*arrays, interpret=True))
+    except (TypeError, ValueError) as error:
+        if str(error).startswith(f"{kernel}: "):
+            return None
+        return f"raised {type(error).__name__}: {str(error).splitlines()[0][:300]}"
+    except Exception as error:  # noqa: BLE001
+        return f"raised {type(error).__name__}: {str(error).splitlines()[0][:300]}"
+    if want is None:
+        return None
+    for index, (g, w) in enumerate(zip(got, want)):
+        if g.shape != w.shape or g.dtype != w.dtype:
+            return f"output {index}: {g.dtype}{list(g.shape)}, its reference {w.dtype}{list(w.shape)}"
+        atol = tolerance(g.dtype)
+        try:
+            np.testing.assert_allclose(
+                np.asarray(g, np.float64), np.asarray(w, np.float64), rtol=atol, atol=atol, equal_nan=True
+            )
+        except AssertionError as error:
+            return f"output {index} differs from its reference:{error}"
+    return None
+
+
+def test_a_seeded_sample_of_mutated_kernels_that_build_are_called_and_match_their_references(tmp_path):
+    """Mutated bundled kernels that build (a seeded sample) are called on small random
+    inputs in interpret mode, and with each dimension empty in turn: each gives its reference's answer, or refuses the call with
+    a TypeError or ValueError naming the kernel."""
+    import jax.numpy as jnp
+
+    from kernel_cases import random_array
+    from pallasgen.workspace.pipeline import check_source
+
+    rng, texts, called, failures = random.Random(30), bundled_kernel_texts(), 0, []
+    for attempt in range(40 * CALLED_SPECS):
+        if called == CALLED_SPECS:
+            break
+        text = rng.choice(texts)
+        for _ in range(rng.randint(1, 2)):
+            text = mutate(text, rng)
+        module_text = build(text)
+        if module_text is None:
+            continue
+        called += 1
+        path = tmp_path / f"called_{attempt}.py"
+        path.write_text(module_text)
+        module = load_module(path, f"_fuzz_called_{attempt}")
+        sizes_rng = np.random.default_rng(attempt)
+        for checked in check_source(text, "fuzz.pallas"):
+            kernel = checked.kernel
+            sizes = {d: int(sizes_rng.integers(1, 24)) for d in checked.dims}
+            # Random sizes, then each dimension empty in turn (no kernel runs: cheap).
+            for empty in (None, *checked.dims):
+                at = {**sizes, empty: 0} if empty else sizes
+                arrays = [
+                    jnp.asarray(random_array(sizes_rng, decl.dtype, tuple(at[d] for d in decl.dims)))
+                    for decl in kernel.inputs
+                ]
+                problem = check_call(module, kernel.name, arrays)
+                if problem:
+                    failures.append(f"{kernel.name} at {at}: {problem}\n--- spec:\n{text}")
+    assert called == CALLED_SPECS, f"only {called} of {40 * CALLED_SPECS} mutations built"
+    assert not failures, "\n\n".join(failures)

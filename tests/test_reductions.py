@@ -764,3 +764,21 @@ def test_a_reduction_is_an_operand_like_any_value(inside_expressions, gpu, monke
     np.testing.assert_array_equal(seen, c.any(1).astype(np.float32) + c.all(1).astype(np.float32))
     np.testing.assert_array_equal(last, np.argmax(x, 1) * 2 + 1)
     np.testing.assert_array_equal(spread, (x.max(1).astype(np.int64) - x.min(1)).astype(np.int8))
+
+
+@pytest.mark.parametrize("kernel", ["log_softmax", "log_softmax_with_residuals"])
+def test_log_softmax_of_a_row_holding_inf_agrees_with_its_reference(kernel, path):
+    """A row's +inf makes its logsumexp +inf (as jax.nn.logsumexp): x - inf is -inf, and
+    the +inf's own place inf - inf is NaN; a row of -inf, and a row with NaN, as well."""
+    module = generated_module("softmax")
+    if not hasattr(module, kernel):
+        pytest.skip(f"no {kernel}")
+    x = np.random.default_rng(0).standard_normal((12, 300)).astype(np.float32)
+    x[0, 2] = np.inf
+    x[1, :] = -np.inf
+    x[2, 5] = np.nan
+    x[3, 7], x[3, 9] = np.inf, np.inf
+    got = jax.tree.leaves(getattr(module, kernel)(x, interpret=True if path == "gpu" else None))
+    want = jax.tree.leaves(getattr(module, f"{kernel}_reference")(x))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)

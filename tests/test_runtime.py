@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import re
 import subprocess
 import sys
 import warnings
@@ -287,9 +288,11 @@ def test_check_blocks_takes_positive_ints_and_none_where_allowed():
 
 
 def test_without_elements_gives_empty_outputs_or_what_the_reference_reduces_to():
-    empty = support.without_elements(None, (((0, 3), jnp.float32),), None)
+    empty = support.without_elements("k", {"M": 0, "N": 3}, None, (((0, 3), jnp.float32),), None)
     assert empty.shape == (0, 3) and empty.dtype == jnp.float32
-    total = support.without_elements(lambda x: x.sum(axis=0), (((3,), jnp.float32),), jnp.zeros((0, 3)))
+    total = support.without_elements(
+        "k", {"M": 0, "N": 3}, lambda x: x.sum(axis=0), (((3,), jnp.float32),), jnp.zeros((0, 3))
+    )
     np.testing.assert_array_equal(total, np.zeros(3))
 
 
@@ -367,6 +370,43 @@ def test_running_reductions_agree_with_the_whole_ones():
     np.testing.assert_allclose(support.logsumexp(x, 1)[:, 0], jax.nn.logsumexp(x, axis=1), rtol=1e-6)
     np.testing.assert_array_equal(index[:, 0], jnp.argmax(x, axis=1))
     np.testing.assert_allclose(support.softmax(x, 1), jax.nn.softmax(x, axis=1), rtol=1e-6)
+
+
+def test_a_checked_jit_takes_params_of_their_kind_and_refuses_the_rest():
+    def k(x, *, n=1, s=0.5, block_m=None):
+        return x * n + s
+
+    k = support.jit_with_static_keywords(k, params={"n": jnp.int8, "s": jnp.float32})
+    x = jnp.ones(3, jnp.float32)
+    np.testing.assert_array_equal(k(x, n=np.int32(2), s=1), np.full(3, 3.0))
+    for keywords, error, message in [
+        ({"n": 1.0}, TypeError, "k: n must be a Python int (int8), got 1.0"),
+        ({"n": 200}, ValueError, "k: n=200 does not fit in int8 (-128 to 127)"),
+        ({"s": 10**400}, ValueError, "k: s=1" + "0" * 400 + " is too large for float32"),
+        ({"s": 1e39}, ValueError, "k: s=1e+39 is too large for float32"),
+        ({"block_m": [8]}, TypeError, "k: block_m is static and must be a Python number, got [8]"),
+    ]:
+        with pytest.raises(error, match=f"^{re.escape(message)}"):
+            k(x, **keywords)
+    assert np.isinf(k(x, s=float("inf"))).all()
+    assert k.__wrapped__.__name__ == "k" and k.clear_cache() is None
+
+
+def test_logsumexp_of_rows_holding_inf_or_nan_is_jax_numpys():
+    """+inf in a row makes its log-sum-exp +inf, a row of -inf -inf, a NaN NaN: whole, and
+    from the running steps (the finish decides, once per row)."""
+    x = np.random.default_rng(1).standard_normal((5, 10)).astype(np.float32)
+    x[0, 3] = np.inf
+    x[1, :] = -np.inf
+    x[2, 4] = np.nan
+    x[3, 1], x[3, 8] = np.inf, -np.inf
+    x = jnp.asarray(x)
+    want = jax.nn.logsumexp(x, axis=1, keepdims=True)
+    top, total = jnp.full((5, 1), -jnp.inf), jnp.zeros((5, 1))
+    for start in range(0, 10, 4):
+        top, total = support.logsumexp_step(top, total, x[:, start : start + 4], 1)
+    np.testing.assert_array_equal(support.logsumexp_finish(top, total), want)
+    np.testing.assert_array_equal(support.logsumexp(x, 1), want)
 
 
 def test_masks_cover_the_positions_inside_and_none_where_blocks_fit():

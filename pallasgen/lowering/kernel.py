@@ -79,6 +79,7 @@ class KernelPlan:
     reference_sizes: tuple[str, ...]
     reference_body: tuple[str, ...]
     backends: dict[str, object]  # each backend's plan, by backend name
+    params: str = ""  # each param and its dtype, as a dict's items: "scale": jnp.float32
     gradient: GradientPlan | None = None  # how jax.grad differentiates it (None: as JAX can)
 
 
@@ -196,6 +197,7 @@ def plan_kernel(lowered: LoweredKernel, groups: list[KeywordGroup], backends: di
         ),
         reference_body=tuple(reference_body),
         backends=backends,
+        params=", ".join(f"{p.name!r}: {jnp_dtype(p.dtype)}" for p in kernel.params),
     )
 
 

@@ -14,6 +14,13 @@ GPU_BACKENDS = ("triton", "mosaic_gpu")
 # (`Backend.target`).
 TARGETS = ("tpu", *GPU_BACKENDS)
 
+# The Triton launch options a generated function takes (`gpu NAME = VALUE` in a spec, and
+# its `gpu_warps`, `gpu_stages` keywords), each with the values it allows.
+GPU_LAUNCH_OPTIONS = {
+    "warps": ("gpu_warps", (1, 2, 4, 8, 16, 32)),
+    "stages": ("gpu_stages", (1, 2, 3, 4, 5, 6, 7, 8)),
+}
+
 # jax's `Device.device_kind` of each TPU generation, by the name that `--chip`, tuning
 # files and generated tables give it.
 TPU_DEVICE_KINDS = {

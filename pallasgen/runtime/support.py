@@ -23,6 +23,11 @@ Keywords every generated function takes beside its arrays and params:
   best on the GPU at the nearest sizes, else the built-in ones.
 - `interpret`: None compiles on TPU and GPU and interprets elsewhere; False always
   compiles; True or a `pltpu.InterpretParams` interprets the TPU kernel on any platform.
+- each param of the spec: a static Python (or NumPy) number of the param's kind.
+
+`jit_with_static_keywords` checks these on every platform before jax sees the call:
+none is a traced value, and a call that jax could not take fails with a TypeError or
+ValueError that names the kernel.
 
 A module generated for some targets only (`[tool.pallasgen] targets`) has only their
 keywords (`gpu_backend` only with both GPU targets) and kernels; without "tpu", the
@@ -45,11 +50,14 @@ import jax.extend.core
 import jax.interpreters.batching
 import jax.interpreters.mlir
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
 from pallasgen.runtime.constants import (
     GPU_BACKENDS,
+    GPU_LAUNCH_OPTIONS,
     SCOPED_VMEM_BYTES,
     STEP_ELEMENTS,
     STEP_VMEM_BYTES,
@@ -62,6 +70,11 @@ try:
     from jax.experimental.pallas import mosaic_gpu as plgpu
 except ImportError:  # jax 0.10.2 imports it only with absl-py (pallasgen's jax extra brings it)
     plgpu = None
+
+# The values each Triton launch keyword (gpu_warps, gpu_stages) takes beside None.
+_LAUNCH_OPTIONS = dict(GPU_LAUNCH_OPTIONS.values())
+# What `interpret` takes beside None, True and False.
+_INTERPRET_PARAMS = getattr(pltpu, "InterpretParams", ())
 
 # The TPU generation of each `Device.device_kind`, as tuning tables name it.
 TPU_CHIPS = {kind: chip for chip, kinds in TPU_DEVICE_KINDS.items() for kind in kinds}
@@ -349,15 +362,126 @@ def on_platform(
     )
 
 
-def jit_with_static_keywords(function):
+def jit_with_static_keywords(function=None, *, params=None):
     """`jax.jit(function)` with every keyword-only parameter static: a generated
-    function's block sizes, launch options, params and `interpret`."""
-    keywords = [
-        parameter.name
-        for parameter in inspect.signature(function).parameters.values()
-        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
-    ]
-    return jax.jit(function, static_argnames=keywords)
+    function's block sizes, launch options, params and `interpret`. `params` maps each
+    param to its dtype.
+
+    A call is checked before jax sees it, so that none fails deep inside jax: each keyword
+    it passes must be a Python value (a traced value or a jax array is refused: a static
+    keyword is fixed when the call is traced); a param a real number of its kind (a float
+    param's int becomes a float), the launch options and `interpret` values they take
+    (`_check_keywords`). An argument that jax cannot take as an array is named. The
+    result is jitted as `jax.jit` jits it: `trace`, `lower`, `eval_shape` and
+    `clear_cache` are jax's (`jax.export.export` takes it), without these checks.
+    """
+    if function is None:
+        return functools.partial(jit_with_static_keywords, params=params)
+    return _CheckedJit(function, params or {})
+
+
+class _CheckedJit:
+    """A generated function, jitted, whose calls `jit_with_static_keywords` checks. Its
+    `trace`, `lower`, `eval_shape` and `clear_cache` are methods, not attributes: a
+    function that wraps it (`jax.vmap`) copies its attributes, and a copied `trace` would
+    trace this function rather than the wrapper."""
+
+    def __init__(self, function, params):
+        functools.update_wrapper(self, function)
+        parameters = inspect.signature(function).parameters.values()
+        keyword_only = inspect.Parameter.KEYWORD_ONLY
+        keywords = [parameter.name for parameter in parameters if parameter.kind is keyword_only]
+        self._arrays = [parameter.name for parameter in parameters if parameter.kind is not keyword_only]
+        self._params = dict(params)
+        self._jitted = jax.jit(function, static_argnames=keywords)
+
+    def __call__(self, *args, **options):
+        if options:
+            options = _check_keywords(self.__name__, self._params, options)
+        try:
+            return self._jitted(*args, **options)
+        except (TypeError, ValueError):
+            given = [*zip(self._arrays, args), *((name, options[name]) for name in self._arrays if name in options)]
+            _refuse_non_arrays(self.__name__, given)
+            raise
+
+    def trace(self, *args, **keywords):
+        return self._jitted.trace(*args, **keywords)
+
+    def lower(self, *args, **keywords):
+        return self._jitted.lower(*args, **keywords)
+
+    def eval_shape(self, *args, **keywords):
+        return self._jitted.eval_shape(*args, **keywords)
+
+    def clear_cache(self):
+        return self._jitted.clear_cache()
+
+
+def _check_keywords(kernel, params, options):
+    """The keywords of a call (`options`), checked as `jit_with_static_keywords` says:
+    `params` maps each param to its dtype. Block sizes are checked by `check_blocks`."""
+    checked = dict(options)
+    for name, value in options.items():
+        if isinstance(value, (jax.core.Tracer, jax.Array)):
+            what = "a traced value" if isinstance(value, jax.core.Tracer) else "a jax array"
+            kind = "value" if name in ("interpret", "gpu_backend") else "number"
+            raise TypeError(
+                f"{kernel}: {name} is static and must be a Python {kind}, got {what} ({type(value).__name__});"
+                " a static keyword is fixed when the call is traced"
+            )
+        if name in params:
+            checked[name] = _checked_param(kernel, name, value, jnp.dtype(params[name]))
+        elif name == "interpret":
+            if not (value is None or value is True or value is False or isinstance(value, _INTERPRET_PARAMS)):
+                raise ValueError(
+                    f"{kernel}: interpret must be None, True, False or a pltpu.InterpretParams, got {value!r}"
+                )
+        elif name in _LAUNCH_OPTIONS:
+            allowed = _LAUNCH_OPTIONS[name]
+            if value is not None and (type(value) is not int or value not in allowed):
+                raise ValueError(
+                    f"{kernel}: {name} must be one of {', '.join(map(str, allowed))} or None, got {value!r}"
+                )
+        else:
+            try:
+                hash(value)
+            except TypeError:
+                raise TypeError(f"{kernel}: {name} is static and must be a Python number, got {value!r}") from None
+    return checked
+
+
+def _checked_param(kernel, name, value, dtype):
+    """A param's value as the kernel takes it: a real Python (or NumPy) number of its
+    kind, in range; a float param's int as a float."""
+    integer = jnp.issubdtype(dtype, jnp.integer)
+    kinds = (int, np.integer) if integer else (int, float, np.integer, np.floating)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, kinds):
+        what = "an int" if integer else "a number"
+        raise TypeError(f"{kernel}: {name} must be a Python {what.split()[-1]} ({dtype.name}), got {value!r}")
+    if integer:
+        bounds = jnp.iinfo(dtype)
+        if not bounds.min <= value <= bounds.max:
+            raise ValueError(f"{kernel}: {name}={value} does not fit in {dtype.name} ({bounds.min} to {bounds.max})")
+        return value
+    largest = float(jnp.finfo(dtype).max)
+    try:
+        number = float(value)
+    except OverflowError:
+        number = float("inf")
+    if abs(number) > largest and not (isinstance(value, (float, np.floating)) and np.isinf(value)):
+        raise ValueError(f"{kernel}: {name}={value} is too large for {dtype.name} (largest {largest:g})")
+    return number if isinstance(value, (int, np.integer)) else value
+
+
+def _refuse_non_arrays(kernel, arrays):
+    """Names the first of the (name, value) `arrays` that jax cannot take as arrays."""
+    for name, value in arrays:
+        for leaf in jax.tree.leaves(value):
+            try:
+                jnp.asarray(leaf)
+            except (TypeError, ValueError) as error:
+                raise TypeError(f"{kernel}: {name} is not an array, nor converts to one ({error})") from None
 
 
 def platform_dependent(arrays, traced=None, **kernels):
@@ -479,12 +603,21 @@ def check_blocks(kernel, may_be_none=False, **blocks):
             raise ValueError(f"{kernel}: {keyword} must be {expected}, got {block!r}")
 
 
-def without_elements(reference, outputs, *arrays, **params):
-    """The result of a call where a dimension has size 0, as jax.numpy gives it: empty
-    arrays of the `outputs`' (shape, dtype), or, where an output still has elements (it
-    reduces over the empty dimension), what the reference computes."""
+def without_elements(kernel, sizes, reference, outputs, /, *arrays, **params):
+    """The result of a call where a dimension has size 0 (`sizes`: each dimension's), as
+    jax.numpy gives it: empty arrays of the `outputs`' (shape, dtype), or, where an output
+    still has elements (it reduces over the empty dimension), what the reference
+    computes. A reduction that has no value over nothing (max, argmax...) is a ValueError
+    naming the kernel and the empty dimensions, as the reference's own error would not."""
     if any(0 not in shape for shape, _ in outputs):
-        return reference(*arrays, **params)
+        try:
+            return reference(*arrays, **params)
+        except ValueError as error:
+            empty = ", ".join(f"{dim}=0" for dim, size in sizes.items() if size == 0)
+            raise ValueError(
+                f"{kernel}: {empty} leaves a reduction with nothing to reduce and no value for that"
+                f" (max, min, argmax or argmin of nothing), so outputs of other dimensions have none: {error}"
+            ) from None
     empty = tuple(jnp.zeros(shape, dtype) for shape, dtype in outputs)
     return empty if len(empty) > 1 else empty[0]
 
@@ -697,10 +830,10 @@ def argbest_step(best, index, x, start, axis, largest):
 
 
 def logsumexp(x, axis):
-    """log(sum(exp(x))) along `axis`, kept as size 1, without overflow."""
+    """log(sum(exp(x))) along `axis`, kept as size 1, without overflow (see `logsumexp_finish`)."""
     top = jnp.max(x, axis=axis, keepdims=True)
-    top = jnp.where(top > -jnp.inf, top, 0.0)  # a row of -inf sums to 0, its log -inf
-    return top + jnp.log(jnp.sum(jnp.exp(x - top), axis=axis, keepdims=True))
+    shift = jnp.where(top > -jnp.inf, top, 0.0)  # a row of -inf sums to 0, its log -inf
+    return logsumexp_finish(top, jnp.sum(jnp.exp(x - shift), axis=axis, keepdims=True))
 
 
 def logsumexp_step(top, total, x, axis):
@@ -712,8 +845,10 @@ def logsumexp_step(top, total, x, axis):
 
 
 def logsumexp_finish(top, total):
-    """log-sum-exp from its running (max, sum)."""
-    return jnp.where(top > -jnp.inf, top, 0.0) + jnp.log(total)
+    """log-sum-exp from its running (max, sum), as jax.nn.logsumexp gives it: a row whose
+    max is +inf or -inf has that for its log-sum-exp (its sum is NaN, or 0), a row with a
+    NaN NaN. Decided here, once per row, so that the running steps do no extra work."""
+    return jnp.where((top > -jnp.inf) & (top < jnp.inf), top + jnp.log(total), top)
 
 
 def softmax(x, axis):

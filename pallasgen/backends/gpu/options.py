@@ -6,12 +6,11 @@ from pallasgen.frontend import ir
 from pallasgen.analysis.names import block_keyword
 from pallasgen.analysis.product import Product
 from pallasgen.analysis.space import IterationSpace
+from pallasgen.runtime.constants import GPU_LAUNCH_OPTIONS
 
-# `gpu NAME = VALUE` options: (keyword of the generated function, allowed values, default).
-OPTIONS = {
-    "warps": ("gpu_warps", (1, 2, 4, 8, 16, 32)),
-    "stages": ("gpu_stages", (1, 2, 3, 4, 5, 6, 7, 8)),
-}
+# `gpu NAME = VALUE` options: (keyword of the generated function, allowed values); the
+# runtime checks a call's by the same table.
+OPTIONS = GPU_LAUNCH_OPTIONS
 
 # Keywords of the generated GPU function that spec names must not take.
 GPU_FUNCTION_LOCALS = ("num_warps", "num_stages")

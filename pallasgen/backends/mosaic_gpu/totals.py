@@ -214,7 +214,7 @@ class TotalsPlanner:
         in order of position: the first best row holds the first best position)."""
         parts, kind = self.partials[node], node.func
         if kind == "logsumexp":
-            return f"jax.nn.logsumexp({parts[0]} + jnp.log({parts[1]}))"
+            return f"jax.nn.logsumexp(rt.logsumexp_finish({parts[0]}, {parts[1]}))"
         if kind in ("argmax", "argmin"):
             return f"{parts[1]}[jnp.{kind}({parts[0]})]"
         combined = f"jnp.{FUNCTIONS[kind].reducer.block}({parts[0]})"
