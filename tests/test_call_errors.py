@@ -197,8 +197,8 @@ def test_an_array_argument_that_jax_cannot_take_names_the_argument(value):
         ("gpu_warps", 4.0, "one of 1, 2, 4, 8, 16, 32 or None"),
         ("gpu_stages", "x", "one of 1, 2, 3, 4, 5, 6, 7, 8 or None"),
         ("gpu_stages", True, "one of 1, 2, 3, 4, 5, 6, 7, 8 or None"),
-        ("interpret", "yes", "None, True, False or a pltpu.InterpretParams"),
-        ("interpret", 1, "None, True, False or a pltpu.InterpretParams"),
+        ("interpret", "yes", "None, True, False or a pltpu.InterpretParams (plgpu.InterpretGPUParams on Mosaic GPU)"),
+        ("interpret", 1, "None, True, False or a pltpu.InterpretParams (plgpu.InterpretGPUParams on Mosaic GPU)"),
     ],
 )
 def test_launch_keywords_are_checked_on_every_platform(keyword, value, expected):

@@ -73,8 +73,13 @@ except ImportError:  # jax 0.10.2 imports it only with absl-py (pallasgen's jax 
 
 # The values each Triton launch keyword (gpu_warps, gpu_stages) takes beside None.
 _LAUNCH_OPTIONS = dict(GPU_LAUNCH_OPTIONS.values())
-# What `interpret` takes beside None, True and False.
-_INTERPRET_PARAMS = getattr(pltpu, "InterpretParams", ())
+# What `interpret` takes beside None, True and False: the TPU interpreter's parameters, and
+# on jax 0.12 Mosaic GPU's (its kernels run in Mosaic GPU's interpreter with them).
+_INTERPRET_PARAMS = tuple(
+    params
+    for params in (getattr(pltpu, "InterpretParams", None), getattr(plgpu, "InterpretGPUParams", None))
+    if params is not None
+)
 
 # The TPU generation of each `Device.device_kind`, as tuning tables name it.
 TPU_CHIPS = {kind: chip for chip, kinds in TPU_DEVICE_KINDS.items() for kind in kinds}
@@ -435,7 +440,8 @@ def _check_keywords(kernel, params, options):
         elif name == "interpret":
             if not (value is None or value is True or value is False or isinstance(value, _INTERPRET_PARAMS)):
                 raise ValueError(
-                    f"{kernel}: interpret must be None, True, False or a pltpu.InterpretParams, got {value!r}"
+                    f"{kernel}: interpret must be None, True, False or a pltpu.InterpretParams"
+                    f" (plgpu.InterpretGPUParams on Mosaic GPU), got {value!r}"
                 )
         elif name in _LAUNCH_OPTIONS:
             allowed = _LAUNCH_OPTIONS[name]
