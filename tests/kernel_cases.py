@@ -41,6 +41,17 @@ NUMPY_DTYPES = {
 # --------------------------------------------------------------------------- modules
 
 
+# A one-kernel spec for tests of the build path, the cache and project settings.
+ADD_VECTORS_SPEC = """kernel add_vectors {
+    in  x: f32[N]
+    in  y: f32[N]
+    out z: f32[N]
+    z = x + y
+    block N = 1024
+}
+"""
+
+
 def load_module(path: Path, name: str) -> ModuleType:
     """Imports the Python file at `path` as a fresh module called `name`."""
     spec = importlib.util.spec_from_file_location(name, path)
@@ -60,6 +71,7 @@ def take_gpu_branch(monkeypatch, module: ModuleType) -> None:
     """Make a generated module's dispatch run the Triton kernel, passing `interpret` on,
     so that the GPU path runs in interpret mode on CPU. (The real dispatch follows the
     lowering platform: see test_dispatch.py.)"""
+
     def on_gpu(kernel, arrays, *, tpu, triton, mosaic_gpu, gpu_backend, interpret):
         return module.rt.gpu_kernel(kernel, gpu_backend, triton, mosaic_gpu)(*arrays, interpret=interpret)
 

@@ -4,19 +4,12 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
+from kernel_cases import ADD_VECTORS_SPEC
+from pallasgen.cli import main
+from pallasgen.rendering import render
 from pallasgen.workspace import cache
 
-from pallasgen.rendering import render
-from pallasgen.cli import main
-
-SPEC = """kernel add_vectors {
-    in  x: f32[N]
-    in  y: f32[N]
-    out z: f32[N]
-    z = x + y
-    block N = 1024
-}
-"""
+SPEC = ADD_VECTORS_SPEC
 
 
 def project(tmp_path, monkeypatch):

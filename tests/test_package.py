@@ -10,16 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from kernel_cases import ADD_VECTORS_SPEC
+
 ROOT = Path(__file__).resolve().parents[1]
 
-SPEC = """kernel add_vectors {
-    in  x: f32[N]
-    in  y: f32[N]
-    out z: f32[N]
-    z = x + y
-    block N = 1024
-}
-"""
+SPEC = ADD_VECTORS_SPEC
 
 
 def test_the_license_is_apache_2_and_the_metadata_says_so():
