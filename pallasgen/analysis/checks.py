@@ -104,9 +104,6 @@ def check_kernel_names(spec: ir.Spec) -> list[Diagnostic]:
                 )
             )
         seen.add(kernel.name)
-    for kernel in spec.kernels:
-        if kernel.name.endswith("_reference") and kernel.name[: -len("_reference")] in seen:
-            found.append(Diagnostic(kernel.position, f"'{kernel.name}' is the name of another kernel's reference"))
     if not spec.kernels:
         found.append(Diagnostic(Position.point(1, 1), "no kernel in this spec"))
     return found
