@@ -176,7 +176,7 @@ def test_a_module_with_one_feature_runs_on_the_cpu_and_on_the_gpu_path(feature, 
     xs = [rng.standard_normal(tuple(sizes[d] for d in dims)).astype(np.float32) * 4 for dims in inputs]
     if feature in BF16_INPUTS:
         xs = [jnp.asarray(x, jnp.bfloat16) for x in xs]
-    want = np.asarray(module.k_reference(*xs))
+    want = np.asarray(module.k.reference(*xs))
     np.testing.assert_allclose(np.asarray(module.k(*xs)), want, rtol=1e-5, atol=1e-5)
     take_gpu_branch(monkeypatch, module)
     np.testing.assert_allclose(np.asarray(module.k(*xs, interpret=True)), want, rtol=1e-5, atol=1e-5)

@@ -428,7 +428,12 @@ class Kernel:
             options.add("gpu_backend")
         self.options = (*sorted(options - set(sizes.values()) - set(params)), "interpret")
         self._vjp, self._saves, self._residuals = vjp, saves, residuals
-        self._jitted = jax.jit(self._call, static_argnames=(*params, *self.options))
+
+        def call(*arrays, **keywords):
+            return self._call(*arrays, **keywords)
+
+        call.__name__ = call.__qualname__ = reference.__name__  # as jax names the jitted function
+        self._jitted = jax.jit(call, static_argnames=(*params, *self.options))
 
     def __call__(self, *arrays, **keywords):
         name = self.__name__
