@@ -2,7 +2,7 @@
 # To change this file, change the spec and run `pallasgen build`.
 """Pallas kernels generated from specs/giou.pallas.
 
-Each kernel `NAME(...)` comes with `NAME_reference(...)`, the same computation in
+Each kernel `NAME(...)` is a `def` whose body, `NAME.reference(...)`, is the same computation in
 plain jax.numpy. On TPU the kernels are compiled by Mosaic; on CPU they run in
 Pallas interpret mode unless `interpret` says otherwise. Their shared code, and what
 the keywords every kernel takes mean, is pallasgen's runtime (pallasgen/runtime/support.py).

@@ -1,8 +1,9 @@
 """The code that every generated module shares, imported there as `rt`.
 
-A generated function checks its call (`operands`, `check_blocks`), answers a call with
-an empty dimension (`without_elements`), and runs the kernel built for the platform it
-is compiled for (`on_platform`): Mosaic on TPU, Triton or Mosaic GPU on NVIDIA GPUs
+A generated function (`kernel`: its reference, and the launch declared as data) checks
+its call (`operands`, `check_blocks`), answers a call with an empty dimension
+(`without_elements`), and runs the kernel built for the platform it is compiled for
+(`on_platform`): Mosaic on TPU, Triton or Mosaic GPU on NVIDIA GPUs
 (`gpu_kernel`), the TPU kernel interpreted elsewhere. Its TPU and GPU launchers choose
 blocks at call time (`tpu_blocks`, `gpu_options`), and its kernel bodies call the small
 functions below (masks, running reductions, Mosaic GPU layouts).
@@ -25,7 +26,7 @@ Keywords every generated function takes beside its arrays and params:
   compiles; True or a `pltpu.InterpretParams` interprets the TPU kernel on any platform.
 - each param of the spec: a static Python (or NumPy) number of the param's kind.
 
-`jit_with_static_keywords` checks these on every platform before jax sees the call:
+`Kernel` (a generated function, made by `kernel`) checks these on every platform before jax sees the call:
 none is a traced value, and a call that jax could not take fails with a TypeError or
 ValueError that names the kernel.
 
@@ -547,7 +548,7 @@ def _own_shape(result, spec, sizes):
 
 
 def _check_keywords(kernel, params, options):
-    """The keywords of a call (`options`), checked as `jit_with_static_keywords` says:
+    """The keywords of a call (`options`), checked as `Kernel` says:
     `params` maps each param to its dtype. Block sizes are checked by `check_blocks`."""
     checked = dict(options)
     for name, value in options.items():
