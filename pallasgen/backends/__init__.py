@@ -62,7 +62,8 @@ def plan_backends(checked: CheckedKernel, targets: tuple[str, ...] | None = None
     has it; `targets` None: those it was checked for."""
     if targets is None:
         targets = tuple(backend.target for backend in BACKENDS if backend.name in checked.settings)
-    return plan_module("", (checked,), targets).kernels[0].backends
+    module = plan_module("", (checked,), targets)
+    return next(k for k in module.kernels if k.name == checked.kernel.name).backends
 
 
 def _plan_kernel(
