@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pallasgen.frontend import ir
 from pallasgen.analysis.dtypes import BOOL, DTYPES
 from pallasgen.analysis.functions import FUNCTIONS
-from pallasgen.analysis.carries import Sweep, plain_sweep
+from pallasgen.analysis.carries import Sweep, sweep_over
 from pallasgen.analysis.fused import FusedKernel, analyze_fused, is_fused
 from pallasgen.frontend.errors import Diagnostic, Position, did_you_mean
 from pallasgen.analysis.infer import dims_text, infer_body, literal_problem
@@ -135,7 +135,11 @@ def check_kernel(kernel: ir.Kernel, backends=()) -> tuple[CheckedKernel, list[Di
         settings[backend.name], problems = backend.check(kernel, space, product, blocks, found)
         found.extend(problems)
     found.extend(type_problems)
-    sweep = None if found else plain_sweep(kernel, space, product, blocks)
+    sweep = None
+    swept = next((d.name for d in space.dims if not d.kept and d.reductions and d.name in blocks), None)
+    if swept and not found:
+        sweep, problems = sweep_over(kernel, types, swept)
+        found.extend(problems)
     return CheckedKernel(kernel, space, sizes, types, blocks, product, settings, sweep=sweep), found
 
 

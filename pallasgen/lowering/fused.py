@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from pallasgen.analysis.dtypes import DTYPES, promote
 from pallasgen.analysis.functions import FUNCTIONS
-from pallasgen.analysis.carries import Carry
-from pallasgen.analysis.fused import FusedKernel, walk_outside
+from pallasgen.analysis.carries import Carry, walk_outside
+from pallasgen.analysis.fused import FusedKernel
 from pallasgen.frontend import ir
 from pallasgen.lowering.parts import body_statements, tuple_code
 from pallasgen.lowering.pyexpr import jnp_dtype

@@ -13,7 +13,8 @@ import textwrap
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES, tpu_dtype
 from pallasgen.analysis.functions import FUNCTIONS
-from pallasgen.analysis.fused import array_axes, walk_outside
+from pallasgen.analysis.carries import walk_outside
+from pallasgen.analysis.fused import array_axes
 from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.tpu.plan import (
     AccumulatorPlan,
