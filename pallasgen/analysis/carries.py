@@ -82,7 +82,7 @@ class Sweep:
 IDENTITY_VALUES = {"zero": 0.0, "lowest": float("-inf"), "highest": float("inf")}
 
 
-class SweepProblem(Exception):
+class ValueProblem(Exception):
     """A value that the kernel cannot compute as analyzed, with its diagnostic."""
 
     def __init__(self, node: ir.Expr, message: str):
@@ -96,7 +96,7 @@ def sweep_over(kernel: ir.Kernel, types: dict[ir.Expr, ValueType], dim: str) -> 
     cannot be swept in one pass."""
     try:
         return _Sweeper(kernel, types, dim).sweep(), []
-    except SweepProblem as problem:
+    except ValueProblem as problem:
         return None, [problem.diagnostic]
 
 
@@ -434,15 +434,15 @@ class _Sweeper:
 
     # -- errors ------------------------------------------------------------------------
 
-    def _one_pass(self, node, needed) -> SweepProblem:
-        return SweepProblem(
+    def _one_pass(self, node, needed) -> ValueProblem:
+        return ValueProblem(
             node,
             f"this needs {_describe(needed)} at each position of {self.dim}, known only after the pass over the"
             f" blocks of {self.dim}: leave {self.dim} unblocked (a block then holds all of it), or split the kernel",
         )
 
-    def _unsweepable(self, node, what) -> SweepProblem:
-        return SweepProblem(
+    def _unsweepable(self, node, what) -> ValueProblem:
+        return ValueProblem(
             node,
             f"this {what}, so {self.dim} cannot be swept in one pass: leave {self.dim} unblocked, or split the kernel",
         )

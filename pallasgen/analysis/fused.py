@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pallasgen.analysis.carries import Sweep, SweepProblem, named, sweep_over, values_read
+from pallasgen.analysis.carries import ValueProblem, named, values_read
 from pallasgen.analysis.functions import FUNCTIONS
 from pallasgen.analysis.infer import product_operand
 from pallasgen.analysis.valuetypes import ValueType
@@ -62,13 +62,12 @@ class FusedKernel:
     parallel: tuple[str, ...]  # blocked dimensions some output has
     frame: dict[ir.Expr, tuple[str | None, str | None]] = field(hash=False)  # each value's tile axes
     products: dict[ir.Expr, Product] = field(hash=False)
-    sweep: Sweep | None
 
 
 def analyze_fused(
     kernel: ir.Kernel, types: dict[ir.Expr, ValueType], dims: tuple[str, ...], blocks: dict[str, int]
 ) -> tuple[FusedKernel | None, list[Diagnostic]]:
-    """The fused kernel's frame, carries and pass, or the diagnostics saying why not."""
+    """The fused kernel's frame, or the diagnostics saying why not."""
     items = {item.dim: item for item in kernel.blocks}
     output_dims = {d for out in kernel.outputs for d in out.dims}
     products = [n for n in ir.walk(*(s.value for s in kernel.body)) if isinstance(n, ir.Binary) and n.op == "@"]
@@ -100,13 +99,10 @@ def analyze_fused(
         for dim in blocks:
             if dim in output_dims and dim not in batch:
                 _kept_dim_problem(kernel, types, dim, fused_products, items[dim])
-    except SweepProblem as problem:
+    except ValueProblem as problem:
         return None, [problem.diagnostic]
-    sweep, problems = sweep_over(kernel, types, swept[0]) if swept else (None, [])
-    if problems:
-        return None, problems
     parallel = tuple(d for d in dims if d in blocks and d in output_dims and d not in batch)
-    return FusedKernel(batch, row, parallel, frame, fused_products, sweep), []
+    return FusedKernel(batch, row, parallel, frame, fused_products), []
 
 
 def array_axes(decl: ir.ArrayDecl, fused: FusedKernel) -> tuple[str | None, ...]:
@@ -144,13 +140,13 @@ def _kept_dim_problem(kernel, types, dim, products, item) -> None:
     for node in ir.walk(*(s.value for s in kernel.body)):
         reduced = isinstance(node, ir.Call) and FUNCTIONS.get(node.func) and FUNCTIONS[node.func].reducer
         if reduced and isinstance(node.args[1], ir.Name) and node.args[1].id == dim:
-            raise SweepProblem(
+            raise ValueProblem(
                 node,
                 f"{node.func}() over {dim} needs all of {dim}, and an output keeps {dim}, so it is not swept"
                 f" (block {dim} at line {item.position.line}): leave {dim} unblocked",
             )
         if node in products and products[node].k == dim:
-            raise SweepProblem(
+            raise ValueProblem(
                 node,
                 f"this product contracts {dim}, which an output keeps (block {dim} at line {item.position.line}):"
                 f" leave {dim} unblocked",
@@ -183,7 +179,7 @@ class _Frame:
     def _of(self, node: ir.Expr) -> tuple:
         dims = self._dims(node)
         if len(dims) > 2:
-            raise SweepProblem(
+            raise ValueProblem(
                 node,
                 f"a value of a fused kernel has at most two dimensions besides its batch ones, not {', '.join(dims)}",
             )
@@ -196,7 +192,7 @@ class _Frame:
         if isinstance(node, ir.Call) and FUNCTIONS[node.func].typing == "reduce":
             reduced = tuple(None if axis == node.args[1].id else axis for axis in children[0])
             if reduced != self._rule(dims, reduced):
-                raise SweepProblem(
+                raise ValueProblem(
                     node, f"this reduction leaves {dims[0]} on a tile's first axis; not supported in a fused kernel"
                 )
             return reduced
@@ -206,7 +202,7 @@ class _Frame:
         axes = self._rule(dims, wide)
         for child, child_axes in zip(values_read(node), children):
             if any(a is not None and a != b for a, b in zip(child_axes, axes)):
-                raise SweepProblem(
+                raise ValueProblem(
                     child,
                     f"this value's tile is laid out ({', '.join(a or '1' for a in child_axes)}) but meets one laid"
                     f" out ({', '.join(a or '1' for a in axes)}); not supported in a fused kernel",
