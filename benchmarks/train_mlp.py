@@ -34,7 +34,7 @@ def model(kernels):
     """The loss of the MLP, built from the pallasgen kernels or from their references."""
     layer = matmul.matmul_bias_gelu if kernels else matmul.matmul_bias_gelu.reference
     linear = matmul.linear if kernels else matmul.linear.reference
-    cross_entropy = losses.cross_entropy if kernels else losses.cross_entropy_reference
+    cross_entropy = losses.cross_entropy if kernels else losses.cross_entropy.reference
 
     def loss(params, x, label):
         w1, b1, w2, b2 = params

@@ -104,11 +104,13 @@ def bundled_kernels() -> list[tuple[str, str | None]]:
 
 def block_defaults(kernel_fn) -> dict[str, int]:
     """The kernel's `block_<dim>` keywords and the blocks a call that passes none takes on
-    CPU: its signature's keywords, the spec's blocks from its module's table."""
-    keywords = [name for name in inspect.signature(kernel_fn).parameters if name.startswith("block_")]
+    CPU: its TPU launcher's keywords, the spec's blocks from its module's table."""
+    module = kernel_fn.__wrapped__.__globals__
+    launcher = inspect.signature(module[f"_{kernel_fn.__name__}_tpu"]).parameters
+    keywords = [name for name in launcher if name.startswith("block_")]
     if not keywords:
         return {}
-    table = kernel_fn.__wrapped__.__globals__[f"_{kernel_fn.__name__}_tpu_blocks"]
+    table = module[f"_{kernel_fn.__name__}_tpu_blocks"]
     return dict(zip(keywords, table[None]["default"]))
 
 
