@@ -175,7 +175,7 @@ def test_gpu_kernel_matches_numpy(attention, name, monkeypatch):
     blocks = {
         k: 16
         for k in ("gpu_block_s", "gpu_block_t", "gpu_block_m", "gpu_block_n")
-        if k in function.__wrapped__.__code__.co_varnames
+        if k in function.options
     }
     arrays = inputs(name, np.random.default_rng(1), s=70, t=90, d=40)
     try:

@@ -133,7 +133,7 @@ def run(case: KernelCase, path: str, arrays, **keywords) -> tuple[np.ndarray, ..
     """The kernel's outputs on a path. GPU blocks (`gpu_block_*`) are passed only where
     the kernel has them (a Triton kernel may take a reduced dimension whole); on the GPU
     path `interpret` defaults to True, which runs the Triton kernel interpreted."""
-    accepted = inspect.signature(kernel_of(case)).parameters
+    accepted = kernel_of(case).options
     keywords = {k: v for k, v in keywords.items() if not k.startswith("gpu_block_") or k in accepted}
     if path == "gpu":
         keywords.setdefault("interpret", True)
