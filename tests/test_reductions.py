@@ -39,7 +39,6 @@ element read as data changes the NumPy answer, and the kernel still gives the tr
 from __future__ import annotations
 
 import functools
-import inspect
 from dataclasses import dataclass
 from pathlib import Path
 
