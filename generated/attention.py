@@ -304,10 +304,6 @@ def _attention_kernel(
     acc_t_ref,
     sum_exp_t_ref,
     *,
-    b,
-    h,
-    size_s,
-    d,
     t,
     block_s,
     block_t,
@@ -417,15 +413,16 @@ def _attention_kernel(
         lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
+# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
+# given.
+_attention_tpu_blocks = rt.TpuBlocks(
+    "attention",
+    sizes=("B", "H", "S", "D", "T"),
+    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+    chips={None: {"default": (128, 128)}},
+)
 
 
 def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
@@ -434,41 +431,11 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
         _attention_tpu_blocks,
         (b, h, size_s, d, t),
         (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(
-                min(1 << (size_s.bit_length() - 1), 4096),
-                min(1 << (t.bit_length() - 1), 4096),
-            ),
-            step=lambda block_s, block_t: (
-                min(block_s, 256) * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s
-                + 4 * block_s * d
-                + 4 * block_s,
-            ),
+        step=lambda block_s, block_t: (
+            min(block_s, 256) * block_t,
+            12 * block_s * d + 8 * block_t * d + 16 * block_s,
         ),
-    )
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "attention",
-        block_s=(
-            block_s,
-            size_s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
+        bounds=(min(1 << (size_s.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
     )
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
@@ -478,16 +445,13 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
         seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 >= t_start,
         whole=lambda s_start, t_start, block_s, block_t: s_start >= t_start + block_t - 1,
     )
-    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + o 256 B + lse 512 B) + max_t_ref 512 B + acc_t_ref 512 B + sum_exp_t_ref
-    # 512 B.
+    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
+    # o 256 B + lse 512 B) + max_t_ref 512 B + acc_t_ref 512 B + sum_exp_t_ref 512 B. The limit is
+    # 64 MiB whatever the blocks: their count leaves out a strip's working values and the lanes a
+    # (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_kernel,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
             t=t,
             block_s=block_s,
             block_t=block_t,
@@ -495,9 +459,8 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole).
-        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
-        # (arbitrary).
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
+        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
@@ -534,23 +497,19 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
             jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # lse
         ),
         scratch_shapes=[
-            # max_t_ref: the running max over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
-            # acc_t_ref: the product over T
-            pltpu.VMEM((block_s, d), jnp.float32),
+            pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
+            pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
             # sum_exp_t_ref: the sum of exp(value - its running max) over T
             pltpu.VMEM((block_s, 1), jnp.float32),
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
-            # (rows, 1) value pads to.
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * size_s * t * d + 2 * b * h * size_s * d * t,
+            flops=4 * b * h * size_s * t * d,
             transcendentals=b * h * size_s * t + b * h * size_s,
-            bytes_accessed=rt.nbytes(q, k, v) + b * h * size_s * d * 2 + b * h * size_s * 4,
+            bytes_accessed=rt.nbytes(q, k, v) + 2 * b * h * size_s * d + 4 * b * h * size_s,
         ),
         interpret=interpret,
         name="attention",
@@ -1066,10 +1025,6 @@ def _attention_backward_dq_kernel(
     delta_ref,
     acc_t_ref,
     *,
-    b,
-    h,
-    size_s,
-    d,
     t,
     block_s,
     block_t,
@@ -1197,15 +1152,16 @@ def _attention_backward_dq_kernel(
         dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_backward_dq_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
+# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
+# given.
+_attention_backward_dq_tpu_blocks = rt.TpuBlocks(
+    "attention_backward_dq",
+    sizes=("B", "H", "S", "D", "T"),
+    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+    chips={None: {"default": (128, 128)}},
+)
 
 
 def _attention_backward_dq_tpu(
@@ -1216,43 +1172,11 @@ def _attention_backward_dq_tpu(
         _attention_backward_dq_tpu_blocks,
         (b, h, size_s, d, t),
         (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(
-                min(1 << (size_s.bit_length() - 1), 4096),
-                min(1 << (t.bit_length() - 1), 4096),
-            ),
-            step=lambda block_s, block_t: (
-                min(block_s, 256) * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 8 * block_s
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d,
-            ),
+        step=lambda block_s, block_t: (
+            min(block_s, 256) * block_t,
+            20 * block_s * d + 8 * block_t * d + 24 * block_s,
         ),
-    )
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "attention_backward_dq",
-        block_s=(
-            block_s,
-            size_s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
+        bounds=(min(1 << (size_s.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
     )
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
@@ -1262,16 +1186,13 @@ def _attention_backward_dq_tpu(
         seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 >= t_start,
         whole=lambda s_start, t_start, block_s, block_t: s_start >= t_start + block_t - 1,
     )
-    # VMEM at the default blocks per unit of D: 6.5 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + o 256 B + do 256 B + lse 512 B + dlse 512 B + dq 256 B + delta 512 B) +
-    # acc_t_ref 512 B.
+    # VMEM at the default blocks per unit of D: 6.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
+    # o 256 B + do 256 B + lse 512 B + dlse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. The
+    # limit is 64 MiB whatever the blocks: their count leaves out a strip's working values and the
+    # lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_backward_dq_kernel,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
             t=t,
             block_s=block_s,
             block_t=block_t,
@@ -1279,9 +1200,8 @@ def _attention_backward_dq_tpu(
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole).
-        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
-        # (arbitrary).
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
+        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
@@ -1325,22 +1245,17 @@ def _attention_backward_dq_tpu(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
             jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # delta
         ),
-        # acc_t_ref: the product over T
-        scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],  # acc_t_ref: the product over T
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
-            # (rows, 1) value pads to.
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * size_s * t * d
-            + 2 * b * h * size_s * t * d
-            + 2 * b * h * size_s * d * t,
+            flops=6 * b * h * size_s * t * d,
             transcendentals=b * h * size_s * t,
             bytes_accessed=rt.nbytes(q, k, v, o, do, lse, dlse)
-            + b * h * size_s * d * 2
-            + b * h * size_s * 4,
+            + 2 * b * h * size_s * d
+            + 4 * b * h * size_s,
         ),
         interpret=interpret,
         name="attention_backward_dq",
@@ -1943,10 +1858,6 @@ def _attention_backward_dkdv_kernel(
     acc_s_ref,
     acc_s_2_ref,
     *,
-    b,
-    h,
-    t,
-    d,
     size_s,
     block_t,
     block_s,
@@ -2074,15 +1985,16 @@ def _attention_backward_dkdv_kernel(
         dk_ref[...] = acc_s_2.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_t, block_s) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, T, D, S) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_backward_dkdv_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
+# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
+# given.
+_attention_backward_dkdv_tpu_blocks = rt.TpuBlocks(
+    "attention_backward_dkdv",
+    sizes=("B", "H", "T", "D", "S"),
+    tiling={"T": (16, "bf16 rows"), "S": (128, "lanes")},
+    chips={None: {"default": (128, 128)}},
+)
 
 
 def _attention_backward_dkdv_tpu(
@@ -2093,43 +2005,11 @@ def _attention_backward_dkdv_tpu(
         _attention_backward_dkdv_tpu_blocks,
         (b, h, t, d, size_s),
         (block_t, block_s),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(
-                min(1 << (t.bit_length() - 1), 4096),
-                min(1 << (size_s.bit_length() - 1), 4096),
-            ),
-            step=lambda block_t, block_s: (
-                min(block_t, 256) * block_s,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 8 * block_s
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_t * d,
-            ),
+        step=lambda block_t, block_s: (
+            min(block_t, 256) * block_s,
+            8 * block_s * d + 24 * block_t * d + 16 * block_s,
         ),
-    )
-    block_t = min(block_t, t)  # a small T is one whole block
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    rt.check_tiling(
-        "attention_backward_dkdv",
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_s=(
-            block_s,
-            size_s,
-            128,
-            "S is the last dimension of a block, so it is a multiple of 128",
-        ),
+        bounds=(min(1 << (t.bit_length() - 1), 4096), min(1 << (size_s.bit_length() - 1), 4096)),
     )
     whole_strips, partial_strips = rt.strips(
         (block_t, block_s),
@@ -2139,16 +2019,13 @@ def _attention_backward_dkdv_tpu(
         seen=lambda t_start, s_start, block_t, block_s: s_start + block_s - 1 >= t_start,
         whole=lambda t_start, s_start, block_t, block_s: s_start >= t_start + block_t - 1,
     )
-    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512
-    # B + acc_s_2_ref 512 B.
+    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
+    # do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512
+    # B. The limit is 64 MiB whatever the blocks: their count leaves out a strip's working values
+    # and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_backward_dkdv_kernel,
-            b=b,
-            h=h,
-            t=t,
-            d=d,
             size_s=size_s,
             block_t=block_t,
             block_s=block_s,
@@ -2156,9 +2033,8 @@ def _attention_backward_dkdv_tpu(
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of T, block of S (D taken whole).
-        # Steps along B, H, T are independent (parallel); steps along S accumulate in order
-        # (arbitrary).
+        # One step per element of B, element of H, block of T, block of S (D taken whole). Steps
+        # along B, H, T are independent (parallel); steps along S accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, H, S, D]; a skipped step's block is block 0, fetched at most once
@@ -2217,26 +2093,17 @@ def _attention_backward_dkdv_tpu(
             jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dv
         ),
         scratch_shapes=[
-            # acc_s_ref: the product over S
-            pltpu.VMEM((block_t, d), jnp.float32),
-            # acc_s_2_ref: the product over S
-            pltpu.VMEM((block_t, d), jnp.float32),
+            pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_ref: the product over S
+            pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_2_ref: the product over S
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
-            # (rows, 1) value pads to.
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * t * size_s * d
-            + 2 * b * h * t * d * size_s
-            + 2 * b * h * t * size_s * d
-            + 2 * b * h * t * d * size_s,
+            flops=8 * b * h * t * size_s * d,
             transcendentals=b * h * t * size_s,
-            bytes_accessed=rt.nbytes(q, k, v, do, lse, delta)
-            + b * h * t * d * 2
-            + b * h * t * d * 2,
+            bytes_accessed=rt.nbytes(q, k, v, do, lse, delta) + 4 * b * h * t * d,
         ),
         interpret=interpret,
         name="attention_backward_dkdv",
@@ -2864,10 +2731,6 @@ def _attention_dq_kernel(
     delta_ref,
     acc_t_ref,
     *,
-    b,
-    h,
-    size_s,
-    d,
     t,
     block_s,
     block_t,
@@ -2969,15 +2832,16 @@ def _attention_dq_kernel(
         dq_ref[...] = (acc_t * scale).astype(jnp.bfloat16)
 
 
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_dq_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
+# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
+# given.
+_attention_dq_tpu_blocks = rt.TpuBlocks(
+    "attention_dq",
+    sizes=("B", "H", "S", "D", "T"),
+    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+    chips={None: {"default": (128, 128)}},
+)
 
 
 def _attention_dq_tpu(
@@ -2988,42 +2852,11 @@ def _attention_dq_tpu(
         _attention_dq_tpu_blocks,
         (b, h, size_s, d, t),
         (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(
-                min(1 << (size_s.bit_length() - 1), 4096),
-                min(1 << (t.bit_length() - 1), 4096),
-            ),
-            step=lambda block_s, block_t: (
-                min(block_s, 256) * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d,
-            ),
+        step=lambda block_s, block_t: (
+            min(block_s, 256) * block_t,
+            20 * block_s * d + 8 * block_t * d + 16 * block_s,
         ),
-    )
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "attention_dq",
-        block_s=(
-            block_s,
-            size_s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
+        bounds=(min(1 << (size_s.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
     )
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
@@ -3033,16 +2866,13 @@ def _attention_dq_tpu(
         seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 >= t_start,
         whole=lambda s_start, t_start, block_s, block_t: s_start >= t_start + block_t - 1,
     )
-    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512
-    # B.
+    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
+    # o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. The limit is 64
+    # MiB whatever the blocks: their count leaves out a strip's working values and the lanes a
+    # (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_dq_kernel,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
             t=t,
             block_s=block_s,
             block_t=block_t,
@@ -3050,9 +2880,8 @@ def _attention_dq_tpu(
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole).
-        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
-        # (arbitrary).
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
+        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
@@ -3094,22 +2923,17 @@ def _attention_dq_tpu(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
             jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # delta
         ),
-        # acc_t_ref: the product over T
-        scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],  # acc_t_ref: the product over T
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
-            # (rows, 1) value pads to.
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * size_s * t * d
-            + 2 * b * h * size_s * t * d
-            + 2 * b * h * size_s * d * t,
+            flops=6 * b * h * size_s * t * d,
             transcendentals=b * h * size_s * t,
             bytes_accessed=rt.nbytes(q, k, v, o, do, lse)
-            + b * h * size_s * d * 2
-            + b * h * size_s * 4,
+            + 2 * b * h * size_s * d
+            + 4 * b * h * size_s,
         ),
         interpret=interpret,
         name="attention_dq",
@@ -3718,10 +3542,6 @@ def _attention_dkdv_kernel(
     acc_s_ref,
     acc_s_2_ref,
     *,
-    b,
-    h,
-    t,
-    d,
     s,
     block_t,
     block_s,
@@ -3842,15 +3662,16 @@ def _attention_dkdv_kernel(
         dk_ref[...] = (acc_s_2 * scale).astype(jnp.bfloat16)
 
 
-# TPU blocks (block_t, block_s) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, T, D, S) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_dkdv_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
+# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
+# given.
+_attention_dkdv_tpu_blocks = rt.TpuBlocks(
+    "attention_dkdv",
+    sizes=("B", "H", "T", "D", "S"),
+    tiling={"T": (16, "bf16 rows"), "S": (128, "lanes")},
+    chips={None: {"default": (128, 128)}},
+)
 
 
 def _attention_dkdv_tpu(
@@ -3861,35 +3682,11 @@ def _attention_dkdv_tpu(
         _attention_dkdv_tpu_blocks,
         (b, h, t, d, s),
         (block_t, block_s),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(1 << (t.bit_length() - 1), 4096), min(1 << (s.bit_length() - 1), 4096)),
-            step=lambda block_t, block_s: (
-                min(block_t, 256) * block_s,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 8 * block_s
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_t * d,
-            ),
+        step=lambda block_t, block_s: (
+            min(block_t, 256) * block_s,
+            8 * block_s * d + 24 * block_t * d + 16 * block_s,
         ),
-    )
-    block_t = min(block_t, t)  # a small T is one whole block
-    block_s = min(block_s, s)  # a small S is one whole block
-    rt.check_tiling(
-        "attention_dkdv",
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_s=(block_s, s, 128, "S is the last dimension of a block, so it is a multiple of 128"),
+        bounds=(min(1 << (t.bit_length() - 1), 4096), min(1 << (s.bit_length() - 1), 4096)),
     )
     whole_strips, partial_strips = rt.strips(
         (block_t, block_s),
@@ -3899,16 +3696,13 @@ def _attention_dkdv_tpu(
         seen=lambda t_start, s_start, block_t, block_s: s_start + block_s - 1 >= t_start,
         whole=lambda t_start, s_start, block_t, block_s: s_start >= t_start + block_t - 1,
     )
-    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512
-    # B + acc_s_2_ref 512 B.
+    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
+    # do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512
+    # B. The limit is 64 MiB whatever the blocks: their count leaves out a strip's working values
+    # and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_dkdv_kernel,
-            b=b,
-            h=h,
-            t=t,
-            d=d,
             s=s,
             block_t=block_t,
             block_s=block_s,
@@ -3916,9 +3710,8 @@ def _attention_dkdv_tpu(
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of T, block of S (D taken whole).
-        # Steps along B, H, T are independent (parallel); steps along S accumulate in order
-        # (arbitrary).
+        # One step per element of B, element of H, block of T, block of S (D taken whole). Steps
+        # along B, H, T are independent (parallel); steps along S accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(s, block_s)),
         in_specs=[
             # q: bf16[B, H, S, D]; a skipped step's block is block 0, fetched at most once
@@ -3977,26 +3770,17 @@ def _attention_dkdv_tpu(
             jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dv
         ),
         scratch_shapes=[
-            # acc_s_ref: the product over S
-            pltpu.VMEM((block_t, d), jnp.float32),
-            # acc_s_2_ref: the product over S
-            pltpu.VMEM((block_t, d), jnp.float32),
+            pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_ref: the product over S
+            pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_2_ref: the product over S
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
-            # (rows, 1) value pads to.
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * t * s * d
-            + 2 * b * h * t * d * s
-            + 2 * b * h * t * s * d
-            + 2 * b * h * t * d * s,
+            flops=8 * b * h * t * s * d,
             transcendentals=b * h * t * s,
-            bytes_accessed=rt.nbytes(q, k, v, do, lse, delta)
-            + b * h * t * d * 2
-            + b * h * t * d * 2,
+            bytes_accessed=rt.nbytes(q, k, v, do, lse, delta) + 4 * b * h * t * d,
         ),
         interpret=interpret,
         name="attention_dkdv",
@@ -4624,22 +4408,7 @@ def _attention_full_vjp(saved, cotangents, *, scale, gpu_backend, interpret):
 
 
 def _attention_full_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    max_t_ref,
-    sum_exp_t_ref,
-    acc_t_ref,
-    *,
-    b,
-    h,
-    s,
-    d,
-    t,
-    block_s,
-    block_t,
-    scale,
+    q_ref, k_ref, v_ref, o_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, *, t, block_t, scale
 ):
     t_start = pl.program_id(3) * block_t
     step = pl.program_id(3)
@@ -4693,15 +4462,16 @@ def _attention_full_kernel(
         o_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_full_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
+# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
+# given.
+_attention_full_tpu_blocks = rt.TpuBlocks(
+    "attention_full",
+    sizes=("B", "H", "S", "D", "T"),
+    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+    chips={None: {"default": (128, 128)}},
+)
 
 
 def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, interpret):
@@ -4710,55 +4480,19 @@ def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, inte
         _attention_full_tpu_blocks,
         (b, h, s, d, t),
         (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(s, 1024), min(t, 1024)),
-            step=lambda block_s, block_t: (
-                block_s * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d,
-            ),
+        step=lambda block_s, block_t: (
+            block_s * block_t,
+            12 * block_s * d + 8 * block_t * d + 8 * block_s,
         ),
+        bounds=(min(s, 1024), min(t, 1024)),
     )
-    block_s = min(block_s, s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "attention_full",
-        block_s=(
-            block_s,
-            s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of D: 3.5 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
+    # VMEM at the default blocks per unit of D: 3.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
+    # o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. Blocks that need more than
+    # Mosaic's default at call time raise the limit.
     return pl.pallas_call(
-        functools.partial(
-            _attention_full_kernel,
-            b=b,
-            h=h,
-            s=s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            scale=scale,
-        ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole).
-        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
-        # (arbitrary).
+        functools.partial(_attention_full_kernel, t=t, block_t=block_t, scale=scale),
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
+        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
@@ -4772,30 +4506,19 @@ def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, inte
         out_specs=pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
         out_shape=jax.ShapeDtypeStruct((b, h, s, d), jnp.bfloat16),
         scratch_shapes=[
-            # max_t_ref: the running max over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
+            pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
             # sum_exp_t_ref: the sum of exp(value - its running max) over T
             pltpu.VMEM((block_s, 1), jnp.float32),
-            # acc_t_ref: the product over T
-            pltpu.VMEM((block_s, d), jnp.float32),
+            pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d
-            ),
+            vmem_limit_bytes=rt.vmem_limit(12 * block_s * d + 8 * block_t * d + 8 * block_s),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * s * d * t + 2 * b * h * s * t * d,
+            flops=4 * b * h * s * d * t,
             transcendentals=b * h * s * t,
-            bytes_accessed=rt.nbytes(q, k, v) + b * h * s * d * 2,
+            bytes_accessed=rt.nbytes(q, k, v) + 2 * b * h * s * d,
         ),
         interpret=interpret,
         name="attention_full",
@@ -5225,23 +4948,7 @@ def attention_full_with_residuals_reference(q, k, v, *, scale=0.125):
 
 
 def _attention_full_with_residuals_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    lse_ref,
-    max_t_ref,
-    sum_exp_t_ref,
-    acc_t_ref,
-    *,
-    b,
-    h,
-    s,
-    d,
-    t,
-    block_s,
-    block_t,
-    scale,
+    q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, *, t, block_t, scale
 ):
     t_start = pl.program_id(3) * block_t
     step = pl.program_id(3)
@@ -5297,15 +5004,16 @@ def _attention_full_with_residuals_kernel(
         lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_full_with_residuals_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
+# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
+# given.
+_attention_full_with_residuals_tpu_blocks = rt.TpuBlocks(
+    "attention_full_with_residuals",
+    sizes=("B", "H", "S", "D", "T"),
+    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+    chips={None: {"default": (128, 128)}},
+)
 
 
 def _attention_full_with_residuals_tpu(
@@ -5316,57 +5024,19 @@ def _attention_full_with_residuals_tpu(
         _attention_full_with_residuals_tpu_blocks,
         (b, h, s, d, t),
         (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(s, 1024), min(t, 1024)),
-            step=lambda block_s, block_t: (
-                block_s * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d,
-            ),
+        step=lambda block_s, block_t: (
+            block_s * block_t,
+            12 * block_s * d + 8 * block_t * d + 16 * block_s,
         ),
+        bounds=(min(s, 1024), min(t, 1024)),
     )
-    block_s = min(block_s, s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "attention_full_with_residuals",
-        block_s=(
-            block_s,
-            s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + o 256 B + lse 512 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref
-    # 512 B.
+    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
+    # o 256 B + lse 512 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. Blocks that
+    # need more than Mosaic's default at call time raise the limit.
     return pl.pallas_call(
-        functools.partial(
-            _attention_full_with_residuals_kernel,
-            b=b,
-            h=h,
-            s=s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            scale=scale,
-        ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole).
-        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
-        # (arbitrary).
+        functools.partial(_attention_full_with_residuals_kernel, t=t, block_t=block_t, scale=scale),
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
+        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
@@ -5387,31 +5057,19 @@ def _attention_full_with_residuals_tpu(
             jax.ShapeDtypeStruct((b, h, s, 1), jnp.float32),  # lse
         ),
         scratch_shapes=[
-            # max_t_ref: the running max over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
+            pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
             # sum_exp_t_ref: the sum of exp(value - its running max) over T
             pltpu.VMEM((block_s, 1), jnp.float32),
-            # acc_t_ref: the product over T
-            pltpu.VMEM((block_s, d), jnp.float32),
+            pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d
-            ),
+            vmem_limit_bytes=rt.vmem_limit(12 * block_s * d + 8 * block_t * d + 16 * block_s),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * s * d * t + 2 * b * h * s * t * d + 2 * b * h * s * t * d,
+            flops=6 * b * h * s * d * t,
             transcendentals=b * h * s * t + b * h * s,
-            bytes_accessed=rt.nbytes(q, k, v) + b * h * s * d * 2 + b * h * s * 4,
+            bytes_accessed=rt.nbytes(q, k, v) + 2 * b * h * s * d + 4 * b * h * s,
         ),
         interpret=interpret,
         name="attention_full_with_residuals",
@@ -5870,24 +5528,7 @@ def attention_full_backward_dq_reference(q, k, v, o, do, lse, *, scale=0.125):
 
 
 def _attention_full_backward_dq_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    do_ref,
-    lse_ref,
-    dq_ref,
-    delta_ref,
-    acc_t_ref,
-    *,
-    b,
-    h,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-    scale,
+    q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, acc_t_ref, *, t, block_t, scale
 ):
     t_start = pl.program_id(3) * block_t
     step = pl.program_id(3)
@@ -5929,15 +5570,16 @@ def _attention_full_backward_dq_kernel(
         dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_full_backward_dq_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
+# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
+# given.
+_attention_full_backward_dq_tpu_blocks = rt.TpuBlocks(
+    "attention_full_backward_dq",
+    sizes=("B", "H", "S", "D", "T"),
+    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+    chips={None: {"default": (128, 128)}},
+)
 
 
 def _attention_full_backward_dq_tpu(
@@ -5948,58 +5590,19 @@ def _attention_full_backward_dq_tpu(
         _attention_full_backward_dq_tpu_blocks,
         (b, h, size_s, d, t),
         (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(size_s, 1024), min(t, 1024)),
-            step=lambda block_s, block_t: (
-                block_s * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d,
-            ),
+        step=lambda block_s, block_t: (
+            block_s * block_t,
+            20 * block_s * d + 8 * block_t * d + 16 * block_s,
         ),
+        bounds=(min(size_s, 1024), min(t, 1024)),
     )
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "attention_full_backward_dq",
-        block_s=(
-            block_s,
-            size_s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512
-    # B.
+    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
+    # o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. Blocks that need
+    # more than Mosaic's default at call time raise the limit.
     return pl.pallas_call(
-        functools.partial(
-            _attention_full_backward_dq_kernel,
-            b=b,
-            h=h,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-            scale=scale,
-        ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole).
-        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
-        # (arbitrary).
+        functools.partial(_attention_full_backward_dq_kernel, t=t, block_t=block_t, scale=scale),
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
+        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
@@ -6025,31 +5628,17 @@ def _attention_full_backward_dq_tpu(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
             jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # delta
         ),
-        # acc_t_ref: the product over T
-        scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],  # acc_t_ref: the product over T
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d
-            ),
+            vmem_limit_bytes=rt.vmem_limit(20 * block_s * d + 8 * block_t * d + 16 * block_s),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * size_s * t * d
-            + 2 * b * h * size_s * t * d
-            + 2 * b * h * size_s * d * t,
+            flops=6 * b * h * size_s * t * d,
             transcendentals=b * h * size_s * t,
             bytes_accessed=rt.nbytes(q, k, v, o, do, lse)
-            + b * h * size_s * d * 2
-            + b * h * size_s * 4,
+            + 2 * b * h * size_s * d
+            + 4 * b * h * size_s,
         ),
         interpret=interpret,
         name="attention_full_backward_dq",
@@ -6571,12 +6160,7 @@ def _attention_full_backward_dkdv_kernel(
     acc_s_ref,
     acc_s_2_ref,
     *,
-    b,
-    h,
-    t,
-    d,
     size_s,
-    block_t,
     block_s,
     scale,
 ):
@@ -6626,15 +6210,16 @@ def _attention_full_backward_dkdv_kernel(
         dk_ref[...] = acc_s_2.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_t, block_s) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, T, D, S) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_full_backward_dkdv_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
+# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
+# given.
+_attention_full_backward_dkdv_tpu_blocks = rt.TpuBlocks(
+    "attention_full_backward_dkdv",
+    sizes=("B", "H", "T", "D", "S"),
+    tiling={"T": (16, "bf16 rows"), "S": (128, "lanes")},
+    chips={None: {"default": (128, 128)}},
+)
 
 
 def _attention_full_backward_dkdv_tpu(
@@ -6645,59 +6230,21 @@ def _attention_full_backward_dkdv_tpu(
         _attention_full_backward_dkdv_tpu_blocks,
         (b, h, t, d, size_s),
         (block_t, block_s),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(t, 1024), min(size_s, 1024)),
-            step=lambda block_t, block_s: (
-                block_t * block_s,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 8 * block_s
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_t * d,
-            ),
+        step=lambda block_t, block_s: (
+            block_t * block_s,
+            8 * block_s * d + 24 * block_t * d + 16 * block_s,
         ),
+        bounds=(min(t, 1024), min(size_s, 1024)),
     )
-    block_t = min(block_t, t)  # a small T is one whole block
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    rt.check_tiling(
-        "attention_full_backward_dkdv",
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_s=(
-            block_s,
-            size_s,
-            128,
-            "S is the last dimension of a block, so it is a multiple of 128",
-        ),
-    )
-    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512
-    # B + acc_s_2_ref 512 B.
+    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
+    # do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512
+    # B. Blocks that need more than Mosaic's default at call time raise the limit.
     return pl.pallas_call(
         functools.partial(
-            _attention_full_backward_dkdv_kernel,
-            b=b,
-            h=h,
-            t=t,
-            d=d,
-            size_s=size_s,
-            block_t=block_t,
-            block_s=block_s,
-            scale=scale,
+            _attention_full_backward_dkdv_kernel, size_s=size_s, block_s=block_s, scale=scale
         ),
-        # One step per element of B, element of H, block of T, block of S (D taken whole).
-        # Steps along B, H, T are independent (parallel); steps along S accumulate in order
-        # (arbitrary).
+        # One step per element of B, element of H, block of T, block of S (D taken whole). Steps
+        # along B, H, T are independent (parallel); steps along S accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, H, S, D]
@@ -6724,36 +6271,17 @@ def _attention_full_backward_dkdv_tpu(
             jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dv
         ),
         scratch_shapes=[
-            # acc_s_ref: the product over S
-            pltpu.VMEM((block_t, d), jnp.float32),
-            # acc_s_2_ref: the product over S
-            pltpu.VMEM((block_t, d), jnp.float32),
+            pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_ref: the product over S
+            pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_2_ref: the product over S
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 8 * block_s
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-            ),
+            vmem_limit_bytes=rt.vmem_limit(8 * block_s * d + 24 * block_t * d + 16 * block_s),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * t * size_s * d
-            + 2 * b * h * t * d * size_s
-            + 2 * b * h * t * size_s * d
-            + 2 * b * h * t * d * size_s,
+            flops=8 * b * h * t * size_s * d,
             transcendentals=b * h * t * size_s,
-            bytes_accessed=rt.nbytes(q, k, v, do, lse, delta)
-            + b * h * t * d * 2
-            + b * h * t * d * 2,
+            bytes_accessed=rt.nbytes(q, k, v, do, lse, delta) + 4 * b * h * t * d,
         ),
         interpret=interpret,
         name="attention_full_backward_dkdv",
@@ -7363,10 +6891,7 @@ def _attention_bottom_right_kernel(
     sum_exp_t_ref,
     acc_t_ref,
     *,
-    b,
-    h,
     size_s,
-    d,
     t,
     block_s,
     block_t,
@@ -7477,15 +7002,16 @@ def _attention_bottom_right_kernel(
         o_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_bottom_right_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
+# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
+# given.
+_attention_bottom_right_tpu_blocks = rt.TpuBlocks(
+    "attention_bottom_right",
+    sizes=("B", "H", "S", "D", "T"),
+    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+    chips={None: {"default": (128, 128)}},
+)
 
 
 def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
@@ -7494,40 +7020,11 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t
         _attention_bottom_right_tpu_blocks,
         (b, h, size_s, d, t),
         (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(
-                min(1 << (size_s.bit_length() - 1), 4096),
-                min(1 << (t.bit_length() - 1), 4096),
-            ),
-            step=lambda block_s, block_t: (
-                min(block_s, 256) * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d,
-            ),
+        step=lambda block_s, block_t: (
+            min(block_s, 256) * block_t,
+            12 * block_s * d + 8 * block_t * d + 8 * block_s,
         ),
-    )
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "attention_bottom_right",
-        block_s=(
-            block_s,
-            size_s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
+        bounds=(min(1 << (size_s.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
     )
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
@@ -7539,15 +7036,14 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t
         whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s
         >= t_start + block_t - 1,
     )
-    # VMEM at the default blocks per unit of D: 3.5 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
+    # VMEM at the default blocks per unit of D: 3.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
+    # o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. The limit is 64 MiB
+    # whatever the blocks: their count leaves out a strip's working values and the lanes a (rows, 1)
+    # value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_kernel,
-            b=b,
-            h=h,
             size_s=size_s,
-            d=d,
             t=t,
             block_s=block_s,
             block_t=block_t,
@@ -7555,9 +7051,8 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole).
-        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
-        # (arbitrary).
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
+        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
@@ -7587,23 +7082,19 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t
         out_specs=pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
         out_shape=jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),
         scratch_shapes=[
-            # max_t_ref: the running max over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
+            pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
             # sum_exp_t_ref: the sum of exp(value - its running max) over T
             pltpu.VMEM((block_s, 1), jnp.float32),
-            # acc_t_ref: the product over T
-            pltpu.VMEM((block_s, d), jnp.float32),
+            pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
-            # (rows, 1) value pads to.
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * size_s * t * d + 2 * b * h * size_s * d * t,
+            flops=4 * b * h * size_s * t * d,
             transcendentals=b * h * size_s * t,
-            bytes_accessed=rt.nbytes(q, k, v) + b * h * size_s * d * 2,
+            bytes_accessed=rt.nbytes(q, k, v) + 2 * b * h * size_s * d,
         ),
         interpret=interpret,
         name="attention_bottom_right",
@@ -8064,10 +7555,7 @@ def _attention_bottom_right_with_residuals_kernel(
     sum_exp_t_ref,
     acc_t_ref,
     *,
-    b,
-    h,
     size_s,
-    d,
     t,
     block_s,
     block_t,
@@ -8180,15 +7668,16 @@ def _attention_bottom_right_with_residuals_kernel(
         lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_bottom_right_with_residuals_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
+# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
+# given.
+_attention_bottom_right_with_residuals_tpu_blocks = rt.TpuBlocks(
+    "attention_bottom_right_with_residuals",
+    sizes=("B", "H", "S", "D", "T"),
+    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+    chips={None: {"default": (128, 128)}},
+)
 
 
 def _attention_bottom_right_with_residuals_tpu(
@@ -8199,41 +7688,11 @@ def _attention_bottom_right_with_residuals_tpu(
         _attention_bottom_right_with_residuals_tpu_blocks,
         (b, h, size_s, d, t),
         (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(
-                min(1 << (size_s.bit_length() - 1), 4096),
-                min(1 << (t.bit_length() - 1), 4096),
-            ),
-            step=lambda block_s, block_t: (
-                min(block_s, 256) * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d,
-            ),
+        step=lambda block_s, block_t: (
+            min(block_s, 256) * block_t,
+            12 * block_s * d + 8 * block_t * d + 16 * block_s,
         ),
-    )
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "attention_bottom_right_with_residuals",
-        block_s=(
-            block_s,
-            size_s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
+        bounds=(min(1 << (size_s.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
     )
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
@@ -8245,16 +7704,14 @@ def _attention_bottom_right_with_residuals_tpu(
         whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s
         >= t_start + block_t - 1,
     )
-    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + o 256 B + lse 512 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref
-    # 512 B.
+    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
+    # o 256 B + lse 512 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. The limit is
+    # 64 MiB whatever the blocks: their count leaves out a strip's working values and the lanes a
+    # (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_with_residuals_kernel,
-            b=b,
-            h=h,
             size_s=size_s,
-            d=d,
             t=t,
             block_s=block_s,
             block_t=block_t,
@@ -8262,9 +7719,8 @@ def _attention_bottom_right_with_residuals_tpu(
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole).
-        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
-        # (arbitrary).
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
+        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
@@ -8301,23 +7757,19 @@ def _attention_bottom_right_with_residuals_tpu(
             jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # lse
         ),
         scratch_shapes=[
-            # max_t_ref: the running max over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
+            pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
             # sum_exp_t_ref: the sum of exp(value - its running max) over T
             pltpu.VMEM((block_s, 1), jnp.float32),
-            # acc_t_ref: the product over T
-            pltpu.VMEM((block_s, d), jnp.float32),
+            pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
-            # (rows, 1) value pads to.
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * size_s * t * d + 2 * b * h * size_s * d * t,
+            flops=4 * b * h * size_s * t * d,
             transcendentals=b * h * size_s * t + b * h * size_s,
-            bytes_accessed=rt.nbytes(q, k, v) + b * h * size_s * d * 2 + b * h * size_s * 4,
+            bytes_accessed=rt.nbytes(q, k, v) + 2 * b * h * size_s * d + 4 * b * h * size_s,
         ),
         interpret=interpret,
         name="attention_bottom_right_with_residuals",
@@ -8834,10 +8286,7 @@ def _attention_bottom_right_backward_dq_kernel(
     delta_ref,
     acc_t_ref,
     *,
-    b,
-    h,
     size_s,
-    d,
     t,
     block_s,
     block_t,
@@ -8949,15 +8398,16 @@ def _attention_bottom_right_backward_dq_kernel(
         dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, S, D, T) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_bottom_right_backward_dq_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
+# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
+# given.
+_attention_bottom_right_backward_dq_tpu_blocks = rt.TpuBlocks(
+    "attention_bottom_right_backward_dq",
+    sizes=("B", "H", "S", "D", "T"),
+    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+    chips={None: {"default": (128, 128)}},
+)
 
 
 def _attention_bottom_right_backward_dq_tpu(
@@ -8968,42 +8418,11 @@ def _attention_bottom_right_backward_dq_tpu(
         _attention_bottom_right_backward_dq_tpu_blocks,
         (b, h, size_s, d, t),
         (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(
-                min(1 << (size_s.bit_length() - 1), 4096),
-                min(1 << (t.bit_length() - 1), 4096),
-            ),
-            step=lambda block_s, block_t: (
-                min(block_s, 256) * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d,
-            ),
+        step=lambda block_s, block_t: (
+            min(block_s, 256) * block_t,
+            20 * block_s * d + 8 * block_t * d + 16 * block_s,
         ),
-    )
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "attention_bottom_right_backward_dq",
-        block_s=(
-            block_s,
-            size_s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
+        bounds=(min(1 << (size_s.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
     )
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
@@ -9015,16 +8434,14 @@ def _attention_bottom_right_backward_dq_tpu(
         whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s
         >= t_start + block_t - 1,
     )
-    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512
-    # B.
+    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
+    # o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. The limit is 64
+    # MiB whatever the blocks: their count leaves out a strip's working values and the lanes a
+    # (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_backward_dq_kernel,
-            b=b,
-            h=h,
             size_s=size_s,
-            d=d,
             t=t,
             block_s=block_s,
             block_t=block_t,
@@ -9032,9 +8449,8 @@ def _attention_bottom_right_backward_dq_tpu(
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of S, block of T (D taken whole).
-        # Steps along B, H, S are independent (parallel); steps along T accumulate in order
-        # (arbitrary).
+        # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
+        # along B, H, S are independent (parallel); steps along T accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, H, S, D]
@@ -9076,22 +8492,17 @@ def _attention_bottom_right_backward_dq_tpu(
             jax.ShapeDtypeStruct((b, h, size_s, d), jnp.bfloat16),  # dq
             jax.ShapeDtypeStruct((b, h, size_s, 1), jnp.float32),  # delta
         ),
-        # acc_t_ref: the product over T
-        scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],  # acc_t_ref: the product over T
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
-            # (rows, 1) value pads to.
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * size_s * t * d
-            + 2 * b * h * size_s * t * d
-            + 2 * b * h * size_s * d * t,
+            flops=6 * b * h * size_s * t * d,
             transcendentals=b * h * size_s * t,
             bytes_accessed=rt.nbytes(q, k, v, o, do, lse)
-            + b * h * size_s * d * 2
-            + b * h * size_s * 4,
+            + 2 * b * h * size_s * d
+            + 4 * b * h * size_s,
         ),
         interpret=interpret,
         name="attention_bottom_right_backward_dq",
@@ -9677,10 +9088,7 @@ def _attention_bottom_right_backward_dkdv_kernel(
     acc_s_ref,
     acc_s_2_ref,
     *,
-    b,
-    h,
     t,
-    d,
     size_s,
     block_t,
     block_s,
@@ -9811,15 +9219,16 @@ def _attention_bottom_right_backward_dkdv_kernel(
         dk_ref[...] = acc_s_2.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_t, block_s) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, H, T, D, S) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_attention_bottom_right_backward_dkdv_tpu_blocks = {
-    None: {"default": (128, 128)},
-    "v5e": {"default": (128, 128)},
-    "v6e": {"default": (128, 128)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
+# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
+# given.
+_attention_bottom_right_backward_dkdv_tpu_blocks = rt.TpuBlocks(
+    "attention_bottom_right_backward_dkdv",
+    sizes=("B", "H", "T", "D", "S"),
+    tiling={"T": (16, "bf16 rows"), "S": (128, "lanes")},
+    chips={None: {"default": (128, 128)}},
+)
 
 
 def _attention_bottom_right_backward_dkdv_tpu(
@@ -9830,43 +9239,11 @@ def _attention_bottom_right_backward_dkdv_tpu(
         _attention_bottom_right_backward_dkdv_tpu_blocks,
         (b, h, t, d, size_s),
         (block_t, block_s),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(
-                min(1 << (t.bit_length() - 1), 4096),
-                min(1 << (size_s.bit_length() - 1), 4096),
-            ),
-            step=lambda block_t, block_s: (
-                min(block_t, 256) * block_s,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 8 * block_s
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_t * d,
-            ),
+        step=lambda block_t, block_s: (
+            min(block_t, 256) * block_s,
+            8 * block_s * d + 24 * block_t * d + 16 * block_s,
         ),
-    )
-    block_t = min(block_t, t)  # a small T is one whole block
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    rt.check_tiling(
-        "attention_bottom_right_backward_dkdv",
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_s=(
-            block_s,
-            size_s,
-            128,
-            "S is the last dimension of a block, so it is a multiple of 128",
-        ),
+        bounds=(min(1 << (t.bit_length() - 1), 4096), min(1 << (size_s.bit_length() - 1), 4096)),
     )
     whole_strips, partial_strips = rt.strips(
         (block_t, block_s),
@@ -9878,16 +9255,14 @@ def _attention_bottom_right_backward_dkdv_tpu(
         whole=lambda t_start, s_start, block_t, block_s: s_start + t - size_s
         >= t_start + block_t - 1,
     )
-    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B +
-    # v 256 B + do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512
-    # B + acc_s_2_ref 512 B.
+    # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
+    # do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512
+    # B. The limit is 64 MiB whatever the blocks: their count leaves out a strip's working values
+    # and the lanes a (rows, 1) value pads to.
     return pl.pallas_call(
         functools.partial(
             _attention_bottom_right_backward_dkdv_kernel,
-            b=b,
-            h=h,
             t=t,
-            d=d,
             size_s=size_s,
             block_t=block_t,
             block_s=block_s,
@@ -9895,9 +9270,8 @@ def _attention_bottom_right_backward_dkdv_tpu(
             partial_strips=partial_strips,
             scale=scale,
         ),
-        # One step per element of B, element of H, block of T, block of S (D taken whole).
-        # Steps along B, H, T are independent (parallel); steps along S accumulate in order
-        # (arbitrary).
+        # One step per element of B, element of H, block of T, block of S (D taken whole). Steps
+        # along B, H, T are independent (parallel); steps along S accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, H, S, D]; a skipped step's block is block 0, fetched at most once
@@ -9956,26 +9330,17 @@ def _attention_bottom_right_backward_dkdv_tpu(
             jax.ShapeDtypeStruct((b, h, t, d), jnp.bfloat16),  # dv
         ),
         scratch_shapes=[
-            # acc_s_ref: the product over S
-            pltpu.VMEM((block_t, d), jnp.float32),
-            # acc_s_2_ref: the product over S
-            pltpu.VMEM((block_t, d), jnp.float32),
+            pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_ref: the product over S
+            pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_2_ref: the product over S
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
-            # Whatever the blocks: their count leaves out a strip's working values and the lanes a
-            # (rows, 1) value pads to.
             vmem_limit_bytes=64 * 2**20,
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * h * t * size_s * d
-            + 2 * b * h * t * d * size_s
-            + 2 * b * h * t * size_s * d
-            + 2 * b * h * t * d * size_s,
+            flops=8 * b * h * t * size_s * d,
             transcendentals=b * h * t * size_s,
-            bytes_accessed=rt.nbytes(q, k, v, do, lse, delta)
-            + b * h * t * d * 2
-            + b * h * t * d * 2,
+            bytes_accessed=rt.nbytes(q, k, v, do, lse, delta) + 4 * b * h * t * d,
         ),
         interpret=interpret,
         name="attention_bottom_right_backward_dkdv",
@@ -10599,24 +9964,7 @@ def _gqa_vjp(saved, cotangents, *, gpu_backend, interpret):
     return dq, dk, dv
 
 
-def _gqa_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    max_t_ref,
-    sum_exp_t_ref,
-    acc_t_ref,
-    *,
-    b,
-    g,
-    r,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
-):
+def _gqa_kernel(q_ref, k_ref, v_ref, o_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, *, t, block_t):
     t_start = pl.program_id(4) * block_t
     step = pl.program_id(4)
 
@@ -10666,15 +10014,16 @@ def _gqa_kernel(
         o_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, G, R, S, D, T) shown, the entry nearest the call's
-# sizes winning; else the spec's, grown on a known TPU. None: any other chip, and CPU
-# (the spec's blocks).
-_gqa_tpu_blocks = {
-    None: {"default": (128, 256)},
-    "v5e": {"default": (128, 256)},
-    "v6e": {"default": (128, 256)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
+# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
+# given.
+_gqa_tpu_blocks = rt.TpuBlocks(
+    "gqa",
+    sizes=("B", "G", "R", "S", "D", "T"),
+    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+    chips={None: {"default": (128, 256)}},
+)
 
 
 def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
@@ -10683,47 +10032,20 @@ def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
         _gqa_tpu_blocks,
         (b, g, r, size_s, d, t),
         (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(size_s, 1024), min(t, 1024)),
-            step=lambda block_s, block_t: (
-                block_s * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d,
-            ),
+        step=lambda block_s, block_t: (
+            block_s * block_t,
+            12 * block_s * d + 8 * block_t * d + 8 * block_s,
         ),
+        bounds=(min(size_s, 1024), min(t, 1024)),
     )
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "gqa",
-        block_s=(
-            block_s,
-            size_s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 512 B +
-    # v 512 B + o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B.
+    # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B +
+    # o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. Blocks that need more than
+    # Mosaic's default at call time raise the limit.
     return pl.pallas_call(
-        functools.partial(
-            _gqa_kernel, b=b, g=g, r=r, size_s=size_s, d=d, t=t, block_s=block_s, block_t=block_t
-        ),
-        # One step per element of B, element of G, element of R, block of S, block of T (D
-        # taken whole). Steps along B, G, R, S are independent (parallel); steps along T
-        # accumulate in order (arbitrary).
+        functools.partial(_gqa_kernel, t=t, block_t=block_t),
+        # One step per element of B, element of G, element of R, block of S, block of T (D taken
+        # whole). Steps along B, G, R, S are independent (parallel); steps along T accumulate in
+        # order (arbitrary).
         grid=(b, g, r, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
@@ -10739,30 +10061,19 @@ def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
         ),
         out_shape=jax.ShapeDtypeStruct((b, g, r, size_s, d), jnp.bfloat16),
         scratch_shapes=[
-            # max_t_ref: the running max over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
+            pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
             # sum_exp_t_ref: the sum of exp(value - its running max) over T
             pltpu.VMEM((block_s, 1), jnp.float32),
-            # acc_t_ref: the product over T
-            pltpu.VMEM((block_s, d), jnp.float32),
+            pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d
-            ),
+            vmem_limit_bytes=rt.vmem_limit(12 * block_s * d + 8 * block_t * d + 8 * block_s),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * g * r * size_s * t * d + 2 * b * g * r * size_s * d * t,
+            flops=4 * b * g * r * size_s * t * d,
             transcendentals=b * g * r * size_s * t,
-            bytes_accessed=rt.nbytes(q, k, v) + b * g * r * size_s * d * 2,
+            bytes_accessed=rt.nbytes(q, k, v) + 2 * b * g * r * size_s * d,
         ),
         interpret=interpret,
         name="gqa",
@@ -11172,23 +10483,7 @@ def gqa_with_residuals_reference(q, k, v):
 
 
 def _gqa_with_residuals_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    lse_ref,
-    max_t_ref,
-    sum_exp_t_ref,
-    acc_t_ref,
-    *,
-    b,
-    g,
-    r,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
+    q_ref, k_ref, v_ref, o_ref, lse_ref, max_t_ref, sum_exp_t_ref, acc_t_ref, *, t, block_t
 ):
     t_start = pl.program_id(4) * block_t
     step = pl.program_id(4)
@@ -11241,15 +10536,16 @@ def _gqa_with_residuals_kernel(
         lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, G, R, S, D, T) shown, the entry nearest the call's
-# sizes winning; else the spec's, grown on a known TPU. None: any other chip, and CPU
-# (the spec's blocks).
-_gqa_with_residuals_tpu_blocks = {
-    None: {"default": (128, 256)},
-    "v5e": {"default": (128, 256)},
-    "v6e": {"default": (128, 256)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
+# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
+# given.
+_gqa_with_residuals_tpu_blocks = rt.TpuBlocks(
+    "gqa_with_residuals",
+    sizes=("B", "G", "R", "S", "D", "T"),
+    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+    chips={None: {"default": (128, 256)}},
+)
 
 
 def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
@@ -11258,57 +10554,20 @@ def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t,
         _gqa_with_residuals_tpu_blocks,
         (b, g, r, size_s, d, t),
         (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(size_s, 1024), min(t, 1024)),
-            step=lambda block_s, block_t: (
-                block_s * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d,
-            ),
+        step=lambda block_s, block_t: (
+            block_s * block_t,
+            12 * block_s * d + 8 * block_t * d + 16 * block_s,
         ),
+        bounds=(min(size_s, 1024), min(t, 1024)),
     )
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "gqa_with_residuals",
-        block_s=(
-            block_s,
-            size_s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 512 B +
-    # v 512 B + o 256 B + lse 512 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref
-    # 512 B.
+    # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B +
+    # o 256 B + lse 512 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. Blocks that
+    # need more than Mosaic's default at call time raise the limit.
     return pl.pallas_call(
-        functools.partial(
-            _gqa_with_residuals_kernel,
-            b=b,
-            g=g,
-            r=r,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-        ),
-        # One step per element of B, element of G, element of R, block of S, block of T (D
-        # taken whole). Steps along B, G, R, S are independent (parallel); steps along T
-        # accumulate in order (arbitrary).
+        functools.partial(_gqa_with_residuals_kernel, t=t, block_t=block_t),
+        # One step per element of B, element of G, element of R, block of S, block of T (D taken
+        # whole). Steps along B, G, R, S are independent (parallel); steps along T accumulate in
+        # order (arbitrary).
         grid=(b, g, r, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
@@ -11329,31 +10588,19 @@ def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t,
             jax.ShapeDtypeStruct((b, g, r, size_s, 1), jnp.float32),  # lse
         ),
         scratch_shapes=[
-            # max_t_ref: the running max over T
-            pltpu.VMEM((block_s, 1), jnp.float32),
+            pltpu.VMEM((block_s, 1), jnp.float32),  # max_t_ref: the running max over T
             # sum_exp_t_ref: the sum of exp(value - its running max) over T
             pltpu.VMEM((block_s, 1), jnp.float32),
-            # acc_t_ref: the product over T
-            pltpu.VMEM((block_s, d), jnp.float32),
+            pltpu.VMEM((block_s, d), jnp.float32),  # acc_t_ref: the product over T
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s
-                + 4 * block_s
-                + 4 * block_s * d
-            ),
+            vmem_limit_bytes=rt.vmem_limit(12 * block_s * d + 8 * block_t * d + 16 * block_s),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * g * r * size_s * t * d + 2 * b * g * r * size_s * d * t,
+            flops=4 * b * g * r * size_s * t * d,
             transcendentals=b * g * r * size_s * t + b * g * r * size_s,
-            bytes_accessed=rt.nbytes(q, k, v) + b * g * r * size_s * d * 2 + b * g * r * size_s * 4,
+            bytes_accessed=rt.nbytes(q, k, v) + 2 * b * g * r * size_s * d + 4 * b * g * r * size_s,
         ),
         interpret=interpret,
         name="gqa_with_residuals",
@@ -11816,24 +11063,7 @@ def gqa_backward_dq_reference(q, k, v, o, do, lse):
 
 
 def _gqa_backward_dq_kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    o_ref,
-    do_ref,
-    lse_ref,
-    dq_ref,
-    delta_ref,
-    acc_t_ref,
-    *,
-    b,
-    g,
-    r,
-    size_s,
-    d,
-    t,
-    block_s,
-    block_t,
+    q_ref, k_ref, v_ref, o_ref, do_ref, lse_ref, dq_ref, delta_ref, acc_t_ref, *, t, block_t
 ):
     t_start = pl.program_id(4) * block_t
     step = pl.program_id(4)
@@ -11875,15 +11105,16 @@ def _gqa_backward_dq_kernel(
         dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_s, block_t) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, G, R, S, D, T) shown, the entry nearest the call's
-# sizes winning; else the spec's, grown on a known TPU. None: any other chip, and CPU
-# (the spec's blocks).
-_gqa_backward_dq_tpu_blocks = {
-    None: {"default": (128, 256)},
-    "v5e": {"default": (128, 256)},
-    "v6e": {"default": (128, 256)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
+# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
+# given.
+_gqa_backward_dq_tpu_blocks = rt.TpuBlocks(
+    "gqa_backward_dq",
+    sizes=("B", "G", "R", "S", "D", "T"),
+    tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
+    chips={None: {"default": (128, 256)}},
+)
 
 
 def _gqa_backward_dq_tpu(
@@ -11894,58 +11125,20 @@ def _gqa_backward_dq_tpu(
         _gqa_backward_dq_tpu_blocks,
         (b, g, r, size_s, d, t),
         (block_s, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(size_s, 1024), min(t, 1024)),
-            step=lambda block_s, block_t: (
-                block_s * block_t,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d,
-            ),
+        step=lambda block_s, block_t: (
+            block_s * block_t,
+            20 * block_s * d + 8 * block_t * d + 16 * block_s,
         ),
+        bounds=(min(size_s, 1024), min(t, 1024)),
     )
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "gqa_backward_dq",
-        block_s=(
-            block_s,
-            size_s,
-            16,
-            "S is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of D: 6.5 KiB = 2 buffers x (q 256 B + k 512 B +
-    # v 512 B + o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512
-    # B.
+    # VMEM at the default blocks per unit of D: 6.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B +
+    # o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. Blocks that need
+    # more than Mosaic's default at call time raise the limit.
     return pl.pallas_call(
-        functools.partial(
-            _gqa_backward_dq_kernel,
-            b=b,
-            g=g,
-            r=r,
-            size_s=size_s,
-            d=d,
-            t=t,
-            block_s=block_s,
-            block_t=block_t,
-        ),
-        # One step per element of B, element of G, element of R, block of S, block of T (D
-        # taken whole). Steps along B, G, R, S are independent (parallel); steps along T
-        # accumulate in order (arbitrary).
+        functools.partial(_gqa_backward_dq_kernel, t=t, block_t=block_t),
+        # One step per element of B, element of G, element of R, block of S, block of T (D taken
+        # whole). Steps along B, G, R, S are independent (parallel); steps along T accumulate in
+        # order (arbitrary).
         grid=(b, g, r, pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
@@ -11971,31 +11164,17 @@ def _gqa_backward_dq_tpu(
             jax.ShapeDtypeStruct((b, g, r, size_s, d), jnp.bfloat16),  # dq
             jax.ShapeDtypeStruct((b, g, r, size_s, 1), jnp.float32),  # delta
         ),
-        # acc_t_ref: the product over T
-        scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_s, d), jnp.float32)],  # acc_t_ref: the product over T
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d
-                + 8 * block_s
-                + 4 * block_s * d
-            ),
+            vmem_limit_bytes=rt.vmem_limit(20 * block_s * d + 8 * block_t * d + 16 * block_s),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * g * r * size_s * t * d
-            + 2 * b * g * r * size_s * t * d
-            + 2 * b * g * r * size_s * d * t,
+            flops=6 * b * g * r * size_s * t * d,
             transcendentals=b * g * r * size_s * t,
             bytes_accessed=rt.nbytes(q, k, v, o, do, lse)
-            + b * g * r * size_s * d * 2
-            + b * g * r * size_s * 4,
+            + 2 * b * g * r * size_s * d
+            + 4 * b * g * r * size_s,
         ),
         interpret=interpret,
         name="gqa_backward_dq",
@@ -12525,13 +11704,7 @@ def _gqa_backward_dkdv_kernel(
     acc_s_ref,
     acc_s_2_ref,
     *,
-    b,
-    g,
-    r,
-    t,
-    d,
     size_s,
-    block_t,
     block_s,
 ):
     s_start = pl.program_id(4) * block_s
@@ -12580,15 +11753,16 @@ def _gqa_backward_dkdv_kernel(
         dk_r_ref[...] = acc_s_2
 
 
-# TPU blocks (block_t, block_s) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (B, G, R, T, D, S) shown, the entry nearest the call's
-# sizes winning; else the spec's, grown on a known TPU. None: any other chip, and CPU
-# (the spec's blocks).
-_gqa_backward_dkdv_tpu_blocks = {
-    None: {"default": (256, 128)},
-    "v5e": {"default": (256, 128)},
-    "v6e": {"default": (256, 128)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
+# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
+# given.
+_gqa_backward_dkdv_tpu_blocks = rt.TpuBlocks(
+    "gqa_backward_dkdv",
+    sizes=("B", "G", "R", "T", "D", "S"),
+    tiling={"T": (16, "bf16 rows"), "S": (128, "lanes")},
+    chips={None: {"default": (256, 128)}},
+)
 
 
 def _gqa_backward_dkdv_tpu(
@@ -12599,59 +11773,20 @@ def _gqa_backward_dkdv_tpu(
         _gqa_backward_dkdv_tpu_blocks,
         (b, g, r, t, d, size_s),
         (block_t, block_s),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(t, 1024), min(size_s, 1024)),
-            step=lambda block_t, block_s: (
-                block_t * block_s,
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 8 * block_s
-                + 8 * block_t * d
-                + 8 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_t * d,
-            ),
+        step=lambda block_t, block_s: (
+            block_t * block_s,
+            8 * block_s * d + 32 * block_t * d + 16 * block_s,
         ),
+        bounds=(min(t, 1024), min(size_s, 1024)),
     )
-    block_t = min(block_t, t)  # a small T is one whole block
-    block_s = min(block_s, size_s)  # a small S is one whole block
-    rt.check_tiling(
-        "gqa_backward_dkdv",
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_s=(
-            block_s,
-            size_s,
-            128,
-            "S is the last dimension of a block, so it is a multiple of 128",
-        ),
-    )
-    # VMEM at the default blocks per unit of D: 11.0 KiB = 2 buffers x (q 256 B + k 512 B
-    # + v 512 B + do 256 B + lse 512 B + delta 512 B + dk_r 1.0 KiB + dv_r 1.0 KiB) +
-    # acc_s_ref 1.0 KiB + acc_s_2_ref 1.0 KiB.
+    # VMEM at the default blocks per unit of D: 11.0 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B
+    # + do 256 B + lse 512 B + delta 512 B + dk_r 1.0 KiB + dv_r 1.0 KiB) + acc_s_ref 1.0 KiB +
+    # acc_s_2_ref 1.0 KiB. Blocks that need more than Mosaic's default at call time raise the limit.
     return pl.pallas_call(
-        functools.partial(
-            _gqa_backward_dkdv_kernel,
-            b=b,
-            g=g,
-            r=r,
-            t=t,
-            d=d,
-            size_s=size_s,
-            block_t=block_t,
-            block_s=block_s,
-        ),
-        # One step per element of B, element of G, element of R, block of T, block of S (D
-        # taken whole). Steps along B, G, R, T are independent (parallel); steps along S
-        # accumulate in order (arbitrary).
+        functools.partial(_gqa_backward_dkdv_kernel, size_s=size_s, block_s=block_s),
+        # One step per element of B, element of G, element of R, block of T, block of S (D taken
+        # whole). Steps along B, G, R, T are independent (parallel); steps along S accumulate in
+        # order (arbitrary).
         grid=(b, g, r, pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         in_specs=[
             # q: bf16[B, G, R, S, D]
@@ -12678,36 +11813,17 @@ def _gqa_backward_dkdv_tpu(
             jax.ShapeDtypeStruct((b, g, r, t, d), jnp.float32),  # dv_r
         ),
         scratch_shapes=[
-            # acc_s_ref: the product over S
-            pltpu.VMEM((block_t, d), jnp.float32),
-            # acc_s_2_ref: the product over S
-            pltpu.VMEM((block_t, d), jnp.float32),
+            pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_ref: the product over S
+            pltpu.VMEM((block_t, d), jnp.float32),  # acc_s_2_ref: the product over S
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(
-                4 * block_s * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_s * d
-                + 8 * block_s
-                + 8 * block_s
-                + 8 * block_t * d
-                + 8 * block_t * d
-                + 4 * block_t * d
-                + 4 * block_t * d
-            ),
+            vmem_limit_bytes=rt.vmem_limit(8 * block_s * d + 32 * block_t * d + 16 * block_s),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * b * g * r * t * size_s * d
-            + 2 * b * g * r * t * d * size_s
-            + 2 * b * g * r * t * size_s * d
-            + 2 * b * g * r * t * d * size_s,
+            flops=8 * b * g * r * t * size_s * d,
             transcendentals=b * g * r * t * size_s,
-            bytes_accessed=rt.nbytes(q, k, v, do, lse, delta)
-            + b * g * r * t * d * 4
-            + b * g * r * t * d * 4,
+            bytes_accessed=rt.nbytes(q, k, v, do, lse, delta) + 8 * b * g * r * t * d,
         ),
         interpret=interpret,
         name="gqa_backward_dkdv",
@@ -13167,24 +12283,23 @@ def gqa_backward_over_r_reference(dk_r, dv_r):
     return dk, dv
 
 
-def _gqa_backward_over_r_kernel(
-    dk_r_ref, dv_r_ref, dk_ref, dv_ref, *, b, g, r, t, d, block_b, block_g, block_t
-):
+def _gqa_backward_over_r_kernel(dk_r_ref, dv_r_ref, dk_ref, dv_ref):
     dk_r = dk_r_ref[...]
     dv_r = dv_r_ref[...]
     dk_ref[...] = jnp.sum(dk_r, axis=2, keepdims=True).astype(jnp.bfloat16)
     dv_ref[...] = jnp.sum(dv_r, axis=2, keepdims=True).astype(jnp.bfloat16)
 
 
-# TPU blocks (block_b, block_g, block_t) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (B, G, R, T, D) shown (the spec's .tuning.json
-# file), the entry nearest the call's sizes winning; else the chip's default. None:
-# any other chip, and CPU (the spec's blocks).
-_gqa_backward_over_r_tpu_blocks = {
-    None: {"default": (1, 1, 256)},
-    "v5e": {"default": (1, 1, 256)},
-    "v6e": {"default": (1, 1, 256)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
+# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
+# given.
+_gqa_backward_over_r_tpu_blocks = rt.TpuBlocks(
+    "gqa_backward_over_r",
+    sizes=("B", "G", "R", "T", "D"),
+    tiling={"B": None, "G": None, "T": (16, "bf16 rows")},
+    chips={None: {"default": (1, 1, 256)}},
+)
 
 
 def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, block_t, interpret):
@@ -13193,44 +12308,18 @@ def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, blo
         _gqa_backward_over_r_tpu_blocks,
         (b, g, r, t, d),
         (block_b, block_g, block_t),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(b, g, t),
-            step=lambda block_b, block_g, block_t: (
-                block_b * block_g * r * block_t * d,
-                24 * block_b * block_g * r * block_t * d + 8 * block_b * block_g * block_t * d,
-            ),
+        step=lambda block_b, block_g, block_t: (
+            block_b * block_g * r * block_t * d,
+            24 * block_b * block_g * r * block_t * d + 8 * block_b * block_g * block_t * d,
         ),
     )
-    block_b = min(block_b, b)  # a small B is one whole block
-    block_g = min(block_g, g)  # a small G is one whole block
-    block_t = min(block_t, t)  # a small T is one whole block
-    rt.check_tiling(
-        "gqa_backward_over_r",
-        block_t=(
-            block_t,
-            t,
-            16,
-            "T is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of R x D: 8.0 KiB = 2 buffers x (dk_r 1.0 KiB +
-    # dv_r 1.0 KiB + dk 512 B + dv 512 B) + sum's 32-bit copy of a block 1.0 KiB + sum's
-    # 32-bit copy of a block 1.0 KiB.
+    # VMEM at the default blocks per unit of R x D: 8.0 KiB = 2 buffers x (dk_r 1.0 KiB + dv_r 1.0
+    # KiB + dk 512 B + dv 512 B) + sum's 32-bit copy of a block 1.0 KiB + sum's 32-bit copy of a
+    # block 1.0 KiB. Blocks that need more than Mosaic's default at call time raise the limit.
     return pl.pallas_call(
-        functools.partial(
-            _gqa_backward_over_r_kernel,
-            b=b,
-            g=g,
-            r=r,
-            t=t,
-            d=d,
-            block_b=block_b,
-            block_g=block_g,
-            block_t=block_t,
-        ),
-        # One step per block of B, block of G, block of T (R, D taken whole); steps are
-        # independent, so every axis is parallel.
+        _gqa_backward_over_r_kernel,
+        # One step per block of B, block of G, block of T (R, D taken whole); steps are independent,
+        # so every axis is parallel.
         grid=(pl.cdiv(b, block_b), pl.cdiv(g, block_g), pl.cdiv(t, block_t)),
         in_specs=[
             # dk_r: f32[B, G, R, T, D]
@@ -13250,7 +12339,6 @@ def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, blo
         ),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
                 24 * block_b * block_g * r * block_t * d + 8 * block_b * block_g * block_t * d
             ),
@@ -13258,7 +12346,7 @@ def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, blo
         cost_estimate=pl.CostEstimate(
             flops=2 * b * g * r * t * d,
             transcendentals=0,
-            bytes_accessed=rt.nbytes(dk_r, dv_r) + b * g * r * t * d * 2 + b * g * r * t * d * 2,
+            bytes_accessed=rt.nbytes(dk_r, dv_r) + 4 * b * g * r * t * d,
         ),
         interpret=interpret,
         name="gqa_backward_over_r",
@@ -13675,7 +12763,7 @@ def _matmul_softmax_vjp(saved, cotangents, *, gpu_backend, interpret):
     return dx, dw
 
 
-def _matmul_softmax_kernel(x_ref, w_ref, y_ref, acc_k_ref, *, m, n, k, block_m, block_k):
+def _matmul_softmax_kernel(x_ref, w_ref, y_ref, acc_k_ref, *, k, block_k):
     k_start = pl.program_id(1) * block_k
     step = pl.program_id(1)
 
@@ -13700,15 +12788,16 @@ def _matmul_softmax_kernel(x_ref, w_ref, y_ref, acc_k_ref, *, m, n, k, block_m, 
         y_ref[...] = rt.softmax(acc_k, 1)
 
 
-# TPU blocks (block_m, block_k) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, N, K) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_matmul_softmax_tpu_blocks = {
-    None: {"default": (128, 512)},
-    "v5e": {"default": (128, 512)},
-    "v6e": {"default": (128, 512)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
+# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
+# given.
+_matmul_softmax_tpu_blocks = rt.TpuBlocks(
+    "matmul_softmax",
+    sizes=("M", "N", "K"),
+    tiling={"M": (16, "bf16 rows"), "K": (128, "lanes")},
+    chips={None: {"default": (128, 512)}},
+)
 
 
 def _matmul_softmax_tpu(x, w, *, m, n, k, block_m, block_k, interpret):
@@ -13717,54 +12806,35 @@ def _matmul_softmax_tpu(x, w, *, m, n, k, block_m, block_k, interpret):
         _matmul_softmax_tpu_blocks,
         (m, n, k),
         (block_m, block_k),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(m, 1024), min(k, 1024)),
-            step=lambda block_m, block_k: (
-                block_m * block_k,
-                4 * block_m * block_k + 4 * block_k * n + 8 * block_m * n + 4 * block_m * n,
-            ),
+        step=lambda block_m, block_k: (
+            block_m * block_k,
+            4 * block_m * block_k + 4 * block_k * n + 12 * block_m * n,
         ),
+        bounds=(min(m, 1024), min(k, 1024)),
     )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_k = min(block_k, k)  # a small K is one whole block
-    rt.check_tiling(
-        "matmul_softmax",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks per unit of N: 259.5 KiB = 2 buffers x (x 128.0 KiB + w
-    # 1.0 KiB + y 512 B) + acc_k_ref 512 B.
+    # VMEM at the default blocks per unit of N: 259.5 KiB = 2 buffers x (x 128.0 KiB + w 1.0 KiB + y
+    # 512 B) + acc_k_ref 512 B. Blocks that need more than Mosaic's default at call time raise the
+    # limit.
     return pl.pallas_call(
-        functools.partial(_matmul_softmax_kernel, m=m, n=n, k=k, block_m=block_m, block_k=block_k),
+        functools.partial(_matmul_softmax_kernel, k=k, block_k=block_k),
         # One step per block of M, block of K (N taken whole). Steps along M are independent
         # (parallel); steps along K accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k)),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),
-            # w: bf16[K, N]
-            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),
+            pl.BlockSpec((block_m, block_k), lambda i, j: (i, j)),  # x: bf16[M, K]
+            pl.BlockSpec((block_k, n), lambda i, j: (j, 0)),  # w: bf16[K, N]
         ],
-        # y: f32[M, N]
-        out_specs=pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, n), lambda i, j: (i, 0)),  # y: f32[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        # acc_k_ref: the product over K
-        scratch_shapes=[pltpu.VMEM((block_m, n), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((block_m, n), jnp.float32)],  # acc_k_ref: the product over K
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
-                4 * block_m * block_k + 4 * block_k * n + 8 * block_m * n + 4 * block_m * n
+                4 * block_m * block_k + 4 * block_k * n + 12 * block_m * n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w) + m * n * 4
+            flops=2 * m * n * k, transcendentals=m * n, bytes_accessed=rt.nbytes(x, w) + 4 * m * n
         ),
         interpret=interpret,
         name="matmul_softmax",
@@ -14142,21 +13212,22 @@ def matmul_softmax_backward_reference(y, dy):
     return dacc
 
 
-def _matmul_softmax_backward_kernel(y_ref, dy_ref, dacc_ref, *, m, n, block_m):
+def _matmul_softmax_backward_kernel(y_ref, dy_ref, dacc_ref):
     y = y_ref[...]
     dy = dy_ref[...]
     dacc_ref[...] = (y * (dy - jnp.sum((dy * y), axis=1, keepdims=True))).astype(jnp.bfloat16)
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, N) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_matmul_softmax_backward_tpu_blocks = {
-    None: {"default": (128,)},
-    "v5e": {"default": (128,)},
-    "v6e": {"default": (128,)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
+# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
+# given.
+_matmul_softmax_backward_tpu_blocks = rt.TpuBlocks(
+    "matmul_softmax_backward",
+    sizes=("M", "N"),
+    tiling={"M": (16, "bf16 rows")},
+    chips={None: {"default": (128,)}},
+)
 
 
 def _matmul_softmax_backward_tpu(y, dy, *, m, n, block_m, interpret):
@@ -14165,43 +13236,26 @@ def _matmul_softmax_backward_tpu(y, dy, *, m, n, block_m, interpret):
         _matmul_softmax_backward_tpu_blocks,
         (m, n),
         (block_m,),
-        grow=functools.partial(
-            rt.grown, bounds=(m,), step=lambda block_m: (block_m * n, 24 * block_m * n)
-        ),
+        step=lambda block_m: (block_m * n, 24 * block_m * n),
     )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "matmul_softmax_backward",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of N: 3.0 KiB = 2 buffers x (y 512 B + dy 512 B
-    # + dacc 256 B) + sum's 32-bit copy of a block 512 B.
+    # VMEM at the default blocks per unit of N: 3.0 KiB = 2 buffers x (y 512 B + dy 512 B + dacc 256
+    # B) + sum's 32-bit copy of a block 512 B. Blocks that need more than Mosaic's default at call
+    # time raise the limit.
     return pl.pallas_call(
-        functools.partial(_matmul_softmax_backward_kernel, m=m, n=n, block_m=block_m),
-        # One step per block of M (N taken whole); steps are independent, so every axis is
-        # parallel.
+        _matmul_softmax_backward_kernel,
+        # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # y: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
-            # dy: f32[M, N]
-            pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # y: f32[M, N]
+            pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dy: f32[M, N]
         ],
-        # dacc: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, n), lambda i: (i, 0)),  # dacc: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
-            vmem_limit_bytes=rt.vmem_limit(24 * block_m * n),
+            dimension_semantics=("parallel",), vmem_limit_bytes=rt.vmem_limit(24 * block_m * n)
         ),
         cost_estimate=pl.CostEstimate(
-            flops=5 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(y, dy) + m * n * 2
+            flops=5 * m * n, transcendentals=0, bytes_accessed=rt.nbytes(y, dy) + 2 * m * n
         ),
         interpret=interpret,
         name="matmul_softmax_backward",
@@ -14506,15 +13560,19 @@ def _matmul_softmax_backward_x_kernel(dacc_ref, w_ref, dx_ref, acc_ref, *, n, bl
         dx_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_m, block_k, block_n) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (M, K, N) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
-_matmul_softmax_backward_x_tpu_blocks = {
-    None: {"default": (128, 512, 512)},
-    "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
-    "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the chip's default, else
+# None's. `tiling`: Mosaic's rule for each block, a multiple of the number given.
+_matmul_softmax_backward_x_tpu_blocks = rt.TpuBlocks(
+    "matmul_softmax_backward_x",
+    sizes=("M", "K", "N"),
+    tiling={"M": (16, "bf16 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
+    chips={
+        None: {"default": (128, 512, 512)},
+        "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
+        "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
+    },
+)
 
 
 def _matmul_softmax_backward_x_tpu(dacc, w, *, m, k, n, block_m, block_k, block_n, interpret):
@@ -14522,47 +13580,31 @@ def _matmul_softmax_backward_x_tpu(dacc, w, *, m, k, n, block_m, block_k, block_
     block_m, block_k, block_n = rt.tpu_blocks(
         _matmul_softmax_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_k = min(block_k, k)  # a small K is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "matmul_softmax_backward_x",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 2.0 MiB = 2 buffers x (dacc 128.0 KiB + w 512.0 KiB + dx
-    # 128.0 KiB) + f32 accumulator 256.0 KiB + f32 product step 256.0 KiB.
+    # VMEM at the default blocks: 2.0 MiB = 2 buffers x (dacc 128.0 KiB + w 512.0 KiB + dx 128.0
+    # KiB) + f32 accumulator 256.0 KiB + f32 product step 256.0 KiB. Blocks that need more than
+    # Mosaic's default at call time raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent
         # (parallel); steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # dacc: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),  # dacc: bf16[M, N]
             # w: bf16[K, N], read transposed
             pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),
         ],
-        # dx: bf16[M, K]
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         # acc_ref: the f32 sum over N of one output tile
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_n + 4 * block_k * block_n + 12 * block_m * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dacc, w) + m * k * 2
+            flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dacc, w) + 2 * m * k
         ),
         interpret=interpret,
         name="matmul_softmax_backward_x",
@@ -14877,15 +13919,19 @@ def _matmul_softmax_backward_w_kernel(x_ref, dacc_ref, dw_ref, acc_ref, *, m, bl
         dw_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_k, block_n, block_m) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (K, N, M) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
-_matmul_softmax_backward_w_tpu_blocks = {
-    None: {"default": (512, 512, 128)},
-    "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
-    "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the chip's default, else
+# None's. `tiling`: Mosaic's rule for each block, a multiple of the number given.
+_matmul_softmax_backward_w_tpu_blocks = rt.TpuBlocks(
+    "matmul_softmax_backward_w",
+    sizes=("K", "N", "M"),
+    tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (16, "bf16 rows")},
+    chips={
+        None: {"default": (512, 512, 128)},
+        "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
+        "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
+    },
+)
 
 
 def _matmul_softmax_backward_w_tpu(x, dacc, *, k, n, m, block_k, block_n, block_m, interpret):
@@ -14893,22 +13939,9 @@ def _matmul_softmax_backward_w_tpu(x, dacc, *, k, n, m, block_k, block_n, block_
     block_k, block_n, block_m = rt.tpu_blocks(
         _matmul_softmax_backward_w_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
-    block_k = min(block_k, k)  # a small K is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "matmul_softmax_backward_w",
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks: 3.5 MiB = 2 buffers x (x 128.0 KiB + dacc 128.0 KiB + dw
-    # 512.0 KiB) + f32 accumulator 1.0 MiB + f32 product step 1.0 MiB.
+    # VMEM at the default blocks: 3.5 MiB = 2 buffers x (x 128.0 KiB + dacc 128.0 KiB + dw 512.0
+    # KiB) + f32 accumulator 1.0 MiB + f32 product step 1.0 MiB. Blocks that need more than Mosaic's
+    # default at call time raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_w_kernel, m=m, block_m=block_m),
         # One step per block of K, block of N, block of M. Steps along K, N are independent
@@ -14917,23 +13950,20 @@ def _matmul_softmax_backward_w_tpu(x, dacc, *, k, n, m, block_k, block_n, block_
         in_specs=[
             # x: bf16[M, K], read transposed
             pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),
-            # dacc: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),  # dacc: bf16[M, N]
         ],
-        # dw: bf16[K, N]
-        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),
+        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),  # dw: bf16[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.bfloat16),
         # acc_ref: the f32 sum over M of one output tile
         scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_k + 4 * block_m * block_n + 12 * block_k * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(x, dacc) + k * n * 2
+            flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(x, dacc) + 2 * k * n
         ),
         interpret=interpret,
         name="matmul_softmax_backward_w",
@@ -15283,7 +14313,7 @@ def _rmsnorm_matmul_vjp(saved, cotangents, *, gpu_backend, interpret):
     return dx, dg, dw
 
 
-def _rmsnorm_matmul_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_m, block_n):
+def _rmsnorm_matmul_kernel(x_ref, g_ref, w_ref, y_ref, *, k):
     x = x_ref[...]
     g = g_ref[...]
     w = w_ref[...]
@@ -15297,15 +14327,20 @@ def _rmsnorm_matmul_kernel(x_ref, g_ref, w_ref, y_ref, *, m, n, k, block_m, bloc
     ).astype(jnp.bfloat16)
 
 
-# TPU blocks (block_m, block_n) for a call that passes none, by chip: those `pallasgen
-# tune` found at the sizes (M, N, K) shown, the entry nearest the call's sizes
-# winning; else the spec's, grown on a known TPU. None: any other chip, and CPU (the
-# spec's blocks).
-_rmsnorm_matmul_tpu_blocks = {
-    None: {"default": (256, 512)},
-    "v5e": {"default": (256, 512), (1024, 1024, 1024): (256, 1024)},
-    "v6e": {"default": (256, 512), (1024, 1024, 1024): (512, 1024)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
+# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
+# given.
+_rmsnorm_matmul_tpu_blocks = rt.TpuBlocks(
+    "rmsnorm_matmul",
+    sizes=("M", "N", "K"),
+    tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
+    chips={
+        None: {"default": (256, 512)},
+        "v5e": {(1024, 1024, 1024): (256, 1024)},
+        "v6e": {(1024, 1024, 1024): (512, 1024)},
+    },
+)
 
 
 def _rmsnorm_matmul_tpu(x, g, w, *, m, n, k, block_m, block_n, interpret):
@@ -15314,54 +14349,34 @@ def _rmsnorm_matmul_tpu(x, g, w, *, m, n, k, block_m, block_n, interpret):
         _rmsnorm_matmul_tpu_blocks,
         (m, n, k),
         (block_m, block_n),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(min(m, 1024), 512),
-            step=lambda block_m, block_n: (
-                block_m * block_n,
-                4 * block_m * k + 8 * k + 4 * k * block_n + 4 * block_m * block_n,
-            ),
+        step=lambda block_m, block_n: (
+            block_m * block_n,
+            4 * block_m * k + 8 * k + 4 * k * block_n + 4 * block_m * block_n,
         ),
+        bounds=(min(m, 1024), 512),
     )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "rmsnorm_matmul",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks per unit of K: 515.0 KiB = 2 buffers x (x 512 B + g 4 B +
-    # w 1.0 KiB + y 256.0 KiB).
+    # VMEM at the default blocks per unit of K: 515.0 KiB = 2 buffers x (x 512 B + g 4 B + w 1.0 KiB
+    # + y 256.0 KiB). Blocks that need more than Mosaic's default at call time raise the limit.
     return pl.pallas_call(
-        functools.partial(_rmsnorm_matmul_kernel, m=m, n=n, k=k, block_m=block_m, block_n=block_n),
-        # One step per block of M, block of N (K taken whole); steps are independent, so every
-        # axis is parallel.
+        functools.partial(_rmsnorm_matmul_kernel, k=k),
+        # One step per block of M, block of N (K taken whole); steps are independent, so every axis
+        # is parallel.
         grid=(pl.cdiv(m, block_m), pl.cdiv(n, block_n)),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),
-            # g: f32[K]
-            pl.BlockSpec((1, k), lambda i, j: (0, 0)),
-            # w: bf16[K, N]
-            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),
+            pl.BlockSpec((block_m, k), lambda i, j: (i, 0)),  # x: bf16[M, K]
+            pl.BlockSpec((1, k), lambda i, j: (0, 0)),  # g: f32[K]
+            pl.BlockSpec((k, block_n), lambda i, j: (0, j)),  # w: bf16[K, N]
         ],
-        # y: bf16[M, N]
-        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),  # y: bf16[M, N]
         out_shape=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * k + 8 * k + 4 * k * block_n + 4 * block_m * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * n * k, transcendentals=m, bytes_accessed=rt.nbytes(x, g, w) + m * n * 2
+            flops=2 * m * n * k, transcendentals=m, bytes_accessed=rt.nbytes(x, g, w) + 2 * m * n
         ),
         interpret=interpret,
         name="rmsnorm_matmul",
@@ -15718,7 +14733,7 @@ def rmsnorm_matmul_lhs_reference(x, g):
     return lhs, mean_k
 
 
-def _rmsnorm_matmul_lhs_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, m, k, block_m):
+def _rmsnorm_matmul_lhs_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, k):
     x = x_ref[...]
     g = g_ref[...]
     h = x.astype(jnp.float32)
@@ -15727,15 +14742,16 @@ def _rmsnorm_matmul_lhs_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, m, k, block
     lhs_ref[...] = (h * jax.lax.rsqrt(mean_k + 1e-06) * g).astype(jnp.bfloat16)
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, K) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_rmsnorm_matmul_lhs_tpu_blocks = {
-    None: {"default": (256,)},
-    "v5e": {"default": (256,), (1024, 1024): (512,)},
-    "v6e": {"default": (256,), (1024, 1024): (512,)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
+# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
+# given.
+_rmsnorm_matmul_lhs_tpu_blocks = rt.TpuBlocks(
+    "rmsnorm_matmul_lhs",
+    sizes=("M", "K"),
+    tiling={"M": (16, "bf16 rows")},
+    chips={None: {"default": (256,)}, "v5e": {(1024, 1024): (512,)}, "v6e": {(1024, 1024): (512,)}},
+)
 
 
 def _rmsnorm_matmul_lhs_tpu(x, g, *, m, k, block_m, interpret):
@@ -15744,40 +14760,22 @@ def _rmsnorm_matmul_lhs_tpu(x, g, *, m, k, block_m, interpret):
         _rmsnorm_matmul_lhs_tpu_blocks,
         (m, k),
         (block_m,),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m,),
-            step=lambda block_m: (block_m * k, 16 * block_m * k + 8 * k + 8 * block_m),
-        ),
+        step=lambda block_m: (block_m * k, 16 * block_m * k + 8 * k + 8 * block_m),
     )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "rmsnorm_matmul_lhs",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of K: 6.0 KiB = 2 buffers x (x 512 B + g 4 B +
-    # lhs 512 B + mean_k 1.0 KiB) + mean's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB.
+    # VMEM at the default blocks per unit of K: 6.0 KiB = 2 buffers x (x 512 B + g 4 B + lhs 512 B +
+    # mean_k 1.0 KiB) + mean's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB. Blocks that need more
+    # than Mosaic's default at call time raise the limit.
     return pl.pallas_call(
-        functools.partial(_rmsnorm_matmul_lhs_kernel, m=m, k=k, block_m=block_m),
-        # One step per block of M (K taken whole); steps are independent, so every axis is
-        # parallel.
+        functools.partial(_rmsnorm_matmul_lhs_kernel, k=k),
+        # One step per block of M (K taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, k), lambda i: (i, 0)),
-            # g: f32[K], broadcast over M
-            pl.BlockSpec((1, k), lambda i: (0, 0)),
+            pl.BlockSpec((block_m, k), lambda i: (i, 0)),  # x: bf16[M, K]
+            pl.BlockSpec((1, k), lambda i: (0, 0)),  # g: f32[K], broadcast over M
         ],
         out_specs=(
-            # lhs: bf16[M, K]
-            pl.BlockSpec((block_m, k), lambda i: (i, 0)),
-            # mean_k: f32[M], broadcast over K
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, k), lambda i: (i, 0)),  # lhs: bf16[M, K]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_k: f32[M], broadcast over K
         ),
         out_shape=(
             jax.ShapeDtypeStruct((m, k), jnp.bfloat16),  # lhs
@@ -15785,13 +14783,10 @@ def _rmsnorm_matmul_lhs_tpu(x, g, *, m, k, block_m, interpret):
         ),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(16 * block_m * k + 8 * k + 8 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=7 * m * k,
-            transcendentals=m * k,
-            bytes_accessed=rt.nbytes(x, g) + m * k * 2 + m * k * 4,
+            flops=7 * m * k, transcendentals=m * k, bytes_accessed=rt.nbytes(x, g) + 6 * m * k
         ),
         interpret=interpret,
         name="rmsnorm_matmul_lhs",
@@ -16101,15 +15096,19 @@ def _rmsnorm_matmul_backward_lhs_kernel(dy_ref, w_ref, dlhs_ref, acc_ref, *, n, 
         dlhs_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_m, block_k, block_n) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (M, K, N) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
-_rmsnorm_matmul_backward_lhs_tpu_blocks = {
-    None: {"default": (256, 512, 512)},
-    "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
-    "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the chip's default, else
+# None's. `tiling`: Mosaic's rule for each block, a multiple of the number given.
+_rmsnorm_matmul_backward_lhs_tpu_blocks = rt.TpuBlocks(
+    "rmsnorm_matmul_backward_lhs",
+    sizes=("M", "K", "N"),
+    tiling={"M": (16, "bf16 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
+    chips={
+        None: {"default": (256, 512, 512)},
+        "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
+        "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
+    },
+)
 
 
 def _rmsnorm_matmul_backward_lhs_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpret):
@@ -16117,47 +15116,31 @@ def _rmsnorm_matmul_backward_lhs_tpu(dy, w, *, m, k, n, block_m, block_k, block_
     block_m, block_k, block_n = rt.tpu_blocks(
         _rmsnorm_matmul_backward_lhs_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
-    block_m = min(block_m, m)  # a small M is one whole block
-    block_k = min(block_k, k)  # a small K is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    rt.check_tiling(
-        "rmsnorm_matmul_backward_lhs",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-    )
-    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (dy 256.0 KiB + w 512.0 KiB + dlhs
-    # 256.0 KiB) + f32 accumulator 512.0 KiB + f32 product step 512.0 KiB.
+    # VMEM at the default blocks: 3.0 MiB = 2 buffers x (dy 256.0 KiB + w 512.0 KiB + dlhs 256.0
+    # KiB) + f32 accumulator 512.0 KiB + f32 product step 512.0 KiB. Blocks that need more than
+    # Mosaic's default at call time raise the limit.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_backward_lhs_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent
         # (parallel); steps along N accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m), pl.cdiv(k, block_k), pl.cdiv(n, block_n)),
         in_specs=[
-            # dy: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (i, k)),  # dy: bf16[M, N]
             # w: bf16[K, N], read transposed
             pl.BlockSpec((block_k, block_n), lambda i, j, k: (j, k)),
         ],
-        # dlhs: bf16[M, K]
-        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),
+        out_specs=pl.BlockSpec((block_m, block_k), lambda i, j, k: (i, j)),  # dlhs: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         # acc_ref: the f32 sum over N of one output tile
         scratch_shapes=[pltpu.VMEM((block_m, block_k), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_n + 4 * block_k * block_n + 12 * block_m * block_k
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dy, w) + m * k * 2
+            flops=2 * m * k * n, transcendentals=0, bytes_accessed=rt.nbytes(dy, w) + 2 * m * k
         ),
         interpret=interpret,
         name="rmsnorm_matmul_backward_lhs",
@@ -16472,15 +15455,19 @@ def _rmsnorm_matmul_backward_w_kernel(lhs_ref, dy_ref, dw_ref, acc_ref, *, m, bl
         dw_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_k, block_n, block_m) for a call that passes none, by chip: those
-# `pallasgen tune` found at the sizes (K, N, M) shown (the spec's .tuning.json file),
-# the entry nearest the call's sizes winning; else the chip's default. None: any other
-# chip, and CPU (the spec's blocks).
-_rmsnorm_matmul_backward_w_tpu_blocks = {
-    None: {"default": (512, 512, 256)},
-    "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
-    "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the chip's default, else
+# None's. `tiling`: Mosaic's rule for each block, a multiple of the number given.
+_rmsnorm_matmul_backward_w_tpu_blocks = rt.TpuBlocks(
+    "rmsnorm_matmul_backward_w",
+    sizes=("K", "N", "M"),
+    tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (16, "bf16 rows")},
+    chips={
+        None: {"default": (512, 512, 256)},
+        "v5e": {"default": (512, 512, 512), (1024, 1024, 1024): (512, 512, 1024)},
+        "v6e": {"default": (1024, 1024, 1024), (1024, 1024, 1024): (512, 512, 1024)},
+    },
+)
 
 
 def _rmsnorm_matmul_backward_w_tpu(lhs, dy, *, k, n, m, block_k, block_n, block_m, interpret):
@@ -16488,22 +15475,9 @@ def _rmsnorm_matmul_backward_w_tpu(lhs, dy, *, k, n, m, block_k, block_n, block_
     block_k, block_n, block_m = rt.tpu_blocks(
         _rmsnorm_matmul_backward_w_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
-    block_k = min(block_k, k)  # a small K is one whole block
-    block_n = min(block_n, n)  # a small N is one whole block
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "rmsnorm_matmul_backward_w",
-        block_k=(block_k, k, 128, "K is the last dimension of a block, so it is a multiple of 128"),
-        block_n=(block_n, n, 128, "N is the last dimension of a block, so it is a multiple of 128"),
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks: 4.0 MiB = 2 buffers x (lhs 256.0 KiB + dy 256.0 KiB + dw
-    # 512.0 KiB) + f32 accumulator 1.0 MiB + f32 product step 1.0 MiB.
+    # VMEM at the default blocks: 4.0 MiB = 2 buffers x (lhs 256.0 KiB + dy 256.0 KiB + dw 512.0
+    # KiB) + f32 accumulator 1.0 MiB + f32 product step 1.0 MiB. Blocks that need more than Mosaic's
+    # default at call time raise the limit.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_backward_w_kernel, m=m, block_m=block_m),
         # One step per block of K, block of N, block of M. Steps along K, N are independent
@@ -16512,23 +15486,20 @@ def _rmsnorm_matmul_backward_w_tpu(lhs, dy, *, k, n, m, block_k, block_n, block_
         in_specs=[
             # lhs: bf16[M, K], read transposed
             pl.BlockSpec((block_m, block_k), lambda i, j, k: (k, i)),
-            # dy: bf16[M, N]
-            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),
+            pl.BlockSpec((block_m, block_n), lambda i, j, k: (k, j)),  # dy: bf16[M, N]
         ],
-        # dw: bf16[K, N]
-        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),
+        out_specs=pl.BlockSpec((block_k, block_n), lambda i, j, k: (i, j)),  # dw: bf16[K, N]
         out_shape=jax.ShapeDtypeStruct((k, n), jnp.bfloat16),
         # acc_ref: the f32 sum over M of one output tile
         scratch_shapes=[pltpu.VMEM((block_k, block_n), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(
                 4 * block_m * block_k + 4 * block_m * block_n + 12 * block_k * block_n
             ),
         ),
         cost_estimate=pl.CostEstimate(
-            flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(lhs, dy) + k * n * 2
+            flops=2 * k * n * m, transcendentals=0, bytes_accessed=rt.nbytes(lhs, dy) + 2 * k * n
         ),
         interpret=interpret,
         name="rmsnorm_matmul_backward_w",
@@ -16805,9 +15776,7 @@ def rmsnorm_matmul_lhs_backward_reference(x, g, mean_k, dlhs):
     return dx
 
 
-def _rmsnorm_matmul_lhs_backward_kernel(
-    x_ref, g_ref, mean_k_ref, dlhs_ref, dx_ref, *, m, k, block_m
-):
+def _rmsnorm_matmul_lhs_backward_kernel(x_ref, g_ref, mean_k_ref, dlhs_ref, dx_ref, *, k):
     x = x_ref[...]
     g = g_ref[...]
     mean_k = mean_k_ref[...]
@@ -16822,15 +15791,16 @@ def _rmsnorm_matmul_lhs_backward_kernel(
     dx_ref[...] = dh.astype(jnp.bfloat16)
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, K) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_rmsnorm_matmul_lhs_backward_tpu_blocks = {
-    None: {"default": (256,)},
-    "v5e": {"default": (256,), (1024, 1024): (256,)},
-    "v6e": {"default": (256,), (1024, 1024): (256,)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
+# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
+# given.
+_rmsnorm_matmul_lhs_backward_tpu_blocks = rt.TpuBlocks(
+    "rmsnorm_matmul_lhs_backward",
+    sizes=("M", "K"),
+    tiling={"M": (16, "bf16 rows")},
+    chips={None: {"default": (256,)}, "v5e": {(1024, 1024): (256,)}, "v6e": {(1024, 1024): (256,)}},
+)
 
 
 def _rmsnorm_matmul_lhs_backward_tpu(x, g, mean_k, dlhs, *, m, k, block_m, interpret):
@@ -16839,53 +15809,33 @@ def _rmsnorm_matmul_lhs_backward_tpu(x, g, mean_k, dlhs, *, m, k, block_m, inter
         _rmsnorm_matmul_lhs_backward_tpu_blocks,
         (m, k),
         (block_m,),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m,),
-            step=lambda block_m: (block_m * k, 32 * block_m * k + 8 * k + 20 * block_m),
-        ),
+        step=lambda block_m: (block_m * k, 32 * block_m * k + 8 * k + 20 * block_m),
     )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "rmsnorm_matmul_lhs_backward",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of K: 13.0 KiB = 2 buffers x (x 512 B + g 4 B +
-    # mean_k 1.0 KiB + dlhs 512 B + dx 512 B) + sum's 32-bit copy of a block 1.0 KiB + let
-    # h 1.0 KiB + let lhs_2 1.0 KiB + let lhs_3 1.0 KiB + let dlhs_1 1.0 KiB + let dlhs_2
-    # 1.0 KiB + let dlhs_3 1.0 KiB + let dh 1.0 KiB.
+    # VMEM at the default blocks per unit of K: 13.0 KiB = 2 buffers x (x 512 B + g 4 B + mean_k 1.0
+    # KiB + dlhs 512 B + dx 512 B) + sum's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB + let
+    # lhs_2 1.0 KiB + let lhs_3 1.0 KiB + let dlhs_1 1.0 KiB + let dlhs_2 1.0 KiB + let dlhs_3 1.0
+    # KiB + let dh 1.0 KiB. Blocks that need more than Mosaic's default at call time raise the
+    # limit.
     return pl.pallas_call(
-        functools.partial(_rmsnorm_matmul_lhs_backward_kernel, m=m, k=k, block_m=block_m),
-        # One step per block of M (K taken whole); steps are independent, so every axis is
-        # parallel.
+        functools.partial(_rmsnorm_matmul_lhs_backward_kernel, k=k),
+        # One step per block of M (K taken whole); steps are independent, so every axis is parallel.
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, k), lambda i: (i, 0)),
-            # g: f32[K], broadcast over M
-            pl.BlockSpec((1, k), lambda i: (0, 0)),
-            # mean_k: f32[M], broadcast over K
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # dlhs: bf16[M, K]
-            pl.BlockSpec((block_m, k), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, k), lambda i: (i, 0)),  # x: bf16[M, K]
+            pl.BlockSpec((1, k), lambda i: (0, 0)),  # g: f32[K], broadcast over M
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_k: f32[M], broadcast over K
+            pl.BlockSpec((block_m, k), lambda i: (i, 0)),  # dlhs: bf16[M, K]
         ],
-        # dx: bf16[M, K]
-        out_specs=pl.BlockSpec((block_m, k), lambda i: (i, 0)),
+        out_specs=pl.BlockSpec((block_m, k), lambda i: (i, 0)),  # dx: bf16[M, K]
         out_shape=jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(32 * block_m * k + 8 * k + 20 * block_m),
         ),
         cost_estimate=pl.CostEstimate(
             flops=18 * m * k,
             transcendentals=m * k,
-            bytes_accessed=rt.nbytes(x, g, mean_k, dlhs) + m * k * 2,
+            bytes_accessed=rt.nbytes(x, g, mean_k, dlhs) + 2 * m * k,
         ),
         interpret=interpret,
         name="rmsnorm_matmul_lhs_backward",
@@ -17197,7 +16147,7 @@ def rmsnorm_matmul_lhs_backward_over_m_reference(x, mean_k, dlhs):
 
 
 def _rmsnorm_matmul_lhs_backward_over_m_kernel(
-    x_ref, mean_k_ref, dlhs_ref, dg_ref, sum_m_running_ref, *, m, k, block_m
+    x_ref, mean_k_ref, dlhs_ref, dg_ref, sum_m_running_ref, *, m, block_m
 ):
     step = pl.program_id(0)
 
@@ -17224,15 +16174,16 @@ def _rmsnorm_matmul_lhs_backward_over_m_kernel(
         dg_ref[...] = sum_m
 
 
-# TPU blocks (block_m,) for a call that passes none, by chip: those `pallasgen tune`
-# found at the sizes (M, K) shown (the spec's .tuning.json file), the entry nearest
-# the call's sizes winning; else the chip's default. None: any other chip, and CPU
-# (the spec's blocks).
-_rmsnorm_matmul_lhs_backward_over_m_tpu_blocks = {
-    None: {"default": (256,)},
-    "v5e": {"default": (256,)},
-    "v6e": {"default": (256,)},
-}
+# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
+# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
+# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
+# given.
+_rmsnorm_matmul_lhs_backward_over_m_tpu_blocks = rt.TpuBlocks(
+    "rmsnorm_matmul_lhs_backward_over_m",
+    sizes=("M", "K"),
+    tiling={"M": (16, "bf16 rows")},
+    chips={None: {"default": (256,)}},
+)
 
 
 def _rmsnorm_matmul_lhs_backward_over_m_tpu(x, mean_k, dlhs, *, m, k, block_m, interpret):
@@ -17241,53 +16192,33 @@ def _rmsnorm_matmul_lhs_backward_over_m_tpu(x, mean_k, dlhs, *, m, k, block_m, i
         _rmsnorm_matmul_lhs_backward_over_m_tpu_blocks,
         (m, k),
         (block_m,),
-        grow=functools.partial(
-            rt.grown,
-            bounds=(m,),
-            step=lambda block_m: (block_m * k, 24 * block_m * k + 16 * block_m + 8 * k),
-        ),
+        step=lambda block_m: (block_m * k, 24 * block_m * k + 16 * block_m + 8 * k),
     )
-    block_m = min(block_m, m)  # a small M is one whole block
-    rt.check_tiling(
-        "rmsnorm_matmul_lhs_backward_over_m",
-        block_m=(
-            block_m,
-            m,
-            16,
-            "M is the second-to-last dimension of a block of bf16 values, so it is a multiple of 16",
-        ),
-    )
-    # VMEM at the default blocks per unit of K: 10.0 KiB = 2 buffers x (x 512 B + mean_k
-    # 1.0 KiB + dlhs 512 B + dg 4 B) + sum's 32-bit copy of a block 1.0 KiB + let h 1.0
-    # KiB + let lhs_1 1.0 KiB + let lhs_2 1.0 KiB + let lhs_3 1.0 KiB + let dlhs_1 1.0
-    # KiB.
+    # VMEM at the default blocks per unit of K: 10.0 KiB = 2 buffers x (x 512 B + mean_k 1.0 KiB +
+    # dlhs 512 B + dg 4 B) + sum's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB + let lhs_1 1.0
+    # KiB + let lhs_2 1.0 KiB + let lhs_3 1.0 KiB + let dlhs_1 1.0 KiB. Blocks that need more than
+    # Mosaic's default at call time raise the limit.
     return pl.pallas_call(
-        functools.partial(_rmsnorm_matmul_lhs_backward_over_m_kernel, m=m, k=k, block_m=block_m),
-        # One step per block of M (K taken whole). Steps along M accumulate in order
-        # (arbitrary).
+        functools.partial(_rmsnorm_matmul_lhs_backward_over_m_kernel, m=m, block_m=block_m),
+        # One step per block of M (K taken whole). Steps along M accumulate in order (arbitrary).
         grid=(pl.cdiv(m, block_m),),
         in_specs=[
-            # x: bf16[M, K]
-            pl.BlockSpec((block_m, k), lambda i: (i, 0)),
-            # mean_k: f32[M], broadcast over K
-            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),
-            # dlhs: bf16[M, K]
-            pl.BlockSpec((block_m, k), lambda i: (i, 0)),
+            pl.BlockSpec((block_m, k), lambda i: (i, 0)),  # x: bf16[M, K]
+            pl.BlockSpec((block_m, 1), lambda i: (i, 0)),  # mean_k: f32[M], broadcast over K
+            pl.BlockSpec((block_m, k), lambda i: (i, 0)),  # dlhs: bf16[M, K]
         ],
-        # dg: f32[K], broadcast over M
-        out_specs=pl.BlockSpec((1, k), lambda i: (0, 0)),
+        out_specs=pl.BlockSpec((1, k), lambda i: (0, 0)),  # dg: f32[K], broadcast over M
         out_shape=jax.ShapeDtypeStruct((1, k), jnp.float32),
         # sum_m_running_ref: the running sum over M of one block
         scratch_shapes=[pltpu.VMEM((1, k), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary",),
-            # The blocks' VMEM at call time: above Mosaic's default, the limit is raised.
             vmem_limit_bytes=rt.vmem_limit(24 * block_m * k + 16 * block_m + 8 * k),
         ),
         cost_estimate=pl.CostEstimate(
             flops=6 * m * k,
             transcendentals=m * k,
-            bytes_accessed=rt.nbytes(x, mean_k, dlhs) + m * k * 4,
+            bytes_accessed=rt.nbytes(x, mean_k, dlhs) + 4 * m * k,
         ),
         interpret=interpret,
         name="rmsnorm_matmul_lhs_backward_over_m",
