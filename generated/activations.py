@@ -154,10 +154,8 @@ def _leaky_kernel(x_ref, y_ref, mask_ref, *, slope):
     mask_ref[...] = pos.astype(jnp.int32)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _leaky_tpu_blocks = rt.TpuBlocks(
     "leaky",
     sizes=("M", "N"),
@@ -401,10 +399,8 @@ def _leaky_backward_kernel(x_ref, dy_ref, dx_ref, *, slope):
     dx_ref[...] = jnp.where(pos, dy, 0) + jnp.where(pos, 0, dy) * slope
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _leaky_backward_tpu_blocks = rt.TpuBlocks(
     "leaky_backward",
     sizes=("M", "N"),
@@ -699,10 +695,8 @@ def _bias_gelu_kernel(x_ref, bias_ref, scale_ref, y_ref):
     )
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _bias_gelu_tpu_blocks = rt.TpuBlocks(
     "bias_gelu",
     sizes=("M", "N"),
@@ -976,10 +970,8 @@ def _bias_gelu_backward_kernel(x_ref, bias_ref, scale_ref, dy_ref, dx_ref):
     dx_ref[...] = (dy_1 * scale).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _bias_gelu_backward_tpu_blocks = rt.TpuBlocks(
     "bias_gelu_backward",
     sizes=("M", "N"),
@@ -1300,10 +1292,8 @@ def _bias_gelu_backward_over_m_kernel(
         dbias_ref[...] = sum_m
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _bias_gelu_backward_over_m_tpu_blocks = rt.TpuBlocks(
     "bias_gelu_backward_over_m",
     sizes=("M", "N"),
@@ -1673,10 +1663,8 @@ def _bias_gelu_backward_over_n_kernel(
         dscale_ref[...] = sum_n
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _bias_gelu_backward_over_n_tpu_blocks = rt.TpuBlocks(
     "bias_gelu_backward_over_n",
     sizes=("M", "N"),
@@ -2038,10 +2026,8 @@ def _quantize_rows_kernel(x_ref, scale_ref, q_ref):
     q_ref[...] = jnp.where(scaled == scaled, rounded, 0.0).astype(jnp.int8)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _quantize_rows_tpu_blocks = rt.TpuBlocks(
     "quantize_rows",
     sizes=("M", "N"),

@@ -115,10 +115,8 @@ def _add_vectors_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = x + y
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _add_vectors_tpu_blocks = rt.TpuBlocks(
     "add_vectors",
     sizes=("N",),
@@ -301,10 +299,8 @@ def _add_vectors_backward_kernel(dz_ref, dx_ref, dy_ref):
     dy_ref[...] = dz
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _add_vectors_backward_tpu_blocks = rt.TpuBlocks(
     "add_vectors_backward",
     sizes=("N",),

@@ -413,10 +413,8 @@ def _attention_kernel(
         lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_tpu_blocks = rt.TpuBlocks(
     "attention",
     sizes=("B", "H", "S", "D", "T"),
@@ -445,6 +443,11 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
         seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 >= t_start,
         whole=lambda s_start, t_start, block_s, block_t: s_start >= t_start + block_t - 1,
     )
+
+    # A step's block of T; a skipped step's is block 0, fetched at most once.
+    def t_block(i, j):
+        return jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0)
+
     # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
     # o 256 B + lse 512 B) + max_t_ref 512 B + acc_t_ref 512 B + sum_exp_t_ref 512 B. The limit is
     # 64 MiB whatever the blocks: their count leaves out a strip's working values and the lanes a
@@ -465,26 +468,10 @@ def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, inte
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # k: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_t, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0),
-                    0,
-                ),
-            ),
-            # v: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_t, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0),
-                    0,
-                ),
-            ),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
         ],
         out_specs=(
             # o: bf16[B, H, S, D]
@@ -1152,10 +1139,8 @@ def _attention_backward_dq_kernel(
         dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_backward_dq_tpu_blocks = rt.TpuBlocks(
     "attention_backward_dq",
     sizes=("B", "H", "S", "D", "T"),
@@ -1186,6 +1171,11 @@ def _attention_backward_dq_tpu(
         seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 >= t_start,
         whole=lambda s_start, t_start, block_s, block_t: s_start >= t_start + block_t - 1,
     )
+
+    # A step's block of T; a skipped step's is block 0, fetched at most once.
+    def t_block(i, j):
+        return jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0)
+
     # VMEM at the default blocks per unit of D: 6.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
     # o 256 B + do 256 B + lse 512 B + dlse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. The
     # limit is 64 MiB whatever the blocks: their count leaves out a strip's working values and the
@@ -1206,26 +1196,10 @@ def _attention_backward_dq_tpu(
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # k: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_t, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0),
-                    0,
-                ),
-            ),
-            # v: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_t, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0),
-                    0,
-                ),
-            ),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
             # o: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
             # do: bf16[B, H, S, D]
@@ -1985,10 +1959,8 @@ def _attention_backward_dkdv_kernel(
         dk_ref[...] = acc_s_2.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_backward_dkdv_tpu_blocks = rt.TpuBlocks(
     "attention_backward_dkdv",
     sizes=("B", "H", "T", "D", "S"),
@@ -2019,6 +1991,11 @@ def _attention_backward_dkdv_tpu(
         seen=lambda t_start, s_start, block_t, block_s: s_start + block_s - 1 >= t_start,
         whole=lambda t_start, s_start, block_t, block_s: s_start >= t_start + block_t - 1,
     )
+
+    # A step's block of S; a skipped step's is block 0, fetched at most once.
+    def s_block(i, j):
+        return jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0)
+
     # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
     # do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512
     # B. The limit is 64 MiB whatever the blocks: their count leaves out a strip's working values
@@ -2037,50 +2014,18 @@ def _attention_backward_dkdv_tpu(
         # along B, H, T are independent (parallel); steps along S accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         in_specs=[
-            # q: bf16[B, H, S, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_s, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0),
-                    0,
-                ),
-            ),
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),
             # k: bf16[B, H, T, D]
             pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
             # v: bf16[B, H, T, D]
             pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
-            # do: bf16[B, H, S, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_s, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0),
-                    0,
-                ),
-            ),
-            # lse: f32[B, H, S]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, 1, block_s),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    0,
-                    jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0),
-                ),
-            ),
-            # delta: f32[B, H, S]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, 1, block_s),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    0,
-                    jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0),
-                ),
-            ),
+            # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),
+            # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),
         ],
         out_specs=(
             # dk: bf16[B, H, T, D]
@@ -2832,10 +2777,8 @@ def _attention_dq_kernel(
         dq_ref[...] = (acc_t * scale).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_dq_tpu_blocks = rt.TpuBlocks(
     "attention_dq",
     sizes=("B", "H", "S", "D", "T"),
@@ -2866,6 +2809,11 @@ def _attention_dq_tpu(
         seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 >= t_start,
         whole=lambda s_start, t_start, block_s, block_t: s_start >= t_start + block_t - 1,
     )
+
+    # A step's block of T; a skipped step's is block 0, fetched at most once.
+    def t_block(i, j):
+        return jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0)
+
     # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
     # o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. The limit is 64
     # MiB whatever the blocks: their count leaves out a strip's working values and the lanes a
@@ -2886,26 +2834,10 @@ def _attention_dq_tpu(
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # k: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_t, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0),
-                    0,
-                ),
-            ),
-            # v: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_t, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(i * block_s + block_s - 1 >= j * block_t, j, 0),
-                    0,
-                ),
-            ),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
             # o: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
             # do: bf16[B, H, S, D]
@@ -3662,10 +3594,8 @@ def _attention_dkdv_kernel(
         dk_ref[...] = (acc_s_2 * scale).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_dkdv_tpu_blocks = rt.TpuBlocks(
     "attention_dkdv",
     sizes=("B", "H", "T", "D", "S"),
@@ -3696,6 +3626,11 @@ def _attention_dkdv_tpu(
         seen=lambda t_start, s_start, block_t, block_s: s_start + block_s - 1 >= t_start,
         whole=lambda t_start, s_start, block_t, block_s: s_start >= t_start + block_t - 1,
     )
+
+    # A step's block of S; a skipped step's is block 0, fetched at most once.
+    def s_block(i, j):
+        return jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0)
+
     # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
     # do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512
     # B. The limit is 64 MiB whatever the blocks: their count leaves out a strip's working values
@@ -3714,50 +3649,18 @@ def _attention_dkdv_tpu(
         # along B, H, T are independent (parallel); steps along S accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(s, block_s)),
         in_specs=[
-            # q: bf16[B, H, S, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_s, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0),
-                    0,
-                ),
-            ),
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),
             # k: bf16[B, H, T, D]
             pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
             # v: bf16[B, H, T, D]
             pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
-            # do: bf16[B, H, S, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_s, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0),
-                    0,
-                ),
-            ),
-            # lse: f32[B, H, S]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, 1, block_s),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    0,
-                    jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0),
-                ),
-            ),
-            # delta: f32[B, H, S]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, 1, block_s),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    0,
-                    jnp.where(j * block_s + block_s - 1 >= i * block_t, j, 0),
-                ),
-            ),
+            # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),
+            # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),
         ],
         out_specs=(
             # dk: bf16[B, H, T, D]
@@ -4462,10 +4365,8 @@ def _attention_full_kernel(
         o_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_full_tpu_blocks = rt.TpuBlocks(
     "attention_full",
     sizes=("B", "H", "S", "D", "T"),
@@ -5004,10 +4905,8 @@ def _attention_full_with_residuals_kernel(
         lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_full_with_residuals_tpu_blocks = rt.TpuBlocks(
     "attention_full_with_residuals",
     sizes=("B", "H", "S", "D", "T"),
@@ -5570,10 +5469,8 @@ def _attention_full_backward_dq_kernel(
         dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_full_backward_dq_tpu_blocks = rt.TpuBlocks(
     "attention_full_backward_dq",
     sizes=("B", "H", "S", "D", "T"),
@@ -6210,10 +6107,8 @@ def _attention_full_backward_dkdv_kernel(
         dk_ref[...] = acc_s_2.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_full_backward_dkdv_tpu_blocks = rt.TpuBlocks(
     "attention_full_backward_dkdv",
     sizes=("B", "H", "T", "D", "S"),
@@ -7002,10 +6897,8 @@ def _attention_bottom_right_kernel(
         o_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_bottom_right_tpu_blocks = rt.TpuBlocks(
     "attention_bottom_right",
     sizes=("B", "H", "S", "D", "T"),
@@ -7036,6 +6929,11 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t
         whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s
         >= t_start + block_t - 1,
     )
+
+    # A step's block of T; a skipped step's is block 0, fetched at most once.
+    def t_block(i, j):
+        return jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0)
+
     # VMEM at the default blocks per unit of D: 3.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
     # o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. The limit is 64 MiB
     # whatever the blocks: their count leaves out a strip's working values and the lanes a (rows, 1)
@@ -7057,26 +6955,10 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # k: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_t, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0),
-                    0,
-                ),
-            ),
-            # v: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_t, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0),
-                    0,
-                ),
-            ),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
         ],
         # o: bf16[B, H, S, D]
         out_specs=pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
@@ -7668,10 +7550,8 @@ def _attention_bottom_right_with_residuals_kernel(
         lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_bottom_right_with_residuals_tpu_blocks = rt.TpuBlocks(
     "attention_bottom_right_with_residuals",
     sizes=("B", "H", "S", "D", "T"),
@@ -7704,6 +7584,11 @@ def _attention_bottom_right_with_residuals_tpu(
         whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s
         >= t_start + block_t - 1,
     )
+
+    # A step's block of T; a skipped step's is block 0, fetched at most once.
+    def t_block(i, j):
+        return jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0)
+
     # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
     # o 256 B + lse 512 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. The limit is
     # 64 MiB whatever the blocks: their count leaves out a strip's working values and the lanes a
@@ -7725,26 +7610,10 @@ def _attention_bottom_right_with_residuals_tpu(
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # k: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_t, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0),
-                    0,
-                ),
-            ),
-            # v: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_t, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0),
-                    0,
-                ),
-            ),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
         ],
         out_specs=(
             # o: bf16[B, H, S, D]
@@ -8398,10 +8267,8 @@ def _attention_bottom_right_backward_dq_kernel(
         dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_bottom_right_backward_dq_tpu_blocks = rt.TpuBlocks(
     "attention_bottom_right_backward_dq",
     sizes=("B", "H", "S", "D", "T"),
@@ -8434,6 +8301,11 @@ def _attention_bottom_right_backward_dq_tpu(
         whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s
         >= t_start + block_t - 1,
     )
+
+    # A step's block of T; a skipped step's is block 0, fetched at most once.
+    def t_block(i, j):
+        return jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0)
+
     # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
     # o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. The limit is 64
     # MiB whatever the blocks: their count leaves out a strip's working values and the lanes a
@@ -8455,26 +8327,10 @@ def _attention_bottom_right_backward_dq_tpu(
         in_specs=[
             # q: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
-            # k: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_t, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0),
-                    0,
-                ),
-            ),
-            # v: bf16[B, H, T, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_t, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(i * block_s + block_s - 1 + t - size_s >= j * block_t, j, 0),
-                    0,
-                ),
-            ),
+            # k: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
+            # v: bf16[B, H, T, D]
+            pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, t_block(i, j), 0)),
             # o: bf16[B, H, S, D]
             pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, i, 0)),
             # do: bf16[B, H, S, D]
@@ -9219,10 +9075,8 @@ def _attention_bottom_right_backward_dkdv_kernel(
         dk_ref[...] = acc_s_2.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _attention_bottom_right_backward_dkdv_tpu_blocks = rt.TpuBlocks(
     "attention_bottom_right_backward_dkdv",
     sizes=("B", "H", "T", "D", "S"),
@@ -9255,6 +9109,11 @@ def _attention_bottom_right_backward_dkdv_tpu(
         whole=lambda t_start, s_start, block_t, block_s: s_start + t - size_s
         >= t_start + block_t - 1,
     )
+
+    # A step's block of S; a skipped step's is block 0, fetched at most once.
+    def s_block(i, j):
+        return jnp.where(j * block_s + block_s - 1 + t - size_s >= i * block_t, j, 0)
+
     # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
     # do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512
     # B. The limit is 64 MiB whatever the blocks: their count leaves out a strip's working values
@@ -9274,50 +9133,18 @@ def _attention_bottom_right_backward_dkdv_tpu(
         # along B, H, T are independent (parallel); steps along S accumulate in order (arbitrary).
         grid=(b, h, pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         in_specs=[
-            # q: bf16[B, H, S, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_s, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(j * block_s + block_s - 1 + t - size_s >= i * block_t, j, 0),
-                    0,
-                ),
-            ),
+            # q: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),
             # k: bf16[B, H, T, D]
             pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
             # v: bf16[B, H, T, D]
             pl.BlockSpec((None, None, block_t, d), lambda b, h, i, j: (b, h, i, 0)),
-            # do: bf16[B, H, S, D]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, block_s, d),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    jnp.where(j * block_s + block_s - 1 + t - size_s >= i * block_t, j, 0),
-                    0,
-                ),
-            ),
-            # lse: f32[B, H, S]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, 1, block_s),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    0,
-                    jnp.where(j * block_s + block_s - 1 + t - size_s >= i * block_t, j, 0),
-                ),
-            ),
-            # delta: f32[B, H, S]; a skipped step's block is block 0, fetched at most once
-            pl.BlockSpec(
-                (None, None, 1, block_s),
-                lambda b, h, i, j: (
-                    b,
-                    h,
-                    0,
-                    jnp.where(j * block_s + block_s - 1 + t - size_s >= i * block_t, j, 0),
-                ),
-            ),
+            # do: bf16[B, H, S, D]
+            pl.BlockSpec((None, None, block_s, d), lambda b, h, i, j: (b, h, s_block(i, j), 0)),
+            # lse: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),
+            # delta: f32[B, H, S]
+            pl.BlockSpec((None, None, 1, block_s), lambda b, h, i, j: (b, h, 0, s_block(i, j))),
         ],
         out_specs=(
             # dk: bf16[B, H, T, D]
@@ -10014,10 +9841,8 @@ def _gqa_kernel(q_ref, k_ref, v_ref, o_ref, max_t_ref, sum_exp_t_ref, acc_t_ref,
         o_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _gqa_tpu_blocks = rt.TpuBlocks(
     "gqa",
     sizes=("B", "G", "R", "S", "D", "T"),
@@ -10536,10 +10361,8 @@ def _gqa_with_residuals_kernel(
         lse_ref[...] = rt.logsumexp_finish(max_t, sum_exp_t)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _gqa_with_residuals_tpu_blocks = rt.TpuBlocks(
     "gqa_with_residuals",
     sizes=("B", "G", "R", "S", "D", "T"),
@@ -11105,10 +10928,8 @@ def _gqa_backward_dq_kernel(
         dq_ref[...] = acc_t.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _gqa_backward_dq_tpu_blocks = rt.TpuBlocks(
     "gqa_backward_dq",
     sizes=("B", "G", "R", "S", "D", "T"),
@@ -11753,10 +11574,8 @@ def _gqa_backward_dkdv_kernel(
         dk_r_ref[...] = acc_s_2
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _gqa_backward_dkdv_tpu_blocks = rt.TpuBlocks(
     "gqa_backward_dkdv",
     sizes=("B", "G", "R", "T", "D", "S"),
@@ -12290,10 +12109,8 @@ def _gqa_backward_over_r_kernel(dk_r_ref, dv_r_ref, dk_ref, dv_ref):
     dv_ref[...] = jnp.sum(dv_r, axis=2, keepdims=True).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _gqa_backward_over_r_tpu_blocks = rt.TpuBlocks(
     "gqa_backward_over_r",
     sizes=("B", "G", "R", "T", "D"),
@@ -12788,10 +12605,8 @@ def _matmul_softmax_kernel(x_ref, w_ref, y_ref, acc_k_ref, *, k, block_k):
         y_ref[...] = rt.softmax(acc_k, 1)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _matmul_softmax_tpu_blocks = rt.TpuBlocks(
     "matmul_softmax",
     sizes=("M", "N", "K"),
@@ -13218,10 +13033,8 @@ def _matmul_softmax_backward_kernel(y_ref, dy_ref, dacc_ref):
     dacc_ref[...] = (y * (dy - jnp.sum((dy * y), axis=1, keepdims=True))).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _matmul_softmax_backward_tpu_blocks = rt.TpuBlocks(
     "matmul_softmax_backward",
     sizes=("M", "N"),
@@ -13560,9 +13373,8 @@ def _matmul_softmax_backward_x_kernel(dacc_ref, w_ref, dx_ref, acc_ref, *, n, bl
         dx_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the chip's default, else
-# None's. `tiling`: Mosaic's rule for each block, a multiple of the number given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_softmax_backward_x_tpu_blocks = rt.TpuBlocks(
     "matmul_softmax_backward_x",
     sizes=("M", "K", "N"),
@@ -13919,9 +13731,8 @@ def _matmul_softmax_backward_w_kernel(x_ref, dacc_ref, dw_ref, acc_ref, *, m, bl
         dw_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the chip's default, else
-# None's. `tiling`: Mosaic's rule for each block, a multiple of the number given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_softmax_backward_w_tpu_blocks = rt.TpuBlocks(
     "matmul_softmax_backward_w",
     sizes=("K", "N", "M"),
@@ -14327,10 +14138,8 @@ def _rmsnorm_matmul_kernel(x_ref, g_ref, w_ref, y_ref, *, k):
     ).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rmsnorm_matmul_tpu_blocks = rt.TpuBlocks(
     "rmsnorm_matmul",
     sizes=("M", "N", "K"),
@@ -14742,10 +14551,8 @@ def _rmsnorm_matmul_lhs_kernel(x_ref, g_ref, lhs_ref, mean_k_ref, *, k):
     lhs_ref[...] = (h * jax.lax.rsqrt(mean_k + 1e-06) * g).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rmsnorm_matmul_lhs_tpu_blocks = rt.TpuBlocks(
     "rmsnorm_matmul_lhs",
     sizes=("M", "K"),
@@ -15096,9 +14903,8 @@ def _rmsnorm_matmul_backward_lhs_kernel(dy_ref, w_ref, dlhs_ref, acc_ref, *, n, 
         dlhs_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the chip's default, else
-# None's. `tiling`: Mosaic's rule for each block, a multiple of the number given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _rmsnorm_matmul_backward_lhs_tpu_blocks = rt.TpuBlocks(
     "rmsnorm_matmul_backward_lhs",
     sizes=("M", "K", "N"),
@@ -15455,9 +15261,8 @@ def _rmsnorm_matmul_backward_w_kernel(lhs_ref, dy_ref, dw_ref, acc_ref, *, m, bl
         dw_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the chip's default, else
-# None's. `tiling`: Mosaic's rule for each block, a multiple of the number given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _rmsnorm_matmul_backward_w_tpu_blocks = rt.TpuBlocks(
     "rmsnorm_matmul_backward_w",
     sizes=("K", "N", "M"),
@@ -15791,10 +15596,8 @@ def _rmsnorm_matmul_lhs_backward_kernel(x_ref, g_ref, mean_k_ref, dlhs_ref, dx_r
     dx_ref[...] = dh.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rmsnorm_matmul_lhs_backward_tpu_blocks = rt.TpuBlocks(
     "rmsnorm_matmul_lhs_backward",
     sizes=("M", "K"),
@@ -16174,10 +15977,8 @@ def _rmsnorm_matmul_lhs_backward_over_m_kernel(
         dg_ref[...] = sum_m
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rmsnorm_matmul_lhs_backward_over_m_tpu_blocks = rt.TpuBlocks(
     "rmsnorm_matmul_lhs_backward_over_m",
     sizes=("M", "K"),

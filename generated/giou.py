@@ -239,10 +239,8 @@ def _giou_kernel(
     giou_ref[...] = inter / (union + eps) - (hull - union) / (hull + eps)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _giou_tpu_blocks = rt.TpuBlocks(
     "giou",
     sizes=("B", "N"),
@@ -853,10 +851,8 @@ def _giou_backward_kernel(
     )
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _giou_backward_tpu_blocks = rt.TpuBlocks(
     "giou_backward",
     sizes=("B", "N"),

@@ -249,10 +249,8 @@ def _cross_entropy_kernel(
         loss_ref[...] = logsumexp_v - sum_v
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _cross_entropy_tpu_blocks = rt.TpuBlocks(
     "cross_entropy",
     sizes=("M", "V"),
@@ -622,10 +620,8 @@ def _cross_entropy_with_residuals_kernel(
         loss_ref[...] = logsumexp_v - sum_v
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _cross_entropy_with_residuals_tpu_blocks = rt.TpuBlocks(
     "cross_entropy_with_residuals",
     sizes=("M", "V"),
@@ -1012,10 +1008,8 @@ def _cross_entropy_backward_kernel(
     dlogits_ref[...] = dz.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _cross_entropy_backward_tpu_blocks = rt.TpuBlocks(
     "cross_entropy_backward",
     sizes=("M", "V"),

@@ -198,9 +198,8 @@ def _matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
         z_ref[...] = acc
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the chip's default, else
-# None's. `tiling`: Mosaic's rule for each block, a multiple of the number given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_tpu_blocks = rt.TpuBlocks(
     "matmul",
     sizes=("M", "N", "K"),
@@ -523,9 +522,8 @@ def _matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_ref, *, n, block_n):
         dx_ref[...] = acc
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the chip's default, else
-# None's. `tiling`: Mosaic's rule for each block, a multiple of the number given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_backward_x_tpu_blocks = rt.TpuBlocks(
     "matmul_backward_x",
     sizes=("M", "K", "N"),
@@ -854,9 +852,8 @@ def _matmul_backward_y_kernel(x_ref, dz_ref, dy_ref, acc_ref, *, m, block_m):
         dy_ref[...] = acc
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the chip's default, else
-# None's. `tiling`: Mosaic's rule for each block, a multiple of the number given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_backward_y_tpu_blocks = rt.TpuBlocks(
     "matmul_backward_y",
     sizes=("K", "N", "M"),
@@ -1315,9 +1312,8 @@ def _matmul_relu_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
         z_ref[...] = jax.nn.relu(acc)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the chip's default, else
-# None's. `tiling`: Mosaic's rule for each block, a multiple of the number given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_relu_tpu_blocks = rt.TpuBlocks(
     "matmul_relu",
     sizes=("M", "N", "K"),
@@ -1655,9 +1651,8 @@ def _matmul_relu_with_residuals_kernel(x_ref, y_ref, z_ref, acc_ref, product_ref
         z_ref[...] = jax.nn.relu(acc)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the chip's default, else
-# None's. `tiling`: Mosaic's rule for each block, a multiple of the number given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_relu_with_residuals_tpu_blocks = rt.TpuBlocks(
     "matmul_relu_with_residuals",
     sizes=("M", "N", "K"),
@@ -2052,10 +2047,8 @@ def _matmul_relu_backward_x_kernel(acc_ref, dz_ref, y_ref, dx_ref, acc_n_ref, *,
         dx_ref[...] = acc_n
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _matmul_relu_backward_x_tpu_blocks = rt.TpuBlocks(
     "matmul_relu_backward_x",
     sizes=("M", "K", "N"),
@@ -2502,10 +2495,8 @@ def _matmul_relu_backward_y_kernel(acc_ref, dz_ref, x_ref, dy_ref, acc_m_ref, *,
         dy_ref[...] = acc_m
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _matmul_relu_backward_y_tpu_blocks = rt.TpuBlocks(
     "matmul_relu_backward_y",
     sizes=("K", "N", "M"),
@@ -3089,9 +3080,8 @@ def _matmul_bias_gelu_kernel(x_ref, y_ref, bias_ref, z_ref, acc_ref, *, k, block
         z_ref[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the chip's default, else
-# None's. `tiling`: Mosaic's rule for each block, a multiple of the number given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_bias_gelu_tpu_blocks = rt.TpuBlocks(
     "matmul_bias_gelu",
     sizes=("M", "N", "K"),
@@ -3485,9 +3475,8 @@ def _matmul_bias_gelu_with_residuals_kernel(
         z_ref[...] = jax.nn.gelu(acc + bias, approximate=True).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the chip's default, else
-# None's. `tiling`: Mosaic's rule for each block, a multiple of the number given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_bias_gelu_with_residuals_tpu_blocks = rt.TpuBlocks(
     "matmul_bias_gelu_with_residuals",
     sizes=("M", "N", "K"),
@@ -3930,10 +3919,8 @@ def _matmul_bias_gelu_backward_x_kernel(
         dx_ref[...] = acc_n.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _matmul_bias_gelu_backward_x_tpu_blocks = rt.TpuBlocks(
     "matmul_bias_gelu_backward_x",
     sizes=("M", "K", "N"),
@@ -4444,10 +4431,8 @@ def _matmul_bias_gelu_backward_y_kernel(
         dbias_ref[...] = sum_m
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _matmul_bias_gelu_backward_y_tpu_blocks = rt.TpuBlocks(
     "matmul_bias_gelu_backward_y",
     sizes=("K", "N", "M"),
@@ -5083,9 +5068,8 @@ def _matmul_int8_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
         z_ref[...] = acc
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the chip's default, else
-# None's. `tiling`: Mosaic's rule for each block, a multiple of the number given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _matmul_int8_tpu_blocks = rt.TpuBlocks(
     "matmul_int8",
     sizes=("M", "N", "K"),
@@ -5488,9 +5472,8 @@ def _batched_matmul_kernel(x_ref, y_ref, z_ref, acc_ref, *, k, block_k):
         z_ref[...] = acc
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the chip's default, else
-# None's. `tiling`: Mosaic's rule for each block, a multiple of the number given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _batched_matmul_tpu_blocks = rt.TpuBlocks(
     "batched_matmul",
     sizes=("B", "M", "N", "K"),
@@ -5846,10 +5829,8 @@ def _batched_matmul_backward_x_kernel(dz_ref, y_ref, dx_ref, acc_n_ref, *, n, bl
         dx_ref[...] = acc_n.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _batched_matmul_backward_x_tpu_blocks = rt.TpuBlocks(
     "batched_matmul_backward_x",
     sizes=("B", "M", "K", "N"),
@@ -6287,10 +6268,8 @@ def _batched_matmul_backward_y_kernel(dz_ref, x_ref, dy_ref, acc_m_ref, *, m, bl
         dy_ref[...] = acc_m.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _batched_matmul_backward_y_tpu_blocks = rt.TpuBlocks(
     "batched_matmul_backward_y",
     sizes=("B", "K", "N", "M"),
@@ -6771,9 +6750,8 @@ def _scores_kernel(q_ref, k_ref, s_ref, *, scale):
     s_ref[...] = acc * scale
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the chip's default, else
-# None's. `tiling`: Mosaic's rule for each block, a multiple of the number given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _scores_tpu_blocks = rt.TpuBlocks(
     "scores",
     sizes=("B", "S", "T", "D"),
@@ -7101,10 +7079,8 @@ def _scores_backward_epilogue_kernel(ds_ref, dacc_ref, *, scale):
     dacc_ref[...] = (ds * scale).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _scores_backward_epilogue_tpu_blocks = rt.TpuBlocks(
     "scores_backward_epilogue",
     sizes=("B", "S", "T"),
@@ -7397,9 +7373,8 @@ def _scores_backward_q_kernel(dacc_ref, k_ref, dq_ref, acc_ref, *, t, block_t):
         dq_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the chip's default, else
-# None's. `tiling`: Mosaic's rule for each block, a multiple of the number given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _scores_backward_q_tpu_blocks = rt.TpuBlocks(
     "scores_backward_q",
     sizes=("B", "S", "D", "T"),
@@ -7761,9 +7736,8 @@ def _scores_backward_k_kernel(dacc_ref, q_ref, dk_ref, acc_ref, *, s, block_s):
         dk_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the chip's default, else
-# None's. `tiling`: Mosaic's rule for each block, a multiple of the number given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _scores_backward_k_tpu_blocks = rt.TpuBlocks(
     "scores_backward_k",
     sizes=("B", "T", "D", "S"),
@@ -8194,9 +8168,8 @@ def _linear_kernel(x_ref, w_ref, bias_ref, y_ref, acc_ref, *, k, block_k):
         y_ref[...] = (acc + bias).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the chip's default, else
-# None's. `tiling`: Mosaic's rule for each block, a multiple of the number given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _linear_tpu_blocks = rt.TpuBlocks(
     "linear",
     sizes=("M", "N", "K"),
@@ -8531,10 +8504,8 @@ def _linear_backward_over_m_kernel(dy_ref, dbias_ref, sum_m_running_ref, *, m, b
         dbias_ref[...] = sum_m
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _linear_backward_over_m_tpu_blocks = rt.TpuBlocks(
     "linear_backward_over_m",
     sizes=("M", "N"),
@@ -8826,9 +8797,8 @@ def _linear_backward_x_kernel(dy_ref, w_ref, dx_ref, acc_ref, *, n, block_n):
         dx_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the chip's default, else
-# None's. `tiling`: Mosaic's rule for each block, a multiple of the number given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _linear_backward_x_tpu_blocks = rt.TpuBlocks(
     "linear_backward_x",
     sizes=("M", "K", "N"),
@@ -9168,9 +9138,8 @@ def _linear_backward_w_kernel(dy_ref, x_ref, dw_ref, acc_ref, *, m, block_m):
         dw_ref[...] = acc.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the chip's default, else
-# None's. `tiling`: Mosaic's rule for each block, a multiple of the number given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else its default, else None's (the spec's). tiling: Mosaic's rule for each block.
 _linear_backward_w_tpu_blocks = rt.TpuBlocks(
     "linear_backward_w",
     sizes=("N", "K", "M"),

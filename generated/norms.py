@@ -214,10 +214,8 @@ def _layer_norm_kernel(x_ref, w_ref, b_ref, y_ref, mu_ref, rstd_ref, *, n, eps):
     y_ref[...] = (d * rstd * w + b).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _layer_norm_tpu_blocks = rt.TpuBlocks(
     "layer_norm",
     sizes=("M", "N"),
@@ -610,10 +608,8 @@ def _layer_norm_with_residuals_kernel(
     y_ref[...] = (d * rstd * w + b).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _layer_norm_with_residuals_tpu_blocks = rt.TpuBlocks(
     "layer_norm_with_residuals",
     sizes=("M", "N"),
@@ -1062,10 +1058,8 @@ def _layer_norm_backward_kernel(
     dx_ref[...] = dh.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _layer_norm_backward_tpu_blocks = rt.TpuBlocks(
     "layer_norm_backward",
     sizes=("M", "N"),
@@ -1593,10 +1587,8 @@ def _layer_norm_backward_over_m_kernel(
         db_ref[...] = sum_over_m
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _layer_norm_backward_over_m_tpu_blocks = rt.TpuBlocks(
     "layer_norm_backward_over_m",
     sizes=("M", "N"),
@@ -1993,10 +1985,8 @@ def _rms_norm_kernel(x_ref, w_ref, y_ref, *, n, eps):
     )
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rms_norm_tpu_blocks = rt.TpuBlocks(
     "rms_norm", sizes=("M", "N"), tiling={"M": (16, "bf16 rows")}, chips={None: {"default": (16,)}}
 )
@@ -2278,10 +2268,8 @@ def _rms_norm_with_residuals_kernel(x_ref, w_ref, y_ref, mean_n_ref, *, n, eps):
     y_ref[...] = (h * jax.lax.rsqrt(mean_n + eps) * w).astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rms_norm_with_residuals_tpu_blocks = rt.TpuBlocks(
     "rms_norm_with_residuals",
     sizes=("M", "N"),
@@ -2606,10 +2594,8 @@ def _rms_norm_backward_kernel(x_ref, w_ref, mean_n_ref, dy_ref, dx_ref, *, n, ep
     dx_ref[...] = dh.astype(jnp.bfloat16)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rms_norm_backward_tpu_blocks = rt.TpuBlocks(
     "rms_norm_backward",
     sizes=("M", "N"),
@@ -2993,10 +2979,8 @@ def _rms_norm_backward_over_m_kernel(
         dw_ref[...] = sum_m
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rms_norm_backward_over_m_tpu_blocks = rt.TpuBlocks(
     "rms_norm_backward_over_m",
     sizes=("M", "N"),

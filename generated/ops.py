@@ -145,10 +145,8 @@ def _add_f32_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = x + y
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _add_f32_tpu_blocks = rt.TpuBlocks(
     "add_f32",
     sizes=("M", "N"),
@@ -367,10 +365,8 @@ def _add_f32_backward_kernel(dz_ref, dx_ref, dy_ref):
     dy_ref[...] = dz
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _add_f32_backward_tpu_blocks = rt.TpuBlocks(
     "add_f32_backward",
     sizes=("M", "N"),
@@ -646,10 +642,8 @@ def _mul_f32_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = x * y
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _mul_f32_tpu_blocks = rt.TpuBlocks(
     "mul_f32",
     sizes=("M", "N"),
@@ -883,10 +877,8 @@ def _mul_f32_backward_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref):
     dy_ref[...] = dz * x
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _mul_f32_backward_tpu_blocks = rt.TpuBlocks(
     "mul_f32_backward",
     sizes=("M", "N"),
@@ -1159,10 +1151,8 @@ def _argmax_f32_kernel(x_ref, i_ref):
     i_ref[...] = rt.argbest(x, 1, largest=True)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _argmax_f32_tpu_blocks = rt.TpuBlocks(
     "argmax_f32", sizes=("M", "N"), tiling={"M": (8, "f32 rows")}, chips={None: {"default": (8,)}}
 )
@@ -1417,10 +1407,8 @@ def _equal_count_f32_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, b
         n_ref[...] = sum_n
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _equal_count_f32_tpu_blocks = rt.TpuBlocks(
     "equal_count_f32",
     sizes=("N",),
@@ -1696,10 +1684,8 @@ def _add_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
     return None, None
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _add_i32_tpu_blocks = rt.TpuBlocks(
     "add_i32",
     sizes=("M", "N"),
@@ -1945,10 +1931,8 @@ def _mul_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
     return None, None
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _mul_i32_tpu_blocks = rt.TpuBlocks(
     "mul_i32",
     sizes=("M", "N"),
@@ -2170,10 +2154,8 @@ def _argmax_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
     return (None,)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _argmax_i32_tpu_blocks = rt.TpuBlocks(
     "argmax_i32", sizes=("M", "N"), tiling={"M": (8, "i32 rows")}, chips={None: {"default": (8,)}}
 )
@@ -2407,10 +2389,8 @@ def _equal_count_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
     return None, None
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _equal_count_i32_tpu_blocks = rt.TpuBlocks(
     "equal_count_i32",
     sizes=("N",),
@@ -2666,10 +2646,8 @@ def _add_i8_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = (x.astype(jnp.int32) + y.astype(jnp.int32)).astype(jnp.int8)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _add_i8_tpu_blocks = rt.TpuBlocks(
     "add_i8",
     sizes=("M", "N"),
@@ -2919,10 +2897,8 @@ def _mul_i8_kernel(x_ref, y_ref, z_ref):
     z_ref[...] = (x.astype(jnp.int32) * y.astype(jnp.int32)).astype(jnp.int8)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _mul_i8_tpu_blocks = rt.TpuBlocks(
     "mul_i8",
     sizes=("M", "N"),
@@ -3147,10 +3123,8 @@ def _argmax_i8_kernel(x_ref, i_ref):
     i_ref[...] = rt.argbest(x.astype(jnp.int32), 1, largest=True)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _argmax_i8_tpu_blocks = rt.TpuBlocks(
     "argmax_i8", sizes=("M", "N"), tiling={"M": (32, "i8 rows")}, chips={None: {"default": (32,)}}
 )
@@ -3408,10 +3382,8 @@ def _equal_count_i8_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, bl
         n_ref[...] = sum_n
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _equal_count_i8_tpu_blocks = rt.TpuBlocks(
     "equal_count_i8",
     sizes=("N",),

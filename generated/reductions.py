@@ -117,10 +117,8 @@ def _argmax_rows_kernel(x_ref, i_ref):
     i_ref[...] = rt.argbest(x, 1, largest=True)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _argmax_rows_tpu_blocks = rt.TpuBlocks(
     "argmax_rows", sizes=("M", "N"), tiling={"M": (8, "f32 rows")}, chips={None: {"default": (8,)}}
 )
@@ -404,10 +402,8 @@ def _argmax_blocked_kernel(x_ref, i_ref, argmax_n_max_ref, argmax_n_index_ref, *
         i_ref[...] = argmax_n
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _argmax_blocked_tpu_blocks = rt.TpuBlocks(
     "argmax_blocked",
     sizes=("M", "N"),
@@ -632,10 +628,8 @@ def _argmin_rows_kernel(x_ref, i_ref):
     i_ref[...] = rt.argbest(x, 1, largest=False)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _argmin_rows_tpu_blocks = rt.TpuBlocks(
     "argmin_rows", sizes=("M", "N"), tiling={"M": (8, "f32 rows")}, chips={None: {"default": (8,)}}
 )
@@ -913,10 +907,8 @@ def _column_sums_kernel(x_ref, s_ref, sum_m_running_ref, *, m, block_m):
         s_ref[...] = sum_m
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _column_sums_tpu_blocks = rt.TpuBlocks(
     "column_sums",
     sizes=("M", "N"),
@@ -1157,10 +1149,8 @@ def _column_sums_backward_kernel(x_ref, ds_ref, dx_ref):
     dx_ref[...] = jnp.broadcast_to(ds, dx_ref.shape)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _column_sums_backward_tpu_blocks = rt.TpuBlocks(
     "column_sums_backward",
     sizes=("M", "N"),
@@ -1443,10 +1433,8 @@ def _quantize_rows_int8_kernel(x_ref, q_ref, scale_ref):
     scale_ref[...] = s
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _quantize_rows_int8_tpu_blocks = rt.TpuBlocks(
     "quantize_rows_int8",
     sizes=("M", "N"),
@@ -1737,10 +1725,8 @@ def _quantize_rows_int8_with_residuals_kernel(x_ref, q_ref, scale_ref, max_n_ref
     argmax_n_ref[...] = rt.argbest(jnp.abs(x), 1, largest=True)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _quantize_rows_int8_with_residuals_tpu_blocks = rt.TpuBlocks(
     "quantize_rows_int8_with_residuals",
     sizes=("M", "N"),
@@ -2116,10 +2102,8 @@ def _quantize_rows_int8_backward_kernel(x_ref, max_n_ref, argmax_n_ref, dscale_r
     dx_ref[...] = jnp.where(x >= 0, ds_2, -ds_2)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _quantize_rows_int8_backward_tpu_blocks = rt.TpuBlocks(
     "quantize_rows_int8_backward",
     sizes=("M", "N"),
@@ -2414,10 +2398,8 @@ def _equal_count_kernel(x_ref, y_ref, n_ref, sum_n_running_ref, *, size_n, block
         n_ref[...] = sum_n
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _equal_count_tpu_blocks = rt.TpuBlocks(
     "equal_count",
     sizes=("N",),

@@ -142,10 +142,8 @@ def _softmax_kernel(x_ref, y_ref):
     y_ref[...] = e / jnp.sum(e, axis=1, keepdims=True)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _softmax_tpu_blocks = rt.TpuBlocks(
     "softmax", sizes=("M", "N"), tiling={"M": (8, "f32 rows")}, chips={None: {"default": (8,)}}
 )
@@ -425,10 +423,8 @@ def _softmax_with_residuals_kernel(x_ref, y_ref, sum_n_ref, argmax_n_ref, max_n_
     argmax_n_ref[...] = rt.argbest(x, 1, largest=True)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _softmax_with_residuals_tpu_blocks = rt.TpuBlocks(
     "softmax_with_residuals",
     sizes=("M", "N"),
@@ -825,10 +821,8 @@ def _softmax_backward_kernel(x_ref, sum_n_ref, argmax_n_ref, max_n_ref, dy_ref, 
     )
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _softmax_backward_tpu_blocks = rt.TpuBlocks(
     "softmax_backward",
     sizes=("M", "N"),
@@ -1271,10 +1265,8 @@ def _log_softmax_kernel(x_ref, y_ref):
     y_ref[...] = x - rt.logsumexp(x, 1)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _log_softmax_tpu_blocks = rt.TpuBlocks(
     "log_softmax", sizes=("M", "N"), tiling={"M": (8, "f32 rows")}, chips={None: {"default": (8,)}}
 )
@@ -1518,10 +1510,8 @@ def _log_softmax_with_residuals_kernel(x_ref, y_ref, logsumexp_n_ref):
     y_ref[...] = x - logsumexp_n
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _log_softmax_with_residuals_tpu_blocks = rt.TpuBlocks(
     "log_softmax_with_residuals",
     sizes=("M", "N"),
@@ -1811,10 +1801,8 @@ def _log_softmax_backward_kernel(x_ref, logsumexp_n_ref, dy_ref, dx_ref):
     dx_ref[...] = dy + jnp.sum((-dy), axis=1, keepdims=True) * jnp.exp(x - logsumexp_n)
 
 
-# TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`
-# found (the spec's .tuning.json) at the sizes nearest the call's, else the spec's (None), grown to
-# large steps on a known chip. `tiling`: Mosaic's rule for each block, a multiple of the number
-# given.
+# TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
+# sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _log_softmax_backward_tpu_blocks = rt.TpuBlocks(
     "log_softmax_backward",
     sizes=("M", "N"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from dataclasses import replace
 
 from pallasgen.analysis.checks import CheckedKernel
 from pallasgen.analysis.dtypes import DTYPES, tpu_dtype
@@ -206,7 +207,7 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
         arrays=tuple(_array_blocks(decl, checked, index_names, live) for decl in kernel.inputs + kernel.outputs),
         looped=None,
     )
-    block_specs = {a.name: tiling.block_spec(a, sizes) for a in tiling.arrays}
+    helper, block_specs = _block_specs(tiling, sizes, live, namer)
     needed = _vmem(kernel, fused, running)
     vmem_needed = sum_code(
         [(part.buffers * part.element_bytes, [extents[d] for d in part.dims]) for part in needed.parts]
@@ -240,10 +241,7 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
         returns=_returns(lowered),
         grid=tiling.grid_code(sizes),
         grid_comment=wrap(grid_comment(grid, checked.dims, set(fused.batch), semantics), 8),
-        in_specs=tuple(
-            (_skipped_comment(a.comment, d, fused, live), block_specs[d.name])
-            for a, d in zip(lowered.inputs, kernel.inputs)
-        ),
+        in_specs=tuple((a.comment, block_specs[d.name]) for a, d in zip(lowered.inputs, kernel.inputs)),
         out_specs=tuple((a.comment, block_specs[d.name]) for a, d in zip(lowered.outputs, kernel.outputs)),
         out_shapes=tuple(
             (f"jax.ShapeDtypeStruct({o.layout_shape}, {jnp_dtype(tpu_dtype(o.spec_dtype))})", o.spec_name)
@@ -259,6 +257,7 @@ def plan_fused_tpu(lowered: LoweredKernel) -> TpuPlan:
         tiling=tiling,
         vmem=needed,
         prologue=tuple(prologue),
+        helper=helper,
     )
 
 
@@ -377,10 +376,29 @@ def _array_blocks(decl: ir.ArrayDecl, checked: CheckedKernel, index_names, live=
     return ArrayBlocks(decl.name, tuple(axes))
 
 
-def _skipped_comment(comment: str, decl: ir.ArrayDecl, fused, live) -> str:
-    if live and fused.sweep.dim in decl.dims:
-        return f"{comment}; a skipped step's block is block 0, fetched at most once"
-    return comment
+def _block_specs(tiling: Tiling, sizes, live: str | None, namer) -> tuple[tuple[str, ...], dict[str, str]]:
+    """Each array's `pl.BlockSpec`, by name, and the launcher's lines that define the
+    function their index maps call for the swept dimension's block where a step may be
+    skipped (`live`: whether it adds anything), with its comment; none where none is."""
+    if not live:
+        return (), {a.name: tiling.block_spec(a, sizes) for a in tiling.arrays}
+    axis = next(a for array in tiling.arrays for a in array.axes if a.live)
+    function = namer.claim(f"{axis.dim.lower()}_block")
+    indices = [g.index for g in tiling.grid if re.search(rf"\b{re.escape(g.index)}\b", f"{live} {axis.index}")]
+    call = f"{function}({', '.join(indices)})"
+    specs = {
+        array.name: tiling.block_spec(
+            replace(array, axes=tuple(replace(a, index=call, live=None) if a.live else a for a in array.axes)), sizes
+        )
+        for array in tiling.arrays
+    }
+    comment = f"A step's block of {axis.dim}; a skipped step's is block 0, fetched at most once."
+    lines = (
+        *(f"# {line}" for line in wrap(comment, 4)),
+        f"def {function}({', '.join(indices)}):",
+        f"    return {axis.index_code}",
+    )
+    return lines, specs
 
 
 def _returns(lowered: LoweredKernel) -> str:

@@ -134,6 +134,7 @@ class TpuPlan:
     tiling: Tiling  # what grid, in_specs, out_specs and dimension_semantics are written from
     vmem: Vmem  # what vmem_comment and vmem_needed count
     prologue: tuple[str, ...] = ()  # first, outside any pl.when: where this step's blocks start
+    helper: tuple[str, ...] = ()  # the launcher's lines that define a function its index maps call
 
 
 def tunable_dims(checked: CheckedKernel) -> list[str]:
@@ -209,11 +210,10 @@ def block_table(
     rules = ", ".join(f'"{d}": {_rule_code(tiling_rule(d, layouts))}' for d in tunable)
     dims = tuple_code([f'"{d}"' for d in checked.dims])
     table = f'rt.TpuBlocks("{checked.kernel.name}", sizes={dims}, tiling={{{rules}}}, chips={{{chips_code}}})'
-    otherwise = "the spec's (None), grown to large steps on a known chip" if step else "the chip's default, else None's"
+    otherwise = "None's (the spec's), grown on a known chip" if step else "its default, else None's (the spec's)"
     comment = (
-        "TPU blocks for a call that passes none, by chip (see rt.tpu_blocks): the entry `pallasgen tune`"
-        f" found (the spec's .tuning.json) at the sizes nearest the call's, else {otherwise}."
-        " `tiling`: Mosaic's rule for each block, a multiple of the number given."
+        "TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's"
+        f" sizes, else {otherwise}. tiling: Mosaic's rule for each block."
     )
     keywords = tuple_code([block_keyword(d) for d in tunable])
     arguments = [name, tuple_code([sizes[d] for d in checked.dims]), keywords]
