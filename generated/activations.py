@@ -161,19 +161,15 @@ _leaky_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
     chips={None: {"default": (1024, 1024)}, "v6e": {(8192, 8192): (2048, 1024)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 28 * block_m * block_n),
 )
 
 
 def _leaky_tpu(x, *, m, n, block_m, block_n, slope, interpret):
     """`leaky` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _leaky_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        step=lambda block_m, block_n: (block_m * block_n, 28 * block_m * block_n),
-    )
+    block_m, block_n = rt.tpu_blocks(_leaky_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 4.0 MiB + y 4.0 MiB + mask 4.0 MiB) +
-    # let pos 4.0 MiB. Blocks that need more than Mosaic's default at call time raise the limit.
+    # let pos 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_leaky_kernel, slope=slope),
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -406,19 +402,15 @@ _leaky_backward_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
     chips={None: {"default": (1024, 1024)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 28 * block_m * block_n),
 )
 
 
 def _leaky_backward_tpu(x, dy, *, m, n, block_m, block_n, slope, interpret):
     """`leaky_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _leaky_backward_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        step=lambda block_m, block_n: (block_m * block_n, 28 * block_m * block_n),
-    )
+    block_m, block_n = rt.tpu_blocks(_leaky_backward_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 4.0 MiB + dy 4.0 MiB + dx 4.0 MiB) + let
-    # pos 4.0 MiB. Blocks that need more than Mosaic's default at call time raise the limit.
+    # pos 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_leaky_backward_kernel, slope=slope),
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -706,22 +698,18 @@ _bias_gelu_tpu_blocks = rt.TpuBlocks(
         "v5e": {(8192, 8192): (2048, 1024)},
         "v6e": {(8192, 8192): (2048, 1024)},
     },
+    step=lambda m, n, block_m, block_n: (
+        block_m * block_n,
+        8 * block_m * block_n + 8 * block_n + 8 * block_m,
+    ),
 )
 
 
 def _bias_gelu_tpu(x, bias, scale, *, m, n, block_m, block_n, interpret):
     """`bias_gelu` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _bias_gelu_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        step=lambda block_m, block_n: (
-            block_m * block_n,
-            8 * block_m * block_n + 8 * block_n + 8 * block_m,
-        ),
-    )
+    block_m, block_n = rt.tpu_blocks(_bias_gelu_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 8.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB +
-    # y 2.0 MiB). Blocks that need more than Mosaic's default at call time raise the limit.
+    # y 2.0 MiB). Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _bias_gelu_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -977,23 +965,19 @@ _bias_gelu_backward_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
     chips={None: {"default": (1024, 1024)}},
+    step=lambda m, n, block_m, block_n: (
+        block_m * block_n,
+        28 * block_m * block_n + 8 * block_n + 8 * block_m,
+    ),
 )
 
 
 def _bias_gelu_backward_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
     """`bias_gelu_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _bias_gelu_backward_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        step=lambda block_m, block_n: (
-            block_m * block_n,
-            28 * block_m * block_n + 8 * block_n + 8 * block_m,
-        ),
-    )
+    block_m, block_n = rt.tpu_blocks(_bias_gelu_backward_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB +
     # dy 2.0 MiB + dx 2.0 MiB) + let y_1 4.0 MiB + let y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1 4.0
-    # MiB. Blocks that need more than Mosaic's default at call time raise the limit.
+    # MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _bias_gelu_backward_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -1299,24 +1283,22 @@ _bias_gelu_backward_over_m_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
     chips={None: {"default": (1024, 1024)}},
+    step=lambda m, n, block_m, block_n: (
+        block_m * block_n,
+        28 * block_m * block_n + 16 * block_n + 8 * block_m,
+    ),
 )
 
 
 def _bias_gelu_backward_over_m_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
     """`bias_gelu_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(
-        _bias_gelu_backward_over_m_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        step=lambda block_m, block_n: (
-            block_m * block_n,
-            28 * block_m * block_n + 16 * block_n + 8 * block_m,
-        ),
+        _bias_gelu_backward_over_m_tpu_blocks, (m, n), (block_m, block_n)
     )
     # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB +
     # dy 2.0 MiB + dbias 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let y_1 4.0 MiB + let y_2
-    # 4.0 MiB + let y_3 4.0 MiB + let dy_1 4.0 MiB. Blocks that need more than Mosaic's default at
-    # call time raise the limit.
+    # 4.0 MiB + let y_3 4.0 MiB + let dy_1 4.0 MiB. Blocks that need more than Mosaic's default
+    # raise the limit.
     return pl.pallas_call(
         functools.partial(_bias_gelu_backward_over_m_kernel, m=m, block_m=block_m),
         # One step per block of N, block of M. Steps along N are independent (parallel); steps along
@@ -1670,24 +1652,22 @@ _bias_gelu_backward_over_n_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
     chips={None: {"default": (1024, 1024)}},
+    step=lambda m, n, block_m, block_n: (
+        block_m * block_n,
+        28 * block_m * block_n + 8 * block_n + 16 * block_m,
+    ),
 )
 
 
 def _bias_gelu_backward_over_n_tpu(x, bias, scale, dy, *, m, n, block_m, block_n, interpret):
     """`bias_gelu_backward_over_n` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_n = rt.tpu_blocks(
-        _bias_gelu_backward_over_n_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        step=lambda block_m, block_n: (
-            block_m * block_n,
-            28 * block_m * block_n + 8 * block_n + 16 * block_m,
-        ),
+        _bias_gelu_backward_over_n_tpu_blocks, (m, n), (block_m, block_n)
     )
     # VMEM at the default blocks: 28.0 MiB = 2 buffers x (x 2.0 MiB + bias 4.0 KiB + scale 4.0 KiB +
     # dy 2.0 MiB + dscale 4.0 KiB) + sum's 32-bit copy of a block 4.0 MiB + let y_1 4.0 MiB + let
     # y_2 4.0 MiB + let y_3 4.0 MiB + let dy_1 4.0 MiB. Blocks that need more than Mosaic's default
-    # at call time raise the limit.
+    # raise the limit.
     return pl.pallas_call(
         functools.partial(_bias_gelu_backward_over_n_kernel, n=n, block_n=block_n),
         # One step per block of M, block of N. Steps along M are independent (parallel); steps along
@@ -2037,20 +2017,16 @@ _quantize_rows_tpu_blocks = rt.TpuBlocks(
         "v5e": {(8192, 8192): (2048, 1024)},
         "v6e": {(8192, 8192): (2048, 1024)},
     },
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 18 * block_m * block_n + 8 * block_m),
 )
 
 
 def _quantize_rows_tpu(x, scale, *, m, n, block_m, block_n, interpret):
     """`quantize_rows` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _quantize_rows_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        step=lambda block_m, block_n: (block_m * block_n, 18 * block_m * block_n + 8 * block_m),
-    )
+    block_m, block_n = rt.tpu_blocks(_quantize_rows_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 18.0 MiB = 2 buffers x (x 4.0 MiB + scale 4.0 KiB + q 1.0 MiB) +
-    # let scaled 4.0 MiB + let rounded 4.0 MiB. Blocks that need more than Mosaic's default at call
-    # time raise the limit.
+    # let scaled 4.0 MiB + let rounded 4.0 MiB. Blocks that need more than Mosaic's default raise
+    # the limit.
     return pl.pallas_call(
         _quantize_rows_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.

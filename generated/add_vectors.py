@@ -122,16 +122,15 @@ _add_vectors_tpu_blocks = rt.TpuBlocks(
     sizes=("N",),
     tiling={"N": (1024, "1-D f32", 128)},
     chips={None: {"default": (1048576,)}, "v6e": {(16777216,): (2097152,)}},
+    step=lambda n, block_n: (block_n, 24 * block_n),
 )
 
 
 def _add_vectors_tpu(x, y, *, n, block_n, interpret):
     """`add_vectors` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_n,) = rt.tpu_blocks(
-        _add_vectors_tpu_blocks, (n,), (block_n,), step=lambda block_n: (block_n, 24 * block_n)
-    )
+    (block_n,) = rt.tpu_blocks(_add_vectors_tpu_blocks, (n,), (block_n,))
     # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 4.0 MiB + y 4.0 MiB + z 4.0 MiB). Blocks
-    # that need more than Mosaic's default at call time raise the limit.
+    # that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _add_vectors_kernel,
         # One step per block of N; steps are independent, so every axis is parallel.
@@ -306,19 +305,15 @@ _add_vectors_backward_tpu_blocks = rt.TpuBlocks(
     sizes=("N",),
     tiling={"N": (1024, "1-D f32", 128)},
     chips={None: {"default": (1048576,)}},
+    step=lambda n, block_n: (block_n, 24 * block_n),
 )
 
 
 def _add_vectors_backward_tpu(dz, *, n, block_n, interpret):
     """`add_vectors_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_n,) = rt.tpu_blocks(
-        _add_vectors_backward_tpu_blocks,
-        (n,),
-        (block_n,),
-        step=lambda block_n: (block_n, 24 * block_n),
-    )
+    (block_n,) = rt.tpu_blocks(_add_vectors_backward_tpu_blocks, (n,), (block_n,))
     # VMEM at the default blocks: 24.0 MiB = 2 buffers x (dz 4.0 MiB + dx 4.0 MiB + dy 4.0 MiB).
-    # Blocks that need more than Mosaic's default at call time raise the limit.
+    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _add_vectors_backward_kernel,
         # One step per block of N; steps are independent, so every axis is parallel.

@@ -420,20 +420,21 @@ _attention_tpu_blocks = rt.TpuBlocks(
     sizes=("B", "H", "S", "D", "T"),
     tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
     chips={None: {"default": (128, 128)}},
+    step=lambda b, h, size_s, d, t, block_s, block_t: (
+        min(block_s, 256) * block_t,
+        12 * block_s * d + 8 * block_t * d + 16 * block_s,
+    ),
+    bounds=lambda b, h, size_s, d, t: (
+        min(1 << (size_s.bit_length() - 1), 4096),
+        min(1 << (t.bit_length() - 1), 4096),
+    ),
 )
 
 
 def _attention_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
     """`attention` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(
-        _attention_tpu_blocks,
-        (b, h, size_s, d, t),
-        (block_s, block_t),
-        step=lambda block_s, block_t: (
-            min(block_s, 256) * block_t,
-            12 * block_s * d + 8 * block_t * d + 16 * block_s,
-        ),
-        bounds=(min(1 << (size_s.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
+        _attention_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
     )
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
@@ -1146,6 +1147,14 @@ _attention_backward_dq_tpu_blocks = rt.TpuBlocks(
     sizes=("B", "H", "S", "D", "T"),
     tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
     chips={None: {"default": (128, 128)}},
+    step=lambda b, h, size_s, d, t, block_s, block_t: (
+        min(block_s, 256) * block_t,
+        20 * block_s * d + 8 * block_t * d + 24 * block_s,
+    ),
+    bounds=lambda b, h, size_s, d, t: (
+        min(1 << (size_s.bit_length() - 1), 4096),
+        min(1 << (t.bit_length() - 1), 4096),
+    ),
 )
 
 
@@ -1154,14 +1163,7 @@ def _attention_backward_dq_tpu(
 ):
     """`attention_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(
-        _attention_backward_dq_tpu_blocks,
-        (b, h, size_s, d, t),
-        (block_s, block_t),
-        step=lambda block_s, block_t: (
-            min(block_s, 256) * block_t,
-            20 * block_s * d + 8 * block_t * d + 24 * block_s,
-        ),
-        bounds=(min(1 << (size_s.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
+        _attention_backward_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
     )
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
@@ -1966,6 +1968,14 @@ _attention_backward_dkdv_tpu_blocks = rt.TpuBlocks(
     sizes=("B", "H", "T", "D", "S"),
     tiling={"T": (16, "bf16 rows"), "S": (128, "lanes")},
     chips={None: {"default": (128, 128)}},
+    step=lambda b, h, t, d, size_s, block_t, block_s: (
+        min(block_t, 256) * block_s,
+        8 * block_s * d + 24 * block_t * d + 16 * block_s,
+    ),
+    bounds=lambda b, h, t, d, size_s: (
+        min(1 << (t.bit_length() - 1), 4096),
+        min(1 << (size_s.bit_length() - 1), 4096),
+    ),
 )
 
 
@@ -1974,14 +1984,7 @@ def _attention_backward_dkdv_tpu(
 ):
     """`attention_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_t, block_s = rt.tpu_blocks(
-        _attention_backward_dkdv_tpu_blocks,
-        (b, h, t, d, size_s),
-        (block_t, block_s),
-        step=lambda block_t, block_s: (
-            min(block_t, 256) * block_s,
-            8 * block_s * d + 24 * block_t * d + 16 * block_s,
-        ),
-        bounds=(min(1 << (t.bit_length() - 1), 4096), min(1 << (size_s.bit_length() - 1), 4096)),
+        _attention_backward_dkdv_tpu_blocks, (b, h, t, d, size_s), (block_t, block_s)
     )
     whole_strips, partial_strips = rt.strips(
         (block_t, block_s),
@@ -2784,6 +2787,14 @@ _attention_dq_tpu_blocks = rt.TpuBlocks(
     sizes=("B", "H", "S", "D", "T"),
     tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
     chips={None: {"default": (128, 128)}},
+    step=lambda b, h, size_s, d, t, block_s, block_t: (
+        min(block_s, 256) * block_t,
+        20 * block_s * d + 8 * block_t * d + 16 * block_s,
+    ),
+    bounds=lambda b, h, size_s, d, t: (
+        min(1 << (size_s.bit_length() - 1), 4096),
+        min(1 << (t.bit_length() - 1), 4096),
+    ),
 )
 
 
@@ -2792,14 +2803,7 @@ def _attention_dq_tpu(
 ):
     """`attention_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(
-        _attention_dq_tpu_blocks,
-        (b, h, size_s, d, t),
-        (block_s, block_t),
-        step=lambda block_s, block_t: (
-            min(block_s, 256) * block_t,
-            20 * block_s * d + 8 * block_t * d + 16 * block_s,
-        ),
-        bounds=(min(1 << (size_s.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
+        _attention_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
     )
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
@@ -3601,6 +3605,14 @@ _attention_dkdv_tpu_blocks = rt.TpuBlocks(
     sizes=("B", "H", "T", "D", "S"),
     tiling={"T": (16, "bf16 rows"), "S": (128, "lanes")},
     chips={None: {"default": (128, 128)}},
+    step=lambda b, h, t, d, s, block_t, block_s: (
+        min(block_t, 256) * block_s,
+        8 * block_s * d + 24 * block_t * d + 16 * block_s,
+    ),
+    bounds=lambda b, h, t, d, s: (
+        min(1 << (t.bit_length() - 1), 4096),
+        min(1 << (s.bit_length() - 1), 4096),
+    ),
 )
 
 
@@ -3609,14 +3621,7 @@ def _attention_dkdv_tpu(
 ):
     """`attention_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_t, block_s = rt.tpu_blocks(
-        _attention_dkdv_tpu_blocks,
-        (b, h, t, d, s),
-        (block_t, block_s),
-        step=lambda block_t, block_s: (
-            min(block_t, 256) * block_s,
-            8 * block_s * d + 24 * block_t * d + 16 * block_s,
-        ),
-        bounds=(min(1 << (t.bit_length() - 1), 4096), min(1 << (s.bit_length() - 1), 4096)),
+        _attention_dkdv_tpu_blocks, (b, h, t, d, s), (block_t, block_s)
     )
     whole_strips, partial_strips = rt.strips(
         (block_t, block_s),
@@ -4372,24 +4377,22 @@ _attention_full_tpu_blocks = rt.TpuBlocks(
     sizes=("B", "H", "S", "D", "T"),
     tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
     chips={None: {"default": (128, 128)}},
+    step=lambda b, h, s, d, t, block_s, block_t: (
+        block_s * block_t,
+        12 * block_s * d + 8 * block_t * d + 8 * block_s,
+    ),
+    bounds=lambda b, h, s, d, t: (min(s, 1024), min(t, 1024)),
 )
 
 
 def _attention_full_tpu(q, k, v, *, b, h, s, d, t, block_s, block_t, scale, interpret):
     """`attention_full` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(
-        _attention_full_tpu_blocks,
-        (b, h, s, d, t),
-        (block_s, block_t),
-        step=lambda block_s, block_t: (
-            block_s * block_t,
-            12 * block_s * d + 8 * block_t * d + 8 * block_s,
-        ),
-        bounds=(min(s, 1024), min(t, 1024)),
+        _attention_full_tpu_blocks, (b, h, s, d, t), (block_s, block_t)
     )
     # VMEM at the default blocks per unit of D: 3.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
     # o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. Blocks that need more than
-    # Mosaic's default at call time raise the limit.
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_attention_full_kernel, t=t, block_t=block_t, scale=scale),
         # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
@@ -4912,6 +4915,11 @@ _attention_full_with_residuals_tpu_blocks = rt.TpuBlocks(
     sizes=("B", "H", "S", "D", "T"),
     tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
     chips={None: {"default": (128, 128)}},
+    step=lambda b, h, s, d, t, block_s, block_t: (
+        block_s * block_t,
+        12 * block_s * d + 8 * block_t * d + 16 * block_s,
+    ),
+    bounds=lambda b, h, s, d, t: (min(s, 1024), min(t, 1024)),
 )
 
 
@@ -4920,18 +4928,11 @@ def _attention_full_with_residuals_tpu(
 ):
     """`attention_full_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(
-        _attention_full_with_residuals_tpu_blocks,
-        (b, h, s, d, t),
-        (block_s, block_t),
-        step=lambda block_s, block_t: (
-            block_s * block_t,
-            12 * block_s * d + 8 * block_t * d + 16 * block_s,
-        ),
-        bounds=(min(s, 1024), min(t, 1024)),
+        _attention_full_with_residuals_tpu_blocks, (b, h, s, d, t), (block_s, block_t)
     )
     # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
     # o 256 B + lse 512 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. Blocks that
-    # need more than Mosaic's default at call time raise the limit.
+    # need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_attention_full_with_residuals_kernel, t=t, block_t=block_t, scale=scale),
         # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
@@ -5476,6 +5477,11 @@ _attention_full_backward_dq_tpu_blocks = rt.TpuBlocks(
     sizes=("B", "H", "S", "D", "T"),
     tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
     chips={None: {"default": (128, 128)}},
+    step=lambda b, h, size_s, d, t, block_s, block_t: (
+        block_s * block_t,
+        20 * block_s * d + 8 * block_t * d + 16 * block_s,
+    ),
+    bounds=lambda b, h, size_s, d, t: (min(size_s, 1024), min(t, 1024)),
 )
 
 
@@ -5484,18 +5490,11 @@ def _attention_full_backward_dq_tpu(
 ):
     """`attention_full_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(
-        _attention_full_backward_dq_tpu_blocks,
-        (b, h, size_s, d, t),
-        (block_s, block_t),
-        step=lambda block_s, block_t: (
-            block_s * block_t,
-            20 * block_s * d + 8 * block_t * d + 16 * block_s,
-        ),
-        bounds=(min(size_s, 1024), min(t, 1024)),
+        _attention_full_backward_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
     )
     # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
     # o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. Blocks that need
-    # more than Mosaic's default at call time raise the limit.
+    # more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_attention_full_backward_dq_kernel, t=t, block_t=block_t, scale=scale),
         # One step per element of B, element of H, block of S, block of T (D taken whole). Steps
@@ -6114,6 +6113,11 @@ _attention_full_backward_dkdv_tpu_blocks = rt.TpuBlocks(
     sizes=("B", "H", "T", "D", "S"),
     tiling={"T": (16, "bf16 rows"), "S": (128, "lanes")},
     chips={None: {"default": (128, 128)}},
+    step=lambda b, h, t, d, size_s, block_t, block_s: (
+        block_t * block_s,
+        8 * block_s * d + 24 * block_t * d + 16 * block_s,
+    ),
+    bounds=lambda b, h, t, d, size_s: (min(t, 1024), min(size_s, 1024)),
 )
 
 
@@ -6122,18 +6126,11 @@ def _attention_full_backward_dkdv_tpu(
 ):
     """`attention_full_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_t, block_s = rt.tpu_blocks(
-        _attention_full_backward_dkdv_tpu_blocks,
-        (b, h, t, d, size_s),
-        (block_t, block_s),
-        step=lambda block_t, block_s: (
-            block_t * block_s,
-            8 * block_s * d + 24 * block_t * d + 16 * block_s,
-        ),
-        bounds=(min(t, 1024), min(size_s, 1024)),
+        _attention_full_backward_dkdv_tpu_blocks, (b, h, t, d, size_s), (block_t, block_s)
     )
     # VMEM at the default blocks per unit of D: 6.0 KiB = 2 buffers x (q 256 B + k 256 B + v 256 B +
     # do 256 B + lse 512 B + delta 512 B + dk 256 B + dv 256 B) + acc_s_ref 512 B + acc_s_2_ref 512
-    # B. Blocks that need more than Mosaic's default at call time raise the limit.
+    # B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(
             _attention_full_backward_dkdv_kernel, size_s=size_s, block_s=block_s, scale=scale
@@ -6904,20 +6901,21 @@ _attention_bottom_right_tpu_blocks = rt.TpuBlocks(
     sizes=("B", "H", "S", "D", "T"),
     tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
     chips={None: {"default": (128, 128)}},
+    step=lambda b, h, size_s, d, t, block_s, block_t: (
+        min(block_s, 256) * block_t,
+        12 * block_s * d + 8 * block_t * d + 8 * block_s,
+    ),
+    bounds=lambda b, h, size_s, d, t: (
+        min(1 << (size_s.bit_length() - 1), 4096),
+        min(1 << (t.bit_length() - 1), 4096),
+    ),
 )
 
 
 def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t, scale, interpret):
     """`attention_bottom_right` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(
-        _attention_bottom_right_tpu_blocks,
-        (b, h, size_s, d, t),
-        (block_s, block_t),
-        step=lambda block_s, block_t: (
-            min(block_s, 256) * block_t,
-            12 * block_s * d + 8 * block_t * d + 8 * block_s,
-        ),
-        bounds=(min(1 << (size_s.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
+        _attention_bottom_right_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
     )
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
@@ -7557,6 +7555,14 @@ _attention_bottom_right_with_residuals_tpu_blocks = rt.TpuBlocks(
     sizes=("B", "H", "S", "D", "T"),
     tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
     chips={None: {"default": (128, 128)}},
+    step=lambda b, h, size_s, d, t, block_s, block_t: (
+        min(block_s, 256) * block_t,
+        12 * block_s * d + 8 * block_t * d + 16 * block_s,
+    ),
+    bounds=lambda b, h, size_s, d, t: (
+        min(1 << (size_s.bit_length() - 1), 4096),
+        min(1 << (t.bit_length() - 1), 4096),
+    ),
 )
 
 
@@ -7565,14 +7571,7 @@ def _attention_bottom_right_with_residuals_tpu(
 ):
     """`attention_bottom_right_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(
-        _attention_bottom_right_with_residuals_tpu_blocks,
-        (b, h, size_s, d, t),
-        (block_s, block_t),
-        step=lambda block_s, block_t: (
-            min(block_s, 256) * block_t,
-            12 * block_s * d + 8 * block_t * d + 16 * block_s,
-        ),
-        bounds=(min(1 << (size_s.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
+        _attention_bottom_right_with_residuals_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
     )
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
@@ -8274,6 +8273,14 @@ _attention_bottom_right_backward_dq_tpu_blocks = rt.TpuBlocks(
     sizes=("B", "H", "S", "D", "T"),
     tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
     chips={None: {"default": (128, 128)}},
+    step=lambda b, h, size_s, d, t, block_s, block_t: (
+        min(block_s, 256) * block_t,
+        20 * block_s * d + 8 * block_t * d + 16 * block_s,
+    ),
+    bounds=lambda b, h, size_s, d, t: (
+        min(1 << (size_s.bit_length() - 1), 4096),
+        min(1 << (t.bit_length() - 1), 4096),
+    ),
 )
 
 
@@ -8282,14 +8289,7 @@ def _attention_bottom_right_backward_dq_tpu(
 ):
     """`attention_bottom_right_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(
-        _attention_bottom_right_backward_dq_tpu_blocks,
-        (b, h, size_s, d, t),
-        (block_s, block_t),
-        step=lambda block_s, block_t: (
-            min(block_s, 256) * block_t,
-            20 * block_s * d + 8 * block_t * d + 16 * block_s,
-        ),
-        bounds=(min(1 << (size_s.bit_length() - 1), 4096), min(1 << (t.bit_length() - 1), 4096)),
+        _attention_bottom_right_backward_dq_tpu_blocks, (b, h, size_s, d, t), (block_s, block_t)
     )
     whole_strips, partial_strips = rt.strips(
         (block_s, block_t),
@@ -9082,6 +9082,14 @@ _attention_bottom_right_backward_dkdv_tpu_blocks = rt.TpuBlocks(
     sizes=("B", "H", "T", "D", "S"),
     tiling={"T": (16, "bf16 rows"), "S": (128, "lanes")},
     chips={None: {"default": (128, 128)}},
+    step=lambda b, h, t, d, size_s, block_t, block_s: (
+        min(block_t, 256) * block_s,
+        8 * block_s * d + 24 * block_t * d + 16 * block_s,
+    ),
+    bounds=lambda b, h, t, d, size_s: (
+        min(1 << (t.bit_length() - 1), 4096),
+        min(1 << (size_s.bit_length() - 1), 4096),
+    ),
 )
 
 
@@ -9090,14 +9098,7 @@ def _attention_bottom_right_backward_dkdv_tpu(
 ):
     """`attention_bottom_right_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_t, block_s = rt.tpu_blocks(
-        _attention_bottom_right_backward_dkdv_tpu_blocks,
-        (b, h, t, d, size_s),
-        (block_t, block_s),
-        step=lambda block_t, block_s: (
-            min(block_t, 256) * block_s,
-            8 * block_s * d + 24 * block_t * d + 16 * block_s,
-        ),
-        bounds=(min(1 << (t.bit_length() - 1), 4096), min(1 << (size_s.bit_length() - 1), 4096)),
+        _attention_bottom_right_backward_dkdv_tpu_blocks, (b, h, t, d, size_s), (block_t, block_s)
     )
     whole_strips, partial_strips = rt.strips(
         (block_t, block_s),
@@ -9848,24 +9849,20 @@ _gqa_tpu_blocks = rt.TpuBlocks(
     sizes=("B", "G", "R", "S", "D", "T"),
     tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
     chips={None: {"default": (128, 256)}},
+    step=lambda b, g, r, size_s, d, t, block_s, block_t: (
+        block_s * block_t,
+        12 * block_s * d + 8 * block_t * d + 8 * block_s,
+    ),
+    bounds=lambda b, g, r, size_s, d, t: (min(size_s, 1024), min(t, 1024)),
 )
 
 
 def _gqa_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
     """`gqa` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_s, block_t = rt.tpu_blocks(
-        _gqa_tpu_blocks,
-        (b, g, r, size_s, d, t),
-        (block_s, block_t),
-        step=lambda block_s, block_t: (
-            block_s * block_t,
-            12 * block_s * d + 8 * block_t * d + 8 * block_s,
-        ),
-        bounds=(min(size_s, 1024), min(t, 1024)),
-    )
+    block_s, block_t = rt.tpu_blocks(_gqa_tpu_blocks, (b, g, r, size_s, d, t), (block_s, block_t))
     # VMEM at the default blocks per unit of D: 4.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B +
     # o 256 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. Blocks that need more than
-    # Mosaic's default at call time raise the limit.
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_gqa_kernel, t=t, block_t=block_t),
         # One step per element of B, element of G, element of R, block of S, block of T (D taken
@@ -10368,24 +10365,22 @@ _gqa_with_residuals_tpu_blocks = rt.TpuBlocks(
     sizes=("B", "G", "R", "S", "D", "T"),
     tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
     chips={None: {"default": (128, 256)}},
+    step=lambda b, g, r, size_s, d, t, block_s, block_t: (
+        block_s * block_t,
+        12 * block_s * d + 8 * block_t * d + 16 * block_s,
+    ),
+    bounds=lambda b, g, r, size_s, d, t: (min(size_s, 1024), min(t, 1024)),
 )
 
 
 def _gqa_with_residuals_tpu(q, k, v, *, b, g, r, size_s, d, t, block_s, block_t, interpret):
     """`gqa_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(
-        _gqa_with_residuals_tpu_blocks,
-        (b, g, r, size_s, d, t),
-        (block_s, block_t),
-        step=lambda block_s, block_t: (
-            block_s * block_t,
-            12 * block_s * d + 8 * block_t * d + 16 * block_s,
-        ),
-        bounds=(min(size_s, 1024), min(t, 1024)),
+        _gqa_with_residuals_tpu_blocks, (b, g, r, size_s, d, t), (block_s, block_t)
     )
     # VMEM at the default blocks per unit of D: 5.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B +
     # o 256 B + lse 512 B) + max_t_ref 512 B + sum_exp_t_ref 512 B + acc_t_ref 512 B. Blocks that
-    # need more than Mosaic's default at call time raise the limit.
+    # need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_gqa_with_residuals_kernel, t=t, block_t=block_t),
         # One step per element of B, element of G, element of R, block of S, block of T (D taken
@@ -10935,6 +10930,11 @@ _gqa_backward_dq_tpu_blocks = rt.TpuBlocks(
     sizes=("B", "G", "R", "S", "D", "T"),
     tiling={"S": (16, "bf16 rows"), "T": (16, "bf16 rows")},
     chips={None: {"default": (128, 256)}},
+    step=lambda b, g, r, size_s, d, t, block_s, block_t: (
+        block_s * block_t,
+        20 * block_s * d + 8 * block_t * d + 16 * block_s,
+    ),
+    bounds=lambda b, g, r, size_s, d, t: (min(size_s, 1024), min(t, 1024)),
 )
 
 
@@ -10943,18 +10943,11 @@ def _gqa_backward_dq_tpu(
 ):
     """`gqa_backward_dq` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(
-        _gqa_backward_dq_tpu_blocks,
-        (b, g, r, size_s, d, t),
-        (block_s, block_t),
-        step=lambda block_s, block_t: (
-            block_s * block_t,
-            20 * block_s * d + 8 * block_t * d + 16 * block_s,
-        ),
-        bounds=(min(size_s, 1024), min(t, 1024)),
+        _gqa_backward_dq_tpu_blocks, (b, g, r, size_s, d, t), (block_s, block_t)
     )
     # VMEM at the default blocks per unit of D: 6.5 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B +
     # o 256 B + do 256 B + lse 512 B + dq 256 B + delta 512 B) + acc_t_ref 512 B. Blocks that need
-    # more than Mosaic's default at call time raise the limit.
+    # more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_gqa_backward_dq_kernel, t=t, block_t=block_t),
         # One step per element of B, element of G, element of R, block of S, block of T (D taken
@@ -11581,6 +11574,11 @@ _gqa_backward_dkdv_tpu_blocks = rt.TpuBlocks(
     sizes=("B", "G", "R", "T", "D", "S"),
     tiling={"T": (16, "bf16 rows"), "S": (128, "lanes")},
     chips={None: {"default": (256, 128)}},
+    step=lambda b, g, r, t, d, size_s, block_t, block_s: (
+        block_t * block_s,
+        8 * block_s * d + 32 * block_t * d + 16 * block_s,
+    ),
+    bounds=lambda b, g, r, t, d, size_s: (min(t, 1024), min(size_s, 1024)),
 )
 
 
@@ -11589,18 +11587,11 @@ def _gqa_backward_dkdv_tpu(
 ):
     """`gqa_backward_dkdv` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_t, block_s = rt.tpu_blocks(
-        _gqa_backward_dkdv_tpu_blocks,
-        (b, g, r, t, d, size_s),
-        (block_t, block_s),
-        step=lambda block_t, block_s: (
-            block_t * block_s,
-            8 * block_s * d + 32 * block_t * d + 16 * block_s,
-        ),
-        bounds=(min(t, 1024), min(size_s, 1024)),
+        _gqa_backward_dkdv_tpu_blocks, (b, g, r, t, d, size_s), (block_t, block_s)
     )
     # VMEM at the default blocks per unit of D: 11.0 KiB = 2 buffers x (q 256 B + k 512 B + v 512 B
     # + do 256 B + lse 512 B + delta 512 B + dk_r 1.0 KiB + dv_r 1.0 KiB) + acc_s_ref 1.0 KiB +
-    # acc_s_2_ref 1.0 KiB. Blocks that need more than Mosaic's default at call time raise the limit.
+    # acc_s_2_ref 1.0 KiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_gqa_backward_dkdv_kernel, size_s=size_s, block_s=block_s),
         # One step per element of B, element of G, element of R, block of T, block of S (D taken
@@ -12116,23 +12107,21 @@ _gqa_backward_over_r_tpu_blocks = rt.TpuBlocks(
     sizes=("B", "G", "R", "T", "D"),
     tiling={"B": None, "G": None, "T": (16, "bf16 rows")},
     chips={None: {"default": (1, 1, 256)}},
+    step=lambda b, g, r, t, d, block_b, block_g, block_t: (
+        block_b * block_g * r * block_t * d,
+        24 * block_b * block_g * r * block_t * d + 8 * block_b * block_g * block_t * d,
+    ),
 )
 
 
 def _gqa_backward_over_r_tpu(dk_r, dv_r, *, b, g, r, t, d, block_b, block_g, block_t, interpret):
     """`gqa_backward_over_r` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_b, block_g, block_t = rt.tpu_blocks(
-        _gqa_backward_over_r_tpu_blocks,
-        (b, g, r, t, d),
-        (block_b, block_g, block_t),
-        step=lambda block_b, block_g, block_t: (
-            block_b * block_g * r * block_t * d,
-            24 * block_b * block_g * r * block_t * d + 8 * block_b * block_g * block_t * d,
-        ),
+        _gqa_backward_over_r_tpu_blocks, (b, g, r, t, d), (block_b, block_g, block_t)
     )
     # VMEM at the default blocks per unit of R x D: 8.0 KiB = 2 buffers x (dk_r 1.0 KiB + dv_r 1.0
     # KiB + dk 512 B + dv 512 B) + sum's 32-bit copy of a block 1.0 KiB + sum's 32-bit copy of a
-    # block 1.0 KiB. Blocks that need more than Mosaic's default at call time raise the limit.
+    # block 1.0 KiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _gqa_backward_over_r_kernel,
         # One step per block of B, block of G, block of T (R, D taken whole); steps are independent,
@@ -12612,24 +12601,19 @@ _matmul_softmax_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N", "K"),
     tiling={"M": (16, "bf16 rows"), "K": (128, "lanes")},
     chips={None: {"default": (128, 512)}},
+    step=lambda m, n, k, block_m, block_k: (
+        block_m * block_k,
+        4 * block_m * block_k + 4 * block_k * n + 12 * block_m * n,
+    ),
+    bounds=lambda m, n, k: (min(m, 1024), min(k, 1024)),
 )
 
 
 def _matmul_softmax_tpu(x, w, *, m, n, k, block_m, block_k, interpret):
     """`matmul_softmax` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_k = rt.tpu_blocks(
-        _matmul_softmax_tpu_blocks,
-        (m, n, k),
-        (block_m, block_k),
-        step=lambda block_m, block_k: (
-            block_m * block_k,
-            4 * block_m * block_k + 4 * block_k * n + 12 * block_m * n,
-        ),
-        bounds=(min(m, 1024), min(k, 1024)),
-    )
+    block_m, block_k = rt.tpu_blocks(_matmul_softmax_tpu_blocks, (m, n, k), (block_m, block_k))
     # VMEM at the default blocks per unit of N: 259.5 KiB = 2 buffers x (x 128.0 KiB + w 1.0 KiB + y
-    # 512 B) + acc_k_ref 512 B. Blocks that need more than Mosaic's default at call time raise the
-    # limit.
+    # 512 B) + acc_k_ref 512 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_softmax_kernel, k=k, block_k=block_k),
         # One step per block of M, block of K (N taken whole). Steps along M are independent
@@ -13040,20 +13024,16 @@ _matmul_softmax_backward_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (16, "bf16 rows")},
     chips={None: {"default": (128,)}},
+    step=lambda m, n, block_m: (block_m * n, 24 * block_m * n),
 )
 
 
 def _matmul_softmax_backward_tpu(y, dy, *, m, n, block_m, interpret):
     """`matmul_softmax_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _matmul_softmax_backward_tpu_blocks,
-        (m, n),
-        (block_m,),
-        step=lambda block_m: (block_m * n, 24 * block_m * n),
-    )
+    (block_m,) = rt.tpu_blocks(_matmul_softmax_backward_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 3.0 KiB = 2 buffers x (y 512 B + dy 512 B + dacc 256
-    # B) + sum's 32-bit copy of a block 512 B. Blocks that need more than Mosaic's default at call
-    # time raise the limit.
+    # B) + sum's 32-bit copy of a block 512 B. Blocks that need more than Mosaic's default raise the
+    # limit.
     return pl.pallas_call(
         _matmul_softmax_backward_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -13394,7 +13374,7 @@ def _matmul_softmax_backward_x_tpu(dacc, w, *, m, k, n, block_m, block_k, block_
     )
     # VMEM at the default blocks: 2.0 MiB = 2 buffers x (dacc 128.0 KiB + w 512.0 KiB + dx 128.0
     # KiB) + f32 accumulator 256.0 KiB + f32 product step 256.0 KiB. Blocks that need more than
-    # Mosaic's default at call time raise the limit.
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent
@@ -13752,7 +13732,7 @@ def _matmul_softmax_backward_w_tpu(x, dacc, *, k, n, m, block_k, block_n, block_
     )
     # VMEM at the default blocks: 3.5 MiB = 2 buffers x (x 128.0 KiB + dacc 128.0 KiB + dw 512.0
     # KiB) + f32 accumulator 1.0 MiB + f32 product step 1.0 MiB. Blocks that need more than Mosaic's
-    # default at call time raise the limit.
+    # default raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_softmax_backward_w_kernel, m=m, block_m=block_m),
         # One step per block of K, block of N, block of M. Steps along K, N are independent
@@ -14149,23 +14129,19 @@ _rmsnorm_matmul_tpu_blocks = rt.TpuBlocks(
         "v5e": {(1024, 1024, 1024): (256, 1024)},
         "v6e": {(1024, 1024, 1024): (512, 1024)},
     },
+    step=lambda m, n, k, block_m, block_n: (
+        block_m * block_n,
+        4 * block_m * k + 8 * k + 4 * k * block_n + 4 * block_m * block_n,
+    ),
+    bounds=lambda m, n, k: (min(m, 1024), 512),
 )
 
 
 def _rmsnorm_matmul_tpu(x, g, w, *, m, n, k, block_m, block_n, interpret):
     """`rmsnorm_matmul` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _rmsnorm_matmul_tpu_blocks,
-        (m, n, k),
-        (block_m, block_n),
-        step=lambda block_m, block_n: (
-            block_m * block_n,
-            4 * block_m * k + 8 * k + 4 * k * block_n + 4 * block_m * block_n,
-        ),
-        bounds=(min(m, 1024), 512),
-    )
+    block_m, block_n = rt.tpu_blocks(_rmsnorm_matmul_tpu_blocks, (m, n, k), (block_m, block_n))
     # VMEM at the default blocks per unit of K: 515.0 KiB = 2 buffers x (x 512 B + g 4 B + w 1.0 KiB
-    # + y 256.0 KiB). Blocks that need more than Mosaic's default at call time raise the limit.
+    # + y 256.0 KiB). Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_kernel, k=k),
         # One step per block of M, block of N (K taken whole); steps are independent, so every axis
@@ -14558,20 +14534,16 @@ _rmsnorm_matmul_lhs_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "K"),
     tiling={"M": (16, "bf16 rows")},
     chips={None: {"default": (256,)}, "v5e": {(1024, 1024): (512,)}, "v6e": {(1024, 1024): (512,)}},
+    step=lambda m, k, block_m: (block_m * k, 16 * block_m * k + 8 * k + 8 * block_m),
 )
 
 
 def _rmsnorm_matmul_lhs_tpu(x, g, *, m, k, block_m, interpret):
     """`rmsnorm_matmul_lhs` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _rmsnorm_matmul_lhs_tpu_blocks,
-        (m, k),
-        (block_m,),
-        step=lambda block_m: (block_m * k, 16 * block_m * k + 8 * k + 8 * block_m),
-    )
+    (block_m,) = rt.tpu_blocks(_rmsnorm_matmul_lhs_tpu_blocks, (m, k), (block_m,))
     # VMEM at the default blocks per unit of K: 6.0 KiB = 2 buffers x (x 512 B + g 4 B + lhs 512 B +
     # mean_k 1.0 KiB) + mean's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB. Blocks that need more
-    # than Mosaic's default at call time raise the limit.
+    # than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_lhs_kernel, k=k),
         # One step per block of M (K taken whole); steps are independent, so every axis is parallel.
@@ -14924,7 +14896,7 @@ def _rmsnorm_matmul_backward_lhs_tpu(dy, w, *, m, k, n, block_m, block_k, block_
     )
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (dy 256.0 KiB + w 512.0 KiB + dlhs 256.0
     # KiB) + f32 accumulator 512.0 KiB + f32 product step 512.0 KiB. Blocks that need more than
-    # Mosaic's default at call time raise the limit.
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_backward_lhs_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent
@@ -15282,7 +15254,7 @@ def _rmsnorm_matmul_backward_w_tpu(lhs, dy, *, k, n, m, block_k, block_n, block_
     )
     # VMEM at the default blocks: 4.0 MiB = 2 buffers x (lhs 256.0 KiB + dy 256.0 KiB + dw 512.0
     # KiB) + f32 accumulator 1.0 MiB + f32 product step 1.0 MiB. Blocks that need more than Mosaic's
-    # default at call time raise the limit.
+    # default raise the limit.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_backward_w_kernel, m=m, block_m=block_m),
         # One step per block of K, block of N, block of M. Steps along K, N are independent
@@ -15603,22 +15575,17 @@ _rmsnorm_matmul_lhs_backward_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "K"),
     tiling={"M": (16, "bf16 rows")},
     chips={None: {"default": (256,)}, "v5e": {(1024, 1024): (256,)}, "v6e": {(1024, 1024): (256,)}},
+    step=lambda m, k, block_m: (block_m * k, 32 * block_m * k + 8 * k + 20 * block_m),
 )
 
 
 def _rmsnorm_matmul_lhs_backward_tpu(x, g, mean_k, dlhs, *, m, k, block_m, interpret):
     """`rmsnorm_matmul_lhs_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _rmsnorm_matmul_lhs_backward_tpu_blocks,
-        (m, k),
-        (block_m,),
-        step=lambda block_m: (block_m * k, 32 * block_m * k + 8 * k + 20 * block_m),
-    )
+    (block_m,) = rt.tpu_blocks(_rmsnorm_matmul_lhs_backward_tpu_blocks, (m, k), (block_m,))
     # VMEM at the default blocks per unit of K: 13.0 KiB = 2 buffers x (x 512 B + g 4 B + mean_k 1.0
     # KiB + dlhs 512 B + dx 512 B) + sum's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB + let
     # lhs_2 1.0 KiB + let lhs_3 1.0 KiB + let dlhs_1 1.0 KiB + let dlhs_2 1.0 KiB + let dlhs_3 1.0
-    # KiB + let dh 1.0 KiB. Blocks that need more than Mosaic's default at call time raise the
-    # limit.
+    # KiB + let dh 1.0 KiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_lhs_backward_kernel, k=k),
         # One step per block of M (K taken whole); steps are independent, so every axis is parallel.
@@ -15984,21 +15951,17 @@ _rmsnorm_matmul_lhs_backward_over_m_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "K"),
     tiling={"M": (16, "bf16 rows")},
     chips={None: {"default": (256,)}},
+    step=lambda m, k, block_m: (block_m * k, 24 * block_m * k + 16 * block_m + 8 * k),
 )
 
 
 def _rmsnorm_matmul_lhs_backward_over_m_tpu(x, mean_k, dlhs, *, m, k, block_m, interpret):
     """`rmsnorm_matmul_lhs_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _rmsnorm_matmul_lhs_backward_over_m_tpu_blocks,
-        (m, k),
-        (block_m,),
-        step=lambda block_m: (block_m * k, 24 * block_m * k + 16 * block_m + 8 * k),
-    )
+    (block_m,) = rt.tpu_blocks(_rmsnorm_matmul_lhs_backward_over_m_tpu_blocks, (m, k), (block_m,))
     # VMEM at the default blocks per unit of K: 10.0 KiB = 2 buffers x (x 512 B + mean_k 1.0 KiB +
     # dlhs 512 B + dg 4 B) + sum's 32-bit copy of a block 1.0 KiB + let h 1.0 KiB + let lhs_1 1.0
     # KiB + let lhs_2 1.0 KiB + let lhs_3 1.0 KiB + let dlhs_1 1.0 KiB. Blocks that need more than
-    # Mosaic's default at call time raise the limit.
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_rmsnorm_matmul_lhs_backward_over_m_kernel, m=m, block_m=block_m),
         # One step per block of M (K taken whole). Steps along M accumulate in order (arbitrary).

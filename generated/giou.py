@@ -246,22 +246,18 @@ _giou_tpu_blocks = rt.TpuBlocks(
     sizes=("B", "N"),
     tiling={"B": (8, "f32 rows"), "N": (128, "lanes")},
     chips={None: {"default": (256, 1024)}, "v6e": {(1024, 4096): (256, 1024)}},
+    step=lambda b, n, block_b, block_n: (block_b * block_n, 100 * block_b * block_n),
 )
 
 
 def _giou_tpu(ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, *, b, n, block_b, block_n, eps, interpret):
     """`giou` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_b, block_n = rt.tpu_blocks(
-        _giou_tpu_blocks,
-        (b, n),
-        (block_b, block_n),
-        step=lambda block_b, block_n: (block_b * block_n, 100 * block_b * block_n),
-    )
+    block_b, block_n = rt.tpu_blocks(_giou_tpu_blocks, (b, n), (block_b, block_n))
     # VMEM at the default blocks: 25.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2 1.0 MiB +
     # ay2 1.0 MiB + bx1 1.0 MiB + by1 1.0 MiB + bx2 1.0 MiB + by2 1.0 MiB + giou 1.0 MiB) + let
     # area_a 1.0 MiB + let area_b 1.0 MiB + let inter_w 1.0 MiB + let inter_h 1.0 MiB + let inter
-    # 1.0 MiB + let union 1.0 MiB + let hull 1.0 MiB. Blocks that need more than Mosaic's default at
-    # call time raise the limit.
+    # 1.0 MiB + let union 1.0 MiB + let hull 1.0 MiB. Blocks that need more than Mosaic's default
+    # raise the limit.
     return pl.pallas_call(
         functools.partial(_giou_kernel, eps=eps),
         # One step per block of B, block of N; steps are independent, so every axis is parallel.
@@ -858,6 +854,7 @@ _giou_backward_tpu_blocks = rt.TpuBlocks(
     sizes=("B", "N"),
     tiling={"B": (8, "f32 rows"), "N": (128, "lanes")},
     chips={None: {"default": (256, 1024)}},
+    step=lambda b, n, block_b, block_n: (block_b * block_n, 316 * block_b * block_n),
 )
 
 
@@ -865,12 +862,7 @@ def _giou_backward_tpu(
     ax1, ay1, ax2, ay2, bx1, by1, bx2, by2, dgiou, *, b, n, block_b, block_n, eps, interpret
 ):
     """`giou_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_b, block_n = rt.tpu_blocks(
-        _giou_backward_tpu_blocks,
-        (b, n),
-        (block_b, block_n),
-        step=lambda block_b, block_n: (block_b * block_n, 316 * block_b * block_n),
-    )
+    block_b, block_n = rt.tpu_blocks(_giou_backward_tpu_blocks, (b, n), (block_b, block_n))
     # VMEM at the default blocks: 79.0 MiB = 2 buffers x (ax1 1.0 MiB + ay1 1.0 MiB + ax2 1.0 MiB +
     # ay2 1.0 MiB + bx1 1.0 MiB + by1 1.0 MiB + bx2 1.0 MiB + by2 1.0 MiB + dgiou 1.0 MiB + dax1 1.0
     # MiB + day1 1.0 MiB + dax2 1.0 MiB + day2 1.0 MiB + dbx1 1.0 MiB + dby1 1.0 MiB + dbx2 1.0 MiB
@@ -885,7 +877,7 @@ def _giou_backward_tpu(
     # MiB + let dunion 1.0 MiB + let dinter 1.0 MiB + let dinter_h 1.0 MiB + let dinter_h_1 1.0 MiB
     # + let dinter_h_2 1.0 MiB + let dinter_w 1.0 MiB + let dinter_w_1 1.0 MiB + let dinter_w_2 1.0
     # MiB + let darea_b_1 1.0 MiB + let darea_b_2 1.0 MiB + let darea_a_1 1.0 MiB + let darea_a_2
-    # 1.0 MiB. Blocks that need more than Mosaic's default at call time raise the limit.
+    # 1.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_giou_backward_kernel, eps=eps),
         # One step per block of B, block of N; steps are independent, so every axis is parallel.

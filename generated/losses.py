@@ -256,20 +256,16 @@ _cross_entropy_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "V"),
     tiling={"M": (16, "bf16 rows"), "V": (128, "lanes")},
     chips={None: {"default": (16, 2048)}},
+    step=lambda m, v, block_m, block_v: (block_m * block_v, 16 * block_m * block_v + 16 * block_m),
 )
 
 
 def _cross_entropy_tpu(logits, label, *, m, v, block_m, block_v, interpret):
     """`cross_entropy` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_v = rt.tpu_blocks(
-        _cross_entropy_tpu_blocks,
-        (m, v),
-        (block_m, block_v),
-        step=lambda block_m, block_v: (block_m * block_v, 16 * block_m * block_v + 16 * block_m),
-    )
+    block_m, block_v = rt.tpu_blocks(_cross_entropy_tpu_blocks, (m, v), (block_m, block_v))
     # VMEM at the default blocks: 512.2 KiB = 2 buffers x (logits 64.0 KiB + label 64 B + loss 64 B)
     # + logsumexp's 32-bit copy of a block 128.0 KiB + sum's 32-bit copy of a block 128.0 KiB + let
-    # z 128.0 KiB. Blocks that need more than Mosaic's default at call time raise the limit.
+    # z 128.0 KiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_cross_entropy_kernel, v=v, block_v=block_v),
         # One step per block of M, block of V. Steps along M are independent (parallel); steps along
@@ -631,21 +627,19 @@ _cross_entropy_with_residuals_tpu_blocks = rt.TpuBlocks(
         "v5e": {(4096, 32768): (128, 16384)},
         "v6e": {(4096, 32768): (128, 16384)},
     },
+    step=lambda m, v, block_m, block_v: (block_m * block_v, 16 * block_m * block_v + 24 * block_m),
 )
 
 
 def _cross_entropy_with_residuals_tpu(logits, label, *, m, v, block_m, block_v, interpret):
     """`cross_entropy_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_v = rt.tpu_blocks(
-        _cross_entropy_with_residuals_tpu_blocks,
-        (m, v),
-        (block_m, block_v),
-        step=lambda block_m, block_v: (block_m * block_v, 16 * block_m * block_v + 24 * block_m),
+        _cross_entropy_with_residuals_tpu_blocks, (m, v), (block_m, block_v)
     )
     # VMEM at the default blocks: 512.4 KiB = 2 buffers x (logits 64.0 KiB + label 64 B + loss 64 B
     # + logsumexp_v 64 B) + logsumexp's 32-bit copy of a block 128.0 KiB + sum's 32-bit copy of a
-    # block 128.0 KiB + let z 128.0 KiB. Blocks that need more than Mosaic's default at call time
-    # raise the limit.
+    # block 128.0 KiB + let z 128.0 KiB. Blocks that need more than Mosaic's default raise the
+    # limit.
     return pl.pallas_call(
         functools.partial(_cross_entropy_with_residuals_kernel, v=v, block_v=block_v),
         # One step per block of M, block of V. Steps along M are independent (parallel); steps along
@@ -1019,6 +1013,7 @@ _cross_entropy_backward_tpu_blocks = rt.TpuBlocks(
         "v5e": {(4096, 32768): (64, 16384)},
         "v6e": {(4096, 32768): (64, 16384)},
     },
+    step=lambda m, v, block_m, block_v: (block_m * block_v, 20 * block_m * block_v + 24 * block_m),
 )
 
 
@@ -1026,15 +1021,10 @@ def _cross_entropy_backward_tpu(
     logits, label, logsumexp_v, dloss, *, m, v, block_m, block_v, interpret
 ):
     """`cross_entropy_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_v = rt.tpu_blocks(
-        _cross_entropy_backward_tpu_blocks,
-        (m, v),
-        (block_m, block_v),
-        step=lambda block_m, block_v: (block_m * block_v, 20 * block_m * block_v + 24 * block_m),
-    )
+    block_m, block_v = rt.tpu_blocks(_cross_entropy_backward_tpu_blocks, (m, v), (block_m, block_v))
     # VMEM at the default blocks: 640.4 KiB = 2 buffers x (logits 64.0 KiB + label 64 B +
     # logsumexp_v 64 B + dloss 64 B + dlogits 64.0 KiB) + let z 128.0 KiB + let loss_1 128.0 KiB +
-    # let dz 128.0 KiB. Blocks that need more than Mosaic's default at call time raise the limit.
+    # let dz 128.0 KiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_cross_entropy_backward_kernel, block_v=block_v),
         # One step per block of M, block of V; steps are independent, so every axis is parallel.

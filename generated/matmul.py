@@ -218,8 +218,8 @@ def _matmul_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         _matmul_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
     # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + y 4.0 MiB + z 2.0 MiB) + f32
-    # accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need more than Mosaic's default at
-    # call time raise the limit.
+    # accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need more than Mosaic's default
+    # raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
@@ -538,8 +538,8 @@ def _matmul_backward_x_tpu(dz, y, *, m, k, n, block_m, block_k, block_n, interpr
         _matmul_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
     # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dz 2.0 MiB + y 4.0 MiB + dx 2.0 MiB) + f32
-    # accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need more than Mosaic's default at
-    # call time raise the limit.
+    # accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need more than Mosaic's default
+    # raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent
@@ -868,8 +868,8 @@ def _matmul_backward_y_tpu(x, dz, *, k, n, m, block_k, block_n, block_m, interpr
         _matmul_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
     # VMEM at the default blocks: 24.0 MiB = 2 buffers x (x 2.0 MiB + dz 2.0 MiB + dy 4.0 MiB) + f32
-    # accumulator 4.0 MiB + f32 product step 4.0 MiB. Blocks that need more than Mosaic's default at
-    # call time raise the limit.
+    # accumulator 4.0 MiB + f32 product step 4.0 MiB. Blocks that need more than Mosaic's default
+    # raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_backward_y_kernel, m=m, block_m=block_m),
         # One step per block of K, block of N, block of M. Steps along K, N are independent
@@ -1333,7 +1333,7 @@ def _matmul_relu_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
     )
     # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0 KiB) +
     # f32 accumulator 512.0 KiB + f32 product step 512.0 KiB. Blocks that need more than Mosaic's
-    # default at call time raise the limit.
+    # default raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_relu_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
@@ -1672,7 +1672,7 @@ def _matmul_relu_with_residuals_tpu(x, y, *, m, n, k, block_m, block_n, block_k,
     )
     # VMEM at the default blocks: 6.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 512.0 KiB + acc
     # 512.0 KiB) + f32 accumulator 512.0 KiB + f32 product step 512.0 KiB. Blocks that need more
-    # than Mosaic's default at call time raise the limit.
+    # than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_relu_with_residuals_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
@@ -2054,24 +2054,22 @@ _matmul_relu_backward_x_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "K", "N"),
     tiling={"M": (8, "f32 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
     chips={None: {"default": (256, 512, 512)}},
+    step=lambda m, k, n, block_m, block_k, block_n: (
+        block_m * block_k * block_n,
+        16 * block_m * block_n + 8 * block_k * block_n + 12 * block_m * block_k,
+    ),
+    bounds=lambda m, k, n: (min(m, 1024), 512, min(n, 1024)),
 )
 
 
 def _matmul_relu_backward_x_tpu(acc, dz, y, *, m, k, n, block_m, block_k, block_n, interpret):
     """`matmul_relu_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_k, block_n = rt.tpu_blocks(
-        _matmul_relu_backward_x_tpu_blocks,
-        (m, k, n),
-        (block_m, block_k, block_n),
-        step=lambda block_m, block_k, block_n: (
-            block_m * block_k * block_n,
-            16 * block_m * block_n + 8 * block_k * block_n + 12 * block_m * block_k,
-        ),
-        bounds=(min(m, 1024), 512, min(n, 1024)),
+        _matmul_relu_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
     # VMEM at the default blocks: 5.5 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + y 1.0 MiB +
-    # dx 512.0 KiB) + acc_n_ref 512.0 KiB. Blocks that need more than Mosaic's default at call time
-    # raise the limit.
+    # dx 512.0 KiB) + acc_n_ref 512.0 KiB. Blocks that need more than Mosaic's default raise the
+    # limit.
     return pl.pallas_call(
         functools.partial(_matmul_relu_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent
@@ -2502,24 +2500,22 @@ _matmul_relu_backward_y_tpu_blocks = rt.TpuBlocks(
     sizes=("K", "N", "M"),
     tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (8, "f32 rows")},
     chips={None: {"default": (512, 512, 256)}},
+    step=lambda k, n, m, block_k, block_n, block_m: (
+        block_k * block_n * block_m,
+        16 * block_m * block_n + 8 * block_m * block_k + 12 * block_k * block_n,
+    ),
+    bounds=lambda k, n, m: (min(k, 1024), 512, min(m, 1024)),
 )
 
 
 def _matmul_relu_backward_y_tpu(acc, dz, x, *, k, n, m, block_k, block_n, block_m, interpret):
     """`matmul_relu_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_k, block_n, block_m = rt.tpu_blocks(
-        _matmul_relu_backward_y_tpu_blocks,
-        (k, n, m),
-        (block_k, block_n, block_m),
-        step=lambda block_k, block_n, block_m: (
-            block_k * block_n * block_m,
-            16 * block_m * block_n + 8 * block_m * block_k + 12 * block_k * block_n,
-        ),
-        bounds=(min(k, 1024), 512, min(m, 1024)),
+        _matmul_relu_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
     # VMEM at the default blocks: 6.0 MiB = 2 buffers x (acc 512.0 KiB + dz 512.0 KiB + x 512.0 KiB
-    # + dy 1.0 MiB) + acc_m_ref 1.0 MiB. Blocks that need more than Mosaic's default at call time
-    # raise the limit.
+    # + dy 1.0 MiB) + acc_m_ref 1.0 MiB. Blocks that need more than Mosaic's default raise the
+    # limit.
     return pl.pallas_call(
         functools.partial(_matmul_relu_backward_y_kernel, m=m, block_m=block_m),
         # One step per block of K, block of N, block of M. Steps along K, N are independent
@@ -3105,7 +3101,7 @@ def _matmul_bias_gelu_tpu(x, y, bias, *, m, n, k, block_m, block_n, block_k, int
     )
     # VMEM at the default blocks: 12.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0 KiB + z
     # 1.0 MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need more than
-    # Mosaic's default at call time raise the limit.
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
@@ -3498,7 +3494,7 @@ def _matmul_bias_gelu_with_residuals_tpu(
     )
     # VMEM at the default blocks: 16.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + bias 4.0 KiB + z
     # 1.0 MiB + acc 2.0 MiB) + f32 accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need
-    # more than Mosaic's default at call time raise the limit.
+    # more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_with_residuals_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
@@ -3930,6 +3926,11 @@ _matmul_bias_gelu_backward_x_tpu_blocks = rt.TpuBlocks(
         "v5e": {(4096, 4096, 4096): (2048, 4096, 128)},
         "v6e": {(4096, 4096, 4096): (1024, 4096, 512)},
     },
+    step=lambda m, k, n, block_m, block_k, block_n: (
+        block_m * block_k * block_n,
+        12 * block_m * block_n + 8 * block_n + 4 * block_k * block_n + 8 * block_m * block_k,
+    ),
+    bounds=lambda m, k, n: (min(m, 1024), 1024, min(n, 1024)),
 )
 
 
@@ -3938,18 +3939,11 @@ def _matmul_bias_gelu_backward_x_tpu(
 ):
     """`matmul_bias_gelu_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_k, block_n = rt.tpu_blocks(
-        _matmul_bias_gelu_backward_x_tpu_blocks,
-        (m, k, n),
-        (block_m, block_k, block_n),
-        step=lambda block_m, block_k, block_n: (
-            block_m * block_k * block_n,
-            12 * block_m * block_n + 8 * block_n + 4 * block_k * block_n + 8 * block_m * block_k,
-        ),
-        bounds=(min(m, 1024), 1024, min(n, 1024)),
+        _matmul_bias_gelu_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
     # VMEM at the default blocks: 14.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz 1.0 MiB +
-    # y 2.0 MiB + dx 1.0 MiB) + acc_n_ref 2.0 MiB. Blocks that need more than Mosaic's default at
-    # call time raise the limit.
+    # y 2.0 MiB + dx 1.0 MiB) + acc_n_ref 2.0 MiB. Blocks that need more than Mosaic's default raise
+    # the limit.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent
@@ -4442,6 +4436,11 @@ _matmul_bias_gelu_backward_y_tpu_blocks = rt.TpuBlocks(
         "v5e": {(4096, 4096, 4096): (4096, 512, 1024)},
         "v6e": {(4096, 4096, 4096): (4096, 512, 1024)},
     },
+    step=lambda k, n, m, block_k, block_n, block_m: (
+        block_k * block_n * block_m,
+        12 * block_m * block_n + 20 * block_n + 4 * block_m * block_k + 8 * block_k * block_n,
+    ),
+    bounds=lambda k, n, m: (min(k, 1024), 1024, min(m, 1024)),
 )
 
 
@@ -4450,18 +4449,11 @@ def _matmul_bias_gelu_backward_y_tpu(
 ):
     """`matmul_bias_gelu_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_k, block_n, block_m = rt.tpu_blocks(
-        _matmul_bias_gelu_backward_y_tpu_blocks,
-        (k, n, m),
-        (block_k, block_n, block_m),
-        step=lambda block_k, block_n, block_m: (
-            block_k * block_n * block_m,
-            12 * block_m * block_n + 20 * block_n + 4 * block_m * block_k + 8 * block_k * block_n,
-        ),
-        bounds=(min(k, 1024), 1024, min(m, 1024)),
+        _matmul_bias_gelu_backward_y_tpu_blocks, (k, n, m), (block_k, block_n, block_m)
     )
     # VMEM at the default blocks: 16.0 MiB = 2 buffers x (acc 2.0 MiB + bias 4.0 KiB + dz 1.0 MiB +
     # x 1.0 MiB + dy 2.0 MiB + dbias 4.0 KiB) + acc_m_ref 4.0 MiB + sum_m_ref 4.0 KiB. Blocks that
-    # need more than Mosaic's default at call time raise the limit.
+    # need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_bias_gelu_backward_y_kernel, m=m, block_m=block_m),
         # One step per block of N, block of K, block of M. Steps along N are independent (parallel);
@@ -5084,8 +5076,8 @@ def _matmul_int8_tpu(x, y, *, m, n, k, block_m, block_n, block_k, interpret):
         _matmul_int8_tpu_blocks, (m, n, k), (block_m, block_n, block_k)
     )
     # VMEM at the default blocks: 11.0 MiB = 2 buffers x (x 512.0 KiB + y 1.0 MiB + z 2.0 MiB) + i32
-    # accumulator 2.0 MiB + i32 product step 2.0 MiB. Blocks that need more than Mosaic's default at
-    # call time raise the limit.
+    # accumulator 2.0 MiB + i32 product step 2.0 MiB. Blocks that need more than Mosaic's default
+    # raise the limit.
     return pl.pallas_call(
         functools.partial(_matmul_int8_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
@@ -5492,8 +5484,8 @@ def _batched_matmul_tpu(x, y, *, b, m, n, k, block_m, block_n, block_k, interpre
         _batched_matmul_tpu_blocks, (b, m, n, k), (block_m, block_n, block_k)
     )
     # VMEM at the default blocks: 14.0 MiB = 2 buffers x (x 1.0 MiB + y 2.0 MiB + z 2.0 MiB) + f32
-    # accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need more than Mosaic's default at
-    # call time raise the limit.
+    # accumulator 2.0 MiB + f32 product step 2.0 MiB. Blocks that need more than Mosaic's default
+    # raise the limit.
     return pl.pallas_call(
         functools.partial(_batched_matmul_kernel, k=k, block_k=block_k),
         # One step per element of B, block of M, block of N, block of K. Steps along B, M, N are
@@ -5836,23 +5828,21 @@ _batched_matmul_backward_x_tpu_blocks = rt.TpuBlocks(
     sizes=("B", "M", "K", "N"),
     tiling={"M": (16, "bf16 rows"), "K": (128, "lanes"), "N": (128, "lanes")},
     chips={None: {"default": (512, 1024, 1024)}},
+    step=lambda b, m, k, n, block_m, block_k, block_n: (
+        block_m * block_k * block_n,
+        8 * block_m * block_n + 4 * block_k * block_n + 8 * block_m * block_k,
+    ),
+    bounds=lambda b, m, k, n: (min(m, 1024), 1024, min(n, 1024)),
 )
 
 
 def _batched_matmul_backward_x_tpu(dz, y, *, b, m, k, n, block_m, block_k, block_n, interpret):
     """`batched_matmul_backward_x` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_m, block_k, block_n = rt.tpu_blocks(
-        _batched_matmul_backward_x_tpu_blocks,
-        (b, m, k, n),
-        (block_m, block_k, block_n),
-        step=lambda block_m, block_k, block_n: (
-            block_m * block_k * block_n,
-            8 * block_m * block_n + 4 * block_k * block_n + 8 * block_m * block_k,
-        ),
-        bounds=(min(m, 1024), 1024, min(n, 1024)),
+        _batched_matmul_backward_x_tpu_blocks, (b, m, k, n), (block_m, block_k, block_n)
     )
     # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dz 2.0 MiB + y 2.0 MiB + dx 1.0 MiB) +
-    # acc_n_ref 2.0 MiB. Blocks that need more than Mosaic's default at call time raise the limit.
+    # acc_n_ref 2.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_batched_matmul_backward_x_kernel, n=n, block_n=block_n),
         # One step per element of B, block of M, block of K, block of N. Steps along B, M, K are
@@ -6275,23 +6265,21 @@ _batched_matmul_backward_y_tpu_blocks = rt.TpuBlocks(
     sizes=("B", "K", "N", "M"),
     tiling={"K": (128, "lanes"), "N": (128, "lanes"), "M": (16, "bf16 rows")},
     chips={None: {"default": (1024, 1024, 512)}},
+    step=lambda b, k, n, m, block_k, block_n, block_m: (
+        block_k * block_n * block_m,
+        8 * block_m * block_n + 4 * block_m * block_k + 8 * block_k * block_n,
+    ),
+    bounds=lambda b, k, n, m: (min(k, 1024), 1024, min(m, 1024)),
 )
 
 
 def _batched_matmul_backward_y_tpu(dz, x, *, b, k, n, m, block_k, block_n, block_m, interpret):
     """`batched_matmul_backward_y` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_k, block_n, block_m = rt.tpu_blocks(
-        _batched_matmul_backward_y_tpu_blocks,
-        (b, k, n, m),
-        (block_k, block_n, block_m),
-        step=lambda block_k, block_n, block_m: (
-            block_k * block_n * block_m,
-            8 * block_m * block_n + 4 * block_m * block_k + 8 * block_k * block_n,
-        ),
-        bounds=(min(k, 1024), 1024, min(m, 1024)),
+        _batched_matmul_backward_y_tpu_blocks, (b, k, n, m), (block_k, block_n, block_m)
     )
     # VMEM at the default blocks: 14.0 MiB = 2 buffers x (dz 2.0 MiB + x 1.0 MiB + dy 2.0 MiB) +
-    # acc_m_ref 4.0 MiB. Blocks that need more than Mosaic's default at call time raise the limit.
+    # acc_m_ref 4.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_batched_matmul_backward_y_kernel, m=m, block_m=block_m),
         # One step per element of B, block of K, block of N, block of M. Steps along B, K, N are
@@ -6768,7 +6756,7 @@ def _scores_tpu(q, k, *, b, size_s, t, d, block_s, block_t, scale, interpret):
     """`scores` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_s, block_t = rt.tpu_blocks(_scores_tpu_blocks, (b, size_s, t, d), (block_s, block_t))
     # VMEM at the default blocks per unit of D: 129.0 KiB = 2 buffers x (q 256 B + k 256 B + s 64.0
-    # KiB). Blocks that need more than Mosaic's default at call time raise the limit.
+    # KiB). Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_scores_kernel, scale=scale),
         # One step per element of B, block of S, block of T (D taken whole); steps are independent,
@@ -7086,22 +7074,20 @@ _scores_backward_epilogue_tpu_blocks = rt.TpuBlocks(
     sizes=("B", "S", "T"),
     tiling={"B": None, "S": (16, "bf16 rows"), "T": (128, "lanes")},
     chips={None: {"default": (1, 128, 128)}},
+    step=lambda b, s, t, block_b, block_s, block_t: (
+        block_b * block_s * block_t,
+        12 * block_b * block_s * block_t,
+    ),
 )
 
 
 def _scores_backward_epilogue_tpu(ds, *, b, s, t, block_b, block_s, block_t, scale, interpret):
     """`scores_backward_epilogue` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
     block_b, block_s, block_t = rt.tpu_blocks(
-        _scores_backward_epilogue_tpu_blocks,
-        (b, s, t),
-        (block_b, block_s, block_t),
-        step=lambda block_b, block_s, block_t: (
-            block_b * block_s * block_t,
-            12 * block_b * block_s * block_t,
-        ),
+        _scores_backward_epilogue_tpu_blocks, (b, s, t), (block_b, block_s, block_t)
     )
     # VMEM at the default blocks: 192.0 KiB = 2 buffers x (ds 64.0 KiB + dacc 32.0 KiB). Blocks that
-    # need more than Mosaic's default at call time raise the limit.
+    # need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_scores_backward_epilogue_kernel, scale=scale),
         # One step per block of B, block of S, block of T; steps are independent, so every axis is
@@ -7394,7 +7380,7 @@ def _scores_backward_q_tpu(dacc, k, *, b, s, d, t, block_s, block_d, block_t, in
     )
     # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + k 32.0 KiB + dq 32.0 KiB)
     # + f32 accumulator 64.0 KiB + f32 product step 64.0 KiB. Blocks that need more than Mosaic's
-    # default at call time raise the limit.
+    # default raise the limit.
     return pl.pallas_call(
         functools.partial(_scores_backward_q_kernel, t=t, block_t=block_t),
         # One step per element of B, block of S, block of D, block of T. Steps along B, S, D are
@@ -7757,7 +7743,7 @@ def _scores_backward_k_tpu(dacc, q, *, b, t, d, s, block_t, block_d, block_s, in
     )
     # VMEM at the default blocks: 320.0 KiB = 2 buffers x (dacc 32.0 KiB + q 32.0 KiB + dk 32.0 KiB)
     # + f32 accumulator 64.0 KiB + f32 product step 64.0 KiB. Blocks that need more than Mosaic's
-    # default at call time raise the limit.
+    # default raise the limit.
     return pl.pallas_call(
         functools.partial(_scores_backward_k_kernel, s=s, block_s=block_s),
         # One step per element of B, block of T, block of D, block of S. Steps along B, T, D are
@@ -8189,7 +8175,7 @@ def _linear_tpu(x, w, bias, *, m, n, k, block_m, block_n, block_k, interpret):
     )
     # VMEM at the default blocks: 20.0 MiB = 2 buffers x (x 2.0 MiB + w 2.0 MiB + bias 4.0 KiB + y
     # 2.0 MiB) + f32 accumulator 4.0 MiB + f32 product step 4.0 MiB. Blocks that need more than
-    # Mosaic's default at call time raise the limit.
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_linear_kernel, k=k, block_k=block_k),
         # One step per block of M, block of N, block of K. Steps along M, N are independent
@@ -8511,20 +8497,16 @@ _linear_backward_over_m_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (16, "bf16 rows"), "N": (128, "lanes")},
     chips={None: {"default": (1024, 1024)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_n),
 )
 
 
 def _linear_backward_over_m_tpu(dy, *, m, n, block_m, block_n, interpret):
     """`linear_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _linear_backward_over_m_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        step=lambda block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_n),
-    )
+    block_m, block_n = rt.tpu_blocks(_linear_backward_over_m_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 12.0 MiB = 2 buffers x (dy 2.0 MiB + dbias 4.0 KiB) + sum's 32-bit
-    # copy of a block 4.0 MiB + let dy_1 4.0 MiB. Blocks that need more than Mosaic's default at
-    # call time raise the limit.
+    # copy of a block 4.0 MiB + let dy_1 4.0 MiB. Blocks that need more than Mosaic's default raise
+    # the limit.
     return pl.pallas_call(
         functools.partial(_linear_backward_over_m_kernel, m=m, block_m=block_m),
         # One step per block of N, block of M. Steps along N are independent (parallel); steps along
@@ -8813,8 +8795,8 @@ def _linear_backward_x_tpu(dy, w, *, m, k, n, block_m, block_k, block_n, interpr
         _linear_backward_x_tpu_blocks, (m, k, n), (block_m, block_k, block_n)
     )
     # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + w 2.0 MiB + dx 2.0 MiB) + f32
-    # accumulator 4.0 MiB + f32 product step 4.0 MiB. Blocks that need more than Mosaic's default at
-    # call time raise the limit.
+    # accumulator 4.0 MiB + f32 product step 4.0 MiB. Blocks that need more than Mosaic's default
+    # raise the limit.
     return pl.pallas_call(
         functools.partial(_linear_backward_x_kernel, n=n, block_n=block_n),
         # One step per block of M, block of K, block of N. Steps along M, K are independent
@@ -9154,8 +9136,8 @@ def _linear_backward_w_tpu(dy, x, *, n, k, m, block_n, block_k, block_m, interpr
         _linear_backward_w_tpu_blocks, (n, k, m), (block_n, block_k, block_m)
     )
     # VMEM at the default blocks: 20.0 MiB = 2 buffers x (dy 2.0 MiB + x 2.0 MiB + dw 2.0 MiB) + f32
-    # accumulator 4.0 MiB + f32 product step 4.0 MiB. Blocks that need more than Mosaic's default at
-    # call time raise the limit.
+    # accumulator 4.0 MiB + f32 product step 4.0 MiB. Blocks that need more than Mosaic's default
+    # raise the limit.
     return pl.pallas_call(
         functools.partial(_linear_backward_w_kernel, m=m, block_m=block_m),
         # One step per block of N, block of K, block of M. Steps along N, K are independent

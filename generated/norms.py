@@ -221,21 +221,16 @@ _layer_norm_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (16, "bf16 rows")},
     chips={None: {"default": (16,)}},
+    step=lambda m, n, block_m: (block_m * n, 24 * block_m * n + 16 * n + 16 * block_m),
 )
 
 
 def _layer_norm_tpu(x, w, b, *, m, n, block_m, eps, interpret):
     """`layer_norm` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _layer_norm_tpu_blocks,
-        (m, n),
-        (block_m,),
-        step=lambda block_m: (block_m * n, 24 * block_m * n + 16 * n + 16 * block_m),
-    )
+    (block_m,) = rt.tpu_blocks(_layer_norm_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 656 B = 2 buffers x (x 32 B + w 4 B + b 4 B + y 32 B
     # + mu 64 B + rstd 64 B) + mean's 32-bit copy of a block 64 B + mean's 32-bit copy of a block 64
-    # B + let h 64 B + let d 64 B. Blocks that need more than Mosaic's default at call time raise
-    # the limit.
+    # B + let h 64 B + let d 64 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_layer_norm_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -615,21 +610,17 @@ _layer_norm_with_residuals_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (16, "bf16 rows")},
     chips={None: {"default": (16,)}, "v5e": {(8192, 4096): (256,)}, "v6e": {(8192, 4096): (256,)}},
+    step=lambda m, n, block_m: (block_m * n, 24 * block_m * n + 16 * n + 24 * block_m),
 )
 
 
 def _layer_norm_with_residuals_tpu(x, w, b, *, m, n, block_m, eps, interpret):
     """`layer_norm_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _layer_norm_with_residuals_tpu_blocks,
-        (m, n),
-        (block_m,),
-        step=lambda block_m: (block_m * n, 24 * block_m * n + 16 * n + 24 * block_m),
-    )
+    (block_m,) = rt.tpu_blocks(_layer_norm_with_residuals_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + w 4 B + b 4 B + y 32 B
     # + mu 64 B + rstd 64 B + mean_n 64 B) + mean's 32-bit copy of a block 64 B + mean's 32-bit copy
-    # of a block 64 B + let h 64 B + let d 64 B. Blocks that need more than Mosaic's default at call
-    # time raise the limit.
+    # of a block 64 B + let h 64 B + let d 64 B. Blocks that need more than Mosaic's default raise
+    # the limit.
     return pl.pallas_call(
         functools.partial(_layer_norm_with_residuals_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1065,6 +1056,7 @@ _layer_norm_backward_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (16, "bf16 rows")},
     chips={None: {"default": (16,)}, "v5e": {(8192, 4096): (64,)}, "v6e": {(8192, 4096): (64,)}},
+    step=lambda m, n, block_m: (block_m * n, 44 * block_m * n + 8 * n + 56 * block_m),
 )
 
 
@@ -1072,18 +1064,12 @@ def _layer_norm_backward_tpu(
     x, w, mu, rstd, mean_n, dy, dmu, drstd, *, m, n, block_m, eps, interpret
 ):
     """`layer_norm_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _layer_norm_backward_tpu_blocks,
-        (m, n),
-        (block_m,),
-        step=lambda block_m: (block_m * n, 44 * block_m * n + 8 * n + 56 * block_m),
-    )
+    (block_m,) = rt.tpu_blocks(_layer_norm_backward_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 32 B + w 4 B + mu 64 B +
     # rstd 64 B + mean_n 64 B + dy 32 B + dmu 64 B + drstd 64 B + dx 32 B) + sum's 32-bit copy of a
     # block 64 B + sum's 32-bit copy of a block 64 B + let h 64 B + let d 64 B + let rstd_1 64 B +
     # let dy_1 64 B + let dy_2 64 B + let drstd_total 64 B + let drstd_1 64 B + let dd 64 B + let
-    # dmu_total 64 B + let dh 64 B. Blocks that need more than Mosaic's default at call time raise
-    # the limit.
+    # dmu_total 64 B + let dh 64 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_layer_norm_backward_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1594,21 +1580,17 @@ _layer_norm_backward_over_m_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (16, "bf16 rows")},
     chips={None: {"default": (16,)}, "v5e": {(8192, 4096): (256,)}, "v6e": {(8192, 4096): (256,)}},
+    step=lambda m, n, block_m: (block_m * n, 32 * block_m * n + 16 * block_m + 16 * n),
 )
 
 
 def _layer_norm_backward_over_m_tpu(x, mu, rstd, dy, *, m, n, block_m, interpret):
     """`layer_norm_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _layer_norm_backward_over_m_tpu_blocks,
-        (m, n),
-        (block_m,),
-        step=lambda block_m: (block_m * n, 32 * block_m * n + 16 * block_m + 16 * n),
-    )
+    (block_m,) = rt.tpu_blocks(_layer_norm_backward_over_m_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 784 B = 2 buffers x (x 32 B + mu 64 B + rstd 64 B +
     # dy 32 B + dw 4 B + db 4 B) + sum's 32-bit copy of a block 64 B + sum's 32-bit copy of a block
     # 64 B + let h 64 B + let d 64 B + let y_1 64 B + let dy_1 64 B. Blocks that need more than
-    # Mosaic's default at call time raise the limit.
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_layer_norm_backward_over_m_kernel, m=m, block_m=block_m),
         # One step per block of M (N taken whole). Steps along M accumulate in order (arbitrary).
@@ -1988,21 +1970,20 @@ def _rms_norm_kernel(x_ref, w_ref, y_ref, *, n, eps):
 # TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
 # sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _rms_norm_tpu_blocks = rt.TpuBlocks(
-    "rms_norm", sizes=("M", "N"), tiling={"M": (16, "bf16 rows")}, chips={None: {"default": (16,)}}
+    "rms_norm",
+    sizes=("M", "N"),
+    tiling={"M": (16, "bf16 rows")},
+    chips={None: {"default": (16,)}},
+    step=lambda m, n, block_m: (block_m * n, 16 * block_m * n + 8 * n),
 )
 
 
 def _rms_norm_tpu(x, w, *, m, n, block_m, eps, interpret):
     """`rms_norm` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _rms_norm_tpu_blocks,
-        (m, n),
-        (block_m,),
-        step=lambda block_m: (block_m * n, 16 * block_m * n + 8 * n),
-    )
+    (block_m,) = rt.tpu_blocks(_rms_norm_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 264 B = 2 buffers x (x 32 B + w 4 B + y 32 B) +
     # mean's 32-bit copy of a block 64 B + let h 64 B. Blocks that need more than Mosaic's default
-    # at call time raise the limit.
+    # raise the limit.
     return pl.pallas_call(
         functools.partial(_rms_norm_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -2275,20 +2256,16 @@ _rms_norm_with_residuals_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (16, "bf16 rows")},
     chips={None: {"default": (16,)}},
+    step=lambda m, n, block_m: (block_m * n, 16 * block_m * n + 8 * n + 8 * block_m),
 )
 
 
 def _rms_norm_with_residuals_tpu(x, w, *, m, n, block_m, eps, interpret):
     """`rms_norm_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _rms_norm_with_residuals_tpu_blocks,
-        (m, n),
-        (block_m,),
-        step=lambda block_m: (block_m * n, 16 * block_m * n + 8 * n + 8 * block_m),
-    )
+    (block_m,) = rt.tpu_blocks(_rms_norm_with_residuals_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 392 B = 2 buffers x (x 32 B + w 4 B + y 32 B +
     # mean_n 64 B) + mean's 32-bit copy of a block 64 B + let h 64 B. Blocks that need more than
-    # Mosaic's default at call time raise the limit.
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_rms_norm_with_residuals_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -2601,21 +2578,17 @@ _rms_norm_backward_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (16, "bf16 rows")},
     chips={None: {"default": (16,)}},
+    step=lambda m, n, block_m: (block_m * n, 32 * block_m * n + 8 * n + 20 * block_m),
 )
 
 
 def _rms_norm_backward_tpu(x, w, mean_n, dy, *, m, n, block_m, eps, interpret):
     """`rms_norm_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _rms_norm_backward_tpu_blocks,
-        (m, n),
-        (block_m,),
-        step=lambda block_m: (block_m * n, 32 * block_m * n + 8 * n + 20 * block_m),
-    )
+    (block_m,) = rt.tpu_blocks(_rms_norm_backward_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 840 B = 2 buffers x (x 32 B + w 4 B + mean_n 64 B +
     # dy 32 B + dx 32 B) + sum's 32-bit copy of a block 64 B + let h 64 B + let y_2 64 B + let y_3
     # 64 B + let dy_1 64 B + let dy_2 64 B + let dy_3 64 B + let dh 64 B. Blocks that need more than
-    # Mosaic's default at call time raise the limit.
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_rms_norm_backward_kernel, n=n, eps=eps),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -2986,21 +2959,16 @@ _rms_norm_backward_over_m_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (16, "bf16 rows")},
     chips={None: {"default": (16,)}},
+    step=lambda m, n, block_m: (block_m * n, 24 * block_m * n + 16 * block_m + 8 * n),
 )
 
 
 def _rms_norm_backward_over_m_tpu(x, mean_n, dy, *, m, n, block_m, eps, interpret):
     """`rms_norm_backward_over_m` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _rms_norm_backward_over_m_tpu_blocks,
-        (m, n),
-        (block_m,),
-        step=lambda block_m: (block_m * n, 24 * block_m * n + 16 * block_m + 8 * n),
-    )
+    (block_m,) = rt.tpu_blocks(_rms_norm_backward_over_m_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 648 B = 2 buffers x (x 32 B + mean_n 64 B + dy 32 B
     # + dw 4 B) + sum's 32-bit copy of a block 64 B + let h 64 B + let y_1 64 B + let y_2 64 B + let
-    # y_3 64 B + let dy_1 64 B. Blocks that need more than Mosaic's default at call time raise the
-    # limit.
+    # y_3 64 B + let dy_1 64 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_rms_norm_backward_over_m_kernel, m=m, block_m=block_m, eps=eps),
         # One step per block of M (N taken whole). Steps along M accumulate in order (arbitrary).

@@ -152,19 +152,15 @@ _add_f32_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
     chips={None: {"default": (256, 512)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
 )
 
 
 def _add_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`add_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _add_f32_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
-    )
+    block_m, block_n = rt.tpu_blocks(_add_f32_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
-    # Blocks that need more than Mosaic's default at call time raise the limit.
+    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _add_f32_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -372,19 +368,15 @@ _add_f32_backward_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
     chips={None: {"default": (256, 512)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
 )
 
 
 def _add_f32_backward_tpu(dz, *, m, n, block_m, block_n, interpret):
     """`add_f32_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _add_f32_backward_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
-    )
+    block_m, block_n = rt.tpu_blocks(_add_f32_backward_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (dz 512.0 KiB + dx 512.0 KiB + dy 512.0
-    # KiB). Blocks that need more than Mosaic's default at call time raise the limit.
+    # KiB). Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _add_f32_backward_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -649,19 +641,15 @@ _mul_f32_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
     chips={None: {"default": (256, 512)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
 )
 
 
 def _mul_f32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`mul_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _mul_f32_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
-    )
+    block_m, block_n = rt.tpu_blocks(_mul_f32_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
-    # Blocks that need more than Mosaic's default at call time raise the limit.
+    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _mul_f32_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -884,20 +872,15 @@ _mul_f32_backward_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
     chips={None: {"default": (256, 512)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 40 * block_m * block_n),
 )
 
 
 def _mul_f32_backward_tpu(x, y, dz, *, m, n, block_m, block_n, interpret):
     """`mul_f32_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _mul_f32_backward_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        step=lambda block_m, block_n: (block_m * block_n, 40 * block_m * block_n),
-    )
+    block_m, block_n = rt.tpu_blocks(_mul_f32_backward_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 5.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + dz 512.0 KiB +
-    # dx 512.0 KiB + dy 512.0 KiB). Blocks that need more than Mosaic's default at call time raise
-    # the limit.
+    # dx 512.0 KiB + dy 512.0 KiB). Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _mul_f32_backward_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -1154,21 +1137,19 @@ def _argmax_f32_kernel(x_ref, i_ref):
 # TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
 # sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _argmax_f32_tpu_blocks = rt.TpuBlocks(
-    "argmax_f32", sizes=("M", "N"), tiling={"M": (8, "f32 rows")}, chips={None: {"default": (8,)}}
+    "argmax_f32",
+    sizes=("M", "N"),
+    tiling={"M": (8, "f32 rows")},
+    chips={None: {"default": (8,)}},
+    step=lambda m, n, block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
 )
 
 
 def _argmax_f32_tpu(x, *, m, n, block_m, interpret):
     """`argmax_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _argmax_f32_tpu_blocks,
-        (m, n),
-        (block_m,),
-        step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
-    )
+    (block_m,) = rt.tpu_blocks(_argmax_f32_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's
-    # 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default at call time raise
-    # the limit.
+    # 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _argmax_f32_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1414,20 +1395,16 @@ _equal_count_f32_tpu_blocks = rt.TpuBlocks(
     sizes=("N",),
     tiling={"N": (1024, "1-D f32", 128)},
     chips={None: {"default": (4096,)}},
+    step=lambda size_n, block_n: (block_n, 24 * block_n + 8),
 )
 
 
 def _equal_count_f32_tpu(x, y, *, size_n, block_n, interpret):
     """`equal_count_f32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_n,) = rt.tpu_blocks(
-        _equal_count_f32_tpu_blocks,
-        (size_n,),
-        (block_n,),
-        step=lambda block_n: (block_n, 24 * block_n + 8),
-    )
+    (block_n,) = rt.tpu_blocks(_equal_count_f32_tpu_blocks, (size_n,), (block_n,))
     # VMEM at the default blocks: 96.0 KiB = 2 buffers x (x 16.0 KiB + y 16.0 KiB + n 4 B) + sum's
     # 32-bit copy of a block 16.0 KiB + sum's running values 16.0 KiB. Blocks that need more than
-    # Mosaic's default at call time raise the limit.
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_equal_count_f32_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
@@ -1691,19 +1668,15 @@ _add_i32_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (8, "i32 rows"), "N": (128, "lanes")},
     chips={None: {"default": (256, 512)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
 )
 
 
 def _add_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`add_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _add_i32_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
-    )
+    block_m, block_n = rt.tpu_blocks(_add_i32_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
-    # Blocks that need more than Mosaic's default at call time raise the limit.
+    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _add_f32_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -1938,19 +1911,15 @@ _mul_i32_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (8, "i32 rows"), "N": (128, "lanes")},
     chips={None: {"default": (256, 512)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
 )
 
 
 def _mul_i32_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`mul_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _mul_i32_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        step=lambda block_m, block_n: (block_m * block_n, 24 * block_m * block_n),
-    )
+    block_m, block_n = rt.tpu_blocks(_mul_i32_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
-    # Blocks that need more than Mosaic's default at call time raise the limit.
+    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _mul_f32_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -2157,21 +2126,19 @@ def _argmax_i32_vjp(saved, cotangents, *, gpu_backend, interpret):
 # TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
 # sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _argmax_i32_tpu_blocks = rt.TpuBlocks(
-    "argmax_i32", sizes=("M", "N"), tiling={"M": (8, "i32 rows")}, chips={None: {"default": (8,)}}
+    "argmax_i32",
+    sizes=("M", "N"),
+    tiling={"M": (8, "i32 rows")},
+    chips={None: {"default": (8,)}},
+    step=lambda m, n, block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
 )
 
 
 def _argmax_i32_tpu(x, *, m, n, block_m, interpret):
     """`argmax_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _argmax_i32_tpu_blocks,
-        (m, n),
-        (block_m,),
-        step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
-    )
+    (block_m,) = rt.tpu_blocks(_argmax_i32_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's
-    # 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default at call time raise
-    # the limit.
+    # 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _argmax_f32_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -2396,20 +2363,16 @@ _equal_count_i32_tpu_blocks = rt.TpuBlocks(
     sizes=("N",),
     tiling={"N": (1024, "1-D i32", 128)},
     chips={None: {"default": (4096,)}},
+    step=lambda size_n, block_n: (block_n, 24 * block_n + 8),
 )
 
 
 def _equal_count_i32_tpu(x, y, *, size_n, block_n, interpret):
     """`equal_count_i32` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_n,) = rt.tpu_blocks(
-        _equal_count_i32_tpu_blocks,
-        (size_n,),
-        (block_n,),
-        step=lambda block_n: (block_n, 24 * block_n + 8),
-    )
+    (block_n,) = rt.tpu_blocks(_equal_count_i32_tpu_blocks, (size_n,), (block_n,))
     # VMEM at the default blocks: 96.0 KiB = 2 buffers x (x 16.0 KiB + y 16.0 KiB + n 4 B) + sum's
     # 32-bit copy of a block 16.0 KiB + sum's running values 16.0 KiB. Blocks that need more than
-    # Mosaic's default at call time raise the limit.
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_equal_count_f32_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).
@@ -2653,19 +2616,15 @@ _add_i8_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (32, "i8 rows"), "N": (128, "lanes")},
     chips={None: {"default": (1024, 512)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 6 * block_m * block_n),
 )
 
 
 def _add_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`add_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _add_i8_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        step=lambda block_m, block_n: (block_m * block_n, 6 * block_m * block_n),
-    )
+    block_m, block_n = rt.tpu_blocks(_add_i8_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
-    # Blocks that need more than Mosaic's default at call time raise the limit.
+    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _add_i8_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -2904,19 +2863,15 @@ _mul_i8_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (32, "i8 rows"), "N": (128, "lanes")},
     chips={None: {"default": (1024, 512)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 6 * block_m * block_n),
 )
 
 
 def _mul_i8_tpu(x, y, *, m, n, block_m, block_n, interpret):
     """`mul_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _mul_i8_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        step=lambda block_m, block_n: (block_m * block_n, 6 * block_m * block_n),
-    )
+    block_m, block_n = rt.tpu_blocks(_mul_i8_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 512.0 KiB + y 512.0 KiB + z 512.0 KiB).
-    # Blocks that need more than Mosaic's default at call time raise the limit.
+    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _mul_i8_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -3126,21 +3081,19 @@ def _argmax_i8_kernel(x_ref, i_ref):
 # TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
 # sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _argmax_i8_tpu_blocks = rt.TpuBlocks(
-    "argmax_i8", sizes=("M", "N"), tiling={"M": (32, "i8 rows")}, chips={None: {"default": (32,)}}
+    "argmax_i8",
+    sizes=("M", "N"),
+    tiling={"M": (32, "i8 rows")},
+    chips={None: {"default": (32,)}},
+    step=lambda m, n, block_m: (block_m * n, 6 * block_m * n + 8 * block_m),
 )
 
 
 def _argmax_i8_tpu(x, *, m, n, block_m, interpret):
     """`argmax_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _argmax_i8_tpu_blocks,
-        (m, n),
-        (block_m,),
-        step=lambda block_m: (block_m * n, 6 * block_m * n + 8 * block_m),
-    )
+    (block_m,) = rt.tpu_blocks(_argmax_i8_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 448 B = 2 buffers x (x 32 B + i 128 B) + argmax's
-    # 32-bit copy of a block 128 B. Blocks that need more than Mosaic's default at call time raise
-    # the limit.
+    # 32-bit copy of a block 128 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _argmax_i8_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -3389,20 +3342,16 @@ _equal_count_i8_tpu_blocks = rt.TpuBlocks(
     sizes=("N",),
     tiling={"N": (1024, "1-D i8", 512)},
     chips={None: {"default": (4096,)}},
+    step=lambda size_n, block_n: (block_n, 12 * block_n + 8),
 )
 
 
 def _equal_count_i8_tpu(x, y, *, size_n, block_n, interpret):
     """`equal_count_i8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_n,) = rt.tpu_blocks(
-        _equal_count_i8_tpu_blocks,
-        (size_n,),
-        (block_n,),
-        step=lambda block_n: (block_n, 12 * block_n + 8),
-    )
+    (block_n,) = rt.tpu_blocks(_equal_count_i8_tpu_blocks, (size_n,), (block_n,))
     # VMEM at the default blocks: 48.0 KiB = 2 buffers x (x 4.0 KiB + y 4.0 KiB + n 4 B) + sum's
     # 32-bit copy of a block 16.0 KiB + sum's running values 16.0 KiB. Blocks that need more than
-    # Mosaic's default at call time raise the limit.
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_equal_count_i8_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).

@@ -120,21 +120,19 @@ def _argmax_rows_kernel(x_ref, i_ref):
 # TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
 # sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _argmax_rows_tpu_blocks = rt.TpuBlocks(
-    "argmax_rows", sizes=("M", "N"), tiling={"M": (8, "f32 rows")}, chips={None: {"default": (8,)}}
+    "argmax_rows",
+    sizes=("M", "N"),
+    tiling={"M": (8, "f32 rows")},
+    chips={None: {"default": (8,)}},
+    step=lambda m, n, block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
 )
 
 
 def _argmax_rows_tpu(x, *, m, n, block_m, interpret):
     """`argmax_rows` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _argmax_rows_tpu_blocks,
-        (m, n),
-        (block_m,),
-        step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
-    )
+    (block_m,) = rt.tpu_blocks(_argmax_rows_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmax's
-    # 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default at call time raise
-    # the limit.
+    # 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _argmax_rows_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -409,20 +407,15 @@ _argmax_blocked_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
     chips={None: {"default": (8, 512)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_m),
 )
 
 
 def _argmax_blocked_tpu(x, *, m, n, block_m, block_n, interpret):
     """`argmax_blocked` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _argmax_blocked_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        step=lambda block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_m),
-    )
+    block_m, block_n = rt.tpu_blocks(_argmax_blocked_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 48.1 KiB = 2 buffers x (x 16.0 KiB + i 32 B) + argmax's 32-bit
-    # copy of a block 16.0 KiB. Blocks that need more than Mosaic's default at call time raise the
-    # limit.
+    # copy of a block 16.0 KiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_argmax_blocked_kernel, n=n, block_n=block_n),
         # One step per block of M, block of N. Steps along M are independent (parallel); steps along
@@ -631,21 +624,19 @@ def _argmin_rows_kernel(x_ref, i_ref):
 # TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
 # sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _argmin_rows_tpu_blocks = rt.TpuBlocks(
-    "argmin_rows", sizes=("M", "N"), tiling={"M": (8, "f32 rows")}, chips={None: {"default": (8,)}}
+    "argmin_rows",
+    sizes=("M", "N"),
+    tiling={"M": (8, "f32 rows")},
+    chips={None: {"default": (8,)}},
+    step=lambda m, n, block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
 )
 
 
 def _argmin_rows_tpu(x, *, m, n, block_m, interpret):
     """`argmin_rows` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _argmin_rows_tpu_blocks,
-        (m, n),
-        (block_m,),
-        step=lambda block_m: (block_m * n, 12 * block_m * n + 8 * block_m),
-    )
+    (block_m,) = rt.tpu_blocks(_argmin_rows_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + i 32 B) + argmin's
-    # 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default at call time raise
-    # the limit.
+    # 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _argmin_rows_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -914,19 +905,15 @@ _column_sums_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
     chips={None: {"default": (512, 512)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_n),
 )
 
 
 def _column_sums_tpu(x, *, m, n, block_m, block_n, interpret):
     """`column_sums` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _column_sums_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        step=lambda block_m, block_n: (block_m * block_n, 12 * block_m * block_n + 8 * block_n),
-    )
+    block_m, block_n = rt.tpu_blocks(_column_sums_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 3.0 MiB = 2 buffers x (x 1.0 MiB + s 2.0 KiB) + sum's 32-bit copy
-    # of a block 1.0 MiB. Blocks that need more than Mosaic's default at call time raise the limit.
+    # of a block 1.0 MiB. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_column_sums_kernel, m=m, block_m=block_m),
         # One step per block of N, block of M. Steps along N are independent (parallel); steps along
@@ -1156,19 +1143,15 @@ _column_sums_backward_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (8, "f32 rows"), "N": (128, "lanes")},
     chips={None: {"default": (512, 512)}},
+    step=lambda m, n, block_m, block_n: (block_m * block_n, 16 * block_m * block_n + 8 * block_n),
 )
 
 
 def _column_sums_backward_tpu(x, ds, *, m, n, block_m, block_n, interpret):
     """`column_sums_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    block_m, block_n = rt.tpu_blocks(
-        _column_sums_backward_tpu_blocks,
-        (m, n),
-        (block_m, block_n),
-        step=lambda block_m, block_n: (block_m * block_n, 16 * block_m * block_n + 8 * block_n),
-    )
+    block_m, block_n = rt.tpu_blocks(_column_sums_backward_tpu_blocks, (m, n), (block_m, block_n))
     # VMEM at the default blocks: 4.0 MiB = 2 buffers x (x 1.0 MiB + ds 2.0 KiB + dx 1.0 MiB).
-    # Blocks that need more than Mosaic's default at call time raise the limit.
+    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _column_sums_backward_kernel,
         # One step per block of M, block of N; steps are independent, so every axis is parallel.
@@ -1440,20 +1423,16 @@ _quantize_rows_int8_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (32, "i8 rows")},
     chips={None: {"default": (32,)}},
+    step=lambda m, n, block_m: (block_m * n, 14 * block_m * n + 12 * block_m),
 )
 
 
 def _quantize_rows_int8_tpu(x, *, m, n, block_m, interpret):
     """`quantize_rows_int8` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _quantize_rows_int8_tpu_blocks,
-        (m, n),
-        (block_m,),
-        step=lambda block_m: (block_m * n, 14 * block_m * n + 12 * block_m),
-    )
+    (block_m,) = rt.tpu_blocks(_quantize_rows_int8_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 832 B = 2 buffers x (x 128 B + q 32 B + scale 128 B)
     # + max's 32-bit copy of a block 128 B + let s 128 B. Blocks that need more than Mosaic's
-    # default at call time raise the limit.
+    # default raise the limit.
     return pl.pallas_call(
         _quantize_rows_int8_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1732,21 +1711,16 @@ _quantize_rows_int8_with_residuals_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (32, "i8 rows")},
     chips={None: {"default": (32,)}},
+    step=lambda m, n, block_m: (block_m * n, 18 * block_m * n + 28 * block_m),
 )
 
 
 def _quantize_rows_int8_with_residuals_tpu(x, *, m, n, block_m, interpret):
     """`quantize_rows_int8_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _quantize_rows_int8_with_residuals_tpu_blocks,
-        (m, n),
-        (block_m,),
-        step=lambda block_m: (block_m * n, 18 * block_m * n + 28 * block_m),
-    )
+    (block_m,) = rt.tpu_blocks(_quantize_rows_int8_with_residuals_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 1.4 KiB = 2 buffers x (x 128 B + q 32 B + scale 128
     # B + max_n 128 B + argmax_n 128 B) + max's 32-bit copy of a block 128 B + argmax's 32-bit copy
-    # of a block 128 B + let s 128 B. Blocks that need more than Mosaic's default at call time raise
-    # the limit.
+    # of a block 128 B + let s 128 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _quantize_rows_int8_with_residuals_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -2109,20 +2083,16 @@ _quantize_rows_int8_backward_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (8, "f32 rows")},
     chips={None: {"default": (32,)}},
+    step=lambda m, n, block_m: (block_m * n, 20 * block_m * n + 32 * block_m),
 )
 
 
 def _quantize_rows_int8_backward_tpu(x, max_n, argmax_n, dscale, *, m, n, block_m, interpret):
     """`quantize_rows_int8_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _quantize_rows_int8_backward_tpu_blocks,
-        (m, n),
-        (block_m,),
-        step=lambda block_m: (block_m * n, 20 * block_m * n + 32 * block_m),
-    )
+    (block_m,) = rt.tpu_blocks(_quantize_rows_int8_backward_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 1.6 KiB = 2 buffers x (x 128 B + max_n 128 B +
     # argmax_n 128 B + dscale 128 B + dx 128 B) + let s_1 128 B + let ds_1 128 B + let ds_2 128 B.
-    # Blocks that need more than Mosaic's default at call time raise the limit.
+    # Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_quantize_rows_int8_backward_kernel, n=n),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -2405,20 +2375,16 @@ _equal_count_tpu_blocks = rt.TpuBlocks(
     sizes=("N",),
     tiling={"N": (1024, "1-D i32", 128)},
     chips={None: {"default": (1024,)}},
+    step=lambda size_n, block_n: (block_n, 24 * block_n + 8),
 )
 
 
 def _equal_count_tpu(x, y, *, size_n, block_n, interpret):
     """`equal_count` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_n,) = rt.tpu_blocks(
-        _equal_count_tpu_blocks,
-        (size_n,),
-        (block_n,),
-        step=lambda block_n: (block_n, 24 * block_n + 8),
-    )
+    (block_n,) = rt.tpu_blocks(_equal_count_tpu_blocks, (size_n,), (block_n,))
     # VMEM at the default blocks: 24.0 KiB = 2 buffers x (x 4.0 KiB + y 4.0 KiB + n 4 B) + sum's
     # 32-bit copy of a block 4.0 KiB + sum's running values 4.0 KiB. Blocks that need more than
-    # Mosaic's default at call time raise the limit.
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_equal_count_kernel, size_n=size_n, block_n=block_n),
         # One step per block of N. Steps along N accumulate in order (arbitrary).

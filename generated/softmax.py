@@ -145,21 +145,20 @@ def _softmax_kernel(x_ref, y_ref):
 # TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
 # sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _softmax_tpu_blocks = rt.TpuBlocks(
-    "softmax", sizes=("M", "N"), tiling={"M": (8, "f32 rows")}, chips={None: {"default": (8,)}}
+    "softmax",
+    sizes=("M", "N"),
+    tiling={"M": (8, "f32 rows")},
+    chips={None: {"default": (8,)}},
+    step=lambda m, n, block_m: (block_m * n, 28 * block_m * n),
 )
 
 
 def _softmax_tpu(x, *, m, n, block_m, interpret):
     """`softmax` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _softmax_tpu_blocks,
-        (m, n),
-        (block_m,),
-        step=lambda block_m: (block_m * n, 28 * block_m * n),
-    )
+    (block_m,) = rt.tpu_blocks(_softmax_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B) + max's 32-bit
     # copy of a block 32 B + sum's 32-bit copy of a block 32 B + let e 32 B. Blocks that need more
-    # than Mosaic's default at call time raise the limit.
+    # than Mosaic's default raise the limit.
     return pl.pallas_call(
         _softmax_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -430,21 +429,17 @@ _softmax_with_residuals_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (8, "f32 rows")},
     chips={None: {"default": (8,)}, "v5e": {(4096, 4096): (256,)}, "v6e": {(4096, 4096): (128,)}},
+    step=lambda m, n, block_m: (block_m * n, 32 * block_m * n + 24 * block_m),
 )
 
 
 def _softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
     """`softmax_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _softmax_with_residuals_tpu_blocks,
-        (m, n),
-        (block_m,),
-        step=lambda block_m: (block_m * n, 32 * block_m * n + 24 * block_m),
-    )
+    (block_m,) = rt.tpu_blocks(_softmax_with_residuals_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 448 B = 2 buffers x (x 32 B + y 32 B + sum_n 32 B +
     # argmax_n 32 B + max_n 32 B) + max's 32-bit copy of a block 32 B + sum's 32-bit copy of a block
     # 32 B + argmax's 32-bit copy of a block 32 B + let e 32 B. Blocks that need more than Mosaic's
-    # default at call time raise the limit.
+    # default raise the limit.
     return pl.pallas_call(
         _softmax_with_residuals_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -828,21 +823,17 @@ _softmax_backward_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (8, "f32 rows")},
     chips={None: {"default": (8,)}, "v5e": {(4096, 4096): (128,)}, "v6e": {(4096, 4096): (128,)}},
+    step=lambda m, n, block_m: (block_m * n, 44 * block_m * n + 24 * block_m),
 )
 
 
 def _softmax_backward_tpu(x, sum_n, argmax_n, max_n, dy, *, m, n, block_m, interpret):
     """`softmax_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _softmax_backward_tpu_blocks,
-        (m, n),
-        (block_m,),
-        step=lambda block_m: (block_m * n, 44 * block_m * n + 24 * block_m),
-    )
+    (block_m,) = rt.tpu_blocks(_softmax_backward_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 544 B = 2 buffers x (x 32 B + sum_n 32 B + argmax_n
     # 32 B + max_n 32 B + dy 32 B + dx 32 B) + sum's 32-bit copy of a block 32 B + sum's 32-bit copy
     # of a block 32 B + let e 32 B + let de 32 B + let de_1 32 B. Blocks that need more than
-    # Mosaic's default at call time raise the limit.
+    # Mosaic's default raise the limit.
     return pl.pallas_call(
         functools.partial(_softmax_backward_kernel, n=n),
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1268,21 +1259,19 @@ def _log_softmax_kernel(x_ref, y_ref):
 # TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's
 # sizes, else None's (the spec's), grown on a known chip. tiling: Mosaic's rule for each block.
 _log_softmax_tpu_blocks = rt.TpuBlocks(
-    "log_softmax", sizes=("M", "N"), tiling={"M": (8, "f32 rows")}, chips={None: {"default": (8,)}}
+    "log_softmax",
+    sizes=("M", "N"),
+    tiling={"M": (8, "f32 rows")},
+    chips={None: {"default": (8,)}},
+    step=lambda m, n, block_m: (block_m * n, 20 * block_m * n),
 )
 
 
 def _log_softmax_tpu(x, *, m, n, block_m, interpret):
     """`log_softmax` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _log_softmax_tpu_blocks,
-        (m, n),
-        (block_m,),
-        step=lambda block_m: (block_m * n, 20 * block_m * n),
-    )
+    (block_m,) = rt.tpu_blocks(_log_softmax_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 160 B = 2 buffers x (x 32 B + y 32 B) + logsumexp's
-    # 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default at call time raise
-    # the limit.
+    # 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default raise the limit.
     return pl.pallas_call(
         _log_softmax_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1517,20 +1506,16 @@ _log_softmax_with_residuals_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (8, "f32 rows")},
     chips={None: {"default": (8,)}},
+    step=lambda m, n, block_m: (block_m * n, 20 * block_m * n + 8 * block_m),
 )
 
 
 def _log_softmax_with_residuals_tpu(x, *, m, n, block_m, interpret):
     """`log_softmax_with_residuals` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _log_softmax_with_residuals_tpu_blocks,
-        (m, n),
-        (block_m,),
-        step=lambda block_m: (block_m * n, 20 * block_m * n + 8 * block_m),
-    )
+    (block_m,) = rt.tpu_blocks(_log_softmax_with_residuals_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 224 B = 2 buffers x (x 32 B + y 32 B + logsumexp_n
     # 32 B) + logsumexp's 32-bit copy of a block 32 B. Blocks that need more than Mosaic's default
-    # at call time raise the limit.
+    # raise the limit.
     return pl.pallas_call(
         _log_softmax_with_residuals_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.
@@ -1808,20 +1793,16 @@ _log_softmax_backward_tpu_blocks = rt.TpuBlocks(
     sizes=("M", "N"),
     tiling={"M": (8, "f32 rows")},
     chips={None: {"default": (8,)}},
+    step=lambda m, n, block_m: (block_m * n, 28 * block_m * n + 8 * block_m),
 )
 
 
 def _log_softmax_backward_tpu(x, logsumexp_n, dy, *, m, n, block_m, interpret):
     """`log_softmax_backward` on a TPU, compiled by Mosaic (or interpreted, as `interpret` says)."""
-    (block_m,) = rt.tpu_blocks(
-        _log_softmax_backward_tpu_blocks,
-        (m, n),
-        (block_m,),
-        step=lambda block_m: (block_m * n, 28 * block_m * n + 8 * block_m),
-    )
+    (block_m,) = rt.tpu_blocks(_log_softmax_backward_tpu_blocks, (m, n), (block_m,))
     # VMEM at the default blocks per unit of N: 288 B = 2 buffers x (x 32 B + logsumexp_n 32 B + dy
     # 32 B + dx 32 B) + sum's 32-bit copy of a block 32 B. Blocks that need more than Mosaic's
-    # default at call time raise the limit.
+    # default raise the limit.
     return pl.pallas_call(
         _log_softmax_backward_kernel,
         # One step per block of M (N taken whole); steps are independent, so every axis is parallel.

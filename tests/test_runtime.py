@@ -337,21 +337,21 @@ def test_tpu_blocks_take_the_nearest_tuned_entry_of_the_chip_else_its_default_el
         "k",
         ("M", "N"),
         {"M": (8, "f32 rows"), "N": (128, "lanes")},
-        {None: {"default": (8, 128)}, "v6e": {"default": (16, 256), (1024, 1024): (64, 512)}, "v5e": {}},
+        {None: {"default": (8, 128)}, "v6e": {"default": (16, 256), (1024, 1024): (64, 512)}},
+        step=lambda m, n, block_m, block_n: (block_m * block_n, 4 * block_m * block_n),
     )
     monkeypatch.setattr(support, "tpu_chip", lambda: "v6e")
-    assert support.tpu_blocks(table, (2048, 1024), (None, None)) == (64, 512)
+    assert support.tpu_blocks(table, (2048, 1024), (None, None)) == (64, 512)  # tuned: not grown
     assert support.tpu_blocks(table, (2048, 1024), (8, None)) == (8, 512)  # a given block wins
     assert support.tpu_blocks(table, (40, 1024), (None, None)) == (40, 512)  # a small M is one whole block
-    step = lambda m, n: (m * n, 4 * m * n)  # noqa: E731
-    assert support.tpu_blocks(table, (4096, 4096), (None, None), step=step) == (64, 512)  # tuned: not grown
-    monkeypatch.setattr(support, "tpu_chip", lambda: "v5e")  # no entry of its own: the spec's
-    assert support.tpu_blocks(table, (4096, 4096), (None, None)) == (8, 128)
-    grown = support.tpu_blocks(table, (4096, 4096), (None, None), step=step)
-    assert grown == (256, 4096)  # 2**20 elements, the last grown first, each up to its dimension
-    assert support.tpu_blocks(table, (4096, 4096), (None, None), step=step, bounds=(4096, 1024)) == (1024, 1024)
+    monkeypatch.setattr(support, "tpu_chip", lambda: "v5e")  # no entry of its own: the spec's, grown
+    assert support.tpu_blocks(table, (4096, 4096), (None, None)) == (256, 4096)  # 2**20 elements, N first
+    assert support.tpu_blocks(table, (4096, 4096), (None, 128)) == (4096, 128)  # those not given, to M
+    bounded = table._replace(bounds=lambda m, n: (4096, 1024))
+    assert support.tpu_blocks(bounded, (4096, 4096), (None, None)) == (1024, 1024)
+    assert support.tpu_blocks(table._replace(step=None), (4096, 4096), (None, None)) == (8, 128)  # never grown
     monkeypatch.setattr(support, "tpu_chip", lambda: None)
-    assert support.tpu_blocks(table, (4096, 4096), (None, None), step=step) == (8, 128)  # CPU: the spec's, not grown
+    assert support.tpu_blocks(table, (4096, 4096), (None, None)) == (8, 128)  # CPU: the spec's, not grown
 
 
 def test_gpu_options_take_the_nearest_tuned_entry_of_the_device_kind(monkeypatch):

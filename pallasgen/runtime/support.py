@@ -652,24 +652,27 @@ class TpuBlocks(NamedTuple):
     `constants.tiling_rule_words`; None where any block tiles. `chips` maps a TPU
     generation to its tuned blocks, by the sizes they were tuned at, and to its
     "default" blocks where they differ from `chips[None]["default"]`, the spec's.
+
+    A kernel without a matrix product has a `step`: a grid step's elements and VMEM bytes
+    at the call's sizes and given blocks; its blocks grow (see `grown`), each up to its
+    `bounds` at the call's sizes (None: its dimension).
     """
 
     kernel: str
     sizes: tuple
     tiling: dict
     chips: dict
+    step: object = None
+    bounds: object = None
 
 
-def tpu_blocks(table, sizes, given, step=None, bounds=None):
+def tpu_blocks(table, sizes, given):
     """The blocks of a TPU call, each at most its dimension (a small dimension is one
     whole block): those `given` (not None), the others from the `table` (a `TpuBlocks`)
     for the chip compiled for (see `tpu_chip`): the tuned entry whose sizes are nearest
     the call's (in powers of two), else the chip's default, else the spec's, which any
-    other chip and CPU take.
-
-    A kernel without a matrix product passes `step`, a grid step's elements and VMEM
-    bytes at given blocks: on a known chip without tuned entries, the blocks not given
-    grow to large steps (see `grown`), each up to its `bounds` (default: its dimension).
+    other chip and CPU take. On a known chip without tuned entries, the blocks not given
+    of a table with a `step` grow to large steps.
 
     A block that Mosaic cannot tile is a ValueError, before anything compiles, that says
     the rule and the nearest larger block that keeps it.
@@ -690,8 +693,9 @@ def tpu_blocks(table, sizes, given, step=None, bounds=None):
         else:
             chosen = entries.get("default", table.chips[None]["default"])
         blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
-        if step is not None and chip is not None and not tuned:
-            bounds = bounds or [size_of[dim] for dim in dims]
+        if table.step is not None and chip is not None and not tuned:
+            bounds = table.bounds(*sizes) if table.bounds else [size_of[dim] for dim in dims]
+            step = functools.partial(table.step, *sizes)
             blocks = grown(blocks, [block is None for block in given], bounds, step)
     for i, (dim, block) in enumerate(zip(dims, blocks)):
         size, rule = size_of[dim], table.tiling[dim]

@@ -279,9 +279,10 @@ def _block_table(checked: CheckedKernel, tunable, sizes, layouts, vmem_needed: s
     elements = " * ".join(
         f"min({block_keyword(d)}, {STRIP_ROWS})" if striped and d == fused.row else block_keyword(d) for d in tunable
     )
-    step = f"lambda {', '.join(block_keyword(d) for d in tunable)}: ({elements}, {vmem_needed})"
     spec = [checked.blocks[d] for d in tunable]
-    return block_table(checked, tunable, sizes, layouts, lambda chip: spec, step, tuple_code(bounds))
+    return block_table(
+        checked, tunable, sizes, layouts, lambda chip: spec, f"({elements}, {vmem_needed})", tuple_code(bounds)
+    )
 
 
 def striped(checked: CheckedKernel) -> bool:

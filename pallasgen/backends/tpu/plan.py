@@ -183,9 +183,9 @@ def block_table(
 ) -> BlockTable | None:
     """The launcher's `rt.TpuBlocks`: the spec's blocks (None's default), each chip's
     default where `chip_default(chip)` differs from them, and the blocks tuned for it at
-    given sizes; and the tiling rule of each block. Its call of `rt.tpu_blocks` passes a
-    kernel's `step` (a grid step's elements and VMEM at given blocks, code) and `bounds`
-    where its blocks grow."""
+    given sizes; the tiling rule of each block; and where its blocks grow, a grid `step`'s
+    elements and VMEM at given blocks, and the blocks' `bounds` (code over the call's
+    sizes and blocks, and its sizes), and the launcher's call of `rt.tpu_blocks`."""
     if not tunable:
         return None
     spec = tuple_code([str(checked.blocks[d]) for d in tunable])
@@ -208,18 +208,29 @@ def block_table(
         for chip, entries in chips.items()
     )
     rules = ", ".join(f'"{d}": {_rule_code(tiling_rule(d, layouts))}' for d in tunable)
-    dims = tuple_code([f'"{d}"' for d in checked.dims])
-    table = f'rt.TpuBlocks("{checked.kernel.name}", sizes={dims}, tiling={{{rules}}}, chips={{{chips_code}}})'
+    size_names = [sizes[d] for d in checked.dims]
+    fields = [
+        f'"{checked.kernel.name}"',
+        f"sizes={tuple_code([f'{chr(34)}{d}{chr(34)}' for d in checked.dims])}",
+        f"tiling={{{rules}}}",
+        f"chips={{{chips_code}}}",
+    ]
+    if step:
+        fields.append(f"step=lambda {', '.join([*size_names, *(block_keyword(d) for d in tunable)])}: {step}")
+    if bounds:
+        fields.append(f"bounds=lambda {', '.join(size_names)}: {bounds}")
     otherwise = "None's (the spec's), grown on a known chip" if step else "its default, else None's (the spec's)"
     comment = (
         "TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's"
         f" sizes, else {otherwise}. tiling: Mosaic's rule for each block."
     )
     keywords = tuple_code([block_keyword(d) for d in tunable])
-    arguments = [name, tuple_code([sizes[d] for d in checked.dims]), keywords]
-    arguments += [f"step={step}"] if step else []
-    arguments += [f"bounds={bounds}"] if bounds else []
-    return BlockTable(name, wrap(comment, 0), table, f"{keywords} = rt.tpu_blocks({', '.join(arguments)})")
+    return BlockTable(
+        name,
+        wrap(comment, 0),
+        f"rt.TpuBlocks({', '.join(fields)})",
+        f"{keywords} = rt.tpu_blocks({name}, {tuple_code(size_names)}, {keywords})",
+    )
 
 
 def _rule_code(rule: TilingRule | None) -> str:
@@ -230,10 +241,9 @@ def _rule_code(rule: TilingRule | None) -> str:
     return f'({rule.multiple}, "{rule.held}"{smallest})'
 
 
-def _step(checked: CheckedKernel, tunable: list[str], block_of, vmem_needed: str) -> str:
-    """A grid step's elements and VMEM bytes at given blocks (`rt.grown`), as a lambda."""
-    elements = " * ".join(block_of[d] for d in checked.dims)
-    return f"lambda {', '.join(block_keyword(d) for d in tunable)}: ({elements}, {vmem_needed})"
+def _step(checked: CheckedKernel, block_of, vmem_needed: str) -> str:
+    """A grid step's elements and VMEM bytes at given blocks (`rt.grown`), as code."""
+    return f"({' * '.join(block_of[d] for d in checked.dims)}, {vmem_needed})"
 
 
 def _squeezed(checked: CheckedKernel) -> set[str]:
@@ -341,7 +351,7 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
             sizes,
             layouts,
             lambda chip: chip_blocks(checked, tunable, chip).values(),
-            step=_step(checked, tunable, block_of, vmem_needed) if grows_blocks(checked) else "",
+            step=_step(checked, block_of, vmem_needed) if grows_blocks(checked) else "",
         ),
         kernel_parameters=parameter_list(
             [refs[d.name] for d in kernel.inputs + kernel.outputs] + scratch_refs, kernel_keywords
@@ -570,7 +580,7 @@ def vmem_comment(needed: Vmem, blocks: dict[str, int], dims, limit: str = "") ->
     asks for, by default the call's blocks' (`rt.vmem_limit`)."""
     whole = [d for d in dims if d not in blocks]
     per = f" per unit of {' x '.join(whole)}" if whole else ""
-    limit = limit or "Blocks that need more than Mosaic's default at call time raise the limit."
+    limit = limit or "Blocks that need more than Mosaic's default raise the limit."
     return f"VMEM at the default blocks{per}: {format_bytes(needed.total(blocks))} = {needed.formula(blocks)}. {limit}"
 
 
