@@ -675,7 +675,7 @@ def tpu_blocks(table, sizes, given):
     of a table with a `step` grow to large steps.
 
     A block that Mosaic cannot tile is a ValueError, before anything compiles, that says
-    the rule and the nearest larger block that keeps it.
+    the rule and a larger block that keeps it.
     """
 
     def distance(tuned_sizes):
@@ -695,18 +695,17 @@ def tpu_blocks(table, sizes, given):
         blocks = [block if block is not None else choice for block, choice in zip(given, chosen)]
         if table.step is not None and chip is not None and not tuned:
             bounds = table.bounds(*sizes) if table.bounds else [size_of[dim] for dim in dims]
-            step = functools.partial(table.step, *sizes)
-            blocks = grown(blocks, [block is None for block in given], bounds, step)
-    for i, (dim, block) in enumerate(zip(dims, blocks)):
-        size, rule = size_of[dim], table.tiling[dim]
-        blocks[i] = block = min(block, size)
-        if rule is None or tiles_on_tpu(block, rule[0], *rule[2:], size=size):
-            continue
-        raise ValueError(
-            f"{table.kernel}: {block_keyword(dim)}={block} breaks the TPU tiling rule:"
-            f" {tiling_rule_words(dim, *rule)}; use {-(-block // rule[0]) * rule[0]} or a block of the whole"
-            f" dimension ({size})"
-        )
+            blocks = grown(blocks, [block is None for block in given], bounds, functools.partial(table.step, *sizes))
+    blocks = [min(block, size_of[dim]) for dim, block in zip(dims, blocks)]
+    for dim, block in zip(dims, blocks):
+        rule, size = table.tiling[dim], size_of[dim]
+        if rule is not None and not tiles_on_tpu(block, rule[0], *rule[2:], size=size):
+            multiple = rule[0]
+            raise ValueError(
+                f"{table.kernel}: {block_keyword(dim)}={block} breaks the TPU tiling rule:"
+                f" {tiling_rule_words(dim, *rule)}; use {-(-block // multiple) * multiple} or a block of the whole"
+                f" dimension ({size})"
+            )
     return tuple(blocks)
 
 

@@ -181,11 +181,11 @@ def block_table_name(kernel: str) -> str:
 def block_table(
     checked: CheckedKernel, tunable: list[str], sizes, layouts, chip_default, step: str = "", bounds: str = ""
 ) -> BlockTable | None:
-    """The launcher's `rt.TpuBlocks`: the spec's blocks (None's default), each chip's
-    default where `chip_default(chip)` differs from them, and the blocks tuned for it at
-    given sizes; the tiling rule of each block; and where its blocks grow, a grid `step`'s
-    elements and VMEM at given blocks, and the blocks' `bounds` (code over the call's
-    sizes and blocks, and its sizes), and the launcher's call of `rt.tpu_blocks`."""
+    """The launcher's `rt.TpuBlocks` and its call of `rt.tpu_blocks`: the spec's blocks
+    (None's default); each chip's default where `chip_default(chip)` differs from them,
+    and the blocks tuned for it; each block's tiling rule; and where the blocks grow, a
+    grid `step`'s elements and VMEM (code over the call's sizes and given blocks) and the
+    blocks' `bounds` (code over the call's sizes; none: each block's dimension)."""
     if not tunable:
         return None
     spec = tuple_code([str(checked.blocks[d]) for d in tunable])
@@ -197,39 +197,37 @@ def block_table(
             entries['"default"'] = default
         for tuned in sorted((t for t in checked.tuned_for("tpu") if t.chip == chip.name), key=lambda t: t.sizes):
             tuned_sizes, tuned_blocks = dict(tuned.sizes), dict(tuned.blocks)
-            entries[tuple_code([str(tuned_sizes[d]) for d in checked.dims])] = tuple_code(
-                [str(tuned_blocks[d]) for d in tunable]
-            )
+            tuned_at = tuple_code([str(tuned_sizes[d]) for d in checked.dims])
+            entries[tuned_at] = tuple_code([str(tuned_blocks[d]) for d in tunable])
         if entries:
             chips[f'"{chip.name}"'] = entries
-    name = block_table_name(checked.kernel.name)
     chips_code = ", ".join(
         f"{chip}: {{{', '.join(f'{key}: {blocks}' for key, blocks in entries.items())}}}"
         for chip, entries in chips.items()
     )
     rules = ", ".join(f'"{d}": {_rule_code(tiling_rule(d, layouts))}' for d in tunable)
     size_names = [sizes[d] for d in checked.dims]
+    keywords = [block_keyword(d) for d in tunable]
+    dims = tuple_code([f'"{d}"' for d in checked.dims])
     fields = [
         f'"{checked.kernel.name}"',
-        f"sizes={tuple_code([f'{chr(34)}{d}{chr(34)}' for d in checked.dims])}",
+        f"sizes={dims}",
         f"tiling={{{rules}}}",
         f"chips={{{chips_code}}}",
     ]
-    if step:
-        fields.append(f"step=lambda {', '.join([*size_names, *(block_keyword(d) for d in tunable)])}: {step}")
-    if bounds:
-        fields.append(f"bounds=lambda {', '.join(size_names)}: {bounds}")
+    fields += [f"step=lambda {', '.join(size_names + keywords)}: {step}"] if step else []
+    fields += [f"bounds=lambda {', '.join(size_names)}: {bounds}"] if bounds else []
     otherwise = "None's (the spec's), grown on a known chip" if step else "its default, else None's (the spec's)"
     comment = (
         "TPU blocks for a call that passes none (rt.tpu_blocks): the chip's tuned entry nearest the call's"
         f" sizes, else {otherwise}. tiling: Mosaic's rule for each block."
     )
-    keywords = tuple_code([block_keyword(d) for d in tunable])
+    name = block_table_name(checked.kernel.name)
     return BlockTable(
         name,
         wrap(comment, 0),
         f"rt.TpuBlocks({', '.join(fields)})",
-        f"{keywords} = rt.tpu_blocks({name}, {tuple_code(size_names)}, {keywords})",
+        f"{tuple_code(keywords)} = rt.tpu_blocks({name}, {tuple_code(size_names)}, {tuple_code(keywords)})",
     )
 
 
