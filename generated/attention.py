@@ -6922,10 +6922,12 @@ def _attention_bottom_right_tpu(q, k, v, *, b, h, size_s, d, t, block_s, block_t
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         height=256,
         chunk=128,
-        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - size_s
-        >= t_start,
-        whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s
-        >= t_start + block_t - 1,
+        seen=lambda s_start, t_start, block_s, block_t: (
+            s_start + block_s - 1 + t - size_s >= t_start
+        ),
+        whole=lambda s_start, t_start, block_s, block_t: (
+            s_start + t - size_s >= t_start + block_t - 1
+        ),
     )
 
     # A step's block of T; a skipped step's is block 0, fetched at most once.
@@ -7578,10 +7580,12 @@ def _attention_bottom_right_with_residuals_tpu(
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         height=256,
         chunk=128,
-        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - size_s
-        >= t_start,
-        whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s
-        >= t_start + block_t - 1,
+        seen=lambda s_start, t_start, block_s, block_t: (
+            s_start + block_s - 1 + t - size_s >= t_start
+        ),
+        whole=lambda s_start, t_start, block_s, block_t: (
+            s_start + t - size_s >= t_start + block_t - 1
+        ),
     )
 
     # A step's block of T; a skipped step's is block 0, fetched at most once.
@@ -8296,10 +8300,12 @@ def _attention_bottom_right_backward_dq_tpu(
         (pl.cdiv(size_s, block_s), pl.cdiv(t, block_t)),
         height=256,
         chunk=128,
-        seen=lambda s_start, t_start, block_s, block_t: s_start + block_s - 1 + t - size_s
-        >= t_start,
-        whole=lambda s_start, t_start, block_s, block_t: s_start + t - size_s
-        >= t_start + block_t - 1,
+        seen=lambda s_start, t_start, block_s, block_t: (
+            s_start + block_s - 1 + t - size_s >= t_start
+        ),
+        whole=lambda s_start, t_start, block_s, block_t: (
+            s_start + t - size_s >= t_start + block_t - 1
+        ),
     )
 
     # A step's block of T; a skipped step's is block 0, fetched at most once.
@@ -9105,10 +9111,12 @@ def _attention_bottom_right_backward_dkdv_tpu(
         (pl.cdiv(t, block_t), pl.cdiv(size_s, block_s)),
         height=256,
         chunk=128,
-        seen=lambda t_start, s_start, block_t, block_s: s_start + block_s - 1 + t - size_s
-        >= t_start,
-        whole=lambda t_start, s_start, block_t, block_s: s_start + t - size_s
-        >= t_start + block_t - 1,
+        seen=lambda t_start, s_start, block_t, block_s: (
+            s_start + block_s - 1 + t - size_s >= t_start
+        ),
+        whole=lambda t_start, s_start, block_t, block_s: (
+            s_start + t - size_s >= t_start + block_t - 1
+        ),
     )
 
     # A step's block of S; a skipped step's is block 0, fetched at most once.

@@ -17,6 +17,7 @@ from pallasgen.analysis.names import block_keyword
 from pallasgen.backends.tpu.plan import (
     AccumulatorPlan,
     BlockPlan,
+    LINE_LENGTH,
     BlockTable,
     StripsPlan,
     TpuPlan,
@@ -342,9 +343,16 @@ def _strips_plan(checked, namer, refs, running, starts, strip_extents, lowering,
         keywords=keywords,
         choice=(
             f"{', '.join(keywords)} = rt.strips({blocks}, {counts}, height={STRIP_ROWS}, chunk={STRIP_COLS},"
-            f" seen=lambda {positions}: {lowering.live_block(starts)}, whole=lambda {positions}: {whole})"
+            f" {_lambda('seen', positions, lowering.live_block(starts))}, {_lambda('whole', positions, whole)})"
         ),
     )
+
+
+def _lambda(keyword: str, parameters: str, body: str) -> str:
+    """`keyword=lambda parameters: body`, a keyword of a call in the launcher; its body in
+    parentheses where it is too long for one line, so that black breaks the line there."""
+    code = f"{keyword}=lambda {parameters}: {body}"
+    return code if len(code) <= LINE_LENGTH - 9 else f"{keyword}=lambda {parameters}: ({body})"
 
 
 def _index_names(grid, fused) -> dict[str, str]:
