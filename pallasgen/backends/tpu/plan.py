@@ -43,7 +43,7 @@ from pallasgen.lowering.parts import (
     ref_store,
     tuple_code,
 )
-from pallasgen.lowering.phases import indexed_dims, reduces, stepped_reductions, stepped_sweep
+from pallasgen.lowering.phases import indexed_dims, stepped_reductions, stepped_sweep
 from pallasgen.lowering.pyexpr import jnp_dtype
 from pallasgen.lowering.reductions import KernelSpelling
 from pallasgen.lowering.signature import Keyword, KeywordGroup
@@ -301,7 +301,6 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
     body = kernel_statements(
         kernel, lowered.emitter(tpu=True, spelling=spelling), values, refs, checked, ref_load(refs), ref_store(refs)
     )
-    kernel_keywords = _kernel_keywords(checked, sizes, tunable)
     accumulator = None
     scratch_refs = []
     if stepped:
@@ -335,7 +334,10 @@ def plan_tpu(lowered: LoweredKernel) -> TpuPlan:
         accumulator = replace(accumulator, body=(*held_starts, *accumulator.body))
 
     layouts = array_layouts(kernel, checked.space.layout, product)
-    kernel_keywords = read_keywords(kernel_keywords, [*body, *(accumulator.code() if accumulator else ())])
+    kernel_keywords = read_keywords(
+        [*(sizes[d] for d in dims), *(block_keyword(d) for d in tunable), *(p.name for p in kernel.params)],
+        [*body, *(accumulator.code() if accumulator else ())],
+    )
     inputs = [values[d.name] for d in kernel.inputs]
     vmem_needed = _vmem_needed(kernel, checked.blocks, product, block_of, squeezed)
     semantics = tuple(g.semantics for g in tiling.grid)
@@ -409,24 +411,10 @@ def _last_step_positions(checked: CheckedKernel) -> set[str]:
 
 
 def read_keywords(keywords: list[str], code) -> list[str]:
-    """The `keywords` that the kernel's `code` (its lines) reads: only those are bound."""
+    """The `keywords` (sizes, blocks and params) that the kernel's `code`, its lines,
+    reads: the kernel function's static keywords, bound by functools.partial."""
     text = "\n".join(code)
     return [k for k in keywords if re.search(rf"\b{re.escape(k)}\b", text)]
-
-
-def _kernel_keywords(checked: CheckedKernel, sizes, tunable: list[str]) -> list[str]:
-    """The kernel function's static keywords: the sizes and blocks its body reads (all
-    of them where it reduces or reads positions with index(); else those of a blocked
-    contracted dimension, which its steps mask at a ragged edge), then the params."""
-    product = checked.product
-    if reduces(checked):
-        read = list(checked.dims)
-    elif product is not None and product.k in checked.blocks:
-        read = [product.k]
-    else:
-        read = []
-    blocks = [block_keyword(d) for d in tunable if d in read]
-    return [*(sizes[d] for d in read), *blocks, *(p.name for p in checked.kernel.params)]
 
 
 def _stepped(lowered: LoweredKernel, namer, dim: str, blocked, block_of, spelling):
